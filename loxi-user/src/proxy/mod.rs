@@ -1,0 +1,2 @@
+//! The mode-4 fullproxy.
+pub mod meta;

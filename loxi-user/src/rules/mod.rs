@@ -1,0 +1,9 @@
+//! Rules: the LoxiLB-compatible model, validation, the snapshot store and its state file.
+pub mod model;
+pub mod persist;
+pub mod store;
+pub mod validate;
+
+pub use model::{Endpoint, LbRule, RuleKey, ServiceArgs};
+pub use store::{RuleSnapshot, RuleStore, StoredRule, UpsertOutcome};
+pub use validate::RuleError;

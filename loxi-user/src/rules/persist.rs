@@ -1,0 +1,93 @@
+//! The state file: `<state-dir>/rules.json`, written atomically (temp file, fsync, rename,
+//! fsync of the directory) and read once at start.
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use super::store::StoredRule;
+
+/// Errors writing the state file.
+#[derive(Debug, thiserror::Error)]
+pub enum PersistError {
+    /// Creating the state directory failed.
+    #[error("state dir {path}: {source}")]
+    Dir {
+        /// The directory.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Writing or renaming the file failed.
+    #[error("writing {path}: {source}")]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Creates `state_dir` if needed and returns the path of the rules file in it.
+pub fn state_file(state_dir: &Path) -> Result<PathBuf, PersistError> {
+    fs::create_dir_all(state_dir)
+        .map_err(|source| PersistError::Dir { path: state_dir.to_path_buf(), source })?;
+    Ok(state_dir.join("rules.json"))
+}
+
+/// On-disk format, versioned so later changes can migrate.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct StateFile<R> {
+    version: u32,
+    rules: Vec<R>,
+}
+
+/// Reads the rules file. A missing file is an empty list; an unreadable or corrupt one is moved
+/// aside to `rules.json.corrupt-<unix secs>` with an error log, and an empty list is returned.
+pub fn load(file: &Path) -> Vec<StoredRule> {
+    let bytes = match fs::read(file) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Vec::new(),
+        Err(e) => {
+            tracing::error!(file = %file.display(), error = %e, "cannot read the rules file");
+            return Vec::new();
+        }
+    };
+    match serde_json::from_slice::<StateFile<StoredRule>>(&bytes) {
+        Ok(state) => state.rules,
+        Err(e) => {
+            let secs = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0);
+            let aside = file.with_extension(format!("json.corrupt-{secs}"));
+            let moved = fs::rename(file, &aside);
+            tracing::error!(
+                file = %file.display(), aside = %aside.display(), error = %e, moved = moved.is_ok(),
+                "rules file is corrupt; moved aside, starting with no rules"
+            );
+            Vec::new()
+        }
+    }
+}
+
+/// Writes `rules` atomically to `file`.
+pub fn save(file: &Path, rules: &[&StoredRule]) -> Result<(), PersistError> {
+    let err = |source| PersistError::Write { path: file.to_path_buf(), source };
+    let body = serde_json::to_vec_pretty(&StateFile { version: 1, rules: rules.to_vec() })
+        .map_err(|e| err(std::io::Error::other(e)))?;
+    let tmp = file.with_extension("json.tmp");
+    {
+        let mut f = fs::File::create(&tmp).map_err(err)?;
+        f.write_all(&body).map_err(err)?;
+        f.sync_all().map_err(err)?;
+    }
+    fs::rename(&tmp, file).map_err(err)?;
+    if let Some(dir) = file.parent() {
+        // Make the rename itself durable.
+        fs::File::open(dir).and_then(|d| d.sync_all()).map_err(err)?;
+    }
+    Ok(())
+}

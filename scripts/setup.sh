@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Idempotent machine setup for loxi: apt and pip packages, the eBPF toolchain, release build.
+# Safe to run repeatedly; each step is skipped when already satisfied.
+#   LOXI_SETUP_BUILD=0   skip the cargo build at the end
+#   LOXI_SHARED=DIR      where shared/ lives (default: ../shared beside the checkout)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+SHARED=${LOXI_SHARED:-$ROOT/../shared}
+export PATH="$HOME/.cargo/bin:$PATH"
+log() { printf '[setup] %s\n' "$*" >&2; }
+
+# --- apt: tools the tests and benchmarks call -------------------------------------------------
+# command -> Debian package
+declare -A APT=(
+  [promtool]=prometheus [wrk]=wrk [nginx]=nginx [ip]=iproute2 [ethtool]=ethtool
+  [nft]=nftables [curl]=curl [jq]=jq [ping]=iputils-ping
+)
+missing=()
+for cmd in "${!APT[@]}"; do
+  command -v "$cmd" >/dev/null 2>&1 || [ -x "/usr/sbin/$cmd" ] || missing+=("${APT[$cmd]}")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  log "apt: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  # Debian's nginx and prometheus packages may start daemons; tests start their own.
+  (service nginx stop || pkill -x nginx || true) >/dev/null 2>&1
+  (service prometheus stop || pkill -x prometheus || true) >/dev/null 2>&1
+fi
+
+# --- pip: a real ZeroMQ publisher (pyzmq, as vLLM uses) and msgpack for test publishers -------
+if ! python3 -c 'import zmq, msgpack' 2>/dev/null; then
+  log "pip: installing pyzmq msgpack"
+  python3 -m pip install -q --disable-pip-version-check pyzmq msgpack
+fi
+
+# --- eBPF toolchain (pinned nightly + bpf-linker), from shared/ ------------------------------
+if [ -f "$SHARED/scripts/setup-ebpf-toolchain.sh" ]; then
+  bash "$SHARED/scripts/setup-ebpf-toolchain.sh"
+else
+  log "WARNING: $SHARED/scripts/setup-ebpf-toolchain.sh not found; eBPF programs will not build"
+fi
+
+# --- build ------------------------------------------------------------------------------------
+if [ "${LOXI_SETUP_BUILD:-1}" = 1 ]; then
+  log "cargo build --release"
+  cargo build --release --workspace --bins
+fi
+log "ready"
