@@ -4,6 +4,8 @@
 //! Shared vocabulary used by the proxy and the KV tier lives here: endpoint indices, load
 //! counters with RAII guards, the candidate set with its exclusion mask, and decisions.
 
+pub mod tier;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
