@@ -6,6 +6,7 @@
 //! [`api`] (REST), [`metrics`] (registry), [`app`] (the daemon), [`cli`] (`loxicmd`).
 pub mod api;
 pub mod app;
+pub mod cli;
 pub mod config;
 pub mod kv;
 pub mod metrics;

@@ -5,7 +5,7 @@
 //! | `POST` | `/netlox/v1/config/loadbalancer` | 200 `{"code":200,"message":"success"}`; 400 naming the field; 409 same key other shape; 500 state file not written |
 //! | `GET` | `/netlox/v1/config/loadbalancer/all` | 200 `{"lbAttr":[{serviceArguments, endpoints[+state]}]}` |
 //! | `DELETE` | `/netlox/v1/config/loadbalancer/externalipaddress/{ip}/port/{port}/protocol/{proto}[?host=..&model_name=..]` | 200 success; 404 no match |
-//! | `GET` | `/netlox/v1/metrics` | 200 Prometheus/OpenMetrics text |
+//! | `GET` | `/netlox/v1/metrics` | 200 Prometheus text 0.0.4, or OpenMetrics when `Accept` asks |
 //!
 //! Error bodies are built in [`error`]; strict field checking is in [`fields`].
 pub mod error;
@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::header;
+use axum::http::{HeaderMap, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
@@ -78,9 +78,25 @@ pub fn router(state: ApiState) -> Router {
         .layer(middleware::from_fn_with_state(metrics, count_requests))
 }
 
-async fn serve_metrics(State(st): State<ApiState>) -> Response {
-    match metrics::encode(&st.registry) {
-        Ok(text) => ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], text).into_response(),
+/// `GET /metrics`: OpenMetrics when the client's `Accept` asks for it, else text 0.0.4.
+async fn serve_metrics(State(st): State<ApiState>, headers: HeaderMap) -> Response {
+    let wants_om = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|a| a.contains("application/openmetrics-text"));
+    let (encoded, content_type) = if wants_om {
+        (
+            metrics::encode(&st.registry),
+            metrics::OPENMETRICS_CONTENT_TYPE,
+        )
+    } else {
+        (
+            metrics::encode_text(&st.registry),
+            metrics::TEXT_CONTENT_TYPE,
+        )
+    };
+    match encoded {
+        Ok(text) => ([(header::CONTENT_TYPE, content_type)], text).into_response(),
         Err(e) => ApiError::internal(format!("encoding metrics failed: {e}")).into_response(),
     }
 }

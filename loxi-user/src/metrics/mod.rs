@@ -2,8 +2,12 @@
 //!
 //! One `prometheus_client` [`Registry`] is built at start by `app.rs`; every module registers its
 //! own families through a `XxxMetrics::register(&mut Registry) -> Self` constructor (no globals),
-//! then the API serves [`encode`] of it at `GET /netlox/v1/metrics`. Metric names follow the
-//! spec (`loxilb_*`). The control plane's own families live in [`ControlMetrics`].
+//! then the API serves it at `GET /netlox/v1/metrics`: OpenMetrics text ([`encode`]) to clients
+//! that ask for it in `Accept` (Prometheus does), the classic text format 0.0.4
+//! ([`encode_text`]) otherwise (curl, `promtool check metrics`). Metric names follow the spec
+//! (`loxilb_*`). The control plane's own families live in [`ControlMetrics`].
+
+mod text;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -11,9 +15,14 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-/// Content type of [`encode`]'s output (OpenMetrics text 1.0.0, which `promtool check metrics`
-/// and Prometheus both accept).
-pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+pub use text::openmetrics_to_text;
+
+/// Content type of [`encode`]'s output (OpenMetrics text 1.0.0).
+pub const OPENMETRICS_CONTENT_TYPE: &str =
+    "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Content type of [`encode_text`]'s output (Prometheus text exposition format 0.0.4).
+pub const TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// A fresh, empty registry (no prefix: every family carries its full `loxilb_*` name).
 pub fn new_registry() -> Registry {
@@ -25,6 +34,11 @@ pub fn encode(registry: &Registry) -> Result<String, std::fmt::Error> {
     let mut out = String::new();
     prometheus_client::encoding::text::encode(&mut out, registry)?;
     Ok(out)
+}
+
+/// Encodes `registry` in the Prometheus text format 0.0.4 (see [`openmetrics_to_text`]).
+pub fn encode_text(registry: &Registry) -> Result<String, std::fmt::Error> {
+    encode(registry).map(|om| openmetrics_to_text(&om))
 }
 
 /// Labels of `loxilb_api_requests_total`.
