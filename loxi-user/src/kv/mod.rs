@@ -4,6 +4,8 @@
 //!
 //! See `README.md` in this folder for the data structures, event semantics and complexity.
 
+pub mod block_hash;
+
 pub mod events;
 #[cfg(test)]
 mod testutil;
