@@ -4,6 +4,11 @@
 //!
 //! See `README.md` in this folder for the data structures, event semantics and complexity.
 
+pub mod events;
+pub mod index;
+#[cfg(test)]
+mod testutil;
+
 pub mod block_hash;
 
 pub mod events;
