@@ -4,14 +4,9 @@
 //!
 //! See `README.md` in this folder for the data structures, event semantics and complexity.
 
+pub mod block_hash;
 pub mod events;
 pub mod index;
-#[cfg(test)]
-mod testutil;
-
-pub mod block_hash;
-
-pub mod events;
 #[cfg(test)]
 mod testutil;
 
