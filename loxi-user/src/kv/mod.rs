@@ -5,8 +5,15 @@
 //! See `README.md` in this folder for the data structures, event semantics and complexity.
 
 pub mod block_hash;
+pub mod apply;
+pub mod blend;
 pub mod events;
 pub mod index;
+pub mod metrics;
+pub mod parity;
+pub mod select;
+pub mod settings;
+pub mod state;
 #[cfg(test)]
 mod testutil;
 
