@@ -102,16 +102,21 @@ pub fn blend(cands: &[Cand], p: &LawParams) -> Option<Pick> {
         LbMode::Soft => soft(cands, lambda, p.request_blocks),
         LbMode::AdaptiveSoft => soft(cands, lambda * f, p.request_blocks),
     };
-    Some(Pick { ep, spilled: ep != owner })
+    Some(Pick {
+        ep,
+        spilled: ep != owner,
+    })
 }
 
 /// `argmax o_i`, ties → lowest index.
 pub fn owner(cands: &[Cand]) -> Option<EpIdx> {
-    cands.iter().fold(None::<&Cand>, |best, c| match best {
-        Some(b) if b.overlap >= c.overlap => Some(b),
-        _ => Some(c),
-    })
-    .map(|c| c.ep)
+    cands
+        .iter()
+        .fold(None::<&Cand>, |best, c| match best {
+            Some(b) if b.overlap >= c.overlap => Some(b),
+            _ => Some(c),
+        })
+        .map(|c| c.ep)
 }
 
 fn weight_sum(cands: &[Cand]) -> f64 {
@@ -128,14 +133,19 @@ pub fn cap(c: &Cand, cands: &[Cand], eps: f64) -> u64 {
 fn hard(cands: &[Cand], eps: f64, relief: bool) -> Option<EpIdx> {
     let mut by_overlap: Vec<&Cand> = cands.iter().filter(|c| c.overlap > 0).collect();
     by_overlap.sort_by(|a, b| b.overlap.cmp(&a.overlap).then(a.ep.cmp(&b.ep)));
-    let under = |c: &Cand| c.load + 1 <= cap(c, cands, eps);
+    // L_i + 1 ≤ cap_i
+    let under = |c: &Cand| c.load < cap(c, cands, eps);
     if let Some(c) = by_overlap.iter().find(|c| under(c)) {
         return Some(c.ep);
     }
     if !relief {
         return None;
     }
-    cands.iter().filter(|c| under(c)).min_by(|a, b| a.load.cmp(&b.load).then(a.ep.cmp(&b.ep))).map(|c| c.ep)
+    cands
+        .iter()
+        .filter(|c| under(c))
+        .min_by(|a, b| a.load.cmp(&b.load).then(a.ep.cmp(&b.ep)))
+        .map(|c| c.ep)
 }
 
 fn soft(cands: &[Cand], lambda: f64, n: usize) -> EpIdx {

@@ -1,11 +1,23 @@
 use super::*;
 
 fn c(ep: EpIdx, overlap: usize, load: u64) -> Cand {
-    Cand { ep, overlap, load, weight: 1 }
+    Cand {
+        ep,
+        overlap,
+        load,
+        weight: 1,
+    }
 }
 
 fn params(mode: LbMode, relief: bool) -> LawParams {
-    LawParams { mode, mean_load_factor: 175, load_penalty: 32, spill_relief: relief, cap_sum_milli: 0, request_blocks: 4 }
+    LawParams {
+        mode,
+        mean_load_factor: 175,
+        load_penalty: 32,
+        spill_relief: relief,
+        cap_sum_milli: 0,
+        request_blocks: 4,
+    }
 }
 
 fn pick(ep: EpIdx, spilled: bool) -> Option<Pick> {
@@ -24,7 +36,13 @@ fn hard_cap_formula_exact_values() {
     let cands = [c(0, 4, 5), c(1, 2, 0), c(2, 0, 0)];
     assert_eq!(cap(&cands[0], &cands, 0.75), 4);
     // weight 3 of 4: ceil(1.75 · 6 · 0.75) = ceil(7.875) = 8.
-    let weighted = [Cand { weight: 3, ..c(0, 4, 5) }, c(1, 0, 0)];
+    let weighted = [
+        Cand {
+            weight: 3,
+            ..c(0, 4, 5)
+        },
+        c(1, 0, 0),
+    ];
     assert_eq!(cap(&weighted[0], &weighted, 0.75), 8);
 }
 
@@ -52,7 +70,13 @@ fn hard_spill_relief_goes_to_least_loaded_under_cap_even_without_overlap() {
 
 #[test]
 fn hard_weight_share_raises_the_cap() {
-    let cands = [Cand { weight: 3, ..c(0, 4, 5) }, c(1, 0, 0)];
+    let cands = [
+        Cand {
+            weight: 3,
+            ..c(0, 4, 5)
+        },
+        c(1, 0, 0),
+    ];
     assert_eq!(blend(&cands, &params(LbMode::Hard, true)), pick(0, false));
 }
 
@@ -79,7 +103,10 @@ fn adaptive_lets_owner_carry_more_when_fleet_is_busy() {
     // adaptive: f = 8, ε = 6, cap = ceil(7 · 25 / 3) = 59 → owner keeps it.
     let cands = [c(0, 4, 16), c(1, 0, 4), c(2, 0, 4)];
     assert_eq!(blend(&cands, &params(LbMode::Hard, true)), pick(1, true));
-    assert_eq!(blend(&cands, &params(LbMode::Adaptive, true)), pick(0, false));
+    assert_eq!(
+        blend(&cands, &params(LbMode::Adaptive, true)),
+        pick(0, false)
+    );
 }
 
 #[test]
@@ -88,7 +115,10 @@ fn adaptive_soft_prices_load_higher_when_fleet_is_busy() {
     // adaptive-soft λ = 256: u0 = 1000 − 4096 = −3096, u1 = −1024 → ep1.
     let cands = [c(0, 4, 16), c(1, 0, 4), c(2, 0, 4)];
     assert_eq!(blend(&cands, &params(LbMode::Soft, false)), pick(0, false));
-    assert_eq!(blend(&cands, &params(LbMode::AdaptiveSoft, false)), pick(1, true));
+    assert_eq!(
+        blend(&cands, &params(LbMode::AdaptiveSoft, false)),
+        pick(1, true)
+    );
 }
 
 #[test]

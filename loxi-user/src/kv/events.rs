@@ -121,7 +121,11 @@ pub fn decode_batch(payload: &[u8]) -> Result<EventBatch, EventError> {
         ),
     };
     let events = raw_events.iter().map(decode_event).collect();
-    Ok(EventBatch { ts, events, dp_rank })
+    Ok(EventBatch {
+        ts,
+        events,
+        dp_rank,
+    })
 }
 
 fn number_f64(v: &Value) -> Option<f64> {
@@ -144,11 +148,16 @@ pub fn decode_event(v: &Value) -> Result<KvEvent, EventError> {
 
 fn map_get<'a>(v: &'a Value, key: &str) -> Option<&'a Value> {
     let Value::Map(entries) = v else { return None };
-    entries.iter().find(|(k, _)| k.as_str() == Some(key)).map(|(_, val)| val)
+    entries
+        .iter()
+        .find(|(k, _)| k.as_str() == Some(key))
+        .map(|(_, val)| val)
 }
 
 fn decode_map_event(v: &Value) -> Result<KvEvent, EventError> {
-    let tag = map_get(v, "type").and_then(Value::as_str).ok_or(EventError::NoType)?;
+    let tag = map_get(v, "type")
+        .and_then(Value::as_str)
+        .ok_or(EventError::NoType)?;
     let get = |k| map_get(v, k);
     match tag {
         "BlockStored" => Ok(KvEvent::BlockStored(BlockStored {
@@ -160,14 +169,19 @@ fn decode_map_event(v: &Value) -> Result<KvEvent, EventError> {
             lora_name: opt_string(get("lora_name")),
             extra_keys: opt_array(get("extra_keys")),
         })),
-        "BlockRemoved" => Ok(KvEvent::BlockRemoved { block_hashes: hash_list(get("block_hashes"))? }),
+        "BlockRemoved" => Ok(KvEvent::BlockRemoved {
+            block_hashes: hash_list(get("block_hashes"))?,
+        }),
         "AllBlocksCleared" => Ok(KvEvent::AllBlocksCleared),
         other => Err(EventError::UnknownType(other.to_owned())),
     }
 }
 
 fn decode_array_event(items: &[Value]) -> Result<KvEvent, EventError> {
-    let tag = items.first().and_then(Value::as_str).ok_or(EventError::NoType)?;
+    let tag = items
+        .first()
+        .and_then(Value::as_str)
+        .ok_or(EventError::NoType)?;
     let get = |i: usize| items.get(i);
     match tag {
         "BlockStored" => Ok(KvEvent::BlockStored(BlockStored {
@@ -179,7 +193,9 @@ fn decode_array_event(items: &[Value]) -> Result<KvEvent, EventError> {
             lora_name: opt_string(get(7)),
             extra_keys: opt_array(get(8)),
         })),
-        "BlockRemoved" => Ok(KvEvent::BlockRemoved { block_hashes: hash_list(get(1))? }),
+        "BlockRemoved" => Ok(KvEvent::BlockRemoved {
+            block_hashes: hash_list(get(1))?,
+        }),
         "AllBlocksCleared" => Ok(KvEvent::AllBlocksCleared),
         other => Err(EventError::UnknownType(other.to_owned())),
     }
@@ -200,18 +216,29 @@ pub fn hash_value(v: &Value) -> Option<EngineBlockHash> {
 fn hash_list(v: Option<&Value>) -> Result<Vec<EngineBlockHash>, EventError> {
     let field = "block_hashes";
     let Some(Value::Array(items)) = v else {
-        return Err(EventError::Field { field, problem: "missing or not an array" });
+        return Err(EventError::Field {
+            field,
+            problem: "missing or not an array",
+        });
     };
     items
         .iter()
-        .map(|h| hash_value(h).ok_or(EventError::Field { field, problem: "element is not an int or bytes" }))
+        .map(|h| {
+            hash_value(h).ok_or(EventError::Field {
+                field,
+                problem: "element is not an int or bytes",
+            })
+        })
         .collect()
 }
 
 fn opt_hash(v: Option<&Value>, field: &'static str) -> Result<Option<EngineBlockHash>, EventError> {
     match v {
         None | Some(Value::Nil) => Ok(None),
-        Some(h) => hash_value(h).map(Some).ok_or(EventError::Field { field, problem: "not an int or bytes" }),
+        Some(h) => hash_value(h).map(Some).ok_or(EventError::Field {
+            field,
+            problem: "not an int or bytes",
+        }),
     }
 }
 
@@ -224,10 +251,16 @@ fn token_list(v: Option<&Value>) -> Result<Vec<u32>, EventError> {
             .map(|t| {
                 t.as_u64()
                     .and_then(|x| u32::try_from(x).ok())
-                    .ok_or(EventError::Field { field, problem: "element is not a u32" })
+                    .ok_or(EventError::Field {
+                        field,
+                        problem: "element is not a u32",
+                    })
             })
             .collect(),
-        Some(_) => Err(EventError::Field { field, problem: "not an array" }),
+        Some(_) => Err(EventError::Field {
+            field,
+            problem: "not an array",
+        }),
     }
 }
 
@@ -238,14 +271,20 @@ fn opt_u32(v: Option<&Value>, field: &'static str) -> Result<Option<u32>, EventE
             .as_u64()
             .and_then(|n| u32::try_from(n).ok())
             .map(Some)
-            .ok_or(EventError::Field { field, problem: "not a u32" }),
+            .ok_or(EventError::Field {
+                field,
+                problem: "not a u32",
+            }),
     }
 }
 
 fn opt_i64(v: Option<&Value>, field: &'static str) -> Result<Option<i64>, EventError> {
     match v {
         None | Some(Value::Nil) => Ok(None),
-        Some(x) => x.as_i64().map(Some).ok_or(EventError::Field { field, problem: "not an i64" }),
+        Some(x) => x.as_i64().map(Some).ok_or(EventError::Field {
+            field,
+            problem: "not an i64",
+        }),
     }
 }
 

@@ -128,7 +128,9 @@ impl Shard {
 
     /// Drops `count` references of `slot` (`u32::MAX` = all); true when the slot lost the key.
     fn sub(&mut self, key: u64, slot: u32, count: u32) -> bool {
-        let Some(&w) = self.map.get(&key) else { return false };
+        let Some(&w) = self.map.get(&key) else {
+            return false;
+        };
         if w & MULTI == 0 {
             let (s, refs) = ((w >> 32) as u32, w as u32);
             if s != slot {
@@ -143,7 +145,9 @@ impl Shard {
         }
         let idx = (w & !MULTI) as u32;
         let list = &mut self.multi[idx as usize];
-        let Some(pos) = list.iter().position(|(s, _)| *s == slot) else { return false };
+        let Some(pos) = list.iter().position(|(s, _)| *s == slot) else {
+            return false;
+        };
         if list[pos].1 > count {
             list[pos].1 -= count;
             return false;
@@ -203,7 +207,12 @@ impl KvIndex {
     /// An empty index whose streams hold at most `max_blocks` keys each (`LOXILB_KV_MAX_BLOCKS`).
     pub fn new(max_blocks: u64) -> Self {
         let shards = (0..SHARDS).map(|_| RwLock::new(Shard::default())).collect();
-        Self { shards, slots: Mutex::new(HashMap::new()), max_blocks: max_blocks.max(1), evictions: AtomicU64::new(0) }
+        Self {
+            shards,
+            slots: Mutex::new(HashMap::new()),
+            max_blocks: max_blocks.max(1),
+            evictions: AtomicU64::new(0),
+        }
     }
 
     fn shard(&self, key: u64) -> &RwLock<Shard> {
@@ -346,15 +355,20 @@ impl KvIndex {
             if i == 0 {
                 alive = here;
             } else {
-                let (keep, dropped): (Vec<u32>, Vec<u32>) = alive.iter().partition(|s| here.contains(s));
-                dropped.iter().for_each(|&s| record(&mut best, slot_ep(s), i));
+                let (keep, dropped): (Vec<u32>, Vec<u32>) =
+                    alive.iter().partition(|s| here.contains(s));
+                dropped
+                    .iter()
+                    .for_each(|&s| record(&mut best, slot_ep(s), i));
                 alive = keep;
             }
             if alive.is_empty() {
                 break;
             }
         }
-        alive.iter().for_each(|&s| record(&mut best, slot_ep(s), keys.len()));
+        alive
+            .iter()
+            .for_each(|&s| record(&mut best, slot_ep(s), keys.len()));
         best.sort_unstable();
         best
     }
@@ -364,7 +378,9 @@ impl KvIndex {
         let mut v = Vec::new();
         sh.holders(key).for_each(|s| v.push(s));
         if let Some(p) = sh.predicted.get(&key) {
-            p.iter().filter(|(_, exp)| *exp > now).for_each(|(ep, _)| v.push(slot(*ep as EpIdx, PREDICTED_RANK)));
+            p.iter()
+                .filter(|(_, exp)| *exp > now)
+                .for_each(|(ep, _)| v.push(slot(*ep as EpIdx, PREDICTED_RANK)));
         }
         v
     }
@@ -376,7 +392,12 @@ impl KvIndex {
         for r in 0..=MAX_RANK {
             let s = slot(ep, r);
             if let Some(st) = slots.get(&s) {
-                out.extend(st.fifo.iter().filter(|&&k| self.holds(k, s)).map(|&k| BlockKey(k)));
+                out.extend(
+                    st.fifo
+                        .iter()
+                        .filter(|&&k| self.holds(k, s))
+                        .map(|&k| BlockKey(k)),
+                );
             }
         }
         out.dedup();
@@ -385,21 +406,30 @@ impl KvIndex {
 
     fn holds(&self, key: u64, s: u32) -> bool {
         let mut found = false;
-        self.shard(key).read().holders(key).for_each(|x| found |= x == s);
+        self.shard(key)
+            .read()
+            .holders(key)
+            .for_each(|x| found |= x == s);
         found
     }
 
     /// Does `ep` hold `key` on any rank (confirmed blocks only)?
     pub fn holds_key(&self, ep: EpIdx, key: BlockKey) -> bool {
         let mut found = false;
-        self.shard(key.0).read().holders(key.0).for_each(|x| found |= slot_ep(x) == ep && x & 0xF != PREDICTED_RANK);
+        self.shard(key.0)
+            .read()
+            .holders(key.0)
+            .for_each(|x| found |= slot_ep(x) == ep && x & 0xF != PREDICTED_RANK);
         found
     }
 
     /// Confirmed keys held by `ep`, summed over its ranks.
     pub fn blocks(&self, ep: EpIdx) -> u64 {
         let slots = self.slots.lock();
-        (0..=MAX_RANK).filter_map(|r| slots.get(&slot(ep, r))).map(|st| st.held).sum()
+        (0..=MAX_RANK)
+            .filter_map(|r| slots.get(&slot(ep, r)))
+            .map(|st| st.held)
+            .sum()
     }
 
     /// Keys evicted by the cap since creation (`loxilb_kv_inv_cap_evictions_total`).

@@ -29,7 +29,10 @@ fn score_is_the_leading_run_not_the_intersection() {
     ix.store(0, 0, &keys(&[1, 2, 3]));
     ix.store(1, 0, &keys(&[1, 3, 4, 5]));
     ix.store(2, 0, &keys(&[2, 3, 4]));
-    assert_eq!(ix.score(&keys(&[1, 2, 3, 4, 5]), now()), vec![(0, 3), (1, 1)]);
+    assert_eq!(
+        ix.score(&keys(&[1, 2, 3, 4, 5]), now()),
+        vec![(0, 3), (1, 1)]
+    );
 }
 
 #[test]
@@ -39,7 +42,10 @@ fn a_block_held_by_several_endpoints_scores_for_each_and_survives_one_leaving() 
         ix.store(ep, 0, &keys(&[7, 8]));
     }
     ix.remove(2, 0, &keys(&[8]));
-    assert_eq!(ix.score(&keys(&[7, 8]), now()), vec![(0, 2), (1, 2), (2, 1), (3, 2)]);
+    assert_eq!(
+        ix.score(&keys(&[7, 8]), now()),
+        vec![(0, 2), (1, 2), (2, 1), (3, 2)]
+    );
     ix.clear_endpoint(0);
     ix.clear_endpoint(1);
     assert_eq!(ix.score(&keys(&[7, 8]), now()), vec![(2, 1), (3, 2)]);
@@ -71,7 +77,13 @@ fn all_ranks_cleared_by_clear_endpoint() {
 fn cap_evicts_oldest_blocks_first_and_counts_them() {
     let ix = KvIndex::new(3);
     let out = ix.store(0, 0, &keys(&[1, 2, 3, 4, 5]));
-    assert_eq!(out, StoreOutcome { added: 5, evicted: 2 });
+    assert_eq!(
+        out,
+        StoreOutcome {
+            added: 5,
+            evicted: 2
+        }
+    );
     assert_eq!(ix.evictions(), 2);
     assert_eq!(ix.keys_of(0), keys(&[3, 4, 5]));
     assert!(!ix.holds_key(0, BlockKey(1)));
@@ -98,7 +110,12 @@ fn fifo_is_compacted_under_store_remove_churn() {
     }
     ix.store(0, 0, &keys(&[99_999]));
     assert_eq!(ix.keys_of(0), keys(&[99_999]));
-    let fifo_len = ix.slots.lock().get(&slot(0, 0)).map(|s| s.fifo.len()).unwrap_or(0);
+    let fifo_len = ix
+        .slots
+        .lock()
+        .get(&slot(0, 0))
+        .map(|s| s.fifo.len())
+        .unwrap_or(0);
     assert!(fifo_len <= 1024 + 3, "fifo kept {fifo_len} stale entries");
 }
 

@@ -130,24 +130,86 @@ impl KvMetrics {
             replays: Family::default(),
             cap_evictions: Family::default(),
             parity_ok: Family::default(),
-            stage_seconds: Family::new_with_constructor(|| Histogram::new(exponential_buckets(1e-6, 2.0, 22))),
+            stage_seconds: Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(1e-6, 2.0, 22))
+            }),
         };
         let r = reg;
-        r.register("loxilb_pd_kv_tier15_hits", "Tier 1.5 selected this endpoint", m.hits.clone());
-        r.register("loxilb_pd_kv_tier15_miss_reason", "Tier 1.5 guard misses by reason", m.misses.clone());
-        r.register("loxilb_pd_kv_tier15_fallthrough", "Requests that left tier 1.5", m.fallthrough.clone());
-        r.register("loxilb_pd_kv_tier15_spills", "Overlap owner over cap, spilled", m.spills.clone());
-        r.register("loxilb_pd_kv_tier15_cold_seeds", "Hits diverted to seed a cold endpoint", m.cold_seeds.clone());
-        r.register("loxilb_pd_kv_blocks", "Indexed blocks per endpoint", m.blocks.clone());
-        r.register("loxilb_kv_subscriber_connected", "KV-event socket up (1) or down (0)", m.connected.clone());
-        r.register("loxilb_kv_subscriber_reconnect", "KV-event socket rebuilds", m.reconnects.clone());
-        r.register("loxilb_kv_subscriber_recv_error", "KV-event receive errors", m.recv_errors.clone());
-        r.register("loxilb_kv_events_applied", "KV events applied to the index", m.events_applied.clone());
-        r.register("loxilb_kv_events_rejected", "KV events rejected, by reason", m.events_rejected.clone());
-        r.register("loxilb_kv_replay", "Replay attempts by outcome", m.replays.clone());
-        r.register("loxilb_kv_inv_cap_evictions", "Blocks evicted by LOXILB_KV_MAX_BLOCKS", m.cap_evictions.clone());
-        r.register("loxilb_kv_parity_ok", "Engine hashes match loxi's recomputation", m.parity_ok.clone());
-        r.register("loxilb_kv_routing_stage_seconds", "Tier 1.5 latency by stage", m.stage_seconds.clone());
+        r.register(
+            "loxilb_pd_kv_tier15_hits",
+            "Tier 1.5 selected this endpoint",
+            m.hits.clone(),
+        );
+        r.register(
+            "loxilb_pd_kv_tier15_miss_reason",
+            "Tier 1.5 guard misses by reason",
+            m.misses.clone(),
+        );
+        r.register(
+            "loxilb_pd_kv_tier15_fallthrough",
+            "Requests that left tier 1.5",
+            m.fallthrough.clone(),
+        );
+        r.register(
+            "loxilb_pd_kv_tier15_spills",
+            "Overlap owner over cap, spilled",
+            m.spills.clone(),
+        );
+        r.register(
+            "loxilb_pd_kv_tier15_cold_seeds",
+            "Hits diverted to seed a cold endpoint",
+            m.cold_seeds.clone(),
+        );
+        r.register(
+            "loxilb_pd_kv_blocks",
+            "Indexed blocks per endpoint",
+            m.blocks.clone(),
+        );
+        r.register(
+            "loxilb_kv_subscriber_connected",
+            "KV-event socket up (1) or down (0)",
+            m.connected.clone(),
+        );
+        r.register(
+            "loxilb_kv_subscriber_reconnect",
+            "KV-event socket rebuilds",
+            m.reconnects.clone(),
+        );
+        r.register(
+            "loxilb_kv_subscriber_recv_error",
+            "KV-event receive errors",
+            m.recv_errors.clone(),
+        );
+        r.register(
+            "loxilb_kv_events_applied",
+            "KV events applied to the index",
+            m.events_applied.clone(),
+        );
+        r.register(
+            "loxilb_kv_events_rejected",
+            "KV events rejected, by reason",
+            m.events_rejected.clone(),
+        );
+        r.register(
+            "loxilb_kv_replay",
+            "Replay attempts by outcome",
+            m.replays.clone(),
+        );
+        r.register(
+            "loxilb_kv_inv_cap_evictions",
+            "Blocks evicted by LOXILB_KV_MAX_BLOCKS",
+            m.cap_evictions.clone(),
+        );
+        r.register(
+            "loxilb_kv_parity_ok",
+            "Engine hashes match loxi's recomputation",
+            m.parity_ok.clone(),
+        );
+        r.register(
+            "loxilb_kv_routing_stage_seconds",
+            "Tier 1.5 latency by stage",
+            m.stage_seconds.clone(),
+        );
         m
     }
 
@@ -155,9 +217,14 @@ impl KvMetrics {
     /// dashboards see them before the first event.
     pub fn init_service(&self, service: &str) {
         for r in MissReason::ALL {
-            let _ = self.misses.get_or_create(&ReasonLabels { service: service.into(), reason: r.as_str().into() });
+            let _ = self.misses.get_or_create(&ReasonLabels {
+                service: service.into(),
+                reason: r.as_str().into(),
+            });
         }
-        let s = ServiceLabels { service: service.into() };
+        let s = ServiceLabels {
+            service: service.into(),
+        };
         let _ = self.fallthrough.get_or_create(&s);
         let _ = self.spills.get_or_create(&s);
         let _ = self.cold_seeds.get_or_create(&s);
@@ -166,28 +233,51 @@ impl KvMetrics {
 
     /// Counts one miss of `reason` and the fallthrough it causes.
     pub fn miss(&self, service: &str, reason: MissReason) {
-        self.misses.get_or_create(&ReasonLabels { service: service.into(), reason: reason.as_str().into() }).inc();
-        self.fallthrough.get_or_create(&ServiceLabels { service: service.into() }).inc();
+        self.misses
+            .get_or_create(&ReasonLabels {
+                service: service.into(),
+                reason: reason.as_str().into(),
+            })
+            .inc();
+        self.fallthrough
+            .get_or_create(&ServiceLabels {
+                service: service.into(),
+            })
+            .inc();
     }
 
     /// Counts one hit on `ep`.
     pub fn hit(&self, service: &str, ep: usize) {
-        self.hits.get_or_create(&EpIdxLabels { service: service.into(), ep_idx: ep.to_string() }).inc();
+        self.hits
+            .get_or_create(&EpIdxLabels {
+                service: service.into(),
+                ep_idx: ep.to_string(),
+            })
+            .inc();
     }
 
     /// Sets the block gauge of `ep`.
     pub fn set_blocks(&self, service: &str, ep: usize, n: u64) {
-        let g = self.blocks.get_or_create(&EpIdxLabels { service: service.into(), ep_idx: ep.to_string() });
+        let g = self.blocks.get_or_create(&EpIdxLabels {
+            service: service.into(),
+            ep_idx: ep.to_string(),
+        });
         g.set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
     /// Removes every series of one service (rule deleted).
     pub fn forget_service(&self, service: &str, endpoints: usize, ranks: u32) {
         for ep in 0..endpoints {
-            let l = EpIdxLabels { service: service.into(), ep_idx: ep.to_string() };
+            let l = EpIdxLabels {
+                service: service.into(),
+                ep_idx: ep.to_string(),
+            };
             self.blocks.remove(&l);
             for r in 0..ranks.max(1) {
-                let e = EpLabels { service: service.into(), ep: ep_label(ep, r) };
+                let e = EpLabels {
+                    service: service.into(),
+                    ep: ep_label(ep, r),
+                };
                 self.connected.remove(&e);
                 self.parity_ok.remove(&e);
             }
@@ -197,7 +287,11 @@ impl KvMetrics {
 
 /// The `ep` label of a subscriber stream.
 pub fn ep_label(ep: usize, rank: u32) -> String {
-    if rank == 0 { ep.to_string() } else { format!("{ep}.r{rank}") }
+    if rank == 0 {
+        ep.to_string()
+    } else {
+        format!("{ep}.r{rank}")
+    }
 }
 
 #[cfg(test)]
@@ -215,11 +309,16 @@ mod tests {
         let mut out = String::new();
         encode(&mut out, &reg).expect("encode");
         for r in MissReason::ALL {
-            let line = format!("loxilb_pd_kv_tier15_miss_reason_total{{service=\"7\",reason=\"{}\"}}", r.as_str());
+            let line = format!(
+                "loxilb_pd_kv_tier15_miss_reason_total{{service=\"7\",reason=\"{}\"}}",
+                r.as_str()
+            );
             assert!(out.contains(&line), "missing {line}");
         }
         assert!(out.contains("loxilb_pd_kv_tier15_hits_total{service=\"7\",ep_idx=\"1\"} 1"));
-        assert!(out.contains("loxilb_pd_kv_tier15_miss_reason_total{service=\"7\",reason=\"no_worker\"} 1"));
+        assert!(out.contains(
+            "loxilb_pd_kv_tier15_miss_reason_total{service=\"7\",reason=\"no_worker\"} 1"
+        ));
         assert!(out.contains("loxilb_pd_kv_tier15_fallthrough_total{service=\"7\"} 1"));
         assert!(out.contains("loxilb_pd_kv_tier15_spills_total{service=\"7\"} 0"));
     }

@@ -10,11 +10,15 @@ pub mod apply;
 pub mod blend;
 pub mod events;
 pub mod index;
+pub mod manager;
 pub mod metrics;
 pub mod parity;
+pub mod replay;
 pub mod select;
 pub mod settings;
 pub mod state;
+pub mod subscriber;
+pub mod zmtp;
 #[cfg(test)]
 mod testutil;
 

@@ -109,11 +109,22 @@ impl ParityBook {
 
     /// Checks (while the verdict is not established) and translates one stored event into the
     /// keys the index should hold for `ep`.
-    pub fn on_stored(&mut self, ep: EpIdx, ev: &BlockStored, hasher: &BlockHasher, block_size: usize, lora_paths: &HashMap<String, String>) -> Translated {
+    pub fn on_stored(
+        &mut self,
+        ep: EpIdx,
+        ev: &BlockStored,
+        hasher: &BlockHasher,
+        block_size: usize,
+        lora_paths: &HashMap<String, String>,
+    ) -> Translated {
         let p = self.eps.entry(ep).or_default();
         let engine: Vec<BlockKey> = ev.block_hashes.iter().map(|h| h.key()).collect();
         let need_own = p.verdict != Verdict::Ok || p.rehash;
-        let own = if need_own { own_chain(p, ev, hasher, block_size, lora_paths) } else { Vec::new() };
+        let own = if need_own {
+            own_chain(p, ev, hasher, block_size, lora_paths)
+        } else {
+            Vec::new()
+        };
         let before = p.verdict.clone();
         if p.verdict != Verdict::Mismatch {
             check(p, ep, ev, &engine, &own, hasher, block_size);
@@ -131,25 +142,43 @@ impl ParityBook {
         } else {
             engine
         };
-        Translated { keys, verdict_changed: before != p.verdict }
+        Translated {
+            keys,
+            verdict_changed: before != p.verdict,
+        }
     }
 
     /// Translates removed engine keys into index keys (re-hash mode maps and forgets them).
     pub fn on_removed(&mut self, ep: EpIdx, engine: &[BlockKey], algo: HashAlgo) -> Vec<BlockKey> {
-        let Some(p) = self.eps.get_mut(&ep) else { return engine.to_vec() };
+        let Some(p) = self.eps.get_mut(&ep) else {
+            return engine.to_vec();
+        };
         if !p.rehash {
             engine.iter().for_each(|k| {
                 p.digests.remove(&k.0);
             });
             return engine.to_vec();
         }
-        engine.iter().filter_map(|k| p.digests.remove(&k.0)).map(|d| d.key(algo)).collect()
+        engine
+            .iter()
+            .filter_map(|k| p.digests.remove(&k.0))
+            .map(|d| d.key(algo))
+            .collect()
     }
 }
 
 /// Reconstructs the tagged extra keys of block `j` from the untagged published entry.
-fn extra_of(ev: &BlockStored, j: usize, root: bool, lora_paths: &HashMap<String, String>) -> Option<Vec<ExtraKey>> {
-    let entry = ev.extra_keys.as_ref().and_then(|e| e.get(j)).filter(|v| !v.is_nil());
+fn extra_of(
+    ev: &BlockStored,
+    j: usize,
+    root: bool,
+    lora_paths: &HashMap<String, String>,
+) -> Option<Vec<ExtraKey>> {
+    let entry = ev
+        .extra_keys
+        .as_ref()
+        .and_then(|e| e.get(j))
+        .filter(|v| !v.is_nil());
     let mut out = Vec::new();
     let mut items: Vec<&rmpv::Value> = match entry {
         None => Vec::new(),
@@ -173,7 +202,13 @@ fn extra_of(ev: &BlockStored, j: usize, root: bool, lora_paths: &HashMap<String,
 }
 
 /// loxi's digest of every block of the event (`None` where it cannot be computed).
-fn own_chain(p: &EpParity, ev: &BlockStored, hasher: &BlockHasher, bs: usize, lora_paths: &HashMap<String, String>) -> Vec<Option<BlockDigest>> {
+fn own_chain(
+    p: &EpParity,
+    ev: &BlockStored,
+    hasher: &BlockHasher,
+    bs: usize,
+    lora_paths: &HashMap<String, String>,
+) -> Vec<Option<BlockDigest>> {
     let n = ev.block_hashes.len();
     if bs == 0 || ev.token_ids.len() != n * bs {
         return vec![None; n];
@@ -187,7 +222,9 @@ fn own_chain(p: &EpParity, ev: &BlockStored, hasher: &BlockHasher, bs: usize, lo
         .map(|j| {
             let extra = extra_of(ev, j, root, lora_paths);
             let d = match (parent, extra) {
-                (Some(par), Some(x)) => Some(hasher.hash_block(&par, &ev.token_ids[j * bs..(j + 1) * bs], &x)),
+                (Some(par), Some(x)) => {
+                    Some(hasher.hash_block(&par, &ev.token_ids[j * bs..(j + 1) * bs], &x))
+                }
                 _ => None,
             };
             parent = d;
@@ -196,7 +233,15 @@ fn own_chain(p: &EpParity, ev: &BlockStored, hasher: &BlockHasher, bs: usize, lo
         .collect()
 }
 
-fn check(p: &mut EpParity, ep: EpIdx, ev: &BlockStored, engine: &[BlockKey], own: &[Option<BlockDigest>], hasher: &BlockHasher, bs: usize) {
+fn check(
+    p: &mut EpParity,
+    ep: EpIdx,
+    ev: &BlockStored,
+    engine: &[BlockKey],
+    own: &[Option<BlockDigest>],
+    hasher: &BlockHasher,
+    bs: usize,
+) {
     for (j, (k, d)) in engine.iter().zip(own).enumerate() {
         let Some(d) = d else { continue };
         p.checked_blocks += 1;
@@ -217,29 +262,53 @@ fn check(p: &mut EpParity, ep: EpIdx, ev: &BlockStored, engine: &[BlockKey], own
 }
 
 /// Names the leg that looks wrong, with the evidence.
-pub fn diagnose(ev: &BlockStored, j: usize, engine: BlockKey, hasher: &BlockHasher, bs: usize) -> String {
+pub fn diagnose(
+    ev: &BlockStored,
+    j: usize,
+    engine: BlockKey,
+    hasher: &BlockHasher,
+    bs: usize,
+) -> String {
     let n = ev.block_hashes.len().max(1);
     if ev.token_ids.len() != n * bs {
-        return format!("block_size: {} tokens for {n} blocks, rule kvBlockSize {bs}", ev.token_ids.len());
+        return format!(
+            "block_size: {} tokens for {n} blocks, rule kvBlockSize {bs}",
+            ev.token_ids.len()
+        );
     }
     if ev.parent_block_hash.is_some() || j != 0 {
-        return format!("unknown: first mismatch at a non-root block (block {j}); no root block to test seed/algorithm against yet (rule {})", hasher.algo());
+        return format!(
+            "unknown: first mismatch at a non-root block (block {j}); no root block to test seed/algorithm against yet (rule {})",
+            hasher.algo()
+        );
     }
     let tokens = &ev.token_ids[..bs];
     let extra = match &ev.extra_keys {
-        Some(e) if e.first().is_some_and(|v| !v.is_nil()) => return "unknown: root block carries extra keys".into(),
+        Some(e) if e.first().is_some_and(|v| !v.is_nil()) => {
+            return "unknown: root block carries extra keys".into();
+        }
         _ => Vec::new(),
     };
     for algo in [HashAlgo::Sha256Cbor, HashAlgo::XxhashCbor] {
         for seed in SEED_CANDIDATES {
             let h = BlockHasher::new(algo, Some(seed));
             if h.hash_block(h.none_hash(), tokens, &extra).key(algo) == engine {
-                let leg = if algo != hasher.algo() { "algorithm" } else { "seed" };
-                return format!("{leg}: engine matches {algo} with seed {seed:?}; rule uses {} with loxi's LLB_KV_NONE_HASH_SEED", hasher.algo());
+                let leg = if algo != hasher.algo() {
+                    "algorithm"
+                } else {
+                    "seed"
+                };
+                return format!(
+                    "{leg}: engine matches {algo} with seed {seed:?}; rule uses {} with loxi's LLB_KV_NONE_HASH_SEED",
+                    hasher.algo()
+                );
             }
         }
     }
-    format!("unknown: no candidate algorithm/seed reproduces the engine's root block (vLLM's pickle `sha256`, an unlisted seed, or a different tokenizer); rule {}", hasher.algo())
+    format!(
+        "unknown: no candidate algorithm/seed reproduces the engine's root block (vLLM's pickle `sha256`, an unlisted seed, or a different tokenizer); rule {}",
+        hasher.algo()
+    )
 }
 
 #[cfg(test)]

@@ -86,7 +86,13 @@ impl MissReason {
 /// the tokenizer pool by the app). Token-id prompts never reach it.
 pub trait PromptTokenizer: Send + Sync + 'static {
     /// Token ids of `prompt`, or an error message (counted as `tokenize`).
-    fn encode(&self, model: &str, api: ApiKind, prompt: &Prompt, add_special_tokens: Option<bool>) -> Result<Arc<[u32]>, String>;
+    fn encode(
+        &self,
+        model: &str,
+        api: ApiKind,
+        prompt: &Prompt,
+        add_special_tokens: Option<bool>,
+    ) -> Result<Arc<[u32]>, String>;
 }
 
 /// Tier 1.5: implements the proxy's affinity-tier seam (`select` / `routed`).
@@ -109,7 +115,12 @@ impl KvRouter {
     /// Tier 1.5 for one request. `Some` on a hit (reason `KvOverlap`, `KvSpill` or
     /// `KvColdSeed`), `None` on a miss (counted). Called again with the failed endpoint in
     /// `cands.excluded` after a connect failure, it returns the next best.
-    pub fn select(&self, rule: &StoredRule, meta: &RequestMeta, cands: &Candidates<'_>) -> Option<Decision> {
+    pub fn select(
+        &self,
+        rule: &StoredRule,
+        meta: &RequestMeta,
+        cands: &Candidates<'_>,
+    ) -> Option<Decision> {
         let label = rule.id.to_string();
         let m = &self.state.metrics;
         if rule.rule.service.kv_exact_mode == 0 {
@@ -145,26 +156,47 @@ impl KvRouter {
         if let Ok(keys) = self.keys(&svc, meta, false) {
             let now = Instant::now();
             svc.index.sweep_predicted(now);
-            svc.index.predict(ep, &keys, now + self.state.settings.predicted_ttl);
+            svc.index
+                .predict(ep, &keys, now + self.state.settings.predicted_ttl);
         }
     }
 
     fn observe(&self, stage: Stage, since: StdInstant) {
-        let h = self.state.metrics.stage_seconds.get_or_create(&StageLabels { stage });
+        let h = self
+            .state
+            .metrics
+            .stage_seconds
+            .get_or_create(&StageLabels { stage });
         h.observe(since.elapsed().as_secs_f64());
     }
 
     /// Guards up to `short_prompt`, returning the request's block keys.
-    fn keys(&self, svc: &ServiceKv, meta: &RequestMeta, guard_warmup: bool) -> Result<Vec<BlockKey>, MissReason> {
+    fn keys(
+        &self,
+        svc: &ServiceKv,
+        meta: &RequestMeta,
+        guard_warmup: bool,
+    ) -> Result<Vec<BlockKey>, MissReason> {
         if guard_warmup && svc.warming(Instant::now()) {
             return Err(MissReason::Warmup);
         }
-        let prompt = meta.prompt.as_ref().filter(|p| !prompt_is_empty(p)).ok_or(MissReason::TextEmpty)?;
-        let model = meta.model.as_deref().filter(|m| !m.is_empty()).ok_or(MissReason::ModelEmpty)?;
+        let prompt = meta
+            .prompt
+            .as_ref()
+            .filter(|p| !prompt_is_empty(p))
+            .ok_or(MissReason::TextEmpty)?;
+        let model = meta
+            .model
+            .as_deref()
+            .filter(|m| !m.is_empty())
+            .ok_or(MissReason::ModelEmpty)?;
         let t = StdInstant::now();
         let tokens: Arc<[u32]> = match prompt {
             Prompt::TokenIds(ids) => ids.as_slice().into(),
-            p => self.tokenizer.encode(model, meta.api, p, meta.add_special_tokens).map_err(|_| MissReason::Tokenize)?,
+            p => self
+                .tokenizer
+                .encode(model, meta.api, p, meta.add_special_tokens)
+                .map_err(|_| MissReason::Tokenize)?,
         };
         self.observe(Stage::Tokenize, t);
         if tokens.len() < self.state.settings.min_match_tokens {
@@ -187,13 +219,30 @@ impl KvRouter {
     fn extras(&self, meta: &RequestMeta) -> Result<RequestExtras, MissReason> {
         let lora = match &meta.lora_name {
             None => None,
-            Some(n) => Some((n.clone(), self.state.settings.lora_paths.get(n).ok_or(MissReason::Hashes)?.clone())),
+            Some(n) => Some((
+                n.clone(),
+                self.state
+                    .settings
+                    .lora_paths
+                    .get(n)
+                    .ok_or(MissReason::Hashes)?
+                    .clone(),
+            )),
         };
-        Ok(RequestExtras { lora, cache_salt: meta.cache_salt.clone() })
+        Ok(RequestExtras {
+            lora,
+            cache_salt: meta.cache_salt.clone(),
+        })
     }
 
     /// Scoring, eligibility, blend law and cold seeding.
-    fn decide(&self, svc: &ServiceKv, rule: &StoredRule, keys: &[BlockKey], cands: &Candidates<'_>) -> Result<Decision, MissReason> {
+    fn decide(
+        &self,
+        svc: &ServiceKv,
+        rule: &StoredRule,
+        keys: &[BlockKey],
+        cands: &Candidates<'_>,
+    ) -> Result<Decision, MissReason> {
         let scores = svc.index.score(keys, Instant::now());
         let subscribed = |ep: EpIdx| svc.config.endpoints.get(ep).is_some_and(|(_, s)| *s);
         let usable = |ep: EpIdx| cands.eligible(ep) && subscribed(ep);
@@ -222,7 +271,9 @@ impl KvRouter {
             request_blocks: keys.len(),
         };
         let pick = blend(&law_cands, &params).ok_or(MissReason::Excluded)?;
-        let label = ServiceLabels { service: svc.label() };
+        let label = ServiceLabels {
+            service: svc.label(),
+        };
         if let Some(cold) = self.cold_seed(svc, &law_cands, pick.ep) {
             self.state.metrics.cold_seeds.get_or_create(&label).inc();
             return Ok(Decision::pick(cold, Reason::KvColdSeed));
@@ -239,14 +290,22 @@ impl KvRouter {
     fn cold_seed(&self, svc: &ServiceKv, cands: &[Cand], pick: EpIdx) -> Option<EpIdx> {
         let s = &self.state.settings;
         let n = svc.hits.fetch_add(1, Ordering::Relaxed) + 1;
-        if s.coldstart_seed_n == 0 || n % s.coldstart_seed_n != 0 {
+        if s.coldstart_seed_n == 0 || !n.is_multiple_of(s.coldstart_seed_n) {
             return None;
         }
         let cold = |ep: EpIdx| {
             let b = svc.index.blocks(ep);
-            if s.coldstart_min_blocks == 0 { b == 0 } else { b < s.coldstart_min_blocks }
+            if s.coldstart_min_blocks == 0 {
+                b == 0
+            } else {
+                b < s.coldstart_min_blocks
+            }
         };
-        cands.iter().map(|c| c.ep).find(|&ep| cold(ep)).filter(|&ep| ep != pick)
+        cands
+            .iter()
+            .map(|c| c.ep)
+            .find(|&ep| cold(ep))
+            .filter(|&ep| ep != pick)
     }
 }
 

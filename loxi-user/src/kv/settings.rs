@@ -61,7 +61,13 @@ impl Default for KvSettings {
     }
 }
 
-fn int_in<T: std::str::FromStr + PartialOrd + Copy>(name: &str, v: Option<String>, lo: T, hi: T, def: T) -> T {
+fn int_in<T: std::str::FromStr + PartialOrd + Copy>(
+    name: &str,
+    v: Option<String>,
+    lo: T,
+    hi: T,
+    def: T,
+) -> T {
     let Some(raw) = v else { return def };
     match raw.trim().parse::<T>() {
         Ok(x) if x >= lo && x <= hi => x,
@@ -94,23 +100,77 @@ impl KvSettings {
                 tracing::warn!(var = "LOXILB_KV_LB_MODE", value = %v, "unknown law; using hard");
                 LbMode::Hard
             }),
-            None if flag("LOXILB_KV_UNIFIED_MODE", get("LOXILB_KV_UNIFIED_MODE")) == Some(false) => LbMode::Off,
+            None if flag("LOXILB_KV_UNIFIED_MODE", get("LOXILB_KV_UNIFIED_MODE"))
+                == Some(false) =>
+            {
+                LbMode::Off
+            }
             None => LbMode::Hard,
         };
         Self {
             lb_mode,
-            mean_load_factor: int_in("LOXILB_KV_MEAN_LOAD_FACTOR", get("LOXILB_KV_MEAN_LOAD_FACTOR"), 100, 1000, 175),
-            load_penalty: int_in("LOXILB_KV_LOAD_PENALTY", get("LOXILB_KV_LOAD_PENALTY"), 1, 100_000, 32),
+            mean_load_factor: int_in(
+                "LOXILB_KV_MEAN_LOAD_FACTOR",
+                get("LOXILB_KV_MEAN_LOAD_FACTOR"),
+                100,
+                1000,
+                175,
+            ),
+            load_penalty: int_in(
+                "LOXILB_KV_LOAD_PENALTY",
+                get("LOXILB_KV_LOAD_PENALTY"),
+                1,
+                100_000,
+                32,
+            ),
             spill_relief: flag("LOXILB_KV_SPILL_RELIEF", get("LOXILB_KV_SPILL_RELIEF")),
-            cap_sum_milli: int_in("LOXILB_KV_CAP_SUM_MILLI", get("LOXILB_KV_CAP_SUM_MILLI"), 0, u64::MAX, 0),
-            coldstart_seed_n: int_in("LOXILB_KV_COLDSTART_SEED_N", get("LOXILB_KV_COLDSTART_SEED_N"), 0, u64::MAX, 16),
-            coldstart_min_blocks: int_in("LOXILB_KV_COLDSTART_MIN_BLOCKS", get("LOXILB_KV_COLDSTART_MIN_BLOCKS"), 0, u64::MAX, 16),
-            max_blocks: int_in("LOXILB_KV_MAX_BLOCKS", get("LOXILB_KV_MAX_BLOCKS"), 1000, 100_000_000, 1_000_000),
-            min_match_tokens: int_in("LLB_KV_MIN_MATCH_TOKENS", get("LLB_KV_MIN_MATCH_TOKENS"), 0, 4096, 16),
+            cap_sum_milli: int_in(
+                "LOXILB_KV_CAP_SUM_MILLI",
+                get("LOXILB_KV_CAP_SUM_MILLI"),
+                0,
+                u64::MAX,
+                0,
+            ),
+            coldstart_seed_n: int_in(
+                "LOXILB_KV_COLDSTART_SEED_N",
+                get("LOXILB_KV_COLDSTART_SEED_N"),
+                0,
+                u64::MAX,
+                16,
+            ),
+            coldstart_min_blocks: int_in(
+                "LOXILB_KV_COLDSTART_MIN_BLOCKS",
+                get("LOXILB_KV_COLDSTART_MIN_BLOCKS"),
+                0,
+                u64::MAX,
+                16,
+            ),
+            max_blocks: int_in(
+                "LOXILB_KV_MAX_BLOCKS",
+                get("LOXILB_KV_MAX_BLOCKS"),
+                1000,
+                100_000_000,
+                1_000_000,
+            ),
+            min_match_tokens: int_in(
+                "LLB_KV_MIN_MATCH_TOKENS",
+                get("LLB_KV_MIN_MATCH_TOKENS"),
+                0,
+                4096,
+                16,
+            ),
             none_hash_seed: get("LLB_KV_NONE_HASH_SEED"),
             hash_debug: flag("LLB_KV_HASH_DEBUG", get("LLB_KV_HASH_DEBUG")).unwrap_or(false),
-            predicted_ttl: Duration::from_millis(int_in("LOXILB_KV_PREDICT_TTL_MS", get("LOXILB_KV_PREDICT_TTL_MS"), 0, 3_600_000, 5000)),
-            lora_paths: get("LOXILB_KV_LORA_PATHS").map(|v| parse_lora_paths(&v)).unwrap_or(d.lora_paths),
+            predicted_ttl: Duration::from_millis(int_in(
+                "LOXILB_KV_PREDICT_TTL_MS",
+                get("LOXILB_KV_PREDICT_TTL_MS"),
+                0,
+                3_600_000,
+                5000,
+            )),
+            lora_paths: get("LOXILB_KV_LORA_PATHS")
+                .map(|v| parse_lora_paths(&v))
+                .unwrap_or(d.lora_paths),
         }
     }
 
@@ -121,7 +181,10 @@ impl KvSettings {
 }
 
 fn parse_lora_paths(v: &str) -> HashMap<String, String> {
-    v.split(',').filter_map(|kv| kv.split_once('=')).map(|(k, p)| (k.trim().to_owned(), p.trim().to_owned())).collect()
+    v.split(',')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, p)| (k.trim().to_owned(), p.trim().to_owned()))
+        .collect()
 }
 
 #[cfg(test)]
@@ -132,7 +195,16 @@ mod tests {
     fn unset_environment_gives_spec_defaults() {
         assert_eq!(KvSettings::from_lookup(|_| None), KvSettings::default());
         let d = KvSettings::default();
-        assert_eq!((d.lb_mode, d.mean_load_factor, d.load_penalty, d.max_blocks, d.min_match_tokens), (LbMode::Hard, 175, 32, 1_000_000, 16));
+        assert_eq!(
+            (
+                d.lb_mode,
+                d.mean_load_factor,
+                d.load_penalty,
+                d.max_blocks,
+                d.min_match_tokens
+            ),
+            (LbMode::Hard, 175, 32, 1_000_000, 16)
+        );
         assert!(d.spill_relief_for(3) && !d.spill_relief_for(1));
     }
 
@@ -160,7 +232,8 @@ mod tests {
 
     #[test]
     fn unified_mode_off_means_argmax_only_when_lb_mode_unset() {
-        let s = KvSettings::from_lookup(|k| (k == "LOXILB_KV_UNIFIED_MODE").then(|| "0".to_string()));
+        let s =
+            KvSettings::from_lookup(|k| (k == "LOXILB_KV_UNIFIED_MODE").then(|| "0".to_string()));
         assert_eq!(s.lb_mode, LbMode::Off);
         let s = KvSettings::from_lookup(|k| match k {
             "LOXILB_KV_UNIFIED_MODE" => Some("0".into()),

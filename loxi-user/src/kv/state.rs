@@ -56,11 +56,18 @@ impl ServiceKvConfig {
         let endpoints = rule
             .endpoints
             .iter()
-            .map(|e| (e.endpoint_ip.clone(), s.kv_exact_mode == 3 || (s.kv_exact_mode == 1 && e.ep_role == 1)))
+            .map(|e| {
+                (
+                    e.endpoint_ip.clone(),
+                    s.kv_exact_mode == 3 || (s.kv_exact_mode == 1 && e.ep_role == 1),
+                )
+            })
             .collect();
         Self {
             mode: s.kv_exact_mode,
-            algo: algo_name.parse::<HashAlgo>().map_err(|_| algo_name.to_owned()),
+            algo: algo_name
+                .parse::<HashAlgo>()
+                .map_err(|_| algo_name.to_owned()),
             block_size: s.kv_block_size,
             warmup: Duration::from_secs(u64::from(s.kv_warmup_sec)),
             zmq_port: s.kv_zmq_port,
@@ -104,7 +111,11 @@ impl ServiceKv {
     /// Fresh state for `rule`.
     pub fn new(rule: &StoredRule, settings: &KvSettings) -> Self {
         let config = ServiceKvConfig::of(&rule.rule);
-        let hasher = config.algo.as_ref().ok().map(|a| BlockHasher::new(*a, settings.none_hash_seed.as_deref()));
+        let hasher = config
+            .algo
+            .as_ref()
+            .ok()
+            .map(|a| BlockHasher::new(*a, settings.none_hash_seed.as_deref()));
         Self {
             id: rule.id,
             index: KvIndex::new(settings.max_blocks),
@@ -155,7 +166,11 @@ pub struct KvState {
 impl KvState {
     /// Empty state.
     pub fn new(settings: KvSettings, metrics: KvMetrics) -> Arc<Self> {
-        Arc::new(Self { settings, metrics, services: RwLock::new(HashMap::new()) })
+        Arc::new(Self {
+            settings,
+            metrics,
+            services: RwLock::new(HashMap::new()),
+        })
     }
 
     /// The service's state, created when missing or when the rule's KV contract changed.
@@ -186,7 +201,8 @@ impl KvState {
     /// Drops a service's state (rule deleted or KV turned off).
     pub fn drop_service(&self, id: u32) {
         if let Some(s) = self.services.write().remove(&id) {
-            self.metrics.forget_service(&s.label(), s.config.endpoints.len(), s.config.dp_ranks);
+            self.metrics
+                .forget_service(&s.label(), s.config.endpoints.len(), s.config.dp_ranks);
         }
     }
 

@@ -13,7 +13,8 @@ pub(crate) fn shared_dir() -> PathBuf {
 /// Parses `golden/<name>` as JSON.
 pub(crate) fn golden_json(name: &str) -> serde_json::Value {
     let path = shared_dir().join("golden").join(name);
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    let text =
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("parse {}: {e}", path.display()))
 }
 
@@ -42,10 +43,12 @@ pub(crate) fn rule(id: u32, n: usize, extra: serde_json::Value) -> StoredRule {
     if let (Some(s), Some(e)) = (svc.as_object_mut(), extra.as_object()) {
         s.extend(e.clone());
     }
-    let eps: Vec<serde_json::Value> =
-        (0..n).map(|i| serde_json::json!({"endpointIP": "127.0.0.1", "targetPort": 8000 + i})).collect();
-    let rule = serde_json::from_value(serde_json::json!({"serviceArguments": svc, "endpoints": eps}))
-        .unwrap_or_else(|e| panic!("test rule: {e}"));
+    let eps: Vec<serde_json::Value> = (0..n)
+        .map(|i| serde_json::json!({"endpointIP": "127.0.0.1", "targetPort": 8000 + i}))
+        .collect();
+    let rule =
+        serde_json::from_value(serde_json::json!({"serviceArguments": svc, "endpoints": eps}))
+            .unwrap_or_else(|e| panic!("test rule: {e}"));
     StoredRule { id, rule }
 }
 
@@ -63,17 +66,30 @@ pub(crate) struct TinyTokenizer(tokenizers::Tokenizer);
 impl TinyTokenizer {
     pub(crate) fn load() -> Arc<Self> {
         let p = shared_dir().join("golden/tiny-model/tokenizer.json");
-        Arc::new(Self(tokenizers::Tokenizer::from_file(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))))
+        Arc::new(Self(
+            tokenizers::Tokenizer::from_file(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display())),
+        ))
     }
 }
 
 impl PromptTokenizer for TinyTokenizer {
-    fn encode(&self, model: &str, _api: ApiKind, prompt: &Prompt, add: Option<bool>) -> Result<Arc<[u32]>, String> {
+    fn encode(
+        &self,
+        model: &str,
+        _api: ApiKind,
+        prompt: &Prompt,
+        add: Option<bool>,
+    ) -> Result<Arc<[u32]>, String> {
         if model != "tiny" {
             return Err(format!("no tokenizer for {model}"));
         }
-        let Prompt::Text(t) = prompt else { return Err("only text prompts in tests".into()) };
-        let enc = self.0.encode(t.as_str(), add.unwrap_or(true)).map_err(|e| e.to_string())?;
+        let Prompt::Text(t) = prompt else {
+            return Err("only text prompts in tests".into());
+        };
+        let enc = self
+            .0
+            .encode(t.as_str(), add.unwrap_or(true))
+            .map_err(|e| e.to_string())?;
         Ok(enc.get_ids().into())
     }
 }
@@ -90,7 +106,10 @@ pub(crate) fn stored_batch(keys: &[u64], block_size: u32) -> Vec<u8> {
     use rmpv::Value as V;
     let ev = V::Map(vec![
         (V::from("type"), V::from("BlockStored")),
-        (V::from("block_hashes"), V::Array(keys.iter().map(|&k| V::from(k)).collect())),
+        (
+            V::from("block_hashes"),
+            V::Array(keys.iter().map(|&k| V::from(k)).collect()),
+        ),
         (V::from("parent_block_hash"), V::Nil),
         (V::from("token_ids"), V::Array(vec![])),
         (V::from("block_size"), V::from(block_size)),
