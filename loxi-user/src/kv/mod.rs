@@ -6,6 +6,7 @@
 
 pub mod block_hash;
 pub mod tokenizer;
+pub mod api;
 pub mod apply;
 pub mod blend;
 pub mod events;

@@ -95,6 +95,19 @@ pub trait PromptTokenizer: Send + Sync + 'static {
     ) -> Result<Arc<[u32]>, String>;
 }
 
+impl PromptTokenizer for super::tokenizer::TokenizerPool {
+    fn encode(
+        &self,
+        model: &str,
+        api: ApiKind,
+        prompt: &Prompt,
+        add_special_tokens: Option<bool>,
+    ) -> Result<Arc<[u32]>, String> {
+        super::tokenizer::TokenizerPool::encode(self, model, api, prompt, add_special_tokens)
+            .map_err(|e| e.to_string())
+    }
+}
+
 /// Tier 1.5: implements the proxy's affinity-tier seam (`select` / `routed`).
 pub struct KvRouter {
     state: Arc<KvState>,
