@@ -79,7 +79,7 @@ impl Pool {
                         .position(|x| x == a)
                         .map(|i| o.health[i].clone())
                 })
-                .unwrap_or_else(HealthCell::new)
+                .unwrap_or_default()
             })
             .collect();
         let state = match old {
