@@ -219,6 +219,32 @@ impl Daemon {
         std::fs::read_to_string(self.log_path()).unwrap_or_default()
     }
 
+    /// One HTTP request to the API with extra headers; `(status, response headers, body text)`.
+    pub async fn request_with(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<&str>,
+    ) -> anyhow::Result<(u16, http::HeaderMap, String)> {
+        let mut req = http::Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.api_url()));
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let req = req.body(Full::new(Bytes::from(body.unwrap_or("").to_string())))?;
+        let resp = self.client.request(req).await?;
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        let bytes = resp.into_body().collect().await?.to_bytes();
+        Ok((
+            status,
+            headers,
+            String::from_utf8_lossy(&bytes).into_owned(),
+        ))
+    }
+
     /// One HTTP request to the API; `(status, body text)`.
     pub async fn request(
         &self,

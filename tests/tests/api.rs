@@ -410,3 +410,64 @@ async fn unknown_route_is_a_json_404() {
     let body: Value = serde_json::from_str(&text).expect("json body");
     assert_eq!(body["code"], json!(404));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_format_follows_the_accept_header() {
+    let d = Daemon::start_default().await;
+    let (status, headers, text) = d
+        .request_with("GET", "/netlox/v1/metrics", &[], None)
+        .await
+        .expect("get");
+    assert_eq!(status, 200);
+    assert_eq!(
+        headers["content-type"],
+        "text/plain; version=0.0.4; charset=utf-8"
+    );
+    assert!(
+        text.contains("# TYPE loxilb_api_requests_total counter"),
+        "{text}"
+    );
+    let accept = [(
+        "accept",
+        "application/openmetrics-text;version=1.0.0,text/plain;q=0.5",
+    )];
+    let (status, headers, text) = d
+        .request_with("GET", "/netlox/v1/metrics", &accept, None)
+        .await
+        .expect("get");
+    assert_eq!(status, 200);
+    assert!(
+        headers["content-type"]
+            .to_str()
+            .expect("ascii")
+            .starts_with("application/openmetrics-text")
+    );
+    assert!(
+        text.contains("# TYPE loxilb_api_requests counter") && text.ends_with("# EOF\n"),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_file_that_cannot_be_written_is_a_500_with_the_reason_and_nothing_changes() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let state = tmp.path().join("state");
+    let d = Daemon::start(DaemonOpts {
+        state_dir: Some(state.clone()),
+        ..Default::default()
+    })
+    .await;
+    std::fs::remove_dir_all(&state).expect("pull the state dir away");
+    let (status, body) = d.post_rule(&rule(free_port())).await;
+    assert_eq!(status, 500, "{body}");
+    assert_eq!(body["code"], json!(500));
+    let msg = body["message"].as_str().expect("message");
+    assert!(
+        msg.starts_with("persisting rules failed") && msg.contains("rules.json"),
+        "{msg}"
+    );
+    assert!(
+        lb_attr(&d.rules().await).is_empty(),
+        "an unpersisted rule is not applied"
+    );
+}
