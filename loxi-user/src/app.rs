@@ -13,7 +13,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::api::{self, AllActive, ApiState, EndpointHealth};
+use crate::api::{self, ApiState, EndpointHealth, HealthBoard};
 use crate::config::Config;
 use crate::kv::{self, settings::KvSettings, state::KvState};
 use crate::metrics::{self, ControlMetrics};
@@ -64,7 +64,10 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
         shutdown.clone(),
     );
     let tier: Option<Arc<dyn AffinityTier>> = Some(kv.tier.clone());
-    let health: Arc<dyn EndpointHealth> = Arc::new(AllActive);
+    // Endpoint health for `GET .../all`; the data path publishes its loads into the board
+    // (until it does, every endpoint reads as active).
+    let board = HealthBoard::new();
+    let health: Arc<dyn EndpointHealth> = board.clone();
     let registry = Arc::new(registry);
     let mut tasks = JoinSet::new();
     tasks.spawn(track_rule_count(

@@ -10,6 +10,7 @@
 //! Error bodies are built in [`error`]; strict field checking is in [`fields`].
 pub mod error;
 pub mod fields;
+pub mod health_view;
 pub mod rules;
 
 use std::sync::Arc;
@@ -27,12 +28,14 @@ use crate::routing::EpIdx;
 use crate::rules::{RuleStore, StoredRule};
 
 pub use error::ApiError;
+pub use health_view::HealthBoard;
 
 /// Base path of every route.
 pub const BASE: &str = "/netlox/v1";
 
 /// Live endpoint health as `GET .../all` reports it (`state: active|inactive`).
-/// The proxy's health tracking implements it; [`AllActive`] is used when none is wired.
+/// [`HealthBoard`] is the implementation the data path publishes into; [`AllActive`] reports
+/// every endpoint active.
 pub trait EndpointHealth: Send + Sync + 'static {
     /// `Some(healthy)` for an endpoint the data path tracks; `None` when unknown (reported
     /// `active`, as LoxiLB reports endpoints without a probe).
