@@ -21,7 +21,7 @@ use super::meta::{self, RequestMeta};
 use super::pool::{Pool, PoolTable};
 use super::upstream::{Attempt, Upstreams, strip_hop_by_hop, upstream_uri};
 use crate::health::breaker::Outcome;
-use crate::routing::{self, Candidates, Decision, Excluded, dispatch::selector_name};
+use crate::routing::{self, Candidates, Decision, Excluded};
 
 /// Response header naming the endpoint index that served the request.
 pub const ENDPOINT_HEADER: &str = "x-loxilb-endpoint";
@@ -65,15 +65,21 @@ impl Handler {
         let bytes = read_body(body, self.ctx.config.max_body_bytes)
             .await
             .map_err(|e| (0, e))?;
-        let json = meta::parse_body(&bytes);
+        // Parse the body only when routing reads it: for the model of a multi-pool listener,
+        // or for a prefix-keyed selector / tier 1.5. Plain rr/wrr/lc/hash/persist skip it.
+        let table = self.table.load_full();
+        let mut json = table
+            .routes_by_model()
+            .then(|| meta::parse_body(&bytes))
+            .flatten();
         let model = meta::request_model(&parts.headers, json.as_ref());
-        let pool = {
-            let table = self.table.load();
-            table
-                .choose(request_host(&parts), model.as_deref())
-                .map_err(|e| (0, e))?
-                .clone()
-        };
+        let pool = table
+            .choose(request_host(&parts), model.as_deref())
+            .map_err(|e| (0, e))?
+            .clone();
+        if json.is_none() && pool.needs_body() {
+            json = meta::parse_body(&bytes);
+        }
         let service = pool.rule.id;
         let meta =
             RequestMeta::from_json(&parts, json.as_ref(), Some(client), &pool.rule.rule.service);
@@ -91,6 +97,7 @@ impl Handler {
         start: Instant,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let service = pool.rule.id;
+        let pm = pool.metrics(&self.ctx.metrics);
         let mut excluded = Excluded::default();
         let mut attempts = 0;
         loop {
@@ -104,8 +111,8 @@ impl Handler {
             attempts += 1;
             let tracked = Tracked::new(
                 pool.loads[ep].begin(),
-                self.ctx.metrics.active_gauge(service, ep),
-                self.ctx.metrics.duration_histogram(service),
+                pm.eps[ep].active.clone(),
+                pm.duration.clone(),
                 start,
             );
             let req = upstream_request(&parts, &pool.authorities[ep], body.clone())?;
@@ -115,12 +122,12 @@ impl Handler {
                     if let Some(tier) = self.tier_for(pool) {
                         tier.routed(&pool.rule, meta, ep);
                     }
-                    self.ctx.metrics.request(service, Some(ep), resp.status());
+                    pm.request(ep, resp.status());
                     return Ok(downstream_response(resp, ep, tracked));
                 }
                 Attempt::ConnectFailed(e) => {
                     tracing::warn!(service, ep, error = %e, "upstream connect failed; trying another endpoint");
-                    self.ctx.metrics.connect_failure(service, ep);
+                    pm.eps[ep].connect_failures.inc();
                     self.observe(pool, ep, Outcome::ConnectFailed);
                     excluded.insert(ep);
                 }
@@ -142,13 +149,11 @@ impl Handler {
                 .select(&pool.rule, meta, &cands)
                 .filter(|d| d.endpoint.is_some())
         {
-            self.ctx.metrics.selection("kv", d.reason);
+            pool.metrics(&self.ctx.metrics).selection(true, d.reason);
             return d;
         }
         let d = routing::select(args, meta, &cands, &pool.state);
-        self.ctx
-            .metrics
-            .selection(selector_name(args.sel), d.reason);
+        pool.metrics(&self.ctx.metrics).selection(false, d.reason);
         d
     }
 

@@ -163,3 +163,112 @@ fn ep_labels(service: u32, ep: usize) -> EndpointLabels {
         ep_idx: ep.to_string(),
     }
 }
+
+/// Selection reasons cached per pool (see [`PoolMetrics`]); others use the family lookup.
+const CACHED_REASONS: [crate::routing::Reason; 14] = {
+    use crate::routing::Reason::*;
+    [
+        RoundRobin,
+        Hash,
+        WeightedRoundRobin,
+        Persist,
+        LeastConnections,
+        RingPrefix,
+        RingConversation,
+        RingFallback,
+        RingSpill,
+        Modulo,
+        KvOverlap,
+        KvSpill,
+        KvColdSeed,
+        NoHealthyEndpoint,
+    ]
+};
+
+/// Metric handles of one endpoint, resolved once.
+#[derive(Debug)]
+pub struct EndpointMetrics {
+    /// Requests in flight.
+    pub active: Gauge,
+    /// Failed connects.
+    pub connect_failures: Counter,
+    by_class: [std::sync::OnceLock<Counter>; 6],
+}
+
+/// Metric handles of one pool, resolved once per pool instead of a label lookup (and its
+/// string allocations) on every request.
+#[derive(Debug)]
+pub struct PoolMetrics {
+    family: ProxyMetrics,
+    service: u32,
+    selector: &'static str,
+    /// Per endpoint.
+    pub eps: Vec<EndpointMetrics>,
+    /// Request duration.
+    pub duration: Histogram,
+    selections: [[std::sync::OnceLock<Counter>; 14]; 2],
+}
+
+impl PoolMetrics {
+    /// Handles for service `service` (selector label `selector`) with `n` endpoints.
+    pub fn new(m: &ProxyMetrics, service: u32, selector: &'static str, n: usize) -> Self {
+        let eps = (0..n)
+            .map(|ep| EndpointMetrics {
+                active: m.active_gauge(service, ep),
+                connect_failures: m
+                    .connect_failures
+                    .get_or_create(&ep_labels(service, ep))
+                    .clone(),
+                by_class: Default::default(),
+            })
+            .collect();
+        Self {
+            family: m.clone(),
+            service,
+            selector,
+            eps,
+            duration: m.duration_histogram(service),
+            selections: Default::default(),
+        }
+    }
+
+    /// Counts one response from endpoint `ep`.
+    pub fn request(&self, ep: usize, status: http::StatusCode) {
+        let class = usize::from(status.as_u16() / 100).min(5);
+        match self.eps.get(ep) {
+            Some(e) => e.by_class[class]
+                .get_or_init(|| {
+                    let labels = RequestLabels {
+                        service: self.service.to_string(),
+                        ep_idx: ep.to_string(),
+                        class: format!("{}xx", status.as_u16() / 100),
+                    };
+                    self.family.requests.get_or_create(&labels).clone()
+                })
+                .inc(),
+            None => {
+                self.family.request(self.service, Some(ep), status);
+                0
+            }
+        };
+    }
+
+    /// Counts one selection by the rule's selector (`kv == false`) or tier 1.5 (`kv == true`).
+    pub fn selection(&self, kv: bool, reason: crate::routing::Reason) {
+        let selector = if kv { "kv" } else { self.selector };
+        match CACHED_REASONS.iter().position(|r| *r == reason) {
+            Some(i) => {
+                self.selections[usize::from(kv)][i]
+                    .get_or_init(|| {
+                        let labels = SelectionLabels {
+                            selector: selector.into(),
+                            reason: reason.as_str().into(),
+                        };
+                        self.family.selections.get_or_create(&labels).clone()
+                    })
+                    .inc();
+            }
+            None => self.family.selection(selector, reason),
+        }
+    }
+}

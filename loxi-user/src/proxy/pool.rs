@@ -14,6 +14,7 @@ use crate::routing::{EndpointLoad, SelectorState};
 use crate::rules::{RuleKey, StoredRule};
 
 use super::error::ProxyError;
+use super::metrics::{PoolMetrics, ProxyMetrics};
 
 /// One rule's serving state.
 #[derive(Debug)]
@@ -34,6 +35,8 @@ pub struct Pool {
     pub http2: bool,
     /// Stops this pool's active prober when the pool is dropped.
     prober: Option<CancellationToken>,
+    /// Metric handles, resolved on first use.
+    metrics: std::sync::OnceLock<PoolMetrics>,
 }
 
 impl Drop for Pool {
@@ -100,7 +103,22 @@ impl Pool {
             state,
             rule,
             prober,
+            metrics: std::sync::OnceLock::new(),
         }
+    }
+
+    /// This pool's metric handles (resolved from `m` on first use).
+    pub fn metrics(&self, m: &ProxyMetrics) -> &PoolMetrics {
+        self.metrics.get_or_init(|| {
+            let sel = crate::routing::dispatch::selector_name(self.rule.rule.service.sel);
+            PoolMetrics::new(m, self.rule.id, sel, self.authorities.len())
+        })
+    }
+
+    /// Does routing need the parsed body? (Tier 1.5 or a prefix-keyed selector.)
+    pub fn needs_body(&self) -> bool {
+        let s = &self.rule.rule.service;
+        s.kv_exact_mode == 3 || matches!(s.sel, 8..=10)
     }
 
     /// The rule key.
@@ -168,6 +186,16 @@ impl PoolTable {
             })
             .collect();
         Self { pools }
+    }
+
+    /// True when the pool choice depends on the request's model (several pools, or a named
+    /// model pool).
+    pub fn routes_by_model(&self) -> bool {
+        self.pools.len() > 1
+            || self
+                .pools
+                .iter()
+                .any(|p| !p.rule.rule.service.model_name.is_empty())
     }
 
     /// The pool for a request: pools whose `host` equals the request host (case-insensitive,
