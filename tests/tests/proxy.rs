@@ -815,3 +815,24 @@ async fn probes_hold_a_dead_endpoint_down_and_bring_it_back() {
     }
     assert!(b.request_count() >= 1);
 }
+
+#[tokio::test]
+async fn h2c_prior_knowledge_is_served_on_the_same_port() {
+    let bs = backends(2).await;
+    let port = free_port();
+    let _d = started(&[rule(port, 0, &eps(&bs), json!({}))]).await;
+    let h2: Client<HttpConnector, Body> = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http();
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        let req = http::Request::post(format!("http://127.0.0.1:{port}/v1/completions"))
+            .header("content-type", "application/json")
+            .body(full(json!({"model": "m", "prompt": "hi"}).to_string()))
+            .expect("req");
+        let r = send(&h2, req).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        seen.push(r.endpoint.expect("ep"));
+    }
+    assert_eq!(seen, vec![0, 1, 0, 1]);
+}
