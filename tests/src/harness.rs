@@ -155,12 +155,21 @@ impl Daemon {
     async fn spawn_and_wait(&mut self) {
         self.spawn();
         let deadline = Instant::now() + READY_TIMEOUT;
+        let mut port_retries = 3;
         loop {
             if let Some(status) = self
                 .child
                 .as_mut()
                 .and_then(|c| c.try_wait().ok().flatten())
             {
+                // Another process may have taken the free port between probe and bind.
+                if port_retries > 0 && self.log_text().contains("binding the REST API") {
+                    port_retries -= 1;
+                    self.child = None;
+                    self.api = SocketAddr::from(([127, 0, 0, 1], free_port()));
+                    self.spawn();
+                    continue;
+                }
                 panic!(
                     "loxilb exited during start with {status}; log:\n{}",
                     self.log_text()
