@@ -185,3 +185,41 @@ async fn loxicmd_kv_and_pd_flags_reach_the_rule() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(d.rules().await, json!({"lbAttr": []}));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loxicmd_get_kvinventory_and_kvparity_show_the_kv_views() {
+    let d = Daemon::start_default().await;
+    let port = free_port().to_string();
+    let tcp = format!("--tcp={port}:8000");
+    let out = d.loxicmd(&[
+        "create",
+        "lb",
+        "127.0.0.1",
+        &tcp,
+        "--endpoints=127.0.0.5:1,127.0.0.4:1",
+        "--mode=fullproxy",
+        "--select=rr",
+        "--kv-exact-mode=3",
+        "--kv-block-size=32",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let id = d.rules().await["lbAttr"][0]["serviceId"].clone();
+    let id = id.as_u64().map_or_else(|| "1".to_string(), |v| v.to_string());
+
+    let inv = d.loxicmd(&["get", "kvinventory", "--service-id", &id, "--ep-idx", "1"]);
+    assert!(inv.status.success(), "{}", stderr(&inv));
+    let v: Value = serde_json::from_str(&stdout(&inv)).expect("inventory is JSON");
+    assert_eq!(v["serviceId"].to_string(), id);
+    let eps = v["endpoints"].as_array().expect("endpoints array");
+    assert_eq!(eps.len(), 1, "--ep-idx 1 selects one endpoint: {v}");
+    assert_eq!((eps[0]["epIdx"].clone(), eps[0]["endpointIP"].clone()), (json!(1), json!("127.0.0.4")));
+    assert_eq!(eps[0]["blockCount"], json!(0));
+
+    let par = d.loxicmd(&["get", "kvparity", "--service-id", &id]);
+    assert!(par.status.success(), "{}", stderr(&par));
+    let p: Value = serde_json::from_str(&stdout(&par)).expect("parity is JSON");
+    assert_eq!(p["serviceId"].to_string(), id);
+
+    let missing = d.loxicmd(&["get", "kvinventory", "--service-id", "999"]);
+    assert_eq!(missing.status.code(), Some(1), "unknown service is an error");
+}

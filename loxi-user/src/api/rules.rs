@@ -48,9 +48,10 @@ pub async fn list(State(st): State<ApiState>) -> Json<LbAttrList> {
     Json(LbAttrList { lb_attr })
 }
 
-/// The rule as stored, each endpoint carrying `state: active|inactive`.
+/// The rule as stored with its `serviceId`, each endpoint carrying `state: active|inactive`.
 pub fn with_states(stored: &StoredRule, health: &dyn EndpointHealth) -> LbRule {
     let mut rule = stored.rule.clone();
+    rule.service_id = Some(stored.id);
     for (i, ep) in rule.endpoints.iter_mut().enumerate() {
         let up = health.healthy(stored, i).unwrap_or(true);
         ep.state = Some(if up { "active" } else { "inactive" }.to_string());

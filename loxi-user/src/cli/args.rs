@@ -56,6 +56,21 @@ pub enum GetWhat {
         #[arg(short = 'o', long)]
         output: Option<OutputFormat>,
     },
+    /// A KV-aware service's block inventory (`GET /config/ai/kv/inventory`), as JSON.
+    Kvinventory {
+        /// The service id (the rule's id; the `service` metric label).
+        #[arg(long = "service-id")]
+        service_id: u32,
+        /// Only this endpoint index (the order the endpoints were given in).
+        #[arg(long = "ep-idx")]
+        ep_idx: Option<usize>,
+    },
+    /// A KV-aware service's hash-parity verdict per endpoint (`GET /config/ai/kv/parity`), as JSON.
+    Kvparity {
+        /// The service id.
+        #[arg(long = "service-id")]
+        service_id: u32,
+    },
 }
 
 /// `delete` resources.

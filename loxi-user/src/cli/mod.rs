@@ -2,7 +2,8 @@
 //!
 //! `loxicmd create lb <VIP> --tcp=<port>:<targetPort> --endpoints=<ip:weight,...> --mode=..
 //! --select=.. [...]`, `loxicmd get lb [-o json|wide]`, `loxicmd delete lb <VIP> --tcp=<port>
-//! [--host ..] [--model-name ..]`; global `--apiserver` (default 127.0.0.1) and `--port`
+//! [--host ..] [--model-name ..]`, `loxicmd get kvinventory --service-id N [--ep-idx M]`,
+//! `loxicmd get kvparity --service-id N`; global `--apiserver` (default 127.0.0.1) and `--port`
 //! (default 11111). A server error is printed verbatim to stderr and the exit code is 1.
 pub mod args;
 pub mod build;
@@ -23,6 +24,25 @@ pub async fn run(cli: Cli) -> i32 {
         Verb::Get {
             what: GetWhat::Lb { output },
         } => get(&base, output).await,
+        Verb::Get {
+            what: GetWhat::Kvinventory { service_id, ep_idx },
+        } => {
+            let ep = ep_idx.map(|i| format!("&ep_idx={i}")).unwrap_or_default();
+            get_json(
+                &base,
+                &format!("/netlox/v1/config/ai/kv/inventory?service_id={service_id}{ep}"),
+            )
+            .await
+        }
+        Verb::Get {
+            what: GetWhat::Kvparity { service_id },
+        } => {
+            get_json(
+                &base,
+                &format!("/netlox/v1/config/ai/kv/parity?service_id={service_id}"),
+            )
+            .await
+        }
         Verb::Delete {
             what: DeleteWhat::Lb(d),
         } => delete(&base, &d).await,
@@ -89,6 +109,15 @@ async fn get(base: &str, output: Option<args::OutputFormat>) -> Result<(), Strin
     if output == Some(args::OutputFormat::Json) {
         println!();
     }
+    Ok(())
+}
+
+/// Prints a JSON answer pretty.
+async fn get_json(base: &str, path: &str) -> Result<(), String> {
+    let text = call(base, Method::GET, path, None).await?;
+    let answer: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| format!("unexpected answer ({e}): {text}"))?;
+    println!("{}", serde_json::to_string_pretty(&answer).unwrap_or(text));
     Ok(())
 }
 

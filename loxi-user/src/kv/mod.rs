@@ -4,11 +4,10 @@
 //!
 //! See `README.md` in this folder for the data structures, event semantics and complexity.
 
-pub mod block_hash;
-pub mod tokenizer;
 pub mod api;
 pub mod apply;
 pub mod blend;
+pub mod block_hash;
 pub mod events;
 pub mod index;
 pub mod manager;
@@ -19,16 +18,19 @@ pub mod select;
 pub mod settings;
 pub mod state;
 pub mod subscriber;
-pub mod wiring;
-pub mod zmtp;
 #[cfg(test)]
 mod testutil;
+pub mod tokenizer;
+pub mod wiring;
+pub mod zmtp;
 
 /// The 64-bit block id engines publish and the index is keyed by: for vLLM the last 8 digest
 /// bytes read big-endian (`VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES`, often above `i64::MAX`); for
 /// SGLang the first 8 digest bytes read big-endian (published as a signed i64, stored here as
 /// its two's-complement u64).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub struct BlockKey(pub u64);
 
 /// A block hash exactly as an engine put it on the wire: an integer key, or raw digest bytes

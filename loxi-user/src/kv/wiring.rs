@@ -24,7 +24,12 @@ use crate::routing::{AffinityTier, Candidates, Decision, EpIdx};
 use crate::rules::{RuleSnapshot, StoredRule};
 
 impl AffinityTier for KvRouter {
-    fn select(&self, rule: &StoredRule, meta: &RequestMeta, cands: &Candidates<'_>) -> Option<Decision> {
+    fn select(
+        &self,
+        rule: &StoredRule,
+        meta: &RequestMeta,
+        cands: &Candidates<'_>,
+    ) -> Option<Decision> {
         KvRouter::select(self, rule, meta, cands)
     }
     fn routed(&self, rule: &StoredRule, meta: &RequestMeta, ep: EpIdx) {
@@ -55,7 +60,9 @@ impl KvSettings {
             hash_debug: env.kv_hash_debug,
             predicted_ttl: Duration::from_millis(env.kv_predict_ttl_ms),
             lora_paths: KvSettings::from_lookup(|k| {
-                (k == "LOXILB_KV_LORA_PATHS").then(|| std::env::var(k).ok()).flatten()
+                (k == "LOXILB_KV_LORA_PATHS")
+                    .then(|| std::env::var(k).ok())
+                    .flatten()
             })
             .lora_paths,
         }
@@ -86,5 +93,8 @@ pub fn start(
     let router = Arc::new(KvRouter::new(state.clone(), pool));
     let manager = KvManager::new(state.clone(), StreamTiming::default());
     tokio::spawn(manager.run(rules, shutdown));
-    KvRuntime { tier: router, state }
+    KvRuntime {
+        tier: router,
+        state,
+    }
 }

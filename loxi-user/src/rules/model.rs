@@ -22,6 +22,10 @@ pub struct LbRule {
     /// (LoxiLB sorts by IP; loxi keeps the user's order so indices are predictable).
     #[serde(default)]
     pub endpoints: Vec<Endpoint>,
+    /// Output only: the stable service id of a stored rule (the `service` metric label and the
+    /// `service_id` of the KV views). Ignored on input, so a listed rule can be posted back.
+    #[serde(rename = "serviceId", default, skip_serializing_if = "Option::is_none")]
+    pub service_id: Option<u32>,
 }
 
 /// `serviceArguments` of a rule.
@@ -311,4 +315,4 @@ pub const ENDPOINT_FIELDS: &[&str] = &[
 ];
 
 /// Top-level JSON field names of a rule.
-pub const RULE_FIELDS: &[&str] = &["serviceArguments", "endpoints"];
+pub const RULE_FIELDS: &[&str] = &["serviceArguments", "endpoints", "serviceId"];

@@ -65,6 +65,7 @@ pub fn normalize_ip(ip: &str) -> Result<String, RuleError> {
 /// Validates a rule and returns it normalised (lower-case protocol, canonical IPs,
 /// `kvHashAlgo` derived from the engine when empty).
 pub fn validate(mut rule: LbRule) -> Result<LbRule, RuleError> {
+    rule.service_id = None;
     validate_service(&mut rule.service)?;
     if rule.endpoints.is_empty() {
         return Err(invalid("endpoints", "at least one endpoint is required"));
