@@ -1,0 +1,180 @@
+//! KV index benches: event ingest (blocks applied per second on one core, raw index and through
+//! msgpack decode + apply), scoring a 4,096-token request (256 blocks) over 16 endpoints with 1M
+//! indexed blocks (p50/p99 printed from a seeded sweep), and memory per million indexed blocks
+//! (counted by a tracking global allocator).
+//!
+//! Run: `cargo bench -p loxi-user --bench kv_index`.
+#![allow(unsafe_code, reason = "a counting GlobalAlloc wrapper measures index memory")]
+#![allow(missing_docs, reason = "criterion_group! generates an undocumented pub fn")]
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::hint::black_box;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant as StdInstant;
+
+use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
+use loxi_user::kv::BlockKey;
+use loxi_user::kv::events::decode_batch;
+use loxi_user::kv::index::KvIndex;
+use loxi_user::kv::metrics::KvMetrics;
+use loxi_user::kv::settings::KvSettings;
+use loxi_user::kv::state::KvState;
+use loxi_user::rules::store::StoredRule;
+use prometheus_client::registry::Registry;
+use rmpv::Value as V;
+use tokio::time::Instant;
+
+/// Counts live heap bytes.
+struct Counting;
+
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+
+// Forwards to the system allocator and only counts sizes.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        LIVE.fetch_add(l.size(), Ordering::Relaxed);
+        // SAFETY: same contract as the caller's.
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        LIVE.fetch_sub(l.size(), Ordering::Relaxed);
+        // SAFETY: same contract as the caller's.
+        unsafe { System.dealloc(p, l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
+        LIVE.fetch_add(new, Ordering::Relaxed);
+        LIVE.fetch_sub(l.size(), Ordering::Relaxed);
+        // SAFETY: same contract as the caller's.
+        unsafe { System.realloc(p, l, new) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// splitmix64: seeded, uniform keys like digest tails.
+fn key(seed: u64) -> u64 {
+    let mut z = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+fn keys(from: u64, n: u64) -> Vec<BlockKey> {
+    (from..from + n).map(|i| BlockKey(key(i))).collect()
+}
+
+/// 16 endpoints × 62,500 blocks = 1M; endpoint 3 also holds the request's first 200 blocks.
+fn fleet() -> (KvIndex, Vec<BlockKey>) {
+    let ix = KvIndex::new(10_000_000);
+    for ep in 0..16u64 {
+        for chunk in 0..(62_500 / 250) {
+            ix.store(ep as usize, 0, &keys(ep * 1_000_000 + chunk * 250, 250));
+        }
+    }
+    let request = keys(50_000_000, 256);
+    ix.store(3, 0, &request[..200]);
+    (ix, request)
+}
+
+fn memory_report() {
+    for n in [1_000_000u64, 4_000_000] {
+        let before = LIVE.load(Ordering::Relaxed);
+        let ix = KvIndex::new(100_000_000);
+        for c in 0..n / 1000 {
+            ix.store(0, 0, &keys(c * 1000, 1000));
+        }
+        let bytes = LIVE.load(Ordering::Relaxed) - before;
+        println!(
+            "memory: {n} blocks on one endpoint: {:.1} MB live heap = {:.1} MB per million blocks ({:.1} B/block)",
+            bytes as f64 / 1e6,
+            bytes as f64 / 1e6 * 1e6 / n as f64,
+            bytes as f64 / n as f64
+        );
+        drop(ix);
+    }
+    let before = LIVE.load(Ordering::Relaxed);
+    let (ix, _) = fleet();
+    let bytes = LIVE.load(Ordering::Relaxed) - before;
+    println!("memory: 1M blocks over 16 endpoints: {:.1} MB live heap", bytes as f64 / 1e6);
+    drop(ix);
+}
+
+fn percentile_report() {
+    let (ix, request) = fleet();
+    let mut samples: Vec<u128> = (0..20_000)
+        .map(|_| {
+            let t = StdInstant::now();
+            black_box(ix.score(black_box(&request), Instant::now()));
+            t.elapsed().as_nanos()
+        })
+        .collect();
+    samples.sort_unstable();
+    let p = |q: f64| samples[((samples.len() as f64 - 1.0) * q) as usize] as f64 / 1000.0;
+    println!("score 256-block request, 16 endpoints, 1M blocks: p50 {:.1} µs, p99 {:.1} µs, max {:.1} µs", p(0.5), p(0.99), p(1.0));
+}
+
+fn stored_payload(from: u64, n: u64) -> Vec<u8> {
+    let ev = V::Map(vec![
+        (V::from("type"), V::from("BlockStored")),
+        (V::from("block_hashes"), V::Array((from..from + n).map(|i| V::from(key(i))).collect())),
+        (V::from("parent_block_hash"), V::Nil),
+        (V::from("token_ids"), V::Array(vec![])),
+        (V::from("block_size"), V::from(16)),
+        (V::from("lora_id"), V::Nil),
+        (V::from("medium"), V::from("GPU")),
+    ]);
+    let mut out = Vec::new();
+    rmpv::encode::write_value(&mut out, &V::Array(vec![V::F64(0.0), V::Array(vec![ev]), V::from(0)])).expect("encode");
+    out
+}
+
+fn bench_rule() -> StoredRule {
+    let rule = serde_json::from_value(serde_json::json!({
+        "serviceArguments": {"externalIP": "10.0.0.1", "port": 8080, "mode": 4, "kvExactMode": 3},
+        "endpoints": [{"endpointIP": "127.0.0.1", "targetPort": 8000}]
+    }))
+    .expect("rule");
+    StoredRule { id: 1, rule }
+}
+
+fn benches(c: &mut Criterion) {
+    memory_report();
+    percentile_report();
+
+    let mut g = c.benchmark_group("ingest");
+    g.throughput(Throughput::Elements(64));
+    let ix = KvIndex::new(1_000_000);
+    let mut next = 0u64;
+    g.bench_function("index_store_64_blocks_at_1M_cap", |b| {
+        b.iter(|| {
+            next += 64;
+            black_box(ix.store(0, 0, &keys(next, 64)))
+        })
+    });
+    let state = KvState::new(KvSettings::default(), KvMetrics::register(&mut Registry::default()));
+    let svc = state.service(&bench_rule());
+    let mut n2 = 0u64;
+    g.bench_function("decode_and_apply_batch_64_blocks", |b| {
+        b.iter_batched(
+            || {
+                n2 += 64;
+                stored_payload(n2, 64)
+            },
+            |payload| {
+                let batch = decode_batch(&payload).expect("decode");
+                black_box(svc.apply_batch(0, 0, &batch, &state.settings, &state.metrics))
+            },
+            BatchSize::SmallInput,
+        )
+    });
+    g.finish();
+
+    let (ix, request) = fleet();
+    let mut g = c.benchmark_group("score");
+    g.bench_function("request_256_blocks_16_eps_1M_blocks", |b| b.iter(|| black_box(ix.score(black_box(&request), Instant::now()))));
+    g.finish();
+}
+
+criterion_group!(kv_index, benches);
+criterion_main!(kv_index);
