@@ -81,10 +81,33 @@ impl ModelTokenizer {
                     ApiKind::Responses => add_special_tokens.unwrap_or(true),
                     _ => add_special_tokens.unwrap_or(false),
                 };
-                let text = self.render(model, msgs)?;
-                self.encode_text(model, &text, add, metrics)
+                self.encode_messages(model, api, msgs, add, metrics)
             }
         }
+    }
+
+    /// Renders and encodes a message list, through the message-level cache (skipped for
+    /// templates that read the clock, whose output changes with the date).
+    fn encode_messages(
+        &self,
+        model: &str,
+        api: ApiKind,
+        msgs: &[ChatMessage],
+        add: bool,
+        metrics: &TokenizerMetrics,
+    ) -> Result<Arc<[u32]>, TokenizeError> {
+        let cacheable = self.template.as_ref().is_ok_and(|t| !t.reads_clock());
+        let key = TextKey::messages(api_tag(api), msgs, add);
+        if cacheable && let Some(ids) = self.cache.get(&key) {
+            metrics.cache_hits.inc();
+            return Ok(ids);
+        }
+        let text = self.render(model, msgs)?;
+        let ids = self.encode_text(model, &text, add, metrics)?;
+        if cacheable {
+            self.cache.put(key, ids.clone());
+        }
+        Ok(ids)
     }
 
     /// The chat template rendered with `add_generation_prompt=True`.
@@ -166,6 +189,16 @@ fn load_tokenizer(dir: &Path) -> Result<Tokenizer, String> {
         tracing::debug!(dir = %dir.display(), model_type, "applied transformers tokenizer substitution");
     }
     serde_json::from_value::<Tokenizer>(json).map_err(|e| err(&e))
+}
+
+/// A stable discriminant of the API for message-level cache keys.
+fn api_tag(api: ApiKind) -> u8 {
+    match api {
+        ApiKind::Completions => 0,
+        ApiKind::ChatCompletions => 1,
+        ApiKind::Responses => 2,
+        ApiKind::Other => 3,
+    }
 }
 
 /// A token-id prompt, used as given.

@@ -29,6 +29,7 @@ const SPECIAL_TOKEN_KEYS: [&str; 7] = [
 pub struct ChatTemplate {
     env: Environment<'static>,
     special_tokens: Vec<(String, Value)>,
+    reads_clock: bool,
 }
 
 impl ChatTemplate {
@@ -48,10 +49,18 @@ impl ChatTemplate {
             .into_iter()
             .map(|(k, v)| (k, Value::from(v)))
             .collect();
+        let reads_clock = source.contains("strftime_now");
         Ok(ChatTemplate {
             env,
             special_tokens,
+            reads_clock,
         })
+    }
+
+    /// True when the template calls `strftime_now` (its output depends on the date, so
+    /// rendered prompts must not be cached by message list).
+    pub fn reads_clock(&self) -> bool {
+        self.reads_clock
     }
 
     /// The template of a parsed `tokenizer_config.json`: `chat_template` as a string, or as a
