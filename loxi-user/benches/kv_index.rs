@@ -114,6 +114,39 @@ fn percentile_report() {
     println!("score 256-block request, 16 endpoints, 1M blocks: p50 {:.1} µs, p99 {:.1} µs, max {:.1} µs", p(0.5), p(0.99), p(1.0));
 }
 
+/// CPU seconds this thread has used (`/proc/thread-self/stat` utime + stime, 10 ms ticks): the
+/// machine is shared, so throughput per CPU-second is the "one core" figure.
+fn thread_cpu_secs() -> f64 {
+    let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap_or_default();
+    let after_comm = stat.rsplit(')').next().unwrap_or_default();
+    let f: Vec<f64> = after_comm.split_whitespace().map(|x| x.parse().unwrap_or(0.0)).collect();
+    // Fields after ")" start at field 3 (state); utime is field 14, stime 15.
+    (f.get(11).copied().unwrap_or(0.0) + f.get(12).copied().unwrap_or(0.0)) / 100.0
+}
+
+/// Ingest throughput per CPU-second, raw index and decode + apply, 4M blocks each.
+fn ingest_report() {
+    let ix = KvIndex::new(1_000_000);
+    let batches: Vec<Vec<BlockKey>> = (0..62_500u64).map(|i| keys(i * 64, 64)).collect();
+    let (cpu0, wall) = (thread_cpu_secs(), StdInstant::now());
+    for b in &batches {
+        black_box(ix.store(0, 0, b));
+    }
+    let (cpu, wall) = (thread_cpu_secs() - cpu0, wall.elapsed().as_secs_f64());
+    println!("ingest index.store: 4M blocks (1M cap, 3M evictions): {:.2} M blocks/CPU-s ({:.2} M/s wall)", 4.0 / cpu, 4.0 / wall);
+    drop(ix);
+    let state = KvState::new(KvSettings::default(), KvMetrics::register(&mut Registry::default()));
+    let svc = state.service(&bench_rule());
+    let payloads: Vec<Vec<u8>> = (0..31_250u64).map(|i| stored_payload(i * 64, 64)).collect();
+    let (cpu0, wall) = (thread_cpu_secs(), StdInstant::now());
+    for p in &payloads {
+        let batch = decode_batch(p).expect("decode");
+        black_box(svc.apply_batch(0, 0, &batch, &state.settings, &state.metrics));
+    }
+    let (cpu, wall) = (thread_cpu_secs() - cpu0, wall.elapsed().as_secs_f64());
+    println!("ingest decode+apply: 2M blocks in 64-block events: {:.2} M blocks/CPU-s ({:.2} M/s wall)", 2.0 / cpu, 2.0 / wall);
+}
+
 fn stored_payload(from: u64, n: u64) -> Vec<u8> {
     let ev = V::Map(vec![
         (V::from("type"), V::from("BlockStored")),
@@ -141,6 +174,7 @@ fn bench_rule() -> StoredRule {
 fn benches(c: &mut Criterion) {
     memory_report();
     percentile_report();
+    ingest_report();
 
     let mut g = c.benchmark_group("ingest");
     g.throughput(Throughput::Elements(64));
