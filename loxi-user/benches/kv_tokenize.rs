@@ -1,6 +1,7 @@
 //! Tokenization of a ~4,096-token chat request (template render + encode) on the real DeepSeek
 //! tokenizer of `golden/bos-model`, cold (cache disabled: every call renders and encodes) vs
-//! cached (the full-text cache answers after the first call); plus a 4,096-token completion.
+//! cached (the full-text cache answers after the first call), the conversation's next turn
+//! (history segments cached, one new message), and a ~4,000-token completion cold.
 //!
 //! `cargo bench -p loxi-user --bench kv_tokenize -- --warm-up-time 1 --measurement-time 3`
 //! (reads `$LOXI_SHARED/golden`, default `<workspace>/../shared/golden`).
@@ -10,7 +11,7 @@
 use std::hint::black_box;
 use std::path::PathBuf;
 
-use criterion::{Criterion, criterion_group, criterion_main};
+use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use loxi_user::kv::tokenizer::{TokenizerMetrics, TokenizerPool};
 use loxi_user::proxy::meta::{ApiKind, ChatMessage, Prompt};
 
@@ -100,6 +101,32 @@ fn chat_4k(c: &mut Criterion) {
                 None,
             )
         })
+    });
+    // A conversation's next turn: the history's segments are cached, the new user message is
+    // not (unique per iteration), so only it is encoded.
+    let history = match &prompt {
+        Prompt::Messages(m) => m.clone(),
+        _ => Vec::new(),
+    };
+    let mut turn = 0u64;
+    g.bench_function("next_turn_segment_cached", |b| {
+        b.iter_batched(
+            || {
+                turn += 1;
+                let mut msgs = history.clone();
+                msgs.push(ChatMessage {
+                    role: "assistant".into(),
+                    content: "Done.".into(),
+                });
+                msgs.push(ChatMessage {
+                    role: "user".into(),
+                    content: format!("And item {turn}?"),
+                });
+                Prompt::Messages(msgs)
+            },
+            |p| warm.encode("bos-tiny", ApiKind::ChatCompletions, &p, None),
+            BatchSize::SmallInput,
+        )
     });
     g.bench_function("completion_cold", |b| {
         b.iter(|| cold.encode("bos-tiny", ApiKind::Completions, black_box(&text), None))
