@@ -4,8 +4,14 @@
 //! (counted by a tracking global allocator).
 //!
 //! Run: `cargo bench -p loxi-user --bench kv_index`.
-#![allow(unsafe_code, reason = "a counting GlobalAlloc wrapper measures index memory")]
-#![allow(missing_docs, reason = "criterion_group! generates an undocumented pub fn")]
+#![allow(
+    unsafe_code,
+    reason = "a counting GlobalAlloc wrapper measures index memory"
+)]
+#![allow(
+    missing_docs,
+    reason = "criterion_group! generates an undocumented pub fn"
+)]
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
@@ -96,7 +102,10 @@ fn memory_report() {
     let before = LIVE.load(Ordering::Relaxed);
     let (ix, _) = fleet();
     let bytes = LIVE.load(Ordering::Relaxed) - before;
-    println!("memory: 1M blocks over 16 endpoints: {:.1} MB live heap", bytes as f64 / 1e6);
+    println!(
+        "memory: 1M blocks over 16 endpoints: {:.1} MB live heap",
+        bytes as f64 / 1e6
+    );
     drop(ix);
 }
 
@@ -111,7 +120,12 @@ fn percentile_report() {
         .collect();
     samples.sort_unstable();
     let p = |q: f64| samples[((samples.len() as f64 - 1.0) * q) as usize] as f64 / 1000.0;
-    println!("score 256-block request, 16 endpoints, 1M blocks: p50 {:.1} µs, p99 {:.1} µs, max {:.1} µs", p(0.5), p(0.99), p(1.0));
+    println!(
+        "score 256-block request, 16 endpoints, 1M blocks: p50 {:.1} µs, p99 {:.1} µs, max {:.1} µs",
+        p(0.5),
+        p(0.99),
+        p(1.0)
+    );
 }
 
 /// CPU seconds this thread has used (`/proc/thread-self/stat` utime + stime, 10 ms ticks): the
@@ -119,7 +133,10 @@ fn percentile_report() {
 fn thread_cpu_secs() -> f64 {
     let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap_or_default();
     let after_comm = stat.rsplit(')').next().unwrap_or_default();
-    let f: Vec<f64> = after_comm.split_whitespace().map(|x| x.parse().unwrap_or(0.0)).collect();
+    let f: Vec<f64> = after_comm
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0.0))
+        .collect();
     // Fields after ")" start at field 3 (state); utime is field 14, stime 15.
     (f.get(11).copied().unwrap_or(0.0) + f.get(12).copied().unwrap_or(0.0)) / 100.0
 }
@@ -133,9 +150,16 @@ fn ingest_report() {
         black_box(ix.store(0, 0, b));
     }
     let (cpu, wall) = (thread_cpu_secs() - cpu0, wall.elapsed().as_secs_f64());
-    println!("ingest index.store: 4M blocks (1M cap, 3M evictions): {:.2} M blocks/CPU-s ({:.2} M/s wall)", 4.0 / cpu, 4.0 / wall);
+    println!(
+        "ingest index.store: 4M blocks (1M cap, 3M evictions): {:.2} M blocks/CPU-s ({:.2} M/s wall)",
+        4.0 / cpu,
+        4.0 / wall
+    );
     drop(ix);
-    let state = KvState::new(KvSettings::default(), KvMetrics::register(&mut Registry::default()));
+    let state = KvState::new(
+        KvSettings::default(),
+        KvMetrics::register(&mut Registry::default()),
+    );
     let svc = state.service(&bench_rule());
     let payloads: Vec<Vec<u8>> = (0..31_250u64).map(|i| stored_payload(i * 64, 64)).collect();
     let (cpu0, wall) = (thread_cpu_secs(), StdInstant::now());
@@ -144,13 +168,20 @@ fn ingest_report() {
         black_box(svc.apply_batch(0, 0, &batch, &state.settings, &state.metrics));
     }
     let (cpu, wall) = (thread_cpu_secs() - cpu0, wall.elapsed().as_secs_f64());
-    println!("ingest decode+apply: 2M blocks in 64-block events: {:.2} M blocks/CPU-s ({:.2} M/s wall)", 2.0 / cpu, 2.0 / wall);
+    println!(
+        "ingest decode+apply: 2M blocks in 64-block events: {:.2} M blocks/CPU-s ({:.2} M/s wall)",
+        2.0 / cpu,
+        2.0 / wall
+    );
 }
 
 fn stored_payload(from: u64, n: u64) -> Vec<u8> {
     let ev = V::Map(vec![
         (V::from("type"), V::from("BlockStored")),
-        (V::from("block_hashes"), V::Array((from..from + n).map(|i| V::from(key(i))).collect())),
+        (
+            V::from("block_hashes"),
+            V::Array((from..from + n).map(|i| V::from(key(i))).collect()),
+        ),
         (V::from("parent_block_hash"), V::Nil),
         (V::from("token_ids"), V::Array(vec![])),
         (V::from("block_size"), V::from(16)),
@@ -158,7 +189,11 @@ fn stored_payload(from: u64, n: u64) -> Vec<u8> {
         (V::from("medium"), V::from("GPU")),
     ]);
     let mut out = Vec::new();
-    rmpv::encode::write_value(&mut out, &V::Array(vec![V::F64(0.0), V::Array(vec![ev]), V::from(0)])).expect("encode");
+    rmpv::encode::write_value(
+        &mut out,
+        &V::Array(vec![V::F64(0.0), V::Array(vec![ev]), V::from(0)]),
+    )
+    .expect("encode");
     out
 }
 
@@ -186,7 +221,10 @@ fn benches(c: &mut Criterion) {
             black_box(ix.store(0, 0, &keys(next, 64)))
         })
     });
-    let state = KvState::new(KvSettings::default(), KvMetrics::register(&mut Registry::default()));
+    let state = KvState::new(
+        KvSettings::default(),
+        KvMetrics::register(&mut Registry::default()),
+    );
     let svc = state.service(&bench_rule());
     let mut n2 = 0u64;
     g.bench_function("decode_and_apply_batch_64_blocks", |b| {
@@ -206,7 +244,9 @@ fn benches(c: &mut Criterion) {
 
     let (ix, request) = fleet();
     let mut g = c.benchmark_group("score");
-    g.bench_function("request_256_blocks_16_eps_1M_blocks", |b| b.iter(|| black_box(ix.score(black_box(&request), Instant::now()))));
+    g.bench_function("request_256_blocks_16_eps_1M_blocks", |b| {
+        b.iter(|| black_box(ix.score(black_box(&request), Instant::now())))
+    });
     g.finish();
 }
 
