@@ -18,13 +18,19 @@ use std::hint::black_box;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant as StdInstant;
 
+use std::sync::Arc;
+
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use loxi_user::kv::BlockKey;
 use loxi_user::kv::events::decode_batch;
 use loxi_user::kv::index::KvIndex;
 use loxi_user::kv::metrics::KvMetrics;
+use loxi_user::kv::select::KvRouter;
 use loxi_user::kv::settings::KvSettings;
 use loxi_user::kv::state::KvState;
+use loxi_user::kv::tokenizer::{TokenizerMetrics, TokenizerPool};
+use loxi_user::proxy::meta::{ApiKind, ChatMessage, Prompt, RequestMeta};
+use loxi_user::routing::{Candidates, EndpointLoad, Excluded};
 use loxi_user::rules::store::StoredRule;
 use prometheus_client::registry::Registry;
 use rmpv::Value as V;
@@ -175,6 +181,134 @@ fn ingest_report() {
     );
 }
 
+fn shared_dir() -> std::path::PathBuf {
+    std::env::var_os("LOXI_SHARED")
+        .map(Into::into)
+        .unwrap_or_else(|| {
+            std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared")
+        })
+}
+
+/// A chat request of at least 4,096 tokens on the golden `tiny` model (ChatML template).
+fn long_chat(pool: &TokenizerPool) -> (RequestMeta, Arc<[u32]>) {
+    let mut msgs = vec![ChatMessage {
+        role: "system".into(),
+        content: "You are a careful assistant for the logistics team.".into(),
+    }];
+    for turn in 0u32.. {
+        let text = format!(
+            "Turn {turn}: the pallet {} moved from aisle {} to dock {} after inspection {}. ",
+            turn * 13,
+            turn % 7,
+            turn % 5,
+            turn * 3
+        );
+        msgs.push(ChatMessage {
+            role: if turn % 2 == 0 { "user" } else { "assistant" }.into(),
+            content: text.repeat(4),
+        });
+        let meta = RequestMeta {
+            api: ApiKind::ChatCompletions,
+            model: Some("tiny".into()),
+            prompt: Some(Prompt::Messages(msgs.clone())),
+            ..Default::default()
+        };
+        let ids = pool
+            .encode(
+                "tiny",
+                meta.api,
+                meta.prompt.as_ref().expect("prompt"),
+                None,
+            )
+            .expect("tokenize");
+        if ids.len() >= 4096 && turn % 2 == 0 {
+            return (meta, ids);
+        }
+    }
+    unreachable!("the loop returns")
+}
+
+fn percentiles(mut ns: Vec<u128>) -> (f64, f64) {
+    ns.sort_unstable();
+    let p = |q: f64| ns[((ns.len() as f64 - 1.0) * q) as usize] as f64 / 1000.0;
+    (p(0.5), p(0.99))
+}
+
+/// Full tier-1.5 decision for a ≥4,096-token chat: template + tokenize + hash + score over 16
+/// endpoints holding 1M blocks; tokenization cache off (cold) and on (warm).
+fn decision_report() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dst = tmp.path().join("tiny");
+    std::fs::create_dir_all(&dst).expect("mkdir");
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(shared_dir().join("golden/tiny-model").join(f), dst.join(f))
+            .expect("stage tokenizer");
+    }
+    let rule: StoredRule = StoredRule {
+        id: 1,
+        rule: serde_json::from_value(serde_json::json!({
+            "serviceArguments": {"externalIP": "10.0.0.1", "port": 8080, "mode": 4, "kvExactMode": 3, "kvBlockSize": 16},
+            "endpoints": (0..16).map(|i| serde_json::json!({"endpointIP": format!("10.1.0.{}", i + 1), "targetPort": 8000})).collect::<Vec<_>>()
+        }))
+        .expect("rule"),
+    };
+    let loads: Vec<Arc<EndpointLoad>> = (0..16).map(|_| EndpointLoad::new()).collect();
+    let weights = vec![1u32; 16];
+    let excluded = Excluded::default();
+    let cands = Candidates {
+        weights: &weights,
+        loads: &loads,
+        excluded: &excluded,
+    };
+    for (label, cache) in [
+        ("cold (tokenization cache off)", 0usize),
+        ("warm (tokenization cache on)", 1024),
+    ] {
+        let mut reg = Registry::default();
+        let pool = Arc::new(
+            TokenizerPool::new(
+                tmp.path().to_path_buf(),
+                TokenizerMetrics::register(&mut reg),
+            )
+            .with_cache_capacity(cache),
+        );
+        let (meta, ids) = long_chat(&pool);
+        let state = KvState::new(
+            KvSettings {
+                coldstart_seed_n: 0,
+                ..KvSettings::default()
+            },
+            KvMetrics::register(&mut reg),
+        );
+        let svc = state.service(&rule);
+        for ep in 0..16u64 {
+            for chunk in 0..(62_500 / 250) {
+                svc.index
+                    .store(ep as usize, 0, &keys(ep * 1_000_000 + chunk * 250, 250));
+            }
+        }
+        let hasher = svc.hasher.clone().expect("hasher");
+        let own = hasher.keys(&ids, 16, &Default::default());
+        svc.index.store(5, 0, &own[..200.min(own.len())]);
+        let router = KvRouter::new(state.clone(), pool);
+        let d = router.select(&rule, &meta, &cands).expect("hit");
+        assert_eq!(d.endpoint, Some(5));
+        let n = if cache == 0 { 200 } else { 2000 };
+        let ns: Vec<u128> = (0..n)
+            .map(|_| {
+                let t = StdInstant::now();
+                black_box(router.select(&rule, &meta, &cands));
+                t.elapsed().as_nanos()
+            })
+            .collect();
+        let (p50, p99) = percentiles(ns);
+        println!(
+            "decision {} tokens chat, 16 eps, 1M blocks, {label}: p50 {p50:.1} µs, p99 {p99:.1} µs",
+            ids.len()
+        );
+    }
+}
+
 fn stored_payload(from: u64, n: u64) -> Vec<u8> {
     let ev = V::Map(vec![
         (V::from("type"), V::from("BlockStored")),
@@ -210,6 +344,7 @@ fn benches(c: &mut Criterion) {
     memory_report();
     percentile_report();
     ingest_report();
+    decision_report();
 
     let mut g = c.benchmark_group("ingest");
     g.throughput(Throughput::Elements(64));
