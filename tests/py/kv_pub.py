@@ -2,7 +2,7 @@
 """A real libzmq (pyzmq) KV-event publisher for loxi's tests, driven line by line on stdin.
 
 Binds an XPUB (behaves as vLLM's PUB; XPUB only adds subscription notifications so tests can
-wait for the subscriber instead of sleeping) on 127.0.0.1:<port> and, with --replay, a ROUTER
+wait for the subscriber instead of sleeping) on <host>:<port> (default 127.0.0.1) and, with --replay, a ROUTER
 that answers vLLM's replay protocol from the buffer of sent batches:
   request  [identity, b"", start_seq (8 bytes BE)]
   replies  [identity, b"", topic, seq, payload] per batch >= start  (--layout 3, vLLM 0.32)
@@ -29,6 +29,7 @@ import zmq
 
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--replay", action="store_true")
     ap.add_argument("--replay-port", type=int, default=0)
@@ -43,13 +44,13 @@ def main():
         if port:
             for _ in range(200):  # the old socket's port may take a moment to be released
                 try:
-                    sock.bind(f"tcp://127.0.0.1:{port}")
+                    sock.bind(f"tcp://{args.host}:{port}")
                     return port
                 except zmq.ZMQError:
                     time.sleep(0.01)
-            sock.bind(f"tcp://127.0.0.1:{port}")
+            sock.bind(f"tcp://{args.host}:{port}")
             return port
-        return sock.bind_to_random_port("tcp://127.0.0.1")
+        return sock.bind_to_random_port(f"tcp://{args.host}")
 
     def open_sockets(pub_port, replay_port):
         pub = ctx.socket(zmq.XPUB)

@@ -108,14 +108,24 @@ pub struct ParityView {
     pub endpoints: Vec<EndpointParity>,
 }
 
-fn error(code: StatusCode, msg: String) -> Response {
-    (code, Json(serde_json::json!({ "error": msg }))).into_response()
+/// An error response: status and message, rendered as `{"error": msg}`.
+#[derive(Debug)]
+pub struct ApiError(StatusCode, String);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.0, Json(serde_json::json!({ "error": self.1 }))).into_response()
+    }
+}
+
+fn error(code: StatusCode, msg: String) -> ApiError {
+    ApiError(code, msg)
 }
 
 fn parse_field<T: std::str::FromStr>(
     q: &HashMap<String, String>,
     field: &str,
-) -> Result<Option<T>, Response> {
+) -> Result<Option<T>, ApiError> {
     match q.get(field) {
         None => Ok(None),
         Some(v) => v.parse().map(Some).map_err(|_| {
@@ -127,7 +137,7 @@ fn parse_field<T: std::str::FromStr>(
     }
 }
 
-fn service(state: &KvState, q: &HashMap<String, String>) -> Result<Arc<ServiceKv>, Response> {
+fn service(state: &KvState, q: &HashMap<String, String>) -> Result<Arc<ServiceKv>, ApiError> {
     let id: u32 = parse_field(q, "service_id")?.ok_or_else(|| {
         error(
             StatusCode::BAD_REQUEST,
@@ -148,11 +158,11 @@ async fn inventory(
 ) -> Response {
     match inventory_view(&state, &q) {
         Ok(v) => Json(v).into_response(),
-        Err(r) => r,
+        Err(e) => e.into_response(),
     }
 }
 
-fn inventory_view(state: &KvState, q: &HashMap<String, String>) -> Result<InventoryView, Response> {
+fn inventory_view(state: &KvState, q: &HashMap<String, String>) -> Result<InventoryView, ApiError> {
     let svc = service(state, q)?;
     let only: Option<usize> = parse_field(q, "ep_idx")?;
     if let Some(ep) = only.filter(|&e| e >= svc.config.endpoints.len()) {
@@ -204,7 +214,7 @@ async fn parity(
 ) -> Response {
     let svc = match service(&state, &q) {
         Ok(s) => s,
-        Err(r) => return r,
+        Err(e) => return e.into_response(),
     };
     let endpoints = svc
         .parity

@@ -201,7 +201,11 @@ pub struct KvIndex {
     slots: Mutex<HashMap<u32, SlotState>>,
     max_blocks: u64,
     evictions: AtomicU64,
+    last_sweep: Mutex<Option<Instant>>,
 }
+
+/// Minimum interval between two predicted-block sweeps ([`KvIndex::maybe_sweep_predicted`]).
+pub const SWEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl KvIndex {
     /// An empty index whose streams hold at most `max_blocks` keys each (`LOXILB_KV_MAX_BLOCKS`).
@@ -212,6 +216,7 @@ impl KvIndex {
             slots: Mutex::new(HashMap::new()),
             max_blocks: max_blocks.max(1),
             evictions: AtomicU64::new(0),
+            last_sweep: Mutex::new(None),
         }
     }
 
@@ -332,6 +337,19 @@ impl KvIndex {
                 }
             }
         }
+    }
+
+    /// [`Self::sweep_predicted`] at most once per [`SWEEP_INTERVAL`] (the request path calls
+    /// this; expired predictions never score, the sweep only frees their memory).
+    pub fn maybe_sweep_predicted(&self, now: Instant) {
+        {
+            let mut last = self.last_sweep.lock();
+            if last.is_some_and(|t| now < t + SWEEP_INTERVAL) {
+                return;
+            }
+            *last = Some(now);
+        }
+        self.sweep_predicted(now);
     }
 
     /// Removes predictions that expired at or before `now`.

@@ -149,3 +149,29 @@ fn empty_request_scores_nothing() {
     ix.store(0, 0, &keys(&[1]));
     assert!(ix.score(&[], now()).is_empty());
 }
+
+#[tokio::test(start_paused = true)]
+async fn request_path_sweeps_expired_predictions_at_most_once_per_interval() {
+    let ix = KvIndex::new(1000);
+    let live = |ix: &KvIndex| {
+        ix.shards
+            .iter()
+            .map(|s| s.read().predicted.len())
+            .sum::<usize>()
+    };
+    ix.predict(0, &keys(&[1]), Instant::now() + Duration::from_millis(100));
+    tokio::time::advance(Duration::from_millis(200)).await;
+    ix.maybe_sweep_predicted(Instant::now());
+    assert_eq!(live(&ix), 0);
+    ix.predict(0, &keys(&[2]), Instant::now() + Duration::from_millis(100));
+    tokio::time::advance(Duration::from_millis(200)).await;
+    ix.maybe_sweep_predicted(Instant::now());
+    assert_eq!(
+        live(&ix),
+        1,
+        "second sweep within SWEEP_INTERVAL is skipped"
+    );
+    tokio::time::advance(SWEEP_INTERVAL).await;
+    ix.maybe_sweep_predicted(Instant::now());
+    assert_eq!(live(&ix), 0);
+}

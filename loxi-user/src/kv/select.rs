@@ -168,7 +168,7 @@ impl KvRouter {
         let svc = self.state.service(rule);
         if let Ok(keys) = self.keys(&svc, meta, false) {
             let now = Instant::now();
-            svc.index.sweep_predicted(now);
+            svc.index.maybe_sweep_predicted(now);
             svc.index
                 .predict(ep, &keys, now + self.state.settings.predicted_ttl);
         }

@@ -344,3 +344,41 @@ fn token_id_prompts_are_used_as_given() {
     };
     assert_eq!(f.select(&tm), Some(Decision::pick(1, Reason::KvOverlap)));
 }
+
+#[test]
+fn multi_turn_conversation_stays_on_its_first_worker_under_balanced_load() {
+    let s = KvSettings {
+        coldstart_seed_n: 0,
+        ..KvSettings::default()
+    };
+    let f = fx_with(s, 4, serde_json::json!({}));
+    for l in &f.loads {
+        l.in_flight.store(2, Ordering::Relaxed);
+    }
+    let mut history = String::from("System: you are a concise assistant for the logistics team. ");
+    let mut first = None;
+    for turn in 0..10 {
+        history.push_str(&format!(
+            "User turn {turn}: where is pallet {}? Assistant: aisle {}. ",
+            turn * 11,
+            turn + 3
+        ));
+        let m = meta(&history);
+        let ep = match f.select(&m) {
+            Some(d) => {
+                assert_eq!(d.reason, Reason::KvOverlap, "turn {turn}");
+                d.endpoint.expect("endpoint")
+            }
+            None => {
+                assert_eq!(turn, 0, "only the cold first turn may miss");
+                2
+            }
+        };
+        assert_eq!(*first.get_or_insert(ep), ep, "turn {turn} moved");
+        f.hold(ep, &m, usize::MAX);
+    }
+    assert_eq!(
+        f.metric("loxilb_pd_kv_tier15_hits_total{service=\"1\",ep_idx=\"2\"}"),
+        9.0
+    );
+}

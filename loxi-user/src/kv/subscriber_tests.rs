@@ -476,3 +476,43 @@ async fn manager_subscribes_only_prefill_endpoints_in_mode_one() {
     let subscribed: Vec<bool> = svc.config.endpoints.iter().map(|e| e.1).collect();
     assert_eq!(subscribed, vec![false, true, false]);
 }
+
+#[tokio::test]
+async fn rank_one_events_belong_to_the_rank_one_stream() {
+    let (state, _reg) = state(KvSettings::default());
+    let svc = state.service(&rule(1, 1, serde_json::json!({})));
+    let addr = StreamAddr {
+        ep: 0,
+        rank: 0,
+        publisher: "127.0.0.1:9".into(),
+        replay: None,
+    };
+    let mut s = Stream::new(state.clone(), svc.clone(), addr, timing(64));
+    use rmpv::Value as V;
+    let ev = V::Array(vec![
+        V::from("BlockStored"),
+        V::Array(vec![V::from(31u64)]),
+        V::Nil,
+        V::Array(vec![]),
+        V::from(16),
+    ]);
+    s.on_batch(
+        0,
+        &msgpack(&V::Array(vec![
+            V::F64(0.0),
+            V::Array(vec![ev.clone()]),
+            V::from(1),
+        ])),
+    )
+    .await;
+    s.on_batch(
+        1,
+        &msgpack(&V::Array(vec![V::F64(0.0), V::Array(vec![ev])])),
+    )
+    .await;
+    assert_eq!(svc.index.blocks(0), 2);
+    svc.index.clear_rank(0, 1);
+    assert_eq!(svc.index.blocks(0), 1);
+    svc.index.clear_rank(0, 0);
+    assert_eq!(svc.index.blocks(0), 0);
+}

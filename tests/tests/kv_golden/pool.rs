@@ -10,7 +10,7 @@ use loxi_user::kv::tokenizer::{TokenizeError, TokenizerMetrics, TokenizerPool};
 use loxi_user::proxy::meta::{ApiKind, ChatMessage, Prompt};
 use prometheus_client::registry::Registry;
 
-use super::support::{golden, request_of, shared_dir, staged_tokenizer_dir};
+use super::support::{golden, promtool_check, request_of, shared_dir, staged_tokenizer_dir};
 
 #[derive(Clone, Default)]
 struct LogBuf(Arc<Mutex<Vec<u8>>>);
@@ -118,6 +118,7 @@ fn missing_tokenizer_logs_once_sets_degraded_gauge_and_is_negative_cached() {
         m.contains("loxilb_kv_tokenizer_load_failures_total{model=\"acme/ghost\"} 1"),
         "{m}"
     );
+    promtool_check(&loxi_user::metrics::encode_text(&registry).expect("encode"));
 }
 
 #[test]
@@ -214,6 +215,7 @@ fn template_failure_is_a_template_error_counted_per_model_and_completions_still_
         2,
         "one warning per model:\n{logs}"
     );
+    promtool_check(&loxi_user::metrics::encode_text(&registry).expect("encode"));
 }
 
 #[test]

@@ -5,6 +5,7 @@ use std::collections::HashSet;
 use loxi_user::kv::BlockKey;
 use loxi_user::kv::block_hash::{BlockHasher, HashAlgo, RequestExtras};
 use loxi_user::kv::tokenizer::{TokenizerMetrics, TokenizerPool};
+use loxi_user::proxy::meta::Prompt;
 use serde_json::Value;
 
 use super::support::{golden, request_of, staged_tokenizer_dir, str_of, vllm_ids};
@@ -151,5 +152,90 @@ fn keys_hashed_from_our_token_ids_are_the_ones_the_engine_published() {
             }
         }
         assert!(blocks >= min_blocks, "{file}: {blocks} blocks checked");
+    }
+}
+
+const PALETTE: [&str; 24] = [
+    "<｜User｜>",
+    "<｜Assistant｜>",
+    "<｜begin▁of▁sentence｜>",
+    "<｜end▁of▁sentence｜>",
+    "<think>",
+    "</think>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|endoftext|>",
+    "hello",
+    " world",
+    "12345",
+    " 7",
+    "  ",
+    "\n",
+    "\n\n",
+    "\t",
+    "北京和上海",
+    " 🚚📦",
+    "Résumé",
+    "don't",
+    "(+7.5%)",
+    "fn main() {}",
+    " ",
+];
+
+/// Deterministic texts mixing added tokens, digits, whitespace runs and non-ASCII.
+fn random_texts(n: usize) -> Vec<String> {
+    let mut x = 0x2545_f491_u64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    (0..n)
+        .map(|_| {
+            let len = 1 + (next() % 30) as usize;
+            (0..len)
+                .map(|_| PALETTE[(next() % PALETTE.len() as u64) as usize])
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn segment_cached_encoding_equals_whole_text_encoding_for_both_models() {
+    let dir = staged_tokenizer_dir();
+    let pool = TokenizerPool::new(dir.path().to_owned(), TokenizerMetrics::default());
+    for model in ["tiny", "bos-tiny"] {
+        let tok = pool.get(model).expect("loads");
+        let mut texts = random_texts(400);
+        for file in CAPTURES {
+            for req in golden(file)["requests"].as_array().expect("requests") {
+                let body = &req["request_body"];
+                match request_of(str_of(req, "endpoint"), body) {
+                    Some((_, Prompt::Text(t), _)) => texts.push(t),
+                    Some((_, Prompt::Messages(m), _)) => {
+                        texts.push(tok.render(model, &m).expect("renders"))
+                    }
+                    _ => {}
+                }
+            }
+        }
+        // Twice: the second pass is served from the segment cache.
+        for pass in 0..2 {
+            for text in &texts {
+                for add in [false, true] {
+                    let whole = tok.encode_whole(text, add).expect("whole");
+                    let seg = tok
+                        .encode_by_segments(text, add)
+                        .expect("segment mode is exact here")
+                        .expect("ok");
+                    assert_eq!(
+                        seg,
+                        whole.to_vec(),
+                        "{model} pass {pass} add={add} text {text:?}"
+                    );
+                }
+            }
+        }
     }
 }

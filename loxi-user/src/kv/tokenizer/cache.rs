@@ -1,6 +1,8 @@
-//! A bounded cache of recent tokenizations, keyed by XXH3-128 of the FULL encoded text plus the
+//! A bounded cache of recent tokenizations, keyed by XXH3-128 of the FULL input plus the
 //! special-token flag (never by a truncated prefix, so two prompts that differ only at the end
-//! never share an entry).
+//! never share an entry). Two key kinds, domain-separated: the encoded text itself, and a chat
+//! message list (every role and content, length-prefixed, plus the API) so that a repeated chat
+//! request skips the template render too.
 //!
 //! Eviction is two-generation (an O(1) approximation of LRU): lookups hit the young generation,
 //! or the old one and are promoted; when the young generation reaches half the capacity it
@@ -10,19 +12,47 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
+use xxhash_rust::xxh3::Xxh3;
 
-/// Cache key: hash of the full text and whether special tokens were added.
+use crate::proxy::meta::ChatMessage;
+
+/// Cache key: hash of the full input and whether special tokens were added.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct TextKey {
     hash: u128,
     add_special_tokens: bool,
 }
 
+/// Domain tags so a text and a message list can never produce the same key.
+const TAG_TEXT: u8 = 0;
+const TAG_MESSAGES: u8 = 1;
+
 impl TextKey {
     /// The key of `text` encoded with or without special tokens.
     pub fn new(text: &str, add_special_tokens: bool) -> Self {
+        let mut h = Xxh3::new();
+        h.update(&[TAG_TEXT]);
+        h.update(text.as_bytes());
         TextKey {
-            hash: xxhash_rust::xxh3::xxh3_128(text.as_bytes()),
+            hash: h.digest128(),
+            add_special_tokens,
+        }
+    }
+
+    /// The key of a chat message list rendered for `api_tag` (an API discriminant) and encoded
+    /// with or without special tokens. Every field is length-prefixed.
+    pub fn messages(api_tag: u8, msgs: &[ChatMessage], add_special_tokens: bool) -> Self {
+        let mut h = Xxh3::new();
+        h.update(&[TAG_MESSAGES, api_tag]);
+        h.update(&(msgs.len() as u64).to_le_bytes());
+        for m in msgs {
+            for field in [&m.role, &m.content] {
+                h.update(&(field.len() as u64).to_le_bytes());
+                h.update(field.as_bytes());
+            }
+        }
+        TextKey {
+            hash: h.digest128(),
             add_special_tokens,
         }
     }
@@ -132,6 +162,22 @@ mod tests {
         assert!(c.len() <= 4, "len {}", c.len());
         assert_eq!(c.get(&TextKey::new("0", true)), Some(ids(0)));
         assert_eq!(c.get(&TextKey::new("1", true)), None);
+    }
+
+    #[test]
+    fn message_keys_separate_fields_and_differ_from_text_keys() {
+        let m = |r: &str, c: &str| ChatMessage {
+            role: r.into(),
+            content: c.into(),
+        };
+        let a = TextKey::messages(1, &[m("user", "ab"), m("assistant", "c")], false);
+        let b = TextKey::messages(1, &[m("user", "a"), m("assistant", "bc")], false);
+        assert_ne!(a, b);
+        assert_ne!(
+            a,
+            TextKey::messages(2, &[m("user", "ab"), m("assistant", "c")], false)
+        );
+        assert_ne!(TextKey::messages(1, &[], false), TextKey::new("", false));
     }
 
     #[test]

@@ -22,6 +22,7 @@ use tokenizers::Tokenizer;
 
 use super::cache::{TextKey, TokenCache};
 use super::compat;
+use super::segment::{DEFAULT_SEGMENT_CAPACITY, SegmentEncoder};
 use super::template::ChatTemplate;
 use super::{TokenizeError, TokenizerMetrics};
 use crate::proxy::meta::{ApiKind, ChatMessage, Prompt};
@@ -32,6 +33,7 @@ pub struct ModelTokenizer {
     tokenizer: Tokenizer,
     template: Result<ChatTemplate, String>,
     cache: TokenCache,
+    segments: SegmentEncoder,
     template_warned: AtomicBool,
 }
 
@@ -40,7 +42,13 @@ impl ModelTokenizer {
     /// or broken config only disables chat templating (chat requests then fail with
     /// [`TokenizeError::Template`]); a missing or broken `tokenizer.json` is an error.
     pub fn load(dir: &Path, cache_capacity: usize) -> Result<Self, String> {
-        let tokenizer = load_tokenizer(dir)?;
+        let (tokenizer, pre_tokenizer) = load_tokenizer(dir)?;
+        let seg_capacity = if cache_capacity == 0 {
+            0
+        } else {
+            DEFAULT_SEGMENT_CAPACITY
+        };
+        let segments = SegmentEncoder::new(&tokenizer, &pre_tokenizer, seg_capacity);
         let cfg_path = dir.join("tokenizer_config.json");
         let template = match std::fs::read_to_string(&cfg_path) {
             Err(e) => Err(format!("{}: {e}", cfg_path.display())),
@@ -57,6 +65,7 @@ impl ModelTokenizer {
             tokenizer,
             template,
             cache: TokenCache::new(cache_capacity),
+            segments,
             template_warned: AtomicBool::new(false),
         })
     }
@@ -81,10 +90,33 @@ impl ModelTokenizer {
                     ApiKind::Responses => add_special_tokens.unwrap_or(true),
                     _ => add_special_tokens.unwrap_or(false),
                 };
-                let text = self.render(model, msgs)?;
-                self.encode_text(model, &text, add, metrics)
+                self.encode_messages(model, api, msgs, add, metrics)
             }
         }
+    }
+
+    /// Renders and encodes a message list, through the message-level cache (skipped for
+    /// templates that read the clock, whose output changes with the date).
+    fn encode_messages(
+        &self,
+        model: &str,
+        api: ApiKind,
+        msgs: &[ChatMessage],
+        add: bool,
+        metrics: &TokenizerMetrics,
+    ) -> Result<Arc<[u32]>, TokenizeError> {
+        let cacheable = self.template.as_ref().is_ok_and(|t| !t.reads_clock());
+        let key = TextKey::messages(api_tag(api), msgs, add);
+        if cacheable && let Some(ids) = self.cache.get(&key) {
+            metrics.cache_hits.inc();
+            return Ok(ids);
+        }
+        let text = self.render(model, msgs)?;
+        let ids = self.encode_text(model, &text, add, metrics)?;
+        if cacheable {
+            self.cache.put(key, ids.clone());
+        }
+        Ok(ids)
     }
 
     /// The chat template rendered with `add_generation_prompt=True`.
@@ -118,19 +150,48 @@ impl ModelTokenizer {
             return Ok(ids);
         }
         metrics.cache_misses.inc();
-        let enc = self
-            .tokenizer
-            .encode_fast(text, add_special_tokens)
-            .map_err(|e| TokenizeError::Encode {
-                model: model.to_owned(),
-                message: e.to_string(),
-            })?;
-        let ids: Arc<[u32]> = Arc::from(enc.get_ids());
+        let ids: Arc<[u32]> =
+            self.encode_uncached(text, add_special_tokens)
+                .map_err(|message| TokenizeError::Encode {
+                    model: model.to_owned(),
+                    message,
+                })?;
         if ids.is_empty() {
             return Err(TokenizeError::Empty);
         }
         self.cache.put(key, ids.clone());
         Ok(ids)
+    }
+
+    /// Encodes `text` through the segment cache when exact for this tokenizer, else whole.
+    fn encode_uncached(&self, text: &str, add_special_tokens: bool) -> Result<Arc<[u32]>, String> {
+        match self
+            .segments
+            .encode(&self.tokenizer, text, add_special_tokens)
+        {
+            Some(ids) => ids.map(Arc::from),
+            None => self.encode_whole(text, add_special_tokens),
+        }
+    }
+
+    /// The tokenizer's own whole-text encoding (no cache involved).
+    pub fn encode_whole(&self, text: &str, add_special_tokens: bool) -> Result<Arc<[u32]>, String> {
+        let enc = self
+            .tokenizer
+            .encode_fast(text, add_special_tokens)
+            .map_err(|e| e.to_string())?;
+        Ok(Arc::from(enc.get_ids()))
+    }
+
+    /// [`Self::encode_whole`] through the segment cache; `None` when segment encoding is not
+    /// exact for this tokenizer. Exposed so tests can compare the two paths.
+    pub fn encode_by_segments(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+    ) -> Option<Result<Vec<u32>, String>> {
+        self.segments
+            .encode(&self.tokenizer, text, add_special_tokens)
     }
 
     /// Entries currently cached.
@@ -153,7 +214,7 @@ impl ModelTokenizer {
 
 /// `<dir>/tokenizer.json`, with transformers' class substitution for `<dir>/config.json`'s
 /// `model_type` applied (see [`super::compat`]).
-fn load_tokenizer(dir: &Path) -> Result<Tokenizer, String> {
+fn load_tokenizer(dir: &Path) -> Result<(Tokenizer, serde_json::Value), String> {
     let tok_path = dir.join("tokenizer.json");
     let err = |e: &dyn std::fmt::Display| format!("{}: {e}", tok_path.display());
     let text = std::fs::read(&tok_path).map_err(|e| err(&e))?;
@@ -165,7 +226,19 @@ fn load_tokenizer(dir: &Path) -> Result<Tokenizer, String> {
     if compat::patch_for_model_type(&mut json, model_type.as_deref()) {
         tracing::debug!(dir = %dir.display(), model_type, "applied transformers tokenizer substitution");
     }
-    serde_json::from_value::<Tokenizer>(json).map_err(|e| err(&e))
+    let pre_tokenizer = json["pre_tokenizer"].clone();
+    let tok = serde_json::from_value::<Tokenizer>(json).map_err(|e| err(&e))?;
+    Ok((tok, pre_tokenizer))
+}
+
+/// A stable discriminant of the API for message-level cache keys.
+fn api_tag(api: ApiKind) -> u8 {
+    match api {
+        ApiKind::Completions => 0,
+        ApiKind::ChatCompletions => 1,
+        ApiKind::Responses => 2,
+        ApiKind::Other => 3,
+    }
 }
 
 /// A token-id prompt, used as given.

@@ -9,6 +9,8 @@
 //! - [`template`]: the chat template (minijinja + pycompat, transformers' environment).
 //! - [`encode`]: which text is encoded, and with or without special tokens, per endpoint.
 //! - [`cache`]: a bounded cache of recent tokenizations keyed by a hash of the full text.
+//! - [`segment`]: per-segment (between added tokens) cache so a conversation's next turn only
+//!   encodes its new text.
 
 pub mod cache;
 pub mod compat;
@@ -16,6 +18,7 @@ pub mod encode;
 pub mod metrics;
 pub mod pool;
 pub mod pyjson;
+pub mod segment;
 pub mod template;
 
 pub use metrics::TokenizerMetrics;

@@ -29,6 +29,7 @@ const SPECIAL_TOKEN_KEYS: [&str; 7] = [
 pub struct ChatTemplate {
     env: Environment<'static>,
     special_tokens: Vec<(String, Value)>,
+    reads_clock: bool,
 }
 
 impl ChatTemplate {
@@ -48,10 +49,18 @@ impl ChatTemplate {
             .into_iter()
             .map(|(k, v)| (k, Value::from(v)))
             .collect();
+        let reads_clock = source.contains("strftime_now");
         Ok(ChatTemplate {
             env,
             special_tokens,
+            reads_clock,
         })
+    }
+
+    /// True when the template calls `strftime_now` (its output depends on the date, so
+    /// rendered prompts must not be cached by message list).
+    pub fn reads_clock(&self) -> bool {
+        self.reads_clock
     }
 
     /// The template of a parsed `tokenizer_config.json`: `chat_template` as a string, or as a
@@ -188,5 +197,45 @@ mod tests {
                 .expect("valid")
                 .is_none()
         );
+    }
+
+    /// Outputs of Python Jinja2 3.1.6 configured as transformers configures it
+    /// (`testdata/gen_jinja2_reference.py`): Llama-3-like, Qwen-like and whitespace-control
+    /// heavy templates, plus the `raise_exception` message.
+    #[test]
+    fn renders_byte_identical_to_python_jinja2_reference() {
+        let reference: serde_json::Value =
+            serde_json::from_str(include_str!("testdata/jinja2_reference.json")).expect("json");
+        let msgs: Vec<ChatMessage> =
+            serde_json::from_value(reference["messages"].clone()).expect("messages");
+        let cases = reference["cases"].as_object().expect("cases");
+        let specials = vec![
+            ("bos_token".to_owned(), "<|begin_of_text|>".to_owned()),
+            ("eos_token".to_owned(), "</s>".to_owned()),
+        ];
+        let mut checked = 0;
+        for (name, case) in cases {
+            let Some(src) = case["template"].as_str() else {
+                continue;
+            };
+            let t = ChatTemplate::new(src, specials.clone()).expect("compiles");
+            let out = t.render(&msgs, true).expect("renders");
+            assert_eq!(
+                out,
+                case["rendered"].as_str().expect("rendered"),
+                "template {name}"
+            );
+            checked += 1;
+        }
+        assert_eq!(checked, 3);
+        let llama = cases["llama_like"]["template"].as_str().expect("src");
+        let t = ChatTemplate::new(llama, specials).expect("compiles");
+        let err = t
+            .render(&[msg("user", "a"), msg("user", "b")], true)
+            .expect_err("alternation");
+        let expected = reference["cases"]["alternate_error"]
+            .as_str()
+            .expect("message");
+        assert!(format!("{err:#}").contains(expected), "{err:#}");
     }
 }
