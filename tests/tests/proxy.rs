@@ -836,3 +836,32 @@ async fn h2c_prior_knowledge_is_served_on_the_same_port() {
     }
     assert_eq!(seen, vec![0, 1, 0, 1]);
 }
+
+#[tokio::test]
+async fn deleting_the_last_rule_lets_in_flight_requests_finish() {
+    let b = Backend::start("0").await;
+    let port = free_port();
+    let d = started(&[rule(port, 0, &[(b.port(), 1)], json!({}))]).await;
+    let c = client();
+    let slow = {
+        let c = c.clone();
+        tokio::spawn(async move {
+            chat(&c, port, json!({"model": "m"}), &[("x-delay-ms", "800")]).await
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while b.request_count() == 0 {
+        assert!(Instant::now() < deadline, "slow request never arrived");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (status, body) = d.delete_rule("127.0.0.1", port, "tcp", None).await;
+    assert_eq!(status, 200, "{body}");
+    wait_closed(port).await;
+    let r = slow.await.expect("join");
+    assert_eq!(
+        r.status, 200,
+        "the in-flight request completes after the delete"
+    );
+    assert_eq!(r.backend.as_deref(), Some("0"));
+    assert_eq!(b.cancelled(), 0);
+}
