@@ -236,10 +236,14 @@ impl EngineNs {
 
 impl Drop for EngineNs {
     fn drop(&mut self) {
-        if std::thread::panicking() {
+        let failed = std::thread::panicking();
+        if failed {
             eprintln!("{}", self.logs());
         }
         self.stop();
+        if !failed {
+            let _ = std::fs::remove_file(self.server_log());
+        }
         ip(&["link", "del", &self.veth_host], true);
         ip(&["netns", "del", &self.ns], true);
     }
@@ -310,7 +314,7 @@ fn sample(metrics: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
                 .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
         })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+        .fold(0.0, |a, b| a + b)
 }
 
 /// The rule's service id: the one id the inventory view knows.
@@ -421,7 +425,22 @@ async fn warm_request_lands_on_the_real_vllm_engine_holding_its_prefix_and_parit
 
     let client = Client::builder(TokioExecutor::new()).build_http();
     let prefix = prefix();
+    let sid = id.to_string();
+    let no_worker = [("service", sid.as_str()), ("reason", "no_worker")];
+    let all_hits = [("service", sid.as_str())];
+    let m0 = d.metrics_text().await;
     let (cold_ep, cold) = complete(&client, vip, &prefix).await;
+    let m1 = d.metrics_text().await;
+    let miss_delta = sample(&m1, "loxilb_pd_kv_tier15_miss_reason_total", &no_worker)
+        - sample(&m0, "loxilb_pd_kv_tier15_miss_reason_total", &no_worker);
+    let cold_hits = sample(&m1, "loxilb_pd_kv_tier15_hits_total", &all_hits)
+        - sample(&m0, "loxilb_pd_kv_tier15_hits_total", &all_hits);
+    eprintln!("cold: tier15 no_worker misses +{miss_delta}, hits +{cold_hits}");
+    assert_eq!(
+        (miss_delta, cold_hits),
+        (1.0, 0.0),
+        "a cold prompt is a tier-1.5 no_worker miss"
+    );
     eprintln!(
         "cold: endpoint {cold_ep}, prompt_tokens {}, usage {}",
         cold["usage"]["prompt_tokens"], cold["usage"]
@@ -445,7 +464,6 @@ async fn warm_request_lands_on_the_real_vllm_engine_holding_its_prefix_and_parit
     assert_eq!(other_blocks, 0, "the idle engine published blocks: {other}");
 
     let ep_label = cold_ep.to_string();
-    let sid = id.to_string();
     let hit_labels = [("service", sid.as_str()), ("ep_idx", ep_label.as_str())];
     let before = sample(
         &d.metrics_text().await,
