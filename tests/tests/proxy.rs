@@ -374,7 +374,7 @@ async fn chwbl_same_prefix_same_endpoint() {
     let _d = started(&[rule(port, 8, &eps(&bs), json!({}))]).await;
     let c = client();
     let mut owners = std::collections::HashSet::new();
-    for agent in 0..6 {
+    for agent in 0..12 {
         let system = format!("You are support agent number {agent}. Be precise and kind.");
         let mut first = None;
         for turn in 0..4 {
