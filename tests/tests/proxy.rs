@@ -225,7 +225,7 @@ async fn wrr_three_to_one_exact_in_every_cycle() {
     assert_eq!((bs[0].request_count(), bs[1].request_count()), (12, 4));
 }
 
-/// For one `session_header_name`, 12 sessions × 3 requests: each session stays on one endpoint
+/// For one `session_header_name`, 24 sessions × 3 requests: each session stays on one endpoint
 /// and the sessions use both endpoints.
 async fn assert_persist_sticky(
     header_name: &str,
@@ -242,7 +242,7 @@ async fn assert_persist_sticky(
     .await;
     let c = client();
     let mut used = std::collections::HashSet::new();
-    for s in 0..12 {
+    for s in 0..24 {
         let (path, headers) = make(&format!("session-{s}"));
         let mut first = None;
         for _ in 0..3 {
