@@ -20,7 +20,6 @@ pub mod settings;
 pub mod state;
 pub mod subscriber;
 pub mod wiring;
-pub mod zmtp;
 #[cfg(test)]
 mod testutil;
 
