@@ -1,1 +1,4 @@
 //! Test support.
+
+pub mod bench;
+pub mod workload;
