@@ -1,4 +1,5 @@
 //! Test support.
 
 pub mod bench;
+pub mod sim;
 pub mod workload;
