@@ -88,9 +88,9 @@ fn panel(
             text(
                 root,
                 &s,
-                x + (bw - text_width(&s, 1)) / 2,
-                y_of(*v) - 10,
-                1,
+                x + (bw - text_width(&s, 2)) / 2,
+                y_of(*v) - 18,
+                2,
                 &BLACK,
             )?;
         }
