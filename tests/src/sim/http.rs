@@ -181,6 +181,7 @@ async fn generate(
     req: Request<Incoming>,
 ) -> Result<Response<Body>, ApiError> {
     let body = read_body(req).await?;
+    let recv_ns = unix_nanos();
     let r = parse_request(api, &body, &st.model)?;
     let ids = encode(&st, &r)?;
     let bs = st.codec.block_size();
@@ -213,16 +214,39 @@ async fn generate(
         .map_err(|_| internal("engine stopped"))?;
     let meta = resp_meta(&st, api);
     if r.stream {
-        return Ok(stream_response(st, meta, r.include_usage, rx));
+        return Ok(stamp(stream_response(st, meta, r.include_usage, rx), recv_ns));
     }
     let (text, summary) = collect(&st.codec, rx)
         .await
         .ok_or_else(|| internal("engine dropped the request"))?;
     let kv = transfer_params(&st, &r, &summary);
-    Ok(json_resp(
-        StatusCode::OK,
-        &response::full_body(&meta, &text, &summary, kv),
+    Ok(stamp(
+        json_resp(StatusCode::OK, &response::full_body(&meta, &text, &summary, kv)),
+        recv_ns,
     ))
+}
+
+// Benchmark timing headers (added by the benchmark, `bench::client::Outcome::added_ms`).
+
+/// Wall-clock Unix time in ns (the client compares it with its own clock on the same host).
+fn unix_nanos() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
+}
+
+/// Stamps `x-sim-recv-unix-ns` (the full request had been read) and `x-sim-respond-unix-ns`
+/// (the response head is handed to hyper now), so a client can compute the latency a gateway
+/// adds: `(recv - client send) + (client head - respond)`.
+fn stamp(mut r: Response<Body>, recv_ns: u128) -> Response<Body> {
+    let now = unix_nanos();
+    for (name, ns) in [("x-sim-recv-unix-ns", recv_ns), ("x-sim-respond-unix-ns", now)] {
+        if let Ok(v) = header::HeaderValue::from_str(&ns.to_string()) {
+            r.headers_mut().insert(name, v);
+        }
+    }
+    r
 }
 
 fn resp_meta(st: &HttpState, api: ApiKind) -> RespMeta {
