@@ -2,8 +2,14 @@
 //!
 //! See `../shared/DESIGN.md` for the architecture. Module map: [`rules`] (model, validation,
 //! store, persistence), [`routing`] (selectors and shared selection vocabulary), [`proxy`]
-//! (mode-4 fullproxy), [`kv`] (KV-cache-aware tier 1.5).
+//! (mode-4 fullproxy), [`kv`] (KV-cache-aware tier 1.5), [`config`] (flags and environment),
+//! [`api`] (REST), [`metrics`] (registry), [`app`] (the daemon), [`cli`] (`loxicmd`).
+pub mod api;
+pub mod app;
+pub mod cli;
+pub mod config;
 pub mod kv;
+pub mod metrics;
 pub mod proxy;
 pub mod routing;
 pub mod rules;

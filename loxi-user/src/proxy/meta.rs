@@ -70,3 +70,113 @@ pub struct RequestMeta {
     /// True when the body was JSON and parsed.
     pub json_ok: bool,
 }
+
+/// Header that carries a conversation id (LoxiLB's tier-0 key; CHWBL's conversation key).
+pub const CONVERSATION_HEADER: &str = "x-conversation-id";
+/// Header that names the model and wins over the body's `model`.
+pub const MODEL_HEADER: &str = "x-model";
+
+impl RequestMeta {
+    /// Extracts routing metadata from a request's head and (already bounded) body.
+    ///
+    /// The body is parsed as JSON when it is non-empty; a non-JSON or unparsable body leaves
+    /// `json_ok = false` and every body field empty (the request is still forwarded unchanged
+    /// and routed by the plain selector). Never fails.
+    pub fn extract(
+        parts: &http::request::Parts,
+        body: &[u8],
+        client: Option<SocketAddr>,
+        rule: &crate::rules::ServiceArgs,
+    ) -> Self {
+        let json = parse_body(body);
+        Self::from_json(parts, json.as_ref(), client, rule)
+    }
+
+    /// Like [`RequestMeta::extract`] with the body already parsed (`None`: not JSON).
+    pub fn from_json(
+        parts: &http::request::Parts,
+        json: Option<&serde_json::Value>,
+        client: Option<SocketAddr>,
+        rule: &crate::rules::ServiceArgs,
+    ) -> Self {
+        let mut m = RequestMeta {
+            client,
+            api: api_kind(parts.uri.path()),
+            model: request_model(&parts.headers, json),
+            session_key: super::session::session_key(parts, &rule.session_header_name),
+            conversation_id: header_str(&parts.headers, CONVERSATION_HEADER),
+            ..Default::default()
+        };
+        if let Some(v) = json.filter(|v| v.is_object()) {
+            m.fill_from_body(v);
+        }
+        m
+    }
+
+    fn fill_from_body(&mut self, v: &serde_json::Value) {
+        self.json_ok = true;
+        self.prompt = super::prompt::prompt_of(v);
+        self.add_special_tokens = v.get("add_special_tokens").and_then(|b| b.as_bool());
+        self.cache_salt = str_field(v, "cache_salt");
+        self.user = str_field(v, "user");
+        self.stream = v.get("stream").and_then(|b| b.as_bool()).unwrap_or(false);
+        if self.conversation_id.is_none() {
+            self.conversation_id = body_conversation(v);
+        }
+    }
+}
+
+/// Parses a request body as JSON; `None` for an empty or non-JSON body.
+pub fn parse_body(body: &[u8]) -> Option<serde_json::Value> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return None;
+    }
+    serde_json::from_slice(body).ok()
+}
+
+/// The request's model: header `X-Model` first, then the body's `model` string.
+pub fn request_model(
+    headers: &http::HeaderMap,
+    json: Option<&serde_json::Value>,
+) -> Option<String> {
+    header_str(headers, MODEL_HEADER).or_else(|| json.and_then(|v| str_field(v, "model")))
+}
+
+/// Which OpenAI API a path targets.
+pub fn api_kind(path: &str) -> ApiKind {
+    let path = path.trim_end_matches('/');
+    if path.ends_with("/chat/completions") {
+        ApiKind::ChatCompletions
+    } else if path.ends_with("/completions") {
+        ApiKind::Completions
+    } else if path.ends_with("/responses") {
+        ApiKind::Responses
+    } else {
+        ApiKind::Other
+    }
+}
+
+fn header_str(h: &http::HeaderMap, name: &str) -> Option<String> {
+    h.get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+}
+
+fn str_field(v: &serde_json::Value, name: &str) -> Option<String> {
+    v.get(name).and_then(|s| s.as_str()).map(String::from)
+}
+
+fn body_conversation(v: &serde_json::Value) -> Option<String> {
+    match v.get("conversation") {
+        Some(serde_json::Value::String(s)) => return Some(s.clone()),
+        Some(o @ serde_json::Value::Object(_)) => {
+            if let Some(id) = str_field(o, "id") {
+                return Some(id);
+            }
+        }
+        _ => {}
+    }
+    str_field(v, "previous_response_id")
+}

@@ -1,2 +1,178 @@
 //! The mode-4 fullproxy.
+//!
+//! [`run`] follows the rule store's snapshots: every distinct mode-4 TCP `externalIP:port`
+//! gets one [`listener::Listener`]; the rules sharing it are its model pools
+//! ([`pool::PoolTable`]). Rules added, changed or deleted at runtime reconcile without a
+//! restart; a listener whose last rule is deleted stops accepting and closes once its in-flight
+//! requests finish (bounded by [`ProxyConfig::shutdown_grace`]).
+//!
+//! Files: `handler.rs` (one request), `meta.rs` / `prompt.rs` / `session.rs` (request
+//! metadata), `pool.rs` (pools and model routing), `upstream.rs` (clients), `body.rs`
+//! (streaming with in-flight guards), `error.rs` (every error body), `metrics.rs`.
+
+pub mod body;
+pub mod error;
+pub mod handler;
+pub mod listener;
 pub mod meta;
+pub mod metrics;
+pub mod pool;
+pub mod prompt;
+pub mod session;
+pub mod upstream;
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+pub use metrics::ProxyMetrics;
+
+use crate::routing::AffinityTier;
+use crate::rules::{RuleSnapshot, StoredRule};
+use handler::Handler;
+use listener::Listener;
+use pool::PoolTable;
+use upstream::Upstreams;
+
+/// Limits and timeouts of the fullproxy.
+#[derive(Debug, Clone)]
+pub struct ProxyConfig {
+    /// Largest request body read (bytes); larger → 413. Default 32 MiB.
+    pub max_body_bytes: usize,
+    /// Upstream TCP connect timeout. Default 3 s.
+    pub connect_timeout: Duration,
+    /// How long a closing listener (rule deleted, daemon shutdown) waits for in-flight
+    /// requests. Default 30 s.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 32 << 20,
+            connect_timeout: Duration::from_secs(3),
+            shutdown_grace: Duration::from_secs(30),
+        }
+    }
+}
+
+/// What the proxy needs from the app.
+#[derive(Clone)]
+pub struct ProxyContext {
+    /// Metric handles (registered by the app).
+    pub metrics: ProxyMetrics,
+    /// Tier 1.5 for rules with `kvExactMode: 3`, when the KV subsystem runs.
+    pub tier: Option<Arc<dyn AffinityTier>>,
+    /// Limits.
+    pub config: ProxyConfig,
+}
+
+/// Runs the fullproxy until `shutdown`: reconciles listeners with every rule snapshot, then on
+/// shutdown closes every listener and waits for in-flight requests (up to the grace period).
+pub async fn run(
+    mut rules: watch::Receiver<Arc<RuleSnapshot>>,
+    ctx: ProxyContext,
+    shutdown: CancellationToken,
+) {
+    let mut rec = Reconciler::new(ctx);
+    loop {
+        let snap = rules.borrow_and_update().clone();
+        rec.apply(&snap).await;
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            changed = rules.changed() => if changed.is_err() { shutdown.cancelled().await; break },
+        }
+    }
+    rec.close_all().await;
+}
+
+/// Listener bookkeeping across snapshots.
+struct Reconciler {
+    ctx: ProxyContext,
+    upstreams: Upstreams,
+    listeners: HashMap<SocketAddr, Listener>,
+}
+
+impl Reconciler {
+    fn new(ctx: ProxyContext) -> Self {
+        let upstreams = Upstreams::new(ctx.config.connect_timeout);
+        Self {
+            ctx,
+            upstreams,
+            listeners: HashMap::new(),
+        }
+    }
+
+    async fn apply(&mut self, snap: &RuleSnapshot) {
+        let wanted = group_by_address(snap);
+        let gone: Vec<SocketAddr> = self
+            .listeners
+            .keys()
+            .filter(|a| !wanted.contains_key(a))
+            .copied()
+            .collect();
+        for addr in gone {
+            if let Some(l) = self.listeners.remove(&addr) {
+                tracing::info!(%addr, "last rule deleted; closing listener after in-flight requests");
+                drop(l.close());
+            }
+        }
+        for (addr, rules) in wanted {
+            self.upsert_listener(addr, &rules).await;
+        }
+    }
+
+    async fn upsert_listener(&mut self, addr: SocketAddr, rules: &[Arc<StoredRule>]) {
+        if let Some(l) = self.listeners.get(&addr) {
+            let next = PoolTable::build(rules, &l.table.load());
+            l.table.store(Arc::new(next));
+            return;
+        }
+        let table = Arc::new(ArcSwap::from_pointee(PoolTable::build(
+            rules,
+            &PoolTable::default(),
+        )));
+        let handler = Arc::new(Handler {
+            table,
+            ctx: self.ctx.clone(),
+            upstreams: self.upstreams.clone(),
+        });
+        match Listener::bind(addr, handler).await {
+            Ok(l) => {
+                self.listeners.insert(addr, l);
+            }
+            Err(e) => tracing::error!(%addr, error = %e, "cannot open fullproxy listener"),
+        }
+    }
+
+    async fn close_all(&mut self) {
+        let closing: Vec<_> = self.listeners.drain().map(|(_, l)| l.close()).collect();
+        for c in closing {
+            let _ = c.await;
+        }
+    }
+}
+
+/// Mode-4 TCP rules grouped by listen address, in rule-key order.
+fn group_by_address(snap: &RuleSnapshot) -> BTreeMap<SocketAddr, Vec<Arc<StoredRule>>> {
+    let mut out: BTreeMap<SocketAddr, Vec<Arc<StoredRule>>> = BTreeMap::new();
+    for r in snap.rules.values() {
+        let s = &r.rule.service;
+        if s.mode != loxi_common::mode::FULLPROXY || !s.protocol.eq_ignore_ascii_case("tcp") {
+            continue;
+        }
+        match s.external_ip.parse::<IpAddr>() {
+            Ok(ip) => out
+                .entry(SocketAddr::new(ip, s.port))
+                .or_default()
+                .push(r.clone()),
+            Err(e) => tracing::error!(ip = %s.external_ip, error = %e, "bad externalIP"),
+        }
+    }
+    out
+}

@@ -4,6 +4,26 @@
 //! Shared vocabulary used by the proxy and the KV tier lives here: endpoint indices, load
 //! counters with RAII guards, the candidate set with its exclusion mask, and decisions.
 
+pub mod chwbl;
+pub mod dispatch;
+pub mod gpu_aware;
+pub mod hash;
+pub mod key;
+pub mod lc;
+pub mod persist;
+pub mod ring;
+pub mod rr;
+pub mod state;
+#[cfg(test)]
+mod test_util;
+pub mod tier;
+pub mod wrr;
+pub mod wrr_hash;
+
+pub use dispatch::select;
+pub use state::SelectorState;
+pub use tier::AffinityTier;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -78,11 +98,17 @@ pub struct Decision {
 impl Decision {
     /// A decision for `ep`.
     pub fn pick(ep: EpIdx, reason: Reason) -> Self {
-        Self { endpoint: Some(ep), reason }
+        Self {
+            endpoint: Some(ep),
+            reason,
+        }
     }
     /// Nothing eligible.
     pub fn none() -> Self {
-        Self { endpoint: None, reason: Reason::NoHealthyEndpoint }
+        Self {
+            endpoint: None,
+            reason: Reason::NoHealthyEndpoint,
+        }
     }
 }
 
@@ -101,7 +127,10 @@ pub struct EndpointLoad {
 impl EndpointLoad {
     /// A healthy endpoint with no load.
     pub fn new() -> Arc<Self> {
-        Arc::new(Self { healthy: AtomicBool::new(true), ..Default::default() })
+        Arc::new(Self {
+            healthy: AtomicBool::new(true),
+            ..Default::default()
+        })
     }
     /// Current in-flight count.
     pub fn in_flight(&self) -> u64 {
@@ -147,7 +176,9 @@ impl Excluded {
     }
     /// Is `ep` excluded?
     pub fn contains(&self, ep: EpIdx) -> bool {
-        self.0.get(ep / 64).is_some_and(|w| w & (1 << (ep % 64)) != 0)
+        self.0
+            .get(ep / 64)
+            .is_some_and(|w| w & (1 << (ep % 64)) != 0)
     }
 }
 

@@ -1,0 +1,121 @@
+//! The REST API (axum), LoxiLB-compatible, under `/netlox/v1`.
+//!
+//! | Method | Path | Answer |
+//! |---|---|---|
+//! | `POST` | `/netlox/v1/config/loadbalancer` | 200 `{"code":200,"message":"success"}`; 400 naming the field; 409 same key other shape; 500 state file not written |
+//! | `GET` | `/netlox/v1/config/loadbalancer/all` | 200 `{"lbAttr":[{serviceArguments, endpoints[+state]}]}` |
+//! | `DELETE` | `/netlox/v1/config/loadbalancer/externalipaddress/{ip}/port/{port}/protocol/{proto}[?host=..&model_name=..]` | 200 success; 404 no match |
+//! | `GET` | `/netlox/v1/metrics` | 200 Prometheus text 0.0.4, or OpenMetrics when `Accept` asks |
+//!
+//! Error bodies are built in [`error`]; strict field checking is in [`fields`].
+pub mod error;
+pub mod fields;
+pub mod rules;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{HeaderMap, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use prometheus_client::registry::Registry;
+
+use crate::metrics::{self, ControlMetrics};
+use crate::routing::EpIdx;
+use crate::rules::{RuleStore, StoredRule};
+
+pub use error::ApiError;
+
+/// Base path of every route.
+pub const BASE: &str = "/netlox/v1";
+
+/// Live endpoint health as `GET .../all` reports it (`state: active|inactive`).
+/// The proxy's health tracking implements it; [`AllActive`] is used when none is wired.
+pub trait EndpointHealth: Send + Sync + 'static {
+    /// `Some(healthy)` for an endpoint the data path tracks; `None` when unknown (reported
+    /// `active`, as LoxiLB reports endpoints without a probe).
+    fn healthy(&self, rule: &StoredRule, ep: EpIdx) -> Option<bool>;
+}
+
+/// Every endpoint reported active (no health tracking wired).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct AllActive;
+
+impl EndpointHealth for AllActive {
+    fn healthy(&self, _rule: &StoredRule, _ep: EpIdx) -> Option<bool> {
+        None
+    }
+}
+
+/// Shared state of the API handlers.
+#[derive(Clone)]
+pub struct ApiState {
+    /// The rule store.
+    pub store: Arc<RuleStore>,
+    /// The process registry, complete (every module registered) before the API starts.
+    pub registry: Arc<Registry>,
+    /// The control plane's metric families.
+    pub metrics: ControlMetrics,
+    /// Live endpoint health.
+    pub health: Arc<dyn EndpointHealth>,
+}
+
+/// The API router with every route and the request-counting middleware.
+pub fn router(state: ApiState) -> Router {
+    let metrics = state.metrics.clone();
+    Router::new()
+        .route(&format!("{BASE}/config/loadbalancer"), post(rules::create))
+        .route(&format!("{BASE}/config/loadbalancer/all"), get(rules::list))
+        .route(
+            &format!("{BASE}/config/loadbalancer/externalipaddress/{{ip}}/port/{{port}}/protocol/{{proto}}"),
+            delete(rules::remove),
+        )
+        .route(&format!("{BASE}/metrics"), get(serve_metrics))
+        .fallback(not_found)
+        .with_state(state)
+        .layer(middleware::from_fn_with_state(metrics, count_requests))
+}
+
+/// `GET /metrics`: OpenMetrics when the client's `Accept` asks for it, else text 0.0.4.
+async fn serve_metrics(State(st): State<ApiState>, headers: HeaderMap) -> Response {
+    let wants_om = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|a| a.contains("application/openmetrics-text"));
+    let (encoded, content_type) = if wants_om {
+        (
+            metrics::encode(&st.registry),
+            metrics::OPENMETRICS_CONTENT_TYPE,
+        )
+    } else {
+        (
+            metrics::encode_text(&st.registry),
+            metrics::TEXT_CONTENT_TYPE,
+        )
+    };
+    match encoded {
+        Ok(text) => ([(header::CONTENT_TYPE, content_type)], text).into_response(),
+        Err(e) => ApiError::internal(format!("encoding metrics failed: {e}")).into_response(),
+    }
+}
+
+async fn not_found(req: Request) -> ApiError {
+    ApiError::not_found(format!(
+        "no route for {} {}",
+        req.method(),
+        req.uri().path()
+    ))
+}
+
+async fn count_requests(State(m): State<ControlMetrics>, req: Request, next: Next) -> Response {
+    let method = req.method().to_string();
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
+    let resp = next.run(req).await;
+    m.api_request(&method, &route, resp.status().as_u16());
+    resp
+}

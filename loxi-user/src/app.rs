@@ -1,0 +1,137 @@
+//! The daemon: builds the registry, restores the rule store, starts the API and the fullproxy,
+//! and drains on SIGTERM/SIGINT.
+//!
+//! Order matters: rules are restored from the state dir *before* any listener opens, so the
+//! first request after a restart already sees every rule. On a signal every listener stops
+//! accepting at once; in-flight requests get [`crate::config::Flags::shutdown_grace`] to finish.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::api::{self, AllActive, ApiState, EndpointHealth};
+use crate::config::Config;
+use crate::metrics::{self, ControlMetrics};
+use crate::routing::tier::AffinityTier;
+use crate::rules::RuleStore;
+use crate::rules::persist::PersistError;
+
+/// Errors that stop the daemon from starting.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    /// The state directory cannot be created.
+    #[error("opening the rule store: {0}")]
+    Store(#[from] PersistError),
+    /// The API address cannot be bound.
+    #[error("binding the REST API on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Installing the signal handlers failed.
+    #[error("installing signal handlers: {0}")]
+    Signals(#[source] std::io::Error),
+}
+
+/// Runs the daemon until SIGTERM/SIGINT, then drains. Returns after shutdown.
+pub async fn run(cfg: Config) -> Result<(), AppError> {
+    let shutdown = CancellationToken::new();
+    spawn_signal_watch(shutdown.clone())?;
+    run_until(cfg, shutdown).await
+}
+
+/// Runs the daemon until `shutdown` is cancelled (tests and embedders cancel it themselves).
+pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), AppError> {
+    let mut registry = metrics::new_registry();
+    let control = ControlMetrics::register(&mut registry);
+    // Restore before any listener opens.
+    let store = Arc::new(RuleStore::open(&cfg.flags.state_dir)?);
+    // The KV tier is merged later; the proxy takes `None` until then.
+    let _tier: Option<Arc<dyn AffinityTier>> = None;
+    let health: Arc<dyn EndpointHealth> = Arc::new(AllActive);
+    let registry = Arc::new(registry);
+    let mut tasks = JoinSet::new();
+    tasks.spawn(track_rule_count(
+        store.clone(),
+        control.lb_rules.clone(),
+        shutdown.clone(),
+    ));
+    let listener = TcpListener::bind(cfg.flags.api_addr)
+        .await
+        .map_err(|source| AppError::Bind {
+            addr: cfg.flags.api_addr,
+            source,
+        })?;
+    tracing::info!(addr = %cfg.flags.api_addr, rules = store.snapshot().rules.len(), "REST API listening");
+    let state = ApiState {
+        store,
+        registry,
+        metrics: control,
+        health,
+    };
+    tasks.spawn(serve_api(listener, state, shutdown.clone()));
+    shutdown.cancelled().await;
+    drain(tasks, cfg.flags.shutdown_grace()).await;
+    Ok(())
+}
+
+async fn serve_api(listener: TcpListener, state: ApiState, shutdown: CancellationToken) {
+    let app = api::router(state);
+    let serve = axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned());
+    if let Err(e) = serve.await {
+        tracing::error!(error = %e, "REST API server failed");
+    }
+}
+
+/// Keeps `loxilb_lb_rules` equal to the number of stored rules.
+async fn track_rule_count(
+    store: Arc<RuleStore>,
+    gauge: prometheus_client::metrics::gauge::Gauge,
+    shutdown: CancellationToken,
+) {
+    let mut rx = store.subscribe();
+    loop {
+        let n = rx.borrow_and_update().rules.len();
+        gauge.set(i64::try_from(n).unwrap_or(i64::MAX));
+        tokio::select! {
+            changed = rx.changed() => if changed.is_err() { return },
+            _ = shutdown.cancelled() => return,
+        }
+    }
+}
+
+/// Waits for every task up to `grace`, then aborts the rest.
+async fn drain(mut tasks: JoinSet<()>, grace: Duration) {
+    tracing::info!(
+        grace_secs = grace.as_secs(),
+        "shutting down: listeners closed, draining in-flight requests"
+    );
+    let all = async { while tasks.join_next().await.is_some() {} };
+    if tokio::time::timeout(grace, all).await.is_err() {
+        tracing::warn!("grace period over; aborting remaining requests");
+        tasks.abort_all();
+    }
+    tracing::info!("stopped");
+}
+
+fn spawn_signal_watch(shutdown: CancellationToken) -> Result<(), AppError> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).map_err(AppError::Signals)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(AppError::Signals)?;
+    tokio::spawn(async move {
+        let which = tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        };
+        tracing::info!(signal = which, "shutdown requested");
+        shutdown.cancel();
+    });
+    Ok(())
+}

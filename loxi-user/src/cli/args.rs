@@ -1,0 +1,234 @@
+//! `loxicmd` flags (clap), following LoxiLB's `loxicmd` verbs and flag names.
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// `loxicmd [--apiserver IP] [--port N] <create|get|delete> lb ...`
+#[derive(Debug, Parser)]
+#[command(name = "loxicmd", version, about = "CLI for the loxilb REST API")]
+pub struct Cli {
+    /// Address of the loxilb API server.
+    #[arg(short = 's', long, global = true, default_value = "127.0.0.1")]
+    pub apiserver: String,
+    /// Port of the loxilb API server.
+    #[arg(short = 'p', long, global = true, default_value_t = 11111)]
+    pub port: u16,
+    /// The verb.
+    #[command(subcommand)]
+    pub command: Verb,
+}
+
+/// Verbs.
+#[derive(Debug, Subcommand)]
+pub enum Verb {
+    /// Create a resource.
+    Create {
+        /// The resource.
+        #[command(subcommand)]
+        what: CreateWhat,
+    },
+    /// Show resources.
+    Get {
+        /// The resource.
+        #[command(subcommand)]
+        what: GetWhat,
+    },
+    /// Delete a resource.
+    Delete {
+        /// The resource.
+        #[command(subcommand)]
+        what: DeleteWhat,
+    },
+}
+
+/// `create` resources.
+#[derive(Debug, Subcommand)]
+pub enum CreateWhat {
+    /// A load-balancer rule.
+    Lb(Box<CreateLb>),
+}
+
+/// `get` resources.
+#[derive(Debug, Subcommand)]
+pub enum GetWhat {
+    /// Load-balancer rules.
+    Lb {
+        /// Output format: table (default), `wide` (more columns) or `json`.
+        #[arg(short = 'o', long)]
+        output: Option<OutputFormat>,
+    },
+}
+
+/// `delete` resources.
+#[derive(Debug, Subcommand)]
+pub enum DeleteWhat {
+    /// A load-balancer rule.
+    Lb(DeleteLb),
+}
+
+/// `get lb -o` formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    /// The REST answer, pretty-printed.
+    Json,
+    /// The table plus endpoint index, role and KV columns.
+    Wide,
+}
+
+/// The service ports of a rule: `--tcp=80:8080,443:8443` (service:target; target defaults to
+/// the service port), likewise `--udp` and `--sctp`.
+#[derive(Debug, Clone, Args)]
+pub struct Ports {
+    /// TCP `port:targetPort` list.
+    #[arg(long)]
+    pub tcp: Option<String>,
+    /// UDP `port:targetPort` list.
+    #[arg(long)]
+    pub udp: Option<String>,
+    /// SCTP `port:targetPort` list.
+    #[arg(long)]
+    pub sctp: Option<String>,
+}
+
+/// `loxicmd create lb <VIP> ...`. Flags left out are left to the server's defaults.
+#[derive(Debug, Clone, Args)]
+pub struct CreateLb {
+    /// The VIP (externalIP).
+    pub vip: String,
+    /// Service ports.
+    #[command(flatten)]
+    pub ports: Ports,
+    /// Endpoints `ip:weight,...` (weight optional, default 1), in the order that sets `ep_idx`.
+    #[arg(long)]
+    pub endpoints: String,
+    /// NAT mode: fullproxy, onearm, fullnat, dsr, hostonearm, default.
+    #[arg(long)]
+    pub mode: Option<String>,
+    /// Selector: rr, hash, wrr, persist, lc, n2, n3, chwbl, gpuaware, wrr-hash.
+    #[arg(long)]
+    pub select: Option<String>,
+    /// Rule name.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Host key (L7 rules; deletion must repeat it).
+    #[arg(long)]
+    pub host: Option<String>,
+    /// Model pool (`model_name`); empty = wildcard.
+    #[arg(long)]
+    pub model_name: Option<String>,
+    /// 0 plaintext, 1 TLS termination, 2 TLS termination + re-encryption.
+    #[arg(long)]
+    pub security: Option<u8>,
+    /// Backend protocol: http1, http2, both.
+    #[arg(long)]
+    pub backend_protocol: Option<String>,
+    /// Mark the service as SSE/streaming.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub sse_mode: Option<bool>,
+    /// Session key source for persist: header name, `cookie:NAME`, `query:NAME`, `basic-auth`.
+    #[arg(long)]
+    pub session_header_name: Option<String>,
+    /// Advertise the VIP over BGP (stored only).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub bgp: Option<bool>,
+    /// Conntrack inactivity timeout in seconds.
+    #[arg(long)]
+    pub inatimeout: Option<u32>,
+    /// Enable endpoint health monitoring.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub monitor: Option<bool>,
+    /// Probe type: tcp, udp, http, https, ping, none.
+    #[arg(long)]
+    pub probetype: Option<String>,
+    /// Probe port.
+    #[arg(long)]
+    pub probeport: Option<u16>,
+    /// Probe request (HTTP path).
+    #[arg(long)]
+    pub probereq: Option<String>,
+    /// Expected probe response.
+    #[arg(long)]
+    pub proberesp: Option<String>,
+    /// Probe timeout in seconds.
+    #[arg(long)]
+    pub probetimeout: Option<u32>,
+    /// Probe failures before an endpoint is down.
+    #[arg(long)]
+    pub proberetries: Option<u32>,
+    /// CHWBL bounded-load factor, percent of the mean (100–300).
+    #[arg(long)]
+    pub chwbl_load_factor: Option<u32>,
+    /// CHWBL virtual nodes per endpoint (1–1024).
+    #[arg(long)]
+    pub chwbl_replication: Option<u32>,
+    /// CHWBL prefix scope (1–3).
+    #[arg(long)]
+    pub chwbl_prefix_hash_level: Option<u8>,
+    /// CHWBL hash-input flags (0–255).
+    #[arg(long)]
+    pub chwbl_prefix_hash_flags: Option<u8>,
+    /// Mix cache_salt into the CHWBL key.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub chwbl_enable_cache_salt: Option<bool>,
+    /// Endpoint roles in endpoint order: normal|prefill|decode (or 0|1|2). Prefill/decode
+    /// roles imply `--pd-disagg-mode` unless it is given as false.
+    #[arg(long)]
+    pub ep_role: Option<String>,
+    /// NIXL side-channel ports in endpoint order.
+    #[arg(long)]
+    pub nixl_port: Option<String>,
+    /// Enable P/D disaggregation.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub pd_disagg_mode: Option<bool>,
+    /// Tier-0 session pin TTL in seconds.
+    #[arg(long, alias = "pd-session-ttl")]
+    pub pd_session_ttl_sec: Option<i32>,
+    /// Enable tier 1 (prefix trie).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub pd_cache_aware_mode: Option<bool>,
+    /// Tier-1 minimum prefix match rate (0–100).
+    #[arg(long)]
+    pub pd_cache_threshold: Option<i32>,
+    /// Tier-1 load-imbalance bypass (0–255).
+    #[arg(long)]
+    pub pd_balance_abs_threshold: Option<i32>,
+    /// Engine contract: vllm, sglang, trtllm, llamacpp.
+    #[arg(long)]
+    pub kv_engine_type: Option<String>,
+    /// Tier-1.5 topology: 0 off, 1 P/D, 3 single pool.
+    #[arg(long)]
+    pub kv_exact_mode: Option<u8>,
+    /// Base KV-event port.
+    #[arg(long)]
+    pub kv_zmq_port: Option<u16>,
+    /// Block-hash contract (sha256_cbor, xxhash_cbor, sha256_sglang, blockhash_trtllm).
+    #[arg(long)]
+    pub kv_hash_algo: Option<String>,
+    /// Engine block size in tokens.
+    #[arg(long)]
+    pub kv_block_size: Option<u32>,
+    /// Tier-1.5 warmup in seconds (`kvWarmupSec`).
+    #[arg(long, alias = "kv-warmup-sec")]
+    pub kv_warmup: Option<u32>,
+    /// Data-parallel ranks per endpoint (1–8).
+    #[arg(long)]
+    pub kv_dp_rank_count: Option<u8>,
+    /// KV-event replay port (0 = none).
+    #[arg(long)]
+    pub kv_replay_port: Option<u16>,
+}
+
+/// `loxicmd delete lb <VIP> --tcp=<port> [--host ..] [--model-name ..]`.
+#[derive(Debug, Clone, Args)]
+pub struct DeleteLb {
+    /// The VIP.
+    pub vip: String,
+    /// Service ports (`port` or `port:targetPort`; the target part is ignored).
+    #[command(flatten)]
+    pub ports: Ports,
+    /// Host key of the rule.
+    #[arg(long)]
+    pub host: Option<String>,
+    /// Model pool of the rule.
+    #[arg(long)]
+    pub model_name: Option<String>,
+}

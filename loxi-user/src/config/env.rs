@@ -1,0 +1,565 @@
+//! The process environment, read once at start into one typed [`Env`].
+//!
+//! Variables, defaults and accepted ranges are LoxiLB's (`../shared/spec/
+//! configuration-and-tuning.txt`, "LoxiLB process environment variables", and
+//! `kv-cache-aware-routing.txt` for `LLB_KV_MIN_MATCH_TOKENS`), plus loxi's own `LOXI_*`.
+//! A set variable whose value is not accepted yields one [`EnvWarning`] naming the variable,
+//! the value and the default used instead; it never stops the daemon. Tests build an `Env`
+//! with [`Env::from_lookup`] so they need not touch the process environment.
+
+use std::fmt;
+
+/// Tier-1.5 selection law (`LOXILB_KV_LB_MODE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvLbMode {
+    /// Pure overlap-argmax (no load term).
+    Off,
+    /// Bounded load: the overlap owner is used while under `(1+ε)·mean`. The default.
+    Hard,
+    /// Soft: overlap minus `λ`·load.
+    Soft,
+    /// Hard law with ε moved by load.
+    Adaptive,
+    /// Soft law with λ moved by load.
+    AdaptiveSoft,
+}
+
+impl KvLbMode {
+    /// The spelling LoxiLB accepts (`off|hard|soft|adaptive|adaptive-soft`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KvLbMode::Off => "off",
+            KvLbMode::Hard => "hard",
+            KvLbMode::Soft => "soft",
+            KvLbMode::Adaptive => "adaptive",
+            KvLbMode::AdaptiveSoft => "adaptive-soft",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        Some(match s.trim().to_ascii_lowercase().as_str() {
+            "off" => KvLbMode::Off,
+            "hard" => KvLbMode::Hard,
+            "soft" => KvLbMode::Soft,
+            "adaptive" => KvLbMode::Adaptive,
+            "adaptive-soft" => KvLbMode::AdaptiveSoft,
+            _ => return None,
+        })
+    }
+}
+
+/// A set variable whose value was not accepted; the default was used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnvWarning {
+    /// Variable name, e.g. `LOXILB_KV_MAX_BLOCKS`.
+    pub var: &'static str,
+    /// The value as set.
+    pub value: String,
+    /// What was used instead (rendered default or clamped value).
+    pub used: String,
+    /// What is accepted.
+    pub accepted: String,
+}
+
+impl fmt::Display for EnvWarning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}={:?} is not accepted ({}); using {}",
+            self.var, self.value, self.accepted, self.used
+        )
+    }
+}
+
+/// Every environment knob, typed. Field docs give the variable, unit, default and range.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Env {
+    /// `LOXILB_KV_LB_MODE`: tier-1.5 law. Unset → `hard`, or `off` when
+    /// `LOXILB_KV_UNIFIED_MODE` disables it. Garbage → warning + `hard`.
+    pub kv_lb_mode: KvLbMode,
+    /// `LOXILB_KV_UNIFIED_MODE`: legacy toggle (default on; `0/false/off/no` disables),
+    /// consulted only when `LOXILB_KV_LB_MODE` is unset.
+    pub kv_unified_mode: bool,
+    /// `LOXILB_KV_MEAN_LOAD_FACTOR`: hard-mode cap as `(1+ε)·100` percent of the mean load.
+    /// Default 175 (ε = 0.75), range 100–1000.
+    pub kv_mean_load_factor: u32,
+    /// `LOXILB_KV_LOAD_PENALTY`: soft-mode λ. Default 32, range 1–100000.
+    pub kv_load_penalty: u32,
+    /// `LOXILB_KV_SPILL_RELIEF`: hot-prefix relief across the healthy fleet. `None` = auto (on
+    /// for kvExactMode 3, off for 1); `Some` overrides every service.
+    pub kv_spill_relief: Option<bool>,
+    /// `LOXILB_KV_CAP_SUM_MILLI`: deployment Σcapacity in milli-units for the adaptive law;
+    /// 0 = off (default). Positive integer.
+    pub kv_cap_sum_milli: u64,
+    /// `LOXILB_KV_TLOAD_LOG`: promote per-selection total-load diagnostics to info. Default off.
+    pub kv_tload_log: bool,
+    /// `LOXILB_KV_COLDSTART_SEED_N`: divert every Nth tier-1.5 hit to a cold endpoint.
+    /// Default 16; 0 disables.
+    pub kv_coldstart_seed_n: u32,
+    /// `LOXILB_KV_COLDSTART_MIN_BLOCKS`: inventory (blocks) below which an endpoint is cold.
+    /// Default 16; 0 means only an empty inventory is cold.
+    pub kv_coldstart_min_blocks: u32,
+    /// `LOXILB_KV_MAX_BLOCKS`: per-endpoint inventory cap in blocks (FIFO eviction).
+    /// Default 1,000,000, range 1000–100,000,000.
+    pub kv_max_blocks: u64,
+    /// `LOXILB_AI_CTRL_ADDR`: external controller `host:port`; `None` (default) = no controller.
+    pub ai_ctrl_addr: Option<String>,
+    /// `LOXILB_AI_CTRL_DECAY_WINDOW_SEC`: seconds over which controller influence decays after
+    /// staleness. Default 30, > 0.
+    pub ai_ctrl_decay_window_sec: u32,
+    /// `LLB_KV_NONE_HASH_SEED`: vLLM's `PYTHONHASHSEED` string (≤ 23 bytes); `None` = unset
+    /// (all-zero NONE_HASH seed). Over-long → warning + unset.
+    pub kv_none_hash_seed: Option<String>,
+    /// `LLB_KV_HASH_DEBUG`: log every computed block hash (testbed only). Default off.
+    pub kv_hash_debug: bool,
+    /// `LLB_KV_MIN_MATCH_TOKENS`: minimum prompt tokens before KV-exact scoring.
+    /// Default 16, range 0–4096; 0 disables the guard.
+    pub kv_min_match_tokens: u32,
+    /// `LLB_KV_LOADGUARD`: hard load-imbalance pre-guard before tier 1.5 (any non-0 value).
+    /// Default off.
+    pub kv_loadguard: bool,
+    /// `LLB_PD_PREFILL_TIMEOUT_SEC`: prefill-leg timeout in seconds. Default 30, range 1–100000.
+    pub pd_prefill_timeout_sec: u32,
+    /// `LLB_PD_MAX_INFLIGHT_PER_EP`: admission per-endpoint in-flight prefill cap; 0 = off
+    /// (default), else 1–99999.
+    pub pd_max_inflight_per_ep: u32,
+    /// `LLB_PD_QUEUE_DEPTH_PER_EP`: admission park-queue depth; 0 = off (default), values above
+    /// 64 are clamped to 64.
+    pub pd_queue_depth_per_ep: u32,
+    /// `LLB_PD_MAX_PARK_SEC`: parked-request reap deadline in seconds; 0 (default) = the prefill
+    /// timeout, else 1–99999.
+    pub pd_max_park_sec: u32,
+    /// `LLB_PD_MAX_TOTAL_INFLIGHT`: global admission valve (refuse new connections beyond it);
+    /// 0 = off (default).
+    pub pd_max_total_inflight: u32,
+    /// `LLB_PD_ORIGIN_ERR_THRESHOLD`: consecutive origin 5xx that open an endpoint's breaker.
+    /// Default 3; 0 disables.
+    pub pd_origin_err_threshold: u32,
+    /// `LOXI_KV_PREDICT_TTL_MS`: lifetime in milliseconds of the predicted blocks inserted for
+    /// the chosen endpoint after routing. Default 5000, range 0–600000 (0 = no prediction).
+    pub kv_predict_ttl_ms: u64,
+    /// `LOXI_MAX_BODY_BYTES`: largest request body the fullproxy reads for metadata; larger
+    /// JSON bodies get 413. Default 32 MiB, range 1 KiB–1 GiB.
+    pub max_body_bytes: usize,
+    /// The variables that were set but not accepted (each also logged once by
+    /// [`Env::from_process`]).
+    pub warnings: Vec<EnvWarning>,
+}
+
+impl Default for Env {
+    fn default() -> Self {
+        Self::from_lookup(|_| None)
+    }
+}
+
+impl Env {
+    /// Reads the process environment and logs each [`EnvWarning`] once (`tracing::warn!`).
+    pub fn from_process() -> Self {
+        let env = Self::from_lookup(|k| std::env::var(k).ok());
+        for w in &env.warnings {
+            tracing::warn!(var = w.var, value = %w.value, used = %w.used, "{w}");
+        }
+        env
+    }
+
+    /// Builds the environment from `lookup(name) -> Some(value)` for set variables. An empty
+    /// value counts as unset.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Self {
+        let mut r = Reader {
+            lookup: &lookup,
+            warnings: Vec::new(),
+        };
+        let kv_unified_mode = r.switch("LOXILB_KV_UNIFIED_MODE", true);
+        let kv_lb_mode = r.lb_mode(kv_unified_mode);
+        let pd_queue_depth_per_ep = r.clamped("LLB_PD_QUEUE_DEPTH_PER_EP", 0, 64);
+        Env {
+            kv_lb_mode,
+            kv_unified_mode,
+            kv_mean_load_factor: r.int("LOXILB_KV_MEAN_LOAD_FACTOR", 175, 100, 1000) as u32,
+            kv_load_penalty: r.int("LOXILB_KV_LOAD_PENALTY", 32, 1, 100_000) as u32,
+            kv_spill_relief: r.tristate("LOXILB_KV_SPILL_RELIEF"),
+            kv_cap_sum_milli: r.int("LOXILB_KV_CAP_SUM_MILLI", 0, 1, u32::MAX as u64),
+            kv_tload_log: r.switch("LOXILB_KV_TLOAD_LOG", false),
+            kv_coldstart_seed_n: r.int("LOXILB_KV_COLDSTART_SEED_N", 16, 0, u32::MAX as u64) as u32,
+            kv_coldstart_min_blocks: r.int("LOXILB_KV_COLDSTART_MIN_BLOCKS", 16, 0, u32::MAX as u64)
+                as u32,
+            kv_max_blocks: r.int("LOXILB_KV_MAX_BLOCKS", 1_000_000, 1000, 100_000_000),
+            ai_ctrl_addr: r.host_port("LOXILB_AI_CTRL_ADDR"),
+            ai_ctrl_decay_window_sec: r.int("LOXILB_AI_CTRL_DECAY_WINDOW_SEC", 30, 1, 86_400)
+                as u32,
+            kv_none_hash_seed: r.seed("LLB_KV_NONE_HASH_SEED"),
+            kv_hash_debug: r.switch("LLB_KV_HASH_DEBUG", false),
+            kv_min_match_tokens: r.int("LLB_KV_MIN_MATCH_TOKENS", 16, 0, 4096) as u32,
+            kv_loadguard: r.nonzero("LLB_KV_LOADGUARD"),
+            pd_prefill_timeout_sec: r.int("LLB_PD_PREFILL_TIMEOUT_SEC", 30, 1, 100_000) as u32,
+            pd_max_inflight_per_ep: r.int("LLB_PD_MAX_INFLIGHT_PER_EP", 0, 0, 99_999) as u32,
+            pd_queue_depth_per_ep,
+            pd_max_park_sec: r.int("LLB_PD_MAX_PARK_SEC", 0, 0, 99_999) as u32,
+            pd_max_total_inflight: r.int("LLB_PD_MAX_TOTAL_INFLIGHT", 0, 0, u32::MAX as u64) as u32,
+            pd_origin_err_threshold: r.int("LLB_PD_ORIGIN_ERR_THRESHOLD", 3, 0, u32::MAX as u64)
+                as u32,
+            kv_predict_ttl_ms: r.int("LOXI_KV_PREDICT_TTL_MS", 5000, 0, 600_000),
+            max_body_bytes: r.int("LOXI_MAX_BODY_BYTES", 32 << 20, 1 << 10, 1 << 30) as usize,
+            warnings: r.warnings,
+        }
+    }
+
+    /// The effective tier-1.5 spill relief for a rule with `kv_exact_mode` (auto: on for 3).
+    pub fn spill_relief_for(&self, kv_exact_mode: u8) -> bool {
+        self.kv_spill_relief.unwrap_or(kv_exact_mode == 3)
+    }
+
+    /// The effective admission park deadline in seconds (0 → the prefill timeout).
+    pub fn effective_max_park_sec(&self) -> u32 {
+        match self.pd_max_park_sec {
+            0 => self.pd_prefill_timeout_sec,
+            n => n,
+        }
+    }
+}
+
+/// Reads variables through the lookup and collects warnings.
+struct Reader<'a> {
+    lookup: &'a dyn Fn(&str) -> Option<String>,
+    warnings: Vec<EnvWarning>,
+}
+
+const ON: [&str; 4] = ["1", "true", "on", "yes"];
+const OFF: [&str; 4] = ["0", "false", "off", "no"];
+
+impl Reader<'_> {
+    fn get(&self, var: &str) -> Option<String> {
+        (self.lookup)(var)
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty())
+    }
+
+    fn warn(&mut self, var: &'static str, value: String, used: impl fmt::Display, accepted: &str) {
+        let (used, accepted) = (used.to_string(), accepted.to_string());
+        self.warnings.push(EnvWarning {
+            var,
+            value,
+            used,
+            accepted,
+        });
+    }
+
+    /// An integer in `lo..=hi`; 0 is always accepted when it is the default (an "off" value).
+    fn int(&mut self, var: &'static str, default: u64, lo: u64, hi: u64) -> u64 {
+        let Some(v) = self.get(var) else {
+            return default;
+        };
+        match v.parse::<u64>() {
+            Ok(n) if (lo..=hi).contains(&n) || (n == 0 && default == 0) => n,
+            _ => {
+                let off = if default == 0 && lo > 0 { " or 0" } else { "" };
+                self.warn(var, v, default, &format!("integer {lo}..={hi}{off}"));
+                default
+            }
+        }
+    }
+
+    /// A non-negative integer clamped to `max` (warning on clamp or garbage).
+    fn clamped(&mut self, var: &'static str, default: u64, max: u64) -> u32 {
+        let Some(v) = self.get(var) else {
+            return default as u32;
+        };
+        match v.parse::<u64>() {
+            Ok(n) if n <= max => n as u32,
+            Ok(_) => {
+                self.warn(
+                    var,
+                    v,
+                    max,
+                    &format!("integer 0..={max} (larger values are clamped)"),
+                );
+                max as u32
+            }
+            Err(_) => {
+                self.warn(var, v, default, &format!("integer 0..={max}"));
+                default as u32
+            }
+        }
+    }
+
+    fn bool_word(v: &str) -> Option<bool> {
+        let l = v.to_ascii_lowercase();
+        if ON.contains(&l.as_str()) {
+            Some(true)
+        } else if OFF.contains(&l.as_str()) {
+            Some(false)
+        } else {
+            None
+        }
+    }
+
+    /// `1/true/on/yes` or `0/false/off/no`.
+    fn switch(&mut self, var: &'static str, default: bool) -> bool {
+        let Some(v) = self.get(var) else {
+            return default;
+        };
+        Self::bool_word(&v).unwrap_or_else(|| {
+            self.warn(
+                var,
+                v,
+                if default { "on" } else { "off" },
+                "1/true/on/yes or 0/false/off/no",
+            );
+            default
+        })
+    }
+
+    /// Like [`Reader::switch`] but unset (or garbage) is `None` = auto.
+    fn tristate(&mut self, var: &'static str) -> Option<bool> {
+        let v = self.get(var)?;
+        let parsed = Self::bool_word(&v);
+        if parsed.is_none() {
+            self.warn(
+                var,
+                v,
+                "auto",
+                "1/true/on/yes, 0/false/off/no, or unset for auto",
+            );
+        }
+        parsed
+    }
+
+    /// Any non-zero integer (or an on/off word) enables.
+    fn nonzero(&mut self, var: &'static str) -> bool {
+        let Some(v) = self.get(var) else { return false };
+        if let Ok(n) = v.parse::<i64>() {
+            return n != 0;
+        }
+        Self::bool_word(&v).unwrap_or_else(|| {
+            self.warn(var, v, "off", "an integer (non-0 enables) or on/off");
+            false
+        })
+    }
+
+    fn lb_mode(&mut self, unified: bool) -> KvLbMode {
+        let Some(v) = self.get("LOXILB_KV_LB_MODE") else {
+            return if unified {
+                KvLbMode::Hard
+            } else {
+                KvLbMode::Off
+            };
+        };
+        KvLbMode::parse(&v).unwrap_or_else(|| {
+            self.warn(
+                "LOXILB_KV_LB_MODE",
+                v,
+                "hard",
+                "off|hard|soft|adaptive|adaptive-soft",
+            );
+            KvLbMode::Hard
+        })
+    }
+
+    fn host_port(&mut self, var: &'static str) -> Option<String> {
+        let v = self.get(var)?;
+        let ok = v
+            .rsplit_once(':')
+            .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0));
+        if ok {
+            return Some(v);
+        }
+        self.warn(var, v, "unset (no controller)", "host:port");
+        None
+    }
+
+    fn seed(&mut self, var: &'static str) -> Option<String> {
+        let v = (self.lookup)(var)?;
+        if v.len() <= 23 {
+            return Some(v);
+        }
+        self.warn(var, v, "unset (zero seed)", "at most 23 bytes");
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env(vars: &[(&str, &str)]) -> Env {
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Env::from_lookup(|k| map.get(k).cloned())
+    }
+
+    #[test]
+    fn unset_environment_gives_spec_defaults() {
+        let e = env(&[]);
+        assert_eq!(e.kv_lb_mode, KvLbMode::Hard);
+        assert!(e.kv_unified_mode);
+        assert_eq!(e.kv_mean_load_factor, 175);
+        assert_eq!(e.kv_load_penalty, 32);
+        assert_eq!(e.kv_spill_relief, None);
+        assert_eq!(e.kv_cap_sum_milli, 0);
+        assert!(!e.kv_tload_log);
+        assert_eq!((e.kv_coldstart_seed_n, e.kv_coldstart_min_blocks), (16, 16));
+        assert_eq!(e.kv_max_blocks, 1_000_000);
+        assert_eq!(e.ai_ctrl_addr, None);
+        assert_eq!(e.ai_ctrl_decay_window_sec, 30);
+        assert_eq!(e.kv_none_hash_seed, None);
+        assert!(!e.kv_hash_debug && !e.kv_loadguard);
+        assert_eq!(e.kv_min_match_tokens, 16);
+        assert_eq!(e.pd_prefill_timeout_sec, 30);
+        assert_eq!(
+            e.pd_max_inflight_per_ep + e.pd_queue_depth_per_ep + e.pd_max_park_sec,
+            0
+        );
+        assert_eq!(e.pd_max_total_inflight, 0);
+        assert_eq!(e.pd_origin_err_threshold, 3);
+        assert_eq!(e.kv_predict_ttl_ms, 5000);
+        assert_eq!(e.max_body_bytes, 32 * 1024 * 1024);
+        assert!(e.warnings.is_empty());
+    }
+
+    #[test]
+    fn valid_values_are_taken() {
+        let e = env(&[
+            ("LOXILB_KV_LB_MODE", "Adaptive-Soft"),
+            ("LOXILB_KV_MEAN_LOAD_FACTOR", "300"),
+            ("LOXILB_KV_LOAD_PENALTY", "100000"),
+            ("LOXILB_KV_SPILL_RELIEF", "no"),
+            ("LOXILB_KV_CAP_SUM_MILLI", "8000"),
+            ("LOXILB_KV_MAX_BLOCKS", "1000"),
+            ("LLB_KV_NONE_HASH_SEED", "0"),
+            ("LLB_KV_HASH_DEBUG", "1"),
+            ("LLB_KV_MIN_MATCH_TOKENS", "0"),
+            ("LLB_KV_LOADGUARD", "2"),
+            ("LLB_PD_MAX_INFLIGHT_PER_EP", "8"),
+            ("LLB_PD_PREFILL_TIMEOUT_SEC", "180"),
+            ("LOXILB_AI_CTRL_ADDR", "10.0.0.1:18856"),
+            ("LOXI_KV_PREDICT_TTL_MS", "250"),
+            ("LOXI_MAX_BODY_BYTES", "1024"),
+        ]);
+        assert_eq!(e.kv_lb_mode, KvLbMode::AdaptiveSoft);
+        assert_eq!(e.kv_mean_load_factor, 300);
+        assert_eq!(e.kv_load_penalty, 100_000);
+        assert_eq!(e.kv_spill_relief, Some(false));
+        assert!(!e.spill_relief_for(3));
+        assert_eq!(e.kv_cap_sum_milli, 8000);
+        assert_eq!(e.kv_max_blocks, 1000);
+        assert_eq!(e.kv_none_hash_seed.as_deref(), Some("0"));
+        assert!(e.kv_hash_debug && e.kv_loadguard);
+        assert_eq!(e.kv_min_match_tokens, 0);
+        assert_eq!(e.pd_max_inflight_per_ep, 8);
+        assert_eq!(e.effective_max_park_sec(), 180);
+        assert_eq!(e.ai_ctrl_addr.as_deref(), Some("10.0.0.1:18856"));
+        assert_eq!(e.kv_predict_ttl_ms, 250);
+        assert_eq!(e.max_body_bytes, 1024);
+        assert!(e.warnings.is_empty(), "{:?}", e.warnings);
+    }
+
+    #[test]
+    fn garbage_lb_mode_warns_and_uses_hard() {
+        let e = env(&[("LOXILB_KV_LB_MODE", "fastest")]);
+        assert_eq!(e.kv_lb_mode, KvLbMode::Hard);
+        assert_eq!(e.warnings.len(), 1);
+        let w = &e.warnings[0];
+        assert_eq!(
+            (w.var, w.value.as_str(), w.used.as_str()),
+            ("LOXILB_KV_LB_MODE", "fastest", "hard")
+        );
+        let text = w.to_string();
+        assert!(
+            text.contains("LOXILB_KV_LB_MODE") && text.contains("fastest") && text.contains("hard"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn unified_mode_disabled_turns_the_law_off_only_when_lb_mode_unset() {
+        assert_eq!(
+            env(&[("LOXILB_KV_UNIFIED_MODE", "off")]).kv_lb_mode,
+            KvLbMode::Off
+        );
+        let both = env(&[
+            ("LOXILB_KV_UNIFIED_MODE", "0"),
+            ("LOXILB_KV_LB_MODE", "soft"),
+        ]);
+        assert_eq!(both.kv_lb_mode, KvLbMode::Soft);
+    }
+
+    #[test]
+    fn out_of_range_integers_warn_with_the_default_used() {
+        let e = env(&[
+            ("LOXILB_KV_MEAN_LOAD_FACTOR", "99"),
+            ("LOXILB_KV_MAX_BLOCKS", "999"),
+            ("LLB_KV_MIN_MATCH_TOKENS", "4097"),
+            ("LOXI_MAX_BODY_BYTES", "12abc"),
+            ("LLB_PD_MAX_INFLIGHT_PER_EP", "100000"),
+        ]);
+        assert_eq!(e.kv_mean_load_factor, 175);
+        assert_eq!(e.kv_max_blocks, 1_000_000);
+        assert_eq!(e.kv_min_match_tokens, 16);
+        assert_eq!(e.max_body_bytes, 32 << 20);
+        assert_eq!(e.pd_max_inflight_per_ep, 0);
+        let vars: Vec<_> = e.warnings.iter().map(|w| (w.var, w.used.clone())).collect();
+        assert_eq!(
+            vars,
+            vec![
+                ("LOXILB_KV_MEAN_LOAD_FACTOR", "175".to_string()),
+                ("LOXILB_KV_MAX_BLOCKS", "1000000".to_string()),
+                ("LLB_KV_MIN_MATCH_TOKENS", "16".to_string()),
+                ("LLB_PD_MAX_INFLIGHT_PER_EP", "0".to_string()),
+                ("LOXI_MAX_BODY_BYTES", "33554432".to_string()),
+            ]
+        );
+    }
+
+    #[test]
+    fn queue_depth_is_clamped_to_64() {
+        let e = env(&[("LLB_PD_QUEUE_DEPTH_PER_EP", "500")]);
+        assert_eq!(e.pd_queue_depth_per_ep, 64);
+        assert_eq!(e.warnings.len(), 1);
+        assert_eq!(
+            env(&[("LLB_PD_QUEUE_DEPTH_PER_EP", "12")]).pd_queue_depth_per_ep,
+            12
+        );
+    }
+
+    #[test]
+    fn spill_relief_auto_follows_the_topology() {
+        let e = env(&[]);
+        assert!(e.spill_relief_for(3));
+        assert!(!e.spill_relief_for(1));
+        let bad = env(&[("LOXILB_KV_SPILL_RELIEF", "maybe")]);
+        assert_eq!(bad.kv_spill_relief, None);
+        assert_eq!(bad.warnings[0].used, "auto");
+    }
+
+    #[test]
+    fn over_long_seed_and_bad_controller_address_are_dropped_with_warnings() {
+        let e = env(&[
+            ("LLB_KV_NONE_HASH_SEED", "012345678901234567890123"),
+            ("LOXILB_AI_CTRL_ADDR", "controller"),
+            ("LLB_KV_HASH_DEBUG", "verbose"),
+        ]);
+        assert_eq!(e.kv_none_hash_seed, None);
+        assert_eq!(e.ai_ctrl_addr, None);
+        assert!(!e.kv_hash_debug);
+        let vars: Vec<_> = e.warnings.iter().map(|w| w.var).collect();
+        assert_eq!(
+            vars,
+            vec![
+                "LOXILB_AI_CTRL_ADDR",
+                "LLB_KV_NONE_HASH_SEED",
+                "LLB_KV_HASH_DEBUG"
+            ]
+        );
+    }
+
+    #[test]
+    fn empty_values_count_as_unset() {
+        let e = env(&[("LOXILB_KV_LB_MODE", ""), ("LOXILB_KV_MAX_BLOCKS", "  ")]);
+        assert_eq!(e.kv_lb_mode, KvLbMode::Hard);
+        assert_eq!(e.kv_max_blocks, 1_000_000);
+        assert!(e.warnings.is_empty());
+    }
+}

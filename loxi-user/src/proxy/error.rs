@@ -1,0 +1,186 @@
+//! Every error response of the fullproxy is built here: a JSON body
+//! `{"error":{"type": TOKEN, "message": TEXT, "code": STATUS, "party": WHO, "retryable": BOOL}}`
+//! where `type` is LoxiLB's reason token (`no_healthy_backend`, `backend_unreachable`,
+//! `model_unavailable`, ...), `party` says who failed (`client`, `upstream`, `internal`) and
+//! `retryable` whether sending the same request again may succeed.
+
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full};
+
+use super::body::ProxyBody;
+
+/// Who caused a failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Party {
+    /// The client sent something we cannot serve.
+    Client,
+    /// A backend failed or none was available.
+    Upstream,
+    /// loxi itself.
+    Internal,
+}
+
+impl Party {
+    /// The `party` field value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Party::Client => "client",
+            Party::Upstream => "upstream",
+            Party::Internal => "internal",
+        }
+    }
+}
+
+/// Errors of the request path.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    /// The request body is larger than `max_body_bytes` (413).
+    #[error("request body exceeds the {limit}-byte limit")]
+    BodyTooLarge {
+        /// The configured limit in bytes.
+        limit: usize,
+    },
+    /// The client's body could not be read (400).
+    #[error("reading the request body failed: {0}")]
+    ClientBody(#[source] hyper::Error),
+    /// No pool on this listener serves the request's host (404).
+    #[error("no service on this address serves host {host:?}")]
+    NoRoute {
+        /// The request's host (without port).
+        host: String,
+    },
+    /// No pool serves the model and there is no wildcard pool (503).
+    #[error("no pool serves model {model:?}")]
+    ModelUnavailable {
+        /// The requested model ("" when the request named none).
+        model: String,
+    },
+    /// Every endpoint is unhealthy or excluded before any attempt (503).
+    #[error("no healthy backend for service {service}")]
+    NoHealthyBackend {
+        /// The service id.
+        service: u32,
+    },
+    /// Every eligible endpoint refused or timed out the connection (502).
+    #[error("no backend accepted a connection after {attempts} attempt(s)")]
+    BackendUnreachable {
+        /// Connection attempts made.
+        attempts: usize,
+    },
+    /// The backend failed after the request was sent (502); not retried (it may have run).
+    #[error("backend {ep_idx} failed: {source}")]
+    Upstream {
+        /// The endpoint that failed.
+        ep_idx: usize,
+        /// hyper's error.
+        #[source]
+        source: hyper_util::client::legacy::Error,
+    },
+    /// A request could not be built (500).
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl ProxyError {
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::ClientBody(_) => StatusCode::BAD_REQUEST,
+            Self::NoRoute { .. } => StatusCode::NOT_FOUND,
+            Self::ModelUnavailable { .. } | Self::NoHealthyBackend { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            Self::BackendUnreachable { .. } | Self::Upstream { .. } => StatusCode::BAD_GATEWAY,
+            Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The reason token (`error.type`).
+    pub fn token(&self) -> &'static str {
+        match self {
+            Self::BodyTooLarge { .. } => "request_too_large",
+            Self::ClientBody(_) => "bad_request_body",
+            Self::NoRoute { .. } => "no_route",
+            Self::ModelUnavailable { .. } => "model_unavailable",
+            Self::NoHealthyBackend { .. } => "no_healthy_backend",
+            Self::BackendUnreachable { .. } => "backend_unreachable",
+            Self::Upstream { .. } => "upstream_error",
+            Self::Internal(_) => "internal_error",
+        }
+    }
+
+    /// Who failed.
+    pub fn party(&self) -> Party {
+        match self {
+            Self::BodyTooLarge { .. } | Self::ClientBody(_) | Self::NoRoute { .. } => Party::Client,
+            Self::ModelUnavailable { .. }
+            | Self::NoHealthyBackend { .. }
+            | Self::BackendUnreachable { .. }
+            | Self::Upstream { .. } => Party::Upstream,
+            Self::Internal(_) => Party::Internal,
+        }
+    }
+
+    /// May the same request succeed if sent again (later)?
+    pub fn retryable(&self) -> bool {
+        matches!(
+            self,
+            Self::NoHealthyBackend { .. } | Self::BackendUnreachable { .. }
+        )
+    }
+
+    /// The JSON error response.
+    pub fn into_response(self) -> Response<ProxyBody> {
+        let body = serde_json::json!({"error": {
+            "type": self.token(),
+            "message": self.to_string(),
+            "code": self.status().as_u16(),
+            "party": self.party().as_str(),
+            "retryable": self.retryable(),
+        }});
+        let mut resp = Response::new(full(Bytes::from(body.to_string())));
+        *resp.status_mut() = self.status();
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        resp
+    }
+}
+
+/// A complete body as a [`ProxyBody`].
+pub fn full(b: Bytes) -> ProxyBody {
+    Full::new(b).map_err(|never| match never {}).boxed()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn body_json(r: Response<ProxyBody>) -> serde_json::Value {
+        let b = r.into_body().collect().await.expect("body").to_bytes();
+        serde_json::from_slice(&b).expect("json")
+    }
+
+    #[tokio::test]
+    async fn unreachable_is_502_upstream_retryable() {
+        let r = ProxyError::BackendUnreachable { attempts: 2 }.into_response();
+        assert_eq!(r.status(), StatusCode::BAD_GATEWAY);
+        let v = body_json(r).await;
+        assert_eq!(v["error"]["type"], "backend_unreachable");
+        assert_eq!(v["error"]["party"], "upstream");
+        assert_eq!(v["error"]["retryable"], true);
+    }
+
+    #[tokio::test]
+    async fn too_large_is_413_client_not_retryable() {
+        let r = ProxyError::BodyTooLarge { limit: 10 }.into_response();
+        assert_eq!(r.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        let v = body_json(r).await;
+        assert_eq!(v["error"]["party"], "client");
+        assert_eq!(v["error"]["retryable"], false);
+        assert_eq!(v["error"]["code"], 413);
+    }
+}

@@ -1,0 +1,204 @@
+//! One request through the fullproxy: read the body (bounded), pick the pool, extract the
+//! metadata, select an endpoint (tier 1.5 first when the rule asks), forward, retry another
+//! endpoint on connect failure, and stream the response back with its in-flight guard.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use http::request::Parts;
+use http::{HeaderValue, Request, Response};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+
+use super::ProxyContext;
+use super::body::{GuardedBody, ProxyBody, Tracked};
+use super::error::ProxyError;
+use super::meta::{self, RequestMeta};
+use super::pool::{Pool, PoolTable};
+use super::upstream::{Attempt, Upstreams, strip_hop_by_hop, upstream_uri};
+use crate::routing::{self, Candidates, Decision, Excluded, dispatch::selector_name};
+
+/// Response header naming the endpoint index that served the request.
+pub const ENDPOINT_HEADER: &str = "x-loxilb-endpoint";
+
+/// Per-listener request handler.
+pub struct Handler {
+    /// The listener's pools (swapped on rule changes).
+    pub table: Arc<ArcSwap<PoolTable>>,
+    /// Metrics, tier and limits.
+    pub ctx: ProxyContext,
+    /// Upstream clients.
+    pub upstreams: Upstreams,
+}
+
+impl Handler {
+    /// Serves one request; errors become JSON error responses.
+    pub async fn handle(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+        client: SocketAddr,
+    ) -> Result<Response<ProxyBody>, Infallible> {
+        let start = Instant::now();
+        Ok(match self.route(req, client, start).await {
+            Ok(resp) => resp,
+            Err((service, e)) => {
+                tracing::debug!(error = %e, party = e.party().as_str(), "proxy error");
+                let resp = e.into_response();
+                self.ctx.metrics.request(service, None, resp.status());
+                resp
+            }
+        })
+    }
+
+    async fn route(
+        &self,
+        req: Request<Incoming>,
+        client: SocketAddr,
+        start: Instant,
+    ) -> Result<Response<ProxyBody>, (u32, ProxyError)> {
+        let (parts, body) = req.into_parts();
+        let bytes = read_body(body, self.ctx.config.max_body_bytes)
+            .await
+            .map_err(|e| (0, e))?;
+        let json = meta::parse_body(&bytes);
+        let model = meta::request_model(&parts.headers, json.as_ref());
+        let pool = {
+            let table = self.table.load();
+            table
+                .choose(request_host(&parts), model.as_deref())
+                .map_err(|e| (0, e))?
+                .clone()
+        };
+        let service = pool.rule.id;
+        let meta =
+            RequestMeta::from_json(&parts, json.as_ref(), Some(client), &pool.rule.rule.service);
+        self.forward(&pool, parts, bytes, &meta, start)
+            .await
+            .map_err(|e| (service, e))
+    }
+
+    async fn forward(
+        &self,
+        pool: &Pool,
+        parts: Parts,
+        body: Bytes,
+        meta: &RequestMeta,
+        start: Instant,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        let service = pool.rule.id;
+        let mut excluded = Excluded::default();
+        let mut attempts = 0;
+        loop {
+            let Some(ep) = self.decide(pool, meta, &excluded).endpoint else {
+                return Err(if attempts == 0 {
+                    ProxyError::NoHealthyBackend { service }
+                } else {
+                    ProxyError::BackendUnreachable { attempts }
+                });
+            };
+            attempts += 1;
+            let tracked = Tracked::new(
+                pool.loads[ep].begin(),
+                self.ctx.metrics.active_gauge(service, ep),
+                self.ctx.metrics.duration_histogram(service),
+                start,
+            );
+            let req = upstream_request(&parts, &pool.authorities[ep], body.clone())?;
+            match self.upstreams.send(req, pool.http2).await {
+                Attempt::Response(resp) => {
+                    if let Some(tier) = self.tier_for(pool) {
+                        tier.routed(&pool.rule, meta, ep);
+                    }
+                    self.ctx.metrics.request(service, Some(ep), resp.status());
+                    return Ok(downstream_response(resp, ep, tracked));
+                }
+                Attempt::ConnectFailed(e) => {
+                    tracing::warn!(service, ep, error = %e, "upstream connect failed; trying another endpoint");
+                    self.ctx.metrics.connect_failure(service, ep);
+                    excluded.insert(ep);
+                }
+                Attempt::Failed(source) => return Err(ProxyError::Upstream { ep_idx: ep, source }),
+            }
+        }
+    }
+
+    /// Tier 1.5 (kvExactMode 3 with a tier), then the rule's `sel` on a miss.
+    fn decide(&self, pool: &Pool, meta: &RequestMeta, excluded: &Excluded) -> Decision {
+        let cands = Candidates {
+            weights: &pool.weights,
+            loads: &pool.loads,
+            excluded,
+        };
+        let args = &pool.rule.rule.service;
+        if let Some(tier) = self.tier_for(pool)
+            && let Some(d) = tier
+                .select(&pool.rule, meta, &cands)
+                .filter(|d| d.endpoint.is_some())
+        {
+            self.ctx.metrics.selection("kv", d.reason);
+            return d;
+        }
+        let d = routing::select(args, meta, &cands, &pool.state);
+        self.ctx
+            .metrics
+            .selection(selector_name(args.sel), d.reason);
+        d
+    }
+
+    fn tier_for(&self, pool: &Pool) -> Option<&Arc<dyn routing::AffinityTier>> {
+        self.ctx
+            .tier
+            .as_ref()
+            .filter(|_| pool.rule.rule.service.kv_exact_mode == 3)
+    }
+}
+
+/// Reads the whole request body (chunked included) up to `limit` bytes.
+async fn read_body(body: Incoming, limit: usize) -> Result<Bytes, ProxyError> {
+    match Limited::new(body, limit).collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) => match e.downcast::<hyper::Error>() {
+            Ok(h) => Err(ProxyError::ClientBody(*h)),
+            Err(_) => Err(ProxyError::BodyTooLarge { limit }),
+        },
+    }
+}
+
+/// The request's host: the `Host` header, else the URI authority (HTTP/2).
+fn request_host(parts: &Parts) -> Option<&str> {
+    parts
+        .headers
+        .get(http::header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .or_else(|| parts.uri.authority().map(|a| a.as_str()))
+}
+
+fn upstream_request(
+    parts: &Parts,
+    authority: &str,
+    body: Bytes,
+) -> Result<Request<Full<Bytes>>, ProxyError> {
+    let uri =
+        upstream_uri(authority, &parts.uri).map_err(|e| ProxyError::Internal(e.to_string()))?;
+    let mut req = Request::new(Full::new(body));
+    *req.method_mut() = parts.method.clone();
+    *req.uri_mut() = uri;
+    *req.headers_mut() = parts.headers.clone();
+    strip_hop_by_hop(req.headers_mut());
+    Ok(req)
+}
+
+fn downstream_response(
+    resp: Response<Incoming>,
+    ep: usize,
+    tracked: Tracked,
+) -> Response<ProxyBody> {
+    let (mut parts, body) = resp.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    parts.headers.insert(ENDPOINT_HEADER, HeaderValue::from(ep));
+    Response::from_parts(parts, GuardedBody::new(body, tracked).boxed())
+}

@@ -1,0 +1,165 @@
+//! Fullproxy metrics (prometheus-client, registered into the registry the app passes).
+//!
+//! | name | type | labels |
+//! |---|---|---|
+//! | `loxilb_proxy_requests_total` | counter | `service`, `ep_idx` (`none` before selection), `class` (`2xx`…`5xx`) |
+//! | `loxilb_proxy_selections_total` | counter | `selector` (`rr`, `chwbl`, `kv`…), `reason` ([`crate::routing::Reason::as_str`]) |
+//! | `loxilb_proxy_upstream_connect_failures_total` | counter | `service`, `ep_idx` |
+//! | `loxilb_proxy_active_connections` | gauge | `service`, `ep_idx` (requests in flight) |
+//! | `loxilb_proxy_request_duration_seconds` | histogram | `service` (until the response body ends) |
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// `service`, `ep_idx`, `class`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    /// Service id.
+    pub service: String,
+    /// Endpoint index or `none`.
+    pub ep_idx: String,
+    /// Status class, e.g. `2xx`.
+    pub class: String,
+}
+
+/// `selector`, `reason`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SelectionLabels {
+    /// Selector name (or `kv` for tier 1.5).
+    pub selector: String,
+    /// Reason label.
+    pub reason: String,
+}
+
+/// `service`, `ep_idx`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EndpointLabels {
+    /// Service id.
+    pub service: String,
+    /// Endpoint index.
+    pub ep_idx: String,
+}
+
+/// `service`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ServiceLabels {
+    /// Service id.
+    pub service: String,
+}
+
+type HistogramFamily = Family<ServiceLabels, Histogram, fn() -> Histogram>;
+
+/// The proxy's metric handles. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct ProxyMetrics {
+    /// Requests by service, endpoint and status class.
+    pub requests: Family<RequestLabels, Counter>,
+    /// Selection decisions by selector and reason.
+    pub selections: Family<SelectionLabels, Counter>,
+    /// Failed upstream connects by service and endpoint.
+    pub connect_failures: Family<EndpointLabels, Counter>,
+    /// Requests in flight per endpoint.
+    pub active: Family<EndpointLabels, Gauge>,
+    /// Request duration in seconds, head to end of response body.
+    pub duration: HistogramFamily,
+}
+
+fn duration_histogram() -> Histogram {
+    // 1 ms … ~65 s.
+    Histogram::new(exponential_buckets(0.001, 2.0, 17))
+}
+
+impl ProxyMetrics {
+    /// Registers the families in `reg`.
+    pub fn register(reg: &mut Registry) -> Self {
+        let m = Self::unregistered();
+        reg.register(
+            "loxilb_proxy_requests",
+            "Fullproxy requests by service, endpoint and status class",
+            m.requests.clone(),
+        );
+        reg.register(
+            "loxilb_proxy_selections",
+            "Selection decisions by selector and reason",
+            m.selections.clone(),
+        );
+        reg.register(
+            "loxilb_proxy_upstream_connect_failures",
+            "Failed upstream connection attempts",
+            m.connect_failures.clone(),
+        );
+        reg.register(
+            "loxilb_proxy_active_connections",
+            "Requests in flight per endpoint",
+            m.active.clone(),
+        );
+        reg.register(
+            "loxilb_proxy_request_duration_seconds",
+            "Request duration until the response body ends",
+            m.duration.clone(),
+        );
+        m
+    }
+
+    /// Handles not attached to any registry (tools and tests).
+    pub fn unregistered() -> Self {
+        Self {
+            requests: Family::default(),
+            selections: Family::default(),
+            connect_failures: Family::default(),
+            active: Family::default(),
+            duration: Family::new_with_constructor(duration_histogram),
+        }
+    }
+
+    /// Counts one response.
+    pub fn request(&self, service: u32, ep: Option<usize>, status: http::StatusCode) {
+        let labels = RequestLabels {
+            service: service.to_string(),
+            ep_idx: ep.map_or_else(|| "none".into(), |e| e.to_string()),
+            class: format!("{}xx", status.as_u16() / 100),
+        };
+        self.requests.get_or_create(&labels).inc();
+    }
+
+    /// Counts one selection decision.
+    pub fn selection(&self, selector: &str, reason: crate::routing::Reason) {
+        let labels = SelectionLabels {
+            selector: selector.into(),
+            reason: reason.as_str().into(),
+        };
+        self.selections.get_or_create(&labels).inc();
+    }
+
+    /// Counts one failed connect.
+    pub fn connect_failure(&self, service: u32, ep: usize) {
+        self.connect_failures
+            .get_or_create(&ep_labels(service, ep))
+            .inc();
+    }
+
+    /// The active gauge of an endpoint.
+    pub fn active_gauge(&self, service: u32, ep: usize) -> Gauge {
+        self.active.get_or_create(&ep_labels(service, ep)).clone()
+    }
+
+    /// The duration histogram of a service.
+    pub fn duration_histogram(&self, service: u32) -> Histogram {
+        self.duration
+            .get_or_create(&ServiceLabels {
+                service: service.to_string(),
+            })
+            .clone()
+    }
+}
+
+fn ep_labels(service: u32, ep: usize) -> EndpointLabels {
+    EndpointLabels {
+        service: service.to_string(),
+        ep_idx: ep.to_string(),
+    }
+}

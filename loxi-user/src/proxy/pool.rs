@@ -1,0 +1,229 @@
+//! The pools of one listener: every mode-4 rule on the same `externalIP:port`, told apart by
+//! `host` and `model_name`, with each rule's endpoints, live loads and selector state.
+//!
+//! A [`PoolTable`] is immutable and swapped whole on every rule change; endpoint loads and
+//! selector state carry over from the previous table for unchanged rules and endpoints.
+
+use std::sync::Arc;
+
+use crate::routing::{EndpointLoad, SelectorState};
+use crate::rules::{RuleKey, StoredRule};
+
+use super::error::ProxyError;
+
+/// One rule's serving state.
+#[derive(Debug)]
+pub struct Pool {
+    /// The rule (service id + definition).
+    pub rule: Arc<StoredRule>,
+    /// Upstream authority (`ip:port`, IPv6 bracketed) per `EpIdx`.
+    pub authorities: Vec<String>,
+    /// Weight per `EpIdx`.
+    pub weights: Vec<u32>,
+    /// Live load per `EpIdx` (shared across rule updates for unchanged endpoints).
+    pub loads: Vec<Arc<EndpointLoad>>,
+    /// Selector state (cursor, WRR weights, rings).
+    pub state: Arc<SelectorState>,
+    /// True when `backend_protocol` is `http2`.
+    pub http2: bool,
+}
+
+impl Pool {
+    /// Builds the pool for `rule`, reusing loads and state from `old` (same rule key) where the
+    /// endpoint authority is unchanged.
+    pub fn build(rule: Arc<StoredRule>, old: Option<&Pool>) -> Self {
+        let args = &rule.rule.service;
+        let eps = &rule.rule.endpoints;
+        let authorities: Vec<String> = eps
+            .iter()
+            .map(|e| authority(&e.endpoint_ip, crate::routing::state::target_port(args, e)))
+            .collect();
+        #[allow(
+            clippy::unwrap_or_default,
+            reason = "EndpointLoad::default() is unhealthy; new() is the healthy start state"
+        )]
+        let loads = authorities
+            .iter()
+            .map(|a| {
+                old.and_then(|o| {
+                    o.authorities
+                        .iter()
+                        .position(|x| x == a)
+                        .map(|i| o.loads[i].clone())
+                })
+                .unwrap_or_else(EndpointLoad::new)
+            })
+            .collect();
+        let state = match old {
+            Some(o) if o.rule.rule == rule.rule => o.state.clone(),
+            Some(o) => {
+                o.state.rebuild(args, eps);
+                o.state.clone()
+            }
+            None => SelectorState::new(args, eps),
+        };
+        Self {
+            weights: eps.iter().map(|e| e.weight).collect(),
+            http2: args.backend_protocol.eq_ignore_ascii_case("http2"),
+            authorities,
+            loads,
+            state,
+            rule,
+        }
+    }
+
+    /// The rule key.
+    pub fn key(&self) -> RuleKey {
+        self.rule.rule.key()
+    }
+}
+
+/// `ip:port`, bracketing IPv6 literals.
+pub fn authority(ip: &str, port: u16) -> String {
+    if ip.contains(':') {
+        format!("[{ip}]:{port}")
+    } else {
+        format!("{ip}:{port}")
+    }
+}
+
+/// All pools of one listener.
+#[derive(Debug, Default)]
+pub struct PoolTable {
+    /// Pools ordered by rule key.
+    pub pools: Vec<Arc<Pool>>,
+}
+
+impl PoolTable {
+    /// A new table for `rules`, carrying state over from `old`.
+    pub fn build(rules: &[Arc<StoredRule>], old: &PoolTable) -> Self {
+        let pools = rules
+            .iter()
+            .map(|r| {
+                let key = r.rule.key();
+                let prev = old.pools.iter().find(|p| p.key() == key);
+                Arc::new(Pool::build(r.clone(), prev.map(|p| p.as_ref())))
+            })
+            .collect();
+        Self { pools }
+    }
+
+    /// The pool for a request: pools whose `host` equals the request host (case-insensitive,
+    /// port ignored), else host-less pools; among those the pool whose `model_name` equals the
+    /// model (case-sensitive), else the wildcard (`""`) pool, else `model_unavailable`.
+    pub fn choose(
+        &self,
+        host: Option<&str>,
+        model: Option<&str>,
+    ) -> Result<&Arc<Pool>, ProxyError> {
+        let host = host.map(strip_port).unwrap_or("");
+        let by_host: Vec<&Arc<Pool>> = self
+            .pools
+            .iter()
+            .filter(|p| !p.rule.rule.service.host.is_empty())
+            .filter(|p| p.rule.rule.service.host.eq_ignore_ascii_case(host))
+            .collect();
+        let cands = if by_host.is_empty() {
+            self.pools
+                .iter()
+                .filter(|p| p.rule.rule.service.host.is_empty())
+                .collect()
+        } else {
+            by_host
+        };
+        if cands.is_empty() {
+            return Err(ProxyError::NoRoute {
+                host: host.to_string(),
+            });
+        }
+        let model = model.unwrap_or("");
+        cands
+            .iter()
+            .find(|p| !model.is_empty() && p.rule.rule.service.model_name == model)
+            .or_else(|| {
+                cands
+                    .iter()
+                    .find(|p| p.rule.rule.service.model_name.is_empty())
+            })
+            .copied()
+            .ok_or_else(|| ProxyError::ModelUnavailable {
+                model: model.to_string(),
+            })
+    }
+}
+
+fn strip_port(h: &str) -> &str {
+    if let Some(rest) = h.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or(rest);
+    }
+    h.rsplit_once(':')
+        .filter(|(_, p)| p.bytes().all(|b| b.is_ascii_digit()))
+        .map_or(h, |(a, _)| a)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(id: u32, host: &str, model: &str, eps: &[u16]) -> Arc<StoredRule> {
+        let eps: Vec<_> = eps
+            .iter()
+            .map(|p| serde_json::json!({"endpointIP": "127.0.0.1", "targetPort": p}))
+            .collect();
+        let rule = serde_json::from_value(serde_json::json!({
+            "serviceArguments": {"externalIP": "127.0.0.1", "port": 8080, "mode": 4, "host": host, "model_name": model},
+            "endpoints": eps,
+        }))
+        .expect("rule");
+        Arc::new(StoredRule { id, rule })
+    }
+
+    #[test]
+    fn model_pools_exact_then_wildcard_then_unavailable() {
+        let t = PoolTable::build(
+            &[rule(1, "", "llama", &[1]), rule(2, "", "", &[2])],
+            &PoolTable::default(),
+        );
+        assert_eq!(t.choose(None, Some("llama")).expect("pool").rule.id, 1);
+        assert_eq!(t.choose(None, Some("Llama")).expect("pool").rule.id, 2);
+        assert_eq!(t.choose(None, None).expect("pool").rule.id, 2);
+        let t = PoolTable::build(&[rule(1, "", "llama", &[1])], &PoolTable::default());
+        let e = t.choose(Some("x:80"), Some("qwen")).expect_err("no pool");
+        assert_eq!(e.token(), "model_unavailable");
+    }
+
+    #[test]
+    fn host_pools_win_over_hostless() {
+        let t = PoolTable::build(
+            &[rule(1, "a.example", "", &[1]), rule(2, "", "", &[2])],
+            &PoolTable::default(),
+        );
+        assert_eq!(
+            t.choose(Some("A.example:8080"), None)
+                .expect("pool")
+                .rule
+                .id,
+            1
+        );
+        assert_eq!(t.choose(Some("b.example"), None).expect("pool").rule.id, 2);
+        let t = PoolTable::build(&[rule(1, "a.example", "", &[1])], &PoolTable::default());
+        assert_eq!(
+            t.choose(Some("b.example"), None).expect_err("none").token(),
+            "no_route"
+        );
+    }
+
+    #[test]
+    fn loads_survive_updates_for_unchanged_endpoints() {
+        let t1 = PoolTable::build(&[rule(1, "", "", &[1, 2])], &PoolTable::default());
+        let _g = t1.pools[0].loads[1].begin();
+        let t2 = PoolTable::build(&[rule(1, "", "", &[2, 3])], &t1);
+        assert_eq!(
+            t2.pools[0].loads[0].in_flight(),
+            1,
+            "endpoint :2 kept its load"
+        );
+        assert_eq!(t2.pools[0].loads[1].in_flight(), 0);
+        assert_eq!(t2.pools[0].state.topology.load().ids.len(), 2);
+    }
+}

@@ -1,0 +1,127 @@
+//! Upstream HTTP clients: hyper-util's pooled legacy client (one connection pool per endpoint
+//! authority), HTTP/1.1 or HTTP/2 prior knowledge per the rule's `backend_protocol`, with a
+//! connect timeout. Connect failures are reported apart from other failures so the caller can
+//! retry another endpoint safely (nothing was sent).
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response, Uri, header};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+
+/// The outcome of one upstream attempt.
+#[derive(Debug)]
+pub enum Attempt {
+    /// The backend answered (head received; body streams).
+    Response(Response<Incoming>),
+    /// The connection could not be established; the request was not sent. Retry elsewhere.
+    ConnectFailed(hyper_util::client::legacy::Error),
+    /// The request failed after it may have reached the backend. Not retried.
+    Failed(hyper_util::client::legacy::Error),
+}
+
+/// HTTP/1.1 and HTTP/2 pooled clients.
+#[derive(Clone, Debug)]
+pub struct Upstreams {
+    h1: Client<HttpConnector, Full<Bytes>>,
+    h2: Client<HttpConnector, Full<Bytes>>,
+}
+
+impl Upstreams {
+    /// Clients whose connects give up after `connect_timeout`.
+    pub fn new(connect_timeout: Duration) -> Self {
+        let mut conn = HttpConnector::new();
+        conn.set_connect_timeout(Some(connect_timeout));
+        conn.set_nodelay(true);
+        let h1 = Client::builder(TokioExecutor::new()).build(conn.clone());
+        let h2 = Client::builder(TokioExecutor::new())
+            .http2_only(true)
+            .build(conn);
+        Self { h1, h2 }
+    }
+
+    /// Sends `req` (absolute URI) with HTTP/2 when `http2`, else HTTP/1.1.
+    pub async fn send(&self, req: Request<Full<Bytes>>, http2: bool) -> Attempt {
+        let client = if http2 { &self.h2 } else { &self.h1 };
+        match client.request(req).await {
+            Ok(r) => Attempt::Response(r),
+            Err(e) if e.is_connect() => Attempt::ConnectFailed(e),
+            Err(e) => Attempt::Failed(e),
+        }
+    }
+}
+
+/// Hop-by-hop headers (RFC 9110 §7.6.1) that a proxy must not forward.
+const HOP_BY_HOP: &[header::HeaderName] = &[
+    header::CONNECTION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::PROXY_AUTHORIZATION,
+    header::PROXY_AUTHENTICATE,
+];
+
+/// Removes hop-by-hop headers, including those named by `Connection`.
+pub fn strip_hop_by_hop(h: &mut HeaderMap) {
+    let named: Vec<String> = h
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|s| s.trim().to_ascii_lowercase())
+        .collect();
+    for n in named.iter().filter(|n| !n.is_empty()) {
+        h.remove(n.as_str());
+    }
+    for n in HOP_BY_HOP {
+        h.remove(n);
+    }
+    h.remove("keep-alive");
+    h.remove("proxy-connection");
+}
+
+/// `http://{authority}{path_and_query}`.
+pub fn upstream_uri(authority: &str, original: &Uri) -> Result<Uri, http::Error> {
+    let pq = original.path_and_query().map_or("/", |p| p.as_str());
+    Uri::builder()
+        .scheme("http")
+        .authority(authority)
+        .path_and_query(pq)
+        .build()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strips_hop_by_hop_and_connection_named_headers() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            "keep-alive, x-drop".parse().expect("hv"),
+        );
+        h.insert("x-drop", "1".parse().expect("hv"));
+        h.insert("keep-alive", "timeout=5".parse().expect("hv"));
+        h.insert(header::TRANSFER_ENCODING, "chunked".parse().expect("hv"));
+        h.insert("x-keep", "1".parse().expect("hv"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key("x-keep"));
+    }
+
+    #[test]
+    fn builds_absolute_uri() {
+        let u = upstream_uri(
+            "127.0.0.1:9000",
+            &"/v1/completions?x=1".parse().expect("uri"),
+        )
+        .expect("uri");
+        assert_eq!(u.to_string(), "http://127.0.0.1:9000/v1/completions?x=1");
+    }
+}

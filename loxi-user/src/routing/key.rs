@@ -1,0 +1,163 @@
+//! Hash keys the hashing selectors (hash, persist, chwbl, gpu-aware, wrr-hash) place on a ring
+//! or a rendezvous table.
+//!
+//! Every hash is xxh3-64 without a random seed, so the same key maps to the same endpoint in
+//! every process, across restarts and across machines.
+
+use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
+
+use super::EpIdx;
+use crate::proxy::meta::{Prompt, RequestMeta};
+use crate::rules::ServiceArgs;
+
+/// Characters of a text prompt that form the CHWBL prefix, per `chwbl_prefix_hash_level`.
+pub const PROMPT_HEAD_CHARS: usize = 256;
+/// Token ids of a token prompt that form the CHWBL prefix, per `chwbl_prefix_hash_level`.
+pub const PROMPT_HEAD_TOKENS: usize = 64;
+/// `chwbl_prefix_hash_flags` bit 0: mix the LoRA adapter name into the prefix key.
+pub const FLAG_LORA: u8 = 1;
+/// `chwbl_prefix_hash_flags` bit 3: mix `cache_salt` into the prefix key.
+pub const FLAG_CACHE_SALT: u8 = 8;
+/// `chwbl_prefix_hash_flags` bit 5: mix the session key into the prefix key.
+pub const FLAG_SESSION: u8 = 32;
+
+/// Stable 64-bit hash of a string (xxh3, seed 0).
+pub fn hash_str(s: &str) -> u64 {
+    xxh3_64(s.as_bytes())
+}
+
+/// Stable identity of an endpoint (`ip:port`), used for ring points and rendezvous weights so
+/// that placement follows the endpoint, not its position in the list.
+pub fn endpoint_id(ip: &str, port: u16) -> u64 {
+    hash_str(&format!("{ip}:{port}"))
+}
+
+/// Rendezvous (highest random weight) score of `key` on endpoint `id`.
+pub fn rendezvous(key: u64, id: u64) -> u64 {
+    xxh3_64_with_seed(&key.to_le_bytes(), id)
+}
+
+/// The eligible endpoint with the highest rendezvous score for `key` (ties: lower index).
+/// Removing an endpoint moves only the keys it owned; the walk is deterministic.
+pub fn rendezvous_pick(
+    key: u64,
+    ids: &[u64],
+    eligible: impl Iterator<Item = EpIdx>,
+) -> Option<EpIdx> {
+    let mut best: Option<(u64, EpIdx)> = None;
+    for ep in eligible {
+        let score = rendezvous(key, ids.get(ep).copied().unwrap_or(ep as u64));
+        if best.is_none_or(|(s, _)| score > s) {
+            best = Some((score, ep));
+        }
+    }
+    best.map(|(_, ep)| ep)
+}
+
+/// The CHWBL prefix key of a request: model + the head of the prompt, scoped by
+/// `chwbl_prefix_hash_level` (1–3: leading system messages plus the first `level` other
+/// messages, or `level × 256` characters / `level × 64` tokens of a prompt). `None` when the
+/// request has no prompt.
+pub fn prefix_key(meta: &RequestMeta, args: &ServiceArgs) -> Option<u64> {
+    let level = usize::from(args.chwbl_prefix_hash_level.clamp(1, 3));
+    let mut buf = String::new();
+    buf.push_str(meta.model.as_deref().unwrap_or(""));
+    buf.push('\u{1}');
+    match meta.prompt.as_ref()? {
+        Prompt::Text(t) => buf.extend(t.chars().take(level * PROMPT_HEAD_CHARS)),
+        Prompt::TokenIds(ids) => {
+            for id in ids.iter().take(level * PROMPT_HEAD_TOKENS) {
+                buf.push_str(&id.to_string());
+                buf.push(',');
+            }
+        }
+        Prompt::Messages(msgs) => push_message_head(&mut buf, msgs, level),
+    }
+    mix_flags(&mut buf, meta, args);
+    Some(hash_str(&buf))
+}
+
+fn push_message_head(buf: &mut String, msgs: &[crate::proxy::meta::ChatMessage], level: usize) {
+    let mut others = 0;
+    for m in msgs {
+        let system = m.role == "system" || m.role == "developer";
+        if !system {
+            if others == level {
+                break;
+            }
+            others += 1;
+        }
+        buf.push_str(&m.role);
+        buf.push('\u{2}');
+        buf.push_str(&m.content);
+        buf.push('\u{3}');
+    }
+}
+
+fn mix_flags(buf: &mut String, meta: &RequestMeta, args: &ServiceArgs) {
+    let flags = args.chwbl_prefix_hash_flags;
+    if flags & FLAG_LORA != 0
+        && let Some(l) = &meta.lora_name
+    {
+        buf.push_str("\u{4}lora=");
+        buf.push_str(l);
+    }
+    if (flags & FLAG_CACHE_SALT != 0 || args.chwbl_enable_cache_salt)
+        && let Some(s) = &meta.cache_salt
+    {
+        buf.push_str("\u{4}salt=");
+        buf.push_str(s);
+    }
+    if flags & FLAG_SESSION != 0
+        && let Some(s) = &meta.session_key
+    {
+        buf.push_str("\u{4}session=");
+        buf.push_str(s);
+    }
+}
+
+/// The conversation key: the conversation id, else the session key. `None` when neither.
+pub fn conversation_key(meta: &RequestMeta) -> Option<u64> {
+    meta.conversation_id
+        .as_deref()
+        .or(meta.session_key.as_deref())
+        .map(hash_str)
+}
+
+/// The persist / hash key of a client: its IP (persist) or full socket address (hash).
+pub fn client_key(meta: &RequestMeta, with_port: bool) -> u64 {
+    match meta.client {
+        Some(a) if with_port => hash_str(&a.to_string()),
+        Some(a) => hash_str(&a.ip().to_string()),
+        None => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hash_str_is_fixed_xxh3_without_seed() {
+        // xxh3_64("") is a published constant of the algorithm.
+        assert_eq!(hash_str(""), 0x2d06_8005_38d3_94c2);
+    }
+
+    #[test]
+    fn rendezvous_skips_ineligible_and_keeps_other_owners() {
+        let ids: Vec<u64> = (0..5).map(|i| endpoint_id("10.0.0.1", 8000 + i)).collect();
+        let all: Vec<_> = (0..1000u64)
+            .map(|k| rendezvous_pick(k, &ids, 0..5))
+            .collect();
+        let without_2: Vec<_> = (0..1000u64)
+            .map(|k| rendezvous_pick(k, &ids, [0, 1, 3, 4].into_iter()))
+            .collect();
+        for (a, b) in all.iter().zip(&without_2) {
+            if *a != Some(2) {
+                assert_eq!(a, b, "a key not owned by the removed endpoint moved");
+            } else {
+                assert_ne!(*b, Some(2));
+            }
+        }
+    }
+}

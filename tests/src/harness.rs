@@ -1,0 +1,391 @@
+//! The shared integration-test harness: runs the real `loxilb` daemon binary on an OS-chosen
+//! loopback port with a temporary state directory, talks to its REST API, and runs `loxicmd`.
+//!
+//! Binaries: the harness never builds anything. `cargo test --workspace` (and `cargo test -p
+//! loxi-tests`, because `loxi-tests` depends on `loxi-user`) builds `loxilb` and `loxicmd` into
+//! the same profile directory as the test executable (`target/<profile>/`), which the harness
+//! finds from [`std::env::current_exe`] (`target/<profile>/deps/<test>` → `target/<profile>/`).
+//! Set `LOXI_BIN_DIR` to use binaries from elsewhere.
+//!
+//! The daemon's stdout and stderr go to `<tmp>/loxilb.log` ([`Daemon::log_text`]); the
+//! readiness timeout and [`Daemon::dump_log_on_panic`] print it so a failing test shows why.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+
+/// How long [`Daemon::start`] waits for the API to answer before giving up.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// How long a graceful stop (SIGTERM) may take before the harness sends SIGKILL.
+pub const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Options for [`Daemon::start`]. `Default` gives an empty temp state dir and `--log info`.
+#[derive(Debug, Clone, Default)]
+pub struct DaemonOpts {
+    /// Extra environment variables for the daemon (`LOXILB_*`, `LLB_*`, `LOXI_*`).
+    pub env: Vec<(String, String)>,
+    /// Use this state dir instead of a fresh temp dir (it is not deleted on drop).
+    pub state_dir: Option<PathBuf>,
+    /// `--tokenizer-dir`; default `<tmp>/tokenizers` (empty).
+    pub tokenizer_dir: Option<PathBuf>,
+    /// `--log` filter; default `info`.
+    pub log: Option<String>,
+    /// Extra command-line arguments appended last.
+    pub args: Vec<String>,
+}
+
+impl DaemonOpts {
+    /// Adds one environment variable.
+    pub fn env(mut self, key: &str, value: &str) -> Self {
+        self.env.push((key.to_string(), value.to_string()));
+        self
+    }
+}
+
+/// A running `loxilb`. Killed (SIGKILL) on drop; the temp dir goes with it.
+pub struct Daemon {
+    opts: DaemonOpts,
+    child: Option<Child>,
+    api: SocketAddr,
+    tmp: tempfile::TempDir,
+    state_dir: PathBuf,
+    client: Client<HttpConnector, Full<Bytes>>,
+}
+
+/// The directory holding the workspace binaries (`loxilb`, `loxicmd`, test helpers).
+pub fn bin_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("LOXI_BIN_DIR") {
+        return PathBuf::from(dir);
+    }
+    let exe = std::env::current_exe().expect("current_exe of the test binary");
+    let deps = exe.parent().expect("test binary has a parent dir");
+    let dir = if deps.ends_with("deps") {
+        deps.parent().expect("deps has a parent")
+    } else {
+        deps
+    };
+    dir.to_path_buf()
+}
+
+/// Path of a workspace binary; panics with a hint when it is missing.
+pub fn bin_path(name: &str) -> PathBuf {
+    let p = bin_dir().join(name);
+    assert!(
+        p.exists(),
+        "{} not found: run the tests with `cargo test --workspace` (it builds the binaries) or set LOXI_BIN_DIR",
+        p.display()
+    );
+    p
+}
+
+/// A free TCP port on 127.0.0.1 chosen by the OS (bound, then released).
+pub fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    l.local_addr().expect("local_addr").port()
+}
+
+impl Daemon {
+    /// Starts `loxilb` with `opts` and waits until `GET /netlox/v1/config/loadbalancer/all`
+    /// answers 200. Panics (showing the daemon log) if it exits or does not answer within
+    /// [`READY_TIMEOUT`].
+    pub async fn start(opts: DaemonOpts) -> Daemon {
+        let tmp = tempfile::tempdir().expect("temp dir");
+        let state_dir = opts
+            .state_dir
+            .clone()
+            .unwrap_or_else(|| tmp.path().join("state"));
+        let client = Client::builder(TokioExecutor::new()).build_http();
+        let api = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let mut d = Daemon {
+            opts,
+            child: None,
+            api,
+            tmp,
+            state_dir,
+            client,
+        };
+        d.spawn_and_wait().await;
+        d
+    }
+
+    /// Starts with default options.
+    pub async fn start_default() -> Daemon {
+        Self::start(DaemonOpts::default()).await
+    }
+
+    fn spawn(&mut self) {
+        let log_path = self.log_path();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .expect("open daemon log");
+        let tok = self
+            .opts
+            .tokenizer_dir
+            .clone()
+            .unwrap_or_else(|| self.tmp.path().join("tokenizers"));
+        let mut cmd = Command::new(bin_path("loxilb"));
+        cmd.arg("--api-addr")
+            .arg(self.api.to_string())
+            .arg("--state-dir")
+            .arg(&self.state_dir)
+            .arg("--tokenizer-dir")
+            .arg(tok)
+            .arg("--log")
+            .arg(self.opts.log.clone().unwrap_or_else(|| "info".into()))
+            .args(&self.opts.args)
+            .envs(self.opts.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("clone log fd"))
+            .stderr(log);
+        self.child = Some(cmd.spawn().expect("spawn loxilb"));
+    }
+
+    async fn spawn_and_wait(&mut self) {
+        self.spawn();
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                panic!(
+                    "loxilb exited during start with {status}; log:\n{}",
+                    self.log_text()
+                );
+            }
+            let ready = tokio::time::timeout(
+                Duration::from_secs(1),
+                self.get("/netlox/v1/config/loadbalancer/all"),
+            )
+            .await;
+            if let Ok(Ok((200, _))) = ready {
+                return;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "loxilb did not answer on {} within {READY_TIMEOUT:?}; log:\n{}",
+                    self.api,
+                    self.log_text()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// `http://127.0.0.1:PORT` of the REST API (no trailing slash).
+    pub fn api_url(&self) -> String {
+        format!("http://{}", self.api)
+    }
+
+    /// The REST API's socket address.
+    pub fn api_addr(&self) -> SocketAddr {
+        self.api
+    }
+
+    /// The API port (for `loxicmd --port`).
+    pub fn api_port(&self) -> u16 {
+        self.api.port()
+    }
+
+    /// The state directory (kept across [`Daemon::restart`]).
+    pub fn state_dir(&self) -> &Path {
+        &self.state_dir
+    }
+
+    /// The daemon's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.tmp.path().join("loxilb.log")
+    }
+
+    /// Everything the daemon has written to stdout/stderr so far (all runs, appended).
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    /// One HTTP request to the API; `(status, body text)`.
+    pub async fn request(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&str>,
+    ) -> anyhow::Result<(u16, String)> {
+        let mut req = http::Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.api_url()));
+        if body.is_some() {
+            req = req.header("content-type", "application/json");
+        }
+        let req = req.body(Full::new(Bytes::from(body.unwrap_or("").to_string())))?;
+        let resp = self.client.request(req).await?;
+        let status = resp.status().as_u16();
+        let bytes = resp.into_body().collect().await?.to_bytes();
+        Ok((status, String::from_utf8_lossy(&bytes).into_owned()))
+    }
+
+    /// `GET path` → `(status, body)`.
+    pub async fn get(&self, path: &str) -> anyhow::Result<(u16, String)> {
+        self.request("GET", path, None).await
+    }
+
+    /// `POST /netlox/v1/config/loadbalancer` with `rule` → `(status, JSON body)`.
+    pub async fn post_rule(&self, rule: &serde_json::Value) -> (u16, serde_json::Value) {
+        self.post_rule_raw(&rule.to_string()).await
+    }
+
+    /// Like [`Daemon::post_rule`] with a raw body (for malformed JSON tests).
+    pub async fn post_rule_raw(&self, body: &str) -> (u16, serde_json::Value) {
+        let (status, text) = self
+            .request("POST", "/netlox/v1/config/loadbalancer", Some(body))
+            .await
+            .expect("POST /netlox/v1/config/loadbalancer");
+        (status, parse_json(&text))
+    }
+
+    /// `DELETE /netlox/v1/config/loadbalancer/externalipaddress/{ip}/port/{port}/protocol/{proto}`
+    /// with an optional query string (`host=..&model_name=..`) → `(status, JSON body)`.
+    pub async fn delete_rule(
+        &self,
+        ip: &str,
+        port: u16,
+        proto: &str,
+        query: Option<&str>,
+    ) -> (u16, serde_json::Value) {
+        let q = query.map(|q| format!("?{q}")).unwrap_or_default();
+        let path = format!(
+            "/netlox/v1/config/loadbalancer/externalipaddress/{ip}/port/{port}/protocol/{proto}{q}"
+        );
+        let (status, text) = self
+            .request("DELETE", &path, None)
+            .await
+            .expect("DELETE rule");
+        (status, parse_json(&text))
+    }
+
+    /// `GET /netlox/v1/config/loadbalancer/all` parsed (`{"lbAttr": [...]}`).
+    pub async fn rules(&self) -> serde_json::Value {
+        let (status, text) = self
+            .get("/netlox/v1/config/loadbalancer/all")
+            .await
+            .expect("GET rules");
+        assert_eq!(status, 200, "GET /config/loadbalancer/all: {text}");
+        parse_json(&text)
+    }
+
+    /// The Prometheus text of `GET /netlox/v1/metrics` (asserts 200).
+    pub async fn metrics_text(&self) -> String {
+        let (status, text) = self.get("/netlox/v1/metrics").await.expect("GET metrics");
+        assert_eq!(status, 200, "GET /netlox/v1/metrics: {text}");
+        text
+    }
+
+    /// Sends SIGTERM and waits up to [`STOP_TIMEOUT`] for exit (then SIGKILL). Returns the exit
+    /// status when the process ended on its own.
+    pub async fn stop(&mut self) -> Option<std::process::ExitStatus> {
+        let mut child = self.child.take()?;
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(child.id().to_string())
+            .status();
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Some(status);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        None
+    }
+
+    /// Stops the daemon gracefully and starts it again with the same options, state dir and API
+    /// port (a new port if the old one cannot be reused).
+    pub async fn restart(&mut self) {
+        self.stop().await;
+        self.spawn();
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            if let Ok(Ok((200, _))) = tokio::time::timeout(
+                Duration::from_secs(1),
+                self.get("/netlox/v1/config/loadbalancer/all"),
+            )
+            .await
+            {
+                return;
+            }
+            let exited = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+                .is_some();
+            if exited || Instant::now() > deadline {
+                // The old port may be taken by now: try once more on a fresh one.
+                self.kill();
+                self.api = SocketAddr::from(([127, 0, 0, 1], free_port()));
+                self.spawn_and_wait().await;
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Runs `loxicmd --apiserver 127.0.0.1 --port <api port> <args>` and returns its output.
+    pub fn loxicmd(&self, args: &[&str]) -> Output {
+        loxicmd_at(self.api, args)
+    }
+
+    /// Prints the daemon log to stderr (call before an assertion you expect may fail).
+    pub fn dump_log(&self) {
+        eprintln!("---- loxilb log ----\n{}\n---- end ----", self.log_text());
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.dump_log();
+        }
+        self.kill();
+    }
+}
+
+/// Runs `loxicmd` against the API at `api` with `args` (global flags first).
+pub fn loxicmd_at(api: SocketAddr, args: &[&str]) -> Output {
+    Command::new(bin_path("loxicmd"))
+        .arg("--apiserver")
+        .arg(api.ip().to_string())
+        .arg("--port")
+        .arg(api.port().to_string())
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run loxicmd")
+}
+
+/// Parses a response body as JSON; a non-JSON body becomes `{"raw": text}` so assertions show it.
+pub fn parse_json(text: &str) -> serde_json::Value {
+    serde_json::from_str(text).unwrap_or_else(|_| serde_json::json!({ "raw": text }))
+}
