@@ -3,6 +3,10 @@
 //! - Block 0 is the null block (never used), so `num_gpu_blocks - 1` blocks are usable.
 //! - Blocks of running requests are referenced (`ref_cnt > 0`). A block whose count drops to 0
 //!   goes to the END of the free queue and KEEPS its hash: it can still be hit until it is reused.
+//!   A freed block without a hash (a request's partial tail) goes to the FRONT: it is worthless,
+//!   so it is reused first. (This is what the golden capture shows: with 40 blocks, the
+//!   511-token request after eight smaller ones evicts nothing, and the next evicts exactly the
+//!   15 blocks listed in frame 11, in that order.)
 //! - New blocks are taken from the FRONT of the free queue (least recently freed). Reusing a block
 //!   that still has a hash evicts it: the hash leaves the cache and a `BlockRemoved` event is
 //!   queued (one block per event, lazily: nothing is emitted when a block is merely freed).
@@ -28,7 +32,7 @@ struct Block {
     hash: Option<Digest>,
     ref_cnt: u32,
     /// Position key in the free queue while free.
-    free_key: Option<u64>,
+    free_key: Option<i64>,
 }
 
 /// The block pool. Events it produces (`BlockRemoved`, `AllBlocksCleared`) accumulate in
@@ -36,8 +40,9 @@ struct Block {
 #[derive(Debug)]
 pub struct BlockPool {
     blocks: Vec<Block>,
-    free: BTreeMap<u64, BlockId>,
-    next_key: u64,
+    free: BTreeMap<i64, BlockId>,
+    next_key: i64,
+    front_key: i64,
     cached: HashMap<Digest, Vec<BlockId>>,
     events: Vec<KvEvent>,
 }
@@ -49,6 +54,7 @@ impl BlockPool {
             blocks: vec![Block::default(); num_gpu_blocks.max(2)],
             free: BTreeMap::new(),
             next_key: 0,
+            front_key: -1,
             cached: HashMap::new(),
             events: Vec::new(),
         };
@@ -128,8 +134,12 @@ impl BlockPool {
         self.events.push(KvEvent::BlockRemoved { hash });
     }
 
-    /// Marks block `id` full with digest `hash` (hittable from now on).
+    /// Marks block `id` full with digest `hash` (hittable from now on). A no-op when the block
+    /// already holds that hash (a hit being re-reported).
     pub fn cache(&mut self, id: BlockId, hash: Digest) {
+        if self.blocks[id].hash.as_ref() == Some(&hash) {
+            return;
+        }
         self.blocks[id].hash = Some(hash.clone());
         self.cached.entry(hash).or_default().push(id);
     }
@@ -141,9 +151,19 @@ impl BlockPool {
             let b = &mut self.blocks[id];
             b.ref_cnt = b.ref_cnt.saturating_sub(1);
             if b.ref_cnt == 0 && b.free_key.is_none() {
-                self.push_free(id);
+                if b.hash.is_some() {
+                    self.push_free(id);
+                } else {
+                    self.push_free_front(id);
+                }
             }
         }
+    }
+
+    fn push_free_front(&mut self, id: BlockId) {
+        self.blocks[id].free_key = Some(self.front_key);
+        self.free.insert(self.front_key, id);
+        self.front_key -= 1;
     }
 
     fn push_free(&mut self, id: BlockId) {
@@ -245,6 +265,18 @@ mod tests {
             "most recently freed survives"
         );
         assert!(p.lookup_prefix(&[d(1)]).is_empty());
+    }
+
+    #[test]
+    fn freed_partial_blocks_are_reused_before_cached_ones() {
+        let mut p = BlockPool::new(4); // 3 usable
+        let a = p.allocate(2).expect("free");
+        p.cache(a[0], d(1)); // a[1] stays partial (no hash)
+        p.free(&a); // queue: a[1] (front), fresh, a[0]
+        let b = p.allocate(2).expect("free");
+        assert_eq!(b[0], a[1], "the unhashed block goes first");
+        assert!(p.take_events().is_empty(), "no cached block was evicted");
+        assert_eq!(p.lookup_prefix(&[d(1)]), vec![a[0]]);
     }
 
     #[test]

@@ -177,14 +177,27 @@ impl SimArgs {
         if self.max_num_batched_tokens == 0 {
             return Err(range("--max-num-batched-tokens", "0".into(), ">= 1"));
         }
-        if !(self.time_scale > 0.0 && self.time_scale.is_finite()) {
+        let positive = |v: f64| v.is_finite() && v > 0.0;
+        let non_negative = |v: f64| v.is_finite() && v >= 0.0;
+        if !positive(self.time_scale) {
             return Err(range("--time-scale", self.time_scale.to_string(), "> 0"));
         }
-        if !(self.prefill_tokens_per_s > 0.0) {
+        if !positive(self.prefill_tokens_per_s) {
+            let v = self.prefill_tokens_per_s.to_string();
+            return Err(range("--prefill-tokens-per-s", v, "> 0"));
+        }
+        if !non_negative(self.prefill_floor_ms) {
             return Err(range(
-                "--prefill-tokens-per-s",
-                self.prefill_tokens_per_s.to_string(),
-                "> 0",
+                "--prefill-floor-ms",
+                self.prefill_floor_ms.to_string(),
+                ">= 0",
+            ));
+        }
+        if !non_negative(self.decode_step_ms) {
+            return Err(range(
+                "--decode-step-ms",
+                self.decode_step_ms.to_string(),
+                ">= 0",
             ));
         }
         if !matches!(

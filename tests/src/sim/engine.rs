@@ -215,10 +215,13 @@ impl Engine {
         let bs = self.p.codec.block_size();
         let s = self.waiting.front()?;
         let max_hit = (s.total_tokens().saturating_sub(1)) / bs;
-        let hit = self
-            .p
-            .pool
-            .lookup_prefix(&s.hashes[..max_hit.min(s.hashes.len())]);
+        let hit = if s.req.skip_prefix_cache {
+            Vec::new()
+        } else {
+            self.p
+                .pool
+                .lookup_prefix(&s.hashes[..max_hit.min(s.hashes.len())])
+        };
         let mut computed = hit.len() * bs;
         if s.req.remote_prefill && !s.admitted_once {
             computed = computed.max(s.req.prompt.len().saturating_sub(1));
@@ -237,7 +240,11 @@ impl Engine {
             s.cached_tokens = hit.len() * bs;
             self.p.metrics.admitted(s.req.prompt.len(), s.cached_tokens);
         }
-        s.num_stored = hit.len();
+        s.num_stored = if s.req.report_all_blocks {
+            0
+        } else {
+            hit.len()
+        };
         s.block_ids = hit;
         s.block_ids.extend(fresh);
         s.num_computed = computed;

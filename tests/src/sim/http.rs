@@ -207,6 +207,8 @@ async fn generate(
         extras: r.extras.clone(),
         max_tokens: r.max_tokens,
         remote_prefill,
+        skip_prefix_cache: r.skip_prefix_cache,
+        report_all_blocks: r.report_all_blocks,
         events: tx,
     };
     st.engine
@@ -214,14 +216,20 @@ async fn generate(
         .map_err(|_| internal("engine stopped"))?;
     let meta = resp_meta(&st, api);
     if r.stream {
-        return Ok(stamp(stream_response(st, meta, r.include_usage, rx), recv_ns));
+        return Ok(stamp(
+            stream_response(st, meta, r.include_usage, rx),
+            recv_ns,
+        ));
     }
     let (text, summary) = collect(&st.codec, rx)
         .await
         .ok_or_else(|| internal("engine dropped the request"))?;
     let kv = transfer_params(&st, &r, &summary);
     Ok(stamp(
-        json_resp(StatusCode::OK, &response::full_body(&meta, &text, &summary, kv)),
+        json_resp(
+            StatusCode::OK,
+            &response::full_body(&meta, &text, &summary, kv),
+        ),
         recv_ns,
     ))
 }
@@ -241,7 +249,10 @@ fn unix_nanos() -> u128 {
 /// adds: `(recv - client send) + (client head - respond)`.
 fn stamp(mut r: Response<Body>, recv_ns: u128) -> Response<Body> {
     let now = unix_nanos();
-    for (name, ns) in [("x-sim-recv-unix-ns", recv_ns), ("x-sim-respond-unix-ns", now)] {
+    for (name, ns) in [
+        ("x-sim-recv-unix-ns", recv_ns),
+        ("x-sim-respond-unix-ns", now),
+    ] {
         if let Ok(v) = header::HeaderValue::from_str(&ns.to_string()) {
             r.headers_mut().insert(name, v);
         }

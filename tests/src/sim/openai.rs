@@ -57,6 +57,13 @@ pub struct SimRequest {
     pub extras: RequestExtras,
     /// `kv_transfer_params`, when present.
     pub kv_transfer: Option<KvTransfer>,
+    /// Compute the whole prompt without reading the prefix cache (vLLM does this for
+    /// `prompt_logprobs`); computed blocks are still stored.
+    pub skip_prefix_cache: bool,
+    /// `vllm_xargs.kv_cache_report_mode: "full"`: the request's `BlockStored` covers every full
+    /// block from block 0, cache hits included (as the golden capture shows: the hit blocks are
+    /// re-reported with parent nil, and no block is allocated for them).
+    pub report_all_blocks: bool,
 }
 
 /// Parses a request body for `api`; `served` is the served model name (others are 404).
@@ -107,6 +114,12 @@ pub fn parse_request(api: ApiKind, body: &[u8], served: &str) -> Result<SimReque
             cache_salt: opt_string(obj.get("cache_salt"), "cache_salt")?,
         },
         kv_transfer: obj.get("kv_transfer_params").map(parse_transfer),
+        skip_prefix_cache: obj.get("prompt_logprobs").is_some_and(|v| !v.is_null()),
+        report_all_blocks: obj
+            .get("vllm_xargs")
+            .and_then(|x| x.get("kv_cache_report_mode"))
+            .and_then(Value::as_str)
+            == Some("full"),
     })
 }
 

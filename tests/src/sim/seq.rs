@@ -20,6 +20,10 @@ pub struct SeqRequest {
     pub max_tokens: usize,
     /// P/D consumer: the prompt's KV arrives by transfer, so prefilling it costs nothing.
     pub remote_prefill: bool,
+    /// Do not read the prefix cache (blocks computed are still stored).
+    pub skip_prefix_cache: bool,
+    /// Report hit blocks again in this request's first `BlockStored`.
+    pub report_all_blocks: bool,
     /// Where tokens and the final summary go.
     pub events: mpsc::UnboundedSender<SeqEvent>,
 }
