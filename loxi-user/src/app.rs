@@ -16,7 +16,8 @@ use tokio_util::sync::CancellationToken;
 use crate::api::{self, AllActive, ApiState, EndpointHealth};
 use crate::config::Config;
 use crate::metrics::{self, ControlMetrics};
-use crate::routing::tier::AffinityTier;
+use crate::proxy::{self, ProxyConfig, ProxyContext, ProxyMetrics};
+use crate::routing::AffinityTier;
 use crate::rules::RuleStore;
 use crate::rules::persist::PersistError;
 
@@ -51,10 +52,11 @@ pub async fn run(cfg: Config) -> Result<(), AppError> {
 pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), AppError> {
     let mut registry = metrics::new_registry();
     let control = ControlMetrics::register(&mut registry);
+    let proxy_metrics = ProxyMetrics::register(&mut registry);
     // Restore before any listener opens.
     let store = Arc::new(RuleStore::open(&cfg.flags.state_dir)?);
     // The KV tier is merged later; the proxy takes `None` until then.
-    let _tier: Option<Arc<dyn AffinityTier>> = None;
+    let tier: Option<Arc<dyn AffinityTier>> = None;
     let health: Arc<dyn EndpointHealth> = Arc::new(AllActive);
     let registry = Arc::new(registry);
     let mut tasks = JoinSet::new();
@@ -63,6 +65,12 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
         control.lb_rules.clone(),
         shutdown.clone(),
     ));
+    let ctx = ProxyContext {
+        metrics: proxy_metrics,
+        tier,
+        config: proxy_config(&cfg),
+    };
+    tasks.spawn(proxy::run(store.subscribe(), ctx, shutdown.clone()));
     let listener = TcpListener::bind(cfg.flags.api_addr)
         .await
         .map_err(|source| AppError::Bind {
@@ -80,6 +88,14 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
     shutdown.cancelled().await;
     drain(tasks, cfg.flags.shutdown_grace()).await;
     Ok(())
+}
+
+fn proxy_config(cfg: &Config) -> ProxyConfig {
+    ProxyConfig {
+        max_body_bytes: cfg.env.max_body_bytes,
+        shutdown_grace: cfg.flags.shutdown_grace(),
+        ..ProxyConfig::default()
+    }
 }
 
 async fn serve_api(listener: TcpListener, state: ApiState, shutdown: CancellationToken) {

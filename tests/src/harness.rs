@@ -1,10 +1,11 @@
 //! The shared integration-test harness: runs the real `loxilb` daemon binary on an OS-chosen
 //! loopback port with a temporary state directory, talks to its REST API, and runs `loxicmd`.
 //!
-//! Binaries: the harness never builds anything. `cargo test --workspace` (and `cargo test -p
-//! loxi-tests`, because `loxi-tests` depends on `loxi-user`) builds `loxilb` and `loxicmd` into
-//! the same profile directory as the test executable (`target/<profile>/`), which the harness
-//! finds from [`std::env::current_exe`] (`target/<profile>/deps/<test>` → `target/<profile>/`).
+//! Binaries: the harness never builds anything. `cargo test --workspace` builds `loxilb` and
+//! `loxicmd` into the profile directory of the test executable (`target/<profile>/`; the
+//! `loxi-user/tests/bins.rs` integration test makes cargo build them), and the harness finds
+//! them from [`std::env::current_exe`] (`target/<profile>/deps/<test>` → `target/<profile>/`).
+//! With `cargo test -p loxi-tests` alone run `cargo build -p loxi-user --bins` first.
 //! Set `LOXI_BIN_DIR` to use binaries from elsewhere.
 //!
 //! The daemon's stdout and stderr go to `<tmp>/loxilb.log` ([`Daemon::log_text`]); the

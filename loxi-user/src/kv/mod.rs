@@ -4,6 +4,25 @@
 //!
 //! See `README.md` in this folder for the data structures, event semantics and complexity.
 
+pub mod block_hash;
+pub mod tokenizer;
+pub mod api;
+pub mod apply;
+pub mod blend;
+pub mod events;
+pub mod index;
+pub mod manager;
+pub mod metrics;
+pub mod parity;
+pub mod replay;
+pub mod select;
+pub mod settings;
+pub mod state;
+pub mod subscriber;
+pub mod zmtp;
+#[cfg(test)]
+mod testutil;
+
 /// The 64-bit block id engines publish and the index is keyed by: for vLLM the last 8 digest
 /// bytes read big-endian (`VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES`, often above `i64::MAX`); for
 /// SGLang the first 8 digest bytes read big-endian (published as a signed i64, stored here as

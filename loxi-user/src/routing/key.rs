@@ -55,9 +55,10 @@ pub fn rendezvous_pick(
 }
 
 /// The CHWBL prefix key of a request: model + the head of the prompt, scoped by
-/// `chwbl_prefix_hash_level` (1–3: leading system messages plus the first `level` other
-/// messages, or `level × 256` characters / `level × 64` tokens of a prompt). `None` when the
-/// request has no prompt.
+/// `chwbl_prefix_hash_level` L (1–3): chat messages contribute their leading system /
+/// developer messages plus the first L−1 other messages (at least one message in all, so a
+/// chat without a system prompt keys on its first message); a text prompt its first L × 256
+/// characters; a token prompt its first L × 64 ids. `None` when the request has no prompt.
 pub fn prefix_key(meta: &RequestMeta, args: &ServiceArgs) -> Option<u64> {
     let level = usize::from(args.chwbl_prefix_hash_level.clamp(1, 3));
     let mut buf = String::new();
@@ -78,15 +79,16 @@ pub fn prefix_key(meta: &RequestMeta, args: &ServiceArgs) -> Option<u64> {
 }
 
 fn push_message_head(buf: &mut String, msgs: &[crate::proxy::meta::ChatMessage], level: usize) {
-    let mut others = 0;
+    let (mut others, mut taken) = (0, 0);
     for m in msgs {
         let system = m.role == "system" || m.role == "developer";
         if !system {
-            if others == level {
+            if others + 1 >= level && taken > 0 {
                 break;
             }
             others += 1;
         }
+        taken += 1;
         buf.push_str(&m.role);
         buf.push('\u{2}');
         buf.push_str(&m.content);
@@ -136,6 +138,55 @@ pub fn client_key(meta: &RequestMeta, with_port: bool) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proxy::meta::ChatMessage;
+
+    fn chat(msgs: &[(&str, &str)]) -> RequestMeta {
+        let msgs = msgs.iter().map(|(r, c)| ChatMessage {
+            role: (*r).into(),
+            content: (*c).into(),
+        });
+        RequestMeta {
+            model: Some("m".into()),
+            prompt: Some(Prompt::Messages(msgs.collect())),
+            ..Default::default()
+        }
+    }
+
+    fn level(l: u8) -> ServiceArgs {
+        serde_json::from_value(serde_json::json!({
+            "externalIP": "10.0.0.1", "port": 80, "mode": 4, "sel": 8, "chwbl_prefix_hash_level": l
+        }))
+        .expect("args")
+    }
+
+    #[test]
+    fn prefix_level_scopes_the_messages() {
+        let a = chat(&[
+            ("system", "S"),
+            ("user", "u1"),
+            ("assistant", "a1"),
+            ("user", "u2"),
+        ]);
+        let b = chat(&[("system", "S"), ("user", "u1"), ("assistant", "other")]);
+        let c = chat(&[("system", "S"), ("user", "different")]);
+        // Level 1: the system prompt alone.
+        assert_eq!(prefix_key(&a, &level(1)), prefix_key(&c, &level(1)));
+        // Level 2: + the first user message.
+        assert_eq!(prefix_key(&a, &level(2)), prefix_key(&b, &level(2)));
+        assert_ne!(prefix_key(&a, &level(2)), prefix_key(&c, &level(2)));
+        // Level 3: + the first reply.
+        assert_ne!(prefix_key(&a, &level(3)), prefix_key(&b, &level(3)));
+        // No system prompt: the first message is the prefix.
+        let d = chat(&[("user", "hello"), ("assistant", "x")]);
+        let e = chat(&[("user", "hello"), ("assistant", "y")]);
+        let f = chat(&[("user", "bye")]);
+        assert_eq!(prefix_key(&d, &level(1)), prefix_key(&e, &level(1)));
+        assert_ne!(prefix_key(&d, &level(1)), prefix_key(&f, &level(1)));
+        // The model is part of the key.
+        let mut g = chat(&[("system", "S")]);
+        g.model = Some("other".into());
+        assert_ne!(prefix_key(&g, &level(1)), prefix_key(&c, &level(1)));
+    }
 
     #[test]
     fn hash_str_is_fixed_xxh3_without_seed() {

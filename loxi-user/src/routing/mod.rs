@@ -174,6 +174,10 @@ impl Excluded {
         }
         self.0[w] |= 1 << b;
     }
+    /// True when nothing is excluded (a first attempt rather than a retry).
+    pub fn is_empty(&self) -> bool {
+        self.0.iter().all(|w| *w == 0)
+    }
     /// Is `ep` excluded?
     pub fn contains(&self, ep: EpIdx) -> bool {
         self.0

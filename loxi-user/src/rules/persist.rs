@@ -32,8 +32,10 @@ pub enum PersistError {
 
 /// Creates `state_dir` if needed and returns the path of the rules file in it.
 pub fn state_file(state_dir: &Path) -> Result<PathBuf, PersistError> {
-    fs::create_dir_all(state_dir)
-        .map_err(|source| PersistError::Dir { path: state_dir.to_path_buf(), source })?;
+    fs::create_dir_all(state_dir).map_err(|source| PersistError::Dir {
+        path: state_dir.to_path_buf(),
+        source,
+    })?;
     Ok(state_dir.join("rules.json"))
 }
 
@@ -75,9 +77,15 @@ pub fn load(file: &Path) -> Vec<StoredRule> {
 
 /// Writes `rules` atomically to `file`.
 pub fn save(file: &Path, rules: &[&StoredRule]) -> Result<(), PersistError> {
-    let err = |source| PersistError::Write { path: file.to_path_buf(), source };
-    let body = serde_json::to_vec_pretty(&StateFile { version: 1, rules: rules.to_vec() })
-        .map_err(|e| err(std::io::Error::other(e)))?;
+    let err = |source| PersistError::Write {
+        path: file.to_path_buf(),
+        source,
+    };
+    let body = serde_json::to_vec_pretty(&StateFile {
+        version: 1,
+        rules: rules.to_vec(),
+    })
+    .map_err(|e| err(std::io::Error::other(e)))?;
     let tmp = file.with_extension("json.tmp");
     {
         let mut f = fs::File::create(&tmp).map_err(err)?;
@@ -87,7 +95,56 @@ pub fn save(file: &Path, rules: &[&StoredRule]) -> Result<(), PersistError> {
     fs::rename(&tmp, file).map_err(err)?;
     if let Some(dir) = file.parent() {
         // Make the rename itself durable.
-        fs::File::open(dir).and_then(|d| d.sync_all()).map_err(err)?;
+        fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(err)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_file_is_an_empty_list() {
+        let dir = tempfile::tempdir().expect("tmp");
+        assert!(load(&dir.path().join("rules.json")).is_empty());
+    }
+
+    #[test]
+    fn corrupt_file_is_moved_aside_and_loads_empty() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let file = state_file(dir.path()).expect("state file");
+        std::fs::write(&file, b"{not json").expect("write");
+        assert!(load(&file).is_empty());
+        assert!(!file.exists(), "the corrupt file is no longer in the way");
+        let aside: Vec<_> = std::fs::read_dir(dir.path())
+            .expect("dir")
+            .filter_map(|e| e.ok())
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with("rules.json.corrupt-")
+            })
+            .collect();
+        assert_eq!(aside.len(), 1);
+        assert_eq!(std::fs::read(aside[0].path()).expect("read"), b"{not json");
+    }
+
+    #[test]
+    fn save_then_load_round_trips_and_creates_the_state_dir() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let file = state_file(&dir.path().join("a/b")).expect("nested dir created");
+        let rule: crate::rules::LbRule = serde_json::from_value(serde_json::json!({
+            "serviceArguments": {"externalIP": "10.0.0.1", "port": 80},
+            "endpoints": [{"endpointIP": "10.0.1.1"}]
+        }))
+        .expect("rule");
+        let stored = StoredRule { id: 7, rule };
+        save(&file, &[&stored]).expect("save");
+        assert_eq!(load(&file), vec![stored]);
+        let text = std::fs::read_to_string(&file).expect("read");
+        assert!(text.contains("\"version\": 1"), "{text}");
+    }
 }

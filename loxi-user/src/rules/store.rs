@@ -90,19 +90,36 @@ impl RuleStore {
             match validate::validate(stored.rule) {
                 Ok(rule) => {
                     max_id = max_id.max(stored.id);
-                    rules.insert(rule.key(), Arc::new(StoredRule { id: stored.id, rule }));
+                    rules.insert(
+                        rule.key(),
+                        Arc::new(StoredRule {
+                            id: stored.id,
+                            rule,
+                        }),
+                    );
                 }
-                Err(e) => tracing::error!(error = %e, "dropping a restored rule that no longer validates"),
+                Err(e) => {
+                    tracing::error!(error = %e, "dropping a restored rule that no longer validates")
+                }
             }
         }
         tracing::info!(rules = rules.len(), file = %file.display(), "rules restored");
         Ok(Self::with(Some(file), rules, max_id))
     }
 
-    fn with(state_file: Option<PathBuf>, rules: BTreeMap<RuleKey, Arc<StoredRule>>, max_id: u32) -> Self {
+    fn with(
+        state_file: Option<PathBuf>,
+        rules: BTreeMap<RuleKey, Arc<StoredRule>>,
+        max_id: u32,
+    ) -> Self {
         let snap = Arc::new(RuleSnapshot { version: 1, rules });
         let (tx, _) = watch::channel(snap.clone());
-        Self { current: ArcSwap::new(snap), tx, write: Mutex::new(max_id), state_file }
+        Self {
+            current: ArcSwap::new(snap),
+            tx,
+            write: Mutex::new(max_id),
+            state_file,
+        }
     }
 
     /// The newest snapshot.
@@ -185,9 +202,168 @@ impl RuleStore {
             let list: Vec<&StoredRule> = rules.values().map(|r| r.as_ref()).collect();
             persist::save(file, &list)?;
         }
-        let snap = Arc::new(RuleSnapshot { version: cur.version + 1, rules });
+        let snap = Arc::new(RuleSnapshot {
+            version: cur.version + 1,
+            rules,
+        });
         self.current.store(snap.clone());
         self.tx.send_replace(snap);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn rule(port: u16, sel: u8, model: &str) -> LbRule {
+        serde_json::from_value(json!({
+            "serviceArguments": {"externalIP": "10.0.0.1", "port": port, "mode": 4, "sel": sel,
+                "model_name": model},
+            "endpoints": [{"endpointIP": "10.0.1.1", "targetPort": 8000}]
+        }))
+        .expect("rule")
+    }
+
+    #[test]
+    fn upsert_assigns_ids_and_publishes_each_change_once() {
+        let store = RuleStore::in_memory();
+        let mut rx = store.subscribe();
+        assert_eq!(
+            store.upsert(rule(80, 0, "")).expect("ok"),
+            UpsertOutcome::Created
+        );
+        assert_eq!(
+            store.upsert(rule(81, 0, "")).expect("ok"),
+            UpsertOutcome::Created
+        );
+        assert!(rx.has_changed().expect("open"));
+        let snap = rx.borrow_and_update().clone();
+        assert_eq!(snap.version, 3);
+        let ids: Vec<u32> = snap.rules.values().map(|r| r.id).collect();
+        assert_eq!(ids, vec![1, 2]);
+        assert_eq!(
+            store.upsert(rule(80, 0, "")).expect("ok"),
+            UpsertOutcome::Unchanged
+        );
+        assert!(
+            !rx.has_changed().expect("open"),
+            "an identical re-post publishes nothing"
+        );
+        let mut w = rule(80, 0, "");
+        w.endpoints[0].weight = 9;
+        assert_eq!(store.upsert(w).expect("ok"), UpsertOutcome::Updated);
+        assert_eq!(
+            store.snapshot().rules.values().next().map(|r| r.id),
+            Some(1),
+            "id kept"
+        );
+    }
+
+    #[test]
+    fn conflicting_upsert_leaves_the_store_unchanged() {
+        let store = RuleStore::in_memory();
+        store.upsert(rule(80, 0, "")).expect("ok");
+        let v = store.snapshot().version;
+        let e = store.upsert(rule(80, 8, "")).expect_err("conflict");
+        assert!(
+            matches!(e, StoreError::Invalid(RuleError::Conflict { .. })),
+            "{e:?}"
+        );
+        assert_eq!(store.snapshot().version, v);
+        assert_eq!(
+            store
+                .snapshot()
+                .rules
+                .values()
+                .next()
+                .map(|r| r.rule.service.sel),
+            Some(0)
+        );
+    }
+
+    #[test]
+    fn delete_filters_by_host_and_model_and_reports_not_found() {
+        let store = RuleStore::in_memory();
+        store.upsert(rule(80, 0, "a")).expect("ok");
+        store.upsert(rule(80, 0, "b")).expect("ok");
+        store.upsert(rule(81, 0, "")).expect("ok");
+        let gone = store
+            .delete("10.0.0.1", 80, "TCP", None, Some("b"))
+            .expect("deleted");
+        assert_eq!(gone.len(), 1);
+        assert_eq!(gone[0].rule.service.model_name, "b");
+        let e = store
+            .delete("10.0.0.1", 80, "tcp", Some("h"), None)
+            .expect_err("no host h");
+        assert!(matches!(e, StoreError::NotFound(_)), "{e:?}");
+        assert_eq!(
+            store
+                .delete("10.0.0.1", 80, "tcp", None, None)
+                .expect("rest")
+                .len(),
+            1
+        );
+        assert_eq!(store.snapshot().rules.len(), 1);
+    }
+
+    #[test]
+    fn reopening_the_state_dir_restores_rules_and_ids_and_never_reuses_an_id() {
+        let dir = tempfile::tempdir().expect("tmp");
+        {
+            let store = RuleStore::open(dir.path()).expect("open");
+            store.upsert(rule(80, 0, "")).expect("ok");
+            store.upsert(rule(81, 2, "")).expect("ok");
+            store.upsert(rule(82, 0, "")).expect("ok");
+            store
+                .delete("10.0.0.1", 82, "tcp", None, None)
+                .expect("deleted");
+        }
+        let store = RuleStore::open(dir.path()).expect("reopen");
+        let snap = store.snapshot();
+        let got: Vec<(u16, u8, u32)> = snap
+            .rules
+            .values()
+            .map(|r| (r.rule.service.port, r.rule.service.sel, r.id))
+            .collect();
+        assert_eq!(got, vec![(80, 0, 1), (81, 2, 2)]);
+        store.upsert(rule(83, 0, "")).expect("ok");
+        let id = store
+            .snapshot()
+            .rules
+            .values()
+            .find(|r| r.rule.service.port == 83)
+            .map(|r| r.id);
+        assert_eq!(id, Some(3), "ids continue after the highest restored id");
+        assert!(
+            !dir.path().join("rules.json.tmp").exists(),
+            "no temp file left behind"
+        );
+    }
+
+    #[test]
+    fn a_failed_write_rejects_the_change_and_keeps_the_snapshot() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let state = dir.path().join("state");
+        let store = RuleStore::open(&state).expect("open");
+        std::fs::remove_dir_all(&state).expect("pull the state dir away");
+        let e = store.upsert(rule(80, 0, "")).expect_err("cannot persist");
+        assert!(matches!(e, StoreError::Persist(_)), "{e:?}");
+        assert!(e.to_string().contains("rules.json"), "{e}");
+        assert!(store.snapshot().rules.is_empty());
+    }
+
+    #[test]
+    fn restored_rules_that_no_longer_validate_are_dropped() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let good = json!({"id": 4, "rule": serde_json::to_value(rule(80, 0, "")).expect("v")});
+        let mut bad = json!({"id": 5, "rule": serde_json::to_value(rule(81, 0, "")).expect("v")});
+        bad["rule"]["serviceArguments"]["chwbl_replication"] = json!(5000);
+        let file = json!({"version": 1, "rules": [good, bad]});
+        std::fs::write(dir.path().join("rules.json"), file.to_string()).expect("write");
+        let store = RuleStore::open(dir.path()).expect("open");
+        let ids: Vec<u32> = store.snapshot().rules.values().map(|r| r.id).collect();
+        assert_eq!(ids, vec![4]);
     }
 }

@@ -72,7 +72,44 @@ pub fn validate(mut rule: LbRule) -> Result<LbRule, RuleError> {
     for (i, ep) in rule.endpoints.iter_mut().enumerate() {
         validate_endpoint(i, ep, &rule.service)?;
     }
+    check_duplicate_endpoints(&rule.endpoints)?;
+    check_pd_roles(&rule)?;
     Ok(rule)
+}
+
+/// The same `endpointIP:targetPort` twice would make two `ep_idx` for one backend.
+fn check_duplicate_endpoints(eps: &[Endpoint]) -> Result<(), RuleError> {
+    for (i, ep) in eps.iter().enumerate() {
+        let first = eps
+            .iter()
+            .position(|e| e.endpoint_ip == ep.endpoint_ip && e.target_port == ep.target_port);
+        if let Some(j) = first.filter(|j| *j < i) {
+            return Err(invalid(
+                &format!("endpoints[{i}]"),
+                format!(
+                    "{}:{} is already endpoints[{j}]",
+                    ep.endpoint_ip, ep.target_port
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A P/D rule needs at least one prefill (`ep_role` 1) and one decode (2) endpoint (spec:
+/// "pd_disagg_mode:true, ≥1 ep_role:1 + ≥1 ep_role:2").
+fn check_pd_roles(rule: &LbRule) -> Result<(), RuleError> {
+    if !rule.service.pd_disagg_mode {
+        return Ok(());
+    }
+    let has = |role: u8| rule.endpoints.iter().any(|e| e.ep_role == role);
+    if !has(1) || !has(2) {
+        return Err(invalid(
+            "endpoints",
+            "pd_disagg_mode needs at least one prefill (ep_role 1) and one decode (ep_role 2) endpoint",
+        ));
+    }
+    Ok(())
 }
 
 fn range<T: PartialOrd + std::fmt::Display>(
@@ -173,6 +210,15 @@ fn validate_service(s: &mut ServiceArgs) -> Result<(), RuleError> {
         ));
     }
     range("kvDpRankCount", s.kv_dp_rank_count, 1, 8)?;
+    if u32::from(s.kv_zmq_port) + u32::from(s.kv_dp_rank_count) - 1 > 65535 {
+        return Err(invalid(
+            "serviceArguments.kvZmqPort",
+            format!(
+                "{} + {} DP ranks runs past port 65535",
+                s.kv_zmq_port, s.kv_dp_rank_count
+            ),
+        ));
+    }
     range("chwbl_prefix_hash_level", s.chwbl_prefix_hash_level, 1, 3)?;
     range("chwbl_mean_load_factor", s.chwbl_mean_load_factor, 100, 300)?;
     range("chwbl_replication", s.chwbl_replication, 1, 1024)?;
@@ -230,7 +276,31 @@ fn check_fullproxy_only(s: &ServiceArgs) -> Result<(), RuleError> {
     need("pd_cache_aware_mode", s.pd_cache_aware_mode)?;
     need("model_name", !s.model_name.is_empty())?;
     need("session_header_name", !s.session_header_name.is_empty())?;
-    need("sse_mode", s.sse_mode)
+    need("sse_mode", s.sse_mode)?;
+    need("backend_protocol", s.backend_protocol != "http1")?;
+    need_defaults_outside_fullproxy(s, need)
+}
+
+/// AI knobs set away from their defaults on a non-fullproxy rule would be silently inert.
+fn need_defaults_outside_fullproxy(
+    s: &ServiceArgs,
+    need: impl Fn(&str, bool) -> Result<(), RuleError>,
+) -> Result<(), RuleError> {
+    need("kvEngineType", s.kv_engine_type != "vllm")?;
+    need("kvHashAlgo", s.kv_hash_algo != "sha256_cbor")?;
+    need("kvBlockSize", s.kv_block_size != 16)?;
+    need("kvZmqPort", s.kv_zmq_port != 5557)?;
+    need("kvWarmupSec", s.kv_warmup_sec != 0)?;
+    need("kvDpRankCount", s.kv_dp_rank_count != 1)?;
+    need("kvReplayPort", s.kv_replay_port != 0)?;
+    need("pd_session_ttl_sec", s.pd_session_ttl_sec != 0)?;
+    need("pd_cache_threshold", s.pd_cache_threshold != 20)?;
+    need("pd_balance_abs_threshold", s.pd_balance_abs_threshold != 3)?;
+    need("chwbl_prefix_hash_level", s.chwbl_prefix_hash_level != 1)?;
+    need("chwbl_prefix_hash_flags", s.chwbl_prefix_hash_flags != 0)?;
+    need("chwbl_mean_load_factor", s.chwbl_mean_load_factor != 175)?;
+    need("chwbl_replication", s.chwbl_replication != 256)?;
+    need("chwbl_enable_cache_salt", s.chwbl_enable_cache_salt)
 }
 
 fn validate_endpoint(i: usize, ep: &mut Endpoint, s: &ServiceArgs) -> Result<(), RuleError> {
@@ -308,4 +378,216 @@ pub fn check_same_shape(old: &LbRule, new: &LbRule) -> Result<(), RuleError> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn rule(extra: serde_json::Value) -> LbRule {
+        let mut v = json!({
+            "serviceArguments": {"externalIP": "10.0.0.1", "port": 80, "mode": 4},
+            "endpoints": [
+                {"endpointIP": "10.0.1.2", "targetPort": 8000},
+                {"endpointIP": "10.0.1.1", "targetPort": 8000}
+            ]
+        });
+        for (k, x) in extra.as_object().expect("object") {
+            v["serviceArguments"][k] = x.clone();
+        }
+        serde_json::from_value(v).expect("rule parses")
+    }
+
+    fn field_of(r: LbRule) -> String {
+        match validate(r).expect_err("must be rejected") {
+            RuleError::Invalid { field, .. } => field,
+            other => panic!("not Invalid: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn valid_rule_is_normalised_and_keeps_endpoint_order() {
+        let r = validate(rule(
+            json!({"externalIP": "::FFFF:10.0.0.1", "protocol": "TCP"}),
+        ))
+        .expect("valid");
+        assert_eq!(r.service.external_ip, "::ffff:10.0.0.1");
+        assert_eq!(r.service.protocol, "tcp");
+        assert_eq!(r.service.kv_hash_algo, "sha256_cbor");
+        let ips: Vec<_> = r.endpoints.iter().map(|e| e.endpoint_ip.as_str()).collect();
+        assert_eq!(ips, ["10.0.1.2", "10.0.1.1"], "ep_idx = user order");
+    }
+
+    #[test]
+    fn hash_algo_is_derived_from_the_engine() {
+        let r = validate(rule(json!({"kvEngineType": "sglang"}))).expect("valid");
+        assert_eq!(r.service.kv_hash_algo, "sha256_sglang");
+        let r = validate(rule(json!({"kvEngineType": "trtllm"}))).expect("valid");
+        assert_eq!(r.service.kv_hash_algo, "blockhash_trtllm");
+    }
+
+    #[test]
+    fn every_spec_range_is_enforced_at_both_ends() {
+        let cases = [
+            ("mode", json!(6)),
+            ("sel", json!(11)),
+            ("sel", json!(7)),
+            ("security", json!(3)),
+            ("protocol", json!("icmp")),
+            ("backend_protocol", json!("http3")),
+            ("pd_session_ttl_sec", json!(-1)),
+            ("pd_cache_threshold", json!(-1)),
+            ("pd_cache_threshold", json!(101)),
+            ("pd_balance_abs_threshold", json!(256)),
+            ("kvEngineType", json!("tgi")),
+            ("kvExactMode", json!(2)),
+            ("kvExactMode", json!(4)),
+            ("kvBlockSize", json!(0)),
+            ("kvHashAlgo", json!("pickle")),
+            ("kvZmqPort", json!(0)),
+            ("kvDpRankCount", json!(0)),
+            ("kvDpRankCount", json!(9)),
+            ("chwbl_prefix_hash_level", json!(0)),
+            ("chwbl_prefix_hash_level", json!(4)),
+            ("chwbl_mean_load_factor", json!(99)),
+            ("chwbl_mean_load_factor", json!(301)),
+            ("chwbl_replication", json!(0)),
+            ("chwbl_replication", json!(1025)),
+            ("probetype", json!("icmp")),
+            ("externalIP", json!("not-an-ip")),
+            ("port", json!(0)),
+        ];
+        for (key, value) in cases {
+            let f = field_of(rule(json!({ key: value.clone() })));
+            assert_eq!(f, format!("serviceArguments.{key}"), "{key}={value}");
+        }
+        let edges = [
+            ("pd_cache_threshold", json!(100)),
+            ("pd_balance_abs_threshold", json!(255)),
+            ("chwbl_mean_load_factor", json!(300)),
+            ("chwbl_replication", json!(1024)),
+            ("kvDpRankCount", json!(8)),
+            ("chwbl_prefix_hash_level", json!(3)),
+        ];
+        for (key, value) in edges {
+            validate(rule(json!({ key: value.clone() }))).expect("edge of the range is valid");
+        }
+    }
+
+    #[test]
+    fn n3_selector_only_for_udp() {
+        assert_eq!(field_of(rule(json!({"sel": 6}))), "serviceArguments.sel");
+        validate(rule(json!({"sel": 6, "protocol": "udp", "mode": 0}))).expect("udp n3");
+    }
+
+    #[test]
+    fn zmq_port_span_of_all_dp_ranks_must_fit() {
+        let f = field_of(rule(json!({"kvZmqPort": 65535, "kvDpRankCount": 2})));
+        assert_eq!(f, "serviceArguments.kvZmqPort");
+        validate(rule(json!({"kvZmqPort": 65534, "kvDpRankCount": 2}))).expect("fits");
+    }
+
+    #[test]
+    fn ai_fields_require_fullproxy() {
+        for (key, value) in [
+            ("sel", json!(8)),
+            ("kvExactMode", json!(3)),
+            ("model_name", json!("m")),
+            ("kvBlockSize", json!(32)),
+            ("chwbl_replication", json!(64)),
+            ("pd_cache_threshold", json!(10)),
+            ("backend_protocol", json!("http2")),
+        ] {
+            let f = field_of(rule(json!({"mode": 2, key: value.clone()})));
+            assert_eq!(f, format!("serviceArguments.{key}"), "{key}={value}");
+        }
+        validate(rule(json!({"mode": 2, "sel": 2}))).expect("plain L4 rule");
+    }
+
+    #[test]
+    fn kv_topology_rules() {
+        assert_eq!(
+            field_of(rule(json!({"kvExactMode": 1}))),
+            "serviceArguments.kvExactMode"
+        );
+        assert_eq!(
+            field_of(rule(json!({"kvExactMode": 3, "kvEngineType": "llamacpp"}))),
+            "serviceArguments.kvExactMode"
+        );
+        assert_eq!(
+            field_of(rule(json!({"pd_cache_aware_mode": true}))),
+            "serviceArguments.pd_cache_aware_mode"
+        );
+        validate(rule(json!({"kvExactMode": 3}))).expect("single pool");
+    }
+
+    #[test]
+    fn pd_rules_need_a_prefill_and_a_decode_endpoint() {
+        let mut r = rule(json!({"pd_disagg_mode": true}));
+        assert_eq!(field_of(r.clone()), "endpoints");
+        r.endpoints[0].ep_role = 1;
+        assert_eq!(field_of(r.clone()), "endpoints");
+        r.endpoints[1].ep_role = 2;
+        validate(r).expect("one prefill, one decode");
+        let mut plain = rule(json!({}));
+        plain.endpoints[0].ep_role = 1;
+        assert_eq!(field_of(plain), "endpoints[0].ep_role");
+    }
+
+    #[test]
+    fn endpoint_checks_name_the_index() {
+        let mut r = rule(json!({}));
+        r.endpoints[1].weight = 0;
+        assert_eq!(field_of(r), "endpoints[1].weight");
+        let mut r = rule(json!({}));
+        r.endpoints[1].endpoint_ip = "host.example".into();
+        assert_eq!(field_of(r), "endpoints[1].endpointIP");
+        let mut r = rule(json!({}));
+        r.endpoints[1].endpoint_ip = "10.0.1.2".into();
+        assert_eq!(field_of(r), "endpoints[1]", "duplicate endpoint");
+        let mut r = rule(json!({}));
+        r.endpoints.clear();
+        assert_eq!(field_of(r), "endpoints");
+    }
+
+    #[test]
+    fn target_port_zero_means_the_service_port_and_output_fields_are_dropped() {
+        let mut r = rule(json!({}));
+        r.endpoints[0].target_port = 0;
+        r.endpoints[0].state = Some("inactive".into());
+        let v = validate(r).expect("valid");
+        assert_eq!(v.endpoints[0].target_port, 80);
+        assert_eq!(v.endpoints[0].state, None);
+    }
+
+    #[test]
+    fn reshaping_a_key_is_a_conflict_but_new_endpoints_are_not() {
+        let old = validate(rule(json!({}))).expect("valid");
+        let resel = validate(rule(json!({"sel": 2}))).expect("valid");
+        match check_same_shape(&old, &resel) {
+            Err(RuleError::Conflict { field, existing }) => {
+                assert_eq!(
+                    (field.as_str(), existing.as_str()),
+                    ("serviceArguments.sel", "0")
+                );
+            }
+            other => panic!("expected a conflict: {other:?}"),
+        }
+        let mut more = old.clone();
+        more.endpoints[0].weight = 5;
+        check_same_shape(&old, &more).expect("same shape");
+    }
+
+    #[test]
+    fn unknown_field_message_names_only_the_key() {
+        let e = RuleError::UnknownField {
+            field: "endpoints[0].weigth".into(),
+            suggestion: Some("weight".into()),
+        };
+        assert_eq!(
+            e.to_string(),
+            "\"weigth\" is not a field; did you mean \"weight\"?"
+        );
+    }
 }

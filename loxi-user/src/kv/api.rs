@@ -1,0 +1,232 @@
+//! REST views of the KV tier, mounted by the daemon under `/netlox/v1`:
+//!
+//! - `GET /netlox/v1/config/ai/kv/inventory?service_id=N[&ep_idx=M]` — per subscribed endpoint:
+//!   index, IP, block count, connected flag, per-rank stream status (connected, last seq) and
+//!   the held block hashes (u64, oldest first per rank). `ep_idx` narrows to one endpoint.
+//! - `GET /netlox/v1/config/ai/kv/parity?service_id=N` — the rule's hash contract and, per
+//!   endpoint, the parity verdict (`unknown`/`ok`/`mismatch`), blocks checked and mismatched,
+//!   the diagnosis, block-size rejections and whether token re-hash is active.
+//!
+//! Errors are JSON `{"error": "..."}`: 400 naming the bad query field, 404 for an unknown
+//! service (no KV state: unknown id or kvExactMode 0) or endpoint.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde::Serialize;
+
+use super::parity::EpParity;
+use super::state::{KvState, ServiceKv};
+
+/// Inventory path.
+pub const INVENTORY_PATH: &str = "/netlox/v1/config/ai/kv/inventory";
+/// Parity path.
+pub const PARITY_PATH: &str = "/netlox/v1/config/ai/kv/parity";
+
+/// The router with both views; state = the shared KV state.
+pub fn router(state: Arc<KvState>) -> axum::Router {
+    axum::Router::new()
+        .route(INVENTORY_PATH, get(inventory))
+        .route(PARITY_PATH, get(parity))
+        .with_state(state)
+}
+
+/// One rank stream's status.
+#[derive(Debug, Serialize)]
+pub struct RankView {
+    /// DP rank.
+    pub rank: u32,
+    /// Socket up.
+    pub connected: bool,
+    /// Last applied sequence number.
+    #[serde(rename = "lastSeq")]
+    pub last_seq: Option<u64>,
+}
+
+/// One endpoint's inventory.
+#[derive(Debug, Serialize)]
+pub struct EndpointInventory {
+    /// Endpoint index in the rule.
+    #[serde(rename = "epIdx")]
+    pub ep_idx: usize,
+    /// Endpoint IP.
+    #[serde(rename = "endpointIP")]
+    pub endpoint_ip: String,
+    /// Blocks held (all ranks).
+    #[serde(rename = "blockCount")]
+    pub block_count: u64,
+    /// Any rank connected.
+    pub connected: bool,
+    /// Per-rank status.
+    pub ranks: Vec<RankView>,
+    /// Held block hashes.
+    pub hashes: Vec<u64>,
+}
+
+/// `GET …/kv/inventory` body.
+#[derive(Debug, Serialize)]
+pub struct InventoryView {
+    /// Rule id.
+    #[serde(rename = "serviceId")]
+    pub service_id: u32,
+    /// Subscribed endpoints.
+    pub endpoints: Vec<EndpointInventory>,
+}
+
+/// One endpoint's parity.
+#[derive(Debug, Serialize)]
+pub struct EndpointParity {
+    /// Endpoint index.
+    #[serde(rename = "epIdx")]
+    pub ep_idx: usize,
+    /// Report.
+    #[serde(flatten)]
+    pub parity: EpParity,
+}
+
+/// `GET …/kv/parity` body.
+#[derive(Debug, Serialize)]
+pub struct ParityView {
+    /// Rule id.
+    #[serde(rename = "serviceId")]
+    pub service_id: u32,
+    /// `kvHashAlgo` in effect (or the unknown name).
+    #[serde(rename = "kvHashAlgo")]
+    pub hash_algo: String,
+    /// `kvBlockSize`.
+    #[serde(rename = "kvBlockSize")]
+    pub block_size: u32,
+    /// Whether `LLB_KV_NONE_HASH_SEED` is set.
+    #[serde(rename = "seedSet")]
+    pub seed_set: bool,
+    /// Endpoints with a report.
+    pub endpoints: Vec<EndpointParity>,
+}
+
+fn error(code: StatusCode, msg: String) -> Response {
+    (code, Json(serde_json::json!({ "error": msg }))).into_response()
+}
+
+fn parse_field<T: std::str::FromStr>(
+    q: &HashMap<String, String>,
+    field: &str,
+) -> Result<Option<T>, Response> {
+    match q.get(field) {
+        None => Ok(None),
+        Some(v) => v.parse().map(Some).map_err(|_| {
+            error(
+                StatusCode::BAD_REQUEST,
+                format!("query field `{field}`: {v:?} is not a non-negative integer"),
+            )
+        }),
+    }
+}
+
+fn service(state: &KvState, q: &HashMap<String, String>) -> Result<Arc<ServiceKv>, Response> {
+    let id: u32 = parse_field(q, "service_id")?.ok_or_else(|| {
+        error(
+            StatusCode::BAD_REQUEST,
+            "query field `service_id` is required".into(),
+        )
+    })?;
+    state.get(id).ok_or_else(|| {
+        error(
+            StatusCode::NOT_FOUND,
+            format!("service_id {id}: no KV state (unknown rule or kvExactMode 0)"),
+        )
+    })
+}
+
+async fn inventory(
+    State(state): State<Arc<KvState>>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    match inventory_view(&state, &q) {
+        Ok(v) => Json(v).into_response(),
+        Err(r) => r,
+    }
+}
+
+fn inventory_view(state: &KvState, q: &HashMap<String, String>) -> Result<InventoryView, Response> {
+    let svc = service(state, q)?;
+    let only: Option<usize> = parse_field(q, "ep_idx")?;
+    if let Some(ep) = only.filter(|&e| e >= svc.config.endpoints.len()) {
+        return Err(error(
+            StatusCode::NOT_FOUND,
+            format!(
+                "ep_idx {ep}: the rule has {} endpoints",
+                svc.config.endpoints.len()
+            ),
+        ));
+    }
+    let streams = svc.streams.lock().clone();
+    let endpoints = svc
+        .config
+        .endpoints
+        .iter()
+        .enumerate()
+        .filter(|(ep, (_, subscribed))| *subscribed && only.is_none_or(|o| o == *ep))
+        .map(|(ep, (ip, _))| {
+            let ranks: Vec<RankView> = (0..svc.config.dp_ranks)
+                .map(|rank| {
+                    let s = streams.get(&(ep, rank)).copied().unwrap_or_default();
+                    RankView {
+                        rank,
+                        connected: s.connected,
+                        last_seq: s.last_seq,
+                    }
+                })
+                .collect();
+            EndpointInventory {
+                ep_idx: ep,
+                endpoint_ip: ip.clone(),
+                block_count: svc.index.blocks(ep),
+                connected: ranks.iter().any(|r| r.connected),
+                ranks,
+                hashes: svc.index.keys_of(ep).into_iter().map(|k| k.0).collect(),
+            }
+        })
+        .collect();
+    Ok(InventoryView {
+        service_id: svc.id,
+        endpoints,
+    })
+}
+
+async fn parity(
+    State(state): State<Arc<KvState>>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    let svc = match service(&state, &q) {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    let endpoints = svc
+        .parity
+        .lock()
+        .all()
+        .into_iter()
+        .map(|(ep_idx, parity)| EndpointParity { ep_idx, parity })
+        .collect();
+    let hash_algo = match &svc.config.algo {
+        Ok(a) => a.to_string(),
+        Err(name) => name.clone(),
+    };
+    let view = ParityView {
+        service_id: svc.id,
+        hash_algo,
+        block_size: svc.config.block_size,
+        seed_set: state.settings.none_hash_seed.is_some(),
+        endpoints,
+    };
+    Json(view).into_response()
+}
+
+#[cfg(test)]
+#[path = "api_tests.rs"]
+mod tests;

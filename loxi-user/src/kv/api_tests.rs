@@ -1,0 +1,125 @@
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::*;
+use crate::kv::events::decode_batch;
+use crate::kv::settings::KvSettings;
+use crate::kv::testutil::{rule, state, stored_batch};
+
+/// Serves `router(state)` on an OS-chosen loopback port.
+async fn serve(state: Arc<KvState>) -> std::net::SocketAddr {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = l.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(l, router(state)).await });
+    addr
+}
+
+async fn get_json(addr: std::net::SocketAddr, path: &str) -> (u16, serde_json::Value) {
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let req = format!("GET {path} HTTP/1.1\r\nHost: loxi\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.expect("write");
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).await.expect("read");
+    let status = raw[9..12].parse().expect("status");
+    let body = raw
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b)
+        .unwrap_or_default();
+    (
+        status,
+        serde_json::from_str(body).unwrap_or_else(|e| panic!("json body {body:?}: {e}")),
+    )
+}
+
+fn populated() -> Arc<KvState> {
+    let (st, _reg) = state(KvSettings::default());
+    let svc = st.service(&rule(4, 2, serde_json::json!({})));
+    let b = decode_batch(&stored_batch(&[11, u64::MAX], 16)).expect("decode");
+    svc.apply_batch(1, 0, &b, &st.settings, &st.metrics);
+    svc.set_connected(1, 0, true);
+    svc.streams.lock().entry((1, 0)).or_default().last_seq = Some(7);
+    let bad = decode_batch(&stored_batch(&[5], 768)).expect("decode");
+    svc.apply_batch(0, 0, &bad, &st.settings, &st.metrics);
+    st
+}
+
+#[tokio::test]
+async fn inventory_lists_blocks_connection_and_last_seq_per_endpoint() {
+    let addr = serve(populated()).await;
+    let (code, v) = get_json(
+        addr,
+        "/netlox/v1/config/ai/kv/inventory?service_id=4&ep_idx=1",
+    )
+    .await;
+    assert_eq!(code, 200);
+    let ep = &v["endpoints"][0];
+    assert_eq!(
+        (
+            ep["epIdx"].as_u64(),
+            ep["blockCount"].as_u64(),
+            ep["connected"].as_bool()
+        ),
+        (Some(1), Some(2), Some(true))
+    );
+    assert_eq!(ep["ranks"][0]["lastSeq"].as_u64(), Some(7));
+    assert_eq!(ep["hashes"], serde_json::json!([11, u64::MAX]));
+    assert_eq!(v["endpoints"].as_array().map(Vec::len), Some(1));
+    let (_, all) = get_json(addr, "/netlox/v1/config/ai/kv/inventory?service_id=4").await;
+    assert_eq!(all["endpoints"].as_array().map(Vec::len), Some(2));
+}
+
+#[tokio::test]
+async fn inventory_errors_name_the_field() {
+    let addr = serve(populated()).await;
+    let (code, v) = get_json(addr, "/netlox/v1/config/ai/kv/inventory").await;
+    assert_eq!(code, 400);
+    assert!(
+        v["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("service_id"))
+    );
+    let (code, v) = get_json(
+        addr,
+        "/netlox/v1/config/ai/kv/inventory?service_id=4&ep_idx=x",
+    )
+    .await;
+    assert_eq!(code, 400);
+    assert!(v["error"].as_str().is_some_and(|e| e.contains("ep_idx")));
+    assert_eq!(
+        get_json(addr, "/netlox/v1/config/ai/kv/inventory?service_id=99")
+            .await
+            .0,
+        404
+    );
+    assert_eq!(
+        get_json(
+            addr,
+            "/netlox/v1/config/ai/kv/inventory?service_id=4&ep_idx=2"
+        )
+        .await
+        .0,
+        404
+    );
+}
+
+#[tokio::test]
+async fn parity_report_shows_block_size_mismatch() {
+    let addr = serve(populated()).await;
+    let (code, v) = get_json(addr, "/netlox/v1/config/ai/kv/parity?service_id=4").await;
+    assert_eq!(code, 200);
+    assert_eq!(
+        (v["kvHashAlgo"].as_str(), v["kvBlockSize"].as_u64()),
+        (Some("sha256_cbor"), Some(16))
+    );
+    let ep0 = &v["endpoints"][0];
+    assert_eq!(
+        (
+            ep0["epIdx"].as_u64(),
+            ep0["block_size_rejects"].as_u64(),
+            ep0["engine_block_size"].as_u64()
+        ),
+        (Some(0), Some(1), Some(768))
+    );
+    assert_eq!(ep0["verdict"].as_str(), Some("unknown"));
+}

@@ -1,0 +1,227 @@
+//! Applying decoded event batches of one (endpoint, rank) stream to a service's index, with the
+//! block-size guard, the parity check / token re-hash, and the per-event metrics.
+//!
+//! Semantics: `BlockStored` adds one reference per listed block; `BlockRemoved` drops one;
+//! `AllBlocksCleared` empties every rank of the endpoint (vLLM resets the whole engine cache).
+//! A `BlockStored` whose `block_size` differs from `kvBlockSize` is rejected and counted
+//! (`loxilb_kv_events_rejected_total{reason="block_size"}`) and shown in the parity report;
+//! malformed events are counted with `reason="malformed"`. Neither stops the stream.
+
+use super::BlockKey;
+use super::events::{EventBatch, KvEvent};
+use super::metrics::{EpLabels, EpReasonLabels, KvMetrics, ServiceLabels, ep_label};
+use super::settings::KvSettings;
+use super::state::ServiceKv;
+use crate::routing::EpIdx;
+
+/// Counts of one applied batch.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Applied {
+    /// Events applied.
+    pub applied: u64,
+    /// Events rejected (malformed or wrong block size).
+    pub rejected: u64,
+}
+
+impl ServiceKv {
+    /// Applies `batch`, received on stream (`ep`, `rank`), to the index and updates metrics.
+    pub fn apply_batch(
+        &self,
+        ep: EpIdx,
+        rank: u32,
+        batch: &EventBatch,
+        settings: &KvSettings,
+        m: &KvMetrics,
+    ) -> Applied {
+        let mut out = Applied::default();
+        for ev in &batch.events {
+            let reason = match ev {
+                Ok(ev) => self.apply_event(ep, rank, ev, settings, m).err(),
+                Err(_) => Some("malformed"),
+            };
+            match reason {
+                None => out.applied += 1,
+                Some(r) => {
+                    out.rejected += 1;
+                    let l = EpReasonLabels {
+                        service: self.label(),
+                        ep: ep_label(ep, rank),
+                        reason: r.into(),
+                    };
+                    m.events_rejected.get_or_create(&l).inc();
+                }
+            }
+        }
+        let l = EpLabels {
+            service: self.label(),
+            ep: ep_label(ep, rank),
+        };
+        m.events_applied.get_or_create(&l).inc_by(out.applied);
+        m.set_blocks(&self.label(), ep, self.index.blocks(ep));
+        out
+    }
+
+    fn apply_event(
+        &self,
+        ep: EpIdx,
+        rank: u32,
+        ev: &KvEvent,
+        settings: &KvSettings,
+        m: &KvMetrics,
+    ) -> Result<(), &'static str> {
+        match ev {
+            KvEvent::BlockStored(st) => {
+                let bs = self.config.block_size;
+                if let Some(ebs) = st.block_size.filter(|&b| b != bs) {
+                    self.parity.lock().reject_block_size(ep, ebs);
+                    return Err("block_size");
+                }
+                let keys = match &self.hasher {
+                    Some(h) if !st.token_ids.is_empty() => {
+                        let t = self.parity.lock().on_stored(
+                            ep,
+                            st,
+                            h,
+                            bs as usize,
+                            &settings.lora_paths,
+                        );
+                        if t.verdict_changed {
+                            self.publish_parity(ep, rank, m);
+                        }
+                        t.keys
+                    }
+                    _ => st.block_hashes.iter().map(|h| h.key()).collect(),
+                };
+                let out = self.index.store(ep, rank, &keys);
+                if out.evicted > 0 {
+                    m.cap_evictions
+                        .get_or_create(&ServiceLabels {
+                            service: self.label(),
+                        })
+                        .inc_by(out.evicted);
+                }
+            }
+            KvEvent::BlockRemoved { block_hashes } => {
+                let engine: Vec<BlockKey> = block_hashes.iter().map(|h| h.key()).collect();
+                let keys = match &self.hasher {
+                    Some(h) => self.parity.lock().on_removed(ep, &engine, h.algo()),
+                    None => engine,
+                };
+                self.index.remove(ep, rank, &keys);
+            }
+            KvEvent::AllBlocksCleared => self.clear_endpoint(ep),
+        }
+        Ok(())
+    }
+
+    /// Drops every block of `ep` (all ranks) and its cached digests.
+    pub fn clear_endpoint(&self, ep: EpIdx) {
+        self.index.clear_endpoint(ep);
+        self.parity.lock().clear(ep);
+    }
+
+    fn publish_parity(&self, ep: EpIdx, rank: u32, m: &KvMetrics) {
+        let ok = self
+            .parity
+            .lock()
+            .get(ep)
+            .map(|p| p.verdict == super::parity::Verdict::Ok)
+            .unwrap_or(false);
+        m.parity_ok
+            .get_or_create(&EpLabels {
+                service: self.label(),
+                ep: ep_label(ep, rank),
+            })
+            .set(i64::from(ok));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rmpv::Value as V;
+
+    use super::*;
+    use crate::kv::events::decode_batch;
+    use crate::kv::testutil::{msgpack, rule, state, stored_batch};
+
+    fn batch(events: Vec<V>, rank: V) -> EventBatch {
+        decode_batch(&msgpack(&V::Array(vec![
+            V::F64(0.0),
+            V::Array(events),
+            rank,
+        ])))
+        .expect("decode")
+    }
+
+    #[test]
+    fn all_blocks_cleared_empties_every_rank_of_the_endpoint() {
+        let (st, _reg) = state(KvSettings::default());
+        let svc = st.service(&rule(1, 2, serde_json::json!({})));
+        let stored = decode_batch(&stored_batch(&[1, 2], 16)).expect("decode");
+        svc.apply_batch(0, 0, &stored, &st.settings, &st.metrics);
+        svc.apply_batch(0, 1, &stored, &st.settings, &st.metrics);
+        svc.apply_batch(1, 0, &stored, &st.settings, &st.metrics);
+        let clear = V::Map(vec![(V::from("type"), V::from("AllBlocksCleared"))]);
+        svc.apply_batch(
+            0,
+            1,
+            &batch(vec![clear], V::from(1)),
+            &st.settings,
+            &st.metrics,
+        );
+        assert_eq!((svc.index.blocks(0), svc.index.blocks(1)), (0, 2));
+    }
+
+    #[test]
+    fn block_size_mismatch_is_rejected_counted_and_reported() {
+        let (st, _reg) = state(KvSettings::default());
+        let svc = st.service(&rule(1, 1, serde_json::json!({"kvBlockSize": 16})));
+        let b = decode_batch(&stored_batch(&[7], 768)).expect("decode");
+        let out = svc.apply_batch(0, 0, &b, &st.settings, &st.metrics);
+        assert_eq!(
+            out,
+            Applied {
+                applied: 0,
+                rejected: 1
+            }
+        );
+        assert_eq!(svc.index.blocks(0), 0);
+        let p = svc.parity.lock().get(0).cloned().expect("report");
+        assert_eq!((p.block_size_rejects, p.engine_block_size), (1, Some(768)));
+        let l = EpReasonLabels {
+            service: "1".into(),
+            ep: "0".into(),
+            reason: "block_size".into(),
+        };
+        assert_eq!(st.metrics.events_rejected.get_or_create(&l).get(), 1);
+    }
+
+    #[test]
+    fn malformed_event_counted_rest_of_batch_applies() {
+        let (st, _reg) = state(KvSettings::default());
+        let svc = st.service(&rule(1, 1, serde_json::json!({})));
+        let good = V::Array(vec![
+            V::from("BlockStored"),
+            V::Array(vec![V::from(9u64)]),
+            V::Nil,
+            V::Array(vec![]),
+            V::from(16),
+        ]);
+        let bad = V::Array(vec![V::from("BlockStored"), V::from("not a list")]);
+        let out = svc.apply_batch(
+            0,
+            0,
+            &batch(vec![bad, good], V::Nil),
+            &st.settings,
+            &st.metrics,
+        );
+        assert_eq!(
+            out,
+            Applied {
+                applied: 1,
+                rejected: 1
+            }
+        );
+        assert!(svc.index.holds_key(0, BlockKey(9)));
+    }
+}

@@ -1,0 +1,181 @@
+//! Blend laws of tier 1.5 (`LOXILB_KV_LB_MODE`): how cache overlap and live load combine.
+//!
+//! Notation, per eligible endpoint `i` (healthy, not excluded): `o_i` overlap in blocks (leading
+//! cached run), `L_i` load = in-flight + queued, `w_i` weight (0 counts as 1), `c_i = w_i / Σw`
+//! capacity share, `N` eligible count, `T = Σ L_i`, `n` request blocks. The *owner* is
+//! `argmax o_i` (ties → lowest index). Every law is pure: [`blend`] returns the pick and whether
+//! it was a spill; the caller has already checked that some eligible `o_i > 0`.
+//!
+//! | law | rule |
+//! |-----|------|
+//! | `off` | owner |
+//! | `hard` | bounded load: `cap_i = ceil((1 + ε)·(T + 1)·c_i)`, `ε = (LOXILB_KV_MEAN_LOAD_FACTOR − 100)/100`. Walk endpoints with `o_i > 0` by descending `o_i` (ties by index); the first with `L_i + 1 ≤ cap_i` wins (a spill if it is not the owner). If all are over cap: with spill relief the least-loaded under-cap eligible endpoint wins (any overlap, ties by index; a spill), otherwise the owner. |
+//! | `soft` | `u_i = 1000·o_i/n − λ·L_i/(N·c_i)`, `λ = LOXILB_KV_LOAD_PENALTY`; `argmax u_i` over all eligible (ties by index); a spill when it is not the owner. |
+//! | `adaptive` | `hard` with `ε·f` |
+//! | `adaptive-soft` | `soft` with `λ·f` |
+//!
+//! Fleet-load factor `f = clamp(ρ, 1/8, 8)` where `ρ = 1000·T / LOXILB_KV_CAP_SUM_MILLI` when that
+//! is set, else `ρ = T / N` (mean load per endpoint): the busier the fleet, the more load an
+//! overlap owner may carry (`adaptive`) and the more load costs (`adaptive-soft`).
+
+use crate::routing::EpIdx;
+
+/// `LOXILB_KV_LB_MODE`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LbMode {
+    /// Pure overlap argmax.
+    Off,
+    /// Capacity-weighted bounded load (the default).
+    #[default]
+    Hard,
+    /// Overlap minus load cost.
+    Soft,
+    /// `hard` with ε scaled by fleet load.
+    Adaptive,
+    /// `soft` with λ scaled by fleet load.
+    AdaptiveSoft,
+}
+
+impl LbMode {
+    /// Parses the env value; `None` for garbage (the caller warns and uses `Hard`).
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "off" => Some(Self::Off),
+            "hard" => Some(Self::Hard),
+            "soft" => Some(Self::Soft),
+            "adaptive" => Some(Self::Adaptive),
+            "adaptive-soft" => Some(Self::AdaptiveSoft),
+            _ => None,
+        }
+    }
+}
+
+/// One eligible endpoint as a law sees it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Cand {
+    /// Endpoint index.
+    pub ep: EpIdx,
+    /// Overlap in blocks.
+    pub overlap: usize,
+    /// In-flight + queued requests.
+    pub load: u64,
+    /// Rule weight (0 is taken as 1).
+    pub weight: u32,
+}
+
+/// Law parameters.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LawParams {
+    /// Which law.
+    pub mode: LbMode,
+    /// `LOXILB_KV_MEAN_LOAD_FACTOR` (175 = ε 0.75).
+    pub mean_load_factor: u32,
+    /// `LOXILB_KV_LOAD_PENALTY` (λ).
+    pub load_penalty: u32,
+    /// Spill relief across the whole eligible fleet.
+    pub spill_relief: bool,
+    /// `LOXILB_KV_CAP_SUM_MILLI` (0 = off).
+    pub cap_sum_milli: u64,
+    /// Request blocks `n`.
+    pub request_blocks: usize,
+}
+
+/// A law's pick.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pick {
+    /// The endpoint.
+    pub ep: EpIdx,
+    /// True when the pick is not the overlap owner.
+    pub spilled: bool,
+}
+
+/// Applies the law. `cands` are the eligible endpoints in index order; `None` only when empty.
+pub fn blend(cands: &[Cand], p: &LawParams) -> Option<Pick> {
+    let owner = owner(cands)?;
+    let f = fleet_factor(cands, p.cap_sum_milli);
+    let eps = (f64::from(p.mean_load_factor) - 100.0).max(0.0) / 100.0;
+    let lambda = f64::from(p.load_penalty);
+    let ep = match p.mode {
+        LbMode::Off => owner,
+        LbMode::Hard => hard(cands, eps, p.spill_relief).unwrap_or(owner),
+        LbMode::Adaptive => hard(cands, eps * f, p.spill_relief).unwrap_or(owner),
+        LbMode::Soft => soft(cands, lambda, p.request_blocks),
+        LbMode::AdaptiveSoft => soft(cands, lambda * f, p.request_blocks),
+    };
+    Some(Pick {
+        ep,
+        spilled: ep != owner,
+    })
+}
+
+/// `argmax o_i`, ties → lowest index.
+pub fn owner(cands: &[Cand]) -> Option<EpIdx> {
+    cands
+        .iter()
+        .fold(None::<&Cand>, |best, c| match best {
+            Some(b) if b.overlap >= c.overlap => Some(b),
+            _ => Some(c),
+        })
+        .map(|c| c.ep)
+}
+
+fn weight_sum(cands: &[Cand]) -> f64 {
+    cands.iter().map(|c| f64::from(c.weight.max(1))).sum()
+}
+
+/// `cap_i = ceil((1 + ε)·(T + 1)·c_i)`.
+pub fn cap(c: &Cand, cands: &[Cand], eps: f64) -> u64 {
+    let total: u64 = cands.iter().map(|c| c.load).sum();
+    let share = f64::from(c.weight.max(1)) / weight_sum(cands);
+    ((1.0 + eps) * (total as f64 + 1.0) * share).ceil() as u64
+}
+
+fn hard(cands: &[Cand], eps: f64, relief: bool) -> Option<EpIdx> {
+    let mut by_overlap: Vec<&Cand> = cands.iter().filter(|c| c.overlap > 0).collect();
+    by_overlap.sort_by(|a, b| b.overlap.cmp(&a.overlap).then(a.ep.cmp(&b.ep)));
+    // L_i + 1 ≤ cap_i
+    let under = |c: &Cand| c.load < cap(c, cands, eps);
+    if let Some(c) = by_overlap.iter().find(|c| under(c)) {
+        return Some(c.ep);
+    }
+    if !relief {
+        return None;
+    }
+    cands
+        .iter()
+        .filter(|c| under(c))
+        .min_by(|a, b| a.load.cmp(&b.load).then(a.ep.cmp(&b.ep)))
+        .map(|c| c.ep)
+}
+
+fn soft(cands: &[Cand], lambda: f64, n: usize) -> EpIdx {
+    let n = n.max(1) as f64;
+    let count = cands.len() as f64;
+    let wsum = weight_sum(cands);
+    let utility = |c: &Cand| {
+        let share = f64::from(c.weight.max(1)) / wsum;
+        1000.0 * c.overlap as f64 / n - lambda * c.load as f64 / (count * share)
+    };
+    let mut best = cands[0];
+    for c in &cands[1..] {
+        if utility(c) > utility(&best) {
+            best = *c;
+        }
+    }
+    best.ep
+}
+
+/// `f = clamp(ρ, 1/8, 8)`.
+pub fn fleet_factor(cands: &[Cand], cap_sum_milli: u64) -> f64 {
+    let total: u64 = cands.iter().map(|c| c.load).sum();
+    let rho = if cap_sum_milli > 0 {
+        1000.0 * total as f64 / cap_sum_milli as f64
+    } else {
+        total as f64 / cands.len().max(1) as f64
+    };
+    rho.clamp(0.125, 8.0)
+}
+
+#[cfg(test)]
+#[path = "blend_tests.rs"]
+mod tests;

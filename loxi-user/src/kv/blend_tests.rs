@@ -1,0 +1,129 @@
+use super::*;
+
+fn c(ep: EpIdx, overlap: usize, load: u64) -> Cand {
+    Cand {
+        ep,
+        overlap,
+        load,
+        weight: 1,
+    }
+}
+
+fn params(mode: LbMode, relief: bool) -> LawParams {
+    LawParams {
+        mode,
+        mean_load_factor: 175,
+        load_penalty: 32,
+        spill_relief: relief,
+        cap_sum_milli: 0,
+        request_blocks: 4,
+    }
+}
+
+fn pick(ep: EpIdx, spilled: bool) -> Option<Pick> {
+    Some(Pick { ep, spilled })
+}
+
+#[test]
+fn off_is_argmax_with_ties_to_lowest_index_and_ignores_load() {
+    let cands = [c(0, 2, 0), c(1, 3, 100), c(2, 3, 0)];
+    assert_eq!(blend(&cands, &params(LbMode::Off, true)), pick(1, false));
+}
+
+#[test]
+fn hard_cap_formula_exact_values() {
+    // T = 5, c = 1/3, ε = 0.75: ceil(1.75 · 6 / 3) = ceil(3.5) = 4.
+    let cands = [c(0, 4, 5), c(1, 2, 0), c(2, 0, 0)];
+    assert_eq!(cap(&cands[0], &cands, 0.75), 4);
+    // weight 3 of 4: ceil(1.75 · 6 · 0.75) = ceil(7.875) = 8.
+    let weighted = [
+        Cand {
+            weight: 3,
+            ..c(0, 4, 5)
+        },
+        c(1, 0, 0),
+    ];
+    assert_eq!(cap(&weighted[0], &weighted, 0.75), 8);
+}
+
+#[test]
+fn hard_keeps_owner_under_cap() {
+    // T = 1: cap = ceil(1.75 · 2 / 3) = 2 and L0 + 1 = 2 ≤ 2.
+    let cands = [c(0, 4, 1), c(1, 2, 0), c(2, 0, 0)];
+    assert_eq!(blend(&cands, &params(LbMode::Hard, false)), pick(0, false));
+}
+
+#[test]
+fn hard_spills_over_cap_owner_to_next_overlap_holder() {
+    // cap 4, owner at 5 + 1 = 6 > 4; ep1 (overlap 2) has 1 ≤ 4.
+    let cands = [c(0, 4, 5), c(1, 2, 0), c(2, 0, 0)];
+    assert_eq!(blend(&cands, &params(LbMode::Hard, false)), pick(1, true));
+}
+
+#[test]
+fn hard_spill_relief_goes_to_least_loaded_under_cap_even_without_overlap() {
+    // T = 6: cap = ceil(1.75 · 7 / 3) = 5; owner 6 > 5; ep2 least loaded (0).
+    let cands = [c(0, 4, 5), c(1, 0, 1), c(2, 0, 0)];
+    assert_eq!(blend(&cands, &params(LbMode::Hard, true)), pick(2, true));
+    assert_eq!(blend(&cands, &params(LbMode::Hard, false)), pick(0, false));
+}
+
+#[test]
+fn hard_weight_share_raises_the_cap() {
+    let cands = [
+        Cand {
+            weight: 3,
+            ..c(0, 4, 5)
+        },
+        c(1, 0, 0),
+    ];
+    assert_eq!(blend(&cands, &params(LbMode::Hard, true)), pick(0, false));
+}
+
+#[test]
+fn soft_utility_exact_break_even() {
+    // n = 4, N·c = 1: u0 = 1000 − 32·L0, u1 = 0.
+    let keep = [c(0, 4, 31), c(1, 0, 0)];
+    assert_eq!(blend(&keep, &params(LbMode::Soft, false)), pick(0, false));
+    let spill = [c(0, 4, 32), c(1, 0, 0)];
+    assert_eq!(blend(&spill, &params(LbMode::Soft, false)), pick(1, true));
+}
+
+#[test]
+fn fleet_factor_is_mean_load_or_capacity_normalised_and_clamped() {
+    let cands = [c(0, 4, 16), c(1, 0, 4), c(2, 0, 4)];
+    assert_eq!(fleet_factor(&cands, 0), 8.0);
+    assert_eq!(fleet_factor(&cands, 4000), 6.0);
+    assert_eq!(fleet_factor(&[c(0, 1, 0)], 0), 0.125);
+}
+
+#[test]
+fn adaptive_lets_owner_carry_more_when_fleet_is_busy() {
+    // T = 24: hard cap = ceil(1.75 · 25 / 3) = 15 < 17 → spill to ep1 (least loaded, ties by index).
+    // adaptive: f = 8, ε = 6, cap = ceil(7 · 25 / 3) = 59 → owner keeps it.
+    let cands = [c(0, 4, 16), c(1, 0, 4), c(2, 0, 4)];
+    assert_eq!(blend(&cands, &params(LbMode::Hard, true)), pick(1, true));
+    assert_eq!(
+        blend(&cands, &params(LbMode::Adaptive, true)),
+        pick(0, false)
+    );
+}
+
+#[test]
+fn adaptive_soft_prices_load_higher_when_fleet_is_busy() {
+    // soft λ = 32: u0 = 1000 − 512 = 488, u1 = −128 → owner.
+    // adaptive-soft λ = 256: u0 = 1000 − 4096 = −3096, u1 = −1024 → ep1.
+    let cands = [c(0, 4, 16), c(1, 0, 4), c(2, 0, 4)];
+    assert_eq!(blend(&cands, &params(LbMode::Soft, false)), pick(0, false));
+    assert_eq!(
+        blend(&cands, &params(LbMode::AdaptiveSoft, false)),
+        pick(1, true)
+    );
+}
+
+#[test]
+fn mode_names_parse_and_garbage_is_none() {
+    assert_eq!(LbMode::parse("adaptive-soft"), Some(LbMode::AdaptiveSoft));
+    assert_eq!(LbMode::parse(" HARD "), Some(LbMode::Hard));
+    assert_eq!(LbMode::parse("bogus"), None);
+}

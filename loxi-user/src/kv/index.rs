@@ -1,0 +1,462 @@
+//! The per-service KV block index: block key → the (endpoint, DP rank) streams holding it.
+//!
+//! Layout (see `README.md`): `SHARDS` shards, each a `parking_lot::RwLock` over an open-addressing
+//! map `u64 → packed holder word` (16 bytes per entry). A holder word is either one inline
+//! `(slot, refcount)` pair or, with the top bit set, an index into the shard's side table of
+//! holder lists (blocks held by several streams). A *slot* is `ep << 4 | rank` (ranks 0..=14);
+//! slot `ep << 4 | 15` holds *predicted* blocks (inserted after routing, with a TTL).
+//!
+//! Refcounts: vLLM can store the same hash twice (two physical copies); one `BlockRemoved`
+//! decrements, the block leaves the slot at zero. Each slot keeps a FIFO of the keys it gained
+//! (lazily cleaned) for the `LOXILB_KV_MAX_BLOCKS` cap: over the cap the oldest held key is
+//! evicted and counted. Scoring walks the request's keys in order and returns, per endpoint, the
+//! length of the leading run of request blocks one of its slots holds: O(request blocks ×
+//! holders per block), independent of the index size.
+//!
+//! Scope: one index per service (rule). A service fronts one model pool; events carry no model
+//! name, and vLLM mixes the LoRA name into the block hash, so blocks of different adapters never
+//! collide. Two different base models would need two rules (LoxiLB's "one model per rule").
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::{Mutex, RwLock};
+use tokio::time::Instant;
+
+use super::BlockKey;
+use crate::routing::EpIdx;
+
+const SHARDS: usize = 16;
+const MULTI: u64 = 1 << 63;
+/// The rank value reserved for predicted blocks.
+pub const PREDICTED_RANK: u32 = 15;
+/// Highest DP rank an event stream may use.
+pub const MAX_RANK: u32 = 14;
+
+/// Hasher for keys that already are digest bytes: one multiply spreads them over the table.
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(*b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (v ^ (v >> 29)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+type KeyMap<V> = HashMap<u64, V, BuildHasherDefault<KeyHasher>>;
+
+fn slot(ep: EpIdx, rank: u32) -> u32 {
+    ((ep as u32) << 4) | (rank & 0xF)
+}
+
+fn slot_ep(slot: u32) -> EpIdx {
+    (slot >> 4) as EpIdx
+}
+
+fn pack_one(slot: u32, refs: u32) -> u64 {
+    (u64::from(slot) << 32) | u64::from(refs)
+}
+
+#[derive(Default)]
+struct Shard {
+    map: KeyMap<u64>,
+    multi: Vec<Vec<(u32, u32)>>,
+    free: Vec<u32>,
+    /// Predicted holders of a key: (endpoint, expiry).
+    predicted: KeyMap<Vec<(u32, Instant)>>,
+}
+
+impl Shard {
+    fn holders(&self, key: u64) -> Holders<'_> {
+        match self.map.get(&key) {
+            None => Holders::None,
+            Some(&w) if w & MULTI != 0 => Holders::Many(&self.multi[(w & !MULTI) as usize]),
+            Some(&w) => Holders::One((w >> 32) as u32),
+        }
+    }
+
+    /// Adds one reference of `slot`; true when the slot newly holds the key.
+    fn add(&mut self, key: u64, slot: u32) -> bool {
+        let Some(&w) = self.map.get(&key) else {
+            self.map.insert(key, pack_one(slot, 1));
+            return true;
+        };
+        if w & MULTI != 0 {
+            let list = &mut self.multi[(w & !MULTI) as usize];
+            return match list.iter_mut().find(|(s, _)| *s == slot) {
+                Some(e) => {
+                    e.1 = e.1.saturating_add(1);
+                    false
+                }
+                None => {
+                    list.push((slot, 1));
+                    true
+                }
+            };
+        }
+        let (s, refs) = ((w >> 32) as u32, w as u32);
+        if s == slot {
+            self.map.insert(key, pack_one(slot, refs.saturating_add(1)));
+            return false;
+        }
+        let idx = self.alloc(vec![(s, refs), (slot, 1)]);
+        self.map.insert(key, MULTI | u64::from(idx));
+        true
+    }
+
+    fn alloc(&mut self, list: Vec<(u32, u32)>) -> u32 {
+        match self.free.pop() {
+            Some(i) => {
+                self.multi[i as usize] = list;
+                i
+            }
+            None => {
+                self.multi.push(list);
+                (self.multi.len() - 1) as u32
+            }
+        }
+    }
+
+    /// Drops `count` references of `slot` (`u32::MAX` = all); true when the slot lost the key.
+    fn sub(&mut self, key: u64, slot: u32, count: u32) -> bool {
+        let Some(&w) = self.map.get(&key) else {
+            return false;
+        };
+        if w & MULTI == 0 {
+            let (s, refs) = ((w >> 32) as u32, w as u32);
+            if s != slot {
+                return false;
+            }
+            if refs > count {
+                self.map.insert(key, pack_one(slot, refs - count));
+                return false;
+            }
+            self.map.remove(&key);
+            return true;
+        }
+        let idx = (w & !MULTI) as u32;
+        let list = &mut self.multi[idx as usize];
+        let Some(pos) = list.iter().position(|(s, _)| *s == slot) else {
+            return false;
+        };
+        if list[pos].1 > count {
+            list[pos].1 -= count;
+            return false;
+        }
+        list.swap_remove(pos);
+        if list.len() == 1 {
+            let (s, r) = list[0];
+            self.multi[idx as usize] = Vec::new();
+            self.free.push(idx);
+            self.map.insert(key, pack_one(s, r));
+        }
+        true
+    }
+}
+
+enum Holders<'a> {
+    None,
+    One(u32),
+    Many(&'a [(u32, u32)]),
+}
+
+impl Holders<'_> {
+    fn for_each(&self, mut f: impl FnMut(u32)) {
+        match self {
+            Holders::None => {}
+            Holders::One(s) => f(*s),
+            Holders::Many(l) => l.iter().for_each(|(s, _)| f(*s)),
+        }
+    }
+}
+
+/// Per-slot bookkeeping: how many keys it holds and the order it gained them (for the cap).
+#[derive(Default)]
+struct SlotState {
+    held: u64,
+    fifo: VecDeque<u64>,
+}
+
+/// What a store did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct StoreOutcome {
+    /// Keys the slot did not hold before.
+    pub added: u64,
+    /// Keys evicted to respect the block cap.
+    pub evicted: u64,
+}
+
+/// The block index of one service. All methods take `&self`; reads take shard read locks only.
+pub struct KvIndex {
+    shards: Box<[RwLock<Shard>]>,
+    slots: Mutex<HashMap<u32, SlotState>>,
+    max_blocks: u64,
+    evictions: AtomicU64,
+}
+
+impl KvIndex {
+    /// An empty index whose streams hold at most `max_blocks` keys each (`LOXILB_KV_MAX_BLOCKS`).
+    pub fn new(max_blocks: u64) -> Self {
+        let shards = (0..SHARDS).map(|_| RwLock::new(Shard::default())).collect();
+        Self {
+            shards,
+            slots: Mutex::new(HashMap::new()),
+            max_blocks: max_blocks.max(1),
+            evictions: AtomicU64::new(0),
+        }
+    }
+
+    fn shard(&self, key: u64) -> &RwLock<Shard> {
+        &self.shards[(key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 60) as usize % SHARDS]
+    }
+
+    /// Applies a `BlockStored` from endpoint `ep`, DP rank `rank` (ranks above [`MAX_RANK`] are
+    /// folded onto it). Evicts the slot's oldest keys beyond the cap.
+    pub fn store(&self, ep: EpIdx, rank: u32, keys: &[BlockKey]) -> StoreOutcome {
+        let s = slot(ep, rank.min(MAX_RANK));
+        let mut slots = self.slots.lock();
+        let st = slots.entry(s).or_default();
+        let mut out = StoreOutcome::default();
+        for k in keys {
+            let mut sh = self.shard(k.0).write();
+            unpredict(&mut sh, k.0, ep);
+            if sh.add(k.0, s) {
+                st.held += 1;
+                st.fifo.push_back(k.0);
+                out.added += 1;
+            }
+        }
+        out.evicted = self.enforce_cap(s, st);
+        out
+    }
+
+    fn enforce_cap(&self, s: u32, st: &mut SlotState) -> u64 {
+        let mut evicted = 0;
+        while st.held > self.max_blocks {
+            let Some(k) = st.fifo.pop_front() else { break };
+            if self.shard(k).write().sub(k, s, u32::MAX) {
+                st.held -= 1;
+                evicted += 1;
+            }
+        }
+        self.evictions.fetch_add(evicted, Ordering::Relaxed);
+        evicted
+    }
+
+    /// Applies a `BlockRemoved` (one reference per listed key).
+    pub fn remove(&self, ep: EpIdx, rank: u32, keys: &[BlockKey]) -> u64 {
+        let s = slot(ep, rank.min(MAX_RANK));
+        let mut slots = self.slots.lock();
+        let st = slots.entry(s).or_default();
+        let mut dropped = 0;
+        for k in keys {
+            if self.shard(k.0).write().sub(k.0, s, 1) {
+                st.held -= 1;
+                dropped += 1;
+            }
+        }
+        if st.fifo.len() as u64 > 2 * st.held + 1024 {
+            self.compact(s, st);
+        }
+        dropped
+    }
+
+    /// Rebuilds a slot's FIFO without keys it no longer holds (keeps the latest occurrence).
+    fn compact(&self, s: u32, st: &mut SlotState) {
+        let mut seen = std::collections::HashSet::new();
+        let mut kept: Vec<u64> = Vec::with_capacity(st.held as usize);
+        for &k in st.fifo.iter().rev() {
+            let held = {
+                let sh = self.shard(k).read();
+                let mut found = false;
+                sh.holders(k).for_each(|x| found |= x == s);
+                found
+            };
+            if held && seen.insert(k) {
+                kept.push(k);
+            }
+        }
+        kept.reverse();
+        st.fifo = kept.into();
+    }
+
+    /// Drops every key of one (endpoint, rank) stream.
+    pub fn clear_rank(&self, ep: EpIdx, rank: u32) {
+        let s = slot(ep, rank.min(MAX_RANK));
+        let mut slots = self.slots.lock();
+        if let Some(st) = slots.remove(&s) {
+            for k in st.fifo {
+                self.shard(k).write().sub(k, s, u32::MAX);
+            }
+        }
+    }
+
+    /// Drops every key of every rank of `ep` (AllBlocksCleared, rule change), predicted too.
+    pub fn clear_endpoint(&self, ep: EpIdx) {
+        for r in 0..=MAX_RANK {
+            self.clear_rank(ep, r);
+        }
+        for sh in self.shards.iter() {
+            let mut sh = sh.write();
+            sh.predicted.retain(|_, v| {
+                v.retain(|(e, _)| *e != ep as u32);
+                !v.is_empty()
+            });
+        }
+    }
+
+    /// Marks `keys` as predicted on `ep` until `expires` (after routing a request there).
+    /// A later real store of a key by `ep` replaces the prediction.
+    pub fn predict(&self, ep: EpIdx, keys: &[BlockKey], expires: Instant) {
+        for k in keys {
+            let mut sh = self.shard(k.0).write();
+            let real = {
+                let mut found = false;
+                sh.holders(k.0).for_each(|x| found |= slot_ep(x) == ep);
+                found
+            };
+            if !real {
+                let v = sh.predicted.entry(k.0).or_default();
+                match v.iter_mut().find(|(e, _)| *e == ep as u32) {
+                    Some(e) => e.1 = expires,
+                    None => v.push((ep as u32, expires)),
+                }
+            }
+        }
+    }
+
+    /// Removes predictions that expired at or before `now`.
+    pub fn sweep_predicted(&self, now: Instant) {
+        for sh in self.shards.iter() {
+            sh.write().predicted.retain(|_, v| {
+                v.retain(|(_, exp)| *exp > now);
+                !v.is_empty()
+            });
+        }
+    }
+
+    /// Per endpoint, the number of leading request blocks one of its streams holds (its
+    /// contiguous cached prefix), predictions that have not expired at `now` included.
+    /// Endpoints with 0 are omitted; the result is sorted by endpoint index.
+    pub fn score(&self, keys: &[BlockKey], now: Instant) -> Vec<(EpIdx, usize)> {
+        let mut alive: Vec<u32> = Vec::new();
+        let mut best: Vec<(EpIdx, usize)> = Vec::new();
+        for (i, k) in keys.iter().enumerate() {
+            let here = self.holders_at(k.0, now);
+            if i == 0 {
+                alive = here;
+            } else {
+                let (keep, dropped): (Vec<u32>, Vec<u32>) =
+                    alive.iter().partition(|s| here.contains(s));
+                dropped
+                    .iter()
+                    .for_each(|&s| record(&mut best, slot_ep(s), i));
+                alive = keep;
+            }
+            if alive.is_empty() {
+                break;
+            }
+        }
+        alive
+            .iter()
+            .for_each(|&s| record(&mut best, slot_ep(s), keys.len()));
+        best.sort_unstable();
+        best
+    }
+
+    fn holders_at(&self, key: u64, now: Instant) -> Vec<u32> {
+        let sh = self.shard(key).read();
+        let mut v = Vec::new();
+        sh.holders(key).for_each(|s| v.push(s));
+        if let Some(p) = sh.predicted.get(&key) {
+            p.iter()
+                .filter(|(_, exp)| *exp > now)
+                .for_each(|(ep, _)| v.push(slot(*ep as EpIdx, PREDICTED_RANK)));
+        }
+        v
+    }
+
+    /// Keys held by `ep` (all ranks, confirmed only), oldest first per rank.
+    pub fn keys_of(&self, ep: EpIdx) -> Vec<BlockKey> {
+        let slots = self.slots.lock();
+        let mut out = Vec::new();
+        for r in 0..=MAX_RANK {
+            let s = slot(ep, r);
+            if let Some(st) = slots.get(&s) {
+                out.extend(
+                    st.fifo
+                        .iter()
+                        .filter(|&&k| self.holds(k, s))
+                        .map(|&k| BlockKey(k)),
+                );
+            }
+        }
+        out.dedup();
+        out
+    }
+
+    fn holds(&self, key: u64, s: u32) -> bool {
+        let mut found = false;
+        self.shard(key)
+            .read()
+            .holders(key)
+            .for_each(|x| found |= x == s);
+        found
+    }
+
+    /// Does `ep` hold `key` on any rank (confirmed blocks only)?
+    pub fn holds_key(&self, ep: EpIdx, key: BlockKey) -> bool {
+        let mut found = false;
+        self.shard(key.0)
+            .read()
+            .holders(key.0)
+            .for_each(|x| found |= slot_ep(x) == ep && x & 0xF != PREDICTED_RANK);
+        found
+    }
+
+    /// Confirmed keys held by `ep`, summed over its ranks.
+    pub fn blocks(&self, ep: EpIdx) -> u64 {
+        let slots = self.slots.lock();
+        (0..=MAX_RANK)
+            .filter_map(|r| slots.get(&slot(ep, r)))
+            .map(|st| st.held)
+            .sum()
+    }
+
+    /// Keys evicted by the cap since creation (`loxilb_kv_inv_cap_evictions_total`).
+    pub fn evictions(&self) -> u64 {
+        self.evictions.load(Ordering::Relaxed)
+    }
+}
+
+fn unpredict(sh: &mut Shard, key: u64, ep: EpIdx) {
+    if let Some(v) = sh.predicted.get_mut(&key) {
+        v.retain(|(e, _)| *e != ep as u32);
+        if v.is_empty() {
+            sh.predicted.remove(&key);
+        }
+    }
+}
+
+fn record(best: &mut Vec<(EpIdx, usize)>, ep: EpIdx, len: usize) {
+    if len == 0 {
+        return;
+    }
+    match best.iter_mut().find(|(e, _)| *e == ep) {
+        Some(e) => e.1 = e.1.max(len),
+        None => best.push((ep, len)),
+    }
+}
+
+#[cfg(test)]
+#[path = "index_tests.rs"]
+mod tests;

@@ -1,0 +1,151 @@
+use std::time::Duration;
+
+use super::*;
+
+fn keys(v: &[u64]) -> Vec<BlockKey> {
+    v.iter().map(|&k| BlockKey(k)).collect()
+}
+
+fn now() -> Instant {
+    Instant::now()
+}
+
+#[test]
+fn two_stores_then_one_removal_keep_the_block_second_removal_drops_it() {
+    let ix = KvIndex::new(1000);
+    ix.store(0, 0, &keys(&[42]));
+    ix.store(0, 0, &keys(&[42]));
+    assert_eq!(ix.remove(0, 0, &keys(&[42])), 0);
+    assert!(ix.holds_key(0, BlockKey(42)));
+    assert_eq!(ix.blocks(0), 1);
+    assert_eq!(ix.remove(0, 0, &keys(&[42])), 1);
+    assert!(!ix.holds_key(0, BlockKey(42)));
+    assert_eq!(ix.blocks(0), 0);
+}
+
+#[test]
+fn score_is_the_leading_run_not_the_intersection() {
+    let ix = KvIndex::new(1000);
+    ix.store(0, 0, &keys(&[1, 2, 3]));
+    ix.store(1, 0, &keys(&[1, 3, 4, 5]));
+    ix.store(2, 0, &keys(&[2, 3, 4]));
+    assert_eq!(
+        ix.score(&keys(&[1, 2, 3, 4, 5]), now()),
+        vec![(0, 3), (1, 1)]
+    );
+}
+
+#[test]
+fn a_block_held_by_several_endpoints_scores_for_each_and_survives_one_leaving() {
+    let ix = KvIndex::new(1000);
+    for ep in 0..4 {
+        ix.store(ep, 0, &keys(&[7, 8]));
+    }
+    ix.remove(2, 0, &keys(&[8]));
+    assert_eq!(
+        ix.score(&keys(&[7, 8]), now()),
+        vec![(0, 2), (1, 2), (2, 1), (3, 2)]
+    );
+    ix.clear_endpoint(0);
+    ix.clear_endpoint(1);
+    assert_eq!(ix.score(&keys(&[7, 8]), now()), vec![(2, 1), (3, 2)]);
+}
+
+#[test]
+fn ranks_are_separate_streams_and_endpoint_takes_its_best_rank() {
+    let ix = KvIndex::new(1000);
+    ix.store(0, 0, &keys(&[1, 2]));
+    ix.store(0, 1, &keys(&[1, 2, 3]));
+    assert_eq!(ix.score(&keys(&[1, 2, 3]), now()), vec![(0, 3)]);
+    ix.clear_rank(0, 1);
+    assert_eq!(ix.score(&keys(&[1, 2, 3]), now()), vec![(0, 2)]);
+    assert_eq!(ix.blocks(0), 2);
+}
+
+#[test]
+fn all_ranks_cleared_by_clear_endpoint() {
+    let ix = KvIndex::new(1000);
+    ix.store(0, 0, &keys(&[1]));
+    ix.store(0, 3, &keys(&[2]));
+    ix.store(1, 0, &keys(&[1]));
+    ix.clear_endpoint(0);
+    assert_eq!(ix.blocks(0), 0);
+    assert_eq!(ix.score(&keys(&[1]), now()), vec![(1, 1)]);
+}
+
+#[test]
+fn cap_evicts_oldest_blocks_first_and_counts_them() {
+    let ix = KvIndex::new(3);
+    let out = ix.store(0, 0, &keys(&[1, 2, 3, 4, 5]));
+    assert_eq!(
+        out,
+        StoreOutcome {
+            added: 5,
+            evicted: 2
+        }
+    );
+    assert_eq!(ix.evictions(), 2);
+    assert_eq!(ix.keys_of(0), keys(&[3, 4, 5]));
+    assert!(!ix.holds_key(0, BlockKey(1)));
+}
+
+#[test]
+fn cap_skips_keys_already_removed() {
+    let ix = KvIndex::new(2);
+    ix.store(0, 0, &keys(&[1, 2]));
+    ix.remove(0, 0, &keys(&[1]));
+    let out = ix.store(0, 0, &keys(&[3]));
+    assert_eq!(out.evicted, 0);
+    let out = ix.store(0, 0, &keys(&[4]));
+    assert_eq!(out.evicted, 1);
+    assert_eq!(ix.keys_of(0), keys(&[3, 4]));
+}
+
+#[test]
+fn fifo_is_compacted_under_store_remove_churn() {
+    let ix = KvIndex::new(1_000_000);
+    for i in 0..5000u64 {
+        ix.store(0, 0, &keys(&[i]));
+        ix.remove(0, 0, &keys(&[i]));
+    }
+    ix.store(0, 0, &keys(&[99_999]));
+    assert_eq!(ix.keys_of(0), keys(&[99_999]));
+    let fifo_len = ix
+        .slots
+        .lock()
+        .get(&slot(0, 0))
+        .map(|s| s.fifo.len())
+        .unwrap_or(0);
+    assert!(fifo_len <= 1024 + 3, "fifo kept {fifo_len} stale entries");
+}
+
+#[tokio::test(start_paused = true)]
+async fn predicted_blocks_score_until_their_ttl_expires() {
+    let ix = KvIndex::new(1000);
+    let ttl = Duration::from_secs(5);
+    ix.predict(1, &keys(&[10, 11]), Instant::now() + ttl);
+    assert_eq!(ix.score(&keys(&[10, 11, 12]), Instant::now()), vec![(1, 2)]);
+    tokio::time::advance(Duration::from_millis(4999)).await;
+    assert_eq!(ix.score(&keys(&[10, 11]), Instant::now()), vec![(1, 2)]);
+    tokio::time::advance(Duration::from_millis(2)).await;
+    assert_eq!(ix.score(&keys(&[10, 11]), Instant::now()), vec![]);
+    ix.sweep_predicted(Instant::now());
+    assert!(ix.shards.iter().all(|s| s.read().predicted.is_empty()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_confirming_event_makes_a_predicted_block_real() {
+    let ix = KvIndex::new(1000);
+    ix.predict(1, &keys(&[10, 11]), Instant::now() + Duration::from_secs(5));
+    ix.store(1, 0, &keys(&[10]));
+    tokio::time::advance(Duration::from_secs(6)).await;
+    assert_eq!(ix.score(&keys(&[10, 11]), Instant::now()), vec![(1, 1)]);
+    assert_eq!(ix.blocks(1), 1);
+}
+
+#[test]
+fn empty_request_scores_nothing() {
+    let ix = KvIndex::new(10);
+    ix.store(0, 0, &keys(&[1]));
+    assert!(ix.score(&[], now()).is_empty());
+}

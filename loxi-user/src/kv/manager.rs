@@ -1,0 +1,139 @@
+//! Reconciles subscriber tasks against rule snapshots: kvExactMode 3 subscribes every
+//! endpoint, kvExactMode 1 the prefill endpoints (`ep_role: 1`), each on `kvDpRankCount`
+//! ranks (`kvZmqPort + rank`). A rule deletion (or kvExactMode 0) stops its tasks and drops its
+//! index; a change of the rule's KV contract rebuilds the service state and restarts them.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::state::{KvState, ServiceKv};
+use super::subscriber::{Stream, StreamAddr, StreamTiming};
+use crate::rules::store::{RuleSnapshot, StoredRule};
+
+/// Identity of a running stream: rule id, the service-state instance it feeds, and its address.
+type StreamKey = (u32, usize, StreamAddr);
+
+/// Owns the subscriber tasks.
+pub struct KvManager {
+    state: Arc<KvState>,
+    timing: StreamTiming,
+    running: HashMap<StreamKey, (CancellationToken, JoinHandle<()>)>,
+}
+
+fn host_port(ip: &str, port: u32) -> String {
+    if ip.contains(':') {
+        format!("[{ip}]:{port}")
+    } else {
+        format!("{ip}:{port}")
+    }
+}
+
+/// The streams a rule wants.
+pub fn streams_of(rule: &StoredRule, svc: &ServiceKv) -> Vec<StreamAddr> {
+    let c = &svc.config;
+    let mut out = Vec::new();
+    for (ep, (ip, subscribed)) in c.endpoints.iter().enumerate() {
+        if !subscribed {
+            continue;
+        }
+        for rank in 0..c.dp_ranks {
+            let replay =
+                (c.replay_port != 0).then(|| host_port(ip, u32::from(c.replay_port) + rank));
+            out.push(StreamAddr {
+                ep,
+                rank,
+                publisher: host_port(ip, u32::from(c.zmq_port) + rank),
+                replay,
+            });
+        }
+    }
+    debug_assert!(rule.id == svc.id);
+    out
+}
+
+impl KvManager {
+    /// A manager with no tasks yet.
+    pub fn new(state: Arc<KvState>, timing: StreamTiming) -> Self {
+        Self {
+            state,
+            timing,
+            running: HashMap::new(),
+        }
+    }
+
+    /// Follows `rules` until `cancel` fires, reconciling on every snapshot; stops every task at
+    /// the end.
+    pub async fn run(
+        mut self,
+        mut rules: watch::Receiver<Arc<RuleSnapshot>>,
+        cancel: CancellationToken,
+    ) {
+        loop {
+            let snap = rules.borrow_and_update().clone();
+            self.reconcile(&snap);
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                r = rules.changed() => if r.is_err() { break },
+            }
+        }
+        self.stop_all().await;
+    }
+
+    /// Starts missing streams and stops unwanted ones for `snap`.
+    pub fn reconcile(&mut self, snap: &RuleSnapshot) {
+        let mut want: HashMap<StreamKey, Arc<ServiceKv>> = HashMap::new();
+        let mut live_ids = Vec::new();
+        for rule in snap.rules.values() {
+            if !matches!(rule.rule.service.kv_exact_mode, 1 | 3) {
+                continue;
+            }
+            let svc = self.state.service(rule);
+            live_ids.push(rule.id);
+            for addr in streams_of(rule, &svc) {
+                want.insert((rule.id, Arc::as_ptr(&svc) as usize, addr), svc.clone());
+            }
+        }
+        self.running.retain(|k, (tok, _)| {
+            let keep = want.contains_key(k);
+            if !keep {
+                tok.cancel();
+            }
+            keep
+        });
+        for (key, svc) in want {
+            if self.running.contains_key(&key) {
+                continue;
+            }
+            let tok = CancellationToken::new();
+            let stream = Stream::new(self.state.clone(), svc, key.2.clone(), self.timing);
+            let h = tokio::spawn(stream.run(tok.clone()));
+            self.running.insert(key, (tok, h));
+        }
+        for id in self.state.ids() {
+            if !live_ids.contains(&id) {
+                self.state.drop_service(id);
+            }
+        }
+    }
+
+    /// Number of running streams.
+    pub fn len(&self) -> usize {
+        self.running.len()
+    }
+
+    /// True when no stream runs.
+    pub fn is_empty(&self) -> bool {
+        self.running.is_empty()
+    }
+
+    async fn stop_all(&mut self) {
+        for (_, (tok, h)) in self.running.drain() {
+            tok.cancel();
+            let _ = h.await;
+        }
+    }
+}

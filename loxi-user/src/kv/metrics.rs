@@ -1,0 +1,325 @@
+//! Metric families of the KV tier, with the names and labels of LoxiLB's spec
+//! (`../shared/spec/kv-cache-aware-routing.txt` §10.2, `configuration-and-tuning.txt`).
+//!
+//! Counters are registered without the `_total` suffix; the OpenMetrics encoder appends it.
+//! `service` is the rule's stable id; `ep_idx` / `ep` the endpoint index in the rule (for a DP
+//! rank r > 0 the subscriber label `ep` is `<idx>.r<r>`).
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use super::select::MissReason;
+
+/// `{service, ep_idx}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EpIdxLabels {
+    /// Rule id.
+    pub service: String,
+    /// Endpoint index.
+    pub ep_idx: String,
+}
+
+/// `{service, ep}` (subscriber stream).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EpLabels {
+    /// Rule id.
+    pub service: String,
+    /// Endpoint index, `<idx>.r<rank>` for DP ranks above 0.
+    pub ep: String,
+}
+
+/// `{service, reason}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    /// Rule id.
+    pub service: String,
+    /// A [`MissReason`] label.
+    pub reason: String,
+}
+
+/// `{service}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ServiceLabels {
+    /// Rule id.
+    pub service: String,
+}
+
+/// `{service, ep, reason}` for rejected events and replay outcomes.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EpReasonLabels {
+    /// Rule id.
+    pub service: String,
+    /// Endpoint stream.
+    pub ep: String,
+    /// Why (`malformed`, `block_size`, `ok`, `failed`...).
+    pub reason: String,
+}
+
+/// Routing latency stage.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+pub enum Stage {
+    /// Prompt → token ids (template + tokenizer).
+    Tokenize,
+    /// Token ids → block keys.
+    Hash,
+    /// Index lookup + guard ladder + blend law.
+    Score,
+}
+
+/// `{stage}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StageLabels {
+    /// Which stage.
+    pub stage: Stage,
+}
+
+/// Handles to every KV family. Cheap to clone.
+#[derive(Clone)]
+pub struct KvMetrics {
+    /// `loxilb_pd_kv_tier15_hits_total{service,ep_idx}`.
+    pub hits: Family<EpIdxLabels, Counter>,
+    /// `loxilb_pd_kv_tier15_miss_reason_total{service,reason}`.
+    pub misses: Family<ReasonLabels, Counter>,
+    /// `loxilb_pd_kv_tier15_fallthrough_total{service}`.
+    pub fallthrough: Family<ServiceLabels, Counter>,
+    /// `loxilb_pd_kv_tier15_spills_total{service}`.
+    pub spills: Family<ServiceLabels, Counter>,
+    /// `loxilb_pd_kv_tier15_cold_seeds_total{service}`.
+    pub cold_seeds: Family<ServiceLabels, Counter>,
+    /// `loxilb_pd_kv_blocks{service,ep_idx}`.
+    pub blocks: Family<EpIdxLabels, Gauge>,
+    /// `loxilb_kv_subscriber_connected{service,ep}`.
+    pub connected: Family<EpLabels, Gauge>,
+    /// `loxilb_kv_subscriber_reconnect_total{service,ep}`.
+    pub reconnects: Family<EpLabels, Counter>,
+    /// `loxilb_kv_subscriber_recv_error_total{service,ep}`.
+    pub recv_errors: Family<EpLabels, Counter>,
+    /// `loxilb_kv_events_applied_total{service,ep}`.
+    pub events_applied: Family<EpLabels, Counter>,
+    /// `loxilb_kv_events_rejected_total{service,ep,reason}` (loxi extension).
+    pub events_rejected: Family<EpReasonLabels, Counter>,
+    /// `loxilb_kv_replay_total{service,ep,reason}` (loxi extension; reason = outcome).
+    pub replays: Family<EpReasonLabels, Counter>,
+    /// `loxilb_kv_inv_cap_evictions_total{service}`.
+    pub cap_evictions: Family<ServiceLabels, Counter>,
+    /// `loxilb_kv_parity_ok{service,ep}`: 1 agree, 0 mismatch (token re-hash active).
+    pub parity_ok: Family<EpLabels, Gauge>,
+    /// `loxilb_kv_routing_stage_seconds{stage}`.
+    pub stage_seconds: Family<StageLabels, Histogram>,
+}
+
+impl KvMetrics {
+    /// Registers every family in `reg`.
+    pub fn register(reg: &mut Registry) -> Self {
+        let m = Self {
+            hits: Family::default(),
+            misses: Family::default(),
+            fallthrough: Family::default(),
+            spills: Family::default(),
+            cold_seeds: Family::default(),
+            blocks: Family::default(),
+            connected: Family::default(),
+            reconnects: Family::default(),
+            recv_errors: Family::default(),
+            events_applied: Family::default(),
+            events_rejected: Family::default(),
+            replays: Family::default(),
+            cap_evictions: Family::default(),
+            parity_ok: Family::default(),
+            stage_seconds: Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(1e-6, 2.0, 22))
+            }),
+        };
+        let r = reg;
+        r.register(
+            "loxilb_pd_kv_tier15_hits",
+            "Tier 1.5 selected this endpoint",
+            m.hits.clone(),
+        );
+        r.register(
+            "loxilb_pd_kv_tier15_miss_reason",
+            "Tier 1.5 guard misses by reason",
+            m.misses.clone(),
+        );
+        r.register(
+            "loxilb_pd_kv_tier15_fallthrough",
+            "Requests that left tier 1.5",
+            m.fallthrough.clone(),
+        );
+        r.register(
+            "loxilb_pd_kv_tier15_spills",
+            "Overlap owner over cap, spilled",
+            m.spills.clone(),
+        );
+        r.register(
+            "loxilb_pd_kv_tier15_cold_seeds",
+            "Hits diverted to seed a cold endpoint",
+            m.cold_seeds.clone(),
+        );
+        r.register(
+            "loxilb_pd_kv_blocks",
+            "Indexed blocks per endpoint",
+            m.blocks.clone(),
+        );
+        r.register(
+            "loxilb_kv_subscriber_connected",
+            "KV-event socket up (1) or down (0)",
+            m.connected.clone(),
+        );
+        r.register(
+            "loxilb_kv_subscriber_reconnect",
+            "KV-event socket rebuilds",
+            m.reconnects.clone(),
+        );
+        r.register(
+            "loxilb_kv_subscriber_recv_error",
+            "KV-event receive errors",
+            m.recv_errors.clone(),
+        );
+        r.register(
+            "loxilb_kv_events_applied",
+            "KV events applied to the index",
+            m.events_applied.clone(),
+        );
+        r.register(
+            "loxilb_kv_events_rejected",
+            "KV events rejected, by reason",
+            m.events_rejected.clone(),
+        );
+        r.register(
+            "loxilb_kv_replay",
+            "Replay attempts by outcome",
+            m.replays.clone(),
+        );
+        r.register(
+            "loxilb_kv_inv_cap_evictions",
+            "Blocks evicted by LOXILB_KV_MAX_BLOCKS",
+            m.cap_evictions.clone(),
+        );
+        r.register(
+            "loxilb_kv_parity_ok",
+            "Engine hashes match loxi's recomputation",
+            m.parity_ok.clone(),
+        );
+        r.register(
+            "loxilb_kv_routing_stage_seconds",
+            "Tier 1.5 latency by stage",
+            m.stage_seconds.clone(),
+        );
+        m
+    }
+
+    /// Creates every per-service series at zero (all miss reasons, fallthrough, spills...), so
+    /// dashboards see them before the first event.
+    pub fn init_service(&self, service: &str) {
+        for r in MissReason::ALL {
+            let _ = self.misses.get_or_create(&ReasonLabels {
+                service: service.into(),
+                reason: r.as_str().into(),
+            });
+        }
+        let s = ServiceLabels {
+            service: service.into(),
+        };
+        let _ = self.fallthrough.get_or_create(&s);
+        let _ = self.spills.get_or_create(&s);
+        let _ = self.cold_seeds.get_or_create(&s);
+        let _ = self.cap_evictions.get_or_create(&s);
+    }
+
+    /// Counts one miss of `reason` and the fallthrough it causes.
+    pub fn miss(&self, service: &str, reason: MissReason) {
+        self.misses
+            .get_or_create(&ReasonLabels {
+                service: service.into(),
+                reason: reason.as_str().into(),
+            })
+            .inc();
+        self.fallthrough
+            .get_or_create(&ServiceLabels {
+                service: service.into(),
+            })
+            .inc();
+    }
+
+    /// Counts one hit on `ep`.
+    pub fn hit(&self, service: &str, ep: usize) {
+        self.hits
+            .get_or_create(&EpIdxLabels {
+                service: service.into(),
+                ep_idx: ep.to_string(),
+            })
+            .inc();
+    }
+
+    /// Sets the block gauge of `ep`.
+    pub fn set_blocks(&self, service: &str, ep: usize, n: u64) {
+        let g = self.blocks.get_or_create(&EpIdxLabels {
+            service: service.into(),
+            ep_idx: ep.to_string(),
+        });
+        g.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// Removes every series of one service (rule deleted).
+    pub fn forget_service(&self, service: &str, endpoints: usize, ranks: u32) {
+        for ep in 0..endpoints {
+            let l = EpIdxLabels {
+                service: service.into(),
+                ep_idx: ep.to_string(),
+            };
+            self.blocks.remove(&l);
+            for r in 0..ranks.max(1) {
+                let e = EpLabels {
+                    service: service.into(),
+                    ep: ep_label(ep, r),
+                };
+                self.connected.remove(&e);
+                self.parity_ok.remove(&e);
+            }
+        }
+    }
+}
+
+/// The `ep` label of a subscriber stream.
+pub fn ep_label(ep: usize, rank: u32) -> String {
+    if rank == 0 {
+        ep.to_string()
+    } else {
+        format!("{ep}.r{rank}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prometheus_client::encoding::text::encode;
+
+    #[test]
+    fn every_miss_reason_is_precreated_per_service_with_spec_names() {
+        let mut reg = Registry::default();
+        let m = KvMetrics::register(&mut reg);
+        m.init_service("7");
+        m.hit("7", 1);
+        m.miss("7", MissReason::NoWorker);
+        let mut out = String::new();
+        encode(&mut out, &reg).expect("encode");
+        for r in MissReason::ALL {
+            let line = format!(
+                "loxilb_pd_kv_tier15_miss_reason_total{{service=\"7\",reason=\"{}\"}}",
+                r.as_str()
+            );
+            assert!(out.contains(&line), "missing {line}");
+        }
+        assert!(out.contains("loxilb_pd_kv_tier15_hits_total{service=\"7\",ep_idx=\"1\"} 1"));
+        assert!(out.contains(
+            "loxilb_pd_kv_tier15_miss_reason_total{service=\"7\",reason=\"no_worker\"} 1"
+        ));
+        assert!(out.contains("loxilb_pd_kv_tier15_fallthrough_total{service=\"7\"} 1"));
+        assert!(out.contains("loxilb_pd_kv_tier15_spills_total{service=\"7\"} 0"));
+    }
+}

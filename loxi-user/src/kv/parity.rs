@@ -1,0 +1,316 @@
+//! Parity self-check and token re-hash (DESIGN.md "KV path").
+//!
+//! When a `BlockStored` carries token ids, loxi recomputes each block's digest from (parent,
+//! tokens, extra keys) under the rule's algorithm and seed. The first [`ESTABLISH_BLOCKS`]
+//! agreeing blocks set the verdict `Ok` (`loxilb_kv_parity_ok` = 1) and checking stops. The
+//! first disagreement is diagnosed — the other algorithm and the usual seed candidates are tried
+//! on a chain-root block, and the token count per block is compared with `kvBlockSize` — logged
+//! once, and the endpoint switches to *token re-hash*: the index stores loxi's own key for
+//! each block and an engine-key → own-digest map translates later parents and removals. Blocks
+//! whose parent loxi never saw (or whose extra keys it cannot reconstruct) cannot be re-hashed
+//! and are not indexed.
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+
+use super::BlockKey;
+use super::block_hash::{BlockDigest, BlockHasher, ExtraKey, HashAlgo, VLLM_UNSET_SEED};
+use super::events::BlockStored;
+use crate::routing::EpIdx;
+
+/// Agreeing blocks needed before the verdict is `Ok` and checking stops.
+pub const ESTABLISH_BLOCKS: u64 = 8;
+
+/// Seeds tried when diagnosing a mismatch.
+const SEED_CANDIDATES: [&str; 5] = [VLLM_UNSET_SEED, "0", "42", "1", ""];
+
+/// Parity verdict of one endpoint.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// No block with token ids checked yet.
+    #[default]
+    Unknown,
+    /// The engine's hashes equal loxi's.
+    Ok,
+    /// They differ; token re-hash is active.
+    Mismatch,
+}
+
+/// What the parity check learned about one endpoint (the `/kv/parity` report).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct EpParity {
+    /// Verdict.
+    pub verdict: Verdict,
+    /// Blocks compared.
+    pub checked_blocks: u64,
+    /// Blocks that disagreed.
+    pub mismatched_blocks: u64,
+    /// Which leg looks wrong (`seed`, `algorithm`, `block_size`, `unknown`) and the evidence.
+    pub diagnosis: Option<String>,
+    /// `BlockStored` events rejected because their `block_size` differs from `kvBlockSize`.
+    pub block_size_rejects: u64,
+    /// The last rejected `block_size`.
+    pub engine_block_size: Option<u32>,
+    /// True when the index holds loxi's own keys for this endpoint.
+    pub rehash: bool,
+    /// Engine key → loxi's full digest of that block (kept while checking and in re-hash mode).
+    #[serde(skip)]
+    digests: HashMap<u64, BlockDigest>,
+}
+
+/// Parity state of every endpoint of a service.
+#[derive(Debug, Default)]
+pub struct ParityBook {
+    eps: HashMap<EpIdx, EpParity>,
+}
+
+/// How a stored event enters the index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Translated {
+    /// Keys to store for the endpoint.
+    pub keys: Vec<BlockKey>,
+    /// True when this event changed the verdict (the caller updates the gauge).
+    pub verdict_changed: bool,
+}
+
+impl ParityBook {
+    /// The report of `ep`.
+    pub fn get(&self, ep: EpIdx) -> Option<&EpParity> {
+        self.eps.get(&ep)
+    }
+
+    /// All endpoints with a report, sorted.
+    pub fn all(&self) -> Vec<(EpIdx, EpParity)> {
+        let mut v: Vec<_> = self.eps.iter().map(|(k, v)| (*k, v.clone())).collect();
+        v.sort_by_key(|(k, _)| *k);
+        v
+    }
+
+    /// Records a `block_size` rejection.
+    pub fn reject_block_size(&mut self, ep: EpIdx, engine_bs: u32) {
+        let p = self.eps.entry(ep).or_default();
+        p.block_size_rejects += 1;
+        p.engine_block_size = Some(engine_bs);
+    }
+
+    /// Forgets cached digests of `ep` (endpoint cleared); the verdict stays.
+    pub fn clear(&mut self, ep: EpIdx) {
+        if let Some(p) = self.eps.get_mut(&ep) {
+            p.digests.clear();
+        }
+    }
+
+    /// Resets `ep` completely (engine restart: it may now run with other settings).
+    pub fn reset(&mut self, ep: EpIdx) {
+        self.eps.remove(&ep);
+    }
+
+    /// Checks (while the verdict is not established) and translates one stored event into the
+    /// keys the index should hold for `ep`.
+    pub fn on_stored(
+        &mut self,
+        ep: EpIdx,
+        ev: &BlockStored,
+        hasher: &BlockHasher,
+        block_size: usize,
+        lora_paths: &HashMap<String, String>,
+    ) -> Translated {
+        let p = self.eps.entry(ep).or_default();
+        let engine: Vec<BlockKey> = ev.block_hashes.iter().map(|h| h.key()).collect();
+        let need_own = p.verdict != Verdict::Ok || p.rehash;
+        let own = if need_own {
+            own_chain(p, ev, hasher, block_size, lora_paths)
+        } else {
+            Vec::new()
+        };
+        let before = p.verdict.clone();
+        if p.verdict != Verdict::Mismatch {
+            check(p, ep, ev, &engine, &own, hasher, block_size);
+        }
+        for (k, d) in engine.iter().zip(&own) {
+            if let Some(d) = d {
+                p.digests.insert(k.0, *d);
+            }
+        }
+        if p.verdict == Verdict::Ok {
+            p.digests.clear();
+        }
+        let keys = if p.rehash {
+            own.iter().flatten().map(|d| d.key(hasher.algo())).collect()
+        } else {
+            engine
+        };
+        Translated {
+            keys,
+            verdict_changed: before != p.verdict,
+        }
+    }
+
+    /// Translates removed engine keys into index keys (re-hash mode maps and forgets them).
+    pub fn on_removed(&mut self, ep: EpIdx, engine: &[BlockKey], algo: HashAlgo) -> Vec<BlockKey> {
+        let Some(p) = self.eps.get_mut(&ep) else {
+            return engine.to_vec();
+        };
+        if !p.rehash {
+            engine.iter().for_each(|k| {
+                p.digests.remove(&k.0);
+            });
+            return engine.to_vec();
+        }
+        engine
+            .iter()
+            .filter_map(|k| p.digests.remove(&k.0))
+            .map(|d| d.key(algo))
+            .collect()
+    }
+}
+
+/// Reconstructs the tagged extra keys of block `j` from the untagged published entry.
+fn extra_of(
+    ev: &BlockStored,
+    j: usize,
+    root: bool,
+    lora_paths: &HashMap<String, String>,
+) -> Option<Vec<ExtraKey>> {
+    let entry = ev
+        .extra_keys
+        .as_ref()
+        .and_then(|e| e.get(j))
+        .filter(|v| !v.is_nil());
+    let mut out = Vec::new();
+    let mut items: Vec<&rmpv::Value> = match entry {
+        None => Vec::new(),
+        Some(rmpv::Value::Array(a)) => a.iter().collect(),
+        Some(_) => return None,
+    };
+    if let Some(name) = &ev.lora_name {
+        out.push(ExtraKey::Lora(name.clone(), lora_paths.get(name)?.clone()));
+        if items.first().and_then(|v| v.as_str()) == Some(name.as_str()) {
+            items.remove(0);
+        }
+    }
+    match items.as_slice() {
+        [] => Some(out),
+        [salt] if root && j == 0 => {
+            out.push(ExtraKey::CacheSalt(salt.as_str()?.to_owned()));
+            Some(out)
+        }
+        _ => None,
+    }
+}
+
+/// loxi's digest of every block of the event (`None` where it cannot be computed).
+fn own_chain(
+    p: &EpParity,
+    ev: &BlockStored,
+    hasher: &BlockHasher,
+    bs: usize,
+    lora_paths: &HashMap<String, String>,
+) -> Vec<Option<BlockDigest>> {
+    let n = ev.block_hashes.len();
+    if bs == 0 || ev.token_ids.len() != n * bs {
+        return vec![None; n];
+    }
+    let root = ev.parent_block_hash.is_none();
+    let mut parent = match &ev.parent_block_hash {
+        None => Some(*hasher.none_hash()),
+        Some(h) => p.digests.get(&h.key().0).copied(),
+    };
+    (0..n)
+        .map(|j| {
+            let extra = extra_of(ev, j, root, lora_paths);
+            let d = match (parent, extra) {
+                (Some(par), Some(x)) => {
+                    Some(hasher.hash_block(&par, &ev.token_ids[j * bs..(j + 1) * bs], &x))
+                }
+                _ => None,
+            };
+            parent = d;
+            d
+        })
+        .collect()
+}
+
+fn check(
+    p: &mut EpParity,
+    ep: EpIdx,
+    ev: &BlockStored,
+    engine: &[BlockKey],
+    own: &[Option<BlockDigest>],
+    hasher: &BlockHasher,
+    bs: usize,
+) {
+    for (j, (k, d)) in engine.iter().zip(own).enumerate() {
+        let Some(d) = d else { continue };
+        p.checked_blocks += 1;
+        if d.key(hasher.algo()) == *k {
+            continue;
+        }
+        p.mismatched_blocks += 1;
+        p.verdict = Verdict::Mismatch;
+        p.rehash = true;
+        let diag = diagnose(ev, j, *k, hasher, bs);
+        tracing::warn!(ep, diagnosis = %diag, "KV parity mismatch: engine block hashes differ from loxi's; switching this endpoint to token re-hash");
+        p.diagnosis = Some(diag);
+        return;
+    }
+    if p.checked_blocks >= ESTABLISH_BLOCKS && p.verdict == Verdict::Unknown {
+        p.verdict = Verdict::Ok;
+    }
+}
+
+/// Names the leg that looks wrong, with the evidence.
+pub fn diagnose(
+    ev: &BlockStored,
+    j: usize,
+    engine: BlockKey,
+    hasher: &BlockHasher,
+    bs: usize,
+) -> String {
+    let n = ev.block_hashes.len().max(1);
+    if ev.token_ids.len() != n * bs {
+        return format!(
+            "block_size: {} tokens for {n} blocks, rule kvBlockSize {bs}",
+            ev.token_ids.len()
+        );
+    }
+    if ev.parent_block_hash.is_some() || j != 0 {
+        return format!(
+            "unknown: first mismatch at a non-root block (block {j}); no root block to test seed/algorithm against yet (rule {})",
+            hasher.algo()
+        );
+    }
+    let tokens = &ev.token_ids[..bs];
+    let extra = match &ev.extra_keys {
+        Some(e) if e.first().is_some_and(|v| !v.is_nil()) => {
+            return "unknown: root block carries extra keys".into();
+        }
+        _ => Vec::new(),
+    };
+    for algo in [HashAlgo::Sha256Cbor, HashAlgo::XxhashCbor] {
+        for seed in SEED_CANDIDATES {
+            let h = BlockHasher::new(algo, Some(seed));
+            if h.hash_block(h.none_hash(), tokens, &extra).key(algo) == engine {
+                let leg = if algo != hasher.algo() {
+                    "algorithm"
+                } else {
+                    "seed"
+                };
+                return format!(
+                    "{leg}: engine matches {algo} with seed {seed:?}; rule uses {} with loxi's LLB_KV_NONE_HASH_SEED",
+                    hasher.algo()
+                );
+            }
+        }
+    }
+    format!(
+        "unknown: no candidate algorithm/seed reproduces the engine's root block (vLLM's pickle `sha256`, an unlisted seed, or a different tokenizer); rule {}",
+        hasher.algo()
+    )
+}
+
+#[cfg(test)]
+#[path = "parity_tests.rs"]
+mod tests;

@@ -1,0 +1,157 @@
+use super::*;
+use crate::kv::EngineBlockHash;
+use crate::kv::block_hash::RequestExtras;
+use crate::kv::events::{KvEvent, decode_batch};
+use crate::kv::testutil::{golden_json, unhex};
+
+fn tokens(n_blocks: usize, bs: usize, salt: u32) -> Vec<u32> {
+    (0..(n_blocks * bs) as u32)
+        .map(|t| (t * 7 + salt) % 2000)
+        .collect()
+}
+
+/// A BlockStored the way an engine with `engine` hashing would publish the first `n` blocks.
+fn engine_event(engine: &BlockHasher, toks: &[u32], bs: usize) -> BlockStored {
+    let keys = engine.keys(toks, bs, &RequestExtras::default());
+    BlockStored {
+        block_hashes: keys.iter().map(|k| EngineBlockHash::Int(k.0)).collect(),
+        token_ids: toks.to_vec(),
+        block_size: Some(bs as u32),
+        ..Default::default()
+    }
+}
+
+fn rule_hasher() -> BlockHasher {
+    BlockHasher::new(HashAlgo::Sha256Cbor, Some("0"))
+}
+
+#[test]
+fn every_golden_capture_block_agrees_and_keeps_engine_keys() {
+    for file in ["vllm_kv_events_capture.json", "bos_kv_events_capture.json"] {
+        let g = golden_json(file);
+        let mut book = ParityBook::default();
+        let h = rule_hasher();
+        for f in g["frames"].as_array().expect("frames") {
+            let batch =
+                decode_batch(&unhex(f["parts_hex"][2].as_str().expect("hex"))).expect("decode");
+            for ev in batch.events.into_iter().flatten() {
+                if let KvEvent::BlockStored(st) = ev {
+                    let t = book.on_stored(0, &st, &h, 32, &HashMap::new());
+                    let engine: Vec<BlockKey> =
+                        st.block_hashes.iter().map(EngineBlockHash::key).collect();
+                    assert_eq!(t.keys, engine, "{file}");
+                }
+            }
+        }
+        let p = book.get(0).expect("report");
+        assert_eq!(
+            (p.verdict.clone(), p.mismatched_blocks, p.rehash),
+            (Verdict::Ok, 0, false),
+            "{file}"
+        );
+        assert!(p.checked_blocks >= ESTABLISH_BLOCKS);
+    }
+}
+
+#[test]
+fn engine_with_other_seed_is_diagnosed_as_seed_and_rehashed() {
+    let engine = BlockHasher::new(HashAlgo::Sha256Cbor, Some("42"));
+    let toks = tokens(4, 16, 1);
+    let ev = engine_event(&engine, &toks, 16);
+    let mut book = ParityBook::default();
+    let t = book.on_stored(3, &ev, &rule_hasher(), 16, &HashMap::new());
+    let p = book.get(3).expect("report");
+    assert_eq!(p.verdict, Verdict::Mismatch);
+    let diag = p.diagnosis.clone().expect("diagnosis");
+    assert!(
+        diag.starts_with("seed: engine matches sha256_cbor with seed \"42\""),
+        "{diag}"
+    );
+    assert!(t.verdict_changed && p.rehash);
+    assert_eq!(
+        t.keys,
+        rule_hasher().keys(&toks, 16, &RequestExtras::default())
+    );
+}
+
+#[test]
+fn engine_with_other_algorithm_is_diagnosed_as_algorithm() {
+    let engine = BlockHasher::new(HashAlgo::XxhashCbor, Some("0"));
+    let ev = engine_event(&engine, &tokens(2, 16, 5), 16);
+    let mut book = ParityBook::default();
+    book.on_stored(0, &ev, &rule_hasher(), 16, &HashMap::new());
+    let diag = book
+        .get(0)
+        .and_then(|p| p.diagnosis.clone())
+        .expect("diagnosis");
+    assert!(
+        diag.starts_with("algorithm: engine matches xxhash_cbor with seed \"0\""),
+        "{diag}"
+    );
+}
+
+#[test]
+fn rehash_chains_children_through_engine_parents_and_maps_removals() {
+    let engine = BlockHasher::new(HashAlgo::Sha256Cbor, Some("42"));
+    let toks = tokens(3, 16, 9);
+    let all = engine_event(&engine, &toks, 16);
+    let first = BlockStored {
+        block_hashes: all.block_hashes[..1].to_vec(),
+        token_ids: toks[..16].to_vec(),
+        ..all.clone()
+    };
+    let rest = BlockStored {
+        block_hashes: all.block_hashes[1..].to_vec(),
+        parent_block_hash: Some(all.block_hashes[0].clone()),
+        token_ids: toks[16..].to_vec(),
+        ..all.clone()
+    };
+    let mut book = ParityBook::default();
+    let own = rule_hasher().keys(&toks, 16, &RequestExtras::default());
+    assert_eq!(
+        book.on_stored(0, &first, &rule_hasher(), 16, &HashMap::new())
+            .keys,
+        own[..1]
+    );
+    assert_eq!(
+        book.on_stored(0, &rest, &rule_hasher(), 16, &HashMap::new())
+            .keys,
+        own[1..]
+    );
+    let removed = book.on_removed(0, &[all.block_hashes[2].key()], HashAlgo::Sha256Cbor);
+    assert_eq!(removed, own[2..]);
+}
+
+#[test]
+fn token_count_not_matching_block_size_is_diagnosed_as_block_size() {
+    let ev = BlockStored {
+        block_hashes: vec![EngineBlockHash::Int(1)],
+        token_ids: vec![1; 20],
+        ..Default::default()
+    };
+    let d = diagnose(&ev, 0, BlockKey(1), &rule_hasher(), 16);
+    assert!(d.starts_with("block_size: 20 tokens for 1 blocks"), "{d}");
+}
+
+#[test]
+fn salted_root_block_is_checked_with_its_cache_salt_extra_key() {
+    let h = rule_hasher();
+    let toks = tokens(2, 16, 3);
+    let extras = RequestExtras {
+        lora: None,
+        cache_salt: Some("tenant-A".into()),
+    };
+    let keys = h.keys(&toks, 16, &extras);
+    let salt_entry = rmpv::Value::Array(vec![rmpv::Value::from("tenant-A")]);
+    let ev = BlockStored {
+        block_hashes: keys.iter().map(|k| EngineBlockHash::Int(k.0)).collect(),
+        token_ids: toks,
+        block_size: Some(16),
+        extra_keys: Some(vec![salt_entry, rmpv::Value::Nil]),
+        ..Default::default()
+    };
+    let mut book = ParityBook::default();
+    book.on_stored(0, &ev, &h, 16, &HashMap::new());
+    let p = book.get(0).expect("report");
+    assert_eq!((p.checked_blocks, p.mismatched_blocks), (2, 0));
+}

@@ -1,0 +1,335 @@
+//! Tier 1.5 selection: the guard ladder, overlap scoring, the blend law, cold-start seeding.
+//!
+//! Guard ladder (LoxiLB's order and labels, `kv-cache-aware-routing.txt` §7, plus loxi's
+//! `short_prompt`): `mode_off` (kvExactMode 0) → `warmup` (within `kvWarmupSec` of the first
+//! subscriber connect; loxi arms it, default 0 = off) → `text_empty` → `model_empty` →
+//! `tokenize` → `shallow` (fewer than `LLB_KV_MIN_MATCH_TOKENS` tokens) → `hashes` (unknown
+//! algorithm or LoRA path) → `short_prompt` (no full block: nothing is cacheable) → `no_worker`
+//! (no endpoint holds the first block) → `excluded` (only excluded / unhealthy / unsubscribed
+//! endpoints hold it). Then [`super::blend::blend`] and cold-start seeding. Every miss counts
+//! one `loxilb_pd_kv_tier15_miss_reason_total` and one fallthrough; every hit one
+//! `loxilb_pd_kv_tier15_hits_total{ep_idx}`.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant as StdInstant;
+
+use tokio::time::Instant;
+
+use super::BlockKey;
+use super::blend::{Cand, LawParams, blend};
+use super::block_hash::RequestExtras;
+use super::metrics::{ServiceLabels, Stage, StageLabels};
+use super::state::{KvState, ServiceKv};
+use crate::proxy::meta::{ApiKind, Prompt, RequestMeta};
+use crate::routing::{Candidates, Decision, EpIdx, Reason};
+use crate::rules::store::StoredRule;
+
+/// Why tier 1.5 did not decide (the `reason` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MissReason {
+    /// kvExactMode 0.
+    ModeOff,
+    /// Inside the kvWarmupSec window.
+    Warmup,
+    /// No prompt text.
+    TextEmpty,
+    /// No model.
+    ModelEmpty,
+    /// Tokenizer missing or failed.
+    Tokenize,
+    /// Block hashes could not be computed.
+    Hashes,
+    /// Fewer tokens than `LLB_KV_MIN_MATCH_TOKENS`.
+    Shallow,
+    /// Shorter than one block: nothing cacheable (loxi extension).
+    ShortPrompt,
+    /// No endpoint holds the first block.
+    NoWorker,
+    /// Only ineligible endpoints hold it.
+    Excluded,
+}
+
+impl MissReason {
+    /// Every reason, for pre-creating series.
+    pub const ALL: [MissReason; 10] = [
+        Self::ModeOff,
+        Self::Warmup,
+        Self::TextEmpty,
+        Self::ModelEmpty,
+        Self::Tokenize,
+        Self::Hashes,
+        Self::Shallow,
+        Self::ShortPrompt,
+        Self::NoWorker,
+        Self::Excluded,
+    ];
+
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ModeOff => "mode_off",
+            Self::Warmup => "warmup",
+            Self::TextEmpty => "text_empty",
+            Self::ModelEmpty => "model_empty",
+            Self::Tokenize => "tokenize",
+            Self::Hashes => "hashes",
+            Self::Shallow => "shallow",
+            Self::ShortPrompt => "short_prompt",
+            Self::NoWorker => "no_worker",
+            Self::Excluded => "excluded",
+        }
+    }
+}
+
+/// Prompt → token ids for a model, exactly as the engine tokenizes for `api` (implemented over
+/// the tokenizer pool by the app). Token-id prompts never reach it.
+pub trait PromptTokenizer: Send + Sync + 'static {
+    /// Token ids of `prompt`, or an error message (counted as `tokenize`).
+    fn encode(
+        &self,
+        model: &str,
+        api: ApiKind,
+        prompt: &Prompt,
+        add_special_tokens: Option<bool>,
+    ) -> Result<Arc<[u32]>, String>;
+}
+
+impl PromptTokenizer for super::tokenizer::TokenizerPool {
+    fn encode(
+        &self,
+        model: &str,
+        api: ApiKind,
+        prompt: &Prompt,
+        add_special_tokens: Option<bool>,
+    ) -> Result<Arc<[u32]>, String> {
+        super::tokenizer::TokenizerPool::encode(self, model, api, prompt, add_special_tokens)
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// Tier 1.5: implements the proxy's affinity-tier seam (`select` / `routed`).
+pub struct KvRouter {
+    state: Arc<KvState>,
+    tokenizer: Arc<dyn PromptTokenizer>,
+}
+
+impl KvRouter {
+    /// A router over shared KV state and a tokenizer.
+    pub fn new(state: Arc<KvState>, tokenizer: Arc<dyn PromptTokenizer>) -> Self {
+        Self { state, tokenizer }
+    }
+
+    /// The shared state.
+    pub fn state(&self) -> &Arc<KvState> {
+        &self.state
+    }
+
+    /// Tier 1.5 for one request. `Some` on a hit (reason `KvOverlap`, `KvSpill` or
+    /// `KvColdSeed`), `None` on a miss (counted). Called again with the failed endpoint in
+    /// `cands.excluded` after a connect failure, it returns the next best.
+    pub fn select(
+        &self,
+        rule: &StoredRule,
+        meta: &RequestMeta,
+        cands: &Candidates<'_>,
+    ) -> Option<Decision> {
+        let label = rule.id.to_string();
+        let m = &self.state.metrics;
+        if rule.rule.service.kv_exact_mode == 0 {
+            m.miss(&label, MissReason::ModeOff);
+            return None;
+        }
+        let svc = self.state.service(rule);
+        let res = self.keys(&svc, meta, true).and_then(|keys| {
+            let t = StdInstant::now();
+            let r = self.decide(&svc, rule, &keys, cands);
+            self.observe(Stage::Score, t);
+            r
+        });
+        match res {
+            Ok(d) => {
+                m.hit(&label, d.endpoint.unwrap_or_default());
+                Some(d)
+            }
+            Err(reason) => {
+                m.miss(&label, reason);
+                None
+            }
+        }
+    }
+
+    /// The proxy sent the request to `ep`: its blocks become predicted holdings of `ep` for
+    /// the predicted-block TTL.
+    pub fn routed(&self, rule: &StoredRule, meta: &RequestMeta, ep: EpIdx) {
+        if rule.rule.service.kv_exact_mode == 0 || self.state.settings.predicted_ttl.is_zero() {
+            return;
+        }
+        let svc = self.state.service(rule);
+        if let Ok(keys) = self.keys(&svc, meta, false) {
+            let now = Instant::now();
+            svc.index.sweep_predicted(now);
+            svc.index
+                .predict(ep, &keys, now + self.state.settings.predicted_ttl);
+        }
+    }
+
+    fn observe(&self, stage: Stage, since: StdInstant) {
+        let h = self
+            .state
+            .metrics
+            .stage_seconds
+            .get_or_create(&StageLabels { stage });
+        h.observe(since.elapsed().as_secs_f64());
+    }
+
+    /// Guards up to `short_prompt`, returning the request's block keys.
+    fn keys(
+        &self,
+        svc: &ServiceKv,
+        meta: &RequestMeta,
+        guard_warmup: bool,
+    ) -> Result<Vec<BlockKey>, MissReason> {
+        if guard_warmup && svc.warming(Instant::now()) {
+            return Err(MissReason::Warmup);
+        }
+        let prompt = meta
+            .prompt
+            .as_ref()
+            .filter(|p| !prompt_is_empty(p))
+            .ok_or(MissReason::TextEmpty)?;
+        let model = meta
+            .model
+            .as_deref()
+            .filter(|m| !m.is_empty())
+            .ok_or(MissReason::ModelEmpty)?;
+        let t = StdInstant::now();
+        let tokens: Arc<[u32]> = match prompt {
+            Prompt::TokenIds(ids) => ids.as_slice().into(),
+            p => self
+                .tokenizer
+                .encode(model, meta.api, p, meta.add_special_tokens)
+                .map_err(|_| MissReason::Tokenize)?,
+        };
+        self.observe(Stage::Tokenize, t);
+        if tokens.len() < self.state.settings.min_match_tokens {
+            return Err(MissReason::Shallow);
+        }
+        let hasher = svc.hasher.as_ref().ok_or(MissReason::Hashes)?;
+        let extras = self.extras(meta)?;
+        let t = StdInstant::now();
+        let keys = hasher.keys(&tokens, svc.config.block_size as usize, &extras);
+        self.observe(Stage::Hash, t);
+        if self.state.settings.hash_debug {
+            tracing::info!(service = svc.id, blocks = keys.len(), keys = ?keys, "kv hash debug");
+        }
+        if keys.is_empty() {
+            return Err(MissReason::ShortPrompt);
+        }
+        Ok(keys)
+    }
+
+    fn extras(&self, meta: &RequestMeta) -> Result<RequestExtras, MissReason> {
+        let lora = match &meta.lora_name {
+            None => None,
+            Some(n) => Some((
+                n.clone(),
+                self.state
+                    .settings
+                    .lora_paths
+                    .get(n)
+                    .ok_or(MissReason::Hashes)?
+                    .clone(),
+            )),
+        };
+        Ok(RequestExtras {
+            lora,
+            cache_salt: meta.cache_salt.clone(),
+        })
+    }
+
+    /// Scoring, eligibility, blend law and cold seeding.
+    fn decide(
+        &self,
+        svc: &ServiceKv,
+        rule: &StoredRule,
+        keys: &[BlockKey],
+        cands: &Candidates<'_>,
+    ) -> Result<Decision, MissReason> {
+        let scores = svc.index.score(keys, Instant::now());
+        let subscribed = |ep: EpIdx| svc.config.endpoints.get(ep).is_some_and(|(_, s)| *s);
+        let usable = |ep: EpIdx| cands.eligible(ep) && subscribed(ep);
+        if scores.is_empty() {
+            return Err(MissReason::NoWorker);
+        }
+        if !scores.iter().any(|(ep, _)| usable(*ep)) {
+            return Err(MissReason::Excluded);
+        }
+        let law_cands: Vec<Cand> = (0..cands.len())
+            .filter(|&ep| usable(ep))
+            .map(|ep| Cand {
+                ep,
+                overlap: scores.iter().find(|(e, _)| *e == ep).map_or(0, |s| s.1),
+                load: cands.loads[ep].in_flight() + cands.loads[ep].queued.load(Ordering::Relaxed),
+                weight: cands.weights.get(ep).copied().unwrap_or(1),
+            })
+            .collect();
+        let s = &self.state.settings;
+        let params = LawParams {
+            mode: s.lb_mode,
+            mean_load_factor: s.mean_load_factor,
+            load_penalty: s.load_penalty,
+            spill_relief: s.spill_relief_for(rule.rule.service.kv_exact_mode),
+            cap_sum_milli: s.cap_sum_milli,
+            request_blocks: keys.len(),
+        };
+        let pick = blend(&law_cands, &params).ok_or(MissReason::Excluded)?;
+        let label = ServiceLabels {
+            service: svc.label(),
+        };
+        if let Some(cold) = self.cold_seed(svc, &law_cands, pick.ep) {
+            self.state.metrics.cold_seeds.get_or_create(&label).inc();
+            return Ok(Decision::pick(cold, Reason::KvColdSeed));
+        }
+        if pick.spilled {
+            self.state.metrics.spills.get_or_create(&label).inc();
+            return Ok(Decision::pick(pick.ep, Reason::KvSpill));
+        }
+        Ok(Decision::pick(pick.ep, Reason::KvOverlap))
+    }
+
+    /// Every `LOXILB_KV_COLDSTART_SEED_N`-th hit goes to the lowest-index eligible endpoint with
+    /// fewer than `_MIN_BLOCKS` blocks (0 = empty only), if that is not the pick already.
+    fn cold_seed(&self, svc: &ServiceKv, cands: &[Cand], pick: EpIdx) -> Option<EpIdx> {
+        let s = &self.state.settings;
+        let n = svc.hits.fetch_add(1, Ordering::Relaxed) + 1;
+        if s.coldstart_seed_n == 0 || !n.is_multiple_of(s.coldstart_seed_n) {
+            return None;
+        }
+        let cold = |ep: EpIdx| {
+            let b = svc.index.blocks(ep);
+            if s.coldstart_min_blocks == 0 {
+                b == 0
+            } else {
+                b < s.coldstart_min_blocks
+            }
+        };
+        cands
+            .iter()
+            .map(|c| c.ep)
+            .find(|&ep| cold(ep))
+            .filter(|&ep| ep != pick)
+    }
+}
+
+fn prompt_is_empty(p: &Prompt) -> bool {
+    match p {
+        Prompt::Text(t) => t.is_empty(),
+        Prompt::TokenIds(ids) => ids.is_empty(),
+        Prompt::Messages(m) => m.is_empty(),
+    }
+}
+
+#[cfg(test)]
+#[path = "select_tests.rs"]
+mod tests;

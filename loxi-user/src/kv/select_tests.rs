@@ -1,0 +1,346 @@
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::registry::Registry;
+
+use super::*;
+use crate::kv::blend::LbMode;
+use crate::kv::block_hash::{BlockHasher, HashAlgo};
+use crate::kv::settings::KvSettings;
+use crate::kv::testutil::{TinyTokenizer, rule, state};
+use crate::routing::{EndpointLoad, Excluded};
+
+const PROMPT: &str = "The quick brown fox jumps over the lazy dog while the cat sleeps in the warm sun. \
+    The quick brown fox jumps over the lazy dog while the cat sleeps in the warm sun. Question one?";
+
+struct Fx {
+    router: KvRouter,
+    reg: Registry,
+    rule: StoredRule,
+    loads: Vec<Arc<EndpointLoad>>,
+    weights: Vec<u32>,
+}
+
+fn fx_with(settings: KvSettings, n: usize, extra: serde_json::Value) -> Fx {
+    let (st, reg) = state(settings);
+    let router = KvRouter::new(st, TinyTokenizer::load());
+    Fx {
+        router,
+        reg,
+        rule: rule(1, n, extra),
+        loads: (0..n).map(|_| EndpointLoad::new()).collect(),
+        weights: vec![1; n],
+    }
+}
+
+fn fx(n: usize) -> Fx {
+    let s = KvSettings {
+        lb_mode: LbMode::Off,
+        coldstart_seed_n: 0,
+        ..KvSettings::default()
+    };
+    fx_with(s, n, serde_json::json!({}))
+}
+
+fn meta(text: &str) -> RequestMeta {
+    RequestMeta {
+        model: Some("tiny".into()),
+        prompt: Some(Prompt::Text(text.into())),
+        api: ApiKind::Completions,
+        ..Default::default()
+    }
+}
+
+impl Fx {
+    fn svc(&self) -> Arc<ServiceKv> {
+        self.router.state().service(&self.rule)
+    }
+    fn tokens(&self, m: &RequestMeta) -> Arc<[u32]> {
+        TinyTokenizer::load()
+            .encode(
+                "tiny",
+                m.api,
+                m.prompt.as_ref().expect("prompt"),
+                m.add_special_tokens,
+            )
+            .expect("tokenize")
+    }
+    fn keys_of(&self, m: &RequestMeta) -> Vec<BlockKey> {
+        let h = BlockHasher::new(HashAlgo::Sha256Cbor, None);
+        let extras = RequestExtras {
+            lora: None,
+            cache_salt: m.cache_salt.clone(),
+        };
+        h.keys(&self.tokens(m), 16, &extras)
+    }
+    /// `ep` holds the first `blocks` blocks of `m`.
+    fn hold(&self, ep: EpIdx, m: &RequestMeta, blocks: usize) {
+        let keys = self.keys_of(m);
+        self.svc()
+            .index
+            .store(ep, 0, &keys[..blocks.min(keys.len())]);
+    }
+    fn select_ex(&self, m: &RequestMeta, ex: &Excluded) -> Option<Decision> {
+        let c = Candidates {
+            weights: &self.weights,
+            loads: &self.loads,
+            excluded: ex,
+        };
+        self.router.select(&self.rule, m, &c)
+    }
+    fn select(&self, m: &RequestMeta) -> Option<Decision> {
+        self.select_ex(m, &Excluded::default())
+    }
+    fn metric(&self, needle: &str) -> f64 {
+        let mut out = String::new();
+        encode(&mut out, &self.reg).expect("encode");
+        out.lines()
+            .find(|l| l.starts_with(needle))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    }
+    fn misses(&self, reason: &str) -> f64 {
+        self.metric(&format!(
+            "loxilb_pd_kv_tier15_miss_reason_total{{service=\"1\",reason=\"{reason}\"}}"
+        ))
+    }
+}
+
+#[test]
+fn warm_request_goes_to_endpoint_holding_the_longest_prefix() {
+    let f = fx(3);
+    let m = meta(PROMPT);
+    assert!(f.keys_of(&m).len() >= 3);
+    f.hold(1, &m, 1);
+    f.hold(2, &m, 3);
+    assert_eq!(f.select(&m), Some(Decision::pick(2, Reason::KvOverlap)));
+    assert_eq!(
+        f.metric("loxilb_pd_kv_tier15_hits_total{service=\"1\",ep_idx=\"2\"}"),
+        1.0
+    );
+}
+
+#[test]
+fn connect_failure_retry_picks_second_best_overlap() {
+    let f = fx(3);
+    let m = meta(PROMPT);
+    f.hold(0, &m, 2);
+    f.hold(2, &m, 3);
+    let mut ex = Excluded::default();
+    ex.insert(2);
+    assert_eq!(
+        f.select_ex(&m, &ex),
+        Some(Decision::pick(0, Reason::KvOverlap))
+    );
+}
+
+#[test]
+fn unhealthy_endpoint_never_wins_and_sole_holder_excluded_is_an_excluded_miss() {
+    let f = fx(2);
+    let m = meta(PROMPT);
+    f.hold(1, &m, 3);
+    f.loads[1].healthy.store(false, Ordering::Relaxed);
+    assert_eq!(f.select(&m), None);
+    assert_eq!(f.misses("excluded"), 1.0);
+    assert_eq!(
+        f.metric("loxilb_pd_kv_tier15_fallthrough_total{service=\"1\"}"),
+        1.0
+    );
+}
+
+#[test]
+fn empty_index_is_no_worker() {
+    let f = fx(2);
+    assert_eq!(f.select(&meta(PROMPT)), None);
+    assert_eq!(f.misses("no_worker"), 1.0);
+}
+
+#[test]
+fn prompt_shorter_than_one_block_is_short_prompt_not_no_worker() {
+    let s = KvSettings {
+        min_match_tokens: 0,
+        ..KvSettings::default()
+    };
+    let f = fx_with(s, 2, serde_json::json!({}));
+    let m = meta("The quick brown fox");
+    assert!(f.tokens(&m).len() < 16);
+    assert_eq!(f.select(&m), None);
+    assert_eq!(
+        (f.misses("short_prompt"), f.misses("no_worker")),
+        (1.0, 0.0)
+    );
+}
+
+#[test]
+fn prompt_below_min_match_tokens_is_shallow() {
+    let f = fx(2);
+    assert_eq!(f.select(&meta("The quick brown fox")), None);
+    assert_eq!(f.misses("shallow"), 1.0);
+}
+
+#[test]
+fn guard_ladder_reasons_for_missing_inputs() {
+    let f = fx(2);
+    let mut m = meta(PROMPT);
+    m.prompt = None;
+    assert_eq!(f.select(&m), None);
+    let mut m = meta(PROMPT);
+    m.model = None;
+    assert_eq!(f.select(&m), None);
+    let mut m = meta(PROMPT);
+    m.model = Some("other".into());
+    assert_eq!(f.select(&m), None);
+    let mut m = meta(PROMPT);
+    m.lora_name = Some("unknown-adapter".into());
+    assert_eq!(f.select(&m), None);
+    let got: Vec<f64> = ["text_empty", "model_empty", "tokenize", "hashes"]
+        .iter()
+        .map(|r| f.misses(r))
+        .collect();
+    assert_eq!(got, vec![1.0, 1.0, 1.0, 1.0]);
+}
+
+#[test]
+fn kv_exact_mode_zero_is_mode_off() {
+    let s = KvSettings::default();
+    let f = fx_with(s, 2, serde_json::json!({"kvExactMode": 0}));
+    assert_eq!(f.select(&meta(PROMPT)), None);
+    assert_eq!(f.misses("mode_off"), 1.0);
+}
+
+#[test]
+fn unknown_hash_algorithm_is_hashes_miss() {
+    let f = fx_with(
+        KvSettings::default(),
+        2,
+        serde_json::json!({"kvHashAlgo": "pickle"}),
+    );
+    assert_eq!(f.select(&meta(PROMPT)), None);
+    assert_eq!(f.misses("hashes"), 1.0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn warmup_keeps_tier_out_until_window_after_first_connect() {
+    let s = KvSettings {
+        lb_mode: LbMode::Off,
+        coldstart_seed_n: 0,
+        ..KvSettings::default()
+    };
+    let f = fx_with(s, 2, serde_json::json!({"kvWarmupSec": 30}));
+    let m = meta(PROMPT);
+    f.hold(0, &m, 2);
+    assert_eq!(f.select(&m), None);
+    f.svc().set_connected(0, 0, true);
+    tokio::time::advance(Duration::from_secs(29)).await;
+    assert_eq!(f.select(&m), None);
+    assert_eq!(f.misses("warmup"), 2.0);
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert_eq!(f.select(&m), Some(Decision::pick(0, Reason::KvOverlap)));
+}
+
+#[test]
+fn cache_salt_tenants_never_share_blocks() {
+    let f = fx(2);
+    let mut a = meta(PROMPT);
+    a.cache_salt = Some("a".into());
+    let mut b = meta(PROMPT);
+    b.cache_salt = Some("b".into());
+    let (ka, kb) = (f.keys_of(&a), f.keys_of(&b));
+    assert!(ka.iter().all(|k| !kb.contains(k)));
+    f.hold(0, &a, 9);
+    assert_eq!(f.select(&b), None);
+    assert_eq!(f.misses("no_worker"), 1.0);
+    f.hold(1, &b, 9);
+    assert_eq!(f.select(&a), Some(Decision::pick(0, Reason::KvOverlap)));
+    assert_eq!(f.select(&b), Some(Decision::pick(1, Reason::KvOverlap)));
+}
+
+#[test]
+fn conversations_sharing_a_system_prompt_spread_by_full_prefix() {
+    let f = fx(4);
+    let system =
+        "You are a helpful assistant for the warehouse team. Answer briefly and cite the manual. "
+            .repeat(2);
+    let convs: Vec<RequestMeta> = (0..8)
+        .map(|i| meta(&format!("{system} User {i} asks about pallet {i} in aisle {} and shelf {}; history turn {i}.", i * 7, i * 3)))
+        .collect();
+    for (i, c) in convs.iter().enumerate() {
+        f.hold(i % 4, c, 99);
+    }
+    for (i, c) in convs.iter().enumerate() {
+        assert_eq!(
+            f.select(c).and_then(|d| d.endpoint),
+            Some(i % 4),
+            "conversation {i}"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn routed_request_predicts_blocks_so_a_burst_converges_until_ttl() {
+    let f = fx(3);
+    let m = meta(PROMPT);
+    assert_eq!(f.select(&m), None);
+    f.router.routed(&f.rule, &m, 2);
+    assert_eq!(f.select(&m), Some(Decision::pick(2, Reason::KvOverlap)));
+    tokio::time::advance(Duration::from_secs(5)).await;
+    assert_eq!(f.select(&m), None);
+}
+
+#[test]
+fn hard_law_spills_an_over_cap_owner_and_counts_it() {
+    let s = KvSettings {
+        coldstart_seed_n: 0,
+        ..KvSettings::default()
+    };
+    let f = fx_with(s, 3, serde_json::json!({}));
+    let m = meta(PROMPT);
+    f.hold(0, &m, 3);
+    f.loads[0].in_flight.store(5, Ordering::Relaxed);
+    f.loads[1].in_flight.store(1, Ordering::Relaxed);
+    // T = 6, cap = ceil(1.75 · 7 / 3) = 5 < 6: spill relief (auto on, mode 3) → ep2 (load 0).
+    assert_eq!(f.select(&m), Some(Decision::pick(2, Reason::KvSpill)));
+    assert_eq!(
+        f.metric("loxilb_pd_kv_tier15_spills_total{service=\"1\"}"),
+        1.0
+    );
+}
+
+#[test]
+fn every_nth_hit_seeds_the_lowest_index_cold_endpoint() {
+    let s = KvSettings {
+        lb_mode: LbMode::Off,
+        coldstart_seed_n: 2,
+        coldstart_min_blocks: 1,
+        ..KvSettings::default()
+    };
+    let f = fx_with(s, 3, serde_json::json!({}));
+    let m = meta(PROMPT);
+    f.hold(0, &m, 3);
+    f.hold(2, &m, 1);
+    let eps: Vec<_> = (0..4)
+        .map(|_| f.select(&m).map(|d| (d.endpoint, d.reason)))
+        .collect();
+    let hit = Some((Some(0), Reason::KvOverlap));
+    let seed = Some((Some(1), Reason::KvColdSeed));
+    assert_eq!(eps, vec![hit, seed, hit, seed]);
+    assert_eq!(
+        f.metric("loxilb_pd_kv_tier15_cold_seeds_total{service=\"1\"}"),
+        2.0
+    );
+}
+
+#[test]
+fn token_id_prompts_are_used_as_given() {
+    let f = fx(2);
+    let m = meta(PROMPT);
+    let ids = f.tokens(&m).to_vec();
+    f.hold(1, &m, 2);
+    let tm = RequestMeta {
+        prompt: Some(Prompt::TokenIds(ids)),
+        ..meta("")
+    };
+    assert_eq!(f.select(&tm), Some(Decision::pick(1, Reason::KvOverlap)));
+}

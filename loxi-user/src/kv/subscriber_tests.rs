@@ -1,0 +1,478 @@
+//! Subscriber tests against a real libzmq publisher (`tests/py/kv_pub.py`, pyzmq).
+
+use std::collections::{HashMap, HashSet};
+use std::process::Stdio;
+use std::time::Duration;
+
+use prometheus_client::registry::Registry;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+
+use super::*;
+use crate::kv::BlockKey;
+use crate::kv::manager::KvManager;
+use crate::kv::settings::KvSettings;
+use crate::kv::testutil::{golden_json, msgpack, rule, state, stored_batch};
+use crate::rules::store::RuleSnapshot;
+
+struct Pub {
+    child: Child,
+    stdin: ChildStdin,
+    out: Lines<BufReader<ChildStdout>>,
+    port: u16,
+    replay_port: u16,
+}
+
+impl Pub {
+    async fn start(args: &[&str]) -> Self {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/py/kv_pub.py");
+        let mut child = Command::new("python3")
+            .arg(script)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn python3 kv_pub.py (pyzmq installed by scripts/setup.sh)");
+        let stdin = child.stdin.take().expect("stdin");
+        let mut out = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        let ready = next_line(&mut out).await;
+        let f: Vec<&str> = ready.split_whitespace().collect();
+        assert_eq!(f.first(), Some(&"ready"), "{ready}");
+        let port = f[1].parse().expect("port");
+        let replay_port = f[2].parse().expect("replay port");
+        Self {
+            child,
+            stdin,
+            out,
+            port,
+            replay_port,
+        }
+    }
+
+    async fn cmd(&mut self, v: serde_json::Value) {
+        self.stdin
+            .write_all(format!("{v}\n").as_bytes())
+            .await
+            .expect("write command");
+        loop {
+            if next_line(&mut self.out).await == "ok" {
+                return;
+            }
+        }
+    }
+
+    async fn wait_subscribed(&mut self) {
+        loop {
+            if next_line(&mut self.out).await == "subscribed" {
+                return;
+            }
+        }
+    }
+
+    async fn send(&mut self, seq: u64, payload: &[u8]) {
+        self.cmd(
+            serde_json::json!({"op": "send", "seq": seq, "payload_hex": hex::encode(payload)}),
+        )
+        .await;
+    }
+}
+
+impl Drop for Pub {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+    }
+}
+
+async fn next_line(out: &mut Lines<BufReader<ChildStdout>>) -> String {
+    tokio::time::timeout(Duration::from_secs(10), out.next_line())
+        .await
+        .expect("publisher answered within 10 s")
+        .expect("read publisher stdout")
+        .expect("publisher alive")
+}
+
+fn timing(keep_window: u64) -> StreamTiming {
+    StreamTiming {
+        backoff_min: Duration::from_millis(20),
+        backoff_max: Duration::from_millis(200),
+        replay_timeout: Duration::from_secs(2),
+        keep_window,
+    }
+}
+
+struct Sub {
+    state: Arc<KvState>,
+    svc: Arc<ServiceKv>,
+    _reg: Registry,
+    cancel: CancellationToken,
+}
+
+impl Sub {
+    fn start(p: &Pub, extra: serde_json::Value, settings: KvSettings, keep_window: u64) -> Self {
+        let (state, reg) = state(settings);
+        let svc = state.service(&rule(1, 1, extra));
+        let replay = (p.replay_port != 0).then(|| format!("127.0.0.1:{}", p.replay_port));
+        let addr = StreamAddr {
+            ep: 0,
+            rank: 0,
+            publisher: format!("127.0.0.1:{}", p.port),
+            replay,
+        };
+        let cancel = CancellationToken::new();
+        tokio::spawn(
+            Stream::new(state.clone(), svc.clone(), addr, timing(keep_window)).run(cancel.clone()),
+        );
+        Self {
+            state,
+            svc,
+            _reg: reg,
+            cancel,
+        }
+    }
+
+    fn counter(
+        &self,
+        fam: &prometheus_client::metrics::family::Family<
+            EpLabels,
+            prometheus_client::metrics::counter::Counter,
+        >,
+    ) -> u64 {
+        fam.get_or_create(&EpLabels {
+            service: "1".into(),
+            ep: "0".into(),
+        })
+        .get()
+    }
+
+    fn applied(&self) -> u64 {
+        self.counter(&self.state.metrics.events_applied)
+    }
+
+    fn rejected(&self, reason: &str) -> u64 {
+        let l = EpReasonLabels {
+            service: "1".into(),
+            ep: "0".into(),
+            reason: reason.into(),
+        };
+        self.state.metrics.events_rejected.get_or_create(&l).get()
+    }
+
+    fn last_seq(&self) -> Option<u64> {
+        self.svc
+            .streams
+            .lock()
+            .get(&(0, 0))
+            .and_then(|s| s.last_seq)
+    }
+
+    /// Polls until `f` holds (bounded: 10 s).
+    async fn until(&self, what: &str, f: impl Fn(&Self) -> bool) {
+        for _ in 0..1000 {
+            if f(self) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("timed out waiting for {what}");
+    }
+
+    fn held(&self) -> HashSet<u64> {
+        self.svc.index.keys_of(0).into_iter().map(|k| k.0).collect()
+    }
+}
+
+impl Drop for Sub {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
+/// The inventory a capture's events leave behind: refcounted stores, removals, clears.
+fn expected_inventory(g: &serde_json::Value) -> (HashSet<u64>, u64) {
+    let mut refs: HashMap<u64, u32> = HashMap::new();
+    let mut events = 0;
+    for f in g["frames"].as_array().expect("frames") {
+        for ev in f["decoded"][1].as_array().expect("events") {
+            events += 1;
+            let hashes = ev["block_hashes"].as_array().cloned().unwrap_or_default();
+            let keys = hashes.iter().map(|h| h.as_u64().expect("int hash"));
+            match ev["type"].as_str().expect("type") {
+                "BlockStored" => keys.for_each(|k| *refs.entry(k).or_default() += 1),
+                "BlockRemoved" => keys.for_each(|k| {
+                    if let Some(r) = refs.get_mut(&k) {
+                        *r -= 1;
+                        if *r == 0 {
+                            refs.remove(&k);
+                        }
+                    }
+                }),
+                _ => refs.clear(),
+            }
+        }
+    }
+    (refs.into_keys().collect(), events)
+}
+
+fn parity_settings() -> KvSettings {
+    KvSettings {
+        none_hash_seed: Some("0".into()),
+        ..KvSettings::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_captured_frame_through_pyzmq_builds_the_captured_inventory() {
+    for file in ["vllm_kv_events_capture.json", "bos_kv_events_capture.json"] {
+        let g = golden_json(file);
+        let mut p = Pub::start(&[]).await;
+        let s = Sub::start(
+            &p,
+            serde_json::json!({"kvBlockSize": 32}),
+            parity_settings(),
+            64,
+        );
+        p.wait_subscribed().await;
+        for f in g["frames"].as_array().expect("frames") {
+            p.cmd(serde_json::json!({"op": "raw", "frames_hex": f["parts_hex"]}))
+                .await;
+        }
+        let (want, events) = expected_inventory(&g);
+        let last = g["frames"]
+            .as_array()
+            .and_then(|f| f.last())
+            .and_then(|f| f["seq"].as_u64());
+        s.until("all events applied", |s| s.applied() == events)
+            .await;
+        assert_eq!(s.held(), want, "{file}");
+        assert_eq!(s.last_seq(), last);
+        assert_eq!(s.svc.index.blocks(0), want.len() as u64);
+        let verdict = s.svc.parity.lock().get(0).map(|p| p.verdict.clone());
+        assert_eq!(verdict, Some(crate::kv::parity::Verdict::Ok), "{file}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publisher_restart_with_seq_zero_clears_the_endpoint_immediately() {
+    let mut p = Pub::start(&[]).await;
+    let s = Sub::start(&p, serde_json::json!({}), KvSettings::default(), 64);
+    p.wait_subscribed().await;
+    let prefix: Vec<u64> = (1..=4).collect();
+    p.send(0, &stored_batch(&prefix, 16)).await;
+    for seq in 1..=500 {
+        p.send(seq, &stored_batch(&[10_000 + seq], 16)).await;
+    }
+    s.until("seq 500", |s| s.last_seq() == Some(500)).await;
+    assert!(s.svc.index.holds_key(0, BlockKey(1)));
+    p.cmd(serde_json::json!({"op": "restart"})).await;
+    p.wait_subscribed().await;
+    p.send(0, &stored_batch(&[777], 16)).await;
+    s.until("restart batch", |s| s.held().contains(&777)).await;
+    assert_eq!(s.held(), HashSet::from([777]));
+    let keys: Vec<BlockKey> = prefix.iter().map(|&k| BlockKey(k)).collect();
+    assert!(
+        s.svc
+            .index
+            .score(&keys, tokio::time::Instant::now())
+            .is_empty()
+    );
+    assert_eq!(s.counter(&s.state.metrics.reconnects), 1);
+    assert_eq!(s.counter(&s.state.metrics.recv_errors), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn small_gap_keeps_state_and_large_gap_without_replay_clears() {
+    let mut p = Pub::start(&[]).await;
+    let s = Sub::start(&p, serde_json::json!({}), KvSettings::default(), 64);
+    p.wait_subscribed().await;
+    p.send(0, &stored_batch(&[1], 16)).await;
+    p.send(65, &stored_batch(&[2], 16)).await;
+    s.until("seq 65", |s| s.last_seq() == Some(65)).await;
+    assert_eq!(s.held(), HashSet::from([1, 2]));
+    p.send(131, &stored_batch(&[3], 16)).await;
+    s.until("seq 131", |s| s.last_seq() == Some(131)).await;
+    assert_eq!(s.held(), HashSet::from([3]));
+}
+
+/// Batch i stores key 100 + i; batch 5 also stores 555 and batch 6 removes it, so applying 5
+/// after 6 (wrong order) would leave 555 behind, and a duplicate would double a refcount.
+async fn replay_repairs_forced_gap(layout: &str) {
+    let mut p = Pub::start(&["--replay", "--layout", layout]).await;
+    let s = Sub::start(
+        &p,
+        serde_json::json!({"kvReplayPort": p.replay_port}),
+        KvSettings::default(),
+        0,
+    );
+    p.wait_subscribed().await;
+    use rmpv::Value as V;
+    let stored = |k: u64| {
+        V::Map(vec![
+            (V::from("type"), V::from("BlockStored")),
+            (V::from("block_hashes"), V::Array(vec![V::from(k)])),
+        ])
+    };
+    let removed = V::Array(vec![
+        V::from("BlockRemoved"),
+        V::Array(vec![V::from(555u64)]),
+    ]);
+    let batch6 = msgpack(&V::Array(vec![
+        V::F64(0.0),
+        V::Array(vec![stored(106), removed]),
+    ]));
+    for seq in 0..10u64 {
+        let op = if seq == 5 { "skip" } else { "send" };
+        let payload = match seq {
+            5 => stored_batch(&[105, 555], 16),
+            6 => batch6.clone(),
+            _ => stored_batch(&[100 + seq], 16),
+        };
+        p.cmd(serde_json::json!({"op": op, "seq": seq, "payload_hex": hex::encode(payload)}))
+            .await;
+    }
+    s.until("seq 9", |s| s.last_seq() == Some(9)).await;
+    assert_eq!(
+        s.held(),
+        (100..110).collect::<HashSet<u64>>(),
+        "layout {layout}"
+    );
+    assert_eq!(s.svc.index.blocks(0), 10);
+    let l = EpReasonLabels {
+        service: "1".into(),
+        ep: "0".into(),
+        reason: "ok".into(),
+    };
+    assert_eq!(s.state.metrics.replays.get_or_create(&l).get(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_with_topic_layout_applies_missing_batches_in_order_once() {
+    replay_repairs_forced_gap("3").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_with_older_two_frame_layout_applies_missing_batches_in_order_once() {
+    replay_repairs_forced_gap("2").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_frames_and_wrong_block_size_do_not_kill_the_subscriber() {
+    let mut p = Pub::start(&[]).await;
+    let s = Sub::start(
+        &p,
+        serde_json::json!({"kvBlockSize": 16}),
+        KvSettings::default(),
+        64,
+    );
+    p.wait_subscribed().await;
+    for frames in [
+        vec!["6b76"],
+        vec!["6b76", "00"],
+        vec!["6b76", "000001", "90"],
+        vec!["6b76", "0000000000000000", "c1c1c1"],
+    ] {
+        p.cmd(serde_json::json!({"op": "raw", "frames_hex": frames}))
+            .await;
+    }
+    p.send(1, &stored_batch(&[5], 768)).await;
+    p.send(2, &stored_batch(&[6], 16)).await;
+    s.until("seq 2", |s| s.last_seq() == Some(2)).await;
+    assert_eq!(s.held(), HashSet::from([6]));
+    assert_eq!(
+        (
+            s.rejected("frame"),
+            s.rejected("batch"),
+            s.rejected("block_size")
+        ),
+        (3, 1, 1)
+    );
+    assert_eq!(s.counter(&s.state.metrics.recv_errors), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscriber_started_before_the_engine_connects_when_it_comes_up() {
+    let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("bind probe");
+    let port = probe.local_addr().expect("addr").port();
+    drop(probe);
+    let (state, _reg) = state(KvSettings::default());
+    let svc = state.service(&rule(1, 1, serde_json::json!({})));
+    let cancel = CancellationToken::new();
+    let addr = StreamAddr {
+        ep: 0,
+        rank: 0,
+        publisher: format!("127.0.0.1:{port}"),
+        replay: None,
+    };
+    tokio::spawn(Stream::new(state.clone(), svc.clone(), addr, timing(64)).run(cancel.clone()));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut p = Pub::start(&["--port", &port.to_string()]).await;
+    p.wait_subscribed().await;
+    p.send(0, &stored_batch(&[42], 16)).await;
+    for _ in 0..500 {
+        if svc.index.holds_key(0, BlockKey(42)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(svc.index.holds_key(0, BlockKey(42)));
+    let up = state
+        .metrics
+        .connected
+        .get_or_create(&EpLabels {
+            service: "1".into(),
+            ep: "0".into(),
+        })
+        .get();
+    assert_eq!(up, 1);
+    cancel.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn manager_follows_rules_and_rule_deletion_stops_streams_and_drops_the_index() {
+    let mut p = Pub::start(&[]).await;
+    let (state, _reg) = state(KvSettings::default());
+    let r = rule(
+        9,
+        2,
+        serde_json::json!({"kvZmqPort": p.port, "kvExactMode": 3}),
+    );
+    let mut snap = RuleSnapshot::default();
+    snap.rules.insert(r.rule.key(), Arc::new(r.clone()));
+    let mut m = KvManager::new(state.clone(), timing(64));
+    m.reconcile(&snap);
+    assert_eq!(m.len(), 2);
+    p.wait_subscribed().await;
+    p.wait_subscribed().await;
+    p.send(0, &stored_batch(&[1, 2], 16)).await;
+    let svc = state.get(9).expect("service state");
+    for _ in 0..500 {
+        if svc.index.blocks(0) == 2 && svc.index.blocks(1) == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!((svc.index.blocks(0), svc.index.blocks(1)), (2, 2));
+    m.reconcile(&RuleSnapshot::default());
+    assert!(m.is_empty());
+    assert!(state.get(9).is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn manager_subscribes_only_prefill_endpoints_in_mode_one() {
+    let (state, _reg) = state(KvSettings::default());
+    let mut r = rule(
+        3,
+        3,
+        serde_json::json!({"kvExactMode": 1, "pd_disagg_mode": true}),
+    );
+    r.rule.endpoints[1].ep_role = 1;
+    r.rule.endpoints[2].ep_role = 2;
+    let mut snap = RuleSnapshot::default();
+    snap.rules.insert(r.rule.key(), Arc::new(r));
+    let mut m = KvManager::new(state.clone(), timing(64));
+    m.reconcile(&snap);
+    assert_eq!(m.len(), 1);
+    let svc = state.get(3).expect("service");
+    let subscribed: Vec<bool> = svc.config.endpoints.iter().map(|e| e.1).collect();
+    assert_eq!(subscribed, vec![false, true, false]);
+}

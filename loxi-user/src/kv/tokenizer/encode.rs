@@ -1,0 +1,177 @@
+//! One loaded model (tokenizer + chat template + recent-tokenization cache) and vLLM 0.32's
+//! per-endpoint rules for what is encoded and whether special tokens are added
+//! (`../shared/golden/README.md`, verified on the two captures):
+//!
+//! | request                         | text encoded                  | special tokens            |
+//! |---------------------------------|-------------------------------|---------------------------|
+//! | completions, string prompt      | the prompt                    | yes, unless `add_special_tokens: false` |
+//! | any endpoint, token-id prompt   | none: ids used as given       | never                     |
+//! | chat completions                | rendered template             | no, unless `add_special_tokens: true` |
+//! | `/v1/responses`                 | rendered template             | yes (so BOS twice with a BOS template) |
+//!
+//! "Special tokens" means the tokenizer's post-processor (e.g. a BOS `TemplateProcessing`);
+//! `add_bos_token` in `tokenizer_config.json` is not applied on top, as vLLM's fast tokenizer
+//! path leaves that to the post-processor too. Text prompts sent to other endpoints are treated
+//! as completions, message lists as chat.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokenizers::Tokenizer;
+
+use super::cache::{TextKey, TokenCache};
+use super::compat;
+use super::template::ChatTemplate;
+use super::{TokenizeError, TokenizerMetrics};
+use crate::proxy::meta::{ApiKind, ChatMessage, Prompt};
+
+/// A loaded model: its tokenizer, its chat template (or why there is none) and a cache.
+#[derive(Debug)]
+pub struct ModelTokenizer {
+    tokenizer: Tokenizer,
+    template: Result<ChatTemplate, String>,
+    cache: TokenCache,
+    template_warned: AtomicBool,
+}
+
+impl ModelTokenizer {
+    /// Loads `<dir>/tokenizer.json` and, when present, `<dir>/tokenizer_config.json`. A missing
+    /// or broken config only disables chat templating (chat requests then fail with
+    /// [`TokenizeError::Template`]); a missing or broken `tokenizer.json` is an error.
+    pub fn load(dir: &Path, cache_capacity: usize) -> Result<Self, String> {
+        let tokenizer = load_tokenizer(dir)?;
+        let cfg_path = dir.join("tokenizer_config.json");
+        let template = match std::fs::read_to_string(&cfg_path) {
+            Err(e) => Err(format!("{}: {e}", cfg_path.display())),
+            Ok(text) => match serde_json::from_str::<serde_json::Value>(&text) {
+                Err(e) => Err(format!("{}: {e}", cfg_path.display())),
+                Ok(cfg) => match ChatTemplate::from_tokenizer_config(&cfg) {
+                    Ok(Some(t)) => Ok(t),
+                    Ok(None) => Err(format!("{}: no chat_template", cfg_path.display())),
+                    Err(e) => Err(format!("{}: {e}", cfg_path.display())),
+                },
+            },
+        };
+        Ok(ModelTokenizer {
+            tokenizer,
+            template,
+            cache: TokenCache::new(cache_capacity),
+            template_warned: AtomicBool::new(false),
+        })
+    }
+
+    /// Token ids of `prompt` for `api` (see the module table). `add_special_tokens` is the
+    /// request's own field. Errors: template missing/failing, tokenizer failure, empty prompt.
+    pub fn encode(
+        &self,
+        model: &str,
+        api: ApiKind,
+        prompt: &Prompt,
+        add_special_tokens: Option<bool>,
+        metrics: &TokenizerMetrics,
+    ) -> Result<Arc<[u32]>, TokenizeError> {
+        match prompt {
+            Prompt::TokenIds(ids) => token_ids(ids),
+            Prompt::Text(text) => {
+                self.encode_text(model, text, add_special_tokens.unwrap_or(true), metrics)
+            }
+            Prompt::Messages(msgs) => {
+                let add = match api {
+                    ApiKind::Responses => add_special_tokens.unwrap_or(true),
+                    _ => add_special_tokens.unwrap_or(false),
+                };
+                let text = self.render(model, msgs)?;
+                self.encode_text(model, &text, add, metrics)
+            }
+        }
+    }
+
+    /// The chat template rendered with `add_generation_prompt=True`.
+    pub fn render(&self, model: &str, msgs: &[ChatMessage]) -> Result<String, TokenizeError> {
+        if msgs.is_empty() {
+            return Err(TokenizeError::Empty);
+        }
+        let template = self
+            .template
+            .as_ref()
+            .map_err(|e| self.template_error(model, e.clone()))?;
+        template
+            .render(msgs, true)
+            .map_err(|e| self.template_error(model, format!("{e:#}")))
+    }
+
+    /// Encodes `text`, through the cache.
+    pub fn encode_text(
+        &self,
+        model: &str,
+        text: &str,
+        add_special_tokens: bool,
+        metrics: &TokenizerMetrics,
+    ) -> Result<Arc<[u32]>, TokenizeError> {
+        if text.is_empty() {
+            return Err(TokenizeError::Empty);
+        }
+        let key = TextKey::new(text, add_special_tokens);
+        if let Some(ids) = self.cache.get(&key) {
+            metrics.cache_hits.inc();
+            return Ok(ids);
+        }
+        metrics.cache_misses.inc();
+        let enc = self
+            .tokenizer
+            .encode_fast(text, add_special_tokens)
+            .map_err(|e| TokenizeError::Encode {
+                model: model.to_owned(),
+                message: e.to_string(),
+            })?;
+        let ids: Arc<[u32]> = Arc::from(enc.get_ids());
+        if ids.is_empty() {
+            return Err(TokenizeError::Empty);
+        }
+        self.cache.put(key, ids.clone());
+        Ok(ids)
+    }
+
+    /// Entries currently cached.
+    pub fn cached_entries(&self) -> usize {
+        self.cache.len()
+    }
+
+    fn template_error(&self, model: &str, message: String) -> TokenizeError {
+        if !self.template_warned.swap(true, Ordering::Relaxed) {
+            tracing::warn!(model, error = %message, "chat template unusable; KV routing falls back for chat requests of this model");
+        } else {
+            tracing::debug!(model, error = %message, "chat template failed");
+        }
+        TokenizeError::Template {
+            model: model.to_owned(),
+            message,
+        }
+    }
+}
+
+/// `<dir>/tokenizer.json`, with transformers' class substitution for `<dir>/config.json`'s
+/// `model_type` applied (see [`super::compat`]).
+fn load_tokenizer(dir: &Path) -> Result<Tokenizer, String> {
+    let tok_path = dir.join("tokenizer.json");
+    let err = |e: &dyn std::fmt::Display| format!("{}: {e}", tok_path.display());
+    let text = std::fs::read(&tok_path).map_err(|e| err(&e))?;
+    let model_type = std::fs::read(dir.join("config.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .and_then(|c| c["model_type"].as_str().map(str::to_owned));
+    let mut json: serde_json::Value = serde_json::from_slice(&text).map_err(|e| err(&e))?;
+    if compat::patch_for_model_type(&mut json, model_type.as_deref()) {
+        tracing::debug!(dir = %dir.display(), model_type, "applied transformers tokenizer substitution");
+    }
+    serde_json::from_value::<Tokenizer>(json).map_err(|e| err(&e))
+}
+
+/// A token-id prompt, used as given.
+pub fn token_ids(ids: &[u32]) -> Result<Arc<[u32]>, TokenizeError> {
+    if ids.is_empty() {
+        return Err(TokenizeError::Empty);
+    }
+    Ok(Arc::from(ids))
+}

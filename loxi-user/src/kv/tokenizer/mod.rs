@@ -1,0 +1,60 @@
+//! Tokenization exactly as the engine does it: the model's own HF `tokenizer.json`, its chat
+//! template rendered the way transformers renders it, and vLLM 0.32's per-endpoint special-token
+//! rules (see `../shared/golden/README.md`, "What vLLM 0.32 did with BOS here").
+//!
+//! - [`pool`]: [`TokenizerPool`], one lazily loaded tokenizer per model, staged at
+//!   `<tokenizer-dir>/<model with / replaced by __>/tokenizer.json` (+ `tokenizer_config.json`),
+//!   with a negative cache for load failures (logged once, counted, gauge
+//!   `loxilb_kv_tokenizer_degraded{model}`).
+//! - [`template`]: the chat template (minijinja + pycompat, transformers' environment).
+//! - [`encode`]: which text is encoded, and with or without special tokens, per endpoint.
+//! - [`cache`]: a bounded cache of recent tokenizations keyed by a hash of the full text.
+
+pub mod cache;
+pub mod compat;
+pub mod encode;
+pub mod metrics;
+pub mod pool;
+pub mod pyjson;
+pub mod template;
+
+pub use metrics::TokenizerMetrics;
+pub use pool::TokenizerPool;
+
+/// Why a prompt could not be tokenized. Every variant is a routing miss (`tokenize`), never a
+/// client error: the request is still served by the rule's fallback selector.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TokenizeError {
+    /// No usable `tokenizer.json` is staged for the model (or it failed to load; retried after
+    /// the pool's retry interval).
+    #[error("no tokenizer for model {model:?}")]
+    NoTokenizer {
+        /// The requested model.
+        model: String,
+    },
+    /// The chat template is missing or failed to render (counted per model).
+    #[error("chat template of model {model:?}: {message}")]
+    Template {
+        /// The requested model.
+        model: String,
+        /// minijinja's error, or "no chat_template".
+        message: String,
+    },
+    /// The tokenizer rejected the text.
+    #[error("tokenizer of model {model:?} failed: {message}")]
+    Encode {
+        /// The requested model.
+        model: String,
+        /// The tokenizers library's error.
+        message: String,
+    },
+    /// The prompt produced no token at all (empty text, empty message list, empty id list).
+    #[error("prompt is empty")]
+    Empty,
+}
+
+/// The directory name a model's tokenizer is staged under: the model id with `/` → `__`
+/// (LoxiLB's slug, e.g. `Qwen/Qwen2.5-7B-Instruct` → `Qwen__Qwen2.5-7B-Instruct`).
+pub fn model_slug(model: &str) -> String {
+    model.replace('/', "__")
+}

@@ -1,0 +1,178 @@
+//! [`TokenizerPool`]: one tokenizer per model, loaded lazily from
+//! `<tokenizer-dir>/<model with / replaced by __>/` on first use.
+//!
+//! A model whose tokenizer is missing or broken is logged ONCE (warn, at the first failure),
+//! counted (`loxilb_kv_tokenizer_load_failures_total{model}`, one per attempt), flagged
+//! (`loxilb_kv_tokenizer_degraded{model}` = 1) and kept in a negative cache: requests for it
+//! fail fast with [`TokenizeError::NoTokenizer`] without touching the disk until the retry
+//! interval (default 30 s) has passed; then one request retries the load. Never a log line per
+//! request. Token-id prompts need no tokenizer and are returned as given even for such models.
+//!
+//! Loading blocks the calling thread (hundreds of ms for a 4 MB `tokenizer.json`); encoding is
+//! CPU-bound. Callers on a tokio runtime may wrap calls in `block_in_place`/`spawn_blocking`.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock};
+
+use super::cache::TokenCache;
+use super::encode::{ModelTokenizer, token_ids};
+use super::metrics::ModelLabel;
+use super::{TokenizeError, TokenizerMetrics, model_slug};
+use crate::proxy::meta::{ApiKind, Prompt};
+
+/// Default time a failed load stays in the negative cache before one retry.
+pub const DEFAULT_RETRY_INTERVAL: Duration = Duration::from_secs(30);
+
+/// Most models tracked at once; beyond it, failed (negative-cache) entries are dropped first so
+/// clients naming many unknown models cannot grow memory without bound.
+const MAX_SLOTS: usize = 4096;
+
+#[derive(Debug, Clone)]
+enum Slot {
+    Ready(Arc<ModelTokenizer>),
+    Failed { at: Instant },
+}
+
+/// Tokenizers per model (share via `Arc`; all methods take `&self`).
+#[derive(Debug)]
+pub struct TokenizerPool {
+    dir: PathBuf,
+    metrics: TokenizerMetrics,
+    retry_interval: Duration,
+    cache_capacity: usize,
+    slots: RwLock<HashMap<String, Slot>>,
+    load_lock: Mutex<()>,
+}
+
+impl TokenizerPool {
+    /// A pool reading tokenizers from `dir` (`--tokenizer-dir`), reporting to `metrics`.
+    pub fn new(dir: PathBuf, metrics: TokenizerMetrics) -> Self {
+        TokenizerPool {
+            dir,
+            metrics,
+            retry_interval: DEFAULT_RETRY_INTERVAL,
+            cache_capacity: TokenCache::DEFAULT_CAPACITY,
+            slots: RwLock::new(HashMap::new()),
+            load_lock: Mutex::new(()),
+        }
+    }
+
+    /// Sets how long a failed load is remembered before it is retried.
+    pub fn with_retry_interval(mut self, interval: Duration) -> Self {
+        self.retry_interval = interval;
+        self
+    }
+
+    /// Sets the per-model recent-tokenization cache size in entries (0 disables it).
+    pub fn with_cache_capacity(mut self, entries: usize) -> Self {
+        self.cache_capacity = entries;
+        self
+    }
+
+    /// The tokenizer directory.
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir
+    }
+
+    /// Token ids of `prompt` as vLLM computes them for `api` on `model` (see
+    /// [`super::encode`]). Errors: [`TokenizeError::NoTokenizer`] (missing/broken tokenizer,
+    /// negative-cached), [`TokenizeError::Template`] (counted per model),
+    /// [`TokenizeError::Encode`], [`TokenizeError::Empty`].
+    pub fn encode(
+        &self,
+        model: &str,
+        api: ApiKind,
+        prompt: &Prompt,
+        add_special_tokens: Option<bool>,
+    ) -> Result<Arc<[u32]>, TokenizeError> {
+        if let Prompt::TokenIds(ids) = prompt {
+            return token_ids(ids);
+        }
+        let tok = self.get(model)?;
+        let out = tok.encode(model, api, prompt, add_special_tokens, &self.metrics);
+        if let Err(TokenizeError::Template { .. }) = &out {
+            self.metrics
+                .template_errors
+                .get_or_create(&ModelLabel::new(model))
+                .inc();
+        }
+        out
+    }
+
+    /// The loaded tokenizer of `model`, loading it if needed (see the module doc).
+    pub fn get(&self, model: &str) -> Result<Arc<ModelTokenizer>, TokenizeError> {
+        if let Some(r) = self.cached(model) {
+            return r;
+        }
+        let _guard = self.load_lock.lock();
+        if let Some(r) = self.cached(model) {
+            return r;
+        }
+        self.load(model)
+    }
+
+    /// `Some` when the slot answers without loading: ready, or failed within the interval.
+    fn cached(&self, model: &str) -> Option<Result<Arc<ModelTokenizer>, TokenizeError>> {
+        match self.slots.read().get(model)? {
+            Slot::Ready(t) => Some(Ok(t.clone())),
+            Slot::Failed { at } if at.elapsed() < self.retry_interval => {
+                Some(Err(no_tokenizer(model)))
+            }
+            Slot::Failed { .. } => None,
+        }
+    }
+
+    fn load(&self, model: &str) -> Result<Arc<ModelTokenizer>, TokenizeError> {
+        let label = ModelLabel::new(model);
+        let result = match valid_model_name(model) {
+            Err(e) => Err(e),
+            Ok(()) => ModelTokenizer::load(&self.dir.join(model_slug(model)), self.cache_capacity),
+        };
+        let mut slots = self.slots.write();
+        let first_failure = !slots.contains_key(model);
+        if slots.len() >= MAX_SLOTS {
+            slots.retain(|_, s| matches!(s, Slot::Ready(_)));
+        }
+        match result {
+            Ok(tok) => {
+                let tok = Arc::new(tok);
+                slots.insert(model.to_owned(), Slot::Ready(tok.clone()));
+                self.metrics.degraded.get_or_create(&label).set(0);
+                tracing::info!(model, dir = %self.dir.display(), "tokenizer loaded");
+                Ok(tok)
+            }
+            Err(error) => {
+                slots.insert(model.to_owned(), Slot::Failed { at: Instant::now() });
+                self.metrics.degraded.get_or_create(&label).set(1);
+                self.metrics.load_failures.get_or_create(&label).inc();
+                if first_failure {
+                    tracing::error!(model, %error, retry_secs = self.retry_interval.as_secs(),
+                        "no usable tokenizer; KV routing for this model falls back to the rule's selector");
+                } else {
+                    tracing::debug!(model, %error, "tokenizer load retry failed");
+                }
+                Err(no_tokenizer(model))
+            }
+        }
+    }
+}
+
+fn no_tokenizer(model: &str) -> TokenizeError {
+    TokenizeError::NoTokenizer {
+        model: model.to_owned(),
+    }
+}
+
+/// A model id usable as a directory name once `/` became `__`.
+fn valid_model_name(model: &str) -> Result<(), String> {
+    if model.is_empty() || model == "." || model == ".." || model.contains(['\\', '\0']) {
+        return Err(format!(
+            "model {model:?} is not a valid tokenizer directory name"
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,412 @@
+//! REST API integration tests against the real `loxilb` binary (see `loxi_tests::harness`).
+
+use loxi_tests::harness::{Daemon, DaemonOpts, free_port};
+use serde_json::{Value, json};
+
+/// A mode-4 rule on 127.0.0.1:`port` with two endpoints that nobody needs to serve.
+fn rule(port: u16) -> Value {
+    json!({
+        "serviceArguments": {"externalIP": "127.0.0.1", "port": port, "protocol": "tcp", "mode": 4, "sel": 0},
+        "endpoints": [
+            {"endpointIP": "127.0.0.3", "targetPort": 8001, "weight": 1},
+            {"endpointIP": "127.0.0.2", "targetPort": 8002, "weight": 2}
+        ]
+    })
+}
+
+fn with_service(mut r: Value, key: &str, v: Value) -> Value {
+    r["serviceArguments"][key] = v;
+    r
+}
+
+fn lb_attr(v: &Value) -> Vec<Value> {
+    v["lbAttr"].as_array().cloned().expect("lbAttr array")
+}
+
+fn counter(metrics: &str, line_prefix: &str) -> f64 {
+    metrics
+        .lines()
+        .find(|l| l.starts_with(line_prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_list_delete_round_trip_keeps_user_endpoint_order() {
+    let d = Daemon::start_default().await;
+    let port = free_port();
+    let (status, body) = d.post_rule(&rule(port)).await;
+    assert_eq!(
+        (status, body),
+        (200, json!({"code": 200, "message": "success"}))
+    );
+
+    let rules = lb_attr(&d.rules().await);
+    assert_eq!(rules.len(), 1);
+    let s = &rules[0]["serviceArguments"];
+    assert_eq!(
+        (
+            s["externalIP"].clone(),
+            s["port"].clone(),
+            s["mode"].clone()
+        ),
+        (json!("127.0.0.1"), json!(port), json!(4))
+    );
+    assert_eq!(s["kvBlockSize"], json!(16), "defaults are filled in");
+    let eps = rules[0]["endpoints"].as_array().expect("endpoints");
+    let ips: Vec<_> = eps
+        .iter()
+        .map(|e| e["endpointIP"].as_str().expect("ip"))
+        .collect();
+    assert_eq!(
+        ips,
+        ["127.0.0.3", "127.0.0.2"],
+        "ep_idx is the user's order, not sorted by IP"
+    );
+    assert!(eps.iter().all(|e| e["state"] == json!("active")), "{eps:?}");
+
+    let (status, body) = d.delete_rule("127.0.0.1", port, "tcp", None).await;
+    assert_eq!(
+        (status, body),
+        (200, json!({"code": 200, "message": "success"}))
+    );
+    assert!(lb_attr(&d.rules().await).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reposting_the_same_key_with_another_selector_is_409_and_keeps_the_rule() {
+    let d = Daemon::start_default().await;
+    let port = free_port();
+    assert_eq!(d.post_rule(&rule(port)).await.0, 200);
+    assert_eq!(
+        d.post_rule(&rule(port)).await.0,
+        200,
+        "identical re-post is idempotent"
+    );
+    let (status, body) = d
+        .post_rule(&with_service(rule(port), "sel", json!(2)))
+        .await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["code"], json!(409));
+    assert_eq!(body["field"], json!("serviceArguments.sel"));
+    let rules = lb_attr(&d.rules().await);
+    assert_eq!(rules.len(), 1);
+    assert_eq!(rules[0]["serviceArguments"]["sel"], json!(0));
+    // Same shape, new endpoint weights: an in-place update.
+    let mut updated = rule(port);
+    updated["endpoints"][1]["weight"] = json!(7);
+    assert_eq!(d.post_rule(&updated).await.0, 200);
+    assert_eq!(
+        lb_attr(&d.rules().await)[0]["endpoints"][1]["weight"],
+        json!(7)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scenario_23_misspelled_block_size_is_rejected_naming_kv_block_size_and_nothing_is_stored()
+{
+    let d = Daemon::start_default().await;
+    for bad in ["kv_block_size", "kvblocksize"] {
+        let r = with_service(rule(free_port()), bad, json!(32));
+        let (status, body) = d.post_rule(&r).await;
+        assert_eq!(status, 400, "{body}");
+        assert_eq!(
+            body,
+            json!({
+                "code": 400,
+                "message": format!("\"{bad}\" is not a field; did you mean \"kvBlockSize\"?"),
+                "field": format!("serviceArguments.{bad}")
+            })
+        );
+    }
+    assert!(
+        lb_attr(&d.rules().await).is_empty(),
+        "a rejected rule must not be stored"
+    );
+    let (status, body) = d
+        .post_rule(&with_service(rule(free_port()), "kv_exact_mode", json!(3)))
+        .await;
+    assert_eq!(status, 400);
+    assert_eq!(
+        body["message"],
+        json!("\"kv_exact_mode\" is not a field; did you mean \"kvExactMode\"?")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_types_and_misspelled_endpoint_keys_name_the_field() {
+    let d = Daemon::start_default().await;
+    let (status, body) = d
+        .post_rule(&with_service(rule(free_port()), "kvBlockSize", json!("16")))
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["field"], json!("serviceArguments.kvBlockSize"));
+    assert!(
+        body["message"]
+            .as_str()
+            .expect("message")
+            .starts_with("\"kvBlockSize\" has a wrong type"),
+        "{body}"
+    );
+
+    let mut r = rule(free_port());
+    r["endpoints"][1]["weight"] = json!("heavy");
+    let (status, body) = d.post_rule(&r).await;
+    assert_eq!(
+        (status, body["field"].clone()),
+        (400, json!("endpoints[1].weight")),
+        "{body}"
+    );
+
+    let mut r = rule(free_port());
+    r["endpoints"][0]["target_port"] = json!(8000);
+    let (status, body) = d.post_rule(&r).await;
+    assert_eq!(status, 400);
+    assert_eq!(
+        body["message"],
+        json!("\"target_port\" is not a field; did you mean \"targetPort\"?")
+    );
+    assert_eq!(body["field"], json!("endpoints[0].target_port"));
+
+    let (status, body) = d.post_rule_raw("{\"serviceArguments\": {").await;
+    assert_eq!(status, 400, "malformed JSON is a client error: {body}");
+    assert!(lb_attr(&d.rules().await).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_range_values_are_400_naming_the_field() {
+    let d = Daemon::start_default().await;
+    let cases = [
+        ("sel", json!(7), "serviceArguments.sel"),
+        ("mode", json!(6), "serviceArguments.mode"),
+        (
+            "chwbl_mean_load_factor",
+            json!(99),
+            "serviceArguments.chwbl_mean_load_factor",
+        ),
+        (
+            "chwbl_replication",
+            json!(1025),
+            "serviceArguments.chwbl_replication",
+        ),
+        ("kvBlockSize", json!(0), "serviceArguments.kvBlockSize"),
+        ("kvExactMode", json!(2), "serviceArguments.kvExactMode"),
+        (
+            "pd_cache_threshold",
+            json!(101),
+            "serviceArguments.pd_cache_threshold",
+        ),
+        ("kvDpRankCount", json!(9), "serviceArguments.kvDpRankCount"),
+        (
+            "externalIP",
+            json!("10.0.0.300"),
+            "serviceArguments.externalIP",
+        ),
+    ];
+    for (key, value, field) in cases {
+        let (status, body) = d
+            .post_rule(&with_service(rule(free_port()), key, value.clone()))
+            .await;
+        assert_eq!(status, 400, "{key}={value}: {body}");
+        assert_eq!(body["field"], json!(field), "{key}={value}: {body}");
+    }
+    let mut r = rule(free_port());
+    r["endpoints"][0]["weight"] = json!(0);
+    assert_eq!(
+        d.post_rule(&r).await.1["field"],
+        json!("endpoints[0].weight")
+    );
+    // AI selectors need fullproxy.
+    let r = with_service(
+        with_service(rule(free_port()), "mode", json!(0)),
+        "sel",
+        json!(8),
+    );
+    let (status, body) = d.post_rule(&r).await;
+    assert_eq!(
+        (status, body["field"].clone()),
+        (400, json!("serviceArguments.sel")),
+        "{body}"
+    );
+    assert!(lb_attr(&d.rules().await).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_by_model_name_removes_only_that_pool_and_unknown_rule_is_404() {
+    let d = Daemon::start_default().await;
+    let port = free_port();
+    let llama = with_service(rule(port), "model_name", json!("llama"));
+    let qwen = with_service(rule(port), "model_name", json!("Qwen/Qwen2.5-7B"));
+    assert_eq!(d.post_rule(&llama).await.0, 200);
+    assert_eq!(d.post_rule(&qwen).await.0, 200);
+    assert_eq!(lb_attr(&d.rules().await).len(), 2);
+
+    let (status, _) = d
+        .delete_rule(
+            "127.0.0.1",
+            port,
+            "tcp",
+            Some("model_name=Qwen%2FQwen2.5-7B"),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let left = lb_attr(&d.rules().await);
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0]["serviceArguments"]["model_name"], json!("llama"));
+
+    let (status, body) = d
+        .delete_rule("127.0.0.1", port, "tcp", Some("model_name=nope"))
+        .await;
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(body["code"], json!(404));
+    let (status, body) = d.delete_rule("127.0.0.1", 0, "tcp", None).await;
+    assert_eq!((status, body["field"].clone()), (400, json!("port")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rules_are_restored_after_a_restart_with_their_order() {
+    let mut d = Daemon::start_default().await;
+    let (p1, p2) = (free_port(), free_port());
+    assert_eq!(d.post_rule(&rule(p1)).await.0, 200);
+    assert_eq!(
+        d.post_rule(&with_service(rule(p2), "sel", json!(2)))
+            .await
+            .0,
+        200
+    );
+    let before = d.rules().await;
+    let status = d.stop().await;
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "SIGTERM must end the daemon cleanly: {status:?}"
+    );
+    d.restart().await;
+    assert_eq!(
+        d.rules().await,
+        before,
+        "restored rules equal the rules before the restart"
+    );
+    assert!(d.log_text().contains("rules restored"), "{}", d.log_text());
+    let m = d.metrics_text().await;
+    assert!(m.contains("\nloxilb_lb_rules 2\n"), "{m}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupt_state_file_is_moved_aside_and_the_daemon_still_starts() {
+    let state = tempfile::tempdir().expect("tmp");
+    std::fs::write(
+        state.path().join("rules.json"),
+        b"{\"version\":1,\"rules\":[{broken",
+    )
+    .expect("write");
+    let opts = DaemonOpts {
+        state_dir: Some(state.path().to_path_buf()),
+        ..Default::default()
+    };
+    let d = Daemon::start(opts).await;
+    assert!(lb_attr(&d.rules().await).is_empty());
+    let aside: Vec<String> = std::fs::read_dir(state.path())
+        .expect("read dir")
+        .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+        .filter(|n| n.starts_with("rules.json.corrupt-"))
+        .collect();
+    assert_eq!(aside.len(), 1, "the corrupt file is kept for inspection");
+    assert!(d.log_text().contains("corrupt"), "{}", d.log_text());
+    // The store works again and writes a fresh file.
+    assert_eq!(d.post_rule(&rule(free_port())).await.0, 200);
+    let text = std::fs::read_to_string(state.path().join("rules.json")).expect("new state file");
+    assert!(text.contains("\"externalIP\": \"127.0.0.1\""), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_pass_promtool_and_count_rules_and_api_requests() {
+    let d = Daemon::start_default().await;
+    let before = d.metrics_text().await;
+    assert!(before.contains("\nloxilb_lb_rules 0\n"), "{before}");
+    let ok = r#"loxilb_api_requests_total{method="POST",route="/netlox/v1/config/loadbalancer",code="200"}"#;
+    let bad = r#"loxilb_api_requests_total{method="POST",route="/netlox/v1/config/loadbalancer",code="400"}"#;
+    assert_eq!(d.post_rule(&rule(free_port())).await.0, 200);
+    assert_eq!(
+        d.post_rule(&with_service(rule(free_port()), "kvblocksize", json!(1)))
+            .await
+            .0,
+        400
+    );
+    let after = d.metrics_text().await;
+    assert!(after.contains("\nloxilb_lb_rules 1\n"), "{after}");
+    assert_eq!(counter(&after, ok) - counter(&before, ok), 1.0, "{after}");
+    assert_eq!(counter(&after, bad) - counter(&before, bad), 1.0, "{after}");
+    assert!(
+        !after.contains("# EOF"),
+        "the text format 0.0.4 is the default"
+    );
+    promtool_check(&after);
+}
+
+/// Runs `promtool check metrics`; when promtool is missing, fails under `CI`, else skips loudly.
+fn promtool_check(text: &str) {
+    use std::io::Write;
+    let spawn = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn();
+    let mut child = match spawn {
+        Ok(c) => c,
+        Err(e) if std::env::var_os("CI").is_none() => {
+            eprintln!(
+                "SKIPPING promtool check: promtool not runnable ({e}); install Debian package `prometheus`"
+            );
+            return;
+        }
+        Err(e) => panic!("promtool is required under CI: {e}"),
+    };
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(text.as_bytes())
+        .expect("write metrics");
+    let out = child.wait_with_output().expect("promtool");
+    assert!(
+        out.status.success(),
+        "promtool check metrics failed:\n{}{}\n--- metrics ---\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_environment_value_is_logged_once_naming_variable_value_and_default() {
+    let opts = DaemonOpts::default()
+        .env("LOXILB_KV_LB_MODE", "fastest")
+        .env("LOXILB_KV_MAX_BLOCKS", "12");
+    let d = Daemon::start(opts).await;
+    let log = d.log_text();
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("LOXILB_KV_LB_MODE"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{log}");
+    assert!(
+        lines[0].contains("WARN")
+            && lines[0].contains("fastest")
+            && lines[0].contains("using hard"),
+        "{log}"
+    );
+    assert!(
+        log.contains("LOXILB_KV_MAX_BLOCKS=\"12\"") && log.contains("using 1000000"),
+        "{log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_route_is_a_json_404() {
+    let d = Daemon::start_default().await;
+    let (status, text) = d.get("/netlox/v1/config/nothing").await.expect("get");
+    assert_eq!(status, 404);
+    let body: Value = serde_json::from_str(&text).expect("json body");
+    assert_eq!(body["code"], json!(404));
+}

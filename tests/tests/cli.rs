@@ -1,0 +1,187 @@
+//! `loxicmd` against the real daemon.
+
+use loxi_tests::harness::{Daemon, free_port};
+use serde_json::{Value, json};
+
+fn stdout(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+fn stderr(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loxicmd_create_get_delete_round_trip() {
+    let d = Daemon::start_default().await;
+    let port = free_port().to_string();
+    let tcp = format!("--tcp={port}:8000");
+    let out = d.loxicmd(&[
+        "create",
+        "lb",
+        "127.0.0.1",
+        &tcp,
+        "--endpoints=127.0.0.5:1,127.0.0.4:3",
+        "--mode=fullproxy",
+        "--select=chwbl",
+        "--chwbl-load-factor=150",
+        "--chwbl-replication=64",
+        "--host=example.test",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    let rules = d.rules().await;
+    let s = &rules["lbAttr"][0]["serviceArguments"];
+    assert_eq!((s["sel"].clone(), s["mode"].clone()), (json!(8), json!(4)));
+    assert_eq!(
+        (
+            s["chwbl_mean_load_factor"].clone(),
+            s["chwbl_replication"].clone()
+        ),
+        (json!(150), json!(64))
+    );
+    assert_eq!(s["host"], json!("example.test"));
+    let eps = &rules["lbAttr"][0]["endpoints"];
+    assert_eq!(
+        (eps[0]["endpointIP"].clone(), eps[1]["weight"].clone()),
+        (json!("127.0.0.5"), json!(3))
+    );
+    assert_eq!(eps[0]["targetPort"], json!(8000));
+
+    let table = d.loxicmd(&["get", "lb"]);
+    assert!(table.status.success());
+    let t = stdout(&table);
+    let row = t
+        .lines()
+        .find(|l| l.contains("127.0.0.5"))
+        .unwrap_or_else(|| panic!("no endpoint row:\n{t}"));
+    for cell in [
+        &port,
+        "tcp",
+        "example.test",
+        "chwbl",
+        "fullproxy",
+        "8000",
+        "active",
+    ] {
+        assert!(row.contains(&format!(" {cell} ")), "{cell} not in {row}");
+    }
+    let json_out = d.loxicmd(&["get", "lb", "-o", "json"]);
+    let parsed: Value = serde_json::from_str(&stdout(&json_out)).expect("-o json is JSON");
+    assert_eq!(parsed, rules);
+    let wide = stdout(&d.loxicmd(&["get", "lb", "-o", "wide"]));
+    let row1 = wide
+        .lines()
+        .find(|l| l.contains("127.0.0.4"))
+        .expect("second endpoint row");
+    assert!(row1.contains(" 1 ") && row1.contains(" normal "), "{row1}");
+
+    // A host-keyed rule is deleted by repeating --host.
+    let out = d.loxicmd(&[
+        "delete",
+        "lb",
+        "127.0.0.1",
+        &format!("--tcp={port}"),
+        "--host=other.test",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "wrong host matches nothing");
+    let out = d.loxicmd(&[
+        "delete",
+        "lb",
+        "127.0.0.1",
+        &format!("--tcp={port}"),
+        "--host=example.test",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(d.rules().await, json!({"lbAttr": []}));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loxicmd_prints_the_server_error_verbatim_and_exits_1() {
+    let d = Daemon::start_default().await;
+    let tcp = format!("--tcp={}:8000", free_port());
+    let out = d.loxicmd(&[
+        "create",
+        "lb",
+        "127.0.0.1",
+        &tcp,
+        "--endpoints=127.0.0.5:1",
+        "--mode=default",
+        "--select=chwbl",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let err: Value =
+        serde_json::from_str(stderr(&out).trim()).expect("server body printed verbatim");
+    assert_eq!(err["code"], json!(400));
+    assert_eq!(err["field"], json!("serviceArguments.sel"));
+    assert_eq!(
+        err["message"],
+        json!("serviceArguments.sel: requires mode 4 (fullproxy); mode is 0")
+    );
+    assert_eq!(d.rules().await, json!({"lbAttr": []}));
+
+    let out = d.loxicmd(&[
+        "create",
+        "lb",
+        "127.0.0.1",
+        &tcp,
+        "--endpoints=127.0.0.5:1",
+        "--select=fastest",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("--select"), "{}", stderr(&out));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loxicmd_kv_and_pd_flags_reach_the_rule() {
+    let d = Daemon::start_default().await;
+    let tcp = format!("--tcp={}:8000", free_port());
+    let out = d.loxicmd(&[
+        "create",
+        "lb",
+        "127.0.0.1",
+        &tcp,
+        "--endpoints=127.0.0.5:1,127.0.0.6:1",
+        "--mode=fullproxy",
+        "--select=persist",
+        "--kv-exact-mode=1",
+        "--kv-zmq-port=5557",
+        "--kv-hash-algo=sha256_cbor",
+        "--kv-block-size=16",
+        "--kv-warmup=30",
+        "--ep-role=prefill,decode",
+        "--pd-session-ttl-sec=60",
+        "--session-header-name=X-Session-ID",
+        "--model-name=Qwen/Qwen2.5-7B-Instruct",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let rules = d.rules().await;
+    let s = &rules["lbAttr"][0]["serviceArguments"];
+    assert_eq!(
+        s["pd_disagg_mode"],
+        json!(true),
+        "prefill/decode roles imply P/D"
+    );
+    assert_eq!(
+        (s["kvExactMode"].clone(), s["kvWarmupSec"].clone()),
+        (json!(1), json!(30))
+    );
+    assert_eq!(
+        (s["pd_session_ttl_sec"].clone(), s["model_name"].clone()),
+        (json!(60), json!("Qwen/Qwen2.5-7B-Instruct"))
+    );
+    assert_eq!(s["session_header_name"], json!("X-Session-ID"));
+    let eps = &rules["lbAttr"][0]["endpoints"];
+    assert_eq!(
+        (eps[0]["ep_role"].clone(), eps[1]["ep_role"].clone()),
+        (json!(1), json!(2))
+    );
+    let out = d.loxicmd(&[
+        "delete",
+        "lb",
+        "127.0.0.1",
+        &tcp,
+        "--model-name=Qwen/Qwen2.5-7B-Instruct",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(d.rules().await, json!({"lbAttr": []}));
+}

@@ -1,0 +1,155 @@
+//! Token ids and block keys against the two live vLLM captures.
+
+use std::collections::HashSet;
+
+use loxi_user::kv::BlockKey;
+use loxi_user::kv::block_hash::{BlockHasher, HashAlgo, RequestExtras};
+use loxi_user::kv::tokenizer::{TokenizerMetrics, TokenizerPool};
+use serde_json::Value;
+
+use super::support::{golden, request_of, staged_tokenizer_dir, str_of, vllm_ids};
+
+const CAPTURES: [&str; 2] = ["vllm_kv_events_capture.json", "bos_kv_events_capture.json"];
+
+fn name_of(req: &Value) -> String {
+    req.get("name")
+        .or_else(|| req.get("kind"))
+        .and_then(Value::as_str)
+        .unwrap_or("?")
+        .to_owned()
+}
+
+fn our_ids(pool: &TokenizerPool, req: &Value, body: &Value) -> Option<Vec<u32>> {
+    let (api, prompt, add) = request_of(str_of(req, "endpoint"), body)?;
+    let model = body["model"].as_str().expect("model");
+    let ids = pool
+        .encode(model, api, &prompt, add)
+        .unwrap_or_else(|e| panic!("{}: {e}", name_of(req)));
+    Some(ids.to_vec())
+}
+
+#[test]
+fn our_token_ids_equal_vllms_for_every_captured_request_of_both_models() {
+    let dir = staged_tokenizer_dir();
+    let pool = TokenizerPool::new(dir.path().to_owned(), TokenizerMetrics::default());
+    for (file, expected_count) in CAPTURES.iter().zip([16, 17]) {
+        let cap = golden(file);
+        let mut checked = 0;
+        for req in cap["requests"].as_array().expect("requests") {
+            let Some(expected) = vllm_ids(req) else {
+                continue;
+            };
+            let ours = our_ids(&pool, req, &req["request_body"]).expect("request with a prompt");
+            assert_eq!(ours, expected, "{file}: {}", name_of(req));
+            checked += 1;
+        }
+        assert_eq!(checked, expected_count, "{file}");
+    }
+}
+
+#[test]
+fn tokenize_confirmations_give_the_same_ids_as_the_request() {
+    let dir = staged_tokenizer_dir();
+    let pool = TokenizerPool::new(dir.path().to_owned(), TokenizerMetrics::default());
+    let cap = golden("bos_kv_events_capture.json");
+    let mut checked = 0;
+    for req in cap["requests"].as_array().expect("requests") {
+        let Some(tc) = req.get("tokenize_confirmation").filter(|v| v.is_object()) else {
+            continue;
+        };
+        assert_eq!(tc["ids_equal"], Value::Bool(true));
+        let ours = our_ids(
+            &pool,
+            &serde_json::json!({"endpoint": "POST /tokenize", "name": name_of(req)}),
+            &tc["request_body"],
+        )
+        .expect("prompt");
+        assert_eq!(Some(ours), vllm_ids(req), "{}", name_of(req));
+        checked += 1;
+    }
+    assert_eq!(checked, 10);
+}
+
+#[test]
+fn bos_quirks_per_endpoint_match_vllm() {
+    let dir = staged_tokenizer_dir();
+    let pool = TokenizerPool::new(dir.path().to_owned(), TokenizerMetrics::default());
+    let cap = golden("bos_kv_events_capture.json");
+    for req in cap["requests"].as_array().expect("requests") {
+        let Some(ours) = our_ids(&pool, req, &req["request_body"]) else {
+            continue;
+        };
+        let leading_bos = ours.iter().take_while(|&&t| t == 0).count() as u64;
+        assert_eq!(
+            leading_bos,
+            req["leading_bos_count"].as_u64().expect("count"),
+            "{}",
+            name_of(req)
+        );
+    }
+}
+
+/// Every BlockStored hash published in a capture's frames.
+fn published_keys(cap: &Value) -> HashSet<BlockKey> {
+    let mut keys = HashSet::new();
+    for frame in cap["frames"].as_array().expect("frames") {
+        for ev in frame["decoded"][1].as_array().expect("events") {
+            if ev["type"] == "BlockStored" {
+                for h in ev["block_hashes"].as_array().expect("hashes") {
+                    keys.insert(BlockKey(h.as_u64().expect("int hash")));
+                }
+            }
+        }
+    }
+    keys
+}
+
+/// Parents stored by requests whose frames are not in the file (BOS capture only).
+fn external_parents(cap: &Value) -> HashSet<BlockKey> {
+    let Some(list) = cap["verification"]["external_parents"].as_array() else {
+        return HashSet::new();
+    };
+    list.iter()
+        .map(|k| BlockKey(k.as_str().expect("key string").parse().expect("u64")))
+        .collect()
+}
+
+#[test]
+fn keys_hashed_from_our_token_ids_are_the_ones_the_engine_published() {
+    let dir = staged_tokenizer_dir();
+    let pool = TokenizerPool::new(dir.path().to_owned(), TokenizerMetrics::default());
+    // Both engines: --block-size 32, sha256_cbor, PYTHONHASHSEED=0.
+    let hasher = BlockHasher::new(HashAlgo::Sha256Cbor, Some("0"));
+    for (file, min_blocks) in CAPTURES.iter().zip([100, 150]) {
+        let cap = golden(file);
+        let published = published_keys(&cap);
+        let external = external_parents(&cap);
+        let mut blocks = 0;
+        for req in cap["requests"].as_array().expect("requests") {
+            let body = &req["request_body"];
+            let Some(ours) = our_ids(&pool, req, body) else {
+                continue;
+            };
+            let extras = RequestExtras {
+                lora: None,
+                cache_salt: body["cache_salt"].as_str().map(str::to_owned),
+            };
+            let keys = hasher.keys(&ours, 32, &extras);
+            // Blocks up to an external parent were stored by requests outside this file.
+            let start = keys
+                .iter()
+                .position(|k| external.contains(k))
+                .map_or(0, |p| p + 1);
+            for (i, key) in keys.iter().enumerate().skip(start) {
+                assert!(
+                    published.contains(key),
+                    "{file}: {} block {i} key {} never published",
+                    name_of(req),
+                    key.0
+                );
+                blocks += 1;
+            }
+        }
+        assert!(blocks >= min_blocks, "{file}: {blocks} blocks checked");
+    }
+}

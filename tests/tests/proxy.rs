@@ -1,0 +1,747 @@
+//! Fullproxy integration tests: the real `loxilb` daemon, real backends on loopback, real HTTP.
+//!
+//! Each test starts its own daemon (`Daemon::start`), its own backends
+//! (`loxi_tests::backend`), posts rules through the REST API and sends traffic to the rule's
+//! VIP (127.0.0.1 on an OS-chosen free port).
+
+use std::convert::Infallible;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, StreamBody, combinators::BoxBody};
+use hyper::body::Frame;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use loxi_tests::backend::{Backend, Mode};
+use loxi_tests::harness::{Daemon, free_port};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+type Body = BoxBody<Bytes, Infallible>;
+
+/// A response as the tests see it.
+struct Resp {
+    status: u16,
+    endpoint: Option<usize>,
+    backend: Option<String>,
+    body: Value,
+}
+
+fn client() -> Client<HttpConnector, Body> {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+fn full(b: impl Into<Bytes>) -> Body {
+    Full::new(b.into()).boxed()
+}
+
+fn rule(port: u16, sel: u8, eps: &[(u16, u32)], extra: Value) -> Value {
+    let mut svc =
+        json!({"externalIP": "127.0.0.1", "port": port, "protocol": "tcp", "mode": 4, "sel": sel});
+    if let (Some(o), Some(e)) = (svc.as_object_mut(), extra.as_object()) {
+        o.extend(e.clone());
+    }
+    let eps: Vec<Value> = eps
+        .iter()
+        .map(|(p, w)| json!({"endpointIP": "127.0.0.1", "targetPort": p, "weight": w}))
+        .collect();
+    json!({"serviceArguments": svc, "endpoints": eps})
+}
+
+async fn post(d: &Daemon, r: &Value) {
+    let (status, body) = d.post_rule(r).await;
+    assert!(
+        status == 200 || status == 201,
+        "rule rejected: {status} {body}"
+    );
+}
+
+/// Waits until something accepts TCP connections on 127.0.0.1:port (the listener opened).
+async fn wait_open(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while TcpStream::connect(("127.0.0.1", port)).await.is_err() {
+        assert!(Instant::now() < deadline, "listener on {port} did not open");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Waits until nothing accepts on 127.0.0.1:port (the listener closed).
+async fn wait_closed(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
+        assert!(
+            Instant::now() < deadline,
+            "listener on {port} did not close"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn send(c: &Client<HttpConnector, Body>, req: http::Request<Body>) -> Resp {
+    let resp = tokio::time::timeout(Duration::from_secs(10), c.request(req))
+        .await
+        .expect("response within 10 s")
+        .expect("request");
+    let status = resp.status().as_u16();
+    let h = |n: &str| {
+        resp.headers()
+            .get(n)
+            .and_then(|v| v.to_str().ok())
+            .map(String::from)
+    };
+    let endpoint = h("x-loxilb-endpoint").and_then(|v| v.parse().ok());
+    let backend = h("x-backend");
+    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+    let body = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|_| json!({"raw": String::from_utf8_lossy(&bytes)}));
+    Resp {
+        status,
+        endpoint,
+        backend,
+        body,
+    }
+}
+
+fn post_req(port: u16, path: &str, headers: &[(&str, &str)], body: Body) -> http::Request<Body> {
+    let mut b = http::Request::post(format!("http://127.0.0.1:{port}{path}"));
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    b.header("content-type", "application/json")
+        .body(body)
+        .expect("request")
+}
+
+async fn chat(
+    c: &Client<HttpConnector, Body>,
+    port: u16,
+    body: Value,
+    headers: &[(&str, &str)],
+) -> Resp {
+    send(
+        c,
+        post_req(
+            port,
+            "/v1/chat/completions",
+            headers,
+            full(body.to_string()),
+        ),
+    )
+    .await
+}
+
+async fn backends(n: usize) -> Vec<Backend> {
+    let mut v = Vec::new();
+    for i in 0..n {
+        v.push(Backend::start(&i.to_string()).await);
+    }
+    v
+}
+
+fn eps(bs: &[Backend]) -> Vec<(u16, u32)> {
+    bs.iter().map(|b| (b.port(), 1)).collect()
+}
+
+/// A port on which nothing listens.
+fn dead_port() -> u16 {
+    free_port()
+}
+
+/// Value of a sample line `name{labels} value` whose labels contain every `needle`.
+fn metric(text: &str, name: &str, needles: &[&str]) -> Option<f64> {
+    text.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .find(|l| needles.iter().all(|n| l.contains(n)))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+async fn started(rules: &[Value]) -> Daemon {
+    let d = Daemon::start_default().await;
+    for r in rules {
+        post(&d, r).await;
+        wait_open(r["serviceArguments"]["port"].as_u64().expect("port") as u16).await;
+    }
+    d
+}
+
+#[tokio::test]
+async fn rr_alternates_exactly_and_names_the_endpoint() {
+    let bs = backends(2).await;
+    let port = free_port();
+    let _d = started(&[rule(port, 0, &eps(&bs), json!({}))]).await;
+    let c = client();
+    let mut seen = Vec::new();
+    for i in 0..10 {
+        let r = chat(
+            &c,
+            port,
+            json!({"model": "m", "messages": [{"role": "user", "content": format!("q{i}")}]}),
+            &[],
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        let ep = r.endpoint.expect("x-loxilb-endpoint");
+        assert_eq!(
+            r.backend.as_deref(),
+            Some(ep.to_string().as_str()),
+            "header names the backend that answered"
+        );
+        seen.push(ep);
+    }
+    for w in seen.windows(2) {
+        assert_ne!(w[0], w[1], "rr must alternate: {seen:?}");
+    }
+    assert_eq!(bs[0].request_count() + bs[1].request_count(), 10);
+    assert_eq!(bs[0].request_count(), 5);
+}
+
+#[tokio::test]
+async fn wrr_three_to_one_exact_in_every_cycle() {
+    let bs = backends(2).await;
+    let port = free_port();
+    let _d = started(&[rule(
+        port,
+        2,
+        &[(bs[0].port(), 3), (bs[1].port(), 1)],
+        json!({}),
+    )])
+    .await;
+    let c = client();
+    let mut seen = Vec::new();
+    for _ in 0..16 {
+        seen.push(
+            chat(&c, port, json!({"model": "m"}), &[])
+                .await
+                .endpoint
+                .expect("ep"),
+        );
+    }
+    for cycle in seen.chunks(4) {
+        assert_eq!(cycle.iter().filter(|&&e| e == 0).count(), 3, "{seen:?}");
+    }
+    assert_eq!((bs[0].request_count(), bs[1].request_count()), (12, 4));
+}
+
+/// For one `session_header_name`, 12 sessions × 3 requests: each session stays on one endpoint
+/// and the sessions use both endpoints.
+async fn assert_persist_sticky(
+    header_name: &str,
+    make: impl Fn(&str) -> (String, Vec<(String, String)>),
+) {
+    let bs = backends(2).await;
+    let port = free_port();
+    let _d = started(&[rule(
+        port,
+        3,
+        &eps(&bs),
+        json!({"session_header_name": header_name}),
+    )])
+    .await;
+    let c = client();
+    let mut used = std::collections::HashSet::new();
+    for s in 0..12 {
+        let (path, headers) = make(&format!("session-{s}"));
+        let mut first = None;
+        for _ in 0..3 {
+            let mut b = http::Request::post(format!("http://127.0.0.1:{port}{path}"));
+            for (k, v) in &headers {
+                b = b.header(k.as_str(), v.as_str());
+            }
+            let r = send(&c, b.body(full("{}")).expect("req")).await;
+            assert_eq!(r.status, 200);
+            let ep = r.endpoint.expect("ep");
+            assert_eq!(
+                *first.get_or_insert(ep),
+                ep,
+                "{header_name}: session-{s} moved"
+            );
+        }
+        used.extend(first);
+    }
+    assert_eq!(
+        used.len(),
+        2,
+        "{header_name}: sessions should use both endpoints"
+    );
+}
+
+#[tokio::test]
+async fn persist_sticky_by_header() {
+    assert_persist_sticky("X-Session-ID", |s| {
+        (
+            "/v1/completions".into(),
+            vec![("x-session-id".into(), s.into())],
+        )
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn persist_sticky_by_cookie() {
+    assert_persist_sticky("cookie:JSESSIONID", |s| {
+        (
+            "/v1/completions".into(),
+            vec![("cookie".into(), format!("theme=dark; JSESSIONID={s}"))],
+        )
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn persist_sticky_by_query() {
+    assert_persist_sticky("query:session_id", |s| {
+        (format!("/v1/completions?session_id={s}"), vec![])
+    })
+    .await;
+}
+
+/// Standard base64 with padding (RFC 4648), enough for a Basic credential.
+fn base64(input: &[u8]) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in input.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(A[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn persist_sticky_by_basic_auth_user() {
+    assert_persist_sticky("basic-auth", |s| {
+        let cred = base64(format!("{s}:secret").as_bytes());
+        (
+            "/v1/completions".into(),
+            vec![("authorization".into(), format!("Basic {cred}"))],
+        )
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn lc_sends_new_requests_to_the_idle_endpoint() {
+    let bs = backends(2).await;
+    let port = free_port();
+    let _d = started(&[rule(port, 4, &eps(&bs), json!({}))]).await;
+    let c = client();
+    // Both idle: ties go to endpoint 0, which then holds a slow request.
+    let slow = {
+        let c = c.clone();
+        tokio::spawn(async move {
+            chat(&c, port, json!({"model": "m"}), &[("x-delay-ms", "1500")]).await
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while bs[0].request_count() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "slow request never reached endpoint 0"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    for _ in 0..4 {
+        assert_eq!(
+            chat(&c, port, json!({"model": "m"}), &[]).await.endpoint,
+            Some(1)
+        );
+    }
+    assert_eq!(slow.await.expect("join").endpoint, Some(0));
+    // Idle again: back to the lowest index.
+    assert_eq!(
+        chat(&c, port, json!({"model": "m"}), &[]).await.endpoint,
+        Some(0)
+    );
+}
+
+#[tokio::test]
+async fn chwbl_same_prefix_same_endpoint() {
+    let bs = backends(3).await;
+    let port = free_port();
+    let _d = started(&[rule(port, 8, &eps(&bs), json!({}))]).await;
+    let c = client();
+    let mut owners = std::collections::HashSet::new();
+    for agent in 0..6 {
+        let system = format!("You are support agent number {agent}. Be precise and kind.");
+        let mut first = None;
+        for turn in 0..4 {
+            let body = json!({"model": "m", "messages": [
+                {"role": "system", "content": system},
+                {"role": "user", "content": format!("question {turn}")},
+            ]});
+            let ep = chat(&c, port, body, &[]).await.endpoint.expect("ep");
+            assert_eq!(
+                *first.get_or_insert(ep),
+                ep,
+                "agent {agent} turn {turn} moved"
+            );
+        }
+        owners.extend(first);
+    }
+    assert!(
+        owners.len() >= 2,
+        "different prefixes should spread: {owners:?}"
+    );
+}
+
+#[tokio::test]
+async fn dead_endpoint_is_retried_on_another() {
+    let live = Backend::start("live").await;
+    let port = free_port();
+    let d = started(&[rule(
+        port,
+        0,
+        &[(dead_port(), 1), (live.port(), 1)],
+        json!({}),
+    )])
+    .await;
+    let c = client();
+    for _ in 0..6 {
+        let r = chat(&c, port, json!({"model": "m"}), &[]).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(r.endpoint, Some(1));
+    }
+    assert_eq!(live.request_count(), 6);
+    let m = d.metrics_text().await;
+    let fails = metric(
+        &m,
+        "loxilb_proxy_upstream_connect_failures_total",
+        &["ep_idx=\"0\""],
+    );
+    assert_eq!(
+        fails,
+        Some(3.0),
+        "rr sends every other request to the dead endpoint first"
+    );
+}
+
+#[tokio::test]
+async fn all_endpoints_dead_is_502_backend_unreachable() {
+    let port = free_port();
+    let _d = started(&[rule(
+        port,
+        0,
+        &[(dead_port(), 1), (dead_port(), 1)],
+        json!({}),
+    )])
+    .await;
+    let r = chat(&client(), port, json!({"model": "m"}), &[]).await;
+    assert_eq!(r.status, 502);
+    assert_eq!(r.body["error"]["type"], "backend_unreachable");
+    assert_eq!(r.body["error"]["party"], "upstream");
+    assert_eq!(r.body["error"]["retryable"], true);
+}
+
+#[tokio::test]
+async fn model_pools_route_by_model_then_wildcard_then_503() {
+    let (llama, any) = (Backend::start("llama").await, Backend::start("any").await);
+    let port = free_port();
+    let d = started(&[
+        rule(
+            port,
+            0,
+            &[(llama.port(), 1)],
+            json!({"model_name": "llama"}),
+        ),
+        rule(port, 0, &[(any.port(), 1)], json!({})),
+    ])
+    .await;
+    let c = client();
+    let r = chat(&c, port, json!({"model": "llama"}), &[]).await;
+    assert_eq!(r.backend.as_deref(), Some("llama"));
+    assert_eq!(
+        chat(&c, port, json!({"model": "Llama"}), &[])
+            .await
+            .backend
+            .as_deref(),
+        Some("any"),
+        "case-sensitive"
+    );
+    assert_eq!(
+        chat(&c, port, json!({"model": "qwen"}), &[("x-model", "llama")])
+            .await
+            .backend
+            .as_deref(),
+        Some("llama"),
+        "X-Model wins"
+    );
+    // A chunked body is read too.
+    let chunks = vec![
+        Ok::<_, Infallible>(Frame::data(Bytes::from_static(b"{\"model\": \"lla"))),
+        Ok(Frame::data(Bytes::from_static(
+            b"ma\", \"prompt\": \"hi\"}",
+        ))),
+    ];
+    let body = StreamBody::new(futures::stream::iter(chunks)).boxed();
+    let r = send(&c, post_req(port, "/v1/completions", &[], body)).await;
+    assert_eq!(
+        r.backend.as_deref(),
+        Some("llama"),
+        "chunked body routed by its model"
+    );
+    assert_eq!(
+        llama.requests().last().expect("req").body.as_ref(),
+        b"{\"model\": \"llama\", \"prompt\": \"hi\"}"
+    );
+    // Remove the wildcard pool: unknown models now get 503 model_unavailable.
+    let (status, body) = d
+        .delete_rule("127.0.0.1", port, "tcp", Some("model_name="))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let r = chat(&c, port, json!({"model": "qwen"}), &[]).await;
+        if r.status == 503 {
+            assert_eq!(r.body["error"]["type"], "model_unavailable");
+            break;
+        }
+        assert!(Instant::now() < deadline, "wildcard pool still serving");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        chat(&c, port, json!({"model": "llama"}), &[]).await.status,
+        200
+    );
+}
+
+#[tokio::test]
+async fn oversized_body_is_413_json() {
+    let b = Backend::start("0").await;
+    let port = free_port();
+    let _d = started(&[rule(port, 0, &[(b.port(), 1)], json!({}))]).await;
+    let big = format!(
+        "{{\"model\":\"m\",\"prompt\":\"{}\"}}",
+        "x".repeat(33 << 20)
+    );
+    let r = send(&client(), post_req(port, "/v1/completions", &[], full(big))).await;
+    assert_eq!(r.status, 413);
+    assert_eq!(r.body["error"]["type"], "request_too_large");
+    assert_eq!(r.body["error"]["party"], "client");
+    assert_eq!(b.request_count(), 0);
+}
+
+#[tokio::test]
+async fn non_json_body_is_forwarded_unchanged() {
+    let b = Backend::start("0").await;
+    let port = free_port();
+    let _d = started(&[rule(port, 8, &[(b.port(), 1)], json!({}))]).await;
+    let payload = b"plain text, {not json".to_vec();
+    let req = http::Request::post(format!("http://127.0.0.1:{port}/upload?x=1"))
+        .header("content-type", "text/plain")
+        .header("x-custom", "kept")
+        .body(full(payload.clone()))
+        .expect("req");
+    let r = send(&client(), req).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let got = b.requests().pop().expect("request reached the backend");
+    assert_eq!(got.body.as_ref(), payload.as_slice());
+    assert_eq!(got.uri, "/upload?x=1");
+    assert_eq!(got.header("x-custom"), Some("kept"));
+}
+
+/// Sends a raw HTTP/1.1 request, waits `after`, and drops the connection.
+async fn disconnect_after(port: u16, body: &str, headers: &str, after: Duration) {
+    let mut s = TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    let req = format!(
+        "POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n{headers}content-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.expect("write");
+    let mut buf = [0u8; 256];
+    let _ = tokio::time::timeout(after, s.read(&mut buf)).await;
+    drop(s);
+}
+
+async fn gauge_returns_to_zero(d: &Daemon) {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let m = d.metrics_text().await;
+        let v = metric(&m, "loxilb_proxy_active_connections", &["ep_idx=\"0\""]);
+        if v == Some(0.0) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "in-flight gauge stuck at {v:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn scenario_18_client_disconnect_cancels_non_streaming_upstream() {
+    let b = Backend::start("0").await;
+    let port = free_port();
+    let d = started(&[rule(port, 0, &[(b.port(), 1)], json!({}))]).await;
+    disconnect_after(
+        port,
+        r#"{"model":"m","prompt":"long","stream":false}"#,
+        "x-delay-ms: 10000\r\n",
+        Duration::from_millis(200),
+    )
+    .await;
+    assert!(
+        b.wait_cancelled(1, Duration::from_secs(1)).await,
+        "backend did not see the cancellation within 1 s"
+    );
+    assert_eq!(b.completed(), 0);
+    gauge_returns_to_zero(&d).await;
+}
+
+#[tokio::test]
+async fn scenario_18_client_disconnect_cancels_streaming_upstream() {
+    let b = Backend::start("0").await;
+    let port = free_port();
+    let d = started(&[rule(port, 0, &[(b.port(), 1)], json!({}))]).await;
+    // stream: true → the backend streams 20 events 100 ms apart (2 s); the client leaves at 200 ms.
+    disconnect_after(
+        port,
+        r#"{"model":"m","prompt":"long","stream":true}"#,
+        "",
+        Duration::from_millis(200),
+    )
+    .await;
+    assert!(
+        b.wait_cancelled(1, Duration::from_secs(1)).await,
+        "backend did not see the cancellation within 1 s"
+    );
+    assert!(b.sse_written().len() < 20);
+    gauge_returns_to_zero(&d).await;
+}
+
+#[tokio::test]
+async fn scenario_19_sse_events_are_flushed_as_written() {
+    let b = Backend::start("0").await;
+    let port = free_port();
+    let _d = started(&[rule(port, 0, &[(b.port(), 1)], json!({"sse_mode": true}))]).await;
+    let req = post_req(
+        port,
+        "/v1/chat/completions",
+        &[("x-sse", "20:100")],
+        full(json!({"model": "m", "stream": true}).to_string()),
+    );
+    let resp = client().request(req).await.expect("response");
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    let mut text = String::new();
+    let mut arrivals: Vec<Instant> = Vec::new();
+    let mut done = false;
+    while let Some(frame) = tokio::time::timeout(Duration::from_secs(5), body.frame())
+        .await
+        .expect("next frame in time")
+    {
+        let now = Instant::now();
+        if let Ok(data) = frame.expect("frame").into_data() {
+            text.push_str(&String::from_utf8_lossy(&data));
+            while let Some(pos) = text.find("\n\n") {
+                let event: String = text.drain(..pos + 2).collect();
+                if event.contains("[DONE]") {
+                    done = true;
+                } else {
+                    assert!(
+                        event.contains(&format!("\"i\":{}", arrivals.len())),
+                        "out of order: {event}"
+                    );
+                    arrivals.push(now);
+                }
+            }
+        }
+    }
+    assert!(done, "data: [DONE] must arrive");
+    let written = b.sse_written();
+    assert_eq!(written.len(), 20);
+    assert_eq!(arrivals.len(), 20);
+    for (i, (got, sent)) in arrivals.iter().zip(&written).enumerate() {
+        let lag = got.saturating_duration_since(*sent);
+        assert!(
+            lag < Duration::from_millis(50),
+            "event {i} arrived {lag:?} after it was written"
+        );
+    }
+}
+
+#[tokio::test]
+async fn rules_added_updated_and_deleted_at_runtime() {
+    let (a, bk) = (Backend::start("a").await, Backend::start("b").await);
+    let port = free_port();
+    let d = started(&[rule(port, 0, &[(a.port(), 1)], json!({}))]).await;
+    let c = client();
+    assert_eq!(
+        chat(&c, port, json!({"model": "m"}), &[])
+            .await
+            .backend
+            .as_deref(),
+        Some("a")
+    );
+    // Update the endpoints: traffic moves to b without a restart.
+    post(&d, &rule(port, 0, &[(bk.port(), 1)], json!({}))).await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while chat(&c, port, json!({"model": "m"}), &[])
+        .await
+        .backend
+        .as_deref()
+        != Some("b")
+    {
+        assert!(Instant::now() < deadline, "update not applied");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A second service on another port.
+    let port2 = free_port();
+    post(&d, &rule(port2, 0, &[(a.port(), 1)], json!({}))).await;
+    wait_open(port2).await;
+    assert_eq!(
+        chat(&c, port2, json!({"model": "m"}), &[])
+            .await
+            .backend
+            .as_deref(),
+        Some("a")
+    );
+    // Delete the first: its listener closes, the second keeps serving.
+    let (status, body) = d.delete_rule("127.0.0.1", port, "tcp", None).await;
+    assert_eq!(status, 200, "{body}");
+    wait_closed(port).await;
+    assert_eq!(
+        chat(&c, port2, json!({"model": "m"}), &[]).await.status,
+        200
+    );
+}
+
+#[tokio::test]
+async fn failing_backend_status_is_passed_through_and_counted() {
+    let b = Backend::start("0").await;
+    b.set_mode(Mode::Fail);
+    let port = free_port();
+    let d = started(&[rule(port, 0, &[(b.port(), 1)], json!({}))]).await;
+    let r = chat(&client(), port, json!({"model": "m"}), &[]).await;
+    assert_eq!(r.status, 500);
+    assert_eq!(r.body["error"], "told to fail");
+    let m = d.metrics_text().await;
+    assert_eq!(
+        metric(
+            &m,
+            "loxilb_proxy_requests_total",
+            &["class=\"5xx\"", "ep_idx=\"0\""]
+        ),
+        Some(1.0)
+    );
+    assert!(
+        metric(
+            &m,
+            "loxilb_proxy_selections_total",
+            &["selector=\"rr\"", "reason=\"rr\""]
+        )
+        .is_some()
+    );
+}
