@@ -105,8 +105,11 @@ struct Args {
     #[arg(long, default_value_t = 96)]
     mt_question_tokens: usize,
     /// (b) answer tokens per round.
-    #[arg(long, default_value_t = 96)]
+    #[arg(long, default_value_t = 64)]
     mt_answer_tokens: u32,
+    /// (b) conversations in flight at a time.
+    #[arg(long, default_value_t = 16)]
+    mt_active_users: usize,
     /// (c) Mooncake JSONL trace; without it a synthetic trace is generated into the output dir.
     #[arg(long)]
     trace: Option<PathBuf>,
@@ -185,6 +188,7 @@ impl Args {
                 system_tokens: self.mt_system_tokens,
                 question_tokens: self.mt_question_tokens,
                 answer_tokens: self.mt_answer_tokens,
+                active_users: self.mt_active_users,
                 arrival: self.arrival()?,
                 seed: self.seed,
             }
@@ -332,6 +336,19 @@ fn write_outputs(out: &Path, results: &[WorkloadResult]) -> Result<String> {
     Ok(md)
 }
 
+/// Resolves on SIGINT or SIGTERM (children are killed when their handles drop on return).
+async fn stop_signal() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut term) = signal(SignalKind::terminate()) else {
+        let _ = tokio::signal::ctrl_c().await;
+        return "SIGINT";
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => "SIGINT",
+        _ = term.recv() => "SIGTERM",
+    }
+}
+
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
@@ -348,7 +365,7 @@ async fn main() -> Result<()> {
     let workloads = args.workloads(&vocab)?;
     let results = tokio::select! {
         r = execute(&plan, &workloads) => r.map_err(anyhow::Error::msg)?,
-        _ = tokio::signal::ctrl_c() => bail!("interrupted"),
+        sig = stop_signal() => bail!("interrupted by {sig}; workers and routers stopped"),
     };
     let md = write_outputs(&args.out, &results)?;
     println!("{md}");

@@ -3,8 +3,10 @@
 //! `users` conversations of `rounds` rounds each share one system prompt. Round `r` of a user
 //! sends the system prompt, the user's `r` earlier questions with pre-generated answers of
 //! `answer_tokens` tokens, and a new question of `question_tokens` tokens, as a chat request.
-//! Round `r + 1` waits for round `r` to complete (`after`). Rounds are ordered round-major with
-//! users shuffled within a round; arrival offsets come from `arrival` in that order.
+//! Round `r + 1` waits for round `r` to complete (`after`). Users are active `active_users` at a
+//! time (a wave); within a wave, rounds are ordered round-major with users shuffled within a
+//! round, and the next wave starts after the previous one. Arrival offsets come from `arrival`
+//! in that order.
 //!
 //! Answers are generated here, not taken from the engine's output, so the workload (and the
 //! oracle computed from it) is fixed before the run.
@@ -27,6 +29,8 @@ pub struct MultiTurn {
     pub question_tokens: usize,
     /// Answer length per round: the history's assistant turns and `max_tokens`.
     pub answer_tokens: u32,
+    /// Users in flight at a time (0 or ≥ `users`: all at once).
+    pub active_users: usize,
     /// Arrival schedule.
     pub arrival: Arrival,
     /// RNG seed.
@@ -57,11 +61,18 @@ impl MultiTurn {
                     .collect()
             })
             .collect();
+        let wave = if self.active_users == 0 {
+            self.users
+        } else {
+            self.active_users.min(self.users)
+        };
         let mut order = Vec::with_capacity(self.users * self.rounds);
-        for round in 0..self.rounds {
-            let mut users: Vec<usize> = (0..self.users).collect();
-            users.shuffle(&mut rng);
-            order.extend(users.into_iter().map(|u| (u, round)));
+        for first in (0..self.users).step_by(wave) {
+            for round in 0..self.rounds {
+                let mut users: Vec<usize> = (first..(first + wave).min(self.users)).collect();
+                users.shuffle(&mut rng);
+                order.extend(users.into_iter().map(|u| (u, round)));
+            }
         }
         let offsets = self.arrival.offsets(order.len(), &mut rng);
         let mut last: Vec<Option<usize>> = vec![None; self.users];

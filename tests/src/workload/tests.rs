@@ -93,6 +93,7 @@ fn multi_turn_history_grows_and_rounds_wait_for_the_previous_round() {
         system_tokens: 20,
         question_tokens: 5,
         answer_tokens: 6,
+        active_users: 2,
         arrival: Arrival::Fixed { qps: 5.0 },
         seed: 11,
     };
@@ -123,6 +124,13 @@ fn multi_turn_history_grows_and_rounds_wait_for_the_previous_round() {
             assert_eq!(next[prev.len()].role, "assistant");
         }
     }
+    // Waves of 2 users: user 2 (the second wave) starts after all 8 requests of users 0 and 1.
+    let first_of_user2 = w
+        .requests
+        .iter()
+        .position(|r| r.group == 2)
+        .expect("user 2");
+    assert_eq!(first_of_user2, 8);
 }
 
 #[test]
