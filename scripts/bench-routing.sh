@@ -8,7 +8,8 @@
 # Every other flag goes to target/release/bench-routing (see `--help`): --policies, --laws,
 # --qps, --duration, --time-scale, --workers, --num-gpu-blocks, --trace FILE, ...
 # Builds the release binaries through the idempotent scripts/setup.sh first
-# (LOXI_BENCH_SKIP_SETUP=1 skips it). Every process started is stopped on exit.
+# (LOXI_BENCH_SKIP_SETUP=1 skips it; LOXI_SETUP_BUILD=0 skips only its build).
+# Every process started is stopped on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -26,7 +27,7 @@ done
 if [ "${LOXI_BENCH_SKIP_SETUP:-0}" != 1 ]; then
   bash scripts/setup.sh
 fi
-BIN="$ROOT/target/release"
+BIN=${LOXI_BIN_DIR:-$ROOT/target/release}   # LOXI_BIN_DIR: other builds (e.g. target/debug)
 for b in bench-routing vllm-sim loxilb loxicmd; do
   [ -x "$BIN/$b" ] || { echo "bench-routing.sh: $BIN/$b missing (setup failed?)" >&2; exit 1; }
 done

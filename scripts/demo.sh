@@ -10,6 +10,7 @@
 # prompts x 3,072 tokens, 128-token questions, Poisson arrivals), time-scaled 1/8, through each,
 # prints the comparison table and writes DIR/summary.json, DIR/chart.png, DIR/results.md and the
 # metrics scraped after each policy. Every process started is stopped on exit.
+# (LOXI_SETUP_BUILD=0 LOXI_BIN_DIR=target/debug: skip the release build and use other binaries.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)

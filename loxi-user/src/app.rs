@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api::{self, AllActive, ApiState, EndpointHealth};
 use crate::config::Config;
+use crate::kv::{self, settings::KvSettings, state::KvState};
 use crate::metrics::{self, ControlMetrics};
 use crate::proxy::{self, ProxyConfig, ProxyContext, ProxyMetrics};
 use crate::routing::AffinityTier;
@@ -55,8 +56,14 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
     let proxy_metrics = ProxyMetrics::register(&mut registry);
     // Restore before any listener opens.
     let store = Arc::new(RuleStore::open(&cfg.flags.state_dir)?);
-    // The KV tier is merged later; the proxy takes `None` until then.
-    let tier: Option<Arc<dyn AffinityTier>> = None;
+    let kv = kv::wiring::start(
+        KvSettings::from_env(&cfg.env),
+        cfg.flags.tokenizer_dir.clone(),
+        &mut registry,
+        store.subscribe(),
+        shutdown.clone(),
+    );
+    let tier: Option<Arc<dyn AffinityTier>> = Some(kv.tier.clone());
     let health: Arc<dyn EndpointHealth> = Arc::new(AllActive);
     let registry = Arc::new(registry);
     let mut tasks = JoinSet::new();
@@ -84,7 +91,7 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
         metrics: control,
         health,
     };
-    tasks.spawn(serve_api(listener, state, shutdown.clone()));
+    tasks.spawn(serve_api(listener, state, kv.state, shutdown.clone()));
     shutdown.cancelled().await;
     drain(tasks, cfg.flags.shutdown_grace()).await;
     Ok(())
@@ -98,8 +105,13 @@ fn proxy_config(cfg: &Config) -> ProxyConfig {
     }
 }
 
-async fn serve_api(listener: TcpListener, state: ApiState, shutdown: CancellationToken) {
-    let app = api::router(state);
+async fn serve_api(
+    listener: TcpListener,
+    state: ApiState,
+    kv: Arc<KvState>,
+    shutdown: CancellationToken,
+) {
+    let app = api::router(state).merge(kv::api::router(kv));
     let serve = axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned());
     if let Err(e) = serve.await {
         tracing::error!(error = %e, "REST API server failed");

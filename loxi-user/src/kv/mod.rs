@@ -19,6 +19,7 @@ pub mod select;
 pub mod settings;
 pub mod state;
 pub mod subscriber;
+pub mod wiring;
 pub mod zmtp;
 #[cfg(test)]
 mod testutil;

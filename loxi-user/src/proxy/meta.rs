@@ -180,3 +180,97 @@ fn body_conversation(v: &serde_json::Value) -> Option<String> {
     }
     str_field(v, "previous_response_id")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(session: &str) -> crate::rules::ServiceArgs {
+        serde_json::from_value(serde_json::json!({
+            "externalIP": "10.0.0.1", "port": 80, "mode": 4, "session_header_name": session
+        }))
+        .expect("args")
+    }
+
+    fn parts(uri: &str, headers: &[(&str, &str)]) -> http::request::Parts {
+        let mut b = http::Request::post(uri);
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        b.body(()).expect("request").into_parts().0
+    }
+
+    #[test]
+    fn chat_body_fields() {
+        let body = br#"{"model":"llama","messages":[{"role":"user","content":"hi"}],"stream":true,
+            "user":"u1","cache_salt":"salt","add_special_tokens":false}"#;
+        let m = RequestMeta::extract(&parts("/v1/chat/completions", &[]), body, None, &args(""));
+        assert!(m.json_ok && m.stream);
+        assert_eq!(m.api, ApiKind::ChatCompletions);
+        assert_eq!(m.model.as_deref(), Some("llama"));
+        assert_eq!(m.user.as_deref(), Some("u1"));
+        assert_eq!(m.cache_salt.as_deref(), Some("salt"));
+        assert_eq!(m.add_special_tokens, Some(false));
+        assert_eq!(
+            m.prompt,
+            Some(Prompt::Messages(vec![ChatMessage {
+                role: "user".into(),
+                content: "hi".into()
+            }]))
+        );
+    }
+
+    #[test]
+    fn model_header_wins_and_conversation_sources() {
+        let p = parts("/v1/completions", &[("x-model", "from-header")]);
+        let m = RequestMeta::extract(
+            &p,
+            br#"{"model":"from-body","prompt":[1,2]}"#,
+            None,
+            &args(""),
+        );
+        assert_eq!(m.model.as_deref(), Some("from-header"));
+        assert_eq!(m.prompt, Some(Prompt::TokenIds(vec![1, 2])));
+        let p = parts("/v1/responses", &[]);
+        let m = RequestMeta::extract(
+            &p,
+            br#"{"input":"q","previous_response_id":"resp_1"}"#,
+            None,
+            &args(""),
+        );
+        assert_eq!(m.api, ApiKind::Responses);
+        assert_eq!(m.conversation_id.as_deref(), Some("resp_1"));
+        let p = parts("/v1/responses", &[("x-conversation-id", "c-9")]);
+        let m = RequestMeta::extract(
+            &p,
+            br#"{"input":"q","conversation":{"id":"c-1"}}"#,
+            None,
+            &args(""),
+        );
+        assert_eq!(m.conversation_id.as_deref(), Some("c-9"), "header wins");
+    }
+
+    #[test]
+    fn non_json_and_non_object_bodies_are_tolerated() {
+        let client = Some("10.1.2.3:4000".parse().expect("addr"));
+        for body in [
+            &b"not json"[..],
+            b"",
+            b"[1,2]",
+            b"\"str\"",
+            b"{\"model\": 5}",
+        ] {
+            let m = RequestMeta::extract(&parts("/x", &[("x-s", "k")]), body, client, &args("x-s"));
+            assert_eq!(m.model, None);
+            assert_eq!(m.prompt, None);
+            assert_eq!(
+                m.session_key.as_deref(),
+                Some("k"),
+                "session key comes from the head"
+            );
+            assert_eq!(m.client, client);
+        }
+        let m = RequestMeta::extract(&parts("/x", &[]), b"not json", None, &args(""));
+        assert!(!m.json_ok);
+    }
+}

@@ -21,6 +21,9 @@ pub mod prompt;
 pub mod session;
 pub mod upstream;
 
+#[cfg(test)]
+mod tier_tests;
+
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;

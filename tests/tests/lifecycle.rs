@@ -1,0 +1,141 @@
+//! Daemon lifecycle: graceful shutdown on SIGTERM (stop accepting, drain in-flight requests up
+//! to the grace deadline).
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use loxi_tests::backend::{Backend, Mode};
+use loxi_tests::harness::{Daemon, DaemonOpts, free_port};
+use serde_json::json;
+
+/// POSTs to the VIP with a backend delay; returns (status, elapsed) or the client error text.
+async fn slow_request(vip: u16, delay_ms: u64) -> Result<(u16, Duration), String> {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let req = http::Request::post(format!("http://127.0.0.1:{vip}/v1/completions"))
+        .header("content-type", "application/json")
+        .header("x-delay-ms", delay_ms.to_string())
+        .body(Full::new(Bytes::from_static(
+            b"{\"model\":\"m\",\"prompt\":\"hi\"}",
+        )))
+        .map_err(|e| e.to_string())?;
+    let t0 = Instant::now();
+    let resp = client.request(req).await.map_err(|e| e.to_string())?;
+    let status = resp.status().as_u16();
+    resp.into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok((status, t0.elapsed()))
+}
+
+async fn daemon_with_rule(grace_secs: u64, backend: &Backend) -> (Daemon, u16) {
+    let opts = DaemonOpts {
+        args: vec!["--shutdown-grace-secs".into(), grace_secs.to_string()],
+        ..Default::default()
+    };
+    let d = Daemon::start(opts).await;
+    let vip = free_port();
+    let rule = json!({
+        "serviceArguments": {"externalIP": "127.0.0.1", "port": vip, "mode": 4, "sel": 0},
+        "endpoints": [{"endpointIP": "127.0.0.1", "targetPort": backend.port()}]
+    });
+    assert_eq!(d.post_rule(&rule).await.0, 200);
+    // The listener opens asynchronously after the rule is stored.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while tokio::net::TcpStream::connect(("127.0.0.1", vip))
+        .await
+        .is_err()
+    {
+        assert!(Instant::now() < deadline, "VIP listener never opened");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    (d, vip)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_an_in_flight_request_finish_and_stops_accepting() {
+    let backend = Backend::start("b0").await;
+    let (mut d, vip) = daemon_with_rule(10, &backend).await;
+    let inflight = tokio::spawn(slow_request(vip, 1200));
+    // Let the request reach the backend, then ask the daemon to stop.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while backend.request_count() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "request never reached the backend"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let pid = d.pid().expect("running").to_string();
+    let t0 = Instant::now();
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        tokio::net::TcpStream::connect(("127.0.0.1", vip))
+            .await
+            .is_err(),
+        "the VIP must stop accepting right after SIGTERM"
+    );
+    let (status, took) = inflight
+        .await
+        .expect("join")
+        .expect("in-flight request completes");
+    assert_eq!(status, 200);
+    assert!(took >= Duration::from_millis(1200), "{took:?}");
+    let exit = d.stop().await;
+    assert!(
+        exit.is_some_and(|s| s.success()),
+        "clean exit after the drain: {exit:?}"
+    );
+    assert!(
+        t0.elapsed() < Duration::from_secs(8),
+        "drain took {:?}",
+        t0.elapsed()
+    );
+    assert!(
+        d.log_text().contains("shutdown requested"),
+        "{}",
+        d.log_text()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_grace_bounds_the_drain_of_a_hanging_request() {
+    let backend = Backend::start("b0").await;
+    backend.set_mode(Mode::Hang);
+    let (mut d, vip) = daemon_with_rule(1, &backend).await;
+    let inflight = tokio::spawn(slow_request(vip, 0));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while backend.request_count() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "request never reached the backend"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let t0 = Instant::now();
+    let exit = d.stop().await;
+    let took = t0.elapsed();
+    assert!(
+        exit.is_some(),
+        "the daemon must exit by itself within the grace period"
+    );
+    assert!(
+        took >= Duration::from_millis(900),
+        "exited before the grace period: {took:?}"
+    );
+    assert!(took < Duration::from_secs(5), "grace of 1 s took {took:?}");
+    let res = tokio::time::timeout(Duration::from_secs(5), inflight)
+        .await
+        .expect("client ends");
+    assert!(
+        !matches!(res, Ok(Ok((200, _)))),
+        "a hung request cannot succeed: {res:?}"
+    );
+}
