@@ -1,6 +1,9 @@
 //! `vllm-sim` KV events against the live capture from a real vLLM 0.32 engine
-//! (`../shared/golden/vllm_kv_events_capture.json`): the same 17 requests, the same engine
-//! shape (block size 32, 40 GPU blocks, sha256_cbor, PYTHONHASHSEED=0), the same frames.
+//! (`../shared/golden/vllm_kv_events_capture.json`): the same 17 requests as sent (text,
+//! token ids, chat), the same model tokenizer and engine shape (block size 32, 40 GPU blocks,
+//! sha256_cbor, PYTHONHASHSEED=0), the same frames: prompt blocks byte-for-byte, blocks
+//! completed by generated tokens (the emulator's filler differs from the model's output) by
+//! structure and a consistent hash mapping, so eviction order is checked exactly too.
 
 #![allow(clippy::unwrap_used)]
 
@@ -13,11 +16,24 @@ use rmpv::Value as Mp;
 use serde_json::{Value, json};
 use sim_common::{EVENTS_CFG, Frames, PySub, Sim, decode, golden_capture, hex, replay};
 
-fn golden_sim() -> Sim {
+/// A tokenizer directory holding the golden tiny model as `tiny/`.
+fn tokenizer_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let model = sim_common::shared_dir()
+        .join("golden/tiny-model")
+        .canonicalize()
+        .unwrap();
+    std::os::unix::fs::symlink(model, dir.path().join("tiny")).unwrap();
+    dir
+}
+
+fn golden_sim(tok: &tempfile::TempDir) -> Sim {
     Sim::start(
         &[
             "--model",
             "tiny",
+            "--tokenizer-dir",
+            tok.path().to_str().unwrap(),
             "--block-size",
             "32",
             "--num-gpu-blocks",
@@ -33,7 +49,8 @@ fn golden_sim() -> Sim {
     )
 }
 
-/// Sends the capture's requests in order (prompts as the token ids vLLM reported).
+/// Sends the capture's requests in order, as they were sent to vLLM, and checks that the
+/// emulator tokenized each prompt to the ids vLLM reported.
 async fn replay_golden_requests(sim: &Sim, golden: &Value) {
     for r in golden["requests"].as_array().unwrap() {
         if r["kind"] == "reset_prefix_cache" {
@@ -41,18 +58,16 @@ async fn replay_golden_requests(sim: &Sim, golden: &Value) {
             assert_eq!(status, 200);
             continue;
         }
-        let mut body = json!({
-            "model": "tiny",
-            "prompt": r["prompt_token_ids_from_vllm"],
-            "max_tokens": r["request_body"]["max_tokens"],
-        });
-        for key in ["cache_salt", "vllm_xargs"] {
-            if let Some(v) = r["request_body"].get(key) {
-                body[key] = v.clone();
-            }
-        }
-        let (status, resp) = sim.post("/v1/completions", &body).await;
+        let path = r["endpoint"].as_str().unwrap();
+        let (status, resp) = sim.post(path, &r["request_body"]).await;
         assert_eq!(status, 200, "{resp}");
+        let want = r["prompt_token_ids_from_vllm"].as_array().unwrap().len();
+        assert_eq!(
+            resp["usage"]["prompt_tokens"],
+            json!(want),
+            "{}: prompt tokens",
+            r["kind"]
+        );
     }
 }
 
@@ -80,11 +95,14 @@ struct HashMatch {
 }
 
 impl HashMatch {
-    fn link(&mut self, golden: &Mp, ours: &Mp, at: &str) {
+    fn link(&mut self, golden: &Mp, ours: &Mp, exact: bool, at: &str) {
         match (golden, ours) {
             (Mp::Nil, Mp::Nil) => {}
             (Mp::Integer(g), Mp::Integer(o)) => {
                 let (g, o) = (g.as_u64().unwrap(), o.as_u64().unwrap());
+                if exact {
+                    assert_eq!(o, g, "{at}: block hash");
+                }
                 assert_eq!(
                     *self.fwd.entry(g).or_insert(o),
                     o,
@@ -142,6 +160,7 @@ fn compare_event(g: &Mp, o: &Mp, compare_tokens: bool, hm: &mut HashMatch, at: &
         .map(|(k, v)| (k.as_str().unwrap().to_string(), kind(v)))
         .collect();
     assert_eq!(ok, gk, "{at}: field names, order and types");
+    let stored = field(ge, "type").as_str() == Some("BlockStored");
     for (k, gv) in ge {
         let key = k.as_str().unwrap();
         let ov = field(oe, key);
@@ -149,9 +168,11 @@ fn compare_event(g: &Mp, o: &Mp, compare_tokens: bool, hm: &mut HashMatch, at: &
             "block_hashes" => {
                 let (ga, oa) = (gv.as_array().unwrap(), ov.as_array().unwrap());
                 assert_eq!(oa.len(), ga.len(), "{at}: block count");
-                ga.iter().zip(oa).for_each(|(a, b)| hm.link(a, b, at));
+                ga.iter()
+                    .zip(oa)
+                    .for_each(|(a, b)| hm.link(a, b, compare_tokens && stored, at));
             }
-            "parent_block_hash" => hm.link(gv, ov, at),
+            "parent_block_hash" => hm.link(gv, ov, false, at),
             "token_ids" if !compare_tokens => {
                 assert_eq!(
                     ov.as_array().unwrap().len(),
@@ -164,9 +185,11 @@ fn compare_event(g: &Mp, o: &Mp, compare_tokens: bool, hm: &mut HashMatch, at: &
     }
 }
 
-fn compare_frames(golden: &[Frames], ours: &[Frames], generated: &[usize]) -> HashMatch {
+/// Compares frame lists; returns how many payloads were byte-identical after the timestamp.
+fn compare_frames(golden: &[Frames], ours: &[Frames], generated: &[usize]) -> usize {
     assert_eq!(ours.len(), golden.len(), "frame count");
     let mut hm = HashMatch::default();
+    let mut identical = 0;
     for (i, (g, o)) in golden.iter().zip(ours).enumerate() {
         assert_eq!(o.len(), 3, "frame {i}: [topic, seq, payload]");
         assert_eq!(o[0], g[0], "frame {i}: topic");
@@ -190,8 +213,16 @@ fn compare_frames(golden: &[Frames], ours: &[Frames], generated: &[usize]) -> Ha
                 &format!("frame {i} event {j}"),
             );
         }
+        if gev == oev {
+            assert_eq!(
+                o[2][10..],
+                g[2][10..],
+                "frame {i}: payload bytes after the timestamp"
+            );
+            identical += 1;
+        }
     }
-    hm
+    identical
 }
 
 /// Frames holding blocks completed by generated tokens (every frame of a request after its
@@ -212,26 +243,25 @@ fn generated_frames(golden: &Value) -> Vec<usize> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_for_the_captured_requests_have_the_golden_frames() {
     let golden = golden_capture();
-    let sim = golden_sim();
+    let tok = tokenizer_dir();
+    let sim = golden_sim(&tok);
     let sub = PySub::connect(sim.publisher.as_deref().unwrap(), 3.0);
     replay_golden_requests(&sim, &golden).await;
     let ours = tokio::task::spawn_blocking(move || sub.collect())
         .await
         .unwrap();
     let gframes = golden_frames(&golden);
-    let hm = compare_frames(&gframes, &ours, &generated_frames(&golden));
-    let stored: usize = golden["verification"]["blocks_matched"].as_u64().unwrap() as usize;
-    assert!(
-        hm.fwd.len() >= stored / 2,
-        "hashes linked: {}",
-        hm.fwd.len()
-    );
+    let identical = compare_frames(&gframes, &ours, &generated_frames(&golden));
+    // 18 frames - 4 holding generated-token blocks (7, 8, 10, 12) - 2 removing such blocks
+    // (13, 14): every other frame equals vLLM's bytes after the timestamp.
+    assert_eq!(identical, 12, "byte-identical frames");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replay_returns_every_buffered_batch_then_the_end_marker() {
     let golden = golden_capture();
-    let sim = golden_sim();
+    let tok = tokenizer_dir();
+    let sim = golden_sim(&tok);
     replay_golden_requests(&sim, &golden).await;
     let ep = sim.replay.clone().unwrap();
     let replies = tokio::task::spawn_blocking(move || replay(&ep, 0))

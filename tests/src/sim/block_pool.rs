@@ -140,7 +140,7 @@ impl BlockPool {
         if self.blocks[id].hash.as_ref() == Some(&hash) {
             return;
         }
-        self.blocks[id].hash = Some(hash.clone());
+        self.blocks[id].hash = Some(hash);
         self.cached.entry(hash).or_default().push(id);
     }
 
@@ -200,13 +200,13 @@ mod tests {
     use super::*;
 
     fn d(n: u8) -> Digest {
-        Digest(vec![n; 32].into())
+        Digest::from_bytes(&[n; 32])
     }
 
     fn removed(evs: &[KvEvent]) -> Vec<u8> {
         evs.iter()
             .filter_map(|e| match e {
-                KvEvent::BlockRemoved { hash } => Some(hash.0[0]),
+                KvEvent::BlockRemoved { hash } => Some(hash.as_bytes()[0]),
                 _ => None,
             })
             .collect()

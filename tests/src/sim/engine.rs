@@ -273,12 +273,12 @@ impl Engine {
                 s.hashes.push(h);
             }
             token_ids.extend((b * bs..(b + 1) * bs).map(|t| s.token(t)));
-            self.p.pool.cache(s.block_ids[b], s.hashes[b].clone());
+            self.p.pool.cache(s.block_ids[b], s.hashes[b]);
         }
         s.num_stored = full;
         let ev = KvEvent::BlockStored {
             hashes: s.hashes[first..full].to_vec(),
-            parent: first.checked_sub(1).map(|p| s.hashes[p].clone()),
+            parent: first.checked_sub(1).map(|p| s.hashes[p]),
             token_ids,
             block_size: bs,
             lora_name: s.req.extras.lora.clone(),

@@ -220,7 +220,7 @@ fn write_hash(w: &mut Vec<u8>, h: &Digest, fmt: WireFormat) -> Result<(), ValueW
     if fmt.int_hashes {
         encode::write_uint(w, h.wire_u64()).map(|_| ())
     } else {
-        encode::write_bin(w, &h.0)
+        encode::write_bin(w, h.as_bytes())
     }
 }
 
@@ -235,7 +235,7 @@ mod tests {
     fn digest_with_tail(tail: u64) -> Digest {
         let mut v = vec![0u8; 24];
         v.extend_from_slice(&tail.to_be_bytes());
-        Digest(v.into())
+        Digest::from_bytes(&v)
     }
 
     #[test]

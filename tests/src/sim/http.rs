@@ -171,7 +171,7 @@ async fn tokenize(st: Arc<HttpState>, req: Request<Incoming>) -> Result<Response
 
 fn encode(st: &HttpState, r: &SimRequest) -> Result<Arc<[u32]>, ApiError> {
     st.codec
-        .encode(r.api, &r.prompt)
+        .encode(r.api, &r.prompt, r.add_special_tokens)
         .map_err(|e| ApiError::bad("prompt", &e.to_string()))
 }
 

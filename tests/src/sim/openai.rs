@@ -57,6 +57,8 @@ pub struct SimRequest {
     pub extras: RequestExtras,
     /// `kv_transfer_params`, when present.
     pub kv_transfer: Option<KvTransfer>,
+    /// The request's own `add_special_tokens`, when given.
+    pub add_special_tokens: Option<bool>,
     /// Compute the whole prompt without reading the prefix cache (vLLM does this for
     /// `prompt_logprobs`); computed blocks are still stored.
     pub skip_prefix_cache: bool,
@@ -114,6 +116,10 @@ pub fn parse_request(api: ApiKind, body: &[u8], served: &str) -> Result<SimReque
             cache_salt: opt_string(obj.get("cache_salt"), "cache_salt")?,
         },
         kv_transfer: obj.get("kv_transfer_params").map(parse_transfer),
+        add_special_tokens: match obj.get("add_special_tokens") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(parse_bool(Some(v), "add_special_tokens")?),
+        },
         skip_prefix_cache: obj.get("prompt_logprobs").is_some_and(|v| !v.is_null()),
         report_all_blocks: obj
             .get("vllm_xargs")

@@ -1,38 +1,50 @@
 //! Tokenize and hash: the one place where the emulator turns a request's prompt into token ids
-//! and token blocks into vLLM block digests.
+//! and token blocks into vLLM block digests, reusing loxi's own implementation of both
+//! contracts (`loxi_user::kv::tokenizer::TokenizerPool`, `loxi_user::kv::block_hash`), so the
+//! emulator's events are what a real vLLM would publish for the same model and seed.
 //!
-//! TEMPORARY: until `loxi_user::kv::tokenizer::TokenizerPool` and
-//! `loxi_user::kv::block_hash::BlockHasher` land on `main`, this file uses a stand-in
-//! tokenizer (4-byte chunks of the UTF-8 text, ChatML rendering for messages) and a stand-in
-//! chained digest. Both keep the properties routing depends on (same prefix → same leading
-//! ids and digests; salt/LoRA change the digests) but do NOT match vLLM's ids or hashes.
+//! Without `--tokenizer-dir`, text prompts fall back to an approximate tokenizer (one token per
+//! 4 bytes of UTF-8, chat messages rendered as ChatML first): prefixes still share leading ids,
+//! but the ids are not the model's. Token-id prompts are always used as given.
 
 use std::hash::{DefaultHasher, Hash, Hasher};
+use std::path::PathBuf;
 use std::sync::Arc;
 
+use loxi_user::kv::block_hash::{BlockDigest, BlockHasher, ExtraKey, HashAlgo};
+use loxi_user::kv::tokenizer::{TokenizerMetrics, TokenizerPool};
 use loxi_user::proxy::meta::{ApiKind, ChatMessage, Prompt};
+use prometheus_client::registry::Registry;
 
 use super::config::SimArgs;
 
-/// A full block digest as the hash function produced it (32 bytes for `sha256_cbor`, 16 for
-/// `xxhash_cbor`). The parent of block i+1 is the full digest of block i.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Digest(pub Arc<[u8]>);
+/// A full block digest (32 bytes for `sha256_cbor`, 16 for `xxhash_cbor`). The parent of block
+/// i+1 is the full digest of block i.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Digest(pub BlockDigest);
 
 impl Digest {
+    /// A digest from raw bytes (at most 32; longer input is truncated to 32).
+    pub fn from_bytes(b: &[u8]) -> Self {
+        let b = &b[..b.len().min(32)];
+        Digest(BlockDigest::from_bytes(b).unwrap_or(BlockDigest::EMPTY))
+    }
+
+    /// The digest bytes (published when `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0`).
+    pub fn as_bytes(&self) -> &[u8] {
+        self.0.as_bytes()
+    }
+
     /// The 64-bit id vLLM puts on the wire: the last 8 digest bytes read big-endian.
     pub fn wire_u64(&self) -> u64 {
-        let mut buf = [0u8; 8];
-        let tail = &self.0[self.0.len().saturating_sub(8)..];
-        buf[8 - tail.len()..].copy_from_slice(tail);
-        u64::from_be_bytes(buf)
+        self.0.key(HashAlgo::Sha256Cbor).0
     }
 }
 
 /// Per-request hash inputs beyond the tokens (vLLM's extra keys).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RequestExtras {
-    /// LoRA adapter name (extra key on every block).
+    /// LoRA adapter name (extra key on every block; the emulator serves no adapters).
     pub lora: Option<String>,
     /// `cache_salt` (extra key on block 0 only).
     pub cache_salt: Option<String>,
@@ -53,34 +65,60 @@ impl RequestExtras {
         }
         (!keys.is_empty()).then_some(keys)
     }
+
+    /// The extra keys of block `idx` as vLLM hashes them (LoRA path = its name here).
+    fn hashed(&self, idx: usize) -> Vec<ExtraKey> {
+        let mut keys: Vec<ExtraKey> = self
+            .lora
+            .iter()
+            .map(|l| ExtraKey::Lora(l.clone(), l.clone()))
+            .collect();
+        if idx == 0
+            && let Some(s) = &self.cache_salt
+        {
+            keys.push(ExtraKey::CacheSalt(s.clone()));
+        }
+        keys
+    }
 }
 
-/// Errors turning a prompt into token ids.
+/// Errors building the codec or tokenizing a prompt.
 #[derive(Debug, thiserror::Error)]
 pub enum PromptError {
+    /// `--prefix-caching-hash-algo` is not a vLLM CBOR contract.
+    #[error("--prefix-caching-hash-algo: {0:?} is not supported (use sha256_cbor or xxhash_cbor)")]
+    HashAlgo(String),
     /// The tokenizer for the model failed or is missing.
     #[error("tokenize: {0}")]
-    Tokenize(String),
+    Tokenize(#[from] loxi_user::kv::tokenizer::TokenizeError),
 }
 
 /// Tokenizer + block hasher for one served model.
 #[derive(Debug)]
 pub struct PromptCodec {
+    model: String,
     block_size: usize,
-    none_hash: Digest,
+    hasher: BlockHasher,
+    tokenizers: Option<TokenizerPool>,
 }
 
 impl PromptCodec {
     /// Builds the codec from the flags (tokenizer dir, hash algorithm, `PYTHONHASHSEED`).
+    /// With `--tokenizer-dir`, the model's tokenizer must load (checked here, not per request).
     pub fn new(args: &SimArgs) -> Result<Self, PromptError> {
-        let seed = args
-            .python_hash_seed
-            .clone()
-            .unwrap_or_else(|| "vllm-none-hash".into());
-        let none_hash = stand_in_digest(&(args.prefix_caching_hash_algo.as_str(), seed.as_str()));
+        let algo = match args.prefix_caching_hash_algo.parse::<HashAlgo>() {
+            Ok(a @ (HashAlgo::Sha256Cbor | HashAlgo::XxhashCbor)) => a,
+            _ => return Err(PromptError::HashAlgo(args.prefix_caching_hash_algo.clone())),
+        };
+        let tokenizers = args.tokenizer_dir.as_ref().map(|d| pool(d.clone()));
+        if let Some(p) = &tokenizers {
+            p.get(&args.model)?;
+        }
         Ok(Self {
+            model: args.model.clone(),
             block_size: args.block_size,
-            none_hash,
+            hasher: BlockHasher::new(algo, args.python_hash_seed.as_deref()),
+            tokenizers,
         })
     }
 
@@ -89,13 +127,21 @@ impl PromptCodec {
         self.block_size
     }
 
-    /// Token ids of `prompt` as vLLM would feed them to the engine for `api`.
-    pub fn encode(&self, _api: ApiKind, prompt: &Prompt) -> Result<Arc<[u32]>, PromptError> {
-        Ok(match prompt {
-            Prompt::TokenIds(ids) => ids.as_slice().into(),
-            Prompt::Text(t) => stand_in_tokens(t).into(),
-            Prompt::Messages(m) => stand_in_tokens(&render_chatml(m)).into(),
-        })
+    /// Token ids of `prompt` as vLLM 0.32 feeds them to the engine for `api` (completions add
+    /// special tokens by default, chat does not, responses do); `add_special_tokens` is the
+    /// request's own field.
+    pub fn encode(
+        &self,
+        api: ApiKind,
+        prompt: &Prompt,
+        add_special_tokens: Option<bool>,
+    ) -> Result<Arc<[u32]>, PromptError> {
+        match (&self.tokenizers, prompt) {
+            (_, Prompt::TokenIds(ids)) => Ok(ids.as_slice().into()),
+            (Some(pool), _) => Ok(pool.encode(&self.model, api, prompt, add_special_tokens)?),
+            (None, Prompt::Text(t)) => Ok(approx_tokens(t).into()),
+            (None, Prompt::Messages(m)) => Ok(approx_tokens(&render_chatml(m)).into()),
+        }
     }
 
     /// Digest of block `idx` whose tokens are `tokens`, chained on `parent` (`None`: block 0).
@@ -106,8 +152,8 @@ impl PromptCodec {
         idx: usize,
         extras: &RequestExtras,
     ) -> Digest {
-        let parent = parent.unwrap_or(&self.none_hash);
-        stand_in_digest(&(&parent.0[..], tokens, extras.published(idx)))
+        let parent = parent.map_or(self.hasher.none_hash(), |d| &d.0);
+        Digest(self.hasher.hash_block(parent, tokens, &extras.hashed(idx)))
     }
 
     /// Digests of every full block of `tokens`.
@@ -126,6 +172,13 @@ impl PromptCodec {
     }
 }
 
+/// A tokenizer pool whose own metrics go to a private registry: `/metrics` serves only the
+/// vLLM families.
+fn pool(dir: PathBuf) -> TokenizerPool {
+    let mut private = Registry::default();
+    TokenizerPool::new(dir, TokenizerMetrics::register(&mut private))
+}
+
 fn render_chatml(msgs: &[ChatMessage]) -> String {
     let mut s = String::new();
     for m in msgs {
@@ -138,7 +191,8 @@ fn render_chatml(msgs: &[ChatMessage]) -> String {
     s
 }
 
-fn stand_in_tokens(text: &str) -> Vec<u32> {
+/// One id per 4-byte chunk, stable across runs (SipHash with fixed keys), in 0..2048.
+fn approx_tokens(text: &str) -> Vec<u32> {
     text.as_bytes()
         .chunks(4)
         .map(|c| {
@@ -147,14 +201,4 @@ fn stand_in_tokens(text: &str) -> Vec<u32> {
             (h.finish() % 2048) as u32
         })
         .collect()
-}
-
-fn stand_in_digest<T: Hash>(v: &T) -> Digest {
-    let mut out = Vec::with_capacity(32);
-    for i in 0u8..4 {
-        let mut h = DefaultHasher::new();
-        (i, v).hash(&mut h);
-        out.extend_from_slice(&h.finish().to_be_bytes());
-    }
-    Digest(out.into())
 }
