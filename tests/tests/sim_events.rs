@@ -317,3 +317,30 @@ async fn replay_returns_every_buffered_batch_then_the_end_marker() {
     );
     tokio::time::sleep(Duration::from_millis(10)).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokenize_returns_the_ids_vllm_reported() {
+    let golden = golden_capture();
+    let tok = tokenizer_dir();
+    let sim = golden_sim(&tok);
+    let mut checked = 0;
+    for r in golden["requests"].as_array().unwrap() {
+        let body = &r["request_body"];
+        let req = if body.get("messages").is_some() {
+            json!({"model": "tiny", "messages": body["messages"]})
+        } else if body["prompt"].is_string() {
+            json!({"model": "tiny", "prompt": body["prompt"]})
+        } else {
+            continue;
+        };
+        let (status, resp) = sim.post("/tokenize", &req).await;
+        assert_eq!(status, 200, "{resp}");
+        assert_eq!(
+            resp["tokens"], r["prompt_token_ids_from_vllm"],
+            "{}",
+            r["kind"]
+        );
+        checked += 1;
+    }
+    assert!(checked >= 10, "text and chat requests checked: {checked}");
+}

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
@@ -31,9 +31,11 @@ pub fn golden_capture() -> Value {
     serde_json::from_str(&text).expect("golden capture is JSON")
 }
 
-/// A running `vllm-sim` process (killed on drop).
+/// A running `vllm-sim` process (killed on drop); derefs to its HTTP [`Client`].
 pub struct Sim {
     child: Child,
+    /// HTTP client for the emulator.
+    pub client: Client,
     /// `http://127.0.0.1:PORT`.
     pub base: String,
     /// PUB endpoint as `tcp://127.0.0.1:PORT`, when events are on.
@@ -74,8 +76,10 @@ impl Sim {
                 .filter(|v| *v != "-")
                 .map(str::to_string)
         };
+        let base = format!("http://{}", field("http").expect("http"));
         Sim {
-            base: format!("http://{}", field("http").expect("http")),
+            client: Client { base: base.clone() },
+            base,
             publisher: field("pub"),
             replay: field("replay"),
             child,
@@ -83,6 +87,29 @@ impl Sim {
         }
     }
 
+    /// A client for `base` that does not own the process (for spawned tasks).
+    pub fn client_for(base: &str) -> Client {
+        Client {
+            base: base.to_string(),
+        }
+    }
+}
+
+impl std::ops::Deref for Sim {
+    type Target = Client;
+    fn deref(&self) -> &Client {
+        &self.client
+    }
+}
+
+/// A small HTTP/1 client for one base URL.
+#[derive(Debug, Clone)]
+pub struct Client {
+    /// `http://HOST:PORT`.
+    pub base: String,
+}
+
+impl Client {
     /// POSTs JSON; returns (status, body as JSON or as a string value).
     pub async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
         let (s, b) = self.request("POST", path, Some(body.to_string())).await;
@@ -105,8 +132,8 @@ impl Sim {
     }
 
     async fn request(&self, method: &str, path: &str, body: Option<String>) -> (u16, Bytes) {
-        let client: Client<HttpConnector, Full<Bytes>> =
-            Client::builder(TokioExecutor::new()).build_http();
+        let client: HyperClient<HttpConnector, Full<Bytes>> =
+            HyperClient::builder(TokioExecutor::new()).build_http();
         let req = http::Request::builder()
             .method(method)
             .uri(format!("{}{}", self.base, path))
