@@ -480,6 +480,10 @@ async fn metrics_have_the_vllm_families_and_pass_promtool() {
         assert!(text.contains(family), "{family} missing:\n{text}");
     }
     assert!(text.contains("num_gpu_blocks=\"123\""), "{text}");
+    assert!(
+        !text.contains("# EOF"),
+        "Prometheus 0.0.4 text like vLLM, not OpenMetrics"
+    );
     let mut child = std::process::Command::new("promtool")
         .args(["check", "metrics"])
         .stdin(std::process::Stdio::piped())

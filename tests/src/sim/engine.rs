@@ -25,6 +25,10 @@ use super::publisher::Publisher;
 use super::seq::{Seq, SeqEvent, SeqRequest};
 use super::timing::{SimClock, TimingModel};
 
+/// Real seconds the engine may trail the wall clock before its simulated time is pulled
+/// forward (absorbs timer oversleep without stretching simulated time).
+const MAX_LAG_REAL_S: f64 = 0.005;
+
 /// Commands the HTTP side sends to the engine.
 #[derive(Debug)]
 pub enum Command {
@@ -64,6 +68,7 @@ pub struct Engine {
     waiting: VecDeque<Seq>,
     running: Vec<Seq>,
     sim_now: f64,
+    step_start_s: f64,
 }
 
 /// What one step scheduled: (index into `running`, tokens) pairs.
@@ -81,6 +86,7 @@ impl Engine {
             waiting: VecDeque::new(),
             running: Vec::new(),
             sim_now: 0.0,
+            step_start_s: 0.0,
         }
     }
 
@@ -118,8 +124,22 @@ impl Engine {
         }
     }
 
+    /// Simulated start of the next step: right after the previous one while the engine keeps
+    /// up (timer oversleep must not stretch simulated time), or now when it was idle or has
+    /// fallen more than [`MAX_LAG_REAL_S`] of real time behind.
+    fn step_start(&self) -> f64 {
+        let now = self.p.clock.now_sim();
+        let lag_real = (now - self.sim_now) * self.p.clock.scale();
+        if self.running.is_empty() || lag_real > MAX_LAG_REAL_S {
+            now.max(self.sim_now)
+        } else {
+            self.sim_now
+        }
+    }
+
     async fn step(&mut self) {
-        let start = self.sim_now.max(self.p.clock.now_sim());
+        let start = self.step_start();
+        self.step_start_s = start;
         let plan = self.schedule();
         let dur = self
             .p
@@ -237,6 +257,8 @@ impl Engine {
         let fresh = self.p.pool.allocate(need)?;
         if !s.admitted_once {
             s.admitted_once = true;
+            // Arrived within the jitter tolerance after the step's simulated start.
+            s.arrival_s = s.arrival_s.min(self.step_start_s);
             s.cached_tokens = hit.len() * bs;
             self.p.metrics.admitted(s.req.prompt.len(), s.cached_tokens);
         }

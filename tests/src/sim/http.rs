@@ -104,17 +104,20 @@ fn models(st: &HttpState) -> Value {
         "max_model_len": st.capacity_blocks * st.codec.block_size(), "permission": []}]})
 }
 
+/// `/metrics` in the Prometheus text format vLLM serves (`text/plain; version=0.0.4`): the
+/// OpenMetrics encoding without its `# EOF` trailer.
 fn metrics(st: &HttpState) -> Response<Body> {
     let mut text = String::new();
     if let Err(e) = prometheus_client::encoding::text::encode(&mut text, &st.registry) {
         return error_resp(&internal(&format!("metrics encoding failed: {e}")));
     }
+    if let Some(body) = text.strip_suffix("# EOF\n") {
+        text.truncate(body.len());
+    }
     let mut r = Response::new(Full::new(Bytes::from(text)).boxed());
     r.headers_mut().insert(
         header::CONTENT_TYPE,
-        header::HeaderValue::from_static(
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        ),
+        header::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
     );
     r
 }
