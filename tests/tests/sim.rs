@@ -506,3 +506,43 @@ async fn metrics_have_the_vllm_families_and_pass_promtool() {
     );
     assert!(!msg.contains("error"), "promtool: {msg}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_disconnects_mid_stream_frees_its_sequence() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let sim = Sim::start(&["--time-scale", "1"], &[]);
+    let addr = sim.base.trim_start_matches("http://").to_string();
+    let body = json!({"prompt": [1, 2, 3], "max_tokens": 2000, "stream": true}).to_string();
+    let mut conn = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let head = format!(
+        "POST /v1/completions HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    conn.write_all(head.as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 4096];
+    while !String::from_utf8_lossy(&got).contains("data: ") {
+        let read = tokio::time::timeout(Duration::from_secs(5), conn.read(&mut buf));
+        let n = read.await.unwrap().unwrap();
+        assert!(n > 0, "stream closed early");
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert!(String::from_utf8_lossy(&got).starts_with("HTTP/1.1 200"));
+    assert_eq!(
+        sim.metric("vllm:num_requests_running").await,
+        1.0,
+        "2000 tokens take 16 s"
+    );
+    drop(conn);
+    let freed = sim_common::wait_until_async(Duration::from_secs(3), || async {
+        sim.metric("vllm:num_requests_running").await == 0.0
+    })
+    .await;
+    assert!(freed, "the engine aborted the sequence of the gone client");
+    assert_eq!(sim.metric("vllm:kv_cache_usage_perc").await, 0.0);
+    assert_eq!(
+        sim.metric("vllm:request_success_total").await,
+        0.0,
+        "aborted, not finished"
+    );
+}

@@ -328,8 +328,7 @@ impl Engine {
             s.output.push(tok);
             generated += 1;
             if s.req.events.send(SeqEvent::Token(tok)).is_err() {
-                s.output.truncate(0);
-                s.req.max_tokens = 0; // client gone: abort
+                s.aborted = true; // client gone: vLLM aborts the request
             }
         }
         self.p.metrics.step_tokens(prompt_done, generated);
@@ -346,7 +345,9 @@ impl Engine {
             }
             let s = self.running.remove(k);
             let summary = s.summary(now);
-            self.p.metrics.finished(summary.e2e_s);
+            if !s.aborted {
+                self.p.metrics.finished(summary.e2e_s);
+            }
             self.p.pool.free(&s.block_ids);
             let _ = s.req.events.send(SeqEvent::Done(summary));
         }
@@ -370,3 +371,7 @@ impl Engine {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "engine_tests.rs"]
+mod tests;

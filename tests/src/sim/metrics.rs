@@ -137,6 +137,12 @@ impl SimMetrics {
         info.get_or_create(&cache).set(1);
         reg.register("vllm:cache_config_info", "Cache configuration", info);
         m.set_load(0, 0, 0.0);
+        // Every series exists (at 0) from the start, as vLLM's labelled children do.
+        m.admitted(0, 0);
+        m.step_tokens(0, 0);
+        m.requests_ok.get_or_create(&m.labels);
+        m.ttft.get_or_create(&m.labels);
+        m.e2e.get_or_create(&m.labels);
         m
     }
 

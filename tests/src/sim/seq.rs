@@ -77,6 +77,8 @@ pub struct Seq {
     pub arrival_s: f64,
     /// Simulated time of the first token.
     pub first_token_s: Option<f64>,
+    /// The client went away; the sequence is dropped at the end of the step.
+    pub aborted: bool,
 }
 
 impl Seq {
@@ -94,6 +96,7 @@ impl Seq {
             admitted_once: false,
             arrival_s,
             first_token_s: None,
+            aborted: false,
         }
     }
 
@@ -117,9 +120,9 @@ impl Seq {
         self.num_computed < self.req.prompt.len()
     }
 
-    /// True when the request has generated all it may.
+    /// True when the request has generated all it may, or was aborted.
     pub fn is_finished(&self) -> bool {
-        self.output.len() >= self.req.max_tokens
+        self.aborted || self.output.len() >= self.req.max_tokens
     }
 
     /// The filler token generated at output position `i` (deterministic).

@@ -280,3 +280,19 @@ pub async fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool 
     }
     f()
 }
+
+/// Waits until the async predicate `f` is true or `timeout` passes.
+pub async fn wait_until_async<F, Fut>(timeout: Duration, mut f: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if f().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    f().await
+}
