@@ -140,9 +140,9 @@ impl SimMetrics {
         // Every series exists (at 0) from the start, as vLLM's labelled children do.
         m.admitted(0, 0);
         m.step_tokens(0, 0);
-        m.requests_ok.get_or_create(&m.labels);
-        m.ttft.get_or_create(&m.labels);
-        m.e2e.get_or_create(&m.labels);
+        let _ = m.requests_ok.get_or_create(&m.labels);
+        let _ = m.ttft.get_or_create(&m.labels);
+        let _ = m.e2e.get_or_create(&m.labels);
         m
     }
 
