@@ -31,7 +31,9 @@ BIN=${LOXI_BIN_DIR:-$ROOT/target/release}   # LOXI_BIN_DIR: other builds (e.g. t
 for b in bench-routing vllm-sim loxilb loxicmd; do
   [ -x "$BIN/$b" ] || { echo "bench-routing.sh: $BIN/$b missing (setup failed?)" >&2; exit 1; }
 done
-mkdir -p "$OUT"
+mkdir -p "$OUT/bin"
+# Private copies: another build in this tree may replace target/release/* during the run.
+cp "$BIN"/{bench-routing,vllm-sim,loxilb,loxicmd} "$OUT/bin/"
 
 # The benchmark runs in its own process group; on any exit the whole group is stopped.
 pid=""
@@ -44,6 +46,6 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-setsid "$BIN/bench-routing" --bin-dir "$BIN" --out "$OUT" "${ARGS[@]}" &
+setsid "$OUT/bin/bench-routing" --bin-dir "$OUT/bin" --out "$OUT" "${ARGS[@]}" &
 pid=$!
 wait "$pid"
