@@ -254,6 +254,10 @@ async fn streams_end_with_done_for_every_api() {
         let (status, text) = sim.post_raw(path, &body).await;
         assert_eq!(status, 200, "{path}");
         assert!(text.ends_with("data: [DONE]\n\n"), "{path}: {text}");
+        assert!(
+            text.contains("\n: vllm-sim ttft_s="),
+            "{path}: simulated times comment"
+        );
         let deltas = text.matches("\"delta\"").count() + text.matches("\"text\":\" t").count();
         assert!(deltas >= 3, "{path}: three token chunks expected: {text}");
     }
@@ -359,6 +363,16 @@ async fn ttft_is_prefill_of_the_uncached_tokens() {
     assert!(
         text.contains("vllm:time_to_first_token_seconds_bucket{"),
         "{text}"
+    );
+    // The same simulated values per request, in headers.
+    let body = json!({"prompt": ids(0..6600), "max_tokens": 3});
+    let (_, headers, _) = sim.post_headers("/v1/completions", &body).await;
+    let ttft: f64 = headers["x-sim-ttft-s"].to_str().unwrap().parse().unwrap();
+    let e2e: f64 = headers["x-sim-e2e-s"].to_str().unwrap().parse().unwrap();
+    assert!((ttft - 0.031).abs() < 0.02, "header ttft {ttft}");
+    assert!(
+        (e2e - ttft - 0.016).abs() < 0.01,
+        "two decode steps after the first token: {e2e}"
     );
 }
 

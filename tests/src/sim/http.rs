@@ -228,13 +228,23 @@ async fn generate(
         .await
         .ok_or_else(|| internal("engine dropped the request"))?;
     let kv = transfer_params(&st, &r, &summary);
+    let body = response::full_body(&meta, &text, &summary, kv);
     Ok(stamp(
-        json_resp(
-            StatusCode::OK,
-            &response::full_body(&meta, &text, &summary, kv),
-        ),
+        sim_times(json_resp(StatusCode::OK, &body), &summary),
         recv_ns,
     ))
+}
+
+/// `x-sim-ttft-s` / `x-sim-e2e-s`: the request's simulated TTFT and latency in seconds, exact
+/// (free of real-time jitter), for benchmarks running at small `--time-scale`. Streams carry the
+/// same values in an SSE comment before `data: [DONE]`.
+fn sim_times(mut r: Response<Body>, s: &SeqSummary) -> Response<Body> {
+    for (name, v) in [("x-sim-ttft-s", s.ttft_s), ("x-sim-e2e-s", s.e2e_s)] {
+        if let Ok(v) = header::HeaderValue::from_str(&format!("{v:.6}")) {
+            r.headers_mut().insert(name, v);
+        }
+    }
+    r
 }
 
 // Benchmark timing headers (added by the benchmark, `bench::client::Outcome::added_ms`).

@@ -138,6 +138,11 @@ pub fn final_chunks(m: &RespMeta, text: &str, s: &SeqSummary, include_usage: boo
             }
         }
     }
+    // An SSE comment (ignored by clients): the simulated times, exact.
+    out.push_str(&format!(
+        ": vllm-sim ttft_s={:.6} e2e_s={:.6}\n\n",
+        s.ttft_s, s.e2e_s
+    ));
     out.push_str("data: [DONE]\n\n");
     out
 }

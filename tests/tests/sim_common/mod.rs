@@ -125,6 +125,14 @@ impl Client {
         (s, String::from_utf8_lossy(&b).into_owned())
     }
 
+    /// POSTs JSON; returns (status, response headers, body as JSON).
+    pub async fn post_headers(&self, path: &str, body: &Value) -> (u16, http::HeaderMap, Value) {
+        let (s, h, b) = self
+            .request_full("POST", path, Some(body.to_string()))
+            .await;
+        (s, h, serde_json::from_slice(&b).unwrap_or(Value::Null))
+    }
+
     /// GETs a path; returns (status, body text).
     pub async fn get(&self, path: &str) -> (u16, String) {
         let (s, b) = self.request("GET", path, None).await;
@@ -132,6 +140,16 @@ impl Client {
     }
 
     async fn request(&self, method: &str, path: &str, body: Option<String>) -> (u16, Bytes) {
+        let (s, _, b) = self.request_full(method, path, body).await;
+        (s, b)
+    }
+
+    async fn request_full(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<String>,
+    ) -> (u16, http::HeaderMap, Bytes) {
         let client: HyperClient<HttpConnector, Full<Bytes>> =
             HyperClient::builder(TokioExecutor::new()).build_http();
         let req = http::Request::builder()
@@ -146,8 +164,9 @@ impl Client {
             .expect("timeout")
             .expect("http");
         let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
         let body = resp.into_body().collect().await.expect("body").to_bytes();
-        (status, body)
+        (status, headers, body)
     }
 
     /// The value of the first sample of metric `name` (exact series name, any labels).
