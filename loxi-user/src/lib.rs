@@ -8,6 +8,7 @@ pub mod api;
 pub mod app;
 pub mod cli;
 pub mod config;
+pub mod health;
 pub mod kv;
 pub mod metrics;
 pub mod proxy;

@@ -139,3 +139,87 @@ async fn shutdown_grace_bounds_the_drain_of_a_hanging_request() {
         "a hung request cannot succeed: {res:?}"
     );
 }
+
+/// POSTs `body` to the VIP; returns (status, x-loxilb-endpoint, body text).
+async fn post_vip(vip: u16, body: Vec<u8>) -> (u16, Option<String>, String) {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let req = http::Request::post(format!("http://127.0.0.1:{vip}/v1/completions"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .expect("request");
+    let resp = client.request(req).await.expect("VIP answers");
+    let status = resp.status().as_u16();
+    let ep = resp
+        .headers()
+        .get("x-loxilb-endpoint")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+    (status, ep, String::from_utf8_lossy(&bytes).into_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restored_rules_serve_traffic_as_soon_as_the_api_answers_after_a_restart() {
+    let backend = Backend::start("b0").await;
+    let (mut d, vip) = daemon_with_rule(5, &backend).await;
+    let before = post_vip(vip, b"{\"model\":\"m\",\"prompt\":\"a\"}".to_vec()).await;
+    assert_eq!(
+        (before.0, before.1.as_deref()),
+        (200, Some("0")),
+        "{}",
+        before.2
+    );
+    d.restart().await;
+    // The harness returns as soon as the API answers; rules were restored before that, so the
+    // VIP listener is the proxy's first job and opens without another POST.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while tokio::net::TcpStream::connect(("127.0.0.1", vip))
+        .await
+        .is_err()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "restored rule's listener never opened"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let after = post_vip(vip, b"{\"model\":\"m\",\"prompt\":\"b\"}".to_vec()).await;
+    assert_eq!(
+        (after.0, after.1.as_deref()),
+        (200, Some("0")),
+        "{}",
+        after.2
+    );
+    assert_eq!(backend.request_count(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loxi_max_body_bytes_from_the_environment_limits_request_bodies() {
+    let backend = Backend::start("b0").await;
+    let opts = DaemonOpts::default().env("LOXI_MAX_BODY_BYTES", "2048");
+    let d = Daemon::start(opts).await;
+    let vip = free_port();
+    let rule = json!({
+        "serviceArguments": {"externalIP": "127.0.0.1", "port": vip, "mode": 4, "sel": 0},
+        "endpoints": [{"endpointIP": "127.0.0.1", "targetPort": backend.port()}]
+    });
+    assert_eq!(d.post_rule(&rule).await.0, 200);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while tokio::net::TcpStream::connect(("127.0.0.1", vip))
+        .await
+        .is_err()
+    {
+        assert!(Instant::now() < deadline, "VIP listener never opened");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let small = format!("{{\"model\":\"m\",\"prompt\":\"{}\"}}", "x".repeat(1000));
+    assert_eq!(post_vip(vip, small.into_bytes()).await.0, 200);
+    let big = format!("{{\"model\":\"m\",\"prompt\":\"{}\"}}", "x".repeat(4000));
+    let (status, _, body) = post_vip(vip, big.into_bytes()).await;
+    assert_eq!(status, 413, "{body}");
+    assert_eq!(
+        backend.request_count(),
+        1,
+        "the oversized request never reaches the backend"
+    );
+}

@@ -745,3 +745,67 @@ async fn failing_backend_status_is_passed_through_and_counted() {
         .is_some()
     );
 }
+
+#[tokio::test]
+async fn breaker_opens_after_three_5xx_then_503_no_healthy_backend() {
+    let b = Backend::start("0").await;
+    b.set_mode(Mode::Fail);
+    let port = free_port();
+    let _d = started(&[rule(port, 0, &[(b.port(), 1)], json!({}))]).await;
+    let c = client();
+    for _ in 0..3 {
+        assert_eq!(chat(&c, port, json!({"model": "m"}), &[]).await.status, 500);
+    }
+    let r = chat(&c, port, json!({"model": "m"}), &[]).await;
+    assert_eq!(r.status, 503, "{}", r.body);
+    assert_eq!(r.body["error"]["type"], "no_healthy_backend");
+    assert_eq!(r.body["error"]["retryable"], true);
+    assert_eq!(
+        b.request_count(),
+        3,
+        "an open breaker sends nothing to the endpoint"
+    );
+}
+
+#[tokio::test]
+async fn probes_hold_a_dead_endpoint_down_and_bring_it_back() {
+    let port = free_port();
+    let ep_port = dead_port();
+    let _d = started(&[rule(
+        port,
+        0,
+        &[(ep_port, 1)],
+        json!({"monitor": true, "probetype": "tcp", "probeRetries": 1}),
+    )])
+    .await;
+    let c = client();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let r = chat(&c, port, json!({"model": "m"}), &[]).await;
+        if r.status == 503 {
+            assert_eq!(r.body["error"]["type"], "no_healthy_backend");
+            break;
+        }
+        assert_eq!(r.status, 502, "before the first probe: unreachable");
+        assert!(
+            Instant::now() < deadline,
+            "probe never marked the endpoint down"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let b = Backend::bind(
+        "back",
+        std::net::SocketAddr::from(([127, 0, 0, 1], ep_port)),
+    )
+    .await
+    .expect("rebind port");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while chat(&c, port, json!({"model": "m"}), &[]).await.status != 200 {
+        assert!(
+            Instant::now() < deadline,
+            "probe never brought the endpoint back"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(b.request_count() >= 1);
+}

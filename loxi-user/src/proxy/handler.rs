@@ -20,6 +20,7 @@ use super::error::ProxyError;
 use super::meta::{self, RequestMeta};
 use super::pool::{Pool, PoolTable};
 use super::upstream::{Attempt, Upstreams, strip_hop_by_hop, upstream_uri};
+use crate::health::breaker::Outcome;
 use crate::routing::{self, Candidates, Decision, Excluded, dispatch::selector_name};
 
 /// Response header naming the endpoint index that served the request.
@@ -110,6 +111,7 @@ impl Handler {
             let req = upstream_request(&parts, &pool.authorities[ep], body.clone())?;
             match self.upstreams.send(req, pool.http2).await {
                 Attempt::Response(resp) => {
+                    self.observe(pool, ep, Outcome::Status(resp.status().as_u16()));
                     if let Some(tier) = self.tier_for(pool) {
                         tier.routed(&pool.rule, meta, ep);
                     }
@@ -119,6 +121,7 @@ impl Handler {
                 Attempt::ConnectFailed(e) => {
                     tracing::warn!(service, ep, error = %e, "upstream connect failed; trying another endpoint");
                     self.ctx.metrics.connect_failure(service, ep);
+                    self.observe(pool, ep, Outcome::ConnectFailed);
                     excluded.insert(ep);
                 }
                 Attempt::Failed(source) => return Err(ProxyError::Upstream { ep_idx: ep, source }),
@@ -147,6 +150,23 @@ impl Handler {
             .metrics
             .selection(selector_name(args.sel), d.reason);
         d
+    }
+
+    /// Feeds the passive circuit breaker.
+    fn observe(&self, pool: &Pool, ep: usize, outcome: Outcome) {
+        if self
+            .ctx
+            .config
+            .breaker()
+            .observe(&pool.health[ep], &pool.loads[ep], outcome)
+        {
+            tracing::warn!(
+                service = pool.rule.id,
+                ep,
+                ?outcome,
+                "circuit breaker opened"
+            );
+        }
     }
 
     fn tier_for(&self, pool: &Pool) -> Option<&Arc<dyn routing::AffinityTier>> {

@@ -42,6 +42,16 @@ use listener::Listener;
 use pool::PoolTable;
 use upstream::Upstreams;
 
+impl ProxyConfig {
+    /// The passive circuit breaker these settings describe.
+    pub fn breaker(&self) -> crate::health::breaker::Breaker {
+        crate::health::breaker::Breaker {
+            threshold: self.origin_err_threshold,
+            cooldown: self.breaker_cooldown,
+        }
+    }
+}
+
 /// Limits and timeouts of the fullproxy.
 #[derive(Debug, Clone)]
 pub struct ProxyConfig {
@@ -52,6 +62,11 @@ pub struct ProxyConfig {
     /// How long a closing listener (rule deleted, daemon shutdown) waits for in-flight
     /// requests. Default 30 s.
     pub shutdown_grace: Duration,
+    /// Consecutive origin 5xx / connect failures that open an endpoint's breaker
+    /// (`LLB_PD_ORIGIN_ERR_THRESHOLD`, default 3; 0 disables).
+    pub origin_err_threshold: u32,
+    /// How long an open breaker holds an endpoint down before half-opening. Default 10 s.
+    pub breaker_cooldown: Duration,
 }
 
 impl Default for ProxyConfig {
@@ -60,6 +75,8 @@ impl Default for ProxyConfig {
             max_body_bytes: 32 << 20,
             connect_timeout: Duration::from_secs(3),
             shutdown_grace: Duration::from_secs(30),
+            origin_err_threshold: 3,
+            breaker_cooldown: Duration::from_secs(10),
         }
     }
 }

@@ -6,6 +6,10 @@
 
 use std::sync::Arc;
 
+use tokio_util::sync::CancellationToken;
+
+use crate::health::HealthCell;
+use crate::health::probe::{self, ProbeSpec};
 use crate::routing::{EndpointLoad, SelectorState};
 use crate::rules::{RuleKey, StoredRule};
 
@@ -24,8 +28,20 @@ pub struct Pool {
     pub loads: Vec<Arc<EndpointLoad>>,
     /// Selector state (cursor, WRR weights, rings).
     pub state: Arc<SelectorState>,
+    /// Health inputs per `EpIdx` (shared across rule updates like `loads`).
+    pub health: Vec<Arc<HealthCell>>,
     /// True when `backend_protocol` is `http2`.
     pub http2: bool,
+    /// Stops this pool's active prober when the pool is dropped.
+    prober: Option<CancellationToken>,
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        if let Some(c) = &self.prober {
+            c.cancel();
+        }
+    }
 }
 
 impl Pool {
@@ -42,7 +58,7 @@ impl Pool {
             clippy::unwrap_or_default,
             reason = "EndpointLoad::default() is unhealthy; new() is the healthy start state"
         )]
-        let loads = authorities
+        let loads: Vec<Arc<EndpointLoad>> = authorities
             .iter()
             .map(|a| {
                 old.and_then(|o| {
@@ -54,6 +70,18 @@ impl Pool {
                 .unwrap_or_else(EndpointLoad::new)
             })
             .collect();
+        let health: Vec<Arc<HealthCell>> = authorities
+            .iter()
+            .map(|a| {
+                old.and_then(|o| {
+                    o.authorities
+                        .iter()
+                        .position(|x| x == a)
+                        .map(|i| o.health[i].clone())
+                })
+                .unwrap_or_else(HealthCell::new)
+            })
+            .collect();
         let state = match old {
             Some(o) if o.rule.rule == rule.rule => o.state.clone(),
             Some(o) => {
@@ -62,13 +90,16 @@ impl Pool {
             }
             None => SelectorState::new(args, eps),
         };
+        let prober = start_prober(args, &authorities, &health, &loads);
         Self {
             weights: eps.iter().map(|e| e.weight).collect(),
             http2: args.backend_protocol.eq_ignore_ascii_case("http2"),
             authorities,
             loads,
+            health,
             state,
             rule,
+            prober,
         }
     }
 
@@ -76,6 +107,37 @@ impl Pool {
     pub fn key(&self) -> RuleKey {
         self.rule.rule.key()
     }
+}
+
+/// Spawns the rule's active prober (when it asks for one and a runtime is running). Without a
+/// probe, probe state is cleared so a rule that dropped its probe does not keep endpoints down.
+fn start_prober(
+    args: &crate::rules::ServiceArgs,
+    authorities: &[String],
+    health: &[Arc<HealthCell>],
+    loads: &[Arc<EndpointLoad>],
+) -> Option<CancellationToken> {
+    let Some(spec) = ProbeSpec::from_args(args) else {
+        for (cell, load) in health.iter().zip(loads) {
+            cell.probe_down
+                .store(false, std::sync::atomic::Ordering::Relaxed);
+            cell.publish(load);
+        }
+        return None;
+    };
+    let rt = tokio::runtime::Handle::try_current().ok()?;
+    let targets = authorities
+        .iter()
+        .zip(health.iter().zip(loads))
+        .map(|(a, (c, l))| probe::Target {
+            authority: a.clone(),
+            cell: c.clone(),
+            load: l.clone(),
+        })
+        .collect();
+    let cancel = CancellationToken::new();
+    rt.spawn(probe::run(spec, targets, cancel.clone()));
+    Some(cancel)
 }
 
 /// `ip:port`, bracketing IPv6 literals.
