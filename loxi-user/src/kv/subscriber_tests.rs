@@ -281,6 +281,28 @@ async fn publisher_restart_with_seq_zero_clears_the_endpoint_immediately() {
     assert_eq!(connected(&s.state), 1);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publisher_down_for_seconds_is_reconnected_and_resubscribed_by_the_crate() {
+    let mut p = Pub::start(&[]).await;
+    let s = Sub::start(&p, serde_json::json!({}), KvSettings::default(), 64);
+    p.wait_subscribed().await;
+    p.send(0, &stored_batch(&[1], 16)).await;
+    s.until("seq 0", |s| s.last_seq() == Some(0)).await;
+    // Down 4 s, far beyond backoff_max: the crate's reconnect task (not a socket rebuild) must
+    // retry through refused attempts and resubscribe once the publisher is back
+    // (`wait_subscribed` bounds that at 10 s).
+    p.cmd(serde_json::json!({"op": "restart", "down_ms": 4000}))
+        .await;
+    p.wait_subscribed().await;
+    p.send(0, &stored_batch(&[2], 16)).await;
+    s.until("batch after restart", |s| s.held().contains(&2))
+        .await;
+    assert_eq!(s.held(), HashSet::from([2]));
+    assert_eq!(s.counter(&s.state.metrics.reconnects), 1);
+    assert_eq!(s.counter(&s.state.metrics.recv_errors), 1);
+    assert_eq!(connected(&s.state), 1);
+}
+
 fn connected(state: &KvState) -> i64 {
     state
         .metrics
