@@ -15,7 +15,8 @@ stdout: "ready <pub_port> <replay_port>" once bound, "subscribed" when a SUB sub
   {"op": "send", "seq": N, "payload_hex": "...", "topic": "kv"}   publish [topic, seq, payload]
   {"op": "skip", "seq": N, "payload_hex": "..."}                  buffer for replay, do not publish
   {"op": "raw", "frames_hex": ["..", ".."]}                       publish arbitrary frames
-  {"op": "restart"}    close and rebind both sockets on the same ports, empty the buffer
+  {"op": "restart", "down_ms": 0}  close both sockets, stay down down_ms, rebind on the same
+                                   ports, empty the buffer
   {"op": "exit"}
 """
 import argparse
@@ -118,6 +119,7 @@ def main():
                 if state["router"] is not None:
                     state["router"].close(0)
                 state["buffer"] = []
+                time.sleep(cmd.get("down_ms", 0) / 1000)
                 open_sockets(pub_port, replay_port)
             elif op == "exit":
                 break

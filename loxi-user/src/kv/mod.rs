@@ -22,7 +22,6 @@ pub mod subscriber;
 mod testutil;
 pub mod tokenizer;
 pub mod wiring;
-pub mod zmtp;
 
 /// The 64-bit block id engines publish and the index is keyed by: for vLLM the last 8 digest
 /// bytes read big-endian (`VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES`, often above `i64::MAX`); for

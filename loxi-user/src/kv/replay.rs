@@ -14,7 +14,8 @@
 
 use std::time::Duration;
 
-use super::zmtp::{Conn, ZmtpError};
+use bytes::Bytes;
+use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, ZmqError, ZmqMessage};
 
 /// Missing batches tolerated without repair (LoxiLB's 64-event window).
 pub const KEEP_WINDOW: u64 = 64;
@@ -101,9 +102,9 @@ pub struct Replayed {
 /// Replay failures.
 #[derive(Debug, thiserror::Error)]
 pub enum ReplayError {
-    /// Socket trouble.
+    /// Socket trouble (connect, handshake, send or receive; from the `zeromq` crate).
     #[error("replay socket: {0}")]
-    Zmtp(#[from] ZmtpError),
+    Zmq(#[from] ZmqError),
     /// No end marker within the deadline.
     #[error("replay timed out")]
     Timeout,
@@ -125,33 +126,33 @@ pub async fn fetch(
 }
 
 async fn fetch_inner(addr: &str, start: u64) -> Result<Vec<Replayed>, ReplayError> {
-    let mut conn = Conn::connect(addr, "DEALER").await?;
-    conn.send(&[b"", &start.to_be_bytes()]).await?;
+    let mut sock = DealerSocket::new();
+    sock.connect(&format!("tcp://{addr}")).await?;
+    let mut req = ZmqMessage::from(Bytes::new());
+    req.push_back(Bytes::copy_from_slice(&start.to_be_bytes()));
+    sock.send(req).await?;
     let mut out = Vec::new();
     loop {
-        let parts = conn.recv().await?;
-        let body = match parts.split_first() {
-            Some((empty, rest)) if empty.is_empty() => rest,
-            _ => return Err(ReplayError::Shape(parts.len())),
-        };
-        let (seq, payload) = match body {
-            [seq, payload] => (seq, payload),
-            [_topic, seq, payload] => (seq, payload),
-            _ => return Err(ReplayError::Shape(parts.len())),
-        };
-        let seq: [u8; 8] = seq
-            .as_slice()
-            .try_into()
-            .map_err(|_| ReplayError::Shape(parts.len()))?;
-        let seq = u64::from_be_bytes(seq);
-        if seq == u64::MAX {
-            return Ok(out);
+        match parse_reply(&sock.recv().await?.into_vec())? {
+            Some(batch) => out.push(batch),
+            None => return Ok(out),
         }
-        out.push(Replayed {
-            seq,
-            payload: payload.clone(),
-        });
     }
+}
+
+/// One ROUTER reply `[b"", (topic,) seq, payload]` → `Some(batch)`, `None` for the end marker
+/// (seq `ff×8`), [`ReplayError::Shape`] for anything else.
+fn parse_reply(parts: &[Bytes]) -> Result<Option<Replayed>, ReplayError> {
+    let shape = || ReplayError::Shape(parts.len());
+    let (seq, payload) = match parts {
+        [empty, seq, payload] | [empty, _, seq, payload] if empty.is_empty() => (seq, payload),
+        _ => return Err(shape()),
+    };
+    let seq = u64::from_be_bytes(seq.as_ref().try_into().map_err(|_| shape())?);
+    Ok((seq != u64::MAX).then(|| Replayed {
+        seq,
+        payload: payload.to_vec(),
+    }))
 }
 
 #[cfg(test)]
@@ -173,5 +174,37 @@ mod tests {
         assert_eq!(at(500).classify(0), SeqAction::Regress);
         assert_eq!(at(500).classify(500), SeqAction::Duplicate);
         assert_eq!(at(0).classify(0), SeqAction::Regress);
+    }
+
+    #[test]
+    fn replies_of_both_layouts_parse_and_bad_shapes_are_named() {
+        let b = |v: &[u8]| Bytes::copy_from_slice(v);
+        let seq7 = b(&7u64.to_be_bytes());
+        let end = b(&[0xff; 8]);
+        let want = Some(Replayed {
+            seq: 7,
+            payload: b"p".to_vec(),
+        });
+        let three = parse_reply(&[b(b""), b(b"kv"), seq7.clone(), b(b"p")]).expect("topic layout");
+        assert_eq!(three, want);
+        let two = parse_reply(&[b(b""), seq7.clone(), b(b"p")]).expect("older layout");
+        assert_eq!(two, want);
+        let end3 = parse_reply(&[b(b""), b(b""), end.clone(), b(b"")]).expect("end marker");
+        assert_eq!(end3, None);
+        assert_eq!(
+            parse_reply(&[b(b""), end, b(b"")]).expect("end marker"),
+            None
+        );
+        for bad in [
+            vec![b(b"x"), seq7.clone(), b(b"p")],
+            vec![b(b""), b(&[0, 7]), b(b"p")],
+            vec![b(b""), seq7],
+        ] {
+            let err = parse_reply(&bad).expect_err("bad shape");
+            assert!(
+                matches!(err, ReplayError::Shape(n) if n == bad.len()),
+                "{err}"
+            );
+        }
     }
 }

@@ -1,24 +1,34 @@
-//! One KV-event subscriber task per (endpoint, DP rank): connect (retrying with backoff, so it
-//! can start before the engine), subscribe to every topic, and apply each `[topic, seq (u64 BE),
+//! One KV-event subscriber task per (endpoint, DP rank): a `zeromq` crate SUB socket subscribed
+//! to every topic (`""`) and connected to the engine's PUB, applying each `[topic, seq (u64 BE),
 //! payload]` message to the service's index with the sequence rules of [`super::replay`].
+//!
+//! Connection life cycle: the first connect retries refused connections inside the crate
+//! (`connect_forever`) for at most `backoff_max` per socket, and the task rebuilds the socket
+//! with its own backoff after that, so it can start before the engine. Once connected, the crate
+//! reconnects by itself (exponential backoff 100 ms .. 30 s, `zeromq::ReconnectConfig::default`)
+//! and re-sends the subscription. The socket monitor drives the metrics: each
+//! `SocketEvent::Connected` sets `loxilb_kv_subscriber_connected` to 1 (and counts one
+//! `reconnect` after the first), each `SocketEvent::Disconnected` (EOF, reset or a ZMTP decode
+//! error) sets it to 0 and counts one `recv_error`.
 //!
 //! Never dies on input: a message with the wrong frame count or seq width is counted
 //! (`loxilb_kv_events_rejected_total{reason="frame"}`), an undecodable payload likewise
-//! (`reason="batch"`), bad events inside a batch per event. A socket error or EOF counts one
-//! `recv_error`, drops `connected` to 0 and reconnects; each successful rebuild counts one
-//! `reconnect`. Only cancellation ends the task.
+//! (`reason="batch"`), bad events inside a batch per event. Only cancellation ends the task.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
+use futures::StreamExt;
+use futures::channel::mpsc;
 use tokio_util::sync::CancellationToken;
+use zeromq::{Socket, SocketEvent, SocketOptions, SocketRecv, SubSocket, ZmqError, ZmqMessage};
 
 use super::events::decode_batch;
 use super::index::MAX_RANK;
 use super::metrics::{EpLabels, EpReasonLabels, ep_label};
 use super::replay::{self, SeqAction, SeqTracker};
 use super::state::{KvState, ServiceKv};
-use super::zmtp::{Conn, ZmtpError};
 use crate::routing::EpIdx;
 
 /// Where one stream reads from.
@@ -65,6 +75,7 @@ pub struct Stream {
     addr: StreamAddr,
     timing: StreamTiming,
     seq: SeqTracker,
+    ever_connected: bool,
 }
 
 impl Stream {
@@ -82,6 +93,7 @@ impl Stream {
             addr,
             timing,
             seq,
+            ever_connected: false,
         }
     }
 
@@ -105,57 +117,81 @@ impl Stream {
     pub async fn run(mut self, cancel: CancellationToken) {
         self.set_up(false);
         let mut backoff = self.timing.backoff_min;
-        let mut connected_before = false;
         loop {
-            let conn = tokio::select! {
+            let opened = tokio::select! {
                 _ = cancel.cancelled() => break,
-                c = connect(&self.addr.publisher) => c,
+                s = open(&self.addr.publisher, self.timing.backoff_max) => s,
             };
-            let Ok(conn) = conn else {
-                tokio::select! {
-                    _ = cancel.cancelled() => break,
-                    _ = tokio::time::sleep(backoff) => {}
+            match opened {
+                Ok((sock, events)) => {
+                    backoff = self.timing.backoff_min;
+                    tokio::select! {
+                        _ = cancel.cancelled() => break,
+                        _ = self.serve(sock, events) => {}
+                    }
+                    self.set_up(false);
                 }
-                backoff = (backoff * 2).min(self.timing.backoff_max);
-                continue;
-            };
-            if connected_before {
-                self.state
-                    .metrics
-                    .reconnects
-                    .get_or_create(&self.labels())
-                    .inc();
-            }
-            connected_before = true;
-            backoff = self.timing.backoff_min;
-            self.set_up(true);
-            let res = tokio::select! {
-                _ = cancel.cancelled() => Ok(()),
-                r = self.pump(conn) => r,
-            };
-            self.set_up(false);
-            if cancel.is_cancelled() {
-                break;
-            }
-            if let Err(e) = res {
-                tracing::debug!(service = self.svc.id, ep = self.addr.ep, error = %e, "kv subscriber disconnected");
-                self.state
-                    .metrics
-                    .recv_errors
-                    .get_or_create(&self.labels())
-                    .inc();
+                Err(e) => {
+                    tracing::debug!(service = self.svc.id, ep = self.addr.ep, error = %e, "kv subscriber connect failed");
+                    tokio::select! {
+                        _ = cancel.cancelled() => break,
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(self.timing.backoff_max);
+                }
             }
         }
         self.set_up(false);
     }
 
-    async fn pump(&mut self, mut conn: Conn) -> Result<(), ZmtpError> {
+    /// Reads `sock` and its monitor `events`; returns only if the socket became unusable
+    /// (monitor closed, or no peer left to read from), so the caller rebuilds it.
+    async fn serve(&mut self, mut sock: SubSocket, mut events: mpsc::Receiver<SocketEvent>) {
         loop {
-            let parts = conn.recv().await?;
-            match parse_message(&parts) {
-                Some((seq, payload)) => self.on_batch(seq, payload).await,
-                None => self.reject("frame"),
+            tokio::select! {
+                biased;
+                ev = events.next() => match ev {
+                    Some(ev) => self.on_event(ev),
+                    None => return,
+                },
+                msg = sock.recv() => match msg {
+                    Ok(msg) => self.on_message(msg).await,
+                    Err(ZmqError::NoMessage) => return,
+                    // The crate drops the peer, reports `Disconnected` and reconnects.
+                    Err(e) => tracing::debug!(service = self.svc.id, ep = self.addr.ep, error = %e, "kv subscriber receive error"),
+                },
             }
+        }
+    }
+
+    fn on_event(&mut self, ev: SocketEvent) {
+        let m = &self.state.metrics;
+        match ev {
+            SocketEvent::Connected(..) => {
+                if self.ever_connected {
+                    m.reconnects.get_or_create(&self.labels()).inc();
+                }
+                self.ever_connected = true;
+                self.set_up(true);
+            }
+            SocketEvent::Disconnected(_) => {
+                tracing::debug!(
+                    service = self.svc.id,
+                    ep = self.addr.ep,
+                    "kv subscriber disconnected"
+                );
+                m.recv_errors.get_or_create(&self.labels()).inc();
+                self.set_up(false);
+            }
+            _ => {}
+        }
+    }
+
+    async fn on_message(&mut self, msg: ZmqMessage) {
+        let parts = msg.into_vec();
+        match parse_message(&parts) {
+            Some((seq, payload)) => self.on_batch(seq, payload).await,
+            None => self.reject("frame"),
         }
     }
 
@@ -274,17 +310,27 @@ impl Stream {
     }
 }
 
-async fn connect(addr: &str) -> Result<Conn, ZmtpError> {
-    let mut c = Conn::connect(addr, "SUB").await?;
-    c.subscribe_all().await?;
-    Ok(c)
+/// A SUB socket subscribed to every topic, connected to `addr` (`host:port`), and its monitor
+/// (opened before connecting, so it sees the first `Connected`). Refused connections are retried
+/// for at most `connect_timeout`.
+async fn open(
+    addr: &str,
+    connect_timeout: Duration,
+) -> Result<(SubSocket, mpsc::Receiver<SocketEvent>), ZmqError> {
+    let mut opts = SocketOptions::default();
+    opts.connect_timeout(connect_timeout);
+    let mut sock = SubSocket::with_options(opts);
+    let events = sock.monitor();
+    sock.subscribe("").await?;
+    sock.connect(&format!("tcp://{addr}")).await?;
+    Ok((sock, events))
 }
 
 /// `[topic, seq (8 bytes BE), payload]` → `(seq, payload)`; `None` for any other shape.
-pub fn parse_message(parts: &[Vec<u8>]) -> Option<(u64, &[u8])> {
+pub fn parse_message(parts: &[Bytes]) -> Option<(u64, &[u8])> {
     match parts {
         [_topic, seq, payload] => {
-            Some((u64::from_be_bytes(seq.as_slice().try_into().ok()?), payload))
+            Some((u64::from_be_bytes(seq.as_ref().try_into().ok()?), payload))
         }
         _ => None,
     }

@@ -278,6 +278,79 @@ async fn publisher_restart_with_seq_zero_clears_the_endpoint_immediately() {
     );
     assert_eq!(s.counter(&s.state.metrics.reconnects), 1);
     assert_eq!(s.counter(&s.state.metrics.recv_errors), 1);
+    assert_eq!(connected(&s.state), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publisher_down_for_seconds_is_reconnected_and_resubscribed_by_the_crate() {
+    let mut p = Pub::start(&[]).await;
+    let s = Sub::start(&p, serde_json::json!({}), KvSettings::default(), 64);
+    p.wait_subscribed().await;
+    p.send(0, &stored_batch(&[1], 16)).await;
+    s.until("seq 0", |s| s.last_seq() == Some(0)).await;
+    // Down 4 s, far beyond backoff_max: the crate's reconnect task (not a socket rebuild) must
+    // retry through refused attempts and resubscribe once the publisher is back
+    // (`wait_subscribed` bounds that at 10 s).
+    p.cmd(serde_json::json!({"op": "restart", "down_ms": 4000}))
+        .await;
+    p.wait_subscribed().await;
+    p.send(0, &stored_batch(&[2], 16)).await;
+    s.until("batch after restart", |s| s.held().contains(&2))
+        .await;
+    assert_eq!(s.held(), HashSet::from([2]));
+    assert_eq!(s.counter(&s.state.metrics.reconnects), 1);
+    assert_eq!(s.counter(&s.state.metrics.recv_errors), 1);
+    assert_eq!(connected(&s.state), 1);
+}
+
+fn connected(state: &KvState) -> i64 {
+    state
+        .metrics
+        .connected
+        .get_or_create(&EpLabels {
+            service: "1".into(),
+            ep: "0".into(),
+        })
+        .get()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_connected_or_still_connecting_stream_ends_it_promptly() {
+    let mut p = Pub::start(&[]).await;
+    let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("bind probe");
+    let dead = probe.local_addr().expect("addr").port();
+    drop(probe);
+    let mut tasks = Vec::new();
+    for port in [p.port, dead] {
+        let (state, reg) = state(KvSettings::default());
+        let svc = state.service(&rule(1, 1, serde_json::json!({})));
+        let addr = StreamAddr {
+            ep: 0,
+            rank: 0,
+            publisher: format!("127.0.0.1:{port}"),
+            replay: None,
+        };
+        let cancel = CancellationToken::new();
+        let run = Stream::new(state.clone(), svc, addr, timing(64)).run(cancel.clone());
+        tasks.push((state, reg, cancel, tokio::spawn(run)));
+    }
+    let state = tasks[0].0.clone();
+    p.wait_subscribed().await;
+    for _ in 0..500 {
+        if connected(&state) == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(connected(&state), 1);
+    for (state, _reg, cancel, task) in tasks {
+        cancel.cancel();
+        tokio::time::timeout(Duration::from_secs(1), task)
+            .await
+            .expect("stream ended within 1 s of cancellation")
+            .expect("stream task did not panic");
+        assert_eq!(connected(&state), 0);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

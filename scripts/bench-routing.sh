@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Routing-quality benchmark (issue 4): the same seeded workload through round-robin, CHWBL and
+# loxi's KV-aware routing (and, with --peers, vllm-router 0.1.17 / sglang-router 0.3.2 from PyPI)
+# over N vllm-sim workers; writes summary.json, results.md, report.json and chart.png.
+#
+#   scripts/bench-routing.sh [--out DIR] [--peers] [--workload a|b|c[,..]] [bench-routing flags]
+#
+# Every other flag goes to target/release/bench-routing (see `--help`): --policies, --laws,
+# --qps, --duration, --time-scale, --workers, --num-gpu-blocks, --trace FILE, ...
+# Builds the release binaries through the idempotent scripts/setup.sh first
+# (LOXI_BENCH_SKIP_SETUP=1 skips it; LOXI_SETUP_BUILD=0 skips only its build).
+# Every process started is stopped on exit.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+OUT="$ROOT/target/bench-routing/$(date +%Y%m%d-%H%M%S)"
+ARGS=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --out) OUT=$2; shift 2 ;;
+    --out=*) OUT=${1#--out=}; shift ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    *) ARGS+=("$1"); shift ;;
+  esac
+done
+
+if [ "${LOXI_BENCH_SKIP_SETUP:-0}" != 1 ]; then
+  bash scripts/setup.sh
+fi
+BIN=${LOXI_BIN_DIR:-$ROOT/target/release}   # LOXI_BIN_DIR: other builds (e.g. target/debug)
+for b in bench-routing vllm-sim loxilb loxicmd; do
+  [ -x "$BIN/$b" ] || { echo "bench-routing.sh: $BIN/$b missing (setup failed?)" >&2; exit 1; }
+done
+mkdir -p "$OUT/bin"
+# Private copies: another build in this tree may replace target/release/* during the run.
+cp "$BIN"/{bench-routing,vllm-sim,loxilb,loxicmd} "$OUT/bin/"
+
+# The benchmark runs in its own process group; on any exit the whole group is stopped.
+pid=""
+cleanup() {
+  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+    kill -TERM -- "-$pid" 2>/dev/null || true
+    sleep 1
+    kill -KILL -- "-$pid" 2>/dev/null || true
+  fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+setsid "$OUT/bin/bench-routing" --bin-dir "$OUT/bin" --out "$OUT" "${ARGS[@]}" &
+pid=$!
+wait "$pid"

@@ -1,0 +1,173 @@
+//! loxi's gateway under test: `loxilb` started with a temporary state directory, and one rule
+//! per policy created with `loxicmd` (the CLI of the LoxiLB compatibility contract,
+//! `../shared/spec/`).
+
+use super::client::HttpClient;
+use super::fleet::Fleet;
+use super::procs::{Proc, free_port, wait_http, wait_tcp};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tokio::process::Command;
+
+/// The gateway's binaries and shared settings.
+#[derive(Debug, Clone)]
+pub struct GatewaySpec {
+    /// `loxilb` binary.
+    pub loxilb: PathBuf,
+    /// `loxicmd` binary.
+    pub loxicmd: PathBuf,
+    /// Staged tokenizer root (same as the workers').
+    pub tokenizer_dir: PathBuf,
+    /// `LLB_KV_NONE_HASH_SEED` (= the workers' `PYTHONHASHSEED`).
+    pub hash_seed: String,
+    /// `kvHashAlgo`.
+    pub hash_algo: String,
+    /// `kvBlockSize`.
+    pub block_size: usize,
+}
+
+/// How a rule selects endpoints.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RuleKind {
+    /// `--select=rr` (sel 0).
+    RoundRobin,
+    /// `--select=chwbl` (sel 8).
+    Chwbl,
+    /// `--kv-exact-mode=3` over `--select=rr`, blend law from `LOXILB_KV_LB_MODE` (None = unset).
+    Kv(Option<String>),
+}
+
+/// A running `loxilb` with one rule.
+pub struct Gateway {
+    /// The daemon.
+    pub proc: Proc,
+    /// `http://127.0.0.1:API_PORT`.
+    pub api: String,
+    /// `http://127.0.0.1:VIP_PORT`: where clients send requests.
+    pub vip: String,
+    _state: tempfile::TempDir,
+}
+
+impl Gateway {
+    /// Starts `loxilb` (fresh state dir; env read at start, so one daemon per blend law), creates
+    /// the rule over `fleet` with `loxicmd`, and waits until the rule's listener accepts.
+    pub async fn start(
+        spec: &GatewaySpec,
+        kind: &RuleKind,
+        fleet: &Fleet,
+        client: &HttpClient,
+        logs: &Path,
+    ) -> Result<Self, String> {
+        let state = tempfile::tempdir().map_err(|e| format!("state dir: {e}"))?;
+        let local = vec!["127.0.0.1".to_string()];
+        let api_port = free_port(&local)?;
+        let mut proc = Proc::spawn(
+            &log_name(kind),
+            daemon(spec, kind, api_port, state.path()),
+            logs,
+        )?;
+        let api = format!("http://127.0.0.1:{api_port}");
+        wait_http(
+            client,
+            &format!("{api}/netlox/v1/metrics"),
+            Duration::from_secs(30),
+            &mut proc,
+        )
+        .await?;
+        let vip_port = free_port(&local)?;
+        create_rule(spec, kind, fleet, api_port, vip_port).await?;
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], vip_port));
+        wait_tcp(addr, Duration::from_secs(10), &mut proc).await?;
+        let vip = format!("http://127.0.0.1:{vip_port}");
+        Ok(Self {
+            proc,
+            api,
+            vip,
+            _state: state,
+        })
+    }
+
+    /// The daemon's metrics text.
+    pub async fn metrics(&self, client: &HttpClient) -> Result<String, String> {
+        super::scrape::fetch(client, &format!("{}/netlox/v1/metrics", self.api)).await
+    }
+}
+
+fn log_name(kind: &RuleKind) -> String {
+    match kind {
+        RuleKind::RoundRobin => "loxilb-rr".into(),
+        RuleKind::Chwbl => "loxilb-chwbl".into(),
+        RuleKind::Kv(None) => "loxilb-kv".into(),
+        RuleKind::Kv(Some(law)) => format!("loxilb-kv-{law}"),
+    }
+}
+
+fn daemon(spec: &GatewaySpec, kind: &RuleKind, api_port: u16, state: &Path) -> Command {
+    let mut cmd = Command::new(&spec.loxilb);
+    cmd.args(["--api-addr", &format!("127.0.0.1:{api_port}")])
+        .arg("--state-dir")
+        .arg(state)
+        .arg("--tokenizer-dir")
+        .arg(&spec.tokenizer_dir)
+        .args(["--log", "warn"])
+        .env("LLB_KV_NONE_HASH_SEED", &spec.hash_seed)
+        .env_remove("LOXILB_KV_LB_MODE");
+    if let RuleKind::Kv(Some(law)) = kind {
+        cmd.env("LOXILB_KV_LB_MODE", law);
+    }
+    cmd
+}
+
+/// The `loxicmd create lb` arguments for `kind` (spec: `kv-cache-aware-routing.txt` §8.1).
+pub fn rule_args(spec: &GatewaySpec, kind: &RuleKind, fleet: &Fleet, vip_port: u16) -> Vec<String> {
+    let eps: Vec<String> = fleet.hosts.iter().map(|h| format!("{h}:1")).collect();
+    let mut args = vec![
+        "create".to_string(),
+        "lb".into(),
+        "127.0.0.1".into(),
+        format!("--tcp={vip_port}:{}", fleet.port),
+        format!("--endpoints={}", eps.join(",")),
+        "--mode=fullproxy".into(),
+    ];
+    match kind {
+        RuleKind::RoundRobin => args.push("--select=rr".into()),
+        RuleKind::Chwbl => args.push("--select=chwbl".into()),
+        RuleKind::Kv(_) => args.extend([
+            "--select=rr".into(),
+            "--kv-exact-mode=3".into(),
+            format!("--kv-zmq-port={}", fleet.zmq_port),
+            format!("--kv-hash-algo={}", spec.hash_algo),
+            format!("--kv-block-size={}", spec.block_size),
+        ]),
+    }
+    args
+}
+
+async fn create_rule(
+    spec: &GatewaySpec,
+    kind: &RuleKind,
+    fleet: &Fleet,
+    api_port: u16,
+    vip_port: u16,
+) -> Result<(), String> {
+    let mut cmd = Command::new(&spec.loxicmd);
+    cmd.args(rule_args(spec, kind, fleet, vip_port)).args([
+        "--apiserver",
+        "127.0.0.1",
+        "--port",
+        &api_port.to_string(),
+    ]);
+    let out = cmd
+        .output()
+        .await
+        .map_err(|e| format!("cannot run loxicmd: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "loxicmd create lb failed ({}): {}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,201 @@
+//! Per-policy results and their Markdown table, `summary.json` and `report.json`.
+//!
+//! `summary.json` (the README demo's contract, issue 4): a list of objects
+//! `{"policy", "prefix_hit_rate" (0..1, engine-side), "ttft_p50_ms", "ttft_p99_ms",
+//! "requests_per_worker": [..], "gateway_added_p99_ms"}`, one per policy. A policy that failed to
+//! start has `null` numbers and an `"error"`; nothing is ever estimated.
+
+use super::stats::Quantiles;
+use serde::Serialize;
+use std::fmt::Write as _;
+use std::path::Path;
+
+/// Everything measured for one policy on one workload. Latencies are simulated ms (real ms ÷
+/// time scale) except `gateway_added_ms`, which is real ms (the gateway's own CPU time is not
+/// scaled).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PolicyResult {
+    /// `direct`, `rr`, `chwbl`, `kv`, `kv-<law>`, or a peer's name.
+    pub policy: String,
+    /// Why the policy produced no numbers (failed install/start); `None` when it ran.
+    pub error: Option<String>,
+    /// Requests sent.
+    pub requests: usize,
+    /// Requests that completed with 2xx and a first token.
+    pub ok: usize,
+    /// Engine-side prefix hit rate: Δhits / Δqueries summed over workers (tokens).
+    pub prefix_hit_rate: Option<f64>,
+    /// Time to first token (client side), simulated ms.
+    pub ttft_ms: Option<Quantiles>,
+    /// End-to-end latency (client side), simulated ms.
+    pub e2e_ms: Option<Quantiles>,
+    /// Output tokens per simulated second over the run.
+    pub output_tokens_per_s: Option<f64>,
+    /// Requests served by each worker (Δ of its request counter).
+    pub requests_per_worker: Vec<u64>,
+    /// `max / mean` of `requests_per_worker`.
+    pub max_over_mean: Option<f64>,
+    /// Client↔engine latency not spent in the engine, real ms (see `client::Outcome::added_ms`).
+    pub gateway_added_ms: Option<Quantiles>,
+    /// Notes (engagement check, header availability, errors seen).
+    pub notes: Vec<String>,
+}
+
+impl PolicyResult {
+    /// A policy that could not run.
+    pub fn failed(policy: &str, error: String) -> Self {
+        Self {
+            policy: policy.to_string(),
+            error: Some(error),
+            ..Self::default()
+        }
+    }
+}
+
+/// One `summary.json` entry.
+#[derive(Debug, Serialize)]
+struct SummaryEntry<'a> {
+    policy: &'a str,
+    prefix_hit_rate: Option<f64>,
+    ttft_p50_ms: Option<f64>,
+    ttft_p99_ms: Option<f64>,
+    requests_per_worker: &'a [u64],
+    gateway_added_p99_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'a str>,
+}
+
+/// The `summary.json` value for `results`.
+pub fn summary_json(results: &[PolicyResult]) -> serde_json::Value {
+    let entries: Vec<SummaryEntry<'_>> = results
+        .iter()
+        .map(|r| SummaryEntry {
+            policy: &r.policy,
+            prefix_hit_rate: r.prefix_hit_rate,
+            ttft_p50_ms: r.ttft_ms.map(|q| q.p50),
+            ttft_p99_ms: r.ttft_ms.map(|q| q.p99),
+            requests_per_worker: &r.requests_per_worker,
+            gateway_added_p99_ms: r.gateway_added_ms.map(|q| q.p99),
+            error: r.error.as_deref(),
+        })
+        .collect();
+    serde_json::json!(entries)
+}
+
+fn num(v: Option<f64>, digits: usize) -> String {
+    v.map(|x| format!("{x:.digits$}"))
+        .unwrap_or_else(|| "–".into())
+}
+
+fn pct(v: Option<f64>) -> String {
+    v.map(|x| format!("{:.1}%", x * 100.0))
+        .unwrap_or_else(|| "–".into())
+}
+
+/// The Markdown table for one workload: one row per policy plus the oracle row.
+pub fn markdown(workload: &str, results: &[PolicyResult], oracle: Option<f64>) -> String {
+    let mut s = format!("### Workload `{workload}`\n\n");
+    s.push_str("| policy | prefix hit | TTFT p50 | TTFT p90 | TTFT p99 | E2E p50 | E2E p99 | out tok/s | req/worker | max/mean | added p50 | added p99 | ok |\n");
+    s.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|\n");
+    for r in results {
+        if let Some(e) = &r.error {
+            let _ = writeln!(
+                s,
+                "| {} | failed: {} | | | | | | | | | | | |",
+                r.policy,
+                e.replace('|', "/").replace('\n', " ")
+            );
+            continue;
+        }
+        let (t, e2e, add) = (r.ttft_ms, r.e2e_ms, r.gateway_added_ms);
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {:?} | {} | {} | {} | {}/{} |",
+            r.policy,
+            pct(r.prefix_hit_rate),
+            num(t.map(|q| q.p50), 1),
+            num(t.map(|q| q.p90), 1),
+            num(t.map(|q| q.p99), 1),
+            num(e2e.map(|q| q.p50), 1),
+            num(e2e.map(|q| q.p99), 1),
+            num(r.output_tokens_per_s, 0),
+            r.requests_per_worker,
+            num(r.max_over_mean, 2),
+            num(add.map(|q| q.p50), 3),
+            num(add.map(|q| q.p99), 3),
+            r.ok,
+            r.requests,
+        );
+    }
+    if let Some(o) = oracle {
+        let _ = writeln!(
+            s,
+            "| oracle (bound) | {} | | | | | | | | | | | |",
+            pct(Some(o))
+        );
+    }
+    s.push_str("\nTTFT and E2E: client-side, simulated ms (real ÷ time scale). added: real ms between the client and the engine outside the engine (`x-sim-*` headers); `direct` is the no-gateway baseline.\n");
+    for r in results.iter().filter(|r| !r.notes.is_empty()) {
+        let _ = writeln!(s, "- `{}`: {}", r.policy, r.notes.join("; "));
+    }
+    s
+}
+
+/// Writes `text` to `dir/name`, naming the file on error.
+pub fn write(dir: &Path, name: &str, text: &str) -> Result<(), String> {
+    let p = dir.join(name);
+    std::fs::write(&p, text).map_err(|e| format!("{}: {e}", p.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summary_has_the_contract_fields_and_nulls_for_failures() {
+        let ok = PolicyResult {
+            policy: "kv".into(),
+            prefix_hit_rate: Some(0.8),
+            ttft_ms: Some(Quantiles {
+                p50: 40.0,
+                p90: 60.0,
+                p99: 90.0,
+            }),
+            requests_per_worker: vec![3, 4],
+            gateway_added_ms: Some(Quantiles {
+                p50: 0.2,
+                p90: 0.3,
+                p99: 0.5,
+            }),
+            ..PolicyResult::default()
+        };
+        let bad = PolicyResult::failed("sglang-router", "pip install failed".into());
+        let v = summary_json(&[ok, bad]);
+        assert_eq!(
+            v[0],
+            serde_json::json!({"policy": "kv", "prefix_hit_rate": 0.8, "ttft_p50_ms": 40.0,
+                "ttft_p99_ms": 90.0, "requests_per_worker": [3, 4], "gateway_added_p99_ms": 0.5})
+        );
+        assert_eq!(v[1]["prefix_hit_rate"], serde_json::Value::Null);
+        assert_eq!(v[1]["error"], "pip install failed");
+    }
+
+    #[test]
+    fn markdown_rows_show_percent_and_failures() {
+        let r = PolicyResult {
+            policy: "rr".into(),
+            prefix_hit_rate: Some(0.25),
+            requests: 2,
+            ok: 2,
+            ..PolicyResult::default()
+        };
+        let f = PolicyResult::failed("vllm-router", "exit 1 | boom".into());
+        let md = markdown("shared_prefix", &[r, f], Some(0.9));
+        assert!(md.contains("| rr | 25.0% |"), "{md}");
+        assert!(
+            md.contains("| vllm-router | failed: exit 1 / boom |"),
+            "{md}"
+        );
+        assert!(md.contains("| oracle (bound) | 90.0% |"), "{md}");
+    }
+}

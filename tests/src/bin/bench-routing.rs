@@ -1,0 +1,384 @@
+//! `bench-routing`: the routing-quality benchmark (issue 4).
+//!
+//! Starts `--workers` `vllm-sim` workers with the tiny model's tokenizer, then for each workload
+//! and policy resets the caches, starts the policy's router (`loxilb` + a `loxicmd` rule, or a
+//! peer router from PyPI with `--peers`), replays the workload and writes, under `--out`:
+//! `summary.json`, `results.md`, `report.json`, `chart.png` (first workload) and per workload
+//! `<name>/chart.png`, `<name>/outcomes-<policy>.jsonl`, `<name>/metrics/*.prom`, `logs/`.
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+use loxi_tests::bench::fleet::{FleetSpec, stage_tokenizer};
+use loxi_tests::bench::gateway::GatewaySpec;
+use loxi_tests::bench::plan::{Plan, WorkloadResult, execute};
+use loxi_tests::bench::{chart, peers, report};
+use loxi_tests::workload::multi_turn::MultiTurn;
+use loxi_tests::workload::shared_prefix::SharedPrefix;
+use loxi_tests::workload::trace::{SynthTrace, TraceReplay, read_trace, write_trace};
+use loxi_tests::workload::{Arrival, Vocab, Workload};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Flags. Token lengths are in tokens of the tiny model's tokenizer; times are simulated.
+#[derive(Debug, Parser)]
+#[command(
+    name = "bench-routing",
+    about = "Routing-quality benchmark over a vllm-sim fleet"
+)]
+struct Args {
+    /// Output directory.
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
+    /// Workloads: a = shared prefix, b = multi-turn, c = trace replay (comma list).
+    #[arg(long, default_value = "a", value_delimiter = ',')]
+    workload: Vec<String>,
+    /// Policies in order (comma list): direct, rr, chwbl, kv, kv-<law>.
+    #[arg(long, default_value = "direct,rr,chwbl,kv", value_delimiter = ',')]
+    policies: Vec<String>,
+    /// Also run kv with each of these blend laws (LOXILB_KV_LB_MODE), as kv-<law>.
+    #[arg(long, value_delimiter = ',')]
+    laws: Vec<String>,
+    /// Also run the peer routers (vllm-router 0.1.17, sglang-router 0.3.2) from a virtualenv.
+    #[arg(long)]
+    peers: bool,
+    /// Virtualenv for the peers (default: $XDG_CACHE_HOME or ~/.cache, /loxi-bench/venv).
+    #[arg(long)]
+    venv: Option<PathBuf>,
+    /// Directory holding vllm-sim, loxilb and loxicmd (default: this binary's directory).
+    #[arg(long)]
+    bin_dir: Option<PathBuf>,
+    /// Model directory with tokenizer.json + tokenizer_config.json (default: shared tiny model).
+    #[arg(long)]
+    model_dir: Option<PathBuf>,
+    /// Served model name.
+    #[arg(long, default_value = "tiny")]
+    model: String,
+    /// Number of workers.
+    #[arg(long, default_value_t = 4)]
+    workers: usize,
+    /// KV block size (vLLM --block-size, kvBlockSize).
+    #[arg(long, default_value_t = 16)]
+    block_size: usize,
+    /// KV cache blocks per worker (0: half the shared-prefix working set + 1).
+    #[arg(long, default_value_t = 0)]
+    num_gpu_blocks: usize,
+    /// vLLM --max-num-seqs.
+    #[arg(long, default_value_t = 64)]
+    max_num_seqs: usize,
+    /// Real seconds per simulated second.
+    #[arg(long, default_value_t = 0.1)]
+    time_scale: f64,
+    /// PYTHONHASHSEED of the workers = LLB_KV_NONE_HASH_SEED of loxilb.
+    #[arg(long, default_value = "0")]
+    hash_seed: String,
+    /// Workload seed.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Arrival process: poisson or fixed.
+    #[arg(long, default_value = "poisson")]
+    arrival: String,
+    /// Target rate, requests per simulated second.
+    #[arg(long, default_value_t = 20.0)]
+    qps: f64,
+    /// Simulated seconds of traffic for workloads a and b (sets prompts per group / users).
+    #[arg(long, default_value_t = 120.0)]
+    duration: f64,
+    /// (a) prefix groups.
+    #[arg(long, default_value_t = 8)]
+    groups: usize,
+    /// (a) system-prompt tokens.
+    #[arg(long, default_value_t = 3072)]
+    system_tokens: usize,
+    /// (a) question tokens.
+    #[arg(long, default_value_t = 128)]
+    question_tokens: usize,
+    /// (a, c) output tokens.
+    #[arg(long, default_value_t = 32)]
+    output_tokens: u32,
+    /// (b) rounds per user (users = qps × duration / rounds).
+    #[arg(long, default_value_t = 6)]
+    rounds: usize,
+    /// (b) shared system-prompt tokens.
+    #[arg(long, default_value_t = 1024)]
+    mt_system_tokens: usize,
+    /// (b) question tokens per round.
+    #[arg(long, default_value_t = 96)]
+    mt_question_tokens: usize,
+    /// (b) answer tokens per round.
+    #[arg(long, default_value_t = 64)]
+    mt_answer_tokens: u32,
+    /// (b) conversations in flight at a time.
+    #[arg(long, default_value_t = 16)]
+    mt_active_users: usize,
+    /// (c) Mooncake JSONL trace; without it a synthetic trace is generated into the output dir.
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// (c) tokens per hash id.
+    #[arg(long, default_value_t = 512)]
+    trace_block_tokens: usize,
+    /// (c) trace timestamps are divided by this.
+    #[arg(long, default_value_t = 1.0)]
+    trace_speedup: f64,
+    /// (c) prompts are cut to this many tokens.
+    #[arg(long, default_value_t = 3584)]
+    trace_max_prompt: usize,
+    /// Per-request timeout, real seconds.
+    #[arg(long, default_value_t = 120)]
+    request_timeout_s: u64,
+}
+
+fn shared_dir() -> PathBuf {
+    std::env::var_os("LOXI_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared"))
+}
+
+fn default_venv() -> PathBuf {
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/tmp".into())).join(".cache")
+        });
+    cache.join("loxi-bench/venv")
+}
+
+impl Args {
+    fn arrival(&self) -> Result<Arrival> {
+        Ok(Arrival::parse(&self.arrival, self.qps)?)
+    }
+
+    fn total_requests(&self) -> usize {
+        (self.qps * self.duration).round().max(1.0) as usize
+    }
+
+    fn shared_prefix(&self) -> Result<SharedPrefix> {
+        Ok(SharedPrefix {
+            groups: self.groups,
+            prompts_per_group: self.total_requests().div_ceil(self.groups.max(1)),
+            system_tokens: self.system_tokens,
+            question_tokens: self.question_tokens,
+            output_tokens: self.output_tokens,
+            arrival: self.arrival()?,
+            seed: self.seed,
+        })
+    }
+
+    /// Blocks per worker: explicit, or half of workload (a)'s working set (its system prompts).
+    fn gpu_blocks(&self) -> usize {
+        if self.num_gpu_blocks > 0 {
+            return self.num_gpu_blocks;
+        }
+        let working_set = self.groups * self.system_tokens.div_ceil(self.block_size.max(1));
+        (working_set / 2).max(64) + 1
+    }
+
+    fn workloads(&self, vocab: &Vocab) -> Result<Vec<Workload>> {
+        self.workload
+            .iter()
+            .map(|w| self.one_workload(w, vocab))
+            .collect()
+    }
+
+    fn one_workload(&self, w: &str, vocab: &Vocab) -> Result<Workload> {
+        match w {
+            "a" | "shared_prefix" => Ok(self.shared_prefix()?.build(vocab)?),
+            "b" | "multi_turn" => Ok(MultiTurn {
+                users: self.total_requests().div_ceil(self.rounds.max(1)),
+                rounds: self.rounds,
+                system_tokens: self.mt_system_tokens,
+                question_tokens: self.mt_question_tokens,
+                answer_tokens: self.mt_answer_tokens,
+                active_users: self.mt_active_users,
+                arrival: self.arrival()?,
+                seed: self.seed,
+            }
+            .build(vocab)?),
+            "c" | "trace" => self.trace_workload(vocab),
+            other => bail!("--workload: unknown {other:?} (a, b or c)"),
+        }
+    }
+
+    fn trace_workload(&self, vocab: &Vocab) -> Result<Workload> {
+        let records = match &self.trace {
+            Some(p) => read_trace(p)?,
+            None => {
+                let synth = SynthTrace {
+                    requests: self.total_requests(),
+                    documents: 12,
+                    doc_blocks: 5,
+                    max_unique_blocks: 1,
+                    block_tokens: self.trace_block_tokens,
+                    output_length: self.output_tokens,
+                    arrival: self.arrival()?,
+                    seed: self.seed,
+                };
+                let recs = synth.generate();
+                let path = self.out.join("synthetic-trace.jsonl");
+                write_trace(&path, &recs).with_context(|| path.display().to_string())?;
+                recs
+            }
+        };
+        let replay = TraceReplay {
+            block_tokens: self.trace_block_tokens,
+            max_prompt_tokens: self.trace_max_prompt,
+            max_output_tokens: self.output_tokens.max(1) * 8,
+            arrival: None,
+            speedup: self.trace_speedup,
+            seed: self.seed,
+        };
+        Ok(replay.build(vocab, &records)?)
+    }
+
+    fn policies(&self) -> Vec<String> {
+        let mut p = self.policies.clone();
+        p.extend(self.laws.iter().map(|l| format!("kv-{l}")));
+        if self.peers {
+            p.extend(peers::PEERS.iter().map(|s| s.to_string()));
+        }
+        p
+    }
+}
+
+fn bin_dir(args: &Args) -> Result<PathBuf> {
+    if let Some(d) = &args.bin_dir {
+        return Ok(d.clone());
+    }
+    let exe = std::env::current_exe().context("current_exe")?;
+    Ok(exe
+        .parent()
+        .context("binary has no directory")?
+        .to_path_buf())
+}
+
+fn plan(args: &Args, tokenizer_root: &Path) -> Result<Plan> {
+    let bins = bin_dir(args)?;
+    for b in ["vllm-sim", "loxilb", "loxicmd"] {
+        if !bins.join(b).exists() {
+            bail!(
+                "{} not found (build with scripts/setup.sh or pass --bin-dir)",
+                bins.join(b).display()
+            );
+        }
+    }
+    Ok(Plan {
+        out: args.out.clone(),
+        fleet: FleetSpec {
+            bin: bins.join("vllm-sim"),
+            workers: args.workers,
+            model: args.model.clone(),
+            tokenizer_dir: tokenizer_root.to_path_buf(),
+            block_size: args.block_size,
+            num_gpu_blocks: args.gpu_blocks(),
+            max_num_seqs: args.max_num_seqs,
+            time_scale: args.time_scale,
+            hash_seed: args.hash_seed.clone(),
+            hash_algo: "sha256_cbor".into(),
+        },
+        gateway: GatewaySpec {
+            loxilb: bins.join("loxilb"),
+            loxicmd: bins.join("loxicmd"),
+            tokenizer_dir: tokenizer_root.to_path_buf(),
+            hash_seed: args.hash_seed.clone(),
+            hash_algo: "sha256_cbor".into(),
+            block_size: args.block_size,
+        },
+        policies: args.policies(),
+        venv: args.venv.clone().unwrap_or_else(default_venv),
+        request_timeout: Duration::from_secs(args.request_timeout_s),
+    })
+}
+
+fn write_outputs(out: &Path, results: &[WorkloadResult]) -> Result<String> {
+    let mut md = String::new();
+    let mut summary = Vec::new();
+    for (i, w) in results.iter().enumerate() {
+        md.push_str(&report::markdown(
+            &w.workload,
+            &w.results,
+            w.oracle_hit_rate,
+        ));
+        md.push('\n');
+        for mut e in report::summary_json(&w.results)
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+        {
+            e["workload"] = serde_json::json!(w.workload);
+            summary.push(e);
+        }
+        let title = format!("WORKLOAD {}", w.workload);
+        chart::draw(
+            &out.join(&w.workload).join("chart.png"),
+            &title,
+            &w.results,
+            w.oracle_hit_rate,
+        )
+        .map_err(anyhow::Error::msg)?;
+        if i == 0 {
+            chart::draw(
+                &out.join("chart.png"),
+                &title,
+                &w.results,
+                w.oracle_hit_rate,
+            )
+            .map_err(anyhow::Error::msg)?;
+        }
+    }
+    report::write(out, "results.md", &md).map_err(anyhow::Error::msg)?;
+    report::write(
+        out,
+        "summary.json",
+        &serde_json::to_string_pretty(&summary)?,
+    )
+    .map_err(anyhow::Error::msg)?;
+    report::write(out, "report.json", &serde_json::to_string_pretty(results)?)
+        .map_err(anyhow::Error::msg)?;
+    Ok(md)
+}
+
+/// Resolves on SIGINT or SIGTERM (children are killed when their handles drop on return).
+async fn stop_signal() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut term) = signal(SignalKind::terminate()) else {
+        let _ = tokio::signal::ctrl_c().await;
+        return "SIGINT";
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => "SIGINT",
+        _ = term.recv() => "SIGTERM",
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args = Args::parse();
+    std::fs::create_dir_all(&args.out).with_context(|| args.out.display().to_string())?;
+    let model_dir = args
+        .model_dir
+        .clone()
+        .unwrap_or_else(|| shared_dir().join("golden/tiny-model"));
+    let vocab = Vocab::from_tokenizer_json(&model_dir.join("tokenizer.json"))?;
+    let tok_root = args.out.join("tokenizers");
+    stage_tokenizer(&model_dir, &tok_root, &args.model).map_err(anyhow::Error::msg)?;
+    let tok_root = std::fs::canonicalize(&tok_root)?;
+    let plan = plan(&args, &tok_root)?;
+    let workloads = args.workloads(&vocab)?;
+    let results = tokio::select! {
+        r = execute(&plan, &workloads) => r.map_err(anyhow::Error::msg)?,
+        sig = stop_signal() => bail!("interrupted by {sig}; workers and routers stopped"),
+    };
+    let md = write_outputs(&args.out, &results)?;
+    println!("{md}");
+    let out = std::fs::canonicalize(&args.out)?;
+    println!(
+        "summary: {}/summary.json\nchart:   {}/chart.png\ntables:  {}/results.md",
+        out.display(),
+        out.display(),
+        out.display()
+    );
+    println!(
+        "metrics: {}/<workload>/metrics/ (workers' /metrics and loxilb's /netlox/v1/metrics after each policy)",
+        out.display()
+    );
+    Ok(())
+}
