@@ -64,8 +64,8 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
         shutdown.clone(),
     );
     let tier: Option<Arc<dyn AffinityTier>> = Some(kv.tier.clone());
-    // Endpoint health for `GET .../all`; the data path publishes its loads into the board
-    // (until it does, every endpoint reads as active).
+    // Endpoint health for `GET .../all`: the proxy publishes every pool's loads (whose
+    // `healthy` flags the probes and the breaker drive) after each reconcile.
     let board = HealthBoard::new();
     let health: Arc<dyn EndpointHealth> = board.clone();
     let registry = Arc::new(registry);
@@ -79,6 +79,7 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
         metrics: proxy_metrics,
         tier,
         config: proxy_config(&cfg),
+        health: board.clone(),
     };
     tasks.spawn(proxy::run(store.subscribe(), ctx, shutdown.clone()));
     let listener = TcpListener::bind(cfg.flags.api_addr)
@@ -104,6 +105,7 @@ fn proxy_config(cfg: &Config) -> ProxyConfig {
     ProxyConfig {
         max_body_bytes: cfg.env.max_body_bytes,
         shutdown_grace: cfg.flags.shutdown_grace(),
+        origin_err_threshold: cfg.env.pd_origin_err_threshold,
         ..ProxyConfig::default()
     }
 }

@@ -757,11 +757,18 @@ async fn breaker_opens_after_three_5xx_then_503_no_healthy_backend() {
     let b = Backend::start("0").await;
     b.set_mode(Mode::Fail);
     let port = free_port();
-    let _d = started(&[rule(port, 0, &[(b.port(), 1)], json!({}))]).await;
+    let d = started(&[rule(port, 0, &[(b.port(), 1)], json!({}))]).await;
+    let state = |rules: serde_json::Value| rules["lbAttr"][0]["endpoints"][0]["state"].clone();
+    assert_eq!(state(d.rules().await), json!("active"));
     let c = client();
     for _ in 0..3 {
         assert_eq!(chat(&c, port, json!({"model": "m"}), &[]).await.status, 500);
     }
+    assert_eq!(
+        state(d.rules().await),
+        json!("inactive"),
+        "GET .../all reports the open breaker"
+    );
     let r = chat(&c, port, json!({"model": "m"}), &[]).await;
     assert_eq!(r.status, 503, "{}", r.body);
     assert_eq!(r.body["error"]["type"], "no_healthy_backend");

@@ -10,7 +10,6 @@
 //! Error bodies are built in [`error`]; strict field checking is in [`fields`].
 pub mod error;
 pub mod fields;
-pub mod health_view;
 pub mod rules;
 
 use std::sync::Arc;
@@ -27,8 +26,8 @@ use crate::metrics::{self, ControlMetrics};
 use crate::routing::EpIdx;
 use crate::rules::{RuleStore, StoredRule};
 
+pub use crate::health::board::HealthBoard;
 pub use error::ApiError;
-pub use health_view::HealthBoard;
 
 /// Base path of every route.
 pub const BASE: &str = "/netlox/v1";

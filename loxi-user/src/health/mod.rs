@@ -5,6 +5,7 @@
 //! (`EndpointLoad::healthy`) only while its probe is up *and* its breaker is closed. Cells are
 //! carried across rule updates for unchanged endpoints, like the load counters.
 
+pub mod board;
 pub mod breaker;
 pub mod probe;
 

@@ -90,6 +90,8 @@ pub struct ProxyContext {
     pub tier: Option<Arc<dyn AffinityTier>>,
     /// Limits.
     pub config: ProxyConfig,
+    /// Where each rule's live endpoint loads (health flags) are published for the API.
+    pub health: Arc<crate::health::board::HealthBoard>,
 }
 
 /// Runs the fullproxy until `shutdown`: reconciles listeners with every rule snapshot, then on
@@ -145,6 +147,18 @@ impl Reconciler {
         for (addr, rules) in wanted {
             self.upsert_listener(addr, &rules).await;
         }
+        self.publish_health();
+    }
+
+    /// Publishes every pool's loads by service id (see [`crate::health::board::HealthBoard`]).
+    fn publish_health(&self) {
+        let mut all = HashMap::new();
+        for l in self.listeners.values() {
+            for pool in &l.table.load().pools {
+                all.insert(pool.rule.id, pool.loads.clone());
+            }
+        }
+        self.ctx.health.replace_all(all);
     }
 
     async fn upsert_listener(&mut self, addr: SocketAddr, rules: &[Arc<StoredRule>]) {

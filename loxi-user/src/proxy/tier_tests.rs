@@ -117,6 +117,7 @@ async fn kv_exact_mode_3_asks_the_tier_first_then_sel() {
         metrics: ProxyMetrics::unregistered(),
         tier: Some(tier.clone()),
         config: ProxyConfig::default(),
+        health: crate::health::board::HealthBoard::new(),
     };
     let stop = CancellationToken::new();
     let task = tokio::spawn(super::run(store.subscribe(), ctx, stop.clone()));

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 
-use super::EndpointHealth;
+use crate::api::EndpointHealth;
 use crate::routing::{EndpointLoad, EpIdx};
 use crate::rules::StoredRule;
 
@@ -34,6 +34,13 @@ impl HealthBoard {
         let mut next = HashMap::clone(&self.current.load());
         next.insert(id, loads);
         self.current.store(Arc::new(next));
+    }
+
+    /// Replaces the whole board (the proxy publishes every pool after each reconcile, so a
+    /// deleted rule disappears with it).
+    pub fn replace_all(&self, loads: HashMap<u32, Vec<Arc<EndpointLoad>>>) {
+        let _w = self.write.lock();
+        self.current.store(Arc::new(loads));
     }
 
     /// Withdraws service `id` (its rule was deleted).
