@@ -204,7 +204,9 @@ async fn loxicmd_get_kvinventory_and_kvparity_show_the_kv_views() {
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
     let id = d.rules().await["lbAttr"][0]["serviceId"].clone();
-    let id = id.as_u64().map_or_else(|| "1".to_string(), |v| v.to_string());
+    let id = id
+        .as_u64()
+        .map_or_else(|| "1".to_string(), |v| v.to_string());
 
     let inv = d.loxicmd(&["get", "kvinventory", "--service-id", &id, "--ep-idx", "1"]);
     assert!(inv.status.success(), "{}", stderr(&inv));
@@ -212,7 +214,10 @@ async fn loxicmd_get_kvinventory_and_kvparity_show_the_kv_views() {
     assert_eq!(v["serviceId"].to_string(), id);
     let eps = v["endpoints"].as_array().expect("endpoints array");
     assert_eq!(eps.len(), 1, "--ep-idx 1 selects one endpoint: {v}");
-    assert_eq!((eps[0]["epIdx"].clone(), eps[0]["endpointIP"].clone()), (json!(1), json!("127.0.0.4")));
+    assert_eq!(
+        (eps[0]["epIdx"].clone(), eps[0]["endpointIP"].clone()),
+        (json!(1), json!("127.0.0.4"))
+    );
     assert_eq!(eps[0]["blockCount"], json!(0));
 
     let par = d.loxicmd(&["get", "kvparity", "--service-id", &id]);
@@ -221,5 +226,9 @@ async fn loxicmd_get_kvinventory_and_kvparity_show_the_kv_views() {
     assert_eq!(p["serviceId"].to_string(), id);
 
     let missing = d.loxicmd(&["get", "kvinventory", "--service-id", "999"]);
-    assert_eq!(missing.status.code(), Some(1), "unknown service is an error");
+    assert_eq!(
+        missing.status.code(),
+        Some(1),
+        "unknown service is an error"
+    );
 }
