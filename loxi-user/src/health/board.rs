@@ -101,7 +101,7 @@ mod tests {
         let loads = vec![EndpointLoad::new(), EndpointLoad::new()];
         loads[0].healthy.store(false, Ordering::Relaxed);
         board.publish(1, loads);
-        let rule = super::super::rules::with_states(&stored(1), board.as_ref());
+        let rule = crate::api::rules::with_states(&stored(1), board.as_ref());
         let states: Vec<_> = rule.endpoints.iter().map(|e| e.state.clone()).collect();
         assert_eq!(
             states,
