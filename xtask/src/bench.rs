@@ -1,0 +1,140 @@
+//! `xtask bench-l4` (run by `scripts/bench-l4.sh`): per-packet forwarding cost of the LB in the
+//! netns topology for XDP native DNAT, XDP generic DNAT and kernel nftables DNAT, over a
+//! sender-only baseline (the LB drops every packet at ingress in XDP), with a bounded UDP flood
+//! from the client namespace pinned to one CPU (veth receive work runs in the sender's softirq
+//! on that CPU, so wall time per packet covers the whole path).
+use std::{
+    net::UdpSocket,
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, ensure};
+
+use crate::netns::{Topo, cmd, wait, wait_xdp};
+
+/// Flags of `bench-l4`.
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// Packets per measured run.
+    #[arg(long, default_value_t = 200_000)]
+    packets: u64,
+    /// Runs per case (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+}
+
+/// Flags of `udp-flood`.
+#[derive(clap::Args)]
+pub struct FloodArgs {
+    /// Destination `ip:port`.
+    #[arg(long)]
+    dst: String,
+    /// Datagrams to send.
+    #[arg(long)]
+    count: u64,
+}
+
+/// Sends `count` 18-byte datagrams as fast as possible; prints `ns_per_packet`.
+pub fn flood(a: FloodArgs) -> anyhow::Result<()> {
+    let s = UdpSocket::bind("0.0.0.0:0")?;
+    s.connect(&a.dst)?;
+    let payload = [0x5au8; 18];
+    let t0 = Instant::now();
+    for _ in 0..a.count {
+        // ECONNREFUSED (an ICMP error from a backend) and ENOBUFS are part of a flood.
+        let _ = s.send(&payload);
+    }
+    let ns = t0.elapsed().as_nanos() as f64 / a.count.max(1) as f64;
+    println!("{ns:.1}");
+    Ok(())
+}
+
+fn rx_packets(ns: &str, iface: &str) -> anyhow::Result<u64> {
+    let s = cmd(&format!("ip netns exec {ns} cat /proc/net/dev"))?;
+    let line = s
+        .lines()
+        .find(|l| l.trim_start().starts_with(&format!("{iface}:")))
+        .with_context(|| format!("{iface} not in /proc/net/dev of {ns}"))?;
+    let fields: Vec<&str> = line.split(':').nth(1).context("dev line")?.split_whitespace().collect();
+    Ok(fields.get(1).context("rx packets field")?.parse()?)
+}
+
+fn measure(t: &Topo, n: u64, runs: usize, expect_forwarded: bool) -> anyhow::Result<f64> {
+    let exe = std::env::current_exe()?.display().to_string();
+    let flood = |count: u64| -> anyhow::Result<f64> {
+        let out = cmd(&format!("ip netns exec {} taskset -c 0 {exe} udp-flood --dst 20.0.0.1:80 --count {count}", t.c))?;
+        Ok(out.trim().parse()?)
+    };
+    flood(2000)?; // warm-up: neighbours, conntrack
+    thread::sleep(Duration::from_millis(300));
+    let mut v = Vec::new();
+    for _ in 0..runs {
+        let before = rx_packets(&t.b[0], "b0")?;
+        v.push(flood(n)?);
+        thread::sleep(Duration::from_millis(200));
+        let got = rx_packets(&t.b[0], "b0")? - before;
+        if expect_forwarded {
+            ensure!(got >= n * 9 / 10, "only {got} of {n} packets reached the backend");
+        } else {
+            ensure!(got < n / 100, "{got} packets reached the backend in the drop baseline");
+        }
+    }
+    v.sort_by(f64::total_cmp);
+    Ok(v[v.len() / 2])
+}
+
+fn rule(endpoint: &str) -> String {
+    format!(r#"{{"serviceArguments":{{"externalIP":"20.0.0.1","port":80,"protocol":"udp","mode":0,"sel":0}},"endpoints":[{{"endpointIP":"{endpoint}","targetPort":8080}}]}}"#)
+}
+
+fn start_lb(t: &mut Topo, generic: bool) -> anyhow::Result<u32> {
+    let rules = t.dir.join("rules.json").display().to_string();
+    let l = t.l.clone();
+    let mut args = vec!["l4-serve", "--xdp-iface", "l0", "--xdp-iface", "l1", "--rules", &rules];
+    if generic {
+        args.push("--xdp-generic");
+    }
+    let pid = t.spawn(&l, &args)?;
+    for i in 0..2 {
+        wait_xdp(&l, &format!("l{i}"), true)?;
+    }
+    thread::sleep(Duration::from_millis(300));
+    Ok(pid)
+}
+
+/// Runs the benchmark and prints the table.
+pub fn run(a: BenchArgs) -> anyhow::Result<()> {
+    let mut t = Topo::new("lxb")?;
+    t.start_peers()?;
+    let l = t.l.clone();
+    cmd(&format!("ip -n {l} addr add 20.0.0.1/32 dev lo"))?;
+    // Baseline: the only endpoint is of the other family → every packet dropped at ingress.
+    t.write_rules(&[rule("fd00::2")])?;
+    let lb = start_lb(&mut t, false)?;
+    let base = measure(&t, a.packets, a.runs, false)?;
+    t.write_rules(&[rule("10.100.1.2")])?;
+    thread::sleep(Duration::from_millis(500));
+    let native = measure(&t, a.packets, a.runs, true)?;
+    t.stop(lb)?;
+    wait_xdp(&l, "l0", false)?;
+    let lb = start_lb(&mut t, true)?;
+    let generic = measure(&t, a.packets, a.runs, true)?;
+    t.stop(lb)?;
+    wait_xdp(&l, "l0", false)?;
+    cmd(&format!(
+        "ip netns exec {l} nft -f - <<'EOF'\ntable ip lxbench {{\n chain pre {{ type nat hook prerouting priority -100; ip daddr 20.0.0.1 udp dport 80 dnat to 10.100.1.2:8080 }}\n}}\nEOF"
+    ))?;
+    wait("nft rule", || Ok(cmd(&format!("ip netns exec {l} nft list ruleset"))?.contains("dnat")))?;
+    let nft = measure(&t, a.packets, a.runs, true)?;
+    let cost = |x: f64| x - base;
+    println!("bench-l4: {} packets x {} runs (median), UDP 18-byte payload, sender pinned to CPU 0", a.packets, a.runs);
+    println!("{:<28} {:>12} {:>22}", "case", "ns/packet", "forwarding ns/packet");
+    println!("{:<28} {:>12.1} {:>22}", "sender-only (XDP drop)", base, "-");
+    for (name, v) in [("XDP native DNAT", native), ("XDP generic DNAT", generic), ("nftables DNAT", nft)] {
+        println!("{:<28} {:>12.1} {:>22.1}", name, v, cost(v));
+    }
+    println!("ratio native/nftables forwarding cost: {:.2}", cost(native) / cost(nft));
+    println!("ratio generic/nftables forwarding cost: {:.2}", cost(generic) / cost(nft));
+    Ok(())
+}
