@@ -17,6 +17,10 @@ pub const MAP_CONNTRACK: &str = "LOXI_CT";
 pub const MAP_RR: &str = "LOXI_RR";
 /// Live connection count per endpoint (index `slot * MAX_EPS + i`), for `sel` 4 (lc).
 pub const MAP_LC: &str = "LOXI_LC";
+/// Active endpoint rows per rule slot (`[u8; WRR_SLOTS]`, first `nact` used).
+pub const MAP_ACTIVE: &str = "LOXI_ACTIVE";
+/// Weighted round-robin table per rule slot (`[u8; WRR_SLOTS]` of endpoint rows).
+pub const MAP_WRR: &str = "LOXI_WRR";
 /// Per-CPU `u64` counters; indices in [`ctr`].
 pub const MAP_COUNTERS: &str = "LOXI_COUNTERS";
 
@@ -24,6 +28,8 @@ pub const MAP_COUNTERS: &str = "LOXI_COUNTERS";
 pub const MAX_RULES: u32 = 256;
 /// Most endpoints per rule (endpoint indices `0..MAX_EPS`).
 pub const MAX_EPS: u32 = 16;
+/// Length of a rule's wrr table (power of two).
+pub const WRR_SLOTS: u32 = 64;
 /// Conntrack capacity (entries; two per flow).
 pub const CT_ENTRIES: u32 = 65536;
 
@@ -111,14 +117,14 @@ pub struct ServiceValue {
     pub mode: u8,
     /// Selector (`loxi_common::sel`; 0 rr, 1 hash, 2 wrr, 3 persist, 4 lc).
     pub sel: u8,
-    /// Endpoint rows in use (`0..=MAX_EPS`); rows with `active == 0` are skipped.
+    /// Endpoint rows in use (`0..=MAX_EPS`).
     pub nep: u8,
-    /// Padding.
-    pub _pad: u8,
+    /// Active rows listed in the rule's `MAP_ACTIVE` entry (0 = no endpoint takes new flows).
+    pub nact: u8,
     /// Idle timeout of an established flow, seconds.
     pub idle_timeout_s: u32,
-    /// Sum of the weights of the active endpoints (wrr).
-    pub wrr_total: u32,
+    /// Entries used in the rule's wrr table (`1..=WRR_SLOTS`; 0 = plain rr).
+    pub wrr_len: u32,
 }
 
 /// Endpoint table row.

@@ -2,14 +2,14 @@
 use aya_ebpf::helpers::generated::bpf_ktime_get_ns;
 use loxi_common::{
     maps::{
-        CtKey, CtValue, EndpointValue, FIN_TIMEOUT_S, MAX_EPS, ServiceValue, ct_state, ctr, dir,
-        proto,
+        CtKey, CtValue, DEFAULT_TCP_TIMEOUT_S, DEFAULT_UDP_TIMEOUT_S, FIN_TIMEOUT_S, MAX_EPS,
+        ServiceValue, ct_state, ctr, dir, proto,
     },
     mode,
 };
 
 use crate::{
-    maps::{CT, LC, count},
+    maps::{CT, ENDPOINTS, LC, SCRATCH_KEY, count},
     parse::Pkt,
     select::hash5,
 };
@@ -72,18 +72,24 @@ fn lc_dec(v: &CtValue) {
     }
 }
 
-/// Removes both directions of a flow (after RST or idle expiry).
+/// Removes both directions of a flow (after RST or idle expiry). Its own frame, with the
+/// opposite key built in a per-CPU scratch slot to keep the call chain's stack small.
 #[inline(never)]
 pub fn close(k: &CtKey, v: &CtValue) {
-    let o = other_key(k, v);
-    let _ = CT.remove(&o);
+    if let Some(o) = SCRATCH_KEY.get_ptr_mut(0) {
+        // SAFETY: per-CPU scratch slot from the map helper.
+        unsafe {
+            *o = other_key(k, v);
+            let _ = CT.remove(&*o);
+        }
+    }
     let _ = CT.remove(k);
     lc_dec(v);
 }
 
 /// Updates an established entry for this packet's TCP flags. Returns false if the flow was
 /// reset (entries removed; the packet is still forwarded with the old mapping).
-#[inline(never)]
+#[inline(always)]
 pub fn on_packet(k: &CtKey, v: *mut CtValue, pkt: &Pkt, t: u64) -> bool {
     // SAFETY: pointer from the map helper, valid for this program run.
     let v = unsafe { &mut *v };
@@ -111,21 +117,20 @@ pub fn on_packet(k: &CtKey, v: *mut CtValue, pkt: &Pkt, t: u64) -> bool {
     true
 }
 
-/// Creates both entries of a new flow to endpoint row `ep` and returns the forward value.
-/// `None` when full-NAT found no free source port.
+/// Creates both entries of a new flow to endpoint row `ep_idx` and writes the forward value
+/// into `v`. False when full-NAT found no free source port (or an insert failed).
 #[inline(always)]
-pub fn create(
-    k: &CtKey,
-    pkt: &Pkt,
-    svc: &ServiceValue,
-    ep_idx: u32,
-    ep: &EndpointValue,
-    timeout_s: u32,
-) -> Option<CtValue> {
+pub fn create(k: &CtKey, pkt: &Pkt, svc: &ServiceValue, ep_idx: u32, v: &mut CtValue) -> bool {
+    let Some(ep) = ENDPOINTS.get(svc.slot * MAX_EPS + ep_idx) else { return false };
+    let timeout_s = match (svc.idle_timeout_s, pkt.proto) {
+        (0, proto::TCP) => DEFAULT_TCP_TIMEOUT_S,
+        (0, _) => DEFAULT_UDP_TIMEOUT_S,
+        (s, _) => s,
+    };
     let t = now();
     let eport = if ep.port == 0 { pkt.dport } else { ep.port };
     // One value, first filled as the reply direction, then turned into the forward one.
-    let mut v = CtValue {
+    *v = CtValue {
         last_ns: t,
         nsaddr: pkt.daddr,
         ndaddr: pkt.saddr,
@@ -149,12 +154,16 @@ pub fn create(
             rk.sport = pkt.dport;
             rk.daddr = pkt.saddr;
             rk.dport = pkt.sport;
-            CT.insert(&rk, &v, BPF_ANY).ok()?;
+            if CT.insert(&rk, &*v, BPF_ANY).is_err() {
+                return false;
+            }
         }
         mode::DNAT => {
             rk.daddr = pkt.saddr;
             rk.dport = pkt.sport;
-            CT.insert(&rk, &v, BPF_ANY).ok()?;
+            if CT.insert(&rk, &*v, BPF_ANY).is_err() {
+                return false;
+            }
         }
         _ => {
             // Full-NAT family (1 one-arm, 2 full-NAT, 5 host one-arm): source → LB address.
@@ -165,7 +174,7 @@ pub fn create(
             while i < PORT_TRIES {
                 let port = (PORT_BASE + (h.wrapping_add(i * 7919)) % PORT_SPAN) as u16;
                 rk.dport = port.to_be();
-                if CT.insert(&rk, &v, BPF_NOEXIST).is_ok() {
+                if CT.insert(&rk, &*v, BPF_NOEXIST).is_ok() {
                     done = true;
                     break;
                 }
@@ -173,7 +182,7 @@ pub fn create(
             }
             if !done {
                 count(ctr::DROP_CT_FULL, 1);
-                return None;
+                return false;
             }
         }
     }
@@ -192,11 +201,13 @@ pub fn create(
             v.nsport = rk.dport;
         }
     }
-    CT.insert(k, &v, BPF_ANY).ok()?;
+    if CT.insert(k, &*v, BPF_ANY).is_err() {
+        return false;
+    }
     if let Some(p) = LC.get_ptr_mut(svc.slot * MAX_EPS + ep_idx) {
         // SAFETY: valid map pointer; approximate counter.
         unsafe { *p += 1 };
     }
     count(ctr::NEW_FLOW, 1);
-    Some(v)
+    true
 }

@@ -1,11 +1,12 @@
 //! Per-packet decision: established flow (conntrack) → rewrite; new flow to a service → select,
 //! create conntrack, rewrite; anything else → pass.
+//!
+//! Code that touches packet memory is inlined into the entry function (the verifier tracks
+//! packet pointers only within one frame); the map-heavy decision runs in its own frame
+//! ([`decide`]) so the two stacks stay under the 512-byte limit together.
 use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
 use loxi_common::{
-    maps::{
-        CtKey, CtValue, DEFAULT_TCP_TIMEOUT_S, DEFAULT_UDP_TIMEOUT_S, MAX_EPS, ServiceKey, ctr,
-        dir, proto,
-    },
+    maps::{CtKey, CtValue, MAX_EPS, ServiceKey, ctr, dir},
     mode,
 };
 
@@ -18,6 +19,11 @@ use crate::{
     select::select,
 };
 
+/// What [`decide`] concluded.
+const V_PASS: u32 = 0;
+const V_DROP: u32 = 1;
+const V_APPLY: u32 = 2;
+
 /// The program body; `Err` means "drop" (only for truncated frames).
 #[inline(always)]
 pub fn try_loxi(ctx: &XdpContext) -> Result<u32, u32> {
@@ -27,10 +33,15 @@ pub fn try_loxi(ctx: &XdpContext) -> Result<u32, u32> {
         Err(ParseError::NotOurs) => return Ok(pass()),
         Err(ParseError::Truncated) => return Err(truncated()),
     };
-    match handle(ctx, &pkt) {
-        Ok(a) => Ok(a),
-        Err(ParseError::NotOurs) => Ok(pass()),
-        Err(ParseError::Truncated) => Err(truncated()),
+    let mut v = CtValue::default();
+    match decide(&pkt, &mut v) {
+        V_PASS => Ok(pass()),
+        V_APPLY => match apply(ctx, &pkt, &v) {
+            Ok(a) => Ok(a),
+            Err(ParseError::NotOurs) => Ok(pass()),
+            Err(ParseError::Truncated) => Err(truncated()),
+        },
+        _ => Ok(xdp_action::XDP_DROP),
     }
 }
 
@@ -46,59 +57,47 @@ fn truncated() -> u32 {
     xdp_action::XDP_DROP
 }
 
+/// Conntrack hit, or a new flow to a service; fills `out` with the mapping to apply.
 #[inline(never)]
-fn handle(ctx: &XdpContext, pkt: &Pkt) -> Result<u32, ParseError> {
+fn decide(pkt: &Pkt, out: &mut CtValue) -> u32 {
     let key = ct::key_of(pkt);
     let t = ct::now();
     if let Some(v) = CT.get_ptr_mut(&key) {
-        // SAFETY: pointer from the map helper; the value stays readable for this run (RCU) even
-        // if the entry is deleted below.
-        let cur = unsafe { &*v };
-        if !ct::expired(cur, t) {
+        // SAFETY: pointer from the map helper; copied out before any delete.
+        *out = unsafe { *v };
+        if !ct::expired(out, t) {
             ct::on_packet(&key, v, pkt, t);
-            return apply(ctx, pkt, cur);
+            return V_APPLY;
         }
         count(ctr::CT_EXPIRED, 1);
-        ct::close(&key, cur);
-        if cur.dir == dir::REV {
-            return Err(ParseError::NotOurs);
+        ct::close(&key, out);
+        if out.dir == dir::REV {
+            return V_PASS;
         }
     }
-    new_flow(ctx, pkt, &key)
+    new_flow(pkt, &key, out)
 }
 
-#[inline(never)]
-fn new_flow(ctx: &XdpContext, pkt: &Pkt, key: &CtKey) -> Result<u32, ParseError> {
+#[inline(always)]
+fn new_flow(pkt: &Pkt, key: &CtKey, out: &mut CtValue) -> u32 {
     let sk = ServiceKey { addr: pkt.daddr, port: pkt.dport, proto: pkt.proto, family: pkt.family };
     // SAFETY: read-only copy of the map value.
     let svc = match unsafe { SERVICES.get(&sk) } {
         Some(s) => *s,
-        None => return Err(ParseError::NotOurs),
+        None => return V_PASS,
     };
     if svc.mode == mode::FULLPROXY {
-        return Err(ParseError::NotOurs);
+        return V_PASS;
     }
     let Some(idx) = select(&svc, pkt) else {
         count(ctr::DROP_NO_ENDPOINT, 1);
-        return Ok(xdp_action::XDP_DROP);
+        return V_DROP;
     };
-    let Some(ep) = ENDPOINTS.get(svc.slot * MAX_EPS + idx) else {
-        count(ctr::DROP_NO_ENDPOINT, 1);
-        return Ok(xdp_action::XDP_DROP);
-    };
-    let timeout = match (svc.idle_timeout_s, pkt.proto) {
-        (0, proto::TCP) => DEFAULT_TCP_TIMEOUT_S,
-        (0, _) => DEFAULT_UDP_TIMEOUT_S,
-        (s, _) => s,
-    };
-    let Some(fwd) = ct::create(key, pkt, &svc, idx, ep, timeout) else {
-        return Ok(xdp_action::XDP_DROP);
-    };
-    apply(ctx, pkt, &fwd)
+    if ct::create(key, pkt, &svc, idx, out) { V_APPLY } else { V_DROP }
 }
 
 /// Rewrites the packet per the conntrack value and forwards it.
-#[inline(never)]
+#[inline(always)]
 fn apply(ctx: &XdpContext, pkt: &Pkt, v: &CtValue) -> Result<u32, ParseError> {
     let bytes = (ctx.data_end() - ctx.data()) as u64;
     count_ep(v.slot, v.ep as u32, bytes);
@@ -109,7 +108,8 @@ fn apply(ctx: &XdpContext, pkt: &Pkt, v: &CtValue) -> Result<u32, ParseError> {
         }
         // The route to the endpoint gives its MAC; the IP header stays (dst = VIP).
         let ep = ENDPOINTS.get(v.slot * MAX_EPS + v.ep as u32).ok_or(ParseError::NotOurs)?;
-        return forward(ctx, pkt.family, &ep.addr);
+        let addr = ep.addr;
+        return forward(ctx, pkt.family, &addr);
     }
     rewrite(ctx, pkt, &v.nsaddr, &v.ndaddr, v.nsport, v.ndport)?;
     count(if v.dir == dir::FWD { ctr::NAT_FWD } else { ctr::NAT_REV }, 1);

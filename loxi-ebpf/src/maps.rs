@@ -4,7 +4,7 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
 };
 use loxi_common::maps::{
-    CT_ENTRIES, CtKey, CtValue, EndpointValue, MAX_EPS, MAX_RULES, ServiceKey, ServiceValue, ctr,
+    CT_ENTRIES, CtKey, CtValue, EndpointValue, MAX_EPS, MAX_RULES, ServiceKey, ServiceValue, WRR_SLOTS, ctr,
 };
 
 /// (VIP, port, proto) → rule, written by the loader.
@@ -23,9 +23,21 @@ pub static CT: LruHashMap<CtKey, CtValue> = LruHashMap::with_max_entries(CT_ENTR
 #[map(name = "LOXI_RR")]
 pub static RR: PerCpuArray<u32> = PerCpuArray::with_max_entries(MAX_RULES, 0);
 
+/// Active endpoint rows per rule slot (first `nact` entries used).
+#[map(name = "LOXI_ACTIVE")]
+pub static ACTIVE: Array<[u8; WRR_SLOTS as usize]> = Array::with_max_entries(MAX_RULES, 0);
+
+/// Weighted round-robin table per rule slot: endpoint rows repeated by weight.
+#[map(name = "LOXI_WRR")]
+pub static WRR: Array<[u8; WRR_SLOTS as usize]> = Array::with_max_entries(MAX_RULES, 0);
+
 /// Open connections per endpoint row (approximate: non-atomic, for lc).
 #[map(name = "LOXI_LC")]
 pub static LC: Array<u32> = Array::with_max_entries(MAX_RULES * MAX_EPS, 0);
+
+/// Per-CPU scratch conntrack key (keeps large keys off the small BPF stack).
+#[map(name = "LOXI_SCRATCH")]
+pub static SCRATCH_KEY: PerCpuArray<CtKey> = PerCpuArray::with_max_entries(1, 0);
 
 /// Per-CPU counters, indices in `loxi_common::maps::ctr`.
 #[map(name = "LOXI_COUNTERS")]

@@ -52,7 +52,7 @@ const ETH_P_8021AD: u16 = 0x88A8;
 pub const ETH_LEN: usize = 14;
 
 /// Parses Ethernet (+ one VLAN tag), IPv4/IPv6 and the TCP/UDP/SCTP ports.
-#[inline(never)]
+#[inline(always)]
 pub fn parse(ctx: &XdpContext) -> Result<Pkt, ParseError> {
     let et: *const [u8; 2] = ptr_at(ctx, 12)?;
     // SAFETY: ptr_at checked the bounds.

@@ -1,15 +1,19 @@
-//! In-kernel endpoint selection for new flows: 0 rr (per-CPU cursor), 1 hash (5-tuple),
-//! 2 wrr (cursor over the weight sum), 3 persist (client address hash), 4 lc (fewest open
-//! connections). Every selector skips inactive (draining) rows.
+//! In-kernel endpoint selection for new flows, loop-free: the loader keeps per rule a table of
+//! the active endpoint rows (`LOXI_ACTIVE`) and a weight table (`LOXI_WRR`), so every selector
+//! is one index computation: 0 rr (per-CPU cursor), 1 hash (5-tuple), 2 wrr (cursor over the
+//! weight table), 3 persist (client address hash), 4 lc (of two candidates, the one with fewer
+//! open connections — power of two choices over the conntrack-maintained counts).
 use loxi_common::{
-    maps::{EndpointValue, MAX_EPS, ServiceValue},
+    maps::{MAX_EPS, ServiceValue, WRR_SLOTS},
     sel,
 };
 
 use crate::{
-    maps::{ENDPOINTS, LC, RR},
+    maps::{ACTIVE, LC, RR, WRR},
     parse::Pkt,
 };
+
+const MASK: u32 = WRR_SLOTS - 1;
 
 #[inline(always)]
 fn mix(h: u32, v: u32) -> u32 {
@@ -24,7 +28,7 @@ pub fn hash_addr(mut h: u32, a: &[u8; 16]) -> u32 {
         h = mix(h, u32::from_ne_bytes([a[4 * i], a[4 * i + 1], a[4 * i + 2], a[4 * i + 3]]));
         i += 1;
     }
-    h
+    h ^ (h >> 16)
 }
 
 /// Hash of the packet's 5-tuple.
@@ -35,30 +39,6 @@ pub fn hash5(pkt: &Pkt) -> u32 {
     let h = mix(h, ((pkt.sport as u32) << 16) | pkt.dport as u32);
     let h = mix(h, pkt.proto as u32);
     h ^ (h >> 16)
-}
-
-#[inline(always)]
-fn row(slot: u32, i: u32) -> Option<&'static EndpointValue> {
-    ENDPOINTS.get(slot * MAX_EPS + i)
-}
-
-/// First active row at or after `start` (mod `nep`).
-#[inline(always)]
-fn probe(slot: u32, nep: u32, start: u32) -> Option<u32> {
-    let mut i = 0;
-    while i < MAX_EPS {
-        if i >= nep {
-            break;
-        }
-        let idx = (start + i) % nep;
-        if let Some(e) = row(slot, idx)
-            && e.active != 0
-        {
-            return Some(idx);
-        }
-        i += 1;
-    }
-    None
 }
 
 #[inline(always)]
@@ -75,68 +55,40 @@ fn cursor(slot: u32) -> u32 {
 }
 
 #[inline(always)]
-fn wrr(slot: u32, nep: u32, total: u32) -> Option<u32> {
-    if total == 0 {
-        return probe(slot, nep, cursor(slot));
-    }
-    let mut c = cursor(slot) % total;
-    let mut i = 0;
-    while i < MAX_EPS {
-        if i >= nep {
-            break;
-        }
-        if let Some(e) = row(slot, i)
-            && e.active != 0
-        {
-            let w = e.weight as u32;
-            if c < w {
-                return Some(i);
-            }
-            c -= w;
-        }
-        i += 1;
-    }
-    probe(slot, nep, 0)
-}
-
-#[inline(always)]
-fn least_conn(slot: u32, nep: u32) -> Option<u32> {
-    let start = cursor(slot);
-    let mut best: Option<u32> = None;
-    let mut best_n = u32::MAX;
-    let mut i = 0;
-    while i < MAX_EPS {
-        if i >= nep {
-            break;
-        }
-        let idx = (start + i) % nep;
-        if let Some(e) = row(slot, idx)
-            && e.active != 0
-        {
-            let n = LC.get(slot * MAX_EPS + idx).copied().unwrap_or(0);
-            if n < best_n {
-                best_n = n;
-                best = Some(idx);
-            }
-        }
-        i += 1;
-    }
-    best
+fn open_conns(slot: u32, row: u32) -> u32 {
+    LC.get(slot * MAX_EPS + row).copied().unwrap_or(u32::MAX)
 }
 
 /// Picks an endpoint row for a new flow of `svc`; `None` if no row is active.
-#[inline(never)]
+#[inline(always)]
 pub fn select(svc: &ServiceValue, pkt: &Pkt) -> Option<u32> {
-    let nep = svc.nep as u32;
-    if nep == 0 || nep > MAX_EPS {
+    let n = svc.nact as u32;
+    if n == 0 {
         return None;
     }
     let slot = svc.slot;
-    match svc.sel {
-        sel::HASH => probe(slot, nep, hash5(pkt) % nep),
-        sel::WRR => wrr(slot, nep, svc.wrr_total),
-        sel::PERSIST => probe(slot, nep, hash_addr(0x0bad_cafe, &pkt.saddr) % nep),
-        sel::LC => least_conn(slot, nep),
-        _ => probe(slot, nep, cursor(slot)),
-    }
+    let act = ACTIVE.get(slot)?;
+    // `& MASK` keeps indices provably inside the 64-entry tables (n ≤ 64 is not visible to
+    // LLVM, so the mask survives for the verifier).
+    let at = |i: u32| act[(i & MASK) as usize] as u32;
+    let row = match svc.sel {
+        sel::HASH => at(hash5(pkt) % n),
+        sel::PERSIST => at(hash_addr(0x0bad_cafe, &pkt.saddr) % n),
+        sel::WRR if svc.wrr_len != 0 => {
+            let w = WRR.get(slot)?;
+            w[((cursor(slot) % svc.wrr_len) & MASK) as usize] as u32
+        }
+        sel::LC => {
+            let c = cursor(slot);
+            let a = at(c % n);
+            if n > 1 {
+                let b = at((c + 1 + hash5(pkt) % (n - 1)) % n);
+                if open_conns(slot, b) < open_conns(slot, a) { b } else { a }
+            } else {
+                a
+            }
+        }
+        _ => at(cursor(slot) % n),
+    };
+    Some(row)
 }

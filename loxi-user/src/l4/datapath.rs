@@ -8,8 +8,8 @@ use aya::{
     programs::{TestRun, TestRunOptions, Xdp, XdpMode, xdp::XdpLinkId},
 };
 use loxi_common::maps::{
-    EndpointValue, MAP_COUNTERS, MAP_ENDPOINTS, MAP_SERVICES, MAX_EPS, PROG_NAME, ServiceKey,
-    ServiceValue, ctr,
+    EndpointValue, MAP_COUNTERS, MAP_ENDPOINTS, MAP_SERVICES, MAP_ACTIVE, MAP_WRR, MAX_EPS, PROG_NAME, ServiceKey,
+    ServiceValue, WRR_SLOTS, ctr,
 };
 
 use super::{L4Error, Plan, object_bytes};
@@ -106,6 +106,12 @@ impl Datapath {
                     eps.set(idx, e, 0).map_err(|e| L4Error::map(MAP_ENDPOINTS, e))?;
                 }
             }
+            self.table(MAP_WRR)?
+                .set(svc.value.slot, svc.wrr, 0)
+                .map_err(|e| L4Error::map(MAP_WRR, e))?;
+            self.table(MAP_ACTIVE)?
+                .set(svc.value.slot, svc.active, 0)
+                .map_err(|e| L4Error::map(MAP_ACTIVE, e))?;
             self.services()?
                 .insert(svc.key, svc.value, 0)
                 .map_err(|e| L4Error::map(MAP_SERVICES, e))?;
@@ -174,6 +180,11 @@ impl Datapath {
     fn services(&mut self) -> Result<HashMap<&mut MapData, ServiceKey, ServiceValue>, L4Error> {
         let m = self.ebpf.map_mut(MAP_SERVICES).ok_or(L4Error::MissingMap(MAP_SERVICES))?;
         HashMap::try_from(m).map_err(|e| L4Error::map(MAP_SERVICES, e))
+    }
+
+    fn table(&mut self, name: &'static str) -> Result<Array<&mut MapData, [u8; WRR_SLOTS as usize]>, L4Error> {
+        let m = self.ebpf.map_mut(name).ok_or(L4Error::MissingMap(name))?;
+        Array::try_from(m).map_err(|e| L4Error::map(name, e))
     }
 
     fn endpoints(&mut self) -> Result<Array<&mut MapData, EndpointValue>, L4Error> {

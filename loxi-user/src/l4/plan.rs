@@ -9,7 +9,7 @@ use std::{
 };
 
 use loxi_common::{
-    maps::{EndpointValue, MAX_EPS, MAX_RULES, ServiceKey, ServiceValue, family, proto},
+    maps::{EndpointValue, MAX_EPS, MAX_RULES, ServiceKey, ServiceValue, WRR_SLOTS, family, proto},
     mode,
 };
 
@@ -28,6 +28,10 @@ pub struct PlannedService {
     pub value: ServiceValue,
     /// Endpoint rows `0..value.nep`, in the user's order.
     pub endpoints: Vec<EndpointValue>,
+    /// wrr table (first `value.wrr_len` entries used).
+    pub wrr: [u8; WRR_SLOTS as usize],
+    /// Active rows (first `value.nact` entries used).
+    pub active: [u8; WRR_SLOTS as usize],
 }
 
 /// The whole desired state, keyed by service key.
@@ -131,19 +135,54 @@ pub fn plan(
             proto: p,
             family: if vip.is_ipv4() { family::V4 } else { family::V6 },
         };
+        let (wrr, wrr_len) = wrr_table(&eps);
+        let (active, nact) = active_table(&eps);
         let value = ServiceValue {
             slot,
             mode: svc.mode,
             sel: svc.sel,
             nep: eps.len() as u8,
-            _pad: 0,
+            nact,
             idle_timeout_s: svc.inactive_timeout,
-            wrr_total: eps.iter().filter(|e| e.active != 0).map(|e| e.weight as u32).sum(),
+            wrr_len,
         };
-        out.services.insert(key_bytes(&key), PlannedService { rule_id: stored.id, key, value, endpoints: eps });
+        out.services.insert(key_bytes(&key), PlannedService { rule_id: stored.id, key, value, endpoints: eps, wrr, active });
     }
     slots.retain(&live);
     Ok(out)
+}
+
+/// The rows that take new flows, in order. Returns (table, count).
+pub fn active_table(eps: &[EndpointValue]) -> ([u8; WRR_SLOTS as usize], u8) {
+    let mut t = [0u8; WRR_SLOTS as usize];
+    let mut n = 0u8;
+    for (i, _) in eps.iter().enumerate().filter(|(_, e)| e.active != 0) {
+        t[n as usize] = i as u8;
+        n += 1;
+    }
+    (t, n)
+}
+
+/// The wrr table: each active row repeated `weight` times (scaled down proportionally, at least
+/// once each, when the weights add up to more than `WRR_SLOTS`). Returns (table, used length).
+pub fn wrr_table(eps: &[EndpointValue]) -> ([u8; WRR_SLOTS as usize], u32) {
+    let mut t = [0u8; WRR_SLOTS as usize];
+    let total: u64 = eps.iter().filter(|e| e.active != 0).map(|e| e.weight as u64).sum();
+    if total == 0 {
+        return (t, 0);
+    }
+    let cap = WRR_SLOTS as u64;
+    let mut n = 0usize;
+    for (i, e) in eps.iter().enumerate().filter(|(_, e)| e.active != 0) {
+        let share = if total <= cap { e.weight as u64 } else { (e.weight as u64 * cap / total).max(1) };
+        for _ in 0..share {
+            if n < t.len() {
+                t[n] = i as u8;
+                n += 1;
+            }
+        }
+    }
+    (t, n as u32)
 }
 
 fn endpoints(
