@@ -12,17 +12,34 @@ pub struct BackendArgs {
     /// Name sent back.
     #[arg(long)]
     name: String,
-    /// Ports to serve (TCP and UDP each).
+    /// Ports to serve on all addresses (TCP and UDP each).
     #[arg(long = "port")]
     ports: Vec<u16>,
+    /// Extra TCP-only ports on all addresses (a TCP reply leaves from the address it reached).
+    #[arg(long = "tcp-port")]
+    tcp_ports: Vec<u16>,
+    /// Extra UDP sockets bound to `addr:port`, e.g. a DSR VIP, so replies leave from that
+    /// address.
+    #[arg(long = "udp-bind")]
+    udp_binds: Vec<std::net::SocketAddr>,
 }
 
 /// Serves forever.
 pub fn run(a: BackendArgs) -> anyhow::Result<()> {
     let mut handles = Vec::new();
-    for port in a.ports {
-        let tcp = TcpListener::bind(("0.0.0.0", port))?;
-        let udp = UdpSocket::bind(("0.0.0.0", port))?;
+    let mut udps = Vec::new();
+    let mut tcps = Vec::new();
+    for port in &a.ports {
+        tcps.push(TcpListener::bind(("0.0.0.0", *port))?);
+        udps.push(UdpSocket::bind(("0.0.0.0", *port))?);
+    }
+    for port in &a.tcp_ports {
+        tcps.push(TcpListener::bind(("0.0.0.0", *port))?);
+    }
+    for addr in &a.udp_binds {
+        udps.push(UdpSocket::bind(addr)?);
+    }
+    for tcp in tcps {
         let name = a.name.clone();
         handles.push(thread::spawn(move || {
             for s in tcp.incoming().flatten() {
@@ -41,6 +58,8 @@ pub fn run(a: BackendArgs) -> anyhow::Result<()> {
                 });
             }
         }));
+    }
+    for udp in udps {
         let name = a.name.clone();
         handles.push(thread::spawn(move || {
             let mut buf = [0u8; 2048];

@@ -295,11 +295,11 @@ pub fn run() -> anyhow::Result<()> {
     let mut t = Topo::new("lxt")?;
     t.start_peers()?;
     let (b1, b2) = (t.b[0].clone(), t.b[1].clone());
-    t.spawn(&b1, &["backend", "--name", "b1", "--port", "8080", "--port", "80"])?;
-    t.spawn(&b2, &["backend", "--name", "b2", "--port", "8080", "--port", "80"])?;
-    for b in [&b1, &b2] {
-        // DSR backends own the VIP on loopback.
+    let dsr_udp = format!("{VIP}:{PORT}");
+    for (b, name) in [(&b1, "b1"), (&b2, "b2")] {
+        // DSR backends own the VIP on loopback and answer UDP from it.
         cmd(&format!("ip -n {b} addr add {VIP}/32 dev lo"))?;
+        t.spawn(b, &["backend", "--name", name, "--port", "8080", "--tcp-port", "80", "--udp-bind", &dsr_udp])?;
     }
     t.write_rules(&[])?;
     let lb = t.start_lb()?;

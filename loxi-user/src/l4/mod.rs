@@ -7,9 +7,9 @@
 mod args;
 mod datapath;
 mod error;
-mod metrics;
+pub(crate) mod metrics;
 mod object;
-mod plan;
+pub(crate) mod plan;
 mod run;
 
 #[cfg(test)]

@@ -4,14 +4,15 @@
 //! a veth and a permanent neighbour.
 #![allow(unsafe_code, clippy::unwrap_used)]
 
+mod control;
 mod packet;
-mod tables;
 mod selection;
+mod tables;
 
 use std::{net::IpAddr, process::Command};
 
 use crate::{
-    l4::{Datapath, SlotTable, plan},
+    l4::{Datapath, Plan, SlotTable, plan},
     rules::{model::LbRule, store::RuleStore},
 };
 
@@ -47,6 +48,7 @@ pub struct Lb {
     pub dp: Datapath,
     store: RuleStore,
     slots: SlotTable,
+    current: Plan,
 }
 
 impl Lb {
@@ -54,7 +56,7 @@ impl Lb {
     pub fn new(rules: &[&str]) -> Self {
         fresh_netns();
         let dp = Datapath::load().expect("load XDP object (root and the eBPF toolchain needed)");
-        let mut lb = Self { dp, store: RuleStore::in_memory(), slots: SlotTable::default() };
+        let mut lb = Self { dp, store: RuleStore::in_memory(), slots: SlotTable::default(), current: Plan::default() };
         lb.set_rules(rules);
         lb
     }
@@ -74,6 +76,17 @@ impl Lb {
         };
         let p = plan(&self.store.snapshot(), &mut self.slots, &snat).expect("plan");
         self.dp.apply(&p).expect("apply plan");
+        self.current = p;
+    }
+
+    /// The plan last applied.
+    pub fn current(&self) -> &Plan {
+        &self.current
+    }
+
+    /// (rule id, slot) of every planned service.
+    pub fn plan_slots(&self) -> Vec<(u32, u32)> {
+        self.current.services.values().map(|s| (s.rule_id, s.value.slot)).collect()
     }
 
     /// Runs one frame through the program.
