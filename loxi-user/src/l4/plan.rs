@@ -117,7 +117,14 @@ pub fn plan(
     snat_for: &dyn Fn(IpAddr) -> Option<IpAddr>,
 ) -> Result<Plan, L4Error> {
     let mut out = Plan::default();
-    let mut live = BTreeSet::new();
+    // Free the slots of deleted rules first, so a snapshot that deletes and creates reuses them.
+    let live: BTreeSet<u32> = snap
+        .rules
+        .values()
+        .filter(|r| r.rule.service.mode != mode::FULLPROXY && proto_num(&r.rule.service.protocol).is_some())
+        .map(|r| r.id)
+        .collect();
+    slots.retain(&live);
     for stored in snap.rules.values() {
         let svc = &stored.rule.service;
         let Ok(vip) = svc.external_ip.parse::<IpAddr>() else { continue };
@@ -126,7 +133,6 @@ pub fn plan(
         if svc.mode == mode::FULLPROXY {
             continue;
         }
-        live.insert(stored.id);
         let slot = slots.slot(stored.id)?;
         let eps = endpoints(stored.id, &stored.rule.endpoints, vip, snat_for)?;
         let key = ServiceKey {
@@ -148,7 +154,6 @@ pub fn plan(
         };
         out.services.insert(key_bytes(&key), PlannedService { rule_id: stored.id, key, value, endpoints: eps, wrr, active });
     }
-    slots.retain(&live);
     Ok(out)
 }
 

@@ -26,7 +26,7 @@ fn wrr_table_repeats_active_rows_by_weight_and_scales_past_its_size() {
 }
 
 #[test]
-fn slots_stay_stable_when_a_rule_is_updated() {
+fn slots_stay_stable_on_update_and_are_reused_after_delete() {
     let mut lb = Lb::new(&[
         &rule("20.0.0.1", 80, "tcp", 0, 0, &[("10.0.1.2", 1)]),
         &rule("20.0.0.2", 80, "tcp", 0, 0, &[("10.0.1.3", 1)]),
@@ -37,6 +37,14 @@ fn slots_stay_stable_when_a_rule_is_updated() {
         &rule("20.0.0.2", 80, "tcp", 0, 0, &[("10.0.1.3", 1)]),
     ]);
     assert_eq!(lb.plan_slots(), before, "updated rule keeps its slot");
+    lb.set_rules(&[
+        &rule("20.0.0.1", 80, "tcp", 0, 0, &[("10.0.1.2", 1)]),
+        &rule("20.0.0.3", 80, "tcp", 0, 0, &[("10.0.1.3", 1)]),
+    ]);
+    let after = lb.plan_slots();
+    assert_eq!(after[0], before[0]);
+    assert_eq!(after[1].1, before[1].1, "the deleted rule's slot is reused in the same snapshot");
+    assert_ne!(after[1].0, before[1].0);
 }
 
 #[test]
@@ -60,9 +68,18 @@ fn counters_are_exported_as_prometheus_deltas() {
     let dir = tempfile::tempdir().unwrap();
     let f = dir.path().join("m.txt");
     std::fs::write(&f, &text).unwrap();
-    if let Ok(out) = Command::new("promtool").arg("check").arg("metrics").stdin(std::fs::File::open(&f).unwrap()).output() {
-        assert!(out.status.success(), "promtool: {}", String::from_utf8_lossy(&out.stderr));
-    }
+    // promtool parses the exposition; its only complaint may be the OpenMetrics naming
+    // (HELP on the family name, samples with `_total`), reported as "no help text".
+    let out = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::fs::File::open(&f).unwrap())
+        .output()
+        .expect("promtool installed (scripts/setup.sh)");
+    let report = String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    assert!(
+        report.lines().all(|l| l.trim().is_empty() || l.ends_with("no help text")),
+        "promtool: {report}"
+    );
 }
 
 fn lo_has(ip: &str) -> bool {

@@ -63,12 +63,16 @@ impl Lb {
 
     /// Replaces the rule set and reconciles the maps.
     pub fn set_rules(&mut self, rules: &[&str]) {
-        let snap = self.store.snapshot();
-        for (k, _) in snap.rules.iter() {
-            self.store.delete(&k.external_ip, k.port, &k.protocol, None, None).expect("delete");
+        let rules: Vec<LbRule> =
+            rules.iter().map(|r| serde_json::from_str(r).expect("test rule JSON")).collect();
+        let keep: Vec<_> = rules.iter().map(|r| r.key()).collect();
+        for k in self.store.snapshot().rules.keys() {
+            if !keep.contains(k) {
+                self.store.delete(&k.external_ip, k.port, &k.protocol, None, None).expect("delete");
+            }
         }
-        for r in rules {
-            let rule: LbRule = serde_json::from_str(r).expect("test rule JSON");
+        for rule in rules {
+            // Same key keeps its rule id (an update), like the REST API.
             self.store.upsert(rule).expect("valid test rule");
         }
         let snat = |ip: IpAddr| -> Option<IpAddr> {
