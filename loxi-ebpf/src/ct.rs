@@ -121,7 +121,9 @@ pub fn on_packet(k: &CtKey, v: *mut CtValue, pkt: &Pkt, t: u64) -> bool {
 /// into `v`. False when full-NAT found no free source port (or an insert failed).
 #[inline(always)]
 pub fn create(k: &CtKey, pkt: &Pkt, svc: &ServiceValue, ep_idx: u32, v: &mut CtValue) -> bool {
-    let Some(ep) = ENDPOINTS.get(svc.slot * MAX_EPS + ep_idx) else { return false };
+    let Some(ep) = ENDPOINTS.get(svc.slot * MAX_EPS + ep_idx) else {
+        return false;
+    };
     let timeout_s = match (svc.idle_timeout_s, pkt.proto) {
         (0, proto::TCP) => DEFAULT_TCP_TIMEOUT_S,
         (0, _) => DEFAULT_UDP_TIMEOUT_S,

@@ -80,7 +80,12 @@ fn decide(pkt: &Pkt, out: &mut CtValue) -> u32 {
 
 #[inline(always)]
 fn new_flow(pkt: &Pkt, key: &CtKey, out: &mut CtValue) -> u32 {
-    let sk = ServiceKey { addr: pkt.daddr, port: pkt.dport, proto: pkt.proto, family: pkt.family };
+    let sk = ServiceKey {
+        addr: pkt.daddr,
+        port: pkt.dport,
+        proto: pkt.proto,
+        family: pkt.family,
+    };
     // SAFETY: read-only copy of the map value.
     let svc = match unsafe { SERVICES.get(&sk) } {
         Some(s) => *s,
@@ -93,7 +98,11 @@ fn new_flow(pkt: &Pkt, key: &CtKey, out: &mut CtValue) -> u32 {
         count(ctr::DROP_NO_ENDPOINT, 1);
         return V_DROP;
     };
-    if ct::create(key, pkt, &svc, idx, out) { V_APPLY } else { V_DROP }
+    if ct::create(key, pkt, &svc, idx, out) {
+        V_APPLY
+    } else {
+        V_DROP
+    }
 }
 
 /// Rewrites the packet per the conntrack value and forwards it.
@@ -107,11 +116,20 @@ fn apply(ctx: &XdpContext, pkt: &Pkt, v: &CtValue) -> Result<u32, ParseError> {
             return forward(ctx, pkt.family, &v.ndaddr);
         }
         // The route to the endpoint gives its MAC; the IP header stays (dst = VIP).
-        let ep = ENDPOINTS.get(v.slot * MAX_EPS + v.ep as u32).ok_or(ParseError::NotOurs)?;
+        let ep = ENDPOINTS
+            .get(v.slot * MAX_EPS + v.ep as u32)
+            .ok_or(ParseError::NotOurs)?;
         let addr = ep.addr;
         return forward(ctx, pkt.family, &addr);
     }
     rewrite(ctx, pkt, &v.nsaddr, &v.ndaddr, v.nsport, v.ndport)?;
-    count(if v.dir == dir::FWD { ctr::NAT_FWD } else { ctr::NAT_REV }, 1);
+    count(
+        if v.dir == dir::FWD {
+            ctr::NAT_FWD
+        } else {
+            ctr::NAT_REV
+        },
+        1,
+    );
     forward(ctx, pkt.family, &v.ndaddr)
 }

@@ -50,7 +50,12 @@ fn fib(ctx: *mut xdp_md, fam: u8, dst: &[u8; 16], out: &mut NextHop) -> bool {
     }
     // SAFETY: helper call with the context and a stack buffer of the declared size.
     let rc = unsafe {
-        fib_lookup(ctx as *mut _, &mut p, core::mem::size_of::<bpf_fib_lookup>() as i32, 0)
+        fib_lookup(
+            ctx as *mut _,
+            &mut p,
+            core::mem::size_of::<bpf_fib_lookup>() as i32,
+            0,
+        )
     };
     if rc != BPF_FIB_LKUP_RET_SUCCESS as i64 {
         return false;
@@ -64,7 +69,11 @@ fn fib(ctx: *mut xdp_md, fam: u8, dst: &[u8; 16], out: &mut NextHop) -> bool {
 /// Looks up the route to `dst` and forwards; returns the XDP action.
 #[inline(always)]
 pub fn forward(ctx: &XdpContext, fam: u8, dst: &[u8; 16]) -> Result<u32, ParseError> {
-    let mut nh = NextHop { ifindex: 0, smac: [0; 6], dmac: [0; 6] };
+    let mut nh = NextHop {
+        ifindex: 0,
+        smac: [0; 6],
+        dmac: [0; 6],
+    };
     if !fib(ctx.ctx, fam, dst, &mut nh) {
         count(ctr::FIB_PASS, 1);
         return Ok(xdp_action::XDP_PASS);

@@ -4,7 +4,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
 };
 use loxi_common::maps::{
-    CT_ENTRIES, CtKey, CtValue, EndpointValue, MAX_EPS, MAX_RULES, ServiceKey, ServiceValue, WRR_SLOTS, ctr,
+    CT_ENTRIES, CtKey, CtValue, EndpointValue, MAX_EPS, MAX_RULES, ServiceKey, ServiceValue,
+    WRR_SLOTS, ctr,
 };
 
 /// (VIP, port, proto) → rule, written by the loader.

@@ -25,7 +25,10 @@ fn mix(h: u32, v: u32) -> u32 {
 pub fn hash_addr(mut h: u32, a: &[u8; 16]) -> u32 {
     let mut i = 0;
     while i < 4 {
-        h = mix(h, u32::from_ne_bytes([a[4 * i], a[4 * i + 1], a[4 * i + 2], a[4 * i + 3]]));
+        h = mix(
+            h,
+            u32::from_ne_bytes([a[4 * i], a[4 * i + 1], a[4 * i + 2], a[4 * i + 3]]),
+        );
         i += 1;
     }
     h ^ (h >> 16)
@@ -83,7 +86,11 @@ pub fn select(svc: &ServiceValue, pkt: &Pkt) -> Option<u32> {
             let a = at(c % n);
             if n > 1 {
                 let b = at((c + 1 + hash5(pkt) % (n - 1)) % n);
-                if open_conns(slot, b) < open_conns(slot, a) { b } else { a }
+                if open_conns(slot, b) < open_conns(slot, a) {
+                    b
+                } else {
+                    a
+                }
             } else {
                 a
             }

@@ -71,7 +71,12 @@ fn rx_packets(ns: &str, iface: &str) -> anyhow::Result<u64> {
         .lines()
         .find(|l| l.trim_start().starts_with(&format!("{iface}:")))
         .with_context(|| format!("{iface} not in /proc/net/dev of {ns}"))?;
-    let fields: Vec<&str> = line.split(':').nth(1).context("dev line")?.split_whitespace().collect();
+    let fields: Vec<&str> = line
+        .split(':')
+        .nth(1)
+        .context("dev line")?
+        .split_whitespace()
+        .collect();
     Ok(fields.get(1).context("rx packets field")?.parse()?)
 }
 
@@ -79,17 +84,31 @@ fn rx_packets(ns: &str, iface: &str) -> anyhow::Result<u64> {
 fn kernel_forwarded(ns: &str) -> anyhow::Result<u64> {
     let s = cmd(&format!("ip netns exec {ns} cat /proc/net/snmp"))?;
     let mut ip = s.lines().filter(|l| l.starts_with("Ip:"));
-    let (names, values) = (ip.next().context("Ip header")?, ip.next().context("Ip values")?);
-    let i = names.split_whitespace().position(|f| f == "ForwDatagrams").context("ForwDatagrams")?;
+    let (names, values) = (
+        ip.next().context("Ip header")?,
+        ip.next().context("Ip values")?,
+    );
+    let i = names
+        .split_whitespace()
+        .position(|f| f == "ForwDatagrams")
+        .context("ForwDatagrams")?;
     Ok(values.split_whitespace().nth(i).context("value")?.parse()?)
 }
 
 /// Per-packet cost over `runs` floods of `n` packets: (min CPU ns, min wall ns, share of
 /// packets the LB kernel forwarded). The minimum is the run least disturbed by other load.
-fn measure(t: &Topo, n: u64, runs: usize, expect_forwarded: bool) -> anyhow::Result<(f64, f64, f64)> {
+fn measure(
+    t: &Topo,
+    n: u64,
+    runs: usize,
+    expect_forwarded: bool,
+) -> anyhow::Result<(f64, f64, f64)> {
     let exe = std::env::current_exe()?.display().to_string();
     let flood = |count: u64| -> anyhow::Result<(f64, f64)> {
-        let out = cmd(&format!("ip netns exec {} taskset -c 0 {exe} udp-flood --dst 20.0.0.1:80 --count {count}", t.c))?;
+        let out = cmd(&format!(
+            "ip netns exec {} taskset -c 0 {exe} udp-flood --dst 20.0.0.1:80 --count {count}",
+            t.c
+        ))?;
         let mut it = out.split_whitespace().map(str::parse::<f64>);
         Ok((it.next().context("wall")??, it.next().context("cpu")??))
     };
@@ -103,25 +122,44 @@ fn measure(t: &Topo, n: u64, runs: usize, expect_forwarded: bool) -> anyhow::Res
         thread::sleep(Duration::from_millis(200));
         let got = rx_packets(&t.b[0], "b0")? - before;
         if expect_forwarded {
-            ensure!(got >= n * 9 / 10, "only {got} of {n} packets reached the backend");
+            ensure!(
+                got >= n * 9 / 10,
+                "only {got} of {n} packets reached the backend"
+            );
         } else {
-            ensure!(got < n / 100, "{got} packets reached the backend in the drop baseline");
+            ensure!(
+                got < n / 100,
+                "{got} packets reached the backend in the drop baseline"
+            );
         }
     }
     let kernel_share = (kernel_forwarded(&t.l)? - kf0) as f64 / (n * runs as u64) as f64;
-    let cpu = v.iter().map(|x: &(f64, f64)| x.1).fold(f64::INFINITY, f64::min);
+    let cpu = v
+        .iter()
+        .map(|x: &(f64, f64)| x.1)
+        .fold(f64::INFINITY, f64::min);
     let wall = v.iter().map(|x| x.0).fold(f64::INFINITY, f64::min);
     Ok((cpu, wall, kernel_share))
 }
 
 fn rule(endpoint: &str) -> String {
-    format!(r#"{{"serviceArguments":{{"externalIP":"20.0.0.1","port":80,"protocol":"udp","mode":0,"sel":0}},"endpoints":[{{"endpointIP":"{endpoint}","targetPort":8080}}]}}"#)
+    format!(
+        r#"{{"serviceArguments":{{"externalIP":"20.0.0.1","port":80,"protocol":"udp","mode":0,"sel":0}},"endpoints":[{{"endpointIP":"{endpoint}","targetPort":8080}}]}}"#
+    )
 }
 
 fn start_lb(t: &mut Topo, generic: bool) -> anyhow::Result<u32> {
     let rules = t.dir.join("rules.json").display().to_string();
     let l = t.l.clone();
-    let mut args = vec!["l4-serve", "--xdp-iface", "l0", "--xdp-iface", "l1", "--rules", &rules];
+    let mut args = vec![
+        "l4-serve",
+        "--xdp-iface",
+        "l0",
+        "--xdp-iface",
+        "l1",
+        "--rules",
+        &rules,
+    ];
     if generic {
         args.push("--xdp-generic");
     }
@@ -161,17 +199,46 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     cmd(&format!(
         "ip netns exec {l} nft -f - <<'EOF'\ntable ip lxbench {{\n chain pre {{ type nat hook prerouting priority -100; ip daddr 20.0.0.1 udp dport 80 dnat to 10.100.1.2:8080; }}\n}}\nEOF"
     ))?;
-    wait("nft rule", || Ok(cmd(&format!("ip netns exec {l} nft list ruleset"))?.contains("dnat")))?;
+    wait("nft rule", || {
+        Ok(cmd(&format!("ip netns exec {l} nft list ruleset"))?.contains("dnat"))
+    })?;
     let nft = measure(&t, a.packets, a.runs, true)?;
-    println!("bench-l4: {} packets x {} runs (min), UDP 18-byte payload, sender pinned to CPU 0", a.packets, a.runs);
+    println!(
+        "bench-l4: {} packets x {} runs (min), UDP 18-byte payload, sender pinned to CPU 0",
+        a.packets, a.runs
+    );
     println!("cpu = sender's CPU time incl. softirq work charged to it; wall = elapsed");
-    println!("{:<24} {:>9} {:>9} {:>14} {:>14} {:>10}", "case", "cpu ns", "wall ns", "fwd cost cpu", "fwd cost wall", "kernel-fwd");
-    println!("{:<24} {:>9.0} {:>9.0} {:>14} {:>14} {:>10}", "sender-only (XDP drop)", base, base_wall, "-", "-", "-");
-    for (name, (c, w, k)) in [("XDP native DNAT", native), ("XDP generic DNAT", generic), ("nftables DNAT", nft)] {
-        println!("{:<24} {:>9.0} {:>9.0} {:>14.0} {:>14.0} {:>9.0}%", name, c, w, c - base, w - base_wall, k * 100.0);
+    println!(
+        "{:<24} {:>9} {:>9} {:>14} {:>14} {:>10}",
+        "case", "cpu ns", "wall ns", "fwd cost cpu", "fwd cost wall", "kernel-fwd"
+    );
+    println!(
+        "{:<24} {:>9.0} {:>9.0} {:>14} {:>14} {:>10}",
+        "sender-only (XDP drop)", base, base_wall, "-", "-", "-"
+    );
+    for (name, (c, w, k)) in [
+        ("XDP native DNAT", native),
+        ("XDP generic DNAT", generic),
+        ("nftables DNAT", nft),
+    ] {
+        println!(
+            "{:<24} {:>9.0} {:>9.0} {:>14.0} {:>14.0} {:>9.0}%",
+            name,
+            c,
+            w,
+            c - base,
+            w - base_wall,
+            k * 100.0
+        );
     }
     let (nc, gc, fc) = (native.0 - base, generic.0 - base, nft.0 - base);
-    println!("ratio native/nftables forwarding cost (cpu): {:.2}", nc / fc);
-    println!("ratio generic/nftables forwarding cost (cpu): {:.2}", gc / fc);
+    println!(
+        "ratio native/nftables forwarding cost (cpu): {:.2}",
+        nc / fc
+    );
+    println!(
+        "ratio generic/nftables forwarding cost (cpu): {:.2}",
+        gc / fc
+    );
     Ok(())
 }

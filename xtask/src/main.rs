@@ -36,9 +36,12 @@ enum Cmd {
 }
 
 fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt().with_env_filter(
-        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-    ).with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     match Cli::parse().cmd {
         Cmd::NetnsTest => netns::run(),
         Cmd::LintEbpf => lint_ebpf(),
@@ -54,9 +57,28 @@ const EBPF_TOOLCHAIN: &str = "nightly-2026-05-20";
 
 fn lint_ebpf() -> anyhow::Result<()> {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../loxi-ebpf");
+    // Idempotent; the toolchain script installs the nightly with rust-src only.
     let st = std::process::Command::new("rustup")
-        .args(["run", EBPF_TOOLCHAIN, "cargo", "clippy", "-Z", "build-std=core"])
-        .args(["--target", "bpfel-unknown-none", "--release", "--", "-D", "warnings"])
+        .args(["component", "add", "--toolchain", EBPF_TOOLCHAIN, "clippy"])
+        .status()?;
+    anyhow::ensure!(st.success(), "rustup component add clippy failed");
+    let st = std::process::Command::new("rustup")
+        .args([
+            "run",
+            EBPF_TOOLCHAIN,
+            "cargo",
+            "clippy",
+            "-Z",
+            "build-std=core",
+        ])
+        .args([
+            "--target",
+            "bpfel-unknown-none",
+            "--release",
+            "--",
+            "-D",
+            "warnings",
+        ])
         .current_dir(dir)
         .status()?;
     anyhow::ensure!(st.success(), "clippy on loxi-ebpf failed");

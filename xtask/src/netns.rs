@@ -35,8 +35,16 @@ pub struct Topo {
 
 /// Runs `ip …` (or any command) and fails with its stderr.
 pub fn cmd(args: &str) -> anyhow::Result<String> {
-    let out = Command::new("sh").arg("-c").arg(args).output().with_context(|| args.to_string())?;
-    ensure!(out.status.success(), "`{args}` failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(args)
+        .output()
+        .with_context(|| args.to_string())?;
+    ensure!(
+        out.status.success(),
+        "`{args}` failed: {}",
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
@@ -57,24 +65,42 @@ impl Topo {
             cmd(&format!("ip -n {ns} link set lo up"))?;
         }
         let (c, l) = (&t.c, &t.l);
-        cmd(&format!("ip link add c0 netns {c} type veth peer name l0 netns {l}"))?;
-        cmd(&format!("ip -n {c} addr add 10.100.0.2/24 dev c0 && ip -n {c} link set c0 up"))?;
-        cmd(&format!("ip -n {l} addr add 10.100.0.1/24 dev l0 && ip -n {l} link set l0 up"))?;
+        cmd(&format!(
+            "ip link add c0 netns {c} type veth peer name l0 netns {l}"
+        ))?;
+        cmd(&format!(
+            "ip -n {c} addr add 10.100.0.2/24 dev c0 && ip -n {c} link set c0 up"
+        ))?;
+        cmd(&format!(
+            "ip -n {l} addr add 10.100.0.1/24 dev l0 && ip -n {l} link set l0 up"
+        ))?;
         cmd(&format!("ip -n {c} route add default via 10.100.0.1"))?;
         for (i, b) in t.b.iter().enumerate() {
             let n = i + 1;
-            cmd(&format!("ip link add b0 netns {b} type veth peer name l{n} netns {l}"))?;
-            cmd(&format!("ip -n {b} addr add 10.100.{n}.2/24 dev b0 && ip -n {b} link set b0 up"))?;
-            cmd(&format!("ip -n {l} addr add 10.100.{n}.1/24 dev l{n} && ip -n {l} link set l{n} up"))?;
+            cmd(&format!(
+                "ip link add b0 netns {b} type veth peer name l{n} netns {l}"
+            ))?;
+            cmd(&format!(
+                "ip -n {b} addr add 10.100.{n}.2/24 dev b0 && ip -n {b} link set b0 up"
+            ))?;
+            cmd(&format!(
+                "ip -n {l} addr add 10.100.{n}.1/24 dev l{n} && ip -n {l} link set l{n} up"
+            ))?;
             cmd(&format!("ip -n {b} route add default via 10.100.{n}.1"))?;
         }
-        cmd(&format!("ip netns exec {l} sysctl -qw net.ipv4.ip_forward=1 net.ipv4.conf.all.rp_filter=0"))?;
+        cmd(&format!(
+            "ip netns exec {l} sysctl -qw net.ipv4.ip_forward=1 net.ipv4.conf.all.rp_filter=0"
+        ))?;
         // Senders compute checksums in software (veth TX offload would leave them partial).
         for (ns, ifs) in [(c, "c0"), (&t.b[0], "b0"), (&t.b[1], "b0")] {
-            cmd(&format!("ip netns exec {ns} ethtool -K {ifs} tx off >/dev/null"))?;
+            cmd(&format!(
+                "ip netns exec {ns} ethtool -K {ifs} tx off >/dev/null"
+            ))?;
         }
         for i in 0..3 {
-            cmd(&format!("ip netns exec {l} ethtool -K l{i} tx off >/dev/null"))?;
+            cmd(&format!(
+                "ip netns exec {l} ethtool -K l{i} tx off >/dev/null"
+            ))?;
         }
         Ok(t)
     }
@@ -97,7 +123,9 @@ impl Topo {
 
     /// Stops the child started with pid `pid` (SIGTERM, bounded wait).
     pub fn stop(&mut self, pid: u32) -> anyhow::Result<()> {
-        let Some(pos) = self.children.iter().position(|c| c.id() == pid) else { bail!("no child {pid}") };
+        let Some(pos) = self.children.iter().position(|c| c.id() == pid) else {
+            bail!("no child {pid}")
+        };
         let mut child = self.children.remove(pos);
         // `ip netns exec` execs the command, so the pid is the helper itself.
         cmd(&format!("kill -TERM {pid}"))?;
@@ -109,12 +137,17 @@ impl Topo {
             thread::sleep(Duration::from_millis(50));
         }
         let _ = child.kill();
+        let _ = child.wait();
         bail!("helper {pid} did not exit within 10 s of SIGTERM")
     }
 
     /// Pass-through XDP on the peers of the LB's veths.
     pub fn start_peers(&mut self) -> anyhow::Result<()> {
-        for (ns, ifs) in [(self.c.clone(), "c0"), (self.b[0].clone(), "b0"), (self.b[1].clone(), "b0")] {
+        for (ns, ifs) in [
+            (self.c.clone(), "c0"),
+            (self.b[0].clone(), "b0"),
+            (self.b[1].clone(), "b0"),
+        ] {
             self.spawn(&ns, &["l4-serve", "--xdp-iface", ifs])?;
             wait_xdp(&ns, ifs, true)?;
         }
@@ -133,7 +166,22 @@ impl Topo {
     pub fn start_lb(&mut self) -> anyhow::Result<u32> {
         let rules = self.dir.join("rules.json").display().to_string();
         let l = self.l.clone();
-        let pid = self.spawn(&l, &["l4-serve", "--xdp-iface", "l0", "--xdp-iface", "l1", "--xdp-iface", "l2", "--vip-iface", "lo", "--rules", &rules])?;
+        let pid = self.spawn(
+            &l,
+            &[
+                "l4-serve",
+                "--xdp-iface",
+                "l0",
+                "--xdp-iface",
+                "l1",
+                "--xdp-iface",
+                "l2",
+                "--vip-iface",
+                "lo",
+                "--rules",
+                &rules,
+            ],
+        )?;
         for i in 0..3 {
             wait_xdp(&l, &format!("l{i}"), true)?;
         }
@@ -163,9 +211,13 @@ impl Drop for Topo {
 
 /// Waits (≤ 10 s) until `iface` in `ns` has (or has not) an XDP program.
 pub fn wait_xdp(ns: &str, iface: &str, attached: bool) -> anyhow::Result<()> {
-    wait(&format!("XDP {} on {ns}/{iface}", if attached { "attached" } else { "detached" }), || {
-        Ok(cmd(&format!("ip -n {ns} link show dev {iface}"))?.contains("prog/xdp") == attached)
-    })
+    wait(
+        &format!(
+            "XDP {} on {ns}/{iface}",
+            if attached { "attached" } else { "detached" }
+        ),
+        || Ok(cmd(&format!("ip -n {ns} link show dev {iface}"))?.contains("prog/xdp") == attached),
+    )
 }
 
 /// Polls `f` every 50 ms for up to 10 s.
@@ -181,7 +233,10 @@ pub fn wait(what: &str, mut f: impl FnMut() -> anyhow::Result<bool>) -> anyhow::
 }
 
 /// Runs `f` on a thread that has joined network namespace `ns`; sockets it creates stay there.
-pub fn in_ns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> anyhow::Result<T> + Send + 'static) -> anyhow::Result<T> {
+pub fn in_ns<T: Send + 'static>(
+    ns: &str,
+    f: impl FnOnce() -> anyhow::Result<T> + Send + 'static,
+) -> anyhow::Result<T> {
     let path = format!("/run/netns/{ns}");
     thread::spawn(move || {
         let file = fs::File::open(&path).with_context(|| path.clone())?;
@@ -235,13 +290,18 @@ fn names(ns: &str, n: usize, f: fn() -> anyhow::Result<String>) -> anyhow::Resul
 fn check_mode(t: &mut Topo, mode: u8) -> anyhow::Result<()> {
     t.write_rules(&[rule("tcp", mode, &[1, 2]), rule("udp", mode, &[1, 2])])?;
     let l = t.l.clone();
-    wait("VIP on the LB's lo", || Ok(cmd(&format!("ip -n {l} addr show dev lo"))?.contains(VIP)))?;
+    wait("VIP on the LB's lo", || {
+        Ok(cmd(&format!("ip -n {l} addr show dev lo"))?.contains(VIP))
+    })?;
     thread::sleep(Duration::from_millis(300));
     let tcp = names(&t.c, 6, tcp_once).with_context(|| format!("mode {mode}: TCP via the VIP"))?;
     let udp = names(&t.c, 6, udp_once).with_context(|| format!("mode {mode}: UDP via the VIP"))?;
     for (what, got) in [("tcp", &tcp), ("udp", &udp)] {
         let seen: BTreeSet<&str> = got.iter().map(String::as_str).collect();
-        ensure!(seen == BTreeSet::from(["b1", "b2"]), "mode {mode} {what}: replies {got:?}, want both backends");
+        ensure!(
+            seen == BTreeSet::from(["b1", "b2"]),
+            "mode {mode} {what}: replies {got:?}, want both backends"
+        );
     }
     println!("netns-test: mode {mode}: tcp {tcp:?} udp {udp:?}");
     Ok(())
@@ -268,12 +328,18 @@ fn check_endpoint_removal(t: &mut Topo) -> anyhow::Result<()> {
     t.write_rules(&[rule("tcp", 0, &[2])])?;
     thread::sleep(Duration::from_millis(500));
     let after = names(&t.c, 6, tcp_once)?;
-    ensure!(after.iter().all(|n| n == "b2"), "new flows after removing b1: {after:?}");
+    ensure!(
+        after.iter().all(|n| n == "b2"),
+        "new flows after removing b1: {after:?}"
+    );
     for i in 0..3 {
         writeln!(keep, "still there {i}")?;
         let mut line = String::new();
         reader.read_line(&mut line)?;
-        ensure!(line.trim() == "b1", "established flow to removed b1 answered {line:?}");
+        ensure!(
+            line.trim() == "b1",
+            "established flow to removed b1 answered {line:?}"
+        );
     }
     println!("netns-test: removed endpoint: new flows {after:?}, open flow still on b1");
     Ok(())
@@ -289,7 +355,9 @@ pub fn run() -> anyhow::Result<()> {
         if ci {
             bail!("netns-test needs root and network namespaces (CI is set, so this is a failure)");
         }
-        eprintln!("netns-test: SKIPPED (needs root and `ip netns`); set CI=1 to make this an error");
+        eprintln!(
+            "netns-test: SKIPPED (needs root and `ip netns`); set CI=1 to make this an error"
+        );
         return Ok(());
     }
     let mut t = Topo::new("lxt")?;
@@ -299,7 +367,20 @@ pub fn run() -> anyhow::Result<()> {
     for (b, name) in [(&b1, "b1"), (&b2, "b2")] {
         // DSR backends own the VIP on loopback and answer UDP from it.
         cmd(&format!("ip -n {b} addr add {VIP}/32 dev lo"))?;
-        t.spawn(b, &["backend", "--name", name, "--port", "8080", "--tcp-port", "80", "--udp-bind", &dsr_udp])?;
+        t.spawn(
+            b,
+            &[
+                "backend",
+                "--name",
+                name,
+                "--port",
+                "8080",
+                "--tcp-port",
+                "80",
+                "--udp-bind",
+                &dsr_udp,
+            ],
+        )?;
     }
     t.write_rules(&[])?;
     let lb = t.start_lb()?;
@@ -313,7 +394,10 @@ pub fn run() -> anyhow::Result<()> {
     for i in 0..3 {
         wait_xdp(&l, &format!("l{i}"), false)?;
     }
-    ensure!(!cmd(&format!("ip -n {l} addr show dev lo"))?.contains(VIP), "VIP left on lo after exit");
+    ensure!(
+        !cmd(&format!("ip -n {l} addr show dev lo"))?.contains(VIP),
+        "VIP left on lo after exit"
+    );
     println!("netns-test: loader detached from l0 l1 l2 and removed the VIP on exit");
     println!("netns-test: PASS");
     Ok(())

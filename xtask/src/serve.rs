@@ -29,7 +29,10 @@ pub struct ServeArgs {
 
 /// Runs until a signal; detaches and releases VIPs on the way out.
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
     rt.block_on(serve(a))
 }
 
@@ -37,9 +40,19 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     let store = RuleStore::in_memory();
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = L4Metrics::register(&mut registry);
-    let cfg = L4Config { xdp_ifaces: a.xdp_iface, vip_iface: a.vip_iface, stats_interval: Duration::from_secs(1), force_generic: a.xdp_generic };
+    let cfg = L4Config {
+        xdp_ifaces: a.xdp_iface,
+        vip_iface: a.vip_iface,
+        stats_interval: Duration::from_secs(1),
+        force_generic: a.xdp_generic,
+    };
     let token = CancellationToken::new();
-    let mut task = tokio::spawn(loxi_user::l4::run(cfg, store.subscribe(), metrics, token.clone()));
+    let mut task = tokio::spawn(loxi_user::l4::run(
+        cfg,
+        store.subscribe(),
+        metrics,
+        token.clone(),
+    ));
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     loop {
@@ -69,14 +82,26 @@ fn sync_rules(store: &RuleStore, path: &PathBuf) -> anyhow::Result<()> {
     let want: BTreeSet<_> = rules.iter().map(|r| r.key()).collect();
     for k in store.snapshot().rules.keys() {
         if !want.contains(k) {
-            store.delete(&k.external_ip, k.port, &k.protocol, Some(&k.host), Some(&k.model_name))?;
+            store.delete(
+                &k.external_ip,
+                k.port,
+                &k.protocol,
+                Some(&k.host),
+                Some(&k.model_name),
+            )?;
         }
     }
     for r in rules {
         if store.upsert(r.clone()).is_err() {
             // Another shape (e.g. mode) on the same key: replace the rule.
             let k = r.key();
-            store.delete(&k.external_ip, k.port, &k.protocol, Some(&k.host), Some(&k.model_name))?;
+            store.delete(
+                &k.external_ip,
+                k.port,
+                &k.protocol,
+                Some(&k.host),
+                Some(&k.model_name),
+            )?;
             store.upsert(r)?;
         }
     }

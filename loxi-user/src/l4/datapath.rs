@@ -8,8 +8,8 @@ use aya::{
     programs::{TestRun, TestRunOptions, Xdp, XdpMode, xdp::XdpLinkId},
 };
 use loxi_common::maps::{
-    EndpointValue, MAP_COUNTERS, MAP_ENDPOINTS, MAP_SERVICES, MAP_ACTIVE, MAP_WRR, MAX_EPS, PROG_NAME, ServiceKey,
-    ServiceValue, WRR_SLOTS, ctr,
+    EndpointValue, MAP_ACTIVE, MAP_COUNTERS, MAP_ENDPOINTS, MAP_SERVICES, MAP_WRR, MAX_EPS,
+    PROG_NAME, ServiceKey, ServiceValue, WRR_SLOTS, ctr,
 };
 
 use super::{L4Error, Plan, object_bytes};
@@ -51,13 +51,21 @@ impl Datapath {
         let mut ebpf = Ebpf::load(bytes).map_err(|e| L4Error::Load(Box::new(e)))?;
         let prog = xdp(&mut ebpf)?;
         prog.load().map_err(|e| L4Error::program("load", e))?;
-        Ok(Self { ebpf, links: Vec::new(), installed: BTreeMap::new() })
+        Ok(Self {
+            ebpf,
+            links: Vec::new(),
+            installed: BTreeMap::new(),
+        })
     }
 
     /// Attaches to `iface`: native first, generic if the driver refuses (or if `force_generic`).
     pub fn attach(&mut self, iface: &str, force_generic: bool) -> Result<AttachMode, L4Error> {
         let prog = xdp(&mut self.ebpf)?;
-        let first = if force_generic { XdpMode::Skb } else { XdpMode::Driver };
+        let first = if force_generic {
+            XdpMode::Skb
+        } else {
+            XdpMode::Driver
+        };
         let (id, mode) = match prog.attach(iface, first) {
             Ok(id) if force_generic => (id, AttachMode::Generic),
             Ok(id) => (id, AttachMode::Native),
@@ -87,7 +95,8 @@ impl Datapath {
         let links = std::mem::take(&mut self.links);
         let prog = xdp(&mut self.ebpf)?;
         for (iface, id, _) in links {
-            prog.detach(id).map_err(|e| L4Error::program(format!("detach from {iface}"), e))?;
+            prog.detach(id)
+                .map_err(|e| L4Error::program(format!("detach from {iface}"), e))?;
             tracing::info!(iface = %iface, "XDP data path detached");
         }
         Ok(())
@@ -103,7 +112,8 @@ impl Datapath {
                 let mut eps = self.endpoints()?;
                 for (i, e) in svc.endpoints.iter().enumerate() {
                     let idx = svc.value.slot * MAX_EPS + i as u32;
-                    eps.set(idx, e, 0).map_err(|e| L4Error::map(MAP_ENDPOINTS, e))?;
+                    eps.set(idx, e, 0)
+                        .map_err(|e| L4Error::map(MAP_ENDPOINTS, e))?;
                 }
             }
             self.table(MAP_WRR)?
@@ -124,8 +134,12 @@ impl Datapath {
             }
             self.installed.insert(*kb, (svc.key, svc.value));
         }
-        let gone: Vec<[u8; 20]> =
-            self.installed.keys().filter(|k| !plan.services.contains_key(*k)).copied().collect();
+        let gone: Vec<[u8; 20]> = self
+            .installed
+            .keys()
+            .filter(|k| !plan.services.contains_key(*k))
+            .copied()
+            .collect();
         for kb in gone {
             if let Some((key, value)) = self.installed.remove(&kb) {
                 match self.services()?.remove(&key) {
@@ -149,10 +163,15 @@ impl Datapath {
 
     /// Sum over CPUs of counter `idx` (`loxi_common::maps::ctr`).
     pub fn counter(&self, idx: u32) -> Result<u64, L4Error> {
-        let map = self.ebpf.map(MAP_COUNTERS).ok_or(L4Error::MissingMap(MAP_COUNTERS))?;
+        let map = self
+            .ebpf
+            .map(MAP_COUNTERS)
+            .ok_or(L4Error::MissingMap(MAP_COUNTERS))?;
         let arr: PerCpuArray<&MapData, u64> =
             PerCpuArray::try_from(map).map_err(|e| L4Error::map(MAP_COUNTERS, e))?;
-        let v = arr.get(&idx, 0).map_err(|e| L4Error::map(MAP_COUNTERS, e))?;
+        let v = arr
+            .get(&idx, 0)
+            .map_err(|e| L4Error::map(MAP_COUNTERS, e))?;
         Ok(v.iter().sum())
     }
 
@@ -166,8 +185,14 @@ impl Datapath {
     pub fn test_run(&mut self, frame: &[u8]) -> Result<(u32, Vec<u8>), L4Error> {
         let prog = xdp(&mut self.ebpf)?;
         let mut out = vec![0u8; frame.len() + 256];
-        let opts = TestRunOptions { data_in: Some(frame), data_out: Some(&mut out), ..Default::default() };
-        let r = prog.test_run(opts).map_err(|e| L4Error::program("test run", e))?;
+        let opts = TestRunOptions {
+            data_in: Some(frame),
+            data_out: Some(&mut out),
+            ..Default::default()
+        };
+        let r = prog
+            .test_run(opts)
+            .map_err(|e| L4Error::program("test run", e))?;
         out.truncate(r.data_size_out as usize);
         Ok((r.return_value, out))
     }
@@ -178,17 +203,26 @@ impl Datapath {
     }
 
     fn services(&mut self) -> Result<HashMap<&mut MapData, ServiceKey, ServiceValue>, L4Error> {
-        let m = self.ebpf.map_mut(MAP_SERVICES).ok_or(L4Error::MissingMap(MAP_SERVICES))?;
+        let m = self
+            .ebpf
+            .map_mut(MAP_SERVICES)
+            .ok_or(L4Error::MissingMap(MAP_SERVICES))?;
         HashMap::try_from(m).map_err(|e| L4Error::map(MAP_SERVICES, e))
     }
 
-    fn table(&mut self, name: &'static str) -> Result<Array<&mut MapData, [u8; WRR_SLOTS as usize]>, L4Error> {
+    fn table(
+        &mut self,
+        name: &'static str,
+    ) -> Result<Array<&mut MapData, [u8; WRR_SLOTS as usize]>, L4Error> {
         let m = self.ebpf.map_mut(name).ok_or(L4Error::MissingMap(name))?;
         Array::try_from(m).map_err(|e| L4Error::map(name, e))
     }
 
     fn endpoints(&mut self) -> Result<Array<&mut MapData, EndpointValue>, L4Error> {
-        let m = self.ebpf.map_mut(MAP_ENDPOINTS).ok_or(L4Error::MissingMap(MAP_ENDPOINTS))?;
+        let m = self
+            .ebpf
+            .map_mut(MAP_ENDPOINTS)
+            .ok_or(L4Error::MissingMap(MAP_ENDPOINTS))?;
         Array::try_from(m).map_err(|e| L4Error::map(MAP_ENDPOINTS, e))
     }
 }
@@ -202,6 +236,8 @@ impl Drop for Datapath {
 }
 
 fn xdp(ebpf: &mut Ebpf) -> Result<&mut Xdp, L4Error> {
-    let p = ebpf.program_mut(PROG_NAME).ok_or(L4Error::MissingProgram(PROG_NAME))?;
+    let p = ebpf
+        .program_mut(PROG_NAME)
+        .ok_or(L4Error::MissingProgram(PROG_NAME))?;
     p.try_into().map_err(|e| L4Error::program("type check", e))
 }

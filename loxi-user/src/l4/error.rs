@@ -5,7 +5,9 @@ use thiserror::Error;
 #[derive(Debug, Error)]
 pub enum L4Error {
     /// `loxi-user` was built without the eBPF toolchain, so the embedded object is empty.
-    #[error("the XDP object is empty: loxi was built without the eBPF toolchain (run ../shared/scripts/setup-ebpf-toolchain.sh and rebuild)")]
+    #[error(
+        "the XDP object is empty: loxi was built without the eBPF toolchain (run ../shared/scripts/setup-ebpf-toolchain.sh and rebuild)"
+    )]
     NoObject,
     /// The kernel or aya refused the object (verifier, map creation, BTF).
     #[error("loading the XDP object: {0}")]
@@ -54,9 +56,15 @@ pub enum L4Error {
 
 impl L4Error {
     pub(crate) fn map(map: &'static str, e: aya::maps::MapError) -> Self {
-        Self::Map { map, source: Box::new(e) }
+        Self::Map {
+            map,
+            source: Box::new(e),
+        }
     }
     pub(crate) fn program(action: impl Into<String>, e: aya::programs::ProgramError) -> Self {
-        Self::Program { action: action.into(), source: Box::new(e) }
+        Self::Program {
+            action: action.into(),
+            source: Box::new(e),
+        }
     }
 }

@@ -77,7 +77,11 @@ impl L4Metrics {
             ep_bytes: Family::default(),
             attached: Family::default(),
         };
-        registry.register("loxilb_l4_events", "XDP data-path events by kind", m.events.clone());
+        registry.register(
+            "loxilb_l4_events",
+            "XDP data-path events by kind",
+            m.events.clone(),
+        );
         registry.register(
             "loxilb_l4_endpoint_packets",
             "Packets the XDP data path forwarded for an endpoint (both directions)",
@@ -98,7 +102,10 @@ impl L4Metrics {
 
     /// Records an attachment (`up`) or its removal.
     pub fn set_attached(&self, iface: &str, mode: AttachMode, up: bool) {
-        let l = AttachLabels { iface: iface.to_string(), mode: mode.as_str().to_string() };
+        let l = AttachLabels {
+            iface: iface.to_string(),
+            mode: mode.as_str().to_string(),
+        };
         self.attached.get_or_create(&l).set(i64::from(up));
     }
 }
@@ -115,13 +122,20 @@ impl CounterFold {
     pub fn fold(&mut self, dp: &Datapath, plan: &Plan, m: &L4Metrics) -> Result<(), L4Error> {
         for (name, idx) in EVENTS {
             let d = self.delta(*idx, dp.counter(*idx)?);
-            m.events.get_or_create(&EventLabels { event: (*name).to_string() }).inc_by(d);
+            m.events
+                .get_or_create(&EventLabels {
+                    event: (*name).to_string(),
+                })
+                .inc_by(d);
         }
         for svc in plan.services.values() {
             for ep in 0..svc.endpoints.len() as u32 {
                 let (p, b) = dp.endpoint_counters(svc.value.slot, ep)?;
                 let i = ctr::ep_packets(svc.value.slot, ep);
-                let l = EndpointLabels { service: svc.rule_id, endpoint: ep };
+                let l = EndpointLabels {
+                    service: svc.rule_id,
+                    endpoint: ep,
+                };
                 m.ep_packets.get_or_create(&l).inc_by(self.delta(i, p));
                 m.ep_bytes.get_or_create(&l).inc_by(self.delta(i + 1, b));
             }

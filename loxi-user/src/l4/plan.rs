@@ -56,11 +56,13 @@ impl SlotTable {
             return Ok(*s);
         }
         let used: BTreeSet<u32> = self.slots.values().copied().collect();
-        let free = (0..MAX_RULES).find(|s| !used.contains(s)).ok_or(L4Error::Capacity {
-            what: "rules".into(),
-            value: self.slots.len() + 1,
-            limit: MAX_RULES,
-        })?;
+        let free = (0..MAX_RULES)
+            .find(|s| !used.contains(s))
+            .ok_or(L4Error::Capacity {
+                what: "rules".into(),
+                value: self.slots.len() + 1,
+                limit: MAX_RULES,
+            })?;
         self.slots.insert(rule_id, free);
         Ok(free)
     }
@@ -93,7 +95,11 @@ pub fn key_bytes(k: &ServiceKey) -> [u8; 20] {
 /// The local address the kernel would use as source towards `dst` (route lookup through a
 /// connected UDP socket; nothing is sent).
 pub fn route_source(dst: IpAddr) -> Option<IpAddr> {
-    let bind: IpAddr = if dst.is_ipv4() { [0, 0, 0, 0].into() } else { [0u16; 8].into() };
+    let bind: IpAddr = if dst.is_ipv4() {
+        [0, 0, 0, 0].into()
+    } else {
+        [0u16; 8].into()
+    };
     let s = UdpSocket::bind((bind, 0)).ok()?;
     s.connect((dst, 9)).ok()?;
     s.local_addr().ok().map(|a| a.ip())
@@ -121,15 +127,21 @@ pub fn plan(
     let live: BTreeSet<u32> = snap
         .rules
         .values()
-        .filter(|r| r.rule.service.mode != mode::FULLPROXY && proto_num(&r.rule.service.protocol).is_some())
+        .filter(|r| {
+            r.rule.service.mode != mode::FULLPROXY && proto_num(&r.rule.service.protocol).is_some()
+        })
         .map(|r| r.id)
         .collect();
     slots.retain(&live);
     for stored in snap.rules.values() {
         let svc = &stored.rule.service;
-        let Ok(vip) = svc.external_ip.parse::<IpAddr>() else { continue };
+        let Ok(vip) = svc.external_ip.parse::<IpAddr>() else {
+            continue;
+        };
         out.vips.insert(vip);
-        let Some(p) = proto_num(&svc.protocol) else { continue };
+        let Some(p) = proto_num(&svc.protocol) else {
+            continue;
+        };
         if svc.mode == mode::FULLPROXY {
             continue;
         }
@@ -139,7 +151,11 @@ pub fn plan(
             addr: addr_bytes(vip),
             port: svc.port.to_be(),
             proto: p,
-            family: if vip.is_ipv4() { family::V4 } else { family::V6 },
+            family: if vip.is_ipv4() {
+                family::V4
+            } else {
+                family::V6
+            },
         };
         let (wrr, wrr_len) = wrr_table(&eps);
         let (active, nact) = active_table(&eps);
@@ -152,7 +168,17 @@ pub fn plan(
             idle_timeout_s: svc.inactive_timeout,
             wrr_len,
         };
-        out.services.insert(key_bytes(&key), PlannedService { rule_id: stored.id, key, value, endpoints: eps, wrr, active });
+        out.services.insert(
+            key_bytes(&key),
+            PlannedService {
+                rule_id: stored.id,
+                key,
+                value,
+                endpoints: eps,
+                wrr,
+                active,
+            },
+        );
     }
     Ok(out)
 }
@@ -172,14 +198,22 @@ pub fn active_table(eps: &[EndpointValue]) -> ([u8; WRR_SLOTS as usize], u8) {
 /// once each, when the weights add up to more than `WRR_SLOTS`). Returns (table, used length).
 pub fn wrr_table(eps: &[EndpointValue]) -> ([u8; WRR_SLOTS as usize], u32) {
     let mut t = [0u8; WRR_SLOTS as usize];
-    let total: u64 = eps.iter().filter(|e| e.active != 0).map(|e| e.weight as u64).sum();
+    let total: u64 = eps
+        .iter()
+        .filter(|e| e.active != 0)
+        .map(|e| e.weight as u64)
+        .sum();
     if total == 0 {
         return (t, 0);
     }
     let cap = WRR_SLOTS as u64;
     let mut n = 0usize;
     for (i, e) in eps.iter().enumerate().filter(|(_, e)| e.active != 0) {
-        let share = if total <= cap { e.weight as u64 } else { (e.weight as u64 * cap / total).max(1) };
+        let share = if total <= cap {
+            e.weight as u64
+        } else {
+            (e.weight as u64 * cap / total).max(1)
+        };
         for _ in 0..share {
             if n < t.len() {
                 t[n] = i as u8;
@@ -205,7 +239,11 @@ fn endpoints(
     }
     let mut out = Vec::with_capacity(eps.len());
     for e in eps {
-        let ip = e.endpoint_ip.parse::<IpAddr>().ok().filter(|ip| ip.is_ipv4() == vip.is_ipv4());
+        let ip = e
+            .endpoint_ip
+            .parse::<IpAddr>()
+            .ok()
+            .filter(|ip| ip.is_ipv4() == vip.is_ipv4());
         let snat = ip.and_then(snat_for).unwrap_or(vip);
         out.push(EndpointValue {
             addr: ip.map(addr_bytes).unwrap_or_default(),

@@ -93,11 +93,19 @@ async fn reconcile(
     {
         tracing::error!(error = %e, "syncing VIPs");
     }
-    tracing::debug!(version = snap.version, services = p.services.len(), "L4 reconciled");
+    tracing::debug!(
+        version = snap.version,
+        services = p.services.len(),
+        "L4 reconciled"
+    );
     p
 }
 
-async fn stop(dp: Option<Datapath>, vips: Option<VipManager>, metrics: &L4Metrics) -> Result<(), L4Error> {
+async fn stop(
+    dp: Option<Datapath>,
+    vips: Option<VipManager>,
+    metrics: &L4Metrics,
+) -> Result<(), L4Error> {
     if let Some(mut v) = vips {
         v.release_all().await?;
     }

@@ -53,7 +53,12 @@ impl VipManager {
             Ok(Some(l)) => l.header.index,
             Ok(None) | Err(_) => return Err(NetlinkError::NoInterface(iface.to_string())),
         };
-        Ok(Self { handle, iface: iface.to_string(), index, added: BTreeSet::new() })
+        Ok(Self {
+            handle,
+            iface: iface.to_string(),
+            index,
+            added: BTreeSet::new(),
+        })
     }
 
     /// Addresses loxi added so far.
@@ -83,7 +88,12 @@ impl VipManager {
 
     async fn present(&self) -> Result<Vec<(IpAddr, AddressMessage)>, NetlinkError> {
         let mut out = Vec::new();
-        let mut s = self.handle.address().get().set_link_index_filter(self.index).execute();
+        let mut s = self
+            .handle
+            .address()
+            .get()
+            .set_link_index_filter(self.index)
+            .execute();
         loop {
             match s.try_next().await {
                 Ok(Some(msg)) => {
@@ -124,7 +134,11 @@ impl VipManager {
         Ok(())
     }
 
-    async fn remove(&mut self, ip: IpAddr, present: &[(IpAddr, AddressMessage)]) -> Result<(), NetlinkError> {
+    async fn remove(
+        &mut self,
+        ip: IpAddr,
+        present: &[(IpAddr, AddressMessage)],
+    ) -> Result<(), NetlinkError> {
         if let Some((_, msg)) = present.iter().find(|(a, _)| *a == ip) {
             self.handle
                 .address()
@@ -139,6 +153,10 @@ impl VipManager {
     }
 
     fn err(&self, action: &str, source: rtnetlink::Error) -> NetlinkError {
-        NetlinkError::Request { action: action.to_string(), iface: self.iface.clone(), source }
+        NetlinkError::Request {
+            action: action.to_string(),
+            iface: self.iface.clone(),
+            source,
+        }
     }
 }

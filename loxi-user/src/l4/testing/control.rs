@@ -6,12 +6,20 @@ use prometheus_client::{encoding::text::encode, registry::Registry};
 
 use super::*;
 use crate::{
-    l4::{L4Metrics, metrics::CounterFold, plan::{active_table, wrr_table}},
+    l4::{
+        L4Metrics,
+        metrics::CounterFold,
+        plan::{active_table, wrr_table},
+    },
     netlink::{NetlinkError, VipManager},
 };
 
 fn ep(weight: u16, active: u8) -> EndpointValue {
-    EndpointValue { weight, active, ..Default::default() }
+    EndpointValue {
+        weight,
+        active,
+        ..Default::default()
+    }
 }
 
 #[test]
@@ -33,7 +41,14 @@ fn slots_stay_stable_on_update_and_are_reused_after_delete() {
     ]);
     let before = lb.plan_slots();
     lb.set_rules(&[
-        &rule("20.0.0.1", 80, "tcp", 0, 0, &[("10.0.1.2", 1), ("10.0.1.4", 1)]),
+        &rule(
+            "20.0.0.1",
+            80,
+            "tcp",
+            0,
+            0,
+            &[("10.0.1.2", 1), ("10.0.1.4", 1)],
+        ),
         &rule("20.0.0.2", 80, "tcp", 0, 0, &[("10.0.1.3", 1)]),
     ]);
     assert_eq!(lb.plan_slots(), before, "updated rule keeps its slot");
@@ -43,7 +58,10 @@ fn slots_stay_stable_on_update_and_are_reused_after_delete() {
     ]);
     let after = lb.plan_slots();
     assert_eq!(after[0], before[0]);
-    assert_eq!(after[1].1, before[1].1, "the deleted rule's slot is reused in the same snapshot");
+    assert_eq!(
+        after[1].1, before[1].1,
+        "the deleted rule's slot is reused in the same snapshot"
+    );
     assert_ne!(after[1].0, before[1].0);
 }
 
@@ -61,9 +79,17 @@ fn counters_are_exported_as_prometheus_deltas() {
     fold.fold(&lb.dp, lb.current(), &m).unwrap();
     let mut text = String::new();
     encode(&mut text, &reg).unwrap();
-    assert!(text.contains(r#"loxilb_l4_events_total{event="new_flow"} 4"#), "{text}");
+    assert!(
+        text.contains(r#"loxilb_l4_events_total{event="new_flow"} 4"#),
+        "{text}"
+    );
     let id = lb.current().services.values().next().unwrap().rule_id;
-    assert!(text.contains(&format!(r#"loxilb_l4_endpoint_packets_total{{service="{id}",endpoint="0"}} 4"#)), "{text}");
+    assert!(
+        text.contains(&format!(
+            r#"loxilb_l4_endpoint_packets_total{{service="{id}",endpoint="0"}} 4"#
+        )),
+        "{text}"
+    );
     assert_eq!(lb.ctr(ctr::NAT_FWD), 4);
     let dir = tempfile::tempdir().unwrap();
     let f = dir.path().join("m.txt");
@@ -75,15 +101,21 @@ fn counters_are_exported_as_prometheus_deltas() {
         .stdin(std::fs::File::open(&f).unwrap())
         .output()
         .expect("promtool installed (scripts/setup.sh)");
-    let report = String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    let report =
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
     assert!(
-        report.lines().all(|l| l.trim().is_empty() || l.ends_with("no help text")),
+        report
+            .lines()
+            .all(|l| l.trim().is_empty() || l.ends_with("no help text")),
         "promtool: {report}"
     );
 }
 
 fn lo_has(ip: &str) -> bool {
-    let out = Command::new("ip").args(["addr", "show", "dev", "lo"]).output().unwrap();
+    let out = Command::new("ip")
+        .args(["addr", "show", "dev", "lo"])
+        .output()
+        .unwrap();
     String::from_utf8_lossy(&out.stdout).contains(&format!("{ip}/"))
 }
 
@@ -91,16 +123,26 @@ fn lo_has(ip: &str) -> bool {
 fn vips_are_added_once_and_only_loxis_own_are_removed() {
     fresh_netns();
     sh("ip link set lo up && ip addr add 20.0.0.9/32 dev lo");
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     rt.block_on(async {
-        assert!(matches!(VipManager::new("nope0").await, Err(NetlinkError::NoInterface(_))));
+        assert!(matches!(
+            VipManager::new("nope0").await,
+            Err(NetlinkError::NoInterface(_))
+        ));
         let mut v = VipManager::new("lo").await.unwrap();
         let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
         let want: BTreeSet<IpAddr> = [ip("20.0.0.1"), ip("20.0.0.9"), ip("2001:db8::1")].into();
         v.sync(&want).await.unwrap();
         v.sync(&want).await.unwrap(); // no duplicate, no EEXIST
         assert!(lo_has("20.0.0.1") && lo_has("2001:db8::1"));
-        assert_eq!(v.added(), &BTreeSet::from([ip("20.0.0.1"), ip("2001:db8::1")]), "20.0.0.9 was already there");
+        assert_eq!(
+            v.added(),
+            &BTreeSet::from([ip("20.0.0.1"), ip("2001:db8::1")]),
+            "20.0.0.9 was already there"
+        );
         v.release_all().await.unwrap();
         assert!(!lo_has("20.0.0.1"));
         assert!(lo_has("20.0.0.9"), "an address loxi did not add stays");

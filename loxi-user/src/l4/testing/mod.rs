@@ -30,16 +30,27 @@ pub const LB_V6: &str = "fd00::fe";
 pub fn fresh_netns() {
     // SAFETY: plain syscalls on the calling thread; arguments are valid.
     unsafe {
-        assert_eq!(libc::unshare(libc::CLONE_NEWNET), 0, "unshare(CLONE_NEWNET) needs root");
+        assert_eq!(
+            libc::unshare(libc::CLONE_NEWNET),
+            0,
+            "unshare(CLONE_NEWNET) needs root"
+        );
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         libc::CPU_SET(0, &mut set);
-        assert_eq!(libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set), 0);
+        assert_eq!(
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
+            0
+        );
     }
 }
 
 /// Runs `ip`/`sysctl` style commands inside this thread's namespace.
 pub fn sh(cmd: &str) {
-    let st = Command::new("sh").arg("-c").arg(cmd).status().expect("spawn sh");
+    let st = Command::new("sh")
+        .arg("-c")
+        .arg(cmd)
+        .status()
+        .expect("spawn sh");
     assert!(st.success(), "command failed: {cmd}");
 }
 
@@ -56,19 +67,28 @@ impl Lb {
     pub fn new(rules: &[&str]) -> Self {
         fresh_netns();
         let dp = Datapath::load().expect("load XDP object (root and the eBPF toolchain needed)");
-        let mut lb = Self { dp, store: RuleStore::in_memory(), slots: SlotTable::default(), current: Plan::default() };
+        let mut lb = Self {
+            dp,
+            store: RuleStore::in_memory(),
+            slots: SlotTable::default(),
+            current: Plan::default(),
+        };
         lb.set_rules(rules);
         lb
     }
 
     /// Replaces the rule set and reconciles the maps.
     pub fn set_rules(&mut self, rules: &[&str]) {
-        let rules: Vec<LbRule> =
-            rules.iter().map(|r| serde_json::from_str(r).expect("test rule JSON")).collect();
+        let rules: Vec<LbRule> = rules
+            .iter()
+            .map(|r| serde_json::from_str(r).expect("test rule JSON"))
+            .collect();
         let keep: Vec<_> = rules.iter().map(|r| r.key()).collect();
         for k in self.store.snapshot().rules.keys() {
             if !keep.contains(k) {
-                self.store.delete(&k.external_ip, k.port, &k.protocol, None, None).expect("delete");
+                self.store
+                    .delete(&k.external_ip, k.port, &k.protocol, None, None)
+                    .expect("delete");
             }
         }
         for rule in rules {
@@ -76,7 +96,11 @@ impl Lb {
             self.store.upsert(rule).expect("valid test rule");
         }
         let snat = |ip: IpAddr| -> Option<IpAddr> {
-            Some(if ip.is_ipv4() { LB_V4.parse().ok()? } else { LB_V6.parse().ok()? })
+            Some(if ip.is_ipv4() {
+                LB_V4.parse().ok()?
+            } else {
+                LB_V6.parse().ok()?
+            })
         };
         let p = plan(&self.store.snapshot(), &mut self.slots, &snat).expect("plan");
         self.dp.apply(&p).expect("apply plan");
@@ -90,7 +114,11 @@ impl Lb {
 
     /// (rule id, slot) of every planned service.
     pub fn plan_slots(&self) -> Vec<(u32, u32)> {
-        self.current.services.values().map(|s| (s.rule_id, s.value.slot)).collect()
+        self.current
+            .services
+            .values()
+            .map(|s| (s.rule_id, s.value.slot))
+            .collect()
     }
 
     /// Runs one frame through the program.

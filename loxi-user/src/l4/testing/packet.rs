@@ -45,7 +45,11 @@ impl Frame {
 
     /// A UDP datagram with a 12-byte payload.
     pub fn udp(src: &str, sport: u16, dst: &str, dport: u16) -> Self {
-        Self { proto: proto::UDP, tcp_flags: 0, ..Self::tcp(src, sport, dst, dport) }
+        Self {
+            proto: proto::UDP,
+            tcp_flags: 0,
+            ..Self::tcp(src, sport, dst, dport)
+        }
     }
 
     /// Same frame with other addresses/ports (for expected outputs).
@@ -110,7 +114,11 @@ impl Frame {
         };
         l4.extend_from_slice(&self.payload);
         let c = checksum(&l4, pseudo(self.src, self.dst, self.proto, l4.len()));
-        let c = if c == 0 && self.proto == proto::UDP { 0xffff } else { c };
+        let c = if c == 0 && self.proto == proto::UDP {
+            0xffff
+        } else {
+            c
+        };
         l4[csum_at..csum_at + 2].copy_from_slice(&c.to_be_bytes());
         l4
     }
@@ -118,7 +126,11 @@ impl Frame {
 
 fn sum16(data: &[u8], mut acc: u32) -> u32 {
     for ch in data.chunks(2) {
-        let w = if ch.len() == 2 { u16::from_be_bytes([ch[0], ch[1]]) } else { u16::from_be_bytes([ch[0], 0]) };
+        let w = if ch.len() == 2 {
+            u16::from_be_bytes([ch[0], ch[1]])
+        } else {
+            u16::from_be_bytes([ch[0], 0])
+        };
         acc += w as u32;
     }
     acc

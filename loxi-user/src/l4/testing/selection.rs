@@ -15,7 +15,12 @@ fn spread(lb: &mut Lb, n: u16, vary_client: bool) -> BTreeMap<IpAddr, u32> {
     let mut m = BTreeMap::new();
     for i in 0..n {
         let f = if vary_client {
-            Frame::tcp(&format!("192.168.{}.{}", i / 200, 1 + i % 200), 40000, VIP, 80)
+            Frame::tcp(
+                &format!("192.168.{}.{}", i / 200, 1 + i % 200),
+                40000,
+                VIP,
+                80,
+            )
         } else {
             Frame::tcp("192.168.0.1", 20000 + i, VIP, 80)
         };
@@ -31,14 +36,32 @@ fn ip(s: &str) -> IpAddr {
 
 #[test]
 fn rr_spreads_new_flows_evenly() {
-    let mut lb = Lb::new(&[&rule(VIP, 80, "tcp", 0, sel::RR, &[(EPS[0], 1), (EPS[1], 1), (EPS[2], 1)])]);
+    let mut lb = Lb::new(&[&rule(
+        VIP,
+        80,
+        "tcp",
+        0,
+        sel::RR,
+        &[(EPS[0], 1), (EPS[1], 1), (EPS[2], 1)],
+    )]);
     let m = spread(&mut lb, 300, false);
-    assert_eq!(m.values().copied().collect::<Vec<_>>(), vec![100, 100, 100], "{m:?}");
+    assert_eq!(
+        m.values().copied().collect::<Vec<_>>(),
+        vec![100, 100, 100],
+        "{m:?}"
+    );
 }
 
 #[test]
 fn wrr_follows_weights() {
-    let mut lb = Lb::new(&[&rule(VIP, 80, "tcp", 0, sel::WRR, &[(EPS[0], 1), (EPS[1], 3)])]);
+    let mut lb = Lb::new(&[&rule(
+        VIP,
+        80,
+        "tcp",
+        0,
+        sel::WRR,
+        &[(EPS[0], 1), (EPS[1], 3)],
+    )]);
     let m = spread(&mut lb, 400, false);
     assert_eq!(m.get(&ip(EPS[0])), Some(&100), "{m:?}");
     assert_eq!(m.get(&ip(EPS[1])), Some(&300), "{m:?}");
@@ -62,9 +85,20 @@ fn hash_is_a_pure_function_of_the_tuple_and_spreads() {
 
 #[test]
 fn persist_pins_a_client_address_and_spreads_clients() {
-    let mut lb = Lb::new(&[&rule(VIP, 80, "tcp", 0, sel::PERSIST, &[(EPS[0], 1), (EPS[1], 1), (EPS[2], 1)])]);
+    let mut lb = Lb::new(&[&rule(
+        VIP,
+        80,
+        "tcp",
+        0,
+        sel::PERSIST,
+        &[(EPS[0], 1), (EPS[1], 1), (EPS[2], 1)],
+    )]);
     let same = spread(&mut lb, 50, false);
-    assert_eq!(same.len(), 1, "one client, many ports → one endpoint: {same:?}");
+    assert_eq!(
+        same.len(),
+        1,
+        "one client, many ports → one endpoint: {same:?}"
+    );
     let clients = spread(&mut lb, 300, true);
     assert_eq!(clients.len(), 3, "{clients:?}");
     assert!(clients.values().all(|c| *c >= 60), "{clients:?}");
@@ -72,7 +106,14 @@ fn persist_pins_a_client_address_and_spreads_clients() {
 
 #[test]
 fn lc_sends_new_flows_to_the_endpoint_with_fewest_connections() {
-    let mut lb = Lb::new(&[&rule(VIP, 80, "tcp", 0, sel::LC, &[(EPS[0], 1), (EPS[1], 1)])]);
+    let mut lb = Lb::new(&[&rule(
+        VIP,
+        80,
+        "tcp",
+        0,
+        sel::LC,
+        &[(EPS[0], 1), (EPS[1], 1)],
+    )]);
     let a = Frame::tcp("192.168.0.1", 1001, VIP, 80);
     let b = Frame::tcp("192.168.0.1", 1002, VIP, 80);
     let ea = dst_of(&lb.run(&a).1);
@@ -92,7 +133,14 @@ fn lc_sends_new_flows_to_the_endpoint_with_fewest_connections() {
 
 #[test]
 fn established_flows_stick_to_their_endpoint() {
-    let mut lb = Lb::new(&[&rule(VIP, 80, "tcp", 0, sel::RR, &[(EPS[0], 1), (EPS[1], 1), (EPS[2], 1)])]);
+    let mut lb = Lb::new(&[&rule(
+        VIP,
+        80,
+        "tcp",
+        0,
+        sel::RR,
+        &[(EPS[0], 1), (EPS[1], 1), (EPS[2], 1)],
+    )]);
     let f = Frame::tcp("192.168.0.1", 40000, VIP, 80);
     let first = dst_of(&lb.run(&f).1);
     let mut ack = f.clone();
@@ -105,33 +153,61 @@ fn established_flows_stick_to_their_endpoint() {
 
 #[test]
 fn rst_ends_the_flow_and_fin_keeps_it_until_timeout() {
-    let mut lb = Lb::new(&[&rule(VIP, 80, "tcp", 0, sel::RR, &[(EPS[0], 1), (EPS[1], 1)])]);
+    let mut lb = Lb::new(&[&rule(
+        VIP,
+        80,
+        "tcp",
+        0,
+        sel::RR,
+        &[(EPS[0], 1), (EPS[1], 1)],
+    )]);
     let f = Frame::tcp("192.168.0.1", 40000, VIP, 80);
     lb.run(&f);
     let mut fin = f.clone();
     fin.tcp_flags = FIN | ACK;
     lb.run(&fin);
     lb.run(&fin);
-    assert_eq!((lb.ctr(ctr::CT_FIN), lb.ctr(ctr::NEW_FLOW)), (1, 1), "FIN counted once, flow kept");
+    assert_eq!(
+        (lb.ctr(ctr::CT_FIN), lb.ctr(ctr::NEW_FLOW)),
+        (1, 1),
+        "FIN counted once, flow kept"
+    );
     let mut rst = f.clone();
     rst.tcp_flags = RST;
     lb.run(&rst);
     assert_eq!(lb.ctr(ctr::CT_RST), 1);
     lb.run(&f);
-    assert_eq!(lb.ctr(ctr::NEW_FLOW), 2, "after RST the same tuple is a new flow");
+    assert_eq!(
+        lb.ctr(ctr::NEW_FLOW),
+        2,
+        "after RST the same tuple is a new flow"
+    );
 }
 
 #[test]
 fn removed_endpoint_gets_no_new_flows_but_keeps_its_established_ones() {
-    let mut lb = Lb::new(&[&rule(VIP, 80, "tcp", 0, sel::RR, &[(EPS[0], 1), (EPS[1], 1)])]);
-    let old: Vec<Frame> = (0..4).map(|i| Frame::tcp("192.168.0.1", 41000 + i, VIP, 80)).collect();
+    let mut lb = Lb::new(&[&rule(
+        VIP,
+        80,
+        "tcp",
+        0,
+        sel::RR,
+        &[(EPS[0], 1), (EPS[1], 1)],
+    )]);
+    let old: Vec<Frame> = (0..4)
+        .map(|i| Frame::tcp("192.168.0.1", 41000 + i, VIP, 80))
+        .collect();
     let before: Vec<IpAddr> = old.iter().map(|f| dst_of(&lb.run(f).1)).collect();
     assert!(before.contains(&ip(EPS[0])) && before.contains(&ip(EPS[1])));
     lb.set_rules(&[&rule(VIP, 80, "tcp", 0, sel::RR, &[(EPS[1], 1)])]);
     for (f, want) in old.iter().zip(&before) {
         let mut ack = f.clone();
         ack.tcp_flags = ACK;
-        assert_eq!(dst_of(&lb.run(&ack).1), *want, "established flow keeps its endpoint");
+        assert_eq!(
+            dst_of(&lb.run(&ack).1),
+            *want,
+            "established flow keeps its endpoint"
+        );
     }
     let m = spread(&mut lb, 20, false);
     assert_eq!(m.get(&ip(EPS[1])), Some(&20), "{m:?}");

@@ -52,11 +52,18 @@ fn fullnat_rewrites_source_and_maps_replies_back() {
         let (act, out) = lb.run(&f);
         assert_eq!(act, XDP_PASS, "mode {mode}");
         let nport = sport_v4(&out);
-        assert!((32768..60768).contains(&nport), "mode {mode}: NAT port {nport}");
+        assert!(
+            (32768..60768).contains(&nport),
+            "mode {mode}: NAT port {nport}"
+        );
         assert_eq!(out, f.with(LB_V4, nport, EP0, 8080).bytes(), "mode {mode}");
         let mut reply = Frame::tcp(EP0, 8080, LB_V4, nport);
         reply.tcp_flags = SYN | ACK;
-        assert_eq!(lb.run(&reply).1, reply.with(VIP, 80, CLIENT, 40000).bytes(), "mode {mode}");
+        assert_eq!(
+            lb.run(&reply).1,
+            reply.with(VIP, 80, CLIENT, 40000).bytes(),
+            "mode {mode}"
+        );
     }
 }
 
@@ -71,17 +78,23 @@ fn fullnat_gives_clashing_client_ports_distinct_nat_ports() {
 #[test]
 fn dsr_rewrites_only_the_macs_towards_the_endpoint() {
     let mut lb = Lb::new(&[&rule(VIP, 80, "tcp", 3, 0, &[(EP0, 1)])]);
-    sh("ip link add lbv0 address 02:00:00:00:01:01 type veth peer name lbv1 \
+    sh(
+        "ip link add lbv0 address 02:00:00:00:01:01 type veth peer name lbv1 \
         && ip addr add 10.0.1.1/24 dev lbv0 && ip link set lo up && ip link set lbv0 up \
         && ip link set lbv1 up && ip neigh replace 10.0.1.2 lladdr 02:00:00:00:01:02 dev lbv0 nud permanent \
-        && sysctl -qw net.ipv4.conf.all.forwarding=1");
+        && sysctl -qw net.ipv4.conf.all.forwarding=1",
+    );
     let f = Frame::tcp(CLIENT, 40000, VIP, 80);
     let (act, out) = lb.run(&f);
     assert_eq!(act, XDP_REDIRECT);
     let mut want = f.clone();
     want.dmac = [0x02, 0, 0, 0, 0x01, 0x02];
     want.smac = [0x02, 0, 0, 0, 0x01, 0x01];
-    assert_eq!(out, want.bytes(), "IP header untouched, MACs of the route to the endpoint");
+    assert_eq!(
+        out,
+        want.bytes(),
+        "IP header untouched, MACs of the route to the endpoint"
+    );
     assert_eq!(lb.ctr(ctr::DSR), 1);
     assert_eq!(lb.ctr(ctr::REDIRECT), 1);
 }
@@ -120,11 +133,11 @@ fn truncated_frames_are_dropped_safely() {
     vlan.vlan = Some(7);
     let v6 = Frame::tcp("2001:db8::9", 40000, "2001:db8::1", 80).bytes();
     let cases: Vec<Vec<u8>> = vec![
-        full[..14].to_vec(),        // Ethernet only, IPv4 ethertype
-        full[..30].to_vec(),        // IPv4 header cut
-        full[..40].to_vec(),        // TCP header cut
+        full[..14].to_vec(),         // Ethernet only, IPv4 ethertype
+        full[..30].to_vec(),         // IPv4 header cut
+        full[..40].to_vec(),         // TCP header cut
         vlan.bytes()[..16].to_vec(), // VLAN tag cut
-        v6[..50].to_vec(),          // IPv6 header cut
+        v6[..50].to_vec(),           // IPv6 header cut
     ];
     for c in &cases {
         let (act, _) = lb.dp.test_run(c).unwrap();
@@ -138,11 +151,17 @@ fn truncated_frames_are_dropped_safely() {
 fn ipv6_dnat_rewrites_addresses_and_checksum() {
     let mut lb = Lb::new(&[&rule("2001:db8::1", 80, "tcp", 0, 0, &[("fd00::2", 1)])]);
     let f = Frame::tcp("2001:db8::9", 40000, "2001:db8::1", 80);
-    assert_eq!(lb.run(&f).1, f.with("2001:db8::9", 40000, "fd00::2", 8080).bytes());
+    assert_eq!(
+        lb.run(&f).1,
+        f.with("2001:db8::9", 40000, "fd00::2", 8080).bytes()
+    );
     let u = Frame::udp("2001:db8::9", 40000, "2001:db8::1", 80);
     assert_eq!(lb.run(&u).1, u.bytes(), "udp has no service");
     let r = Frame::tcp("fd00::2", 8080, "2001:db8::9", 40000);
-    assert_eq!(lb.run(&r).1, r.with("2001:db8::1", 80, "2001:db8::9", 40000).bytes());
+    assert_eq!(
+        lb.run(&r).1,
+        r.with("2001:db8::1", 80, "2001:db8::9", 40000).bytes()
+    );
 }
 
 #[test]
