@@ -31,6 +31,8 @@ pub struct Topo {
     pub b: [String; 2],
     pub dir: PathBuf,
     children: Vec<Child>,
+    /// Log of the LB's data-path process.
+    pub lb_log: Option<PathBuf>,
 }
 
 /// Runs `ip …` (or any command) and fails with its stderr.
@@ -58,6 +60,7 @@ impl Topo {
             b: [format!("{tag}b1{id}"), format!("{tag}b2{id}")],
             dir: std::env::temp_dir().join(format!("loxi-{tag}-{id}")),
             children: Vec::new(),
+            lb_log: None,
         };
         fs::create_dir_all(&t.dir)?;
         for ns in [&t.c, &t.l, &t.b[0], &t.b[1]] {
@@ -185,6 +188,10 @@ impl Topo {
         for i in 0..3 {
             wait_xdp(&l, &format!("l{i}"), true)?;
         }
+        self.lb_log = Some(
+            self.dir
+                .join(format!("{l}-{}.log", self.children.len() - 1)),
+        );
         Ok(pid)
     }
 }
@@ -384,6 +391,16 @@ pub fn run() -> anyhow::Result<()> {
     }
     t.write_rules(&[])?;
     let lb = t.start_lb()?;
+    let log = fs::read_to_string(t.lb_log.as_ref().context("LB log")?)?;
+    let attached = log
+        .lines()
+        .filter(|l| l.contains("XDP data path attached"))
+        .count();
+    ensure!(
+        attached == 3 && log.contains("native"),
+        "attach mode not logged for l0 l1 l2:\n{log}"
+    );
+    println!("netns-test: data path attached to l0 l1 l2 in native mode (from the loader's log)");
     for mode in [0u8, 2, 1, 5, 3] {
         check_mode(&mut t, mode)?;
         // Let old conntrack entries of the previous mode not matter: new client ports anyway.

@@ -181,3 +181,17 @@ fn service_whose_only_endpoint_is_of_the_other_family_drops_new_flows() {
     assert_eq!(act, XDP_DROP);
     assert_eq!(lb.ctr(ctr::DROP_NO_ENDPOINT), 1);
 }
+
+#[test]
+fn ipv6_fullnat_rewrites_source_and_maps_replies_back() {
+    let mut lb = Lb::new(&[&rule("2001:db8::1", 80, "udp", 2, 0, &[("fd00::2", 1)])]);
+    let f = Frame::udp("2001:db8::9", 40000, "2001:db8::1", 80);
+    let (_, out) = lb.run(&f);
+    let nport = u16::from_be_bytes([out[54], out[55]]);
+    assert_eq!(out, f.with(LB_V6, nport, "fd00::2", 8080).bytes());
+    let r = Frame::udp("fd00::2", 8080, LB_V6, nport);
+    assert_eq!(
+        lb.run(&r).1,
+        r.with("2001:db8::1", 80, "2001:db8::9", 40000).bytes()
+    );
+}
