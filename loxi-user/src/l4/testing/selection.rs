@@ -220,3 +220,18 @@ fn deleting_the_rule_stops_new_flows() {
     let f = Frame::tcp("192.168.0.1", 40000, VIP, 80);
     assert_eq!(lb.run(&f), (XDP_PASS, f.bytes()));
 }
+
+#[test]
+fn idle_flows_expire_after_the_rules_inactive_timeout() {
+    let r = rule(VIP, 80, "udp", 0, sel::RR, &[(EPS[0], 1), (EPS[1], 1)])
+        .replace(r#""sel":0"#, r#""sel":0,"inactiveTimeOut":1"#);
+    let mut lb = Lb::new(&[&r]);
+    let f = Frame::udp("192.168.0.1", 40000, VIP, 80);
+    lb.run(&f);
+    lb.run(&f);
+    assert_eq!((lb.ctr(ctr::NEW_FLOW), lb.ctr(ctr::CT_EXPIRED)), (1, 0));
+    // Kernel time cannot be paused: wait out the 1 s timeout for real.
+    std::thread::sleep(std::time::Duration::from_millis(1300));
+    lb.run(&f);
+    assert_eq!((lb.ctr(ctr::NEW_FLOW), lb.ctr(ctr::CT_EXPIRED)), (2, 1));
+}
