@@ -44,9 +44,14 @@ pub fn key_of(pkt: &Pkt) -> CtKey {
     }
 }
 
-/// Key of the opposite direction of the flow an entry belongs to.
+/// Key of the opposite direction of the flow an entry belongs to. NAT entries: the swap of
+/// the tuple they write. DSR entries rewrite nothing (their `ndaddr` is the endpoint the frame
+/// is sent to), so the opposite key is the swap of their own key.
 #[inline(always)]
 pub fn other_key(k: &CtKey, v: &CtValue) -> CtKey {
+    if v.mode == mode::DSR {
+        return CtKey { saddr: k.daddr, daddr: k.saddr, sport: k.dport, dport: k.sport, ..*k };
+    }
     CtKey {
         saddr: v.ndaddr,
         daddr: v.nsaddr,
@@ -192,8 +197,9 @@ pub fn create(k: &CtKey, pkt: &Pkt, svc: &ServiceValue, ep_idx: u32, v: &mut CtV
     v.nsaddr = pkt.saddr;
     v.nsport = pkt.sport;
     if svc.mode == mode::DSR {
-        // No rewrite: the endpoint owns the VIP; replies bypass us.
-        v.ndaddr = pkt.daddr;
+        // No rewrite: the endpoint owns the VIP. `ndaddr` pins the endpoint the frames go to
+        // (by MAC), so the flow survives endpoint-table changes.
+        v.ndaddr = ep.addr;
         v.ndport = pkt.dport;
     } else {
         v.ndaddr = ep.addr;

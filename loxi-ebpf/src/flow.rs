@@ -6,7 +6,7 @@
 //! ([`decide`]) so the two stacks stay under the 512-byte limit together.
 use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
 use loxi_common::{
-    maps::{CtKey, CtValue, MAX_EPS, ServiceKey, ctr, dir},
+    maps::{CtKey, CtValue, ServiceKey, ctr, dir},
     mode,
 };
 
@@ -14,7 +14,7 @@ use crate::{
     csum::rewrite,
     ct,
     fwd::forward,
-    maps::{CT, ENDPOINTS, SERVICES, count, count_ep},
+    maps::{CT, SERVICES, count, count_ep},
     parse::{ParseError, Pkt, parse},
     select::select,
 };
@@ -112,15 +112,9 @@ fn apply(ctx: &XdpContext, pkt: &Pkt, v: &CtValue) -> Result<u32, ParseError> {
     count_ep(v.slot, v.ep as u32, bytes);
     if v.mode == mode::DSR {
         count(ctr::DSR, 1);
-        if v.dir == dir::REV {
-            return forward(ctx, pkt.family, &v.ndaddr);
-        }
-        // The route to the endpoint gives its MAC; the IP header stays (dst = VIP).
-        let ep = ENDPOINTS
-            .get(v.slot * MAX_EPS + v.ep as u32)
-            .ok_or(ParseError::NotOurs)?;
-        let addr = ep.addr;
-        return forward(ctx, pkt.family, &addr);
+        // Forward: the route to the endpoint (`ndaddr`) gives its MAC; the IP header stays
+        // (dst = VIP). Reply: on to the client unchanged.
+        return forward(ctx, pkt.family, &v.ndaddr);
     }
     rewrite(ctx, pkt, &v.nsaddr, &v.ndaddr, v.nsport, v.ndport)?;
     count(

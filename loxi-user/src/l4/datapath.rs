@@ -1,6 +1,6 @@
 //! The loaded XDP object: attachment (native with generic fallback), map programming from a
 //! [`Plan`], counter reads and `BPF_PROG_TEST_RUN`.
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use aya::{
     Ebpf,
@@ -102,38 +102,13 @@ impl Datapath {
         Ok(())
     }
 
-    /// Makes the maps match `plan`: endpoints rows first, then the service entry, then stale
-    /// rows deactivated and removed services deleted. Conntrack is left alone, so established
-    /// flows keep their endpoint.
+    /// Makes the maps match `plan`. Removed services go first (so a slot freed and reused in
+    /// the same snapshot is not wiped after its new owner wrote it); then, per service, its
+    /// endpoint rows and tables are written before the service entry that makes them live.
+    /// Rows are only cleared in slots no planned service uses (or past a shrunk `nep`).
+    /// Conntrack is left alone, so established flows keep their endpoint.
     pub fn apply(&mut self, plan: &Plan) -> Result<(), L4Error> {
-        for (kb, svc) in &plan.services {
-            let old_nep = self.installed.get(kb).map(|(_, v)| (v.slot, v.nep));
-            {
-                let mut eps = self.endpoints()?;
-                for (i, e) in svc.endpoints.iter().enumerate() {
-                    let idx = svc.value.slot * MAX_EPS + i as u32;
-                    eps.set(idx, e, 0)
-                        .map_err(|e| L4Error::map(MAP_ENDPOINTS, e))?;
-                }
-            }
-            self.table(MAP_WRR)?
-                .set(svc.value.slot, svc.wrr, 0)
-                .map_err(|e| L4Error::map(MAP_WRR, e))?;
-            self.table(MAP_ACTIVE)?
-                .set(svc.value.slot, svc.active, 0)
-                .map_err(|e| L4Error::map(MAP_ACTIVE, e))?;
-            self.services()?
-                .insert(svc.key, svc.value, 0)
-                .map_err(|e| L4Error::map(MAP_SERVICES, e))?;
-            if let Some((slot, nep)) = old_nep {
-                if slot == svc.value.slot {
-                    self.clear_rows(slot, svc.value.nep as u32, nep as u32)?;
-                } else {
-                    self.clear_rows(slot, 0, nep as u32)?;
-                }
-            }
-            self.installed.insert(*kb, (svc.key, svc.value));
-        }
+        let used: BTreeSet<u32> = plan.services.values().map(|s| s.value.slot).collect();
         let gone: Vec<[u8; 20]> = self
             .installed
             .keys()
@@ -146,7 +121,35 @@ impl Datapath {
                     Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
                     Err(e) => return Err(L4Error::map(MAP_SERVICES, e)),
                 }
-                self.clear_rows(value.slot, 0, value.nep as u32)?;
+                if !used.contains(&value.slot) {
+                    self.clear_rows(value.slot, 0, value.nep as u32)?;
+                }
+            }
+        }
+        for (kb, svc) in &plan.services {
+            let slot = svc.value.slot;
+            {
+                let mut eps = self.endpoints()?;
+                for (i, e) in svc.endpoints.iter().enumerate() {
+                    eps.set(slot * MAX_EPS + i as u32, e, 0)
+                        .map_err(|e| L4Error::map(MAP_ENDPOINTS, e))?;
+                }
+            }
+            self.table(MAP_WRR)?
+                .set(slot, svc.wrr, 0)
+                .map_err(|e| L4Error::map(MAP_WRR, e))?;
+            self.table(MAP_ACTIVE)?
+                .set(slot, svc.active, 0)
+                .map_err(|e| L4Error::map(MAP_ACTIVE, e))?;
+            self.services()?
+                .insert(svc.key, svc.value, 0)
+                .map_err(|e| L4Error::map(MAP_SERVICES, e))?;
+            if let Some((_, old)) = self.installed.insert(*kb, (svc.key, svc.value)) {
+                if old.slot == slot {
+                    self.clear_rows(slot, svc.value.nep as u32, old.nep as u32)?;
+                } else if !used.contains(&old.slot) {
+                    self.clear_rows(old.slot, 0, old.nep as u32)?;
+                }
             }
         }
         Ok(())

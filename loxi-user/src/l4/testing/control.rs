@@ -63,6 +63,9 @@ fn slots_stay_stable_on_update_and_are_reused_after_delete() {
         "the deleted rule's slot is reused in the same snapshot"
     );
     assert_ne!(after[1].0, before[1].0);
+    // The reused slot holds the new rule's endpoint (not wiped by the old rule's removal).
+    let f = Frame::tcp("192.168.0.1", 40000, "20.0.0.3", 80);
+    assert_eq!(lb.run(&f).1, f.with("192.168.0.1", 40000, "10.0.1.3", 8080).bytes());
 }
 
 #[test]
