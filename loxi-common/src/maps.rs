@@ -7,6 +7,8 @@
 
 /// Name of the XDP program inside the object.
 pub const PROG_NAME: &str = "loxi_xdp";
+/// Name of the pass-everything program (for veth peers that must run XDP to receive redirects).
+pub const PASS_PROG_NAME: &str = "loxi_pass";
 /// Service map: [`ServiceKey`] → [`ServiceValue`] (hash).
 pub const MAP_SERVICES: &str = "LOXI_SERVICES";
 /// Endpoint table: index `slot * MAX_EPS + i` → [`EndpointValue`] (array).

@@ -50,7 +50,13 @@ pub fn key_of(pkt: &Pkt) -> CtKey {
 #[inline(always)]
 pub fn other_key(k: &CtKey, v: &CtValue) -> CtKey {
     if v.mode == mode::DSR {
-        return CtKey { saddr: k.daddr, daddr: k.saddr, sport: k.dport, dport: k.sport, ..*k };
+        return CtKey {
+            saddr: k.daddr,
+            daddr: k.saddr,
+            sport: k.dport,
+            dport: k.sport,
+            ..*k
+        };
     }
     CtKey {
         saddr: v.ndaddr,

@@ -23,6 +23,13 @@ pub fn loxi_xdp(ctx: XdpContext) -> u32 {
     flow::try_loxi(&ctx).unwrap_or(xdp_action::XDP_DROP)
 }
 
+/// Pass-everything program for the peers of veths that receive redirected frames (a veth
+/// delivers `bpf_redirect`ed frames only when its peer runs XDP).
+#[xdp]
+pub fn loxi_pass(_ctx: XdpContext) -> u32 {
+    xdp_action::XDP_PASS
+}
+
 #[cfg(not(test))]
 #[panic_handler]
 fn panic(_info: &core::panic::PanicInfo) -> ! {

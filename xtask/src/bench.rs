@@ -4,6 +4,7 @@
 //! from the client namespace pinned to one CPU (veth receive work runs in the sender's softirq
 //! on that CPU, so wall time per packet covers the whole path).
 use std::{
+    fs,
     net::UdpSocket,
     thread,
     time::{Duration, Instant},
@@ -143,8 +144,12 @@ fn measure(
 }
 
 fn rule(endpoint: &str) -> String {
+    rule_at("20.0.0.1", 80, endpoint)
+}
+
+fn rule_at(vip: &str, port: u16, endpoint: &str) -> String {
     format!(
-        r#"{{"serviceArguments":{{"externalIP":"20.0.0.1","port":80,"protocol":"udp","mode":0,"sel":0}},"endpoints":[{{"endpointIP":"{endpoint}","targetPort":8080}}]}}"#
+        r#"{{"serviceArguments":{{"externalIP":"{vip}","port":{port},"protocol":"udp","mode":0,"sel":0}},"endpoints":[{{"endpointIP":"{endpoint}","targetPort":8080}}]}}"#
     )
 }
 
@@ -174,15 +179,16 @@ fn start_lb(t: &mut Topo, generic: bool) -> anyhow::Result<u32> {
 /// Runs the benchmark and prints the table.
 pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     let mut t = Topo::new("lxb")?;
-    t.start_peers()?;
+    // The backend's veth drops the flood in XDP (a service on the endpoint address whose only
+    // endpoint is of the other family), so the measured path ends at the backend's driver.
+    let sink = t.dir.join("sink.json");
+    fs::write(
+        &sink,
+        format!("[{}]", rule_at("10.100.1.2", 8080, "fd00::2")),
+    )?;
+    t.start_peers_with(Some(&sink.display().to_string()))?;
     let l = t.l.clone();
     cmd(&format!("ip -n {l} addr add 20.0.0.1/32 dev lo"))?;
-    // The backend drops the flood at its ingress hook (no socket lookup, no ICMP), so the
-    // measured path ends at the backend's veth.
-    let b = t.b[0].clone();
-    cmd(&format!(
-        "ip netns exec {b} nft -f - <<'EOF'\ntable netdev sink {{\n chain in {{ type filter hook ingress device b0 priority 0; udp dport 8080 drop; }}\n}}\nEOF"
-    ))?;
     // Baseline: the only endpoint is of the other family → every packet dropped at ingress.
     t.write_rules(&[rule("fd00::2")])?;
     let lb = start_lb(&mut t, false)?;

@@ -8,6 +8,7 @@
 mod backend;
 mod bench;
 mod netns;
+mod pass;
 mod serve;
 
 use clap::{Parser, Subcommand};
@@ -31,6 +32,8 @@ enum Cmd {
     Backend(backend::BackendArgs),
     /// XDP native / generic / nftables DNAT forwarding cost (root).
     BenchL4(bench::BenchArgs),
+    /// Attach the pass-everything XDP program (veth peers).
+    XdpPass(pass::PassArgs),
     /// Bounded UDP flood (used by bench-l4 inside the client namespace).
     UdpFlood(bench::FloodArgs),
 }
@@ -49,6 +52,7 @@ fn main() -> anyhow::Result<()> {
         Cmd::Backend(a) => backend::run(a),
         Cmd::BenchL4(a) => bench::run(a),
         Cmd::UdpFlood(a) => bench::flood(a),
+        Cmd::XdpPass(a) => pass::run(a),
     }
 }
 

@@ -146,12 +146,24 @@ impl Topo {
 
     /// Pass-through XDP on the peers of the LB's veths.
     pub fn start_peers(&mut self) -> anyhow::Result<()> {
-        for (ns, ifs) in [
+        self.start_peers_with(None)
+    }
+
+    /// Like [`Topo::start_peers`], but backend 1's veth runs the data path with `sink_rules`
+    /// instead (benchmarks drop the flood there, in XDP).
+    pub fn start_peers_with(&mut self, sink_rules: Option<&str>) -> anyhow::Result<()> {
+        let peers = [
             (self.c.clone(), "c0"),
             (self.b[0].clone(), "b0"),
             (self.b[1].clone(), "b0"),
-        ] {
-            self.spawn(&ns, &["l4-serve", "--xdp-iface", ifs])?;
+        ];
+        for (ns, ifs) in peers {
+            match sink_rules {
+                Some(r) if ns == self.b[0] => {
+                    self.spawn(&ns, &["l4-serve", "--xdp-iface", ifs, "--rules", r])?
+                }
+                _ => self.spawn(&ns, &["xdp-pass", "--iface", ifs])?,
+            };
             wait_xdp(&ns, ifs, true)?;
         }
         Ok(())
