@@ -129,18 +129,17 @@ impl Topo {
         let Some(pos) = self.children.iter().position(|c| c.id() == pid) else {
             bail!("no child {pid}")
         };
-        let mut child = self.children.remove(pos);
-        // `ip netns exec` execs the command, so the pid is the helper itself.
+        // `ip netns exec` execs the command, so the pid is the helper itself. The child stays
+        // in `children` (reaped on drop) until it has exited.
         cmd(&format!("kill -TERM {pid}"))?;
         let t0 = Instant::now();
         while t0.elapsed() < Duration::from_secs(10) {
-            if child.try_wait()?.is_some() {
+            if self.children[pos].try_wait()?.is_some() {
+                drop(self.children.remove(pos));
                 return Ok(());
             }
             thread::sleep(Duration::from_millis(50));
         }
-        let _ = child.kill();
-        let _ = child.wait();
         bail!("helper {pid} did not exit within 10 s of SIGTERM")
     }
 
