@@ -8,3 +8,17 @@ export PATH="$HOME/.cargo/bin:$PATH"
 export LOXI_SHARED=${LOXI_SHARED:-$(cd .. && pwd)/shared}
 # One release build serves the tests and the binaries the integration tests start.
 cargo test --release --workspace -- --test-threads="${LOXI_TEST_THREADS:-2}"
+# The eBPF crate is linted with its pinned nightly for bpfel-unknown-none (clippy -D warnings).
+cargo run --release -q -p xtask -- lint-ebpf
+# Real-traffic XDP tests in network namespaces (root). Not root / no netns: skipped locally,
+# a failure when CI is set.
+if [ "$(id -u)" != 0 ] || ! ip netns list >/dev/null 2>&1; then
+  if [ -n "${CI:-}" ]; then
+    echo "netns-test: needs root and network namespaces, and CI is set" >&2
+    exit 1
+  fi
+  echo "netns-test: SKIPPED (not root or no netns)" >&2
+else
+  # Same profile as the tests above, so nothing is rebuilt (`cargo xtask netns-test` is the dev alias).
+  cargo run --release -q -p xtask -- netns-test
+fi

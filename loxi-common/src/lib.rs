@@ -43,3 +43,5 @@ pub mod sel {
     /// Weighted consistent hash.
     pub const WRR_HASH: u8 = 10;
 }
+
+pub mod maps;

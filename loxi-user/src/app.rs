@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use crate::api::{self, ApiState, EndpointHealth, HealthBoard};
 use crate::config::Config;
 use crate::kv::{self, settings::KvSettings, state::KvState};
+use crate::l4::{self, L4Config, L4Metrics};
 use crate::metrics::{self, ControlMetrics};
 use crate::proxy::{self, ProxyConfig, ProxyContext, ProxyMetrics};
 use crate::routing::AffinityTier;
@@ -37,6 +38,9 @@ pub enum AppError {
         #[source]
         source: std::io::Error,
     },
+    /// The L4 data path or VIP management failed (missing interface, XDP load/attach).
+    #[error("L4 data path: {0}")]
+    L4(String),
     /// Installing the signal handlers failed.
     #[error("installing signal handlers: {0}")]
     Signals(#[source] std::io::Error),
@@ -68,8 +72,17 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
     // `healthy` flags the probes and the breaker drive) after each reconcile.
     let board = HealthBoard::new();
     let health: Arc<dyn EndpointHealth> = board.clone();
+    let l4_metrics = L4Metrics::register(&mut registry);
     let registry = Arc::new(registry);
     let mut tasks = JoinSet::new();
+    let l4_failed = Arc::new(std::sync::OnceLock::new());
+    tasks.spawn(run_l4(
+        L4Config::from(&cfg.flags.l4),
+        store.subscribe(),
+        l4_metrics,
+        shutdown.clone(),
+        l4_failed.clone(),
+    ));
     tasks.spawn(track_rule_count(
         store.clone(),
         control.lb_rules.clone(),
@@ -98,7 +111,26 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
     tasks.spawn(serve_api(listener, state, kv.state, shutdown.clone()));
     shutdown.cancelled().await;
     drain(tasks, cfg.flags.shutdown_grace()).await;
-    Ok(())
+    match l4_failed.get() {
+        Some(e) => Err(AppError::L4(e.clone())),
+        None => Ok(()),
+    }
+}
+
+/// Runs the L4 data path (XDP on `--xdp-iface`, VIPs on `--vip-iface`); a failure is logged,
+/// recorded in `failed` and stops the daemon, so a missing interface is a start-up error.
+async fn run_l4(
+    cfg: L4Config,
+    rules: tokio::sync::watch::Receiver<Arc<crate::rules::RuleSnapshot>>,
+    metrics: L4Metrics,
+    shutdown: CancellationToken,
+    failed: Arc<std::sync::OnceLock<String>>,
+) {
+    if let Err(e) = l4::run(cfg, rules, metrics, shutdown.clone()).await {
+        tracing::error!(error = %e, "L4 data path failed; stopping");
+        let _ = failed.set(e.to_string());
+        shutdown.cancel();
+    }
 }
 
 fn proxy_config(cfg: &Config) -> ProxyConfig {

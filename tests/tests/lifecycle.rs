@@ -223,3 +223,27 @@ async fn loxi_max_body_bytes_from_the_environment_limits_request_bodies() {
         "the oversized request never reaches the backend"
     );
 }
+
+#[test]
+fn a_missing_vip_interface_is_a_start_up_error_naming_it() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let port = loxi_tests::harness::free_port();
+    let out = std::process::Command::new(loxi_tests::harness::bin_path("loxilb"))
+        .args([
+            "--api-addr",
+            &format!("127.0.0.1:{port}"),
+            "--vip-iface",
+            "nosuch0",
+        ])
+        .arg("--state-dir")
+        .arg(dir.path())
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .expect("run loxilb");
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("VIP interface \"nosuch0\" does not exist (--vip-iface)"),
+        "{err}"
+    );
+}

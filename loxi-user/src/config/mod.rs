@@ -39,6 +39,9 @@ pub struct Flags {
     /// exits anyway (listeners stop accepting at once).
     #[arg(long, default_value_t = 30)]
     pub shutdown_grace_secs: u64,
+    /// The L4 (XDP) data path and VIP management.
+    #[command(flatten)]
+    pub l4: crate::l4::L4Args,
 }
 
 impl Flags {

@@ -1,0 +1,240 @@
+//! Map layouts shared by the XDP program (`loxi-ebpf`) and the userspace loader (`loxi_user::l4`).
+//!
+//! Every address is 16 bytes of raw network-order bytes (IPv4 in the first 4, the rest zero);
+//! every port is a raw network-order `u16` as it sits in the packet (`u16::from_ne_bytes` of the
+//! two wire bytes). Layouts are `#[repr(C)]` with explicit padding so the kernel and userspace
+//! agree byte for byte; flags are integers, never `bool`.
+
+/// Name of the XDP program inside the object.
+pub const PROG_NAME: &str = "loxi_xdp";
+/// Name of the pass-everything program (for veth peers that must run XDP to receive redirects).
+pub const PASS_PROG_NAME: &str = "loxi_pass";
+/// Service map: [`ServiceKey`] → [`ServiceValue`] (hash).
+pub const MAP_SERVICES: &str = "LOXI_SERVICES";
+/// Endpoint table: index `slot * MAX_EPS + i` → [`EndpointValue`] (array).
+pub const MAP_ENDPOINTS: &str = "LOXI_ENDPOINTS";
+/// Conntrack: [`CtKey`] → [`CtValue`] (LRU hash), one entry per direction.
+pub const MAP_CONNTRACK: &str = "LOXI_CT";
+/// Per-CPU round-robin cursors, one `u32` per rule slot.
+pub const MAP_RR: &str = "LOXI_RR";
+/// Live connection count per endpoint (index `slot * MAX_EPS + i`), for `sel` 4 (lc).
+pub const MAP_LC: &str = "LOXI_LC";
+/// Active endpoint rows per rule slot (`[u8; WRR_SLOTS]`, first `nact` used).
+pub const MAP_ACTIVE: &str = "LOXI_ACTIVE";
+/// Weighted round-robin table per rule slot (`[u8; WRR_SLOTS]` of endpoint rows).
+pub const MAP_WRR: &str = "LOXI_WRR";
+/// Per-CPU `u64` counters; indices in [`ctr`].
+pub const MAP_COUNTERS: &str = "LOXI_COUNTERS";
+
+/// Most rules the data path holds at once (rule slots `0..MAX_RULES`).
+pub const MAX_RULES: u32 = 256;
+/// Most endpoints per rule (endpoint indices `0..MAX_EPS`).
+pub const MAX_EPS: u32 = 16;
+/// Length of a rule's wrr table (power of two).
+pub const WRR_SLOTS: u32 = 64;
+/// Conntrack capacity (entries; two per flow).
+pub const CT_ENTRIES: u32 = 65536;
+
+/// Address family flag values of [`CtKey::family`] and [`ServiceKey::family`].
+pub mod family {
+    /// IPv4.
+    pub const V4: u8 = 4;
+    /// IPv6.
+    pub const V6: u8 = 6;
+}
+
+/// IP protocol numbers the data path understands.
+pub mod proto {
+    /// TCP.
+    pub const TCP: u8 = 6;
+    /// UDP.
+    pub const UDP: u8 = 17;
+    /// SCTP (ports only; the CRC32c checksum is not rewritten, so SCTP is DSR-only).
+    pub const SCTP: u8 = 132;
+}
+
+/// Counter indices into [`MAP_COUNTERS`]. Globals first, then two per endpoint.
+pub mod ctr {
+    /// Packets the program saw.
+    pub const RX: u32 = 0;
+    /// Packets passed to the kernel stack untouched (no service, not IP, mode 4, …).
+    pub const PASS: u32 = 1;
+    /// Dropped: headers cut short (truncated frame).
+    pub const DROP_TRUNCATED: u32 = 2;
+    /// Dropped: service has no active endpoint.
+    pub const DROP_NO_ENDPOINT: u32 = 3;
+    /// Dropped: conntrack insert failed (full-NAT port clash after retries).
+    pub const DROP_CT_FULL: u32 = 4;
+    /// New flows created (endpoint selected).
+    pub const NEW_FLOW: u32 = 5;
+    /// Packets NATed client → endpoint.
+    pub const NAT_FWD: u32 = 6;
+    /// Packets NATed endpoint → client (reply path).
+    pub const NAT_REV: u32 = 7;
+    /// Packets sent with `XDP_TX` (out the ingress interface).
+    pub const TX: u32 = 8;
+    /// Packets sent with `bpf_redirect` to another interface.
+    pub const REDIRECT: u32 = 9;
+    /// Rewritten packets handed to the kernel (no FIB/neighbour entry yet).
+    pub const FIB_PASS: u32 = 10;
+    /// Flows closed by TCP RST.
+    pub const CT_RST: u32 = 11;
+    /// Flows that saw a TCP FIN (short timeout from then on).
+    pub const CT_FIN: u32 = 12;
+    /// Conntrack entries found expired (idle timeout) and replaced.
+    pub const CT_EXPIRED: u32 = 13;
+    /// Packets forwarded by DSR (MAC rewrite only).
+    pub const DSR: u32 = 14;
+    /// Number of global counters; endpoint counters start here.
+    pub const GLOBALS: u32 = 16;
+    /// Counter index of endpoint `(slot, ep)` packets; `+1` is its bytes.
+    pub const fn ep_packets(slot: u32, ep: u32) -> u32 {
+        GLOBALS + (slot * super::MAX_EPS + ep) * 2
+    }
+    /// Total size of the counter array.
+    pub const LEN: u32 = GLOBALS + super::MAX_RULES * super::MAX_EPS * 2;
+}
+
+/// Service map key: (VIP, port, protocol) as they appear in a client's packet.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ServiceKey {
+    /// VIP, raw network-order bytes.
+    pub addr: [u8; 16],
+    /// Service port, raw network order.
+    pub port: u16,
+    /// IP protocol ([`proto`]).
+    pub proto: u8,
+    /// Address family ([`family`]).
+    pub family: u8,
+}
+
+/// Service map value: the rule the data path applies.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServiceValue {
+    /// Rule slot: row of the endpoint table, RR cursor and counters (`0..MAX_RULES`).
+    pub slot: u32,
+    /// NAT mode (`loxi_common::mode`).
+    pub mode: u8,
+    /// Selector (`loxi_common::sel`; 0 rr, 1 hash, 2 wrr, 3 persist, 4 lc).
+    pub sel: u8,
+    /// Endpoint rows in use (`0..=MAX_EPS`).
+    pub nep: u8,
+    /// Active rows listed in the rule's `MAP_ACTIVE` entry (0 = no endpoint takes new flows).
+    pub nact: u8,
+    /// Idle timeout of an established flow, seconds.
+    pub idle_timeout_s: u32,
+    /// Entries used in the rule's wrr table (`1..=WRR_SLOTS`; 0 = plain rr).
+    pub wrr_len: u32,
+}
+
+/// Endpoint table row.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EndpointValue {
+    /// Endpoint address, raw network-order bytes.
+    pub addr: [u8; 16],
+    /// Source address full-NAT / one-arm modes put on packets to this endpoint (the LB's own
+    /// address on the route towards it).
+    pub snat_addr: [u8; 16],
+    /// Endpoint port, raw network order (0 = keep the service port).
+    pub port: u16,
+    /// Weight for wrr (≥ 1).
+    pub weight: u16,
+    /// 1 = may receive new flows; 0 = draining (existing flows continue via conntrack).
+    pub active: u8,
+    /// Padding.
+    pub _pad: [u8; 3],
+}
+
+/// Conntrack key: a packet's tuple as it arrives at the LB.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CtKey {
+    /// Source address.
+    pub saddr: [u8; 16],
+    /// Destination address.
+    pub daddr: [u8; 16],
+    /// Source port (raw network order).
+    pub sport: u16,
+    /// Destination port (raw network order).
+    pub dport: u16,
+    /// IP protocol.
+    pub proto: u8,
+    /// Address family.
+    pub family: u8,
+    /// Padding.
+    pub _pad: [u8; 2],
+}
+
+/// Conntrack value: the tuple to write into the packet.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CtValue {
+    /// `bpf_ktime_get_ns()` of the last packet of this direction.
+    pub last_ns: u64,
+    /// New source address.
+    pub nsaddr: [u8; 16],
+    /// New destination address.
+    pub ndaddr: [u8; 16],
+    /// New source port.
+    pub nsport: u16,
+    /// New destination port.
+    pub ndport: u16,
+    /// [`dir`] of this entry.
+    pub dir: u8,
+    /// [`ct_state`] bits.
+    pub state: u8,
+    /// Endpoint index chosen for the flow.
+    pub ep: u8,
+    /// Mode of the rule at flow creation.
+    pub mode: u8,
+    /// Rule slot at flow creation.
+    pub slot: u32,
+    /// Idle timeout, seconds.
+    pub timeout_s: u32,
+}
+
+/// Direction values of [`CtValue::dir`].
+pub mod dir {
+    /// Client → endpoint.
+    pub const FWD: u8 = 0;
+    /// Endpoint → client.
+    pub const REV: u8 = 1;
+}
+
+/// Bits of [`CtValue::state`].
+pub mod ct_state {
+    /// A FIN was seen in this direction.
+    pub const FIN: u8 = 1;
+}
+
+/// Idle timeout after a FIN, seconds.
+pub const FIN_TIMEOUT_S: u32 = 10;
+/// Default idle timeout for TCP flows when the rule sets none, seconds.
+pub const DEFAULT_TCP_TIMEOUT_S: u32 = 300;
+/// Default idle timeout for UDP flows when the rule sets none, seconds.
+pub const DEFAULT_UDP_TIMEOUT_S: u32 = 60;
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: all types are #[repr(C)] plain integers/arrays with explicit padding fields, so
+    // every bit pattern is valid and there are no implicit padding bytes.
+    #[allow(unsafe_code)]
+    unsafe impl aya::Pod for super::ServiceKey {}
+    #[allow(unsafe_code)]
+    unsafe impl aya::Pod for super::ServiceValue {}
+    #[allow(unsafe_code)]
+    unsafe impl aya::Pod for super::EndpointValue {}
+    #[allow(unsafe_code)]
+    unsafe impl aya::Pod for super::CtKey {}
+    #[allow(unsafe_code)]
+    unsafe impl aya::Pod for super::CtValue {}
+}
+
+const _: () = assert!(core::mem::size_of::<ServiceKey>() == 20);
+const _: () = assert!(core::mem::size_of::<ServiceValue>() == 16);
+const _: () = assert!(core::mem::size_of::<EndpointValue>() == 40);
+const _: () = assert!(core::mem::size_of::<CtKey>() == 40);
+const _: () = assert!(core::mem::size_of::<CtValue>() == 56);

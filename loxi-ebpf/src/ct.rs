@@ -1,0 +1,227 @@
+//! Conntrack entries: creation for a new flow (both directions), expiry, FIN/RST handling.
+use aya_ebpf::helpers::generated::bpf_ktime_get_ns;
+use loxi_common::{
+    maps::{
+        CtKey, CtValue, DEFAULT_TCP_TIMEOUT_S, DEFAULT_UDP_TIMEOUT_S, FIN_TIMEOUT_S, MAX_EPS,
+        ServiceValue, ct_state, ctr, dir, proto,
+    },
+    mode,
+};
+
+use crate::{
+    maps::{CT, ENDPOINTS, LC, SCRATCH_KEY, count},
+    parse::Pkt,
+    select::hash5,
+};
+
+const BPF_ANY: u64 = 0;
+const BPF_NOEXIST: u64 = 1;
+const TCP_FIN: u8 = 0x01;
+const TCP_RST: u8 = 0x04;
+/// Full-NAT source ports are taken from `PORT_BASE..PORT_BASE + PORT_SPAN`.
+const PORT_BASE: u32 = 32768;
+const PORT_SPAN: u32 = 28000;
+const PORT_TRIES: u32 = 4;
+
+/// Current time, ns.
+#[inline(always)]
+pub fn now() -> u64 {
+    // SAFETY: helper without arguments.
+    unsafe { bpf_ktime_get_ns() }
+}
+
+/// Conntrack key of a packet.
+#[inline(always)]
+pub fn key_of(pkt: &Pkt) -> CtKey {
+    CtKey {
+        saddr: pkt.saddr,
+        daddr: pkt.daddr,
+        sport: pkt.sport,
+        dport: pkt.dport,
+        proto: pkt.proto,
+        family: pkt.family,
+        _pad: [0; 2],
+    }
+}
+
+/// Key of the opposite direction of the flow an entry belongs to. NAT entries: the swap of
+/// the tuple they write. DSR entries rewrite nothing (their `ndaddr` is the endpoint the frame
+/// is sent to), so the opposite key is the swap of their own key.
+#[inline(always)]
+pub fn other_key(k: &CtKey, v: &CtValue) -> CtKey {
+    if v.mode == mode::DSR {
+        return CtKey {
+            saddr: k.daddr,
+            daddr: k.saddr,
+            sport: k.dport,
+            dport: k.sport,
+            ..*k
+        };
+    }
+    CtKey {
+        saddr: v.ndaddr,
+        daddr: v.nsaddr,
+        sport: v.ndport,
+        dport: v.nsport,
+        proto: k.proto,
+        family: k.family,
+        _pad: [0; 2],
+    }
+}
+
+/// True when the entry has been idle longer than its timeout.
+#[inline(always)]
+pub fn expired(v: &CtValue, t: u64) -> bool {
+    t.saturating_sub(v.last_ns) > (v.timeout_s as u64) * 1_000_000_000
+}
+
+#[inline(always)]
+fn lc_dec(v: &CtValue) {
+    if let Some(p) = LC.get_ptr_mut(v.slot * MAX_EPS + v.ep as u32) {
+        // SAFETY: valid map pointer; approximate counter.
+        unsafe { *p = (*p).saturating_sub(1) };
+    }
+}
+
+/// Removes both directions of a flow (after RST or idle expiry). Its own frame, with the
+/// opposite key built in a per-CPU scratch slot to keep the call chain's stack small.
+#[inline(never)]
+pub fn close(k: &CtKey, v: &CtValue) {
+    if let Some(o) = SCRATCH_KEY.get_ptr_mut(0) {
+        // SAFETY: per-CPU scratch slot from the map helper.
+        unsafe {
+            *o = other_key(k, v);
+            let _ = CT.remove(&*o);
+        }
+    }
+    let _ = CT.remove(k);
+    lc_dec(v);
+}
+
+/// Updates an established entry for this packet's TCP flags. Returns false if the flow was
+/// reset (entries removed; the packet is still forwarded with the old mapping).
+#[inline(always)]
+pub fn on_packet(k: &CtKey, v: *mut CtValue, pkt: &Pkt, t: u64) -> bool {
+    // SAFETY: pointer from the map helper, valid for this program run.
+    let v = unsafe { &mut *v };
+    v.last_ns = t;
+    if pkt.proto != proto::TCP {
+        return true;
+    }
+    if pkt.tcp_flags & TCP_RST != 0 {
+        count(ctr::CT_RST, 1);
+        close(k, v);
+        return false;
+    }
+    if pkt.tcp_flags & TCP_FIN != 0 && v.state & ct_state::FIN == 0 {
+        count(ctr::CT_FIN, 1);
+        v.state |= ct_state::FIN;
+        v.timeout_s = FIN_TIMEOUT_S;
+        if v.dir == dir::FWD {
+            lc_dec(v);
+        }
+        if let Some(o) = CT.get_ptr_mut(other_key(k, v)) {
+            // SAFETY: pointer from the map helper.
+            unsafe { (*o).timeout_s = FIN_TIMEOUT_S };
+        }
+    }
+    true
+}
+
+/// Creates both entries of a new flow to endpoint row `ep_idx` and writes the forward value
+/// into `v`. False when full-NAT found no free source port (or an insert failed).
+#[inline(always)]
+pub fn create(k: &CtKey, pkt: &Pkt, svc: &ServiceValue, ep_idx: u32, v: &mut CtValue) -> bool {
+    let Some(ep) = ENDPOINTS.get(svc.slot * MAX_EPS + ep_idx) else {
+        return false;
+    };
+    let timeout_s = match (svc.idle_timeout_s, pkt.proto) {
+        (0, proto::TCP) => DEFAULT_TCP_TIMEOUT_S,
+        (0, _) => DEFAULT_UDP_TIMEOUT_S,
+        (s, _) => s,
+    };
+    let t = now();
+    let eport = if ep.port == 0 { pkt.dport } else { ep.port };
+    // One value, first filled as the reply direction, then turned into the forward one.
+    *v = CtValue {
+        last_ns: t,
+        nsaddr: pkt.daddr,
+        ndaddr: pkt.saddr,
+        nsport: pkt.dport,
+        ndport: pkt.sport,
+        dir: dir::REV,
+        state: 0,
+        ep: ep_idx as u8,
+        mode: svc.mode,
+        slot: svc.slot,
+        timeout_s,
+    };
+    let mut rk = *k;
+    rk.saddr = ep.addr;
+    rk.sport = eport;
+    match svc.mode {
+        mode::DSR => {
+            // Replies come from the VIP itself (the endpoint owns it); when they pass through
+            // us they are forwarded unchanged.
+            rk.saddr = pkt.daddr;
+            rk.sport = pkt.dport;
+            rk.daddr = pkt.saddr;
+            rk.dport = pkt.sport;
+            if CT.insert(&rk, &*v, BPF_ANY).is_err() {
+                return false;
+            }
+        }
+        mode::DNAT => {
+            rk.daddr = pkt.saddr;
+            rk.dport = pkt.sport;
+            if CT.insert(&rk, &*v, BPF_ANY).is_err() {
+                return false;
+            }
+        }
+        _ => {
+            // Full-NAT family (1 one-arm, 2 full-NAT, 5 host one-arm): source → LB address.
+            rk.daddr = ep.snat_addr;
+            let h = hash5(pkt);
+            let mut i = 0;
+            let mut done = false;
+            while i < PORT_TRIES {
+                let port = (PORT_BASE + (h.wrapping_add(i * 7919)) % PORT_SPAN) as u16;
+                rk.dport = port.to_be();
+                if CT.insert(&rk, &*v, BPF_NOEXIST).is_ok() {
+                    done = true;
+                    break;
+                }
+                i += 1;
+            }
+            if !done {
+                count(ctr::DROP_CT_FULL, 1);
+                return false;
+            }
+        }
+    }
+    v.dir = dir::FWD;
+    v.nsaddr = pkt.saddr;
+    v.nsport = pkt.sport;
+    if svc.mode == mode::DSR {
+        // No rewrite: the endpoint owns the VIP. `ndaddr` pins the endpoint the frames go to
+        // (by MAC), so the flow survives endpoint-table changes.
+        v.ndaddr = ep.addr;
+        v.ndport = pkt.dport;
+    } else {
+        v.ndaddr = ep.addr;
+        v.ndport = eport;
+        if svc.mode != mode::DNAT {
+            v.nsaddr = ep.snat_addr;
+            v.nsport = rk.dport;
+        }
+    }
+    if CT.insert(k, &*v, BPF_ANY).is_err() {
+        return false;
+    }
+    if let Some(p) = LC.get_ptr_mut(svc.slot * MAX_EPS + ep_idx) {
+        // SAFETY: valid map pointer; approximate counter.
+        unsafe { *p += 1 };
+    }
+    count(ctr::NEW_FLOW, 1);
+    true
+}

@@ -1,0 +1,94 @@
+//! Sending a rewritten packet on: FIB lookup for the next hop, MAC rewrite, then `XDP_TX` (same
+//! interface) or `bpf_redirect`. Without a FIB/neighbour entry the packet goes to the kernel,
+//! which forwards it (and resolves the neighbour for the next packets).
+use aya_ebpf::{
+    bindings::{BPF_FIB_LKUP_RET_SUCCESS, bpf_fib_lookup, xdp_action, xdp_md},
+    helpers::generated::{bpf_fib_lookup as fib_lookup, bpf_redirect},
+    programs::XdpContext,
+};
+use loxi_common::maps::{ctr, family};
+
+use crate::{
+    maps::count,
+    parse::{ParseError, ptr_at},
+};
+
+const AF_INET: u8 = 2;
+const AF_INET6: u8 = 10;
+
+/// Result of a successful FIB lookup.
+#[repr(C)]
+pub struct NextHop {
+    /// Egress interface.
+    pub ifindex: u32,
+    /// Egress interface's MAC.
+    pub smac: [u8; 6],
+    /// Next hop's MAC.
+    pub dmac: [u8; 6],
+}
+
+/// FIB lookup for `dst` (own stack frame; touches only the context, never packet data).
+/// Returns false when the kernel has no usable route or neighbour.
+#[inline(never)]
+fn fib(ctx: *mut xdp_md, fam: u8, dst: &[u8; 16], out: &mut NextHop) -> bool {
+    // SAFETY: bpf_fib_lookup is plain data; all-zero is a valid starting value.
+    let mut p: bpf_fib_lookup = unsafe { core::mem::zeroed() };
+    // SAFETY: ctx is the program's context pointer.
+    p.ifindex = unsafe { (*ctx).ingress_ifindex };
+    if fam == family::V6 {
+        p.family = AF_INET6;
+        let mut d = [0u32; 4];
+        let mut i = 0;
+        while i < 4 {
+            d[i] = u32::from_ne_bytes([dst[4 * i], dst[4 * i + 1], dst[4 * i + 2], dst[4 * i + 3]]);
+            i += 1;
+        }
+        p.__bindgen_anon_4.ipv6_dst = d;
+    } else {
+        p.family = AF_INET;
+        p.__bindgen_anon_4.ipv4_dst = u32::from_ne_bytes([dst[0], dst[1], dst[2], dst[3]]);
+    }
+    // SAFETY: helper call with the context and a stack buffer of the declared size.
+    let rc = unsafe {
+        fib_lookup(
+            ctx as *mut _,
+            &mut p,
+            core::mem::size_of::<bpf_fib_lookup>() as i32,
+            0,
+        )
+    };
+    if rc != BPF_FIB_LKUP_RET_SUCCESS as i64 {
+        return false;
+    }
+    out.ifindex = p.ifindex;
+    out.smac = p.smac;
+    out.dmac = p.dmac;
+    true
+}
+
+/// Looks up the route to `dst` and forwards; returns the XDP action.
+#[inline(always)]
+pub fn forward(ctx: &XdpContext, fam: u8, dst: &[u8; 16]) -> Result<u32, ParseError> {
+    let mut nh = NextHop {
+        ifindex: 0,
+        smac: [0; 6],
+        dmac: [0; 6],
+    };
+    if !fib(ctx.ctx, fam, dst, &mut nh) {
+        count(ctr::FIB_PASS, 1);
+        return Ok(xdp_action::XDP_PASS);
+    }
+    let eth: *mut [u8; 12] = ptr_at(ctx, 0)?;
+    // SAFETY: 12 bytes checked by ptr_at.
+    let eth = unsafe { &mut *eth };
+    eth[..6].copy_from_slice(&nh.dmac);
+    eth[6..].copy_from_slice(&nh.smac);
+    // SAFETY: ctx is the program's context pointer.
+    if nh.ifindex == unsafe { (*ctx.ctx).ingress_ifindex } {
+        count(ctr::TX, 1);
+        return Ok(xdp_action::XDP_TX);
+    }
+    count(ctr::REDIRECT, 1);
+    // SAFETY: helper call; the kernel validates the ifindex.
+    Ok(unsafe { bpf_redirect(nh.ifindex, 0) } as u32)
+}

@@ -1,0 +1,43 @@
+//! loxi's XDP L4 data path: service lookup, in-kernel endpoint selection, conntrack and NAT
+//! (modes 0 DNAT, 1 one-arm, 2 full-NAT, 3 DSR, 5 host one-arm). Mode 4 and all traffic that
+//! matches no service is passed to the kernel untouched.
+#![no_std]
+#![no_main]
+// Map keys/values are passed by reference on purpose: by-value would copy 40–56-byte structs
+// onto the 512-byte BPF stack.
+#![allow(clippy::needless_borrows_for_generic_args)]
+
+mod csum;
+mod ct;
+mod flow;
+mod fwd;
+mod maps;
+mod parse;
+mod select;
+
+use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
+
+/// XDP entry point (shim; all logic in [`flow::try_loxi`]).
+#[xdp]
+pub fn loxi_xdp(ctx: XdpContext) -> u32 {
+    flow::try_loxi(&ctx).unwrap_or(xdp_action::XDP_DROP)
+}
+
+/// Pass-everything program for the peers of veths that receive redirected frames (a veth
+/// delivers `bpf_redirect`ed frames only when its peer runs XDP).
+#[xdp]
+pub fn loxi_pass(_ctx: XdpContext) -> u32 {
+    xdp_action::XDP_PASS
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    // SAFETY: the program contains no reachable panics (the verifier rejects what it cannot
+    // prove bounded); this only satisfies `no_std`.
+    unsafe { core::hint::unreachable_unchecked() }
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 4] = *b"GPL\0";

@@ -1,0 +1,64 @@
+//! Every map of the program, each with its purpose. Names and layouts: `loxi_common::maps`.
+use aya_ebpf::{
+    macros::map,
+    maps::{Array, HashMap, LruHashMap, PerCpuArray},
+};
+use loxi_common::maps::{
+    CT_ENTRIES, CtKey, CtValue, EndpointValue, MAX_EPS, MAX_RULES, ServiceKey, ServiceValue,
+    WRR_SLOTS, ctr,
+};
+
+/// (VIP, port, proto) → rule, written by the loader.
+#[map(name = "LOXI_SERVICES")]
+pub static SERVICES: HashMap<ServiceKey, ServiceValue> = HashMap::with_max_entries(MAX_RULES, 0);
+
+/// Endpoint rows, `slot * MAX_EPS + i`, written by the loader.
+#[map(name = "LOXI_ENDPOINTS")]
+pub static ENDPOINTS: Array<EndpointValue> = Array::with_max_entries(MAX_RULES * MAX_EPS, 0);
+
+/// Conntrack, both directions of every flow (LRU evicts the oldest when full).
+#[map(name = "LOXI_CT")]
+pub static CT: LruHashMap<CtKey, CtValue> = LruHashMap::with_max_entries(CT_ENTRIES, 0);
+
+/// Per-CPU round-robin / wrr cursor per rule slot.
+#[map(name = "LOXI_RR")]
+pub static RR: PerCpuArray<u32> = PerCpuArray::with_max_entries(MAX_RULES, 0);
+
+/// Active endpoint rows per rule slot (first `nact` entries used).
+#[map(name = "LOXI_ACTIVE")]
+pub static ACTIVE: Array<[u8; WRR_SLOTS as usize]> = Array::with_max_entries(MAX_RULES, 0);
+
+/// Weighted round-robin table per rule slot: endpoint rows repeated by weight.
+#[map(name = "LOXI_WRR")]
+pub static WRR: Array<[u8; WRR_SLOTS as usize]> = Array::with_max_entries(MAX_RULES, 0);
+
+/// Open connections per endpoint row (approximate: non-atomic, for lc).
+#[map(name = "LOXI_LC")]
+pub static LC: Array<u32> = Array::with_max_entries(MAX_RULES * MAX_EPS, 0);
+
+/// Per-CPU scratch conntrack key (keeps large keys off the small BPF stack).
+#[map(name = "LOXI_SCRATCH")]
+pub static SCRATCH_KEY: PerCpuArray<CtKey> = PerCpuArray::with_max_entries(1, 0);
+
+/// Per-CPU counters, indices in `loxi_common::maps::ctr`.
+#[map(name = "LOXI_COUNTERS")]
+pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(ctr::LEN, 0);
+
+/// Adds `n` to counter `idx`.
+#[inline(always)]
+pub fn count(idx: u32, n: u64) {
+    if let Some(p) = COUNTERS.get_ptr_mut(idx) {
+        // SAFETY: per-CPU slot, valid pointer from the map helper.
+        unsafe { *p += n };
+    }
+}
+
+/// Counts one packet of `bytes` for endpoint row (slot, ep).
+#[inline(always)]
+pub fn count_ep(slot: u32, ep: u32, bytes: u64) {
+    if slot < MAX_RULES && ep < MAX_EPS {
+        let i = ctr::ep_packets(slot, ep);
+        count(i, 1);
+        count(i + 1, bytes);
+    }
+}

@@ -1,0 +1,143 @@
+//! Header parsing through one bounds-checked accessor, [`ptr_at`].
+use aya_ebpf::programs::XdpContext;
+use loxi_common::maps::{family, proto};
+
+/// Header cut short or not parseable: the caller drops (truncated) or passes.
+pub enum ParseError {
+    /// The frame ends inside a header we need.
+    Truncated,
+    /// Not something the data path handles (ARP, fragments, ICMP, IPv6 extension headers…).
+    NotOurs,
+}
+
+/// A pointer to a `T` at byte `off` of the frame, or `Truncated` if it would cross `data_end`.
+#[inline(always)]
+pub fn ptr_at<T>(ctx: &XdpContext, off: usize) -> Result<*mut T, ParseError> {
+    let start = ctx.data();
+    let end = ctx.data_end();
+    if start + off + core::mem::size_of::<T>() > end {
+        return Err(ParseError::Truncated);
+    }
+    Ok((start + off) as *mut T)
+}
+
+/// Parsed view of one packet: offsets and the 5-tuple (raw network order).
+#[derive(Clone, Copy)]
+pub struct Pkt {
+    /// Offset of the IP header.
+    pub l3: usize,
+    /// Offset of the L4 header.
+    pub l4: usize,
+    /// `family::V4` or `family::V6`.
+    pub family: u8,
+    /// IP protocol.
+    pub proto: u8,
+    /// TCP flags byte (0 for UDP/SCTP).
+    pub tcp_flags: u8,
+    /// Source address.
+    pub saddr: [u8; 16],
+    /// Destination address.
+    pub daddr: [u8; 16],
+    /// Source port.
+    pub sport: u16,
+    /// Destination port.
+    pub dport: u16,
+}
+
+const ETH_P_IP: u16 = 0x0800;
+const ETH_P_IPV6: u16 = 0x86DD;
+const ETH_P_8021Q: u16 = 0x8100;
+const ETH_P_8021AD: u16 = 0x88A8;
+/// Length of an Ethernet header.
+pub const ETH_LEN: usize = 14;
+
+/// Parses Ethernet (+ one VLAN tag), IPv4/IPv6 and the TCP/UDP/SCTP ports.
+#[inline(always)]
+pub fn parse(ctx: &XdpContext) -> Result<Pkt, ParseError> {
+    let et: *const [u8; 2] = ptr_at(ctx, 12)?;
+    // SAFETY: ptr_at checked the bounds.
+    let mut ethertype = u16::from_be_bytes(unsafe { *et });
+    let mut l3 = ETH_LEN;
+    if ethertype == ETH_P_8021Q || ethertype == ETH_P_8021AD {
+        let inner: *const [u8; 2] = ptr_at(ctx, 16)?;
+        ethertype = u16::from_be_bytes(unsafe { *inner });
+        l3 = ETH_LEN + 4;
+    }
+    let mut pkt = Pkt {
+        l3,
+        l4: 0,
+        family: 0,
+        proto: 0,
+        tcp_flags: 0,
+        saddr: [0; 16],
+        daddr: [0; 16],
+        sport: 0,
+        dport: 0,
+    };
+    match ethertype {
+        ETH_P_IP => parse_v4(ctx, &mut pkt)?,
+        ETH_P_IPV6 => parse_v6(ctx, &mut pkt)?,
+        _ => return Err(ParseError::NotOurs),
+    }
+    parse_ports(ctx, &mut pkt)?;
+    Ok(pkt)
+}
+
+#[inline(always)]
+fn parse_v4(ctx: &XdpContext, pkt: &mut Pkt) -> Result<(), ParseError> {
+    let h: *const [u8; 20] = ptr_at(ctx, pkt.l3)?;
+    // SAFETY: 20 bytes checked by ptr_at.
+    let h = unsafe { &*h };
+    let ihl = ((h[0] & 0x0f) as usize) * 4;
+    if h[0] >> 4 != 4 || ihl < 20 {
+        return Err(ParseError::NotOurs);
+    }
+    // Fragments other than the first carry no ports; MF or offset != 0 → kernel.
+    if (h[6] & 0x3f) != 0 || h[7] != 0 {
+        return Err(ParseError::NotOurs);
+    }
+    pkt.family = family::V4;
+    pkt.proto = h[9];
+    pkt.saddr[..4].copy_from_slice(&h[12..16]);
+    pkt.daddr[..4].copy_from_slice(&h[16..20]);
+    pkt.l4 = pkt.l3 + ihl;
+    Ok(())
+}
+
+#[inline(always)]
+fn parse_v6(ctx: &XdpContext, pkt: &mut Pkt) -> Result<(), ParseError> {
+    let h: *const [u8; 40] = ptr_at(ctx, pkt.l3)?;
+    // SAFETY: 40 bytes checked by ptr_at.
+    let h = unsafe { &*h };
+    pkt.family = family::V6;
+    pkt.proto = h[6];
+    pkt.saddr.copy_from_slice(&h[8..24]);
+    pkt.daddr.copy_from_slice(&h[24..40]);
+    pkt.l4 = pkt.l3 + 40;
+    Ok(())
+}
+
+#[inline(always)]
+fn parse_ports(ctx: &XdpContext, pkt: &mut Pkt) -> Result<(), ParseError> {
+    match pkt.proto {
+        proto::TCP => {
+            let t: *const [u8; 20] = ptr_at(ctx, pkt.l4)?;
+            // SAFETY: checked by ptr_at.
+            let t = unsafe { &*t };
+            pkt.tcp_flags = t[13];
+        }
+        proto::UDP => {
+            let _: *const [u8; 8] = ptr_at(ctx, pkt.l4)?;
+        }
+        proto::SCTP => {
+            let _: *const [u8; 12] = ptr_at(ctx, pkt.l4)?;
+        }
+        _ => return Err(ParseError::NotOurs),
+    }
+    let p: *const [u16; 2] = ptr_at(ctx, pkt.l4)?;
+    // SAFETY: checked by ptr_at.
+    let p = unsafe { p.read_unaligned() };
+    pkt.sport = p[0];
+    pkt.dport = p[1];
+    Ok(())
+}

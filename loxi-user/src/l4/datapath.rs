@@ -1,0 +1,246 @@
+//! The loaded XDP object: attachment (native with generic fallback), map programming from a
+//! [`Plan`], counter reads and `BPF_PROG_TEST_RUN`.
+use std::collections::{BTreeMap, BTreeSet};
+
+use aya::{
+    Ebpf,
+    maps::{Array, HashMap, MapData, PerCpuArray},
+    programs::{TestRun, TestRunOptions, Xdp, XdpMode, xdp::XdpLinkId},
+};
+use loxi_common::maps::{
+    EndpointValue, MAP_ACTIVE, MAP_COUNTERS, MAP_ENDPOINTS, MAP_SERVICES, MAP_WRR, MAX_EPS,
+    PROG_NAME, ServiceKey, ServiceValue, WRR_SLOTS, ctr,
+};
+
+use super::{L4Error, Plan, object_bytes};
+
+/// How the program ended up attached to an interface.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttachMode {
+    /// Driver (native) XDP.
+    Native,
+    /// Generic (skb) XDP, after native was refused.
+    Generic,
+}
+
+impl AttachMode {
+    /// Metric / log label: `native` or `generic`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Native => "native",
+            Self::Generic => "generic",
+        }
+    }
+}
+
+/// A loaded data path. Dropping it detaches every attachment (links are fd-based).
+pub struct Datapath {
+    ebpf: Ebpf,
+    links: Vec<(String, XdpLinkId, AttachMode)>,
+    /// Service keys currently in the map, with their endpoint count.
+    installed: BTreeMap<[u8; 20], (ServiceKey, ServiceValue)>,
+}
+
+impl Datapath {
+    /// Loads the embedded object and its program into the kernel (needs CAP_BPF / root).
+    pub fn load() -> Result<Self, L4Error> {
+        let bytes = object_bytes();
+        if bytes.is_empty() {
+            return Err(L4Error::NoObject);
+        }
+        let mut ebpf = Ebpf::load(bytes).map_err(|e| L4Error::Load(Box::new(e)))?;
+        let prog = xdp(&mut ebpf)?;
+        prog.load().map_err(|e| L4Error::program("load", e))?;
+        Ok(Self {
+            ebpf,
+            links: Vec::new(),
+            installed: BTreeMap::new(),
+        })
+    }
+
+    /// Attaches to `iface`: native first, generic if the driver refuses (or if `force_generic`).
+    pub fn attach(&mut self, iface: &str, force_generic: bool) -> Result<AttachMode, L4Error> {
+        let prog = xdp(&mut self.ebpf)?;
+        let first = if force_generic {
+            XdpMode::Skb
+        } else {
+            XdpMode::Driver
+        };
+        let (id, mode) = match prog.attach(iface, first) {
+            Ok(id) if force_generic => (id, AttachMode::Generic),
+            Ok(id) => (id, AttachMode::Native),
+            Err(aya::programs::ProgramError::UnknownInterface { name }) => {
+                return Err(L4Error::NoInterface(name));
+            }
+            Err(native) => {
+                tracing::warn!(iface, error = %native, "native XDP refused, trying generic");
+                let id = prog
+                    .attach(iface, XdpMode::Skb)
+                    .map_err(|e| L4Error::program(format!("attach to {iface}"), e))?;
+                (id, AttachMode::Generic)
+            }
+        };
+        tracing::info!(iface, mode = mode.as_str(), "XDP data path attached");
+        self.links.push((iface.to_string(), id, mode));
+        Ok(mode)
+    }
+
+    /// Interfaces attached so far with their modes.
+    pub fn attachments(&self) -> impl Iterator<Item = (&str, AttachMode)> {
+        self.links.iter().map(|(i, _, m)| (i.as_str(), *m))
+    }
+
+    /// Detaches every attachment.
+    pub fn detach_all(&mut self) -> Result<(), L4Error> {
+        let links = std::mem::take(&mut self.links);
+        let prog = xdp(&mut self.ebpf)?;
+        for (iface, id, _) in links {
+            prog.detach(id)
+                .map_err(|e| L4Error::program(format!("detach from {iface}"), e))?;
+            tracing::info!(iface = %iface, "XDP data path detached");
+        }
+        Ok(())
+    }
+
+    /// Makes the maps match `plan`. Removed services go first (so a slot freed and reused in
+    /// the same snapshot is not wiped after its new owner wrote it); then, per service, its
+    /// endpoint rows and tables are written before the service entry that makes them live.
+    /// Rows are only cleared in slots no planned service uses (or past a shrunk `nep`).
+    /// Conntrack is left alone, so established flows keep their endpoint.
+    pub fn apply(&mut self, plan: &Plan) -> Result<(), L4Error> {
+        let used: BTreeSet<u32> = plan.services.values().map(|s| s.value.slot).collect();
+        let gone: Vec<[u8; 20]> = self
+            .installed
+            .keys()
+            .filter(|k| !plan.services.contains_key(*k))
+            .copied()
+            .collect();
+        for kb in gone {
+            if let Some((key, value)) = self.installed.remove(&kb) {
+                match self.services()?.remove(&key) {
+                    Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
+                    Err(e) => return Err(L4Error::map(MAP_SERVICES, e)),
+                }
+                if !used.contains(&value.slot) {
+                    self.clear_rows(value.slot, 0, value.nep as u32)?;
+                }
+            }
+        }
+        for (kb, svc) in &plan.services {
+            let slot = svc.value.slot;
+            {
+                let mut eps = self.endpoints()?;
+                for (i, e) in svc.endpoints.iter().enumerate() {
+                    eps.set(slot * MAX_EPS + i as u32, e, 0)
+                        .map_err(|e| L4Error::map(MAP_ENDPOINTS, e))?;
+                }
+            }
+            self.table(MAP_WRR)?
+                .set(slot, svc.wrr, 0)
+                .map_err(|e| L4Error::map(MAP_WRR, e))?;
+            self.table(MAP_ACTIVE)?
+                .set(slot, svc.active, 0)
+                .map_err(|e| L4Error::map(MAP_ACTIVE, e))?;
+            self.services()?
+                .insert(svc.key, svc.value, 0)
+                .map_err(|e| L4Error::map(MAP_SERVICES, e))?;
+            if let Some((_, old)) = self.installed.insert(*kb, (svc.key, svc.value)) {
+                if old.slot == slot {
+                    self.clear_rows(slot, svc.value.nep as u32, old.nep as u32)?;
+                } else if !used.contains(&old.slot) {
+                    self.clear_rows(old.slot, 0, old.nep as u32)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn clear_rows(&mut self, slot: u32, from: u32, to: u32) -> Result<(), L4Error> {
+        let mut eps = self.endpoints()?;
+        for i in from..to.min(MAX_EPS) {
+            eps.set(slot * MAX_EPS + i, EndpointValue::default(), 0)
+                .map_err(|e| L4Error::map(MAP_ENDPOINTS, e))?;
+        }
+        Ok(())
+    }
+
+    /// Sum over CPUs of counter `idx` (`loxi_common::maps::ctr`).
+    pub fn counter(&self, idx: u32) -> Result<u64, L4Error> {
+        let map = self
+            .ebpf
+            .map(MAP_COUNTERS)
+            .ok_or(L4Error::MissingMap(MAP_COUNTERS))?;
+        let arr: PerCpuArray<&MapData, u64> =
+            PerCpuArray::try_from(map).map_err(|e| L4Error::map(MAP_COUNTERS, e))?;
+        let v = arr
+            .get(&idx, 0)
+            .map_err(|e| L4Error::map(MAP_COUNTERS, e))?;
+        Ok(v.iter().sum())
+    }
+
+    /// Packets and bytes of endpoint row (slot, ep).
+    pub fn endpoint_counters(&self, slot: u32, ep: u32) -> Result<(u64, u64), L4Error> {
+        let i = ctr::ep_packets(slot, ep);
+        Ok((self.counter(i)?, self.counter(i + 1)?))
+    }
+
+    /// Runs the program once on `frame` with `BPF_PROG_TEST_RUN`; returns (action, output).
+    pub fn test_run(&mut self, frame: &[u8]) -> Result<(u32, Vec<u8>), L4Error> {
+        let prog = xdp(&mut self.ebpf)?;
+        let mut out = vec![0u8; frame.len() + 256];
+        let opts = TestRunOptions {
+            data_in: Some(frame),
+            data_out: Some(&mut out),
+            ..Default::default()
+        };
+        let r = prog
+            .test_run(opts)
+            .map_err(|e| L4Error::program("test run", e))?;
+        out.truncate(r.data_size_out as usize);
+        Ok((r.return_value, out))
+    }
+
+    /// The underlying aya object (tests and diagnostics).
+    pub fn ebpf_mut(&mut self) -> &mut Ebpf {
+        &mut self.ebpf
+    }
+
+    fn services(&mut self) -> Result<HashMap<&mut MapData, ServiceKey, ServiceValue>, L4Error> {
+        let m = self
+            .ebpf
+            .map_mut(MAP_SERVICES)
+            .ok_or(L4Error::MissingMap(MAP_SERVICES))?;
+        HashMap::try_from(m).map_err(|e| L4Error::map(MAP_SERVICES, e))
+    }
+
+    fn table(
+        &mut self,
+        name: &'static str,
+    ) -> Result<Array<&mut MapData, [u8; WRR_SLOTS as usize]>, L4Error> {
+        let m = self.ebpf.map_mut(name).ok_or(L4Error::MissingMap(name))?;
+        Array::try_from(m).map_err(|e| L4Error::map(name, e))
+    }
+
+    fn endpoints(&mut self) -> Result<Array<&mut MapData, EndpointValue>, L4Error> {
+        let m = self
+            .ebpf
+            .map_mut(MAP_ENDPOINTS)
+            .ok_or(L4Error::MissingMap(MAP_ENDPOINTS))?;
+        Array::try_from(m).map_err(|e| L4Error::map(MAP_ENDPOINTS, e))
+    }
+}
+
+impl Drop for Datapath {
+    fn drop(&mut self) {
+        if let Err(e) = self.detach_all() {
+            tracing::warn!(error = %e, "detaching XDP on drop");
+        }
+    }
+}
+
+fn xdp(ebpf: &mut Ebpf) -> Result<&mut Xdp, L4Error> {
+    let p = ebpf
+        .program_mut(PROG_NAME)
+        .ok_or(L4Error::MissingProgram(PROG_NAME))?;
+    p.try_into().map_err(|e| L4Error::program("type check", e))
+}

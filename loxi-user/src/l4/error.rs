@@ -1,0 +1,70 @@
+//! Errors of the L4 layer.
+use thiserror::Error;
+
+/// Everything that can go wrong loading, attaching or programming the XDP data path.
+#[derive(Debug, Error)]
+pub enum L4Error {
+    /// `loxi-user` was built without the eBPF toolchain, so the embedded object is empty.
+    #[error(
+        "the XDP object is empty: loxi was built without the eBPF toolchain (run ../shared/scripts/setup-ebpf-toolchain.sh and rebuild)"
+    )]
+    NoObject,
+    /// The kernel or aya refused the object (verifier, map creation, BTF).
+    #[error("loading the XDP object: {0}")]
+    Load(#[source] Box<aya::EbpfError>),
+    /// A program-level failure (load, attach, detach, test run).
+    #[error("XDP program {action}: {source}")]
+    Program {
+        /// What was being done (e.g. `attach to eth0`).
+        action: String,
+        /// aya's error.
+        #[source]
+        source: Box<aya::programs::ProgramError>,
+    },
+    /// A map is missing from the object or an update failed.
+    #[error("map {map}: {source}")]
+    Map {
+        /// Map name (`loxi_common::maps::MAP_*`).
+        map: &'static str,
+        /// aya's error.
+        #[source]
+        source: Box<aya::maps::MapError>,
+    },
+    /// A map named in `loxi_common::maps` is not in the object.
+    #[error("map {0} not found in the XDP object")]
+    MissingMap(&'static str),
+    /// The program is not in the object.
+    #[error("program {0} not found in the XDP object")]
+    MissingProgram(&'static str),
+    /// An interface named by `--xdp-iface` or `--vip-iface` does not exist.
+    #[error("interface {0:?} does not exist")]
+    NoInterface(String),
+    /// VIP management over netlink failed.
+    #[error(transparent)]
+    Netlink(#[from] crate::netlink::NetlinkError),
+    /// More rules or endpoints than the data path holds.
+    #[error("{what}: {value} exceeds the data path limit {limit}")]
+    Capacity {
+        /// Which limit (`rules`, `endpoints of rule N`).
+        what: String,
+        /// Requested.
+        value: usize,
+        /// Allowed (`loxi_common::maps::MAX_RULES` / `MAX_EPS`).
+        limit: u32,
+    },
+}
+
+impl L4Error {
+    pub(crate) fn map(map: &'static str, e: aya::maps::MapError) -> Self {
+        Self::Map {
+            map,
+            source: Box::new(e),
+        }
+    }
+    pub(crate) fn program(action: impl Into<String>, e: aya::programs::ProgramError) -> Self {
+        Self::Program {
+            action: action.into(),
+            source: Box::new(e),
+        }
+    }
+}

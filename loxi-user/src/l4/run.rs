@@ -1,0 +1,121 @@
+//! The L4 task: load + attach, reconcile maps and VIPs from every rule snapshot, fold counters,
+//! detach and release VIPs on shutdown.
+use std::sync::Arc;
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::{netlink::VipManager, rules::store::RuleSnapshot};
+
+use super::{
+    Datapath, L4Config, L4Error, L4Metrics, Plan, SlotTable, metrics::CounterFold, plan,
+    route_source,
+};
+
+/// Runs the L4 data path until `shutdown` is cancelled (or the rule store goes away).
+///
+/// Errors: start-up only ([`L4Error::NoObject`], load/verifier failures, a missing
+/// `--xdp-iface`/`--vip-iface` interface). Later map or netlink failures are logged and retried
+/// on the next snapshot; the data path keeps serving what it has.
+pub async fn run(
+    cfg: L4Config,
+    mut rules: watch::Receiver<Arc<RuleSnapshot>>,
+    metrics: L4Metrics,
+    shutdown: CancellationToken,
+) -> Result<(), L4Error> {
+    let mut vips = match &cfg.vip_iface {
+        Some(i) => Some(VipManager::new(i).await?),
+        None => None,
+    };
+    let mut dp = start_datapath(&cfg, &metrics)?;
+    let mut slots = SlotTable::default();
+    let mut fold = CounterFold::default();
+    let mut current = Plan::default();
+    let mut tick = tokio::time::interval(cfg.stats_interval);
+    let mut dirty = true;
+    loop {
+        if dirty {
+            let snap = rules.borrow_and_update().clone();
+            current = reconcile(&snap, &mut slots, dp.as_mut(), vips.as_mut(), current).await;
+            dirty = false;
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            changed = rules.changed() => match changed {
+                Ok(()) => dirty = true,
+                Err(_) => break,
+            },
+            _ = tick.tick() => {
+                if let Some(d) = dp.as_ref()
+                    && let Err(e) = fold.fold(d, &current, &metrics)
+                {
+                    tracing::warn!(error = %e, "reading XDP counters");
+                }
+            }
+        }
+    }
+    stop(dp, vips, &metrics).await
+}
+
+fn start_datapath(cfg: &L4Config, metrics: &L4Metrics) -> Result<Option<Datapath>, L4Error> {
+    if cfg.xdp_ifaces.is_empty() {
+        return Ok(None);
+    }
+    let mut dp = Datapath::load()?;
+    for iface in &cfg.xdp_ifaces {
+        let mode = dp.attach(iface, cfg.force_generic)?;
+        metrics.set_attached(iface, mode, true);
+    }
+    Ok(Some(dp))
+}
+
+async fn reconcile(
+    snap: &RuleSnapshot,
+    slots: &mut SlotTable,
+    dp: Option<&mut Datapath>,
+    vips: Option<&mut VipManager>,
+    previous: Plan,
+) -> Plan {
+    let p = match plan(snap, slots, &route_source) {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::error!(error = %e, version = snap.version, "rule snapshot not applied to the data path");
+            return previous;
+        }
+    };
+    if let Some(d) = dp
+        && let Err(e) = d.apply(&p)
+    {
+        tracing::error!(error = %e, version = snap.version, "programming XDP maps");
+    }
+    if let Some(v) = vips
+        && let Err(e) = v.sync(&p.vips).await
+    {
+        tracing::error!(error = %e, "syncing VIPs");
+    }
+    tracing::debug!(
+        version = snap.version,
+        services = p.services.len(),
+        "L4 reconciled"
+    );
+    p
+}
+
+async fn stop(
+    dp: Option<Datapath>,
+    vips: Option<VipManager>,
+    metrics: &L4Metrics,
+) -> Result<(), L4Error> {
+    if let Some(mut v) = vips {
+        v.release_all().await?;
+    }
+    if let Some(mut d) = dp {
+        let att: Vec<(String, super::AttachMode)> =
+            d.attachments().map(|(i, m)| (i.to_string(), m)).collect();
+        d.detach_all()?;
+        for (i, m) in att {
+            metrics.set_attached(&i, m, false);
+        }
+    }
+    Ok(())
+}

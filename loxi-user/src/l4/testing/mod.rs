@@ -1,0 +1,158 @@
+//! Packet-table tests of the XDP program through `BPF_PROG_TEST_RUN` (root only: they load the
+//! program). Each test runs in a fresh network namespace of its own thread, so FIB lookups are
+//! deterministic (no route → the rewritten frame is passed to the kernel) unless the test adds
+//! a veth and a permanent neighbour.
+#![allow(unsafe_code, clippy::unwrap_used)]
+
+mod control;
+mod packet;
+mod selection;
+mod tables;
+
+use std::{net::IpAddr, process::Command};
+
+use crate::{
+    l4::{Datapath, Plan, SlotTable, plan},
+    rules::{model::LbRule, store::RuleStore},
+};
+
+pub use packet::*;
+
+pub const XDP_DROP: u32 = 1;
+pub const XDP_PASS: u32 = 2;
+pub const XDP_REDIRECT: u32 = 4;
+/// Source address the full-NAT modes put on packets in these tests.
+pub const LB_V4: &str = "192.168.0.254";
+pub const LB_V6: &str = "fd00::fe";
+
+/// Moves this thread into a new, empty network namespace and pins it to CPU 0 (per-CPU
+/// cursors then behave deterministically).
+pub fn fresh_netns() {
+    // SAFETY: plain syscalls on the calling thread; arguments are valid.
+    unsafe {
+        assert_eq!(
+            libc::unshare(libc::CLONE_NEWNET),
+            0,
+            "unshare(CLONE_NEWNET) needs root"
+        );
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(0, &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
+            0
+        );
+    }
+}
+
+/// Runs `ip`/`sysctl` style commands inside this thread's namespace.
+pub fn sh(cmd: &str) {
+    let st = Command::new("sh")
+        .arg("-c")
+        .arg(cmd)
+        .status()
+        .expect("spawn sh");
+    assert!(st.success(), "command failed: {cmd}");
+}
+
+/// A loaded data path with a rule store feeding it.
+pub struct Lb {
+    pub dp: Datapath,
+    store: RuleStore,
+    slots: SlotTable,
+    current: Plan,
+}
+
+impl Lb {
+    /// Fresh namespace, program loaded, `rules` (JSON `LbRule`s) installed.
+    pub fn new(rules: &[&str]) -> Self {
+        fresh_netns();
+        let dp = Datapath::load().expect("load XDP object (root and the eBPF toolchain needed)");
+        let mut lb = Self {
+            dp,
+            store: RuleStore::in_memory(),
+            slots: SlotTable::default(),
+            current: Plan::default(),
+        };
+        lb.set_rules(rules);
+        lb
+    }
+
+    /// Replaces the rule set and reconciles the maps.
+    pub fn set_rules(&mut self, rules: &[&str]) {
+        let rules: Vec<LbRule> = rules
+            .iter()
+            .map(|r| serde_json::from_str(r).expect("test rule JSON"))
+            .collect();
+        let keep: Vec<_> = rules.iter().map(|r| r.key()).collect();
+        for k in self.store.snapshot().rules.keys() {
+            if !keep.contains(k) {
+                self.store
+                    .delete(&k.external_ip, k.port, &k.protocol, None, None)
+                    .expect("delete");
+            }
+        }
+        for rule in rules {
+            // Same key keeps its rule id (an update), like the REST API.
+            self.store.upsert(rule).expect("valid test rule");
+        }
+        let snat = |ip: IpAddr| -> Option<IpAddr> {
+            Some(if ip.is_ipv4() {
+                LB_V4.parse().ok()?
+            } else {
+                LB_V6.parse().ok()?
+            })
+        };
+        let p = plan(&self.store.snapshot(), &mut self.slots, &snat).expect("plan");
+        self.dp.apply(&p).expect("apply plan");
+        self.current = p;
+    }
+
+    /// The plan last applied.
+    pub fn current(&self) -> &Plan {
+        &self.current
+    }
+
+    /// (rule id, slot) of every planned service.
+    pub fn plan_slots(&self) -> Vec<(u32, u32)> {
+        self.current
+            .services
+            .values()
+            .map(|s| (s.rule_id, s.value.slot))
+            .collect()
+    }
+
+    /// Runs one frame through the program.
+    pub fn run(&mut self, f: &Frame) -> (u32, Vec<u8>) {
+        self.dp.test_run(&f.bytes()).expect("BPF_PROG_TEST_RUN")
+    }
+
+    /// Counter value (`loxi_common::maps::ctr`).
+    pub fn ctr(&self, idx: u32) -> u64 {
+        self.dp.counter(idx).expect("counter")
+    }
+}
+
+/// A rule JSON with `n` endpoints `10.0.1.{2..}` on port 8080.
+pub fn rule(vip: &str, port: u16, proto: &str, mode: u8, sel: u8, eps: &[(&str, u32)]) -> String {
+    let eps: Vec<String> = eps
+        .iter()
+        .map(|(ip, w)| format!(r#"{{"endpointIP":"{ip}","targetPort":8080,"weight":{w}}}"#))
+        .collect();
+    format!(
+        r#"{{"serviceArguments":{{"externalIP":"{vip}","port":{port},"protocol":"{proto}","mode":{mode},"sel":{sel}}},"endpoints":[{}]}}"#,
+        eps.join(",")
+    )
+}
+
+/// Destination address of an output frame (no VLAN).
+pub fn dst_of(out: &[u8]) -> IpAddr {
+    match u16::from_be_bytes([out[12], out[13]]) {
+        0x0800 => IpAddr::from(<[u8; 4]>::try_from(&out[30..34]).unwrap()),
+        _ => IpAddr::from(<[u8; 16]>::try_from(&out[38..54]).unwrap()),
+    }
+}
+
+/// Source port of an IPv4 output frame without options or VLAN.
+pub fn sport_v4(out: &[u8]) -> u16 {
+    u16::from_be_bytes([out[34], out[35]])
+}

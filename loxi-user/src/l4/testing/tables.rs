@@ -1,0 +1,197 @@
+//! One packet-table case per behaviour: NAT rewrites with exact bytes, pass, drop, IPv6, VLAN.
+use loxi_common::maps::ctr;
+
+use super::*;
+
+const VIP: &str = "20.0.0.1";
+const CLIENT: &str = "192.168.0.1";
+const EP0: &str = "10.0.1.2";
+
+fn dnat_tcp() -> Lb {
+    Lb::new(&[&rule(VIP, 80, "tcp", 0, 0, &[(EP0, 1)])])
+}
+
+#[test]
+fn dnat_rewrites_destination_with_exact_bytes_and_checksums() {
+    let mut lb = dnat_tcp();
+    let f = Frame::tcp(CLIENT, 40000, VIP, 80);
+    let (act, out) = lb.run(&f);
+    // No route in the test namespace: the rewritten frame goes to the kernel.
+    assert_eq!(act, XDP_PASS);
+    assert_eq!(out, f.with(CLIENT, 40000, EP0, 8080).bytes());
+    assert_eq!(lb.ctr(ctr::NEW_FLOW), 1);
+    assert_eq!(lb.ctr(ctr::NAT_FWD), 1);
+}
+
+#[test]
+fn dnat_reply_is_unnatted_so_client_sees_vip() {
+    let mut lb = dnat_tcp();
+    lb.run(&Frame::tcp(CLIENT, 40000, VIP, 80));
+    let mut reply = Frame::tcp(EP0, 8080, CLIENT, 40000);
+    reply.tcp_flags = SYN | ACK;
+    let (act, out) = lb.run(&reply);
+    assert_eq!(act, XDP_PASS);
+    assert_eq!(out, reply.with(VIP, 80, CLIENT, 40000).bytes());
+    assert_eq!(lb.ctr(ctr::NAT_REV), 1);
+}
+
+#[test]
+fn dnat_udp_both_directions_keep_valid_checksums() {
+    let mut lb = Lb::new(&[&rule(VIP, 53, "udp", 0, 0, &[(EP0, 1)])]);
+    let f = Frame::udp(CLIENT, 5353, VIP, 53);
+    assert_eq!(lb.run(&f).1, f.with(CLIENT, 5353, EP0, 8080).bytes());
+    let r = Frame::udp(EP0, 8080, CLIENT, 5353);
+    assert_eq!(lb.run(&r).1, r.with(VIP, 53, CLIENT, 5353).bytes());
+}
+
+#[test]
+fn fullnat_rewrites_source_and_maps_replies_back() {
+    for mode in [1u8, 2, 5] {
+        let mut lb = Lb::new(&[&rule(VIP, 80, "tcp", mode, 0, &[(EP0, 1)])]);
+        let f = Frame::tcp(CLIENT, 40000, VIP, 80);
+        let (act, out) = lb.run(&f);
+        assert_eq!(act, XDP_PASS, "mode {mode}");
+        let nport = sport_v4(&out);
+        assert!(
+            (32768..60768).contains(&nport),
+            "mode {mode}: NAT port {nport}"
+        );
+        assert_eq!(out, f.with(LB_V4, nport, EP0, 8080).bytes(), "mode {mode}");
+        let mut reply = Frame::tcp(EP0, 8080, LB_V4, nport);
+        reply.tcp_flags = SYN | ACK;
+        assert_eq!(
+            lb.run(&reply).1,
+            reply.with(VIP, 80, CLIENT, 40000).bytes(),
+            "mode {mode}"
+        );
+    }
+}
+
+#[test]
+fn fullnat_gives_clashing_client_ports_distinct_nat_ports() {
+    let mut lb = Lb::new(&[&rule(VIP, 80, "tcp", 2, 0, &[(EP0, 1)])]);
+    let a = sport_v4(&lb.run(&Frame::tcp("192.168.0.1", 40000, VIP, 80)).1);
+    let b = sport_v4(&lb.run(&Frame::tcp("192.168.0.9", 40000, VIP, 80)).1);
+    assert_ne!(a, b);
+}
+
+#[test]
+fn dsr_rewrites_only_the_macs_towards_the_endpoint() {
+    let mut lb = Lb::new(&[&rule(VIP, 80, "tcp", 3, 0, &[(EP0, 1)])]);
+    sh(
+        "ip link add lbv0 address 02:00:00:00:01:01 type veth peer name lbv1 \
+        && ip addr add 10.0.1.1/24 dev lbv0 && ip link set lo up && ip link set lbv0 up \
+        && ip link set lbv1 up && ip neigh replace 10.0.1.2 lladdr 02:00:00:00:01:02 dev lbv0 nud permanent \
+        && sysctl -qw net.ipv4.conf.all.forwarding=1",
+    );
+    let f = Frame::tcp(CLIENT, 40000, VIP, 80);
+    let (act, out) = lb.run(&f);
+    assert_eq!(act, XDP_REDIRECT);
+    let mut want = f.clone();
+    want.dmac = [0x02, 0, 0, 0, 0x01, 0x02];
+    want.smac = [0x02, 0, 0, 0, 0x01, 0x01];
+    assert_eq!(
+        out,
+        want.bytes(),
+        "IP header untouched, MACs of the route to the endpoint"
+    );
+    assert_eq!(lb.ctr(ctr::DSR), 1);
+    assert_eq!(lb.ctr(ctr::REDIRECT), 1);
+}
+
+#[test]
+fn traffic_matching_no_service_passes_untouched() {
+    let mut lb = dnat_tcp();
+    for f in [
+        Frame::tcp(CLIENT, 40000, VIP, 81),
+        Frame::udp(CLIENT, 40000, VIP, 80),
+        Frame::tcp(CLIENT, 40000, "20.0.0.2", 80),
+    ] {
+        let (act, out) = lb.run(&f);
+        assert_eq!((act, out), (XDP_PASS, f.bytes()));
+    }
+    let mut arp = vec![0xff; 6];
+    arp.extend_from_slice(&MAC_CLIENT);
+    arp.extend_from_slice(&[0x08, 0x06]);
+    arp.extend_from_slice(&[0u8; 28]);
+    assert_eq!(lb.dp.test_run(&arp).unwrap(), (XDP_PASS, arp.clone()));
+    assert_eq!(lb.ctr(ctr::NEW_FLOW), 0);
+}
+
+#[test]
+fn mode4_fullproxy_services_pass_to_the_kernel() {
+    let mut lb = Lb::new(&[&rule(VIP, 80, "tcp", 4, 0, &[(EP0, 1)])]);
+    let f = Frame::tcp(CLIENT, 40000, VIP, 80);
+    assert_eq!(lb.run(&f), (XDP_PASS, f.bytes()));
+}
+
+#[test]
+fn truncated_frames_are_dropped_safely() {
+    let mut lb = dnat_tcp();
+    let full = Frame::tcp(CLIENT, 40000, VIP, 80).bytes();
+    let mut vlan = Frame::tcp(CLIENT, 40000, VIP, 80);
+    vlan.vlan = Some(7);
+    let v6 = Frame::tcp("2001:db8::9", 40000, "2001:db8::1", 80).bytes();
+    let cases: Vec<Vec<u8>> = vec![
+        full[..14].to_vec(),         // Ethernet only, IPv4 ethertype
+        full[..30].to_vec(),         // IPv4 header cut
+        full[..40].to_vec(),         // TCP header cut
+        vlan.bytes()[..16].to_vec(), // VLAN tag cut
+        v6[..50].to_vec(),           // IPv6 header cut
+    ];
+    for c in &cases {
+        let (act, _) = lb.dp.test_run(c).unwrap();
+        assert_eq!(act, XDP_DROP, "{} bytes", c.len());
+    }
+    assert_eq!(lb.ctr(ctr::DROP_TRUNCATED), cases.len() as u64);
+    assert_eq!(lb.ctr(ctr::NEW_FLOW), 0);
+}
+
+#[test]
+fn ipv6_dnat_rewrites_addresses_and_checksum() {
+    let mut lb = Lb::new(&[&rule("2001:db8::1", 80, "tcp", 0, 0, &[("fd00::2", 1)])]);
+    let f = Frame::tcp("2001:db8::9", 40000, "2001:db8::1", 80);
+    assert_eq!(
+        lb.run(&f).1,
+        f.with("2001:db8::9", 40000, "fd00::2", 8080).bytes()
+    );
+    let u = Frame::udp("2001:db8::9", 40000, "2001:db8::1", 80);
+    assert_eq!(lb.run(&u).1, u.bytes(), "udp has no service");
+    let r = Frame::tcp("fd00::2", 8080, "2001:db8::9", 40000);
+    assert_eq!(
+        lb.run(&r).1,
+        r.with("2001:db8::1", 80, "2001:db8::9", 40000).bytes()
+    );
+}
+
+#[test]
+fn vlan_tagged_frames_are_natted_and_keep_their_tag() {
+    let mut lb = dnat_tcp();
+    let mut f = Frame::tcp(CLIENT, 40000, VIP, 80);
+    f.vlan = Some(100);
+    let (act, out) = lb.run(&f);
+    assert_eq!(act, XDP_PASS);
+    assert_eq!(out, f.with(CLIENT, 40000, EP0, 8080).bytes());
+}
+
+#[test]
+fn service_whose_only_endpoint_is_of_the_other_family_drops_new_flows() {
+    let mut lb = Lb::new(&[&rule(VIP, 80, "tcp", 0, 0, &[("fd00::2", 1)])]);
+    let (act, _) = lb.run(&Frame::tcp(CLIENT, 40000, VIP, 80));
+    assert_eq!(act, XDP_DROP);
+    assert_eq!(lb.ctr(ctr::DROP_NO_ENDPOINT), 1);
+}
+
+#[test]
+fn ipv6_fullnat_rewrites_source_and_maps_replies_back() {
+    let mut lb = Lb::new(&[&rule("2001:db8::1", 80, "udp", 2, 0, &[("fd00::2", 1)])]);
+    let f = Frame::udp("2001:db8::9", 40000, "2001:db8::1", 80);
+    let (_, out) = lb.run(&f);
+    let nport = u16::from_be_bytes([out[54], out[55]]);
+    assert_eq!(out, f.with(LB_V6, nport, "fd00::2", 8080).bytes());
+    let r = Frame::udp("fd00::2", 8080, LB_V6, nport);
+    assert_eq!(
+        lb.run(&r).1,
+        r.with("2001:db8::1", 80, "2001:db8::9", 40000).bytes()
+    );
+}
