@@ -55,6 +55,8 @@ pub struct Outcome {
     pub sim_recv_ns: Option<u128>,
     /// `x-sim-respond-unix-ns`: the engine sent its response head.
     pub sim_respond_ns: Option<u128>,
+    /// The engine's own simulated TTFT, seconds (`: vllm-sim ttft_s=…` SSE comment).
+    pub sim_ttft_s: Option<f64>,
 }
 
 impl Outcome {
@@ -71,6 +73,11 @@ impl Outcome {
     /// End-to-end latency, real ms.
     pub fn e2e_ms(&self) -> Option<f64> {
         self.end_ns.map(|t| ms(t, self.send_ns))
+    }
+
+    /// The engine's simulated TTFT in ms, when the engine reported it.
+    pub fn engine_ttft_ms(&self) -> Option<f64> {
+        self.sim_ttft_s.map(|s| s * 1000.0)
     }
 
     /// Latency added between client and engine, real ms (needs both `x-sim-*` headers).
@@ -196,6 +203,10 @@ impl SseState {
     fn event(&mut self, raw: &[u8], out: &mut Outcome) {
         let text = String::from_utf8_lossy(raw);
         for line in text.lines() {
+            if let Some(comment) = line.strip_prefix(':') {
+                read_sim_comment(comment, out);
+                continue;
+            }
             let Some(data) = line.strip_prefix("data:").map(str::trim) else {
                 continue;
             };
@@ -239,6 +250,19 @@ fn has_text(v: &serde_json::Value) -> bool {
     })
 }
 
+/// `: vllm-sim ttft_s=0.031 e2e_s=0.287` (vllm-sim's timing comment before `[DONE]`).
+fn read_sim_comment(comment: &str, out: &mut Outcome) {
+    let mut words = comment.split_whitespace();
+    if words.next() != Some("vllm-sim") {
+        return;
+    }
+    for w in words {
+        if let Some(v) = w.strip_prefix("ttft_s=").and_then(|v| v.parse().ok()) {
+            out.sim_ttft_s = Some(v);
+        }
+    }
+}
+
 fn read_usage(u: &serde_json::Value, out: &mut Outcome) {
     if let Some(n) = u["completion_tokens"].as_u64() {
         out.output_tokens = n;
@@ -264,7 +288,8 @@ mod tests {
             "ta: {\"choices\":[{\"delta\":{\"content\":\" hi\"}}]}\r\n\r\n",
             "data: {\"choices\":[{\"text\":\" there\"}]}\n\n",
             "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":40,\"completion_tokens\":2,",
-            "\"prompt_tokens_details\":{\"cached_tokens\":32}}}\n\ndata: [DONE]\n\n",
+            "\"prompt_tokens_details\":{\"cached_tokens\":32}}}\n\n",
+            ": vllm-sim ttft_s=0.0425 e2e_s=0.3\n\ndata: [DONE]\n\n",
         ];
         for c in chunks {
             sse.feed(&Bytes::from(c), &mut out);
@@ -276,6 +301,7 @@ mod tests {
             (2, Some(40), Some(32))
         );
         assert!(sse.buf.is_empty());
+        assert_eq!(out.engine_ttft_ms(), Some(42.5));
     }
 
     #[test]

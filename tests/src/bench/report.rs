@@ -27,6 +27,9 @@ pub struct PolicyResult {
     pub prefix_hit_rate: Option<f64>,
     /// Time to first token (client side), simulated ms.
     pub ttft_ms: Option<Quantiles>,
+    /// The engines' own simulated TTFT (`vllm-sim` SSE comment), ms: routing quality without
+    /// any real-time cost of the client or the gateway.
+    pub engine_ttft_ms: Option<Quantiles>,
     /// End-to-end latency (client side), simulated ms.
     pub e2e_ms: Option<Quantiles>,
     /// Output tokens per simulated second over the run.
@@ -95,13 +98,13 @@ fn pct(v: Option<f64>) -> String {
 /// The Markdown table for one workload: one row per policy plus the oracle row.
 pub fn markdown(workload: &str, results: &[PolicyResult], oracle: Option<f64>) -> String {
     let mut s = format!("### Workload `{workload}`\n\n");
-    s.push_str("| policy | prefix hit | TTFT p50 | TTFT p90 | TTFT p99 | E2E p50 | E2E p99 | out tok/s | req/worker | max/mean | added p50 | added p99 | ok |\n");
-    s.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|\n");
+    s.push_str("| policy | prefix hit | TTFT p50 | TTFT p90 | TTFT p99 | engine TTFT p50 | engine TTFT p99 | E2E p50 | E2E p99 | out tok/s | req/worker | max/mean | added p50 | added p99 | ok |\n");
+    s.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|\n");
     for r in results {
         if let Some(e) = &r.error {
             let _ = writeln!(
                 s,
-                "| {} | failed: {} | | | | | | | | | | | |",
+                "| {} | failed: {} | | | | | | | | | | | | | |",
                 r.policy,
                 e.replace('|', "/").replace('\n', " ")
             );
@@ -110,12 +113,14 @@ pub fn markdown(workload: &str, results: &[PolicyResult], oracle: Option<f64>) -
         let (t, e2e, add) = (r.ttft_ms, r.e2e_ms, r.gateway_added_ms);
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {:?} | {} | {} | {} | {}/{} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:?} | {} | {} | {} | {}/{} |",
             r.policy,
             pct(r.prefix_hit_rate),
             num(t.map(|q| q.p50), 1),
             num(t.map(|q| q.p90), 1),
             num(t.map(|q| q.p99), 1),
+            num(r.engine_ttft_ms.map(|q| q.p50), 1),
+            num(r.engine_ttft_ms.map(|q| q.p99), 1),
             num(e2e.map(|q| q.p50), 1),
             num(e2e.map(|q| q.p99), 1),
             num(r.output_tokens_per_s, 0),
@@ -130,11 +135,11 @@ pub fn markdown(workload: &str, results: &[PolicyResult], oracle: Option<f64>) -
     if let Some(o) = oracle {
         let _ = writeln!(
             s,
-            "| oracle (bound) | {} | | | | | | | | | | | |",
+            "| oracle (bound) | {} | | | | | | | | | | | | | |",
             pct(Some(o))
         );
     }
-    s.push_str("\nTTFT and E2E: client-side, simulated ms (real ÷ time scale). added: real ms between the client and the engine outside the engine (`x-sim-*` headers); `direct` is the no-gateway baseline.\n");
+    s.push_str("\nTTFT and E2E: client-side, simulated ms (real ÷ time scale, so the client's and gateway's real CPU time is magnified by 1/scale). engine TTFT: the workers' exact simulated TTFT (queueing + prefill), ms. added: real ms between the client and the engine outside the engine (`x-sim-*` headers); `direct` is the no-gateway baseline.\n");
     for r in results.iter().filter(|r| !r.notes.is_empty()) {
         let _ = writeln!(s, "- `{}`: {}", r.policy, r.notes.join("; "));
     }
