@@ -57,34 +57,9 @@ impl Pool {
             .iter()
             .map(|e| authority(&e.endpoint_ip, crate::routing::state::target_port(args, e)))
             .collect();
-        #[allow(
-            clippy::unwrap_or_default,
-            reason = "EndpointLoad::default() is unhealthy; new() is the healthy start state"
-        )]
-        let loads: Vec<Arc<EndpointLoad>> = authorities
-            .iter()
-            .map(|a| {
-                old.and_then(|o| {
-                    o.authorities
-                        .iter()
-                        .position(|x| x == a)
-                        .map(|i| o.loads[i].clone())
-                })
-                .unwrap_or_else(EndpointLoad::new)
-            })
-            .collect();
-        let health: Vec<Arc<HealthCell>> = authorities
-            .iter()
-            .map(|a| {
-                old.and_then(|o| {
-                    o.authorities
-                        .iter()
-                        .position(|x| x == a)
-                        .map(|i| o.health[i].clone())
-                })
-                .unwrap_or_default()
-            })
-            .collect();
+        let loads = carry_over(&authorities, old, |o| &o.loads, EndpointLoad::new);
+        let health: Vec<Arc<HealthCell>> =
+            carry_over(&authorities, old, |o| &o.health, Arc::default);
         let state = match old {
             Some(o) if o.rule.rule == rule.rule => o.state.clone(),
             Some(o) => {
@@ -316,4 +291,31 @@ mod tests {
         assert_eq!(t2.pools[0].loads[1].in_flight(), 0);
         assert_eq!(t2.pools[0].state.topology.load().ids.len(), 2);
     }
+}
+
+/// The cell `old` kept for endpoint authority `a`, if the endpoint existed before.
+fn carried<T>(
+    a: &str,
+    old: Option<&Pool>,
+    cells: impl Fn(&Pool) -> &Vec<Arc<T>>,
+) -> Option<Arc<T>> {
+    let o = old?;
+    o.authorities
+        .iter()
+        .position(|x| x == a)
+        .map(|i| cells(o)[i].clone())
+}
+
+/// Per-endpoint cells for `authorities`: carried over from `old` for unchanged endpoints, else
+/// `fresh()`.
+fn carry_over<T>(
+    authorities: &[String],
+    old: Option<&Pool>,
+    cells: impl Fn(&Pool) -> &Vec<Arc<T>>,
+    fresh: impl Fn() -> Arc<T>,
+) -> Vec<Arc<T>> {
+    authorities
+        .iter()
+        .map(|a| carried(a, old, &cells).unwrap_or_else(&fresh))
+        .collect()
 }

@@ -65,6 +65,24 @@ pub enum Reason {
 }
 
 impl Reason {
+    /// Every reason, in declaration order.
+    pub const ALL: [Reason; 14] = [
+        Reason::RoundRobin,
+        Reason::Hash,
+        Reason::WeightedRoundRobin,
+        Reason::Persist,
+        Reason::LeastConnections,
+        Reason::RingPrefix,
+        Reason::RingConversation,
+        Reason::RingFallback,
+        Reason::RingSpill,
+        Reason::Modulo,
+        Reason::KvOverlap,
+        Reason::KvSpill,
+        Reason::KvColdSeed,
+        Reason::NoHealthyEndpoint,
+    ];
+
     /// The metric label value.
     pub fn as_str(self) -> &'static str {
         match self {
