@@ -120,7 +120,7 @@ impl Handler {
                 Attempt::Response(resp) => {
                     self.observe(pool, ep, Outcome::Status(resp.status().as_u16()));
                     if let Some(tier) = self.tier_for(pool) {
-                        tier.routed(&pool.rule, meta, ep);
+                        off_reactor(|| tier.routed(&pool.rule, meta, ep));
                     }
                     pm.request(ep, resp.status());
                     return Ok(downstream_response(resp, ep, tracked));
@@ -145,8 +145,7 @@ impl Handler {
         };
         let args = &pool.rule.rule.service;
         if let Some(tier) = self.tier_for(pool)
-            && let Some(d) = tier
-                .select(&pool.rule, meta, &cands)
+            && let Some(d) = off_reactor(|| tier.select(&pool.rule, meta, &cands))
                 .filter(|d| d.endpoint.is_some())
         {
             pool.metrics(&self.ctx.metrics).selection(true, d.reason);
@@ -226,4 +225,14 @@ fn downstream_response(
     strip_hop_by_hop(&mut parts.headers);
     parts.headers.insert(ENDPOINT_HEADER, HeaderValue::from(ep));
     Response::from_parts(parts, GuardedBody::new(body, tracked).boxed())
+}
+
+/// Runs CPU-heavy tier-1.5 work (tokenizing a long prompt can take milliseconds) with
+/// `block_in_place`, so the runtime hands this worker's other connections to another thread
+/// instead of stalling them. On a current-thread runtime (some tests) it just runs `f`.
+fn off_reactor<R>(f: impl FnOnce() -> R) -> R {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
 }
