@@ -9,44 +9,8 @@
 
 use std::fmt;
 
-/// Tier-1.5 selection law (`LOXILB_KV_LB_MODE`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KvLbMode {
-    /// Pure overlap-argmax (no load term).
-    Off,
-    /// Bounded load: the overlap owner is used while under `(1+ε)·mean`. The default.
-    Hard,
-    /// Soft: overlap minus `λ`·load.
-    Soft,
-    /// Hard law with ε moved by load.
-    Adaptive,
-    /// Soft law with λ moved by load.
-    AdaptiveSoft,
-}
-
-impl KvLbMode {
-    /// The spelling LoxiLB accepts (`off|hard|soft|adaptive|adaptive-soft`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            KvLbMode::Off => "off",
-            KvLbMode::Hard => "hard",
-            KvLbMode::Soft => "soft",
-            KvLbMode::Adaptive => "adaptive",
-            KvLbMode::AdaptiveSoft => "adaptive-soft",
-        }
-    }
-
-    fn parse(s: &str) -> Option<Self> {
-        Some(match s.trim().to_ascii_lowercase().as_str() {
-            "off" => KvLbMode::Off,
-            "hard" => KvLbMode::Hard,
-            "soft" => KvLbMode::Soft,
-            "adaptive" => KvLbMode::Adaptive,
-            "adaptive-soft" => KvLbMode::AdaptiveSoft,
-            _ => return None,
-        })
-    }
-}
+/// Tier-1.5 selection law (`LOXILB_KV_LB_MODE`): the KV tier's own type.
+pub use crate::kv::blend::LbMode as KvLbMode;
 
 /// A set variable whose value was not accepted; the default was used.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -138,6 +102,9 @@ pub struct Env {
     /// `LOXI_KV_PREDICT_TTL_MS`: lifetime in milliseconds of the predicted blocks inserted for
     /// the chosen endpoint after routing. Default 5000, range 0–600000 (0 = no prediction).
     pub kv_predict_ttl_ms: u64,
+    /// `LOXI_KV_LORA_PATHS` (loxi, `name=path,...`): the adapter path vLLM hashes into a
+    /// LoRA block's extra key, by adapter name.
+    pub kv_lora_paths: std::collections::HashMap<String, String>,
     /// `LOXI_MAX_BODY_BYTES`: largest request body the fullproxy reads for metadata; larger
     /// JSON bodies get 413. Default 32 MiB, range 1 KiB–1 GiB.
     pub max_body_bytes: usize,
@@ -199,6 +166,9 @@ impl Env {
             pd_origin_err_threshold: r.int("LLB_PD_ORIGIN_ERR_THRESHOLD", 3, 0, u32::MAX as u64)
                 as u32,
             kv_predict_ttl_ms: r.int("LOXI_KV_PREDICT_TTL_MS", 5000, 0, 600_000),
+            kv_lora_paths: lookup("LOXI_KV_LORA_PATHS")
+                .map(|v| crate::kv::settings::parse_lora_paths(&v))
+                .unwrap_or_default(),
             max_body_bytes: r.int("LOXI_MAX_BODY_BYTES", 32 << 20, 1 << 10, 1 << 30) as usize,
             warnings: r.warnings,
         }

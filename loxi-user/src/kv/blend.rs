@@ -37,6 +37,17 @@ pub enum LbMode {
 }
 
 impl LbMode {
+    /// The spelling LoxiLB accepts (`off|hard|soft|adaptive|adaptive-soft`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Off => "off",
+            Self::Hard => "hard",
+            Self::Soft => "soft",
+            Self::Adaptive => "adaptive",
+            Self::AdaptiveSoft => "adaptive-soft",
+        }
+    }
+
     /// Parses the env value; `None` for garbage (the caller warns and uses `Hard`).
     pub fn parse(s: &str) -> Option<Self> {
         match s.trim().to_ascii_lowercase().as_str() {

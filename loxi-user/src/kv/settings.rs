@@ -1,6 +1,6 @@
 //! Process-wide knobs of the KV tier (`LOXILB_KV_*`, `LLB_KV_*`), with the spec's defaults
 //! (`../shared/spec/configuration-and-tuning.txt`). The daemon reads the environment once at
-//! start; [`KvSettings::from_lookup`] does the parsing so the config layer only supplies values.
+//! start (`config::env::Env`, the one parser of these variables); `KvSettings::from_env` maps it.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -33,9 +33,9 @@ pub struct KvSettings {
     pub none_hash_seed: Option<String>,
     /// `LLB_KV_HASH_DEBUG=1`: log every computed block hash.
     pub hash_debug: bool,
-    /// `LOXILB_KV_PREDICT_TTL_MS` (loxi extension): lifetime of predicted blocks, default 5 s.
+    /// `LOXI_KV_PREDICT_TTL_MS` (loxi extension): lifetime of predicted blocks, default 5 s.
     pub predicted_ttl: Duration,
-    /// `LOXILB_KV_LORA_PATHS` (loxi extension, `name=path,name=path`): the path vLLM hashes in a
+    /// `LOXI_KV_LORA_PATHS` (loxi extension, `name=path,name=path`): the path vLLM hashes in a
     /// LoRA block's extra key `("lora", name, path)`. A request naming an unknown adapter misses
     /// with `hashes`.
     pub lora_paths: HashMap<String, String>,
@@ -61,126 +61,15 @@ impl Default for KvSettings {
     }
 }
 
-fn int_in<T: std::str::FromStr + PartialOrd + Copy>(
-    name: &str,
-    v: Option<String>,
-    lo: T,
-    hi: T,
-    def: T,
-) -> T {
-    let Some(raw) = v else { return def };
-    match raw.trim().parse::<T>() {
-        Ok(x) if x >= lo && x <= hi => x,
-        _ => {
-            tracing::warn!(var = name, value = %raw, "out of range or not a number; using the default");
-            def
-        }
-    }
-}
-
-fn flag(name: &str, v: Option<String>) -> Option<bool> {
-    let raw = v?;
-    match raw.trim().to_ascii_lowercase().as_str() {
-        "1" | "true" | "on" | "yes" => Some(true),
-        "0" | "false" | "off" | "no" => Some(false),
-        _ => {
-            tracing::warn!(var = name, value = %raw, "not a boolean; using auto");
-            None
-        }
-    }
-}
-
 impl KvSettings {
-    /// Builds settings from an environment lookup (`|name| std::env::var(name).ok()` in the
-    /// daemon). Invalid values are logged with the variable name and replaced by the default.
-    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Self {
-        let d = Self::default();
-        let lb_mode = match get("LOXILB_KV_LB_MODE") {
-            Some(v) => LbMode::parse(&v).unwrap_or_else(|| {
-                tracing::warn!(var = "LOXILB_KV_LB_MODE", value = %v, "unknown law; using hard");
-                LbMode::Hard
-            }),
-            None if flag("LOXILB_KV_UNIFIED_MODE", get("LOXILB_KV_UNIFIED_MODE"))
-                == Some(false) =>
-            {
-                LbMode::Off
-            }
-            None => LbMode::Hard,
-        };
-        Self {
-            lb_mode,
-            mean_load_factor: int_in(
-                "LOXILB_KV_MEAN_LOAD_FACTOR",
-                get("LOXILB_KV_MEAN_LOAD_FACTOR"),
-                100,
-                1000,
-                175,
-            ),
-            load_penalty: int_in(
-                "LOXILB_KV_LOAD_PENALTY",
-                get("LOXILB_KV_LOAD_PENALTY"),
-                1,
-                100_000,
-                32,
-            ),
-            spill_relief: flag("LOXILB_KV_SPILL_RELIEF", get("LOXILB_KV_SPILL_RELIEF")),
-            cap_sum_milli: int_in(
-                "LOXILB_KV_CAP_SUM_MILLI",
-                get("LOXILB_KV_CAP_SUM_MILLI"),
-                0,
-                u64::MAX,
-                0,
-            ),
-            coldstart_seed_n: int_in(
-                "LOXILB_KV_COLDSTART_SEED_N",
-                get("LOXILB_KV_COLDSTART_SEED_N"),
-                0,
-                u64::MAX,
-                16,
-            ),
-            coldstart_min_blocks: int_in(
-                "LOXILB_KV_COLDSTART_MIN_BLOCKS",
-                get("LOXILB_KV_COLDSTART_MIN_BLOCKS"),
-                0,
-                u64::MAX,
-                16,
-            ),
-            max_blocks: int_in(
-                "LOXILB_KV_MAX_BLOCKS",
-                get("LOXILB_KV_MAX_BLOCKS"),
-                1000,
-                100_000_000,
-                1_000_000,
-            ),
-            min_match_tokens: int_in(
-                "LLB_KV_MIN_MATCH_TOKENS",
-                get("LLB_KV_MIN_MATCH_TOKENS"),
-                0,
-                4096,
-                16,
-            ),
-            none_hash_seed: get("LLB_KV_NONE_HASH_SEED"),
-            hash_debug: flag("LLB_KV_HASH_DEBUG", get("LLB_KV_HASH_DEBUG")).unwrap_or(false),
-            predicted_ttl: Duration::from_millis(int_in(
-                "LOXILB_KV_PREDICT_TTL_MS",
-                get("LOXILB_KV_PREDICT_TTL_MS"),
-                0,
-                3_600_000,
-                5000,
-            )),
-            lora_paths: get("LOXILB_KV_LORA_PATHS")
-                .map(|v| parse_lora_paths(&v))
-                .unwrap_or(d.lora_paths),
-        }
-    }
-
     /// Spill relief for a rule of `kv_exact_mode` (auto = on for mode 3).
     pub fn spill_relief_for(&self, kv_exact_mode: u8) -> bool {
         self.spill_relief.unwrap_or(kv_exact_mode == 3)
     }
 }
 
-fn parse_lora_paths(v: &str) -> HashMap<String, String> {
+/// Parses `LOXI_KV_LORA_PATHS` (`name=path,name=path`; entries without `=` are skipped).
+pub fn parse_lora_paths(v: &str) -> HashMap<String, String> {
     v.split(',')
         .filter_map(|kv| kv.split_once('='))
         .map(|(k, p)| (k.trim().to_owned(), p.trim().to_owned()))
@@ -193,7 +82,10 @@ mod tests {
 
     #[test]
     fn unset_environment_gives_spec_defaults() {
-        assert_eq!(KvSettings::from_lookup(|_| None), KvSettings::default());
+        assert_eq!(
+            KvSettings::from_env(&crate::config::Env::from_lookup(|_| None)),
+            KvSettings::default()
+        );
         let d = KvSettings::default();
         assert_eq!(
             (
@@ -217,10 +109,12 @@ mod tests {
             ("LOXILB_KV_SPILL_RELIEF", "off"),
             ("LLB_KV_MIN_MATCH_TOKENS", "0"),
             ("LLB_KV_NONE_HASH_SEED", "0"),
-            ("LOXILB_KV_LORA_PATHS", "sql=/a/sql, x=/b"),
+            ("LOXI_KV_LORA_PATHS", "sql=/a/sql, x=/b"),
         ]
         .into();
-        let s = KvSettings::from_lookup(|k| env.get(k).map(|v| v.to_string()));
+        let s = KvSettings::from_env(&crate::config::Env::from_lookup(|k| {
+            env.get(k).map(|v| v.to_string())
+        }));
         assert_eq!(s.lb_mode, LbMode::Soft);
         assert_eq!(s.mean_load_factor, 175);
         assert_eq!(s.load_penalty, 64);
@@ -232,14 +126,15 @@ mod tests {
 
     #[test]
     fn unified_mode_off_means_argmax_only_when_lb_mode_unset() {
-        let s =
-            KvSettings::from_lookup(|k| (k == "LOXILB_KV_UNIFIED_MODE").then(|| "0".to_string()));
+        let s = KvSettings::from_env(&crate::config::Env::from_lookup(|k| {
+            (k == "LOXILB_KV_UNIFIED_MODE").then(|| "0".to_string())
+        }));
         assert_eq!(s.lb_mode, LbMode::Off);
-        let s = KvSettings::from_lookup(|k| match k {
+        let s = KvSettings::from_env(&crate::config::Env::from_lookup(|k| match k {
             "LOXILB_KV_UNIFIED_MODE" => Some("0".into()),
             "LOXILB_KV_LB_MODE" => Some("bogus".into()),
             _ => None,
-        });
+        }));
         assert_eq!(s.lb_mode, LbMode::Hard);
     }
 }

@@ -10,7 +10,6 @@ use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::blend::LbMode;
 use super::manager::KvManager;
 use super::metrics::KvMetrics;
 use super::select::KvRouter;
@@ -18,7 +17,7 @@ use super::settings::KvSettings;
 use super::state::KvState;
 use super::subscriber::StreamTiming;
 use super::tokenizer::{TokenizerMetrics, TokenizerPool};
-use crate::config::env::{Env, KvLbMode};
+use crate::config::env::Env;
 use crate::proxy::meta::RequestMeta;
 use crate::routing::{AffinityTier, Candidates, Decision, EpIdx};
 use crate::rules::{RuleSnapshot, StoredRule};
@@ -41,13 +40,7 @@ impl KvSettings {
     /// The KV knobs of the environment the daemon read once at start.
     pub fn from_env(env: &Env) -> Self {
         Self {
-            lb_mode: match env.kv_lb_mode {
-                KvLbMode::Off => LbMode::Off,
-                KvLbMode::Hard => LbMode::Hard,
-                KvLbMode::Soft => LbMode::Soft,
-                KvLbMode::Adaptive => LbMode::Adaptive,
-                KvLbMode::AdaptiveSoft => LbMode::AdaptiveSoft,
-            },
+            lb_mode: env.kv_lb_mode,
             mean_load_factor: env.kv_mean_load_factor,
             load_penalty: env.kv_load_penalty,
             spill_relief: env.kv_spill_relief,
@@ -59,12 +52,7 @@ impl KvSettings {
             none_hash_seed: env.kv_none_hash_seed.clone(),
             hash_debug: env.kv_hash_debug,
             predicted_ttl: Duration::from_millis(env.kv_predict_ttl_ms),
-            lora_paths: KvSettings::from_lookup(|k| {
-                (k == "LOXILB_KV_LORA_PATHS")
-                    .then(|| std::env::var(k).ok())
-                    .flatten()
-            })
-            .lora_paths,
+            lora_paths: env.kv_lora_paths.clone(),
         }
     }
 }
