@@ -1,0 +1,144 @@
+//! Scenario 16 of `../shared/cases/routing-scenarios.md`: 512 concurrent unique prompts over 5
+//! workers behind a KV-aware rule (`kvExactMode: 3`, predicted blocks on, the tiny model's real
+//! tokenizer). No prompt shares a block with another, so tier 1.5 must miss every time with
+//! `no_worker` (never herd them onto the worker its own predictions point at), and the fallback
+//! selector must spread them: max/min requests per worker ≤ 1.5 and no worker idle.
+
+use std::path::PathBuf;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use loxi_tests::backend::Backend;
+use loxi_tests::harness::{Daemon, DaemonOpts, free_port};
+use serde_json::json;
+
+const REQUESTS: usize = 512;
+const WORKERS: usize = 5;
+
+fn stage_tiny_tokenizer(dir: &std::path::Path) {
+    let shared = std::env::var_os("LOXI_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared"));
+    let dst = dir.join("tiny");
+    std::fs::create_dir_all(&dst).expect("mkdir");
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(shared.join("golden/tiny-model").join(f), dst.join(f)).expect("copy");
+    }
+}
+
+/// The value of the first sample of `name` whose labels contain every `labels` pair.
+fn sample(metrics: &str, name: &str, labels: &[&str]) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(name) && labels.iter().all(|p| l.contains(p)))
+        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unique_prompts_spread_evenly_and_every_one_misses_as_no_worker() {
+    let mut backends = Vec::new();
+    for i in 0..WORKERS {
+        backends.push(Backend::start(&i.to_string()).await);
+    }
+    let tok = tempfile::tempdir().expect("tmp");
+    stage_tiny_tokenizer(tok.path());
+    let opts = DaemonOpts {
+        tokenizer_dir: Some(tok.path().to_path_buf()),
+        ..Default::default()
+    }
+    .env("LLB_KV_NONE_HASH_SEED", "0");
+    let d = Daemon::start(opts).await;
+    let port = free_port();
+    let endpoints: Vec<_> = backends
+        .iter()
+        .map(|b| json!({"endpointIP": "127.0.0.1", "targetPort": b.port()}))
+        .collect();
+    let (status, body) = d
+        .post_rule(&json!({
+            "serviceArguments": {"externalIP": "127.0.0.1", "port": port, "mode": 4, "sel": 0,
+                "kvExactMode": 3, "kvBlockSize": 32, "kvHashAlgo": "sha256_cbor"},
+            "endpoints": endpoints,
+        }))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    // The listener opens asynchronously after the rule is stored.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "listener never opened"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..REQUESTS {
+        let client = client.clone();
+        tasks.spawn(async move {
+            // Unique from the first token on, and long enough for several full blocks.
+            let prompt = format!(
+                "{i} {} is request number {i}; its words are its own and share no block.",
+                "token ".repeat(80)
+            );
+            let body = json!({"model": "tiny", "prompt": prompt, "max_tokens": 2}).to_string();
+            let req = http::Request::post(format!("http://127.0.0.1:{port}/v1/completions"))
+                .header("content-type", "application/json")
+                .body(Full::new(Bytes::from(body)))
+                .expect("request");
+            let resp =
+                tokio::time::timeout(std::time::Duration::from_secs(60), client.request(req))
+                    .await
+                    .expect("answered within 60 s")
+                    .expect("proxy answered");
+            assert_eq!(resp.status(), 200);
+            resp.headers()
+                .get("x-loxilb-endpoint")
+                .and_then(|v| v.to_str().ok()?.parse::<usize>().ok())
+                .expect("x-loxilb-endpoint")
+        });
+    }
+    let mut per_worker = [0usize; WORKERS];
+    while let Some(ep) = tasks.join_next().await {
+        per_worker[ep.expect("request task")] += 1;
+    }
+    let (max, min) = (
+        *per_worker.iter().max().expect("workers"),
+        *per_worker.iter().min().expect("workers"),
+    );
+    assert!(min > 0, "a worker stayed idle: {per_worker:?}");
+    assert!(
+        max as f64 / min as f64 <= 1.5,
+        "max/min above 1.5: {per_worker:?}"
+    );
+    for (i, b) in backends.iter().enumerate() {
+        assert_eq!(
+            b.request_count(),
+            per_worker[i],
+            "delivery matches the header"
+        );
+    }
+
+    let m = d.metrics_text().await;
+    let misses = sample(
+        &m,
+        "loxilb_pd_kv_tier15_miss_reason_total",
+        &["reason=\"no_worker\""],
+    );
+    assert_eq!(
+        misses, REQUESTS as f64,
+        "every unique prompt misses as no_worker"
+    );
+    let hits: f64 = m
+        .lines()
+        .filter(|l| l.starts_with("loxilb_pd_kv_tier15_hits_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(hits, 0.0, "no tier-1.5 hit for prompts that share nothing");
+}
