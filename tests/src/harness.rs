@@ -425,3 +425,37 @@ pub fn loxicmd_at(api: SocketAddr, args: &[&str]) -> Output {
 pub fn parse_json(text: &str) -> serde_json::Value {
     serde_json::from_str(text).unwrap_or_else(|_| serde_json::json!({ "raw": text }))
 }
+
+/// Runs `promtool check metrics`; when promtool is missing, fails under `CI`, else skips loudly.
+pub fn promtool_check(text: &str) {
+    use std::io::Write;
+    let spawn = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn();
+    let mut child = match spawn {
+        Ok(c) => c,
+        Err(e) if std::env::var_os("CI").is_none() => {
+            eprintln!(
+                "SKIPPING promtool check: promtool not runnable ({e}); install Debian package `prometheus`"
+            );
+            return;
+        }
+        Err(e) => panic!("promtool is required under CI: {e}"),
+    };
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(text.as_bytes())
+        .expect("write metrics");
+    let out = child.wait_with_output().expect("promtool");
+    assert!(
+        out.status.success(),
+        "promtool check metrics failed:\n{}{}\n--- metrics ---\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -341,41 +341,7 @@ async fn metrics_pass_promtool_and_count_rules_and_api_requests() {
         !after.contains("# EOF"),
         "the text format 0.0.4 is the default"
     );
-    promtool_check(&after);
-}
-
-/// Runs `promtool check metrics`; when promtool is missing, fails under `CI`, else skips loudly.
-fn promtool_check(text: &str) {
-    use std::io::Write;
-    let spawn = std::process::Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn();
-    let mut child = match spawn {
-        Ok(c) => c,
-        Err(e) if std::env::var_os("CI").is_none() => {
-            eprintln!(
-                "SKIPPING promtool check: promtool not runnable ({e}); install Debian package `prometheus`"
-            );
-            return;
-        }
-        Err(e) => panic!("promtool is required under CI: {e}"),
-    };
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(text.as_bytes())
-        .expect("write metrics");
-    let out = child.wait_with_output().expect("promtool");
-    assert!(
-        out.status.success(),
-        "promtool check metrics failed:\n{}{}\n--- metrics ---\n{text}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    loxi_tests::harness::promtool_check(&after);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -117,3 +117,28 @@ mod tests {
         assert!(text.ends_with("# EOF\n"), "{text}");
     }
 }
+
+/// Test helper: `promtool check metrics` must accept `text` (promtool comes from Debian's
+/// `prometheus` package, installed by `scripts/setup.sh`).
+#[cfg(test)]
+pub(crate) fn promtool_check(text: &str) {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool installed (scripts/setup.sh)");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(text.as_bytes())
+        .expect("write");
+    let res = child.wait_with_output().expect("promtool ran");
+    let report =
+        String::from_utf8_lossy(&res.stdout).to_string() + &String::from_utf8_lossy(&res.stderr);
+    assert!(res.status.success(), "promtool: {report}\n{text}");
+}

@@ -119,36 +119,4 @@ pub fn vllm_ids(req: &Value) -> Option<Vec<u32>> {
     Some(ids.iter().map(|t| t.as_u64().expect("id") as u32).collect())
 }
 
-/// Runs `promtool check metrics` on `text`; when promtool is missing, fails under `CI`, else
-/// skips loudly.
-pub fn promtool_check(text: &str) {
-    use std::io::Write;
-    use std::process::{Command, Stdio};
-    let spawn = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn();
-    let mut child = match spawn {
-        Ok(c) => c,
-        Err(e) if std::env::var_os("CI").is_none() => {
-            eprintln!("SKIPPING promtool check: promtool not runnable ({e})");
-            return;
-        }
-        Err(e) => panic!("promtool is required under CI: {e}"),
-    };
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(text.as_bytes())
-        .expect("write metrics");
-    let out = child.wait_with_output().expect("promtool");
-    assert!(
-        out.status.success(),
-        "promtool check metrics failed:\n{}{}\n--- metrics ---\n{text}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
+pub use loxi_tests::harness::promtool_check;
