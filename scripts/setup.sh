@@ -36,6 +36,12 @@ if ! python3 -c 'import zmq, msgpack' 2>/dev/null; then
   python3 -m pip install -q --disable-pip-version-check pyzmq msgpack
 fi
 
+# --- stable lints (scripts/test.sh runs rustfmt and clippy) -----------------------------------
+if ! cargo clippy --version >/dev/null 2>&1 || ! cargo fmt --version >/dev/null 2>&1; then
+  log "rustup component add clippy rustfmt"
+  rustup component add clippy rustfmt
+fi
+
 # --- eBPF toolchain (pinned nightly + bpf-linker), from shared/ ------------------------------
 if [ -f "$SHARED/scripts/setup-ebpf-toolchain.sh" ]; then
   bash "$SHARED/scripts/setup-ebpf-toolchain.sh"

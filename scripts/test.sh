@@ -8,6 +8,9 @@ export PATH="$HOME/.cargo/bin:$PATH"
 export LOXI_SHARED=${LOXI_SHARED:-$(cd .. && pwd)/shared}
 # One release build serves the tests and the binaries the integration tests start.
 cargo test --release --workspace -- --test-threads="${LOXI_TEST_THREADS:-2}"
+# House lints: formatting and clippy (warnings are errors) over every target of the workspace.
+cargo fmt --all --check
+cargo clippy --release --workspace --all-targets -q -- -D warnings
 # The eBPF crate is linted with its pinned nightly for bpfel-unknown-none (clippy -D warnings).
 cargo run --release -q -p xtask -- lint-ebpf
 # Real-traffic XDP tests in network namespaces (root). Not root / no netns: skipped locally,

@@ -1,7 +1,8 @@
 //! Tokenization of a ~4,096-token chat request (template render + encode) on the real DeepSeek
 //! tokenizer of `golden/bos-model`, cold (cache disabled: every call renders and encodes) vs
 //! cached (the full-text cache answers after the first call), the conversation's next turn
-//! (history segments cached, one new message), and a ~4,000-token completion cold.
+//! (history segments cached, one new message), and a ~4,000-token completion cold and with its
+//! long prefix chunk-cached (a new question after a shared system prompt).
 //!
 //! `cargo bench -p loxi-user --bench kv_tokenize -- --warm-up-time 1 --measurement-time 3`
 //! (reads `$LOXI_SHARED/golden`, default `<workspace>/../shared/golden`).
@@ -130,6 +131,25 @@ fn chat_4k(c: &mut Criterion) {
     });
     g.bench_function("completion_cold", |b| {
         b.iter(|| cold.encode("bos-tiny", ApiKind::Completions, black_box(&text), None))
+    });
+    // A shared-prefix completion (a long system prompt + a new question each time): the system
+    // prompt's word-boundary chunks are cached, only the question's tail is encoded.
+    let mut question = 0u64;
+    let system = match &text {
+        Prompt::Text(t) => t.clone(),
+        _ => String::new(),
+    };
+    g.bench_function("completion_shared_prefix_chunk_cached", |b| {
+        b.iter_batched(
+            || {
+                question += 1;
+                Prompt::Text(format!(
+                    "{system} Which carrier handles order {question} today?"
+                ))
+            },
+            |p| warm.encode("bos-tiny", ApiKind::Completions, &p, None),
+            BatchSize::SmallInput,
+        )
     });
     g.finish();
 }

@@ -94,30 +94,6 @@ impl ControlMetrics {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn control_families_encode_with_their_values() {
-        let mut reg = new_registry();
-        let m = ControlMetrics::register(&mut reg);
-        m.lb_rules.set(3);
-        m.api_request("POST", "/netlox/v1/config/loadbalancer", 400);
-        m.api_request("POST", "/netlox/v1/config/loadbalancer", 400);
-        let text = encode(&reg).expect("encode");
-        assert!(text.contains("# TYPE loxilb_lb_rules gauge\n"), "{text}");
-        assert!(text.contains("\nloxilb_lb_rules 3\n"), "{text}");
-        assert!(
-            text.contains(
-                "loxilb_api_requests_total{method=\"POST\",route=\"/netlox/v1/config/loadbalancer\",code=\"400\"} 2\n"
-            ),
-            "{text}"
-        );
-        assert!(text.ends_with("# EOF\n"), "{text}");
-    }
-}
-
 /// Test helper: `promtool check metrics` must accept `text` (promtool comes from Debian's
 /// `prometheus` package, installed by `scripts/setup.sh`).
 #[cfg(test)]
@@ -141,4 +117,28 @@ pub(crate) fn promtool_check(text: &str) {
     let report =
         String::from_utf8_lossy(&res.stdout).to_string() + &String::from_utf8_lossy(&res.stderr);
     assert!(res.status.success(), "promtool: {report}\n{text}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_families_encode_with_their_values() {
+        let mut reg = new_registry();
+        let m = ControlMetrics::register(&mut reg);
+        m.lb_rules.set(3);
+        m.api_request("POST", "/netlox/v1/config/loadbalancer", 400);
+        m.api_request("POST", "/netlox/v1/config/loadbalancer", 400);
+        let text = encode(&reg).expect("encode");
+        assert!(text.contains("# TYPE loxilb_lb_rules gauge\n"), "{text}");
+        assert!(text.contains("\nloxilb_lb_rules 3\n"), "{text}");
+        assert!(
+            text.contains(
+                "loxilb_api_requests_total{method=\"POST\",route=\"/netlox/v1/config/loadbalancer\",code=\"400\"} 2\n"
+            ),
+            "{text}"
+        );
+        assert!(text.ends_with("# EOF\n"), "{text}");
+    }
 }

@@ -226,6 +226,33 @@ fn strip_port(h: &str) -> &str {
         .map_or(h, |(a, _)| a)
 }
 
+/// The cell `old` kept for endpoint authority `a`, if the endpoint existed before.
+fn carried<T>(
+    a: &str,
+    old: Option<&Pool>,
+    cells: impl Fn(&Pool) -> &Vec<Arc<T>>,
+) -> Option<Arc<T>> {
+    let o = old?;
+    o.authorities
+        .iter()
+        .position(|x| x == a)
+        .map(|i| cells(o)[i].clone())
+}
+
+/// Per-endpoint cells for `authorities`: carried over from `old` for unchanged endpoints, else
+/// `fresh()`.
+fn carry_over<T>(
+    authorities: &[String],
+    old: Option<&Pool>,
+    cells: impl Fn(&Pool) -> &Vec<Arc<T>>,
+    fresh: impl Fn() -> Arc<T>,
+) -> Vec<Arc<T>> {
+    authorities
+        .iter()
+        .map(|a| carried(a, old, &cells).unwrap_or_else(&fresh))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -291,31 +318,4 @@ mod tests {
         assert_eq!(t2.pools[0].loads[1].in_flight(), 0);
         assert_eq!(t2.pools[0].state.topology.load().ids.len(), 2);
     }
-}
-
-/// The cell `old` kept for endpoint authority `a`, if the endpoint existed before.
-fn carried<T>(
-    a: &str,
-    old: Option<&Pool>,
-    cells: impl Fn(&Pool) -> &Vec<Arc<T>>,
-) -> Option<Arc<T>> {
-    let o = old?;
-    o.authorities
-        .iter()
-        .position(|x| x == a)
-        .map(|i| cells(o)[i].clone())
-}
-
-/// Per-endpoint cells for `authorities`: carried over from `old` for unchanged endpoints, else
-/// `fresh()`.
-fn carry_over<T>(
-    authorities: &[String],
-    old: Option<&Pool>,
-    cells: impl Fn(&Pool) -> &Vec<Arc<T>>,
-    fresh: impl Fn() -> Arc<T>,
-) -> Vec<Arc<T>> {
-    authorities
-        .iter()
-        .map(|a| carried(a, old, &cells).unwrap_or_else(&fresh))
-        .collect()
 }

@@ -201,6 +201,100 @@ fn random_texts(n: usize) -> Vec<String> {
         .collect()
 }
 
+/// Long texts (hundreds of pieces, many `letter space letter` word boundaries) so splits are cut
+/// into word-boundary chunks.
+fn long_texts(n: usize) -> Vec<String> {
+    const WORDS: [&str; 8] = [" the", " It", "'s", "ok", " a", "x", " don't", "Zed"];
+    let mut x = 0x9e37_79b9_u64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    (0..n)
+        .map(|_| {
+            let len = 200 + (next() % 400) as usize;
+            (0..len)
+                .map(|_| {
+                    // Added tokens (the first 9 palette entries) rarely, so most splits
+                    // between them are long enough to be chunked.
+                    let r = next();
+                    match r % 100 {
+                        0 => PALETTE[(r / 100 % 9) as usize],
+                        1..=30 => PALETTE[9 + (r / 100 % (PALETTE.len() as u64 - 9)) as usize],
+                        _ => WORDS[(r / 100 % WORDS.len() as u64) as usize],
+                    }
+                })
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn word_chunked_encoding_equals_whole_text_encoding_on_long_texts() {
+    let dir = staged_tokenizer_dir();
+    let pool = TokenizerPool::new(dir.path().to_owned(), TokenizerMetrics::default());
+    for model in ["tiny", "bos-tiny"] {
+        let tok = pool.get(model).expect("loads");
+        assert!(
+            tok.word_chunked(),
+            "{model}: pre-tokenizer is on the allow-list"
+        );
+        let texts = long_texts(150);
+        for pass in 0..2 {
+            for text in &texts {
+                for add in [false, true] {
+                    let whole = tok.encode_whole(text, add).expect("whole");
+                    let seg = tok
+                        .encode_by_segments(text, add)
+                        .expect("segment mode is exact here")
+                        .expect("ok");
+                    assert_eq!(
+                        seg,
+                        whole.to_vec(),
+                        "{model} pass {pass} add={add} text {text:?}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn prompts_sharing_a_long_prefix_encode_only_their_new_chunks() {
+    let dir = staged_tokenizer_dir();
+    let pool = TokenizerPool::new(dir.path().to_owned(), TokenizerMetrics::default());
+    let tok = pool.get("tiny").expect("loads");
+    let system: String = (0..3000)
+        .map(|i| format!(" word{}", i % 97))
+        .collect::<String>()
+        .replace(|c: char| c.is_ascii_digit(), "x");
+    let first = format!("{system} What is the first question?");
+    let second = format!("{system} And here comes another one entirely");
+    let a = tok
+        .encode_by_segments(&first, true)
+        .expect("exact")
+        .expect("ok");
+    let after_first = tok.segment_entries();
+    assert!(
+        after_first >= 30,
+        "{} bytes cut into {after_first} chunks",
+        first.len()
+    );
+    let b = tok
+        .encode_by_segments(&second, true)
+        .expect("exact")
+        .expect("ok");
+    let added = tok.segment_entries() - after_first;
+    assert!(
+        added <= 2,
+        "second prompt added {added} chunks (only its tail is new)"
+    );
+    assert_eq!(a, tok.encode_whole(&first, true).expect("whole").to_vec());
+    assert_eq!(b, tok.encode_whole(&second, true).expect("whole").to_vec());
+}
+
 #[test]
 fn segment_cached_encoding_equals_whole_text_encoding_for_both_models() {
     let dir = staged_tokenizer_dir();

@@ -199,6 +199,17 @@ impl ModelTokenizer {
         self.cache.len()
     }
 
+    /// Entries currently in the segment (split and chunk) cache.
+    pub fn segment_entries(&self) -> usize {
+        self.segments.cached_entries()
+    }
+
+    /// True when long splits are cut into word-boundary chunks for this tokenizer
+    /// (see [`super::segment::word_boundaries_exact`]).
+    pub fn word_chunked(&self) -> bool {
+        self.segments.chunked()
+    }
+
     fn template_error(&self, model: &str, message: String) -> TokenizeError {
         if !self.template_warned.swap(true, Ordering::Relaxed) {
             tracing::warn!(model, error = %message, "chat template unusable; KV routing falls back for chat requests of this model");

@@ -9,6 +9,16 @@
 //! tokenizer's own components. The result is the whole-text encoding by construction; a test
 //! checks it on every captured request and on random texts.
 //!
+//! Long splits are cut further into chunks of about [`CHUNK_BYTES`] at *word boundaries*: an
+//! ASCII letter, a space, an ASCII letter (`"…d w…"`, cut before the space). For the
+//! pre-tokenizers listed in [`word_boundaries_exact`] every pre-token that covers the letter
+//! before the space ends at the space (each alternative that matches a letter runs greedily over
+//! letters and cannot take a following space), none of their regexes look behind, and their
+//! lookaheads only follow whitespace, so pre-tokenizing the chunks one by one gives the same
+//! pre-tokens as the whole split; the BPE model then works per pre-token. Chunks are cut at
+//! positions that depend only on the text before them, so prompts sharing a long prefix (a
+//! system prompt, a document) share its chunks and only the new tail is encoded.
+//!
 //! Not used (whole-text encoding instead) when a split's result may depend on its position:
 //! a `Metaspace` pre-tokenizer (`prepend_scheme: first`), truncation or padding configured. Special
 //! tokens (`add_special_tokens`) are added as the constant prefix/suffix the post-processor puts
@@ -23,10 +33,76 @@ use super::cache::{TextKey, TokenCache};
 /// Default segment cache size (entries) per model.
 pub const DEFAULT_SEGMENT_CAPACITY: usize = 8192;
 
+/// Smallest chunk a long split is cut into, bytes (chunks end at the first word boundary at or
+/// after this length; a split shorter than twice this is not cut).
+pub const CHUNK_BYTES: usize = 512;
+
+/// The regexes of `Split` pre-tokenizers (behaviour `Isolated`, not inverted) for which cutting
+/// at a word boundary is exact: Llama 3, Qwen 2 and DeepSeek V3 (its three splits, see
+/// `golden/bos-model`). Each alternative that can match an ASCII letter either stops at a
+/// non-letter or matches no letters at all, and no pattern looks behind.
+const WORD_SAFE_SPLIT_REGEXES: [&str; 5] = [
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    r"\p{N}{1,3}",
+    "[\u{4e00}-\u{9fa5}\u{3040}-\u{309f}\u{30a0}-\u{30ff}]+",
+    r##"[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"##,
+];
+
+/// True when cutting a split at word boundaries cannot change its pre-tokens: a `ByteLevel`
+/// pre-tokenizer (GPT-2's regex when `use_regex`, none otherwise) without `add_prefix_space`,
+/// or a `Sequence` of those and of `Split`s whose regex is in [`WORD_SAFE_SPLIT_REGEXES`].
+/// Anything else (Metaspace, Whitespace, unknown regexes) answers false.
+pub fn word_boundaries_exact(pre_tokenizer_json: &serde_json::Value) -> bool {
+    let v = pre_tokenizer_json;
+    match v["type"].as_str() {
+        Some("ByteLevel") => v["add_prefix_space"].as_bool() == Some(false),
+        Some("Split") => {
+            v["behavior"].as_str() == Some("Isolated")
+                && v["invert"].as_bool() == Some(false)
+                && v["pattern"]["Regex"].as_str().is_some_and(|r| {
+                    // Some files spell `\r`/`\n` as the characters themselves.
+                    let r = r.replace('\r', r"\r").replace('\n', r"\n");
+                    WORD_SAFE_SPLIT_REGEXES.contains(&r.as_str())
+                })
+        }
+        Some("Sequence") => v["pretokenizers"]
+            .as_array()
+            .is_some_and(|a| !a.is_empty() && a.iter().all(word_boundaries_exact)),
+        _ => false,
+    }
+}
+
+/// Cuts `text` into chunks of at least `min` bytes, each ending just before a word boundary's
+/// space (or at the end); the last chunk may be shorter. A cut depends only on the text up to
+/// one byte past it.
+pub fn word_chunks(text: &str, min: usize) -> impl Iterator<Item = &str> {
+    let b = text.as_bytes();
+    let mut start = 0;
+    std::iter::from_fn(move || {
+        if start >= b.len() {
+            return None;
+        }
+        let mut end = b.len();
+        let mut p = start + min;
+        while p + 1 < b.len() {
+            if b[p] == b' ' && b[p - 1].is_ascii_alphabetic() && b[p + 1].is_ascii_alphabetic() {
+                end = p;
+                break;
+            }
+            p += 1;
+        }
+        let chunk = &text[start..end];
+        start = end;
+        Some(chunk)
+    })
+}
+
 /// The per-model segment encoder.
 #[derive(Debug)]
 pub struct SegmentEncoder {
     enabled: bool,
+    chunked: bool,
     affixes: Option<(Vec<u32>, Vec<u32>)>,
     cache: TokenCache,
 }
@@ -42,6 +118,7 @@ impl SegmentEncoder {
         let affixes = if enabled { probe_affixes(tok) } else { None };
         SegmentEncoder {
             enabled,
+            chunked: enabled && word_boundaries_exact(pre_tokenizer_json),
             affixes,
             cache: TokenCache::new(capacity),
         }
@@ -86,19 +163,38 @@ impl SegmentEncoder {
             match tokens {
                 Some(added) => ids.extend(added.iter().map(|t| t.id)),
                 None if piece.is_empty() => {}
-                None => {
-                    let key = TextKey::new(piece, false);
-                    if let Some(cached) = self.cache.get(&key) {
-                        ids.extend_from_slice(&cached);
-                        continue;
+                None if self.chunked && piece.len() >= 2 * CHUNK_BYTES => {
+                    for chunk in word_chunks(piece, CHUNK_BYTES) {
+                        self.encode_cached(tok, chunk, &mut ids)?;
                     }
-                    let seg = encode_piece(tok, piece)?;
-                    ids.extend_from_slice(&seg);
-                    self.cache.put(key, seg.into());
                 }
+                None => self.encode_cached(tok, piece, &mut ids)?,
             }
         }
         Ok(ids)
+    }
+
+    /// Appends the ids of one split or chunk, from the cache or encoded and then cached.
+    fn encode_cached(
+        &self,
+        tok: &Tokenizer,
+        piece: &str,
+        ids: &mut Vec<u32>,
+    ) -> Result<(), String> {
+        let key = TextKey::new(piece, false);
+        if let Some(cached) = self.cache.get(&key) {
+            ids.extend_from_slice(&cached);
+            return Ok(());
+        }
+        let seg = encode_piece(tok, piece)?;
+        ids.extend_from_slice(&seg);
+        self.cache.put(key, seg.into());
+        Ok(())
+    }
+
+    /// True when long splits are cut at word boundaries (see [`word_boundaries_exact`]).
+    pub fn chunked(&self) -> bool {
+        self.chunked
     }
 }
 
@@ -137,4 +233,49 @@ fn probe_affixes(tok: &Tokenizer) -> Option<(Vec<u32>, Vec<u32>)> {
         .copied()
         .collect();
     (expected == full2).then_some((prefix, suffix))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn chunks_end_before_a_letter_space_letter_and_concatenate_to_the_text() {
+        let text = "aaaa bbbb 1 cc\u{e9} dd. ee ff";
+        let chunks: Vec<&str> = word_chunks(text, 3).collect();
+        assert_eq!(chunks, ["aaaa", " bbbb 1 cc\u{e9} dd. ee", " ff"]);
+        assert_eq!(chunks.concat(), text);
+        // A cut depends only on the text before it (plus one byte): a shared prefix cuts alike.
+        let other: Vec<&str> = word_chunks("aaaa bbbb 1 cc\u{e9} dd. ee zz yy", 3).collect();
+        assert_eq!(&other[..2], &chunks[..2]);
+        assert_eq!(word_chunks("", 4).count(), 0);
+        assert_eq!(word_chunks("abc", 10).collect::<Vec<_>>(), ["abc"]);
+    }
+
+    #[test]
+    fn only_listed_pre_tokenizers_are_cut_at_word_boundaries() {
+        let byte_level = json!({"type": "ByteLevel", "add_prefix_space": false, "use_regex": true});
+        assert!(word_boundaries_exact(&byte_level));
+        let prefix_space =
+            json!({"type": "ByteLevel", "add_prefix_space": true, "use_regex": true});
+        assert!(!word_boundaries_exact(&prefix_space));
+        let split = |re: &str, behavior: &str| json!({"type": "Split", "pattern": {"Regex": re}, "behavior": behavior, "invert": false});
+        let digits = split(r"\p{N}{1,3}", "Isolated");
+        assert!(word_boundaries_exact(
+            &json!({"type": "Sequence", "pretokenizers": [digits, byte_level]})
+        ));
+        let words = split(r"\w+", "Isolated");
+        assert!(!word_boundaries_exact(
+            &json!({"type": "Sequence", "pretokenizers": [words, byte_level]})
+        ));
+        assert!(!word_boundaries_exact(&split(r"\p{N}{1,3}", "Removed")));
+        assert!(!word_boundaries_exact(
+            &json!({"type": "Metaspace", "replacement": "\u{2581}", "prepend_scheme": "first"})
+        ));
+        assert!(!word_boundaries_exact(
+            &json!({"type": "Sequence", "pretokenizers": []})
+        ));
+        assert!(!word_boundaries_exact(&serde_json::Value::Null));
+    }
 }
