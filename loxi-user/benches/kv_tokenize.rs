@@ -154,5 +154,60 @@ fn chat_4k(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, chat_4k);
+/// The demo's workload shape on the tiny model (GPT-2 byte-level BPE): a 3,072-word system
+/// prompt of single-token words and a new 128-word question per request.
+fn shared_prefix_tiny(c: &mut Criterion) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::os::unix::fs::symlink(shared().join("golden/tiny-model"), dir.path().join("tiny"))
+        .expect("symlink");
+    let json: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(shared().join("golden/tiny-model/tokenizer.json")).expect("read"),
+    )
+    .expect("json");
+    let words: Vec<String> = json["model"]["vocab"]
+        .as_object()
+        .expect("vocab")
+        .keys()
+        .filter_map(|k| k.strip_prefix('\u{120}'))
+        .filter(|w| w.len() >= 3 && w.bytes().all(|b| b.is_ascii_lowercase()))
+        .map(|w| format!(" {w}"))
+        .collect();
+    let mut x = 7u64;
+    let mut pick = move || {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (x >> 33) as usize
+    };
+    let system: String = (0..3072)
+        .map(|_| words[pick() % words.len()].as_str())
+        .collect();
+    let warm = TokenizerPool::new(dir.path().to_owned(), TokenizerMetrics::default());
+    let cold = TokenizerPool::new(dir.path().to_owned(), TokenizerMetrics::default())
+        .with_cache_capacity(0);
+    let mut g = c.benchmark_group("tokenize_shared_prefix_tiny");
+    let mut question = || -> Prompt {
+        let q: String = (0..128)
+            .map(|_| words[pick() % words.len()].as_str())
+            .collect();
+        Prompt::Text(format!("{system}{q}"))
+    };
+    g.bench_function("cold", |b| {
+        b.iter_batched(
+            &mut question,
+            |p| cold.encode("tiny", ApiKind::Completions, &p, None),
+            BatchSize::SmallInput,
+        )
+    });
+    g.bench_function("chunk_cached", |b| {
+        b.iter_batched(
+            &mut question,
+            |p| warm.encode("tiny", ApiKind::Completions, &p, None),
+            BatchSize::SmallInput,
+        )
+    });
+    g.finish();
+}
+
+criterion_group!(benches, chat_4k, shared_prefix_tiny);
 criterion_main!(benches);

@@ -120,7 +120,10 @@ impl Handler {
                 Attempt::Response(resp) => {
                     self.observe(pool, ep, Outcome::Status(resp.status().as_u16()));
                     if let Some(tier) = self.tier_for(pool) {
-                        off_reactor(|| tier.routed(&pool.rule, meta, ep));
+                        // Inline: the prompt's tokens come from the tokenization cache the
+                        // decision just filled, so this is microseconds (`block_in_place` would
+                        // cost more than the work).
+                        tier.routed(&pool.rule, meta, ep);
                     }
                     pm.request(ep, resp.status());
                     return Ok(downstream_response(resp, ep, tracked));
@@ -145,7 +148,8 @@ impl Handler {
         };
         let args = &pool.rule.rule.service;
         if let Some(tier) = self.tier_for(pool)
-            && let Some(d) = off_reactor(|| tier.select(&pool.rule, meta, &cands))
+            && let Some(d) = tier
+                .select(&pool.rule, meta, &cands)
                 .filter(|d| d.endpoint.is_some())
         {
             pool.metrics(&self.ctx.metrics).selection(true, d.reason);

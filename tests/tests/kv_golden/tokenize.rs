@@ -204,7 +204,18 @@ fn random_texts(n: usize) -> Vec<String> {
 /// Long texts (hundreds of pieces, many `letter space letter` word boundaries) so splits are cut
 /// into word-boundary chunks.
 fn long_texts(n: usize) -> Vec<String> {
-    const WORDS: [&str; 8] = [" the", " It", "'s", "ok", " a", "x", " don't", "Zed"];
+    // "e\u{301}": a decomposed é, which Qwen2's NFC normalizer composes.
+    const WORDS: [&str; 9] = [
+        " the",
+        " It",
+        "'s",
+        "ok",
+        " a",
+        "x",
+        " don't",
+        "Zed",
+        " e\u{301}",
+    ];
     let mut x = 0x9e37_79b9_u64;
     let mut next = move || {
         x ^= x << 13;

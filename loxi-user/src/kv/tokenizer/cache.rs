@@ -26,6 +26,7 @@ pub struct TextKey {
 /// Domain tags so a text and a message list can never produce the same key.
 const TAG_TEXT: u8 = 0;
 const TAG_MESSAGES: u8 = 1;
+const TAG_RAW_CHUNK: u8 = 2;
 
 impl TextKey {
     /// The key of `text` encoded with or without special tokens.
@@ -36,6 +37,18 @@ impl TextKey {
         TextKey {
             hash: h.digest128(),
             add_special_tokens,
+        }
+    }
+
+    /// The key of a word-boundary chunk of the raw (not yet normalized or split at added
+    /// tokens) text, encoded without special tokens; a domain apart from [`Self::new`].
+    pub fn raw_chunk(text: &str) -> Self {
+        let mut h = Xxh3::new();
+        h.update(&[TAG_RAW_CHUNK]);
+        h.update(text.as_bytes());
+        TextKey {
+            hash: h.digest128(),
+            add_special_tokens: false,
         }
     }
 

@@ -42,13 +42,18 @@ impl ModelTokenizer {
     /// or broken config only disables chat templating (chat requests then fail with
     /// [`TokenizeError::Template`]); a missing or broken `tokenizer.json` is an error.
     pub fn load(dir: &Path, cache_capacity: usize) -> Result<Self, String> {
-        let (tokenizer, pre_tokenizer) = load_tokenizer(dir)?;
+        let (tokenizer, json) = load_tokenizer(dir)?;
         let seg_capacity = if cache_capacity == 0 {
             0
         } else {
             DEFAULT_SEGMENT_CAPACITY
         };
-        let segments = SegmentEncoder::new(&tokenizer, &pre_tokenizer, seg_capacity);
+        let segments = SegmentEncoder::new(
+            &tokenizer,
+            &json.pre_tokenizer,
+            &json.normalizer,
+            seg_capacity,
+        );
         let cfg_path = dir.join("tokenizer_config.json");
         let template = match std::fs::read_to_string(&cfg_path) {
             Err(e) => Err(format!("{}: {e}", cfg_path.display())),
@@ -210,6 +215,12 @@ impl ModelTokenizer {
         self.segments.chunked()
     }
 
+    /// True when the raw text is cut into word-boundary chunks before added-token extraction
+    /// (see [`super::segment::added_tokens_keep_off_word_boundaries`]).
+    pub fn raw_chunked(&self) -> bool {
+        self.segments.raw_chunked()
+    }
+
     fn template_error(&self, model: &str, message: String) -> TokenizeError {
         if !self.template_warned.swap(true, Ordering::Relaxed) {
             tracing::warn!(model, error = %message, "chat template unusable; KV routing falls back for chat requests of this model");
@@ -223,9 +234,15 @@ impl ModelTokenizer {
     }
 }
 
+/// The parts of the (substituted) `tokenizer.json` the segment encoder inspects.
+struct PipelineJson {
+    pre_tokenizer: serde_json::Value,
+    normalizer: serde_json::Value,
+}
+
 /// `<dir>/tokenizer.json`, with transformers' class substitution for `<dir>/config.json`'s
 /// `model_type` applied (see [`super::compat`]).
-fn load_tokenizer(dir: &Path) -> Result<(Tokenizer, serde_json::Value), String> {
+fn load_tokenizer(dir: &Path) -> Result<(Tokenizer, PipelineJson), String> {
     let tok_path = dir.join("tokenizer.json");
     let err = |e: &dyn std::fmt::Display| format!("{}: {e}", tok_path.display());
     let text = std::fs::read(&tok_path).map_err(|e| err(&e))?;
@@ -237,9 +254,12 @@ fn load_tokenizer(dir: &Path) -> Result<(Tokenizer, serde_json::Value), String> 
     if compat::patch_for_model_type(&mut json, model_type.as_deref()) {
         tracing::debug!(dir = %dir.display(), model_type, "applied transformers tokenizer substitution");
     }
-    let pre_tokenizer = json["pre_tokenizer"].clone();
+    let parts = PipelineJson {
+        pre_tokenizer: json["pre_tokenizer"].clone(),
+        normalizer: json["normalizer"].clone(),
+    };
     let tok = serde_json::from_value::<Tokenizer>(json).map_err(|e| err(&e))?;
-    Ok((tok, pre_tokenizer))
+    Ok((tok, parts))
 }
 
 /// A stable discriminant of the API for message-level cache keys.

@@ -73,6 +73,37 @@ pub fn word_boundaries_exact(pre_tokenizer_json: &serde_json::Value) -> bool {
     }
 }
 
+/// True when no added token can match across a word boundary (`letter|space letter`) or take
+/// its space: no content has an ASCII letter followed by a space, and no token that begins or
+/// ends with an ASCII letter strips whitespace or must be a single word. Then added-token
+/// extraction on word-boundary chunks finds the same tokens as on the whole text (chat role
+/// markers such as `<|im_start|>` qualify).
+pub fn added_tokens_keep_off_word_boundaries(tok: &Tokenizer) -> bool {
+    tok.get_added_tokens_decoder().values().all(|t| {
+        let b = t.content.as_bytes();
+        let spans = b
+            .windows(2)
+            .any(|w| w[0].is_ascii_alphabetic() && w[1] == b' ');
+        let letter_edge = b.first().is_some_and(u8::is_ascii_alphabetic)
+            || b.last().is_some_and(u8::is_ascii_alphabetic);
+        !spans && !(letter_edge && (t.lstrip || t.rstrip || t.single_word))
+    })
+}
+
+/// True when the normalizer is absent or only Unicode normalization forms (NFC, NFD, NFKC,
+/// NFKD, alone or in a `Sequence`), each of which maps ASCII text to itself.
+pub fn unicode_forms_only(normalizer_json: &serde_json::Value) -> bool {
+    let v = normalizer_json;
+    match v["type"].as_str() {
+        None => v.is_null(),
+        Some("NFC" | "NFD" | "NFKC" | "NFKD") => true,
+        Some("Sequence") => v["normalizers"]
+            .as_array()
+            .is_some_and(|a| a.iter().all(unicode_forms_only)),
+        Some(_) => false,
+    }
+}
+
 /// Cuts `text` into chunks of at least `min` bytes, each ending just before a word boundary's
 /// space (or at the end); the last chunk may be shorter. A cut depends only on the text up to
 /// one byte past it.
@@ -103,22 +134,36 @@ pub fn word_chunks(text: &str, min: usize) -> impl Iterator<Item = &str> {
 pub struct SegmentEncoder {
     enabled: bool,
     chunked: bool,
+    raw_chunked: bool,
+    ascii_unnormalized: bool,
     affixes: Option<(Vec<u32>, Vec<u32>)>,
     cache: TokenCache,
 }
 
 impl SegmentEncoder {
-    /// Decides whether segment encoding is exact for `tok` (`pre_tokenizer_json` is the
-    /// `pre_tokenizer` object of `tokenizer.json`) and probes the special-token affixes.
-    pub fn new(tok: &Tokenizer, pre_tokenizer_json: &serde_json::Value, capacity: usize) -> Self {
+    /// Decides whether segment encoding is exact for `tok` (`pre_tokenizer_json` and
+    /// `normalizer_json` are those objects of `tokenizer.json`, after any class substitution)
+    /// and probes the special-token affixes.
+    pub fn new(
+        tok: &Tokenizer,
+        pre_tokenizer_json: &serde_json::Value,
+        normalizer_json: &serde_json::Value,
+        capacity: usize,
+    ) -> Self {
         let enabled = capacity > 0
             && !pre_tokenizer_json.to_string().contains("Metaspace")
             && tok.get_truncation().is_none()
             && tok.get_padding().is_none();
         let affixes = if enabled { probe_affixes(tok) } else { None };
+        let chunked = enabled && word_boundaries_exact(pre_tokenizer_json);
+        let ascii_unnormalized = unicode_forms_only(normalizer_json);
         SegmentEncoder {
             enabled,
-            chunked: enabled && word_boundaries_exact(pre_tokenizer_json),
+            chunked,
+            raw_chunked: chunked
+                && ascii_unnormalized
+                && added_tokens_keep_off_word_boundaries(tok),
+            ascii_unnormalized,
             affixes,
             cache: TokenCache::new(capacity),
         }
@@ -140,7 +185,7 @@ impl SegmentEncoder {
             (Some((p, s)), true) => (&p[..], &s[..]),
             (None, true) => return None,
         };
-        Some(self.encode_splits(tok, text).map(|body| {
+        Some(self.encode_body(tok, text).map(|body| {
             let mut ids = Vec::with_capacity(prefix.len() + body.len() + suffix.len());
             ids.extend_from_slice(prefix);
             ids.extend(body);
@@ -154,10 +199,38 @@ impl SegmentEncoder {
         self.cache.len()
     }
 
+    /// The body ids of `text`: when raw chunking is exact, word-boundary chunks of the raw text
+    /// each from the cache or encoded alone (so a long shared prefix costs only hashing);
+    /// otherwise [`Self::encode_splits`].
+    fn encode_body(&self, tok: &Tokenizer, text: &str) -> Result<Vec<u32>, String> {
+        if !self.raw_chunked || text.len() < 2 * CHUNK_BYTES {
+            return self.encode_splits(tok, text);
+        }
+        let mut ids = Vec::new();
+        for chunk in word_chunks(text, CHUNK_BYTES) {
+            let key = TextKey::raw_chunk(chunk);
+            if let Some(cached) = self.cache.get(&key) {
+                ids.extend_from_slice(&cached);
+                continue;
+            }
+            let seg = self.encode_splits(tok, chunk)?;
+            ids.extend_from_slice(&seg);
+            self.cache.put(key, seg.into());
+        }
+        Ok(ids)
+    }
+
     fn encode_splits(&self, tok: &Tokenizer, text: &str) -> Result<Vec<u32>, String> {
+        // Unicode normalization forms leave ASCII unchanged; skipping them saves a full
+        // decompose/recompose pass over long prompts (Qwen2's NFC).
+        let normalizer = if self.ascii_unnormalized && text.is_ascii() {
+            None
+        } else {
+            tok.get_normalizer()
+        };
         let pts = tok
             .get_added_vocabulary()
-            .extract_and_normalize(tok.get_normalizer(), text);
+            .extract_and_normalize(normalizer, text);
         let mut ids = Vec::new();
         for (piece, _, tokens) in pts.get_splits(OffsetReferential::Original, OffsetType::None) {
             match tokens {
@@ -195,6 +268,12 @@ impl SegmentEncoder {
     /// True when long splits are cut at word boundaries (see [`word_boundaries_exact`]).
     pub fn chunked(&self) -> bool {
         self.chunked
+    }
+
+    /// True when the raw text is cut at word boundaries before added-token extraction and
+    /// normalization (see [`added_tokens_keep_off_word_boundaries`]).
+    pub fn raw_chunked(&self) -> bool {
+        self.raw_chunked
     }
 }
 
@@ -277,5 +356,18 @@ mod tests {
             &json!({"type": "Sequence", "pretokenizers": []})
         ));
         assert!(!word_boundaries_exact(&serde_json::Value::Null));
+    }
+
+    #[test]
+    fn only_unicode_normal_forms_are_skipped_for_ascii() {
+        assert!(unicode_forms_only(&serde_json::Value::Null));
+        assert!(unicode_forms_only(&json!({"type": "NFC"})));
+        assert!(unicode_forms_only(
+            &json!({"type": "Sequence", "normalizers": [{"type": "NFKD"}, {"type": "NFC"}]})
+        ));
+        assert!(!unicode_forms_only(&json!({"type": "Lowercase"})));
+        assert!(!unicode_forms_only(
+            &json!({"type": "Sequence", "normalizers": [{"type": "NFC"}, {"type": "Prepend", "prepend": "_"}]})
+        ));
     }
 }
