@@ -148,8 +148,7 @@ impl Handler {
         };
         let args = &pool.rule.rule.service;
         if let Some(tier) = self.tier_for(pool)
-            && let Some(d) = tier
-                .select(&pool.rule, meta, &cands)
+            && let Some(d) = off_reactor(|| tier.select(&pool.rule, meta, &cands))
                 .filter(|d| d.endpoint.is_some())
         {
             pool.metrics(&self.ctx.metrics).selection(true, d.reason);
