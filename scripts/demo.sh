@@ -7,7 +7,8 @@
 # vllm-sim workers (8B-on-H200 timing profile, the tiny model's real tokenizer) and, per policy,
 # loxilb with a temporary state directory and one rule created with loxicmd (rr, chwbl, and
 # kvExactMode 3 = KV-aware). It replays the same two-minute shared-prefix workload (8 system
-# prompts x 3,072 tokens, 128-token questions, Poisson arrivals), time-scaled 0.45 (54 s per policy), through each,
+# prompts x 3,072 tokens, 128-token questions, Poisson arrivals at 20/s), time-scaled 0.125
+# (15 s per policy, under a minute for all three), through each,
 # prints the comparison table and writes DIR/summary.json, DIR/chart.png, DIR/results.md and the
 # metrics scraped after each policy. Every process started is stopped on exit.
 # (LOXI_SETUP_BUILD=0 LOXI_BIN_DIR=target/debug: skip the release build and use other binaries.)
@@ -30,4 +31,4 @@ echo "[demo] running rr, chwbl and kv over 4 vllm-sim workers; output in $OUT" >
 LOXI_BENCH_SKIP_SETUP=1 exec bash scripts/bench-routing.sh --out "$OUT" \
   --workload a --policies rr,chwbl,kv --workers 4 \
   --groups 8 --system-tokens 3072 --question-tokens 128 --output-tokens 32 \
-  --qps 20 --duration 120 --time-scale 0.45 --seed 1
+  --qps 20 --duration 120 --time-scale 0.125 --seed 1

@@ -80,6 +80,13 @@ impl Outcome {
         self.sim_ttft_s.map(|s| s * 1000.0)
     }
 
+    /// TTFT as a client of real-speed engines sees it, ms: the engine's simulated TTFT plus the
+    /// real latency the path added ([`Self::added_ms`]), which time scaling must not magnify
+    /// (a gateway's real CPU time does not shrink with the simulated engine's clock).
+    pub fn projected_ttft_ms(&self) -> Option<f64> {
+        Some(self.engine_ttft_ms()? + self.added_ms()?)
+    }
+
     /// Latency added between client and engine, real ms (needs both `x-sim-*` headers).
     pub fn added_ms(&self) -> Option<f64> {
         let (recv, respond, head) = (self.sim_recv_ns?, self.sim_respond_ns?, self.head_ns?);
@@ -314,6 +321,7 @@ mod tests {
             ..Outcome::default()
         };
         assert_eq!(o.added_ms(), Some(0.7));
+        assert_eq!(o.projected_ttft_ms(), None, "no engine TTFT reported");
         assert_eq!(Outcome::default().added_ms(), None);
     }
 }

@@ -340,11 +340,20 @@ pub fn summarize(
         .map(|i| delta(i, "vllm:request_success_total") as u64)
         .collect();
     let ok: Vec<&Outcome> = outcomes.iter().filter(|o| o.ok()).collect();
-    let ttft: Vec<f64> = ok
+    let client_ttft: Vec<f64> = ok
         .iter()
         .filter_map(|o| o.ttft_ms())
         .map(|t| t / scale)
         .collect();
+    let projected: Vec<f64> = ok.iter().filter_map(|o| o.projected_ttft_ms()).collect();
+    // Projected TTFT when every request reported its engine TTFT and timing headers; else the
+    // client-side figure (real ÷ scale), with a note.
+    let is_projected = !ok.is_empty() && projected.len() == ok.len();
+    let ttft = if is_projected {
+        projected
+    } else {
+        client_ttft.clone()
+    };
     let e2e: Vec<f64> = ok
         .iter()
         .filter_map(|o| o.e2e_ms())
@@ -365,6 +374,11 @@ pub fn summarize(
             outcomes.len() - ok.len()
         ));
     }
+    if !ok.is_empty() && !is_projected {
+        notes.push(
+            "TTFT is client-side ÷ time scale (engine TTFT or timing headers missing)".into(),
+        );
+    }
     if added.is_empty() && !ok.is_empty() {
         notes.push("no x-sim-* timing headers: gateway added latency unavailable".into());
     }
@@ -375,6 +389,7 @@ pub fn summarize(
         ok: ok.len(),
         prefix_hit_rate: Some(stats::hit_rate(hits, queries)),
         ttft_ms: (!ttft.is_empty()).then(|| stats::Quantiles::of(&ttft)),
+        client_ttft_ms: (!client_ttft.is_empty()).then(|| stats::Quantiles::of(&client_ttft)),
         engine_ttft_ms: (!engine_ttft.is_empty()).then(|| stats::Quantiles::of(&engine_ttft)),
         e2e_ms: (!e2e.is_empty()).then(|| stats::Quantiles::of(&e2e)),
         output_tokens_per_s: (sim_secs > 0.0).then(|| out_tokens as f64 / sim_secs),

@@ -12,7 +12,7 @@ use std::path::Path;
 
 /// Everything measured for one policy on one workload. Latencies are simulated ms (real ms ÷
 /// time scale) except `gateway_added_ms`, which is real ms (the gateway's own CPU time is not
-/// scaled).
+/// scaled), and `ttft_ms`, which adds that real ms to the engine's simulated TTFT.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct PolicyResult {
     /// `direct`, `rr`, `chwbl`, `kv`, `kv-<law>`, or a peer's name.
@@ -25,8 +25,13 @@ pub struct PolicyResult {
     pub ok: usize,
     /// Engine-side prefix hit rate: Δhits / Δqueries summed over workers (tokens).
     pub prefix_hit_rate: Option<f64>,
-    /// Time to first token (client side), simulated ms.
+    /// Time to first token, ms: per request the engine's simulated TTFT plus the real latency
+    /// added outside the engine (`client::Outcome::projected_ttft_ms`); the client-side figure
+    /// when those are unavailable (then a note says so).
     pub ttft_ms: Option<Quantiles>,
+    /// Time to first token measured by the client, simulated ms (real ÷ time scale, so the
+    /// client's and the gateway's real time is magnified by 1/scale).
+    pub client_ttft_ms: Option<Quantiles>,
     /// The engines' own simulated TTFT (`vllm-sim` SSE comment), ms: routing quality without
     /// any real-time cost of the client or the gateway.
     pub engine_ttft_ms: Option<Quantiles>,
@@ -98,13 +103,13 @@ fn pct(v: Option<f64>) -> String {
 /// The Markdown table for one workload: one row per policy plus the oracle row.
 pub fn markdown(workload: &str, results: &[PolicyResult], oracle: Option<f64>) -> String {
     let mut s = format!("### Workload `{workload}`\n\n");
-    s.push_str("| policy | prefix hit | TTFT p50 | TTFT p90 | TTFT p99 | engine TTFT p50 | engine TTFT p99 | E2E p50 | E2E p99 | out tok/s | req/worker | max/mean | added p50 | added p99 | ok |\n");
-    s.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|\n");
+    s.push_str("| policy | prefix hit | TTFT p50 | TTFT p90 | TTFT p99 | engine TTFT p50 | engine TTFT p99 | client TTFT p99 | E2E p50 | E2E p99 | out tok/s | req/worker | max/mean | added p50 | added p99 | ok |\n");
+    s.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|\n");
     for r in results {
         if let Some(e) = &r.error {
             let _ = writeln!(
                 s,
-                "| {} | failed: {} | | | | | | | | | | | | | |",
+                "| {} | failed: {} | | | | | | | | | | | | | | |",
                 r.policy,
                 e.replace('|', "/").replace('\n', " ")
             );
@@ -113,7 +118,7 @@ pub fn markdown(workload: &str, results: &[PolicyResult], oracle: Option<f64>) -
         let (t, e2e, add) = (r.ttft_ms, r.e2e_ms, r.gateway_added_ms);
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:?} | {} | {} | {} | {}/{} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:?} | {} | {} | {} | {}/{} |",
             r.policy,
             pct(r.prefix_hit_rate),
             num(t.map(|q| q.p50), 1),
@@ -121,6 +126,7 @@ pub fn markdown(workload: &str, results: &[PolicyResult], oracle: Option<f64>) -
             num(t.map(|q| q.p99), 1),
             num(r.engine_ttft_ms.map(|q| q.p50), 1),
             num(r.engine_ttft_ms.map(|q| q.p99), 1),
+            num(r.client_ttft_ms.map(|q| q.p99), 1),
             num(e2e.map(|q| q.p50), 1),
             num(e2e.map(|q| q.p99), 1),
             num(r.output_tokens_per_s, 0),
@@ -135,11 +141,11 @@ pub fn markdown(workload: &str, results: &[PolicyResult], oracle: Option<f64>) -
     if let Some(o) = oracle {
         let _ = writeln!(
             s,
-            "| oracle (bound) | {} | | | | | | | | | | | | | |",
+            "| oracle (bound) | {} | | | | | | | | | | | | | | |",
             pct(Some(o))
         );
     }
-    s.push_str("\nTTFT and E2E: client-side, simulated ms (real ÷ time scale, so the client's and gateway's real CPU time is magnified by 1/scale). engine TTFT: the workers' exact simulated TTFT (queueing + prefill), ms. added: real ms between the client and the engine outside the engine (`x-sim-*` headers); `direct` is the no-gateway baseline.\n");
+    s.push_str("\nTTFT: per request, the engine's simulated TTFT (queueing + prefill) plus the real ms the path added outside the engine, i.e. what a client of real-speed engines would see (time scaling does not magnify the gateway's real cost). engine TTFT: the workers' simulated TTFT alone, ms. client TTFT and E2E: measured by the client, real ms ÷ time scale (so the client's and gateway's real time is magnified by 1/scale). added: real ms between the client and the engine outside the engine (`x-sim-*` headers); `direct` is the no-gateway baseline.\n");
     for r in results.iter().filter(|r| !r.notes.is_empty()) {
         let _ = writeln!(s, "- `{}`: {}", r.policy, r.notes.join("; "));
     }
