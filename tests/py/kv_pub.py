@@ -77,7 +77,10 @@ def main():
                 poller = zmq.Poller()
                 for s in socks:
                     poller.register(s, zmq.POLLIN)
-                events = dict(poller.poll(20))
+                # Short poll under the lock, then a pause outside it (below): the command
+                # thread must get the lock promptly (a lock held across long polls starved it,
+                # making each command wait up to the poll timeout or longer).
+                events = dict(poller.poll(1))
                 if pub in events:
                     msg = pub.recv()
                     if msg[:1] == b"\x01":
@@ -97,6 +100,7 @@ def main():
                         router.send_multipart([ident, b"", b"", end, b""])
                     else:
                         router.send_multipart([ident, b"", end, b""])
+            time.sleep(0.001)
 
     t = threading.Thread(target=serve, daemon=True)
     t.start()

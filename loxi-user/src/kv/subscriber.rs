@@ -5,8 +5,10 @@
 //! Connection life cycle: the first connect retries refused connections inside the crate
 //! (`connect_forever`) for at most `backoff_max` per socket, and the task rebuilds the socket
 //! with its own backoff after that, so it can start before the engine. Once connected, the crate
-//! reconnects by itself (exponential backoff 100 ms .. 30 s, `zeromq::ReconnectConfig::default`)
-//! and re-sends the subscription. The socket monitor drives the metrics: each
+//! reconnects by itself (exponential backoff 100 ms .. 30 s, `zeromq::ReconnectConfig::default`,
+//! not configurable) and re-sends the subscription; if it has not reconnected `backoff_max`
+//! after a disconnect, the task drops the socket and builds a new one, so a restarted engine is
+//! picked up within about `backoff_max` instead of up to 30 s. The socket monitor drives the metrics: each
 //! `SocketEvent::Connected` sets `loxilb_kv_subscriber_connected` to 1 (and counts one
 //! `reconnect` after the first), each `SocketEvent::Disconnected` (EOF, reset or a ZMTP decode
 //! error) sets it to 0 and counts one `recv_error`.
@@ -144,16 +146,37 @@ impl Stream {
         self.set_up(false);
     }
 
-    /// Reads `sock` and its monitor `events`; returns only if the socket became unusable
-    /// (monitor closed, or no peer left to read from), so the caller rebuilds it.
+    /// Reads `sock` and its monitor `events`; returns if the socket became unusable (monitor
+    /// closed, or no peer left to read from) or stayed disconnected for `backoff_max` (the
+    /// crate's own reconnect backs off up to 30 s and cannot be configured), so the caller
+    /// rebuilds it and an engine restart costs at most about `backoff_max` of events.
     async fn serve(&mut self, mut sock: SubSocket, mut events: mpsc::Receiver<SocketEvent>) {
+        let mut down_since: Option<tokio::time::Instant> = None;
         loop {
+            let rebuild_at = down_since.map(|t| t + self.timing.backoff_max);
             tokio::select! {
                 biased;
                 ev = events.next() => match ev {
-                    Some(ev) => self.on_event(ev),
+                    Some(ev) => {
+                        match ev {
+                            SocketEvent::Connected(..) => down_since = None,
+                            SocketEvent::Disconnected(_) => {
+                                down_since.get_or_insert_with(tokio::time::Instant::now);
+                            }
+                            _ => {}
+                        }
+                        self.on_event(ev);
+                    }
                     None => return,
                 },
+                _ = sleep_until_some(rebuild_at) => {
+                    tracing::info!(
+                        service = self.svc.id,
+                        ep = self.addr.ep,
+                        "kv publisher still unreachable; rebuilding the subscriber socket"
+                    );
+                    return;
+                }
                 msg = sock.recv() => match msg {
                     Ok(msg) => self.on_message(msg).await,
                     Err(ZmqError::NoMessage) => return,
@@ -307,6 +330,14 @@ impl Stream {
         };
         self.state.metrics.replays.get_or_create(&l).inc();
         ok
+    }
+}
+
+/// Sleeps until `at`, or forever when `None`.
+async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 

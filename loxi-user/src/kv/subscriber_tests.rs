@@ -282,15 +282,15 @@ async fn publisher_restart_with_seq_zero_clears_the_endpoint_immediately() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn publisher_down_for_seconds_is_reconnected_and_resubscribed_by_the_crate() {
+async fn publisher_down_for_seconds_is_reconnected_and_resubscribed() {
     let mut p = Pub::start(&[]).await;
     let s = Sub::start(&p, serde_json::json!({}), KvSettings::default(), 64);
     p.wait_subscribed().await;
     p.send(0, &stored_batch(&[1], 16)).await;
     s.until("seq 0", |s| s.last_seq() == Some(0)).await;
-    // Down 4 s, far beyond backoff_max: the crate's reconnect task (not a socket rebuild) must
-    // retry through refused attempts and resubscribe once the publisher is back
-    // (`wait_subscribed` bounds that at 10 s).
+    // Down 4 s, far beyond backoff_max (200 ms here): the stream rebuilds its socket and
+    // retries through refused attempts with its own capped backoff, then resubscribes once the
+    // publisher is back (`wait_subscribed` bounds that at 10 s); one disconnect, one reconnect.
     p.cmd(serde_json::json!({"op": "restart", "down_ms": 4000}))
         .await;
     p.wait_subscribed().await;
