@@ -288,12 +288,20 @@ async fn publisher_down_for_seconds_is_reconnected_and_resubscribed() {
     p.wait_subscribed().await;
     p.send(0, &stored_batch(&[1], 16)).await;
     s.until("seq 0", |s| s.last_seq() == Some(0)).await;
-    // Down 4 s, far beyond backoff_max (200 ms here): the stream rebuilds its socket and
-    // retries through refused attempts with its own capped backoff, then resubscribes once the
-    // publisher is back (`wait_subscribed` bounds that at 10 s); one disconnect, one reconnect.
-    p.cmd(serde_json::json!({"op": "restart", "down_ms": 4000}))
+    // Down 6.5 s, far beyond backoff_max (200 ms here): the stream rebuilds its socket and
+    // retries through refused attempts with its own capped backoff, then resubscribes soon
+    // after the publisher is back. The crate's own reconnect alone would have tried at ~6.3 s
+    // (refused) and next at ~12.7 s, 6 s after the publisher returned. One disconnect, one
+    // reconnect.
+    p.cmd(serde_json::json!({"op": "restart", "down_ms": 6500}))
         .await;
+    let back = std::time::Instant::now();
     p.wait_subscribed().await;
+    assert!(
+        back.elapsed() < Duration::from_millis(1500),
+        "resubscribed {:?} after the publisher came back",
+        back.elapsed()
+    );
     p.send(0, &stored_batch(&[2], 16)).await;
     s.until("batch after restart", |s| s.held().contains(&2))
         .await;
