@@ -4,6 +4,7 @@ use std::collections::HashSet;
 
 use loxi_user::kv::BlockKey;
 use loxi_user::kv::block_hash::{BlockHasher, HashAlgo, RequestExtras};
+use loxi_user::kv::tokenizer::encode::ModelTokenizer;
 use loxi_user::kv::tokenizer::{TokenizerMetrics, TokenizerPool};
 use loxi_user::proxy::meta::Prompt;
 use serde_json::Value;
@@ -182,15 +183,41 @@ const PALETTE: [&str; 24] = [
     " ",
 ];
 
-/// Deterministic texts mixing added tokens, digits, whitespace runs and non-ASCII.
-fn random_texts(n: usize) -> Vec<String> {
-    let mut x = 0x2545_f491_u64;
-    let mut next = move || {
+/// A deterministic xorshift64 sequence from `seed` (non-zero).
+fn xorshift(seed: u64) -> impl FnMut() -> u64 {
+    let mut x = seed;
+    move || {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
         x
-    };
+    }
+}
+
+/// Asserts segment encoding equals the tokenizer's whole-text encoding for every text, with and
+/// without special tokens, twice (the second pass is served from the segment cache).
+fn assert_segments_match_whole(tok: &ModelTokenizer, model: &str, texts: &[String]) {
+    for pass in 0..2 {
+        for text in texts {
+            for add in [false, true] {
+                let whole = tok.encode_whole(text, add).expect("whole");
+                let seg = tok
+                    .encode_by_segments(text, add)
+                    .expect("segment mode is exact here")
+                    .expect("ok");
+                assert_eq!(
+                    seg,
+                    whole.to_vec(),
+                    "{model} pass {pass} add={add} text {text:?}"
+                );
+            }
+        }
+    }
+}
+
+/// Deterministic texts mixing added tokens, digits, whitespace runs and non-ASCII.
+fn random_texts(n: usize) -> Vec<String> {
+    let mut next = xorshift(0x2545_f491);
     (0..n)
         .map(|_| {
             let len = 1 + (next() % 30) as usize;
@@ -216,13 +243,7 @@ fn long_texts(n: usize) -> Vec<String> {
         "Zed",
         " e\u{301}",
     ];
-    let mut x = 0x9e37_79b9_u64;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let mut next = xorshift(0x9e37_79b9);
     (0..n)
         .map(|_| {
             let len = 200 + (next() % 400) as usize;
@@ -252,23 +273,7 @@ fn word_chunked_encoding_equals_whole_text_encoding_on_long_texts() {
             tok.word_chunked(),
             "{model}: pre-tokenizer is on the allow-list"
         );
-        let texts = long_texts(150);
-        for pass in 0..2 {
-            for text in &texts {
-                for add in [false, true] {
-                    let whole = tok.encode_whole(text, add).expect("whole");
-                    let seg = tok
-                        .encode_by_segments(text, add)
-                        .expect("segment mode is exact here")
-                        .expect("ok");
-                    assert_eq!(
-                        seg,
-                        whole.to_vec(),
-                        "{model} pass {pass} add={add} text {text:?}"
-                    );
-                }
-            }
-        }
+        assert_segments_match_whole(&tok, model, &long_texts(150));
     }
 }
 
@@ -325,22 +330,6 @@ fn segment_cached_encoding_equals_whole_text_encoding_for_both_models() {
                 }
             }
         }
-        // Twice: the second pass is served from the segment cache.
-        for pass in 0..2 {
-            for text in &texts {
-                for add in [false, true] {
-                    let whole = tok.encode_whole(text, add).expect("whole");
-                    let seg = tok
-                        .encode_by_segments(text, add)
-                        .expect("segment mode is exact here")
-                        .expect("ok");
-                    assert_eq!(
-                        seg,
-                        whole.to_vec(),
-                        "{model} pass {pass} add={add} text {text:?}"
-                    );
-                }
-            }
-        }
+        assert_segments_match_whole(&tok, model, &texts);
     }
 }

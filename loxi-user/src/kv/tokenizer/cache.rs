@@ -31,8 +31,12 @@ const TAG_RAW_CHUNK: u8 = 2;
 impl TextKey {
     /// The key of `text` encoded with or without special tokens.
     pub fn new(text: &str, add_special_tokens: bool) -> Self {
+        Self::tagged(TAG_TEXT, text, add_special_tokens)
+    }
+
+    fn tagged(tag: u8, text: &str, add_special_tokens: bool) -> Self {
         let mut h = Xxh3::new();
-        h.update(&[TAG_TEXT]);
+        h.update(&[tag]);
         h.update(text.as_bytes());
         TextKey {
             hash: h.digest128(),
@@ -43,13 +47,7 @@ impl TextKey {
     /// The key of a word-boundary chunk of the raw (not yet normalized or split at added
     /// tokens) text, encoded without special tokens; a domain apart from [`Self::new`].
     pub fn raw_chunk(text: &str) -> Self {
-        let mut h = Xxh3::new();
-        h.update(&[TAG_RAW_CHUNK]);
-        h.update(text.as_bytes());
-        TextKey {
-            hash: h.digest128(),
-            add_special_tokens: false,
-        }
+        Self::tagged(TAG_RAW_CHUNK, text, false)
     }
 
     /// The key of a chat message list rendered for `api_tag` (an API discriminant) and encoded

@@ -208,14 +208,9 @@ impl SegmentEncoder {
         }
         let mut ids = Vec::new();
         for chunk in word_chunks(text, CHUNK_BYTES) {
-            let key = TextKey::raw_chunk(chunk);
-            if let Some(cached) = self.cache.get(&key) {
-                ids.extend_from_slice(&cached);
-                continue;
-            }
-            let seg = self.encode_splits(tok, chunk)?;
-            ids.extend_from_slice(&seg);
-            self.cache.put(key, seg.into());
+            self.cached(TextKey::raw_chunk(chunk), &mut ids, || {
+                self.encode_splits(tok, chunk)
+            })?;
         }
         Ok(ids)
     }
@@ -238,28 +233,31 @@ impl SegmentEncoder {
                 None if piece.is_empty() => {}
                 None if self.chunked && piece.len() >= 2 * CHUNK_BYTES => {
                     for chunk in word_chunks(piece, CHUNK_BYTES) {
-                        self.encode_cached(tok, chunk, &mut ids)?;
+                        self.cached(TextKey::new(chunk, false), &mut ids, || {
+                            encode_piece(tok, chunk)
+                        })?;
                     }
                 }
-                None => self.encode_cached(tok, piece, &mut ids)?,
+                None => self.cached(TextKey::new(piece, false), &mut ids, || {
+                    encode_piece(tok, piece)
+                })?,
             }
         }
         Ok(ids)
     }
 
-    /// Appends the ids of one split or chunk, from the cache or encoded and then cached.
-    fn encode_cached(
+    /// Appends the ids cached under `key`, else those `encode` gives (then cached).
+    fn cached(
         &self,
-        tok: &Tokenizer,
-        piece: &str,
+        key: TextKey,
         ids: &mut Vec<u32>,
+        encode: impl FnOnce() -> Result<Vec<u32>, String>,
     ) -> Result<(), String> {
-        let key = TextKey::new(piece, false);
         if let Some(cached) = self.cache.get(&key) {
             ids.extend_from_slice(&cached);
             return Ok(());
         }
-        let seg = encode_piece(tok, piece)?;
+        let seg = encode()?;
         ids.extend_from_slice(&seg);
         self.cache.put(key, seg.into());
         Ok(())
