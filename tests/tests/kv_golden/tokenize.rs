@@ -273,6 +273,10 @@ fn word_chunked_encoding_equals_whole_text_encoding_on_long_texts() {
             tok.word_chunked(),
             "{model}: pre-tokenizer is on the allow-list"
         );
+        assert!(
+            tok.raw_chunked(),
+            "{model}: added tokens keep off word boundaries"
+        );
         assert_segments_match_whole(&tok, model, &long_texts(150));
     }
 }
