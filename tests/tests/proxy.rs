@@ -629,7 +629,7 @@ async fn scenario_19_sse_events_are_flushed_as_written() {
     let req = post_req(
         port,
         "/v1/chat/completions",
-        &[("x-sse", "20:100")],
+        &[("x-sse", "50:100")],
         full(json!({"model": "m", "stream": true}).to_string()),
     );
     let resp = client().request(req).await.expect("response");
@@ -661,8 +661,8 @@ async fn scenario_19_sse_events_are_flushed_as_written() {
     }
     assert!(done, "data: [DONE] must arrive");
     let written = b.sse_written();
-    assert_eq!(written.len(), 20);
-    assert_eq!(arrivals.len(), 20);
+    assert_eq!(written.len(), 50);
+    assert_eq!(arrivals.len(), 50);
     let mut worst = Duration::ZERO;
     for (i, (got, sent)) in arrivals.iter().zip(&written).enumerate() {
         let lag = got.saturating_duration_since(*sent);

@@ -223,5 +223,11 @@ mod tests {
             }
         );
         assert!(svc.index.holds_key(0, BlockKey(9)));
+        let l = EpReasonLabels {
+            service: "1".into(),
+            ep: "0".into(),
+            reason: "malformed".into(),
+        };
+        assert_eq!(st.metrics.events_rejected.get_or_create(&l).get(), 1);
     }
 }
