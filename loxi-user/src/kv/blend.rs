@@ -3,13 +3,18 @@
 //! Notation, per eligible endpoint `i` (healthy, not excluded): `o_i` overlap in blocks (leading
 //! cached run), `L_i` load = in-flight + queued, `w_i` weight (0 counts as 1), `c_i = w_i / Σw`
 //! capacity share, `N` eligible count, `T = Σ L_i`, `n` request blocks. The *owner* is
-//! `argmax o_i` (ties → lowest index). Every law is pure: [`blend`] returns the pick and whether
-//! it was a spill; the caller has already checked that some eligible `o_i > 0`.
+//! `argmax o_i`, ties → lower `L_i` → lower index. Every law is pure: [`blend`] returns the pick
+//! and whether it was a spill; the caller has already checked that some eligible `o_i > 0`.
+//!
+//! Ties (loxi deviation): LoxiLB breaks overlap ties by endpoint order only. Every request whose
+//! cached prefix several endpoints share (a common system prompt, or a group the law has spilled
+//! once) then goes to the lowest index, so prefixes drift onto the first endpoints and the last
+//! ones idle. loxi breaks them by load first, in the owner and in the `hard` walk.
 //!
 //! | law | rule |
 //! |-----|------|
 //! | `off` | owner |
-//! | `hard` | bounded load: `cap_i = ceil((1 + ε)·(T + 1)·c_i)`, `ε = (LOXILB_KV_MEAN_LOAD_FACTOR − 100)/100`. Walk endpoints with `o_i > 0` by descending `o_i` (ties by index); the first with `L_i + 1 ≤ cap_i` wins (a spill if it is not the owner). If all are over cap: with spill relief the least-loaded under-cap eligible endpoint wins (any overlap, ties by index; a spill), otherwise the owner. |
+//! | `hard` | bounded load: `cap_i = ceil((1 + ε)·(T + 1)·c_i)`, `ε = (LOXILB_KV_MEAN_LOAD_FACTOR − 100)/100`. Walk endpoints with `o_i > 0` by descending `o_i` (ties by lower `L_i`, then index); the first with `L_i + 1 ≤ cap_i` wins (a spill if it is not the owner). If all are over cap: with spill relief the least-loaded under-cap eligible endpoint wins (any overlap, ties by index; a spill), otherwise the owner. |
 //! | `soft` | `u_i = 1000·o_i/n − λ·L_i/(N·c_i)`, `λ = LOXILB_KV_LOAD_PENALTY`; `argmax u_i` over all eligible (ties by index); a spill when it is not the owner. |
 //! | `adaptive` | `hard` with `ε·f` |
 //! | `adaptive-soft` | `soft` with `λ·f` |
@@ -119,15 +124,17 @@ pub fn blend(cands: &[Cand], p: &LawParams) -> Option<Pick> {
     })
 }
 
-/// `argmax o_i`, ties → lowest index.
+/// `argmax o_i`, ties → lower load → lower index.
 pub fn owner(cands: &[Cand]) -> Option<EpIdx> {
-    cands
-        .iter()
-        .fold(None::<&Cand>, |best, c| match best {
-            Some(b) if b.overlap >= c.overlap => Some(b),
-            _ => Some(c),
-        })
-        .map(|c| c.ep)
+    cands.iter().min_by(|a, b| by_overlap(a, b)).map(|c| c.ep)
+}
+
+/// Descending overlap, then ascending load, then ascending index.
+fn by_overlap(a: &Cand, b: &Cand) -> std::cmp::Ordering {
+    b.overlap
+        .cmp(&a.overlap)
+        .then(a.load.cmp(&b.load))
+        .then(a.ep.cmp(&b.ep))
 }
 
 fn weight_sum(cands: &[Cand]) -> f64 {
@@ -142,11 +149,11 @@ pub fn cap(c: &Cand, cands: &[Cand], eps: f64) -> u64 {
 }
 
 fn hard(cands: &[Cand], eps: f64, relief: bool) -> Option<EpIdx> {
-    let mut by_overlap: Vec<&Cand> = cands.iter().filter(|c| c.overlap > 0).collect();
-    by_overlap.sort_by(|a, b| b.overlap.cmp(&a.overlap).then(a.ep.cmp(&b.ep)));
+    let mut holders: Vec<&Cand> = cands.iter().filter(|c| c.overlap > 0).collect();
+    holders.sort_by(|a, b| by_overlap(a, b));
     // L_i + 1 ≤ cap_i
     let under = |c: &Cand| c.load < cap(c, cands, eps);
-    if let Some(c) = by_overlap.iter().find(|c| under(c)) {
+    if let Some(c) = holders.iter().find(|c| under(c)) {
         return Some(c.ep);
     }
     if !relief {

@@ -25,9 +25,35 @@ fn pick(ep: EpIdx, spilled: bool) -> Option<Pick> {
 }
 
 #[test]
-fn off_is_argmax_with_ties_to_lowest_index_and_ignores_load() {
-    let cands = [c(0, 2, 0), c(1, 3, 100), c(2, 3, 0)];
+fn off_is_argmax_with_ties_to_lower_load_then_index() {
+    // Load only breaks the tie between ep1 and ep2; it never outweighs overlap.
+    let cands = [c(0, 2, 0), c(1, 3, 100), c(2, 3, 0), c(3, 3, 0)];
+    assert_eq!(blend(&cands, &params(LbMode::Off, true)), pick(2, false));
+    let cands = [c(0, 2, 0), c(1, 3, 100), c(2, 3, 101)];
     assert_eq!(blend(&cands, &params(LbMode::Off, true)), pick(1, false));
+}
+
+#[test]
+fn shared_prefix_held_everywhere_goes_to_the_least_loaded_endpoint() {
+    // A system prompt every endpoint caches (o = 4 everywhere): LoxiLB's index-order tie-break
+    // would send all of it to ep0; loxi spreads it by load, under every law but `soft`.
+    let cands = [c(0, 4, 3), c(1, 4, 2), c(2, 4, 1), c(3, 4, 2)];
+    for mode in [LbMode::Off, LbMode::Hard, LbMode::Adaptive] {
+        assert_eq!(
+            blend(&cands, &params(mode, true)),
+            pick(2, false),
+            "{mode:?}"
+        );
+    }
+    assert_eq!(owner(&cands), Some(2));
+}
+
+#[test]
+fn hard_walk_breaks_overlap_ties_by_load() {
+    // T = 12, cap = ceil(1.75 · 13 / 3) = 8: the owner ep0 (o = 4, L = 8) is over cap; ep1 and
+    // ep2 tie on o = 2, ep2 is less loaded and wins (LoxiLB's order would pick ep1).
+    let cands = [c(0, 4, 8), c(1, 2, 3), c(2, 2, 1)];
+    assert_eq!(blend(&cands, &params(LbMode::Hard, false)), pick(2, true));
 }
 
 #[test]
