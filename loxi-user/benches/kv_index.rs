@@ -30,7 +30,7 @@ use loxi_user::kv::settings::KvSettings;
 use loxi_user::kv::state::KvState;
 use loxi_user::kv::tokenizer::{TokenizerMetrics, TokenizerPool};
 use loxi_user::proxy::meta::{ApiKind, ChatMessage, Prompt, RequestMeta};
-use loxi_user::routing::{Candidates, EndpointLoad, Excluded};
+use loxi_user::routing::{Candidates, EndpointLoad, Excluded, TierMemo};
 use loxi_user::rules::store::StoredRule;
 use prometheus_client::registry::Registry;
 use rmpv::Value as V;
@@ -291,13 +291,16 @@ fn decision_report() {
         let own = hasher.keys(&ids, 16, &Default::default());
         svc.index.store(5, 0, &own[..200.min(own.len())]);
         let router = KvRouter::new(state.clone(), pool);
-        let d = router.select(&rule, &meta, &cands).expect("hit");
+        let d = router
+            .select(&rule, &meta, &cands, &mut TierMemo::default())
+            .expect("hit");
         assert_eq!(d.endpoint, Some(5));
         let n = if cache == 0 { 200 } else { 2000 };
         let ns: Vec<u128> = (0..n)
             .map(|_| {
                 let t = StdInstant::now();
-                black_box(router.select(&rule, &meta, &cands));
+                // A fresh memo per call: every decision tokenizes and hashes, as a request does.
+                black_box(router.select(&rule, &meta, &cands, &mut TierMemo::default()));
                 t.elapsed().as_nanos()
             })
             .collect();

@@ -2,7 +2,8 @@
 //! workers behind a KV-aware rule (`kvExactMode: 3`, predicted blocks on, the tiny model's real
 //! tokenizer). No prompt shares a block with another, so tier 1.5 must miss every time with
 //! `no_worker` (never herd them onto the worker its own predictions point at), and the fallback
-//! selector must spread them: max/min requests per worker ≤ 1.5 and no worker idle.
+//! selector must spread them: max/min requests per worker ≤ 1.5 and no worker idle. Each
+//! prompt is tokenized and hashed exactly once (the routing stage histograms count 512).
 
 use std::path::PathBuf;
 
@@ -141,4 +142,17 @@ async fn unique_prompts_spread_evenly_and_every_one_misses_as_no_worker() {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
     assert_eq!(hits, 0.0, "no tier-1.5 hit for prompts that share nothing");
+    // Each prompt is tokenized and hashed once: the miss's keys also feed the predicted blocks.
+    let stage = |s: &str| {
+        sample(
+            &m,
+            "loxilb_kv_routing_stage_seconds_count",
+            &[&format!("stage=\"{s}\"")],
+        )
+    };
+    assert_eq!(
+        (stage("Tokenize"), stage("Hash")),
+        (REQUESTS as f64, REQUESTS as f64),
+        "one tokenization and one hash per request"
+    );
 }

@@ -19,7 +19,7 @@ pub mod settings;
 pub mod state;
 pub mod subscriber;
 #[cfg(test)]
-mod testutil;
+pub(crate) mod testutil;
 pub mod tokenizer;
 pub mod wiring;
 

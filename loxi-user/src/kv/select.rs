@@ -9,6 +9,11 @@
 //! endpoints hold it). Then [`super::blend::blend`] and cold-start seeding. Every miss counts
 //! one `loxilb_pd_kv_tier15_miss_reason_total` and one fallthrough; every hit one
 //! `loxilb_pd_kv_tier15_hits_total{ep_idx}`.
+//!
+//! The prompt is tokenized and hashed once per request: the outcome of `text_empty` …
+//! `short_prompt` (keys or the miss) is kept in the request's [`TierMemo`], which a
+//! connect-failure retry and [`KvRouter::routed`] reuse. `warmup` is not kept: every attempt
+//! checks it, and `routed` skips it (blocks of requests sent during warmup are still predicted).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -22,7 +27,7 @@ use super::block_hash::RequestExtras;
 use super::metrics::{ServiceLabels, Stage, StageLabels};
 use super::state::{KvState, ServiceKv};
 use crate::proxy::meta::{ApiKind, Prompt, RequestMeta};
-use crate::routing::{Candidates, Decision, EpIdx, Reason};
+use crate::routing::{Candidates, Decision, EpIdx, Reason, TierMemo};
 use crate::rules::store::StoredRule;
 
 /// Why tier 1.5 did not decide (the `reason` label).
@@ -108,6 +113,10 @@ impl PromptTokenizer for super::tokenizer::TokenizerPool {
     }
 }
 
+/// A request's block keys, or the guard (`text_empty` … `short_prompt`) that stopped them; what
+/// [`KvRouter`] keeps in the request's [`TierMemo`].
+struct RequestKeys(Result<Arc<[BlockKey]>, MissReason>);
+
 /// Tier 1.5: implements the proxy's affinity-tier seam (`select` / `routed`).
 pub struct KvRouter {
     state: Arc<KvState>,
@@ -127,12 +136,14 @@ impl KvRouter {
 
     /// Tier 1.5 for one request. `Some` on a hit (reason `KvOverlap`, `KvSpill` or
     /// `KvColdSeed`), `None` on a miss (counted). Called again with the failed endpoint in
-    /// `cands.excluded` after a connect failure, it returns the next best.
+    /// `cands.excluded` after a connect failure, it returns the next best; `memo` carries the
+    /// request's keys between the calls (start each request with an empty one).
     pub fn select(
         &self,
         rule: &StoredRule,
         meta: &RequestMeta,
         cands: &Candidates<'_>,
+        memo: &mut TierMemo,
     ) -> Option<Decision> {
         let label = rule.id.to_string();
         let m = &self.state.metrics;
@@ -141,7 +152,7 @@ impl KvRouter {
             return None;
         }
         let svc = self.state.service(rule);
-        let res = self.keys(&svc, meta, true).and_then(|keys| {
+        let res = self.guarded_keys(&svc, meta, memo).and_then(|keys| {
             let t = StdInstant::now();
             let r = self.decide(&svc, rule, &keys, cands);
             self.observe(Stage::Score, t);
@@ -160,13 +171,18 @@ impl KvRouter {
     }
 
     /// The proxy sent the request to `ep`: its blocks become predicted holdings of `ep` for
-    /// the predicted-block TTL.
-    pub fn routed(&self, rule: &StoredRule, meta: &RequestMeta, ep: EpIdx) {
+    /// the predicted-block TTL. The keys come from `memo` (the request's `select` calls); only
+    /// when those all stopped at `warmup` are they computed here.
+    pub fn routed(&self, rule: &StoredRule, meta: &RequestMeta, ep: EpIdx, memo: &TierMemo) {
         if rule.rule.service.kv_exact_mode == 0 || self.state.settings.predicted_ttl.is_zero() {
             return;
         }
         let svc = self.state.service(rule);
-        if let Ok(keys) = self.keys(&svc, meta, false) {
+        let keys = match memo.get::<RequestKeys>() {
+            Some(RequestKeys(k)) => k.clone(),
+            None => self.keys(&svc, meta),
+        };
+        if let Ok(keys) = keys {
             let now = Instant::now();
             svc.index.maybe_sweep_predicted(now);
             svc.index
@@ -183,16 +199,27 @@ impl KvRouter {
         h.observe(since.elapsed().as_secs_f64());
     }
 
-    /// Guards up to `short_prompt`, returning the request's block keys.
-    fn keys(
+    /// The `warmup` guard, then the request's keys: from `memo`, or computed and remembered
+    /// there by the first attempt past `warmup`.
+    fn guarded_keys(
         &self,
         svc: &ServiceKv,
         meta: &RequestMeta,
-        guard_warmup: bool,
-    ) -> Result<Vec<BlockKey>, MissReason> {
-        if guard_warmup && svc.warming(Instant::now()) {
+        memo: &mut TierMemo,
+    ) -> Result<Arc<[BlockKey]>, MissReason> {
+        if svc.warming(Instant::now()) {
             return Err(MissReason::Warmup);
         }
+        if let Some(RequestKeys(k)) = memo.get() {
+            return k.clone();
+        }
+        let k = self.keys(svc, meta);
+        memo.set(RequestKeys(k.clone()));
+        k
+    }
+
+    /// Guards `text_empty` to `short_prompt`, returning the request's block keys.
+    fn keys(&self, svc: &ServiceKv, meta: &RequestMeta) -> Result<Arc<[BlockKey]>, MissReason> {
         let prompt = meta
             .prompt
             .as_ref()
@@ -226,7 +253,7 @@ impl KvRouter {
         if keys.is_empty() {
             return Err(MissReason::ShortPrompt);
         }
-        Ok(keys)
+        Ok(keys.into())
     }
 
     fn extras(&self, meta: &RequestMeta) -> Result<RequestExtras, MissReason> {

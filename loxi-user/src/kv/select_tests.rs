@@ -81,16 +81,25 @@ impl Fx {
             .index
             .store(ep, 0, &keys[..blocks.min(keys.len())]);
     }
-    fn select_ex(&self, m: &RequestMeta, ex: &Excluded) -> Option<Decision> {
+    /// One attempt of the request whose tier state is `memo`.
+    fn attempt(&self, m: &RequestMeta, ex: &Excluded, memo: &mut TierMemo) -> Option<Decision> {
         let c = Candidates {
             weights: &self.weights,
             loads: &self.loads,
             excluded: ex,
         };
-        self.router.select(&self.rule, m, &c)
+        self.router.select(&self.rule, m, &c, memo)
+    }
+    fn select_ex(&self, m: &RequestMeta, ex: &Excluded) -> Option<Decision> {
+        self.attempt(m, ex, &mut TierMemo::default())
     }
     fn select(&self, m: &RequestMeta) -> Option<Decision> {
         self.select_ex(m, &Excluded::default())
+    }
+    fn stage_count(&self, stage: &str) -> f64 {
+        self.metric(&format!(
+            "loxilb_kv_routing_stage_seconds_count{{stage=\"{stage}\"}}"
+        ))
     }
     fn metric(&self, needle: &str) -> f64 {
         let mut out = String::new();
@@ -133,6 +142,51 @@ fn connect_failure_retry_picks_second_best_overlap() {
     assert_eq!(
         f.select_ex(&m, &ex),
         Some(Decision::pick(0, Reason::KvOverlap))
+    );
+}
+
+#[test]
+fn one_request_hashes_once_across_retry_and_routed() {
+    let f = fx(3);
+    let m = meta(PROMPT);
+    f.hold(2, &m, 3);
+    let mut memo = TierMemo::default();
+    let mut ex = Excluded::default();
+    assert_eq!(
+        f.attempt(&m, &ex, &mut memo),
+        Some(Decision::pick(2, Reason::KvOverlap))
+    );
+    // Connect failure on 2: the retry is an `excluded` miss; the proxy's `sel` then picks 1.
+    ex.insert(2);
+    assert_eq!(f.attempt(&m, &ex, &mut memo), None);
+    f.router.routed(&f.rule, &m, 1, &memo);
+    assert_eq!((f.misses("excluded"), f.stage_count("Score")), (1.0, 2.0));
+    assert_eq!(
+        (f.stage_count("Tokenize"), f.stage_count("Hash")),
+        (1.0, 1.0)
+    );
+    // The prediction used the kept keys: endpoint 1 now holds the whole prompt.
+    let keys = f.keys_of(&m);
+    let scores = f.svc().index.score(&keys, Instant::now());
+    assert_eq!(scores, vec![(1, keys.len()), (2, 3)]);
+}
+
+#[test]
+fn a_retry_counts_its_guard_miss_again_without_retokenizing() {
+    let f = fx(2);
+    let m = meta("The quick brown fox");
+    let mut memo = TierMemo::default();
+    for _ in 0..2 {
+        assert_eq!(f.attempt(&m, &Excluded::default(), &mut memo), None);
+    }
+    assert_eq!(f.misses("shallow"), 2.0);
+    assert_eq!(
+        f.metric("loxilb_pd_kv_tier15_fallthrough_total{service=\"1\"}"),
+        2.0
+    );
+    assert_eq!(
+        (f.stage_count("Tokenize"), f.stage_count("Hash")),
+        (1.0, 0.0)
     );
 }
 
@@ -240,6 +294,52 @@ async fn warmup_keeps_tier_out_until_window_after_first_connect() {
     assert_eq!(f.select(&m), Some(Decision::pick(0, Reason::KvOverlap)));
 }
 
+#[tokio::test(start_paused = true)]
+async fn requests_sent_during_warmup_still_predict_their_blocks() {
+    let f = fx_with(
+        KvSettings::default(),
+        2,
+        serde_json::json!({"kvWarmupSec": 30}),
+    );
+    let m = meta(PROMPT);
+    let mut memo = TierMemo::default();
+    assert_eq!(f.attempt(&m, &Excluded::default(), &mut memo), None);
+    assert_eq!(f.misses("warmup"), 1.0);
+    assert_eq!(
+        f.stage_count("Hash"),
+        0.0,
+        "warmup stops select before tokenizing"
+    );
+    // `routed` skips the warmup guard, as it always has: it computes the keys itself.
+    f.router.routed(&f.rule, &m, 1, &memo);
+    assert_eq!(f.stage_count("Hash"), 1.0);
+    let keys = f.keys_of(&m);
+    let scores = f.svc().index.score(&keys, Instant::now());
+    assert_eq!(scores, vec![(1, keys.len())]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn warmup_is_checked_on_every_attempt_of_a_request() {
+    let s = KvSettings {
+        lb_mode: LbMode::Off,
+        coldstart_seed_n: 0,
+        ..KvSettings::default()
+    };
+    let f = fx_with(s, 2, serde_json::json!({"kvWarmupSec": 30}));
+    let m = meta(PROMPT);
+    f.hold(1, &m, 2);
+    f.svc().set_connected(0, 0, true);
+    let mut memo = TierMemo::default();
+    assert_eq!(f.attempt(&m, &Excluded::default(), &mut memo), None);
+    tokio::time::advance(Duration::from_secs(30)).await;
+    // The window closed between the attempts: the retry computes the keys and hits.
+    assert_eq!(
+        f.attempt(&m, &Excluded::default(), &mut memo),
+        Some(Decision::pick(1, Reason::KvOverlap))
+    );
+    assert_eq!((f.misses("warmup"), f.stage_count("Hash")), (1.0, 1.0));
+}
+
 #[test]
 fn cache_salt_tenants_never_share_blocks() {
     let f = fx(2);
@@ -282,8 +382,9 @@ fn conversations_sharing_a_system_prompt_spread_by_full_prefix() {
 async fn routed_request_predicts_blocks_so_a_burst_converges_until_ttl() {
     let f = fx(3);
     let m = meta(PROMPT);
-    assert_eq!(f.select(&m), None);
-    f.router.routed(&f.rule, &m, 2);
+    let mut memo = TierMemo::default();
+    assert_eq!(f.attempt(&m, &Excluded::default(), &mut memo), None);
+    f.router.routed(&f.rule, &m, 2, &memo);
     assert_eq!(f.select(&m), Some(Decision::pick(2, Reason::KvOverlap)));
     tokio::time::advance(Duration::from_secs(5)).await;
     assert_eq!(f.select(&m), None);

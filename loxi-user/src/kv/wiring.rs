@@ -19,7 +19,7 @@ use super::subscriber::StreamTiming;
 use super::tokenizer::{TokenizerMetrics, TokenizerPool};
 use crate::config::env::Env;
 use crate::proxy::meta::RequestMeta;
-use crate::routing::{AffinityTier, Candidates, Decision, EpIdx};
+use crate::routing::{AffinityTier, Candidates, Decision, EpIdx, TierMemo};
 use crate::rules::{RuleSnapshot, StoredRule};
 
 impl AffinityTier for KvRouter {
@@ -28,11 +28,12 @@ impl AffinityTier for KvRouter {
         rule: &StoredRule,
         meta: &RequestMeta,
         cands: &Candidates<'_>,
+        memo: &mut TierMemo,
     ) -> Option<Decision> {
-        KvRouter::select(self, rule, meta, cands)
+        KvRouter::select(self, rule, meta, cands, memo)
     }
-    fn routed(&self, rule: &StoredRule, meta: &RequestMeta, ep: EpIdx) {
-        KvRouter::routed(self, rule, meta, ep)
+    fn routed(&self, rule: &StoredRule, meta: &RequestMeta, ep: EpIdx, memo: &TierMemo) {
+        KvRouter::routed(self, rule, meta, ep, memo)
     }
 }
 

@@ -21,7 +21,7 @@ use super::meta::{self, RequestMeta};
 use super::pool::{Pool, PoolTable};
 use super::upstream::{Attempt, Upstreams, strip_hop_by_hop, upstream_uri};
 use crate::health::breaker::Outcome;
-use crate::routing::{self, Candidates, Decision, Excluded};
+use crate::routing::{self, Candidates, Decision, Excluded, TierMemo};
 
 /// Response header naming the endpoint index that served the request.
 pub const ENDPOINT_HEADER: &str = "x-loxilb-endpoint";
@@ -99,9 +99,11 @@ impl Handler {
         let service = pool.rule.id;
         let pm = pool.metrics(&self.ctx.metrics);
         let mut excluded = Excluded::default();
+        // Tier 1.5's per-request state (the prompt's block keys), shared by its calls below.
+        let mut memo = TierMemo::default();
         let mut attempts = 0;
         loop {
-            let Some(ep) = self.decide(pool, meta, &excluded).endpoint else {
+            let Some(ep) = self.decide(pool, meta, &excluded, &mut memo).endpoint else {
                 return Err(if attempts == 0 {
                     ProxyError::NoHealthyBackend { service }
                 } else {
@@ -120,10 +122,11 @@ impl Handler {
                 Attempt::Response(resp) => {
                     self.observe(pool, ep, Outcome::Status(resp.status().as_u16()));
                     if let Some(tier) = self.tier_for(pool) {
-                        // Inline: the prompt's tokens come from the tokenization cache the
-                        // decision just filled, so this is microseconds (`block_in_place` would
-                        // cost more than the work).
-                        tier.routed(&pool.rule, meta, ep);
+                        // Inline: the block keys come from the memo the decision filled, so
+                        // this is microseconds (`block_in_place` would cost more than the
+                        // work). Only a request the tier turned away during its warmup window
+                        // is tokenized here.
+                        tier.routed(&pool.rule, meta, ep, &memo);
                     }
                     pm.request(ep, resp.status());
                     return Ok(downstream_response(resp, ep, tracked));
@@ -140,7 +143,13 @@ impl Handler {
     }
 
     /// Tier 1.5 (kvExactMode 3 with a tier), then the rule's `sel` on a miss.
-    fn decide(&self, pool: &Pool, meta: &RequestMeta, excluded: &Excluded) -> Decision {
+    fn decide(
+        &self,
+        pool: &Pool,
+        meta: &RequestMeta,
+        excluded: &Excluded,
+        memo: &mut TierMemo,
+    ) -> Decision {
         let cands = Candidates {
             weights: &pool.weights,
             loads: &pool.loads,
@@ -148,7 +157,7 @@ impl Handler {
         };
         let args = &pool.rule.rule.service;
         if let Some(tier) = self.tier_for(pool)
-            && let Some(d) = off_reactor(|| tier.select(&pool.rule, meta, &cands))
+            && let Some(d) = off_reactor(|| tier.select(&pool.rule, meta, &cands, memo))
                 .filter(|d| d.endpoint.is_some())
         {
             pool.metrics(&self.ctx.metrics).selection(true, d.reason);

@@ -1,6 +1,8 @@
-//! In-process tests of the proxy with a fake tier 1.5: real listener, real backends on
-//! loopback, a real rule store; checks tier-first selection for `kvExactMode: 3`, the
-//! fallback to `sel` on a miss, `routed()` notifications and that other rules skip the tier.
+//! In-process tests of the proxy with tier 1.5: real listener, real backends on loopback, a
+//! real rule store. With a fake tier: tier-first selection for `kvExactMode: 3`, the fallback
+//! to `sel` on a miss, `routed()` notifications and that other rules skip the tier. With the
+//! real KV tier: a request's prompt is tokenized and hashed once, across the first selection,
+//! a connect-failure retry and the predicted-block insertion after routing.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -13,11 +15,17 @@ use hyper::service::service_fn;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use parking_lot::Mutex;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
-use super::meta::{Prompt, RequestMeta};
+use super::meta::{ApiKind, Prompt, RequestMeta};
 use super::{ProxyConfig, ProxyContext, ProxyMetrics};
-use crate::routing::{AffinityTier, Candidates, Decision, EpIdx, Reason};
+use crate::kv::blend::LbMode;
+use crate::kv::select::{KvRouter, PromptTokenizer};
+use crate::kv::settings::KvSettings;
+use crate::kv::testutil::{TinyTokenizer, state};
+use crate::routing::{AffinityTier, Candidates, Decision, EpIdx, Reason, TierMemo};
 use crate::rules::{RuleStore, StoredRule};
 
 /// Hits (endpoint 1) when the prompt contains "warm"; otherwise misses.
@@ -33,12 +41,13 @@ impl AffinityTier for FakeTier {
         _: &StoredRule,
         meta: &RequestMeta,
         cands: &Candidates<'_>,
+        _: &mut TierMemo,
     ) -> Option<Decision> {
         *self.asked.lock() += 1;
         let warm = matches!(&meta.prompt, Some(Prompt::Text(t)) if t.contains("warm"));
         (warm && cands.eligible(1)).then(|| Decision::pick(1, Reason::KvOverlap))
     }
-    fn routed(&self, _: &StoredRule, _: &RequestMeta, ep: EpIdx) {
+    fn routed(&self, _: &StoredRule, _: &RequestMeta, ep: EpIdx, _: &TierMemo) {
         self.routed.lock().push(ep);
     }
 }
@@ -75,7 +84,7 @@ fn free_port() -> u16 {
 
 async fn post(port: u16, prompt: &str) -> usize {
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
-    let body = serde_json::json!({"model": "m", "prompt": prompt}).to_string();
+    let body = serde_json::json!({"model": "tiny", "prompt": prompt}).to_string();
     let req = hyper::Request::post(format!("http://127.0.0.1:{port}/v1/completions"))
         .header("content-type", "application/json")
         .body(Full::new(Bytes::from(body)))
@@ -139,4 +148,176 @@ async fn kv_exact_mode_3_asks_the_tier_first_then_sel() {
         .await
         .expect("proxy stops")
         .expect("join");
+}
+
+/// The proxy over the real KV tier (the golden tiny tokenizer) for one `kvExactMode: 3` rule.
+struct KvProxy {
+    port: u16,
+    rule: Arc<StoredRule>,
+    router: Arc<KvRouter>,
+    reg: Registry,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl KvProxy {
+    /// Round-robin fallback, no blend law and no cold seeding, so endpoints are predictable.
+    fn start(endpoint_ports: &[u16]) -> Self {
+        let port = free_port();
+        let eps: Vec<serde_json::Value> = endpoint_ports
+            .iter()
+            .map(|p| serde_json::json!({"endpointIP": "127.0.0.1", "targetPort": p}))
+            .collect();
+        let store = RuleStore::in_memory();
+        let rule = serde_json::from_value(serde_json::json!({
+            "serviceArguments": {"externalIP": "127.0.0.1", "port": port, "mode": 4, "sel": 0,
+                "kvExactMode": 3, "kvBlockSize": 16, "kvHashAlgo": "sha256_cbor"},
+            "endpoints": eps
+        }))
+        .expect("rule");
+        store.upsert(rule).expect("kv rule");
+        let rule = store
+            .snapshot()
+            .rules
+            .values()
+            .next()
+            .expect("stored")
+            .clone();
+        let (st, reg) = state(KvSettings {
+            lb_mode: LbMode::Off,
+            coldstart_seed_n: 0,
+            ..KvSettings::default()
+        });
+        let router = Arc::new(KvRouter::new(st, TinyTokenizer::load()));
+        let ctx = ProxyContext {
+            metrics: ProxyMetrics::unregistered(),
+            tier: Some(router.clone()),
+            config: ProxyConfig::default(),
+            health: crate::health::board::HealthBoard::new(),
+        };
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(super::run(store.subscribe(), ctx, stop.clone()));
+        Self {
+            port,
+            rule,
+            router,
+            reg,
+            stop,
+            task,
+        }
+    }
+
+    /// `ep` holds the first `blocks` blocks of `prompt` (as if its engine had published them).
+    fn hold(&self, ep: EpIdx, prompt: &str, blocks: usize) {
+        let p = Prompt::Text(prompt.into());
+        let tokens = TinyTokenizer::load()
+            .encode("tiny", ApiKind::Completions, &p, None)
+            .expect("tokenize");
+        let svc = self.router.state().service(&self.rule);
+        let keys = svc
+            .hasher
+            .as_ref()
+            .expect("hasher")
+            .keys(&tokens, 16, &Default::default());
+        assert!(
+            keys.len() > blocks,
+            "the prompt must be longer than what `ep` holds"
+        );
+        svc.index.store(ep, 0, &keys[..blocks]);
+    }
+
+    /// The value of the exposition line starting with `series` (0 when absent).
+    fn metric(&self, series: &str) -> f64 {
+        let mut out = String::new();
+        encode(&mut out, &self.reg).expect("encode");
+        out.lines()
+            .find(|l| l.starts_with(series))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    }
+
+    /// Observations of one routing stage (`Tokenize`, `Hash`, `Score`).
+    fn stage_count(&self, stage: &str) -> f64 {
+        self.metric(&format!(
+            "loxilb_kv_routing_stage_seconds_count{{stage=\"{stage}\"}}"
+        ))
+    }
+
+    fn hits(&self, ep: EpIdx) -> f64 {
+        let id = self.rule.id;
+        self.metric(&format!(
+            "loxilb_pd_kv_tier15_hits_total{{service=\"{id}\",ep_idx=\"{ep}\"}}"
+        ))
+    }
+
+    fn misses(&self, reason: &str) -> f64 {
+        let id = self.rule.id;
+        self.metric(&format!(
+            "loxilb_pd_kv_tier15_miss_reason_total{{service=\"{id}\",reason=\"{reason}\"}}"
+        ))
+    }
+
+    async fn shutdown(self) {
+        self.stop.cancel();
+        tokio::time::timeout(Duration::from_secs(5), self.task)
+            .await
+            .expect("proxy stops")
+            .expect("join");
+    }
+}
+
+/// A prompt of at least three 16-token blocks of the tiny tokenizer, distinct per `tag`.
+fn long_prompt(tag: &str) -> String {
+    format!("{tag}: the quick brown fox jumps over the lazy dog while the cat sleeps in the sun. ")
+        .repeat(3)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kv_tier_tokenizes_and_hashes_each_request_once() {
+    let (b0, b1) = (backend().await, backend().await);
+    let p = KvProxy::start(&[b0.port(), b1.port()]);
+    let (a, b) = (long_prompt("alpha"), long_prompt("beta"));
+    // A cold prompt misses (no_worker) and falls back to round-robin; `routed` then predicts
+    // its blocks on that endpoint with the keys of the miss, so the repeat is a hit there.
+    let eps = [
+        post(p.port, &a).await,
+        post(p.port, &a).await,
+        post(p.port, &b).await,
+        post(p.port, &b).await,
+    ];
+    assert_eq!(eps, [0, 0, 1, 1]);
+    assert_eq!(
+        (p.misses("no_worker"), p.hits(0), p.hits(1)),
+        (2.0, 1.0, 1.0)
+    );
+    assert_eq!(
+        (p.stage_count("Tokenize"), p.stage_count("Hash")),
+        (4.0, 4.0)
+    );
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_failure_retry_reuses_the_request_keys() {
+    let live = backend().await;
+    let p = KvProxy::start(&[free_port(), live.port()]);
+    let m = long_prompt("gamma");
+    p.hold(0, &m, 1);
+    // Tier hit on the dead endpoint 0; the retry excludes it, and as only endpoint 0 holds the
+    // prefix that attempt is an `excluded` miss, served by round-robin on endpoint 1.
+    assert_eq!(post(p.port, &m).await, 1);
+    assert_eq!((p.hits(0), p.misses("excluded")), (1.0, 1.0));
+    assert_eq!(
+        (p.stage_count("Tokenize"), p.stage_count("Hash")),
+        (1.0, 1.0)
+    );
+    // `routed` predicted the whole prompt on endpoint 1 from the same keys: now a hit there.
+    assert_eq!(post(p.port, &m).await, 1);
+    assert_eq!(p.hits(1), 1.0);
+    assert_eq!(
+        (p.stage_count("Tokenize"), p.stage_count("Hash")),
+        (2.0, 2.0)
+    );
+    p.shutdown().await;
 }

@@ -22,7 +22,7 @@ pub mod wrr_hash;
 
 pub use dispatch::select;
 pub use state::SelectorState;
-pub use tier::AffinityTier;
+pub use tier::{AffinityTier, TierMemo};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
