@@ -11,10 +11,16 @@
 //! once) then goes to the lowest index, so prefixes drift onto the first endpoints and the last
 //! ones idle. loxi breaks them by load first, in the owner and in the `hard` walk.
 //!
+//! Relief (loxi deviation): LoxiLB's `hard` relieves an over-cap owner as soon as every holder is
+//! over `cap_i`, sending the request to an endpoint that must recompute the whole prefix (a cold
+//! prefill, and one more copy of the prefix in the fleet's caches). A request over the cap on its
+//! owner only waits for a batch slot, so loxi relieves only beyond twice the slack, `2ε`; a
+//! holder under `cap_i` still takes the spill first.
+//!
 //! | law | rule |
 //! |-----|------|
 //! | `off` | owner |
-//! | `hard` | bounded load: `cap_i = ceil((1 + ε)·(T + 1)·c_i)`, `ε = (LOXILB_KV_MEAN_LOAD_FACTOR − 100)/100`. Walk endpoints with `o_i > 0` by descending `o_i` (ties by lower `L_i`, then index); the first with `L_i + 1 ≤ cap_i` wins (a spill if it is not the owner). If all are over cap: with spill relief the least-loaded under-cap eligible endpoint wins (any overlap, ties by index; a spill), otherwise the owner. |
+//! | `hard` | bounded load: `cap_i = ceil((1 + ε)·(T + 1)·c_i)`, `ε = (LOXILB_KV_MEAN_LOAD_FACTOR − 100)/100`. Walk endpoints with `o_i > 0` by descending `o_i` (ties by lower `L_i`, then index); the first with `L_i + 1 ≤ cap_i` wins (a spill if it is not the owner). If all are over cap: with spill relief, and the owner also over the relief cap `ceil((1 + 2ε)·(T + 1)·c_i)`, the least-loaded under-cap eligible endpoint wins (any overlap, ties by index; a spill), otherwise the owner. |
 //! | `soft` | `u_i = 1000·o_i/n − λ·L_i/(N·c_i)`, `λ = LOXILB_KV_LOAD_PENALTY`; `argmax u_i` over all eligible (ties by index); a spill when it is not the owner. |
 //! | `adaptive` | `hard` with `ε·f` |
 //! | `adaptive-soft` | `soft` with `λ·f` |
@@ -156,7 +162,9 @@ fn hard(cands: &[Cand], eps: f64, relief: bool) -> Option<EpIdx> {
     if let Some(c) = holders.iter().find(|c| under(c)) {
         return Some(c.ep);
     }
-    if !relief {
+    // Relief recomputes the whole prefix elsewhere, so it waits for twice the slack.
+    let owner = holders.first()?;
+    if !relief || owner.load < cap(owner, cands, 2.0 * eps) {
         return None;
     }
     cands

@@ -88,10 +88,23 @@ fn hard_spills_over_cap_owner_to_next_overlap_holder() {
 
 #[test]
 fn hard_spill_relief_goes_to_least_loaded_under_cap_even_without_overlap() {
-    // T = 6: cap = ceil(1.75 · 7 / 3) = 5; owner 6 > 5; ep2 least loaded (0).
-    let cands = [c(0, 4, 5), c(1, 0, 1), c(2, 0, 0)];
+    // T = 11: cap = ceil(1.75 · 12 / 3) = 7, relief cap = ceil(2.5 · 12 / 3) = 10; owner
+    // 10 + 1 > 10 → relief to ep2, the least loaded (0).
+    let cands = [c(0, 4, 10), c(1, 0, 1), c(2, 0, 0)];
     assert_eq!(blend(&cands, &params(LbMode::Hard, true)), pick(2, true));
     assert_eq!(blend(&cands, &params(LbMode::Hard, false)), pick(0, false));
+}
+
+#[test]
+fn hard_relief_waits_for_twice_the_slack() {
+    // T = 10: cap = ceil(1.75 · 11 / 3) = 7, relief cap = ceil(2.5 · 11 / 3) = 10: the owner
+    // at 9 is over the cap but 9 + 1 ≤ 10, so it keeps the request (LoxiLB would relieve to
+    // ep2 and recompute the prefix there); one more in flight and relief starts (test above).
+    let cands = [c(0, 4, 9), c(1, 0, 1), c(2, 0, 0)];
+    assert_eq!(blend(&cands, &params(LbMode::Hard, true)), pick(0, false));
+    // A holder under the plain cap still takes the spill before relief is considered.
+    let cands = [c(0, 4, 9), c(1, 1, 1), c(2, 0, 0)];
+    assert_eq!(blend(&cands, &params(LbMode::Hard, true)), pick(1, true));
 }
 
 #[test]
@@ -125,9 +138,10 @@ fn fleet_factor_is_mean_load_or_capacity_normalised_and_clamped() {
 
 #[test]
 fn adaptive_lets_owner_carry_more_when_fleet_is_busy() {
-    // T = 24: hard cap = ceil(1.75 · 25 / 3) = 15 < 17 → spill to ep1 (least loaded, ties by index).
-    // adaptive: f = 8, ε = 6, cap = ceil(7 · 25 / 3) = 59 → owner keeps it.
-    let cands = [c(0, 4, 16), c(1, 0, 4), c(2, 0, 4)];
+    // T = 36: cap = ceil(1.75 · 37 / 3) = 22, relief cap = ceil(2.5 · 37 / 3) = 31 ≤ 32 →
+    // relief to ep1 (least loaded, ties by index).
+    // adaptive: f = 8, ε = 6, cap = ceil(7 · 37 / 3) = 87 → owner keeps it.
+    let cands = [c(0, 4, 32), c(1, 0, 2), c(2, 0, 2)];
     assert_eq!(blend(&cands, &params(LbMode::Hard, true)), pick(1, true));
     assert_eq!(
         blend(&cands, &params(LbMode::Adaptive, true)),

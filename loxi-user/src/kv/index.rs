@@ -368,13 +368,25 @@ impl KvIndex {
     pub fn score(&self, keys: &[BlockKey], now: Instant) -> Vec<(EpIdx, usize)> {
         let mut alive: Vec<u32> = Vec::new();
         let mut best: Vec<(EpIdx, usize)> = Vec::new();
+        let (mut here, mut predicted) = (Vec::new(), Vec::new());
         for (i, k) in keys.iter().enumerate() {
-            let here = self.holders_at(k.0, now);
+            self.holders_at(k.0, now, &mut here, &mut predicted);
             if i == 0 {
-                alive = here;
+                alive = here.clone();
+                alive.extend(predicted.iter().map(|&ep| slot(ep, PREDICTED_RANK)));
             } else {
-                let (keep, dropped): (Vec<u32>, Vec<u32>) =
-                    alive.iter().partition(|s| here.contains(s));
+                // A stream continues through a block it holds or its endpoint is predicted to
+                // hold (a request just routed there computes it); the predicted stream
+                // continues through a block any stream of its endpoint holds.
+                let (keep, dropped): (Vec<u32>, Vec<u32>) = alive.iter().partition(|&&s| {
+                    let ep = slot_ep(s);
+                    let held = |ep: EpIdx| here.iter().any(|&h| slot_ep(h) == ep);
+                    if s & 0xF == PREDICTED_RANK {
+                        predicted.contains(&ep) || held(ep)
+                    } else {
+                        here.contains(&s) || predicted.contains(&ep)
+                    }
+                });
                 dropped
                     .iter()
                     .for_each(|&s| record(&mut best, slot_ep(s), i));
@@ -391,16 +403,18 @@ impl KvIndex {
         best
     }
 
-    fn holders_at(&self, key: u64, now: Instant) -> Vec<u32> {
+    /// Fills `here` with the streams holding `key` and `predicted` with the endpoints whose
+    /// unexpired prediction covers it.
+    fn holders_at(&self, key: u64, now: Instant, here: &mut Vec<u32>, predicted: &mut Vec<EpIdx>) {
+        here.clear();
+        predicted.clear();
         let sh = self.shard(key).read();
-        let mut v = Vec::new();
-        sh.holders(key).for_each(|s| v.push(s));
+        sh.holders(key).for_each(|s| here.push(s));
         if let Some(p) = sh.predicted.get(&key) {
             p.iter()
                 .filter(|(_, exp)| *exp > now)
-                .for_each(|(ep, _)| v.push(slot(*ep as EpIdx, PREDICTED_RANK)));
+                .for_each(|(ep, _)| predicted.push(*ep as EpIdx));
         }
-        v
     }
 
     /// Keys held by `ep` (all ranks, confirmed only), oldest first per rank.

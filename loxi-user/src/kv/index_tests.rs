@@ -175,3 +175,26 @@ async fn request_path_sweeps_expired_predictions_at_most_once_per_interval() {
     ix.maybe_sweep_predicted(Instant::now());
     assert_eq!(live(&ix), 0);
 }
+
+#[tokio::test]
+async fn a_prediction_continues_the_endpoints_confirmed_prefix() {
+    // ep0 holds blocks 1, 2; a request for 1..=5 was just routed to it, so 3, 4, 5 are
+    // predicted there (predict skips the two it holds). Its cached run is then all 5 blocks.
+    let ix = KvIndex::new(1000);
+    ix.store(0, 0, &keys(&[1, 2]));
+    ix.store(1, 0, &keys(&[1, 2, 3]));
+    let until = Instant::now() + Duration::from_secs(5);
+    ix.predict(0, &keys(&[1, 2, 3, 4, 5]), until);
+    assert_eq!(
+        ix.score(&keys(&[1, 2, 3, 4, 5, 6]), now()),
+        vec![(0, 5), (1, 3)]
+    );
+    // The other way round: predicted head, confirmed tail (rank 2) on ep2.
+    ix.predict(2, &keys(&[7, 8]), until);
+    ix.store(2, 2, &keys(&[9]));
+    assert_eq!(ix.score(&keys(&[7, 8, 9, 10]), now()), vec![(2, 3)]);
+    // Another endpoint's prediction never extends ep1's run, and a gap ends it.
+    ix.predict(3, &keys(&[4]), until);
+    assert_eq!(ix.score(&keys(&[1, 2, 3, 4]), now())[1], (1, 3));
+    assert_eq!(ix.score(&keys(&[1, 2, 6, 4]), now()), vec![(0, 2), (1, 2)]);
+}

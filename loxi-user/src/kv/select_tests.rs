@@ -399,9 +399,10 @@ fn hard_law_spills_an_over_cap_owner_and_counts_it() {
     let f = fx_with(s, 3, serde_json::json!({}));
     let m = meta(PROMPT);
     f.hold(0, &m, 3);
-    f.loads[0].in_flight.store(5, Ordering::Relaxed);
+    f.loads[0].in_flight.store(10, Ordering::Relaxed);
     f.loads[1].in_flight.store(1, Ordering::Relaxed);
-    // T = 6, cap = ceil(1.75 · 7 / 3) = 5 < 6: spill relief (auto on, mode 3) → ep2 (load 0).
+    // T = 11, cap = ceil(1.75 · 12 / 3) = 7 and relief cap = ceil(2.5 · 12 / 3) = 10, both
+    // ≤ 10: spill relief (auto on, mode 3) → ep2 (load 0).
     assert_eq!(f.select(&m), Some(Decision::pick(2, Reason::KvSpill)));
     assert_eq!(
         f.metric("loxilb_pd_kv_tier15_spills_total{service=\"1\"}"),

@@ -118,16 +118,18 @@ impl Handler {
                 start,
             );
             let req = upstream_request(&parts, &pool.authorities[ep], body.clone())?;
+            if let Some(tier) = self.tier_for(pool) {
+                // At dispatch, not at the response: a non-streaming response (or a streaming
+                // one behind a slow prefill) arrives after the prefill, and requests sharing
+                // this prefix in that window would otherwise see no holder and scatter.
+                // Inline: the block keys come from the memo the decision filled, so this is
+                // microseconds (`block_in_place` would cost more than the work). Only a
+                // request the tier turned away during its warmup window is tokenized here.
+                tier.routed(&pool.rule, meta, ep, &memo);
+            }
             match self.upstreams.send(req, pool.http2).await {
                 Attempt::Response(resp) => {
                     self.observe(pool, ep, Outcome::Status(resp.status().as_u16()));
-                    if let Some(tier) = self.tier_for(pool) {
-                        // Inline: the block keys come from the memo the decision filled, so
-                        // this is microseconds (`block_in_place` would cost more than the
-                        // work). Only a request the tier turned away during its warmup window
-                        // is tokenized here.
-                        tier.routed(&pool.rule, meta, ep, &memo);
-                    }
                     pm.request(ep, resp.status());
                     return Ok(downstream_response(resp, ep, tracked));
                 }

@@ -24,8 +24,10 @@ pub trait AffinityTier: Send + Sync + 'static {
         cands: &Candidates<'_>,
         memo: &mut TierMemo,
     ) -> Option<Decision>;
-    /// The proxy sent the request to `ep` (for predicted-block insertion); `memo` is the one
-    /// the request's `select` calls filled.
+    /// The proxy is sending the request to `ep` (for predicted-block insertion): called at
+    /// dispatch, before the upstream answers, and again for the next endpoint after a connect
+    /// failure (the failed endpoint's predictions then expire with their TTL). `memo` is the
+    /// one the request's `select` calls filled.
     fn routed(&self, rule: &StoredRule, meta: &RequestMeta, ep: EpIdx, memo: &TierMemo);
 }
 
