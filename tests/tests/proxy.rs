@@ -552,26 +552,74 @@ async fn non_json_body_is_forwarded_unchanged() {
     assert_eq!(got.header("x-custom"), Some("kept"));
 }
 
-/// Sends a raw HTTP/1.1 request, waits `after`, and drops the connection.
-async fn disconnect_after(port: u16, body: &str, headers: &str, after: Duration) {
-    let mut s = TcpStream::connect(("127.0.0.1", port))
-        .await
-        .expect("connect");
-    let req = format!(
-        "POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n{headers}content-length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(req.as_bytes()).await.expect("write");
-    let mut buf = [0u8; 256];
-    let _ = tokio::time::timeout(after, s.read(&mut buf)).await;
-    drop(s);
+/// A client on a raw TCP connection to the VIP: sends one HTTP/1.1 request, reads what comes
+/// back, and gives up (closes the socket) whenever the test says so.
+struct GivingUpClient {
+    s: TcpStream,
+    got: Vec<u8>,
+}
+
+impl GivingUpClient {
+    async fn send(port: u16, body: &str, headers: &str) -> Self {
+        let mut s = TcpStream::connect(("127.0.0.1", port))
+            .await
+            .expect("connect");
+        let req = format!(
+            "POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n{headers}content-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        s.write_all(req.as_bytes()).await.expect("write");
+        Self { s, got: Vec::new() }
+    }
+
+    /// Reads until `done(received so far)` holds; panics after 5 s or on EOF.
+    async fn read_until(&mut self, done: impl Fn(&str) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut buf = [0u8; 4096];
+        while !done(&String::from_utf8_lossy(&self.got)) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let n = tokio::time::timeout(left, self.s.read(&mut buf))
+                .await
+                .unwrap_or_else(|_| panic!("timed out; got {:?}", self.text()))
+                .expect("read");
+            assert!(n > 0, "proxy closed the connection; got {:?}", self.text());
+            self.got.extend_from_slice(&buf[..n]);
+        }
+    }
+
+    /// Nothing at all has arrived yet (a request still waiting for its response).
+    fn nothing_received(&mut self) -> bool {
+        let mut buf = [0u8; 64];
+        matches!(self.s.try_read(&mut buf), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+            && self.got.is_empty()
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.got).into_owned()
+    }
+
+    /// Closes the connection; returns when it was closed.
+    fn give_up(self) -> Instant {
+        drop(self.s);
+        Instant::now()
+    }
+}
+
+/// SSE events `data: {..."i":N}` received so far.
+fn sse_events(text: &str) -> usize {
+    text.matches("\"i\":").count()
+}
+
+/// The in-flight gauge of endpoint 0 (`loxilb_proxy_active_connections{ep_idx="0"}`).
+async fn in_flight(d: &Daemon) -> Option<f64> {
+    let m = d.metrics_text().await;
+    metric(&m, "loxilb_proxy_active_connections", &["ep_idx=\"0\""])
 }
 
 async fn gauge_returns_to_zero(d: &Daemon) {
     let deadline = Instant::now() + Duration::from_secs(2);
     loop {
-        let m = d.metrics_text().await;
-        let v = metric(&m, "loxilb_proxy_active_connections", &["ep_idx=\"0\""]);
+        let v = in_flight(d).await;
         if v == Some(0.0) {
             return;
         }
@@ -580,23 +628,51 @@ async fn gauge_returns_to_zero(d: &Daemon) {
     }
 }
 
+/// Waits until `b` has received `n` requests.
+async fn wait_received(b: &Backend, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while b.request_count() < n {
+        assert!(
+            Instant::now() < deadline,
+            "request never reached the backend"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// The upstream request was aborted within 1 s of `gave_up` and never completed.
+async fn assert_upstream_aborted_within_1s(b: &Backend, gave_up: Instant) {
+    let seen = b.wait_cancelled(1, Duration::from_secs(1)).await;
+    let took = gave_up.elapsed();
+    assert!(seen, "backend did not see the cancellation within 1 s");
+    assert_eq!((b.cancelled(), b.completed()), (1, 0));
+    eprintln!("scenario 18: upstream aborted {took:?} after the client gave up");
+}
+
 #[tokio::test]
 async fn scenario_18_client_disconnect_cancels_non_streaming_upstream() {
     let b = Backend::start("0").await;
     let port = free_port();
     let d = started(&[rule(port, 0, &[(b.port(), 1)], json!({}))]).await;
-    disconnect_after(
+    let start = Instant::now();
+    // A long non-streaming completion: the backend answers after 10 s.
+    let mut c = GivingUpClient::send(
         port,
         r#"{"model":"m","prompt":"long","stream":false}"#,
         "x-delay-ms: 10000\r\n",
-        Duration::from_millis(200),
     )
     .await;
-    assert!(
-        b.wait_cancelled(1, Duration::from_secs(1)).await,
-        "backend did not see the cancellation within 1 s"
+    wait_received(&b, 1).await;
+    tokio::time::sleep_until((start + Duration::from_millis(200)).into()).await;
+    assert_eq!(
+        in_flight(&d).await,
+        Some(1.0),
+        "in flight before the disconnect"
     );
-    assert_eq!(b.completed(), 0);
+    assert!(c.nothing_received(), "still waiting: {:?}", c.text());
+    let gave_up = c.give_up();
+    eprintln!("scenario 18: client gave up {:?} in", gave_up - start);
+    assert_upstream_aborted_within_1s(&b, gave_up).await;
     gauge_returns_to_zero(&d).await;
 }
 
@@ -605,19 +681,32 @@ async fn scenario_18_client_disconnect_cancels_streaming_upstream() {
     let b = Backend::start("0").await;
     let port = free_port();
     let d = started(&[rule(port, 0, &[(b.port(), 1)], json!({}))]).await;
-    // stream: true → the backend streams 20 events 100 ms apart (2 s); the client leaves at 200 ms.
-    disconnect_after(
-        port,
-        r#"{"model":"m","prompt":"long","stream":true}"#,
-        "",
-        Duration::from_millis(200),
-    )
-    .await;
-    assert!(
-        b.wait_cancelled(1, Duration::from_secs(1)).await,
-        "backend did not see the cancellation within 1 s"
+    let start = Instant::now();
+    // stream: true → the backend streams 20 events 100 ms apart (2 s).
+    let mut c =
+        GivingUpClient::send(port, r#"{"model":"m","prompt":"long","stream":true}"#, "").await;
+    // Mid-stream: at least two events received and 200 ms into the request.
+    c.read_until(|t| sse_events(t) >= 2).await;
+    tokio::time::sleep_until((start + Duration::from_millis(200)).into()).await;
+    assert!(c.text().starts_with("HTTP/1.1 200"), "{:?}", c.text());
+    assert!(!c.text().contains("[DONE]"), "stream already over");
+    assert_eq!(
+        in_flight(&d).await,
+        Some(1.0),
+        "in flight before the disconnect"
     );
-    assert!(b.sse_written().len() < 20);
+    let received = sse_events(&c.text());
+    let gave_up = c.give_up();
+    eprintln!(
+        "scenario 18: client gave up {:?} in, after {received} events",
+        gave_up - start
+    );
+    assert_upstream_aborted_within_1s(&b, gave_up).await;
+    let written = b.sse_written().len();
+    assert!(
+        (received..20).contains(&written),
+        "backend wrote {written} of 20 events"
+    );
     gauge_returns_to_zero(&d).await;
 }
 

@@ -8,7 +8,9 @@ use super::*;
 use crate::kv::blend::LbMode;
 use crate::kv::block_hash::{BlockHasher, HashAlgo};
 use crate::kv::settings::KvSettings;
-use crate::kv::testutil::{TinyTokenizer, rule, state};
+use crate::kv::testutil::{TinyTokenizer, rule, shared_dir, state};
+use crate::kv::tokenizer::TokenizerPool;
+use crate::proxy::meta::ChatMessage;
 use crate::routing::{EndpointLoad, Excluded};
 
 const PROMPT: &str = "The quick brown fox jumps over the lazy dog while the cat sleeps in the warm sun. \
@@ -16,6 +18,7 @@ const PROMPT: &str = "The quick brown fox jumps over the lazy dog while the cat 
 
 struct Fx {
     router: KvRouter,
+    tok: Arc<dyn PromptTokenizer>,
     reg: Registry,
     rule: StoredRule,
     loads: Vec<Arc<EndpointLoad>>,
@@ -23,10 +26,20 @@ struct Fx {
 }
 
 fn fx_with(settings: KvSettings, n: usize, extra: serde_json::Value) -> Fx {
+    fx_tok(settings, n, extra, TinyTokenizer::load())
+}
+
+fn fx_tok(
+    settings: KvSettings,
+    n: usize,
+    extra: serde_json::Value,
+    tok: Arc<dyn PromptTokenizer>,
+) -> Fx {
     let (st, reg) = state(settings);
-    let router = KvRouter::new(st, TinyTokenizer::load());
+    let router = KvRouter::new(st, tok.clone());
     Fx {
         router,
+        tok,
         reg,
         rule: rule(1, n, extra),
         loads: (0..n).map(|_| EndpointLoad::new()).collect(),
@@ -57,9 +70,9 @@ impl Fx {
         self.router.state().service(&self.rule)
     }
     fn tokens(&self, m: &RequestMeta) -> Arc<[u32]> {
-        TinyTokenizer::load()
+        self.tok
             .encode(
-                "tiny",
+                m.model.as_deref().expect("model"),
                 m.api,
                 m.prompt.as_ref().expect("prompt"),
                 m.add_special_tokens,
@@ -357,22 +370,65 @@ fn cache_salt_tenants_never_share_blocks() {
     assert_eq!(f.select(&b), Some(Decision::pick(1, Reason::KvOverlap)));
 }
 
+/// Scenario 15 on chat requests: the golden tiny model's real tokenizer and ChatML template
+/// (`golden/tiny-model`, loaded by the tokenizer pool as model `tiny-model`).
 #[test]
-fn conversations_sharing_a_system_prompt_spread_by_full_prefix() {
-    let f = fx(4);
+fn chat_conversations_sharing_a_system_prompt_spread_by_full_history() {
+    let s = KvSettings {
+        lb_mode: LbMode::Off,
+        coldstart_seed_n: 0,
+        ..KvSettings::default()
+    };
+    let pool = TokenizerPool::new(
+        shared_dir().join("golden"),
+        crate::kv::tokenizer::TokenizerMetrics::default(),
+    );
+    let f = fx_tok(s, 4, serde_json::json!({}), Arc::new(pool));
+    let msg = |role: &str, content: String| ChatMessage {
+        role: role.into(),
+        content,
+    };
     let system =
         "You are a helpful assistant for the warehouse team. Answer briefly and cite the manual. "
             .repeat(2);
     let convs: Vec<RequestMeta> = (0..8)
-        .map(|i| meta(&format!("{system} User {i} asks about pallet {i} in aisle {} and shelf {}; history turn {i}.", i * 7, i * 3)))
+        .map(|i| RequestMeta {
+            model: Some("tiny-model".into()),
+            api: ApiKind::ChatCompletions,
+            prompt: Some(Prompt::Messages(vec![
+                msg("system", system.clone()),
+                msg("user", "Where is my pallet?".into()),
+                msg("assistant", "Which pallet number, please?".into()),
+                msg(
+                    "user",
+                    format!(
+                        "Pallet {i}, last seen in aisle {} on shelf {}.",
+                        i * 7,
+                        i * 3
+                    ),
+                ),
+            ])),
+            ..Default::default()
+        })
         .collect();
+    let keys: Vec<Vec<BlockKey>> = convs.iter().map(|c| f.keys_of(c)).collect();
+    let shared = keys[0]
+        .iter()
+        .zip(&keys[1])
+        .take_while(|(a, b)| a == b)
+        .count();
+    assert!(shared >= 2, "the identical opening fills {shared} blocks");
+    assert!(
+        keys.iter().all(|k| k.len() > shared),
+        "histories differ past it"
+    );
     for (i, c) in convs.iter().enumerate() {
         f.hold(i % 4, c, 99);
     }
     for (i, c) in convs.iter().enumerate() {
         assert_eq!(
-            f.select(c).and_then(|d| d.endpoint),
-            Some(i % 4),
+            f.select(c),
+            Some(Decision::pick(i % 4, Reason::KvOverlap)),
             "conversation {i}"
         );
     }
