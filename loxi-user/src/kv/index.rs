@@ -305,17 +305,15 @@ impl KvIndex {
         }
     }
 
-    /// Drops every key of every rank of `ep` (AllBlocksCleared, rule change), predicted too.
+    /// Drops every confirmed key of every rank of `ep` (`AllBlocksCleared`). Its predictions
+    /// stay: vLLM refuses `reset_prefix_cache` while any block is in use, so a live prediction
+    /// stands for a request dispatched after the reset, which will store its blocks again; and
+    /// vLLM publishes the clear with its next engine step, i.e. typically right after such a
+    /// request arrived, so dropping them would scatter that request's followers. They expire
+    /// with their TTL.
     pub fn clear_endpoint(&self, ep: EpIdx) {
         for r in 0..=MAX_RANK {
             self.clear_rank(ep, r);
-        }
-        for sh in self.shards.iter() {
-            let mut sh = sh.write();
-            sh.predicted.retain(|_, v| {
-                v.retain(|(e, _)| *e != ep as u32);
-                !v.is_empty()
-            });
         }
     }
 

@@ -198,3 +198,16 @@ async fn a_prediction_continues_the_endpoints_confirmed_prefix() {
     assert_eq!(ix.score(&keys(&[1, 2, 3, 4]), now())[1], (1, 3));
     assert_eq!(ix.score(&keys(&[1, 2, 6, 4]), now()), vec![(0, 2), (1, 2)]);
 }
+
+#[tokio::test]
+async fn an_engine_reset_keeps_predictions_of_requests_routed_since() {
+    // The engine's AllBlocksCleared arrives with its next step, after the gateway already
+    // routed (and predicted) a new request there: the prediction must survive the clear.
+    let ix = KvIndex::new(1000);
+    ix.store(0, 0, &keys(&[1, 2]));
+    ix.predict(0, &keys(&[5, 6]), Instant::now() + Duration::from_secs(5));
+    ix.clear_endpoint(0);
+    assert_eq!(ix.blocks(0), 0);
+    assert_eq!(ix.score(&keys(&[1, 2]), now()), vec![]);
+    assert_eq!(ix.score(&keys(&[5, 6]), now()), vec![(0, 2)]);
+}

@@ -165,6 +165,15 @@ impl KvRouter {
             }
             Err(reason) => {
                 m.miss(&label, reason);
+                let head = memo.get::<RequestKeys>().and_then(|k| k.0.as_ref().ok());
+                tracing::debug!(
+                    service = rule.id,
+                    reason = reason.as_str(),
+                    blocks = head.map_or(0, |k| k.len()),
+                    first_block = ?head.and_then(|k| k.first()),
+                    retry = !cands.excluded.is_empty(),
+                    "kv tier miss"
+                );
                 None
             }
         }
@@ -187,6 +196,7 @@ impl KvRouter {
             svc.index.maybe_sweep_predicted(now);
             svc.index
                 .predict(ep, &keys, now + self.state.settings.predicted_ttl);
+            tracing::trace!(service = rule.id, ep, blocks = keys.len(), first_block = ?keys.first(), "kv blocks predicted");
         }
     }
 
