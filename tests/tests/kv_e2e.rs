@@ -53,6 +53,18 @@ fn stage_tokenizer(dir: &std::path::Path) {
     }
 }
 
+/// `loxilb` with the staged tokenizers in `tok_dir`, seed 0 (the capture's `PYTHONHASHSEED`)
+/// and predicted blocks off, so only the engines' events decide.
+async fn kv_daemon(tok_dir: &std::path::Path) -> Daemon {
+    let opts = DaemonOpts {
+        tokenizer_dir: Some(tok_dir.to_path_buf()),
+        ..Default::default()
+    }
+    .env("LLB_KV_NONE_HASH_SEED", "0")
+    .env("LOXI_KV_PREDICT_TTL_MS", "0");
+    Daemon::start(opts).await
+}
+
 async fn complete(vip: SocketAddr, prompt: &str) -> (u16, Option<usize>) {
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let body = json!({"model": "tiny", "prompt": prompt, "max_tokens": 2}).to_string();
@@ -101,13 +113,7 @@ async fn warm_request_goes_to_endpoint_whose_engine_published_the_prefix() {
     let cap = capture();
     let tok_dir = tempfile::tempdir().expect("tmp");
     stage_tokenizer(tok_dir.path());
-    let opts = DaemonOpts {
-        tokenizer_dir: Some(tok_dir.path().to_path_buf()),
-        ..Default::default()
-    }
-    .env("LLB_KV_NONE_HASH_SEED", "0")
-    .env("LOXI_KV_PREDICT_TTL_MS", "0");
-    let d = Daemon::start(opts).await;
+    let d = kv_daemon(tok_dir.path()).await;
 
     let b0 = Backend::start("b0").await;
     let b1 = Backend::bind("b1", SocketAddr::from(([127, 0, 0, 2], 0)))
@@ -296,13 +302,7 @@ async fn scenario_15_chat_conversations_sharing_a_system_prompt_spread_by_full_h
         }
     }
 
-    let opts = DaemonOpts {
-        tokenizer_dir: Some(tok_dir.path().to_path_buf()),
-        ..Default::default()
-    }
-    .env("LLB_KV_NONE_HASH_SEED", "0")
-    .env("LOXI_KV_PREDICT_TTL_MS", "0");
-    let d = Daemon::start(opts).await;
+    let d = kv_daemon(tok_dir.path()).await;
     let zmq_port = free_port();
     let mut backends = Vec::new();
     let mut pubs = Vec::new();

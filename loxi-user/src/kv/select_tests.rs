@@ -1,14 +1,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use prometheus_client::encoding::text::encode;
 use prometheus_client::registry::Registry;
 
 use super::*;
 use crate::kv::blend::LbMode;
 use crate::kv::block_hash::{BlockHasher, HashAlgo};
 use crate::kv::settings::KvSettings;
-use crate::kv::testutil::{TinyTokenizer, rule, shared_dir, state};
+use crate::kv::testutil::{self, TinyTokenizer, rule, shared_dir, state};
 use crate::kv::tokenizer::TokenizerPool;
 use crate::proxy::meta::ChatMessage;
 use crate::routing::{EndpointLoad, Excluded};
@@ -110,18 +109,10 @@ impl Fx {
         self.select_ex(m, &Excluded::default())
     }
     fn stage_count(&self, stage: &str) -> f64 {
-        self.metric(&format!(
-            "loxilb_kv_routing_stage_seconds_count{{stage=\"{stage}\"}}"
-        ))
+        testutil::stage_count(&self.reg, stage)
     }
     fn metric(&self, needle: &str) -> f64 {
-        let mut out = String::new();
-        encode(&mut out, &self.reg).expect("encode");
-        out.lines()
-            .find(|l| l.starts_with(needle))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0.0)
+        testutil::metric_value(&self.reg, needle)
     }
     fn misses(&self, reason: &str) -> f64 {
         self.metric(&format!(
@@ -288,14 +279,19 @@ fn unknown_hash_algorithm_is_hashes_miss() {
     assert_eq!(f.misses("hashes"), 1.0);
 }
 
-#[tokio::test(start_paused = true)]
-async fn warmup_keeps_tier_out_until_window_after_first_connect() {
+/// Two endpoints, `kvWarmupSec` 30, law `off` and no cold seeding (overlap alone decides).
+fn fx_warmup_30s() -> Fx {
     let s = KvSettings {
         lb_mode: LbMode::Off,
         coldstart_seed_n: 0,
         ..KvSettings::default()
     };
-    let f = fx_with(s, 2, serde_json::json!({"kvWarmupSec": 30}));
+    fx_with(s, 2, serde_json::json!({"kvWarmupSec": 30}))
+}
+
+#[tokio::test(start_paused = true)]
+async fn warmup_keeps_tier_out_until_window_after_first_connect() {
+    let f = fx_warmup_30s();
     let m = meta(PROMPT);
     f.hold(0, &m, 2);
     assert_eq!(f.select(&m), None);
@@ -333,12 +329,7 @@ async fn requests_sent_during_warmup_still_predict_their_blocks() {
 
 #[tokio::test(start_paused = true)]
 async fn warmup_is_checked_on_every_attempt_of_a_request() {
-    let s = KvSettings {
-        lb_mode: LbMode::Off,
-        coldstart_seed_n: 0,
-        ..KvSettings::default()
-    };
-    let f = fx_with(s, 2, serde_json::json!({"kvWarmupSec": 30}));
+    let f = fx_warmup_30s();
     let m = meta(PROMPT);
     f.hold(1, &m, 2);
     f.svc().set_connected(0, 0, true);

@@ -59,6 +59,25 @@ pub(crate) fn state(settings: KvSettings) -> (Arc<KvState>, Registry) {
     (KvState::new(settings, m), reg)
 }
 
+/// The value of the first exposition line of `reg` starting with `series` (0 when absent).
+pub(crate) fn metric_value(reg: &Registry, series: &str) -> f64 {
+    let mut out = String::new();
+    prometheus_client::encoding::text::encode(&mut out, reg).expect("encode");
+    out.lines()
+        .find(|l| l.starts_with(series))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// `loxilb_kv_routing_stage_seconds_count` of one stage (`Tokenize`, `Hash`, `Score`).
+pub(crate) fn stage_count(reg: &Registry, stage: &str) -> f64 {
+    metric_value(
+        reg,
+        &format!("loxilb_kv_routing_stage_seconds_count{{stage=\"{stage}\"}}"),
+    )
+}
+
 /// The golden tiny model's real `tokenizer.json` for model `tiny` (completions only: encodes
 /// with special tokens unless the request says otherwise).
 pub(crate) struct TinyTokenizer(tokenizers::Tokenizer);

@@ -15,7 +15,6 @@ use hyper::service::service_fn;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use parking_lot::Mutex;
-use prometheus_client::encoding::text::encode;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
@@ -228,20 +227,12 @@ impl KvProxy {
 
     /// The value of the exposition line starting with `series` (0 when absent).
     fn metric(&self, series: &str) -> f64 {
-        let mut out = String::new();
-        encode(&mut out, &self.reg).expect("encode");
-        out.lines()
-            .find(|l| l.starts_with(series))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0.0)
+        crate::kv::testutil::metric_value(&self.reg, series)
     }
 
     /// Observations of one routing stage (`Tokenize`, `Hash`, `Score`).
     fn stage_count(&self, stage: &str) -> f64 {
-        self.metric(&format!(
-            "loxilb_kv_routing_stage_seconds_count{{stage=\"{stage}\"}}"
-        ))
+        crate::kv::testutil::stage_count(&self.reg, stage)
     }
 
     fn hits(&self, ep: EpIdx) -> f64 {
