@@ -8,3 +8,11 @@ pub mod harness;
 pub mod kv_pub;
 pub mod sim;
 pub mod workload;
+
+/// The `shared/` directory beside the checkout (golden files, spec, scripts): `$LOXI_SHARED`
+/// if set, else `<repo>/../shared`, where CI puts it.
+pub fn shared_dir() -> std::path::PathBuf {
+    std::env::var_os("LOXI_SHARED")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared"))
+}

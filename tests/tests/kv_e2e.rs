@@ -15,7 +15,6 @@
 //! the parity report confirming the events is asserted too.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -25,27 +24,22 @@ use hyper_util::rt::TokioExecutor;
 use loxi_tests::backend::Backend;
 use loxi_tests::harness::{Daemon, DaemonOpts, free_port};
 use loxi_tests::kv_pub::{Publisher, block_stored_batch};
+use loxi_tests::shared_dir;
 use loxi_user::kv::BlockKey;
 use loxi_user::kv::block_hash::{BlockHasher, HashAlgo, RequestExtras};
 use loxi_user::kv::tokenizer::{TokenizerMetrics, TokenizerPool};
 use loxi_user::proxy::meta::{ApiKind, ChatMessage, Prompt};
 use serde_json::{Value, json};
 
-fn shared() -> PathBuf {
-    std::env::var_os("LOXI_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared"))
-}
-
 fn capture() -> Value {
-    let p = shared().join("golden/vllm_kv_events_capture.json");
+    let p = shared_dir().join("golden/vllm_kv_events_capture.json");
     let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
     serde_json::from_str(&text).expect("capture json")
 }
 
 /// `<tmp>/tiny/{tokenizer.json, tokenizer_config.json}` from the golden tiny model.
 fn stage_tokenizer(dir: &std::path::Path) {
-    let src = shared().join("golden/tiny-model");
+    let src = shared_dir().join("golden/tiny-model");
     let dst = dir.join("tiny");
     std::fs::create_dir_all(&dst).expect("mkdir");
     for f in ["tokenizer.json", "tokenizer_config.json"] {

@@ -8,7 +8,6 @@
 //! The rule's `kvZmqPort` is a free port nobody publishes on: no engine event ever arrives, the
 //! only blocks are the ones loxi predicts after routing a request.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -18,6 +17,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use loxi_tests::backend::Backend;
 use loxi_tests::harness::{Daemon, DaemonOpts, free_port};
+use loxi_tests::shared_dir;
 use serde_json::{Value, json};
 
 const RR: &str = r#"loxilb_proxy_selections_total{selector="rr",reason="rr"}"#;
@@ -29,12 +29,6 @@ fn miss(reason: &str) -> String {
 
 fn hits(ep: usize) -> String {
     format!(r#"loxilb_pd_kv_tier15_hits_total{{service="1",ep_idx="{ep}"}}"#)
-}
-
-fn shared() -> PathBuf {
-    std::env::var_os("LOXI_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared"))
 }
 
 /// Value of the sample whose name and labels are exactly `series`.
@@ -176,7 +170,7 @@ impl Fleet {
 fn tokenizer_dir(models: &[(&str, &str)]) -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("tempdir");
     for (name, src) in models {
-        std::os::unix::fs::symlink(shared().join("golden").join(src), dir.path().join(name))
+        std::os::unix::fs::symlink(shared_dir().join("golden").join(src), dir.path().join(name))
             .expect("symlink");
     }
     dir
@@ -224,7 +218,7 @@ async fn scenario_9_chat_template_that_fails_to_render_is_counted_and_rr_routes_
     let raises = dir.path().join("raises");
     std::fs::create_dir(&raises).expect("mkdir");
     std::fs::copy(
-        shared().join("golden/tiny-model/tokenizer.json"),
+        shared_dir().join("golden/tiny-model/tokenizer.json"),
         raises.join("tokenizer.json"),
     )
     .expect("copy tokenizer.json");
@@ -297,7 +291,7 @@ async fn scenario_10_responses_next_turn_and_every_input_shape_route_to_the_firs
     let dir = tokenizer_dir(&[("bos-tiny", "bos-model")]);
     let f = Fleet::start(dir, &[("LOXI_KV_PREDICT_TTL_MS", "30000")]).await;
     let cap: Value = serde_json::from_str(
-        &std::fs::read_to_string(shared().join("golden/bos_kv_events_capture.json"))
+        &std::fs::read_to_string(shared_dir().join("golden/bos_kv_events_capture.json"))
             .expect("capture"),
     )
     .expect("capture json");

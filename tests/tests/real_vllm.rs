@@ -30,6 +30,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use loxi_tests::harness::{Daemon, DaemonOpts, free_port};
+use loxi_tests::shared_dir;
 use serde_json::{Value, json};
 
 /// The env switch.
@@ -44,12 +45,6 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(180);
 const EVENTS_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// `<workspace>/../shared`, or `LOXI_SHARED`.
-fn shared_dir() -> PathBuf {
-    std::env::var_os("LOXI_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared"))
-}
-
 /// The vLLM venv the shared script uses.
 fn venv_dir() -> PathBuf {
     std::env::var_os("VLLM_CPU_VENV")

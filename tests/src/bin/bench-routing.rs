@@ -12,6 +12,7 @@ use loxi_tests::bench::fleet::{FleetSpec, stage_tokenizer};
 use loxi_tests::bench::gateway::GatewaySpec;
 use loxi_tests::bench::plan::{Plan, WorkloadResult, execute};
 use loxi_tests::bench::{chart, peers, report};
+use loxi_tests::shared_dir;
 use loxi_tests::workload::multi_turn::MultiTurn;
 use loxi_tests::workload::shared_prefix::SharedPrefix;
 use loxi_tests::workload::trace::{SynthTrace, TraceReplay, read_trace, write_trace};
@@ -125,12 +126,6 @@ struct Args {
     /// Per-request timeout, real seconds.
     #[arg(long, default_value_t = 120)]
     request_timeout_s: u64,
-}
-
-fn shared_dir() -> PathBuf {
-    std::env::var_os("LOXI_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared"))
 }
 
 fn default_venv() -> PathBuf {

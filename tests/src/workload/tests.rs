@@ -9,10 +9,7 @@ use rand::rngs::StdRng;
 use std::path::PathBuf;
 
 fn tiny_model_dir() -> PathBuf {
-    let shared = std::env::var_os("LOXI_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared"));
-    shared.join("golden/tiny-model")
+    crate::shared_dir().join("golden/tiny-model")
 }
 
 fn vocab() -> Vocab {

@@ -1,16 +1,9 @@
 //! Shared helpers: locating `../shared/golden` and reading its JSON.
 
-use std::path::PathBuf;
-
 use loxi_user::proxy::meta::{ApiKind, ChatMessage, Prompt};
 use serde_json::Value;
 
-pub fn shared_dir() -> PathBuf {
-    match std::env::var_os("LOXI_SHARED") {
-        Some(p) => PathBuf::from(p),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared"),
-    }
-}
+pub use loxi_tests::shared_dir;
 
 pub fn golden(name: &str) -> Value {
     let path = shared_dir().join("golden").join(name);

@@ -5,7 +5,6 @@
 #![allow(dead_code, clippy::unwrap_used)]
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -16,14 +15,9 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 
-/// `../shared` relative to the workspace root, or `LOXI_SHARED`.
-pub fn shared_dir() -> PathBuf {
-    if let Ok(p) = std::env::var("LOXI_SHARED") {
-        return PathBuf::from(p);
-    }
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared")
-}
+pub use loxi_tests::shared_dir;
 
+/// `../shared` relative to the workspace root, or `LOXI_SHARED`.
 /// The golden live capture.
 pub fn golden_capture() -> Value {
     let p = shared_dir().join("golden/vllm_kv_events_capture.json");
