@@ -22,15 +22,16 @@ use std::sync::Arc;
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use loxi_user::kv::BlockKey;
-use loxi_user::kv::events::decode_batch;
 use loxi_user::kv::index::KvIndex;
+use loxi_user::kv::ingest::events::decode_batch;
 use loxi_user::kv::metrics::KvMetrics;
-use loxi_user::kv::select::KvRouter;
+use loxi_user::kv::route::select::KvRouter;
+use loxi_user::kv::route::select::KvTicket;
 use loxi_user::kv::settings::KvSettings;
 use loxi_user::kv::state::KvState;
 use loxi_user::kv::tokenizer::{TokenizerMetrics, TokenizerPool};
-use loxi_user::proxy::meta::{ApiKind, ChatMessage, Prompt, RequestMeta};
-use loxi_user::routing::{Candidates, EndpointLoad, Excluded, TierMemo};
+use loxi_user::request::{ApiKind, ChatMessage, Prompt, RequestMeta};
+use loxi_user::routing::{Candidates, EndpointLoad, Excluded};
 use loxi_user::rules::store::StoredRule;
 use prometheus_client::registry::Registry;
 use rmpv::Value as V;
@@ -40,11 +41,14 @@ use tokio::time::Instant;
 struct Counting;
 
 static LIVE: AtomicUsize = AtomicUsize::new(0);
+/// Counts allocation calls (`alloc` and `realloc`), for allocations per decision.
+static ALLOCS: AtomicUsize = AtomicUsize::new(0);
 
 // Forwards to the system allocator and only counts sizes.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
         LIVE.fetch_add(l.size(), Ordering::Relaxed);
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
         // SAFETY: same contract as the caller's.
         unsafe { System.alloc(l) }
     }
@@ -55,6 +59,7 @@ unsafe impl GlobalAlloc for Counting {
     }
     unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
         LIVE.fetch_add(new, Ordering::Relaxed);
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
         LIVE.fetch_sub(l.size(), Ordering::Relaxed);
         // SAFETY: same contract as the caller's.
         unsafe { System.realloc(p, l, new) }
@@ -166,7 +171,7 @@ fn ingest_report() {
         KvSettings::default(),
         KvMetrics::register(&mut Registry::default()),
     );
-    let svc = state.service(&bench_rule());
+    let svc = state.service(&bench_rule()).expect("kv rule");
     let payloads: Vec<Vec<u8>> = (0..31_250u64).map(|i| stored_payload(i * 64, 64)).collect();
     let (cpu0, wall) = (thread_cpu_secs(), StdInstant::now());
     for p in &payloads {
@@ -244,14 +249,15 @@ fn decision_report() {
         std::fs::copy(shared_dir().join("golden/tiny-model").join(f), dst.join(f))
             .expect("stage tokenizer");
     }
-    let rule: StoredRule = StoredRule {
-        id: 1,
-        rule: serde_json::from_value(serde_json::json!({
+    let rule = StoredRule::new(
+        1,
+        serde_json::from_value(serde_json::json!({
             "serviceArguments": {"externalIP": "10.0.0.1", "port": 8080, "mode": 4, "kvExactMode": 3, "kvBlockSize": 16},
             "endpoints": (0..16).map(|i| serde_json::json!({"endpointIP": format!("10.1.0.{}", i + 1), "targetPort": 8000})).collect::<Vec<_>>()
         }))
         .expect("rule"),
-    };
+    )
+    .expect("valid rule");
     let loads: Vec<Arc<EndpointLoad>> = (0..16).map(|_| EndpointLoad::new()).collect();
     let weights = vec![1u32; 16];
     let excluded = Excluded::default();
@@ -280,19 +286,19 @@ fn decision_report() {
             },
             KvMetrics::register(&mut reg),
         );
-        let svc = state.service(&rule);
+        let svc = state.service(&rule).expect("kv rule");
         for ep in 0..16u64 {
             for chunk in 0..(62_500 / 250) {
                 svc.index
                     .store(ep as usize, 0, &keys(ep * 1_000_000 + chunk * 250, 250));
             }
         }
-        let hasher = svc.hasher.clone().expect("hasher");
+        let hasher = svc.hasher.clone();
         let own = hasher.keys(&ids, 16, &Default::default());
         svc.index.store(5, 0, &own[..200.min(own.len())]);
         let router = KvRouter::new(state.clone(), pool);
         let d = router
-            .select(&rule, &meta, &cands, &mut TierMemo::default())
+            .select(&rule, &meta, &cands, &mut KvTicket::default())
             .expect("hit");
         assert_eq!(d.endpoint, Some(5));
         let n = if cache == 0 { 200 } else { 2000 };
@@ -300,7 +306,7 @@ fn decision_report() {
             .map(|_| {
                 let t = StdInstant::now();
                 // A fresh memo per call: every decision tokenizes and hashes, as a request does.
-                black_box(router.select(&rule, &meta, &cands, &mut TierMemo::default()));
+                black_box(router.select(&rule, &meta, &cands, &mut KvTicket::default()));
                 t.elapsed().as_nanos()
             })
             .collect();
@@ -309,7 +315,46 @@ fn decision_report() {
             "decision {} tokens chat, 16 eps, 1M blocks, {label}: p50 {p50:.1} µs, p99 {p99:.1} µs",
             ids.len()
         );
+        if cache > 0 {
+            let ids_meta = RequestMeta {
+                prompt: Some(Prompt::TokenIds(ids.to_vec())),
+                api: ApiKind::Completions,
+                ..meta.clone()
+            };
+            for (what, m) in [("chat, warm cache", &meta), ("token-id prompt", &ids_meta)] {
+                let per = allocs_per_decision(&router, &rule, m, &cands);
+                println!("allocations per decision (select + routed), {what}: {per:.1}");
+            }
+        }
     }
+}
+
+/// Heap allocations of one request's tier-1.5 work: `select` with a fresh ticket, then
+/// `routed` to the chosen endpoint (averaged over 1,000 requests after a warm-up).
+fn allocs_per_decision(
+    router: &KvRouter,
+    rule: &StoredRule,
+    meta: &RequestMeta,
+    cands: &Candidates<'_>,
+) -> f64 {
+    let one = || {
+        let mut ticket = KvTicket::default();
+        let d = router.select(rule, meta, cands, &mut ticket);
+        router.routed(
+            rule,
+            meta,
+            d.and_then(|d| d.endpoint).unwrap_or(0),
+            &mut ticket,
+        );
+    };
+    for _ in 0..10 {
+        one();
+    }
+    let before = ALLOCS.load(Ordering::Relaxed);
+    for _ in 0..1000 {
+        one();
+    }
+    (ALLOCS.load(Ordering::Relaxed) - before) as f64 / 1000.0
 }
 
 fn stored_payload(from: u64, n: u64) -> Vec<u8> {
@@ -340,7 +385,7 @@ fn bench_rule() -> StoredRule {
         "endpoints": [{"endpointIP": "127.0.0.1", "targetPort": 8000}]
     }))
     .expect("rule");
-    StoredRule { id: 1, rule }
+    StoredRule::new(1, rule).expect("valid rule")
 }
 
 fn benches(c: &mut Criterion) {
@@ -363,7 +408,7 @@ fn benches(c: &mut Criterion) {
         KvSettings::default(),
         KvMetrics::register(&mut Registry::default()),
     );
-    let svc = state.service(&bench_rule());
+    let svc = state.service(&bench_rule()).expect("kv rule");
     let mut n2 = 0u64;
     g.bench_function("decode_and_apply_batch_64_blocks", |b| {
         b.iter_batched(

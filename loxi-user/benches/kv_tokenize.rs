@@ -14,7 +14,7 @@ use std::path::PathBuf;
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use loxi_user::kv::tokenizer::{TokenizerMetrics, TokenizerPool};
-use loxi_user::proxy::meta::{ApiKind, ChatMessage, Prompt};
+use loxi_user::request::{ApiKind, ChatMessage, Prompt};
 
 fn shared() -> PathBuf {
     std::env::var_os("LOXI_SHARED")

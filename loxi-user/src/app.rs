@@ -9,17 +9,17 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::{self, ApiState, EndpointHealth, HealthBoard};
 use crate::config::Config;
-use crate::kv::{self, settings::KvSettings, state::KvState};
-use crate::l4::{self, L4Config, L4Metrics};
+use crate::kv::{self, state::KvState};
+use crate::l4::{self, L4Config, L4Error, L4Metrics};
 use crate::metrics::{self, ControlMetrics};
 use crate::proxy::{self, ProxyConfig, ProxyContext, ProxyMetrics};
-use crate::routing::AffinityTier;
 use crate::rules::RuleStore;
 use crate::rules::persist::PersistError;
 
@@ -40,7 +40,7 @@ pub enum AppError {
     },
     /// The L4 data path or VIP management failed (missing interface, XDP load/attach).
     #[error("L4 data path: {0}")]
-    L4(String),
+    L4(#[source] L4Error),
     /// Installing the signal handlers failed.
     #[error("installing signal handlers: {0}")]
     Signals(#[source] std::io::Error),
@@ -60,22 +60,22 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
     let proxy_metrics = ProxyMetrics::register(&mut registry);
     // Restore before any listener opens.
     let store = Arc::new(RuleStore::open(&cfg.flags.state_dir)?);
+    let mut tasks = JoinSet::new();
     let kv = kv::wiring::start(
-        KvSettings::from_env(&cfg.env),
+        cfg.env.kv_settings(),
         cfg.flags.tokenizer_dir.clone(),
         &mut registry,
         store.subscribe(),
         shutdown.clone(),
+        &mut tasks,
     );
-    let tier: Option<Arc<dyn AffinityTier>> = Some(kv.tier.clone());
     // Endpoint health for `GET .../all`: the proxy publishes every pool's loads (whose
     // `healthy` flags the probes and the breaker drive) after each reconcile.
     let board = HealthBoard::new();
     let health: Arc<dyn EndpointHealth> = board.clone();
     let l4_metrics = L4Metrics::register(&mut registry);
     let registry = Arc::new(registry);
-    let mut tasks = JoinSet::new();
-    let l4_failed = Arc::new(std::sync::OnceLock::new());
+    let l4_failed = Arc::new(Mutex::new(None));
     tasks.spawn(run_l4(
         L4Config::from(&cfg.flags.l4),
         store.subscribe(),
@@ -90,7 +90,7 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
     ));
     let ctx = ProxyContext {
         metrics: proxy_metrics,
-        tier,
+        tier: Some(kv.tier.clone()),
         config: proxy_config(&cfg),
         health: board.clone(),
     };
@@ -111,8 +111,8 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
     tasks.spawn(serve_api(listener, state, kv.state, shutdown.clone()));
     shutdown.cancelled().await;
     drain(tasks, cfg.flags.shutdown_grace()).await;
-    match l4_failed.get() {
-        Some(e) => Err(AppError::L4(e.clone())),
+    match l4_failed.lock().take() {
+        Some(e) => Err(AppError::L4(e)),
         None => Ok(()),
     }
 }
@@ -124,11 +124,11 @@ async fn run_l4(
     rules: tokio::sync::watch::Receiver<Arc<crate::rules::RuleSnapshot>>,
     metrics: L4Metrics,
     shutdown: CancellationToken,
-    failed: Arc<std::sync::OnceLock<String>>,
+    failed: Arc<Mutex<Option<L4Error>>>,
 ) {
     if let Err(e) = l4::run(cfg, rules, metrics, shutdown.clone()).await {
         tracing::error!(error = %e, "L4 data path failed; stopping");
-        let _ = failed.set(e.to_string());
+        *failed.lock() = Some(e);
         shutdown.cancel();
     }
 }

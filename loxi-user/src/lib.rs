@@ -1,7 +1,9 @@
 //! loxi userspace: control plane, fullproxy and KV-aware routing.
 //!
-//! See `../shared/DESIGN.md` for the architecture. Module map: [`rules`] (model, validation,
-//! store, persistence), [`routing`] (selectors and shared selection vocabulary), [`proxy`]
+//! See `docs/architecture.md` for the layers and what may import what. Module map:
+//! [`request`] (the request vocabulary: metadata, prompt, API kind, session key), [`rules`]
+//! (model, validation, typed spec, store, persistence), [`routing`] (selectors, the selection
+//! ladder and shared selection vocabulary), [`health`] (probes, breaker), [`proxy`]
 //! (mode-4 fullproxy), [`kv`] (KV-cache-aware tier 1.5), [`config`] (flags and environment),
 //! [`api`] (REST), [`metrics`] (registry), [`app`] (the daemon), [`cli`] (`loxicmd`),
 //! [`l4`] (the XDP data path's loader and map reconciliation), [`netlink`] (VIP addresses).
@@ -15,5 +17,6 @@ pub mod l4;
 pub mod metrics;
 pub mod netlink;
 pub mod proxy;
+pub mod request;
 pub mod routing;
 pub mod rules;

@@ -28,7 +28,7 @@ use loxi_tests::shared_dir;
 use loxi_user::kv::BlockKey;
 use loxi_user::kv::block_hash::{BlockHasher, HashAlgo, RequestExtras};
 use loxi_user::kv::tokenizer::{TokenizerMetrics, TokenizerPool};
-use loxi_user::proxy::meta::{ApiKind, ChatMessage, Prompt};
+use loxi_user::request::{ApiKind, ChatMessage, Prompt};
 use serde_json::{Value, json};
 
 fn capture() -> Value {

@@ -23,33 +23,13 @@ use axum::routing::{delete, get, post};
 use prometheus_client::registry::Registry;
 
 use crate::metrics::{self, ControlMetrics};
-use crate::routing::EpIdx;
-use crate::rules::{RuleStore, StoredRule};
+use crate::rules::RuleStore;
 
-pub use crate::health::board::HealthBoard;
+pub use crate::health::board::{AllActive, EndpointHealth, HealthBoard};
 pub use error::ApiError;
 
 /// Base path of every route.
 pub const BASE: &str = "/netlox/v1";
-
-/// Live endpoint health as `GET .../all` reports it (`state: active|inactive`).
-/// [`HealthBoard`] is the implementation the data path publishes into; [`AllActive`] reports
-/// every endpoint active.
-pub trait EndpointHealth: Send + Sync + 'static {
-    /// `Some(healthy)` for an endpoint the data path tracks; `None` when unknown (reported
-    /// `active`, as LoxiLB reports endpoints without a probe).
-    fn healthy(&self, rule: &StoredRule, ep: EpIdx) -> Option<bool>;
-}
-
-/// Every endpoint reported active (no health tracking wired).
-#[derive(Debug, Default, Clone, Copy)]
-pub struct AllActive;
-
-impl EndpointHealth for AllActive {
-    fn healthy(&self, _rule: &StoredRule, _ep: EpIdx) -> Option<bool> {
-        None
-    }
-}
 
 /// Shared state of the API handlers.
 #[derive(Clone)]

@@ -8,9 +8,11 @@
 //! with [`Env::from_lookup`] so they need not touch the process environment.
 
 use std::fmt;
+use std::time::Duration;
 
 /// Tier-1.5 selection law (`LOXILB_KV_LB_MODE`): the KV tier's own type.
-pub use crate::kv::blend::LbMode as KvLbMode;
+pub use crate::kv::route::blend::LbMode as KvLbMode;
+use crate::kv::settings::KvSettings;
 
 /// A set variable whose value was not accepted; the default was used.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -174,9 +176,24 @@ impl Env {
         }
     }
 
-    /// The effective tier-1.5 spill relief for a rule with `kv_exact_mode` (auto: on for 3).
-    pub fn spill_relief_for(&self, kv_exact_mode: u8) -> bool {
-        self.kv_spill_relief.unwrap_or(kv_exact_mode == 3)
+    /// The KV tier's knobs from this environment (the one place `Env` maps onto
+    /// [`KvSettings`]; the KV tier never reads `Env`).
+    pub fn kv_settings(&self) -> KvSettings {
+        KvSettings {
+            lb_mode: self.kv_lb_mode,
+            mean_load_factor: self.kv_mean_load_factor,
+            load_penalty: self.kv_load_penalty,
+            spill_relief: self.kv_spill_relief,
+            cap_sum_milli: self.kv_cap_sum_milli,
+            coldstart_seed_n: u64::from(self.kv_coldstart_seed_n),
+            coldstart_min_blocks: u64::from(self.kv_coldstart_min_blocks),
+            max_blocks: self.kv_max_blocks,
+            min_match_tokens: self.kv_min_match_tokens as usize,
+            none_hash_seed: self.kv_none_hash_seed.clone(),
+            hash_debug: self.kv_hash_debug,
+            predicted_ttl: Duration::from_millis(self.kv_predict_ttl_ms),
+            lora_paths: self.kv_lora_paths.clone(),
+        }
     }
 
     /// The effective admission park deadline in seconds (0 → the prefill timeout).
@@ -412,7 +429,7 @@ mod tests {
         assert_eq!(e.kv_mean_load_factor, 300);
         assert_eq!(e.kv_load_penalty, 100_000);
         assert_eq!(e.kv_spill_relief, Some(false));
-        assert!(!e.spill_relief_for(3));
+        assert!(!e.kv_settings().spill_relief_for(crate::rules::KvMode::Pool));
         assert_eq!(e.kv_cap_sum_milli, 8000);
         assert_eq!(e.kv_max_blocks, 1000);
         assert_eq!(e.kv_none_hash_seed.as_deref(), Some("0"));
@@ -497,8 +514,11 @@ mod tests {
     #[test]
     fn spill_relief_auto_follows_the_topology() {
         let e = env(&[]);
-        assert!(e.spill_relief_for(3));
-        assert!(!e.spill_relief_for(1));
+        assert!(e.kv_settings().spill_relief_for(crate::rules::KvMode::Pool));
+        assert!(
+            !e.kv_settings()
+                .spill_relief_for(crate::rules::KvMode::PdPrefill)
+        );
         let bad = env(&[("LOXILB_KV_SPILL_RELIEF", "maybe")]);
         assert_eq!(bad.kv_spill_relief, None);
         assert_eq!(bad.warnings[0].used, "auto");
@@ -531,5 +551,64 @@ mod tests {
         assert_eq!(e.kv_lb_mode, KvLbMode::Hard);
         assert_eq!(e.kv_max_blocks, 1_000_000);
         assert!(e.warnings.is_empty());
+    }
+
+    #[test]
+    fn unset_environment_maps_to_kv_setting_defaults() {
+        assert_eq!(
+            Env::from_lookup(|_| None).kv_settings(),
+            KvSettings::default()
+        );
+        let d = KvSettings::default();
+        assert_eq!(
+            (
+                d.lb_mode,
+                d.mean_load_factor,
+                d.load_penalty,
+                d.max_blocks,
+                d.min_match_tokens
+            ),
+            (KvLbMode::Hard, 175, 32, 1_000_000, 16)
+        );
+        assert!(
+            d.spill_relief_for(crate::rules::KvMode::Pool)
+                && !d.spill_relief_for(crate::rules::KvMode::PdPrefill)
+        );
+    }
+
+    #[test]
+    fn kv_settings_take_values_and_fall_back_out_of_range() {
+        let env: HashMap<&str, &str> = [
+            ("LOXILB_KV_LB_MODE", "soft"),
+            ("LOXILB_KV_MEAN_LOAD_FACTOR", "99"),
+            ("LOXILB_KV_LOAD_PENALTY", "64"),
+            ("LOXILB_KV_SPILL_RELIEF", "off"),
+            ("LLB_KV_MIN_MATCH_TOKENS", "0"),
+            ("LLB_KV_NONE_HASH_SEED", "0"),
+            ("LOXI_KV_LORA_PATHS", "sql=/a/sql, x=/b"),
+        ]
+        .into();
+        let s = Env::from_lookup(|k| env.get(k).map(|v| v.to_string())).kv_settings();
+        assert_eq!(s.lb_mode, KvLbMode::Soft);
+        assert_eq!(s.mean_load_factor, 175);
+        assert_eq!(s.load_penalty, 64);
+        assert!(!s.spill_relief_for(crate::rules::KvMode::Pool));
+        assert_eq!(s.min_match_tokens, 0);
+        assert_eq!(s.none_hash_seed.as_deref(), Some("0"));
+        assert_eq!(s.lora_paths.get("x").map(String::as_str), Some("/b"));
+    }
+
+    #[test]
+    fn unified_mode_off_means_argmax_only_when_lb_mode_unset() {
+        let s = Env::from_lookup(|k| (k == "LOXILB_KV_UNIFIED_MODE").then(|| "0".to_string()))
+            .kv_settings();
+        assert_eq!(s.lb_mode, KvLbMode::Off);
+        let s = Env::from_lookup(|k| match k {
+            "LOXILB_KV_UNIFIED_MODE" => Some("0".into()),
+            "LOXILB_KV_LB_MODE" => Some("bogus".into()),
+            _ => None,
+        })
+        .kv_settings();
+        assert_eq!(s.lb_mode, KvLbMode::Hard);
     }
 }

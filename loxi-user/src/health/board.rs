@@ -11,7 +11,6 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 
-use crate::api::EndpointHealth;
 use crate::routing::{EndpointLoad, EpIdx};
 use crate::rules::StoredRule;
 
@@ -53,6 +52,25 @@ impl HealthBoard {
     }
 }
 
+/// Live endpoint health as `GET .../all` reports it (`state: active|inactive`).
+/// [`HealthBoard`] is the implementation the data path publishes into; [`AllActive`] reports
+/// every endpoint active.
+pub trait EndpointHealth: Send + Sync + 'static {
+    /// `Some(healthy)` for an endpoint the data path tracks; `None` when unknown (reported
+    /// `active`, as LoxiLB reports endpoints without a probe).
+    fn healthy(&self, rule: &StoredRule, ep: EpIdx) -> Option<bool>;
+}
+
+/// Every endpoint reported active (no health tracking wired).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct AllActive;
+
+impl EndpointHealth for AllActive {
+    fn healthy(&self, _rule: &StoredRule, _ep: EpIdx) -> Option<bool> {
+        None
+    }
+}
+
 impl EndpointHealth for HealthBoard {
     fn healthy(&self, rule: &StoredRule, ep: EpIdx) -> Option<bool> {
         self.current
@@ -74,7 +92,7 @@ mod tests {
             "endpoints": [{"endpointIP": "10.0.1.1"}, {"endpointIP": "10.0.1.2"}]
         }))
         .expect("rule");
-        StoredRule { id, rule }
+        StoredRule::new(id, rule).expect("valid rule")
     }
 
     #[test]

@@ -8,6 +8,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
 use super::HealthCell;
 use crate::routing::EndpointLoad;
 
@@ -20,13 +23,17 @@ pub enum Outcome {
     ConnectFailed,
 }
 
-/// Breaker settings.
-#[derive(Debug, Clone, Copy)]
+/// Breaker settings, and where its half-open timers run.
+#[derive(Debug, Clone)]
 pub struct Breaker {
     /// Consecutive failures that open the breaker; 0 = disabled.
     pub threshold: u32,
     /// How long an open breaker holds the endpoint down before half-opening.
     pub cooldown: Duration,
+    /// Tracks the half-open timers (the owner waits for them at shutdown).
+    pub timers: TaskTracker,
+    /// Ends pending timers at shutdown.
+    pub stop: CancellationToken,
 }
 
 impl Breaker {
@@ -58,8 +65,12 @@ impl Breaker {
         cell.publish(load);
         let (cell, load, cooldown, threshold) =
             (cell.clone(), load.clone(), self.cooldown, self.threshold);
-        tokio::spawn(async move {
-            tokio::time::sleep(cooldown).await;
+        let stop = self.stop.clone();
+        self.timers.spawn(async move {
+            tokio::select! {
+                _ = tokio::time::sleep(cooldown) => {}
+                _ = stop.cancelled() => return,
+            }
             // Half-open: one more failure re-opens immediately.
             cell.streak.store(threshold - 1, Ordering::Relaxed);
             cell.breaker_open.store(false, Ordering::Relaxed);
@@ -78,6 +89,8 @@ mod tests {
             Breaker {
                 threshold: 3,
                 cooldown: Duration::from_secs(10),
+                timers: TaskTracker::new(),
+                stop: CancellationToken::new(),
             },
             HealthCell::new(),
             EndpointLoad::new(),

@@ -20,7 +20,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde::Serialize;
 
-use super::parity::EpParity;
+use super::ingest::parity::EpParity;
 use super::state::{KvState, ServiceKv};
 
 /// Inventory path.
@@ -95,7 +95,7 @@ pub struct ParityView {
     /// Rule id.
     #[serde(rename = "serviceId")]
     pub service_id: u32,
-    /// `kvHashAlgo` in effect (or the unknown name).
+    /// `kvHashAlgo` in effect.
     #[serde(rename = "kvHashAlgo")]
     pub hash_algo: String,
     /// `kvBlockSize`.
@@ -223,10 +223,7 @@ async fn parity(
         .into_iter()
         .map(|(ep_idx, parity)| EndpointParity { ep_idx, parity })
         .collect();
-    let hash_algo = match &svc.config.algo {
-        Ok(a) => a.to_string(),
-        Err(name) => name.clone(),
-    };
+    let hash_algo = svc.config.algo.to_string();
     let view = ParityView {
         service_id: svc.id,
         hash_algo,

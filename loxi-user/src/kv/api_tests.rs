@@ -1,7 +1,7 @@
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::*;
-use crate::kv::events::decode_batch;
+use crate::kv::ingest::events::decode_batch;
 use crate::kv::settings::KvSettings;
 use crate::kv::testutil::{rule, state, stored_batch};
 
@@ -34,7 +34,9 @@ async fn get_json(addr: std::net::SocketAddr, path: &str) -> (u16, serde_json::V
 
 fn populated() -> Arc<KvState> {
     let (st, _reg) = state(KvSettings::default());
-    let svc = st.service(&rule(4, 2, serde_json::json!({})));
+    let svc = st
+        .service(&rule(4, 2, serde_json::json!({})))
+        .expect("kv rule");
     let b = decode_batch(&stored_batch(&[11, u64::MAX], 16)).expect("decode");
     svc.apply_batch(1, 0, &b, &st.settings, &st.metrics);
     svc.set_connected(1, 0, true);

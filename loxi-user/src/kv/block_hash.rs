@@ -38,7 +38,6 @@
 //! `ciborium`'s encoding of the same value.
 
 use std::fmt;
-use std::str::FromStr;
 
 use sha2::{Digest, Sha256};
 
@@ -51,64 +50,9 @@ pub const VLLM_UNSET_SEED: &str = "vllm-none-hash";
 /// Largest digest any algorithm produces (SHA-256).
 const MAX_DIGEST: usize = 32;
 
-/// A prefix-cache hash contract (`kvHashAlgo`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum HashAlgo {
-    /// vLLM `--prefix-caching-hash-algo sha256_cbor`: SHA-256 of canonical CBOR.
-    Sha256Cbor,
-    /// vLLM `--prefix-caching-hash-algo xxhash_cbor`: XXH3-128 of canonical CBOR.
-    XxhashCbor,
-    /// SGLang page hash: SHA-256 of parent digest and u32 LE token ids.
-    Sha256Sglang,
-}
-
-impl HashAlgo {
-    /// The names accepted by [`FromStr`] and printed by [`fmt::Display`].
-    pub const NAMES: [&'static str; 3] = ["sha256_cbor", "xxhash_cbor", "sha256_sglang"];
-
-    /// The rule / CLI name (`sha256_cbor`, `xxhash_cbor`, `sha256_sglang`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            HashAlgo::Sha256Cbor => "sha256_cbor",
-            HashAlgo::XxhashCbor => "xxhash_cbor",
-            HashAlgo::Sha256Sglang => "sha256_sglang",
-        }
-    }
-
-    /// Digest length in bytes: 32 for the SHA-256 contracts, 16 for XXH3-128.
-    pub fn digest_len(self) -> usize {
-        match self {
-            HashAlgo::XxhashCbor => 16,
-            HashAlgo::Sha256Cbor | HashAlgo::Sha256Sglang => 32,
-        }
-    }
-}
-
-impl fmt::Display for HashAlgo {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// Error for an unknown `kvHashAlgo` name; names the offending value.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "kvHashAlgo: unknown hash algorithm {0:?} (expected one of sha256_cbor, xxhash_cbor, sha256_sglang)"
-)]
-pub struct UnknownHashAlgo(pub String);
-
-impl FromStr for HashAlgo {
-    type Err = UnknownHashAlgo;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "sha256_cbor" => Ok(HashAlgo::Sha256Cbor),
-            "xxhash_cbor" => Ok(HashAlgo::XxhashCbor),
-            "sha256_sglang" => Ok(HashAlgo::Sha256Sglang),
-            other => Err(UnknownHashAlgo(other.to_owned())),
-        }
-    }
-}
+/// The hash contracts (`kvHashAlgo`) are part of the typed rule spec, which validation compiles;
+/// this module computes them.
+pub use crate::rules::spec::{HashAlgo, UnknownHashAlgo};
 
 /// A full block digest: 32 bytes for SHA-256, 16 for XXH3-128 (big-endian canonical form), or
 /// empty for SGLang's "no parent". This, not the 64-bit key, is the parent of the next block.
@@ -261,27 +205,37 @@ impl BlockHasher {
         block_size: usize,
         extras: &RequestExtras,
     ) -> Vec<BlockDigest> {
-        if block_size == 0 || (self.algo == HashAlgo::Sha256Sglang && !extras.is_empty()) {
-            return Vec::new();
-        }
-        let (first, rest) = extras.per_block();
-        let mut out = Vec::with_capacity(tokens.len() / block_size);
-        let mut buf = Vec::with_capacity(48 + block_size * 5);
-        let mut parent = self.none_hash;
-        for (i, block) in tokens.chunks_exact(block_size).enumerate() {
-            let extra = if i == 0 { &first } else { &rest };
-            parent = self.hash_block_buf(&mut buf, &parent, block, extra);
-            out.push(parent);
-        }
+        let mut out = Vec::with_capacity(tokens.len() / block_size.max(1));
+        self.each_digest(tokens, block_size, extras, |d| out.push(d));
         out
     }
 
     /// The 64-bit keys of every full block of `tokens` (see [`Self::hash_prompt`]).
     pub fn keys(&self, tokens: &[u32], block_size: usize, extras: &RequestExtras) -> Vec<BlockKey> {
-        self.hash_prompt(tokens, block_size, extras)
-            .iter()
-            .map(|d| d.key(self.algo))
-            .collect()
+        let mut out = Vec::with_capacity(tokens.len() / block_size.max(1));
+        self.each_digest(tokens, block_size, extras, |d| out.push(d.key(self.algo)));
+        out
+    }
+
+    /// Calls `f` with the digest of every full block, in order (see [`Self::hash_prompt`]).
+    fn each_digest(
+        &self,
+        tokens: &[u32],
+        block_size: usize,
+        extras: &RequestExtras,
+        mut f: impl FnMut(BlockDigest),
+    ) {
+        if block_size == 0 || (self.algo == HashAlgo::Sha256Sglang && !extras.is_empty()) {
+            return;
+        }
+        let (first, rest) = extras.per_block();
+        let mut buf = Vec::with_capacity(48 + block_size * 5);
+        let mut parent = self.none_hash;
+        for (i, block) in tokens.chunks_exact(block_size).enumerate() {
+            let extra = if i == 0 { &first } else { &rest };
+            parent = self.hash_block_buf(&mut buf, &parent, block, extra);
+            f(parent);
+        }
     }
 
     /// [`Self::hash_block`] for token ids wider than u32, as KV events may carry them (vLLM

@@ -201,11 +201,23 @@ pub struct KvIndex {
     slots: Mutex<HashMap<u32, SlotState>>,
     max_blocks: u64,
     evictions: AtomicU64,
-    last_sweep: Mutex<Option<Instant>>,
+    /// Confirmed blocks per endpoint (all ranks), kept by the writers under `slots` so that
+    /// request-time reads ([`Self::blocks`]) take no mutex.
+    ep_blocks: RwLock<Vec<AtomicU64>>,
 }
 
-/// Minimum interval between two predicted-block sweeps ([`KvIndex::maybe_sweep_predicted`]).
+/// Interval of the background predicted-block sweep (`kv::wiring`): expired predictions never
+/// score, the sweep only frees their memory.
 pub const SWEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Reusable buffers of [`KvIndex::score_with`].
+#[derive(Debug, Default)]
+pub struct ScoreScratch {
+    alive: Vec<u32>,
+    here: Vec<u32>,
+    predicted: Vec<EpIdx>,
+    best: Vec<(EpIdx, usize)>,
+}
 
 impl KvIndex {
     /// An empty index whose streams hold at most `max_blocks` keys each (`LOXILB_KV_MAX_BLOCKS`).
@@ -216,7 +228,7 @@ impl KvIndex {
             slots: Mutex::new(HashMap::new()),
             max_blocks: max_blocks.max(1),
             evictions: AtomicU64::new(0),
-            last_sweep: Mutex::new(None),
+            ep_blocks: RwLock::new(Vec::new()),
         }
     }
 
@@ -241,6 +253,7 @@ impl KvIndex {
             }
         }
         out.evicted = self.enforce_cap(s, st);
+        self.count(ep, out.added as i64 - out.evicted as i64);
         out
     }
 
@@ -272,6 +285,7 @@ impl KvIndex {
         if st.fifo.len() as u64 > 2 * st.held + 1024 {
             self.compact(s, st);
         }
+        self.count(ep, -(dropped as i64));
         dropped
     }
 
@@ -299,6 +313,7 @@ impl KvIndex {
         let s = slot(ep, rank.min(MAX_RANK));
         let mut slots = self.slots.lock();
         if let Some(st) = slots.remove(&s) {
+            self.count(ep, -(st.held as i64));
             for k in st.fifo {
                 self.shard(k).write().sub(k, s, u32::MAX);
             }
@@ -337,19 +352,6 @@ impl KvIndex {
         }
     }
 
-    /// [`Self::sweep_predicted`] at most once per [`SWEEP_INTERVAL`] (the request path calls
-    /// this; expired predictions never score, the sweep only frees their memory).
-    pub fn maybe_sweep_predicted(&self, now: Instant) {
-        {
-            let mut last = self.last_sweep.lock();
-            if last.is_some_and(|t| now < t + SWEEP_INTERVAL) {
-                return;
-            }
-            *last = Some(now);
-        }
-        self.sweep_predicted(now);
-    }
-
     /// Removes predictions that expired at or before `now`.
     pub fn sweep_predicted(&self, now: Instant) {
         for sh in self.shards.iter() {
@@ -364,31 +366,48 @@ impl KvIndex {
     /// contiguous cached prefix), predictions that have not expired at `now` included.
     /// Endpoints with 0 are omitted; the result is sorted by endpoint index.
     pub fn score(&self, keys: &[BlockKey], now: Instant) -> Vec<(EpIdx, usize)> {
-        let mut alive: Vec<u32> = Vec::new();
-        let mut best: Vec<(EpIdx, usize)> = Vec::new();
-        let (mut here, mut predicted) = (Vec::new(), Vec::new());
+        self.score_with(keys, now, &mut ScoreScratch::default())
+            .to_vec()
+    }
+
+    /// [`Self::score`] into `scratch`'s buffers: no allocation once they have grown to the
+    /// request's holder count. Takes one shard read lock per request block.
+    pub fn score_with<'s>(
+        &self,
+        keys: &[BlockKey],
+        now: Instant,
+        scratch: &'s mut ScoreScratch,
+    ) -> &'s [(EpIdx, usize)] {
+        let ScoreScratch {
+            alive,
+            here,
+            predicted,
+            best,
+        } = scratch;
+        alive.clear();
+        best.clear();
         for (i, k) in keys.iter().enumerate() {
-            self.holders_at(k.0, now, &mut here, &mut predicted);
+            self.holders_at(k.0, now, here, predicted);
             if i == 0 {
-                alive = here.clone();
+                alive.extend_from_slice(here);
                 alive.extend(predicted.iter().map(|&ep| slot(ep, PREDICTED_RANK)));
             } else {
                 // A stream continues through a block it holds or its endpoint is predicted to
                 // hold (a request just routed there computes it); the predicted stream
                 // continues through a block any stream of its endpoint holds.
-                let (keep, dropped): (Vec<u32>, Vec<u32>) = alive.iter().partition(|&&s| {
+                alive.retain(|&s| {
                     let ep = slot_ep(s);
                     let held = |ep: EpIdx| here.iter().any(|&h| slot_ep(h) == ep);
-                    if s & 0xF == PREDICTED_RANK {
+                    let go_on = if s & 0xF == PREDICTED_RANK {
                         predicted.contains(&ep) || held(ep)
                     } else {
                         here.contains(&s) || predicted.contains(&ep)
+                    };
+                    if !go_on {
+                        record(best, ep, i);
                     }
+                    go_on
                 });
-                dropped
-                    .iter()
-                    .for_each(|&s| record(&mut best, slot_ep(s), i));
-                alive = keep;
             }
             if alive.is_empty() {
                 break;
@@ -396,7 +415,7 @@ impl KvIndex {
         }
         alive
             .iter()
-            .for_each(|&s| record(&mut best, slot_ep(s), keys.len()));
+            .for_each(|&s| record(best, slot_ep(s), keys.len()));
         best.sort_unstable();
         best
     }
@@ -453,13 +472,38 @@ impl KvIndex {
         found
     }
 
-    /// Confirmed keys held by `ep`, summed over its ranks.
+    /// Confirmed keys held by `ep`, summed over its ranks. Lock-light: one read lock on the
+    /// per-endpoint counters (written only when an endpoint is first seen).
     pub fn blocks(&self, ep: EpIdx) -> u64 {
-        let slots = self.slots.lock();
-        (0..=MAX_RANK)
-            .filter_map(|r| slots.get(&slot(ep, r)))
-            .map(|st| st.held)
-            .sum()
+        self.ep_blocks
+            .read()
+            .get(ep)
+            .map_or(0, |n| n.load(Ordering::Relaxed))
+    }
+
+    /// Moves `ep`'s block count by `delta` (called with `slots` held, so writers are serial).
+    fn count(&self, ep: EpIdx, delta: i64) {
+        if delta == 0 {
+            return;
+        }
+        if self.ep_blocks.read().len() <= ep {
+            let mut w = self.ep_blocks.write();
+            while w.len() <= ep {
+                w.push(AtomicU64::new(0));
+            }
+        }
+        let counts = self.ep_blocks.read();
+        let n = &counts[ep];
+        if delta > 0 {
+            n.fetch_add(delta.unsigned_abs(), Ordering::Relaxed);
+        } else {
+            n.fetch_sub(delta.unsigned_abs(), Ordering::Relaxed);
+        }
+    }
+
+    /// Number of keys with a live or expired (not yet swept) prediction.
+    pub fn predicted_len(&self) -> usize {
+        self.shards.iter().map(|s| s.read().predicted.len()).sum()
     }
 
     /// Keys evicted by the cap since creation (`loxilb_kv_inv_cap_evictions_total`).

@@ -151,7 +151,7 @@ fn empty_request_scores_nothing() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn request_path_sweeps_expired_predictions_at_most_once_per_interval() {
+async fn sweep_frees_expired_predictions_and_keeps_live_ones() {
     let ix = KvIndex::new(1000);
     let live = |ix: &KvIndex| {
         ix.shards
@@ -160,19 +160,13 @@ async fn request_path_sweeps_expired_predictions_at_most_once_per_interval() {
             .sum::<usize>()
     };
     ix.predict(0, &keys(&[1]), Instant::now() + Duration::from_millis(100));
+    ix.predict(1, &keys(&[2]), Instant::now() + Duration::from_millis(300));
     tokio::time::advance(Duration::from_millis(200)).await;
-    ix.maybe_sweep_predicted(Instant::now());
-    assert_eq!(live(&ix), 0);
-    ix.predict(0, &keys(&[2]), Instant::now() + Duration::from_millis(100));
+    ix.sweep_predicted(Instant::now());
+    assert_eq!(live(&ix), 1, "block 2's prediction has not expired");
+    assert_eq!(ix.score(&keys(&[2]), Instant::now()), vec![(1, 1)]);
     tokio::time::advance(Duration::from_millis(200)).await;
-    ix.maybe_sweep_predicted(Instant::now());
-    assert_eq!(
-        live(&ix),
-        1,
-        "second sweep within SWEEP_INTERVAL is skipped"
-    );
-    tokio::time::advance(SWEEP_INTERVAL).await;
-    ix.maybe_sweep_predicted(Instant::now());
+    ix.sweep_predicted(Instant::now());
     assert_eq!(live(&ix), 0);
 }
 

@@ -5,6 +5,8 @@
 //! `service` is the rule's stable id; `ep_idx` / `ep` the endpoint index in the rule (for a DP
 //! rank r > 0 the subscriber label `ep` is `<idx>.r<r>`).
 
+use std::sync::OnceLock;
+
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -12,7 +14,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use super::select::MissReason;
+use super::route::miss::MissReason;
 
 /// `{service, ep_idx}`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -281,6 +283,88 @@ impl KvMetrics {
                 self.connected.remove(&e);
                 self.parity_ok.remove(&e);
             }
+        }
+    }
+}
+
+/// The request-path series of one service, resolved once when its KV state is created (like
+/// the proxy's pool metrics), so that a hit or a miss is one atomic add with no label built.
+/// Hit and stage series appear on first use (as before), then stay resolved.
+pub struct RouteMetrics {
+    family: KvMetrics,
+    service: String,
+    hits: Vec<OnceLock<Counter>>,
+    misses: Vec<Counter>,
+    fallthrough: Counter,
+    /// `loxilb_pd_kv_tier15_spills_total{service}`.
+    pub spills: Counter,
+    /// `loxilb_pd_kv_tier15_cold_seeds_total{service}`.
+    pub cold_seeds: Counter,
+    stages: [OnceLock<Histogram>; 3],
+}
+
+impl RouteMetrics {
+    /// Counts one hit on `ep` (an index beyond the rule's endpoints is not counted).
+    pub fn hit(&self, ep: usize) {
+        let Some(cell) = self.hits.get(ep) else {
+            return;
+        };
+        cell.get_or_init(|| {
+            let labels = EpIdxLabels {
+                service: self.service.clone(),
+                ep_idx: ep.to_string(),
+            };
+            self.family.hits.get_or_create(&labels).clone()
+        })
+        .inc();
+    }
+
+    /// Counts one miss of `reason` and the fallthrough it causes.
+    pub fn miss(&self, reason: MissReason) {
+        self.misses[reason as usize].inc();
+        self.fallthrough.inc();
+    }
+
+    /// Observes one stage's latency in seconds.
+    pub fn stage(&self, stage: Stage, seconds: f64) {
+        let i = match stage {
+            Stage::Tokenize => 0,
+            Stage::Hash => 1,
+            Stage::Score => 2,
+        };
+        self.stages[i]
+            .get_or_init(|| {
+                let labels = StageLabels { stage };
+                self.family.stage_seconds.get_or_create(&labels).clone()
+            })
+            .observe(seconds);
+    }
+}
+
+impl KvMetrics {
+    /// The request-path handles of `service` with `endpoints` endpoints.
+    pub fn route(&self, service: &str, endpoints: usize) -> RouteMetrics {
+        let s = ServiceLabels {
+            service: service.into(),
+        };
+        RouteMetrics {
+            family: self.clone(),
+            service: service.into(),
+            hits: (0..endpoints).map(|_| OnceLock::new()).collect(),
+            misses: MissReason::ALL
+                .iter()
+                .map(|r| {
+                    let labels = ReasonLabels {
+                        service: service.into(),
+                        reason: r.as_str().into(),
+                    };
+                    self.misses.get_or_create(&labels).clone()
+                })
+                .collect(),
+            fallthrough: self.fallthrough.get_or_create(&s).clone(),
+            spills: self.spills.get_or_create(&s).clone(),
+            cold_seeds: self.cold_seeds.get_or_create(&s).clone(),
+            stages: Default::default(),
         }
     }
 }

@@ -5,19 +5,13 @@
 //! See `README.md` in this folder for the data structures, event semantics and complexity.
 
 pub mod api;
-pub mod apply;
-pub mod blend;
 pub mod block_hash;
-pub mod events;
 pub mod index;
-pub mod manager;
+pub mod ingest;
 pub mod metrics;
-pub mod parity;
-pub mod replay;
-pub mod select;
+pub mod route;
 pub mod settings;
 pub mod state;
-pub mod subscriber;
 #[cfg(test)]
 pub(crate) mod testutil;
 pub mod tokenizer;

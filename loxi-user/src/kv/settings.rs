@@ -1,11 +1,12 @@
 //! Process-wide knobs of the KV tier (`LOXILB_KV_*`, `LLB_KV_*`), with the spec's defaults
 //! (`../shared/spec/configuration-and-tuning.txt`). The daemon reads the environment once at
-//! start (`config::env::Env`, the one parser of these variables); `KvSettings::from_env` maps it.
+//! start (`config::env::Env`, the one parser of these variables); `Env::kv_settings` maps it.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
-use super::blend::LbMode;
+use super::route::blend::LbMode;
+use crate::rules::KvMode;
 
 /// Every KV knob. `Default` gives the documented defaults.
 #[derive(Debug, Clone, PartialEq)]
@@ -62,9 +63,9 @@ impl Default for KvSettings {
 }
 
 impl KvSettings {
-    /// Spill relief for a rule of `kv_exact_mode` (auto = on for mode 3).
-    pub fn spill_relief_for(&self, kv_exact_mode: u8) -> bool {
-        self.spill_relief.unwrap_or(kv_exact_mode == 3)
+    /// Spill relief for a rule of `mode` (auto = on for the role-less pool, kvExactMode 3).
+    pub fn spill_relief_for(&self, mode: KvMode) -> bool {
+        self.spill_relief.unwrap_or(mode == KvMode::Pool)
     }
 }
 
@@ -81,11 +82,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn unset_environment_gives_spec_defaults() {
-        assert_eq!(
-            KvSettings::from_env(&crate::config::Env::from_lookup(|_| None)),
-            KvSettings::default()
-        );
+    fn defaults_are_the_spec_values_and_relief_is_auto_for_the_pool() {
         let d = KvSettings::default();
         assert_eq!(
             (
@@ -97,44 +94,12 @@ mod tests {
             ),
             (LbMode::Hard, 175, 32, 1_000_000, 16)
         );
-        assert!(d.spill_relief_for(3) && !d.spill_relief_for(1));
-    }
-
-    #[test]
-    fn values_parse_and_out_of_range_falls_back_to_default() {
-        let env: HashMap<&str, &str> = [
-            ("LOXILB_KV_LB_MODE", "soft"),
-            ("LOXILB_KV_MEAN_LOAD_FACTOR", "99"),
-            ("LOXILB_KV_LOAD_PENALTY", "64"),
-            ("LOXILB_KV_SPILL_RELIEF", "off"),
-            ("LLB_KV_MIN_MATCH_TOKENS", "0"),
-            ("LLB_KV_NONE_HASH_SEED", "0"),
-            ("LOXI_KV_LORA_PATHS", "sql=/a/sql, x=/b"),
-        ]
-        .into();
-        let s = KvSettings::from_env(&crate::config::Env::from_lookup(|k| {
-            env.get(k).map(|v| v.to_string())
-        }));
-        assert_eq!(s.lb_mode, LbMode::Soft);
-        assert_eq!(s.mean_load_factor, 175);
-        assert_eq!(s.load_penalty, 64);
-        assert!(!s.spill_relief_for(3));
-        assert_eq!(s.min_match_tokens, 0);
-        assert_eq!(s.none_hash_seed.as_deref(), Some("0"));
-        assert_eq!(s.lora_paths.get("x").map(String::as_str), Some("/b"));
-    }
-
-    #[test]
-    fn unified_mode_off_means_argmax_only_when_lb_mode_unset() {
-        let s = KvSettings::from_env(&crate::config::Env::from_lookup(|k| {
-            (k == "LOXILB_KV_UNIFIED_MODE").then(|| "0".to_string())
-        }));
-        assert_eq!(s.lb_mode, LbMode::Off);
-        let s = KvSettings::from_env(&crate::config::Env::from_lookup(|k| match k {
-            "LOXILB_KV_UNIFIED_MODE" => Some("0".into()),
-            "LOXILB_KV_LB_MODE" => Some("bogus".into()),
-            _ => None,
-        }));
-        assert_eq!(s.lb_mode, LbMode::Hard);
+        assert!(d.spill_relief_for(KvMode::Pool) && !d.spill_relief_for(KvMode::PdPrefill));
+        assert_eq!(
+            parse_lora_paths("sql=/a/sql, x=/b,junk")
+                .get("x")
+                .map(String::as_str),
+            Some("/b")
+        );
     }
 }

@@ -3,80 +3,23 @@
 //! and the REST API share.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
-use std::time::Duration;
+use std::sync::{Arc, OnceLock};
 
 use parking_lot::{Mutex, RwLock};
 use tokio::time::Instant;
 
-use super::block_hash::{BlockHasher, HashAlgo};
+use super::block_hash::BlockHasher;
 use super::index::KvIndex;
-use super::metrics::KvMetrics;
-use super::parity::ParityBook;
+use super::ingest::parity::ParityBook;
+use super::metrics::{KvMetrics, RouteMetrics};
 use super::settings::KvSettings;
 use crate::routing::EpIdx;
-use crate::rules::model::LbRule;
+use crate::rules::KvSpec;
 use crate::rules::store::StoredRule;
 
-/// The KV contract of one rule, derived from its fields.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ServiceKvConfig {
-    /// `kvExactMode` (0 off, 1 P/D prefill, 3 single pool).
-    pub mode: u8,
-    /// `kvHashAlgo`, or derived from `kvEngineType`; `Err(name)` when unknown.
-    pub algo: Result<HashAlgo, String>,
-    /// `kvBlockSize`.
-    pub block_size: u32,
-    /// `kvWarmupSec`.
-    pub warmup: Duration,
-    /// `kvZmqPort`.
-    pub zmq_port: u16,
-    /// `kvReplayPort` (0 = none).
-    pub replay_port: u16,
-    /// `kvDpRankCount`.
-    pub dp_ranks: u32,
-    /// `(endpointIP, subscribed?)` per endpoint, in rule order.
-    pub endpoints: Vec<(String, bool)>,
-}
-
-impl ServiceKvConfig {
-    /// Reads the KV fields of `rule`. Mode 3 subscribes every endpoint, mode 1 the prefill ones
-    /// (`ep_role: 1`).
-    pub fn of(rule: &LbRule) -> Self {
-        let s = &rule.service;
-        let algo_name = if s.kv_hash_algo.is_empty() {
-            match s.kv_engine_type.as_str() {
-                "sglang" => "sha256_sglang",
-                _ => "sha256_cbor",
-            }
-        } else {
-            s.kv_hash_algo.as_str()
-        };
-        let endpoints = rule
-            .endpoints
-            .iter()
-            .map(|e| {
-                (
-                    e.endpoint_ip.clone(),
-                    s.kv_exact_mode == 3 || (s.kv_exact_mode == 1 && e.ep_role == 1),
-                )
-            })
-            .collect();
-        Self {
-            mode: s.kv_exact_mode,
-            algo: algo_name
-                .parse::<HashAlgo>()
-                .map_err(|_| algo_name.to_owned()),
-            block_size: s.kv_block_size,
-            warmup: Duration::from_secs(u64::from(s.kv_warmup_sec)),
-            zmq_port: s.kv_zmq_port,
-            replay_port: s.kv_replay_port,
-            dp_ranks: u32::from(s.kv_dp_rank_count.max(1)),
-            endpoints,
-        }
-    }
-}
+/// The KV contract of one rule: its compiled [`KvSpec`] (validation decided every default).
+pub type ServiceKvConfig = KvSpec;
 
 /// Live status of one (endpoint, rank) event stream.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -91,14 +34,19 @@ pub struct StreamStatus {
 pub struct ServiceKv {
     /// Rule id (`service` label, `service_id` in the API).
     pub id: u32,
-    /// Contract derived from the rule.
+    /// The rule's compiled KV contract.
     pub config: ServiceKvConfig,
+    /// The `service` label (the id as text, made once).
+    pub label: String,
     /// The block index.
     pub index: KvIndex,
-    /// Hasher for the rule's contract (`None` when the algorithm is unknown).
-    pub hasher: Option<BlockHasher>,
-    /// When the first subscriber of this service connected (warmup start).
-    pub warm_start: Mutex<Option<Instant>>,
+    /// Hasher for the rule's contract.
+    pub hasher: BlockHasher,
+    /// Request-path metric handles of this service (resolved once, at creation).
+    pub route: RouteMetrics,
+    /// When the first subscriber of this service connected (warmup start); set once, read
+    /// without a lock on every request.
+    pub warm_start: OnceLock<Instant>,
     /// Tier 1.5 hits so far (drives cold-start seeding).
     pub hits: AtomicU64,
     /// Status per (endpoint, rank).
@@ -108,36 +56,34 @@ pub struct ServiceKv {
 }
 
 impl ServiceKv {
-    /// Fresh state for `rule`.
-    pub fn new(rule: &StoredRule, settings: &KvSettings) -> Self {
-        let config = ServiceKvConfig::of(&rule.rule);
-        let hasher = config
-            .algo
-            .as_ref()
-            .ok()
-            .map(|a| BlockHasher::new(*a, settings.none_hash_seed.as_deref()));
+    /// Fresh state for service `id` with contract `config`; resolves its metric handles.
+    pub fn new(id: u32, config: &KvSpec, settings: &KvSettings, metrics: &KvMetrics) -> Self {
+        let label = id.to_string();
+        metrics.init_service(&label);
         Self {
-            id: rule.id,
+            id,
+            route: metrics.route(&label, config.endpoints.len()),
+            label,
             index: KvIndex::new(settings.max_blocks),
-            hasher,
-            warm_start: Mutex::new(None),
+            hasher: BlockHasher::new(config.algo, settings.none_hash_seed.as_deref()),
+            warm_start: OnceLock::new(),
             hits: AtomicU64::new(0),
             streams: Mutex::new(HashMap::new()),
             parity: Mutex::new(ParityBook::default()),
-            config,
+            config: config.clone(),
         }
     }
 
     /// The `service` label.
     pub fn label(&self) -> String {
-        self.id.to_string()
+        self.label.clone()
     }
 
     /// Records a subscriber connect/disconnect; the first connect starts the warmup window.
     pub fn set_connected(&self, ep: EpIdx, rank: u32, up: bool) {
         self.streams.lock().entry((ep, rank)).or_default().connected = up;
         if up {
-            self.warm_start.lock().get_or_insert_with(Instant::now);
+            self.warm_start.get_or_init(Instant::now);
         }
     }
 
@@ -147,9 +93,9 @@ impl ServiceKv {
         if self.config.warmup.is_zero() {
             return false;
         }
-        match *self.warm_start.lock() {
+        match self.warm_start.get() {
             None => true,
-            Some(start) => now < start + self.config.warmup,
+            Some(start) => now < *start + self.config.warmup,
         }
     }
 }
@@ -173,24 +119,29 @@ impl KvState {
         })
     }
 
-    /// The service's state, created when missing or when the rule's KV contract changed.
-    pub fn service(&self, rule: &StoredRule) -> Arc<ServiceKv> {
-        let cfg = ServiceKvConfig::of(&rule.rule);
+    /// The state of `rule`'s service, created when missing or when its KV contract changed;
+    /// `None` when the rule has tier 1.5 off.
+    pub fn service(&self, rule: &StoredRule) -> Option<Arc<ServiceKv>> {
+        let cfg = rule.spec.kv.as_ref()?;
         if let Some(s) = self.services.read().get(&rule.id)
-            && s.config == cfg
+            && s.config == *cfg
         {
-            return s.clone();
+            return Some(s.clone());
         }
         let mut map = self.services.write();
-        match map.get(&rule.id) {
-            Some(s) if s.config == cfg => s.clone(),
+        Some(match map.get(&rule.id) {
+            Some(s) if s.config == *cfg => s.clone(),
             _ => {
-                let s = Arc::new(ServiceKv::new(rule, &self.settings));
-                self.metrics.init_service(&s.label());
+                let s = Arc::new(ServiceKv::new(rule.id, cfg, &self.settings, &self.metrics));
                 map.insert(rule.id, s.clone());
                 s
             }
-        }
+        })
+    }
+
+    /// Every service's state (for the background prediction sweep).
+    pub fn all(&self) -> Vec<Arc<ServiceKv>> {
+        self.services.read().values().cloned().collect()
     }
 
     /// The service's state if it exists.

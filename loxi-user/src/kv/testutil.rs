@@ -28,13 +28,14 @@ use std::sync::Arc;
 use prometheus_client::registry::Registry;
 
 use super::metrics::KvMetrics;
-use super::select::PromptTokenizer;
+use super::route::select::PromptTokenizer;
 use super::settings::KvSettings;
 use super::state::KvState;
-use crate::proxy::meta::{ApiKind, Prompt};
+use crate::request::{ApiKind, Prompt};
 use crate::rules::store::StoredRule;
 
-/// A rule with `n` endpoints `127.0.0.1:800<i>` and the given `serviceArguments` overrides.
+/// A validated rule with `n` endpoints `127.0.0.1:800<i>` and the given `serviceArguments`
+/// overrides.
 pub(crate) fn rule(id: u32, n: usize, extra: serde_json::Value) -> StoredRule {
     let mut svc = serde_json::json!({
         "externalIP": "10.0.0.1", "port": 8080, "mode": 4, "sel": 0,
@@ -43,13 +44,21 @@ pub(crate) fn rule(id: u32, n: usize, extra: serde_json::Value) -> StoredRule {
     if let (Some(s), Some(e)) = (svc.as_object_mut(), extra.as_object()) {
         s.extend(e.clone());
     }
+    // `"ep_roles": [..]` in `extra` sets the endpoints' `ep_role` (P/D rules).
+    let roles = svc
+        .as_object_mut()
+        .and_then(|s| s.remove("ep_roles"))
+        .unwrap_or_default();
     let eps: Vec<serde_json::Value> = (0..n)
-        .map(|i| serde_json::json!({"endpointIP": "127.0.0.1", "targetPort": 8000 + i}))
+        .map(|i| {
+            let role = roles.get(i).and_then(|r| r.as_u64()).unwrap_or(0);
+            serde_json::json!({"endpointIP": "127.0.0.1", "targetPort": 8000 + i, "ep_role": role})
+        })
         .collect();
     let rule =
         serde_json::from_value(serde_json::json!({"serviceArguments": svc, "endpoints": eps}))
             .unwrap_or_else(|e| panic!("test rule: {e}"));
-    StoredRule { id, rule }
+    StoredRule::new(id, rule).unwrap_or_else(|e| panic!("test rule: {e}"))
 }
 
 /// Fresh KV state with its own registry.

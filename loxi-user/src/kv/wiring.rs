@@ -1,79 +1,67 @@
-//! How the daemon starts tier 1.5: settings from the process environment, the tokenizer pool,
-//! the shared KV state, the subscriber manager following rule snapshots, the REST views, and the
-//! [`AffinityTier`] the proxy calls.
+//! How the daemon starts tier 1.5: the tokenizer pool, the shared KV state, the subscriber
+//! manager following rule snapshots, the predicted-block sweep, and the [`AffinityTier`] the
+//! proxy calls. (The KV knobs come from `config::Env::kv_settings`; this layer never reads the
+//! environment.)
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use prometheus_client::registry::Registry;
 use tokio::sync::watch;
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::manager::KvManager;
+use super::index::SWEEP_INTERVAL;
+use super::ingest::manager::KvManager;
+use super::ingest::subscriber::StreamTiming;
 use super::metrics::KvMetrics;
-use super::select::KvRouter;
+use super::route::select::{KvRouter, KvTicket};
 use super::settings::KvSettings;
 use super::state::KvState;
-use super::subscriber::StreamTiming;
 use super::tokenizer::{TokenizerMetrics, TokenizerPool};
-use crate::config::env::Env;
-use crate::proxy::meta::RequestMeta;
-use crate::routing::{AffinityTier, Candidates, Decision, EpIdx, TierMemo};
+use crate::request::RequestMeta;
+use crate::routing::{AffinityTier, Candidates, Decision, EpIdx};
 use crate::rules::{RuleSnapshot, StoredRule};
 
 impl AffinityTier for KvRouter {
+    type Ticket = KvTicket;
+
     fn select(
         &self,
         rule: &StoredRule,
         meta: &RequestMeta,
         cands: &Candidates<'_>,
-        memo: &mut TierMemo,
+        ticket: &mut KvTicket,
     ) -> Option<Decision> {
-        KvRouter::select(self, rule, meta, cands, memo)
+        KvRouter::select(self, rule, meta, cands, ticket)
     }
-    fn routed(&self, rule: &StoredRule, meta: &RequestMeta, ep: EpIdx, memo: &TierMemo) {
-        KvRouter::routed(self, rule, meta, ep, memo)
+    fn routed(&self, rule: &StoredRule, meta: &RequestMeta, ep: EpIdx, ticket: &mut KvTicket) {
+        KvRouter::routed(self, rule, meta, ep, ticket)
     }
 }
 
-impl KvSettings {
-    /// The KV knobs of the environment the daemon read once at start.
-    pub fn from_env(env: &Env) -> Self {
-        Self {
-            lb_mode: env.kv_lb_mode,
-            mean_load_factor: env.kv_mean_load_factor,
-            load_penalty: env.kv_load_penalty,
-            spill_relief: env.kv_spill_relief,
-            cap_sum_milli: env.kv_cap_sum_milli,
-            coldstart_seed_n: u64::from(env.kv_coldstart_seed_n),
-            coldstart_min_blocks: u64::from(env.kv_coldstart_min_blocks),
-            max_blocks: env.kv_max_blocks,
-            min_match_tokens: env.kv_min_match_tokens as usize,
-            none_hash_seed: env.kv_none_hash_seed.clone(),
-            hash_debug: env.kv_hash_debug,
-            predicted_ttl: Duration::from_millis(env.kv_predict_ttl_ms),
-            lora_paths: env.kv_lora_paths.clone(),
-        }
-    }
-}
+/// Tier 1.5 as the proxy holds it: any [`AffinityTier`] whose per-request ticket is the KV
+/// tier's (the real [`KvRouter`], or a test double).
+pub type KvTier = dyn AffinityTier<Ticket = KvTicket>;
 
 /// The running tier: what the proxy calls and what the API serves.
 pub struct KvRuntime {
     /// Tier 1.5 for the proxy.
-    pub tier: Arc<dyn AffinityTier>,
+    pub tier: Arc<KvTier>,
     /// Shared state (inventory, parity) for the REST views.
     pub state: Arc<KvState>,
 }
 
 /// Registers the KV metric families, builds the tokenizer pool over `tokenizer_dir`, and spawns
-/// the subscriber manager, which follows `rules` until `shutdown`.
+/// into `tasks` the subscriber manager, which follows `rules` until `shutdown`, and the
+/// predicted-block sweep.
 pub fn start(
     settings: KvSettings,
     tokenizer_dir: PathBuf,
     registry: &mut Registry,
     rules: watch::Receiver<Arc<RuleSnapshot>>,
     shutdown: CancellationToken,
+    tasks: &mut JoinSet<()>,
 ) -> KvRuntime {
     let metrics = KvMetrics::register(registry);
     let tok_metrics = TokenizerMetrics::register(registry);
@@ -81,9 +69,56 @@ pub fn start(
     let pool = Arc::new(TokenizerPool::new(tokenizer_dir, tok_metrics));
     let router = Arc::new(KvRouter::new(state.clone(), pool));
     let manager = KvManager::new(state.clone(), StreamTiming::default());
-    tokio::spawn(manager.run(rules, shutdown));
+    tasks.spawn(manager.run(rules, shutdown.clone()));
+    tasks.spawn(sweep_predictions(state.clone(), shutdown));
     KvRuntime {
         tier: router,
         state,
+    }
+}
+
+/// Frees the expired predicted blocks of every service once per [`SWEEP_INTERVAL`] until
+/// `shutdown` (off the request path: a sweep takes each shard's write lock in turn; expired
+/// predictions never score, so the sweep only bounds their memory).
+pub async fn sweep_predictions(state: Arc<KvState>, shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(SWEEP_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let now = tokio::time::Instant::now();
+        for svc in state.all() {
+            svc.index.sweep_predicted(now);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::kv::BlockKey;
+    use crate::kv::testutil::{rule, state};
+
+    #[tokio::test(start_paused = true)]
+    async fn background_sweep_frees_expired_predictions() {
+        let (st, _reg) = state(KvSettings::default());
+        let svc = st
+            .service(&rule(1, 2, serde_json::json!({})))
+            .expect("kv rule");
+        let now = tokio::time::Instant::now();
+        svc.index
+            .predict(1, &[BlockKey(7)], now + Duration::from_millis(1500));
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(sweep_predictions(st.clone(), stop.clone()));
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        assert_eq!(svc.index.predicted_len(), 1, "not expired at the 1 s sweep");
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        assert_eq!(svc.index.predicted_len(), 0, "freed by the 2 s sweep");
+        stop.cancel();
+        task.await.expect("sweep task ends on shutdown");
     }
 }

@@ -1,6 +1,7 @@
 //! One request through the fullproxy: read the body (bounded), pick the pool, extract the
-//! metadata, select an endpoint (tier 1.5 first when the rule asks), forward, retry another
-//! endpoint on connect failure, and stream the response back with its in-flight guard.
+//! metadata, select an endpoint with the rule's ladder (`routing::ladder`: tier 1.5 first when
+//! the rule asks), forward, retry another endpoint on connect failure, and stream the response
+//! back with its in-flight guard.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -17,11 +18,13 @@ use hyper::body::Incoming;
 use super::ProxyContext;
 use super::body::{GuardedBody, ProxyBody, Tracked};
 use super::error::ProxyError;
-use super::meta::{self, RequestMeta};
 use super::pool::{Pool, PoolTable};
 use super::upstream::{Attempt, Upstreams, strip_hop_by_hop, upstream_uri};
-use crate::health::breaker::Outcome;
-use crate::routing::{self, Candidates, Decision, Excluded, TierMemo};
+use crate::health::breaker::{Breaker, Outcome};
+use crate::kv::route::select::KvTicket;
+use crate::kv::wiring::KvTier;
+use crate::request::{self as meta, RequestMeta};
+use crate::routing::{Candidates, Decision, Excluded, Ladder};
 
 /// Response header naming the endpoint index that served the request.
 pub const ENDPOINT_HEADER: &str = "x-loxilb-endpoint";
@@ -32,6 +35,8 @@ pub struct Handler {
     pub table: Arc<ArcSwap<PoolTable>>,
     /// Metrics, tier and limits.
     pub ctx: ProxyContext,
+    /// The passive circuit breaker (timers tracked by the proxy).
+    pub breaker: Breaker,
     /// Upstream clients.
     pub upstreams: Upstreams,
 }
@@ -99,11 +104,19 @@ impl Handler {
         let service = pool.rule.id;
         let pm = pool.metrics(&self.ctx.metrics);
         let mut excluded = Excluded::default();
-        // Tier 1.5's per-request state (the prompt's block keys), shared by its calls below.
-        let mut memo = TierMemo::default();
+        let ladder = Ladder {
+            rule: &pool.rule,
+            state: &pool.state,
+            tier: self.ctx.tier.as_deref(),
+        };
+        // Tier 1.5's per-request state (service and block keys), shared by its calls below.
+        let mut ticket = KvTicket::default();
         let mut attempts = 0;
         loop {
-            let Some(ep) = self.decide(pool, meta, &excluded, &mut memo).endpoint else {
+            let Some(ep) = self
+                .decide(pool, &ladder, meta, &excluded, &mut ticket)
+                .endpoint
+            else {
                 return Err(if attempts == 0 {
                     ProxyError::NoHealthyBackend { service }
                 } else {
@@ -118,15 +131,13 @@ impl Handler {
                 start,
             );
             let req = upstream_request(&parts, &pool.authorities[ep], body.clone())?;
-            if let Some(tier) = self.tier_for(pool) {
-                // At dispatch, not at the response: a non-streaming response (or a streaming
-                // one behind a slow prefill) arrives after the prefill, and requests sharing
-                // this prefix in that window would otherwise see no holder and scatter.
-                // Inline: the block keys come from the memo the decision filled, so this is
-                // microseconds (`block_in_place` would cost more than the work). Only a
-                // request the tier turned away during its warmup window is tokenized here.
-                tier.routed(&pool.rule, meta, ep, &memo);
-            }
+            // At dispatch, not at the response: a non-streaming response (or a streaming one
+            // behind a slow prefill) arrives after the prefill, and requests sharing this
+            // prefix in that window would otherwise see no holder and scatter. Inline: the
+            // block keys come from the ticket the decision filled, so this is microseconds
+            // (`block_in_place` would cost more than the work). Only a request the tier turned
+            // away during its warmup window is tokenized here.
+            ladder.routed(meta, ep, &mut ticket);
             match self.upstreams.send(req, pool.http2).await {
                 Attempt::Response(resp) => {
                     self.observe(pool, ep, Outcome::Status(resp.status().as_u16()));
@@ -144,38 +155,30 @@ impl Handler {
         }
     }
 
-    /// Tier 1.5 (kvExactMode 3 with a tier), then the rule's `sel` on a miss.
+    /// The ladder's decision, counted in the pool's selection metrics.
     fn decide(
         &self,
         pool: &Pool,
+        ladder: &Ladder<'_, KvTier>,
         meta: &RequestMeta,
         excluded: &Excluded,
-        memo: &mut TierMemo,
+        ticket: &mut KvTicket,
     ) -> Decision {
         let cands = Candidates {
             weights: &pool.weights,
             loads: &pool.loads,
             excluded,
         };
-        let args = &pool.rule.rule.service;
-        if let Some(tier) = self.tier_for(pool)
-            && let Some(d) = off_reactor(|| tier.select(&pool.rule, meta, &cands, memo))
-                .filter(|d| d.endpoint.is_some())
-        {
-            pool.metrics(&self.ctx.metrics).selection(true, d.reason);
-            return d;
-        }
-        let d = routing::select(args, meta, &cands, &pool.state);
-        pool.metrics(&self.ctx.metrics).selection(false, d.reason);
-        d
+        let step = ladder.decide(meta, &cands, ticket);
+        pool.metrics(&self.ctx.metrics)
+            .selection(step.by_tier, step.decision.reason);
+        step.decision
     }
 
     /// Feeds the passive circuit breaker.
     fn observe(&self, pool: &Pool, ep: usize, outcome: Outcome) {
         if self
-            .ctx
-            .config
-            .breaker()
+            .breaker
             .observe(&pool.health[ep], &pool.loads[ep], outcome)
         {
             tracing::warn!(
@@ -185,13 +188,6 @@ impl Handler {
                 "circuit breaker opened"
             );
         }
-    }
-
-    fn tier_for(&self, pool: &Pool) -> Option<&Arc<dyn routing::AffinityTier>> {
-        self.ctx
-            .tier
-            .as_ref()
-            .filter(|_| pool.rule.rule.service.kv_exact_mode == 3)
     }
 }
 
@@ -239,14 +235,4 @@ fn downstream_response(
     strip_hop_by_hop(&mut parts.headers);
     parts.headers.insert(ENDPOINT_HEADER, HeaderValue::from(ep));
     Response::from_parts(parts, GuardedBody::new(body, tracked).boxed())
-}
-
-/// Runs CPU-heavy tier-1.5 work (tokenizing a long prompt can take milliseconds) with
-/// `block_in_place`, so the runtime hands this worker's other connections to another thread
-/// instead of stalling them. On a current-thread runtime (some tests) it just runs `f`.
-fn off_reactor<R>(f: impl FnOnce() -> R) -> R {
-    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
-        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
-        _ => f(),
-    }
 }

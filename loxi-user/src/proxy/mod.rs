@@ -6,19 +6,17 @@
 //! restart; a listener whose last rule is deleted stops accepting and closes once its in-flight
 //! requests finish (bounded by [`ProxyConfig::shutdown_grace`]).
 //!
-//! Files: `handler.rs` (one request), `meta.rs` / `prompt.rs` / `session.rs` (request
-//! metadata), `pool.rs` (pools and model routing), `upstream.rs` (clients), `body.rs`
-//! (streaming with in-flight guards), `error.rs` (every error body), `metrics.rs`.
+//! Files: `handler.rs` (one request), `pool.rs` (pools and model routing), `upstream.rs`
+//! (clients), `body.rs` (streaming with in-flight guards), `error.rs` (every error body),
+//! `metrics.rs`. The request metadata the handler extracts is the shared vocabulary of
+//! [`crate::request`].
 
 pub mod body;
 pub mod error;
 pub mod handler;
 pub mod listener;
-pub mod meta;
 pub mod metrics;
 pub mod pool;
-pub mod prompt;
-pub mod session;
 pub mod upstream;
 
 #[cfg(test)]
@@ -32,10 +30,11 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 pub use metrics::ProxyMetrics;
 
-use crate::routing::AffinityTier;
+use crate::kv::wiring::KvTier;
 use crate::rules::{RuleSnapshot, StoredRule};
 use handler::Handler;
 use listener::Listener;
@@ -43,11 +42,18 @@ use pool::PoolTable;
 use upstream::Upstreams;
 
 impl ProxyConfig {
-    /// The passive circuit breaker these settings describe.
-    pub fn breaker(&self) -> crate::health::breaker::Breaker {
+    /// The passive circuit breaker these settings describe, its timers tracked by `timers` and
+    /// ended by `stop`.
+    pub fn breaker(
+        &self,
+        timers: TaskTracker,
+        stop: CancellationToken,
+    ) -> crate::health::breaker::Breaker {
         crate::health::breaker::Breaker {
             threshold: self.origin_err_threshold,
             cooldown: self.breaker_cooldown,
+            timers,
+            stop,
         }
     }
 }
@@ -87,7 +93,7 @@ pub struct ProxyContext {
     /// Metric handles (registered by the app).
     pub metrics: ProxyMetrics,
     /// Tier 1.5 for rules with `kvExactMode: 3`, when the KV subsystem runs.
-    pub tier: Option<Arc<dyn AffinityTier>>,
+    pub tier: Option<Arc<KvTier>>,
     /// Limits.
     pub config: ProxyConfig,
     /// Where each rule's live endpoint loads (health flags) are published for the API.
@@ -118,6 +124,11 @@ struct Reconciler {
     ctx: ProxyContext,
     upstreams: Upstreams,
     listeners: HashMap<SocketAddr, Listener>,
+    /// Every task the pools and handlers spawn (active probers, breaker timers), stopped and
+    /// awaited at shutdown.
+    tasks: TaskTracker,
+    /// Parent of every prober's cancel token; ends breaker timers.
+    stop: CancellationToken,
 }
 
 impl Reconciler {
@@ -127,6 +138,8 @@ impl Reconciler {
             ctx,
             upstreams,
             listeners: HashMap::new(),
+            tasks: TaskTracker::new(),
+            stop: CancellationToken::new(),
         }
     }
 
@@ -163,16 +176,20 @@ impl Reconciler {
 
     async fn upsert_listener(&mut self, addr: SocketAddr, rules: &[Arc<StoredRule>]) {
         if let Some(l) = self.listeners.get(&addr) {
-            let next = PoolTable::build(rules, &l.table.load());
-            l.table.store(Arc::new(next));
+            let next = Arc::new(PoolTable::build(rules, &l.table.load()));
+            l.table.store(next.clone());
+            next.activate(&self.tasks, &self.stop);
             return;
         }
-        let table = Arc::new(ArcSwap::from_pointee(PoolTable::build(
-            rules,
-            &PoolTable::default(),
-        )));
+        let first = Arc::new(PoolTable::build(rules, &PoolTable::default()));
+        first.activate(&self.tasks, &self.stop);
+        let table = Arc::new(ArcSwap::from(first));
         let handler = Arc::new(Handler {
             table,
+            breaker: self
+                .ctx
+                .config
+                .breaker(self.tasks.clone(), self.stop.clone()),
             ctx: self.ctx.clone(),
             upstreams: self.upstreams.clone(),
         });
@@ -189,6 +206,9 @@ impl Reconciler {
         for c in closing {
             let _ = c.await;
         }
+        self.stop.cancel();
+        self.tasks.close();
+        self.tasks.wait().await;
     }
 }
 

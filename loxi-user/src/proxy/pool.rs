@@ -1,16 +1,23 @@
 //! The pools of one listener: every mode-4 rule on the same `externalIP:port`, told apart by
 //! `host` and `model_name`, with each rule's endpoints, live loads and selector state.
 //!
-//! A [`PoolTable`] is immutable and swapped whole on every rule change; endpoint loads and
-//! selector state carry over from the previous table for unchanged rules and endpoints.
+//! A [`PoolTable`] is immutable and swapped whole on every rule change. Building one has no side
+//! effects: an unchanged rule keeps its pool (the same `Arc`, prober and metric handles
+//! included); a changed rule gets a new pool whose endpoint loads and health cells carry over
+//! for unchanged endpoints and whose selector state is a successor of the old one (the old
+//! table keeps serving its in-flight requests with its own). The reconciler then
+//! [`Pool::activate`]s the new pools (starts their probers) once the table is in place.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::health::HealthCell;
 use crate::health::probe::{self, ProbeSpec};
 use crate::routing::{EndpointLoad, SelectorState};
+use crate::rules::model::authority;
+use crate::rules::spec::BackendProtocol;
 use crate::rules::{RuleKey, StoredRule};
 
 use super::error::ProxyError;
@@ -33,23 +40,24 @@ pub struct Pool {
     pub health: Vec<Arc<HealthCell>>,
     /// True when `backend_protocol` is `http2`.
     pub http2: bool,
-    /// Stops this pool's active prober when the pool is dropped.
-    prober: Option<CancellationToken>,
+    /// Stops this pool's active prober when the pool is dropped (set by [`Pool::activate`]).
+    prober: OnceLock<CancellationToken>,
     /// Metric handles, resolved on first use.
-    metrics: std::sync::OnceLock<PoolMetrics>,
+    metrics: OnceLock<PoolMetrics>,
 }
 
 impl Drop for Pool {
     fn drop(&mut self) {
-        if let Some(c) = &self.prober {
+        if let Some(c) = self.prober.get() {
             c.cancel();
         }
     }
 }
 
 impl Pool {
-    /// Builds the pool for `rule`, reusing loads and state from `old` (same rule key) where the
-    /// endpoint authority is unchanged.
+    /// Builds the pool for `rule`, reusing loads and health cells from `old` (same rule key)
+    /// where the endpoint authority is unchanged. Touches nothing shared: `old` and its
+    /// selector state are left as they are.
     pub fn build(rule: Arc<StoredRule>, old: Option<&Pool>) -> Self {
         let args = &rule.rule.service;
         let eps = &rule.rule.endpoints;
@@ -62,83 +70,69 @@ impl Pool {
             carry_over(&authorities, old, |o| &o.health, Arc::default);
         let state = match old {
             Some(o) if o.rule.rule == rule.rule => o.state.clone(),
-            Some(o) => {
-                o.state.rebuild(args, eps);
-                o.state.clone()
-            }
+            Some(o) => o.state.successor(args, eps),
             None => SelectorState::new(args, eps),
         };
-        let prober = start_prober(args, &authorities, &health, &loads);
         Self {
             weights: eps.iter().map(|e| e.weight).collect(),
-            http2: args.backend_protocol.eq_ignore_ascii_case("http2"),
+            http2: rule.spec.backend == BackendProtocol::Http2,
             authorities,
             loads,
             health,
             state,
             rule,
-            prober,
-            metrics: std::sync::OnceLock::new(),
+            prober: OnceLock::new(),
+            metrics: OnceLock::new(),
+        }
+    }
+
+    /// Starts the pool's side effects, once: the rule's active prober (spawned into `tasks`,
+    /// stopped when the pool drops or `stop` is cancelled), or, for a rule without a probe,
+    /// clearing probe state so a rule that dropped its probe does not keep endpoints down.
+    pub fn activate(&self, tasks: &TaskTracker, stop: &CancellationToken) {
+        if self.prober.get().is_some() {
+            return;
+        }
+        let Some(spec) = ProbeSpec::from_args(&self.rule.rule.service) else {
+            for (cell, load) in self.health.iter().zip(&self.loads) {
+                cell.probe_down
+                    .store(false, std::sync::atomic::Ordering::Relaxed);
+                cell.publish(load);
+            }
+            return;
+        };
+        let targets = self
+            .authorities
+            .iter()
+            .zip(self.health.iter().zip(&self.loads))
+            .map(|(a, (c, l))| probe::Target {
+                authority: a.clone(),
+                cell: c.clone(),
+                load: l.clone(),
+            })
+            .collect();
+        let cancel = stop.child_token();
+        if self.prober.set(cancel.clone()).is_ok() {
+            tasks.spawn(probe::run(spec, targets, cancel));
         }
     }
 
     /// This pool's metric handles (resolved from `m` on first use).
     pub fn metrics(&self, m: &ProxyMetrics) -> &PoolMetrics {
         self.metrics.get_or_init(|| {
-            let sel = crate::routing::dispatch::selector_name(self.rule.rule.service.sel);
+            let sel = self.rule.spec.sel.name();
             PoolMetrics::new(m, self.rule.id, sel, self.authorities.len())
         })
     }
 
     /// Does routing need the parsed body? (Tier 1.5 or a prefix-keyed selector.)
     pub fn needs_body(&self) -> bool {
-        let s = &self.rule.rule.service;
-        s.kv_exact_mode == 3 || matches!(s.sel, 8..=10)
+        self.rule.spec.needs_body()
     }
 
     /// The rule key.
     pub fn key(&self) -> RuleKey {
         self.rule.rule.key()
-    }
-}
-
-/// Spawns the rule's active prober (when it asks for one and a runtime is running). Without a
-/// probe, probe state is cleared so a rule that dropped its probe does not keep endpoints down.
-fn start_prober(
-    args: &crate::rules::ServiceArgs,
-    authorities: &[String],
-    health: &[Arc<HealthCell>],
-    loads: &[Arc<EndpointLoad>],
-) -> Option<CancellationToken> {
-    let Some(spec) = ProbeSpec::from_args(args) else {
-        for (cell, load) in health.iter().zip(loads) {
-            cell.probe_down
-                .store(false, std::sync::atomic::Ordering::Relaxed);
-            cell.publish(load);
-        }
-        return None;
-    };
-    let rt = tokio::runtime::Handle::try_current().ok()?;
-    let targets = authorities
-        .iter()
-        .zip(health.iter().zip(loads))
-        .map(|(a, (c, l))| probe::Target {
-            authority: a.clone(),
-            cell: c.clone(),
-            load: l.clone(),
-        })
-        .collect();
-    let cancel = CancellationToken::new();
-    rt.spawn(probe::run(spec, targets, cancel.clone()));
-    Some(cancel)
-}
-
-/// `ip:port`, bracketing IPv6 literals.
-pub fn authority(ip: &str, port: u16) -> String {
-    if ip.contains(':') {
-        format!("[{ip}]:{port}")
-    } else {
-        format!("{ip}:{port}")
     }
 }
 
@@ -150,17 +144,28 @@ pub struct PoolTable {
 }
 
 impl PoolTable {
-    /// A new table for `rules`, carrying state over from `old`.
+    /// A new table for `rules`: the pool of an unchanged rule (same id and definition) is
+    /// reused as is; others are built, carrying state over from `old`. No side effects (see
+    /// [`PoolTable::activate`]).
     pub fn build(rules: &[Arc<StoredRule>], old: &PoolTable) -> Self {
         let pools = rules
             .iter()
             .map(|r| {
                 let key = r.rule.key();
-                let prev = old.pools.iter().find(|p| p.key() == key);
-                Arc::new(Pool::build(r.clone(), prev.map(|p| p.as_ref())))
+                match old.pools.iter().find(|p| p.key() == key) {
+                    Some(p) if *p.rule == **r => p.clone(),
+                    prev => Arc::new(Pool::build(r.clone(), prev.map(|p| p.as_ref()))),
+                }
             })
             .collect();
         Self { pools }
+    }
+
+    /// Activates every pool not yet active (see [`Pool::activate`]).
+    pub fn activate(&self, tasks: &TaskTracker, stop: &CancellationToken) {
+        for p in &self.pools {
+            p.activate(tasks, stop);
+        }
     }
 
     /// True when the pool choice depends on the request's model (several pools, or a named
@@ -267,7 +272,7 @@ mod tests {
             "endpoints": eps,
         }))
         .expect("rule");
-        Arc::new(StoredRule { id, rule })
+        Arc::new(StoredRule::new(id, rule).expect("valid rule"))
     }
 
     #[test]
@@ -317,5 +322,29 @@ mod tests {
         );
         assert_eq!(t2.pools[0].loads[1].in_flight(), 0);
         assert_eq!(t2.pools[0].state.topology.load().ids.len(), 2);
+    }
+
+    #[test]
+    fn unchanged_pools_are_reused_and_building_leaves_the_old_table_alone() {
+        let t1 = PoolTable::build(
+            &[rule(1, "", "a", &[1, 2]), rule(2, "", "", &[3])],
+            &PoolTable::default(),
+        );
+        let old_topology = t1.pools[0].state.topology.load_full();
+        let t2 = PoolTable::build(&[rule(1, "", "a", &[1, 4]), rule(2, "", "", &[3])], &t1);
+        assert!(
+            Arc::ptr_eq(&t1.pools[1], &t2.pools[1]),
+            "rule 2 unchanged: same pool"
+        );
+        assert!(!Arc::ptr_eq(&t1.pools[0], &t2.pools[0]));
+        assert!(
+            Arc::ptr_eq(&t1.pools[0].state.topology.load_full(), &old_topology),
+            "the old pool keeps its own topology for its in-flight requests"
+        );
+        assert_ne!(
+            t1.pools[0].state.topology.load().ids,
+            t2.pools[0].state.topology.load().ids
+        );
+        assert!(Arc::ptr_eq(&t1.pools[0].loads[0], &t2.pools[0].loads[0]));
     }
 }

@@ -18,13 +18,14 @@ use parking_lot::Mutex;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
-use super::meta::{ApiKind, Prompt, RequestMeta};
 use super::{ProxyConfig, ProxyContext, ProxyMetrics};
-use crate::kv::blend::LbMode;
-use crate::kv::select::{KvRouter, PromptTokenizer};
+use crate::kv::route::blend::LbMode;
+use crate::kv::route::select::KvTicket;
+use crate::kv::route::select::{KvRouter, PromptTokenizer};
 use crate::kv::settings::KvSettings;
 use crate::kv::testutil::{TinyTokenizer, state};
-use crate::routing::{AffinityTier, Candidates, Decision, EpIdx, Reason, TierMemo};
+use crate::request::{ApiKind, Prompt, RequestMeta};
+use crate::routing::{AffinityTier, Candidates, Decision, EpIdx, Reason};
 use crate::rules::{RuleStore, StoredRule};
 
 /// Hits (endpoint 1) when the prompt contains "warm"; otherwise misses.
@@ -35,18 +36,20 @@ struct FakeTier {
 }
 
 impl AffinityTier for FakeTier {
+    type Ticket = KvTicket;
+
     fn select(
         &self,
         _: &StoredRule,
         meta: &RequestMeta,
         cands: &Candidates<'_>,
-        _: &mut TierMemo,
+        _: &mut KvTicket,
     ) -> Option<Decision> {
         *self.asked.lock() += 1;
         let warm = matches!(&meta.prompt, Some(Prompt::Text(t)) if t.contains("warm"));
         (warm && cands.eligible(1)).then(|| Decision::pick(1, Reason::KvOverlap))
     }
-    fn routed(&self, _: &StoredRule, _: &RequestMeta, ep: EpIdx, _: &TierMemo) {
+    fn routed(&self, _: &StoredRule, _: &RequestMeta, ep: EpIdx, _: &mut KvTicket) {
         self.routed.lock().push(ep);
     }
 }
@@ -212,12 +215,8 @@ impl KvProxy {
         let tokens = TinyTokenizer::load()
             .encode("tiny", ApiKind::Completions, &p, None)
             .expect("tokenize");
-        let svc = self.router.state().service(&self.rule);
-        let keys = svc
-            .hasher
-            .as_ref()
-            .expect("hasher")
-            .keys(&tokens, 16, &Default::default());
+        let svc = self.router.state().service(&self.rule).expect("kv rule");
+        let keys = svc.hasher.keys(&tokens, 16, &Default::default());
         assert!(
             keys.len() > blocks,
             "the prompt must be longer than what `ep` holds"

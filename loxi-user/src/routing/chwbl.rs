@@ -18,7 +18,7 @@ use super::key::{conversation_key, prefix_key};
 use super::ring::Ring;
 use super::state::SelectorState;
 use super::{Candidates, Decision, Reason};
-use crate::proxy::meta::RequestMeta;
+use crate::request::RequestMeta;
 use crate::rules::ServiceArgs;
 
 /// The endpoint for `meta` on the CHWBL ring.
@@ -91,7 +91,7 @@ pub fn bounded_walk(
 mod tests {
     use super::super::test_util::{Fixture, args};
     use super::*;
-    use crate::proxy::meta::{ChatMessage, Prompt};
+    use crate::request::{ChatMessage, Prompt};
 
     fn text(t: &str) -> RequestMeta {
         RequestMeta {

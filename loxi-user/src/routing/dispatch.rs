@@ -1,44 +1,29 @@
-//! `select`: the rule's `sel` → its selector.
-
-use loxi_common::sel;
+//! `select`: the rule's `sel` → its selector (the last step of the ladder).
 
 use super::state::SelectorState;
 use super::{Candidates, Decision, chwbl, gpu_aware, hash, lc, persist, rr, wrr, wrr_hash};
-use crate::proxy::meta::RequestMeta;
+use crate::request::RequestMeta;
 use crate::rules::ServiceArgs;
+use crate::rules::spec::Sel;
 
-/// Runs the selector named by `args.sel` for one request. `sel` 5 and 6 (N2/N3, not HTTP
-/// selectors) and any unknown value use round-robin.
+/// Runs the rule's selector for one request (`sel` from the rule's typed spec, the selector
+/// knobs from its raw arguments). `sel` 5 and 6 (N2/N3, not HTTP selectors) use round-robin.
 pub fn select(
+    sel: Sel,
     args: &ServiceArgs,
     meta: &RequestMeta,
     cands: &Candidates<'_>,
     state: &SelectorState,
 ) -> Decision {
-    match args.sel {
-        sel::HASH => hash::select(meta, cands, state),
-        sel::WRR => wrr::select(cands, state),
-        sel::PERSIST => persist::select(meta, cands, state),
-        sel::LC => lc::select(cands),
-        sel::CHWBL => chwbl::select(args, meta, cands, state),
-        sel::GPU_AWARE => gpu_aware::select(args, meta, cands, state),
-        sel::WRR_HASH => wrr_hash::select(args, meta, cands, state),
-        _ => rr::select(cands, state),
-    }
-}
-
-/// The metric label of a selector number.
-pub fn selector_name(s: u8) -> &'static str {
-    match s {
-        sel::RR => "rr",
-        sel::HASH => "hash",
-        sel::WRR => "wrr",
-        sel::PERSIST => "persist",
-        sel::LC => "lc",
-        sel::CHWBL => "chwbl",
-        sel::GPU_AWARE => "gpuaware",
-        sel::WRR_HASH => "wrr-hash",
-        _ => "rr",
+    match sel {
+        Sel::Hash => hash::select(meta, cands, state),
+        Sel::Wrr => wrr::select(cands, state),
+        Sel::Persist => persist::select(meta, cands, state),
+        Sel::Lc => lc::select(cands),
+        Sel::Chwbl => chwbl::select(args, meta, cands, state),
+        Sel::GpuAware => gpu_aware::select(args, meta, cands, state),
+        Sel::WrrHash => wrr_hash::select(args, meta, cands, state),
+        Sel::Rr | Sel::N2 | Sel::N3 => rr::select(cands, state),
     }
 }
 
@@ -66,7 +51,7 @@ mod tests {
                 ..Default::default()
             };
             assert_eq!(
-                select(&f.args, &m, &f.cands(), &f.state).reason,
+                select(Sel::of(s).expect("sel"), &f.args, &m, &f.cands(), &f.state).reason,
                 reason,
                 "sel {s}"
             );

@@ -5,7 +5,7 @@
 use super::key::{conversation_key, prefix_key};
 use super::state::SelectorState;
 use super::{Candidates, Decision, Reason, rr};
-use crate::proxy::meta::RequestMeta;
+use crate::request::RequestMeta;
 use crate::rules::ServiceArgs;
 
 /// Modulo placement of the request's key over eligible endpoints.
@@ -33,7 +33,7 @@ mod tests {
     use super::super::key::prefix_key;
     use super::super::test_util::{Fixture, args};
     use super::*;
-    use crate::proxy::meta::Prompt;
+    use crate::request::Prompt;
 
     #[test]
     fn prefix_hash_modulo_eligible() {

@@ -5,7 +5,7 @@
 use super::key::{client_key, rendezvous_pick};
 use super::state::SelectorState;
 use super::{Candidates, Decision, Reason};
-use crate::proxy::meta::RequestMeta;
+use crate::request::RequestMeta;
 
 /// The endpoint owning the client's address.
 pub fn select(meta: &RequestMeta, cands: &Candidates<'_>, state: &SelectorState) -> Decision {

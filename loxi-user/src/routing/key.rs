@@ -7,7 +7,7 @@
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 use super::EpIdx;
-use crate::proxy::meta::{Prompt, RequestMeta};
+use crate::request::{Prompt, RequestMeta};
 use crate::rules::ServiceArgs;
 
 /// Characters of a text prompt that form the CHWBL prefix, per `chwbl_prefix_hash_level`.
@@ -78,7 +78,7 @@ pub fn prefix_key(meta: &RequestMeta, args: &ServiceArgs) -> Option<u64> {
     Some(hash_str(&buf))
 }
 
-fn push_message_head(buf: &mut String, msgs: &[crate::proxy::meta::ChatMessage], level: usize) {
+fn push_message_head(buf: &mut String, msgs: &[crate::request::ChatMessage], level: usize) {
     let (mut others, mut taken) = (0, 0);
     for m in msgs {
         let system = m.role == "system" || m.role == "developer";
@@ -138,7 +138,7 @@ pub fn client_key(meta: &RequestMeta, with_port: bool) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proxy::meta::ChatMessage;
+    use crate::request::ChatMessage;
 
     fn chat(msgs: &[(&str, &str)]) -> RequestMeta {
         let msgs = msgs.iter().map(|(r, c)| ChatMessage {

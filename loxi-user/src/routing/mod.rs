@@ -1,14 +1,17 @@
 //! Endpoint selection for the fullproxy: one selector per file, each a pure function over an
 //! immutable endpoint view that returns a [`Decision`] with a [`Reason`].
 //!
-//! Shared vocabulary used by the proxy and the KV tier lives here: endpoint indices, load
-//! counters with RAII guards, the candidate set with its exclusion mask, and decisions.
+//! The selection ladder ([`ladder`]: affinity tiers first, then the rule's `sel`) and the seam
+//! an affinity tier implements ([`tier`]) live here too, with the shared vocabulary used by the
+//! proxy and the KV tier: endpoint indices, load counters with RAII guards, the candidate set
+//! with its exclusion mask, and decisions.
 
 pub mod chwbl;
 pub mod dispatch;
 pub mod gpu_aware;
 pub mod hash;
 pub mod key;
+pub mod ladder;
 pub mod lc;
 pub mod persist;
 pub mod ring;
@@ -21,8 +24,9 @@ pub mod wrr;
 pub mod wrr_hash;
 
 pub use dispatch::select;
+pub use ladder::{Ladder, Step};
 pub use state::SelectorState;
-pub use tier::{AffinityTier, TierMemo};
+pub use tier::AffinityTier;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

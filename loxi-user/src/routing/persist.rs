@@ -7,7 +7,7 @@
 use super::key::{client_key, hash_str, rendezvous_pick};
 use super::state::SelectorState;
 use super::{Candidates, Decision, Reason};
-use crate::proxy::meta::RequestMeta;
+use crate::request::RequestMeta;
 
 /// The session's endpoint.
 pub fn select(meta: &RequestMeta, cands: &Candidates<'_>, state: &SelectorState) -> Decision {
@@ -24,7 +24,7 @@ pub fn select(meta: &RequestMeta, cands: &Candidates<'_>, state: &SelectorState)
 mod tests {
     use super::super::test_util::{Fixture, args};
     use super::*;
-    use crate::proxy::meta::RequestMeta;
+    use crate::request::RequestMeta;
 
     fn extract(header: &str, req: http::Request<()>, client: &str) -> RequestMeta {
         let args = args(serde_json::json!({ "sel": 3, "session_header_name": header }));

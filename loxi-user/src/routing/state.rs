@@ -68,7 +68,7 @@ pub struct SelectorState {
     pub rr: AtomicUsize,
     /// Smooth-WRR current weights by `EpIdx`.
     pub wrr: Mutex<Vec<i64>>,
-    /// Identities and rings; replaced by [`SelectorState::rebuild`].
+    /// Identities and rings (a changed rule gets a [`SelectorState::successor`]).
     pub topology: ArcSwap<Topology>,
 }
 
@@ -82,10 +82,14 @@ impl SelectorState {
         })
     }
 
-    /// Rebuilds the topology for a changed endpoint list and swaps it in; resets WRR weights.
-    pub fn rebuild(&self, args: &ServiceArgs, eps: &[Endpoint]) {
-        self.topology.store(Arc::new(Topology::build(args, eps)));
-        *self.wrr.lock() = vec![0; eps.len()];
+    /// The state of a changed rule: a new topology for its endpoint list and fresh WRR
+    /// weights, continuing this state's round-robin cursor. `self` is left untouched (the old
+    /// pool keeps serving its in-flight requests with it).
+    pub fn successor(&self, args: &ServiceArgs, eps: &[Endpoint]) -> Arc<Self> {
+        let next = Self::new(args, eps);
+        next.rr
+            .store(self.rr.load(Ordering::Relaxed), Ordering::Relaxed);
+        next
     }
 
     /// The next round-robin ticket.

@@ -7,7 +7,7 @@
 use super::chwbl::ring_key;
 use super::state::SelectorState;
 use super::{Candidates, Decision};
-use crate::proxy::meta::RequestMeta;
+use crate::request::RequestMeta;
 use crate::rules::ServiceArgs;
 
 /// The weighted-ring owner of the request's key.
@@ -30,7 +30,7 @@ mod tests {
     use super::super::Reason;
     use super::super::test_util::{Fixture, args};
     use super::*;
-    use crate::proxy::meta::Prompt;
+    use crate::request::Prompt;
 
     fn text(t: String) -> RequestMeta {
         RequestMeta {

@@ -1,9 +1,12 @@
-//! Rules: the LoxiLB-compatible model, validation, the snapshot store and its state file.
+//! Rules: the LoxiLB-compatible model, validation, the typed spec validation compiles, the
+//! snapshot store and its state file.
 pub mod model;
 pub mod persist;
+pub mod spec;
 pub mod store;
 pub mod validate;
 
 pub use model::{Endpoint, LbRule, RuleKey, ServiceArgs};
+pub use spec::{KvMode, KvSpec, ServiceSpec};
 pub use store::{RuleSnapshot, RuleStore, StoredRule, UpsertOutcome};
 pub use validate::RuleError;

@@ -11,6 +11,16 @@
 
 use serde::{Deserialize, Serialize};
 
+/// `ip:port` for an endpoint address, bracketing IPv6 literals (what upstream clients and
+/// ZMQ sockets connect to).
+pub fn authority(ip: &str, port: impl std::fmt::Display) -> String {
+    if ip.contains(':') {
+        format!("[{ip}]:{port}")
+    } else {
+        format!("{ip}:{port}")
+    }
+}
+
 /// One LB rule: `{serviceArguments, endpoints}` (LoxiLB's `LoadbalanceEntry`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -5,7 +5,23 @@ use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use super::store::StoredRule;
+use super::model::LbRule;
+
+/// One rule as the state file holds it: its service id and the rule as validated.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PersistedRule {
+    /// Stable service id.
+    pub id: u32,
+    /// The rule.
+    pub rule: LbRule,
+}
+
+/// The borrowed form [`save`] writes (same JSON as [`PersistedRule`]).
+#[derive(serde::Serialize)]
+struct RuleRef<'a> {
+    id: u32,
+    rule: &'a LbRule,
+}
 
 /// Errors writing the state file.
 #[derive(Debug, thiserror::Error)]
@@ -48,7 +64,7 @@ struct StateFile<R> {
 
 /// Reads the rules file. A missing file is an empty list; an unreadable or corrupt one is moved
 /// aside to `rules.json.corrupt-<unix secs>` with an error log, and an empty list is returned.
-pub fn load(file: &Path) -> Vec<StoredRule> {
+pub fn load(file: &Path) -> Vec<PersistedRule> {
     let bytes = match fs::read(file) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Vec::new(),
@@ -57,7 +73,7 @@ pub fn load(file: &Path) -> Vec<StoredRule> {
             return Vec::new();
         }
     };
-    match serde_json::from_slice::<StateFile<StoredRule>>(&bytes) {
+    match serde_json::from_slice::<StateFile<PersistedRule>>(&bytes) {
         Ok(state) => state.rules,
         Err(e) => {
             let secs = std::time::SystemTime::now()
@@ -75,15 +91,21 @@ pub fn load(file: &Path) -> Vec<StoredRule> {
     }
 }
 
-/// Writes `rules` atomically to `file`.
-pub fn save(file: &Path, rules: &[&StoredRule]) -> Result<(), PersistError> {
+/// Writes `rules` (service id, rule) atomically to `file`.
+pub fn save<'a>(
+    file: &Path,
+    rules: impl IntoIterator<Item = (u32, &'a LbRule)>,
+) -> Result<(), PersistError> {
     let err = |source| PersistError::Write {
         path: file.to_path_buf(),
         source,
     };
     let body = serde_json::to_vec_pretty(&StateFile {
         version: 1,
-        rules: rules.to_vec(),
+        rules: rules
+            .into_iter()
+            .map(|(id, rule)| RuleRef { id, rule })
+            .collect(),
     })
     .map_err(|e| err(std::io::Error::other(e)))?;
     let tmp = file.with_extension("json.tmp");
@@ -141,8 +163,8 @@ mod tests {
             "endpoints": [{"endpointIP": "10.0.1.1"}]
         }))
         .expect("rule");
-        let stored = StoredRule { id: 7, rule };
-        save(&file, &[&stored]).expect("save");
+        save(&file, [(7, &rule)]).expect("save");
+        let stored = PersistedRule { id: 7, rule };
         assert_eq!(load(&file), vec![stored]);
         let text = std::fs::read_to_string(&file).expect("read");
         assert!(text.contains("\"version\": 1"), "{text}");

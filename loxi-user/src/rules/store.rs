@@ -16,17 +16,29 @@ use tokio::sync::watch;
 
 use super::model::{LbRule, RuleKey};
 use super::persist::{self, PersistError};
+use super::spec::ServiceSpec;
 use super::validate::{self, RuleError};
 
 /// A stored rule with its stable service id (the `service` metric label and the `service_id`
 /// of the KV inventory API). Ids are assigned on creation, never reused while the daemon runs,
 /// and persisted with the rule.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct StoredRule {
     /// Stable service id, ≥ 1.
     pub id: u32,
     /// The validated rule as the user gave it (defaults filled in).
     pub rule: LbRule,
+    /// The typed spec validation compiled from `rule` (what routing, the KV tier and the proxy
+    /// read).
+    pub spec: ServiceSpec,
+}
+
+impl StoredRule {
+    /// Validates `rule` and compiles its spec.
+    pub fn new(id: u32, rule: LbRule) -> Result<Self, RuleError> {
+        let (rule, spec) = validate::compile(rule)?;
+        Ok(Self { id, rule, spec })
+    }
 }
 
 /// An immutable view of every rule, ordered by key. Cheap to clone (`Arc`).
@@ -87,16 +99,10 @@ impl RuleStore {
         let mut rules = BTreeMap::new();
         let mut max_id = 0;
         for stored in restored {
-            match validate::validate(stored.rule) {
+            match StoredRule::new(stored.id, stored.rule) {
                 Ok(rule) => {
-                    max_id = max_id.max(stored.id);
-                    rules.insert(
-                        rule.key(),
-                        Arc::new(StoredRule {
-                            id: stored.id,
-                            rule,
-                        }),
-                    );
+                    max_id = max_id.max(rule.id);
+                    rules.insert(rule.rule.key(), Arc::new(rule));
                 }
                 Err(e) => {
                     tracing::error!(error = %e, "dropping a restored rule that no longer validates")
@@ -135,7 +141,7 @@ impl RuleStore {
     /// Validates and stores `rule`. Same key with another shape (mode, protocol, selector
     /// family, P/D or KV topology, engine type) is [`RuleError::Conflict`] (HTTP 409).
     pub fn upsert(&self, rule: LbRule) -> Result<UpsertOutcome, StoreError> {
-        let rule = validate::validate(rule)?;
+        let (rule, spec) = validate::compile(rule)?;
         let mut next_id = self.write.lock();
         let cur = self.current.load_full();
         let key = rule.key();
@@ -151,7 +157,7 @@ impl RuleStore {
             }
         };
         let mut rules = cur.rules.clone();
-        rules.insert(key, Arc::new(StoredRule { id, rule }));
+        rules.insert(key, Arc::new(StoredRule { id, rule, spec }));
         self.commit(&cur, rules)?;
         Ok(outcome)
     }
@@ -199,8 +205,7 @@ impl RuleStore {
         rules: BTreeMap<RuleKey, Arc<StoredRule>>,
     ) -> Result<(), StoreError> {
         if let Some(file) = &self.state_file {
-            let list: Vec<&StoredRule> = rules.values().map(|r| r.as_ref()).collect();
-            persist::save(file, &list)?;
+            persist::save(file, rules.values().map(|r| (r.id, &r.rule)))?;
         }
         let snap = Arc::new(RuleSnapshot {
             version: cur.version + 1,

@@ -6,6 +6,7 @@
 use std::net::IpAddr;
 
 use super::model::{Endpoint, LbRule, ServiceArgs};
+use super::spec::{Engine, ServiceSpec, SpecError};
 
 /// A rejected rule. `field` is the JSON path of the offending field.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -42,6 +43,15 @@ fn leaf(path: &str) -> &str {
     path.rsplit_once('.').map_or(path, |(_, last)| last)
 }
 
+impl From<SpecError> for RuleError {
+    fn from(e: SpecError) -> Self {
+        RuleError::Invalid {
+            field: e.field,
+            message: e.message,
+        }
+    }
+}
+
 fn invalid(field: &str, message: impl Into<String>) -> RuleError {
     RuleError::Invalid {
         field: field.to_string(),
@@ -75,7 +85,15 @@ pub fn validate(mut rule: LbRule) -> Result<LbRule, RuleError> {
     }
     check_duplicate_endpoints(&rule.endpoints)?;
     check_pd_roles(&rule)?;
+    ServiceSpec::compile(&rule)?;
     Ok(rule)
+}
+
+/// [`validate`], then the rule's typed [`ServiceSpec`] (what the store keeps beside the rule).
+pub fn compile(rule: LbRule) -> Result<(LbRule, ServiceSpec), RuleError> {
+    let rule = validate(rule)?;
+    let spec = ServiceSpec::compile(&rule)?;
+    Ok((rule, spec))
 }
 
 /// The same `endpointIP:targetPort` twice would make two `ep_idx` for one backend.
@@ -187,12 +205,9 @@ fn validate_service(s: &mut ServiceArgs) -> Result<(), RuleError> {
     range("kvExactMode", s.kv_exact_mode, 0, 3)?;
     range("kvBlockSize", s.kv_block_size, 1, 1 << 20)?;
     if s.kv_hash_algo.is_empty() {
-        s.kv_hash_algo = match s.kv_engine_type.as_str() {
-            "sglang" => "sha256_sglang",
-            "trtllm" => "blockhash_trtllm",
-            _ => "sha256_cbor",
-        }
-        .into();
+        s.kv_hash_algo = Engine::of_name(&s.kv_engine_type)
+            .map_or("sha256_cbor", Engine::default_hash_algo)
+            .into();
     }
     one_of(
         "kvHashAlgo",

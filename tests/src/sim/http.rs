@@ -11,7 +11,7 @@ use futures::StreamExt;
 use http::{Method, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full, StreamBody, combinators::BoxBody};
 use hyper::body::{Frame, Incoming};
-use loxi_user::proxy::meta::ApiKind;
+use loxi_user::request::ApiKind;
 use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};

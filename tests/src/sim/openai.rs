@@ -1,7 +1,7 @@
 //! Parsing of OpenAI request bodies (the fields the emulator needs), with 400s that name the
 //! field, like vLLM's validation errors.
 
-use loxi_user::proxy::meta::{ApiKind, ChatMessage, Prompt};
+use loxi_user::request::{ApiKind, ChatMessage, Prompt};
 use serde_json::{Map, Value};
 
 use super::prompt::RequestExtras;

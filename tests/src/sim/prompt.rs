@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use loxi_user::kv::block_hash::{BlockDigest, BlockHasher, ExtraKey, HashAlgo};
 use loxi_user::kv::tokenizer::{TokenizerMetrics, TokenizerPool};
-use loxi_user::proxy::meta::{ApiKind, ChatMessage, Prompt};
+use loxi_user::request::{ApiKind, ChatMessage, Prompt};
 use prometheus_client::registry::Registry;
 
 use super::config::SimArgs;

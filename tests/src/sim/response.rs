@@ -1,7 +1,7 @@
 //! Response bodies in vLLM's OpenAI shapes: full responses, SSE chunks, usage with
 //! `prompt_tokens_details.cached_tokens`.
 
-use loxi_user::proxy::meta::ApiKind;
+use loxi_user::request::ApiKind;
 use serde_json::{Value, json};
 
 use super::seq::SeqSummary;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use loxi_user::kv::block_hash::{BlockHasher, HashAlgo, RequestExtras};
 use loxi_user::kv::tokenizer::{TokenizeError, TokenizerMetrics, TokenizerPool};
-use loxi_user::proxy::meta::{ApiKind, ChatMessage, Prompt};
+use loxi_user::request::{ApiKind, ChatMessage, Prompt};
 use prometheus_client::registry::Registry;
 
 use super::support::{golden, promtool_check, request_of, shared_dir, staged_tokenizer_dir};

@@ -1,6 +1,6 @@
 //! Shared helpers: locating `../shared/golden` and reading its JSON.
 
-use loxi_user::proxy::meta::{ApiKind, ChatMessage, Prompt};
+use loxi_user::request::{ApiKind, ChatMessage, Prompt};
 use serde_json::Value;
 
 pub use loxi_tests::shared_dir;

@@ -6,7 +6,7 @@ use loxi_user::kv::BlockKey;
 use loxi_user::kv::block_hash::{BlockHasher, HashAlgo, RequestExtras};
 use loxi_user::kv::tokenizer::encode::ModelTokenizer;
 use loxi_user::kv::tokenizer::{TokenizerMetrics, TokenizerPool};
-use loxi_user::proxy::meta::Prompt;
+use loxi_user::request::Prompt;
 use serde_json::Value;
 
 use super::support::{golden, request_of, staged_tokenizer_dir, str_of, vllm_ids};

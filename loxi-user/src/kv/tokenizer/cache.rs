@@ -14,7 +14,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use xxhash_rust::xxh3::Xxh3;
 
-use crate::proxy::meta::ChatMessage;
+use crate::request::ChatMessage;
 
 /// Cache key: hash of the full input and whether special tokens were added.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -25,7 +25,7 @@ use super::compat;
 use super::segment::{DEFAULT_SEGMENT_CAPACITY, SegmentEncoder};
 use super::template::ChatTemplate;
 use super::{TokenizeError, TokenizerMetrics};
-use crate::proxy::meta::{ApiKind, ChatMessage, Prompt};
+use crate::request::{ApiKind, ChatMessage, Prompt};
 
 /// A loaded model: its tokenizer, its chat template (or why there is none) and a cache.
 #[derive(Debug)]

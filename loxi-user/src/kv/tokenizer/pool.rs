@@ -22,7 +22,7 @@ use super::cache::TokenCache;
 use super::encode::{ModelTokenizer, token_ids};
 use super::metrics::ModelLabel;
 use super::{TokenizeError, TokenizerMetrics, model_slug};
-use crate::proxy::meta::{ApiKind, Prompt};
+use crate::request::{ApiKind, Prompt};
 
 /// Default time a failed load stays in the negative cache before one retry.
 pub const DEFAULT_RETRY_INTERVAL: Duration = Duration::from_secs(30);

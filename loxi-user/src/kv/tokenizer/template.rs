@@ -9,7 +9,7 @@
 use minijinja::{Environment, Error, ErrorKind, Value};
 
 use super::pyjson;
-use crate::proxy::meta::ChatMessage;
+use crate::request::ChatMessage;
 
 const TEMPLATE_NAME: &str = "chat_template";
 

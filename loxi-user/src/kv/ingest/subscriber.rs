@@ -27,10 +27,10 @@ use tokio_util::sync::CancellationToken;
 use zeromq::{Socket, SocketEvent, SocketOptions, SocketRecv, SubSocket, ZmqError, ZmqMessage};
 
 use super::events::decode_batch;
-use super::index::MAX_RANK;
-use super::metrics::{EpLabels, EpReasonLabels, ep_label};
 use super::replay::{self, SeqAction, SeqTracker};
-use super::state::{KvState, ServiceKv};
+use crate::kv::index::MAX_RANK;
+use crate::kv::metrics::{EpLabels, EpReasonLabels, ep_label};
+use crate::kv::state::{KvState, ServiceKv};
 use crate::routing::EpIdx;
 
 /// Where one stream reads from.

@@ -1,7 +1,7 @@
 use super::*;
 use crate::kv::EngineBlockHash;
 use crate::kv::block_hash::RequestExtras;
-use crate::kv::events::{KvEvent, decode_batch};
+use crate::kv::ingest::events::{KvEvent, decode_batch};
 use crate::kv::testutil::{golden_json, unhex};
 
 fn tokens(n_blocks: usize, bs: usize, salt: u32) -> Vec<u32> {

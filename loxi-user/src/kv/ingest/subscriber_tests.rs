@@ -10,7 +10,7 @@ use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
 use super::*;
 use crate::kv::BlockKey;
-use crate::kv::manager::KvManager;
+use crate::kv::ingest::manager::KvManager;
 use crate::kv::settings::KvSettings;
 use crate::kv::testutil::{golden_json, msgpack, rule, state, stored_batch};
 use crate::rules::store::RuleSnapshot;
@@ -111,7 +111,7 @@ struct Sub {
 impl Sub {
     fn start(p: &Pub, extra: serde_json::Value, settings: KvSettings, keep_window: u64) -> Self {
         let (state, reg) = state(settings);
-        let svc = state.service(&rule(1, 1, extra));
+        let svc = state.service(&rule(1, 1, extra)).expect("kv rule");
         let replay = (p.replay_port != 0).then(|| format!("127.0.0.1:{}", p.replay_port));
         let addr = StreamAddr {
             ep: 0,
@@ -248,7 +248,11 @@ async fn every_captured_frame_through_pyzmq_builds_the_captured_inventory() {
         assert_eq!(s.last_seq(), last);
         assert_eq!(s.svc.index.blocks(0), want.len() as u64);
         let verdict = s.svc.parity.lock().get(0).map(|p| p.verdict.clone());
-        assert_eq!(verdict, Some(crate::kv::parity::Verdict::Ok), "{file}");
+        assert_eq!(
+            verdict,
+            Some(crate::kv::ingest::parity::Verdict::Ok),
+            "{file}"
+        );
     }
 }
 
@@ -331,7 +335,9 @@ async fn cancelling_a_connected_or_still_connecting_stream_ends_it_promptly() {
     let mut tasks = Vec::new();
     for port in [p.port, dead] {
         let (state, reg) = state(KvSettings::default());
-        let svc = state.service(&rule(1, 1, serde_json::json!({})));
+        let svc = state
+            .service(&rule(1, 1, serde_json::json!({})))
+            .expect("kv rule");
         let addr = StreamAddr {
             ep: 0,
             rank: 0,
@@ -476,7 +482,9 @@ async fn subscriber_started_before_the_engine_connects_when_it_comes_up() {
     let port = probe.local_addr().expect("addr").port();
     drop(probe);
     let (state, _reg) = state(KvSettings::default());
-    let svc = state.service(&rule(1, 1, serde_json::json!({})));
+    let svc = state
+        .service(&rule(1, 1, serde_json::json!({})))
+        .expect("kv rule");
     let cancel = CancellationToken::new();
     let addr = StreamAddr {
         ep: 0,
@@ -541,13 +549,11 @@ async fn manager_follows_rules_and_rule_deletion_stops_streams_and_drops_the_ind
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn manager_subscribes_only_prefill_endpoints_in_mode_one() {
     let (state, _reg) = state(KvSettings::default());
-    let mut r = rule(
+    let r = rule(
         3,
         3,
-        serde_json::json!({"kvExactMode": 1, "pd_disagg_mode": true}),
+        serde_json::json!({"kvExactMode": 1, "pd_disagg_mode": true, "ep_roles": [0, 1, 2]}),
     );
-    r.rule.endpoints[1].ep_role = 1;
-    r.rule.endpoints[2].ep_role = 2;
     let mut snap = RuleSnapshot::default();
     snap.rules.insert(r.rule.key(), Arc::new(r));
     let mut m = KvManager::new(state.clone(), timing(64));
@@ -561,7 +567,9 @@ async fn manager_subscribes_only_prefill_endpoints_in_mode_one() {
 #[tokio::test]
 async fn rank_one_events_belong_to_the_rank_one_stream() {
     let (state, _reg) = state(KvSettings::default());
-    let svc = state.service(&rule(1, 1, serde_json::json!({})));
+    let svc = state
+        .service(&rule(1, 1, serde_json::json!({})))
+        .expect("kv rule");
     let addr = StreamAddr {
         ep: 0,
         rank: 0,

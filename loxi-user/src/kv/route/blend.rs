@@ -155,15 +155,18 @@ pub fn cap(c: &Cand, cands: &[Cand], eps: f64) -> u64 {
 }
 
 fn hard(cands: &[Cand], eps: f64, relief: bool) -> Option<EpIdx> {
-    let mut holders: Vec<&Cand> = cands.iter().filter(|c| c.overlap > 0).collect();
-    holders.sort_by(|a, b| by_overlap(a, b));
+    // Holders in overlap order, without collecting them (the request path allocates nothing).
+    let holders = || cands.iter().filter(|c| c.overlap > 0);
     // L_i + 1 ≤ cap_i
     let under = |c: &Cand| c.load < cap(c, cands, eps);
-    if let Some(c) = holders.iter().find(|c| under(c)) {
+    if let Some(c) = holders()
+        .filter(|c| under(c))
+        .min_by(|a, b| by_overlap(a, b))
+    {
         return Some(c.ep);
     }
     // Relief recomputes the whole prefix elsewhere, so it waits for twice the slack.
-    let owner = holders.first()?;
+    let owner = holders().min_by(|a, b| by_overlap(a, b))?;
     if !relief || owner.load < cap(owner, cands, 2.0 * eps) {
         return None;
     }

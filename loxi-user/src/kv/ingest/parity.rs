@@ -14,9 +14,9 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use super::BlockKey;
-use super::block_hash::{BlockDigest, BlockHasher, ExtraKey, HashAlgo, VLLM_UNSET_SEED};
 use super::events::BlockStored;
+use crate::kv::BlockKey;
+use crate::kv::block_hash::{BlockDigest, BlockHasher, ExtraKey, HashAlgo, VLLM_UNSET_SEED};
 use crate::routing::EpIdx;
 
 /// Agreeing blocks needed before the verdict is `Ok` and checking stops.

@@ -3,7 +3,37 @@
 
 use serde_json::Value;
 
-use super::meta::{ChatMessage, Prompt};
+/// A prompt as the request gave it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Prompt {
+    /// `prompt` as a string (or the first of an array of strings).
+    Text(String),
+    /// `prompt` as token ids (used as given: vLLM adds nothing).
+    TokenIds(Vec<u32>),
+    /// `messages` (chat) or `instructions` + `input` (responses), normalised to chat messages
+    /// in order. `content` part arrays are flattened to their text parts joined by "".
+    Messages(Vec<ChatMessage>),
+}
+
+/// One chat message, as the chat template receives it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ChatMessage {
+    /// `system`, `user`, `assistant`, `tool`, `developer`...
+    pub role: String,
+    /// Text content (content parts flattened).
+    pub content: String,
+}
+
+impl Prompt {
+    /// True when there is nothing to tokenize (empty text, no token ids, no messages).
+    pub fn is_empty(&self) -> bool {
+        match self {
+            Prompt::Text(t) => t.is_empty(),
+            Prompt::TokenIds(ids) => ids.is_empty(),
+            Prompt::Messages(m) => m.is_empty(),
+        }
+    }
+}
 
 /// The body's prompt: `messages`, else `input`/`instructions`, else `prompt`. `None` when the
 /// body has none of them in a known shape.

@@ -4,12 +4,12 @@ use std::time::Duration;
 use prometheus_client::registry::Registry;
 
 use super::*;
-use crate::kv::blend::LbMode;
 use crate::kv::block_hash::{BlockHasher, HashAlgo};
+use crate::kv::route::blend::LbMode;
 use crate::kv::settings::KvSettings;
 use crate::kv::testutil::{self, TinyTokenizer, rule, shared_dir, state};
 use crate::kv::tokenizer::TokenizerPool;
-use crate::proxy::meta::ChatMessage;
+use crate::request::ChatMessage;
 use crate::routing::{EndpointLoad, Excluded};
 
 const PROMPT: &str = "The quick brown fox jumps over the lazy dog while the cat sleeps in the warm sun. \
@@ -66,7 +66,7 @@ fn meta(text: &str) -> RequestMeta {
 
 impl Fx {
     fn svc(&self) -> Arc<ServiceKv> {
-        self.router.state().service(&self.rule)
+        self.router.state().service(&self.rule).expect("kv rule")
     }
     fn tokens(&self, m: &RequestMeta) -> Arc<[u32]> {
         self.tok
@@ -94,7 +94,7 @@ impl Fx {
             .store(ep, 0, &keys[..blocks.min(keys.len())]);
     }
     /// One attempt of the request whose tier state is `memo`.
-    fn attempt(&self, m: &RequestMeta, ex: &Excluded, memo: &mut TierMemo) -> Option<Decision> {
+    fn attempt(&self, m: &RequestMeta, ex: &Excluded, memo: &mut KvTicket) -> Option<Decision> {
         let c = Candidates {
             weights: &self.weights,
             loads: &self.loads,
@@ -103,7 +103,7 @@ impl Fx {
         self.router.select(&self.rule, m, &c, memo)
     }
     fn select_ex(&self, m: &RequestMeta, ex: &Excluded) -> Option<Decision> {
-        self.attempt(m, ex, &mut TierMemo::default())
+        self.attempt(m, ex, &mut KvTicket::default())
     }
     fn select(&self, m: &RequestMeta) -> Option<Decision> {
         self.select_ex(m, &Excluded::default())
@@ -154,7 +154,7 @@ fn one_request_hashes_once_across_retry_and_routed() {
     let f = fx(3);
     let m = meta(PROMPT);
     f.hold(2, &m, 3);
-    let mut memo = TierMemo::default();
+    let mut memo = KvTicket::default();
     let mut ex = Excluded::default();
     assert_eq!(
         f.attempt(&m, &ex, &mut memo),
@@ -163,7 +163,7 @@ fn one_request_hashes_once_across_retry_and_routed() {
     // Connect failure on 2: the retry is an `excluded` miss; the proxy's `sel` then picks 1.
     ex.insert(2);
     assert_eq!(f.attempt(&m, &ex, &mut memo), None);
-    f.router.routed(&f.rule, &m, 1, &memo);
+    f.router.routed(&f.rule, &m, 1, &mut memo);
     assert_eq!((f.misses("excluded"), f.stage_count("Score")), (1.0, 2.0));
     assert_eq!(
         (f.stage_count("Tokenize"), f.stage_count("Hash")),
@@ -179,7 +179,7 @@ fn one_request_hashes_once_across_retry_and_routed() {
 fn a_retry_counts_its_guard_miss_again_without_retokenizing() {
     let f = fx(2);
     let m = meta("The quick brown fox");
-    let mut memo = TierMemo::default();
+    let mut memo = KvTicket::default();
     for _ in 0..2 {
         assert_eq!(f.attempt(&m, &Excluded::default(), &mut memo), None);
     }
@@ -268,17 +268,6 @@ fn kv_exact_mode_zero_is_mode_off() {
     assert_eq!(f.misses("mode_off"), 1.0);
 }
 
-#[test]
-fn unknown_hash_algorithm_is_hashes_miss() {
-    let f = fx_with(
-        KvSettings::default(),
-        2,
-        serde_json::json!({"kvHashAlgo": "pickle"}),
-    );
-    assert_eq!(f.select(&meta(PROMPT)), None);
-    assert_eq!(f.misses("hashes"), 1.0);
-}
-
 /// Two endpoints, `kvWarmupSec` 30, law `off` and no cold seeding (overlap alone decides).
 fn fx_warmup_30s() -> Fx {
     let s = KvSettings {
@@ -311,7 +300,7 @@ async fn requests_sent_during_warmup_still_predict_their_blocks() {
         serde_json::json!({"kvWarmupSec": 30}),
     );
     let m = meta(PROMPT);
-    let mut memo = TierMemo::default();
+    let mut memo = KvTicket::default();
     assert_eq!(f.attempt(&m, &Excluded::default(), &mut memo), None);
     assert_eq!(f.misses("warmup"), 1.0);
     assert_eq!(
@@ -320,7 +309,7 @@ async fn requests_sent_during_warmup_still_predict_their_blocks() {
         "warmup stops select before tokenizing"
     );
     // `routed` skips the warmup guard, as it always has: it computes the keys itself.
-    f.router.routed(&f.rule, &m, 1, &memo);
+    f.router.routed(&f.rule, &m, 1, &mut memo);
     assert_eq!(f.stage_count("Hash"), 1.0);
     let keys = f.keys_of(&m);
     let scores = f.svc().index.score(&keys, Instant::now());
@@ -333,7 +322,7 @@ async fn warmup_is_checked_on_every_attempt_of_a_request() {
     let m = meta(PROMPT);
     f.hold(1, &m, 2);
     f.svc().set_connected(0, 0, true);
-    let mut memo = TierMemo::default();
+    let mut memo = KvTicket::default();
     assert_eq!(f.attempt(&m, &Excluded::default(), &mut memo), None);
     tokio::time::advance(Duration::from_secs(30)).await;
     // The window closed between the attempts: the retry computes the keys and hits.
@@ -429,9 +418,9 @@ fn chat_conversations_sharing_a_system_prompt_spread_by_full_history() {
 async fn routed_request_predicts_blocks_so_a_burst_converges_until_ttl() {
     let f = fx(3);
     let m = meta(PROMPT);
-    let mut memo = TierMemo::default();
+    let mut memo = KvTicket::default();
     assert_eq!(f.attempt(&m, &Excluded::default(), &mut memo), None);
-    f.router.routed(&f.rule, &m, 2, &memo);
+    f.router.routed(&f.rule, &m, 2, &mut memo);
     assert_eq!(f.select(&m), Some(Decision::pick(2, Reason::KvOverlap)));
     tokio::time::advance(Duration::from_secs(5)).await;
     assert_eq!(f.select(&m), None);

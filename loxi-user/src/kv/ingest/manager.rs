@@ -10,8 +10,9 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::state::{KvState, ServiceKv};
 use super::subscriber::{Stream, StreamAddr, StreamTiming};
+use crate::kv::state::{KvState, ServiceKv};
+use crate::rules::model::authority;
 use crate::rules::store::{RuleSnapshot, StoredRule};
 
 /// Identity of a running stream: rule id, the service-state instance it feeds, and its address.
@@ -24,14 +25,6 @@ pub struct KvManager {
     running: HashMap<StreamKey, (CancellationToken, JoinHandle<()>)>,
 }
 
-fn host_port(ip: &str, port: u32) -> String {
-    if ip.contains(':') {
-        format!("[{ip}]:{port}")
-    } else {
-        format!("{ip}:{port}")
-    }
-}
-
 /// The streams a rule wants.
 pub fn streams_of(rule: &StoredRule, svc: &ServiceKv) -> Vec<StreamAddr> {
     let c = &svc.config;
@@ -42,11 +35,11 @@ pub fn streams_of(rule: &StoredRule, svc: &ServiceKv) -> Vec<StreamAddr> {
         }
         for rank in 0..c.dp_ranks {
             let replay =
-                (c.replay_port != 0).then(|| host_port(ip, u32::from(c.replay_port) + rank));
+                (c.replay_port != 0).then(|| authority(ip, u32::from(c.replay_port) + rank));
             out.push(StreamAddr {
                 ep,
                 rank,
-                publisher: host_port(ip, u32::from(c.zmq_port) + rank),
+                publisher: authority(ip, u32::from(c.zmq_port) + rank),
                 replay,
             });
         }
@@ -88,10 +81,9 @@ impl KvManager {
         let mut want: HashMap<StreamKey, Arc<ServiceKv>> = HashMap::new();
         let mut live_ids = Vec::new();
         for rule in snap.rules.values() {
-            if !matches!(rule.rule.service.kv_exact_mode, 1 | 3) {
+            let Some(svc) = self.state.service(rule) else {
                 continue;
-            }
-            let svc = self.state.service(rule);
+            };
             live_ids.push(rule.id);
             for addr in streams_of(rule, &svc) {
                 want.insert((rule.id, Arc::as_ptr(&svc) as usize, addr), svc.clone());

@@ -6,6 +6,8 @@
 
 use std::net::SocketAddr;
 
+use super::prompt::Prompt;
+
 /// Which OpenAI endpoint a request targets; decides how the prompt is tokenized (vLLM adds
 /// special tokens for completions, not for chat, and with them for `/v1/responses`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -19,27 +21,6 @@ pub enum ApiKind {
     /// Anything else (forwarded, routed by the plain selector).
     #[default]
     Other,
-}
-
-/// A prompt as the request gave it.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Prompt {
-    /// `prompt` as a string (or the first of an array of strings).
-    Text(String),
-    /// `prompt` as token ids (used as given: vLLM adds nothing).
-    TokenIds(Vec<u32>),
-    /// `messages` (chat) or `instructions` + `input` (responses), normalised to chat messages
-    /// in order. `content` part arrays are flattened to their text parts joined by "".
-    Messages(Vec<ChatMessage>),
-}
-
-/// One chat message, as the chat template receives it.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct ChatMessage {
-    /// `system`, `user`, `assistant`, `tool`, `developer`...
-    pub role: String,
-    /// Text content (content parts flattened).
-    pub content: String,
 }
 
 /// Everything routing needs to know about one request.
@@ -184,6 +165,7 @@ fn body_conversation(v: &serde_json::Value) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::request::ChatMessage;
 
     fn args(session: &str) -> crate::rules::ServiceArgs {
         serde_json::from_value(serde_json::json!({

@@ -7,11 +7,11 @@
 //! (`loxilb_kv_events_rejected_total{reason="block_size"}`) and shown in the parity report;
 //! malformed events are counted with `reason="malformed"`. Neither stops the stream.
 
-use super::BlockKey;
 use super::events::{EventBatch, KvEvent};
-use super::metrics::{EpLabels, EpReasonLabels, KvMetrics, ServiceLabels, ep_label};
-use super::settings::KvSettings;
-use super::state::ServiceKv;
+use crate::kv::BlockKey;
+use crate::kv::metrics::{EpLabels, EpReasonLabels, KvMetrics, ServiceLabels, ep_label};
+use crate::kv::settings::KvSettings;
+use crate::kv::state::ServiceKv;
 use crate::routing::EpIdx;
 
 /// Counts of one applied batch.
@@ -76,21 +76,20 @@ impl ServiceKv {
                     self.parity.lock().reject_block_size(ep, ebs);
                     return Err("block_size");
                 }
-                let keys = match &self.hasher {
-                    Some(h) if !st.token_ids.is_empty() => {
-                        let t = self.parity.lock().on_stored(
-                            ep,
-                            st,
-                            h,
-                            bs as usize,
-                            &settings.lora_paths,
-                        );
-                        if t.verdict_changed {
-                            self.publish_parity(ep, rank, m);
-                        }
-                        t.keys
+                let keys = if st.token_ids.is_empty() {
+                    st.block_hashes.iter().map(|h| h.key()).collect()
+                } else {
+                    let t = self.parity.lock().on_stored(
+                        ep,
+                        st,
+                        &self.hasher,
+                        bs as usize,
+                        &settings.lora_paths,
+                    );
+                    if t.verdict_changed {
+                        self.publish_parity(ep, rank, m);
                     }
-                    _ => st.block_hashes.iter().map(|h| h.key()).collect(),
+                    t.keys
                 };
                 let out = self.index.store(ep, rank, &keys);
                 if out.evicted > 0 {
@@ -103,10 +102,10 @@ impl ServiceKv {
             }
             KvEvent::BlockRemoved { block_hashes } => {
                 let engine: Vec<BlockKey> = block_hashes.iter().map(|h| h.key()).collect();
-                let keys = match &self.hasher {
-                    Some(h) => self.parity.lock().on_removed(ep, &engine, h.algo()),
-                    None => engine,
-                };
+                let keys = self
+                    .parity
+                    .lock()
+                    .on_removed(ep, &engine, self.hasher.algo());
                 self.index.remove(ep, rank, &keys);
             }
             KvEvent::AllBlocksCleared => self.clear_endpoint(ep),
@@ -141,7 +140,7 @@ mod tests {
     use rmpv::Value as V;
 
     use super::*;
-    use crate::kv::events::decode_batch;
+    use crate::kv::ingest::events::decode_batch;
     use crate::kv::testutil::{msgpack, rule, state, stored_batch};
 
     fn batch(events: Vec<V>, rank: V) -> EventBatch {
@@ -156,7 +155,9 @@ mod tests {
     #[test]
     fn all_blocks_cleared_empties_every_rank_of_the_endpoint() {
         let (st, _reg) = state(KvSettings::default());
-        let svc = st.service(&rule(1, 2, serde_json::json!({})));
+        let svc = st
+            .service(&rule(1, 2, serde_json::json!({})))
+            .expect("kv rule");
         let stored = decode_batch(&stored_batch(&[1, 2], 16)).expect("decode");
         svc.apply_batch(0, 0, &stored, &st.settings, &st.metrics);
         svc.apply_batch(0, 1, &stored, &st.settings, &st.metrics);
@@ -175,7 +176,9 @@ mod tests {
     #[test]
     fn block_size_mismatch_is_rejected_counted_and_reported() {
         let (st, _reg) = state(KvSettings::default());
-        let svc = st.service(&rule(1, 1, serde_json::json!({"kvBlockSize": 16})));
+        let svc = st
+            .service(&rule(1, 1, serde_json::json!({"kvBlockSize": 16})))
+            .expect("kv rule");
         let b = decode_batch(&stored_batch(&[7], 768)).expect("decode");
         let out = svc.apply_batch(0, 0, &b, &st.settings, &st.metrics);
         assert_eq!(
@@ -199,7 +202,9 @@ mod tests {
     #[test]
     fn malformed_event_counted_rest_of_batch_applies() {
         let (st, _reg) = state(KvSettings::default());
-        let svc = st.service(&rule(1, 1, serde_json::json!({})));
+        let svc = st
+            .service(&rule(1, 1, serde_json::json!({})))
+            .expect("kv rule");
         let good = V::Array(vec![
             V::from("BlockStored"),
             V::Array(vec![V::from(9u64)]),

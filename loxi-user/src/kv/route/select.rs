@@ -3,89 +3,35 @@
 //! Guard ladder (LoxiLB's order and labels, `kv-cache-aware-routing.txt` §7, plus loxi's
 //! `short_prompt`): `mode_off` (kvExactMode 0) → `warmup` (within `kvWarmupSec` of the first
 //! subscriber connect; loxi arms it, default 0 = off) → `text_empty` → `model_empty` →
-//! `tokenize` → `shallow` (fewer than `LLB_KV_MIN_MATCH_TOKENS` tokens) → `hashes` (unknown
-//! algorithm or LoRA path) → `short_prompt` (no full block: nothing is cacheable) → `no_worker`
+//! `tokenize` → `shallow` (fewer than `LLB_KV_MIN_MATCH_TOKENS` tokens) → `hashes` (LoRA adapter
+//! without a path, or extras SGLang's contract cannot hash) → `short_prompt` (no full block: nothing is cacheable) → `no_worker`
 //! (no endpoint holds the first block) → `excluded` (only excluded / unhealthy / unsubscribed
 //! endpoints hold it). Then [`super::blend::blend`] and cold-start seeding. Every miss counts
 //! one `loxilb_pd_kv_tier15_miss_reason_total` and one fallthrough; every hit one
 //! `loxilb_pd_kv_tier15_hits_total{ep_idx}`.
 //!
 //! The prompt is tokenized and hashed once per request: the outcome of `text_empty` …
-//! `short_prompt` (keys or the miss) is kept in the request's [`TierMemo`], which a
-//! connect-failure retry and [`KvRouter::routed`] reuse. `warmup` is not kept: every attempt
+//! `short_prompt` (keys or the miss) is kept in the request's [`KvTicket`] with the service's
+//! state, which a connect-failure retry and [`KvRouter::routed`] reuse. `warmup` is not kept: every attempt
 //! checks it, and `routed` skips it (blocks of requests sent during warmup are still predicted).
 
+use std::cell::RefCell;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant as StdInstant;
 
 use tokio::time::Instant;
 
-use super::BlockKey;
 use super::blend::{Cand, LawParams, blend};
-use super::block_hash::RequestExtras;
-use super::metrics::{ServiceLabels, Stage, StageLabels};
-use super::state::{KvState, ServiceKv};
-use crate::proxy::meta::{ApiKind, Prompt, RequestMeta};
-use crate::routing::{Candidates, Decision, EpIdx, Reason, TierMemo};
+pub use super::miss::MissReason;
+use crate::kv::BlockKey;
+use crate::kv::block_hash::RequestExtras;
+use crate::kv::index::ScoreScratch;
+use crate::kv::metrics::Stage;
+use crate::kv::state::{KvState, ServiceKv};
+use crate::request::{ApiKind, Prompt, RequestMeta};
+use crate::routing::{Candidates, Decision, EpIdx, Reason};
 use crate::rules::store::StoredRule;
-
-/// Why tier 1.5 did not decide (the `reason` label).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum MissReason {
-    /// kvExactMode 0.
-    ModeOff,
-    /// Inside the kvWarmupSec window.
-    Warmup,
-    /// No prompt text.
-    TextEmpty,
-    /// No model.
-    ModelEmpty,
-    /// Tokenizer missing or failed.
-    Tokenize,
-    /// Block hashes could not be computed.
-    Hashes,
-    /// Fewer tokens than `LLB_KV_MIN_MATCH_TOKENS`.
-    Shallow,
-    /// Shorter than one block: nothing cacheable (loxi extension).
-    ShortPrompt,
-    /// No endpoint holds the first block.
-    NoWorker,
-    /// Only ineligible endpoints hold it.
-    Excluded,
-}
-
-impl MissReason {
-    /// Every reason, for pre-creating series.
-    pub const ALL: [MissReason; 10] = [
-        Self::ModeOff,
-        Self::Warmup,
-        Self::TextEmpty,
-        Self::ModelEmpty,
-        Self::Tokenize,
-        Self::Hashes,
-        Self::Shallow,
-        Self::ShortPrompt,
-        Self::NoWorker,
-        Self::Excluded,
-    ];
-
-    /// The metric label.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::ModeOff => "mode_off",
-            Self::Warmup => "warmup",
-            Self::TextEmpty => "text_empty",
-            Self::ModelEmpty => "model_empty",
-            Self::Tokenize => "tokenize",
-            Self::Hashes => "hashes",
-            Self::Shallow => "shallow",
-            Self::ShortPrompt => "short_prompt",
-            Self::NoWorker => "no_worker",
-            Self::Excluded => "excluded",
-        }
-    }
-}
 
 /// Prompt → token ids for a model, exactly as the engine tokenizes for `api` (implemented over
 /// the tokenizer pool by the app). Token-id prompts never reach it.
@@ -100,7 +46,7 @@ pub trait PromptTokenizer: Send + Sync + 'static {
     ) -> Result<Arc<[u32]>, String>;
 }
 
-impl PromptTokenizer for super::tokenizer::TokenizerPool {
+impl PromptTokenizer for crate::kv::tokenizer::TokenizerPool {
     fn encode(
         &self,
         model: &str,
@@ -108,14 +54,47 @@ impl PromptTokenizer for super::tokenizer::TokenizerPool {
         prompt: &Prompt,
         add_special_tokens: Option<bool>,
     ) -> Result<Arc<[u32]>, String> {
-        super::tokenizer::TokenizerPool::encode(self, model, api, prompt, add_special_tokens)
+        crate::kv::tokenizer::TokenizerPool::encode(self, model, api, prompt, add_special_tokens)
             .map_err(|e| e.to_string())
     }
 }
 
-/// A request's block keys, or the guard (`text_empty` … `short_prompt`) that stopped them; what
-/// [`KvRouter`] keeps in the request's [`TierMemo`].
-struct RequestKeys(Result<Arc<[BlockKey]>, MissReason>);
+/// What tier 1.5 keeps about one request between its calls (the first selection, a
+/// connect-failure retry, and [`KvRouter::routed`] at each dispatch): the service's state,
+/// resolved once, and the request's block keys or the guard (`text_empty` … `short_prompt`) that
+/// stopped them. The proxy starts each request with `KvTicket::default()`.
+#[derive(Default)]
+pub struct KvTicket {
+    svc: Option<Arc<ServiceKv>>,
+    keys: Option<Result<Vec<BlockKey>, MissReason>>,
+}
+
+impl KvTicket {
+    /// The request's block keys, once a call computed them.
+    pub fn keys(&self) -> Option<&[BlockKey]> {
+        self.keys.as_ref()?.as_deref().ok()
+    }
+
+    /// The service's state (resolved on the first call; `None` when the rule has tier 1.5 off).
+    fn service(&mut self, state: &KvState, rule: &StoredRule) -> Option<Arc<ServiceKv>> {
+        if self.svc.is_none() {
+            self.svc = state.service(rule);
+        }
+        self.svc.clone()
+    }
+}
+
+/// Reused per-thread buffers of one decision (scores and law candidates), so that a decision
+/// allocates nothing once a thread has served a request of that size.
+#[derive(Default)]
+struct Scratch {
+    score: ScoreScratch,
+    cands: Vec<Cand>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
 
 /// Tier 1.5: implements the proxy's affinity-tier seam (`select` / `routed`).
 pub struct KvRouter {
@@ -136,36 +115,35 @@ impl KvRouter {
 
     /// Tier 1.5 for one request. `Some` on a hit (reason `KvOverlap`, `KvSpill` or
     /// `KvColdSeed`), `None` on a miss (counted). Called again with the failed endpoint in
-    /// `cands.excluded` after a connect failure, it returns the next best; `memo` carries the
-    /// request's keys between the calls (start each request with an empty one).
+    /// `cands.excluded` after a connect failure, it returns the next best; `ticket` carries the
+    /// service and the request's keys between the calls (start each request with an empty one).
     pub fn select(
         &self,
         rule: &StoredRule,
         meta: &RequestMeta,
         cands: &Candidates<'_>,
-        memo: &mut TierMemo,
+        ticket: &mut KvTicket,
     ) -> Option<Decision> {
-        let label = rule.id.to_string();
-        let m = &self.state.metrics;
-        if rule.rule.service.kv_exact_mode == 0 {
-            m.miss(&label, MissReason::ModeOff);
+        let Some(svc) = ticket.service(&self.state, rule) else {
+            self.state
+                .metrics
+                .miss(&rule.id.to_string(), MissReason::ModeOff);
             return None;
-        }
-        let svc = self.state.service(rule);
-        let res = self.guarded_keys(&svc, meta, memo).and_then(|keys| {
+        };
+        let res = self.guarded_keys(&svc, meta, ticket).and_then(|keys| {
             let t = StdInstant::now();
-            let r = self.decide(&svc, rule, &keys, cands);
-            self.observe(Stage::Score, t);
+            let r = self.decide(&svc, rule, keys, cands);
+            svc.route.stage(Stage::Score, t.elapsed().as_secs_f64());
             r
         });
         match res {
             Ok(d) => {
-                m.hit(&label, d.endpoint.unwrap_or_default());
+                svc.route.hit(d.endpoint.unwrap_or_default());
                 Some(d)
             }
             Err(reason) => {
-                m.miss(&label, reason);
-                let head = memo.get::<RequestKeys>().and_then(|k| k.0.as_ref().ok());
+                svc.route.miss(reason);
+                let head = ticket.keys();
                 tracing::debug!(
                     service = rule.id,
                     reason = reason.as_str(),
@@ -180,60 +158,48 @@ impl KvRouter {
     }
 
     /// The proxy sent the request to `ep`: its blocks become predicted holdings of `ep` for
-    /// the predicted-block TTL. The keys come from `memo` (the request's `select` calls); only
-    /// when those all stopped at `warmup` are they computed here.
-    pub fn routed(&self, rule: &StoredRule, meta: &RequestMeta, ep: EpIdx, memo: &TierMemo) {
-        if rule.rule.service.kv_exact_mode == 0 || self.state.settings.predicted_ttl.is_zero() {
+    /// the predicted-block TTL. The keys come from `ticket` (the request's `select` calls);
+    /// only when those all stopped at `warmup` are they computed here (and kept).
+    pub fn routed(&self, rule: &StoredRule, meta: &RequestMeta, ep: EpIdx, ticket: &mut KvTicket) {
+        if self.state.settings.predicted_ttl.is_zero() {
             return;
         }
-        let svc = self.state.service(rule);
-        let keys = match memo.get::<RequestKeys>() {
-            Some(RequestKeys(k)) => k.clone(),
-            None => self.keys(&svc, meta),
+        let Some(svc) = ticket.service(&self.state, rule) else {
+            return;
         };
+        let keys = ticket.keys.get_or_insert_with(|| self.keys(&svc, meta));
         if let Ok(keys) = keys {
             let now = Instant::now();
-            svc.index.maybe_sweep_predicted(now);
             svc.index
-                .predict(ep, &keys, now + self.state.settings.predicted_ttl);
+                .predict(ep, keys, now + self.state.settings.predicted_ttl);
             tracing::trace!(service = rule.id, ep, blocks = keys.len(), first_block = ?keys.first(), "kv blocks predicted");
         }
     }
 
-    fn observe(&self, stage: Stage, since: StdInstant) {
-        let h = self
-            .state
-            .metrics
-            .stage_seconds
-            .get_or_create(&StageLabels { stage });
-        h.observe(since.elapsed().as_secs_f64());
-    }
-
-    /// The `warmup` guard, then the request's keys: from `memo`, or computed and remembered
-    /// there by the first attempt past `warmup`.
-    fn guarded_keys(
+    /// The `warmup` guard, then the request's keys: from `ticket`, or computed and kept there
+    /// by the first attempt past `warmup`.
+    fn guarded_keys<'t>(
         &self,
         svc: &ServiceKv,
         meta: &RequestMeta,
-        memo: &mut TierMemo,
-    ) -> Result<Arc<[BlockKey]>, MissReason> {
+        ticket: &'t mut KvTicket,
+    ) -> Result<&'t [BlockKey], MissReason> {
         if svc.warming(Instant::now()) {
             return Err(MissReason::Warmup);
         }
-        if let Some(RequestKeys(k)) = memo.get() {
-            return k.clone();
+        let keys = ticket.keys.get_or_insert_with(|| self.keys(svc, meta));
+        match keys {
+            Ok(k) => Ok(k),
+            Err(r) => Err(*r),
         }
-        let k = self.keys(svc, meta);
-        memo.set(RequestKeys(k.clone()));
-        k
     }
 
     /// Guards `text_empty` to `short_prompt`, returning the request's block keys.
-    fn keys(&self, svc: &ServiceKv, meta: &RequestMeta) -> Result<Arc<[BlockKey]>, MissReason> {
+    fn keys(&self, svc: &ServiceKv, meta: &RequestMeta) -> Result<Vec<BlockKey>, MissReason> {
         let prompt = meta
             .prompt
             .as_ref()
-            .filter(|p| !prompt_is_empty(p))
+            .filter(|p| !p.is_empty())
             .ok_or(MissReason::TextEmpty)?;
         let model = meta
             .model
@@ -241,29 +207,34 @@ impl KvRouter {
             .filter(|m| !m.is_empty())
             .ok_or(MissReason::ModelEmpty)?;
         let t = StdInstant::now();
-        let tokens: Arc<[u32]> = match prompt {
-            Prompt::TokenIds(ids) => ids.as_slice().into(),
-            p => self
-                .tokenizer
-                .encode(model, meta.api, p, meta.add_special_tokens)
-                .map_err(|_| MissReason::Tokenize)?,
+        let encoded;
+        let tokens: &[u32] = match prompt {
+            Prompt::TokenIds(ids) => ids,
+            p => {
+                encoded = self
+                    .tokenizer
+                    .encode(model, meta.api, p, meta.add_special_tokens)
+                    .map_err(|_| MissReason::Tokenize)?;
+                &encoded
+            }
         };
-        self.observe(Stage::Tokenize, t);
+        svc.route.stage(Stage::Tokenize, t.elapsed().as_secs_f64());
         if tokens.len() < self.state.settings.min_match_tokens {
             return Err(MissReason::Shallow);
         }
-        let hasher = svc.hasher.as_ref().ok_or(MissReason::Hashes)?;
         let extras = self.extras(meta)?;
         let t = StdInstant::now();
-        let keys = hasher.keys(&tokens, svc.config.block_size as usize, &extras);
-        self.observe(Stage::Hash, t);
+        let keys = svc
+            .hasher
+            .keys(tokens, svc.config.block_size as usize, &extras);
+        svc.route.stage(Stage::Hash, t.elapsed().as_secs_f64());
         if self.state.settings.hash_debug {
             tracing::info!(service = svc.id, blocks = keys.len(), keys = ?keys, "kv hash debug");
         }
         if keys.is_empty() {
             return Err(MissReason::ShortPrompt);
         }
-        Ok(keys.into())
+        Ok(keys)
     }
 
     fn extras(&self, meta: &RequestMeta) -> Result<RequestExtras, MissReason> {
@@ -285,7 +256,7 @@ impl KvRouter {
         })
     }
 
-    /// Scoring, eligibility, blend law and cold seeding.
+    /// Scoring, eligibility, blend law and cold seeding (on this thread's reused buffers).
     fn decide(
         &self,
         svc: &ServiceKv,
@@ -293,7 +264,23 @@ impl KvRouter {
         keys: &[BlockKey],
         cands: &Candidates<'_>,
     ) -> Result<Decision, MissReason> {
-        let scores = svc.index.score(keys, Instant::now());
+        SCRATCH.with(|s| match s.try_borrow_mut() {
+            Ok(mut s) => self.decide_in(&mut s, svc, rule, keys, cands),
+            Err(_) => self.decide_in(&mut Scratch::default(), svc, rule, keys, cands),
+        })
+    }
+
+    fn decide_in(
+        &self,
+        scratch: &mut Scratch,
+        svc: &ServiceKv,
+        rule: &StoredRule,
+        keys: &[BlockKey],
+        cands: &Candidates<'_>,
+    ) -> Result<Decision, MissReason> {
+        let scores = svc
+            .index
+            .score_with(keys, Instant::now(), &mut scratch.score);
         let subscribed = |ep: EpIdx| svc.config.endpoints.get(ep).is_some_and(|(_, s)| *s);
         let usable = |ep: EpIdx| cands.eligible(ep) && subscribed(ep);
         if scores.is_empty() {
@@ -302,34 +289,30 @@ impl KvRouter {
         if !scores.iter().any(|(ep, _)| usable(*ep)) {
             return Err(MissReason::Excluded);
         }
-        let law_cands: Vec<Cand> = (0..cands.len())
-            .filter(|&ep| usable(ep))
-            .map(|ep| Cand {
-                ep,
-                overlap: scores.iter().find(|(e, _)| *e == ep).map_or(0, |s| s.1),
-                load: cands.loads[ep].in_flight() + cands.loads[ep].queued.load(Ordering::Relaxed),
-                weight: cands.weights.get(ep).copied().unwrap_or(1),
-            })
-            .collect();
+        let law_cands = &mut scratch.cands;
+        law_cands.clear();
+        law_cands.extend((0..cands.len()).filter(|&ep| usable(ep)).map(|ep| Cand {
+            ep,
+            overlap: scores.iter().find(|(e, _)| *e == ep).map_or(0, |s| s.1),
+            load: cands.loads[ep].in_flight() + cands.loads[ep].queued.load(Ordering::Relaxed),
+            weight: cands.weights.get(ep).copied().unwrap_or(1),
+        }));
         let s = &self.state.settings;
         let params = LawParams {
             mode: s.lb_mode,
             mean_load_factor: s.mean_load_factor,
             load_penalty: s.load_penalty,
-            spill_relief: s.spill_relief_for(rule.rule.service.kv_exact_mode),
+            spill_relief: s.spill_relief_for(rule.spec.kv_mode()),
             cap_sum_milli: s.cap_sum_milli,
             request_blocks: keys.len(),
         };
-        let pick = blend(&law_cands, &params).ok_or(MissReason::Excluded)?;
-        let label = ServiceLabels {
-            service: svc.label(),
-        };
-        if let Some(cold) = self.cold_seed(svc, &law_cands, pick.ep) {
-            self.state.metrics.cold_seeds.get_or_create(&label).inc();
+        let pick = blend(law_cands, &params).ok_or(MissReason::Excluded)?;
+        if let Some(cold) = self.cold_seed(svc, law_cands, pick.ep) {
+            svc.route.cold_seeds.inc();
             return Ok(Decision::pick(cold, Reason::KvColdSeed));
         }
         if pick.spilled {
-            self.state.metrics.spills.get_or_create(&label).inc();
+            svc.route.spills.inc();
             return Ok(Decision::pick(pick.ep, Reason::KvSpill));
         }
         Ok(Decision::pick(pick.ep, Reason::KvOverlap))
@@ -356,14 +339,6 @@ impl KvRouter {
             .map(|c| c.ep)
             .find(|&ep| cold(ep))
             .filter(|&ep| ep != pick)
-    }
-}
-
-fn prompt_is_empty(p: &Prompt) -> bool {
-    match p {
-        Prompt::Text(t) => t.is_empty(),
-        Prompt::TokenIds(ids) => ids.is_empty(),
-        Prompt::Messages(m) => m.is_empty(),
     }
 }
 

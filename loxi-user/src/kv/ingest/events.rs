@@ -18,7 +18,7 @@
 
 use rmpv::Value;
 
-use super::EngineBlockHash;
+use crate::kv::EngineBlockHash;
 
 /// Why an event (or a whole batch) could not be decoded. Names the offending field.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

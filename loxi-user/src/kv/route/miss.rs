@@ -1,0 +1,61 @@
+//! Why tier 1.5 did not decide: the `reason` label of `loxilb_pd_kv_tier15_miss_reason_total`,
+//! in the order of the guard ladder (`select.rs`). Its own file so that the metrics (which
+//! pre-create one series per reason) and the selection (which returns one) both import it
+//! without importing each other.
+
+/// Why tier 1.5 did not decide (the `reason` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MissReason {
+    /// kvExactMode 0.
+    ModeOff,
+    /// Inside the kvWarmupSec window.
+    Warmup,
+    /// No prompt text.
+    TextEmpty,
+    /// No model.
+    ModelEmpty,
+    /// Tokenizer missing or failed.
+    Tokenize,
+    /// Block hashes could not be computed.
+    Hashes,
+    /// Fewer tokens than `LLB_KV_MIN_MATCH_TOKENS`.
+    Shallow,
+    /// Shorter than one block: nothing cacheable (loxi extension).
+    ShortPrompt,
+    /// No endpoint holds the first block.
+    NoWorker,
+    /// Only ineligible endpoints hold it.
+    Excluded,
+}
+
+impl MissReason {
+    /// Every reason, for pre-creating series.
+    pub const ALL: [MissReason; 10] = [
+        Self::ModeOff,
+        Self::Warmup,
+        Self::TextEmpty,
+        Self::ModelEmpty,
+        Self::Tokenize,
+        Self::Hashes,
+        Self::Shallow,
+        Self::ShortPrompt,
+        Self::NoWorker,
+        Self::Excluded,
+    ];
+
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ModeOff => "mode_off",
+            Self::Warmup => "warmup",
+            Self::TextEmpty => "text_empty",
+            Self::ModelEmpty => "model_empty",
+            Self::Tokenize => "tokenize",
+            Self::Hashes => "hashes",
+            Self::Shallow => "shallow",
+            Self::ShortPrompt => "short_prompt",
+            Self::NoWorker => "no_worker",
+            Self::Excluded => "excluded",
+        }
+    }
+}

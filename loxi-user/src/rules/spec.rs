@@ -1,0 +1,437 @@
+//! The typed service spec: what validation compiles a rule's raw `serviceArguments` into, and
+//! what everything downstream reads instead of comparing raw numbers and strings.
+//!
+//! [`ServiceSpec::compile`] runs once per accepted rule (at the end of
+//! [`super::validate::validate`], and again when the store builds a [`super::StoredRule`]), after
+//! the range checks. Every default that depends on another field (the hash algorithm of an
+//! engine, the endpoints a KV topology subscribes) is decided here and nowhere else; a
+//! combination the data path cannot serve is a validation error, not a rule that misses forever.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use loxi_common::sel;
+
+use super::model::LbRule;
+
+/// A rule that passed the range checks but cannot be compiled into a spec (validation turns it
+/// into `RuleError::Invalid`, HTTP 400).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct SpecError {
+    /// JSON path, e.g. `serviceArguments.kvHashAlgo`.
+    pub field: String,
+    /// What is wrong and what is allowed.
+    pub message: String,
+}
+
+/// NAT mode (`mode`): 0–3 and 5 run in the XDP data path, 4 is the fullproxy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// 0: destination NAT.
+    Dnat,
+    /// 1: one-arm.
+    OneArm,
+    /// 2: full NAT.
+    FullNat,
+    /// 3: direct server return.
+    Dsr,
+    /// 4: the L7 fullproxy (every AI feature).
+    FullProxy,
+    /// 5: host one-arm.
+    HostOneArm,
+}
+
+impl Mode {
+    fn of(mode: u8) -> Option<Self> {
+        Some(match mode {
+            0 => Self::Dnat,
+            1 => Self::OneArm,
+            2 => Self::FullNat,
+            3 => Self::Dsr,
+            4 => Self::FullProxy,
+            5 => Self::HostOneArm,
+            _ => return None,
+        })
+    }
+}
+
+/// Endpoint selector (`sel`, numbers of `loxi_common::sel`; 7 is reserved and rejected).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sel {
+    /// 0: round-robin.
+    Rr,
+    /// 1: client-address hash.
+    Hash,
+    /// 2: smooth weighted round-robin.
+    Wrr,
+    /// 3: persist (session key owner).
+    Persist,
+    /// 4: least in-flight requests.
+    Lc,
+    /// 5: SCTP N2 (accepted; the fullproxy runs round-robin for it).
+    N2,
+    /// 6: N3 (UDP only; the fullproxy runs round-robin for it).
+    N3,
+    /// 8: consistent hash with bounded loads.
+    Chwbl,
+    /// 9: GPU-aware modulo placement.
+    GpuAware,
+    /// 10: weighted consistent hash.
+    WrrHash,
+}
+
+impl Sel {
+    /// The selector of a `sel` number (`None` for 7 and above 10).
+    pub fn of(s: u8) -> Option<Self> {
+        Some(match s {
+            sel::RR => Self::Rr,
+            sel::HASH => Self::Hash,
+            sel::WRR => Self::Wrr,
+            sel::PERSIST => Self::Persist,
+            sel::LC => Self::Lc,
+            sel::N2 => Self::N2,
+            sel::N3 => Self::N3,
+            sel::CHWBL => Self::Chwbl,
+            sel::GPU_AWARE => Self::GpuAware,
+            sel::WRR_HASH => Self::WrrHash,
+            _ => return None,
+        })
+    }
+
+    /// The `sel` metric label (N2/N3 run round-robin in the fullproxy and are labelled so).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Rr | Self::N2 | Self::N3 => "rr",
+            Self::Hash => "hash",
+            Self::Wrr => "wrr",
+            Self::Persist => "persist",
+            Self::Lc => "lc",
+            Self::Chwbl => "chwbl",
+            Self::GpuAware => "gpuaware",
+            Self::WrrHash => "wrr-hash",
+        }
+    }
+
+    /// Does the selector key on the prompt (and so need the parsed body)?
+    pub fn prefix_keyed(self) -> bool {
+        matches!(self, Self::Chwbl | Self::GpuAware | Self::WrrHash)
+    }
+}
+
+/// Engine contract (`kvEngineType`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engine {
+    /// vLLM (default).
+    Vllm,
+    /// SGLang.
+    Sglang,
+    /// TensorRT-LLM (no tier-1.5 hash contract in loxi).
+    Trtllm,
+    /// llama.cpp (no KV event plane).
+    Llamacpp,
+}
+
+impl Engine {
+    /// The engine of a `kvEngineType` name (`None` when unknown).
+    pub fn of_name(s: &str) -> Option<Self> {
+        Some(match s {
+            "vllm" => Self::Vllm,
+            "sglang" => Self::Sglang,
+            "trtllm" => Self::Trtllm,
+            "llamacpp" => Self::Llamacpp,
+            _ => return None,
+        })
+    }
+
+    /// The `kvHashAlgo` an empty field means for this engine (the rule keeps the name).
+    pub fn default_hash_algo(self) -> &'static str {
+        match self {
+            Self::Sglang => "sha256_sglang",
+            Self::Trtllm => "blockhash_trtllm",
+            Self::Vllm | Self::Llamacpp => "sha256_cbor",
+        }
+    }
+}
+
+/// Tier-1.5 topology (`kvExactMode`; 2 is reserved and rejected).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvMode {
+    /// 0: tier 1.5 off.
+    Off,
+    /// 1: P/D, the prefill endpoints (`ep_role: 1`) are subscribed.
+    PdPrefill,
+    /// 3: role-less single pool, every endpoint subscribed.
+    Pool,
+}
+
+impl KvMode {
+    fn of(m: u8) -> Option<Self> {
+        Some(match m {
+            0 => Self::Off,
+            1 => Self::PdPrefill,
+            3 => Self::Pool,
+            _ => return None,
+        })
+    }
+}
+
+/// A prefix-cache hash contract (`kvHashAlgo`) loxi can compute. `blockhash_trtllm` is a name
+/// of the compatibility contract that validation accepts only while tier 1.5 is off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum HashAlgo {
+    /// vLLM `--prefix-caching-hash-algo sha256_cbor`: SHA-256 of canonical CBOR.
+    Sha256Cbor,
+    /// vLLM `--prefix-caching-hash-algo xxhash_cbor`: XXH3-128 of canonical CBOR.
+    XxhashCbor,
+    /// SGLang page hash: SHA-256 of parent digest and u32 LE token ids.
+    Sha256Sglang,
+}
+
+impl HashAlgo {
+    /// The names accepted by [`FromStr`] and printed by [`fmt::Display`].
+    pub const NAMES: [&'static str; 3] = ["sha256_cbor", "xxhash_cbor", "sha256_sglang"];
+
+    /// The rule / CLI name (`sha256_cbor`, `xxhash_cbor`, `sha256_sglang`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HashAlgo::Sha256Cbor => "sha256_cbor",
+            HashAlgo::XxhashCbor => "xxhash_cbor",
+            HashAlgo::Sha256Sglang => "sha256_sglang",
+        }
+    }
+
+    /// Digest length in bytes: 32 for the SHA-256 contracts, 16 for XXH3-128.
+    pub fn digest_len(self) -> usize {
+        match self {
+            HashAlgo::XxhashCbor => 16,
+            HashAlgo::Sha256Cbor | HashAlgo::Sha256Sglang => 32,
+        }
+    }
+}
+
+impl fmt::Display for HashAlgo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Error for an unknown `kvHashAlgo` name; names the offending value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "kvHashAlgo: unknown hash algorithm {0:?} (expected one of sha256_cbor, xxhash_cbor, sha256_sglang)"
+)]
+pub struct UnknownHashAlgo(pub String);
+
+impl FromStr for HashAlgo {
+    type Err = UnknownHashAlgo;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "sha256_cbor" => Ok(HashAlgo::Sha256Cbor),
+            "xxhash_cbor" => Ok(HashAlgo::XxhashCbor),
+            "sha256_sglang" => Ok(HashAlgo::Sha256Sglang),
+            other => Err(UnknownHashAlgo(other.to_owned())),
+        }
+    }
+}
+
+/// Backend protocol (`backend_protocol`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendProtocol {
+    /// `http1` (default).
+    Http1,
+    /// `http2`: the upstream client speaks HTTP/2 (prior knowledge).
+    Http2,
+    /// `both`: HTTP/1.1 upstream (the client side serves both).
+    Both,
+}
+
+/// The tier-1.5 contract of a rule with `kvExactMode` 1 or 3.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvSpec {
+    /// `kvExactMode` (never [`KvMode::Off`] here).
+    pub mode: KvMode,
+    /// `kvHashAlgo`, or the engine's default when the field was empty.
+    pub algo: HashAlgo,
+    /// `kvBlockSize` in tokens.
+    pub block_size: u32,
+    /// `kvWarmupSec`.
+    pub warmup: Duration,
+    /// `kvZmqPort` (DP rank r publishes on `kvZmqPort + r`).
+    pub zmq_port: u16,
+    /// `kvReplayPort` (0 = none).
+    pub replay_port: u16,
+    /// `kvDpRankCount`, ≥ 1.
+    pub dp_ranks: u32,
+    /// `(endpointIP, subscribed?)` per endpoint, in rule order: mode 3 subscribes every
+    /// endpoint, mode 1 the prefill ones (`ep_role: 1`).
+    pub endpoints: Vec<(String, bool)>,
+}
+
+/// A validated rule's service, typed. Built by [`ServiceSpec::compile`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceSpec {
+    /// `mode`.
+    pub mode: Mode,
+    /// `sel`.
+    pub sel: Sel,
+    /// `kvEngineType`.
+    pub engine: Engine,
+    /// `backend_protocol`.
+    pub backend: BackendProtocol,
+    /// Tier 1.5, when `kvExactMode` is not 0.
+    pub kv: Option<KvSpec>,
+}
+
+impl ServiceSpec {
+    /// Compiles the typed spec of an already range-checked rule; an unknown value or a
+    /// combination loxi cannot serve is a [`SpecError`] naming the field.
+    pub fn compile(rule: &LbRule) -> Result<Self, SpecError> {
+        let s = &rule.service;
+        let bad = |field: &str, msg: String| SpecError {
+            field: format!("serviceArguments.{field}"),
+            message: msg,
+        };
+        let engine = Engine::of_name(&s.kv_engine_type)
+            .ok_or_else(|| bad("kvEngineType", format!("{:?} is unknown", s.kv_engine_type)))?;
+        Ok(Self {
+            mode: Mode::of(s.mode).ok_or_else(|| bad("mode", format!("{} is unknown", s.mode)))?,
+            sel: Sel::of(s.sel).ok_or_else(|| bad("sel", format!("{} is unknown", s.sel)))?,
+            engine,
+            backend: match s.backend_protocol.as_str() {
+                "http2" => BackendProtocol::Http2,
+                "both" => BackendProtocol::Both,
+                _ => BackendProtocol::Http1,
+            },
+            kv: kv_spec(rule, engine, bad)?,
+        })
+    }
+
+    /// `kvExactMode`.
+    pub fn kv_mode(&self) -> KvMode {
+        self.kv.as_ref().map_or(KvMode::Off, |k| k.mode)
+    }
+
+    /// Does routing read the parsed body (tier 1.5 or a prefix-keyed selector)?
+    pub fn needs_body(&self) -> bool {
+        self.kv.is_some() || self.sel.prefix_keyed()
+    }
+}
+
+fn kv_spec(
+    rule: &LbRule,
+    engine: Engine,
+    bad: impl Fn(&str, String) -> SpecError,
+) -> Result<Option<KvSpec>, SpecError> {
+    let s = &rule.service;
+    let mode = KvMode::of(s.kv_exact_mode)
+        .ok_or_else(|| bad("kvExactMode", format!("{} is unknown", s.kv_exact_mode)))?;
+    if mode == KvMode::Off {
+        return Ok(None);
+    }
+    let name = match s.kv_hash_algo.as_str() {
+        "" => engine.default_hash_algo(),
+        n => n,
+    };
+    let algo = name.parse::<HashAlgo>().map_err(|_| {
+        bad(
+            "kvHashAlgo",
+            format!(
+                "{name:?} cannot be computed by loxi's tier 1.5 (kvExactMode {}); use one of {:?}, or kvExactMode 0",
+                s.kv_exact_mode,
+                HashAlgo::NAMES
+            ),
+        )
+    })?;
+    let endpoints = rule
+        .endpoints
+        .iter()
+        .map(|e| {
+            let sub = mode == KvMode::Pool || e.ep_role == 1;
+            (e.endpoint_ip.clone(), sub)
+        })
+        .collect();
+    Ok(Some(KvSpec {
+        mode,
+        algo,
+        block_size: s.kv_block_size,
+        warmup: Duration::from_secs(u64::from(s.kv_warmup_sec)),
+        zmq_port: s.kv_zmq_port,
+        replay_port: s.kv_replay_port,
+        dp_ranks: u32::from(s.kv_dp_rank_count.max(1)),
+        endpoints,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::validate::{RuleError, validate};
+    use serde_json::json;
+
+    fn rule(svc: serde_json::Value) -> LbRule {
+        let mut s = json!({"externalIP": "10.0.0.1", "port": 8080, "mode": 4});
+        if let (Some(o), Some(extra)) = (s.as_object_mut(), svc.as_object()) {
+            o.extend(extra.clone());
+        }
+        serde_json::from_value(json!({
+            "serviceArguments": s,
+            "endpoints": [{"endpointIP": "10.0.0.2", "targetPort": 8000}],
+        }))
+        .expect("rule")
+    }
+
+    fn spec(svc: serde_json::Value) -> ServiceSpec {
+        let r = validate(rule(svc)).expect("valid");
+        ServiceSpec::compile(&r).expect("spec")
+    }
+
+    #[test]
+    fn defaults_are_decided_once_from_the_engine() {
+        let s = spec(json!({"kvExactMode": 3}));
+        assert_eq!(
+            (s.mode, s.sel, s.engine),
+            (Mode::FullProxy, Sel::Rr, Engine::Vllm)
+        );
+        let kv = s.kv.expect("kv");
+        assert_eq!(
+            (kv.mode, kv.algo, kv.block_size),
+            (KvMode::Pool, HashAlgo::Sha256Cbor, 16)
+        );
+        assert_eq!(kv.endpoints, vec![("10.0.0.2".to_string(), true)]);
+        let s = spec(json!({"kvExactMode": 3, "kvEngineType": "sglang"}));
+        assert_eq!(s.kv.map(|k| k.algo), Some(HashAlgo::Sha256Sglang));
+        let s = spec(json!({"sel": 8, "backend_protocol": "http2"}));
+        assert_eq!(
+            (s.sel, s.backend, s.kv_mode()),
+            (Sel::Chwbl, BackendProtocol::Http2, KvMode::Off)
+        );
+        assert!(s.needs_body() && s.sel.prefix_keyed());
+        assert!(!spec(json!({"sel": 4})).needs_body());
+    }
+
+    #[test]
+    fn trtllm_hash_is_refused_when_tier_1_5_would_use_it() {
+        for svc in [
+            json!({"kvExactMode": 3, "kvEngineType": "trtllm"}),
+            json!({"kvExactMode": 3, "kvHashAlgo": "blockhash_trtllm"}),
+        ] {
+            let e = validate(rule(svc)).expect_err("unservable");
+            match e {
+                RuleError::Invalid { field, message } => {
+                    assert_eq!(field, "serviceArguments.kvHashAlgo");
+                    assert!(
+                        message.contains("\"blockhash_trtllm\" cannot be computed"),
+                        "{message}"
+                    );
+                }
+                other => panic!("wrong error {other:?}"),
+            }
+        }
+        // Tier 1.5 off: the engine's name is stored and nothing computes it.
+        let s = spec(json!({"kvEngineType": "trtllm"}));
+        assert_eq!((s.engine, s.kv), (Engine::Trtllm, None));
+    }
+}
