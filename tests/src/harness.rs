@@ -121,8 +121,8 @@ mod ports {
 
     /// The kernel's ephemeral range, `(low, high)` inclusive (Linux's default when unreadable).
     fn ephemeral() -> (u16, u16) {
-        let text = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-            .unwrap_or_default();
+        let text =
+            std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
         let mut it = text.split_whitespace().map(str::parse::<u16>);
         match (it.next(), it.next()) {
             (Some(Ok(lo)), Some(Ok(hi))) if lo <= hi => (lo, hi),
