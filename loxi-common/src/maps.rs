@@ -221,15 +221,15 @@ pub const DEFAULT_UDP_TIMEOUT_S: u32 = 60;
 mod pod {
     // SAFETY: all types are #[repr(C)] plain integers/arrays with explicit padding fields, so
     // every bit pattern is valid and there are no implicit padding bytes.
-    #[allow(unsafe_code)]
+    #[allow(unsafe_code, reason = "aya::Pod is an unsafe marker; see SAFETY above")]
     unsafe impl aya::Pod for super::ServiceKey {}
-    #[allow(unsafe_code)]
+    #[allow(unsafe_code, reason = "aya::Pod is an unsafe marker; see SAFETY above")]
     unsafe impl aya::Pod for super::ServiceValue {}
-    #[allow(unsafe_code)]
+    #[allow(unsafe_code, reason = "aya::Pod is an unsafe marker; see SAFETY above")]
     unsafe impl aya::Pod for super::EndpointValue {}
-    #[allow(unsafe_code)]
+    #[allow(unsafe_code, reason = "aya::Pod is an unsafe marker; see SAFETY above")]
     unsafe impl aya::Pod for super::CtKey {}
-    #[allow(unsafe_code)]
+    #[allow(unsafe_code, reason = "aya::Pod is an unsafe marker; see SAFETY above")]
     unsafe impl aya::Pod for super::CtValue {}
 }
 

@@ -4,7 +4,10 @@
 //!
 //! `cargo bench -p loxi-user --bench kv_hash -- --warm-up-time 1 --measurement-time 3`
 // `criterion_group!` generates an undocumented `pub fn`.
-#![allow(missing_docs)]
+#![allow(
+    missing_docs,
+    reason = "criterion_group! generates an undocumented pub fn"
+)]
 
 use std::hint::black_box;
 

@@ -7,7 +7,10 @@
 //! `cargo bench -p loxi-user --bench kv_tokenize -- --warm-up-time 1 --measurement-time 3`
 //! (reads `$LOXI_SHARED/golden`, default `<workspace>/../shared/golden`).
 // `criterion_group!` generates an undocumented `pub fn`.
-#![allow(missing_docs)]
+#![allow(
+    missing_docs,
+    reason = "criterion_group! generates an undocumented pub fn"
+)]
 
 use std::hint::black_box;
 use std::path::PathBuf;

@@ -186,6 +186,10 @@ async fn drain(mut tasks: JoinSet<()>, grace: Duration) {
     tracing::info!("stopped");
 }
 
+#[allow(
+    clippy::disallowed_methods,
+    reason = "the root of the task tree: lives until a signal or the process ends"
+)]
 fn spawn_signal_watch(shutdown: CancellationToken) -> Result<(), AppError> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).map_err(AppError::Signals)?;

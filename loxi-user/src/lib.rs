@@ -7,6 +7,14 @@
 //! (mode-4 fullproxy), [`kv`] (KV-cache-aware tier 1.5), [`config`] (flags and environment),
 //! [`api`] (REST), [`metrics`] (registry), [`app`] (the daemon), [`cli`] (`loxicmd`),
 //! [`l4`] (the XDP data path's loader and map reconciliation), [`netlink`] (VIP addresses).
+#![cfg_attr(
+    test,
+    allow(
+        clippy::disallowed_methods,
+        reason = "unit tests spawn their own servers and tasks and end them themselves"
+    )
+)]
+
 pub mod api;
 pub mod app;
 pub mod cli;

@@ -1,7 +1,7 @@
 //! `vllm-sim` over real HTTP and a real (pyzmq) ZMQ subscriber: OpenAI surface, cached-token
 //! accounting, eviction, reset, wire variants, timing model, P/D roles, metrics.
 
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, reason = "in a test, unwrap is a test failure")]
 
 mod sim_common;
 

@@ -5,7 +5,7 @@
 //! completed by generated tokens (the emulator's filler differs from the model's output) by
 //! structure and a consistent hash mapping, so eviction order is checked exactly too.
 
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, reason = "in a test, unwrap is a test failure")]
 
 mod sim_common;
 

@@ -38,7 +38,7 @@ pub struct FloodArgs {
 
 /// CPU time (user + system) of this process, ns. The kernel charges softirq work that runs in
 /// the sender's context (the veth receive path, XDP, forwarding) to its system time.
-#[allow(unsafe_code)]
+#[allow(unsafe_code, reason = "getrusage(2) through libc")]
 fn cpu_ns() -> u128 {
     // SAFETY: getrusage fills the struct we pass.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };

@@ -5,7 +5,10 @@
 //! removed endpoint must get no new flows while its open connection keeps working; on exit the
 //! loader must leave no program attached and no VIP behind. Everything stays in namespaces this
 //! test creates; every wait is bounded.
-#![allow(unsafe_code)]
+#![allow(
+    unsafe_code,
+    reason = "setns(2) and unshare(2) through libc to enter the test namespaces"
+)]
 
 use std::{
     collections::BTreeSet,

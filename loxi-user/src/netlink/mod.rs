@@ -45,6 +45,10 @@ pub struct VipManager {
 
 impl VipManager {
     /// Opens rtnetlink (spawning its connection task) and resolves `iface`.
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "rtnetlink's connection task ends when the handle it serves is dropped"
+    )]
     pub async fn new(iface: &str) -> Result<Self, NetlinkError> {
         let (conn, handle, _) = rtnetlink::new_connection().map_err(NetlinkError::Socket)?;
         tokio::spawn(conn);

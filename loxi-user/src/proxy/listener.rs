@@ -27,6 +27,10 @@ pub struct Listener {
 
 impl Listener {
     /// Binds `addr` and starts serving `handler`.
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "the accept loop's JoinHandle is the Listener's; close() returns it to be awaited"
+    )]
     pub async fn bind(addr: SocketAddr, handler: Arc<Handler>) -> std::io::Result<Self> {
         let tcp = TcpListener::bind(addr).await?;
         let cancel = CancellationToken::new();
@@ -75,6 +79,10 @@ async fn accept_loop(tcp: TcpListener, handler: Arc<Handler>, cancel: Cancellati
     }
 }
 
+#[allow(
+    clippy::disallowed_methods,
+    reason = "each connection is watched by the listener's GracefulShutdown, which awaits it"
+)]
 fn serve(
     builder: &auto::Builder<TokioExecutor>,
     graceful: &GracefulShutdown,

@@ -2,7 +2,11 @@
 //! it with hyper, and reads its ZMQ sockets with python3 + pyzmq (a libzmq peer, independent of
 //! the Rust `zeromq` crate the emulator publishes with).
 
-#![allow(dead_code, clippy::unwrap_used)]
+#![allow(
+    dead_code,
+    clippy::unwrap_used,
+    reason = "a harness shared by two test binaries, each using part of it; unwrap is a test failure"
+)]
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, ChildStdout, Command, Stdio};

@@ -77,6 +77,10 @@ impl KvManager {
     }
 
     /// Starts missing streams and stops unwanted ones for `snap`.
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "the manager supervises its streams: it keeps every JoinHandle and awaits them in stop_all"
+    )]
     pub fn reconcile(&mut self, snap: &RuleSnapshot) {
         let mut want: HashMap<StreamKey, Arc<ServiceKv>> = HashMap::new();
         let mut live_ids = Vec::new();

@@ -2,7 +2,11 @@
 //! program). Each test runs in a fresh network namespace of its own thread, so FIB lookups are
 //! deterministic (no route → the rewritten frame is passed to the kernel) unless the test adds
 //! a veth and a permanent neighbour.
-#![allow(unsafe_code, clippy::unwrap_used)]
+#![allow(
+    unsafe_code,
+    clippy::unwrap_used,
+    reason = "root-only packet tests: unshare(2) per test thread; a failed setup step is a test failure"
+)]
 
 mod control;
 mod packet;
