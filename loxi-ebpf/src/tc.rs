@@ -15,7 +15,12 @@ use crate::maps::count;
 pub fn try_tc(ctx: &TcContext) -> i32 {
     // SAFETY: the context pointer is valid for the program's run; data_meta and data are
     // plain fields the verifier lets cls_bpf programs read.
-    let (meta, data) = unsafe { ((*ctx.skb.skb).data_meta as usize, (*ctx.skb.skb).data as usize) };
+    let (meta, data) = unsafe {
+        (
+            (*ctx.skb.skb).data_meta as usize,
+            (*ctx.skb.skb).data as usize,
+        )
+    };
     if meta + META_LEN > data {
         return TC_ACT_OK as i32;
     }

@@ -57,7 +57,10 @@ async fn wait_metric(d: &Daemon, name: &str, needles: &[&str], want: f64) -> Str
         if v == want {
             return m;
         }
-        assert!(Instant::now() < deadline, "{name}{needles:?} = {v}, want {want}");
+        assert!(
+            Instant::now() < deadline,
+            "{name}{needles:?} = {v}, want {want}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -67,6 +70,17 @@ async fn closed_at(mut s: TcpStream) -> Instant {
     let mut buf = [0u8; 1024];
     while matches!(s.read(&mut buf).await, Ok(n) if n > 0) {}
     Instant::now()
+}
+
+/// The JSON body of the raw POSTs below.
+const BODY: &str = r#"{"model":"m","prompt":"p"}"#;
+
+/// A raw HTTP/1.1 POST of [`BODY`] with `extra` header lines (each ending in CRLF).
+fn post(extra: &str) -> String {
+    format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{extra}Content-Length: {}\r\n\r\n{BODY}",
+        BODY.len()
+    )
 }
 
 const GET: &[u8] = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n";
@@ -83,7 +97,11 @@ async fn get_ok(s: &mut TcpStream) -> bool {
         if let Some(head_end) = text.find("\r\n\r\n") {
             let len = text[..head_end]
                 .lines()
-                .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().to_string()))
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length:")
+                        .map(|v| v.trim().to_string())
+                })
                 .and_then(|v| v.parse::<usize>().ok())
                 .unwrap_or(0);
             if got.len() >= head_end + 4 + len {
@@ -106,7 +124,9 @@ async fn slowloris_connections_are_closed_at_the_header_timeout() {
     let mut tasks = Vec::new();
     for _ in 0..N {
         tasks.push(tokio::spawn(async move {
-            let s = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+            let s = TcpStream::connect(("127.0.0.1", port))
+                .await
+                .expect("connect");
             let (mut r, mut w) = s.into_split();
             let start = Instant::now();
             // A head that never ends, one byte every 100 ms, for at most 15 s.
@@ -130,7 +150,11 @@ async fn slowloris_connections_are_closed_at_the_header_timeout() {
     }
     let mut closed = Vec::new();
     for t in tasks {
-        closed.push(t.await.expect("task").expect("slowloris connection held for 15 s"));
+        closed.push(
+            t.await
+                .expect("task")
+                .expect("slowloris connection held for 15 s"),
+        );
     }
     closed.sort();
     eprintln!(
@@ -138,7 +162,10 @@ async fn slowloris_connections_are_closed_at_the_header_timeout() {
         closed[0],
         closed[N - 1]
     );
-    assert!(closed[0] >= Duration::from_millis(900), "closed before the timeout: {closed:?}");
+    assert!(
+        closed[0] >= Duration::from_millis(900),
+        "closed before the timeout: {closed:?}"
+    );
     assert!(closed[N - 1] < Duration::from_secs(10), "{closed:?}");
     wait_metric(
         &d,
@@ -147,19 +174,28 @@ async fn slowloris_connections_are_closed_at_the_header_timeout() {
         N as f64,
     )
     .await;
-    assert_eq!(b.request_count(), 0, "no trickled request reached the backend");
+    assert_eq!(
+        b.request_count(),
+        0,
+        "no trickled request reached the backend"
+    );
 }
 
 #[tokio::test]
 async fn idle_connections_are_closed_at_the_idle_timeout() {
     let b = Backend::start("0").await;
     let port = free_port();
-    let env = [("LOXI_IDLE_TIMEOUT_MS", "1500"), ("LOXI_HEADER_TIMEOUT_MS", "60000")];
+    let env = [
+        ("LOXI_IDLE_TIMEOUT_MS", "1500"),
+        ("LOXI_HEADER_TIMEOUT_MS", "60000"),
+    ];
     let d = daemon(&env, &[port], b.port()).await;
     let mut tasks = Vec::new();
     for i in 0..20 {
         tasks.push(tokio::spawn(async move {
-            let mut s = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+            let mut s = TcpStream::connect(("127.0.0.1", port))
+                .await
+                .expect("connect");
             // Half of them are keep-alive connections after one request, half never send.
             if i % 2 == 0 {
                 assert!(get_ok(&mut s).await, "first request served");
@@ -188,8 +224,21 @@ async fn idle_connections_are_closed_at_the_idle_timeout() {
         20.0,
     )
     .await;
-    assert_eq!(metric(&m, "loxilb_proxy_connections_closed_total", &["reason=\"header_timeout\""]), 0.0);
-    wait_metric(&d, "loxilb_proxy_open_connections", &[&format!(":{port}\"")], 0.0).await;
+    assert_eq!(
+        metric(
+            &m,
+            "loxilb_proxy_connections_closed_total",
+            &["reason=\"header_timeout\""]
+        ),
+        0.0
+    );
+    wait_metric(
+        &d,
+        "loxilb_proxy_open_connections",
+        &[&format!(":{port}\"")],
+        0.0,
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -199,21 +248,34 @@ async fn connections_beyond_the_cap_wait_for_a_free_slot() {
     let d = daemon(&[("LOXI_MAX_CONNS_PER_LISTENER", "4")], &[port], b.port()).await;
     let mut held = Vec::new();
     for _ in 0..4 {
-        let mut s = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+        let mut s = TcpStream::connect(("127.0.0.1", port))
+            .await
+            .expect("connect");
         assert!(get_ok(&mut s).await);
         held.push(s);
     }
     let listener = format!("listener=\"127.0.0.1:{port}\"");
     wait_metric(&d, "loxilb_proxy_open_connections", &[&listener], 4.0).await;
     // The fifth connection is accepted by the kernel but not served while four are open.
-    let mut fifth = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+    let mut fifth = TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
     let waiting = tokio::spawn(async move {
         let ok = get_ok(&mut fifth).await;
         (ok, Instant::now())
     });
-    wait_metric(&d, "loxilb_proxy_connections_queued_total", &[&listener], 1.0).await;
+    wait_metric(
+        &d,
+        "loxilb_proxy_connections_queued_total",
+        &[&listener],
+        1.0,
+    )
+    .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(!waiting.is_finished(), "the fifth connection was served above the cap");
+    assert!(
+        !waiting.is_finished(),
+        "the fifth connection was served above the cap"
+    );
     assert_eq!(b.request_count(), 4);
     let freed = Instant::now();
     drop(held.pop());
@@ -231,10 +293,10 @@ async fn connections_beyond_the_cap_wait_for_a_free_slot() {
 
 /// Sends a request that the backend holds for `delay_ms`; returns the status and headers.
 async fn delayed(port: u16, delay_ms: u64) -> (u16, String) {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
-    let req = format!(
-        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nx-delay-ms: {delay_ms}\r\nContent-Length: 27\r\nConnection: close\r\n\r\n{{\"model\":\"m\",\"prompt\":\"p\"}}"
-    );
+    let mut s = TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    let req = post(&format!("x-delay-ms: {delay_ms}\r\nConnection: close\r\n"));
     s.write_all(req.as_bytes()).await.expect("write");
     let mut text = String::new();
     let _ = tokio::time::timeout(Duration::from_secs(15), s.read_to_string(&mut text)).await;
@@ -252,25 +314,43 @@ async fn total_inflight_valve_answers_429_on_every_rule() {
     let c = tokio::spawn(delayed(p2, 3000));
     let deadline = Instant::now() + Duration::from_secs(5);
     while b.request_count() < 2 {
-        assert!(Instant::now() < deadline, "held requests never reached the backend");
+        assert!(
+            Instant::now() < deadline,
+            "held requests never reached the backend"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     for port in [p1, p2] {
         let (status, text) = delayed(port, 0).await;
         assert_eq!(status, 429, "{text}");
-        assert!(text.to_ascii_lowercase().contains("\r\nretry-after: 1\r\n"), "{text}");
+        assert!(
+            text.to_ascii_lowercase().contains("\r\nretry-after: 1\r\n"),
+            "{text}"
+        );
         let body: Value = serde_json::from_str(text.split("\r\n\r\n").nth(1).unwrap_or(""))
             .expect("JSON error body");
         assert_eq!(body["error"]["type"], "pd_overloaded");
         assert_eq!(body["error"]["retryable"], true);
     }
-    assert_eq!(b.request_count(), 2, "refused requests never reached the backend");
-    wait_metric(&d, "loxilb_pd_admission_shed_total", &["reason=\"total_inflight\""], 2.0).await;
+    assert_eq!(
+        b.request_count(),
+        2,
+        "refused requests never reached the backend"
+    );
+    wait_metric(
+        &d,
+        "loxilb_pd_admission_shed_total",
+        &["reason=\"total_inflight\""],
+        2.0,
+    )
+    .await;
     assert_eq!(a.await.expect("a").0, 200);
     assert_eq!(c.await.expect("c").0, 200);
     // Places free again once the held responses ended.
     assert_eq!(delayed(p2, 0).await.0, 200);
-    eprintln!("valve 2: third and fourth concurrent requests (two listeners) got 429 + Retry-After: 1; shed counter 2");
+    eprintln!(
+        "valve 2: third and fourth concurrent requests (two listeners) got 429 + Retry-After: 1; shed counter 2"
+    );
 }
 
 /// The `echo-backend` binary on `port`, killed on drop.
@@ -310,9 +390,11 @@ async fn backend_dying_mid_stream_is_an_upstream_error_that_opens_the_breaker() 
     let mut backend = BackendProcess::start(bport).await;
     let port = free_port();
     let d = daemon(&[("LLB_PD_ORIGIN_ERR_THRESHOLD", "1")], &[port], bport).await;
-    let mut s = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+    let mut s = TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
     // 100 events 100 ms apart (10 s) unless the backend dies first.
-    let req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nx-sse: 100:100\r\nContent-Length: 27\r\n\r\n{\"model\":\"m\",\"prompt\":\"p\"}";
+    let req = post("x-sse: 100:100\r\n");
     s.write_all(req.as_bytes()).await.expect("write");
     let mut got = Vec::new();
     let mut buf = [0u8; 4096];
@@ -335,11 +417,17 @@ async fn backend_dying_mid_stream_is_an_upstream_error_that_opens_the_breaker() 
         }
     })
     .await;
-    assert!(rest.is_ok(), "the client's stream did not end after the backend died");
+    assert!(
+        rest.is_ok(),
+        "the client's stream did not end after the backend died"
+    );
     let text = String::from_utf8_lossy(&got).to_string();
     assert!(text.starts_with("HTTP/1.1 200"), "{text}");
     assert!(!text.contains("[DONE]"), "{text}");
-    assert!(!text.ends_with("0\r\n\r\n"), "a cut stream must not look complete: {text}");
+    assert!(
+        !text.ends_with("0\r\n\r\n"),
+        "a cut stream must not look complete: {text}"
+    );
     let m = wait_metric(
         &d,
         "loxilb_proxy_upstream_stream_errors_total",
@@ -347,10 +435,28 @@ async fn backend_dying_mid_stream_is_an_upstream_error_that_opens_the_breaker() 
         1.0,
     )
     .await;
-    assert_eq!(metric(&m, "loxilb_proxy_requests_total", &["ep_idx=\"0\"", "class=\"5xx\""]), 1.0);
-    assert_eq!(metric(&m, "loxilb_proxy_requests_total", &["ep_idx=\"0\"", "class=\"2xx\""]), 0.0);
+    assert_eq!(
+        metric(
+            &m,
+            "loxilb_proxy_requests_total",
+            &["ep_idx=\"0\"", "class=\"5xx\""]
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric(
+            &m,
+            "loxilb_proxy_requests_total",
+            &["ep_idx=\"0\"", "class=\"2xx\""]
+        ),
+        0.0
+    );
     let state = d.rules().await["lbAttr"][0]["endpoints"][0]["state"].clone();
-    assert_eq!(state, json!("inactive"), "the mid-stream failure opened the breaker");
+    assert_eq!(
+        state,
+        json!("inactive"),
+        "the mid-stream failure opened the breaker"
+    );
     eprintln!(
         "mid-stream death after {} events: requests_total 5xx 1, 2xx 0, stream_errors 1, endpoint inactive",
         text.matches("\"i\":").count()

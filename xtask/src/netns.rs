@@ -500,7 +500,9 @@ fn run_topology(peers: Peers) -> anyhow::Result<()> {
         !cmd(&format!("ip -n {l} addr show dev lo"))?.contains(VIP),
         "VIP left on lo after exit"
     );
-    println!("netns-test: {peers:?} peers: loader detached from l0 l1 l2 and removed the VIP on exit");
+    println!(
+        "netns-test: {peers:?} peers: loader detached from l0 l1 l2 and removed the VIP on exit"
+    );
     check_paths(peers, &fs::read_to_string(&log_path)?)
 }
 

@@ -34,9 +34,10 @@ pub async fn xdp_capable(
         let index = l.header.index;
         let capable = match veth_peer(l) {
             Some((peer, nsid)) => peer_has_native_xdp(handle, peer, nsid).await,
-            None => l.attributes.iter().any(
-                |a| matches!(a, LinkAttribute::IfName(n) if native.contains(n)),
-            ),
+            None => l
+                .attributes
+                .iter()
+                .any(|a| matches!(a, LinkAttribute::IfName(n) if native.contains(n))),
         };
         if capable {
             out.insert(index);
@@ -87,7 +88,8 @@ async fn peer_has_native_xdp(handle: &Handle, index: u32, nsid: Option<i32>) -> 
 pub(crate) fn has_native_xdp(l: &LinkMessage) -> bool {
     l.attributes.iter().any(|a| match a {
         LinkAttribute::Xdp(xdp) => xdp.iter().any(|x| {
-            matches!(x, LinkXdp::Attached(XdpAttached::Driver)) || matches!(x, LinkXdp::DrvProgId(id) if *id != 0)
+            matches!(x, LinkXdp::Attached(XdpAttached::Driver))
+                || matches!(x, LinkXdp::DrvProgId(id) if *id != 0)
         }),
         _ => false,
     })

@@ -71,7 +71,12 @@ impl EndAccounting {
             Outcome::Status(self.status)
         };
         if self.breaker.observe(&self.cell, &self.load, outcome) {
-            tracing::warn!(service = self.service, ep = self.ep, ?outcome, "circuit breaker opened");
+            tracing::warn!(
+                service = self.service,
+                ep = self.ep,
+                ?outcome,
+                "circuit breaker opened"
+            );
         }
     }
 }

@@ -114,7 +114,10 @@ async fn silent_connection_is_closed_after_the_idle_timeout() {
     let eof = tokio::spawn(eof_at(client));
     assert_eq!(serve(server, Duration::ZERO).await, Some(Expiry::Idle));
     let after = eof.await.expect("client task") - t0;
-    assert!(after >= IDLE && after < IDLE + Duration::from_secs(1), "{after:?}");
+    assert!(
+        after >= IDLE && after < IDLE + Duration::from_secs(1),
+        "{after:?}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -130,7 +133,10 @@ async fn a_request_longer_than_both_timeouts_is_not_cut() {
     // The handler takes 300 s (a long generation): neither timer may fire meanwhile.
     let why = serve(server, Duration::from_secs(300)).await;
     assert!(client_side.await.expect("client task"), "response arrived");
-    assert_eq!(why, None, "the connection ended because the client closed it");
+    assert_eq!(
+        why, None,
+        "the connection ended because the client closed it"
+    );
     assert!(t0.elapsed() >= Duration::from_secs(300));
 }
 
@@ -141,7 +147,10 @@ async fn requests_spaced_under_the_idle_timeout_keep_the_connection() {
         // Five requests 50 s apart: 200 s in all, each gap under the 60 s idle timeout.
         for _ in 0..5 {
             client.write_all(REQUEST).await.expect("write");
-            assert!(read_response(&mut client).await, "answered on the same connection");
+            assert!(
+                read_response(&mut client).await,
+                "answered on the same connection"
+            );
             sleep(Duration::from_secs(50)).await;
         }
         eof_at(client).await

@@ -42,7 +42,9 @@ impl Valve {
                 (self.limit == 0 || n < self.limit).then_some(n + 1)
             })
             .is_ok();
-        admitted.then(|| Admitted { valve: self.clone() })
+        admitted.then(|| Admitted {
+            valve: self.clone(),
+        })
     }
 }
 

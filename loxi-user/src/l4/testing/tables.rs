@@ -121,7 +121,11 @@ fn dsr_into_a_plain_veth_is_handed_to_tc_with_metadata() {
     let mut meta = loxi_common::maps::egress::META_MAGIC.to_ne_bytes().to_vec();
     meta.extend_from_slice(&lbv0.to_ne_bytes());
     assert_eq!(out[..8], meta[..], "hand-off metadata");
-    assert_eq!(out[8..], want.bytes()[..], "frame rewritten as for a redirect");
+    assert_eq!(
+        out[8..],
+        want.bytes()[..],
+        "frame rewritten as for a redirect"
+    );
     assert_eq!(lb.ctr(ctr::EGRESS_TC), 1);
     assert_eq!(lb.ctr(ctr::REDIRECT), 0);
 }
