@@ -22,12 +22,12 @@ pub fn try_tc(ctx: &TcContext) -> i32 {
         )
     };
     if meta + META_LEN > data {
-        return TC_ACT_OK as i32;
+        return TC_ACT_OK;
     }
     // SAFETY: META_LEN bytes of metadata checked against data above.
     let m = unsafe { *(meta as *const Meta) };
     if m.magic != META_MAGIC {
-        return TC_ACT_OK as i32;
+        return TC_ACT_OK;
     }
     count(ctr::TC_REDIRECT, 1);
     // SAFETY: helper call; the kernel validates the ifindex.

@@ -93,8 +93,9 @@ pub struct Env {
     /// `LLB_PD_MAX_PARK_SEC`: parked-request reap deadline in seconds; 0 (default) = the prefill
     /// timeout, else 1–99999.
     pub pd_max_park_sec: u32,
-    /// `LLB_PD_MAX_TOTAL_INFLIGHT`: global admission valve (refuse new connections beyond it);
-    /// 0 = off (default).
+    /// `LLB_PD_MAX_TOTAL_INFLIGHT`: global admission valve across every mode-4 rule: a request
+    /// beyond this many in flight gets 429 `pd_overloaded` with `Retry-After: 1`
+    /// (`crate::proxy::valve`); 0 = off (default).
     pub pd_max_total_inflight: u32,
     /// `LLB_PD_ORIGIN_ERR_THRESHOLD`: consecutive origin 5xx that open an endpoint's breaker.
     /// Default 3; 0 disables.
