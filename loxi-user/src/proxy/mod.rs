@@ -8,16 +8,19 @@
 //!
 //! Files: `handler.rs` (one request), `pool.rs` (pools and model routing), `upstream.rs`
 //! (clients), `body.rs` (streaming with in-flight guards), `error.rs` (every error body),
-//! `metrics.rs`. The request metadata the handler extracts is the shared vocabulary of
-//! [`crate::request`].
+//! `metrics.rs`, `listener.rs` (accept loop, connection cap), `conn.rs` (header-read and idle
+//! timeouts), `valve.rs` (the global in-flight valve `LLB_PD_MAX_TOTAL_INFLIGHT`). The request
+//! metadata the handler extracts is the shared vocabulary of [`crate::request`].
 
 pub mod body;
+pub mod conn;
 pub mod error;
 pub mod handler;
 pub mod listener;
 pub mod metrics;
 pub mod pool;
 pub mod upstream;
+pub mod valve;
 
 #[cfg(test)]
 mod tier_tests;
@@ -73,6 +76,11 @@ pub struct ProxyConfig {
     pub origin_err_threshold: u32,
     /// How long an open breaker holds an endpoint down before half-opening. Default 10 s.
     pub breaker_cooldown: Duration,
+    /// Header-read timeout, idle timeout and connection cap of every listener.
+    pub conn: conn::ConnLimits,
+    /// Requests in flight across all listeners before new ones get 429
+    /// (`LLB_PD_MAX_TOTAL_INFLIGHT`; 0 = off, the default).
+    pub max_total_inflight: u32,
 }
 
 impl Default for ProxyConfig {
@@ -83,6 +91,8 @@ impl Default for ProxyConfig {
             shutdown_grace: Duration::from_secs(30),
             origin_err_threshold: 3,
             breaker_cooldown: Duration::from_secs(10),
+            conn: conn::ConnLimits::default(),
+            max_total_inflight: 0,
         }
     }
 }
@@ -123,6 +133,7 @@ pub async fn run(
 struct Reconciler {
     ctx: ProxyContext,
     upstreams: Upstreams,
+    valve: Arc<valve::Valve>,
     listeners: HashMap<SocketAddr, Listener>,
     /// Every task the pools and handlers spawn (active probers, breaker timers), stopped and
     /// awaited at shutdown.
@@ -134,9 +145,11 @@ struct Reconciler {
 impl Reconciler {
     fn new(ctx: ProxyContext) -> Self {
         let upstreams = Upstreams::new(ctx.config.connect_timeout);
+        let valve = valve::Valve::new(ctx.config.max_total_inflight);
         Self {
             ctx,
             upstreams,
+            valve,
             listeners: HashMap::new(),
             tasks: TaskTracker::new(),
             stop: CancellationToken::new(),
@@ -193,7 +206,7 @@ impl Reconciler {
             ctx: self.ctx.clone(),
             upstreams: self.upstreams.clone(),
         });
-        match Listener::bind(addr, handler).await {
+        match Listener::bind(addr, handler, self.valve.clone()).await {
             Ok(l) => {
                 self.listeners.insert(addr, l);
             }
