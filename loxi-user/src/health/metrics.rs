@@ -23,8 +23,13 @@ struct Labels {
 }
 
 /// The collector over a board.
-#[derive(Debug)]
 pub struct HealthCollector(Arc<HealthBoard>);
+
+impl std::fmt::Debug for HealthCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HealthCollector")
+    }
+}
 
 impl HealthCollector {
     /// Registers the gauge family of `board` in `registry`.

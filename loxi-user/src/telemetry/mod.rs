@@ -50,6 +50,7 @@ pub enum TelemetryError {
 }
 
 /// Keeps the trace exporter alive; [`Telemetry::shutdown`] (or drop) flushes queued spans.
+#[derive(Debug)]
 pub struct Telemetry {
     provider: Option<SdkTracerProvider>,
     /// Trace settings that were refused (log them once the subscriber is up).
