@@ -26,7 +26,10 @@ fn require(what: &str, ok: bool) -> bool {
     if ok {
         return true;
     }
-    assert!(std::env::var_os("CI").is_none(), "{what} is required under CI");
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{what} is required under CI"
+    );
     eprintln!("SKIPPING: {what} not available");
     false
 }
@@ -139,8 +142,9 @@ fn kustomization_lists_every_manifest() {
 
 /// Kubernetes `$(VAR)` expansion over `env` (as the kubelet does for args and env values).
 fn expand(s: &str, env: &[(String, String)]) -> String {
-    env.iter()
-        .fold(s.to_string(), |acc, (k, v)| acc.replace(&format!("$({k})"), v))
+    env.iter().fold(s.to_string(), |acc, (k, v)| {
+        acc.replace(&format!("$({k})"), v)
+    })
 }
 
 /// Polls `GET http://addr{path}` until 200 (10 s); returns the body.
@@ -203,7 +207,11 @@ fn daemonset_container_spec_runs_the_real_daemon_and_its_probes_answer() {
         .find(|(k, _)| k == "LOXI_API_ADDR")
         .map(|(_, v)| v.clone())
         .expect("LOXI_API_ADDR in the DaemonSet");
-    assert_eq!(api_addr, format!("127.0.0.1:{api_port}"), "API on the named port");
+    assert_eq!(
+        api_addr,
+        format!("127.0.0.1:{api_port}"),
+        "API on the named port"
+    );
     // The host's port 11111 may be taken: the same spec on a free port.
     let api_addr = format!("127.0.0.1:{port}");
     let mut cmd = Command::new(bin_path("loxilb"));
@@ -260,7 +268,10 @@ fn daemonset_container_spec_runs_the_real_daemon_and_its_probes_answer() {
     assert!(status.success(), "{status}: {logs}");
     // Every ConfigMap value and flag was accepted (a refused value is a warning naming it).
     assert!(!logs.contains("is not accepted"), "{logs}");
-    assert!(logs.contains("\"message\":\"REST API listening\""), "JSON logs: {logs}");
+    assert!(
+        logs.contains("\"message\":\"REST API listening\""),
+        "JSON logs: {logs}"
+    );
 }
 
 fn unit_text() -> String {
@@ -275,7 +286,10 @@ fn systemd_unit_passes_systemd_analyze_verify() {
     let tmp = tempfile::tempdir().expect("tmp");
     let unit = tmp.path().join("loxilb.service");
     // verify checks that ExecStart is executable: point it at the built binary.
-    let text = unit_text().replace("/usr/local/bin/loxilb", &bin_path("loxilb").display().to_string());
+    let text = unit_text().replace(
+        "/usr/local/bin/loxilb",
+        &bin_path("loxilb").display().to_string(),
+    );
     assert_ne!(text, unit_text());
     std::fs::write(&unit, text).expect("write");
     let out = Command::new("systemd-analyze")
@@ -314,8 +328,12 @@ impl Netns {
             assert!(ok.success(), "{c}");
         };
         sh(&format!("ip netns add {name}"));
-        sh(&format!("ip -n {name} link add ux0 type veth peer name ux1"));
-        sh(&format!("ip -n {name} link set ux0 up && ip -n {name} link set ux1 up && ip -n {name} link set lo up"));
+        sh(&format!(
+            "ip -n {name} link add ux0 type veth peer name ux1"
+        ));
+        sh(&format!(
+            "ip -n {name} link set ux0 up && ip -n {name} link set ux1 up && ip -n {name} link set lo up"
+        ));
         Self(name)
     }
 
@@ -346,7 +364,15 @@ fn run_unprivileged(ns: &Netns, caps: &[String], dir: &Path, port: u16) -> std::
             .join(",")
     );
     Command::new("ip")
-        .args(["netns", "exec", &ns.0, "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"])
+        .args([
+            "netns",
+            "exec",
+            &ns.0,
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+        ])
         .arg(format!("--inh-caps={set}"))
         .arg(format!("--ambient-caps={set}"))
         .arg(format!("--bounding-set={set}"))
@@ -379,7 +405,10 @@ fn systemd_capability_set_is_enough_for_xdp_and_vips_as_an_unprivileged_user() {
         .arg("-u")
         .output()
         .is_ok_and(|o| o.stdout.starts_with(b"0\n"));
-    if !require("root (netns, setpriv)", root && runs("setpriv", "--version")) {
+    if !require(
+        "root (netns, setpriv)",
+        root && runs("setpriv", "--version"),
+    ) {
         return;
     }
     let caps = unit_caps();
@@ -400,8 +429,22 @@ fn systemd_capability_set_is_enough_for_xdp_and_vips_as_an_unprivileged_user() {
     });
     let rule = r#"{"serviceArguments":{"externalIP":"127.77.1.1","port":80,"protocol":"tcp","mode":4,"sel":0},"endpoints":[{"endpointIP":"127.0.0.1","targetPort":9}]}"#;
     let out = Command::new("ip")
-        .args(["netns", "exec", &ns.0, "curl", "-s", "-X", "POST", "-H", "content-type: application/json", "-d", rule])
-        .arg(format!("http://127.0.0.1:{port}/netlox/v1/config/loadbalancer"))
+        .args([
+            "netns",
+            "exec",
+            &ns.0,
+            "curl",
+            "-s",
+            "-X",
+            "POST",
+            "-H",
+            "content-type: application/json",
+            "-d",
+            rule,
+        ])
+        .arg(format!(
+            "http://127.0.0.1:{port}/netlox/v1/config/loadbalancer"
+        ))
         .output()
         .expect("curl");
     assert!(
@@ -411,18 +454,36 @@ fn systemd_capability_set_is_enough_for_xdp_and_vips_as_an_unprivileged_user() {
         log()
     );
     // VIP added over netlink, and the fullproxy listener bound port 80 (NET_BIND_SERVICE).
-    wait_until("VIP added", || ns.sh("-4 addr show dev ux0").contains("127.77.1.1/32"));
+    wait_until("VIP added", || {
+        ns.sh("-4 addr show dev ux0").contains("127.77.1.1/32")
+    });
     wait_until("listener on 127.77.1.1:80", || {
         Command::new("ip")
-            .args(["netns", "exec", &ns.0, "ss", "-Hltn", "src", "127.77.1.1:80"])
+            .args([
+                "netns",
+                "exec",
+                &ns.0,
+                "ss",
+                "-Hltn",
+                "src",
+                "127.77.1.1:80",
+            ])
             .output()
             .is_ok_and(|o| !o.stdout.is_empty())
     });
-    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
     let status = child.wait().expect("wait");
     assert!(status.success(), "{status}: {}", log());
-    assert!(!ns.sh("link show dev ux0").contains("prog/xdp"), "XDP detached on SIGTERM");
-    assert!(!ns.sh("-4 addr show dev ux0").contains("127.77.1.1"), "VIP removed on SIGTERM");
+    assert!(
+        !ns.sh("link show dev ux0").contains("prog/xdp"),
+        "XDP detached on SIGTERM"
+    );
+    assert!(
+        !ns.sh("-4 addr show dev ux0").contains("127.77.1.1"),
+        "VIP removed on SIGTERM"
+    );
 
     // Each of CAP_BPF and CAP_PERFMON is needed: without one the data path cannot load.
     for missing in ["bpf", "perfmon"] {
@@ -433,10 +494,18 @@ fn systemd_capability_set_is_enough_for_xdp_and_vips_as_an_unprivileged_user() {
             if let Some(s) = child.try_wait().expect("try_wait") {
                 break s;
             }
-            assert!(Instant::now() < deadline, "started without CAP_{missing}: {}", log());
+            assert!(
+                Instant::now() < deadline,
+                "started without CAP_{missing}: {}",
+                log()
+            );
             std::thread::sleep(Duration::from_millis(50));
         };
         assert!(!status.success());
-        assert!(log().contains("L4 data path"), "without CAP_{missing}: {}", log());
+        assert!(
+            log().contains("L4 data path"),
+            "without CAP_{missing}: {}",
+            log()
+        );
     }
 }

@@ -80,8 +80,14 @@ mod tests {
         loads[1].healthy.store(false, Ordering::Relaxed);
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &reg).expect("encode");
-        assert!(out.contains("loxilb_proxy_endpoint_healthy{service=\"3\",ep_idx=\"0\"} 1\n"), "{out}");
-        assert!(out.contains("loxilb_proxy_endpoint_healthy{service=\"3\",ep_idx=\"1\"} 0\n"), "{out}");
+        assert!(
+            out.contains("loxilb_proxy_endpoint_healthy{service=\"3\",ep_idx=\"0\"} 1\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("loxilb_proxy_endpoint_healthy{service=\"3\",ep_idx=\"1\"} 0\n"),
+            "{out}"
+        );
         board.withdraw(3);
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &reg).expect("encode");

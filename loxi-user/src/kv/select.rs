@@ -154,7 +154,8 @@ impl KvRouter {
         let svc = self.state.service(rule);
         let res = self.guarded_keys(&svc, meta, memo).and_then(|keys| {
             let t = StdInstant::now();
-            let r = crate::kv_stage_span!("kv.score").in_scope(|| self.decide(&svc, rule, &keys, cands));
+            let r = crate::kv_stage_span!("kv.score")
+                .in_scope(|| self.decide(&svc, rule, &keys, cands));
             self.observe(Stage::Score, t);
             r
         });
@@ -252,8 +253,9 @@ impl KvRouter {
                 .map_err(|_| MissReason::Tokenize),
         })?;
         self.observe(Stage::Tokenize, t);
-        span.record("loxi.kv.tokens", tokens.len());
-        tracing::Span::current().record("loxi.kv.tokens", tokens.len());
+        span.record("loxi.kv.tokens", crate::telemetry::span::int(tokens.len()));
+        tracing::Span::current()
+            .record("loxi.kv.tokens", crate::telemetry::span::int(tokens.len()));
         if tokens.len() < self.state.settings.min_match_tokens {
             return Err(MissReason::Shallow);
         }
@@ -261,11 +263,10 @@ impl KvRouter {
         let extras = self.extras(meta)?;
         let t = StdInstant::now();
         let span = crate::kv_stage_span!("kv.hash");
-        let keys =
-            span.in_scope(|| hasher.keys(&tokens, svc.config.block_size as usize, &extras));
+        let keys = span.in_scope(|| hasher.keys(&tokens, svc.config.block_size as usize, &extras));
         self.observe(Stage::Hash, t);
-        span.record("loxi.kv.blocks", keys.len());
-        tracing::Span::current().record("loxi.kv.blocks", keys.len());
+        span.record("loxi.kv.blocks", crate::telemetry::span::int(keys.len()));
+        tracing::Span::current().record("loxi.kv.blocks", crate::telemetry::span::int(keys.len()));
         if self.state.settings.hash_debug {
             tracing::info!(service = svc.id, blocks = keys.len(), keys = ?keys, "kv hash debug");
         }
@@ -334,7 +335,12 @@ impl KvRouter {
         let label = ServiceLabels {
             service: svc.label(),
         };
-        let cached = |ep: EpIdx| law_cands.iter().find(|c| c.ep == ep).map_or(0, |c| c.overlap);
+        let cached = |ep: EpIdx| {
+            law_cands
+                .iter()
+                .find(|c| c.ep == ep)
+                .map_or(0, |c| c.overlap)
+        };
         if let Some(cold) = self.cold_seed(svc, &law_cands, pick.ep) {
             self.state.metrics.cold_seeds.get_or_create(&label).inc();
             return Ok((Decision::pick(cold, Reason::KvColdSeed), cached(cold)));

@@ -47,7 +47,11 @@ impl Handler {
     ) -> Result<Response<ProxyBody>, Infallible> {
         let start = Instant::now();
         let span = trace_span::request(req.method(), req.uri().path(), req.headers());
-        let resp = match self.route(req, client, start).instrument(span.clone()).await {
+        let resp = match self
+            .route(req, client, start)
+            .instrument(span.clone())
+            .await
+        {
             Ok(resp) => resp,
             Err((service, e)) => {
                 tracing::debug!(error = %e, party = e.party().as_str(), "proxy error");

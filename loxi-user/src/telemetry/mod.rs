@@ -144,8 +144,9 @@ mod tests {
 
     #[test]
     fn span_target_is_switched_off_for_the_log_layer() {
-        let d: tracing_subscriber::filter::Directive =
-            format!("{SPAN_TARGET}=off").parse().expect("directive parses");
+        let d: tracing_subscriber::filter::Directive = format!("{SPAN_TARGET}=off")
+            .parse()
+            .expect("directive parses");
         assert_eq!(d.to_string(), off_directive().to_string());
         assert_eq!(d.to_string(), "loxi::trace=off");
     }

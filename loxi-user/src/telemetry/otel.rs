@@ -100,7 +100,11 @@ impl OtelSettings {
     pub fn from_lookup(
         lookup: &impl Fn(&str) -> Option<String>,
     ) -> (Option<Self>, Vec<OtelWarning>) {
-        let get = |k: &str| lookup(k).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
+        let get = |k: &str| {
+            lookup(k)
+                .map(|v| v.trim().to_string())
+                .filter(|v| !v.is_empty())
+        };
         let mut warnings = Vec::new();
         let off = |var: &'static str, value: String, why: &str| OtelWarning {
             var,
@@ -117,7 +121,11 @@ impl OtelSettings {
             Some(e) if e == "otlp" => {}
             Some(e) if e == "none" => return (None, warnings),
             Some(e) => {
-                let w = off("OTEL_TRACES_EXPORTER", e, "only `otlp` and `none` are supported");
+                let w = off(
+                    "OTEL_TRACES_EXPORTER",
+                    e,
+                    "only `otlp` and `none` are supported",
+                );
                 return (None, vec![w]);
             }
         }
@@ -238,7 +246,10 @@ mod tests {
     #[test]
     fn traces_are_off_without_an_endpoint_or_exporter() {
         assert_eq!(parse(&[]), (None, vec![]));
-        assert_eq!(parse(&[("OTEL_TRACES_SAMPLER", "always_on")]), (None, vec![]));
+        assert_eq!(
+            parse(&[("OTEL_TRACES_SAMPLER", "always_on")]),
+            (None, vec![])
+        );
     }
 
     #[test]
@@ -257,7 +268,10 @@ mod tests {
     fn sdk_disabled_and_exporter_none_win_over_an_endpoint() {
         let ep = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318");
         assert_eq!(parse(&[ep, ("OTEL_SDK_DISABLED", "TRUE")]), (None, vec![]));
-        assert_eq!(parse(&[ep, ("OTEL_TRACES_EXPORTER", "none")]), (None, vec![]));
+        assert_eq!(
+            parse(&[ep, ("OTEL_TRACES_EXPORTER", "none")]),
+            (None, vec![])
+        );
     }
 
     #[test]
@@ -271,7 +285,10 @@ mod tests {
             ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
         ]);
         assert!(s.is_none());
-        assert_eq!((w[0].var, w[0].value.as_str()), ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"));
+        assert_eq!(
+            (w[0].var, w[0].value.as_str()),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+        );
         // The traces-specific protocol wins over the generic one.
         let (s, w) = parse(&[
             ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318"),
@@ -285,7 +302,10 @@ mod tests {
     fn samplers_parse_and_bad_values_fall_back_with_a_warning() {
         let ep = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318");
         let s = |vars: &[(&str, &str)]| parse(vars).0.expect("on").sampler;
-        assert_eq!(s(&[ep, ("OTEL_TRACES_SAMPLER", "always_off")]), SamplerSpec::AlwaysOff);
+        assert_eq!(
+            s(&[ep, ("OTEL_TRACES_SAMPLER", "always_off")]),
+            SamplerSpec::AlwaysOff
+        );
         assert_eq!(
             s(&[
                 ep,
@@ -306,7 +326,10 @@ mod tests {
             st.expect("on").sampler,
             SamplerSpec::ParentBased(RootSampler::AlwaysOn)
         );
-        assert_eq!((w[0].var, w[0].value.as_str()), ("OTEL_TRACES_SAMPLER", "sometimes"));
+        assert_eq!(
+            (w[0].var, w[0].value.as_str()),
+            ("OTEL_TRACES_SAMPLER", "sometimes")
+        );
     }
 
     #[test]

@@ -55,7 +55,7 @@ pub fn request(method: &http::Method, path: &str, headers: &HeaderMap) -> Span {
 /// Records the status of the request span (an error status for 5xx, as OTel's HTTP server
 /// conventions say).
 pub fn record_status(span: &Span, status: http::StatusCode) {
-    span.record("http.response.status_code", status.as_u16());
+    span.record("http.response.status_code", i64::from(status.as_u16()));
     if status.is_server_error() {
         span.record("otel.status_code", "ERROR");
     }
@@ -75,10 +75,15 @@ macro_rules! kv_stage_span {
     };
 }
 
+/// A count as an OTel integer attribute (tracing's unsigned values would become strings).
+pub fn int(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
 /// Records the rule (service id) and model on the current (request) span.
 pub fn record_rule(service: u32, model: Option<&str>) {
     let span = Span::current();
-    span.record("loxi.rule", service);
+    span.record("loxi.rule", i64::from(service));
     if let Some(m) = model {
         span.record("loxi.model", m);
     }
@@ -90,10 +95,17 @@ pub fn record_rule(service: u32, model: Option<&str>) {
 pub fn record_decision(selector: &str, reason: &str, ep: usize, attempts: usize) {
     let span = Span::current();
     span.record("loxi.selector", selector);
-    span.record("loxi.tier", if reason.starts_with("kv_") { "kv" } else { "sel" });
+    span.record(
+        "loxi.tier",
+        if reason.starts_with("kv_") {
+            "kv"
+        } else {
+            "sel"
+        },
+    );
     span.record("loxi.reason", reason);
-    span.record("loxi.endpoint", ep);
-    span.record("loxi.attempts", attempts);
+    span.record("loxi.endpoint", int(ep));
+    span.record("loxi.attempts", int(attempts));
 }
 
 /// Records a tier-1.5 miss reason (`no_worker`, `short_prompt`, …) on the current span.
@@ -103,7 +115,7 @@ pub fn record_kv_miss(reason: &str) {
 
 /// Records the number of leading request blocks the chosen endpoint holds on the current span.
 pub fn record_cached_blocks(blocks: usize) {
-    Span::current().record("loxi.kv.cached_blocks", blocks);
+    Span::current().record("loxi.kv.cached_blocks", int(blocks));
 }
 
 /// Records an attempt's outcome: the backend's status, or the failure kind as `error.type`
@@ -126,9 +138,9 @@ pub fn attempt(ep: usize, authority: &str, attempt: usize) -> Span {
         otel.name = %format_args!("upstream {ep}"),
         otel.kind = "client",
         otel.status_code = Empty,
-        loxi.endpoint = ep,
+        loxi.endpoint = int(ep),
         server.address = authority,
-        loxi.attempt = attempt,
+        loxi.attempt = int(attempt),
         http.response.status_code = Empty,
         error.type = Empty,
     )
@@ -190,7 +202,10 @@ mod tests {
     #[test]
     fn header_injector_and_extractor_round_trip() {
         let mut h = HeaderMap::new();
-        HeaderInjector(&mut h).set("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into());
+        HeaderInjector(&mut h).set(
+            "traceparent",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into(),
+        );
         HeaderInjector(&mut h).set("bad header", "x".into());
         assert_eq!(h.len(), 1);
         let x = HeaderExtractor(&h);
