@@ -144,6 +144,15 @@ async fn complete(
     (status, ep)
 }
 
+/// Waits (5 s) until the fullproxy listener of a just-stored rule accepts connections.
+async fn wait_listening(addr: SocketAddr) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while tokio::net::TcpStream::connect(addr).await.is_err() {
+        assert!(Instant::now() < deadline, "no listener on {addr}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 async fn wait_blocks(d: &Daemon, ep: usize, want: u64) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -278,6 +287,7 @@ async fn every_dashboard_panel_queries_metrics_a_live_daemon_exports() {
                       {"endpointIP": "127.0.0.1", "targetPort": f.b[0].port()}]
     });
     assert_eq!(f.d.post_rule(&rule2).await.0, 200);
+    wait_listening(SocketAddr::from(([127, 0, 0, 1], vip2))).await;
     for _ in 0..2 {
         let (code, _) = complete(SocketAddr::from(([127, 0, 0, 1], vip2)), "x", None).await;
         assert_eq!(code, 200);
@@ -632,6 +642,7 @@ async fn otlp_spans_carry_the_decision_and_traceparent_reaches_the_backend() {
                       {"endpointIP": "127.0.0.1", "targetPort": f.b[0].port()}]
     });
     assert_eq!(f.d.post_rule(&rule2).await.0, 200);
+    wait_listening(SocketAddr::from(([127, 0, 0, 1], vip2))).await;
     let tp2 = "00-11111111111111111111111111111111-2222222222222222-01";
     let (code, served) = complete(SocketAddr::from(([127, 0, 0, 1], vip2)), "x", Some(tp2)).await;
     assert_eq!((code, served), (200, Some(1)));
