@@ -378,7 +378,7 @@ impl Collector {
                                 && req.headers().get("content-type").map(|v| v.as_bytes())
                                     == Some(b"application/x-protobuf".as_slice());
                             let body = req.into_body().collect().await.map(|c| c.to_bytes());
-                            let status = match body.map(|b| ExportTraceServiceRequest::decode(b)) {
+                            let status = match body.map(ExportTraceServiceRequest::decode) {
                                 Ok(Ok(r)) if ok => {
                                     reqs.lock().push(r);
                                     200
