@@ -324,6 +324,7 @@ async fn every_dashboard_panel_queries_metrics_a_live_daemon_exports() {
         "loxilb_l4_endpoint_packets_total",
         "loxilb_l4_events_total",
         "loxilb_kv_parity_ok",
+        "loxilb_pd_admission_shed_total",
     ] {
         assert!(queried.contains(must), "no panel shows {must}");
     }
