@@ -6,7 +6,8 @@
 //! ladder and shared selection vocabulary), [`health`] (probes, breaker), [`proxy`]
 //! (mode-4 fullproxy), [`kv`] (KV-cache-aware tier 1.5), [`config`] (flags and environment),
 //! [`api`] (REST), [`metrics`] (registry), [`app`] (the daemon), [`cli`] (`loxicmd`),
-//! [`l4`] (the XDP data path's loader and map reconciliation), [`netlink`] (VIP addresses).
+//! [`l4`] (the XDP data path's loader and map reconciliation), [`netlink`] (VIP addresses),
+//! [`telemetry`] (log format and OpenTelemetry traces).
 #![cfg_attr(
     test,
     allow(
@@ -28,3 +29,4 @@ pub mod proxy;
 pub mod request;
 pub mod routing;
 pub mod rules;
+pub mod telemetry;

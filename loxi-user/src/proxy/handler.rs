@@ -14,6 +14,7 @@ use http::request::Parts;
 use http::{HeaderValue, Request, Response};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
+use tracing::Instrument as _;
 
 use super::ProxyContext;
 use super::body::{EndAccounting, GuardedBody, ProxyBody, Tracked};
@@ -25,6 +26,7 @@ use crate::kv::route::select::KvTicket;
 use crate::kv::wiring::KvTier;
 use crate::request::{self as meta, RequestMeta};
 use crate::routing::{Candidates, Decision, Excluded, Ladder};
+use crate::telemetry::span as trace_span;
 
 /// Response header naming the endpoint index that served the request.
 pub const ENDPOINT_HEADER: &str = "x-loxilb-endpoint";
@@ -49,7 +51,12 @@ impl Handler {
         client: SocketAddr,
     ) -> Result<Response<ProxyBody>, Infallible> {
         let start = Instant::now();
-        Ok(match self.route(req, client, start).await {
+        let span = trace_span::request(req.method(), req.uri().path(), req.headers());
+        let resp = match self
+            .route(req, client, start)
+            .instrument(span.clone())
+            .await
+        {
             Ok(resp) => resp,
             Err((service, e)) => {
                 tracing::debug!(error = %e, party = e.party().as_str(), "proxy error");
@@ -57,7 +64,9 @@ impl Handler {
                 self.ctx.metrics.request(service, None, resp.status());
                 resp
             }
-        })
+        };
+        trace_span::record_status(&span, resp.status());
+        Ok(resp)
     }
 
     async fn route(
@@ -88,6 +97,7 @@ impl Handler {
         let service = pool.rule.id;
         let meta =
             RequestMeta::from_json(&parts, json.as_ref(), Some(client), &pool.rule.rule.service);
+        trace_span::record_rule(service, meta.model.as_deref());
         self.forward(&pool, parts, bytes, &meta, start)
             .await
             .map_err(|e| (service, e))
@@ -113,10 +123,8 @@ impl Handler {
         let mut ticket = KvTicket::default();
         let mut attempts = 0;
         loop {
-            let Some(ep) = self
-                .decide(pool, &ladder, meta, &excluded, &mut ticket)
-                .endpoint
-            else {
+            let d = self.decide(pool, &ladder, meta, &excluded, &mut ticket);
+            let Some(ep) = d.endpoint else {
                 return Err(if attempts == 0 {
                     ProxyError::NoHealthyBackend { service }
                 } else {
@@ -124,13 +132,17 @@ impl Handler {
                 });
             };
             attempts += 1;
+            let sel = pool.rule.spec.sel.name();
+            trace_span::record_decision(sel, d.reason.as_str(), ep, attempts);
             let tracked = Tracked::new(
                 pool.loads[ep].begin(),
                 pm.eps[ep].active.clone(),
                 pm.duration.clone(),
                 start,
             );
-            let req = upstream_request(&parts, &pool.authorities[ep], body.clone())?;
+            let mut req = upstream_request(&parts, &pool.authorities[ep], body.clone())?;
+            let attempt = trace_span::attempt(ep, &pool.authorities[ep], attempts);
+            trace_span::inject(&attempt, req.headers_mut());
             // At dispatch, not at the response: a non-streaming response (or a streaming one
             // behind a slow prefill) arrives after the prefill, and requests sharing this
             // prefix in that window would otherwise see no holder and scatter. Inline: the
@@ -138,7 +150,10 @@ impl Handler {
             // (`block_in_place` would cost more than the work). Only a request the tier turned
             // away during its warmup window is tokenized here.
             ladder.routed(meta, ep, &mut ticket);
-            match self.upstreams.send(req, pool.http2).await {
+            let sent = self.upstreams.send(req, pool.http2);
+            let outcome = sent.instrument(attempt.clone()).await;
+            trace_span::record_attempt(&attempt, outcome.status(), outcome.error_type());
+            match outcome {
                 Attempt::Response(resp) => {
                     // Counted and judged by the breaker when the body ends (a backend dying
                     // mid-stream is an upstream error, not the 2xx its head said).

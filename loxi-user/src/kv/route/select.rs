@@ -132,17 +132,20 @@ impl KvRouter {
         };
         let res = self.guarded_keys(&svc, meta, ticket).and_then(|keys| {
             let t = StdInstant::now();
-            let r = self.decide(&svc, rule, keys, cands);
+            let r =
+                crate::kv_stage_span!("kv.score").in_scope(|| self.decide(&svc, rule, keys, cands));
             svc.route.stage(Stage::Score, t.elapsed().as_secs_f64());
             r
         });
         match res {
-            Ok(d) => {
+            Ok((d, cached)) => {
                 svc.route.hit(d.endpoint.unwrap_or_default());
+                crate::telemetry::span::record_cached_blocks(cached);
                 Some(d)
             }
             Err(reason) => {
                 svc.route.miss(reason);
+                crate::telemetry::span::record_kv_miss(reason.as_str());
                 let head = ticket.keys();
                 tracing::debug!(
                     service = rule.id,
@@ -207,27 +210,36 @@ impl KvRouter {
             .filter(|m| !m.is_empty())
             .ok_or(MissReason::ModelEmpty)?;
         let t = StdInstant::now();
+        let span = crate::kv_stage_span!("kv.tokenize");
         let encoded;
         let tokens: &[u32] = match prompt {
             Prompt::TokenIds(ids) => ids,
             p => {
-                encoded = self
-                    .tokenizer
-                    .encode(model, meta.api, p, meta.add_special_tokens)
-                    .map_err(|_| MissReason::Tokenize)?;
+                encoded = span.in_scope(|| {
+                    self.tokenizer
+                        .encode(model, meta.api, p, meta.add_special_tokens)
+                        .map_err(|_| MissReason::Tokenize)
+                })?;
                 &encoded
             }
         };
         svc.route.stage(Stage::Tokenize, t.elapsed().as_secs_f64());
+        span.record("loxi.kv.tokens", crate::telemetry::span::int(tokens.len()));
+        tracing::Span::current()
+            .record("loxi.kv.tokens", crate::telemetry::span::int(tokens.len()));
         if tokens.len() < self.state.settings.min_match_tokens {
             return Err(MissReason::Shallow);
         }
         let extras = self.extras(meta)?;
         let t = StdInstant::now();
-        let keys = svc
-            .hasher
-            .keys(tokens, svc.config.block_size as usize, &extras);
+        let span = crate::kv_stage_span!("kv.hash");
+        let keys = span.in_scope(|| {
+            svc.hasher
+                .keys(tokens, svc.config.block_size as usize, &extras)
+        });
         svc.route.stage(Stage::Hash, t.elapsed().as_secs_f64());
+        span.record("loxi.kv.blocks", crate::telemetry::span::int(keys.len()));
+        tracing::Span::current().record("loxi.kv.blocks", crate::telemetry::span::int(keys.len()));
         if self.state.settings.hash_debug {
             tracing::info!(service = svc.id, blocks = keys.len(), keys = ?keys, "kv hash debug");
         }
@@ -256,14 +268,15 @@ impl KvRouter {
         })
     }
 
-    /// Scoring, eligibility, blend law and cold seeding (on this thread's reused buffers).
+    /// Scoring, eligibility, blend law and cold seeding (on this thread's reused buffers): the
+    /// decision and the number of leading request blocks its endpoint holds.
     fn decide(
         &self,
         svc: &ServiceKv,
         rule: &StoredRule,
         keys: &[BlockKey],
         cands: &Candidates<'_>,
-    ) -> Result<Decision, MissReason> {
+    ) -> Result<(Decision, usize), MissReason> {
         SCRATCH.with(|s| match s.try_borrow_mut() {
             Ok(mut s) => self.decide_in(&mut s, svc, rule, keys, cands),
             Err(_) => self.decide_in(&mut Scratch::default(), svc, rule, keys, cands),
@@ -277,7 +290,7 @@ impl KvRouter {
         rule: &StoredRule,
         keys: &[BlockKey],
         cands: &Candidates<'_>,
-    ) -> Result<Decision, MissReason> {
+    ) -> Result<(Decision, usize), MissReason> {
         let scores = svc
             .index
             .score_with(keys, Instant::now(), &mut scratch.score);
@@ -307,15 +320,21 @@ impl KvRouter {
             request_blocks: keys.len(),
         };
         let pick = blend(law_cands, &params).ok_or(MissReason::Excluded)?;
+        let cached = |ep: EpIdx| {
+            law_cands
+                .iter()
+                .find(|c| c.ep == ep)
+                .map_or(0, |c| c.overlap)
+        };
         if let Some(cold) = self.cold_seed(svc, law_cands, pick.ep) {
             svc.route.cold_seeds.inc();
-            return Ok(Decision::pick(cold, Reason::KvColdSeed));
+            return Ok((Decision::pick(cold, Reason::KvColdSeed), cached(cold)));
         }
         if pick.spilled {
             svc.route.spills.inc();
-            return Ok(Decision::pick(pick.ep, Reason::KvSpill));
+            return Ok((Decision::pick(pick.ep, Reason::KvSpill), cached(pick.ep)));
         }
-        Ok(Decision::pick(pick.ep, Reason::KvOverlap))
+        Ok((Decision::pick(pick.ep, Reason::KvOverlap), cached(pick.ep)))
     }
 
     /// Every `LOXILB_KV_COLDSTART_SEED_N`-th hit goes to the lowest-index eligible endpoint with
