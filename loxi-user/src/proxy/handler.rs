@@ -62,6 +62,9 @@ impl Handler {
         start: Instant,
     ) -> Result<Response<ProxyBody>, (u32, ProxyError)> {
         let (parts, body) = req.into_parts();
+        if parts.method == http::Method::CONNECT {
+            return Err((0, ProxyError::MethodNotAllowed(parts.method)));
+        }
         let bytes = read_body(body, self.ctx.config.max_body_bytes)
             .await
             .map_err(|e| (0, e))?;
@@ -117,7 +120,8 @@ impl Handler {
                 pm.duration.clone(),
                 start,
             );
-            let req = upstream_request(&parts, &pool.authorities[ep], body.clone())?;
+            let mut req = upstream_request(&parts, &pool.authorities[ep], body.clone())?;
+            super::forwarded::append(req.headers_mut(), meta.client);
             if let Some(tier) = self.tier_for(pool) {
                 // At dispatch, not at the response: a non-streaming response (or a streaming
                 // one behind a slow prefill) arrives after the prefill, and requests sharing

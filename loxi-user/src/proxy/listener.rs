@@ -29,15 +29,20 @@ impl Listener {
     /// Binds `addr` and starts serving `handler`.
     pub async fn bind(addr: SocketAddr, handler: Arc<Handler>) -> std::io::Result<Self> {
         let tcp = TcpListener::bind(addr).await?;
+        Ok(Self::serve(addr, tcp, handler))
+    }
+
+    /// Starts serving `handler` on `tcp`, already bound to `addr`.
+    pub fn serve(addr: SocketAddr, tcp: TcpListener, handler: Arc<Handler>) -> Self {
         let cancel = CancellationToken::new();
         let table = handler.table.clone();
         let task = tokio::spawn(accept_loop(tcp, handler, cancel.clone()));
         tracing::info!(%addr, "fullproxy listener open");
-        Ok(Self {
+        Self {
             table,
             cancel,
             task,
-        })
+        }
     }
 
     /// Stops accepting and returns a future that completes when in-flight requests finished.

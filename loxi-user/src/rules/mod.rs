@@ -2,6 +2,7 @@
 pub mod model;
 pub mod persist;
 pub mod store;
+pub mod unsupported;
 pub mod validate;
 
 pub use model::{Endpoint, LbRule, RuleKey, ServiceArgs};
