@@ -134,12 +134,9 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
         sockets,
         l4_datapath,
     };
-    let app = api::router(state)
-        .merge(kv::api::router(kv.state))
-        .layer(axum::middleware::from_fn_with_state(
-            security,
-            api::security::guard,
-        ));
+    let app = api::router(state).merge(kv::api::router(kv.state)).layer(
+        axum::middleware::from_fn_with_state(security, api::security::guard),
+    );
     tasks.spawn(serve_api(listener, tls, app, shutdown.clone()));
     shutdown.cancelled().await;
     drain(tasks, cfg.flags.shutdown_grace()).await;

@@ -66,7 +66,7 @@ pub fn bind_listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener>
 /// What is known about a fullproxy address.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ListenerStatus {
-    /// The proxy listens on it.
+    /// The proxy listens on it (or will in a moment: the API's socket is bound and listening).
     Listening,
     /// The proxy could not bind it (the OS error) and retries with backoff.
     Unbound(String),
@@ -217,7 +217,9 @@ impl ListenSockets {
     /// What is known about `addr`.
     pub fn status(&self, addr: SocketAddr) -> ListenerStatus {
         let g = self.inner.lock();
-        if g.held.contains(&addr) {
+        // A staged socket is bound and listening already (connections wait in its backlog
+        // until the proxy takes it).
+        if g.held.contains(&addr) || g.staged.contains_key(&addr) {
             ListenerStatus::Listening
         } else if let Some(e) = g.failed.get(&addr) {
             ListenerStatus::Unbound(e.clone())

@@ -225,8 +225,9 @@ impl Daemon {
         mut req: http::Request<Full<Bytes>>,
     ) -> anyhow::Result<http::Response<hyper::body::Incoming>> {
         if let Some(ca) = &self.opts.tls_ca {
-            let mut t = loxi_user::cli::client::Target::http(&self.api.ip().to_string(), self.api.port());
-            t.tls = Some(loxi_user::cli::client::tls_config(Some(ca))?);
+            let mut t =
+                loxi_user::cli::client::Target::http(&self.api.ip().to_string(), self.api.port());
+            t.tls = Some(loxi_user::cli::client::tls_config(Some(ca.as_path()))?);
             t.token = self.opts.api_token.clone();
             return Ok(t.send(req).await?);
         }

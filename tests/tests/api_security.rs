@@ -29,14 +29,19 @@ async fn a_text_plain_post_is_415_and_stores_nothing() {
     let body = rule(free_port()).to_string();
     // What a browser page can send cross-origin without a CORS preflight.
     let (status, _, text) = d
-        .request_with("POST", RULES, &[("content-type", "text/plain")], Some(&body))
+        .request_with(
+            "POST",
+            RULES,
+            &[("content-type", "text/plain")],
+            Some(body.as_str()),
+        )
         .await
         .expect("POST");
     assert_eq!(status, 415, "{text}");
     let v: Value = serde_json::from_str(&text).expect("JSON error body");
     assert_eq!(v["code"], json!(415));
     let (status, _, text) = d
-        .request_with("POST", RULES, &[], Some(&body))
+        .request_with("POST", RULES, &[], Some(body.as_str()))
         .await
         .expect("POST");
     assert_eq!(status, 415, "no content type at all: {text}");
@@ -46,7 +51,7 @@ async fn a_text_plain_post_is_415_and_stores_nothing() {
             "POST",
             RULES,
             &[("content-type", "application/json; charset=utf-8")],
-            Some(&body),
+            Some(body.as_str()),
         )
         .await
         .expect("POST");
@@ -63,7 +68,7 @@ async fn a_foreign_origin_is_refused_and_the_apis_own_origin_is_not() {
             "POST",
             RULES,
             &[json_ct, ("origin", "http://attacker.example")],
-            Some(&body),
+            Some(body.as_str()),
         )
         .await
         .expect("POST");
@@ -76,8 +81,12 @@ async fn a_foreign_origin_is_refused_and_the_apis_own_origin_is_not() {
         .request_with(
             "POST",
             RULES,
-            &[json_ct, ("origin", &origin), ("host", &host)],
-            Some(&body),
+            &[
+                json_ct,
+                ("origin", origin.as_str()),
+                ("host", host.as_str()),
+            ],
+            Some(body.as_str()),
         )
         .await
         .expect("POST");
@@ -95,7 +104,12 @@ async fn a_foreign_origin_is_refused_and_the_apis_own_origin_is_not() {
     assert_eq!(rule_count(&d.rules().await), 0);
     let own = format!("http://127.0.0.1:{}", d.api_port());
     let (status, _, text) = d
-        .request_with("POST", RULES, &[json_ct, ("origin", &own)], Some(&body))
+        .request_with(
+            "POST",
+            RULES,
+            &[json_ct, ("origin", own.as_str())],
+            Some(body.as_str()),
+        )
         .await
         .expect("POST");
     assert_eq!(status, 200, "the API's own origin: {text}");
@@ -139,7 +153,10 @@ async fn with_tokens_configured_every_request_needs_one_and_read_tokens_cannot_w
     assert_eq!(rule_count(&d.rules().await), 0, "read token can GET");
     let (status, v) = d.post_rule(&body).await;
     assert_eq!(status, 403, "read token cannot POST: {v}");
-    assert!(v["message"].as_str().unwrap_or("").contains("read-only"), "{v}");
+    assert!(
+        v["message"].as_str().unwrap_or("").contains("read-only"),
+        "{v}"
+    );
 
     d.set_api_token(Some("admin-4c8e0a6f5d"));
     let (status, v) = d.post_rule(&body).await;
@@ -155,10 +172,7 @@ async fn https_api_serves_loxicmd_with_the_ca_and_refuses_a_client_without_it() 
     let opts = DaemonOpts {
         args: [
             pki.daemon_args(),
-            vec![
-                "--api-token-file".into(),
-                token_file.display().to_string(),
-            ],
+            vec!["--api-token-file".into(), token_file.display().to_string()],
         ]
         .concat(),
         api_token: Some("tls-admin-1d2c3b4a".into()),
@@ -169,16 +183,33 @@ async fn https_api_serves_loxicmd_with_the_ca_and_refuses_a_client_without_it() 
     assert_eq!(rule_count(&d.rules().await), 0, "HTTPS GET with the CA");
 
     let tcp = format!("--tcp={}:8000", free_port());
-    let (ca, token) = (pki.ca().display().to_string(), token_file.display().to_string());
-    let tls = ["--protocol", "https", "--cacert", &ca, "--token-file", &token];
-    let create = [
-        &tls[..],
-        &["create", "lb", "127.0.0.1", &tcp, "--endpoints=127.0.0.5:1", "--mode=fullproxy"],
-    ]
-    .concat();
+    let (ca, token) = (
+        pki.ca().display().to_string(),
+        token_file.display().to_string(),
+    );
+    let tls: [&str; 6] = [
+        "--protocol",
+        "https",
+        "--cacert",
+        &ca,
+        "--token-file",
+        &token,
+    ];
+    let with_tls =
+        |rest: &[&str]| -> Vec<String> { tls.iter().chain(rest).map(|a| a.to_string()).collect() };
+    let create = with_tls(&[
+        "create",
+        "lb",
+        "127.0.0.1",
+        &tcp,
+        "--endpoints=127.0.0.5:1",
+        "--mode=fullproxy",
+    ]);
+    let create: Vec<&str> = create.iter().map(String::as_str).collect();
     let out = d.loxicmd(&create);
     assert!(out.status.success(), "loxicmd over https: {}", stderr(&out));
-    let out = d.loxicmd(&[&tls[..], &["get", "lb", "-o", "json"]].concat());
+    let get = with_tls(&["get", "lb", "-o", "json"]);
+    let out = d.loxicmd(&get.iter().map(String::as_str).collect::<Vec<_>>());
     assert!(out.status.success(), "{}", stderr(&out));
     let listed: Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert_eq!(rule_count(&listed), 1, "{listed}");
@@ -186,7 +217,16 @@ async fn https_api_serves_loxicmd_with_the_ca_and_refuses_a_client_without_it() 
     // A client that does not trust the CA fails the handshake.
     let other = TestPki::generate().expect("another CA");
     let other_ca = other.ca().display().to_string();
-    let out = d.loxicmd(&["--protocol", "https", "--cacert", &other_ca, "--token-file", &token, "get", "lb"]);
+    let out = d.loxicmd(&[
+        "--protocol",
+        "https",
+        "--cacert",
+        &other_ca,
+        "--token-file",
+        &token,
+        "get",
+        "lb",
+    ]);
     assert_eq!(out.status.code(), Some(1));
     assert!(
         stderr(&out).to_lowercase().contains("certificate"),

@@ -135,7 +135,7 @@ async fn loxicmd_prints_the_server_error_verbatim_and_exits_1() {
 async fn loxicmd_kv_flags_reach_the_rule_and_pd_flags_are_refused_as_unimplemented() {
     let d = Daemon::start_default().await;
     let tcp = format!("--tcp={}:8000", free_port());
-    let common = [
+    let common: [&str; 13] = [
         "create",
         "lb",
         "127.0.0.1",
@@ -153,20 +153,31 @@ async fn loxicmd_kv_flags_reach_the_rule_and_pd_flags_are_refused_as_unimplement
     // P/D is not implemented: the rule would be stored and dead, so the server refuses it.
     let pd = [
         &common[..],
-        &["--kv-exact-mode=1", "--ep-role=prefill,decode", "--pd-session-ttl-sec=60"],
+        &[
+            "--kv-exact-mode=1",
+            "--ep-role=prefill,decode",
+            "--pd-session-ttl-sec=60",
+        ],
     ]
     .concat();
     let out = d.loxicmd(&pd);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let err: Value = serde_json::from_str(stderr(&out).trim()).expect("server body verbatim");
-    assert_eq!(err["field"], json!("serviceArguments.pd_disagg_mode"), "{err}");
+    assert_eq!(
+        err["field"],
+        json!("serviceArguments.pd_disagg_mode"),
+        "{err}"
+    );
     assert!(
-        err["message"].as_str().unwrap_or("").contains("not implemented"),
+        err["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("not implemented"),
         "{err}"
     );
     assert_eq!(d.rules().await, json!({"lbAttr": []}));
 
-    let out = d.loxicmd(&[&common[..], &["--kv-exact-mode=3"]].concat());
+    let out = d.loxicmd(&[&common[..], &["--kv-exact-mode=3"][..]].concat());
     assert!(out.status.success(), "{}", stderr(&out));
     let rules = d.rules().await;
     let s = &rules["lbAttr"][0]["serviceArguments"];

@@ -42,7 +42,10 @@ async fn a_rule_whose_port_is_in_use_is_refused_and_not_persisted() {
     assert_eq!(status, 409, "{body}");
     assert_eq!(body["field"], json!("serviceArguments.port"));
     let msg = body["message"].as_str().unwrap_or_default();
-    assert!(msg.contains(&format!("127.0.0.1:{port}")) && msg.contains("nothing was stored"), "{msg}");
+    assert!(
+        msg.contains(&format!("127.0.0.1:{port}")) && msg.contains("nothing was stored"),
+        "{msg}"
+    );
     // The API's own port is a port in use too.
     let (status, body) = d.post_rule(&rule(d.api_port(), json!({}))).await;
     assert_eq!(status, 409, "{body}");
@@ -54,7 +57,10 @@ async fn a_rule_whose_port_is_in_use_is_refused_and_not_persisted() {
     let (status, body) = d.post_rule(&rule(free, json!({}))).await;
     assert_eq!(status, 200, "{body}");
     std::net::TcpStream::connect(("127.0.0.1", free)).expect("listening at the 200");
-    assert_eq!(rules_of(&d.rules().await)[0]["listenerState"], json!("listening"));
+    assert_eq!(
+        rules_of(&d.rules().await)[0]["listenerState"],
+        json!("listening")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -73,8 +79,22 @@ async fn a_restored_rule_whose_port_is_taken_is_reported_and_served_once_it_free
     d.restart().await;
     let listed = rules_of(&d.rules().await);
     assert_eq!(listed.len(), 1, "the rule was restored");
-    let state = listed[0]["listenerState"].as_str().unwrap_or_default().to_string();
-    assert!(state.starts_with("unbound: ") && state.contains("retrying"), "{state}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let state = loop {
+        let listed = rules_of(&d.rules().await);
+        let state = listed[0]["listenerState"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        if state != "pending" || Instant::now() > deadline {
+            break state;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        state.starts_with("unbound: ") && state.contains("in use") && state.contains("retrying"),
+        "{state}"
+    );
     let m = d.metrics_text().await;
     let up = format!(r#"loxilb_fullproxy_listener_up{{address="127.0.0.1:{port}"}}"#);
     let failures =
@@ -94,7 +114,9 @@ async fn a_restored_rule_whose_port_is_taken_is_reported_and_served_once_it_free
     }
     let m = d.metrics_text().await;
     assert_eq!(sample(&m, &up), Some(1.0), "{m}");
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     s.write_all(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         .await
@@ -123,8 +145,14 @@ async fn accepted_but_unimplemented_values_are_400_saying_so() {
         (json!({"security": 1}), "serviceArguments.security"),
         (json!({"security": 2}), "serviceArguments.security"),
         (json!({"kvExactMode": 1}), "serviceArguments.kvExactMode"),
-        (json!({"kvEngineType": "trtllm"}), "serviceArguments.kvEngineType"),
-        (json!({"pd_session_ttl_sec": 60}), "serviceArguments.pd_session_ttl_sec"),
+        (
+            json!({"kvEngineType": "trtllm"}),
+            "serviceArguments.kvEngineType",
+        ),
+        (
+            json!({"pd_session_ttl_sec": 60}),
+            "serviceArguments.pd_session_ttl_sec",
+        ),
         (json!({"bgp": true}), "serviceArguments.bgp"),
     ];
     for (extra, field) in cases {
@@ -162,7 +190,10 @@ async fn inert_environment_variables_are_named_in_a_warning_at_start() {
         line.contains("LLB_PD_MAX_INFLIGHT_PER_EP") && line.contains("LOXILB_AI_CTRL_ADDR"),
         "{line}"
     );
-    assert!(!line.contains("LLB_PD_ORIGIN_ERR_THRESHOLD"), "the breaker works: {line}");
+    assert!(
+        !line.contains("LLB_PD_ORIGIN_ERR_THRESHOLD"),
+        "the breaker works: {line}"
+    );
     let quiet = Daemon::start_default().await;
     assert!(!quiet.log_text().contains("without effect"));
 }
@@ -191,7 +222,13 @@ async fn endpoints_are_capped_at_1024_per_rule() {
     let (status, body) = d.post_rule(&r).await;
     assert_eq!(status, 400, "{body}");
     assert_eq!(body["field"], json!("endpoints"));
-    assert!(body["message"].as_str().unwrap_or_default().contains("1024"), "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("1024"),
+        "{body}"
+    );
     r["endpoints"] = json!(eps(1024));
     let (status, body) = d.post_rule(&r).await;
     assert_eq!(status, 200, "{body}");
@@ -219,25 +256,38 @@ async fn tokenizer_metrics_are_labelled_by_rule_model_never_by_the_clients_strin
         let body = json!({"model": model, "prompt": "a prompt long enough to be tokenized", "max_tokens": 1});
         let req = http::Request::post(format!("http://127.0.0.1:{port}/v1/completions"))
             .header("content-type", "application/json")
-            .body(http_body_util::Full::new(bytes::Bytes::from(body.to_string())))
+            .body(http_body_util::Full::new(bytes::Bytes::from(
+                body.to_string(),
+            )))
             .expect("request");
         client.request(req)
     };
     for i in 0..3 {
-        let resp = send(wild, format!("client-invented-{i}")).await.expect("proxied");
+        let resp = send(wild, format!("client-invented-{i}"))
+            .await
+            .expect("proxied");
         assert_eq!(resp.status(), 200);
     }
     let resp = send(named, "acme/named".into()).await.expect("proxied");
     assert_eq!(resp.status(), 200);
     let m = d.metrics_text().await;
-    assert!(!m.contains("client-invented"), "a client created series:\n{m}");
+    assert!(
+        !m.contains("client-invented"),
+        "a client created series:\n{m}"
+    );
     assert_eq!(
-        sample(&m, r#"loxilb_kv_tokenizer_load_failures_total{model="other"}"#),
+        sample(
+            &m,
+            r#"loxilb_kv_tokenizer_load_failures_total{model="other"}"#
+        ),
         Some(3.0),
         "{m}"
     );
     assert_eq!(
-        sample(&m, r#"loxilb_kv_tokenizer_load_failures_total{model="acme/named"}"#),
+        sample(
+            &m,
+            r#"loxilb_kv_tokenizer_load_failures_total{model="acme/named"}"#
+        ),
         Some(1.0),
         "{m}"
     );

@@ -70,7 +70,7 @@ pub struct ApiState {
     /// bound; `GET .../all` reports each rule's `listenerState` from here.
     pub sockets: Arc<crate::listen::ListenSockets>,
     /// True when the daemon runs the L4 (XDP) data path (`--xdp-iface`); without it rules with
-    /// `mode` other than 4 are refused (409), since nothing would forward them.
+    /// `mode` other than 4 are refused (400), since nothing would forward them.
     pub l4_datapath: bool,
 }
 

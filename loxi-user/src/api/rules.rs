@@ -14,6 +14,7 @@ use serde::Serialize;
 use super::error::{self, ApiError};
 use super::fields;
 use super::{ApiState, EndpointHealth};
+use crate::listen::Reservation;
 use crate::rules::{LbRule, StoredRule, UpsertOutcome, validate};
 
 /// `GET /config/loadbalancer/all` body: LoxiLB's `{"lbAttr": [...]}`.
@@ -47,7 +48,7 @@ pub async fn create(
     check_data_path(&rule, st.l4_datapath)?;
     // Bound before the rule is stored: a rule whose listener cannot open is never acknowledged.
     let reservation = match listen_addr(&rule) {
-        Some(addr) => Some(st.sockets.reserve(addr).map_err(|e| bind_error(addr, &e))?),
+        Some(addr) => Some(reserve(&st, addr).await?),
         None => None,
     };
     let key = rule.key();
@@ -98,7 +99,26 @@ pub fn listen_addr(rule: &LbRule) -> Option<SocketAddr> {
     if s.mode != loxi_common::mode::FULLPROXY || !s.protocol.eq_ignore_ascii_case("tcp") {
         return None;
     }
-    Some(SocketAddr::new(s.external_ip.parse::<IpAddr>().ok()?, s.port))
+    Some(SocketAddr::new(
+        s.external_ip.parse::<IpAddr>().ok()?,
+        s.port,
+    ))
+}
+
+/// Reserves `addr`, retrying "in use" briefly: a listener of a rule deleted a moment ago closes
+/// its socket asynchronously, just after the proxy released it.
+async fn reserve(st: &ApiState, addr: SocketAddr) -> Result<Reservation, ApiError> {
+    let mut tries = 0;
+    loop {
+        match st.sockets.reserve(addr) {
+            Ok(r) => return Ok(r),
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && tries < 3 => {
+                tries += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            Err(e) => return Err(bind_error(addr, &e)),
+        }
+    }
 }
 
 fn bind_error(addr: SocketAddr, e: &std::io::Error) -> ApiError {

@@ -137,11 +137,12 @@ impl ApiSecurity {
 /// True when `host` (`name[:port]`) is an IP literal or `localhost`: names that a foreign web
 /// page cannot point at us through DNS rebinding.
 fn names_us_directly(host: &str) -> bool {
-    let name = if let Some(rest) = host.strip_prefix('[') {
-        return rest.split_once(']').is_some_and(|(ip, _)| ip.parse::<std::net::Ipv6Addr>().is_ok());
-    } else {
-        host.rsplit_once(':').map_or(host, |(n, _)| n)
-    };
+    if let Some(rest) = host.strip_prefix('[') {
+        return rest
+            .split_once(']')
+            .is_some_and(|(ip, _)| ip.parse::<std::net::Ipv6Addr>().is_ok());
+    }
+    let name = host.rsplit_once(':').map_or(host, |(n, _)| n);
     name == "localhost" || name.parse::<std::net::IpAddr>().is_ok()
 }
 
@@ -222,13 +223,21 @@ mod tests {
 
     #[test]
     fn tokens_grant_admin_or_read_and_nothing_else() {
-        let p = ApiSecurity::new(&["admin-secret".into()], &["read-secret".into()], &[], false);
-        let with = |t: &str| headers(&[("authorization", &format!("Bearer {t}"))]);
+        let p = ApiSecurity::new(
+            &["admin-secret".into()],
+            &["read-secret".into()],
+            &[],
+            false,
+        );
+        let with = |t: &str| headers(&[("authorization", format!("Bearer {t}").as_str())]);
         assert_eq!(p.access(&with("admin-secret")), Some(Access::Admin));
         assert_eq!(p.access(&with("read-secret")), Some(Access::ReadOnly));
         assert_eq!(p.access(&with("admin-secre")), None);
         assert_eq!(p.access(&with("admin-secret-")), None);
-        assert_eq!(p.access(&headers(&[("authorization", "Basic admin-secret")])), None);
+        assert_eq!(
+            p.access(&headers(&[("authorization", "Basic admin-secret")])),
+            None
+        );
         assert_eq!(p.access(&HeaderMap::new()), None);
         let open = ApiSecurity::default();
         assert_eq!(open.access(&HeaderMap::new()), Some(Access::Admin));
@@ -243,8 +252,14 @@ mod tests {
         ok("http://[::1]:11111", "[::1]:11111").expect("v6 literal");
         ok("https://lb.example.com", "lb.example.com").expect("listed");
         assert!(ok("http://evil.example", "127.0.0.1:11111").is_err());
-        assert!(ok("http://evil.example:11111", "evil.example:11111").is_err(), "rebinding");
-        assert!(ok("https://127.0.0.1:11111", "127.0.0.1:11111").is_err(), "wrong scheme");
+        assert!(
+            ok("http://evil.example:11111", "evil.example:11111").is_err(),
+            "rebinding"
+        );
+        assert!(
+            ok("https://127.0.0.1:11111", "127.0.0.1:11111").is_err(),
+            "wrong scheme"
+        );
         assert!(ok("null", "127.0.0.1:11111").is_err());
         p.check_origin(&headers(&[("host", "evil.example")]))
             .expect("no Origin: not a browser");

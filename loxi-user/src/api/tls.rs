@@ -49,13 +49,6 @@ pub enum TlsError {
 /// The server configuration of `cert` (PEM chain) and `key` (PEM private key), ALPN
 /// `http/1.1` (the API speaks HTTP/1.1).
 pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>, TlsError> {
-    let pem = |what, path: &Path| {
-        move |source| TlsError::Pem {
-            what,
-            path: path.display().to_string(),
-            source,
-        }
-    };
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
         .map_err(pem("certificate", cert))?
         .collect::<Result<_, _>>()
@@ -71,6 +64,17 @@ pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig
         .with_single_cert(chain, key)?;
     cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Arc::new(cfg))
+}
+
+fn pem<'a>(
+    what: &'static str,
+    path: &'a Path,
+) -> impl Fn(rustls::pki_types::pem::Error) -> TlsError + 'a {
+    move |source| TlsError::Pem {
+        what,
+        path: path.display().to_string(),
+        source,
+    }
 }
 
 /// A listener yielding TLS streams whose handshake completed (an `axum::serve` listener).

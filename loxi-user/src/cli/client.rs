@@ -79,7 +79,10 @@ impl Target {
     /// A plain-HTTP target without token.
     pub fn http(host: &str, port: u16) -> Self {
         Self {
-            host: host.trim_start_matches('[').trim_end_matches(']').to_string(),
+            host: host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_string(),
             port,
             tls: None,
             token: None,

@@ -516,7 +516,10 @@ mod tests {
             ("LLB_PD_ORIGIN_ERR_THRESHOLD", "5"),
             ("LLB_KV_LOADGUARD", " "),
         ]);
-        assert_eq!(e.inert, ["LOXILB_AI_CTRL_ADDR", "LLB_PD_PREFILL_TIMEOUT_SEC"]);
+        assert_eq!(
+            e.inert,
+            ["LOXILB_AI_CTRL_ADDR", "LLB_PD_PREFILL_TIMEOUT_SEC"]
+        );
         assert!(env(&[]).inert.is_empty());
     }
 

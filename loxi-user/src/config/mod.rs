@@ -116,9 +116,11 @@ impl ApiTokens {
                     path: path.display().to_string(),
                     source,
                 })?;
-                into.push(first_line(&text).ok_or_else(|| {
-                    TokenError::Empty(format!("token file {}", path.display()))
-                })?);
+                into.push(
+                    first_line(&text).ok_or_else(|| {
+                        TokenError::Empty(format!("token file {}", path.display()))
+                    })?,
+                );
             }
             if let Some(v) = lookup(env) {
                 into.push(first_line(&v).ok_or_else(|| TokenError::Empty(env.to_string()))?);
@@ -200,7 +202,11 @@ mod tests {
         std::fs::write(&file, "  \n").expect("write");
         let e = ApiTokens::load(&args, |_| None).expect_err("empty file");
         assert!(e.to_string().contains("holds no token"), "{e}");
-        assert!(ApiTokens::load(&ApiArgs::default(), |_| None).expect("none").is_empty());
+        assert!(
+            ApiTokens::load(&ApiArgs::default(), |_| None)
+                .expect("none")
+                .is_empty()
+        );
     }
 
     #[test]

@@ -101,7 +101,11 @@ async fn track_rule_models(
 ) {
     loop {
         let snap = rules.borrow_and_update().clone();
-        metrics.set_rule_models(snap.rules.values().map(|r| r.rule.service.model_name.as_str()));
+        metrics.set_rule_models(
+            snap.rules
+                .values()
+                .map(|r| r.rule.service.model_name.as_str()),
+        );
         tokio::select! {
             changed = rules.changed() => if changed.is_err() { return },
             _ = shutdown.cancelled() => return,

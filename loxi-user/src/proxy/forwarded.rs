@@ -46,14 +46,20 @@ mod tests {
     fn the_client_address_is_appended_to_an_existing_chain() {
         let mut h = HeaderMap::new();
         h.append(X_FORWARDED_FOR, HeaderValue::from_static("203.0.113.9"));
-        h.append(X_FORWARDED_FOR, HeaderValue::from_static("198.51.100.1, 192.0.2.3"));
+        h.append(
+            X_FORWARDED_FOR,
+            HeaderValue::from_static("198.51.100.1, 192.0.2.3"),
+        );
         h.insert(X_FORWARDED_PROTO, HeaderValue::from_static("https"));
         append(&mut h, client());
         assert_eq!(
             h.get_all(X_FORWARDED_FOR).iter().collect::<Vec<_>>(),
             ["203.0.113.9, 198.51.100.1, 192.0.2.3, 10.0.0.7"]
         );
-        assert_eq!(h[X_FORWARDED_PROTO], "http", "the client cannot claim https");
+        assert_eq!(
+            h[X_FORWARDED_PROTO], "http",
+            "the client cannot claim https"
+        );
     }
 
     #[test]

@@ -238,7 +238,8 @@ impl Reconciler {
         match tcp {
             Ok(tcp) => {
                 self.unbound.remove(&addr);
-                self.listeners.insert(addr, Listener::serve(addr, tcp, handler));
+                self.listeners
+                    .insert(addr, Listener::serve(addr, tcp, handler));
             }
             Err(e) => {
                 let u = self.unbound.entry(addr).or_insert(Unbound {

@@ -26,7 +26,11 @@ pub fn check(rule: &LbRule) -> Result<(), RuleError> {
             format!(
                 "{} asks for TLS termination{}; use 0 and terminate TLS in front of loxi",
                 s.security,
-                if s.security == 2 { " and backend re-encryption" } else { "" }
+                if s.security == 2 {
+                    " and backend re-encryption"
+                } else {
+                    ""
+                }
             ),
         ));
     }
@@ -49,7 +53,11 @@ pub fn check(rule: &LbRule) -> Result<(), RuleError> {
     if matches!(s.sel, loxi_common::sel::N2 | loxi_common::sel::N3) {
         return Err(not_implemented(
             &svc("sel"),
-            format!("{} ({}) has no selector", s.sel, if s.sel == 5 { "n2" } else { "n3" }),
+            format!(
+                "{} ({}) has no selector",
+                s.sel,
+                if s.sel == 5 { "n2" } else { "n3" }
+            ),
         ));
     }
     if s.bgp {
@@ -113,7 +121,9 @@ fn check_pd(rule: &LbRule) -> Result<(), RuleError> {
             "1 (KV-exact selection in a P/D pool) needs P/D disaggregation; use 3 for a single pool"
                 .to_string()
         } else {
-            format!("{field} belongs to {pd}, which loxi does not implement; leave it at its default")
+            format!(
+                "{field} belongs to {pd}, which loxi does not implement; leave it at its default"
+            )
         };
         return Err(not_implemented(&format!("serviceArguments.{field}"), what));
     }
@@ -159,27 +169,66 @@ mod tests {
         let cases = [
             (json!({"security": 1}), "serviceArguments.security"),
             (json!({"security": 2}), "serviceArguments.security"),
-            (json!({"pd_disagg_mode": true}), "serviceArguments.pd_disagg_mode"),
-            (json!({"pd_cache_aware_mode": true}), "serviceArguments.pd_cache_aware_mode"),
-            (json!({"pd_session_ttl_sec": 60}), "serviceArguments.pd_session_ttl_sec"),
-            (json!({"pd_cache_threshold": 50}), "serviceArguments.pd_cache_threshold"),
-            (json!({"pd_balance_abs_threshold": 9}), "serviceArguments.pd_balance_abs_threshold"),
+            (
+                json!({"pd_disagg_mode": true}),
+                "serviceArguments.pd_disagg_mode",
+            ),
+            (
+                json!({"pd_cache_aware_mode": true}),
+                "serviceArguments.pd_cache_aware_mode",
+            ),
+            (
+                json!({"pd_session_ttl_sec": 60}),
+                "serviceArguments.pd_session_ttl_sec",
+            ),
+            (
+                json!({"pd_cache_threshold": 50}),
+                "serviceArguments.pd_cache_threshold",
+            ),
+            (
+                json!({"pd_balance_abs_threshold": 9}),
+                "serviceArguments.pd_balance_abs_threshold",
+            ),
             (json!({"kvExactMode": 1}), "serviceArguments.kvExactMode"),
-            (json!({"kvEngineType": "trtllm"}), "serviceArguments.kvEngineType"),
-            (json!({"kvHashAlgo": "blockhash_trtllm"}), "serviceArguments.kvHashAlgo"),
+            (
+                json!({"kvEngineType": "trtllm"}),
+                "serviceArguments.kvEngineType",
+            ),
+            (
+                json!({"kvHashAlgo": "blockhash_trtllm"}),
+                "serviceArguments.kvHashAlgo",
+            ),
             (json!({"bgp": true}), "serviceArguments.bgp"),
             (json!({"protocol": "udp"}), "serviceArguments.protocol"),
             (json!({"sel": 5}), "serviceArguments.sel"),
-            (json!({"mode": 0, "sel": 6, "protocol": "udp"}), "serviceArguments.sel"),
-            (json!({"inactiveTimeOut": 30}), "serviceArguments.inactiveTimeOut"),
-            (json!({"mode": 2, "host": "a.example"}), "serviceArguments.host"),
-            (json!({"mode": 2, "protocol": "sctp"}), "serviceArguments.protocol"),
-            (json!({"backend_protocol": "both"}), "serviceArguments.backend_protocol"),
+            (
+                json!({"mode": 0, "sel": 6, "protocol": "udp"}),
+                "serviceArguments.sel",
+            ),
+            (
+                json!({"inactiveTimeOut": 30}),
+                "serviceArguments.inactiveTimeOut",
+            ),
+            (
+                json!({"mode": 2, "host": "a.example"}),
+                "serviceArguments.host",
+            ),
+            (
+                json!({"mode": 2, "protocol": "sctp"}),
+                "serviceArguments.protocol",
+            ),
+            (
+                json!({"backend_protocol": "both"}),
+                "serviceArguments.backend_protocol",
+            ),
         ];
         for (service, want) in cases {
             assert_eq!(field_of(service.clone(), json!({})), want, "{service}");
         }
-        assert_eq!(field_of(json!({}), json!({"nixl_port": 5600})), "endpoints[0].nixl_port");
+        assert_eq!(
+            field_of(json!({}), json!({"nixl_port": 5600})),
+            "endpoints[0].nixl_port"
+        );
     }
 
     #[test]

@@ -266,7 +266,8 @@ fn check_fullproxy_only(s: &ServiceArgs) -> Result<(), RuleError> {
         if s.kv_exact_mode == 1 && !s.pd_disagg_mode {
             return Err(invalid(
                 "serviceArguments.kvExactMode",
-                "1 needs pd_disagg_mode: true (use 3 for a single pool)",
+                "1 (KV-exact selection in a P/D pool) is not implemented in loxi yet (nor is \
+                 the pd_disagg_mode it needs); use 3 for a single pool",
             ));
         }
         if s.pd_cache_aware_mode && !s.pd_disagg_mode {

@@ -112,7 +112,10 @@ mod tests {
     fn only_rule_model_names_become_labels() {
         let m = TokenizerMetrics::default();
         m.set_rule_models(["Qwen/Qwen2.5-7B-Instruct", ""]);
-        assert_eq!(m.label("Qwen/Qwen2.5-7B-Instruct").model, "Qwen/Qwen2.5-7B-Instruct");
+        assert_eq!(
+            m.label("Qwen/Qwen2.5-7B-Instruct").model,
+            "Qwen/Qwen2.5-7B-Instruct"
+        );
         assert_eq!(m.label("made-up-by-a-client-1").model, OTHER_MODEL);
         assert_eq!(m.label("").model, OTHER_MODEL);
     }
