@@ -8,6 +8,10 @@ export PATH="$HOME/.cargo/bin:$PATH"
 export LOXI_SHARED=${LOXI_SHARED:-$(cd .. && pwd)/shared}
 # One release build serves the tests and the binaries the integration tests start.
 cargo test --release --workspace -- --test-threads="${LOXI_TEST_THREADS:-2}"
+# The routing benchmark end to end (a vllm-sim fleet and one loxilb per policy, a timed hit-rate
+# comparison): ignored by plain `cargo test`, run here as a step of its own, alone on the machine,
+# with the binaries the step above built.
+cargo test --release -p loxi-bench --test bench_routing -- --ignored
 # House lints: formatting and clippy (warnings are errors) over every target of the workspace.
 cargo fmt --all --check
 cargo clippy --release --workspace --all-targets -q -- -D warnings

@@ -1,5 +1,6 @@
-//! The shared integration-test harness: runs the real `loxilb` daemon binary on an OS-chosen
-//! loopback port with a temporary state directory, talks to its REST API, and runs `loxicmd`.
+//! The shared integration-test harness: runs the real `loxilb` daemon binary on a loopback port
+//! reserved for the test process ([`free_port`]) with a temporary state directory, talks to its
+//! REST API, and runs `loxicmd`.
 //!
 //! Binaries: the harness never builds anything. `cargo test --workspace` builds `loxilb` and
 //! `loxicmd` into the profile directory of the test executable (`target/<profile>/`; the
@@ -11,7 +12,7 @@
 //! The daemon's stdout and stderr go to `<tmp>/loxilb.log` ([`Daemon::log_text`]); the
 //! readiness timeout and [`Daemon::dump_log_on_panic`] print it so a failing test shows why.
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -96,10 +97,90 @@ pub fn bin_path(name: &str) -> PathBuf {
     p
 }
 
-/// A free TCP port on 127.0.0.1 chosen by the OS (bound, then released).
+/// A TCP port for a listener another process opens (the daemon's API, a rule's VIP, a
+/// publisher), reserved for this test process until it exits.
+///
+/// Binding port 0 and releasing it is racy: the kernel hands the same number to the next
+/// `bind(0)` or outgoing connection of any process (parallel test threads, other test runs)
+/// before the daemon binds it. So the port comes from outside the kernel's ephemeral range
+/// (`net.ipv4.ip_local_port_range`, where no `bind(0)` or `connect` ever lands), is claimed with
+/// an exclusive `flock` on `$TMPDIR/loxi-test-ports/<port>.lock` that this process holds until
+/// it exits (so no other thread or test process using this harness gets it), and is skipped
+/// when something already listens on it. Listeners the test opens itself bind port 0 and keep
+/// the socket instead ([`crate::backend::Backend`]).
 pub fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    l.local_addr().expect("local_addr").port()
+    ports::reserve()
+}
+
+mod ports {
+    use std::fs::File;
+    use std::net::TcpListener;
+    use std::path::PathBuf;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use parking_lot::Mutex;
+
+    /// Lowest port handed out (below it: well-known and commonly configured service ports).
+    const FLOOR: u16 = 10_000;
+
+    /// The lock files of the ports this process holds (the locks last as long as the files).
+    static HELD: Mutex<Vec<File>> = Mutex::new(Vec::new());
+    /// Where the next search starts, so one process walks its candidates in order.
+    static NEXT: AtomicUsize = AtomicUsize::new(usize::MAX);
+
+    /// The kernel's ephemeral range, `(low, high)` inclusive (Linux's default when unreadable).
+    fn ephemeral() -> (u16, u16) {
+        let text =
+            std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
+        let mut it = text.split_whitespace().map(str::parse::<u16>);
+        match (it.next(), it.next()) {
+            (Some(Ok(lo)), Some(Ok(hi))) if lo <= hi => (lo, hi),
+            _ => (32_768, 60_999),
+        }
+    }
+
+    /// Ports outside the ephemeral range, from [`FLOOR`] up.
+    fn candidates() -> Vec<u16> {
+        let (lo, hi) = ephemeral();
+        (FLOOR..=u16::MAX).filter(|p| *p < lo || *p > hi).collect()
+    }
+
+    fn lock_dir() -> PathBuf {
+        let dir = std::env::temp_dir().join("loxi-test-ports");
+        std::fs::create_dir_all(&dir).expect("create the test port lock dir");
+        dir
+    }
+
+    /// Claims `port` for this process: its lock file is free and nothing listens on it.
+    fn claim(dir: &std::path::Path, port: u16) -> Option<File> {
+        let file = File::create(dir.join(format!("{port}.lock"))).ok()?;
+        file.try_lock().ok()?;
+        TcpListener::bind(("0.0.0.0", port)).ok()?;
+        Some(file)
+    }
+
+    /// A port claimed for this process (see [`super::free_port`]).
+    pub(super) fn reserve() -> u16 {
+        let cands = candidates();
+        assert!(!cands.is_empty(), "no ports outside the ephemeral range");
+        let dir = lock_dir();
+        // Each process starts at its own place (pid), so concurrent runs rarely probe the same
+        // ports; the locks make a collision impossible either way.
+        let _ = NEXT.compare_exchange(
+            usize::MAX,
+            std::process::id() as usize * 7919 % cands.len(),
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+        for _ in 0..cands.len() {
+            let i = NEXT.fetch_add(1, Ordering::Relaxed) % cands.len();
+            if let Some(file) = claim(&dir, cands[i]) {
+                HELD.lock().push(file);
+                return cands[i];
+            }
+        }
+        panic!("every port outside the ephemeral range is taken");
+    }
 }
 
 impl Daemon {
@@ -175,7 +256,7 @@ impl Daemon {
                 .as_mut()
                 .and_then(|c| c.try_wait().ok().flatten())
             {
-                // Another process may have taken the free port between probe and bind.
+                // A program outside this harness may have bound the reserved port meanwhile.
                 if port_retries > 0 && self.log_text().contains("binding the REST API") {
                     port_retries -= 1;
                     self.child = None;
@@ -224,16 +305,14 @@ impl Daemon {
         &self,
         mut req: http::Request<Full<Bytes>>,
     ) -> anyhow::Result<http::Response<hyper::body::Incoming>> {
-        if let Some(ca) = &self.opts.tls_ca {
-            let mut t =
-                loxi_user::cli::client::Target::http(&self.api.ip().to_string(), self.api.port());
-            t.tls = Some(loxi_user::cli::client::tls_config(Some(ca.as_path()))?);
-            t.token = self.opts.api_token.clone();
-            return Ok(t.send(req).await?);
-        }
         if let Some(token) = &self.opts.api_token {
             req.headers_mut()
                 .insert("authorization", format!("Bearer {token}").parse()?);
+        }
+        if let Some(ca) = &self.opts.tls_ca {
+            req.headers_mut()
+                .insert("host", self.api.to_string().parse()?);
+            return crate::tls::https_send(self.api, ca, req).await;
         }
         *req.uri_mut() = format!("{}{}", self.api_url(), req.uri()).parse()?;
         Ok(self.client.request(req).await?)

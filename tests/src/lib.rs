@@ -1,15 +1,12 @@
 //! Test support for loxi's integration tests: the daemon harness ([`harness`]), real test
-//! backends ([`backend`]), real pyzmq KV-event publishers ([`kv_pub`]), the `vllm-sim` engine
-//! emulator ([`sim`]), the benchmark workloads ([`workload`]) and runner ([`bench`]), and test
-//! certificates ([`tls`]).
+//! backends ([`backend`]), real pyzmq KV-event publishers ([`kv_pub`]) and test certificates
+//! ([`tls`]). The `vllm-sim` and
+//! `loxi-bench` crates use it for their own tests too.
 
 pub mod backend;
-pub mod bench;
 pub mod harness;
 pub mod kv_pub;
-pub mod sim;
 pub mod tls;
-pub mod workload;
 
 /// The `shared/` directory beside the checkout (golden files, spec, scripts): `$LOXI_SHARED`
 /// if set, else `<repo>/../shared`, where CI puts it.

@@ -1,7 +1,15 @@
 //! Test certificates generated per test (rcgen): a throw-away CA and a server certificate it
-//! signed for `127.0.0.1`, `::1` and `localhost`, written as PEM files into a temp dir.
+//! signed for `127.0.0.1`, `::1` and `localhost`, written as PEM files into a temp dir; and a
+//! one-request HTTPS client (rustls, trusting only a given CA) for the harness.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper_util::rt::TokioIo;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
 use std::path::{Path, PathBuf};
 
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose, SanType};
@@ -70,4 +78,31 @@ impl TestPki {
             self.key().display().to_string(),
         ]
     }
+}
+
+/// Sends `req` (URI = path and query) over one TLS connection to `addr`, verifying the server
+/// against the PEM CA in `ca` with the IP of `addr` as the server name.
+pub async fn https_send(
+    addr: SocketAddr,
+    ca: &Path,
+    req: http::Request<Full<Bytes>>,
+) -> anyhow::Result<http::Response<hyper::body::Incoming>> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(ca)? {
+        roots.add(cert?)?;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
+        .connect(ServerName::IpAddress(addr.ip().into()), tcp)
+        .await?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls)).await?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok(sender.send_request(req).await?)
 }

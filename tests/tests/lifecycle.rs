@@ -75,12 +75,23 @@ async fn sigterm_lets_an_in_flight_request_finish_and_stops_accepting() {
         .args(["-TERM", &pid])
         .status()
         .expect("kill");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The VIP stops accepting as soon as the daemon handles the signal, while the request
+    // (1.2 s at the backend) is still draining: poll until a connect is refused, and require
+    // that to happen before the request ends.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while tokio::net::TcpStream::connect(("127.0.0.1", vip))
+        .await
+        .is_ok()
+    {
+        assert!(
+            !inflight.is_finished() && Instant::now() < deadline,
+            "the VIP must stop accepting right after SIGTERM, before the drain ends"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     assert!(
-        tokio::net::TcpStream::connect(("127.0.0.1", vip))
-            .await
-            .is_err(),
-        "the VIP must stop accepting right after SIGTERM"
+        !inflight.is_finished(),
+        "the in-flight request must still be draining when the VIP closes"
     );
     let (status, took) = inflight
         .await

@@ -2,7 +2,7 @@
 //!
 //! Each test starts its own daemon (`Daemon::start`), its own backends
 //! (`loxi_tests::backend`), posts rules through the REST API and sends traffic to the rule's
-//! VIP (127.0.0.1 on an OS-chosen free port).
+//! VIP (127.0.0.1 on a port the harness reserved, see `loxi_tests::harness::free_port`).
 
 use std::convert::Infallible;
 use std::time::{Duration, Instant};

@@ -10,7 +10,6 @@
 mod sim_common;
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use rmpv::Value as Mp;
 use serde_json::{Value, json};
@@ -315,7 +314,6 @@ async fn replay_returns_every_buffered_batch_then_the_end_marker() {
             vec![0xff; 8]
         ]
     );
-    tokio::time::sleep(Duration::from_millis(10)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

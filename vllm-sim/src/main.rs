@@ -1,10 +1,10 @@
-//! `vllm-sim`: emulator of a vLLM OpenAI server (see `loxi_tests::sim`).
+//! `vllm-sim`: emulator of a vLLM OpenAI server (see the `vllm_sim` library).
 //!
 //! Prints one readiness line on stdout once every socket is bound:
 //! `VLLM_SIM_READY http=HOST:PORT pub=ENDPOINT|- replay=ENDPOINT|-`.
 
 use clap::Parser;
-use loxi_tests::sim::{config::SimArgs, server};
+use vllm_sim::{config::SimArgs, server};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {

@@ -7,13 +7,13 @@ use prometheus_client::registry::Registry;
 use tokio::sync::mpsc;
 
 use super::{Command, Engine, EngineParts};
-use crate::sim::block_pool::BlockPool;
-use crate::sim::config::SimArgs;
-use crate::sim::events::WireFormat;
-use crate::sim::metrics::{CacheConfigLabels, SimMetrics};
-use crate::sim::prompt::{PromptCodec, RequestExtras};
-use crate::sim::seq::{SeqEvent, SeqRequest, SeqSummary};
-use crate::sim::timing::{SimClock, TimingModel};
+use crate::block_pool::BlockPool;
+use crate::config::SimArgs;
+use crate::events::WireFormat;
+use crate::metrics::{CacheConfigLabels, SimMetrics};
+use crate::prompt::{PromptCodec, RequestExtras};
+use crate::seq::{SeqEvent, SeqRequest, SeqSummary};
+use crate::timing::{SimClock, TimingModel};
 
 struct Rig {
     tx: mpsc::UnboundedSender<Command>,

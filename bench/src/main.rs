@@ -8,15 +8,15 @@
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
-use loxi_tests::bench::fleet::{FleetSpec, stage_tokenizer};
-use loxi_tests::bench::gateway::GatewaySpec;
-use loxi_tests::bench::plan::{Plan, WorkloadResult, execute};
-use loxi_tests::bench::{chart, peers, report};
-use loxi_tests::shared_dir;
-use loxi_tests::workload::multi_turn::MultiTurn;
-use loxi_tests::workload::shared_prefix::SharedPrefix;
-use loxi_tests::workload::trace::{SynthTrace, TraceReplay, read_trace, write_trace};
-use loxi_tests::workload::{Arrival, Vocab, Workload};
+use loxi_bench::fleet::{FleetSpec, stage_tokenizer};
+use loxi_bench::gateway::GatewaySpec;
+use loxi_bench::plan::{Plan, WorkloadResult, execute};
+use loxi_bench::shared_dir;
+use loxi_bench::workload::multi_turn::MultiTurn;
+use loxi_bench::workload::shared_prefix::SharedPrefix;
+use loxi_bench::workload::trace::{SynthTrace, TraceReplay, read_trace, write_trace};
+use loxi_bench::workload::{Arrival, Vocab, Workload};
+use loxi_bench::{chart, peers, report};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
