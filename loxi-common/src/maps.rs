@@ -25,6 +25,39 @@ pub const MAP_ACTIVE: &str = "LOXI_ACTIVE";
 pub const MAP_WRR: &str = "LOXI_WRR";
 /// Per-CPU `u64` counters; indices in [`ctr`].
 pub const MAP_COUNTERS: &str = "LOXI_COUNTERS";
+/// Egress interfaces known to take XDP frames: ifindex (`u32`) → 1 (hash, loader-written).
+/// A rewritten packet for any other egress goes out through [`TC_PROG_NAME`] instead of
+/// `bpf_redirect`/`XDP_TX` (see [`egress`]).
+pub const MAP_EGRESS_XDP: &str = "LOXI_EGRESS_XDP";
+/// Name of the TC ingress program that finishes forwarding for egresses without XDP receive.
+pub const TC_PROG_NAME: &str = "loxi_tc";
+/// Most entries of [`MAP_EGRESS_XDP`].
+pub const MAX_EGRESS: u32 = 4096;
+
+/// The XDP → TC hand-off for egress interfaces that cannot take XDP frames.
+///
+/// `bpf_redirect` and `XDP_TX` hand the kernel an XDP frame; a veth delivers such a frame only
+/// when its peer has NAPI running (an XDP program, or GRO switched on, on the peer), and
+/// silently drops it otherwise — which is exactly how container and Kubernetes backends are
+/// attached. For those egresses the XDP program rewrites the packet (addresses, ports, MACs)
+/// as usual, prepends [`Meta`] as XDP metadata and passes the frame up; the TC ingress program
+/// on the same interface finds the metadata and `bpf_redirect`s the socket buffer to the
+/// egress, which works for every device.
+pub mod egress {
+    /// [`Meta::magic`] value.
+    pub const META_MAGIC: u32 = 0x6c78_6931;
+    /// Metadata the XDP program leaves in front of the frame for the TC program.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct Meta {
+        /// [`META_MAGIC`].
+        pub magic: u32,
+        /// Egress interface index.
+        pub ifindex: u32,
+    }
+    /// Size of [`Meta`] in bytes (a multiple of 4, as `bpf_xdp_adjust_meta` requires).
+    pub const META_LEN: usize = core::mem::size_of::<Meta>();
+}
 
 /// Most rules the data path holds at once (rule slots `0..MAX_RULES`).
 pub const MAX_RULES: u32 = 256;
@@ -85,8 +118,14 @@ pub mod ctr {
     pub const CT_EXPIRED: u32 = 13;
     /// Packets forwarded by DSR (MAC rewrite only).
     pub const DSR: u32 = 14;
+    /// Rewritten packets handed to the TC program (egress takes no XDP frames).
+    pub const EGRESS_TC: u32 = 15;
+    /// Packets the TC program redirected to their egress.
+    pub const TC_REDIRECT: u32 = 16;
+    /// Packets for a no-XDP egress whose driver refused XDP metadata: redirected anyway.
+    pub const EGRESS_NO_META: u32 = 17;
     /// Number of global counters; endpoint counters start here.
-    pub const GLOBALS: u32 = 16;
+    pub const GLOBALS: u32 = 24;
     /// Counter index of endpoint `(slot, ep)` packets; `+1` is its bytes.
     pub const fn ep_packets(slot: u32, ep: u32) -> u32 {
         GLOBALS + (slot * super::MAX_EPS + ep) * 2

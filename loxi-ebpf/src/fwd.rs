@@ -1,15 +1,21 @@
 //! Sending a rewritten packet on: FIB lookup for the next hop, MAC rewrite, then `XDP_TX` (same
-//! interface) or `bpf_redirect`. Without a FIB/neighbour entry the packet goes to the kernel,
-//! which forwards it (and resolves the neighbour for the next packets).
+//! interface) or `bpf_redirect` when the egress takes XDP frames ([`EGRESS_XDP`]), else the TC
+//! hand-off (`loxi_common::maps::egress`: metadata naming the egress, `XDP_PASS`, and the TC
+//! program redirects the socket buffer). Without a FIB/neighbour entry the packet goes to the
+//! kernel, which forwards it (and resolves the neighbour for the next packets).
 use aya_ebpf::{
     bindings::{BPF_FIB_LKUP_RET_SUCCESS, bpf_fib_lookup, xdp_action, xdp_md},
-    helpers::generated::{bpf_fib_lookup as fib_lookup, bpf_redirect},
+    helpers::generated::{bpf_fib_lookup as fib_lookup, bpf_redirect, bpf_xdp_adjust_meta},
     programs::XdpContext,
 };
-use loxi_common::maps::{ctr, family};
+use loxi_common::maps::{
+    ctr,
+    egress::{META_LEN, META_MAGIC, Meta},
+    family,
+};
 
 use crate::{
-    maps::count,
+    maps::{EGRESS_XDP, count},
     parse::{ParseError, ptr_at},
 };
 
@@ -78,17 +84,56 @@ pub fn forward(ctx: &XdpContext, fam: u8, dst: &[u8; 16]) -> Result<u32, ParseEr
         count(ctr::FIB_PASS, 1);
         return Ok(xdp_action::XDP_PASS);
     }
+    // SAFETY: ctx is the program's context pointer.
+    let ingress = unsafe { (*ctx.ctx).ingress_ifindex };
+    // SAFETY: read-only lookup of a plain u32.
+    let xdp_ok = unsafe { EGRESS_XDP.get(&nh.ifindex) }.is_some();
+    // Make room for the hand-off metadata before touching the frame (it moves data_meta only).
+    // A driver without metadata support refuses: then redirect anyway (counted).
+    let to_tc = !xdp_ok && reserve_meta(ctx);
     let eth: *mut [u8; 12] = ptr_at(ctx, 0)?;
     // SAFETY: 12 bytes checked by ptr_at.
     let eth = unsafe { &mut *eth };
     eth[..6].copy_from_slice(&nh.dmac);
     eth[6..].copy_from_slice(&nh.smac);
-    // SAFETY: ctx is the program's context pointer.
-    if nh.ifindex == unsafe { (*ctx.ctx).ingress_ifindex } {
+    if to_tc {
+        return Ok(hand_to_tc(ctx, nh.ifindex));
+    }
+    if !xdp_ok {
+        count(ctr::EGRESS_NO_META, 1);
+    }
+    if nh.ifindex == ingress {
         count(ctr::TX, 1);
         return Ok(xdp_action::XDP_TX);
     }
     count(ctr::REDIRECT, 1);
     // SAFETY: helper call; the kernel validates the ifindex.
     Ok(unsafe { bpf_redirect(nh.ifindex, 0) } as u32)
+}
+
+/// Grows the frame's metadata area by [`META_LEN`]; false when the driver does not support it.
+#[inline(always)]
+fn reserve_meta(ctx: &XdpContext) -> bool {
+    // SAFETY: helper call with the program's context.
+    unsafe { bpf_xdp_adjust_meta(ctx.ctx, -(META_LEN as i32)) == 0 }
+}
+
+/// Writes the hand-off metadata and passes the frame to the stack, where the TC program
+/// redirects it to `ifindex`.
+#[inline(always)]
+fn hand_to_tc(ctx: &XdpContext, ifindex: u32) -> u32 {
+    let meta = ctx.metadata();
+    if meta + META_LEN > ctx.data() {
+        // Cannot happen after a successful reserve_meta; the verifier needs the check.
+        return xdp_action::XDP_DROP;
+    }
+    // SAFETY: META_LEN bytes of metadata checked against data above.
+    unsafe {
+        *(meta as *mut Meta) = Meta {
+            magic: META_MAGIC,
+            ifindex,
+        };
+    }
+    count(ctr::EGRESS_TC, 1);
+    xdp_action::XDP_PASS
 }

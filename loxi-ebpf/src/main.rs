@@ -1,6 +1,7 @@
 //! loxi's XDP L4 data path: service lookup, in-kernel endpoint selection, conntrack and NAT
 //! (modes 0 DNAT, 1 one-arm, 2 full-NAT, 3 DSR, 5 host one-arm). Mode 4 and all traffic that
-//! matches no service is passed to the kernel untouched.
+//! matches no service is passed to the kernel untouched. A TC ingress program finishes
+//! forwarding to egresses that take no XDP frames (veths with plain peers).
 #![no_std]
 #![no_main]
 // Map keys/values are passed by reference on purpose: by-value would copy 40–56-byte structs
@@ -14,13 +15,25 @@ mod fwd;
 mod maps;
 mod parse;
 mod select;
+mod tc;
 
-use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
+use aya_ebpf::{
+    bindings::xdp_action,
+    macros::{classifier, xdp},
+    programs::{TcContext, XdpContext},
+};
 
 /// XDP entry point (shim; all logic in [`flow::try_loxi`]).
 #[xdp]
 pub fn loxi_xdp(ctx: XdpContext) -> u32 {
     flow::try_loxi(&ctx).unwrap_or(xdp_action::XDP_DROP)
+}
+
+/// TC ingress entry point (shim; see [`tc::try_tc`]): finishes forwarding frames the XDP
+/// program handed off because their egress takes no XDP frames.
+#[classifier]
+pub fn loxi_tc(ctx: TcContext) -> i32 {
+    tc::try_tc(&ctx)
 }
 
 /// Pass-everything program for the peers of veths that receive redirected frames (a veth

@@ -4,8 +4,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
 };
 use loxi_common::maps::{
-    CT_ENTRIES, CtKey, CtValue, EndpointValue, MAX_EPS, MAX_RULES, ServiceKey, ServiceValue,
-    WRR_SLOTS, ctr,
+    CT_ENTRIES, CtKey, CtValue, EndpointValue, MAX_EGRESS, MAX_EPS, MAX_RULES, ServiceKey,
+    ServiceValue, WRR_SLOTS, ctr,
 };
 
 /// (VIP, port, proto) → rule, written by the loader.
@@ -39,6 +39,11 @@ pub static LC: Array<u32> = Array::with_max_entries(MAX_RULES * MAX_EPS, 0);
 /// Per-CPU scratch conntrack key (keeps large keys off the small BPF stack).
 #[map(name = "LOXI_SCRATCH")]
 pub static SCRATCH_KEY: PerCpuArray<CtKey> = PerCpuArray::with_max_entries(1, 0);
+
+/// Egress interfaces that take XDP frames (ifindex → 1), written by the loader; any other
+/// egress gets the TC hand-off (`loxi_common::maps::egress`).
+#[map(name = "LOXI_EGRESS_XDP")]
+pub static EGRESS_XDP: HashMap<u32, u32> = HashMap::with_max_entries(MAX_EGRESS, 0);
 
 /// Per-CPU counters, indices in `loxi_common::maps::ctr`.
 #[map(name = "LOXI_COUNTERS")]

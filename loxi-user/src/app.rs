@@ -167,6 +167,12 @@ fn proxy_config(cfg: &Config) -> ProxyConfig {
         max_body_bytes: cfg.env.max_body_bytes,
         shutdown_grace: cfg.flags.shutdown_grace(),
         origin_err_threshold: cfg.env.pd_origin_err_threshold,
+        conn: proxy::conn::ConnLimits {
+            header_timeout: Duration::from_millis(cfg.env.header_timeout_ms),
+            idle_timeout: Duration::from_millis(cfg.env.idle_timeout_ms),
+            max_conns: cfg.env.max_conns_per_listener,
+        },
+        max_total_inflight: cfg.env.pd_max_total_inflight,
         ..ProxyConfig::default()
     }
 }

@@ -1,10 +1,16 @@
 //! `xtask netns-test`: client ns — LB ns — two backend ns over veth pairs; the L4 data path in
-//! the LB ns (attached to its three veths), pass-through XDP on the peers (a veth delivers
-//! redirected frames only when its peer runs XDP). Real TCP connections and UDP datagrams to
-//! the VIP must reach both backends and come back from the VIP in modes 0, 1, 2, 3 and 5; a
-//! removed endpoint must get no new flows while its open connection keeps working; on exit the
-//! loader must leave no program attached and no VIP behind. Everything stays in namespaces this
-//! test creates; every wait is bounded.
+//! the LB ns (attached to its three veths). Two topologies, each in namespaces of its own:
+//! - `xdp` peers: pass-through XDP on the peers, so redirected XDP frames are delivered and
+//!   the data path must use `bpf_redirect` (its counters show no TC hand-off);
+//! - `plain` peers: no XDP program and GRO off on every peer, like container and Kubernetes
+//!   backends; a veth drops redirected XDP frames there, so the data path must hand every
+//!   rewritten packet to its TC program (its counters show no XDP redirect).
+//!
+//! In both, 12 real TCP connections and 12 UDP datagrams to the VIP must reach both backends
+//! and come back from the VIP in modes 0, 1, 2, 3 and 5; in the `xdp` topology a removed
+//! endpoint must get no new flows while its open connection keeps working; on exit the loader
+//! must leave no program attached and no VIP behind. Everything stays in namespaces this test
+//! creates; every wait is bounded.
 #![allow(unsafe_code)]
 
 use std::{
@@ -23,6 +29,17 @@ use anyhow::{Context as _, bail, ensure};
 
 const VIP: &str = "20.0.0.1";
 const PORT: u16 = 80;
+/// TCP connections and UDP datagrams per mode.
+const EXCHANGES: usize = 12;
+
+/// How the peers of the LB's veths receive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Peers {
+    /// A pass-through XDP program on every peer.
+    Xdp,
+    /// No XDP program and GRO off on every peer (containers, pods).
+    Plain,
+}
 
 /// The namespaces, helper processes and files of one run; torn down on drop.
 pub struct Topo {
@@ -168,6 +185,22 @@ impl Topo {
         Ok(())
     }
 
+    /// Plain peers: GRO off and no XDP program on the peers of the LB's veths.
+    pub fn plain_peers(&mut self) -> anyhow::Result<()> {
+        for (ns, ifs) in [(&self.c, "c0"), (&self.b[0], "b0"), (&self.b[1], "b0")] {
+            cmd(&format!(
+                "ip netns exec {ns} ethtool -K {ifs} gro off >/dev/null"
+            ))?;
+            let k = cmd(&format!("ip netns exec {ns} ethtool -k {ifs}"))?;
+            ensure!(
+                k.contains("generic-receive-offload: off"),
+                "GRO still on for {ns}/{ifs}: {k}"
+            );
+            wait_xdp(ns, ifs, false)?;
+        }
+        Ok(())
+    }
+
     /// Writes the LB's rules file.
     pub fn write_rules(&self, rules: &[String]) -> anyhow::Result<()> {
         let tmp = self.dir.join("rules.json.tmp");
@@ -301,27 +334,50 @@ fn udp_once() -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
 }
 
-fn names(ns: &str, n: usize, f: fn() -> anyhow::Result<String>) -> anyhow::Result<Vec<String>> {
-    in_ns(ns, move || (0..n).map(|_| f()).collect())
+/// `n` exchanges from namespace `ns`: the backend names that answered, and the failures.
+fn names(
+    ns: &str,
+    n: usize,
+    f: fn() -> anyhow::Result<String>,
+) -> anyhow::Result<(Vec<String>, Vec<String>)> {
+    in_ns(ns, move || {
+        let (mut ok, mut failed) = (Vec::new(), Vec::new());
+        for _ in 0..n {
+            match f() {
+                Ok(name) => ok.push(name),
+                Err(e) => failed.push(format!("{e:#}")),
+            }
+        }
+        Ok((ok, failed))
+    })
 }
 
-fn check_mode(t: &mut Topo, mode: u8) -> anyhow::Result<()> {
+fn check_mode(t: &mut Topo, peers: Peers, mode: u8) -> anyhow::Result<()> {
     t.write_rules(&[rule("tcp", mode, &[1, 2]), rule("udp", mode, &[1, 2])])?;
     let l = t.l.clone();
     wait("VIP on the LB's lo", || {
         Ok(cmd(&format!("ip -n {l} addr show dev lo"))?.contains(VIP))
     })?;
     thread::sleep(Duration::from_millis(300));
-    let tcp = names(&t.c, 6, tcp_once).with_context(|| format!("mode {mode}: TCP via the VIP"))?;
-    let udp = names(&t.c, 6, udp_once).with_context(|| format!("mode {mode}: UDP via the VIP"))?;
-    for (what, got) in [("tcp", &tcp), ("udp", &udp)] {
+    let (tcp, tcp_failed) = names(&t.c, EXCHANGES, tcp_once)?;
+    let (udp, udp_failed) = names(&t.c, EXCHANGES, udp_once)?;
+    println!(
+        "netns-test: {peers:?} peers, mode {mode}: tcp {}/{EXCHANGES} {tcp:?}, udp {}/{EXCHANGES} {udp:?}",
+        tcp.len(),
+        udp.len()
+    );
+    for (what, got, failed) in [("tcp", &tcp, &tcp_failed), ("udp", &udp, &udp_failed)] {
+        ensure!(
+            failed.is_empty(),
+            "{peers:?} peers, mode {mode} {what}: {} of {EXCHANGES} got no reply via the VIP: {failed:?}",
+            failed.len()
+        );
         let seen: BTreeSet<&str> = got.iter().map(String::as_str).collect();
         ensure!(
             seen == BTreeSet::from(["b1", "b2"]),
-            "mode {mode} {what}: replies {got:?}, want both backends"
+            "{peers:?} peers, mode {mode} {what}: replies {got:?}, want both backends"
         );
     }
-    println!("netns-test: mode {mode}: tcp {tcp:?} udp {udp:?}");
     Ok(())
 }
 
@@ -345,7 +401,8 @@ fn check_endpoint_removal(t: &mut Topo) -> anyhow::Result<()> {
     })?;
     t.write_rules(&[rule("tcp", 0, &[2])])?;
     thread::sleep(Duration::from_millis(500));
-    let after = names(&t.c, 6, tcp_once)?;
+    let (after, failed) = names(&t.c, 6, tcp_once)?;
+    ensure!(failed.is_empty(), "after removing b1: {failed:?}");
     ensure!(
         after.iter().all(|n| n == "b2"),
         "new flows after removing b1: {after:?}"
@@ -378,8 +435,23 @@ pub fn run() -> anyhow::Result<()> {
         );
         return Ok(());
     }
-    let mut t = Topo::new("lxt")?;
-    t.start_peers()?;
+    run_topology(Peers::Xdp)?;
+    run_topology(Peers::Plain)?;
+    println!("netns-test: PASS");
+    Ok(())
+}
+
+/// Builds one topology, checks every mode through it, then the loader's clean exit and which
+/// forwarding path its counters say it used.
+fn run_topology(peers: Peers) -> anyhow::Result<()> {
+    let mut t = Topo::new(match peers {
+        Peers::Xdp => "lxt",
+        Peers::Plain => "lxp",
+    })?;
+    match peers {
+        Peers::Xdp => t.start_peers()?,
+        Peers::Plain => t.plain_peers()?,
+    }
     let (b1, b2) = (t.b[0].clone(), t.b[1].clone());
     let dsr_udp = format!("{VIP}:{PORT}");
     for (b, name) in [(&b1, "b1"), (&b2, "b2")] {
@@ -402,7 +474,8 @@ pub fn run() -> anyhow::Result<()> {
     }
     t.write_rules(&[])?;
     let lb = t.start_lb()?;
-    let log = fs::read_to_string(t.lb_log.as_ref().context("LB log")?)?;
+    let log_path = t.lb_log.clone().context("LB log")?;
+    let log = fs::read_to_string(&log_path)?;
     let attached = log
         .lines()
         .filter(|l| l.contains("XDP data path attached"))
@@ -411,12 +484,13 @@ pub fn run() -> anyhow::Result<()> {
         attached == 3 && log.contains("native"),
         "attach mode not logged for l0 l1 l2:\n{log}"
     );
-    println!("netns-test: data path attached to l0 l1 l2 in native mode (from the loader's log)");
+    println!("netns-test: {peers:?} peers: data path attached to l0 l1 l2 in native mode");
     for mode in [0u8, 2, 1, 5, 3] {
-        check_mode(&mut t, mode)?;
-        // Let old conntrack entries of the previous mode not matter: new client ports anyway.
+        check_mode(&mut t, peers, mode)?;
     }
-    check_endpoint_removal(&mut t)?;
+    if peers == Peers::Xdp {
+        check_endpoint_removal(&mut t)?;
+    }
     let l = t.l.clone();
     t.stop(lb)?;
     for i in 0..3 {
@@ -426,7 +500,39 @@ pub fn run() -> anyhow::Result<()> {
         !cmd(&format!("ip -n {l} addr show dev lo"))?.contains(VIP),
         "VIP left on lo after exit"
     );
-    println!("netns-test: loader detached from l0 l1 l2 and removed the VIP on exit");
-    println!("netns-test: PASS");
+    println!(
+        "netns-test: {peers:?} peers: loader detached from l0 l1 l2 and removed the VIP on exit"
+    );
+    check_paths(peers, &fs::read_to_string(&log_path)?)
+}
+
+/// The loader's exit metrics must show the forwarding path the peers call for.
+fn check_paths(peers: Peers, log: &str) -> anyhow::Result<()> {
+    let event = |name: &str| -> u64 {
+        let prefix = format!("loxilb_l4_events_total{{event=\"{name}\"}} ");
+        log.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    let (redirect, tx, egress_tc, tc_redirect) = (
+        event("redirect"),
+        event("tx"),
+        event("egress_tc"),
+        event("tc_redirect"),
+    );
+    println!(
+        "netns-test: {peers:?} peers: XDP redirect {redirect}, XDP_TX {tx}, handed to TC {egress_tc}, TC redirect {tc_redirect}"
+    );
+    match peers {
+        Peers::Xdp => ensure!(
+            redirect > 0 && egress_tc == 0,
+            "XDP peers: want XDP redirects only (redirect {redirect}, egress_tc {egress_tc})"
+        ),
+        Peers::Plain => ensure!(
+            redirect + tx == 0 && egress_tc > 0 && tc_redirect == egress_tc,
+            "plain peers: want the TC hand-off only (redirect {redirect}, tx {tx}, egress_tc {egress_tc}, tc_redirect {tc_redirect})"
+        ),
+    }
     Ok(())
 }

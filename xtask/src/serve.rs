@@ -1,5 +1,7 @@
 //! `xtask l4-serve`: the L4 data path (`loxi_user::l4::run`) fed from a rules file that is
-//! re-read every 100 ms, until SIGTERM/SIGINT. Used inside test and benchmark namespaces.
+//! re-read every 100 ms, until SIGTERM/SIGINT. Used inside test and benchmark namespaces. On
+//! exit it prints its metrics (Prometheus text) to stderr, so tests can read the data path's
+//! counters from its log.
 use std::{collections::BTreeSet, path::PathBuf, time::Duration};
 
 use anyhow::Context as _;
@@ -70,6 +72,10 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     }
     token.cancel();
     task.await.context("l4 task")?.context("l4 run")?;
+    eprintln!(
+        "{}",
+        loxi_user::metrics::encode_text(&registry).context("encode metrics")?
+    );
     Ok(())
 }
 

@@ -93,8 +93,9 @@ pub struct Env {
     /// `LLB_PD_MAX_PARK_SEC`: parked-request reap deadline in seconds; 0 (default) = the prefill
     /// timeout, else 1–99999.
     pub pd_max_park_sec: u32,
-    /// `LLB_PD_MAX_TOTAL_INFLIGHT`: global admission valve (refuse new connections beyond it);
-    /// 0 = off (default).
+    /// `LLB_PD_MAX_TOTAL_INFLIGHT`: global admission valve across every mode-4 rule: a request
+    /// beyond this many in flight gets 429 `pd_overloaded` with `Retry-After: 1`
+    /// (`crate::proxy::valve`); 0 = off (default).
     pub pd_max_total_inflight: u32,
     /// `LLB_PD_ORIGIN_ERR_THRESHOLD`: consecutive origin 5xx that open an endpoint's breaker.
     /// Default 3; 0 disables.
@@ -108,6 +109,15 @@ pub struct Env {
     /// `LOXI_MAX_BODY_BYTES`: largest request body the fullproxy reads for metadata; larger
     /// JSON bodies get 413. Default 32 MiB, range 1 KiB–1 GiB.
     pub max_body_bytes: usize,
+    /// `LOXI_HEADER_TIMEOUT_MS`: longest a fullproxy client may take to send a request head,
+    /// from its first byte (slowloris bound). Default 10000, range 100–600000.
+    pub header_timeout_ms: u64,
+    /// `LOXI_IDLE_TIMEOUT_MS`: a fullproxy connection with no open request and no traffic for
+    /// this long is closed (keep-alive idle bound). Default 60000, range 100–3600000.
+    pub idle_timeout_ms: u64,
+    /// `LOXI_MAX_CONNS_PER_LISTENER`: open client connections per fullproxy listener; beyond
+    /// it new connections wait for a slot. Default 4096, range 1–1000000.
+    pub max_conns_per_listener: usize,
     /// The variables that were set but not accepted (each also logged once by
     /// [`Env::from_process`]).
     pub warnings: Vec<EnvWarning>,
@@ -118,7 +128,7 @@ pub struct Env {
 
 /// LoxiLB variables loxi reads (their values are range-checked and reported above) but whose
 /// feature does not exist in loxi yet: the P/D admission and prefill path (`LLB_PD_*` except
-/// the breaker threshold), the external AI controller (`LOXILB_AI_CTRL_*`), the per-selection
+/// the breaker threshold and the global valve `LLB_PD_MAX_TOTAL_INFLIGHT`), the external AI controller (`LOXILB_AI_CTRL_*`), the per-selection
 /// total-load diagnostics and the load-imbalance pre-guard. Setting one is not an error, but
 /// it must not look as if it did something: [`Env::inert`] lists the ones set.
 pub const INERT_VARS: &[&str] = &[
@@ -130,7 +140,6 @@ pub const INERT_VARS: &[&str] = &[
     "LLB_PD_MAX_INFLIGHT_PER_EP",
     "LLB_PD_QUEUE_DEPTH_PER_EP",
     "LLB_PD_MAX_PARK_SEC",
-    "LLB_PD_MAX_TOTAL_INFLIGHT",
 ];
 
 impl Default for Env {
@@ -190,6 +199,10 @@ impl Env {
                 .map(|v| crate::kv::settings::parse_lora_paths(&v))
                 .unwrap_or_default(),
             max_body_bytes: r.int("LOXI_MAX_BODY_BYTES", 32 << 20, 1 << 10, 1 << 30) as usize,
+            header_timeout_ms: r.int("LOXI_HEADER_TIMEOUT_MS", 10_000, 100, 600_000),
+            idle_timeout_ms: r.int("LOXI_IDLE_TIMEOUT_MS", 60_000, 100, 3_600_000),
+            max_conns_per_listener: r.int("LOXI_MAX_CONNS_PER_LISTENER", 4096, 1, 1_000_000)
+                as usize,
             warnings: r.warnings,
             inert: INERT_VARS
                 .iter()
@@ -411,6 +424,8 @@ mod tests {
         assert_eq!(e.pd_origin_err_threshold, 3);
         assert_eq!(e.kv_predict_ttl_ms, 5000);
         assert_eq!(e.max_body_bytes, 32 * 1024 * 1024);
+        assert_eq!((e.header_timeout_ms, e.idle_timeout_ms), (10_000, 60_000));
+        assert_eq!(e.max_conns_per_listener, 4096);
         assert!(e.warnings.is_empty());
     }
 
@@ -432,6 +447,9 @@ mod tests {
             ("LOXILB_AI_CTRL_ADDR", "10.0.0.1:18856"),
             ("LOXI_KV_PREDICT_TTL_MS", "250"),
             ("LOXI_MAX_BODY_BYTES", "1024"),
+            ("LOXI_HEADER_TIMEOUT_MS", "250"),
+            ("LOXI_IDLE_TIMEOUT_MS", "3600000"),
+            ("LOXI_MAX_CONNS_PER_LISTENER", "1"),
         ]);
         assert_eq!(e.kv_lb_mode, KvLbMode::AdaptiveSoft);
         assert_eq!(e.kv_mean_load_factor, 300);
@@ -448,6 +466,8 @@ mod tests {
         assert_eq!(e.ai_ctrl_addr.as_deref(), Some("10.0.0.1:18856"));
         assert_eq!(e.kv_predict_ttl_ms, 250);
         assert_eq!(e.max_body_bytes, 1024);
+        assert_eq!((e.header_timeout_ms, e.idle_timeout_ms), (250, 3_600_000));
+        assert_eq!(e.max_conns_per_listener, 1);
         assert!(e.warnings.is_empty(), "{:?}", e.warnings);
     }
 

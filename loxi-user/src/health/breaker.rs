@@ -1,5 +1,5 @@
-//! Passive circuit breaker: `threshold` consecutive failures (an origin 5xx response, or a
-//! failed connect) open the endpoint's breaker, which takes it out of selection for
+//! Passive circuit breaker: `threshold` consecutive failures (an origin 5xx response, a
+//! failed connect, or a response body the backend broke off mid-stream) open the endpoint's breaker, which takes it out of selection for
 //! `cooldown`; then it is half-open: eligible again, one more failure re-opens it at once and a
 //! success closes it. A 4xx neither advances nor resets the streak (LoxiLB's
 //! `LLB_PD_ORIGIN_ERR_THRESHOLD` contract, default 3; 0 disables the breaker).
@@ -18,6 +18,8 @@ pub enum Outcome {
     Status(u16),
     /// The connection could not be made.
     ConnectFailed,
+    /// The response began but the backend's body failed mid-stream (it died or reset).
+    StreamFailed,
 }
 
 /// Breaker settings.
@@ -123,6 +125,16 @@ mod tests {
             b.observe(&cell, &load, Outcome::ConnectFailed),
             "connect failures count too"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn mid_stream_failures_open_the_breaker() {
+        let (b, cell, load) = setup();
+        b.observe(&cell, &load, Outcome::StreamFailed);
+        b.observe(&cell, &load, Outcome::StreamFailed);
+        assert!(load.is_healthy());
+        assert!(b.observe(&cell, &load, Outcome::StreamFailed));
+        assert!(!load.is_healthy());
     }
 
     #[tokio::test(start_paused = true)]

@@ -1,15 +1,19 @@
-//! The loaded XDP object: attachment (native with generic fallback), map programming from a
-//! [`Plan`], counter reads and `BPF_PROG_TEST_RUN`.
+//! The loaded XDP object: attachment (native with generic fallback, plus the TC ingress
+//! program that completes forwarding to egresses without XDP receive), map programming from a
+//! [`Plan`], the XDP-capable egress set, counter reads and `BPF_PROG_TEST_RUN`.
 use std::collections::{BTreeMap, BTreeSet};
 
 use aya::{
     Ebpf,
     maps::{Array, HashMap, MapData, PerCpuArray},
-    programs::{TestRun, TestRunOptions, Xdp, XdpMode, xdp::XdpLinkId},
+    programs::{
+        SchedClassifier, TcAttachType, TestRun, TestRunOptions, Xdp, XdpMode,
+        tc::SchedClassifierLinkId, xdp::XdpLinkId,
+    },
 };
 use loxi_common::maps::{
-    EndpointValue, MAP_ACTIVE, MAP_COUNTERS, MAP_ENDPOINTS, MAP_SERVICES, MAP_WRR, MAX_EPS,
-    PROG_NAME, ServiceKey, ServiceValue, WRR_SLOTS, ctr,
+    EndpointValue, MAP_ACTIVE, MAP_COUNTERS, MAP_EGRESS_XDP, MAP_ENDPOINTS, MAP_SERVICES, MAP_WRR,
+    MAX_EPS, PROG_NAME, ServiceKey, ServiceValue, TC_PROG_NAME, WRR_SLOTS, ctr,
 };
 
 use super::{L4Error, Plan, object_bytes};
@@ -37,6 +41,9 @@ impl AttachMode {
 pub struct Datapath {
     ebpf: Ebpf,
     links: Vec<(String, XdpLinkId, AttachMode)>,
+    tc_links: Vec<(String, SchedClassifierLinkId)>,
+    /// Ifindexes currently in `LOXI_EGRESS_XDP`.
+    xdp_egress: BTreeSet<u32>,
     /// Service keys currently in the map, with their endpoint count.
     installed: BTreeMap<[u8; 20], (ServiceKey, ServiceValue)>,
 }
@@ -51,9 +58,14 @@ impl Datapath {
         let mut ebpf = Ebpf::load(bytes).map_err(|e| L4Error::Load(Box::new(e)))?;
         let prog = xdp(&mut ebpf)?;
         prog.load().map_err(|e| L4Error::program("load", e))?;
+        tc(&mut ebpf)?
+            .load()
+            .map_err(|e| L4Error::program("load TC", e))?;
         Ok(Self {
             ebpf,
             links: Vec::new(),
+            tc_links: Vec::new(),
+            xdp_egress: BTreeSet::new(),
             installed: BTreeMap::new(),
         })
     }
@@ -82,7 +94,49 @@ impl Datapath {
         };
         tracing::info!(iface, mode = mode.as_str(), "XDP data path attached");
         self.links.push((iface.to_string(), id, mode));
+        let tc_id = tc(&mut self.ebpf)?
+            .attach(iface, TcAttachType::Ingress)
+            .map_err(|e| L4Error::program(format!("attach TC ingress to {iface}"), e))?;
+        self.tc_links.push((iface.to_string(), tc_id));
         Ok(mode)
+    }
+
+    /// Interfaces attached in native (driver) mode.
+    pub fn native_ifaces(&self) -> BTreeSet<String> {
+        self.links
+            .iter()
+            .filter(|(_, _, m)| *m == AttachMode::Native)
+            .map(|(i, _, _)| i.clone())
+            .collect()
+    }
+
+    /// Makes `LOXI_EGRESS_XDP` hold exactly `want` (see [`super::egress`]); logs each change.
+    pub fn set_xdp_egress(&mut self, want: &BTreeSet<u32>) -> Result<(), L4Error> {
+        if *want == self.xdp_egress {
+            return Ok(());
+        }
+        let mut map: HashMap<&mut MapData, u32, u32> = HashMap::try_from(
+            self.ebpf
+                .map_mut(MAP_EGRESS_XDP)
+                .ok_or(L4Error::MissingMap(MAP_EGRESS_XDP))?,
+        )
+        .map_err(|e| L4Error::map(MAP_EGRESS_XDP, e))?;
+        for gone in self.xdp_egress.difference(want) {
+            match map.remove(gone) {
+                Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
+                Err(e) => return Err(L4Error::map(MAP_EGRESS_XDP, e)),
+            }
+        }
+        for new in want.difference(&self.xdp_egress) {
+            map.insert(new, 1, 0)
+                .map_err(|e| L4Error::map(MAP_EGRESS_XDP, e))?;
+        }
+        tracing::info!(
+            ifindexes = ?want,
+            "egress interfaces taking XDP frames (others get the TC hand-off)"
+        );
+        self.xdp_egress = want.clone();
+        Ok(())
     }
 
     /// Interfaces attached so far with their modes.
@@ -92,6 +146,12 @@ impl Datapath {
 
     /// Detaches every attachment.
     pub fn detach_all(&mut self) -> Result<(), L4Error> {
+        let tc_links = std::mem::take(&mut self.tc_links);
+        let prog = tc(&mut self.ebpf)?;
+        for (iface, id) in tc_links {
+            prog.detach(id)
+                .map_err(|e| L4Error::program(format!("detach TC from {iface}"), e))?;
+        }
         let links = std::mem::take(&mut self.links);
         let prog = xdp(&mut self.ebpf)?;
         for (iface, id, _) in links {
@@ -236,6 +296,13 @@ impl Drop for Datapath {
             tracing::warn!(error = %e, "detaching XDP on drop");
         }
     }
+}
+
+fn tc(ebpf: &mut Ebpf) -> Result<&mut SchedClassifier, L4Error> {
+    let p = ebpf
+        .program_mut(TC_PROG_NAME)
+        .ok_or(L4Error::MissingProgram(TC_PROG_NAME))?;
+    p.try_into().map_err(|e| L4Error::program("type check", e))
 }
 
 fn xdp(ebpf: &mut Ebpf) -> Result<&mut Xdp, L4Error> {

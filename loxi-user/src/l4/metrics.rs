@@ -32,6 +32,9 @@ pub const EVENTS: &[(&str, u32)] = &[
     ("ct_fin", ctr::CT_FIN),
     ("ct_expired", ctr::CT_EXPIRED),
     ("dsr", ctr::DSR),
+    ("egress_tc", ctr::EGRESS_TC),
+    ("tc_redirect", ctr::TC_REDIRECT),
+    ("egress_no_meta", ctr::EGRESS_NO_META),
 ];
 
 /// Label of `loxilb_l4_events_total`.

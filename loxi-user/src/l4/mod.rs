@@ -17,12 +17,17 @@
 //!   (client-address hash), 4 lc (of two candidates the one with fewer open connections);
 //! - conntrack: LRU, one entry per direction; RST closes, FIN shortens the idle timeout to
 //!   10 s; idle timeout = `inactiveTimeOut` or 300 s TCP / 60 s UDP;
-//! - forwarding: `bpf_fib_lookup` + `bpf_redirect`/`XDP_TX`; without a route or neighbour the
-//!   rewritten frame goes to the kernel, which forwards it. TTL is not decremented.
+//! - forwarding: `bpf_fib_lookup` + `bpf_redirect`/`XDP_TX` when the egress takes XDP frames,
+//!   else the TC hand-off (metadata + `XDP_PASS`, then the TC ingress program on the same
+//!   interface redirects the socket buffer): a veth whose peer runs no XDP program drops
+//!   redirected XDP frames, so container backends get the TC path ([`egress`]); without a route
+//!   or neighbour the rewritten frame goes to the kernel, which forwards it. TTL is not
+//!   decremented.
 //! - SCTP: ports are parsed, but the CRC32c is not rewritten, so SCTP works in DSR only.
 
 mod args;
 mod datapath;
+pub mod egress;
 mod error;
 pub(crate) mod metrics;
 mod object;

@@ -1,5 +1,6 @@
-//! The L4 task: load + attach, reconcile maps and VIPs from every rule snapshot, fold counters,
-//! detach and release VIPs on shutdown.
+//! The L4 task: load + attach, reconcile maps and VIPs from every rule snapshot, fold counters
+//! and refresh the XDP-capable egress set ([`super::egress`]) every stats tick, detach and
+//! release VIPs on shutdown.
 use std::sync::Arc;
 
 use tokio::sync::watch;
@@ -28,6 +29,10 @@ pub async fn run(
         None => None,
     };
     let mut dp = start_datapath(&cfg, &metrics)?;
+    let links = match dp {
+        Some(_) => Some(netlink_handle()?),
+        None => None,
+    };
     let mut slots = SlotTable::default();
     let mut fold = CounterFold::default();
     let mut current = Plan::default();
@@ -46,13 +51,22 @@ pub async fn run(
                 Err(_) => break,
             },
             _ = tick.tick() => {
-                if let Some(d) = dp.as_ref()
-                    && let Err(e) = fold.fold(d, &current, &metrics)
-                {
-                    tracing::warn!(error = %e, "reading XDP counters");
+                if let Some(d) = dp.as_mut() {
+                    if let Err(e) = fold.fold(d, &current, &metrics) {
+                        tracing::warn!(error = %e, "reading XDP counters");
+                    }
+                    if let Some(h) = links.as_ref() {
+                        refresh_egress(d, h).await;
+                    }
                 }
             }
         }
+    }
+    // Last fold, so the metrics include the final packets.
+    if let Some(d) = dp.as_ref()
+        && let Err(e) = fold.fold(d, &current, &metrics)
+    {
+        tracing::warn!(error = %e, "reading XDP counters");
     }
     stop(dp, vips, &metrics).await
 }
@@ -67,6 +81,26 @@ fn start_datapath(cfg: &L4Config, metrics: &L4Metrics) -> Result<Option<Datapath
         metrics.set_attached(iface, mode, true);
     }
     Ok(Some(dp))
+}
+
+fn netlink_handle() -> Result<rtnetlink::Handle, L4Error> {
+    let (conn, handle, _) = rtnetlink::new_connection()
+        .map_err(|e| L4Error::Netlink(crate::netlink::NetlinkError::Socket(e)))?;
+    tokio::spawn(conn);
+    Ok(handle)
+}
+
+/// Recomputes which egresses take XDP frames and updates the map (failures are logged; the
+/// previous set stays, and an egress missing from it still delivers through TC).
+async fn refresh_egress(dp: &mut Datapath, handle: &rtnetlink::Handle) {
+    match super::egress::xdp_capable(handle, &dp.native_ifaces()).await {
+        Ok(set) => {
+            if let Err(e) = dp.set_xdp_egress(&set) {
+                tracing::warn!(error = %e, "updating the XDP egress map");
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "listing links for the XDP egress map"),
+    }
 }
 
 async fn reconcile(

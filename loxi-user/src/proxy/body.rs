@@ -1,6 +1,16 @@
 //! Response bodies: the upstream body streamed through frame by frame (no buffering, no idle
 //! timeout), carrying the request's [`Tracked`] guard so in-flight accounting ends exactly when
 //! the stream ends, fails, or the client goes away (the body is dropped).
+//!
+//! A response is counted (`loxilb_proxy_requests_total`) and judged by the circuit breaker
+//! when its body ends, not at its head ([`EndAccounting`]): a backend that dies mid-stream
+//! (the upstream body fails: connection reset, chunked stream cut short, short
+//! `content-length`) is an upstream error, counted as `5xx` and in
+//! `loxilb_proxy_upstream_stream_errors_total`, and feeds the breaker like an origin 5xx. The
+//! client's stream then ends abruptly: hyper aborts the response (HTTP/1.1: the connection
+//! closes without the final chunk; HTTP/2: the stream is reset), so an SSE client sees no
+//! `data: [DONE]` and its HTTP library reports an incomplete body. A client that goes away
+//! first is not an upstream failure: the response counts under its status.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -9,22 +19,78 @@ use std::time::Instant;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::combinators::BoxBody;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 
-use crate::routing::InFlightGuard;
+use std::sync::Arc;
+
+use crate::health::HealthCell;
+use crate::health::breaker::{Breaker, Outcome};
+use crate::routing::{EndpointLoad, InFlightGuard};
 
 /// The body type of every proxy response.
 pub type ProxyBody = BoxBody<Bytes, hyper::Error>;
 
+/// How a response's end is accounted (see the module doc).
+#[derive(Debug)]
+pub struct EndAccounting {
+    /// Service id and endpoint index (logs).
+    pub service: u32,
+    /// Endpoint index.
+    pub ep: usize,
+    /// The response status.
+    pub status: u16,
+    /// Bumped when the body ends cleanly or the client leaves: the status's class.
+    pub ok: Counter,
+    /// Bumped when the upstream body fails: the endpoint's `5xx` class.
+    pub failed: Counter,
+    /// Bumped when the upstream body fails.
+    pub stream_errors: Counter,
+    /// The endpoint's breaker inputs.
+    pub breaker: Breaker,
+    /// The endpoint's health cell.
+    pub cell: Arc<HealthCell>,
+    /// The endpoint's load (the breaker publishes health through it).
+    pub load: Arc<EndpointLoad>,
+}
+
+impl EndAccounting {
+    fn settle(self, stream_failed: bool) {
+        let outcome = if stream_failed {
+            self.failed.inc();
+            self.stream_errors.inc();
+            tracing::warn!(
+                service = self.service,
+                ep = self.ep,
+                "backend failed mid-stream; the client's response is cut short"
+            );
+            Outcome::StreamFailed
+        } else {
+            self.ok.inc();
+            Outcome::Status(self.status)
+        };
+        if self.breaker.observe(&self.cell, &self.load, outcome) {
+            tracing::warn!(
+                service = self.service,
+                ep = self.ep,
+                ?outcome,
+                "circuit breaker opened"
+            );
+        }
+    }
+}
+
 /// One request's accounting: the endpoint's in-flight count (selectors read it), the
-/// per-endpoint active gauge, and the duration histogram (observed when the guard drops).
+/// per-endpoint active gauge, the duration histogram (observed when the guard drops) and,
+/// when set, the response's [`EndAccounting`].
 #[derive(Debug)]
 pub struct Tracked {
     _load: InFlightGuard,
     active: Gauge,
     duration: Histogram,
     start: Instant,
+    end: Option<EndAccounting>,
 }
 
 impl Tracked {
@@ -36,12 +102,29 @@ impl Tracked {
             active,
             duration,
             start,
+            end: None,
+        }
+    }
+
+    /// Accounts the response by `end` when its body ends.
+    pub fn with_end(mut self, end: EndAccounting) -> Self {
+        self.end = Some(end);
+        self
+    }
+
+    /// The upstream body failed.
+    fn stream_failed(&mut self) {
+        if let Some(e) = self.end.take() {
+            e.settle(true);
         }
     }
 }
 
 impl Drop for Tracked {
     fn drop(&mut self) {
+        if let Some(e) = self.end.take() {
+            e.settle(false);
+        }
         self.active.dec();
         self.duration.observe(self.start.elapsed().as_secs_f64());
     }
@@ -77,7 +160,13 @@ where
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
         match &polled {
-            Poll::Ready(None) | Poll::Ready(Some(Err(_))) => self.guard = None,
+            Poll::Ready(Some(Err(_))) => {
+                if let Some(g) = self.guard.as_mut() {
+                    g.stream_failed();
+                }
+                self.guard = None;
+            }
+            Poll::Ready(None) => self.guard = None,
             Poll::Ready(Some(Ok(_))) if self.inner.is_end_stream() => self.guard = None,
             _ => {}
         }

@@ -83,6 +83,12 @@ pub enum ProxyError {
     /// A request could not be built (500).
     #[error("internal error: {0}")]
     Internal(String),
+    /// The global valve (`LLB_PD_MAX_TOTAL_INFLIGHT`) is full (429, `Retry-After: 1`).
+    #[error("the gateway has {limit} requests in flight (LLB_PD_MAX_TOTAL_INFLIGHT); retry later")]
+    Overloaded {
+        /// The configured limit.
+        limit: u64,
+    },
 }
 
 impl ProxyError {
@@ -98,6 +104,7 @@ impl ProxyError {
             }
             Self::BackendUnreachable { .. } | Self::Upstream { .. } => StatusCode::BAD_GATEWAY,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
         }
     }
 
@@ -113,6 +120,7 @@ impl ProxyError {
             Self::BackendUnreachable { .. } => "backend_unreachable",
             Self::Upstream { .. } => "upstream_error",
             Self::Internal(_) => "internal_error",
+            Self::Overloaded { .. } => "pd_overloaded",
         }
     }
 
@@ -127,7 +135,7 @@ impl ProxyError {
             | Self::NoHealthyBackend { .. }
             | Self::BackendUnreachable { .. }
             | Self::Upstream { .. } => Party::Upstream,
-            Self::Internal(_) => Party::Internal,
+            Self::Internal(_) | Self::Overloaded { .. } => Party::Internal,
         }
     }
 
@@ -135,12 +143,15 @@ impl ProxyError {
     pub fn retryable(&self) -> bool {
         matches!(
             self,
-            Self::NoHealthyBackend { .. } | Self::BackendUnreachable { .. }
+            Self::NoHealthyBackend { .. }
+                | Self::BackendUnreachable { .. }
+                | Self::Overloaded { .. }
         )
     }
 
-    /// The JSON error response.
+    /// The JSON error response (with `Retry-After: 1` for [`ProxyError::Overloaded`]).
     pub fn into_response(self) -> Response<ProxyBody> {
+        let overloaded = matches!(self, Self::Overloaded { .. });
         let body = serde_json::json!({"error": {
             "type": self.token(),
             "message": self.to_string(),
@@ -160,6 +171,10 @@ impl ProxyError {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
+        if overloaded {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
         resp
     }
 }
@@ -186,6 +201,20 @@ mod tests {
         assert_eq!(v["error"]["type"], "backend_unreachable");
         assert_eq!(v["error"]["party"], "upstream");
         assert_eq!(v["error"]["retryable"], true);
+    }
+
+    #[tokio::test]
+    async fn overloaded_is_429_with_retry_after() {
+        let r = ProxyError::Overloaded { limit: 8 }.into_response();
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(
+            r.headers().get(header::RETRY_AFTER).map(|v| v.as_bytes()),
+            Some(&b"1"[..])
+        );
+        let v = body_json(r).await;
+        assert_eq!(v["error"]["type"], "pd_overloaded");
+        assert_eq!(v["error"]["retryable"], true);
+        assert_eq!(v["error"]["code"], 429);
     }
 
     #[tokio::test]

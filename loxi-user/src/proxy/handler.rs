@@ -15,7 +15,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 
 use super::ProxyContext;
-use super::body::{GuardedBody, ProxyBody, Tracked};
+use super::body::{EndAccounting, GuardedBody, ProxyBody, Tracked};
 use super::error::ProxyError;
 use super::meta::{self, RequestMeta};
 use super::pool::{Pool, PoolTable};
@@ -133,9 +133,10 @@ impl Handler {
             }
             match self.upstreams.send(req, pool.http2).await {
                 Attempt::Response(resp) => {
-                    self.observe(pool, ep, Outcome::Status(resp.status().as_u16()));
-                    pm.request(ep, resp.status());
-                    return Ok(downstream_response(resp, ep, tracked));
+                    // Counted and judged by the breaker when the body ends (a backend dying
+                    // mid-stream is an upstream error, not the 2xx its head said).
+                    let end = self.end_accounting(pool, ep, resp.status());
+                    return Ok(downstream_response(resp, ep, tracked.with_end(end)));
                 }
                 Attempt::ConnectFailed(e) => {
                     tracing::warn!(service, ep, error = %e, "upstream connect failed; trying another endpoint");
@@ -172,6 +173,22 @@ impl Handler {
         let d = routing::select(args, meta, &cands, &pool.state);
         pool.metrics(&self.ctx.metrics).selection(false, d.reason);
         d
+    }
+
+    /// How the response of endpoint `ep` with `status` is counted when its body ends.
+    fn end_accounting(&self, pool: &Pool, ep: usize, status: http::StatusCode) -> EndAccounting {
+        let pm = pool.metrics(&self.ctx.metrics);
+        EndAccounting {
+            service: pool.rule.id,
+            ep,
+            status: status.as_u16(),
+            ok: pm.class_counter(ep, status),
+            failed: pm.class_counter(ep, http::StatusCode::BAD_GATEWAY),
+            stream_errors: pm.stream_errors(ep),
+            breaker: self.ctx.config.breaker(),
+            cell: pool.health[ep].clone(),
+            load: pool.loads[ep].clone(),
+        }
     }
 
     /// Feeds the passive circuit breaker.

@@ -1,21 +1,43 @@
 //! One listener per distinct mode-4 `externalIP:port`: accepts TCP connections and serves them
 //! with hyper-util's auto builder (HTTP/1.1 keep-alive and HTTP/2 prior knowledge). On close it
 //! stops accepting, asks every connection to finish gracefully and waits up to the grace period.
+//!
+//! Limits (see [`super::conn`] and [`super::valve`]):
+//! - at most [`ConnLimits::max_conns`] open connections: at the cap the listener accepts one
+//!   more connection and holds it until a slot frees (counted in
+//!   `loxilb_proxy_connections_queued_total`); later clients wait in the kernel backlog;
+//! - each connection is closed by its watchdog at the header-read or idle timeout
+//!   (`loxilb_proxy_connections_closed_total{reason}`);
+//! - each request must pass the global valve first, else 429 `pd_overloaded`
+//!   (`loxilb_pd_admission_shed_total{reason="total_inflight"}`).
 
+use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use arc_swap::ArcSwap;
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
+use super::body::ProxyBody;
+use super::conn::{Activity, ConnLimits, Expiry, RequestGuard, TrackedIo};
+use super::error::ProxyError;
 use super::handler::Handler;
 use super::pool::PoolTable;
+use super::valve::{Admitted, Valve};
 
 /// A running listener.
 pub struct Listener {
@@ -26,17 +48,33 @@ pub struct Listener {
 }
 
 impl Listener {
-    /// Binds `addr` and starts serving `handler`.
-    pub async fn bind(addr: SocketAddr, handler: Arc<Handler>) -> std::io::Result<Self> {
+    /// Binds `addr` and starts serving `handler`; every request passes `valve` first.
+    pub async fn bind(
+        addr: SocketAddr,
+        handler: Arc<Handler>,
+        valve: Arc<Valve>,
+    ) -> std::io::Result<Self> {
         let tcp = TcpListener::bind(addr).await?;
-        Ok(Self::serve(addr, tcp, handler))
+        Ok(Self::serve(addr, tcp, handler, valve))
     }
 
-    /// Starts serving `handler` on `tcp`, already bound to `addr`.
-    pub fn serve(addr: SocketAddr, tcp: TcpListener, handler: Arc<Handler>) -> Self {
+    /// Starts serving `handler` on `tcp`, already bound to `addr`; every request passes
+    /// `valve` first.
+    pub fn serve(
+        addr: SocketAddr,
+        tcp: TcpListener,
+        handler: Arc<Handler>,
+        valve: Arc<Valve>,
+    ) -> Self {
         let cancel = CancellationToken::new();
         let table = handler.table.clone();
-        let task = tokio::spawn(accept_loop(tcp, handler, cancel.clone()));
+        let serving = Serving {
+            addr,
+            handler,
+            valve,
+            cancel: cancel.clone(),
+        };
+        let task = tokio::spawn(serving.accept_loop(tcp));
         tracing::info!(%addr, "fullproxy listener open");
         Self {
             table,
@@ -52,50 +90,194 @@ impl Listener {
     }
 }
 
-async fn accept_loop(tcp: TcpListener, handler: Arc<Handler>, cancel: CancellationToken) {
-    let graceful = GracefulShutdown::new();
-    let builder = auto::Builder::new(TokioExecutor::new());
-    loop {
-        tokio::select! {
-            _ = cancel.cancelled() => break,
-            accepted = tcp.accept() => match accepted {
-                Ok((stream, peer)) => serve(&builder, &graceful, stream, peer, handler.clone()),
-                Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                }
-            },
+/// What every connection of one listener shares.
+#[derive(Clone)]
+struct Serving {
+    addr: SocketAddr,
+    handler: Arc<Handler>,
+    valve: Arc<Valve>,
+    cancel: CancellationToken,
+}
+
+impl Serving {
+    fn limits(&self) -> ConnLimits {
+        self.handler.ctx.config.conn
+    }
+
+    async fn accept_loop(self, tcp: TcpListener) {
+        let conns = TaskTracker::new();
+        let slots = Arc::new(Semaphore::new(self.limits().max_conns.max(1)));
+        let open = self.handler.ctx.metrics.open_connections(self.addr);
+        let builder = auto::Builder::new(TokioExecutor::new());
+        loop {
+            let (stream, peer) = tokio::select! {
+                _ = self.cancel.cancelled() => break,
+                accepted = tcp.accept() => match accepted {
+                    Ok(a) => a,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+            };
+            let Some(slot) = self.slot(&slots).await else {
+                break;
+            };
+            let (s, b, open) = (self.clone(), builder.clone(), open.clone());
+            conns.spawn(async move {
+                open.inc();
+                s.serve(&b, stream, peer).await;
+                open.dec();
+                drop(slot);
+            });
+        }
+        drop(tcp);
+        conns.close();
+        let grace = self.handler.ctx.config.shutdown_grace;
+        if tokio::time::timeout(grace, conns.wait()).await.is_err() {
+            tracing::warn!(
+                ?grace,
+                "listener closed with requests still in flight after the grace period"
+            );
         }
     }
-    drop(tcp);
-    let grace = handler.ctx.config.shutdown_grace;
-    if tokio::time::timeout(grace, graceful.shutdown())
-        .await
-        .is_err()
-    {
-        tracing::warn!(
-            ?grace,
-            "listener closed with requests still in flight after the grace period"
-        );
+
+    /// A connection slot; waits (and counts the wait) at the cap. `None` when closing.
+    async fn slot(&self, slots: &Arc<Semaphore>) -> Option<OwnedSemaphorePermit> {
+        if let Ok(p) = slots.clone().try_acquire_owned() {
+            return Some(p);
+        }
+        self.handler.ctx.metrics.connection_queued(self.addr);
+        tokio::select! {
+            _ = self.cancel.cancelled() => None,
+            p = slots.clone().acquire_owned() => p.ok(),
+        }
+    }
+
+    /// Serves one connection until it ends, a limit closes it, or the listener closes (then
+    /// gracefully: in-flight requests finish, bounded by the accept loop's grace period).
+    async fn serve(
+        self,
+        builder: &auto::Builder<TokioExecutor>,
+        stream: TcpStream,
+        peer: SocketAddr,
+    ) {
+        let _ = stream.set_nodelay(true);
+        let act = Activity::new(self.limits());
+        let (cancel, addr) = (self.cancel.clone(), self.addr);
+        let metrics = self.handler.ctx.metrics.clone();
+        let svc_act = act.clone();
+        let svc = service_fn(move |req| self.clone().request(req, peer, svc_act.begin()));
+        if let Some(why) = drive(builder, stream, &act, svc, &cancel).await {
+            tracing::debug!(%peer, reason = why.as_str(), "client connection closed at a limit");
+            metrics.connection_closed(addr, why);
+        }
+    }
+
+    /// One request: the valve, then the handler; the response body carries the connection's
+    /// request guard and the valve's admission until it ends.
+    async fn request(
+        self,
+        req: Request<Incoming>,
+        peer: SocketAddr,
+        guard: RequestGuard,
+    ) -> Result<Response<ConnBody>, Infallible> {
+        let Some(admitted) = self.valve.try_admit() else {
+            self.handler.ctx.metrics.shed("total_inflight");
+            let resp = ProxyError::Overloaded {
+                limit: self.valve.limit(),
+            }
+            .into_response();
+            return Ok(resp.map(|b| ConnBody::new(b, guard, None)));
+        };
+        let resp = self.handler.clone().handle(req, peer).await?;
+        Ok(resp.map(|b| ConnBody::new(b, guard, Some(admitted))))
     }
 }
 
-fn serve(
+/// Serves `io` with `svc` until the connection ends (`None`) or `act`'s watchdog closes it
+/// (`Some(why)`, dropped at once: no request is open then, and a slowloris head would never
+/// finish gracefully). `cancel` starts a graceful shutdown (open requests finish).
+pub async fn drive<I, S, B>(
     builder: &auto::Builder<TokioExecutor>,
-    graceful: &GracefulShutdown,
-    stream: TcpStream,
-    peer: SocketAddr,
-    handler: Arc<Handler>,
-) {
-    let _ = stream.set_nodelay(true);
-    let svc = service_fn(move |req| handler.clone().handle(req, peer));
-    let conn = builder
-        .serve_connection(TokioIo::new(stream), svc)
-        .into_owned();
-    let conn = graceful.watch(conn);
-    tokio::spawn(async move {
-        if let Err(e) = conn.await {
-            tracing::debug!(error = %e, %peer, "connection ended with error");
+    io: I,
+    act: &Arc<Activity>,
+    svc: S,
+    cancel: &CancellationToken,
+) -> Option<Expiry>
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    S: hyper::service::Service<Request<Incoming>, Response = Response<B>>,
+    S::Future: Send + 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let io = TokioIo::new(TrackedIo::new(io, act.clone()));
+    let conn = builder.serve_connection(io, svc);
+    tokio::pin!(conn);
+    let mut closing = false;
+    loop {
+        tokio::select! {
+            ended = conn.as_mut() => {
+                if let Err(e) = ended {
+                    tracing::debug!(error = %e, "connection ended with error");
+                }
+                return None;
+            }
+            why = act.expired() => return Some(why),
+            _ = cancel.cancelled(), if !closing => {
+                conn.as_mut().graceful_shutdown();
+                closing = true;
+            }
         }
-    });
+    }
 }
+
+/// A response body holding its connection's [`RequestGuard`] and its valve admission until the
+/// body ends, fails or is dropped.
+pub struct ConnBody {
+    inner: ProxyBody,
+    held: Option<(RequestGuard, Option<Admitted>)>,
+}
+
+impl ConnBody {
+    fn new(inner: ProxyBody, guard: RequestGuard, admitted: Option<Admitted>) -> Self {
+        Self {
+            inner,
+            held: Some((guard, admitted)),
+        }
+    }
+}
+
+impl Body for ConnBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(None) | Poll::Ready(Some(Err(_))) => self.held = None,
+            Poll::Ready(Some(Ok(_))) if self.inner.is_end_stream() => self.held = None,
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+#[path = "listener_tests.rs"]
+mod tests;

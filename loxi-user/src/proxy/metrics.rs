@@ -7,6 +7,11 @@
 //! | `loxilb_proxy_upstream_connect_failures_total` | counter | `service`, `ep_idx` |
 //! | `loxilb_proxy_active_connections` | gauge | `service`, `ep_idx` (requests in flight) |
 //! | `loxilb_proxy_request_duration_seconds` | histogram | `service` (until the response body ends) |
+//! | `loxilb_proxy_upstream_stream_errors_total` | counter | `service`, `ep_idx` (backend body failed mid-stream) |
+//! | `loxilb_proxy_open_connections` | gauge | `listener` (`ip:port`) |
+//! | `loxilb_proxy_connections_closed_total` | counter | `listener`, `reason` (`header_timeout`, `idle_timeout`) |
+//! | `loxilb_proxy_connections_queued_total` | counter | `listener` (accepted only after waiting for a slot under `LOXI_MAX_CONNS_PER_LISTENER`) |
+//! | `loxilb_pd_admission_shed_total` | counter | `reason` (`total_inflight`: refused by `LLB_PD_MAX_TOTAL_INFLIGHT`) |
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -51,6 +56,29 @@ pub struct ServiceLabels {
     pub service: String,
 }
 
+/// `listener`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ListenerLabels {
+    /// The listener's `ip:port`.
+    pub listener: String,
+}
+
+/// `listener`, `reason`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConnCloseLabels {
+    /// The listener's `ip:port`.
+    pub listener: String,
+    /// [`super::conn::Expiry::as_str`].
+    pub reason: String,
+}
+
+/// `reason`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ShedLabels {
+    /// Why the request was refused (`total_inflight`).
+    pub reason: String,
+}
+
 type HistogramFamily = Family<ServiceLabels, Histogram, fn() -> Histogram>;
 
 /// The proxy's metric handles. Cheap to clone.
@@ -66,6 +94,16 @@ pub struct ProxyMetrics {
     pub active: Family<EndpointLabels, Gauge>,
     /// Request duration in seconds, head to end of response body.
     pub duration: HistogramFamily,
+    /// Responses whose backend body failed mid-stream, by service and endpoint.
+    pub stream_errors: Family<EndpointLabels, Counter>,
+    /// Open client connections per listener.
+    pub open_connections: Family<ListenerLabels, Gauge>,
+    /// Client connections closed by a connection limit, by listener and reason.
+    pub connections_closed: Family<ConnCloseLabels, Counter>,
+    /// Client connections that waited for a slot under the per-listener cap.
+    pub connections_queued: Family<ListenerLabels, Counter>,
+    /// Requests refused by an admission limit, by reason.
+    pub shed: Family<ShedLabels, Counter>,
 }
 
 fn duration_histogram() -> Histogram {
@@ -102,6 +140,31 @@ impl ProxyMetrics {
             "Request duration until the response body ends",
             m.duration.clone(),
         );
+        reg.register(
+            "loxilb_proxy_upstream_stream_errors",
+            "Responses whose backend body failed mid-stream (counted as 5xx)",
+            m.stream_errors.clone(),
+        );
+        reg.register(
+            "loxilb_proxy_open_connections",
+            "Open client connections per fullproxy listener",
+            m.open_connections.clone(),
+        );
+        reg.register(
+            "loxilb_proxy_connections_closed",
+            "Client connections closed by the header-read or idle timeout",
+            m.connections_closed.clone(),
+        );
+        reg.register(
+            "loxilb_proxy_connections_queued",
+            "Client connections that waited for a slot under the per-listener connection cap",
+            m.connections_queued.clone(),
+        );
+        reg.register(
+            "loxilb_pd_admission_shed",
+            "Requests refused by an admission limit (429 pd_overloaded), by reason",
+            m.shed.clone(),
+        );
         m
     }
 
@@ -113,7 +176,49 @@ impl ProxyMetrics {
             connect_failures: Family::default(),
             active: Family::default(),
             duration: Family::new_with_constructor(duration_histogram),
+            stream_errors: Family::default(),
+            open_connections: Family::default(),
+            connections_closed: Family::default(),
+            connections_queued: Family::default(),
+            shed: Family::default(),
         }
+    }
+
+    /// The open-connections gauge of listener `addr`.
+    pub fn open_connections(&self, addr: std::net::SocketAddr) -> Gauge {
+        self.open_connections
+            .get_or_create(&ListenerLabels {
+                listener: addr.to_string(),
+            })
+            .clone()
+    }
+
+    /// Counts one connection closed at a limit.
+    pub fn connection_closed(&self, addr: std::net::SocketAddr, why: super::conn::Expiry) {
+        self.connections_closed
+            .get_or_create(&ConnCloseLabels {
+                listener: addr.to_string(),
+                reason: why.as_str().into(),
+            })
+            .inc();
+    }
+
+    /// Counts one connection that waited for a slot.
+    pub fn connection_queued(&self, addr: std::net::SocketAddr) {
+        self.connections_queued
+            .get_or_create(&ListenerLabels {
+                listener: addr.to_string(),
+            })
+            .inc();
+    }
+
+    /// Counts one request refused by an admission limit.
+    pub fn shed(&self, reason: &str) {
+        self.shed
+            .get_or_create(&ShedLabels {
+                reason: reason.into(),
+            })
+            .inc();
     }
 
     /// Counts one response.
@@ -175,6 +280,7 @@ pub struct EndpointMetrics {
     /// Failed connects.
     pub connect_failures: Counter,
     by_class: [std::sync::OnceLock<Counter>; 6],
+    stream_errors: std::sync::OnceLock<Counter>,
 }
 
 /// Metric handles of one pool, resolved once per pool instead of a label lookup (and its
@@ -202,6 +308,7 @@ impl PoolMetrics {
                     .get_or_create(&ep_labels(service, ep))
                     .clone(),
                 by_class: Default::default(),
+                stream_errors: Default::default(),
             })
             .collect();
         Self {
@@ -216,23 +323,37 @@ impl PoolMetrics {
 
     /// Counts one response from endpoint `ep`.
     pub fn request(&self, ep: usize, status: http::StatusCode) {
+        self.class_counter(ep, status).inc();
+    }
+
+    /// The `loxilb_proxy_requests_total` counter of endpoint `ep` for `status`'s class.
+    pub fn class_counter(&self, ep: usize, status: http::StatusCode) -> Counter {
+        let labels = || RequestLabels {
+            service: self.service.to_string(),
+            ep_idx: ep.to_string(),
+            class: format!("{}xx", status.as_u16() / 100),
+        };
         let class = usize::from(status.as_u16() / 100).min(5);
         match self.eps.get(ep) {
             Some(e) => e.by_class[class]
-                .get_or_init(|| {
-                    let labels = RequestLabels {
-                        service: self.service.to_string(),
-                        ep_idx: ep.to_string(),
-                        class: format!("{}xx", status.as_u16() / 100),
-                    };
-                    self.family.requests.get_or_create(&labels).clone()
-                })
-                .inc(),
-            None => {
-                self.family.request(self.service, Some(ep), status);
-                0
-            }
+                .get_or_init(|| self.family.requests.get_or_create(&labels()).clone())
+                .clone(),
+            None => self.family.requests.get_or_create(&labels()).clone(),
+        }
+    }
+
+    /// The `loxilb_proxy_upstream_stream_errors_total` counter of endpoint `ep`.
+    pub fn stream_errors(&self, ep: usize) -> Counter {
+        let make = || {
+            self.family
+                .stream_errors
+                .get_or_create(&ep_labels(self.service, ep))
+                .clone()
         };
+        match self.eps.get(ep) {
+            Some(e) => e.stream_errors.get_or_init(make).clone(),
+            None => make(),
+        }
     }
 
     /// Counts one selection by the rule's selector (`kv == false`) or tier 1.5 (`kv == true`).

@@ -8,9 +8,12 @@
 //!
 //! Files: `handler.rs` (one request), `meta.rs` / `prompt.rs` / `session.rs` (request
 //! metadata), `pool.rs` (pools and model routing), `upstream.rs` (clients), `body.rs`
-//! (streaming with in-flight guards), `error.rs` (every error body), `metrics.rs`.
+//! (streaming with in-flight guards), `error.rs` (every error body), `metrics.rs`,
+//! `listener.rs` (accept loop, connection cap), `conn.rs` (header-read and idle timeouts),
+//! `valve.rs` (the global in-flight valve `LLB_PD_MAX_TOTAL_INFLIGHT`).
 
 pub mod body;
+pub mod conn;
 pub mod error;
 pub mod forwarded;
 pub mod handler;
@@ -21,6 +24,7 @@ pub mod pool;
 pub mod prompt;
 pub mod session;
 pub mod upstream;
+pub mod valve;
 
 #[cfg(test)]
 mod tier_tests;
@@ -68,6 +72,11 @@ pub struct ProxyConfig {
     pub origin_err_threshold: u32,
     /// How long an open breaker holds an endpoint down before half-opening. Default 10 s.
     pub breaker_cooldown: Duration,
+    /// Header-read timeout, idle timeout and connection cap of every listener.
+    pub conn: conn::ConnLimits,
+    /// Requests in flight across all listeners before new ones get 429
+    /// (`LLB_PD_MAX_TOTAL_INFLIGHT`; 0 = off, the default).
+    pub max_total_inflight: u32,
 }
 
 impl Default for ProxyConfig {
@@ -78,6 +87,8 @@ impl Default for ProxyConfig {
             shutdown_grace: Duration::from_secs(30),
             origin_err_threshold: 3,
             breaker_cooldown: Duration::from_secs(10),
+            conn: conn::ConnLimits::default(),
+            max_total_inflight: 0,
         }
     }
 }
@@ -140,6 +151,7 @@ struct Unbound {
 struct Reconciler {
     ctx: ProxyContext,
     upstreams: Upstreams,
+    valve: Arc<valve::Valve>,
     listeners: HashMap<SocketAddr, Listener>,
     unbound: HashMap<SocketAddr, Unbound>,
 }
@@ -147,9 +159,11 @@ struct Reconciler {
 impl Reconciler {
     fn new(ctx: ProxyContext) -> Self {
         let upstreams = Upstreams::new(ctx.config.connect_timeout);
+        let valve = valve::Valve::new(ctx.config.max_total_inflight);
         Self {
             ctx,
             upstreams,
+            valve,
             listeners: HashMap::new(),
             unbound: HashMap::new(),
         }
@@ -238,8 +252,10 @@ impl Reconciler {
         match tcp {
             Ok(tcp) => {
                 self.unbound.remove(&addr);
-                self.listeners
-                    .insert(addr, Listener::serve(addr, tcp, handler));
+                self.listeners.insert(
+                    addr,
+                    Listener::serve(addr, tcp, handler, self.valve.clone()),
+                );
             }
             Err(e) => {
                 let u = self.unbound.entry(addr).or_insert(Unbound {

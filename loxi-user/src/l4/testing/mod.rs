@@ -54,6 +54,19 @@ pub fn sh(cmd: &str) {
     assert!(st.success(), "command failed: {cmd}");
 }
 
+/// The ifindex of `dev` in this thread's namespace.
+pub fn ifindex(dev: &str) -> u32 {
+    let out = Command::new("ip")
+        .args(["-o", "link", "show", "dev", dev])
+        .output()
+        .expect("spawn ip");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.split(':')
+        .next()
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no ifindex for {dev} in {text:?}"))
+}
+
 /// A loaded data path with a rule store feeding it.
 pub struct Lb {
     pub dp: Datapath,

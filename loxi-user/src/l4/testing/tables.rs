@@ -75,9 +75,11 @@ fn fullnat_gives_clashing_client_ports_distinct_nat_ports() {
     assert_ne!(a, b);
 }
 
-#[test]
-fn dsr_rewrites_only_the_macs_towards_the_endpoint() {
-    let mut lb = Lb::new(&[&rule(VIP, 80, "tcp", 3, 0, &[(EP0, 1)])]);
+/// A DSR rule and a veth `lbv0` (peer `lbv1` without XDP) holding the route to EP0; returns
+/// the LB, lbv0's ifindex and the frame the endpoint must get (MACs of the route, IP header
+/// untouched).
+fn dsr_towards_veth() -> (Lb, u32, Frame, Frame) {
+    let lb = Lb::new(&[&rule(VIP, 80, "tcp", 3, 0, &[(EP0, 1)])]);
     sh(
         "ip link add lbv0 address 02:00:00:00:01:01 type veth peer name lbv1 \
         && ip addr add 10.0.1.1/24 dev lbv0 && ip link set lo up && ip link set lbv0 up \
@@ -85,11 +87,20 @@ fn dsr_rewrites_only_the_macs_towards_the_endpoint() {
         && sysctl -qw net.ipv4.conf.all.forwarding=1",
     );
     let f = Frame::tcp(CLIENT, 40000, VIP, 80);
-    let (act, out) = lb.run(&f);
-    assert_eq!(act, XDP_REDIRECT);
     let mut want = f.clone();
     want.dmac = [0x02, 0, 0, 0, 0x01, 0x02];
     want.smac = [0x02, 0, 0, 0, 0x01, 0x01];
+    (lb, ifindex("lbv0"), f, want)
+}
+
+#[test]
+fn dsr_redirects_into_an_egress_that_takes_xdp_frames() {
+    let (mut lb, lbv0, f, want) = dsr_towards_veth();
+    lb.dp
+        .set_xdp_egress(&std::collections::BTreeSet::from([lbv0]))
+        .unwrap();
+    let (act, out) = lb.run(&f);
+    assert_eq!(act, XDP_REDIRECT);
     assert_eq!(
         out,
         want.bytes(),
@@ -97,6 +108,26 @@ fn dsr_rewrites_only_the_macs_towards_the_endpoint() {
     );
     assert_eq!(lb.ctr(ctr::DSR), 1);
     assert_eq!(lb.ctr(ctr::REDIRECT), 1);
+    assert_eq!(lb.ctr(ctr::EGRESS_TC), 0);
+}
+
+#[test]
+fn dsr_into_a_plain_veth_is_handed_to_tc_with_metadata() {
+    let (mut lb, lbv0, f, want) = dsr_towards_veth();
+    let (act, out) = lb.run(&f);
+    // XDP_PASS with the rewritten frame behind 8 bytes of metadata naming the egress: the TC
+    // program redirects it there (a veth with a plain peer drops XDP frames).
+    assert_eq!(act, XDP_PASS);
+    let mut meta = loxi_common::maps::egress::META_MAGIC.to_ne_bytes().to_vec();
+    meta.extend_from_slice(&lbv0.to_ne_bytes());
+    assert_eq!(out[..8], meta[..], "hand-off metadata");
+    assert_eq!(
+        out[8..],
+        want.bytes()[..],
+        "frame rewritten as for a redirect"
+    );
+    assert_eq!(lb.ctr(ctr::EGRESS_TC), 1);
+    assert_eq!(lb.ctr(ctr::REDIRECT), 0);
 }
 
 #[test]

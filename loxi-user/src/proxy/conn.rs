@@ -1,0 +1,263 @@
+//! Per-connection limits of the fullproxy listeners: a header-read timeout, an idle keep-alive
+//! timeout, and the activity tracking both are measured on.
+//!
+//! Every accepted connection gets one [`Activity`], shared by its socket ([`TrackedIo`]
+//! timestamps every read and write), its service (a [`RequestGuard`] per request, held until
+//! the response body ends) and its [`Activity::expired`] watchdog. The watchdog fires:
+//! - [`Expiry::HeaderTimeout`] when bytes arrived while no request was open (the head of a
+//!   request, or anything a client sends on an otherwise idle connection) and no request head
+//!   completed within [`ConnLimits::header_timeout`] of the first such byte: slowloris clients
+//!   trickling headers are cut at that bound however slowly they send;
+//! - [`Expiry::Idle`] when no request is open, nothing is pending and nothing was read or
+//!   written for [`ConnLimits::idle_timeout`] (keep-alive connections, and connections that
+//!   never sent a byte).
+//!
+//! A connection with a request open (head parsed, response body not finished) never expires:
+//! long generations are bounded by the client and the backend, not by these timers. The clock
+//! is tokio's, so tests drive it with paused time.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// Connection limits of every mode-4 listener (env `LOXI_HEADER_TIMEOUT_MS`,
+/// `LOXI_IDLE_TIMEOUT_MS`, `LOXI_MAX_CONNS_PER_LISTENER`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnLimits {
+    /// Longest time from the first byte of a request head to its end. Default 10 s.
+    pub header_timeout: Duration,
+    /// Longest time a connection with no open request stays silent. Default 60 s.
+    pub idle_timeout: Duration,
+    /// Open connections per listener; the listener stops accepting at this count and resumes
+    /// when one closes (further clients wait in the kernel's accept backlog). Default 4096.
+    pub max_conns: usize,
+}
+
+impl Default for ConnLimits {
+    fn default() -> Self {
+        Self {
+            header_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            max_conns: 4096,
+        }
+    }
+}
+
+/// Why a connection's watchdog closed it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expiry {
+    /// A request head did not complete within the header timeout.
+    HeaderTimeout,
+    /// No request and no traffic for the idle timeout.
+    Idle,
+}
+
+impl Expiry {
+    /// Metric label: `header_timeout` or `idle_timeout`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::HeaderTimeout => "header_timeout",
+            Self::Idle => "idle_timeout",
+        }
+    }
+}
+
+/// No head pending (value of `Activity::head_since`).
+const NO_HEAD: u64 = u64::MAX;
+
+/// One connection's activity: open requests and timestamps (milliseconds since `base`).
+#[derive(Debug)]
+pub struct Activity {
+    base: Instant,
+    limits: ConnLimits,
+    /// Requests whose head was parsed and whose response has not finished.
+    open: AtomicU32,
+    /// Last read or write.
+    last_ms: AtomicU64,
+    /// First byte read while no request was open and no head was pending, or [`NO_HEAD`].
+    head_since: AtomicU64,
+    /// Wakes the watchdog on state changes that move its deadline earlier or lift it.
+    changed: Notify,
+}
+
+impl Activity {
+    /// Activity of a connection accepted now.
+    pub fn new(limits: ConnLimits) -> Arc<Self> {
+        Arc::new(Self {
+            base: Instant::now(),
+            limits,
+            open: AtomicU32::new(0),
+            last_ms: AtomicU64::new(0),
+            head_since: AtomicU64::new(NO_HEAD),
+            changed: Notify::new(),
+        })
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.base.elapsed().as_millis()).unwrap_or(u64::MAX - 1)
+    }
+
+    fn at(&self, ms: u64) -> Instant {
+        self.base + Duration::from_millis(ms)
+    }
+
+    /// Bytes were read from the client.
+    pub fn on_read(&self) {
+        let now = self.now_ms();
+        self.last_ms.store(now, Ordering::Relaxed);
+        if self.open.load(Ordering::Acquire) == 0
+            && self
+                .head_since
+                .compare_exchange(NO_HEAD, now, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        {
+            self.changed.notify_one();
+        }
+    }
+
+    /// Bytes were written to the client.
+    pub fn on_write(&self) {
+        self.last_ms.store(self.now_ms(), Ordering::Relaxed);
+    }
+
+    /// A request head was parsed: the connection is busy until the guard drops.
+    pub fn begin(self: &Arc<Self>) -> RequestGuard {
+        self.open.fetch_add(1, Ordering::AcqRel);
+        self.head_since.store(NO_HEAD, Ordering::Release);
+        self.changed.notify_one();
+        RequestGuard {
+            act: Some(self.clone()),
+        }
+    }
+
+    fn end(&self) {
+        self.last_ms.store(self.now_ms(), Ordering::Relaxed);
+        self.open.fetch_sub(1, Ordering::AcqRel);
+        self.changed.notify_one();
+    }
+
+    /// What the connection waits for now: `None` while a request is open, else the deadline
+    /// and what passing it means.
+    fn deadline(&self) -> Option<(Instant, Expiry)> {
+        if self.open.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        match self.head_since.load(Ordering::Acquire) {
+            NO_HEAD => Some((
+                self.at(self.last_ms.load(Ordering::Relaxed)) + self.limits.idle_timeout,
+                Expiry::Idle,
+            )),
+            since => Some((
+                self.at(since) + self.limits.header_timeout,
+                Expiry::HeaderTimeout,
+            )),
+        }
+    }
+
+    /// Completes when the connection has outlived a limit (see the module doc).
+    pub async fn expired(&self) -> Expiry {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            // Register before reading the state so no change between the two is missed.
+            changed.as_mut().enable();
+            match self.deadline() {
+                None => changed.await,
+                Some((at, why)) if at <= Instant::now() => return why,
+                Some((at, _)) => {
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(at) => {}
+                        _ = changed => {}
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Marks one request open on its connection until dropped (attach it to the response body).
+#[derive(Debug)]
+pub struct RequestGuard {
+    act: Option<Arc<Activity>>,
+}
+
+impl Drop for RequestGuard {
+    fn drop(&mut self) {
+        if let Some(a) = self.act.take() {
+            a.end();
+        }
+    }
+}
+
+/// A client socket that reports its reads and writes to an [`Activity`].
+#[derive(Debug)]
+pub struct TrackedIo<T> {
+    inner: T,
+    act: Arc<Activity>,
+}
+
+impl<T> TrackedIo<T> {
+    /// Wraps `inner`.
+    pub fn new(inner: T, act: Arc<Activity>) -> Self {
+        Self { inner, act }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for TrackedIo<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.act.on_read();
+        }
+        polled
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for TrackedIo<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
+            self.act.on_write();
+        }
+        polled
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
+            self.act.on_write();
+        }
+        polled
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}

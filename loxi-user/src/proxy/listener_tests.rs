@@ -1,0 +1,164 @@
+//! Connection limits on tokio's paused clock: the real [`drive`] loop and hyper's server over
+//! an in-memory duplex pipe, so the timeouts are exact virtual durations, not wall-clock races.
+
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+use tokio::time::{Instant, sleep};
+
+use super::*;
+use crate::proxy::error::full;
+
+const HEADER: Duration = Duration::from_secs(10);
+const IDLE: Duration = Duration::from_secs(60);
+
+fn limits() -> ConnLimits {
+    ConnLimits {
+        header_timeout: HEADER,
+        idle_timeout: IDLE,
+        max_conns: 1,
+    }
+}
+
+/// Serves the server half of a pipe like a listener does: every request opens the connection's
+/// guard at its head; the handler waits `delay`, then answers `ok`.
+async fn serve(server: DuplexStream, delay: Duration) -> Option<Expiry> {
+    let act = Activity::new(limits());
+    let svc_act = act.clone();
+    let svc = service_fn(move |_req: Request<Incoming>| {
+        let guard = svc_act.begin();
+        async move {
+            sleep(delay).await;
+            let body = ConnBody::new(full(Bytes::from_static(b"ok")), guard, None);
+            Ok::<_, Infallible>(Response::new(body))
+        }
+    });
+    let builder = auto::Builder::new(TokioExecutor::new());
+    drive(&builder, server, &act, svc, &CancellationToken::new()).await
+}
+
+const REQUEST: &[u8] = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+
+/// Reads until the response body `ok` arrived; returns false on EOF first.
+async fn read_response(client: &mut DuplexStream) -> bool {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 512];
+    while !got.ends_with(b"\r\n\r\nok") {
+        match client.read(&mut buf).await {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+    true
+}
+
+/// Reads until EOF; returns when it came.
+async fn eof_at(mut client: DuplexStream) -> Instant {
+    let mut buf = [0u8; 512];
+    while matches!(client.read(&mut buf).await, Ok(n) if n > 0) {}
+    Instant::now()
+}
+
+#[tokio::test(start_paused = true)]
+async fn slowloris_head_is_cut_at_the_header_timeout() {
+    let (mut client, server) = tokio::io::duplex(4096);
+    let t0 = Instant::now();
+    let trickle = tokio::spawn(async move {
+        // One byte a second of a head that never ends (300 s if nobody stops it).
+        let head = b"GET / HTTP/1.1\r\nHost: x\r\nX-Slow: ";
+        for b in head.iter().chain(std::iter::repeat(&b'a')).take(300) {
+            if client.write_all(&[*b]).await.is_err() {
+                return Instant::now();
+            }
+            sleep(Duration::from_secs(1)).await;
+        }
+        Instant::now()
+    });
+    let why = serve(server, Duration::ZERO).await;
+    let closed = t0.elapsed();
+    assert_eq!(why, Some(Expiry::HeaderTimeout));
+    assert!(
+        closed >= HEADER && closed < HEADER + Duration::from_secs(1),
+        "closed after {closed:?}, want the 10 s header timeout from the first byte"
+    );
+    let writer_saw_close = trickle.await.expect("trickle task") - t0;
+    assert!(
+        writer_saw_close <= HEADER + Duration::from_secs(1),
+        "the client's next byte after the close failed at {writer_saw_close:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn keepalive_connection_is_closed_after_the_idle_timeout() {
+    let (mut client, server) = tokio::io::duplex(4096);
+    let client_side = tokio::spawn(async move {
+        client.write_all(REQUEST).await.expect("write");
+        assert!(read_response(&mut client).await, "first request answered");
+        let answered = Instant::now();
+        (answered, eof_at(client).await)
+    });
+    let why = serve(server, Duration::ZERO).await;
+    let (answered, eof) = client_side.await.expect("client task");
+    assert_eq!(why, Some(Expiry::Idle));
+    let idle_for = eof - answered;
+    assert!(
+        idle_for >= IDLE && idle_for < IDLE + Duration::from_secs(1),
+        "idle keep-alive connection closed after {idle_for:?}, want 60 s"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn silent_connection_is_closed_after_the_idle_timeout() {
+    let (client, server) = tokio::io::duplex(4096);
+    let t0 = Instant::now();
+    let eof = tokio::spawn(eof_at(client));
+    assert_eq!(serve(server, Duration::ZERO).await, Some(Expiry::Idle));
+    let after = eof.await.expect("client task") - t0;
+    assert!(
+        after >= IDLE && after < IDLE + Duration::from_secs(1),
+        "{after:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_longer_than_both_timeouts_is_not_cut() {
+    let (mut client, server) = tokio::io::duplex(4096);
+    let client_side = tokio::spawn(async move {
+        client.write_all(REQUEST).await.expect("write");
+        let answered = read_response(&mut client).await;
+        drop(client);
+        answered
+    });
+    let t0 = Instant::now();
+    // The handler takes 300 s (a long generation): neither timer may fire meanwhile.
+    let why = serve(server, Duration::from_secs(300)).await;
+    assert!(client_side.await.expect("client task"), "response arrived");
+    assert_eq!(
+        why, None,
+        "the connection ended because the client closed it"
+    );
+    assert!(t0.elapsed() >= Duration::from_secs(300));
+}
+
+#[tokio::test(start_paused = true)]
+async fn requests_spaced_under_the_idle_timeout_keep_the_connection() {
+    let (mut client, server) = tokio::io::duplex(4096);
+    let client_side = tokio::spawn(async move {
+        // Five requests 50 s apart: 200 s in all, each gap under the 60 s idle timeout.
+        for _ in 0..5 {
+            client.write_all(REQUEST).await.expect("write");
+            assert!(
+                read_response(&mut client).await,
+                "answered on the same connection"
+            );
+            sleep(Duration::from_secs(50)).await;
+        }
+        eof_at(client).await
+    });
+    let t0 = Instant::now();
+    assert_eq!(serve(server, Duration::ZERO).await, Some(Expiry::Idle));
+    let closed = client_side.await.expect("client task") - t0;
+    // Last answer at 200 s, then 60 s idle.
+    assert!(closed >= Duration::from_secs(260), "{closed:?}");
+    assert!(closed < Duration::from_secs(261), "{closed:?}");
+}

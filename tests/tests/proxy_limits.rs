@@ -1,0 +1,464 @@
+//! Connection and admission limits of the fullproxy, and backends that die mid-stream: the
+//! real `loxilb` daemon with short configured limits, real sockets, a real backend process.
+//! Timeouts are asserted with generous bounds and polling (the exact timer behaviour is
+//! covered on tokio's paused clock in `loxi-user/src/proxy/listener_tests.rs`).
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use loxi_tests::backend::Backend;
+use loxi_tests::harness::{Daemon, DaemonOpts, free_port};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+fn rule(port: u16, backend_port: u16) -> Value {
+    json!({
+        "serviceArguments": {"externalIP": "127.0.0.1", "port": port, "protocol": "tcp",
+                             "mode": 4, "sel": 0},
+        "endpoints": [{"endpointIP": "127.0.0.1", "targetPort": backend_port, "weight": 1}]
+    })
+}
+
+/// A daemon with `env`, serving one rule per port towards `backend_port`.
+async fn daemon(env: &[(&str, &str)], ports: &[u16], backend_port: u16) -> Daemon {
+    let opts = env
+        .iter()
+        .fold(DaemonOpts::default(), |o, (k, v)| o.env(k, v));
+    let d = Daemon::start(opts).await;
+    for &port in ports {
+        let (status, body) = d.post_rule(&rule(port, backend_port)).await;
+        assert_eq!(status, 200, "rule rejected: {body}");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while TcpStream::connect(("127.0.0.1", port)).await.is_err() {
+            assert!(Instant::now() < deadline, "listener on {port} did not open");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    d
+}
+
+/// Value of `name{labels} value` whose labels contain every needle (0 when absent).
+fn metric(text: &str, name: &str, needles: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .find(|l| needles.iter().all(|n| l.contains(n)))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Polls the metrics until `name{needles}` equals `want` (10 s at most); returns the text.
+async fn wait_metric(d: &Daemon, name: &str, needles: &[&str], want: f64) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let m = d.metrics_text().await;
+        let v = metric(&m, name, needles);
+        if v == want {
+            return m;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name}{needles:?} = {v}, want {want}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Reads until EOF or error; returns when the connection was seen closed.
+async fn closed_at(mut s: TcpStream) -> Instant {
+    let mut buf = [0u8; 1024];
+    while matches!(s.read(&mut buf).await, Ok(n) if n > 0) {}
+    Instant::now()
+}
+
+/// The JSON body of the raw POSTs below.
+const BODY: &str = r#"{"model":"m","prompt":"p"}"#;
+
+/// A raw HTTP/1.1 POST of [`BODY`] with `extra` header lines (each ending in CRLF).
+fn post(extra: &str) -> String {
+    format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{extra}Content-Length: {}\r\n\r\n{BODY}",
+        BODY.len()
+    )
+}
+
+const GET: &[u8] = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n";
+
+/// Sends `GET` and reads one whole response (content-length framed); true on a 200.
+async fn get_ok(s: &mut TcpStream) -> bool {
+    if s.write_all(GET).await.is_err() {
+        return false;
+    }
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let text = String::from_utf8_lossy(&got).to_string();
+        if let Some(head_end) = text.find("\r\n\r\n") {
+            let len = text[..head_end]
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length:")
+                        .map(|v| v.trim().to_string())
+                })
+                .and_then(|v| v.parse::<usize>().ok())
+                .unwrap_or(0);
+            if got.len() >= head_end + 4 + len {
+                return text.starts_with("HTTP/1.1 200");
+            }
+        }
+        match s.read(&mut buf).await {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+#[tokio::test]
+async fn slowloris_connections_are_closed_at_the_header_timeout() {
+    let b = Backend::start("0").await;
+    let port = free_port();
+    let d = daemon(&[("LOXI_HEADER_TIMEOUT_MS", "1000")], &[port], b.port()).await;
+    const N: usize = 20;
+    let mut tasks = Vec::new();
+    for _ in 0..N {
+        tasks.push(tokio::spawn(async move {
+            let s = TcpStream::connect(("127.0.0.1", port))
+                .await
+                .expect("connect");
+            let (mut r, mut w) = s.into_split();
+            let start = Instant::now();
+            // A head that never ends, one byte every 100 ms, for at most 15 s.
+            let head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Slow: ";
+            let bytes = head.iter().copied().chain(std::iter::repeat(b'a'));
+            let trickle = async {
+                for byte in bytes.take(150) {
+                    if w.write_all(&[byte]).await.is_err() {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            };
+            let mut buf = [0u8; 256];
+            let eof = async { while matches!(r.read(&mut buf).await, Ok(n) if n > 0) {} };
+            tokio::select! {
+                _ = eof => Some(start.elapsed()),
+                _ = trickle => None,
+            }
+        }));
+    }
+    let mut closed = Vec::new();
+    for t in tasks {
+        closed.push(
+            t.await
+                .expect("task")
+                .expect("slowloris connection held for 15 s"),
+        );
+    }
+    closed.sort();
+    eprintln!(
+        "slowloris: {N} connections trickling 10 bytes/s closed after {:?} (first) .. {:?} (last), header timeout 1 s",
+        closed[0],
+        closed[N - 1]
+    );
+    assert!(
+        closed[0] >= Duration::from_millis(900),
+        "closed before the timeout: {closed:?}"
+    );
+    assert!(closed[N - 1] < Duration::from_secs(10), "{closed:?}");
+    wait_metric(
+        &d,
+        "loxilb_proxy_connections_closed_total",
+        &["reason=\"header_timeout\""],
+        N as f64,
+    )
+    .await;
+    assert_eq!(
+        b.request_count(),
+        0,
+        "no trickled request reached the backend"
+    );
+}
+
+#[tokio::test]
+async fn idle_connections_are_closed_at_the_idle_timeout() {
+    let b = Backend::start("0").await;
+    let port = free_port();
+    let env = [
+        ("LOXI_IDLE_TIMEOUT_MS", "1500"),
+        ("LOXI_HEADER_TIMEOUT_MS", "60000"),
+    ];
+    let d = daemon(&env, &[port], b.port()).await;
+    let mut tasks = Vec::new();
+    for i in 0..20 {
+        tasks.push(tokio::spawn(async move {
+            let mut s = TcpStream::connect(("127.0.0.1", port))
+                .await
+                .expect("connect");
+            // Half of them are keep-alive connections after one request, half never send.
+            if i % 2 == 0 {
+                assert!(get_ok(&mut s).await, "first request served");
+            }
+            let idle_from = Instant::now();
+            tokio::time::timeout(Duration::from_secs(15), closed_at(s))
+                .await
+                .expect("idle connection held for 15 s")
+                - idle_from
+        }));
+    }
+    let mut idle = Vec::new();
+    for t in tasks {
+        idle.push(t.await.expect("task"));
+    }
+    idle.sort();
+    eprintln!(
+        "idle: 20 connections (10 keep-alive, 10 silent) closed after {:?} .. {:?} of silence, idle timeout 1.5 s",
+        idle[0], idle[19]
+    );
+    assert!(idle[0] >= Duration::from_millis(1400), "{idle:?}");
+    let m = wait_metric(
+        &d,
+        "loxilb_proxy_connections_closed_total",
+        &["reason=\"idle_timeout\""],
+        20.0,
+    )
+    .await;
+    assert_eq!(
+        metric(
+            &m,
+            "loxilb_proxy_connections_closed_total",
+            &["reason=\"header_timeout\""]
+        ),
+        0.0
+    );
+    wait_metric(
+        &d,
+        "loxilb_proxy_open_connections",
+        &[&format!(":{port}\"")],
+        0.0,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn connections_beyond_the_cap_wait_for_a_free_slot() {
+    let b = Backend::start("0").await;
+    let port = free_port();
+    let d = daemon(&[("LOXI_MAX_CONNS_PER_LISTENER", "4")], &[port], b.port()).await;
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        let mut s = TcpStream::connect(("127.0.0.1", port))
+            .await
+            .expect("connect");
+        assert!(get_ok(&mut s).await);
+        held.push(s);
+    }
+    let listener = format!("listener=\"127.0.0.1:{port}\"");
+    wait_metric(&d, "loxilb_proxy_open_connections", &[&listener], 4.0).await;
+    // The fifth connection is accepted by the kernel but not served while four are open.
+    let mut fifth = TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    let waiting = tokio::spawn(async move {
+        let ok = get_ok(&mut fifth).await;
+        (ok, Instant::now())
+    });
+    wait_metric(
+        &d,
+        "loxilb_proxy_connections_queued_total",
+        &[&listener],
+        1.0,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !waiting.is_finished(),
+        "the fifth connection was served above the cap"
+    );
+    assert_eq!(b.request_count(), 4);
+    let freed = Instant::now();
+    drop(held.pop());
+    let (ok, served) = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("served within 5 s of a free slot")
+        .expect("task");
+    assert!(ok, "the queued connection got its 200");
+    eprintln!(
+        "cap 4: fifth connection queued (loxilb_proxy_connections_queued_total 1), served {:?} after a slot freed",
+        served - freed
+    );
+    assert_eq!(b.request_count(), 5);
+}
+
+/// Sends a request that the backend holds for `delay_ms`; returns the status and headers.
+async fn delayed(port: u16, delay_ms: u64) -> (u16, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    let req = post(&format!("x-delay-ms: {delay_ms}\r\nConnection: close\r\n"));
+    s.write_all(req.as_bytes()).await.expect("write");
+    let mut text = String::new();
+    let _ = tokio::time::timeout(Duration::from_secs(15), s.read_to_string(&mut text)).await;
+    let status = text.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
+    (status, text)
+}
+
+#[tokio::test]
+async fn total_inflight_valve_answers_429_on_every_rule() {
+    let b = Backend::start("0").await;
+    let (p1, p2) = (free_port(), free_port());
+    let d = daemon(&[("LLB_PD_MAX_TOTAL_INFLIGHT", "2")], &[p1, p2], b.port()).await;
+    // One long request on each listener: the valve (2, across listeners) is full.
+    let a = tokio::spawn(delayed(p1, 3000));
+    let c = tokio::spawn(delayed(p2, 3000));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while b.request_count() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "held requests never reached the backend"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for port in [p1, p2] {
+        let (status, text) = delayed(port, 0).await;
+        assert_eq!(status, 429, "{text}");
+        assert!(
+            text.to_ascii_lowercase().contains("\r\nretry-after: 1\r\n"),
+            "{text}"
+        );
+        let body: Value = serde_json::from_str(text.split("\r\n\r\n").nth(1).unwrap_or(""))
+            .expect("JSON error body");
+        assert_eq!(body["error"]["type"], "pd_overloaded");
+        assert_eq!(body["error"]["retryable"], true);
+    }
+    assert_eq!(
+        b.request_count(),
+        2,
+        "refused requests never reached the backend"
+    );
+    wait_metric(
+        &d,
+        "loxilb_pd_admission_shed_total",
+        &["reason=\"total_inflight\""],
+        2.0,
+    )
+    .await;
+    assert_eq!(a.await.expect("a").0, 200);
+    assert_eq!(c.await.expect("c").0, 200);
+    // Places free again once the held responses ended.
+    assert_eq!(delayed(p2, 0).await.0, 200);
+    eprintln!(
+        "valve 2: third and fourth concurrent requests (two listeners) got 429 + Retry-After: 1; shed counter 2"
+    );
+}
+
+/// The `echo-backend` binary on `port`, killed on drop.
+struct BackendProcess(Child);
+
+impl BackendProcess {
+    async fn start(port: u16) -> Self {
+        let child = Command::new(env!("CARGO_BIN_EXE_echo-backend"))
+            .args(["--port", &port.to_string(), "--name", "dying"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn echo-backend");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while TcpStream::connect(("127.0.0.1", port)).await.is_err() {
+            assert!(Instant::now() < deadline, "echo-backend did not listen");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Self(child)
+    }
+
+    fn kill(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for BackendProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+#[tokio::test]
+async fn backend_dying_mid_stream_is_an_upstream_error_that_opens_the_breaker() {
+    let bport = free_port();
+    let mut backend = BackendProcess::start(bport).await;
+    let port = free_port();
+    let d = daemon(&[("LLB_PD_ORIGIN_ERR_THRESHOLD", "1")], &[port], bport).await;
+    let mut s = TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    // 100 events 100 ms apart (10 s) unless the backend dies first.
+    let req = post("x-sse: 100:100\r\n");
+    s.write_all(req.as_bytes()).await.expect("write");
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while String::from_utf8_lossy(&got).matches("\"i\":").count() < 3 {
+        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+            .await
+            .expect("events flow")
+            .expect("read");
+        assert!(n > 0, "stream ended early");
+        got.extend_from_slice(&buf[..n]);
+    }
+    backend.kill();
+    // The client's stream ends without the terminating chunk and without [DONE].
+    let rest = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await;
+    assert!(
+        rest.is_ok(),
+        "the client's stream did not end after the backend died"
+    );
+    let text = String::from_utf8_lossy(&got).to_string();
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(!text.contains("[DONE]"), "{text}");
+    assert!(
+        !text.ends_with("0\r\n\r\n"),
+        "a cut stream must not look complete: {text}"
+    );
+    let m = wait_metric(
+        &d,
+        "loxilb_proxy_upstream_stream_errors_total",
+        &["ep_idx=\"0\""],
+        1.0,
+    )
+    .await;
+    assert_eq!(
+        metric(
+            &m,
+            "loxilb_proxy_requests_total",
+            &["ep_idx=\"0\"", "class=\"5xx\""]
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric(
+            &m,
+            "loxilb_proxy_requests_total",
+            &["ep_idx=\"0\"", "class=\"2xx\""]
+        ),
+        0.0
+    );
+    let state = d.rules().await["lbAttr"][0]["endpoints"][0]["state"].clone();
+    assert_eq!(
+        state,
+        json!("inactive"),
+        "the mid-stream failure opened the breaker"
+    );
+    eprintln!(
+        "mid-stream death after {} events: requests_total 5xx 1, 2xx 0, stream_errors 1, endpoint inactive",
+        text.matches("\"i\":").count()
+    );
+}
