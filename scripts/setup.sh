@@ -15,6 +15,10 @@ log() { printf '[setup] %s\n' "$*" >&2; }
 declare -A APT=(
   [promtool]=prometheus [wrk]=wrk [nginx]=nginx [ip]=iproute2 [ethtool]=ethtool
   [nft]=nftables [curl]=curl [jq]=jq [ping]=iputils-ping
+  # deploy/: systemd-analyze verifies the unit, setpriv runs the daemon with its capabilities;
+  # the container image is built with podman (runc) on a debootstrap base (scripts/container-*.sh).
+  [systemd-analyze]=systemd [setpriv]=util-linux [podman]=podman [buildah]=buildah
+  [debootstrap]=debootstrap [runc]=runc
 )
 missing=()
 for cmd in "${!APT[@]}"; do
@@ -34,6 +38,12 @@ fi
 if ! python3 -c 'import zmq, msgpack' 2>/dev/null; then
   log "pip: installing pyzmq msgpack"
   python3 -m pip install -q --disable-pip-version-check pyzmq msgpack
+fi
+
+# --- pip: kubernetes-validate (strict schema checks of deploy/kubernetes; brings PyYAML) -------
+if ! python3 -c 'import kubernetes_validate, yaml' 2>/dev/null; then
+  log "pip: installing kubernetes-validate"
+  python3 -m pip install -q --disable-pip-version-check kubernetes-validate
 fi
 
 # --- stable lints (scripts/test.sh runs rustfmt and clippy) -----------------------------------

@@ -29,3 +29,8 @@ else
   # Same profile as the tests above, so nothing is rebuilt (`cargo xtask netns-test` is the dev alias).
   cargo run --release -q -p xtask -- netns-test
 fi
+# The container image end to end (build, run, stop, SIGKILL; root, podman): opt-in, since its
+# first build compiles the workspace again inside the build stage (docs/deploy.md).
+if [ "${LOXI_CONTAINER_TEST:-0}" = 1 ]; then
+  scripts/container-test.sh
+fi

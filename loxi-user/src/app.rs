@@ -93,6 +93,7 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
     // `healthy` flags the probes and the breaker drive) after each reconcile.
     let board = HealthBoard::new();
     let health: Arc<dyn EndpointHealth> = board.clone();
+    crate::health::metrics::HealthCollector::register(&mut registry, board.clone());
     let l4_metrics = L4Metrics::register(&mut registry);
     let registry = Arc::new(registry);
     let mut tasks = JoinSet::new();

@@ -4,7 +4,8 @@
 //! store, persistence), [`routing`] (selectors and shared selection vocabulary), [`proxy`]
 //! (mode-4 fullproxy), [`kv`] (KV-cache-aware tier 1.5), [`config`] (flags and environment),
 //! [`api`] (REST), [`metrics`] (registry), [`app`] (the daemon), [`cli`] (`loxicmd`),
-//! [`l4`] (the XDP data path's loader and map reconciliation), [`netlink`] (VIP addresses).
+//! [`l4`] (the XDP data path's loader and map reconciliation), [`netlink`] (VIP addresses),
+//! [`telemetry`] (log format and OpenTelemetry traces).
 pub mod api;
 pub mod app;
 pub mod cli;
@@ -18,3 +19,4 @@ pub mod netlink;
 pub mod proxy;
 pub mod routing;
 pub mod rules;
+pub mod telemetry;

@@ -3,7 +3,9 @@ use loxi_user::config::Config;
 
 fn main() -> anyhow::Result<()> {
     let cfg = Config::from_process();
-    init_tracing(&cfg.flags.log)?;
+    let mut telemetry = loxi_user::telemetry::init(&cfg.flags.log, cfg.flags.log_format, |k| {
+        std::env::var(k).ok()
+    })?;
     // Warnings were collected before tracing existed; log them now, once each.
     for w in &cfg.env.warnings {
         tracing::warn!(var = w.var, value = %w.value, used = %w.used, "{w}");
@@ -15,19 +17,17 @@ fn main() -> anyhow::Result<()> {
             cfg.env.inert.join(", ")
         );
     }
+    for w in &telemetry.warnings {
+        tracing::warn!(var = w.var, value = %w.value, "{w}");
+    }
+    if telemetry.tracing_enabled() {
+        tracing::info!("OpenTelemetry traces on (OTLP http/protobuf)");
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    rt.block_on(loxi_user::app::run(cfg))?;
-    Ok(())
-}
-
-fn init_tracing(filter: &str) -> anyhow::Result<()> {
-    let filter = tracing_subscriber::EnvFilter::try_new(filter)
-        .map_err(|e| anyhow::anyhow!("--log {filter:?}: {e}"))?;
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(false)
-        .init();
+    let res = rt.block_on(loxi_user::app::run(cfg));
+    telemetry.shutdown();
+    res?;
     Ok(())
 }

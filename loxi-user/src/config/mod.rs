@@ -22,8 +22,9 @@ pub use env::{Env, EnvWarning, KvLbMode};
     about = "loxi: LoxiLB-compatible load balancer for LLM inference fleets"
 )]
 pub struct Flags {
-    /// Address of the REST API (`/netlox/v1/...`).
-    #[arg(long, default_value = "127.0.0.1:11111")]
+    /// Address of the REST API (`/netlox/v1/...`). The flag wins over `LOXI_API_ADDR` (which
+    /// the container image's health check reads too).
+    #[arg(long, env = "LOXI_API_ADDR", default_value = "127.0.0.1:11111")]
     pub api_addr: SocketAddr,
     /// Directory of the persistent state (`rules.json`); created if missing.
     #[arg(long, default_value = "/var/lib/loxilb")]
@@ -35,6 +36,9 @@ pub struct Flags {
     /// Log filter in `tracing_subscriber::EnvFilter` syntax (e.g. `info`, `loxi_user=debug`).
     #[arg(long, default_value = "info")]
     pub log: String,
+    /// Log line format on stderr: `text` or `json` (one object per line).
+    #[arg(long, value_enum, default_value_t = crate::telemetry::LogFormat::Text)]
+    pub log_format: crate::telemetry::LogFormat,
     /// Seconds in-flight requests may take to finish after SIGTERM/SIGINT before the process
     /// exits anyway (listeners stop accepting at once).
     #[arg(long, default_value_t = 30)]
@@ -180,6 +184,7 @@ mod tests {
         assert_eq!(f.state_dir, PathBuf::from("/var/lib/loxilb"));
         assert_eq!(f.tokenizer_dir, PathBuf::from("/etc/loxilb/tokenizers"));
         assert_eq!(f.log, "info");
+        assert_eq!(f.log_format, crate::telemetry::LogFormat::Text);
         assert_eq!(f.shutdown_grace(), Duration::from_secs(30));
         assert!(f.api.api_tls_cert.is_none() && f.api.api_token_file.is_none());
     }
@@ -229,6 +234,8 @@ mod tests {
             "debug",
             "--shutdown-grace-secs",
             "2",
+            "--log-format",
+            "json",
         ])
         .expect("parse");
         assert_eq!(f.api_addr.port(), 4000);
@@ -236,6 +243,13 @@ mod tests {
         assert_eq!(f.tokenizer_dir, PathBuf::from("/tmp/t"));
         assert_eq!(f.log, "debug");
         assert_eq!(f.shutdown_grace_secs, 2);
+        assert_eq!(f.log_format, crate::telemetry::LogFormat::Json);
+    }
+
+    #[test]
+    fn unknown_log_format_is_a_usage_error() {
+        let e = Flags::try_parse_from(["loxilb", "--log-format", "xml"]).expect_err("must fail");
+        assert!(e.to_string().contains("--log-format"), "{e}");
     }
 
     #[test]

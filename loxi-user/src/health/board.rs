@@ -43,6 +43,11 @@ impl HealthBoard {
         self.current.store(Arc::new(loads));
     }
 
+    /// The current loads by service id (a wait-free load; metrics read it at scrape time).
+    pub fn snapshot(&self) -> Arc<HashMap<u32, Vec<Arc<EndpointLoad>>>> {
+        self.current.load_full()
+    }
+
     /// Withdraws service `id` (its rule was deleted).
     pub fn withdraw(&self, id: u32) {
         let _w = self.write.lock();

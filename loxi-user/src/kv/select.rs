@@ -154,17 +154,20 @@ impl KvRouter {
         let svc = self.state.service(rule);
         let res = self.guarded_keys(&svc, meta, memo).and_then(|keys| {
             let t = StdInstant::now();
-            let r = self.decide(&svc, rule, &keys, cands);
+            let r = crate::kv_stage_span!("kv.score")
+                .in_scope(|| self.decide(&svc, rule, &keys, cands));
             self.observe(Stage::Score, t);
             r
         });
         match res {
-            Ok(d) => {
+            Ok((d, cached)) => {
                 m.hit(&label, d.endpoint.unwrap_or_default());
+                crate::telemetry::span::record_cached_blocks(cached);
                 Some(d)
             }
             Err(reason) => {
                 m.miss(&label, reason);
+                crate::telemetry::span::record_kv_miss(reason.as_str());
                 let head = memo.get::<RequestKeys>().and_then(|k| k.0.as_ref().ok());
                 tracing::debug!(
                     service = rule.id,
@@ -241,22 +244,29 @@ impl KvRouter {
             .filter(|m| !m.is_empty())
             .ok_or(MissReason::ModelEmpty)?;
         let t = StdInstant::now();
-        let tokens: Arc<[u32]> = match prompt {
-            Prompt::TokenIds(ids) => ids.as_slice().into(),
+        let span = crate::kv_stage_span!("kv.tokenize");
+        let tokens: Arc<[u32]> = span.in_scope(|| match prompt {
+            Prompt::TokenIds(ids) => Ok(ids.as_slice().into()),
             p => self
                 .tokenizer
                 .encode(model, meta.api, p, meta.add_special_tokens)
-                .map_err(|_| MissReason::Tokenize)?,
-        };
+                .map_err(|_| MissReason::Tokenize),
+        })?;
         self.observe(Stage::Tokenize, t);
+        span.record("loxi.kv.tokens", crate::telemetry::span::int(tokens.len()));
+        tracing::Span::current()
+            .record("loxi.kv.tokens", crate::telemetry::span::int(tokens.len()));
         if tokens.len() < self.state.settings.min_match_tokens {
             return Err(MissReason::Shallow);
         }
         let hasher = svc.hasher.as_ref().ok_or(MissReason::Hashes)?;
         let extras = self.extras(meta)?;
         let t = StdInstant::now();
-        let keys = hasher.keys(&tokens, svc.config.block_size as usize, &extras);
+        let span = crate::kv_stage_span!("kv.hash");
+        let keys = span.in_scope(|| hasher.keys(&tokens, svc.config.block_size as usize, &extras));
         self.observe(Stage::Hash, t);
+        span.record("loxi.kv.blocks", crate::telemetry::span::int(keys.len()));
+        tracing::Span::current().record("loxi.kv.blocks", crate::telemetry::span::int(keys.len()));
         if self.state.settings.hash_debug {
             tracing::info!(service = svc.id, blocks = keys.len(), keys = ?keys, "kv hash debug");
         }
@@ -285,14 +295,15 @@ impl KvRouter {
         })
     }
 
-    /// Scoring, eligibility, blend law and cold seeding.
+    /// Scoring, eligibility, blend law and cold seeding: the decision and the number of leading
+    /// request blocks its endpoint holds.
     fn decide(
         &self,
         svc: &ServiceKv,
         rule: &StoredRule,
         keys: &[BlockKey],
         cands: &Candidates<'_>,
-    ) -> Result<Decision, MissReason> {
+    ) -> Result<(Decision, usize), MissReason> {
         let scores = svc.index.score(keys, Instant::now());
         let subscribed = |ep: EpIdx| svc.config.endpoints.get(ep).is_some_and(|(_, s)| *s);
         let usable = |ep: EpIdx| cands.eligible(ep) && subscribed(ep);
@@ -324,15 +335,21 @@ impl KvRouter {
         let label = ServiceLabels {
             service: svc.label(),
         };
+        let cached = |ep: EpIdx| {
+            law_cands
+                .iter()
+                .find(|c| c.ep == ep)
+                .map_or(0, |c| c.overlap)
+        };
         if let Some(cold) = self.cold_seed(svc, &law_cands, pick.ep) {
             self.state.metrics.cold_seeds.get_or_create(&label).inc();
-            return Ok(Decision::pick(cold, Reason::KvColdSeed));
+            return Ok((Decision::pick(cold, Reason::KvColdSeed), cached(cold)));
         }
         if pick.spilled {
             self.state.metrics.spills.get_or_create(&label).inc();
-            return Ok(Decision::pick(pick.ep, Reason::KvSpill));
+            return Ok((Decision::pick(pick.ep, Reason::KvSpill), cached(pick.ep)));
         }
-        Ok(Decision::pick(pick.ep, Reason::KvOverlap))
+        Ok((Decision::pick(pick.ep, Reason::KvOverlap), cached(pick.ep)))
     }
 
     /// Every `LOXILB_KV_COLDSTART_SEED_N`-th hit goes to the lowest-index eligible endpoint with

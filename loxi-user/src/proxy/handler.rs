@@ -13,6 +13,7 @@ use http::request::Parts;
 use http::{HeaderValue, Request, Response};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
+use tracing::Instrument as _;
 
 use super::ProxyContext;
 use super::body::{EndAccounting, GuardedBody, ProxyBody, Tracked};
@@ -22,6 +23,7 @@ use super::pool::{Pool, PoolTable};
 use super::upstream::{Attempt, Upstreams, strip_hop_by_hop, upstream_uri};
 use crate::health::breaker::Outcome;
 use crate::routing::{self, Candidates, Decision, Excluded, TierMemo};
+use crate::telemetry::span as trace_span;
 
 /// Response header naming the endpoint index that served the request.
 pub const ENDPOINT_HEADER: &str = "x-loxilb-endpoint";
@@ -44,7 +46,12 @@ impl Handler {
         client: SocketAddr,
     ) -> Result<Response<ProxyBody>, Infallible> {
         let start = Instant::now();
-        Ok(match self.route(req, client, start).await {
+        let span = trace_span::request(req.method(), req.uri().path(), req.headers());
+        let resp = match self
+            .route(req, client, start)
+            .instrument(span.clone())
+            .await
+        {
             Ok(resp) => resp,
             Err((service, e)) => {
                 tracing::debug!(error = %e, party = e.party().as_str(), "proxy error");
@@ -52,7 +59,9 @@ impl Handler {
                 self.ctx.metrics.request(service, None, resp.status());
                 resp
             }
-        })
+        };
+        trace_span::record_status(&span, resp.status());
+        Ok(resp)
     }
 
     async fn route(
@@ -86,6 +95,7 @@ impl Handler {
         let service = pool.rule.id;
         let meta =
             RequestMeta::from_json(&parts, json.as_ref(), Some(client), &pool.rule.rule.service);
+        trace_span::record_rule(service, meta.model.as_deref());
         self.forward(&pool, parts, bytes, &meta, start)
             .await
             .map_err(|e| (service, e))
@@ -106,7 +116,8 @@ impl Handler {
         let mut memo = TierMemo::default();
         let mut attempts = 0;
         loop {
-            let Some(ep) = self.decide(pool, meta, &excluded, &mut memo).endpoint else {
+            let d = self.decide(pool, meta, &excluded, &mut memo);
+            let Some(ep) = d.endpoint else {
                 return Err(if attempts == 0 {
                     ProxyError::NoHealthyBackend { service }
                 } else {
@@ -114,6 +125,8 @@ impl Handler {
                 });
             };
             attempts += 1;
+            let sel = routing::dispatch::selector_name(pool.rule.rule.service.sel);
+            trace_span::record_decision(sel, d.reason.as_str(), ep, attempts);
             let tracked = Tracked::new(
                 pool.loads[ep].begin(),
                 pm.eps[ep].active.clone(),
@@ -122,6 +135,8 @@ impl Handler {
             );
             let mut req = upstream_request(&parts, &pool.authorities[ep], body.clone())?;
             super::forwarded::append(req.headers_mut(), meta.client);
+            let attempt = trace_span::attempt(ep, &pool.authorities[ep], attempts);
+            trace_span::inject(&attempt, req.headers_mut());
             if let Some(tier) = self.tier_for(pool) {
                 // At dispatch, not at the response: a non-streaming response (or a streaming
                 // one behind a slow prefill) arrives after the prefill, and requests sharing
@@ -131,7 +146,10 @@ impl Handler {
                 // request the tier turned away during its warmup window is tokenized here.
                 tier.routed(&pool.rule, meta, ep, &memo);
             }
-            match self.upstreams.send(req, pool.http2).await {
+            let sent = self.upstreams.send(req, pool.http2);
+            let outcome = sent.instrument(attempt.clone()).await;
+            trace_span::record_attempt(&attempt, outcome.status(), outcome.error_type());
+            match outcome {
                 Attempt::Response(resp) => {
                     // Counted and judged by the breaker when the body ends (a backend dying
                     // mid-stream is an upstream error, not the 2xx its head said).

@@ -24,6 +24,25 @@ pub enum Attempt {
     Failed(hyper_util::client::legacy::Error),
 }
 
+impl Attempt {
+    /// The backend's status, when it answered.
+    pub fn status(&self) -> Option<http::StatusCode> {
+        match self {
+            Self::Response(r) => Some(r.status()),
+            _ => None,
+        }
+    }
+
+    /// `connect` or `request` when the attempt failed (the trace's `error.type`).
+    pub fn error_type(&self) -> Option<&'static str> {
+        match self {
+            Self::Response(_) => None,
+            Self::ConnectFailed(_) => Some("connect"),
+            Self::Failed(_) => Some("request"),
+        }
+    }
+}
+
 /// HTTP/1.1 and HTTP/2 pooled clients.
 #[derive(Clone, Debug)]
 pub struct Upstreams {

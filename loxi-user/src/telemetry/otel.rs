@@ -1,0 +1,345 @@
+//! OpenTelemetry trace settings from the standard environment (read once at start).
+//!
+//! | variable | loxi |
+//! |---|---|
+//! | `OTEL_SDK_DISABLED` | `true` turns traces off whatever else is set |
+//! | `OTEL_TRACES_EXPORTER` | `otlp` on, `none` off; unset: on when an OTLP endpoint is set. Any other exporter is refused (traces off, warning) |
+//! | `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` | full URL of the traces endpoint (e.g. `http://collector:4318/v1/traces`) |
+//! | `OTEL_EXPORTER_OTLP_ENDPOINT` | base URL; `/v1/traces` is appended (default `http://localhost:4318`) |
+//! | `OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL` | `http/protobuf` (the default, the only one built in); `grpc` and `http/json` are refused (traces off, warning) |
+//! | `OTEL_EXPORTER_OTLP_[TRACES_]HEADERS`, `_TIMEOUT`, `_COMPRESSION` | read by the exporter (`opentelemetry-otlp`) |
+//! | `OTEL_TRACES_SAMPLER`, `OTEL_TRACES_SAMPLER_ARG` | `always_on`, `always_off`, `traceidratio`, `parentbased_always_on` (default), `parentbased_always_off`, `parentbased_traceidratio`; ratio in 0..=1. Anything else: warning, default used |
+//! | `OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES` | the resource (`service.name` defaults to `loxilb`) |
+//! | `OTEL_BSP_*` | the batch span processor (queue size, delay, batch size) |
+
+use std::fmt;
+
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
+
+/// A trace setting that was not accepted, and what loxi did instead.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OtelWarning {
+    /// The variable.
+    pub var: &'static str,
+    /// Its value.
+    pub value: String,
+    /// What happened instead (`traces off`, `parentbased_always_on`, …).
+    pub used: String,
+}
+
+impl fmt::Display for OtelWarning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}={:?} is not accepted; {}",
+            self.var, self.value, self.used
+        )
+    }
+}
+
+/// The sampler chosen by `OTEL_TRACES_SAMPLER[_ARG]`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum SamplerSpec {
+    /// Every trace.
+    AlwaysOn,
+    /// None.
+    AlwaysOff,
+    /// A fraction (0..=1) of trace ids.
+    Ratio(f64),
+    /// Follow the caller's `traceparent` sampled flag; for root spans use the inner spec.
+    ParentBased(RootSampler),
+}
+
+/// The root sampler of [`SamplerSpec::ParentBased`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RootSampler {
+    /// Sample every root.
+    AlwaysOn,
+    /// Sample no root.
+    AlwaysOff,
+    /// A fraction of roots.
+    Ratio(f64),
+}
+
+impl SamplerSpec {
+    fn sampler(self) -> Sampler {
+        let root = |r: RootSampler| match r {
+            RootSampler::AlwaysOn => Sampler::AlwaysOn,
+            RootSampler::AlwaysOff => Sampler::AlwaysOff,
+            RootSampler::Ratio(f) => Sampler::TraceIdRatioBased(f),
+        };
+        match self {
+            Self::AlwaysOn => Sampler::AlwaysOn,
+            Self::AlwaysOff => Sampler::AlwaysOff,
+            Self::Ratio(f) => Sampler::TraceIdRatioBased(f),
+            Self::ParentBased(r) => Sampler::ParentBased(Box::new(root(r))),
+        }
+    }
+}
+
+/// Traces are on: how to sample (the exporter reads its own variables).
+#[derive(Debug, Clone, PartialEq)]
+pub struct OtelSettings {
+    /// `OTEL_TRACES_SAMPLER[_ARG]`.
+    pub sampler: SamplerSpec,
+}
+
+const ENDPOINT_VARS: [&str; 2] = [
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+];
+const PROTOCOL_VARS: [&str; 2] = [
+    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+    "OTEL_EXPORTER_OTLP_PROTOCOL",
+];
+
+impl OtelSettings {
+    /// `Some` when the environment turns traces on (see the module table), with the settings
+    /// that were refused.
+    pub fn from_lookup(
+        lookup: &impl Fn(&str) -> Option<String>,
+    ) -> (Option<Self>, Vec<OtelWarning>) {
+        let get = |k: &str| {
+            lookup(k)
+                .map(|v| v.trim().to_string())
+                .filter(|v| !v.is_empty())
+        };
+        let mut warnings = Vec::new();
+        let off = |var: &'static str, value: String, why: &str| OtelWarning {
+            var,
+            value,
+            used: format!("{why}; traces stay off"),
+        };
+        if get("OTEL_SDK_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true")) {
+            return (None, warnings);
+        }
+        let endpoint_set = ENDPOINT_VARS.iter().any(|v| get(v).is_some());
+        match get("OTEL_TRACES_EXPORTER").map(|v| v.to_ascii_lowercase()) {
+            None if !endpoint_set => return (None, warnings),
+            None => {}
+            Some(e) if e == "otlp" => {}
+            Some(e) if e == "none" => return (None, warnings),
+            Some(e) => {
+                let w = off(
+                    "OTEL_TRACES_EXPORTER",
+                    e,
+                    "only `otlp` and `none` are supported",
+                );
+                return (None, vec![w]);
+            }
+        }
+        // The traces-specific variable wins over the generic one (OTel spec).
+        if let Some((var, p)) = PROTOCOL_VARS.iter().find_map(|v| get(v).map(|p| (*v, p)))
+            && p != "http/protobuf"
+        {
+            let w = off(var, p, "this build exports OTLP over http/protobuf only");
+            return (None, vec![w]);
+        }
+        let sampler = sampler_from(&get, &mut warnings);
+        (Some(Self { sampler }), warnings)
+    }
+
+    /// Builds the tracer provider: OTLP/HTTP exporter behind a batch processor, the sampler
+    /// and the resource. An exporter that cannot be built (a malformed endpoint URL) is
+    /// refused with a warning naming the variable.
+    pub fn provider(
+        &self,
+        lookup: &impl Fn(&str) -> Option<String>,
+    ) -> Result<SdkTracerProvider, OtelWarning> {
+        use opentelemetry_otlp::WithExportConfig as _;
+        let exporter = opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+            .build()
+            .map_err(|e| {
+                let (var, value) = ENDPOINT_VARS
+                    .iter()
+                    .find_map(|v| lookup(v).map(|x| (*v, x)))
+                    .unwrap_or(("OTEL_EXPORTER_OTLP_ENDPOINT", String::new()));
+                OtelWarning {
+                    var,
+                    value,
+                    used: format!("the OTLP exporter cannot be built ({e}); traces stay off"),
+                }
+            })?;
+        Ok(SdkTracerProvider::builder()
+            .with_batch_exporter(exporter)
+            .with_sampler(self.sampler.sampler())
+            .with_resource(resource(lookup))
+            .build())
+    }
+}
+
+/// The resource from `OTEL_SERVICE_NAME` / `OTEL_RESOURCE_ATTRIBUTES`, `service.name` `loxilb`
+/// unless one of them names it.
+fn resource(lookup: &impl Fn(&str) -> Option<String>) -> Resource {
+    let named = lookup("OTEL_SERVICE_NAME").is_some_and(|v| !v.trim().is_empty())
+        || lookup("OTEL_RESOURCE_ATTRIBUTES").is_some_and(|v| {
+            v.split(',')
+                .any(|kv| kv.trim_start().starts_with("service.name="))
+        });
+    let b = Resource::builder();
+    if named {
+        b.build()
+    } else {
+        b.with_service_name("loxilb").build()
+    }
+}
+
+fn sampler_from(
+    get: &impl Fn(&str) -> Option<String>,
+    warnings: &mut Vec<OtelWarning>,
+) -> SamplerSpec {
+    let default = SamplerSpec::ParentBased(RootSampler::AlwaysOn);
+    let Some(name) = get("OTEL_TRACES_SAMPLER") else {
+        return default;
+    };
+    let mut ratio = || {
+        let arg = get("OTEL_TRACES_SAMPLER_ARG");
+        match arg.as_deref().map(str::parse::<f64>) {
+            Some(Ok(f)) if (0.0..=1.0).contains(&f) => f,
+            None => 1.0,
+            Some(_) => {
+                warnings.push(OtelWarning {
+                    var: "OTEL_TRACES_SAMPLER_ARG",
+                    value: arg.unwrap_or_default(),
+                    used: "a ratio is a number in 0..=1; using 1.0".into(),
+                });
+                1.0
+            }
+        }
+    };
+    match name.to_ascii_lowercase().as_str() {
+        "always_on" => SamplerSpec::AlwaysOn,
+        "always_off" => SamplerSpec::AlwaysOff,
+        "traceidratio" => SamplerSpec::Ratio(ratio()),
+        "parentbased_always_on" => default,
+        "parentbased_always_off" => SamplerSpec::ParentBased(RootSampler::AlwaysOff),
+        "parentbased_traceidratio" => SamplerSpec::ParentBased(RootSampler::Ratio(ratio())),
+        _ => {
+            warnings.push(OtelWarning {
+                var: "OTEL_TRACES_SAMPLER",
+                value: name,
+                used: "accepted: always_on, always_off, traceidratio, parentbased_always_on, \
+                       parentbased_always_off, parentbased_traceidratio; using parentbased_always_on"
+                    .into(),
+            });
+            default
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn parse(vars: &[(&str, &str)]) -> (Option<OtelSettings>, Vec<OtelWarning>) {
+        let m: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        OtelSettings::from_lookup(&|k| m.get(k).cloned())
+    }
+
+    #[test]
+    fn traces_are_off_without_an_endpoint_or_exporter() {
+        assert_eq!(parse(&[]), (None, vec![]));
+        assert_eq!(
+            parse(&[("OTEL_TRACES_SAMPLER", "always_on")]),
+            (None, vec![])
+        );
+    }
+
+    #[test]
+    fn an_endpoint_turns_traces_on_with_parent_based_sampling() {
+        let (s, w) = parse(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")]);
+        assert!(w.is_empty(), "{w:?}");
+        assert_eq!(
+            s.expect("on").sampler,
+            SamplerSpec::ParentBased(RootSampler::AlwaysOn)
+        );
+        let (s, _) = parse(&[("OTEL_TRACES_EXPORTER", "otlp")]);
+        assert!(s.is_some());
+    }
+
+    #[test]
+    fn sdk_disabled_and_exporter_none_win_over_an_endpoint() {
+        let ep = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318");
+        assert_eq!(parse(&[ep, ("OTEL_SDK_DISABLED", "TRUE")]), (None, vec![]));
+        assert_eq!(
+            parse(&[ep, ("OTEL_TRACES_EXPORTER", "none")]),
+            (None, vec![])
+        );
+    }
+
+    #[test]
+    fn unsupported_exporter_and_protocol_are_refused_by_name() {
+        let (s, w) = parse(&[("OTEL_TRACES_EXPORTER", "zipkin")]);
+        assert!(s.is_none());
+        assert_eq!(w[0].var, "OTEL_TRACES_EXPORTER");
+        assert!(w[0].to_string().contains("traces stay off"), "{}", w[0]);
+        let (s, w) = parse(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317"),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+        ]);
+        assert!(s.is_none());
+        assert_eq!(
+            (w[0].var, w[0].value.as_str()),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+        );
+        // The traces-specific protocol wins over the generic one.
+        let (s, w) = parse(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318"),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf"),
+        ]);
+        assert!(s.is_some() && w.is_empty(), "{w:?}");
+    }
+
+    #[test]
+    fn samplers_parse_and_bad_values_fall_back_with_a_warning() {
+        let ep = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318");
+        let s = |vars: &[(&str, &str)]| parse(vars).0.expect("on").sampler;
+        assert_eq!(
+            s(&[ep, ("OTEL_TRACES_SAMPLER", "always_off")]),
+            SamplerSpec::AlwaysOff
+        );
+        assert_eq!(
+            s(&[
+                ep,
+                ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
+                ("OTEL_TRACES_SAMPLER_ARG", "0.25")
+            ]),
+            SamplerSpec::ParentBased(RootSampler::Ratio(0.25))
+        );
+        let (st, w) = parse(&[
+            ep,
+            ("OTEL_TRACES_SAMPLER", "traceidratio"),
+            ("OTEL_TRACES_SAMPLER_ARG", "1.5"),
+        ]);
+        assert_eq!(st.expect("on").sampler, SamplerSpec::Ratio(1.0));
+        assert_eq!(w[0].var, "OTEL_TRACES_SAMPLER_ARG");
+        let (st, w) = parse(&[ep, ("OTEL_TRACES_SAMPLER", "sometimes")]);
+        assert_eq!(
+            st.expect("on").sampler,
+            SamplerSpec::ParentBased(RootSampler::AlwaysOn)
+        );
+        assert_eq!(
+            (w[0].var, w[0].value.as_str()),
+            ("OTEL_TRACES_SAMPLER", "sometimes")
+        );
+    }
+
+    #[test]
+    fn service_name_defaults_to_loxilb_unless_the_environment_names_it() {
+        let name = |vars: &[(&str, &str)]| {
+            let m: HashMap<&str, &str> = vars.iter().copied().collect();
+            let r = resource(&|k| m.get(k).map(|v| v.to_string()));
+            r.get(&opentelemetry::Key::new("service.name"))
+                .map(|v| v.to_string())
+        };
+        assert_eq!(name(&[]).as_deref(), Some("loxilb"));
+    }
+}
