@@ -14,10 +14,12 @@ use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use crate::api::security::ApiSecurity;
 use crate::api::{self, ApiState, EndpointHealth, HealthBoard};
 use crate::config::Config;
-use crate::kv::{self, state::KvState};
+use crate::kv;
 use crate::l4::{self, L4Config, L4Error, L4Metrics};
+use crate::listen::{ListenMetrics, ListenSockets};
 use crate::metrics::{self, ControlMetrics};
 use crate::proxy::{self, ProxyConfig, ProxyContext, ProxyMetrics};
 use crate::rules::RuleStore;
@@ -41,6 +43,12 @@ pub enum AppError {
     /// The L4 data path or VIP management failed (missing interface, XDP load/attach).
     #[error("L4 data path: {0}")]
     L4(#[source] L4Error),
+    /// The API's TLS certificate or key cannot be used.
+    #[error("REST API TLS: {0}")]
+    Tls(#[from] crate::api::tls::TlsError),
+    /// An API token source is set but unusable.
+    #[error("REST API token: {0}")]
+    Token(#[from] crate::config::TokenError),
     /// Installing the signal handlers failed.
     #[error("installing signal handlers: {0}")]
     Signals(#[source] std::io::Error),
@@ -55,7 +63,20 @@ pub async fn run(cfg: Config) -> Result<(), AppError> {
 
 /// Runs the daemon until `shutdown` is cancelled (tests and embedders cancel it themselves).
 pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), AppError> {
+    let tokens = crate::config::ApiTokens::load(&cfg.flags.api, |k| std::env::var(k).ok())?;
+    let tls = match (&cfg.flags.api.api_tls_cert, &cfg.flags.api.api_tls_key) {
+        (Some(cert), Some(key)) => Some(api::tls::server_config(cert, key)?),
+        _ => None,
+    };
+    let security = Arc::new(ApiSecurity::new(
+        &tokens.admin,
+        &tokens.read,
+        &cfg.flags.api.api_allowed_origins,
+        tls.is_some(),
+    ));
+    warn_if_exposed(cfg.flags.api_addr, &tokens, tls.is_some());
     let mut registry = metrics::new_registry();
+    let sockets = ListenSockets::new(ListenMetrics::register(&mut registry));
     let control = ControlMetrics::register(&mut registry);
     let proxy_metrics = ProxyMetrics::register(&mut registry);
     // Restore before any listener opens.
@@ -94,6 +115,7 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
         tier: Some(kv.tier.clone()),
         config: proxy_config(&cfg),
         health: board.clone(),
+        sockets: sockets.clone(),
     };
     tasks.spawn(proxy::run(store.subscribe(), ctx, shutdown.clone()));
     let listener = TcpListener::bind(cfg.flags.api_addr)
@@ -103,13 +125,20 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
             source,
         })?;
     tracing::info!(addr = %cfg.flags.api_addr, rules = store.snapshot().rules.len(), "REST API listening");
+    let l4_datapath = !cfg.flags.l4.xdp_iface.is_empty();
+    report_l4_rules_without_datapath(&store, l4_datapath);
     let state = ApiState {
         store,
         registry,
         metrics: control,
         health,
+        sockets,
+        l4_datapath,
     };
-    tasks.spawn(serve_api(listener, state, kv.state, shutdown.clone()));
+    let app = api::router(state).merge(kv::api::router(kv.state)).layer(
+        axum::middleware::from_fn_with_state(security, api::security::guard),
+    );
+    tasks.spawn(serve_api(listener, tls, app, shutdown.clone()));
     shutdown.cancelled().await;
     drain(tasks, cfg.flags.shutdown_grace()).await;
     match l4_failed.lock().take() {
@@ -151,14 +180,62 @@ fn proxy_config(cfg: &Config) -> ProxyConfig {
 
 async fn serve_api(
     listener: TcpListener,
-    state: ApiState,
-    kv: Arc<KvState>,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    app: axum::Router,
     shutdown: CancellationToken,
 ) {
-    let app = api::router(state).merge(kv::api::router(kv));
-    let serve = axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned());
-    if let Err(e) = serve.await {
+    let result = match tls {
+        None => {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(shutdown.cancelled_owned())
+                .await
+        }
+        Some(cfg) => match api::tls::TlsListener::new(listener, cfg) {
+            Ok(l) => {
+                axum::serve(l, app)
+                    .with_graceful_shutdown(shutdown.cancelled_owned())
+                    .await
+            }
+            Err(e) => Err(e),
+        },
+    };
+    if let Err(e) = result {
         tracing::error!(error = %e, "REST API server failed");
+    }
+}
+
+/// Logs loudly when the API is reachable from other hosts without a token: anyone who can
+/// reach it could then create, change and delete rules.
+fn warn_if_exposed(addr: SocketAddr, tokens: &crate::config::ApiTokens, tls: bool) {
+    if addr.ip().is_loopback() {
+        return;
+    }
+    if tokens.admin.is_empty() {
+        tracing::warn!(
+            %addr,
+            "SECURITY WARNING: the REST API listens on a non-loopback address WITHOUT a token: \
+             anyone who can reach {addr} can create, change and delete rules. Set \
+             --api-token-file (or LOXI_API_TOKEN), or bind --api-addr to 127.0.0.1"
+        );
+    } else if !tls {
+        tracing::warn!(
+            %addr,
+            "the REST API listens on a non-loopback address without TLS: tokens cross the \
+             network in clear text; set --api-tls-cert and --api-tls-key"
+        );
+    }
+}
+
+/// A restored L4 rule on a daemon without `--xdp-iface` forwards nothing: say so at start.
+fn report_l4_rules_without_datapath(store: &RuleStore, l4_datapath: bool) {
+    if l4_datapath {
+        return;
+    }
+    for r in store.snapshot().rules.values() {
+        if r.rule.service.mode != loxi_common::mode::FULLPROXY {
+            tracing::error!(rule = %r.rule.key(), mode = r.rule.service.mode,
+                "restored L4 rule is NOT served: this daemon runs without --xdp-iface (no L4 data path)");
+        }
     }
 }
 

@@ -23,6 +23,7 @@ pub mod config;
 pub mod health;
 pub mod kv;
 pub mod l4;
+pub mod listen;
 pub mod metrics;
 pub mod netlink;
 pub mod proxy;

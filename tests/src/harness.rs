@@ -42,6 +42,15 @@ pub struct DaemonOpts {
     pub log: Option<String>,
     /// Extra command-line arguments appended last.
     pub args: Vec<String>,
+    /// Bearer token the harness sends with every API request (the daemon's token options go
+    /// in `args` / `env`).
+    pub api_token: Option<String>,
+    /// PEM CA file: the harness talks HTTPS to the API, trusting this CA (the daemon's
+    /// `--api-tls-cert` / `--api-tls-key` go in `args`).
+    pub tls_ca: Option<PathBuf>,
+    /// IP the API binds (`--api-addr`); default 127.0.0.1. The harness always connects to
+    /// 127.0.0.1 (so `0.0.0.0` works too).
+    pub api_bind_ip: Option<std::net::IpAddr>,
 }
 
 impl DaemonOpts {
@@ -216,8 +225,12 @@ impl Daemon {
             .clone()
             .unwrap_or_else(|| self.tmp.path().join("tokenizers"));
         let mut cmd = Command::new(bin_path("loxilb"));
+        let bind = SocketAddr::new(
+            self.opts.api_bind_ip.unwrap_or(self.api.ip()),
+            self.api.port(),
+        );
         cmd.arg("--api-addr")
-            .arg(self.api.to_string())
+            .arg(bind.to_string())
             .arg("--state-dir")
             .arg(&self.state_dir)
             .arg("--tokenizer-dir")
@@ -275,9 +288,39 @@ impl Daemon {
         }
     }
 
-    /// `http://127.0.0.1:PORT` of the REST API (no trailing slash).
+    /// `http://127.0.0.1:PORT` (`https://` with [`DaemonOpts::tls_ca`]) of the REST API (no
+    /// trailing slash).
     pub fn api_url(&self) -> String {
-        format!("http://{}", self.api)
+        let scheme = if self.opts.tls_ca.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://{}", self.api)
+    }
+
+    /// Sends `req` (URI = path and query) to the API with the options' token, over TLS when
+    /// [`DaemonOpts::tls_ca`] is set.
+    async fn send(
+        &self,
+        mut req: http::Request<Full<Bytes>>,
+    ) -> anyhow::Result<http::Response<hyper::body::Incoming>> {
+        if let Some(token) = &self.opts.api_token {
+            req.headers_mut()
+                .insert("authorization", format!("Bearer {token}").parse()?);
+        }
+        if let Some(ca) = &self.opts.tls_ca {
+            req.headers_mut()
+                .insert("host", self.api.to_string().parse()?);
+            return crate::tls::https_send(self.api, ca, req).await;
+        }
+        *req.uri_mut() = format!("{}{}", self.api_url(), req.uri()).parse()?;
+        Ok(self.client.request(req).await?)
+    }
+
+    /// Changes the bearer token the harness sends from now on (`None`: no token).
+    pub fn set_api_token(&mut self, token: Option<&str>) {
+        self.opts.api_token = token.map(str::to_string);
     }
 
     /// The REST API's socket address.
@@ -317,14 +360,12 @@ impl Daemon {
         headers: &[(&str, &str)],
         body: Option<&str>,
     ) -> anyhow::Result<(u16, http::HeaderMap, String)> {
-        let mut req = http::Request::builder()
-            .method(method)
-            .uri(format!("{}{path}", self.api_url()));
+        let mut req = http::Request::builder().method(method).uri(path);
         for (k, v) in headers {
             req = req.header(*k, *v);
         }
         let req = req.body(Full::new(Bytes::from(body.unwrap_or("").to_string())))?;
-        let resp = self.client.request(req).await?;
+        let resp = self.send(req).await?;
         let status = resp.status().as_u16();
         let headers = resp.headers().clone();
         let bytes = resp.into_body().collect().await?.to_bytes();
@@ -342,14 +383,12 @@ impl Daemon {
         path: &str,
         body: Option<&str>,
     ) -> anyhow::Result<(u16, String)> {
-        let mut req = http::Request::builder()
-            .method(method)
-            .uri(format!("{}{path}", self.api_url()));
+        let mut req = http::Request::builder().method(method).uri(path);
         if body.is_some() {
             req = req.header("content-type", "application/json");
         }
         let req = req.body(Full::new(Bytes::from(body.unwrap_or("").to_string())))?;
-        let resp = self.client.request(req).await?;
+        let resp = self.send(req).await?;
         let status = resp.status().as_u16();
         let bytes = resp.into_body().collect().await?.to_bytes();
         Ok((status, String::from_utf8_lossy(&bytes).into_owned()))

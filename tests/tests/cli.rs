@@ -132,10 +132,10 @@ async fn loxicmd_prints_the_server_error_verbatim_and_exits_1() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn loxicmd_kv_and_pd_flags_reach_the_rule() {
+async fn loxicmd_kv_flags_reach_the_rule_and_pd_flags_are_refused_as_unimplemented() {
     let d = Daemon::start_default().await;
     let tcp = format!("--tcp={}:8000", free_port());
-    let out = d.loxicmd(&[
+    let common: [&str; 13] = [
         "create",
         "lb",
         "127.0.0.1",
@@ -143,38 +143,50 @@ async fn loxicmd_kv_and_pd_flags_reach_the_rule() {
         "--endpoints=127.0.0.5:1,127.0.0.6:1",
         "--mode=fullproxy",
         "--select=persist",
-        "--kv-exact-mode=1",
         "--kv-zmq-port=5557",
         "--kv-hash-algo=sha256_cbor",
         "--kv-block-size=16",
         "--kv-warmup=30",
-        "--ep-role=prefill,decode",
-        "--pd-session-ttl-sec=60",
         "--session-header-name=X-Session-ID",
         "--model-name=Qwen/Qwen2.5-7B-Instruct",
-    ]);
+    ];
+    // P/D is not implemented: the rule would be stored and dead, so the server refuses it.
+    let pd = [
+        &common[..],
+        &[
+            "--kv-exact-mode=1",
+            "--ep-role=prefill,decode",
+            "--pd-session-ttl-sec=60",
+        ],
+    ]
+    .concat();
+    let out = d.loxicmd(&pd);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err: Value = serde_json::from_str(stderr(&out).trim()).expect("server body verbatim");
+    assert_eq!(
+        err["field"],
+        json!("serviceArguments.pd_disagg_mode"),
+        "{err}"
+    );
+    assert!(
+        err["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("not implemented"),
+        "{err}"
+    );
+    assert_eq!(d.rules().await, json!({"lbAttr": []}));
+
+    let out = d.loxicmd(&[&common[..], &["--kv-exact-mode=3"][..]].concat());
     assert!(out.status.success(), "{}", stderr(&out));
     let rules = d.rules().await;
     let s = &rules["lbAttr"][0]["serviceArguments"];
     assert_eq!(
-        s["pd_disagg_mode"],
-        json!(true),
-        "prefill/decode roles imply P/D"
-    );
-    assert_eq!(
         (s["kvExactMode"].clone(), s["kvWarmupSec"].clone()),
-        (json!(1), json!(30))
+        (json!(3), json!(30))
     );
-    assert_eq!(
-        (s["pd_session_ttl_sec"].clone(), s["model_name"].clone()),
-        (json!(60), json!("Qwen/Qwen2.5-7B-Instruct"))
-    );
+    assert_eq!(s["model_name"], json!("Qwen/Qwen2.5-7B-Instruct"));
     assert_eq!(s["session_header_name"], json!("X-Session-ID"));
-    let eps = &rules["lbAttr"][0]["endpoints"];
-    assert_eq!(
-        (eps[0]["ep_role"].clone(), eps[1]["ep_role"].clone()),
-        (json!(1), json!(2))
-    );
     let out = d.loxicmd(&[
         "delete",
         "lb",

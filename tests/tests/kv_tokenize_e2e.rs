@@ -189,7 +189,9 @@ fn chat(model: &str) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scenario_11_missing_tokenizer_logs_once_flags_degraded_and_rr_serves_every_request() {
     let f = Fleet::start(tokenizer_dir(&[]), &[]).await;
-    let degraded = r#"loxilb_kv_tokenizer_degraded{model="acme/ghost"}"#;
+    // The rule is a wildcard pool: a model no rule names is labelled `other`, never by the
+    // client's string (which would let any client create series).
+    let degraded = r#"loxilb_kv_tokenizer_degraded{model="other"}"#;
     assert_eq!(sample(&f.d.metrics_text().await, degraded), None);
     let mut eps = Vec::new();
     for i in 0..6 {
@@ -226,7 +228,7 @@ async fn scenario_9_chat_template_that_fails_to_render_is_counted_and_rr_routes_
     let cfg = json!({"eos_token": "<|im_end|>", "chat_template": template});
     std::fs::write(raises.join("tokenizer_config.json"), cfg.to_string()).expect("config");
     let f = Fleet::start(dir, &[]).await;
-    let errors = r#"loxilb_kv_tokenizer_template_errors_total{model="raises"}"#;
+    let errors = r#"loxilb_kv_tokenizer_template_errors_total{model="other"}"#;
     let mut eps = Vec::new();
     for i in 0..2 {
         let (ep, m) = f.routed("/v1/chat/completions", &chat("raises")).await;

@@ -55,6 +55,15 @@ impl ApiError {
         }
     }
 
+    /// An error with any status and no field (401, 403, 409, 413, 415, ...).
+    pub fn with_status(status: StatusCode, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+            field: None,
+        }
+    }
+
     /// A 404 (nothing matched).
     pub fn not_found(message: impl Into<String>) -> Self {
         Self {

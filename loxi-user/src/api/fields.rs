@@ -13,10 +13,19 @@ use super::error::ApiError;
 use crate::rules::RuleError;
 use crate::rules::model::{ENDPOINT_FIELDS, LbRule, RULE_FIELDS, SERVICE_FIELDS};
 
+/// Top-level keys `GET .../all` adds that are not part of a rule (dropped on input, so a
+/// listed rule can be posted back).
+const OUTPUT_ONLY: &[&str] = &["listenerState"];
+
 /// Parses a POSTed rule body: JSON syntax, then every key, then types. Errors name the field.
 pub fn parse_rule(body: &[u8]) -> Result<LbRule, ApiError> {
-    let value: Value = serde_json::from_slice(body)
+    let mut value: Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_body(format!("body is not valid JSON: {e}")))?;
+    if let Value::Object(o) = &mut value {
+        for k in OUTPUT_ONLY {
+            o.remove(*k);
+        }
+    }
     check_rule_fields(&value)?;
     serde_path_to_error::deserialize(value).map_err(type_error)
 }

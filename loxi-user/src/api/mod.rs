@@ -7,10 +7,14 @@
 //! | `DELETE` | `/netlox/v1/config/loadbalancer/externalipaddress/{ip}/port/{port}/protocol/{proto}[?host=..&model_name=..]` | 200 success; 404 no match |
 //! | `GET` | `/netlox/v1/metrics` | 200 Prometheus text 0.0.4, or OpenMetrics when `Accept` asks |
 //!
-//! Error bodies are built in [`error`]; strict field checking is in [`fields`].
+//! Error bodies are built in [`error`]; strict field checking is in [`fields`]; the Origin,
+//! token and content-type guard in [`security`]; HTTPS in [`tls`]. Request bodies are limited
+//! to axum's default 2 MiB (413 beyond).
 pub mod error;
 pub mod fields;
 pub mod rules;
+pub mod security;
+pub mod tls;
 
 use std::sync::Arc;
 
@@ -42,6 +46,12 @@ pub struct ApiState {
     pub metrics: ControlMetrics,
     /// Live endpoint health.
     pub health: Arc<dyn EndpointHealth>,
+    /// The fullproxy's listening sockets: a mode-4 rule is stored only once its address is
+    /// bound; `GET .../all` reports each rule's `listenerState` from here.
+    pub sockets: Arc<crate::listen::ListenSockets>,
+    /// True when the daemon runs the L4 (XDP) data path (`--xdp-iface`); without it rules with
+    /// `mode` other than 4 are refused (400), since nothing would forward them.
+    pub l4_datapath: bool,
 }
 
 /// The API router with every route and the request-counting middleware.

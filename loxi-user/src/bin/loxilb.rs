@@ -10,6 +10,13 @@ fn main() -> anyhow::Result<()> {
     for w in &cfg.env.warnings {
         tracing::warn!(var = w.var, value = %w.value, used = %w.used, "{w}");
     }
+    if !cfg.env.inert.is_empty() {
+        tracing::warn!(
+            vars = ?cfg.env.inert,
+            "set but without effect: {} (the features they tune are not implemented in loxi yet)",
+            cfg.env.inert.join(", ")
+        );
+    }
     for w in &telemetry.warnings {
         tracing::warn!(var = w.var, value = %w.value, "{w}");
     }

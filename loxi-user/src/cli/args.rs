@@ -12,9 +12,32 @@ pub struct Cli {
     /// Port of the loxilb API server.
     #[arg(short = 'p', long, global = true, default_value_t = 11111)]
     pub port: u16,
+    /// `http` (default) or `https` (the daemon runs with `--api-tls-cert`).
+    #[arg(long, global = true, value_enum, default_value = "http")]
+    pub protocol: Protocol,
+    /// PEM file of the CA that signed the API's certificate (`https`; default: the system
+    /// bundle `/etc/ssl/certs/ca-certificates.crt`).
+    #[arg(long, global = true, value_name = "FILE")]
+    pub cacert: Option<std::path::PathBuf>,
+    /// Bearer token of the API. Prefer `--token-file` or the environment: a command line is
+    /// visible to other local users.
+    #[arg(long, global = true, env = "LOXI_API_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// File whose first non-empty line is the API's bearer token (wins over `--token`).
+    #[arg(long, global = true, value_name = "FILE")]
+    pub token_file: Option<std::path::PathBuf>,
     /// The verb.
     #[command(subcommand)]
     pub command: Verb,
+}
+
+/// Scheme of the API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Protocol {
+    /// Plain HTTP.
+    Http,
+    /// HTTPS (TLS).
+    Https,
 }
 
 /// Verbs.

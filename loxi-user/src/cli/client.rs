@@ -1,9 +1,22 @@
-//! The tiny HTTP/1.1 client `loxicmd` uses (hyper-util's legacy client, plain HTTP).
+//! The tiny HTTP/1.1 client `loxicmd` uses: one connection per call, plain or TLS (rustls with
+//! the `ring` provider, server certificate verified against `--cacert` or the system bundle),
+//! with an optional bearer token. The integration tests use it to talk to an HTTPS API too.
+
+use std::path::Path;
+use std::sync::Arc;
 
 use bytes::Bytes;
+use http::{HeaderValue, Request, Response, header};
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+
+/// The CA bundle used for `https` when no `--cacert` is given (Debian's `ca-certificates`).
+pub const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 
 /// Errors reaching the API (not HTTP error statuses, which are answers).
 #[derive(Debug, thiserror::Error)]
@@ -17,18 +30,21 @@ pub enum ClientError {
         #[source]
         source: http::Error,
     },
-    /// Connecting or sending failed.
+    /// The TLS settings cannot be used (CA file, server name).
+    #[error("TLS setup: {0}")]
+    TlsSetup(String),
+    /// Connecting (TCP or the TLS handshake) failed.
     #[error("cannot reach the loxilb API at {url}: {source}")]
-    Send {
+    Connect {
         /// The URL.
         url: String,
         /// Why.
         #[source]
-        source: hyper_util::client::legacy::Error,
+        source: std::io::Error,
     },
-    /// Reading the answer failed.
-    #[error("reading the answer from {url}: {source}")]
-    Read {
+    /// Sending or reading the answer failed.
+    #[error("talking to the loxilb API at {url}: {source}")]
+    Http {
         /// The URL.
         url: String,
         /// Why.
@@ -37,38 +53,161 @@ pub enum ClientError {
     },
 }
 
-/// One request to `base` + `path`; returns `(status, body text)`.
+/// Where and how to reach the API.
+#[derive(Clone)]
+pub struct Target {
+    /// Host name or IP literal (no brackets).
+    pub host: String,
+    /// Port.
+    pub port: u16,
+    /// TLS client settings for `https`; `None` = plain `http`.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
+    /// Bearer token sent as `Authorization: Bearer <token>`.
+    pub token: Option<String>,
+}
+
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Target")
+            .field("base", &self.base_url())
+            .field("token", &self.token.as_ref().map(|_| "<set>"))
+            .finish()
+    }
+}
+
+impl Target {
+    /// A plain-HTTP target without token.
+    pub fn http(host: &str, port: u16) -> Self {
+        Self {
+            host: host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_string(),
+            port,
+            tls: None,
+            token: None,
+        }
+    }
+
+    /// `scheme://host:port` (IPv6 literals in brackets).
+    pub fn base_url(&self) -> String {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.authority())
+    }
+
+    fn authority(&self) -> String {
+        if self.host.contains(':') {
+            format!("[{}]:{}", self.host, self.port)
+        } else {
+            format!("{}:{}", self.host, self.port)
+        }
+    }
+
+    /// Sends `req` (its URI is the path and query) and returns the response head and body.
+    pub async fn send(
+        &self,
+        mut req: Request<Full<Bytes>>,
+    ) -> Result<Response<Incoming>, ClientError> {
+        let url = format!("{}{}", self.base_url(), req.uri());
+        let connect = |source| ClientError::Connect {
+            url: url.clone(),
+            source,
+        };
+        if let Ok(v) = HeaderValue::from_str(&self.authority()) {
+            req.headers_mut().entry(header::HOST).or_insert(v);
+        }
+        if let Some(t) = &self.token
+            && let Ok(v) = HeaderValue::from_str(&format!("Bearer {t}"))
+        {
+            req.headers_mut().insert(header::AUTHORIZATION, v);
+        }
+        let tcp = TcpStream::connect((self.host.as_str(), self.port))
+            .await
+            .map_err(connect)?;
+        let Some(cfg) = &self.tls else {
+            return exchange(tcp, req, &url).await;
+        };
+        let name = ServerName::try_from(self.host.clone())
+            .map_err(|e| ClientError::TlsSetup(format!("server name {:?}: {e}", self.host)))?;
+        let tls = tokio_rustls::TlsConnector::from(cfg.clone())
+            .connect(name, tcp)
+            .await
+            .map_err(connect)?;
+        exchange(tls, req, &url).await
+    }
+}
+
+async fn exchange<I>(
+    io: I,
+    req: Request<Full<Bytes>>,
+    url: &str,
+) -> Result<Response<Incoming>, ClientError>
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let http = |source| ClientError::Http {
+        url: url.to_string(),
+        source,
+    };
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+        .await
+        .map_err(http)?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    sender.send_request(req).await.map_err(http)
+}
+
+/// TLS client settings trusting the PEM certificates in `cacert` (default
+/// [`SYSTEM_CA_BUNDLE`]).
+pub fn tls_config(cacert: Option<&Path>) -> Result<Arc<rustls::ClientConfig>, ClientError> {
+    let path = cacert.unwrap_or(Path::new(SYSTEM_CA_BUNDLE));
+    let setup = |e: String| ClientError::TlsSetup(format!("CA file {}: {e}", path.display()));
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(path).map_err(|e| setup(e.to_string()))? {
+        let cert = cert.map_err(|e| setup(e.to_string()))?;
+        roots.add(cert).map_err(|e| setup(e.to_string()))?;
+    }
+    if roots.is_empty() {
+        return Err(setup("no CERTIFICATE block".into()));
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ClientError::TlsSetup(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(cfg))
+}
+
+/// One request to `target` + `path` (JSON `body` when given); returns `(status, body text)`.
 pub async fn call(
-    base: &str,
+    target: &Target,
     method: http::Method,
     path: &str,
     body: Option<String>,
 ) -> Result<(u16, String), ClientError> {
-    let url = format!("{base}{path}");
-    let mut req = http::Request::builder().method(method).uri(&url);
+    let mut req = Request::builder().method(method).uri(path);
     if body.is_some() {
-        req = req.header(http::header::CONTENT_TYPE, "application/json");
+        req = req.header(header::CONTENT_TYPE, "application/json");
     }
     let req = req
         .body(Full::new(Bytes::from(body.unwrap_or_default())))
         .map_err(|source| ClientError::Url {
-            url: url.clone(),
+            url: format!("{}{path}", target.base_url()),
             source,
         })?;
-    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
-    let resp = client
-        .request(req)
-        .await
-        .map_err(|source| ClientError::Send {
-            url: url.clone(),
-            source,
-        })?;
+    let resp = target.send(req).await?;
     let status = resp.status().as_u16();
     let bytes = resp
         .into_body()
         .collect()
         .await
-        .map_err(|source| ClientError::Read { url, source })?
+        .map_err(|source| ClientError::Http {
+            url: format!("{}{path}", target.base_url()),
+            source,
+        })?
         .to_bytes();
     Ok((status, String::from_utf8_lossy(&bytes).into_owned()))
 }

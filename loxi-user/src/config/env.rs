@@ -123,7 +123,26 @@ pub struct Env {
     /// The variables that were set but not accepted (each also logged once by
     /// [`Env::from_process`]).
     pub warnings: Vec<EnvWarning>,
+    /// The [`INERT_VARS`] that are set: parsed, but their feature is not implemented, so they
+    /// change nothing (the daemon logs a warning naming them at start).
+    pub inert: Vec<&'static str>,
 }
+
+/// LoxiLB variables loxi reads (their values are range-checked and reported above) but whose
+/// feature does not exist in loxi yet: the P/D admission and prefill path (`LLB_PD_*` except
+/// the breaker threshold and the global valve `LLB_PD_MAX_TOTAL_INFLIGHT`), the external AI controller (`LOXILB_AI_CTRL_*`), the per-selection
+/// total-load diagnostics and the load-imbalance pre-guard. Setting one is not an error, but
+/// it must not look as if it did something: [`Env::inert`] lists the ones set.
+pub const INERT_VARS: &[&str] = &[
+    "LOXILB_KV_TLOAD_LOG",
+    "LOXILB_AI_CTRL_ADDR",
+    "LOXILB_AI_CTRL_DECAY_WINDOW_SEC",
+    "LLB_KV_LOADGUARD",
+    "LLB_PD_PREFILL_TIMEOUT_SEC",
+    "LLB_PD_MAX_INFLIGHT_PER_EP",
+    "LLB_PD_QUEUE_DEPTH_PER_EP",
+    "LLB_PD_MAX_PARK_SEC",
+];
 
 impl Default for Env {
     fn default() -> Self {
@@ -187,6 +206,11 @@ impl Env {
             max_conns_per_listener: r.int("LOXI_MAX_CONNS_PER_LISTENER", 4096, 1, 1_000_000)
                 as usize,
             warnings: r.warnings,
+            inert: INERT_VARS
+                .iter()
+                .copied()
+                .filter(|v| lookup(v).is_some_and(|x| !x.trim().is_empty()))
+                .collect(),
         }
     }
 
@@ -519,6 +543,21 @@ mod tests {
                 ("LOXI_MAX_BODY_BYTES", "33554432".to_string()),
             ]
         );
+    }
+
+    #[test]
+    fn set_variables_without_an_implementation_are_listed_as_inert() {
+        let e = env(&[
+            ("LLB_PD_PREFILL_TIMEOUT_SEC", "180"),
+            ("LOXILB_AI_CTRL_ADDR", "10.0.0.1:18856"),
+            ("LLB_PD_ORIGIN_ERR_THRESHOLD", "5"),
+            ("LLB_KV_LOADGUARD", " "),
+        ]);
+        assert_eq!(
+            e.inert,
+            ["LOXILB_AI_CTRL_ADDR", "LLB_PD_PREFILL_TIMEOUT_SEC"]
+        );
+        assert!(env(&[]).inert.is_empty());
     }
 
     #[test]

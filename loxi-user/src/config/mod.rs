@@ -46,6 +46,104 @@ pub struct Flags {
     /// The L4 (XDP) data path and VIP management.
     #[command(flatten)]
     pub l4: crate::l4::L4Args,
+    /// The REST API's authentication and TLS.
+    #[command(flatten)]
+    pub api: ApiArgs,
+}
+
+/// Security of the REST API (see `crate::api::security` and the README's "Security model").
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ApiArgs {
+    /// PEM certificate chain of the REST API; with `--api-tls-key` the API serves HTTPS only.
+    #[arg(long, value_name = "FILE", requires = "api_tls_key")]
+    pub api_tls_cert: Option<PathBuf>,
+    /// PEM private key of `--api-tls-cert`.
+    #[arg(long, value_name = "FILE", requires = "api_tls_cert")]
+    pub api_tls_key: Option<PathBuf>,
+    /// File whose first non-empty line is the admin bearer token (also `LOXI_API_TOKEN`).
+    /// With a token configured every API request needs `Authorization: Bearer <token>`.
+    #[arg(long, value_name = "FILE")]
+    pub api_token_file: Option<PathBuf>,
+    /// File whose first non-empty line is a read-only bearer token (`GET` only; also
+    /// `LOXI_API_READ_TOKEN`).
+    #[arg(long, value_name = "FILE")]
+    pub api_read_token_file: Option<PathBuf>,
+    /// A browser origin (`https://lb.example.com`) allowed besides the API's own (repeatable).
+    #[arg(long = "api-allowed-origin", value_name = "ORIGIN")]
+    pub api_allowed_origins: Vec<String>,
+}
+
+/// Environment variable holding the admin API token.
+pub const API_TOKEN_ENV: &str = "LOXI_API_TOKEN";
+/// Environment variable holding a read-only API token.
+pub const API_READ_TOKEN_ENV: &str = "LOXI_API_READ_TOKEN";
+
+/// A token source that is set but unusable (the daemon does not start).
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    /// The token file cannot be read.
+    #[error("reading the API token file {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The token file or variable holds no token (auth would silently be off).
+    #[error("{0} holds no token")]
+    Empty(String),
+}
+
+/// The API tokens: admin and read-only, each from its file and its environment variable.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ApiTokens {
+    /// Admin tokens (every route).
+    pub admin: Vec<String>,
+    /// Read-only tokens (`GET`/`HEAD`).
+    pub read: Vec<String>,
+}
+
+impl ApiTokens {
+    /// Reads the token files of `args` and the variables through `lookup`.
+    pub fn load(
+        args: &ApiArgs,
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, TokenError> {
+        let mut t = Self::default();
+        for (file, env, into) in [
+            (&args.api_token_file, API_TOKEN_ENV, &mut t.admin),
+            (&args.api_read_token_file, API_READ_TOKEN_ENV, &mut t.read),
+        ] {
+            if let Some(path) = file {
+                let text = std::fs::read_to_string(path).map_err(|source| TokenError::Read {
+                    path: path.display().to_string(),
+                    source,
+                })?;
+                into.push(
+                    first_line(&text).ok_or_else(|| {
+                        TokenError::Empty(format!("token file {}", path.display()))
+                    })?,
+                );
+            }
+            if let Some(v) = lookup(env) {
+                into.push(first_line(&v).ok_or_else(|| TokenError::Empty(env.to_string()))?);
+            }
+        }
+        Ok(t)
+    }
+
+    /// True when no token is configured (the API is open to whoever can reach it).
+    pub fn is_empty(&self) -> bool {
+        self.admin.is_empty() && self.read.is_empty()
+    }
+}
+
+fn first_line(text: &str) -> Option<String> {
+    text.lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .map(str::to_string)
 }
 
 impl Flags {
@@ -88,6 +186,38 @@ mod tests {
         assert_eq!(f.log, "info");
         assert_eq!(f.log_format, crate::telemetry::LogFormat::Text);
         assert_eq!(f.shutdown_grace(), Duration::from_secs(30));
+        assert!(f.api.api_tls_cert.is_none() && f.api.api_token_file.is_none());
+    }
+
+    #[test]
+    fn tokens_come_from_files_and_the_environment_and_empty_ones_are_errors() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let file = dir.path().join("admin");
+        std::fs::write(&file, "\n  s3cret-admin-token \n").expect("write");
+        let args = ApiArgs {
+            api_token_file: Some(file.clone()),
+            ..ApiArgs::default()
+        };
+        let t = ApiTokens::load(&args, |k| {
+            (k == API_READ_TOKEN_ENV).then(|| "reader".to_string())
+        })
+        .expect("tokens");
+        assert_eq!(t.admin, ["s3cret-admin-token"]);
+        assert_eq!(t.read, ["reader"]);
+        std::fs::write(&file, "  \n").expect("write");
+        let e = ApiTokens::load(&args, |_| None).expect_err("empty file");
+        assert!(e.to_string().contains("holds no token"), "{e}");
+        assert!(
+            ApiTokens::load(&ApiArgs::default(), |_| None)
+                .expect("none")
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn tls_cert_and_key_go_together() {
+        let e = Flags::try_parse_from(["loxilb", "--api-tls-cert", "c.pem"]).expect_err("no key");
+        assert!(e.to_string().contains("--api-tls-key"), "{e}");
     }
 
     #[test]

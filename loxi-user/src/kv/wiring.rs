@@ -65,6 +65,11 @@ pub fn start(
 ) -> KvRuntime {
     let metrics = KvMetrics::register(registry);
     let tok_metrics = TokenizerMetrics::register(registry);
+    tasks.spawn(track_rule_models(
+        tok_metrics.clone(),
+        rules.clone(),
+        shutdown.clone(),
+    ));
     let state = KvState::new(settings, metrics);
     let pool = Arc::new(TokenizerPool::new(tokenizer_dir, tok_metrics));
     let router = Arc::new(KvRouter::new(state.clone(), pool));
@@ -74,6 +79,26 @@ pub fn start(
     KvRuntime {
         tier: router,
         state,
+    }
+}
+
+/// Keeps the tokenizer metrics' label set equal to the model names of the current rules.
+async fn track_rule_models(
+    metrics: TokenizerMetrics,
+    mut rules: watch::Receiver<Arc<RuleSnapshot>>,
+    shutdown: CancellationToken,
+) {
+    loop {
+        let snap = rules.borrow_and_update().clone();
+        metrics.set_rule_models(
+            snap.rules
+                .values()
+                .map(|r| r.rule.service.model_name.as_str()),
+        );
+        tokio::select! {
+            changed = rules.changed() => if changed.is_err() { return },
+            _ = shutdown.cancelled() => return,
+        }
     }
 }
 

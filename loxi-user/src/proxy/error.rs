@@ -41,6 +41,9 @@ pub enum ProxyError {
         /// The configured limit in bytes.
         limit: usize,
     },
+    /// A method the fullproxy does not forward (405): `CONNECT` (no tunnels through loxi).
+    #[error("method {0} is not allowed")]
+    MethodNotAllowed(http::Method),
     /// The client's body could not be read (400).
     #[error("reading the request body failed: {0}")]
     ClientBody(#[source] hyper::Error),
@@ -94,6 +97,7 @@ impl ProxyError {
         match self {
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::ClientBody(_) => StatusCode::BAD_REQUEST,
+            Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             Self::NoRoute { .. } => StatusCode::NOT_FOUND,
             Self::ModelUnavailable { .. } | Self::NoHealthyBackend { .. } => {
                 StatusCode::SERVICE_UNAVAILABLE
@@ -109,6 +113,7 @@ impl ProxyError {
         match self {
             Self::BodyTooLarge { .. } => "request_too_large",
             Self::ClientBody(_) => "bad_request_body",
+            Self::MethodNotAllowed(_) => "method_not_allowed",
             Self::NoRoute { .. } => "no_route",
             Self::ModelUnavailable { .. } => "model_unavailable",
             Self::NoHealthyBackend { .. } => "no_healthy_backend",
@@ -122,7 +127,10 @@ impl ProxyError {
     /// Who failed.
     pub fn party(&self) -> Party {
         match self {
-            Self::BodyTooLarge { .. } | Self::ClientBody(_) | Self::NoRoute { .. } => Party::Client,
+            Self::BodyTooLarge { .. }
+            | Self::ClientBody(_)
+            | Self::MethodNotAllowed(_)
+            | Self::NoRoute { .. } => Party::Client,
             Self::ModelUnavailable { .. }
             | Self::NoHealthyBackend { .. }
             | Self::BackendUnreachable { .. }
@@ -153,6 +161,12 @@ impl ProxyError {
         }});
         let mut resp = Response::new(full(Bytes::from(body.to_string())));
         *resp.status_mut() = self.status();
+        if resp.status() == StatusCode::METHOD_NOT_ALLOWED {
+            resp.headers_mut().insert(
+                header::ALLOW,
+                HeaderValue::from_static("GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"),
+            );
+        }
         resp.headers_mut().insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),

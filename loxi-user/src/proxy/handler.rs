@@ -76,6 +76,9 @@ impl Handler {
         start: Instant,
     ) -> Result<Response<ProxyBody>, (u32, ProxyError)> {
         let (parts, body) = req.into_parts();
+        if parts.method == http::Method::CONNECT {
+            return Err((0, ProxyError::MethodNotAllowed(parts.method)));
+        }
         let bytes = read_body(body, self.ctx.config.max_body_bytes)
             .await
             .map_err(|e| (0, e))?;
@@ -141,6 +144,7 @@ impl Handler {
                 start,
             );
             let mut req = upstream_request(&parts, &pool.authorities[ep], body.clone())?;
+            super::forwarded::append(req.headers_mut(), meta.client);
             let attempt = trace_span::attempt(ep, &pool.authorities[ep], attempts);
             trace_span::inject(&attempt, req.headers_mut());
             // At dispatch, not at the response: a non-streaming response (or a streaming one

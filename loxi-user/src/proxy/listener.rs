@@ -59,6 +59,17 @@ impl Listener {
         valve: Arc<Valve>,
     ) -> std::io::Result<Self> {
         let tcp = TcpListener::bind(addr).await?;
+        Ok(Self::serve(addr, tcp, handler, valve))
+    }
+
+    /// Starts serving `handler` on `tcp`, already bound to `addr`; every request passes
+    /// `valve` first.
+    pub fn serve(
+        addr: SocketAddr,
+        tcp: TcpListener,
+        handler: Arc<Handler>,
+        valve: Arc<Valve>,
+    ) -> Self {
         let cancel = CancellationToken::new();
         let table = handler.table.clone();
         let serving = Serving {
@@ -69,11 +80,11 @@ impl Listener {
         };
         let task = tokio::spawn(serving.accept_loop(tcp));
         tracing::info!(%addr, "fullproxy listener open");
-        Ok(Self {
+        Self {
             table,
             cancel,
             task,
-        })
+        }
     }
 
     /// Stops accepting and returns a future that completes when in-flight requests finished.

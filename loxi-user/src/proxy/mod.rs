@@ -15,6 +15,7 @@
 pub mod body;
 pub mod conn;
 pub mod error;
+pub mod forwarded;
 pub mod handler;
 pub mod listener;
 pub mod metrics;
@@ -108,6 +109,8 @@ pub struct ProxyContext {
     pub config: ProxyConfig,
     /// Where each rule's live endpoint loads (health flags) are published for the API.
     pub health: Arc<crate::health::board::HealthBoard>,
+    /// Listening sockets: staged by the API for new rules, bind failures reported back.
+    pub sockets: Arc<crate::listen::ListenSockets>,
 }
 
 /// Runs the fullproxy until `shutdown`: reconciles listeners with every rule snapshot, then on
@@ -118,15 +121,35 @@ pub async fn run(
     shutdown: CancellationToken,
 ) {
     let mut rec = Reconciler::new(ctx);
+    let mut snap = rules.borrow_and_update().clone();
+    rec.apply(&snap).await;
     loop {
-        let snap = rules.borrow_and_update().clone();
-        rec.apply(&snap).await;
+        let retry = rec.next_retry();
         tokio::select! {
             _ = shutdown.cancelled() => break,
-            changed = rules.changed() => if changed.is_err() { shutdown.cancelled().await; break },
+            changed = rules.changed() => {
+                if changed.is_err() { shutdown.cancelled().await; break }
+                snap = rules.borrow_and_update().clone();
+                rec.apply(&snap).await;
+            }
+            _ = sleep_until_opt(retry) => rec.retry_unbound(&snap).await,
         }
     }
     rec.close_all().await;
+}
+
+/// Sleeps until `at`, or forever when there is nothing to retry.
+async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// An address whose listener could not be bound, retried with [`crate::listen::backoff`].
+struct Unbound {
+    attempts: u32,
+    next: tokio::time::Instant,
 }
 
 /// Listener bookkeeping across snapshots.
@@ -135,6 +158,7 @@ struct Reconciler {
     upstreams: Upstreams,
     valve: Arc<valve::Valve>,
     listeners: HashMap<SocketAddr, Listener>,
+    unbound: HashMap<SocketAddr, Unbound>,
     /// Every task the pools and handlers spawn (active probers, breaker timers), stopped and
     /// awaited at shutdown.
     tasks: TaskTracker,
@@ -151,9 +175,36 @@ impl Reconciler {
             upstreams,
             valve,
             listeners: HashMap::new(),
+            unbound: HashMap::new(),
             tasks: TaskTracker::new(),
             stop: CancellationToken::new(),
         }
+    }
+
+    /// When the earliest unbound listener is due for another bind attempt.
+    fn next_retry(&self) -> Option<tokio::time::Instant> {
+        self.unbound.values().map(|u| u.next).min()
+    }
+
+    /// Retries the unbound listeners that are due (only those: bound ones are untouched).
+    async fn retry_unbound(&mut self, snap: &RuleSnapshot) {
+        let now = tokio::time::Instant::now();
+        let due: Vec<SocketAddr> = self
+            .unbound
+            .iter()
+            .filter(|(_, u)| u.next <= now)
+            .map(|(a, _)| *a)
+            .collect();
+        let mut wanted = group_by_address(snap);
+        for addr in due {
+            match wanted.remove(&addr) {
+                Some(rules) => self.upsert_listener(addr, &rules).await,
+                None => {
+                    self.unbound.remove(&addr);
+                }
+            }
+        }
+        self.publish_health();
     }
 
     async fn apply(&mut self, snap: &RuleSnapshot) {
@@ -168,8 +219,11 @@ impl Reconciler {
             if let Some(l) = self.listeners.remove(&addr) {
                 tracing::info!(%addr, "last rule deleted; closing listener after in-flight requests");
                 drop(l.close());
+                self.ctx.sockets.release(addr);
             }
         }
+        self.unbound.retain(|a, _| wanted.contains_key(a));
+        self.ctx.sockets.retain_wanted(|a| wanted.contains_key(a));
         for (addr, rules) in wanted {
             self.upsert_listener(addr, &rules).await;
         }
@@ -206,15 +260,37 @@ impl Reconciler {
             ctx: self.ctx.clone(),
             upstreams: self.upstreams.clone(),
         });
-        match Listener::bind(addr, handler, self.valve.clone()).await {
-            Ok(l) => {
-                self.listeners.insert(addr, l);
+        let tcp = self
+            .ctx
+            .sockets
+            .acquire(addr)
+            .and_then(tokio::net::TcpListener::from_std);
+        match tcp {
+            Ok(tcp) => {
+                self.unbound.remove(&addr);
+                self.listeners.insert(
+                    addr,
+                    Listener::serve(addr, tcp, handler, self.valve.clone()),
+                );
             }
-            Err(e) => tracing::error!(%addr, error = %e, "cannot open fullproxy listener"),
+            Err(e) => {
+                let u = self.unbound.entry(addr).or_insert(Unbound {
+                    attempts: 0,
+                    next: tokio::time::Instant::now(),
+                });
+                u.attempts += 1;
+                let delay = crate::listen::backoff(u.attempts);
+                u.next = tokio::time::Instant::now() + delay;
+                tracing::error!(%addr, error = %e, attempt = u.attempts, retry_in = ?delay,
+                    "cannot open fullproxy listener; retrying");
+            }
         }
     }
 
     async fn close_all(&mut self) {
+        for addr in self.listeners.keys() {
+            self.ctx.sockets.release(*addr);
+        }
         let closing: Vec<_> = self.listeners.drain().map(|(_, l)| l.close()).collect();
         for c in closing {
             let _ = c.await;

@@ -129,6 +129,7 @@ async fn kv_exact_mode_3_asks_the_tier_first_then_sel() {
         tier: Some(tier.clone()),
         config: ProxyConfig::default(),
         health: crate::health::board::HealthBoard::new(),
+        sockets: crate::listen::ListenSockets::new(Default::default()),
     };
     let stop = CancellationToken::new();
     let task = tokio::spawn(super::run(store.subscribe(), ctx, stop.clone()));
@@ -196,6 +197,7 @@ impl KvProxy {
             tier: Some(router.clone()),
             config: ProxyConfig::default(),
             health: crate::health::board::HealthBoard::new(),
+            sockets: crate::listen::ListenSockets::new(Default::default()),
         };
         let stop = CancellationToken::new();
         let task = tokio::spawn(super::run(store.subscribe(), ctx, stop.clone()));

@@ -4,6 +4,7 @@ pub mod model;
 pub mod persist;
 pub mod spec;
 pub mod store;
+pub mod unsupported;
 pub mod validate;
 
 pub use model::{Endpoint, LbRule, RuleKey, ServiceArgs};

@@ -413,25 +413,38 @@ mod tests {
     }
 
     #[test]
-    fn trtllm_hash_is_refused_when_tier_1_5_would_use_it() {
-        for svc in [
-            json!({"kvExactMode": 3, "kvEngineType": "trtllm"}),
-            json!({"kvExactMode": 3, "kvHashAlgo": "blockhash_trtllm"}),
+    fn a_hash_loxi_cannot_compute_does_not_compile_with_tier_1_5() {
+        // Validation refuses TensorRT-LLM's contract before compiling (rules/unsupported.rs);
+        // the spec refuses it on its own too, so no typed spec carries an unusable algorithm.
+        for (svc, ok) in [
+            (
+                json!({"kvExactMode": 3, "kvHashAlgo": "blockhash_trtllm"}),
+                false,
+            ),
+            (json!({"kvExactMode": 3, "kvEngineType": "trtllm"}), false),
+            (
+                json!({"kvExactMode": 0, "kvHashAlgo": "blockhash_trtllm"}),
+                true,
+            ),
         ] {
-            let e = validate(rule(svc)).expect_err("unservable");
-            match e {
-                RuleError::Invalid { field, message } => {
-                    assert_eq!(field, "serviceArguments.kvHashAlgo");
+            let got = ServiceSpec::compile(&rule(svc.clone()));
+            match (got, ok) {
+                (Ok(s), true) => assert_eq!(s.kv, None),
+                (Err(e), false) => {
+                    assert_eq!(e.field, "serviceArguments.kvHashAlgo");
                     assert!(
-                        message.contains("\"blockhash_trtllm\" cannot be computed"),
-                        "{message}"
+                        e.message
+                            .contains("\"blockhash_trtllm\" cannot be computed"),
+                        "{e}"
                     );
                 }
-                other => panic!("wrong error {other:?}"),
+                (got, _) => panic!("{svc}: unexpected {got:?}"),
             }
         }
-        // Tier 1.5 off: the engine's name is stored and nothing computes it.
-        let s = spec(json!({"kvEngineType": "trtllm"}));
-        assert_eq!((s.engine, s.kv), (Engine::Trtllm, None));
+        let e = validate(rule(
+            json!({"kvExactMode": 3, "kvHashAlgo": "blockhash_trtllm"}),
+        ))
+        .expect_err("refused at validation");
+        assert!(matches!(e, RuleError::Invalid { .. }), "{e:?}");
     }
 }

@@ -65,6 +65,8 @@ fn missing_tokenizer_logs_once_sets_degraded_gauge_and_is_negative_cached() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut registry = Registry::default();
     let metrics = TokenizerMetrics::register(&mut registry);
+    // Labelled by name only because a rule names the model (else `other`).
+    metrics.set_rule_models(["acme/ghost"]);
     let pool = TokenizerPool::new(dir.path().to_owned(), metrics)
         .with_retry_interval(Duration::from_secs(3600));
     let ((), logs) = with_logs(|| {
@@ -126,6 +128,7 @@ fn failed_load_is_retried_after_the_interval_and_clears_the_degraded_gauge() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut registry = Registry::default();
     let metrics = TokenizerMetrics::register(&mut registry);
+    metrics.set_rule_models(["late"]);
     let pool =
         TokenizerPool::new(dir.path().to_owned(), metrics).with_retry_interval(Duration::ZERO);
     let ((), logs) = with_logs(|| {
@@ -180,6 +183,7 @@ fn template_failure_is_a_template_error_counted_per_model_and_completions_still_
     stage_with_template(dir.path(), "broken", "{% for m in messages %}");
     let mut registry = Registry::default();
     let metrics = TokenizerMetrics::register(&mut registry);
+    metrics.set_rule_models(["raises", "broken"]);
     let pool = TokenizerPool::new(dir.path().to_owned(), metrics);
     let chat = Prompt::Messages(vec![msg("system", "s"), msg("user", "u")]);
     let ((), logs) = with_logs(|| {

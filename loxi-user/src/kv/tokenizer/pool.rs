@@ -20,7 +20,6 @@ use parking_lot::{Mutex, RwLock};
 
 use super::cache::TokenCache;
 use super::encode::{ModelTokenizer, token_ids};
-use super::metrics::ModelLabel;
 use super::{TokenizeError, TokenizerMetrics, model_slug};
 use crate::request::{ApiKind, Prompt};
 
@@ -97,7 +96,7 @@ impl TokenizerPool {
         if let Err(TokenizeError::Template { .. }) = &out {
             self.metrics
                 .template_errors
-                .get_or_create(&ModelLabel::new(model))
+                .get_or_create(&self.metrics.label(model))
                 .inc();
         }
         out
@@ -127,7 +126,7 @@ impl TokenizerPool {
     }
 
     fn load(&self, model: &str) -> Result<Arc<ModelTokenizer>, TokenizeError> {
-        let label = ModelLabel::new(model);
+        let label = self.metrics.label(model);
         let result = match valid_model_name(model) {
             Err(e) => Err(e),
             Ok(()) => ModelTokenizer::load(&self.dir.join(model_slug(model)), self.cache_capacity),

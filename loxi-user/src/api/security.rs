@@ -1,0 +1,279 @@
+//! The management plane's request guard, applied to every route of the REST API.
+//!
+//! In order:
+//! 1. **Origin.** A request carrying an `Origin` header (every browser `POST`/`DELETE` does) is
+//!    refused with 403 unless that origin is the API's own: `http(s)://<Host>` where the `Host`
+//!    names the API by IP literal or `localhost` (a DNS name could be rebound to us by a
+//!    foreign page), or an origin listed with `--api-allowed-origin`. Clients that are not
+//!    browsers send no `Origin` and are not affected.
+//! 2. **Bearer token**, when one is configured (`--api-token-file` / `LOXI_API_TOKEN` for
+//!    admin, `--api-read-token-file` / `LOXI_API_READ_TOKEN` for read-only): every request
+//!    needs `Authorization: Bearer <token>` (401 with `WWW-Authenticate: Bearer` otherwise);
+//!    a read-only token may only `GET`/`HEAD` (403 otherwise). Tokens are compared as SHA-256
+//!    digests in constant time (`subtle`), so neither the content nor the length leaks.
+//! 3. **Content type.** A mutating request (`POST`, `PUT`, `PATCH`, and a `DELETE` that says
+//!    what it carries) must be `application/json` (415 otherwise): a browser can send
+//!    `text/plain` cross-origin without a CORS preflight, never `application/json`.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use super::error::ApiError;
+
+/// What a presented token may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Every route.
+    Admin,
+    /// `GET` and `HEAD` only.
+    ReadOnly,
+}
+
+/// The API's access policy (see the module doc). `Default`: no token, no extra origins, http.
+#[derive(Clone, Default)]
+pub struct ApiSecurity {
+    admin: Vec<[u8; 32]>,
+    read: Vec<[u8; 32]>,
+    allowed_origins: Vec<String>,
+    tls: bool,
+}
+
+impl std::fmt::Debug for ApiSecurity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiSecurity")
+            .field("admin_tokens", &self.admin.len())
+            .field("read_tokens", &self.read.len())
+            .field("allowed_origins", &self.allowed_origins)
+            .field("tls", &self.tls)
+            .finish()
+    }
+}
+
+fn digest(token: &str) -> [u8; 32] {
+    Sha256::digest(token.as_bytes()).into()
+}
+
+impl ApiSecurity {
+    /// A policy with these admin and read-only tokens (empty = no token required), extra allowed
+    /// browser origins (`scheme://host[:port]`), served over TLS or not.
+    pub fn new(admin: &[String], read: &[String], allowed_origins: &[String], tls: bool) -> Self {
+        Self {
+            admin: admin.iter().map(|t| digest(t)).collect(),
+            read: read.iter().map(|t| digest(t)).collect(),
+            allowed_origins: allowed_origins
+                .iter()
+                .map(|o| o.trim_end_matches('/').to_ascii_lowercase())
+                .collect(),
+            tls,
+        }
+    }
+
+    /// True when requests need a token.
+    pub fn requires_token(&self) -> bool {
+        !self.admin.is_empty() || !self.read.is_empty()
+    }
+
+    /// The access a request's `Authorization` header grants; `None` when it grants none.
+    pub fn access(&self, headers: &HeaderMap) -> Option<Access> {
+        if !self.requires_token() {
+            return Some(Access::Admin);
+        }
+        let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?.trim();
+        let (scheme, presented) = value.split_once(' ')?;
+        if !scheme.eq_ignore_ascii_case("bearer") {
+            return None;
+        }
+        let d = digest(presented.trim());
+        // Walk every digest so the time does not depend on which one matches.
+        let hit = |list: &[[u8; 32]]| {
+            list.iter()
+                .fold(subtle::Choice::from(0), |acc, t| acc | t.ct_eq(&d))
+        };
+        let (admin, read) = (hit(&self.admin), hit(&self.read));
+        if bool::from(admin) {
+            Some(Access::Admin)
+        } else if bool::from(read) {
+            Some(Access::ReadOnly)
+        } else {
+            None
+        }
+    }
+
+    /// `Ok` when the request's `Origin` (if any) is the API's own (see the module doc).
+    pub fn check_origin(&self, headers: &HeaderMap) -> Result<(), String> {
+        let Some(origin) = headers.get(header::ORIGIN) else {
+            return Ok(());
+        };
+        let origin = origin
+            .to_str()
+            .map_err(|_| "the Origin header is not text".to_string())?
+            .trim_end_matches('/')
+            .to_ascii_lowercase();
+        if self.allowed_origins.contains(&origin) {
+            return Ok(());
+        }
+        let host = headers
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .map(str::to_ascii_lowercase)
+            .unwrap_or_default();
+        let scheme = if self.tls { "https" } else { "http" };
+        if !host.is_empty() && origin == format!("{scheme}://{host}") && names_us_directly(&host) {
+            return Ok(());
+        }
+        Err(format!(
+            "cross-origin request refused: Origin {origin:?} is not this API's origin \
+             (list it with --api-allowed-origin to allow it)"
+        ))
+    }
+}
+
+/// True when `host` (`name[:port]`) is an IP literal or `localhost`: names that a foreign web
+/// page cannot point at us through DNS rebinding.
+fn names_us_directly(host: &str) -> bool {
+    if let Some(rest) = host.strip_prefix('[') {
+        return rest
+            .split_once(']')
+            .is_some_and(|(ip, _)| ip.parse::<std::net::Ipv6Addr>().is_ok());
+    }
+    let name = host.rsplit_once(':').map_or(host, |(n, _)| n);
+    name == "localhost" || name.parse::<std::net::IpAddr>().is_ok()
+}
+
+fn is_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("application/json"))
+}
+
+/// Whether `method` with these headers must carry `application/json`.
+fn needs_json(method: &Method, headers: &HeaderMap) -> bool {
+    match *method {
+        Method::POST | Method::PUT | Method::PATCH => true,
+        Method::DELETE => headers.contains_key(header::CONTENT_TYPE),
+        _ => false,
+    }
+}
+
+fn read_only(method: &Method) -> bool {
+    matches!(*method, Method::GET | Method::HEAD)
+}
+
+/// The middleware (see the module doc): `axum::middleware::from_fn_with_state(policy, guard)`.
+pub async fn guard(State(policy): State<Arc<ApiSecurity>>, req: Request, next: Next) -> Response {
+    let (method, headers) = (req.method(), req.headers());
+    if let Err(msg) = policy.check_origin(headers) {
+        return ApiError::with_status(StatusCode::FORBIDDEN, msg).into_response();
+    }
+    match policy.access(headers) {
+        None => {
+            let mut resp = ApiError::with_status(
+                StatusCode::UNAUTHORIZED,
+                "a bearer token is required (Authorization: Bearer <token>)",
+            )
+            .into_response();
+            resp.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"loxilb\""),
+            );
+            return resp;
+        }
+        Some(Access::ReadOnly) if !read_only(method) => {
+            return ApiError::with_status(
+                StatusCode::FORBIDDEN,
+                format!("this token is read-only; {method} needs an admin token"),
+            )
+            .into_response();
+        }
+        Some(_) => {}
+    }
+    if needs_json(method, headers) && !is_json(headers) {
+        let got = headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("none");
+        return ApiError::with_status(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            format!("{method} needs Content-Type: application/json (got {got})"),
+        )
+        .into_response();
+    }
+    next.run(req).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, HeaderValue::from_str(v).expect("value"));
+        }
+        h
+    }
+
+    #[test]
+    fn tokens_grant_admin_or_read_and_nothing_else() {
+        let p = ApiSecurity::new(
+            &["admin-secret".into()],
+            &["read-secret".into()],
+            &[],
+            false,
+        );
+        let with = |t: &str| headers(&[("authorization", format!("Bearer {t}").as_str())]);
+        assert_eq!(p.access(&with("admin-secret")), Some(Access::Admin));
+        assert_eq!(p.access(&with("read-secret")), Some(Access::ReadOnly));
+        assert_eq!(p.access(&with("admin-secre")), None);
+        assert_eq!(p.access(&with("admin-secret-")), None);
+        assert_eq!(
+            p.access(&headers(&[("authorization", "Basic admin-secret")])),
+            None
+        );
+        assert_eq!(p.access(&HeaderMap::new()), None);
+        let open = ApiSecurity::default();
+        assert_eq!(open.access(&HeaderMap::new()), Some(Access::Admin));
+    }
+
+    #[test]
+    fn only_the_apis_own_origin_passes() {
+        let p = ApiSecurity::new(&[], &[], &["https://lb.example.com".into()], false);
+        let ok = |o: &str, host: &str| p.check_origin(&headers(&[("origin", o), ("host", host)]));
+        ok("http://127.0.0.1:11111", "127.0.0.1:11111").expect("own origin");
+        ok("http://localhost:11111", "localhost:11111").expect("localhost");
+        ok("http://[::1]:11111", "[::1]:11111").expect("v6 literal");
+        ok("https://lb.example.com", "lb.example.com").expect("listed");
+        assert!(ok("http://evil.example", "127.0.0.1:11111").is_err());
+        assert!(
+            ok("http://evil.example:11111", "evil.example:11111").is_err(),
+            "rebinding"
+        );
+        assert!(
+            ok("https://127.0.0.1:11111", "127.0.0.1:11111").is_err(),
+            "wrong scheme"
+        );
+        assert!(ok("null", "127.0.0.1:11111").is_err());
+        p.check_origin(&headers(&[("host", "evil.example")]))
+            .expect("no Origin: not a browser");
+    }
+
+    #[test]
+    fn mutating_methods_need_json() {
+        let json = headers(&[("content-type", "Application/JSON; charset=utf-8")]);
+        let text = headers(&[("content-type", "text/plain")]);
+        assert!(needs_json(&Method::POST, &text) && !is_json(&text));
+        assert!(is_json(&json));
+        assert!(needs_json(&Method::POST, &HeaderMap::new()));
+        assert!(!needs_json(&Method::DELETE, &HeaderMap::new()));
+        assert!(needs_json(&Method::DELETE, &text));
+        assert!(!needs_json(&Method::GET, &text));
+    }
+}

@@ -1,0 +1,71 @@
+//! `X-Forwarded-For` / `X-Forwarded-Proto` on requests to the backends.
+//!
+//! As reverse proxies do (nginx's `$proxy_add_x_forwarded_for`): a client-supplied
+//! `X-Forwarded-For` is kept, all its values joined in order, and the client's address is
+//! appended, so the last entry is always the one loxi saw. `X-Forwarded-Proto` is set to the
+//! scheme of the listener (`http`; the fullproxy does not terminate TLS), replacing any value the
+//! client sent. Applied after hop-by-hop stripping, so a client cannot drop these headers by
+//! naming them in `Connection`.
+
+use std::net::SocketAddr;
+
+use http::{HeaderMap, HeaderValue};
+
+/// `x-forwarded-for`.
+pub const X_FORWARDED_FOR: &str = "x-forwarded-for";
+/// `x-forwarded-proto`.
+pub const X_FORWARDED_PROTO: &str = "x-forwarded-proto";
+
+/// Appends `client`'s IP to `X-Forwarded-For` and sets `X-Forwarded-Proto: http`.
+pub fn append(headers: &mut HeaderMap, client: Option<SocketAddr>) {
+    if let Some(client) = client {
+        let mut chain: Vec<String> = headers
+            .get_all(X_FORWARDED_FOR)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty())
+            .collect();
+        chain.push(client.ip().to_canonical().to_string());
+        if let Ok(v) = HeaderValue::from_str(&chain.join(", ")) {
+            headers.insert(X_FORWARDED_FOR, v);
+        }
+    }
+    headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn client() -> Option<SocketAddr> {
+        Some("10.0.0.7:4242".parse().expect("addr"))
+    }
+
+    #[test]
+    fn the_client_address_is_appended_to_an_existing_chain() {
+        let mut h = HeaderMap::new();
+        h.append(X_FORWARDED_FOR, HeaderValue::from_static("203.0.113.9"));
+        h.append(
+            X_FORWARDED_FOR,
+            HeaderValue::from_static("198.51.100.1, 192.0.2.3"),
+        );
+        h.insert(X_FORWARDED_PROTO, HeaderValue::from_static("https"));
+        append(&mut h, client());
+        assert_eq!(
+            h.get_all(X_FORWARDED_FOR).iter().collect::<Vec<_>>(),
+            ["203.0.113.9, 198.51.100.1, 192.0.2.3, 10.0.0.7"]
+        );
+        assert_eq!(
+            h[X_FORWARDED_PROTO], "http",
+            "the client cannot claim https"
+        );
+    }
+
+    #[test]
+    fn without_a_chain_the_client_starts_one_and_mapped_v4_is_shown_as_v4() {
+        let mut h = HeaderMap::new();
+        append(&mut h, Some("[::ffff:10.1.2.3]:80".parse().expect("addr")));
+        assert_eq!(h[X_FORWARDED_FOR], "10.1.2.3");
+    }
+}

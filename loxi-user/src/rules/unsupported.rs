@@ -1,0 +1,245 @@
+//! Values of LoxiLB's rule schema that loxi accepts syntactically but does not implement yet.
+//!
+//! A rule using one would be stored and reported `active` while the feature it asks for never
+//! happens (LoxiLB's own docs are full of "stored but inert" notes). loxi refuses such a rule
+//! with a 400 that names the field and says the value is not implemented, until the feature
+//! lands. Each check below names what is missing; remove it in the change that implements it.
+
+use super::model::LbRule;
+use super::validate::RuleError;
+
+fn not_implemented(field: &str, message: impl Into<String>) -> RuleError {
+    RuleError::Invalid {
+        field: field.to_string(),
+        message: format!("{} (not implemented in loxi yet)", message.into()),
+    }
+}
+
+/// `Err` naming the first field whose value asks for something loxi does not do.
+pub fn check(rule: &LbRule) -> Result<(), RuleError> {
+    let s = &rule.service;
+    let svc = |f: &str| format!("serviceArguments.{f}");
+    let fullproxy = s.mode == loxi_common::mode::FULLPROXY;
+    if s.security != 0 {
+        return Err(not_implemented(
+            &svc("security"),
+            format!(
+                "{} asks for TLS termination{}; use 0 and terminate TLS in front of loxi",
+                s.security,
+                if s.security == 2 {
+                    " and backend re-encryption"
+                } else {
+                    ""
+                }
+            ),
+        ));
+    }
+    if fullproxy && s.protocol != "tcp" {
+        return Err(not_implemented(
+            &svc("protocol"),
+            format!("the fullproxy (mode 4) serves tcp only, not {}", s.protocol),
+        ));
+    }
+    if !fullproxy && s.protocol == "sctp" && s.mode != 3 {
+        return Err(not_implemented(
+            &svc("protocol"),
+            format!(
+                "sctp in mode {}: the XDP data path does not rewrite SCTP's CRC32c, so sctp \
+                 works in DSR (mode 3) only",
+                s.mode
+            ),
+        ));
+    }
+    if matches!(s.sel, loxi_common::sel::N2 | loxi_common::sel::N3) {
+        return Err(not_implemented(
+            &svc("sel"),
+            format!(
+                "{} ({}) has no selector",
+                s.sel,
+                if s.sel == 5 { "n2" } else { "n3" }
+            ),
+        ));
+    }
+    if s.bgp {
+        return Err(not_implemented(&svc("bgp"), "loxi has no BGP speaker"));
+    }
+    if fullproxy && s.inactive_timeout != 0 {
+        return Err(not_implemented(
+            &svc("inactiveTimeOut"),
+            "the fullproxy has no per-rule idle timeout; it applies to L4 rules (modes 0-3, 5)",
+        ));
+    }
+    if !fullproxy && !s.host.is_empty() {
+        return Err(not_implemented(
+            &svc("host"),
+            format!("host routing needs mode 4 (fullproxy); mode is {}", s.mode),
+        ));
+    }
+    if s.backend_protocol == "both" {
+        return Err(not_implemented(
+            &svc("backend_protocol"),
+            "\"both\" (ALPN negotiation with the backend) needs backend TLS; use http1 or http2",
+        ));
+    }
+    check_engine(rule)?;
+    check_pd(rule)
+}
+
+/// Engine contracts loxi does not speak.
+fn check_engine(rule: &LbRule) -> Result<(), RuleError> {
+    let s = &rule.service;
+    if s.kv_engine_type == "trtllm" {
+        return Err(not_implemented(
+            "serviceArguments.kvEngineType",
+            "trtllm (TensorRT-LLM's KV contract); use vllm, sglang or llamacpp",
+        ));
+    }
+    if s.kv_hash_algo == "blockhash_trtllm" {
+        return Err(not_implemented(
+            "serviceArguments.kvHashAlgo",
+            "blockhash_trtllm (TensorRT-LLM's block hash); use sha256_cbor, xxhash_cbor or sha256_sglang",
+        ));
+    }
+    Ok(())
+}
+
+/// Prefill/decode disaggregation (the P/D tier ladder, admission and KV handoff) and every knob
+/// that only it reads.
+fn check_pd(rule: &LbRule) -> Result<(), RuleError> {
+    let s = &rule.service;
+    let pd = "P/D disaggregation";
+    let knobs: [(&str, bool); 6] = [
+        ("pd_disagg_mode", s.pd_disagg_mode),
+        ("pd_cache_aware_mode", s.pd_cache_aware_mode),
+        ("pd_session_ttl_sec", s.pd_session_ttl_sec != 0),
+        ("pd_cache_threshold", s.pd_cache_threshold != 20),
+        ("pd_balance_abs_threshold", s.pd_balance_abs_threshold != 3),
+        ("kvExactMode", s.kv_exact_mode == 1),
+    ];
+    if let Some((field, _)) = knobs.iter().find(|(_, set)| *set) {
+        let what = if *field == "kvExactMode" {
+            "1 (KV-exact selection in a P/D pool) needs P/D disaggregation; use 3 for a single pool"
+                .to_string()
+        } else {
+            format!(
+                "{field} belongs to {pd}, which loxi does not implement; leave it at its default"
+            )
+        };
+        return Err(not_implemented(&format!("serviceArguments.{field}"), what));
+    }
+    for (i, ep) in rule.endpoints.iter().enumerate() {
+        if ep.nixl_port != 0 {
+            return Err(not_implemented(
+                &format!("endpoints[{i}].nixl_port"),
+                format!("the NIXL side channel is part of {pd}'s KV handoff"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn field_of(service: serde_json::Value, endpoint: serde_json::Value) -> String {
+        let mut v = json!({
+            "serviceArguments": {"externalIP": "10.0.0.1", "port": 80, "mode": 4},
+            "endpoints": [{"endpointIP": "10.0.1.2", "targetPort": 8000}]
+        });
+        for (k, x) in service.as_object().expect("object") {
+            v["serviceArguments"][k] = x.clone();
+        }
+        for (k, x) in endpoint.as_object().expect("object") {
+            v["endpoints"][0][k] = x.clone();
+        }
+        let rule: LbRule = serde_json::from_value(v).expect("rule parses");
+        match check(&rule) {
+            Err(RuleError::Invalid { field, message }) => {
+                assert!(message.contains("not implemented"), "{message}");
+                field
+            }
+            other => panic!("expected a refusal: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn every_accepted_but_unimplemented_value_is_refused_naming_its_field() {
+        let cases = [
+            (json!({"security": 1}), "serviceArguments.security"),
+            (json!({"security": 2}), "serviceArguments.security"),
+            (
+                json!({"pd_disagg_mode": true}),
+                "serviceArguments.pd_disagg_mode",
+            ),
+            (
+                json!({"pd_cache_aware_mode": true}),
+                "serviceArguments.pd_cache_aware_mode",
+            ),
+            (
+                json!({"pd_session_ttl_sec": 60}),
+                "serviceArguments.pd_session_ttl_sec",
+            ),
+            (
+                json!({"pd_cache_threshold": 50}),
+                "serviceArguments.pd_cache_threshold",
+            ),
+            (
+                json!({"pd_balance_abs_threshold": 9}),
+                "serviceArguments.pd_balance_abs_threshold",
+            ),
+            (json!({"kvExactMode": 1}), "serviceArguments.kvExactMode"),
+            (
+                json!({"kvEngineType": "trtllm"}),
+                "serviceArguments.kvEngineType",
+            ),
+            (
+                json!({"kvHashAlgo": "blockhash_trtllm"}),
+                "serviceArguments.kvHashAlgo",
+            ),
+            (json!({"bgp": true}), "serviceArguments.bgp"),
+            (json!({"protocol": "udp"}), "serviceArguments.protocol"),
+            (json!({"sel": 5}), "serviceArguments.sel"),
+            (
+                json!({"mode": 0, "sel": 6, "protocol": "udp"}),
+                "serviceArguments.sel",
+            ),
+            (
+                json!({"inactiveTimeOut": 30}),
+                "serviceArguments.inactiveTimeOut",
+            ),
+            (
+                json!({"mode": 2, "host": "a.example"}),
+                "serviceArguments.host",
+            ),
+            (
+                json!({"mode": 2, "protocol": "sctp"}),
+                "serviceArguments.protocol",
+            ),
+            (
+                json!({"backend_protocol": "both"}),
+                "serviceArguments.backend_protocol",
+            ),
+        ];
+        for (service, want) in cases {
+            assert_eq!(field_of(service.clone(), json!({})), want, "{service}");
+        }
+        assert_eq!(
+            field_of(json!({}), json!({"nixl_port": 5600})),
+            "endpoints[0].nixl_port"
+        );
+    }
+
+    #[test]
+    fn implemented_values_pass() {
+        let rule: LbRule = serde_json::from_value(json!({
+            "serviceArguments": {"externalIP": "10.0.0.1", "port": 80, "mode": 4, "sel": 8,
+                "kvExactMode": 3, "kvEngineType": "sglang", "backend_protocol": "http2",
+                "host": "a.example", "kvHashAlgo": "xxhash_cbor"},
+            "endpoints": [{"endpointIP": "10.0.1.2", "targetPort": 8000}]
+        }))
+        .expect("rule");
+        check(&rule).expect("implemented");
+    }
+}

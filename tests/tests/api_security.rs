@@ -1,0 +1,267 @@
+//! The management plane's protection, against the real `loxilb` binary: content type, Origin,
+//! bearer tokens (admin and read-only), HTTPS with a CA generated per test (`loxicmd
+//! --protocol https --cacert`), and the warning for an exposed API without a token.
+
+use loxi_tests::harness::{Daemon, DaemonOpts, free_port};
+use loxi_tests::tls::TestPki;
+use serde_json::{Value, json};
+
+const RULES: &str = "/netlox/v1/config/loadbalancer";
+
+fn rule(port: u16) -> Value {
+    json!({
+        "serviceArguments": {"externalIP": "127.0.0.1", "port": port, "protocol": "tcp", "mode": 4},
+        "endpoints": [{"endpointIP": "127.0.0.2", "targetPort": 8001}]
+    })
+}
+
+fn rule_count(v: &Value) -> usize {
+    v["lbAttr"].as_array().map_or(0, Vec::len)
+}
+
+fn stderr(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_text_plain_post_is_415_and_stores_nothing() {
+    let d = Daemon::start_default().await;
+    let body = rule(free_port()).to_string();
+    // What a browser page can send cross-origin without a CORS preflight.
+    let (status, _, text) = d
+        .request_with(
+            "POST",
+            RULES,
+            &[("content-type", "text/plain")],
+            Some(body.as_str()),
+        )
+        .await
+        .expect("POST");
+    assert_eq!(status, 415, "{text}");
+    let v: Value = serde_json::from_str(&text).expect("JSON error body");
+    assert_eq!(v["code"], json!(415));
+    let (status, _, text) = d
+        .request_with("POST", RULES, &[], Some(body.as_str()))
+        .await
+        .expect("POST");
+    assert_eq!(status, 415, "no content type at all: {text}");
+    assert_eq!(rule_count(&d.rules().await), 0, "nothing was stored");
+    let (status, _, text) = d
+        .request_with(
+            "POST",
+            RULES,
+            &[("content-type", "application/json; charset=utf-8")],
+            Some(body.as_str()),
+        )
+        .await
+        .expect("POST");
+    assert_eq!(status, 200, "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_origin_is_refused_and_the_apis_own_origin_is_not() {
+    let d = Daemon::start_default().await;
+    let json_ct = ("content-type", "application/json");
+    let body = rule(free_port()).to_string();
+    let (status, _, text) = d
+        .request_with(
+            "POST",
+            RULES,
+            &[json_ct, ("origin", "http://attacker.example")],
+            Some(body.as_str()),
+        )
+        .await
+        .expect("POST");
+    assert_eq!(status, 403, "{text}");
+    assert!(text.contains("attacker.example"), "{text}");
+    // DNS rebinding: the attacker's name resolving to us carries a matching Host.
+    let host = format!("attacker.example:{}", d.api_port());
+    let origin = format!("http://{host}");
+    let (status, _, text) = d
+        .request_with(
+            "POST",
+            RULES,
+            &[
+                json_ct,
+                ("origin", origin.as_str()),
+                ("host", host.as_str()),
+            ],
+            Some(body.as_str()),
+        )
+        .await
+        .expect("POST");
+    assert_eq!(status, 403, "rebinding: {text}");
+    let (status, _, text) = d
+        .request_with(
+            "DELETE",
+            &format!("{RULES}/externalipaddress/127.0.0.1/port/80/protocol/tcp"),
+            &[("origin", "http://attacker.example")],
+            None,
+        )
+        .await
+        .expect("DELETE");
+    assert_eq!(status, 403, "{text}");
+    assert_eq!(rule_count(&d.rules().await), 0);
+    let own = format!("http://127.0.0.1:{}", d.api_port());
+    let (status, _, text) = d
+        .request_with(
+            "POST",
+            RULES,
+            &[json_ct, ("origin", own.as_str())],
+            Some(body.as_str()),
+        )
+        .await
+        .expect("POST");
+    assert_eq!(status, 200, "the API's own origin: {text}");
+    assert_eq!(rule_count(&d.rules().await), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_tokens_configured_every_request_needs_one_and_read_tokens_cannot_write() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let read_file = dir.path().join("read-token");
+    std::fs::write(&read_file, "reader-9f3b1c7d2e\n").expect("write");
+    let opts = DaemonOpts {
+        env: vec![("LOXI_API_TOKEN".into(), "admin-4c8e0a6f5d".into())],
+        args: vec![
+            "--api-read-token-file".into(),
+            read_file.display().to_string(),
+        ],
+        api_token: Some("admin-4c8e0a6f5d".into()),
+        ..DaemonOpts::default()
+    };
+    let mut d = Daemon::start(opts).await;
+    let body = rule(free_port());
+
+    d.set_api_token(None);
+    let (status, headers, text) = d
+        .request_with("GET", "/netlox/v1/config/loadbalancer/all", &[], None)
+        .await
+        .expect("GET");
+    assert_eq!(status, 401, "{text}");
+    assert_eq!(headers["www-authenticate"], "Bearer realm=\"loxilb\"");
+    let (status, _) = d.post_rule(&body).await;
+    assert_eq!(status, 401);
+    let (status, _) = d.get("/netlox/v1/metrics").await.expect("GET");
+    assert_eq!(status, 401, "metrics need a token too");
+
+    d.set_api_token(Some("admin-4c8e0a6f5"));
+    let (status, _) = d.post_rule(&body).await;
+    assert_eq!(status, 401, "a prefix of the admin token is not the token");
+
+    d.set_api_token(Some("reader-9f3b1c7d2e"));
+    assert_eq!(rule_count(&d.rules().await), 0, "read token can GET");
+    let (status, v) = d.post_rule(&body).await;
+    assert_eq!(status, 403, "read token cannot POST: {v}");
+    assert!(
+        v["message"].as_str().unwrap_or("").contains("read-only"),
+        "{v}"
+    );
+
+    d.set_api_token(Some("admin-4c8e0a6f5d"));
+    let (status, v) = d.post_rule(&body).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(rule_count(&d.rules().await), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_api_serves_loxicmd_with_the_ca_and_refuses_a_client_without_it() {
+    let pki = TestPki::generate().expect("certificates");
+    let token_file = pki.dir().join("token");
+    std::fs::write(&token_file, "tls-admin-1d2c3b4a\n").expect("token");
+    let opts = DaemonOpts {
+        args: [
+            pki.daemon_args(),
+            vec!["--api-token-file".into(), token_file.display().to_string()],
+        ]
+        .concat(),
+        api_token: Some("tls-admin-1d2c3b4a".into()),
+        tls_ca: Some(pki.ca()),
+        ..DaemonOpts::default()
+    };
+    let d = Daemon::start(opts).await;
+    assert_eq!(rule_count(&d.rules().await), 0, "HTTPS GET with the CA");
+
+    let tcp = format!("--tcp={}:8000", free_port());
+    let (ca, token) = (
+        pki.ca().display().to_string(),
+        token_file.display().to_string(),
+    );
+    let tls: [&str; 6] = [
+        "--protocol",
+        "https",
+        "--cacert",
+        &ca,
+        "--token-file",
+        &token,
+    ];
+    let with_tls =
+        |rest: &[&str]| -> Vec<String> { tls.iter().chain(rest).map(|a| a.to_string()).collect() };
+    let create = with_tls(&[
+        "create",
+        "lb",
+        "127.0.0.1",
+        &tcp,
+        "--endpoints=127.0.0.5:1",
+        "--mode=fullproxy",
+    ]);
+    let create: Vec<&str> = create.iter().map(String::as_str).collect();
+    let out = d.loxicmd(&create);
+    assert!(out.status.success(), "loxicmd over https: {}", stderr(&out));
+    let get = with_tls(&["get", "lb", "-o", "json"]);
+    let out = d.loxicmd(&get.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(out.status.success(), "{}", stderr(&out));
+    let listed: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(rule_count(&listed), 1, "{listed}");
+
+    // A client that does not trust the CA fails the handshake.
+    let other = TestPki::generate().expect("another CA");
+    let other_ca = other.ca().display().to_string();
+    let out = d.loxicmd(&[
+        "--protocol",
+        "https",
+        "--cacert",
+        &other_ca,
+        "--token-file",
+        &token,
+        "get",
+        "lb",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).to_lowercase().contains("certificate"),
+        "{}",
+        stderr(&out)
+    );
+    // Plain HTTP to the HTTPS port gets no API answer.
+    let out = d.loxicmd(&["--token-file", &token, "get", "lb"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    // The right CA without the token: 401 printed verbatim.
+    let out = d.loxicmd(&["--protocol", "https", "--cacert", &ca, "get", "lb"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("401"), "{}", stderr(&out));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_bound_beyond_loopback_without_a_token_logs_a_security_warning() {
+    let exposed = Daemon::start(DaemonOpts {
+        api_bind_ip: Some("0.0.0.0".parse().expect("ip")),
+        ..DaemonOpts::default()
+    })
+    .await;
+    assert!(
+        exposed.log_text().contains("SECURITY WARNING"),
+        "{}",
+        exposed.log_text()
+    );
+    let protected = Daemon::start(DaemonOpts {
+        api_bind_ip: Some("0.0.0.0".parse().expect("ip")),
+        env: vec![("LOXI_API_TOKEN".into(), "t0ken-for-exposed-api".into())],
+        api_token: Some("t0ken-for-exposed-api".into()),
+        ..DaemonOpts::default()
+    })
+    .await;
+    assert!(!protected.log_text().contains("SECURITY WARNING"));
+    let loopback = Daemon::start_default().await;
+    assert!(!loopback.log_text().contains("SECURITY WARNING"));
+}

@@ -1,0 +1,102 @@
+//! Fullproxy hygiene with the real daemon and a recording backend: `X-Forwarded-For` is kept
+//! and extended, `X-Forwarded-Proto` is the listener's, and `CONNECT` is refused with 405.
+
+use std::time::Duration;
+
+use loxi_tests::backend::Backend;
+use loxi_tests::harness::{Daemon, free_port};
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+async fn setup() -> (Daemon, Backend, u16) {
+    let d = Daemon::start_default().await;
+    let b = Backend::start("b0").await;
+    b.set_recording(true);
+    let port = free_port();
+    let (status, body) = d
+        .post_rule(&json!({
+            "serviceArguments": {"externalIP": "127.0.0.1", "port": port, "protocol": "tcp", "mode": 4},
+            "endpoints": [{"endpointIP": "127.0.0.1", "targetPort": b.port()}]
+        }))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    (d, b, port)
+}
+
+/// Sends raw HTTP/1.1 bytes and returns everything the proxy answered (connection closed).
+async fn raw(port: u16, request: &str) -> String {
+    let mut s = TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    s.write_all(request.as_bytes()).await.expect("write");
+    let mut out = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out)).await;
+    assert!(read.is_ok(), "answer within 10 s");
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn get(port: u16, extra_headers: &str) -> String {
+    format!(
+        "GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{extra_headers}Connection: close\r\n\r\n"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn x_forwarded_for_is_extended_and_proto_is_the_listeners() {
+    let (_d, b, port) = setup().await;
+    let answer = raw(port, &get(port, "")).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let answer = raw(
+        port,
+        &get(
+            port,
+            "X-Forwarded-For: 203.0.113.9\r\nX-Forwarded-For: 198.51.100.4\r\nX-Forwarded-Proto: https\r\n",
+        ),
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    // Naming the header in Connection (hop-by-hop) must not let a client strip it.
+    let answer = raw(
+        port,
+        "GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Forwarded-For: 192.0.2.1\r\nConnection: close, x-forwarded-for\r\n\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let seen: Vec<(Option<String>, Option<String>)> = b
+        .requests()
+        .iter()
+        .map(|r| {
+            (
+                r.header("x-forwarded-for").map(String::from),
+                r.header("x-forwarded-proto").map(String::from),
+            )
+        })
+        .collect();
+    let s = |v: &str| Some(v.to_string());
+    assert_eq!(
+        seen,
+        [
+            (s("127.0.0.1"), s("http")),
+            (s("203.0.113.9, 198.51.100.4, 127.0.0.1"), s("http")),
+            (s("127.0.0.1"), s("http")),
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_is_refused_with_405_and_never_reaches_a_backend() {
+    let (_d, b, port) = setup().await;
+    let answer = raw(
+        port,
+        "CONNECT 127.0.0.1:22 HTTP/1.1\r\nHost: 127.0.0.1:22\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 405"), "{answer}");
+    assert!(
+        answer.to_ascii_lowercase().contains("\r\nallow: "),
+        "{answer}"
+    );
+    assert!(answer.contains("method_not_allowed"), "{answer}");
+    assert_eq!(b.request_count(), 0, "nothing was forwarded");
+}
