@@ -1,10 +1,12 @@
 //! Test support for loxi's integration tests: the daemon harness ([`harness`]), real test
-//! backends ([`backend`]), real pyzmq KV-event publishers ([`kv_pub`]) and test certificates
+//! backends ([`backend`]), real pyzmq KV-event publishers ([`kv_pub`]), the KV tests' shared
+//! steps ([`kv`]) and test certificates
 //! ([`tls`]). The `vllm-sim` and
 //! `loxi-bench` crates use it for their own tests too.
 
 pub mod backend;
 pub mod harness;
+pub mod kv;
 pub mod kv_pub;
 pub mod tls;
 

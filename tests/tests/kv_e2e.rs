@@ -22,7 +22,8 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use loxi_tests::backend::Backend;
-use loxi_tests::harness::{Daemon, DaemonOpts, free_port};
+use loxi_tests::harness::free_port;
+use loxi_tests::kv::{completion, kv_daemon, series, stage_tiny_tokenizer, wait_blocks};
 use loxi_tests::kv_pub::{Publisher, block_stored_batch};
 use loxi_tests::shared_dir;
 use loxi_user::kv::BlockKey;
@@ -37,76 +38,23 @@ fn capture() -> Value {
     serde_json::from_str(&text).expect("capture json")
 }
 
-/// `<tmp>/tiny/{tokenizer.json, tokenizer_config.json}` from the golden tiny model.
-fn stage_tokenizer(dir: &std::path::Path) {
-    let src = shared_dir().join("golden/tiny-model");
-    let dst = dir.join("tiny");
-    std::fs::create_dir_all(&dst).expect("mkdir");
-    for f in ["tokenizer.json", "tokenizer_config.json"] {
-        std::fs::copy(src.join(f), dst.join(f)).expect("copy tokenizer file");
-    }
-}
-
-/// `loxilb` with the staged tokenizers in `tok_dir`, seed 0 (the capture's `PYTHONHASHSEED`)
-/// and predicted blocks off, so only the engines' events decide.
-async fn kv_daemon(tok_dir: &std::path::Path) -> Daemon {
-    let opts = DaemonOpts {
-        tokenizer_dir: Some(tok_dir.to_path_buf()),
-        ..Default::default()
-    }
-    .env("LLB_KV_NONE_HASH_SEED", "0")
-    .env("LOXI_KV_PREDICT_TTL_MS", "0");
-    Daemon::start(opts).await
-}
-
 async fn complete(vip: SocketAddr, prompt: &str) -> (u16, Option<usize>) {
-    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
-    let body = json!({"model": "tiny", "prompt": prompt, "max_tokens": 2}).to_string();
-    let req = http::Request::post(format!("http://{vip}/v1/completions"))
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body)))
-        .expect("request");
-    let resp = client.request(req).await.expect("proxy answered");
-    let ep = resp
-        .headers()
-        .get("x-loxilb-endpoint")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse().ok());
-    let status = resp.status().as_u16();
-    let _ = resp.into_body().collect().await;
-    (status, ep)
+    completion(
+        vip,
+        &json!({"model": "tiny", "prompt": prompt, "max_tokens": 2}),
+    )
+    .await
 }
 
-fn metric(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find(|l| l.starts_with(series))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
-}
-
-async fn wait_blocks(d: &Daemon, ep: usize, want: u64) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let path = format!("/netlox/v1/config/ai/kv/inventory?service_id=1&ep_idx={ep}");
-        let (code, body) = d.get(&path).await.expect("inventory");
-        let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
-        if code == 200 && v["endpoints"][0]["blockCount"].as_u64() == Some(want) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "inventory of ep {ep} never reached {want}: {body}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+fn metric(text: &str, s: &str) -> f64 {
+    series(text, s).unwrap_or(0.0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn warm_request_goes_to_endpoint_whose_engine_published_the_prefix() {
     let cap = capture();
     let tok_dir = tempfile::tempdir().expect("tmp");
-    stage_tokenizer(tok_dir.path());
+    stage_tiny_tokenizer(tok_dir.path());
     let d = kv_daemon(tok_dir.path()).await;
 
     let b0 = Backend::start("b0").await;
@@ -152,7 +100,7 @@ async fn warm_request_goes_to_endpoint_whose_engine_published_the_prefix() {
 
     // The engine behind the cold request's endpoint stores its blocks (what vLLM published).
     pubs[cold_ep].raw(&cap["frames"][0]["parts_hex"]).await;
-    wait_blocks(&d, cold_ep, 7).await;
+    wait_blocks(&d, 1, cold_ep, 7).await;
 
     let hits = format!("loxilb_pd_kv_tier15_hits_total{{service=\"1\",ep_idx=\"{cold_ep}\"}}");
     let before = metric(&d.metrics_text().await, &hits);
@@ -262,7 +210,7 @@ async fn chat_completion(
 async fn scenario_15_chat_conversations_sharing_a_system_prompt_spread_by_full_history() {
     const BS: usize = 16;
     let tok_dir = tempfile::tempdir().expect("tmp");
-    stage_tokenizer(tok_dir.path());
+    stage_tiny_tokenizer(tok_dir.path());
     // The engine side: vLLM's chat tokenization (template + generation prompt) and hashing.
     let pool = TokenizerPool::new(tok_dir.path().to_path_buf(), TokenizerMetrics::default());
     let hasher = BlockHasher::new(HashAlgo::Sha256Cbor, Some("0"));
@@ -339,7 +287,7 @@ async fn scenario_15_chat_conversations_sharing_a_system_prompt_spread_by_full_h
             BS as u32,
         ))
         .await;
-        wait_blocks(&d, k, (held[a].len() + held[b].len() - s) as u64).await;
+        wait_blocks(&d, 1, k, (held[a].len() + held[b].len() - s) as u64).await;
     }
     // The events are consistent with their token ids: loxi's parity check agrees with them.
     let (code, parity) = d

@@ -165,26 +165,21 @@ async fn inventory(
 fn inventory_view(state: &KvState, q: &HashMap<String, String>) -> Result<InventoryView, ApiError> {
     let svc = service(state, q)?;
     let only: Option<usize> = parse_field(q, "ep_idx")?;
-    if let Some(ep) = only.filter(|&e| e >= svc.config.endpoints.len()) {
+    let members = svc.members.read();
+    if let Some(ep) = only.filter(|&e| e >= members.len()) {
         return Err(error(
             StatusCode::NOT_FOUND,
-            format!(
-                "ep_idx {ep}: the rule has {} endpoints",
-                svc.config.endpoints.len()
-            ),
+            format!("ep_idx {ep}: the rule has {} endpoints", members.len()),
         ));
     }
     let streams = svc.streams.lock().clone();
-    let endpoints = svc
-        .config
-        .endpoints
+    let endpoints = members
         .iter()
-        .enumerate()
-        .filter(|(ep, (_, subscribed))| *subscribed && only.is_none_or(|o| o == *ep))
-        .map(|(ep, (ip, _))| {
+        .filter(|(ep, e, _)| e.subscribed && only.is_none_or(|o| o == *ep))
+        .map(|(ep, e, member)| {
             let ranks: Vec<RankView> = (0..svc.config.dp_ranks)
                 .map(|rank| {
-                    let s = streams.get(&(ep, rank)).copied().unwrap_or_default();
+                    let s = streams.get(&(member, rank)).copied().unwrap_or_default();
                     RankView {
                         rank,
                         connected: s.connected,
@@ -194,11 +189,11 @@ fn inventory_view(state: &KvState, q: &HashMap<String, String>) -> Result<Invent
                 .collect();
             EndpointInventory {
                 ep_idx: ep,
-                endpoint_ip: ip.clone(),
-                block_count: svc.index.blocks(ep),
+                endpoint_ip: e.ip.clone(),
+                block_count: svc.index.blocks(member),
                 connected: ranks.iter().any(|r| r.connected),
                 ranks,
-                hashes: svc.index.keys_of(ep).into_iter().map(|k| k.0).collect(),
+                hashes: svc.index.keys_of(member).into_iter().map(|k| k.0).collect(),
             }
         })
         .collect();
@@ -216,13 +211,21 @@ async fn parity(
         Ok(s) => s,
         Err(e) => return e.into_response(),
     };
-    let endpoints = svc
-        .parity
-        .lock()
-        .all()
-        .into_iter()
-        .map(|(ep_idx, parity)| EndpointParity { ep_idx, parity })
-        .collect();
+    let endpoints = {
+        let members = svc.members.read();
+        let mut v: Vec<EndpointParity> = svc
+            .parity
+            .lock()
+            .all()
+            .into_iter()
+            .filter_map(|(member, parity)| {
+                let ep_idx = members.idx_of(member)?;
+                Some(EndpointParity { ep_idx, parity })
+            })
+            .collect();
+        v.sort_by_key(|p| p.ep_idx);
+        v
+    };
     let hash_algo = svc.config.algo.to_string();
     let view = ParityView {
         service_id: svc.id,

@@ -4,7 +4,9 @@
 //! map `u64 → packed holder word` (16 bytes per entry). A holder word is either one inline
 //! `(slot, refcount)` pair or, with the top bit set, an index into the shard's side table of
 //! holder lists (blocks held by several streams). A *slot* is `ep << 4 | rank` (ranks 0..=14);
-//! slot `ep << 4 | 15` holds *predicted* blocks (inserted after routing, with a TTL).
+//! slot `ep << 4 | 15` holds *predicted* blocks (inserted after routing, with a TTL). `ep` here
+//! is the endpoint's [`Member`] id (stable across rule updates, `kv::members`), not its position
+//! in the rule.
 //!
 //! Refcounts: vLLM can store the same hash twice (two physical copies); one `BlockRemoved`
 //! decrements, the block leaves the slot at zero. Each slot keeps a FIFO of the keys it gained
@@ -25,7 +27,7 @@ use parking_lot::{Mutex, RwLock};
 use tokio::time::Instant;
 
 use super::BlockKey;
-use crate::routing::EpIdx;
+use super::members::Member;
 
 const SHARDS: usize = 16;
 const MULTI: u64 = 1 << 63;
@@ -54,12 +56,12 @@ impl Hasher for KeyHasher {
 
 type KeyMap<V> = HashMap<u64, V, BuildHasherDefault<KeyHasher>>;
 
-fn slot(ep: EpIdx, rank: u32) -> u32 {
+fn slot(ep: Member, rank: u32) -> u32 {
     ((ep as u32) << 4) | (rank & 0xF)
 }
 
-fn slot_ep(slot: u32) -> EpIdx {
-    (slot >> 4) as EpIdx
+fn slot_ep(slot: u32) -> Member {
+    (slot >> 4) as Member
 }
 
 fn pack_one(slot: u32, refs: u32) -> u64 {
@@ -215,8 +217,8 @@ pub const SWEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1
 pub struct ScoreScratch {
     alive: Vec<u32>,
     here: Vec<u32>,
-    predicted: Vec<EpIdx>,
-    best: Vec<(EpIdx, usize)>,
+    predicted: Vec<Member>,
+    best: Vec<(Member, usize)>,
 }
 
 impl KvIndex {
@@ -238,7 +240,7 @@ impl KvIndex {
 
     /// Applies a `BlockStored` from endpoint `ep`, DP rank `rank` (ranks above [`MAX_RANK`] are
     /// folded onto it). Evicts the slot's oldest keys beyond the cap.
-    pub fn store(&self, ep: EpIdx, rank: u32, keys: &[BlockKey]) -> StoreOutcome {
+    pub fn store(&self, ep: Member, rank: u32, keys: &[BlockKey]) -> StoreOutcome {
         let s = slot(ep, rank.min(MAX_RANK));
         let mut slots = self.slots.lock();
         let st = slots.entry(s).or_default();
@@ -271,7 +273,7 @@ impl KvIndex {
     }
 
     /// Applies a `BlockRemoved` (one reference per listed key).
-    pub fn remove(&self, ep: EpIdx, rank: u32, keys: &[BlockKey]) -> u64 {
+    pub fn remove(&self, ep: Member, rank: u32, keys: &[BlockKey]) -> u64 {
         let s = slot(ep, rank.min(MAX_RANK));
         let mut slots = self.slots.lock();
         let st = slots.entry(s).or_default();
@@ -309,7 +311,7 @@ impl KvIndex {
     }
 
     /// Drops every key of one (endpoint, rank) stream.
-    pub fn clear_rank(&self, ep: EpIdx, rank: u32) {
+    pub fn clear_rank(&self, ep: Member, rank: u32) {
         let s = slot(ep, rank.min(MAX_RANK));
         let mut slots = self.slots.lock();
         if let Some(st) = slots.remove(&s) {
@@ -326,15 +328,31 @@ impl KvIndex {
     /// vLLM publishes the clear with its next engine step, i.e. typically right after such a
     /// request arrived, so dropping them would scatter that request's followers. They expire
     /// with their TTL.
-    pub fn clear_endpoint(&self, ep: EpIdx) {
+    pub fn clear_endpoint(&self, ep: Member) {
         for r in 0..=MAX_RANK {
             self.clear_rank(ep, r);
         }
     }
 
+    /// Drops everything of `ep`: its confirmed keys on every rank and its predictions (its
+    /// endpoint left the rule). O(index size) for the predictions: a fleet change, not a
+    /// request, pays it.
+    pub fn forget(&self, ep: Member) {
+        self.clear_endpoint(ep);
+        for sh in self.shards.iter() {
+            sh.write().predicted.retain(|_, v| {
+                v.retain(|(e, _)| *e != ep as u32);
+                !v.is_empty()
+            });
+        }
+        if let Some(n) = self.ep_blocks.read().get(ep) {
+            n.store(0, Ordering::Relaxed);
+        }
+    }
+
     /// Marks `keys` as predicted on `ep` until `expires` (after routing a request there).
     /// A later real store of a key by `ep` replaces the prediction.
-    pub fn predict(&self, ep: EpIdx, keys: &[BlockKey], expires: Instant) {
+    pub fn predict(&self, ep: Member, keys: &[BlockKey], expires: Instant) {
         for k in keys {
             let mut sh = self.shard(k.0).write();
             let real = {
@@ -365,7 +383,7 @@ impl KvIndex {
     /// Per endpoint, the number of leading request blocks one of its streams holds (its
     /// contiguous cached prefix), predictions that have not expired at `now` included.
     /// Endpoints with 0 are omitted; the result is sorted by endpoint index.
-    pub fn score(&self, keys: &[BlockKey], now: Instant) -> Vec<(EpIdx, usize)> {
+    pub fn score(&self, keys: &[BlockKey], now: Instant) -> Vec<(Member, usize)> {
         self.score_with(keys, now, &mut ScoreScratch::default())
             .to_vec()
     }
@@ -377,7 +395,7 @@ impl KvIndex {
         keys: &[BlockKey],
         now: Instant,
         scratch: &'s mut ScoreScratch,
-    ) -> &'s [(EpIdx, usize)] {
+    ) -> &'s [(Member, usize)] {
         let ScoreScratch {
             alive,
             here,
@@ -397,7 +415,7 @@ impl KvIndex {
                 // continues through a block any stream of its endpoint holds.
                 alive.retain(|&s| {
                     let ep = slot_ep(s);
-                    let held = |ep: EpIdx| here.iter().any(|&h| slot_ep(h) == ep);
+                    let held = |ep: Member| here.iter().any(|&h| slot_ep(h) == ep);
                     let go_on = if s & 0xF == PREDICTED_RANK {
                         predicted.contains(&ep) || held(ep)
                     } else {
@@ -422,7 +440,7 @@ impl KvIndex {
 
     /// Fills `here` with the streams holding `key` and `predicted` with the endpoints whose
     /// unexpired prediction covers it.
-    fn holders_at(&self, key: u64, now: Instant, here: &mut Vec<u32>, predicted: &mut Vec<EpIdx>) {
+    fn holders_at(&self, key: u64, now: Instant, here: &mut Vec<u32>, predicted: &mut Vec<Member>) {
         here.clear();
         predicted.clear();
         let sh = self.shard(key).read();
@@ -430,12 +448,12 @@ impl KvIndex {
         if let Some(p) = sh.predicted.get(&key) {
             p.iter()
                 .filter(|(_, exp)| *exp > now)
-                .for_each(|(ep, _)| predicted.push(*ep as EpIdx));
+                .for_each(|(ep, _)| predicted.push(*ep as Member));
         }
     }
 
     /// Keys held by `ep` (all ranks, confirmed only), oldest first per rank.
-    pub fn keys_of(&self, ep: EpIdx) -> Vec<BlockKey> {
+    pub fn keys_of(&self, ep: Member) -> Vec<BlockKey> {
         let slots = self.slots.lock();
         let mut out = Vec::new();
         for r in 0..=MAX_RANK {
@@ -463,7 +481,7 @@ impl KvIndex {
     }
 
     /// Does `ep` hold `key` on any rank (confirmed blocks only)?
-    pub fn holds_key(&self, ep: EpIdx, key: BlockKey) -> bool {
+    pub fn holds_key(&self, ep: Member, key: BlockKey) -> bool {
         let mut found = false;
         self.shard(key.0)
             .read()
@@ -474,7 +492,7 @@ impl KvIndex {
 
     /// Confirmed keys held by `ep`, summed over its ranks. Lock-light: one read lock on the
     /// per-endpoint counters (written only when an endpoint is first seen).
-    pub fn blocks(&self, ep: EpIdx) -> u64 {
+    pub fn blocks(&self, ep: Member) -> u64 {
         self.ep_blocks
             .read()
             .get(ep)
@@ -482,7 +500,7 @@ impl KvIndex {
     }
 
     /// Moves `ep`'s block count by `delta` (called with `slots` held, so writers are serial).
-    fn count(&self, ep: EpIdx, delta: i64) {
+    fn count(&self, ep: Member, delta: i64) {
         if delta == 0 {
             return;
         }
@@ -512,7 +530,7 @@ impl KvIndex {
     }
 }
 
-fn unpredict(sh: &mut Shard, key: u64, ep: EpIdx) {
+fn unpredict(sh: &mut Shard, key: u64, ep: Member) {
     if let Some(v) = sh.predicted.get_mut(&key) {
         v.retain(|(e, _)| *e != ep as u32);
         if v.is_empty() {
@@ -521,7 +539,7 @@ fn unpredict(sh: &mut Shard, key: u64, ep: EpIdx) {
     }
 }
 
-fn record(best: &mut Vec<(EpIdx, usize)>, ep: EpIdx, len: usize) {
+fn record(best: &mut Vec<(Member, usize)>, ep: Member, len: usize) {
     if len == 0 {
         return;
     }

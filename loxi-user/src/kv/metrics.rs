@@ -267,25 +267,71 @@ impl KvMetrics {
         g.set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
-    /// Removes every series of one service (rule deleted).
-    pub fn forget_service(&self, service: &str, endpoints: usize, ranks: u32) {
-        for ep in 0..endpoints {
-            let l = EpIdxLabels {
+    /// Removes every series of position `ep` of `service` (its endpoint left, or another one
+    /// sits there now): hits, blocks, and every subscriber series of its `ranks` ranks.
+    pub fn forget_ep(&self, service: &str, ep: usize, ranks: u32) {
+        let l = EpIdxLabels {
+            service: service.into(),
+            ep_idx: ep.to_string(),
+        };
+        self.hits.remove(&l);
+        self.blocks.remove(&l);
+        for r in 0..ranks.max(1) {
+            let e = EpLabels {
                 service: service.into(),
-                ep_idx: ep.to_string(),
+                ep: ep_label(ep, r),
             };
-            self.blocks.remove(&l);
-            for r in 0..ranks.max(1) {
-                let e = EpLabels {
+            self.connected.remove(&e);
+            self.parity_ok.remove(&e);
+            self.reconnects.remove(&e);
+            self.recv_errors.remove(&e);
+            self.events_applied.remove(&e);
+            for reason in REJECT_REASONS {
+                self.events_rejected.remove(&EpReasonLabels {
                     service: service.into(),
-                    ep: ep_label(ep, r),
-                };
-                self.connected.remove(&e);
-                self.parity_ok.remove(&e);
+                    ep: e.ep.clone(),
+                    reason: (*reason).into(),
+                });
+            }
+            for outcome in REPLAY_OUTCOMES {
+                self.replays.remove(&EpReasonLabels {
+                    service: service.into(),
+                    ep: e.ep.clone(),
+                    reason: (*outcome).into(),
+                });
             }
         }
     }
+
+    /// Removes every series of one service (rule deleted, or its KV state rebuilt): the
+    /// per-position ones of its `endpoints` endpoints and the per-service ones.
+    pub fn forget_service(&self, service: &str, endpoints: usize, ranks: u32) {
+        for ep in 0..endpoints {
+            self.forget_ep(service, ep, ranks);
+        }
+        for r in MissReason::ALL {
+            self.misses.remove(&ReasonLabels {
+                service: service.into(),
+                reason: r.as_str().into(),
+            });
+        }
+        let s = ServiceLabels {
+            service: service.into(),
+        };
+        self.fallthrough.remove(&s);
+        self.spills.remove(&s);
+        self.cold_seeds.remove(&s);
+        self.cap_evictions.remove(&s);
+    }
 }
+
+/// Every `reason` of `loxilb_kv_events_rejected_total` (frame: a multipart message without the
+/// 3 frames; batch: an undecodable payload; malformed: one undecodable event; block_size: a
+/// `BlockStored` with another block size).
+pub const REJECT_REASONS: &[&str] = &["frame", "batch", "malformed", "block_size"];
+
+/// Every `reason` (outcome) of `loxilb_kv_replay_total`.
+pub const REPLAY_OUTCOMES: &[&str] = &["ok", "failed"];
 
 /// The request-path series of one service, resolved once when its KV state is created (like
 /// the proxy's pool metrics), so that a hit or a miss is one atomic add with no label built.
@@ -293,7 +339,9 @@ impl KvMetrics {
 pub struct RouteMetrics {
     family: KvMetrics,
     service: String,
-    hits: Vec<OnceLock<Counter>>,
+    /// Hit counters by position, resolved on first use; a position whose endpoint changed is
+    /// reset by [`Self::forget_hit`].
+    hits: parking_lot::RwLock<Vec<Option<Counter>>>,
     misses: Vec<Counter>,
     fallthrough: Counter,
     /// `loxilb_pd_kv_tier15_spills_total{service}`.
@@ -304,19 +352,33 @@ pub struct RouteMetrics {
 }
 
 impl RouteMetrics {
-    /// Counts one hit on `ep` (an index beyond the rule's endpoints is not counted).
+    /// Counts one hit on the endpoint at position `ep`.
     pub fn hit(&self, ep: usize) {
-        let Some(cell) = self.hits.get(ep) else {
+        if let Some(Some(c)) = self.hits.read().get(ep) {
+            c.inc();
             return;
-        };
-        cell.get_or_init(|| {
-            let labels = EpIdxLabels {
-                service: self.service.clone(),
-                ep_idx: ep.to_string(),
-            };
-            self.family.hits.get_or_create(&labels).clone()
-        })
-        .inc();
+        }
+        let mut hits = self.hits.write();
+        if hits.len() <= ep {
+            hits.resize(ep + 1, None);
+        }
+        hits[ep]
+            .get_or_insert_with(|| {
+                let labels = EpIdxLabels {
+                    service: self.service.clone(),
+                    ep_idx: ep.to_string(),
+                };
+                self.family.hits.get_or_create(&labels).clone()
+            })
+            .inc();
+    }
+
+    /// Drops the cached hit counter of position `ep` (its series was removed: another endpoint
+    /// sits there now, or none).
+    pub fn forget_hit(&self, ep: usize) {
+        if let Some(c) = self.hits.write().get_mut(ep) {
+            *c = None;
+        }
     }
 
     /// Counts one miss of `reason` and the fallthrough it causes.
@@ -350,7 +412,7 @@ impl KvMetrics {
         RouteMetrics {
             family: self.clone(),
             service: service.into(),
-            hits: (0..endpoints).map(|_| OnceLock::new()).collect(),
+            hits: parking_lot::RwLock::new(vec![None; endpoints]),
             misses: MissReason::ALL
                 .iter()
                 .map(|r| {
@@ -405,6 +467,42 @@ mod tests {
         ));
         assert!(out.contains("loxilb_pd_kv_tier15_fallthrough_total{service=\"7\"} 1"));
         assert!(out.contains("loxilb_pd_kv_tier15_spills_total{service=\"7\"} 0"));
+    }
+
+    #[test]
+    fn forget_service_leaves_no_series_of_the_service() {
+        let mut reg = Registry::default();
+        let m = KvMetrics::register(&mut reg);
+        for svc in ["7", "8"] {
+            m.init_service(svc);
+            m.hit(svc, 1);
+            m.set_blocks(svc, 1, 3);
+            let e = EpLabels {
+                service: svc.into(),
+                ep: ep_label(1, 1),
+            };
+            m.connected.get_or_create(&e).set(1);
+            m.events_applied.get_or_create(&e).inc();
+            for r in REJECT_REASONS {
+                m.events_rejected
+                    .get_or_create(&EpReasonLabels {
+                        service: svc.into(),
+                        ep: e.ep.clone(),
+                        reason: (*r).into(),
+                    })
+                    .inc();
+            }
+        }
+        m.forget_service("7", 2, 2);
+        let mut out = String::new();
+        encode(&mut out, &reg).expect("encode");
+        let of = |svc: &str| {
+            out.lines()
+                .filter(|l| l.contains(&format!("service=\"{svc}\"")))
+                .count()
+        };
+        assert_eq!(of("7"), 0, "{out}");
+        assert!(of("8") >= 6 + MissReason::ALL.len(), "{out}");
     }
 
     #[test]

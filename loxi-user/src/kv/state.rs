@@ -12,13 +12,15 @@ use tokio::time::Instant;
 use super::block_hash::BlockHasher;
 use super::index::KvIndex;
 use super::ingest::parity::ParityBook;
-use super::metrics::{KvMetrics, RouteMetrics};
+use super::members::{Member, MemberChange, Members};
+use super::metrics::{EpLabels, KvMetrics, RouteMetrics, ep_label};
 use super::settings::KvSettings;
 use crate::routing::EpIdx;
-use crate::rules::KvSpec;
+use crate::rules::{KvEndpoint, KvSpec};
 use crate::rules::store::StoredRule;
 
 /// The KV contract of one rule: its compiled [`KvSpec`] (validation decided every default).
+/// In a [`ServiceKv`] its `endpoints` list is empty: the live list is [`ServiceKv::members`].
 pub type ServiceKvConfig = KvSpec;
 
 /// Live status of one (endpoint, rank) event stream.
@@ -34,8 +36,11 @@ pub struct StreamStatus {
 pub struct ServiceKv {
     /// Rule id (`service` label, `service_id` in the API).
     pub id: u32,
-    /// The rule's compiled KV contract.
+    /// The rule's compiled KV contract (without its endpoints; see [`ServiceKvConfig`]).
     pub config: ServiceKvConfig,
+    /// The rule's endpoints with their stable member ids (index, parity, streams are keyed by
+    /// member; positions are translated at the edges).
+    pub members: RwLock<Members>,
     /// The `service` label (the id as text, made once).
     pub label: String,
     /// The block index.
@@ -49,9 +54,9 @@ pub struct ServiceKv {
     pub warm_start: OnceLock<Instant>,
     /// Tier 1.5 hits so far (drives cold-start seeding).
     pub hits: AtomicU64,
-    /// Status per (endpoint, rank).
-    pub streams: Mutex<HashMap<(EpIdx, u32), StreamStatus>>,
-    /// Parity verdicts and token re-hash state per endpoint.
+    /// Status per (member, rank).
+    pub streams: Mutex<HashMap<(Member, u32), StreamStatus>>,
+    /// Parity verdicts and token re-hash state per member.
     pub parity: Mutex<ParityBook>,
 }
 
@@ -70,8 +75,65 @@ impl ServiceKv {
             hits: AtomicU64::new(0),
             streams: Mutex::new(HashMap::new()),
             parity: Mutex::new(ParityBook::default()),
-            config: config.clone(),
+            members: RwLock::new(Members::new(&config.endpoints)),
+            config: KvSpec {
+                endpoints: Vec::new(),
+                ..config.clone()
+            },
         }
+    }
+
+    /// The current position of `member` in the rule (`None` once it left).
+    pub fn ep_idx(&self, member: Member) -> Option<EpIdx> {
+        self.members.read().idx_of(member)
+    }
+
+    /// The subscriber labels of stream (`member`, `rank`) at the member's current position;
+    /// `None` once the member left the rule (its stream is being stopped: it records nothing).
+    pub fn ep_labels(&self, member: Member, rank: u32) -> Option<EpLabels> {
+        Some(EpLabels {
+            service: self.label.clone(),
+            ep: ep_label(self.ep_idx(member)?, rank),
+        })
+    }
+
+    /// Follows a rule update that kept the KV contract: endpoints are matched by identity
+    /// ([`Members::sync`]); a removed endpoint's blocks, predictions, parity state and stream
+    /// status are dropped; every series at a position whose endpoint changed is removed (none
+    /// is relabelled onto another endpoint) and the gauges at the new positions are set from
+    /// the state they now name. Returns what changed.
+    pub fn sync_endpoints(&self, eps: &[KvEndpoint], metrics: &KvMetrics) -> MemberChange {
+        let change = self.members.write().sync(eps);
+        if change.is_empty() {
+            return change;
+        }
+        for &m in &change.removed {
+            self.index.forget(m);
+            self.parity.lock().reset(m);
+            self.streams.lock().retain(|(sm, _), _| *sm != m);
+        }
+        for &pos in &change.moved {
+            metrics.forget_ep(&self.label, pos, self.config.dp_ranks);
+            self.route.forget_hit(pos);
+        }
+        let members = self.members.read();
+        let streams = self.streams.lock();
+        for &pos in &change.moved {
+            let Some(m) = members.member_at(pos) else {
+                continue;
+            };
+            metrics.set_blocks(&self.label, pos, self.index.blocks(m));
+            for ((sm, rank), st) in streams.iter() {
+                if *sm == m {
+                    let l = EpLabels {
+                        service: self.label.clone(),
+                        ep: ep_label(pos, *rank),
+                    };
+                    metrics.connected.get_or_create(&l).set(i64::from(st.connected));
+                }
+            }
+        }
+        change
     }
 
     /// The `service` label.
@@ -79,9 +141,10 @@ impl ServiceKv {
         self.label.clone()
     }
 
-    /// Records a subscriber connect/disconnect; the first connect starts the warmup window.
-    pub fn set_connected(&self, ep: EpIdx, rank: u32, up: bool) {
-        self.streams.lock().entry((ep, rank)).or_default().connected = up;
+    /// Records a subscriber connect/disconnect of stream (`member`, `rank`); the first connect
+    /// starts the warmup window.
+    pub fn set_connected(&self, member: Member, rank: u32, up: bool) {
+        self.streams.lock().entry((member, rank)).or_default().connected = up;
         if up {
             self.warm_start.get_or_init(Instant::now);
         }
@@ -120,23 +183,35 @@ impl KvState {
     }
 
     /// The state of `rule`'s service, created when missing or when its KV contract changed;
-    /// `None` when the rule has tier 1.5 off.
+    /// `None` when the rule has tier 1.5 off. A change of endpoints alone keeps the state: the
+    /// request path reads it as it is, and the subscriber manager applies the new endpoint
+    /// list in snapshot order ([`Self::sync`]), so a request holding an older snapshot of the
+    /// rule never moves it back.
     pub fn service(&self, rule: &StoredRule) -> Option<Arc<ServiceKv>> {
         let cfg = rule.spec.kv.as_ref()?;
         if let Some(s) = self.services.read().get(&rule.id)
-            && s.config == *cfg
+            && s.config.same_contract(cfg)
         {
             return Some(s.clone());
         }
         let mut map = self.services.write();
         Some(match map.get(&rule.id) {
-            Some(s) if s.config == *cfg => s.clone(),
+            Some(s) if s.config.same_contract(cfg) => s.clone(),
             _ => {
                 let s = Arc::new(ServiceKv::new(rule.id, cfg, &self.settings, &self.metrics));
                 map.insert(rule.id, s.clone());
                 s
             }
         })
+    }
+
+    /// [`Self::service`], then the rule's endpoint list applied to it
+    /// ([`ServiceKv::sync_endpoints`]). Called by the subscriber manager for each snapshot.
+    pub fn sync(&self, rule: &StoredRule) -> Option<Arc<ServiceKv>> {
+        let svc = self.service(rule)?;
+        let eps = rule.spec.kv.as_ref().map_or(&[][..], |k| &k.endpoints[..]);
+        svc.sync_endpoints(eps, &self.metrics);
+        Some(svc)
     }
 
     /// Every service's state (for the background prediction sweep).
@@ -152,8 +227,9 @@ impl KvState {
     /// Drops a service's state (rule deleted or KV turned off).
     pub fn drop_service(&self, id: u32) {
         if let Some(s) = self.services.write().remove(&id) {
+            let eps = s.members.read().len();
             self.metrics
-                .forget_service(&s.label(), s.config.endpoints.len(), s.config.dp_ranks);
+                .forget_service(&s.label(), eps, s.config.dp_ranks);
         }
     }
 

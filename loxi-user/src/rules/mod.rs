@@ -10,5 +10,5 @@ pub mod validate;
 
 pub use error::RuleError;
 pub use model::{Endpoint, LbRule, RuleKey, ServiceArgs};
-pub use spec::{KvMode, KvSpec, ServiceSpec};
+pub use spec::{KvEndpoint, KvMode, KvSpec, ServiceSpec};
 pub use store::{RuleSnapshot, RuleStore, StoredRule, UpsertOutcome};

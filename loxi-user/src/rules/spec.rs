@@ -265,9 +265,34 @@ pub struct KvSpec {
     pub replay_port: u16,
     /// `kvDpRankCount`, ≥ 1.
     pub dp_ranks: u32,
-    /// `(endpointIP, subscribed?)` per endpoint, in rule order: mode 3 subscribes every
-    /// endpoint, mode 1 the prefill ones (`ep_role: 1`).
-    pub endpoints: Vec<(String, bool)>,
+    /// The rule's endpoints in rule order: mode 3 subscribes every endpoint, mode 1 the
+    /// prefill ones (`ep_role: 1`).
+    pub endpoints: Vec<KvEndpoint>,
+}
+
+impl KvSpec {
+    /// Same contract (everything but the endpoint list)? A change of contract rebuilds a
+    /// service's KV state; a change of endpoints alone only moves, adds or drops endpoints
+    /// (`kv::members`).
+    pub fn same_contract(&self, other: &KvSpec) -> bool {
+        let strip = |k: &KvSpec| KvSpec {
+            endpoints: Vec::new(),
+            ..k.clone()
+        };
+        strip(self) == strip(other)
+    }
+}
+
+/// One endpoint as the KV tier sees it: its identity (address) and whether its events are
+/// subscribed.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct KvEndpoint {
+    /// `endpointIP`, normalised by validation.
+    pub ip: String,
+    /// `targetPort`.
+    pub port: u16,
+    /// Are its KV events subscribed (mode 3: all; mode 1: `ep_role: 1`)?
+    pub subscribed: bool,
 }
 
 /// A validated rule's service, typed. Built by [`ServiceSpec::compile`].
@@ -348,9 +373,10 @@ fn kv_spec(
     let endpoints = rule
         .endpoints
         .iter()
-        .map(|e| {
-            let sub = mode == KvMode::Pool || e.ep_role == 1;
-            (e.endpoint_ip.clone(), sub)
+        .map(|e| KvEndpoint {
+            ip: e.endpoint_ip.clone(),
+            port: e.target_port,
+            subscribed: mode == KvMode::Pool || e.ep_role == 1,
         })
         .collect();
     Ok(Some(KvSpec {
@@ -401,7 +427,14 @@ mod tests {
             (kv.mode, kv.algo, kv.block_size),
             (KvMode::Pool, HashAlgo::Sha256Cbor, 16)
         );
-        assert_eq!(kv.endpoints, vec![("10.0.0.2".to_string(), true)]);
+        assert_eq!(
+            kv.endpoints,
+            vec![KvEndpoint {
+                ip: "10.0.0.2".into(),
+                port: 8000,
+                subscribed: true
+            }]
+        );
         let s = spec(json!({"kvExactMode": 3, "kvEngineType": "sglang"}));
         assert_eq!(s.kv.map(|k| k.algo), Some(HashAlgo::Sha256Sglang));
         let s = spec(json!({"sel": 8, "backend_protocol": "http2"}));

@@ -9,10 +9,20 @@
 
 use super::events::{EventBatch, KvEvent};
 use crate::kv::BlockKey;
+use crate::kv::members::Member;
 use crate::kv::metrics::{EpLabels, EpReasonLabels, KvMetrics, ServiceLabels, ep_label};
 use crate::kv::settings::KvSettings;
 use crate::kv::state::ServiceKv;
 use crate::routing::EpIdx;
+
+/// Where a batch is applied: the stream's member, its current position in the rule (for
+/// labels) and its DP rank.
+#[derive(Debug, Clone, Copy)]
+struct Position {
+    member: Member,
+    pos: EpIdx,
+    rank: u32,
+}
 
 /// Counts of one applied batch.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -24,19 +34,27 @@ pub struct Applied {
 }
 
 impl ServiceKv {
-    /// Applies `batch`, received on stream (`ep`, `rank`), to the index and updates metrics.
+    /// Applies `batch`, received on stream (`member`, `rank`), to the index and updates metrics
+    /// at the member's current position. A batch of a member that left the rule is dropped
+    /// (its stream is being stopped); the member list is read-locked for the whole batch, so a
+    /// concurrent [`ServiceKv::sync_endpoints`] cannot forget the member half-way through it.
     pub fn apply_batch(
         &self,
-        ep: EpIdx,
+        member: Member,
         rank: u32,
         batch: &EventBatch,
         settings: &KvSettings,
         m: &KvMetrics,
     ) -> Applied {
+        let members = self.members.read();
+        let Some(pos) = members.idx_of(member) else {
+            return Applied::default();
+        };
         let mut out = Applied::default();
+        let at = Position { member, pos, rank };
         for ev in &batch.events {
             let reason = match ev {
-                Ok(ev) => self.apply_event(ep, rank, ev, settings, m).err(),
+                Ok(ev) => self.apply_event(at, ev, settings, m).err(),
                 Err(_) => Some("malformed"),
             };
             match reason {
@@ -45,7 +63,7 @@ impl ServiceKv {
                     out.rejected += 1;
                     let l = EpReasonLabels {
                         service: self.label(),
-                        ep: ep_label(ep, rank),
+                        ep: ep_label(pos, rank),
                         reason: r.into(),
                     };
                     m.events_rejected.get_or_create(&l).inc();
@@ -54,21 +72,21 @@ impl ServiceKv {
         }
         let l = EpLabels {
             service: self.label(),
-            ep: ep_label(ep, rank),
+            ep: ep_label(pos, rank),
         };
         m.events_applied.get_or_create(&l).inc_by(out.applied);
-        m.set_blocks(&self.label(), ep, self.index.blocks(ep));
+        m.set_blocks(&self.label(), pos, self.index.blocks(member));
         out
     }
 
     fn apply_event(
         &self,
-        ep: EpIdx,
-        rank: u32,
+        at: Position,
         ev: &KvEvent,
         settings: &KvSettings,
         m: &KvMetrics,
     ) -> Result<(), &'static str> {
+        let (ep, rank) = (at.member, at.rank);
         match ev {
             KvEvent::BlockStored(st) => {
                 let bs = self.config.block_size;
@@ -87,7 +105,7 @@ impl ServiceKv {
                         &settings.lora_paths,
                     );
                     if t.verdict_changed {
-                        self.publish_parity(ep, rank, m);
+                        self.publish_parity(at, m);
                     }
                     t.keys
                 };
@@ -113,23 +131,23 @@ impl ServiceKv {
         Ok(())
     }
 
-    /// Drops every block of `ep` (all ranks) and its cached digests.
-    pub fn clear_endpoint(&self, ep: EpIdx) {
+    /// Drops every block of member `ep` (all ranks) and its cached digests.
+    pub fn clear_endpoint(&self, ep: Member) {
         self.index.clear_endpoint(ep);
         self.parity.lock().clear(ep);
     }
 
-    fn publish_parity(&self, ep: EpIdx, rank: u32, m: &KvMetrics) {
+    fn publish_parity(&self, at: Position, m: &KvMetrics) {
         let ok = self
             .parity
             .lock()
-            .get(ep)
+            .get(at.member)
             .map(|p| p.verdict == super::parity::Verdict::Ok)
             .unwrap_or(false);
         m.parity_ok
             .get_or_create(&EpLabels {
                 service: self.label(),
-                ep: ep_label(ep, rank),
+                ep: ep_label(at.pos, at.rank),
             })
             .set(i64::from(ok));
     }

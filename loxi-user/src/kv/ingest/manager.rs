@@ -1,7 +1,9 @@
 //! Reconciles subscriber tasks against rule snapshots: kvExactMode 3 subscribes every
 //! endpoint, kvExactMode 1 the prefill endpoints (`ep_role: 1`), each on `kvDpRankCount`
 //! ranks (`kvZmqPort + rank`). A rule deletion (or kvExactMode 0) stops its tasks and drops its
-//! index; a change of the rule's KV contract rebuilds the service state and restarts them.
+//! index; a change of the rule's KV contract rebuilds the service state and restarts them. A
+//! change of endpoints alone ([`KvState::sync`]) keeps the state: streams are keyed by the
+//! endpoint's member id, so only the streams of added or removed endpoints start or stop.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -13,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use super::subscriber::{Stream, StreamAddr, StreamTiming};
 use crate::kv::state::{KvState, ServiceKv};
 use crate::rules::model::authority;
-use crate::rules::store::{RuleSnapshot, StoredRule};
+use crate::rules::store::RuleSnapshot;
 
 /// Identity of a running stream: rule id, the service-state instance it feeds, and its address.
 type StreamKey = (u32, usize, StreamAddr);
@@ -25,26 +27,26 @@ pub struct KvManager {
     running: HashMap<StreamKey, (CancellationToken, JoinHandle<()>)>,
 }
 
-/// The streams a rule wants.
-pub fn streams_of(rule: &StoredRule, svc: &ServiceKv) -> Vec<StreamAddr> {
+/// The streams a service wants: one per (subscribed endpoint, rank), keyed by the endpoint's
+/// member id, so a stream survives its endpoint moving in the rule.
+pub fn streams_of(svc: &ServiceKv) -> Vec<StreamAddr> {
     let c = &svc.config;
     let mut out = Vec::new();
-    for (ep, (ip, subscribed)) in c.endpoints.iter().enumerate() {
-        if !subscribed {
+    for (_, ep, member) in svc.members.read().iter() {
+        if !ep.subscribed {
             continue;
         }
         for rank in 0..c.dp_ranks {
             let replay =
-                (c.replay_port != 0).then(|| authority(ip, u32::from(c.replay_port) + rank));
+                (c.replay_port != 0).then(|| authority(&ep.ip, u32::from(c.replay_port) + rank));
             out.push(StreamAddr {
-                ep,
+                member,
                 rank,
-                publisher: authority(ip, u32::from(c.zmq_port) + rank),
+                publisher: authority(&ep.ip, u32::from(c.zmq_port) + rank),
                 replay,
             });
         }
     }
-    debug_assert!(rule.id == svc.id);
     out
 }
 
@@ -85,11 +87,11 @@ impl KvManager {
         let mut want: HashMap<StreamKey, Arc<ServiceKv>> = HashMap::new();
         let mut live_ids = Vec::new();
         for rule in snap.rules.values() {
-            let Some(svc) = self.state.service(rule) else {
+            let Some(svc) = self.state.sync(rule) else {
                 continue;
             };
             live_ids.push(rule.id);
-            for addr in streams_of(rule, &svc) {
+            for addr in streams_of(&svc) {
                 want.insert((rule.id, Arc::as_ptr(&svc) as usize, addr), svc.clone());
             }
         }
@@ -114,6 +116,15 @@ impl KvManager {
                 self.state.drop_service(id);
             }
         }
+    }
+
+    /// `member@publisher/rank` of every running stream (the identity a stream keeps across
+    /// rule updates; for tests and logs).
+    pub fn publishers(&self) -> Vec<String> {
+        self.running
+            .keys()
+            .map(|(_, _, a)| format!("{}@{}/{}", a.member, a.publisher, a.rank))
+            .collect()
     }
 
     /// Number of running streams.

@@ -17,7 +17,7 @@ use serde::Serialize;
 use super::events::BlockStored;
 use crate::kv::BlockKey;
 use crate::kv::block_hash::{BlockDigest, BlockHasher, ExtraKey, HashAlgo, VLLM_UNSET_SEED};
-use crate::routing::EpIdx;
+use crate::kv::members::Member;
 
 /// Agreeing blocks needed before the verdict is `Ok` and checking stops.
 pub const ESTABLISH_BLOCKS: u64 = 8;
@@ -63,7 +63,7 @@ pub struct EpParity {
 /// Parity state of every endpoint of a service.
 #[derive(Debug, Default)]
 pub struct ParityBook {
-    eps: HashMap<EpIdx, EpParity>,
+    eps: HashMap<Member, EpParity>,
 }
 
 /// How a stored event enters the index.
@@ -77,33 +77,33 @@ pub struct Translated {
 
 impl ParityBook {
     /// The report of `ep`.
-    pub fn get(&self, ep: EpIdx) -> Option<&EpParity> {
+    pub fn get(&self, ep: Member) -> Option<&EpParity> {
         self.eps.get(&ep)
     }
 
     /// All endpoints with a report, sorted.
-    pub fn all(&self) -> Vec<(EpIdx, EpParity)> {
+    pub fn all(&self) -> Vec<(Member, EpParity)> {
         let mut v: Vec<_> = self.eps.iter().map(|(k, v)| (*k, v.clone())).collect();
         v.sort_by_key(|(k, _)| *k);
         v
     }
 
     /// Records a `block_size` rejection.
-    pub fn reject_block_size(&mut self, ep: EpIdx, engine_bs: u32) {
+    pub fn reject_block_size(&mut self, ep: Member, engine_bs: u32) {
         let p = self.eps.entry(ep).or_default();
         p.block_size_rejects += 1;
         p.engine_block_size = Some(engine_bs);
     }
 
     /// Forgets cached digests of `ep` (endpoint cleared); the verdict stays.
-    pub fn clear(&mut self, ep: EpIdx) {
+    pub fn clear(&mut self, ep: Member) {
         if let Some(p) = self.eps.get_mut(&ep) {
             p.digests.clear();
         }
     }
 
     /// Resets `ep` completely (engine restart: it may now run with other settings).
-    pub fn reset(&mut self, ep: EpIdx) {
+    pub fn reset(&mut self, ep: Member) {
         self.eps.remove(&ep);
     }
 
@@ -111,7 +111,7 @@ impl ParityBook {
     /// keys the index should hold for `ep`.
     pub fn on_stored(
         &mut self,
-        ep: EpIdx,
+        ep: Member,
         ev: &BlockStored,
         hasher: &BlockHasher,
         block_size: usize,
@@ -149,7 +149,7 @@ impl ParityBook {
     }
 
     /// Translates removed engine keys into index keys (re-hash mode maps and forgets them).
-    pub fn on_removed(&mut self, ep: EpIdx, engine: &[BlockKey], algo: HashAlgo) -> Vec<BlockKey> {
+    pub fn on_removed(&mut self, ep: Member, engine: &[BlockKey], algo: HashAlgo) -> Vec<BlockKey> {
         let Some(p) = self.eps.get_mut(&ep) else {
             return engine.to_vec();
         };
@@ -235,7 +235,7 @@ fn own_chain(
 
 fn check(
     p: &mut EpParity,
-    ep: EpIdx,
+    ep: Member,
     ev: &BlockStored,
     engine: &[BlockKey],
     own: &[Option<BlockDigest>],

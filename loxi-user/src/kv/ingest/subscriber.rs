@@ -29,15 +29,16 @@ use zeromq::{Socket, SocketEvent, SocketOptions, SocketRecv, SubSocket, ZmqError
 use super::events::decode_batch;
 use super::replay::{self, SeqAction, SeqTracker};
 use crate::kv::index::MAX_RANK;
-use crate::kv::metrics::{EpLabels, EpReasonLabels, ep_label};
+use crate::kv::members::Member;
+use crate::kv::metrics::{EpLabels, EpReasonLabels};
 use crate::kv::state::{KvState, ServiceKv};
-use crate::routing::EpIdx;
 
 /// Where one stream reads from.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct StreamAddr {
-    /// Endpoint index in the rule.
-    pub ep: EpIdx,
+    /// The endpoint's member id in its service (`kv::members`: stable across rule updates;
+    /// metric labels use its current position).
+    pub member: Member,
     /// DP rank.
     pub rank: u32,
     /// Publisher `host:port` (`kvZmqPort + rank`).
@@ -99,20 +100,28 @@ impl Stream {
         }
     }
 
-    fn labels(&self) -> EpLabels {
-        EpLabels {
-            service: self.svc.label(),
-            ep: ep_label(self.addr.ep, self.addr.rank),
-        }
+    /// Labels at the endpoint's current position; `None` once it left the rule.
+    fn labels(&self) -> Option<EpLabels> {
+        self.svc.ep_labels(self.addr.member, self.addr.rank)
+    }
+
+    fn reason_labels(&self, reason: &str) -> Option<EpReasonLabels> {
+        self.labels().map(|l| EpReasonLabels {
+            service: l.service,
+            ep: l.ep,
+            reason: reason.into(),
+        })
     }
 
     fn set_up(&self, up: bool) {
-        self.state
-            .metrics
-            .connected
-            .get_or_create(&self.labels())
-            .set(i64::from(up));
-        self.svc.set_connected(self.addr.ep, self.addr.rank, up);
+        self.svc.set_connected(self.addr.member, self.addr.rank, up);
+        if let Some(l) = self.labels() {
+            self.state
+                .metrics
+                .connected
+                .get_or_create(&l)
+                .set(i64::from(up));
+        }
     }
 
     /// Runs until `cancel` fires.
@@ -134,7 +143,7 @@ impl Stream {
                     self.set_up(false);
                 }
                 Err(e) => {
-                    tracing::debug!(service = self.svc.id, ep = self.addr.ep, error = %e, "kv subscriber connect failed");
+                    tracing::debug!(service = self.svc.id, member = self.addr.member, error = %e, "kv subscriber connect failed");
                     tokio::select! {
                         _ = cancel.cancelled() => break,
                         _ = tokio::time::sleep(backoff) => {}
@@ -172,7 +181,7 @@ impl Stream {
                 _ = sleep_until_some(rebuild_at) => {
                     tracing::info!(
                         service = self.svc.id,
-                        ep = self.addr.ep,
+                        member = self.addr.member,
                         "kv publisher still unreachable; rebuilding the subscriber socket"
                     );
                     return;
@@ -181,7 +190,7 @@ impl Stream {
                     Ok(msg) => self.on_message(msg).await,
                     Err(ZmqError::NoMessage) => return,
                     // The crate drops the peer, reports `Disconnected` and reconnects.
-                    Err(e) => tracing::debug!(service = self.svc.id, ep = self.addr.ep, error = %e, "kv subscriber receive error"),
+                    Err(e) => tracing::debug!(service = self.svc.id, member = self.addr.member, error = %e, "kv subscriber receive error"),
                 },
             }
         }
@@ -191,8 +200,10 @@ impl Stream {
         let m = &self.state.metrics;
         match ev {
             SocketEvent::Connected(..) => {
-                if self.ever_connected {
-                    m.reconnects.get_or_create(&self.labels()).inc();
+                if self.ever_connected
+                    && let Some(l) = self.labels()
+                {
+                    m.reconnects.get_or_create(&l).inc();
                 }
                 self.ever_connected = true;
                 self.set_up(true);
@@ -200,10 +211,12 @@ impl Stream {
             SocketEvent::Disconnected(_) => {
                 tracing::debug!(
                     service = self.svc.id,
-                    ep = self.addr.ep,
+                    member = self.addr.member,
                     "kv subscriber disconnected"
                 );
-                m.recv_errors.get_or_create(&self.labels()).inc();
+                if let Some(l) = self.labels() {
+                    m.recv_errors.get_or_create(&l).inc();
+                }
                 self.set_up(false);
             }
             _ => {}
@@ -219,12 +232,9 @@ impl Stream {
     }
 
     fn reject(&self, reason: &str) {
-        let l = EpReasonLabels {
-            service: self.svc.label(),
-            ep: ep_label(self.addr.ep, self.addr.rank),
-            reason: reason.into(),
-        };
-        self.state.metrics.events_rejected.get_or_create(&l).inc();
+        if let Some(l) = self.reason_labels(reason) {
+            self.state.metrics.events_rejected.get_or_create(&l).inc();
+        }
     }
 
     /// Applies one received batch under the sequence rules.
@@ -235,12 +245,12 @@ impl Stream {
             SeqAction::Regress => {
                 tracing::info!(
                     service = self.svc.id,
-                    ep = self.addr.ep,
+                    member = self.addr.member,
                     seq,
                     "kv publisher restarted; clearing its blocks"
                 );
                 self.clear();
-                self.svc.parity.lock().reset(self.addr.ep);
+                self.svc.parity.lock().reset(self.addr.member);
                 if seq > 0 {
                     self.repair(0, seq).await;
                 }
@@ -249,7 +259,7 @@ impl Stream {
                 if !self.repair(from, seq).await {
                     tracing::info!(
                         service = self.svc.id,
-                        ep = self.addr.ep,
+                        member = self.addr.member,
                         from,
                         seq,
                         "kv event gap not repairable; clearing"
@@ -262,13 +272,15 @@ impl Stream {
     }
 
     fn clear(&mut self) {
-        self.svc.index.clear_rank(self.addr.ep, self.addr.rank);
+        self.svc.index.clear_rank(self.addr.member, self.addr.rank);
         self.seq.reset();
-        self.state.metrics.set_blocks(
-            &self.svc.label(),
-            self.addr.ep,
-            self.svc.index.blocks(self.addr.ep),
-        );
+        if let Some(ep) = self.svc.ep_idx(self.addr.member) {
+            self.state.metrics.set_blocks(
+                &self.svc.label(),
+                ep,
+                self.svc.index.blocks(self.addr.member),
+            );
+        }
     }
 
     fn apply(&mut self, seq: u64, payload: &[u8]) {
@@ -279,7 +291,7 @@ impl Stream {
                     .filter(|r| *r <= MAX_RANK)
                     .unwrap_or(self.addr.rank);
                 self.svc.apply_batch(
-                    self.addr.ep,
+                    self.addr.member,
                     rank,
                     &batch,
                     &self.state.settings,
@@ -293,7 +305,7 @@ impl Stream {
             .svc
             .streams
             .lock()
-            .get_mut(&(self.addr.ep, self.addr.rank))
+            .get_mut(&(self.addr.member, self.addr.rank))
         {
             s.last_seq = Some(seq);
         }
@@ -319,16 +331,13 @@ impl Stream {
                 want == until
             }
             Err(e) => {
-                tracing::debug!(service = self.svc.id, ep = self.addr.ep, error = %e, "kv replay failed");
+                tracing::debug!(service = self.svc.id, member = self.addr.member, error = %e, "kv replay failed");
                 false
             }
         };
-        let l = EpReasonLabels {
-            service: self.svc.label(),
-            ep: ep_label(self.addr.ep, self.addr.rank),
-            reason: outcome(ok).into(),
-        };
-        self.state.metrics.replays.get_or_create(&l).inc();
+        if let Some(l) = self.reason_labels(outcome(ok)) {
+            self.state.metrics.replays.get_or_create(&l).inc();
+        }
         ok
     }
 }

@@ -115,7 +115,7 @@ impl Sub {
         let svc = state.service(&rule(1, 1, extra)).expect("kv rule");
         let replay = (p.replay_port != 0).then(|| format!("127.0.0.1:{}", p.replay_port));
         let addr = StreamAddr {
-            ep: 0,
+            member: 0,
             rank: 0,
             publisher: format!("127.0.0.1:{}", p.port),
             replay,
@@ -346,7 +346,7 @@ async fn cancelling_a_connected_or_still_connecting_stream_ends_it_promptly() {
             .service(&rule(1, 1, serde_json::json!({})))
             .expect("kv rule");
         let addr = StreamAddr {
-            ep: 0,
+            member: 0,
             rank: 0,
             publisher: format!("127.0.0.1:{port}"),
             replay: None,
@@ -494,7 +494,7 @@ async fn subscriber_started_before_the_engine_connects_when_it_comes_up() {
         .expect("kv rule");
     let cancel = CancellationToken::new();
     let addr = StreamAddr {
-        ep: 0,
+        member: 0,
         rank: 0,
         publisher: format!("127.0.0.1:{port}"),
         replay: None,
@@ -553,6 +553,51 @@ async fn manager_follows_rules_and_rule_deletion_stops_streams_and_drops_the_ind
     assert!(state.get(9).is_none());
 }
 
+#[tokio::test]
+async fn an_endpoint_change_keeps_the_state_and_the_streams_of_endpoints_that_stay() {
+    let (state, _reg) = state(KvSettings::default());
+    let three = rule(4, 3, serde_json::json!({}));
+    let mut two = three.clone();
+    two.rule.endpoints.remove(0);
+    two.spec = crate::rules::ServiceSpec::compile(&two.rule).expect("spec");
+    let snap = |r: &crate::rules::store::StoredRule| {
+        let mut s = RuleSnapshot::default();
+        s.rules.insert(r.rule.key(), Arc::new(r.clone()));
+        s
+    };
+    let mut m = KvManager::new(state.clone(), timing(64));
+    m.reconcile(&snap(&three));
+    let svc = state.get(4).expect("service");
+    // Members 0, 1, 2 are endpoints 127.0.0.1:8000..8002.
+    svc.index.store(1, 0, &[BlockKey(11), BlockKey(12)]);
+    svc.index.store(2, 0, &[BlockKey(21)]);
+    svc.index.store(0, 0, &[BlockKey(1)]);
+    let before: HashSet<String> = m.publishers().into_iter().collect();
+
+    // Drop :8000: the others move to positions 0 and 1 with their blocks and streams.
+    m.reconcile(&snap(&two));
+    let after = state.get(4).expect("service");
+    assert!(Arc::ptr_eq(&svc, &after), "same contract: the state is kept");
+    assert_eq!(m.len(), 2);
+    let members = after.members.read();
+    let (m0, m1) = (members.member_at(0), members.member_at(1));
+    drop(members);
+    assert_eq!((m0, m1), (Some(1), Some(2)));
+    assert_eq!((after.index.blocks(1), after.index.blocks(2)), (2, 1));
+    assert_eq!(after.index.blocks(0), 0, "the removed endpoint's blocks are dropped");
+    let kept: HashSet<String> = m.publishers().into_iter().collect();
+    assert!(kept.is_subset(&before), "no stream restarted: {kept:?} vs {before:?}");
+
+    // A contract change (block size) rebuilds the state.
+    let mut other = two.clone();
+    other.rule.service.kv_block_size = 32;
+    other.spec = crate::rules::ServiceSpec::compile(&other.rule).expect("spec");
+    m.reconcile(&snap(&other));
+    let rebuilt = state.get(4).expect("service");
+    assert!(!Arc::ptr_eq(&svc, &rebuilt));
+    assert_eq!(rebuilt.index.blocks(1), 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn manager_subscribes_only_prefill_endpoints_in_mode_one() {
     let (state, _reg) = state(KvSettings::default());
@@ -571,7 +616,7 @@ async fn manager_subscribes_only_prefill_endpoints_in_mode_one() {
     m.reconcile(&snap);
     assert_eq!(m.len(), 1);
     let svc = state.get(3).expect("service");
-    let subscribed: Vec<bool> = svc.config.endpoints.iter().map(|e| e.1).collect();
+    let subscribed: Vec<bool> = svc.members.read().iter().map(|(_, e, _)| e.subscribed).collect();
     assert_eq!(subscribed, vec![false, true, false]);
 }
 
@@ -582,7 +627,7 @@ async fn rank_one_events_belong_to_the_rank_one_stream() {
         .service(&rule(1, 1, serde_json::json!({})))
         .expect("kv rule");
     let addr = StreamAddr {
-        ep: 0,
+        member: 0,
         rank: 0,
         publisher: "127.0.0.1:9".into(),
         replay: None,

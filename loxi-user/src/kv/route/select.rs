@@ -27,6 +27,7 @@ pub use super::miss::MissReason;
 use crate::kv::BlockKey;
 use crate::kv::block_hash::RequestExtras;
 use crate::kv::index::ScoreScratch;
+use crate::kv::members::Member;
 use crate::kv::metrics::Stage;
 use crate::kv::state::{KvState, ServiceKv};
 use crate::request::{ApiKind, Prompt, RequestMeta};
@@ -90,6 +91,8 @@ impl KvTicket {
 struct Scratch {
     score: ScoreScratch,
     cands: Vec<Cand>,
+    /// The member id of each of the request's endpoints (`kv::members`).
+    members: Vec<Option<Member>>,
 }
 
 thread_local! {
@@ -171,10 +174,14 @@ impl KvRouter {
             return;
         };
         let keys = ticket.keys.get_or_insert_with(|| self.keys(&svc, meta));
-        if let Ok(keys) = keys {
+        let eps = rule.spec.kv.as_ref().map_or(&[][..], |k| &k.endpoints[..]);
+        let member = eps
+            .get(ep)
+            .and_then(|e| svc.members.read().member_of(e, ep));
+        if let (Ok(keys), Some(member)) = (keys, member) {
             let now = Instant::now();
             svc.index
-                .predict(ep, keys, now + self.state.settings.predicted_ttl);
+                .predict(member, keys, now + self.state.settings.predicted_ttl);
             tracing::trace!(service = rule.id, ep, blocks = keys.len(), first_block = ?keys.first(), "kv blocks predicted");
         }
     }
@@ -291,22 +298,34 @@ impl KvRouter {
         keys: &[BlockKey],
         cands: &Candidates<'_>,
     ) -> Result<(Decision, usize), MissReason> {
-        let scores = svc
-            .index
-            .score_with(keys, Instant::now(), &mut scratch.score);
-        let subscribed = |ep: EpIdx| svc.config.endpoints.get(ep).is_some_and(|(_, s)| *s);
-        let usable = |ep: EpIdx| cands.eligible(ep) && subscribed(ep);
+        let Scratch {
+            score,
+            cands: law_cands,
+            members,
+        } = scratch;
+        // The index is keyed by member id; the request's positions come from its own snapshot
+        // of the rule (which may differ from the service's while an update is applied).
+        let eps = rule.spec.kv.as_ref().map_or(&[][..], |k| &k.endpoints[..]);
+        svc.members.read().resolve(eps, members);
+        let scores = svc.index.score_with(keys, Instant::now(), score);
+        let member = |ep: EpIdx| members.get(ep).copied().flatten();
+        let overlap = |ep: EpIdx| {
+            member(ep)
+                .and_then(|m| scores.iter().find(|(x, _)| *x == m))
+                .map_or(0, |s| s.1)
+        };
+        let subscribed = |ep: EpIdx| eps.get(ep).is_some_and(|e| e.subscribed);
+        let usable = |ep: EpIdx| cands.eligible(ep) && subscribed(ep) && member(ep).is_some();
         if scores.is_empty() {
             return Err(MissReason::NoWorker);
         }
-        if !scores.iter().any(|(ep, _)| usable(*ep)) {
+        if !(0..cands.len()).any(|ep| usable(ep) && overlap(ep) > 0) {
             return Err(MissReason::Excluded);
         }
-        let law_cands = &mut scratch.cands;
         law_cands.clear();
         law_cands.extend((0..cands.len()).filter(|&ep| usable(ep)).map(|ep| Cand {
             ep,
-            overlap: scores.iter().find(|(e, _)| *e == ep).map_or(0, |s| s.1),
+            overlap: overlap(ep),
             load: cands.loads[ep].in_flight() + cands.loads[ep].queued.load(Ordering::Relaxed),
             weight: cands.weights.get(ep).copied().unwrap_or(1),
         }));
@@ -326,7 +345,7 @@ impl KvRouter {
                 .find(|c| c.ep == ep)
                 .map_or(0, |c| c.overlap)
         };
-        if let Some(cold) = self.cold_seed(svc, law_cands, pick.ep) {
+        if let Some(cold) = self.cold_seed(svc, law_cands, &member, pick.ep) {
             svc.route.cold_seeds.inc();
             return Ok((Decision::pick(cold, Reason::KvColdSeed), cached(cold)));
         }
@@ -339,14 +358,20 @@ impl KvRouter {
 
     /// Every `LOXILB_KV_COLDSTART_SEED_N`-th hit goes to the lowest-index eligible endpoint with
     /// fewer than `_MIN_BLOCKS` blocks (0 = empty only), if that is not the pick already.
-    fn cold_seed(&self, svc: &ServiceKv, cands: &[Cand], pick: EpIdx) -> Option<EpIdx> {
+    fn cold_seed(
+        &self,
+        svc: &ServiceKv,
+        cands: &[Cand],
+        member: &dyn Fn(EpIdx) -> Option<Member>,
+        pick: EpIdx,
+    ) -> Option<EpIdx> {
         let s = &self.state.settings;
         let n = svc.hits.fetch_add(1, Ordering::Relaxed) + 1;
         if s.coldstart_seed_n == 0 || !n.is_multiple_of(s.coldstart_seed_n) {
             return None;
         }
         let cold = |ep: EpIdx| {
-            let b = svc.index.blocks(ep);
+            let b = member(ep).map_or(0, |m| svc.index.blocks(m));
             if s.coldstart_min_blocks == 0 {
                 b == 0
             } else {
