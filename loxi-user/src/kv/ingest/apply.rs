@@ -47,7 +47,7 @@ impl ServiceKv {
         m: &KvMetrics,
     ) -> Applied {
         let members = self.members.read();
-        let Some(pos) = members.idx_of(member) else {
+        let Some(pos) = members.idx_of(member).filter(|_| !self.is_retired()) else {
             return Applied::default();
         };
         let mut out = Applied::default();
