@@ -39,7 +39,7 @@ async fn create_list_delete_round_trip_keeps_user_endpoint_order() {
     let (status, body) = d.post_rule(&rule(port)).await;
     assert_eq!(
         (status, body),
-        (200, json!({"code": 200, "message": "success"}))
+        (200, json!({"result": "Success"}))
     );
 
     let rules = lb_attr(&d.rules().await);
@@ -69,7 +69,7 @@ async fn create_list_delete_round_trip_keeps_user_endpoint_order() {
     let (status, body) = d.delete_rule("127.0.0.1", port, "tcp", None).await;
     assert_eq!(
         (status, body),
-        (200, json!({"code": 200, "message": "success"}))
+        (200, json!({"result": "Success"}))
     );
     assert!(lb_attr(&d.rules().await).is_empty());
 }

@@ -2,6 +2,7 @@
 //! snapshot store and its state file.
 pub mod model;
 pub mod persist;
+pub mod schema;
 pub mod spec;
 pub mod store;
 pub mod unsupported;

@@ -29,7 +29,7 @@ pub enum RuleError {
         suggestion: Option<String>,
     },
     /// A rule with the same key exists with another shape (HTTP 409).
-    #[error("{field}: a rule with this key exists with {field} = {existing}; delete it first")]
+    #[error("{field}: the rule with this key has {field} = {existing}; delete it first")]
     Conflict {
         /// The field whose value differs.
         field: String,
