@@ -92,8 +92,8 @@ fn sync_rules(store: &RuleStore, path: &PathBuf) -> anyhow::Result<()> {
                 &k.external_ip,
                 k.port,
                 &k.protocol,
-                Some(&k.host),
-                Some(&k.model_name),
+                &k.host,
+                &k.model_name,
             )?;
         }
     }
@@ -105,8 +105,8 @@ fn sync_rules(store: &RuleStore, path: &PathBuf) -> anyhow::Result<()> {
                 &k.external_ip,
                 k.port,
                 &k.protocol,
-                Some(&k.host),
-                Some(&k.model_name),
+                &k.host,
+                &k.model_name,
             )?;
             store.upsert(r)?;
         }

@@ -364,7 +364,8 @@ mod tests {
     fn loxilb_fields_at_zero_are_accepted_and_others_refused_as_not_implemented() {
         let mut v = rule_with(json!({"block": 0, "proxyprotocolv2": false, "egress": false,
             "portMax": 0, "privateIP": "", "adminStateUp": true, "alpn_protocols": null,
-            "path_match_mode": "disabled", "hw_pkts": 5}));
+            "path_match_mode": "disabled"}));
+        v["hw_pkts"] = json!(5);
         v["secondaryIPs"] = json!(null);
         v["allowedSources"] = json!([]);
         v["endpoints"][0]["backup"] = json!(false);

@@ -106,6 +106,7 @@ pub fn router(state: ApiState) -> Router {
 
 /// `GET /metrics`: OpenMetrics when the client's `Accept` asks for it, else text 0.0.4.
 async fn serve_metrics(State(st): State<ApiState>, headers: HeaderMap) -> Response {
+    refresh_endpoint_metrics(&st);
     let wants_om = headers
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
@@ -125,6 +126,25 @@ async fn serve_metrics(State(st): State<ApiState>, headers: HeaderMap) -> Respon
         Ok(text) => ([(header::CONTENT_TYPE, content_type)], text).into_response(),
         Err(e) => ApiError::internal(format!("encoding metrics failed: {e}")).into_response(),
     }
+}
+
+/// `loxilb_pd_ep_info` and the healthy/unhealthy endpoint gauges, from the rules and the
+/// live health board at scrape time.
+fn refresh_endpoint_metrics(st: &ApiState) {
+    let snap = st.store.snapshot();
+    let health = st.health.as_ref();
+    st.metrics
+        .set_endpoints(snap.rules.values().flat_map(|r| {
+            r.rule.endpoints.iter().enumerate().map(move |(i, ep)| {
+                (
+                    r.id,
+                    i,
+                    ep.endpoint_ip.as_str(),
+                    ep.target_port,
+                    health.healthy(r, i).unwrap_or(true),
+                )
+            })
+        }));
 }
 
 async fn not_found(req: Request) -> ApiError {
