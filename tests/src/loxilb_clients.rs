@@ -439,8 +439,11 @@ fn check_create(
     ensure!(listed.len() == 1, "one rule listed: {listed:?}");
     let e = &listed[0];
     check_listed_matches_post(e, &body)?;
-    check_against_loxilb_example(e, responses)?;
-    Ok("created; GET lists it in LoxiLB's shape".into())
+    let compared = check_against_loxilb_example(e, &body, responses)?;
+    Ok(format!(
+        "created; GET lists it in LoxiLB's shape{}",
+        if compared { " and equal to LoxiLB's own answer (server_responses.json)" } else { "" }
+    ))
 }
 
 /// Every non-zero `serviceArguments` value posted is listed back (canonical key), endpoints
@@ -486,15 +489,39 @@ fn check_listed_matches_post(e: &Value, body: &Value) -> Result<(), String> {
 /// differs"): `id` (minted), `inactiveTimeOut` (loxi's effective timeout, absent for mode 4).
 const EXEMPT_SERVICE: &[&str] = &["id", "inactiveTimeOut"];
 
-/// When `server_responses.json` lists LoxiLB's answer for a rule with this key and shape,
-/// every key LoxiLB lists is listed with the same value (loxi's extra keys aside). Endpoints
-/// are compared as sets (LoxiLB sorts them by IP, loxi keeps `ep_idx` order); `counter` is
-/// not reported by loxi.
-fn check_against_loxilb_example(e: &Value, responses: &Value) -> Result<(), String> {
+/// The endpoint IPs of a rule body, sorted.
+fn endpoint_ips(rule: &Value) -> Vec<String> {
+    let mut v: Vec<String> = rule["endpoints"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|ep| cell_str(&ep["endpointIP"]))
+        .collect();
+    v.sort();
+    v
+}
+
+fn cell_str(v: &Value) -> String {
+    v.as_str().unwrap_or_default().to_string()
+}
+
+/// When `server_responses.json` lists LoxiLB's answer for this rule (same key, selector, mode
+/// and endpoint set as the posted body), every key LoxiLB lists is listed with the same value
+/// (loxi's extra keys aside). Endpoints are compared as sets (LoxiLB sorts them by IP, loxi
+/// keeps `ep_idx` order); `counter` is not reported by loxi.
+fn check_against_loxilb_example(
+    e: &Value,
+    posted: &Value,
+    responses: &Value,
+) -> Result<bool, String> {
     let s = &e["serviceArguments"];
     let same = |x: &Value| {
         let xs = &x["serviceArguments"];
-        key_of(x) == key_of(e) && xs["sel"] == s["sel"] && xs["mode"] == s["mode"]
+        key_of(x) == key_of(e)
+            && xs["sel"] == s["sel"]
+            && xs["mode"] == s["mode"]
+            && endpoint_ips(x) == endpoint_ips(posted)
+            && xs["pd_disagg_mode"] == posted["serviceArguments"]["pd_disagg_mode"]
     };
     let Some(example) = responses["get_all"]
         .as_object()
@@ -504,7 +531,7 @@ fn check_against_loxilb_example(e: &Value, responses: &Value) -> Result<(), Stri
         .flatten()
         .find(|x| same(x))
     else {
-        return Ok(());
+        return Ok(false);
     };
     let xs = &example["serviceArguments"];
     for (k, v) in xs.as_object().into_iter().flatten() {
@@ -535,7 +562,7 @@ fn check_against_loxilb_example(e: &Value, responses: &Value) -> Result<(), Stri
         e["endpoints"],
         example["endpoints"]
     );
-    Ok(())
+    Ok(true)
 }
 
 /// Splits `/netlox/v1/config/loadbalancer/<a>/<b>/...` into its segment pairs.
