@@ -50,8 +50,8 @@ pub fn load(dir: &Path) -> (Vec<Fixture>, Value) {
         .collect();
     entries.sort();
     for path in entries {
-        let text = std::fs::read_to_string(&path)
-            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let text =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         let json: Value = serde_json::from_str(&text)
             .unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()));
         let id = path
@@ -264,7 +264,12 @@ fn send(w: &dyn Wire, req: &WireRequest) -> Result<WireResponse, String> {
     WireResponse::parse(&w.send(&req.raw(&w.host()))?)
 }
 
-fn api(w: &dyn Wire, method: &str, target: &str, body: Option<&Value>) -> Result<WireResponse, String> {
+fn api(
+    w: &dyn Wire,
+    method: &str,
+    target: &str,
+    body: Option<&Value>,
+) -> Result<WireResponse, String> {
     let (path, query) = match target.split_once('?') {
         Some((p, q)) => (p.to_string(), Some(q.to_string())),
         None => (target.to_string(), None),
@@ -330,11 +335,27 @@ fn success_raw(responses: &Value) -> String {
 /// list), `message` and `result` strings.
 fn check_error_shape(r: &WireResponse, status: u16) -> Result<Value, String> {
     let b = r.json();
-    ensure!(r.status == status, "status {} (want {status}): {}", r.status, r.text());
+    ensure!(
+        r.status == status,
+        "status {} (want {status}): {}",
+        r.status,
+        r.text()
+    );
     ensure!(b["code"] == json!(status), "code: {}", r.text());
-    ensure!(b["fields"].is_null() || b["fields"].is_array(), "fields: {}", r.text());
-    ensure!(b["message"].is_string() && b["result"].is_string(), "message/result: {}", r.text());
-    ensure!(r.body.ends_with(b"\n"), "body ends with a newline as go-openapi writes it");
+    ensure!(
+        b["fields"].is_null() || b["fields"].is_array(),
+        "fields: {}",
+        r.text()
+    );
+    ensure!(
+        b["message"].is_string() && b["result"].is_string(),
+        "message/result: {}",
+        r.text()
+    );
+    ensure!(
+        r.body.ends_with(b"\n"),
+        "body ends with a newline as go-openapi writes it"
+    );
     Ok(b)
 }
 
@@ -360,7 +381,9 @@ pub fn check_fixture(
 ) -> Result<String, String> {
     if !fx.sends() {
         ensure!(
-            fx.json["cli_result"]["exit_code"].as_i64().is_some_and(|c| c != 0),
+            fx.json["cli_result"]["exit_code"]
+                .as_i64()
+                .is_some_and(|c| c != 0),
             "a fixture that sends nothing must document the CLI's refusal"
         );
         return Ok("refused by the CLI before any request; nothing to replay".into());
@@ -408,20 +431,28 @@ fn check_create(
         // lands.
         let b = check_error_shape(&r, 400)?;
         let msg = b["message"].as_str().unwrap_or_default();
-        ensure!(msg.contains("not implemented"), "P/D refusal says so: {msg}");
+        ensure!(
+            msg.contains("not implemented"),
+            "P/D refusal says so: {msg}"
+        );
         let fields = b["fields"].to_string();
         ensure!(
-            fields.contains("serviceArguments.pd_") || fields.contains("serviceArguments.kvExactMode"),
+            fields.contains("serviceArguments.pd_")
+                || fields.contains("serviceArguments.kvExactMode"),
             "the refusal names a P/D field ({field}): {fields}"
         );
         ensure!(rules(w)?.is_empty(), "nothing stored");
-        return Ok(format!("P/D rule refused (400, {field} not implemented) until P/D lands"));
+        return Ok(format!(
+            "P/D rule refused (400, {field} not implemented) until P/D lands"
+        ));
     }
     let mode = body["serviceArguments"]["mode"].as_u64().unwrap_or(0);
     if mode != 4 && !t.l4 {
         let b = check_error_shape(&r, 400)?;
         ensure!(
-            b["message"].as_str().is_some_and(|m| m.contains("--xdp-iface")),
+            b["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("--xdp-iface")),
             "L4 refusal names --xdp-iface: {}",
             r.text()
         );
@@ -442,7 +473,11 @@ fn check_create(
     let compared = check_against_loxilb_example(e, &body, responses)?;
     Ok(format!(
         "created; GET lists it in LoxiLB's shape{}",
-        if compared { " and equal to LoxiLB's own answer (server_responses.json)" } else { "" }
+        if compared {
+            " and equal to LoxiLB's own answer (server_responses.json)"
+        } else {
+            ""
+        }
     ))
 }
 
@@ -457,11 +492,18 @@ fn check_listed_matches_post(e: &Value, body: &Value) -> Result<(), String> {
                 continue;
             }
             let k = canonical_key(k);
-            ensure!(s[&k] == *v, "serviceArguments.{k}: listed {} posted {v}", s[&k]);
+            ensure!(
+                s[&k] == *v,
+                "serviceArguments.{k}: listed {} posted {v}",
+                s[&k]
+            );
         }
     }
     let id = s["id"].as_str().unwrap_or_default();
-    ensure!(id.len() == 36 && id.as_bytes().get(14) == Some(&b'4'), "id is a UUIDv4: {id:?}");
+    ensure!(
+        id.len() == 36 && id.as_bytes().get(14) == Some(&b'4'),
+        "id is a UUIDv4: {id:?}"
+    );
     for (k, v) in [
         ("adminStateUp", json!(true)),
         ("alpn_protocols", Value::Null),
@@ -477,7 +519,12 @@ fn check_listed_matches_post(e: &Value, body: &Value) -> Result<(), String> {
     ensure!(eps.len() == posted.len(), "endpoint count");
     for (l, p) in eps.iter().zip(&posted) {
         for k in ["endpointIP", "targetPort", "weight"] {
-            ensure!(l[k] == p[k], "endpoint {k}: listed {} posted {}", l[k], p[k]);
+            ensure!(
+                l[k] == p[k],
+                "endpoint {k}: listed {} posted {}",
+                l[k],
+                p[k]
+            );
         }
         ensure!(l["state"] == json!("active"), "state: {l}");
         ensure!(l["backup"] == json!(false), "backup: {l}");
@@ -611,7 +658,10 @@ fn check_delete(
         let v: Value = serde_json::from_str(b).map_err(|e| format!("body: {e}"))?;
         (v, None)
     } else if let Some(name) = get("name") {
-        (rule_with_key("10.10.10.254", 8080, "tcp", "", "", &name), None)
+        (
+            rule_with_key("10.10.10.254", 8080, "tcp", "", "", &name),
+            None,
+        )
     } else {
         let ip = get("externalipaddress").ok_or("no externalipaddress segment")?;
         let port: u64 = get("port").and_then(|p| p.parse().ok()).ok_or("no port")?;
@@ -628,7 +678,9 @@ fn check_delete(
         // The L4 rule cannot exist without the data path: the delete finds nothing.
         let r = send(w, req)?;
         check_error_shape(&r, 404)?;
-        return Ok("L4 rule (not creatable without --xdp-iface): 404 in LoxiLB's error shape".into());
+        return Ok(
+            "L4 rule (not creatable without --xdp-iface): 404 in LoxiLB's error shape".into(),
+        );
     }
     for r in std::iter::once(&target).chain(sibling.as_ref()) {
         let c = api(w, "POST", "/config/loadbalancer", Some(r))?;
@@ -639,19 +691,34 @@ fn check_delete(
     ensure!(r.status == 200, "status {}: {}", r.status, r.text());
     ensure!(r.text() == success_raw(responses), "body {:?}", r.text());
     let after = rules(w)?;
-    ensure!(after.len() + 1 == before, "exactly one rule deleted: {after:?}");
+    ensure!(
+        after.len() + 1 == before,
+        "exactly one rule deleted: {after:?}"
+    );
     let gone = key_of(&json!({"serviceArguments": target["serviceArguments"].clone()}));
-    ensure!(after.iter().all(|e| key_of(e) != gone), "the target rule is gone");
+    ensure!(
+        after.iter().all(|e| key_of(e) != gone),
+        "the target rule is gone"
+    );
     if sibling.is_some() {
         ensure!(
-            after.iter().any(|e| e["serviceArguments"]["model_name"] == json!("keep-me")),
+            after
+                .iter()
+                .any(|e| e["serviceArguments"]["model_name"] == json!("keep-me")),
             "a model pool on the same VIP:port survives a delete without model_name"
         );
     }
     // LoxiLB answers a second delete with 404 and its error body.
     let again = send(w, req)?;
     check_error_shape(&again, 404)?;
-    Ok(format!("deleted (200 Success), then 404{}", if sibling.is_some() { "; model pool kept" } else { "" }))
+    Ok(format!(
+        "deleted (200 Success), then 404{}",
+        if sibling.is_some() {
+            "; model pool kept"
+        } else {
+            ""
+        }
+    ))
 }
 
 fn check_get(w: &dyn Wire, t: Target, req: &WireRequest) -> Result<String, String> {
@@ -659,7 +726,11 @@ fn check_get(w: &dyn Wire, t: Target, req: &WireRequest) -> Result<String, Strin
     match path.as_str() {
         "/config/loadbalancer/all" => {
             let r = send(w, req)?;
-            ensure!(r.status == 200 && r.text() == "{\"lbAttr\":[]}\n", "empty: {}", r.text());
+            ensure!(
+                r.status == 200 && r.text() == "{\"lbAttr\":[]}\n",
+                "empty: {}",
+                r.text()
+            );
             let rule = rule_with_key("10.10.10.254", 8080, "tcp", "", "", "");
             let c = api(w, "POST", "/config/loadbalancer", Some(&rule))?;
             ensure!(c.status == 200, "setup: {}", c.text());
@@ -680,7 +751,13 @@ fn check_get(w: &dyn Wire, t: Target, req: &WireRequest) -> Result<String, Strin
             let a = &attr[0];
             ensure!(a["hostName"] == json!("192.0.2.1"), "hostName: {a}");
             ensure!(a["currState"] == json!("ok"), "currState: {a}");
-            for k in ["name", "probeType", "probePort", "inactiveReTries", "probeDuration"] {
+            for k in [
+                "name",
+                "probeType",
+                "probePort",
+                "inactiveReTries",
+                "probeDuration",
+            ] {
                 ensure!(a.get(k).is_some(), "{k} in {a}");
             }
             Ok("Attr lists the endpoint".into())
@@ -690,20 +767,31 @@ fn check_get(w: &dyn Wire, t: Target, req: &WireRequest) -> Result<String, Strin
             if t.l4 {
                 let b = check_error_shape(&r, 501)?;
                 ensure!(
-                    b["message"].as_str().is_some_and(|m| m.contains("not implemented")),
+                    b["message"]
+                        .as_str()
+                        .is_some_and(|m| m.contains("not implemented")),
                     "501 says so: {}",
                     r.text()
                 );
                 return Ok("501: the XDP conntrack map is not listed over the API yet".into());
             }
             ensure!(r.status == 200, "status {}: {}", r.status, r.text());
-            ensure!(r.json() == json!({"ctAttr": []}), "empty ctAttr: {}", r.text());
+            ensure!(
+                r.json() == json!({"ctAttr": []}),
+                "empty ctAttr: {}",
+                r.text()
+            );
             Ok("ctAttr (no conntrack without the L4 data path)".into())
         }
         "/config/ai/kv/inventory" => {
             let sid = query_param(req.query.as_deref(), "service_id");
-            let ep: u64 = query_param(req.query.as_deref(), "ep_idx").parse().unwrap_or(0);
-            ensure!(sid == "1", "the fixture asks for the first rule of a fresh daemon");
+            let ep: u64 = query_param(req.query.as_deref(), "ep_idx")
+                .parse()
+                .unwrap_or(0);
+            ensure!(
+                sid == "1",
+                "the fixture asks for the first rule of a fresh daemon"
+            );
             let rule = json!({
                 "serviceArguments": {"externalIP": "10.10.10.254", "port": 8080, "mode": 4,
                     "sel": 0, "kvExactMode": 3, "kvBlockSize": 16},

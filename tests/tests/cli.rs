@@ -51,7 +51,10 @@ async fn loxicmd_create_get_delete_round_trip() {
     let table = d.loxicmd(&["get", "lb"]);
     assert!(table.status.success());
     let t = stdout(&table);
-    assert!(t.starts_with("|    EXT IP    |") || t.starts_with("|  EXT IP   |"), "{t}");
+    assert!(
+        t.starts_with("|    EXT IP    |") || t.starts_with("|  EXT IP   |"),
+        "{t}"
+    );
     let row = t
         .lines()
         .find(|l| l.contains(&format!(" {port} ")))
@@ -71,12 +74,18 @@ async fn loxicmd_create_get_delete_round_trip() {
         .lines()
         .find(|l| l.contains("127.0.0.5"))
         .expect("first endpoint row");
-    assert!(row0.contains(" example.test ") && row0.contains(" 8000 "), "{row0}");
+    assert!(
+        row0.contains(" example.test ") && row0.contains(" 8000 "),
+        "{row0}"
+    );
     let row1 = wide
         .lines()
         .find(|l| l.contains("127.0.0.4"))
         .expect("second endpoint row");
-    assert!(row1.contains(" 3 ") && !row1.contains("example.test"), "{row1}");
+    assert!(
+        row1.contains(" 3 ") && !row1.contains("example.test"),
+        "{row1}"
+    );
 
     // A host-keyed rule is deleted by repeating --host.
     let out = d.loxicmd(&[
@@ -86,7 +95,11 @@ async fn loxicmd_create_get_delete_round_trip() {
         &format!("--tcp={port}"),
         "--host=other.test",
     ]);
-    assert_eq!(out.status.code(), Some(4), "wrong host matches nothing (404 → 4)");
+    assert_eq!(
+        out.status.code(),
+        Some(4),
+        "wrong host matches nothing (404 → 4)"
+    );
     let out = d.loxicmd(&[
         "delete",
         "lb",
@@ -221,10 +234,24 @@ async fn loxicmd_get_kvinventory_and_kvparity_show_the_kv_views() {
             "service_id={id} ep_idx=1 hash_algo=sha256_cbor total=0\n| BLOCK IDX | HASH (UINT64) |\n|-----------|---------------|\n"
         )
     );
-    let inv = d.loxicmd(&["get", "kv-inventory", "--service-id", &id, "--ep-idx", "1", "-o", "json"]);
+    let inv = d.loxicmd(&[
+        "get",
+        "kv-inventory",
+        "--service-id",
+        &id,
+        "--ep-idx",
+        "1",
+        "-o",
+        "json",
+    ]);
     let v: Value = serde_json::from_str(&stdout(&inv)).expect("inventory is JSON");
-    assert_eq!((v["service_id"].to_string(), v["total"].clone()), (id.clone(), json!(0)));
-    let eps = v["endpoints"].as_array().expect("loxi's endpoints view beside it");
+    assert_eq!(
+        (v["service_id"].to_string(), v["total"].clone()),
+        (id.clone(), json!(0))
+    );
+    let eps = v["endpoints"]
+        .as_array()
+        .expect("loxi's endpoints view beside it");
     assert_eq!(eps.len(), 1, "--ep-idx 1 selects one endpoint: {v}");
     assert_eq!(
         (eps[0]["epIdx"].clone(), eps[0]["endpointIP"].clone()),

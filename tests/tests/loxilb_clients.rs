@@ -86,7 +86,9 @@ impl Netns {
     fn new() -> Self {
         let name = format!("loxicompat{}", std::process::id());
         sh(&format!("ip netns add {name}"));
-        sh(&format!("ip -n {name} link add cx0 type veth peer name cx1"));
+        sh(&format!(
+            "ip -n {name} link add cx0 type veth peer name cx1"
+        ));
         sh(&format!(
             "ip -n {name} link set cx0 up && ip -n {name} link set cx1 up && ip -n {name} link set lo up"
         ));

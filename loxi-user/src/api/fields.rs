@@ -55,7 +55,12 @@ pub fn normalize_rule_fields(value: &mut Value) -> Result<(), ApiError> {
                 let ep = ep.as_object_mut().ok_or_else(|| {
                     ApiError::bad_field(format!("endpoints[{i}]"), "must be an object")
                 })?;
-                normalize_keys(ep, &format!("endpoints[{i}]."), ENDPOINT_FIELDS, ENDPOINT_FOREIGN)?;
+                normalize_keys(
+                    ep,
+                    &format!("endpoints[{i}]."),
+                    ENDPOINT_FIELDS,
+                    ENDPOINT_FOREIGN,
+                )?;
             }
         }
         Some(Value::Null) | None => {}
@@ -352,7 +357,11 @@ mod tests {
         )
         .expect("Go matches keys ignoring case");
         assert_eq!(
-            (r.service.kv_exact_mode, r.service.kv_block_size, r.service.monitor),
+            (
+                r.service.kv_exact_mode,
+                r.service.kv_block_size,
+                r.service.monitor
+            ),
             (3, 32, true)
         );
         let e = err_of(&rule_with(json!({"monitor": true, "Monitor": false})));
@@ -362,9 +371,11 @@ mod tests {
 
     #[test]
     fn loxilb_fields_at_zero_are_accepted_and_others_refused_as_not_implemented() {
-        let mut v = rule_with(json!({"block": 0, "proxyprotocolv2": false, "egress": false,
+        let mut v = rule_with(
+            json!({"block": 0, "proxyprotocolv2": false, "egress": false,
             "portMax": 0, "privateIP": "", "adminStateUp": true, "alpn_protocols": null,
-            "path_match_mode": "disabled"}));
+            "path_match_mode": "disabled"}),
+        );
         v["hw_pkts"] = json!(5);
         v["secondaryIPs"] = json!(null);
         v["allowedSources"] = json!([]);

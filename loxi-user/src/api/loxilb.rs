@@ -9,8 +9,8 @@ use axum::response::Response;
 use serde::Serialize;
 use serde_json::json;
 
-use super::error::{ApiError, json_response};
 use super::ApiState;
+use super::error::{ApiError, json_response};
 
 /// `GET /version` (LoxiLB's readiness probe; answered without a token, as LoxiLB's
 /// `security: []`): `{"version", "buildInfo", "product"}` (`VersionGetEntry`). `product` is
@@ -87,17 +87,19 @@ pub async fn endpoints(State(st): State<ApiState>) -> Response {
             };
             let name = format!("{}_{probe_type}_{port}", ep.endpoint_ip);
             let up = st.health.healthy(r, i).unwrap_or(true);
-            let e = by_name.entry(name.clone()).or_insert_with(|| EndpointEntry {
-                host_name: ep.endpoint_ip.clone(),
-                name,
-                inactive_retries: s.probe_retries,
-                probe_type,
-                probe_req: s.probereq.clone(),
-                probe_resp: s.proberesp.clone(),
-                probe_duration: s.probe_timeout,
-                probe_port: port,
-                curr_state: "ok".into(),
-            });
+            let e = by_name
+                .entry(name.clone())
+                .or_insert_with(|| EndpointEntry {
+                    host_name: ep.endpoint_ip.clone(),
+                    name,
+                    inactive_retries: s.probe_retries,
+                    probe_type,
+                    probe_req: s.probereq.clone(),
+                    probe_resp: s.proberesp.clone(),
+                    probe_duration: s.probe_timeout,
+                    probe_port: port,
+                    curr_state: "ok".into(),
+                });
             if !up {
                 e.curr_state = "nok".into();
             }

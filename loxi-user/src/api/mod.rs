@@ -133,18 +133,17 @@ async fn serve_metrics(State(st): State<ApiState>, headers: HeaderMap) -> Respon
 fn refresh_endpoint_metrics(st: &ApiState) {
     let snap = st.store.snapshot();
     let health = st.health.as_ref();
-    st.metrics
-        .set_endpoints(snap.rules.values().flat_map(|r| {
-            r.rule.endpoints.iter().enumerate().map(move |(i, ep)| {
-                (
-                    r.id,
-                    i,
-                    ep.endpoint_ip.as_str(),
-                    ep.target_port,
-                    health.healthy(r, i).unwrap_or(true),
-                )
-            })
-        }));
+    st.metrics.set_endpoints(snap.rules.values().flat_map(|r| {
+        r.rule.endpoints.iter().enumerate().map(move |(i, ep)| {
+            (
+                r.id,
+                i,
+                ep.endpoint_ip.as_str(),
+                ep.target_port,
+                health.healthy(r, i).unwrap_or(true),
+            )
+        })
+    }));
 }
 
 async fn not_found(req: Request) -> ApiError {

@@ -251,7 +251,11 @@ fn parse_port(port: &str) -> Result<u16, ApiError> {
 /// no route to withdraw), `block` (0: loxi has no firewall-marked rules), `path_match_mode`
 /// (absent, empty or `disabled`) and `path_prefix` (absent or empty: loxi has no path routing).
 /// Any other parameter is a 400.
-fn delete_key(key: DeleteKey, q: &HashMap<String, String>, host_in_path: bool) -> Result<(String, u16, String, String, String), ApiError> {
+fn delete_key(
+    key: DeleteKey,
+    q: &HashMap<String, String>,
+    host_in_path: bool,
+) -> Result<(String, u16, String, String, String), ApiError> {
     for (k, v) in q {
         match k.as_str() {
             "model_name" | "bgp" => {}
@@ -262,13 +266,17 @@ fn delete_key(key: DeleteKey, q: &HashMap<String, String>, host_in_path: bool) -
             "block" | "path_match_mode" | "path_prefix" => {
                 return Err(ApiError::bad_field(
                     k.clone(),
-                    format!("{k}={v} selects a rule feature loxi does not implement (not implemented in loxi), so no loxi rule has it"),
+                    format!(
+                        "{k}={v} selects a rule feature loxi does not implement (not implemented in loxi), so no loxi rule has it"
+                    ),
                 ));
             }
             _ => {
                 return Err(ApiError::bad_field(
                     k.clone(),
-                    format!("{k:?} is not a query parameter of this route (model_name, host, bgp, block, path_match_mode, path_prefix)"),
+                    format!(
+                        "{k:?} is not a query parameter of this route (model_name, host, bgp, block, path_match_mode, path_prefix)"
+                    ),
                 ));
             }
         }
@@ -328,7 +336,12 @@ pub async fn remove(
     Query(q): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
     let port = parse_port(&port)?;
-    let key = DeleteKey { ip, port, proto, host: String::new() };
+    let key = DeleteKey {
+        ip,
+        port,
+        proto,
+        host: String::new(),
+    };
     delete_rule(&st, key, &q, false).await
 }
 
@@ -341,7 +354,12 @@ pub async fn remove_hosturl_portmax(
 ) -> Result<Response, ApiError> {
     let port = parse_port(&port)?;
     check_portmax(port, &portmax)?;
-    let key = DeleteKey { ip, port, proto, host: host_of(&hosturl) };
+    let key = DeleteKey {
+        ip,
+        port,
+        proto,
+        host: host_of(&hosturl),
+    };
     delete_rule(&st, key, &q, true).await
 }
 
@@ -352,7 +370,12 @@ pub async fn remove_hosturl(
     Query(q): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
     let port = parse_port(&port)?;
-    let key = DeleteKey { ip, port, proto, host: host_of(&hosturl) };
+    let key = DeleteKey {
+        ip,
+        port,
+        proto,
+        host: host_of(&hosturl),
+    };
     delete_rule(&st, key, &q, true).await
 }
 
@@ -364,7 +387,12 @@ pub async fn remove_portmax(
 ) -> Result<Response, ApiError> {
     let port = parse_port(&port)?;
     check_portmax(port, &portmax)?;
-    let key = DeleteKey { ip, port, proto, host: String::new() };
+    let key = DeleteKey {
+        ip,
+        port,
+        proto,
+        host: String::new(),
+    };
     delete_rule(&st, key, &q, false).await
 }
 

@@ -199,7 +199,12 @@ pub fn error_message(body: &str) -> String {
 
 impl Api {
     /// One call; a non-2xx answer is a [`Failure`] with LoxiLB's message and exit code.
-    async fn call(&self, method: Method, path: &str, body: Option<String>) -> Result<String, Failure> {
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<String>,
+    ) -> Result<String, Failure> {
         let call = client::call(&self.base, method, path, body);
         let (status, text) = tokio::time::timeout(self.timeout, call)
             .await

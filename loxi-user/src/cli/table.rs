@@ -232,7 +232,12 @@ fn render_wide(rules: &[&Value]) -> String {
     ];
     let join = |v: &Value, key: &str| -> String {
         v.as_array()
-            .map(|a| a.iter().map(|x| cell(&x[key])).collect::<Vec<_>>().join(", "))
+            .map(|a| {
+                a.iter()
+                    .map(|x| cell(&x[key]))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            })
             .unwrap_or_default()
     };
     let mut rows = Vec::new();
@@ -294,8 +299,8 @@ pub fn render_endpoints(answer: &Value) -> String {
         )
     });
     let header = [
-        "Host", "Name", "ptype", "port", "duration", "retries", "minDelay", "avgDelay",
-        "maxDelay", "State",
+        "Host", "Name", "ptype", "port", "duration", "retries", "minDelay", "avgDelay", "maxDelay",
+        "State",
     ];
     let rows: Vec<Vec<String>> = eps
         .iter()
@@ -334,8 +339,17 @@ pub fn render_conntrack(answer: &Value) -> String {
         )
     });
     let header = [
-        "Service Name", "destIP", "srcIP", "dport", "sport", "proto", "ident", "state", "act",
-        "packets", "bytes",
+        "Service Name",
+        "destIP",
+        "srcIP",
+        "dport",
+        "sport",
+        "proto",
+        "ident",
+        "state",
+        "act",
+        "packets",
+        "bytes",
     ];
     let rows: Vec<Vec<String>> = cts
         .iter()
@@ -399,7 +413,11 @@ mod tests {
     fn get_lb_renders_byte_for_byte_as_loxilb_loxicmd() {
         let want = "|    EXT IP    | PORT | PROTO | NAME | MARK |  SEL  |   MODE    | # OF ENDPOINTS | TIMEOUT | MONITOR | CONN LIMIT | QUEUE DEPTH | QUEUE WAIT(MS) |\n|--------------|------|-------|------|------|-------|-----------|----------------|---------|---------|------------|-------------|----------------|\n| 10.10.10.254 | 8080 | tcp   |      |    0 | chwbl | fullproxy |              3 |     240 | Off     |          0 |           0 |              0 |\n";
         assert_eq!(render(&after_b(), None), want);
-        assert_eq!(render(&json!({"lbAttr": []}), None), "", "empty list prints nothing");
+        assert_eq!(
+            render(&json!({"lbAttr": []}), None),
+            "",
+            "empty list prints nothing"
+        );
     }
 
     #[test]
@@ -416,7 +434,10 @@ mod tests {
         ]});
         let t = render(&a, None);
         let lines: Vec<&str> = t.lines().collect();
-        assert!(lines[2].contains(" 2022 ") && lines[3].contains(" 8080 "), "{t}");
+        assert!(
+            lines[2].contains(" 2022 ") && lines[3].contains(" 8080 "),
+            "{t}"
+        );
         assert_eq!(
             render_conntrack(&json!({"ctAttr": []})),
             "| SERVICE NAME | DESTIP | SRCIP | DPORT | SPORT | PROTO | IDENT | STATE | ACT | PACKETS | BYTES |\n|--------------|--------|-------|-------|-------|-------|-------|-------|-----|---------|-------|\n"

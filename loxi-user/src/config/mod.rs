@@ -292,13 +292,27 @@ mod tests {
 
     #[test]
     fn loxilb_host_port_and_loglevel_are_aliases() {
-        let f = Flags::try_parse_from(["loxilb", "--host", "127.0.0.2", "--port", "4001", "--loglevel", "warning"])
-            .expect("parse")
-            .resolve_aliases();
+        let f = Flags::try_parse_from([
+            "loxilb",
+            "--host",
+            "127.0.0.2",
+            "--port",
+            "4001",
+            "--loglevel",
+            "warning",
+        ])
+        .expect("parse")
+        .resolve_aliases();
         assert_eq!(f.api_addr, "127.0.0.2:4001".parse().expect("addr"));
         assert_eq!(f.log, "warn");
-        let f = Flags::try_parse_from(["loxilb", "--port", "4002"]).expect("parse").resolve_aliases();
-        assert_eq!(f.api_addr, "127.0.0.1:4002".parse().expect("addr"), "loopback stays the default");
+        let f = Flags::try_parse_from(["loxilb", "--port", "4002"])
+            .expect("parse")
+            .resolve_aliases();
+        assert_eq!(
+            f.api_addr,
+            "127.0.0.1:4002".parse().expect("addr"),
+            "loopback stays the default"
+        );
         assert!(Flags::try_parse_from(["loxilb", "--loglevel", "chatty"]).is_err());
         assert!(Flags::try_parse_from(["loxilb", "--loglevel", "info", "--log", "debug"]).is_err());
     }

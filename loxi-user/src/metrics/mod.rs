@@ -200,7 +200,10 @@ mod tests {
     fn endpoint_info_and_health_gauges_follow_the_rules_and_pass_promtool() {
         let mut reg = new_registry();
         let m = ControlMetrics::register(&mut reg);
-        m.set_endpoints([(3, 0, "10.0.0.2", 8000, true), (3, 1, "10.0.0.1", 8001, false)]);
+        m.set_endpoints([
+            (3, 0, "10.0.0.2", 8000, true),
+            (3, 1, "10.0.0.1", 8001, false),
+        ]);
         let text = encode_text(&reg).expect("encode");
         assert!(
             text.contains("loxilb_pd_ep_info{service=\"3\",ep_idx=\"1\",ep=\"10.0.0.1\",ip=\"10.0.0.1\",port=\"8001\"} 1\n"),
@@ -211,7 +214,10 @@ mod tests {
         promtool_check(&text);
         m.set_endpoints([(4, 0, "10.0.0.9", 80, true)]);
         let text = encode_text(&reg).expect("encode");
-        assert!(!text.contains("service=\"3\""), "deleted rules' series go: {text}");
+        assert!(
+            !text.contains("service=\"3\""),
+            "deleted rules' series go: {text}"
+        );
         assert!(text.contains("loxilb_unhealthy_endpoints 0\n"), "{text}");
     }
 

@@ -106,7 +106,10 @@ pub const SERVICE_FOREIGN: &[Foreign] = &[
     zero("backend_ca_cert_id", TLS),
     zero("backend_client_cert_id", TLS),
     zero("backend_tls_server_name", TLS),
-    zero("backend_keepalive_interval_sec", "backend keep-alive probes"),
+    zero(
+        "backend_keepalive_interval_sec",
+        "backend keep-alive probes",
+    ),
     zero(
         "cb_enable",
         "the cb_enable switch (loxi's circuit breaker is always on and not switchable per rule)",
@@ -131,7 +134,10 @@ pub const SERVICE_FOREIGN: &[Foreign] = &[
     zero("sockMapMode", "sockmap acceleration"),
     zero("jwt_auth_profile", AUTH),
     zero("api_key_auth", AUTH),
-    zero("kvExactApiMode", "kvExactApiMode (KV lookups through an engine API)"),
+    zero(
+        "kvExactApiMode",
+        "kvExactApiMode (KV lookups through an engine API)",
+    ),
     zero("kvModelProfile", "kvModelProfile"),
     zero("fc_mode", FC),
     zero("fc_max_queue_depth", FC),
@@ -181,7 +187,8 @@ impl Foreign {
             Policy::OutputOnly => return Ok(()),
             Policy::ZeroOnly { what } if !is_zero(value) => what,
             Policy::ZeroOr { what, also }
-                if !is_zero(value) && serde_json::from_str::<Value>(also).ok().as_ref() != Some(value) =>
+                if !is_zero(value)
+                    && serde_json::from_str::<Value>(also).ok().as_ref() != Some(value) =>
             {
                 what
             }
@@ -208,7 +215,10 @@ mod tests {
         let pm = find(SERVICE_FOREIGN, "portMax").expect("portMax");
         assert!(pm.check(&json!(0)).is_ok());
         let e = pm.check(&json!(8081)).expect_err("range");
-        assert!(e.contains("port ranges") && e.contains("not implemented"), "{e}");
+        assert!(
+            e.contains("port ranges") && e.contains("not implemented"),
+            "{e}"
+        );
         let up = find(SERVICE_FOREIGN, "adminStateUp").expect("adminStateUp");
         assert!(up.check(&json!(true)).is_ok() && up.check(&json!(false)).is_ok());
         let pmm = find(SERVICE_FOREIGN, "path_match_mode").expect("pmm");
@@ -217,15 +227,30 @@ mod tests {
         let m = find(SERVICE_FOREIGN, "mtls_frontend").expect("mtls");
         assert!(m.check(&json!({"client_ca_path": ""})).is_ok());
         assert!(m.check(&json!({"client_ca_path": "/x"})).is_err());
-        assert!(find(RULE_FOREIGN, "secondaryIPs").expect("s").check(&json!(null)).is_ok());
-        assert!(find(RULE_FOREIGN, "secondaryIPs").expect("s").check(&json!([])).is_ok());
+        assert!(
+            find(RULE_FOREIGN, "secondaryIPs")
+                .expect("s")
+                .check(&json!(null))
+                .is_ok()
+        );
+        assert!(
+            find(RULE_FOREIGN, "secondaryIPs")
+                .expect("s")
+                .check(&json!([]))
+                .is_ok()
+        );
         assert!(
             find(RULE_FOREIGN, "secondaryIPs")
                 .expect("s")
                 .check(&json!([{"secondaryIP": "10.0.0.9"}]))
                 .is_err()
         );
-        assert!(find(RULE_FOREIGN, "hw_pkts").expect("hw").check(&json!(99)).is_ok());
+        assert!(
+            find(RULE_FOREIGN, "hw_pkts")
+                .expect("hw")
+                .check(&json!(99))
+                .is_ok()
+        );
     }
 
     #[test]

@@ -158,7 +158,11 @@ impl RuleStore {
             rule.service.id.clone_from(&old.rule.service.id);
         } else if rule.service.id.is_empty() {
             rule.service.id = mint_uuid();
-        } else if cur.rules.values().any(|r| r.rule.service.id == rule.service.id) {
+        } else if cur
+            .rules
+            .values()
+            .any(|r| r.rule.service.id == rule.service.id)
+        {
             return Err(RuleError::Conflict {
                 field: "serviceArguments.id".into(),
                 existing: format!("{:?} (on another rule)", rule.service.id),
@@ -364,7 +368,10 @@ mod tests {
             .expect_err("no host h");
         assert!(matches!(e, StoreError::NotFound(_)), "{e:?}");
         assert_eq!(
-            store.delete("10.0.0.1", 81, "tcp", "", "").expect("rest").len(),
+            store
+                .delete("10.0.0.1", 81, "tcp", "", "")
+                .expect("rest")
+                .len(),
             1
         );
         assert_eq!(store.snapshot().rules.len(), 1);
@@ -376,18 +383,34 @@ mod tests {
         let mut r = rule(80, 0, "");
         r.service.name = "my-ai-rule".into();
         store.upsert(r.clone()).expect("ok");
-        let id = store.snapshot().rules.values().next().map(|x| x.rule.service.id.clone());
+        let id = store
+            .snapshot()
+            .rules
+            .values()
+            .next()
+            .map(|x| x.rule.service.id.clone());
         let id = id.expect("rule");
         assert_eq!((id.len(), &id[14..15]), (36, "4"), "{id}");
         r.endpoints[0].weight = 5;
         assert_eq!(store.upsert(r.clone()).expect("ok"), UpsertOutcome::Updated);
-        let again = store.snapshot().rules.values().next().map(|x| x.rule.service.id.clone());
+        let again = store
+            .snapshot()
+            .rules
+            .values()
+            .next()
+            .map(|x| x.rule.service.id.clone());
         assert_eq!(again.as_deref(), Some(id.as_str()), "kept across an update");
         let mut other = rule(81, 0, "");
         other.service.id.clone_from(&id);
         let e = store.upsert(other).expect_err("id taken");
-        assert!(matches!(e, StoreError::Invalid(RuleError::Conflict { .. })), "{e:?}");
-        assert!(matches!(store.delete_by_name("nope"), Err(StoreError::NotFound(_))));
+        assert!(
+            matches!(e, StoreError::Invalid(RuleError::Conflict { .. })),
+            "{e:?}"
+        );
+        assert!(matches!(
+            store.delete_by_name("nope"),
+            Err(StoreError::NotFound(_))
+        ));
         assert_eq!(store.delete_by_name("my-ai-rule").expect("gone").len(), 1);
         assert!(store.snapshot().rules.is_empty());
     }
