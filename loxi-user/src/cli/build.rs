@@ -33,6 +33,12 @@ pub fn port_list(ports: &Ports) -> Result<Vec<(&'static str, u16, u16)>, UsageEr
         let flag = format!("--{proto}");
         for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
             let (p, t) = item.split_once(':').unwrap_or((item, item));
+            if p.contains('-') {
+                return Err(usage(
+                    &flag,
+                    format!("{p:?}: port ranges are not implemented in loxi; give one port"),
+                ));
+            }
             let port = parse_port(&flag, p)?;
             let target = parse_port(&flag, t)?;
             out.push((proto, port, target));
@@ -485,6 +491,14 @@ mod tests {
             delete_paths(&d).expect("paths"),
             vec!["/netlox/v1/config/loadbalancer/hosturl/a%20b/externalipaddress/10.0.0.1/port/8080/portmax/0/protocol/tcp?bgp=false&block=0&model_name=Qwen%2FQwen2.5".to_string()]
         );
+    }
+
+    #[test]
+    fn port_ranges_are_refused_as_not_implemented() {
+        let c = create(&["10.0.0.1", "--tcp=8080-8081:80", "--endpoints=10.0.1.1:1"]);
+        let e = create_bodies(&c).expect_err("range");
+        assert_eq!(e.flag, "--tcp");
+        assert!(e.message.contains("not implemented"), "{e}");
     }
 
     fn delete(args: &[&str]) -> DeleteLb {
