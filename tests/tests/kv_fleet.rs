@@ -109,7 +109,11 @@ async fn adding_removing_and_reordering_endpoints_keeps_the_others_inventory() {
     assert_eq!(route(vip, &ids_a).await, 0);
     let m = d.metrics_text().await;
     assert_eq!(series(&m, &blocks_series(1)), Some(5.0));
-    assert_eq!(series(&m, &hits_series(1)), Some(2.0), "b kept its position");
+    assert_eq!(
+        series(&m, &hits_series(1)),
+        Some(2.0),
+        "b kept its position"
+    );
 
     // Remove a: b moves to position 0 with its 5 blocks, c to 1. No series at a position names
     // the endpoint that sat there before: b's hits under ep_idx 1 are gone, a's under 0 too.
@@ -119,9 +123,21 @@ async fn adding_removing_and_reordering_endpoints_keeps_the_others_inventory() {
     let m = d.metrics_text().await;
     assert_eq!(series(&m, &blocks_series(0)), Some(5.0));
     assert_eq!(series(&m, &blocks_series(1)), Some(0.0));
-    assert_eq!(series(&m, &blocks_series(2)), None, "no series for a third endpoint");
-    assert_eq!(series(&m, &hits_series(0)), None, "a's hit count is not b's");
-    assert_eq!(series(&m, &hits_series(1)), None, "b's hit count is not c's");
+    assert_eq!(
+        series(&m, &blocks_series(2)),
+        None,
+        "no series for a third endpoint"
+    );
+    assert_eq!(
+        series(&m, &hits_series(0)),
+        None,
+        "a's hit count is not b's"
+    );
+    assert_eq!(
+        series(&m, &hits_series(1)),
+        None,
+        "b's hit count is not c's"
+    );
     assert_eq!(route(vip, &ids_b).await, 0, "B still routes to b, now at 0");
     let m = d.metrics_text().await;
     assert_eq!(series(&m, &hits_series(0)), Some(1.0));
@@ -147,10 +163,7 @@ async fn adding_removing_and_reordering_endpoints_keeps_the_others_inventory() {
         None
     );
     assert_eq!(
-        series(
-            &m,
-            "loxilb_kv_subscriber_connected{service=\"1\",ep=\"1\"}"
-        ),
+        series(&m, "loxilb_kv_subscriber_connected{service=\"1\",ep=\"1\"}"),
         Some(1.0)
     );
 

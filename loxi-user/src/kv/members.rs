@@ -154,14 +154,23 @@ mod tests {
         assert_eq!((m.member_at(0), m.member_at(1)), (Some(0), Some(1)));
 
         let ch = m.sync(&[a.clone(), b.clone(), c.clone()]);
-        assert_eq!(ch, MemberChange { removed: vec![], moved: vec![2] });
+        assert_eq!(
+            ch,
+            MemberChange {
+                removed: vec![],
+                moved: vec![2]
+            }
+        );
         assert_eq!(m.member_at(2), Some(2));
 
         let ch = m.sync(&[c.clone(), a.clone()]);
         assert_eq!(ch.removed, vec![1]);
         assert_eq!(ch.moved, vec![0, 1, 2]);
         assert_eq!((m.member_at(0), m.member_at(1)), (Some(2), Some(0)));
-        assert_eq!((m.idx_of(0), m.idx_of(1), m.idx_of(2)), (Some(1), None, Some(0)));
+        assert_eq!(
+            (m.idx_of(0), m.idx_of(1), m.idx_of(2)),
+            (Some(1), None, Some(0))
+        );
 
         // b comes back: a fresh id, never its old one.
         m.sync(&[c.clone(), a.clone(), b.clone()]);

@@ -3,7 +3,8 @@
 //!
 //! Counters are registered without the `_total` suffix; the OpenMetrics encoder appends it.
 //! `service` is the rule's stable id; `ep_idx` / `ep` the endpoint index in the rule (for a DP
-//! rank r > 0 the subscriber label `ep` is `<idx>.r<r>`).
+//! rank r > 0 the subscriber label `ep` is `<idx>.r<r>`). `loxilb_pd_ep_info{service,ep_idx,ep}`
+//! (control plane, `crate::metrics`) joins `ep_idx` to the endpoint's address.
 
 use std::sync::OnceLock;
 
@@ -88,10 +89,12 @@ pub struct KvMetrics {
     pub misses: Family<ReasonLabels, Counter>,
     /// `loxilb_pd_kv_tier15_fallthrough_total{service}`.
     pub fallthrough: Family<ServiceLabels, Counter>,
-    /// `loxilb_pd_kv_tier15_spills_total{service}`.
-    pub spills: Family<ServiceLabels, Counter>,
-    /// `loxilb_pd_kv_tier15_cold_seeds_total{service}`.
-    pub cold_seeds: Family<ServiceLabels, Counter>,
+    /// `loxilb_pd_kv_tier15_spills_total{service,ep_idx}` (`ep_idx`: the endpoint the
+    /// request spilled to, as LoxiLB labels it).
+    pub spills: Family<EpIdxLabels, Counter>,
+    /// `loxilb_pd_kv_tier15_cold_seeds_total{service,ep_idx}` (`ep_idx`: the endpoint that
+    /// received the seed).
+    pub cold_seeds: Family<EpIdxLabels, Counter>,
     /// `loxilb_pd_kv_blocks{service,ep_idx}`.
     pub blocks: Family<EpIdxLabels, Gauge>,
     /// `loxilb_kv_subscriber_connected{service,ep}`.
@@ -106,8 +109,9 @@ pub struct KvMetrics {
     pub events_rejected: Family<EpReasonLabels, Counter>,
     /// `loxilb_kv_replay_total{service,ep,reason}` (loxi extension; reason = outcome).
     pub replays: Family<EpReasonLabels, Counter>,
-    /// `loxilb_kv_inv_cap_evictions_total{service}`.
-    pub cap_evictions: Family<ServiceLabels, Counter>,
+    /// `loxilb_kv_inv_cap_evictions_total{service,ep}` (LoxiLB's labels; `ep` as the
+    /// subscriber families spell it).
+    pub cap_evictions: Family<EpLabels, Counter>,
     /// `loxilb_kv_parity_ok{service,ep}`: 1 agree, 0 mismatch (token re-hash active).
     pub parity_ok: Family<EpLabels, Gauge>,
     /// `loxilb_kv_routing_stage_seconds{stage}`.
@@ -215,9 +219,10 @@ impl KvMetrics {
         m
     }
 
-    /// Creates every per-service series at zero (all miss reasons, fallthrough, spills...), so
-    /// dashboards see them before the first event.
-    pub fn init_service(&self, service: &str) {
+    /// Creates every per-service series at zero (all miss reasons, fallthrough, and per
+    /// endpoint spills, cold seeds and cap evictions), so dashboards see them before the first
+    /// event.
+    pub fn init_service(&self, service: &str, endpoints: usize) {
         for r in MissReason::ALL {
             let _ = self.misses.get_or_create(&ReasonLabels {
                 service: service.into(),
@@ -228,9 +233,21 @@ impl KvMetrics {
             service: service.into(),
         };
         let _ = self.fallthrough.get_or_create(&s);
-        let _ = self.spills.get_or_create(&s);
-        let _ = self.cold_seeds.get_or_create(&s);
-        let _ = self.cap_evictions.get_or_create(&s);
+        for ep in 0..endpoints {
+            self.init_ep(service, ep);
+        }
+    }
+
+    /// Pre-creates the per-position series of position `ep` that start at 0 (spills, cold
+    /// seeds, cap evictions), so that dashboards see them before the first event.
+    pub fn init_ep(&self, service: &str, ep: usize) {
+        let l = ep_idx(service, ep);
+        let _ = self.spills.get_or_create(&l);
+        let _ = self.cold_seeds.get_or_create(&l);
+        let _ = self.cap_evictions.get_or_create(&EpLabels {
+            service: service.into(),
+            ep: ep_label(ep, 0),
+        });
     }
 
     /// Counts one miss of `reason` and the fallthrough it causes.
@@ -268,14 +285,14 @@ impl KvMetrics {
     }
 
     /// Removes every series of position `ep` of `service` (its endpoint left, or another one
-    /// sits there now): hits, blocks, and every subscriber series of its `ranks` ranks.
+    /// sits there now): hits, blocks, spills, cold seeds, and every subscriber series of its
+    /// `ranks` ranks.
     pub fn forget_ep(&self, service: &str, ep: usize, ranks: u32) {
-        let l = EpIdxLabels {
-            service: service.into(),
-            ep_idx: ep.to_string(),
-        };
+        let l = ep_idx(service, ep);
         self.hits.remove(&l);
         self.blocks.remove(&l);
+        self.spills.remove(&l);
+        self.cold_seeds.remove(&l);
         for r in 0..ranks.max(1) {
             let e = EpLabels {
                 service: service.into(),
@@ -286,6 +303,7 @@ impl KvMetrics {
             self.reconnects.remove(&e);
             self.recv_errors.remove(&e);
             self.events_applied.remove(&e);
+            self.cap_evictions.remove(&e);
             for reason in REJECT_REASONS {
                 self.events_rejected.remove(&EpReasonLabels {
                     service: service.into(),
@@ -303,8 +321,8 @@ impl KvMetrics {
         }
     }
 
-    /// Removes every series of one service (rule deleted, or its KV state rebuilt): the
-    /// per-position ones of its `endpoints` endpoints and the per-service ones.
+    /// Removes every series of one service (rule deleted): the per-position ones of its
+    /// `endpoints` endpoints and the per-service ones.
     pub fn forget_service(&self, service: &str, endpoints: usize, ranks: u32) {
         for ep in 0..endpoints {
             self.forget_ep(service, ep, ranks);
@@ -315,13 +333,9 @@ impl KvMetrics {
                 reason: r.as_str().into(),
             });
         }
-        let s = ServiceLabels {
+        self.fallthrough.remove(&ServiceLabels {
             service: service.into(),
-        };
-        self.fallthrough.remove(&s);
-        self.spills.remove(&s);
-        self.cold_seeds.remove(&s);
-        self.cap_evictions.remove(&s);
+        });
     }
 }
 
@@ -333,51 +347,96 @@ pub const REJECT_REASONS: &[&str] = &["frame", "batch", "malformed", "block_size
 /// Every `reason` (outcome) of `loxilb_kv_replay_total`.
 pub const REPLAY_OUTCOMES: &[&str] = &["ok", "failed"];
 
+/// Counters of one `{service, ep_idx}` family by endpoint position, resolved once per position
+/// (a hit is one read lock and one atomic add); a position whose endpoint changed is reset by
+/// [`PosCounters::forget`] after its series was removed.
+struct PosCounters {
+    family: Family<EpIdxLabels, Counter>,
+    service: String,
+    cells: parking_lot::RwLock<Vec<Option<Counter>>>,
+}
+
+impl PosCounters {
+    /// Counters of `family` for `service`; the first `eager` positions are created now (their
+    /// series appear at 0).
+    fn new(family: &Family<EpIdxLabels, Counter>, service: &str, eager: usize) -> Self {
+        let c = Self {
+            family: family.clone(),
+            service: service.into(),
+            cells: parking_lot::RwLock::new(Vec::new()),
+        };
+        for ep in 0..eager {
+            c.inc_by(ep, 0);
+        }
+        c
+    }
+
+    fn inc_by(&self, ep: usize, n: u64) {
+        if let Some(Some(c)) = self.cells.read().get(ep) {
+            c.inc_by(n);
+            return;
+        }
+        let mut cells = self.cells.write();
+        if cells.len() <= ep {
+            cells.resize(ep + 1, None);
+        }
+        cells[ep]
+            .get_or_insert_with(|| {
+                self.family
+                    .get_or_create(&ep_idx(&self.service, ep))
+                    .clone()
+            })
+            .inc_by(n);
+    }
+
+    fn forget(&self, ep: usize) {
+        if let Some(c) = self.cells.write().get_mut(ep) {
+            *c = None;
+        }
+    }
+}
+
 /// The request-path series of one service, resolved once when its KV state is created (like
 /// the proxy's pool metrics), so that a hit or a miss is one atomic add with no label built.
 /// Hit and stage series appear on first use (as before), then stay resolved.
 pub struct RouteMetrics {
     family: KvMetrics,
-    service: String,
-    /// Hit counters by position, resolved on first use; a position whose endpoint changed is
-    /// reset by [`Self::forget_hit`].
-    hits: parking_lot::RwLock<Vec<Option<Counter>>>,
+    /// `loxilb_pd_kv_tier15_hits_total{service,ep_idx}` (series appear on first hit).
+    hits: PosCounters,
     misses: Vec<Counter>,
     fallthrough: Counter,
-    /// `loxilb_pd_kv_tier15_spills_total{service}`.
-    pub spills: Counter,
-    /// `loxilb_pd_kv_tier15_cold_seeds_total{service}`.
-    pub cold_seeds: Counter,
+    /// `loxilb_pd_kv_tier15_spills_total{service,ep_idx}`, pre-created at 0.
+    spills: PosCounters,
+    /// `loxilb_pd_kv_tier15_cold_seeds_total{service,ep_idx}`, pre-created at 0.
+    cold_seeds: PosCounters,
     stages: [OnceLock<Histogram>; 3],
 }
 
 impl RouteMetrics {
-    /// Counts one hit on the endpoint at position `ep`.
-    pub fn hit(&self, ep: usize) {
-        if let Some(Some(c)) = self.hits.read().get(ep) {
-            c.inc();
-            return;
-        }
-        let mut hits = self.hits.write();
-        if hits.len() <= ep {
-            hits.resize(ep + 1, None);
-        }
-        hits[ep]
-            .get_or_insert_with(|| {
-                let labels = EpIdxLabels {
-                    service: self.service.clone(),
-                    ep_idx: ep.to_string(),
-                };
-                self.family.hits.get_or_create(&labels).clone()
-            })
-            .inc();
+    /// Counts one spill to the endpoint at position `ep`.
+    pub fn spill(&self, ep: usize) {
+        self.spills.inc_by(ep, 1);
     }
 
-    /// Drops the cached hit counter of position `ep` (its series was removed: another endpoint
-    /// sits there now, or none).
-    pub fn forget_hit(&self, ep: usize) {
-        if let Some(c) = self.hits.write().get_mut(ep) {
-            *c = None;
+    /// Counts one cold-start seed to the endpoint at position `ep`.
+    pub fn cold_seed(&self, ep: usize) {
+        self.cold_seeds.inc_by(ep, 1);
+    }
+
+    /// Counts one hit on the endpoint at position `ep`.
+    pub fn hit(&self, ep: usize) {
+        self.hits.inc_by(ep, 1);
+    }
+
+    /// Drops the cached counters of position `ep` after [`KvMetrics::forget_ep`] removed its
+    /// series; when an endpoint still sits there (`present`), its zero series are created again.
+    pub fn forget_ep(&self, ep: usize, present: bool) {
+        self.hits.forget(ep);
+        self.spills.forget(ep);
+        self.cold_seeds.forget(ep);
+        if present {
+            self.spills.inc_by(ep, 0);
+            self.cold_seeds.inc_by(ep, 0);
         }
     }
 
@@ -411,8 +470,7 @@ impl KvMetrics {
         };
         RouteMetrics {
             family: self.clone(),
-            service: service.into(),
-            hits: parking_lot::RwLock::new(vec![None; endpoints]),
+            hits: PosCounters::new(&self.hits, service, 0),
             misses: MissReason::ALL
                 .iter()
                 .map(|r| {
@@ -424,10 +482,17 @@ impl KvMetrics {
                 })
                 .collect(),
             fallthrough: self.fallthrough.get_or_create(&s).clone(),
-            spills: self.spills.get_or_create(&s).clone(),
-            cold_seeds: self.cold_seeds.get_or_create(&s).clone(),
+            spills: PosCounters::new(&self.spills, service, endpoints),
+            cold_seeds: PosCounters::new(&self.cold_seeds, service, endpoints),
             stages: Default::default(),
         }
+    }
+}
+
+fn ep_idx(service: &str, ep: usize) -> EpIdxLabels {
+    EpIdxLabels {
+        service: service.into(),
+        ep_idx: ep.to_string(),
     }
 }
 
@@ -449,7 +514,7 @@ mod tests {
     fn every_miss_reason_is_precreated_per_service_with_spec_names() {
         let mut reg = Registry::default();
         let m = KvMetrics::register(&mut reg);
-        m.init_service("7");
+        m.init_service("7", 2);
         m.hit("7", 1);
         m.miss("7", MissReason::NoWorker);
         let mut out = String::new();
@@ -466,7 +531,9 @@ mod tests {
             "loxilb_pd_kv_tier15_miss_reason_total{service=\"7\",reason=\"no_worker\"} 1"
         ));
         assert!(out.contains("loxilb_pd_kv_tier15_fallthrough_total{service=\"7\"} 1"));
-        assert!(out.contains("loxilb_pd_kv_tier15_spills_total{service=\"7\"} 0"));
+        assert!(out.contains("loxilb_pd_kv_tier15_spills_total{service=\"7\",ep_idx=\"1\"} 0"));
+        assert!(out.contains("loxilb_pd_kv_tier15_cold_seeds_total{service=\"7\",ep_idx=\"0\"} 0"));
+        assert!(out.contains("loxilb_kv_inv_cap_evictions_total{service=\"7\",ep=\"1\"} 0"));
     }
 
     #[test]
@@ -474,7 +541,7 @@ mod tests {
         let mut reg = Registry::default();
         let m = KvMetrics::register(&mut reg);
         for svc in ["7", "8"] {
-            m.init_service(svc);
+            m.init_service(svc, 2);
             m.hit(svc, 1);
             m.set_blocks(svc, 1, 3);
             let e = EpLabels {
@@ -509,7 +576,7 @@ mod tests {
     fn exposition_passes_promtool_check_metrics() {
         let mut reg = Registry::default();
         let m = KvMetrics::register(&mut reg);
-        m.init_service("1");
+        m.init_service("1", 1);
         m.hit("1", 0);
         m.set_blocks("1", 0, 42);
         m.connected

@@ -16,8 +16,8 @@ use super::members::{Member, MemberChange, Members};
 use super::metrics::{EpLabels, KvMetrics, RouteMetrics, ep_label};
 use super::settings::KvSettings;
 use crate::routing::EpIdx;
-use crate::rules::{KvEndpoint, KvSpec};
 use crate::rules::store::StoredRule;
+use crate::rules::{KvEndpoint, KvSpec};
 
 /// The KV contract of one rule: its compiled [`KvSpec`] (validation decided every default).
 /// In a [`ServiceKv`] its `endpoints` list is empty: the live list is [`ServiceKv::members`].
@@ -67,7 +67,7 @@ impl ServiceKv {
     /// Fresh state for service `id` with contract `config`; resolves its metric handles.
     pub fn new(id: u32, config: &KvSpec, settings: &KvSettings, metrics: &KvMetrics) -> Self {
         let label = id.to_string();
-        metrics.init_service(&label);
+        metrics.init_service(&label, config.endpoints.len());
         Self {
             id,
             route: metrics.route(&label, config.endpoints.len()),
@@ -124,9 +124,13 @@ impl ServiceKv {
             self.parity.lock().reset(m);
             self.streams.lock().retain(|(sm, _), _| *sm != m);
         }
+        let len = self.members.read().len();
         for &pos in &change.moved {
             metrics.forget_ep(&self.label, pos, self.config.dp_ranks);
-            self.route.forget_hit(pos);
+            if pos < len {
+                metrics.init_ep(&self.label, pos);
+            }
+            self.route.forget_ep(pos, pos < len);
         }
         let members = self.members.read();
         let streams = self.streams.lock();
@@ -141,7 +145,10 @@ impl ServiceKv {
                         service: self.label.clone(),
                         ep: ep_label(pos, *rank),
                     };
-                    metrics.connected.get_or_create(&l).set(i64::from(st.connected));
+                    metrics
+                        .connected
+                        .get_or_create(&l)
+                        .set(i64::from(st.connected));
                 }
             }
         }
@@ -156,7 +163,11 @@ impl ServiceKv {
     /// Records a subscriber connect/disconnect of stream (`member`, `rank`); the first connect
     /// starts the warmup window.
     pub fn set_connected(&self, member: Member, rank: u32, up: bool) {
-        self.streams.lock().entry((member, rank)).or_default().connected = up;
+        self.streams
+            .lock()
+            .entry((member, rank))
+            .or_default()
+            .connected = up;
         if up {
             self.warm_start.get_or_init(Instant::now);
         }

@@ -10,7 +10,7 @@
 use super::events::{EventBatch, KvEvent};
 use crate::kv::BlockKey;
 use crate::kv::members::Member;
-use crate::kv::metrics::{EpLabels, EpReasonLabels, KvMetrics, ServiceLabels, ep_label};
+use crate::kv::metrics::{EpLabels, EpReasonLabels, KvMetrics, ep_label};
 use crate::kv::settings::KvSettings;
 use crate::kv::state::ServiceKv;
 use crate::routing::EpIdx;
@@ -112,8 +112,9 @@ impl ServiceKv {
                 let out = self.index.store(ep, rank, &keys);
                 if out.evicted > 0 {
                     m.cap_evictions
-                        .get_or_create(&ServiceLabels {
+                        .get_or_create(&EpLabels {
                             service: self.label(),
+                            ep: ep_label(at.pos, rank),
                         })
                         .inc_by(out.evicted);
                 }

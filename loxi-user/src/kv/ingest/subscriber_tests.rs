@@ -577,16 +577,26 @@ async fn an_endpoint_change_keeps_the_state_and_the_streams_of_endpoints_that_st
     // Drop :8000: the others move to positions 0 and 1 with their blocks and streams.
     m.reconcile(&snap(&two));
     let after = state.get(4).expect("service");
-    assert!(Arc::ptr_eq(&svc, &after), "same contract: the state is kept");
+    assert!(
+        Arc::ptr_eq(&svc, &after),
+        "same contract: the state is kept"
+    );
     assert_eq!(m.len(), 2);
     let members = after.members.read();
     let (m0, m1) = (members.member_at(0), members.member_at(1));
     drop(members);
     assert_eq!((m0, m1), (Some(1), Some(2)));
     assert_eq!((after.index.blocks(1), after.index.blocks(2)), (2, 1));
-    assert_eq!(after.index.blocks(0), 0, "the removed endpoint's blocks are dropped");
+    assert_eq!(
+        after.index.blocks(0),
+        0,
+        "the removed endpoint's blocks are dropped"
+    );
     let kept: HashSet<String> = m.publishers().into_iter().collect();
-    assert!(kept.is_subset(&before), "no stream restarted: {kept:?} vs {before:?}");
+    assert!(
+        kept.is_subset(&before),
+        "no stream restarted: {kept:?} vs {before:?}"
+    );
 
     // A contract change (block size) rebuilds the state.
     let mut other = two.clone();
@@ -616,7 +626,12 @@ async fn manager_subscribes_only_prefill_endpoints_in_mode_one() {
     m.reconcile(&snap);
     assert_eq!(m.len(), 1);
     let svc = state.get(3).expect("service");
-    let subscribed: Vec<bool> = svc.members.read().iter().map(|(_, e, _)| e.subscribed).collect();
+    let subscribed: Vec<bool> = svc
+        .members
+        .read()
+        .iter()
+        .map(|(_, e, _)| e.subscribed)
+        .collect();
     assert_eq!(subscribed, vec![false, true, false]);
 }
 
