@@ -174,6 +174,10 @@ fn proxy_config(cfg: &Config) -> ProxyConfig {
             max_conns: cfg.env.max_conns_per_listener,
         },
         max_total_inflight: cfg.env.pd_max_total_inflight,
+        parse: crate::request::ParseLimits {
+            max_string_bytes: cfg.env.kv_max_prompt_bytes,
+            ..Default::default()
+        },
         ..ProxyConfig::default()
     }
 }

@@ -12,7 +12,7 @@ use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderValue, Request, Response};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use tracing::Instrument as _;
 
@@ -84,22 +84,30 @@ impl Handler {
             .map_err(|e| (0, e))?;
         // Parse the body only when routing reads it: for the model of a multi-pool listener,
         // or for a prefix-keyed selector / tier 1.5. Plain rr/wrr/lc/hash/persist skip it.
+        // The parse is bounded (`request::bounded`): what routing keeps of a 32 MiB body is
+        // small, and it is dropped once the metadata is read.
         let table = self.table.load_full();
+        let limits = self.ctx.config.parse;
         let mut json = table
             .routes_by_model()
-            .then(|| meta::parse_body(&bytes))
+            .then(|| meta::parse_body_bounded(&bytes, limits))
             .flatten();
-        let model = meta::request_model(&parts.headers, json.as_ref());
+        let model = meta::request_model(&parts.headers, json.as_ref().map(|p| &p.value));
         let pool = table
             .choose(request_host(&parts), model.as_deref())
             .map_err(|e| (0, e))?
             .clone();
         if json.is_none() && pool.needs_body() {
-            json = meta::parse_body(&bytes);
+            json = meta::parse_body_bounded(&bytes, limits);
         }
         let service = pool.rule.id;
-        let meta =
-            RequestMeta::from_json(&parts, json.as_ref(), Some(client), &pool.rule.rule.service);
+        let mut meta = RequestMeta::from_json(
+            &parts,
+            json.as_ref().map(|p| &p.value),
+            Some(client),
+            &pool.rule.rule.service,
+        );
+        meta.body_cut = json.is_some_and(|p| p.cut);
         trace_span::record_rule(service, meta.model.as_deref());
         self.forward(&pool, parts, bytes, &meta, start)
             .await
@@ -124,6 +132,7 @@ impl Handler {
         };
         // Tier 1.5's per-request state (service and block keys), shared by its calls below.
         let mut ticket = KvTicket::default();
+        ladder.prepare(meta, &mut ticket).await;
         let mut attempts = 0;
         loop {
             let d = self.decide(pool, &ladder, meta, &excluded, &mut ticket);
@@ -150,9 +159,7 @@ impl Handler {
             // At dispatch, not at the response: a non-streaming response (or a streaming one
             // behind a slow prefill) arrives after the prefill, and requests sharing this
             // prefix in that window would otherwise see no holder and scatter. Inline: the
-            // block keys come from the ticket the decision filled, so this is microseconds
-            // (`block_in_place` would cost more than the work). Only a request the tier turned
-            // away during its warmup window is tokenized here.
+            // block keys come from the ticket `prepare` filled, so this is microseconds.
             ladder.routed(meta, ep, &mut ticket);
             let sent = self.upstreams.send(req, pool.http2);
             let outcome = sent.instrument(attempt.clone()).await;
@@ -227,15 +234,24 @@ impl Handler {
     }
 }
 
-/// Reads the whole request body (chunked included) up to `limit` bytes.
-async fn read_body(body: Incoming, limit: usize) -> Result<Bytes, ProxyError> {
-    match Limited::new(body, limit).collect().await {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e) => match e.downcast::<hyper::Error>() {
-            Ok(h) => Err(ProxyError::ClientBody(*h)),
-            Err(_) => Err(ProxyError::BodyTooLarge { limit }),
-        },
+/// Reads the whole request body (chunked included) up to `limit` bytes into one buffer sized
+/// by `Content-Length` when given (so a large body is held once, not twice while collected).
+async fn read_body(mut body: Incoming, limit: usize) -> Result<Bytes, ProxyError> {
+    let hint = http_body::Body::size_hint(&body).lower();
+    if hint > limit as u64 {
+        return Err(ProxyError::BodyTooLarge { limit });
     }
+    let mut buf = bytes::BytesMut::with_capacity(usize::try_from(hint).unwrap_or(0).min(limit));
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(ProxyError::ClientBody)?;
+        if let Ok(data) = frame.into_data() {
+            if buf.len() + data.len() > limit {
+                return Err(ProxyError::BodyTooLarge { limit });
+            }
+            buf.extend_from_slice(&data);
+        }
+    }
+    Ok(buf.freeze())
 }
 
 /// The request's host: the `Host` header, else the URI authority (HTTP/2).

@@ -82,6 +82,9 @@ pub struct ProxyConfig {
     /// Requests in flight across all listeners before new ones get 429
     /// (`LLB_PD_MAX_TOTAL_INFLIGHT`; 0 = off, the default).
     pub max_total_inflight: u32,
+    /// Bounds of the routing parse of request bodies (strings cut at
+    /// `LOXI_KV_MAX_PROMPT_BYTES`, a node budget; see `request::bounded`).
+    pub parse: crate::request::ParseLimits,
 }
 
 impl Default for ProxyConfig {
@@ -94,6 +97,7 @@ impl Default for ProxyConfig {
             breaker_cooldown: Duration::from_secs(10),
             conn: conn::ConnLimits::default(),
             max_total_inflight: 0,
+            parse: crate::request::ParseLimits::default(),
         }
     }
 }

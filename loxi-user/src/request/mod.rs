@@ -7,8 +7,10 @@
 //!
 //! Files: `meta.rs` ([`RequestMeta::extract`] and the header/body fields), `prompt.rs` (the
 //! prompt shapes of completions, chat and responses bodies), `session.rs` (the persist session
-//! key per `session_header_name`).
+//! key per `session_header_name`), `bounded.rs` (the routing parse of a body, bounded in
+//! memory).
 
+pub mod bounded;
 pub mod meta;
 pub mod prompt;
 pub mod session;
@@ -16,4 +18,5 @@ pub mod session;
 pub use meta::{
     ApiKind, CONVERSATION_HEADER, MODEL_HEADER, RequestMeta, api_kind, parse_body, request_model,
 };
+pub use bounded::{ParseLimits, ParsedBody, parse_body_bounded};
 pub use prompt::{ChatMessage, Prompt, prompt_of};
