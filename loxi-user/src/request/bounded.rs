@@ -87,18 +87,14 @@ struct Budget {
 }
 
 impl Budget {
-    /// Takes one node; false (and marks the cut) when none is left.
-    fn take(&self) -> bool {
-        match self.nodes.get() {
-            0 => {
-                self.cut.set(true);
-                false
-            }
-            n => {
-                self.nodes.set(n - 1);
-                true
-            }
-        }
+    /// True while nodes are left.
+    fn left(&self) -> bool {
+        self.nodes.get() > 0
+    }
+
+    /// One node was built.
+    fn spend(&self) {
+        self.nodes.set(self.nodes.get().saturating_sub(1));
     }
 
     fn string(&self, s: &str) -> String {
@@ -182,13 +178,19 @@ impl<'de> Visitor<'de> for Node<'_> {
         };
         let mut out = Vec::new();
         loop {
-            if self.b.take() {
+            if self.b.left() {
                 match seq.next_element_seed(child)? {
-                    Some(v) => out.push(v),
+                    Some(v) => {
+                        self.b.spend();
+                        out.push(v);
+                    }
                     None => break,
                 }
-            } else if seq.next_element::<IgnoredAny>()?.is_none() {
-                break;
+            } else {
+                match seq.next_element::<IgnoredAny>()? {
+                    Some(_) => self.b.cut.set(true),
+                    None => break,
+                }
             }
         }
         Ok(Value::Array(out))
@@ -202,22 +204,25 @@ impl<'de> Visitor<'de> for Node<'_> {
         let mut kept = 0usize;
         loop {
             let keep = if self.top {
-                kept < MAX_TOP_LEVEL_KEYS || {
-                    self.b.cut.set(true);
-                    false
-                }
+                kept < MAX_TOP_LEVEL_KEYS
             } else {
-                self.b.take()
+                self.b.left()
             };
             if keep {
                 let Some(k) = map.next_key_seed(Key(self.b))? else {
                     break;
                 };
                 let v = map.next_value_seed(child)?;
+                if !self.top {
+                    self.b.spend();
+                }
                 out.insert(k, v);
                 kept += 1;
-            } else if map.next_entry::<IgnoredAny, IgnoredAny>()?.is_none() {
-                break;
+            } else {
+                match map.next_entry::<IgnoredAny, IgnoredAny>()? {
+                    Some(_) => self.b.cut.set(true),
+                    None => break,
+                }
             }
         }
         Ok(Value::Object(out))
@@ -256,8 +261,8 @@ mod tests {
 
     #[test]
     fn long_strings_keep_a_prefix_at_a_char_boundary() {
-        let p = parse(r#"{"prompt":"abcd\u00e9fgh","model":"m"}"#, 10, 5);
-        assert_eq!(p.value, json!({"prompt": "abcd", "model": "m"}));
+        let p = parse(r#"{"prompt":"abcde\u00e9fgh","model":"m"}"#, 10, 6);
+        assert_eq!(p.value, json!({"prompt": "abcde", "model": "m"}));
         assert!(p.cut);
     }
 
@@ -277,5 +282,8 @@ mod tests {
         let ids = parse(r#"{"prompt":[5,6,7,8,9]}"#, 3, 10);
         assert_eq!(ids.value["prompt"], json!([5, 6, 7]));
         assert!(ids.cut);
+        let exact = parse(r#"{"prompt":[5,6,7]}"#, 3, 10);
+        assert_eq!(exact.value["prompt"], json!([5, 6, 7]));
+        assert!(!exact.cut, "a budget used up exactly cuts nothing");
     }
 }
