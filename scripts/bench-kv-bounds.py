@@ -101,40 +101,51 @@ def summary(lat):
 
 
 def flood(a):
-    word = json.dumps({"model": "tiny", "prompt": "a" * (a.word_mb << 20)}).encode()
-    chat = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}] * a.chat_msgs}).encode()
+    """Baseline probes, then probes while 2 x conc separate curl processes loop the flood
+    requests (separate processes: the probe's own latency is not the client's)."""
+    import os
+    import subprocess
+    import tempfile
+    tmp = tempfile.mkdtemp(prefix="kv-bounds-")
+    files = {"word": os.path.join(tmp, "word.json"), "chat": os.path.join(tmp, "chat.json")}
+    with open(files["word"], "w") as f:
+        json.dump({"model": "tiny", "prompt": "a" * (a.word_mb << 20)}, f)
+    with open(files["chat"], "w") as f:
+        json.dump({"model": "tiny", "messages": [{"role": "user", "content": "hi"}] * a.chat_msgs}, f)
     reasons = ("oversize", "overload", "budget", "no_worker", "tokenize")
-    before = metrics(a.api)
     sampler = Sampler(a.pid)
     sampler.start()
     base_lat, base_err = probe(a.vip, time.monotonic() + a.seconds, 1)
     rss_idle = sampler.peak
-    stop_at = time.monotonic() + a.seconds
-    results = {"word": [], "chat": []}
-    lock = threading.Lock()
-
-    def flooder(kind, body):
-        while time.monotonic() < stop_at:
-            status, dt = post(a.vip, "/v1/chat/completions" if kind == "chat" else "/v1/completions", body)
-            with lock:
-                results[kind].append((status, dt))
-
-    threads = [threading.Thread(target=flooder, args=(k, b), daemon=True)
-               for k, b in (("word", word), ("chat", chat)) for _ in range(a.conc)]
-    for t in threads:
-        t.start()
+    before = metrics(a.api)
+    procs = []
+    for kind, path in (("word", "/v1/completions"), ("chat", "/v1/chat/completions")):
+        for i in range(a.conc):
+            out = os.path.join(tmp, f"{kind}-{i}.txt")
+            loop = (f'end=$((SECONDS+{int(a.seconds)})); while [ $SECONDS -lt $end ]; do '
+                    f'curl -s -o /dev/null -w "%{{http_code}} %{{time_total}}\\n" --max-time 120 '
+                    f'-H "Content-Type: application/json" --data-binary @{files[kind]} '
+                    f'http://127.0.0.1:{a.vip}{path} >> {out}; done')
+            procs.append((kind, out, subprocess.Popen(["bash", "-c", loop])))
     time.sleep(0.5)
-    load_lat, load_err = probe(a.vip, stop_at, 2)
-    for t in threads:
-        t.join(timeout=600)
+    load_lat, load_err = probe(a.vip, time.monotonic() + a.seconds - 1, 2)
+    for _, _, pr in procs:
+        pr.wait(timeout=300)
     sampler.stop.set()
     sampler.join()
     after = metrics(a.api)
+    results = {"word": [], "chat": []}
+    for kind, out, _ in procs:
+        if os.path.exists(out):
+            for line in open(out):
+                st, dt = line.split()
+                results[kind].append((int(st), float(dt)))
     miss = {r: metric(after, f'loxilb_pd_kv_tier15_miss_reason_total{{service="1",reason="{r}"}}')
             - metric(before, f'loxilb_pd_kv_tier15_miss_reason_total{{service="1",reason="{r}"}}')
             for r in reasons}
     out = {
-        "word_bytes": len(word), "chat_bytes": len(chat), "concurrency_each": a.conc,
+        "word_bytes": os.path.getsize(files["word"]), "chat_bytes": os.path.getsize(files["chat"]),
+        "concurrency_each": a.conc,
         "rss_peak_mb": round(sampler.peak / 1024, 1), "rss_idle_peak_mb": round(rss_idle / 1024, 1),
         "vm_hwm_mb": round(rss_kb(a.pid, "VmHWM") / 1024, 1),
         "probe_baseline": summary(base_lat), "probe_under_flood": summary(load_lat),
@@ -143,6 +154,9 @@ def flood(a):
                       "p50_s": round(pct([d for _, d in v], 0.5), 3)} for k, v in results.items()},
         "miss_reason_delta": miss,
     }
+    for f in os.listdir(tmp):
+        os.unlink(os.path.join(tmp, f))
+    os.rmdir(tmp)
     print(json.dumps(out, indent=1))
 
 

@@ -26,8 +26,9 @@ use serde_json::{Map, Number, Value};
 /// Top-level entries kept regardless of the node budget.
 pub const MAX_TOP_LEVEL_KEYS: usize = 256;
 
-/// Default node budget: enough for a 65,536-id token prompt or ~20,000 chat messages.
-pub const DEFAULT_MAX_NODES: usize = 65_536;
+/// Default node budget: a 16,384-id token prompt or ~5,000 chat messages (as `Value`s, about
+/// 4 MB at most).
+pub const DEFAULT_MAX_NODES: usize = 16_384;
 
 /// Bounds of the routing parse.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
