@@ -132,6 +132,13 @@ pub struct Env {
     /// `LOXI_MAX_BODY_BYTES`: largest request body the fullproxy reads for metadata; larger
     /// JSON bodies get 413. Default 32 MiB, range 1 KiB–1 GiB.
     pub max_body_bytes: usize,
+    /// `LOXI_BODY_TIMEOUT_MS`: longest a fullproxy request body may take to arrive after its
+    /// head (a body trickled slowly gets 408). Default 60000, range 100–3600000.
+    pub body_timeout_ms: u64,
+    /// `LOXI_MAX_BODY_BYTES_IN_FLIGHT`: request-body bytes all fullproxy listeners hold at
+    /// once; a request beyond waits (within `LOXI_BODY_TIMEOUT_MS`). Default 256 MiB, range
+    /// 1 MiB–64 GiB.
+    pub max_body_bytes_in_flight: u64,
     /// `LOXI_HEADER_TIMEOUT_MS`: longest a fullproxy client may take to send a request head,
     /// from its first byte (slowloris bound). Default 10000, range 100–600000.
     pub header_timeout_ms: u64,
@@ -235,6 +242,13 @@ impl Env {
             kv_tokenize_queue: r.int("LOXI_KV_TOKENIZE_QUEUE", 64, 1, 65_536) as usize,
             kv_decision_budget_ms: r.int("LOXI_KV_DECISION_BUDGET_MS", 10, 1, 60_000),
             max_body_bytes: r.int("LOXI_MAX_BODY_BYTES", 32 << 20, 1 << 10, 1 << 30) as usize,
+            body_timeout_ms: r.int("LOXI_BODY_TIMEOUT_MS", 60_000, 100, 3_600_000),
+            max_body_bytes_in_flight: r.int(
+                "LOXI_MAX_BODY_BYTES_IN_FLIGHT",
+                256 << 20,
+                1 << 20,
+                64 << 30,
+            ),
             header_timeout_ms: r.int("LOXI_HEADER_TIMEOUT_MS", 10_000, 100, 600_000),
             idle_timeout_ms: r.int("LOXI_IDLE_TIMEOUT_MS", 60_000, 100, 3_600_000),
             max_conns_per_listener: r.int("LOXI_MAX_CONNS_PER_LISTENER", 4096, 1, 1_000_000)
@@ -689,10 +703,13 @@ mod tests {
             ("LOXI_KV_TOKENIZE_WORKERS", "3"),
             ("LOXI_KV_TOKENIZE_QUEUE", "7"),
             ("LOXI_KV_DECISION_BUDGET_MS", "25"),
+            ("LOXI_BODY_TIMEOUT_MS", "1500"),
+            ("LOXI_MAX_BODY_BYTES_IN_FLIGHT", "2097152"),
         ]
         .into();
         let e = Env::from_lookup(|k| env.get(k).map(|v| v.to_string()));
         assert!(e.warnings.is_empty(), "{:?}", e.warnings);
+        assert_eq!((e.body_timeout_ms, e.max_body_bytes_in_flight), (1500, 2 << 20));
         let s = e.kv_settings();
         let b = s.bounds;
         assert_eq!(

@@ -18,6 +18,7 @@ use tracing::Instrument as _;
 
 use super::ProxyContext;
 use super::body::{EndAccounting, GuardedBody, ProxyBody, Tracked};
+use super::budget::{BodyBudget, Reservation};
 use super::error::ProxyError;
 use super::pool::{Pool, PoolTable};
 use super::upstream::{Attempt, Upstreams, strip_hop_by_hop, upstream_uri};
@@ -79,9 +80,17 @@ impl Handler {
         if parts.method == http::Method::CONNECT {
             return Err((0, ProxyError::MethodNotAllowed(parts.method)));
         }
-        let bytes = read_body(body, self.ctx.config.max_body_bytes)
-            .await
-            .map_err(|e| (0, e))?;
+        let cfg = &self.ctx.config;
+        let (bytes, _reserved) = tokio::time::timeout(
+            cfg.body_timeout,
+            read_body(body, cfg.max_body_bytes, &cfg.body_budget),
+        )
+        .await
+        .map_err(|_| {
+            let ms = u64::try_from(cfg.body_timeout.as_millis()).unwrap_or(u64::MAX);
+            (0, ProxyError::BodyTimeout { ms })
+        })?
+        .map_err(|e| (0, e))?;
         // Parse the body only when routing reads it: for the model of a multi-pool listener,
         // or for a prefix-keyed selector / tier 1.5. Plain rr/wrr/lc/hash/persist skip it.
         // The parse is bounded (`request::bounded`): what routing keeps of a 32 MiB body is
@@ -235,23 +244,39 @@ impl Handler {
 }
 
 /// Reads the whole request body (chunked included) up to `limit` bytes into one buffer sized
-/// by `Content-Length` when given (so a large body is held once, not twice while collected).
-async fn read_body(mut body: Incoming, limit: usize) -> Result<Bytes, ProxyError> {
-    let hint = http_body::Body::size_hint(&body).lower();
-    if hint > limit as u64 {
+/// by `Content-Length` when given (so a large body is held once, not twice while collected),
+/// reserving its bytes in `budget` first (frame by frame without a `Content-Length`). The
+/// reservation is the caller's until the request no longer holds the body.
+async fn read_body(
+    mut body: Incoming,
+    limit: usize,
+    budget: &BodyBudget,
+) -> Result<(Bytes, Reservation), ProxyError> {
+    let hint = http_body::Body::size_hint(&body);
+    if hint.lower() > limit as u64 {
         return Err(ProxyError::BodyTooLarge { limit });
     }
-    let mut buf = bytes::BytesMut::with_capacity(usize::try_from(hint).unwrap_or(0).min(limit));
+    let lower = usize::try_from(hint.lower()).unwrap_or(limit).min(limit);
+    let mut reserved = budget.reserve(lower).await;
+    let mut covered = lower;
+    let mut buf = bytes::BytesMut::with_capacity(lower);
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(ProxyError::ClientBody)?;
         if let Ok(data) = frame.into_data() {
-            if buf.len() + data.len() > limit {
+            let len = buf.len() + data.len();
+            if len > limit {
                 return Err(ProxyError::BodyTooLarge { limit });
+            }
+            if len > covered {
+                // Whole KiB, so small frames do not each round up.
+                let more = (len - covered).next_multiple_of(1024);
+                reserved.merge(budget.reserve(more).await);
+                covered += more;
             }
             buf.extend_from_slice(&data);
         }
     }
-    Ok(buf.freeze())
+    Ok((buf.freeze(), reserved))
 }
 
 /// The request's host: the `Host` header, else the URI authority (HTTP/2).

@@ -437,3 +437,57 @@ async fn busy_tokenizer_means_budget_and_overload_misses_served_by_the_fallback(
     assert_eq!(started(), 1, "B's abandoned job never reached the tokenizer");
     p.shutdown().await;
 }
+
+/// Issue 9 §3: a body trickled slower than `LOXI_BODY_TIMEOUT_MS` is answered 408 (and the
+/// connection is not held for ever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_does_not_arrive_in_time_gets_408() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let b0 = backend().await;
+    let port = free_port();
+    let store = RuleStore::in_memory();
+    store
+        .upsert(
+            serde_json::from_value(serde_json::json!({
+                "serviceArguments": {"externalIP": "127.0.0.1", "port": port, "mode": 4, "sel": 0},
+                "endpoints": [{"endpointIP": "127.0.0.1", "targetPort": b0.port()}]
+            }))
+            .expect("rule"),
+        )
+        .expect("upsert");
+    let ctx = ProxyContext {
+        metrics: ProxyMetrics::unregistered(),
+        tier: None,
+        config: ProxyConfig {
+            body_timeout: Duration::from_millis(300),
+            ..ProxyConfig::default()
+        },
+        health: crate::health::board::HealthBoard::new(),
+        sockets: crate::listen::ListenSockets::new(Default::default()),
+    };
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(super::run(store.subscribe(), ctx, stop.clone()));
+    // A whole request first: the listener is up and bodies that arrive are served.
+    assert_eq!(post_json(port, "/v1/completions", &serde_json::json!({"prompt": "x"})).await.0, 200);
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    let start = std::time::Instant::now();
+    s.write_all(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"prompt\"",
+    )
+    .await
+    .expect("write");
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut answer)).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(read.is_ok(), "the connection was held");
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("request_timeout"), "{answer}");
+    assert!(start.elapsed() >= Duration::from_millis(300));
+    stop.cancel();
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .expect("proxy stops")
+        .expect("join");
+}
