@@ -42,7 +42,10 @@ fn main() -> anyhow::Result<()> {
 fn large_allocations_mmapped() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     if std::env::var_os("MALLOC_MMAP_THRESHOLD_").is_none() {
-        #[allow(unsafe_code, reason = "mallopt is glibc's documented tuning call, made before any thread starts")]
+        #[allow(
+            unsafe_code,
+            reason = "mallopt is glibc's documented tuning call, made before any thread starts"
+        )]
         // SAFETY: mallopt only sets an allocator parameter; no other thread exists yet.
         unsafe {
             libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);

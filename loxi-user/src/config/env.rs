@@ -709,7 +709,10 @@ mod tests {
         .into();
         let e = Env::from_lookup(|k| env.get(k).map(|v| v.to_string()));
         assert!(e.warnings.is_empty(), "{:?}", e.warnings);
-        assert_eq!((e.body_timeout_ms, e.max_body_bytes_in_flight), (1500, 2 << 20));
+        assert_eq!(
+            (e.body_timeout_ms, e.max_body_bytes_in_flight),
+            (1500, 2 << 20)
+        );
         let s = e.kv_settings();
         let b = s.bounds;
         assert_eq!(

@@ -22,7 +22,9 @@ pub struct BodyBudget {
 impl BodyBudget {
     /// A budget of `bytes` (`LOXI_MAX_BODY_BYTES_IN_FLIGHT`; at least 1 KiB).
     pub fn new(bytes: u64) -> Self {
-        let total_kib = u32::try_from(bytes.div_ceil(1024)).unwrap_or(u32::MAX).max(1);
+        let total_kib = u32::try_from(bytes.div_ceil(1024))
+            .unwrap_or(u32::MAX)
+            .max(1);
         Self {
             sem: Arc::new(Semaphore::new(total_kib as usize)),
             total_kib,

@@ -355,17 +355,26 @@ async fn prompts_beyond_the_bounds_skip_tokenization_and_are_served_by_the_fallb
     let p = KvProxy::start_with(&[b0.port(), b1.port()], settings, TinyTokenizer::load());
     let word = "a".repeat(64 << 10);
     let body = serde_json::json!({"model": "tiny", "prompt": word});
-    assert_eq!(post_json(p.port, "/v1/completions", &body).await, (200, Some(0)));
+    assert_eq!(
+        post_json(p.port, "/v1/completions", &body).await,
+        (200, Some(0))
+    );
     let msgs: Vec<_> = (0..9)
         .map(|i| serde_json::json!({"role": "user", "content": format!("message {i}")}))
         .collect();
     let chat = serde_json::json!({"model": "tiny", "messages": msgs});
-    assert_eq!(post_json(p.port, "/v1/chat/completions", &chat).await, (200, Some(1)));
+    assert_eq!(
+        post_json(p.port, "/v1/chat/completions", &chat).await,
+        (200, Some(1))
+    );
     assert_eq!(p.misses("oversize"), 2.0);
     assert_eq!(p.stage_count("Tokenize"), 0.0, "neither was tokenized");
     // An ordinary prompt still goes through the tier.
     assert_eq!(post(p.port, &long_prompt("delta")).await, 0);
-    assert_eq!((p.stage_count("Tokenize"), p.misses("no_worker")), (1.0, 1.0));
+    assert_eq!(
+        (p.stage_count("Tokenize"), p.misses("no_worker")),
+        (1.0, 1.0)
+    );
     p.shutdown().await;
 }
 
@@ -421,8 +430,14 @@ async fn busy_tokenizer_means_budget_and_overload_misses_served_by_the_fallback(
     assert_eq!(a, (200, Some(0)));
     assert_eq!((started(), p.misses("budget")), (1, 1.0));
     // B: queued behind A's job, gives up after the budget; C: the queue (1) is full.
-    assert_eq!(post_json(p.port, "/v1/completions", &slow("b")).await, (200, Some(1)));
-    assert_eq!(post_json(p.port, "/v1/completions", &slow("c")).await, (200, Some(0)));
+    assert_eq!(
+        post_json(p.port, "/v1/completions", &slow("b")).await,
+        (200, Some(1))
+    );
+    assert_eq!(
+        post_json(p.port, "/v1/completions", &slow("c")).await,
+        (200, Some(0))
+    );
     assert_eq!((p.misses("budget"), p.misses("overload")), (2.0, 1.0));
     assert_eq!(started(), 1, "the tokenizer is still stuck on A");
     release.send(()).expect("A's job waits");
@@ -433,8 +448,16 @@ async fn busy_tokenizer_means_budget_and_overload_misses_served_by_the_fallback(
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert_eq!(stats.skipped.load(std::sync::atomic::Ordering::Relaxed), 1, "B's job skipped");
-    assert_eq!(started(), 1, "B's abandoned job never reached the tokenizer");
+    assert_eq!(
+        stats.skipped.load(std::sync::atomic::Ordering::Relaxed),
+        1,
+        "B's job skipped"
+    );
+    assert_eq!(
+        started(),
+        1,
+        "B's abandoned job never reached the tokenizer"
+    );
     p.shutdown().await;
 }
 
@@ -468,7 +491,12 @@ async fn a_body_that_does_not_arrive_in_time_gets_408() {
     let stop = CancellationToken::new();
     let task = tokio::spawn(super::run(store.subscribe(), ctx, stop.clone()));
     // A whole request first: the listener is up and bodies that arrive are served.
-    assert_eq!(post_json(port, "/v1/completions", &serde_json::json!({"prompt": "x"})).await.0, 200);
+    assert_eq!(
+        post_json(port, "/v1/completions", &serde_json::json!({"prompt": "x"}))
+            .await
+            .0,
+        200
+    );
     let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
         .expect("connect");

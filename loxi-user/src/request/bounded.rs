@@ -250,10 +250,7 @@ mod tests {
     fn within_bounds_the_value_is_serde_jsons() {
         let body = r#"{"model":"m","messages":[{"role":"user","content":"h\u00e9"}],"n":1.5,"x":null,"ids":[1,-2,true]}"#;
         let p = parse(body, 100, 100);
-        assert_eq!(
-            p.value,
-            serde_json::from_str::<Value>(body).expect("json")
-        );
+        assert_eq!(p.value, serde_json::from_str::<Value>(body).expect("json"));
         assert!(!p.cut);
         assert!(parse_body_bounded(b"  ", ParseLimits::default()).is_none());
         assert!(parse_body_bounded(b"{\"a\":", ParseLimits::default()).is_none());

@@ -15,8 +15,8 @@ pub mod meta;
 pub mod prompt;
 pub mod session;
 
+pub use bounded::{ParseLimits, ParsedBody, parse_body_bounded};
 pub use meta::{
     ApiKind, CONVERSATION_HEADER, MODEL_HEADER, RequestMeta, api_kind, parse_body, request_model,
 };
-pub use bounded::{ParseLimits, ParsedBody, parse_body_bounded};
 pub use prompt::{ChatMessage, Prompt, prompt_of};

@@ -369,9 +369,16 @@ fn bounded_encoding_is_a_prefix_of_the_whole_and_stops_at_the_context() {
         assert_eq!(&ids[..], &whole[..300], "{model}: token bound");
         // Encoding stopped after the chunks that gave 300 tokens.
         let chunks = tok.segment_entries();
-        assert!(chunks < 20, "{model}: {chunks} chunks encoded for 300 tokens");
+        assert!(
+            chunks < 20,
+            "{model}: {chunks} chunks encoded for 300 tokens"
+        );
         let ids = bounded(&text, None, false).expect("bounded");
-        assert_eq!(&ids[..], &whole[..4096], "{model}: context from config.json");
+        assert_eq!(
+            &ids[..],
+            &whole[..4096],
+            "{model}: context from config.json"
+        );
         for cut in [700, 5_001, 20_003] {
             let mut end = cut;
             while !text.is_char_boundary(end) {

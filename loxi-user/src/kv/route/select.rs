@@ -30,6 +30,7 @@ use tokio::time::Instant;
 
 use super::blend::{Cand, LawParams, blend};
 pub use super::miss::MissReason;
+use super::workers::TokenizeWorkers;
 use crate::kv::BlockKey;
 use crate::kv::block_hash::RequestExtras;
 use crate::kv::index::ScoreScratch;
@@ -37,7 +38,6 @@ use crate::kv::metrics::Stage;
 use crate::kv::settings::{DEFAULT_MAX_PROMPT_TOKENS, PromptBounds};
 use crate::kv::state::{KvState, ServiceKv};
 use crate::kv::tokenizer::{EncodeBounds, TokenizeError};
-use super::workers::TokenizeWorkers;
 use crate::request::{ApiKind, Prompt, RequestMeta};
 use crate::routing::{Candidates, Decision, EpIdx, Reason};
 use crate::rules::store::StoredRule;
@@ -424,7 +424,9 @@ fn screen(meta: &RequestMeta, b: &PromptBounds) -> Result<(RequestMeta, bool), M
             if meta.body_cut
                 || msgs.len() > b.max_messages
                 || bytes > b.max_bytes
-                || msgs.iter().any(|m| longest_run(&m.content, b.max_run_bytes) > b.max_run_bytes)
+                || msgs
+                    .iter()
+                    .any(|m| longest_run(&m.content, b.max_run_bytes) > b.max_run_bytes)
             {
                 return Err(MissReason::Oversize);
             }

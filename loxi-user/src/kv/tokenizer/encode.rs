@@ -112,9 +112,13 @@ impl ModelTokenizer {
                 });
             }
             Prompt::TokenIds(ids) => token_ids(&ids[..ids.len().min(max)])?,
-            Prompt::Text(text) => {
-                self.encode_text_upto(model, text, add_special_tokens.unwrap_or(true), max, metrics)?
-            }
+            Prompt::Text(text) => self.encode_text_upto(
+                model,
+                text,
+                add_special_tokens.unwrap_or(true),
+                max,
+                metrics,
+            )?,
             Prompt::Messages(msgs) => {
                 let add = match api {
                     ApiKind::Responses => add_special_tokens.unwrap_or(true),

@@ -118,7 +118,14 @@ impl TokenizerPool {
             return token_ids(&ids[..ids.len().min(max)]);
         }
         let tok = self.get(model)?;
-        let out = tok.encode_bounded(model, api, prompt, add_special_tokens, bounds, &self.metrics);
+        let out = tok.encode_bounded(
+            model,
+            api,
+            prompt,
+            add_special_tokens,
+            bounds,
+            &self.metrics,
+        );
         if let Err(TokenizeError::Template { .. }) = &out {
             self.metrics
                 .template_errors

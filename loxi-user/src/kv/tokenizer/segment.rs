@@ -243,7 +243,8 @@ impl SegmentEncoder {
         let mut chunks = word_chunks(text, CHUNK_BYTES).peekable();
         while let Some(chunk) = chunks.next() {
             self.cached(TextKey::raw_chunk(chunk), &mut ids, || {
-                self.encode_splits(tok, chunk, usize::MAX).map(|(ids, _)| ids)
+                self.encode_splits(tok, chunk, usize::MAX)
+                    .map(|(ids, _)| ids)
             })?;
             if ids.len() >= max_ids && chunks.peek().is_some() {
                 return Ok((ids, true));
