@@ -252,10 +252,9 @@ async fn read_body(
     limit: usize,
     budget: &BodyBudget,
 ) -> Result<(Bytes, Reservation), ProxyError> {
+    // A `Content-Length` over the limit is still read up to the limit before the 413: a
+    // client that is still sending would otherwise see its connection reset, not the answer.
     let hint = http_body::Body::size_hint(&body);
-    if hint.lower() > limit as u64 {
-        return Err(ProxyError::BodyTooLarge { limit });
-    }
     let lower = usize::try_from(hint.lower()).unwrap_or(limit).min(limit);
     let mut reserved = budget.reserve(lower).await;
     let mut covered = lower;
