@@ -174,6 +174,12 @@ fn proxy_config(cfg: &Config) -> ProxyConfig {
             max_conns: cfg.env.max_conns_per_listener,
         },
         max_total_inflight: cfg.env.pd_max_total_inflight,
+        body_timeout: Duration::from_millis(cfg.env.body_timeout_ms),
+        body_budget: proxy::budget::BodyBudget::new(cfg.env.max_body_bytes_in_flight),
+        parse: crate::request::ParseLimits {
+            max_string_bytes: cfg.env.kv_max_prompt_bytes,
+            ..Default::default()
+        },
         ..ProxyConfig::default()
     }
 }

@@ -13,6 +13,7 @@
 //! metadata the handler extracts is the shared vocabulary of [`crate::request`].
 
 pub mod body;
+pub mod budget;
 pub mod conn;
 pub mod error;
 pub mod forwarded;
@@ -82,6 +83,15 @@ pub struct ProxyConfig {
     /// Requests in flight across all listeners before new ones get 429
     /// (`LLB_PD_MAX_TOTAL_INFLIGHT`; 0 = off, the default).
     pub max_total_inflight: u32,
+    /// Longest a request's body may take to arrive, from its head, waiting for the body
+    /// budget included (`LOXI_BODY_TIMEOUT_MS`, default 60 s); past it 408.
+    pub body_timeout: Duration,
+    /// Request-body bytes held at once across every listener
+    /// (`LOXI_MAX_BODY_BYTES_IN_FLIGHT`, default 256 MiB).
+    pub body_budget: budget::BodyBudget,
+    /// Bounds of the routing parse of request bodies (strings cut at
+    /// `LOXI_KV_MAX_PROMPT_BYTES`, a node budget; see `request::bounded`).
+    pub parse: crate::request::ParseLimits,
 }
 
 impl Default for ProxyConfig {
@@ -94,6 +104,9 @@ impl Default for ProxyConfig {
             breaker_cooldown: Duration::from_secs(10),
             conn: conn::ConnLimits::default(),
             max_total_inflight: 0,
+            parse: crate::request::ParseLimits::default(),
+            body_timeout: Duration::from_secs(60),
+            body_budget: budget::BodyBudget::default(),
         }
     }
 }

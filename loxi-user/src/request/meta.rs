@@ -50,6 +50,9 @@ pub struct RequestMeta {
     pub conversation_id: Option<String>,
     /// True when the body was JSON and parsed.
     pub json_ok: bool,
+    /// True when the routing parse bounded the body ([`super::bounded`]): a text prompt or a
+    /// token-id list is then a prefix of the client's, a message list may be incomplete.
+    pub body_cut: bool,
 }
 
 /// Header that carries a conversation id (LoxiLB's tier-0 key; CHWBL's conversation key).
