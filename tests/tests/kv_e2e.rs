@@ -15,7 +15,6 @@
 //! the parity report confirming the events is asserted too.
 
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
