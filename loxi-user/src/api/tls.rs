@@ -89,7 +89,10 @@ impl TlsListener {
     pub fn new(tcp: TcpListener, config: Arc<rustls::ServerConfig>) -> std::io::Result<Self> {
         let local = tcp.local_addr()?;
         let (tx, ready) = mpsc::channel(MAX_HANDSHAKES);
-        #[allow(clippy::disallowed_methods, reason = "the listener keeps the JoinHandle and aborts the accept loop on drop")]
+        #[allow(
+            clippy::disallowed_methods,
+            reason = "the listener keeps the JoinHandle and aborts the accept loop on drop"
+        )]
         let acceptor_task = tokio::spawn(accept_loop(tcp, TlsAcceptor::from(config), tx));
         Ok(Self {
             local,
@@ -124,7 +127,10 @@ async fn accept_loop(
             }
         };
         let (acceptor, tx) = (acceptor.clone(), tx.clone());
-        #[allow(clippy::disallowed_methods, reason = "one handshake per accepted connection, bounded by the permit it holds and its timeout")]
+        #[allow(
+            clippy::disallowed_methods,
+            reason = "one handshake per accepted connection, bounded by the permit it holds and its timeout"
+        )]
         tokio::spawn(async move {
             let _permit = permit;
             match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {

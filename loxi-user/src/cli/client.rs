@@ -152,7 +152,10 @@ where
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
         .await
         .map_err(http)?;
-    #[allow(clippy::disallowed_methods, reason = "the connection driver of a one-shot CLI request; it ends with the connection")]
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "the connection driver of a one-shot CLI request; it ends with the connection"
+    )]
     tokio::spawn(async move {
         let _ = conn.await;
     });

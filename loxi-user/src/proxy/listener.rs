@@ -78,7 +78,10 @@ impl Listener {
             valve,
             cancel: cancel.clone(),
         };
-        #[allow(clippy::disallowed_methods, reason = "the listener keeps the JoinHandle and awaits it when it closes")]
+        #[allow(
+            clippy::disallowed_methods,
+            reason = "the listener keeps the JoinHandle and awaits it when it closes"
+        )]
         let task = tokio::spawn(serving.accept_loop(tcp));
         tracing::info!(%addr, "fullproxy listener open");
         Self {
