@@ -2,6 +2,8 @@
 # Routing-quality benchmark (issue 4): the same seeded workload through round-robin, CHWBL and
 # loxi's KV-aware routing (and, with --peers, vllm-router 0.1.17 / sglang-router 0.3.2 from PyPI)
 # over N vllm-sim workers; writes summary.json, results.md, report.json and chart.png.
+# `--policies rr,kv,pd` adds prefill/decode disaggregation: the same workers, half of them
+# prefill and half decode (the fleet runs vllm-sim --kv-role both), against the aggregated ones.
 #
 #   scripts/bench-routing.sh [--out DIR] [--peers] [--workload a|b|c[,..]] [bench-routing flags]
 #
@@ -19,7 +21,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --out) OUT=$2; shift 2 ;;
     --out=*) OUT=${1#--out=}; shift ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) ARGS+=("$1"); shift ;;
   esac
 done

@@ -135,19 +135,39 @@ struct Sim {
     _tok: tempfile::TempDir,
 }
 
+/// `<dir>/tiny/{tokenizer.json, tokenizer_config.json}` from the golden tiny model.
+fn stage_tokenizer() -> tempfile::TempDir {
+    let tok = tempfile::tempdir().expect("tmp");
+    let dst = tok.path().join("tiny");
+    std::fs::create_dir_all(&dst).expect("mkdir");
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(shared_dir().join("golden/tiny-model").join(f), dst.join(f))
+            .expect("copy tokenizer");
+    }
+    tok
+}
+
 impl Sim {
     async fn start(role: &str) -> Sim {
-        let tok = tempfile::tempdir().expect("tmp");
-        let dst = tok.path().join("tiny");
-        std::fs::create_dir_all(&dst).expect("mkdir");
-        for f in ["tokenizer.json", "tokenizer_config.json"] {
-            std::fs::copy(shared_dir().join("golden/tiny-model").join(f), dst.join(f))
-                .expect("copy tokenizer");
-        }
-        let mut child = tokio::process::Command::new(bin_path("vllm-sim"))
-            .args(["--model", "tiny", "--host", "127.0.0.1", "--port", "0"])
+        Self::start_on(role, "127.0.0.1", None).await
+    }
+
+    /// A sim on `host`; with `zmq_port`, publishing KV events on `tcp://host:zmq_port`
+    /// (`PYTHONHASHSEED=0`, block size 16: loxi's defaults with `LLB_KV_NONE_HASH_SEED=0`).
+    async fn start_on(role: &str, host: &str, zmq_port: Option<u16>) -> Sim {
+        let tok = stage_tokenizer();
+        let mut cmd = tokio::process::Command::new(bin_path("vllm-sim"));
+        cmd.args(["--model", "tiny", "--host", host, "--port", "0"])
             .arg("--tokenizer-dir")
             .arg(tok.path())
+            .env("PYTHONHASHSEED", "0")
+            .args(["--block-size", "16"]);
+        if let Some(z) = zmq_port {
+            let cfg = json!({"enable_kv_cache_events": true, "publisher": "zmq",
+                "endpoint": format!("tcp://{host}:{z}")});
+            cmd.args(["--kv-events-config", &cfg.to_string()]);
+        }
+        let mut child = cmd
             .args(["--kv-role", role, "--time-scale", "0.05"])
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -239,15 +259,17 @@ async fn vllm_sims_prefill_then_decode_with_the_params_and_one_request_id() {
     // from the transfer. The producer computed the whole prompt.
     let dm = get_text(&c, &dec.url("/metrics")).await;
     let pm = get_text(&c, &pre.url("/metrics")).await;
-    assert_eq!(metric(&dm, "vllm:prompt_tokens_total", &[]), 1.0, "{dm}");
-    assert_eq!(
-        metric(&dm, "vllm:prompt_tokens_by_source_total", &["external_kv_transfer"]),
-        (prompt_tokens - 1) as f64
-    );
-    assert_eq!(
-        metric(&pm, "vllm:prompt_tokens_total", &[]),
-        prompt_tokens as f64
-    );
+    let src = |text: &str, source: &str| {
+        metric(
+            text,
+            "vllm:prompt_tokens_by_source_total",
+            &[&format!("source=\"{source}\"")],
+        )
+    };
+    assert_eq!(src(&dm, "local_compute"), 1.0, "{dm}");
+    assert_eq!(src(&dm, "external_kv_transfer"), (prompt_tokens - 1) as f64);
+    assert_eq!(src(&pm, "local_compute"), prompt_tokens as f64, "{pm}");
+    assert_eq!(src(&pm, "external_kv_transfer"), 0.0);
     assert_eq!(metric(&pm, "vllm:generation_tokens_total", &[]), 1.0);
 
     // Streaming passes through event by event from the decode leg.
@@ -498,25 +520,32 @@ async fn a_slow_prefill_is_504_and_a_client_that_leaves_aborts_it() {
     let dec = Backend::start("dec").await;
     let port = free_port();
     let rule = pd_rule(port, &[(slow.port(), 1, 0), (dec.port(), 2, 0)], json!({}));
-    let opts = DaemonOpts::default().env("LLB_PD_PREFILL_TIMEOUT_SEC", "1");
+    let opts = DaemonOpts::default().env("LLB_PD_PREFILL_TIMEOUT_SEC", "2");
     let d = started(opts, &rule).await;
     let c = client();
     let t = Instant::now();
     let r = send(&c, completion(port, &[], &json!({"prompt": "x"}))).await;
     assert_eq!(r.status, 504, "{}", r.text);
     assert_eq!(r.json()["error"]["type"], "pd_prefill_timeout");
-    assert!(t.elapsed() >= Duration::from_millis(900), "{:?}", t.elapsed());
-    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    assert!(t.elapsed() >= Duration::from_millis(1900), "{:?}", t.elapsed());
+    assert!(t.elapsed() < Duration::from_secs(6), "{:?}", t.elapsed());
     assert_eq!(dec.request_count(), 0);
     assert!(slow.wait_cancelled(1, Duration::from_secs(2)).await, "the prefill leg was dropped");
 
-    // A client that gives up during the prefill: the prefill leg is aborted too.
+    // A client that gives up during the prefill: the prefill leg is aborted then, well before
+    // the 2 s prefill timeout would have ended it.
+    let t = Instant::now();
     let req = completion(port, &[], &json!({"prompt": "y"}));
     let _ = tokio::time::timeout(Duration::from_millis(300), c.request(req)).await;
     drop(c);
     assert!(
         slow.wait_cancelled(2, Duration::from_secs(3)).await,
         "client disconnect aborted the prefill leg"
+    );
+    assert!(
+        t.elapsed() < Duration::from_millis(1500),
+        "aborted by the disconnect, not the timeout: {:?}",
+        t.elapsed()
     );
     let deadline = Instant::now() + Duration::from_secs(3);
     loop {
@@ -552,6 +581,93 @@ async fn no_reachable_decode_is_503_pd_pool_unavailable() {
     assert_eq!(
         metric(&m, "loxilb_ai_pd_failures_total", &["reason=\"pd_pool_unavailable\""]),
         1.0
+    );
+}
+
+/// `(endpointIP, targetPort, ep_role)` endpoints on several loopback addresses.
+fn pd_rule_hosts(port: u16, eps: &[(&str, u16, u8)], extra: Value) -> Value {
+    let mut r = pd_rule(port, &[], extra);
+    r["endpoints"] = eps
+        .iter()
+        .map(|(ip, p, role)| json!({"endpointIP": ip, "targetPort": p, "ep_role": role}))
+        .collect();
+    r
+}
+
+#[tokio::test]
+async fn tier_1_5_sends_the_prefill_leg_to_the_prefill_holding_the_prefix() {
+    // Two prefill engines publishing KV events on one kvZmqPort (distinct loopback hosts), one
+    // decode engine; predicted blocks off, so only the engines' events can steer.
+    let zmq = free_port();
+    let p0 = Sim::start_on("producer", "127.0.0.2", Some(zmq)).await;
+    let p1 = Sim::start_on("producer", "127.0.0.3", Some(zmq)).await;
+    let dec = Sim::start_on("consumer", "127.0.0.4", None).await;
+    let tok = stage_tokenizer();
+    let port = free_port();
+    let rule = pd_rule_hosts(
+        port,
+        &[
+            ("127.0.0.2", p0.port(), 1),
+            ("127.0.0.3", p1.port(), 1),
+            ("127.0.0.4", dec.port(), 2),
+        ],
+        json!({"kvExactMode": 1, "kvZmqPort": zmq, "kvBlockSize": 16}),
+    );
+    let opts = DaemonOpts {
+        tokenizer_dir: Some(tok.path().to_path_buf()),
+        ..Default::default()
+    }
+    .env("LLB_KV_NONE_HASH_SEED", "0")
+    .env("LOXI_KV_PREDICT_TTL_MS", "0");
+    let d = started(opts, &rule).await;
+    let c = client();
+    // Both prefill subscribers connected (the decode endpoint is not subscribed).
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let m = d.metrics_text().await;
+        let up = metric(&m, "loxilb_kv_subscriber_connected", &["ep=\"0\""])
+            + metric(&m, "loxilb_kv_subscriber_connected", &["ep=\"1\""]);
+        if up == 2.0 {
+            assert!(
+                !m.contains("loxilb_kv_subscriber_connected{service=\"1\",ep=\"2\"}"),
+                "the decode endpoint is not subscribed: {m}"
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "subscribers not connected: {m}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let system = prompt("sys");
+    let ask = |q: &str| json!({"model": "tiny", "prompt": format!("{system} {q}"), "max_tokens": 2});
+    let r = send(&c, completion(port, &[], &ask("first"))).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let first = r.header("x-loxilb-prefill-endpoint").expect("prefill").to_string();
+    // The engine's BlockStored events reach loxi's index.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let m = d.metrics_text().await;
+        if metric(&m, "loxilb_pd_kv_blocks", &[&format!("ep_idx=\"{first}\"")]) > 0.0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no blocks indexed for ep {first}: {m}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Tier 2 alone would rotate to the other prefill; tier 1.5 keeps the prefix's holder.
+    for q in ["second", "third", "fourth"] {
+        let r = send(&c, completion(port, &[], &ask(q))).await;
+        assert_eq!(r.status, 200, "{}", r.text);
+        assert_eq!(r.header("x-loxilb-prefill-endpoint"), Some(first.as_str()), "{q}");
+        assert_eq!(r.header("x-loxilb-endpoint"), Some("2"));
+    }
+    let m = d.metrics_text().await;
+    assert_eq!(
+        metric(&m, "loxilb_ai_pd_tier_selected_total", &["leg=\"prefill\"", "tier=\"1.5\""]),
+        3.0,
+        "{m}"
+    );
+    assert_eq!(
+        metric(&m, "loxilb_pd_kv_tier15_hits_total", &[&format!("ep_idx=\"{first}\"")]),
+        3.0
     );
 }
 

@@ -259,7 +259,7 @@ async fn generate_parsed(
             ),
         ));
     }
-    let remote_prefill = st.kv_role == KvRole::Consumer
+    let remote_prefill = st.kv_role.consumes()
         && r.kv_transfer.as_ref().is_some_and(|k| k.do_remote_prefill);
     let (tx, rx) = mpsc::unbounded_channel();
     let seq = SeqRequest {
@@ -349,7 +349,7 @@ fn resp_meta(st: &HttpState, api: ApiKind) -> RespMeta {
 /// P/D producer answer (vLLM NixlConnector shape) when the request asked for remote decode.
 fn transfer_params(st: &HttpState, r: &SimRequest, s: &SeqSummary) -> Option<Value> {
     let wants = r.kv_transfer.as_ref().is_some_and(|k| k.do_remote_decode);
-    if st.kv_role != KvRole::Producer || !wants {
+    if !st.kv_role.produces() || !wants {
         return None;
     }
     Some(json!({

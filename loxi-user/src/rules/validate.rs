@@ -580,12 +580,12 @@ mod tests {
         r.endpoints[1].ep_role = 2;
         let ok = validate(r.clone()).expect("one prefill and one decode");
         let spec = ServiceSpec::compile(&ok).expect("spec");
+        assert!(spec.needs_body());
         let pd = spec.pd.expect("pd spec");
         use super::super::spec::Role;
         assert_eq!(pd.roles, vec![Role::Prefill, Role::Decode]);
         assert_eq!(pd.session_ttl, std::time::Duration::from_secs(300));
         assert_eq!(pd.nixl_ports, vec![8000, 8000], "nixl_port 0 means targetPort");
-        assert!(spec.needs_body());
         let mut r1 = r.clone();
         r1.service.kv_exact_mode = 1;
         r1.service.pd_session_ttl_sec = 7;
