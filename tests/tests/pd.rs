@@ -118,7 +118,10 @@ fn pd_rule(port: u16, eps: &[(u16, u8, u16)], extra: Value) -> Value {
 async fn started(opts: DaemonOpts, rule: &Value) -> Daemon {
     let d = Daemon::start(opts).await;
     let (status, body) = d.post_rule(rule).await;
-    assert!(status == 200 || status == 201, "rule rejected: {status} {body}");
+    assert!(
+        status == 200 || status == 201,
+        "rule rejected: {status} {body}"
+    );
     let port = rule["serviceArguments"]["port"].as_u64().expect("port") as u16;
     let deadline = Instant::now() + Duration::from_secs(5);
     while TcpStream::connect(("127.0.0.1", port)).await.is_err() {
@@ -213,7 +216,11 @@ fn prompt(seed: &str) -> String {
 async fn vllm_sims_prefill_then_decode_with_the_params_and_one_request_id() {
     let (pre, dec) = (Sim::start("producer").await, Sim::start("consumer").await);
     let port = free_port();
-    let rule = pd_rule(port, &[(pre.port(), 1, 5600), (dec.port(), 2, 0)], json!({}));
+    let rule = pd_rule(
+        port,
+        &[(pre.port(), 1, 5600), (dec.port(), 2, 0)],
+        json!({}),
+    );
     let d = started(DaemonOpts::default(), &rule).await;
     let c = client();
     let body = json!({"model": "tiny", "prompt": prompt("w"), "max_tokens": 8, "min_tokens": 2});
@@ -230,7 +237,10 @@ async fn vllm_sims_prefill_then_decode_with_the_params_and_one_request_id() {
     assert_eq!(plog.as_array().map(Vec::len), Some(1), "{plog}");
     assert_eq!(dlog.as_array().map(Vec::len), Some(1), "{dlog}");
     let (p, dd) = (&plog[0], &dlog[0]);
-    assert_eq!((p["max_tokens"].clone(), p["stream"].clone()), (json!(1), json!(false)));
+    assert_eq!(
+        (p["max_tokens"].clone(), p["stream"].clone()),
+        (json!(1), json!(false))
+    );
     assert_eq!(
         p["kv_transfer_params"],
         json!({"do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id": null,
@@ -244,14 +254,19 @@ async fn vllm_sims_prefill_then_decode_with_the_params_and_one_request_id() {
         )),
         "{rid}"
     );
-    assert_eq!(dd["request_id"], p["request_id"], "one request id on both legs");
+    assert_eq!(
+        dd["request_id"], p["request_id"],
+        "one request id on both legs"
+    );
     assert_eq!(dd["max_tokens"], 8);
     let kv = &dd["kv_transfer_params"];
     assert_eq!(kv["do_remote_prefill"], true, "{kv}");
     assert_eq!(kv["remote_port"], pre.port(), "{kv}");
     assert_eq!(kv["remote_engine_id"], format!("vllm-sim-{}", pre.port()));
     assert!(
-        kv["remote_block_ids"].as_array().is_some_and(|b| !b.is_empty()),
+        kv["remote_block_ids"]
+            .as_array()
+            .is_some_and(|b| !b.is_empty()),
         "{kv}"
     );
 
@@ -278,7 +293,11 @@ async fn vllm_sims_prefill_then_decode_with_the_params_and_one_request_id() {
     assert_eq!(r.status, 200);
     assert_eq!(r.header("content-type"), Some("text/event-stream"));
     let events = r.text.matches("data: ").count();
-    assert!(events >= 7, "6 tokens + [DONE] as separate events: {}", r.text);
+    assert!(
+        events >= 7,
+        "6 tokens + [DONE] as separate events: {}",
+        r.text
+    );
     assert!(r.text.contains("data: [DONE]"));
     let dlog = get_json(&c, &dec.url("/sim/requests")).await;
     assert_eq!(dlog[1]["stream"], true);
@@ -286,13 +305,25 @@ async fn vllm_sims_prefill_then_decode_with_the_params_and_one_request_id() {
     assert_eq!(plog[1]["stream"], false);
 
     let m = d.metrics_text().await;
-    assert_eq!(metric(&m, "loxilb_ai_pd_requests_total", &["service=\""]), 2.0, "{m}");
     assert_eq!(
-        metric(&m, "loxilb_ai_pd_tier_selected_total", &["leg=\"prefill\"", "tier=\"2\""]),
+        metric(&m, "loxilb_ai_pd_requests_total", &["service=\""]),
+        2.0,
+        "{m}"
+    );
+    assert_eq!(
+        metric(
+            &m,
+            "loxilb_ai_pd_tier_selected_total",
+            &["leg=\"prefill\"", "tier=\"2\""]
+        ),
         2.0
     );
     assert_eq!(
-        metric(&m, "loxilb_ai_pd_tier_selected_total", &["leg=\"decode\"", "tier=\"2\""]),
+        metric(
+            &m,
+            "loxilb_ai_pd_tier_selected_total",
+            &["leg=\"decode\"", "tier=\"2\""]
+        ),
         2.0
     );
     assert_eq!(metric(&m, "loxilb_ai_pd_kv_params_missing_total", &[]), 0.0);
@@ -300,7 +331,10 @@ async fn vllm_sims_prefill_then_decode_with_the_params_and_one_request_id() {
         metric(&m, "loxilb_ai_pd_prefill_duration_seconds_count", &[]),
         2.0
     );
-    assert_eq!(metric(&m, "loxilb_ai_pd_decode_ttft_seconds_count", &[]), 2.0);
+    assert_eq!(
+        metric(&m, "loxilb_ai_pd_decode_ttft_seconds_count", &[]),
+        2.0
+    );
     loxi_tests::harness::promtool_check(&m);
 }
 
@@ -376,24 +410,38 @@ async fn the_decode_gets_the_params_verbatim_and_missing_ones_are_counted() {
     let pre = FakePrefill::start(Some(params.clone())).await;
     let dec = Backend::start("decode").await;
     let port = free_port();
-    let rule = pd_rule(port, &[(pre.addr.port(), 1, 0), (dec.port(), 2, 0)], json!({}));
+    let rule = pd_rule(
+        port,
+        &[(pre.addr.port(), 1, 0), (dec.port(), 2, 0)],
+        json!({}),
+    );
     let d = started(DaemonOpts::default(), &rule).await;
     let c = client();
     let body = json!({"model": "m", "prompt": "hello", "max_tokens": 5, "stream": false,
         "x_client_field": [1]});
-    let r = send(&c, completion(port, &[("x-request-id", "client-id")], &body)).await;
+    let r = send(
+        &c,
+        completion(port, &[("x-request-id", "client-id")], &body),
+    )
+    .await;
     assert_eq!(r.status, 200, "{}", r.text);
     let got = dec.requests();
     assert_eq!(got.len(), 1);
     let dbody: Value = serde_json::from_slice(&got[0].body).expect("decode body");
-    assert_eq!(dbody["kv_transfer_params"], params, "verbatim, unknown fields too");
+    assert_eq!(
+        dbody["kv_transfer_params"], params,
+        "verbatim, unknown fields too"
+    );
     let mut expect = body.clone();
     expect["kv_transfer_params"] = params.clone();
     assert_eq!(dbody, expect, "otherwise the client's own body");
     let seen = pre.seen.lock().clone();
     let prid = seen[0].0.clone().expect("prefill request id");
     assert_eq!(got[0].header("x-request-id"), Some(prid.as_str()));
-    assert!(prid.starts_with(&format!("___prefill_addr_127.0.0.1:{}", pre.addr.port())), "{prid}");
+    assert!(
+        prid.starts_with(&format!("___prefill_addr_127.0.0.1:{}", pre.addr.port())),
+        "{prid}"
+    );
 
     // Scenario 21: no params → the decode still runs, without them, and it is counted.
     *pre.params.lock() = None;
@@ -403,7 +451,11 @@ async fn the_decode_gets_the_params_verbatim_and_missing_ones_are_counted() {
     let dbody: Value = serde_json::from_slice(&got[1].body).expect("decode body");
     assert_eq!(dbody, body, "the client's body, no kv_transfer_params");
     let m = d.metrics_text().await;
-    assert_eq!(metric(&m, "loxilb_ai_pd_kv_params_missing_total", &[]), 1.0, "{m}");
+    assert_eq!(
+        metric(&m, "loxilb_ai_pd_kv_params_missing_total", &[]),
+        1.0,
+        "{m}"
+    );
     assert_eq!(metric(&m, "loxilb_ai_pd_requests_total", &[]), 2.0);
 }
 
@@ -444,9 +496,17 @@ async fn a_conversation_stays_pinned_and_moves_when_its_prefill_dies() {
     }
     assert!(pairs.iter().all(|p| *p == pairs[0]), "pinned: {pairs:?}");
     let m = d.metrics_text().await;
-    assert_eq!(metric(&m, "loxilb_ai_pd_session_hits_total", &[]), 4.0, "{m}");
     assert_eq!(
-        metric(&m, "loxilb_ai_pd_tier_selected_total", &["leg=\"decode\"", "tier=\"0\""]),
+        metric(&m, "loxilb_ai_pd_session_hits_total", &[]),
+        4.0,
+        "{m}"
+    );
+    assert_eq!(
+        metric(
+            &m,
+            "loxilb_ai_pd_tier_selected_total",
+            &["leg=\"decode\"", "tier=\"0\""]
+        ),
         4.0
     );
     // The pinned prefill starts failing: its 500s are relayed until the breaker opens (3, the
@@ -496,19 +556,39 @@ async fn a_failing_prefill_opens_the_breaker_and_traffic_moves() {
     let c = client();
     let mut statuses = Vec::new();
     for i in 0..12 {
-        let r = send(&c, completion(port, &[], &json!({"prompt": format!("q{i}")}))).await;
+        let r = send(
+            &c,
+            completion(port, &[], &json!({"prompt": format!("q{i}")})),
+        )
+        .await;
         if r.status == 500 {
-            assert_eq!(r.header("x-loxilb-endpoint"), Some("0"), "the prefill's 500 is relayed");
+            assert_eq!(
+                r.header("x-loxilb-endpoint"),
+                Some("0"),
+                "the prefill's 500 is relayed"
+            );
         }
         statuses.push(r.status);
     }
-    assert_eq!(bad.request_count(), 3, "the breaker opened after 3 origin 5xx: {statuses:?}");
+    assert_eq!(
+        bad.request_count(),
+        3,
+        "the breaker opened after 3 origin 5xx: {statuses:?}"
+    );
     assert_eq!(statuses.iter().filter(|s| **s == 500).count(), 3);
     assert_eq!(statuses.iter().filter(|s| **s == 200).count(), 9);
-    assert_eq!(dec.request_count(), 9, "a refused prefill never reaches the decode");
+    assert_eq!(
+        dec.request_count(),
+        9,
+        "a refused prefill never reaches the decode"
+    );
     let m = d.metrics_text().await;
     assert_eq!(
-        metric(&m, "loxilb_ai_pd_failures_total", &["reason=\"pd_prefill_status\""]),
+        metric(
+            &m,
+            "loxilb_ai_pd_failures_total",
+            &["reason=\"pd_prefill_status\""]
+        ),
         3.0
     );
 }
@@ -527,10 +607,17 @@ async fn a_slow_prefill_is_504_and_a_client_that_leaves_aborts_it() {
     let r = send(&c, completion(port, &[], &json!({"prompt": "x"}))).await;
     assert_eq!(r.status, 504, "{}", r.text);
     assert_eq!(r.json()["error"]["type"], "pd_prefill_timeout");
-    assert!(t.elapsed() >= Duration::from_millis(1900), "{:?}", t.elapsed());
+    assert!(
+        t.elapsed() >= Duration::from_millis(1900),
+        "{:?}",
+        t.elapsed()
+    );
     assert!(t.elapsed() < Duration::from_secs(6), "{:?}", t.elapsed());
     assert_eq!(dec.request_count(), 0);
-    assert!(slow.wait_cancelled(1, Duration::from_secs(2)).await, "the prefill leg was dropped");
+    assert!(
+        slow.wait_cancelled(1, Duration::from_secs(2)).await,
+        "the prefill leg was dropped"
+    );
 
     // A client that gives up during the prefill: the prefill leg is aborted then, well before
     // the 2 s prefill timeout would have ended it.
@@ -554,7 +641,10 @@ async fn a_slow_prefill_is_504_and_a_client_that_leaves_aborts_it() {
         if active == 0.0 {
             break;
         }
-        assert!(Instant::now() < deadline, "in-flight gauge stuck at {active}");
+        assert!(
+            Instant::now() < deadline,
+            "in-flight gauge stuck at {active}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(dec.request_count(), 0);
@@ -576,10 +666,19 @@ async fn no_reachable_decode_is_503_pd_pool_unavailable() {
     assert_eq!(r.status, 503, "{}", r.text);
     let v = r.json();
     assert_eq!(v["error"]["type"], "pd_pool_unavailable");
-    assert!(v["error"]["message"].as_str().is_some_and(|m| m.contains("no_decode")), "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("no_decode")),
+        "{v}"
+    );
     let m = d.metrics_text().await;
     assert_eq!(
-        metric(&m, "loxilb_ai_pd_failures_total", &["reason=\"pd_pool_unavailable\""]),
+        metric(
+            &m,
+            "loxilb_ai_pd_failures_total",
+            &["reason=\"pd_pool_unavailable\""]
+        ),
         1.0
     );
 }
@@ -638,10 +737,14 @@ async fn tier_1_5_sends_the_prefill_leg_to_the_prefill_holding_the_prefix() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let system = prompt("sys");
-    let ask = |q: &str| json!({"model": "tiny", "prompt": format!("{system} {q}"), "max_tokens": 2});
+    let ask =
+        |q: &str| json!({"model": "tiny", "prompt": format!("{system} {q}"), "max_tokens": 2});
     let r = send(&c, completion(port, &[], &ask("first"))).await;
     assert_eq!(r.status, 200, "{}", r.text);
-    let first = r.header("x-loxilb-prefill-endpoint").expect("prefill").to_string();
+    let first = r
+        .header("x-loxilb-prefill-endpoint")
+        .expect("prefill")
+        .to_string();
     // The engine's BlockStored events reach loxi's index.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -649,24 +752,39 @@ async fn tier_1_5_sends_the_prefill_leg_to_the_prefill_holding_the_prefix() {
         if metric(&m, "loxilb_pd_kv_blocks", &[&format!("ep_idx=\"{first}\"")]) > 0.0 {
             break;
         }
-        assert!(Instant::now() < deadline, "no blocks indexed for ep {first}: {m}");
+        assert!(
+            Instant::now() < deadline,
+            "no blocks indexed for ep {first}: {m}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // Tier 2 alone would rotate to the other prefill; tier 1.5 keeps the prefix's holder.
     for q in ["second", "third", "fourth"] {
         let r = send(&c, completion(port, &[], &ask(q))).await;
         assert_eq!(r.status, 200, "{}", r.text);
-        assert_eq!(r.header("x-loxilb-prefill-endpoint"), Some(first.as_str()), "{q}");
+        assert_eq!(
+            r.header("x-loxilb-prefill-endpoint"),
+            Some(first.as_str()),
+            "{q}"
+        );
         assert_eq!(r.header("x-loxilb-endpoint"), Some("2"));
     }
     let m = d.metrics_text().await;
     assert_eq!(
-        metric(&m, "loxilb_ai_pd_tier_selected_total", &["leg=\"prefill\"", "tier=\"1.5\""]),
+        metric(
+            &m,
+            "loxilb_ai_pd_tier_selected_total",
+            &["leg=\"prefill\"", "tier=\"1.5\""]
+        ),
         3.0,
         "{m}"
     );
     assert_eq!(
-        metric(&m, "loxilb_pd_kv_tier15_hits_total", &[&format!("ep_idx=\"{first}\"")]),
+        metric(
+            &m,
+            "loxilb_pd_kv_tier15_hits_total",
+            &[&format!("ep_idx=\"{first}\"")]
+        ),
         3.0
     );
 }
@@ -682,17 +800,29 @@ async fn p_d_rules_are_validated_and_what_is_not_built_is_refused() {
             "at least one prefill",
         ),
         (
-            pd_rule(port, &[(8000, 1, 0), (8001, 2, 0)], json!({"kvExactMode": 3})),
+            pd_rule(
+                port,
+                &[(8000, 1, 0), (8001, 2, 0)],
+                json!({"kvExactMode": 3}),
+            ),
             "serviceArguments.kvExactMode",
             "role-less",
         ),
         (
-            pd_rule(port, &[(8000, 1, 0), (8001, 2, 0)], json!({"kvEngineType": "sglang"})),
+            pd_rule(
+                port,
+                &[(8000, 1, 0), (8001, 2, 0)],
+                json!({"kvEngineType": "sglang"}),
+            ),
             "serviceArguments.kvEngineType",
             "not implemented",
         ),
         (
-            pd_rule(port, &[(8000, 1, 0), (8001, 2, 0)], json!({"pd_cache_aware_mode": true})),
+            pd_rule(
+                port,
+                &[(8000, 1, 0), (8001, 2, 0)],
+                json!({"pd_cache_aware_mode": true}),
+            ),
             "serviceArguments.pd_cache_aware_mode",
             "not implemented",
         ),

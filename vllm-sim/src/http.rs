@@ -259,8 +259,8 @@ async fn generate_parsed(
             ),
         ));
     }
-    let remote_prefill = st.kv_role.consumes()
-        && r.kv_transfer.as_ref().is_some_and(|k| k.do_remote_prefill);
+    let remote_prefill =
+        st.kv_role.consumes() && r.kv_transfer.as_ref().is_some_and(|k| k.do_remote_prefill);
     let (tx, rx) = mpsc::unbounded_channel();
     let seq = SeqRequest {
         prompt_hashes: st.codec.hash_prompt(&ids, &r.extras),

@@ -396,7 +396,7 @@ mod tests {
             "--mode=fullproxy",
             "--pd-disagg",
             "--ep-role=prefill,decode",
-            "--nixl-port=5600,0",
+            "--nixl-port=5600,5601",
             "--pd-session-ttl=60",
         ]);
         let b = &create_bodies(&c).expect("bodies")[0];
@@ -404,8 +404,13 @@ mod tests {
         assert_eq!(s["pd_disagg_mode"], json!(true));
         assert_eq!(s["pd_session_ttl_sec"], json!(60));
         assert_eq!(b["endpoints"][0]["nixl_port"], json!(5600));
-        assert_eq!(b["endpoints"][1]["nixl_port"], json!(0));
-        let c = create(&["10.0.0.1", "--tcp=80", "--endpoints=192.0.2.1", "--pd-cache-aware"]);
+        assert_eq!(b["endpoints"][1]["nixl_port"], json!(5601));
+        let c = create(&[
+            "10.0.0.1",
+            "--tcp=80",
+            "--endpoints=192.0.2.1",
+            "--pd-cache-aware",
+        ]);
         let b = &create_bodies(&c).expect("bodies")[0];
         assert_eq!(b["serviceArguments"]["pd_cache_aware_mode"], json!(true));
     }

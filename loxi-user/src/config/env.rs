@@ -554,7 +554,10 @@ mod tests {
             ("LLB_KV_LOADGUARD", " "),
         ]);
         assert_eq!(e.inert, ["LOXILB_AI_CTRL_ADDR"]);
-        assert_eq!(e.pd_prefill_timeout_sec, 180, "read and used by the P/D proxy");
+        assert_eq!(
+            e.pd_prefill_timeout_sec, 180,
+            "read and used by the P/D proxy"
+        );
         assert!(env(&[]).inert.is_empty());
     }
 

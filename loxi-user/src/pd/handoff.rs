@@ -109,8 +109,10 @@ mod tests {
 
     #[test]
     fn the_prefill_body_is_vllms_toy_proxy_body() {
-        let client = obj(json!({"model": "m", "prompt": "hi", "max_tokens": 50, "stream": true,
-            "stream_options": {"include_usage": true}, "min_tokens": 3, "temperature": 0.5}));
+        let client = obj(
+            json!({"model": "m", "prompt": "hi", "max_tokens": 50, "stream": true,
+            "stream_options": {"include_usage": true}, "min_tokens": 3, "temperature": 0.5}),
+        );
         let p = prefill_body(&client);
         assert_eq!(
             Value::Object(p),
@@ -119,7 +121,8 @@ mod tests {
                 "do_remote_prefill": false, "remote_engine_id": null, "remote_block_ids": null,
                 "remote_host": null, "remote_port": null}})
         );
-        let chat = obj(json!({"messages": [], "max_completion_tokens": 9, "min_completion_tokens": 2}));
+        let chat =
+            obj(json!({"messages": [], "max_completion_tokens": 9, "min_completion_tokens": 2}));
         let p = prefill_body(&chat);
         assert_eq!(p["max_completion_tokens"], json!(1));
         assert_eq!(p["max_tokens"], json!(1));
@@ -128,7 +131,8 @@ mod tests {
 
     #[test]
     fn the_decode_body_carries_the_params_verbatim_and_keeps_streaming() {
-        let client = obj(json!({"prompt": "hi", "max_tokens": 50, "stream": true, "min_tokens": 3}));
+        let client =
+            obj(json!({"prompt": "hi", "max_tokens": 50, "stream": true, "min_tokens": 3}));
         let resp = br#"{"id":"x","kv_transfer_params":{"do_remote_prefill":true,"remote_block_ids":[1,2],"remote_engine_id":"e","x_unknown":{"a":[null]}}}"#;
         let params = transfer_params(resp).expect("params");
         let d = decode_body(&client, Some(&params));
@@ -137,9 +141,18 @@ mod tests {
             json!({"do_remote_prefill": true, "remote_block_ids": [1, 2], "remote_engine_id": "e",
                 "x_unknown": {"a": [null]}})
         );
-        assert_eq!((d["stream"].clone(), d["max_tokens"].clone(), d["min_tokens"].clone()),
-            (json!(true), json!(50), json!(3)));
-        assert_eq!(Value::Object(decode_body(&client, None)), Value::Object(client));
+        assert_eq!(
+            (
+                d["stream"].clone(),
+                d["max_tokens"].clone(),
+                d["min_tokens"].clone()
+            ),
+            (json!(true), json!(50), json!(3))
+        );
+        assert_eq!(
+            Value::Object(decode_body(&client, None)),
+            Value::Object(client)
+        );
     }
 
     #[test]
@@ -150,7 +163,12 @@ mod tests {
             br#"{"kv_transfer_params":{}}"#,
             b"not json",
         ] {
-            assert_eq!(transfer_params(body), None, "{}", String::from_utf8_lossy(body));
+            assert_eq!(
+                transfer_params(body),
+                None,
+                "{}",
+                String::from_utf8_lossy(body)
+            );
         }
     }
 
@@ -164,6 +182,9 @@ mod tests {
             .expect("prefix");
         assert_eq!(uuid.len(), 36);
         assert_eq!(&uuid[14..15], "4", "version 4");
-        assert!(matches!(&uuid[19..20], "8" | "9" | "a" | "b"), "RFC variant");
+        assert!(
+            matches!(&uuid[19..20], "8" | "9" | "a" | "b"),
+            "RFC variant"
+        );
     }
 }

@@ -134,7 +134,8 @@ impl<T: AffinityTier + ?Sized> PdLadder<'_, T> {
                 loads: cands.loads,
                 excluded: &only_prefill,
             };
-            let d = crate::routing::ladder::off_reactor(|| tier.select(self.rule, meta, &sub, ticket));
+            let d =
+                crate::routing::ladder::off_reactor(|| tier.select(self.rule, meta, &sub, ticket));
             if let Some(ep) = d
                 .and_then(|d| d.endpoint)
                 .filter(|&ep| self.usable(cands, ep, Role::Prefill))

@@ -82,7 +82,9 @@ impl AffinityTier for FakeKv {
         cands: &Candidates<'_>,
         _ticket: &mut (),
     ) -> Option<Decision> {
-        self.saw_eligible.lock().push(cands.eligible_iter().collect());
+        self.saw_eligible
+            .lock()
+            .push(cands.eligible_iter().collect());
         self.answer.map(|ep| Decision::pick(ep, Reason::KvOverlap))
     }
     fn routed(&self, _rule: &StoredRule, _meta: &RequestMeta, ep: EpIdx, _ticket: &mut ()) {
@@ -103,7 +105,9 @@ fn tier_2_picks_the_least_loaded_prefill_and_rotates_ties() {
     let l = fx.ladder(None);
     let mut seen = std::collections::BTreeSet::new();
     for _ in 0..6 {
-        let c = l.prefill(&meta(), &fx.cands(), None, &mut ()).expect("prefill");
+        let c = l
+            .prefill(&meta(), &fx.cands(), None, &mut ())
+            .expect("prefill");
         assert_eq!(c.tier, PdTier::MinLoad);
         assert!(c.ep == 2 || c.ep == 4, "least loaded prefill, got {}", c.ep);
         seen.insert(c.ep);
@@ -122,7 +126,9 @@ fn every_tier_skips_down_and_excluded_endpoints() {
     };
     {
         let l = fx.ladder(None);
-        let c = l.prefill(&meta(), &fx.cands(), Some(pin), &mut ()).expect("pin");
+        let c = l
+            .prefill(&meta(), &fx.cands(), Some(pin), &mut ())
+            .expect("pin");
         assert_eq!((c.ep, c.tier), (0, PdTier::Session));
         assert_eq!(
             l.decode(&fx.cands(), Some(pin)).map(|c| (c.ep, c.tier)),
@@ -130,8 +136,14 @@ fn every_tier_skips_down_and_excluded_endpoints() {
         );
         fx.down(0);
         fx.down(1);
-        let c = l.prefill(&meta(), &fx.cands(), Some(pin), &mut ()).expect("moved");
-        assert_eq!((c.ep, c.tier), (2, PdTier::MinLoad), "a down pin is not used");
+        let c = l
+            .prefill(&meta(), &fx.cands(), Some(pin), &mut ())
+            .expect("moved");
+        assert_eq!(
+            (c.ep, c.tier),
+            (2, PdTier::MinLoad),
+            "a down pin is not used"
+        );
         assert_eq!(l.decode(&fx.cands(), Some(pin)).map(|c| c.ep), Some(3));
     }
     fx.excluded.insert(2);
@@ -157,7 +169,9 @@ fn tier_1_5_sees_only_prefill_endpoints_in_mode_1() {
         prefill: 0,
         decode: 1,
     };
-    let c = l.prefill(&meta(), &fx.cands(), Some(pin), &mut ()).expect("pin");
+    let c = l
+        .prefill(&meta(), &fx.cands(), Some(pin), &mut ())
+        .expect("pin");
     assert_eq!(c.tier, PdTier::Session);
     // A tier answer that is not an eligible prefill endpoint is not taken.
     let bad = FakeKv {
@@ -165,7 +179,9 @@ fn tier_1_5_sees_only_prefill_endpoints_in_mode_1() {
         ..Default::default()
     };
     let l = fx.ladder(Some(&bad));
-    let c = l.prefill(&meta(), &fx.cands(), None, &mut ()).expect("tier 2");
+    let c = l
+        .prefill(&meta(), &fx.cands(), None, &mut ())
+        .expect("tier 2");
     assert_eq!(c.tier, PdTier::MinLoad);
     // kvExactMode 0: the tier is not asked.
     let fx0 = Fx::new(&[1, 2], 0);

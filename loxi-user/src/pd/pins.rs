@@ -4,7 +4,8 @@
 //!
 //! The table is bounded: at [`PIN_CAPACITY`] entries the least recently used pin is evicted
 //! (O(log n): a `BTreeMap` from use stamp to key beside the `HashMap`), and expired pins are
-//! dropped when looked up, so no client can grow it without bound. Time is tokio's clock, so
+//! dropped when looked up; keys are stored as their 128-bit xxh3 hash, so a long `user` field
+//! costs 16 bytes, not its length, and no client can grow the table without bound. Time is tokio's clock, so
 //! tests run it with paused time.
 
 use std::collections::{BTreeMap, HashMap};
@@ -12,6 +13,8 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use tokio::time::Instant;
+
+use xxhash_rust::xxh3::xxh3_128;
 
 use crate::routing::EpIdx;
 
@@ -36,8 +39,8 @@ struct Entry {
 
 #[derive(Debug, Default)]
 struct Inner {
-    by_key: HashMap<String, Entry>,
-    by_use: BTreeMap<u64, String>,
+    by_key: HashMap<u128, Entry>,
+    by_use: BTreeMap<u64, u128>,
     next_stamp: u64,
 }
 
@@ -62,13 +65,14 @@ impl PinTable {
     /// The live pin of `key` (an expired one is removed and `None` returned). A hit is not a
     /// use: [`PinTable::pin`] refreshes it once the request was served.
     pub fn get(&self, key: &str) -> Option<Pin> {
+        let key = xxh3_128(key.as_bytes());
         let mut g = self.inner.lock();
         let (pin, expires, stamp) = {
-            let e = g.by_key.get(key)?;
+            let e = g.by_key.get(&key)?;
             (e.pin, e.expires, e.stamp)
         };
         if expires <= Instant::now() {
-            g.by_key.remove(key);
+            g.by_key.remove(&key);
             g.by_use.remove(&stamp);
             return None;
         }
@@ -78,11 +82,12 @@ impl PinTable {
     /// Pins `key` to `pin` for the TTL from now (a new pin or a refresh), evicting the least
     /// recently used pin when the table is full.
     pub fn pin(&self, key: &str, pin: Pin) {
+        let key = xxh3_128(key.as_bytes());
         let mut g = self.inner.lock();
         let stamp = g.next_stamp;
         g.next_stamp += 1;
         let expires = Instant::now() + self.ttl;
-        if let Some(e) = g.by_key.get_mut(key) {
+        if let Some(e) = g.by_key.get_mut(&key) {
             let old = e.stamp;
             *e = Entry {
                 pin,
@@ -90,7 +95,7 @@ impl PinTable {
                 stamp,
             };
             g.by_use.remove(&old);
-            g.by_use.insert(stamp, key.to_string());
+            g.by_use.insert(stamp, key);
             return;
         }
         while g.by_key.len() >= self.capacity {
@@ -100,14 +105,14 @@ impl PinTable {
             g.by_key.remove(&oldest);
         }
         g.by_key.insert(
-            key.to_string(),
+            key,
             Entry {
                 pin,
                 expires,
                 stamp,
             },
         );
-        g.by_use.insert(stamp, key.to_string());
+        g.by_use.insert(stamp, key);
     }
 
     /// Number of pins held (expired ones not yet looked up included).

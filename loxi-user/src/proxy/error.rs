@@ -91,7 +91,9 @@ pub enum ProxyError {
         reason: &'static str,
     },
     /// The P/D prefill leg took longer than `LLB_PD_PREFILL_TIMEOUT_SEC` (504).
-    #[error("the prefill leg on endpoint {ep_idx} did not finish within {secs} s (LLB_PD_PREFILL_TIMEOUT_SEC)")]
+    #[error(
+        "the prefill leg on endpoint {ep_idx} did not finish within {secs} s (LLB_PD_PREFILL_TIMEOUT_SEC)"
+    )]
     PdPrefillTimeout {
         /// The prefill endpoint.
         ep_idx: usize,

@@ -202,7 +202,12 @@ impl Handler {
     }
 
     /// How the response of endpoint `ep` with `status` is counted when its body ends.
-    pub(super) fn end_accounting(&self, pool: &Pool, ep: usize, status: http::StatusCode) -> EndAccounting {
+    pub(super) fn end_accounting(
+        &self,
+        pool: &Pool,
+        ep: usize,
+        status: http::StatusCode,
+    ) -> EndAccounting {
         let pm = pool.metrics(&self.ctx.metrics);
         EndAccounting {
             service: pool.rule.id,

@@ -40,7 +40,7 @@ use crate::health::breaker::Outcome;
 use crate::kv::route::select::KvTicket;
 use crate::kv::wiring::KvTier;
 use crate::pd::metrics::svc;
-use crate::pd::{Choice, Pin, PdLadder, PdTier, handoff};
+use crate::pd::{Choice, PdLadder, PdTier, Pin, handoff};
 use crate::request::{ApiKind, RequestMeta};
 use crate::routing::{Candidates, Excluded};
 use crate::rules::model::authority;
@@ -112,12 +112,16 @@ impl Handler {
         let mut ticket = KvTicket::default();
         let mut excluded = Excluded::default();
         let Some(mut dec) = ladder.decode(&cands(pool, &excluded), pin) else {
-            return self.aggregated(pool, &ladder, parts, body, meta, start, "no_decode").await;
+            return self
+                .aggregated(pool, &ladder, parts, body, meta, start, "no_decode")
+                .await;
         };
         let mut pre = match ladder.prefill(meta, &cands(pool, &excluded), pin, &mut ticket) {
             Some(c) => c,
             None => {
-                return self.aggregated(pool, &ladder, parts, body, meta, start, "no_prefill").await;
+                return self
+                    .aggregated(pool, &ladder, parts, body, meta, start, "no_prefill")
+                    .await;
             }
         };
         m.requests.get_or_create(&svc(service)).inc();
@@ -170,7 +174,15 @@ impl Handler {
             attempts += 1;
             trace_span::record_decision("pd", dec.tier.as_str(), dec.ep, attempts);
             match self
-                .decode_leg(pool, &parts, decode_body.clone(), &rid_value, meta, dec.ep, start)
+                .decode_leg(
+                    pool,
+                    &parts,
+                    decode_body.clone(),
+                    &rid_value,
+                    meta,
+                    dec.ep,
+                    start,
+                )
                 .await
             {
                 Ok(mut resp) => {

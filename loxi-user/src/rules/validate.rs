@@ -585,7 +585,11 @@ mod tests {
         use super::super::spec::Role;
         assert_eq!(pd.roles, vec![Role::Prefill, Role::Decode]);
         assert_eq!(pd.session_ttl, std::time::Duration::from_secs(300));
-        assert_eq!(pd.nixl_ports, vec![8000, 8000], "nixl_port 0 means targetPort");
+        assert_eq!(
+            pd.nixl_ports,
+            vec![8000, 8000],
+            "nixl_port 0 means targetPort"
+        );
         let mut r1 = r.clone();
         r1.service.kv_exact_mode = 1;
         r1.service.pd_session_ttl_sec = 7;
