@@ -338,12 +338,15 @@ async fn vllm_sims_prefill_then_decode_with_the_params_and_one_request_id() {
     loxi_tests::harness::promtool_check(&m);
 }
 
+/// Requests a [`FakePrefill`] received: `(X-Request-Id, JSON body)`.
+type Seen = Arc<Mutex<Vec<(Option<String>, Value)>>>;
+
 /// A prefill engine double: answers every request 200 with `{"id": .., "kv_transfer_params":
 /// PARAMS}` (or without the field when `PARAMS` is `None`) and records each request.
 struct FakePrefill {
     addr: SocketAddr,
     params: Arc<Mutex<Option<Value>>>,
-    seen: Arc<Mutex<Vec<(Option<String>, Value)>>>,
+    seen: Seen,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -358,7 +361,7 @@ impl FakePrefill {
         let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = l.local_addr().expect("addr");
         let params = Arc::new(Mutex::new(params));
-        let seen = Arc::new(Mutex::new(Vec::new()));
+        let seen: Seen = Arc::new(Mutex::new(Vec::new()));
         let (p2, s2) = (params.clone(), seen.clone());
         let task = tokio::spawn(async move {
             while let Ok((s, _)) = l.accept().await {
