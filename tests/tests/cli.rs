@@ -150,13 +150,15 @@ async fn loxicmd_kv_flags_reach_the_rule_and_pd_flags_are_refused_as_unimplement
         "--session-header-name=X-Session-ID",
         "--model-name=Qwen/Qwen2.5-7B-Instruct",
     ];
-    // P/D is not implemented: the rule would be stored and dead, so the server refuses it.
+    // P/D with SGLang's handoff is not implemented: the rule would be stored and dead, so the
+    // server refuses it (P/D with vLLM's handoff is served; see tests/pd.rs).
     let pd = [
         &common[..],
         &[
             "--kv-exact-mode=1",
             "--ep-role=prefill,decode",
             "--pd-session-ttl-sec=60",
+            "--kv-engine-type=sglang",
         ],
     ]
     .concat();
@@ -165,7 +167,7 @@ async fn loxicmd_kv_flags_reach_the_rule_and_pd_flags_are_refused_as_unimplement
     let err: Value = serde_json::from_str(stderr(&out).trim()).expect("server body verbatim");
     assert_eq!(
         err["field"],
-        json!("serviceArguments.pd_disagg_mode"),
+        json!("serviceArguments.kvEngineType"),
         "{err}"
     );
     assert!(
