@@ -1,5 +1,6 @@
 //! Rules: the LoxiLB-compatible model, validation, the typed spec validation compiles, the
 //! snapshot store and its state file.
+pub mod error;
 pub mod model;
 pub mod persist;
 pub mod spec;
@@ -7,7 +8,7 @@ pub mod store;
 pub mod unsupported;
 pub mod validate;
 
+pub use error::RuleError;
 pub use model::{Endpoint, LbRule, RuleKey, ServiceArgs};
 pub use spec::{KvMode, KvSpec, ServiceSpec};
 pub use store::{RuleSnapshot, RuleStore, StoredRule, UpsertOutcome};
-pub use validate::RuleError;

@@ -436,7 +436,8 @@ fn kv_spec(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rules::validate::{RuleError, validate};
+    use crate::rules::RuleError;
+    use crate::rules::validate::validate;
     use serde_json::json;
 
     fn rule(svc: serde_json::Value) -> LbRule {

@@ -14,10 +14,11 @@ use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
+use super::error::RuleError;
 use super::model::{LbRule, RuleKey};
 use super::persist::{self, PersistError};
 use super::spec::ServiceSpec;
-use super::validate::{self, RuleError};
+use super::validate;
 
 /// A stored rule with its stable service id (the `service` metric label and the `service_id`
 /// of the KV inventory API). Ids are assigned on creation, never reused while the daemon runs,

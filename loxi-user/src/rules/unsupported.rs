@@ -5,8 +5,8 @@
 //! with a 400 that names the field and says the value is not implemented, until the feature
 //! lands. Each check below names what is missing; remove it in the change that implements it.
 
+use super::error::RuleError;
 use super::model::LbRule;
-use super::validate::RuleError;
 
 fn not_implemented(field: &str, message: impl Into<String>) -> RuleError {
     RuleError::Invalid {

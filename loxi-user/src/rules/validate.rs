@@ -5,52 +5,9 @@
 
 use std::net::IpAddr;
 
+use super::error::RuleError;
 use super::model::{Endpoint, LbRule, ServiceArgs};
-use super::spec::{Engine, ServiceSpec, SpecError};
-
-/// A rejected rule. `field` is the JSON path of the offending field.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum RuleError {
-    /// A field's value is out of range or malformed (HTTP 400).
-    #[error("{field}: {message}")]
-    Invalid {
-        /// JSON path, e.g. `serviceArguments.sel`.
-        field: String,
-        /// What is wrong and what is allowed.
-        message: String,
-    },
-    /// A field that does not exist, with the right spelling when it is a casing or
-    /// separator mistake (HTTP 400).
-    #[error("\"{}\" is not a field{}", leaf(field), suggestion.as_ref().map(|s| format!("; did you mean \"{s}\"?")).unwrap_or_default())]
-    UnknownField {
-        /// JSON path of the unknown key (the message names only its last segment).
-        field: String,
-        /// The right field name, when one is close.
-        suggestion: Option<String>,
-    },
-    /// A rule with the same key exists with another shape (HTTP 409).
-    #[error("{field}: a rule with this key exists with {field} = {existing}; delete it first")]
-    Conflict {
-        /// The field whose value differs.
-        field: String,
-        /// The existing value.
-        existing: String,
-    },
-}
-
-/// The last segment of a JSON path (`serviceArguments.kv_exact_mode` → `kv_exact_mode`).
-fn leaf(path: &str) -> &str {
-    path.rsplit_once('.').map_or(path, |(_, last)| last)
-}
-
-impl From<SpecError> for RuleError {
-    fn from(e: SpecError) -> Self {
-        RuleError::Invalid {
-            field: e.field,
-            message: e.message,
-        }
-    }
-}
+use super::spec::{Engine, ServiceSpec};
 
 fn invalid(field: &str, message: impl Into<String>) -> RuleError {
     RuleError::Invalid {
