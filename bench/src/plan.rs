@@ -21,7 +21,7 @@ pub struct Plan {
     pub fleet: FleetSpec,
     /// The gateway under test.
     pub gateway: GatewaySpec,
-    /// Policies in order: `direct`, `rr`, `chwbl`, `kv`, `kv-<law>`, `pd`, or a name of [`peers::PEERS`].
+    /// Policies in order: `direct`, `rr`, `chwbl`, `kv`, `kv-<law>`, `pd`, `pd-kv`, or a name of [`peers::PEERS`].
     pub policies: Vec<String>,
     /// Virtualenv for the peers (installed on first use).
     pub venv: PathBuf,
@@ -144,7 +144,8 @@ async fn start_router(
         "rr" => RuleKind::RoundRobin,
         "chwbl" => RuleKind::Chwbl,
         "kv" => RuleKind::Kv(None),
-        "pd" => RuleKind::Pd,
+        "pd" => RuleKind::Pd(false),
+        "pd-kv" => RuleKind::Pd(true),
         p if p.starts_with("kv-") => RuleKind::Kv(Some(p["kv-".len()..].to_string())),
         p if peers::PEERS.contains(&p) => {
             let bin = peers::ensure_venv(&plan.venv).await?;
@@ -259,7 +260,7 @@ async fn gateway_metrics(router: &Router, client: &HttpClient) -> Option<String>
 /// KV-tier engagement (spec §9.1): tier-1.5 hits must advance under a shared-prefix workload;
 /// for `pd`, the tier mix of each leg and the prefill answers without transfer parameters.
 fn gateway_notes(policy: &str, before: &str, after: &str) -> Vec<String> {
-    if policy == "pd" {
+    if policy.starts_with("pd") {
         return pd_notes(before, after);
     }
     if !policy.starts_with("kv") {
@@ -392,7 +393,7 @@ pub fn summarize(
     // Projected TTFT when every request reported its engine TTFT and timing headers; else the
     // client-side figure (real ÷ scale), with a note.
     // P/D: the decode engine's TTFT leaves out the prefill leg, so only the client's clock counts.
-    let is_projected = policy != "pd" && !ok.is_empty() && projected.len() == ok.len();
+    let is_projected = !policy.starts_with("pd") && !ok.is_empty() && projected.len() == ok.len();
     let ttft = if is_projected {
         projected
     } else {
@@ -418,7 +419,7 @@ pub fn summarize(
             outcomes.len() - ok.len()
         ));
     }
-    if !ok.is_empty() && !is_projected && policy != "pd" {
+    if !ok.is_empty() && !is_projected && !policy.starts_with("pd") {
         notes.push(
             "TTFT is client-side ÷ time scale (engine TTFT or timing headers missing)".into(),
         );
