@@ -1,11 +1,12 @@
 //! Test support for loxi's integration tests: the daemon harness ([`harness`]), real test
-//! backends ([`backend`]), real pyzmq KV-event publishers ([`kv_pub`]) and test certificates
-//! ([`tls`]). The `vllm-sim` and
+//! backends ([`backend`]), real pyzmq KV-event publishers ([`kv_pub`]), LoxiLB client fixtures replayed over raw
+//! sockets ([`loxilb_clients`]) and test certificates ([`tls`]). The `vllm-sim` and
 //! `loxi-bench` crates use it for their own tests too.
 
 pub mod backend;
 pub mod harness;
 pub mod kv_pub;
+pub mod loxilb_clients;
 pub mod tls;
 
 /// The `shared/` directory beside the checkout (golden files, spec, scripts): `$LOXI_SHARED`

@@ -227,7 +227,7 @@ async fn https_api_serves_loxicmd_with_the_ca_and_refuses_a_client_without_it() 
         "get",
         "lb",
     ]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(5), "transport failure → 5");
     assert!(
         stderr(&out).to_lowercase().contains("certificate"),
         "{}",
@@ -235,11 +235,15 @@ async fn https_api_serves_loxicmd_with_the_ca_and_refuses_a_client_without_it() 
     );
     // Plain HTTP to the HTTPS port gets no API answer.
     let out = d.loxicmd(&["--token-file", &token, "get", "lb"]);
-    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
-    // The right CA without the token: 401 printed verbatim.
+    assert_eq!(out.status.code(), Some(5), "{}", stderr(&out));
+    // The right CA without the token: 401 → exit 3, with the server's message.
     let out = d.loxicmd(&["--protocol", "https", "--cacert", &ca, "get", "lb"]);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(stderr(&out).contains("401"), "{}", stderr(&out));
+    assert_eq!(out.status.code(), Some(3));
+    assert!(
+        stderr(&out).starts_with("Error: server returned 401: a bearer token is required"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -47,33 +47,45 @@ async fn loxicmd_create_get_delete_round_trip() {
     );
     assert_eq!(eps[0]["targetPort"], json!(8000));
 
+    // LoxiLB's table: one row per rule.
     let table = d.loxicmd(&["get", "lb"]);
     assert!(table.status.success());
     let t = stdout(&table);
+    assert!(
+        t.starts_with("|    EXT IP    |") || t.starts_with("|  EXT IP   |"),
+        "{t}"
+    );
     let row = t
         .lines()
-        .find(|l| l.contains("127.0.0.5"))
-        .unwrap_or_else(|| panic!("no endpoint row:\n{t}"));
-    for cell in [
-        &port,
-        "tcp",
-        "example.test",
-        "chwbl",
-        "fullproxy",
-        "8000",
-        "active",
-    ] {
+        .find(|l| l.contains(&format!(" {port} ")))
+        .unwrap_or_else(|| panic!("no rule row:\n{t}"));
+    for cell in ["127.0.0.1", "tcp", "chwbl", "fullproxy", "2", "Off"] {
         assert!(row.contains(&format!(" {cell} ")), "{cell} not in {row}");
+    }
+    for alias in ["lbs", "loadbalancer", "loadbalancers"] {
+        assert_eq!(stdout(&d.loxicmd(&["get", alias])), t, "alias {alias}");
     }
     let json_out = d.loxicmd(&["get", "lb", "-o", "json"]);
     let parsed: Value = serde_json::from_str(&stdout(&json_out)).expect("-o json is JSON");
     assert_eq!(parsed, rules);
-    let wide = stdout(&d.loxicmd(&["get", "lb", "-o", "wide"]));
+    // -o wide: one row per endpoint, the rule's cells on the first.
+    let wide = stdout(&d.loxicmd(&["-o", "wide", "get", "lb"]));
+    let row0 = wide
+        .lines()
+        .find(|l| l.contains("127.0.0.5"))
+        .expect("first endpoint row");
+    assert!(
+        row0.contains(" example.test ") && row0.contains(" 8000 "),
+        "{row0}"
+    );
     let row1 = wide
         .lines()
         .find(|l| l.contains("127.0.0.4"))
         .expect("second endpoint row");
-    assert!(row1.contains(" 1 ") && row1.contains(" normal "), "{row1}");
+    assert!(
+        row1.contains(" 3 ") && !row1.contains("example.test"),
+        "{row1}"
+    );
 
     // A host-keyed rule is deleted by repeating --host.
     let out = d.loxicmd(&[
@@ -83,7 +95,11 @@ async fn loxicmd_create_get_delete_round_trip() {
         &format!("--tcp={port}"),
         "--host=other.test",
     ]);
-    assert_eq!(out.status.code(), Some(1), "wrong host matches nothing");
+    assert_eq!(
+        out.status.code(),
+        Some(4),
+        "wrong host matches nothing (404 → 4)"
+    );
     let out = d.loxicmd(&[
         "delete",
         "lb",
@@ -96,7 +112,7 @@ async fn loxicmd_create_get_delete_round_trip() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn loxicmd_prints_the_server_error_verbatim_and_exits_1() {
+async fn loxicmd_prints_the_server_error_as_loxilb_loxicmd_and_exits_by_status() {
     let d = Daemon::start_default().await;
     let tcp = format!("--tcp={}:8000", free_port());
     let out = d.loxicmd(&[
@@ -108,14 +124,10 @@ async fn loxicmd_prints_the_server_error_verbatim_and_exits_1() {
         "--mode=default",
         "--select=chwbl",
     ]);
-    assert_eq!(out.status.code(), Some(1));
-    let err: Value =
-        serde_json::from_str(stderr(&out).trim()).expect("server body printed verbatim");
-    assert_eq!(err["code"], json!(400));
-    assert_eq!(err["field"], json!("serviceArguments.sel"));
+    assert_eq!(out.status.code(), Some(6), "400 → 6");
     assert_eq!(
-        err["message"],
-        json!("serviceArguments.sel: requires mode 4 (fullproxy); mode is 0")
+        stderr(&out),
+        "Error: server returned 400: serviceArguments.sel: requires mode 4 (fullproxy); mode is 0\n"
     );
     assert_eq!(d.rules().await, json!({"lbAttr": []}));
 
@@ -127,7 +139,7 @@ async fn loxicmd_prints_the_server_error_verbatim_and_exits_1() {
         "--endpoints=127.0.0.5:1",
         "--select=fastest",
     ]);
-    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert_eq!(out.status.code(), Some(2), "usage error: {}", stderr(&out));
     assert!(stderr(&out).contains("--select"), "{}", stderr(&out));
 }
 
@@ -163,18 +175,11 @@ async fn loxicmd_kv_flags_reach_the_rule_and_pd_flags_are_refused_as_unimplement
     ]
     .concat();
     let out = d.loxicmd(&pd);
-    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
-    let err: Value = serde_json::from_str(stderr(&out).trim()).expect("server body verbatim");
-    assert_eq!(
-        err["field"],
-        json!("serviceArguments.kvEngineType"),
-        "{err}"
-    );
+    assert_eq!(out.status.code(), Some(6), "{}", stderr(&out));
+    let err = stderr(&out);
     assert!(
-        err["message"]
-            .as_str()
-            .unwrap_or("")
-            .contains("not implemented"),
+        err.starts_with("Error: server returned 400: serviceArguments.kvEngineType: ")
+            && err.contains("not implemented"),
         "{err}"
     );
     assert_eq!(d.rules().await, json!({"lbAttr": []}));
@@ -222,11 +227,33 @@ async fn loxicmd_get_kvinventory_and_kvparity_show_the_kv_views() {
         .as_u64()
         .map_or_else(|| "1".to_string(), |v| v.to_string());
 
+    // LoxiLB's rendering: the summary line, then the block table (empty: no blocks yet).
     let inv = d.loxicmd(&["get", "kvinventory", "--service-id", &id, "--ep-idx", "1"]);
     assert!(inv.status.success(), "{}", stderr(&inv));
+    assert_eq!(
+        stdout(&inv),
+        format!(
+            "service_id={id} ep_idx=1 hash_algo=sha256_cbor total=0\n| BLOCK IDX | HASH (UINT64) |\n|-----------|---------------|\n"
+        )
+    );
+    let inv = d.loxicmd(&[
+        "get",
+        "kv-inventory",
+        "--service-id",
+        &id,
+        "--ep-idx",
+        "1",
+        "-o",
+        "json",
+    ]);
     let v: Value = serde_json::from_str(&stdout(&inv)).expect("inventory is JSON");
-    assert_eq!(v["serviceId"].to_string(), id);
-    let eps = v["endpoints"].as_array().expect("endpoints array");
+    assert_eq!(
+        (v["service_id"].to_string(), v["total"].clone()),
+        (id.clone(), json!(0))
+    );
+    let eps = v["endpoints"]
+        .as_array()
+        .expect("loxi's endpoints view beside it");
     assert_eq!(eps.len(), 1, "--ep-idx 1 selects one endpoint: {v}");
     assert_eq!(
         (eps[0]["epIdx"].clone(), eps[0]["endpointIP"].clone()),
@@ -242,7 +269,7 @@ async fn loxicmd_get_kvinventory_and_kvparity_show_the_kv_views() {
     let missing = d.loxicmd(&["get", "kvinventory", "--service-id", "999"]);
     assert_eq!(
         missing.status.code(),
-        Some(1),
-        "unknown service is an error"
+        Some(4),
+        "unknown service is a 404 → 4"
     );
 }

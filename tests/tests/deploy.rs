@@ -448,7 +448,7 @@ fn systemd_capability_set_is_enough_for_xdp_and_vips_as_an_unprivileged_user() {
         .output()
         .expect("curl");
     assert!(
-        String::from_utf8_lossy(&out.stdout).contains("success"),
+        String::from_utf8_lossy(&out.stdout).contains("\"result\":\"Success\""),
         "{} {}",
         String::from_utf8_lossy(&out.stdout),
         log()

@@ -88,26 +88,14 @@ fn sync_rules(store: &RuleStore, path: &PathBuf) -> anyhow::Result<()> {
     let want: BTreeSet<_> = rules.iter().map(|r| r.key()).collect();
     for k in store.snapshot().rules.keys() {
         if !want.contains(k) {
-            store.delete(
-                &k.external_ip,
-                k.port,
-                &k.protocol,
-                Some(&k.host),
-                Some(&k.model_name),
-            )?;
+            store.delete(&k.external_ip, k.port, &k.protocol, &k.host, &k.model_name)?;
         }
     }
     for r in rules {
         if store.upsert(r.clone()).is_err() {
             // Another shape (e.g. mode) on the same key: replace the rule.
             let k = r.key();
-            store.delete(
-                &k.external_ip,
-                k.port,
-                &k.protocol,
-                Some(&k.host),
-                Some(&k.model_name),
-            )?;
+            store.delete(&k.external_ip, k.port, &k.protocol, &k.host, &k.model_name)?;
             store.upsert(r)?;
         }
     }

@@ -1,12 +1,17 @@
-//! Every HTTP error body of the REST API is built here.
+//! Every HTTP status body of the REST API is built here, in LoxiLB's shapes.
 //!
-//! Shape (LoxiLB's `{code, message}` plus the offending field's JSON path when there is one):
-//! `{"code":400,"message":"\"kv_exact_mode\" is not a field; did you mean \"kvExactMode\"?",
-//! "field":"serviceArguments.kv_exact_mode"}`. Client mistakes are 400 (validation), 404
-//! (nothing to delete) or 409 (same key, other shape); only a failed state-file write is a 500.
+//! Success (POST/DELETE): 200 `{"result":"Success"}` (what LoxiLB's handler writes; its
+//! clients, loxicmd and kube-loxilb, read `result`). Errors: LoxiLB's `models.Error`,
+//! `{"code":N,"fields":null,"message":"...","result":"..."}` with HTTP status N, plus loxi's
+//! `field` (the JSON path at fault), e.g. `{"code":400,"fields":["serviceArguments.kv_exact_mode"],
+//! "message":"\"kv_exact_mode\" is not a field; did you mean \"kvExactMode\"?","result":"...",
+//! "field":"serviceArguments.kv_exact_mode"}`. LoxiLB puts a generic class text in `message`
+//! and its internal error in `result`; loxi puts its specific reason in both (loxicmd prints
+//! `message`, kube-loxilb reads `result`). Every body ends with `\n`, as go-openapi's encoder
+//! writes it. Client mistakes are 400 (validation), 404 (nothing to delete) or 409 (same key,
+//! other shape); only a failed state-file write is a 500.
 
-use axum::Json;
-use axum::http::StatusCode;
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
@@ -24,16 +29,42 @@ pub struct ApiError {
     pub field: Option<String>,
 }
 
-/// The JSON body of every API answer that is not data: `{"code", "message", "field"?}`.
+/// LoxiLB's error body (`models.Error`, keys in its order) plus loxi's `field`.
 #[derive(Debug, Serialize)]
-pub struct StatusBody<'a> {
-    /// HTTP status code repeated in the body (LoxiLB's convention).
+pub struct ErrorBody<'a> {
+    /// HTTP status code repeated in the body.
     pub code: u16,
-    /// `success` or the error message.
+    /// The fields at fault (`null` when none, as LoxiLB sends it).
+    pub fields: Option<[&'a str; 1]>,
+    /// The reason.
     pub message: &'a str,
-    /// The offending field, on errors that have one.
+    /// The reason again (LoxiLB's internal error text; kube-loxilb reads this key).
+    pub result: &'a str,
+    /// The offending field's JSON path, on errors that have one (loxi's addition).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub field: Option<&'a str>,
+}
+
+/// LoxiLB's success body, `{"result":"Success"}`.
+#[derive(Debug, Serialize)]
+pub struct ResultBody<'a> {
+    /// `Success`.
+    pub result: &'a str,
+}
+
+/// `value` as JSON plus the trailing newline go-openapi writes, with `status`.
+pub fn json_response<T: Serialize>(status: StatusCode, value: &T) -> Response {
+    match serde_json::to_vec(value) {
+        Ok(mut body) => {
+            body.push(b'\n');
+            (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+        }
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("encoding the answer failed: {e}\n"),
+        )
+            .into_response(),
+    }
 }
 
 impl ApiError {
@@ -116,23 +147,20 @@ impl IntoResponse for ApiError {
         if self.status.is_server_error() {
             tracing::error!(status = %self.status, message = %self.message, "API error");
         }
-        let body = StatusBody {
+        let body = ErrorBody {
             code: self.status.as_u16(),
+            fields: self.field.as_deref().map(|f| [f]),
             message: &self.message,
+            result: &self.message,
             field: self.field.as_deref(),
         };
-        (self.status, Json(body)).into_response()
+        json_response(self.status, &body)
     }
 }
 
-/// LoxiLB's success answer: 200 `{"code":200,"message":"success"}`.
+/// LoxiLB's success answer: 200 `{"result":"Success"}\n`.
 pub fn success() -> Response {
-    let body = StatusBody {
-        code: 200,
-        message: "success",
-        field: None,
-    };
-    (StatusCode::OK, Json(body)).into_response()
+    json_response(StatusCode::OK, &ResultBody { result: "Success" })
 }
 
 #[cfg(test)]

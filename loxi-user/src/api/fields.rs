@@ -1,53 +1,66 @@
-//! Strict field checking of a rule body before serde sees it.
+//! Field checking of a rule body before serde sees it: LoxiLB's schema, Go's key matching,
+//! loxi's strictness.
 //!
-//! LoxiLB silently drops unknown or wrongly cased keys (`kv_exact_mode` for `kvExactMode`), so
-//! the feature never engages. loxi walks the raw JSON against the field lists of
-//! [`crate::rules::model`] and rejects the first unknown key with the right spelling when one is
-//! close: equal after lower-casing and removing `_`/`-` (casing and separator mistakes), or
-//! within a small edit distance (typos). Then [`parse_rule`] deserialises with
-//! `serde_path_to_error`, so a wrong type names its field too.
+//! LoxiLB silently drops unknown or wrongly spelled keys (`kv_exact_mode` for `kvExactMode`),
+//! so the feature never engages. loxi walks the raw JSON against the field lists of
+//! [`crate::rules::model`] and LoxiLB's own schema ([`crate::rules::schema`]):
+//!
+//! - a key of loxi's model is kept; a key that equals one ignoring ASCII case (`BGP`,
+//!   `Monitor`, `KvExactMode`) is renamed to it, as Go's `encoding/json` matches keys, and the
+//!   spelling is logged once per process;
+//! - a LoxiLB field loxi does not model is accepted at its zero value (or, output-only ones,
+//!   with any value) and dropped; another value is a 400 saying loxi does not implement it;
+//! - any other key is a 400 naming the right spelling when one is close: equal after
+//!   lower-casing and removing `_`/`-` (separator mistakes), or within a small edit distance.
+//!
+//! Then [`parse_rule`] deserialises with `serde_path_to_error`, so a wrong type names its field.
 
-use serde_json::Value;
+use std::collections::HashSet;
+use std::sync::OnceLock;
+
+use parking_lot::Mutex;
+use serde_json::{Map, Value};
 
 use super::error::ApiError;
 use crate::rules::RuleError;
 use crate::rules::model::{ENDPOINT_FIELDS, LbRule, RULE_FIELDS, SERVICE_FIELDS};
-
-/// Top-level keys `GET .../all` adds that are not part of a rule (dropped on input, so a
-/// listed rule can be posted back).
-const OUTPUT_ONLY: &[&str] = &["listenerState"];
+use crate::rules::schema::{self, ENDPOINT_FOREIGN, Foreign, RULE_FOREIGN, SERVICE_FOREIGN};
 
 /// Parses a POSTed rule body: JSON syntax, then every key, then types. Errors name the field.
 pub fn parse_rule(body: &[u8]) -> Result<LbRule, ApiError> {
     let mut value: Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_body(format!("body is not valid JSON: {e}")))?;
-    if let Value::Object(o) = &mut value {
-        for k in OUTPUT_ONLY {
-            o.remove(*k);
-        }
-    }
-    check_rule_fields(&value)?;
+    normalize_rule_fields(&mut value)?;
     serde_path_to_error::deserialize(value).map_err(type_error)
 }
 
-/// Checks every key of a rule object (top level, `serviceArguments`, each endpoint).
-pub fn check_rule_fields(value: &Value) -> Result<(), ApiError> {
-    let obj = value.as_object().ok_or_else(|| {
+/// Checks every key of a rule object (top level, `serviceArguments`, each endpoint), renames
+/// case variants to loxi's spelling and drops LoxiLB fields that are at their zero value or
+/// output only. Errors name the field.
+pub fn normalize_rule_fields(value: &mut Value) -> Result<(), ApiError> {
+    let obj = value.as_object_mut().ok_or_else(|| {
         ApiError::bad_body("body must be a JSON object {serviceArguments, endpoints}")
     })?;
-    check_keys(obj.keys(), "", RULE_FIELDS)?;
-    match obj.get("serviceArguments") {
-        Some(Value::Object(s)) => check_keys(s.keys(), "serviceArguments.", SERVICE_FIELDS)?,
+    normalize_keys(obj, "", RULE_FIELDS, RULE_FOREIGN)?;
+    match obj.get_mut("serviceArguments") {
+        Some(Value::Object(s)) => {
+            normalize_keys(s, "serviceArguments.", SERVICE_FIELDS, SERVICE_FOREIGN)?;
+        }
         Some(_) => return Err(ApiError::bad_field("serviceArguments", "must be an object")),
         None => return Err(ApiError::bad_field("serviceArguments", "is required")),
     }
-    match obj.get("endpoints") {
+    match obj.get_mut("endpoints") {
         Some(Value::Array(eps)) => {
-            for (i, ep) in eps.iter().enumerate() {
-                let ep = ep.as_object().ok_or_else(|| {
+            for (i, ep) in eps.iter_mut().enumerate() {
+                let ep = ep.as_object_mut().ok_or_else(|| {
                     ApiError::bad_field(format!("endpoints[{i}]"), "must be an object")
                 })?;
-                check_keys(ep.keys(), &format!("endpoints[{i}]."), ENDPOINT_FIELDS)?;
+                normalize_keys(
+                    ep,
+                    &format!("endpoints[{i}]."),
+                    ENDPOINT_FIELDS,
+                    ENDPOINT_FOREIGN,
+                )?;
             }
         }
         Some(Value::Null) | None => {}
@@ -56,16 +69,89 @@ pub fn check_rule_fields(value: &Value) -> Result<(), ApiError> {
     Ok(())
 }
 
-fn check_keys<'a>(
-    keys: impl Iterator<Item = &'a String>,
+/// Spellings already logged (each non-canonical spelling is logged once per process).
+fn logged() -> &'static Mutex<HashSet<String>> {
+    static LOGGED: OnceLock<Mutex<HashSet<String>>> = OnceLock::new();
+    LOGGED.get_or_init(|| Mutex::new(HashSet::new()))
+}
+
+/// At most this many distinct spellings are remembered (and logged): a client cycling through
+/// casings cannot grow the set without bound.
+const MAX_LOGGED_SPELLINGS: usize = 256;
+
+fn log_once(given: &str, canonical: &str) {
+    let mut seen = logged().lock();
+    if seen.len() < MAX_LOGGED_SPELLINGS && seen.insert(given.to_string()) {
+        tracing::info!(
+            given,
+            canonical,
+            "accepted a key that matches a field only ignoring case (as LoxiLB's Go decoder does)"
+        );
+    }
+}
+
+/// What a key of a body object is.
+enum Known<'a> {
+    Model(&'a str),
+    Foreign(&'a Foreign),
+}
+
+fn lookup<'a>(key: &str, model: &[&'a str], foreign: &'a [Foreign]) -> Option<Known<'a>> {
+    if let Some(m) = model.iter().find(|m| **m == key) {
+        return Some(Known::Model(m));
+    }
+    if let Some(f) = schema::find(foreign, key) {
+        return Some(Known::Foreign(f));
+    }
+    if let Some(m) = model.iter().find(|m| m.eq_ignore_ascii_case(key)) {
+        return Some(Known::Model(m));
+    }
+    foreign
+        .iter()
+        .find(|f| f.name.eq_ignore_ascii_case(key))
+        .map(Known::Foreign)
+}
+
+fn normalize_keys(
+    obj: &mut Map<String, Value>,
     prefix: &str,
-    known: &[&str],
+    model: &[&str],
+    foreign: &[Foreign],
 ) -> Result<(), ApiError> {
+    let keys: Vec<String> = obj.keys().cloned().collect();
+    let mut renamed: Vec<(String, &str)> = Vec::new();
     for key in keys {
-        if !known.contains(&key.as_str()) {
-            let field = format!("{prefix}{key}");
-            let suggestion = suggest(key, known).map(str::to_string);
-            return Err(RuleError::UnknownField { field, suggestion }.into());
+        let field = format!("{prefix}{key}");
+        match lookup(&key, model, foreign) {
+            Some(Known::Model(canonical)) if canonical == key => {}
+            Some(Known::Model(canonical)) => renamed.push((key, canonical)),
+            Some(Known::Foreign(f)) => {
+                if let Some(v) = obj.get(&key) {
+                    f.check(v).map_err(|m| ApiError::bad_field(field, m))?;
+                }
+                if f.name != key {
+                    log_once(&key, f.name);
+                }
+                obj.remove(&key);
+            }
+            None => {
+                let mut names: Vec<&str> = model.to_vec();
+                names.extend(foreign.iter().map(|f| f.name));
+                let suggestion = suggest(&key, &names).map(str::to_string);
+                return Err(RuleError::UnknownField { field, suggestion }.into());
+            }
+        }
+    }
+    for (key, canonical) in renamed {
+        if obj.contains_key(canonical) {
+            return Err(ApiError::bad_field(
+                format!("{prefix}{key}"),
+                format!("\"{key}\" and \"{canonical}\" are the same field; give it once"),
+            ));
+        }
+        if let Some(v) = obj.remove(&key) {
+            log_once(&key, canonical);
+            obj.insert(canonical.to_string(), v);
         }
     }
     Ok(())
@@ -165,12 +251,7 @@ mod tests {
 
     #[test]
     fn scenario_23_misspelled_block_size_keys_suggest_kv_block_size() {
-        for bad in [
-            "kv_block_size",
-            "kvblocksize",
-            "KVBLOCKSIZE",
-            "kv-block-size",
-        ] {
+        for bad in ["kv_block_size", "kv-block-size", "KV_BLOCK_SIZE"] {
             let e = err_of(&rule_with(json!({ bad: 16 })));
             assert_eq!(
                 e.message,
@@ -204,9 +285,9 @@ mod tests {
     #[test]
     fn endpoint_and_top_level_keys_are_checked_with_their_path() {
         let mut v = rule_with(json!({}));
-        v["endpoints"][0]["endpointIp"] = json!("127.0.0.2");
+        v["endpoints"][0]["endpoint_ip"] = json!("127.0.0.2");
         let e = err_of(&v);
-        assert_eq!(e.field.as_deref(), Some("endpoints[0].endpointIp"));
+        assert_eq!(e.field.as_deref(), Some("endpoints[0].endpoint_ip"));
         assert!(
             e.message.ends_with("did you mean \"endpointIP\"?"),
             "{}",
@@ -265,6 +346,54 @@ mod tests {
             &json!({"serviceArguments": {"externalIP": "1.1.1.1", "port": 1}, "endpoints": [3]}),
         );
         assert_eq!(e.field.as_deref(), Some("endpoints[0]"));
+    }
+
+    #[test]
+    fn go_style_case_insensitive_keys_are_accepted_under_their_canonical_name() {
+        let r = parse_rule(
+            rule_with(json!({"KvExactMode": 3, "BGP": false, "Monitor": true, "KVBLOCKSIZE": 32}))
+                .to_string()
+                .as_bytes(),
+        )
+        .expect("Go matches keys ignoring case");
+        assert_eq!(
+            (
+                r.service.kv_exact_mode,
+                r.service.kv_block_size,
+                r.service.monitor
+            ),
+            (3, 32, true)
+        );
+        let e = err_of(&rule_with(json!({"monitor": true, "Monitor": false})));
+        assert_eq!(e.field.as_deref(), Some("serviceArguments.Monitor"));
+        assert!(e.message.contains("same field"), "{}", e.message);
+    }
+
+    #[test]
+    fn loxilb_fields_at_zero_are_accepted_and_others_refused_as_not_implemented() {
+        let mut v = rule_with(
+            json!({"block": 0, "proxyprotocolv2": false, "egress": false,
+            "portMax": 0, "privateIP": "", "adminStateUp": true, "alpn_protocols": null,
+            "path_match_mode": "disabled"}),
+        );
+        v["hw_pkts"] = json!(5);
+        v["secondaryIPs"] = json!(null);
+        v["allowedSources"] = json!([]);
+        v["endpoints"][0]["backup"] = json!(false);
+        v["endpoints"][0]["counter"] = json!("10:1000");
+        let r = parse_rule(v.to_string().as_bytes()).expect("zero values accepted");
+        assert_eq!(r.endpoints.len(), 1);
+        let e = err_of(&rule_with(json!({"portMax": 8081})));
+        assert_eq!(e.field.as_deref(), Some("serviceArguments.portMax"));
+        assert!(e.message.contains("not implemented"), "{}", e.message);
+        let mut v = rule_with(json!({}));
+        v["endpoints"][0]["backup"] = json!(true);
+        assert_eq!(err_of(&v).field.as_deref(), Some("endpoints[0].backup"));
+        let mut v = rule_with(json!({}));
+        v["allowedSources"] = json!([{"prefix": "10.0.0.0/8"}]);
+        assert_eq!(err_of(&v).field.as_deref(), Some("allowedSources"));
+        let e = err_of(&rule_with(json!({"Block": 7})));
+        assert_eq!(e.field.as_deref(), Some("serviceArguments.Block"));
     }
 
     #[test]

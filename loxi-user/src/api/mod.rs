@@ -2,16 +2,26 @@
 //!
 //! | Method | Path | Answer |
 //! |---|---|---|
-//! | `POST` | `/netlox/v1/config/loadbalancer` | 200 `{"code":200,"message":"success"}`; 400 naming the field; 409 same key other shape; 500 state file not written |
-//! | `GET` | `/netlox/v1/config/loadbalancer/all` | 200 `{"lbAttr":[{serviceArguments, endpoints[+state]}]}` |
-//! | `DELETE` | `/netlox/v1/config/loadbalancer/externalipaddress/{ip}/port/{port}/protocol/{proto}[?host=..&model_name=..]` | 200 success; 404 no match |
-//! | `GET` | `/netlox/v1/metrics` | 200 Prometheus text 0.0.4, or OpenMetrics when `Accept` asks |
+//! | `POST` | `/config/loadbalancer` | 200 `{"result":"Success"}`; 400 naming the field; 409 same key other shape; 500 state file not written |
+//! | `GET` | `/config/loadbalancer/all` | 200 `{"lbAttr":[LoadbalanceEntry...]}` in LoxiLB's shape ([`rules::loxilb_entry`]) |
+//! | `GET` | `/config/loadbalancer/id/{id}` | 200 one `LoadbalanceEntry`; 404 |
+//! | `DELETE` | `/config/loadbalancer/externalipaddress/{ip}/port/{port}/protocol/{proto}[?host=..&model_name=..]` | 200 `{"result":"Success"}`; 404 no rule with exactly this key (absent host/model = none, never "any") |
+//! | `DELETE` | `/config/loadbalancer/hosturl/{host\|any}/externalipaddress/{ip}/port/{port}[/portmax/{0}]/protocol/{proto}[?model_name=..]` | the same (LoxiLB's loxicmd) |
+//! | `DELETE` | `/config/loadbalancer/externalipaddress/{ip}/port/{port}/portmax/{0}/protocol/{proto}` | the same |
+//! | `DELETE` | `/config/loadbalancer/name/{name}` | 200; 404 no rule with this name |
+//! | `GET` | `/version` | 200 `{"version","buildInfo","product"}` (no token needed) |
+//! | `GET` | `/config/endpoint/all` | 200 `{"Attr":[...]}` endpoint health |
+//! | `GET` | `/config/conntrack/all` | 200 `{"ctAttr":[]}` without the L4 data path; 501 with it |
+//! | `GET` | `/config/metrics` | 200 `{"prometheus":true}` |
+//! | `GET` | `/metrics` | 200 Prometheus text 0.0.4, or OpenMetrics when `Accept` asks |
 //!
-//! Error bodies are built in [`error`]; strict field checking is in [`fields`]; the Origin,
-//! token and content-type guard in [`security`]; HTTPS in [`tls`]. Request bodies are limited
-//! to axum's default 2 MiB (413 beyond).
+//! Bodies are built in [`error`] (LoxiLB's success and error shapes); LoxiLB's field schema and
+//! strict field checking are in [`fields`]; the Origin, token and content-type guard in
+//! [`security`]; HTTPS in [`tls`]. Request bodies are limited to axum's default 2 MiB (413
+//! beyond).
 pub mod error;
 pub mod fields;
+pub mod loxilb;
 pub mod rules;
 pub mod security;
 pub mod tls;
@@ -61,9 +71,33 @@ pub fn router(state: ApiState) -> Router {
         .route(&format!("{BASE}/config/loadbalancer"), post(rules::create))
         .route(&format!("{BASE}/config/loadbalancer/all"), get(rules::list))
         .route(
+            &format!("{BASE}/config/loadbalancer/id/{{id}}"),
+            get(rules::get_by_id),
+        )
+        .route(
             &format!("{BASE}/config/loadbalancer/externalipaddress/{{ip}}/port/{{port}}/protocol/{{proto}}"),
             delete(rules::remove),
         )
+        .route(
+            &format!("{BASE}/config/loadbalancer/externalipaddress/{{ip}}/port/{{port}}/portmax/{{portmax}}/protocol/{{proto}}"),
+            delete(rules::remove_portmax),
+        )
+        .route(
+            &format!("{BASE}/config/loadbalancer/hosturl/{{hosturl}}/externalipaddress/{{ip}}/port/{{port}}/protocol/{{proto}}"),
+            delete(rules::remove_hosturl),
+        )
+        .route(
+            &format!("{BASE}/config/loadbalancer/hosturl/{{hosturl}}/externalipaddress/{{ip}}/port/{{port}}/portmax/{{portmax}}/protocol/{{proto}}"),
+            delete(rules::remove_hosturl_portmax),
+        )
+        .route(
+            &format!("{BASE}/config/loadbalancer/name/{{name}}"),
+            delete(rules::remove_by_name),
+        )
+        .route(&format!("{BASE}/version"), get(loxilb::version))
+        .route(&format!("{BASE}/config/endpoint/all"), get(loxilb::endpoints))
+        .route(&format!("{BASE}/config/conntrack/all"), get(loxilb::conntrack))
+        .route(&format!("{BASE}/config/metrics"), get(loxilb::metrics_config))
         .route(&format!("{BASE}/metrics"), get(serve_metrics))
         .fallback(not_found)
         .with_state(state)
@@ -72,6 +106,7 @@ pub fn router(state: ApiState) -> Router {
 
 /// `GET /metrics`: OpenMetrics when the client's `Accept` asks for it, else text 0.0.4.
 async fn serve_metrics(State(st): State<ApiState>, headers: HeaderMap) -> Response {
+    refresh_endpoint_metrics(&st);
     let wants_om = headers
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
@@ -91,6 +126,24 @@ async fn serve_metrics(State(st): State<ApiState>, headers: HeaderMap) -> Respon
         Ok(text) => ([(header::CONTENT_TYPE, content_type)], text).into_response(),
         Err(e) => ApiError::internal(format!("encoding metrics failed: {e}")).into_response(),
     }
+}
+
+/// `loxilb_pd_ep_info` and the healthy/unhealthy endpoint gauges, from the rules and the
+/// live health board at scrape time.
+fn refresh_endpoint_metrics(st: &ApiState) {
+    let snap = st.store.snapshot();
+    let health = st.health.as_ref();
+    st.metrics.set_endpoints(snap.rules.values().flat_map(|r| {
+        r.rule.endpoints.iter().enumerate().map(move |(i, ep)| {
+            (
+                r.id,
+                i,
+                ep.endpoint_ip.as_str(),
+                ep.target_port,
+                health.healthy(r, i).unwrap_or(true),
+            )
+        })
+    }));
 }
 
 async fn not_found(req: Request) -> ApiError {

@@ -1,41 +1,22 @@
-//! Rule handlers: create (`POST`), list (`GET .../all`), delete.
+//! Rule handlers: create (`POST`), list (`GET .../all`), get by id, and LoxiLB's delete
+//! routes (by key, by `hosturl/.../portmax`, by name).
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 
-use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::Response;
-use serde::Serialize;
+use serde_json::{Map, Value, json};
 
-use super::error::{self, ApiError};
+use super::error::{self, ApiError, json_response};
 use super::fields;
 use super::{ApiState, EndpointHealth};
 use crate::listen::Reservation;
+use crate::rules::schema::is_zero;
 use crate::rules::{LbRule, StoredRule, UpsertOutcome, validate};
-
-/// `GET /config/loadbalancer/all` body: LoxiLB's `{"lbAttr": [...]}`.
-#[derive(Debug, Serialize)]
-pub struct LbAttrList {
-    /// Every rule in key order, endpoints in user order with their live `state`.
-    #[serde(rename = "lbAttr")]
-    pub lb_attr: Vec<ListedRule>,
-}
-
-/// One rule as `GET .../all` lists it: the rule plus, for a fullproxy rule, its listener's
-/// state (output only; ignored when the rule is posted back).
-#[derive(Debug, Serialize)]
-pub struct ListedRule {
-    /// The rule with its id and endpoint states.
-    #[serde(flatten)]
-    pub rule: LbRule,
-    /// `listening`, `unbound: <OS error>; retrying` or `pending` (mode-4 rules only).
-    #[serde(rename = "listenerState", skip_serializing_if = "Option::is_none")]
-    pub listener_state: Option<String>,
-}
 
 /// `POST /config/loadbalancer`: strict parse, validate, check that the rule can be served
 /// (its data path exists, its fullproxy address can be bound), persist, publish.
@@ -134,18 +115,32 @@ fn bind_error(addr: SocketAddr, e: &std::io::Error) -> ApiError {
     }
 }
 
-/// `GET /config/loadbalancer/all`.
-pub async fn list(State(st): State<ApiState>) -> Json<LbAttrList> {
+/// `GET /config/loadbalancer/all`: LoxiLB's `{"lbAttr":[LoadbalanceEntry...]}` (see
+/// [`loxilb_entry`]), rules in key order.
+pub async fn list(State(st): State<ApiState>) -> Response {
     let snap = st.store.snapshot();
-    let lb_attr = snap
+    let lb_attr: Vec<Value> = snap.rules.values().map(|r| entry(&st, r)).collect();
+    json_response(StatusCode::OK, &json!({ "lbAttr": lb_attr }))
+}
+
+/// `GET /config/loadbalancer/id/{id}`: one rule by LoxiLB's opaque id, as a
+/// `LoadbalanceEntry`; 404 when no rule has it.
+pub async fn get_by_id(
+    State(st): State<ApiState>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let snap = st.store.snapshot();
+    let rule = snap
         .rules
         .values()
-        .map(|r| ListedRule {
-            rule: with_states(r, st.health.as_ref()),
-            listener_state: listen_addr(&r.rule).map(|a| st.sockets.status(a).describe()),
-        })
-        .collect();
-    Json(LbAttrList { lb_attr })
+        .find(|r| !id.is_empty() && r.rule.service.id == id)
+        .ok_or_else(|| ApiError::not_found(format!("no rule has id {id:?}")))?;
+    Ok(json_response(StatusCode::OK, &entry(&st, rule)))
+}
+
+fn entry(st: &ApiState, r: &StoredRule) -> Value {
+    let listener = listen_addr(&r.rule).map(|a| st.sockets.status(a).describe());
+    loxilb_entry(r, st.health.as_ref(), listener)
 }
 
 /// The rule as stored with its `serviceId`, each endpoint carrying `state: active|inactive`.
@@ -159,25 +154,256 @@ pub fn with_states(stored: &StoredRule, health: &dyn EndpointHealth) -> LbRule {
     rule
 }
 
+/// One rule in the shape of LoxiLB's `LoadbalanceEntry` as its `GET .../all` serialises it
+/// (`loxilb-inference-gateway@5e5dd88c:api/restapi/handler/loadbalancer.go` `serializeLBRule`):
+///
+/// - `serviceArguments`: zero values omitted (Go's `omitempty`); always `externalIP`, `port`,
+///   `protocol`, `id`, `adminStateUp: true`, `alpn_protocols: null`, `tls_versions: null`;
+///   `inactiveTimeOut` is the effective L4 idle timeout (the rule's, else the data path's
+///   default: 300 s tcp, 60 s udp/sctp; LoxiLB's defaults are 240/20) and absent for mode 4
+///   (the fullproxy has no idle timeout); `backend_protocol` only for mode 4. loxi's filled-in
+///   defaults (`kvBlockSize: 16`, `chwbl_replication: 256`, ...) are reported because they are
+///   what runs.
+/// - endpoints in the user's order (`ep_idx`; LoxiLB sorts by IP, and
+///   `loxilb_pd_ep_info{service,ep_idx,ip,port}` joins the two), each with `state`
+///   (`active`/`inactive`) and `backup: false`; `counter` is absent (loxi does not count
+///   packets per fullproxy endpoint; the L4 data path's per-endpoint packets and bytes are the
+///   `loxilb_l4_endpoint_*` metrics).
+/// - `allowedSources`, `secondaryIPs`, `secondaryVIPs`: `null`.
+/// - loxi's additions, which LoxiLB's clients ignore: `serviceId` (the `service` metric label
+///   and the KV views' `service_id`) and, for mode 4, `listenerState`.
+pub fn loxilb_entry(
+    stored: &StoredRule,
+    health: &dyn EndpointHealth,
+    listener_state: Option<String>,
+) -> Value {
+    let rule = with_states(stored, health);
+    let s = &rule.service;
+    let fullproxy = s.mode == loxi_common::mode::FULLPROXY;
+    let mut svc = match serde_json::to_value(s) {
+        Ok(Value::Object(m)) => m,
+        _ => Map::new(),
+    };
+    svc.retain(|_, v| !is_zero(v));
+    for k in ["externalIP", "port", "protocol", "id"] {
+        if let Some(v) = serde_json::to_value(s).ok().and_then(|m| m.get(k).cloned()) {
+            svc.insert(k.into(), v);
+        }
+    }
+    svc.insert("adminStateUp".into(), json!(true));
+    svc.insert("alpn_protocols".into(), Value::Null);
+    svc.insert("tls_versions".into(), Value::Null);
+    if fullproxy {
+        svc.remove("inactiveTimeOut");
+    } else {
+        svc.remove("backend_protocol");
+        let t = match (s.inactive_timeout, s.protocol.as_str()) {
+            (0, "tcp") => loxi_common::maps::DEFAULT_TCP_TIMEOUT_S,
+            (0, _) => loxi_common::maps::DEFAULT_UDP_TIMEOUT_S,
+            (t, _) => t,
+        };
+        svc.insert("inactiveTimeOut".into(), json!(t));
+    }
+    let endpoints: Vec<Value> = rule
+        .endpoints
+        .iter()
+        .map(|ep| {
+            let mut m = match serde_json::to_value(ep) {
+                Ok(Value::Object(m)) => m,
+                _ => Map::new(),
+            };
+            m.retain(|k, v| !is_zero(v) || k == "weight" || k == "targetPort");
+            m.insert("backup".into(), json!(false));
+            Value::Object(m)
+        })
+        .collect();
+    let mut out = Map::new();
+    out.insert("allowedSources".into(), Value::Null);
+    out.insert("endpoints".into(), Value::Array(endpoints));
+    out.insert("secondaryIPs".into(), Value::Null);
+    out.insert("secondaryVIPs".into(), Value::Null);
+    out.insert("serviceArguments".into(), Value::Object(svc));
+    out.insert("serviceId".into(), json!(stored.id));
+    if let Some(l) = listener_state {
+        out.insert("listenerState".into(), json!(l));
+    }
+    Value::Object(out)
+}
+
+/// The rule key a delete path names.
+struct DeleteKey {
+    ip: String,
+    port: u16,
+    proto: String,
+    host: String,
+}
+
+fn parse_port(port: &str) -> Result<u16, ApiError> {
+    port.parse()
+        .ok()
+        .filter(|p| *p != 0)
+        .ok_or_else(|| ApiError::bad_field("port", format!("{port:?} is not a port (1..=65535)")))
+}
+
+/// The delete query parameters LoxiLB's clients send, checked: `model_name` (part of the
+/// key; absent = the rule without a model), loxi's `host` (absent = the rule without a host;
+/// the `hosturl` routes carry it in the path), `bgp` (any value: loxi has no BGP speaker and so
+/// no route to withdraw), `block` (0: loxi has no firewall-marked rules), `path_match_mode`
+/// (absent, empty or `disabled`) and `path_prefix` (absent or empty: loxi has no path routing).
+/// Any other parameter is a 400.
+fn delete_key(
+    key: DeleteKey,
+    q: &HashMap<String, String>,
+    host_in_path: bool,
+) -> Result<(String, u16, String, String, String), ApiError> {
+    for (k, v) in q {
+        match k.as_str() {
+            "model_name" | "bgp" => {}
+            "host" if !host_in_path => {}
+            "block" if v.is_empty() || v == "0" => {}
+            "path_match_mode" if v.is_empty() || v == "disabled" => {}
+            "path_prefix" if v.is_empty() => {}
+            "block" | "path_match_mode" | "path_prefix" => {
+                return Err(ApiError::bad_field(
+                    k.clone(),
+                    format!(
+                        "{k}={v} selects a rule feature loxi does not implement (not implemented in loxi), so no loxi rule has it"
+                    ),
+                ));
+            }
+            _ => {
+                return Err(ApiError::bad_field(
+                    k.clone(),
+                    format!(
+                        "{k:?} is not a query parameter of this route (model_name, host, bgp, block, path_match_mode, path_prefix)"
+                    ),
+                ));
+            }
+        }
+    }
+    let host = if host_in_path {
+        key.host
+    } else {
+        q.get("host").cloned().unwrap_or_default()
+    };
+    let model = q.get("model_name").cloned().unwrap_or_default();
+    Ok((key.ip, key.port, key.proto, host, model))
+}
+
+async fn delete_rule(
+    st: &ApiState,
+    key: DeleteKey,
+    q: &HashMap<String, String>,
+    host_in_path: bool,
+) -> Result<Response, ApiError> {
+    let (ip, port, proto, host, model) = delete_key(key, q, host_in_path)?;
+    let gone = st.store.delete(&ip, port, &proto, &host, &model)?;
+    for r in &gone {
+        tracing::info!(rule = %r.rule.key(), id = r.id, "rule deleted");
+    }
+    Ok(error::success())
+}
+
+/// `hosturl` of LoxiLB's delete routes: `any` (what loxicmd sends without `--host`) means the
+/// rule without a host.
+fn host_of(hosturl: &str) -> String {
+    if hosturl == "any" {
+        String::new()
+    } else {
+        hosturl.to_string()
+    }
+}
+
+/// `portmax` of LoxiLB's delete routes: 0 or the port itself (loxi has no port ranges).
+fn check_portmax(port: u16, portmax: &str) -> Result<(), ApiError> {
+    match portmax.parse::<u16>() {
+        Ok(0) => Ok(()),
+        Ok(m) if m == port => Ok(()),
+        _ => Err(ApiError::bad_field(
+            "portmax",
+            format!("{portmax:?}: port ranges are not implemented in loxi; use 0"),
+        )),
+    }
+}
+
 /// `DELETE /config/loadbalancer/externalipaddress/{ip}/port/{port}/protocol/{proto}`
-/// with optional `host` and `model_name` query parameters (absent = any).
+/// (kube-loxilb's route; its body, the rule it created, is ignored) with optional `host` and
+/// `model_name` query parameters: absent means the rule without a host / model (LoxiLB's
+/// semantics), never "any".
 pub async fn remove(
     State(st): State<ApiState>,
     Path((ip, port, proto)): Path<(String, String, String)>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
-    let port: u16 = port.parse().ok().filter(|p| *p != 0).ok_or_else(|| {
-        ApiError::bad_field("port", format!("{port:?} is not a port (1..=65535)"))
-    })?;
-    let gone = st.store.delete(
-        &ip,
+    let port = parse_port(&port)?;
+    let key = DeleteKey {
+        ip,
         port,
-        &proto,
-        q.get("host").map(String::as_str),
-        q.get("model_name").map(String::as_str),
-    )?;
+        proto,
+        host: String::new(),
+    };
+    delete_rule(&st, key, &q, false).await
+}
+
+/// `DELETE /config/loadbalancer/hosturl/{hosturl}/externalipaddress/{ip}/port/{port}/portmax/{portmax}/protocol/{proto}`
+/// (what LoxiLB's loxicmd always sends).
+pub async fn remove_hosturl_portmax(
+    State(st): State<ApiState>,
+    Path((hosturl, ip, port, portmax, proto)): Path<(String, String, String, String, String)>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    let port = parse_port(&port)?;
+    check_portmax(port, &portmax)?;
+    let key = DeleteKey {
+        ip,
+        port,
+        proto,
+        host: host_of(&hosturl),
+    };
+    delete_rule(&st, key, &q, true).await
+}
+
+/// `DELETE /config/loadbalancer/hosturl/{hosturl}/externalipaddress/{ip}/port/{port}/protocol/{proto}`.
+pub async fn remove_hosturl(
+    State(st): State<ApiState>,
+    Path((hosturl, ip, port, proto)): Path<(String, String, String, String)>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    let port = parse_port(&port)?;
+    let key = DeleteKey {
+        ip,
+        port,
+        proto,
+        host: host_of(&hosturl),
+    };
+    delete_rule(&st, key, &q, true).await
+}
+
+/// `DELETE /config/loadbalancer/externalipaddress/{ip}/port/{port}/portmax/{portmax}/protocol/{proto}`.
+pub async fn remove_portmax(
+    State(st): State<ApiState>,
+    Path((ip, port, portmax, proto)): Path<(String, String, String, String)>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    let port = parse_port(&port)?;
+    check_portmax(port, &portmax)?;
+    let key = DeleteKey {
+        ip,
+        port,
+        proto,
+        host: String::new(),
+    };
+    delete_rule(&st, key, &q, false).await
+}
+
+/// `DELETE /config/loadbalancer/name/{name}`: every rule with this `name`; 404 when none.
+pub async fn remove_by_name(
+    State(st): State<ApiState>,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    let gone = st.store.delete_by_name(&name)?;
     for r in &gone {
-        tracing::info!(rule = %r.rule.key(), id = r.id, "rule deleted");
+        tracing::info!(rule = %r.rule.key(), id = r.id, "rule deleted by name");
     }
     Ok(error::success())
 }

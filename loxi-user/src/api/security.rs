@@ -9,7 +9,8 @@
 //! 2. **Bearer token**, when one is configured (`--api-token-file` / `LOXI_API_TOKEN` for
 //!    admin, `--api-read-token-file` / `LOXI_API_READ_TOKEN` for read-only): every request
 //!    needs `Authorization: Bearer <token>` (401 with `WWW-Authenticate: Bearer` otherwise);
-//!    a read-only token may only `GET`/`HEAD` (403 otherwise). Tokens are compared as SHA-256
+//!    a read-only token may only `GET`/`HEAD` (403 otherwise). `GET /netlox/v1/version`, LoxiLB's
+//!    readiness probe, needs no token (as in LoxiLB). Tokens are compared as SHA-256
 //!    digests in constant time (`subtle`), so neither the content nor the length leaks.
 //! 3. **Content type.** A mutating request (`POST`, `PUT`, `PATCH`, and a `DELETE` that says
 //!    what it carries) must be `application/json` (415 otherwise): a browser can send
@@ -167,13 +168,19 @@ fn read_only(method: &Method) -> bool {
     matches!(*method, Method::GET | Method::HEAD)
 }
 
+/// The one route answered without a token (LoxiLB's readiness probe).
+pub const VERSION_PATH: &str = "/netlox/v1/version";
+
 /// The middleware (see the module doc): `axum::middleware::from_fn_with_state(policy, guard)`.
 pub async fn guard(State(policy): State<Arc<ApiSecurity>>, req: Request, next: Next) -> Response {
     let (method, headers) = (req.method(), req.headers());
     if let Err(msg) = policy.check_origin(headers) {
         return ApiError::with_status(StatusCode::FORBIDDEN, msg).into_response();
     }
+    // LoxiLB's `/version` is its readiness probe and needs no token (`security: []`).
+    let open = *method == Method::GET && req.uri().path() == VERSION_PATH;
     match policy.access(headers) {
+        None if open => {}
         None => {
             let mut resp = ApiError::with_status(
                 StatusCode::UNAUTHORIZED,

@@ -26,6 +26,12 @@ pub struct Cli {
     /// File whose first non-empty line is the API's bearer token (wins over `--token`).
     #[arg(long, global = true, value_name = "FILE")]
     pub token_file: Option<std::path::PathBuf>,
+    /// Output format of `get`: table (default), `wide` or `json` (LoxiLB's global `-o`).
+    #[arg(short = 'o', long, global = true)]
+    pub output: Option<OutputFormat>,
+    /// Seconds one API call may take (connect, send, answer); LoxiLB's `-t/--timeout`.
+    #[arg(short = 't', long, global = true, default_value_t = 10)]
+    pub timeout: u64,
     /// The verb.
     #[command(subcommand)]
     pub command: Verb,
@@ -67,24 +73,31 @@ pub enum Verb {
 #[derive(Debug, Subcommand)]
 pub enum CreateWhat {
     /// A load-balancer rule.
+    #[command(visible_aliases = ["lbs", "loadbalancer", "loadbalancers"])]
     Lb(Box<CreateLb>),
 }
 
 /// `get` resources.
 #[derive(Debug, Subcommand)]
 pub enum GetWhat {
-    /// Load-balancer rules.
-    Lb {
-        /// Output format: table (default), `wide` (more columns) or `json`.
-        #[arg(short = 'o', long)]
-        output: Option<OutputFormat>,
-    },
-    /// A KV-aware service's block inventory (`GET /config/ai/kv/inventory`), as JSON.
+    /// Load-balancer rules (LoxiLB's table; `-o wide` one row per endpoint; `-o json`).
+    #[command(visible_aliases = ["lbs", "loadbalancer", "loadbalancers"])]
+    Lb,
+    /// Endpoint health (`GET /config/endpoint/all`).
+    #[command(visible_aliases = ["ep", "endpoints"])]
+    Endpoint,
+    /// Connection tracking entries (`GET /config/conntrack/all`).
+    #[command(visible_aliases = ["ct", "conntracks", "cts"])]
+    Conntrack,
+    /// A KV-aware service's block inventory (`GET /config/ai/kv/inventory`): with `--ep-idx`
+    /// LoxiLB's `service_id=.. total=..` line and block table (`-o json`: the answer); without
+    /// it (LoxiLB requires it) loxi's per-endpoint view as JSON.
+    #[command(visible_alias = "kv-inventory")]
     Kvinventory {
         /// The service id (the rule's id; the `service` metric label).
         #[arg(long = "service-id")]
         service_id: u32,
-        /// Only this endpoint index (the order the endpoints were given in).
+        /// The endpoint index (the order the endpoints were given in).
         #[arg(long = "ep-idx")]
         ep_idx: Option<usize>,
     },
@@ -100,6 +113,7 @@ pub enum GetWhat {
 #[derive(Debug, Subcommand)]
 pub enum DeleteWhat {
     /// A load-balancer rule.
+    #[command(visible_aliases = ["lbs", "loadbalancer", "loadbalancers"])]
     Lb(DeleteLb),
 }
 
@@ -153,8 +167,9 @@ pub struct CreateLb {
     /// Model pool (`model_name`); empty = wildcard.
     #[arg(long)]
     pub model_name: Option<String>,
-    /// 0 plaintext, 1 TLS termination, 2 TLS termination + re-encryption.
-    #[arg(long)]
+    /// `http`/0 plaintext, `https`/1 TLS termination, `e2ehttps`/2 TLS termination +
+    /// re-encryption (LoxiLB's names; the server refuses 1 and 2 as not implemented).
+    #[arg(long, value_parser = parse_security)]
     pub security: Option<u8>,
     /// Backend protocol: http1, http2, both.
     #[arg(long)]
@@ -198,14 +213,14 @@ pub struct CreateLb {
     /// CHWBL virtual nodes per endpoint (1–1024).
     #[arg(long)]
     pub chwbl_replication: Option<u32>,
-    /// CHWBL prefix scope (1–3).
-    #[arg(long)]
+    /// CHWBL prefix scope (1–3). LoxiLB spells it `--chwbl-hash-level`.
+    #[arg(long, visible_alias = "chwbl-hash-level")]
     pub chwbl_prefix_hash_level: Option<u8>,
-    /// CHWBL hash-input flags (0–255).
-    #[arg(long)]
+    /// CHWBL hash-input flags (0–255). LoxiLB spells it `--chwbl-hash-flags`.
+    #[arg(long, visible_alias = "chwbl-hash-flags")]
     pub chwbl_prefix_hash_flags: Option<u8>,
-    /// Mix cache_salt into the CHWBL key.
-    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    /// Mix cache_salt into the CHWBL key. LoxiLB spells it `--chwbl-cache-salt`.
+    #[arg(long, visible_alias = "chwbl-cache-salt", num_args = 0..=1, default_missing_value = "true")]
     pub chwbl_enable_cache_salt: Option<bool>,
     /// Endpoint roles in endpoint order: normal|prefill|decode (or 0|1|2). Prefill/decode
     /// roles imply `--pd-disagg-mode` unless it is given as false.
@@ -248,26 +263,41 @@ pub struct CreateLb {
     /// Tier-1.5 warmup in seconds (`kvWarmupSec`).
     #[arg(long, alias = "kv-warmup-sec")]
     pub kv_warmup: Option<u32>,
-    /// Data-parallel ranks per endpoint (1–8).
-    #[arg(long)]
+    /// Data-parallel ranks per endpoint (1–8). LoxiLB spells it `--kv-dp-ranks`.
+    #[arg(long, visible_alias = "kv-dp-ranks")]
     pub kv_dp_rank_count: Option<u8>,
     /// KV-event replay port (0 = none).
     #[arg(long)]
     pub kv_replay_port: Option<u16>,
 }
 
-/// `loxicmd delete lb <VIP> --tcp=<port> [--host ..] [--model-name ..]`.
+/// `loxicmd delete lb <VIP> --tcp=<port> [--host ..] [--model-name ..]`, or
+/// `loxicmd delete lb --name NAME`.
 #[derive(Debug, Clone, Args)]
 pub struct DeleteLb {
-    /// The VIP.
-    pub vip: String,
+    /// The VIP (not needed with `--name`).
+    #[arg(required_unless_present = "name")]
+    pub vip: Option<String>,
     /// Service ports (`port` or `port:targetPort`; the target part is ignored).
     #[command(flatten)]
     pub ports: Ports,
-    /// Host key of the rule.
+    /// Host key of the rule (absent: the rule without a host).
     #[arg(long)]
     pub host: Option<String>,
-    /// Model pool of the rule.
+    /// Model pool of the rule (absent: the rule without a model).
     #[arg(long)]
     pub model_name: Option<String>,
+    /// Delete the rules with this name instead (`DELETE /config/loadbalancer/name/{name}`).
+    #[arg(long, conflicts_with_all = ["host", "model_name"])]
+    pub name: Option<String>,
+}
+
+/// `--security`: LoxiLB's names or the number.
+fn parse_security(s: &str) -> Result<u8, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "" | "http" | "0" => Ok(0),
+        "https" | "1" => Ok(1),
+        "e2ehttps" | "2" => Ok(2),
+        other => Err(format!("{other:?} is not http, https or e2ehttps")),
+    }
 }

@@ -33,6 +33,12 @@ pub fn port_list(ports: &Ports) -> Result<Vec<(&'static str, u16, u16)>, UsageEr
         let flag = format!("--{proto}");
         for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
             let (p, t) = item.split_once(':').unwrap_or((item, item));
+            if p.contains('-') {
+                return Err(usage(
+                    &flag,
+                    format!("{p:?}: port ranges are not implemented in loxi; give one port"),
+                ));
+            }
             let port = parse_port(&flag, p)?;
             let target = parse_port(&flag, t)?;
             out.push((proto, port, target));
@@ -278,24 +284,28 @@ fn service_args(c: &CreateLb) -> Result<Map<String, Value>, UsageError> {
 
 /// The REST delete paths of `delete lb` (one per service port), with the query string.
 pub fn delete_paths(d: &DeleteLb) -> Result<Vec<String>, UsageError> {
-    let mut query = Vec::new();
-    if let Some(h) = &d.host {
-        query.push(format!("host={}", encode(h)));
+    if let Some(name) = &d.name {
+        return Ok(vec![format!(
+            "/netlox/v1/config/loadbalancer/name/{}",
+            encode(name)
+        )]);
     }
+    let vip = d
+        .vip
+        .as_deref()
+        .ok_or_else(|| usage("EXTERNAL-IP", "give the VIP or --name"))?;
+    let mut q = "bgp=false&block=0".to_string();
     if let Some(m) = &d.model_name {
-        query.push(format!("model_name={}", encode(m)));
+        q.push_str(&format!("&model_name={}", encode(m)));
     }
-    let q = if query.is_empty() {
-        String::new()
-    } else {
-        format!("?{}", query.join("&"))
-    };
+    let host = d.host.as_deref().filter(|h| !h.is_empty()).unwrap_or("any");
     let paths = port_list(&d.ports)?
         .into_iter()
         .map(|(proto, port, _)| {
             format!(
-                "/netlox/v1/config/loadbalancer/externalipaddress/{}/port/{port}/protocol/{proto}{q}",
-                encode(&d.vip)
+                "/netlox/v1/config/loadbalancer/hosturl/{}/externalipaddress/{}/port/{port}/portmax/0/protocol/{proto}?{q}",
+                encode(host),
+                encode(vip)
             )
         })
         .collect();
@@ -507,7 +517,39 @@ mod tests {
         };
         assert_eq!(
             delete_paths(&d).expect("paths"),
-            vec!["/netlox/v1/config/loadbalancer/externalipaddress/10.0.0.1/port/8080/protocol/tcp?host=a%20b&model_name=Qwen%2FQwen2.5".to_string()]
+            vec!["/netlox/v1/config/loadbalancer/hosturl/a%20b/externalipaddress/10.0.0.1/port/8080/portmax/0/protocol/tcp?bgp=false&block=0&model_name=Qwen%2FQwen2.5".to_string()]
+        );
+    }
+
+    #[test]
+    fn port_ranges_are_refused_as_not_implemented() {
+        let c = create(&["10.0.0.1", "--tcp=8080-8081:80", "--endpoints=10.0.1.1:1"]);
+        let e = create_bodies(&c).expect_err("range");
+        assert_eq!(e.flag, "--tcp");
+        assert!(e.message.contains("not implemented"), "{e}");
+    }
+
+    fn delete(args: &[&str]) -> DeleteLb {
+        let cli =
+            Cli::try_parse_from([&["loxicmd", "delete", "lb"], args].concat()).expect("parse");
+        match cli.command {
+            Verb::Delete {
+                what: DeleteWhat::Lb(d),
+            } => d,
+            other => panic!("not delete lb: {other:?}"),
+        }
+    }
+
+    /// The paths LoxiLB's Go loxicmd sends (`shared/loxilb-clients/g1_…`, `g6_…`).
+    #[test]
+    fn delete_paths_are_loxilb_loxicmd_s() {
+        assert_eq!(
+            delete_paths(&delete(&["10.10.10.254", "--tcp=8080"])).expect("paths"),
+            vec!["/netlox/v1/config/loadbalancer/hosturl/any/externalipaddress/10.10.10.254/port/8080/portmax/0/protocol/tcp?bgp=false&block=0".to_string()]
+        );
+        assert_eq!(
+            delete_paths(&delete(&["--name=my-ai-rule"])).expect("paths"),
+            vec!["/netlox/v1/config/loadbalancer/name/my-ai-rule".to_string()]
         );
     }
 }

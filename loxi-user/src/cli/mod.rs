@@ -1,67 +1,157 @@
 //! `loxicmd`: LoxiLB's CLI verbs over loxi's REST API.
 //!
 //! `loxicmd create lb <VIP> --tcp=<port>:<targetPort> --endpoints=<ip:weight,...> --mode=..
-//! --select=.. [...]`, `loxicmd get lb [-o json|wide]`, `loxicmd delete lb <VIP> --tcp=<port>
-//! [--host ..] [--model-name ..]`, `loxicmd get kvinventory --service-id N [--ep-idx M]`,
-//! `loxicmd get kvparity --service-id N`; global `--apiserver` (default 127.0.0.1), `--port`
-//! (default 11111), `--protocol http|https`, `--cacert FILE`, `--token TOKEN` (or env
-//! `LOXI_API_TOKEN`) and `--token-file FILE`. A server error is printed verbatim to stderr and
-//! the exit code is 1.
+//! --select=.. [...]`, `loxicmd get lb|lbs|loadbalancer [-o json|wide]`, `loxicmd delete lb
+//! <VIP> --tcp=<port> [--host ..] [--model-name ..]` or `delete lb --name NAME`, `loxicmd get
+//! ep`, `get conntrack|ct`, `get kvinventory --service-id N [--ep-idx M]`, `get kvparity
+//! --service-id N`; global `-s/--apiserver` (default 127.0.0.1), `-p/--port` (default 11111),
+//! `--protocol http|https`, `--cacert FILE`, `--token TOKEN` (or env `LOXI_API_TOKEN`),
+//! `--token-file FILE`, `-o/--output`, `-t/--timeout SECONDS` (default 10).
+//!
+//! Output and exit codes are LoxiLB's loxicmd's: a create or delete prints the answer's
+//! `result` (`Success`); a server error prints `Error: server returned <status>: <message>` on
+//! stderr and exits 6 (400), 3 (401/403), 4 (404/409), 5 (429/503) or 7 (other); an
+//! unreachable API exits 5, a usage error 2. (LoxiLB's `delete lb` prints its errors on stdout
+//! and exits 0 whatever happened; loxi's exits with the same taxonomy as the other verbs.)
 pub mod args;
 pub mod build;
 pub mod client;
 pub mod table;
 
+use std::time::Duration;
+
 use http::Method;
 
-use args::{Cli, CreateWhat, DeleteWhat, GetWhat, Verb};
+use args::{Cli, CreateWhat, DeleteWhat, GetWhat, OutputFormat, Verb};
 
-/// Runs one `loxicmd` invocation; returns the process exit code (0 ok, 1 error).
-pub async fn run(cli: Cli) -> i32 {
-    let base = match target(&cli) {
-        Ok(t) => t,
-        Err(msg) => {
-            eprintln!("{msg}");
-            return 1;
+/// Exit code of a usage error (bad flag value).
+pub const EXIT_USAGE: i32 = 2;
+/// Exit code when the API cannot be reached (LoxiLB's "transport" class).
+pub const EXIT_TRANSPORT: i32 = 5;
+
+/// LoxiLB loxicmd's `exitcode.FromHTTPStatus`: 400→6, 401/403→3, 404/409→4, 429/503→5,
+/// other→7.
+pub fn exit_code_of_status(status: u16) -> i32 {
+    match status {
+        400 => 6,
+        401 | 403 => 3,
+        404 | 409 => 4,
+        429 | 503 => 5,
+        _ => 7,
+    }
+}
+
+/// A failed invocation: what to print on stderr and the exit code.
+#[derive(Debug)]
+pub struct Failure {
+    /// The message (without the `Error: ` prefix).
+    pub message: String,
+    /// The process exit code.
+    pub code: i32,
+}
+
+impl Failure {
+    fn usage(message: impl std::fmt::Display) -> Self {
+        Self {
+            message: message.to_string(),
+            code: EXIT_USAGE,
         }
+    }
+}
+
+/// Runs one `loxicmd` invocation; returns the process exit code.
+pub async fn run(cli: Cli) -> i32 {
+    match run_inner(cli).await {
+        Ok(()) => 0,
+        Err(f) => {
+            eprintln!("Error: {}", f.message);
+            f.code
+        }
+    }
+}
+
+async fn run_inner(cli: Cli) -> Result<(), Failure> {
+    let base = target(&cli).map_err(Failure::usage)?;
+    let api = Api {
+        base,
+        timeout: Duration::from_secs(cli.timeout.max(1)),
     };
-    let base = &base;
-    let result = match cli.command {
+    let output = cli.output;
+    match cli.command {
         Verb::Create {
             what: CreateWhat::Lb(c),
-        } => create(base, &c).await,
+        } => create(&api, &c).await,
+        Verb::Get { what: GetWhat::Lb } => {
+            let answer = api.get_json("/netlox/v1/config/loadbalancer/all").await?;
+            print!("{}", table::render(&answer, output));
+            if output == Some(OutputFormat::Json) {
+                println!();
+            }
+            Ok(())
+        }
         Verb::Get {
-            what: GetWhat::Lb { output },
-        } => get(base, output).await,
+            what: GetWhat::Endpoint,
+        } => {
+            let answer = api.get_json("/netlox/v1/config/endpoint/all").await?;
+            print_or_json(&answer, output, table::render_endpoints);
+            Ok(())
+        }
+        Verb::Get {
+            what: GetWhat::Conntrack,
+        } => {
+            let answer = api.get_json("/netlox/v1/config/conntrack/all").await?;
+            print_or_json(&answer, output, table::render_conntrack);
+            Ok(())
+        }
         Verb::Get {
             what: GetWhat::Kvinventory { service_id, ep_idx },
         } => {
-            let ep = ep_idx.map(|i| format!("&ep_idx={i}")).unwrap_or_default();
-            get_json(
-                base,
-                &format!("/netlox/v1/config/ai/kv/inventory?service_id={service_id}{ep}"),
-            )
-            .await
+            let ep = ep_idx.map(|i| format!("ep_idx={i}&")).unwrap_or_default();
+            let answer = api
+                .get_json(&format!(
+                    "/netlox/v1/config/ai/kv/inventory?{ep}service_id={service_id}"
+                ))
+                .await?;
+            if ep_idx.is_some() {
+                print_or_json(&answer, output, table::render_kvinventory);
+            } else {
+                print_pretty(&answer);
+            }
+            Ok(())
         }
         Verb::Get {
             what: GetWhat::Kvparity { service_id },
         } => {
-            get_json(
-                base,
-                &format!("/netlox/v1/config/ai/kv/parity?service_id={service_id}"),
-            )
-            .await
+            let answer = api
+                .get_json(&format!(
+                    "/netlox/v1/config/ai/kv/parity?service_id={service_id}"
+                ))
+                .await?;
+            print_pretty(&answer);
+            Ok(())
         }
         Verb::Delete {
             what: DeleteWhat::Lb(d),
-        } => delete(base, &d).await,
-    };
-    match result {
-        Ok(()) => 0,
-        Err(msg) => {
-            eprintln!("{msg}");
-            1
-        }
+        } => delete(&api, &d).await,
+    }
+}
+
+fn print_pretty(v: &serde_json::Value) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string())
+    );
+}
+
+fn print_or_json(
+    v: &serde_json::Value,
+    output: Option<OutputFormat>,
+    table: impl Fn(&serde_json::Value) -> String,
+) {
+    if output == Some(OutputFormat::Json) {
+        print_pretty(v);
+    } else {
+        print!("{}", table(v));
     }
 }
 
@@ -91,66 +181,92 @@ fn target(cli: &Cli) -> Result<client::Target, String> {
     Ok(t)
 }
 
-/// A non-2xx answer is returned verbatim as the error.
-async fn call(
-    base: &client::Target,
-    method: Method,
-    path: &str,
-    body: Option<String>,
-) -> Result<String, String> {
-    let (status, text) = client::call(base, method, path, body)
-        .await
-        .map_err(|e| e.to_string())?;
-    if (200..300).contains(&status) {
-        Ok(text)
-    } else {
-        Err(text)
+/// The API and the per-call time limit.
+struct Api {
+    base: client::Target,
+    timeout: Duration,
+}
+
+/// The message LoxiLB's loxicmd shows for an error body: the first non-empty string among
+/// `error`, `message`, `msg`, `result`, `Error`, `Message`, else the trimmed body.
+pub fn error_message(body: &str) -> String {
+    let v: serde_json::Value = serde_json::from_str(body).unwrap_or(serde_json::Value::Null);
+    ["error", "message", "msg", "result", "Error", "Message"]
+        .iter()
+        .find_map(|k| v[*k].as_str().filter(|s| !s.is_empty()))
+        .map_or_else(|| body.trim().to_string(), str::to_string)
+}
+
+impl Api {
+    /// One call; a non-2xx answer is a [`Failure`] with LoxiLB's message and exit code.
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<String>,
+    ) -> Result<String, Failure> {
+        let call = client::call(&self.base, method, path, body);
+        let (status, text) = tokio::time::timeout(self.timeout, call)
+            .await
+            .map_err(|_| Failure {
+                message: format!(
+                    "no answer from the loxilb API at {} within {:?}",
+                    self.base.base_url(),
+                    self.timeout
+                ),
+                code: EXIT_TRANSPORT,
+            })?
+            .map_err(|e| Failure {
+                message: e.to_string(),
+                code: EXIT_TRANSPORT,
+            })?;
+        if (200..300).contains(&status) {
+            Ok(text)
+        } else {
+            Err(Failure {
+                message: format!("server returned {status}: {}", error_message(&text)),
+                code: exit_code_of_status(status),
+            })
+        }
+    }
+
+    async fn get_json(&self, path: &str) -> Result<serde_json::Value, Failure> {
+        let text = self.call(Method::GET, path, None).await?;
+        serde_json::from_str(&text).map_err(|e| Failure {
+            message: format!("unexpected answer ({e}): {text}"),
+            code: 7,
+        })
     }
 }
 
-async fn create(base: &client::Target, c: &args::CreateLb) -> Result<(), String> {
-    let bodies = build::create_bodies(c).map_err(|e| e.to_string())?;
+/// Prints the `result` of a create/delete answer (`Success`), as LoxiLB's loxicmd.
+fn print_result(text: &str) {
+    let v: serde_json::Value = serde_json::from_str(text).unwrap_or(serde_json::Value::Null);
+    match v["result"].as_str() {
+        Some(r) => println!("{r}"),
+        None => println!("{}", text.trim()),
+    }
+}
+
+async fn create(api: &Api, c: &args::CreateLb) -> Result<(), Failure> {
+    let bodies = build::create_bodies(c).map_err(Failure::usage)?;
     for body in bodies {
-        call(
-            base,
-            Method::POST,
-            "/netlox/v1/config/loadbalancer",
-            Some(body.to_string()),
-        )
-        .await?;
+        let text = api
+            .call(
+                Method::POST,
+                "/netlox/v1/config/loadbalancer",
+                Some(body.to_string()),
+            )
+            .await?;
+        print_result(&text);
     }
     Ok(())
 }
 
-async fn get(base: &client::Target, output: Option<args::OutputFormat>) -> Result<(), String> {
-    let text = call(
-        base,
-        Method::GET,
-        "/netlox/v1/config/loadbalancer/all",
-        None,
-    )
-    .await?;
-    let answer: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| format!("unexpected answer ({e}): {text}"))?;
-    print!("{}", table::render(&answer, output));
-    if output == Some(args::OutputFormat::Json) {
-        println!();
-    }
-    Ok(())
-}
-
-/// Prints a JSON answer pretty.
-async fn get_json(base: &client::Target, path: &str) -> Result<(), String> {
-    let text = call(base, Method::GET, path, None).await?;
-    let answer: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| format!("unexpected answer ({e}): {text}"))?;
-    println!("{}", serde_json::to_string_pretty(&answer).unwrap_or(text));
-    Ok(())
-}
-
-async fn delete(base: &client::Target, d: &args::DeleteLb) -> Result<(), String> {
-    for path in build::delete_paths(d).map_err(|e| e.to_string())? {
-        call(base, Method::DELETE, &path, None).await?;
+async fn delete(api: &Api, d: &args::DeleteLb) -> Result<(), Failure> {
+    for path in build::delete_paths(d).map_err(Failure::usage)? {
+        let text = api.call(Method::DELETE, &path, None).await?;
+        print_result(&text);
     }
     Ok(())
 }

@@ -33,9 +33,22 @@ pub struct Flags {
     /// `/` replaced by `__` (LoxiLB's layout).
     #[arg(long, default_value = "/etc/loxilb/tokenizers")]
     pub tokenizer_dir: PathBuf,
+    /// LoxiLB's API-server spelling of the API address's IP (`--host`; LoxiLB's default is
+    /// 0.0.0.0, loxi's stays loopback). Replaces the IP of `--api-addr` / `LOXI_API_ADDR`.
+    #[arg(long, value_name = "IP")]
+    pub host: Option<std::net::IpAddr>,
+    /// LoxiLB's API-server spelling of the API port (`--port`). Replaces the port of
+    /// `--api-addr` / `LOXI_API_ADDR`.
+    #[arg(long, value_name = "PORT")]
+    pub port: Option<u16>,
     /// Log filter in `tracing_subscriber::EnvFilter` syntax (e.g. `info`, `loxi_user=debug`).
     #[arg(long, default_value = "info")]
     pub log: String,
+    /// LoxiLB's log level (`debug`, `info`, `notice`, `warning`, `error`, `critical`, `alert`,
+    /// `emergency`), mapped to `--log` (`notice` → info, `warning` → warn, the last four →
+    /// error).
+    #[arg(long, value_name = "LEVEL", conflicts_with = "log", value_parser = loxilb_log_level)]
+    pub loglevel: Option<String>,
     /// Log line format on stderr: `text` or `json` (one object per line).
     #[arg(long, value_enum, default_value_t = crate::telemetry::LogFormat::Text)]
     pub log_format: crate::telemetry::LogFormat,
@@ -147,10 +160,41 @@ fn first_line(text: &str) -> Option<String> {
 }
 
 impl Flags {
+    /// Folds LoxiLB's spellings into loxi's: `--host`/`--port` into `api_addr`, `--loglevel`
+    /// into `log`.
+    pub fn resolve_aliases(mut self) -> Self {
+        if let Some(ip) = self.host {
+            self.api_addr.set_ip(ip);
+        }
+        if let Some(port) = self.port {
+            self.api_addr.set_port(port);
+        }
+        if let Some(level) = self.loglevel.take() {
+            self.log = level;
+        }
+        self
+    }
+
     /// The shutdown grace period as a `Duration`.
     pub fn shutdown_grace(&self) -> Duration {
         Duration::from_secs(self.shutdown_grace_secs)
     }
+}
+
+/// LoxiLB's `--loglevel` values → a `tracing` filter level.
+fn loxilb_log_level(s: &str) -> Result<String, String> {
+    Ok(match s.to_ascii_lowercase().as_str() {
+        "debug" => "debug",
+        "info" | "notice" => "info",
+        "warning" | "warn" => "warn",
+        "error" | "critical" | "alert" | "emergency" => "error",
+        other => {
+            return Err(format!(
+                "{other:?} is not one of debug, info, notice, warning, error, critical, alert, emergency"
+            ));
+        }
+    }
+    .to_string())
 }
 
 /// Everything the daemon needs to start: flags plus the environment snapshot.
@@ -167,7 +211,7 @@ impl Config {
     /// environment. Rejected variables are in `env.warnings`; the binary logs them once
     /// tracing is up.
     pub fn from_process() -> Self {
-        let flags = Flags::parse();
+        let flags = Flags::parse().resolve_aliases();
         let env = Env::from_lookup(|k| std::env::var(k).ok());
         Self { flags, env }
     }
@@ -244,6 +288,33 @@ mod tests {
         assert_eq!(f.log, "debug");
         assert_eq!(f.shutdown_grace_secs, 2);
         assert_eq!(f.log_format, crate::telemetry::LogFormat::Json);
+    }
+
+    #[test]
+    fn loxilb_host_port_and_loglevel_are_aliases() {
+        let f = Flags::try_parse_from([
+            "loxilb",
+            "--host",
+            "127.0.0.2",
+            "--port",
+            "4001",
+            "--loglevel",
+            "warning",
+        ])
+        .expect("parse")
+        .resolve_aliases();
+        assert_eq!(f.api_addr, "127.0.0.2:4001".parse().expect("addr"));
+        assert_eq!(f.log, "warn");
+        let f = Flags::try_parse_from(["loxilb", "--port", "4002"])
+            .expect("parse")
+            .resolve_aliases();
+        assert_eq!(
+            f.api_addr,
+            "127.0.0.1:4002".parse().expect("addr"),
+            "loopback stays the default"
+        );
+        assert!(Flags::try_parse_from(["loxilb", "--loglevel", "chatty"]).is_err());
+        assert!(Flags::try_parse_from(["loxilb", "--loglevel", "info", "--log", "debug"]).is_err());
     }
 
     #[test]

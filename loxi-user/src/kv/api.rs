@@ -1,8 +1,12 @@
 //! REST views of the KV tier, mounted by the daemon under `/netlox/v1`:
 //!
-//! - `GET /netlox/v1/config/ai/kv/inventory?service_id=N[&ep_idx=M]` — per subscribed endpoint:
+//! - `GET /netlox/v1/config/ai/kv/inventory?service_id=N&ep_idx=M` — LoxiLB's shape,
+//!   `{service_id, ep_idx, hash_algo, blocks:[{block_idx, hash_uint64}], total}` (what its
+//!   `loxicmd get kvinventory` renders), plus loxi's per-endpoint view of that endpoint as the
+//!   extra keys `serviceId` and `endpoints` (LoxiLB's clients ignore them). Without `ep_idx`
+//!   (LoxiLB requires it) loxi answers its per-endpoint view of every subscribed endpoint:
 //!   index, IP, block count, connected flag, per-rank stream status (connected, last seq) and
-//!   the held block hashes (u64, oldest first per rank). `ep_idx` narrows to one endpoint.
+//!   the held block hashes (u64, oldest first per rank).
 //! - `GET /netlox/v1/config/ai/kv/parity?service_id=N` — the rule's hash contract and, per
 //!   endpoint, the parity verdict (`unknown`/`ok`/`mismatch`), blocks checked and mismatched,
 //!   the diagnosis, block-size rejections and whether token re-hash is active.
@@ -68,9 +72,36 @@ pub struct EndpointInventory {
     pub hashes: Vec<u64>,
 }
 
+/// One held block in LoxiLB's inventory shape.
+#[derive(Debug, Serialize)]
+pub struct BlockView {
+    /// Position in the endpoint's list (oldest first per rank).
+    pub block_idx: usize,
+    /// The block hash as an unsigned 64-bit integer.
+    pub hash_uint64: u64,
+}
+
+/// LoxiLB's inventory keys (answered when the query names `ep_idx`).
+#[derive(Debug, Serialize)]
+pub struct LoxilbInventory {
+    /// Rule id.
+    pub service_id: u32,
+    /// The endpoint asked for.
+    pub ep_idx: usize,
+    /// `kvHashAlgo` in effect.
+    pub hash_algo: String,
+    /// The endpoint's held blocks.
+    pub blocks: Vec<BlockView>,
+    /// `blocks.len()`.
+    pub total: usize,
+}
+
 /// `GET …/kv/inventory` body.
 #[derive(Debug, Serialize)]
 pub struct InventoryView {
+    /// LoxiLB's keys, when the query names `ep_idx`.
+    #[serde(flatten)]
+    pub loxilb: Option<LoxilbInventory>,
     /// Rule id.
     #[serde(rename = "serviceId")]
     pub service_id: u32,
@@ -201,8 +232,27 @@ fn inventory_view(state: &KvState, q: &HashMap<String, String>) -> Result<Invent
                 hashes: svc.index.keys_of(ep).into_iter().map(|k| k.0).collect(),
             }
         })
-        .collect();
+        .collect::<Vec<EndpointInventory>>();
+    let loxilb = only.map(|ep_idx| {
+        let blocks: Vec<BlockView> = endpoints
+            .iter()
+            .flat_map(|e| e.hashes.iter())
+            .enumerate()
+            .map(|(block_idx, &hash_uint64)| BlockView {
+                block_idx,
+                hash_uint64,
+            })
+            .collect();
+        LoxilbInventory {
+            service_id: svc.id,
+            ep_idx,
+            hash_algo: svc.config.algo.to_string(),
+            total: blocks.len(),
+            blocks,
+        }
+    });
     Ok(InventoryView {
+        loxilb,
         service_id: svc.id,
         endpoints,
     })

@@ -67,8 +67,30 @@ async fn inventory_lists_blocks_connection_and_last_seq_per_endpoint() {
     assert_eq!(ep["ranks"][0]["lastSeq"].as_u64(), Some(7));
     assert_eq!(ep["hashes"], serde_json::json!([11, u64::MAX]));
     assert_eq!(v["endpoints"].as_array().map(Vec::len), Some(1));
+    // LoxiLB's keys beside loxi's view.
+    assert_eq!(
+        (
+            v["service_id"].clone(),
+            v["ep_idx"].clone(),
+            v["total"].clone()
+        ),
+        (
+            serde_json::json!(4),
+            serde_json::json!(1),
+            serde_json::json!(2)
+        )
+    );
+    assert_eq!(
+        v["blocks"],
+        serde_json::json!([{"block_idx": 0, "hash_uint64": 11}, {"block_idx": 1, "hash_uint64": u64::MAX}])
+    );
+    assert!(v["hash_algo"].is_string(), "{v}");
     let (_, all) = get_json(addr, "/netlox/v1/config/ai/kv/inventory?service_id=4").await;
     assert_eq!(all["endpoints"].as_array().map(Vec::len), Some(2));
+    assert!(
+        all.get("blocks").is_none(),
+        "LoxiLB's keys only with ep_idx: {all}"
+    );
 }
 
 #[tokio::test]

@@ -3,7 +3,8 @@
 //!
 //! Counters are registered without the `_total` suffix; the OpenMetrics encoder appends it.
 //! `service` is the rule's stable id; `ep_idx` / `ep` the endpoint index in the rule (for a DP
-//! rank r > 0 the subscriber label `ep` is `<idx>.r<r>`).
+//! rank r > 0 the subscriber label `ep` is `<idx>.r<r>`). `loxilb_pd_ep_info{service,ep_idx,ep}`
+//! (control plane, `crate::metrics`) joins `ep_idx` to the endpoint's address.
 
 use std::sync::OnceLock;
 
@@ -88,10 +89,12 @@ pub struct KvMetrics {
     pub misses: Family<ReasonLabels, Counter>,
     /// `loxilb_pd_kv_tier15_fallthrough_total{service}`.
     pub fallthrough: Family<ServiceLabels, Counter>,
-    /// `loxilb_pd_kv_tier15_spills_total{service}`.
-    pub spills: Family<ServiceLabels, Counter>,
-    /// `loxilb_pd_kv_tier15_cold_seeds_total{service}`.
-    pub cold_seeds: Family<ServiceLabels, Counter>,
+    /// `loxilb_pd_kv_tier15_spills_total{service,ep_idx}` (`ep_idx`: the endpoint the
+    /// request spilled to, as LoxiLB labels it).
+    pub spills: Family<EpIdxLabels, Counter>,
+    /// `loxilb_pd_kv_tier15_cold_seeds_total{service,ep_idx}` (`ep_idx`: the endpoint that
+    /// received the seed).
+    pub cold_seeds: Family<EpIdxLabels, Counter>,
     /// `loxilb_pd_kv_blocks{service,ep_idx}`.
     pub blocks: Family<EpIdxLabels, Gauge>,
     /// `loxilb_kv_subscriber_connected{service,ep}`.
@@ -106,8 +109,9 @@ pub struct KvMetrics {
     pub events_rejected: Family<EpReasonLabels, Counter>,
     /// `loxilb_kv_replay_total{service,ep,reason}` (loxi extension; reason = outcome).
     pub replays: Family<EpReasonLabels, Counter>,
-    /// `loxilb_kv_inv_cap_evictions_total{service}`.
-    pub cap_evictions: Family<ServiceLabels, Counter>,
+    /// `loxilb_kv_inv_cap_evictions_total{service,ep}` (LoxiLB's labels; `ep` as the
+    /// subscriber families spell it).
+    pub cap_evictions: Family<EpLabels, Counter>,
     /// `loxilb_kv_parity_ok{service,ep}`: 1 agree, 0 mismatch (token re-hash active).
     pub parity_ok: Family<EpLabels, Gauge>,
     /// `loxilb_kv_routing_stage_seconds{stage}`.
@@ -215,9 +219,10 @@ impl KvMetrics {
         m
     }
 
-    /// Creates every per-service series at zero (all miss reasons, fallthrough, spills...), so
-    /// dashboards see them before the first event.
-    pub fn init_service(&self, service: &str) {
+    /// Creates every per-service series at zero (all miss reasons, fallthrough, and per
+    /// endpoint spills, cold seeds and cap evictions), so dashboards see them before the first
+    /// event.
+    pub fn init_service(&self, service: &str, endpoints: usize) {
         for r in MissReason::ALL {
             let _ = self.misses.get_or_create(&ReasonLabels {
                 service: service.into(),
@@ -228,9 +233,18 @@ impl KvMetrics {
             service: service.into(),
         };
         let _ = self.fallthrough.get_or_create(&s);
-        let _ = self.spills.get_or_create(&s);
-        let _ = self.cold_seeds.get_or_create(&s);
-        let _ = self.cap_evictions.get_or_create(&s);
+        for ep in 0..endpoints {
+            let l = EpIdxLabels {
+                service: service.into(),
+                ep_idx: ep.to_string(),
+            };
+            let _ = self.spills.get_or_create(&l);
+            let _ = self.cold_seeds.get_or_create(&l);
+            let _ = self.cap_evictions.get_or_create(&EpLabels {
+                service: service.into(),
+                ep: ep_label(ep, 0),
+            });
+        }
     }
 
     /// Counts one miss of `reason` and the fallthrough it causes.
@@ -275,6 +289,8 @@ impl KvMetrics {
                 ep_idx: ep.to_string(),
             };
             self.blocks.remove(&l);
+            self.spills.remove(&l);
+            self.cold_seeds.remove(&l);
             for r in 0..ranks.max(1) {
                 let e = EpLabels {
                     service: service.into(),
@@ -282,6 +298,7 @@ impl KvMetrics {
                 };
                 self.connected.remove(&e);
                 self.parity_ok.remove(&e);
+                self.cap_evictions.remove(&e);
             }
         }
     }
@@ -296,14 +313,28 @@ pub struct RouteMetrics {
     hits: Vec<OnceLock<Counter>>,
     misses: Vec<Counter>,
     fallthrough: Counter,
-    /// `loxilb_pd_kv_tier15_spills_total{service}`.
-    pub spills: Counter,
-    /// `loxilb_pd_kv_tier15_cold_seeds_total{service}`.
-    pub cold_seeds: Counter,
+    /// `loxilb_pd_kv_tier15_spills_total{service,ep_idx}`, by endpoint index.
+    spills: Vec<Counter>,
+    /// `loxilb_pd_kv_tier15_cold_seeds_total{service,ep_idx}`, by endpoint index.
+    cold_seeds: Vec<Counter>,
     stages: [OnceLock<Histogram>; 3],
 }
 
 impl RouteMetrics {
+    /// Counts one spill to endpoint `ep` (an index beyond the rule's endpoints is not counted).
+    pub fn spill(&self, ep: usize) {
+        if let Some(c) = self.spills.get(ep) {
+            c.inc();
+        }
+    }
+
+    /// Counts one cold-start seed to endpoint `ep`.
+    pub fn cold_seed(&self, ep: usize) {
+        if let Some(c) = self.cold_seeds.get(ep) {
+            c.inc();
+        }
+    }
+
     /// Counts one hit on `ep` (an index beyond the rule's endpoints is not counted).
     pub fn hit(&self, ep: usize) {
         let Some(cell) = self.hits.get(ep) else {
@@ -362,10 +393,21 @@ impl KvMetrics {
                 })
                 .collect(),
             fallthrough: self.fallthrough.get_or_create(&s).clone(),
-            spills: self.spills.get_or_create(&s).clone(),
-            cold_seeds: self.cold_seeds.get_or_create(&s).clone(),
+            spills: (0..endpoints)
+                .map(|ep| self.spills.get_or_create(&ep_idx(service, ep)).clone())
+                .collect(),
+            cold_seeds: (0..endpoints)
+                .map(|ep| self.cold_seeds.get_or_create(&ep_idx(service, ep)).clone())
+                .collect(),
             stages: Default::default(),
         }
+    }
+}
+
+fn ep_idx(service: &str, ep: usize) -> EpIdxLabels {
+    EpIdxLabels {
+        service: service.into(),
+        ep_idx: ep.to_string(),
     }
 }
 
@@ -387,7 +429,7 @@ mod tests {
     fn every_miss_reason_is_precreated_per_service_with_spec_names() {
         let mut reg = Registry::default();
         let m = KvMetrics::register(&mut reg);
-        m.init_service("7");
+        m.init_service("7", 2);
         m.hit("7", 1);
         m.miss("7", MissReason::NoWorker);
         let mut out = String::new();
@@ -404,14 +446,16 @@ mod tests {
             "loxilb_pd_kv_tier15_miss_reason_total{service=\"7\",reason=\"no_worker\"} 1"
         ));
         assert!(out.contains("loxilb_pd_kv_tier15_fallthrough_total{service=\"7\"} 1"));
-        assert!(out.contains("loxilb_pd_kv_tier15_spills_total{service=\"7\"} 0"));
+        assert!(out.contains("loxilb_pd_kv_tier15_spills_total{service=\"7\",ep_idx=\"1\"} 0"));
+        assert!(out.contains("loxilb_pd_kv_tier15_cold_seeds_total{service=\"7\",ep_idx=\"0\"} 0"));
+        assert!(out.contains("loxilb_kv_inv_cap_evictions_total{service=\"7\",ep=\"1\"} 0"));
     }
 
     #[test]
     fn exposition_passes_promtool_check_metrics() {
         let mut reg = Registry::default();
         let m = KvMetrics::register(&mut reg);
-        m.init_service("1");
+        m.init_service("1", 1);
         m.hit("1", 0);
         m.set_blocks("1", 0, 42);
         m.connected

@@ -59,7 +59,7 @@ impl ServiceKv {
     /// Fresh state for service `id` with contract `config`; resolves its metric handles.
     pub fn new(id: u32, config: &KvSpec, settings: &KvSettings, metrics: &KvMetrics) -> Self {
         let label = id.to_string();
-        metrics.init_service(&label);
+        metrics.init_service(&label, config.endpoints.len());
         Self {
             id,
             route: metrics.route(&label, config.endpoints.len()),

@@ -53,6 +53,22 @@ pub struct ApiRequestLabels {
     pub code: String,
 }
 
+/// Labels of `loxilb_pd_ep_info`: LoxiLB's `{service, ep_idx, ep}` (ep = the endpoint's IP)
+/// plus loxi's `ip` and `port`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EpInfoLabels {
+    /// Rule id (the `service` label of every per-endpoint family).
+    pub service: String,
+    /// Endpoint index in the rule (the user's order).
+    pub ep_idx: String,
+    /// The endpoint's IP (LoxiLB's join label: `* on(ep_idx) group_left(ep) loxilb_pd_ep_info`).
+    pub ep: String,
+    /// The endpoint's IP.
+    pub ip: String,
+    /// The endpoint's target port.
+    pub port: String,
+}
+
 /// The control plane's own metric families.
 #[derive(Debug, Clone)]
 pub struct ControlMetrics {
@@ -60,6 +76,13 @@ pub struct ControlMetrics {
     pub lb_rules: Gauge,
     /// `loxilb_api_requests_total{method,route,code}`: REST API requests answered.
     pub api_requests: Family<ApiRequestLabels, Counter>,
+    /// `loxilb_pd_ep_info{service,ep_idx,ep,ip,port}` = 1 for every endpoint of every rule:
+    /// joins the `ep_idx` of the per-endpoint families to an address (set at scrape time).
+    pub ep_info: Family<EpInfoLabels, Gauge>,
+    /// `loxilb_healthy_endpoints`: endpoints (of all rules) currently healthy.
+    pub healthy_endpoints: Gauge,
+    /// `loxilb_unhealthy_endpoints`: endpoints currently marked down.
+    pub unhealthy_endpoints: Gauge,
 }
 
 impl ControlMetrics {
@@ -77,10 +100,60 @@ impl ControlMetrics {
             "REST API requests answered, by method, route template and status code",
             api_requests.clone(),
         );
+        let ep_info = Family::<EpInfoLabels, Gauge>::default();
+        registry.register(
+            "loxilb_pd_ep_info",
+            "Endpoint identity: maps ep_idx (the label of the per-endpoint families) to the endpoint address; always 1",
+            ep_info.clone(),
+        );
+        let healthy_endpoints = Gauge::default();
+        registry.register(
+            "loxilb_healthy_endpoints",
+            "Number of healthy endpoints (all rules)",
+            healthy_endpoints.clone(),
+        );
+        let unhealthy_endpoints = Gauge::default();
+        registry.register(
+            "loxilb_unhealthy_endpoints",
+            "Number of unhealthy endpoints (all rules)",
+            unhealthy_endpoints.clone(),
+        );
         Self {
             lb_rules,
             api_requests,
+            ep_info,
+            healthy_endpoints,
+            unhealthy_endpoints,
         }
+    }
+
+    /// Sets `loxilb_pd_ep_info` and the healthy/unhealthy gauges from `endpoints`
+    /// (`(service, ep_idx, ip, port, healthy)` of every endpoint of every rule); series of
+    /// endpoints no longer listed are dropped.
+    pub fn set_endpoints<'a>(
+        &self,
+        endpoints: impl IntoIterator<Item = (u32, usize, &'a str, u16, bool)>,
+    ) {
+        self.ep_info.clear();
+        let (mut up, mut down) = (0i64, 0i64);
+        for (service, ep_idx, ip, port, healthy) in endpoints {
+            self.ep_info
+                .get_or_create(&EpInfoLabels {
+                    service: service.to_string(),
+                    ep_idx: ep_idx.to_string(),
+                    ep: ip.to_string(),
+                    ip: ip.to_string(),
+                    port: port.to_string(),
+                })
+                .set(1);
+            if healthy {
+                up += 1;
+            } else {
+                down += 1;
+            }
+        }
+        self.healthy_endpoints.set(up);
+        self.unhealthy_endpoints.set(down);
     }
 
     /// Counts one answered API request.
@@ -122,6 +195,31 @@ pub(crate) fn promtool_check(text: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn endpoint_info_and_health_gauges_follow_the_rules_and_pass_promtool() {
+        let mut reg = new_registry();
+        let m = ControlMetrics::register(&mut reg);
+        m.set_endpoints([
+            (3, 0, "10.0.0.2", 8000, true),
+            (3, 1, "10.0.0.1", 8001, false),
+        ]);
+        let text = encode_text(&reg).expect("encode");
+        assert!(
+            text.contains("loxilb_pd_ep_info{service=\"3\",ep_idx=\"1\",ep=\"10.0.0.1\",ip=\"10.0.0.1\",port=\"8001\"} 1\n"),
+            "{text}"
+        );
+        assert!(text.contains("loxilb_healthy_endpoints 1\n"), "{text}");
+        assert!(text.contains("loxilb_unhealthy_endpoints 1\n"), "{text}");
+        promtool_check(&text);
+        m.set_endpoints([(4, 0, "10.0.0.9", 80, true)]);
+        let text = encode_text(&reg).expect("encode");
+        assert!(
+            !text.contains("service=\"3\""),
+            "deleted rules' series go: {text}"
+        );
+        assert!(text.contains("loxilb_unhealthy_endpoints 0\n"), "{text}");
+    }
 
     #[test]
     fn control_families_encode_with_their_values() {

@@ -23,8 +23,9 @@ pub enum RuleError {
         /// The right field name, when one is close.
         suggestion: Option<String>,
     },
-    /// A rule with the same key exists with another shape (HTTP 409).
-    #[error("{field}: a rule with this key exists with {field} = {existing}; delete it first")]
+    /// A rule with the same key has another shape (HTTP 409). The message avoids the word
+    /// "exists": kube-loxilb treats an error whose text contains "exist" as success.
+    #[error("{field}: the rule with this key has {field} = {existing}; delete it first")]
     Conflict {
         /// The field whose value differs.
         field: String,

@@ -3,6 +3,7 @@
 pub mod error;
 pub mod model;
 pub mod persist;
+pub mod schema;
 pub mod spec;
 pub mod store;
 pub mod unsupported;

@@ -76,9 +76,17 @@ pub struct ServiceArgs {
     /// Model pool key; empty = wildcard pool. Case-sensitive. Part of the rule key.
     #[serde(default)]
     pub model_name: String,
-    /// Rule name (informational).
+    /// Rule name: informational, and the key of `DELETE .../loadbalancer/name/{name}`.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub name: String,
+    /// LoxiLB's stable opaque rule id (Octavia): kept as posted, minted (a UUIDv4) when a new
+    /// rule has none, kept across updates of the same key; `GET .../loadbalancer/id/{id}`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub id: String,
+    /// kube-loxilb's ownership mark (`"managed": true` on the rules it creates): stored and
+    /// reported back, as LoxiLB does; it changes nothing in forwarding there either.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub managed: bool,
     /// BGP advertisement (stored; loxi has no BGP speaker).
     #[serde(default)]
     pub bgp: bool,
@@ -284,6 +292,8 @@ pub const SERVICE_FIELDS: &[&str] = &[
     "session_header_name",
     "model_name",
     "name",
+    "id",
+    "managed",
     "bgp",
     "inactiveTimeOut",
     "monitor",

@@ -4,7 +4,7 @@
 //! [`RuleStore::subscribe`] (a `watch` channel that always holds the newest snapshot). Writers
 //! (the REST API) call [`RuleStore::upsert`] / [`RuleStore::delete`], which validate, persist
 //! atomically, then publish. A write is acknowledged only after the state file is on disk, so
-//! an accepted rule survives a restart (LoxiLB loses runtime rules on restart).
+//! an accepted rule survives a restart (LoxiLB auto-persists its rules too, in `snapshot.json`).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -100,7 +100,12 @@ impl RuleStore {
         let mut rules = BTreeMap::new();
         let mut max_id = 0;
         for stored in restored {
-            match StoredRule::new(stored.id, stored.rule) {
+            let mut rule = stored.rule;
+            if rule.service.id.is_empty() {
+                // A state file written before rules had LoxiLB's opaque id.
+                rule.service.id = mint_uuid();
+            }
+            match StoredRule::new(stored.id, rule) {
                 Ok(rule) => {
                     max_id = max_id.max(rule.id);
                     rules.insert(rule.rule.key(), Arc::new(rule));
@@ -141,11 +146,30 @@ impl RuleStore {
 
     /// Validates and stores `rule`. Same key with another shape (mode, protocol, selector
     /// family, P/D or KV topology, engine type) is [`RuleError::Conflict`] (HTTP 409).
+    ///
+    /// The rule's opaque `id` (LoxiLB's) is kept from the stored rule on an update (as LoxiLB
+    /// keeps it), taken as posted on a create, or minted (UUIDv4) when absent; an `id` another
+    /// rule already has is [`RuleError::Conflict`].
     pub fn upsert(&self, rule: LbRule) -> Result<UpsertOutcome, StoreError> {
-        let (rule, spec) = validate::compile(rule)?;
+        let (mut rule, spec) = validate::compile(rule)?;
         let mut next_id = self.write.lock();
         let cur = self.current.load_full();
         let key = rule.key();
+        if let Some(old) = cur.rules.get(&key) {
+            rule.service.id.clone_from(&old.rule.service.id);
+        } else if rule.service.id.is_empty() {
+            rule.service.id = mint_uuid();
+        } else if cur
+            .rules
+            .values()
+            .any(|r| r.rule.service.id == rule.service.id)
+        {
+            return Err(RuleError::Conflict {
+                field: "serviceArguments.id".into(),
+                existing: format!("{:?} (on another rule)", rule.service.id),
+            }
+            .into());
+        }
         let (outcome, id) = match cur.rules.get(&key) {
             Some(old) if old.rule == rule => return Ok(UpsertOutcome::Unchanged),
             Some(old) => {
@@ -163,38 +187,57 @@ impl RuleStore {
         Ok(outcome)
     }
 
-    /// Deletes every rule on `ip:port/protocol` whose host and model match (`None` = any).
-    /// Returns the deleted rules; none matching is [`StoreError::NotFound`].
+    /// Deletes the rule with exactly this key: `host` and `model_name` are part of it, and an
+    /// empty one means "the rule without a host / model", never "any" (LoxiLB's semantics).
+    /// Returns the deleted rule; none matching is [`StoreError::NotFound`].
     pub fn delete(
         &self,
         ip: &str,
         port: u16,
         protocol: &str,
-        host: Option<&str>,
-        model_name: Option<&str>,
+        host: &str,
+        model_name: &str,
+    ) -> Result<Vec<Arc<StoredRule>>, StoreError> {
+        let proto = protocol.to_ascii_lowercase();
+        let ip = validate::normalize_ip(ip).unwrap_or_else(|_| ip.to_string());
+        let key = RuleKey {
+            external_ip: ip,
+            port,
+            protocol: proto,
+            host: host.to_string(),
+            model_name: model_name.to_string(),
+        };
+        self.delete_where(&key.to_string(), |k, _| *k == key)
+    }
+
+    /// Deletes every rule named `name` (`serviceArguments.name`, LoxiLB's
+    /// `DELETE .../loadbalancer/name/{name}`). An empty name matches nothing.
+    pub fn delete_by_name(&self, name: &str) -> Result<Vec<Arc<StoredRule>>, StoreError> {
+        self.delete_where(&format!("name {name:?}"), |_, r| {
+            !name.is_empty() && r.rule.service.name == name
+        })
+    }
+
+    /// Deletes every rule `pick` selects; `what` names the selection in the not-found error.
+    fn delete_where(
+        &self,
+        what: &str,
+        pick: impl Fn(&RuleKey, &StoredRule) -> bool,
     ) -> Result<Vec<Arc<StoredRule>>, StoreError> {
         let _w = self.write.lock();
         let cur = self.current.load_full();
-        let proto = protocol.to_ascii_lowercase();
-        let ip = validate::normalize_ip(ip).unwrap_or_else(|_| ip.to_string());
         let mut rules = cur.rules.clone();
         let gone: Vec<_> = cur
             .rules
             .iter()
-            .filter(|(k, _)| {
-                k.external_ip == ip
-                    && k.port == port
-                    && k.protocol == proto
-                    && host.is_none_or(|h| h == k.host)
-                    && model_name.is_none_or(|m| m == k.model_name)
-            })
+            .filter(|(k, v)| pick(k, v))
             .map(|(k, v)| {
                 rules.remove(k);
                 v.clone()
             })
             .collect();
         if gone.is_empty() {
-            return Err(StoreError::NotFound(format!("{ip}:{port}/{proto}")));
+            return Err(StoreError::NotFound(what.to_string()));
         }
         self.commit(&cur, rules)?;
         Ok(gone)
@@ -216,6 +259,22 @@ impl RuleStore {
         self.tx.send_replace(snap);
         Ok(())
     }
+}
+
+/// A random (version 4) UUID in LoxiLB's lower-case 8-4-4-4-12 form.
+pub fn mint_uuid() -> String {
+    let mut b: [u8; 16] = rand::random();
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
 }
 
 #[cfg(test)]
@@ -290,28 +349,71 @@ mod tests {
     }
 
     #[test]
-    fn delete_filters_by_host_and_model_and_reports_not_found() {
+    fn delete_matches_the_exact_key_an_absent_host_or_model_is_empty_not_any() {
         let store = RuleStore::in_memory();
         store.upsert(rule(80, 0, "a")).expect("ok");
         store.upsert(rule(80, 0, "b")).expect("ok");
         store.upsert(rule(81, 0, "")).expect("ok");
+        let e = store
+            .delete("10.0.0.1", 80, "tcp", "", "")
+            .expect_err("no model-less rule on :80");
+        assert!(matches!(e, StoreError::NotFound(_)), "{e:?}");
+        assert_eq!(store.snapshot().rules.len(), 3, "the model pools stay");
         let gone = store
-            .delete("10.0.0.1", 80, "TCP", None, Some("b"))
+            .delete("10.0.0.1", 80, "TCP", "", "b")
             .expect("deleted");
         assert_eq!(gone.len(), 1);
         assert_eq!(gone[0].rule.service.model_name, "b");
         let e = store
-            .delete("10.0.0.1", 80, "tcp", Some("h"), None)
+            .delete("10.0.0.1", 80, "tcp", "h", "a")
             .expect_err("no host h");
         assert!(matches!(e, StoreError::NotFound(_)), "{e:?}");
         assert_eq!(
             store
-                .delete("10.0.0.1", 80, "tcp", None, None)
+                .delete("10.0.0.1", 81, "tcp", "", "")
                 .expect("rest")
                 .len(),
             1
         );
         assert_eq!(store.snapshot().rules.len(), 1);
+    }
+
+    #[test]
+    fn ids_are_minted_kept_across_updates_and_delete_by_name_works() {
+        let store = RuleStore::in_memory();
+        let mut r = rule(80, 0, "");
+        r.service.name = "my-ai-rule".into();
+        store.upsert(r.clone()).expect("ok");
+        let id = store
+            .snapshot()
+            .rules
+            .values()
+            .next()
+            .map(|x| x.rule.service.id.clone());
+        let id = id.expect("rule");
+        assert_eq!((id.len(), &id[14..15]), (36, "4"), "{id}");
+        r.endpoints[0].weight = 5;
+        assert_eq!(store.upsert(r.clone()).expect("ok"), UpsertOutcome::Updated);
+        let again = store
+            .snapshot()
+            .rules
+            .values()
+            .next()
+            .map(|x| x.rule.service.id.clone());
+        assert_eq!(again.as_deref(), Some(id.as_str()), "kept across an update");
+        let mut other = rule(81, 0, "");
+        other.service.id.clone_from(&id);
+        let e = store.upsert(other).expect_err("id taken");
+        assert!(
+            matches!(e, StoreError::Invalid(RuleError::Conflict { .. })),
+            "{e:?}"
+        );
+        assert!(matches!(
+            store.delete_by_name("nope"),
+            Err(StoreError::NotFound(_))
+        ));
+        assert_eq!(store.delete_by_name("my-ai-rule").expect("gone").len(), 1);
+        assert!(store.snapshot().rules.is_empty());
     }
 
     #[test]
@@ -323,7 +425,7 @@ mod tests {
             store.upsert(rule(81, 2, "")).expect("ok");
             store.upsert(rule(82, 0, "")).expect("ok");
             store
-                .delete("10.0.0.1", 82, "tcp", None, None)
+                .delete("10.0.0.1", 82, "tcp", "", "")
                 .expect("deleted");
         }
         let store = RuleStore::open(dir.path()).expect("reopen");

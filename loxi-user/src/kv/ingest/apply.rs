@@ -9,7 +9,7 @@
 
 use super::events::{EventBatch, KvEvent};
 use crate::kv::BlockKey;
-use crate::kv::metrics::{EpLabels, EpReasonLabels, KvMetrics, ServiceLabels, ep_label};
+use crate::kv::metrics::{EpLabels, EpReasonLabels, KvMetrics, ep_label};
 use crate::kv::settings::KvSettings;
 use crate::kv::state::ServiceKv;
 use crate::routing::EpIdx;
@@ -94,8 +94,9 @@ impl ServiceKv {
                 let out = self.index.store(ep, rank, &keys);
                 if out.evicted > 0 {
                     m.cap_evictions
-                        .get_or_create(&ServiceLabels {
+                        .get_or_create(&EpLabels {
                             service: self.label(),
+                            ep: ep_label(ep, rank),
                         })
                         .inc_by(out.evicted);
                 }

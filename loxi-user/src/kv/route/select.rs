@@ -327,11 +327,11 @@ impl KvRouter {
                 .map_or(0, |c| c.overlap)
         };
         if let Some(cold) = self.cold_seed(svc, law_cands, pick.ep) {
-            svc.route.cold_seeds.inc();
+            svc.route.cold_seed(cold);
             return Ok((Decision::pick(cold, Reason::KvColdSeed), cached(cold)));
         }
         if pick.spilled {
-            svc.route.spills.inc();
+            svc.route.spill(pick.ep);
             return Ok((Decision::pick(pick.ep, Reason::KvSpill), cached(pick.ep)));
         }
         Ok((Decision::pick(pick.ep, Reason::KvOverlap), cached(pick.ep)))

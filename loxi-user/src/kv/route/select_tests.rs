@@ -441,7 +441,7 @@ fn hard_law_spills_an_over_cap_owner_and_counts_it() {
     // ≤ 10: spill relief (auto on, mode 3) → ep2 (load 0).
     assert_eq!(f.select(&m), Some(Decision::pick(2, Reason::KvSpill)));
     assert_eq!(
-        f.metric("loxilb_pd_kv_tier15_spills_total{service=\"1\"}"),
+        f.metric("loxilb_pd_kv_tier15_spills_total{service=\"1\",ep_idx=\"2\"}"),
         1.0
     );
 }
@@ -465,7 +465,7 @@ fn every_nth_hit_seeds_the_lowest_index_cold_endpoint() {
     let seed = Some((Some(1), Reason::KvColdSeed));
     assert_eq!(eps, vec![hit, seed, hit, seed]);
     assert_eq!(
-        f.metric("loxilb_pd_kv_tier15_cold_seeds_total{service=\"1\"}"),
+        f.metric("loxilb_pd_kv_tier15_cold_seeds_total{service=\"1\",ep_idx=\"1\"}"),
         2.0
     );
 }

@@ -104,7 +104,7 @@ impl Lb {
         for k in self.store.snapshot().rules.keys() {
             if !keep.contains(k) {
                 self.store
-                    .delete(&k.external_ip, k.port, &k.protocol, None, None)
+                    .delete(&k.external_ip, k.port, &k.protocol, &k.host, &k.model_name)
                     .expect("delete");
             }
         }
