@@ -5,8 +5,12 @@
 # `--policies rr,kv,pd,pd-kv` adds prefill/decode disaggregation: the same workers, half of them
 # prefill and half decode (the fleet runs vllm-sim --kv-role both; pd-kv adds kvExactMode 1).
 #
-#   scripts/bench-routing.sh [--out DIR] [--peers] [--workload a|b|c[,..]] [bench-routing flags]
+#   scripts/bench-routing.sh [--out DIR] [--peers] [--workload a|b|c[,..]] [--cpu-hog N]
+#                            [bench-routing flags]
 #
+# --cpu-hog N keeps N CPUs busy with `stress-ng --cpu N` for the whole run (issue 9 §2: the KV
+# tier's decision budget, LOXI_KV_DECISION_BUDGET_MS, must hold under CPU pressure; compare
+# the kv policy's added p99 with rr's in the same run).
 # Every other flag goes to target/release/bench-routing (see `--help`): --policies, --laws,
 # --qps, --duration, --time-scale, --workers, --num-gpu-blocks, --trace FILE, ...
 # Builds the release binaries through the idempotent scripts/setup.sh first
@@ -17,11 +21,14 @@ cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 OUT="$ROOT/target/bench-routing/$(date +%Y%m%d-%H%M%S)"
 ARGS=()
+HOG=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) OUT=$2; shift 2 ;;
     --out=*) OUT=${1#--out=}; shift ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    --cpu-hog) HOG=$2; shift 2 ;;
+    --cpu-hog=*) HOG=${1#--cpu-hog=}; shift ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) ARGS+=("$1"); shift ;;
   esac
 done
@@ -33,13 +40,18 @@ BIN=${LOXI_BIN_DIR:-$ROOT/target/release}   # LOXI_BIN_DIR: other builds (e.g. t
 for b in bench-routing vllm-sim loxilb loxicmd; do
   [ -x "$BIN/$b" ] || { echo "bench-routing.sh: $BIN/$b missing (setup failed?)" >&2; exit 1; }
 done
+if [ "$HOG" != 0 ]; then
+  command -v stress-ng >/dev/null || { echo "bench-routing.sh: --cpu-hog needs stress-ng (setup.sh installs it)" >&2; exit 1; }
+fi
 mkdir -p "$OUT/bin"
 # Private copies: another build in this tree may replace target/release/* during the run.
 cp "$BIN"/{bench-routing,vllm-sim,loxilb,loxicmd} "$OUT/bin/"
 
 # The benchmark runs in its own process group; on any exit the whole group is stopped.
 pid=""
+hog=""
 cleanup() {
+  if [ -n "$hog" ]; then kill "$hog" 2>/dev/null || true; wait "$hog" 2>/dev/null || true; fi
   if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
     kill -TERM -- "-$pid" 2>/dev/null || true
     sleep 1
@@ -48,6 +60,11 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
+if [ "$HOG" != 0 ]; then
+  echo "bench-routing.sh: stress-ng --cpu $HOG for the whole run" >&2
+  stress-ng --cpu "$HOG" --timeout 3600s --quiet &
+  hog=$!
+fi
 setsid "$OUT/bin/bench-routing" --bin-dir "$OUT/bin" --out "$OUT" "${ARGS[@]}" &
 pid=$!
 wait "$pid"

@@ -19,6 +19,8 @@ declare -A APT=(
   # the container image is built with podman (runc) on a debootstrap base (scripts/container-*.sh).
   [systemd-analyze]=systemd [setpriv]=util-linux [podman]=podman [buildah]=buildah
   [debootstrap]=debootstrap [runc]=runc
+  # benchmarks' --cpu-hog mode (scripts/bench-routing.sh, scripts/bench-kv-bounds.sh)
+  [stress-ng]=stress-ng
 )
 missing=()
 for cmd in "${!APT[@]}"; do

@@ -175,6 +175,12 @@ fn proxy_config(cfg: &Config) -> ProxyConfig {
         },
         max_total_inflight: cfg.env.pd_max_total_inflight,
         pd_prefill_timeout: Duration::from_secs(cfg.env.pd_prefill_timeout_sec.into()),
+        body_timeout: Duration::from_millis(cfg.env.body_timeout_ms),
+        body_budget: proxy::budget::BodyBudget::new(cfg.env.max_body_bytes_in_flight),
+        parse: crate::request::ParseLimits {
+            max_string_bytes: cfg.env.kv_max_prompt_bytes,
+            ..Default::default()
+        },
         ..ProxyConfig::default()
     }
 }

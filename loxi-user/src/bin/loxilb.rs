@@ -2,6 +2,7 @@
 use loxi_user::config::Config;
 
 fn main() -> anyhow::Result<()> {
+    large_allocations_mmapped();
     let cfg = Config::from_process();
     let mut telemetry = loxi_user::telemetry::init(&cfg.flags.log, cfg.flags.log_format, |k| {
         std::env::var(k).ok()
@@ -30,4 +31,24 @@ fn main() -> anyhow::Result<()> {
     telemetry.shutdown();
     res?;
     Ok(())
+}
+
+/// Makes glibc serve every allocation of 1 MiB or more (request bodies up to
+/// `LOXI_MAX_BODY_BYTES`) with its own `mmap`, returned to the kernel when freed. glibc's
+/// default threshold rises with each freed large block up to 32 MiB, after which bodies of a
+/// few MiB to 32 MiB come from the per-thread heaps, which keep the pages: a flood of 30 MB
+/// bodies then left loxilb at ~630 MB RSS with 256 MiB of bodies live, ~290 MB with this
+/// (scripts/bench-kv-bounds.sh, issue 9 §1). An operator's own `MALLOC_MMAP_THRESHOLD_` wins.
+fn large_allocations_mmapped() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    if std::env::var_os("MALLOC_MMAP_THRESHOLD_").is_none() {
+        #[allow(
+            unsafe_code,
+            reason = "mallopt is glibc's documented tuning call, made before any thread starts"
+        )]
+        // SAFETY: mallopt only sets an allocator parameter; no other thread exists yet.
+        unsafe {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
+        }
+    }
 }

@@ -109,9 +109,37 @@ pub struct Env {
     /// `LOXI_KV_LORA_PATHS` (loxi, `name=path,...`): the adapter path vLLM hashes into a
     /// LoRA block's extra key, by adapter name.
     pub kv_lora_paths: std::collections::HashMap<String, String>,
+    /// `LOXI_KV_MAX_PROMPT_BYTES`: leading bytes of a prompt the KV tier tokenizes (and of any
+    /// string the proxy's routing parse keeps). Default 1 MiB, range 4 KiB–64 MiB.
+    pub kv_max_prompt_bytes: usize,
+    /// `LOXI_KV_MAX_PROMPT_TOKENS`: tokens of a prompt the KV tier computes; 0 (default) = the
+    /// model's `config.json` context length, else 131072. Range 16–16,777,216 or 0.
+    pub kv_max_prompt_tokens: usize,
+    /// `LOXI_KV_MAX_RUN_BYTES`: a longer whitespace-free run skips tokenization (`oversize`).
+    /// Default 8192, range 64–16 MiB.
+    pub kv_max_run_bytes: usize,
+    /// `LOXI_KV_MAX_MESSAGES`: a chat with more messages skips tokenization (`oversize`).
+    /// Default 4096, range 1–1,000,000.
+    pub kv_max_messages: usize,
+    /// `LOXI_KV_TOKENIZE_WORKERS`: tokenization threads. Default the CPU count, at most 4;
+    /// range 1–64.
+    pub kv_tokenize_workers: usize,
+    /// `LOXI_KV_TOKENIZE_QUEUE`: requests waiting for a tokenization thread; beyond it a
+    /// request misses with `overload`. Default 64, range 1–65536.
+    pub kv_tokenize_queue: usize,
+    /// `LOXI_KV_DECISION_BUDGET_MS`: the KV tier's time per request, queue wait included;
+    /// past it the request misses with `budget`. Default 10, range 1–60000.
+    pub kv_decision_budget_ms: u64,
     /// `LOXI_MAX_BODY_BYTES`: largest request body the fullproxy reads for metadata; larger
     /// JSON bodies get 413. Default 32 MiB, range 1 KiB–1 GiB.
     pub max_body_bytes: usize,
+    /// `LOXI_BODY_TIMEOUT_MS`: longest a fullproxy request body may take to arrive after its
+    /// head (a body trickled slowly gets 408). Default 60000, range 100–3600000.
+    pub body_timeout_ms: u64,
+    /// `LOXI_MAX_BODY_BYTES_IN_FLIGHT`: request-body bytes all fullproxy listeners hold at
+    /// once; a request beyond waits (within `LOXI_BODY_TIMEOUT_MS`). Default 256 MiB, range
+    /// 1 MiB–64 GiB.
+    pub max_body_bytes_in_flight: u64,
     /// `LOXI_HEADER_TIMEOUT_MS`: longest a fullproxy client may take to send a request head,
     /// from its first byte (slowloris bound). Default 10000, range 100–600000.
     pub header_timeout_ms: u64,
@@ -200,7 +228,27 @@ impl Env {
             kv_lora_paths: lookup("LOXI_KV_LORA_PATHS")
                 .map(|v| crate::kv::settings::parse_lora_paths(&v))
                 .unwrap_or_default(),
+            kv_max_prompt_bytes: r.int("LOXI_KV_MAX_PROMPT_BYTES", 1 << 20, 4 << 10, 64 << 20)
+                as usize,
+            kv_max_prompt_tokens: r.int("LOXI_KV_MAX_PROMPT_TOKENS", 0, 16, 16 << 20) as usize,
+            kv_max_run_bytes: r.int("LOXI_KV_MAX_RUN_BYTES", 8 << 10, 64, 16 << 20) as usize,
+            kv_max_messages: r.int("LOXI_KV_MAX_MESSAGES", 4096, 1, 1_000_000) as usize,
+            kv_tokenize_workers: r.int(
+                "LOXI_KV_TOKENIZE_WORKERS",
+                crate::kv::settings::default_tokenize_workers() as u64,
+                1,
+                64,
+            ) as usize,
+            kv_tokenize_queue: r.int("LOXI_KV_TOKENIZE_QUEUE", 64, 1, 65_536) as usize,
+            kv_decision_budget_ms: r.int("LOXI_KV_DECISION_BUDGET_MS", 10, 1, 60_000),
             max_body_bytes: r.int("LOXI_MAX_BODY_BYTES", 32 << 20, 1 << 10, 1 << 30) as usize,
+            body_timeout_ms: r.int("LOXI_BODY_TIMEOUT_MS", 60_000, 100, 3_600_000),
+            max_body_bytes_in_flight: r.int(
+                "LOXI_MAX_BODY_BYTES_IN_FLIGHT",
+                256 << 20,
+                1 << 20,
+                64 << 30,
+            ),
             header_timeout_ms: r.int("LOXI_HEADER_TIMEOUT_MS", 10_000, 100, 600_000),
             idle_timeout_ms: r.int("LOXI_IDLE_TIMEOUT_MS", 60_000, 100, 3_600_000),
             max_conns_per_listener: r.int("LOXI_MAX_CONNS_PER_LISTENER", 4096, 1, 1_000_000)
@@ -231,6 +279,15 @@ impl Env {
             hash_debug: self.kv_hash_debug,
             predicted_ttl: Duration::from_millis(self.kv_predict_ttl_ms),
             lora_paths: self.kv_lora_paths.clone(),
+            bounds: crate::kv::settings::PromptBounds {
+                max_bytes: self.kv_max_prompt_bytes,
+                max_tokens: (self.kv_max_prompt_tokens > 0).then_some(self.kv_max_prompt_tokens),
+                max_run_bytes: self.kv_max_run_bytes,
+                max_messages: self.kv_max_messages,
+            },
+            tokenize_workers: self.kv_tokenize_workers,
+            tokenize_queue: self.kv_tokenize_queue,
+            decision_budget: Duration::from_millis(self.kv_decision_budget_ms),
         }
     }
 
@@ -635,6 +692,57 @@ mod tests {
             d.spill_relief_for(crate::rules::KvMode::Pool)
                 && !d.spill_relief_for(crate::rules::KvMode::PdPrefill)
         );
+    }
+
+    #[test]
+    fn kv_work_bounds_map_to_settings_and_refuse_out_of_range_values() {
+        let env: HashMap<&str, &str> = [
+            ("LOXI_KV_MAX_PROMPT_BYTES", "65536"),
+            ("LOXI_KV_MAX_PROMPT_TOKENS", "4096"),
+            ("LOXI_KV_MAX_RUN_BYTES", "100"),
+            ("LOXI_KV_MAX_MESSAGES", "12"),
+            ("LOXI_KV_TOKENIZE_WORKERS", "3"),
+            ("LOXI_KV_TOKENIZE_QUEUE", "7"),
+            ("LOXI_KV_DECISION_BUDGET_MS", "25"),
+            ("LOXI_BODY_TIMEOUT_MS", "1500"),
+            ("LOXI_MAX_BODY_BYTES_IN_FLIGHT", "2097152"),
+        ]
+        .into();
+        let e = Env::from_lookup(|k| env.get(k).map(|v| v.to_string()));
+        assert!(e.warnings.is_empty(), "{:?}", e.warnings);
+        assert_eq!(
+            (e.body_timeout_ms, e.max_body_bytes_in_flight),
+            (1500, 2 << 20)
+        );
+        let s = e.kv_settings();
+        let b = s.bounds;
+        assert_eq!(
+            (b.max_bytes, b.max_tokens, b.max_run_bytes, b.max_messages),
+            (65536, Some(4096), 100, 12)
+        );
+        assert_eq!((s.tokenize_workers, s.tokenize_queue), (3, 7));
+        assert_eq!(s.decision_budget, Duration::from_millis(25));
+        let bad: HashMap<&str, &str> = [
+            ("LOXI_KV_MAX_PROMPT_BYTES", "100"),
+            ("LOXI_KV_MAX_PROMPT_TOKENS", "8"),
+            ("LOXI_KV_TOKENIZE_WORKERS", "0"),
+            ("LOXI_KV_DECISION_BUDGET_MS", "0"),
+        ]
+        .into();
+        let e = Env::from_lookup(|k| bad.get(k).map(|v| v.to_string()));
+        let vars: Vec<_> = e.warnings.iter().map(|w| w.var).collect();
+        assert_eq!(
+            vars,
+            [
+                "LOXI_KV_MAX_PROMPT_BYTES",
+                "LOXI_KV_MAX_PROMPT_TOKENS",
+                "LOXI_KV_TOKENIZE_WORKERS",
+                "LOXI_KV_DECISION_BUDGET_MS"
+            ]
+        );
+        let s = e.kv_settings();
+        assert_eq!((s.bounds.max_bytes, s.bounds.max_tokens), (1 << 20, None));
+        assert_eq!(s.decision_budget, Duration::from_millis(10));
     }
 
     #[test]

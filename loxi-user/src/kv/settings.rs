@@ -40,6 +40,55 @@ pub struct KvSettings {
     /// LoRA block's extra key `("lora", name, path)`. A request naming an unknown adapter misses
     /// with `hashes`.
     pub lora_paths: HashMap<String, String>,
+    /// How much of a prompt the tier tokenizes and what it refuses to (see [`PromptBounds`]).
+    pub bounds: PromptBounds,
+    /// `LOXI_KV_TOKENIZE_WORKERS` (loxi extension): threads of the tokenization pool. Default
+    /// the number of CPUs, at most 4; range 1–64.
+    pub tokenize_workers: usize,
+    /// `LOXI_KV_TOKENIZE_QUEUE` (loxi extension): requests waiting for a tokenization worker;
+    /// a request beyond it misses with `overload`. Default 64, range 1–65536.
+    pub tokenize_queue: usize,
+    /// `LOXI_KV_DECISION_BUDGET_MS` (loxi extension): longest the tier works on one request
+    /// (queue wait, tokenization and hashing); past it the request misses with `budget` and the
+    /// rule's selector decides at once. Default 10 ms, range 1–60000 ms.
+    pub decision_budget: Duration,
+}
+
+/// Bounds on the prompt work of one request (loxi extension; issue 9 §1). A prompt beyond
+/// them is not tokenized (miss `oversize`) or only its leading part is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PromptBounds {
+    /// `LOXI_KV_MAX_PROMPT_BYTES`: the leading bytes of a text prompt that are tokenized (the
+    /// proxy's body parse keeps no more of any string); a chat whose messages hold more
+    /// misses with `oversize`. Default 1 MiB, range 4 KiB–64 MiB.
+    pub max_bytes: usize,
+    /// `LOXI_KV_MAX_PROMPT_TOKENS`: tokens past this can never be cached by the engine (its
+    /// context ends there), so tokenization stops once it has this many. `None` (unset): the
+    /// model's `config.json` (`max_model_len`, `max_position_embeddings`, `n_positions`,
+    /// `max_sequence_length`, `seq_length`), else [`DEFAULT_MAX_PROMPT_TOKENS`]. Range 16–16M.
+    pub max_tokens: Option<usize>,
+    /// `LOXI_KV_MAX_RUN_BYTES`: a prompt holding a whitespace-free run longer than this (in
+    /// its tokenized part) misses with `oversize` (BPE on one long word costs ~200 bytes of
+    /// memory per byte). Default 8 KiB, range 64 B–16 MiB.
+    pub max_run_bytes: usize,
+    /// `LOXI_KV_MAX_MESSAGES`: a chat with more messages misses with `oversize`. Default 4096,
+    /// range 1–1,000,000.
+    pub max_messages: usize,
+}
+
+/// Token bound used when neither `LOXI_KV_MAX_PROMPT_TOKENS` nor the model's `config.json`
+/// gives one.
+pub const DEFAULT_MAX_PROMPT_TOKENS: usize = 131_072;
+
+impl Default for PromptBounds {
+    fn default() -> Self {
+        Self {
+            max_bytes: 1 << 20,
+            max_tokens: None,
+            max_run_bytes: 8 << 10,
+            max_messages: 4096,
+        }
+    }
 }
 
 impl Default for KvSettings {
@@ -58,6 +107,10 @@ impl Default for KvSettings {
             hash_debug: false,
             predicted_ttl: Duration::from_secs(5),
             lora_paths: HashMap::new(),
+            bounds: PromptBounds::default(),
+            tokenize_workers: default_tokenize_workers(),
+            tokenize_queue: 64,
+            decision_budget: Duration::from_millis(10),
         }
     }
 }
@@ -67,6 +120,11 @@ impl KvSettings {
     pub fn spill_relief_for(&self, mode: KvMode) -> bool {
         self.spill_relief.unwrap_or(mode == KvMode::Pool)
     }
+}
+
+/// The default tokenization pool size: the CPUs this process may use, at most 4.
+pub fn default_tokenize_workers() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(4))
 }
 
 /// Parses `LOXI_KV_LORA_PATHS` (`name=path,name=path`; entries without `=` are skipped).

@@ -26,6 +26,15 @@ use crate::rules::{RuleSnapshot, StoredRule};
 impl AffinityTier for KvRouter {
     type Ticket = KvTicket;
 
+    fn prepare<'a>(
+        &'a self,
+        rule: &'a StoredRule,
+        meta: &'a RequestMeta,
+        ticket: &'a mut KvTicket,
+    ) -> futures::future::BoxFuture<'a, ()> {
+        Box::pin(KvRouter::prepare(self, rule, meta, ticket))
+    }
+
     fn select(
         &self,
         rule: &StoredRule,

@@ -41,6 +41,12 @@ pub enum ProxyError {
         /// The configured limit in bytes.
         limit: usize,
     },
+    /// The request body did not arrive within `LOXI_BODY_TIMEOUT_MS` of its head (408).
+    #[error("the request body did not arrive within {ms} ms")]
+    BodyTimeout {
+        /// The configured timeout in milliseconds.
+        ms: u64,
+    },
     /// A method the fullproxy does not forward (405): `CONNECT` (no tunnels through loxi).
     #[error("method {0} is not allowed")]
     MethodNotAllowed(http::Method),
@@ -131,6 +137,7 @@ impl ProxyError {
         match self {
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::ClientBody(_) => StatusCode::BAD_REQUEST,
+            Self::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             Self::NoRoute { .. } => StatusCode::NOT_FOUND,
             Self::ModelUnavailable { .. }
@@ -151,6 +158,7 @@ impl ProxyError {
         match self {
             Self::BodyTooLarge { .. } => "request_too_large",
             Self::ClientBody(_) => "bad_request_body",
+            Self::BodyTimeout { .. } => "request_timeout",
             Self::MethodNotAllowed(_) => "method_not_allowed",
             Self::NoRoute { .. } => "no_route",
             Self::ModelUnavailable { .. } => "model_unavailable",
@@ -171,6 +179,7 @@ impl ProxyError {
         match self {
             Self::BodyTooLarge { .. }
             | Self::ClientBody(_)
+            | Self::BodyTimeout { .. }
             | Self::MethodNotAllowed(_)
             | Self::NoRoute { .. } => Party::Client,
             Self::ModelUnavailable { .. }

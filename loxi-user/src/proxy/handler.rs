@@ -12,12 +12,13 @@ use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderValue, Request, Response};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use tracing::Instrument as _;
 
 use super::ProxyContext;
 use super::body::{EndAccounting, GuardedBody, ProxyBody, Tracked};
+use super::budget::{BodyBudget, Reservation};
 use super::error::ProxyError;
 use super::pool::{Pool, PoolTable};
 use super::upstream::{Attempt, Upstreams, strip_hop_by_hop, upstream_uri};
@@ -79,31 +80,47 @@ impl Handler {
         if parts.method == http::Method::CONNECT {
             return Err((0, ProxyError::MethodNotAllowed(parts.method)));
         }
-        let bytes = read_body(body, self.ctx.config.max_body_bytes)
-            .await
-            .map_err(|e| (0, e))?;
+        let cfg = &self.ctx.config;
+        let (bytes, _reserved) = tokio::time::timeout(
+            cfg.body_timeout,
+            read_body(body, cfg.max_body_bytes, &cfg.body_budget),
+        )
+        .await
+        .map_err(|_| {
+            let ms = u64::try_from(cfg.body_timeout.as_millis()).unwrap_or(u64::MAX);
+            (0, ProxyError::BodyTimeout { ms })
+        })?
+        .map_err(|e| (0, e))?;
         // Parse the body only when routing reads it: for the model of a multi-pool listener,
         // or for a prefix-keyed selector / tier 1.5. Plain rr/wrr/lc/hash/persist skip it.
+        // The parse is bounded (`request::bounded`): what routing keeps of a 32 MiB body is
+        // small, and it is dropped once the metadata is read.
         let table = self.table.load_full();
+        let limits = self.ctx.config.parse;
         let mut json = table
             .routes_by_model()
-            .then(|| meta::parse_body(&bytes))
+            .then(|| meta::parse_body_bounded(&bytes, limits))
             .flatten();
-        let model = meta::request_model(&parts.headers, json.as_ref());
+        let model = meta::request_model(&parts.headers, json.as_ref().map(|p| &p.value));
         let pool = table
             .choose(request_host(&parts), model.as_deref())
             .map_err(|e| (0, e))?
             .clone();
         if json.is_none() && pool.needs_body() {
-            json = meta::parse_body(&bytes);
+            json = meta::parse_body_bounded(&bytes, limits);
         }
         let service = pool.rule.id;
-        let meta =
-            RequestMeta::from_json(&parts, json.as_ref(), Some(client), &pool.rule.rule.service);
+        let mut meta = RequestMeta::from_json(
+            &parts,
+            json.as_ref().map(|p| &p.value),
+            Some(client),
+            &pool.rule.rule.service,
+        );
+        meta.body_cut = json.is_some_and(|p| p.cut);
         trace_span::record_rule(service, meta.model.as_deref());
         if pool.rule.spec.pd.is_some() {
             return self
-                .forward_pd(&pool, parts, bytes, json.as_ref(), &meta, start)
+                .forward_pd(&pool, parts, bytes, &meta, start)
                 .await
                 .map_err(|e| (service, e));
         }
@@ -130,6 +147,7 @@ impl Handler {
         };
         // Tier 1.5's per-request state (service and block keys), shared by its calls below.
         let mut ticket = KvTicket::default();
+        ladder.prepare(meta, &mut ticket).await;
         let mut attempts = 0;
         loop {
             let d = self.decide(pool, &ladder, meta, &excluded, &mut ticket);
@@ -156,9 +174,7 @@ impl Handler {
             // At dispatch, not at the response: a non-streaming response (or a streaming one
             // behind a slow prefill) arrives after the prefill, and requests sharing this
             // prefix in that window would otherwise see no holder and scatter. Inline: the
-            // block keys come from the ticket the decision filled, so this is microseconds
-            // (`block_in_place` would cost more than the work). Only a request the tier turned
-            // away during its warmup window is tokenized here.
+            // block keys come from the ticket `prepare` filled, so this is microseconds.
             ladder.routed(meta, ep, &mut ticket);
             let sent = self.upstreams.send(req, pool.http2);
             let outcome = sent.instrument(attempt.clone()).await;
@@ -238,15 +254,39 @@ impl Handler {
     }
 }
 
-/// Reads the whole request body (chunked included) up to `limit` bytes.
-async fn read_body(body: Incoming, limit: usize) -> Result<Bytes, ProxyError> {
-    match Limited::new(body, limit).collect().await {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e) => match e.downcast::<hyper::Error>() {
-            Ok(h) => Err(ProxyError::ClientBody(*h)),
-            Err(_) => Err(ProxyError::BodyTooLarge { limit }),
-        },
+/// Reads the whole request body (chunked included) up to `limit` bytes into one buffer sized
+/// by `Content-Length` when given (so a large body is held once, not twice while collected),
+/// reserving its bytes in `budget` first (frame by frame without a `Content-Length`). The
+/// reservation is the caller's until the request no longer holds the body.
+async fn read_body(
+    mut body: Incoming,
+    limit: usize,
+    budget: &BodyBudget,
+) -> Result<(Bytes, Reservation), ProxyError> {
+    // A `Content-Length` over the limit is still read up to the limit before the 413: a
+    // client that is still sending would otherwise see its connection reset, not the answer.
+    let hint = http_body::Body::size_hint(&body);
+    let lower = usize::try_from(hint.lower()).unwrap_or(limit).min(limit);
+    let mut reserved = budget.reserve(lower).await;
+    let mut covered = lower;
+    let mut buf = bytes::BytesMut::with_capacity(lower);
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(ProxyError::ClientBody)?;
+        if let Ok(data) = frame.into_data() {
+            let len = buf.len() + data.len();
+            if len > limit {
+                return Err(ProxyError::BodyTooLarge { limit });
+            }
+            if len > covered {
+                // Whole KiB, so small frames do not each round up.
+                let more = (len - covered).next_multiple_of(1024);
+                reserved.merge(budget.reserve(more).await);
+                covered += more;
+            }
+            buf.extend_from_slice(&data);
+        }
     }
+    Ok((buf.freeze(), reserved))
 }
 
 /// The request's host: the `Host` header, else the URI authority (HTTP/2).

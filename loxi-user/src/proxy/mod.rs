@@ -14,6 +14,7 @@
 //! metadata the handler extracts is the shared vocabulary of [`crate::request`].
 
 pub mod body;
+pub mod budget;
 pub mod conn;
 pub mod error;
 pub mod forwarded;
@@ -87,6 +88,15 @@ pub struct ProxyConfig {
     /// P/D prefill-leg timeout (`LLB_PD_PREFILL_TIMEOUT_SEC`, default 30 s): 504
     /// `pd_prefill_timeout` past it.
     pub pd_prefill_timeout: Duration,
+    /// Longest a request's body may take to arrive, from its head, waiting for the body
+    /// budget included (`LOXI_BODY_TIMEOUT_MS`, default 60 s); past it 408.
+    pub body_timeout: Duration,
+    /// Request-body bytes held at once across every listener
+    /// (`LOXI_MAX_BODY_BYTES_IN_FLIGHT`, default 256 MiB).
+    pub body_budget: budget::BodyBudget,
+    /// Bounds of the routing parse of request bodies (strings cut at
+    /// `LOXI_KV_MAX_PROMPT_BYTES`, a node budget; see `request::bounded`).
+    pub parse: crate::request::ParseLimits,
 }
 
 impl Default for ProxyConfig {
@@ -100,6 +110,9 @@ impl Default for ProxyConfig {
             conn: conn::ConnLimits::default(),
             max_total_inflight: 0,
             pd_prefill_timeout: Duration::from_secs(30),
+            parse: crate::request::ParseLimits::default(),
+            body_timeout: Duration::from_secs(60),
+            body_budget: budget::BodyBudget::default(),
         }
     }
 }

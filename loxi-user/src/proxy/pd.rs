@@ -86,16 +86,20 @@ impl Handler {
         pool: &Pool,
         parts: Parts,
         body: Bytes,
-        json: Option<&Value>,
         meta: &RequestMeta,
         start: Instant,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let two_leg = matches!(meta.api, ApiKind::Completions | ApiKind::ChatCompletions);
-        let (Some(spec), Some(state), Some(obj), true) = (
+        // The legs carry the client's whole body, so it is parsed here in full (the routing
+        // parse is bounded and may have cut a long prompt); `body` is already within
+        // `max_body_bytes`.
+        let full: Option<Value> = two_leg
+            .then(|| serde_json::from_slice(&body).ok())
+            .flatten();
+        let (Some(spec), Some(state), Some(obj)) = (
             pool.rule.spec.pd.as_ref(),
             pool.pd.as_ref(),
-            json.and_then(Value::as_object),
-            two_leg,
+            full.as_ref().and_then(Value::as_object),
         ) else {
             return self.forward(pool, parts, body, meta, start).await;
         };

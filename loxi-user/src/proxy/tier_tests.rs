@@ -166,6 +166,15 @@ struct KvProxy {
 impl KvProxy {
     /// Round-robin fallback, no blend law and no cold seeding, so endpoints are predictable.
     fn start(endpoint_ports: &[u16]) -> Self {
+        Self::start_with(endpoint_ports, KvSettings::default(), TinyTokenizer::load())
+    }
+
+    /// [`Self::start`] with other KV settings (the law and seeding stay off) and tokenizer.
+    fn start_with(
+        endpoint_ports: &[u16],
+        settings: KvSettings,
+        tokenizer: Arc<dyn PromptTokenizer>,
+    ) -> Self {
         let port = free_port();
         let eps: Vec<serde_json::Value> = endpoint_ports
             .iter()
@@ -189,9 +198,9 @@ impl KvProxy {
         let (st, reg) = state(KvSettings {
             lb_mode: LbMode::Off,
             coldstart_seed_n: 0,
-            ..KvSettings::default()
+            ..settings
         });
-        let router = Arc::new(KvRouter::new(st, TinyTokenizer::load()));
+        let router = Arc::new(KvRouter::new(st, tokenizer));
         let ctx = ProxyContext {
             metrics: ProxyMetrics::unregistered(),
             tier: Some(router.clone()),
@@ -312,4 +321,201 @@ async fn connect_failure_retry_reuses_the_request_keys() {
         (2.0, 2.0)
     );
     p.shutdown().await;
+}
+
+/// POSTs `body` to `path`: the status and the `x-loxilb-endpoint` of the answer.
+async fn post_json(port: u16, path: &str, body: &serde_json::Value) -> (u16, Option<usize>) {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let req = hyper::Request::post(format!("http://127.0.0.1:{port}{path}"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .expect("req");
+    for _ in 0..200 {
+        if let Ok(resp) = client.request(req.clone()).await {
+            let ep = resp
+                .headers()
+                .get("x-loxilb-endpoint")
+                .and_then(|v| v.to_str().ok()?.parse().ok());
+            let status = resp.status().as_u16();
+            let _ = resp.into_body().collect().await;
+            return (status, ep);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("proxy on {port} never answered");
+}
+
+/// Issue 9 §1: a single 64 KiB word and a chat with more messages than the bound are not
+/// tokenized; each is served (200) by the rule's round-robin with the miss `oversize`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompts_beyond_the_bounds_skip_tokenization_and_are_served_by_the_fallback() {
+    let (b0, b1) = (backend().await, backend().await);
+    let mut settings = KvSettings::default();
+    settings.bounds.max_messages = 8;
+    let p = KvProxy::start_with(&[b0.port(), b1.port()], settings, TinyTokenizer::load());
+    let word = "a".repeat(64 << 10);
+    let body = serde_json::json!({"model": "tiny", "prompt": word});
+    assert_eq!(
+        post_json(p.port, "/v1/completions", &body).await,
+        (200, Some(0))
+    );
+    let msgs: Vec<_> = (0..9)
+        .map(|i| serde_json::json!({"role": "user", "content": format!("message {i}")}))
+        .collect();
+    let chat = serde_json::json!({"model": "tiny", "messages": msgs});
+    assert_eq!(
+        post_json(p.port, "/v1/chat/completions", &chat).await,
+        (200, Some(1))
+    );
+    assert_eq!(p.misses("oversize"), 2.0);
+    assert_eq!(p.stage_count("Tokenize"), 0.0, "neither was tokenized");
+    // An ordinary prompt still goes through the tier.
+    assert_eq!(post(p.port, &long_prompt("delta")).await, 0);
+    assert_eq!(
+        (p.stage_count("Tokenize"), p.misses("no_worker")),
+        (1.0, 1.0)
+    );
+    p.shutdown().await;
+}
+
+/// The tiny tokenizer, except that a prompt containing "slow" blocks until the test releases
+/// it (one release per such prompt).
+struct GatedTokenizer {
+    inner: Arc<TinyTokenizer>,
+    started: std::sync::atomic::AtomicUsize,
+    gate: Mutex<std::sync::mpsc::Receiver<()>>,
+}
+
+impl PromptTokenizer for GatedTokenizer {
+    fn encode(
+        &self,
+        model: &str,
+        api: ApiKind,
+        prompt: &Prompt,
+        add: Option<bool>,
+    ) -> Result<Arc<[u32]>, String> {
+        if matches!(prompt, Prompt::Text(t) if t.contains("slow")) {
+            self.started
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let _ = self.gate.lock().recv();
+        }
+        self.inner.encode(model, api, prompt, add)
+    }
+}
+
+/// Issue 9 §1/§2: with one tokenization thread busy, a request waits at most the decision
+/// budget (miss `budget`), a request finding the queue full is refused at once (miss
+/// `overload`), every one is served by round-robin with 200 while the tokenizer is still
+/// stuck, and the queued job whose requester gave up is skipped, not run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn busy_tokenizer_means_budget_and_overload_misses_served_by_the_fallback() {
+    let (b0, b1) = (backend().await, backend().await);
+    let (release, gate) = std::sync::mpsc::channel();
+    let tok = Arc::new(GatedTokenizer {
+        inner: TinyTokenizer::load(),
+        started: Default::default(),
+        gate: Mutex::new(gate),
+    });
+    let settings = KvSettings {
+        tokenize_workers: 1,
+        tokenize_queue: 1,
+        decision_budget: Duration::from_millis(100),
+        ..KvSettings::default()
+    };
+    let p = KvProxy::start_with(&[b0.port(), b1.port()], settings, tok.clone());
+    let started = || tok.started.load(std::sync::atomic::Ordering::SeqCst);
+    let slow = |tag: &str| serde_json::json!({"model": "tiny", "prompt": long_prompt(&format!("slow {tag}"))});
+    // A: its job holds the only thread; A itself is served after the budget.
+    let a = post_json(p.port, "/v1/completions", &slow("a")).await;
+    assert_eq!(a, (200, Some(0)));
+    assert_eq!((started(), p.misses("budget")), (1, 1.0));
+    // B: queued behind A's job, gives up after the budget; C: the queue (1) is full.
+    assert_eq!(
+        post_json(p.port, "/v1/completions", &slow("b")).await,
+        (200, Some(1))
+    );
+    assert_eq!(
+        post_json(p.port, "/v1/completions", &slow("c")).await,
+        (200, Some(0))
+    );
+    assert_eq!((p.misses("budget"), p.misses("overload")), (2.0, 1.0));
+    assert_eq!(started(), 1, "the tokenizer is still stuck on A");
+    release.send(()).expect("A's job waits");
+    let stats = p.router.workers().stats();
+    for _ in 0..500 {
+        if stats.skipped.load(std::sync::atomic::Ordering::Relaxed) == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        stats.skipped.load(std::sync::atomic::Ordering::Relaxed),
+        1,
+        "B's job skipped"
+    );
+    assert_eq!(
+        started(),
+        1,
+        "B's abandoned job never reached the tokenizer"
+    );
+    p.shutdown().await;
+}
+
+/// Issue 9 §3: a body trickled slower than `LOXI_BODY_TIMEOUT_MS` is answered 408 (and the
+/// connection is not held for ever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_does_not_arrive_in_time_gets_408() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let b0 = backend().await;
+    let port = free_port();
+    let store = RuleStore::in_memory();
+    store
+        .upsert(
+            serde_json::from_value(serde_json::json!({
+                "serviceArguments": {"externalIP": "127.0.0.1", "port": port, "mode": 4, "sel": 0},
+                "endpoints": [{"endpointIP": "127.0.0.1", "targetPort": b0.port()}]
+            }))
+            .expect("rule"),
+        )
+        .expect("upsert");
+    let ctx = ProxyContext {
+        metrics: ProxyMetrics::unregistered(),
+        tier: None,
+        config: ProxyConfig {
+            body_timeout: Duration::from_millis(300),
+            ..ProxyConfig::default()
+        },
+        health: crate::health::board::HealthBoard::new(),
+        sockets: crate::listen::ListenSockets::new(Default::default()),
+    };
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(super::run(store.subscribe(), ctx, stop.clone()));
+    // A whole request first: the listener is up and bodies that arrive are served.
+    assert_eq!(
+        post_json(port, "/v1/completions", &serde_json::json!({"prompt": "x"}))
+            .await
+            .0,
+        200
+    );
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    let start = std::time::Instant::now();
+    s.write_all(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"prompt\"",
+    )
+    .await
+    .expect("write");
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut answer)).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(read.is_ok(), "the connection was held");
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("request_timeout"), "{answer}");
+    assert!(start.elapsed() >= Duration::from_millis(300));
+    stop.cancel();
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .expect("proxy stops")
+        .expect("join");
 }

@@ -52,6 +52,9 @@ pub struct RequestMeta {
     pub session_id: Option<String>,
     /// True when the body was JSON and parsed.
     pub json_ok: bool,
+    /// True when the routing parse bounded the body ([`super::bounded`]): a text prompt or a
+    /// token-id list is then a prefix of the client's, a message list may be incomplete.
+    pub body_cut: bool,
 }
 
 impl RequestMeta {

@@ -7,12 +7,15 @@
 //!
 //! Files: `meta.rs` ([`RequestMeta::extract`] and the header/body fields), `prompt.rs` (the
 //! prompt shapes of completions, chat and responses bodies), `session.rs` (the persist session
-//! key per `session_header_name`).
+//! key per `session_header_name`), `bounded.rs` (the routing parse of a body, bounded in
+//! memory).
 
+pub mod bounded;
 pub mod meta;
 pub mod prompt;
 pub mod session;
 
+pub use bounded::{ParseLimits, ParsedBody, parse_body_bounded};
 pub use meta::{
     ApiKind, CONVERSATION_HEADER, MODEL_HEADER, RequestMeta, api_kind, parse_body, request_model,
 };

@@ -5,7 +5,9 @@
 //!
 //! The ladder takes the rule (its spec and raw selector knobs), the request, the candidates
 //! and the selector state; it knows nothing of pools, listeners or HTTP. CPU-heavy tier work
-//! (tokenizing a long prompt) runs through [`off_reactor`].
+//! (tokenizing a long prompt) happens in [`Ladder::prepare`], which the tier bounds in time and
+//! runs off the runtime's threads (tier 1.5: its tokenization pool); [`Ladder::decide`] is
+//! then cheap.
 
 use super::tier::AffinityTier;
 use super::{Candidates, Decision, EpIdx, SelectorState, dispatch};
@@ -39,6 +41,14 @@ impl<T: AffinityTier + ?Sized> Ladder<'_, T> {
             .filter(|_| self.rule.spec.kv_mode() == KvMode::Pool)
     }
 
+    /// The tier's per-request preparation (tokenizing and hashing for tier 1.5, within its
+    /// decision budget), once per request before the first [`Self::decide`].
+    pub async fn prepare(&self, meta: &RequestMeta, ticket: &mut T::Ticket) {
+        if let Some(tier) = self.tier() {
+            tier.prepare(self.rule, meta, ticket).await;
+        }
+    }
+
     /// Tier 1.5, then the rule's `sel` on a miss (or when tier 1.5 picked nothing).
     pub fn decide(
         &self,
@@ -47,7 +57,8 @@ impl<T: AffinityTier + ?Sized> Ladder<'_, T> {
         ticket: &mut T::Ticket,
     ) -> Step {
         if let Some(tier) = self.tier()
-            && let Some(d) = off_reactor(|| tier.select(self.rule, meta, cands, ticket))
+            && let Some(d) = tier
+                .select(self.rule, meta, cands, ticket)
                 .filter(|d| d.endpoint.is_some())
         {
             return Step {
@@ -75,9 +86,10 @@ impl<T: AffinityTier + ?Sized> Ladder<'_, T> {
     }
 }
 
-/// Runs CPU-heavy tier work (tokenizing a long prompt can take milliseconds) with
-/// `block_in_place`, so the runtime hands this worker's other connections to another thread
-/// instead of stalling them. On a current-thread runtime (some tests) it just runs `f`.
+/// Runs CPU-heavy work with `block_in_place`, so the runtime hands this worker's other
+/// connections to another thread instead of stalling them. On a current-thread runtime (some
+/// tests) it just runs `f`. Unbounded: a tier's per-request work belongs in its `prepare`
+/// (tier 1.5 runs it on a fixed pool with a bounded queue and a time budget) instead.
 pub fn off_reactor<R>(f: impl FnOnce() -> R) -> R {
     match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
         Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),

@@ -16,6 +16,19 @@ pub trait AffinityTier: Send + Sync + 'static {
     /// What the tier keeps about one request between its calls.
     type Ticket: Default + Send;
 
+    /// The tier's per-request work that may take time (tokenizing, hashing), done once before
+    /// the first [`Self::select`] into `ticket`, off the runtime's threads and within the
+    /// tier's own time budget. The default has nothing to prepare.
+    fn prepare<'a>(
+        &'a self,
+        rule: &'a StoredRule,
+        meta: &'a RequestMeta,
+        ticket: &'a mut Self::Ticket,
+    ) -> futures::future::BoxFuture<'a, ()> {
+        let _ = (rule, meta, ticket);
+        Box::pin(std::future::ready(()))
+    }
+
     /// The tier for one request of `rule`. `Some(decision)` on a hit; `None` on a miss (the
     /// tier counts its own miss reason); the ladder then uses the rule's `sel`. Called again
     /// with the failed endpoint in `cands.excluded` on a connect failure, with the same

@@ -337,3 +337,60 @@ fn segment_cached_encoding_equals_whole_text_encoding_for_both_models() {
         assert_segments_match_whole(&tok, model, &texts);
     }
 }
+
+/// Issue 9 §1: only the part of a prompt that can matter is tokenized. A bounded encoding is
+/// always a prefix of the engine's ids: cut at a token bound, at the model's context from its
+/// `config.json` (4096 for both golden models), or for a prompt the body parse cut mid-word
+/// (encoded up to its last word boundary). And it stops encoding once it has enough.
+#[test]
+fn bounded_encoding_is_a_prefix_of_the_whole_and_stops_at_the_context() {
+    use loxi_user::kv::tokenizer::EncodeBounds;
+    use loxi_user::request::ApiKind;
+    let dir = staged_tokenizer_dir();
+    let metrics = TokenizerMetrics::default();
+    let text: String = long_texts(60).concat();
+    for model in ["tiny", "bos-tiny"] {
+        let pool = TokenizerPool::new(dir.path().to_owned(), TokenizerMetrics::default());
+        let tok = pool.get(model).expect("loads");
+        assert_eq!(tok.max_context(), Some(4096), "{model}: config.json");
+        let whole = tok.encode_whole(&text, true).expect("whole");
+        assert!(whole.len() > 5000, "{model}: {} tokens", whole.len());
+        let bounded = |prompt: &str, max_tokens, prefix| {
+            tok.encode_bounded(
+                model,
+                ApiKind::Completions,
+                &Prompt::Text(prompt.to_owned()),
+                None,
+                EncodeBounds { max_tokens, prefix },
+                &metrics,
+            )
+        };
+        let ids = bounded(&text, Some(300), false).expect("bounded");
+        assert_eq!(&ids[..], &whole[..300], "{model}: token bound");
+        // Encoding stopped after the chunks that gave 300 tokens.
+        let chunks = tok.segment_entries();
+        assert!(
+            chunks < 20,
+            "{model}: {chunks} chunks encoded for 300 tokens"
+        );
+        let ids = bounded(&text, None, false).expect("bounded");
+        assert_eq!(
+            &ids[..],
+            &whole[..4096],
+            "{model}: context from config.json"
+        );
+        for cut in [700, 5_001, 20_003] {
+            let mut end = cut;
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            let ids = bounded(&text[..end], None, true).expect("prefix");
+            assert!(ids.len() > 100, "{model}: cut {cut}: {} ids", ids.len());
+            assert_eq!(&ids[..], &whole[..ids.len()], "{model}: cut at {cut}");
+        }
+        assert!(
+            bounded("aaaaaaaaaaaaaaaaaaaaaaaaa", None, true).is_err(),
+            "{model}: a cut prefix without a word boundary has no exact encoding"
+        );
+    }
+}

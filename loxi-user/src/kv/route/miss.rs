@@ -26,11 +26,20 @@ pub enum MissReason {
     NoWorker,
     /// Only ineligible endpoints hold it.
     Excluded,
+    /// The prompt is beyond what the tier tokenizes (loxi extension): more chat messages than
+    /// `LOXI_KV_MAX_MESSAGES`, a whitespace-free run longer than `LOXI_KV_MAX_RUN_BYTES`, a chat
+    /// longer than `LOXI_KV_MAX_PROMPT_BYTES`, or a cut prompt the tokenizer cannot encode as an
+    /// exact prefix.
+    Oversize,
+    /// The tokenization queue (`LOXI_KV_TOKENIZE_QUEUE`) was full (loxi extension).
+    Overload,
+    /// No decision within `LOXI_KV_DECISION_BUDGET_MS`, queue wait included (loxi extension).
+    Budget,
 }
 
 impl MissReason {
     /// Every reason, for pre-creating series.
-    pub const ALL: [MissReason; 10] = [
+    pub const ALL: [MissReason; 13] = [
         Self::ModeOff,
         Self::Warmup,
         Self::TextEmpty,
@@ -41,6 +50,9 @@ impl MissReason {
         Self::ShortPrompt,
         Self::NoWorker,
         Self::Excluded,
+        Self::Oversize,
+        Self::Overload,
+        Self::Budget,
     ];
 
     /// The metric label.
@@ -56,6 +68,9 @@ impl MissReason {
             Self::ShortPrompt => "short_prompt",
             Self::NoWorker => "no_worker",
             Self::Excluded => "excluded",
+            Self::Oversize => "oversize",
+            Self::Overload => "overload",
+            Self::Budget => "budget",
         }
     }
 }

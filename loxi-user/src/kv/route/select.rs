@@ -3,12 +3,18 @@
 //! Guard ladder (LoxiLB's order and labels, `kv-cache-aware-routing.txt` §7, plus loxi's
 //! `short_prompt`): `mode_off` (kvExactMode 0) → `warmup` (within `kvWarmupSec` of the first
 //! subscriber connect; loxi arms it, default 0 = off) → `text_empty` → `model_empty` →
+//! `oversize` (loxi: a prompt beyond `PromptBounds`, not tokenized) → `overload` (loxi: the
+//! tokenization queue is full) → `budget` (loxi: no result within the decision budget) →
 //! `tokenize` → `shallow` (fewer than `LLB_KV_MIN_MATCH_TOKENS` tokens) → `hashes` (LoRA adapter
 //! without a path, or extras SGLang's contract cannot hash) → `short_prompt` (no full block: nothing is cacheable) → `no_worker`
 //! (no endpoint holds the first block) → `excluded` (only excluded / unhealthy / unsubscribed
 //! endpoints hold it). Then [`super::blend::blend`] and cold-start seeding. Every miss counts
 //! one `loxilb_pd_kv_tier15_miss_reason_total` and one fallthrough; every hit one
 //! `loxilb_pd_kv_tier15_hits_total{ep_idx}`.
+//!
+//! The proxy calls [`KvRouter::prepare`] first: it runs the cheap guards inline and the
+//! tokenization and hashing on the fixed tokenization pool (`workers.rs`), waiting at most the
+//! decision budget. [`KvRouter::select`] then only scores (microseconds).
 //!
 //! The prompt is tokenized and hashed once per request: the outcome of `text_empty` …
 //! `short_prompt` (keys or the miss) is kept in the request's [`KvTicket`] with the service's
@@ -24,11 +30,14 @@ use tokio::time::Instant;
 
 use super::blend::{Cand, LawParams, blend};
 pub use super::miss::MissReason;
+use super::workers::TokenizeWorkers;
 use crate::kv::BlockKey;
 use crate::kv::block_hash::RequestExtras;
 use crate::kv::index::ScoreScratch;
 use crate::kv::metrics::Stage;
+use crate::kv::settings::{DEFAULT_MAX_PROMPT_TOKENS, PromptBounds};
 use crate::kv::state::{KvState, ServiceKv};
+use crate::kv::tokenizer::{EncodeBounds, TokenizeError};
 use crate::request::{ApiKind, Prompt, RequestMeta};
 use crate::routing::{Candidates, Decision, EpIdx, Reason};
 use crate::rules::store::StoredRule;
@@ -44,6 +53,31 @@ pub trait PromptTokenizer: Send + Sync + 'static {
         prompt: &Prompt,
         add_special_tokens: Option<bool>,
     ) -> Result<Arc<[u32]>, String>;
+
+    /// Token ids of `prompt` within `bounds` (at most `max_tokens`, a cut `prefix` encoded only
+    /// where exact), or the miss: `oversize` for a prefix this tokenizer cannot encode exactly,
+    /// `tokenize` otherwise. The default encodes whole, refuses prefixes and truncates.
+    fn encode_bounded(
+        &self,
+        model: &str,
+        api: ApiKind,
+        prompt: &Prompt,
+        add_special_tokens: Option<bool>,
+        bounds: EncodeBounds,
+    ) -> Result<Arc<[u32]>, MissReason> {
+        if bounds.prefix {
+            return Err(MissReason::Oversize);
+        }
+        let ids = self
+            .encode(model, api, prompt, add_special_tokens)
+            .map_err(|_| MissReason::Tokenize)?;
+        let max = bounds.max_tokens.unwrap_or(DEFAULT_MAX_PROMPT_TOKENS);
+        Ok(if ids.len() > max {
+            Arc::from(&ids[..max])
+        } else {
+            ids
+        })
+    }
 }
 
 impl PromptTokenizer for crate::kv::tokenizer::TokenizerPool {
@@ -56,6 +90,28 @@ impl PromptTokenizer for crate::kv::tokenizer::TokenizerPool {
     ) -> Result<Arc<[u32]>, String> {
         crate::kv::tokenizer::TokenizerPool::encode(self, model, api, prompt, add_special_tokens)
             .map_err(|e| e.to_string())
+    }
+
+    fn encode_bounded(
+        &self,
+        model: &str,
+        api: ApiKind,
+        prompt: &Prompt,
+        add_special_tokens: Option<bool>,
+        bounds: EncodeBounds,
+    ) -> Result<Arc<[u32]>, MissReason> {
+        crate::kv::tokenizer::TokenizerPool::encode_bounded(
+            self,
+            model,
+            api,
+            prompt,
+            add_special_tokens,
+            bounds,
+        )
+        .map_err(|e| match e {
+            TokenizeError::Oversize { .. } => MissReason::Oversize,
+            _ => MissReason::Tokenize,
+        })
     }
 }
 
@@ -100,12 +156,62 @@ thread_local! {
 pub struct KvRouter {
     state: Arc<KvState>,
     tokenizer: Arc<dyn PromptTokenizer>,
+    workers: TokenizeWorkers,
 }
 
 impl KvRouter {
-    /// A router over shared KV state and a tokenizer.
+    /// A router over shared KV state and a tokenizer, with its tokenization pool
+    /// (`LOXI_KV_TOKENIZE_WORKERS` threads, a queue of `LOXI_KV_TOKENIZE_QUEUE`).
     pub fn new(state: Arc<KvState>, tokenizer: Arc<dyn PromptTokenizer>) -> Self {
-        Self { state, tokenizer }
+        let s = &state.settings;
+        let workers = TokenizeWorkers::new(s.tokenize_workers, s.tokenize_queue);
+        Self {
+            state,
+            tokenizer,
+            workers,
+        }
+    }
+
+    /// The tokenization pool (its counters).
+    pub fn workers(&self) -> &TokenizeWorkers {
+        &self.workers
+    }
+
+    /// Computes the request's block keys (or the miss that stops them) into `ticket`, within
+    /// the decision budget: the cheap guards run here, the tokenization and hashing on the
+    /// tokenization pool. A full queue is the miss `overload`; no result within
+    /// `LOXI_KV_DECISION_BUDGET_MS` (queue wait included) is the miss `budget`, and the job
+    /// is skipped if it has not started. Then [`Self::select`] and [`Self::routed`] only score
+    /// and predict (microseconds). Nothing to do when the rule has tier 1.5 off or the ticket
+    /// already holds the keys.
+    pub async fn prepare(&self, rule: &StoredRule, meta: &RequestMeta, ticket: &mut KvTicket) {
+        let Some(svc) = ticket.service(&self.state, rule) else {
+            return;
+        };
+        if ticket.keys.is_none() {
+            ticket.keys = Some(self.keys_in_budget(svc, meta).await);
+        }
+    }
+
+    async fn keys_in_budget(
+        &self,
+        svc: Arc<ServiceKv>,
+        meta: &RequestMeta,
+    ) -> Result<Vec<BlockKey>, MissReason> {
+        let (bounded, prefix) = screen(meta, &self.state.settings.bounds)?;
+        let budget = self.state.settings.decision_budget;
+        let (state, tok) = (self.state.clone(), self.tokenizer.clone());
+        let span = tracing::Span::current();
+        let job = move || span.in_scope(|| keys_of(&state, &*tok, &svc, &bounded, prefix));
+        let rx = self
+            .workers
+            .submit(StdInstant::now() + budget, job)
+            .map_err(|_| MissReason::Overload)?;
+        match tokio::time::timeout(budget, rx).await {
+            Ok(Ok(keys)) => keys,
+            // Skipped by the worker: its deadline passed while it was queued.
+            Ok(Err(_)) | Err(_) => Err(MissReason::Budget),
+        }
     }
 
     /// The shared state.
@@ -197,77 +303,12 @@ impl KvRouter {
         }
     }
 
-    /// Guards `text_empty` to `short_prompt`, returning the request's block keys.
+    /// Guards `text_empty` to `short_prompt`, returning the request's block keys (inline, on
+    /// the calling thread: the path of [`Self::select`] without [`Self::prepare`]).
     fn keys(&self, svc: &ServiceKv, meta: &RequestMeta) -> Result<Vec<BlockKey>, MissReason> {
-        let prompt = meta
-            .prompt
-            .as_ref()
-            .filter(|p| !p.is_empty())
-            .ok_or(MissReason::TextEmpty)?;
-        let model = meta
-            .model
-            .as_deref()
-            .filter(|m| !m.is_empty())
-            .ok_or(MissReason::ModelEmpty)?;
-        let t = StdInstant::now();
-        let span = crate::kv_stage_span!("kv.tokenize");
-        let encoded;
-        let tokens: &[u32] = match prompt {
-            Prompt::TokenIds(ids) => ids,
-            p => {
-                encoded = span.in_scope(|| {
-                    self.tokenizer
-                        .encode(model, meta.api, p, meta.add_special_tokens)
-                        .map_err(|_| MissReason::Tokenize)
-                })?;
-                &encoded
-            }
-        };
-        svc.route.stage(Stage::Tokenize, t.elapsed().as_secs_f64());
-        span.record("loxi.kv.tokens", crate::telemetry::span::int(tokens.len()));
-        tracing::Span::current()
-            .record("loxi.kv.tokens", crate::telemetry::span::int(tokens.len()));
-        if tokens.len() < self.state.settings.min_match_tokens {
-            return Err(MissReason::Shallow);
-        }
-        let extras = self.extras(meta)?;
-        let t = StdInstant::now();
-        let span = crate::kv_stage_span!("kv.hash");
-        let keys = span.in_scope(|| {
-            svc.hasher
-                .keys(tokens, svc.config.block_size as usize, &extras)
-        });
-        svc.route.stage(Stage::Hash, t.elapsed().as_secs_f64());
-        span.record("loxi.kv.blocks", crate::telemetry::span::int(keys.len()));
-        tracing::Span::current().record("loxi.kv.blocks", crate::telemetry::span::int(keys.len()));
-        if self.state.settings.hash_debug {
-            tracing::info!(service = svc.id, blocks = keys.len(), keys = ?keys, "kv hash debug");
-        }
-        if keys.is_empty() {
-            return Err(MissReason::ShortPrompt);
-        }
-        Ok(keys)
+        let (bounded, prefix) = screen(meta, &self.state.settings.bounds)?;
+        keys_of(&self.state, &*self.tokenizer, svc, &bounded, prefix)
     }
-
-    fn extras(&self, meta: &RequestMeta) -> Result<RequestExtras, MissReason> {
-        let lora = match &meta.lora_name {
-            None => None,
-            Some(n) => Some((
-                n.clone(),
-                self.state
-                    .settings
-                    .lora_paths
-                    .get(n)
-                    .ok_or(MissReason::Hashes)?
-                    .clone(),
-            )),
-        };
-        Ok(RequestExtras {
-            lora,
-            cache_salt: meta.cache_salt.clone(),
-        })
-    }
-
     /// Scoring, eligibility, blend law and cold seeding (on this thread's reused buffers): the
     /// decision and the number of leading request blocks its endpoint holds.
     fn decide(
@@ -359,6 +400,160 @@ impl KvRouter {
             .find(|&ep| cold(ep))
             .filter(|&ep| ep != pick)
     }
+}
+
+/// The cheap guards, on the request's thread: `text_empty`, `model_empty`, then `oversize`
+/// (see [`PromptBounds`]): a chat cut by the body parse, with more than `max_messages`
+/// messages, more than `max_bytes` of content or a whitespace-free run longer than
+/// `max_run_bytes`; a text whose first `max_bytes` bytes hold such a run. Returns the part of
+/// the request the tokenization job needs (the prompt at most `max_bytes` of text, or
+/// `max_tokens` ids) and whether the text is a cut prefix of the client's.
+fn screen(meta: &RequestMeta, b: &PromptBounds) -> Result<(RequestMeta, bool), MissReason> {
+    let prompt = meta
+        .prompt
+        .as_ref()
+        .filter(|p| !p.is_empty())
+        .ok_or(MissReason::TextEmpty)?;
+    meta.model
+        .as_deref()
+        .filter(|m| !m.is_empty())
+        .ok_or(MissReason::ModelEmpty)?;
+    let (prompt, prefix) = match prompt {
+        Prompt::Messages(msgs) => {
+            let bytes: usize = msgs.iter().map(|m| m.content.len() + m.role.len()).sum();
+            if meta.body_cut
+                || msgs.len() > b.max_messages
+                || bytes > b.max_bytes
+                || msgs
+                    .iter()
+                    .any(|m| longest_run(&m.content, b.max_run_bytes) > b.max_run_bytes)
+            {
+                return Err(MissReason::Oversize);
+            }
+            (Prompt::Messages(msgs.clone()), false)
+        }
+        Prompt::Text(text) => {
+            let mut end = text.len().min(b.max_bytes);
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            let head = &text[..end];
+            if longest_run(head, b.max_run_bytes) > b.max_run_bytes {
+                return Err(MissReason::Oversize);
+            }
+            // The body parse cuts strings at `max_bytes` (at a character boundary).
+            let cut = end < text.len() || (meta.body_cut && text.len() + 4 > b.max_bytes);
+            (Prompt::Text(head.to_owned()), cut)
+        }
+        Prompt::TokenIds(ids) => {
+            let max = b.max_tokens.unwrap_or(DEFAULT_MAX_PROMPT_TOKENS);
+            (Prompt::TokenIds(ids[..ids.len().min(max)].to_vec()), false)
+        }
+    };
+    let bounded = RequestMeta {
+        api: meta.api,
+        model: meta.model.clone(),
+        prompt: Some(prompt),
+        add_special_tokens: meta.add_special_tokens,
+        cache_salt: meta.cache_salt.clone(),
+        lora_name: meta.lora_name.clone(),
+        ..RequestMeta::default()
+    };
+    Ok((bounded, prefix))
+}
+
+/// The longest run of bytes without ASCII whitespace in `text`, counted up to just past
+/// `stop` (a longer run answers `stop + 1`).
+fn longest_run(text: &str, stop: usize) -> usize {
+    let mut run = 0usize;
+    let mut longest = 0usize;
+    for &c in text.as_bytes() {
+        if c.is_ascii_whitespace() {
+            run = 0;
+        } else {
+            run += 1;
+            if run > longest {
+                longest = run;
+                if longest > stop {
+                    break;
+                }
+            }
+        }
+    }
+    longest
+}
+
+/// Tokenization and hashing of a screened request: `tokenize` → `shallow` → `hashes` →
+/// `short_prompt`, the stages timed into the service's histograms.
+fn keys_of(
+    state: &KvState,
+    tokenizer: &dyn PromptTokenizer,
+    svc: &ServiceKv,
+    meta: &RequestMeta,
+    prefix: bool,
+) -> Result<Vec<BlockKey>, MissReason> {
+    let (Some(prompt), Some(model)) = (meta.prompt.as_ref(), meta.model.as_deref()) else {
+        return Err(MissReason::TextEmpty);
+    };
+    let s = &state.settings;
+    let t = StdInstant::now();
+    let span = crate::kv_stage_span!("kv.tokenize");
+    let bounds = EncodeBounds {
+        max_tokens: s.bounds.max_tokens,
+        prefix,
+    };
+    let encoded;
+    let tokens: &[u32] = match prompt {
+        Prompt::TokenIds(ids) => ids,
+        p => {
+            encoded = span.in_scope(|| {
+                tokenizer.encode_bounded(model, meta.api, p, meta.add_special_tokens, bounds)
+            })?;
+            &encoded
+        }
+    };
+    svc.route.stage(Stage::Tokenize, t.elapsed().as_secs_f64());
+    span.record("loxi.kv.tokens", crate::telemetry::span::int(tokens.len()));
+    tracing::Span::current().record("loxi.kv.tokens", crate::telemetry::span::int(tokens.len()));
+    if tokens.len() < s.min_match_tokens {
+        return Err(MissReason::Shallow);
+    }
+    let extras = extras(state, meta)?;
+    let t = StdInstant::now();
+    let span = crate::kv_stage_span!("kv.hash");
+    let keys = span.in_scope(|| {
+        svc.hasher
+            .keys(tokens, svc.config.block_size as usize, &extras)
+    });
+    svc.route.stage(Stage::Hash, t.elapsed().as_secs_f64());
+    span.record("loxi.kv.blocks", crate::telemetry::span::int(keys.len()));
+    tracing::Span::current().record("loxi.kv.blocks", crate::telemetry::span::int(keys.len()));
+    if s.hash_debug {
+        tracing::info!(service = svc.id, blocks = keys.len(), keys = ?keys, "kv hash debug");
+    }
+    if keys.is_empty() {
+        return Err(MissReason::ShortPrompt);
+    }
+    Ok(keys)
+}
+
+fn extras(state: &KvState, meta: &RequestMeta) -> Result<RequestExtras, MissReason> {
+    let lora = match &meta.lora_name {
+        None => None,
+        Some(n) => Some((
+            n.clone(),
+            state
+                .settings
+                .lora_paths
+                .get(n)
+                .ok_or(MissReason::Hashes)?
+                .clone(),
+        )),
+    };
+    Ok(RequestExtras {
+        lora,
+        cache_salt: meta.cache_salt.clone(),
+    })
 }
 
 #[cfg(test)]

@@ -24,7 +24,8 @@ use super::cache::{TextKey, TokenCache};
 use super::compat;
 use super::segment::{DEFAULT_SEGMENT_CAPACITY, SegmentEncoder};
 use super::template::ChatTemplate;
-use super::{TokenizeError, TokenizerMetrics};
+use super::{EncodeBounds, TokenizeError, TokenizerMetrics};
+use crate::kv::settings::DEFAULT_MAX_PROMPT_TOKENS;
 use crate::request::{ApiKind, ChatMessage, Prompt};
 
 /// A loaded model: its tokenizer, its chat template (or why there is none) and a cache.
@@ -35,6 +36,7 @@ pub struct ModelTokenizer {
     cache: TokenCache,
     segments: SegmentEncoder,
     template_warned: AtomicBool,
+    max_context: Option<usize>,
 }
 
 impl ModelTokenizer {
@@ -42,7 +44,7 @@ impl ModelTokenizer {
     /// or broken config only disables chat templating (chat requests then fail with
     /// [`TokenizeError::Template`]); a missing or broken `tokenizer.json` is an error.
     pub fn load(dir: &Path, cache_capacity: usize) -> Result<Self, String> {
-        let (tokenizer, json) = load_tokenizer(dir)?;
+        let (tokenizer, json, max_context) = load_tokenizer(dir)?;
         let seg_capacity = if cache_capacity == 0 {
             0
         } else {
@@ -72,7 +74,144 @@ impl ModelTokenizer {
             cache: TokenCache::new(cache_capacity),
             segments,
             template_warned: AtomicBool::new(false),
+            max_context,
         })
+    }
+
+    /// The model's context length from its `config.json` (see [`context_length`]), if staged.
+    pub fn max_context(&self) -> Option<usize> {
+        self.max_context
+    }
+
+    /// Like [`Self::encode`], within `bounds` (issue 9 §1): at most `max_tokens` tokens (the
+    /// bound, else the model's context, else the default), computed only as far as needed
+    /// where segment encoding allows; a `prefix` prompt is encoded up to its last word
+    /// boundary without the post-processor's suffix, or refused ([`TokenizeError::Oversize`])
+    /// where that would not be exact. The ids returned are always a prefix of the engine's.
+    pub fn encode_bounded(
+        &self,
+        model: &str,
+        api: ApiKind,
+        prompt: &Prompt,
+        add_special_tokens: Option<bool>,
+        bounds: EncodeBounds,
+        metrics: &TokenizerMetrics,
+    ) -> Result<Arc<[u32]>, TokenizeError> {
+        let max = bounds
+            .max_tokens
+            .or(self.max_context)
+            .unwrap_or(DEFAULT_MAX_PROMPT_TOKENS)
+            .max(1);
+        let ids = match prompt {
+            Prompt::Text(text) if bounds.prefix => {
+                self.encode_prefix(model, text, add_special_tokens.unwrap_or(true), max)?
+            }
+            Prompt::Messages(_) if bounds.prefix => {
+                return Err(TokenizeError::Oversize {
+                    model: model.to_owned(),
+                });
+            }
+            Prompt::TokenIds(ids) => token_ids(&ids[..ids.len().min(max)])?,
+            Prompt::Text(text) => self.encode_text_upto(
+                model,
+                text,
+                add_special_tokens.unwrap_or(true),
+                max,
+                metrics,
+            )?,
+            Prompt::Messages(msgs) => {
+                let add = match api {
+                    ApiKind::Responses => add_special_tokens.unwrap_or(true),
+                    _ => add_special_tokens.unwrap_or(false),
+                };
+                let cacheable = self.template.as_ref().is_ok_and(|t| !t.reads_clock());
+                let key = TextKey::messages(api_tag(api), msgs, add);
+                if cacheable && let Some(ids) = self.cache.get(&key) {
+                    metrics.cache_hits.inc();
+                    return Ok(at_most(ids, max));
+                }
+                let text = self.render(model, msgs)?;
+                let ids = self.encode_text_upto(model, &text, add, max, metrics)?;
+                // A result cut at `max` depends on it: only whole results are cached.
+                if cacheable && ids.len() < max {
+                    self.cache.put(key, ids.clone());
+                }
+                ids
+            }
+        };
+        Ok(ids)
+    }
+
+    /// [`Self::encode_text`] computing at most `max` tokens (see [`Self::encode_bounded`]).
+    fn encode_text_upto(
+        &self,
+        model: &str,
+        text: &str,
+        add: bool,
+        max: usize,
+        metrics: &TokenizerMetrics,
+    ) -> Result<Arc<[u32]>, TokenizeError> {
+        if text.is_empty() {
+            return Err(TokenizeError::Empty);
+        }
+        let key = TextKey::new(text, add);
+        if let Some(ids) = self.cache.get(&key) {
+            metrics.cache_hits.inc();
+            return Ok(at_most(ids, max));
+        }
+        metrics.cache_misses.inc();
+        let encode_err = |message| TokenizeError::Encode {
+            model: model.to_owned(),
+            message,
+        };
+        let mut ids = match self.segments.encode_upto(&self.tokenizer, text, add, max) {
+            Some(r) => r.map_err(encode_err)?.0,
+            None => self.encode_whole(text, add).map_err(encode_err)?.to_vec(),
+        };
+        ids.truncate(max);
+        if ids.is_empty() {
+            return Err(TokenizeError::Empty);
+        }
+        let ids: Arc<[u32]> = ids.into();
+        if ids.len() < max {
+            self.cache.put(key, ids.clone());
+        }
+        Ok(ids)
+    }
+
+    /// The ids of a cut prefix `text` up to its last word boundary, when word-boundary cuts
+    /// are exact for this tokenizer (never cached: the text is not a whole prompt).
+    fn encode_prefix(
+        &self,
+        model: &str,
+        text: &str,
+        add: bool,
+        max: usize,
+    ) -> Result<Arc<[u32]>, TokenizeError> {
+        let oversize = || TokenizeError::Oversize {
+            model: model.to_owned(),
+        };
+        if !self.segments.raw_chunked() {
+            return Err(oversize());
+        }
+        let head = super::segment::last_word_boundary(text).ok_or_else(oversize)?;
+        let (mut ids, stopped) = self
+            .segments
+            .encode_upto(&self.tokenizer, head, add, max)
+            .ok_or_else(oversize)?
+            .map_err(|message| TokenizeError::Encode {
+                model: model.to_owned(),
+                message,
+            })?;
+        // The post-processor's suffix belongs after the whole prompt, not after this head.
+        if !stopped && let Some(suffix) = self.segments.suffix(add) {
+            ids.truncate(ids.len().saturating_sub(suffix.len()));
+        }
+        ids.truncate(max);
+        if ids.is_empty() {
+            return Err(TokenizeError::Empty);
+        }
+        Ok(ids.into())
     }
 
     /// Token ids of `prompt` for `api` (see the module table). `add_special_tokens` is the
@@ -240,16 +379,40 @@ struct PipelineJson {
     normalizer: serde_json::Value,
 }
 
+/// The context length a model's `config.json` states: the first of `max_model_len`,
+/// `max_position_embeddings`, `n_positions`, `max_sequence_length`, `seq_length`,
+/// `max_seq_len` that is a positive integer, at the top level or in `text_config` (multimodal
+/// models).
+pub fn context_length(config: &serde_json::Value) -> Option<usize> {
+    const FIELDS: [&str; 6] = [
+        "max_model_len",
+        "max_position_embeddings",
+        "n_positions",
+        "max_sequence_length",
+        "seq_length",
+        "max_seq_len",
+    ];
+    [config, &config["text_config"]].into_iter().find_map(|c| {
+        FIELDS
+            .iter()
+            .find_map(|f| c[*f].as_u64().filter(|&n| n > 0))
+            .and_then(|n| usize::try_from(n).ok())
+    })
+}
+
 /// `<dir>/tokenizer.json`, with transformers' class substitution for `<dir>/config.json`'s
-/// `model_type` applied (see [`super::compat`]).
-fn load_tokenizer(dir: &Path) -> Result<(Tokenizer, PipelineJson), String> {
+/// `model_type` applied (see [`super::compat`]), and the context length `config.json` states.
+fn load_tokenizer(dir: &Path) -> Result<(Tokenizer, PipelineJson, Option<usize>), String> {
     let tok_path = dir.join("tokenizer.json");
     let err = |e: &dyn std::fmt::Display| format!("{}: {e}", tok_path.display());
     let text = std::fs::read(&tok_path).map_err(|e| err(&e))?;
-    let model_type = std::fs::read(dir.join("config.json"))
+    let config = std::fs::read(dir.join("config.json"))
         .ok()
-        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
+    let model_type = config
+        .as_ref()
         .and_then(|c| c["model_type"].as_str().map(str::to_owned));
+    let max_context = config.as_ref().and_then(context_length);
     let mut json: serde_json::Value = serde_json::from_slice(&text).map_err(|e| err(&e))?;
     if compat::patch_for_model_type(&mut json, model_type.as_deref()) {
         tracing::debug!(dir = %dir.display(), model_type, "applied transformers tokenizer substitution");
@@ -259,7 +422,16 @@ fn load_tokenizer(dir: &Path) -> Result<(Tokenizer, PipelineJson), String> {
         normalizer: json["normalizer"].clone(),
     };
     let tok = serde_json::from_value::<Tokenizer>(json).map_err(|e| err(&e))?;
-    Ok((tok, parts))
+    Ok((tok, parts, max_context))
+}
+
+/// The first `max` of `ids`.
+fn at_most(ids: Arc<[u32]>, max: usize) -> Arc<[u32]> {
+    if ids.len() > max {
+        Arc::from(&ids[..max])
+    } else {
+        ids
+    }
 }
 
 /// A stable discriminant of the API for message-level cache keys.

@@ -54,6 +54,27 @@ pub enum TokenizeError {
     /// The prompt produced no token at all (empty text, empty message list, empty id list).
     #[error("prompt is empty")]
     Empty,
+    /// The prompt is a cut prefix (see [`EncodeBounds::prefix`]) this tokenizer cannot encode
+    /// exactly (no word-boundary cut is exact for it, or the text has no word boundary): a
+    /// routing miss `oversize`.
+    #[error("prompt prefix of model {model:?} cannot be tokenized exactly")]
+    Oversize {
+        /// The requested model.
+        model: String,
+    },
+}
+
+/// How much of a prompt one encoding computes (issue 9 §1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct EncodeBounds {
+    /// Stop once this many tokens are known and return only those (`None`: the model's context
+    /// length from its `config.json`, else [`crate::kv::settings::DEFAULT_MAX_PROMPT_TOKENS`]).
+    /// Tokens past the engine's context can never be cached, so they cannot matter for routing.
+    pub max_tokens: Option<usize>,
+    /// The prompt given is a cut prefix of the client's (the proxy's bounded parse kept only
+    /// its leading bytes): it is encoded up to its last word boundary, without the
+    /// post-processor's suffix, and only where that is exact (see [`segment`]).
+    pub prefix: bool,
 }
 
 /// The directory name a model's tokenizer is staged under: the model id with `/` → `__`

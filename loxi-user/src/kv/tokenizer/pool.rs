@@ -9,7 +9,8 @@
 //! request. Token-id prompts need no tokenizer and are returned as given even for such models.
 //!
 //! Loading blocks the calling thread (hundreds of ms for a 4 MB `tokenizer.json`); encoding is
-//! CPU-bound. Callers on a tokio runtime may wrap calls in `block_in_place`/`spawn_blocking`.
+//! CPU-bound. The KV tier calls it from its fixed tokenization threads
+//! (`kv::route::workers`), never on a runtime thread.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -20,7 +21,7 @@ use parking_lot::{Mutex, RwLock};
 
 use super::cache::TokenCache;
 use super::encode::{ModelTokenizer, token_ids};
-use super::{TokenizeError, TokenizerMetrics, model_slug};
+use super::{EncodeBounds, TokenizeError, TokenizerMetrics, model_slug};
 use crate::request::{ApiKind, Prompt};
 
 /// Default time a failed load stays in the negative cache before one retry.
@@ -93,6 +94,38 @@ impl TokenizerPool {
         }
         let tok = self.get(model)?;
         let out = tok.encode(model, api, prompt, add_special_tokens, &self.metrics);
+        if let Err(TokenizeError::Template { .. }) = &out {
+            self.metrics
+                .template_errors
+                .get_or_create(&self.metrics.label(model))
+                .inc();
+        }
+        out
+    }
+
+    /// [`Self::encode`] within `bounds` (see [`ModelTokenizer::encode_bounded`]); also
+    /// [`TokenizeError::Oversize`] for a cut prefix the tokenizer cannot encode exactly.
+    pub fn encode_bounded(
+        &self,
+        model: &str,
+        api: ApiKind,
+        prompt: &Prompt,
+        add_special_tokens: Option<bool>,
+        bounds: EncodeBounds,
+    ) -> Result<Arc<[u32]>, TokenizeError> {
+        if let Prompt::TokenIds(ids) = prompt {
+            let max = bounds.max_tokens.unwrap_or(usize::MAX);
+            return token_ids(&ids[..ids.len().min(max)]);
+        }
+        let tok = self.get(model)?;
+        let out = tok.encode_bounded(
+            model,
+            api,
+            prompt,
+            add_special_tokens,
+            bounds,
+            &self.metrics,
+        );
         if let Err(TokenizeError::Template { .. }) = &out {
             self.metrics
                 .template_errors

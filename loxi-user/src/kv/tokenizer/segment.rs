@@ -129,6 +129,17 @@ pub fn word_chunks(text: &str, min: usize) -> impl Iterator<Item = &str> {
     })
 }
 
+/// The longest prefix of `text` that ends at a word boundary (just before the space of an
+/// ASCII letter, a space, an ASCII letter), or `None` when it has none. Cutting there is exact
+/// for the tokenizers whose [`SegmentEncoder::raw_chunked`] is true.
+pub fn last_word_boundary(text: &str) -> Option<&str> {
+    let b = text.as_bytes();
+    (1..b.len().saturating_sub(1))
+        .rev()
+        .find(|&p| b[p] == b' ' && b[p - 1].is_ascii_alphabetic() && b[p + 1].is_ascii_alphabetic())
+        .map(|p| &text[..p])
+}
+
 /// The per-model segment encoder.
 #[derive(Debug)]
 pub struct SegmentEncoder {
@@ -177,6 +188,20 @@ impl SegmentEncoder {
         text: &str,
         add_special_tokens: bool,
     ) -> Option<Result<Vec<u32>, String>> {
+        self.encode_upto(tok, text, add_special_tokens, usize::MAX)
+            .map(|r| r.map(|(ids, _)| ids))
+    }
+
+    /// Like [`Self::encode`], but stops between segments once `max_ids` body ids are known;
+    /// then the post-processor's suffix is left off and the flag is true. The ids returned are
+    /// always a prefix of the whole text's.
+    pub fn encode_upto(
+        &self,
+        tok: &Tokenizer,
+        text: &str,
+        add_special_tokens: bool,
+        max_ids: usize,
+    ) -> Option<Result<(Vec<u32>, bool), String>> {
         if !self.enabled {
             return None;
         }
@@ -185,12 +210,14 @@ impl SegmentEncoder {
             (Some((p, s)), true) => (&p[..], &s[..]),
             (None, true) => return None,
         };
-        Some(self.encode_body(tok, text).map(|body| {
+        Some(self.encode_body(tok, text, max_ids).map(|(body, stopped)| {
             let mut ids = Vec::with_capacity(prefix.len() + body.len() + suffix.len());
             ids.extend_from_slice(prefix);
             ids.extend(body);
-            ids.extend_from_slice(suffix);
-            ids
+            if !stopped {
+                ids.extend_from_slice(suffix);
+            }
+            (ids, stopped)
         }))
     }
 
@@ -201,21 +228,37 @@ impl SegmentEncoder {
 
     /// The body ids of `text`: when raw chunking is exact, word-boundary chunks of the raw text
     /// each from the cache or encoded alone (so a long shared prefix costs only hashing);
-    /// otherwise [`Self::encode_splits`].
-    fn encode_body(&self, tok: &Tokenizer, text: &str) -> Result<Vec<u32>, String> {
+    /// otherwise [`Self::encode_splits`]. Stops between chunks once `max_ids` ids are known
+    /// (the flag says it stopped before the end).
+    fn encode_body(
+        &self,
+        tok: &Tokenizer,
+        text: &str,
+        max_ids: usize,
+    ) -> Result<(Vec<u32>, bool), String> {
         if !self.raw_chunked || text.len() < 2 * CHUNK_BYTES {
-            return self.encode_splits(tok, text);
+            return self.encode_splits(tok, text, max_ids);
         }
         let mut ids = Vec::new();
-        for chunk in word_chunks(text, CHUNK_BYTES) {
+        let mut chunks = word_chunks(text, CHUNK_BYTES).peekable();
+        while let Some(chunk) = chunks.next() {
             self.cached(TextKey::raw_chunk(chunk), &mut ids, || {
-                self.encode_splits(tok, chunk)
+                self.encode_splits(tok, chunk, usize::MAX)
+                    .map(|(ids, _)| ids)
             })?;
+            if ids.len() >= max_ids && chunks.peek().is_some() {
+                return Ok((ids, true));
+            }
         }
-        Ok(ids)
+        Ok((ids, false))
     }
 
-    fn encode_splits(&self, tok: &Tokenizer, text: &str) -> Result<Vec<u32>, String> {
+    fn encode_splits(
+        &self,
+        tok: &Tokenizer,
+        text: &str,
+        max_ids: usize,
+    ) -> Result<(Vec<u32>, bool), String> {
         // Unicode normalization forms leave ASCII unchanged; skipping them saves a full
         // decompose/recompose pass over long prompts (Qwen2's NFC).
         let normalizer = if self.ascii_unnormalized && text.is_ascii() {
@@ -227,23 +270,32 @@ impl SegmentEncoder {
             .get_added_vocabulary()
             .extract_and_normalize(normalizer, text);
         let mut ids = Vec::new();
-        for (piece, _, tokens) in pts.get_splits(OffsetReferential::Original, OffsetType::None) {
+        let splits = pts.get_splits(OffsetReferential::Original, OffsetType::None);
+        let last = splits.len().saturating_sub(1);
+        for (i, (piece, _, tokens)) in splits.into_iter().enumerate() {
             match tokens {
                 Some(added) => ids.extend(added.iter().map(|t| t.id)),
                 None if piece.is_empty() => {}
                 None if self.chunked && piece.len() >= 2 * CHUNK_BYTES => {
-                    for chunk in word_chunks(piece, CHUNK_BYTES) {
+                    let mut chunks = word_chunks(piece, CHUNK_BYTES).peekable();
+                    while let Some(chunk) = chunks.next() {
                         self.cached(TextKey::new(chunk, false), &mut ids, || {
                             encode_piece(tok, chunk)
                         })?;
+                        if ids.len() >= max_ids && (chunks.peek().is_some() || i < last) {
+                            return Ok((ids, true));
+                        }
                     }
                 }
                 None => self.cached(TextKey::new(piece, false), &mut ids, || {
                     encode_piece(tok, piece)
                 })?,
             }
+            if ids.len() >= max_ids && i < last {
+                return Ok((ids, true));
+            }
         }
-        Ok(ids)
+        Ok((ids, false))
     }
 
     /// Appends the ids cached under `key`, else those `encode` gives (then cached).
@@ -261,6 +313,16 @@ impl SegmentEncoder {
         ids.extend_from_slice(&seg);
         self.cache.put(key, seg.into());
         Ok(())
+    }
+
+    /// The ids the post-processor appends after a sequence with special tokens `add` (`None`
+    /// when not probed).
+    pub fn suffix(&self, add: bool) -> Option<&[u32]> {
+        match (&self.affixes, add) {
+            (_, false) => Some(&[]),
+            (Some((_, s)), true) => Some(s),
+            (None, true) => None,
+        }
     }
 
     /// True when long splits are cut at word boundaries (see [`word_boundaries_exact`]).

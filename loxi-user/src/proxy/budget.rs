@@ -1,0 +1,108 @@
+//! The request-body bytes every fullproxy listener holds at once (issue 9 §1: the total across
+//! requests is bounded, not only each body). A request reserves its body's size before reading
+//! it (its `Content-Length`, or frame by frame for a body without one) and keeps the
+//! reservation until its upstream answered; a request that finds the budget spent waits, and
+//! that wait counts against the body read timeout (`LOXI_BODY_TIMEOUT_MS`, 408), so nothing
+//! waits for ever.
+
+use std::sync::Arc;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// Default budget: 256 MiB of request bodies at once.
+pub const DEFAULT_BODY_BYTES_IN_FLIGHT: u64 = 256 << 20;
+
+/// Shared budget of request-body bytes, in KiB permits (clones share it).
+#[derive(Debug, Clone)]
+pub struct BodyBudget {
+    sem: Arc<Semaphore>,
+    total_kib: u32,
+}
+
+impl BodyBudget {
+    /// A budget of `bytes` (`LOXI_MAX_BODY_BYTES_IN_FLIGHT`; at least 1 KiB).
+    pub fn new(bytes: u64) -> Self {
+        let total_kib = u32::try_from(bytes.div_ceil(1024))
+            .unwrap_or(u32::MAX)
+            .max(1);
+        Self {
+            sem: Arc::new(Semaphore::new(total_kib as usize)),
+            total_kib,
+        }
+    }
+
+    /// The budget in bytes.
+    pub fn bytes(&self) -> u64 {
+        u64::from(self.total_kib) * 1024
+    }
+
+    /// Bytes not reserved now.
+    pub fn available(&self) -> u64 {
+        self.sem.available_permits() as u64 * 1024
+    }
+
+    /// Waits until `bytes` (rounded up to KiB, at most the whole budget, so one body larger
+    /// than the budget still gets through alone) can be reserved.
+    pub async fn reserve(&self, bytes: usize) -> Reservation {
+        let kib = u32::try_from(bytes.div_ceil(1024))
+            .unwrap_or(u32::MAX)
+            .min(self.total_kib);
+        let permit = if kib == 0 {
+            None
+        } else {
+            self.sem.clone().acquire_many_owned(kib).await.ok()
+        };
+        Reservation { permit }
+    }
+}
+
+impl Default for BodyBudget {
+    fn default() -> Self {
+        Self::new(DEFAULT_BODY_BYTES_IN_FLIGHT)
+    }
+}
+
+/// Bytes reserved in a [`BodyBudget`]; released on drop.
+#[derive(Debug, Default)]
+pub struct Reservation {
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+impl Reservation {
+    /// Adds `other` to this reservation.
+    pub fn merge(&mut self, other: Reservation) {
+        match (&mut self.permit, other.permit) {
+            (Some(p), Some(o)) => p.merge(o),
+            (None, o) => self.permit = o,
+            (Some(_), None) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_body_waits_while_the_budget_is_spent_and_gets_it_when_freed() {
+        let b = BodyBudget::new(1 << 20);
+        let first = b.reserve(600 << 10).await;
+        assert_eq!(b.available(), (1 << 20) - (600 << 10));
+        let waiting = tokio::time::timeout(Duration::from_millis(50), b.reserve(600 << 10)).await;
+        assert!(waiting.is_err(), "600 KiB more do not fit in 1 MiB");
+        drop(first);
+        let mut second = tokio::time::timeout(Duration::from_secs(5), b.reserve(600 << 10))
+            .await
+            .expect("fits once the first is released");
+        second.merge(b.reserve(1).await);
+        assert_eq!(b.available(), (1 << 20) - (601 << 10));
+        drop(second);
+        // Larger than the whole budget: reserves all of it rather than waiting for ever.
+        let huge = b.reserve(8 << 20).await;
+        assert_eq!(b.available(), 0);
+        drop(huge);
+        assert_eq!(b.available(), b.bytes());
+    }
+}
