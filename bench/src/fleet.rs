@@ -133,7 +133,10 @@ fn command(spec: &FleetSpec, host: &str, port: u16, zmq_port: u16) -> Command {
         .args(["--kv-events-config", &events.to_string()])
         .args(["--max-num-seqs", &spec.max_num_seqs.to_string()])
         .args(["--num-gpu-blocks", &spec.num_gpu_blocks.to_string()])
-        .args(["--time-scale", &spec.time_scale.to_string()]);
+        .args(["--time-scale", &spec.time_scale.to_string()])
+        // vLLM's `kv_both`: a producer for P/D prefill legs, a consumer for decode legs and an
+        // ordinary engine for aggregated requests, so one fleet serves every policy.
+        .args(["--kv-role", "both"]);
     cmd
 }
 

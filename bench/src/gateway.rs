@@ -35,6 +35,10 @@ pub enum RuleKind {
     Chwbl,
     /// `--kv-exact-mode=3` over `--select=rr`, blend law from `LOXILB_KV_LB_MODE` (None = unset).
     Kv(Option<String>),
+    /// `--pd-disagg`: the first half of the workers prefill (`ep_role` 1), the rest decode
+    /// (`ep_role` 2); each request is a prefill leg and a decode leg. `true`: with
+    /// `--kv-exact-mode=1` (tier 1.5 over the prefill workers).
+    Pd(bool),
 }
 
 /// A running `loxilb` with one rule.
@@ -99,6 +103,8 @@ fn log_name(kind: &RuleKind) -> String {
         RuleKind::Chwbl => "loxilb-chwbl".into(),
         RuleKind::Kv(None) => "loxilb-kv".into(),
         RuleKind::Kv(Some(law)) => format!("loxilb-kv-{law}"),
+        RuleKind::Pd(false) => "loxilb-pd".into(),
+        RuleKind::Pd(true) => "loxilb-pd-kv".into(),
     }
 }
 
@@ -144,6 +150,26 @@ pub fn rule_args(spec: &GatewaySpec, kind: &RuleKind, fleet: &Fleet, vip_port: u
             format!("--kv-hash-algo={}", spec.hash_algo),
             format!("--kv-block-size={}", spec.block_size),
         ]),
+        RuleKind::Pd(kv) => {
+            let n = fleet.hosts.len();
+            let prefill = n.div_ceil(2).min(n.saturating_sub(1)).max(1);
+            let roles: Vec<&str> = (0..n)
+                .map(|i| if i < prefill { "prefill" } else { "decode" })
+                .collect();
+            args.extend([
+                "--select=rr".into(),
+                "--pd-disagg".into(),
+                format!("--ep-role={}", roles.join(",")),
+            ]);
+            if *kv {
+                args.extend([
+                    "--kv-exact-mode=1".into(),
+                    format!("--kv-zmq-port={}", fleet.zmq_port),
+                    format!("--kv-hash-algo={}", spec.hash_algo),
+                    format!("--kv-block-size={}", spec.block_size),
+                ]);
+            }
+        }
     }
     args
 }

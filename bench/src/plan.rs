@@ -21,7 +21,7 @@ pub struct Plan {
     pub fleet: FleetSpec,
     /// The gateway under test.
     pub gateway: GatewaySpec,
-    /// Policies in order: `direct`, `rr`, `chwbl`, `kv`, `kv-<law>`, or a name of [`peers::PEERS`].
+    /// Policies in order: `direct`, `rr`, `chwbl`, `kv`, `kv-<law>`, `pd`, `pd-kv`, or a name of [`peers::PEERS`].
     pub policies: Vec<String>,
     /// Virtualenv for the peers (installed on first use).
     pub venv: PathBuf,
@@ -144,6 +144,8 @@ async fn start_router(
         "rr" => RuleKind::RoundRobin,
         "chwbl" => RuleKind::Chwbl,
         "kv" => RuleKind::Kv(None),
+        "pd" => RuleKind::Pd(false),
+        "pd-kv" => RuleKind::Pd(true),
         p if p.starts_with("kv-") => RuleKind::Kv(Some(p["kv-".len()..].to_string())),
         p if peers::PEERS.contains(&p) => {
             let bin = peers::ensure_venv(&plan.venv).await?;
@@ -255,8 +257,12 @@ async fn gateway_metrics(router: &Router, client: &HttpClient) -> Option<String>
     }
 }
 
-/// KV-tier engagement (spec §9.1): tier-1.5 hits must advance under a shared-prefix workload.
+/// KV-tier engagement (spec §9.1): tier-1.5 hits must advance under a shared-prefix workload;
+/// for `pd`, the tier mix of each leg and the prefill answers without transfer parameters.
 fn gateway_notes(policy: &str, before: &str, after: &str) -> Vec<String> {
+    if policy.starts_with("pd") {
+        return pd_notes(before, after);
+    }
     if !policy.starts_with("kv") {
         return Vec::new();
     }
@@ -275,6 +281,44 @@ fn gateway_notes(policy: &str, before: &str, after: &str) -> Vec<String> {
             "WARNING: tier-1.5 hits flat: these numbers measure the fallback selector".into(),
         );
     }
+    notes
+}
+
+/// `leg tier=Δ` of `loxilb_ai_pd_tier_selected_total`, and the missing-params count.
+fn pd_notes(before: &str, after: &str) -> Vec<String> {
+    let mut notes = Vec::new();
+    for leg in ["prefill", "decode"] {
+        let pick = |text: &str| {
+            let only: String = text
+                .lines()
+                .filter(|l| l.contains(&format!("leg=\"{leg}\"")))
+                .map(|l| format!("{l}\n"))
+                .collect();
+            scrape::by_label(&only, "loxilb_ai_pd_tier_selected_total", "tier")
+        };
+        let (b, a) = (pick(before), pick(after));
+        let mix: Vec<String> = a
+            .iter()
+            .map(|(tier, v)| (tier, v - b.get(tier).copied().unwrap_or(0.0)))
+            .filter(|(_, d)| *d > 0.0)
+            .map(|(tier, d)| format!("tier {tier} {d:.0}"))
+            .collect();
+        notes.push(format!("P/D {leg} leg: {}", mix.join(", ")));
+    }
+    let missing = |t: &str| {
+        scrape::sum_by_name(t)
+            .get("loxilb_ai_pd_kv_params_missing_total")
+            .copied()
+            .unwrap_or(0.0)
+    };
+    notes.push(format!(
+        "prefill answers without kv_transfer_params Δ{:.0}",
+        missing(after) - missing(before)
+    ));
+    notes.push(
+        "P/D TTFT is client-side ÷ time scale: the decode engine's own TTFT leaves out the prefill leg"
+            .into(),
+    );
     notes
 }
 
@@ -348,7 +392,8 @@ pub fn summarize(
     let projected: Vec<f64> = ok.iter().filter_map(|o| o.projected_ttft_ms()).collect();
     // Projected TTFT when every request reported its engine TTFT and timing headers; else the
     // client-side figure (real ÷ scale), with a note.
-    let is_projected = !ok.is_empty() && projected.len() == ok.len();
+    // P/D: the decode engine's TTFT leaves out the prefill leg, so only the client's clock counts.
+    let is_projected = !policy.starts_with("pd") && !ok.is_empty() && projected.len() == ok.len();
     let ttft = if is_projected {
         projected
     } else {
@@ -374,7 +419,7 @@ pub fn summarize(
             outcomes.len() - ok.len()
         ));
     }
-    if !ok.is_empty() && !is_projected {
+    if !ok.is_empty() && !is_projected && !policy.starts_with("pd") {
         notes.push(
             "TTFT is client-side ÷ time scale (engine TTFT or timing headers missing)".into(),
         );

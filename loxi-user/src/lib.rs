@@ -4,7 +4,8 @@
 //! [`request`] (the request vocabulary: metadata, prompt, API kind, session key), [`rules`]
 //! (model, validation, typed spec, store, persistence), [`routing`] (selectors, the selection
 //! ladder and shared selection vocabulary), [`health`] (probes, breaker), [`proxy`]
-//! (mode-4 fullproxy), [`kv`] (KV-cache-aware tier 1.5), [`config`] (flags and environment),
+//! (mode-4 fullproxy), [`kv`] (KV-cache-aware tier 1.5), [`pd`] (prefill/decode
+//! disaggregation: the P/D ladder and handoff), [`config`] (flags and environment),
 //! [`api`] (REST), [`metrics`] (registry), [`app`] (the daemon), [`cli`] (`loxicmd`),
 //! [`l4`] (the XDP data path's loader and map reconciliation), [`netlink`] (VIP addresses),
 //! [`telemetry`] (log format and OpenTelemetry traces).
@@ -26,6 +27,7 @@ pub mod l4;
 pub mod listen;
 pub mod metrics;
 pub mod netlink;
+pub mod pd;
 pub mod proxy;
 pub mod request;
 pub mod routing;

@@ -9,8 +9,9 @@
 //! so a new fixture is tested without code changes. Where loxi answers differently on purpose,
 //! the expectation says so (see [`Target`] and the README's "Where loxi differs"):
 //!
-//! - a P/D rule (`pd_disagg_mode: true`) is refused with 400 naming the P/D field as not
-//!   implemented, until P/D lands (then the expectation flips to LoxiLB's 200);
+//! - a P/D rule asking for what loxi's P/D does not implement yet (tier 1,
+//!   `pd_cache_aware_mode`; a handoff other than vLLM's) is refused with 400 naming the field as
+//!   not implemented; a vLLM P/D rule gets LoxiLB's 200;
 //! - an L4 rule (mode ≠ 4) on a daemon without `--xdp-iface` is refused with 400;
 //! - `/config/conntrack/all` on a daemon with the XDP data path is 501 (the map is not read
 //!   over the API yet); without it, `{"ctAttr":[]}`.
@@ -405,14 +406,16 @@ pub fn check_fixture(
     Ok(notes.join("; "))
 }
 
-/// The P/D field a body sets, if any.
+/// The P/D field of a body that asks for what loxi's P/D does not implement yet, if any: tier 1
+/// (`pd_cache_aware_mode`) or a P/D handoff other than vLLM's (`kvEngineType`).
 fn pd_field(body: &Value) -> Option<&'static str> {
     let s = &body["serviceArguments"];
-    if s["pd_disagg_mode"] == json!(true) {
-        return Some("pd_disagg_mode");
-    }
     if s["pd_cache_aware_mode"] == json!(true) {
         return Some("pd_cache_aware_mode");
+    }
+    if s["pd_disagg_mode"] == json!(true) && s["kvEngineType"].as_str().is_some_and(|e| e != "vllm")
+    {
+        return Some("kvEngineType");
     }
     None
 }
@@ -427,8 +430,7 @@ fn check_create(
         .map_err(|e| format!("body_raw is not JSON: {e}"))?;
     let r = send(w, req)?;
     if let Some(field) = pd_field(&body) {
-        // P/D is not implemented yet: the documented refusal. Flips to LoxiLB's 200 when P/D
-        // lands.
+        // The parts of P/D loxi does not implement yet: the documented refusal.
         let b = check_error_shape(&r, 400)?;
         let msg = b["message"].as_str().unwrap_or_default();
         ensure!(
@@ -438,13 +440,12 @@ fn check_create(
         let fields = b["fields"].to_string();
         ensure!(
             fields.contains("serviceArguments.pd_")
-                || fields.contains("serviceArguments.kvExactMode"),
+                || fields.contains("serviceArguments.kvExactMode")
+                || fields.contains("serviceArguments.kvEngineType"),
             "the refusal names a P/D field ({field}): {fields}"
         );
         ensure!(rules(w)?.is_empty(), "nothing stored");
-        return Ok(format!(
-            "P/D rule refused (400, {field} not implemented) until P/D lands"
-        ));
+        return Ok(format!("P/D rule refused (400, {field} not implemented)"));
     }
     let mode = body["serviceArguments"]["mode"].as_u64().unwrap_or(0);
     if mode != 4 && !t.l4 {

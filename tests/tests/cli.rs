@@ -162,13 +162,15 @@ async fn loxicmd_kv_flags_reach_the_rule_and_pd_flags_are_refused_as_unimplement
         "--session-header-name=X-Session-ID",
         "--model-name=Qwen/Qwen2.5-7B-Instruct",
     ];
-    // P/D is not implemented: the rule would be stored and dead, so the server refuses it.
+    // P/D with SGLang's handoff is not implemented: the rule would be stored and dead, so the
+    // server refuses it (P/D with vLLM's handoff is served; see tests/pd.rs).
     let pd = [
         &common[..],
         &[
             "--kv-exact-mode=1",
             "--ep-role=prefill,decode",
             "--pd-session-ttl-sec=60",
+            "--kv-engine-type=sglang",
         ],
     ]
     .concat();
@@ -176,7 +178,7 @@ async fn loxicmd_kv_flags_reach_the_rule_and_pd_flags_are_refused_as_unimplement
     assert_eq!(out.status.code(), Some(6), "{}", stderr(&out));
     let err = stderr(&out);
     assert!(
-        err.starts_with("Error: server returned 400: serviceArguments.pd_disagg_mode: ")
+        err.starts_with("Error: server returned 400: serviceArguments.kvEngineType: ")
             && err.contains("not implemented"),
         "{err}"
     );

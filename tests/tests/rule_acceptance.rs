@@ -144,14 +144,17 @@ async fn accepted_but_unimplemented_values_are_400_saying_so() {
     let cases = [
         (json!({"security": 1}), "serviceArguments.security"),
         (json!({"security": 2}), "serviceArguments.security"),
-        (json!({"kvExactMode": 1}), "serviceArguments.kvExactMode"),
+        (
+            json!({"pd_cache_threshold": 50}),
+            "serviceArguments.pd_cache_threshold",
+        ),
         (
             json!({"kvEngineType": "trtllm"}),
             "serviceArguments.kvEngineType",
         ),
         (
-            json!({"pd_session_ttl_sec": 60}),
-            "serviceArguments.pd_session_ttl_sec",
+            json!({"pd_balance_abs_threshold": 9}),
+            "serviceArguments.pd_balance_abs_threshold",
         ),
         (json!({"bgp": true}), "serviceArguments.bgp"),
     ];
@@ -162,12 +165,16 @@ async fn accepted_but_unimplemented_values_are_400_saying_so() {
         let msg = body["message"].as_str().unwrap_or_default();
         assert!(msg.contains("not implemented"), "{extra}: {msg}");
     }
-    let mut pd = rule(free_port(), json!({"pd_disagg_mode": true}));
+    // P/D speaks vLLM's handoff only: another engine's P/D rule is refused.
+    let mut pd = rule(
+        free_port(),
+        json!({"pd_disagg_mode": true, "kvEngineType": "sglang"}),
+    );
     pd["endpoints"][0]["ep_role"] = json!(1);
     pd["endpoints"][1]["ep_role"] = json!(2);
     let (status, body) = d.post_rule(&pd).await;
     assert_eq!(status, 400, "{body}");
-    assert_eq!(body["field"], json!("serviceArguments.pd_disagg_mode"));
+    assert_eq!(body["field"], json!("serviceArguments.kvEngineType"));
     assert!(rules_of(&d.rules().await).is_empty());
 }
 

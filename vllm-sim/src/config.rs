@@ -38,6 +38,21 @@ pub enum KvRole {
     Producer,
     /// Decode engine: takes transferred blocks without prefill work.
     Consumer,
+    /// Both (vLLM's `kv_both`, how NixlConnector fleets usually run): a producer for requests
+    /// with `do_remote_decode`, a consumer for requests with `do_remote_prefill`, an ordinary
+    /// engine for the rest.
+    Both,
+}
+
+impl KvRole {
+    /// Answers `do_remote_decode` requests with transfer parameters.
+    pub fn produces(self) -> bool {
+        matches!(self, Self::Producer | Self::Both)
+    }
+    /// Takes `do_remote_prefill` requests' KV as transferred.
+    pub fn consumes(self) -> bool {
+        matches!(self, Self::Consumer | Self::Both)
+    }
 }
 
 /// `vllm-sim` flags.

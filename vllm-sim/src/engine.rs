@@ -261,6 +261,13 @@ impl Engine {
             s.arrival_s = s.arrival_s.min(self.step_start_s);
             s.cached_tokens = hit.len() * bs;
             self.p.metrics.admitted(s.req.prompt.len(), s.cached_tokens);
+            let prompt = s.req.prompt.len();
+            let known = computed.min(prompt);
+            self.p.metrics.sources(
+                prompt - known,
+                s.cached_tokens.min(known),
+                known.saturating_sub(s.cached_tokens),
+            );
         }
         s.num_stored = if s.req.report_all_blocks {
             0

@@ -45,7 +45,16 @@ pub struct HttpState {
     pub advertised: (String, u16),
     /// Response id counter.
     pub next_id: AtomicU64,
+    /// The last [`REQUEST_LOG_LEN`] generation requests as received (`GET /sim/requests`).
+    pub log: parking_lot::Mutex<std::collections::VecDeque<Value>>,
 }
+
+/// Generation requests kept for `GET /sim/requests`.
+pub const REQUEST_LOG_LEN: usize = 256;
+
+/// The request id header vLLM echoes on its responses (`--enable-request-id-headers`); the
+/// emulator always echoes it.
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
 
 /// Routes one request.
 pub async fn handle(
@@ -57,6 +66,10 @@ pub async fn handle(
         (Method::GET, "/health") => Ok(plain(StatusCode::OK, "")),
         (Method::GET, "/v1/models") => Ok(json_resp(StatusCode::OK, &models(&st))),
         (Method::GET, "/metrics") => Ok(metrics(&st)),
+        (Method::GET, "/sim/requests") => Ok(json_resp(
+            StatusCode::OK,
+            &Value::Array(st.log.lock().iter().cloned().collect()),
+        )),
         (Method::POST, "/v1/completions") => generate(st, ApiKind::Completions, req).await,
         (Method::POST, "/v1/chat/completions") => generate(st, ApiKind::ChatCompletions, req).await,
         (Method::POST, "/v1/responses") => generate(st, ApiKind::Responses, req).await,
@@ -183,10 +196,55 @@ async fn generate(
     api: ApiKind,
     req: Request<Incoming>,
 ) -> Result<Response<Body>, ApiError> {
+    let request_id = req.headers().get(REQUEST_ID_HEADER).cloned();
+    let path = req.uri().path().to_string();
     let body = read_body(req).await?;
     let recv_ns = unix_nanos();
     let r = parse_request(api, &body, &st.model)?;
     let ids = encode(&st, &r)?;
+    record(&st, &path, request_id.as_ref(), &r, ids.len());
+    let resp = generate_parsed(st, api, r, ids, recv_ns).await?;
+    Ok(echo_id(resp, request_id))
+}
+
+/// Logs one generation request for `GET /sim/requests`: its `X-Request-Id`, path,
+/// `kv_transfer_params` as received, `stream`, `max_tokens` and prompt length in tokens.
+fn record(
+    st: &HttpState,
+    path: &str,
+    request_id: Option<&header::HeaderValue>,
+    r: &SimRequest,
+    prompt_tokens: usize,
+) {
+    let entry = json!({
+        "request_id": request_id.and_then(|v| v.to_str().ok()),
+        "path": path,
+        "kv_transfer_params": r.kv_transfer.as_ref().map(|k| k.raw.clone()),
+        "stream": r.stream,
+        "max_tokens": r.max_tokens,
+        "prompt_tokens": prompt_tokens,
+    });
+    let mut log = st.log.lock();
+    if log.len() >= REQUEST_LOG_LEN {
+        log.pop_front();
+    }
+    log.push_back(entry);
+}
+
+fn echo_id(mut r: Response<Body>, id: Option<header::HeaderValue>) -> Response<Body> {
+    if let Some(v) = id {
+        r.headers_mut().insert(REQUEST_ID_HEADER, v);
+    }
+    r
+}
+
+async fn generate_parsed(
+    st: Arc<HttpState>,
+    api: ApiKind,
+    r: SimRequest,
+    ids: Arc<[u32]>,
+    recv_ns: u128,
+) -> Result<Response<Body>, ApiError> {
     let bs = st.codec.block_size();
     if ids.is_empty() {
         return Err(ApiError::bad("prompt", "encodes to no tokens"));
@@ -201,8 +259,8 @@ async fn generate(
             ),
         ));
     }
-    let remote_prefill = st.kv_role == KvRole::Consumer
-        && r.kv_transfer.as_ref().is_some_and(|k| k.do_remote_prefill);
+    let remote_prefill =
+        st.kv_role.consumes() && r.kv_transfer.as_ref().is_some_and(|k| k.do_remote_prefill);
     let (tx, rx) = mpsc::unbounded_channel();
     let seq = SeqRequest {
         prompt_hashes: st.codec.hash_prompt(&ids, &r.extras),
@@ -291,7 +349,7 @@ fn resp_meta(st: &HttpState, api: ApiKind) -> RespMeta {
 /// P/D producer answer (vLLM NixlConnector shape) when the request asked for remote decode.
 fn transfer_params(st: &HttpState, r: &SimRequest, s: &SeqSummary) -> Option<Value> {
     let wants = r.kv_transfer.as_ref().is_some_and(|k| k.do_remote_decode);
-    if st.kv_role != KvRole::Producer || !wants {
+    if !st.kv_role.produces() || !wants {
         return None;
     }
     Some(json!({

@@ -17,7 +17,18 @@
 //! - response headers `x-sim-recv-unix-ns` / `x-sim-respond-unix-ns` (wall clock, for the
 //!   latency a gateway adds) and, on non-streaming responses, `x-sim-ttft-s` / `x-sim-e2e-s`
 //!   (exact simulated seconds); streams carry the latter two in an SSE comment
-//!   `: vllm-sim ttft_s=… e2e_s=…` before `data: [DONE]`.
+//!   `: vllm-sim ttft_s=… e2e_s=…` before `data: [DONE]`;
+//! - `GET /sim/requests`: the last 256 generation requests as received (`request_id` from
+//!   `X-Request-Id`, `path`, `kv_transfer_params`, `stream`, `max_tokens`, `prompt_tokens`), so a
+//!   P/D test can check what each leg was sent; `X-Request-Id` is echoed on every response (vLLM
+//!   does so with `--enable-request-id-headers`).
+//!
+//! P/D (`--kv-role`): a `producer` answers a request whose `kv_transfer_params` has
+//! `do_remote_decode: true` with NixlConnector-shaped `kv_transfer_params`; a `consumer` given
+//! `do_remote_prefill: true` treats every prompt token but the last as transferred (vLLM
+//! recomputes the last one), so it prefills one token, counted in
+//! `vllm:prompt_tokens_by_source_total{source="local_compute"}` (the rest under
+//! `external_kv_transfer`).
 //!
 //! Modules: [`config`] (flags), [`timing`] (step durations, simulated clock), [`block_pool`]
 //! (prefix cache), [`events`] (msgpack wire encoding), [`publisher`] (ZMQ PUB + replay ROUTER),

@@ -18,6 +18,18 @@ pub struct EngineLabels {
     pub engine: String,
 }
 
+/// `vllm:prompt_tokens_by_source` labels (vLLM 0.32: `local_compute`, `local_cache_hit`,
+/// `external_kv_transfer`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct SourceLabels {
+    /// Served model name.
+    pub model_name: String,
+    /// Engine index ("0").
+    pub engine: String,
+    /// Where the prompt tokens' KV came from.
+    pub source: String,
+}
+
 /// `vllm:cache_config_info` labels (a subset of vLLM's, all strings like vLLM's).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct CacheConfigLabels {
@@ -58,6 +70,7 @@ pub struct SimMetrics {
     generation_tokens: Family<EngineLabels, Counter>,
     prefix_queries: Family<EngineLabels, Counter>,
     prefix_hits: Family<EngineLabels, Counter>,
+    by_source: Family<SourceLabels, Counter>,
     requests_ok: Family<EngineLabels, Counter>,
     ttft: Family<EngineLabels, Histogram>,
     e2e: Family<EngineLabels, Histogram>,
@@ -79,6 +92,7 @@ impl SimMetrics {
             generation_tokens: Family::default(),
             prefix_queries: Family::default(),
             prefix_hits: Family::default(),
+            by_source: Family::default(),
             requests_ok: Family::default(),
             ttft: Family::new_with_constructor(|| Histogram::new(TTFT_BUCKETS)),
             e2e: Family::new_with_constructor(|| Histogram::new(E2E_BUCKETS)),
@@ -119,6 +133,11 @@ impl SimMetrics {
             m.prefix_hits.clone(),
         );
         reg.register(
+            "vllm:prompt_tokens_by_source",
+            "Prompt tokens by where their KV came from (P/D: external_kv_transfer on a consumer)",
+            m.by_source.clone(),
+        );
+        reg.register(
             "vllm:request_success",
             "Finished requests",
             m.requests_ok.clone(),
@@ -139,6 +158,7 @@ impl SimMetrics {
         m.set_load(0, 0, 0.0);
         // Every series exists (at 0) from the start, as vLLM's labelled children do.
         m.admitted(0, 0);
+        m.sources(0, 0, 0);
         m.step_tokens(0, 0);
         let _ = m.requests_ok.get_or_create(&m.labels);
         let _ = m.ttft.get_or_create(&m.labels);
@@ -161,6 +181,24 @@ impl SimMetrics {
         self.prefix_hits
             .get_or_create(&self.labels)
             .inc_by(hit as u64);
+    }
+
+    /// Prompt tokens of a newly admitted request by source: computed here, prefix-cache hits,
+    /// and received from a remote prefill (P/D consumer).
+    pub fn sources(&self, local_compute: usize, cache_hit: usize, external: usize) {
+        for (source, n) in [
+            ("local_compute", local_compute),
+            ("local_cache_hit", cache_hit),
+            ("external_kv_transfer", external),
+        ] {
+            self.by_source
+                .get_or_create(&SourceLabels {
+                    model_name: self.labels.model_name.clone(),
+                    engine: self.labels.engine.clone(),
+                    source: source.into(),
+                })
+                .inc_by(n as u64);
+        }
     }
 
     /// Tokens processed in one step.

@@ -36,6 +36,8 @@ pub struct KvTransfer {
     pub do_remote_decode: bool,
     /// Decode leg: the KV comes from a remote prefiller.
     pub do_remote_prefill: bool,
+    /// The object as received (the P/D test log shows what the decode leg was given).
+    pub raw: Value,
 }
 
 /// The fields of one OpenAI request that the emulator uses.
@@ -160,6 +162,7 @@ fn parse_transfer(v: &Value) -> KvTransfer {
     KvTransfer {
         do_remote_decode: flag("do_remote_decode"),
         do_remote_prefill: flag("do_remote_prefill"),
+        raw: v.clone(),
     }
 }
 

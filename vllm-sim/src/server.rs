@@ -93,6 +93,7 @@ pub async fn start(args: SimArgs) -> anyhow::Result<RunningSim> {
         kv_role: args.kv_role,
         advertised: (http.ip().to_string(), http.port()),
         next_id: AtomicU64::new(0),
+        log: parking_lot::Mutex::new(std::collections::VecDeque::new()),
     });
     let task = tokio::spawn(accept_loop(listener, state));
     Ok(RunningSim {

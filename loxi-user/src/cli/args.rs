@@ -229,14 +229,15 @@ pub struct CreateLb {
     /// NIXL side-channel ports in endpoint order.
     #[arg(long)]
     pub nixl_port: Option<String>,
-    /// Enable P/D disaggregation.
-    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    /// Enable P/D disaggregation (LoxiLB's spelling `--pd-disagg` is an alias).
+    #[arg(long, alias = "pd-disagg", num_args = 0..=1, default_missing_value = "true")]
     pub pd_disagg_mode: Option<bool>,
     /// Tier-0 session pin TTL in seconds.
     #[arg(long, alias = "pd-session-ttl")]
     pub pd_session_ttl_sec: Option<i32>,
-    /// Enable tier 1 (prefix trie).
-    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    /// Enable tier 1 (prefix trie; LoxiLB's spelling `--pd-cache-aware` is an alias). The
+    /// server refuses it until tier 1 exists.
+    #[arg(long, alias = "pd-cache-aware", num_args = 0..=1, default_missing_value = "true")]
     pub pd_cache_aware_mode: Option<bool>,
     /// Tier-1 minimum prefix match rate (0–100).
     #[arg(long)]

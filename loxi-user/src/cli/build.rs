@@ -398,6 +398,34 @@ mod tests {
     }
 
     #[test]
+    fn loxilb_p_d_spellings_are_accepted() {
+        let c = create(&[
+            "10.0.0.1",
+            "--tcp=8080:8000",
+            "--endpoints=192.0.2.1:1,192.0.2.2:1",
+            "--mode=fullproxy",
+            "--pd-disagg",
+            "--ep-role=prefill,decode",
+            "--nixl-port=5600,5601",
+            "--pd-session-ttl=60",
+        ]);
+        let b = &create_bodies(&c).expect("bodies")[0];
+        let s = &b["serviceArguments"];
+        assert_eq!(s["pd_disagg_mode"], json!(true));
+        assert_eq!(s["pd_session_ttl_sec"], json!(60));
+        assert_eq!(b["endpoints"][0]["nixl_port"], json!(5600));
+        assert_eq!(b["endpoints"][1]["nixl_port"], json!(5601));
+        let c = create(&[
+            "10.0.0.1",
+            "--tcp=80",
+            "--endpoints=192.0.2.1",
+            "--pd-cache-aware",
+        ]);
+        let b = &create_bodies(&c).expect("bodies")[0];
+        assert_eq!(b["serviceArguments"]["pd_cache_aware_mode"], json!(true));
+    }
+
+    #[test]
     fn several_ports_give_several_rules_and_target_defaults_to_the_port() {
         let c = create(&[
             "10.0.0.1",

@@ -84,7 +84,8 @@ pub struct Env {
     /// `LLB_KV_LOADGUARD`: hard load-imbalance pre-guard before tier 1.5 (any non-0 value).
     /// Default off.
     pub kv_loadguard: bool,
-    /// `LLB_PD_PREFILL_TIMEOUT_SEC`: prefill-leg timeout in seconds. Default 30, range 1–100000.
+    /// `LLB_PD_PREFILL_TIMEOUT_SEC`: P/D prefill-leg timeout in seconds (504
+    /// `pd_prefill_timeout` past it). Default 30, range 1–100000.
     pub pd_prefill_timeout_sec: u32,
     /// `LLB_PD_MAX_INFLIGHT_PER_EP`: admission per-endpoint in-flight prefill cap; 0 = off
     /// (default), else 1–99999.
@@ -157,8 +158,8 @@ pub struct Env {
 }
 
 /// LoxiLB variables loxi reads (their values are range-checked and reported above) but whose
-/// feature does not exist in loxi yet: the P/D admission and prefill path (`LLB_PD_*` except
-/// the breaker threshold and the global valve `LLB_PD_MAX_TOTAL_INFLIGHT`), the external AI controller (`LOXILB_AI_CTRL_*`), the per-selection
+/// feature does not exist in loxi yet: the per-endpoint P/D admission gate (`LLB_PD_*` except
+/// the prefill timeout, the breaker threshold and the global valve `LLB_PD_MAX_TOTAL_INFLIGHT`), the external AI controller (`LOXILB_AI_CTRL_*`), the per-selection
 /// total-load diagnostics and the load-imbalance pre-guard. Setting one is not an error, but
 /// it must not look as if it did something: [`Env::inert`] lists the ones set.
 pub const INERT_VARS: &[&str] = &[
@@ -166,7 +167,6 @@ pub const INERT_VARS: &[&str] = &[
     "LOXILB_AI_CTRL_ADDR",
     "LOXILB_AI_CTRL_DECAY_WINDOW_SEC",
     "LLB_KV_LOADGUARD",
-    "LLB_PD_PREFILL_TIMEOUT_SEC",
     "LLB_PD_MAX_INFLIGHT_PER_EP",
     "LLB_PD_QUEUE_DEPTH_PER_EP",
     "LLB_PD_MAX_PARK_SEC",
@@ -610,9 +610,10 @@ mod tests {
             ("LLB_PD_ORIGIN_ERR_THRESHOLD", "5"),
             ("LLB_KV_LOADGUARD", " "),
         ]);
+        assert_eq!(e.inert, ["LOXILB_AI_CTRL_ADDR"]);
         assert_eq!(
-            e.inert,
-            ["LOXILB_AI_CTRL_ADDR", "LLB_PD_PREFILL_TIMEOUT_SEC"]
+            e.pd_prefill_timeout_sec, 180,
+            "read and used by the P/D proxy"
         );
         assert!(env(&[]).inert.is_empty());
     }

@@ -89,6 +89,40 @@ pub enum ProxyError {
     /// A request could not be built (500).
     #[error("internal error: {0}")]
     Internal(String),
+    /// A P/D rule has no eligible prefill or decode endpoint and no role-0 endpoint to fall
+    /// back to (503).
+    #[error("P/D pool unavailable: {reason}")]
+    PdPoolUnavailable {
+        /// `no_prefill` or `no_decode`.
+        reason: &'static str,
+    },
+    /// The P/D prefill leg took longer than `LLB_PD_PREFILL_TIMEOUT_SEC` (504).
+    #[error(
+        "the prefill leg on endpoint {ep_idx} did not finish within {secs} s (LLB_PD_PREFILL_TIMEOUT_SEC)"
+    )]
+    PdPrefillTimeout {
+        /// The prefill endpoint.
+        ep_idx: usize,
+        /// The timeout in seconds.
+        secs: u64,
+    },
+    /// The P/D prefill endpoint's response body failed before it was complete (502).
+    #[error("the prefill leg on endpoint {ep_idx} failed: {message}")]
+    PdPrefillFailed {
+        /// The prefill endpoint.
+        ep_idx: usize,
+        /// What failed.
+        message: String,
+    },
+    /// The P/D decode endpoint took the request and sent nothing back (502).
+    #[error("the decode leg on endpoint {ep_idx} sent no response: {source}")]
+    PdDecodeDied {
+        /// The decode endpoint.
+        ep_idx: usize,
+        /// hyper's error.
+        #[source]
+        source: hyper_util::client::legacy::Error,
+    },
     /// The global valve (`LLB_PD_MAX_TOTAL_INFLIGHT`) is full (429, `Retry-After: 1`).
     #[error("the gateway has {limit} requests in flight (LLB_PD_MAX_TOTAL_INFLIGHT); retry later")]
     Overloaded {
@@ -106,10 +140,14 @@ impl ProxyError {
             Self::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             Self::NoRoute { .. } => StatusCode::NOT_FOUND,
-            Self::ModelUnavailable { .. } | Self::NoHealthyBackend { .. } => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
-            Self::BackendUnreachable { .. } | Self::Upstream { .. } => StatusCode::BAD_GATEWAY,
+            Self::ModelUnavailable { .. }
+            | Self::NoHealthyBackend { .. }
+            | Self::PdPoolUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Self::BackendUnreachable { .. }
+            | Self::Upstream { .. }
+            | Self::PdPrefillFailed { .. }
+            | Self::PdDecodeDied { .. } => StatusCode::BAD_GATEWAY,
+            Self::PdPrefillTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
         }
@@ -129,6 +167,10 @@ impl ProxyError {
             Self::Upstream { .. } => "upstream_error",
             Self::Internal(_) => "internal_error",
             Self::Overloaded { .. } => "pd_overloaded",
+            Self::PdPoolUnavailable { .. } => "pd_pool_unavailable",
+            Self::PdPrefillTimeout { .. } => "pd_prefill_timeout",
+            Self::PdPrefillFailed { .. } => "pd_prefill_failed",
+            Self::PdDecodeDied { .. } => "pd_decode_backend_died",
         }
     }
 
@@ -143,7 +185,11 @@ impl ProxyError {
             Self::ModelUnavailable { .. }
             | Self::NoHealthyBackend { .. }
             | Self::BackendUnreachable { .. }
-            | Self::Upstream { .. } => Party::Upstream,
+            | Self::Upstream { .. }
+            | Self::PdPoolUnavailable { .. }
+            | Self::PdPrefillTimeout { .. }
+            | Self::PdPrefillFailed { .. }
+            | Self::PdDecodeDied { .. } => Party::Upstream,
             Self::Internal(_) | Self::Overloaded { .. } => Party::Internal,
         }
     }
@@ -155,6 +201,8 @@ impl ProxyError {
             Self::NoHealthyBackend { .. }
                 | Self::BackendUnreachable { .. }
                 | Self::Overloaded { .. }
+                | Self::PdPoolUnavailable { .. }
+                | Self::PdPrefillTimeout { .. }
         )
     }
 
@@ -224,6 +272,26 @@ mod tests {
         assert_eq!(v["error"]["type"], "pd_overloaded");
         assert_eq!(v["error"]["retryable"], true);
         assert_eq!(v["error"]["code"], 429);
+    }
+
+    #[tokio::test]
+    async fn p_d_errors_carry_their_reason_tokens() {
+        let r = ProxyError::PdPoolUnavailable {
+            reason: "no_decode",
+        }
+        .into_response();
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let v = body_json(r).await;
+        assert_eq!(v["error"]["type"], "pd_pool_unavailable");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("no_decode")),
+            "{v}"
+        );
+        let r = ProxyError::PdPrefillTimeout { ep_idx: 0, secs: 2 }.into_response();
+        assert_eq!(r.status(), StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(body_json(r).await["error"]["type"], "pd_prefill_timeout");
     }
 
     #[tokio::test]

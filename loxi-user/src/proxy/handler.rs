@@ -1,7 +1,7 @@
 //! One request through the fullproxy: read the body (bounded), pick the pool, extract the
 //! metadata, select an endpoint with the rule's ladder (`routing::ladder`: tier 1.5 first when
 //! the rule asks), forward, retry another endpoint on connect failure, and stream the response
-//! back with its in-flight guard.
+//! back with its in-flight guard. A P/D rule's request goes through `pd.rs` instead.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -118,12 +118,18 @@ impl Handler {
         );
         meta.body_cut = json.is_some_and(|p| p.cut);
         trace_span::record_rule(service, meta.model.as_deref());
+        if pool.rule.spec.pd.is_some() {
+            return self
+                .forward_pd(&pool, parts, bytes, &meta, start)
+                .await
+                .map_err(|e| (service, e));
+        }
         self.forward(&pool, parts, bytes, &meta, start)
             .await
             .map_err(|e| (service, e))
     }
 
-    async fn forward(
+    pub(super) async fn forward(
         &self,
         pool: &Pool,
         parts: Parts,
@@ -212,7 +218,12 @@ impl Handler {
     }
 
     /// How the response of endpoint `ep` with `status` is counted when its body ends.
-    fn end_accounting(&self, pool: &Pool, ep: usize, status: http::StatusCode) -> EndAccounting {
+    pub(super) fn end_accounting(
+        &self,
+        pool: &Pool,
+        ep: usize,
+        status: http::StatusCode,
+    ) -> EndAccounting {
         let pm = pool.metrics(&self.ctx.metrics);
         EndAccounting {
             service: pool.rule.id,
@@ -228,7 +239,7 @@ impl Handler {
     }
 
     /// Feeds the passive circuit breaker.
-    fn observe(&self, pool: &Pool, ep: usize, outcome: Outcome) {
+    pub(super) fn observe(&self, pool: &Pool, ep: usize, outcome: Outcome) {
         if self
             .breaker
             .observe(&pool.health[ep], &pool.loads[ep], outcome)
@@ -287,7 +298,7 @@ fn request_host(parts: &Parts) -> Option<&str> {
         .or_else(|| parts.uri.authority().map(|a| a.as_str()))
 }
 
-fn upstream_request(
+pub(super) fn upstream_request(
     parts: &Parts,
     authority: &str,
     body: Bytes,
@@ -302,7 +313,7 @@ fn upstream_request(
     Ok(req)
 }
 
-fn downstream_response(
+pub(super) fn downstream_response(
     resp: Response<Incoming>,
     ep: usize,
     tracked: Tracked,

@@ -104,6 +104,8 @@ pub struct ProxyMetrics {
     pub connections_queued: Family<ListenerLabels, Counter>,
     /// Requests refused by an admission limit, by reason.
     pub shed: Family<ShedLabels, Counter>,
+    /// The P/D families (`loxilb_ai_pd_*`, see [`crate::pd::metrics`]).
+    pub pd: crate::pd::PdMetrics,
 }
 
 fn duration_histogram() -> Histogram {
@@ -114,7 +116,10 @@ fn duration_histogram() -> Histogram {
 impl ProxyMetrics {
     /// Registers the families in `reg`.
     pub fn register(reg: &mut Registry) -> Self {
-        let m = Self::unregistered();
+        let m = Self {
+            pd: crate::pd::PdMetrics::register(reg),
+            ..Self::unregistered()
+        };
         reg.register(
             "loxilb_proxy_requests",
             "Fullproxy requests by service, endpoint and status class",
@@ -181,6 +186,7 @@ impl ProxyMetrics {
             connections_closed: Family::default(),
             connections_queued: Family::default(),
             shed: Family::default(),
+            pd: crate::pd::PdMetrics::unregistered(),
         }
     }
 

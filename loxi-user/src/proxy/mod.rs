@@ -9,7 +9,8 @@
 //! Files: `handler.rs` (one request), `pool.rs` (pools and model routing), `upstream.rs`
 //! (clients), `body.rs` (streaming with in-flight guards), `error.rs` (every error body),
 //! `metrics.rs`, `listener.rs` (accept loop, connection cap), `conn.rs` (header-read and idle
-//! timeouts), `valve.rs` (the global in-flight valve `LLB_PD_MAX_TOTAL_INFLIGHT`). The request
+//! timeouts), `valve.rs` (the global in-flight valve `LLB_PD_MAX_TOTAL_INFLIGHT`), `pd.rs` (the
+//! two legs of a P/D request: prefill, then decode with the prefill's transfer parameters). The request
 //! metadata the handler extracts is the shared vocabulary of [`crate::request`].
 
 pub mod body;
@@ -20,6 +21,7 @@ pub mod forwarded;
 pub mod handler;
 pub mod listener;
 pub mod metrics;
+pub mod pd;
 pub mod pool;
 pub mod upstream;
 pub mod valve;
@@ -83,6 +85,9 @@ pub struct ProxyConfig {
     /// Requests in flight across all listeners before new ones get 429
     /// (`LLB_PD_MAX_TOTAL_INFLIGHT`; 0 = off, the default).
     pub max_total_inflight: u32,
+    /// P/D prefill-leg timeout (`LLB_PD_PREFILL_TIMEOUT_SEC`, default 30 s): 504
+    /// `pd_prefill_timeout` past it.
+    pub pd_prefill_timeout: Duration,
     /// Longest a request's body may take to arrive, from its head, waiting for the body
     /// budget included (`LOXI_BODY_TIMEOUT_MS`, default 60 s); past it 408.
     pub body_timeout: Duration,
@@ -104,6 +109,7 @@ impl Default for ProxyConfig {
             breaker_cooldown: Duration::from_secs(10),
             conn: conn::ConnLimits::default(),
             max_total_inflight: 0,
+            pd_prefill_timeout: Duration::from_secs(30),
             parse: crate::request::ParseLimits::default(),
             body_timeout: Duration::from_secs(60),
             body_budget: budget::BodyBudget::default(),

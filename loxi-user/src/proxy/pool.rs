@@ -40,6 +40,9 @@ pub struct Pool {
     pub health: Vec<Arc<HealthCell>>,
     /// True when `backend_protocol` is `http2`.
     pub http2: bool,
+    /// P/D pins and tie cursor, for a rule with `pd_disagg_mode` (a changed rule starts with
+    /// no pins).
+    pub pd: Option<crate::pd::PdState>,
     /// Stops this pool's active prober when the pool is dropped (set by [`Pool::activate`]).
     prober: OnceLock<CancellationToken>,
     /// Metric handles, resolved on first use.
@@ -76,6 +79,7 @@ impl Pool {
         Self {
             weights: eps.iter().map(|e| e.weight).collect(),
             http2: rule.spec.backend == BackendProtocol::Http2,
+            pd: rule.spec.pd.as_ref().map(crate::pd::PdState::new),
             authorities,
             loads,
             health,
@@ -120,6 +124,9 @@ impl Pool {
     /// This pool's metric handles (resolved from `m` on first use).
     pub fn metrics(&self, m: &ProxyMetrics) -> &PoolMetrics {
         self.metrics.get_or_init(|| {
+            if self.pd.is_some() {
+                m.pd.init_service(self.rule.id);
+            }
             let sel = self.rule.spec.sel.name();
             PoolMetrics::new(m, self.rule.id, sel, self.authorities.len())
         })

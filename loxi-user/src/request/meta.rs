@@ -48,6 +48,8 @@ pub struct RequestMeta {
     pub session_key: Option<String>,
     /// Conversation id (`X-Conversation-Id` header, or `conversation`/`previous_response_id`).
     pub conversation_id: Option<String>,
+    /// `X-Session-ID` header (LoxiLB's second tier-0 key, after `X-Conversation-Id`).
+    pub session_id: Option<String>,
     /// True when the body was JSON and parsed.
     pub json_ok: bool,
     /// True when the routing parse bounded the body ([`super::bounded`]): a text prompt or a
@@ -55,10 +57,23 @@ pub struct RequestMeta {
     pub body_cut: bool,
 }
 
+impl RequestMeta {
+    /// The P/D tier-0 pin key: `X-Conversation-Id` (or the body's conversation), else
+    /// `X-Session-ID`, else the body's `user` (LoxiLB's order); `None` when there is none.
+    pub fn pin_key(&self) -> Option<&str> {
+        self.conversation_id
+            .as_deref()
+            .or(self.session_id.as_deref())
+            .or(self.user.as_deref())
+    }
+}
+
 /// Header that carries a conversation id (LoxiLB's tier-0 key; CHWBL's conversation key).
 pub const CONVERSATION_HEADER: &str = "x-conversation-id";
 /// Header that names the model and wins over the body's `model`.
 pub const MODEL_HEADER: &str = "x-model";
+/// Header that carries a session id (the P/D tier-0 key when no conversation id is given).
+pub const SESSION_HEADER: &str = "x-session-id";
 
 impl RequestMeta {
     /// Extracts routing metadata from a request's head and (already bounded) body.
@@ -89,6 +104,7 @@ impl RequestMeta {
             model: request_model(&parts.headers, json),
             session_key: super::session::session_key(parts, &rule.session_header_name),
             conversation_id: header_str(&parts.headers, CONVERSATION_HEADER),
+            session_id: header_str(&parts.headers, SESSION_HEADER),
             ..Default::default()
         };
         if let Some(v) = json.filter(|v| v.is_object()) {

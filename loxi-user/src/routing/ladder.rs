@@ -1,7 +1,7 @@
 //! The selection ladder: which tiers a rule's request goes through, in order, and which one
 //! decided. Today: tier 1.5 (KV overlap, for `kvExactMode` 3 when a tier runs), then the rule's
-//! `sel`. P/D tiers (session pin, prefix trie, min load) will slot in here, each reading the
-//! rule's typed [`ServiceSpec`](crate::rules::ServiceSpec).
+//! `sel`. A P/D rule (`pd_disagg_mode`) has its own ladder, `pd::ladder` (session pin, tier 1.5
+//! over the prefill endpoints, min load), which reaches tier 1.5 through the same seam.
 //!
 //! The ladder takes the rule (its spec and raw selector knobs), the request, the candidates
 //! and the selector state; it knows nothing of pools, listeners or HTTP. CPU-heavy tier work

@@ -1,5 +1,5 @@
-//! The seam between the selection ladder and an affinity tier (today the KV-cache-aware tier
-//! 1.5 in `kv/`; P/D tiers will implement it too).
+//! The seam between the selection ladders (this module's and the P/D one in `pd/`) and an
+//! affinity tier (today the KV-cache-aware tier 1.5 in `kv/`).
 //!
 //! The ladder ([`super::ladder`]) asks the tier first for a rule that enables it and falls back
 //! to the rule's `sel` on a miss. Each tier names its own per-request [`AffinityTier::Ticket`]

@@ -295,6 +295,49 @@ pub struct KvEndpoint {
     pub subscribed: bool,
 }
 
+/// Role of an endpoint in a P/D rule (`ep_role`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// 0: a normal (aggregated) endpoint; in a P/D rule, the fallback when a pool is empty.
+    Normal,
+    /// 1: prefill.
+    Prefill,
+    /// 2: decode.
+    Decode,
+}
+
+impl Role {
+    fn of(r: u8) -> Self {
+        match r {
+            1 => Self::Prefill,
+            2 => Self::Decode,
+            _ => Self::Normal,
+        }
+    }
+}
+
+/// Tier-0 pin lifetime when `pd_session_ttl_sec` is 0 (the spec: "the data path converts 0 to
+/// its 300-second runtime default").
+pub const DEFAULT_PD_SESSION_TTL: Duration = Duration::from_secs(300);
+
+/// The P/D ladder's contract of a rule with `pd_disagg_mode: true`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PdSpec {
+    /// `ep_role` per endpoint, in rule order.
+    pub roles: Vec<Role>,
+    /// Tier-0 pin lifetime (`pd_session_ttl_sec`, 0 → [`DEFAULT_PD_SESSION_TTL`]).
+    pub session_ttl: Duration,
+    /// NIXL side-channel port per endpoint (`nixl_port`, 0 → `targetPort`), for the request id.
+    pub nixl_ports: Vec<u16>,
+}
+
+impl PdSpec {
+    /// The role of endpoint `ep` (`Normal` past the end).
+    pub fn role(&self, ep: usize) -> Role {
+        self.roles.get(ep).copied().unwrap_or(Role::Normal)
+    }
+}
+
 /// A validated rule's service, typed. Built by [`ServiceSpec::compile`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServiceSpec {
@@ -308,6 +351,8 @@ pub struct ServiceSpec {
     pub backend: BackendProtocol,
     /// Tier 1.5, when `kvExactMode` is not 0.
     pub kv: Option<KvSpec>,
+    /// The P/D ladder, when `pd_disagg_mode` is true.
+    pub pd: Option<PdSpec>,
 }
 
 impl ServiceSpec {
@@ -331,6 +376,7 @@ impl ServiceSpec {
                 _ => BackendProtocol::Http1,
             },
             kv: kv_spec(rule, engine, bad)?,
+            pd: s.pd_disagg_mode.then(|| pd_spec(rule)),
         })
     }
 
@@ -339,9 +385,31 @@ impl ServiceSpec {
         self.kv.as_ref().map_or(KvMode::Off, |k| k.mode)
     }
 
-    /// Does routing read the parsed body (tier 1.5 or a prefix-keyed selector)?
+    /// Does routing read the parsed body (tier 1.5, P/D or a prefix-keyed selector)?
     pub fn needs_body(&self) -> bool {
-        self.kv.is_some() || self.sel.prefix_keyed()
+        self.kv.is_some() || self.pd.is_some() || self.sel.prefix_keyed()
+    }
+}
+
+fn pd_spec(rule: &LbRule) -> PdSpec {
+    let s = &rule.service;
+    let ttl = u64::try_from(s.pd_session_ttl_sec).unwrap_or(0);
+    PdSpec {
+        roles: rule.endpoints.iter().map(|e| Role::of(e.ep_role)).collect(),
+        session_ttl: if ttl == 0 {
+            DEFAULT_PD_SESSION_TTL
+        } else {
+            Duration::from_secs(ttl)
+        },
+        nixl_ports: rule
+            .endpoints
+            .iter()
+            .map(|e| match (e.nixl_port, e.target_port) {
+                (0, 0) => s.port,
+                (0, t) => t,
+                (n, _) => n,
+            })
+            .collect(),
     }
 }
 

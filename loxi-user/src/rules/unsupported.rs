@@ -103,37 +103,38 @@ fn check_engine(rule: &LbRule) -> Result<(), RuleError> {
     Ok(())
 }
 
-/// Prefill/decode disaggregation (the P/D tier ladder, admission and KV handoff) and every knob
-/// that only it reads.
+/// The parts of prefill/decode disaggregation loxi does not implement yet: tier 1 (the prefix
+/// trie, `pd_cache_aware_mode` and its two knobs) and the SGLang / llama.cpp handoffs (the P/D
+/// ladder and the vLLM `kv_transfer_params` handoff are implemented, see `crate::pd`).
 fn check_pd(rule: &LbRule) -> Result<(), RuleError> {
     let s = &rule.service;
-    let pd = "P/D disaggregation";
-    let knobs: [(&str, bool); 6] = [
-        ("pd_disagg_mode", s.pd_disagg_mode),
+    let tier1 = "belongs to P/D tier 1 (the prefix trie), which loxi does not implement; leave it at its default";
+    // A submitted 0 means the default for both thresholds (the spec: "0 is converted").
+    let knobs: [(&str, bool); 3] = [
         ("pd_cache_aware_mode", s.pd_cache_aware_mode),
-        ("pd_session_ttl_sec", s.pd_session_ttl_sec != 0),
-        ("pd_cache_threshold", s.pd_cache_threshold != 20),
-        ("pd_balance_abs_threshold", s.pd_balance_abs_threshold != 3),
-        ("kvExactMode", s.kv_exact_mode == 1),
+        (
+            "pd_cache_threshold",
+            !matches!(s.pd_cache_threshold, 0 | 20),
+        ),
+        (
+            "pd_balance_abs_threshold",
+            !matches!(s.pd_balance_abs_threshold, 0 | 3),
+        ),
     ];
     if let Some((field, _)) = knobs.iter().find(|(_, set)| *set) {
-        let what = if *field == "kvExactMode" {
-            "1 (KV-exact selection in a P/D pool) needs P/D disaggregation; use 3 for a single pool"
-                .to_string()
-        } else {
-            format!(
-                "{field} belongs to {pd}, which loxi does not implement; leave it at its default"
-            )
-        };
-        return Err(not_implemented(&format!("serviceArguments.{field}"), what));
+        return Err(not_implemented(
+            &format!("serviceArguments.{field}"),
+            format!("{field} {tier1}"),
+        ));
     }
-    for (i, ep) in rule.endpoints.iter().enumerate() {
-        if ep.nixl_port != 0 {
-            return Err(not_implemented(
-                &format!("endpoints[{i}].nixl_port"),
-                format!("the NIXL side channel is part of {pd}'s KV handoff"),
-            ));
-        }
+    if s.pd_disagg_mode && s.kv_engine_type != "vllm" {
+        return Err(not_implemented(
+            "serviceArguments.kvEngineType",
+            format!(
+                "{} with pd_disagg_mode: loxi speaks only vLLM's kv_transfer_params handoff; use vllm",
+                s.kv_engine_type
+            ),
+        ));
     }
     Ok(())
 }
@@ -170,16 +171,8 @@ mod tests {
             (json!({"security": 1}), "serviceArguments.security"),
             (json!({"security": 2}), "serviceArguments.security"),
             (
-                json!({"pd_disagg_mode": true}),
-                "serviceArguments.pd_disagg_mode",
-            ),
-            (
                 json!({"pd_cache_aware_mode": true}),
                 "serviceArguments.pd_cache_aware_mode",
-            ),
-            (
-                json!({"pd_session_ttl_sec": 60}),
-                "serviceArguments.pd_session_ttl_sec",
             ),
             (
                 json!({"pd_cache_threshold": 50}),
@@ -189,7 +182,10 @@ mod tests {
                 json!({"pd_balance_abs_threshold": 9}),
                 "serviceArguments.pd_balance_abs_threshold",
             ),
-            (json!({"kvExactMode": 1}), "serviceArguments.kvExactMode"),
+            (
+                json!({"pd_disagg_mode": true, "kvEngineType": "sglang"}),
+                "serviceArguments.kvEngineType",
+            ),
             (
                 json!({"kvEngineType": "trtllm"}),
                 "serviceArguments.kvEngineType",
@@ -225,10 +221,19 @@ mod tests {
         for (service, want) in cases {
             assert_eq!(field_of(service.clone(), json!({})), want, "{service}");
         }
-        assert_eq!(
-            field_of(json!({}), json!({"nixl_port": 5600})),
-            "endpoints[0].nixl_port"
-        );
+    }
+
+    #[test]
+    fn p_d_with_vllm_and_the_tier_1_defaults_passes() {
+        let rule: LbRule = serde_json::from_value(json!({
+            "serviceArguments": {"externalIP": "10.0.0.1", "port": 80, "mode": 4,
+                "pd_disagg_mode": true, "kvExactMode": 1, "pd_session_ttl_sec": 60,
+                "pd_cache_threshold": 0, "pd_balance_abs_threshold": 0},
+            "endpoints": [{"endpointIP": "10.0.1.2", "targetPort": 8000, "ep_role": 1,
+                "nixl_port": 5600}]
+        }))
+        .expect("rule");
+        check(&rule).expect("implemented");
     }
 
     #[test]

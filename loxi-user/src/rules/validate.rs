@@ -238,8 +238,14 @@ fn check_fullproxy_only(s: &ServiceArgs) -> Result<(), RuleError> {
         if s.kv_exact_mode == 1 && !s.pd_disagg_mode {
             return Err(invalid(
                 "serviceArguments.kvExactMode",
-                "1 (KV-exact selection in a P/D pool) is not implemented in loxi yet (nor is \
-                 the pd_disagg_mode it needs); use 3 for a single pool",
+                "1 (KV-exact selection over the prefill endpoints) needs pd_disagg_mode: true; \
+                 use 3 for a single pool",
+            ));
+        }
+        if s.pd_session_ttl_sec != 0 && !s.pd_disagg_mode {
+            return Err(invalid(
+                "serviceArguments.pd_session_ttl_sec",
+                "the tier-0 pin belongs to P/D; it requires pd_disagg_mode: true",
             ));
         }
         if s.pd_cache_aware_mode && !s.pd_disagg_mode {
@@ -327,6 +333,12 @@ fn validate_endpoint(i: usize, ep: &mut Endpoint, s: &ServiceArgs) -> Result<(),
         return Err(invalid(
             &f("ep_role"),
             "prefill/decode roles need pd_disagg_mode: true",
+        ));
+    }
+    if ep.nixl_port != 0 && !s.pd_disagg_mode {
+        return Err(invalid(
+            &f("nixl_port"),
+            "the NIXL side channel is part of the P/D handoff; it needs pd_disagg_mode: true",
         ));
     }
     // Output-only fields are ignored on input.
@@ -523,11 +535,45 @@ mod tests {
         r.endpoints[0].ep_role = 1;
         assert_eq!(field_of(r.clone()), "endpoints");
         r.endpoints[1].ep_role = 2;
-        // Well-formed, but P/D is not implemented: refused rather than stored inert.
-        assert_eq!(field_of(r), "serviceArguments.pd_disagg_mode");
+        let ok = validate(r.clone()).expect("one prefill and one decode");
+        let spec = ServiceSpec::compile(&ok).expect("spec");
+        assert!(spec.needs_body());
+        let pd = spec.pd.expect("pd spec");
+        use super::super::spec::Role;
+        assert_eq!(pd.roles, vec![Role::Prefill, Role::Decode]);
+        assert_eq!(pd.session_ttl, std::time::Duration::from_secs(300));
+        assert_eq!(
+            pd.nixl_ports,
+            vec![8000, 8000],
+            "nixl_port 0 means targetPort"
+        );
+        let mut r1 = r.clone();
+        r1.service.kv_exact_mode = 1;
+        r1.service.pd_session_ttl_sec = 7;
+        r1.endpoints[0].nixl_port = 5600;
+        let spec = ServiceSpec::compile(&validate(r1).expect("valid")).expect("spec");
+        let kv = spec.kv.expect("tier 1.5");
+        assert_eq!(
+            kv.endpoints.iter().map(|e| e.1).collect::<Vec<_>>(),
+            vec![true, false],
+            "mode 1 subscribes only the prefill endpoint"
+        );
+        let pd = spec.pd.expect("pd");
+        assert_eq!(pd.session_ttl, std::time::Duration::from_secs(7));
+        assert_eq!(pd.nixl_ports, vec![5600, 8000]);
+        let mut r3 = r.clone();
+        r3.service.kv_exact_mode = 3;
+        assert_eq!(field_of(r3), "serviceArguments.kvExactMode");
         let mut plain = rule(json!({}));
         plain.endpoints[0].ep_role = 1;
         assert_eq!(field_of(plain), "endpoints[0].ep_role");
+        let mut plain = rule(json!({}));
+        plain.endpoints[0].nixl_port = 5600;
+        assert_eq!(field_of(plain), "endpoints[0].nixl_port");
+        assert_eq!(
+            field_of(rule(json!({"pd_session_ttl_sec": 60}))),
+            "serviceArguments.pd_session_ttl_sec"
+        );
     }
 
     #[test]

@@ -611,15 +611,11 @@ async fn an_endpoint_change_keeps_the_state_and_the_streams_of_endpoints_that_st
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn manager_subscribes_only_prefill_endpoints_in_mode_one() {
     let (state, _reg) = state(KvSettings::default());
-    // The API refuses P/D rules while P/D is not implemented (`rules::unsupported`), so the
-    // mode-1 rule is compiled here from a valid mode-3 one, past that refusal.
-    let mut r = rule(3, 3, serde_json::json!({}));
-    r.rule.service.kv_exact_mode = 1;
-    r.rule.service.pd_disagg_mode = true;
-    for (ep, role) in r.rule.endpoints.iter_mut().zip([0, 1, 2]) {
-        ep.ep_role = role;
-    }
-    r.spec = crate::rules::ServiceSpec::compile(&r.rule).expect("mode-1 spec");
+    let r = rule(
+        3,
+        3,
+        serde_json::json!({"kvExactMode": 1, "pd_disagg_mode": true, "ep_roles": [0, 1, 2]}),
+    );
     let mut snap = RuleSnapshot::default();
     snap.rules.insert(r.rule.key(), Arc::new(r));
     let mut m = KvManager::new(state.clone(), timing(64));

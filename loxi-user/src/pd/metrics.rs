@@ -1,0 +1,173 @@
+//! P/D metrics. The spec's names (`configuration-and-tuning.txt`, "P/D serving"), each with the
+//! `service` label loxi puts on every per-rule family:
+//!
+//! | name | type | labels |
+//! |---|---|---|
+//! | `loxilb_ai_pd_requests_total` | counter | `service` (two-leg requests started) |
+//! | `loxilb_ai_pd_session_hits_total` | counter | `service` (tier 0 chose the prefill endpoint) |
+//! | `loxilb_ai_pd_prefill_duration_seconds` | histogram | `service` (prefill leg: sent → body read) |
+//! | `loxilb_ai_pd_decode_ttft_seconds` | histogram | `service` (client request → decode response head) |
+//! | `loxilb_ai_pd_tier_selected_total` | counter | `service`, `leg` (`prefill`, `decode`), `tier` ([`PdTier::as_str`]) |
+//! | `loxilb_ai_pd_kv_params_missing_total` | counter | `service` (prefill answered 2xx without `kv_transfer_params`) |
+//! | `loxilb_ai_pd_failures_total` | counter | `service`, `reason` (`pd_pool_unavailable`, `pd_prefill_timeout`, `pd_decode_backend_died`, `pd_prefill_status`) |
+//!
+//! Tier 1.5 (`kvExactMode: 1`) counts its hits and misses in the KV tier's own families
+//! (`loxilb_pd_kv_tier15_*`).
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use super::ladder::PdTier;
+
+/// `service`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PdServiceLabels {
+    /// Service id.
+    pub service: String,
+}
+
+/// `service`, `leg`, `tier`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TierLabels {
+    /// Service id.
+    pub service: String,
+    /// `prefill` or `decode`.
+    pub leg: String,
+    /// [`PdTier::as_str`].
+    pub tier: String,
+}
+
+/// `service`, `reason`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FailureLabels {
+    /// Service id.
+    pub service: String,
+    /// The error token.
+    pub reason: String,
+}
+
+type Hist = Family<PdServiceLabels, Histogram, fn() -> Histogram>;
+
+fn seconds() -> Histogram {
+    // 1 ms … ~65 s.
+    Histogram::new(exponential_buckets(0.001, 2.0, 17))
+}
+
+/// The P/D metric handles. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct PdMetrics {
+    /// Two-leg requests started.
+    pub requests: Family<PdServiceLabels, Counter>,
+    /// Tier-0 hits.
+    pub session_hits: Family<PdServiceLabels, Counter>,
+    /// Prefill leg duration.
+    pub prefill_duration: Hist,
+    /// Time to the decode response head.
+    pub decode_ttft: Hist,
+    /// Tier decisions by leg.
+    pub tier_selected: Family<TierLabels, Counter>,
+    /// Prefill responses without transfer parameters.
+    pub params_missing: Family<PdServiceLabels, Counter>,
+    /// P/D failures by reason.
+    pub failures: Family<FailureLabels, Counter>,
+}
+
+impl PdMetrics {
+    /// Handles not attached to a registry.
+    pub fn unregistered() -> Self {
+        Self {
+            requests: Family::default(),
+            session_hits: Family::default(),
+            prefill_duration: Family::new_with_constructor(seconds),
+            decode_ttft: Family::new_with_constructor(seconds),
+            tier_selected: Family::default(),
+            params_missing: Family::default(),
+            failures: Family::default(),
+        }
+    }
+
+    /// Registers the families in `reg`.
+    pub fn register(reg: &mut Registry) -> Self {
+        let m = Self::unregistered();
+        reg.register(
+            "loxilb_ai_pd_requests",
+            "P/D two-leg requests started",
+            m.requests.clone(),
+        );
+        reg.register(
+            "loxilb_ai_pd_session_hits",
+            "P/D requests whose prefill endpoint came from the tier-0 session pin",
+            m.session_hits.clone(),
+        );
+        reg.register(
+            "loxilb_ai_pd_prefill_duration_seconds",
+            "P/D prefill leg duration, request sent to response body read",
+            m.prefill_duration.clone(),
+        );
+        reg.register(
+            "loxilb_ai_pd_decode_ttft_seconds",
+            "P/D time from the client's request to the decode leg's response head",
+            m.decode_ttft.clone(),
+        );
+        reg.register(
+            "loxilb_ai_pd_tier_selected",
+            "P/D endpoint choices by leg and tier (0 pin, 1.5 KV overlap, 2 min load, aggregated)",
+            m.tier_selected.clone(),
+        );
+        reg.register(
+            "loxilb_ai_pd_kv_params_missing",
+            "Prefill responses without kv_transfer_params (the decode leg ran without them)",
+            m.params_missing.clone(),
+        );
+        reg.register(
+            "loxilb_ai_pd_failures",
+            "P/D requests answered with an error, by reason token",
+            m.failures.clone(),
+        );
+        m
+    }
+
+    /// Creates the series of service `id` at 0, so dashboards see them before traffic.
+    pub fn init_service(&self, id: u32) {
+        let s = svc(id);
+        let _ = self.requests.get_or_create(&s);
+        let _ = self.session_hits.get_or_create(&s);
+        let _ = self.params_missing.get_or_create(&s);
+        for leg in ["prefill", "decode"] {
+            for t in PdTier::ALL {
+                let _ = self.tier(id, leg, t);
+            }
+        }
+    }
+
+    /// The tier counter of (`service`, `leg`, `tier`).
+    pub fn tier(&self, service: u32, leg: &str, tier: PdTier) -> Counter {
+        self.tier_selected
+            .get_or_create(&TierLabels {
+                service: service.to_string(),
+                leg: leg.to_string(),
+                tier: tier.as_str().to_string(),
+            })
+            .clone()
+    }
+
+    /// Counts one failure of `service` with `reason`.
+    pub fn failure(&self, service: u32, reason: &str) {
+        self.failures
+            .get_or_create(&FailureLabels {
+                service: service.to_string(),
+                reason: reason.to_string(),
+            })
+            .inc();
+    }
+}
+
+/// The `service` label set of `id`.
+pub fn svc(id: u32) -> PdServiceLabels {
+    PdServiceLabels {
+        service: id.to_string(),
+    }
+}
