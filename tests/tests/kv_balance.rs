@@ -50,7 +50,10 @@ async fn unique_prompts_spread_evenly_and_every_one_misses_as_no_worker() {
         tokenizer_dir: Some(tok.path().to_path_buf()),
         ..Default::default()
     }
-    .env("LLB_KV_NONE_HASH_SEED", "0");
+    .env("LLB_KV_NONE_HASH_SEED", "0")
+    // All 512 requests arrive at once: the tokenization queue (default 64, `overload` beyond)
+    // is not what this test is about, so it holds them all.
+    .env("LOXI_KV_TOKENIZE_QUEUE", "1024");
     let d = Daemon::start(opts).await;
     let port = free_port();
     let endpoints: Vec<_> = backends
