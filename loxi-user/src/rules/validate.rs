@@ -554,7 +554,10 @@ mod tests {
         let spec = ServiceSpec::compile(&validate(r1).expect("valid")).expect("spec");
         let kv = spec.kv.expect("tier 1.5");
         assert_eq!(
-            kv.endpoints.iter().map(|e| e.subscribed).collect::<Vec<_>>(),
+            kv.endpoints
+                .iter()
+                .map(|e| e.subscribed)
+                .collect::<Vec<_>>(),
             vec![true, false],
             "mode 1 subscribes only the prefill endpoint"
         );
