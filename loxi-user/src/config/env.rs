@@ -98,7 +98,7 @@ pub struct Env {
     pub pd_max_park_sec: u32,
     /// `LLB_PD_MAX_TOTAL_INFLIGHT`: global admission valve across every mode-4 rule: a request
     /// beyond this many in flight gets 429 `pd_overloaded` with `Retry-After: 1`
-    /// (`crate::proxy::valve`); 0 = off (default).
+    /// (the proxy's valve, `proxy/valve.rs`); 0 = off (default).
     pub pd_max_total_inflight: u32,
     /// `LLB_PD_ORIGIN_ERR_THRESHOLD`: consecutive origin 5xx that open an endpoint's breaker.
     /// Default 3; 0 disables.
