@@ -24,7 +24,7 @@ fn loxilb_help_lists_every_daemon_flag() {
 }
 
 #[test]
-fn loxicmd_without_a_server_exits_1_naming_the_address() {
+fn loxicmd_without_a_server_exits_5_naming_the_address() {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .expect("bind")
         .local_addr()
@@ -35,7 +35,8 @@ fn loxicmd_without_a_server_exits_1_naming_the_address() {
         .args(["--port", &port.to_string(), "get", "lb"])
         .output()
         .expect("run loxicmd");
-    assert_eq!(out.status.code(), Some(1));
+    // LoxiLB loxicmd's transport class (`cli::EXIT_TRANSPORT`).
+    assert_eq!(out.status.code(), Some(5));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains(&format!("127.0.0.1:{port}")), "{err}");
 }
