@@ -7,7 +7,7 @@ scripts/setup.sh
 export PATH="$HOME/.cargo/bin:$PATH"
 export LOXI_SHARED=${LOXI_SHARED:-$(cd .. && pwd)/shared}
 # One release build serves the tests and the binaries the integration tests start.
-cargo test --release --workspace -- --test-threads="${LOXI_TEST_THREADS:-2}"
+cargo test --release --workspace --no-fail-fast -- --test-threads="${LOXI_TEST_THREADS:-2}"
 # The routing benchmark end to end (a vllm-sim fleet and one loxilb per policy, a timed hit-rate
 # comparison): ignored by plain `cargo test`, run here as a step of its own, alone on the machine,
 # with the binaries the step above built.
