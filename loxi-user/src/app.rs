@@ -73,7 +73,8 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
         &tokens.read,
         &cfg.flags.api.api_allowed_origins,
         tls.is_some(),
-    ));
+    )
+    .with_allowed_hosts(&cfg.flags.api.api_allowed_hosts));
     warn_if_exposed(cfg.flags.api_addr, &tokens, tls.is_some());
     let mut registry = metrics::new_registry();
     let sockets = ListenSockets::new(ListenMetrics::register(&mut registry));

@@ -1,4 +1,5 @@
 //! The management plane's protection, against the real `loxilb` binary: content type, Origin,
+//! Host (DNS rebinding),
 //! bearer tokens (admin and read-only), HTTPS with a CA generated per test (`loxicmd
 //! --protocol https --cacert`), and the warning for an exposed API without a token.
 
@@ -117,6 +118,35 @@ async fn a_foreign_origin_is_refused_and_the_apis_own_origin_is_not() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tokenless_api_refuses_dns_names_it_was_not_given() {
+    let d = Daemon::start(DaemonOpts {
+        args: vec!["--api-allowed-host".into(), "lb.internal.test".into()],
+        ..DaemonOpts::default()
+    })
+    .await;
+    let all = "/netlox/v1/config/loadbalancer/all";
+    // A rebound page's same-origin GET carries no Origin, only its own name as Host.
+    let rebound = format!("rebound.attacker.example:{}", d.api_port());
+    let (status, _, text) = d
+        .request_with("GET", all, &[("host", rebound.as_str())], None)
+        .await
+        .expect("GET");
+    assert_eq!(status, 403, "{text}");
+    assert!(text.contains("--api-allowed-host"), "{text}");
+    let listed = format!("LB.internal.test:{}", d.api_port());
+    let (status, _, text) = d
+        .request_with("GET", all, &[("host", listed.as_str())], None)
+        .await
+        .expect("GET");
+    assert_eq!(status, 200, "listed name: {text}");
+    let (status, _, text) = d
+        .request_with("GET", all, &[("host", "localhost")], None)
+        .await
+        .expect("GET");
+    assert_eq!(status, 200, "localhost: {text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_tokens_configured_every_request_needs_one_and_read_tokens_cannot_write() {
     let dir = tempfile::tempdir().expect("tmp");
     let read_file = dir.path().join("read-token");
@@ -162,6 +192,17 @@ async fn with_tokens_configured_every_request_needs_one_and_read_tokens_cannot_w
     let (status, v) = d.post_rule(&body).await;
     assert_eq!(status, 200, "{v}");
     assert_eq!(rule_count(&d.rules().await), 1);
+    // With a token the browser cannot authenticate: any Host name is answered.
+    let (status, _, text) = d
+        .request_with(
+            "GET",
+            "/netlox/v1/config/loadbalancer/all",
+            &[("host", "lb.anywhere.example")],
+            None,
+        )
+        .await
+        .expect("GET");
+    assert_eq!(status, 200, "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,6 +6,12 @@
 //!    names the API by IP literal or `localhost` (a DNS name could be rebound to us by a
 //!    foreign page), or an origin listed with `--api-allowed-origin`. Clients that are not
 //!    browsers send no `Origin` and are not affected.
+//! 1. **Host**, when no token is configured. A request whose `Host` is a DNS name is refused
+//!    with 403 unless that name is listed with `--api-allowed-host`: a page that rebinds its
+//!    own name to us sends same-origin `GET`s without an `Origin` header, and only its `Host`
+//!    gives it away. IP literals and `localhost` always pass, and so does a request without a
+//!    `Host` (HTTP/1.0). With a token the browser cannot authenticate, so the token is the
+//!    defence and DNS names pass.
 //! 2. **Bearer token**, when one is configured (`--api-token-file` / `LOXI_API_TOKEN` for
 //!    admin, `--api-read-token-file` / `LOXI_API_READ_TOKEN` for read-only): every request
 //!    needs `Authorization: Bearer <token>` (401 with `WWW-Authenticate: Bearer` otherwise);
@@ -42,6 +48,7 @@ pub struct ApiSecurity {
     admin: Vec<[u8; 32]>,
     read: Vec<[u8; 32]>,
     allowed_origins: Vec<String>,
+    allowed_hosts: Vec<String>,
     tls: bool,
 }
 
@@ -51,6 +58,7 @@ impl std::fmt::Debug for ApiSecurity {
             .field("admin_tokens", &self.admin.len())
             .field("read_tokens", &self.read.len())
             .field("allowed_origins", &self.allowed_origins)
+            .field("allowed_hosts", &self.allowed_hosts)
             .field("tls", &self.tls)
             .finish()
     }
@@ -71,8 +79,45 @@ impl ApiSecurity {
                 .iter()
                 .map(|o| o.trim_end_matches('/').to_ascii_lowercase())
                 .collect(),
+            allowed_hosts: Vec::new(),
             tls,
         }
+    }
+
+    /// The same policy, also answering tokenless requests addressed to these DNS names
+    /// (`--api-allowed-host`; names without a port, compared case-insensitively).
+    pub fn with_allowed_hosts(mut self, hosts: &[String]) -> Self {
+        self.allowed_hosts = hosts.iter().map(|h| h.to_ascii_lowercase()).collect();
+        self
+    }
+
+    /// `Ok` when the request's `Host` may reach a tokenless API (see the module doc).
+    ///
+    /// # Errors
+    /// The refusal message when `Host` is a DNS name that is not listed.
+    pub fn check_host(&self, headers: &HeaderMap) -> Result<(), String> {
+        if self.requires_token() {
+            return Ok(());
+        }
+        let Some(host) = headers.get(header::HOST) else {
+            return Ok(());
+        };
+        let host = host
+            .to_str()
+            .map_err(|_| "the Host header is not text".to_string())?
+            .to_ascii_lowercase();
+        if names_us_directly(&host) {
+            return Ok(());
+        }
+        let name = host.rsplit_once(':').map_or(host.as_str(), |(n, _)| n);
+        if self.allowed_hosts.iter().any(|h| h == name) {
+            return Ok(());
+        }
+        Err(format!(
+            "request refused: Host {host:?} is a DNS name, and without an API token this API \
+             answers only requests addressed to an IP address, localhost or a name listed with \
+             --api-allowed-host (a web page could rebind such a name to this address)"
+        ))
     }
 
     /// True when requests need a token.
@@ -174,7 +219,10 @@ pub const VERSION_PATH: &str = "/netlox/v1/version";
 /// The middleware (see the module doc): `axum::middleware::from_fn_with_state(policy, guard)`.
 pub async fn guard(State(policy): State<Arc<ApiSecurity>>, req: Request, next: Next) -> Response {
     let (method, headers) = (req.method(), req.headers());
-    if let Err(msg) = policy.check_origin(headers) {
+    if let Err(msg) = policy
+        .check_origin(headers)
+        .and_then(|()| policy.check_host(headers))
+    {
         return ApiError::with_status(StatusCode::FORBIDDEN, msg).into_response();
     }
     // LoxiLB's `/version` is its readiness probe and needs no token (`security: []`).
@@ -270,6 +318,23 @@ mod tests {
         assert!(ok("null", "127.0.0.1:11111").is_err());
         p.check_origin(&headers(&[("host", "evil.example")]))
             .expect("no Origin: not a browser");
+    }
+
+    #[test]
+    fn tokenless_api_answers_dns_names_only_when_listed() {
+        let p = ApiSecurity::new(&[], &[], &[], false).with_allowed_hosts(&["LB.example.com".into()]);
+        let host = |h: &str| p.check_host(&headers(&[("host", h)]));
+        host("127.0.0.1:11111").expect("v4 literal");
+        host("[::1]:11111").expect("v6 literal");
+        host("localhost:11111").expect("localhost");
+        host("lb.example.com:11111").expect("listed, any port, any case");
+        let err = host("rebound.evil.example:11111").expect_err("rebinding name");
+        assert!(err.contains("--api-allowed-host"), "{err}");
+        p.check_host(&HeaderMap::new()).expect("no Host (HTTP/1.0)");
+        let with_token = ApiSecurity::new(&["t".into()], &[], &[], false);
+        with_token
+            .check_host(&headers(&[("host", "rebound.evil.example")]))
+            .expect("a token is the defence");
     }
 
     #[test]

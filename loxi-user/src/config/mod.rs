@@ -84,6 +84,11 @@ pub struct ApiArgs {
     /// A browser origin (`https://lb.example.com`) allowed besides the API's own (repeatable).
     #[arg(long = "api-allowed-origin", value_name = "ORIGIN")]
     pub api_allowed_origins: Vec<String>,
+    /// A DNS name (`lb.example.com`, no port) by which tokenless clients may address the API
+    /// (repeatable). Without a token, requests whose `Host` is any other DNS name get 403
+    /// (DNS-rebinding defence); IP addresses and `localhost` always pass.
+    #[arg(long = "api-allowed-host", value_name = "NAME")]
+    pub api_allowed_hosts: Vec<String>,
 }
 
 /// Environment variable holding the admin API token.
