@@ -68,13 +68,15 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
         (Some(cert), Some(key)) => Some(api::tls::server_config(cert, key)?),
         _ => None,
     };
-    let security = Arc::new(ApiSecurity::new(
-        &tokens.admin,
-        &tokens.read,
-        &cfg.flags.api.api_allowed_origins,
-        tls.is_some(),
-    )
-    .with_allowed_hosts(&cfg.flags.api.api_allowed_hosts));
+    let security = Arc::new(
+        ApiSecurity::new(
+            &tokens.admin,
+            &tokens.read,
+            &cfg.flags.api.api_allowed_origins,
+            tls.is_some(),
+        )
+        .with_allowed_hosts(&cfg.flags.api.api_allowed_hosts),
+    );
     warn_if_exposed(cfg.flags.api_addr, &tokens, tls.is_some());
     let mut registry = metrics::new_registry();
     let sockets = ListenSockets::new(ListenMetrics::register(&mut registry));
@@ -84,7 +86,7 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
     let store = Arc::new(RuleStore::open(&cfg.flags.state_dir)?);
     let mut tasks = JoinSet::new();
     let kv = kv::wiring::start(
-        cfg.env.kv_settings(),
+        cfg.env.kv.clone(),
         cfg.flags.tokenizer_dir.clone(),
         &mut registry,
         store.subscribe(),
@@ -179,7 +181,7 @@ fn proxy_config(cfg: &Config) -> ProxyConfig {
         body_timeout: Duration::from_millis(cfg.env.body_timeout_ms),
         body_budget: proxy::budget::BodyBudget::new(cfg.env.max_body_bytes_in_flight),
         parse: crate::request::ParseLimits {
-            max_string_bytes: cfg.env.kv_max_prompt_bytes,
+            max_string_bytes: cfg.env.kv.bounds.max_bytes,
             ..Default::default()
         },
         ..ProxyConfig::default()

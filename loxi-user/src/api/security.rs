@@ -322,7 +322,8 @@ mod tests {
 
     #[test]
     fn tokenless_api_answers_dns_names_only_when_listed() {
-        let p = ApiSecurity::new(&[], &[], &[], false).with_allowed_hosts(&["LB.example.com".into()]);
+        let p =
+            ApiSecurity::new(&[], &[], &[], false).with_allowed_hosts(&["LB.example.com".into()]);
         let host = |h: &str| p.check_host(&headers(&[("host", h)]));
         host("127.0.0.1:11111").expect("v4 literal");
         host("[::1]:11111").expect("v6 literal");

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 /// Tier-1.5 selection law (`LOXILB_KV_LB_MODE`): the KV tier's own type.
 pub use crate::kv::route::blend::LbMode as KvLbMode;
-use crate::kv::settings::KvSettings;
+use crate::kv::settings::{KvSettings, PromptBounds};
 
 /// A set variable whose value was not accepted; the default was used.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,47 +40,20 @@ impl fmt::Display for EnvWarning {
 /// Every environment knob, typed. Field docs give the variable, unit, default and range.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Env {
-    /// `LOXILB_KV_LB_MODE`: tier-1.5 law. Unset → `hard`, or `off` when
-    /// `LOXILB_KV_UNIFIED_MODE` disables it. Garbage → warning + `hard`.
-    pub kv_lb_mode: KvLbMode,
+    /// The KV tier's knobs (`LOXILB_KV_*`, `LLB_KV_*` and loxi's `LOXI_KV_*`), parsed straight
+    /// into the tier's own type: each [`KvSettings`] field names its variable, default and
+    /// range. The legacy and inert KV variables stay below.
+    pub kv: KvSettings,
     /// `LOXILB_KV_UNIFIED_MODE`: legacy toggle (default on; `0/false/off/no` disables),
     /// consulted only when `LOXILB_KV_LB_MODE` is unset.
     pub kv_unified_mode: bool,
-    /// `LOXILB_KV_MEAN_LOAD_FACTOR`: hard-mode cap as `(1+ε)·100` percent of the mean load.
-    /// Default 175 (ε = 0.75), range 100–1000.
-    pub kv_mean_load_factor: u32,
-    /// `LOXILB_KV_LOAD_PENALTY`: soft-mode λ. Default 32, range 1–100000.
-    pub kv_load_penalty: u32,
-    /// `LOXILB_KV_SPILL_RELIEF`: hot-prefix relief across the healthy fleet. `None` = auto (on
-    /// for kvExactMode 3, off for 1); `Some` overrides every service.
-    pub kv_spill_relief: Option<bool>,
-    /// `LOXILB_KV_CAP_SUM_MILLI`: deployment Σcapacity in milli-units for the adaptive law;
-    /// 0 = off (default). Positive integer.
-    pub kv_cap_sum_milli: u64,
     /// `LOXILB_KV_TLOAD_LOG`: promote per-selection total-load diagnostics to info. Default off.
     pub kv_tload_log: bool,
-    /// `LOXILB_KV_COLDSTART_SEED_N`: divert every Nth tier-1.5 hit to a cold endpoint.
-    /// Default 16; 0 disables.
-    pub kv_coldstart_seed_n: u32,
-    /// `LOXILB_KV_COLDSTART_MIN_BLOCKS`: inventory (blocks) below which an endpoint is cold.
-    /// Default 16; 0 means only an empty inventory is cold.
-    pub kv_coldstart_min_blocks: u32,
-    /// `LOXILB_KV_MAX_BLOCKS`: per-endpoint inventory cap in blocks (FIFO eviction).
-    /// Default 1,000,000, range 1000–100,000,000.
-    pub kv_max_blocks: u64,
     /// `LOXILB_AI_CTRL_ADDR`: external controller `host:port`; `None` (default) = no controller.
     pub ai_ctrl_addr: Option<String>,
     /// `LOXILB_AI_CTRL_DECAY_WINDOW_SEC`: seconds over which controller influence decays after
     /// staleness. Default 30, > 0.
     pub ai_ctrl_decay_window_sec: u32,
-    /// `LLB_KV_NONE_HASH_SEED`: vLLM's `PYTHONHASHSEED` string (≤ 23 bytes); `None` = unset
-    /// (all-zero NONE_HASH seed). Over-long → warning + unset.
-    pub kv_none_hash_seed: Option<String>,
-    /// `LLB_KV_HASH_DEBUG`: log every computed block hash (testbed only). Default off.
-    pub kv_hash_debug: bool,
-    /// `LLB_KV_MIN_MATCH_TOKENS`: minimum prompt tokens before KV-exact scoring.
-    /// Default 16, range 0–4096; 0 disables the guard.
-    pub kv_min_match_tokens: u32,
     /// `LLB_KV_LOADGUARD`: hard load-imbalance pre-guard before tier 1.5 (any non-0 value).
     /// Default off.
     pub kv_loadguard: bool,
@@ -103,33 +76,6 @@ pub struct Env {
     /// `LLB_PD_ORIGIN_ERR_THRESHOLD`: consecutive origin 5xx that open an endpoint's breaker.
     /// Default 3; 0 disables.
     pub pd_origin_err_threshold: u32,
-    /// `LOXI_KV_PREDICT_TTL_MS`: lifetime in milliseconds of the predicted blocks inserted for
-    /// the chosen endpoint after routing. Default 5000, range 0–600000 (0 = no prediction).
-    pub kv_predict_ttl_ms: u64,
-    /// `LOXI_KV_LORA_PATHS` (loxi, `name=path,...`): the adapter path vLLM hashes into a
-    /// LoRA block's extra key, by adapter name.
-    pub kv_lora_paths: std::collections::HashMap<String, String>,
-    /// `LOXI_KV_MAX_PROMPT_BYTES`: leading bytes of a prompt the KV tier tokenizes (and of any
-    /// string the proxy's routing parse keeps). Default 1 MiB, range 4 KiB–64 MiB.
-    pub kv_max_prompt_bytes: usize,
-    /// `LOXI_KV_MAX_PROMPT_TOKENS`: tokens of a prompt the KV tier computes; 0 (default) = the
-    /// model's `config.json` context length, else 131072. Range 16–16,777,216 or 0.
-    pub kv_max_prompt_tokens: usize,
-    /// `LOXI_KV_MAX_RUN_BYTES`: a longer whitespace-free run skips tokenization (`oversize`).
-    /// Default 8192, range 64–16 MiB.
-    pub kv_max_run_bytes: usize,
-    /// `LOXI_KV_MAX_MESSAGES`: a chat with more messages skips tokenization (`oversize`).
-    /// Default 4096, range 1–1,000,000.
-    pub kv_max_messages: usize,
-    /// `LOXI_KV_TOKENIZE_WORKERS`: tokenization threads. Default the CPU count, at most 4;
-    /// range 1–64.
-    pub kv_tokenize_workers: usize,
-    /// `LOXI_KV_TOKENIZE_QUEUE`: requests waiting for a tokenization thread; beyond it a
-    /// request misses with `overload`. Default 64, range 1–65536.
-    pub kv_tokenize_queue: usize,
-    /// `LOXI_KV_DECISION_BUDGET_MS`: the KV tier's time per request, queue wait included;
-    /// past it the request misses with `budget`. Default 10, range 1–60000.
-    pub kv_decision_budget_ms: u64,
     /// `LOXI_MAX_BODY_BYTES`: largest request body the fullproxy reads for metadata; larger
     /// JSON bodies get 413. Default 32 MiB, range 1 KiB–1 GiB.
     pub max_body_bytes: usize,
@@ -198,24 +144,52 @@ impl Env {
         let kv_unified_mode = r.switch("LOXILB_KV_UNIFIED_MODE", true);
         let kv_lb_mode = r.lb_mode(kv_unified_mode);
         let pd_queue_depth_per_ep = r.clamped("LLB_PD_QUEUE_DEPTH_PER_EP", 0, 64);
+        let kv = KvSettings {
+            lb_mode: kv_lb_mode,
+            mean_load_factor: r.int("LOXILB_KV_MEAN_LOAD_FACTOR", 175, 100, 1000) as u32,
+            load_penalty: r.int("LOXILB_KV_LOAD_PENALTY", 32, 1, 100_000) as u32,
+            spill_relief: r.tristate("LOXILB_KV_SPILL_RELIEF"),
+            cap_sum_milli: r.int("LOXILB_KV_CAP_SUM_MILLI", 0, 1, u32::MAX as u64),
+            coldstart_seed_n: r.int("LOXILB_KV_COLDSTART_SEED_N", 16, 0, u32::MAX as u64),
+            coldstart_min_blocks: r.int("LOXILB_KV_COLDSTART_MIN_BLOCKS", 16, 0, u32::MAX as u64),
+            max_blocks: r.int("LOXILB_KV_MAX_BLOCKS", 1_000_000, 1000, 100_000_000),
+            none_hash_seed: r.seed("LLB_KV_NONE_HASH_SEED"),
+            hash_debug: r.switch("LLB_KV_HASH_DEBUG", false),
+            min_match_tokens: r.int("LLB_KV_MIN_MATCH_TOKENS", 16, 0, 4096) as usize,
+            predicted_ttl: Duration::from_millis(r.int("LOXI_KV_PREDICT_TTL_MS", 5000, 0, 600_000)),
+            lora_paths: lookup("LOXI_KV_LORA_PATHS")
+                .map(|v| crate::kv::settings::parse_lora_paths(&v))
+                .unwrap_or_default(),
+            bounds: PromptBounds {
+                max_bytes: r.int("LOXI_KV_MAX_PROMPT_BYTES", 1 << 20, 4 << 10, 64 << 20) as usize,
+                max_tokens: match r.int("LOXI_KV_MAX_PROMPT_TOKENS", 0, 16, 16 << 20) {
+                    0 => None,
+                    n => Some(n as usize),
+                },
+                max_run_bytes: r.int("LOXI_KV_MAX_RUN_BYTES", 8 << 10, 64, 16 << 20) as usize,
+                max_messages: r.int("LOXI_KV_MAX_MESSAGES", 4096, 1, 1_000_000) as usize,
+            },
+            tokenize_workers: r.int(
+                "LOXI_KV_TOKENIZE_WORKERS",
+                crate::kv::settings::default_tokenize_workers() as u64,
+                1,
+                64,
+            ) as usize,
+            tokenize_queue: r.int("LOXI_KV_TOKENIZE_QUEUE", 64, 1, 65_536) as usize,
+            decision_budget: Duration::from_millis(r.int(
+                "LOXI_KV_DECISION_BUDGET_MS",
+                10,
+                1,
+                60_000,
+            )),
+        };
         Env {
-            kv_lb_mode,
+            kv,
             kv_unified_mode,
-            kv_mean_load_factor: r.int("LOXILB_KV_MEAN_LOAD_FACTOR", 175, 100, 1000) as u32,
-            kv_load_penalty: r.int("LOXILB_KV_LOAD_PENALTY", 32, 1, 100_000) as u32,
-            kv_spill_relief: r.tristate("LOXILB_KV_SPILL_RELIEF"),
-            kv_cap_sum_milli: r.int("LOXILB_KV_CAP_SUM_MILLI", 0, 1, u32::MAX as u64),
             kv_tload_log: r.switch("LOXILB_KV_TLOAD_LOG", false),
-            kv_coldstart_seed_n: r.int("LOXILB_KV_COLDSTART_SEED_N", 16, 0, u32::MAX as u64) as u32,
-            kv_coldstart_min_blocks: r.int("LOXILB_KV_COLDSTART_MIN_BLOCKS", 16, 0, u32::MAX as u64)
-                as u32,
-            kv_max_blocks: r.int("LOXILB_KV_MAX_BLOCKS", 1_000_000, 1000, 100_000_000),
             ai_ctrl_addr: r.host_port("LOXILB_AI_CTRL_ADDR"),
             ai_ctrl_decay_window_sec: r.int("LOXILB_AI_CTRL_DECAY_WINDOW_SEC", 30, 1, 86_400)
                 as u32,
-            kv_none_hash_seed: r.seed("LLB_KV_NONE_HASH_SEED"),
-            kv_hash_debug: r.switch("LLB_KV_HASH_DEBUG", false),
-            kv_min_match_tokens: r.int("LLB_KV_MIN_MATCH_TOKENS", 16, 0, 4096) as u32,
             kv_loadguard: r.nonzero("LLB_KV_LOADGUARD"),
             pd_prefill_timeout_sec: r.int("LLB_PD_PREFILL_TIMEOUT_SEC", 30, 1, 100_000) as u32,
             pd_max_inflight_per_ep: r.int("LLB_PD_MAX_INFLIGHT_PER_EP", 0, 0, 99_999) as u32,
@@ -224,23 +198,6 @@ impl Env {
             pd_max_total_inflight: r.int("LLB_PD_MAX_TOTAL_INFLIGHT", 0, 0, u32::MAX as u64) as u32,
             pd_origin_err_threshold: r.int("LLB_PD_ORIGIN_ERR_THRESHOLD", 3, 0, u32::MAX as u64)
                 as u32,
-            kv_predict_ttl_ms: r.int("LOXI_KV_PREDICT_TTL_MS", 5000, 0, 600_000),
-            kv_lora_paths: lookup("LOXI_KV_LORA_PATHS")
-                .map(|v| crate::kv::settings::parse_lora_paths(&v))
-                .unwrap_or_default(),
-            kv_max_prompt_bytes: r.int("LOXI_KV_MAX_PROMPT_BYTES", 1 << 20, 4 << 10, 64 << 20)
-                as usize,
-            kv_max_prompt_tokens: r.int("LOXI_KV_MAX_PROMPT_TOKENS", 0, 16, 16 << 20) as usize,
-            kv_max_run_bytes: r.int("LOXI_KV_MAX_RUN_BYTES", 8 << 10, 64, 16 << 20) as usize,
-            kv_max_messages: r.int("LOXI_KV_MAX_MESSAGES", 4096, 1, 1_000_000) as usize,
-            kv_tokenize_workers: r.int(
-                "LOXI_KV_TOKENIZE_WORKERS",
-                crate::kv::settings::default_tokenize_workers() as u64,
-                1,
-                64,
-            ) as usize,
-            kv_tokenize_queue: r.int("LOXI_KV_TOKENIZE_QUEUE", 64, 1, 65_536) as usize,
-            kv_decision_budget_ms: r.int("LOXI_KV_DECISION_BUDGET_MS", 10, 1, 60_000),
             max_body_bytes: r.int("LOXI_MAX_BODY_BYTES", 32 << 20, 1 << 10, 1 << 30) as usize,
             body_timeout_ms: r.int("LOXI_BODY_TIMEOUT_MS", 60_000, 100, 3_600_000),
             max_body_bytes_in_flight: r.int(
@@ -259,35 +216,6 @@ impl Env {
                 .copied()
                 .filter(|v| lookup(v).is_some_and(|x| !x.trim().is_empty()))
                 .collect(),
-        }
-    }
-
-    /// The KV tier's knobs from this environment (the one place `Env` maps onto
-    /// [`KvSettings`]; the KV tier never reads `Env`).
-    pub fn kv_settings(&self) -> KvSettings {
-        KvSettings {
-            lb_mode: self.kv_lb_mode,
-            mean_load_factor: self.kv_mean_load_factor,
-            load_penalty: self.kv_load_penalty,
-            spill_relief: self.kv_spill_relief,
-            cap_sum_milli: self.kv_cap_sum_milli,
-            coldstart_seed_n: u64::from(self.kv_coldstart_seed_n),
-            coldstart_min_blocks: u64::from(self.kv_coldstart_min_blocks),
-            max_blocks: self.kv_max_blocks,
-            min_match_tokens: self.kv_min_match_tokens as usize,
-            none_hash_seed: self.kv_none_hash_seed.clone(),
-            hash_debug: self.kv_hash_debug,
-            predicted_ttl: Duration::from_millis(self.kv_predict_ttl_ms),
-            lora_paths: self.kv_lora_paths.clone(),
-            bounds: crate::kv::settings::PromptBounds {
-                max_bytes: self.kv_max_prompt_bytes,
-                max_tokens: (self.kv_max_prompt_tokens > 0).then_some(self.kv_max_prompt_tokens),
-                max_run_bytes: self.kv_max_run_bytes,
-                max_messages: self.kv_max_messages,
-            },
-            tokenize_workers: self.kv_tokenize_workers,
-            tokenize_queue: self.kv_tokenize_queue,
-            decision_budget: Duration::from_millis(self.kv_decision_budget_ms),
         }
     }
 
@@ -475,20 +403,20 @@ mod tests {
     #[test]
     fn unset_environment_gives_spec_defaults() {
         let e = env(&[]);
-        assert_eq!(e.kv_lb_mode, KvLbMode::Hard);
+        assert_eq!(e.kv.lb_mode, KvLbMode::Hard);
         assert!(e.kv_unified_mode);
-        assert_eq!(e.kv_mean_load_factor, 175);
-        assert_eq!(e.kv_load_penalty, 32);
-        assert_eq!(e.kv_spill_relief, None);
-        assert_eq!(e.kv_cap_sum_milli, 0);
+        assert_eq!(e.kv.mean_load_factor, 175);
+        assert_eq!(e.kv.load_penalty, 32);
+        assert_eq!(e.kv.spill_relief, None);
+        assert_eq!(e.kv.cap_sum_milli, 0);
         assert!(!e.kv_tload_log);
-        assert_eq!((e.kv_coldstart_seed_n, e.kv_coldstart_min_blocks), (16, 16));
-        assert_eq!(e.kv_max_blocks, 1_000_000);
+        assert_eq!((e.kv.coldstart_seed_n, e.kv.coldstart_min_blocks), (16, 16));
+        assert_eq!(e.kv.max_blocks, 1_000_000);
         assert_eq!(e.ai_ctrl_addr, None);
         assert_eq!(e.ai_ctrl_decay_window_sec, 30);
-        assert_eq!(e.kv_none_hash_seed, None);
-        assert!(!e.kv_hash_debug && !e.kv_loadguard);
-        assert_eq!(e.kv_min_match_tokens, 16);
+        assert_eq!(e.kv.none_hash_seed, None);
+        assert!(!e.kv.hash_debug && !e.kv_loadguard);
+        assert_eq!(e.kv.min_match_tokens, 16);
         assert_eq!(e.pd_prefill_timeout_sec, 30);
         assert_eq!(
             e.pd_max_inflight_per_ep + e.pd_queue_depth_per_ep + e.pd_max_park_sec,
@@ -496,7 +424,7 @@ mod tests {
         );
         assert_eq!(e.pd_max_total_inflight, 0);
         assert_eq!(e.pd_origin_err_threshold, 3);
-        assert_eq!(e.kv_predict_ttl_ms, 5000);
+        assert_eq!(e.kv.predicted_ttl, Duration::from_millis(5000));
         assert_eq!(e.max_body_bytes, 32 * 1024 * 1024);
         assert_eq!((e.header_timeout_ms, e.idle_timeout_ms), (10_000, 60_000));
         assert_eq!(e.max_conns_per_listener, 4096);
@@ -525,20 +453,20 @@ mod tests {
             ("LOXI_IDLE_TIMEOUT_MS", "3600000"),
             ("LOXI_MAX_CONNS_PER_LISTENER", "1"),
         ]);
-        assert_eq!(e.kv_lb_mode, KvLbMode::AdaptiveSoft);
-        assert_eq!(e.kv_mean_load_factor, 300);
-        assert_eq!(e.kv_load_penalty, 100_000);
-        assert_eq!(e.kv_spill_relief, Some(false));
-        assert!(!e.kv_settings().spill_relief_for(crate::rules::KvMode::Pool));
-        assert_eq!(e.kv_cap_sum_milli, 8000);
-        assert_eq!(e.kv_max_blocks, 1000);
-        assert_eq!(e.kv_none_hash_seed.as_deref(), Some("0"));
-        assert!(e.kv_hash_debug && e.kv_loadguard);
-        assert_eq!(e.kv_min_match_tokens, 0);
+        assert_eq!(e.kv.lb_mode, KvLbMode::AdaptiveSoft);
+        assert_eq!(e.kv.mean_load_factor, 300);
+        assert_eq!(e.kv.load_penalty, 100_000);
+        assert_eq!(e.kv.spill_relief, Some(false));
+        assert!(!e.kv.spill_relief_for(crate::rules::KvMode::Pool));
+        assert_eq!(e.kv.cap_sum_milli, 8000);
+        assert_eq!(e.kv.max_blocks, 1000);
+        assert_eq!(e.kv.none_hash_seed.as_deref(), Some("0"));
+        assert!(e.kv.hash_debug && e.kv_loadguard);
+        assert_eq!(e.kv.min_match_tokens, 0);
         assert_eq!(e.pd_max_inflight_per_ep, 8);
         assert_eq!(e.effective_max_park_sec(), 180);
         assert_eq!(e.ai_ctrl_addr.as_deref(), Some("10.0.0.1:18856"));
-        assert_eq!(e.kv_predict_ttl_ms, 250);
+        assert_eq!(e.kv.predicted_ttl, Duration::from_millis(250));
         assert_eq!(e.max_body_bytes, 1024);
         assert_eq!((e.header_timeout_ms, e.idle_timeout_ms), (250, 3_600_000));
         assert_eq!(e.max_conns_per_listener, 1);
@@ -548,7 +476,7 @@ mod tests {
     #[test]
     fn garbage_lb_mode_warns_and_uses_hard() {
         let e = env(&[("LOXILB_KV_LB_MODE", "fastest")]);
-        assert_eq!(e.kv_lb_mode, KvLbMode::Hard);
+        assert_eq!(e.kv.lb_mode, KvLbMode::Hard);
         assert_eq!(e.warnings.len(), 1);
         let w = &e.warnings[0];
         assert_eq!(
@@ -565,14 +493,14 @@ mod tests {
     #[test]
     fn unified_mode_disabled_turns_the_law_off_only_when_lb_mode_unset() {
         assert_eq!(
-            env(&[("LOXILB_KV_UNIFIED_MODE", "off")]).kv_lb_mode,
+            env(&[("LOXILB_KV_UNIFIED_MODE", "off")]).kv.lb_mode,
             KvLbMode::Off
         );
         let both = env(&[
             ("LOXILB_KV_UNIFIED_MODE", "0"),
             ("LOXILB_KV_LB_MODE", "soft"),
         ]);
-        assert_eq!(both.kv_lb_mode, KvLbMode::Soft);
+        assert_eq!(both.kv.lb_mode, KvLbMode::Soft);
     }
 
     #[test]
@@ -584,9 +512,9 @@ mod tests {
             ("LOXI_MAX_BODY_BYTES", "12abc"),
             ("LLB_PD_MAX_INFLIGHT_PER_EP", "100000"),
         ]);
-        assert_eq!(e.kv_mean_load_factor, 175);
-        assert_eq!(e.kv_max_blocks, 1_000_000);
-        assert_eq!(e.kv_min_match_tokens, 16);
+        assert_eq!(e.kv.mean_load_factor, 175);
+        assert_eq!(e.kv.max_blocks, 1_000_000);
+        assert_eq!(e.kv.min_match_tokens, 16);
         assert_eq!(e.max_body_bytes, 32 << 20);
         assert_eq!(e.pd_max_inflight_per_ep, 0);
         let vars: Vec<_> = e.warnings.iter().map(|w| (w.var, w.used.clone())).collect();
@@ -632,13 +560,14 @@ mod tests {
     #[test]
     fn spill_relief_auto_follows_the_topology() {
         let e = env(&[]);
-        assert!(e.kv_settings().spill_relief_for(crate::rules::KvMode::Pool));
+        assert!(e.kv.spill_relief_for(crate::rules::KvMode::Pool));
         assert!(
-            !e.kv_settings()
+            !e.kv
+                .clone()
                 .spill_relief_for(crate::rules::KvMode::PdPrefill)
         );
         let bad = env(&[("LOXILB_KV_SPILL_RELIEF", "maybe")]);
-        assert_eq!(bad.kv_spill_relief, None);
+        assert_eq!(bad.kv.spill_relief, None);
         assert_eq!(bad.warnings[0].used, "auto");
     }
 
@@ -649,9 +578,9 @@ mod tests {
             ("LOXILB_AI_CTRL_ADDR", "controller"),
             ("LLB_KV_HASH_DEBUG", "verbose"),
         ]);
-        assert_eq!(e.kv_none_hash_seed, None);
+        assert_eq!(e.kv.none_hash_seed, None);
         assert_eq!(e.ai_ctrl_addr, None);
-        assert!(!e.kv_hash_debug);
+        assert!(!e.kv.hash_debug);
         let vars: Vec<_> = e.warnings.iter().map(|w| w.var).collect();
         assert_eq!(
             vars,
@@ -666,17 +595,14 @@ mod tests {
     #[test]
     fn empty_values_count_as_unset() {
         let e = env(&[("LOXILB_KV_LB_MODE", ""), ("LOXILB_KV_MAX_BLOCKS", "  ")]);
-        assert_eq!(e.kv_lb_mode, KvLbMode::Hard);
-        assert_eq!(e.kv_max_blocks, 1_000_000);
+        assert_eq!(e.kv.lb_mode, KvLbMode::Hard);
+        assert_eq!(e.kv.max_blocks, 1_000_000);
         assert!(e.warnings.is_empty());
     }
 
     #[test]
     fn unset_environment_maps_to_kv_setting_defaults() {
-        assert_eq!(
-            Env::from_lookup(|_| None).kv_settings(),
-            KvSettings::default()
-        );
+        assert_eq!(Env::from_lookup(|_| None).kv, KvSettings::default());
         let d = KvSettings::default();
         assert_eq!(
             (
@@ -714,7 +640,7 @@ mod tests {
             (e.body_timeout_ms, e.max_body_bytes_in_flight),
             (1500, 2 << 20)
         );
-        let s = e.kv_settings();
+        let s = e.kv.clone();
         let b = s.bounds;
         assert_eq!(
             (b.max_bytes, b.max_tokens, b.max_run_bytes, b.max_messages),
@@ -740,7 +666,7 @@ mod tests {
                 "LOXI_KV_DECISION_BUDGET_MS"
             ]
         );
-        let s = e.kv_settings();
+        let s = e.kv.clone();
         assert_eq!((s.bounds.max_bytes, s.bounds.max_tokens), (1 << 20, None));
         assert_eq!(s.decision_budget, Duration::from_millis(10));
     }
@@ -757,7 +683,7 @@ mod tests {
             ("LOXI_KV_LORA_PATHS", "sql=/a/sql, x=/b"),
         ]
         .into();
-        let s = Env::from_lookup(|k| env.get(k).map(|v| v.to_string())).kv_settings();
+        let s = Env::from_lookup(|k| env.get(k).map(|v| v.to_string())).kv;
         assert_eq!(s.lb_mode, KvLbMode::Soft);
         assert_eq!(s.mean_load_factor, 175);
         assert_eq!(s.load_penalty, 64);
@@ -769,15 +695,14 @@ mod tests {
 
     #[test]
     fn unified_mode_off_means_argmax_only_when_lb_mode_unset() {
-        let s = Env::from_lookup(|k| (k == "LOXILB_KV_UNIFIED_MODE").then(|| "0".to_string()))
-            .kv_settings();
+        let s = Env::from_lookup(|k| (k == "LOXILB_KV_UNIFIED_MODE").then(|| "0".to_string())).kv;
         assert_eq!(s.lb_mode, KvLbMode::Off);
         let s = Env::from_lookup(|k| match k {
             "LOXILB_KV_UNIFIED_MODE" => Some("0".into()),
             "LOXILB_KV_LB_MODE" => Some("bogus".into()),
             _ => None,
         })
-        .kv_settings();
+        .kv;
         assert_eq!(s.lb_mode, KvLbMode::Hard);
     }
 }

@@ -1,6 +1,6 @@
 //! Process-wide knobs of the KV tier (`LOXILB_KV_*`, `LLB_KV_*`), with the spec's defaults
 //! (`../shared/spec/configuration-and-tuning.txt`). The daemon reads the environment once at
-//! start (`config::env::Env`, the one parser of these variables); `Env::kv_settings` maps it.
+//! start (`config::env::Env`, the one parser of these variables, fills `Env::kv` with this type).
 
 use std::collections::HashMap;
 use std::time::Duration;

@@ -1,6 +1,6 @@
 //! How the daemon starts tier 1.5: the tokenizer pool, the shared KV state, the subscriber
 //! manager following rule snapshots, the predicted-block sweep, and the [`AffinityTier`] the
-//! proxy calls. (The KV knobs come from `config::Env::kv_settings`; this layer never reads the
+//! proxy calls. (The KV knobs come from `config::Env::kv`; this layer never reads the
 //! environment.)
 
 use std::path::PathBuf;

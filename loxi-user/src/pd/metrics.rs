@@ -73,6 +73,9 @@ pub struct PdMetrics {
     pub params_missing: Family<PdServiceLabels, Counter>,
     /// P/D failures by reason.
     pub failures: Family<FailureLabels, Counter>,
+    /// The failure reasons counted so far (any service), so a deleted service's failure
+    /// series can be removed without a scan of the family.
+    failure_reasons: std::sync::Arc<parking_lot::Mutex<Vec<&'static str>>>,
 }
 
 impl PdMetrics {
@@ -86,6 +89,7 @@ impl PdMetrics {
             tier_selected: Family::default(),
             params_missing: Family::default(),
             failures: Family::default(),
+            failure_reasons: Default::default(),
         }
     }
 
@@ -155,13 +159,47 @@ impl PdMetrics {
     }
 
     /// Counts one failure of `service` with `reason`.
-    pub fn failure(&self, service: u32, reason: &str) {
+    pub fn failure(&self, service: u32, reason: &'static str) {
+        {
+            let mut seen = self.failure_reasons.lock();
+            if !seen.contains(&reason) {
+                seen.push(reason);
+            }
+        }
         self.failures
             .get_or_create(&FailureLabels {
                 service: service.to_string(),
                 reason: reason.to_string(),
             })
             .inc();
+    }
+}
+
+impl PdMetrics {
+    /// Removes every `loxilb_ai_pd_*` series of service `id` (its rule was deleted or no
+    /// longer disaggregates), so a deleted rule leaves nothing in the scrape.
+    pub fn forget_service(&self, id: u32) {
+        let s = svc(id);
+        self.requests.remove(&s);
+        self.session_hits.remove(&s);
+        self.params_missing.remove(&s);
+        self.prefill_duration.remove(&s);
+        self.decode_ttft.remove(&s);
+        for leg in ["prefill", "decode"] {
+            for t in PdTier::ALL {
+                self.tier_selected.remove(&TierLabels {
+                    service: s.service.clone(),
+                    leg: leg.to_string(),
+                    tier: t.as_str().to_string(),
+                });
+            }
+        }
+        for reason in self.failure_reasons.lock().iter() {
+            self.failures.remove(&FailureLabels {
+                service: s.service.clone(),
+                reason: (*reason).to_string(),
+            });
+        }
     }
 }
 

@@ -268,6 +268,44 @@ impl ProxyMetrics {
     }
 }
 
+impl ProxyMetrics {
+    /// Removes every series of position `ep` of service `service`
+    /// (`loxilb_proxy_requests_total` of each class, connect failures, in-flight, stream
+    /// errors): the endpoint there was removed or replaced, and its series must neither stay
+    /// in the scrape nor be continued by whichever endpoint takes the position (issue 12 §1).
+    pub fn forget_endpoint(&self, service: u32, ep: usize) {
+        let l = ep_labels(service, ep);
+        self.connect_failures.remove(&l);
+        self.active.remove(&l);
+        self.stream_errors.remove(&l);
+        self.forget_requests(service, &l.ep_idx);
+    }
+
+    /// Removes every series of service `service`, whose pool had `endpoints` positions: each
+    /// position's (see [`Self::forget_endpoint`]), its `ep_idx="none"` requests, its
+    /// duration histogram and its P/D series. For a deleted rule.
+    pub fn forget_service(&self, service: u32, endpoints: usize) {
+        for ep in 0..endpoints {
+            self.forget_endpoint(service, ep);
+        }
+        self.forget_requests(service, "none");
+        self.duration.remove(&ServiceLabels {
+            service: service.to_string(),
+        });
+        self.pd.forget_service(service);
+    }
+
+    fn forget_requests(&self, service: u32, ep_idx: &str) {
+        for class in 1..=5 {
+            self.requests.remove(&RequestLabels {
+                service: service.to_string(),
+                ep_idx: ep_idx.to_string(),
+                class: format!("{class}xx"),
+            });
+        }
+    }
+}
+
 fn ep_labels(service: u32, ep: usize) -> EndpointLabels {
     EndpointLabels {
         service: service.to_string(),

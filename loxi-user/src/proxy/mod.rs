@@ -237,6 +237,9 @@ impl Reconciler {
         for addr in gone {
             if let Some(l) = self.listeners.remove(&addr) {
                 tracing::info!(%addr, "last rule deleted; closing listener after in-flight requests");
+                l.table
+                    .load()
+                    .forget_replaced(&PoolTable::default(), &self.ctx.metrics);
                 drop(l.close());
                 self.ctx.sockets.release(addr);
             }
@@ -262,7 +265,9 @@ impl Reconciler {
 
     async fn upsert_listener(&mut self, addr: SocketAddr, rules: &[Arc<StoredRule>]) {
         if let Some(l) = self.listeners.get(&addr) {
-            let next = Arc::new(PoolTable::build(rules, &l.table.load()));
+            let current = l.table.load();
+            let next = Arc::new(PoolTable::build(rules, &current));
+            current.forget_replaced(&next, &self.ctx.metrics);
             l.table.store(next.clone());
             next.activate(&self.tasks, &self.stop);
             return;

@@ -168,6 +168,30 @@ impl PoolTable {
         Self { pools }
     }
 
+    /// Removes the metric series that `next` (the table replacing this one) no longer backs:
+    /// every series of a service that is gone, and those of each position whose endpoint was
+    /// removed or replaced (another authority now sits there). Called before `next` serves,
+    /// so no request of `next` can resolve a series that is then removed.
+    pub fn forget_replaced(&self, next: &PoolTable, m: &ProxyMetrics) {
+        for old in &self.pools {
+            let id = old.rule.id;
+            match next.pools.iter().find(|p| p.rule.id == id) {
+                None => m.forget_service(id, old.authorities.len()),
+                Some(new) if Arc::ptr_eq(new, old) => {}
+                Some(new) => {
+                    for (ep, authority) in old.authorities.iter().enumerate() {
+                        if new.authorities.get(ep) != Some(authority) {
+                            m.forget_endpoint(id, ep);
+                        }
+                    }
+                    if new.pd.is_none() && old.pd.is_some() {
+                        m.pd.forget_service(id);
+                    }
+                }
+            }
+        }
+    }
+
     /// Activates every pool not yet active (see [`Pool::activate`]).
     pub fn activate(&self, tasks: &TaskTracker, stop: &CancellationToken) {
         for p in &self.pools {
@@ -329,6 +353,73 @@ mod tests {
         );
         assert_eq!(t2.pools[0].loads[1].in_flight(), 0);
         assert_eq!(t2.pools[0].state.topology.load().ids.len(), 2);
+    }
+
+    /// The `service="{id}"` series lines of the proxy's families in a scrape.
+    fn series(reg: &prometheus_client::registry::Registry, id: u32) -> Vec<String> {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, reg).expect("encode");
+        let needle = format!("service=\"{id}\"");
+        text.lines()
+            .filter(|l| l.starts_with("loxilb_proxy_") && l.contains(&needle))
+            .filter(|l| !l.contains("_bucket{"))
+            .map(|l| l.rsplit_once(' ').map_or(l, |(k, _)| k).to_string())
+            .collect()
+    }
+
+    /// Issue 12 §1: replacing or removing an endpoint removes its position's series (no
+    /// series is continued by the endpoint that takes the position), and deleting the rule
+    /// removes every series of its service.
+    #[test]
+    fn replaced_and_deleted_endpoints_leave_no_series() {
+        let mut reg = prometheus_client::registry::Registry::default();
+        let m = ProxyMetrics::register(&mut reg);
+        let t1 = PoolTable::build(&[rule(7, "", "", &[1, 2, 3])], &PoolTable::default());
+        let pm = t1.pools[0].metrics(&m);
+        for ep in 0..3 {
+            pm.request(ep, http::StatusCode::OK);
+        }
+        pm.request(2, http::StatusCode::BAD_GATEWAY);
+        m.request(7, None, http::StatusCode::SERVICE_UNAVAILABLE);
+        assert!(
+            series(&reg, 7).contains(
+                &"loxilb_proxy_requests_total{service=\"7\",ep_idx=\"2\",class=\"5xx\"}"
+                    .to_string()
+            ),
+            "{:?}",
+            series(&reg, 7)
+        );
+        // :1 stays at 0, :3 is replaced by :4 at position 2, :2 stays at 1.
+        let t2 = PoolTable::build(&[rule(7, "", "", &[1, 2, 4])], &t1);
+        t1.forget_replaced(&t2, &m);
+        let after = series(&reg, 7);
+        assert!(
+            after.iter().all(|l| !l.contains("ep_idx=\"2\"")),
+            "replaced position kept a series: {after:?}"
+        );
+        assert!(
+            after.contains(
+                &"loxilb_proxy_requests_total{service=\"7\",ep_idx=\"1\",class=\"2xx\"}"
+                    .to_string()
+            ),
+            "unchanged endpoint keeps its series: {after:?}"
+        );
+        // The new endpoint at position 2 starts from zero.
+        t2.pools[0].metrics(&m).request(2, http::StatusCode::OK);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &reg).expect("encode");
+        assert!(
+            text.contains(
+                "loxilb_proxy_requests_total{service=\"7\",ep_idx=\"2\",class=\"2xx\"} 1\n"
+            ),
+            "{text}"
+        );
+        // Removing the last endpoint drops position 2 again; deleting the rule drops all.
+        let t3 = PoolTable::build(&[rule(7, "", "", &[1, 2])], &t2);
+        t2.forget_replaced(&t3, &m);
+        assert!(series(&reg, 7).iter().all(|l| !l.contains("ep_idx=\"2\"")));
+        t3.forget_replaced(&PoolTable::default(), &m);
+        assert_eq!(series(&reg, 7), Vec::<String>::new());
     }
 
     #[test]

@@ -14,7 +14,7 @@
 
 use xxhash_rust::xxh3::xxh3_64;
 
-use super::key::{conversation_key, prefix_key};
+use super::key::affinity_key;
 use super::ring::Ring;
 use super::state::SelectorState;
 use super::{Candidates, Decision, Reason};
@@ -35,16 +35,12 @@ pub fn select(
 
 /// The ring key of a request and the reason it stands for (prefix, conversation, fallback).
 pub fn ring_key(args: &ServiceArgs, meta: &RequestMeta, state: &SelectorState) -> (u64, Reason) {
-    if let Some(k) = prefix_key(meta, args) {
-        return (k, Reason::RingPrefix);
-    }
-    if let Some(k) = conversation_key(meta) {
-        return (k, Reason::RingConversation);
-    }
-    (
-        xxh3_64(&state.next_ticket().to_le_bytes()),
-        Reason::RingFallback,
-    )
+    affinity_key(meta, args).unwrap_or_else(|| {
+        (
+            xxh3_64(&state.next_ticket().to_le_bytes()),
+            Reason::RingFallback,
+        )
+    })
 }
 
 /// `ceil(factor/100 × (Σ in_flight + 1) / eligible)`; 0 when nothing is eligible.

@@ -2,7 +2,7 @@
 //! key, modulo the number of eligible endpoints, indexing the eligible endpoints in order
 //! ([`Reason::Modulo`]); with neither key, round-robin. Worker metrics are not read (as LoxiLB).
 
-use super::key::{conversation_key, prefix_key};
+use super::key::affinity_key;
 use super::state::SelectorState;
 use super::{Candidates, Decision, Reason, rr};
 use crate::request::RequestMeta;
@@ -15,7 +15,7 @@ pub fn select(
     cands: &Candidates<'_>,
     state: &SelectorState,
 ) -> Decision {
-    let Some(key) = prefix_key(meta, args).or_else(|| conversation_key(meta)) else {
+    let Some((key, _)) = affinity_key(meta, args) else {
         return rr::select(cands, state);
     };
     let eligible: Vec<_> = cands.eligible_iter().collect();

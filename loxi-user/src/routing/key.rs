@@ -6,7 +6,7 @@
 
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
-use super::EpIdx;
+use super::{EpIdx, Reason};
 use crate::request::{Prompt, RequestMeta};
 use crate::rules::ServiceArgs;
 
@@ -116,6 +116,16 @@ fn mix_flags(buf: &mut String, meta: &RequestMeta, args: &ServiceArgs) {
         buf.push_str("\u{4}session=");
         buf.push_str(s);
     }
+}
+
+/// The affinity key shared by the key-placed selectors (sel 8 CHWBL, 9 GPU-aware, 10
+/// weighted hash): the prefix key ([`Reason::RingPrefix`]), else the conversation key
+/// ([`Reason::RingConversation`]). `None` when the request has neither; each selector has
+/// its own fallback then.
+pub fn affinity_key(meta: &RequestMeta, args: &ServiceArgs) -> Option<(u64, Reason)> {
+    prefix_key(meta, args)
+        .map(|k| (k, Reason::RingPrefix))
+        .or_else(|| conversation_key(meta).map(|k| (k, Reason::RingConversation)))
 }
 
 /// The conversation key: the conversation id, else the session key. `None` when neither.

@@ -36,7 +36,7 @@ use crate::kv::block_hash::RequestExtras;
 use crate::kv::index::ScoreScratch;
 use crate::kv::members::Member;
 use crate::kv::metrics::Stage;
-use crate::kv::settings::{DEFAULT_MAX_PROMPT_TOKENS, PromptBounds};
+use crate::kv::settings::PromptBounds;
 use crate::kv::state::{KvState, ServiceKv};
 use crate::kv::tokenizer::{EncodeBounds, TokenizeError};
 use crate::request::{ApiKind, Prompt, RequestMeta};
@@ -72,7 +72,7 @@ pub trait PromptTokenizer: Send + Sync + 'static {
         let ids = self
             .encode(model, api, prompt, add_special_tokens)
             .map_err(|_| MissReason::Tokenize)?;
-        let max = bounds.max_tokens.unwrap_or(DEFAULT_MAX_PROMPT_TOKENS);
+        let max = bounds.limit(None);
         Ok(if ids.len() > max {
             Arc::from(&ids[..max])
         } else {
@@ -471,7 +471,11 @@ fn screen(meta: &RequestMeta, b: &PromptBounds) -> Result<(RequestMeta, bool), M
             (Prompt::Text(head.to_owned()), cut)
         }
         Prompt::TokenIds(ids) => {
-            let max = b.max_tokens.unwrap_or(DEFAULT_MAX_PROMPT_TOKENS);
+            let max = EncodeBounds {
+                max_tokens: b.max_tokens,
+                prefix: false,
+            }
+            .limit(None);
             (Prompt::TokenIds(ids[..ids.len().min(max)].to_vec()), false)
         }
     };

@@ -25,7 +25,6 @@ use super::compat;
 use super::segment::{DEFAULT_SEGMENT_CAPACITY, SegmentEncoder};
 use super::template::ChatTemplate;
 use super::{EncodeBounds, TokenizeError, TokenizerMetrics};
-use crate::kv::settings::DEFAULT_MAX_PROMPT_TOKENS;
 use crate::request::{ApiKind, ChatMessage, Prompt};
 
 /// A loaded model: its tokenizer, its chat template (or why there is none) and a cache.
@@ -97,11 +96,7 @@ impl ModelTokenizer {
         bounds: EncodeBounds,
         metrics: &TokenizerMetrics,
     ) -> Result<Arc<[u32]>, TokenizeError> {
-        let max = bounds
-            .max_tokens
-            .or(self.max_context)
-            .unwrap_or(DEFAULT_MAX_PROMPT_TOKENS)
-            .max(1);
+        let max = bounds.limit(self.max_context);
         let ids = match prompt {
             Prompt::Text(text) if bounds.prefix => {
                 self.encode_prefix(model, text, add_special_tokens.unwrap_or(true), max)?
@@ -111,7 +106,7 @@ impl ModelTokenizer {
                     model: model.to_owned(),
                 });
             }
-            Prompt::TokenIds(ids) => token_ids(&ids[..ids.len().min(max)])?,
+            Prompt::TokenIds(ids) => token_ids(ids, max)?,
             Prompt::Text(text) => self.encode_text_upto(
                 model,
                 text,
@@ -225,7 +220,7 @@ impl ModelTokenizer {
         metrics: &TokenizerMetrics,
     ) -> Result<Arc<[u32]>, TokenizeError> {
         match prompt {
-            Prompt::TokenIds(ids) => token_ids(ids),
+            Prompt::TokenIds(ids) => token_ids(ids, usize::MAX),
             Prompt::Text(text) => {
                 self.encode_text(model, text, add_special_tokens.unwrap_or(true), metrics)
             }
@@ -444,10 +439,12 @@ fn api_tag(api: ApiKind) -> u8 {
     }
 }
 
-/// A token-id prompt, used as given.
-pub fn token_ids(ids: &[u32]) -> Result<Arc<[u32]>, TokenizeError> {
+/// A token-id prompt, used as given up to its first `max` ids (the tokenizer's one handling of
+/// token-id prompts; `max` from [`super::EncodeBounds::limit`]). Errors:
+/// [`TokenizeError::Empty`].
+pub fn token_ids(ids: &[u32], max: usize) -> Result<Arc<[u32]>, TokenizeError> {
     if ids.is_empty() {
         return Err(TokenizeError::Empty);
     }
-    Ok(Arc::from(ids))
+    Ok(Arc::from(&ids[..ids.len().min(max)]))
 }

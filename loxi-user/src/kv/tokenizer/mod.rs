@@ -77,6 +77,19 @@ pub struct EncodeBounds {
     pub prefix: bool,
 }
 
+impl EncodeBounds {
+    /// The most tokens one encoding keeps: `max_tokens`, else the model's `context` (from its
+    /// `config.json`, when known), else
+    /// [`crate::kv::settings::DEFAULT_MAX_PROMPT_TOKENS`]; at least 1. The one place this
+    /// bound is decided, for text, chats and token-id prompts alike.
+    pub fn limit(&self, context: Option<usize>) -> usize {
+        self.max_tokens
+            .or(context)
+            .unwrap_or(crate::kv::settings::DEFAULT_MAX_PROMPT_TOKENS)
+            .max(1)
+    }
+}
+
 /// The directory name a model's tokenizer is staged under: the model id with `/` → `__`
 /// (LoxiLB's slug, e.g. `Qwen/Qwen2.5-7B-Instruct` → `Qwen__Qwen2.5-7B-Instruct`).
 pub fn model_slug(model: &str) -> String {

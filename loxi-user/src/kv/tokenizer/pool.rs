@@ -89,8 +89,9 @@ impl TokenizerPool {
         prompt: &Prompt,
         add_special_tokens: Option<bool>,
     ) -> Result<Arc<[u32]>, TokenizeError> {
+        // Token-id prompts need no tokenizer.
         if let Prompt::TokenIds(ids) = prompt {
-            return token_ids(ids);
+            return token_ids(ids, usize::MAX);
         }
         let tok = self.get(model)?;
         let out = tok.encode(model, api, prompt, add_special_tokens, &self.metrics);
@@ -114,8 +115,7 @@ impl TokenizerPool {
         bounds: EncodeBounds,
     ) -> Result<Arc<[u32]>, TokenizeError> {
         if let Prompt::TokenIds(ids) = prompt {
-            let max = bounds.max_tokens.unwrap_or(usize::MAX);
-            return token_ids(&ids[..ids.len().min(max)]);
+            return token_ids(ids, bounds.limit(None));
         }
         let tok = self.get(model)?;
         let out = tok.encode_bounded(
