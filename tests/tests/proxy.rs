@@ -961,3 +961,69 @@ async fn deleting_the_last_rule_lets_in_flight_requests_finish() {
     assert_eq!(r.backend.as_deref(), Some("0"));
     assert_eq!(b.cancelled(), 0);
 }
+
+/// Issue 14 §6: LoxiLB's `loxilb_ai_*` request families, labelled by the rule's model (or
+/// `other` for the wildcard pool, whatever model the client names), counted when the
+/// response ends; `loxilb_ai_active_streams` holds an SSE response while it streams.
+#[tokio::test]
+async fn loxilb_ai_families_count_by_the_rules_model() {
+    let (a, w) = (Backend::start("a").await, Backend::start("w").await);
+    let port = free_port();
+    let d = started(&[
+        rule(port, 0, &[(a.port(), 1)], json!({"model_name": "llama"})),
+        rule(port, 0, &[(w.port(), 1)], json!({})),
+    ])
+    .await;
+    let c = client();
+    let llama = r#"model="llama",tenant="",status="200""#;
+    let other = r#"model="other",tenant="",status="200""#;
+    let before = d.metrics_text().await;
+    let at = |t: &str, n: &str| metric(t, "loxilb_ai_requests_total", &[n]).unwrap_or(0.0);
+    for _ in 0..3 {
+        let r = chat(&c, port, json!({"model": "llama"}), &[]).await;
+        assert_eq!((r.status, r.backend.as_deref()), (200, Some("a")));
+    }
+    // Client-chosen model names land on the wildcard pool under `other`, not as new series.
+    for m in ["qwen-a", "qwen-b"] {
+        let r = chat(&c, port, json!({"model": m}), &[]).await;
+        assert_eq!((r.status, r.backend.as_deref()), (200, Some("w")));
+    }
+    let mid = d.metrics_text().await;
+    assert_eq!(at(&mid, llama) - at(&before, llama), 3.0, "{mid}");
+    assert_eq!(at(&mid, other) - at(&before, other), 2.0, "{mid}");
+    assert!(!mid.contains("qwen-a"), "client model names mint no series");
+    let count = |t: &str| {
+        metric(
+            t,
+            "loxilb_ai_request_duration_seconds_count",
+            &[r#"model="llama""#],
+        )
+        .unwrap_or(0.0)
+    };
+    assert_eq!(count(&mid) - count(&before), 3.0);
+    // An SSE response is an active stream until its body ends.
+    let req = post_req(
+        port,
+        "/v1/chat/completions",
+        &[("x-sse", "30:100")],
+        full(json!({"model": "llama", "stream": true}).to_string()),
+    );
+    let resp = c.request(req).await.expect("response");
+    assert_eq!(resp.status(), 200);
+    let streams = |t: &str| {
+        metric(t, "loxilb_ai_active_streams", &[r#"model="llama""#]).unwrap_or(-1.0)
+    };
+    assert_eq!(streams(&d.metrics_text().await), 1.0, "one stream open");
+    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+    assert!(String::from_utf8_lossy(&bytes).contains("[DONE]"));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let t = d.metrics_text().await;
+        if streams(&t) == 0.0 {
+            assert_eq!(at(&t, llama) - at(&before, llama), 4.0, "{t}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "stream gauge stuck: {t}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -53,10 +53,45 @@ pub struct EndAccounting {
     pub cell: Arc<HealthCell>,
     /// The endpoint's load (the breaker publishes health through it).
     pub load: Arc<EndpointLoad>,
+    /// LoxiLB's `loxilb_ai_*` accounting of the response.
+    pub ai: AiEnd,
+}
+
+/// One response's `loxilb_ai_*` accounting (see [`super::ai_metrics`]): the status counter
+/// and the duration are settled when the body ends; the stream gauge is held while an SSE
+/// response streams.
+#[derive(Debug)]
+pub struct AiEnd {
+    /// `loxilb_ai_requests_total` of the response's status (bumped when the body ends cleanly
+    /// or the client leaves).
+    pub ok: Counter,
+    /// `loxilb_ai_requests_total` of `502` (bumped when the upstream body fails).
+    pub failed: Counter,
+    /// `loxilb_ai_request_duration_seconds` of the pool's model.
+    pub duration: Histogram,
+    /// `loxilb_ai_active_streams` of the pool's model.
+    pub streams: Gauge,
+    /// True once the response was found to be an SSE stream and `streams` was incremented.
+    pub streaming: bool,
+}
+
+impl AiEnd {
+    fn settle(self, stream_failed: bool, elapsed_secs: f64) {
+        if stream_failed {
+            self.failed.inc();
+        } else {
+            self.ok.inc();
+        }
+        self.duration.observe(elapsed_secs);
+        if self.streaming {
+            self.streams.dec();
+        }
+    }
 }
 
 impl EndAccounting {
-    fn settle(self, stream_failed: bool) {
+    fn settle(self, stream_failed: bool, elapsed_secs: f64) {
+        self.ai.settle(stream_failed, elapsed_secs);
         let outcome = if stream_failed {
             self.failed.inc();
             self.stream_errors.inc();
@@ -112,10 +147,21 @@ impl Tracked {
         self
     }
 
+    /// The response is an SSE stream: `loxilb_ai_active_streams` counts it until its body
+    /// ends. No effect without a [`Self::with_end`] accounting, or when already marked.
+    pub fn mark_streaming(&mut self) {
+        if let Some(ai) = self.end.as_mut().map(|e| &mut e.ai)
+            && !ai.streaming
+        {
+            ai.streaming = true;
+            ai.streams.inc();
+        }
+    }
+
     /// The upstream body failed.
     fn stream_failed(&mut self) {
         if let Some(e) = self.end.take() {
-            e.settle(true);
+            e.settle(true, self.start.elapsed().as_secs_f64());
         }
     }
 }
@@ -123,7 +169,7 @@ impl Tracked {
 impl Drop for Tracked {
     fn drop(&mut self) {
         if let Some(e) = self.end.take() {
-            e.settle(false);
+            e.settle(false, self.start.elapsed().as_secs_f64());
         }
         self.active.dec();
         self.duration.observe(self.start.elapsed().as_secs_f64());

@@ -235,6 +235,7 @@ impl Handler {
             breaker: self.breaker.clone(),
             cell: pool.health[ep].clone(),
             load: pool.loads[ep].clone(),
+            ai: pm.ai.end(status.as_u16()),
         }
     }
 
@@ -319,7 +320,20 @@ pub(super) fn downstream_response(
     tracked: Tracked,
 ) -> Response<ProxyBody> {
     let (mut parts, body) = resp.into_parts();
+    let mut tracked = tracked;
+    if is_event_stream(&parts.headers) {
+        tracked.mark_streaming();
+    }
     strip_hop_by_hop(&mut parts.headers);
     parts.headers.insert(ENDPOINT_HEADER, HeaderValue::from(ep));
     Response::from_parts(parts, GuardedBody::new(body, tracked).boxed())
+}
+
+/// True when `headers` say `Content-Type: text/event-stream` (an SSE response).
+fn is_event_stream(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|t| t.trim().eq_ignore_ascii_case("text/event-stream"))
 }

@@ -12,6 +12,8 @@
 //! | `loxilb_proxy_connections_closed_total` | counter | `listener`, `reason` (`header_timeout`, `idle_timeout`) |
 //! | `loxilb_proxy_connections_queued_total` | counter | `listener` (accepted only after waiting for a slot under `LOXI_MAX_CONNS_PER_LISTENER`) |
 //! | `loxilb_pd_admission_shed_total` | counter | `reason` (`total_inflight`: refused by `LLB_PD_MAX_TOTAL_INFLIGHT`) |
+//!
+//! LoxiLB's `loxilb_ai_*` request families are in [`super::ai_metrics`].
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -106,6 +108,8 @@ pub struct ProxyMetrics {
     pub shed: Family<ShedLabels, Counter>,
     /// The P/D families (`loxilb_ai_pd_*`, see [`crate::pd::metrics`]).
     pub pd: crate::pd::PdMetrics,
+    /// LoxiLB's AI request families (`loxilb_ai_*`, see [`super::ai_metrics`]).
+    pub ai: super::ai_metrics::AiMetrics,
 }
 
 fn duration_histogram() -> Histogram {
@@ -118,6 +122,7 @@ impl ProxyMetrics {
     pub fn register(reg: &mut Registry) -> Self {
         let m = Self {
             pd: crate::pd::PdMetrics::register(reg),
+            ai: super::ai_metrics::AiMetrics::register(reg),
             ..Self::unregistered()
         };
         reg.register(
@@ -187,6 +192,7 @@ impl ProxyMetrics {
             connections_queued: Family::default(),
             shed: Family::default(),
             pd: crate::pd::PdMetrics::unregistered(),
+            ai: super::ai_metrics::AiMetrics::unregistered(),
         }
     }
 
@@ -338,12 +344,21 @@ pub struct PoolMetrics {
     pub eps: Vec<EndpointMetrics>,
     /// Request duration.
     pub duration: Histogram,
+    /// The pool's `loxilb_ai_*` handles.
+    pub ai: super::ai_metrics::AiPoolMetrics,
     selections: [[std::sync::OnceLock<Counter>; 14]; 2],
 }
 
 impl PoolMetrics {
-    /// Handles for service `service` (selector label `selector`) with `n` endpoints.
-    pub fn new(m: &ProxyMetrics, service: u32, selector: &'static str, n: usize) -> Self {
+    /// Handles for service `service` (selector label `selector`, rule model name `model`,
+    /// empty for the wildcard pool) with `n` endpoints.
+    pub fn new(
+        m: &ProxyMetrics,
+        service: u32,
+        selector: &'static str,
+        model: &str,
+        n: usize,
+    ) -> Self {
         let eps = (0..n)
             .map(|ep| EndpointMetrics {
                 active: m.active_gauge(service, ep),
@@ -361,6 +376,7 @@ impl PoolMetrics {
             selector,
             eps,
             duration: m.duration_histogram(service),
+            ai: super::ai_metrics::AiPoolMetrics::new(&m.ai, model),
             selections: Default::default(),
         }
     }

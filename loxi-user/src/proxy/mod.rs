@@ -8,11 +8,12 @@
 //!
 //! Files: `handler.rs` (one request), `pool.rs` (pools and model routing), `upstream.rs`
 //! (clients), `body.rs` (streaming with in-flight guards), `error.rs` (every error body),
-//! `metrics.rs`, `listener.rs` (accept loop, connection cap), `conn.rs` (header-read and idle
+//! `metrics.rs` (and `ai_metrics.rs`, LoxiLB's `loxilb_ai_*` families), `listener.rs` (accept loop, connection cap), `conn.rs` (header-read and idle
 //! timeouts), `valve.rs` (the global in-flight valve `LLB_PD_MAX_TOTAL_INFLIGHT`), `pd.rs` (the
 //! two legs of a P/D request: prefill, then decode with the prefill's transfer parameters). The request
 //! metadata the handler extracts is the shared vocabulary of [`crate::request`].
 
+pub mod ai_metrics;
 pub mod body;
 pub mod budget;
 pub mod conn;

@@ -128,7 +128,13 @@ impl Pool {
                 m.pd.init_service(self.rule.id);
             }
             let sel = self.rule.spec.sel.name();
-            PoolMetrics::new(m, self.rule.id, sel, self.authorities.len())
+            PoolMetrics::new(
+                m,
+                self.rule.id,
+                sel,
+                &self.rule.rule.service.model_name,
+                self.authorities.len(),
+            )
         })
     }
 
