@@ -585,9 +585,9 @@ mod tests {
         assert_eq!(
             vars,
             vec![
-                "LOXILB_AI_CTRL_ADDR",
                 "LLB_KV_NONE_HASH_SEED",
-                "LLB_KV_HASH_DEBUG"
+                "LLB_KV_HASH_DEBUG",
+                "LOXILB_AI_CTRL_ADDR"
             ]
         );
     }
