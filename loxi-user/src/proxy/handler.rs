@@ -1,7 +1,8 @@
 //! One request through the fullproxy: read the body (bounded), pick the pool, extract the
 //! metadata, select an endpoint with the rule's ladder (`routing::ladder`: tier 1.5 first when
 //! the rule asks), forward, retry another endpoint on connect failure, and stream the response
-//! back with its in-flight guard. A P/D rule's request goes through `pd.rs` instead.
+//! back with its in-flight guard. A P/D rule's request goes through `pd.rs` instead, and
+//! `GET /v1/models` through `models.rs` (the union of every pool's lists).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -42,6 +43,8 @@ pub struct Handler {
     pub breaker: Breaker,
     /// Upstream clients.
     pub upstreams: Upstreams,
+    /// The listener's aggregated `GET /v1/models` answers.
+    pub models: super::models::ModelsCache,
 }
 
 impl Handler {
@@ -91,6 +94,9 @@ impl Handler {
             (0, ProxyError::BodyTimeout { ms })
         })?
         .map_err(|e| (0, e))?;
+        if super::models::is_list_request(&parts) {
+            return self.list_models(&parts).await.map_err(|e| (0, e));
+        }
         // Parse the body only when routing reads it: for the model of a multi-pool listener,
         // or for a prefix-keyed selector / tier 1.5. Plain rr/wrr/lc/hash/persist skip it.
         // The parse is bounded (`request::bounded`): what routing keeps of a 32 MiB body is
@@ -291,7 +297,7 @@ async fn read_body(
 }
 
 /// The request's host: the `Host` header, else the URI authority (HTTP/2).
-fn request_host(parts: &Parts) -> Option<&str> {
+pub(super) fn request_host(parts: &Parts) -> Option<&str> {
     parts
         .headers
         .get(http::header::HOST)

@@ -17,8 +17,9 @@
 //!    that took the request and sent nothing is 502 `pd_decode_backend_died`. The pin is set
 //!    once the decode answered.
 //!
-//! Other requests of a P/D rule (model lists, `/v1/responses`, non-JSON bodies) are one leg to
-//! the endpoint the rule's `sel` picks. A client that goes away drops this future: the prefill
+//! Other requests of a P/D rule (`/v1/embeddings`, `/tokenize`, `/health`, `/v1/responses`,
+//! non-JSON bodies) are one leg to the endpoint the rule's `sel` picks; `GET /v1/models` never
+//! gets here (`models.rs` answers it for every pool of the listener). A client that goes away drops this future: the prefill
 //! leg in flight is dropped with it (its connection closes), and a decode leg's body is dropped
 //! with the response; the in-flight counts are guards, so they return to 0 either way.
 
