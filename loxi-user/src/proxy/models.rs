@@ -32,9 +32,8 @@ use tokio::time::Instant;
 
 use super::body::ProxyBody;
 use super::error::{ProxyError, full};
-use super::handler::{Handler, request_host, upstream_request};
 use super::pool::Pool;
-use super::upstream::Attempt;
+use super::upstream::{Attempt, Upstreams, upstream_request};
 
 /// Largest model list read from one endpoint, in bytes; a longer answer leaves it out.
 pub const MAX_LIST_BYTES: usize = 1 << 20;
@@ -103,27 +102,38 @@ impl Entry {
     }
 }
 
-impl Handler {
-    /// Answers `GET /v1/models` with the union of the pools' lists (see the module doc).
-    pub(super) async fn list_models(
+/// What answering `GET /v1/models` on one listener uses: the upstream clients, the knobs and
+/// the listener's cache.
+pub struct ModelList<'a> {
+    /// The proxy's upstream clients.
+    pub upstreams: &'a Upstreams,
+    /// Cache lifetime and per-endpoint timeout.
+    pub config: ModelsConfig,
+    /// The listener's cached answers.
+    pub cache: &'a ModelsCache,
+}
+
+impl ModelList<'_> {
+    /// Answers `GET /v1/models` (request head `parts`) with the union of the lists of `pools`
+    /// (the pools serving the request's host, in rule-key order; see the module doc).
+    pub async fn answer(
         &self,
         parts: &Parts,
+        pools: &[&Arc<Pool>],
     ) -> Result<Response<ProxyBody>, ProxyError> {
-        let table = self.table.load_full();
-        let pools = table.for_host(request_host(parts))?;
-        let ttl = self.ctx.config.models.cache;
+        let ttl = self.config.cache;
         let key = Key {
             rules: pools.iter().map(|p| p.rule.id).collect(),
             auth: auth_hash(&parts.headers),
         };
-        let mut entries = self.models.entries.lock().await;
+        let mut entries = self.cache.entries.lock().await;
         if let Some(e) = entries
             .get(&key)
-            .filter(|e| e.fresh(&pools, ttl, Instant::now()))
+            .filter(|e| e.fresh(pools, ttl, Instant::now()))
         {
             return Ok(list_response(e.body.clone()));
         }
-        let body = self.aggregate(parts, &pools).await?;
+        let body = self.aggregate(parts, pools).await?;
         if !ttl.is_zero() {
             let now = Instant::now();
             if entries.len() >= MAX_ENTRIES {
@@ -169,7 +179,7 @@ impl Handler {
         authority: &str,
         http2: bool,
     ) -> Result<Vec<Value>, String> {
-        let timeout = self.ctx.config.models.timeout;
+        let timeout = self.config.timeout;
         let fetch = async {
             let mut req =
                 upstream_request(parts, authority, Bytes::new()).map_err(|e| e.to_string())?;

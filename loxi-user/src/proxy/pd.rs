@@ -34,9 +34,9 @@ use serde_json::Value;
 
 use super::body::{ProxyBody, Tracked};
 use super::error::{ProxyError, full};
-use super::handler::{ENDPOINT_HEADER, Handler, downstream_response, upstream_request};
+use super::handler::{ENDPOINT_HEADER, Handler, downstream_response};
 use super::pool::Pool;
-use super::upstream::{Attempt, strip_hop_by_hop};
+use super::upstream::{Attempt, strip_hop_by_hop, upstream_request};
 use crate::health::breaker::Outcome;
 use crate::kv::route::select::KvTicket;
 use crate::kv::wiring::KvTier;
