@@ -1010,9 +1010,8 @@ async fn loxilb_ai_families_count_by_the_rules_model() {
     );
     let resp = c.request(req).await.expect("response");
     assert_eq!(resp.status(), 200);
-    let streams = |t: &str| {
-        metric(t, "loxilb_ai_active_streams", &[r#"model="llama""#]).unwrap_or(-1.0)
-    };
+    let streams =
+        |t: &str| metric(t, "loxilb_ai_active_streams", &[r#"model="llama""#]).unwrap_or(-1.0);
     assert_eq!(streams(&d.metrics_text().await), 1.0, "one stream open");
     let bytes = resp.into_body().collect().await.expect("body").to_bytes();
     assert!(String::from_utf8_lossy(&bytes).contains("[DONE]"));
