@@ -180,6 +180,10 @@ fn proxy_config(cfg: &Config) -> ProxyConfig {
         pd_prefill_timeout: Duration::from_secs(cfg.env.pd_prefill_timeout_sec.into()),
         body_timeout: Duration::from_millis(cfg.env.body_timeout_ms),
         body_budget: proxy::budget::BodyBudget::new(cfg.env.max_body_bytes_in_flight),
+        models: proxy::models::ModelsConfig {
+            cache: Duration::from_millis(cfg.env.models_cache_ms),
+            timeout: Duration::from_millis(cfg.env.models_timeout_ms),
+        },
         parse: crate::request::ParseLimits {
             max_string_bytes: cfg.env.kv.bounds.max_bytes,
             ..Default::default()

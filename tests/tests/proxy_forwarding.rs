@@ -38,7 +38,7 @@ async fn raw(port: u16, request: &str) -> String {
 
 fn get(port: u16, extra_headers: &str) -> String {
     format!(
-        "GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{extra_headers}Connection: close\r\n\r\n"
+        "GET /health HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{extra_headers}Connection: close\r\n\r\n"
     )
 }
 
@@ -59,7 +59,7 @@ async fn x_forwarded_for_is_extended_and_proto_is_the_listeners() {
     // Naming the header in Connection (hop-by-hop) must not let a client strip it.
     let answer = raw(
         port,
-        "GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Forwarded-For: 192.0.2.1\r\nConnection: close, x-forwarded-for\r\n\r\n",
+        "GET /health HTTP/1.1\r\nHost: x\r\nX-Forwarded-For: 192.0.2.1\r\nConnection: close, x-forwarded-for\r\n\r\n",
     )
     .await;
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");

@@ -83,7 +83,7 @@ fn post(extra: &str) -> String {
     )
 }
 
-const GET: &[u8] = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n";
+const GET: &[u8] = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
 
 /// Sends `GET` and reads one whole response (content-length framed); true on a 200.
 async fn get_ok(s: &mut TcpStream) -> bool {

@@ -118,7 +118,7 @@ async fn a_restored_rule_whose_port_is_taken_is_reported_and_served_once_it_free
         .await
         .expect("connect");
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    s.write_all(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         .await
         .expect("write");
     let mut out = String::new();

@@ -86,6 +86,14 @@ pub struct Env {
     /// once; a request beyond waits (within `LOXI_BODY_TIMEOUT_MS`). Default 256 MiB, range
     /// 1 MiB–64 GiB.
     pub max_body_bytes_in_flight: u64,
+    /// `LOXI_MODELS_CACHE_MS`: how long a listener keeps its aggregated `GET /v1/models`
+    /// answer (the union of its pools' endpoints' lists). Default 2000, range 0–600000 (0: ask
+    /// the endpoints on every request).
+    pub models_cache_ms: u64,
+    /// `LOXI_MODELS_TIMEOUT_MS`: how long one endpoint may take to answer the aggregated
+    /// `GET /v1/models` (connect, head and body); a slower one is left out. Default 2000,
+    /// range 10–60000.
+    pub models_timeout_ms: u64,
     /// `LOXI_HEADER_TIMEOUT_MS`: longest a fullproxy client may take to send a request head,
     /// from its first byte (slowloris bound). Default 10000, range 100–600000.
     pub header_timeout_ms: u64,
@@ -206,6 +214,8 @@ impl Env {
                 1 << 20,
                 64 << 30,
             ),
+            models_cache_ms: r.int("LOXI_MODELS_CACHE_MS", 2000, 0, 600_000),
+            models_timeout_ms: r.int("LOXI_MODELS_TIMEOUT_MS", 2000, 10, 60_000),
             header_timeout_ms: r.int("LOXI_HEADER_TIMEOUT_MS", 10_000, 100, 600_000),
             idle_timeout_ms: r.int("LOXI_IDLE_TIMEOUT_MS", 60_000, 100, 3_600_000),
             max_conns_per_listener: r.int("LOXI_MAX_CONNS_PER_LISTENER", 4096, 1, 1_000_000)
@@ -632,6 +642,8 @@ mod tests {
             ("LOXI_KV_DECISION_BUDGET_MS", "25"),
             ("LOXI_BODY_TIMEOUT_MS", "1500"),
             ("LOXI_MAX_BODY_BYTES_IN_FLIGHT", "2097152"),
+            ("LOXI_MODELS_CACHE_MS", "0"),
+            ("LOXI_MODELS_TIMEOUT_MS", "250"),
         ]
         .into();
         let e = Env::from_lookup(|k| env.get(k).map(|v| v.to_string()));
@@ -640,6 +652,7 @@ mod tests {
             (e.body_timeout_ms, e.max_body_bytes_in_flight),
             (1500, 2 << 20)
         );
+        assert_eq!((e.models_cache_ms, e.models_timeout_ms), (0, 250));
         let s = e.kv.clone();
         let b = s.bounds;
         assert_eq!(

@@ -89,6 +89,10 @@ pub struct KvMetrics {
     pub misses: Family<ReasonLabels, Counter>,
     /// `loxilb_pd_kv_tier15_fallthrough_total{service}`.
     pub fallthrough: Family<ServiceLabels, Counter>,
+    /// `loxilb_pd_kv_tier15_bypass_total{service,reason}` (loxi extension): requests of a
+    /// tier-1.5 rule routed by the rule's `sel` without entering the tier, neither hits nor
+    /// misses nor fallthroughs; `reason` is one of [`BYPASS_REASONS`].
+    pub bypasses: Family<ReasonLabels, Counter>,
     /// `loxilb_pd_kv_tier15_spills_total{service,ep_idx}` (`ep_idx`: the endpoint the
     /// request spilled to, as LoxiLB labels it).
     pub spills: Family<EpIdxLabels, Counter>,
@@ -125,6 +129,7 @@ impl KvMetrics {
             hits: Family::default(),
             misses: Family::default(),
             fallthrough: Family::default(),
+            bypasses: Family::default(),
             spills: Family::default(),
             cold_seeds: Family::default(),
             blocks: Family::default(),
@@ -155,6 +160,11 @@ impl KvMetrics {
             "loxilb_pd_kv_tier15_fallthrough",
             "Requests that left tier 1.5",
             m.fallthrough.clone(),
+        );
+        r.register(
+            "loxilb_pd_kv_tier15_bypass",
+            "Requests routed by the rule's sel without entering tier 1.5 (not generation)",
+            m.bypasses.clone(),
         );
         r.register(
             "loxilb_pd_kv_tier15_spills",
@@ -219,7 +229,7 @@ impl KvMetrics {
         m
     }
 
-    /// Creates every per-service series at zero (all miss reasons, fallthrough, and per
+    /// Creates every per-service series at zero (all miss and bypass reasons, fallthrough, and per
     /// endpoint spills, cold seeds and cap evictions), so dashboards see them before the first
     /// event.
     pub fn init_service(&self, service: &str, endpoints: usize) {
@@ -228,6 +238,9 @@ impl KvMetrics {
                 service: service.into(),
                 reason: r.as_str().into(),
             });
+        }
+        for r in BYPASS_REASONS {
+            let _ = self.bypasses.get_or_create(&reason(service, r));
         }
         let s = ServiceLabels {
             service: service.into(),
@@ -333,9 +346,23 @@ impl KvMetrics {
                 reason: r.as_str().into(),
             });
         }
+        for r in BYPASS_REASONS {
+            self.bypasses.remove(&reason(service, r));
+        }
         self.fallthrough.remove(&ServiceLabels {
             service: service.into(),
         });
+    }
+}
+
+/// Every `reason` of `loxilb_pd_kv_tier15_bypass_total` (non_generation: not a completions,
+/// chat completions or responses request, e.g. `/v1/embeddings`, `/tokenize`, `/health`).
+pub const BYPASS_REASONS: &[&str] = &["non_generation"];
+
+fn reason(service: &str, reason: &str) -> ReasonLabels {
+    ReasonLabels {
+        service: service.into(),
+        reason: reason.into(),
     }
 }
 
@@ -405,6 +432,8 @@ pub struct RouteMetrics {
     hits: PosCounters,
     misses: Vec<Counter>,
     fallthrough: Counter,
+    /// `loxilb_pd_kv_tier15_bypass_total{service,reason="non_generation"}`.
+    non_generation: Counter,
     /// `loxilb_pd_kv_tier15_spills_total{service,ep_idx}`, pre-created at 0.
     spills: PosCounters,
     /// `loxilb_pd_kv_tier15_cold_seeds_total{service,ep_idx}`, pre-created at 0.
@@ -446,6 +475,11 @@ impl RouteMetrics {
         self.fallthrough.inc();
     }
 
+    /// Counts one request routed without entering the tier because it is not a generation.
+    pub fn non_generation(&self) {
+        self.non_generation.inc();
+    }
+
     /// Observes one stage's latency in seconds.
     pub fn stage(&self, stage: Stage, seconds: f64) {
         let i = match stage {
@@ -482,6 +516,10 @@ impl KvMetrics {
                 })
                 .collect(),
             fallthrough: self.fallthrough.get_or_create(&s).clone(),
+            non_generation: self
+                .bypasses
+                .get_or_create(&reason(service, "non_generation"))
+                .clone(),
             spills: PosCounters::new(&self.spills, service, endpoints),
             cold_seeds: PosCounters::new(&self.cold_seeds, service, endpoints),
             stages: Default::default(),
@@ -534,6 +572,31 @@ mod tests {
         assert!(out.contains("loxilb_pd_kv_tier15_spills_total{service=\"7\",ep_idx=\"1\"} 0"));
         assert!(out.contains("loxilb_pd_kv_tier15_cold_seeds_total{service=\"7\",ep_idx=\"0\"} 0"));
         assert!(out.contains("loxilb_kv_inv_cap_evictions_total{service=\"7\",ep=\"1\"} 0"));
+    }
+
+    #[test]
+    fn a_bypass_is_counted_apart_from_misses_and_fallthrough() {
+        let mut reg = Registry::default();
+        let m = KvMetrics::register(&mut reg);
+        m.init_service("7", 1);
+        let text = |reg: &Registry| {
+            let mut out = String::new();
+            encode(&mut out, reg).expect("encode");
+            out
+        };
+        let bypass = "loxilb_pd_kv_tier15_bypass_total{service=\"7\",reason=\"non_generation\"}";
+        assert!(text(&reg).contains(&format!("{bypass} 0")), "pre-created");
+        m.route("7", 1).non_generation();
+        let out = text(&reg);
+        assert!(out.contains(&format!("{bypass} 1")), "{out}");
+        assert!(out.contains("loxilb_pd_kv_tier15_fallthrough_total{service=\"7\"} 0"));
+        for r in MissReason::ALL {
+            let line = format!(
+                "loxilb_pd_kv_tier15_miss_reason_total{{service=\"7\",reason=\"{}\"}} 0",
+                r.as_str()
+            );
+            assert!(out.contains(&line), "{line}: {out}");
+        }
     }
 
     #[test]

@@ -47,6 +47,9 @@ impl AffinityTier for KvRouter {
     fn routed(&self, rule: &StoredRule, meta: &RequestMeta, ep: EpIdx, ticket: &mut KvTicket) {
         KvRouter::routed(self, rule, meta, ep, ticket)
     }
+    fn bypassed(&self, rule: &StoredRule, _: &RequestMeta) {
+        KvRouter::bypassed(self, rule)
+    }
 }
 
 /// Tier 1.5 as the proxy holds it: any [`AffinityTier`] whose per-request ticket is the KV

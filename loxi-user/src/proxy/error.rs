@@ -123,6 +123,14 @@ pub enum ProxyError {
         #[source]
         source: hyper_util::client::legacy::Error,
     },
+    /// `GET /v1/models`: no endpoint of the listener's pools answered a model list (502).
+    #[error("no endpoint answered /v1/models ({tried} asked; last failure: {last})")]
+    ModelsUnavailable {
+        /// Endpoints asked (healthy ones of every pool for the request's host).
+        tried: usize,
+        /// The last failure, e.g. `127.0.0.1:8001: status 401`.
+        last: String,
+    },
     /// The global valve (`LLB_PD_MAX_TOTAL_INFLIGHT`) is full (429, `Retry-After: 1`).
     #[error("the gateway has {limit} requests in flight (LLB_PD_MAX_TOTAL_INFLIGHT); retry later")]
     Overloaded {
@@ -146,7 +154,8 @@ impl ProxyError {
             Self::BackendUnreachable { .. }
             | Self::Upstream { .. }
             | Self::PdPrefillFailed { .. }
-            | Self::PdDecodeDied { .. } => StatusCode::BAD_GATEWAY,
+            | Self::PdDecodeDied { .. }
+            | Self::ModelsUnavailable { .. } => StatusCode::BAD_GATEWAY,
             Self::PdPrefillTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
@@ -171,6 +180,7 @@ impl ProxyError {
             Self::PdPrefillTimeout { .. } => "pd_prefill_timeout",
             Self::PdPrefillFailed { .. } => "pd_prefill_failed",
             Self::PdDecodeDied { .. } => "pd_decode_backend_died",
+            Self::ModelsUnavailable { .. } => "models_unavailable",
         }
     }
 
@@ -189,7 +199,8 @@ impl ProxyError {
             | Self::PdPoolUnavailable { .. }
             | Self::PdPrefillTimeout { .. }
             | Self::PdPrefillFailed { .. }
-            | Self::PdDecodeDied { .. } => Party::Upstream,
+            | Self::PdDecodeDied { .. }
+            | Self::ModelsUnavailable { .. } => Party::Upstream,
             Self::Internal(_) | Self::Overloaded { .. } => Party::Internal,
         }
     }
@@ -203,6 +214,7 @@ impl ProxyError {
                 | Self::Overloaded { .. }
                 | Self::PdPoolUnavailable { .. }
                 | Self::PdPrefillTimeout { .. }
+                | Self::ModelsUnavailable { .. }
         )
     }
 

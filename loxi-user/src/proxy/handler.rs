@@ -1,7 +1,8 @@
 //! One request through the fullproxy: read the body (bounded), pick the pool, extract the
 //! metadata, select an endpoint with the rule's ladder (`routing::ladder`: tier 1.5 first when
 //! the rule asks), forward, retry another endpoint on connect failure, and stream the response
-//! back with its in-flight guard. A P/D rule's request goes through `pd.rs` instead.
+//! back with its in-flight guard. A P/D rule's request goes through `pd.rs` instead, and
+//! `GET /v1/models` through `models.rs` (the union of every pool's lists).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -12,7 +13,7 @@ use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderValue, Request, Response};
-use http_body_util::{BodyExt, Full};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use tracing::Instrument as _;
 
@@ -20,8 +21,9 @@ use super::ProxyContext;
 use super::body::{EndAccounting, GuardedBody, ProxyBody, Tracked};
 use super::budget::{BodyBudget, Reservation};
 use super::error::ProxyError;
+use super::models::{self, ModelList, ModelsCache};
 use super::pool::{Pool, PoolTable};
-use super::upstream::{Attempt, Upstreams, strip_hop_by_hop, upstream_uri};
+use super::upstream::{Attempt, Upstreams, strip_hop_by_hop, upstream_request};
 use crate::health::breaker::{Breaker, Outcome};
 use crate::kv::route::select::KvTicket;
 use crate::kv::wiring::KvTier;
@@ -42,6 +44,8 @@ pub struct Handler {
     pub breaker: Breaker,
     /// Upstream clients.
     pub upstreams: Upstreams,
+    /// The listener's aggregated `GET /v1/models` answers.
+    pub models: ModelsCache,
 }
 
 impl Handler {
@@ -91,6 +95,16 @@ impl Handler {
             (0, ProxyError::BodyTimeout { ms })
         })?
         .map_err(|e| (0, e))?;
+        if models::is_list_request(&parts) {
+            let table = self.table.load_full();
+            let pools = table.for_host(request_host(&parts)).map_err(|e| (0, e))?;
+            let list = ModelList {
+                upstreams: &self.upstreams,
+                config: self.ctx.config.models,
+                cache: &self.models,
+            };
+            return list.answer(&parts, &pools).await.map_err(|e| (0, e));
+        }
         // Parse the body only when routing reads it: for the model of a multi-pool listener,
         // or for a prefix-keyed selector / tier 1.5. Plain rr/wrr/lc/hash/persist skip it.
         // The parse is bounded (`request::bounded`): what routing keeps of a 32 MiB body is
@@ -297,21 +311,6 @@ fn request_host(parts: &Parts) -> Option<&str> {
         .get(http::header::HOST)
         .and_then(|h| h.to_str().ok())
         .or_else(|| parts.uri.authority().map(|a| a.as_str()))
-}
-
-pub(super) fn upstream_request(
-    parts: &Parts,
-    authority: &str,
-    body: Bytes,
-) -> Result<Request<Full<Bytes>>, ProxyError> {
-    let uri =
-        upstream_uri(authority, &parts.uri).map_err(|e| ProxyError::Internal(e.to_string()))?;
-    let mut req = Request::new(Full::new(body));
-    *req.method_mut() = parts.method.clone();
-    *req.uri_mut() = uri;
-    *req.headers_mut() = parts.headers.clone();
-    strip_hop_by_hop(req.headers_mut());
-    Ok(req)
 }
 
 pub(super) fn downstream_response(

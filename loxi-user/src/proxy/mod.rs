@@ -8,8 +8,10 @@
 //!
 //! Files: `handler.rs` (one request), `pool.rs` (pools and model routing), `upstream.rs`
 //! (clients), `body.rs` (streaming with in-flight guards), `error.rs` (every error body),
-//! `metrics.rs` (and `ai_metrics.rs`, LoxiLB's `loxilb_ai_*` families), `listener.rs` (accept loop, connection cap), `conn.rs` (header-read and idle
-//! timeouts), `valve.rs` (the global in-flight valve `LLB_PD_MAX_TOTAL_INFLIGHT`), `pd.rs` (the
+//! `metrics.rs` (and `ai_metrics.rs`, LoxiLB's `loxilb_ai_*` families), `listener.rs` (accept
+//! loop, connection cap), `conn.rs` (header-read and idle timeouts), `valve.rs` (the global
+//! in-flight valve `LLB_PD_MAX_TOTAL_INFLIGHT`), `models.rs` (`GET /v1/models`: the union of
+//! the pools' model lists), `pd.rs` (the
 //! two legs of a P/D request: prefill, then decode with the prefill's transfer parameters). The request
 //! metadata the handler extracts is the shared vocabulary of [`crate::request`].
 
@@ -22,6 +24,7 @@ pub mod forwarded;
 pub mod handler;
 pub mod listener;
 pub mod metrics;
+pub mod models;
 pub mod pd;
 pub mod pool;
 pub mod upstream;
@@ -98,6 +101,9 @@ pub struct ProxyConfig {
     /// Bounds of the routing parse of request bodies (strings cut at
     /// `LOXI_KV_MAX_PROMPT_BYTES`, a node budget; see `request::bounded`).
     pub parse: crate::request::ParseLimits,
+    /// The aggregated `GET /v1/models` answer's cache and per-endpoint timeout
+    /// (`LOXI_MODELS_CACHE_MS`, `LOXI_MODELS_TIMEOUT_MS`).
+    pub models: models::ModelsConfig,
 }
 
 impl Default for ProxyConfig {
@@ -114,6 +120,7 @@ impl Default for ProxyConfig {
             parse: crate::request::ParseLimits::default(),
             body_timeout: Duration::from_secs(60),
             body_budget: budget::BodyBudget::default(),
+            models: models::ModelsConfig::default(),
         }
     }
 }
@@ -284,6 +291,7 @@ impl Reconciler {
                 .breaker(self.tasks.clone(), self.stop.clone()),
             ctx: self.ctx.clone(),
             upstreams: self.upstreams.clone(),
+            models: models::ModelsCache::default(),
         });
         let tcp = self
             .ctx

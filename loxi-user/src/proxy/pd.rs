@@ -17,8 +17,9 @@
 //!    that took the request and sent nothing is 502 `pd_decode_backend_died`. The pin is set
 //!    once the decode answered.
 //!
-//! Other requests of a P/D rule (model lists, `/v1/responses`, non-JSON bodies) are one leg to
-//! the endpoint the rule's `sel` picks. A client that goes away drops this future: the prefill
+//! Other requests of a P/D rule (`/v1/embeddings`, `/tokenize`, `/health`, `/v1/responses`,
+//! non-JSON bodies) are one leg to the endpoint the rule's `sel` picks; `GET /v1/models` never
+//! gets here (`models.rs` answers it for every pool of the listener). A client that goes away drops this future: the prefill
 //! leg in flight is dropped with it (its connection closes), and a decode leg's body is dropped
 //! with the response; the in-flight counts are guards, so they return to 0 either way.
 
@@ -33,9 +34,9 @@ use serde_json::Value;
 
 use super::body::{ProxyBody, Tracked};
 use super::error::{ProxyError, full};
-use super::handler::{ENDPOINT_HEADER, Handler, downstream_response, upstream_request};
+use super::handler::{ENDPOINT_HEADER, Handler, downstream_response};
 use super::pool::Pool;
-use super::upstream::{Attempt, strip_hop_by_hop};
+use super::upstream::{Attempt, strip_hop_by_hop, upstream_request};
 use crate::health::breaker::Outcome;
 use crate::kv::route::select::KvTicket;
 use crate::kv::wiring::KvTier;

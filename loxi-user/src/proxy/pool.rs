@@ -215,14 +215,10 @@ impl PoolTable {
                 .any(|p| !p.rule.rule.service.model_name.is_empty())
     }
 
-    /// The pool for a request: pools whose `host` equals the request host (case-insensitive,
-    /// port ignored), else host-less pools; among those the pool whose `model_name` equals the
-    /// model (case-sensitive), else the wildcard (`""`) pool, else `model_unavailable`.
-    pub fn choose(
-        &self,
-        host: Option<&str>,
-        model: Option<&str>,
-    ) -> Result<&Arc<Pool>, ProxyError> {
+    /// The pools serving a request's host: pools whose `host` equals it (case-insensitive,
+    /// port ignored), else host-less pools, in rule-key order; `no_route` when there are none.
+    /// Every model pool among them (one per `model_name`) is included.
+    pub fn for_host(&self, host: Option<&str>) -> Result<Vec<&Arc<Pool>>, ProxyError> {
         let host = host.map(strip_port).unwrap_or("");
         let by_host: Vec<&Arc<Pool>> = self
             .pools
@@ -230,7 +226,7 @@ impl PoolTable {
             .filter(|p| !p.rule.rule.service.host.is_empty())
             .filter(|p| p.rule.rule.service.host.eq_ignore_ascii_case(host))
             .collect();
-        let cands = if by_host.is_empty() {
+        let cands: Vec<&Arc<Pool>> = if by_host.is_empty() {
             self.pools
                 .iter()
                 .filter(|p| p.rule.rule.service.host.is_empty())
@@ -243,6 +239,18 @@ impl PoolTable {
                 host: host.to_string(),
             });
         }
+        Ok(cands)
+    }
+
+    /// The pool for a request: among the pools for its host ([`Self::for_host`]) the pool whose
+    /// `model_name` equals the model (case-sensitive), else the wildcard (`""`) pool, else
+    /// `model_unavailable`.
+    pub fn choose(
+        &self,
+        host: Option<&str>,
+        model: Option<&str>,
+    ) -> Result<&Arc<Pool>, ProxyError> {
+        let cands = self.for_host(host)?;
         let model = model.unwrap_or("");
         cands
             .iter()

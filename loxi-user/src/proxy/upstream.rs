@@ -104,6 +104,23 @@ pub fn strip_hop_by_hop(h: &mut HeaderMap) {
     h.remove("proxy-connection");
 }
 
+/// The request for `authority`: the client's method, path and query, headers (hop-by-hop ones
+/// removed) and `body`; 500 `internal_error` when the URI cannot be built.
+pub fn upstream_request(
+    parts: &http::request::Parts,
+    authority: &str,
+    body: Bytes,
+) -> Result<Request<Full<Bytes>>, super::error::ProxyError> {
+    let uri = upstream_uri(authority, &parts.uri)
+        .map_err(|e| super::error::ProxyError::Internal(e.to_string()))?;
+    let mut req = Request::new(Full::new(body));
+    *req.method_mut() = parts.method.clone();
+    *req.uri_mut() = uri;
+    *req.headers_mut() = parts.headers.clone();
+    strip_hop_by_hop(req.headers_mut());
+    Ok(req)
+}
+
 /// `http://{authority}{path_and_query}`.
 pub fn upstream_uri(authority: &str, original: &Uri) -> Result<Uri, http::Error> {
     let pq = original.path_and_query().map_or("/", |p| p.as_str());

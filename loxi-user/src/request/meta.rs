@@ -23,6 +23,15 @@ pub enum ApiKind {
     Other,
 }
 
+impl ApiKind {
+    /// True for the generation APIs (completions, chat completions, responses): the only
+    /// requests that enter tier 1.5. Everything else (`/v1/embeddings`, `/tokenize`, `/health`,
+    /// model lists) is routed by the rule's `sel` alone.
+    pub fn is_generation(self) -> bool {
+        !matches!(self, ApiKind::Other)
+    }
+}
+
 /// Everything routing needs to know about one request.
 #[derive(Debug, Clone, Default)]
 pub struct RequestMeta {

@@ -1,6 +1,8 @@
 //! The selection ladder: which tiers a rule's request goes through, in order, and which one
-//! decided. Today: tier 1.5 (KV overlap, for `kvExactMode` 3 when a tier runs), then the rule's
-//! `sel`. A P/D rule (`pd_disagg_mode`) has its own ladder, `pd::ladder` (session pin, tier 1.5
+//! decided. Today: tier 1.5 (KV overlap, for `kvExactMode` 3 when a tier runs, generation
+//! requests only), then the rule's `sel`. A request that is not a generation
+//! (`/v1/embeddings`, `/tokenize`, `/health`, ...) goes to the rule's `sel` without entering the
+//! tier (the tier counts it as bypassed, not as a miss). A P/D rule (`pd_disagg_mode`) has its own ladder, `pd::ladder` (session pin, tier 1.5
 //! over the prefill endpoints, min load), which reaches tier 1.5 through the same seam.
 //!
 //! The ladder takes the rule (its spec and raw selector knobs), the request, the candidates
@@ -36,16 +38,24 @@ pub struct Ladder<'a, T: AffinityTier + ?Sized> {
 impl<T: AffinityTier + ?Sized> Ladder<'_, T> {
     /// The tier this rule uses: tier 1.5 runs for `kvExactMode` 3 (the role-less pool;
     /// `kvExactMode` 1 belongs to the P/D ladder).
-    pub fn tier(&self) -> Option<&T> {
+    fn rule_tier(&self) -> Option<&T> {
         self.tier
             .filter(|_| self.rule.spec.kv_mode() == KvMode::Pool)
     }
 
+    /// The tier this request enters: the rule's tier, for generation requests only.
+    pub fn tier(&self, meta: &RequestMeta) -> Option<&T> {
+        self.rule_tier().filter(|_| meta.api.is_generation())
+    }
+
     /// The tier's per-request preparation (tokenizing and hashing for tier 1.5, within its
-    /// decision budget), once per request before the first [`Self::decide`].
+    /// decision budget), once per request before the first [`Self::decide`]. A request the
+    /// rule's tier does not take (not a generation) is reported to it as bypassed here.
     pub async fn prepare(&self, meta: &RequestMeta, ticket: &mut T::Ticket) {
-        if let Some(tier) = self.tier() {
-            tier.prepare(self.rule, meta, ticket).await;
+        match (self.rule_tier(), self.tier(meta)) {
+            (_, Some(tier)) => tier.prepare(self.rule, meta, ticket).await,
+            (Some(tier), None) => tier.bypassed(self.rule, meta),
+            (None, None) => {}
         }
     }
 
@@ -56,7 +66,7 @@ impl<T: AffinityTier + ?Sized> Ladder<'_, T> {
         cands: &Candidates<'_>,
         ticket: &mut T::Ticket,
     ) -> Step {
-        if let Some(tier) = self.tier()
+        if let Some(tier) = self.tier(meta)
             && let Some(d) = tier
                 .select(self.rule, meta, cands, ticket)
                 .filter(|d| d.endpoint.is_some())
@@ -80,7 +90,7 @@ impl<T: AffinityTier + ?Sized> Ladder<'_, T> {
 
     /// Tells the tier (if this rule uses one) that the request goes to `ep`.
     pub fn routed(&self, meta: &RequestMeta, ep: EpIdx, ticket: &mut T::Ticket) {
-        if let Some(tier) = self.tier() {
+        if let Some(tier) = self.tier(meta) {
             tier.routed(self.rule, meta, ep, ticket);
         }
     }
@@ -94,5 +104,121 @@ pub fn off_reactor<R>(f: impl FnOnce() -> R) -> R {
     match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
         Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
         _ => f(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::request::ApiKind;
+    use crate::routing::test_util::Fixture;
+    use crate::routing::{Candidates, Reason};
+
+    /// Hits endpoint 1 on every request it is asked about; counts each call.
+    #[derive(Default)]
+    struct Tier {
+        prepared: AtomicUsize,
+        asked: AtomicUsize,
+        routed: AtomicUsize,
+        bypassed: AtomicUsize,
+    }
+
+    impl AffinityTier for Tier {
+        type Ticket = ();
+
+        fn prepare<'a>(
+            &'a self,
+            _: &'a StoredRule,
+            _: &'a RequestMeta,
+            _: &'a mut (),
+        ) -> futures::future::BoxFuture<'a, ()> {
+            self.prepared.fetch_add(1, Ordering::Relaxed);
+            Box::pin(std::future::ready(()))
+        }
+        fn select(
+            &self,
+            _: &StoredRule,
+            _: &RequestMeta,
+            _: &Candidates<'_>,
+            _: &mut (),
+        ) -> Option<Decision> {
+            self.asked.fetch_add(1, Ordering::Relaxed);
+            Some(Decision::pick(1, Reason::KvOverlap))
+        }
+        fn routed(&self, _: &StoredRule, _: &RequestMeta, _: EpIdx, _: &mut ()) {
+            self.routed.fetch_add(1, Ordering::Relaxed);
+        }
+        fn bypassed(&self, _: &StoredRule, _: &RequestMeta) {
+            self.bypassed.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn kv_rule(kv: u8) -> StoredRule {
+        let rule = serde_json::from_value(serde_json::json!({
+            "serviceArguments": {"externalIP": "10.0.0.1", "port": 8080, "mode": 4, "sel": 0,
+                "kvExactMode": kv},
+            "endpoints": [{"endpointIP": "127.0.0.1", "targetPort": 9000},
+                          {"endpointIP": "127.0.0.1", "targetPort": 9001}],
+        }))
+        .expect("rule");
+        StoredRule::new(1, rule).expect("valid rule")
+    }
+
+    /// One request through the ladder: prepare, decide, routed. The step and the tier's counts
+    /// (prepared, asked, routed, bypassed).
+    async fn run(kv: u8, api: ApiKind) -> (Step, [usize; 4]) {
+        let (rule, fx, tier) = (kv_rule(kv), Fixture::new(&[1, 1]), Tier::default());
+        let ladder = Ladder {
+            rule: &rule,
+            state: &fx.state,
+            tier: Some(&tier),
+        };
+        let meta = RequestMeta {
+            api,
+            ..Default::default()
+        };
+        ladder.prepare(&meta, &mut ()).await;
+        let step = ladder.decide(&meta, &fx.cands(), &mut ());
+        if let Some(ep) = step.decision.endpoint {
+            ladder.routed(&meta, ep, &mut ());
+        }
+        let n = |c: &AtomicUsize| c.load(Ordering::Relaxed);
+        let counts = [&tier.prepared, &tier.asked, &tier.routed, &tier.bypassed].map(n);
+        (step, counts)
+    }
+
+    #[tokio::test]
+    async fn generation_requests_enter_the_tier() {
+        for api in [
+            ApiKind::Completions,
+            ApiKind::ChatCompletions,
+            ApiKind::Responses,
+        ] {
+            let (step, counts) = run(3, api).await;
+            assert!(step.by_tier, "{api:?}");
+            assert_eq!(step.decision, Decision::pick(1, Reason::KvOverlap));
+            assert_eq!(
+                counts,
+                [1, 1, 1, 0],
+                "{api:?}: prepared, asked, routed, bypassed"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn other_requests_skip_the_tier_and_are_reported_bypassed_once() {
+        let (step, counts) = run(3, ApiKind::Other).await;
+        assert!(!step.by_tier);
+        assert_eq!(step.decision, Decision::pick(0, Reason::RoundRobin));
+        assert_eq!(counts, [0, 0, 0, 1], "prepared, asked, routed, bypassed");
+    }
+
+    #[tokio::test]
+    async fn rules_without_the_tier_report_nothing() {
+        let (step, counts) = run(0, ApiKind::Other).await;
+        assert_eq!(step.decision, Decision::pick(0, Reason::RoundRobin));
+        assert_eq!(counts, [0; 4]);
     }
 }

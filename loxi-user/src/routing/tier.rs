@@ -41,6 +41,14 @@ pub trait AffinityTier: Send + Sync + 'static {
         ticket: &mut Self::Ticket,
     ) -> Option<Decision>;
 
+    /// A request of `rule` (a rule that uses this tier) is not a generation request
+    /// ([`crate::request::ApiKind::is_generation`]): the ladder routes it by the rule's `sel`
+    /// without entering the tier, and tells the tier once per request so it can count it
+    /// apart from its misses. The default does nothing.
+    fn bypassed(&self, rule: &StoredRule, meta: &RequestMeta) {
+        let _ = (rule, meta);
+    }
+
     /// The request is being sent to `ep` (for predicted-block insertion): called at dispatch,
     /// before the upstream answers, and again for the next endpoint after a connect failure
     /// (the failed endpoint's predictions then expire with their TTL). `ticket` is the one the

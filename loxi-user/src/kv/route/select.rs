@@ -269,6 +269,15 @@ impl KvRouter {
         }
     }
 
+    /// A request of `rule` that is not a generation was routed by the rule's `sel` without
+    /// entering the tier: counted in `loxilb_pd_kv_tier15_bypass_total{reason="non_generation"}`,
+    /// not as a miss. Nothing when the rule has tier 1.5 off.
+    pub fn bypassed(&self, rule: &StoredRule) {
+        if let Some(svc) = self.state.service(rule) {
+            svc.route.non_generation();
+        }
+    }
+
     /// The proxy sent the request to `ep`: its blocks become predicted holdings of `ep` for
     /// the predicted-block TTL. The keys come from `ticket` (the request's `select` calls);
     /// only when those all stopped at `warmup` are they computed here (and kept).
