@@ -20,9 +20,21 @@ impl Sim {
     /// Starts `vllm-sim --model <model>` (no tokenizer, time scale 0.05) and waits (30 s at
     /// most) for its readiness line. Panics when it does not come up.
     pub async fn start(model: &str) -> Sim {
-        let mut child = tokio::process::Command::new(bin_path("vllm-sim"))
-            .args(["--model", model, "--host", "127.0.0.1", "--port", "0"])
-            .args(["--time-scale", "0.05"])
+        let mut cmd = Self::command();
+        cmd.args(["--model", model, "--host", "127.0.0.1", "--port", "0"])
+            .args(["--time-scale", "0.05"]);
+        Self::spawn(cmd).await
+    }
+
+    /// A `vllm-sim` command line to complete (model, address and options) for [`Self::spawn`].
+    pub fn command() -> tokio::process::Command {
+        tokio::process::Command::new(bin_path("vllm-sim"))
+    }
+
+    /// Spawns `cmd` (from [`Self::command`], with `--port 0` or a free port) and waits (30 s
+    /// at most) for its readiness line. Panics when it does not come up.
+    pub async fn spawn(mut cmd: tokio::process::Command) -> Sim {
+        let mut child = cmd
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .kill_on_drop(true)

@@ -10,7 +10,6 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -22,11 +21,10 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use loxi_tests::backend::{Backend, Mode};
-use loxi_tests::harness::{Daemon, DaemonOpts, bin_path, free_port};
+use loxi_tests::harness::{Daemon, DaemonOpts, free_port};
 use loxi_tests::shared_dir;
 use parking_lot::Mutex;
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 
 type Body = BoxBody<Bytes, Infallible>;
@@ -133,7 +131,7 @@ async fn started(opts: DaemonOpts, rule: &Value) -> Daemon {
 
 /// A `vllm-sim` process (killed on drop) serving the golden tiny model.
 struct Sim {
-    _child: tokio::process::Child,
+    _sim: loxi_tests::sim::Sim,
     addr: SocketAddr,
     _tok: tempfile::TempDir,
 }
@@ -159,7 +157,7 @@ impl Sim {
     /// (`PYTHONHASHSEED=0`, block size 16: loxi's defaults with `LLB_KV_NONE_HASH_SEED=0`).
     async fn start_on(role: &str, host: &str, zmq_port: Option<u16>) -> Sim {
         let tok = stage_tokenizer();
-        let mut cmd = tokio::process::Command::new(bin_path("vllm-sim"));
+        let mut cmd = loxi_tests::sim::Sim::command();
         cmd.args(["--model", "tiny", "--host", host, "--port", "0"])
             .arg("--tokenizer-dir")
             .arg(tok.path())
@@ -170,29 +168,11 @@ impl Sim {
                 "endpoint": format!("tcp://{host}:{z}")});
             cmd.args(["--kv-events-config", &cfg.to_string()]);
         }
-        let mut child = cmd
-            .args(["--kv-role", role, "--time-scale", "0.05"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn vllm-sim");
-        let out = child.stdout.take().expect("stdout");
-        let mut lines = BufReader::new(out).lines();
-        let ready = tokio::time::timeout(Duration::from_secs(30), async {
-            while let Ok(Some(l)) = lines.next_line().await {
-                if let Some(rest) = l.strip_prefix("VLLM_SIM_READY http=") {
-                    return rest.split(' ').next().map(String::from);
-                }
-            }
-            None
-        })
-        .await
-        .expect("vllm-sim ready within 30 s")
-        .expect("ready line");
+        cmd.args(["--kv-role", role, "--time-scale", "0.05"]);
+        let sim = loxi_tests::sim::Sim::spawn(cmd).await;
         Sim {
-            _child: child,
-            addr: ready.parse().expect("addr"),
+            addr: sim.addr,
+            _sim: sim,
             _tok: tok,
         }
     }
