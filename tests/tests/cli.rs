@@ -273,3 +273,85 @@ async fn loxicmd_get_kvinventory_and_kvparity_show_the_kv_views() {
         "unknown service is a 404 → 4"
     );
 }
+
+/// Issue 14 §4: `loxicmd save --lb -c DIR` writes LoxiLB's `lbconfig.txt`; `loxicmd apply --lb
+/// FILE` on a fresh daemon recreates the same rules, model pools and KV fields included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loxicmd_save_then_apply_recreates_the_rule_set() {
+    let d = Daemon::start_default().await;
+    let port = free_port();
+    let rule = |model: &str, ep: &str| {
+        json!({
+            "serviceArguments": {"externalIP": "127.0.0.1", "port": port, "protocol": "tcp",
+                "mode": 4, "sel": 8, "model_name": model},
+            "endpoints": [{"endpointIP": ep, "targetPort": 8000, "weight": 2}]
+        })
+    };
+    for (m, ep) in [("llama", "127.0.0.7"), ("", "127.0.0.8")] {
+        let (status, body) = d.post_rule(&rule(m, ep)).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let dir = tempfile::tempdir().expect("tmp");
+    let out = d.loxicmd(&["save", "--lb", "-c", &dir.path().display().to_string()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let file = dir.path().join("lbconfig.txt");
+    assert!(stdout(&out).contains("Saved 2 rules"), "{}", stdout(&out));
+    let saved: Value =
+        serde_json::from_str(&std::fs::read_to_string(&file).expect("lbconfig.txt")).expect("json");
+    assert_eq!(saved["lbAttr"].as_array().map(Vec::len), Some(2));
+    let nothing = d.loxicmd(&["save", "-c", &dir.path().display().to_string()]);
+    assert_eq!(nothing.status.code(), Some(2), "save needs --lb or --all");
+
+    // The saved rules' listener port must be free for the second daemon.
+    let key = |v: &Value| {
+        let mut rules: Vec<(String, String, u64)> = v["lbAttr"]
+            .as_array()
+            .expect("rules")
+            .iter()
+            .map(|r| {
+                (
+                    r["serviceArguments"]["model_name"]
+                        .as_str()
+                        .unwrap_or("")
+                        .to_string(),
+                    r["endpoints"][0]["endpointIP"]
+                        .as_str()
+                        .unwrap_or("")
+                        .to_string(),
+                    r["serviceArguments"]["sel"].as_u64().unwrap_or(0),
+                )
+            })
+            .collect();
+        rules.sort();
+        rules
+    };
+    let before = key(&d.rules().await);
+    let mut d = d;
+    d.stop().await;
+    let fresh = Daemon::start_default().await;
+    let out = fresh.loxicmd(&["apply", "--lb", &file.display().to_string()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("Configuration applied"),
+        "{}",
+        stdout(&out)
+    );
+    let applied = fresh.rules().await;
+    assert_eq!(key(&applied), before);
+    assert_eq!(
+        key(&applied),
+        vec![
+            ("".to_string(), "127.0.0.8".to_string(), 8),
+            ("llama".to_string(), "127.0.0.7".to_string(), 8)
+        ]
+    );
+    // A file that is not a saved rule set is refused before anything is posted.
+    std::fs::write(dir.path().join("bad.txt"), "{\"rules\":[]}").expect("write");
+    let bad = fresh.loxicmd(&[
+        "apply",
+        "--lb",
+        &dir.path().join("bad.txt").display().to_string(),
+    ]);
+    assert_eq!(bad.status.code(), Some(6), "{}", stderr(&bad));
+    assert!(stderr(&bad).contains("lbAttr"), "{}", stderr(&bad));
+}

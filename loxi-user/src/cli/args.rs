@@ -67,6 +67,34 @@ pub enum Verb {
         #[command(subcommand)]
         what: DeleteWhat,
     },
+    /// Save the rule set to `<config-path>/lbconfig.txt` (LoxiLB's `save --lb` / `--all`).
+    Save(SaveArgs),
+    /// Apply a saved rule set (LoxiLB's `apply --lb FILE`).
+    Apply(ApplyArgs),
+}
+
+/// `save` flags (LoxiLB's spellings; loxi has load-balancer rules only, so `--all` and
+/// `--lb` save the same file).
+#[derive(Debug, Args)]
+pub struct SaveArgs {
+    /// Save every configuration loxi has (its load-balancer rules).
+    #[arg(short = 'a', long)]
+    pub all: bool,
+    /// Save the load-balancer rules.
+    #[arg(long)]
+    pub lb: bool,
+    /// Directory of `lbconfig.txt` (an existing one is kept as `lbconfig.txt.bk`).
+    #[arg(short = 'c', long = "config-path", default_value = "/etc/loxilb/")]
+    pub config_path: std::path::PathBuf,
+}
+
+/// `apply` flags.
+#[derive(Debug, Args)]
+pub struct ApplyArgs {
+    /// A saved rule set (`{"lbAttr":[...]}`, as `save` writes and `GET
+    /// /config/loadbalancer/all` answers) whose rules are created one by one.
+    #[arg(short = 'l', long = "lb", value_name = "FILE")]
+    pub lb: std::path::PathBuf,
 }
 
 /// `create` resources.

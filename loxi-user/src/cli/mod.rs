@@ -6,7 +6,8 @@
 //! ep`, `get conntrack|ct`, `get kvinventory --service-id N [--ep-idx M]`, `get kvparity
 //! --service-id N`; global `-s/--apiserver` (default 127.0.0.1), `-p/--port` (default 11111),
 //! `--protocol http|https`, `--cacert FILE`, `--token TOKEN` (or env `LOXI_API_TOKEN`),
-//! `--token-file FILE`, `-o/--output`, `-t/--timeout SECONDS` (default 10).
+//! `--token-file FILE`, `-o/--output`, `-t/--timeout SECONDS` (default 10); `save --lb|--all
+//! [-c DIR]` and `apply --lb FILE` (see [`dump`]).
 //!
 //! Output and exit codes are LoxiLB's loxicmd's: a create or delete prints the answer's
 //! `result` (`Success`); a server error prints `Error: server returned <status>: <message>` on
@@ -16,6 +17,7 @@
 pub mod args;
 pub mod build;
 pub mod client;
+pub mod dump;
 pub mod table;
 
 use std::time::Duration;
@@ -133,6 +135,8 @@ async fn run_inner(cli: Cli) -> Result<(), Failure> {
         Verb::Delete {
             what: DeleteWhat::Lb(d),
         } => delete(&api, &d).await,
+        Verb::Save(a) => dump::save(&api, &a).await,
+        Verb::Apply(a) => dump::apply(&api, &a).await,
     }
 }
 
