@@ -795,7 +795,10 @@ fn check_get(w: &dyn Wire, t: Target, req: &WireRequest) -> Result<String, Strin
                         "conntrack entry keys: {c}"
                     );
                 }
-                return Ok(format!("ctAttr from the XDP conntrack map ({} entries)", cts.len()));
+                return Ok(format!(
+                    "ctAttr from the XDP conntrack map ({} entries)",
+                    cts.len()
+                ));
             }
             Ok("ctAttr (no conntrack without the L4 data path)".into())
         }

@@ -466,7 +466,10 @@ fn http(method: &str, path: &str, body: &str) -> anyhow::Result<(u16, String)> {
         .context("no status")?
         .parse()?;
     // The API answers small bodies with Content-Length; a chunked one is de-chunked here.
-    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
         let mut out = String::new();
         let mut r = rest;
         while let Some((len, tail)) = r.split_once("\r\n") {
@@ -517,7 +520,9 @@ fn check_conntrack_api(t: &mut Topo) -> anyhow::Result<()> {
         r#"{{"serviceArguments":{{"externalIP":"{VIP}","port":{PORT},"protocol":"tcp","mode":0,"sel":0,"name":"ctsvc"}},"endpoints":[{{"endpointIP":"10.100.1.2","targetPort":8080,"weight":1}}]}}"#
     );
     wait("REST API up in the LB namespace", || {
-        Ok(in_ns(&l, || Ok(http("GET", "/netlox/v1/version", "").is_ok()))?)
+        Ok(in_ns(&l, || {
+            Ok(http("GET", "/netlox/v1/version", "").is_ok())
+        })?)
     })?;
     let (st, body) = in_ns(&l, move || {
         http("POST", "/netlox/v1/config/loadbalancer", &rule)
@@ -580,36 +585,34 @@ fn check_conntrack_api(t: &mut Topo) -> anyhow::Result<()> {
             && rev["packets"].as_u64().unwrap_or(0) >= 3,
         "reply entry {rev}"
     );
-    let table = cmd(&format!(
-        "ip netns exec {l} {} get ct",
-        loxicmd.display()
-    ))?;
-    let row = table
-        .lines()
-        .find(|r| r.contains(&format!(" {lport} ")) && r.contains("10.100.0.2"))
-        .with_context(|| format!("loxicmd get ct has no row for :{lport}:\n{table}"))?;
-    let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+    let table = cmd(&format!("ip netns exec {l} {} get ct", loxicmd.display()))?;
     let lp = lport.to_string();
+    let cells: Vec<&str> = table
+        .lines()
+        .map(|r| r.split('|').map(str::trim).collect::<Vec<&str>>())
+        .find(|c| c.len() == 13 && c[3] == "10.100.0.2" && c[5] == lp)
+        .with_context(|| format!("loxicmd get ct has no row from 10.100.0.2:{lport}:\n{table}"))?;
+    let row = cells.join("|");
     ensure!(
         cells.len() == 13
             && cells[1..10]
                 == [
-                "ctsvc",
-                VIP,
-                "10.100.0.2",
-                "80",
-                lp.as_str(),
-                "tcp",
-                fwd["ident"].as_str().unwrap_or(""),
-                "est",
-                "dnat-10.100.1.2:8080",
-            ]
+                    "ctsvc",
+                    VIP,
+                    "10.100.0.2",
+                    "80",
+                    lp.as_str(),
+                    "tcp",
+                    fwd["ident"].as_str().unwrap_or(""),
+                    "est",
+                    "dnat-10.100.1.2:8080",
+                ]
             && cells[10] == pk.to_string()
             && cells[11] == by.to_string(),
         "loxicmd get ct row {row:?}"
     );
     println!(
-        "netns-test: conntrack API: flow 10.100.0.2:{lport} -> {VIP}:{PORT} listed ({pk} packets, {by} bytes forward; reply {}), loxicmd get ct prints it",
+        "netns-test: conntrack API: flow 10.100.0.2:{lport} -> {VIP}:{PORT} listed ({pk} packets, {by} bytes forward; reply {}), loxicmd get ct prints it:\n{table}",
         rev["packets"]
     );
     drop(keep);
@@ -696,9 +699,8 @@ fn run_topology(peers: Peers) -> anyhow::Result<()> {
     for i in 0..3 {
         wait_xdp(&l, &format!("l{i}"), false)?;
     }
-    if peers == Peers::Xdp {
-        check_conntrack_api(&mut t)?;
-    }
+    // Read before the daemon below starts: its log may reuse the file name.
+    let lb_log = fs::read_to_string(&log_path)?;
     ensure!(
         !cmd(&format!("ip -n {l} addr show dev lo"))?.contains(VIP),
         "VIP left on lo after exit"
@@ -706,7 +708,11 @@ fn run_topology(peers: Peers) -> anyhow::Result<()> {
     println!(
         "netns-test: {peers:?} peers: loader detached from l0 l1 l2 and removed the VIP on exit"
     );
-    check_paths(peers, &fs::read_to_string(&log_path)?)
+    check_paths(peers, &lb_log)?;
+    if peers == Peers::Xdp {
+        check_conntrack_api(&mut t)?;
+    }
+    Ok(())
 }
 
 /// The loader's exit metrics must show the forwarding path the peers call for.

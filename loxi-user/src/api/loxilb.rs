@@ -13,8 +13,8 @@ use loxi_common::maps::{CtKey, CtValue, ct_state, dir, proto};
 use loxi_common::mode;
 
 use super::ApiState;
-use crate::l4::CT_LIST_CAP;
 use super::error::{ApiError, json_response};
+use crate::l4::CT_LIST_CAP;
 
 /// `GET /version` (LoxiLB's readiness probe; answered without a token, as LoxiLB's
 /// `security: []`): `{"version", "buildInfo", "product"}` (`VersionGetEntry`). `product` is
@@ -266,7 +266,11 @@ pub async fn conntrack(State(st): State<ApiState>) -> Result<Response, ApiError>
         .map(|r| {
             let s = &r.rule.service;
             (
-                (s.external_ip.clone(), s.port, s.protocol.to_ascii_lowercase()),
+                (
+                    s.external_ip.clone(),
+                    s.port,
+                    s.protocol.to_ascii_lowercase(),
+                ),
                 (r.id, s.name.as_str()),
             )
         })
@@ -404,18 +408,57 @@ mod tests {
     #[test]
     fn dnat_dsr_and_udp_spellings() {
         let k = key([10, 0, 0, 2], 5000, [20, 0, 0, 1], 53, proto::UDP);
-        let fwd = val([10, 0, 0, 2], 5000, [10, 1, 0, 2], 5353, dir::FWD, mode::DNAT, 1, 60);
+        let fwd = val(
+            [10, 0, 0, 2],
+            5000,
+            [10, 1, 0, 2],
+            5353,
+            dir::FWD,
+            mode::DNAT,
+            1,
+            60,
+        );
         let e = ct_entry(&k, &fwd, Some((2, "dns")));
         assert_eq!(
             (e.conntrack_state.as_str(), e.conntrack_act.as_str()),
             ("udp-est", "dnat-10.1.0.2:5353")
         );
-        let rev = val([20, 0, 0, 1], 53, [10, 0, 0, 2], 5000, dir::REV, mode::DNAT, 1, 60);
+        let rev = val(
+            [20, 0, 0, 1],
+            53,
+            [10, 0, 0, 2],
+            5000,
+            dir::REV,
+            mode::DNAT,
+            1,
+            60,
+        );
         assert_eq!(ct_entry(&k, &rev, None).conntrack_act, "snat-20.0.0.1:53");
-        let dsr = val([10, 0, 0, 2], 5000, [10, 1, 0, 2], 53, dir::FWD, mode::DSR, 1, 60);
+        let dsr = val(
+            [10, 0, 0, 2],
+            5000,
+            [10, 1, 0, 2],
+            53,
+            dir::FWD,
+            mode::DSR,
+            1,
+            60,
+        );
         assert_eq!(ct_entry(&k, &dsr, None).conntrack_act, "ddsr-10.1.0.2:53");
-        let dsr_rev = val([20, 0, 0, 1], 53, [10, 0, 0, 2], 5000, dir::REV, mode::DSR, 1, 60);
-        assert_eq!(ct_entry(&k, &dsr_rev, None).conntrack_act, "sdsr-20.0.0.1:53");
+        let dsr_rev = val(
+            [20, 0, 0, 1],
+            53,
+            [10, 0, 0, 2],
+            5000,
+            dir::REV,
+            mode::DSR,
+            1,
+            60,
+        );
+        assert_eq!(
+            ct_entry(&k, &dsr_rev, None).conntrack_act,
+            "sdsr-20.0.0.1:53"
+        );
         let sctp = key([10, 0, 0, 2], 1, [20, 0, 0, 1], 2, proto::SCTP);
         assert_eq!(ct_entry(&sctp, &dsr, None).protocol, "sctp");
         let mut v6 = k;

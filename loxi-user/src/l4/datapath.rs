@@ -12,8 +12,9 @@ use aya::{
     },
 };
 use loxi_common::maps::{
-    EndpointValue, MAP_ACTIVE, MAP_CONNTRACK, MAP_COUNTERS, MAP_EGRESS_XDP, MAP_ENDPOINTS, MAP_SERVICES, MAP_WRR,
-    MAX_EPS, PROG_NAME, ServiceKey, ServiceValue, TC_PROG_NAME, WRR_SLOTS, ctr,
+    EndpointValue, MAP_ACTIVE, MAP_CONNTRACK, MAP_COUNTERS, MAP_EGRESS_XDP, MAP_ENDPOINTS,
+    MAP_SERVICES, MAP_WRR, MAX_EPS, PROG_NAME, ServiceKey, ServiceValue, TC_PROG_NAME, WRR_SLOTS,
+    ctr,
 };
 
 use super::{L4Error, Plan, object_bytes};

@@ -9,8 +9,8 @@ use tokio_util::sync::CancellationToken;
 use crate::{netlink::VipManager, rules::store::RuleSnapshot};
 
 use super::{
-    ConntrackHandle, Datapath, L4Config, L4Error, L4Metrics, Plan, SlotTable, metrics::CounterFold, plan,
-    route_source,
+    ConntrackHandle, Datapath, L4Config, L4Error, L4Metrics, Plan, SlotTable, metrics::CounterFold,
+    plan, route_source,
 };
 
 /// Runs the L4 data path until `shutdown` is cancelled (or the rule store goes away).
