@@ -520,9 +520,7 @@ fn check_conntrack_api(t: &mut Topo) -> anyhow::Result<()> {
         r#"{{"serviceArguments":{{"externalIP":"{VIP}","port":{PORT},"protocol":"tcp","mode":0,"sel":0,"name":"ctsvc"}},"endpoints":[{{"endpointIP":"10.100.1.2","targetPort":8080,"weight":1}}]}}"#
     );
     wait("REST API up in the LB namespace", || {
-        Ok(in_ns(&l, || {
-            Ok(http("GET", "/netlox/v1/version", "").is_ok())
-        })?)
+        in_ns(&l, || Ok(http("GET", "/netlox/v1/version", "").is_ok()))
     })?;
     let (st, body) = in_ns(&l, move || {
         http("POST", "/netlox/v1/config/loadbalancer", &rule)

@@ -383,7 +383,7 @@ mod tests {
             ("20.0.0.1".to_string(), 80, "tcp".to_string())
         );
         assert_eq!(ct_service(&rk, &rv), ct_service(&fk, &fv));
-        let f = serde_json::to_value(ct_entry(&fk, &fv, Some((12, "llm")))).unwrap();
+        let f = serde_json::to_value(ct_entry(&fk, &fv, Some((12, "llm")))).expect("serialise");
         assert_eq!(
             f,
             json!({
@@ -393,7 +393,7 @@ mod tests {
                 "packets": 7, "bytes": 910, "servName": "llm",
             })
         );
-        let r = serde_json::to_value(ct_entry(&rk, &rv, None)).unwrap();
+        let r = serde_json::to_value(ct_entry(&rk, &rv, None)).expect("serialise");
         assert_eq!(
             r,
             json!({
