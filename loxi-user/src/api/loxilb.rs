@@ -243,7 +243,9 @@ pub fn sort_ct(entries: &mut [CtEntry]) {
 /// (idle-expired entries left out), at most [`CT_LIST_CAP`] entries; beyond that the answer
 /// carries `"truncated": true` (an extra key LoxiLB's clients ignore) and a warning is logged.
 ///
-/// Errors: 503 while the data path is not loaded yet; 500 when the map cannot be read.
+/// Before the L4 task has loaded the program there are no flows: `{"ctAttr":[]}`.
+///
+/// Errors: 500 when the map cannot be read.
 pub async fn conntrack(State(st): State<ApiState>) -> Result<Response, ApiError> {
     if !st.l4_datapath {
         return Ok(json_response(StatusCode::OK, &json!({ "ctAttr": [] })));
@@ -254,10 +256,8 @@ pub async fn conntrack(State(st): State<ApiState>) -> Result<Response, ApiError>
         .map_err(|e| ApiError::internal(format!("listing the conntrack map: {e}")))?
         .map_err(|e| ApiError::internal(format!("listing the conntrack map: {e}")))?;
     let Some(dump) = dump else {
-        return Err(ApiError::with_status(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the XDP data path is not loaded (yet): no conntrack map to list",
-        ));
+        // Not loaded yet (or already stopped): no program, so no flows.
+        return Ok(json_response(StatusCode::OK, &json!({ "ctAttr": [] })));
     };
     let snap = st.store.snapshot();
     let services: BTreeMap<(String, u16, String), (u32, &str)> = snap

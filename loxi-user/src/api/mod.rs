@@ -11,7 +11,7 @@
 //! | `DELETE` | `/config/loadbalancer/name/{name}` | 200; 404 no rule with this name |
 //! | `GET` | `/version` | 200 `{"version","buildInfo","product"}` (no token needed) |
 //! | `GET` | `/config/endpoint/all` | 200 `{"Attr":[...]}` endpoint health |
-//! | `GET` | `/config/conntrack/all` | 200 `{"ctAttr":[...]}`: the live XDP conntrack map in LoxiLB's shape and order (≤ 65,536 entries, `"truncated": true` beyond); `[]` without the L4 data path; 503 before the data path is loaded |
+//! | `GET` | `/config/conntrack/all` | 200 `{"ctAttr":[...]}`: the live XDP conntrack map in LoxiLB's shape and order (≤ 65,536 entries, `"truncated": true` beyond); `[]` without the L4 data path or before it is loaded |
 //! | `GET` | `/config/metrics` | 200 `{"prometheus":true}` |
 //! | `GET` | `/metrics` | 200 Prometheus text 0.0.4, or OpenMetrics when `Accept` asks |
 //!
