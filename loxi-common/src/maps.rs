@@ -233,6 +233,10 @@ pub struct CtValue {
     pub slot: u32,
     /// Idle timeout, seconds.
     pub timeout_s: u32,
+    /// Packets seen in this direction (approximate under concurrent CPUs: plain adds).
+    pub packets: u64,
+    /// Bytes (whole frames, Ethernet header included) seen in this direction.
+    pub bytes: u64,
 }
 
 /// Direction values of [`CtValue::dir`].
@@ -276,4 +280,4 @@ const _: () = assert!(core::mem::size_of::<ServiceKey>() == 20);
 const _: () = assert!(core::mem::size_of::<ServiceValue>() == 16);
 const _: () = assert!(core::mem::size_of::<EndpointValue>() == 40);
 const _: () = assert!(core::mem::size_of::<CtKey>() == 40);
-const _: () = assert!(core::mem::size_of::<CtValue>() == 56);
+const _: () = assert!(core::mem::size_of::<CtValue>() == 72);

@@ -105,6 +105,8 @@ pub fn on_packet(k: &CtKey, v: *mut CtValue, pkt: &Pkt, t: u64) -> bool {
     // SAFETY: pointer from the map helper, valid for this program run.
     let v = unsafe { &mut *v };
     v.last_ns = t;
+    v.packets += 1;
+    v.bytes += pkt.len as u64;
     if pkt.proto != proto::TCP {
         return true;
     }
@@ -155,6 +157,8 @@ pub fn create(k: &CtKey, pkt: &Pkt, svc: &ServiceValue, ep_idx: u32, v: &mut CtV
         mode: svc.mode,
         slot: svc.slot,
         timeout_s,
+        packets: 0,
+        bytes: 0,
     };
     let mut rk = *k;
     rk.saddr = ep.addr;
@@ -215,6 +219,9 @@ pub fn create(k: &CtKey, pkt: &Pkt, svc: &ServiceValue, ep_idx: u32, v: &mut CtV
             v.nsport = rk.dport;
         }
     }
+    // The forward entry counts the packet that created the flow.
+    v.packets = 1;
+    v.bytes = pkt.len as u64;
     if CT.insert(k, &*v, BPF_ANY).is_err() {
         return false;
     }

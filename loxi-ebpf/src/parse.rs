@@ -42,6 +42,8 @@ pub struct Pkt {
     pub sport: u16,
     /// Destination port.
     pub dport: u16,
+    /// Frame length in bytes (Ethernet header included), for the per-flow byte counters.
+    pub len: u32,
 }
 
 const ETH_P_IP: u16 = 0x0800;
@@ -73,6 +75,7 @@ pub fn parse(ctx: &XdpContext) -> Result<Pkt, ParseError> {
         daddr: [0; 16],
         sport: 0,
         dport: 0,
+        len: (ctx.data_end() - ctx.data()) as u32,
     };
     match ethertype {
         ETH_P_IP => parse_v4(ctx, &mut pkt)?,

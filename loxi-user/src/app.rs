@@ -101,10 +101,12 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
     let l4_metrics = L4Metrics::register(&mut registry);
     let registry = Arc::new(registry);
     let l4_failed = Arc::new(Mutex::new(None));
+    let conntrack = l4::ConntrackHandle::default();
     tasks.spawn(run_l4(
         L4Config::from(&cfg.flags.l4),
         store.subscribe(),
         l4_metrics,
+        conntrack.clone(),
         shutdown.clone(),
         l4_failed.clone(),
     ));
@@ -137,6 +139,7 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
         health,
         sockets,
         l4_datapath,
+        conntrack,
     };
     let app = api::router(state).merge(kv::api::router(kv.state)).layer(
         axum::middleware::from_fn_with_state(security, api::security::guard),
@@ -156,10 +159,11 @@ async fn run_l4(
     cfg: L4Config,
     rules: tokio::sync::watch::Receiver<Arc<crate::rules::RuleSnapshot>>,
     metrics: L4Metrics,
+    conntrack: l4::ConntrackHandle,
     shutdown: CancellationToken,
     failed: Arc<Mutex<Option<L4Error>>>,
 ) {
-    if let Err(e) = l4::run(cfg, rules, metrics, shutdown.clone()).await {
+    if let Err(e) = l4::run(cfg, rules, metrics, conntrack, shutdown.clone()).await {
         tracing::error!(error = %e, "L4 data path failed; stopping");
         *failed.lock() = Some(e);
         shutdown.cancel();

@@ -13,8 +13,8 @@
 //!   `pd_cache_aware_mode`; a handoff other than vLLM's) is refused with 400 naming the field as
 //!   not implemented; a vLLM P/D rule gets LoxiLB's 200;
 //! - an L4 rule (mode ≠ 4) on a daemon without `--xdp-iface` is refused with 400;
-//! - `/config/conntrack/all` on a daemon with the XDP data path is 501 (the map is not read
-//!   over the API yet); without it, `{"ctAttr":[]}`.
+//! - `/config/conntrack/all` lists the XDP conntrack map on a daemon with the data path (every
+//!   entry with exactly LoxiLB's keys); without it, `{"ctAttr":[]}`.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -765,23 +765,41 @@ fn check_get(w: &dyn Wire, t: Target, req: &WireRequest) -> Result<String, Strin
         }
         "/config/conntrack/all" => {
             let r = send(w, req)?;
-            if t.l4 {
-                let b = check_error_shape(&r, 501)?;
-                ensure!(
-                    b["message"]
-                        .as_str()
-                        .is_some_and(|m| m.contains("not implemented")),
-                    "501 says so: {}",
-                    r.text()
-                );
-                return Ok("501: the XDP conntrack map is not listed over the API yet".into());
-            }
             ensure!(r.status == 200, "status {}: {}", r.status, r.text());
-            ensure!(
-                r.json() == json!({"ctAttr": []}),
-                "empty ctAttr: {}",
-                r.text()
-            );
+            if t.l4 {
+                // The live XDP conntrack map: every entry has exactly LoxiLB's keys.
+                let b = r.json();
+                let cts = b["ctAttr"].as_array().ok_or("ctAttr is not an array")?;
+                for c in cts {
+                    let mut keys: Vec<&str> = c
+                        .as_object()
+                        .ok_or("conntrack entry is not an object")?
+                        .keys()
+                        .map(String::as_str)
+                        .collect();
+                    keys.sort_unstable();
+                    ensure!(
+                        keys == [
+                            "bytes",
+                            "conntrackAct",
+                            "conntrackState",
+                            "destinationIP",
+                            "destinationPort",
+                            "ident",
+                            "packets",
+                            "protocol",
+                            "servName",
+                            "sourceIP",
+                            "sourcePort"
+                        ],
+                        "conntrack entry keys: {c}"
+                    );
+                }
+                return Ok(format!(
+                    "ctAttr from the XDP conntrack map ({} entries)",
+                    cts.len()
+                ));
+            }
             Ok("ctAttr (no conntrack without the L4 data path)".into())
         }
         "/config/ai/kv/inventory" => {

@@ -9,7 +9,9 @@
 //! In both, 12 real TCP connections and 12 UDP datagrams to the VIP must reach both backends
 //! and come back from the VIP in modes 0, 1, 2, 3 and 5; in the `xdp` topology a removed
 //! endpoint must get no new flows while its open connection keeps working; on exit the loader
-//! must leave no program attached and no VIP behind. Everything stays in namespaces this test
+//! must leave no program attached and no VIP behind. In the `xdp` topology the real daemon
+//! (`loxilb --xdp-iface …`) then lists a live flow over `GET /config/conntrack/all` and
+//! `loxicmd get ct` (both binaries must be built: `cargo build --release --bins`). Everything stays in namespaces this test
 //! creates; every wait is bounded.
 #![allow(
     unsafe_code,
@@ -131,6 +133,16 @@ impl Topo {
     /// Starts `xtask <args>` inside `ns` and keeps it until drop.
     pub fn spawn(&mut self, ns: &str, args: &[&str]) -> anyhow::Result<u32> {
         let exe = std::env::current_exe()?;
+        self.spawn_exe(ns, &exe, args)
+    }
+
+    /// Starts `exe <args>` inside `ns` (stderr to `<dir>/<ns>-<n>.log`) and keeps it until drop.
+    pub fn spawn_exe(
+        &mut self,
+        ns: &str,
+        exe: &std::path::Path,
+        args: &[&str],
+    ) -> anyhow::Result<u32> {
         let log = fs::File::create(self.dir.join(format!("{ns}-{}.log", self.children.len())))?;
         let child = Command::new("ip")
             .args(["netns", "exec", ns])
@@ -423,6 +435,192 @@ fn check_endpoint_removal(t: &mut Topo) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A sibling binary of this xtask (`target/release/<name>`), which must have been built.
+fn sibling(name: &str) -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let p = exe.parent().context("xtask path")?.join(name);
+    ensure!(
+        p.exists(),
+        "{} missing: run `cargo build --release --bins` first",
+        p.display()
+    );
+    Ok(p)
+}
+
+/// One HTTP/1.1 request to `127.0.0.1:11111` from inside the current namespace: (status, body).
+fn http(method: &str, path: &str, body: &str) -> anyhow::Result<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&"127.0.0.1:11111".parse()?, Duration::from_secs(3))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut raw = String::new();
+    std::io::Read::read_to_string(&mut s, &mut raw)?;
+    let (head, rest) = raw.split_once("\r\n\r\n").context("no header end")?;
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .context("no status")?
+        .parse()?;
+    // The API answers small bodies with Content-Length; a chunked one is de-chunked here.
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        let mut out = String::new();
+        let mut r = rest;
+        while let Some((len, tail)) = r.split_once("\r\n") {
+            let n = usize::from_str_radix(len.trim(), 16)?;
+            if n == 0 {
+                break;
+            }
+            out.push_str(&tail[..n]);
+            r = &tail[n + 2..];
+        }
+        out
+    } else {
+        rest.to_string()
+    };
+    Ok((status, body))
+}
+
+/// The real daemon with the XDP data path: after traffic through an L4 VIP (mode 0, one TCP
+/// connection kept open), `GET /config/conntrack/all` lists both directions of that flow with
+/// its addresses, ports, protocol, NAT action, rule name and nonzero packets/bytes, and
+/// `loxicmd get ct` prints the flow in LoxiLB's table.
+fn check_conntrack_api(t: &mut Topo) -> anyhow::Result<()> {
+    let (loxilb, loxicmd) = (sibling("loxilb")?, sibling("loxicmd")?);
+    let l = t.l.clone();
+    let state = t.dir.join("state");
+    fs::create_dir_all(&state)?;
+    let state = state.display().to_string();
+    let daemon = t.spawn_exe(
+        &l,
+        &loxilb,
+        &[
+            "--xdp-iface",
+            "l0",
+            "--xdp-iface",
+            "l1",
+            "--xdp-iface",
+            "l2",
+            "--vip-iface",
+            "lo",
+            "--state-dir",
+            &state,
+        ],
+    )?;
+    for i in 0..3 {
+        wait_xdp(&l, &format!("l{i}"), true)?;
+    }
+    let rule = format!(
+        r#"{{"serviceArguments":{{"externalIP":"{VIP}","port":{PORT},"protocol":"tcp","mode":0,"sel":0,"name":"ctsvc"}},"endpoints":[{{"endpointIP":"10.100.1.2","targetPort":8080,"weight":1}}]}}"#
+    );
+    wait("REST API up in the LB namespace", || {
+        in_ns(&l, || Ok(http("GET", "/netlox/v1/version", "").is_ok()))
+    })?;
+    let (st, body) = in_ns(&l, move || {
+        http("POST", "/netlox/v1/config/loadbalancer", &rule)
+    })?;
+    ensure!(st == 200, "creating the L4 rule: {st} {body}");
+    wait("VIP on the LB's lo", || {
+        Ok(cmd(&format!("ip -n {l} addr show dev lo"))?.contains(VIP))
+    })?;
+    thread::sleep(Duration::from_millis(300));
+    // One connection, kept open while the table is read: greeting + two request/answer rounds.
+    let (keep, lport) = in_ns(&t.c, || {
+        let addr: SocketAddr = format!("{VIP}:{PORT}").parse()?;
+        let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(3))?;
+        s.set_read_timeout(Some(Duration::from_secs(3)))?;
+        let mut r = BufReader::new(s.try_clone()?);
+        let mut line = String::new();
+        r.read_line(&mut line)?;
+        ensure!(line.trim() == "b1", "greeting {line:?}");
+        for i in 0..2 {
+            writeln!(s, "ct {i}")?;
+            line.clear();
+            r.read_line(&mut line)?;
+        }
+        let lport = s.local_addr()?.port();
+        Ok((s, lport))
+    })?;
+    let (st, body) = in_ns(&l, || http("GET", "/netlox/v1/config/conntrack/all", ""))?;
+    ensure!(st == 200, "GET conntrack: {st} {body}");
+    let v: serde_json::Value = serde_json::from_str(&body).context("conntrack body")?;
+    let ct = v["ctAttr"].as_array().context("ctAttr")?;
+    let fwd = ct
+        .iter()
+        .find(|e| e["sourceIP"] == "10.100.0.2" && e["sourcePort"] == lport)
+        .with_context(|| format!("client flow :{lport} not listed: {body}"))?;
+    let want = serde_json::json!({
+        "destinationIP": VIP, "sourceIP": "10.100.0.2", "destinationPort": PORT,
+        "sourcePort": lport, "protocol": "tcp", "ident": fwd["ident"].clone(),
+        "conntrackState": "est", "conntrackAct": "dnat-10.100.1.2:8080",
+        "packets": fwd["packets"].clone(), "bytes": fwd["bytes"].clone(), "servName": "ctsvc",
+    });
+    ensure!(*fwd == want, "forward entry {fwd}, want {want}");
+    let (pk, by) = (
+        fwd["packets"].as_u64().unwrap_or(0),
+        fwd["bytes"].as_u64().unwrap_or(0),
+    );
+    // SYN, ACK, two data segments and their ACKs: at least 4 client packets of ≥ 54 bytes.
+    ensure!(
+        pk >= 4 && by >= pk * 54,
+        "forward entry counters: {pk} packets, {by} bytes"
+    );
+    let rev = ct
+        .iter()
+        .find(|e| e["destinationIP"] == "10.100.0.2" && e["destinationPort"] == lport)
+        .with_context(|| format!("reply direction of :{lport} not listed: {body}"))?;
+    ensure!(
+        rev["sourceIP"] == "10.100.1.2"
+            && rev["sourcePort"] == 8080
+            && rev["conntrackAct"] == format!("snat-{VIP}:{PORT}").as_str()
+            && rev["servName"] == "ctsvc"
+            && rev["packets"].as_u64().unwrap_or(0) >= 3,
+        "reply entry {rev}"
+    );
+    let table = cmd(&format!("ip netns exec {l} {} get ct", loxicmd.display()))?;
+    let lp = lport.to_string();
+    let cells: Vec<&str> = table
+        .lines()
+        .map(|r| r.split('|').map(str::trim).collect::<Vec<&str>>())
+        .find(|c| c.len() == 13 && c[3] == "10.100.0.2" && c[5] == lp)
+        .with_context(|| format!("loxicmd get ct has no row from 10.100.0.2:{lport}:\n{table}"))?;
+    let row = cells.join("|");
+    ensure!(
+        cells.len() == 13
+            && cells[1..10]
+                == [
+                    "ctsvc",
+                    VIP,
+                    "10.100.0.2",
+                    "80",
+                    lp.as_str(),
+                    "tcp",
+                    fwd["ident"].as_str().unwrap_or(""),
+                    "est",
+                    "dnat-10.100.1.2:8080",
+                ]
+            && cells[10] == pk.to_string()
+            && cells[11] == by.to_string(),
+        "loxicmd get ct row {row:?}"
+    );
+    println!(
+        "netns-test: conntrack API: flow 10.100.0.2:{lport} -> {VIP}:{PORT} listed ({pk} packets, {by} bytes forward; reply {}), loxicmd get ct prints it:\n{table}",
+        rev["packets"]
+    );
+    drop(keep);
+    t.stop(daemon)?;
+    for i in 0..3 {
+        wait_xdp(&l, &format!("l{i}"), false)?;
+    }
+    Ok(())
+}
+
 /// Entry point of `cargo xtask netns-test`.
 pub fn run() -> anyhow::Result<()> {
     // SAFETY: getuid has no preconditions.
@@ -499,6 +697,8 @@ fn run_topology(peers: Peers) -> anyhow::Result<()> {
     for i in 0..3 {
         wait_xdp(&l, &format!("l{i}"), false)?;
     }
+    // Read before the daemon below starts: its log may reuse the file name.
+    let lb_log = fs::read_to_string(&log_path)?;
     ensure!(
         !cmd(&format!("ip -n {l} addr show dev lo"))?.contains(VIP),
         "VIP left on lo after exit"
@@ -506,7 +706,11 @@ fn run_topology(peers: Peers) -> anyhow::Result<()> {
     println!(
         "netns-test: {peers:?} peers: loader detached from l0 l1 l2 and removed the VIP on exit"
     );
-    check_paths(peers, &fs::read_to_string(&log_path)?)
+    check_paths(peers, &lb_log)?;
+    if peers == Peers::Xdp {
+        check_conntrack_api(&mut t)?;
+    }
+    Ok(())
 }
 
 /// The loader's exit metrics must show the forwarding path the peers call for.

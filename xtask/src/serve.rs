@@ -53,6 +53,7 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
         cfg,
         store.subscribe(),
         metrics,
+        loxi_user::l4::ConntrackHandle::default(),
         token.clone(),
     ));
     let mut term = signal(SignalKind::terminate())?;

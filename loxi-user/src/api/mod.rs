@@ -11,7 +11,7 @@
 //! | `DELETE` | `/config/loadbalancer/name/{name}` | 200; 404 no rule with this name |
 //! | `GET` | `/version` | 200 `{"version","buildInfo","product"}` (no token needed) |
 //! | `GET` | `/config/endpoint/all` | 200 `{"Attr":[...]}` endpoint health |
-//! | `GET` | `/config/conntrack/all` | 200 `{"ctAttr":[]}` without the L4 data path; 501 with it |
+//! | `GET` | `/config/conntrack/all` | 200 `{"ctAttr":[...]}`: the live XDP conntrack map in LoxiLB's shape and order (≤ 65,536 entries, `"truncated": true` beyond); `[]` without the L4 data path or before it is loaded |
 //! | `GET` | `/config/metrics` | 200 `{"prometheus":true}` |
 //! | `GET` | `/metrics` | 200 Prometheus text 0.0.4, or OpenMetrics when `Accept` asks |
 //!
@@ -62,6 +62,9 @@ pub struct ApiState {
     /// True when the daemon runs the L4 (XDP) data path (`--xdp-iface`); without it rules with
     /// `mode` other than 4 are refused (400), since nothing would forward them.
     pub l4_datapath: bool,
+    /// The loaded XDP conntrack map (published by the L4 task), listed by
+    /// `GET /config/conntrack/all`.
+    pub conntrack: crate::l4::ConntrackHandle,
 }
 
 /// The API router with every route and the request-counting middleware.

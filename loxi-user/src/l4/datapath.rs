@@ -12,8 +12,9 @@ use aya::{
     },
 };
 use loxi_common::maps::{
-    EndpointValue, MAP_ACTIVE, MAP_COUNTERS, MAP_EGRESS_XDP, MAP_ENDPOINTS, MAP_SERVICES, MAP_WRR,
-    MAX_EPS, PROG_NAME, ServiceKey, ServiceValue, TC_PROG_NAME, WRR_SLOTS, ctr,
+    EndpointValue, MAP_ACTIVE, MAP_CONNTRACK, MAP_COUNTERS, MAP_EGRESS_XDP, MAP_ENDPOINTS,
+    MAP_SERVICES, MAP_WRR, MAX_EPS, PROG_NAME, ServiceKey, ServiceValue, TC_PROG_NAME, WRR_SLOTS,
+    ctr,
 };
 
 use super::{L4Error, Plan, object_bytes};
@@ -236,6 +237,19 @@ impl Datapath {
             .get(&idx, 0)
             .map_err(|e| L4Error::map(MAP_COUNTERS, e))?;
         Ok(v.iter().sum())
+    }
+
+    /// Kernel id of the conntrack map ([`loxi_common::maps::MAP_CONNTRACK`]), for
+    /// [`super::ConntrackHandle::publish`].
+    pub fn conntrack_map_id(&self) -> Result<u32, L4Error> {
+        let map = self
+            .ebpf
+            .map(MAP_CONNTRACK)
+            .ok_or(L4Error::MissingMap(MAP_CONNTRACK))?;
+        let (aya::maps::Map::LruHashMap(d) | aya::maps::Map::HashMap(d)) = map else {
+            return Err(L4Error::MissingMap(MAP_CONNTRACK));
+        };
+        Ok(d.info().map_err(|e| L4Error::map(MAP_CONNTRACK, e))?.id())
     }
 
     /// Packets and bytes of endpoint row (slot, ep).

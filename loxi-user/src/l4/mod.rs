@@ -26,6 +26,7 @@
 //! - SCTP: ports are parsed, but the CRC32c is not rewritten, so SCTP works in DSR only.
 
 mod args;
+pub mod conntrack;
 mod datapath;
 pub mod egress;
 mod error;
@@ -38,6 +39,7 @@ mod run;
 mod testing;
 
 pub use args::{L4Args, L4Config};
+pub use conntrack::{CT_LIST_CAP, ConntrackHandle, CtDump};
 pub use datapath::{AttachMode, Datapath};
 pub use error::L4Error;
 pub use metrics::L4Metrics;

@@ -9,8 +9,8 @@ use tokio_util::sync::CancellationToken;
 use crate::{netlink::VipManager, rules::store::RuleSnapshot};
 
 use super::{
-    Datapath, L4Config, L4Error, L4Metrics, Plan, SlotTable, metrics::CounterFold, plan,
-    route_source,
+    ConntrackHandle, Datapath, L4Config, L4Error, L4Metrics, Plan, SlotTable, metrics::CounterFold,
+    plan, route_source,
 };
 
 /// Runs the L4 data path until `shutdown` is cancelled (or the rule store goes away).
@@ -18,10 +18,14 @@ use super::{
 /// Errors: start-up only ([`L4Error::NoObject`], load/verifier failures, a missing
 /// `--xdp-iface`/`--vip-iface` interface). Later map or netlink failures are logged and retried
 /// on the next snapshot; the data path keeps serving what it has.
+///
+/// Once the program is loaded, its conntrack map is published in `conntrack` (for the API's
+/// `GET /config/conntrack/all`); it is withdrawn when the data path stops.
 pub async fn run(
     cfg: L4Config,
     mut rules: watch::Receiver<Arc<RuleSnapshot>>,
     metrics: L4Metrics,
+    conntrack: ConntrackHandle,
     shutdown: CancellationToken,
 ) -> Result<(), L4Error> {
     let mut vips = match &cfg.vip_iface {
@@ -29,6 +33,9 @@ pub async fn run(
         None => None,
     };
     let mut dp = start_datapath(&cfg, &metrics)?;
+    if let Some(d) = dp.as_ref() {
+        conntrack.publish(d.conntrack_map_id()?);
+    }
     let links = match dp {
         Some(_) => Some(netlink_handle()?),
         None => None,
@@ -68,6 +75,7 @@ pub async fn run(
     {
         tracing::warn!(error = %e, "reading XDP counters");
     }
+    conntrack.withdraw();
     stop(dp, vips, &metrics).await
 }
 
