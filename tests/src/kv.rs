@@ -40,9 +40,22 @@ pub async fn kv_daemon(tok_dir: &Path) -> Daemon {
 /// POSTs `body` to `http://<vip>/v1/completions`: the status and the endpoint index the proxy
 /// reports in `x-loxilb-endpoint`.
 pub async fn completion(vip: SocketAddr, body: &Value) -> (u16, Option<usize>) {
+    completion_with(vip, body, &[]).await
+}
+
+/// [`completion`] with extra request headers (e.g. `traceparent`).
+pub async fn completion_with(
+    vip: SocketAddr,
+    body: &Value,
+    headers: &[(&str, &str)],
+) -> (u16, Option<usize>) {
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
-    let req = http::Request::post(format!("http://{vip}/v1/completions"))
-        .header("content-type", "application/json")
+    let mut req = http::Request::post(format!("http://{vip}/v1/completions"))
+        .header("content-type", "application/json");
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let req = req
         .body(Full::new(Bytes::from(body.to_string())))
         .expect("request");
     let resp = client.request(req).await.expect("proxy answered");

@@ -18,8 +18,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 use loxi_tests::backend::Backend;
 use loxi_tests::harness::{Daemon, DaemonOpts, free_port};
 use loxi_tests::kv_pub::Publisher;
@@ -125,23 +124,12 @@ async fn complete(
     prompt: &str,
     traceparent: Option<&str>,
 ) -> (u16, Option<usize>) {
-    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
-    let body = json!({"model": "tiny", "prompt": prompt, "max_tokens": 2}).to_string();
-    let mut req = http::Request::post(format!("http://{vip}/v1/completions"))
-        .header("content-type", "application/json");
-    if let Some(tp) = traceparent {
-        req = req.header("traceparent", tp);
-    }
-    let req = req.body(Full::new(Bytes::from(body))).expect("request");
-    let resp = client.request(req).await.expect("proxy answered");
-    let ep = resp
-        .headers()
-        .get("x-loxilb-endpoint")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse().ok());
-    let status = resp.status().as_u16();
-    let _ = resp.into_body().collect().await;
-    (status, ep)
+    let body = json!({"model": "tiny", "prompt": prompt, "max_tokens": 2});
+    let headers: Vec<(&str, &str)> = traceparent
+        .map(|tp| ("traceparent", tp))
+        .into_iter()
+        .collect();
+    loxi_tests::kv::completion_with(vip, &body, &headers).await
 }
 
 /// Waits (5 s) until the fullproxy listener of a just-stored rule accepts connections.
