@@ -238,6 +238,29 @@ struct DeleteKey {
     host: String,
 }
 
+impl DeleteKey {
+    /// The key of a delete route: `port` parsed, `portmax` (when the route has one) checked
+    /// against it (see [`check_portmax`]).
+    fn of(
+        host: String,
+        ip: String,
+        port: &str,
+        portmax: Option<&str>,
+        proto: String,
+    ) -> Result<Self, ApiError> {
+        let port = parse_port(port)?;
+        if let Some(max) = portmax {
+            check_portmax(port, max)?;
+        }
+        Ok(Self {
+            ip,
+            port,
+            proto,
+            host,
+        })
+    }
+}
+
 fn parse_port(port: &str) -> Result<u16, ApiError> {
     port.parse()
         .ok()
@@ -335,13 +358,7 @@ pub async fn remove(
     Path((ip, port, proto)): Path<(String, String, String)>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
-    let port = parse_port(&port)?;
-    let key = DeleteKey {
-        ip,
-        port,
-        proto,
-        host: String::new(),
-    };
+    let key = DeleteKey::of(String::new(), ip, &port, None, proto)?;
     delete_rule(&st, key, &q, false).await
 }
 
@@ -352,14 +369,7 @@ pub async fn remove_hosturl_portmax(
     Path((hosturl, ip, port, portmax, proto)): Path<(String, String, String, String, String)>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
-    let port = parse_port(&port)?;
-    check_portmax(port, &portmax)?;
-    let key = DeleteKey {
-        ip,
-        port,
-        proto,
-        host: host_of(&hosturl),
-    };
+    let key = DeleteKey::of(host_of(&hosturl), ip, &port, Some(&portmax), proto)?;
     delete_rule(&st, key, &q, true).await
 }
 
@@ -369,13 +379,7 @@ pub async fn remove_hosturl(
     Path((hosturl, ip, port, proto)): Path<(String, String, String, String)>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
-    let port = parse_port(&port)?;
-    let key = DeleteKey {
-        ip,
-        port,
-        proto,
-        host: host_of(&hosturl),
-    };
+    let key = DeleteKey::of(host_of(&hosturl), ip, &port, None, proto)?;
     delete_rule(&st, key, &q, true).await
 }
 
@@ -385,14 +389,7 @@ pub async fn remove_portmax(
     Path((ip, port, portmax, proto)): Path<(String, String, String, String)>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
-    let port = parse_port(&port)?;
-    check_portmax(port, &portmax)?;
-    let key = DeleteKey {
-        ip,
-        port,
-        proto,
-        host: String::new(),
-    };
+    let key = DeleteKey::of(String::new(), ip, &port, Some(&portmax), proto)?;
     delete_rule(&st, key, &q, false).await
 }
 
