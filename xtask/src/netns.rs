@@ -32,6 +32,19 @@ use std::{
 
 use anyhow::{Context as _, bail, ensure};
 
+/// The load balancer's data-path flags in the LB namespace: XDP on its three veths, VIPs on
+/// `lo` (shared by the loader-only run and the `loxilb` daemon run).
+const LB_IFACE_ARGS: [&str; 8] = [
+    "--xdp-iface",
+    "l0",
+    "--xdp-iface",
+    "l1",
+    "--xdp-iface",
+    "l2",
+    "--vip-iface",
+    "lo",
+];
+
 const VIP: &str = "20.0.0.1";
 const PORT: u16 = 80;
 /// TCP connections and UDP datagrams per mode.
@@ -230,19 +243,7 @@ impl Topo {
         let l = self.l.clone();
         let pid = self.spawn(
             &l,
-            &[
-                "l4-serve",
-                "--xdp-iface",
-                "l0",
-                "--xdp-iface",
-                "l1",
-                "--xdp-iface",
-                "l2",
-                "--vip-iface",
-                "lo",
-                "--rules",
-                &rules,
-            ],
+            &[&["l4-serve"][..], &LB_IFACE_ARGS, &["--rules", &rules]].concat(),
         )?;
         for i in 0..3 {
             wait_xdp(&l, &format!("l{i}"), true)?;
@@ -500,18 +501,7 @@ fn check_conntrack_api(t: &mut Topo) -> anyhow::Result<()> {
     let daemon = t.spawn_exe(
         &l,
         &loxilb,
-        &[
-            "--xdp-iface",
-            "l0",
-            "--xdp-iface",
-            "l1",
-            "--xdp-iface",
-            "l2",
-            "--vip-iface",
-            "lo",
-            "--state-dir",
-            &state,
-        ],
+        &[&LB_IFACE_ARGS[..], &["--state-dir", &state]].concat(),
     )?;
     for i in 0..3 {
         wait_xdp(&l, &format!("l{i}"), true)?;
