@@ -16,6 +16,11 @@
 //! blocked by `TIME_WAIT`) and `IP_FREEBIND`, so a VIP that the L4 task adds to `--vip-iface`
 //! a moment later is not a bind error.
 //!
+//! Each served address also keeps its [`Traffic`] (connections accepted and open, bytes read
+//! from and written to clients), which `GET .../protocol/{proto}/stats` reports as LoxiLB's
+//! per-rule statistics quad. The counters live while the address is served and start from zero
+//! when it is served again (LoxiLB's are in memory too, reset on restart).
+//!
 //! Metrics (label `address` = `ip:port` of a stored rule, never a client-chosen value):
 //! `loxilb_fullproxy_listener_up{address}` (1 listening, 0 unbound and retrying) and
 //! `loxilb_fullproxy_listener_bind_failures_total{address}`.
@@ -23,6 +28,7 @@
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -130,6 +136,70 @@ struct Inner {
     held: HashSet<SocketAddr>,
     /// The proxy's last bind error, while it retries.
     failed: HashMap<SocketAddr, String>,
+    /// Client traffic of each served address.
+    traffic: HashMap<SocketAddr, Arc<Traffic>>,
+}
+
+/// Client-side traffic of one fullproxy listener (`VIP:port`): what LoxiLB's
+/// `GET .../externalipaddress/{ip}/port/{port}/protocol/{proto}/stats` reports
+/// (`loxilb-inference-gateway` `models.LoadbalanceStats`). Counted by the proxy on the client
+/// socket: bytes are TCP payload bytes as read and written (HTTP heads and bodies), not
+/// backend traffic.
+#[derive(Debug, Default)]
+pub struct Traffic {
+    accepted: AtomicU64,
+    open: AtomicU64,
+    bytes_in: AtomicU64,
+    bytes_out: AtomicU64,
+}
+
+/// A reading of [`Traffic`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TrafficSnapshot {
+    /// Client connections open now.
+    pub active_connections: u64,
+    /// Client connections accepted since the address was first served (monotonic).
+    pub total_connections: u64,
+    /// Bytes read from clients.
+    pub bytes_in: u64,
+    /// Bytes written to clients.
+    pub bytes_out: u64,
+}
+
+impl Traffic {
+    /// A connection was accepted; it counts as open until [`Traffic::closed`].
+    pub fn accepted(&self) {
+        self.accepted.fetch_add(1, Ordering::Relaxed);
+        self.open.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// An accepted connection closed.
+    pub fn closed(&self) {
+        // Saturating: never wraps below zero even if called unpaired.
+        let _ = self
+            .open
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+    }
+
+    /// `n` bytes were read from a client.
+    pub fn read(&self, n: usize) {
+        self.bytes_in.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// `n` bytes were written to a client.
+    pub fn written(&self, n: usize) {
+        self.bytes_out.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// The counters now.
+    pub fn snapshot(&self) -> TrafficSnapshot {
+        TrafficSnapshot {
+            active_connections: self.open.load(Ordering::Relaxed),
+            total_connections: self.accepted.load(Ordering::Relaxed),
+            bytes_in: self.bytes_in.load(Ordering::Relaxed),
+            bytes_out: self.bytes_out.load(Ordering::Relaxed),
+        }
+    }
 }
 
 /// The shared socket table (see the module doc). Share as `Arc<ListenSockets>`.
@@ -195,6 +265,7 @@ impl ListenSockets {
         let mut g = self.inner.lock();
         g.held.remove(&addr);
         g.failed.remove(&addr);
+        g.traffic.remove(&addr);
         let label = ListenMetrics::label(addr);
         self.metrics.up.remove(&label);
         self.metrics.bind_failures.remove(&label);
@@ -212,6 +283,18 @@ impl ListenSockets {
             self.metrics.up.remove(&label);
             self.metrics.bind_failures.remove(&label);
         }
+    }
+
+    /// Proxy side: the traffic counters of `addr` (created on first use, dropped by
+    /// [`ListenSockets::release`]).
+    pub fn traffic(&self, addr: SocketAddr) -> Arc<Traffic> {
+        self.inner.lock().traffic.entry(addr).or_default().clone()
+    }
+
+    /// API side: the traffic of `addr` now; `None` when no proxy listener has served it since it
+    /// was last released (a rule stored but not yet served, or an L4 rule).
+    pub fn traffic_snapshot(&self, addr: SocketAddr) -> Option<TrafficSnapshot> {
+        self.inner.lock().traffic.get(&addr).map(|t| t.snapshot())
     }
 
     /// What is known about `addr`.
@@ -258,6 +341,36 @@ mod tests {
 
     fn table() -> Arc<ListenSockets> {
         ListenSockets::new(ListenMetrics::default())
+    }
+
+    #[test]
+    fn traffic_counts_per_address_and_restarts_after_release() {
+        let t = table();
+        let a: SocketAddr = "127.0.0.1:18080".parse().expect("addr");
+        assert_eq!(t.traffic_snapshot(a), None, "never served");
+        let tr = t.traffic(a);
+        tr.accepted();
+        tr.accepted();
+        tr.closed();
+        tr.read(120);
+        tr.written(4096);
+        tr.written(4);
+        assert_eq!(
+            t.traffic_snapshot(a),
+            Some(TrafficSnapshot {
+                active_connections: 1,
+                total_connections: 2,
+                bytes_in: 120,
+                bytes_out: 4100,
+            })
+        );
+        // The proxy's handle and the API's view are the same counters.
+        assert!(Arc::ptr_eq(&tr, &t.traffic(a)));
+        tr.closed();
+        tr.closed();
+        assert_eq!(t.traffic_snapshot(a).map(|s| s.active_connections), Some(0));
+        t.release(a);
+        assert_eq!(t.traffic_snapshot(a), None, "released: counters dropped");
     }
 
     #[test]

@@ -438,3 +438,125 @@ async fn a_state_file_that_cannot_be_written_is_a_500_with_the_reason_and_nothin
         "an unpersisted rule is not applied"
     );
 }
+
+/// Polls `path` until `done` holds for its JSON body (at most 5 s), returning the last body.
+async fn poll_json(d: &Daemon, path: &str, done: impl Fn(&Value) -> bool) -> Value {
+    let mut last = Value::Null;
+    for _ in 0..100 {
+        let (status, body) = d.get(path).await.expect("GET");
+        assert_eq!(status, 200, "{path}: {body}");
+        last = loxi_tests::harness::parse_json(&body);
+        if done(&last) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    last
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rule_by_key_its_status_and_its_stats_answer_as_loxilb() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let d = Daemon::start_default().await;
+    let backend = loxi_tests::backend::Backend::start("a").await;
+    let port = free_port();
+    let pool = |model: &str| {
+        json!({
+            "serviceArguments": {"externalIP": "127.0.0.1", "port": port, "protocol": "tcp",
+                                 "mode": 4, "sel": 0, "model_name": model},
+            "endpoints": [{"endpointIP": "127.0.0.1", "targetPort": backend.port(), "weight": 1}]
+        })
+    };
+    assert_eq!(d.post_rule(&pool("")).await.0, 200);
+    let key = format!("/netlox/v1/config/loadbalancer/externalipaddress/127.0.0.1/port/{port}/protocol/tcp");
+
+    // Served but no client yet: every field is zero, so omitted.
+    let before = poll_json(&d, &format!("{key}/stats"), |v| v == &json!({})).await;
+    assert_eq!(before, json!({}));
+
+    // One client connection: exactly its request bytes in, its response bytes out.
+    let req = format!("GET /stats-probe HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n");
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+    s.write_all(req.as_bytes()).await.expect("write");
+    let mut resp = Vec::new();
+    s.read_to_end(&mut resp).await.expect("read");
+    assert!(resp.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&resp));
+    drop(s);
+    let stats = poll_json(&d, &format!("{key}/stats"), |v| v.get("activeConnections").is_none()).await;
+    assert_eq!(
+        stats,
+        json!({"bytesIn": req.len(), "bytesOut": resp.len(), "totalConnections": 1})
+    );
+
+    // By key: the rule as GET .../all shows it.
+    let (status, body) = d.get(&key).await.expect("GET by key");
+    assert_eq!(status, 200, "{body}");
+    let one = loxi_tests::harness::parse_json(&body);
+    assert_eq!(one, lb_attr(&d.rules().await)[0]);
+
+    // Status: every endpoint tracked and up; lastUpdated stable while nothing changes.
+    let (status, body) = d.get(&format!("{key}/status")).await.expect("GET status");
+    assert_eq!(status, 200, "{body}");
+    let st = loxi_tests::harness::parse_json(&body);
+    assert_eq!(st["adminStateUp"], json!(true));
+    assert_eq!(st["operatingStatus"], json!("ONLINE"));
+    let t1 = st["lastUpdated"].as_str().expect("lastUpdated").to_string();
+    assert_eq!(t1.len(), "2026-12-02T01:30:00Z".len(), "{t1}");
+    assert!(t1.ends_with('Z') && t1.as_bytes()[10] == b'T', "RFC 3339 UTC: {t1}");
+    assert_eq!(d.post_rule(&pool("")).await.0, 200, "unchanged re-POST");
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let again = parse(&d, &format!("{key}/status")).await;
+    assert_eq!(again["lastUpdated"], json!(t1), "an unchanged rule keeps its time");
+    let mut heavier = pool("");
+    heavier["endpoints"][0]["weight"] = json!(3);
+    assert_eq!(d.post_rule(&heavier).await.0, 200);
+    let t2 = parse(&d, &format!("{key}/status")).await["lastUpdated"]
+        .as_str()
+        .expect("lastUpdated")
+        .to_string();
+    assert!(t2 > t1, "an update moves lastUpdated: {t1} -> {t2}");
+
+    // A second model pool on the address: the bare key is ambiguous (409 naming both),
+    // `model_name` selects; stats stay per address.
+    assert_eq!(d.post_rule(&pool("m2")).await.0, 200);
+    let (status, body) = d.get(&key).await.expect("GET by key");
+    assert_eq!(status, 409, "{body}");
+    let ids: Vec<String> = lb_attr(&d.rules().await)
+        .iter()
+        .map(|r| r["serviceArguments"]["id"].as_str().expect("id").to_string())
+        .collect();
+    assert!(ids.iter().all(|id| body.contains(id.as_str())), "{body} names {ids:?}");
+    let m2 = parse(&d, &format!("{key}?model_name=m2")).await;
+    assert_eq!(m2["serviceArguments"]["model_name"], json!("m2"));
+    let plain = parse(&d, &format!("{key}?model_name=")).await;
+    assert!(plain["serviceArguments"].get("model_name").is_none(), "{plain}");
+    assert_eq!(
+        parse(&d, &format!("{key}/status?model_name=m2")).await["operatingStatus"],
+        json!("ONLINE")
+    );
+    assert_eq!(
+        parse(&d, &format!("{key}/stats")).await["totalConnections"],
+        json!(1)
+    );
+
+    // Errors: unknown address 404, bad port 400, unknown query parameter 400.
+    let other = free_port();
+    let (status, _) = d
+        .get(&format!("/netlox/v1/config/loadbalancer/externalipaddress/127.0.0.1/port/{other}/protocol/tcp/stats"))
+        .await
+        .expect("GET");
+    assert_eq!(status, 404);
+    let (status, body) = d
+        .get("/netlox/v1/config/loadbalancer/externalipaddress/127.0.0.1/port/x/protocol/tcp/status")
+        .await
+        .expect("GET");
+    assert_eq!(status, 400, "{body}");
+    let (status, body) = d.get(&format!("{key}?bgp=true")).await.expect("GET");
+    assert_eq!(status, 400, "{body}");
+}
+
+async fn parse(d: &Daemon, path: &str) -> Value {
+    let (status, body) = d.get(path).await.expect("GET");
+    assert_eq!(status, 200, "{path}: {body}");
+    loxi_tests::harness::parse_json(&body)
+}

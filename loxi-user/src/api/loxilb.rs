@@ -236,6 +236,18 @@ pub fn sort_ct(entries: &mut [CtEntry]) {
     });
 }
 
+/// Up to [`CT_LIST_CAP`] live entries of the XDP conntrack map, read on a blocking thread;
+/// `None` before the L4 program is loaded (or after it stopped).
+///
+/// Errors: 500 when the map cannot be read.
+pub async fn read_conntrack(st: &ApiState) -> Result<Option<crate::l4::CtDump>, ApiError> {
+    let handle = st.conntrack.clone();
+    tokio::task::spawn_blocking(move || handle.read(CT_LIST_CAP))
+        .await
+        .map_err(|e| ApiError::internal(format!("listing the conntrack map: {e}")))?
+        .map_err(|e| ApiError::internal(format!("listing the conntrack map: {e}")))
+}
+
 /// `GET /config/conntrack/all`: `{"ctAttr":[CtEntry...]}` sorted as LoxiLB sorts.
 ///
 /// Without the L4 data path there is no conntrack table (the fullproxy terminates
@@ -250,12 +262,7 @@ pub async fn conntrack(State(st): State<ApiState>) -> Result<Response, ApiError>
     if !st.l4_datapath {
         return Ok(json_response(StatusCode::OK, &json!({ "ctAttr": [] })));
     }
-    let handle = st.conntrack.clone();
-    let dump = tokio::task::spawn_blocking(move || handle.read(CT_LIST_CAP))
-        .await
-        .map_err(|e| ApiError::internal(format!("listing the conntrack map: {e}")))?
-        .map_err(|e| ApiError::internal(format!("listing the conntrack map: {e}")))?;
-    let Some(dump) = dump else {
+    let Some(dump) = read_conntrack(&st).await? else {
         // Not loaded yet (or already stopped): no program, so no flows.
         return Ok(json_response(StatusCode::OK, &json!({ "ctAttr": [] })));
     };
@@ -402,6 +409,51 @@ mod tests {
                 "conntrackState": "fini", "conntrackAct": "fsnat-20.0.0.1,10.0.0.2:80",
                 "packets": 5, "bytes": 4321, "servName": "",
             })
+        );
+    }
+
+    #[test]
+    fn l4_stats_sum_a_services_flows_by_direction() {
+        use crate::api::status::{Stats, l4_stats};
+        let svc = ("20.0.0.1".to_string(), 80, "tcp".to_string());
+        // Flow 1: open, 910 bytes in, 4321 out (NAT reply entry).
+        let f1 = (
+            key([10, 0, 0, 2], 40000, [20, 0, 0, 1], 80, proto::TCP),
+            val([10, 0, 0, 2], 40000, [10, 1, 0, 2], 8080, dir::FWD, mode::DNAT, 7, 910),
+        );
+        let r1 = (
+            key([10, 1, 0, 2], 8080, [10, 0, 0, 2], 40000, proto::TCP),
+            val([20, 0, 0, 1], 80, [10, 0, 0, 2], 40000, dir::REV, mode::DNAT, 5, 4321),
+        );
+        // Flow 2: closing (FIN on the forward entry): its bytes count, it is not active.
+        let mut f2 = (
+            key([10, 0, 0, 3], 40001, [20, 0, 0, 1], 80, proto::TCP),
+            val([10, 0, 0, 3], 40001, [10, 1, 0, 2], 8080, dir::FWD, mode::DNAT, 3, 100),
+        );
+        f2.1.state = ct_state::FIN;
+        // Another service's flow: ignored.
+        let other = (
+            key([10, 0, 0, 2], 40002, [20, 0, 0, 1], 81, proto::TCP),
+            val([10, 0, 0, 2], 40002, [10, 1, 0, 2], 8081, dir::FWD, mode::DNAT, 1, 60),
+        );
+        let all = [f1, r1, f2, other];
+        assert_eq!(
+            l4_stats(&all, &svc),
+            Stats {
+                active_connections: 1,
+                bytes_in: 1010,
+                bytes_out: 4321,
+                total_connections: None,
+            }
+        );
+        assert_eq!(
+            serde_json::to_value(l4_stats(&all, &svc)).expect("serialise"),
+            json!({"activeConnections": 1, "bytesIn": 1010, "bytesOut": 4321})
+        );
+        assert_eq!(
+            serde_json::to_value(l4_stats(&all[..0], &svc)).expect("serialise"),
+            json!({}),
+            "no flows: every zero field omitted, as Go's omitempty does"
         );
     }
 

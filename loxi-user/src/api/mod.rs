@@ -5,6 +5,9 @@
 //! | `POST` | `/config/loadbalancer` | 200 `{"result":"Success"}`; 400 naming the field; 409 same key other shape; 500 state file not written |
 //! | `GET` | `/config/loadbalancer/all` | 200 `{"lbAttr":[LoadbalanceEntry...]}` in LoxiLB's shape ([`rules::loxilb_entry`]) |
 //! | `GET` | `/config/loadbalancer/id/{id}` | 200 one `LoadbalanceEntry`; 404 |
+//! | `GET` | `/config/loadbalancer/externalipaddress/{ip}/port/{port}/protocol/{proto}[?host=..&model_name=..]` | 200 one `LoadbalanceEntry`; 404; 409 when several rules (model pools, hosts) share the address and no `host`/`model_name` selects one ([`status`]) |
+//! | `GET` | `.../protocol/{proto}/status[?host=..&model_name=..]` | 200 `{"adminStateUp":true,"operatingStatus":"ONLINE\|DEGRADED\|OFFLINE\|NO_MONITOR","lastUpdated":RFC3339}`; 404; 409 as above |
+//! | `GET` | `.../protocol/{proto}/stats` | 200 `{"activeConnections","bytesIn","bytesOut","totalConnections"}` (zeros omitted): a mode-4 address's client connections and bytes, an L4 rule's flows and bytes from the conntrack map (no `totalConnections`); 404 |
 //! | `DELETE` | `/config/loadbalancer/externalipaddress/{ip}/port/{port}/protocol/{proto}[?host=..&model_name=..]` | 200 `{"result":"Success"}`; 404 no rule with exactly this key (absent host/model = none, never "any") |
 //! | `DELETE` | `/config/loadbalancer/hosturl/{host\|any}/externalipaddress/{ip}/port/{port}[/portmax/{0}]/protocol/{proto}[?model_name=..]` | the same (LoxiLB's loxicmd) |
 //! | `DELETE` | `/config/loadbalancer/externalipaddress/{ip}/port/{port}/portmax/{0}/protocol/{proto}` | the same |
@@ -24,6 +27,7 @@ pub mod fields;
 pub mod loxilb;
 pub mod rules;
 pub mod security;
+pub mod status;
 pub mod tls;
 
 use std::sync::Arc;
@@ -79,7 +83,15 @@ pub fn router(state: ApiState) -> Router {
         )
         .route(
             &format!("{BASE}/config/loadbalancer/externalipaddress/{{ip}}/port/{{port}}/protocol/{{proto}}"),
-            delete(rules::remove),
+            delete(rules::remove).get(status::get_by_key),
+        )
+        .route(
+            &format!("{BASE}/config/loadbalancer/externalipaddress/{{ip}}/port/{{port}}/protocol/{{proto}}/status"),
+            get(status::status),
+        )
+        .route(
+            &format!("{BASE}/config/loadbalancer/externalipaddress/{{ip}}/port/{{port}}/protocol/{{proto}}/stats"),
+            get(status::stats),
         )
         .route(
             &format!("{BASE}/config/loadbalancer/externalipaddress/{{ip}}/port/{{port}}/portmax/{{portmax}}/protocol/{{proto}}"),

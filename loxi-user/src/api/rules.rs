@@ -138,7 +138,9 @@ pub async fn get_by_id(
     Ok(json_response(StatusCode::OK, &entry(&st, rule)))
 }
 
-fn entry(st: &ApiState, r: &StoredRule) -> Value {
+/// `r` as a `LoadbalanceEntry` ([`loxilb_entry`]) with its live endpoint states and, for
+/// mode 4, its `listenerState`.
+pub fn entry(st: &ApiState, r: &StoredRule) -> Value {
     let listener = listen_addr(&r.rule).map(|a| st.sockets.status(a).describe());
     loxilb_entry(r, st.health.as_ref(), listener)
 }

@@ -84,11 +84,19 @@ pub struct Activity {
     head_since: AtomicU64,
     /// Wakes the watchdog on state changes that move its deadline earlier or lift it.
     changed: Notify,
+    /// The listener's client traffic, which [`TrackedIo`] adds this connection's bytes to.
+    traffic: Arc<crate::listen::Traffic>,
 }
 
 impl Activity {
-    /// Activity of a connection accepted now.
+    /// Activity of a connection accepted now, its bytes counted in a traffic record of its own.
     pub fn new(limits: ConnLimits) -> Arc<Self> {
+        Self::counting(limits, Arc::default())
+    }
+
+    /// Activity of a connection accepted now on a listener whose client bytes are counted in
+    /// `traffic` (see [`crate::listen::Traffic`]).
+    pub fn counting(limits: ConnLimits, traffic: Arc<crate::listen::Traffic>) -> Arc<Self> {
         Arc::new(Self {
             base: Instant::now(),
             limits,
@@ -96,6 +104,7 @@ impl Activity {
             last_ms: AtomicU64::new(0),
             head_since: AtomicU64::new(NO_HEAD),
             changed: Notify::new(),
+            traffic,
         })
     }
 
@@ -207,6 +216,13 @@ impl<T> TrackedIo<T> {
     pub fn new(inner: T, act: Arc<Activity>) -> Self {
         Self { inner, act }
     }
+
+    fn wrote(&self, n: usize) {
+        if n > 0 {
+            self.act.on_write();
+            self.act.traffic.written(n);
+        }
+    }
 }
 
 impl<T: AsyncRead + Unpin> AsyncRead for TrackedIo<T> {
@@ -217,8 +233,10 @@ impl<T: AsyncRead + Unpin> AsyncRead for TrackedIo<T> {
     ) -> Poll<std::io::Result<()>> {
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
-        if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+        let read = buf.filled().len().saturating_sub(before);
+        if matches!(polled, Poll::Ready(Ok(()))) && read > 0 {
             self.act.on_read();
+            self.act.traffic.read(read);
         }
         polled
     }
@@ -231,8 +249,8 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for TrackedIo<T> {
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
         let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
-        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
-            self.act.on_write();
+        if let Poll::Ready(Ok(n)) = polled {
+            self.wrote(n);
         }
         polled
     }
@@ -243,8 +261,8 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for TrackedIo<T> {
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
         let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
-        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
-            self.act.on_write();
+        if let Poll::Ready(Ok(n)) = polled {
+            self.wrote(n);
         }
         polled
     }

@@ -116,6 +116,7 @@ impl Serving {
         let conns = TaskTracker::new();
         let slots = Arc::new(Semaphore::new(self.limits().max_conns.max(1)));
         let open = self.handler.ctx.metrics.open_connections(self.addr);
+        let traffic = self.handler.ctx.sockets.traffic(self.addr);
         let builder = auto::Builder::new(TokioExecutor::new());
         loop {
             let (stream, peer) = tokio::select! {
@@ -132,10 +133,12 @@ impl Serving {
             let Some(slot) = self.slot(&slots).await else {
                 break;
             };
-            let (s, b, open) = (self.clone(), builder.clone(), open.clone());
+            let (s, b, open, traffic) = (self.clone(), builder.clone(), open.clone(), traffic.clone());
             conns.spawn(async move {
                 open.inc();
-                s.serve(&b, stream, peer).await;
+                traffic.accepted();
+                s.serve(&b, stream, peer, &traffic).await;
+                traffic.closed();
                 open.dec();
                 drop(slot);
             });
@@ -170,9 +173,10 @@ impl Serving {
         builder: &auto::Builder<TokioExecutor>,
         stream: TcpStream,
         peer: SocketAddr,
+        traffic: &Arc<crate::listen::Traffic>,
     ) {
         let _ = stream.set_nodelay(true);
-        let act = Activity::new(self.limits());
+        let act = Activity::counting(self.limits(), traffic.clone());
         let (cancel, addr) = (self.cancel.clone(), self.addr);
         let metrics = self.handler.ctx.metrics.clone();
         let svc_act = act.clone();

@@ -32,13 +32,22 @@ pub struct StoredRule {
     /// The typed spec validation compiled from `rule` (what routing, the KV tier and the proxy
     /// read).
     pub spec: ServiceSpec,
+    /// When this rule was last created or changed in this process (a restored rule: when it
+    /// was restored). In memory only, like LoxiLB's `lastUpdated` (reset to now on restart);
+    /// reported by `GET .../protocol/{proto}/status`.
+    pub updated: std::time::SystemTime,
 }
 
 impl StoredRule {
-    /// Validates `rule` and compiles its spec.
+    /// Validates `rule` and compiles its spec; `updated` is now.
     pub fn new(id: u32, rule: LbRule) -> Result<Self, RuleError> {
         let (rule, spec) = validate::compile(rule)?;
-        Ok(Self { id, rule, spec })
+        Ok(Self {
+            id,
+            rule,
+            spec,
+            updated: std::time::SystemTime::now(),
+        })
     }
 }
 
@@ -182,7 +191,15 @@ impl RuleStore {
             }
         };
         let mut rules = cur.rules.clone();
-        rules.insert(key, Arc::new(StoredRule { id, rule, spec }));
+        rules.insert(
+            key,
+            Arc::new(StoredRule {
+                id,
+                rule,
+                spec,
+                updated: std::time::SystemTime::now(),
+            }),
+        );
         self.commit(&cur, rules)?;
         Ok(outcome)
     }
