@@ -468,21 +468,33 @@ async fn a_rule_by_key_its_status_and_its_stats_answer_as_loxilb() {
         })
     };
     assert_eq!(d.post_rule(&pool("")).await.0, 200);
-    let key = format!("/netlox/v1/config/loadbalancer/externalipaddress/127.0.0.1/port/{port}/protocol/tcp");
+    let key = format!(
+        "/netlox/v1/config/loadbalancer/externalipaddress/127.0.0.1/port/{port}/protocol/tcp"
+    );
 
     // Served but no client yet: every field is zero, so omitted.
     let before = poll_json(&d, &format!("{key}/stats"), |v| v == &json!({})).await;
     assert_eq!(before, json!({}));
 
     // One client connection: exactly its request bytes in, its response bytes out.
-    let req = format!("GET /stats-probe HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n");
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+    let req =
+        format!("GET /stats-probe HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n");
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
     s.write_all(req.as_bytes()).await.expect("write");
     let mut resp = Vec::new();
     s.read_to_end(&mut resp).await.expect("read");
-    assert!(resp.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&resp));
+    assert!(
+        resp.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&resp)
+    );
     drop(s);
-    let stats = poll_json(&d, &format!("{key}/stats"), |v| v.get("activeConnections").is_none()).await;
+    let stats = poll_json(&d, &format!("{key}/stats"), |v| {
+        v.get("activeConnections").is_none()
+    })
+    .await;
     assert_eq!(
         stats,
         json!({"bytesIn": req.len(), "bytesOut": resp.len(), "totalConnections": 1})
@@ -502,11 +514,18 @@ async fn a_rule_by_key_its_status_and_its_stats_answer_as_loxilb() {
     assert_eq!(st["operatingStatus"], json!("ONLINE"));
     let t1 = st["lastUpdated"].as_str().expect("lastUpdated").to_string();
     assert_eq!(t1.len(), "2026-12-02T01:30:00Z".len(), "{t1}");
-    assert!(t1.ends_with('Z') && t1.as_bytes()[10] == b'T', "RFC 3339 UTC: {t1}");
+    assert!(
+        t1.ends_with('Z') && t1.as_bytes()[10] == b'T',
+        "RFC 3339 UTC: {t1}"
+    );
     assert_eq!(d.post_rule(&pool("")).await.0, 200, "unchanged re-POST");
     tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
     let again = parse(&d, &format!("{key}/status")).await;
-    assert_eq!(again["lastUpdated"], json!(t1), "an unchanged rule keeps its time");
+    assert_eq!(
+        again["lastUpdated"],
+        json!(t1),
+        "an unchanged rule keeps its time"
+    );
     let mut heavier = pool("");
     heavier["endpoints"][0]["weight"] = json!(3);
     assert_eq!(d.post_rule(&heavier).await.0, 200);
@@ -523,13 +542,24 @@ async fn a_rule_by_key_its_status_and_its_stats_answer_as_loxilb() {
     assert_eq!(status, 409, "{body}");
     let ids: Vec<String> = lb_attr(&d.rules().await)
         .iter()
-        .map(|r| r["serviceArguments"]["id"].as_str().expect("id").to_string())
+        .map(|r| {
+            r["serviceArguments"]["id"]
+                .as_str()
+                .expect("id")
+                .to_string()
+        })
         .collect();
-    assert!(ids.iter().all(|id| body.contains(id.as_str())), "{body} names {ids:?}");
+    assert!(
+        ids.iter().all(|id| body.contains(id.as_str())),
+        "{body} names {ids:?}"
+    );
     let m2 = parse(&d, &format!("{key}?model_name=m2")).await;
     assert_eq!(m2["serviceArguments"]["model_name"], json!("m2"));
     let plain = parse(&d, &format!("{key}?model_name=")).await;
-    assert!(plain["serviceArguments"].get("model_name").is_none(), "{plain}");
+    assert!(
+        plain["serviceArguments"].get("model_name").is_none(),
+        "{plain}"
+    );
     assert_eq!(
         parse(&d, &format!("{key}/status?model_name=m2")).await["operatingStatus"],
         json!("ONLINE")
@@ -547,7 +577,9 @@ async fn a_rule_by_key_its_status_and_its_stats_answer_as_loxilb() {
         .expect("GET");
     assert_eq!(status, 404);
     let (status, body) = d
-        .get("/netlox/v1/config/loadbalancer/externalipaddress/127.0.0.1/port/x/protocol/tcp/status")
+        .get(
+            "/netlox/v1/config/loadbalancer/externalipaddress/127.0.0.1/port/x/protocol/tcp/status",
+        )
         .await
         .expect("GET");
     assert_eq!(status, 400, "{body}");

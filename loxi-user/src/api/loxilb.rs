@@ -419,22 +419,58 @@ mod tests {
         // Flow 1: open, 910 bytes in, 4321 out (NAT reply entry).
         let f1 = (
             key([10, 0, 0, 2], 40000, [20, 0, 0, 1], 80, proto::TCP),
-            val([10, 0, 0, 2], 40000, [10, 1, 0, 2], 8080, dir::FWD, mode::DNAT, 7, 910),
+            val(
+                [10, 0, 0, 2],
+                40000,
+                [10, 1, 0, 2],
+                8080,
+                dir::FWD,
+                mode::DNAT,
+                7,
+                910,
+            ),
         );
         let r1 = (
             key([10, 1, 0, 2], 8080, [10, 0, 0, 2], 40000, proto::TCP),
-            val([20, 0, 0, 1], 80, [10, 0, 0, 2], 40000, dir::REV, mode::DNAT, 5, 4321),
+            val(
+                [20, 0, 0, 1],
+                80,
+                [10, 0, 0, 2],
+                40000,
+                dir::REV,
+                mode::DNAT,
+                5,
+                4321,
+            ),
         );
         // Flow 2: closing (FIN on the forward entry): its bytes count, it is not active.
         let mut f2 = (
             key([10, 0, 0, 3], 40001, [20, 0, 0, 1], 80, proto::TCP),
-            val([10, 0, 0, 3], 40001, [10, 1, 0, 2], 8080, dir::FWD, mode::DNAT, 3, 100),
+            val(
+                [10, 0, 0, 3],
+                40001,
+                [10, 1, 0, 2],
+                8080,
+                dir::FWD,
+                mode::DNAT,
+                3,
+                100,
+            ),
         );
         f2.1.state = ct_state::FIN;
         // Another service's flow: ignored.
         let other = (
             key([10, 0, 0, 2], 40002, [20, 0, 0, 1], 81, proto::TCP),
-            val([10, 0, 0, 2], 40002, [10, 1, 0, 2], 8081, dir::FWD, mode::DNAT, 1, 60),
+            val(
+                [10, 0, 0, 2],
+                40002,
+                [10, 1, 0, 2],
+                8081,
+                dir::FWD,
+                mode::DNAT,
+                1,
+                60,
+            ),
         );
         let all = [f1, r1, f2, other];
         assert_eq!(

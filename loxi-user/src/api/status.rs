@@ -55,7 +55,9 @@ pub fn operating_status(stored: &StoredRule, health: &dyn EndpointHealth) -> &'s
 
 /// RFC 3339 UTC with seconds (`2026-12-02T01:30:00Z`), LoxiLB's `strfmt.DateTime` as JSON.
 fn rfc3339(t: SystemTime) -> String {
-    let t = time::OffsetDateTime::from(t).replace_nanosecond(0).unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
+    let t = time::OffsetDateTime::from(t)
+        .replace_nanosecond(0)
+        .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
     t.format(&time::format_description::well_known::Rfc3339)
         .unwrap_or_default()
 }
@@ -124,15 +126,19 @@ pub fn l4_stats<'a>(
 }
 
 /// The rules on `(ip, port, proto)` (`ip` normalised, IPv6 brackets stripped).
-fn rules_on(st: &ApiState, ip: &str, port: &str, proto: &str) -> Result<(String, u16, String, Vec<std::sync::Arc<StoredRule>>), ApiError> {
-    let port: u16 = port
-        .parse()
-        .ok()
-        .filter(|p| *p != 0)
-        .ok_or_else(|| ApiError::bad_field("port", format!("{port:?} is not a port (1..=65535)")))?;
+fn rules_on(
+    st: &ApiState,
+    ip: &str,
+    port: &str,
+    proto: &str,
+) -> Result<(String, u16, String, Vec<std::sync::Arc<StoredRule>>), ApiError> {
+    let port: u16 = port.parse().ok().filter(|p| *p != 0).ok_or_else(|| {
+        ApiError::bad_field("port", format!("{port:?} is not a port (1..=65535)"))
+    })?;
     let bare = ip.trim_start_matches('[').trim_end_matches(']');
-    let ip = validate::normalize_ip(bare)
-        .map_err(|_| ApiError::bad_field("externalipaddress", format!("{ip:?} is not an IP address")))?;
+    let ip = validate::normalize_ip(bare).map_err(|_| {
+        ApiError::bad_field("externalipaddress", format!("{ip:?} is not an IP address"))
+    })?;
     let proto = proto.to_ascii_lowercase();
     let snap = st.store.snapshot();
     let rules = snap
@@ -172,14 +178,19 @@ fn one_rule(
             .collect()
     };
     match selected.as_slice() {
-        [] => Err(ApiError::not_found(format!("no rule on {what} with this key"))),
+        [] => Err(ApiError::not_found(format!(
+            "no rule on {what} with this key"
+        ))),
         [one] => Ok(one.clone()),
         many => {
             let ids: Vec<String> = many
                 .iter()
                 .map(|r| {
                     let s = &r.rule.service;
-                    format!("{} (host {:?}, model_name {:?})", s.id, s.host, s.model_name)
+                    format!(
+                        "{} (host {:?}, model_name {:?})",
+                        s.id, s.host, s.model_name
+                    )
                 })
                 .collect();
             Err(ApiError::with_status(
@@ -235,7 +246,9 @@ pub async fn stats(
 ) -> Result<Response, ApiError> {
     let (ip, port, proto, rules) = rules_on(&st, &ip, &port, &proto)?;
     let Some(rule) = rules.first() else {
-        return Err(ApiError::not_found(format!("no rule on {ip}:{port}/{proto}")));
+        return Err(ApiError::not_found(format!(
+            "no rule on {ip}:{port}/{proto}"
+        )));
     };
     let stats = match listen_addr(&rule.rule) {
         Some(addr) => st

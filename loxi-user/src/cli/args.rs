@@ -257,6 +257,14 @@ pub struct CreateLb {
     /// NIXL side-channel ports in endpoint order.
     #[arg(long)]
     pub nixl_port: Option<String>,
+    /// Each endpoint's own KV-event publisher port in endpoint order (0 = the rule's
+    /// `--kv-zmq-port`): several engines on one host publish on distinct ports.
+    #[arg(long)]
+    pub ep_kv_zmq_port: Option<String>,
+    /// Each endpoint's own KV-event replay port in endpoint order (0 = the rule's
+    /// `--kv-replay-port`).
+    #[arg(long)]
+    pub ep_kv_replay_port: Option<String>,
     /// Enable P/D disaggregation (LoxiLB's spelling `--pd-disagg` is an alias).
     #[arg(long, alias = "pd-disagg", num_args = 0..=1, default_missing_value = "true")]
     pub pd_disagg_mode: Option<bool>,

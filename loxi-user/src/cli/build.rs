@@ -148,9 +148,26 @@ pub fn endpoint_list(s: &str) -> Result<Vec<(String, u32)>, UsageError> {
 pub fn create_bodies(c: &CreateLb) -> Result<Vec<Value>, UsageError> {
     let eps = endpoint_list(&c.endpoints)?;
     let roles = per_endpoint(&c.ep_role, eps.len(), "--ep-role", role_number)?;
-    let nixl = per_endpoint(&c.nixl_port, eps.len(), "--nixl-port", |s| {
-        parse_port("--nixl-port", s)
-    })?;
+    let ports_of = |list: &Option<String>, flag: &'static str, key: &'static str| {
+        let ports = per_endpoint(list, eps.len(), flag, |s| {
+            s.trim().parse::<u16>().map_err(|_| {
+                usage(
+                    flag,
+                    format!("{s:?} is not a port (0 = the default, 1..=65535)"),
+                )
+            })
+        })?;
+        Ok::<_, UsageError>(ports.map(|p| (key, p)))
+    };
+    // Per-endpoint ports, each sent only when its flag was given.
+    let ep_ports: Vec<(&str, Vec<u16>)> = [
+        ports_of(&c.nixl_port, "--nixl-port", "nixl_port")?,
+        ports_of(&c.ep_kv_zmq_port, "--ep-kv-zmq-port", "kvZmqPort")?,
+        ports_of(&c.ep_kv_replay_port, "--ep-kv-replay-port", "kvReplayPort")?,
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
     let mut bodies = Vec::new();
     for (proto, port, target) in port_list(&c.ports)? {
         let mut svc = service_args(c)?;
@@ -168,8 +185,8 @@ pub fn create_bodies(c: &CreateLb) -> Result<Vec<Value>, UsageError> {
                 if let Some(r) = &roles {
                     ep["ep_role"] = json!(r[i]);
                 }
-                if let Some(n) = &nixl {
-                    ep["nixl_port"] = json!(n[i]);
+                for (key, ports) in &ep_ports {
+                    ep[*key] = json!(ports[i]);
                 }
                 ep
             })
@@ -395,6 +412,41 @@ mod tests {
         );
         assert_eq!(b["endpoints"][0]["ep_role"], json!(1));
         assert_eq!(b["endpoints"][1]["ep_role"], json!(2));
+    }
+
+    #[test]
+    fn per_endpoint_kv_ports_go_on_each_endpoint() {
+        let c = create(&[
+            "127.0.0.1",
+            "--tcp=8080:8000",
+            "--endpoints=127.0.0.2:1,127.0.0.3:1",
+            "--mode=fullproxy",
+            "--kv-exact-mode=3",
+            "--ep-kv-zmq-port=5601,0",
+            "--ep-kv-replay-port=5701,5702",
+        ]);
+        let b = &create_bodies(&c).expect("bodies")[0];
+        let ep = |i: usize, k: &str| b["endpoints"][i][k].clone();
+        assert_eq!(
+            (
+                ep(0, "kvZmqPort"),
+                ep(1, "kvZmqPort"),
+                ep(0, "kvReplayPort"),
+                ep(1, "kvReplayPort")
+            ),
+            (json!(5601), json!(0), json!(5701), json!(5702))
+        );
+        assert!(
+            b["endpoints"][0].get("nixl_port").is_none(),
+            "only given flags are sent"
+        );
+        let bad = create(&[
+            "127.0.0.1",
+            "--tcp=8080:8000",
+            "--endpoints=127.0.0.2:1,127.0.0.3:1",
+            "--ep-kv-zmq-port=5601",
+        ]);
+        assert!(create_bodies(&bad).is_err(), "one value per endpoint");
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Endpoint identity inside one KV service.
 //!
 //! The index, the parity book, the stream table and the subscriber tasks key an endpoint by a
-//! [`Member`] id that follows the endpoint's identity (its `endpointIP:targetPort`), not its
+//! [`Member`] id that follows the endpoint's identity (its `endpointIP:targetPort` and KV-event
+//! publisher port), not its
 //! position in the rule. Re-POSTing a rule with an endpoint added, removed or moved therefore
 //! keeps every other endpoint's inventory, stream and predictions: engines never re-announce
 //! blocks they already hold, so a view dropped on a fleet change would stay blind until their
@@ -42,8 +43,11 @@ pub struct Members {
     next: Member,
 }
 
+/// Identity: address, port and KV-event publisher port (another publisher is another source
+/// of blocks, so its inventory starts afresh). The replay port is not identity: it only
+/// changes how a restarted stream catches up.
 fn same_endpoint(a: &KvEndpoint, b: &KvEndpoint) -> bool {
-    a.port == b.port && a.ip == b.ip
+    a.port == b.port && a.ip == b.ip && a.zmq_port == b.zmq_port
 }
 
 impl Members {
@@ -144,7 +148,35 @@ mod tests {
             ip: ip.into(),
             port,
             subscribed: true,
+            zmq_port: 5557,
+            replay_port: 0,
         }
+    }
+
+    #[test]
+    fn another_event_port_is_another_member_and_a_replay_port_is_not() {
+        let a = ep("127.0.0.1", 8001);
+        let mut m = Members::new(std::slice::from_ref(&a));
+        let replay = KvEndpoint {
+            replay_port: 5700,
+            ..a.clone()
+        };
+        assert!(
+            m.sync(std::slice::from_ref(&replay)).is_empty(),
+            "same publisher"
+        );
+        assert_eq!(m.member_at(0), Some(0));
+        let moved = KvEndpoint {
+            zmq_port: 5601,
+            ..a.clone()
+        };
+        let ch = m.sync(&[moved]);
+        assert_eq!((ch.removed, ch.moved), (vec![0], vec![0]));
+        assert_eq!(
+            m.member_at(0),
+            Some(1),
+            "a fresh member: its blocks start afresh"
+        );
     }
 
     #[test]

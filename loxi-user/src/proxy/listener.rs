@@ -133,7 +133,8 @@ impl Serving {
             let Some(slot) = self.slot(&slots).await else {
                 break;
             };
-            let (s, b, open, traffic) = (self.clone(), builder.clone(), open.clone(), traffic.clone());
+            let (s, b, open, traffic) =
+                (self.clone(), builder.clone(), open.clone(), traffic.clone());
             conns.spawn(async move {
                 open.inc();
                 traffic.accepted();

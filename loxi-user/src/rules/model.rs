@@ -191,6 +191,16 @@ pub struct Endpoint {
     /// vLLM NIXL side-channel port (0 = targetPort).
     #[serde(default)]
     pub nixl_port: u16,
+    /// loxi extension: this endpoint's KV-event publisher port, overriding the rule's
+    /// `kvZmqPort` (DP rank r on `kvZmqPort + r`); 0 = the rule's. Several engines on one host
+    /// (vLLM binds its publisher on `tcp://*:P`) each need their own port. Needs `kvExactMode`
+    /// 1 or 3 and a subscribed endpoint.
+    #[serde(rename = "kvZmqPort", default, skip_serializing_if = "is_zero_u16")]
+    pub kv_zmq_port: u16,
+    /// loxi extension: this endpoint's KV-event replay port, overriding the rule's
+    /// `kvReplayPort`; 0 = the rule's.
+    #[serde(rename = "kvReplayPort", default, skip_serializing_if = "is_zero_u16")]
+    pub kv_replay_port: u16,
     /// Output only: `active` / `inactive` health state as LoxiLB reports it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<String>,
@@ -259,6 +269,10 @@ fn default_kv_engine_type() -> String {
 fn default_kv_block_size() -> u32 {
     16
 }
+fn is_zero_u16(n: &u16) -> bool {
+    *n == 0
+}
+
 fn default_kv_zmq_port() -> u16 {
     5557
 }
@@ -330,6 +344,8 @@ pub const ENDPOINT_FIELDS: &[&str] = &[
     "weight",
     "ep_role",
     "nixl_port",
+    "kvZmqPort",
+    "kvReplayPort",
     "state",
     "counter",
 ];

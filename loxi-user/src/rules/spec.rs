@@ -259,9 +259,10 @@ pub struct KvSpec {
     pub block_size: u32,
     /// `kvWarmupSec`.
     pub warmup: Duration,
-    /// `kvZmqPort` (DP rank r publishes on `kvZmqPort + r`).
+    /// `kvZmqPort` (DP rank r publishes on `kvZmqPort + r`); an endpoint's own port
+    /// ([`KvEndpoint::zmq_port`]) overrides it.
     pub zmq_port: u16,
-    /// `kvReplayPort` (0 = none).
+    /// `kvReplayPort` (0 = none); an endpoint's own port overrides it.
     pub replay_port: u16,
     /// `kvDpRankCount`, ≥ 1.
     pub dp_ranks: u32,
@@ -293,6 +294,12 @@ pub struct KvEndpoint {
     pub port: u16,
     /// Are its KV events subscribed (mode 3: all; mode 1: `ep_role: 1`)?
     pub subscribed: bool,
+    /// Its KV-event publisher port (DP rank r on `zmq_port + r`): the endpoint's own
+    /// `kvZmqPort` when set, else the rule's. Part of its identity: another publisher address
+    /// is another source of blocks.
+    pub zmq_port: u16,
+    /// Its replay port: the endpoint's own `kvReplayPort` when set, else the rule's (0 = none).
+    pub replay_port: u16,
 }
 
 /// Role of an endpoint in a P/D rule (`ep_role`).
@@ -445,6 +452,14 @@ fn kv_spec(
             ip: e.endpoint_ip.clone(),
             port: e.target_port,
             subscribed: mode == KvMode::Pool || e.ep_role == 1,
+            zmq_port: match e.kv_zmq_port {
+                0 => s.kv_zmq_port,
+                p => p,
+            },
+            replay_port: match e.kv_replay_port {
+                0 => s.kv_replay_port,
+                p => p,
+            },
         })
         .collect();
     Ok(Some(KvSpec {
@@ -500,7 +515,9 @@ mod tests {
             vec![KvEndpoint {
                 ip: "10.0.0.2".into(),
                 port: 8000,
-                subscribed: true
+                subscribed: true,
+                zmq_port: 5557,
+                replay_port: 0,
             }]
         );
         let s = spec(json!({"kvExactMode": 3, "kvEngineType": "sglang"}));

@@ -341,9 +341,49 @@ fn validate_endpoint(i: usize, ep: &mut Endpoint, s: &ServiceArgs) -> Result<(),
             "the NIXL side channel is part of the P/D handoff; it needs pd_disagg_mode: true",
         ));
     }
+    validate_endpoint_kv_ports(&f, ep, s)?;
     // Output-only fields are ignored on input.
     ep.state = None;
     ep.counter = None;
+    Ok(())
+}
+
+/// An endpoint's own KV-event ports (`kvZmqPort`, `kvReplayPort`) are only read for an
+/// endpoint whose events are subscribed: `kvExactMode` 3 (every endpoint) or 1 (prefill
+/// endpoints); anywhere else they would be inert, so they are refused. The publisher port's
+/// DP-rank span must fit below 65536 as the rule's does.
+fn validate_endpoint_kv_ports(
+    f: &dyn Fn(&str) -> String,
+    ep: &Endpoint,
+    s: &ServiceArgs,
+) -> Result<(), RuleError> {
+    for (name, port) in [
+        ("kvZmqPort", ep.kv_zmq_port),
+        ("kvReplayPort", ep.kv_replay_port),
+    ] {
+        if port == 0 {
+            continue;
+        }
+        let subscribed = s.kv_exact_mode == 3 || (s.kv_exact_mode == 1 && ep.ep_role == 1);
+        if !subscribed {
+            return Err(invalid(
+                &f(name),
+                format!(
+                    "an endpoint's own KV-event port is read only when its events are subscribed                      (kvExactMode 3, or kvExactMode 1 on a prefill endpoint, ep_role 1); this                      endpoint's are not (kvExactMode {}, ep_role {})",
+                    s.kv_exact_mode, ep.ep_role
+                ),
+            ));
+        }
+        if u32::from(port) + u32::from(s.kv_dp_rank_count.max(1)) - 1 > 65535 {
+            return Err(invalid(
+                &f(name),
+                format!(
+                    "{port} + {} DP ranks runs past port 65535",
+                    s.kv_dp_rank_count
+                ),
+            ));
+        }
+    }
     Ok(())
 }
 
@@ -621,6 +661,24 @@ mod tests {
         let mut more = old.clone();
         more.endpoints[0].weight = 5;
         check_same_shape(&old, &more).expect("same shape");
+    }
+
+    #[test]
+    fn endpoint_kv_ports_need_a_subscribed_endpoint() {
+        let mut r = rule(json!({"kvExactMode": 3}));
+        r.endpoints[0].kv_zmq_port = 5601;
+        r.endpoints[0].kv_replay_port = 5701;
+        let ok = validate(r).expect("mode 3 subscribes every endpoint");
+        assert_eq!(
+            (ok.endpoints[0].kv_zmq_port, ok.endpoints[0].kv_replay_port),
+            (5601, 5701)
+        );
+        let mut plain = rule(json!({}));
+        plain.endpoints[0].kv_zmq_port = 5601;
+        assert_eq!(field_of(plain), "endpoints[0].kvZmqPort");
+        let mut span = rule(json!({"kvExactMode": 3, "kvDpRankCount": 4}));
+        span.endpoints[0].kv_replay_port = 65534;
+        assert_eq!(field_of(span), "endpoints[0].kvReplayPort");
     }
 
     #[test]

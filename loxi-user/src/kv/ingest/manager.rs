@@ -1,6 +1,6 @@
 //! Reconciles subscriber tasks against rule snapshots: kvExactMode 3 subscribes every
 //! endpoint, kvExactMode 1 the prefill endpoints (`ep_role: 1`), each on `kvDpRankCount`
-//! ranks (`kvZmqPort + rank`). A rule deletion (or kvExactMode 0) stops its tasks and drops its
+//! ranks (`kvZmqPort + rank`, the endpoint's own `kvZmqPort` when it has one). A rule deletion (or kvExactMode 0) stops its tasks and drops its
 //! index; a change of the rule's KV contract rebuilds the service state and restarts them. A
 //! change of endpoints alone ([`KvState::sync`]) keeps the state: streams are keyed by the
 //! endpoint's member id, so only the streams of added or removed endpoints start or stop.
@@ -38,11 +38,11 @@ pub fn streams_of(svc: &ServiceKv) -> Vec<StreamAddr> {
         }
         for rank in 0..c.dp_ranks {
             let replay =
-                (c.replay_port != 0).then(|| authority(&ep.ip, u32::from(c.replay_port) + rank));
+                (ep.replay_port != 0).then(|| authority(&ep.ip, u32::from(ep.replay_port) + rank));
             out.push(StreamAddr {
                 member,
                 rank,
-                publisher: authority(&ep.ip, u32::from(c.zmq_port) + rank),
+                publisher: authority(&ep.ip, u32::from(ep.zmq_port) + rank),
                 replay,
             });
         }

@@ -553,6 +553,36 @@ async fn manager_follows_rules_and_rule_deletion_stops_streams_and_drops_the_ind
     assert!(state.get(9).is_none());
 }
 
+#[test]
+fn an_endpoints_own_event_ports_override_the_rules_on_every_rank() {
+    let (state, _reg) = state(KvSettings::default());
+    let mut r = rule(
+        6,
+        2,
+        serde_json::json!({"kvDpRankCount": 2, "kvZmqPort": 6000, "kvReplayPort": 6100}),
+    );
+    r.rule.endpoints[1].kv_zmq_port = 7000;
+    r.rule.endpoints[1].kv_replay_port = 7100;
+    r.spec = crate::rules::ServiceSpec::compile(&r.rule).expect("spec");
+    let svc = state.sync(&r).expect("a KV service");
+    let mut got: Vec<(usize, u32, String, Option<String>)> =
+        crate::kv::ingest::manager::streams_of(&svc)
+            .into_iter()
+            .map(|a| (a.member, a.rank, a.publisher, a.replay))
+            .collect();
+    got.sort();
+    let at = |p: u32| "127.0.0.1:".to_string() + &p.to_string();
+    assert_eq!(
+        got,
+        vec![
+            (0, 0, at(6000), Some(at(6100))),
+            (0, 1, at(6001), Some(at(6101))),
+            (1, 0, at(7000), Some(at(7100))),
+            (1, 1, at(7001), Some(at(7101))),
+        ]
+    );
+}
+
 #[tokio::test]
 async fn an_endpoint_change_keeps_the_state_and_the_streams_of_endpoints_that_stay() {
     let (state, _reg) = state(KvSettings::default());

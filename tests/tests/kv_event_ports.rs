@@ -1,0 +1,143 @@
+//! Issue 12 §2: several engines on one host. vLLM binds its KV-event publisher on a port of its
+//! own host, so engines sharing an address need one port each: an endpoint's own `kvZmqPort`
+//! overrides the rule's. Three real `vllm-sim` engines on 127.0.0.1 publish on three distinct
+//! ports; the rule's own `kvZmqPort` has no publisher at all. Each engine's blocks must reach
+//! its own endpoint's inventory, and requests must follow them.
+
+use std::time::{Duration, Instant};
+
+use loxi_tests::harness::free_port;
+use loxi_tests::kv::{completion, kv_daemon, series, stage_tiny_tokenizer, wait_blocks};
+use serde_json::{Value, json};
+
+const BS: usize = 16;
+
+/// `vllm-sim` serving `tiny` on 127.0.0.1 (HTTP port chosen by the OS), publishing KV events on
+/// `tcp://127.0.0.1:zmq` with the golden capture's hash seed and block size 16.
+async fn engine(tok: &std::path::Path, zmq: u16) -> loxi_tests::sim::Sim {
+    let mut cmd = loxi_tests::sim::Sim::command();
+    let cfg = json!({"enable_kv_cache_events": true, "publisher": "zmq",
+        "endpoint": format!("tcp://127.0.0.1:{zmq}")});
+    cmd.args(["--model", "tiny", "--host", "127.0.0.1", "--port", "0"])
+        .arg("--tokenizer-dir")
+        .arg(tok)
+        .env("PYTHONHASHSEED", "0")
+        .args(["--block-size", &BS.to_string()])
+        .args(["--kv-events-config", &cfg.to_string()])
+        .args(["--time-scale", "0.05"]);
+    loxi_tests::sim::Sim::spawn(cmd).await
+}
+
+/// A completion of token ids `from..from+4·BS` plus one, straight to an engine (not through
+/// loxi): the engine caches and publishes exactly 4 full blocks.
+async fn warm(engine: &loxi_tests::sim::Sim, from: u32) -> Vec<u32> {
+    let mut ids: Vec<u32> = (from..from + 4 * BS as u32).collect();
+    ids.push(7);
+    let (code, _) = completion(
+        engine.addr,
+        &json!({"model": "tiny", "prompt": ids, "max_tokens": 1}),
+    )
+    .await;
+    assert_eq!(code, 200);
+    ids
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engines_on_one_address_publish_on_their_own_ports() {
+    let tok = tempfile::tempdir().expect("tmp");
+    stage_tiny_tokenizer(tok.path());
+    let zmq: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let mut engines = Vec::new();
+    for z in &zmq {
+        engines.push(engine(tok.path(), *z).await);
+    }
+    let d = kv_daemon(tok.path()).await;
+    let vip_port = free_port();
+    let eps: Vec<Value> = engines
+        .iter()
+        .zip(&zmq)
+        .map(|(e, z)| json!({"endpointIP": "127.0.0.1", "targetPort": e.port(), "kvZmqPort": z}))
+        .collect();
+    let rule = json!({
+        "serviceArguments": {"externalIP": "127.0.0.1", "port": vip_port, "protocol": "tcp",
+            "mode": 4, "sel": 0, "kvExactMode": 3, "kvBlockSize": BS,
+            "kvHashAlgo": "sha256_cbor", "kvZmqPort": free_port()},
+        "endpoints": eps,
+    });
+    let (code, body) = d.post_rule(&rule).await;
+    assert_eq!(code, 200, "{body}");
+
+    // Read back: each endpoint keeps its own port.
+    let all = d.rules().await;
+    let back: Vec<Value> = all["lbAttr"][0]["endpoints"]
+        .as_array()
+        .expect("endpoints")
+        .iter()
+        .map(|e| e["kvZmqPort"].clone())
+        .collect();
+    assert_eq!(back, zmq.iter().map(|z| json!(z)).collect::<Vec<_>>());
+
+    // All three subscribers connect (each to its own engine's port).
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let m = d.metrics_text().await;
+        let up: f64 = (0..3)
+            .map(|i| {
+                series(
+                    &m,
+                    &format!("loxilb_kv_subscriber_connected{{service=\"1\",ep=\"{i}\"}}"),
+                )
+                .unwrap_or(0.0)
+            })
+            .sum();
+        if up == 3.0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "subscribers not connected: {m}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // ZeroMQ's subscription reaches a publisher a moment after the connection.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // Engine i caches its own prefix; its 4 blocks land on endpoint i only.
+    let mut prompts = Vec::new();
+    for (i, e) in engines.iter().enumerate() {
+        prompts.push(warm(e, 1000 * (i as u32 + 1)).await);
+        wait_blocks(&d, 1, i, 4).await;
+    }
+    for i in 0..3 {
+        wait_blocks(&d, 1, i, 4).await;
+    }
+
+    // Through the VIP, each prefix goes to the engine holding it.
+    let vip = std::net::SocketAddr::from(([127, 0, 0, 1], vip_port));
+    for (i, ids) in prompts.iter().enumerate() {
+        let (code, ep) = completion(
+            vip,
+            &json!({"model": "tiny", "prompt": ids, "max_tokens": 1}),
+        )
+        .await;
+        assert_eq!((code, ep), (200, Some(i)), "prefix of engine {i}");
+    }
+    let m = d.metrics_text().await;
+    for i in 0..3 {
+        assert_eq!(
+            series(
+                &m,
+                &format!("loxilb_pd_kv_tier15_hits_total{{service=\"1\",ep_idx=\"{i}\"}}")
+            ),
+            Some(1.0),
+            "one hit on endpoint {i}: {m}"
+        );
+    }
+
+    // Moving an endpoint to another publisher port is a new source: its inventory starts
+    // afresh, the others keep theirs.
+    let mut moved = rule.clone();
+    moved["endpoints"][2]["kvZmqPort"] = json!(free_port());
+    let (code, body) = d.post_rule(&moved).await;
+    assert_eq!(code, 200, "{body}");
+    wait_blocks(&d, 1, 2, 0).await;
+    wait_blocks(&d, 1, 0, 4).await;
+    wait_blocks(&d, 1, 1, 4).await;
+}
