@@ -93,6 +93,10 @@ pub struct KvMetrics {
     /// tier-1.5 rule routed by the rule's `sel` without entering the tier, neither hits nor
     /// misses nor fallthroughs; `reason` is one of [`BYPASS_REASONS`].
     pub bypasses: Family<ReasonLabels, Counter>,
+    /// `loxilb_pd_kv_tier15_media_prefix_total{service}` (loxi extension): chat requests with a
+    /// media part (image, audio, video, file) whose text before the first such part was scored;
+    /// the blocks from the part on were not (see `crate::request::MEDIA_MARKER`).
+    pub media_prefix: Family<ServiceLabels, Counter>,
     /// `loxilb_pd_kv_tier15_spills_total{service,ep_idx}` (`ep_idx`: the endpoint the
     /// request spilled to, as LoxiLB labels it).
     pub spills: Family<EpIdxLabels, Counter>,
@@ -130,6 +134,7 @@ impl KvMetrics {
             misses: Family::default(),
             fallthrough: Family::default(),
             bypasses: Family::default(),
+            media_prefix: Family::default(),
             spills: Family::default(),
             cold_seeds: Family::default(),
             blocks: Family::default(),
@@ -165,6 +170,11 @@ impl KvMetrics {
             "loxilb_pd_kv_tier15_bypass",
             "Requests routed by the rule's sel without entering tier 1.5 (not generation)",
             m.bypasses.clone(),
+        );
+        r.register(
+            "loxilb_pd_kv_tier15_media_prefix",
+            "Chat requests with a media part scored on the text before it only",
+            m.media_prefix.clone(),
         );
         r.register(
             "loxilb_pd_kv_tier15_spills",
@@ -246,6 +256,7 @@ impl KvMetrics {
             service: service.into(),
         };
         let _ = self.fallthrough.get_or_create(&s);
+        let _ = self.media_prefix.get_or_create(&s);
         for ep in 0..endpoints {
             self.init_ep(service, ep);
         }
@@ -349,9 +360,11 @@ impl KvMetrics {
         for r in BYPASS_REASONS {
             self.bypasses.remove(&reason(service, r));
         }
-        self.fallthrough.remove(&ServiceLabels {
+        let s = ServiceLabels {
             service: service.into(),
-        });
+        };
+        self.fallthrough.remove(&s);
+        self.media_prefix.remove(&s);
     }
 }
 
@@ -434,6 +447,8 @@ pub struct RouteMetrics {
     fallthrough: Counter,
     /// `loxilb_pd_kv_tier15_bypass_total{service,reason="non_generation"}`.
     non_generation: Counter,
+    /// `loxilb_pd_kv_tier15_media_prefix_total{service}`.
+    media_prefix: Counter,
     /// `loxilb_pd_kv_tier15_spills_total{service,ep_idx}`, pre-created at 0.
     spills: PosCounters,
     /// `loxilb_pd_kv_tier15_cold_seeds_total{service,ep_idx}`, pre-created at 0.
@@ -473,6 +488,11 @@ impl RouteMetrics {
     pub fn miss(&self, reason: MissReason) {
         self.misses[reason as usize].inc();
         self.fallthrough.inc();
+    }
+
+    /// Counts one chat scored on the text before its first media part.
+    pub fn media_prefix(&self) {
+        self.media_prefix.inc();
     }
 
     /// Counts one request routed without entering the tier because it is not a generation.
@@ -520,6 +540,7 @@ impl KvMetrics {
                 .bypasses
                 .get_or_create(&reason(service, "non_generation"))
                 .clone(),
+            media_prefix: self.media_prefix.get_or_create(&s).clone(),
             spills: PosCounters::new(&self.spills, service, endpoints),
             cold_seeds: PosCounters::new(&self.cold_seeds, service, endpoints),
             stages: Default::default(),

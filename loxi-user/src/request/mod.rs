@@ -19,4 +19,4 @@ pub use bounded::{ParseLimits, ParsedBody, parse_body_bounded};
 pub use meta::{
     ApiKind, CONVERSATION_HEADER, MODEL_HEADER, RequestMeta, api_kind, parse_body, request_model,
 };
-pub use prompt::{ChatMessage, Prompt, prompt_of};
+pub use prompt::{ChatMessage, MEDIA_MARKER, Prompt, prompt_of};

@@ -11,9 +11,17 @@ pub enum Prompt {
     /// `prompt` as token ids (used as given: vLLM adds nothing).
     TokenIds(Vec<u32>),
     /// `messages` (chat) or `instructions` + `input` (responses), normalised to chat messages
-    /// in order. `content` part arrays are flattened to their text parts joined by "".
+    /// in order. `content` part arrays are flattened to their text parts joined by ""; a
+    /// non-text part (an image, audio, video or file) becomes one [`MEDIA_MARKER`] in place.
     Messages(Vec<ChatMessage>),
 }
+
+/// Stands for one non-text content part (`image_url`, `input_image`, `input_audio`,
+/// `video_url`, `file`, ...) in a flattened chat message: U+FFFC OBJECT REPLACEMENT CHARACTER.
+/// The engine replaces such a part with tokens loxi cannot reproduce (vLLM mixes each item's
+/// hash into the blocks it overlaps), so the KV tier hashes only the text before the first
+/// marker: two chats that differ only in an image never share the image's blocks.
+pub const MEDIA_MARKER: char = '\u{FFFC}';
 
 /// One chat message, as the chat template receives it.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -25,6 +33,14 @@ pub struct ChatMessage {
 }
 
 impl Prompt {
+    /// True when a message carries a non-text content part ([`MEDIA_MARKER`]).
+    pub fn has_media(&self) -> bool {
+        match self {
+            Prompt::Messages(m) => m.iter().any(|m| m.content.contains(MEDIA_MARKER)),
+            _ => false,
+        }
+    }
+
     /// True when there is nothing to tokenize (empty text, no token ids, no messages).
     pub fn is_empty(&self) -> bool {
         match self {
@@ -78,13 +94,20 @@ fn message(m: &Value) -> Option<ChatMessage> {
 }
 
 fn content_text(c: &Value) -> String {
+    const MARKER: &str = "\u{FFFC}";
     match c {
         Value::String(s) => s.clone(),
         Value::Array(parts) => parts
             .iter()
             .filter_map(|p| match p {
                 Value::String(s) => Some(s.as_str()),
-                _ => p.get("text").and_then(Value::as_str),
+                Value::Object(o) => match o.get("text").and_then(Value::as_str) {
+                    Some(t) => Some(t),
+                    // A typed part without text: media (image, audio, video, file).
+                    None if o.contains_key("type") => Some(MARKER),
+                    None => None,
+                },
+                _ => None,
             })
             .collect(),
         _ => String::new(),
@@ -157,9 +180,19 @@ mod tests {
             prompt_of(&v),
             Some(Prompt::Messages(vec![
                 msg("system", "sys"),
-                msg("user", "ab"),
+                msg("user", "a\u{FFFC}b"),
                 msg("assistant", "")
             ]))
+        );
+        assert!(prompt_of(&v).is_some_and(|p| p.has_media()));
+        let text_only =
+            json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}]}]});
+        assert!(prompt_of(&text_only).is_some_and(|p| !p.has_media()));
+        let responses = json!({"input": [{"role": "user", "content": [
+            {"type": "input_text", "text": "look: "}, {"type": "input_image", "image_url": "data:image/png;base64,AAAA"}]}]});
+        assert_eq!(
+            prompt_of(&responses),
+            Some(Prompt::Messages(vec![msg("user", "look: \u{FFFC}")]))
         );
     }
 

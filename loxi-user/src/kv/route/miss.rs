@@ -26,6 +26,10 @@ pub enum MissReason {
     NoWorker,
     /// Only ineligible endpoints hold it.
     Excluded,
+    /// A chat with a media part (image, audio, video, file) whose text before the part cannot
+    /// be tokenized as an exact prefix, or is empty (loxi extension): nothing of it is scored,
+    /// never a hit on blocks that depend on the media.
+    Multimodal,
     /// The prompt is beyond what the tier tokenizes (loxi extension): more chat messages than
     /// `LOXI_KV_MAX_MESSAGES`, a whitespace-free run longer than `LOXI_KV_MAX_RUN_BYTES`, a chat
     /// longer than `LOXI_KV_MAX_PROMPT_BYTES`, or a cut prompt the tokenizer cannot encode as an
@@ -39,7 +43,7 @@ pub enum MissReason {
 
 impl MissReason {
     /// Every reason, for pre-creating series.
-    pub const ALL: [MissReason; 13] = [
+    pub const ALL: [MissReason; 14] = [
         Self::ModeOff,
         Self::Warmup,
         Self::TextEmpty,
@@ -50,6 +54,7 @@ impl MissReason {
         Self::ShortPrompt,
         Self::NoWorker,
         Self::Excluded,
+        Self::Multimodal,
         Self::Oversize,
         Self::Overload,
         Self::Budget,
@@ -68,6 +73,7 @@ impl MissReason {
             Self::ShortPrompt => "short_prompt",
             Self::NoWorker => "no_worker",
             Self::Excluded => "excluded",
+            Self::Multimodal => "multimodal",
             Self::Oversize => "oversize",
             Self::Overload => "overload",
             Self::Budget => "budget",

@@ -5,7 +5,9 @@
 //! subscriber connect; loxi arms it, default 0 = off) → `text_empty` → `model_empty` →
 //! `oversize` (loxi: a prompt beyond `PromptBounds`, not tokenized) → `overload` (loxi: the
 //! tokenization queue is full) → `budget` (loxi: no result within the decision budget) →
-//! `tokenize` → `shallow` (fewer than `LLB_KV_MIN_MATCH_TOKENS` tokens) → `hashes` (LoRA adapter
+//! `tokenize` (`multimodal` when a chat's text before its first media part cannot be encoded
+//! as an exact prefix; otherwise only that text is scored, counted in
+//! `loxilb_pd_kv_tier15_media_prefix_total`) → `shallow` (fewer than `LLB_KV_MIN_MATCH_TOKENS` tokens) → `hashes` (LoRA adapter
 //! without a path, or extras SGLang's contract cannot hash) → `short_prompt` (no full block: nothing is cacheable) → `no_worker`
 //! (no endpoint holds the first block) → `excluded` (only excluded / unhealthy / unsubscribed
 //! endpoints hold it). Then [`super::blend::blend`] and cold-start seeding. Every miss counts
@@ -111,6 +113,7 @@ impl PromptTokenizer for crate::kv::tokenizer::TokenizerPool {
         )
         .map_err(|e| match e {
             TokenizeError::Oversize { .. } => MissReason::Oversize,
+            TokenizeError::Media { .. } => MissReason::Multimodal,
             _ => MissReason::Tokenize,
         })
     }
@@ -551,6 +554,9 @@ fn keys_of(
         }
     };
     svc.route.stage(Stage::Tokenize, t.elapsed().as_secs_f64());
+    if prompt.has_media() {
+        svc.route.media_prefix();
+    }
     span.record("loxi.kv.tokens", crate::telemetry::span::int(tokens.len()));
     tracing::Span::current().record("loxi.kv.tokens", crate::telemetry::span::int(tokens.len()));
     if tokens.len() < s.min_match_tokens {

@@ -520,3 +520,69 @@ fn multi_turn_conversation_stays_on_its_first_worker_under_balanced_load() {
         9.0
     );
 }
+
+/// Issue 12 §3: a chat's media part (an image) is never scored. Blocks from the part on depend
+/// on the image, which loxi cannot hash as vLLM does, so the chat is scored on the text before
+/// it only: two chats that differ only in their image share just that prefix, and a text-only
+/// chat with the same words after the image shares nothing past it.
+#[test]
+fn a_chats_media_part_cuts_its_blocks_at_the_text_before_it() {
+    let s = KvSettings {
+        lb_mode: LbMode::Off,
+        coldstart_seed_n: 0,
+        ..KvSettings::default()
+    };
+    let pool = TokenizerPool::new(
+        shared_dir().join("golden"),
+        crate::kv::tokenizer::TokenizerMetrics::default(),
+    );
+    let f = fx_tok(s, 2, serde_json::json!({}), Arc::new(pool));
+    let system =
+        "You are a careful visual inspector for the warehouse team. Describe damage. ".repeat(3);
+    let after = " Is the pallet damaged, and where exactly? Answer with the aisle and shelf.";
+    let chat = |user: serde_json::Value| {
+        let body = serde_json::json!({"messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": user},
+        ]});
+        RequestMeta {
+            model: Some("tiny-model".into()),
+            api: ApiKind::ChatCompletions,
+            prompt: crate::request::prompt_of(&body),
+            ..Default::default()
+        }
+    };
+    let image = |n: u8| {
+        serde_json::json!([
+            {"type": "text", "text": "Here is the photo of pallet seven:"},
+            {"type": "image_url", "image_url": {"url": format!("data:image/png;base64,AAAA{n}")}},
+            {"type": "text", "text": after},
+        ])
+    };
+    let (a, b) = (chat(image(1)), chat(image(2)));
+    let text_only = chat(serde_json::json!(format!(
+        "Here is the photo of pallet seven:{after}"
+    )));
+    let (ka, kb, kt) = (f.keys_of(&a), f.keys_of(&b), f.keys_of(&text_only));
+    assert!(
+        ka.len() >= 2,
+        "the text before the image fills {} blocks",
+        ka.len()
+    );
+    assert_eq!(ka, kb, "the same text before the image");
+    assert!(
+        kt.starts_with(&ka) && kt.len() > ka.len(),
+        "only the text before the image is hashed: {} of {} blocks",
+        ka.len(),
+        kt.len()
+    );
+    // b's text prefix is held on endpoint 1 (from a): b routes there on that prefix, counted
+    // as a media-prefix decision.
+    f.hold(1, &a, 99);
+    assert_eq!(f.select(&b), Some(Decision::pick(1, Reason::KvOverlap)));
+    assert_eq!(
+        f.metric("loxilb_pd_kv_tier15_media_prefix_total{service=\"1\"}"),
+        1.0
+    );
+    assert_eq!(f.misses("multimodal"), 0.0);
+}

@@ -25,7 +25,7 @@ use super::compat;
 use super::segment::{DEFAULT_SEGMENT_CAPACITY, SegmentEncoder};
 use super::template::ChatTemplate;
 use super::{EncodeBounds, TokenizeError, TokenizerMetrics};
-use crate::request::{ApiKind, ChatMessage, Prompt};
+use crate::request::{ApiKind, ChatMessage, MEDIA_MARKER, Prompt};
 
 /// A loaded model: its tokenizer, its chat template (or why there is none) and a cache.
 #[derive(Debug)]
@@ -126,6 +126,9 @@ impl ModelTokenizer {
                     return Ok(at_most(ids, max));
                 }
                 let text = self.render(model, msgs)?;
+                if let Some(cut) = text.find(MEDIA_MARKER) {
+                    return self.encode_media_prefix(model, &text[..cut], add, max);
+                }
                 let ids = self.encode_text_upto(model, &text, add, max, metrics)?;
                 // A result cut at `max` depends on it: only whole results are cached.
                 if cacheable && ids.len() < max {
@@ -172,6 +175,22 @@ impl ModelTokenizer {
             self.cache.put(key, ids.clone());
         }
         Ok(ids)
+    }
+
+    /// The ids of a rendered chat's text before its first media part (`head`), up to its last
+    /// word boundary (a word cut by the part may encode differently in the engine's prompt);
+    /// [`TokenizeError::Media`] where that is not exact or leaves nothing. Never cached.
+    fn encode_media_prefix(
+        &self,
+        model: &str,
+        head: &str,
+        add: bool,
+        max: usize,
+    ) -> Result<Arc<[u32]>, TokenizeError> {
+        self.encode_prefix(model, head, add, max)
+            .map_err(|_| TokenizeError::Media {
+                model: model.to_owned(),
+            })
     }
 
     /// The ids of a cut prefix `text` up to its last word boundary, when word-boundary cuts
@@ -251,6 +270,9 @@ impl ModelTokenizer {
             return Ok(ids);
         }
         let text = self.render(model, msgs)?;
+        if let Some(cut) = text.find(MEDIA_MARKER) {
+            return self.encode_media_prefix(model, &text[..cut], add, usize::MAX);
+        }
         let ids = self.encode_text(model, &text, add, metrics)?;
         if cacheable {
             self.cache.put(key, ids.clone());

@@ -62,6 +62,14 @@ pub enum TokenizeError {
         /// The requested model.
         model: String,
     },
+    /// A chat with a non-text part ([`crate::request::MEDIA_MARKER`]) whose text before the
+    /// part this tokenizer cannot encode as an exact prefix (or which has none): a routing
+    /// miss `multimodal`.
+    #[error("the text before the first media part of a {model:?} chat cannot be tokenized exactly")]
+    Media {
+        /// The requested model.
+        model: String,
+    },
 }
 
 /// How much of a prompt one encoding computes (issue 9 §1).
