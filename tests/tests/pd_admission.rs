@@ -99,7 +99,8 @@ struct Answer {
 
 impl Answer {
     fn token(&self) -> Value {
-        serde_json::from_str::<Value>(&self.body).map_or(Value::Null, |v| v["error"]["type"].clone())
+        serde_json::from_str::<Value>(&self.body)
+            .map_or(Value::Null, |v| v["error"]["type"].clone())
     }
     fn retry_after(&self) -> Option<String> {
         self.head.lines().find_map(|l| {
@@ -198,7 +199,11 @@ async fn parked_requests_are_served_in_order_and_the_one_beyond_the_queue_gets_4
     assert!(t.elapsed() < Duration::from_millis(500), "refused at once");
     assert_eq!(pre.request_count(), 1, "parked requests wait for the slot");
 
-    let (a, b, c) = (a.await.expect("a"), b.await.expect("b"), c.await.expect("c"));
+    let (a, b, c) = (
+        a.await.expect("a"),
+        b.await.expect("b"),
+        c.await.expect("c"),
+    );
     for r in [&a, &b, &c] {
         assert_eq!(r.status, 200, "{r:?}");
     }
@@ -241,7 +246,11 @@ async fn a_request_parked_past_the_deadline_gets_504() {
         waited >= Duration::from_millis(950) && waited < Duration::from_millis(2000),
         "reaped at LLB_PD_MAX_PARK_SEC=1: {waited:?}"
     );
-    assert_eq!(pre.request_count(), 1, "the reaped request never reached the prefill");
+    assert_eq!(
+        pre.request_count(),
+        1,
+        "the reaped request never reached the prefill"
+    );
     let m = wait_metric(&d, PARKED, &[], 0.0).await;
     assert_eq!(metric(&m, SHED, &["reason=\"park_timeout\""]), 1.0);
     assert_eq!(metric(&m, QUEUED, &[]), 1.0);
@@ -283,7 +292,11 @@ async fn a_parked_request_is_answered_when_its_rule_is_deleted() {
     assert_eq!(pre.request_count(), 1);
     let m = d.metrics_text().await;
     assert_eq!(metric(&m, SHED, &["reason=\"closed\""]), 1.0);
-    assert_eq!(metric(&m, PARKED, &[]), 0.0, "the deleted service's gauge is gone");
+    assert_eq!(
+        metric(&m, PARKED, &[]),
+        0.0,
+        "the deleted service's gauge is gone"
+    );
 }
 
 #[tokio::test]
@@ -339,7 +352,11 @@ async fn a_client_that_leaves_while_parked_leaves_the_queue() {
     wait_metric(&d, PARKED, &[], 1.0).await;
     assert_eq!(a.await.expect("a").status, 200);
     assert_eq!(c.await.expect("c").status, 200);
-    assert_eq!(prompts(&pre), ["a", "c"], "the request that left never reached the prefill");
+    assert_eq!(
+        prompts(&pre),
+        ["a", "c"],
+        "the request that left never reached the prefill"
+    );
     let m = wait_metric(&d, PARKED, &[], 0.0).await;
     assert_eq!(metric(&m, QUEUED, &[]), 2.0);
     assert_eq!(metric(&m, SHED, &["reason=\"ep_queue_full\""]), 0.0);
@@ -357,9 +374,13 @@ async fn single_pools_are_gated_only_with_scope_all() {
     ];
     // Default scope (`pd`): a single-pool rule is not gated.
     let d = started(&gate, &pool_rule(port, ep.port())).await;
-    let held: Vec<_> = [spawn(port, "a", 800).await, spawn(port, "b", 800).await, spawn(port, "c", 0).await]
-        .into_iter()
-        .collect();
+    let held: Vec<_> = [
+        spawn(port, "a", 800).await,
+        spawn(port, "b", 800).await,
+        spawn(port, "c", 0).await,
+    ]
+    .into_iter()
+    .collect();
     wait_requests(&ep, 3).await;
     for h in held {
         assert_eq!(h.await.expect("req").status, 200);

@@ -80,7 +80,11 @@ impl Handler {
             m.admission_parked.get_or_create(&svc).clone(),
             pool.loads[ep].clone(),
         );
-        tracing::debug!(service = pool.rule.id, ep, "endpoint at its admission cap; parked");
+        tracing::debug!(
+            service = pool.rule.id,
+            ep,
+            "endpoint at its admission cap; parked"
+        );
         parked
             .wait(a.max_park)
             .await

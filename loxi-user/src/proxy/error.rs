@@ -164,7 +164,9 @@ pub enum ProxyError {
     /// The admission gate the request was parked at closed: its endpoint left the rule, the
     /// rule was deleted, or the daemon is stopping (503 `pd_admission_closed`,
     /// `Retry-After: 1`).
-    #[error("the admission gate of endpoint {ep_idx} closed while the request was parked: {reason}")]
+    #[error(
+        "the admission gate of endpoint {ep_idx} closed while the request was parked: {reason}"
+    )]
     AdmissionClosed {
         /// The endpoint the request waited for.
         ep_idx: usize,
@@ -271,7 +273,9 @@ impl ProxyError {
     pub fn into_response(self) -> Response<ProxyBody> {
         let overloaded = matches!(
             self,
-            Self::Overloaded { .. } | Self::EndpointOverloaded { .. } | Self::AdmissionClosed { .. }
+            Self::Overloaded { .. }
+                | Self::EndpointOverloaded { .. }
+                | Self::AdmissionClosed { .. }
         );
         let body = serde_json::json!({"error": {
             "type": self.token(),

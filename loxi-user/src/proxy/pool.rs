@@ -399,7 +399,11 @@ mod tests {
         let _held = t1.pools[0].gates[1].enter(1, 1).expect("admitted");
         let t2 = PoolTable::build(&[rule(1, "", "", &[2, 3])], &t1);
         assert!(Arc::ptr_eq(&t1.pools[0].gates[1], &t2.pools[0].gates[0]));
-        assert_eq!(t2.pools[0].gates[0].admitted(), 1, "endpoint :2 kept its slot");
+        assert_eq!(
+            t2.pools[0].gates[0].admitted(),
+            1,
+            "endpoint :2 kept its slot"
+        );
         t1.close_dropped_gates(&t2, CloseReason::Removed);
         let removed = &t1.pools[0].gates[0];
         assert_eq!(

@@ -315,10 +315,16 @@ mod tests {
         drop(a);
         // The freed slot went to the parked request: a newcomer parks behind it.
         let newcomer = parked(g.enter(1, 2));
-        let slot = p.wait(Duration::from_millis(100)).await.expect("handed over");
+        let slot = p
+            .wait(Duration::from_millis(100))
+            .await
+            .expect("handed over");
         assert_eq!(g.admitted(), 1);
         drop(slot);
-        let _s = newcomer.wait(Duration::from_millis(100)).await.expect("next");
+        let _s = newcomer
+            .wait(Duration::from_millis(100))
+            .await
+            .expect("next");
     }
 
     #[tokio::test]
@@ -372,7 +378,11 @@ mod tests {
             Some(Refusal::Closed(CloseReason::Removed))
         );
         drop(a);
-        assert_eq!(g.admitted(), 0, "an admitted request still releases its slot");
+        assert_eq!(
+            g.admitted(),
+            0,
+            "an admitted request still releases its slot"
+        );
     }
 
     #[test]
