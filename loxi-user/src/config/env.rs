@@ -13,6 +13,7 @@ use std::time::Duration;
 /// Tier-1.5 selection law (`LOXILB_KV_LB_MODE`): the KV tier's own type.
 pub use crate::kv::route::blend::LbMode as KvLbMode;
 use crate::kv::settings::{KvSettings, PromptBounds};
+pub use crate::routing::admission::{AdmissionScope, AdmissionSettings};
 
 /// A set variable whose value was not accepted; the default was used.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,15 +61,29 @@ pub struct Env {
     /// `LLB_PD_PREFILL_TIMEOUT_SEC`: P/D prefill-leg timeout in seconds (504
     /// `pd_prefill_timeout` past it). Default 30, range 1–100000.
     pub pd_prefill_timeout_sec: u32,
-    /// `LLB_PD_MAX_INFLIGHT_PER_EP`: admission per-endpoint in-flight prefill cap; 0 = off
-    /// (default), else 1–99999.
+    /// `LLB_PD_MAX_INFLIGHT_PER_EP`: the per-endpoint admission gate's cap (LoxiLB: "per-EP
+    /// in-flight prefill cap"); 0 = off (default), else 1–99999. With it set, a request whose
+    /// chosen endpoint already has this many admitted parks in that endpoint's FIFO (see
+    /// `routing::admission` and `proxy/admission.rs`): for a P/D rule the prefill leg holds the
+    /// prefill endpoint's slot (decode legs are not gated) and a one-leg request holds its
+    /// endpoint's slot until its response ends. Which rules: [`Env::admission_scope`].
     pub pd_max_inflight_per_ep: u32,
-    /// `LLB_PD_QUEUE_DEPTH_PER_EP`: admission park-queue depth; 0 = off (default), values above
-    /// 64 are clamped to 64.
+    /// `LLB_PD_QUEUE_DEPTH_PER_EP`: requests parked at once per endpoint; 0 (default) = none
+    /// park, a request finding its endpoint full gets 429 `pd_overloaded` at once; values
+    /// above 64 are clamped to 64. Beyond it: 429 `pd_overloaded` with `Retry-After: 1`.
+    /// Without `LLB_PD_MAX_INFLIGHT_PER_EP` it has no effect (warned at start).
     pub pd_queue_depth_per_ep: u32,
-    /// `LLB_PD_MAX_PARK_SEC`: parked-request reap deadline in seconds; 0 (default) = the prefill
-    /// timeout, else 1–99999.
+    /// `LLB_PD_MAX_PARK_SEC`: longest a request stays parked, in seconds; past it 504
+    /// `pd_admission_timeout`. 0 (default) = the prefill timeout
+    /// ([`Env::effective_max_park_sec`]), else 1–99999. Without `LLB_PD_MAX_INFLIGHT_PER_EP` it
+    /// has no effect (warned at start).
     pub pd_max_park_sec: u32,
+    /// `LOXI_ADMISSION_SCOPE` (loxi's own): which mode-4 rules the admission gate applies to:
+    /// `pd` (default; P/D rules only, as LoxiLB's prefill cap) or `all` (single-pool rules too:
+    /// a request holds its endpoint's slot until its response body ends). LoxiLB has no
+    /// per-rule switch for it, so it is a daemon-wide choice. Without
+    /// `LLB_PD_MAX_INFLIGHT_PER_EP` it has no effect (warned at start).
+    pub admission_scope: AdmissionScope,
     /// `LLB_PD_MAX_TOTAL_INFLIGHT`: global admission valve across every mode-4 rule: a request
     /// beyond this many in flight gets 429 `pd_overloaded` with `Retry-After: 1`
     /// (the proxy's valve, `proxy/valve.rs`); 0 = off (default).
@@ -112,8 +127,7 @@ pub struct Env {
 }
 
 /// LoxiLB variables loxi reads (their values are range-checked and reported above) but whose
-/// feature does not exist in loxi yet: the per-endpoint P/D admission gate (`LLB_PD_*` except
-/// the prefill timeout, the breaker threshold and the global valve `LLB_PD_MAX_TOTAL_INFLIGHT`), the external AI controller (`LOXILB_AI_CTRL_*`), the per-selection
+/// feature does not exist in loxi yet: the external AI controller (`LOXILB_AI_CTRL_*`), the per-selection
 /// total-load diagnostics and the load-imbalance pre-guard. Setting one is not an error, but
 /// it must not look as if it did something: [`Env::inert`] lists the ones set.
 pub const INERT_VARS: &[&str] = &[
@@ -121,9 +135,6 @@ pub const INERT_VARS: &[&str] = &[
     "LOXILB_AI_CTRL_ADDR",
     "LOXILB_AI_CTRL_DECAY_WINDOW_SEC",
     "LLB_KV_LOADGUARD",
-    "LLB_PD_MAX_INFLIGHT_PER_EP",
-    "LLB_PD_QUEUE_DEPTH_PER_EP",
-    "LLB_PD_MAX_PARK_SEC",
 ];
 
 impl Default for Env {
@@ -151,7 +162,6 @@ impl Env {
         };
         let kv_unified_mode = r.switch("LOXILB_KV_UNIFIED_MODE", true);
         let kv_lb_mode = r.lb_mode(kv_unified_mode);
-        let pd_queue_depth_per_ep = r.clamped("LLB_PD_QUEUE_DEPTH_PER_EP", 0, 64);
         let kv = KvSettings {
             lb_mode: kv_lb_mode,
             mean_load_factor: r.int("LOXILB_KV_MEAN_LOAD_FACTOR", 175, 100, 1000) as u32,
@@ -191,6 +201,21 @@ impl Env {
                 60_000,
             )),
         };
+        let pd_queue_depth_per_ep = r.clamped(
+            "LLB_PD_QUEUE_DEPTH_PER_EP",
+            0,
+            u64::from(crate::routing::admission::MAX_QUEUE_DEPTH),
+        );
+        let pd_max_inflight_per_ep = r.int("LLB_PD_MAX_INFLIGHT_PER_EP", 0, 0, 99_999) as u32;
+        let pd_max_park_sec = r.int("LLB_PD_MAX_PARK_SEC", 0, 0, 99_999) as u32;
+        let admission_scope = r.admission_scope();
+        if pd_max_inflight_per_ep == 0 {
+            r.gate_off(&[
+                "LLB_PD_QUEUE_DEPTH_PER_EP",
+                "LLB_PD_MAX_PARK_SEC",
+                "LOXI_ADMISSION_SCOPE",
+            ]);
+        }
         Env {
             kv,
             kv_unified_mode,
@@ -200,9 +225,10 @@ impl Env {
                 as u32,
             kv_loadguard: r.nonzero("LLB_KV_LOADGUARD"),
             pd_prefill_timeout_sec: r.int("LLB_PD_PREFILL_TIMEOUT_SEC", 30, 1, 100_000) as u32,
-            pd_max_inflight_per_ep: r.int("LLB_PD_MAX_INFLIGHT_PER_EP", 0, 0, 99_999) as u32,
+            pd_max_inflight_per_ep,
             pd_queue_depth_per_ep,
-            pd_max_park_sec: r.int("LLB_PD_MAX_PARK_SEC", 0, 0, 99_999) as u32,
+            pd_max_park_sec,
+            admission_scope,
             pd_max_total_inflight: r.int("LLB_PD_MAX_TOTAL_INFLIGHT", 0, 0, u32::MAX as u64) as u32,
             pd_origin_err_threshold: r.int("LLB_PD_ORIGIN_ERR_THRESHOLD", 3, 0, u32::MAX as u64)
                 as u32,
@@ -234,6 +260,17 @@ impl Env {
         match self.pd_max_park_sec {
             0 => self.pd_prefill_timeout_sec,
             n => n,
+        }
+    }
+
+    /// The admission gate's settings (the gate's own type; off while
+    /// `LLB_PD_MAX_INFLIGHT_PER_EP` is 0).
+    pub fn admission(&self) -> AdmissionSettings {
+        AdmissionSettings {
+            max_inflight: self.pd_max_inflight_per_ep,
+            queue_depth: self.pd_queue_depth_per_ep,
+            max_park: Duration::from_secs(self.effective_max_park_sec().into()),
+            scope: self.admission_scope,
         }
     }
 }
@@ -354,6 +391,34 @@ impl Reader<'_> {
             self.warn(var, v, "off", "an integer (non-0 enables) or on/off");
             false
         })
+    }
+
+    /// `LOXI_ADMISSION_SCOPE`: `pd` (default) or `all`.
+    fn admission_scope(&mut self) -> AdmissionScope {
+        match self.get("LOXI_ADMISSION_SCOPE") {
+            None => AdmissionScope::Pd,
+            Some(v) if v.eq_ignore_ascii_case("pd") => AdmissionScope::Pd,
+            Some(v) if v.eq_ignore_ascii_case("all") => AdmissionScope::All,
+            Some(v) => {
+                self.warn("LOXI_ADMISSION_SCOPE", v, "pd", "pd|all");
+                AdmissionScope::Pd
+            }
+        }
+    }
+
+    /// Warns about each of `vars` that is set while the admission gate is off
+    /// (`LLB_PD_MAX_INFLIGHT_PER_EP` 0): it would otherwise look as if it did something.
+    fn gate_off(&mut self, vars: &[&'static str]) {
+        for &var in vars {
+            if let Some(v) = self.get(var) {
+                self.warn(
+                    var,
+                    v,
+                    "no effect (the admission gate is off)",
+                    "effective only with LLB_PD_MAX_INFLIGHT_PER_EP > 0",
+                );
+            }
+        }
     }
 
     fn lb_mode(&mut self, unified: bool) -> KvLbMode {
@@ -558,13 +623,74 @@ mod tests {
 
     #[test]
     fn queue_depth_is_clamped_to_64() {
-        let e = env(&[("LLB_PD_QUEUE_DEPTH_PER_EP", "500")]);
+        let e = env(&[
+            ("LLB_PD_QUEUE_DEPTH_PER_EP", "500"),
+            ("LLB_PD_MAX_INFLIGHT_PER_EP", "4"),
+        ]);
         assert_eq!(e.pd_queue_depth_per_ep, 64);
         assert_eq!(e.warnings.len(), 1);
+        assert_eq!(e.admission().queue_depth, 64);
         assert_eq!(
             env(&[("LLB_PD_QUEUE_DEPTH_PER_EP", "12")]).pd_queue_depth_per_ep,
             12
         );
+    }
+
+    #[test]
+    fn admission_settings_resolve_the_park_deadline_and_the_scope() {
+        let e = env(&[
+            ("LLB_PD_MAX_INFLIGHT_PER_EP", "1"),
+            ("LLB_PD_QUEUE_DEPTH_PER_EP", "2"),
+            ("LLB_PD_PREFILL_TIMEOUT_SEC", "45"),
+            ("LOXI_ADMISSION_SCOPE", "ALL"),
+        ]);
+        assert!(e.warnings.is_empty(), "{:?}", e.warnings);
+        assert!(e.inert.is_empty(), "the gate is implemented: {:?}", e.inert);
+        let a = e.admission();
+        assert_eq!(
+            (a.max_inflight, a.queue_depth, a.max_park, a.scope),
+            (1, 2, Duration::from_secs(45), AdmissionScope::All),
+            "LLB_PD_MAX_PARK_SEC 0 = the prefill timeout"
+        );
+        let e = env(&[
+            ("LLB_PD_MAX_INFLIGHT_PER_EP", "1"),
+            ("LLB_PD_MAX_PARK_SEC", "3"),
+            ("LOXI_ADMISSION_SCOPE", "some"),
+        ]);
+        assert_eq!(e.admission().max_park, Duration::from_secs(3));
+        assert_eq!(e.admission_scope, AdmissionScope::Pd);
+        assert_eq!(e.warnings.len(), 1);
+        assert_eq!(
+            (e.warnings[0].var, e.warnings[0].used.as_str()),
+            ("LOXI_ADMISSION_SCOPE", "pd")
+        );
+        assert!(!env(&[]).admission().applies(true), "off by default");
+    }
+
+    #[test]
+    fn gate_knobs_without_the_cap_are_warned_as_without_effect() {
+        let e = env(&[
+            ("LLB_PD_QUEUE_DEPTH_PER_EP", "8"),
+            ("LLB_PD_MAX_PARK_SEC", "5"),
+            ("LOXI_ADMISSION_SCOPE", "all"),
+        ]);
+        let vars: Vec<_> = e.warnings.iter().map(|w| w.var).collect();
+        assert_eq!(
+            vars,
+            [
+                "LLB_PD_QUEUE_DEPTH_PER_EP",
+                "LLB_PD_MAX_PARK_SEC",
+                "LOXI_ADMISSION_SCOPE"
+            ]
+        );
+        assert!(
+            e.warnings[0]
+                .to_string()
+                .contains("LLB_PD_MAX_INFLIGHT_PER_EP > 0"),
+            "{}",
+            e.warnings[0]
+        );
+        assert!(!e.admission().applies(true));
     }
 
     #[test]

@@ -27,6 +27,7 @@ use std::sync::Arc;
 
 use crate::health::HealthCell;
 use crate::health::breaker::{Breaker, Outcome};
+use crate::routing::admission::Slot;
 use crate::routing::{EndpointLoad, InFlightGuard};
 
 /// The body type of every proxy response.
@@ -118,10 +119,12 @@ impl EndAccounting {
 
 /// One request's accounting: the endpoint's in-flight count (selectors read it), the
 /// per-endpoint active gauge, the duration histogram (observed when the guard drops) and,
-/// when set, the response's [`EndAccounting`].
+/// when set, the response's [`EndAccounting`] and the endpoint's admission [`Slot`] (released
+/// when the body ends, like the rest).
 #[derive(Debug)]
 pub struct Tracked {
     _load: InFlightGuard,
+    _slot: Option<Slot>,
     active: Gauge,
     duration: Histogram,
     start: Instant,
@@ -134,11 +137,18 @@ impl Tracked {
         active.inc();
         Self {
             _load: load,
+            _slot: None,
             active,
             duration,
             start,
             end: None,
         }
+    }
+
+    /// Holds the endpoint's admission slot (if the gate applies) until the body ends.
+    pub fn with_slot(mut self, slot: Option<Slot>) -> Self {
+        self._slot = slot;
+        self
     }
 
     /// Accounts the response by `end` when its body ends.

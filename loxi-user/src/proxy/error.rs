@@ -137,6 +137,42 @@ pub enum ProxyError {
         /// The configured limit.
         limit: u64,
     },
+    /// The chosen endpoint's admission gate is full: `LLB_PD_MAX_INFLIGHT_PER_EP` requests
+    /// admitted and `LLB_PD_QUEUE_DEPTH_PER_EP` parked (429 `pd_overloaded`, `Retry-After: 1`).
+    #[error(
+        "endpoint {ep_idx} has {limit} requests in flight and its park queue ({depth}) is full (LLB_PD_MAX_INFLIGHT_PER_EP, LLB_PD_QUEUE_DEPTH_PER_EP); retry later"
+    )]
+    EndpointOverloaded {
+        /// The chosen endpoint.
+        ep_idx: usize,
+        /// The per-endpoint cap.
+        limit: u32,
+        /// The park-queue depth.
+        depth: u32,
+    },
+    /// The request was parked at its endpoint's admission gate for `LLB_PD_MAX_PARK_SEC`
+    /// without getting a slot (504 `pd_admission_timeout`).
+    #[error(
+        "parked {secs} s for a slot on endpoint {ep_idx} without getting one (LLB_PD_MAX_PARK_SEC)"
+    )]
+    AdmissionTimeout {
+        /// The endpoint the request waited for.
+        ep_idx: usize,
+        /// The park deadline in seconds.
+        secs: u64,
+    },
+    /// The admission gate the request was parked at closed: its endpoint left the rule, the
+    /// rule was deleted, or the daemon is stopping (503 `pd_admission_closed`,
+    /// `Retry-After: 1`).
+    #[error(
+        "the admission gate of endpoint {ep_idx} closed while the request was parked: {reason}"
+    )]
+    AdmissionClosed {
+        /// The endpoint the request waited for.
+        ep_idx: usize,
+        /// `endpoint_removed` (endpoint or rule gone) or `shutdown`.
+        reason: &'static str,
+    },
 }
 
 impl ProxyError {
@@ -150,15 +186,20 @@ impl ProxyError {
             Self::NoRoute { .. } => StatusCode::NOT_FOUND,
             Self::ModelUnavailable { .. }
             | Self::NoHealthyBackend { .. }
-            | Self::PdPoolUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            | Self::PdPoolUnavailable { .. }
+            | Self::AdmissionClosed { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::BackendUnreachable { .. }
             | Self::Upstream { .. }
             | Self::PdPrefillFailed { .. }
             | Self::PdDecodeDied { .. }
             | Self::ModelsUnavailable { .. } => StatusCode::BAD_GATEWAY,
-            Self::PdPrefillTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            Self::PdPrefillTimeout { .. } | Self::AdmissionTimeout { .. } => {
+                StatusCode::GATEWAY_TIMEOUT
+            }
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            Self::Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Self::Overloaded { .. } | Self::EndpointOverloaded { .. } => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
         }
     }
 
@@ -175,7 +216,9 @@ impl ProxyError {
             Self::BackendUnreachable { .. } => "backend_unreachable",
             Self::Upstream { .. } => "upstream_error",
             Self::Internal(_) => "internal_error",
-            Self::Overloaded { .. } => "pd_overloaded",
+            Self::Overloaded { .. } | Self::EndpointOverloaded { .. } => "pd_overloaded",
+            Self::AdmissionTimeout { .. } => "pd_admission_timeout",
+            Self::AdmissionClosed { .. } => "pd_admission_closed",
             Self::PdPoolUnavailable { .. } => "pd_pool_unavailable",
             Self::PdPrefillTimeout { .. } => "pd_prefill_timeout",
             Self::PdPrefillFailed { .. } => "pd_prefill_failed",
@@ -201,7 +244,11 @@ impl ProxyError {
             | Self::PdPrefillFailed { .. }
             | Self::PdDecodeDied { .. }
             | Self::ModelsUnavailable { .. } => Party::Upstream,
-            Self::Internal(_) | Self::Overloaded { .. } => Party::Internal,
+            Self::Internal(_)
+            | Self::Overloaded { .. }
+            | Self::EndpointOverloaded { .. }
+            | Self::AdmissionTimeout { .. }
+            | Self::AdmissionClosed { .. } => Party::Internal,
         }
     }
 
@@ -212,15 +259,24 @@ impl ProxyError {
             Self::NoHealthyBackend { .. }
                 | Self::BackendUnreachable { .. }
                 | Self::Overloaded { .. }
+                | Self::EndpointOverloaded { .. }
+                | Self::AdmissionTimeout { .. }
+                | Self::AdmissionClosed { .. }
                 | Self::PdPoolUnavailable { .. }
                 | Self::PdPrefillTimeout { .. }
                 | Self::ModelsUnavailable { .. }
         )
     }
 
-    /// The JSON error response (with `Retry-After: 1` for [`ProxyError::Overloaded`]).
+    /// The JSON error response (with `Retry-After: 1` for [`ProxyError::Overloaded`],
+    /// [`ProxyError::EndpointOverloaded`] and [`ProxyError::AdmissionClosed`]).
     pub fn into_response(self) -> Response<ProxyBody> {
-        let overloaded = matches!(self, Self::Overloaded { .. });
+        let overloaded = matches!(
+            self,
+            Self::Overloaded { .. }
+                | Self::EndpointOverloaded { .. }
+                | Self::AdmissionClosed { .. }
+        );
         let body = serde_json::json!({"error": {
             "type": self.token(),
             "message": self.to_string(),
@@ -304,6 +360,45 @@ mod tests {
         let r = ProxyError::PdPrefillTimeout { ep_idx: 0, secs: 2 }.into_response();
         assert_eq!(r.status(), StatusCode::GATEWAY_TIMEOUT);
         assert_eq!(body_json(r).await["error"]["type"], "pd_prefill_timeout");
+    }
+
+    #[tokio::test]
+    async fn admission_errors_carry_their_status_token_and_retry_after() {
+        let cases = [
+            (
+                ProxyError::EndpointOverloaded {
+                    ep_idx: 0,
+                    limit: 1,
+                    depth: 2,
+                },
+                429,
+                "pd_overloaded",
+                true,
+            ),
+            (
+                ProxyError::AdmissionTimeout { ep_idx: 0, secs: 1 },
+                504,
+                "pd_admission_timeout",
+                false,
+            ),
+            (
+                ProxyError::AdmissionClosed {
+                    ep_idx: 0,
+                    reason: "shutdown",
+                },
+                503,
+                "pd_admission_closed",
+                true,
+            ),
+        ];
+        for (e, status, token, retry_after) in cases {
+            let r = e.into_response();
+            assert_eq!(r.status().as_u16(), status);
+            assert_eq!(r.headers().contains_key(header::RETRY_AFTER), retry_after);
+            let v = body_json(r).await;
+            assert_eq!(v["error"]["type"], token);
+            assert_eq!(v["error"]["retryable"], true);
+        }
     }
 
     #[tokio::test]

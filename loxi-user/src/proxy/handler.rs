@@ -175,12 +175,15 @@ impl Handler {
             attempts += 1;
             let sel = pool.rule.spec.sel.name();
             trace_span::record_decision(sel, d.reason.as_str(), ep, attempts);
+            // The endpoint's admission slot (when the gate applies), held with the response.
+            let slot = self.admit(pool, ep).await?;
             let tracked = Tracked::new(
                 pool.loads[ep].begin(),
                 pm.eps[ep].active.clone(),
                 pm.duration.clone(),
                 start,
-            );
+            )
+            .with_slot(slot);
             let mut req = upstream_request(&parts, &pool.authorities[ep], body.clone())?;
             super::forwarded::append(req.headers_mut(), meta.client);
             let attempt = trace_span::attempt(ep, &pool.authorities[ep], attempts);

@@ -11,7 +11,9 @@
 //! | `loxilb_proxy_open_connections` | gauge | `listener` (`ip:port`) |
 //! | `loxilb_proxy_connections_closed_total` | counter | `listener`, `reason` (`header_timeout`, `idle_timeout`) |
 //! | `loxilb_proxy_connections_queued_total` | counter | `listener` (accepted only after waiting for a slot under `LOXI_MAX_CONNS_PER_LISTENER`) |
-//! | `loxilb_pd_admission_shed_total` | counter | `reason` (`total_inflight`: refused by `LLB_PD_MAX_TOTAL_INFLIGHT`) |
+//! | `loxilb_pd_admission_shed_total` | counter | `reason`: `total_inflight` (429, `LLB_PD_MAX_TOTAL_INFLIGHT`), `ep_queue_full` (429, the endpoint's gate and park queue full), `park_timeout` (504, parked past `LLB_PD_MAX_PARK_SEC`), `closed` (503, the gate closed while parked) |
+//! | `loxilb_pd_admission_queued_total` | counter | `service` (requests parked at an endpoint's admission gate) |
+//! | `loxilb_pd_admission_parked` | gauge | `service` (requests parked now) |
 //!
 //! LoxiLB's `loxilb_ai_*` request families are in [`super::ai_metrics`].
 
@@ -77,7 +79,8 @@ pub struct ConnCloseLabels {
 /// `reason`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ShedLabels {
-    /// Why the request was refused (`total_inflight`).
+    /// Why the request was refused (`total_inflight`, `ep_queue_full`, `park_timeout`,
+    /// `closed`).
     pub reason: String,
 }
 
@@ -106,6 +109,10 @@ pub struct ProxyMetrics {
     pub connections_queued: Family<ListenerLabels, Counter>,
     /// Requests refused by an admission limit, by reason.
     pub shed: Family<ShedLabels, Counter>,
+    /// Requests parked at an endpoint's admission gate, by service.
+    pub admission_queued: Family<ServiceLabels, Counter>,
+    /// Requests parked now, by service.
+    pub admission_parked: Family<ServiceLabels, Gauge>,
     /// The P/D families (`loxilb_ai_pd_*`, see [`crate::pd::metrics`]).
     pub pd: crate::pd::PdMetrics,
     /// LoxiLB's AI request families (`loxilb_ai_*`, see [`super::ai_metrics`]).
@@ -175,6 +182,16 @@ impl ProxyMetrics {
             "Requests refused by an admission limit (429 pd_overloaded), by reason",
             m.shed.clone(),
         );
+        reg.register(
+            "loxilb_pd_admission_queued",
+            "Requests parked at an endpoint's admission gate (LLB_PD_MAX_INFLIGHT_PER_EP), by service",
+            m.admission_queued.clone(),
+        );
+        reg.register(
+            "loxilb_pd_admission_parked",
+            "Requests parked at an endpoint's admission gate now, by service",
+            m.admission_parked.clone(),
+        );
         m
     }
 
@@ -191,6 +208,8 @@ impl ProxyMetrics {
             connections_closed: Family::default(),
             connections_queued: Family::default(),
             shed: Family::default(),
+            admission_queued: Family::default(),
+            admission_parked: Family::default(),
             pd: crate::pd::PdMetrics::unregistered(),
             ai: super::ai_metrics::AiMetrics::unregistered(),
         }
@@ -289,15 +308,18 @@ impl ProxyMetrics {
 
     /// Removes every series of service `service`, whose pool had `endpoints` positions: each
     /// position's (see [`Self::forget_endpoint`]), its `ep_idx="none"` requests, its
-    /// duration histogram and its P/D series. For a deleted rule.
+    /// duration histogram, its admission series and its P/D series. For a deleted rule.
     pub fn forget_service(&self, service: u32, endpoints: usize) {
         for ep in 0..endpoints {
             self.forget_endpoint(service, ep);
         }
         self.forget_requests(service, "none");
-        self.duration.remove(&ServiceLabels {
+        let svc = ServiceLabels {
             service: service.to_string(),
-        });
+        };
+        self.duration.remove(&svc);
+        self.admission_queued.remove(&svc);
+        self.admission_parked.remove(&svc);
         self.pd.forget_service(service);
     }
 

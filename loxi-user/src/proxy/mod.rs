@@ -10,11 +10,13 @@
 //! (clients), `body.rs` (streaming with in-flight guards), `error.rs` (every error body),
 //! `metrics.rs` (and `ai_metrics.rs`, LoxiLB's `loxilb_ai_*` families), `listener.rs` (accept
 //! loop, connection cap), `conn.rs` (header-read and idle timeouts), `valve.rs` (the global
-//! in-flight valve `LLB_PD_MAX_TOTAL_INFLIGHT`), `models.rs` (`GET /v1/models`: the union of
+//! in-flight valve `LLB_PD_MAX_TOTAL_INFLIGHT`), `admission.rs` (the per-endpoint admission
+//! gate `LLB_PD_MAX_INFLIGHT_PER_EP` on the request path), `models.rs` (`GET /v1/models`: the union of
 //! the pools' model lists), `pd.rs` (the
 //! two legs of a P/D request: prefill, then decode with the prefill's transfer parameters). The request
 //! metadata the handler extracts is the shared vocabulary of [`crate::request`].
 
+pub mod admission;
 pub mod ai_metrics;
 pub mod body;
 pub mod budget;
@@ -46,6 +48,7 @@ use tokio_util::task::TaskTracker;
 pub use metrics::ProxyMetrics;
 
 use crate::kv::wiring::KvTier;
+use crate::routing::admission::CloseReason;
 use crate::rules::{RuleSnapshot, StoredRule};
 use handler::Handler;
 use listener::Listener;
@@ -89,6 +92,10 @@ pub struct ProxyConfig {
     /// Requests in flight across all listeners before new ones get 429
     /// (`LLB_PD_MAX_TOTAL_INFLIGHT`; 0 = off, the default).
     pub max_total_inflight: u32,
+    /// The per-endpoint admission gate (`LLB_PD_MAX_INFLIGHT_PER_EP`,
+    /// `LLB_PD_QUEUE_DEPTH_PER_EP`, `LLB_PD_MAX_PARK_SEC`, `LOXI_ADMISSION_SCOPE`); off by
+    /// default. See [`admission`].
+    pub admission: crate::routing::admission::AdmissionSettings,
     /// P/D prefill-leg timeout (`LLB_PD_PREFILL_TIMEOUT_SEC`, default 30 s): 504
     /// `pd_prefill_timeout` past it.
     pub pd_prefill_timeout: Duration,
@@ -116,6 +123,7 @@ impl Default for ProxyConfig {
             breaker_cooldown: Duration::from_secs(10),
             conn: conn::ConnLimits::default(),
             max_total_inflight: 0,
+            admission: crate::routing::admission::AdmissionSettings::default(),
             pd_prefill_timeout: Duration::from_secs(30),
             parse: crate::request::ParseLimits::default(),
             body_timeout: Duration::from_secs(60),
@@ -245,9 +253,10 @@ impl Reconciler {
         for addr in gone {
             if let Some(l) = self.listeners.remove(&addr) {
                 tracing::info!(%addr, "last rule deleted; closing listener after in-flight requests");
-                l.table
-                    .load()
-                    .forget_replaced(&PoolTable::default(), &self.ctx.metrics);
+                let gone = PoolTable::default();
+                let table = l.table.load();
+                table.forget_replaced(&gone, &self.ctx.metrics);
+                table.close_dropped_gates(&gone, CloseReason::Removed);
                 drop(l.close());
                 self.ctx.sockets.release(addr);
             }
@@ -277,6 +286,7 @@ impl Reconciler {
             let next = Arc::new(PoolTable::build(rules, &current));
             current.forget_replaced(&next, &self.ctx.metrics);
             l.table.store(next.clone());
+            current.close_dropped_gates(&next, CloseReason::Removed);
             next.activate(&self.tasks, &self.stop);
             return;
         }
@@ -321,8 +331,13 @@ impl Reconciler {
     }
 
     async fn close_all(&mut self) {
-        for addr in self.listeners.keys() {
+        for (addr, l) in &self.listeners {
             self.ctx.sockets.release(*addr);
+            // Parked requests are answered (503 `pd_admission_closed`) now, not left to the
+            // grace period; admitted ones finish within it.
+            l.table
+                .load()
+                .close_dropped_gates(&PoolTable::default(), CloseReason::Shutdown);
         }
         let closing: Vec<_> = self.listeners.drain().map(|(_, l)| l.close()).collect();
         for c in closing {

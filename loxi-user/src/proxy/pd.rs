@@ -249,12 +249,14 @@ impl Handler {
         count_choice(&self.ctx.metrics.pd, service, "prefill", c);
         trace_span::record_decision("pd", c.tier.as_str(), c.ep, 1);
         let pm = pool.metrics(&self.ctx.metrics);
+        let slot = self.admit(pool, c.ep).await?;
         let tracked = Tracked::new(
             pool.loads[c.ep].begin(),
             pm.eps[c.ep].active.clone(),
             pm.duration.clone(),
             start,
-        );
+        )
+        .with_slot(slot);
         let mut req = upstream_request(&parts, &pool.authorities[c.ep], body)?;
         super::forwarded::append(req.headers_mut(), meta.client);
         match self.upstreams.send(req, pool.http2).await {
@@ -287,6 +289,8 @@ impl Handler {
     ) -> Result<Prefill, ProxyError> {
         let service = pool.rule.id;
         let pm = pool.metrics(&self.ctx.metrics);
+        // The prefill endpoint's admission slot, held for the leg (proxy/admission.rs).
+        let _slot = self.admit(pool, ep).await?;
         let _load = pool.loads[ep].begin();
         let _active = ActiveGuard::new(pm.eps[ep].active.clone());
         let req = leg_request(parts, &pool.authorities[ep], body, rid, meta)?;

@@ -15,6 +15,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::health::HealthCell;
 use crate::health::probe::{self, ProbeSpec};
+use crate::routing::admission::{CloseReason, Gate};
 use crate::routing::{EndpointLoad, SelectorState};
 use crate::rules::model::authority;
 use crate::rules::spec::BackendProtocol;
@@ -38,6 +39,9 @@ pub struct Pool {
     pub state: Arc<SelectorState>,
     /// Health inputs per `EpIdx` (shared across rule updates like `loads`).
     pub health: Vec<Arc<HealthCell>>,
+    /// Admission gate per `EpIdx` (`LLB_PD_MAX_INFLIGHT_PER_EP`; shared across rule updates
+    /// like `loads`, closed by [`PoolTable::close_dropped_gates`] when its endpoint leaves).
+    pub gates: Vec<Arc<Gate>>,
     /// True when `backend_protocol` is `http2`.
     pub http2: bool,
     /// P/D pins and tie cursor, for a rule with `pd_disagg_mode` (a changed rule starts with
@@ -71,6 +75,7 @@ impl Pool {
         let loads = carry_over(&authorities, old, |o| &o.loads, EndpointLoad::new);
         let health: Vec<Arc<HealthCell>> =
             carry_over(&authorities, old, |o| &o.health, Arc::default);
+        let gates = carry_over(&authorities, old, |o| &o.gates, Arc::default);
         let state = match old {
             Some(o) if o.rule.rule == rule.rule => o.state.clone(),
             Some(o) => o.state.successor(args, eps),
@@ -83,6 +88,7 @@ impl Pool {
             authorities,
             loads,
             health,
+            gates,
             state,
             rule,
             prober: OnceLock::new(),
@@ -194,6 +200,23 @@ impl PoolTable {
                         m.pd.forget_service(id);
                     }
                 }
+            }
+        }
+    }
+
+    /// Closes the admission gates of this table that `next` (the table replacing it; empty when
+    /// the listener closes) no longer holds: the endpoint left its rule or the rule was
+    /// deleted. Their parked requests are answered at once (503 `pd_admission_closed`) rather
+    /// than waiting on an endpoint nothing routes to any more; admitted ones finish.
+    pub fn close_dropped_gates(&self, next: &PoolTable, why: CloseReason) {
+        for gate in self.pools.iter().flat_map(|p| &p.gates) {
+            let kept = next
+                .pools
+                .iter()
+                .flat_map(|p| &p.gates)
+                .any(|g| Arc::ptr_eq(g, gate));
+            if !kept {
+                gate.close(why);
             }
         }
     }
@@ -367,6 +390,36 @@ mod tests {
         );
         assert_eq!(t2.pools[0].loads[1].in_flight(), 0);
         assert_eq!(t2.pools[0].state.topology.load().ids.len(), 2);
+    }
+
+    #[test]
+    fn gates_carry_over_and_the_dropped_ones_close() {
+        use crate::routing::admission::{Entry, Refusal};
+        let t1 = PoolTable::build(&[rule(1, "", "", &[1, 2])], &PoolTable::default());
+        let _held = t1.pools[0].gates[1].enter(1, 1).expect("admitted");
+        let t2 = PoolTable::build(&[rule(1, "", "", &[2, 3])], &t1);
+        assert!(Arc::ptr_eq(&t1.pools[0].gates[1], &t2.pools[0].gates[0]));
+        assert_eq!(
+            t2.pools[0].gates[0].admitted(),
+            1,
+            "endpoint :2 kept its slot"
+        );
+        t1.close_dropped_gates(&t2, CloseReason::Removed);
+        let removed = &t1.pools[0].gates[0];
+        assert_eq!(
+            removed.enter(1, 1).err(),
+            Some(Refusal::Closed(CloseReason::Removed)),
+            "endpoint :1 left the rule"
+        );
+        assert!(matches!(
+            t2.pools[0].gates[0].enter(1, 1),
+            Ok(Entry::Parked(_))
+        ));
+        t2.close_dropped_gates(&PoolTable::default(), CloseReason::Shutdown);
+        assert_eq!(
+            t2.pools[0].gates[1].enter(1, 1).err(),
+            Some(Refusal::Closed(CloseReason::Shutdown))
+        );
     }
 
     /// The `service="{id}"` series lines of the proxy's families in a scrape.

@@ -4,8 +4,10 @@
 //! The selection ladder ([`ladder`]: affinity tiers first, then the rule's `sel`) and the seam
 //! an affinity tier implements ([`tier`]) live here too, with the shared vocabulary used by the
 //! proxy and the KV tier: endpoint indices, load counters with RAII guards, the candidate set
-//! with its exclusion mask, and decisions.
+//! with its exclusion mask, and decisions. The per-endpoint admission gate ([`admission`]) sits
+//! beside them: it is taken after the selection, for the chosen endpoint.
 
+pub mod admission;
 pub mod chwbl;
 pub mod dispatch;
 pub mod gpu_aware;
