@@ -40,8 +40,8 @@ pub struct Pool {
     pub health: Vec<Arc<HealthCell>>,
     /// True when `backend_protocol` is `http2`.
     pub http2: bool,
-    /// P/D pins and tie cursor, for a rule with `pd_disagg_mode` (a changed rule starts with
-    /// no pins).
+    /// P/D pins, tier-1 trie and tie cursor, for a rule with `pd_disagg_mode` (a changed rule
+    /// starts with no pins and keeps its trie, renumbered, minus removed endpoints).
     pub pd: Option<crate::pd::PdState>,
     /// Stops this pool's active prober when the pool is dropped (set by [`Pool::activate`]).
     prober: OnceLock<CancellationToken>,
@@ -79,7 +79,13 @@ impl Pool {
         Self {
             weights: eps.iter().map(|e| e.weight).collect(),
             http2: rule.spec.backend == BackendProtocol::Http2,
-            pd: rule.spec.pd.as_ref().map(crate::pd::PdState::new),
+            pd: rule.spec.pd.as_ref().map(|spec| {
+                // Tier 1's trie follows each endpoint by authority; a removed one is forgotten.
+                crate::pd::PdState::successor(spec, old.and_then(|o| o.pd.as_ref()), |ep| {
+                    let a = old.and_then(|o| o.authorities.get(ep))?;
+                    authorities.iter().position(|x| x == a)
+                })
+            }),
             authorities,
             loads,
             health,
