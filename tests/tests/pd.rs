@@ -832,8 +832,9 @@ async fn p_d_rules_are_validated_and_what_is_not_built_is_refused() {
     );
     let (status, body) = d.post_rule(&ok).await;
     assert!(status == 200 || status == 201, "{body}");
+    // Tier 1 and its knobs (a rule of its own: another port).
     let tier1 = pd_rule(
-        port,
+        free_port(),
         &[(8000, 1, 5600), (8001, 2, 0)],
         json!({"pd_cache_aware_mode": true, "pd_cache_threshold": 50,
             "pd_balance_abs_threshold": 9}),

@@ -375,6 +375,45 @@ mod tests {
         assert_eq!(t2.pools[0].state.topology.load().ids.len(), 2);
     }
 
+    /// A tier-1 P/D rule over `(targetPort, ep_role)` endpoints.
+    fn pd_rule(eps: &[(u16, u8)]) -> Arc<StoredRule> {
+        let eps: Vec<_> = eps
+            .iter()
+            .map(|(p, r)| serde_json::json!({"endpointIP": "127.0.0.1", "targetPort": p, "ep_role": r}))
+            .collect();
+        let rule = serde_json::from_value(serde_json::json!({
+            "serviceArguments": {"externalIP": "127.0.0.1", "port": 8080, "mode": 4,
+                "pd_disagg_mode": true, "pd_cache_aware_mode": true},
+            "endpoints": eps,
+        }))
+        .expect("rule");
+        Arc::new(StoredRule::new(1, rule).expect("valid rule"))
+    }
+
+    #[test]
+    fn the_tier_1_trie_follows_endpoints_and_forgets_a_removed_one() {
+        let key = [crate::pd::trie::TEXT_TAG, 'a' as u32, 'b' as u32];
+        let t1 = PoolTable::build(&[pd_rule(&[(1, 1), (2, 1), (3, 2)])], &PoolTable::default());
+        {
+            let trie = t1.pools[0]
+                .pd
+                .as_ref()
+                .and_then(|s| s.trie.as_ref())
+                .expect("trie");
+            trie.lock().insert(&key, 0);
+            trie.lock().insert(&key, 1);
+        }
+        // Endpoint :1 removed; :2 moves from index 1 to 0.
+        let t2 = PoolTable::build(&[pd_rule(&[(2, 1), (3, 2), (4, 1)])], &t1);
+        let trie = t2.pools[0]
+            .pd
+            .as_ref()
+            .and_then(|s| s.trie.as_ref())
+            .expect("trie");
+        let m = trie.lock().longest_match(&key, |_| true).expect("carried");
+        assert_eq!((m.matched, m.holders), (3, vec![0]));
+    }
+
     /// The `service="{id}"` series lines of the proxy's families in a scrape.
     fn series(reg: &prometheus_client::registry::Registry, id: u32) -> Vec<String> {
         let mut text = String::new();
