@@ -9,9 +9,9 @@
 //! so a new fixture is tested without code changes. Where loxi answers differently on purpose,
 //! the expectation says so (see [`Target`] and the README's "Where loxi differs"):
 //!
-//! - a P/D rule asking for what loxi's P/D does not implement yet (tier 1,
-//!   `pd_cache_aware_mode`; a handoff other than vLLM's) is refused with 400 naming the field as
-//!   not implemented; a vLLM P/D rule gets LoxiLB's 200;
+//! - a P/D rule asking for what loxi's P/D does not implement yet (a handoff other than
+//!   vLLM's) is refused with 400 naming the field as not implemented; a vLLM P/D rule, with or
+//!   without tier 1 (`pd_cache_aware_mode`), gets LoxiLB's 200;
 //! - an L4 rule (mode ≠ 4) on a daemon without `--xdp-iface` is refused with 400;
 //! - `/config/conntrack/all` lists the XDP conntrack map on a daemon with the data path (every
 //!   entry with exactly LoxiLB's keys); without it, `{"ctAttr":[]}`.
@@ -406,13 +406,10 @@ pub fn check_fixture(
     Ok(notes.join("; "))
 }
 
-/// The P/D field of a body that asks for what loxi's P/D does not implement yet, if any: tier 1
-/// (`pd_cache_aware_mode`) or a P/D handoff other than vLLM's (`kvEngineType`).
+/// The P/D field of a body that asks for what loxi's P/D does not implement yet, if any: a P/D
+/// handoff other than vLLM's (`kvEngineType`).
 fn pd_field(body: &Value) -> Option<&'static str> {
     let s = &body["serviceArguments"];
-    if s["pd_cache_aware_mode"] == json!(true) {
-        return Some("pd_cache_aware_mode");
-    }
     if s["pd_disagg_mode"] == json!(true) && s["kvEngineType"].as_str().is_some_and(|e| e != "vllm")
     {
         return Some("kvEngineType");

@@ -156,6 +156,15 @@ impl Sim {
     /// A sim on `host`; with `zmq_port`, publishing KV events on `tcp://host:zmq_port`
     /// (`PYTHONHASHSEED=0`, block size 16: loxi's defaults with `LLB_KV_NONE_HASH_SEED=0`).
     async fn start_on(role: &str, host: &str, zmq_port: Option<u16>) -> Sim {
+        Self::start_full(role, host, zmq_port, &["--time-scale", "0.05"]).await
+    }
+
+    /// A sim on 127.0.0.1 with `timing` arguments instead of `--time-scale 0.05`.
+    async fn start_timed(role: &str, timing: &[&str]) -> Sim {
+        Self::start_full(role, "127.0.0.1", None, timing).await
+    }
+
+    async fn start_full(role: &str, host: &str, zmq_port: Option<u16>, timing: &[&str]) -> Sim {
         let tok = stage_tokenizer();
         let mut cmd = loxi_tests::sim::Sim::command();
         cmd.args(["--model", "tiny", "--host", host, "--port", "0"])
@@ -168,7 +177,7 @@ impl Sim {
                 "endpoint": format!("tcp://{host}:{z}")});
             cmd.args(["--kv-events-config", &cfg.to_string()]);
         }
-        cmd.args(["--kv-role", role, "--time-scale", "0.05"]);
+        cmd.args(["--kv-role", role]).args(timing);
         let sim = loxi_tests::sim::Sim::spawn(cmd).await;
         Sim {
             addr: sim.addr,
@@ -804,10 +813,10 @@ async fn p_d_rules_are_validated_and_what_is_not_built_is_refused() {
             pd_rule(
                 port,
                 &[(8000, 1, 0), (8001, 2, 0)],
-                json!({"pd_cache_aware_mode": true}),
+                json!({"pd_cache_threshold": 50}),
             ),
-            "serviceArguments.pd_cache_aware_mode",
-            "not implemented",
+            "serviceArguments.pd_cache_threshold",
+            "requires pd_cache_aware_mode",
         ),
     ];
     for (rule, field, words) in cases {
@@ -823,4 +832,133 @@ async fn p_d_rules_are_validated_and_what_is_not_built_is_refused() {
     );
     let (status, body) = d.post_rule(&ok).await;
     assert!(status == 200 || status == 201, "{body}");
+    // Tier 1 and its knobs (a rule of its own: another port).
+    let tier1 = pd_rule(
+        free_port(),
+        &[(8000, 1, 5600), (8001, 2, 0)],
+        json!({"pd_cache_aware_mode": true, "pd_cache_threshold": 50,
+            "pd_balance_abs_threshold": 9}),
+    );
+    let (status, body) = d.post_rule(&tier1).await;
+    assert!(status == 200 || status == 201, "{body}");
+}
+
+/// `[tier-1 hits, misses, bypasses, prefill choices by tier 1, prefill choices by tier 2]`.
+fn tier1_counts(m: &str) -> [f64; 5] {
+    let sel = |tier: &str| {
+        metric(
+            m,
+            "loxilb_ai_pd_tier_selected_total",
+            &["leg=\"prefill\"", &format!("tier=\"{tier}\"")],
+        )
+    };
+    [
+        metric(m, "loxilb_ai_pd_tier1_hits_total", &[]),
+        metric(m, "loxilb_ai_pd_tier1_misses_total", &[]),
+        metric(m, "loxilb_ai_pd_tier1_bypass_total", &[]),
+        sel("1"),
+        sel("2"),
+    ]
+}
+
+fn delta(a: [f64; 5], b: [f64; 5]) -> [f64; 5] {
+    std::array::from_fn(|i| b[i] - a[i])
+}
+
+/// Waits until `n` requests are in flight on endpoint `ep` (`loxilb_proxy_active_connections`).
+async fn wait_active(d: &Daemon, ep: &str, n: f64) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let m = d.metrics_text().await;
+        let active = metric(
+            &m,
+            "loxilb_proxy_active_connections",
+            &[&format!("ep_idx=\"{ep}\"")],
+        );
+        if active == n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "ep {ep}: {active} in flight, want {n}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn tier_1_sends_a_shared_prefix_to_one_prefill_and_is_bypassed_past_the_imbalance() {
+    // Each prefill step takes at least 1.5 s of real time, so legs can be held in flight and
+    // the prefill endpoints' loads set exactly.
+    let timing = ["--time-scale", "1", "--prefill-floor-ms", "1500"];
+    let p0 = Sim::start_timed("producer", &timing).await;
+    let p1 = Sim::start_timed("producer", &timing).await;
+    let dec = Sim::start("consumer").await;
+    let port = free_port();
+    let rule = pd_rule(
+        port,
+        &[(p0.port(), 1, 0), (p1.port(), 1, 0), (dec.port(), 2, 0)],
+        json!({"pd_cache_aware_mode": true, "pd_balance_abs_threshold": 1}),
+    );
+    let d = started(DaemonOpts::default(), &rule).await;
+    let c = client();
+    // A 100-word shared preamble and a short question: well over the default 20 % match.
+    let preamble = prompt("ctx");
+    let body =
+        |q: &str| json!({"model": "tiny", "prompt": format!("{preamble} {q}"), "max_tokens": 2});
+    let m0 = tier1_counts(&d.metrics_text().await);
+    assert_eq!(m0, [0.0; 5], "series exist at 0");
+
+    // Cold: a miss, tier 2 chooses; the second request follows the learned prefix.
+    let r1 = send(&c, completion(port, &[], &body("what is the first word?"))).await;
+    assert_eq!(r1.status, 200, "{}", r1.text);
+    let e = r1
+        .header("x-loxilb-prefill-endpoint")
+        .expect("prefill endpoint")
+        .to_string();
+    let r2 = send(&c, completion(port, &[], &body("and the last one?"))).await;
+    assert_eq!(r2.status, 200, "{}", r2.text);
+    assert_eq!(r2.header("x-loxilb-prefill-endpoint"), Some(e.as_str()));
+    let m1 = tier1_counts(&d.metrics_text().await);
+    assert_eq!(
+        delta(m0, m1),
+        [1.0, 1.0, 0.0, 1.0, 1.0],
+        "hit, miss, bypass, tier 1, tier 2"
+    );
+
+    // Hold two shared-prefix legs on `e`: the first is a hit at loads 0/0, the second at 1/0
+    // (not over the threshold 1). The third sees 2/0: bypassed, minimum load.
+    let (other, other_sim) = if e == "0" { ("1", &p1) } else { ("0", &p0) };
+    let held: Vec<_> = ["third", "fourth"]
+        .iter()
+        .enumerate()
+        .map(|(i, q)| (i, completion(port, &[], &body(q))))
+        .collect();
+    let mut tasks = Vec::new();
+    for (i, req) in held {
+        let c2 = c.clone();
+        tasks.push(tokio::spawn(async move { send(&c2, req).await }));
+        wait_active(&d, &e, (i + 1) as f64).await;
+    }
+    let r3 = send(&c, completion(port, &[], &body("fifth"))).await;
+    assert_eq!(r3.status, 200, "{}", r3.text);
+    assert_eq!(r3.header("x-loxilb-prefill-endpoint"), Some(other));
+    for t in tasks {
+        let r = t.await.expect("task");
+        assert_eq!(r.status, 200, "{}", r.text);
+        assert_eq!(r.header("x-loxilb-prefill-endpoint"), Some(e.as_str()));
+    }
+    let m2 = tier1_counts(&d.metrics_text().await);
+    assert_eq!(
+        delta(m1, m2),
+        [2.0, 0.0, 1.0, 2.0, 1.0],
+        "hit, miss, bypass, tier 1, tier 2"
+    );
+    let olog = get_json(&c, &other_sim.url("/sim/requests")).await;
+    assert_eq!(
+        olog.as_array().map(Vec::len),
+        Some(1),
+        "only the bypassed request: {olog}"
+    );
+    let _ = &dec;
 }

@@ -271,14 +271,16 @@ pub struct CreateLb {
     /// Tier-0 session pin TTL in seconds.
     #[arg(long, alias = "pd-session-ttl")]
     pub pd_session_ttl_sec: Option<i32>,
-    /// Enable tier 1 (prefix trie; LoxiLB's spelling `--pd-cache-aware` is an alias). The
-    /// server refuses it until tier 1 exists.
+    /// Enable P/D tier 1, the prefix trie (LoxiLB's spelling `--pd-cache-aware` is an alias);
+    /// requires `--pd-disagg`.
     #[arg(long, alias = "pd-cache-aware", num_args = 0..=1, default_missing_value = "true")]
     pub pd_cache_aware_mode: Option<bool>,
-    /// Tier-1 minimum prefix match rate (0–100).
+    /// Tier-1 minimum prefix match rate in percent (0–100; 0 means the default 20); requires
+    /// `--pd-cache-aware`.
     #[arg(long)]
     pub pd_cache_threshold: Option<i32>,
-    /// Tier-1 load-imbalance bypass (0–255).
+    /// Tier-1 load-imbalance bypass: max − min prefill load, in requests (0–255; 0 means the
+    /// default 3); requires `--pd-cache-aware`.
     #[arg(long)]
     pub pd_balance_abs_threshold: Option<i32>,
     /// Engine contract: vllm, sglang, trtllm, llamacpp.

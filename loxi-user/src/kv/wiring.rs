@@ -50,6 +50,13 @@ impl AffinityTier for KvRouter {
     fn bypassed(&self, rule: &StoredRule, _: &RequestMeta) {
         KvRouter::bypassed(self, rule)
     }
+    fn prompt_tokens<'a>(
+        &'a self,
+        meta: &'a RequestMeta,
+        max: usize,
+    ) -> futures::future::BoxFuture<'a, Option<Arc<[u32]>>> {
+        Box::pin(KvRouter::prompt_tokens(self, meta, max))
+    }
 }
 
 /// Tier 1.5 as the proxy holds it: any [`AffinityTier`] whose per-request ticket is the KV

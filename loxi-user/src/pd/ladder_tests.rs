@@ -8,17 +8,25 @@ use crate::routing::{Decision, EndpointLoad, Reason};
 
 /// Roles per endpoint (0 normal, 1 prefill, 2 decode), `kvExactMode` as given.
 fn rule(roles: &[u8], kv_exact_mode: u8) -> StoredRule {
+    rule_with(roles, serde_json::json!({"kvExactMode": kv_exact_mode}))
+}
+
+/// Roles per endpoint, with `extra` service arguments.
+fn rule_with(roles: &[u8], extra: serde_json::Value) -> StoredRule {
     let eps: Vec<_> = roles
         .iter()
         .enumerate()
         .map(|(i, r)| serde_json::json!({"endpointIP": "127.0.0.1", "targetPort": 9000 + i, "ep_role": r}))
         .collect();
-    let r = serde_json::from_value(serde_json::json!({
+    let mut v = serde_json::json!({
         "serviceArguments": {"externalIP": "10.0.0.1", "port": 8080, "mode": 4,
-            "pd_disagg_mode": true, "kvExactMode": kv_exact_mode},
+            "pd_disagg_mode": true},
         "endpoints": eps,
-    }))
-    .expect("rule");
+    });
+    for (k, x) in extra.as_object().expect("object") {
+        v["serviceArguments"][k] = x.clone();
+    }
+    let r = serde_json::from_value(v).expect("rule");
     StoredRule::new(1, r).expect("valid P/D rule")
 }
 
@@ -32,7 +40,10 @@ struct Fx {
 
 impl Fx {
     fn new(roles: &[u8], mode: u8) -> Self {
-        let rule = rule(roles, mode);
+        Self::of(rule(roles, mode))
+    }
+    fn of(rule: StoredRule) -> Self {
+        let roles = rule.spec.pd.as_ref().expect("pd").roles.clone();
         let state = PdState::new(rule.spec.pd.as_ref().expect("pd"));
         Self {
             state,
@@ -55,6 +66,7 @@ impl Fx {
             pd: self.rule.spec.pd.as_ref().expect("pd"),
             state: &self.state,
             tier,
+            key: None,
         }
     }
     fn load(&self, ep: usize, n: u64) {
@@ -208,4 +220,187 @@ fn aggregated_fallback_uses_role_0_endpoints_only() {
     );
     let fx = Fx::new(&[1, 2], 0);
     assert_eq!(fx.ladder(None).aggregated(&fx.cands()), None);
+}
+
+/// A tier-1 fixture: prefill 0, decode 1, prefill 2, prefill 3; `extra` tier-1 knobs.
+fn trie_fx(extra: serde_json::Value) -> Fx {
+    let mut args = serde_json::json!({"pd_cache_aware_mode": true});
+    for (k, x) in extra.as_object().expect("object") {
+        args[k] = x.clone();
+    }
+    Fx::of(rule_with(&[1, 2, 1, 1], args))
+}
+
+fn text_key(s: &str) -> Vec<u32> {
+    super::super::trie::key_of(
+        &RequestMeta {
+            prompt: Some(crate::request::Prompt::Text(s.into())),
+            ..RequestMeta::default()
+        },
+        None,
+    )
+    .expect("key")
+}
+
+/// One prefill decision with `key`, learned (as the proxy does once it sends the leg).
+fn decide(fx: &Fx, key: &[u32]) -> Choice {
+    let l = PdLadder {
+        key: Some(key),
+        ..fx.ladder(None)
+    };
+    let c = l
+        .prefill(&meta(), &fx.cands(), None, &mut ())
+        .expect("prefill");
+    l.routed(&meta(), c.ep, &mut ());
+    c
+}
+
+const PREAMBLE: &str = "You are a careful assistant. Answer in one sentence. Context: ";
+
+#[test]
+fn tier_1_sends_a_shared_prefix_to_the_prefill_that_learned_it() {
+    let fx = trie_fx(serde_json::json!({}));
+    // Cold: a miss, tier 2 picks among the three idle prefill endpoints; load 2 and 3 so it
+    // is 0.
+    fx.load(2, 1);
+    fx.load(3, 1);
+    let first = decide(&fx, &text_key(&format!("{PREAMBLE}the sky is blue")));
+    assert_eq!(
+        (first.ep, first.tier, first.trie),
+        (0, PdTier::MinLoad, TrieOutcome::Miss)
+    );
+    // Now endpoint 0 is the busiest (2 vs 1): tier 1 still sends the shared prefix there.
+    fx.load(0, 2);
+    let second = decide(&fx, &text_key(&format!("{PREAMBLE}grass is green")));
+    assert_eq!(
+        (second.ep, second.tier, second.trie),
+        (0, PdTier::Trie, TrieOutcome::Hit)
+    );
+    // An unrelated prompt: a miss, minimum load (2 or 3).
+    let other = decide(&fx, &text_key("Translate to French: good morning"));
+    assert_eq!(
+        (other.tier, other.trie),
+        (PdTier::MinLoad, TrieOutcome::Miss)
+    );
+    assert!(other.ep == 2 || other.ep == 3, "{}", other.ep);
+    // A pin wins over tier 1 (and tier 1 is not asked).
+    let pin = Pin {
+        prefill: 3,
+        decode: 1,
+    };
+    let key = text_key(&format!("{PREAMBLE}pinned"));
+    let l = PdLadder {
+        key: Some(&key),
+        ..fx.ladder(None)
+    };
+    let c = l
+        .prefill(&meta(), &fx.cands(), Some(pin), &mut ())
+        .expect("pin");
+    assert_eq!(
+        (c.ep, c.tier, c.trie),
+        (3, PdTier::Session, TrieOutcome::NotAsked)
+    );
+}
+
+#[test]
+fn tier_1_needs_the_threshold_share_of_the_prompt() {
+    // 62-character preamble + 38 characters of question = 100 characters: the learned
+    // preamble is a 62 % match.
+    assert_eq!(PREAMBLE.chars().count(), 62);
+    let q = |c: char| format!("{PREAMBLE}{}", c.to_string().repeat(38));
+    for (threshold, want) in [(62, TrieOutcome::Hit), (63, TrieOutcome::Miss)] {
+        let fx = trie_fx(serde_json::json!({"pd_cache_threshold": threshold}));
+        fx.load(2, 1);
+        fx.load(3, 1);
+        assert_eq!(decide(&fx, &text_key(&q('a'))).ep, 0);
+        let c = decide(&fx, &text_key(&q('b')));
+        assert_eq!(c.trie, want, "threshold {threshold}");
+        assert_eq!(c.ep, 0, "tier 1 or minimum load: endpoint 0 either way");
+        if want == TrieOutcome::Miss {
+            assert_eq!(c.tier, PdTier::MinLoad);
+        }
+    }
+    // Threshold 0 means the default 20: a 10-character match of 100 is a miss.
+    let fx = trie_fx(serde_json::json!({"pd_cache_threshold": 0}));
+    decide(&fx, &text_key(&format!("0123456789{}", "x".repeat(90))));
+    let c = decide(&fx, &text_key(&format!("0123456789{}", "y".repeat(90))));
+    assert_eq!(c.trie, TrieOutcome::Miss);
+}
+
+#[test]
+fn tier_1_is_bypassed_when_prefill_loads_differ_by_more_than_the_threshold() {
+    let fx = trie_fx(serde_json::json!({"pd_balance_abs_threshold": 2}));
+    let key = text_key(&format!("{PREAMBLE}question"));
+    fx.load(2, 1);
+    fx.load(3, 1);
+    assert_eq!(decide(&fx, &key).ep, 0);
+    // Loads 3, 1, 1: max − min = 2, not over 2: tier 1 holds.
+    fx.load(0, 3);
+    let c = decide(&fx, &key);
+    assert_eq!((c.ep, c.trie), (0, TrieOutcome::Hit));
+    // Loads 4, 1, 1: 3 > 2: bypassed, minimum load.
+    fx.load(0, 4);
+    let c = decide(&fx, &key);
+    assert_eq!((c.tier, c.trie), (PdTier::MinLoad, TrieOutcome::Bypass));
+    assert!(c.ep == 2 || c.ep == 3, "{}", c.ep);
+    // The decode endpoint's load does not count (only prefill endpoints).
+    fx.load(0, 1);
+    fx.load(1, 50);
+    let c = decide(&fx, &key);
+    assert_eq!(c.trie, TrieOutcome::Hit);
+    // Default 3 (submitted 0): loads 4, 1, 1 (3) holds; 5, 1, 1 (4) bypasses.
+    let fx = trie_fx(serde_json::json!({"pd_balance_abs_threshold": 0}));
+    fx.load(2, 1);
+    fx.load(3, 1);
+    assert_eq!(decide(&fx, &key).ep, 0);
+    fx.load(0, 4);
+    assert_eq!(decide(&fx, &key).trie, TrieOutcome::Hit);
+    fx.load(0, 5);
+    assert_eq!(decide(&fx, &key).trie, TrieOutcome::Bypass);
+}
+
+#[test]
+fn tier_1_never_picks_a_down_or_excluded_prefill_and_forgets_removed_endpoints() {
+    let mut fx = trie_fx(serde_json::json!({}));
+    let key = text_key(&format!("{PREAMBLE}question"));
+    fx.load(2, 1);
+    fx.load(3, 1);
+    assert_eq!(decide(&fx, &key).ep, 0);
+    // Endpoint 3 learns it too (a pin sent it there).
+    fx.state.trie.as_ref().expect("trie").lock().insert(&key, 3);
+    fx.load(3, 0);
+    fx.load(0, 0);
+    fx.down(0);
+    let c = decide(&fx, &key);
+    assert_eq!((c.ep, c.tier), (3, PdTier::Trie), "the other holder");
+    fx.excluded.insert(3);
+    let c = decide(&fx, &key);
+    assert_eq!(
+        (c.ep, c.tier, c.trie),
+        (2, PdTier::MinLoad, TrieOutcome::Miss)
+    );
+    // The rule loses endpoint 0 (1, 2, 3 become 0, 1, 2): the successor state forgets it.
+    let next = rule_with(&[2, 1, 1], serde_json::json!({"pd_cache_aware_mode": true}));
+    let carried = PdState::successor(next.spec.pd.as_ref().expect("pd"), Some(&fx.state), |ep| {
+        ep.checked_sub(1)
+    });
+    let t = carried.trie.as_ref().expect("trie").lock();
+    let m = t.longest_match(&key, |_| true).expect("kept");
+    assert_eq!(m.matched, key.len());
+    assert_eq!(m.holders, vec![1, 2], "old 2 and 3, renumbered; old 0 gone");
+}
+
+#[test]
+fn tier_1_is_off_without_cache_aware_mode() {
+    let fx = Fx::new(&[1, 2, 1], 0);
+    assert!(fx.state.trie.is_none());
+    let key = text_key("anything");
+    let l = PdLadder {
+        key: Some(&key),
+        ..fx.ladder(None)
+    };
+    let c = l
+        .prefill(&meta(), &fx.cands(), None, &mut ())
+        .expect("prefill");
+    assert_eq!((c.tier, c.trie), (PdTier::MinLoad, TrieOutcome::NotAsked));
 }

@@ -9,7 +9,14 @@
 //! | `loxilb_ai_pd_decode_ttft_seconds` | histogram | `service` (client request → decode response head) |
 //! | `loxilb_ai_pd_tier_selected_total` | counter | `service`, `leg` (`prefill`, `decode`), `tier` ([`PdTier::as_str`]) |
 //! | `loxilb_ai_pd_kv_params_missing_total` | counter | `service` (prefill answered 2xx without `kv_transfer_params`) |
+//! | `loxilb_ai_pd_tier1_hits_total` | counter | `service` (tier 1, the prefix trie, chose the prefill endpoint) |
+//! | `loxilb_ai_pd_tier1_misses_total` | counter | `service` (tier 1 asked; no eligible prefill endpoint held `pd_cache_threshold` % of the prompt) |
+//! | `loxilb_ai_pd_tier1_bypass_total` | counter | `service` (tier 1 skipped: prefill loads differ by more than `pd_balance_abs_threshold`) |
 //! | `loxilb_ai_pd_failures_total` | counter | `service`, `reason` (`pd_pool_unavailable`, `pd_prefill_timeout`, `pd_decode_backend_died`, `pd_prefill_status`) |
+//!
+//! The three tier-1 counters count prefill decisions of rules with `pd_cache_aware_mode` that
+//! reached tier 1 (no usable pin; a connect-failure retry is one more decision); a hit is also
+//! `loxilb_ai_pd_tier_selected_total{leg="prefill",tier="1"}` once its prefill leg answered.
 //!
 //! Tier 1.5 (`kvExactMode: 1`) counts its hits and misses in the KV tier's own families
 //! (`loxilb_pd_kv_tier15_*`).
@@ -20,7 +27,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use super::ladder::PdTier;
+use super::ladder::{PdTier, TrieOutcome};
 
 /// `service`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -71,6 +78,12 @@ pub struct PdMetrics {
     pub tier_selected: Family<TierLabels, Counter>,
     /// Prefill responses without transfer parameters.
     pub params_missing: Family<PdServiceLabels, Counter>,
+    /// Tier-1 hits.
+    pub tier1_hits: Family<PdServiceLabels, Counter>,
+    /// Tier-1 misses (below `pd_cache_threshold`).
+    pub tier1_misses: Family<PdServiceLabels, Counter>,
+    /// Tier-1 bypasses (load imbalance over `pd_balance_abs_threshold`).
+    pub tier1_bypass: Family<PdServiceLabels, Counter>,
     /// P/D failures by reason.
     pub failures: Family<FailureLabels, Counter>,
     /// The failure reasons counted so far (any service), so a deleted service's failure
@@ -88,6 +101,9 @@ impl PdMetrics {
             decode_ttft: Family::new_with_constructor(seconds),
             tier_selected: Family::default(),
             params_missing: Family::default(),
+            tier1_hits: Family::default(),
+            tier1_misses: Family::default(),
+            tier1_bypass: Family::default(),
             failures: Family::default(),
             failure_reasons: Default::default(),
         }
@@ -118,13 +134,28 @@ impl PdMetrics {
         );
         reg.register(
             "loxilb_ai_pd_tier_selected",
-            "P/D endpoint choices by leg and tier (0 pin, 1.5 KV overlap, 2 min load, aggregated)",
+            "P/D endpoint choices by leg and tier (0 pin, 1 prefix trie, 1.5 KV overlap, 2 min load, aggregated)",
             m.tier_selected.clone(),
         );
         reg.register(
             "loxilb_ai_pd_kv_params_missing",
             "Prefill responses without kv_transfer_params (the decode leg ran without them)",
             m.params_missing.clone(),
+        );
+        reg.register(
+            "loxilb_ai_pd_tier1_hits",
+            "P/D prefill decisions where tier 1 (the prefix trie) chose the prefill endpoint",
+            m.tier1_hits.clone(),
+        );
+        reg.register(
+            "loxilb_ai_pd_tier1_misses",
+            "P/D prefill decisions where tier 1 found no prefill endpoint holding pd_cache_threshold % of the prompt",
+            m.tier1_misses.clone(),
+        );
+        reg.register(
+            "loxilb_ai_pd_tier1_bypass",
+            "P/D prefill decisions that skipped tier 1: prefill loads differed by more than pd_balance_abs_threshold",
+            m.tier1_bypass.clone(),
         );
         reg.register(
             "loxilb_ai_pd_failures",
@@ -140,6 +171,9 @@ impl PdMetrics {
         let _ = self.requests.get_or_create(&s);
         let _ = self.session_hits.get_or_create(&s);
         let _ = self.params_missing.get_or_create(&s);
+        for f in self.tier1_families() {
+            let _ = f.get_or_create(&s);
+        }
         for leg in ["prefill", "decode"] {
             for t in PdTier::ALL {
                 let _ = self.tier(id, leg, t);
@@ -156,6 +190,22 @@ impl PdMetrics {
                 tier: tier.as_str().to_string(),
             })
             .clone()
+    }
+
+    /// Counts tier 1's `outcome` for one prefill decision of `service` (nothing for
+    /// [`TrieOutcome::NotAsked`]).
+    pub fn trie_outcome(&self, service: u32, outcome: TrieOutcome) {
+        let f = match outcome {
+            TrieOutcome::NotAsked => return,
+            TrieOutcome::Hit => &self.tier1_hits,
+            TrieOutcome::Miss => &self.tier1_misses,
+            TrieOutcome::Bypass => &self.tier1_bypass,
+        };
+        f.get_or_create(&svc(service)).inc();
+    }
+
+    fn tier1_families(&self) -> [&Family<PdServiceLabels, Counter>; 3] {
+        [&self.tier1_hits, &self.tier1_misses, &self.tier1_bypass]
     }
 
     /// Counts one failure of `service` with `reason`.
@@ -183,6 +233,9 @@ impl PdMetrics {
         self.requests.remove(&s);
         self.session_hits.remove(&s);
         self.params_missing.remove(&s);
+        for f in self.tier1_families() {
+            f.remove(&s);
+        }
         self.prefill_duration.remove(&s);
         self.decode_ttft.remove(&s);
         for leg in ["prefill", "decode"] {

@@ -5,15 +5,17 @@
 //! request vocabulary and the routing candidates, and reaches tier 1.5 only through the
 //! [`crate::routing::AffinityTier`] seam. The proxy (`proxy/pd.rs`) runs the two legs.
 //!
-//! Files: `ladder.rs` (tiers 0, 1.5 and 2, the decode leg, the role-0 fallback), `pins.rs`
-//! (bounded LRU + TTL pin table), `handoff.rs` (the vLLM dialect: leg bodies, transfer
+//! Files: `ladder.rs` (tiers 0, 1, 1.5 and 2, the decode leg, the role-0 fallback), `pins.rs`
+//! (bounded LRU + TTL pin table), `trie.rs` (tier 1's bounded multi-endpoint radix tree and
+//! the request key), `handoff.rs` (the vLLM dialect: leg bodies, transfer
 //! parameters, request id), `metrics.rs`.
 
 pub mod handoff;
 pub mod ladder;
 pub mod metrics;
 pub mod pins;
+pub mod trie;
 
-pub use ladder::{Choice, PdLadder, PdState, PdTier};
+pub use ladder::{Choice, PdLadder, PdState, PdTier, TrieOutcome};
 pub use metrics::PdMetrics;
 pub use pins::{Pin, PinTable};

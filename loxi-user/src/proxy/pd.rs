@@ -2,8 +2,10 @@
 //! [`crate::pd::handoff`] for the bodies and where each field was checked).
 //!
 //! For a JSON `/v1/completions` or `/v1/chat/completions` request:
-//! 1. the P/D ladder ([`crate::pd::PdLadder`]) picks the prefill endpoint (tier 0 pin, tier 1.5
-//!    in `kvExactMode` 1, tier 2 minimum load) and the decode endpoint (the pin's, else minimum
+//! 1. the P/D ladder ([`crate::pd::PdLadder`]) picks the prefill endpoint (tier 0 pin, tier 1
+//!    prefix trie with `pd_cache_aware_mode`, keyed by the prompt's token ids when the KV tier
+//!    has a tokenizer staged for the model, else by its text; tier 1.5 in `kvExactMode` 1, tier
+//!    2 minimum load) and the decode endpoint (the pin's, else minimum
 //!    load); with no eligible prefill or decode endpoint a role-0 endpoint serves the request in
 //!    one leg, and with none the answer is 503 `pd_pool_unavailable`;
 //! 2. one request id in LoxiLB's form goes on both legs as `X-Request-Id`;
@@ -41,7 +43,7 @@ use crate::health::breaker::Outcome;
 use crate::kv::route::select::KvTicket;
 use crate::kv::wiring::KvTier;
 use crate::pd::metrics::svc;
-use crate::pd::{Choice, PdLadder, PdTier, Pin, handoff};
+use crate::pd::{Choice, PdLadder, PdTier, Pin, handoff, trie};
 use crate::request::{ApiKind, RequestMeta};
 use crate::routing::{Candidates, Excluded};
 use crate::rules::model::authority;
@@ -106,11 +108,21 @@ impl Handler {
         };
         let service = pool.rule.id;
         let m = &self.ctx.metrics.pd;
+        // Tier 1's key: token ids when a tokenizer is staged for the model, else the text.
+        let trie_key = match (spec.trie, self.ctx.tier.as_deref()) {
+            (None, _) => None,
+            (Some(_), Some(t)) => {
+                let tokens = t.prompt_tokens(meta, trie::KEY_MAX).await;
+                trie::key_of(meta, tokens.as_deref())
+            }
+            (Some(_), None) => trie::key_of(meta, None),
+        };
         let ladder: PdLadder<'_, KvTier> = PdLadder {
             rule: &pool.rule,
             pd: spec,
             state,
             tier: self.ctx.tier.as_deref(),
+            key: trie_key.as_deref(),
         };
         let key = meta.pin_key();
         let pin = key.and_then(|k| state.pins.get(k));
@@ -122,7 +134,10 @@ impl Handler {
                 .await;
         };
         let mut pre = match ladder.prefill(meta, &cands(pool, &excluded), pin, &mut ticket) {
-            Some(c) => c,
+            Some(c) => {
+                m.trie_outcome(service, c.trie);
+                c
+            }
             None => {
                 return self
                     .aggregated(pool, &ladder, parts, body, meta, start, "no_prefill")
@@ -155,7 +170,10 @@ impl Handler {
                 Prefill::ConnectFailed => {
                     excluded.insert(pre.ep);
                     match ladder.prefill(meta, &cands(pool, &excluded), None, &mut ticket) {
-                        Some(c) => pre = c,
+                        Some(c) => {
+                            m.trie_outcome(service, c.trie);
+                            pre = c;
+                        }
                         None => return Err(self.pool_unavailable(service, "no_prefill")),
                     }
                 }

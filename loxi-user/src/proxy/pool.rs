@@ -44,8 +44,8 @@ pub struct Pool {
     pub gates: Vec<Arc<Gate>>,
     /// True when `backend_protocol` is `http2`.
     pub http2: bool,
-    /// P/D pins and tie cursor, for a rule with `pd_disagg_mode` (a changed rule starts with
-    /// no pins).
+    /// P/D pins, tier-1 trie and tie cursor, for a rule with `pd_disagg_mode` (a changed rule
+    /// starts with no pins and keeps its trie, renumbered, minus removed endpoints).
     pub pd: Option<crate::pd::PdState>,
     /// Stops this pool's active prober when the pool is dropped (set by [`Pool::activate`]).
     prober: OnceLock<CancellationToken>,
@@ -84,7 +84,13 @@ impl Pool {
         Self {
             weights: eps.iter().map(|e| e.weight).collect(),
             http2: rule.spec.backend == BackendProtocol::Http2,
-            pd: rule.spec.pd.as_ref().map(crate::pd::PdState::new),
+            pd: rule.spec.pd.as_ref().map(|spec| {
+                // Tier 1's trie follows each endpoint by authority; a removed one is forgotten.
+                crate::pd::PdState::successor(spec, old.and_then(|o| o.pd.as_ref()), |ep| {
+                    let a = old.and_then(|o| o.authorities.get(ep))?;
+                    authorities.iter().position(|x| x == a)
+                })
+            }),
             authorities,
             loads,
             health,
@@ -420,6 +426,45 @@ mod tests {
             t2.pools[0].gates[1].enter(1, 1).err(),
             Some(Refusal::Closed(CloseReason::Shutdown))
         );
+}
+
+    /// A tier-1 P/D rule over `(targetPort, ep_role)` endpoints.
+    fn pd_rule(eps: &[(u16, u8)]) -> Arc<StoredRule> {
+        let eps: Vec<_> = eps
+            .iter()
+            .map(|(p, r)| serde_json::json!({"endpointIP": "127.0.0.1", "targetPort": p, "ep_role": r}))
+            .collect();
+        let rule = serde_json::from_value(serde_json::json!({
+            "serviceArguments": {"externalIP": "127.0.0.1", "port": 8080, "mode": 4,
+                "pd_disagg_mode": true, "pd_cache_aware_mode": true},
+            "endpoints": eps,
+        }))
+        .expect("rule");
+        Arc::new(StoredRule::new(1, rule).expect("valid rule"))
+    }
+
+    #[test]
+    fn the_tier_1_trie_follows_endpoints_and_forgets_a_removed_one() {
+        let key = [crate::pd::trie::TEXT_TAG, 'a' as u32, 'b' as u32];
+        let t1 = PoolTable::build(&[pd_rule(&[(1, 1), (2, 1), (3, 2)])], &PoolTable::default());
+        {
+            let trie = t1.pools[0]
+                .pd
+                .as_ref()
+                .and_then(|s| s.trie.as_ref())
+                .expect("trie");
+            trie.lock().insert(&key, 0);
+            trie.lock().insert(&key, 1);
+        }
+        // Endpoint :1 removed; :2 moves from index 1 to 0.
+        let t2 = PoolTable::build(&[pd_rule(&[(2, 1), (3, 2), (4, 1)])], &t1);
+        let trie = t2.pools[0]
+            .pd
+            .as_ref()
+            .and_then(|s| s.trie.as_ref())
+            .expect("trie");
+        let m = trie.lock().longest_match(&key, |_| true).expect("carried");
+        assert_eq!((m.matched, m.holders), (3, vec![0]));
     }
 
     /// The `service="{id}"` series lines of the proxy's families in a scrape.

@@ -41,6 +41,19 @@ pub trait AffinityTier: Send + Sync + 'static {
         ticket: &mut Self::Ticket,
     ) -> Option<Decision>;
 
+    /// The token ids of the request's prompt (at most `max`) when this tier has a tokenizer
+    /// staged for its model, within the tier's own time budget; `None` otherwise (the caller
+    /// then keys by the prompt's text). P/D tier 1 keys its prefix trie with them. The default
+    /// has no tokenizer.
+    fn prompt_tokens<'a>(
+        &'a self,
+        meta: &'a RequestMeta,
+        max: usize,
+    ) -> futures::future::BoxFuture<'a, Option<std::sync::Arc<[u32]>>> {
+        let _ = (meta, max);
+        Box::pin(std::future::ready(None))
+    }
+
     /// A request of `rule` (a rule that uses this tier) is not a generation request
     /// ([`crate::request::ApiKind::is_generation`]): the ladder routes it by the rule's `sel`
     /// without entering the tier, and tells the tier once per request so it can count it

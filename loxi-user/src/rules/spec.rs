@@ -336,7 +336,27 @@ pub struct PdSpec {
     pub session_ttl: Duration,
     /// NIXL side-channel port per endpoint (`nixl_port`, 0 → `targetPort`), for the request id.
     pub nixl_ports: Vec<u16>,
+    /// Tier 1 (the prefix trie), when `pd_cache_aware_mode` is true.
+    pub trie: Option<TrieSpec>,
 }
+
+/// P/D tier 1's knobs (`configuration-and-tuning.txt`: a submitted 0 means the default for
+/// both, so 0 cannot disable either check).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TrieSpec {
+    /// `pd_cache_threshold`: the least match rate, in percent of the request's key, for tier 1
+    /// to pick the endpoint holding the longest match (1–100; 0 → 20).
+    pub threshold_pct: u32,
+    /// `pd_balance_abs_threshold`: tier 1 is bypassed when the most and least loaded eligible
+    /// prefill endpoints differ by more than this many requests (in flight + queued; 1–255;
+    /// 0 → 3).
+    pub balance_abs: u64,
+}
+
+/// `pd_cache_threshold` when 0 is submitted.
+pub const DEFAULT_PD_CACHE_THRESHOLD: u32 = 20;
+/// `pd_balance_abs_threshold` when 0 is submitted.
+pub const DEFAULT_PD_BALANCE_ABS_THRESHOLD: u64 = 3;
 
 impl PdSpec {
     /// The role of endpoint `ep` (`Normal` past the end).
@@ -417,6 +437,16 @@ fn pd_spec(rule: &LbRule) -> PdSpec {
                 (n, _) => n,
             })
             .collect(),
+        trie: s.pd_cache_aware_mode.then(|| TrieSpec {
+            threshold_pct: match u32::try_from(s.pd_cache_threshold) {
+                Ok(0) | Err(_) => DEFAULT_PD_CACHE_THRESHOLD,
+                Ok(t) => t,
+            },
+            balance_abs: match u64::try_from(s.pd_balance_abs_threshold) {
+                Ok(0) | Err(_) => DEFAULT_PD_BALANCE_ABS_THRESHOLD,
+                Ok(b) => b,
+            },
+        }),
     }
 }
 

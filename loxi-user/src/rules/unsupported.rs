@@ -103,30 +103,11 @@ fn check_engine(rule: &LbRule) -> Result<(), RuleError> {
     Ok(())
 }
 
-/// The parts of prefill/decode disaggregation loxi does not implement yet: tier 1 (the prefix
-/// trie, `pd_cache_aware_mode` and its two knobs) and the SGLang / llama.cpp handoffs (the P/D
-/// ladder and the vLLM `kv_transfer_params` handoff are implemented, see `crate::pd`).
+/// The parts of prefill/decode disaggregation loxi does not implement yet: the SGLang /
+/// llama.cpp handoffs (the P/D ladder with tiers 0, 1, 1.5 and 2 and the vLLM
+/// `kv_transfer_params` handoff are implemented, see `crate::pd`).
 fn check_pd(rule: &LbRule) -> Result<(), RuleError> {
     let s = &rule.service;
-    let tier1 = "belongs to P/D tier 1 (the prefix trie), which loxi does not implement; leave it at its default";
-    // A submitted 0 means the default for both thresholds (the spec: "0 is converted").
-    let knobs: [(&str, bool); 3] = [
-        ("pd_cache_aware_mode", s.pd_cache_aware_mode),
-        (
-            "pd_cache_threshold",
-            !matches!(s.pd_cache_threshold, 0 | 20),
-        ),
-        (
-            "pd_balance_abs_threshold",
-            !matches!(s.pd_balance_abs_threshold, 0 | 3),
-        ),
-    ];
-    if let Some((field, _)) = knobs.iter().find(|(_, set)| *set) {
-        return Err(not_implemented(
-            &format!("serviceArguments.{field}"),
-            format!("{field} {tier1}"),
-        ));
-    }
     if s.pd_disagg_mode && s.kv_engine_type != "vllm" {
         return Err(not_implemented(
             "serviceArguments.kvEngineType",
@@ -170,18 +151,6 @@ mod tests {
         let cases = [
             (json!({"security": 1}), "serviceArguments.security"),
             (json!({"security": 2}), "serviceArguments.security"),
-            (
-                json!({"pd_cache_aware_mode": true}),
-                "serviceArguments.pd_cache_aware_mode",
-            ),
-            (
-                json!({"pd_cache_threshold": 50}),
-                "serviceArguments.pd_cache_threshold",
-            ),
-            (
-                json!({"pd_balance_abs_threshold": 9}),
-                "serviceArguments.pd_balance_abs_threshold",
-            ),
             (
                 json!({"pd_disagg_mode": true, "kvEngineType": "sglang"}),
                 "serviceArguments.kvEngineType",

@@ -254,6 +254,25 @@ fn check_fullproxy_only(s: &ServiceArgs) -> Result<(), RuleError> {
                 "requires pd_disagg_mode: true",
             ));
         }
+        // The tier-1 knobs tune the prefix trie only; set without it they would be inert.
+        // A submitted 0 means the default (the spec), so 0 is accepted anywhere.
+        for (field, set) in [
+            (
+                "pd_cache_threshold",
+                !matches!(s.pd_cache_threshold, 0 | 20),
+            ),
+            (
+                "pd_balance_abs_threshold",
+                !matches!(s.pd_balance_abs_threshold, 0 | 3),
+            ),
+        ] {
+            if set && !s.pd_cache_aware_mode {
+                return Err(invalid(
+                    &format!("serviceArguments.{field}"),
+                    "tunes P/D tier 1 (the prefix trie); it requires pd_cache_aware_mode: true",
+                ));
+            }
+        }
         return Ok(());
     }
     let need = |field: &str, set: bool| -> Result<(), RuleError> {
@@ -565,7 +584,53 @@ mod tests {
             field_of(rule(json!({"pd_cache_aware_mode": true}))),
             "serviceArguments.pd_cache_aware_mode"
         );
+        assert_eq!(
+            field_of(rule(
+                json!({"pd_disagg_mode": true, "pd_cache_threshold": 50})
+            )),
+            "serviceArguments.pd_cache_threshold"
+        );
+        assert_eq!(
+            field_of(rule(
+                json!({"pd_disagg_mode": true, "pd_balance_abs_threshold": 9})
+            )),
+            "serviceArguments.pd_balance_abs_threshold"
+        );
         validate(rule(json!({"kvExactMode": 3}))).expect("single pool");
+    }
+
+    #[test]
+    fn tier_1_knobs_compile_with_zero_meaning_the_default() {
+        let spec = |extra: serde_json::Value| {
+            let mut r = rule(extra);
+            r.endpoints[0].ep_role = 1;
+            r.endpoints[1].ep_role = 2;
+            ServiceSpec::compile(&validate(r).expect("valid"))
+                .expect("spec")
+                .pd
+                .expect("pd")
+                .trie
+        };
+        use super::super::spec::TrieSpec;
+        assert_eq!(spec(json!({"pd_disagg_mode": true})), None);
+        let zero = json!({"pd_disagg_mode": true, "pd_cache_aware_mode": true,
+            "pd_cache_threshold": 0, "pd_balance_abs_threshold": 0});
+        assert_eq!(
+            spec(zero),
+            Some(TrieSpec {
+                threshold_pct: 20,
+                balance_abs: 3
+            })
+        );
+        let set = json!({"pd_disagg_mode": true, "pd_cache_aware_mode": true,
+            "pd_cache_threshold": 50, "pd_balance_abs_threshold": 9});
+        assert_eq!(
+            spec(set),
+            Some(TrieSpec {
+                threshold_pct: 50,
+                balance_abs: 9
+            })
+        );
     }
 
     #[test]

@@ -220,6 +220,30 @@ impl KvRouter {
         }
     }
 
+    /// The token ids of the request's text or chat prompt (at most `max`) when a tokenizer is
+    /// staged for its model, computed on the tokenization pool within
+    /// `LOXI_KV_DECISION_BUDGET_MS`; `None` without a model or prompt, for a token-id prompt
+    /// (its ids need no tokenizer), without a staged tokenizer, on a full queue or past the
+    /// budget. P/D tier 1's trie key.
+    pub async fn prompt_tokens(&self, meta: &RequestMeta, max: usize) -> Option<Arc<[u32]>> {
+        let (Some(model), Some(prompt)) = (meta.model.clone(), meta.prompt.clone()) else {
+            return None;
+        };
+        if matches!(prompt, Prompt::TokenIds(_)) {
+            return None;
+        }
+        let budget = self.state.settings.decision_budget;
+        let tok = self.tokenizer.clone();
+        let (api, add) = (meta.api, meta.add_special_tokens);
+        let bounds = EncodeBounds {
+            max_tokens: Some(max),
+            prefix: meta.body_cut,
+        };
+        let job = move || tok.encode_bounded(&model, api, &prompt, add, bounds).ok();
+        let rx = self.workers.submit(StdInstant::now() + budget, job).ok()?;
+        tokio::time::timeout(budget, rx).await.ok()?.ok()?
+    }
+
     /// The shared state.
     pub fn state(&self) -> &Arc<KvState> {
         &self.state

@@ -586,3 +586,34 @@ fn a_chats_media_part_cuts_its_blocks_at_the_text_before_it() {
     );
     assert_eq!(f.misses("multimodal"), 0.0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompt_tokens_are_the_staged_tokenizers_ids_and_none_without_one() {
+    let f = fx(2);
+    let m = meta(PROMPT);
+    let want = f
+        .tok
+        .encode("tiny", m.api, m.prompt.as_ref().expect("prompt"), None)
+        .expect("ids");
+    let got = f.router.prompt_tokens(&m, 10_000).await.expect("tokens");
+    assert_eq!(got, want);
+    // Bounded by `max`.
+    let got = f.router.prompt_tokens(&m, 5).await.expect("tokens");
+    assert_eq!(&got[..], &want[..5]);
+    // No tokenizer for the model, no model, or a token-id prompt (keyed by its own ids).
+    let other = RequestMeta {
+        model: Some("other".into()),
+        ..meta(PROMPT)
+    };
+    assert_eq!(f.router.prompt_tokens(&other, 10_000).await, None);
+    let none = RequestMeta {
+        model: None,
+        ..meta(PROMPT)
+    };
+    assert_eq!(f.router.prompt_tokens(&none, 10_000).await, None);
+    let ids = RequestMeta {
+        prompt: Some(Prompt::TokenIds(vec![1, 2, 3])),
+        ..meta(PROMPT)
+    };
+    assert_eq!(f.router.prompt_tokens(&ids, 10_000).await, None);
+}
