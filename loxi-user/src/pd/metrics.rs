@@ -6,10 +6,10 @@
 //! | `loxilb_ai_pd_requests_total` | counter | `service` (two-leg requests started) |
 //! | `loxilb_ai_pd_session_hits_total` | counter | `service` (tier 0 chose the prefill endpoint) |
 //! | `loxilb_ai_pd_prefill_duration_seconds` | histogram | `service` (prefill leg: sent → body read) |
-//! | `loxilb_ai_pd_decode_ttft_seconds` | histogram | `service` (client request → decode response head) |
+//! | `loxilb_ai_pd_decode_ttft_seconds` | histogram | `service` (client request → the decode's first body byte) |
 //! | `loxilb_ai_pd_tier_selected_total` | counter | `service`, `leg` (`prefill`, `decode`), `tier` ([`PdTier::as_str`]) |
-//! | `loxilb_ai_pd_kv_params_missing_total` | counter | `service` (prefill answered 2xx without `kv_transfer_params`) |
-//! | `loxilb_ai_pd_failures_total` | counter | `service`, `reason` (`pd_pool_unavailable`, `pd_prefill_timeout`, `pd_decode_backend_died`, `pd_prefill_status`) |
+//! | `loxilb_ai_pd_kv_params_missing_total` | counter | `service` (prefill answered 2xx without `kv_transfer_params`, or a TensorRT-LLM context without `disaggregated_params`) |
+//! | `loxilb_ai_pd_failures_total` | counter | `service`, `reason` (`pd_pool_unavailable`, `pd_prefill_timeout`, `pd_prefill_failed`, `pd_prefill_status`, `pd_decode_backend_died`, `pd_decode_timeout`) |
 //!
 //! Tier 1.5 (`kvExactMode: 1`) counts its hits and misses in the KV tier's own families
 //! (`loxilb_pd_kv_tier15_*`).
@@ -65,7 +65,7 @@ pub struct PdMetrics {
     pub session_hits: Family<PdServiceLabels, Counter>,
     /// Prefill leg duration.
     pub prefill_duration: Hist,
-    /// Time to the decode response head.
+    /// Time to the decode's first body byte.
     pub decode_ttft: Hist,
     /// Tier decisions by leg.
     pub tier_selected: Family<TierLabels, Counter>,
@@ -113,7 +113,7 @@ impl PdMetrics {
         );
         reg.register(
             "loxilb_ai_pd_decode_ttft_seconds",
-            "P/D time from the client's request to the decode leg's response head",
+            "P/D time from the client's request to the decode leg's first body byte",
             m.decode_ttft.clone(),
         );
         reg.register(
