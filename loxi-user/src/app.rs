@@ -183,6 +183,7 @@ fn proxy_config(cfg: &Config) -> ProxyConfig {
         max_total_inflight: cfg.env.pd_max_total_inflight,
         admission: cfg.env.admission(),
         pd_prefill_timeout: Duration::from_secs(cfg.env.pd_prefill_timeout_sec.into()),
+        pd_decode_timeout: Duration::from_secs(cfg.env.pd_decode_timeout_sec.into()),
         body_timeout: Duration::from_millis(cfg.env.body_timeout_ms),
         body_budget: proxy::budget::BodyBudget::new(cfg.env.max_body_bytes_in_flight),
         models: proxy::models::ModelsConfig {

@@ -162,15 +162,16 @@ async fn loxicmd_kv_flags_reach_the_rule_and_pd_flags_are_refused_as_unimplement
         "--session-header-name=X-Session-ID",
         "--model-name=Qwen/Qwen2.5-7B-Instruct",
     ];
-    // P/D with SGLang's handoff is not implemented: the rule would be stored and dead, so the
-    // server refuses it (P/D with vLLM's handoff is served; see tests/pd.rs).
+    // KV-event routing over TensorRT-LLM is not implemented: the rule would be stored and
+    // dead, so the server refuses it (P/D with TensorRT-LLM's handoff is served; see
+    // tests/pd_dialects.rs).
     let pd = [
         &common[..],
         &[
             "--kv-exact-mode=1",
             "--ep-role=prefill,decode",
             "--pd-session-ttl-sec=60",
-            "--kv-engine-type=sglang",
+            "--kv-engine-type=trtllm",
         ],
     ]
     .concat();
@@ -178,10 +179,42 @@ async fn loxicmd_kv_flags_reach_the_rule_and_pd_flags_are_refused_as_unimplement
     assert_eq!(out.status.code(), Some(6), "{}", stderr(&out));
     let err = stderr(&out);
     assert!(
-        err.starts_with("Error: server returned 400: serviceArguments.kvEngineType: ")
+        err.starts_with("Error: server returned 400: serviceArguments.kvExactMode: ")
             && err.contains("not implemented"),
         "{err}"
     );
+    assert_eq!(d.rules().await, json!({"lbAttr": []}));
+
+    // SGLang P/D with its bootstrap port.
+    let sglang = [
+        &common[..],
+        &[
+            "--ep-role=prefill,decode",
+            "--kv-engine-type=sglang",
+            "--pd-bootstrap-port=9998",
+        ],
+    ]
+    .concat();
+    let out = d.loxicmd(&sglang);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let rules = d.rules().await;
+    let s = &rules["lbAttr"][0]["serviceArguments"];
+    assert_eq!(
+        (
+            s["pd_disagg_mode"].clone(),
+            s["kvEngineType"].clone(),
+            s["pdBootstrapPort"].clone()
+        ),
+        (json!(true), json!("sglang"), json!(9998))
+    );
+    let out = d.loxicmd(&[
+        "delete",
+        "lb",
+        "127.0.0.1",
+        &tcp,
+        "--model-name=Qwen/Qwen2.5-7B-Instruct",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(d.rules().await, json!({"lbAttr": []}));
 
     let out = d.loxicmd(&[&common[..], &["--kv-exact-mode=3"][..]].concat());

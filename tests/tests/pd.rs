@@ -804,9 +804,9 @@ async fn p_d_rules_are_validated_and_what_is_not_built_is_refused() {
             pd_rule(
                 port,
                 &[(8000, 1, 0), (8001, 2, 0)],
-                json!({"kvEngineType": "sglang"}),
+                json!({"kvEngineType": "trtllm", "kvExactMode": 1}),
             ),
-            "serviceArguments.kvEngineType",
+            "serviceArguments.kvExactMode",
             "not implemented",
         ),
         (

@@ -149,8 +149,8 @@ async fn accepted_but_unimplemented_values_are_400_saying_so() {
             "serviceArguments.pd_cache_threshold",
         ),
         (
-            json!({"kvEngineType": "trtllm"}),
-            "serviceArguments.kvEngineType",
+            json!({"kvEngineType": "trtllm", "kvExactMode": 3}),
+            "serviceArguments.kvExactMode",
         ),
         (
             json!({"pd_balance_abs_threshold": 9}),
@@ -165,10 +165,10 @@ async fn accepted_but_unimplemented_values_are_400_saying_so() {
         let msg = body["message"].as_str().unwrap_or_default();
         assert!(msg.contains("not implemented"), "{extra}: {msg}");
     }
-    // P/D speaks vLLM's handoff only: another engine's P/D rule is refused.
+    // llama.cpp has no P/D handoff dialect: its P/D rule is refused.
     let mut pd = rule(
         free_port(),
-        json!({"pd_disagg_mode": true, "kvEngineType": "sglang"}),
+        json!({"pd_disagg_mode": true, "kvEngineType": "llamacpp"}),
     );
     pd["endpoints"][0]["ep_role"] = json!(1);
     pd["endpoints"][1]["ep_role"] = json!(2);

@@ -283,6 +283,10 @@ pub struct CreateLb {
     /// default 3); requires `--pd-cache-aware`.
     #[arg(long)]
     pub pd_balance_abs_threshold: Option<i32>,
+    /// SGLang's P/D bootstrap port on the prefill endpoints (`pdBootstrapPort`; 0 or absent =
+    /// 8998). Only with `--pd-disagg --kv-engine-type=sglang`.
+    #[arg(long)]
+    pub pd_bootstrap_port: Option<u16>,
     /// Engine contract: vllm, sglang, trtllm, llamacpp.
     #[arg(long)]
     pub kv_engine_type: Option<String>,

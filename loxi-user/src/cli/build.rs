@@ -288,6 +288,7 @@ fn service_args(c: &CreateLb) -> Result<Map<String, Value>, UsageError> {
         "pd_balance_abs_threshold",
         c.pd_balance_abs_threshold.map(Value::from),
     );
+    put("pdBootstrapPort", c.pd_bootstrap_port.map(Value::from));
     put("kvEngineType", c.kv_engine_type.clone().map(Value::from));
     put("kvExactMode", c.kv_exact_mode.map(Value::from));
     put("kvZmqPort", c.kv_zmq_port.map(Value::from));
@@ -460,11 +461,17 @@ mod tests {
             "--ep-role=prefill,decode",
             "--nixl-port=5600,5601",
             "--pd-session-ttl=60",
+            "--kv-engine-type=sglang",
+            "--pd-bootstrap-port=9998",
         ]);
         let b = &create_bodies(&c).expect("bodies")[0];
         let s = &b["serviceArguments"];
         assert_eq!(s["pd_disagg_mode"], json!(true));
         assert_eq!(s["pd_session_ttl_sec"], json!(60));
+        assert_eq!(
+            (&s["kvEngineType"], &s["pdBootstrapPort"]),
+            (&json!("sglang"), &json!(9998))
+        );
         assert_eq!(b["endpoints"][0]["nixl_port"], json!(5600));
         assert_eq!(b["endpoints"][1]["nixl_port"], json!(5601));
         let c = create(&[

@@ -61,6 +61,11 @@ pub struct Env {
     /// `LLB_PD_PREFILL_TIMEOUT_SEC`: P/D prefill-leg timeout in seconds (504
     /// `pd_prefill_timeout` past it). Default 30, range 1–100000.
     pub pd_prefill_timeout_sec: u32,
+    /// `LLB_PD_DECODE_TIMEOUT_SEC` (loxi's; the spec names no decode timeout): longest a P/D
+    /// decode leg may take to send its first response byte once it can start (vLLM and
+    /// TensorRT-LLM: from when it is sent, after the prefill; SGLang: from the prefill's
+    /// answer), else 504 `pd_decode_timeout`. Default 60, range 1–100000.
+    pub pd_decode_timeout_sec: u32,
     /// `LLB_PD_MAX_INFLIGHT_PER_EP`: the per-endpoint admission gate's cap (LoxiLB: "per-EP
     /// in-flight prefill cap"); 0 = off (default), else 1–99999. With it set, a request whose
     /// chosen endpoint already has this many admitted parks in that endpoint's FIFO (see
@@ -225,6 +230,7 @@ impl Env {
                 as u32,
             kv_loadguard: r.nonzero("LLB_KV_LOADGUARD"),
             pd_prefill_timeout_sec: r.int("LLB_PD_PREFILL_TIMEOUT_SEC", 30, 1, 100_000) as u32,
+            pd_decode_timeout_sec: r.int("LLB_PD_DECODE_TIMEOUT_SEC", 60, 1, 100_000) as u32,
             pd_max_inflight_per_ep,
             pd_queue_depth_per_ep,
             pd_max_park_sec,
@@ -493,6 +499,7 @@ mod tests {
         assert!(!e.kv.hash_debug && !e.kv_loadguard);
         assert_eq!(e.kv.min_match_tokens, 16);
         assert_eq!(e.pd_prefill_timeout_sec, 30);
+        assert_eq!(e.pd_decode_timeout_sec, 60);
         assert_eq!(
             e.pd_max_inflight_per_ep + e.pd_queue_depth_per_ep + e.pd_max_park_sec,
             0
@@ -521,6 +528,7 @@ mod tests {
             ("LLB_KV_LOADGUARD", "2"),
             ("LLB_PD_MAX_INFLIGHT_PER_EP", "8"),
             ("LLB_PD_PREFILL_TIMEOUT_SEC", "180"),
+            ("LLB_PD_DECODE_TIMEOUT_SEC", "7"),
             ("LOXILB_AI_CTRL_ADDR", "10.0.0.1:18856"),
             ("LOXI_KV_PREDICT_TTL_MS", "250"),
             ("LOXI_MAX_BODY_BYTES", "1024"),
@@ -540,6 +548,7 @@ mod tests {
         assert_eq!(e.kv.min_match_tokens, 0);
         assert_eq!(e.pd_max_inflight_per_ep, 8);
         assert_eq!(e.effective_max_park_sec(), 180);
+        assert_eq!(e.pd_decode_timeout_sec, 7);
         assert_eq!(e.ai_ctrl_addr.as_deref(), Some("10.0.0.1:18856"));
         assert_eq!(e.kv.predicted_ttl, Duration::from_millis(250));
         assert_eq!(e.max_body_bytes, 1024);

@@ -6,13 +6,13 @@
 //! | `loxilb_ai_pd_requests_total` | counter | `service` (two-leg requests started) |
 //! | `loxilb_ai_pd_session_hits_total` | counter | `service` (tier 0 chose the prefill endpoint) |
 //! | `loxilb_ai_pd_prefill_duration_seconds` | histogram | `service` (prefill leg: sent → body read) |
-//! | `loxilb_ai_pd_decode_ttft_seconds` | histogram | `service` (client request → decode response head) |
+//! | `loxilb_ai_pd_decode_ttft_seconds` | histogram | `service` (client request → the decode's first body byte) |
 //! | `loxilb_ai_pd_tier_selected_total` | counter | `service`, `leg` (`prefill`, `decode`), `tier` ([`PdTier::as_str`]) |
-//! | `loxilb_ai_pd_kv_params_missing_total` | counter | `service` (prefill answered 2xx without `kv_transfer_params`) |
+//! | `loxilb_ai_pd_kv_params_missing_total` | counter | `service` (prefill answered 2xx without `kv_transfer_params`, or a TensorRT-LLM context without `disaggregated_params`) |
 //! | `loxilb_ai_pd_tier1_hits_total` | counter | `service` (tier 1, the prefix trie, chose the prefill endpoint) |
 //! | `loxilb_ai_pd_tier1_misses_total` | counter | `service` (tier 1 asked; no eligible prefill endpoint held `pd_cache_threshold` % of the prompt) |
 //! | `loxilb_ai_pd_tier1_bypass_total` | counter | `service` (tier 1 skipped: prefill loads differ by more than `pd_balance_abs_threshold`) |
-//! | `loxilb_ai_pd_failures_total` | counter | `service`, `reason` (`pd_pool_unavailable`, `pd_prefill_timeout`, `pd_decode_backend_died`, `pd_prefill_status`) |
+//! | `loxilb_ai_pd_failures_total` | counter | `service`, `reason` (`pd_pool_unavailable`, `pd_prefill_timeout`, `pd_prefill_failed`, `pd_prefill_status`, `pd_decode_backend_died`, `pd_decode_timeout`) |
 //!
 //! The three tier-1 counters count prefill decisions of rules with `pd_cache_aware_mode` that
 //! reached tier 1 (no usable pin; a connect-failure retry is one more decision); a hit is also
@@ -72,7 +72,7 @@ pub struct PdMetrics {
     pub session_hits: Family<PdServiceLabels, Counter>,
     /// Prefill leg duration.
     pub prefill_duration: Hist,
-    /// Time to the decode response head.
+    /// Time to the decode's first body byte.
     pub decode_ttft: Hist,
     /// Tier decisions by leg.
     pub tier_selected: Family<TierLabels, Counter>,
@@ -129,7 +129,7 @@ impl PdMetrics {
         );
         reg.register(
             "loxilb_ai_pd_decode_ttft_seconds",
-            "P/D time from the client's request to the decode leg's response head",
+            "P/D time from the client's request to the decode leg's first body byte",
             m.decode_ttft.clone(),
         );
         reg.register(

@@ -237,3 +237,61 @@ where
         self.inner.size_hint()
     }
 }
+
+/// An upstream body whose first frame was already read (the P/D decode leg waits for its first
+/// byte before answering the client): that frame, then the rest as it comes.
+pub struct PrimedBody<B> {
+    first: Option<Frame<Bytes>>,
+    inner: B,
+}
+
+impl<B> PrimedBody<B> {
+    /// `first` (when some), then `inner`.
+    pub fn new(first: Option<Frame<Bytes>>, inner: B) -> Self {
+        Self { first, inner }
+    }
+}
+
+impl<B> Body for PrimedBody<B>
+where
+    B: Body<Data = Bytes, Error = hyper::Error> + Unpin,
+{
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        if let Some(f) = self.first.take() {
+            return Poll::Ready(Some(Ok(f)));
+        }
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.first.is_none() && self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let mut h = self.inner.size_hint();
+        if let Some(n) = self
+            .first
+            .as_ref()
+            .and_then(Frame::data_ref)
+            .map(Bytes::len)
+        {
+            let n = n as u64;
+            let lower = h.lower() + n;
+            match h.upper() {
+                Some(u) if u + n == lower => h.set_exact(lower),
+                Some(u) => {
+                    h.set_upper(u + n);
+                    h.set_lower(lower);
+                }
+                None => h.set_lower(lower),
+            }
+        }
+        h
+    }
+}

@@ -114,14 +114,24 @@ pub enum ProxyError {
         /// What failed.
         message: String,
     },
-    /// The P/D decode endpoint took the request and sent nothing back (502).
-    #[error("the decode leg on endpoint {ep_idx} sent no response: {source}")]
+    /// The P/D decode endpoint took the request and closed or failed before its first body
+    /// byte (502).
+    #[error("the decode leg on endpoint {ep_idx} sent no response: {message}")]
     PdDecodeDied {
         /// The decode endpoint.
         ep_idx: usize,
-        /// hyper's error.
-        #[source]
-        source: hyper_util::client::legacy::Error,
+        /// What failed.
+        message: String,
+    },
+    /// The P/D decode leg sent no byte within `LLB_PD_DECODE_TIMEOUT_SEC` (504).
+    #[error(
+        "the decode leg on endpoint {ep_idx} sent nothing within {secs} s (LLB_PD_DECODE_TIMEOUT_SEC)"
+    )]
+    PdDecodeTimeout {
+        /// The decode endpoint.
+        ep_idx: usize,
+        /// The timeout in seconds.
+        secs: u64,
     },
     /// `GET /v1/models`: no endpoint of the listener's pools answered a model list (502).
     #[error("no endpoint answered /v1/models ({tried} asked; last failure: {last})")]
@@ -193,7 +203,9 @@ impl ProxyError {
             | Self::PdPrefillFailed { .. }
             | Self::PdDecodeDied { .. }
             | Self::ModelsUnavailable { .. } => StatusCode::BAD_GATEWAY,
-            Self::PdPrefillTimeout { .. } | Self::AdmissionTimeout { .. } => {
+            Self::PdPrefillTimeout { .. }
+            | Self::AdmissionTimeout { .. }
+            | Self::PdDecodeTimeout { .. } => {
                 StatusCode::GATEWAY_TIMEOUT
             }
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -223,6 +235,7 @@ impl ProxyError {
             Self::PdPrefillTimeout { .. } => "pd_prefill_timeout",
             Self::PdPrefillFailed { .. } => "pd_prefill_failed",
             Self::PdDecodeDied { .. } => "pd_decode_backend_died",
+            Self::PdDecodeTimeout { .. } => "pd_decode_timeout",
             Self::ModelsUnavailable { .. } => "models_unavailable",
         }
     }
@@ -243,6 +256,7 @@ impl ProxyError {
             | Self::PdPrefillTimeout { .. }
             | Self::PdPrefillFailed { .. }
             | Self::PdDecodeDied { .. }
+            | Self::PdDecodeTimeout { .. }
             | Self::ModelsUnavailable { .. } => Party::Upstream,
             Self::Internal(_)
             | Self::Overloaded { .. }
@@ -264,6 +278,7 @@ impl ProxyError {
                 | Self::AdmissionClosed { .. }
                 | Self::PdPoolUnavailable { .. }
                 | Self::PdPrefillTimeout { .. }
+                | Self::PdDecodeTimeout { .. }
                 | Self::ModelsUnavailable { .. }
         )
     }
@@ -360,6 +375,26 @@ mod tests {
         let r = ProxyError::PdPrefillTimeout { ep_idx: 0, secs: 2 }.into_response();
         assert_eq!(r.status(), StatusCode::GATEWAY_TIMEOUT);
         assert_eq!(body_json(r).await["error"]["type"], "pd_prefill_timeout");
+        let r = ProxyError::PdDecodeTimeout { ep_idx: 1, secs: 2 }.into_response();
+        assert_eq!(r.status(), StatusCode::GATEWAY_TIMEOUT);
+        let v = body_json(r).await;
+        assert_eq!(
+            (
+                v["error"]["type"].as_str(),
+                v["error"]["retryable"].as_bool()
+            ),
+            (Some("pd_decode_timeout"), Some(true))
+        );
+        let r = ProxyError::PdDecodeDied {
+            ep_idx: 1,
+            message: "closed".into(),
+        }
+        .into_response();
+        assert_eq!(r.status(), StatusCode::BAD_GATEWAY);
+        assert_eq!(
+            body_json(r).await["error"]["type"],
+            "pd_decode_backend_died"
+        );
     }
 
     #[tokio::test]

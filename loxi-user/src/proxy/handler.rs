@@ -316,11 +316,14 @@ fn request_host(parts: &Parts) -> Option<&str> {
         .or_else(|| parts.uri.authority().map(|a| a.as_str()))
 }
 
-pub(super) fn downstream_response(
-    resp: Response<Incoming>,
+pub(super) fn downstream_response<B>(
+    resp: Response<B>,
     ep: usize,
     tracked: Tracked,
-) -> Response<ProxyBody> {
+) -> Response<ProxyBody>
+where
+    B: http_body::Body<Data = bytes::Bytes, Error = hyper::Error> + Unpin + Send + Sync + 'static,
+{
     let (mut parts, body) = resp.into_parts();
     let mut tracked = tracked;
     if is_event_stream(&parts.headers) {

@@ -28,6 +28,8 @@ pub mod listener;
 pub mod metrics;
 pub mod models;
 pub mod pd;
+mod pd_dialects;
+mod pd_legs;
 pub mod pool;
 pub mod upstream;
 pub mod valve;
@@ -99,6 +101,9 @@ pub struct ProxyConfig {
     /// P/D prefill-leg timeout (`LLB_PD_PREFILL_TIMEOUT_SEC`, default 30 s): 504
     /// `pd_prefill_timeout` past it.
     pub pd_prefill_timeout: Duration,
+    /// P/D decode-leg first-byte timeout (`LLB_PD_DECODE_TIMEOUT_SEC`, default 60 s): 504
+    /// `pd_decode_timeout` past it.
+    pub pd_decode_timeout: Duration,
     /// Longest a request's body may take to arrive, from its head, waiting for the body
     /// budget included (`LOXI_BODY_TIMEOUT_MS`, default 60 s); past it 408.
     pub body_timeout: Duration,
@@ -125,6 +130,7 @@ impl Default for ProxyConfig {
             max_total_inflight: 0,
             admission: crate::routing::admission::AdmissionSettings::default(),
             pd_prefill_timeout: Duration::from_secs(30),
+            pd_decode_timeout: Duration::from_secs(60),
             parse: crate::request::ParseLimits::default(),
             body_timeout: Duration::from_secs(60),
             body_budget: budget::BodyBudget::default(),

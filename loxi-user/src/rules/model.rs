@@ -129,6 +129,13 @@ pub struct ServiceArgs {
     /// Tier-1 load-imbalance bypass, 0–255. Default 3.
     #[serde(default = "default_pd_balance_abs_threshold")]
     pub pd_balance_abs_threshold: i32,
+    /// SGLang's P/D bootstrap port on the prefill endpoints (`pdBootstrapPort`, LoxiLB's
+    /// camelCase), sent as `bootstrap_port` on both legs of a `kvEngineType: sglang` P/D rule.
+    /// 0 (the default when omitted) = SGLang's own default, 8998; validation stores 8998 for an
+    /// SGLang P/D rule so `GET` reports the port in use. Non-zero only with `pd_disagg_mode` and
+    /// `kvEngineType: sglang` (LoxiLB refuses it elsewhere too).
+    #[serde(rename = "pdBootstrapPort", default)]
+    pub pd_bootstrap_port: u16,
     /// Engine contract: `vllm` (default), `sglang`, `trtllm`, `llamacpp`. Immutable after creation.
     #[serde(rename = "kvEngineType", default = "default_kv_engine_type")]
     pub kv_engine_type: String,
@@ -322,6 +329,7 @@ pub const SERVICE_FIELDS: &[&str] = &[
     "pd_cache_aware_mode",
     "pd_cache_threshold",
     "pd_balance_abs_threshold",
+    "pdBootstrapPort",
     "kvEngineType",
     "kvExactMode",
     "kvBlockSize",

@@ -123,7 +123,6 @@ pub const SERVICE_FOREIGN: &[Foreign] = &[
         },
     },
     zero("path_prefix", "path routing (path_prefix)"),
-    zero("pdBootstrapPort", PD),
     zero("pd_prefill_timeout_sec", PD),
     zero("projectId", OCTAVIA),
     zero("vip_qos_policy_id", OCTAVIA),

@@ -327,9 +327,30 @@ impl Role {
 /// its 300-second runtime default").
 pub const DEFAULT_PD_SESSION_TTL: Duration = Duration::from_secs(300);
 
+/// SGLang's default P/D bootstrap port (`--disaggregation-bootstrap-port`), what
+/// `pdBootstrapPort: 0` means.
+pub const DEFAULT_SGLANG_BOOTSTRAP_PORT: u16 = 8998;
+
+/// How the two legs of a P/D request are spoken (from `kvEngineType`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    /// vLLM: prefill first, its `kv_transfer_params` into the decode leg.
+    Vllm,
+    /// SGLang: both legs at once, with `bootstrap_host` / `bootstrap_port` / `bootstrap_room`.
+    Sglang {
+        /// `bootstrap_port` of both legs (`pdBootstrapPort`, 0 → 8998).
+        bootstrap_port: u16,
+    },
+    /// TensorRT-LLM: a `context_only` leg, then a `generation_only` leg with the returned
+    /// `disaggregated_params`.
+    Trtllm,
+}
+
 /// The P/D ladder's contract of a rule with `pd_disagg_mode: true`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PdSpec {
+    /// The handoff dialect (`kvEngineType`; validation refuses llama.cpp).
+    pub dialect: Dialect,
     /// `ep_role` per endpoint, in rule order.
     pub roles: Vec<Role>,
     /// Tier-0 pin lifetime (`pd_session_ttl_sec`, 0 → [`DEFAULT_PD_SESSION_TTL`]).
@@ -422,6 +443,16 @@ fn pd_spec(rule: &LbRule) -> PdSpec {
     let s = &rule.service;
     let ttl = u64::try_from(s.pd_session_ttl_sec).unwrap_or(0);
     PdSpec {
+        dialect: match s.kv_engine_type.as_str() {
+            "sglang" => Dialect::Sglang {
+                bootstrap_port: match s.pd_bootstrap_port {
+                    0 => DEFAULT_SGLANG_BOOTSTRAP_PORT,
+                    p => p,
+                },
+            },
+            "trtllm" => Dialect::Trtllm,
+            _ => Dialect::Vllm,
+        },
         roles: rule.endpoints.iter().map(|e| Role::of(e.ep_role)).collect(),
         session_ttl: if ttl == 0 {
             DEFAULT_PD_SESSION_TTL

@@ -85,16 +85,22 @@ pub fn check(rule: &LbRule) -> Result<(), RuleError> {
     check_pd(rule)
 }
 
-/// Engine contracts loxi does not speak.
+/// Engine contracts loxi does not speak: TensorRT-LLM's KV-event routing (tier 1.5 over its
+/// block hash). TensorRT-LLM as a P/D handoff dialect (`disaggregated_params`) is implemented,
+/// and so is a plain pool of TensorRT-LLM endpoints (the engine name changes nothing there).
 fn check_engine(rule: &LbRule) -> Result<(), RuleError> {
     let s = &rule.service;
-    if s.kv_engine_type == "trtllm" {
+    if s.kv_engine_type == "trtllm" && s.kv_exact_mode != 0 {
         return Err(not_implemented(
-            "serviceArguments.kvEngineType",
-            "trtllm (TensorRT-LLM's KV contract); use vllm, sglang or llamacpp",
+            "serviceArguments.kvExactMode",
+            format!(
+                "{} with kvEngineType trtllm asks for KV-event routing over TensorRT-LLM's \
+                 block hash; use kvExactMode 0 (P/D with trtllm works without it)",
+                s.kv_exact_mode
+            ),
         ));
     }
-    if s.kv_hash_algo == "blockhash_trtllm" {
+    if s.kv_hash_algo == "blockhash_trtllm" && s.kv_exact_mode != 0 {
         return Err(not_implemented(
             "serviceArguments.kvHashAlgo",
             "blockhash_trtllm (TensorRT-LLM's block hash); use sha256_cbor, xxhash_cbor or sha256_sglang",
@@ -103,18 +109,15 @@ fn check_engine(rule: &LbRule) -> Result<(), RuleError> {
     Ok(())
 }
 
-/// The parts of prefill/decode disaggregation loxi does not implement yet: the SGLang /
-/// llama.cpp handoffs (the P/D ladder with tiers 0, 1, 1.5 and 2 and the vLLM
-/// `kv_transfer_params` handoff are implemented, see `crate::pd`).
+/// The parts of prefill/decode disaggregation loxi does not implement: a llama.cpp handoff
+/// (llama.cpp has no P/D dialect). The P/D ladder (tiers 0, 1, 1.5 and 2) and the vLLM, SGLang
+/// and TensorRT-LLM handoffs are implemented, see `crate::pd`.
 fn check_pd(rule: &LbRule) -> Result<(), RuleError> {
     let s = &rule.service;
-    if s.pd_disagg_mode && s.kv_engine_type != "vllm" {
+    if s.pd_disagg_mode && s.kv_engine_type == "llamacpp" {
         return Err(not_implemented(
             "serviceArguments.kvEngineType",
-            format!(
-                "{} with pd_disagg_mode: loxi speaks only vLLM's kv_transfer_params handoff; use vllm",
-                s.kv_engine_type
-            ),
+            "llamacpp with pd_disagg_mode: llama.cpp has no P/D handoff dialect; use vllm, sglang or trtllm",
         ));
     }
     Ok(())
@@ -152,15 +155,19 @@ mod tests {
             (json!({"security": 1}), "serviceArguments.security"),
             (json!({"security": 2}), "serviceArguments.security"),
             (
-                json!({"pd_disagg_mode": true, "kvEngineType": "sglang"}),
+                json!({"pd_disagg_mode": true, "kvEngineType": "llamacpp"}),
                 "serviceArguments.kvEngineType",
             ),
             (
-                json!({"kvEngineType": "trtllm"}),
-                "serviceArguments.kvEngineType",
+                json!({"kvEngineType": "trtllm", "kvExactMode": 3}),
+                "serviceArguments.kvExactMode",
             ),
             (
-                json!({"kvHashAlgo": "blockhash_trtllm"}),
+                json!({"pd_disagg_mode": true, "kvEngineType": "trtllm", "kvExactMode": 1}),
+                "serviceArguments.kvExactMode",
+            ),
+            (
+                json!({"kvHashAlgo": "blockhash_trtllm", "kvExactMode": 3}),
                 "serviceArguments.kvHashAlgo",
             ),
             (json!({"bgp": true}), "serviceArguments.bgp"),
@@ -203,6 +210,20 @@ mod tests {
         }))
         .expect("rule");
         check(&rule).expect("implemented");
+    }
+
+    #[test]
+    fn sglang_and_trtllm_p_d_pass() {
+        for engine in ["sglang", "trtllm"] {
+            let rule: LbRule = serde_json::from_value(json!({
+                "serviceArguments": {"externalIP": "10.0.0.1", "port": 80, "mode": 4,
+                    "pd_disagg_mode": true, "kvEngineType": engine,
+                    "kvHashAlgo": if engine == "trtllm" { "blockhash_trtllm" } else { "" }},
+                "endpoints": [{"endpointIP": "10.0.1.2", "targetPort": 8000, "ep_role": 1}]
+            }))
+            .expect("rule");
+            check(&rule).expect(engine);
+        }
     }
 
     #[test]

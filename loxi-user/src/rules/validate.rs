@@ -221,7 +221,7 @@ fn validate_service(s: &mut ServiceArgs) -> Result<(), RuleError> {
 }
 
 /// `sel` 8/9/10 and every AI field need `mode: 4`.
-fn check_fullproxy_only(s: &ServiceArgs) -> Result<(), RuleError> {
+fn check_fullproxy_only(s: &mut ServiceArgs) -> Result<(), RuleError> {
     if s.mode == loxi_common::mode::FULLPROXY {
         if s.kv_exact_mode != 0 && s.kv_engine_type == "llamacpp" {
             return Err(invalid(
@@ -273,7 +273,7 @@ fn check_fullproxy_only(s: &ServiceArgs) -> Result<(), RuleError> {
                 ));
             }
         }
-        return Ok(());
+        return bootstrap_port(s);
     }
     let need = |field: &str, set: bool| -> Result<(), RuleError> {
         if set {
@@ -284,6 +284,7 @@ fn check_fullproxy_only(s: &ServiceArgs) -> Result<(), RuleError> {
         }
         Ok(())
     };
+    need("pdBootstrapPort", s.pd_bootstrap_port != 0)?;
     need("sel", matches!(s.sel, 8..=10))?;
     need("kvExactMode", s.kv_exact_mode != 0)?;
     need("pd_disagg_mode", s.pd_disagg_mode)?;
@@ -293,6 +294,26 @@ fn check_fullproxy_only(s: &ServiceArgs) -> Result<(), RuleError> {
     need("sse_mode", s.sse_mode)?;
     need("backend_protocol", s.backend_protocol != "http1")?;
     need_defaults_outside_fullproxy(s, need)
+}
+
+/// `pdBootstrapPort` means something only to SGLang's P/D handoff: a non-zero port elsewhere
+/// is refused (as LoxiLB does), and an SGLang P/D rule stores SGLang's default 8998 for 0.
+fn bootstrap_port(s: &mut ServiceArgs) -> Result<(), RuleError> {
+    let sglang_pd = s.pd_disagg_mode && s.kv_engine_type == "sglang";
+    if s.pd_bootstrap_port != 0 && !sglang_pd {
+        return Err(invalid(
+            "serviceArguments.pdBootstrapPort",
+            format!(
+                "{} is SGLang's P/D bootstrap port; it needs pd_disagg_mode: true and \
+                 kvEngineType: sglang (leave it out or 0 otherwise)",
+                s.pd_bootstrap_port
+            ),
+        ));
+    }
+    if sglang_pd && s.pd_bootstrap_port == 0 {
+        s.pd_bootstrap_port = super::spec::DEFAULT_SGLANG_BOOTSTRAP_PORT;
+    }
+    Ok(())
 }
 
 /// AI knobs set away from their defaults on a non-fullproxy rule would be silently inert.
@@ -483,11 +504,51 @@ mod tests {
     fn hash_algo_is_derived_from_the_engine() {
         let r = validate(rule(json!({"kvEngineType": "sglang"}))).expect("valid");
         assert_eq!(r.service.kv_hash_algo, "sha256_sglang");
-        // TensorRT-LLM's contract is not implemented: refused rather than stored inert.
+        // TensorRT-LLM's KV-event contract is not implemented: refused rather than stored inert.
         assert_eq!(
-            field_of(rule(json!({"kvEngineType": "trtllm"}))),
-            "serviceArguments.kvEngineType"
+            field_of(rule(json!({"kvEngineType": "trtllm", "kvExactMode": 3}))),
+            "serviceArguments.kvExactMode"
         );
+    }
+
+    fn pd(extra: serde_json::Value) -> Result<LbRule, RuleError> {
+        let mut v = json!({
+            "serviceArguments": {"externalIP": "10.0.0.1", "port": 80, "mode": 4,
+                "pd_disagg_mode": true},
+            "endpoints": [{"endpointIP": "10.0.1.1", "targetPort": 8000, "ep_role": 1},
+                {"endpointIP": "10.0.1.2", "targetPort": 8000, "ep_role": 2}]
+        });
+        for (k, x) in extra.as_object().expect("object") {
+            v["serviceArguments"][k] = x.clone();
+        }
+        validate(serde_json::from_value(v).expect("rule parses"))
+    }
+
+    #[test]
+    fn the_bootstrap_port_belongs_to_sglang_p_d_and_defaults_to_8998() {
+        let r = pd(json!({"kvEngineType": "sglang"})).expect("valid");
+        assert_eq!(
+            r.service.pd_bootstrap_port, 8998,
+            "SGLang's default, stored"
+        );
+        let r = pd(json!({"kvEngineType": "sglang", "pdBootstrapPort": 9998})).expect("valid");
+        assert_eq!(r.service.pd_bootstrap_port, 9998);
+        assert_eq!(pd(json!({})).expect("vllm").service.pd_bootstrap_port, 0);
+        for bad in [
+            pd(json!({"pdBootstrapPort": 9998})),
+            pd(json!({"kvEngineType": "trtllm", "pdBootstrapPort": 9998})),
+            validate(rule(
+                json!({"kvEngineType": "sglang", "pdBootstrapPort": 9998}),
+            )),
+            validate(rule(json!({"mode": 2, "pdBootstrapPort": 9998}))),
+        ] {
+            match bad {
+                Err(RuleError::Invalid { field, message }) => {
+                    assert_eq!(field, "serviceArguments.pdBootstrapPort", "{message}");
+                }
+                other => panic!("expected a refusal: {other:?}"),
+            }
+        }
     }
 
     #[test]

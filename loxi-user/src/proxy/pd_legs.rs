@@ -1,0 +1,280 @@
+//! One leg of a P/D request on one endpoint, for every dialect: the prefill (context) leg, read
+//! whole within `LLB_PD_PREFILL_TIMEOUT_SEC`, and the decode (generation) leg, whose response
+//! is handed back once its first body byte arrived (the caller bounds that wait with
+//! `LLB_PD_DECODE_TIMEOUT_SEC`). `pd.rs` and `pd_dialects.rs` order the legs.
+
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{HeaderValue, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full, Limited};
+use prometheus_client::metrics::gauge::Gauge;
+use serde_json::{Map, Value};
+
+use super::body::{PrimedBody, ProxyBody, Tracked};
+use super::error::{ProxyError, full};
+use super::handler::{ENDPOINT_HEADER, Handler, downstream_response};
+use super::pool::Pool;
+use super::upstream::{Attempt, strip_hop_by_hop, upstream_request};
+use crate::health::breaker::Outcome;
+use crate::pd::metrics::svc;
+use crate::request::RequestMeta;
+use crate::telemetry::span as trace_span;
+
+/// Header carrying the request id on both legs.
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
+
+/// What every leg of one client request shares.
+pub(super) struct Legs<'a> {
+    /// The pool of the request's rule.
+    pub pool: &'a Pool,
+    /// The client's request head.
+    pub parts: &'a Parts,
+    /// The request's metadata.
+    pub meta: &'a RequestMeta,
+    /// The client's JSON body, parsed whole.
+    pub obj: &'a Map<String, Value>,
+    /// The request id both legs carry.
+    pub rid: HeaderValue,
+    /// When the client's request arrived.
+    pub start: Instant,
+}
+
+impl Legs<'_> {
+    /// `body` as JSON bytes.
+    pub fn encode(body: Map<String, Value>) -> Result<Bytes, ProxyError> {
+        serde_json::to_vec(&Value::Object(body))
+            .map(Bytes::from)
+            .map_err(|e| ProxyError::Internal(e.to_string()))
+    }
+}
+
+/// The per-endpoint active gauge, decremented when dropped (the prefill leg's accounting).
+struct ActiveGuard(Gauge);
+
+impl ActiveGuard {
+    fn new(g: Gauge) -> Self {
+        g.inc();
+        Self(g)
+    }
+}
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// What the prefill leg ended with.
+pub(super) enum Prefill {
+    /// 2xx: the whole response body.
+    Done(Bytes),
+    /// Non-2xx: relayed to the client as it is.
+    Refused(Response<ProxyBody>),
+    /// The connection could not be made: try another prefill endpoint.
+    ConnectFailed,
+}
+
+impl Handler {
+    /// The prefill leg on `ep`, bounded by the prefill timeout.
+    pub(super) async fn prefill_leg(
+        &self,
+        legs: &Legs<'_>,
+        body: Bytes,
+        ep: usize,
+    ) -> Result<Prefill, ProxyError> {
+        let pool = legs.pool;
+        let service = pool.rule.id;
+        let pm = pool.metrics(&self.ctx.metrics);
+        // The prefill endpoint's admission slot, held for the leg (proxy/admission.rs).
+        let _slot = self.admit(pool, ep).await?;
+        let _load = pool.loads[ep].begin();
+        let _active = ActiveGuard::new(pm.eps[ep].active.clone());
+        let req = leg_request(legs, &pool.authorities[ep], body)?;
+        let timeout = self.ctx.config.pd_prefill_timeout;
+        let limit = self.ctx.config.max_body_bytes;
+        let t0 = Instant::now();
+        let leg = async {
+            match self.upstreams.send(req, pool.http2).await {
+                Attempt::Response(resp) => {
+                    let (head, body) = resp.into_parts();
+                    match Limited::new(body, limit).collect().await {
+                        Ok(c) => Ok(Ok((head, c.to_bytes()))),
+                        Err(e) => Ok(Err(e.to_string())),
+                    }
+                }
+                Attempt::ConnectFailed(e) => {
+                    tracing::warn!(service, ep, error = %e, "prefill connect failed; trying another prefill endpoint");
+                    Err(None)
+                }
+                Attempt::Failed(source) => Err(Some(source)),
+            }
+        };
+        let outcome = match tokio::time::timeout(timeout, leg).await {
+            Ok(o) => o,
+            Err(_) => {
+                self.ctx.metrics.pd.failure(service, "pd_prefill_timeout");
+                return Err(ProxyError::PdPrefillTimeout {
+                    ep_idx: ep,
+                    secs: timeout.as_secs(),
+                });
+            }
+        };
+        let failed = |message: String| {
+            self.observe(pool, ep, Outcome::StreamFailed);
+            self.ctx.metrics.pd.failure(service, "pd_prefill_failed");
+            Err(ProxyError::PdPrefillFailed {
+                ep_idx: ep,
+                message,
+            })
+        };
+        match outcome {
+            Err(None) => {
+                pm.eps[ep].connect_failures.inc();
+                self.observe(pool, ep, Outcome::ConnectFailed);
+                Ok(Prefill::ConnectFailed)
+            }
+            Err(Some(source)) => failed(source.to_string()),
+            Ok(Err(message)) => {
+                pm.stream_errors(ep).inc();
+                failed(message)
+            }
+            Ok(Ok((head, bytes))) => {
+                let status = head.status;
+                self.observe(pool, ep, Outcome::Status(status.as_u16()));
+                self.ctx
+                    .metrics
+                    .pd
+                    .prefill_duration
+                    .get_or_create(&svc(service))
+                    .observe(t0.elapsed().as_secs_f64());
+                if !status.is_success() {
+                    pm.class_counter(ep, status).inc();
+                    tracing::warn!(service, ep, %status, "prefill leg refused; relaying its answer");
+                    return Ok(Prefill::Refused(relayed(head, bytes, ep)));
+                }
+                Ok(Prefill::Done(bytes))
+            }
+        }
+    }
+
+    /// The decode leg on `ep`: `Ok` with the response once its first body byte arrived (a
+    /// non-2xx answer at once), `Err(None)` on a connect failure (try another decode
+    /// endpoint), `Err(Some(_))` when the request was sent and the decode failed or closed
+    /// before its first byte (502 `pd_decode_backend_died`). Unbounded: the caller applies
+    /// the decode timeout.
+    pub(super) async fn decode_leg(
+        &self,
+        legs: &Legs<'_>,
+        body: Bytes,
+        ep: usize,
+    ) -> Result<Response<ProxyBody>, Option<ProxyError>> {
+        let pool = legs.pool;
+        let service = pool.rule.id;
+        let pm = pool.metrics(&self.ctx.metrics);
+        let tracked = Tracked::new(
+            pool.loads[ep].begin(),
+            pm.eps[ep].active.clone(),
+            pm.duration.clone(),
+            legs.start,
+        );
+        let req = leg_request(legs, &pool.authorities[ep], body).map_err(Some)?;
+        let died = |message: String| {
+            pm.class_counter(ep, StatusCode::BAD_GATEWAY).inc();
+            self.observe(pool, ep, Outcome::StreamFailed);
+            self.ctx
+                .metrics
+                .pd
+                .failure(service, "pd_decode_backend_died");
+            Err(Some(ProxyError::PdDecodeDied {
+                ep_idx: ep,
+                message,
+            }))
+        };
+        let resp = match self.upstreams.send(req, pool.http2).await {
+            Attempt::Response(resp) => resp,
+            Attempt::ConnectFailed(e) => {
+                tracing::warn!(service, ep, error = %e, "decode connect failed; trying another decode endpoint");
+                pm.eps[ep].connect_failures.inc();
+                self.observe(pool, ep, Outcome::ConnectFailed);
+                return Err(None);
+            }
+            Attempt::Failed(source) => return died(source.to_string()),
+        };
+        let (head, mut body) = resp.into_parts();
+        let first = if head.status.is_success() {
+            match body.frame().await {
+                Some(Ok(f)) => Some(f),
+                Some(Err(e)) => return died(e.to_string()),
+                None => return died(format!("answered {} with an empty body", head.status)),
+            }
+        } else {
+            None
+        };
+        self.ctx
+            .metrics
+            .pd
+            .decode_ttft
+            .get_or_create(&svc(service))
+            .observe(legs.start.elapsed().as_secs_f64());
+        let end = self.end_accounting(pool, ep, head.status);
+        let resp = Response::from_parts(head, PrimedBody::new(first, body));
+        Ok(downstream_response(resp, ep, tracked.with_end(end)))
+    }
+
+    /// The decode leg within `LLB_PD_DECODE_TIMEOUT_SEC` (504 `pd_decode_timeout` past it).
+    pub(super) async fn decode_within(
+        &self,
+        legs: &Legs<'_>,
+        ep: usize,
+        leg: impl Future<Output = Result<Response<ProxyBody>, Option<ProxyError>>>,
+    ) -> Result<Response<ProxyBody>, Option<ProxyError>> {
+        let timeout = self.ctx.config.pd_decode_timeout;
+        match tokio::time::timeout(timeout, leg).await {
+            Ok(r) => r,
+            Err(_) => {
+                let service = legs.pool.rule.id;
+                tracing::warn!(
+                    service,
+                    ep,
+                    "decode leg sent nothing within the decode timeout"
+                );
+                self.ctx.metrics.pd.failure(service, "pd_decode_timeout");
+                Err(Some(ProxyError::PdDecodeTimeout {
+                    ep_idx: ep,
+                    secs: timeout.as_secs(),
+                }))
+            }
+        }
+    }
+}
+
+/// A leg's upstream request: the client's head (hop-by-hop headers stripped, the length left
+/// to the new body), `X-Forwarded-For`, the request id, and the trace context.
+fn leg_request(
+    legs: &Legs<'_>,
+    authority: &str,
+    body: Bytes,
+) -> Result<Request<Full<Bytes>>, ProxyError> {
+    let mut req = upstream_request(legs.parts, authority, body)?;
+    let h = req.headers_mut();
+    h.remove(header::CONTENT_LENGTH);
+    h.remove(header::ACCEPT_ENCODING);
+    h.insert(REQUEST_ID_HEADER, legs.rid.clone());
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    super::forwarded::append(h, legs.meta.client);
+    trace_span::inject(&tracing::Span::current(), h);
+    Ok(req)
+}
+
+/// A refused prefill answer as the client's response (status, headers and body as they came).
+fn relayed(mut head: http::response::Parts, bytes: Bytes, ep: usize) -> Response<ProxyBody> {
+    strip_hop_by_hop(&mut head.headers);
+    head.headers.remove(header::CONTENT_LENGTH);
+    head.headers.insert(ENDPOINT_HEADER, HeaderValue::from(ep));
+    Response::from_parts(head, full(bytes))
+}
