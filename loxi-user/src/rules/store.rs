@@ -22,8 +22,9 @@ use super::validate;
 
 /// A stored rule with its stable service id (the `service` metric label and the `service_id`
 /// of the KV inventory API). Ids are assigned on creation, never reused while the daemon runs,
-/// and persisted with the rule.
-#[derive(Debug, Clone, PartialEq)]
+/// and persisted with the rule. Equality ignores [`StoredRule::updated`]: two stores of the same
+/// rule are the same rule (the proxy reuses a pool whose rule compares equal).
+#[derive(Debug, Clone)]
 pub struct StoredRule {
     /// Stable service id, ≥ 1.
     pub id: u32,
@@ -36,6 +37,12 @@ pub struct StoredRule {
     /// was restored). In memory only, like LoxiLB's `lastUpdated` (reset to now on restart);
     /// reported by `GET .../protocol/{proto}/status`.
     pub updated: std::time::SystemTime,
+}
+
+impl PartialEq for StoredRule {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id && self.rule == other.rule && self.spec == other.spec
+    }
 }
 
 impl StoredRule {
