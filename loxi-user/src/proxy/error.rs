@@ -205,9 +205,7 @@ impl ProxyError {
             | Self::ModelsUnavailable { .. } => StatusCode::BAD_GATEWAY,
             Self::PdPrefillTimeout { .. }
             | Self::AdmissionTimeout { .. }
-            | Self::PdDecodeTimeout { .. } => {
-                StatusCode::GATEWAY_TIMEOUT
-            }
+            | Self::PdDecodeTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::Overloaded { .. } | Self::EndpointOverloaded { .. } => {
                 StatusCode::TOO_MANY_REQUESTS

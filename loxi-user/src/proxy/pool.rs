@@ -426,7 +426,7 @@ mod tests {
             t2.pools[0].gates[1].enter(1, 1).err(),
             Some(Refusal::Closed(CloseReason::Shutdown))
         );
-}
+    }
 
     /// A tier-1 P/D rule over `(targetPort, ep_role)` endpoints.
     fn pd_rule(eps: &[(u16, u8)]) -> Arc<StoredRule> {
