@@ -2,8 +2,9 @@
 # Routing-quality benchmark (issue 4): the same seeded workload through round-robin, CHWBL and
 # loxi's KV-aware routing (and, with --peers, vllm-router 0.1.17 / sglang-router 0.3.2 from PyPI)
 # over N vllm-sim workers; writes summary.json, results.md, report.json and chart.png.
-# `--policies rr,kv,pd,pd-kv` adds prefill/decode disaggregation: the same workers, half of them
-# prefill and half decode (the fleet runs vllm-sim --kv-role both; pd-kv adds kvExactMode 1).
+# `--policies rr,kv,pd,pd-kv,pd-trie` adds prefill/decode disaggregation: the same workers, half of them
+# prefill and half decode (the fleet runs vllm-sim --kv-role both; pd-kv adds kvExactMode 1,
+# pd-trie adds pd_cache_aware_mode: tier 1, the prefix trie).
 #
 #   scripts/bench-routing.sh [--out DIR] [--peers] [--workload a|b|c[,..]] [--cpu-hog N]
 #                            [bench-routing flags]
@@ -28,7 +29,7 @@ while [ $# -gt 0 ]; do
     --out=*) OUT=${1#--out=}; shift ;;
     --cpu-hog) HOG=$2; shift 2 ;;
     --cpu-hog=*) HOG=${1#--cpu-hog=}; shift ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) ARGS+=("$1"); shift ;;
   esac
 done

@@ -39,6 +39,9 @@ pub enum RuleKind {
     /// (`ep_role` 2); each request is a prefill leg and a decode leg. `true`: with
     /// `--kv-exact-mode=1` (tier 1.5 over the prefill workers).
     Pd(bool),
+    /// [`RuleKind::Pd`] with `--pd-cache-aware`: tier 1, the prefix trie over the prefill
+    /// workers (no KV events).
+    PdTrie,
 }
 
 /// A running `loxilb` with one rule.
@@ -105,6 +108,7 @@ fn log_name(kind: &RuleKind) -> String {
         RuleKind::Kv(Some(law)) => format!("loxilb-kv-{law}"),
         RuleKind::Pd(false) => "loxilb-pd".into(),
         RuleKind::Pd(true) => "loxilb-pd-kv".into(),
+        RuleKind::PdTrie => "loxilb-pd-trie".into(),
     }
 }
 
@@ -150,17 +154,12 @@ pub fn rule_args(spec: &GatewaySpec, kind: &RuleKind, fleet: &Fleet, vip_port: u
             format!("--kv-hash-algo={}", spec.hash_algo),
             format!("--kv-block-size={}", spec.block_size),
         ]),
+        RuleKind::PdTrie => {
+            args.extend(pd_args(fleet));
+            args.push("--pd-cache-aware".into());
+        }
         RuleKind::Pd(kv) => {
-            let n = fleet.hosts.len();
-            let prefill = n.div_ceil(2).min(n.saturating_sub(1)).max(1);
-            let roles: Vec<&str> = (0..n)
-                .map(|i| if i < prefill { "prefill" } else { "decode" })
-                .collect();
-            args.extend([
-                "--select=rr".into(),
-                "--pd-disagg".into(),
-                format!("--ep-role={}", roles.join(",")),
-            ]);
+            args.extend(pd_args(fleet));
             if *kv {
                 args.extend([
                     "--kv-exact-mode=1".into(),
@@ -172,6 +171,20 @@ pub fn rule_args(spec: &GatewaySpec, kind: &RuleKind, fleet: &Fleet, vip_port: u
         }
     }
     args
+}
+
+/// The P/D part of a rule: the first half of the workers prefill, the rest decode.
+fn pd_args(fleet: &Fleet) -> Vec<String> {
+    let n = fleet.hosts.len();
+    let prefill = n.div_ceil(2).min(n.saturating_sub(1)).max(1);
+    let roles: Vec<&str> = (0..n)
+        .map(|i| if i < prefill { "prefill" } else { "decode" })
+        .collect();
+    vec![
+        "--select=rr".into(),
+        "--pd-disagg".into(),
+        format!("--ep-role={}", roles.join(",")),
+    ]
 }
 
 async fn create_rule(

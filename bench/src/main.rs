@@ -34,7 +34,8 @@ struct Args {
     #[arg(long, default_value = "a", value_delimiter = ',')]
     workload: Vec<String>,
     /// Policies in order (comma list): direct, rr, chwbl, kv, kv-<law>, pd (half the workers
-    /// prefill, half decode), pd-kv (pd with tier 1.5 over the prefill workers).
+    /// prefill, half decode), pd-kv (pd with tier 1.5 over the prefill workers), pd-trie (pd
+    /// with tier 1, the prefix trie).
     #[arg(long, default_value = "direct,rr,chwbl,kv", value_delimiter = ',')]
     policies: Vec<String>,
     /// Also run kv with each of these blend laws (LOXILB_KV_LB_MODE), as kv-<law>.

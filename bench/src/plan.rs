@@ -21,7 +21,7 @@ pub struct Plan {
     pub fleet: FleetSpec,
     /// The gateway under test.
     pub gateway: GatewaySpec,
-    /// Policies in order: `direct`, `rr`, `chwbl`, `kv`, `kv-<law>`, `pd`, `pd-kv`, or a name of [`peers::PEERS`].
+    /// Policies in order: `direct`, `rr`, `chwbl`, `kv`, `kv-<law>`, `pd`, `pd-kv`, `pd-trie`, or a name of [`peers::PEERS`].
     pub policies: Vec<String>,
     /// Virtualenv for the peers (installed on first use).
     pub venv: PathBuf,
@@ -146,6 +146,7 @@ async fn start_router(
         "kv" => RuleKind::Kv(None),
         "pd" => RuleKind::Pd(false),
         "pd-kv" => RuleKind::Pd(true),
+        "pd-trie" => RuleKind::PdTrie,
         p if p.starts_with("kv-") => RuleKind::Kv(Some(p["kv-".len()..].to_string())),
         p if peers::PEERS.contains(&p) => {
             let bin = peers::ensure_venv(&plan.venv).await?;
