@@ -1,6 +1,6 @@
 //! Test support for loxi's integration tests: the daemon harness ([`harness`]), real test
 //! backends ([`backend`]), real pyzmq KV-event publishers ([`kv_pub`]), the KV tests' shared
-//! steps ([`kv`]), `vllm-sim` engine processes ([`sim`]), LoxiLB client fixtures replayed over raw sockets ([`loxilb_clients`]) and
+//! steps ([`kv`]), `vllm-sim` engine processes ([`sim`]), LoxiLB client fixtures replayed over raw sockets ([`loxilb_clients`]), the real-vLLM tests' helpers ([`real_engine`]) and
 //! test certificates ([`tls`]). The `vllm-sim` and
 //! `loxi-bench` crates use it for their own tests too.
 
@@ -9,6 +9,7 @@ pub mod harness;
 pub mod kv;
 pub mod kv_pub;
 pub mod loxilb_clients;
+pub mod real_engine;
 pub mod sim;
 pub mod tls;
 

@@ -21,7 +21,7 @@
 //! `usage.prompt_tokens_details.cached_tokens` (asked for with `--enable-prompt-tokens-details`).
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -30,11 +30,10 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use loxi_tests::harness::{Daemon, DaemonOpts, free_port};
+use loxi_tests::real_engine::{Starter, enabled, log_tail, sample, server_log};
 use loxi_tests::shared_dir;
 use serde_json::{Value, json};
 
-/// The env switch.
-const SWITCH: &str = "LOXI_REAL_VLLM";
 /// KV-event PUB port every engine uses inside its namespace (`kvZmqPort`).
 const KV_PORT: u16 = 5557;
 /// How long both engines together may take to become ready (2 busy cores).
@@ -43,17 +42,6 @@ const ENGINE_READY: Duration = Duration::from_secs(900);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(180);
 /// How long loxi may take to see the engine's events / connect its subscribers.
 const EVENTS_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// `<workspace>/../shared`, or `LOXI_SHARED`.
-/// The vLLM venv the shared script uses.
-fn venv_dir() -> PathBuf {
-    std::env::var_os("VLLM_CPU_VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into()))
-                .join(".cache/real-vllm-cpu/venv")
-        })
-}
 
 /// Runs `ip ARGS`; panics with stderr when it fails (`quiet` = ignore failure, for cleanup).
 fn ip(args: &[&str], quiet: bool) {
@@ -80,8 +68,8 @@ struct EngineNs {
     addr: String,
     /// vLLM's HTTP port (also names the script's pid and log files, so it is chosen free).
     http_port: u16,
-    /// The `real-vllm-cpu.sh` start script while it waits for readiness.
-    starter: Option<Child>,
+    /// The `real-vllm-cpu.sh` start script (once started).
+    starter: Option<Starter>,
     starter_log: PathBuf,
 }
 
@@ -131,9 +119,8 @@ impl EngineNs {
     /// `sha256_cbor`, `PYTHONHASHSEED=0`, KV events on; HTTP on all of the namespace's addresses).
     fn start(&mut self) {
         let shared = shared_dir();
-        let log = std::fs::File::create(&self.starter_log).expect("starter log");
-        let child = Command::new("ip")
-            .args(["netns", "exec", &self.ns, "bash"])
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &self.ns, "bash"])
             .arg(shared.join("scripts/real-vllm-cpu.sh"))
             .arg(self.http_port.to_string())
             .arg(KV_PORT.to_string())
@@ -145,41 +132,26 @@ impl EngineNs {
             .env(
                 "EXTRA_ARGS",
                 "--host 0.0.0.0 --enable-prompt-tokens-details",
-            )
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("clone log"))
-            .stderr(log)
-            .spawn()
-            .expect("spawn real-vllm-cpu.sh");
-        self.starter = Some(child);
+            );
+        self.starter = Some(Starter::spawn(cmd, &self.starter_log));
     }
 
     /// `Some(Ok)` once the start script reported readiness, `Some(Err(why))` if it failed.
     fn poll_ready(&mut self) -> Option<Result<(), String>> {
-        let status = self.starter.as_mut()?.try_wait().expect("try_wait")?;
-        self.starter = None;
-        if status.success() {
-            Some(Ok(()))
-        } else {
-            Some(Err(self.logs()))
+        match self.starter.as_mut()?.poll()? {
+            Ok(()) => Some(Ok(())),
+            Err(_) => Some(Err(self.logs())),
         }
-    }
-
-    fn server_log(&self) -> PathBuf {
-        venv_dir().join(format!("../server-{}.log", self.http_port))
     }
 
     /// The start script's output and the tail of vLLM's log.
     fn logs(&self) -> String {
         let starter = std::fs::read_to_string(&self.starter_log).unwrap_or_default();
-        let server = std::fs::read_to_string(self.server_log()).unwrap_or_default();
-        let tail: Vec<&str> = server.lines().rev().take(30).collect();
-        let tail: Vec<&str> = tail.into_iter().rev().collect();
         format!(
             "[{}] starter:\n{starter}\n[{}] vLLM log tail:\n{}",
             self.ns,
             self.ns,
-            tail.join("\n")
+            log_tail(self.http_port, 30)
         )
     }
 
@@ -199,9 +171,8 @@ impl EngineNs {
 
     /// Stops the engine (script `--stop`, then TERM/KILL by pid for the rest of its tree).
     fn stop(&mut self) {
-        if let Some(mut c) = self.starter.take() {
-            let _ = c.kill();
-            let _ = c.wait();
+        if let Some(mut s) = self.starter.take() {
+            s.kill();
         }
         let _ = Command::new("bash")
             .arg(shared_dir().join("scripts/real-vllm-cpu.sh"))
@@ -237,7 +208,7 @@ impl Drop for EngineNs {
         }
         self.stop();
         if !failed {
-            let _ = std::fs::remove_file(self.server_log());
+            let _ = std::fs::remove_file(server_log(self.http_port));
         }
         ip(&["link", "del", &self.veth_host], true);
         ip(&["netns", "del", &self.ns], true);
@@ -298,20 +269,6 @@ async fn get_json(d: &Daemon, path: &str) -> Value {
     serde_json::from_str(&text).expect("JSON")
 }
 
-/// The value of the sample `name{...}` whose labels include every `labels` pair (0 if absent).
-fn sample(metrics: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
-    metrics
-        .lines()
-        .filter(|l| l.starts_with(&format!("{name}{{")))
-        .filter(|l| {
-            labels
-                .iter()
-                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .fold(0.0, |a, b| a + b)
-}
-
 /// The rule's service id: the one id the inventory view knows.
 async fn service_id(d: &Daemon) -> u32 {
     for id in 1..=16 {
@@ -341,10 +298,10 @@ async fn wait_inventory(d: &Daemon, path: &str, what: &str, ok: impl Fn(&Value) 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn warm_request_lands_on_the_real_vllm_engine_holding_its_prefix_and_parity_is_ok() {
-    if std::env::var(SWITCH).as_deref() != Ok("1") {
-        eprintln!(
-            "real_vllm skipped: set {SWITCH}=1 to run two real vLLM CPU engines (needs root and the venv of ../shared/scripts/real-vllm-cpu.sh)"
-        );
+    if !enabled(
+        "real_vllm",
+        "two real vLLM CPU engines (needs root and the venv of ../shared/scripts/real-vllm-cpu.sh)",
+    ) {
         return;
     }
     let tmp = tempfile::tempdir().expect("tmp");
