@@ -130,12 +130,7 @@ pub fn l4_stats<'a>(
 type OnAddress = (String, u16, String, Vec<std::sync::Arc<StoredRule>>);
 
 /// The rules on `(ip, port, proto)` (`ip` normalised, IPv6 brackets stripped).
-fn rules_on(
-    st: &ApiState,
-    ip: &str,
-    port: &str,
-    proto: &str,
-) -> Result<OnAddress, ApiError> {
+fn rules_on(st: &ApiState, ip: &str, port: &str, proto: &str) -> Result<OnAddress, ApiError> {
     let port: u16 = port.parse().ok().filter(|p| *p != 0).ok_or_else(|| {
         ApiError::bad_field("port", format!("{port:?} is not a port (1..=65535)"))
     })?;
