@@ -75,6 +75,14 @@ impl Outcome {
         self.end_ns.map(|t| ms(t, self.send_ns))
     }
 
+    /// Mean inter-token latency, real ms: the time from the first to the last output token over
+    /// the gaps between them (`output_tokens - 1`); `None` below two output tokens.
+    pub fn itl_ms(&self) -> Option<f64> {
+        let (first, end) = (self.first_token_ns?, self.end_ns?);
+        let gaps = self.output_tokens.checked_sub(1).filter(|g| *g > 0)?;
+        Some(ms(end, first) / gaps as f64)
+    }
+
     /// The engine's simulated TTFT in ms, when the engine reported it.
     pub fn engine_ttft_ms(&self) -> Option<f64> {
         self.sim_ttft_s.map(|s| s * 1000.0)
@@ -309,6 +317,23 @@ mod tests {
         );
         assert!(sse.buf.is_empty());
         assert_eq!(out.engine_ttft_ms(), Some(42.5));
+    }
+
+    #[test]
+    fn itl_is_first_to_last_token_over_the_gaps() {
+        let o = Outcome {
+            send_ns: 0,
+            first_token_ns: Some(2_000_000),
+            end_ns: Some(6_000_000),
+            output_tokens: 5,
+            ..Outcome::default()
+        };
+        assert_eq!(o.itl_ms(), Some(1.0), "4 ms over 4 gaps");
+        let one = Outcome {
+            output_tokens: 1,
+            ..o.clone()
+        };
+        assert_eq!(one.itl_ms(), None, "a single token has no gap");
     }
 
     #[test]

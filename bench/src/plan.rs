@@ -405,6 +405,11 @@ pub fn summarize(
         .filter_map(|o| o.e2e_ms())
         .map(|t| t / scale)
         .collect();
+    let itl: Vec<f64> = ok
+        .iter()
+        .filter_map(|o| o.itl_ms())
+        .map(|t| t / scale)
+        .collect();
     let engine_ttft: Vec<f64> = ok.iter().filter_map(|o| o.engine_ttft_ms()).collect();
     let added: Vec<f64> = ok.iter().filter_map(|o| o.added_ms()).collect();
     let out_tokens: u64 = ok.iter().map(|o| o.output_tokens).sum();
@@ -438,6 +443,7 @@ pub fn summarize(
         client_ttft_ms: (!client_ttft.is_empty()).then(|| stats::Quantiles::of(&client_ttft)),
         engine_ttft_ms: (!engine_ttft.is_empty()).then(|| stats::Quantiles::of(&engine_ttft)),
         e2e_ms: (!e2e.is_empty()).then(|| stats::Quantiles::of(&e2e)),
+        itl_ms: (!itl.is_empty()).then(|| stats::Quantiles::of(&itl)),
         output_tokens_per_s: (sim_secs > 0.0).then(|| out_tokens as f64 / sim_secs),
         max_over_mean: stats::max_over_mean(&per_worker),
         requests_per_worker: per_worker,

@@ -37,6 +37,9 @@ pub struct PolicyResult {
     pub engine_ttft_ms: Option<Quantiles>,
     /// End-to-end latency (client side), simulated ms.
     pub e2e_ms: Option<Quantiles>,
+    /// Mean inter-token latency per request (client side: first to last token over the gaps
+    /// between tokens), simulated ms.
+    pub itl_ms: Option<Quantiles>,
     /// Output tokens per simulated second over the run.
     pub output_tokens_per_s: Option<f64>,
     /// Requests served by each worker (Δ of its request counter).
@@ -103,13 +106,13 @@ fn pct(v: Option<f64>) -> String {
 /// The Markdown table for one workload: one row per policy plus the oracle row.
 pub fn markdown(workload: &str, results: &[PolicyResult], oracle: Option<f64>) -> String {
     let mut s = format!("### Workload `{workload}`\n\n");
-    s.push_str("| policy | prefix hit | TTFT p50 | TTFT p90 | TTFT p99 | engine TTFT p50 | engine TTFT p99 | client TTFT p99 | E2E p50 | E2E p99 | out tok/s | req/worker | max/mean | added p50 | added p99 | ok |\n");
-    s.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|\n");
+    s.push_str("| policy | prefix hit | TTFT p50 | TTFT p90 | TTFT p99 | engine TTFT p50 | engine TTFT p99 | client TTFT p99 | E2E p50 | E2E p99 | ITL p50 | ITL p99 | out tok/s | req/worker | max/mean | added p50 | added p99 | ok |\n");
+    s.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|\n");
     for r in results {
         if let Some(e) = &r.error {
             let _ = writeln!(
                 s,
-                "| {} | failed: {} | | | | | | | | | | | | | | |",
+                "| {} | failed: {} | | | | | | | | | | | | | | | | |",
                 r.policy,
                 e.replace('|', "/").replace('\n', " ")
             );
@@ -118,7 +121,7 @@ pub fn markdown(workload: &str, results: &[PolicyResult], oracle: Option<f64>) -
         let (t, e2e, add) = (r.ttft_ms, r.e2e_ms, r.gateway_added_ms);
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:?} | {} | {} | {} | {}/{} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:?} | {} | {} | {} | {}/{} |",
             r.policy,
             pct(r.prefix_hit_rate),
             num(t.map(|q| q.p50), 1),
@@ -129,6 +132,8 @@ pub fn markdown(workload: &str, results: &[PolicyResult], oracle: Option<f64>) -
             num(r.client_ttft_ms.map(|q| q.p99), 1),
             num(e2e.map(|q| q.p50), 1),
             num(e2e.map(|q| q.p99), 1),
+            num(r.itl_ms.map(|q| q.p50), 2),
+            num(r.itl_ms.map(|q| q.p99), 2),
             num(r.output_tokens_per_s, 0),
             r.requests_per_worker,
             num(r.max_over_mean, 2),
@@ -141,11 +146,11 @@ pub fn markdown(workload: &str, results: &[PolicyResult], oracle: Option<f64>) -
     if let Some(o) = oracle {
         let _ = writeln!(
             s,
-            "| oracle (bound) | {} | | | | | | | | | | | | | | |",
+            "| oracle (bound) | {} | | | | | | | | | | | | | | | | |",
             pct(Some(o))
         );
     }
-    s.push_str("\nTTFT: per request, the engine's simulated TTFT (queueing + prefill) plus the real ms the path added outside the engine, i.e. what a client of real-speed engines would see (time scaling does not magnify the gateway's real cost). engine TTFT: the workers' simulated TTFT alone, ms. client TTFT and E2E: measured by the client, real ms ÷ time scale (so the client's and gateway's real time is magnified by 1/scale). added: real ms between the client and the engine outside the engine (`x-sim-*` headers); `direct` is the no-gateway baseline.\n");
+    s.push_str("\nTTFT: per request, the engine's simulated TTFT (queueing + prefill) plus the real ms the path added outside the engine, i.e. what a client of real-speed engines would see (time scaling does not magnify the gateway's real cost). engine TTFT: the workers' simulated TTFT alone, ms. client TTFT, E2E and ITL (mean inter-token latency per request: first to last token over the gaps): measured by the client, real ms ÷ time scale (so the client's and gateway's real time is magnified by 1/scale). added: real ms between the client and the engine outside the engine (`x-sim-*` headers); `direct` is the no-gateway baseline.\n");
     for r in results.iter().filter(|r| !r.notes.is_empty()) {
         let _ = writeln!(s, "- `{}`: {}", r.policy, r.notes.join("; "));
     }
