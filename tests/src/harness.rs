@@ -455,6 +455,24 @@ impl Daemon {
         text
     }
 
+    /// Polls the metrics until the sample `name{needles}` ([`crate::http::metric`]) equals
+    /// `want`, 10 s at most (then panics naming the last value); returns that scrape.
+    pub async fn wait_metric(&self, name: &str, needles: &[&str], want: f64) -> String {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let m = self.metrics_text().await;
+            let v = crate::http::metric(&m, name, needles);
+            if v == want {
+                return m;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{name}{needles:?} = {v}, want {want}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+
     /// Sends SIGTERM and waits up to [`STOP_TIMEOUT`] for exit (then SIGKILL). Returns the exit
     /// status when the process ended on its own.
     pub async fn stop(&mut self) -> Option<std::process::ExitStatus> {

@@ -1,4 +1,4 @@
-//! Test support for loxi's integration tests: the daemon harness ([`harness`]), real test
+//! Test support for loxi's integration tests: the daemon harness ([`harness`]), a loopback HTTP client ([`http`]), real test
 //! backends ([`backend`]), real pyzmq KV-event publishers ([`kv_pub`]), the KV tests' shared
 //! steps ([`kv`]), `vllm-sim` engine processes ([`sim`]), LoxiLB client fixtures replayed over raw sockets ([`loxilb_clients`]), the real-vLLM tests' helpers ([`real_engine`]) and
 //! test certificates ([`tls`]). The `vllm-sim` and
@@ -6,6 +6,7 @@
 
 pub mod backend;
 pub mod harness;
+pub mod http;
 pub mod kv;
 pub mod kv_pub;
 pub mod loxilb_clients;

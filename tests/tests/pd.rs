@@ -14,12 +14,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, combinators::BoxBody};
+use http_body_util::{BodyExt, Full};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 use loxi_tests::backend::{Backend, Mode};
 use loxi_tests::harness::{Daemon, DaemonOpts, free_port};
 use loxi_tests::shared_dir;
@@ -27,46 +25,7 @@ use parking_lot::Mutex;
 use serde_json::{Value, json};
 use tokio::net::{TcpListener, TcpStream};
 
-type Body = BoxBody<Bytes, Infallible>;
-
-fn client() -> Client<HttpConnector, Body> {
-    Client::builder(TokioExecutor::new()).build_http()
-}
-
-fn full(b: impl Into<Bytes>) -> Body {
-    Full::new(b.into()).boxed()
-}
-
-/// A response as the tests see it.
-struct Resp {
-    status: u16,
-    headers: http::HeaderMap,
-    text: String,
-}
-
-impl Resp {
-    fn header(&self, n: &str) -> Option<&str> {
-        self.headers.get(n).and_then(|v| v.to_str().ok())
-    }
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.text).unwrap_or_else(|e| panic!("{e}: {}", self.text))
-    }
-}
-
-async fn send(c: &Client<HttpConnector, Body>, req: http::Request<Body>) -> Resp {
-    let resp = tokio::time::timeout(Duration::from_secs(20), c.request(req))
-        .await
-        .expect("response within 20 s")
-        .expect("request");
-    let status = resp.status().as_u16();
-    let headers = resp.headers().clone();
-    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
-    Resp {
-        status,
-        headers,
-        text: String::from_utf8_lossy(&bytes).into_owned(),
-    }
-}
+use loxi_tests::http::{Body, TestClient, client, full, metric, send};
 
 fn completion(port: u16, headers: &[(&str, &str)], body: &Value) -> http::Request<Body> {
     let mut b = http::Request::post(format!("http://127.0.0.1:{port}/v1/completions"))
@@ -77,24 +36,14 @@ fn completion(port: u16, headers: &[(&str, &str)], body: &Value) -> http::Reques
     b.body(full(body.to_string())).expect("request")
 }
 
-async fn get_json(c: &Client<HttpConnector, Body>, url: &str) -> Value {
+async fn get_json(c: &TestClient, url: &str) -> Value {
     let req = http::Request::get(url).body(full("")).expect("request");
     send(c, req).await.json()
 }
 
-async fn get_text(c: &Client<HttpConnector, Body>, url: &str) -> String {
+async fn get_text(c: &TestClient, url: &str) -> String {
     let req = http::Request::get(url).body(full("")).expect("request");
     send(c, req).await.text
-}
-
-/// Value of a sample `name{labels} value` whose labels contain every needle (0 when absent).
-fn metric(text: &str, name: &str, needles: &[&str]) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-        .find(|l| needles.iter().all(|n| l.contains(n)))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
 }
 
 /// `(endpointIP 127.0.0.1, targetPort, ep_role, nixl_port)` endpoints of a P/D rule on `port`.

@@ -18,32 +18,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 
-/// Value of `name{labels} value` whose labels contain every needle (0 when absent).
-fn metric(text: &str, name: &str, needles: &[&str]) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-        .find(|l| needles.iter().all(|n| l.contains(n)))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
-}
-
-/// Polls the daemon's metrics until `name{needles}` equals `want` (10 s at most).
-async fn wait_metric(d: &Daemon, name: &str, needles: &[&str], want: f64) -> String {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let m = d.metrics_text().await;
-        let v = metric(&m, name, needles);
-        if v == want {
-            return m;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{name}{needles:?} = {v}, want {want}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
+use loxi_tests::http::metric;
 
 const PARKED: &str = "loxilb_pd_admission_parked";
 const QUEUED: &str = "loxilb_pd_admission_queued_total";
@@ -188,9 +163,9 @@ async fn parked_requests_are_served_in_order_and_the_one_beyond_the_queue_gets_4
     let a = spawn(port, "a", 700).await;
     wait_requests(&pre, 1).await;
     let b = spawn(port, "b", 700).await;
-    wait_metric(&d, PARKED, &[], 1.0).await;
+    d.wait_metric(PARKED, &[], 1.0).await;
     let c = spawn(port, "c", 700).await;
-    wait_metric(&d, PARKED, &[], 2.0).await;
+    d.wait_metric(PARKED, &[], 2.0).await;
     let t = Instant::now();
     let refused = answer(open(port, "d", 0).await).await;
     assert_eq!(refused.status, 429, "{refused:?}");
@@ -213,7 +188,7 @@ async fn parked_requests_are_served_in_order_and_the_one_beyond_the_queue_gets_4
         "one prefill at a time, so the answers end in order"
     );
     assert_eq!(dec.request_count(), 3, "the decode leg is not gated");
-    let m = wait_metric(&d, PARKED, &[], 0.0).await;
+    let m = d.wait_metric(PARKED, &[], 0.0).await;
     assert_eq!(metric(&m, QUEUED, &[]), 2.0, "two parks");
     assert_eq!(metric(&m, SHED, &["reason=\"ep_queue_full\""]), 1.0);
     assert_eq!(metric(&m, SHED, &["reason=\"park_timeout\""]), 0.0);
@@ -251,7 +226,7 @@ async fn a_request_parked_past_the_deadline_gets_504() {
         1,
         "the reaped request never reached the prefill"
     );
-    let m = wait_metric(&d, PARKED, &[], 0.0).await;
+    let m = d.wait_metric(PARKED, &[], 0.0).await;
     assert_eq!(metric(&m, SHED, &["reason=\"park_timeout\""]), 1.0);
     assert_eq!(metric(&m, QUEUED, &[]), 1.0);
     assert_eq!(a.await.expect("a").status, 200);
@@ -273,7 +248,7 @@ async fn a_parked_request_is_answered_when_its_rule_is_deleted() {
     let a = spawn(port, "a", 2000).await;
     wait_requests(&pre, 1).await;
     let b = spawn(port, "b", 0).await;
-    wait_metric(&d, PARKED, &[], 1.0).await;
+    d.wait_metric(PARKED, &[], 1.0).await;
     let t = Instant::now();
     let (status, body) = d.delete_rule("127.0.0.1", port, "tcp", None).await;
     assert_eq!(status, 200, "{body}");
@@ -312,7 +287,7 @@ async fn a_parked_request_is_answered_when_the_daemon_stops() {
     let a = spawn(port, "a", 1500).await;
     wait_requests(&pre, 1).await;
     let b = spawn(port, "b", 0).await;
-    wait_metric(&d, PARKED, &[], 1.0).await;
+    d.wait_metric(PARKED, &[], 1.0).await;
     let t = Instant::now();
     let stopping = tokio::spawn(async move {
         let exit = d.stop().await;
@@ -341,15 +316,15 @@ async fn a_client_that_leaves_while_parked_leaves_the_queue() {
     let a = spawn(port, "a", 1500).await;
     wait_requests(&pre, 1).await;
     let leaving = open(port, "b", 0).await;
-    wait_metric(&d, PARKED, &[], 1.0).await;
+    d.wait_metric(PARKED, &[], 1.0).await;
     drop(leaving);
     let t = Instant::now();
-    wait_metric(&d, PARKED, &[], 0.0).await;
+    d.wait_metric(PARKED, &[], 0.0).await;
     let left = t.elapsed();
     // The queue (depth 1) is free again while the slot is still held: a new request parks
     // rather than getting 429, and is served after a.
     let c = spawn(port, "c", 0).await;
-    wait_metric(&d, PARKED, &[], 1.0).await;
+    d.wait_metric(PARKED, &[], 1.0).await;
     assert_eq!(a.await.expect("a").status, 200);
     assert_eq!(c.await.expect("c").status, 200);
     assert_eq!(
@@ -357,7 +332,7 @@ async fn a_client_that_leaves_while_parked_leaves_the_queue() {
         ["a", "c"],
         "the request that left never reached the prefill"
     );
-    let m = wait_metric(&d, PARKED, &[], 0.0).await;
+    let m = d.wait_metric(PARKED, &[], 0.0).await;
     assert_eq!(metric(&m, QUEUED, &[]), 2.0);
     assert_eq!(metric(&m, SHED, &["reason=\"ep_queue_full\""]), 0.0);
     eprintln!("client left while parked: gauge back to 0 after {left:?}");
@@ -396,7 +371,7 @@ async fn single_pools_are_gated_only_with_scope_all() {
     let a = spawn(port, "a", 800).await;
     wait_requests(&ep, 1).await;
     let b = spawn(port, "b", 0).await;
-    wait_metric(&d, PARKED, &[], 1.0).await;
+    d.wait_metric(PARKED, &[], 1.0).await;
     let c = answer(open(port, "c", 0).await).await;
     assert_eq!(c.status, 429, "{c:?}");
     assert_eq!(c.token(), "pd_overloaded");
@@ -404,7 +379,7 @@ async fn single_pools_are_gated_only_with_scope_all() {
     assert_eq!((a.status, b.status), (200, 200));
     assert!(a.at <= b.at);
     assert_eq!(prompts(&ep), ["a", "b"]);
-    let m = wait_metric(&d, PARKED, &[], 0.0).await;
+    let m = d.wait_metric(PARKED, &[], 0.0).await;
     assert_eq!(metric(&m, QUEUED, &[]), 1.0);
     assert_eq!(metric(&m, SHED, &["reason=\"ep_queue_full\""]), 1.0);
 }

@@ -4,73 +4,29 @@
 //! as each test scripts them, and count the legs loxi aborts (a connection dropped before the
 //! answer was sent).
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, combinators::BoxBody};
+use http_body_util::{BodyExt, Full};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 use loxi_tests::harness::{Daemon, DaemonOpts, free_port};
 use parking_lot::Mutex;
 use serde_json::{Value, json};
 use tokio::net::{TcpListener, TcpStream};
 
-type Body = BoxBody<Bytes, Infallible>;
+use loxi_tests::http::{Resp, TestClient, client, full, metric};
 
-fn client() -> Client<HttpConnector, Body> {
-    Client::builder(TokioExecutor::new()).build_http()
-}
-
-/// A response as the tests see it.
-struct Resp {
-    status: u16,
-    headers: http::HeaderMap,
-    text: String,
-}
-
-impl Resp {
-    fn header(&self, n: &str) -> Option<&str> {
-        self.headers.get(n).and_then(|v| v.to_str().ok())
-    }
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.text).unwrap_or_else(|e| panic!("{e}: {}", self.text))
-    }
-}
-
-async fn send(c: &Client<HttpConnector, Body>, path: &str, port: u16, body: &Value) -> Resp {
+async fn send(c: &TestClient, path: &str, port: u16, body: &Value) -> Resp {
     let req = http::Request::post(format!("http://127.0.0.1:{port}{path}"))
         .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body.to_string())).boxed())
+        .body(full(body.to_string()))
         .expect("request");
-    let resp = tokio::time::timeout(Duration::from_secs(20), c.request(req))
-        .await
-        .expect("response within 20 s")
-        .expect("request");
-    let status = resp.status().as_u16();
-    let headers = resp.headers().clone();
-    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
-    Resp {
-        status,
-        headers,
-        text: String::from_utf8_lossy(&bytes).into_owned(),
-    }
-}
-
-/// Value of a sample `name{labels} value` whose labels contain every needle (0 when absent).
-fn metric(text: &str, name: &str, needles: &[&str]) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-        .find(|l| needles.iter().all(|n| l.contains(n)))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
+    loxi_tests::http::send(c, req).await
 }
 
 /// Waits until every `loxilb_proxy_active_connections` sample is 0.

@@ -38,32 +38,7 @@ async fn daemon(env: &[(&str, &str)], ports: &[u16], backend_port: u16) -> Daemo
     d
 }
 
-/// Value of `name{labels} value` whose labels contain every needle (0 when absent).
-fn metric(text: &str, name: &str, needles: &[&str]) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-        .find(|l| needles.iter().all(|n| l.contains(n)))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
-}
-
-/// Polls the metrics until `name{needles}` equals `want` (10 s at most); returns the text.
-async fn wait_metric(d: &Daemon, name: &str, needles: &[&str], want: f64) -> String {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let m = d.metrics_text().await;
-        let v = metric(&m, name, needles);
-        if v == want {
-            return m;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{name}{needles:?} = {v}, want {want}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
+use loxi_tests::http::metric;
 
 /// Reads until EOF or error; returns when the connection was seen closed.
 async fn closed_at(mut s: TcpStream) -> Instant {
@@ -167,8 +142,7 @@ async fn slowloris_connections_are_closed_at_the_header_timeout() {
         "closed before the timeout: {closed:?}"
     );
     assert!(closed[N - 1] < Duration::from_secs(10), "{closed:?}");
-    wait_metric(
-        &d,
+    d.wait_metric(
         "loxilb_proxy_connections_closed_total",
         &["reason=\"header_timeout\""],
         N as f64,
@@ -217,13 +191,13 @@ async fn idle_connections_are_closed_at_the_idle_timeout() {
         idle[0], idle[19]
     );
     assert!(idle[0] >= Duration::from_millis(1400), "{idle:?}");
-    let m = wait_metric(
-        &d,
-        "loxilb_proxy_connections_closed_total",
-        &["reason=\"idle_timeout\""],
-        20.0,
-    )
-    .await;
+    let m = d
+        .wait_metric(
+            "loxilb_proxy_connections_closed_total",
+            &["reason=\"idle_timeout\""],
+            20.0,
+        )
+        .await;
     assert_eq!(
         metric(
             &m,
@@ -232,8 +206,7 @@ async fn idle_connections_are_closed_at_the_idle_timeout() {
         ),
         0.0
     );
-    wait_metric(
-        &d,
+    d.wait_metric(
         "loxilb_proxy_open_connections",
         &[&format!(":{port}\"")],
         0.0,
@@ -255,7 +228,8 @@ async fn connections_beyond_the_cap_wait_for_a_free_slot() {
         held.push(s);
     }
     let listener = format!("listener=\"127.0.0.1:{port}\"");
-    wait_metric(&d, "loxilb_proxy_open_connections", &[&listener], 4.0).await;
+    d.wait_metric("loxilb_proxy_open_connections", &[&listener], 4.0)
+        .await;
     // The fifth connection is accepted by the kernel but not served while four are open.
     let mut fifth = TcpStream::connect(("127.0.0.1", port))
         .await
@@ -264,13 +238,8 @@ async fn connections_beyond_the_cap_wait_for_a_free_slot() {
         let ok = get_ok(&mut fifth).await;
         (ok, Instant::now())
     });
-    wait_metric(
-        &d,
-        "loxilb_proxy_connections_queued_total",
-        &[&listener],
-        1.0,
-    )
-    .await;
+    d.wait_metric("loxilb_proxy_connections_queued_total", &[&listener], 1.0)
+        .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(
         !waiting.is_finished(),
@@ -337,8 +306,7 @@ async fn total_inflight_valve_answers_429_on_every_rule() {
         2,
         "refused requests never reached the backend"
     );
-    wait_metric(
-        &d,
+    d.wait_metric(
         "loxilb_pd_admission_shed_total",
         &["reason=\"total_inflight\""],
         2.0,
@@ -428,13 +396,13 @@ async fn backend_dying_mid_stream_is_an_upstream_error_that_opens_the_breaker() 
         !text.ends_with("0\r\n\r\n"),
         "a cut stream must not look complete: {text}"
     );
-    let m = wait_metric(
-        &d,
-        "loxilb_proxy_upstream_stream_errors_total",
-        &["ep_idx=\"0\""],
-        1.0,
-    )
-    .await;
+    let m = d
+        .wait_metric(
+            "loxilb_proxy_upstream_stream_errors_total",
+            &["ep_idx=\"0\""],
+            1.0,
+        )
+        .await;
     assert_eq!(
         metric(
             &m,

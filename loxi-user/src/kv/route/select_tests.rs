@@ -350,10 +350,9 @@ fn cache_salt_tenants_never_share_blocks() {
     assert_eq!(f.select(&b), Some(Decision::pick(1, Reason::KvOverlap)));
 }
 
-/// Scenario 15 on chat requests: the golden tiny model's real tokenizer and ChatML template
-/// (`golden/tiny-model`, loaded by the tokenizer pool as model `tiny-model`).
-#[test]
-fn chat_conversations_sharing_a_system_prompt_spread_by_full_history() {
+/// `n` endpoints, law `off`, no cold seeding, tokenized by the pool over the golden models
+/// (`golden/tiny-model`'s real tokenizer and ChatML template, as model `tiny-model`).
+fn golden_fx(n: usize) -> Fx {
     let s = KvSettings {
         lb_mode: LbMode::Off,
         coldstart_seed_n: 0,
@@ -363,7 +362,14 @@ fn chat_conversations_sharing_a_system_prompt_spread_by_full_history() {
         shared_dir().join("golden"),
         crate::kv::tokenizer::TokenizerMetrics::default(),
     );
-    let f = fx_tok(s, 4, serde_json::json!({}), Arc::new(pool));
+    fx_tok(s, n, serde_json::json!({}), Arc::new(pool))
+}
+
+/// Scenario 15 on chat requests: the golden tiny model's real tokenizer and ChatML template
+/// (`golden/tiny-model`, loaded by the tokenizer pool as model `tiny-model`).
+#[test]
+fn chat_conversations_sharing_a_system_prompt_spread_by_full_history() {
+    let f = golden_fx(4);
     let msg = |role: &str, content: String| ChatMessage {
         role: role.into(),
         content,
@@ -527,16 +533,7 @@ fn multi_turn_conversation_stays_on_its_first_worker_under_balanced_load() {
 /// chat with the same words after the image shares nothing past it.
 #[test]
 fn a_chats_media_part_cuts_its_blocks_at_the_text_before_it() {
-    let s = KvSettings {
-        lb_mode: LbMode::Off,
-        coldstart_seed_n: 0,
-        ..KvSettings::default()
-    };
-    let pool = TokenizerPool::new(
-        shared_dir().join("golden"),
-        crate::kv::tokenizer::TokenizerMetrics::default(),
-    );
-    let f = fx_tok(s, 2, serde_json::json!({}), Arc::new(pool));
+    let f = golden_fx(2);
     let system =
         "You are a careful visual inspector for the warehouse team. Describe damage. ".repeat(3);
     let after = " Is the pallet damaged, and where exactly? Answer with the aisle and shelf.";
