@@ -205,3 +205,116 @@ async fn an_engine_reset_keeps_predictions_of_requests_routed_since() {
     assert_eq!(ix.score(&keys(&[1, 2]), now()), vec![]);
     assert_eq!(ix.score(&keys(&[5, 6]), now()), vec![(0, 2)]);
 }
+
+/// Brute-force score of one endpoint: the longest leading run over its streams, where a
+/// confirmed stream continues through blocks it holds or its endpoint is predicted on, and the
+/// predicted stream through blocks its endpoint is predicted on or any of its ranks holds.
+fn model_score(
+    held: &HashMap<(Member, u32), HashMap<u64, u32>>,
+    predicted: &HashMap<Member, std::collections::HashSet<u64>>,
+    ep: Member,
+    request: &[u64],
+) -> usize {
+    let pred = |k: &u64| predicted.get(&ep).is_some_and(|p| p.contains(k));
+    let any_rank =
+        |k: &u64| (0..=MAX_RANK).any(|r| held.get(&(ep, r)).is_some_and(|h| h.contains_key(k)));
+    let mut best = 0;
+    for r in 0..=MAX_RANK {
+        if let Some(h) = held.get(&(ep, r)) {
+            let run = request
+                .iter()
+                .take_while(|k| h.contains_key(k) || pred(k))
+                .count();
+            if h.contains_key(&request[0]) {
+                best = best.max(run);
+            }
+        }
+    }
+    if pred(&request[0]) {
+        best = best.max(
+            request
+                .iter()
+                .take_while(|k| pred(k) || any_rank(k))
+                .count(),
+        );
+    }
+    best
+}
+
+#[test]
+fn scores_with_a_reused_scratch_equal_a_brute_force_model_under_random_churn() {
+    // Few keys and endpoints so that consecutive request blocks often have identical holder
+    // lists (the skip path) and often differ in order or membership (the full pass).
+    let mut seed = 0x2545_F491_4F6C_DD1Du64;
+    let mut rnd = move |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    let ix = KvIndex::new(1_000_000);
+    // Per stream, key → references (the index counts a key stored twice as two copies).
+    let mut held: HashMap<(Member, u32), HashMap<u64, u32>> = HashMap::new();
+    let mut predicted: HashMap<Member, std::collections::HashSet<u64>> = HashMap::new();
+    let later = now() + Duration::from_secs(3600);
+    let mut scratch = ScoreScratch::default();
+    for step in 0..3000 {
+        let (ep, rank) = (rnd(6) as Member, rnd(2) as u32);
+        let from = rnd(12);
+        let run: Vec<u64> = (from..from + 1 + rnd(8)).collect();
+        match rnd(10) {
+            0..=4 => {
+                ix.store(ep, rank, &keys(&run));
+                let h = held.entry((ep, rank)).or_default();
+                run.iter().for_each(|&k| *h.entry(k).or_default() += 1);
+                if let Some(p) = predicted.get_mut(&ep) {
+                    run.iter().for_each(|k| {
+                        p.remove(k);
+                    });
+                }
+            }
+            5..=7 => {
+                ix.remove(ep, rank, &keys(&run));
+                if let Some(h) = held.get_mut(&(ep, rank)) {
+                    for k in &run {
+                        if let Some(n) = h.get_mut(k) {
+                            *n -= 1;
+                            if *n == 0 {
+                                h.remove(k);
+                            }
+                        }
+                    }
+                }
+            }
+            8 => {
+                let fresh: Vec<u64> = run
+                    .iter()
+                    .copied()
+                    .filter(|k| {
+                        !(0..=MAX_RANK)
+                            .any(|r| held.get(&(ep, r)).is_some_and(|h| h.contains_key(k)))
+                    })
+                    .collect();
+                ix.predict(ep, &keys(&fresh), later);
+                predicted.entry(ep).or_default().extend(fresh);
+            }
+            _ => {
+                ix.clear_endpoint(ep);
+                for r in 0..=MAX_RANK {
+                    held.remove(&(ep, r));
+                }
+            }
+        }
+        let from = rnd(12);
+        let request: Vec<u64> = (from..from + 1 + rnd(10)).collect();
+        let want: Vec<(Member, usize)> = (0..6)
+            .map(|e| (e, model_score(&held, &predicted, e, &request)))
+            .filter(|&(_, n)| n > 0)
+            .collect();
+        assert_eq!(
+            ix.score_with(&keys(&request), now(), &mut scratch),
+            want.as_slice(),
+            "step {step}, request {request:?}"
+        );
+    }
+}
