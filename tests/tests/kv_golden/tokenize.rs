@@ -33,7 +33,18 @@ fn our_ids(pool: &TokenizerPool, req: &Value, body: &Value) -> Option<Vec<u32>> 
 #[test]
 fn our_token_ids_equal_vllms_for_every_captured_request_of_both_models() {
     let dir = staged_tokenizer_dir();
-    let pool = TokenizerPool::new(dir.path().to_owned(), TokenizerMetrics::default());
+    // Default caches, and caching off (every request encoded by uncached segments).
+    for cache in [None, Some(0)] {
+        let mut pool = TokenizerPool::new(dir.path().to_owned(), TokenizerMetrics::default());
+        if let Some(c) = cache {
+            pool = pool.with_cache_capacity(c);
+        }
+        captured_ids_equal_vllms(&pool);
+    }
+}
+
+/// Every captured request's ids from `pool` equal the ids vLLM computed.
+fn captured_ids_equal_vllms(pool: &TokenizerPool) {
     for (file, expected_count) in CAPTURES.iter().zip([16, 17]) {
         let cap = golden(file);
         let mut checked = 0;
@@ -41,7 +52,7 @@ fn our_token_ids_equal_vllms_for_every_captured_request_of_both_models() {
             let Some(expected) = vllm_ids(req) else {
                 continue;
             };
-            let ours = our_ids(&pool, req, &req["request_body"]).expect("request with a prompt");
+            let ours = our_ids(pool, req, &req["request_body"]).expect("request with a prompt");
             assert_eq!(ours, expected, "{file}: {}", name_of(req));
             checked += 1;
         }
@@ -318,8 +329,13 @@ fn prompts_sharing_a_long_prefix_encode_only_their_new_chunks() {
 #[test]
 fn segment_cached_encoding_equals_whole_text_encoding_for_both_models() {
     let dir = staged_tokenizer_dir();
-    let pool = TokenizerPool::new(dir.path().to_owned(), TokenizerMetrics::default());
-    for model in ["tiny", "bos-tiny"] {
+    let cached = TokenizerPool::new(dir.path().to_owned(), TokenizerMetrics::default());
+    let uncached = TokenizerPool::new(dir.path().to_owned(), TokenizerMetrics::default())
+        .with_cache_capacity(0);
+    for (pool, model) in [&cached, &uncached]
+        .into_iter()
+        .flat_map(|p| ["tiny", "bos-tiny"].map(|m| (p, m)))
+    {
         let tok = pool.get(model).expect("loads");
         let mut texts = random_texts(400);
         for file in CAPTURES {
