@@ -44,8 +44,6 @@ impl ModelTokenizer {
     /// [`TokenizeError::Template`]); a missing or broken `tokenizer.json` is an error.
     pub fn load(dir: &Path, cache_capacity: usize) -> Result<Self, String> {
         let (tokenizer, json, max_context) = load_tokenizer(dir)?;
-        // Capacity 0 (caching off) still encodes by segments, uncached: cheaper than the
-        // tokenizer's whole-text path (issue 17 §2).
         let seg_capacity = if cache_capacity == 0 {
             0
         } else {

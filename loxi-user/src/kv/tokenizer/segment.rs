@@ -148,24 +148,21 @@ pub struct SegmentEncoder {
     raw_chunked: bool,
     ascii_unnormalized: bool,
     affixes: Option<(Vec<u32>, Vec<u32>)>,
-    /// False with capacity 0: segments are encoded, never looked up or stored.
-    caching: bool,
     cache: TokenCache,
 }
 
 impl SegmentEncoder {
     /// Decides whether segment encoding is exact for `tok` (`pre_tokenizer_json` and
     /// `normalizer_json` are those objects of `tokenizer.json`, after any class substitution)
-    /// and probes the special-token affixes. `capacity` 0 keeps segment encoding (it is
-    /// cheaper than the tokenizer's whole-text `encode_fast`, which builds a full `Encoding`)
-    /// but caches nothing.
+    /// and probes the special-token affixes.
     pub fn new(
         tok: &Tokenizer,
         pre_tokenizer_json: &serde_json::Value,
         normalizer_json: &serde_json::Value,
         capacity: usize,
     ) -> Self {
-        let enabled = !pre_tokenizer_json.to_string().contains("Metaspace")
+        let enabled = capacity > 0
+            && !pre_tokenizer_json.to_string().contains("Metaspace")
             && tok.get_truncation().is_none()
             && tok.get_padding().is_none();
         let affixes = if enabled { probe_affixes(tok) } else { None };
@@ -179,7 +176,6 @@ impl SegmentEncoder {
                 && added_tokens_keep_off_word_boundaries(tok),
             ascii_unnormalized,
             affixes,
-            caching: capacity > 0,
             cache: TokenCache::new(capacity),
         }
     }
@@ -309,10 +305,6 @@ impl SegmentEncoder {
         ids: &mut Vec<u32>,
         encode: impl FnOnce() -> Result<Vec<u32>, String>,
     ) -> Result<(), String> {
-        if !self.caching {
-            ids.extend(encode()?);
-            return Ok(());
-        }
         if let Some(cached) = self.cache.get(&key) {
             ids.extend_from_slice(&cached);
             return Ok(());
