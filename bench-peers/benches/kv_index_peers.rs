@@ -21,13 +21,16 @@
 //!
 //! How each index is driven: loxi `KvIndex::{store, remove, score_with}` (rank 0, internal cap
 //! off); smg `RadixTree::{store, remove, overlap}` directly single-threaded and behind a
-//! `parking_lot::RwLock` with a reader (it is `&mut self` for writes); dynamo
+//! `parking_lot::RwLock` with a reader (it is `&mut self` for writes; the write lock is taken
+//! per event); in the reader phase loxi's and dynamo's indexes sit behind a read-locked
+//! `RwLock` too, only so that a fresh index can be swapped in between repetitions; dynamo
 //! `ConcurrentRadixTreeCompressed` as its `ThreadPoolIndexer` runs it: events through a flume
 //! channel into `SyncIndexer::worker` on one thread, queries by `find_matches` on the caller's
 //! thread. Dynamo's rates include the channel hop (its production path).
 //!
-//! Run: `cargo bench --manifest-path bench-peers/Cargo.toml` (about 1 min). `KV_PEERS_SCALE=k`
-//! replays the trace k times with distinct salts (k× blocks and cap) and grows the fleet k×.
+//! Run: `cd bench-peers && cargo bench` (about 1 min; target dir `../target/peers`).
+//! `KV_PEERS_SCALE=k` replays the trace k times with distinct salts (k× blocks and cap) and
+//! grows the fleet k×.
 #![allow(
     unsafe_code,
     reason = "a counting global allocator needs `unsafe impl GlobalAlloc`"

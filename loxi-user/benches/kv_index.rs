@@ -3,7 +3,10 @@
 //! indexed blocks (p50/p99 printed from a seeded sweep), and memory per million indexed blocks
 //! (counted by a tracking global allocator).
 //!
-//! Run: `cargo bench -p loxi-user --bench kv_index`.
+//! Also the full tier-1.5 decision for a 4,249-token chat, cold and warm, with the CPU per stage.
+//!
+//! Run: `cargo bench -p loxi-user --bench kv_index`; `LOXI_BENCH_ONLY=decision` prints the
+//! decision figures only.
 #![allow(
     unsafe_code,
     reason = "a counting GlobalAlloc wrapper measures index memory"
@@ -233,6 +236,36 @@ fn long_chat(pool: &TokenizerPool) -> (RequestMeta, Arc<[u32]>) {
     unreachable!("the loop returns")
 }
 
+/// `meta` with every message's content prefixed by a tag naming `v`.
+fn tagged(meta: &RequestMeta, v: usize) -> RequestMeta {
+    let Some(Prompt::Messages(msgs)) = &meta.prompt else {
+        unreachable!("long_chat builds a message list")
+    };
+    let msgs = msgs
+        .iter()
+        .map(|m| ChatMessage {
+            role: m.role.clone(),
+            content: format!("[v{v}] {}", m.content),
+        })
+        .collect();
+    RequestMeta {
+        prompt: Some(Prompt::Messages(msgs)),
+        ..meta.clone()
+    }
+}
+
+/// CPU nanoseconds this thread has used (`CLOCK_THREAD_CPUTIME_ID`): on a shared machine the
+/// per-decision CPU is the comparable figure, wall time includes waiting for a core.
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-pointer for the duration of the call.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 fn percentiles(mut ns: Vec<u128>) -> (f64, f64) {
     ns.sort_unstable();
     let p = |q: f64| ns[((ns.len() as f64 - 1.0) * q) as usize] as f64 / 1000.0;
@@ -240,7 +273,9 @@ fn percentiles(mut ns: Vec<u128>) -> (f64, f64) {
 }
 
 /// Full tier-1.5 decision for a ≥4,096-token chat: template + tokenize + hash + score over 16
-/// endpoints holding 1M blocks; tokenization cache off (cold) and on (warm).
+/// endpoints holding 1M blocks; tokenization cache off (cold), cache on with every prompt new
+/// (cold, as production sees a new conversation), and cache on with one repeated prompt
+/// (warm). Wall and thread-CPU percentiles, and for the cold cases the CPU per stage.
 fn decision_report() {
     let tmp = tempfile::tempdir().expect("tmp");
     let dst = tmp.path().join("tiny");
@@ -266,9 +301,10 @@ fn decision_report() {
         loads: &loads,
         excluded: &excluded,
     };
-    for (label, cache) in [
-        ("cold (tokenization cache off)", 0usize),
-        ("warm (tokenization cache on)", 1024),
+    for (label, cache, distinct) in [
+        ("cold (tokenization cache off)", 0usize, false),
+        ("cold (cache on, every prompt new)", 1024, true),
+        ("warm (tokenization cache on)", 1024, false),
     ] {
         let mut reg = Registry::default();
         let pool = Arc::new(
@@ -296,26 +332,123 @@ fn decision_report() {
         let hasher = svc.hasher.clone();
         let own = hasher.keys(&ids, 16, &Default::default());
         svc.index.store(5, 0, &own[..200.min(own.len())]);
-        let router = KvRouter::new(state.clone(), pool);
+        let router = KvRouter::new(state.clone(), pool.clone());
         let d = router
             .select(&rule, &meta, &cands, &mut KvTicket::default())
             .expect("hit");
         assert_eq!(d.endpoint, Some(5));
-        let n = if cache == 0 { 200 } else { 2000 };
-        let ns: Vec<u128> = (0..n)
-            .map(|_| {
-                let t = StdInstant::now();
+        let n = if cache == 0 || distinct { 200 } else { 2000 };
+        // Distinct prompts: every message tagged with the call number, so no full-text,
+        // message-list or chunk cache entry can answer (each ~512-byte chunk holds a tag).
+        let metas: Vec<RequestMeta> = if distinct {
+            (0..n).map(|v| tagged(&meta, v)).collect()
+        } else {
+            vec![meta.clone()]
+        };
+        let (wall, cpu): (Vec<u128>, Vec<u128>) = (0..n)
+            .map(|i| {
+                let m = &metas[i % metas.len()];
+                let (t, c) = (StdInstant::now(), thread_cpu_ns());
                 // A fresh memo per call: every decision tokenizes and hashes, as a request does.
-                black_box(router.select(&rule, &meta, &cands, &mut KvTicket::default()));
-                t.elapsed().as_nanos()
+                black_box(router.select(&rule, m, &cands, &mut KvTicket::default()));
+                (t.elapsed().as_nanos(), u128::from(thread_cpu_ns() - c))
             })
-            .collect();
-        let (p50, p99) = percentiles(ns);
+            .unzip();
+        let ((p50, p99), (c50, c99)) = (percentiles(wall), percentiles(cpu));
         println!(
-            "decision {} tokens chat, 16 eps, 1M blocks, {label}: p50 {p50:.1} µs, p99 {p99:.1} µs",
+            "decision {} tokens chat, 16 eps, 1M blocks, {label}: wall p50 {p50:.1} µs, p99 {p99:.1} µs; thread CPU p50 {c50:.1} µs, p99 {c99:.1} µs",
             ids.len()
         );
-        if cache > 0 {
+        if cache == 0 || distinct {
+            // Where a cold decision's CPU goes: template + tokenize, block hashing, scoring.
+            let cpu_of = |f: &mut dyn FnMut(usize)| {
+                let ns: Vec<u128> = (0..n)
+                    .map(|i| {
+                        let c = thread_cpu_ns();
+                        f(i);
+                        u128::from(thread_cpu_ns() - c)
+                    })
+                    .collect();
+                percentiles(ns).0
+            };
+            // Prompts the caches have not seen (the decisions above filled them).
+            let fresh: Vec<RequestMeta> = (0..n)
+                .map(|v| {
+                    if distinct {
+                        tagged(&meta, n + v)
+                    } else {
+                        meta.clone()
+                    }
+                })
+                .collect();
+            let msgs: Vec<Vec<ChatMessage>> = fresh
+                .iter()
+                .map(|m| match &m.prompt {
+                    Some(Prompt::Messages(m)) => m.clone(),
+                    _ => unreachable!("long_chat builds a message list"),
+                })
+                .collect();
+            let tok = pool.get("tiny").expect("tokenizer");
+            let template = cpu_of(&mut |i| {
+                black_box(tok.render("tiny", &msgs[i]).expect("render"));
+            });
+            let tokenize = cpu_of(&mut |i| {
+                let m = &fresh[i];
+                let p = m.prompt.as_ref().expect("prompt");
+                black_box(pool.encode("tiny", m.api, p, None).expect("tokenize"));
+            });
+            let hash = cpu_of(&mut |_| {
+                black_box(hasher.keys(&ids, 16, &Default::default()));
+            });
+            let mut scratch = Default::default();
+            let score = cpu_of(&mut |_| {
+                black_box(svc.index.score_with(&own, Instant::now(), &mut scratch));
+            });
+            if distinct {
+                // The tokenizer's whole-text `encode_fast` (the cache-off path) against the
+                // segment path on a prompt it has not seen (every chunk a miss: the cold path
+                // with the cache on), interleaved call by call so both see the same load.
+                // Tags no call above used, so no chunk is cached yet.
+                let texts: Vec<String> = (0..n)
+                    .map(|v| match tagged(&meta, 2 * n + v).prompt {
+                        Some(Prompt::Messages(m)) => tok.render("tiny", &m).expect("render"),
+                        _ => unreachable!("long_chat builds a message list"),
+                    })
+                    .collect();
+                let (mut whole, mut seg) = (Vec::new(), Vec::new());
+                // Alternating which goes first: the second benefits from the BPE model's
+                // word cache the first filled.
+                for (i, text) in texts.iter().enumerate() {
+                    let mut run_whole = || {
+                        let c = thread_cpu_ns();
+                        black_box(tok.encode_whole(text, false).expect("whole"));
+                        whole.push(u128::from(thread_cpu_ns() - c));
+                    };
+                    let mut run_seg = || {
+                        let c = thread_cpu_ns();
+                        black_box(tok.encode_by_segments(text, false).expect("exact")).expect("ok");
+                        seg.push(u128::from(thread_cpu_ns() - c));
+                    };
+                    if i % 2 == 0 {
+                        run_whole();
+                        run_seg();
+                    } else {
+                        run_seg();
+                        run_whole();
+                    }
+                }
+                let ((w50, w99), (s50, s99)) = (percentiles(whole), percentiles(seg));
+                println!(
+                    "  encode a new {}-byte prompt, thread CPU: HF encode_fast (whole text) p50 {w50:.1} µs p99 {w99:.1} µs; segments (all misses) p50 {s50:.1} µs p99 {s99:.1} µs",
+                    texts[0].len()
+                );
+            }
+            println!(
+                "  stages, thread CPU p50: template {template:.1} µs, template + tokenize {tokenize:.1} µs, hash {} blocks {hash:.1} µs, score {score:.1} µs",
+                own.len()
+            );
+        }
+        if cache > 0 && !distinct {
             let ids_meta = RequestMeta {
                 prompt: Some(Prompt::TokenIds(ids.to_vec())),
                 api: ApiKind::Completions,
@@ -389,6 +522,11 @@ fn bench_rule() -> StoredRule {
 }
 
 fn benches(c: &mut Criterion) {
+    // `LOXI_BENCH_ONLY=decision`: the decision figures alone (for profiling them).
+    if std::env::var("LOXI_BENCH_ONLY").as_deref() == Ok("decision") {
+        decision_report();
+        return;
+    }
     memory_report();
     percentile_report();
     ingest_report();
