@@ -183,6 +183,12 @@ impl Env {
             lora_paths: lookup("LOXI_KV_LORA_PATHS")
                 .map(|v| crate::kv::settings::parse_lora_paths(&v))
                 .unwrap_or_default(),
+            models_poll: Duration::from_millis(r.int(
+                "LOXI_KV_MODELS_POLL_MS",
+                10_000,
+                0,
+                3_600_000,
+            )),
             bounds: PromptBounds {
                 max_bytes: r.int("LOXI_KV_MAX_PROMPT_BYTES", 1 << 20, 4 << 10, 64 << 20) as usize,
                 max_tokens: match r.int("LOXI_KV_MAX_PROMPT_TOKENS", 0, 16, 16 << 20) {

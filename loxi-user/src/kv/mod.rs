@@ -8,6 +8,7 @@ pub mod api;
 pub mod block_hash;
 pub mod index;
 pub mod ingest;
+pub mod lora;
 pub mod members;
 pub mod metrics;
 pub mod route;

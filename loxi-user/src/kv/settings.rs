@@ -37,9 +37,13 @@ pub struct KvSettings {
     /// `LOXI_KV_PREDICT_TTL_MS` (loxi extension): lifetime of predicted blocks, default 5 s.
     pub predicted_ttl: Duration,
     /// `LOXI_KV_LORA_PATHS` (loxi extension, `name=path,name=path`): the path vLLM hashes in a
-    /// LoRA block's extra key `("lora", name, path)`. A request naming an unknown adapter misses
-    /// with `hashes`.
+    /// LoRA block's extra key `("lora", name, path)`; wins over the path the engines list
+    /// (`kv::lora`).
     pub lora_paths: HashMap<String, String>,
+    /// `LOXI_KV_MODELS_POLL_MS` (loxi extension): how often the engines of tier-1.5 rules are
+    /// asked `GET /v1/models` for their LoRA adapters (`kv::lora`). Default 10 s; 0 = never
+    /// (only `LOXI_KV_LORA_PATHS`); range 0–3,600,000 ms.
+    pub models_poll: Duration,
     /// How much of a prompt the tier tokenizes and what it refuses to (see [`PromptBounds`]).
     pub bounds: PromptBounds,
     /// `LOXI_KV_TOKENIZE_WORKERS` (loxi extension): threads of the tokenization pool. Default
@@ -107,6 +111,7 @@ impl Default for KvSettings {
             hash_debug: false,
             predicted_ttl: Duration::from_secs(5),
             lora_paths: HashMap::new(),
+            models_poll: Duration::from_secs(10),
             bounds: PromptBounds::default(),
             tokenize_workers: default_tokenize_workers(),
             tokenize_queue: 64,

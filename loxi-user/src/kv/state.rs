@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use super::block_hash::BlockHasher;
 use super::index::KvIndex;
 use super::ingest::parity::ParityBook;
+use super::lora::LoraCatalog;
 use super::members::{Member, MemberChange, Members};
 use super::metrics::{EpLabels, KvMetrics, RouteMetrics, ep_label};
 use super::settings::KvSettings;
@@ -58,6 +59,8 @@ pub struct ServiceKv {
     pub streams: Mutex<HashMap<(Member, u32), StreamStatus>>,
     /// Parity verdicts and token re-hash state per member.
     pub parity: Mutex<ParityBook>,
+    /// The LoRA adapters the parity check hashes `lora_name` blocks with (the state's).
+    pub lora: Arc<LoraCatalog>,
     /// Set when the service was dropped (rule deleted, KV off, contract rebuilt): its streams,
     /// still stopping, record no more series.
     retired: AtomicBool,
@@ -80,11 +83,18 @@ impl ServiceKv {
             parity: Mutex::new(ParityBook::default()),
             members: RwLock::new(Members::new(&config.endpoints)),
             retired: AtomicBool::new(false),
+            lora: Arc::new(LoraCatalog::new(settings.lora_paths.clone())),
             config: KvSpec {
                 endpoints: Vec::new(),
                 ..config.clone()
             },
         }
+    }
+
+    /// The same state checking LoRA blocks against `lora` (the [`KvState`]'s shared catalog).
+    pub fn with_lora(mut self, lora: Arc<LoraCatalog>) -> Self {
+        self.lora = lora;
+        self
     }
 
     /// The current position of `member` in the rule (`None` once it left).
@@ -192,6 +202,8 @@ pub struct KvState {
     pub settings: KvSettings,
     /// Metric handles.
     pub metrics: KvMetrics,
+    /// LoRA adapters known (configured paths and the engines' `/v1/models` listings).
+    pub lora: Arc<LoraCatalog>,
     services: RwLock<HashMap<u32, Arc<ServiceKv>>>,
 }
 
@@ -199,6 +211,7 @@ impl KvState {
     /// Empty state.
     pub fn new(settings: KvSettings, metrics: KvMetrics) -> Arc<Self> {
         Arc::new(Self {
+            lora: Arc::new(LoraCatalog::new(settings.lora_paths.clone())),
             settings,
             metrics,
             services: RwLock::new(HashMap::new()),
@@ -221,7 +234,10 @@ impl KvState {
         Some(match map.get(&rule.id) {
             Some(s) if s.config.same_contract(cfg) => s.clone(),
             _ => {
-                let s = Arc::new(ServiceKv::new(rule.id, cfg, &self.settings, &self.metrics));
+                let s = Arc::new(
+                    ServiceKv::new(rule.id, cfg, &self.settings, &self.metrics)
+                        .with_lora(self.lora.clone()),
+                );
                 map.insert(rule.id, s.clone());
                 s
             }

@@ -72,8 +72,9 @@ pub struct KvRuntime {
 }
 
 /// Registers the KV metric families, builds the tokenizer pool over `tokenizer_dir`, and spawns
-/// into `tasks` the subscriber manager, which follows `rules` until `shutdown`, and the
-/// predicted-block sweep.
+/// into `tasks` the subscriber manager, which follows `rules` until `shutdown`, the
+/// predicted-block sweep and (unless `LOXI_KV_MODELS_POLL_MS` is 0) the `/v1/models` poller
+/// that learns the engines' LoRA adapters.
 pub fn start(
     settings: KvSettings,
     tokenizer_dir: PathBuf,
@@ -89,7 +90,16 @@ pub fn start(
         rules.clone(),
         shutdown.clone(),
     ));
+    let poll = settings.models_poll;
     let state = KvState::new(settings, metrics);
+    if !poll.is_zero() {
+        tasks.spawn(super::lora::poll_models(
+            state.clone(),
+            rules.clone(),
+            poll,
+            shutdown.clone(),
+        ));
+    }
     let pool = Arc::new(TokenizerPool::new(tokenizer_dir, tok_metrics));
     let router = Arc::new(KvRouter::new(state.clone(), pool));
     let manager = KvManager::new(state.clone(), StreamTiming::default());

@@ -11,7 +11,6 @@ use super::events::{EventBatch, KvEvent};
 use crate::kv::BlockKey;
 use crate::kv::members::Member;
 use crate::kv::metrics::{EpLabels, EpReasonLabels, KvMetrics, ep_label};
-use crate::kv::settings::KvSettings;
 use crate::kv::state::ServiceKv;
 use crate::routing::EpIdx;
 
@@ -43,7 +42,6 @@ impl ServiceKv {
         member: Member,
         rank: u32,
         batch: &EventBatch,
-        settings: &KvSettings,
         m: &KvMetrics,
     ) -> Applied {
         let members = self.members.read();
@@ -54,7 +52,7 @@ impl ServiceKv {
         let at = Position { member, pos, rank };
         for ev in &batch.events {
             let reason = match ev {
-                Ok(ev) => self.apply_event(at, ev, settings, m).err(),
+                Ok(ev) => self.apply_event(at, ev, m).err(),
                 Err(_) => Some("malformed"),
             };
             match reason {
@@ -79,13 +77,7 @@ impl ServiceKv {
         out
     }
 
-    fn apply_event(
-        &self,
-        at: Position,
-        ev: &KvEvent,
-        settings: &KvSettings,
-        m: &KvMetrics,
-    ) -> Result<(), &'static str> {
+    fn apply_event(&self, at: Position, ev: &KvEvent, m: &KvMetrics) -> Result<(), &'static str> {
         let (ep, rank) = (at.member, at.rank);
         match ev {
             KvEvent::BlockStored(st) => {
@@ -97,13 +89,10 @@ impl ServiceKv {
                 let keys = if st.token_ids.is_empty() {
                     st.block_hashes.iter().map(|h| h.key()).collect()
                 } else {
-                    let t = self.parity.lock().on_stored(
-                        ep,
-                        st,
-                        &self.hasher,
-                        bs as usize,
-                        &settings.lora_paths,
-                    );
+                    let t =
+                        self.parity
+                            .lock()
+                            .on_stored(ep, st, &self.hasher, bs as usize, &self.lora);
                     if t.verdict_changed {
                         self.publish_parity(at, m);
                     }
@@ -160,6 +149,7 @@ mod tests {
 
     use super::*;
     use crate::kv::ingest::events::decode_batch;
+    use crate::kv::settings::KvSettings;
     use crate::kv::testutil::{msgpack, rule, state, stored_batch};
 
     fn batch(events: Vec<V>, rank: V) -> EventBatch {
@@ -178,17 +168,11 @@ mod tests {
             .service(&rule(1, 2, serde_json::json!({})))
             .expect("kv rule");
         let stored = decode_batch(&stored_batch(&[1, 2], 16)).expect("decode");
-        svc.apply_batch(0, 0, &stored, &st.settings, &st.metrics);
-        svc.apply_batch(0, 1, &stored, &st.settings, &st.metrics);
-        svc.apply_batch(1, 0, &stored, &st.settings, &st.metrics);
+        svc.apply_batch(0, 0, &stored, &st.metrics);
+        svc.apply_batch(0, 1, &stored, &st.metrics);
+        svc.apply_batch(1, 0, &stored, &st.metrics);
         let clear = V::Map(vec![(V::from("type"), V::from("AllBlocksCleared"))]);
-        svc.apply_batch(
-            0,
-            1,
-            &batch(vec![clear], V::from(1)),
-            &st.settings,
-            &st.metrics,
-        );
+        svc.apply_batch(0, 1, &batch(vec![clear], V::from(1)), &st.metrics);
         assert_eq!((svc.index.blocks(0), svc.index.blocks(1)), (0, 2));
     }
 
@@ -199,7 +183,7 @@ mod tests {
             .service(&rule(1, 1, serde_json::json!({"kvBlockSize": 16})))
             .expect("kv rule");
         let b = decode_batch(&stored_batch(&[7], 768)).expect("decode");
-        let out = svc.apply_batch(0, 0, &b, &st.settings, &st.metrics);
+        let out = svc.apply_batch(0, 0, &b, &st.metrics);
         assert_eq!(
             out,
             Applied {
@@ -232,13 +216,7 @@ mod tests {
             V::from(16),
         ]);
         let bad = V::Array(vec![V::from("BlockStored"), V::from("not a list")]);
-        let out = svc.apply_batch(
-            0,
-            0,
-            &batch(vec![bad, good], V::Nil),
-            &st.settings,
-            &st.metrics,
-        );
+        let out = svc.apply_batch(0, 0, &batch(vec![bad, good], V::Nil), &st.metrics);
         assert_eq!(
             out,
             Applied {

@@ -17,6 +17,7 @@ use serde::Serialize;
 use super::events::BlockStored;
 use crate::kv::BlockKey;
 use crate::kv::block_hash::{BlockDigest, BlockHasher, ExtraKey, HashAlgo, VLLM_UNSET_SEED};
+use crate::kv::lora::LoraCatalog;
 use crate::kv::members::Member;
 
 /// Agreeing blocks needed before the verdict is `Ok` and checking stops.
@@ -115,13 +116,13 @@ impl ParityBook {
         ev: &BlockStored,
         hasher: &BlockHasher,
         block_size: usize,
-        lora_paths: &HashMap<String, String>,
+        lora: &LoraCatalog,
     ) -> Translated {
         let p = self.eps.entry(ep).or_default();
         let engine: Vec<BlockKey> = ev.block_hashes.iter().map(|h| h.key()).collect();
         let need_own = p.verdict != Verdict::Ok || p.rehash;
         let own = if need_own {
-            own_chain(p, ev, hasher, block_size, lora_paths)
+            own_chain(p, ev, hasher, block_size, lora)
         } else {
             Vec::new()
         };
@@ -168,12 +169,7 @@ impl ParityBook {
 }
 
 /// Reconstructs the tagged extra keys of block `j` from the untagged published entry.
-fn extra_of(
-    ev: &BlockStored,
-    j: usize,
-    root: bool,
-    lora_paths: &HashMap<String, String>,
-) -> Option<Vec<ExtraKey>> {
+fn extra_of(ev: &BlockStored, j: usize, root: bool, lora: &LoraCatalog) -> Option<Vec<ExtraKey>> {
     let entry = ev
         .extra_keys
         .as_ref()
@@ -186,7 +182,7 @@ fn extra_of(
         Some(_) => return None,
     };
     if let Some(name) = &ev.lora_name {
-        out.push(ExtraKey::Lora(name.clone(), lora_paths.get(name)?.clone()));
+        out.push(ExtraKey::Lora(name.clone(), lora.resolve(name)?.path));
         if items.first().and_then(|v| v.as_str()) == Some(name.as_str()) {
             items.remove(0);
         }
@@ -207,7 +203,7 @@ fn own_chain(
     ev: &BlockStored,
     hasher: &BlockHasher,
     bs: usize,
-    lora_paths: &HashMap<String, String>,
+    lora: &LoraCatalog,
 ) -> Vec<Option<BlockDigest>> {
     let n = ev.block_hashes.len();
     if bs == 0 || ev.token_ids.len() != n * bs {
@@ -220,7 +216,7 @@ fn own_chain(
     };
     (0..n)
         .map(|j| {
-            let extra = extra_of(ev, j, root, lora_paths);
+            let extra = extra_of(ev, j, root, lora);
             let d = match (parent, extra) {
                 (Some(par), Some(x)) => {
                     Some(hasher.hash_block(&par, &ev.token_ids[j * bs..(j + 1) * bs], &x))

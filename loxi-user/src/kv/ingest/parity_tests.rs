@@ -36,7 +36,7 @@ fn every_golden_capture_block_agrees_and_keeps_engine_keys() {
                 decode_batch(&unhex(f["parts_hex"][2].as_str().expect("hex"))).expect("decode");
             for ev in batch.events.into_iter().flatten() {
                 if let KvEvent::BlockStored(st) = ev {
-                    let t = book.on_stored(0, &st, &h, 32, &HashMap::new());
+                    let t = book.on_stored(0, &st, &h, 32, &LoraCatalog::default());
                     let engine: Vec<BlockKey> =
                         st.block_hashes.iter().map(EngineBlockHash::key).collect();
                     assert_eq!(t.keys, engine, "{file}");
@@ -59,7 +59,7 @@ fn engine_with_other_seed_is_diagnosed_as_seed_and_rehashed() {
     let toks = tokens(4, 16, 1);
     let ev = engine_event(&engine, &toks, 16);
     let mut book = ParityBook::default();
-    let t = book.on_stored(3, &ev, &rule_hasher(), 16, &HashMap::new());
+    let t = book.on_stored(3, &ev, &rule_hasher(), 16, &LoraCatalog::default());
     let p = book.get(3).expect("report");
     assert_eq!(p.verdict, Verdict::Mismatch);
     let diag = p.diagnosis.clone().expect("diagnosis");
@@ -79,7 +79,7 @@ fn engine_with_other_algorithm_is_diagnosed_as_algorithm() {
     let engine = BlockHasher::new(HashAlgo::XxhashCbor, Some("0"));
     let ev = engine_event(&engine, &tokens(2, 16, 5), 16);
     let mut book = ParityBook::default();
-    book.on_stored(0, &ev, &rule_hasher(), 16, &HashMap::new());
+    book.on_stored(0, &ev, &rule_hasher(), 16, &LoraCatalog::default());
     let diag = book
         .get(0)
         .and_then(|p| p.diagnosis.clone())
@@ -109,12 +109,12 @@ fn rehash_chains_children_through_engine_parents_and_maps_removals() {
     let mut book = ParityBook::default();
     let own = rule_hasher().keys(&toks, 16, &RequestExtras::default());
     assert_eq!(
-        book.on_stored(0, &first, &rule_hasher(), 16, &HashMap::new())
+        book.on_stored(0, &first, &rule_hasher(), 16, &LoraCatalog::default())
             .keys,
         own[..1]
     );
     assert_eq!(
-        book.on_stored(0, &rest, &rule_hasher(), 16, &HashMap::new())
+        book.on_stored(0, &rest, &rule_hasher(), 16, &LoraCatalog::default())
             .keys,
         own[1..]
     );
@@ -151,7 +151,7 @@ fn salted_root_block_is_checked_with_its_cache_salt_extra_key() {
         ..Default::default()
     };
     let mut book = ParityBook::default();
-    book.on_stored(0, &ev, &h, 16, &HashMap::new());
+    book.on_stored(0, &ev, &h, 16, &LoraCatalog::default());
     let p = book.get(0).expect("report");
     assert_eq!((p.checked_blocks, p.mismatched_blocks), (2, 0));
 }

@@ -7,8 +7,8 @@
 //! tokenization queue is full) → `budget` (loxi: no result within the decision budget) →
 //! `tokenize` (`multimodal` when a chat's text before its first media part cannot be encoded
 //! as an exact prefix; otherwise only that text is scored, counted in
-//! `loxilb_pd_kv_tier15_media_prefix_total`) → `shallow` (fewer than `LLB_KV_MIN_MATCH_TOKENS` tokens) → `hashes` (LoRA adapter
-//! without a path, or extras SGLang's contract cannot hash) → `short_prompt` (no full block: nothing is cacheable) → `no_worker`
+//! `loxilb_pd_kv_tier15_media_prefix_total`) → `shallow` (fewer than `LLB_KV_MIN_MATCH_TOKENS` tokens) → `hashes` (a `lora_name`
+//! the adapter catalog does not know, checked before tokenizing; or extras SGLang's contract cannot hash) → `short_prompt` (no full block: nothing is cacheable) → `no_worker`
 //! (no endpoint holds the first block) → `excluded` (only excluded / unhealthy / unsubscribed
 //! endpoints hold it). Then [`super::blend::blend`] and cold-start seeding. Every miss counts
 //! one `loxilb_pd_kv_tier15_miss_reason_total` and one fallthrough; every hit one
@@ -567,12 +567,13 @@ fn keys_of(
         max_tokens: s.bounds.max_tokens,
         prefix,
     };
+    let (lora, tok_model) = lora_of(state, meta, model)?;
     let encoded;
     let tokens: &[u32] = match prompt {
         Prompt::TokenIds(ids) => ids,
         p => {
             encoded = span.in_scope(|| {
-                tokenizer.encode_bounded(model, meta.api, p, meta.add_special_tokens, bounds)
+                tokenizer.encode_bounded(&tok_model, meta.api, p, meta.add_special_tokens, bounds)
             })?;
             &encoded
         }
@@ -586,7 +587,10 @@ fn keys_of(
     if tokens.len() < s.min_match_tokens {
         return Err(MissReason::Shallow);
     }
-    let extras = extras(state, meta)?;
+    let extras = RequestExtras {
+        lora,
+        cache_salt: meta.cache_salt.clone(),
+    };
     let t = StdInstant::now();
     let span = crate::kv_stage_span!("kv.hash");
     let keys = span.in_scope(|| {
@@ -605,22 +609,29 @@ fn keys_of(
     Ok(keys)
 }
 
-fn extras(state: &KvState, meta: &RequestMeta) -> Result<RequestExtras, MissReason> {
-    let lora = match &meta.lora_name {
-        None => None,
-        Some(n) => Some((
-            n.clone(),
-            state
-                .settings
-                .lora_paths
-                .get(n)
-                .ok_or(MissReason::Hashes)?
-                .clone(),
-        )),
-    };
-    Ok(RequestExtras {
-        lora,
-        cache_salt: meta.cache_salt.clone(),
+/// The request's LoRA extra key `(name, path)` and the model whose tokenizer encodes it: when
+/// `model` (or an explicit `lora_name`) names an adapter of the catalog, its name and path, and
+/// its base model (the adapter's own name when no engine listed a parent). A `lora_name` the
+/// catalog does not know misses with `hashes` (its path, part of every key, is unknown).
+fn lora_of<'a>(
+    state: &KvState,
+    meta: &RequestMeta,
+    model: &'a str,
+) -> Result<(Option<(String, String)>, std::borrow::Cow<'a, str>), MissReason> {
+    if let Some(n) = &meta.lora_name {
+        let a = state.lora.resolve(n).ok_or(MissReason::Hashes)?;
+        let tok = a
+            .parent
+            .map_or(std::borrow::Cow::Borrowed(model), std::borrow::Cow::Owned);
+        return Ok((Some((n.clone(), a.path)), tok));
+    }
+    Ok(match state.lora.resolve(model) {
+        Some(a) => (
+            Some((model.to_owned(), a.path)),
+            a.parent
+                .map_or(std::borrow::Cow::Borrowed(model), std::borrow::Cow::Owned),
+        ),
+        None => (None, std::borrow::Cow::Borrowed(model)),
     })
 }
 

@@ -614,3 +614,110 @@ async fn prompt_tokens_are_the_staged_tokenizers_ids_and_none_without_one() {
     };
     assert_eq!(f.router.prompt_tokens(&ids, 10_000).await, None);
 }
+
+/// The golden `lora_two_blocks_tail` case (block size 16, `sha256_cbor`, seed unset): its token
+/// ids, LoRA name and path, and the block ids vLLM 0.32 computed for it.
+fn golden_lora_case() -> (Vec<u32>, String, String, Vec<BlockKey>) {
+    let g = testutil::golden_json("vllm_block_hashes.json");
+    let case = g["runs"]["unset"]["algos"]["sha256_cbor"]["block_sizes"]["16"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .find(|c| c["name"] == "lora_two_blocks_tail")
+        .expect("lora case")
+        .clone();
+    let tokens = case["tokens"]
+        .as_array()
+        .expect("tokens")
+        .iter()
+        .map(|t| t.as_u64().expect("token") as u32)
+        .collect();
+    let keys = case["blocks"]
+        .as_array()
+        .expect("blocks")
+        .iter()
+        .map(|b| BlockKey(b["wire_u64"].as_u64().expect("wire_u64")))
+        .collect();
+    let s = |k: &str| case["lora"][k].as_str().expect("lora field").to_owned();
+    (tokens, s("lora_name"), s("lora_path"), keys)
+}
+
+/// A request whose `model` is a LoRA adapter hashes with the adapter's extra key on every
+/// block, exactly as vLLM 0.32 does (its own block ids): it matches the endpoint holding the
+/// adapter's blocks, never the base model's, and another adapter matches neither.
+#[test]
+fn a_lora_adapter_request_matches_its_own_vllm_blocks_only() {
+    let (tokens, name, path, vllm_keys) = golden_lora_case();
+    let s = KvSettings {
+        lb_mode: LbMode::Off,
+        coldstart_seed_n: 0,
+        lora_paths: [
+            (name.clone(), path),
+            ("other".into(), "/adapters/other".into()),
+        ]
+        .into(),
+        ..KvSettings::default()
+    };
+    let f = fx_with(s, 3, serde_json::json!({}));
+    let base =
+        BlockHasher::new(HashAlgo::Sha256Cbor, None).keys(&tokens, 16, &RequestExtras::default());
+    assert_eq!(base.len(), vllm_keys.len());
+    assert!(base.iter().all(|k| !vllm_keys.contains(k)));
+    f.svc().index.store(0, 0, &base);
+    f.svc().index.store(1, 0, &vllm_keys);
+    let req = |model: &str| RequestMeta {
+        model: Some(model.into()),
+        prompt: Some(Prompt::TokenIds(tokens.clone())),
+        ..meta("")
+    };
+    assert_eq!(
+        f.select(&req(&name)),
+        Some(Decision::pick(1, Reason::KvOverlap))
+    );
+    assert_eq!(
+        f.select(&req("tiny")),
+        Some(Decision::pick(0, Reason::KvOverlap))
+    );
+    assert_eq!(f.select(&req("other")), None);
+    assert_eq!(f.misses("no_worker"), 1.0);
+}
+
+/// An adapter learned from the engines' `/v1/models` is tokenized with its parent's tokenizer
+/// (the golden tiny model) and hashed with the listed path.
+#[test]
+fn a_listed_adapter_is_tokenized_by_its_parent_and_hashed_with_its_root() {
+    let f = golden_fx(2);
+    let cat = &f.router.state().lora;
+    cat.set_learned(
+        [(
+            "sql-adapter".to_owned(),
+            crate::kv::lora::Adapter {
+                path: "/adapters/sql-adapter".into(),
+                parent: Some("tiny-model".into()),
+            },
+        )]
+        .into(),
+    );
+    let base = RequestMeta {
+        model: Some("tiny-model".into()),
+        ..meta(PROMPT)
+    };
+    let tokens = f.tokens(&base);
+    let extras = RequestExtras {
+        lora: Some(("sql-adapter".into(), "/adapters/sql-adapter".into())),
+        cache_salt: None,
+    };
+    let lora_keys = BlockHasher::new(HashAlgo::Sha256Cbor, None).keys(&tokens, 16, &extras);
+    assert!(lora_keys.len() >= 2);
+    f.hold(0, &base, 99);
+    f.svc().index.store(1, 0, &lora_keys);
+    let adapter = RequestMeta {
+        model: Some("sql-adapter".into()),
+        ..meta(PROMPT)
+    };
+    assert_eq!(
+        f.select(&adapter),
+        Some(Decision::pick(1, Reason::KvOverlap))
+    );
+    assert_eq!(f.select(&base), Some(Decision::pick(0, Reason::KvOverlap)));
+}
