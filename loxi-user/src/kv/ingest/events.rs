@@ -7,7 +7,7 @@
 //!
 //! | event              | map keys read                                                   | array layout |
 //! |--------------------|-----------------------------------------------------------------|--------------|
-//! | `BlockStored`      | `block_hashes`, `parent_block_hash`, `token_ids`, `block_size`, `lora_id`, `lora_name` | `[tag, block_hashes, parent, token_ids, block_size, lora_id, medium, lora_name, ...]` |
+//! | `BlockStored`      | `block_hashes`, `parent_block_hash`, `token_ids`, `block_size`, `lora_id`, `lora_name`, `extra_keys` | `[tag, block_hashes, parent, token_ids, block_size, lora_id, medium, lora_name, extra_keys, ...]` |
 //! | `BlockRemoved`     | `block_hashes`                                                  | `[tag, block_hashes, ...]` |
 //! | `AllBlocksCleared` | none                                                            | `[tag, ...]` |
 //!
@@ -74,8 +74,9 @@ pub struct BlockStored {
     pub lora_id: Option<i64>,
     /// LoRA adapter name, if any.
     pub lora_name: Option<String>,
-    /// Published extra keys, one entry per block (vLLM publishes them untagged: LoRA name,
-    /// cache salt string...). Kept raw; `None` when absent.
+    /// Published extra keys, one entry per block (`null` or an untagged tuple: LoRA name,
+    /// multimodal `(identifier, offset)` pairs, cache salt string, prompt-embeddings bytes;
+    /// interpreted by the parity check). Kept raw; `None` when absent.
     pub extra_keys: Option<Vec<Value>>,
 }
 

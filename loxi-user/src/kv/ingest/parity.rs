@@ -56,6 +56,9 @@ pub struct EpParity {
     pub engine_block_size: Option<u32>,
     /// True when the index holds loxi's own keys for this endpoint.
     pub rehash: bool,
+    /// Blocks with extra keys (LoRA, cache salt) whose digest differed from the engine's, and
+    /// the blocks after them in their event: not held against the engine (see `own_chain`).
+    pub unverified_blocks: u64,
     /// Engine key → loxi's full digest of that block (kept while checking and in re-hash mode).
     #[serde(skip)]
     digests: HashMap<u64, BlockDigest>,
@@ -122,7 +125,7 @@ impl ParityBook {
         let engine: Vec<BlockKey> = ev.block_hashes.iter().map(|h| h.key()).collect();
         let need_own = p.verdict != Verdict::Ok || p.rehash;
         let own = if need_own {
-            own_chain(p, ev, hasher, block_size, lora)
+            own_chain(p, ev, &engine, hasher, block_size, lora)
         } else {
             Vec::new()
         };
@@ -168,28 +171,39 @@ impl ParityBook {
     }
 }
 
-/// Reconstructs the tagged extra keys of block `j` from the untagged published entry.
+/// Reconstructs the tagged extra keys of block `j` from the untagged entry vLLM 0.32 publishes
+/// (`BlockStored.extra_keys`: one entry per block, `null` or a tuple; the tuple is
+/// `generate_block_hash_extra_keys`'s `lora_extra_keys + mm_extra_keys + cache_salt_keys +
+/// prompt_embeds_keys` in `vllm/v1/core/kv_cache_utils.py`): the LoRA name (equal to the
+/// event's `lora_name`), then one `(identifier, offset)` pair per multimodal item, then the
+/// cache salt (a bare string, on the request's block 0 only, i.e. the root block of a chain),
+/// then a prompt-embeddings digest (bytes). `None` when the keys cannot be reproduced: a
+/// multimodal item or prompt embeddings (no vLLM-generated vectors for them), an adapter the
+/// catalog does not know, or any other shape.
 fn extra_of(ev: &BlockStored, j: usize, root: bool, lora: &LoraCatalog) -> Option<Vec<ExtraKey>> {
+    use rmpv::Value;
     let entry = ev
         .extra_keys
         .as_ref()
         .and_then(|e| e.get(j))
         .filter(|v| !v.is_nil());
-    let mut out = Vec::new();
-    let mut items: Vec<&rmpv::Value> = match entry {
-        None => Vec::new(),
-        Some(rmpv::Value::Array(a)) => a.iter().collect(),
+    let mut items: &[Value] = match entry {
+        None => &[],
+        Some(Value::Array(a)) => a,
         Some(_) => return None,
     };
+    let mut out = Vec::new();
     if let Some(name) = &ev.lora_name {
         out.push(ExtraKey::Lora(name.clone(), lora.resolve(name)?.path));
-        if items.first().and_then(|v| v.as_str()) == Some(name.as_str()) {
-            items.remove(0);
+        if let [Value::String(first), rest @ ..] = items
+            && first.as_str() == Some(name.as_str())
+        {
+            items = rest;
         }
     }
-    match items.as_slice() {
+    match items {
         [] => Some(out),
-        [salt] if root && j == 0 => {
+        [Value::String(salt)] if root && j == 0 => {
             out.push(ExtraKey::CacheSalt(salt.as_str()?.to_owned()));
             Some(out)
         }
@@ -198,9 +212,16 @@ fn extra_of(ev: &BlockStored, j: usize, root: bool, lora: &LoraCatalog) -> Optio
 }
 
 /// loxi's digest of every block of the event (`None` where it cannot be computed).
+///
+/// Outside re-hash mode a block with extra keys whose digest differs from the engine's is not
+/// evidence against the engine (the published form drops the LoRA path, which loxi takes from
+/// its catalog, and the tags): that block and the rest of the event get no digest, so they are
+/// neither checked nor chained from (counted in `unverified_blocks`). Plain blocks decide the
+/// verdict.
 fn own_chain(
-    p: &EpParity,
+    p: &mut EpParity,
     ev: &BlockStored,
+    engine: &[BlockKey],
     hasher: &BlockHasher,
     bs: usize,
     lora: &LoraCatalog,
@@ -214,19 +235,24 @@ fn own_chain(
         None => Some(*hasher.none_hash()),
         Some(h) => p.digests.get(&h.key().0).copied(),
     };
-    (0..n)
-        .map(|j| {
-            let extra = extra_of(ev, j, root, lora);
-            let d = match (parent, extra) {
-                (Some(par), Some(x)) => {
-                    Some(hasher.hash_block(&par, &ev.token_ids[j * bs..(j + 1) * bs], &x))
-                }
-                _ => None,
-            };
-            parent = d;
-            d
-        })
-        .collect()
+    let mut out = Vec::with_capacity(n);
+    for j in 0..n {
+        let extra = extra_of(ev, j, root, lora);
+        let has_extra = extra.as_ref().is_none_or(|x| !x.is_empty());
+        let mut d = match (parent, extra) {
+            (Some(par), Some(x)) => {
+                Some(hasher.hash_block(&par, &ev.token_ids[j * bs..(j + 1) * bs], &x))
+            }
+            _ => None,
+        };
+        if has_extra && !p.rehash && d.is_some_and(|d| d.key(hasher.algo()) != engine[j]) {
+            p.unverified_blocks += (n - j) as u64;
+            d = None;
+        }
+        parent = d;
+        out.push(d);
+    }
+    out
 }
 
 fn check(
