@@ -44,6 +44,13 @@ pub struct KvSettings {
     /// asked `GET /v1/models` for their LoRA adapters (`kv::lora`). Default 10 s; 0 = never
     /// (only `LOXI_KV_LORA_PATHS`); range 0–3,600,000 ms.
     pub models_poll: Duration,
+    /// `LOXI_KV_CPU_TIER_CREDIT` (loxi extension): what one prefix block held only on an
+    /// engine's offload tier (`medium` CPU or other non-GPU) is worth in scoring, relative to
+    /// a GPU block: loading it back is cheaper than recomputing it and dearer than a GPU hit.
+    /// In [0, 1] (a value outside is refused: warning, default), default 0.5; 0 ignores the
+    /// offload tier. A GPU block always counts more (credit 1 counts 0.999), so a GPU holder
+    /// beats an offload-only holder at equal overlap.
+    pub cpu_tier_credit: f64,
     /// How much of a prompt the tier tokenizes and what it refuses to (see [`PromptBounds`]).
     pub bounds: PromptBounds,
     /// `LOXI_KV_TOKENIZE_WORKERS` (loxi extension): threads of the tokenization pool. Default
@@ -112,6 +119,7 @@ impl Default for KvSettings {
             predicted_ttl: Duration::from_secs(5),
             lora_paths: HashMap::new(),
             models_poll: Duration::from_secs(10),
+            cpu_tier_credit: 0.5,
             bounds: PromptBounds::default(),
             tokenize_workers: default_tokenize_workers(),
             tokenize_queue: 64,

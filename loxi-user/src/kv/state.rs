@@ -61,6 +61,9 @@ pub struct ServiceKv {
     pub parity: Mutex<ParityBook>,
     /// The LoRA adapters the parity check hashes `lora_name` blocks with (the state's).
     pub lora: Arc<LoraCatalog>,
+    /// Per (member, `group_idx`): is that KV cache group a prefix group (full attention)?
+    /// Learned from `BlockStored`; a `BlockRemoved` of a non-prefix group is ignored.
+    pub groups: Mutex<HashMap<(Member, u32), bool>>,
     /// Set when the service was dropped (rule deleted, KV off, contract rebuilt): its streams,
     /// still stopping, record no more series.
     retired: AtomicBool,
@@ -84,6 +87,7 @@ impl ServiceKv {
             members: RwLock::new(Members::new(&config.endpoints)),
             retired: AtomicBool::new(false),
             lora: Arc::new(LoraCatalog::new(settings.lora_paths.clone())),
+            groups: Mutex::new(HashMap::new()),
             config: KvSpec {
                 endpoints: Vec::new(),
                 ..config.clone()
@@ -133,6 +137,7 @@ impl ServiceKv {
             self.index.forget(m);
             self.parity.lock().reset(m);
             self.streams.lock().retain(|(sm, _), _| *sm != m);
+            self.groups.lock().retain(|(gm, _), _| *gm != m);
         }
         let len = self.members.read().len();
         for &pos in &change.moved {

@@ -6,9 +6,15 @@
 //! A `BlockStored` whose `block_size` differs from `kvBlockSize` is rejected and counted
 //! (`loxilb_kv_events_rejected_total{reason="block_size"}`) and shown in the parity report;
 //! malformed events are counted with `reason="malformed"`. Neither stops the stream.
+//!
+//! Hybrid models and offload tiers: only blocks of a prefix group ([`is_prefix_group`]) enter
+//! the index; a `BlockRemoved` of a group last seen as non-prefix (by `group_idx`) is ignored
+//! (the full-attention group's copy of the same hash stays). Blocks are kept per tier
+//! ([`tier_of`] of `medium`) and removed from the tier the event names.
 
-use super::events::{EventBatch, KvEvent};
+use super::events::{EventBatch, KvEvent, Medium};
 use crate::kv::BlockKey;
+use crate::kv::index::Tier;
 use crate::kv::members::Member;
 use crate::kv::metrics::{EpLabels, EpReasonLabels, KvMetrics, ep_label};
 use crate::kv::state::ServiceKv;
@@ -81,6 +87,18 @@ impl ServiceKv {
         let (ep, rank) = (at.member, at.rank);
         match ev {
             KvEvent::BlockStored(st) => {
+                let prefix = is_prefix_group(
+                    st.kv_cache_spec_kind.as_deref(),
+                    st.kv_cache_spec_sliding_window,
+                );
+                if let Some(g) = st.group_idx {
+                    self.groups.lock().insert((ep, g), prefix);
+                }
+                if !prefix {
+                    // A sliding-window / state-space group: its blocks are not a reusable
+                    // prefix on their own (see README "Hybrid models and offload tiers").
+                    return Ok(());
+                }
                 let bs = self.config.block_size;
                 if let Some(ebs) = st.block_size.filter(|&b| b != bs) {
                     self.parity.lock().reject_block_size(ep, ebs);
@@ -98,7 +116,7 @@ impl ServiceKv {
                     }
                     t.keys
                 };
-                let out = self.index.store(ep, rank, &keys);
+                let out = self.index.store_in(ep, rank, tier_of(&st.medium), &keys);
                 if out.evicted > 0 {
                     m.cap_evictions
                         .get_or_create(&EpLabels {
@@ -108,20 +126,37 @@ impl ServiceKv {
                         .inc_by(out.evicted);
                 }
             }
-            KvEvent::BlockRemoved { block_hashes } => {
+            KvEvent::BlockRemoved {
+                block_hashes,
+                medium,
+                group_idx,
+            } => {
+                if let Some(g) = group_idx
+                    && self.groups.lock().get(&(ep, *g)) == Some(&false)
+                {
+                    // The copy a non-prefix group dropped; the full-attention group's stays.
+                    return Ok(());
+                }
                 let engine: Vec<BlockKey> = block_hashes.iter().map(|h| h.key()).collect();
-                let keys = self
-                    .parity
-                    .lock()
-                    .on_removed(ep, &engine, self.hasher.algo());
-                self.index.remove(ep, rank, &keys);
+                let tier = tier_of(medium);
+                let keys = match tier {
+                    Tier::Gpu => self
+                        .parity
+                        .lock()
+                        .on_removed(ep, &engine, self.hasher.algo()),
+                    Tier::Offload => self
+                        .parity
+                        .lock()
+                        .translate(ep, &engine, self.hasher.algo()),
+                };
+                self.index.remove_in(ep, rank, tier, &keys);
             }
             KvEvent::AllBlocksCleared => self.clear_endpoint(ep),
         }
         Ok(())
     }
 
-    /// Drops every block of member `ep` (all ranks) and its cached digests.
+    /// Drops every block of member `ep` (all ranks, both tiers) and its cached digests.
     pub fn clear_endpoint(&self, ep: Member) {
         self.index.clear_endpoint(ep);
         self.parity.lock().clear(ep);
@@ -140,6 +175,31 @@ impl ServiceKv {
                 ep: ep_label(at.pos, at.rank),
             })
             .set(i64::from(ok));
+    }
+}
+
+/// True for a KV cache group whose blocks form a reusable prefix: full attention
+/// (`full_attention`, `mla_attention`, `sink_full_attention`) or a single-group model that
+/// publishes no kind. Sliding-window, chunked-local and state-space (`mamba`) groups keep only
+/// a window or a state; vLLM's prefix cache can reuse a hybrid model's prefix only as far as
+/// its full-attention group holds it, so only that group is scored.
+pub fn is_prefix_group(kind: Option<&str>, sliding_window: Option<u32>) -> bool {
+    if sliding_window.is_some() {
+        return false;
+    }
+    match kind {
+        None => true,
+        Some(k) => ["full_attention", "mla_attention", "sink_full_attention"]
+            .iter()
+            .any(|f| k.eq_ignore_ascii_case(f)),
+    }
+}
+
+/// The index tier of a published `medium`: GPU, or the offload tier for anything else.
+pub fn tier_of(m: &Medium) -> Tier {
+    match m {
+        Medium::Gpu => Tier::Gpu,
+        Medium::Cpu | Medium::Other(_) => Tier::Offload,
     }
 }
 
@@ -174,6 +234,138 @@ mod tests {
         let clear = V::Map(vec![(V::from("type"), V::from("AllBlocksCleared"))]);
         svc.apply_batch(0, 1, &batch(vec![clear], V::from(1)), &st.metrics);
         assert_eq!((svc.index.blocks(0), svc.index.blocks(1)), (0, 2));
+    }
+
+    /// A map `BlockStored` (no token ids) of `keys` with vLLM 0.32's hybrid/offload fields.
+    fn stored(keys: &[u64], medium: &str, group: u32, kind: &str, window: Option<u32>) -> V {
+        V::Map(vec![
+            (V::from("type"), V::from("BlockStored")),
+            (
+                V::from("block_hashes"),
+                V::Array(keys.iter().map(|&k| V::from(k)).collect()),
+            ),
+            (V::from("parent_block_hash"), V::Nil),
+            (V::from("token_ids"), V::Array(vec![])),
+            (V::from("block_size"), V::from(16)),
+            (V::from("lora_id"), V::Nil),
+            (V::from("medium"), V::from(medium)),
+            (V::from("lora_name"), V::Nil),
+            (V::from("group_idx"), V::from(group)),
+            (V::from("kv_cache_spec_kind"), V::from(kind)),
+            (
+                V::from("kv_cache_spec_sliding_window"),
+                window.map_or(V::Nil, V::from),
+            ),
+            (V::from("locality"), V::from("LOCAL")),
+            (V::from("ownership"), V::from("OWNED")),
+        ])
+    }
+
+    fn removed(keys: &[u64], medium: &str, group: u32) -> V {
+        V::Map(vec![
+            (V::from("type"), V::from("BlockRemoved")),
+            (
+                V::from("block_hashes"),
+                V::Array(keys.iter().map(|&k| V::from(k)).collect()),
+            ),
+            (V::from("medium"), V::from(medium)),
+            (V::from("group_idx"), V::from(group)),
+        ])
+    }
+
+    /// A hybrid model publishes the same hashes for its full-attention group 0 and its
+    /// sliding-window group 1: only group 0 enters the index, and group 1's removal of a hash
+    /// leaves group 0's copy.
+    #[test]
+    fn only_the_full_attention_group_is_indexed_and_other_groups_removals_are_ignored() {
+        let (st, _reg) = state(KvSettings::default());
+        let svc = st
+            .service(&rule(1, 2, serde_json::json!({})))
+            .expect("kv rule");
+        let b = batch(
+            vec![
+                stored(&[1, 2], "GPU", 0, "full_attention", None),
+                stored(&[1, 2, 3, 4], "GPU", 1, "sliding_window", Some(128)),
+            ],
+            V::from(0),
+        );
+        assert_eq!(svc.apply_batch(0, 0, &b, &st.metrics).applied, 2);
+        svc.apply_batch(
+            1,
+            0,
+            &batch(
+                vec![stored(&[1, 2, 3], "GPU", 1, "mamba", None)],
+                V::from(0),
+            ),
+            &st.metrics,
+        );
+        let keys: Vec<BlockKey> = [1, 2, 3, 4].map(BlockKey).to_vec();
+        assert_eq!(
+            svc.index.score(&keys, tokio::time::Instant::now()),
+            vec![(0, 2)]
+        );
+        assert_eq!(svc.index.blocks(1), 0);
+        svc.apply_batch(
+            0,
+            0,
+            &batch(vec![removed(&[1], "GPU", 1)], V::from(0)),
+            &st.metrics,
+        );
+        assert_eq!(svc.index.blocks(0), 2, "group 1 dropped its copy only");
+        svc.apply_batch(
+            0,
+            0,
+            &batch(vec![removed(&[1], "GPU", 0)], V::from(0)),
+            &st.metrics,
+        );
+        assert_eq!(svc.index.blocks(0), 1);
+    }
+
+    /// Blocks are kept per medium: a CPU copy is not a GPU prefix, a CPU removal leaves the GPU
+    /// copy and a GPU removal leaves the CPU copy; a clear empties both.
+    #[test]
+    fn blocks_are_tracked_and_removed_per_medium() {
+        let (st, _reg) = state(KvSettings::default());
+        let svc = st
+            .service(&rule(1, 1, serde_json::json!({})))
+            .expect("kv rule");
+        let keys: Vec<BlockKey> = [1, 2].map(BlockKey).to_vec();
+        let b = batch(
+            vec![
+                stored(&[1, 2], "CPU", 0, "full_attention", None),
+                stored(&[1], "GPU", 0, "full_attention", None),
+            ],
+            V::from(0),
+        );
+        svc.apply_batch(0, 0, &b, &st.metrics);
+        let now = tokio::time::Instant::now();
+        assert_eq!(svc.index.score(&keys, now), vec![(0, 1)], "GPU prefix");
+        assert_eq!(svc.index.any_tier_runs(&keys), vec![(0, 2)], "either tier");
+        svc.apply_batch(
+            0,
+            0,
+            &batch(vec![removed(&[1], "CPU", 0)], V::from(0)),
+            &st.metrics,
+        );
+        assert_eq!(svc.index.score(&keys, now), vec![(0, 1)], "GPU copy stays");
+        // Block 1 on the GPU, block 2 on the CPU: a two-block prefix across the tiers.
+        assert_eq!(svc.index.any_tier_runs(&keys), vec![(0, 2)]);
+        svc.apply_batch(
+            0,
+            0,
+            &batch(vec![removed(&[1], "GPU", 0)], V::from(0)),
+            &st.metrics,
+        );
+        assert_eq!(svc.index.score(&keys, now), vec![]);
+        assert_eq!(
+            svc.index.any_tier_runs(&[BlockKey(2)]),
+            vec![(0, 1)],
+            "CPU copy of 2 stays"
+        );
+        let clear = V::Map(vec![(V::from("type"), V::from("AllBlocksCleared"))]);
+        svc.apply_batch(0, 0, &batch(vec![clear], V::from(0)), &st.metrics);
+        assert_eq!(svc.index.any_tier_runs(&[BlockKey(2)]), vec![]);
+        assert_eq!(svc.index.blocks(0), 0);
     }
 
     #[test]

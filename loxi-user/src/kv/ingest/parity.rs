@@ -152,6 +152,20 @@ impl ParityBook {
         }
     }
 
+    /// Engine keys → index keys without forgetting anything (re-hash mode maps them through
+    /// the digests it knows and drops the unknown; otherwise the keys themselves). For removals
+    /// from the offload tier, whose GPU copy may still be held.
+    pub fn translate(&self, ep: Member, engine: &[BlockKey], algo: HashAlgo) -> Vec<BlockKey> {
+        match self.eps.get(&ep) {
+            Some(p) if p.rehash => engine
+                .iter()
+                .filter_map(|k| p.digests.get(&k.0))
+                .map(|d| d.key(algo))
+                .collect(),
+            _ => engine.to_vec(),
+        }
+    }
+
     /// Translates removed engine keys into index keys (re-hash mode maps and forgets them).
     pub fn on_removed(&mut self, ep: Member, engine: &[BlockKey], algo: HashAlgo) -> Vec<BlockKey> {
         let Some(p) = self.eps.get_mut(&ep) else {

@@ -385,15 +385,25 @@ impl KvRouter {
         let eps = rule.spec.kv.as_ref().map_or(&[][..], |k| &k.endpoints[..]);
         svc.members.read().resolve(eps, members);
         let scores = svc.index.score_with(keys, Instant::now(), score);
+        // Offload-tier credit: per endpoint, the prefix it holds on either tier beyond its GPU
+        // prefix counts `credit` per block. Overlaps are in milli-blocks (the laws compare
+        // overlaps with each other and with the request length, both scaled alike).
+        let credit = self.offload_credit_milli();
+        let any_tier = if credit > 0 {
+            svc.index.any_tier_runs(keys)
+        } else {
+            Vec::new()
+        };
         let member = |ep: EpIdx| members.get(ep).copied().flatten();
         let overlap = |ep: EpIdx| {
-            member(ep)
-                .and_then(|m| scores.iter().find(|(x, _)| *x == m))
-                .map_or(0, |s| s.1)
+            let Some(m) = member(ep) else { return 0 };
+            let gpu = scores.iter().find(|(x, _)| *x == m).map_or(0, |s| s.1);
+            let both = any_tier.iter().find(|(x, _)| *x == m).map_or(0, |s| s.1);
+            gpu * MILLI + both.saturating_sub(gpu) * credit
         };
         let subscribed = |ep: EpIdx| eps.get(ep).is_some_and(|e| e.subscribed);
         let usable = |ep: EpIdx| cands.eligible(ep) && subscribed(ep) && member(ep).is_some();
-        if scores.is_empty() {
+        if scores.is_empty() && any_tier.is_empty() {
             return Err(MissReason::NoWorker);
         }
         if !(0..cands.len()).any(|ep| usable(ep) && overlap(ep) > 0) {
@@ -413,14 +423,14 @@ impl KvRouter {
             load_penalty: s.load_penalty,
             spill_relief: s.spill_relief_for(rule.spec.kv_mode()),
             cap_sum_milli: s.cap_sum_milli,
-            request_blocks: keys.len(),
+            request_blocks: keys.len() * MILLI,
         };
         let pick = blend(law_cands, &params).ok_or(MissReason::Excluded)?;
         let cached = |ep: EpIdx| {
             law_cands
                 .iter()
                 .find(|c| c.ep == ep)
-                .map_or(0, |c| c.overlap)
+                .map_or(0, |c| c.overlap / MILLI)
         };
         if let Some(cold) = self.cold_seed(svc, law_cands, &member, pick.ep) {
             svc.route.cold_seed(cold);
@@ -431,6 +441,12 @@ impl KvRouter {
             return Ok((Decision::pick(pick.ep, Reason::KvSpill), cached(pick.ep)));
         }
         Ok((Decision::pick(pick.ep, Reason::KvOverlap), cached(pick.ep)))
+    }
+
+    /// `LOXI_KV_CPU_TIER_CREDIT` in milli-blocks per offload-tier block, at most 999 (a GPU
+    /// block, 1000, always counts more).
+    fn offload_credit_milli(&self) -> usize {
+        ((self.state.settings.cpu_tier_credit.clamp(0.0, 1.0) * 1000.0).round() as usize).min(999)
     }
 
     /// Every `LOXILB_KV_COLDSTART_SEED_N`-th hit goes to the lowest-index eligible endpoint with
@@ -547,6 +563,10 @@ fn longest_run(text: &str, stop: usize) -> usize {
     }
     longest
 }
+
+/// Overlap unit of the blend laws in tier 1.5: a GPU prefix block counts `MILLI`, an
+/// offload-tier block `LOXI_KV_CPU_TIER_CREDIT × MILLI` (at most `MILLI − 1`).
+const MILLI: usize = 1000;
 
 /// Tokenization and hashing of a screened request: `tokenize` → `shallow` → `hashes` →
 /// `short_prompt`, the stages timed into the service's histograms.

@@ -721,3 +721,68 @@ fn a_listed_adapter_is_tokenized_by_its_parent_and_hashed_with_its_root() {
     );
     assert_eq!(f.select(&base), Some(Decision::pick(0, Reason::KvOverlap)));
 }
+
+/// `n` endpoints, law `off`, no cold seeding, offload-tier credit `credit`.
+fn fx_credit(n: usize, credit: f64) -> Fx {
+    let s = KvSettings {
+        lb_mode: LbMode::Off,
+        coldstart_seed_n: 0,
+        cpu_tier_credit: credit,
+        ..KvSettings::default()
+    };
+    fx_with(s, n, serde_json::json!({}))
+}
+
+/// At equal overlap a GPU holder beats a holder with the blocks only on its CPU tier (even at
+/// credit 1), in either endpoint order; a CPU-only holder still beats nothing.
+#[test]
+fn a_gpu_holder_beats_a_cpu_only_holder_at_equal_overlap() {
+    use crate::kv::index::Tier;
+    for credit in [0.5, 1.0] {
+        for (gpu, cpu) in [(0, 1), (1, 0)] {
+            let f = fx_credit(2, credit);
+            let m = meta(PROMPT);
+            let keys = f.keys_of(&m);
+            f.svc().index.store_in(gpu, 0, Tier::Gpu, &keys[..4]);
+            f.svc().index.store_in(cpu, 0, Tier::Offload, &keys[..4]);
+            assert_eq!(
+                f.select(&m),
+                Some(Decision::pick(gpu, Reason::KvOverlap)),
+                "credit {credit}, gpu holder {gpu}"
+            );
+        }
+    }
+    let f = fx_credit(2, 0.5);
+    let m = meta(PROMPT);
+    f.svc()
+        .index
+        .store_in(1, 0, Tier::Offload, &f.keys_of(&m)[..4]);
+    assert_eq!(f.select(&m), Some(Decision::pick(1, Reason::KvOverlap)));
+}
+
+/// CPU-tier blocks earn `LOXI_KV_CPU_TIER_CREDIT` each: 8 CPU blocks beat 3 GPU blocks at
+/// 0.5 (4 > 3) and lose at 0.25 (2 < 3); at 0 the CPU tier is ignored (a CPU-only holder is
+/// `no_worker`).
+#[test]
+fn cpu_tier_blocks_earn_the_configured_partial_credit() {
+    use crate::kv::index::Tier;
+    let long = PROMPT.repeat(4);
+    for (credit, winner) in [(0.5, 1), (0.25, 0)] {
+        let f = fx_credit(2, credit);
+        let m = meta(&long);
+        let keys = f.keys_of(&m);
+        assert!(keys.len() >= 8);
+        f.svc().index.store_in(0, 0, Tier::Gpu, &keys[..3]);
+        f.svc().index.store_in(1, 0, Tier::Offload, &keys[..8]);
+        assert_eq!(
+            f.select(&m),
+            Some(Decision::pick(winner, Reason::KvOverlap)),
+            "credit {credit}"
+        );
+    }
+    let f = fx_credit(2, 0.0);
+    let m = meta(PROMPT);
+    f.svc().index.store_in(1, 0, Tier::Offload, &f.keys_of(&m));
+    assert_eq!(f.select(&m), None);
+    assert_eq!(f.misses("no_worker"), 1.0);
+}
