@@ -184,6 +184,7 @@ impl Env {
                 .map(|v| crate::kv::settings::parse_lora_paths(&v))
                 .unwrap_or_default(),
             cpu_tier_credit: r.fraction("LOXI_KV_CPU_TIER_CREDIT", 0.5),
+            never_matched_after: r.int("LOXI_KV_NEVER_MATCHED_AFTER", 20, 1, 1_000_000),
             models_poll: Duration::from_millis(r.int(
                 "LOXI_KV_MODELS_POLL_MS",
                 10_000,

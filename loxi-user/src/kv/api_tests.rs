@@ -146,4 +146,18 @@ async fn parity_report_shows_block_size_mismatch() {
         (Some(0), Some(1), Some(768))
     );
     assert_eq!(ep0["verdict"].as_str(), Some("unknown"));
+    // Every endpoint of the rule is listed with its readiness state.
+    let states: Vec<(Option<&str>, Option<&str>)> = v["endpoints"]
+        .as_array()
+        .expect("endpoints")
+        .iter()
+        .map(|e| (e["state"].as_str(), e["leg"].as_str()))
+        .collect();
+    assert_eq!(
+        states,
+        vec![
+            (Some("mismatch"), Some("block_size")),
+            (Some("events_no_tokens"), None)
+        ]
+    );
 }

@@ -29,7 +29,6 @@ use parking_lot::RwLock;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::state::KvState;
 use crate::rules::RuleSnapshot;
 use crate::rules::model::authority;
 
@@ -150,7 +149,7 @@ async fn fetch(target: &str, timeout: Duration) -> Result<HashMap<String, Adapte
 /// `min(interval, 2 s)`) until `shutdown`, and replaces the catalog's learned adapters with the
 /// union of each round's answers (kept as they were when no endpoint answered).
 pub async fn poll_models(
-    state: Arc<KvState>,
+    catalog: Arc<LoraCatalog>,
     rules: watch::Receiver<Arc<RuleSnapshot>>,
     interval: Duration,
     shutdown: CancellationToken,
@@ -176,7 +175,7 @@ pub async fn poll_models(
             }
         }
         if answered > 0 {
-            state.lora.set_learned(union);
+            catalog.set_learned(union);
         }
     }
 }

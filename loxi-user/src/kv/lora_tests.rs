@@ -80,7 +80,7 @@ async fn the_poller_learns_the_engines_adapters_and_forgets_unloaded_ones() {
     let (tx, rx) = watch::channel(snap_with(up));
     let stop = CancellationToken::new();
     let task = tokio::spawn(poll_models(
-        st.clone(),
+        st.lora.clone(),
         rx,
         Duration::from_millis(50),
         stop.clone(),

@@ -11,6 +11,7 @@ pub mod ingest;
 pub mod lora;
 pub mod members;
 pub mod metrics;
+pub mod readiness;
 pub mod route;
 pub mod settings;
 pub mod state;

@@ -51,6 +51,10 @@ pub struct KvSettings {
     /// offload tier. A GPU block always counts more (credit 1 counts 0.999), so a GPU holder
     /// beats an offload-only holder at equal overlap.
     pub cpu_tier_credit: f64,
+    /// `LOXI_KV_NEVER_MATCHED_AFTER` (loxi extension): requests with block keys routed to an
+    /// endpoint holding blocks, none of whose blocks ever matched a request, after which the
+    /// zero-hit watchdog reports it `never_matched`. Default 20, range 1–1,000,000.
+    pub never_matched_after: u64,
     /// How much of a prompt the tier tokenizes and what it refuses to (see [`PromptBounds`]).
     pub bounds: PromptBounds,
     /// `LOXI_KV_TOKENIZE_WORKERS` (loxi extension): threads of the tokenization pool. Default
@@ -120,6 +124,7 @@ impl Default for KvSettings {
             lora_paths: HashMap::new(),
             models_poll: Duration::from_secs(10),
             cpu_tier_credit: 0.5,
+            never_matched_after: 20,
             bounds: PromptBounds::default(),
             tokenize_workers: default_tokenize_workers(),
             tokenize_queue: 64,

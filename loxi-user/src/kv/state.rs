@@ -33,6 +33,19 @@ pub struct StreamStatus {
     pub last_seq: Option<u64>,
 }
 
+/// What the zero-hit watchdog knows of one endpoint.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ZeroHitWatch {
+    /// Requests with block keys routed to it while it held confirmed blocks.
+    pub routed_holding: u64,
+    /// One of its confirmed blocks was the first block of a scored request.
+    pub matched: bool,
+    /// Already counted in `loxilb_pd_kv_zero_hit_watchdog_total`.
+    pub flagged: bool,
+    /// The readiness state last published (and logged) for it.
+    pub reported: Option<&'static str>,
+}
+
 /// KV state of one service.
 pub struct ServiceKv {
     /// Rule id (`service` label, `service_id` in the API).
@@ -64,6 +77,8 @@ pub struct ServiceKv {
     /// Per (member, `group_idx`): is that KV cache group a prefix group (full attention)?
     /// Learned from `BlockStored`; a `BlockRemoved` of a non-prefix group is ignored.
     pub groups: Mutex<HashMap<(Member, u32), bool>>,
+    /// Zero-hit watchdog per member (`kv::readiness`).
+    pub watch: Mutex<HashMap<Member, ZeroHitWatch>>,
     /// Set when the service was dropped (rule deleted, KV off, contract rebuilt): its streams,
     /// still stopping, record no more series.
     retired: AtomicBool,
@@ -88,6 +103,7 @@ impl ServiceKv {
             retired: AtomicBool::new(false),
             lora: Arc::new(LoraCatalog::new(settings.lora_paths.clone())),
             groups: Mutex::new(HashMap::new()),
+            watch: Mutex::new(HashMap::new()),
             config: KvSpec {
                 endpoints: Vec::new(),
                 ..config.clone()
@@ -138,6 +154,7 @@ impl ServiceKv {
             self.parity.lock().reset(m);
             self.streams.lock().retain(|(sm, _), _| *sm != m);
             self.groups.lock().retain(|(gm, _), _| *gm != m);
+            self.watch.lock().remove(&m);
         }
         let len = self.members.read().len();
         for &pos in &change.moved {

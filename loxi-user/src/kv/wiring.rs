@@ -94,7 +94,7 @@ pub fn start(
     let state = KvState::new(settings, metrics);
     if !poll.is_zero() {
         tasks.spawn(super::lora::poll_models(
-            state.clone(),
+            state.lora.clone(),
             rules.clone(),
             poll,
             shutdown.clone(),
@@ -131,8 +131,8 @@ async fn track_rule_models(
     }
 }
 
-/// Frees the expired predicted blocks of every service once per [`SWEEP_INTERVAL`] until
-/// `shutdown` (off the request path: a sweep takes each shard's write lock in turn; expired
+/// Frees the expired predicted blocks of every service and publishes every endpoint's
+/// readiness (`kv::readiness`) once per [`SWEEP_INTERVAL`] until `shutdown` (off the request path: a sweep takes each shard's write lock in turn; expired
 /// predictions never score, so the sweep only bounds their memory).
 pub async fn sweep_predictions(state: Arc<KvState>, shutdown: CancellationToken) {
     let mut tick = tokio::time::interval(SWEEP_INTERVAL);
@@ -146,6 +146,7 @@ pub async fn sweep_predictions(state: Arc<KvState>, shutdown: CancellationToken)
         for svc in state.all() {
             svc.index.sweep_predicted(now);
         }
+        super::readiness::publish(&state);
     }
 }
 

@@ -2,7 +2,8 @@
 //! block-size guard, the parity check / token re-hash, and the per-event metrics.
 //!
 //! Semantics: `BlockStored` adds one reference per listed block; `BlockRemoved` drops one;
-//! `AllBlocksCleared` empties every rank of the endpoint (vLLM resets the whole engine cache).
+//! `AllBlocksCleared` empties the publishing DP rank's blocks of the endpoint (each vLLM DP
+//! rank is an engine core with its own cache and publisher; see [`ServiceKv::clear_rank`]).
 //! A `BlockStored` whose `block_size` differs from `kvBlockSize` is rejected and counted
 //! (`loxilb_kv_events_rejected_total{reason="block_size"}`) and shown in the parity report;
 //! malformed events are counted with `reason="malformed"`. Neither stops the stream.
@@ -151,9 +152,23 @@ impl ServiceKv {
                 };
                 self.index.remove_in(ep, rank, tier, &keys);
             }
-            KvEvent::AllBlocksCleared => self.clear_endpoint(ep),
+            KvEvent::AllBlocksCleared => self.clear_rank(ep, rank),
         }
         Ok(())
+    }
+
+    /// `AllBlocksCleared` from DP rank `rank` of member `ep`: drops that rank's blocks (both
+    /// tiers) only. In vLLM every data-parallel rank is its own engine core with its own
+    /// prefix cache and its own `ZmqEventPublisher` (`vllm/distributed/kv_events.py`,
+    /// `EventPublisher`: "each DP rank runs its own EventPublisher instance ... annotate events
+    /// with their data_parallel_rank"), so a reset published by one rank says nothing about
+    /// the others. The member's cached digests are dropped only when the rule has one rank
+    /// (they are shared by its ranks' re-hash translation).
+    pub fn clear_rank(&self, ep: Member, rank: u32) {
+        self.index.clear_rank(ep, rank);
+        if self.config.dp_ranks <= 1 {
+            self.parity.lock().clear(ep);
+        }
     }
 
     /// Drops every block of member `ep` (all ranks, both tiers) and its cached digests.
@@ -222,7 +237,7 @@ mod tests {
     }
 
     #[test]
-    fn all_blocks_cleared_empties_every_rank_of_the_endpoint() {
+    fn all_blocks_cleared_from_one_dp_rank_empties_that_rank_only() {
         let (st, _reg) = state(KvSettings::default());
         let svc = st
             .service(&rule(1, 2, serde_json::json!({})))
@@ -232,8 +247,15 @@ mod tests {
         svc.apply_batch(0, 1, &stored, &st.metrics);
         svc.apply_batch(1, 0, &stored, &st.metrics);
         let clear = V::Map(vec![(V::from("type"), V::from("AllBlocksCleared"))]);
+        assert_eq!((svc.index.blocks(0), svc.index.blocks(1)), (4, 2));
         svc.apply_batch(0, 1, &batch(vec![clear], V::from(1)), &st.metrics);
-        assert_eq!((svc.index.blocks(0), svc.index.blocks(1)), (0, 2));
+        assert_eq!((svc.index.blocks(0), svc.index.blocks(1)), (2, 2));
+        let now = tokio::time::Instant::now();
+        assert_eq!(
+            svc.index.score(&[BlockKey(1), BlockKey(2)], now),
+            vec![(0, 2), (1, 2)],
+            "rank 0 of endpoint 0 still holds the prefix"
+        );
     }
 
     /// A map `BlockStored` (no token ids) of `keys` with vLLM 0.32's hybrid/offload fields.
@@ -366,6 +388,41 @@ mod tests {
         svc.apply_batch(0, 0, &batch(vec![clear], V::from(0)), &st.metrics);
         assert_eq!(svc.index.any_tier_runs(&[BlockKey(2)]), vec![]);
         assert_eq!(svc.index.blocks(0), 0);
+    }
+
+    /// On an endpoint in token re-hash mode (engine seed differs), blocks stored by an event
+    /// without token ids are held under the engine's keys and a `BlockRemoved` removes them.
+    #[test]
+    fn rehash_endpoint_removes_blocks_stored_without_token_ids() {
+        let (st, _reg) = state(KvSettings::default());
+        let svc = st
+            .service(&rule(1, 1, serde_json::json!({})))
+            .expect("kv rule");
+        let engine = crate::kv::block_hash::BlockHasher::new(
+            crate::kv::block_hash::HashAlgo::Sha256Cbor,
+            Some("42"),
+        );
+        let toks: Vec<u32> = (0..32).collect();
+        let keys: Vec<u64> = engine
+            .keys(&toks, 16, &Default::default())
+            .iter()
+            .map(|k| k.0)
+            .collect();
+        let with_tokens =
+            crate::kv::testutil::vllm_stored_event(&keys, &toks, 16, None, vec![V::Nil, V::Nil]);
+        svc.apply_batch(0, 0, &batch(vec![with_tokens], V::from(0)), &st.metrics);
+        assert!(svc.parity.lock().get(0).expect("report").rehash);
+        let bare = decode_batch(&stored_batch(&[77, 78], 16)).expect("decode");
+        svc.apply_batch(0, 0, &bare, &st.metrics);
+        assert_eq!(svc.index.blocks(0), 4);
+        svc.apply_batch(
+            0,
+            0,
+            &batch(vec![removed(&[77], "GPU", 0)], V::from(0)),
+            &st.metrics,
+        );
+        assert_eq!(svc.index.blocks(0), 3);
+        assert!(!svc.index.holds_key(0, BlockKey(77)));
     }
 
     #[test]

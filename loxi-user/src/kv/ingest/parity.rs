@@ -153,20 +153,20 @@ impl ParityBook {
     }
 
     /// Engine keys → index keys without forgetting anything (re-hash mode maps them through
-    /// the digests it knows and drops the unknown; otherwise the keys themselves). For removals
+    /// the digests it knows, the others stay as they are; otherwise the keys themselves). For removals
     /// from the offload tier, whose GPU copy may still be held.
     pub fn translate(&self, ep: Member, engine: &[BlockKey], algo: HashAlgo) -> Vec<BlockKey> {
         match self.eps.get(&ep) {
             Some(p) if p.rehash => engine
                 .iter()
-                .filter_map(|k| p.digests.get(&k.0))
-                .map(|d| d.key(algo))
+                .map(|k| p.digests.get(&k.0).map_or(*k, |d| d.key(algo)))
                 .collect(),
             _ => engine.to_vec(),
         }
     }
 
-    /// Translates removed engine keys into index keys (re-hash mode maps and forgets them).
+    /// Translates removed engine keys into index keys (re-hash mode maps and forgets them; a
+    /// key without a digest, stored from an event without token ids, is removed as is).
     pub fn on_removed(&mut self, ep: Member, engine: &[BlockKey], algo: HashAlgo) -> Vec<BlockKey> {
         let Some(p) = self.eps.get_mut(&ep) else {
             return engine.to_vec();
@@ -177,10 +177,11 @@ impl ParityBook {
             });
             return engine.to_vec();
         }
+        // A key loxi has no digest for was stored as the engine's own key (a `BlockStored`
+        // without token ids): it is removed as such.
         engine
             .iter()
-            .filter_map(|k| p.digests.remove(&k.0))
-            .map(|d| d.key(algo))
+            .map(|k| p.digests.remove(&k.0).map_or(*k, |d| d.key(algo)))
             .collect()
     }
 }
@@ -250,7 +251,7 @@ fn own_chain(
         Some(h) => p.digests.get(&h.key().0).copied(),
     };
     let mut out = Vec::with_capacity(n);
-    for j in 0..n {
+    for (j, engine_key) in engine.iter().enumerate().take(n) {
         let extra = extra_of(ev, j, root, lora);
         let has_extra = extra.as_ref().is_none_or(|x| !x.is_empty());
         let mut d = match (parent, extra) {
@@ -259,7 +260,7 @@ fn own_chain(
             }
             _ => None,
         };
-        if has_extra && !p.rehash && d.is_some_and(|d| d.key(hasher.algo()) != engine[j]) {
+        if has_extra && !p.rehash && d.is_some_and(|d| d.key(hasher.algo()) != *engine_key) {
             p.unverified_blocks += (n - j) as u64;
             d = None;
         }

@@ -23,6 +23,7 @@
 //! state, which a connect-failure retry and [`KvRouter::routed`] reuse. `warmup` is not kept: every attempt
 //! checks it, and `routed` skips it (blocks of requests sent during warmup are still predicted).
 
+use std::borrow::Cow;
 use std::cell::RefCell;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -309,17 +310,24 @@ impl KvRouter {
     /// the predicted-block TTL. The keys come from `ticket` (the request's `select` calls);
     /// only when those all stopped at `warmup` are they computed here (and kept).
     pub fn routed(&self, rule: &StoredRule, meta: &RequestMeta, ep: EpIdx, ticket: &mut KvTicket) {
-        if self.state.settings.predicted_ttl.is_zero() {
-            return;
-        }
         let Some(svc) = ticket.service(&self.state, rule) else {
             return;
         };
-        let keys = ticket.keys.get_or_insert_with(|| self.keys(&svc, meta));
         let eps = rule.spec.kv.as_ref().map_or(&[][..], |k| &k.endpoints[..]);
         let member = eps
             .get(ep)
             .and_then(|e| svc.members.read().member_of(e, ep));
+        if let (Some(Ok(_)), Some(m)) = (&ticket.keys, member)
+            && svc.index.blocks(m) > 0
+        {
+            let mut w = svc.watch.lock();
+            let e = w.entry(m).or_default();
+            e.routed_holding = e.routed_holding.saturating_add(1);
+        }
+        if self.state.settings.predicted_ttl.is_zero() {
+            return;
+        }
+        let keys = ticket.keys.get_or_insert_with(|| self.keys(&svc, meta));
         if let (Ok(keys), Some(member)) = (keys, member) {
             let now = Instant::now();
             svc.index
@@ -401,6 +409,17 @@ impl KvRouter {
             let both = any_tier.iter().find(|(x, _)| *x == m).map_or(0, |s| s.1);
             gpu * MILLI + both.saturating_sub(gpu) * credit
         };
+        // Zero-hit watchdog: an endpoint whose confirmed blocks hold this request's first block
+        // matches (once is enough).
+        if let Some(first) = keys.first() {
+            let mut w = svc.watch.lock();
+            for m in members.iter().flatten() {
+                let e = w.entry(*m).or_default();
+                if !e.matched && svc.index.holds_key(*m, *first) {
+                    e.matched = true;
+                }
+            }
+        }
         let subscribed = |ep: EpIdx| eps.get(ep).is_some_and(|e| e.subscribed);
         let usable = |ep: EpIdx| cands.eligible(ep) && subscribed(ep) && member(ep).is_some();
         if scores.is_empty() && any_tier.is_empty() {
@@ -629,6 +648,9 @@ fn keys_of(
     Ok(keys)
 }
 
+/// A request's LoRA extra key `(name, path)`, if any, and the model whose tokenizer encodes it.
+type LoraAndTokenizer<'a> = (Option<(String, String)>, Cow<'a, str>);
+
 /// The request's LoRA extra key `(name, path)` and the model whose tokenizer encodes it: when
 /// `model` (or an explicit `lora_name`) names an adapter of the catalog, its name and path, and
 /// its base model (the adapter's own name when no engine listed a parent). A `lora_name` the
@@ -637,21 +659,20 @@ fn lora_of<'a>(
     state: &KvState,
     meta: &RequestMeta,
     model: &'a str,
-) -> Result<(Option<(String, String)>, std::borrow::Cow<'a, str>), MissReason> {
-    if let Some(n) = &meta.lora_name {
-        let a = state.lora.resolve(n).ok_or(MissReason::Hashes)?;
-        let tok = a
-            .parent
-            .map_or(std::borrow::Cow::Borrowed(model), std::borrow::Cow::Owned);
-        return Ok((Some((n.clone(), a.path)), tok));
-    }
-    Ok(match state.lora.resolve(model) {
-        Some(a) => (
-            Some((model.to_owned(), a.path)),
-            a.parent
-                .map_or(std::borrow::Cow::Borrowed(model), std::borrow::Cow::Owned),
+) -> Result<LoraAndTokenizer<'a>, MissReason> {
+    let (name, adapter) = match &meta.lora_name {
+        Some(n) => (
+            n.as_str(),
+            Some(state.lora.resolve(n).ok_or(MissReason::Hashes)?),
         ),
-        None => (None, std::borrow::Cow::Borrowed(model)),
+        None => (model, state.lora.resolve(model)),
+    };
+    Ok(match adapter {
+        Some(a) => (
+            Some((name.to_owned(), a.path)),
+            a.parent.map_or(Cow::Borrowed(model), Cow::Owned),
+        ),
+        None => (None, Cow::Borrowed(model)),
     })
 }
 

@@ -786,3 +786,61 @@ fn cpu_tier_blocks_earn_the_configured_partial_credit() {
     assert_eq!(f.select(&m), None);
     assert_eq!(f.misses("no_worker"), 1.0);
 }
+
+/// The zero-hit watchdog: an endpoint holding blocks that never match, to which 3
+/// (`LOXI_KV_NEVER_MATCHED_AFTER`) requests were routed, becomes `never_matched` and is
+/// counted once in `loxilb_pd_kv_zero_hit_watchdog_total`; the endpoint whose blocks match
+/// does not.
+#[test]
+fn zero_hit_watchdog_flags_an_endpoint_whose_blocks_never_match() {
+    let s = KvSettings {
+        lb_mode: LbMode::Off,
+        coldstart_seed_n: 0,
+        never_matched_after: 3,
+        // No predictions: the routed requests must not make endpoint 1 a holder.
+        predicted_ttl: Duration::ZERO,
+        ..KvSettings::default()
+    };
+    let f = fx_with(s, 2, serde_json::json!({}));
+    let m = meta(PROMPT);
+    f.hold(0, &m, 2);
+    f.svc()
+        .index
+        .store(1, 0, &[BlockKey(1), BlockKey(2), BlockKey(3)]);
+    for member in [0, 1] {
+        f.svc()
+            .streams
+            .lock()
+            .entry((member, 0))
+            .or_default()
+            .last_seq = Some(0);
+    }
+    let state_of = |ep: &str, st: &str| {
+        f.metric(&format!(
+            "loxilb_kv_endpoint_readiness{{service=\"1\",ep_idx=\"{ep}\",state=\"{st}\"}}"
+        ))
+    };
+    let watchdog = "loxilb_pd_kv_zero_hit_watchdog_total{service=\"1\"}";
+    for i in 1..=4 {
+        let mut t = KvTicket::default();
+        assert_eq!(
+            f.attempt(&m, &Excluded::default(), &mut t),
+            Some(Decision::pick(0, Reason::KvOverlap))
+        );
+        // Routed elsewhere (a spill, the rule's selector): the watchdog counts it.
+        f.router.routed(&f.rule, &m, 1, &mut t);
+        crate::kv::readiness::publish(f.router.state());
+        let flagged = i >= 3;
+        assert_eq!(
+            state_of("1", "never_matched"),
+            f64::from(u8::from(flagged)),
+            "after {i}"
+        );
+        assert_eq!(
+            f.metric(watchdog),
+            f64::from(u8::from(flagged)),
+            "after {i}"
+        );
+        assert_eq!(state_of("0", "never_matched"), 0.0);
+    }
+}
