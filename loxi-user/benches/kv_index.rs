@@ -179,7 +179,7 @@ fn ingest_report() {
     let (cpu0, wall) = (thread_cpu_secs(), StdInstant::now());
     for p in &payloads {
         let batch = decode_batch(p).expect("decode");
-        black_box(svc.apply_batch(0, 0, &batch, &state.settings, &state.metrics));
+        black_box(svc.apply_batch(0, 0, &batch, &state.metrics));
     }
     let (cpu, wall) = (thread_cpu_secs() - cpu0, wall.elapsed().as_secs_f64());
     println!(
@@ -556,7 +556,7 @@ fn benches(c: &mut Criterion) {
             },
             |payload| {
                 let batch = decode_batch(&payload).expect("decode");
-                black_box(svc.apply_batch(0, 0, &batch, &state.settings, &state.metrics))
+                black_box(svc.apply_batch(0, 0, &batch, &state.metrics))
             },
             BatchSize::SmallInput,
         )

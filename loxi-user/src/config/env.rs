@@ -183,6 +183,14 @@ impl Env {
             lora_paths: lookup("LOXI_KV_LORA_PATHS")
                 .map(|v| crate::kv::settings::parse_lora_paths(&v))
                 .unwrap_or_default(),
+            cpu_tier_credit: r.fraction("LOXI_KV_CPU_TIER_CREDIT", 0.5),
+            never_matched_after: r.int("LOXI_KV_NEVER_MATCHED_AFTER", 20, 1, 1_000_000),
+            models_poll: Duration::from_millis(r.int(
+                "LOXI_KV_MODELS_POLL_MS",
+                10_000,
+                0,
+                3_600_000,
+            )),
             bounds: PromptBounds {
                 max_bytes: r.int("LOXI_KV_MAX_PROMPT_BYTES", 1 << 20, 4 << 10, 64 << 20) as usize,
                 max_tokens: match r.int("LOXI_KV_MAX_PROMPT_TOKENS", 0, 16, 16 << 20) {
@@ -305,6 +313,21 @@ impl Reader<'_> {
             used,
             accepted,
         });
+    }
+
+    /// A fraction in `[0, 1]` (a value outside it, or not a number, is refused: warning and
+    /// `default`).
+    fn fraction(&mut self, var: &'static str, default: f64) -> f64 {
+        let Some(v) = self.get(var) else {
+            return default;
+        };
+        match v.parse::<f64>() {
+            Ok(x) if (0.0..=1.0).contains(&x) => x,
+            _ => {
+                self.warn(var, v, default, "a number in [0, 1]");
+                default
+            }
+        }
     }
 
     /// An integer in `lo..=hi`; 0 is always accepted when it is the default (an "off" value).
@@ -555,6 +578,19 @@ mod tests {
         assert_eq!((e.header_timeout_ms, e.idle_timeout_ms), (250, 3_600_000));
         assert_eq!(e.max_conns_per_listener, 1);
         assert!(e.warnings.is_empty(), "{:?}", e.warnings);
+    }
+
+    #[test]
+    fn cpu_tier_credit_outside_zero_to_one_is_refused() {
+        assert_eq!(env(&[]).kv.cpu_tier_credit, 0.5);
+        let e = env(&[("LOXI_KV_CPU_TIER_CREDIT", "0.25")]);
+        assert_eq!((e.kv.cpu_tier_credit, e.warnings.len()), (0.25, 0));
+        for bad in ["1.5", "-0.1", "half"] {
+            let e = env(&[("LOXI_KV_CPU_TIER_CREDIT", bad)]);
+            assert_eq!(e.kv.cpu_tier_credit, 0.5, "{bad}");
+            assert_eq!(e.warnings.len(), 1, "{bad}");
+            assert_eq!(e.warnings[0].var, "LOXI_KV_CPU_TIER_CREDIT");
+        }
     }
 
     #[test]

@@ -7,9 +7,12 @@
 //!   (LoxiLB requires it) loxi answers its per-endpoint view of every subscribed endpoint:
 //!   index, IP, block count, connected flag, per-rank stream status (connected, last seq) and
 //!   the held block hashes (u64, oldest first per rank).
-//! - `GET /netlox/v1/config/ai/kv/parity?service_id=N` — the rule's hash contract and, per
-//!   endpoint, the parity verdict (`unknown`/`ok`/`mismatch`), blocks checked and mismatched,
-//!   the diagnosis, block-size rejections and whether token re-hash is active.
+//! - `GET /netlox/v1/config/ai/kv/parity?service_id=N` — the rule's hash contract and, for
+//!   EVERY endpoint of the rule (rule order): its readiness `state` (`no_events`,
+//!   `events_no_tokens`, `ok`, `mismatch` with its `leg`, `never_matched`, `not_subscribed`;
+//!   `kv::readiness`) and `remedy`, the parity verdict (`unknown`/`ok`/`mismatch`), blocks
+//!   checked, mismatched and unverified, the diagnosis, block-size rejections and whether
+//!   token re-hash is active.
 //!
 //! Errors are JSON `{"error": "..."}`: 400 naming the bad query field, 404 for an unknown
 //! service (no KV state: unknown id or kvExactMode 0) or endpoint.
@@ -25,6 +28,7 @@ use axum::routing::get;
 use serde::Serialize;
 
 use super::ingest::parity::EpParity;
+use super::readiness::{Readiness, readiness};
 use super::state::{KvState, ServiceKv};
 
 /// Inventory path.
@@ -109,13 +113,19 @@ pub struct InventoryView {
     pub endpoints: Vec<EndpointInventory>,
 }
 
-/// One endpoint's parity.
+/// One endpoint's parity and readiness.
 #[derive(Debug, Serialize)]
 pub struct EndpointParity {
     /// Endpoint index.
     #[serde(rename = "epIdx")]
     pub ep_idx: usize,
-    /// Report.
+    /// Endpoint IP.
+    #[serde(rename = "endpointIP")]
+    pub endpoint_ip: String,
+    /// Readiness state, leg and remedy (`kv::readiness`).
+    #[serde(flatten)]
+    pub readiness: Readiness,
+    /// Parity report (all zero / `unknown` before any event with token ids).
     #[serde(flatten)]
     pub parity: EpParity,
 }
@@ -135,7 +145,7 @@ pub struct ParityView {
     /// Whether `LLB_KV_NONE_HASH_SEED` is set.
     #[serde(rename = "seedSet")]
     pub seed_set: bool,
-    /// Endpoints with a report.
+    /// Every endpoint of the rule, in rule order.
     pub endpoints: Vec<EndpointParity>,
 }
 
@@ -263,18 +273,25 @@ async fn parity(
     };
     let endpoints = {
         let members = svc.members.read();
-        let mut v: Vec<EndpointParity> = svc
-            .parity
-            .lock()
-            .all()
-            .into_iter()
-            .filter_map(|(member, parity)| {
-                let ep_idx = members.idx_of(member)?;
-                Some(EndpointParity { ep_idx, parity })
+        members
+            .iter()
+            .map(|(ep_idx, ep, member)| {
+                let parity = svc.parity.lock().get(member).cloned().unwrap_or_default();
+                let readiness = readiness(
+                    &svc,
+                    member,
+                    ep,
+                    Some(&parity),
+                    state.settings.never_matched_after,
+                );
+                EndpointParity {
+                    ep_idx,
+                    endpoint_ip: ep.ip.clone(),
+                    readiness,
+                    parity,
+                }
             })
-            .collect();
-        v.sort_by_key(|p| p.ep_idx);
-        v
+            .collect::<Vec<_>>()
     };
     let hash_algo = svc.config.algo.to_string();
     let view = ParityView {

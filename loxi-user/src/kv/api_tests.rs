@@ -38,11 +38,11 @@ fn populated() -> Arc<KvState> {
         .service(&rule(4, 2, serde_json::json!({})))
         .expect("kv rule");
     let b = decode_batch(&stored_batch(&[11, u64::MAX], 16)).expect("decode");
-    svc.apply_batch(1, 0, &b, &st.settings, &st.metrics);
+    svc.apply_batch(1, 0, &b, &st.metrics);
     svc.set_connected(1, 0, true);
     svc.streams.lock().entry((1, 0)).or_default().last_seq = Some(7);
     let bad = decode_batch(&stored_batch(&[5], 768)).expect("decode");
-    svc.apply_batch(0, 0, &bad, &st.settings, &st.metrics);
+    svc.apply_batch(0, 0, &bad, &st.metrics);
     st
 }
 
@@ -146,4 +146,18 @@ async fn parity_report_shows_block_size_mismatch() {
         (Some(0), Some(1), Some(768))
     );
     assert_eq!(ep0["verdict"].as_str(), Some("unknown"));
+    // Every endpoint of the rule is listed with its readiness state.
+    let states: Vec<(Option<&str>, Option<&str>)> = v["endpoints"]
+        .as_array()
+        .expect("endpoints")
+        .iter()
+        .map(|e| (e["state"].as_str(), e["leg"].as_str()))
+        .collect();
+    assert_eq!(
+        states,
+        vec![
+            (Some("mismatch"), Some("block_size")),
+            (Some("events_no_tokens"), None)
+        ]
+    );
 }

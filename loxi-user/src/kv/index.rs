@@ -3,8 +3,9 @@
 //! Layout (see `README.md`): `SHARDS` shards, each a `parking_lot::RwLock` over an open-addressing
 //! map `u64 → packed holder word` (16 bytes per entry). A holder word is either one inline
 //! `(slot, refcount)` pair or, with the top bit set, an index into the shard's side table of
-//! holder lists (blocks held by several streams). A *slot* is `ep << 4 | rank` (ranks 0..=14);
-//! slot `ep << 4 | 15` holds *predicted* blocks (inserted after routing, with a TTL). `ep` here
+//! holder lists (blocks held by several streams). A *slot* is `ep << 5 | tier << 4 | rank`
+//! (ranks 0..=14; tier 0 = the engine's GPU, 1 = its offload tier: CPU or any non-GPU
+//! `medium`); slot `ep << 5 | 15` holds *predicted* blocks (inserted after routing, with a TTL). `ep` here
 //! is the endpoint's [`Member`] id (stable across rule updates, `kv::members`), not its position
 //! in the rule.
 //!
@@ -56,12 +57,36 @@ impl Hasher for KeyHasher {
 
 type KeyMap<V> = HashMap<u64, V, BuildHasherDefault<KeyHasher>>;
 
+/// Which tier of an engine holds a block (`medium` of the event).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tier {
+    /// GPU memory (`medium` `GPU` or absent): a prefix hit is free.
+    Gpu,
+    /// The offload tier (`medium` `CPU` or any other non-GPU value): a hit loads the blocks
+    /// back; scored with `LOXI_KV_CPU_TIER_CREDIT`.
+    Offload,
+}
+
+const OFFLOAD_BIT: u32 = 1 << 4;
+
+fn slot_in(ep: Member, rank: u32, tier: Tier) -> u32 {
+    let t = match tier {
+        Tier::Gpu => 0,
+        Tier::Offload => OFFLOAD_BIT,
+    };
+    ((ep as u32) << 5) | t | (rank & 0xF)
+}
+
 fn slot(ep: Member, rank: u32) -> u32 {
-    ((ep as u32) << 4) | (rank & 0xF)
+    slot_in(ep, rank, Tier::Gpu)
 }
 
 fn slot_ep(slot: u32) -> Member {
-    (slot >> 4) as Member
+    (slot >> 5) as Member
+}
+
+fn is_offload(slot: u32) -> bool {
+    slot & OFFLOAD_BIT != 0
 }
 
 fn pack_one(slot: u32, refs: u32) -> u64 {
@@ -206,6 +231,8 @@ pub struct KvIndex {
     /// Confirmed blocks per endpoint (all ranks), kept by the writers under `slots` so that
     /// request-time reads ([`Self::blocks`]) take no mutex.
     ep_blocks: RwLock<Vec<AtomicU64>>,
+    /// Offload-tier keys held (all endpoints): scoring walks the offload tier only when > 0.
+    offload_held: AtomicU64,
 }
 
 /// Interval of the background predicted-block sweep (`kv::wiring`): expired predictions never
@@ -242,6 +269,11 @@ impl ScoreScratch {
                 self.slot_seen.resize(si + 1, 0);
             }
             self.slot_seen[si] = self.stamp;
+            // Offload-tier copies do not continue a GPU run: only GPU holders mark their
+            // endpoint (alive streams are GPU slots, so `slot_seen` needs no filter).
+            if is_offload(s) {
+                continue;
+            }
             if self.ep_seen.len() <= ep {
                 self.ep_seen.resize(ep + 1, 0);
             }
@@ -261,6 +293,7 @@ impl KvIndex {
             max_blocks: max_blocks.max(1),
             evictions: AtomicU64::new(0),
             ep_blocks: RwLock::new(Vec::new()),
+            offload_held: AtomicU64::new(0),
         }
     }
 
@@ -268,10 +301,15 @@ impl KvIndex {
         &self.shards[(key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 60) as usize % SHARDS]
     }
 
-    /// Applies a `BlockStored` from endpoint `ep`, DP rank `rank` (ranks above [`MAX_RANK`] are
-    /// folded onto it). Evicts the slot's oldest keys beyond the cap.
+    /// Applies a GPU `BlockStored` from endpoint `ep`, DP rank `rank` (ranks above
+    /// [`MAX_RANK`] are folded onto it). Evicts the slot's oldest keys beyond the cap.
     pub fn store(&self, ep: Member, rank: u32, keys: &[BlockKey]) -> StoreOutcome {
-        let s = slot(ep, rank.min(MAX_RANK));
+        self.store_in(ep, rank, Tier::Gpu, keys)
+    }
+
+    /// [`Self::store`] into `tier` (each tier of a stream is capped on its own).
+    pub fn store_in(&self, ep: Member, rank: u32, tier: Tier, keys: &[BlockKey]) -> StoreOutcome {
+        let s = slot_in(ep, rank.min(MAX_RANK), tier);
         let mut slots = self.slots.lock();
         let st = slots.entry(s).or_default();
         let mut out = StoreOutcome::default();
@@ -286,6 +324,10 @@ impl KvIndex {
         }
         out.evicted = self.enforce_cap(s, st);
         self.count(ep, out.added as i64 - out.evicted as i64);
+        if tier == Tier::Offload {
+            self.offload_held.fetch_add(out.added, Ordering::Relaxed);
+            self.offload_held.fetch_sub(out.evicted, Ordering::Relaxed);
+        }
         out
     }
 
@@ -302,9 +344,14 @@ impl KvIndex {
         evicted
     }
 
-    /// Applies a `BlockRemoved` (one reference per listed key).
+    /// Applies a GPU `BlockRemoved` (one reference per listed key).
     pub fn remove(&self, ep: Member, rank: u32, keys: &[BlockKey]) -> u64 {
-        let s = slot(ep, rank.min(MAX_RANK));
+        self.remove_in(ep, rank, Tier::Gpu, keys)
+    }
+
+    /// [`Self::remove`] from `tier` only (the other tier's copy stays).
+    pub fn remove_in(&self, ep: Member, rank: u32, tier: Tier, keys: &[BlockKey]) -> u64 {
+        let s = slot_in(ep, rank.min(MAX_RANK), tier);
         let mut slots = self.slots.lock();
         let st = slots.entry(s).or_default();
         let mut dropped = 0;
@@ -318,6 +365,9 @@ impl KvIndex {
             self.compact(s, st);
         }
         self.count(ep, -(dropped as i64));
+        if tier == Tier::Offload {
+            self.offload_held.fetch_sub(dropped, Ordering::Relaxed);
+        }
         dropped
     }
 
@@ -340,14 +390,19 @@ impl KvIndex {
         st.fifo = kept.into();
     }
 
-    /// Drops every key of one (endpoint, rank) stream.
+    /// Drops every key of one (endpoint, rank) stream, on both tiers.
     pub fn clear_rank(&self, ep: Member, rank: u32) {
-        let s = slot(ep, rank.min(MAX_RANK));
         let mut slots = self.slots.lock();
-        if let Some(st) = slots.remove(&s) {
-            self.count(ep, -(st.held as i64));
-            for k in st.fifo {
-                self.shard(k).write().sub(k, s, u32::MAX);
+        for tier in [Tier::Gpu, Tier::Offload] {
+            let s = slot_in(ep, rank.min(MAX_RANK), tier);
+            if let Some(st) = slots.remove(&s) {
+                self.count(ep, -(st.held as i64));
+                if tier == Tier::Offload {
+                    self.offload_held.fetch_sub(st.held, Ordering::Relaxed);
+                }
+                for k in st.fifo {
+                    self.shard(k).write().sub(k, s, u32::MAX);
+                }
             }
         }
     }
@@ -387,7 +442,8 @@ impl KvIndex {
             let mut sh = self.shard(k.0).write();
             let real = {
                 let mut found = false;
-                sh.holders(k.0).for_each(|x| found |= slot_ep(x) == ep);
+                sh.holders(k.0)
+                    .for_each(|x| found |= slot_ep(x) == ep && !is_offload(x));
                 found
             };
             if !real {
@@ -445,7 +501,7 @@ impl KvIndex {
                     predicted,
                     ..
                 } = &mut *scratch;
-                alive.extend_from_slice(here);
+                alive.extend(here.iter().filter(|&&s| !is_offload(s)));
                 alive.extend(predicted.iter().map(|&ep| slot(ep, PREDICTED_RANK)));
             } else {
                 let stamp = scratch.mark();
@@ -485,6 +541,48 @@ impl KvIndex {
         best
     }
 
+    /// Per endpoint, the number of leading request blocks it holds on either tier (GPU or
+    /// offload, confirmed blocks only; predictions not counted): the prefix a request could
+    /// reuse by loading the offloaded part back. Empty (no walk) when no endpoint holds an
+    /// offload-tier block: then the GPU runs of [`Self::score_with`] are the whole answer.
+    /// Sorted by endpoint.
+    pub fn any_tier_runs(&self, keys: &[BlockKey]) -> Vec<(Member, usize)> {
+        let mut best = Vec::new();
+        if self.offload_held.load(Ordering::Relaxed) == 0 {
+            return best;
+        }
+        let mut alive: Vec<Member> = Vec::new();
+        let mut here: Vec<Member> = Vec::new();
+        for (i, k) in keys.iter().enumerate() {
+            here.clear();
+            self.shard(k.0)
+                .read()
+                .holders(k.0)
+                .for_each(|s| here.push(slot_ep(s)));
+            if i == 0 {
+                alive.extend(here.iter().copied());
+                alive.sort_unstable();
+                alive.dedup();
+            } else {
+                alive.retain(|ep| {
+                    let go_on = here.contains(ep);
+                    if !go_on {
+                        record(&mut best, *ep, i);
+                    }
+                    go_on
+                });
+            }
+            if alive.is_empty() {
+                break;
+            }
+        }
+        alive
+            .iter()
+            .for_each(|&ep| record(&mut best, ep, keys.len()));
+        best.sort_unstable();
+        best
+    }
+
     /// Fills `here` with the streams holding `key` and `predicted` with the endpoints whose
     /// unexpired prediction covers it.
     fn holders_at(&self, key: u64, now: Instant, here: &mut Vec<u32>, predicted: &mut Vec<Member>) {
@@ -517,8 +615,9 @@ impl KvIndex {
     pub fn keys_of(&self, ep: Member) -> Vec<BlockKey> {
         let slots = self.slots.lock();
         let mut out = Vec::new();
-        for r in 0..=MAX_RANK {
-            let s = slot(ep, r);
+        for s in
+            (0..=MAX_RANK).flat_map(|r| [slot_in(ep, r, Tier::Gpu), slot_in(ep, r, Tier::Offload)])
+        {
             if let Some(st) = slots.get(&s) {
                 out.extend(
                     st.fifo
@@ -551,7 +650,7 @@ impl KvIndex {
         found
     }
 
-    /// Confirmed keys held by `ep`, summed over its ranks. Lock-light: one read lock on the
+    /// Confirmed keys held by `ep`, summed over its ranks and both tiers. Lock-light: one read lock on the
     /// per-endpoint counters (written only when an endpoint is first seen).
     pub fn blocks(&self, ep: Member) -> u64 {
         self.ep_blocks

@@ -35,6 +35,28 @@ pub struct EpLabels {
     pub ep: String,
 }
 
+/// Every endpoint readiness state (`kv::readiness`), the `state` label values of
+/// `loxilb_kv_endpoint_readiness`.
+pub const READINESS_STATES: &[&str] = &[
+    "no_events",
+    "events_no_tokens",
+    "ok",
+    "mismatch",
+    "never_matched",
+    "not_subscribed",
+];
+
+/// `{service, ep_idx, state}` (endpoint readiness).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EpStateLabels {
+    /// Rule id.
+    pub service: String,
+    /// Endpoint index.
+    pub ep_idx: String,
+    /// A readiness state ([`READINESS_STATES`]).
+    pub state: String,
+}
+
 /// `{service, reason}`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
@@ -124,6 +146,13 @@ pub struct KvMetrics {
     pub parity_ok: Family<EpLabels, Gauge>,
     /// `loxilb_kv_routing_stage_seconds{stage}`.
     pub stage_seconds: Family<StageLabels, Histogram>,
+    /// `loxilb_kv_endpoint_readiness{service,ep_idx,state}` (loxi extension): 1 for the
+    /// endpoint's current readiness state, 0 for the others (`kv::readiness`).
+    pub readiness: Family<EpStateLabels, Gauge>,
+    /// `loxilb_pd_kv_zero_hit_watchdog_total{service}`: endpoints the zero-hit watchdog
+    /// flagged (`never_matched`: blocks held, `LOXI_KV_NEVER_MATCHED_AFTER` requests routed to
+    /// it, none of its blocks ever matched a request).
+    pub zero_hit_watchdog: Family<ServiceLabels, Counter>,
 }
 
 impl KvMetrics {
@@ -146,6 +175,8 @@ impl KvMetrics {
             replays: Family::default(),
             cap_evictions: Family::default(),
             parity_ok: Family::default(),
+            readiness: Family::default(),
+            zero_hit_watchdog: Family::default(),
             stage_seconds: Family::new_with_constructor(|| {
                 Histogram::new(exponential_buckets(1e-6, 2.0, 22))
             }),
@@ -230,6 +261,16 @@ impl KvMetrics {
             "loxilb_kv_parity_ok",
             "Engine hashes match loxi's recomputation",
             m.parity_ok.clone(),
+        );
+        r.register(
+            "loxilb_kv_endpoint_readiness",
+            "Endpoint readiness state (1 = current): no_events, events_no_tokens, ok, mismatch, never_matched, not_subscribed",
+            m.readiness.clone(),
+        );
+        r.register(
+            "loxilb_pd_kv_zero_hit_watchdog",
+            "Endpoints flagged by the zero-hit watchdog (blocks held, requests routed, no block ever matched)",
+            m.zero_hit_watchdog.clone(),
         );
         r.register(
             "loxilb_kv_routing_stage_seconds",
@@ -317,6 +358,13 @@ impl KvMetrics {
         self.blocks.remove(&l);
         self.spills.remove(&l);
         self.cold_seeds.remove(&l);
+        for state in READINESS_STATES {
+            self.readiness.remove(&EpStateLabels {
+                service: l.service.clone(),
+                ep_idx: l.ep_idx.clone(),
+                state: (*state).into(),
+            });
+        }
         for r in 0..ranks.max(1) {
             let e = EpLabels {
                 service: service.into(),
@@ -351,6 +399,9 @@ impl KvMetrics {
         for ep in 0..endpoints {
             self.forget_ep(service, ep, ranks);
         }
+        self.zero_hit_watchdog.remove(&ServiceLabels {
+            service: service.into(),
+        });
         for r in MissReason::ALL {
             self.misses.remove(&ReasonLabels {
                 service: service.into(),

@@ -37,9 +37,24 @@ pub struct KvSettings {
     /// `LOXI_KV_PREDICT_TTL_MS` (loxi extension): lifetime of predicted blocks, default 5 s.
     pub predicted_ttl: Duration,
     /// `LOXI_KV_LORA_PATHS` (loxi extension, `name=path,name=path`): the path vLLM hashes in a
-    /// LoRA block's extra key `("lora", name, path)`. A request naming an unknown adapter misses
-    /// with `hashes`.
+    /// LoRA block's extra key `("lora", name, path)`; wins over the path the engines list
+    /// (`kv::lora`).
     pub lora_paths: HashMap<String, String>,
+    /// `LOXI_KV_MODELS_POLL_MS` (loxi extension): how often the engines of tier-1.5 rules are
+    /// asked `GET /v1/models` for their LoRA adapters (`kv::lora`). Default 10 s; 0 = never
+    /// (only `LOXI_KV_LORA_PATHS`); range 0–3,600,000 ms.
+    pub models_poll: Duration,
+    /// `LOXI_KV_CPU_TIER_CREDIT` (loxi extension): what one prefix block held only on an
+    /// engine's offload tier (`medium` CPU or other non-GPU) is worth in scoring, relative to
+    /// a GPU block: loading it back is cheaper than recomputing it and dearer than a GPU hit.
+    /// In [0, 1] (a value outside is refused: warning, default), default 0.5; 0 ignores the
+    /// offload tier. A GPU block always counts more (credit 1 counts 0.999), so a GPU holder
+    /// beats an offload-only holder at equal overlap.
+    pub cpu_tier_credit: f64,
+    /// `LOXI_KV_NEVER_MATCHED_AFTER` (loxi extension): requests with block keys routed to an
+    /// endpoint holding blocks, none of whose blocks ever matched a request, after which the
+    /// zero-hit watchdog reports it `never_matched`. Default 20, range 1–1,000,000.
+    pub never_matched_after: u64,
     /// How much of a prompt the tier tokenizes and what it refuses to (see [`PromptBounds`]).
     pub bounds: PromptBounds,
     /// `LOXI_KV_TOKENIZE_WORKERS` (loxi extension): threads of the tokenization pool. Default
@@ -107,6 +122,9 @@ impl Default for KvSettings {
             hash_debug: false,
             predicted_ttl: Duration::from_secs(5),
             lora_paths: HashMap::new(),
+            models_poll: Duration::from_secs(10),
+            cpu_tier_credit: 0.5,
+            never_matched_after: 20,
             bounds: PromptBounds::default(),
             tokenize_workers: default_tokenize_workers(),
             tokenize_queue: 64,

@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use super::block_hash::BlockHasher;
 use super::index::KvIndex;
 use super::ingest::parity::ParityBook;
+use super::lora::LoraCatalog;
 use super::members::{Member, MemberChange, Members};
 use super::metrics::{EpLabels, KvMetrics, RouteMetrics, ep_label};
 use super::settings::KvSettings;
@@ -30,6 +31,19 @@ pub struct StreamStatus {
     pub connected: bool,
     /// Last sequence number applied.
     pub last_seq: Option<u64>,
+}
+
+/// What the zero-hit watchdog knows of one endpoint.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ZeroHitWatch {
+    /// Requests with block keys routed to it while it held confirmed blocks.
+    pub routed_holding: u64,
+    /// One of its confirmed blocks was the first block of a scored request.
+    pub matched: bool,
+    /// Already counted in `loxilb_pd_kv_zero_hit_watchdog_total`.
+    pub flagged: bool,
+    /// The readiness state last published (and logged) for it.
+    pub reported: Option<&'static str>,
 }
 
 /// KV state of one service.
@@ -58,6 +72,13 @@ pub struct ServiceKv {
     pub streams: Mutex<HashMap<(Member, u32), StreamStatus>>,
     /// Parity verdicts and token re-hash state per member.
     pub parity: Mutex<ParityBook>,
+    /// The LoRA adapters the parity check hashes `lora_name` blocks with (the state's).
+    pub lora: Arc<LoraCatalog>,
+    /// Per (member, `group_idx`): is that KV cache group a prefix group (full attention)?
+    /// Learned from `BlockStored`; a `BlockRemoved` of a non-prefix group is ignored.
+    pub groups: Mutex<HashMap<(Member, u32), bool>>,
+    /// Zero-hit watchdog per member (`kv::readiness`).
+    pub watch: Mutex<HashMap<Member, ZeroHitWatch>>,
     /// Set when the service was dropped (rule deleted, KV off, contract rebuilt): its streams,
     /// still stopping, record no more series.
     retired: AtomicBool,
@@ -80,11 +101,20 @@ impl ServiceKv {
             parity: Mutex::new(ParityBook::default()),
             members: RwLock::new(Members::new(&config.endpoints)),
             retired: AtomicBool::new(false),
+            lora: Arc::new(LoraCatalog::new(settings.lora_paths.clone())),
+            groups: Mutex::new(HashMap::new()),
+            watch: Mutex::new(HashMap::new()),
             config: KvSpec {
                 endpoints: Vec::new(),
                 ..config.clone()
             },
         }
+    }
+
+    /// The same state checking LoRA blocks against `lora` (the [`KvState`]'s shared catalog).
+    pub fn with_lora(mut self, lora: Arc<LoraCatalog>) -> Self {
+        self.lora = lora;
+        self
     }
 
     /// The current position of `member` in the rule (`None` once it left).
@@ -123,6 +153,8 @@ impl ServiceKv {
             self.index.forget(m);
             self.parity.lock().reset(m);
             self.streams.lock().retain(|(sm, _), _| *sm != m);
+            self.groups.lock().retain(|(gm, _), _| *gm != m);
+            self.watch.lock().remove(&m);
         }
         let len = self.members.read().len();
         for &pos in &change.moved {
@@ -192,6 +224,8 @@ pub struct KvState {
     pub settings: KvSettings,
     /// Metric handles.
     pub metrics: KvMetrics,
+    /// LoRA adapters known (configured paths and the engines' `/v1/models` listings).
+    pub lora: Arc<LoraCatalog>,
     services: RwLock<HashMap<u32, Arc<ServiceKv>>>,
 }
 
@@ -199,6 +233,7 @@ impl KvState {
     /// Empty state.
     pub fn new(settings: KvSettings, metrics: KvMetrics) -> Arc<Self> {
         Arc::new(Self {
+            lora: Arc::new(LoraCatalog::new(settings.lora_paths.clone())),
             settings,
             metrics,
             services: RwLock::new(HashMap::new()),
@@ -221,7 +256,10 @@ impl KvState {
         Some(match map.get(&rule.id) {
             Some(s) if s.config.same_contract(cfg) => s.clone(),
             _ => {
-                let s = Arc::new(ServiceKv::new(rule.id, cfg, &self.settings, &self.metrics));
+                let s = Arc::new(
+                    ServiceKv::new(rule.id, cfg, &self.settings, &self.metrics)
+                        .with_lora(self.lora.clone()),
+                );
                 map.insert(rule.id, s.clone());
                 s
             }

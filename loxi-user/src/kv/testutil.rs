@@ -144,3 +144,33 @@ pub(crate) fn stored_batch(keys: &[u64], block_size: u32) -> Vec<u8> {
     ]);
     msgpack(&V::Array(vec![V::F64(0.0), V::Array(vec![ev]), V::from(0)]))
 }
+
+/// A map-shaped `BlockStored` exactly as vLLM 0.32's publisher encodes it (every field in the
+/// struct's order, `parent_block_hash` nil, `extra_keys` one entry per block).
+pub(crate) fn vllm_stored_event(
+    keys: &[u64],
+    toks: &[u32],
+    block_size: u32,
+    lora_name: Option<&str>,
+    extra_keys: Vec<rmpv::Value>,
+) -> rmpv::Value {
+    use rmpv::Value as V;
+    V::Map(vec![
+        (V::from("type"), V::from("BlockStored")),
+        (
+            V::from("block_hashes"),
+            V::Array(keys.iter().map(|&k| V::from(k)).collect()),
+        ),
+        (V::from("parent_block_hash"), V::Nil),
+        (
+            V::from("token_ids"),
+            V::Array(toks.iter().map(|&t| V::from(t)).collect()),
+        ),
+        (V::from("block_size"), V::from(block_size)),
+        (V::from("lora_id"), lora_name.map_or(V::Nil, |_| V::from(7))),
+        (V::from("medium"), V::from("GPU")),
+        (V::from("lora_name"), lora_name.map_or(V::Nil, V::from)),
+        (V::from("extra_keys"), V::Array(extra_keys)),
+        (V::from("group_idx"), V::from(0)),
+    ])
+}

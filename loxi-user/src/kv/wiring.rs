@@ -72,8 +72,9 @@ pub struct KvRuntime {
 }
 
 /// Registers the KV metric families, builds the tokenizer pool over `tokenizer_dir`, and spawns
-/// into `tasks` the subscriber manager, which follows `rules` until `shutdown`, and the
-/// predicted-block sweep.
+/// into `tasks` the subscriber manager, which follows `rules` until `shutdown`, the
+/// predicted-block sweep and (unless `LOXI_KV_MODELS_POLL_MS` is 0) the `/v1/models` poller
+/// that learns the engines' LoRA adapters.
 pub fn start(
     settings: KvSettings,
     tokenizer_dir: PathBuf,
@@ -89,7 +90,16 @@ pub fn start(
         rules.clone(),
         shutdown.clone(),
     ));
+    let poll = settings.models_poll;
     let state = KvState::new(settings, metrics);
+    if !poll.is_zero() {
+        tasks.spawn(super::lora::poll_models(
+            state.lora.clone(),
+            rules.clone(),
+            poll,
+            shutdown.clone(),
+        ));
+    }
     let pool = Arc::new(TokenizerPool::new(tokenizer_dir, tok_metrics));
     let router = Arc::new(KvRouter::new(state.clone(), pool));
     let manager = KvManager::new(state.clone(), StreamTiming::default());
@@ -121,8 +131,8 @@ async fn track_rule_models(
     }
 }
 
-/// Frees the expired predicted blocks of every service once per [`SWEEP_INTERVAL`] until
-/// `shutdown` (off the request path: a sweep takes each shard's write lock in turn; expired
+/// Frees the expired predicted blocks of every service and publishes every endpoint's
+/// readiness (`kv::readiness`) once per [`SWEEP_INTERVAL`] until `shutdown` (off the request path: a sweep takes each shard's write lock in turn; expired
 /// predictions never score, so the sweep only bounds their memory).
 pub async fn sweep_predictions(state: Arc<KvState>, shutdown: CancellationToken) {
     let mut tick = tokio::time::interval(SWEEP_INTERVAL);
@@ -136,6 +146,7 @@ pub async fn sweep_predictions(state: Arc<KvState>, shutdown: CancellationToken)
         for svc in state.all() {
             svc.index.sweep_predicted(now);
         }
+        super::readiness::publish(&state);
     }
 }
 

@@ -7,8 +7,8 @@
 //!
 //! | event              | map keys read                                                   | array layout |
 //! |--------------------|-----------------------------------------------------------------|--------------|
-//! | `BlockStored`      | `block_hashes`, `parent_block_hash`, `token_ids`, `block_size`, `lora_id`, `lora_name` | `[tag, block_hashes, parent, token_ids, block_size, lora_id, medium, lora_name, ...]` |
-//! | `BlockRemoved`     | `block_hashes`                                                  | `[tag, block_hashes, ...]` |
+//! | `BlockStored`      | `block_hashes`, `parent_block_hash`, `token_ids`, `block_size`, `lora_id`, `medium`, `lora_name`, `extra_keys`, `group_idx`, `kv_cache_spec_kind`, `kv_cache_spec_sliding_window`, `locality`, `ownership` | `[tag, block_hashes, parent, token_ids, block_size, lora_id, medium, lora_name, extra_keys, group_idx, kv_cache_spec_kind, kv_cache_spec_sliding_window, locality, ownership, ...]` |
+//! | `BlockRemoved`     | `block_hashes`, `medium`, `group_idx`                           | `[tag, block_hashes, medium, group_idx, ...]` |
 //! | `AllBlocksCleared` | none                                                            | `[tag, ...]` |
 //!
 //! Hashes are ints (u64, values above `i64::MAX` included; negative ints are taken as their
@@ -54,9 +54,39 @@ pub enum KvEvent {
     BlockRemoved {
         /// The removed blocks.
         block_hashes: Vec<EngineBlockHash>,
+        /// The tier they left (`None` = GPU, vLLM's default).
+        medium: Medium,
+        /// The KV cache group they belonged to (`None`: a single-group model).
+        group_idx: Option<u32>,
     },
     /// The engine reset its prefix cache.
     AllBlocksCleared,
+}
+
+/// Where an engine holds a block (`medium` on `BlockStored` / `BlockRemoved`): `"GPU"` (and an
+/// absent or nil field, vLLM's default) is the device tier; `"CPU"` is the host offload tier
+/// (`OffloadingConnector`); any other value (`"DISK"`, a remote store) is kept by name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub enum Medium {
+    /// Device memory: a prefix hit costs nothing.
+    #[default]
+    Gpu,
+    /// Host memory: a hit loads the blocks back (cheaper than recompute).
+    Cpu,
+    /// Another tier, by the name the engine published.
+    Other(String),
+}
+
+impl Medium {
+    /// The medium a published name means (case-insensitive; nil/absent = GPU).
+    pub fn from_name(name: Option<&str>) -> Self {
+        match name {
+            None => Medium::Gpu,
+            Some(n) if n.eq_ignore_ascii_case("gpu") => Medium::Gpu,
+            Some(n) if n.eq_ignore_ascii_case("cpu") => Medium::Cpu,
+            Some(n) => Medium::Other(n.to_owned()),
+        }
+    }
 }
 
 /// Fields of a `BlockStored` event that routing and the parity check use.
@@ -74,9 +104,23 @@ pub struct BlockStored {
     pub lora_id: Option<i64>,
     /// LoRA adapter name, if any.
     pub lora_name: Option<String>,
-    /// Published extra keys, one entry per block (vLLM publishes them untagged: LoRA name,
-    /// cache salt string...). Kept raw; `None` when absent.
+    /// Published extra keys, one entry per block (`null` or an untagged tuple: LoRA name,
+    /// multimodal `(identifier, offset)` pairs, cache salt string, prompt-embeddings bytes;
+    /// interpreted by the parity check). Kept raw; `None` when absent.
     pub extra_keys: Option<Vec<Value>>,
+    /// The tier holding the blocks.
+    pub medium: Medium,
+    /// The KV cache group (hybrid models publish one event per group; `None`: single group).
+    pub group_idx: Option<u32>,
+    /// The group's cache spec kind (`full_attention`, `mla_attention`, `sliding_window`,
+    /// `chunked_local_attention`, `mamba`, ...); `None` when not published.
+    pub kv_cache_spec_kind: Option<String>,
+    /// The sliding window of a sliding-window group, in tokens.
+    pub kv_cache_spec_sliding_window: Option<u32>,
+    /// `locality` (published by some engines; informational).
+    pub locality: Option<String>,
+    /// `ownership` (published by some engines; informational).
+    pub ownership: Option<String>,
 }
 
 /// A decoded batch: `[ts, events, dp_rank]`.
@@ -168,9 +212,17 @@ fn decode_map_event(v: &Value) -> Result<KvEvent, EventError> {
             lora_id: opt_i64(get("lora_id"), "lora_id")?,
             lora_name: opt_string(get("lora_name")),
             extra_keys: opt_array(get("extra_keys")),
+            medium: Medium::from_name(get("medium").and_then(Value::as_str)),
+            group_idx: lenient_u32(get("group_idx")),
+            kv_cache_spec_kind: opt_string(get("kv_cache_spec_kind")),
+            kv_cache_spec_sliding_window: lenient_u32(get("kv_cache_spec_sliding_window")),
+            locality: opt_string(get("locality")),
+            ownership: opt_string(get("ownership")),
         })),
         "BlockRemoved" => Ok(KvEvent::BlockRemoved {
             block_hashes: hash_list(get("block_hashes"))?,
+            medium: Medium::from_name(get("medium").and_then(Value::as_str)),
+            group_idx: lenient_u32(get("group_idx")),
         }),
         "AllBlocksCleared" => Ok(KvEvent::AllBlocksCleared),
         other => Err(EventError::UnknownType(other.to_owned())),
@@ -192,9 +244,17 @@ fn decode_array_event(items: &[Value]) -> Result<KvEvent, EventError> {
             lora_id: opt_i64(get(5), "lora_id")?,
             lora_name: opt_string(get(7)),
             extra_keys: opt_array(get(8)),
+            medium: Medium::from_name(get(6).and_then(Value::as_str)),
+            group_idx: lenient_u32(get(9)),
+            kv_cache_spec_kind: opt_string(get(10)),
+            kv_cache_spec_sliding_window: lenient_u32(get(11)),
+            locality: opt_string(get(12)),
+            ownership: opt_string(get(13)),
         })),
         "BlockRemoved" => Ok(KvEvent::BlockRemoved {
             block_hashes: hash_list(get(1))?,
+            medium: Medium::from_name(get(2).and_then(Value::as_str)),
+            group_idx: lenient_u32(get(3)),
         }),
         "AllBlocksCleared" => Ok(KvEvent::AllBlocksCleared),
         other => Err(EventError::UnknownType(other.to_owned())),
@@ -276,6 +336,13 @@ fn opt_u32(v: Option<&Value>, field: &'static str) -> Result<Option<u32>, EventE
                 problem: "not a u32",
             }),
     }
+}
+
+/// An optional u32 of the newer (hybrid / offload) fields; a value of another type reads as
+/// absent, like an unknown trailing field (older engines put other things there).
+fn lenient_u32(v: Option<&Value>) -> Option<u32> {
+    v.and_then(Value::as_u64)
+        .and_then(|n| u32::try_from(n).ok())
 }
 
 fn opt_i64(v: Option<&Value>, field: &'static str) -> Result<Option<i64>, EventError> {

@@ -70,7 +70,7 @@ fn assert_event_matches(ours: &KvEvent, want: &J, ctx: &str) {
                 "{ctx}"
             );
         }
-        KvEvent::BlockRemoved { block_hashes } => {
+        KvEvent::BlockRemoved { block_hashes, .. } => {
             assert_eq!(ty, "BlockRemoved", "{ctx}");
             let hashes: Vec<J> = block_hashes.iter().map(hash_json).collect();
             assert_eq!(J::Array(hashes), want["block_hashes"], "{ctx}");
@@ -227,7 +227,7 @@ fn negative_int_hash_is_twos_complement() {
         Value::Array(vec![Value::from(-1i64)]),
     ]);
     let b = decode_batch(&batch(vec![ev], None)).expect("decodes");
-    let Ok(KvEvent::BlockRemoved { block_hashes }) = &b.events[0] else {
+    let Ok(KvEvent::BlockRemoved { block_hashes, .. }) = &b.events[0] else {
         panic!("kind")
     };
     assert_eq!(block_hashes[0].key(), BlockKey(u64::MAX));
@@ -243,7 +243,9 @@ fn block_removed_with_only_tag_and_hashes_decodes() {
     assert_eq!(
         b.events[0],
         Ok(KvEvent::BlockRemoved {
-            block_hashes: vec![EngineBlockHash::Int(5)]
+            block_hashes: vec![EngineBlockHash::Int(5)],
+            medium: Medium::Gpu,
+            group_idx: None,
         })
     );
 }
@@ -302,4 +304,76 @@ fn garbage_payloads_are_errors_never_panics() {
     );
     let b = decode_batch(&odd).expect("envelope fine");
     assert!(b.events.iter().all(Result::is_err));
+}
+
+/// vLLM 0.32's hybrid and offload fields, in array (`array_like`) layout: `BlockStored`
+/// `[.., medium (6), lora_name, extra_keys, group_idx (9), kv_cache_spec_kind,
+/// kv_cache_spec_sliding_window, locality, ownership]`, `BlockRemoved` `[tag, hashes, medium,
+/// group_idx]`; nil / absent medium is GPU.
+#[test]
+fn hybrid_and_offload_fields_decode_in_both_layouts() {
+    let stored = Value::Array(vec![
+        s("BlockStored"),
+        Value::Array(vec![Value::from(3u64)]),
+        Value::Nil,
+        Value::Array(vec![]),
+        Value::from(16),
+        Value::Nil,
+        s("CPU"),
+        Value::Nil,
+        Value::Nil,
+        Value::from(1),
+        s("sliding_window"),
+        Value::from(4096),
+        s("LOCAL"),
+        s("OWNED"),
+    ]);
+    let removed = Value::Array(vec![
+        s("BlockRemoved"),
+        Value::Array(vec![Value::from(3u64)]),
+        s("DISK"),
+        Value::from(1),
+    ]);
+    let plain = Value::Map(vec![
+        (s("type"), s("BlockRemoved")),
+        (s("block_hashes"), Value::Array(vec![Value::from(4u64)])),
+    ]);
+    let b = decode_batch(&batch(vec![stored, removed, plain], None)).expect("decodes");
+    let Ok(KvEvent::BlockStored(st)) = &b.events[0] else {
+        panic!("stored: {:?}", b.events[0])
+    };
+    assert_eq!(
+        (
+            &st.medium,
+            st.group_idx,
+            st.kv_cache_spec_kind.as_deref(),
+            st.kv_cache_spec_sliding_window,
+            st.locality.as_deref(),
+            st.ownership.as_deref()
+        ),
+        (
+            &Medium::Cpu,
+            Some(1),
+            Some("sliding_window"),
+            Some(4096),
+            Some("LOCAL"),
+            Some("OWNED")
+        )
+    );
+    assert_eq!(
+        b.events[1],
+        Ok(KvEvent::BlockRemoved {
+            block_hashes: vec![EngineBlockHash::Int(3)],
+            medium: Medium::Other("DISK".into()),
+            group_idx: Some(1),
+        })
+    );
+    assert_eq!(
+        b.events[2],
+        Ok(KvEvent::BlockRemoved {
+            block_hashes: vec![EngineBlockHash::Int(4)],
+            medium: Medium::Gpu,
+            group_idx: None,
+        })
+    );
 }

@@ -17,6 +17,7 @@ use serde::Serialize;
 use super::events::BlockStored;
 use crate::kv::BlockKey;
 use crate::kv::block_hash::{BlockDigest, BlockHasher, ExtraKey, HashAlgo, VLLM_UNSET_SEED};
+use crate::kv::lora::LoraCatalog;
 use crate::kv::members::Member;
 
 /// Agreeing blocks needed before the verdict is `Ok` and checking stops.
@@ -55,6 +56,9 @@ pub struct EpParity {
     pub engine_block_size: Option<u32>,
     /// True when the index holds loxi's own keys for this endpoint.
     pub rehash: bool,
+    /// Blocks with extra keys (LoRA, cache salt) whose digest differed from the engine's, and
+    /// the blocks after them in their event: not held against the engine (see `own_chain`).
+    pub unverified_blocks: u64,
     /// Engine key → loxi's full digest of that block (kept while checking and in re-hash mode).
     #[serde(skip)]
     digests: HashMap<u64, BlockDigest>,
@@ -115,13 +119,13 @@ impl ParityBook {
         ev: &BlockStored,
         hasher: &BlockHasher,
         block_size: usize,
-        lora_paths: &HashMap<String, String>,
+        lora: &LoraCatalog,
     ) -> Translated {
         let p = self.eps.entry(ep).or_default();
         let engine: Vec<BlockKey> = ev.block_hashes.iter().map(|h| h.key()).collect();
         let need_own = p.verdict != Verdict::Ok || p.rehash;
         let own = if need_own {
-            own_chain(p, ev, hasher, block_size, lora_paths)
+            own_chain(p, ev, &engine, hasher, block_size, lora)
         } else {
             Vec::new()
         };
@@ -148,7 +152,21 @@ impl ParityBook {
         }
     }
 
-    /// Translates removed engine keys into index keys (re-hash mode maps and forgets them).
+    /// Engine keys → index keys without forgetting anything (re-hash mode maps them through
+    /// the digests it knows, the others stay as they are; otherwise the keys themselves). For removals
+    /// from the offload tier, whose GPU copy may still be held.
+    pub fn translate(&self, ep: Member, engine: &[BlockKey], algo: HashAlgo) -> Vec<BlockKey> {
+        match self.eps.get(&ep) {
+            Some(p) if p.rehash => engine
+                .iter()
+                .map(|k| p.digests.get(&k.0).map_or(*k, |d| d.key(algo)))
+                .collect(),
+            _ => engine.to_vec(),
+        }
+    }
+
+    /// Translates removed engine keys into index keys (re-hash mode maps and forgets them; a
+    /// key without a digest, stored from an event without token ids, is removed as is).
     pub fn on_removed(&mut self, ep: Member, engine: &[BlockKey], algo: HashAlgo) -> Vec<BlockKey> {
         let Some(p) = self.eps.get_mut(&ep) else {
             return engine.to_vec();
@@ -159,41 +177,48 @@ impl ParityBook {
             });
             return engine.to_vec();
         }
+        // A key loxi has no digest for was stored as the engine's own key (a `BlockStored`
+        // without token ids): it is removed as such.
         engine
             .iter()
-            .filter_map(|k| p.digests.remove(&k.0))
-            .map(|d| d.key(algo))
+            .map(|k| p.digests.remove(&k.0).map_or(*k, |d| d.key(algo)))
             .collect()
     }
 }
 
-/// Reconstructs the tagged extra keys of block `j` from the untagged published entry.
-fn extra_of(
-    ev: &BlockStored,
-    j: usize,
-    root: bool,
-    lora_paths: &HashMap<String, String>,
-) -> Option<Vec<ExtraKey>> {
+/// Reconstructs the tagged extra keys of block `j` from the untagged entry vLLM 0.32 publishes
+/// (`BlockStored.extra_keys`: one entry per block, `null` or a tuple; the tuple is
+/// `generate_block_hash_extra_keys`'s `lora_extra_keys + mm_extra_keys + cache_salt_keys +
+/// prompt_embeds_keys` in `vllm/v1/core/kv_cache_utils.py`): the LoRA name (equal to the
+/// event's `lora_name`), then one `(identifier, offset)` pair per multimodal item, then the
+/// cache salt (a bare string, on the request's block 0 only, i.e. the root block of a chain),
+/// then a prompt-embeddings digest (bytes). `None` when the keys cannot be reproduced: a
+/// multimodal item or prompt embeddings (no vLLM-generated vectors for them), an adapter the
+/// catalog does not know, or any other shape.
+fn extra_of(ev: &BlockStored, j: usize, root: bool, lora: &LoraCatalog) -> Option<Vec<ExtraKey>> {
+    use rmpv::Value;
     let entry = ev
         .extra_keys
         .as_ref()
         .and_then(|e| e.get(j))
         .filter(|v| !v.is_nil());
-    let mut out = Vec::new();
-    let mut items: Vec<&rmpv::Value> = match entry {
-        None => Vec::new(),
-        Some(rmpv::Value::Array(a)) => a.iter().collect(),
+    let mut items: &[Value] = match entry {
+        None => &[],
+        Some(Value::Array(a)) => a,
         Some(_) => return None,
     };
+    let mut out = Vec::new();
     if let Some(name) = &ev.lora_name {
-        out.push(ExtraKey::Lora(name.clone(), lora_paths.get(name)?.clone()));
-        if items.first().and_then(|v| v.as_str()) == Some(name.as_str()) {
-            items.remove(0);
+        out.push(ExtraKey::Lora(name.clone(), lora.resolve(name)?.path));
+        if let [Value::String(first), rest @ ..] = items
+            && first.as_str() == Some(name.as_str())
+        {
+            items = rest;
         }
     }
-    match items.as_slice() {
+    match items {
         [] => Some(out),
-        [salt] if root && j == 0 => {
+        [Value::String(salt)] if root && j == 0 => {
             out.push(ExtraKey::CacheSalt(salt.as_str()?.to_owned()));
             Some(out)
         }
@@ -202,12 +227,19 @@ fn extra_of(
 }
 
 /// loxi's digest of every block of the event (`None` where it cannot be computed).
+///
+/// Outside re-hash mode a block with extra keys whose digest differs from the engine's is not
+/// evidence against the engine (the published form drops the LoRA path, which loxi takes from
+/// its catalog, and the tags): that block and the rest of the event get no digest, so they are
+/// neither checked nor chained from (counted in `unverified_blocks`). Plain blocks decide the
+/// verdict.
 fn own_chain(
-    p: &EpParity,
+    p: &mut EpParity,
     ev: &BlockStored,
+    engine: &[BlockKey],
     hasher: &BlockHasher,
     bs: usize,
-    lora_paths: &HashMap<String, String>,
+    lora: &LoraCatalog,
 ) -> Vec<Option<BlockDigest>> {
     let n = ev.block_hashes.len();
     if bs == 0 || ev.token_ids.len() != n * bs {
@@ -218,19 +250,24 @@ fn own_chain(
         None => Some(*hasher.none_hash()),
         Some(h) => p.digests.get(&h.key().0).copied(),
     };
-    (0..n)
-        .map(|j| {
-            let extra = extra_of(ev, j, root, lora_paths);
-            let d = match (parent, extra) {
-                (Some(par), Some(x)) => {
-                    Some(hasher.hash_block(&par, &ev.token_ids[j * bs..(j + 1) * bs], &x))
-                }
-                _ => None,
-            };
-            parent = d;
-            d
-        })
-        .collect()
+    let mut out = Vec::with_capacity(n);
+    for (j, engine_key) in engine.iter().enumerate().take(n) {
+        let extra = extra_of(ev, j, root, lora);
+        let has_extra = extra.as_ref().is_none_or(|x| !x.is_empty());
+        let mut d = match (parent, extra) {
+            (Some(par), Some(x)) => {
+                Some(hasher.hash_block(&par, &ev.token_ids[j * bs..(j + 1) * bs], &x))
+            }
+            _ => None,
+        };
+        if has_extra && !p.rehash && d.is_some_and(|d| d.key(hasher.algo()) != *engine_key) {
+            p.unverified_blocks += (n - j) as u64;
+            d = None;
+        }
+        parent = d;
+        out.push(d);
+    }
+    out
 }
 
 fn check(

@@ -290,13 +290,8 @@ impl Stream {
                     .dp_rank
                     .filter(|r| *r <= MAX_RANK)
                     .unwrap_or(self.addr.rank);
-                self.svc.apply_batch(
-                    self.addr.member,
-                    rank,
-                    &batch,
-                    &self.state.settings,
-                    &self.state.metrics,
-                );
+                self.svc
+                    .apply_batch(self.addr.member, rank, &batch, &self.state.metrics);
             }
             Err(_) => self.reject("batch"),
         }

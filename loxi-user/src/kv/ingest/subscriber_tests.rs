@@ -702,3 +702,69 @@ async fn rank_one_events_belong_to_the_rank_one_stream() {
     svc.index.clear_rank(0, 0);
     assert_eq!(svc.index.blocks(0), 0);
 }
+
+/// A correct engine publishing, through real libzmq, blocks whose extra keys loxi cannot
+/// reproduce (one string on block 0 that is no salt of loxi's) next to salted and plain blocks:
+/// its verdict becomes `ok`, never `mismatch`, and the index holds the engine's own ids.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreproducible_extra_keys_over_pyzmq_keep_a_correct_engine_ok() {
+    use rmpv::Value as V;
+    let h = crate::kv::block_hash::BlockHasher::new(
+        crate::kv::block_hash::HashAlgo::Sha256Cbor,
+        Some("0"),
+    );
+    let toks =
+        |salt: u32, n: u32| -> Vec<u32> { (0..n * 16).map(|t| (t * 13 + salt) % 3000).collect() };
+    let extras = |salt: Option<&str>| crate::kv::block_hash::RequestExtras {
+        lora: None,
+        cache_salt: salt.map(str::to_owned),
+    };
+    let ids = |t: &[u32], salt: Option<&str>| -> Vec<u64> {
+        h.keys(t, 16, &extras(salt)).iter().map(|k| k.0).collect()
+    };
+    let (t_mm, t_salt, t_plain) = (toks(1, 2), toks(2, 2), toks(3, 8));
+    let foreign = vec![0xfeed_0001u64, 0xfeed_0002];
+    let one_string = crate::kv::testutil::vllm_stored_event(
+        &foreign,
+        &t_mm,
+        16,
+        None,
+        vec![V::Array(vec![V::from("7f3c-image-identifier")]), V::Nil],
+    );
+    let salted = crate::kv::testutil::vllm_stored_event(
+        &ids(&t_salt, Some("tenant-B")),
+        &t_salt,
+        16,
+        None,
+        vec![V::Array(vec![V::from("tenant-B")]), V::Nil],
+    );
+    let plain = crate::kv::testutil::vllm_stored_event(
+        &ids(&t_plain, None),
+        &t_plain,
+        16,
+        None,
+        vec![V::Nil; 8],
+    );
+    let batch = msgpack(&V::Array(vec![
+        V::F64(1.0),
+        V::Array(vec![one_string, salted, plain]),
+        V::from(0),
+    ]));
+    let mut p = Pub::start(&[]).await;
+    let s = Sub::start(&p, serde_json::json!({}), parity_settings(), 64);
+    p.wait_subscribed().await;
+    p.send(0, &batch).await;
+    s.until("three events applied", |s| s.applied() == 3).await;
+    let report = s.svc.parity.lock().get(0).cloned().expect("parity report");
+    assert_eq!(
+        (
+            report.verdict,
+            report.mismatched_blocks,
+            report.unverified_blocks,
+            report.checked_blocks
+        ),
+        (crate::kv::ingest::parity::Verdict::Ok, 0, 2, 10)
+    );
+    assert!(s.held().contains(&0xfeed_0001) && s.held().contains(&0xfeed_0002));
+    assert_eq!(s.svc.index.blocks(0), 12);
+}

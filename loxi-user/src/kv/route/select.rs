@@ -7,8 +7,8 @@
 //! tokenization queue is full) → `budget` (loxi: no result within the decision budget) →
 //! `tokenize` (`multimodal` when a chat's text before its first media part cannot be encoded
 //! as an exact prefix; otherwise only that text is scored, counted in
-//! `loxilb_pd_kv_tier15_media_prefix_total`) → `shallow` (fewer than `LLB_KV_MIN_MATCH_TOKENS` tokens) → `hashes` (LoRA adapter
-//! without a path, or extras SGLang's contract cannot hash) → `short_prompt` (no full block: nothing is cacheable) → `no_worker`
+//! `loxilb_pd_kv_tier15_media_prefix_total`) → `shallow` (fewer than `LLB_KV_MIN_MATCH_TOKENS` tokens) → `hashes` (a `lora_name`
+//! the adapter catalog does not know, checked before tokenizing; or extras SGLang's contract cannot hash) → `short_prompt` (no full block: nothing is cacheable) → `no_worker`
 //! (no endpoint holds the first block) → `excluded` (only excluded / unhealthy / unsubscribed
 //! endpoints hold it). Then [`super::blend::blend`] and cold-start seeding. Every miss counts
 //! one `loxilb_pd_kv_tier15_miss_reason_total` and one fallthrough; every hit one
@@ -23,6 +23,7 @@
 //! state, which a connect-failure retry and [`KvRouter::routed`] reuse. `warmup` is not kept: every attempt
 //! checks it, and `routed` skips it (blocks of requests sent during warmup are still predicted).
 
+use std::borrow::Cow;
 use std::cell::RefCell;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -309,17 +310,24 @@ impl KvRouter {
     /// the predicted-block TTL. The keys come from `ticket` (the request's `select` calls);
     /// only when those all stopped at `warmup` are they computed here (and kept).
     pub fn routed(&self, rule: &StoredRule, meta: &RequestMeta, ep: EpIdx, ticket: &mut KvTicket) {
-        if self.state.settings.predicted_ttl.is_zero() {
-            return;
-        }
         let Some(svc) = ticket.service(&self.state, rule) else {
             return;
         };
-        let keys = ticket.keys.get_or_insert_with(|| self.keys(&svc, meta));
         let eps = rule.spec.kv.as_ref().map_or(&[][..], |k| &k.endpoints[..]);
         let member = eps
             .get(ep)
             .and_then(|e| svc.members.read().member_of(e, ep));
+        if let (Some(Ok(_)), Some(m)) = (&ticket.keys, member)
+            && svc.index.blocks(m) > 0
+        {
+            let mut w = svc.watch.lock();
+            let e = w.entry(m).or_default();
+            e.routed_holding = e.routed_holding.saturating_add(1);
+        }
+        if self.state.settings.predicted_ttl.is_zero() {
+            return;
+        }
+        let keys = ticket.keys.get_or_insert_with(|| self.keys(&svc, meta));
         if let (Ok(keys), Some(member)) = (keys, member) {
             let now = Instant::now();
             svc.index
@@ -385,15 +393,36 @@ impl KvRouter {
         let eps = rule.spec.kv.as_ref().map_or(&[][..], |k| &k.endpoints[..]);
         svc.members.read().resolve(eps, members);
         let scores = svc.index.score_with(keys, Instant::now(), score);
+        // Offload-tier credit: per endpoint, the prefix it holds on either tier beyond its GPU
+        // prefix counts `credit` per block. Overlaps are in milli-blocks (the laws compare
+        // overlaps with each other and with the request length, both scaled alike).
+        let credit = self.offload_credit_milli();
+        let any_tier = if credit > 0 {
+            svc.index.any_tier_runs(keys)
+        } else {
+            Vec::new()
+        };
         let member = |ep: EpIdx| members.get(ep).copied().flatten();
         let overlap = |ep: EpIdx| {
-            member(ep)
-                .and_then(|m| scores.iter().find(|(x, _)| *x == m))
-                .map_or(0, |s| s.1)
+            let Some(m) = member(ep) else { return 0 };
+            let gpu = scores.iter().find(|(x, _)| *x == m).map_or(0, |s| s.1);
+            let both = any_tier.iter().find(|(x, _)| *x == m).map_or(0, |s| s.1);
+            gpu * MILLI + both.saturating_sub(gpu) * credit
         };
+        // Zero-hit watchdog: an endpoint whose confirmed blocks hold this request's first block
+        // matches (once is enough).
+        if let Some(first) = keys.first() {
+            let mut w = svc.watch.lock();
+            for m in members.iter().flatten() {
+                let e = w.entry(*m).or_default();
+                if !e.matched && svc.index.holds_key(*m, *first) {
+                    e.matched = true;
+                }
+            }
+        }
         let subscribed = |ep: EpIdx| eps.get(ep).is_some_and(|e| e.subscribed);
         let usable = |ep: EpIdx| cands.eligible(ep) && subscribed(ep) && member(ep).is_some();
-        if scores.is_empty() {
+        if scores.is_empty() && any_tier.is_empty() {
             return Err(MissReason::NoWorker);
         }
         if !(0..cands.len()).any(|ep| usable(ep) && overlap(ep) > 0) {
@@ -413,14 +442,14 @@ impl KvRouter {
             load_penalty: s.load_penalty,
             spill_relief: s.spill_relief_for(rule.spec.kv_mode()),
             cap_sum_milli: s.cap_sum_milli,
-            request_blocks: keys.len(),
+            request_blocks: keys.len() * MILLI,
         };
         let pick = blend(law_cands, &params).ok_or(MissReason::Excluded)?;
         let cached = |ep: EpIdx| {
             law_cands
                 .iter()
                 .find(|c| c.ep == ep)
-                .map_or(0, |c| c.overlap)
+                .map_or(0, |c| c.overlap / MILLI)
         };
         if let Some(cold) = self.cold_seed(svc, law_cands, &member, pick.ep) {
             svc.route.cold_seed(cold);
@@ -431,6 +460,12 @@ impl KvRouter {
             return Ok((Decision::pick(pick.ep, Reason::KvSpill), cached(pick.ep)));
         }
         Ok((Decision::pick(pick.ep, Reason::KvOverlap), cached(pick.ep)))
+    }
+
+    /// `LOXI_KV_CPU_TIER_CREDIT` in milli-blocks per offload-tier block, at most 999 (a GPU
+    /// block, 1000, always counts more).
+    fn offload_credit_milli(&self) -> usize {
+        ((self.state.settings.cpu_tier_credit.clamp(0.0, 1.0) * 1000.0).round() as usize).min(999)
     }
 
     /// Every `LOXILB_KV_COLDSTART_SEED_N`-th hit goes to the lowest-index eligible endpoint with
@@ -548,6 +583,10 @@ fn longest_run(text: &str, stop: usize) -> usize {
     longest
 }
 
+/// Overlap unit of the blend laws in tier 1.5: a GPU prefix block counts `MILLI`, an
+/// offload-tier block `LOXI_KV_CPU_TIER_CREDIT × MILLI` (at most `MILLI − 1`).
+const MILLI: usize = 1000;
+
 /// Tokenization and hashing of a screened request: `tokenize` → `shallow` → `hashes` →
 /// `short_prompt`, the stages timed into the service's histograms.
 fn keys_of(
@@ -567,12 +606,13 @@ fn keys_of(
         max_tokens: s.bounds.max_tokens,
         prefix,
     };
+    let (lora, tok_model) = lora_of(state, meta, model)?;
     let encoded;
     let tokens: &[u32] = match prompt {
         Prompt::TokenIds(ids) => ids,
         p => {
             encoded = span.in_scope(|| {
-                tokenizer.encode_bounded(model, meta.api, p, meta.add_special_tokens, bounds)
+                tokenizer.encode_bounded(&tok_model, meta.api, p, meta.add_special_tokens, bounds)
             })?;
             &encoded
         }
@@ -586,7 +626,10 @@ fn keys_of(
     if tokens.len() < s.min_match_tokens {
         return Err(MissReason::Shallow);
     }
-    let extras = extras(state, meta)?;
+    let extras = RequestExtras {
+        lora,
+        cache_salt: meta.cache_salt.clone(),
+    };
     let t = StdInstant::now();
     let span = crate::kv_stage_span!("kv.hash");
     let keys = span.in_scope(|| {
@@ -605,22 +648,31 @@ fn keys_of(
     Ok(keys)
 }
 
-fn extras(state: &KvState, meta: &RequestMeta) -> Result<RequestExtras, MissReason> {
-    let lora = match &meta.lora_name {
-        None => None,
-        Some(n) => Some((
-            n.clone(),
-            state
-                .settings
-                .lora_paths
-                .get(n)
-                .ok_or(MissReason::Hashes)?
-                .clone(),
-        )),
+/// A request's LoRA extra key `(name, path)`, if any, and the model whose tokenizer encodes it.
+type LoraAndTokenizer<'a> = (Option<(String, String)>, Cow<'a, str>);
+
+/// The request's LoRA extra key `(name, path)` and the model whose tokenizer encodes it: when
+/// `model` (or an explicit `lora_name`) names an adapter of the catalog, its name and path, and
+/// its base model (the adapter's own name when no engine listed a parent). A `lora_name` the
+/// catalog does not know misses with `hashes` (its path, part of every key, is unknown).
+fn lora_of<'a>(
+    state: &KvState,
+    meta: &RequestMeta,
+    model: &'a str,
+) -> Result<LoraAndTokenizer<'a>, MissReason> {
+    let (name, adapter) = match &meta.lora_name {
+        Some(n) => (
+            n.as_str(),
+            Some(state.lora.resolve(n).ok_or(MissReason::Hashes)?),
+        ),
+        None => (model, state.lora.resolve(model)),
     };
-    Ok(RequestExtras {
-        lora,
-        cache_salt: meta.cache_salt.clone(),
+    Ok(match adapter {
+        Some(a) => (
+            Some((name.to_owned(), a.path)),
+            a.parent.map_or(Cow::Borrowed(model), Cow::Owned),
+        ),
+        None => (None, Cow::Borrowed(model)),
     })
 }
 

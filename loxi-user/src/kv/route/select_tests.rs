@@ -614,3 +614,233 @@ async fn prompt_tokens_are_the_staged_tokenizers_ids_and_none_without_one() {
     };
     assert_eq!(f.router.prompt_tokens(&ids, 10_000).await, None);
 }
+
+/// The golden `lora_two_blocks_tail` case (block size 16, `sha256_cbor`, seed unset): its token
+/// ids, LoRA name and path, and the block ids vLLM 0.32 computed for it.
+fn golden_lora_case() -> (Vec<u32>, String, String, Vec<BlockKey>) {
+    let g = testutil::golden_json("vllm_block_hashes.json");
+    let case = g["runs"]["unset"]["algos"]["sha256_cbor"]["block_sizes"]["16"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .find(|c| c["name"] == "lora_two_blocks_tail")
+        .expect("lora case")
+        .clone();
+    let tokens = case["tokens"]
+        .as_array()
+        .expect("tokens")
+        .iter()
+        .map(|t| t.as_u64().expect("token") as u32)
+        .collect();
+    let keys = case["blocks"]
+        .as_array()
+        .expect("blocks")
+        .iter()
+        .map(|b| BlockKey(b["wire_u64"].as_u64().expect("wire_u64")))
+        .collect();
+    let s = |k: &str| case["lora"][k].as_str().expect("lora field").to_owned();
+    (tokens, s("lora_name"), s("lora_path"), keys)
+}
+
+/// A request whose `model` is a LoRA adapter hashes with the adapter's extra key on every
+/// block, exactly as vLLM 0.32 does (its own block ids): it matches the endpoint holding the
+/// adapter's blocks, never the base model's, and another adapter matches neither.
+#[test]
+fn a_lora_adapter_request_matches_its_own_vllm_blocks_only() {
+    let (tokens, name, path, vllm_keys) = golden_lora_case();
+    let s = KvSettings {
+        lb_mode: LbMode::Off,
+        coldstart_seed_n: 0,
+        lora_paths: [
+            (name.clone(), path),
+            ("other".into(), "/adapters/other".into()),
+        ]
+        .into(),
+        ..KvSettings::default()
+    };
+    let f = fx_with(s, 3, serde_json::json!({}));
+    let base =
+        BlockHasher::new(HashAlgo::Sha256Cbor, None).keys(&tokens, 16, &RequestExtras::default());
+    assert_eq!(base.len(), vllm_keys.len());
+    assert!(base.iter().all(|k| !vllm_keys.contains(k)));
+    f.svc().index.store(0, 0, &base);
+    f.svc().index.store(1, 0, &vllm_keys);
+    let req = |model: &str| RequestMeta {
+        model: Some(model.into()),
+        prompt: Some(Prompt::TokenIds(tokens.clone())),
+        ..meta("")
+    };
+    assert_eq!(
+        f.select(&req(&name)),
+        Some(Decision::pick(1, Reason::KvOverlap))
+    );
+    assert_eq!(
+        f.select(&req("tiny")),
+        Some(Decision::pick(0, Reason::KvOverlap))
+    );
+    assert_eq!(f.select(&req("other")), None);
+    assert_eq!(f.misses("no_worker"), 1.0);
+}
+
+/// An adapter learned from the engines' `/v1/models` is tokenized with its parent's tokenizer
+/// (the golden tiny model) and hashed with the listed path.
+#[test]
+fn a_listed_adapter_is_tokenized_by_its_parent_and_hashed_with_its_root() {
+    let f = golden_fx(2);
+    let cat = &f.router.state().lora;
+    cat.set_learned(
+        [(
+            "sql-adapter".to_owned(),
+            crate::kv::lora::Adapter {
+                path: "/adapters/sql-adapter".into(),
+                parent: Some("tiny-model".into()),
+            },
+        )]
+        .into(),
+    );
+    let base = RequestMeta {
+        model: Some("tiny-model".into()),
+        ..meta(PROMPT)
+    };
+    let tokens = f.tokens(&base);
+    let extras = RequestExtras {
+        lora: Some(("sql-adapter".into(), "/adapters/sql-adapter".into())),
+        cache_salt: None,
+    };
+    let lora_keys = BlockHasher::new(HashAlgo::Sha256Cbor, None).keys(&tokens, 16, &extras);
+    assert!(lora_keys.len() >= 2);
+    f.hold(0, &base, 99);
+    f.svc().index.store(1, 0, &lora_keys);
+    let adapter = RequestMeta {
+        model: Some("sql-adapter".into()),
+        ..meta(PROMPT)
+    };
+    assert_eq!(
+        f.select(&adapter),
+        Some(Decision::pick(1, Reason::KvOverlap))
+    );
+    assert_eq!(f.select(&base), Some(Decision::pick(0, Reason::KvOverlap)));
+}
+
+/// `n` endpoints, law `off`, no cold seeding, offload-tier credit `credit`.
+fn fx_credit(n: usize, credit: f64) -> Fx {
+    let s = KvSettings {
+        lb_mode: LbMode::Off,
+        coldstart_seed_n: 0,
+        cpu_tier_credit: credit,
+        ..KvSettings::default()
+    };
+    fx_with(s, n, serde_json::json!({}))
+}
+
+/// At equal overlap a GPU holder beats a holder with the blocks only on its CPU tier (even at
+/// credit 1), in either endpoint order; a CPU-only holder still beats nothing.
+#[test]
+fn a_gpu_holder_beats_a_cpu_only_holder_at_equal_overlap() {
+    use crate::kv::index::Tier;
+    for credit in [0.5, 1.0] {
+        for (gpu, cpu) in [(0, 1), (1, 0)] {
+            let f = fx_credit(2, credit);
+            let m = meta(PROMPT);
+            let keys = f.keys_of(&m);
+            f.svc().index.store_in(gpu, 0, Tier::Gpu, &keys[..4]);
+            f.svc().index.store_in(cpu, 0, Tier::Offload, &keys[..4]);
+            assert_eq!(
+                f.select(&m),
+                Some(Decision::pick(gpu, Reason::KvOverlap)),
+                "credit {credit}, gpu holder {gpu}"
+            );
+        }
+    }
+    let f = fx_credit(2, 0.5);
+    let m = meta(PROMPT);
+    f.svc()
+        .index
+        .store_in(1, 0, Tier::Offload, &f.keys_of(&m)[..4]);
+    assert_eq!(f.select(&m), Some(Decision::pick(1, Reason::KvOverlap)));
+}
+
+/// CPU-tier blocks earn `LOXI_KV_CPU_TIER_CREDIT` each: 8 CPU blocks beat 3 GPU blocks at
+/// 0.5 (4 > 3) and lose at 0.25 (2 < 3); at 0 the CPU tier is ignored (a CPU-only holder is
+/// `no_worker`).
+#[test]
+fn cpu_tier_blocks_earn_the_configured_partial_credit() {
+    use crate::kv::index::Tier;
+    let long = PROMPT.repeat(4);
+    for (credit, winner) in [(0.5, 1), (0.25, 0)] {
+        let f = fx_credit(2, credit);
+        let m = meta(&long);
+        let keys = f.keys_of(&m);
+        assert!(keys.len() >= 8);
+        f.svc().index.store_in(0, 0, Tier::Gpu, &keys[..3]);
+        f.svc().index.store_in(1, 0, Tier::Offload, &keys[..8]);
+        assert_eq!(
+            f.select(&m),
+            Some(Decision::pick(winner, Reason::KvOverlap)),
+            "credit {credit}"
+        );
+    }
+    let f = fx_credit(2, 0.0);
+    let m = meta(PROMPT);
+    f.svc().index.store_in(1, 0, Tier::Offload, &f.keys_of(&m));
+    assert_eq!(f.select(&m), None);
+    assert_eq!(f.misses("no_worker"), 1.0);
+}
+
+/// The zero-hit watchdog: an endpoint holding blocks that never match, to which 3
+/// (`LOXI_KV_NEVER_MATCHED_AFTER`) requests were routed, becomes `never_matched` and is
+/// counted once in `loxilb_pd_kv_zero_hit_watchdog_total`; the endpoint whose blocks match
+/// does not.
+#[test]
+fn zero_hit_watchdog_flags_an_endpoint_whose_blocks_never_match() {
+    let s = KvSettings {
+        lb_mode: LbMode::Off,
+        coldstart_seed_n: 0,
+        never_matched_after: 3,
+        // No predictions: the routed requests must not make endpoint 1 a holder.
+        predicted_ttl: Duration::ZERO,
+        ..KvSettings::default()
+    };
+    let f = fx_with(s, 2, serde_json::json!({}));
+    let m = meta(PROMPT);
+    f.hold(0, &m, 2);
+    f.svc()
+        .index
+        .store(1, 0, &[BlockKey(1), BlockKey(2), BlockKey(3)]);
+    for member in [0, 1] {
+        f.svc()
+            .streams
+            .lock()
+            .entry((member, 0))
+            .or_default()
+            .last_seq = Some(0);
+    }
+    let state_of = |ep: &str, st: &str| {
+        f.metric(&format!(
+            "loxilb_kv_endpoint_readiness{{service=\"1\",ep_idx=\"{ep}\",state=\"{st}\"}}"
+        ))
+    };
+    let watchdog = "loxilb_pd_kv_zero_hit_watchdog_total{service=\"1\"}";
+    for i in 1..=4 {
+        let mut t = KvTicket::default();
+        assert_eq!(
+            f.attempt(&m, &Excluded::default(), &mut t),
+            Some(Decision::pick(0, Reason::KvOverlap))
+        );
+        // Routed elsewhere (a spill, the rule's selector): the watchdog counts it.
+        f.router.routed(&f.rule, &m, 1, &mut t);
+        crate::kv::readiness::publish(f.router.state());
+        let flagged = i >= 3;
+        assert_eq!(
+            state_of("1", "never_matched"),
+            f64::from(u8::from(flagged)),
+            "after {i}"
+        );
+        assert_eq!(
+            f.metric(watchdog),
+            f64::from(u8::from(flagged)),
+            "after {i}"
+        );
+        assert_eq!(state_of("0", "never_matched"), 0.0);
+    }
+}

@@ -1,0 +1,206 @@
+//! Endpoint readiness: what the parity report (`GET /netlox/v1/config/ai/kv/parity`,
+//! `loxicmd get kvparity`) says of EVERY endpoint of a rule, the gauge
+//! `loxilb_kv_endpoint_readiness{service,ep_idx,state}` and a one-line log with the remedy on
+//! every change (published once a second by `kv::wiring`).
+//!
+//! States, first match wins:
+//! - `not_subscribed`: tier 1.5 does not follow its events (a decode endpoint of a P/D rule).
+//! - `no_events`: no event batch applied from any of its ranks yet.
+//! - `mismatch`: the parity check found the engine's hashes differ (with the `leg`: `seed`,
+//!   `algorithm`, `block_size`, `unknown`, and the remedy, e.g. "set
+//!   LLB_KV_NONE_HASH_SEED=0 to match the engine"); token re-hash is active.
+//! - `never_matched`: the zero-hit watchdog: it holds blocks, `LOXI_KV_NEVER_MATCHED_AFTER`
+//!   requests with block keys were routed to it, and none of its confirmed blocks was ever
+//!   the first block of a scored request (its blocks are unreachable: another tokenizer, chat
+//!   template, LoRA path or seed). Counted once per endpoint in
+//!   `loxilb_pd_kv_zero_hit_watchdog_total{service}`.
+//! - `ok`: events with token ids were checked and agree (or are still being checked without a
+//!   disagreement).
+//! - `events_no_tokens`: events arrive but none carried token ids, so parity is unchecked.
+//!
+//! Not implemented: `syncing` (a replay port's catch-up on start): the subscriber replays only
+//! gaps it sees in sequence numbers.
+
+use serde::Serialize;
+
+use super::ingest::parity::{EpParity, Verdict};
+use super::members::Member;
+use super::metrics::{EpStateLabels, READINESS_STATES, ServiceLabels};
+use super::state::{KvState, ServiceKv};
+use crate::rules::KvEndpoint;
+
+/// One endpoint's readiness.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Readiness {
+    /// One of [`READINESS_STATES`].
+    pub state: &'static str,
+    /// For `mismatch`: the leg that looks wrong (`seed`, `algorithm`, `block_size`, `unknown`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub leg: Option<String>,
+    /// What to do about it (absent for `ok`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub remedy: Option<String>,
+}
+
+/// The readiness of `member` (endpoint `ep` of the rule) with its parity report `p`.
+pub fn readiness(
+    svc: &ServiceKv,
+    member: Member,
+    ep: &KvEndpoint,
+    p: Option<&EpParity>,
+    never_matched_after: u64,
+) -> Readiness {
+    let r = |state, leg, remedy: Option<String>| Readiness { state, leg, remedy };
+    if !ep.subscribed {
+        return r("not_subscribed", None, None);
+    }
+    let seen = p.is_some()
+        || svc
+            .streams
+            .lock()
+            .iter()
+            .any(|((m, _), st)| *m == member && st.last_seq.is_some());
+    if !seen {
+        return r(
+            "no_events",
+            None,
+            Some(format!(
+                "no KV event received: start the engine with a ZMQ publisher bound to tcp://*:{} (kvZmqPort{})",
+                ep.zmq_port,
+                if svc.config.dp_ranks > 1 {
+                    " + DP rank"
+                } else {
+                    ""
+                }
+            )),
+        );
+    }
+    if let Some(p) = p.filter(|p| p.verdict == Verdict::Mismatch) {
+        let diag = p.diagnosis.clone().unwrap_or_default();
+        let leg = diag.split(':').next().unwrap_or("unknown").to_owned();
+        return r("mismatch", Some(leg), Some(remedy_of(&diag)));
+    }
+    if let Some(p) = p.filter(|p| p.block_size_rejects > 0 && p.checked_blocks == 0) {
+        return r(
+            "mismatch",
+            Some("block_size".into()),
+            Some(format!(
+                "the engine publishes {}-token blocks: set kvBlockSize {} (or the engine's --block-size {}) to match the engine",
+                p.engine_block_size.unwrap_or(0),
+                p.engine_block_size.unwrap_or(0),
+                svc.config.block_size
+            )),
+        );
+    }
+    let w = svc.watch.lock().get(&member).copied().unwrap_or_default();
+    if !w.matched && w.routed_holding >= never_matched_after && svc.index.blocks(member) > 0 {
+        return r(
+            "never_matched",
+            None,
+            Some(format!(
+                "none of its {} blocks matched a request in {} routed to it: compare the engine's model, tokenizer, chat template and LoRA paths with loxi's (LLB_KV_HASH_DEBUG=1 logs loxi's keys)",
+                svc.index.blocks(member),
+                w.routed_holding
+            )),
+        );
+    }
+    if p.is_some_and(|p| p.checked_blocks > 0 || p.unverified_blocks > 0) {
+        return r("ok", None, None);
+    }
+    r(
+        "events_no_tokens",
+        None,
+        Some("events carry no token ids: the parity check cannot run; use an engine that publishes token_ids (vLLM 0.32 does)".into()),
+    )
+}
+
+/// The remedy for a parity diagnosis (`parity::diagnose`'s text).
+pub fn remedy_of(diagnosis: &str) -> String {
+    let seed = diagnosis
+        .split_once("with seed \"")
+        .and_then(|(_, rest)| rest.split_once('"'))
+        .map(|(s, _)| s);
+    let seed_fix = |s: &str| {
+        if s == super::block_hash::VLLM_UNSET_SEED {
+            "unset LLB_KV_NONE_HASH_SEED".to_owned()
+        } else {
+            format!("set LLB_KV_NONE_HASH_SEED={s}")
+        }
+    };
+    match (diagnosis.split(':').next(), seed) {
+        (Some("seed"), Some(s)) => format!("{} to match the engine", seed_fix(s)),
+        (Some("algorithm"), Some(s)) if s != super::block_hash::VLLM_UNSET_SEED => {
+            let algo = diagnosis
+                .split_once("engine matches ")
+                .and_then(|(_, r)| r.split_whitespace().next())
+                .unwrap_or("the engine's algorithm");
+            format!("set kvHashAlgo {algo} and LLB_KV_NONE_HASH_SEED={s} to match the engine")
+        }
+        (Some("algorithm"), Some(s)) => {
+            let algo = diagnosis
+                .split_once("engine matches ")
+                .and_then(|(_, r)| r.split_whitespace().next())
+                .unwrap_or("the engine's algorithm");
+            format!("set kvHashAlgo {algo} and {} to match the engine", seed_fix(s))
+        }
+        (Some("block_size"), _) => {
+            "set kvBlockSize to the engine's --block-size to match the engine".into()
+        }
+        _ => "compare the engine's tokenizer, chat template and PYTHONHASHSEED with loxi's (LLB_KV_HASH_DEBUG=1 logs loxi's keys)".into(),
+    }
+}
+
+/// Sets every endpoint's readiness gauge, counts newly flagged `never_matched` endpoints and
+/// logs each change of state once, with its remedy.
+pub fn publish(state: &KvState) {
+    let after = state.settings.never_matched_after;
+    for svc in state.all() {
+        if svc.is_retired() {
+            continue;
+        }
+        let members = svc.members.read();
+        for (pos, ep, member) in members.iter() {
+            let p = svc.parity.lock().get(member).cloned();
+            let now = readiness(&svc, member, ep, p.as_ref(), after);
+            for s in READINESS_STATES {
+                state
+                    .metrics
+                    .readiness
+                    .get_or_create(&EpStateLabels {
+                        service: svc.label.clone(),
+                        ep_idx: pos.to_string(),
+                        state: (*s).into(),
+                    })
+                    .set(i64::from(*s == now.state));
+            }
+            let mut w = svc.watch.lock();
+            let e = w.entry(member).or_default();
+            if now.state == "never_matched" && !e.flagged {
+                e.flagged = true;
+                state
+                    .metrics
+                    .zero_hit_watchdog
+                    .get_or_create(&ServiceLabels {
+                        service: svc.label.clone(),
+                    })
+                    .inc();
+            }
+            if e.reported != Some(now.state) {
+                e.reported = Some(now.state);
+                let remedy = now.remedy.as_deref().unwrap_or("");
+                match now.state {
+                    "mismatch" | "never_matched" => {
+                        tracing::warn!(service = svc.id, ep_idx = pos, endpoint = %ep.ip, state = now.state, leg = now.leg.as_deref().unwrap_or(""), remedy, "kv endpoint readiness")
+                    }
+                    _ => {
+                        tracing::info!(service = svc.id, ep_idx = pos, endpoint = %ep.ip, state = now.state, remedy, "kv endpoint readiness")
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "readiness_tests.rs"]
+mod tests;

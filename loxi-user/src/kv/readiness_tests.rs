@@ -1,0 +1,109 @@
+use rmpv::Value as V;
+
+use super::*;
+use crate::kv::block_hash::{BlockHasher, HashAlgo};
+use crate::kv::ingest::events::decode_batch;
+use crate::kv::settings::KvSettings;
+use crate::kv::testutil::{msgpack, rule, state, stored_batch, vllm_stored_event};
+
+fn batch(ev: V) -> crate::kv::ingest::events::EventBatch {
+    decode_batch(&msgpack(&V::Array(vec![
+        V::F64(0.0),
+        V::Array(vec![ev]),
+        V::from(0),
+    ])))
+    .expect("decode")
+}
+
+/// A 32-token event from an engine hashing with `seed`.
+fn engine_event(seed: Option<&str>) -> crate::kv::ingest::events::EventBatch {
+    let toks: Vec<u32> = (100..132).collect();
+    let keys: Vec<u64> = BlockHasher::new(HashAlgo::Sha256Cbor, seed)
+        .keys(&toks, 16, &Default::default())
+        .iter()
+        .map(|k| k.0)
+        .collect();
+    batch(vllm_stored_event(
+        &keys,
+        &toks,
+        16,
+        None,
+        vec![V::Nil, V::Nil],
+    ))
+}
+
+/// Every endpoint gets a state: one that never published, one whose events carry no token
+/// ids, one agreeing, one whose engine runs another seed (with the remedy naming the seed) and
+/// one with another block size.
+#[test]
+fn every_endpoint_has_a_state_and_a_remedy() {
+    let (st, _reg) = state(KvSettings::default());
+    let r = rule(1, 5, serde_json::json!({}));
+    let svc = st.service(&r).expect("kv rule");
+    svc.apply_batch(
+        1,
+        0,
+        &decode_batch(&stored_batch(&[5, 6], 16)).expect("decode"),
+        &st.metrics,
+    );
+    svc.streams.lock().entry((1, 0)).or_default().last_seq = Some(0);
+    svc.apply_batch(2, 0, &engine_event(None), &st.metrics);
+    svc.apply_batch(3, 0, &engine_event(Some("0")), &st.metrics);
+    svc.apply_batch(
+        4,
+        0,
+        &decode_batch(&stored_batch(&[7], 32)).expect("decode"),
+        &st.metrics,
+    );
+    let eps = r.spec.kv.as_ref().expect("kv").endpoints.clone();
+    let got: Vec<Readiness> = (0..5)
+        .map(|m| {
+            let p = svc.parity.lock().get(m).cloned();
+            readiness(&svc, m, &eps[m], p.as_ref(), 20)
+        })
+        .collect();
+    let states: Vec<&str> = got.iter().map(|r| r.state).collect();
+    assert_eq!(
+        states,
+        vec![
+            "no_events",
+            "events_no_tokens",
+            "ok",
+            "mismatch",
+            "mismatch"
+        ]
+    );
+    assert_eq!(got[3].leg.as_deref(), Some("seed"));
+    assert_eq!(
+        got[3].remedy.as_deref(),
+        Some("set LLB_KV_NONE_HASH_SEED=0 to match the engine")
+    );
+    assert_eq!(got[4].leg.as_deref(), Some("block_size"));
+    assert!(
+        got[4]
+            .remedy
+            .as_deref()
+            .is_some_and(|r| r.contains("kvBlockSize 32"))
+    );
+    assert!(
+        got[0]
+            .remedy
+            .as_deref()
+            .is_some_and(|r| r.contains("tcp://*:"))
+    );
+    assert_eq!(got[2].remedy, None);
+}
+
+#[test]
+fn remedies_name_the_setting_to_change() {
+    assert_eq!(
+        remedy_of("algorithm: engine matches xxhash_cbor with seed \"42\"; rule uses sha256_cbor"),
+        "set kvHashAlgo xxhash_cbor and LLB_KV_NONE_HASH_SEED=42 to match the engine"
+    );
+    assert_eq!(
+        remedy_of(
+            "seed: engine matches sha256_cbor with seed \"vllm-none-hash\"; rule uses sha256_cbor"
+        ),
+        "unset LLB_KV_NONE_HASH_SEED to match the engine"
+    );
+}
