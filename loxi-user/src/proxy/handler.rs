@@ -131,6 +131,7 @@ impl Handler {
             &pool.rule.rule.service,
         );
         meta.body_cut = json.is_some_and(|p| p.cut);
+        meta.https = parts.extensions.get::<super::tls::ClientTls>().is_some();
         trace_span::record_rule(service, meta.model.as_deref());
         if pool.rule.spec.pd.is_some() {
             return self
@@ -185,7 +186,7 @@ impl Handler {
             )
             .with_slot(slot);
             let mut req = upstream_request(&parts, &pool.authorities[ep], body.clone())?;
-            super::forwarded::append(req.headers_mut(), meta.client);
+            super::forwarded::append(req.headers_mut(), meta.client, meta.https);
             let attempt = trace_span::attempt(ep, &pool.authorities[ep], attempts);
             trace_span::inject(&attempt, req.headers_mut());
             // At dispatch, not at the response: a non-streaming response (or a streaming one

@@ -350,7 +350,7 @@ impl Handler {
         )
         .with_slot(slot);
         let mut req = upstream_request(&parts, &pool.authorities[c.ep], body)?;
-        super::forwarded::append(req.headers_mut(), meta.client);
+        super::forwarded::append(req.headers_mut(), meta.client, meta.https);
         match self.upstreams.send(req, pool.http2).await {
             Attempt::Response(resp) => {
                 let end = self.end_accounting(pool, c.ep, resp.status());

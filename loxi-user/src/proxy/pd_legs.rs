@@ -266,7 +266,7 @@ fn leg_request(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
-    super::forwarded::append(h, legs.meta.client);
+    super::forwarded::append(h, legs.meta.client, legs.meta.https);
     trace_span::inject(&tracing::Span::current(), h);
     Ok(req)
 }

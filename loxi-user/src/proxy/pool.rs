@@ -169,6 +169,12 @@ pub struct PoolTable {
 }
 
 impl PoolTable {
+    /// True when the listener terminates TLS: its rules have `security` 1 (the API refuses
+    /// plain and TLS rules on one address).
+    pub fn tls(&self) -> bool {
+        self.pools.iter().any(|p| p.rule.rule.service.security != 0)
+    }
+
     /// A new table for `rules`: the pool of an unchanged rule (same id and definition) is
     /// reused as is; others are built, carrying state over from `old`. No side effects (see
     /// [`PoolTable::activate`]).

@@ -20,18 +20,20 @@ pub fn check(rule: &LbRule) -> Result<(), RuleError> {
     let s = &rule.service;
     let svc = |f: &str| format!("serviceArguments.{f}");
     let fullproxy = s.mode == loxi_common::mode::FULLPROXY;
-    if s.security != 0 {
+    if s.security != 0 && !fullproxy {
         return Err(not_implemented(
             &svc("security"),
             format!(
-                "{} asks for TLS termination{}; use 0 and terminate TLS in front of loxi",
-                s.security,
-                if s.security == 2 {
-                    " and backend re-encryption"
-                } else {
-                    ""
-                }
+                "{} asks for TLS, which only the fullproxy (mode 4) terminates; mode is {}",
+                s.security, s.mode
             ),
+        ));
+    }
+    if s.security == 2 {
+        return Err(not_implemented(
+            &svc("security"),
+            "2 asks for backend TLS re-encryption; use 1 (TLS terminated at loxi, HTTP to the \
+             backends)",
         ));
     }
     if fullproxy && s.protocol != "tcp" {
@@ -152,7 +154,6 @@ mod tests {
     #[test]
     fn every_accepted_but_unimplemented_value_is_refused_naming_its_field() {
         let cases = [
-            (json!({"security": 1}), "serviceArguments.security"),
             (json!({"security": 2}), "serviceArguments.security"),
             (
                 json!({"pd_disagg_mode": true, "kvEngineType": "llamacpp"}),
