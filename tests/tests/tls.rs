@@ -366,7 +366,18 @@ async fn the_cert_api_refuses_bad_certificates_and_never_lists_keys() {
     );
     let mut e2e = tls_rule(free_port(), "ok.test", &[&be], 0);
     e2e["serviceArguments"]["security"] = json!(2);
-    assert_eq!(d.post_rule(&e2e).await.0, 400);
+    e2e["serviceArguments"]["backend_ca_file"] = json!("/nonexistent/ca.pem");
+    let (s, r) = d.post_rule(&e2e).await;
+    assert_eq!(s, 400, "{r}");
+    assert_eq!(r["field"], "serviceArguments.backend_ca_file", "{r}");
+    let mut named = tls_rule(free_port(), "ok.test", &[&be], 0);
+    named["serviceArguments"]["backend_tls_server_name"] = json!("be.test");
+    let (s, r) = d.post_rule(&named).await;
+    assert_eq!(s, 400, "backend TLS fields need security 2: {r}");
+    let mut mtls = tls_rule(free_port(), "ok.test", &[&be], 0);
+    mtls["serviceArguments"]["mtls_frontend"] = json!(true);
+    let (s, r) = d.post_rule(&mtls).await;
+    assert_eq!(s, 400, "mTLS is refused: {r}");
     let (s, t) = d
         .request("DELETE", "/netlox/v1/config/cert/ok", None)
         .await
@@ -431,4 +442,183 @@ async fn rotation_keeps_an_open_stream_and_new_handshakes_get_the_new_certificat
     assert_eq!(presented(&tls), new.der);
     let (status, _, be_name, _) = send(tls, "r.test", r#"{"prompt":"x"}"#).await;
     assert_eq!((status, be_name.as_str()), (200, "A"));
+}
+
+#[tokio::test]
+async fn an_h2_stream_reset_over_tls_cancels_the_upstream_request() {
+    let d = Daemon::start_default().await;
+    let ca = Ca::new();
+    assert_eq!(post_cert(&d, Some("c"), &ca.leaf(&["c.test"])).await.0, 201);
+    let be = Backend::start("A").await;
+    let port = free_port();
+    assert_eq!(
+        d.post_rule(&tls_rule(port, "c.test", &[&be], 0)).await.0,
+        200
+    );
+    let tls = connect(&ca, port, Some("c.test"), &[b"h2"])
+        .await
+        .expect("tls");
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
+            .await
+            .expect("h2 handshake");
+    tokio::spawn(conn);
+    let req = http::Request::builder()
+        .method("POST")
+        .uri("https://c.test/v1/completions")
+        .header("content-type", "application/json")
+        .header("x-sse", "100:100")
+        .body(Full::new(Bytes::from(
+            r#"{"model":"m","prompt":"p","stream":true}"#,
+        )))
+        .expect("request");
+    let resp = sender.send_request(req).await.expect("response");
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    let first = body.frame().await.expect("a frame").expect("data");
+    assert!(first.data_ref().is_some_and(|d| d.starts_with(b"data: ")));
+    // Dropping the body resets the stream (RST_STREAM CANCEL); the connection stays open.
+    drop(body);
+    assert!(
+        be.wait_cancelled(1, Duration::from_secs(5)).await,
+        "the backend saw the request cancelled"
+    );
+    assert_eq!(be.completed(), 0);
+    // The connection still serves another stream.
+    let req = http::Request::builder()
+        .method("POST")
+        .uri("https://c.test/v1/completions")
+        .body(Full::new(Bytes::from(r#"{"prompt":"q"}"#)))
+        .expect("request");
+    assert_eq!(
+        sender.send_request(req).await.expect("second").status(),
+        200
+    );
+}
+
+/// A TLS backend (certificate for `name`, signed by the test CA) speaking HTTP/1.1 and HTTP/2
+/// (ALPN); answers `{"backend","version"}`, or 5 SSE events for `"stream": true`.
+async fn tls_backend(ca: &Ca, name: &str) -> (u16, Arc<parking_lot::Mutex<Vec<String>>>) {
+    let leaf = ca.leaf(&[name]);
+    let key = rustls::pki_types::PrivateKeyDer::try_from(
+        rustls::pki_types::pem::PemObject::from_pem_slice(leaf.key_pem.as_bytes())
+            .map(|k: rustls::pki_types::PrivatePkcs8KeyDer<'static>| k.secret_pkcs8_der().to_vec())
+            .expect("key pem"),
+    )
+    .expect("key");
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_no_client_auth()
+        .with_single_cert(vec![CertificateDer::from(leaf.der.clone())], key)
+        .expect("server config");
+    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
+    let tcp = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = tcp.local_addr().expect("addr").port();
+    let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let seen2 = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = tcp.accept().await else {
+                continue;
+            };
+            let (acceptor, seen) = (acceptor.clone(), seen2.clone());
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(stream).await else {
+                    return;
+                };
+                let svc =
+                    hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                        let seen = seen.clone();
+                        async move {
+                            let version = format!("{:?}", req.version());
+                            seen.lock().push(version.clone());
+                            let body = req
+                                .into_body()
+                                .collect()
+                                .await
+                                .map(|c| c.to_bytes())
+                                .unwrap_or_default();
+                            let stream = String::from_utf8_lossy(&body).contains("\"stream\":true");
+                            let text = if stream {
+                                (0..5)
+                                    .map(|i| format!("data: {{\"i\":{i}}}\n\n"))
+                                    .collect::<String>()
+                                    + "data: [DONE]\n\n"
+                            } else {
+                                json!({"backend": "tls", "version": version}).to_string()
+                            };
+                            Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(
+                                Bytes::from(text),
+                            )))
+                        }
+                    });
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(tls), svc)
+                    .await;
+            });
+        }
+    });
+    (port, seen)
+}
+
+#[tokio::test]
+async fn security_2_verifies_backends_and_speaks_h2_or_h1_by_backend_protocol() {
+    let d = Daemon::start_default().await;
+    let ca = Ca::new();
+    let ca_file = d.state_dir().join("backend-ca.pem");
+    std::fs::write(&ca_file, ca.cert.pem()).expect("ca file");
+    assert_eq!(
+        post_cert(&d, Some("f"), &ca.leaf(&["front.test"])).await.0,
+        201
+    );
+    let (bport, seen) = tls_backend(&ca, "backend.test").await;
+    let rule = |port: u16, name: &str, proto: &str| {
+        json!({
+            "serviceArguments": {"externalIP": "127.0.0.1", "port": port, "protocol": "tcp",
+                "mode": 4, "sel": 0, "security": 2, "host": "front.test",
+                "backend_protocol": proto, "backend_tls_server_name": name,
+                "backend_ca_file": ca_file.display().to_string()},
+            "endpoints": [{"endpointIP": "127.0.0.1", "targetPort": bport, "weight": 1}]
+        })
+    };
+    let mut expect = Vec::new();
+    for (proto, version) in [
+        ("http2", "HTTP/2.0"),
+        ("both", "HTTP/2.0"),
+        ("http1", "HTTP/1.1"),
+    ] {
+        let port = free_port();
+        let (s, r) = d.post_rule(&rule(port, "backend.test", proto)).await;
+        assert_eq!(s, 200, "{proto}: {r}");
+        // A streamed completion through TLS on both sides.
+        let tls = connect(&ca, port, Some("front.test"), &[b"h2"])
+            .await
+            .expect("tls");
+        let body = r#"{"model":"m","prompt":"p","stream":true}"#;
+        let (status, _, _, text) = send(tls, "front.test", body).await;
+        assert_eq!(status, 200, "{proto}: {text}");
+        assert_eq!(text.matches("data: {").count(), 5, "{proto}: {text}");
+        assert!(text.ends_with("data: [DONE]\n\n"), "{proto}: {text}");
+        expect.push(version.to_string());
+    }
+    assert_eq!(*seen.lock(), expect, "the backend saw each rule's protocol");
+
+    // A backend whose certificate names another host is refused under verification.
+    let port = free_port();
+    assert_eq!(d.post_rule(&rule(port, "other.test", "http1")).await.0, 200);
+    let tls = connect(&ca, port, Some("front.test"), &[])
+        .await
+        .expect("tls");
+    let (status, _, _, text) = send(tls, "front.test", r#"{"prompt":"p"}"#).await;
+    assert_eq!(status, 502, "{text}");
+    assert!(
+        text.contains("backend_unreachable") && text.contains("certificate not valid for name"),
+        "{text}"
+    );
+    assert_eq!(seen.lock().len(), 3, "no request reached the backend");
 }

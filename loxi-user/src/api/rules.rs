@@ -28,6 +28,16 @@ pub async fn create(
     let rule = validate::validate(fields::parse_rule(&body)?)?;
     check_data_path(&rule, st.l4_datapath)?;
     check_certificate(&rule, &st)?;
+    crate::proxy::upstream_tls::check(&rule.service).map_err(|e| {
+        let field = match e {
+            crate::proxy::upstream_tls::BackendTlsError::Name(_) => "backend_tls_server_name",
+            _ => "backend_ca_file",
+        };
+        ApiError::bad_field(
+            format!("serviceArguments.{field}"),
+            format!("{e}; nothing was stored"),
+        )
+    })?;
     // Bound before the rule is stored: a rule whose listener cannot open is never acknowledged.
     let reservation = match listen_addr(&rule) {
         Some(addr) => Some(reserve(&st, addr).await?),

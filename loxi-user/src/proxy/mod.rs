@@ -33,6 +33,7 @@ mod pd_legs;
 pub mod pool;
 pub mod tls;
 pub mod upstream;
+pub mod upstream_tls;
 pub mod valve;
 
 #[cfg(test)]

@@ -105,7 +105,6 @@ pub const SERVICE_FOREIGN: &[Foreign] = &[
     zero("mtls_backend", TLS),
     zero("backend_ca_cert_id", TLS),
     zero("backend_client_cert_id", TLS),
-    zero("backend_tls_server_name", TLS),
     zero(
         "backend_keepalive_interval_sec",
         "backend keep-alive probes",

@@ -29,13 +29,6 @@ pub fn check(rule: &LbRule) -> Result<(), RuleError> {
             ),
         ));
     }
-    if s.security == 2 {
-        return Err(not_implemented(
-            &svc("security"),
-            "2 asks for backend TLS re-encryption; use 1 (TLS terminated at loxi, HTTP to the \
-             backends)",
-        ));
-    }
     if fullproxy && s.protocol != "tcp" {
         return Err(not_implemented(
             &svc("protocol"),
@@ -77,10 +70,29 @@ pub fn check(rule: &LbRule) -> Result<(), RuleError> {
             format!("host routing needs mode 4 (fullproxy); mode is {}", s.mode),
         ));
     }
-    if s.backend_protocol == "both" {
+    let backend_tls = !s.backend_tls_server_name.is_empty()
+        || !s.backend_ca_file.is_empty()
+        || s.backend_tls_insecure;
+    if backend_tls && s.security != 2 {
+        return Err(RuleError::Invalid {
+            field: svc(if !s.backend_tls_server_name.is_empty() {
+                "backend_tls_server_name"
+            } else if !s.backend_ca_file.is_empty() {
+                "backend_ca_file"
+            } else {
+                "backend_tls_insecure"
+            }),
+            message: format!(
+                "configures backend TLS, which needs security 2 (security is {})",
+                s.security
+            ),
+        });
+    }
+    if s.backend_protocol == "both" && s.security != 2 {
         return Err(not_implemented(
             &svc("backend_protocol"),
-            "\"both\" (ALPN negotiation with the backend) needs backend TLS; use http1 or http2",
+            "\"both\" (ALPN negotiation with the backend) needs backend TLS (security 2); use \
+             http1 or http2",
         ));
     }
     check_engine(rule)?;
@@ -154,7 +166,6 @@ mod tests {
     #[test]
     fn every_accepted_but_unimplemented_value_is_refused_naming_its_field() {
         let cases = [
-            (json!({"security": 2}), "serviceArguments.security"),
             (
                 json!({"pd_disagg_mode": true, "kvEngineType": "llamacpp"}),
                 "serviceArguments.kvEngineType",
