@@ -45,7 +45,7 @@ fn via(rule: &StoredRule) -> super::upstream::Via {
     }
     let timeout = super::ProxyConfig::default().connect_timeout;
     match tls.client(timeout) {
-        Ok(c) => Via::Tls(c),
+        Ok(c) => Via::Tls(Box::new(c)),
         Err(e) => {
             tracing::error!(service = rule.id, error = %e, "backend TLS configuration failed; \
                 the rule's endpoints cannot be reached");

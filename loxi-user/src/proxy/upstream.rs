@@ -52,7 +52,7 @@ pub enum Via {
     /// Cleartext HTTP/2 with prior knowledge (`backend_protocol: http2`).
     H2,
     /// TLS (`security: 2`) with the rule's own pooled client (ALPN per `backend_protocol`).
-    Tls(super::upstream_tls::TlsClient),
+    Tls(Box<super::upstream_tls::TlsClient>),
     /// A `security: 2` rule whose TLS client could not be built (its CA file became
     /// unreadable after the rule was accepted): every connect fails with this reason.
     Unavailable(std::sync::Arc<str>),
