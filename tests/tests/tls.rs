@@ -237,6 +237,14 @@ async fn sni_selects_each_hosts_certificate_and_h2_and_h1_reach_the_same_endpoin
             }
         }
     }
+    // curl (when present, with HTTP/2 support): --http2 and --http1.1 pick the same endpoint.
+    if let Some(eps) = curl_endpoints(port, "x.b.test", r#"{"model":"m","prompt":"zzz"}"#).await {
+        assert_eq!(
+            eps.0, eps.1,
+            "curl --http2 and --http1.1 reach the same endpoint"
+        );
+        assert!(!eps.0.is_empty());
+    }
     // The backend is told the client spoke https.
     assert!(
         bb.requests()
@@ -621,4 +629,47 @@ async fn security_2_verifies_backends_and_speaks_h2_or_h1_by_backend_protocol() 
         "{text}"
     );
     assert_eq!(seen.lock().len(), 3, "no request reached the backend");
+}
+
+/// `x-loxilb-endpoint` of one POST with `curl --http2` and one with `--http1.1` (the protocol
+/// checked in the answer's status line); `None` when curl is missing or lacks HTTP/2.
+async fn curl_endpoints(port: u16, host: &str, body: &str) -> Option<(String, String)> {
+    // Async: the test's backends run on this runtime and must keep serving meanwhile.
+    let v = tokio::process::Command::new("curl")
+        .arg("-V")
+        .output()
+        .await
+        .ok()?;
+    if !String::from_utf8_lossy(&v.stdout).contains("HTTP2") {
+        return None;
+    }
+    let one = async |flag: &str, status: &str| {
+        let out = tokio::process::Command::new("curl")
+            .args([
+                "-sk",
+                "--max-time",
+                "10",
+                flag,
+                "-D",
+                "-",
+                "-o",
+                "/dev/null",
+                "-X",
+                "POST",
+            ])
+            .args(["--resolve", &format!("{host}:{port}:127.0.0.1")])
+            .args(["-H", "content-type: application/json", "-d", body])
+            .arg(format!("https://{host}:{port}/v1/completions"))
+            .output()
+            .await
+            .expect("curl runs");
+        let head = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(head.starts_with(status), "{flag}: {head}");
+        head.lines()
+            .find_map(|l| l.strip_prefix("x-loxilb-endpoint: "))
+            .map(|v| v.trim().to_string())
+            .unwrap_or_default()
+    };
+    let h2 = one("--http2", "HTTP/2 200").await;
+    Some((h2, one("--http1.1", "HTTP/1.1 200").await))
 }
