@@ -22,7 +22,7 @@ from collections import defaultdict
 
 # Layer of each top-level module: a module may import only its own layer or lower ones.
 LAYERS = {
-    "request": 0, "rules": 0, "metrics": 0, "listen": 0,
+    "request": 0, "rules": 0, "certs": 0, "metrics": 0, "listen": 0,
     "routing": 1, "kv": 1, "pd": 1, "health": 1, "netlink": 1, "l4": 1, "telemetry": 1,
     "proxy": 2, "api": 2, "cli": 2,
     "app": 3, "config": 3, "bin": 3,

@@ -31,6 +31,9 @@ pub enum AppError {
     /// The state directory cannot be created.
     #[error("opening the rule store: {0}")]
     Store(#[from] PersistError),
+    /// The certificate directory of the state dir cannot be opened.
+    #[error("opening the certificate store: {0}")]
+    Certs(#[source] std::io::Error),
     /// The API address cannot be bound.
     #[error("binding the REST API on {addr}: {source}")]
     Bind {
@@ -83,6 +86,10 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
     let control = ControlMetrics::register(&mut registry);
     let proxy_metrics = ProxyMetrics::register(&mut registry);
     // Restore before any listener opens.
+    let certs =
+        Arc::new(crate::certs::CertStore::open(&cfg.flags.state_dir).map_err(AppError::Certs)?);
+    crate::certs::stage::stage_dir(&certs, &cfg.flags.cert_dir);
+    crate::certs::ExpiryCollector::register(&mut registry, certs.clone());
     let store = Arc::new(RuleStore::open(&cfg.flags.state_dir)?);
     let mut tasks = JoinSet::new();
     let kv = kv::wiring::start(
@@ -121,6 +128,7 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
         config: proxy_config(&cfg),
         health: board.clone(),
         sockets: sockets.clone(),
+        certs: certs.clone(),
     };
     tasks.spawn(proxy::run(store.subscribe(), ctx, shutdown.clone()));
     let listener = TcpListener::bind(cfg.flags.api_addr)
@@ -140,6 +148,7 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
         sockets,
         l4_datapath,
         conntrack,
+        certs,
     };
     let app = api::router(state).merge(kv::api::router(kv.state)).layer(
         axum::middleware::from_fn_with_state(security, api::security::guard),

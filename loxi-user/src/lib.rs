@@ -19,6 +19,7 @@
 
 pub mod api;
 pub mod app;
+pub mod certs;
 pub mod cli;
 pub mod config;
 pub mod health;

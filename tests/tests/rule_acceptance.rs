@@ -142,8 +142,6 @@ async fn an_l4_rule_without_the_xdp_data_path_is_refused_naming_it() {
 async fn accepted_but_unimplemented_values_are_400_saying_so() {
     let d = Daemon::start_default().await;
     let cases = [
-        (json!({"security": 1}), "serviceArguments.security"),
-        (json!({"security": 2}), "serviceArguments.security"),
         (
             json!({"kvEngineType": "trtllm", "kvExactMode": 3}),
             "serviceArguments.kvExactMode",

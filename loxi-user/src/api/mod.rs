@@ -12,6 +12,8 @@
 //! | `DELETE` | `/config/loadbalancer/hosturl/{host\|any}/externalipaddress/{ip}/port/{port}[/portmax/{0}]/protocol/{proto}[?model_name=..]` | the same (LoxiLB's loxicmd) |
 //! | `DELETE` | `/config/loadbalancer/externalipaddress/{ip}/port/{port}/portmax/{0}/protocol/{proto}` | the same |
 //! | `DELETE` | `/config/loadbalancer/name/{name}` | 200; 404 no rule with this name |
+//! | `POST`, `GET` | `/config/cert[/all]` | LoxiLB's cert API, see [`certs`] |
+//! | `GET`, `PUT`, `DELETE` | `/config/cert/{certId}` | one certificate: read, rotate, delete ([`certs`]) |
 //! | `GET` | `/version` | 200 `{"version","buildInfo","product"}` (no token needed) |
 //! | `GET` | `/config/endpoint/all` | 200 `{"Attr":[...]}` endpoint health |
 //! | `GET` | `/config/conntrack/all` | 200 `{"ctAttr":[...]}`: the live XDP conntrack map in LoxiLB's shape and order (≤ 65,536 entries, `"truncated": true` beyond); `[]` without the L4 data path or before it is loaded |
@@ -22,6 +24,7 @@
 //! strict field checking are in [`fields`]; the Origin, token and content-type guard in
 //! [`security`]; HTTPS in [`tls`]. Request bodies are limited to axum's default 2 MiB (413
 //! beyond).
+pub mod certs;
 pub mod error;
 pub mod fields;
 pub mod loxilb;
@@ -69,6 +72,8 @@ pub struct ApiState {
     /// The loaded XDP conntrack map (published by the L4 task), listed by
     /// `GET /config/conntrack/all`.
     pub conntrack: crate::l4::ConntrackHandle,
+    /// The fullproxy's TLS certificates (the cert API; `security: 1` rules need one).
+    pub certs: Arc<crate::certs::CertStore>,
 }
 
 /// The API router with every route and the request-counting middleware.
@@ -108,6 +113,15 @@ pub fn router(state: ApiState) -> Router {
         .route(
             &format!("{BASE}/config/loadbalancer/name/{{name}}"),
             delete(rules::remove_by_name),
+        )
+        .route(
+            &format!("{BASE}/config/cert"),
+            post(certs::create).get(certs::list),
+        )
+        .route(&format!("{BASE}/config/cert/all"), get(certs::list))
+        .route(
+            &format!("{BASE}/config/cert/{{id}}"),
+            get(certs::get_one).put(certs::replace).delete(certs::remove),
         )
         .route(&format!("{BASE}/version"), get(loxilb::version))
         .route(&format!("{BASE}/config/endpoint/all"), get(loxilb::endpoints))

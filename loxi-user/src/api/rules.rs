@@ -27,6 +27,17 @@ pub async fn create(
     let body = body.map_err(body_error)?;
     let rule = validate::validate(fields::parse_rule(&body)?)?;
     check_data_path(&rule, st.l4_datapath)?;
+    check_certificate(&rule, &st)?;
+    crate::proxy::upstream_tls::check(&rule.service).map_err(|e| {
+        let field = match e {
+            crate::proxy::upstream_tls::BackendTlsError::Name(_) => "backend_tls_server_name",
+            _ => "backend_ca_file",
+        };
+        ApiError::bad_field(
+            format!("serviceArguments.{field}"),
+            format!("{e}; nothing was stored"),
+        )
+    })?;
     // Bound before the rule is stored: a rule whose listener cannot open is never acknowledged.
     let reservation = match listen_addr(&rule) {
         Some(addr) => Some(reserve(&st, addr).await?),
@@ -70,6 +81,28 @@ fn check_data_path(rule: &LbRule, l4_datapath: bool) -> Result<(), ApiError> {
         format!(
             "mode {mode} is served by the L4 (XDP) data path, which this daemon runs without \
              (start loxilb with --xdp-iface IFACE, or use mode 4); nothing was stored"
+        ),
+    ))
+}
+
+/// A TLS rule (`security: 1`) needs a certificate for its `host` (or the `default` one).
+fn check_certificate(rule: &LbRule, st: &ApiState) -> Result<(), ApiError> {
+    let s = &rule.service;
+    if s.security == 0 || super::certs::has_certificate(&st.certs.snapshot(), &s.host) {
+        return Ok(());
+    }
+    let what = if s.host.is_empty() {
+        "a rule without host serves the `default` certificate".to_string()
+    } else {
+        format!(
+            "no certificate covers host {:?} and there is no `default` one",
+            s.host
+        )
+    };
+    Err(ApiError::bad_field(
+        "serviceArguments.security",
+        format!(
+            "1 (TLS) needs a certificate: {what}; POST /netlox/v1/config/cert first; nothing was stored"
         ),
     ))
 }

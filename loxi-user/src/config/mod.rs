@@ -33,6 +33,11 @@ pub struct Flags {
     /// `/` replaced by `__` (LoxiLB's layout).
     #[arg(long, default_value = "/etc/loxilb/tokenizers")]
     pub tokenizer_dir: PathBuf,
+    /// Staged TLS certificates (LoxiLB's layout): `<dir>/server.crt` + `server.key` is the
+    /// `default` certificate, `<dir>/<name>/server.crt` + `server.key` certificate `<name>`;
+    /// loaded at start into the cert store (see `certs::stage`). A missing directory is fine.
+    #[arg(long, default_value = "/opt/loxilb/cert")]
+    pub cert_dir: PathBuf,
     /// LoxiLB's API-server spelling of the API address's IP (`--host`; LoxiLB's default is
     /// 0.0.0.0, loxi's stays loopback). Replaces the IP of `--api-addr` / `LOXI_API_ADDR`.
     #[arg(long, value_name = "IP")]

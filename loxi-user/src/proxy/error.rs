@@ -72,10 +72,12 @@ pub enum ProxyError {
         service: u32,
     },
     /// Every eligible endpoint refused or timed out the connection (502).
-    #[error("no backend accepted a connection after {attempts} attempt(s)")]
+    #[error("no backend accepted a connection after {attempts} attempt(s); last: {last}")]
     BackendUnreachable {
         /// Connection attempts made.
         attempts: usize,
+        /// Why the last attempt failed (a refused connection, a TLS verification failure).
+        last: String,
     },
     /// The backend failed after the request was sent (502); not retried (it may have run).
     #[error("backend {ep_idx} failed: {source}")]
@@ -333,7 +335,11 @@ mod tests {
 
     #[tokio::test]
     async fn unreachable_is_502_upstream_retryable() {
-        let r = ProxyError::BackendUnreachable { attempts: 2 }.into_response();
+        let r = ProxyError::BackendUnreachable {
+            attempts: 2,
+            last: "connection refused".into(),
+        }
+        .into_response();
         assert_eq!(r.status(), StatusCode::BAD_GATEWAY);
         let v = body_json(r).await;
         assert_eq!(v["error"]["type"], "backend_unreachable");

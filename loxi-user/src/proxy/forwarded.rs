@@ -3,8 +3,8 @@
 //! As reverse proxies do (nginx's `$proxy_add_x_forwarded_for`): a client-supplied
 //! `X-Forwarded-For` is kept, all its values joined in order, and the client's address is
 //! appended, so the last entry is always the one loxi saw. `X-Forwarded-Proto` is set to the
-//! scheme of the listener (`http`; the fullproxy does not terminate TLS), replacing any value the
-//! client sent. Applied after hop-by-hop stripping, so a client cannot drop these headers by
+//! scheme of the client's connection (`https` when the listener terminated TLS, else `http`),
+//! replacing any value the client sent. Applied after hop-by-hop stripping, so a client cannot drop these headers by
 //! naming them in `Connection`.
 
 use std::net::SocketAddr;
@@ -16,8 +16,9 @@ pub const X_FORWARDED_FOR: &str = "x-forwarded-for";
 /// `x-forwarded-proto`.
 pub const X_FORWARDED_PROTO: &str = "x-forwarded-proto";
 
-/// Appends `client`'s IP to `X-Forwarded-For` and sets `X-Forwarded-Proto: http`.
-pub fn append(headers: &mut HeaderMap, client: Option<SocketAddr>) {
+/// Appends `client`'s IP to `X-Forwarded-For` and sets `X-Forwarded-Proto` (`https` when
+/// `https`, else `http`).
+pub fn append(headers: &mut HeaderMap, client: Option<SocketAddr>, https: bool) {
     if let Some(client) = client {
         let mut chain: Vec<String> = headers
             .get_all(X_FORWARDED_FOR)
@@ -31,7 +32,8 @@ pub fn append(headers: &mut HeaderMap, client: Option<SocketAddr>) {
             headers.insert(X_FORWARDED_FOR, v);
         }
     }
-    headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+    let proto = if https { "https" } else { "http" };
+    headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(proto));
 }
 
 #[cfg(test)]
@@ -51,7 +53,7 @@ mod tests {
             HeaderValue::from_static("198.51.100.1, 192.0.2.3"),
         );
         h.insert(X_FORWARDED_PROTO, HeaderValue::from_static("https"));
-        append(&mut h, client());
+        append(&mut h, client(), false);
         assert_eq!(
             h.get_all(X_FORWARDED_FOR).iter().collect::<Vec<_>>(),
             ["203.0.113.9, 198.51.100.1, 192.0.2.3, 10.0.0.7"]
@@ -65,7 +67,12 @@ mod tests {
     #[test]
     fn without_a_chain_the_client_starts_one_and_mapped_v4_is_shown_as_v4() {
         let mut h = HeaderMap::new();
-        append(&mut h, Some("[::ffff:10.1.2.3]:80".parse().expect("addr")));
+        append(
+            &mut h,
+            Some("[::ffff:10.1.2.3]:80".parse().expect("addr")),
+            true,
+        );
         assert_eq!(h[X_FORWARDED_FOR], "10.1.2.3");
+        assert_eq!(h[X_FORWARDED_PROTO], "https", "a TLS connection is https");
     }
 }

@@ -131,6 +131,7 @@ impl Handler {
             &pool.rule.rule.service,
         );
         meta.body_cut = json.is_some_and(|p| p.cut);
+        meta.https = parts.extensions.get::<super::tls::ClientTls>().is_some();
         trace_span::record_rule(service, meta.model.as_deref());
         if pool.rule.spec.pd.is_some() {
             return self
@@ -163,13 +164,14 @@ impl Handler {
         let mut ticket = KvTicket::default();
         ladder.prepare(meta, &mut ticket).await;
         let mut attempts = 0;
+        let mut last = String::new();
         loop {
             let d = self.decide(pool, &ladder, meta, &excluded, &mut ticket);
             let Some(ep) = d.endpoint else {
                 return Err(if attempts == 0 {
                     ProxyError::NoHealthyBackend { service }
                 } else {
-                    ProxyError::BackendUnreachable { attempts }
+                    ProxyError::BackendUnreachable { attempts, last }
                 });
             };
             attempts += 1;
@@ -185,7 +187,7 @@ impl Handler {
             )
             .with_slot(slot);
             let mut req = upstream_request(&parts, &pool.authorities[ep], body.clone())?;
-            super::forwarded::append(req.headers_mut(), meta.client);
+            super::forwarded::append(req.headers_mut(), meta.client, meta.https);
             let attempt = trace_span::attempt(ep, &pool.authorities[ep], attempts);
             trace_span::inject(&attempt, req.headers_mut());
             // At dispatch, not at the response: a non-streaming response (or a streaming one
@@ -193,7 +195,7 @@ impl Handler {
             // prefix in that window would otherwise see no holder and scatter. Inline: the
             // block keys come from the ticket `prepare` filled, so this is microseconds.
             ladder.routed(meta, ep, &mut ticket);
-            let sent = self.upstreams.send(req, pool.http2);
+            let sent = self.upstreams.send(req, &pool.via);
             let outcome = sent.instrument(attempt.clone()).await;
             trace_span::record_attempt(&attempt, outcome.status(), outcome.error_type());
             match outcome {
@@ -208,6 +210,7 @@ impl Handler {
                     pm.eps[ep].connect_failures.inc();
                     self.observe(pool, ep, Outcome::ConnectFailed);
                     excluded.insert(ep);
+                    last = e;
                 }
                 Attempt::Failed(source) => return Err(ProxyError::Upstream { ep_idx: ep, source }),
             }

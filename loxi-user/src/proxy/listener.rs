@@ -1,5 +1,8 @@
 //! One listener per distinct mode-4 `externalIP:port`: accepts TCP connections and serves them
-//! with hyper-util's auto builder (HTTP/1.1 keep-alive and HTTP/2 prior knowledge). On close it
+//! with hyper-util's auto builder (HTTP/1.1 keep-alive and HTTP/2: prior knowledge on
+//! cleartext, ALPN `h2` over TLS). When its rules have `security: 1` each connection first
+//! completes a TLS handshake (certificate by SNI, [`super::tls`]; bounded by
+//! [`super::tls::HANDSHAKE_TIMEOUT`]), then takes the same request path as a cleartext one. On close it
 //! stops accepting, asks every connection to finish gracefully and waits up to the grace period.
 //!
 //! Limits (see [`super::conn`] and [`super::valve`]):
@@ -29,6 +32,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
+use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -37,6 +41,7 @@ use super::conn::{Activity, ConnLimits, Expiry, RequestGuard, TrackedIo};
 use super::error::ProxyError;
 use super::handler::Handler;
 use super::pool::PoolTable;
+use super::tls::ClientTls;
 use super::valve::{Admitted, Valve};
 
 /// A running listener.
@@ -72,10 +77,18 @@ impl Listener {
     ) -> Self {
         let cancel = CancellationToken::new();
         let table = handler.table.clone();
+        let tls = match super::tls::server_config(handler.ctx.certs.clone(), table.clone()) {
+            Ok(cfg) => Some(TlsAcceptor::from(cfg)),
+            Err(e) => {
+                tracing::error!(%addr, error = %e, "TLS configuration failed; TLS connections will be closed");
+                None
+            }
+        };
         let serving = Serving {
             addr,
             handler,
             valve,
+            tls,
             cancel: cancel.clone(),
         };
         #[allow(
@@ -104,6 +117,8 @@ struct Serving {
     addr: SocketAddr,
     handler: Arc<Handler>,
     valve: Arc<Valve>,
+    /// Handshakes connections while the listener's rules have `security: 1`.
+    tls: Option<TlsAcceptor>,
     cancel: CancellationToken,
 }
 
@@ -169,6 +184,7 @@ impl Serving {
 
     /// Serves one connection until it ends, a limit closes it, or the listener closes (then
     /// gracefully: in-flight requests finish, bounded by the accept loop's grace period).
+    /// A TLS listener first completes the handshake (within the handshake timeout).
     async fn serve(
         self,
         builder: &auto::Builder<TokioExecutor>,
@@ -181,10 +197,50 @@ impl Serving {
         let (cancel, addr) = (self.cancel.clone(), self.addr);
         let metrics = self.handler.ctx.metrics.clone();
         let svc_act = act.clone();
-        let svc = service_fn(move |req| self.clone().request(req, peer, svc_act.begin()));
-        if let Some(why) = drive(builder, stream, &act, svc, &cancel).await {
+        let ended = if self.handler.table.load().tls() {
+            let Some(tls) = self.handshake(stream, peer).await else {
+                return;
+            };
+            let svc = service_fn(move |req| {
+                self.clone()
+                    .request(req, peer, svc_act.begin(), Some(ClientTls))
+            });
+            drive(builder, tls, &act, svc, &cancel).await
+        } else {
+            let svc = service_fn(move |req| self.clone().request(req, peer, svc_act.begin(), None));
+            drive(builder, stream, &act, svc, &cancel).await
+        };
+        if let Some(why) = ended {
             tracing::debug!(%peer, reason = why.as_str(), "client connection closed at a limit");
             metrics.connection_closed(addr, why);
+        }
+    }
+
+    /// The TLS handshake of a connection; `None` (logged at debug) when it fails, times out
+    /// or the listener closes meanwhile.
+    async fn handshake(
+        &self,
+        stream: TcpStream,
+        peer: SocketAddr,
+    ) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
+        let acceptor = self.tls.as_ref()?;
+        let shake = tokio::time::timeout(super::tls::HANDSHAKE_TIMEOUT, acceptor.accept(stream));
+        let outcome = tokio::select! {
+            _ = self.cancel.cancelled() => return None,
+            r = shake => r,
+        };
+        match outcome {
+            Ok(Ok(tls)) => Some(tls),
+            Ok(Err(e)) => {
+                tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                self.handler.ctx.metrics.tls_handshake_failed(self.addr);
+                None
+            }
+            Err(_) => {
+                tracing::debug!(%peer, "TLS handshake timed out");
+                self.handler.ctx.metrics.tls_handshake_failed(self.addr);
+                None
+            }
         }
     }
 
@@ -192,10 +248,14 @@ impl Serving {
     /// request guard and the valve's admission until it ends.
     async fn request(
         self,
-        req: Request<Incoming>,
+        mut req: Request<Incoming>,
         peer: SocketAddr,
         guard: RequestGuard,
+        tls: Option<ClientTls>,
     ) -> Result<Response<ConnBody>, Infallible> {
+        if let Some(t) = tls {
+            req.extensions_mut().insert(t);
+        }
         let Some(admitted) = self.valve.try_admit() else {
             self.handler.ctx.metrics.shed("total_inflight");
             let resp = ProxyError::Overloaded {

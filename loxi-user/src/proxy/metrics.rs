@@ -11,6 +11,7 @@
 //! | `loxilb_proxy_open_connections` | gauge | `listener` (`ip:port`) |
 //! | `loxilb_proxy_connections_closed_total` | counter | `listener`, `reason` (`header_timeout`, `idle_timeout`) |
 //! | `loxilb_proxy_connections_queued_total` | counter | `listener` (accepted only after waiting for a slot under `LOXI_MAX_CONNS_PER_LISTENER`) |
+//! | `loxilb_proxy_tls_handshake_failures_total` | counter | `listener` (TLS handshakes that failed or timed out: no certificate for the name, a client that does not speak TLS, ...) |
 //! | `loxilb_pd_admission_shed_total` | counter | `reason`: `total_inflight` (429, `LLB_PD_MAX_TOTAL_INFLIGHT`), `ep_queue_full` (429, the endpoint's gate and park queue full), `park_timeout` (504, parked past `LLB_PD_MAX_PARK_SEC`), `closed` (503, the gate closed while parked) |
 //! | `loxilb_pd_admission_queued_total` | counter | `service` (requests parked at an endpoint's admission gate) |
 //! | `loxilb_pd_admission_parked` | gauge | `service` (requests parked now) |
@@ -107,6 +108,8 @@ pub struct ProxyMetrics {
     pub connections_closed: Family<ConnCloseLabels, Counter>,
     /// Client connections that waited for a slot under the per-listener cap.
     pub connections_queued: Family<ListenerLabels, Counter>,
+    /// TLS handshakes that failed or timed out, by listener.
+    pub tls_handshake_failures: Family<ListenerLabels, Counter>,
     /// Requests refused by an admission limit, by reason.
     pub shed: Family<ShedLabels, Counter>,
     /// Requests parked at an endpoint's admission gate, by service.
@@ -178,6 +181,11 @@ impl ProxyMetrics {
             m.connections_queued.clone(),
         );
         reg.register(
+            "loxilb_proxy_tls_handshake_failures",
+            "TLS handshakes of fullproxy listeners that failed or timed out",
+            m.tls_handshake_failures.clone(),
+        );
+        reg.register(
             "loxilb_pd_admission_shed",
             "Requests refused by an admission limit (429 pd_overloaded), by reason",
             m.shed.clone(),
@@ -207,6 +215,7 @@ impl ProxyMetrics {
             open_connections: Family::default(),
             connections_closed: Family::default(),
             connections_queued: Family::default(),
+            tls_handshake_failures: Family::default(),
             shed: Family::default(),
             admission_queued: Family::default(),
             admission_parked: Family::default(),
@@ -230,6 +239,15 @@ impl ProxyMetrics {
             .get_or_create(&ConnCloseLabels {
                 listener: addr.to_string(),
                 reason: why.as_str().into(),
+            })
+            .inc();
+    }
+
+    /// Counts one failed TLS handshake on listener `addr`.
+    pub fn tls_handshake_failed(&self, addr: std::net::SocketAddr) {
+        self.tls_handshake_failures
+            .get_or_create(&ListenerLabels {
+                listener: addr.to_string(),
             })
             .inc();
     }

@@ -31,7 +31,9 @@ pub mod pd;
 mod pd_dialects;
 mod pd_legs;
 pub mod pool;
+pub mod tls;
 pub mod upstream;
+pub mod upstream_tls;
 pub mod valve;
 
 #[cfg(test)]
@@ -152,6 +154,8 @@ pub struct ProxyContext {
     pub health: Arc<crate::health::board::HealthBoard>,
     /// Listening sockets: staged by the API for new rules, bind failures reported back.
     pub sockets: Arc<crate::listen::ListenSockets>,
+    /// The certificates TLS listeners (`security: 1`) serve, looked up per handshake.
+    pub certs: Arc<crate::certs::CertStore>,
 }
 
 /// Runs the fullproxy until `shutdown`: reconciles listeners with every rule snapshot, then on

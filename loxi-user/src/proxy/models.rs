@@ -163,9 +163,7 @@ impl ModelList<'_> {
             });
         }
         let answers: Vec<Result<Vec<Value>, String>> = futures::stream::iter(targets)
-            .map(
-                |(authority, http2)| async move { self.fetch_list(parts, &authority, http2).await },
-            )
+            .map(|(authority, via)| async move { self.fetch_list(parts, &authority, &via).await })
             .buffered(CONCURRENCY)
             .collect()
             .await;
@@ -177,7 +175,7 @@ impl ModelList<'_> {
         &self,
         parts: &Parts,
         authority: &str,
-        http2: bool,
+        via: &super::upstream::Via,
     ) -> Result<Vec<Value>, String> {
         let timeout = self.config.timeout;
         let fetch = async {
@@ -185,9 +183,10 @@ impl ModelList<'_> {
                 upstream_request(parts, authority, Bytes::new()).map_err(|e| e.to_string())?;
             req.headers_mut().remove(header::ACCEPT_ENCODING);
             req.headers_mut().remove(header::CONTENT_LENGTH);
-            let resp = match self.upstreams.send(req, http2).await {
+            let resp = match self.upstreams.send(req, via).await {
                 Attempt::Response(r) => r,
-                Attempt::ConnectFailed(e) | Attempt::Failed(e) => return Err(e.to_string()),
+                Attempt::ConnectFailed(e) => return Err(e),
+                Attempt::Failed(e) => return Err(e.to_string()),
             };
             if !resp.status().is_success() {
                 return Err(format!("status {}", resp.status().as_u16()));
@@ -211,9 +210,9 @@ impl ModelList<'_> {
     }
 }
 
-/// The healthy endpoints of `pools` (authority, HTTP/2), each authority once, in pool then
+/// The healthy endpoints of `pools` (authority, how to reach it), each authority once, in pool then
 /// endpoint order.
-fn targets(pools: &[&Arc<Pool>]) -> Vec<(String, bool)> {
+fn targets(pools: &[&Arc<Pool>]) -> Vec<(String, super::upstream::Via)> {
     let mut seen = HashSet::new();
     pools
         .iter()
@@ -222,7 +221,7 @@ fn targets(pools: &[&Arc<Pool>]) -> Vec<(String, bool)> {
                 .iter()
                 .zip(&p.loads)
                 .filter(|(_, l)| l.is_healthy())
-                .map(|(a, _)| (a.clone(), p.http2))
+                .map(|(a, _)| (a.clone(), p.via.clone()))
         })
         .filter(|(a, _)| seen.insert(a.clone()))
         .collect()

@@ -350,8 +350,8 @@ impl Handler {
         )
         .with_slot(slot);
         let mut req = upstream_request(&parts, &pool.authorities[c.ep], body)?;
-        super::forwarded::append(req.headers_mut(), meta.client);
-        match self.upstreams.send(req, pool.http2).await {
+        super::forwarded::append(req.headers_mut(), meta.client, meta.https);
+        match self.upstreams.send(req, &pool.via).await {
             Attempt::Response(resp) => {
                 let end = self.end_accounting(pool, c.ep, resp.status());
                 Ok(downstream_response(resp, c.ep, tracked.with_end(end)))
@@ -360,7 +360,10 @@ impl Handler {
                 tracing::warn!(service, ep = c.ep, error = %e, "upstream connect failed");
                 pm.eps[c.ep].connect_failures.inc();
                 self.observe(pool, c.ep, Outcome::ConnectFailed);
-                Err(ProxyError::BackendUnreachable { attempts: 1 })
+                Err(ProxyError::BackendUnreachable {
+                    attempts: 1,
+                    last: e,
+                })
             }
             Attempt::Failed(source) => Err(ProxyError::Upstream {
                 ep_idx: c.ep,

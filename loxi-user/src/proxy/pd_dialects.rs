@@ -98,7 +98,10 @@ impl super::handler::Handler {
                             return Ok(refused);
                         }
                         Prefill::ConnectFailed => {
-                            return Err(ProxyError::BackendUnreachable { attempts });
+                            return Err(ProxyError::BackendUnreachable {
+                                attempts,
+                                last: "the prefill endpoint refused the connection (logged)".into(),
+                            });
                         }
                     }
                 }

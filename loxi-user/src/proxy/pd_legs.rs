@@ -96,7 +96,7 @@ impl Handler {
         let limit = self.ctx.config.max_body_bytes;
         let t0 = Instant::now();
         let leg = async {
-            match self.upstreams.send(req, pool.http2).await {
+            match self.upstreams.send(req, &pool.via).await {
                 Attempt::Response(resp) => {
                     let (head, body) = resp.into_parts();
                     match Limited::new(body, limit).collect().await {
@@ -192,7 +192,7 @@ impl Handler {
                 message,
             }))
         };
-        let resp = match self.upstreams.send(req, pool.http2).await {
+        let resp = match self.upstreams.send(req, &pool.via).await {
             Attempt::Response(resp) => resp,
             Attempt::ConnectFailed(e) => {
                 tracing::warn!(service, ep, error = %e, "decode connect failed; trying another decode endpoint");
@@ -266,7 +266,7 @@ fn leg_request(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
-    super::forwarded::append(h, legs.meta.client);
+    super::forwarded::append(h, legs.meta.client, legs.meta.https);
     trace_span::inject(&tracing::Span::current(), h);
     Ok(req)
 }

@@ -24,6 +24,36 @@ use crate::rules::{RuleKey, StoredRule};
 use super::error::ProxyError;
 use super::metrics::{PoolMetrics, ProxyMetrics};
 
+/// How `rule`'s endpoints are reached. A `security: 2` rule whose TLS client cannot be built
+/// (its CA file vanished since the rule was accepted) gets a client trusting nothing: every
+/// connect fails with that reason (logged here) instead of falling back to cleartext.
+fn via(rule: &StoredRule) -> super::upstream::Via {
+    use super::upstream::Via;
+    let Some(tls) = super::upstream_tls::backend_tls(rule) else {
+        return if rule.spec.backend == BackendProtocol::Http2 {
+            Via::H2
+        } else {
+            Via::H1
+        };
+    };
+    if tls.insecure {
+        tracing::warn!(
+            service = rule.id,
+            "backend TLS verification is OFF for this rule \
+            (backend_tls_insecure: true): any certificate is accepted"
+        );
+    }
+    let timeout = super::ProxyConfig::default().connect_timeout;
+    match tls.client(timeout) {
+        Ok(c) => Via::Tls(Box::new(c)),
+        Err(e) => {
+            tracing::error!(service = rule.id, error = %e, "backend TLS configuration failed; \
+                the rule's endpoints cannot be reached");
+            Via::Unavailable(format!("backend TLS configuration: {e}").into())
+        }
+    }
+}
+
 /// One rule's serving state.
 #[derive(Debug)]
 pub struct Pool {
@@ -42,8 +72,9 @@ pub struct Pool {
     /// Admission gate per `EpIdx` (`LLB_PD_MAX_INFLIGHT_PER_EP`; shared across rule updates
     /// like `loads`, closed by [`PoolTable::close_dropped_gates`] when its endpoint leaves).
     pub gates: Vec<Arc<Gate>>,
-    /// True when `backend_protocol` is `http2`.
-    pub http2: bool,
+    /// How the endpoints are reached: cleartext HTTP/1.1 or HTTP/2 (`backend_protocol`), or
+    /// the rule's own TLS client (`security: 2`).
+    pub via: super::upstream::Via,
     /// P/D pins, tier-1 trie and tie cursor, for a rule with `pd_disagg_mode` (a changed rule
     /// starts with no pins and keeps its trie, renumbered, minus removed endpoints).
     pub pd: Option<crate::pd::PdState>,
@@ -83,7 +114,7 @@ impl Pool {
         };
         Self {
             weights: eps.iter().map(|e| e.weight).collect(),
-            http2: rule.spec.backend == BackendProtocol::Http2,
+            via: via(&rule),
             pd: rule.spec.pd.as_ref().map(|spec| {
                 // Tier 1's trie follows each endpoint by authority; a removed one is forgotten.
                 crate::pd::PdState::successor(spec, old.and_then(|o| o.pd.as_ref()), |ep| {
@@ -169,6 +200,12 @@ pub struct PoolTable {
 }
 
 impl PoolTable {
+    /// True when the listener terminates TLS: its rules have `security` 1 (the API refuses
+    /// plain and TLS rules on one address).
+    pub fn tls(&self) -> bool {
+        self.pools.iter().any(|p| p.rule.rule.service.security != 0)
+    }
+
     /// A new table for `rules`: the pool of an unchanged rule (same id and definition) is
     /// reused as is; others are built, carrying state over from `old`. No side effects (see
     /// [`PoolTable::activate`]).

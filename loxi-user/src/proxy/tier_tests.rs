@@ -130,6 +130,7 @@ async fn kv_exact_mode_3_asks_the_tier_first_then_sel() {
         config: ProxyConfig::default(),
         health: crate::health::board::HealthBoard::new(),
         sockets: crate::listen::ListenSockets::new(Default::default()),
+        certs: std::sync::Arc::new(crate::certs::CertStore::in_memory()),
     };
     let stop = CancellationToken::new();
     let task = tokio::spawn(super::run(store.subscribe(), ctx, stop.clone()));
@@ -207,6 +208,7 @@ impl KvProxy {
             config: ProxyConfig::default(),
             health: crate::health::board::HealthBoard::new(),
             sockets: crate::listen::ListenSockets::new(Default::default()),
+            certs: std::sync::Arc::new(crate::certs::CertStore::in_memory()),
         };
         let stop = CancellationToken::new();
         let task = tokio::spawn(super::run(store.subscribe(), ctx, stop.clone()));
@@ -487,6 +489,7 @@ async fn a_body_that_does_not_arrive_in_time_gets_408() {
         },
         health: crate::health::board::HealthBoard::new(),
         sockets: crate::listen::ListenSockets::new(Default::default()),
+        certs: std::sync::Arc::new(crate::certs::CertStore::in_memory()),
     };
     let stop = CancellationToken::new();
     let task = tokio::spawn(super::run(store.subscribe(), ctx, stop.clone()));

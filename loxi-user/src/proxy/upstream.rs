@@ -19,7 +19,8 @@ pub enum Attempt {
     /// The backend answered (head received; body streams).
     Response(Response<Incoming>),
     /// The connection could not be established; the request was not sent. Retry elsewhere.
-    ConnectFailed(hyper_util::client::legacy::Error),
+    /// The text is the whole error chain (a TLS verification failure names its reason).
+    ConnectFailed(String),
     /// The request failed after it may have reached the backend. Not retried.
     Failed(hyper_util::client::legacy::Error),
 }
@@ -43,6 +44,33 @@ impl Attempt {
     }
 }
 
+/// How a pool reaches its endpoints.
+#[derive(Clone, Debug)]
+pub enum Via {
+    /// Cleartext HTTP/1.1 (`backend_protocol: http1`).
+    H1,
+    /// Cleartext HTTP/2 with prior knowledge (`backend_protocol: http2`).
+    H2,
+    /// TLS (`security: 2`) with the rule's own pooled client (ALPN per `backend_protocol`).
+    Tls(Box<super::upstream_tls::TlsClient>),
+    /// A `security: 2` rule whose TLS client could not be built (its CA file became
+    /// unreadable after the rule was accepted): every connect fails with this reason.
+    Unavailable(std::sync::Arc<str>),
+}
+
+/// The text of `e` and every error under it, joined by `: ` (hyper-util's client errors say
+/// only "client error (Connect)"; the reason, e.g. a certificate for another name, is below).
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        cur = s.source();
+    }
+    out
+}
+
 /// HTTP/1.1 and HTTP/2 pooled clients.
 #[derive(Clone, Debug)]
 pub struct Upstreams {
@@ -63,12 +91,18 @@ impl Upstreams {
         Self { h1, h2 }
     }
 
-    /// Sends `req` (absolute URI) with HTTP/2 when `http2`, else HTTP/1.1.
-    pub async fn send(&self, req: Request<Full<Bytes>>, http2: bool) -> Attempt {
-        let client = if http2 { &self.h2 } else { &self.h1 };
-        match client.request(req).await {
+    /// Sends `req` (absolute URI) the way `via` says: HTTP/1.1, HTTP/2 prior knowledge, or
+    /// the rule's own TLS client.
+    pub async fn send(&self, req: Request<Full<Bytes>>, via: &Via) -> Attempt {
+        let sent = match via {
+            Via::H1 => self.h1.request(req).await,
+            Via::H2 => self.h2.request(req).await,
+            Via::Tls(c) => c.request(req).await,
+            Via::Unavailable(why) => return Attempt::ConnectFailed(why.to_string()),
+        };
+        match sent {
             Ok(r) => Attempt::Response(r),
-            Err(e) if e.is_connect() => Attempt::ConnectFailed(e),
+            Err(e) if e.is_connect() => Attempt::ConnectFailed(error_chain(&e)),
             Err(e) => Attempt::Failed(e),
         }
     }

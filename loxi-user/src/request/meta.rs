@@ -64,6 +64,8 @@ pub struct RequestMeta {
     /// True when the routing parse bounded the body ([`super::bounded`]): a text prompt or a
     /// token-id list is then a prefix of the client's, a message list may be incomplete.
     pub body_cut: bool,
+    /// True when the client's connection was TLS (`X-Forwarded-Proto: https` to the backend).
+    pub https: bool,
 }
 
 impl RequestMeta {

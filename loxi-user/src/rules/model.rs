@@ -62,9 +62,22 @@ pub struct ServiceArgs {
     /// Host key for L7 rules; part of the rule key.
     #[serde(default)]
     pub host: String,
-    /// Backend protocol: `http1` (default), `http2` or `both`.
+    /// Backend protocol: `http1` (default), `http2` or `both` (ALPN decides; needs
+    /// `security: 2`).
     #[serde(default = "default_backend_protocol")]
     pub backend_protocol: String,
+    /// `security: 2`: the name verified in the backends' certificates (and sent as SNI);
+    /// empty = each endpoint's IP (LoxiLB's newer CLI's field).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub backend_tls_server_name: String,
+    /// `security: 2`: PEM CA bundle (a file on the daemon's host) the backends' certificates
+    /// are verified against; empty = the webpki (Mozilla) root set. A loxi extension.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub backend_ca_file: String,
+    /// `security: 2`: accept any backend certificate (no verification; warned in the log).
+    /// A loxi extension, off unless set.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub backend_tls_insecure: bool,
     /// Marks an SSE/streaming service. loxi never applies an idle timeout to a response that is
     /// still sending data, whatever this says; the field is stored for compatibility.
     #[serde(default)]
@@ -309,6 +322,9 @@ pub const SERVICE_FIELDS: &[&str] = &[
     "security",
     "host",
     "backend_protocol",
+    "backend_tls_server_name",
+    "backend_ca_file",
+    "backend_tls_insecure",
     "sse_mode",
     "session_header_name",
     "model_name",

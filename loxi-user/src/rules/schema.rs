@@ -59,7 +59,7 @@ const fn out(name: &'static str) -> Foreign {
     }
 }
 
-const TLS: &str = "TLS on the listener or towards the backend (loxi serves plaintext; terminate TLS in front of it)";
+const TLS: &str = "TLS options beyond `security: 1` (loxi terminates TLS with rustls' defaults, TLS 1.2/1.3, certificates from the cert API; no mTLS, no backend TLS)";
 const AUTH: &str = "per-rule client authentication (loxi has the API token only)";
 const FC: &str = "the capacity admission gate (fc_*)";
 const OCTAVIA: &str = "Octavia metadata round-trip";
@@ -105,7 +105,6 @@ pub const SERVICE_FOREIGN: &[Foreign] = &[
     zero("mtls_backend", TLS),
     zero("backend_ca_cert_id", TLS),
     zero("backend_client_cert_id", TLS),
-    zero("backend_tls_server_name", TLS),
     zero(
         "backend_keepalive_interval_sec",
         "backend keep-alive probes",

@@ -244,7 +244,8 @@ pub enum BackendProtocol {
     Http1,
     /// `http2`: the upstream client speaks HTTP/2 (prior knowledge).
     Http2,
-    /// `both`: HTTP/1.1 upstream (the client side serves both).
+    /// `both`: ALPN offers `h2` and `http/1.1` to a TLS backend (`security: 2`); its choice
+    /// decides.
     Both,
 }
 

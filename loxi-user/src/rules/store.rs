@@ -186,6 +186,7 @@ impl RuleStore {
             }
             .into());
         }
+        check_tls_sharing(&cur, &key, &rule)?;
         let (outcome, id) = match cur.rules.get(&key) {
             Some(old) if old.rule == rule => return Ok(UpsertOutcome::Unchanged),
             Some(old) => {
@@ -282,6 +283,35 @@ impl RuleStore {
         self.current.store(snap.clone());
         self.tx.send_replace(snap);
         Ok(())
+    }
+}
+
+/// Plain (`security: 0`) and TLS rules cannot share a fullproxy address: one listener either
+/// terminates TLS or does not. `Err` names the other rule.
+fn check_tls_sharing(cur: &RuleSnapshot, key: &RuleKey, rule: &LbRule) -> Result<(), RuleError> {
+    let s = &rule.service;
+    if s.mode != loxi_common::mode::FULLPROXY {
+        return Ok(());
+    }
+    let clash = cur.rules.iter().find(|(k, r)| {
+        let o = &r.rule.service;
+        *k != key
+            && o.mode == s.mode
+            && k.external_ip == key.external_ip
+            && k.port == key.port
+            && k.protocol == key.protocol
+            && (o.security != 0) != (s.security != 0)
+    });
+    match clash {
+        None => Ok(()),
+        Some((k, r)) => Err(RuleError::Invalid {
+            field: "serviceArguments.security".into(),
+            message: format!(
+                "{} conflicts with rule {k} (security {}) on {}:{}: plain and TLS rules cannot \
+                 share an address",
+                s.security, r.rule.service.security, key.external_ip, key.port
+            ),
+        }),
     }
 }
 

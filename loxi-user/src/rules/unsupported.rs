@@ -20,17 +20,12 @@ pub fn check(rule: &LbRule) -> Result<(), RuleError> {
     let s = &rule.service;
     let svc = |f: &str| format!("serviceArguments.{f}");
     let fullproxy = s.mode == loxi_common::mode::FULLPROXY;
-    if s.security != 0 {
+    if s.security != 0 && !fullproxy {
         return Err(not_implemented(
             &svc("security"),
             format!(
-                "{} asks for TLS termination{}; use 0 and terminate TLS in front of loxi",
-                s.security,
-                if s.security == 2 {
-                    " and backend re-encryption"
-                } else {
-                    ""
-                }
+                "{} asks for TLS, which only the fullproxy (mode 4) terminates; mode is {}",
+                s.security, s.mode
             ),
         ));
     }
@@ -75,10 +70,29 @@ pub fn check(rule: &LbRule) -> Result<(), RuleError> {
             format!("host routing needs mode 4 (fullproxy); mode is {}", s.mode),
         ));
     }
-    if s.backend_protocol == "both" {
+    let backend_tls = !s.backend_tls_server_name.is_empty()
+        || !s.backend_ca_file.is_empty()
+        || s.backend_tls_insecure;
+    if backend_tls && s.security != 2 {
+        return Err(RuleError::Invalid {
+            field: svc(if !s.backend_tls_server_name.is_empty() {
+                "backend_tls_server_name"
+            } else if !s.backend_ca_file.is_empty() {
+                "backend_ca_file"
+            } else {
+                "backend_tls_insecure"
+            }),
+            message: format!(
+                "configures backend TLS, which needs security 2 (security is {})",
+                s.security
+            ),
+        });
+    }
+    if s.backend_protocol == "both" && s.security != 2 {
         return Err(not_implemented(
             &svc("backend_protocol"),
-            "\"both\" (ALPN negotiation with the backend) needs backend TLS; use http1 or http2",
+            "\"both\" (ALPN negotiation with the backend) needs backend TLS (security 2); use \
+             http1 or http2",
         ));
     }
     check_engine(rule)?;
@@ -152,8 +166,6 @@ mod tests {
     #[test]
     fn every_accepted_but_unimplemented_value_is_refused_naming_its_field() {
         let cases = [
-            (json!({"security": 1}), "serviceArguments.security"),
-            (json!({"security": 2}), "serviceArguments.security"),
             (
                 json!({"pd_disagg_mode": true, "kvEngineType": "llamacpp"}),
                 "serviceArguments.kvEngineType",

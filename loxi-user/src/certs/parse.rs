@@ -1,0 +1,298 @@
+//! One certificate as the cert API takes it: PEM text in, a checked [`Certificate`] out.
+//!
+//! The leaf comes first (`certPem`, optionally followed by its chain), then `chainPem` (the
+//! intermediates, optional). The key (`keyPem`) is PKCS#8, PKCS#1 or SEC1, of a type rustls'
+//! `ring` provider signs with (RSA, ECDSA P-256/P-384, Ed25519). Hostnames are the leaf's SAN
+//! DNS names, else its subject CN, lower-cased; `*.example.com` covers one label.
+
+use std::sync::Arc;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::sign::CertifiedKey;
+
+/// Longest certificate id (`certId`).
+pub const MAX_ID_LEN: usize = 63;
+
+/// A certificate expiring within this many seconds is accepted with a warning (14 days).
+pub const EXPIRY_WARNING_SECS: i64 = 14 * 86_400;
+
+/// The PEM text a certificate was created from (what the state dir keeps).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CertPem {
+    /// The leaf certificate (PEM), optionally followed by its chain.
+    pub cert_pem: String,
+    /// The leaf's private key (PEM).
+    pub key_pem: String,
+    /// Intermediate certificates (PEM), sent after the leaf.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chain_pem: Option<String>,
+}
+
+/// A checked certificate: its signing key, hostnames and validity.
+#[derive(Debug)]
+pub struct Certificate {
+    /// The certificate's id (`certId`).
+    pub id: String,
+    /// Names it serves (SAN DNS names, else the CN), lower-case; may start with `*.`.
+    pub hostnames: Vec<String>,
+    /// Start of validity (Unix seconds).
+    pub not_before: i64,
+    /// End of validity (Unix seconds).
+    pub not_after: i64,
+    /// The chain and key rustls serves.
+    pub key: Arc<CertifiedKey>,
+    /// The PEM it was made from.
+    pub pem: CertPem,
+}
+
+/// Why a certificate was refused (HTTP 400 with this message).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum CertError {
+    /// `certId` is not usable as an id.
+    #[error(
+        "certId {0:?}: 1 to 63 characters of letters, digits, '.', '_' and '-' (no path separators)"
+    )]
+    BadId(String),
+    /// A PEM field does not parse.
+    #[error("{field}: malformed PEM: {reason}")]
+    Pem {
+        /// `certPem`, `keyPem` or `chainPem`.
+        field: &'static str,
+        /// The parser's message.
+        reason: String,
+    },
+    /// `certPem` holds no CERTIFICATE block.
+    #[error("certPem: no CERTIFICATE block")]
+    NoCertificate,
+    /// `keyPem` is empty or holds no private key.
+    #[error("keyPem: no private key (PKCS#8, PKCS#1 or SEC1 PEM block)")]
+    NoKey,
+    /// The key's type cannot sign (rustls/ring).
+    #[error("keyPem: unsupported private key: {0}")]
+    UnsupportedKey(String),
+    /// The key is not the leaf certificate's.
+    #[error("keyPem does not match the certificate in certPem ({0})")]
+    KeyMismatch(String),
+    /// The leaf certificate does not parse as X.509.
+    #[error("certPem: not an X.509 certificate: {0}")]
+    X509(String),
+    /// The leaf has expired.
+    #[error("certPem: the certificate expired at {not_after} (Unix seconds; now {now})")]
+    Expired {
+        /// End of validity.
+        not_after: i64,
+        /// The time of the check.
+        now: i64,
+    },
+    /// The leaf names no host (no SAN DNS name, no CN).
+    #[error("certPem: the certificate names no host (no SAN DNS name and no subject CN)")]
+    NoHostnames,
+}
+
+/// `Ok` when `id` is a usable certificate id.
+pub fn check_id(id: &str) -> Result<(), CertError> {
+    let ok = !id.is_empty()
+        && id.len() <= MAX_ID_LEN
+        && id != "."
+        && id != ".."
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(CertError::BadId(id.to_string()))
+    }
+}
+
+/// Checks `pem` and builds the certificate `id` at Unix time `now`.
+pub fn parse(id: &str, pem: CertPem, now: i64) -> Result<Certificate, CertError> {
+    check_id(id)?;
+    let mut chain = certs("certPem", &pem.cert_pem)?;
+    if chain.is_empty() {
+        return Err(CertError::NoCertificate);
+    }
+    if let Some(extra) = &pem.chain_pem {
+        chain.extend(certs("chainPem", extra)?);
+    }
+    let key = private_key(&pem.key_pem)?;
+    let signer = rustls::crypto::ring::sign::any_supported_type(&key)
+        .map_err(|e| CertError::UnsupportedKey(e.to_string()))?;
+    let facts = leaf_facts(&chain[0])?;
+    if facts.not_after <= now {
+        return Err(CertError::Expired {
+            not_after: facts.not_after,
+            now,
+        });
+    }
+    let certified = CertifiedKey::new(chain, signer);
+    certified
+        .keys_match()
+        .map_err(|e| CertError::KeyMismatch(e.to_string()))?;
+    Ok(Certificate {
+        id: id.to_string(),
+        hostnames: facts.hostnames,
+        not_before: facts.not_before,
+        not_after: facts.not_after,
+        key: Arc::new(certified),
+        pem,
+    })
+}
+
+fn certs(field: &'static str, text: &str) -> Result<Vec<CertificateDer<'static>>, CertError> {
+    CertificateDer::pem_slice_iter(text.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| CertError::Pem {
+            field,
+            reason: e.to_string(),
+        })
+}
+
+fn private_key(text: &str) -> Result<PrivateKeyDer<'static>, CertError> {
+    match PrivateKeyDer::from_pem_slice(text.as_bytes()) {
+        Ok(k) => Ok(k),
+        Err(rustls::pki_types::pem::Error::NoItemsFound) => Err(CertError::NoKey),
+        Err(e) => Err(CertError::Pem {
+            field: "keyPem",
+            reason: e.to_string(),
+        }),
+    }
+}
+
+/// What the cert API reads from a leaf.
+struct LeafFacts {
+    hostnames: Vec<String>,
+    not_before: i64,
+    not_after: i64,
+}
+
+fn leaf_facts(der: &CertificateDer<'_>) -> Result<LeafFacts, CertError> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der.as_ref())
+        .map_err(|e| CertError::X509(e.to_string()))?;
+    let mut hostnames: Vec<String> = Vec::new();
+    if let Ok(Some(san)) = cert.subject_alternative_name() {
+        for name in &san.value.general_names {
+            if let x509_parser::extensions::GeneralName::DNSName(n) = name {
+                hostnames.push(n.to_ascii_lowercase());
+            }
+        }
+    }
+    if hostnames.is_empty() {
+        hostnames.extend(
+            cert.subject()
+                .iter_common_name()
+                .filter_map(|cn| cn.as_str().ok())
+                .map(str::to_ascii_lowercase),
+        );
+    }
+    hostnames.retain(|h| !h.is_empty());
+    hostnames.dedup();
+    if hostnames.is_empty() {
+        return Err(CertError::NoHostnames);
+    }
+    let v = cert.validity();
+    Ok(LeafFacts {
+        hostnames,
+        not_before: v.not_before.timestamp(),
+        not_after: v.not_after.timestamp(),
+    })
+}
+
+/// True when certificate name `pattern` (maybe `*.example.com`) covers host `name`
+/// (case-insensitive; a wildcard covers exactly one leftmost label).
+pub fn name_matches(pattern: &str, name: &str) -> bool {
+    let name = name.trim_end_matches('.');
+    if let Some(suffix) = pattern.strip_prefix("*.") {
+        return match name.split_once('.') {
+            Some((label, rest)) => !label.is_empty() && rest.eq_ignore_ascii_case(suffix),
+            None => false,
+        };
+    }
+    pattern.eq_ignore_ascii_case(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn now() -> i64 {
+        time::OffsetDateTime::now_utc().unix_timestamp()
+    }
+
+    fn pem_for(names: &[&str], not_after: time::OffsetDateTime) -> CertPem {
+        let mut params =
+            rcgen::CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+                .expect("params");
+        params.not_after = not_after;
+        let key = rcgen::KeyPair::generate().expect("key");
+        let cert = params.self_signed(&key).expect("cert");
+        CertPem {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+            chain_pem: None,
+        }
+    }
+
+    fn in_days(d: i64) -> time::OffsetDateTime {
+        time::OffsetDateTime::now_utc() + time::Duration::days(d)
+    }
+
+    #[test]
+    fn hostnames_come_from_the_san_dns_names() {
+        let c = parse(
+            "a",
+            pem_for(&["A.example", "*.b.example"], in_days(30)),
+            now(),
+        )
+        .expect("valid");
+        assert_eq!(c.hostnames, ["a.example", "*.b.example"]);
+        assert!(c.not_after > now() + 29 * 86_400);
+    }
+
+    #[test]
+    fn an_expired_certificate_is_refused() {
+        let e = parse("a", pem_for(&["a.example"], in_days(-1)), now()).expect_err("expired");
+        assert!(matches!(e, CertError::Expired { .. }), "{e}");
+    }
+
+    #[test]
+    fn a_key_of_another_certificate_is_refused() {
+        let mut p = pem_for(&["a.example"], in_days(30));
+        p.key_pem = pem_for(&["a.example"], in_days(30)).key_pem;
+        let e = parse("a", p, now()).expect_err("mismatch");
+        assert!(matches!(e, CertError::KeyMismatch(_)), "{e}");
+    }
+
+    #[test]
+    fn missing_key_and_garbage_are_refused_with_the_field() {
+        let mut p = pem_for(&["a.example"], in_days(30));
+        p.key_pem = String::new();
+        assert_eq!(
+            parse("a", p.clone(), now()).expect_err("no key"),
+            CertError::NoKey
+        );
+        p.cert_pem = "hello".into();
+        assert_eq!(
+            parse("a", p, now()).expect_err("no cert"),
+            CertError::NoCertificate
+        );
+    }
+
+    #[test]
+    fn ids_are_bounded_and_have_no_path_separators() {
+        assert!(check_id("web-1.example_A").is_ok());
+        for bad in ["", "a/b", "..", "a\\b", &"x".repeat(64)] {
+            assert!(check_id(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn wildcards_cover_one_label() {
+        assert!(name_matches("*.example.com", "API.example.com"));
+        assert!(!name_matches("*.example.com", "a.b.example.com"));
+        assert!(!name_matches("*.example.com", "example.com"));
+        assert!(name_matches("api.example.com", "api.example.com."));
+    }
+}

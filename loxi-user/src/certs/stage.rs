@@ -1,0 +1,96 @@
+//! Certificates staged as files (LoxiLB's layout under `/opt/loxilb/cert/`), loaded once at
+//! start into the [`CertStore`] (and persisted like posted ones):
+//!
+//! - `<dir>/server.crt` + `<dir>/server.key` → certificate `default` (served when SNI is
+//!   absent or names no rule's host);
+//! - `<dir>/<name>/server.crt` + `<dir>/<name>/server.key` → certificate `<name>` (its
+//!   hostnames from the certificate, as for the API).
+//!
+//! A missing directory stages nothing; a pair that does not load is logged and skipped.
+
+use std::path::Path;
+
+use super::parse::CertPem;
+use super::store::{CertStore, DEFAULT_ID};
+
+/// Stages every pair found in `dir`; returns the ids loaded.
+pub fn stage_dir(store: &CertStore, dir: &Path) -> Vec<String> {
+    let mut loaded = Vec::new();
+    stage_pair(store, dir, DEFAULT_ID, &mut loaded);
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return loaded;
+    };
+    let mut subdirs: Vec<_> = entries
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.is_dir())
+        .collect();
+    subdirs.sort();
+    for sub in subdirs {
+        if let Some(name) = sub.file_name().and_then(|n| n.to_str()) {
+            stage_pair(store, &sub, name, &mut loaded);
+        }
+    }
+    loaded
+}
+
+fn stage_pair(store: &CertStore, dir: &Path, id: &str, loaded: &mut Vec<String>) {
+    let (crt, key) = (dir.join("server.crt"), dir.join("server.key"));
+    if !crt.is_file() || !key.is_file() {
+        return;
+    }
+    let read = |p: &Path| std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()));
+    let pem = match (read(&crt), read(&key)) {
+        (Ok(cert_pem), Ok(key_pem)) => CertPem {
+            cert_pem,
+            key_pem,
+            chain_pem: None,
+        },
+        (Err(e), _) | (_, Err(e)) => {
+            tracing::error!(error = %e, "cannot read a staged certificate");
+            return;
+        }
+    };
+    match store.upsert(id, pem) {
+        Ok(c) => {
+            tracing::info!(cert_id = %c.id, hostnames = ?c.hostnames, file = %crt.display(),
+                "staged certificate loaded");
+            loaded.push(c.id.clone());
+        }
+        Err(e) => tracing::error!(file = %crt.display(), error = %e,
+            "staged certificate refused"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write_pair(dir: &Path, name: &str) {
+        std::fs::create_dir_all(dir).expect("dir");
+        let params = rcgen::CertificateParams::new(vec![name.to_string()]).expect("params");
+        let key = rcgen::KeyPair::generate().expect("key");
+        let cert = params.self_signed(&key).expect("cert");
+        std::fs::write(dir.join("server.crt"), cert.pem()).expect("crt");
+        std::fs::write(dir.join("server.key"), key.serialize_pem()).expect("key");
+    }
+
+    #[test]
+    fn the_top_pair_is_the_default_and_subdirectories_are_named_certificates() {
+        let dir = tempfile::tempdir().expect("tmp");
+        write_pair(dir.path(), "lb.example");
+        write_pair(&dir.path().join("api.example"), "api.example");
+        std::fs::create_dir_all(dir.path().join("empty")).expect("dir");
+        let store = CertStore::in_memory();
+        assert_eq!(stage_dir(&store, dir.path()), ["default", "api.example"]);
+        let snap = store.snapshot();
+        assert_eq!(
+            snap.default_cert().map(|c| c.hostnames[0].as_str()),
+            Some("lb.example")
+        );
+        assert_eq!(
+            snap.for_name("api.example").map(|c| c.id.as_str()),
+            Some("api.example")
+        );
+    }
+}

@@ -1,0 +1,83 @@
+//! TLS termination of the fullproxy (`security: 1`): one rustls server configuration per
+//! listener, the certificate chosen per handshake by SNI from the cert store.
+//!
+//! A handshake whose SNI name equals the `host` of one of the listener's rules gets the
+//! certificate covering that name ([`CertSnapshot::for_name`]); no SNI, an IP, or another name
+//! gets the `default` certificate; with neither rustls refuses the handshake (alert). ALPN
+//! offers `h2` and `http/1.1`; TLS 1.3 and 1.2 (rustls' safe cipher suites, `ring`). The
+//! certificate is looked up per handshake, so a rotation reaches the next handshake while an
+//! established connection keeps its session.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+
+use super::pool::PoolTable;
+use crate::certs::{CertSnapshot, CertStore};
+
+/// Longest a client may take to complete the TLS handshake.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Marks a request that arrived over TLS (a request extension; `X-Forwarded-Proto: https`).
+#[derive(Debug, Clone, Copy)]
+pub struct ClientTls;
+
+/// Picks a listener's certificate per handshake.
+pub struct SniResolver {
+    certs: Arc<CertStore>,
+    table: Arc<ArcSwap<PoolTable>>,
+}
+
+impl std::fmt::Debug for SniResolver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SniResolver")
+    }
+}
+
+impl SniResolver {
+    /// The certificate for SNI `name` on a listener serving `table` (see the module doc).
+    pub fn pick(
+        snap: &CertSnapshot,
+        table: &PoolTable,
+        name: Option<&str>,
+    ) -> Option<Arc<CertifiedKey>> {
+        let by_host = name.filter(|n| {
+            table
+                .pools
+                .iter()
+                .any(|p| p.rule.rule.service.host.eq_ignore_ascii_case(n))
+        });
+        by_host
+            .and_then(|n| snap.for_name(n))
+            .or_else(|| snap.default_cert())
+            .map(|c| c.key.clone())
+    }
+}
+
+impl ResolvesServerCert for SniResolver {
+    fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        let name = hello.server_name();
+        let picked = Self::pick(&self.certs.snapshot(), &self.table.load(), name);
+        if picked.is_none() {
+            tracing::debug!(sni = ?name, "TLS handshake refused: no certificate for this name and no default");
+        }
+        picked
+    }
+}
+
+/// The server configuration of a listener serving `table`, certificates from `certs`.
+pub fn server_config(
+    certs: Arc<CertStore>,
+    table: Arc<ArcSwap<PoolTable>>,
+) -> Result<Arc<rustls::ServerConfig>, rustls::Error> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?
+        .with_no_client_auth()
+        .with_cert_resolver(Arc::new(SniResolver { certs, table }));
+    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(Arc::new(cfg))
+}

@@ -1,0 +1,298 @@
+//! Backend TLS for `security: 2` rules: a connector that opens TCP (hyper-util's
+//! `HttpConnector`, with the proxy's connect timeout) and completes a rustls handshake,
+//! verifying the backend's certificate against the rule's CA bundle (`backend_ca_file`, else
+//! the webpki root set) and name (`backend_tls_server_name`, else the endpoint's IP); with
+//! `backend_tls_insecure: true` verification is off (warned at every pool build).
+//!
+//! ALPN follows `backend_protocol`: `http1` offers `http/1.1`, `http2` offers `h2`, `both`
+//! offers both and the backend's choice decides (hyper-util's client speaks HTTP/2 on a
+//! connection that negotiated `h2`). Each rule gets its own pooled client, so connections are
+//! pooled per endpoint and never shared between rules verifying other names.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Uri;
+use http_body_util::Full;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+
+use crate::rules::spec::BackendProtocol;
+
+/// A pooled client of one `security: 2` rule.
+pub type TlsClient = Client<TlsConnect, Full<Bytes>>;
+
+/// What a rule asks of its backends' TLS.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackendTls {
+    /// The name verified in (and sent as SNI to) every backend; `None`: the endpoint's IP.
+    pub server_name: Option<String>,
+    /// PEM CA bundle; `None`: the webpki root set (Mozilla's roots).
+    pub ca_file: Option<String>,
+    /// Skip verification (explicitly asked).
+    pub insecure: bool,
+    /// ALPN offered.
+    pub protocol: BackendProtocol,
+}
+
+/// Why a backend TLS configuration cannot be built (refused at `POST`).
+#[derive(Debug, thiserror::Error)]
+pub enum BackendTlsError {
+    /// The CA bundle does not load.
+    #[error("backend_ca_file {path}: {reason}")]
+    Ca {
+        /// The file.
+        path: String,
+        /// Why.
+        reason: String,
+    },
+    /// `backend_tls_server_name` is not a DNS name or IP.
+    #[error("backend_tls_server_name {0:?} is not a DNS name or an IP address")]
+    Name(String),
+    /// rustls refused the configuration.
+    #[error("backend TLS configuration: {0}")]
+    Rustls(#[from] rustls::Error),
+}
+
+impl BackendTls {
+    /// The rustls client configuration (checks the CA bundle and the name).
+    pub fn client_config(&self) -> Result<Arc<rustls::ClientConfig>, BackendTlsError> {
+        if let Some(n) = &self.server_name {
+            ServerName::try_from(n.clone()).map_err(|_| BackendTlsError::Name(n.clone()))?;
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()?;
+        let mut cfg = if self.insecure {
+            builder
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(NoVerify(provider)))
+                .with_no_client_auth()
+        } else {
+            builder
+                .with_root_certificates(self.roots()?)
+                .with_no_client_auth()
+        };
+        cfg.alpn_protocols = match self.protocol {
+            BackendProtocol::Http1 => vec![b"http/1.1".to_vec()],
+            BackendProtocol::Http2 => vec![b"h2".to_vec()],
+            BackendProtocol::Both => vec![b"h2".to_vec(), b"http/1.1".to_vec()],
+        };
+        Ok(Arc::new(cfg))
+    }
+
+    fn roots(&self) -> Result<rustls::RootCertStore, BackendTlsError> {
+        let mut roots = rustls::RootCertStore::empty();
+        let Some(path) = &self.ca_file else {
+            roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+            return Ok(roots);
+        };
+        let ca = |reason: String| BackendTlsError::Ca {
+            path: path.clone(),
+            reason,
+        };
+        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+            .map_err(|e| ca(e.to_string()))?
+            .collect::<Result<_, _>>()
+            .map_err(|e| ca(e.to_string()))?;
+        let (added, _) = roots.add_parsable_certificates(certs);
+        if added == 0 {
+            return Err(ca("no usable CA certificate".into()));
+        }
+        Ok(roots)
+    }
+
+    /// The pooled client of a rule: TCP within `connect_timeout`, then the handshake.
+    pub fn client(&self, connect_timeout: Duration) -> Result<TlsClient, BackendTlsError> {
+        let mut http = HttpConnector::new();
+        http.set_connect_timeout(Some(connect_timeout));
+        http.set_nodelay(true);
+        let connect = TlsConnect {
+            http,
+            tls: tokio_rustls::TlsConnector::from(self.client_config()?),
+            server_name: self.server_name.clone(),
+            timeout: connect_timeout,
+        };
+        let mut b = Client::builder(TokioExecutor::new());
+        if self.protocol == BackendProtocol::Http2 {
+            b.http2_only(true);
+        }
+        Ok(b.build(connect))
+    }
+}
+
+/// The connector of [`TlsClient`].
+#[derive(Clone)]
+pub struct TlsConnect {
+    http: HttpConnector,
+    tls: tokio_rustls::TlsConnector,
+    server_name: Option<String>,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for TlsConnect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsConnect")
+            .field("server_name", &self.server_name)
+            .finish()
+    }
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl tower_service::Service<Uri> for TlsConnect {
+    type Response = TlsIo;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<TlsIo, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.http.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let name = self
+            .server_name
+            .clone()
+            .or_else(|| uri.host().map(|h| h.trim_matches(['[', ']']).to_string()));
+        let (tcp, tls, timeout) = (self.http.call(uri), self.tls.clone(), self.timeout);
+        Box::pin(async move {
+            let name = name.ok_or("backend URI without a host")?;
+            let name = ServerName::try_from(name.clone())
+                .map_err(|_| format!("backend TLS name {name:?} is not a DNS name or IP"))?;
+            let stream: TcpStream = tcp.await?.into_inner();
+            let shake = tokio::time::timeout(timeout, tls.connect(name.clone(), stream));
+            match shake.await {
+                Ok(Ok(s)) => Ok(TlsIo(TokioIo::new(s))),
+                Ok(Err(e)) => Err(format!("backend TLS handshake ({name:?}): {e}").into()),
+                Err(_) => Err(format!("backend TLS handshake ({name:?}) timed out").into()),
+            }
+        })
+    }
+}
+
+/// A backend TLS connection as hyper reads and writes it.
+pub struct TlsIo(TokioIo<TlsStream<TcpStream>>);
+
+impl Connection for TlsIo {
+    fn connected(&self) -> Connected {
+        let h2 = self.0.inner().get_ref().1.alpn_protocol() == Some(b"h2");
+        let c = Connected::new();
+        if h2 { c.negotiated_h2() } else { c }
+    }
+}
+
+impl hyper::rt::Read for TlsIo {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: hyper::rt::ReadBufCursor<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl hyper::rt::Write for TlsIo {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}
+
+/// The verifier of `backend_tls_insecure: true`: accepts any certificate (signatures still
+/// checked, so the handshake itself is sound).
+#[derive(Debug)]
+struct NoVerify(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for NoVerify {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// `Err` when a `security: 2` rule's backend TLS cannot be configured (an unreadable or empty
+/// `backend_ca_file`, a `backend_tls_server_name` that is no name); checked at `POST`.
+pub fn check(s: &crate::rules::ServiceArgs) -> Result<(), BackendTlsError> {
+    if s.security != 2 {
+        return Ok(());
+    }
+    BackendTls {
+        server_name: Some(s.backend_tls_server_name.clone()).filter(|n| !n.is_empty()),
+        ca_file: Some(s.backend_ca_file.clone()).filter(|f| !f.is_empty()),
+        insecure: s.backend_tls_insecure,
+        protocol: BackendProtocol::Http1,
+    }
+    .client_config()
+    .map(drop)
+}
+
+/// The backend TLS a rule asks for: `Some` for `security: 2` (the rule's
+/// `backend_tls_server_name`, `backend_ca_file`, `backend_tls_insecure` and
+/// `backend_protocol`), `None` otherwise.
+pub fn backend_tls(rule: &crate::rules::StoredRule) -> Option<BackendTls> {
+    let s = &rule.rule.service;
+    (s.security == 2).then(|| BackendTls {
+        server_name: Some(s.backend_tls_server_name.clone()).filter(|n| !n.is_empty()),
+        ca_file: Some(s.backend_ca_file.clone()).filter(|f| !f.is_empty()),
+        insecure: s.backend_tls_insecure,
+        protocol: rule.spec.backend,
+    })
+}

@@ -1,0 +1,675 @@
+//! TLS termination in the fullproxy (`security: 1`) and LoxiLB's cert API, against the real
+//! daemon with real handshakes (rustls client) and certificates generated here (rcgen): SNI
+//! picks the certificate of each rule's host on one port, refused certificates, rotation
+//! under an open stream, HTTP/2 (ALPN) and HTTP/1.1 reaching the same endpoint, persistence.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use loxi_tests::backend::Backend;
+use loxi_tests::harness::{Daemon, free_port, parse_json};
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
+use rustls::pki_types::{CertificateDer, ServerName};
+use serde_json::{Value, json};
+use tokio_rustls::client::TlsStream;
+
+/// A test CA that signs leaf certificates.
+struct Ca {
+    cert: rcgen::Certificate,
+    key: KeyPair,
+}
+
+/// A leaf: PEM text and its DER (to compare with what the server presented).
+struct Leaf {
+    cert_pem: String,
+    key_pem: String,
+    der: Vec<u8>,
+}
+
+impl Ca {
+    fn new() -> Self {
+        let key = KeyPair::generate().expect("key");
+        let mut p = CertificateParams::new(Vec::<String>::new()).expect("params");
+        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        p.distinguished_name
+            .push(DnType::CommonName, "loxi tls test CA");
+        p.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let cert = p.self_signed(&key).expect("ca");
+        Self { cert, key }
+    }
+
+    fn leaf(&self, names: &[&str]) -> Leaf {
+        self.leaf_until(names, None)
+    }
+
+    fn leaf_until(&self, names: &[&str], not_after: Option<(i32, u8, u8)>) -> Leaf {
+        let key = KeyPair::generate().expect("key");
+        let mut p = CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+            .expect("params");
+        if let Some((y, m, d)) = not_after {
+            p.not_before = rcgen::date_time_ymd(y - 1, m, d);
+            p.not_after = rcgen::date_time_ymd(y, m, d);
+        }
+        let cert = p.signed_by(&key, &self.cert, &self.key).expect("leaf");
+        Leaf {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+            der: cert.der().to_vec(),
+        }
+    }
+
+    fn client_config(&self, alpn: &[&[u8]]) -> Arc<rustls::ClientConfig> {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(self.cert.der().clone()).expect("root");
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("versions")
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        cfg.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        Arc::new(cfg)
+    }
+}
+
+fn cert_body(id: Option<&str>, leaf: &Leaf) -> String {
+    let mut b = json!({"certPem": leaf.cert_pem, "keyPem": leaf.key_pem});
+    if let Some(id) = id {
+        b["certId"] = json!(id);
+    }
+    b.to_string()
+}
+
+async fn post_cert(d: &Daemon, id: Option<&str>, leaf: &Leaf) -> (u16, Value) {
+    let (s, t) = d
+        .request("POST", "/netlox/v1/config/cert", Some(&cert_body(id, leaf)))
+        .await
+        .expect("POST cert");
+    (s, parse_json(&t))
+}
+
+fn tls_rule(port: u16, host: &str, backends: &[&Backend], sel: u8) -> Value {
+    let eps: Vec<Value> = backends
+        .iter()
+        .map(|b| json!({"endpointIP": "127.0.0.1", "targetPort": b.port(), "weight": 1}))
+        .collect();
+    json!({
+        "serviceArguments": {"externalIP": "127.0.0.1", "port": port, "protocol": "tcp",
+                             "mode": 4, "sel": sel, "security": 1, "host": host},
+        "endpoints": eps
+    })
+}
+
+/// A TLS connection to `port` with SNI `sni` (None: the IP, so no SNI is sent).
+async fn connect(
+    ca: &Ca,
+    port: u16,
+    sni: Option<&str>,
+    alpn: &[&[u8]],
+) -> std::io::Result<TlsStream<tokio::net::TcpStream>> {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    let name = match sni {
+        Some(n) => ServerName::try_from(n.to_string()).expect("name"),
+        None => ServerName::IpAddress(addr.ip().into()),
+    };
+    tokio_rustls::TlsConnector::from(ca.client_config(alpn))
+        .connect(name, tcp)
+        .await
+}
+
+fn presented(tls: &TlsStream<tokio::net::TcpStream>) -> Vec<u8> {
+    let (_, conn) = tls.get_ref();
+    conn.peer_certificates()
+        .and_then(|c| c.first())
+        .map(|c: &CertificateDer<'_>| c.as_ref().to_vec())
+        .unwrap_or_default()
+}
+
+fn alpn(tls: &TlsStream<tokio::net::TcpStream>) -> Option<Vec<u8>> {
+    tls.get_ref().1.alpn_protocol().map(<[u8]>::to_vec)
+}
+
+/// One request over `tls`, HTTP/2 when ALPN chose `h2`, else HTTP/1.1; `(status, endpoint
+/// header, x-backend header, body)`.
+async fn send(
+    tls: TlsStream<tokio::net::TcpStream>,
+    host: &str,
+    body: &str,
+) -> (u16, String, String, String) {
+    let h2 = alpn(&tls).as_deref() == Some(b"h2");
+    let req = http::Request::builder()
+        .method("POST")
+        .uri(format!("https://{host}/v1/completions"))
+        .header("host", host)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .expect("request");
+    let resp = if h2 {
+        let (mut s, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
+                .await
+                .expect("h2 handshake");
+        tokio::spawn(conn);
+        s.send_request(req).await.expect("h2 response")
+    } else {
+        let (mut s, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+            .await
+            .expect("h1 handshake");
+        tokio::spawn(conn);
+        s.send_request(req).await.expect("h1 response")
+    };
+    let status = resp.status().as_u16();
+    let h = |n: &str| {
+        resp.headers()
+            .get(n)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string()
+    };
+    let (ep, be) = (h("x-loxilb-endpoint"), h("x-backend"));
+    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+    (status, ep, be, String::from_utf8_lossy(&bytes).into_owned())
+}
+
+#[tokio::test]
+async fn sni_selects_each_hosts_certificate_and_h2_and_h1_reach_the_same_endpoint() {
+    let d = Daemon::start_default().await;
+    let ca = Ca::new();
+    let (a, b) = (ca.leaf(&["a.test"]), ca.leaf(&["*.b.test"]));
+    assert_eq!(post_cert(&d, Some("a"), &a).await.0, 201);
+    let (s, body) = post_cert(&d, None, &b).await;
+    assert_eq!(s, 201, "{body}");
+    assert_eq!(body["hostnames"], json!(["*.b.test"]));
+    let (ba, bb, bc) = (
+        Backend::start("A").await,
+        Backend::start("B").await,
+        Backend::start("C").await,
+    );
+    let port = free_port();
+    let (s, r) = d.post_rule(&tls_rule(port, "a.test", &[&ba], 0)).await;
+    assert_eq!(s, 200, "{r}");
+    // chwbl over two endpoints: the prompt decides the endpoint.
+    let (s, r) = d
+        .post_rule(&tls_rule(port, "x.b.test", &[&bb, &bc], 8))
+        .await;
+    assert_eq!(s, 200, "{r}");
+
+    let tls = connect(&ca, port, Some("a.test"), &[b"http/1.1"])
+        .await
+        .expect("a.test");
+    assert_eq!(presented(&tls), a.der, "a.test gets certificate a");
+    let (status, _, be, _) = send(tls, "a.test", r#"{"prompt":"hi"}"#).await;
+    assert_eq!((status, be.as_str()), (200, "A"));
+
+    let tls = connect(&ca, port, Some("x.b.test"), &[b"h2", b"http/1.1"])
+        .await
+        .expect("b");
+    assert_eq!(
+        presented(&tls),
+        b.der,
+        "x.b.test gets the wildcard certificate"
+    );
+    assert_eq!(alpn(&tls).as_deref(), Some(&b"h2"[..]));
+    let mut picks = Vec::new();
+    for (i, proto) in [&b"h2"[..], b"http/1.1"].iter().enumerate() {
+        for prompt in ["the quick brown fox", "lorem ipsum dolor sit amet", "zzz"] {
+            let tls = connect(&ca, port, Some("x.b.test"), &[proto])
+                .await
+                .expect("b");
+            assert_eq!(alpn(&tls).as_deref(), Some(*proto));
+            let body = json!({"model": "m", "prompt": prompt}).to_string();
+            let (status, ep, be, text) = send(tls, "x.b.test", &body).await;
+            assert_eq!(status, 200, "{text}");
+            assert!(be == "B" || be == "C", "{be}");
+            if i == 0 {
+                picks.push(ep);
+            } else {
+                assert_eq!(
+                    picks.remove(0),
+                    ep,
+                    "HTTP/1.1 picks what HTTP/2 picked for {prompt:?}"
+                );
+            }
+        }
+    }
+    // curl (when present, with HTTP/2 support): --http2 and --http1.1 pick the same endpoint.
+    if let Some(eps) = curl_endpoints(port, "x.b.test", r#"{"model":"m","prompt":"zzz"}"#).await {
+        assert_eq!(
+            eps.0, eps.1,
+            "curl --http2 and --http1.1 reach the same endpoint"
+        );
+        assert!(!eps.0.is_empty());
+    }
+    // The backend is told the client spoke https.
+    assert!(
+        bb.requests()
+            .iter()
+            .chain(bc.requests().iter())
+            .all(|r| r.header("x-forwarded-proto") == Some("https"))
+    );
+
+    // An unknown name with no default certificate is refused in the handshake.
+    assert!(connect(&ca, port, Some("c.test"), &[]).await.is_err());
+    assert!(
+        connect(&ca, port, None, &[]).await.is_err(),
+        "no SNI, no default"
+    );
+    let text = d.metrics_text().await;
+    assert!(
+        loxi_tests::http::metric(&text, "loxilb_proxy_tls_handshake_failures_total", &[]) >= 2.0,
+        "{text}"
+    );
+    // With a default certificate, no SNI gets it.
+    let def = ca.leaf(&["lb.test"]);
+    assert_eq!(post_cert(&d, Some("default"), &def).await.0, 201);
+    let tls = connect(&ca, port, None, &[]).await;
+    // The client checks the name against the IP and refuses lb.test's certificate: the
+    // server did present it, which is what is asserted.
+    assert!(tls.is_err_and(|e| e.to_string().contains("certificate")));
+    let tls = connect(&ca, port, Some("lb.test"), &[])
+        .await
+        .expect("default by name");
+    assert_eq!(presented(&tls), def.der);
+}
+
+#[tokio::test]
+async fn the_cert_api_refuses_bad_certificates_and_never_lists_keys() {
+    let d = Daemon::start_default().await;
+    let ca = Ca::new();
+    let expired = ca.leaf_until(&["old.test"], Some((2021, 1, 1)));
+    let (s, body) = post_cert(&d, Some("old"), &expired).await;
+    assert_eq!(s, 400, "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("expired")),
+        "{body}"
+    );
+    let mut mismatched = ca.leaf(&["m.test"]);
+    mismatched.key_pem = ca.leaf(&["m.test"]).key_pem;
+    let (s, body) = post_cert(&d, Some("m"), &mismatched).await;
+    assert_eq!(s, 400, "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("does not match")),
+        "{body}"
+    );
+    let mut garbage = ca.leaf(&["g.test"]);
+    garbage.cert_pem = "-----BEGIN CERTIFICATE-----\n!!!\n-----END CERTIFICATE-----\n".into();
+    assert_eq!(post_cert(&d, Some("g"), &garbage).await.0, 400);
+    let mut nokey = ca.leaf(&["k.test"]);
+    nokey.key_pem = String::new();
+    let (s, body) = post_cert(&d, Some("k"), &nokey).await;
+    assert_eq!(s, 400);
+    assert!(
+        body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("keyPem")),
+        "{body}"
+    );
+    assert_eq!(
+        post_cert(&d, Some("a/b"), &ca.leaf(&["x.test"])).await.0,
+        400
+    );
+
+    let good = ca.leaf(&["ok.test"]);
+    assert_eq!(post_cert(&d, Some("ok"), &good).await.0, 201);
+    assert_eq!(post_cert(&d, Some("ok"), &good).await.0, 409);
+    let (s, t) = d.get("/netlox/v1/config/cert").await.expect("list");
+    assert_eq!(s, 200);
+    assert!(!t.contains("keyPem") && !t.contains("PRIVATE KEY"), "{t}");
+    let list = parse_json(&t);
+    assert_eq!(list["certAttr"][0]["certId"], "ok");
+    assert_eq!(list["certAttr"][0]["hostnames"], json!(["ok.test"]));
+    let (s, _) = d
+        .request(
+            "PUT",
+            "/netlox/v1/config/cert/nope",
+            Some(&cert_body(None, &good)),
+        )
+        .await
+        .expect("put");
+    assert_eq!(s, 404);
+    let text = d.metrics_text().await;
+    assert!(
+        loxi_tests::http::metric(
+            &text,
+            "loxilb_tls_cert_expiry_timestamp_seconds",
+            &["cert_id=\"ok\""]
+        ) > 4e9,
+        "rcgen's default end of validity (year 4096): {text}"
+    );
+
+    // Rules: a TLS rule needs a certificate; plain and TLS cannot share an address; security 2
+    // is refused; a certificate a rule needs cannot be deleted.
+    let be = Backend::start("A").await;
+    let port = free_port();
+    let (s, r) = d.post_rule(&tls_rule(port, "none.test", &[&be], 0)).await;
+    assert_eq!(s, 400, "{r}");
+    assert!(
+        r["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("certificate")),
+        "{r}"
+    );
+    assert_eq!(
+        d.post_rule(&tls_rule(port, "ok.test", &[&be], 0)).await.0,
+        200
+    );
+    let mut plain = tls_rule(port, "", &[&be], 0);
+    plain["serviceArguments"]["security"] = json!(0);
+    let (s, r) = d.post_rule(&plain).await;
+    assert_eq!(s, 400, "{r}");
+    assert!(
+        r["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("cannot share")),
+        "{r}"
+    );
+    let mut e2e = tls_rule(free_port(), "ok.test", &[&be], 0);
+    e2e["serviceArguments"]["security"] = json!(2);
+    e2e["serviceArguments"]["backend_ca_file"] = json!("/nonexistent/ca.pem");
+    let (s, r) = d.post_rule(&e2e).await;
+    assert_eq!(s, 400, "{r}");
+    assert_eq!(r["field"], "serviceArguments.backend_ca_file", "{r}");
+    let mut named = tls_rule(free_port(), "ok.test", &[&be], 0);
+    named["serviceArguments"]["backend_tls_server_name"] = json!("be.test");
+    let (s, r) = d.post_rule(&named).await;
+    assert_eq!(s, 400, "backend TLS fields need security 2: {r}");
+    let mut mtls = tls_rule(free_port(), "ok.test", &[&be], 0);
+    mtls["serviceArguments"]["mtls_frontend"] = json!(true);
+    let (s, r) = d.post_rule(&mtls).await;
+    assert_eq!(s, 400, "mTLS is refused: {r}");
+    let (s, t) = d
+        .request("DELETE", "/netlox/v1/config/cert/ok", None)
+        .await
+        .expect("delete");
+    assert_eq!(s, 409, "{t}");
+}
+
+#[tokio::test]
+async fn rotation_keeps_an_open_stream_and_new_handshakes_get_the_new_certificate() {
+    let mut d = Daemon::start_default().await;
+    let ca = Ca::new();
+    let (old, new) = (ca.leaf(&["r.test"]), ca.leaf(&["r.test"]));
+    assert_eq!(post_cert(&d, Some("r"), &old).await.0, 201);
+    let be = Backend::start("A").await;
+    let port = free_port();
+    assert_eq!(
+        d.post_rule(&tls_rule(port, "r.test", &[&be], 0)).await.0,
+        200
+    );
+
+    // An SSE stream over HTTP/2 (20 events, 100 ms apart) open across the rotation.
+    let tls = connect(&ca, port, Some("r.test"), &[b"h2"])
+        .await
+        .expect("tls");
+    assert_eq!(presented(&tls), old.der);
+    let body = json!({"model": "m", "prompt": "p", "stream": true}).to_string();
+    let stream = tokio::spawn(async move { send(tls, "r.test", &body).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (s, t) = d
+        .request(
+            "PUT",
+            "/netlox/v1/config/cert/r",
+            Some(&cert_body(None, &new)),
+        )
+        .await
+        .expect("put");
+    assert_eq!(s, 200, "{t}");
+    let tls = connect(&ca, port, Some("r.test"), &[]).await.expect("tls");
+    assert_eq!(
+        presented(&tls),
+        new.der,
+        "a new handshake gets the rotated certificate"
+    );
+    let (status, _, _, text) = stream.await.expect("stream task");
+    assert_eq!(status, 200);
+    assert_eq!(text.matches("data: {").count(), 20, "{text}");
+    assert!(
+        text.contains("data: [DONE]"),
+        "the open stream finished: {text}"
+    );
+
+    // Certificates survive a restart (and keep their key private).
+    let file = d.state_dir().join("certs/r.json");
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(&file).expect("file").permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o600);
+    d.restart().await;
+    let tls = connect(&ca, port, Some("r.test"), &[])
+        .await
+        .expect("after restart");
+    assert_eq!(presented(&tls), new.der);
+    let (status, _, be_name, _) = send(tls, "r.test", r#"{"prompt":"x"}"#).await;
+    assert_eq!((status, be_name.as_str()), (200, "A"));
+}
+
+#[tokio::test]
+async fn an_h2_stream_reset_over_tls_cancels_the_upstream_request() {
+    let d = Daemon::start_default().await;
+    let ca = Ca::new();
+    assert_eq!(post_cert(&d, Some("c"), &ca.leaf(&["c.test"])).await.0, 201);
+    let be = Backend::start("A").await;
+    let port = free_port();
+    assert_eq!(
+        d.post_rule(&tls_rule(port, "c.test", &[&be], 0)).await.0,
+        200
+    );
+    let tls = connect(&ca, port, Some("c.test"), &[b"h2"])
+        .await
+        .expect("tls");
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
+            .await
+            .expect("h2 handshake");
+    tokio::spawn(conn);
+    let req = http::Request::builder()
+        .method("POST")
+        .uri("https://c.test/v1/completions")
+        .header("content-type", "application/json")
+        .header("x-sse", "100:100")
+        .body(Full::new(Bytes::from(
+            r#"{"model":"m","prompt":"p","stream":true}"#,
+        )))
+        .expect("request");
+    let resp = sender.send_request(req).await.expect("response");
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    let first = body.frame().await.expect("a frame").expect("data");
+    assert!(first.data_ref().is_some_and(|d| d.starts_with(b"data: ")));
+    // Dropping the body resets the stream (RST_STREAM CANCEL); the connection stays open.
+    drop(body);
+    assert!(
+        be.wait_cancelled(1, Duration::from_secs(5)).await,
+        "the backend saw the request cancelled"
+    );
+    assert_eq!(be.completed(), 0);
+    // The connection still serves another stream.
+    let req = http::Request::builder()
+        .method("POST")
+        .uri("https://c.test/v1/completions")
+        .body(Full::new(Bytes::from(r#"{"prompt":"q"}"#)))
+        .expect("request");
+    assert_eq!(
+        sender.send_request(req).await.expect("second").status(),
+        200
+    );
+}
+
+/// A TLS backend (certificate for `name`, signed by the test CA) speaking HTTP/1.1 and HTTP/2
+/// (ALPN); answers `{"backend","version"}`, or 5 SSE events for `"stream": true`.
+async fn tls_backend(ca: &Ca, name: &str) -> (u16, Arc<parking_lot::Mutex<Vec<String>>>) {
+    let leaf = ca.leaf(&[name]);
+    let key = rustls::pki_types::PrivateKeyDer::try_from(
+        rustls::pki_types::pem::PemObject::from_pem_slice(leaf.key_pem.as_bytes())
+            .map(|k: rustls::pki_types::PrivatePkcs8KeyDer<'static>| k.secret_pkcs8_der().to_vec())
+            .expect("key pem"),
+    )
+    .expect("key");
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_no_client_auth()
+        .with_single_cert(vec![CertificateDer::from(leaf.der.clone())], key)
+        .expect("server config");
+    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
+    let tcp = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = tcp.local_addr().expect("addr").port();
+    let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let seen2 = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = tcp.accept().await else {
+                continue;
+            };
+            let (acceptor, seen) = (acceptor.clone(), seen2.clone());
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(stream).await else {
+                    return;
+                };
+                let svc =
+                    hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                        let seen = seen.clone();
+                        async move {
+                            let version = format!("{:?}", req.version());
+                            seen.lock().push(version.clone());
+                            let body = req
+                                .into_body()
+                                .collect()
+                                .await
+                                .map(|c| c.to_bytes())
+                                .unwrap_or_default();
+                            let stream = String::from_utf8_lossy(&body).contains("\"stream\":true");
+                            let text = if stream {
+                                (0..5)
+                                    .map(|i| format!("data: {{\"i\":{i}}}\n\n"))
+                                    .collect::<String>()
+                                    + "data: [DONE]\n\n"
+                            } else {
+                                json!({"backend": "tls", "version": version}).to_string()
+                            };
+                            Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(
+                                Bytes::from(text),
+                            )))
+                        }
+                    });
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(tls), svc)
+                    .await;
+            });
+        }
+    });
+    (port, seen)
+}
+
+#[tokio::test]
+async fn security_2_verifies_backends_and_speaks_h2_or_h1_by_backend_protocol() {
+    let d = Daemon::start_default().await;
+    let ca = Ca::new();
+    let ca_file = d.state_dir().join("backend-ca.pem");
+    std::fs::write(&ca_file, ca.cert.pem()).expect("ca file");
+    assert_eq!(
+        post_cert(&d, Some("f"), &ca.leaf(&["front.test"])).await.0,
+        201
+    );
+    let (bport, seen) = tls_backend(&ca, "backend.test").await;
+    let rule = |port: u16, name: &str, proto: &str| {
+        json!({
+            "serviceArguments": {"externalIP": "127.0.0.1", "port": port, "protocol": "tcp",
+                "mode": 4, "sel": 0, "security": 2, "host": "front.test",
+                "backend_protocol": proto, "backend_tls_server_name": name,
+                "backend_ca_file": ca_file.display().to_string()},
+            "endpoints": [{"endpointIP": "127.0.0.1", "targetPort": bport, "weight": 1}]
+        })
+    };
+    let mut expect = Vec::new();
+    for (proto, version) in [
+        ("http2", "HTTP/2.0"),
+        ("both", "HTTP/2.0"),
+        ("http1", "HTTP/1.1"),
+    ] {
+        let port = free_port();
+        let (s, r) = d.post_rule(&rule(port, "backend.test", proto)).await;
+        assert_eq!(s, 200, "{proto}: {r}");
+        // A streamed completion through TLS on both sides.
+        let tls = connect(&ca, port, Some("front.test"), &[b"h2"])
+            .await
+            .expect("tls");
+        let body = r#"{"model":"m","prompt":"p","stream":true}"#;
+        let (status, _, _, text) = send(tls, "front.test", body).await;
+        assert_eq!(status, 200, "{proto}: {text}");
+        assert_eq!(text.matches("data: {").count(), 5, "{proto}: {text}");
+        assert!(text.ends_with("data: [DONE]\n\n"), "{proto}: {text}");
+        expect.push(version.to_string());
+    }
+    assert_eq!(*seen.lock(), expect, "the backend saw each rule's protocol");
+
+    // A backend whose certificate names another host is refused under verification.
+    let port = free_port();
+    assert_eq!(d.post_rule(&rule(port, "other.test", "http1")).await.0, 200);
+    let tls = connect(&ca, port, Some("front.test"), &[])
+        .await
+        .expect("tls");
+    let (status, _, _, text) = send(tls, "front.test", r#"{"prompt":"p"}"#).await;
+    assert_eq!(status, 502, "{text}");
+    assert!(
+        text.contains("backend_unreachable") && text.contains("certificate not valid for name"),
+        "{text}"
+    );
+    assert_eq!(seen.lock().len(), 3, "no request reached the backend");
+}
+
+/// `x-loxilb-endpoint` of one POST with `curl --http2` and one with `--http1.1` (the protocol
+/// checked in the answer's status line); `None` when curl is missing or lacks HTTP/2.
+async fn curl_endpoints(port: u16, host: &str, body: &str) -> Option<(String, String)> {
+    // Async: the test's backends run on this runtime and must keep serving meanwhile.
+    let v = tokio::process::Command::new("curl")
+        .arg("-V")
+        .output()
+        .await
+        .ok()?;
+    if !String::from_utf8_lossy(&v.stdout).contains("HTTP2") {
+        return None;
+    }
+    let one = async |flag: &str, status: &str| {
+        let out = tokio::process::Command::new("curl")
+            .args([
+                "-sk",
+                "--max-time",
+                "10",
+                flag,
+                "-D",
+                "-",
+                "-o",
+                "/dev/null",
+                "-X",
+                "POST",
+            ])
+            .args(["--resolve", &format!("{host}:{port}:127.0.0.1")])
+            .args(["-H", "content-type: application/json", "-d", body])
+            .arg(format!("https://{host}:{port}/v1/completions"))
+            .output()
+            .await
+            .expect("curl runs");
+        let head = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(head.starts_with(status), "{flag}: {head}");
+        head.lines()
+            .find_map(|l| l.strip_prefix("x-loxilb-endpoint: "))
+            .map(|v| v.trim().to_string())
+            .unwrap_or_default()
+    };
+    let h2 = one("--http2", "HTTP/2 200").await;
+    Some((h2, one("--http1.1", "HTTP/1.1 200").await))
+}
