@@ -173,6 +173,9 @@ impl Env {
             load_penalty: r.int("LOXILB_KV_LOAD_PENALTY", 32, 1, 100_000) as u32,
             spill_relief: r.tristate("LOXILB_KV_SPILL_RELIEF"),
             cap_sum_milli: r.int("LOXILB_KV_CAP_SUM_MILLI", 0, 1, u32::MAX as u64),
+            work_copy_percent: r.int("LOXILB_KV_WORK_COPY_PERCENT", 100, 0, 1000) as u32,
+            work_request_tokens: r.int("LOXILB_KV_WORK_REQUEST_TOKENS", 32, 0, 100_000) as u32,
+            batch_slots: r.int("LOXILB_KV_BATCH_SLOTS", 0, 1, 1_000_000),
             coldstart_seed_n: r.int("LOXILB_KV_COLDSTART_SEED_N", 16, 0, u32::MAX as u64),
             coldstart_min_blocks: r.int("LOXILB_KV_COLDSTART_MIN_BLOCKS", 16, 0, u32::MAX as u64),
             max_blocks: r.int("LOXILB_KV_MAX_BLOCKS", 1_000_000, 1000, 100_000_000),
@@ -440,7 +443,7 @@ impl Reader<'_> {
                 "LOXILB_KV_LB_MODE",
                 v,
                 "hard",
-                "off|hard|soft|adaptive|adaptive-soft",
+                "off|hard|soft|adaptive|adaptive-soft|work",
             );
             KvLbMode::Hard
         })
@@ -817,6 +820,36 @@ mod tests {
         let s = e.kv.clone();
         assert_eq!((s.bounds.max_bytes, s.bounds.max_tokens), (1 << 20, None));
         assert_eq!(s.decision_budget, Duration::from_millis(10));
+    }
+
+    #[test]
+    fn work_law_knobs_map_to_settings_and_fall_back_out_of_range() {
+        let d = Env::from_lookup(|_| None).kv;
+        assert_eq!(
+            (d.work_copy_percent, d.work_request_tokens, d.batch_slots),
+            (100, 32, 0)
+        );
+        let env: HashMap<&str, &str> = [
+            ("LOXILB_KV_LB_MODE", "work"),
+            ("LOXILB_KV_WORK_COPY_PERCENT", "250"),
+            ("LOXILB_KV_WORK_REQUEST_TOKENS", "0"),
+            ("LOXILB_KV_BATCH_SLOTS", "64"),
+        ]
+        .into();
+        let e = Env::from_lookup(|k| env.get(k).map(|v| v.to_string()));
+        assert_eq!(e.kv.lb_mode, KvLbMode::Work);
+        assert_eq!(
+            (
+                e.kv.work_copy_percent,
+                e.kv.work_request_tokens,
+                e.kv.batch_slots
+            ),
+            (250, 0, 64)
+        );
+        assert!(e.warnings.is_empty());
+        let e = Env::from_lookup(|k| (k == "LOXILB_KV_WORK_COPY_PERCENT").then(|| "1001".into()));
+        assert_eq!(e.kv.work_copy_percent, 100);
+        assert_eq!(e.warnings.len(), 1);
     }
 
     #[test]
