@@ -114,6 +114,11 @@ pub struct Env {
     /// `GET /v1/models` (connect, head and body); a slower one is left out. Default 2000,
     /// range 10–60000.
     pub models_timeout_ms: u64,
+    /// `LOXI_ENGINE_METRICS_INTERVAL_MS`: how often the daemon scrapes each KV-rule endpoint's
+    /// `GET /metrics` (vLLM's `vllm:num_requests_running` / `_waiting`, `kv_cache_usage_perc`,
+    /// `cache_config_info`) and blends the engine's running+waiting count into the load the KV
+    /// laws see. Default 0 (off), range 0 or 50–60000.
+    pub engine_metrics_interval_ms: u64,
     /// `LOXI_HEADER_TIMEOUT_MS`: longest a fullproxy client may take to send a request head,
     /// from its first byte (slowloris bound). Default 10000, range 100–600000.
     pub header_timeout_ms: u64,
@@ -251,6 +256,11 @@ impl Env {
             ),
             models_cache_ms: r.int("LOXI_MODELS_CACHE_MS", 2000, 0, 600_000),
             models_timeout_ms: r.int("LOXI_MODELS_TIMEOUT_MS", 2000, 10, 60_000),
+            engine_metrics_interval_ms: match r.int("LOXI_ENGINE_METRICS_INTERVAL_MS", 0, 0, 60_000)
+            {
+                0 => 0,
+                ms => ms.max(50),
+            },
             header_timeout_ms: r.int("LOXI_HEADER_TIMEOUT_MS", 10_000, 100, 600_000),
             idle_timeout_ms: r.int("LOXI_IDLE_TIMEOUT_MS", 60_000, 100, 3_600_000),
             max_conns_per_listener: r.int("LOXI_MAX_CONNS_PER_LISTENER", 4096, 1, 1_000_000)

@@ -149,6 +149,11 @@ pub struct EndpointLoad {
     /// started yet (released at the first response frame, on error or on disconnect). 0 for
     /// requests the tier did not hash. Read by the KV tier's `work` law.
     pub prefill_tokens: AtomicU64,
+    /// Requests the engine itself reports running plus waiting (`vllm:num_requests_running` +
+    /// `vllm:num_requests_waiting`, scraped by the health tier's engine-metrics scraper), so
+    /// that the load of other gateways in front of the same engine counts too. 0 when not
+    /// scraped, unreachable, or either family is missing.
+    pub engine_requests: AtomicU64,
     /// False while probes or the circuit breaker hold the endpoint down.
     pub healthy: AtomicBool,
 }
@@ -176,6 +181,14 @@ impl EndpointLoad {
             load: self.clone(),
             work: 0,
         }
+    }
+    /// The load the KV laws see, requests: the larger of this gateway's own count (in flight
+    /// plus parked in admission) and the engine-reported running+waiting count
+    /// ([`Self::engine_requests`]). Max, not sum: the engine's count includes this gateway's
+    /// requests once they arrive.
+    pub fn effective_load(&self) -> u64 {
+        let own = self.in_flight() + self.queued.load(Ordering::Relaxed);
+        own.max(self.engine_requests.load(Ordering::Relaxed))
     }
     /// Current queued prefill work, tokens (see [`Self::prefill_tokens`]).
     pub fn prefill_work(&self) -> u64 {
@@ -293,5 +306,18 @@ mod load_tests {
         assert_eq!((load.in_flight(), load.prefill_work()), (1, 0));
         drop(a);
         assert_eq!((load.in_flight(), load.prefill_work()), (0, 0));
+    }
+
+    #[test]
+    fn effective_load_is_the_larger_of_own_and_engine_reported() {
+        let load = EndpointLoad::new();
+        let _a = load.begin();
+        let _b = load.begin();
+        load.queued.store(1, Ordering::Relaxed);
+        assert_eq!(load.effective_load(), 3);
+        load.engine_requests.store(50, Ordering::Relaxed);
+        assert_eq!(load.effective_load(), 50);
+        load.engine_requests.store(2, Ordering::Relaxed);
+        assert_eq!(load.effective_load(), 3);
     }
 }

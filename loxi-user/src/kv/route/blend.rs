@@ -1,8 +1,9 @@
 //! Blend laws of tier 1.5 (`LOXILB_KV_LB_MODE`): how cache overlap and live load combine.
 //!
 //! Notation, per eligible endpoint `i` (healthy, not excluded): `o_i` overlap in blocks (leading
-//! cached run), `L_i` load = in-flight + queued, `w_i` weight (0 counts as 1), `c_i = w_i / Σw`
-//! capacity share, `N` eligible count, `T = Σ L_i`, `n` request blocks. The *owner* is
+//! cached run), `L_i` load = in-flight + queued (or, when the engine's `/metrics` is scraped,
+//! `max` of that and the engine's running + waiting: `EndpointLoad::effective_load`), `w_i`
+//! weight (0 counts as 1), `c_i = w_i / Σw` capacity share, `N` eligible count, `T = Σ L_i`, `n` request blocks. The *owner* is
 //! `argmax o_i`, ties → lower `L_i` → lower index. Every law is pure: [`blend`] returns the pick
 //! and whether it was a spill; the caller has already checked that some eligible `o_i > 0`.
 //!

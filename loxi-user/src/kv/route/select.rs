@@ -425,7 +425,7 @@ impl KvRouter {
         law_cands.extend((0..cands.len()).filter(|&ep| usable(ep)).map(|ep| Cand {
             ep,
             overlap: overlap(ep),
-            load: cands.loads[ep].in_flight() + cands.loads[ep].queued.load(Ordering::Relaxed),
+            load: cands.loads[ep].effective_load(),
             work: cands.loads[ep].prefill_work(),
             weight: cands.weights.get(ep).copied().unwrap_or(1),
         }));
