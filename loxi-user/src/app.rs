@@ -105,6 +105,19 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
     let board = HealthBoard::new();
     let health: Arc<dyn EndpointHealth> = board.clone();
     crate::health::metrics::HealthCollector::register(&mut registry, board.clone());
+    // Engine-reported load (`LOXI_ENGINE_METRICS_INTERVAL_MS`, 0 = off): each KV-rule
+    // endpoint's `/metrics`, blended into the loads the proxy publishes on `board`.
+    let engines = crate::health::engine::EngineBoard::new();
+    crate::health::engine::EngineCollector::register(&mut registry, engines.clone());
+    if cfg.env.engine_metrics_interval_ms > 0 {
+        tasks.spawn(crate::health::engine::run(
+            Duration::from_millis(cfg.env.engine_metrics_interval_ms),
+            store.subscribe(),
+            board.clone(),
+            engines,
+            shutdown.clone(),
+        ));
+    }
     let l4_metrics = L4Metrics::register(&mut registry);
     let registry = Arc::new(registry);
     let l4_failed = Arc::new(Mutex::new(None));

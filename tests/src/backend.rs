@@ -10,6 +10,10 @@
 //!   `data: {"backend":NAME,"i":I}` INTERVAL_MS apart, then `data: [DONE]`. A JSON body with
 //!   `"stream": true` and no `x-sse` header streams 20 events 100 ms apart.
 //!
+//! `GET /metrics`: when [`Backend::set_metrics`] gave a text, it is answered as Prometheus text
+//! (not counted nor recorded, so an engine-metrics scraper does not disturb request counts);
+//! otherwise it is an ordinary request.
+//!
 //! Whole-backend modes ([`Mode`]): normal, fail (500 `{"error": ...}`), hang (never answer, up
 //! to [`HANG_LIMIT`]).
 //!
@@ -82,6 +86,8 @@ struct State {
     completed: AtomicUsize,
     /// When each SSE event (by index) of the latest stream was handed to hyper.
     sse_written: Mutex<Vec<Instant>>,
+    /// `GET /metrics` text, when set.
+    metrics: Mutex<Option<String>>,
 }
 
 /// A running test backend; stops accepting on drop.
@@ -119,6 +125,7 @@ impl Backend {
             cancelled: AtomicUsize::new(0),
             completed: AtomicUsize::new(0),
             sse_written: Mutex::new(Vec::new()),
+            metrics: Mutex::new(None),
         });
         let task = tokio::spawn(accept_loop(tcp, state.clone()));
         Ok(Backend { addr, state, task })
@@ -143,6 +150,12 @@ impl Backend {
     /// Benchmarks turn it off so memory stays flat.
     pub fn set_recording(&self, on: bool) {
         self.state.record.store(on, Ordering::SeqCst);
+    }
+
+    /// Serve `text` (Prometheus exposition) on `GET /metrics` from now on; `None` turns it
+    /// back into an ordinary request.
+    pub fn set_metrics(&self, text: Option<&str>) {
+        *self.state.metrics.lock() = text.map(str::to_string);
     }
 
     /// Requests received so far.
@@ -231,6 +244,15 @@ async fn handle(
     req: Request<Incoming>,
     state: Arc<State>,
 ) -> Result<Response<TestBody>, Infallible> {
+    if req.uri().path() == "/metrics"
+        && let Some(text) = state.metrics.lock().clone()
+    {
+        return Ok(Response::builder()
+            .header("content-type", "text/plain; version=0.0.4")
+            .header("x-backend", state.name.as_str())
+            .body(Full::new(Bytes::from(text)).boxed())
+            .expect("static response parts"));
+    }
     let (parts, body) = req.into_parts();
     let body = body
         .collect()

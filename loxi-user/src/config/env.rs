@@ -114,6 +114,11 @@ pub struct Env {
     /// `GET /v1/models` (connect, head and body); a slower one is left out. Default 2000,
     /// range 10–60000.
     pub models_timeout_ms: u64,
+    /// `LOXI_ENGINE_METRICS_INTERVAL_MS`: how often the daemon scrapes each KV-rule endpoint's
+    /// `GET /metrics` (vLLM's `vllm:num_requests_running` / `_waiting`, `kv_cache_usage_perc`,
+    /// `cache_config_info`) and blends the engine's running+waiting count into the load the KV
+    /// laws see. Default 0 (off), range 0 or 50–60000.
+    pub engine_metrics_interval_ms: u64,
     /// `LOXI_HEADER_TIMEOUT_MS`: longest a fullproxy client may take to send a request head,
     /// from its first byte (slowloris bound). Default 10000, range 100–600000.
     pub header_timeout_ms: u64,
@@ -173,6 +178,9 @@ impl Env {
             load_penalty: r.int("LOXILB_KV_LOAD_PENALTY", 32, 1, 100_000) as u32,
             spill_relief: r.tristate("LOXILB_KV_SPILL_RELIEF"),
             cap_sum_milli: r.int("LOXILB_KV_CAP_SUM_MILLI", 0, 1, u32::MAX as u64),
+            work_copy_percent: r.int("LOXILB_KV_WORK_COPY_PERCENT", 100, 0, 1000) as u32,
+            work_request_tokens: r.int("LOXILB_KV_WORK_REQUEST_TOKENS", 32, 0, 100_000) as u32,
+            batch_slots: r.int("LOXILB_KV_BATCH_SLOTS", 0, 1, 1_000_000),
             coldstart_seed_n: r.int("LOXILB_KV_COLDSTART_SEED_N", 16, 0, u32::MAX as u64),
             coldstart_min_blocks: r.int("LOXILB_KV_COLDSTART_MIN_BLOCKS", 16, 0, u32::MAX as u64),
             max_blocks: r.int("LOXILB_KV_MAX_BLOCKS", 1_000_000, 1000, 100_000_000),
@@ -256,6 +264,11 @@ impl Env {
             ),
             models_cache_ms: r.int("LOXI_MODELS_CACHE_MS", 2000, 0, 600_000),
             models_timeout_ms: r.int("LOXI_MODELS_TIMEOUT_MS", 2000, 10, 60_000),
+            engine_metrics_interval_ms: match r.int("LOXI_ENGINE_METRICS_INTERVAL_MS", 0, 0, 60_000)
+            {
+                0 => 0,
+                ms => ms.max(50),
+            },
             header_timeout_ms: r.int("LOXI_HEADER_TIMEOUT_MS", 10_000, 100, 600_000),
             idle_timeout_ms: r.int("LOXI_IDLE_TIMEOUT_MS", 60_000, 100, 3_600_000),
             max_conns_per_listener: r.int("LOXI_MAX_CONNS_PER_LISTENER", 4096, 1, 1_000_000)
@@ -463,7 +476,7 @@ impl Reader<'_> {
                 "LOXILB_KV_LB_MODE",
                 v,
                 "hard",
-                "off|hard|soft|adaptive|adaptive-soft",
+                "off|hard|soft|adaptive|adaptive-soft|work",
             );
             KvLbMode::Hard
         })
@@ -853,6 +866,36 @@ mod tests {
         let s = e.kv.clone();
         assert_eq!((s.bounds.max_bytes, s.bounds.max_tokens), (1 << 20, None));
         assert_eq!(s.decision_budget, Duration::from_millis(10));
+    }
+
+    #[test]
+    fn work_law_knobs_map_to_settings_and_fall_back_out_of_range() {
+        let d = Env::from_lookup(|_| None).kv;
+        assert_eq!(
+            (d.work_copy_percent, d.work_request_tokens, d.batch_slots),
+            (100, 32, 0)
+        );
+        let env: HashMap<&str, &str> = [
+            ("LOXILB_KV_LB_MODE", "work"),
+            ("LOXILB_KV_WORK_COPY_PERCENT", "250"),
+            ("LOXILB_KV_WORK_REQUEST_TOKENS", "0"),
+            ("LOXILB_KV_BATCH_SLOTS", "64"),
+        ]
+        .into();
+        let e = Env::from_lookup(|k| env.get(k).map(|v| v.to_string()));
+        assert_eq!(e.kv.lb_mode, KvLbMode::Work);
+        assert_eq!(
+            (
+                e.kv.work_copy_percent,
+                e.kv.work_request_tokens,
+                e.kv.batch_slots
+            ),
+            (250, 0, 64)
+        );
+        assert!(e.warnings.is_empty());
+        let e = Env::from_lookup(|k| (k == "LOXILB_KV_WORK_COPY_PERCENT").then(|| "1001".into()));
+        assert_eq!(e.kv.work_copy_percent, 100);
+        assert_eq!(e.warnings.len(), 1);
     }
 
     #[test]

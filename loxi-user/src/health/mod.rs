@@ -7,6 +7,7 @@
 
 pub mod board;
 pub mod breaker;
+pub mod engine;
 pub mod metrics;
 pub mod probe;
 

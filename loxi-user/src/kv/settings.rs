@@ -21,6 +21,16 @@ pub struct KvSettings {
     pub spill_relief: Option<bool>,
     /// `LOXILB_KV_CAP_SUM_MILLI`: fleet Σcapacity for the adaptive laws, 0 = off.
     pub cap_sum_milli: u64,
+    /// `LOXILB_KV_WORK_COPY_PERCENT` (loxi, `work` law ξ·100): price of recomputing a block
+    /// another endpoint holds, percent of its prefill. 0–1000, default 100.
+    pub work_copy_percent: u32,
+    /// `LOXILB_KV_WORK_REQUEST_TOKENS` (loxi, `work` law κ): tokens charged per request in
+    /// flight. 0–100000, default 32.
+    pub work_request_tokens: u32,
+    /// `LOXILB_KV_BATCH_SLOTS` (loxi, `work` law S): the engines' batch slots (vLLM
+    /// `--max-num-seqs`); a request beyond them is charged one more prefill. 0 = unbounded
+    /// (default), 1–1,000,000.
+    pub batch_slots: u64,
     /// `LOXILB_KV_COLDSTART_SEED_N`: divert every Nth hit to a cold endpoint, 0 = off. Default 16.
     pub coldstart_seed_n: u64,
     /// `LOXILB_KV_COLDSTART_MIN_BLOCKS`: below this many blocks an endpoint is cold (0 = only
@@ -114,6 +124,9 @@ impl Default for KvSettings {
             load_penalty: 32,
             spill_relief: None,
             cap_sum_milli: 0,
+            work_copy_percent: 100,
+            work_request_tokens: 32,
+            batch_slots: 0,
             coldstart_seed_n: 16,
             coldstart_min_blocks: 16,
             max_blocks: 1_000_000,

@@ -123,7 +123,7 @@ impl EndAccounting {
 /// when the body ends, like the rest).
 #[derive(Debug)]
 pub struct Tracked {
-    _load: InFlightGuard,
+    load: InFlightGuard,
     _slot: Option<Slot>,
     active: Gauge,
     duration: Histogram,
@@ -136,7 +136,7 @@ impl Tracked {
     pub fn new(load: InFlightGuard, active: Gauge, duration: Histogram, start: Instant) -> Self {
         active.inc();
         Self {
-            _load: load,
+            load,
             _slot: None,
             active,
             duration,
@@ -224,6 +224,12 @@ where
             }
             Poll::Ready(None) => self.guard = None,
             Poll::Ready(Some(Ok(_))) if self.inner.is_end_stream() => self.guard = None,
+            // The first frame: the engine finished this request's prefill.
+            Poll::Ready(Some(Ok(_))) => {
+                if let Some(g) = self.guard.as_mut() {
+                    g.load.prefill_done();
+                }
+            }
             _ => {}
         }
         polled

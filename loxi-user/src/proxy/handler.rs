@@ -179,8 +179,15 @@ impl Handler {
             trace_span::record_decision(sel, d.reason.as_str(), ep, attempts);
             // The endpoint's admission slot (when the gate applies), held with the response.
             let slot = self.admit(pool, ep).await?;
+            // At dispatch, not at the response: a non-streaming response (or a streaming one
+            // behind a slow prefill) arrives after the prefill, and requests sharing this
+            // prefix in that window would otherwise see no holder and scatter. Inline: the
+            // block keys come from the ticket `prepare` filled, so this is microseconds.
+            ladder.routed(meta, ep, &mut ticket);
+            // The request's uncached prompt tokens count as the endpoint's queued prefill
+            // work until its response starts (the `work` law reads it).
             let tracked = Tracked::new(
-                pool.loads[ep].begin(),
+                pool.loads[ep].begin().with_work(ticket.prefill_tokens()),
                 pm.eps[ep].active.clone(),
                 pm.duration.clone(),
                 start,
@@ -190,11 +197,6 @@ impl Handler {
             super::forwarded::append(req.headers_mut(), meta.client, meta.https);
             let attempt = trace_span::attempt(ep, &pool.authorities[ep], attempts);
             trace_span::inject(&attempt, req.headers_mut());
-            // At dispatch, not at the response: a non-streaming response (or a streaming one
-            // behind a slow prefill) arrives after the prefill, and requests sharing this
-            // prefix in that window would otherwise see no holder and scatter. Inline: the
-            // block keys come from the ticket `prepare` filled, so this is microseconds.
-            ladder.routed(meta, ep, &mut ticket);
             let sent = self.upstreams.send(req, &pool.via);
             let outcome = sent.instrument(attempt.clone()).await;
             trace_span::record_attempt(&attempt, outcome.status(), outcome.error_type());

@@ -144,6 +144,16 @@ pub struct EndpointLoad {
     pub in_flight: AtomicU64,
     /// Requests parked waiting for this endpoint (admission; 0 without a gate).
     pub queued: AtomicU64,
+    /// Prefill work queued on this endpoint, in tokens: the uncached prompt tokens (as the KV
+    /// tier estimates them from its own overlap) of requests sent here whose response has not
+    /// started yet (released at the first response frame, on error or on disconnect). 0 for
+    /// requests the tier did not hash. Read by the KV tier's `work` law.
+    pub prefill_tokens: AtomicU64,
+    /// Requests the engine itself reports running plus waiting (`vllm:num_requests_running` +
+    /// `vllm:num_requests_waiting`, scraped by the health tier's engine-metrics scraper), so
+    /// that the load of other gateways in front of the same engine counts too. 0 when not
+    /// scraped, unreachable, or either family is missing.
+    pub engine_requests: AtomicU64,
     /// False while probes or the circuit breaker hold the endpoint down.
     pub healthy: AtomicBool,
 }
@@ -167,7 +177,22 @@ impl EndpointLoad {
     /// Counts one request in flight until the guard drops.
     pub fn begin(self: &Arc<Self>) -> InFlightGuard {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
-        InFlightGuard { load: self.clone() }
+        InFlightGuard {
+            load: self.clone(),
+            work: 0,
+        }
+    }
+    /// The load the KV laws see, requests: the larger of this gateway's own count (in flight
+    /// plus parked in admission) and the engine-reported running+waiting count
+    /// ([`Self::engine_requests`]). Max, not sum: the engine's count includes this gateway's
+    /// requests once they arrive.
+    pub fn effective_load(&self) -> u64 {
+        let own = self.in_flight() + self.queued.load(Ordering::Relaxed);
+        own.max(self.engine_requests.load(Ordering::Relaxed))
+    }
+    /// Current queued prefill work, tokens (see [`Self::prefill_tokens`]).
+    pub fn prefill_work(&self) -> u64 {
+        self.prefill_tokens.load(Ordering::Relaxed)
     }
 }
 
@@ -176,10 +201,34 @@ impl EndpointLoad {
 #[derive(Debug)]
 pub struct InFlightGuard {
     load: Arc<EndpointLoad>,
+    /// Prefill tokens this request adds to the endpoint's `prefill_tokens` until released.
+    work: u64,
+}
+
+impl InFlightGuard {
+    /// Counts `tokens` of prefill work on the endpoint until [`Self::prefill_done`] or drop
+    /// (added to any already counted by this guard).
+    pub fn with_work(mut self, tokens: u64) -> Self {
+        self.load
+            .prefill_tokens
+            .fetch_add(tokens, Ordering::Relaxed);
+        self.work += tokens;
+        self
+    }
+    /// The request's prefill is over (its response started): releases its work, once.
+    pub fn prefill_done(&mut self) {
+        if self.work > 0 {
+            self.load
+                .prefill_tokens
+                .fetch_sub(self.work, Ordering::Relaxed);
+            self.work = 0;
+        }
+    }
 }
 
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
+        self.prefill_done();
         self.load.in_flight.fetch_sub(1, Ordering::Relaxed);
     }
 }
@@ -237,5 +286,38 @@ impl Candidates<'_> {
     /// Indices of eligible endpoints, ascending.
     pub fn eligible_iter(&self) -> impl Iterator<Item = EpIdx> + '_ {
         (0..self.len()).filter(|&i| self.eligible(i))
+    }
+}
+
+#[cfg(test)]
+mod load_tests {
+    use super::*;
+
+    #[test]
+    fn prefill_work_counts_until_the_first_frame_and_in_flight_until_drop() {
+        let load = EndpointLoad::new();
+        let mut a = load.begin().with_work(3200);
+        let b = load.begin().with_work(128);
+        assert_eq!((load.in_flight(), load.prefill_work()), (2, 3328));
+        a.prefill_done();
+        a.prefill_done();
+        assert_eq!((load.in_flight(), load.prefill_work()), (2, 128));
+        drop(b);
+        assert_eq!((load.in_flight(), load.prefill_work()), (1, 0));
+        drop(a);
+        assert_eq!((load.in_flight(), load.prefill_work()), (0, 0));
+    }
+
+    #[test]
+    fn effective_load_is_the_larger_of_own_and_engine_reported() {
+        let load = EndpointLoad::new();
+        let _a = load.begin();
+        let _b = load.begin();
+        load.queued.store(1, Ordering::Relaxed);
+        assert_eq!(load.effective_load(), 3);
+        load.engine_requests.store(50, Ordering::Relaxed);
+        assert_eq!(load.effective_load(), 50);
+        load.engine_requests.store(2, Ordering::Relaxed);
+        assert_eq!(load.effective_load(), 3);
     }
 }

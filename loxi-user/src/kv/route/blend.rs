@@ -1,8 +1,9 @@
 //! Blend laws of tier 1.5 (`LOXILB_KV_LB_MODE`): how cache overlap and live load combine.
 //!
 //! Notation, per eligible endpoint `i` (healthy, not excluded): `o_i` overlap in blocks (leading
-//! cached run), `L_i` load = in-flight + queued, `w_i` weight (0 counts as 1), `c_i = w_i / Σw`
-//! capacity share, `N` eligible count, `T = Σ L_i`, `n` request blocks. The *owner* is
+//! cached run), `L_i` load = in-flight + queued (or, when the engine's `/metrics` is scraped,
+//! `max` of that and the engine's running + waiting: `EndpointLoad::effective_load`), `w_i`
+//! weight (0 counts as 1), `c_i = w_i / Σw` capacity share, `N` eligible count, `T = Σ L_i`, `n` request blocks. The *owner* is
 //! `argmax o_i`, ties → lower `L_i` → lower index. Every law is pure: [`blend`] returns the pick
 //! and whether it was a spill; the caller has already checked that some eligible `o_i > 0`.
 //!
@@ -24,6 +25,34 @@
 //! | `soft` | `u_i = 1000·o_i/n − λ·L_i/(N·c_i)`, `λ = LOXILB_KV_LOAD_PENALTY`; `argmax u_i` over all eligible (ties by index); a spill when it is not the owner. |
 //! | `adaptive` | `hard` with `ε·f` |
 //! | `adaptive-soft` | `soft` with `λ·f` |
+//! | `work` (loxi) | least prefill work: `argmin cost_i` over all eligible (ties → higher `o_i` → lower `L_i` → index), a spill when not the owner; see below. |
+//!
+//! `work` (loxi extension, issue 13) prices a placement in prompt tokens, the unit an engine's
+//! prefill is paid in. With `B` the block size, `W_i` the prefill work already queued on `i`
+//! (uncached prompt tokens of requests sent to `i` whose response has not started, as this
+//! tier estimated them at dispatch), `o_max = max o_j`:
+//!
+//! `cost_i = [W_i + (n − o_i)·B + ξ·(o_max − o_i)·B + κ·L_i + q_i·n·B] / (N·c_i)`
+//!
+//! - `(n − o_i)·B`: what this request prefills on `i`; `W_i` what `i` prefills before it. Their
+//!   sum is the request's prefill wait on `i` in tokens (TTFT × the engine's prefill rate).
+//! - `ξ·(o_max − o_i)·B`, `ξ = LOXILB_KV_WORK_COPY_PERCENT/100` (default 100): recomputing
+//!   blocks another endpoint holds makes a second copy, which evicts something that a later
+//!   request recomputes; ξ prices that eviction relative to the prefill itself.
+//! - `κ·L_i`, `κ = LOXILB_KV_WORK_REQUEST_TOKENS` (default 32): each request in flight holds
+//!   a batch slot and a share of every decode step; it breaks ties toward the idler endpoint.
+//! - `q_i = max(0, L_i + 1 − S)` with `S = LOXILB_KV_BATCH_SLOTS` (0, the default, = unbounded):
+//!   a request beyond the engine's free batch slots waits for a whole request, priced as one
+//!   more full prefill of this request.
+//!
+//! What a holder saves (`o_i·B·(1 + ξ)` tokens) is weighed against what it costs (its queued
+//! work): affinity holds while the holder's queue is shorter than the saving, and the burst
+//! of a new group stays on its first endpoint while that endpoint has free batch slots (the
+//! cap floor the request-count cap lacks: no request count at all, so the first requests of
+//! a burst never spill for being "many"). When every endpoint holds the same prefix (or none),
+//! the law is least work, then least load: never behind round robin on a workload with no
+//! reuse. Under `work`, cold seeding also waits for an idle endpoint (no request in flight,
+//! no queued work).
 //!
 //! Fleet-load factor `f = clamp(ρ, 1/8, 8)` where `ρ = 1000·T / LOXILB_KV_CAP_SUM_MILLI` when that
 //! is set, else `ρ = T / N` (mean load per endpoint): the busier the fleet, the more load an
@@ -45,10 +74,12 @@ pub enum LbMode {
     Adaptive,
     /// `soft` with λ scaled by fleet load.
     AdaptiveSoft,
+    /// Least prefill work in tokens (loxi extension).
+    Work,
 }
 
 impl LbMode {
-    /// The spelling LoxiLB accepts (`off|hard|soft|adaptive|adaptive-soft`).
+    /// The spelling LoxiLB accepts (`off|hard|soft|adaptive|adaptive-soft`), and loxi's `work`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Off => "off",
@@ -56,6 +87,7 @@ impl LbMode {
             Self::Soft => "soft",
             Self::Adaptive => "adaptive",
             Self::AdaptiveSoft => "adaptive-soft",
+            Self::Work => "work",
         }
     }
 
@@ -67,6 +99,7 @@ impl LbMode {
             "soft" => Some(Self::Soft),
             "adaptive" => Some(Self::Adaptive),
             "adaptive-soft" => Some(Self::AdaptiveSoft),
+            "work" => Some(Self::Work),
             _ => None,
         }
     }
@@ -81,6 +114,8 @@ pub struct Cand {
     pub overlap: usize,
     /// In-flight + queued requests.
     pub load: u64,
+    /// Queued prefill work, tokens (`W_i`; only the `work` law reads it).
+    pub work: u64,
     /// Rule weight (0 is taken as 1).
     pub weight: u32,
 }
@@ -100,6 +135,18 @@ pub struct LawParams {
     pub cap_sum_milli: u64,
     /// Request blocks `n`.
     pub request_blocks: usize,
+    /// Tokens per block `B` (`work`).
+    pub block_size: usize,
+    /// Overlap units per block: `request_blocks` and every [`Cand::overlap`] are in these
+    /// units (1 = whole blocks; tier 1.5 passes 1000, milli-blocks, so that offload-tier
+    /// blocks can earn a fraction). `work` converts them back to tokens with it.
+    pub unit: usize,
+    /// `LOXILB_KV_WORK_COPY_PERCENT` (ξ·100, `work`).
+    pub copy_percent: u32,
+    /// `LOXILB_KV_WORK_REQUEST_TOKENS` (κ, `work`).
+    pub request_tokens: u32,
+    /// `LOXILB_KV_BATCH_SLOTS` (S, `work`; 0 = unbounded).
+    pub batch_slots: u64,
 }
 
 /// A law's pick.
@@ -123,6 +170,7 @@ pub fn blend(cands: &[Cand], p: &LawParams) -> Option<Pick> {
         LbMode::Adaptive => hard(cands, eps * f, p.spill_relief).unwrap_or(owner),
         LbMode::Soft => soft(cands, lambda, p.request_blocks),
         LbMode::AdaptiveSoft => soft(cands, lambda * f, p.request_blocks),
+        LbMode::Work => least_work(cands, p),
     };
     Some(Pick {
         ep,
@@ -189,6 +237,41 @@ fn soft(cands: &[Cand], lambda: f64, n: usize) -> EpIdx {
     for c in &cands[1..] {
         if utility(c) > utility(&best) {
             best = *c;
+        }
+    }
+    best.ep
+}
+
+/// `cost_i` of the `work` law, in tokens per capacity share (see the module doc).
+pub fn work_cost(c: &Cand, cands: &[Cand], p: &LawParams) -> f64 {
+    // Tokens per overlap unit.
+    let b = p.block_size.max(1) as f64 / p.unit.max(1) as f64;
+    let n = p.request_blocks.max(c.overlap) as f64;
+    let o = c.overlap as f64;
+    let o_max = cands.iter().map(|c| c.overlap).max().unwrap_or(0) as f64;
+    let xi = f64::from(p.copy_percent) / 100.0;
+    let queued = if p.batch_slots > 0 {
+        (c.load + 1).saturating_sub(p.batch_slots)
+    } else {
+        0
+    };
+    let tokens = c.work as f64
+        + (n - o) * b
+        + xi * (o_max - o) * b
+        + f64::from(p.request_tokens) * c.load as f64
+        + queued as f64 * n * b;
+    let share = f64::from(c.weight.max(1)) / weight_sum(cands);
+    tokens / (cands.len() as f64 * share)
+}
+
+fn least_work(cands: &[Cand], p: &LawParams) -> EpIdx {
+    let mut best = cands[0];
+    let mut best_cost = work_cost(&best, cands, p);
+    for c in &cands[1..] {
+        let cost = work_cost(c, cands, p);
+        if cost < best_cost || (cost == best_cost && by_overlap(c, &best).is_lt()) {
+            best = *c;
+            best_cost = cost;
         }
     }
     best.ep

@@ -5,6 +5,7 @@ fn c(ep: EpIdx, overlap: usize, load: u64) -> Cand {
         ep,
         overlap,
         load,
+        work: 0,
         weight: 1,
     }
 }
@@ -17,6 +18,11 @@ fn params(mode: LbMode, relief: bool) -> LawParams {
         spill_relief: relief,
         cap_sum_milli: 0,
         request_blocks: 4,
+        block_size: 16,
+        unit: 1,
+        copy_percent: 100,
+        request_tokens: 32,
+        batch_slots: 0,
     }
 }
 
@@ -38,7 +44,7 @@ fn shared_prefix_held_everywhere_goes_to_the_least_loaded_endpoint() {
     // A system prompt every endpoint caches (o = 4 everywhere): LoxiLB's index-order tie-break
     // would send all of it to ep0; loxi spreads it by load, under every law but `soft`.
     let cands = [c(0, 4, 3), c(1, 4, 2), c(2, 4, 1), c(3, 4, 2)];
-    for mode in [LbMode::Off, LbMode::Hard, LbMode::Adaptive] {
+    for mode in [LbMode::Off, LbMode::Hard, LbMode::Adaptive, LbMode::Work] {
         assert_eq!(
             blend(&cands, &params(mode, true)),
             pick(2, false),
@@ -166,4 +172,98 @@ fn mode_names_parse_and_garbage_is_none() {
     assert_eq!(LbMode::parse("adaptive-soft"), Some(LbMode::AdaptiveSoft));
     assert_eq!(LbMode::parse(" HARD "), Some(LbMode::Hard));
     assert_eq!(LbMode::parse("bogus"), None);
+}
+
+/// `work` law parameters for a request of `n` blocks of 16 tokens (ξ = 1, κ = 32).
+fn work_params(n: usize, slots: u64) -> LawParams {
+    LawParams {
+        request_blocks: n,
+        batch_slots: slots,
+        ..params(LbMode::Work, true)
+    }
+}
+
+fn w(ep: EpIdx, overlap: usize, load: u64, work: u64) -> Cand {
+    Cand {
+        work,
+        ..c(ep, overlap, load)
+    }
+}
+
+#[test]
+fn work_keeps_a_burst_on_its_holder_while_its_queue_is_shorter_than_the_saving() {
+    // n = 200 blocks (3200 tokens); ep0 holds 192 (3072 tokens) and is prefilling the burst's
+    // first request (W0 = 3200, L0 = 1): cost0 = 3200 + 8·16 + 32·1 = 3360; an idle ep1 pays
+    // the whole prompt plus the copy: 3200 + 3072 = 6272. The holder keeps it (`hard` at
+    // T = 1 has cap 2 and would too; at T = 2 with 2 on the owner it spills).
+    let p = work_params(200, 0);
+    let cands = [w(0, 192, 1, 3200), w(1, 0, 0, 0), w(2, 0, 0, 0)];
+    assert_eq!(work_cost(&cands[0], &cands, &p), 3360.0);
+    assert_eq!(work_cost(&cands[1], &cands, &p), 6272.0);
+    assert_eq!(blend(&cands, &p), pick(0, false));
+    // 16 requests of the group in flight there, one still prefilling: 3200 + 15·128 queued is
+    // less than the saving, so no spill where `hard` (relief cap ceil(2.5·17/3) = 15) sends it
+    // to an idle endpoint to recompute the prefix.
+    let cands = [w(0, 192, 16, 3200 + 15 * 128), w(1, 0, 0, 0), w(2, 0, 0, 0)];
+    assert_eq!(blend(&cands, &p), pick(0, false));
+    assert_eq!(blend(&cands, &params(LbMode::Hard, true)), pick(1, true));
+}
+
+#[test]
+fn work_spills_once_the_holders_queue_costs_more_than_the_saving() {
+    // W0 = 6200, L0 = 10: cost0 = 6200 + 128 + 320 = 6648 > 6272 = cost1 = cost2; the tie
+    // between the two idle endpoints goes to the lower index.
+    let p = work_params(200, 0);
+    let cands = [w(0, 192, 10, 6200), w(1, 0, 0, 0), w(2, 0, 0, 0)];
+    assert_eq!(work_cost(&cands[0], &cands, &p), 6648.0);
+    assert_eq!(blend(&cands, &p), pick(1, true));
+    // A second holder of a shorter prefix (100 blocks) is cheaper than a cold copy:
+    // 0 + 100·16 + 92·16 = 3072 < 6272.
+    let cands = [w(0, 192, 10, 6200), w(1, 0, 0, 0), w(2, 100, 0, 0)];
+    assert_eq!(work_cost(&cands[2], &cands, &p), 3072.0);
+    assert_eq!(blend(&cands, &p), pick(2, true));
+}
+
+#[test]
+fn work_without_reuse_is_least_work_then_least_load() {
+    // Every endpoint holds the same one block: the saving is equal everywhere, so queued work
+    // decides (ep0 has 100 tokens queued), then load (ep1 has 2 in flight, ep2 1):
+    // 436, 368, 336. The owner (overlap, then request count, then index) is ep0.
+    let p = work_params(20, 0);
+    let cands = [w(0, 1, 1, 100), w(1, 1, 2, 0), w(2, 1, 1, 0)];
+    assert_eq!(work_cost(&cands[0], &cands, &p), 436.0);
+    assert_eq!(blend(&cands, &p), pick(2, true));
+    assert_eq!(owner(&cands), Some(0));
+}
+
+#[test]
+fn work_charges_a_request_beyond_the_free_batch_slots_one_more_prefill() {
+    // n = 200, the holder has 100 blocks and 4 requests in flight, nothing queued:
+    // cost0 = 1600 + 128 = 1728, cost1 = 3200 + 1600 = 4800. With S = 4 slots the fifth
+    // request waits for one: cost0 = 1728 + 3200 = 4928 > 4800 → ep1.
+    let cands = [w(0, 100, 4, 0), w(1, 0, 0, 0)];
+    assert_eq!(blend(&cands, &work_params(200, 0)), pick(0, false));
+    assert_eq!(blend(&cands, &work_params(200, 4)), pick(1, true));
+}
+
+#[test]
+fn work_divides_by_the_capacity_share() {
+    // Weight 3 of 4 on ep1 (N·c = 1.5) against 1 of 4 on ep0 (N·c = 0.5), no overlap
+    // difference: cost0 = (64 + 0)/0.5 = 128, cost1 = (64 + 32·2)/1.5 ≈ 85.3 → ep1.
+    let p = work_params(4, 0);
+    let cands = [
+        w(0, 0, 0, 0),
+        Cand {
+            weight: 3,
+            ..w(1, 0, 2, 0)
+        },
+    ];
+    assert_eq!(work_cost(&cands[0], &cands, &p), 128.0);
+    assert_eq!(blend(&cands, &p), pick(1, true));
+}
+
+#[test]
+fn work_parses_and_prints() {
+    assert_eq!(LbMode::parse(" Work "), Some(LbMode::Work));
+    assert_eq!(LbMode::Work.as_str(), "work");
 }

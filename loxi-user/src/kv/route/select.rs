@@ -31,7 +31,7 @@ use std::time::Instant as StdInstant;
 
 use tokio::time::Instant;
 
-use super::blend::{Cand, LawParams, blend};
+use super::blend::{Cand, LawParams, LbMode, blend};
 pub use super::miss::MissReason;
 use super::workers::TokenizeWorkers;
 use crate::kv::BlockKey;
@@ -128,12 +128,26 @@ impl PromptTokenizer for crate::kv::tokenizer::TokenizerPool {
 pub struct KvTicket {
     svc: Option<Arc<ServiceKv>>,
     keys: Option<Result<Vec<BlockKey>, MissReason>>,
+    /// The last hit's endpoint and the leading request blocks it holds.
+    hit: Option<(EpIdx, usize)>,
+    /// Uncached prompt tokens of the request on the endpoint [`KvRouter::routed`] was last
+    /// told about.
+    work: u64,
 }
 
 impl KvTicket {
     /// The request's block keys, once a call computed them.
     pub fn keys(&self) -> Option<&[BlockKey]> {
         self.keys.as_ref()?.as_deref().ok()
+    }
+
+    /// The request's prefill work on the endpoint of the last [`KvRouter::routed`] call, in
+    /// tokens: its full blocks that endpoint does not hold (per this tier's last decision; all
+    /// of them when the tier missed or picked another endpoint) × the block size. 0 when the
+    /// tier computed no keys (a miss before hashing, or a rule without tier 1.5). The proxy
+    /// counts it in the endpoint's `EndpointLoad::prefill_tokens` until the response starts.
+    pub fn prefill_tokens(&self) -> u64 {
+        self.work
     }
 
     /// The service's state (resolved on the first call; `None` when the rule has tier 1.5 off).
@@ -274,8 +288,10 @@ impl KvRouter {
             svc.route.stage(Stage::Score, t.elapsed().as_secs_f64());
             r
         });
+        ticket.hit = None;
         match res {
             Ok((d, cached)) => {
+                ticket.hit = d.endpoint.map(|ep| (ep, cached));
                 svc.route.hit(d.endpoint.unwrap_or_default());
                 crate::telemetry::span::record_cached_blocks(cached);
                 Some(d)
@@ -309,7 +325,9 @@ impl KvRouter {
     /// The proxy sent the request to `ep`: its blocks become predicted holdings of `ep` for
     /// the predicted-block TTL. The keys come from `ticket` (the request's `select` calls);
     /// only when those all stopped at `warmup` are they computed here (and kept).
+    /// It also sets the ticket's [`KvTicket::prefill_tokens`] for `ep`.
     pub fn routed(&self, rule: &StoredRule, meta: &RequestMeta, ep: EpIdx, ticket: &mut KvTicket) {
+        ticket.work = 0;
         let Some(svc) = ticket.service(&self.state, rule) else {
             return;
         };
@@ -324,10 +342,15 @@ impl KvRouter {
             let e = w.entry(m).or_default();
             e.routed_holding = e.routed_holding.saturating_add(1);
         }
+        // The request's uncached prefill work on `ep`, in tokens (whole cached blocks only).
+        let keys = ticket.keys.get_or_insert_with(|| self.keys(&svc, meta));
+        if let Ok(k) = keys {
+            let cached = ticket.hit.filter(|h| h.0 == ep).map_or(0, |h| h.1);
+            ticket.work = (k.len().saturating_sub(cached) * svc.config.block_size as usize) as u64;
+        }
         if self.state.settings.predicted_ttl.is_zero() {
             return;
         }
-        let keys = ticket.keys.get_or_insert_with(|| self.keys(&svc, meta));
         if let (Ok(keys), Some(member)) = (keys, member) {
             let now = Instant::now();
             svc.index
@@ -432,7 +455,8 @@ impl KvRouter {
         law_cands.extend((0..cands.len()).filter(|&ep| usable(ep)).map(|ep| Cand {
             ep,
             overlap: overlap(ep),
-            load: cands.loads[ep].in_flight() + cands.loads[ep].queued.load(Ordering::Relaxed),
+            load: cands.loads[ep].effective_load(),
+            work: cands.loads[ep].prefill_work(),
             weight: cands.weights.get(ep).copied().unwrap_or(1),
         }));
         let s = &self.state.settings;
@@ -443,6 +467,11 @@ impl KvRouter {
             spill_relief: s.spill_relief_for(rule.spec.kv_mode()),
             cap_sum_milli: s.cap_sum_milli,
             request_blocks: keys.len() * MILLI,
+            block_size: svc.config.block_size as usize,
+            unit: MILLI,
+            copy_percent: s.work_copy_percent,
+            request_tokens: s.work_request_tokens,
+            batch_slots: s.batch_slots,
         };
         let pick = blend(law_cands, &params).ok_or(MissReason::Excluded)?;
         let cached = |ep: EpIdx| {
@@ -469,7 +498,9 @@ impl KvRouter {
     }
 
     /// Every `LOXILB_KV_COLDSTART_SEED_N`-th hit goes to the lowest-index eligible endpoint with
-    /// fewer than `_MIN_BLOCKS` blocks (0 = empty only), if that is not the pick already.
+    /// fewer than `_MIN_BLOCKS` blocks (0 = empty only), if that is not the pick already. Under
+    /// the `work` law the cold endpoint must also be idle (no request in flight or queued, no
+    /// queued prefill work): a seed onto a busy endpoint queues behind its work for nothing.
     fn cold_seed(
         &self,
         svc: &ServiceKv,
@@ -490,8 +521,10 @@ impl KvRouter {
                 b < s.coldstart_min_blocks
             }
         };
+        let idle = |c: &Cand| s.lb_mode != LbMode::Work || (c.load == 0 && c.work == 0);
         cands
             .iter()
+            .filter(|c| idle(c))
             .map(|c| c.ep)
             .find(|&ep| cold(ep))
             .filter(|&ep| ep != pick)

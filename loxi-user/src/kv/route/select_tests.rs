@@ -844,3 +844,64 @@ fn zero_hit_watchdog_flags_an_endpoint_whose_blocks_never_match() {
         assert_eq!(state_of("0", "never_matched"), 0.0);
     }
 }
+
+/// Three endpoints under the `work` law, cold seeding every `seed_n`-th hit (blocks < 1), no
+/// predicted blocks (a `routed` call changes no holdings).
+fn work_fx(seed_n: u64) -> Fx {
+    let s = KvSettings {
+        lb_mode: LbMode::Work,
+        predicted_ttl: Duration::ZERO,
+        coldstart_seed_n: seed_n,
+        coldstart_min_blocks: 1,
+        ..KvSettings::default()
+    };
+    fx_with(s, 3, serde_json::json!({}))
+}
+
+#[tokio::test]
+async fn work_law_weighs_queued_prefill_against_the_saving_and_the_ticket_prices_the_request() {
+    let f = work_fx(0);
+    let m = meta(PROMPT);
+    let k = f.keys_of(&m).len() as u64;
+    assert!(k >= 3);
+    f.hold(0, &m, k as usize);
+    let mut memo = KvTicket::default();
+    assert_eq!(
+        f.attempt(&m, &Excluded::default(), &mut memo),
+        Some(Decision::pick(0, Reason::KvOverlap))
+    );
+    // ep0 holds every block: nothing to prefill there, the whole prompt anywhere else.
+    f.router.routed(&f.rule, &m, 0, &mut memo);
+    assert_eq!(memo.prefill_tokens(), 0);
+    f.router.routed(&f.rule, &m, 1, &mut memo);
+    assert_eq!(memo.prefill_tokens(), k * 16);
+    // cost0 = W0, cost1 = cost2 = 16k (prefill) + 16k (copy): at W0 = 32k the tie goes to
+    // the holder, one token more and the request goes to ep1.
+    f.loads[0].prefill_tokens.store(32 * k, Ordering::Relaxed);
+    assert_eq!(f.select(&m), Some(Decision::pick(0, Reason::KvOverlap)));
+    f.loads[0]
+        .prefill_tokens
+        .store(32 * k + 1, Ordering::Relaxed);
+    assert_eq!(f.select(&m), Some(Decision::pick(1, Reason::KvSpill)));
+    assert_eq!(
+        f.metric("loxilb_pd_kv_tier15_spills_total{service=\"1\",ep_idx=\"1\"}"),
+        1.0
+    );
+}
+
+#[test]
+fn work_law_cold_seeds_only_an_idle_endpoint() {
+    let f = work_fx(1);
+    let m = meta(PROMPT);
+    f.hold(0, &m, 3);
+    // ep1 is cold but has a request in flight: the seed goes to ep2, cold and idle.
+    f.loads[1].in_flight.store(1, Ordering::Relaxed);
+    assert_eq!(f.select(&m), Some(Decision::pick(2, Reason::KvColdSeed)));
+    // ep2 now has prefill work queued: nothing idle and cold, the holder keeps the request.
+    f.loads[2].prefill_tokens.store(5, Ordering::Relaxed);
+    assert_eq!(f.select(&m), Some(Decision::pick(0, Reason::KvOverlap)));
+    assert_eq!(
+        f.metric("loxilb_pd_kv_tier15_cold_seeds_total{service=\"1\",ep_idx=\"2\"}"),
+        1.0
+    );
+}
