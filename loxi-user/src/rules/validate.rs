@@ -216,6 +216,15 @@ fn validate_service(s: &mut ServiceArgs) -> Result<(), RuleError> {
             &s.probetype,
             &["tcp", "udp", "http", "https", "ping", "none"],
         )?;
+        // The `http` probe speaks cleartext HTTP; a `security: 2` rule's backends speak TLS,
+        // so it would fail on every endpoint and mark the whole pool down.
+        if s.security == 2 && s.probetype.eq_ignore_ascii_case("http") {
+            return Err(invalid(
+                "serviceArguments.probetype",
+                "\"http\" probes are cleartext and the backends of a security 2 rule speak TLS; \
+                 use \"tcp\" (or \"https\", probed with a TCP connect)",
+            ));
+        }
     }
     check_fullproxy_only(s)
 }
@@ -549,6 +558,14 @@ mod tests {
                 other => panic!("expected a refusal: {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn an_http_probe_on_a_backend_tls_rule_is_refused() {
+        let f = field_of(rule(json!({"security": 2, "probetype": "http"})));
+        assert_eq!(f, "serviceArguments.probetype");
+        validate(rule(json!({"security": 2, "probetype": "tcp"}))).expect("tcp probes TLS ports");
+        validate(rule(json!({"security": 0, "probetype": "http"}))).expect("cleartext backends");
     }
 
     #[test]
