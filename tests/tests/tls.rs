@@ -673,3 +673,209 @@ async fn curl_endpoints(port: u16, host: &str, body: &str) -> Option<(String, St
     let h2 = one("--http2", "HTTP/2 200").await;
     Some((h2, one("--http1.1", "HTTP/1.1 200").await))
 }
+
+/// `vllm-sim` serving `tiny` on 127.0.0.1, publishing its KV events on `tcp://127.0.0.1:zmq`
+/// (hash seed 0, block size `KV_BS`).
+async fn kv_engine(tok: &std::path::Path, zmq: u16) -> loxi_tests::sim::Sim {
+    let mut cmd = loxi_tests::sim::Sim::command();
+    let cfg = json!({"enable_kv_cache_events": true, "publisher": "zmq",
+        "endpoint": format!("tcp://127.0.0.1:{zmq}")});
+    cmd.args(["--model", "tiny", "--host", "127.0.0.1", "--port", "0"])
+        .arg("--tokenizer-dir")
+        .arg(tok)
+        .env("PYTHONHASHSEED", "0")
+        .args(["--block-size", &KV_BS.to_string()])
+        .args(["--kv-events-config", &cfg.to_string()])
+        .args(["--time-scale", "0.05"]);
+    loxi_tests::sim::Sim::spawn(cmd).await
+}
+
+const KV_BS: usize = 16;
+
+/// Issue 15: KV-exact routing (tier 1.5) is the same on the TLS frontend whatever the client's
+/// protocol. Two real `vllm-sim` engines each cache a prefix of their own (4 blocks, published
+/// as KV events); each prefix, sent through a `security: 1` rule over TLS with HTTP/2 and with
+/// HTTP/1.1 (the rust client, and curl when it has HTTP/2), goes to the engine holding it,
+/// every request counted as a tier-1.5 hit on that endpoint and a KV-overlap selection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kv_exact_over_tls_routes_h2_and_h1_to_the_engine_holding_the_prefix() {
+    use loxi_tests::kv::{completion, kv_daemon, series, stage_tiny_tokenizer, wait_blocks};
+    let tok = tempfile::tempdir().expect("tmp");
+    stage_tiny_tokenizer(tok.path());
+    let zmq = [free_port(), free_port()];
+    let engines = [
+        kv_engine(tok.path(), zmq[0]).await,
+        kv_engine(tok.path(), zmq[1]).await,
+    ];
+    let d = kv_daemon(tok.path()).await;
+    let ca = Ca::new();
+    assert_eq!(
+        post_cert(&d, Some("kv"), &ca.leaf(&["kv.test"])).await.0,
+        201
+    );
+    let port = free_port();
+    let eps: Vec<Value> = engines
+        .iter()
+        .zip(zmq)
+        .map(|(e, z)| json!({"endpointIP": "127.0.0.1", "targetPort": e.port(), "kvZmqPort": z}))
+        .collect();
+    let rule = json!({
+        "serviceArguments": {"externalIP": "127.0.0.1", "port": port, "protocol": "tcp",
+            "mode": 4, "sel": 0, "security": 1, "host": "kv.test", "kvExactMode": 3,
+            "kvBlockSize": KV_BS, "kvHashAlgo": "sha256_cbor", "kvZmqPort": free_port()},
+        "endpoints": eps,
+    });
+    let (s, r) = d.post_rule(&rule).await;
+    assert_eq!(s, 200, "{r}");
+    // Both subscribers connected, then a moment for ZeroMQ's subscription to reach them.
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let m = d.metrics_text().await;
+        let up: f64 = (0..2)
+            .map(|i| {
+                let s = format!("loxilb_kv_subscriber_connected{{service=\"1\",ep=\"{i}\"}}");
+                series(&m, &s).unwrap_or(0.0)
+            })
+            .sum();
+        if up == 2.0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "subscribers not connected: {m}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // Engine i caches token ids 1000·(i+1) .. +4 blocks (sent to it directly, not via loxi).
+    let mut prompts = Vec::new();
+    for (i, e) in engines.iter().enumerate() {
+        let mut ids: Vec<u32> = (0..4 * KV_BS as u32)
+            .map(|t| 1000 * (i as u32 + 1) + t)
+            .collect();
+        ids.push(7);
+        let body = json!({"model": "tiny", "prompt": ids, "max_tokens": 1});
+        assert_eq!(completion(e.addr, &body).await.0, 200);
+        wait_blocks(&d, 1, i, 4).await;
+        prompts.push(body.to_string());
+    }
+    for i in 0..2 {
+        wait_blocks(&d, 1, i, 4).await;
+    }
+
+    let hits = |i: usize| format!("loxilb_pd_kv_tier15_hits_total{{service=\"1\",ep_idx=\"{i}\"}}");
+    let overlap = "loxilb_proxy_selections_total{selector=\"kv\",reason=\"kv_overlap\"}";
+    let before = d.metrics_text().await;
+    let mut per_prefix = 0;
+    for (i, body) in prompts.iter().enumerate() {
+        let mut sent = 0;
+        for proto in [&b"h2"[..], b"http/1.1"] {
+            let tls = connect(&ca, port, Some("kv.test"), &[proto])
+                .await
+                .expect("tls");
+            assert_eq!(alpn(&tls).as_deref(), Some(proto));
+            let (status, ep, _, text) = send(tls, "kv.test", body).await;
+            assert_eq!(status, 200, "{text}");
+            assert_eq!(
+                ep,
+                i.to_string(),
+                "{}: the prefix of engine {i}",
+                String::from_utf8_lossy(proto)
+            );
+            sent += 1;
+        }
+        if let Some((h2, h1)) = curl_endpoints(port, "kv.test", body).await {
+            assert_eq!((h2, h1), (i.to_string(), i.to_string()), "curl, engine {i}");
+            sent += 2;
+        }
+        per_prefix = sent;
+    }
+    let after = d.metrics_text().await;
+    let delta = |s: &str| series(&after, s).unwrap_or(0.0) - series(&before, s).unwrap_or(0.0);
+    for i in 0..2 {
+        assert_eq!(
+            delta(&hits(i)),
+            per_prefix as f64,
+            "every request with engine {i}'s prefix is a tier-1.5 hit there: {after}"
+        );
+    }
+    assert_eq!(delta(overlap), 2.0 * per_prefix as f64, "{after}");
+}
+
+/// Issue 15: P/D on the TLS frontend. A `security: 1` P/D rule over two real `vllm-sim` engines
+/// (producer, consumer): a completion over TLS with HTTP/2, then one with HTTP/1.1, each runs
+/// the prefill leg on the producer and the decode leg, with the prefill's
+/// `kv_transfer_params`, on the consumer, under one request id; the decode endpoint answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn p_d_over_a_tls_h2_frontend_runs_the_prefill_then_the_decode() {
+    use loxi_tests::http::{client, full};
+    let tok = tempfile::tempdir().expect("tmp");
+    loxi_tests::kv::stage_tiny_tokenizer(tok.path());
+    let sim = async |role: &str| {
+        let mut cmd = loxi_tests::sim::Sim::command();
+        cmd.args(["--model", "tiny", "--host", "127.0.0.1", "--port", "0"])
+            .arg("--tokenizer-dir")
+            .arg(tok.path())
+            .args(["--block-size", "16", "--kv-role", role])
+            .args(["--time-scale", "0.05"]);
+        loxi_tests::sim::Sim::spawn(cmd).await
+    };
+    let (pre, dec) = (sim("producer").await, sim("consumer").await);
+    let d = Daemon::start_default().await;
+    let ca = Ca::new();
+    assert_eq!(
+        post_cert(&d, Some("pd"), &ca.leaf(&["pd.test"])).await.0,
+        201
+    );
+    let port = free_port();
+    let rule = json!({
+        "serviceArguments": {"externalIP": "127.0.0.1", "port": port, "protocol": "tcp",
+            "mode": 4, "sel": 0, "security": 1, "host": "pd.test", "pd_disagg_mode": true},
+        "endpoints": [
+            {"endpointIP": "127.0.0.1", "targetPort": pre.port(), "ep_role": 1, "nixl_port": 5600},
+            {"endpointIP": "127.0.0.1", "targetPort": dec.port(), "ep_role": 2, "nixl_port": 0}
+        ]
+    });
+    let (s, r) = d.post_rule(&rule).await;
+    assert_eq!(s, 200, "{r}");
+
+    let c = client();
+    let log = async |addr: SocketAddr| -> Value {
+        let req = http::Request::get(format!("http://{addr}/sim/requests"))
+            .body(full(""))
+            .expect("request");
+        loxi_tests::http::send(&c, req).await.json()
+    };
+    let words: Vec<String> = (0..100).map(|i| format!("w{i}")).collect();
+    for (n, proto) in [&b"h2"[..], b"http/1.1"].iter().enumerate() {
+        let tls = connect(&ca, port, Some("pd.test"), &[proto])
+            .await
+            .expect("tls");
+        assert_eq!(alpn(&tls).as_deref(), Some(*proto));
+        let body = json!({"model": "tiny", "prompt": words.join(" "), "max_tokens": 4});
+        let (status, ep, _, text) = send(tls, "pd.test", &body.to_string()).await;
+        let what = String::from_utf8_lossy(proto);
+        assert_eq!(status, 200, "{what}: {text}");
+        assert_eq!(ep, "1", "{what}: the decode endpoint answered");
+        let v: Value = serde_json::from_str(&text).expect("json answer");
+        assert_eq!(v["usage"]["completion_tokens"], 4, "{what}: {v}");
+        let (plog, dlog) = (log(pre.addr).await, log(dec.addr).await);
+        assert_eq!(plog.as_array().map(Vec::len), Some(n + 1), "{what}: {plog}");
+        assert_eq!(dlog.as_array().map(Vec::len), Some(n + 1), "{what}: {dlog}");
+        let (p, dd) = (&plog[n], &dlog[n]);
+        assert_eq!(p["max_tokens"], 1, "{what}: the prefill leg: {p}");
+        assert_eq!(p["kv_transfer_params"]["do_remote_decode"], true, "{p}");
+        assert_eq!(dd["request_id"], p["request_id"], "{what}: one request id");
+        assert_eq!(dd["max_tokens"], 4, "{what}: {dd}");
+        let kv = &dd["kv_transfer_params"];
+        assert_eq!(kv["do_remote_prefill"], true, "{what}: {kv}");
+        assert_eq!(kv["remote_port"], pre.port(), "{what}: {kv}");
+    }
+    let m = d.metrics_text().await;
+    assert_eq!(
+        loxi_tests::http::metric(&m, "loxilb_ai_pd_requests_total", &["service=\""]),
+        2.0,
+        "{m}"
+    );
+}
