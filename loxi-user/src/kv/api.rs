@@ -276,14 +276,16 @@ async fn parity(
         members
             .iter()
             .map(|(ep_idx, ep, member)| {
-                let parity = svc.parity.lock().get(member).cloned().unwrap_or_default();
+                // `None` (no report yet) is what lets `readiness` say `no_events`.
+                let report = svc.parity.lock().get(member).cloned();
                 let readiness = readiness(
                     &svc,
                     member,
                     ep,
-                    Some(&parity),
+                    report.as_ref(),
                     state.settings.never_matched_after,
                 );
+                let parity = report.unwrap_or_default();
                 EndpointParity {
                     ep_idx,
                     endpoint_ip: ep.ip.clone(),

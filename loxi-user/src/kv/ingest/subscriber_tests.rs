@@ -399,6 +399,17 @@ async fn replay_repairs_forced_gap(layout: &str) {
         0,
     );
     p.wait_subscribed().await;
+    let replays_ok = |s: &Sub| {
+        let l = EpReasonLabels {
+            service: "1".into(),
+            ep: "0".into(),
+            reason: "ok".into(),
+        };
+        s.state.metrics.replays.get_or_create(&l).get()
+    };
+    // The connect's catch-up (of an empty buffer) ends before the first batch is sent, so
+    // batch 5 can only come back through the gap repair.
+    s.until("catch-up", |s| replays_ok(s) == 1).await;
     use rmpv::Value as V;
     let stored = |k: u64| {
         V::Map(vec![
@@ -431,12 +442,7 @@ async fn replay_repairs_forced_gap(layout: &str) {
         "layout {layout}"
     );
     assert_eq!(s.svc.index.blocks(0), 10);
-    let l = EpReasonLabels {
-        service: "1".into(),
-        ep: "0".into(),
-        reason: "ok".into(),
-    };
-    assert_eq!(s.state.metrics.replays.get_or_create(&l).get(), 1);
+    assert_eq!(replays_ok(&s), 2, "catch-up + one gap repair");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
