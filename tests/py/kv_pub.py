@@ -3,7 +3,8 @@
 
 Binds an XPUB (behaves as vLLM's PUB; XPUB only adds subscription notifications so tests can
 wait for the subscriber instead of sleeping) on <host>:<port> (default 127.0.0.1) and, with --replay, a ROUTER
-that answers vLLM's replay protocol from the buffer of sent batches:
+that answers vLLM's replay protocol from the buffer of sent batches (after --replay-delay-ms,
+so tests can watch a subscriber catching up):
   request  [identity, b"", start_seq (8 bytes BE)]
   replies  [identity, b"", topic, seq, payload] per batch >= start  (--layout 3, vLLM 0.32)
            [identity, b"", seq, payload]                           (--layout 2, older engines)
@@ -34,6 +35,7 @@ def main():
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--replay", action="store_true")
     ap.add_argument("--replay-port", type=int, default=0)
+    ap.add_argument("--replay-delay-ms", type=int, default=0)
     ap.add_argument("--layout", type=int, default=3, choices=[2, 3])
     args = ap.parse_args()
 
@@ -88,6 +90,7 @@ def main():
                 if router is not None and router in events:
                     ident, _empty, start = router.recv_multipart()
                     start = int.from_bytes(start, "big")
+                    time.sleep(args.replay_delay_ms / 1000)
                     for seq, topic, payload in state["buffer"]:
                         if seq >= start:
                             s = seq.to_bytes(8, "big")

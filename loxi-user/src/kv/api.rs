@@ -8,7 +8,7 @@
 //!   index, IP, block count, connected flag, per-rank stream status (connected, last seq) and
 //!   the held block hashes (u64, oldest first per rank).
 //! - `GET /netlox/v1/config/ai/kv/parity?service_id=N` — the rule's hash contract and, for
-//!   EVERY endpoint of the rule (rule order): its readiness `state` (`no_events`,
+//!   EVERY endpoint of the rule (rule order): its readiness `state` (`syncing`, `no_events`,
 //!   `events_no_tokens`, `ok`, `mismatch` with its `leg`, `never_matched`, `not_subscribed`;
 //!   `kv::readiness`) and `remedy`, the parity verdict (`unknown`/`ok`/`mismatch`), blocks
 //!   checked, mismatched and unverified, the diagnosis, block-size rejections and whether
@@ -276,14 +276,16 @@ async fn parity(
         members
             .iter()
             .map(|(ep_idx, ep, member)| {
-                let parity = svc.parity.lock().get(member).cloned().unwrap_or_default();
+                // `None` (no report yet) is what lets `readiness` say `no_events`.
+                let report = svc.parity.lock().get(member).cloned();
                 let readiness = readiness(
                     &svc,
                     member,
                     ep,
-                    Some(&parity),
+                    report.as_ref(),
                     state.settings.never_matched_after,
                 );
+                let parity = report.unwrap_or_default();
                 EndpointParity {
                     ep_idx,
                     endpoint_ip: ep.ip.clone(),

@@ -161,3 +161,45 @@ async fn parity_report_shows_block_size_mismatch() {
         ]
     );
 }
+
+/// A P/D rule in exact mode 1: the report lists the decode endpoints (not followed by tier
+/// 1.5) as `not_subscribed`, the prefill endpoint as `no_events`, then `syncing` while its
+/// stream catches up from the replay socket.
+#[tokio::test]
+async fn parity_report_lists_decode_endpoints_not_subscribed_and_a_catching_up_one_syncing() {
+    let (st, _reg) = state(KvSettings::default());
+    let svc = st
+        .service(&rule(
+            5,
+            3,
+            serde_json::json!({"kvExactMode": 1, "pd_disagg_mode": true, "ep_roles": [0, 1, 2]}),
+        ))
+        .expect("kv rule");
+    let addr = serve(st.clone()).await;
+    let states = |v: &serde_json::Value| -> Vec<String> {
+        v["endpoints"]
+            .as_array()
+            .expect("endpoints")
+            .iter()
+            .map(|e| e["state"].as_str().expect("state").to_owned())
+            .collect()
+    };
+    let (code, v) = get_json(addr, "/netlox/v1/config/ai/kv/parity?service_id=5").await;
+    assert_eq!(code, 200);
+    assert_eq!(
+        states(&v),
+        vec!["not_subscribed", "no_events", "not_subscribed"]
+    );
+    svc.set_syncing(1, 0, true);
+    let (_, v) = get_json(addr, "/netlox/v1/config/ai/kv/parity?service_id=5").await;
+    assert_eq!(
+        states(&v),
+        vec!["not_subscribed", "syncing", "not_subscribed"]
+    );
+    assert!(
+        v["endpoints"][1]["remedy"]
+            .as_str()
+            .is_some_and(|r| r.contains("replay socket")),
+        "{v}"
+    );
+}

@@ -38,6 +38,7 @@ pub struct EpLabels {
 /// Every endpoint readiness state (`kv::readiness`), the `state` label values of
 /// `loxilb_kv_endpoint_readiness`.
 pub const READINESS_STATES: &[&str] = &[
+    "syncing",
     "no_events",
     "events_no_tokens",
     "ok",
@@ -264,7 +265,7 @@ impl KvMetrics {
         );
         r.register(
             "loxilb_kv_endpoint_readiness",
-            "Endpoint readiness state (1 = current): no_events, events_no_tokens, ok, mismatch, never_matched, not_subscribed",
+            "Endpoint readiness state (1 = current): syncing, no_events, events_no_tokens, ok, mismatch, never_matched, not_subscribed",
             m.readiness.clone(),
         );
         r.register(

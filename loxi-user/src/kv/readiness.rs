@@ -5,6 +5,8 @@
 //!
 //! States, first match wins:
 //! - `not_subscribed`: tier 1.5 does not follow its events (a decode endpoint of a P/D rule).
+//! - `syncing`: one of its ranks connected and is replaying, from the engine's replay socket
+//!   (rule or endpoint `kvReplayPort`), what the engine still holds; until that catch-up ends.
 //! - `no_events`: no event batch applied from any of its ranks yet.
 //! - `mismatch`: the parity check found the engine's hashes differ (with the `leg`: `seed`,
 //!   `algorithm`, `block_size`, `unknown`, and the remedy, e.g. "set
@@ -18,8 +20,6 @@
 //!   disagreement).
 //! - `events_no_tokens`: events arrive but none carried token ids, so parity is unchecked.
 //!
-//! Not implemented: `syncing` (a replay port's catch-up on start): the subscriber replays only
-//! gaps it sees in sequence numbers.
 
 use serde::Serialize;
 
@@ -53,6 +53,18 @@ pub fn readiness(
     let r = |state, leg, remedy: Option<String>| Readiness { state, leg, remedy };
     if !ep.subscribed {
         return r("not_subscribed", None, None);
+    }
+    if svc
+        .streams
+        .lock()
+        .iter()
+        .any(|((m, _), st)| *m == member && st.syncing)
+    {
+        return r(
+            "syncing",
+            None,
+            Some("replaying the engine's held blocks from its replay socket; wait".into()),
+        );
     }
     let seen = p.is_some()
         || svc

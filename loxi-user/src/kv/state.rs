@@ -31,6 +31,9 @@ pub struct StreamStatus {
     pub connected: bool,
     /// Last sequence number applied.
     pub last_seq: Option<u64>,
+    /// A catch-up replay (on connect, with a replay port) is under way: the endpoint is
+    /// reported `syncing`.
+    pub syncing: bool,
 }
 
 /// What the zero-hit watchdog knows of one endpoint.
@@ -203,6 +206,15 @@ impl ServiceKv {
         if up {
             self.warm_start.get_or_init(Instant::now);
         }
+    }
+
+    /// Marks stream (`member`, `rank`) as catching up from the replay socket (`true`) or done.
+    pub fn set_syncing(&self, member: Member, rank: u32, syncing: bool) {
+        self.streams
+            .lock()
+            .entry((member, rank))
+            .or_default()
+            .syncing = syncing;
     }
 
     /// True while `kvWarmupSec` has not elapsed since the first subscriber connected (or none

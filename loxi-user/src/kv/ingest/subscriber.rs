@@ -13,6 +13,17 @@
 //! `reconnect` after the first), each `SocketEvent::Disconnected` (EOF, reset or a ZMTP decode
 //! error) sets it to 0 and counts one `recv_error`.
 //!
+//! Startup replay: with a replay port (rule or endpoint `kvReplayPort`), every `Connected`
+//! (the first connect and each reconnect) first asks the engine's replay ROUTER for what it
+//! still buffers from the next expected seq (0 on the first connect), applies it in order
+//! (duplicates dropped, a gap repaired or cleared as for live batches) and only then reads the
+//! SUB socket; meanwhile the stream is marked `syncing` (`kv::readiness`). Live batches the SUB
+//! socket queued during the catch-up with a seq the replay already covered are dropped as
+//! duplicates for `replay_timeout` after it (later a lower seq means an engine restart again).
+//! Counted in `loxilb_kv_replays_total{reason="ok"|"failed"}` like gap repairs. The protocol is
+//! vLLM's (`vllm/distributed/kv_events.py`, `ZmqEventPublisher._service_replay`): the ROUTER
+//! answers every buffered batch with seq >= start, then an end marker of seq -1 (`ff×8`).
+//!
 //! Never dies on input: a message with the wrong frame count or seq width is counted
 //! (`loxilb_kv_events_rejected_total{reason="frame"}`), an undecodable payload likewise
 //! (`reason="batch"`), bad events inside a batch per event. Only cancellation ends the task.
@@ -79,6 +90,9 @@ pub struct Stream {
     timing: StreamTiming,
     seq: SeqTracker,
     ever_connected: bool,
+    /// After a catch-up: the last seq it applied and until when queued live batches at or
+    /// below it are duplicates, not a restart.
+    replayed_through: Option<(u64, tokio::time::Instant)>,
 }
 
 impl Stream {
@@ -97,6 +111,7 @@ impl Stream {
             timing,
             seq,
             ever_connected: false,
+            replayed_through: None,
         }
     }
 
@@ -152,6 +167,8 @@ impl Stream {
                 }
             }
         }
+        self.svc
+            .set_syncing(self.addr.member, self.addr.rank, false);
         self.set_up(false);
     }
 
@@ -168,7 +185,12 @@ impl Stream {
                 ev = events.next() => match ev {
                     Some(ev) => {
                         match ev {
-                            SocketEvent::Connected(..) => down_since = None,
+                            SocketEvent::Connected(..) => {
+                                down_since = None;
+                                self.on_event(ev);
+                                self.catch_up().await;
+                                continue;
+                            }
                             SocketEvent::Disconnected(_) => {
                                 down_since.get_or_insert_with(tokio::time::Instant::now);
                             }
@@ -237,8 +259,58 @@ impl Stream {
         }
     }
 
+    /// Replays, from the replay socket, what the engine still buffers from the next expected
+    /// seq (0 before any batch) and applies it; the stream is `syncing` meanwhile. No-op
+    /// without a replay port.
+    async fn catch_up(&mut self) {
+        let Some(addr) = self.addr.replay.clone() else {
+            return;
+        };
+        self.svc.set_syncing(self.addr.member, self.addr.rank, true);
+        let from = self.seq.last().map_or(0, |l| l + 1);
+        let got = replay::fetch(&addr, from, self.timing.replay_timeout).await;
+        let ok = match got {
+            Ok(batches) => {
+                for b in batches.iter().filter(|b| b.seq >= from) {
+                    if self.seq.last().is_some_and(|l| b.seq <= l) {
+                        continue;
+                    }
+                    self.on_batch(b.seq, &b.payload).await;
+                }
+                tracing::info!(
+                    service = self.svc.id,
+                    member = self.addr.member,
+                    from,
+                    batches = batches.len(),
+                    "kv subscriber caught up from the replay socket"
+                );
+                true
+            }
+            Err(e) => {
+                tracing::info!(service = self.svc.id, member = self.addr.member, error = %e, "kv startup replay failed; following live events only");
+                false
+            }
+        };
+        let reason = if ok { "ok" } else { "failed" };
+        if let Some(l) = self.reason_labels(reason) {
+            self.state.metrics.replays.get_or_create(&l).inc();
+        }
+        self.replayed_through = self
+            .seq
+            .last()
+            .map(|l| (l, tokio::time::Instant::now() + self.timing.replay_timeout));
+        self.svc
+            .set_syncing(self.addr.member, self.addr.rank, false);
+    }
+
     /// Applies one received batch under the sequence rules.
     pub async fn on_batch(&mut self, seq: u64, payload: &[u8]) {
+        if let Some((through, until)) = self.replayed_through {
+            if seq <= through && tokio::time::Instant::now() < until {
+                return;
+            }
+            self.replayed_through = None;
+        }
         match self.seq.classify(seq) {
             SeqAction::Duplicate => return,
             SeqAction::Apply => {}

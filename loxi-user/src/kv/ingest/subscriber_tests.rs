@@ -399,6 +399,17 @@ async fn replay_repairs_forced_gap(layout: &str) {
         0,
     );
     p.wait_subscribed().await;
+    let replays_ok = |s: &Sub| {
+        let l = EpReasonLabels {
+            service: "1".into(),
+            ep: "0".into(),
+            reason: "ok".into(),
+        };
+        s.state.metrics.replays.get_or_create(&l).get()
+    };
+    // The connect's catch-up (of an empty buffer) ends before the first batch is sent, so
+    // batch 5 can only come back through the gap repair.
+    s.until("catch-up", |s| replays_ok(s) == 1).await;
     use rmpv::Value as V;
     let stored = |k: u64| {
         V::Map(vec![
@@ -431,12 +442,7 @@ async fn replay_repairs_forced_gap(layout: &str) {
         "layout {layout}"
     );
     assert_eq!(s.svc.index.blocks(0), 10);
-    let l = EpReasonLabels {
-        service: "1".into(),
-        ep: "0".into(),
-        reason: "ok".into(),
-    };
-    assert_eq!(s.state.metrics.replays.get_or_create(&l).get(), 1);
+    assert_eq!(replays_ok(&s), 2, "catch-up + one gap repair");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -767,4 +773,64 @@ async fn unreproducible_extra_keys_over_pyzmq_keep_a_correct_engine_ok() {
     );
     assert!(s.held().contains(&0xfeed_0001) && s.held().contains(&0xfeed_0002));
     assert_eq!(s.svc.index.blocks(0), 12);
+}
+
+/// The engine published batches 0..=4 (keys 200..=203, and key 204 stored then removed by
+/// batch 4) before any subscriber existed: a subscriber started afterwards with the replay
+/// port replays them on connect instead of waiting, holds exactly 200..=203, reports
+/// `syncing` while the (delayed) replay runs, then the events state; a later live batch
+/// continues the sequence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscriber_started_after_the_engine_published_replays_what_it_holds() {
+    use rmpv::Value as V;
+    let mut p = Pub::start(&["--replay", "--replay-delay-ms", "600"]).await;
+    for seq in 0..4u64 {
+        p.send(seq, &stored_batch(&[200 + seq, 210 + seq], 16))
+            .await;
+    }
+    let removed = |keys: &[u64]| {
+        V::Array(vec![
+            V::from("BlockRemoved"),
+            V::Array(keys.iter().map(|k| V::from(*k)).collect()),
+        ])
+    };
+    let batch4 = msgpack(&V::Array(vec![
+        V::F64(0.0),
+        V::Array(vec![removed(&[210, 211, 212, 213])]),
+    ]));
+    p.send(4, &batch4).await;
+    let s = Sub::start(
+        &p,
+        serde_json::json!({"kvReplayPort": p.replay_port}),
+        KvSettings::default(),
+        64,
+    );
+    let state_now = |s: &Sub| {
+        let members = s.svc.members.read();
+        let (_, ep, m) = members.iter().next().expect("one endpoint");
+        let par = s.svc.parity.lock().get(m).cloned();
+        crate::kv::readiness::readiness(&s.svc, m, ep, par.as_ref(), 20).state
+    };
+    assert_eq!(state_now(&s), "no_events");
+    s.until("syncing", |s| state_now(s) == "syncing").await;
+    assert_eq!(
+        s.last_seq(),
+        None,
+        "nothing applied before the replay answers"
+    );
+    s.until("caught up", |s| state_now(s) != "syncing").await;
+    assert_eq!(state_now(&s), "events_no_tokens");
+    assert_eq!(s.last_seq(), Some(4));
+    assert_eq!(s.held(), HashSet::from([200, 201, 202, 203]));
+    assert_eq!(s.svc.index.blocks(0), 4);
+    let l = EpReasonLabels {
+        service: "1".into(),
+        ep: "0".into(),
+        reason: "ok".into(),
+    };
+    assert_eq!(s.state.metrics.replays.get_or_create(&l).get(), 1);
+    p.wait_subscribed().await;
+    p.send(5, &stored_batch(&[205], 16)).await;
+    s.until("seq 5", |s| s.last_seq() == Some(5)).await;
+    assert_eq!(s.held(), HashSet::from([200, 201, 202, 203, 205]));
 }
