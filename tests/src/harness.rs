@@ -409,6 +409,36 @@ impl Daemon {
         self.post_rule_raw(&rule.to_string()).await
     }
 
+    /// Posts a mode-4 `sel: 0` rule on a free loopback port in front of `backend_ports`
+    /// (127.0.0.1) with the KV tier role-less (`kvExactMode: 3`, 32-token blocks,
+    /// `sha256_cbor`), asserts 200 and waits (10 s at most) until its listener accepts.
+    /// Returns the VIP address.
+    pub async fn post_kv_pool_rule(&self, backend_ports: &[u16]) -> SocketAddr {
+        let port = free_port();
+        let endpoints: Vec<_> = backend_ports
+            .iter()
+            .map(|p| serde_json::json!({"endpointIP": "127.0.0.1", "targetPort": p}))
+            .collect();
+        let (status, body) = self
+            .post_rule(&serde_json::json!({
+                "serviceArguments": {"externalIP": "127.0.0.1", "port": port, "mode": 4, "sel": 0,
+                    "kvExactMode": 3, "kvBlockSize": 32, "kvHashAlgo": "sha256_cbor"},
+                "endpoints": endpoints,
+            }))
+            .await;
+        assert_eq!(status, 200, "{body}");
+        let vip: SocketAddr = ([127, 0, 0, 1], port).into();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while tokio::net::TcpStream::connect(vip).await.is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "listener never opened"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        vip
+    }
+
     /// Like [`Daemon::post_rule`] with a raw body (for malformed JSON tests).
     pub async fn post_rule_raw(&self, body: &str) -> (u16, serde_json::Value) {
         let (status, text) = self

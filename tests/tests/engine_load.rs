@@ -13,10 +13,9 @@
 //! 1's families are reported missing (never read as 0), endpoint 0's values are exported.
 
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use loxi_tests::backend::Backend;
-use loxi_tests::harness::{Daemon, DaemonOpts, free_port};
+use loxi_tests::harness::{Daemon, DaemonOpts};
 use loxi_tests::http::{client, full, metric, send};
 use loxi_tests::kv::stage_tiny_tokenizer;
 use serde_json::json;
@@ -74,28 +73,9 @@ async fn scenario(interval_ms: Option<&str>) -> ([usize; 2], String) {
         opts = opts.env("LOXI_ENGINE_METRICS_INTERVAL_MS", ms);
     }
     let d = Daemon::start(opts).await;
-    let port = free_port();
-    let endpoints: Vec<_> = backends
-        .iter()
-        .map(|b| json!({"endpointIP": "127.0.0.1", "targetPort": b.port()}))
-        .collect();
-    let (status, body) = d
-        .post_rule(&json!({
-            "serviceArguments": {"externalIP": "127.0.0.1", "port": port, "mode": 4, "sel": 0,
-                "kvExactMode": 3, "kvBlockSize": 32, "kvHashAlgo": "sha256_cbor"},
-            "endpoints": endpoints,
-        }))
+    let vip = d
+        .post_kv_pool_rule(&backends.iter().map(Backend::port).collect::<Vec<_>>())
         .await;
-    assert_eq!(status, 200, "{body}");
-    let vip: SocketAddr = ([127, 0, 0, 1], port).into();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while tokio::net::TcpStream::connect(vip).await.is_err() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "listener never opened"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
     if interval_ms.is_some() {
         // The first scrape has landed: endpoint 0's queue is known.
         d.wait_metric(

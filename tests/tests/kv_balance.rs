@@ -12,7 +12,7 @@ use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use loxi_tests::backend::Backend;
-use loxi_tests::harness::{Daemon, DaemonOpts, free_port};
+use loxi_tests::harness::{Daemon, DaemonOpts};
 use serde_json::json;
 
 const REQUESTS: usize = 512;
@@ -55,31 +55,10 @@ async fn unique_prompts_spread_evenly_and_every_one_misses_as_no_worker() {
     // is not what this test is about, so it holds them all.
     .env("LOXI_KV_TOKENIZE_QUEUE", "1024");
     let d = Daemon::start(opts).await;
-    let port = free_port();
-    let endpoints: Vec<_> = backends
-        .iter()
-        .map(|b| json!({"endpointIP": "127.0.0.1", "targetPort": b.port()}))
-        .collect();
-    let (status, body) = d
-        .post_rule(&json!({
-            "serviceArguments": {"externalIP": "127.0.0.1", "port": port, "mode": 4, "sel": 0,
-                "kvExactMode": 3, "kvBlockSize": 32, "kvHashAlgo": "sha256_cbor"},
-            "endpoints": endpoints,
-        }))
+    let vip = d
+        .post_kv_pool_rule(&backends.iter().map(Backend::port).collect::<Vec<_>>())
         .await;
-    assert_eq!(status, 200, "{body}");
-    // The listener opens asynchronously after the rule is stored.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .is_err()
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "listener never opened"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    let port = vip.port();
 
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let mut tasks = tokio::task::JoinSet::new();

@@ -17,7 +17,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use loxi_tests::backend::Backend;
-use loxi_tests::harness::{Daemon, DaemonOpts, free_port};
+use loxi_tests::harness::{Daemon, DaemonOpts};
 use loxi_tests::http::{client, full, metric, send};
 use loxi_tests::kv::stage_tiny_tokenizer;
 use serde_json::json;
@@ -61,28 +61,9 @@ async fn scenario(law: Option<&str>) -> ([usize; 3], String) {
         opts = opts.env("LOXILB_KV_LB_MODE", law);
     }
     let d = Daemon::start(opts).await;
-    let port = free_port();
-    let endpoints: Vec<_> = backends
-        .iter()
-        .map(|b| json!({"endpointIP": "127.0.0.1", "targetPort": b.port()}))
-        .collect();
-    let (status, body) = d
-        .post_rule(&json!({
-            "serviceArguments": {"externalIP": "127.0.0.1", "port": port, "mode": 4, "sel": 0,
-                "kvExactMode": 3, "kvBlockSize": 32, "kvHashAlgo": "sha256_cbor"},
-            "endpoints": endpoints,
-        }))
+    let vip = d
+        .post_kv_pool_rule(&backends.iter().map(Backend::port).collect::<Vec<_>>())
         .await;
-    assert_eq!(status, 200, "{body}");
-    let vip: SocketAddr = ([127, 0, 0, 1], port).into();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while tokio::net::TcpStream::connect(vip).await.is_err() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "listener never opened"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 
     // A: nobody holds anything yet (a `no_worker` miss, the rule's round robin decides).
     let a = tokio::spawn(complete(vip, prompt("a", 300), 1500));
