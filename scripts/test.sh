@@ -11,7 +11,7 @@ cargo test --release --workspace --no-fail-fast -- --test-threads="${LOXI_TEST_T
 # The routing benchmark end to end (a vllm-sim fleet and one loxilb per policy, a timed hit-rate
 # comparison): ignored by plain `cargo test`, run here as a step of its own, alone on the machine,
 # with the binaries the step above built.
-cargo test --release -p loxi-bench --test bench_routing -- --ignored
+cargo test --release -p loxi-bench --test bench_routing --test bench_gateway -- --ignored
 # House lints: formatting and clippy (warnings are errors) over every target of the workspace.
 cargo fmt --all --check
 cargo clippy --release --workspace --all-targets -q -- -D warnings

@@ -187,7 +187,9 @@ fn pd_args(fleet: &Fleet) -> Vec<String> {
     ]
 }
 
-async fn create_rule(
+/// Creates the rule of `kind` over `fleet` on the daemon at `127.0.0.1:api_port` with
+/// `loxicmd create lb` (VIP `127.0.0.1:vip_port`). Errors carry loxicmd's output.
+pub async fn create_rule(
     spec: &GatewaySpec,
     kind: &RuleKind,
     fleet: &Fleet,

@@ -8,11 +8,13 @@
 //! - [`runner`], [`client`]: concurrent replay and per-request timing.
 //! - [`scrape`]: Prometheus text. [`stats`]: percentiles. [`oracle`]: the offline bound.
 //! - [`report`], [`chart`], [`glyphs`]: Markdown, `summary.json`, PNG.
+//! - [`gateway_load`]: the `bench-gateway` binary's pieces (KV-routed requests per loxilb core).
 
 pub mod chart;
 pub mod client;
 pub mod fleet;
 pub mod gateway;
+pub mod gateway_load;
 pub mod glyphs;
 pub mod oracle;
 pub mod peers;

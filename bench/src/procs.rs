@@ -43,6 +43,11 @@ impl Proc {
         })
     }
 
+    /// The process id (`None` once it has been reaped).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
     /// `Some(status)` when the process has exited.
     pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
         self.child.try_wait().ok().flatten()
