@@ -10,6 +10,8 @@
 pub mod parse;
 pub mod stage;
 pub mod store;
+#[cfg(test)]
+pub(crate) mod testutil;
 
 use std::sync::Arc;
 

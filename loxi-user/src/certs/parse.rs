@@ -222,17 +222,7 @@ mod tests {
     }
 
     fn pem_for(names: &[&str], not_after: time::OffsetDateTime) -> CertPem {
-        let mut params =
-            rcgen::CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
-                .expect("params");
-        params.not_after = not_after;
-        let key = rcgen::KeyPair::generate().expect("key");
-        let cert = params.self_signed(&key).expect("cert");
-        CertPem {
-            cert_pem: cert.pem(),
-            key_pem: key.serialize_pem(),
-            chain_pem: None,
-        }
+        crate::certs::testutil::self_signed(names, Some(not_after))
     }
 
     fn in_days(d: i64) -> time::OffsetDateTime {

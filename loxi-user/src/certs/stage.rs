@@ -68,11 +68,9 @@ mod tests {
 
     fn write_pair(dir: &Path, name: &str) {
         std::fs::create_dir_all(dir).expect("dir");
-        let params = rcgen::CertificateParams::new(vec![name.to_string()]).expect("params");
-        let key = rcgen::KeyPair::generate().expect("key");
-        let cert = params.self_signed(&key).expect("cert");
-        std::fs::write(dir.join("server.crt"), cert.pem()).expect("crt");
-        std::fs::write(dir.join("server.key"), key.serialize_pem()).expect("key");
+        let pem = crate::certs::testutil::self_signed(&[name], None);
+        std::fs::write(dir.join("server.crt"), pem.cert_pem).expect("crt");
+        std::fs::write(dir.join("server.key"), pem.key_pem).expect("key");
     }
 
     #[test]

@@ -263,16 +263,7 @@ mod tests {
     use super::*;
 
     fn pem(names: &[&str]) -> CertPem {
-        let params =
-            rcgen::CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
-                .expect("params");
-        let key = rcgen::KeyPair::generate().expect("key");
-        let cert = params.self_signed(&key).expect("cert");
-        CertPem {
-            cert_pem: cert.pem(),
-            key_pem: key.serialize_pem(),
-            chain_pem: None,
-        }
+        crate::certs::testutil::self_signed(names, None)
     }
 
     #[test]

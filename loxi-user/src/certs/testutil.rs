@@ -1,0 +1,21 @@
+//! Test certificates (compiled for tests only).
+
+use super::CertPem;
+
+/// A fresh self-signed certificate (new P-256 key) for the DNS `names`, valid until
+/// `not_after` (rcgen's default, far in the future, when `None`).
+pub fn self_signed(names: &[&str], not_after: Option<time::OffsetDateTime>) -> CertPem {
+    let mut params =
+        rcgen::CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+            .expect("params");
+    if let Some(t) = not_after {
+        params.not_after = t;
+    }
+    let key = rcgen::KeyPair::generate().expect("key");
+    let cert = params.self_signed(&key).expect("cert");
+    CertPem {
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+        chain_pem: None,
+    }
+}
