@@ -7,13 +7,12 @@
 //! - [`fleet`], [`gateway`], [`peers`], [`procs`]: the processes.
 //! - [`runner`], [`client`]: concurrent replay and per-request timing.
 //! - [`scrape`]: Prometheus text. [`stats`]: percentiles. [`oracle`]: the offline bound.
-//! - [`report`], [`chart`], [`glyphs`]: Markdown, `summary.json`, PNG.
+//! - [`report`], [`chart`]: Markdown, `summary.json`, verdicts, PNG.
 
 pub mod chart;
 pub mod client;
 pub mod fleet;
 pub mod gateway;
-pub mod glyphs;
 pub mod oracle;
 pub mod peers;
 pub mod plan;
