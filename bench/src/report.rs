@@ -173,13 +173,28 @@ fn factor(x: f64) -> String {
     }
 }
 
+/// The last `max` characters of `s` (an error's end says what failed), `…`-prefixed when cut.
+fn tail(s: &str, max: usize) -> String {
+    let n = s.chars().count();
+    if n <= max {
+        return s.to_string();
+    }
+    let cut: String = s.chars().skip(n - max).collect();
+    format!("…{}", cut.trim_start())
+}
+
 /// One policy's verdict against `baseline` (round robin's row, if it ran) and the oracle bound:
 /// `kv: TTFT p99 7.3× lower than rr (104.9 vs 765.2 ms), hit rate 94.7 % (oracle 95.4 %)`.
 /// The ratio is `baseline p99 / p99` when lower, `p99 / baseline p99` ("higher") when not;
-/// failed policies, missing numbers and failed requests are said as such.
+/// failed policies (with the last 200 characters of their error), missing numbers and failed
+/// requests are said as such.
 pub fn verdict(r: &PolicyResult, baseline: Option<&PolicyResult>, oracle: Option<f64>) -> String {
     if let Some(err) = &r.error {
-        return format!("{}: failed ({})", r.policy, err.replace('\n', " "));
+        return format!(
+            "{}: failed ({})",
+            r.policy,
+            tail(&err.replace('\n', " "), 200)
+        );
     }
     let p99 = r.ttft_ms.map(|q| q.p99);
     let base = baseline.filter(|b| b.policy != r.policy && b.error.is_none());
@@ -281,5 +296,72 @@ mod tests {
             "{md}"
         );
         assert!(md.contains("| oracle (bound) | 90.0% |"), "{md}");
+    }
+
+    fn row(policy: &str, hit: f64, p99: f64) -> PolicyResult {
+        PolicyResult {
+            policy: policy.into(),
+            requests: 1200,
+            ok: 1200,
+            prefix_hit_rate: Some(hit),
+            ttft_ms: Some(Quantiles {
+                p50: 30.0,
+                p90: p99,
+                p99,
+            }),
+            ..PolicyResult::default()
+        }
+    }
+
+    #[test]
+    fn verdicts_compare_p99_with_rr_and_hit_rate_with_the_oracle() {
+        let mut slow = row("vllm-router-kv_aware", 0.45, 1530.4);
+        slow.ok = 1190;
+        let results = [
+            row("rr", 0.449, 765.2),
+            row("kv", 0.947, 104.9),
+            row("chwbl", 0.919, 98.4),
+            slow,
+            row("kv-big", 0.95, 0.5),
+            PolicyResult::failed("sglang-router-cache_aware", "pip\nfailed".into()),
+        ];
+        let v = verdicts(&results, Some(0.954));
+        assert_eq!(
+            v[0],
+            "rr: TTFT p99 765.2 ms (the baseline), hit rate 44.9 % (oracle 95.4 %)"
+        );
+        assert_eq!(
+            v[1],
+            "kv: TTFT p99 7.3× lower than rr (104.9 vs 765.2 ms), hit rate 94.7 % (oracle 95.4 %)"
+        );
+        assert!(
+            v[2].starts_with("chwbl: TTFT p99 7.8× lower than rr"),
+            "{}",
+            v[2]
+        );
+        assert_eq!(
+            v[3],
+            "vllm-router-kv_aware: TTFT p99 2.0× higher than rr (1530.4 vs 765.2 ms), hit rate 45.0 % (oracle 95.4 %); 10 of 1200 requests failed"
+        );
+        assert!(v[4].contains("1530× lower than rr"), "{}", v[4]);
+        assert_eq!(v[5], "sglang-router-cache_aware: failed (pip failed)");
+        let long = format!(
+            "{} Address already in use (os error 98)",
+            "backtrace ".repeat(100)
+        );
+        let v = verdict(&PolicyResult::failed("p", long), None, None);
+        assert!(
+            v.starts_with("p: failed (…") && v.ends_with("(os error 98))"),
+            "{v}"
+        );
+        assert!(v.chars().count() < 220, "{v}");
+        // Without an rr row (or with rr failed) nothing is compared, and without an oracle no bound.
+        let alone = verdicts(&results[1..2], None);
+        assert_eq!(
+            alone,
+            ["kv: TTFT p99 104.9 ms (no rr row to compare with), hit rate 94.7 %"]
+        );
+        let md = markdown("shared_prefix", &results, Some(0.954));
+        assert!(md.contains("\n- kv: TTFT p99 7.3× lower than rr"), "{md}");
     }
 }
