@@ -795,6 +795,21 @@ mod tests {
     }
 
     #[test]
+    fn fontconfig_resolves_dejavu_and_rejects_a_substitute() {
+        // scripts/setup.sh installs fontconfig and fonts-dejavu-core.
+        let p = fc_match("DejaVu Sans").expect("fc-match knows DejaVu Sans");
+        assert_eq!(
+            p.file_name().and_then(|f| f.to_str()),
+            Some("DejaVuSans.ttf")
+        );
+        assert_eq!(
+            fc_match("No Such Family 4711"),
+            None,
+            "substitutes are not accepted"
+        );
+    }
+
+    #[test]
     fn ttft_axis_goes_logarithmic_over_a_wide_range() {
         let wide = Scale::fit(31.5, 5518.0);
         assert!(wide.log);
