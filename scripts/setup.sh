@@ -26,6 +26,9 @@ missing=()
 for cmd in "${!APT[@]}"; do
   command -v "$cmd" >/dev/null 2>&1 || [ -x "/usr/sbin/$cmd" ] || missing+=("${APT[$cmd]}")
 done
+# The benchmark chart's font (bench/src/chart.rs): DejaVu Sans, found through fontconfig.
+command -v fc-match >/dev/null 2>&1 || missing+=(fontconfig)
+[ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || missing+=(fonts-dejavu-core)
 if [ ${#missing[@]} -gt 0 ]; then
   log "apt: installing ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive

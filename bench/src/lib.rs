@@ -7,7 +7,7 @@
 //! - [`fleet`], [`gateway`], [`peers`], [`procs`]: the processes.
 //! - [`runner`], [`client`]: concurrent replay and per-request timing.
 //! - [`scrape`]: Prometheus text. [`stats`]: percentiles. [`oracle`]: the offline bound.
-//! - [`report`], [`chart`], [`glyphs`]: Markdown, `summary.json`, PNG.
+//! - [`report`], [`chart`]: Markdown, `summary.json`, verdicts, PNG.
 //! - [`gateway_load`]: the `bench-gateway` binary's pieces (KV-routed requests per loxilb core).
 
 pub mod chart;
@@ -15,7 +15,6 @@ pub mod client;
 pub mod fleet;
 pub mod gateway;
 pub mod gateway_load;
-pub mod glyphs;
 pub mod oracle;
 pub mod peers;
 pub mod plan;

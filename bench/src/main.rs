@@ -303,7 +303,7 @@ fn write_outputs(out: &Path, results: &[WorkloadResult]) -> Result<String> {
             e["workload"] = serde_json::json!(w.workload);
             summary.push(e);
         }
-        let title = format!("WORKLOAD {}", w.workload);
+        let title = format!("Workload {}", w.workload);
         chart::draw(
             &out.join(&w.workload).join("chart.png"),
             &title,
@@ -349,6 +349,8 @@ async fn stop_signal() -> &'static str {
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
+    // The chart needs a font: refuse now rather than after minutes of benchmark.
+    chart::locate_font()?;
     std::fs::create_dir_all(&args.out).with_context(|| args.out.display().to_string())?;
     let model_dir = args
         .model_dir
@@ -377,5 +379,11 @@ async fn main() -> Result<()> {
         "metrics: {}/<workload>/metrics/ (workers' /metrics and loxilb's /netlox/v1/metrics after each policy)",
         out.display()
     );
+    for w in &results {
+        println!("verdict ({}):", w.workload);
+        for v in report::verdicts(&w.results, w.oracle_hit_rate) {
+            println!("  {v}");
+        }
+    }
     Ok(())
 }

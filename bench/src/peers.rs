@@ -70,7 +70,15 @@ pub async fn start(
     logs: &Path,
 ) -> Result<Peer, String> {
     let port = free_port(&["127.0.0.1".to_string()])?;
-    let cmd = command(name, bin, fleet, model, block_size, port)?;
+    // Both routers serve Prometheus metrics on 29000 by default, which another router on the
+    // machine may hold: give each its own port.
+    let mut metrics = free_port(&["127.0.0.1".to_string()])?;
+    while metrics == port {
+        metrics = free_port(&["127.0.0.1".to_string()])?;
+    }
+    let mut cmd = command(name, bin, fleet, model, block_size, port)?;
+    cmd.args(["--prometheus-host", "127.0.0.1", "--prometheus-port"])
+        .arg(metrics.to_string());
     let mut proc = Proc::spawn(name, cmd, logs)?;
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
     wait_tcp(addr, Duration::from_secs(60), &mut proc).await?;

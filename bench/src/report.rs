@@ -4,6 +4,9 @@
 //! `{"policy", "prefix_hit_rate" (0..1, engine-side), "ttft_p50_ms", "ttft_p99_ms",
 //! "requests_per_worker": [..], "gateway_added_p99_ms"}`, one per policy. A policy that failed to
 //! start has `null` numbers and an `"error"`; nothing is ever estimated.
+//!
+//! The verdict ([`verdicts`]): one line per policy comparing its TTFT p99 with round robin's
+//! (`rr`) and its hit rate with the oracle bound, printed under the table.
 
 use super::stats::Quantiles;
 use serde::Serialize;
@@ -150,11 +153,91 @@ pub fn markdown(workload: &str, results: &[PolicyResult], oracle: Option<f64>) -
             pct(Some(o))
         );
     }
+    s.push_str("\nVerdict (TTFT p99 against round robin, engine-side hit rate against the oracle bound):\n\n");
+    for v in verdicts(results, oracle) {
+        let _ = writeln!(s, "- {v}");
+    }
     s.push_str("\nTTFT: per request, the engine's simulated TTFT (queueing + prefill) plus the real ms the path added outside the engine, i.e. what a client of real-speed engines would see (time scaling does not magnify the gateway's real cost). engine TTFT: the workers' simulated TTFT alone, ms. client TTFT, E2E and ITL (mean inter-token latency per request: first to last token over the gaps): measured by the client, real ms ÷ time scale (so the client's and gateway's real time is magnified by 1/scale). added: real ms between the client and the engine outside the engine (`x-sim-*` headers); `direct` is the no-gateway baseline.\n");
     for r in results.iter().filter(|r| !r.notes.is_empty()) {
         let _ = writeln!(s, "- `{}`: {}", r.policy, r.notes.join("; "));
     }
     s
+}
+
+/// A ratio as a factor: one decimal below 100 (`3.4×`), none above (`145×`).
+fn factor(x: f64) -> String {
+    if x < 100.0 {
+        format!("{x:.1}×")
+    } else {
+        format!("{x:.0}×")
+    }
+}
+
+/// The last `max` characters of `s` (an error's end says what failed), `…`-prefixed when cut.
+fn tail(s: &str, max: usize) -> String {
+    let n = s.chars().count();
+    if n <= max {
+        return s.to_string();
+    }
+    let cut: String = s.chars().skip(n - max).collect();
+    format!("…{}", cut.trim_start())
+}
+
+/// One policy's verdict against `baseline` (round robin's row, if it ran) and the oracle bound:
+/// `kv: TTFT p99 7.3× lower than rr (104.9 vs 765.2 ms), hit rate 94.7 % (oracle 95.4 %)`.
+/// The ratio is `baseline p99 / p99` when lower, `p99 / baseline p99` ("higher") when not;
+/// failed policies (with the last 200 characters of their error), missing numbers and failed
+/// requests are said as such.
+pub fn verdict(r: &PolicyResult, baseline: Option<&PolicyResult>, oracle: Option<f64>) -> String {
+    if let Some(err) = &r.error {
+        return format!(
+            "{}: failed ({})",
+            r.policy,
+            tail(&err.replace('\n', " "), 200)
+        );
+    }
+    let p99 = r.ttft_ms.map(|q| q.p99);
+    let base = baseline.filter(|b| b.policy != r.policy && b.error.is_none());
+    let ttft = match (p99, base.and_then(|b| b.ttft_ms.map(|q| q.p99))) {
+        (Some(p), Some(b)) if p > 0.0 && b > 0.0 => {
+            let name = &base.map(|b| b.policy.as_str()).unwrap_or("rr");
+            if p <= b {
+                format!(
+                    "TTFT p99 {} lower than {name} ({p:.1} vs {b:.1} ms)",
+                    factor(b / p)
+                )
+            } else {
+                format!(
+                    "TTFT p99 {} higher than {name} ({p:.1} vs {b:.1} ms)",
+                    factor(p / b)
+                )
+            }
+        }
+        (Some(p), _) if r.policy == "rr" => format!("TTFT p99 {p:.1} ms (the baseline)"),
+        (Some(p), _) => format!("TTFT p99 {p:.1} ms (no rr row to compare with)"),
+        (None, _) => "no TTFT measured".into(),
+    };
+    let hit = match r.prefix_hit_rate {
+        Some(h) => format!("hit rate {:.1} %", h * 100.0),
+        None => "no hit rate measured".into(),
+    };
+    let bound = oracle
+        .map(|o| format!(" (oracle {:.1} %)", o * 100.0))
+        .unwrap_or_default();
+    let failed = if r.ok < r.requests {
+        format!("; {} of {} requests failed", r.requests - r.ok, r.requests)
+    } else {
+        String::new()
+    };
+    format!("{}: {ttft}, {hit}{bound}{failed}", r.policy)
+}
+
+/// [`verdict`] for every policy, in order, against the `rr` row of `results`.
+pub fn verdicts(results: &[PolicyResult], oracle: Option<f64>) -> Vec<String> {
+    let rr = results
+        .iter()
+        .find(|r| r.policy == "rr" && r.error.is_none());
+    results.iter().map(|r| verdict(r, rr, oracle)).collect()
 }
 
 /// Writes `text` to `dir/name`, naming the file on error.
@@ -213,5 +296,72 @@ mod tests {
             "{md}"
         );
         assert!(md.contains("| oracle (bound) | 90.0% |"), "{md}");
+    }
+
+    fn row(policy: &str, hit: f64, p99: f64) -> PolicyResult {
+        PolicyResult {
+            policy: policy.into(),
+            requests: 1200,
+            ok: 1200,
+            prefix_hit_rate: Some(hit),
+            ttft_ms: Some(Quantiles {
+                p50: 30.0,
+                p90: p99,
+                p99,
+            }),
+            ..PolicyResult::default()
+        }
+    }
+
+    #[test]
+    fn verdicts_compare_p99_with_rr_and_hit_rate_with_the_oracle() {
+        let mut slow = row("vllm-router-kv_aware", 0.45, 1530.4);
+        slow.ok = 1190;
+        let results = [
+            row("rr", 0.449, 765.2),
+            row("kv", 0.947, 104.9),
+            row("chwbl", 0.919, 98.4),
+            slow,
+            row("kv-big", 0.95, 0.5),
+            PolicyResult::failed("sglang-router-cache_aware", "pip\nfailed".into()),
+        ];
+        let v = verdicts(&results, Some(0.954));
+        assert_eq!(
+            v[0],
+            "rr: TTFT p99 765.2 ms (the baseline), hit rate 44.9 % (oracle 95.4 %)"
+        );
+        assert_eq!(
+            v[1],
+            "kv: TTFT p99 7.3× lower than rr (104.9 vs 765.2 ms), hit rate 94.7 % (oracle 95.4 %)"
+        );
+        assert!(
+            v[2].starts_with("chwbl: TTFT p99 7.8× lower than rr"),
+            "{}",
+            v[2]
+        );
+        assert_eq!(
+            v[3],
+            "vllm-router-kv_aware: TTFT p99 2.0× higher than rr (1530.4 vs 765.2 ms), hit rate 45.0 % (oracle 95.4 %); 10 of 1200 requests failed"
+        );
+        assert!(v[4].contains("1530× lower than rr"), "{}", v[4]);
+        assert_eq!(v[5], "sglang-router-cache_aware: failed (pip failed)");
+        let long = format!(
+            "{} Address already in use (os error 98)",
+            "backtrace ".repeat(100)
+        );
+        let v = verdict(&PolicyResult::failed("p", long), None, None);
+        assert!(
+            v.starts_with("p: failed (…") && v.ends_with("(os error 98))"),
+            "{v}"
+        );
+        assert!(v.chars().count() < 220, "{v}");
+        // Without an rr row (or with rr failed) nothing is compared, and without an oracle no bound.
+        let alone = verdicts(&results[1..2], None);
+        assert_eq!(
+            alone,
+            ["kv: TTFT p99 104.9 ms (no rr row to compare with), hit rate 94.7 %"]
+        );
+        let md = markdown("shared_prefix", &results, Some(0.954));
+        assert!(md.contains("\n- kv: TTFT p99 7.3× lower than rr"), "{md}");
     }
 }

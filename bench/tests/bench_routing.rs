@@ -99,9 +99,19 @@ fn bench_routing_writes_summary_table_and_chart_and_kv_beats_round_robin() {
     for row in ["| rr |", "| chwbl |", "| kv |", "| oracle (bound) |"] {
         assert!(md.contains(row), "results.md lacks {row}:\n{md}");
     }
+    assert!(
+        md.contains("\n- kv: TTFT p99 ") && md.contains("than rr (") && md.contains("(oracle "),
+        "results.md lacks the kv verdict against rr and the oracle:\n{md}"
+    );
     let png = std::fs::read(out.path().join("chart.png")).expect("chart.png");
     assert!(
         png.starts_with(b"\x89PNG\r\n\x1a\n") && png.len() > 1000,
         "not a PNG"
+    );
+    let be = |i: usize| u32::from_be_bytes([png[i], png[i + 1], png[i + 2], png[i + 3]]);
+    assert_eq!(
+        (be(16), be(20)),
+        (loxi_bench::chart::WIDTH, loxi_bench::chart::HEIGHT),
+        "chart.png dimensions"
     );
 }
