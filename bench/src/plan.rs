@@ -27,6 +27,9 @@ pub struct Plan {
     pub venv: PathBuf,
     /// Per-request timeout (real).
     pub request_timeout: Duration,
+    /// loxi gateway replicas per loxi policy (≥ 1): each its own `loxilb` with the same rule
+    /// over the same fleet; the client sends request `id` to replica `id mod replicas`.
+    pub replicas: usize,
 }
 
 /// Results of one workload.
@@ -36,8 +39,13 @@ pub struct WorkloadResult {
     pub workload: String,
     /// Requests in the workload.
     pub requests: usize,
-    /// Oracle bound (0..1), `None` if the prompts could not be tokenized.
+    /// Oracle bound (0..1) over the requests sent, `None` if the prompts could not be
+    /// tokenized.
     pub oracle_hit_rate: Option<f64>,
+    /// Requests of the workload left out of the run and of the oracle because their prompt
+    /// plus output cannot fit a worker's KV cache (the engine would refuse them), including
+    /// the later rounds of a conversation whose earlier round was left out.
+    pub excluded_requests: usize,
     /// One entry per policy, in plan order.
     pub results: Vec<PolicyResult>,
 }
@@ -45,7 +53,8 @@ pub struct WorkloadResult {
 /// A started router for one policy.
 enum Router {
     Direct,
-    Loxi(Gateway),
+    /// One or more replicas (`Plan::replicas`), in start order.
+    Loxi(Vec<Gateway>),
     Peer(Proc, String),
 }
 
@@ -53,7 +62,8 @@ impl Router {
     fn target(&self, fleet: &Fleet) -> Target {
         match self {
             Router::Direct => Target::Direct(fleet.urls()),
-            Router::Loxi(g) => Target::Gateway(g.vip.clone()),
+            Router::Loxi(gs) if gs.len() == 1 => Target::Gateway(gs[0].vip.clone()),
+            Router::Loxi(gs) => Target::Replicas(gs.iter().map(|g| g.vip.clone()).collect()),
             Router::Peer(_, url) => Target::Gateway(url.clone()),
         }
     }
@@ -61,7 +71,11 @@ impl Router {
     async fn stop(self) {
         match self {
             Router::Direct => {}
-            Router::Loxi(g) => g.proc.stop().await,
+            Router::Loxi(gs) => {
+                for g in gs {
+                    g.proc.stop().await;
+                }
+            }
             Router::Peer(p, _) => p.stop().await,
         }
     }
@@ -97,13 +111,35 @@ async fn one_workload(
 ) -> Result<WorkloadResult, String> {
     let dir = plan.out.join(&w.name);
     std::fs::create_dir_all(dir.join("metrics")).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let oracle_hit_rate = match oracle_for(plan, fleet, client, w).await {
-        Ok(r) => Some(r),
+    let usable = plan.fleet.num_gpu_blocks.saturating_sub(1);
+    let (w, excluded, oracle_hit_rate) = match tokenize_all(plan, fleet, client, w).await {
+        Ok(prompts) => {
+            let fit = Fit {
+                block_size: plan.fleet.block_size,
+                usable_blocks: usable,
+                workers: fleet.hosts.len(),
+            };
+            let (kept, excluded, rate) = fit.apply(w, &prompts);
+            (kept, excluded, Some(rate))
+        }
         Err(e) => {
-            eprintln!("[bench] oracle unavailable: {e}");
-            None
+            eprintln!("[bench] oracle unavailable (nothing excluded): {e}");
+            (w.clone(), 0, None)
         }
     };
+    if excluded > 0 {
+        eprintln!(
+            "[bench] workload {}: {excluded} requests excluded (prompt + output beyond {usable} blocks of {} tokens)",
+            w.name, plan.fleet.block_size
+        );
+    }
+    if w.requests.is_empty() {
+        return Err(format!(
+            "workload {}: every request was excluded (prompt + output beyond a worker's {usable} KV blocks); raise --num-gpu-blocks",
+            w.name
+        ));
+    }
+    let w = &w;
     eprintln!(
         "[bench] workload {}: {} requests over {:.1}s simulated; oracle {:?}",
         w.name,
@@ -128,6 +164,7 @@ async fn one_workload(
         workload: w.name.clone(),
         requests: w.requests.len(),
         oracle_hit_rate,
+        excluded_requests: excluded,
         results,
     })
 }
@@ -163,9 +200,18 @@ async fn start_router(
         }
         p => return Err(format!("unknown policy {p:?}")),
     };
-    Ok(Router::Loxi(
-        Gateway::start(&plan.gateway, &kind, fleet, client, &logs).await?,
-    ))
+    let mut replicas = Vec::with_capacity(plan.replicas.max(1));
+    for i in 0..plan.replicas.max(1) {
+        let replica = (plan.replicas > 1).then_some(i);
+        match Gateway::start(&plan.gateway, &kind, fleet, client, &logs, replica).await {
+            Ok(g) => replicas.push(g),
+            Err(e) => {
+                Router::Loxi(replicas).stop().await;
+                return Err(e);
+            }
+        }
+    }
+    Ok(Router::Loxi(replicas))
 }
 
 async fn one_policy(
@@ -195,6 +241,10 @@ async fn measure(
     fleet.reset_caches(client).await?;
     let before = fleet.metrics(client).await?;
     let gw_before = gateway_metrics(router, client).await;
+    let replicas = match target {
+        Target::Replicas(us) => us.len(),
+        _ => 0,
+    };
     let limits = RunLimits {
         request_timeout: plan.request_timeout,
         time_scale: plan.fleet.time_scale,
@@ -203,7 +253,7 @@ async fn measure(
     let after = fleet.metrics(client).await?;
     let gw_after = gateway_metrics(router, client).await;
     let dir = plan.out.join(&w.name);
-    save_metrics(&dir, policy, &after, gw_after.as_deref())?;
+    save_metrics(&dir, policy, &after, &gw_after)?;
     save_outcomes(&dir, policy, &outcomes)?;
     let mut r = summarize(
         policy,
@@ -213,8 +263,20 @@ async fn measure(
         wall,
         plan.fleet.time_scale,
     );
-    if let (Some(b), Some(a)) = (gw_before, gw_after) {
-        r.notes.extend(gateway_notes(policy, &b, &a));
+    r.requests_per_replica = per_replica(&outcomes, replicas);
+    if replicas > 1 {
+        r.notes.push(format!(
+            "{replicas} loxilb replicas (client round robin), requests per replica {:?}",
+            r.requests_per_replica
+        ));
+    }
+    if !gw_before.is_empty() && gw_before.len() == gw_after.len() {
+        // Replicas' counters summed (each series once per replica).
+        r.notes.extend(gateway_notes(
+            policy,
+            &gw_before.concat(),
+            &gw_after.concat(),
+        ));
     }
     Ok(r)
 }
@@ -226,10 +288,7 @@ async fn warm_up(
     model: &str,
     timeout: Duration,
 ) -> Result<(), String> {
-    let base = match target {
-        Target::Gateway(u) => u.clone(),
-        Target::Direct(us) => us[0].clone(),
-    };
+    let base = target.first().to_string();
     let body =
         serde_json::json!({"model": model, "prompt": " warm up", "max_tokens": 2, "stream": true});
     let mut last = String::new();
@@ -251,11 +310,30 @@ async fn warm_up(
     Err(format!("warm-up request through {base} failed: {last}"))
 }
 
-async fn gateway_metrics(router: &Router, client: &HttpClient) -> Option<String> {
-    match router {
-        Router::Loxi(g) => g.metrics(client).await.ok(),
-        _ => None,
+/// Each replica's metrics text (empty when the router is not loxi or a scrape failed).
+async fn gateway_metrics(router: &Router, client: &HttpClient) -> Vec<String> {
+    let Router::Loxi(gs) = router else {
+        return Vec::new();
+    };
+    let mut texts = Vec::with_capacity(gs.len());
+    for g in gs {
+        match g.metrics(client).await {
+            Ok(t) => texts.push(t),
+            Err(_) => return Vec::new(),
+        }
     }
+    texts
+}
+
+/// Requests the client sent to each of `replicas` replicas (empty for 0: a single target).
+pub fn per_replica(outcomes: &[Outcome], replicas: usize) -> Vec<u64> {
+    let mut n = vec![0u64; replicas];
+    for r in outcomes.iter().filter_map(|o| o.replica) {
+        if let Some(c) = n.get_mut(r) {
+            *c += 1;
+        }
+    }
+    n
 }
 
 /// KV-tier engagement (spec §9.1): tier-1.5 hits must advance under a shared-prefix workload;
@@ -327,7 +405,7 @@ fn save_metrics(
     dir: &std::path::Path,
     policy: &str,
     workers: &[String],
-    gw: Option<&str>,
+    gw: &[String],
 ) -> Result<(), String> {
     for (i, text) in workers.iter().enumerate() {
         super::report::write(
@@ -336,8 +414,13 @@ fn save_metrics(
             text,
         )?;
     }
-    if let Some(g) = gw {
-        super::report::write(&dir.join("metrics"), &format!("{policy}-loxilb.prom"), g)?;
+    for (i, g) in gw.iter().enumerate() {
+        let name = if gw.len() == 1 {
+            format!("{policy}-loxilb.prom")
+        } else {
+            format!("{policy}-loxilb{i}.prom")
+        };
+        super::report::write(&dir.join("metrics"), &name, g)?;
     }
     Ok(())
 }
@@ -447,6 +530,7 @@ pub fn summarize(
         output_tokens_per_s: (sim_secs > 0.0).then(|| out_tokens as f64 / sim_secs),
         max_over_mean: stats::max_over_mean(&per_worker),
         requests_per_worker: per_worker,
+        requests_per_replica: Vec::new(),
         gateway_added_ms: (!added.is_empty()).then(|| stats::Quantiles::of(&added)),
         notes,
     }
@@ -455,19 +539,58 @@ pub fn summarize(
 /// The oracle bound for `w`: prompts tokenized by worker 0's `/tokenize` (chat template and
 /// generation prompt included, as the engine sees them), pooled cache of every worker's usable
 /// blocks (`num_gpu_blocks − 1`, block 0 being vLLM's null block).
-async fn oracle_for(
+async fn tokenize_all(
     plan: &Plan,
     fleet: &Fleet,
     client: &HttpClient,
     w: &Workload,
-) -> Result<f64, String> {
+) -> Result<Vec<Vec<u32>>, String> {
     let url = format!("{}/tokenize", fleet.url(0));
     let mut prompts = Vec::with_capacity(w.requests.len());
     for r in &w.requests {
         prompts.push(tokenize(client, &url, &plan.fleet.model, &r.payload).await?);
     }
-    let cap = fleet.hosts.len() * plan.fleet.num_gpu_blocks.saturating_sub(1);
-    Ok(oracle::oracle_bound(&prompts, plan.fleet.block_size, cap).rate())
+    Ok(prompts)
+}
+
+/// The fleet's KV geometry, for the fit check and the oracle.
+#[derive(Debug, Clone, Copy)]
+pub struct Fit {
+    /// Tokens per block.
+    pub block_size: usize,
+    /// Usable blocks per worker (`num_gpu_blocks − 1`: block 0 is vLLM's null block).
+    pub usable_blocks: usize,
+    /// Workers (the oracle pools their caches).
+    pub workers: usize,
+}
+
+impl Fit {
+    /// Leaves out of `w` every request whose prompt (`prompts[id]`, token ids) plus
+    /// `max_tokens` cannot fit one worker's cache (and the rounds that wait for it), then runs
+    /// the oracle over the requests kept. Returns the workload to send, the number left out
+    /// and the oracle bound: both sides of the comparison cover the same requests.
+    pub fn apply(&self, w: &Workload, prompts: &[Vec<u32>]) -> (Workload, usize, f64) {
+        let drop: Vec<bool> = w
+            .requests
+            .iter()
+            .map(|r| {
+                let len = prompts.get(r.id).map_or(0, Vec::len);
+                !crate::workload::fits_cache(len, r.max_tokens, self.block_size, self.usable_blocks)
+            })
+            .collect();
+        let (kept, excluded) = w.excluding(&drop);
+        // `excluding` keeps the order, so the kept prompts are the survivors in order.
+        let gone = w.with_followers(&drop);
+        let kept_prompts: Vec<Vec<u32>> = prompts
+            .iter()
+            .zip(&gone)
+            .filter(|(_, g)| !**g)
+            .map(|(p, _)| p.clone())
+            .collect();
+        let cap = self.workers * self.usable_blocks;
+        let rate = oracle::oracle_bound(&kept_prompts, self.block_size, cap).rate();
+        (kept, excluded, rate)
+    }
 }
 
 async fn tokenize(

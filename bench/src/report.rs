@@ -2,8 +2,10 @@
 //!
 //! `summary.json` (the README demo's contract, issue 4): a list of objects
 //! `{"policy", "prefix_hit_rate" (0..1, engine-side), "ttft_p50_ms", "ttft_p99_ms",
-//! "requests_per_worker": [..], "gateway_added_p99_ms"}`, one per policy. A policy that failed to
-//! start has `null` numbers and an `"error"`; nothing is ever estimated.
+//! "requests_per_worker": [..], "gateway_added_p99_ms"}`, one per policy, plus `"max_over_mean"`
+//! when measured and `"requests_per_replica": [..]` with `--replicas N` (N > 1). A policy that
+//! failed to start has `null` numbers and an `"error"`; nothing is ever estimated. (`main` adds
+//! `"workload"` and `"excluded_requests"` to each entry.)
 
 use super::stats::Quantiles;
 use serde::Serialize;
@@ -46,6 +48,9 @@ pub struct PolicyResult {
     pub requests_per_worker: Vec<u64>,
     /// `max / mean` of `requests_per_worker`.
     pub max_over_mean: Option<f64>,
+    /// Requests the client sent to each gateway replica (`--replicas N`, N > 1); empty for a
+    /// single gateway.
+    pub requests_per_replica: Vec<u64>,
     /// Client↔engine latency not spent in the engine, real ms (see `client::Outcome::added_ms`).
     pub gateway_added_ms: Option<Quantiles>,
     /// Notes (engagement check, header availability, errors seen).
@@ -71,6 +76,10 @@ struct SummaryEntry<'a> {
     ttft_p50_ms: Option<f64>,
     ttft_p99_ms: Option<f64>,
     requests_per_worker: &'a [u64],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_over_mean: Option<f64>,
+    #[serde(skip_serializing_if = "<[u64]>::is_empty")]
+    requests_per_replica: &'a [u64],
     gateway_added_p99_ms: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<&'a str>,
@@ -86,6 +95,8 @@ pub fn summary_json(results: &[PolicyResult]) -> serde_json::Value {
             ttft_p50_ms: r.ttft_ms.map(|q| q.p50),
             ttft_p99_ms: r.ttft_ms.map(|q| q.p99),
             requests_per_worker: &r.requests_per_worker,
+            max_over_mean: r.max_over_mean,
+            requests_per_replica: &r.requests_per_replica,
             gateway_added_p99_ms: r.gateway_added_ms.map(|q| q.p99),
             error: r.error.as_deref(),
         })
