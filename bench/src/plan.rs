@@ -631,3 +631,75 @@ async fn tokenize(
         .filter_map(|t| t.as_u64().map(|x| x as u32))
         .collect())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workload::{Payload, WorkRequest};
+
+    fn workload(max_tokens: &[u32]) -> Workload {
+        let requests = max_tokens
+            .iter()
+            .enumerate()
+            .map(|(id, &m)| WorkRequest {
+                id,
+                at: Duration::from_millis(id as u64),
+                payload: Payload::Completion(format!("p{id}")),
+                max_tokens: m,
+                after: None,
+                group: 0,
+            })
+            .collect();
+        Workload::new("t", requests)
+    }
+
+    #[test]
+    fn fit_excludes_unfit_requests_from_the_run_and_the_oracle() {
+        // 4-token blocks, 3 usable per worker (12 tokens), 1 worker.
+        let fit = Fit {
+            block_size: 4,
+            usable_blocks: 3,
+            workers: 1,
+        };
+        // Request 1 (10 + 4 = 14 tokens) does not fit; 0 and 2 share their first two blocks.
+        let w = workload(&[2, 4, 2]);
+        let prompts = vec![
+            vec![1, 2, 3, 4, 5, 6, 7, 8, 9],
+            vec![9; 10],
+            vec![1, 2, 3, 4, 5, 6, 7, 8, 10],
+        ];
+        let (kept, excluded, rate) = fit.apply(&w, &prompts);
+        assert_eq!(excluded, 1);
+        let sent: Vec<&Payload> = kept.requests.iter().map(|r| &r.payload).collect();
+        assert_eq!(
+            sent,
+            [
+                &Payload::Completion("p0".into()),
+                &Payload::Completion("p2".into())
+            ]
+        );
+        // Oracle over 0 and 2 only: 8 of 18 prompt tokens hit. With request 1 in between, its
+        // 2 blocks would have evicted request 0's from the 3-block cache (0 hits).
+        assert_eq!(rate, 8.0 / 18.0);
+        let all = oracle::oracle_bound(&prompts, 4, 3).rate();
+        assert_eq!(all, 0.0);
+        // Everything fits: nothing excluded, the oracle sees every prompt.
+        let roomy = Fit {
+            usable_blocks: 8,
+            ..fit
+        };
+        let (kept, excluded, _) = roomy.apply(&w, &prompts);
+        assert_eq!((kept.requests.len(), excluded), (3, 0));
+    }
+
+    #[test]
+    fn per_replica_counts_the_client_spread() {
+        let o = |replica| Outcome {
+            replica,
+            ..Outcome::default()
+        };
+        let outs = [o(Some(0)), o(Some(1)), o(Some(0)), o(Some(2))];
+        assert_eq!(per_replica(&outs, 3), [2, 1, 1]);
+        assert!(per_replica(&[o(None)], 0).is_empty());
+    }
+}
