@@ -55,7 +55,8 @@ enum Router {
     Direct,
     /// One or more replicas (`Plan::replicas`), in start order.
     Loxi(Vec<Gateway>),
-    Peer(Proc, String),
+    /// Boxed: a `Proc` is large next to the other variants.
+    Peer(Box<Proc>, String),
 }
 
 impl Router {
@@ -76,7 +77,7 @@ impl Router {
                     g.proc.stop().await;
                 }
             }
-            Router::Peer(p, _) => p.stop().await,
+            Router::Peer(p, _) => (*p).stop().await,
         }
     }
 }
@@ -196,7 +197,7 @@ async fn start_router(
                 &logs,
             )
             .await?;
-            return Ok(Router::Peer(peer.proc, peer.url));
+            return Ok(Router::Peer(Box::new(peer.proc), peer.url));
         }
         p => return Err(format!("unknown policy {p:?}")),
     };
