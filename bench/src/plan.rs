@@ -113,21 +113,22 @@ async fn one_workload(
     let dir = plan.out.join(&w.name);
     std::fs::create_dir_all(dir.join("metrics")).map_err(|e| format!("{}: {e}", dir.display()))?;
     let usable = plan.fleet.num_gpu_blocks.saturating_sub(1);
-    let (w, excluded, oracle_hit_rate) = match tokenize_all(plan, fleet, client, w).await {
+    let fit = Fit {
+        block_size: plan.fleet.block_size,
+        usable_blocks: usable,
+        workers: fleet.hosts.len(),
+    };
+    let (w, excluded, prompts) = match tokenize_all(plan, fleet, client, w).await {
         Ok(prompts) => {
-            let fit = Fit {
-                block_size: plan.fleet.block_size,
-                usable_blocks: usable,
-                workers: fleet.hosts.len(),
-            };
-            let (kept, excluded, rate) = fit.apply(w, &prompts);
-            (kept, excluded, Some(rate))
+            let (kept, excluded, kept_prompts) = fit.keep(w, &prompts);
+            (kept, excluded, Some(kept_prompts))
         }
         Err(e) => {
             eprintln!("[bench] oracle unavailable (nothing excluded): {e}");
             (w.clone(), 0, None)
         }
     };
+    let oracle_hit_rate = prompts.as_ref().map(|p| fit.oracle(p));
     if excluded > 0 {
         eprintln!(
             "[bench] workload {}: {excluded} requests excluded (prompt + output beyond {usable} blocks of {} tokens)",
@@ -151,10 +152,13 @@ async fn one_workload(
     let mut results = Vec::new();
     for policy in &plan.policies {
         eprintln!("[bench] {} / {policy} ...", w.name);
-        let r = match one_policy(plan, fleet, client, w, policy).await {
+        let mut r = match one_policy(plan, fleet, client, w, policy).await {
             Ok(r) => r,
             Err(e) => PolicyResult::failed(policy, e),
         };
+        if let Some(p) = &prompts {
+            fit.failed_requests(&mut r, p);
+        }
         eprintln!(
             "[bench] {} / {policy}: hit {:?} ttft {:?} err {:?}",
             w.name, r.prefix_hit_rate, r.ttft_ms, r.error
@@ -532,6 +536,8 @@ pub fn summarize(
         max_over_mean: stats::max_over_mean(&per_worker),
         requests_per_worker: per_worker,
         requests_per_replica: Vec::new(),
+        ok_ids: ok.iter().map(|o| o.id).collect(),
+        oracle_ok_hit_rate: None,
         gateway_added_ms: (!added.is_empty()).then(|| stats::Quantiles::of(&added)),
         notes,
     }
@@ -567,10 +573,10 @@ pub struct Fit {
 
 impl Fit {
     /// Leaves out of `w` every request whose prompt (`prompts[id]`, token ids) plus
-    /// `max_tokens` cannot fit one worker's cache (and the rounds that wait for it), then runs
-    /// the oracle over the requests kept. Returns the workload to send, the number left out
-    /// and the oracle bound: both sides of the comparison cover the same requests.
-    pub fn apply(&self, w: &Workload, prompts: &[Vec<u32>]) -> (Workload, usize, f64) {
+    /// `max_tokens` cannot fit one worker's cache (and the rounds that wait for it). Returns
+    /// the workload to send, the number left out and the kept requests' prompts (by new id),
+    /// for [`Self::oracle`]: both sides of the comparison cover the same requests.
+    pub fn keep(&self, w: &Workload, prompts: &[Vec<u32>]) -> (Workload, usize, Vec<Vec<u32>>) {
         let drop: Vec<bool> = w
             .requests
             .iter()
@@ -588,9 +594,37 @@ impl Fit {
             .filter(|(_, g)| !**g)
             .map(|(p, _)| p.clone())
             .collect();
+        (kept, excluded, kept_prompts)
+    }
+
+    /// The oracle bound over `prompts` (arrival order) for the fleet's pooled cache.
+    pub fn oracle(&self, prompts: &[Vec<u32>]) -> f64 {
         let cap = self.workers * self.usable_blocks;
-        let rate = oracle::oracle_bound(&kept_prompts, self.block_size, cap).rate();
-        (kept, excluded, rate)
+        oracle::oracle_bound(prompts, self.block_size, cap).rate()
+    }
+
+    /// When some of `r`'s requests failed at run time (they never reached an engine, or
+    /// stopped), its engine-side figures cover only the others: sets
+    /// [`PolicyResult::oracle_ok_hit_rate`], the oracle over the requests that succeeded
+    /// (`r.ok_ids`, ids into `prompts`), and says so in the notes. Nothing when all succeeded.
+    pub fn failed_requests(&self, r: &mut PolicyResult, prompts: &[Vec<u32>]) {
+        if r.error.is_some() || r.ok_ids.len() == r.requests {
+            return;
+        }
+        let ok: Vec<Vec<u32>> = r
+            .ok_ids
+            .iter()
+            .filter_map(|&id| prompts.get(id).cloned())
+            .collect();
+        let rate = self.oracle(&ok);
+        r.oracle_ok_hit_rate = Some(rate);
+        r.notes.push(format!(
+            "{} of {} requests failed: compare its hit rate with the oracle over its {} successful requests, {:.1}%",
+            r.requests - r.ok_ids.len(),
+            r.requests,
+            r.ok_ids.len(),
+            rate * 100.0
+        ));
     }
 }
 
@@ -669,7 +703,8 @@ mod tests {
             vec![9; 10],
             vec![1, 2, 3, 4, 5, 6, 7, 8, 10],
         ];
-        let (kept, excluded, rate) = fit.apply(&w, &prompts);
+        let (kept, excluded, kept_prompts) = fit.keep(&w, &prompts);
+        let rate = fit.oracle(&kept_prompts);
         assert_eq!(excluded, 1);
         let sent: Vec<&Payload> = kept.requests.iter().map(|r| &r.payload).collect();
         assert_eq!(
@@ -689,8 +724,42 @@ mod tests {
             usable_blocks: 8,
             ..fit
         };
-        let (kept, excluded, _) = roomy.apply(&w, &prompts);
+        let (kept, excluded, _) = roomy.keep(&w, &prompts);
         assert_eq!((kept.requests.len(), excluded), (3, 0));
+    }
+
+    #[test]
+    fn failed_requests_get_an_oracle_over_the_successful_ones() {
+        let fit = Fit {
+            block_size: 4,
+            usable_blocks: 8,
+            workers: 1,
+        };
+        let prompts = vec![vec![1, 2, 3, 4, 5], vec![9; 5], vec![1, 2, 3, 4, 6]];
+        // Request 0 failed: request 2's hit on 0's block is not in the engines' counters.
+        let mut r = PolicyResult {
+            requests: 3,
+            ok: 2,
+            ok_ids: vec![1, 2],
+            ..PolicyResult::default()
+        };
+        fit.failed_requests(&mut r, &prompts);
+        assert_eq!(r.oracle_ok_hit_rate, Some(0.0));
+        assert!(
+            r.notes[0].starts_with("1 of 3 requests failed"),
+            "{:?}",
+            r.notes
+        );
+        // All succeeded: the workload's oracle stands, no note.
+        let mut all = PolicyResult {
+            requests: 3,
+            ok: 3,
+            ok_ids: vec![0, 1, 2],
+            ..PolicyResult::default()
+        };
+        fit.failed_requests(&mut all, &prompts);
+        assert_eq!((all.oracle_ok_hit_rate, all.notes.len()), (None, 0));
+        assert_eq!(fit.oracle(&prompts), 4.0 / 15.0);
     }
 
     #[test]
