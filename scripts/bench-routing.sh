@@ -6,14 +6,14 @@
 # prefill and half decode (the fleet runs vllm-sim --kv-role both; pd-kv adds kvExactMode 1,
 # pd-trie adds pd_cache_aware_mode: tier 1, the prefix trie).
 #
-#   scripts/bench-routing.sh [--out DIR] [--peers] [--workload a|b|c[,..]] [--cpu-hog N]
+#   scripts/bench-routing.sh [--out DIR] [--peers] [--workload a|b|c|burst[,..]] [--cpu-hog N]
 #                            [bench-routing flags]
 #
 # --cpu-hog N keeps N CPUs busy with `stress-ng --cpu N` for the whole run (issue 9 §2: the KV
 # tier's decision budget, LOXI_KV_DECISION_BUDGET_MS, must hold under CPU pressure; compare
 # the kv policy's added p99 with rr's in the same run).
 # Every other flag goes to target/release/bench-routing (see `--help`): --policies, --laws,
-# --qps, --duration, --time-scale, --workers, --num-gpu-blocks, --trace FILE, ...
+# --qps, --duration, --time-scale, --workers, --num-gpu-blocks, --trace FILE, --replicas N, ...
 # Builds the release binaries through the idempotent scripts/setup.sh first
 # (LOXI_BENCH_SKIP_SETUP=1 skips it; LOXI_SETUP_BUILD=0 skips only its build).
 # Every process started is stopped on exit.

@@ -51,6 +51,8 @@ pub struct Outcome {
     pub endpoint: Option<String>,
     /// The base URL the client itself chose (client-side round-robin only).
     pub direct_worker: Option<usize>,
+    /// The gateway replica the client sent it to (`--replicas N`, index from 0).
+    pub replica: Option<usize>,
     /// `x-sim-recv-unix-ns`: the engine had the full request.
     pub sim_recv_ns: Option<u128>,
     /// `x-sim-respond-unix-ns`: the engine sent its response head.

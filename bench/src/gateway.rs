@@ -56,23 +56,26 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    /// Starts `loxilb` (fresh state dir; env read at start, so one daemon per blend law), creates
-    /// the rule over `fleet` with `loxicmd`, and waits until the rule's listener accepts.
+    /// Starts `loxilb` (fresh state dir and API port; env read at start, so one daemon per
+    /// blend law), creates the rule over `fleet` with `loxicmd`, and waits until the rule's
+    /// listener accepts. `replica`: this daemon's index among several replicas of the same
+    /// rule (`--replicas N`; its log is `loxilb-<policy>-r<i>.log`), `None` for a lone gateway.
     pub async fn start(
         spec: &GatewaySpec,
         kind: &RuleKind,
         fleet: &Fleet,
         client: &HttpClient,
         logs: &Path,
+        replica: Option<usize>,
     ) -> Result<Self, String> {
         let state = tempfile::tempdir().map_err(|e| format!("state dir: {e}"))?;
         let local = vec!["127.0.0.1".to_string()];
         let api_port = free_port(&local)?;
-        let mut proc = Proc::spawn(
-            &log_name(kind),
-            daemon(spec, kind, api_port, state.path()),
-            logs,
-        )?;
+        let name = match replica {
+            Some(i) => format!("{}-r{i}", log_name(kind)),
+            None => log_name(kind),
+        };
+        let mut proc = Proc::spawn(&name, daemon(spec, kind, api_port, state.path()), logs)?;
         let api = format!("http://127.0.0.1:{api_port}");
         wait_http(
             client,

@@ -14,7 +14,9 @@ use loxi_bench::plan::{Plan, WorkloadResult, execute};
 use loxi_bench::shared_dir;
 use loxi_bench::workload::multi_turn::MultiTurn;
 use loxi_bench::workload::shared_prefix::SharedPrefix;
-use loxi_bench::workload::trace::{SynthTrace, TraceReplay, read_trace, write_trace};
+use loxi_bench::workload::trace::{
+    SynthTrace, TraceReplay, cache_blocks_for, read_trace, write_trace,
+};
 use loxi_bench::workload::{Arrival, Vocab, Workload};
 use loxi_bench::{chart, peers, report};
 use std::path::{Path, PathBuf};
@@ -30,7 +32,8 @@ struct Args {
     /// Output directory.
     #[arg(long, default_value = "bench-out")]
     out: PathBuf,
-    /// Workloads: a = shared prefix, b = multi-turn, c = trace replay (comma list).
+    /// Workloads: a = shared prefix, b = multi-turn, c = trace replay, burst = `--burst`
+    /// same-prefix requests sent at once to cold caches (comma list).
     #[arg(long, default_value = "a", value_delimiter = ',')]
     workload: Vec<String>,
     /// Policies in order (comma list): direct, rr, chwbl, kv, kv-<law>, pd (half the workers
@@ -62,7 +65,8 @@ struct Args {
     /// KV block size (vLLM --block-size, kvBlockSize).
     #[arg(long, default_value_t = 16)]
     block_size: usize,
-    /// KV cache blocks per worker (0: half the shared-prefix working set + 1).
+    /// KV cache blocks per worker (0: half the shared-prefix working set + 1, and with
+    /// workload c at least enough for a `--trace-max-prompt` prompt plus its output).
     #[arg(long, default_value_t = 0)]
     num_gpu_blocks: usize,
     /// vLLM --max-num-seqs.
@@ -125,6 +129,14 @@ struct Args {
     /// (c) prompts are cut to this many tokens.
     #[arg(long, default_value_t = 3584)]
     trace_max_prompt: usize,
+    /// (burst) requests of the burst: one system prompt, distinct questions, all sent at time 0.
+    #[arg(long, default_value_t = 64)]
+    burst: usize,
+    /// loxi gateway replicas per loxi policy: N `loxilb` daemons with the same rule over the same
+    /// fleet (each its own state dir and API port, each subscribed to the workers' KV events);
+    /// the client sends request `id` to replica `id mod N`. Peers and `direct` run once.
+    #[arg(long, default_value_t = 1)]
+    replicas: usize,
     /// Per-request timeout, real seconds.
     #[arg(long, default_value_t = 120)]
     request_timeout_s: u64,
@@ -160,13 +172,39 @@ impl Args {
         })
     }
 
-    /// Blocks per worker: explicit, or half of workload (a)'s working set (its system prompts).
+    /// Blocks per worker: explicit, or half of workload (a)'s working set (its system prompts),
+    /// raised with workload c so that a `--trace-max-prompt` prompt and its output fit.
     fn gpu_blocks(&self) -> usize {
         if self.num_gpu_blocks > 0 {
             return self.num_gpu_blocks;
         }
         let working_set = self.groups * self.system_tokens.div_ceil(self.block_size.max(1));
-        (working_set / 2).max(64) + 1
+        let shared = (working_set / 2).max(64) + 1;
+        if self.workload.iter().any(|w| w == "c" || w == "trace") {
+            shared.max(cache_blocks_for(
+                self.trace_max_prompt,
+                self.trace_max_output(),
+                self.block_size,
+            ))
+        } else {
+            shared
+        }
+    }
+
+    /// (c) output tokens are capped to this.
+    fn trace_max_output(&self) -> u32 {
+        self.output_tokens.max(1) * 8
+    }
+
+    /// Flags no run can honour.
+    fn check(&self) -> Result<()> {
+        if self.replicas == 0 {
+            bail!("--replicas must be ≥ 1 (loxilb daemons per loxi policy)");
+        }
+        if self.burst == 0 && self.workload.iter().any(|w| w == "burst") {
+            bail!("--burst must be ≥ 1 with --workload burst");
+        }
+        Ok(())
     }
 
     fn workloads(&self, vocab: &Vocab) -> Result<Vec<Workload>> {
@@ -191,8 +229,29 @@ impl Args {
             }
             .build(vocab)?),
             "c" | "trace" => self.trace_workload(vocab),
-            other => bail!("--workload: unknown {other:?} (a, b or c)"),
+            "burst" => self.burst_workload(vocab),
+            other => bail!("--workload: unknown {other:?} (a, b, c or burst)"),
         }
+    }
+
+    /// `--burst` requests sharing one `--system-tokens` prompt (distinct `--question-tokens`
+    /// questions), all at offset 0: a cold burst (every policy starts on reset caches).
+    fn burst_workload(&self, vocab: &Vocab) -> Result<Workload> {
+        let w = SharedPrefix {
+            groups: 1,
+            prompts_per_group: self.burst,
+            ..self.shared_prefix()?
+        }
+        .build(vocab)?;
+        let requests = w
+            .requests
+            .into_iter()
+            .map(|r| loxi_bench::workload::WorkRequest {
+                at: Duration::ZERO,
+                ..r
+            })
+            .collect();
+        Ok(Workload::new("burst", requests))
     }
 
     fn trace_workload(&self, vocab: &Vocab) -> Result<Workload> {
@@ -218,7 +277,7 @@ impl Args {
         let replay = TraceReplay {
             block_tokens: self.trace_block_tokens,
             max_prompt_tokens: self.trace_max_prompt,
-            max_output_tokens: self.output_tokens.max(1) * 8,
+            max_output_tokens: self.trace_max_output(),
             arrival: None,
             speedup: self.trace_speedup,
             seed: self.seed,
@@ -282,6 +341,7 @@ fn plan(args: &Args, tokenizer_root: &Path) -> Result<Plan> {
         policies: args.policies(),
         venv: args.venv.clone().unwrap_or_else(default_venv),
         request_timeout: Duration::from_secs(args.request_timeout_s),
+        replicas: args.replicas,
     })
 }
 
@@ -294,6 +354,7 @@ fn write_outputs(out: &Path, results: &[WorkloadResult]) -> Result<String> {
             &w.results,
             w.oracle_hit_rate,
         ));
+        md.push_str(&excluded_line(w));
         md.push('\n');
         for mut e in report::summary_json(&w.results)
             .as_array()
@@ -301,6 +362,7 @@ fn write_outputs(out: &Path, results: &[WorkloadResult]) -> Result<String> {
             .unwrap_or_default()
         {
             e["workload"] = serde_json::json!(w.workload);
+            e["excluded_requests"] = serde_json::json!(w.excluded_requests);
             summary.push(e);
         }
         let title = format!("Workload {}", w.workload);
@@ -333,6 +395,20 @@ fn write_outputs(out: &Path, results: &[WorkloadResult]) -> Result<String> {
     Ok(md)
 }
 
+/// The results.md line on requests left out of the run and of the oracle.
+fn excluded_line(w: &WorkloadResult) -> String {
+    if w.excluded_requests == 0 {
+        return format!(
+            "- {} requests sent; none excluded (every prompt plus its output fits a worker's KV cache).\n",
+            w.requests
+        );
+    }
+    format!(
+        "- {} requests sent; {} excluded from the run and from the oracle: prompt plus output beyond a worker's KV cache (raise --num-gpu-blocks or lower --trace-max-prompt).\n",
+        w.requests, w.excluded_requests
+    )
+}
+
 /// Resolves on SIGINT or SIGTERM (children are killed when their handles drop on return).
 async fn stop_signal() -> &'static str {
     use tokio::signal::unix::{SignalKind, signal};
@@ -349,6 +425,7 @@ async fn stop_signal() -> &'static str {
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
+    args.check()?;
     // The chart needs a font: refuse now rather than after minutes of benchmark.
     chart::locate_font()?;
     std::fs::create_dir_all(&args.out).with_context(|| args.out.display().to_string())?;

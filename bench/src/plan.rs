@@ -27,6 +27,9 @@ pub struct Plan {
     pub venv: PathBuf,
     /// Per-request timeout (real).
     pub request_timeout: Duration,
+    /// loxi gateway replicas per loxi policy (≥ 1): each its own `loxilb` with the same rule
+    /// over the same fleet; the client sends request `id` to replica `id mod replicas`.
+    pub replicas: usize,
 }
 
 /// Results of one workload.
@@ -36,8 +39,13 @@ pub struct WorkloadResult {
     pub workload: String,
     /// Requests in the workload.
     pub requests: usize,
-    /// Oracle bound (0..1), `None` if the prompts could not be tokenized.
+    /// Oracle bound (0..1) over the requests sent, `None` if the prompts could not be
+    /// tokenized.
     pub oracle_hit_rate: Option<f64>,
+    /// Requests of the workload left out of the run and of the oracle because their prompt
+    /// plus output cannot fit a worker's KV cache (the engine would refuse them), including
+    /// the later rounds of a conversation whose earlier round was left out.
+    pub excluded_requests: usize,
     /// One entry per policy, in plan order.
     pub results: Vec<PolicyResult>,
 }
@@ -45,15 +53,18 @@ pub struct WorkloadResult {
 /// A started router for one policy.
 enum Router {
     Direct,
-    Loxi(Gateway),
-    Peer(Proc, String),
+    /// One or more replicas (`Plan::replicas`), in start order.
+    Loxi(Vec<Gateway>),
+    /// Boxed: a `Proc` is large next to the other variants.
+    Peer(Box<Proc>, String),
 }
 
 impl Router {
     fn target(&self, fleet: &Fleet) -> Target {
         match self {
             Router::Direct => Target::Direct(fleet.urls()),
-            Router::Loxi(g) => Target::Gateway(g.vip.clone()),
+            Router::Loxi(gs) if gs.len() == 1 => Target::Gateway(gs[0].vip.clone()),
+            Router::Loxi(gs) => Target::Replicas(gs.iter().map(|g| g.vip.clone()).collect()),
             Router::Peer(_, url) => Target::Gateway(url.clone()),
         }
     }
@@ -61,8 +72,12 @@ impl Router {
     async fn stop(self) {
         match self {
             Router::Direct => {}
-            Router::Loxi(g) => g.proc.stop().await,
-            Router::Peer(p, _) => p.stop().await,
+            Router::Loxi(gs) => {
+                for g in gs {
+                    g.proc.stop().await;
+                }
+            }
+            Router::Peer(p, _) => (*p).stop().await,
         }
     }
 }
@@ -97,13 +112,36 @@ async fn one_workload(
 ) -> Result<WorkloadResult, String> {
     let dir = plan.out.join(&w.name);
     std::fs::create_dir_all(dir.join("metrics")).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let oracle_hit_rate = match oracle_for(plan, fleet, client, w).await {
-        Ok(r) => Some(r),
+    let usable = plan.fleet.num_gpu_blocks.saturating_sub(1);
+    let fit = Fit {
+        block_size: plan.fleet.block_size,
+        usable_blocks: usable,
+        workers: fleet.hosts.len(),
+    };
+    let (w, excluded, prompts) = match tokenize_all(plan, fleet, client, w).await {
+        Ok(prompts) => {
+            let (kept, excluded, kept_prompts) = fit.keep(w, &prompts);
+            (kept, excluded, Some(kept_prompts))
+        }
         Err(e) => {
-            eprintln!("[bench] oracle unavailable: {e}");
-            None
+            eprintln!("[bench] oracle unavailable (nothing excluded): {e}");
+            (w.clone(), 0, None)
         }
     };
+    let oracle_hit_rate = prompts.as_ref().map(|p| fit.oracle(p));
+    if excluded > 0 {
+        eprintln!(
+            "[bench] workload {}: {excluded} requests excluded (prompt + output beyond {usable} blocks of {} tokens)",
+            w.name, plan.fleet.block_size
+        );
+    }
+    if w.requests.is_empty() {
+        return Err(format!(
+            "workload {}: every request was excluded (prompt + output beyond a worker's {usable} KV blocks); raise --num-gpu-blocks",
+            w.name
+        ));
+    }
+    let w = &w;
     eprintln!(
         "[bench] workload {}: {} requests over {:.1}s simulated; oracle {:?}",
         w.name,
@@ -114,10 +152,13 @@ async fn one_workload(
     let mut results = Vec::new();
     for policy in &plan.policies {
         eprintln!("[bench] {} / {policy} ...", w.name);
-        let r = match one_policy(plan, fleet, client, w, policy).await {
+        let mut r = match one_policy(plan, fleet, client, w, policy).await {
             Ok(r) => r,
             Err(e) => PolicyResult::failed(policy, e),
         };
+        if let Some(p) = &prompts {
+            fit.failed_requests(&mut r, p);
+        }
         eprintln!(
             "[bench] {} / {policy}: hit {:?} ttft {:?} err {:?}",
             w.name, r.prefix_hit_rate, r.ttft_ms, r.error
@@ -128,6 +169,7 @@ async fn one_workload(
         workload: w.name.clone(),
         requests: w.requests.len(),
         oracle_hit_rate,
+        excluded_requests: excluded,
         results,
     })
 }
@@ -159,13 +201,22 @@ async fn start_router(
                 &logs,
             )
             .await?;
-            return Ok(Router::Peer(peer.proc, peer.url));
+            return Ok(Router::Peer(Box::new(peer.proc), peer.url));
         }
         p => return Err(format!("unknown policy {p:?}")),
     };
-    Ok(Router::Loxi(
-        Gateway::start(&plan.gateway, &kind, fleet, client, &logs).await?,
-    ))
+    let mut replicas = Vec::with_capacity(plan.replicas.max(1));
+    for i in 0..plan.replicas.max(1) {
+        let replica = (plan.replicas > 1).then_some(i);
+        match Gateway::start(&plan.gateway, &kind, fleet, client, &logs, replica).await {
+            Ok(g) => replicas.push(g),
+            Err(e) => {
+                Router::Loxi(replicas).stop().await;
+                return Err(e);
+            }
+        }
+    }
+    Ok(Router::Loxi(replicas))
 }
 
 async fn one_policy(
@@ -195,6 +246,10 @@ async fn measure(
     fleet.reset_caches(client).await?;
     let before = fleet.metrics(client).await?;
     let gw_before = gateway_metrics(router, client).await;
+    let replicas = match target {
+        Target::Replicas(us) => us.len(),
+        _ => 0,
+    };
     let limits = RunLimits {
         request_timeout: plan.request_timeout,
         time_scale: plan.fleet.time_scale,
@@ -203,7 +258,7 @@ async fn measure(
     let after = fleet.metrics(client).await?;
     let gw_after = gateway_metrics(router, client).await;
     let dir = plan.out.join(&w.name);
-    save_metrics(&dir, policy, &after, gw_after.as_deref())?;
+    save_metrics(&dir, policy, &after, &gw_after)?;
     save_outcomes(&dir, policy, &outcomes)?;
     let mut r = summarize(
         policy,
@@ -213,8 +268,20 @@ async fn measure(
         wall,
         plan.fleet.time_scale,
     );
-    if let (Some(b), Some(a)) = (gw_before, gw_after) {
-        r.notes.extend(gateway_notes(policy, &b, &a));
+    r.requests_per_replica = per_replica(&outcomes, replicas);
+    if replicas > 1 {
+        r.notes.push(format!(
+            "{replicas} loxilb replicas (client round robin), requests per replica {:?}",
+            r.requests_per_replica
+        ));
+    }
+    if !gw_before.is_empty() && gw_before.len() == gw_after.len() {
+        // Replicas' counters summed (each series once per replica).
+        r.notes.extend(gateway_notes(
+            policy,
+            &gw_before.concat(),
+            &gw_after.concat(),
+        ));
     }
     Ok(r)
 }
@@ -226,10 +293,7 @@ async fn warm_up(
     model: &str,
     timeout: Duration,
 ) -> Result<(), String> {
-    let base = match target {
-        Target::Gateway(u) => u.clone(),
-        Target::Direct(us) => us[0].clone(),
-    };
+    let base = target.first().to_string();
     let body =
         serde_json::json!({"model": model, "prompt": " warm up", "max_tokens": 2, "stream": true});
     let mut last = String::new();
@@ -251,11 +315,30 @@ async fn warm_up(
     Err(format!("warm-up request through {base} failed: {last}"))
 }
 
-async fn gateway_metrics(router: &Router, client: &HttpClient) -> Option<String> {
-    match router {
-        Router::Loxi(g) => g.metrics(client).await.ok(),
-        _ => None,
+/// Each replica's metrics text (empty when the router is not loxi or a scrape failed).
+async fn gateway_metrics(router: &Router, client: &HttpClient) -> Vec<String> {
+    let Router::Loxi(gs) = router else {
+        return Vec::new();
+    };
+    let mut texts = Vec::with_capacity(gs.len());
+    for g in gs {
+        match g.metrics(client).await {
+            Ok(t) => texts.push(t),
+            Err(_) => return Vec::new(),
+        }
     }
+    texts
+}
+
+/// Requests the client sent to each of `replicas` replicas (empty for 0: a single target).
+pub fn per_replica(outcomes: &[Outcome], replicas: usize) -> Vec<u64> {
+    let mut n = vec![0u64; replicas];
+    for r in outcomes.iter().filter_map(|o| o.replica) {
+        if let Some(c) = n.get_mut(r) {
+            *c += 1;
+        }
+    }
+    n
 }
 
 /// KV-tier engagement (spec §9.1): tier-1.5 hits must advance under a shared-prefix workload;
@@ -327,7 +410,7 @@ fn save_metrics(
     dir: &std::path::Path,
     policy: &str,
     workers: &[String],
-    gw: Option<&str>,
+    gw: &[String],
 ) -> Result<(), String> {
     for (i, text) in workers.iter().enumerate() {
         super::report::write(
@@ -336,8 +419,13 @@ fn save_metrics(
             text,
         )?;
     }
-    if let Some(g) = gw {
-        super::report::write(&dir.join("metrics"), &format!("{policy}-loxilb.prom"), g)?;
+    for (i, g) in gw.iter().enumerate() {
+        let name = if gw.len() == 1 {
+            format!("{policy}-loxilb.prom")
+        } else {
+            format!("{policy}-loxilb{i}.prom")
+        };
+        super::report::write(&dir.join("metrics"), &name, g)?;
     }
     Ok(())
 }
@@ -447,6 +535,9 @@ pub fn summarize(
         output_tokens_per_s: (sim_secs > 0.0).then(|| out_tokens as f64 / sim_secs),
         max_over_mean: stats::max_over_mean(&per_worker),
         requests_per_worker: per_worker,
+        requests_per_replica: Vec::new(),
+        ok_ids: ok.iter().map(|o| o.id).collect(),
+        oracle_ok_hit_rate: None,
         gateway_added_ms: (!added.is_empty()).then(|| stats::Quantiles::of(&added)),
         notes,
     }
@@ -455,19 +546,86 @@ pub fn summarize(
 /// The oracle bound for `w`: prompts tokenized by worker 0's `/tokenize` (chat template and
 /// generation prompt included, as the engine sees them), pooled cache of every worker's usable
 /// blocks (`num_gpu_blocks − 1`, block 0 being vLLM's null block).
-async fn oracle_for(
+async fn tokenize_all(
     plan: &Plan,
     fleet: &Fleet,
     client: &HttpClient,
     w: &Workload,
-) -> Result<f64, String> {
+) -> Result<Vec<Vec<u32>>, String> {
     let url = format!("{}/tokenize", fleet.url(0));
     let mut prompts = Vec::with_capacity(w.requests.len());
     for r in &w.requests {
         prompts.push(tokenize(client, &url, &plan.fleet.model, &r.payload).await?);
     }
-    let cap = fleet.hosts.len() * plan.fleet.num_gpu_blocks.saturating_sub(1);
-    Ok(oracle::oracle_bound(&prompts, plan.fleet.block_size, cap).rate())
+    Ok(prompts)
+}
+
+/// The fleet's KV geometry, for the fit check and the oracle.
+#[derive(Debug, Clone, Copy)]
+pub struct Fit {
+    /// Tokens per block.
+    pub block_size: usize,
+    /// Usable blocks per worker (`num_gpu_blocks − 1`: block 0 is vLLM's null block).
+    pub usable_blocks: usize,
+    /// Workers (the oracle pools their caches).
+    pub workers: usize,
+}
+
+impl Fit {
+    /// Leaves out of `w` every request whose prompt (`prompts[id]`, token ids) plus
+    /// `max_tokens` cannot fit one worker's cache (and the rounds that wait for it). Returns
+    /// the workload to send, the number left out and the kept requests' prompts (by new id),
+    /// for [`Self::oracle`]: both sides of the comparison cover the same requests.
+    pub fn keep(&self, w: &Workload, prompts: &[Vec<u32>]) -> (Workload, usize, Vec<Vec<u32>>) {
+        let drop: Vec<bool> = w
+            .requests
+            .iter()
+            .map(|r| {
+                let len = prompts.get(r.id).map_or(0, Vec::len);
+                !crate::workload::fits_cache(len, r.max_tokens, self.block_size, self.usable_blocks)
+            })
+            .collect();
+        let (kept, excluded) = w.excluding(&drop);
+        // `excluding` keeps the order, so the kept prompts are the survivors in order.
+        let gone = w.with_followers(&drop);
+        let kept_prompts: Vec<Vec<u32>> = prompts
+            .iter()
+            .zip(&gone)
+            .filter(|(_, g)| !**g)
+            .map(|(p, _)| p.clone())
+            .collect();
+        (kept, excluded, kept_prompts)
+    }
+
+    /// The oracle bound over `prompts` (arrival order) for the fleet's pooled cache.
+    pub fn oracle(&self, prompts: &[Vec<u32>]) -> f64 {
+        let cap = self.workers * self.usable_blocks;
+        oracle::oracle_bound(prompts, self.block_size, cap).rate()
+    }
+
+    /// When some of `r`'s requests failed at run time (they never reached an engine, or
+    /// stopped), its engine-side figures cover only the others: sets
+    /// [`PolicyResult::oracle_ok_hit_rate`], the oracle over the requests that succeeded
+    /// (`r.ok_ids`, ids into `prompts`), and says so in the notes. Nothing when all succeeded.
+    pub fn failed_requests(&self, r: &mut PolicyResult, prompts: &[Vec<u32>]) {
+        if r.error.is_some() || r.ok_ids.len() == r.requests {
+            return;
+        }
+        let ok: Vec<Vec<u32>> = r
+            .ok_ids
+            .iter()
+            .filter_map(|&id| prompts.get(id).cloned())
+            .collect();
+        let rate = self.oracle(&ok);
+        r.oracle_ok_hit_rate = Some(rate);
+        r.notes.push(format!(
+            "{} of {} requests failed: compare its hit rate with the oracle over its {} successful requests, {:.1}%",
+            r.requests - r.ok_ids.len(),
+            r.requests,
+            r.ok_ids.len(),
+            rate * 100.0
+        ));
+    }
 }
 
 async fn tokenize(
@@ -507,4 +665,111 @@ async fn tokenize(
         .iter()
         .filter_map(|t| t.as_u64().map(|x| x as u32))
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workload::{Payload, WorkRequest};
+
+    fn workload(max_tokens: &[u32]) -> Workload {
+        let requests = max_tokens
+            .iter()
+            .enumerate()
+            .map(|(id, &m)| WorkRequest {
+                id,
+                at: Duration::from_millis(id as u64),
+                payload: Payload::Completion(format!("p{id}")),
+                max_tokens: m,
+                after: None,
+                group: 0,
+            })
+            .collect();
+        Workload::new("t", requests)
+    }
+
+    #[test]
+    fn fit_excludes_unfit_requests_from_the_run_and_the_oracle() {
+        // 4-token blocks, 3 usable per worker (12 tokens), 1 worker.
+        let fit = Fit {
+            block_size: 4,
+            usable_blocks: 3,
+            workers: 1,
+        };
+        // Request 1 (10 + 4 = 14 tokens) does not fit; 0 and 2 share their first two blocks.
+        let w = workload(&[2, 4, 2]);
+        let prompts = vec![
+            vec![1, 2, 3, 4, 5, 6, 7, 8, 9],
+            vec![9; 10],
+            vec![1, 2, 3, 4, 5, 6, 7, 8, 10],
+        ];
+        let (kept, excluded, kept_prompts) = fit.keep(&w, &prompts);
+        let rate = fit.oracle(&kept_prompts);
+        assert_eq!(excluded, 1);
+        let sent: Vec<&Payload> = kept.requests.iter().map(|r| &r.payload).collect();
+        assert_eq!(
+            sent,
+            [
+                &Payload::Completion("p0".into()),
+                &Payload::Completion("p2".into())
+            ]
+        );
+        // Oracle over 0 and 2 only: 8 of 18 prompt tokens hit. With request 1 in between, its
+        // 2 blocks would have evicted request 0's from the 3-block cache (0 hits).
+        assert_eq!(rate, 8.0 / 18.0);
+        let all = oracle::oracle_bound(&prompts, 4, 3).rate();
+        assert_eq!(all, 0.0);
+        // Everything fits: nothing excluded, the oracle sees every prompt.
+        let roomy = Fit {
+            usable_blocks: 8,
+            ..fit
+        };
+        let (kept, excluded, _) = roomy.keep(&w, &prompts);
+        assert_eq!((kept.requests.len(), excluded), (3, 0));
+    }
+
+    #[test]
+    fn failed_requests_get_an_oracle_over_the_successful_ones() {
+        let fit = Fit {
+            block_size: 4,
+            usable_blocks: 8,
+            workers: 1,
+        };
+        let prompts = vec![vec![1, 2, 3, 4, 5], vec![9; 5], vec![1, 2, 3, 4, 6]];
+        // Request 0 failed: request 2's hit on 0's block is not in the engines' counters.
+        let mut r = PolicyResult {
+            requests: 3,
+            ok: 2,
+            ok_ids: vec![1, 2],
+            ..PolicyResult::default()
+        };
+        fit.failed_requests(&mut r, &prompts);
+        assert_eq!(r.oracle_ok_hit_rate, Some(0.0));
+        assert!(
+            r.notes[0].starts_with("1 of 3 requests failed"),
+            "{:?}",
+            r.notes
+        );
+        // All succeeded: the workload's oracle stands, no note.
+        let mut all = PolicyResult {
+            requests: 3,
+            ok: 3,
+            ok_ids: vec![0, 1, 2],
+            ..PolicyResult::default()
+        };
+        fit.failed_requests(&mut all, &prompts);
+        assert_eq!((all.oracle_ok_hit_rate, all.notes.len()), (None, 0));
+        assert_eq!(fit.oracle(&prompts), 4.0 / 15.0);
+    }
+
+    #[test]
+    fn per_replica_counts_the_client_spread() {
+        let o = |replica| Outcome {
+            replica,
+            ..Outcome::default()
+        };
+        let outs = [o(Some(0)), o(Some(1)), o(Some(0)), o(Some(2))];
+        assert_eq!(per_replica(&outs, 3), [2, 1, 1]);
+        assert!(per_replica(&[o(None)], 0).is_empty());
+    }
 }

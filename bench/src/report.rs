@@ -2,8 +2,11 @@
 //!
 //! `summary.json` (the README demo's contract, issue 4): a list of objects
 //! `{"policy", "prefix_hit_rate" (0..1, engine-side), "ttft_p50_ms", "ttft_p99_ms",
-//! "requests_per_worker": [..], "gateway_added_p99_ms"}`, one per policy. A policy that failed to
-//! start has `null` numbers and an `"error"`; nothing is ever estimated.
+//! "requests_per_worker": [..], "gateway_added_p99_ms"}`, one per policy, plus `"max_over_mean"`
+//! when measured, `"requests_per_replica": [..]` with `--replicas N` (N > 1), and
+//! `"oracle_ok_hit_rate"` when some requests failed (the oracle over the successful ones). A policy that
+//! failed to start has `null` numbers and an `"error"`; nothing is ever estimated. (`main` adds
+//! `"workload"` and `"excluded_requests"` to each entry.)
 //!
 //! The verdict ([`verdicts`]): one line per policy comparing its TTFT p99 with round robin's
 //! (`rr`) and its hit rate with the oracle bound, printed under the table.
@@ -49,6 +52,15 @@ pub struct PolicyResult {
     pub requests_per_worker: Vec<u64>,
     /// `max / mean` of `requests_per_worker`.
     pub max_over_mean: Option<f64>,
+    /// Requests the client sent to each gateway replica (`--replicas N`, N > 1); empty for a
+    /// single gateway.
+    pub requests_per_replica: Vec<u64>,
+    /// Ids of the requests that succeeded (the `ok` ones).
+    #[serde(skip)]
+    pub ok_ids: Vec<usize>,
+    /// When some requests failed at run time: the oracle bound over the successful ones only
+    /// (the engines' counters do not see the failed ones); `None` when all succeeded.
+    pub oracle_ok_hit_rate: Option<f64>,
     /// Client↔engine latency not spent in the engine, real ms (see `client::Outcome::added_ms`).
     pub gateway_added_ms: Option<Quantiles>,
     /// Notes (engagement check, header availability, errors seen).
@@ -74,6 +86,12 @@ struct SummaryEntry<'a> {
     ttft_p50_ms: Option<f64>,
     ttft_p99_ms: Option<f64>,
     requests_per_worker: &'a [u64],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_over_mean: Option<f64>,
+    #[serde(skip_serializing_if = "<[u64]>::is_empty")]
+    requests_per_replica: &'a [u64],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    oracle_ok_hit_rate: Option<f64>,
     gateway_added_p99_ms: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<&'a str>,
@@ -89,6 +107,9 @@ pub fn summary_json(results: &[PolicyResult]) -> serde_json::Value {
             ttft_p50_ms: r.ttft_ms.map(|q| q.p50),
             ttft_p99_ms: r.ttft_ms.map(|q| q.p99),
             requests_per_worker: &r.requests_per_worker,
+            max_over_mean: r.max_over_mean,
+            requests_per_replica: &r.requests_per_replica,
+            oracle_ok_hit_rate: r.oracle_ok_hit_rate,
             gateway_added_p99_ms: r.gateway_added_ms.map(|q| q.p99),
             error: r.error.as_deref(),
         })

@@ -19,13 +19,44 @@ pub enum Target {
     Gateway(String),
     /// Client-side round-robin over worker base URLs (the `direct` baseline).
     Direct(Vec<String>),
+    /// Client-side round-robin over gateway replicas' base URLs (`--replicas N`): request `id`
+    /// goes to replica `id mod N`.
+    Replicas(Vec<String>),
+}
+
+/// Where one request goes: the base URL, and the worker (`direct`) or replica index chosen.
+struct Pick {
+    base: String,
+    direct: Option<usize>,
+    replica: Option<usize>,
 }
 
 impl Target {
-    fn pick(&self, id: usize) -> (String, Option<usize>) {
+    fn pick(&self, id: usize) -> Pick {
         match self {
-            Target::Gateway(u) => (u.clone(), None),
-            Target::Direct(us) => (us[id % us.len()].clone(), Some(id % us.len())),
+            Target::Gateway(u) => Pick {
+                base: u.clone(),
+                direct: None,
+                replica: None,
+            },
+            Target::Direct(us) => Pick {
+                base: us[id % us.len()].clone(),
+                direct: Some(id % us.len()),
+                replica: None,
+            },
+            Target::Replicas(us) => Pick {
+                base: us[id % us.len()].clone(),
+                direct: None,
+                replica: Some(id % us.len()),
+            },
+        }
+    }
+
+    /// A base URL to send a probe to (the first worker or replica).
+    pub fn first(&self) -> &str {
+        match self {
+            Target::Gateway(u) => u,
+            Target::Direct(us) | Target::Replicas(us) => &us[0],
         }
     }
 }
@@ -57,7 +88,11 @@ pub async fn run(
     let done = Arc::new(done);
     let mut tasks = Vec::with_capacity(workload.requests.len());
     for r in &workload.requests {
-        let (base, direct) = target.pick(r.id);
+        let Pick {
+            base,
+            direct,
+            replica,
+        } = target.pick(r.id);
         let url = format!("{base}{}", r.payload.path());
         let body = Bytes::from(r.payload.body(model, r.max_tokens).to_string());
         let at = start + r.at.mul_f64(limits.time_scale);
@@ -70,6 +105,7 @@ pub async fn run(
             }
             let mut out = send(&client, id, &url, body, limits.request_timeout).await;
             out.direct_worker = direct;
+            out.replica = replica;
             let _ = done[id].0.send(true);
             out
         }));

@@ -115,3 +115,75 @@ fn bench_routing_writes_summary_table_and_chart_and_kv_beats_round_robin() {
         "chart.png dimensions"
     );
 }
+
+#[test]
+#[ignore = "end-to-end benchmark run: scripts/test.sh runs it as its own step (--ignored)"]
+fn bench_routing_spreads_over_replicas_and_excludes_unfit_trace_requests() {
+    let out = tempfile::tempdir().expect("tmp");
+    // 2 loxilb replicas of the kv rule over 2 workers; workload a (fits), then a synthetic
+    // trace of 32-token blocks whose 6-block prompts (192 tokens + BOS + 2 output) do not fit
+    // 12 blocks of 16 (11 usable: 176 tokens) while the shorter ones do.
+    let run = Command::new(env!("CARGO_BIN_EXE_bench-routing"))
+        .arg("--bin-dir")
+        .arg(bin_dir())
+        .arg("--out")
+        .arg(out.path())
+        .args(["--workload", "a,c", "--policies", "kv", "--replicas", "2"])
+        .args(["--workers", "2", "--groups", "2", "--system-tokens", "96"])
+        .args(["--question-tokens", "16", "--output-tokens", "2"])
+        .args(["--trace-block-tokens", "32", "--num-gpu-blocks", "12"])
+        .args(["--qps", "20", "--duration", "3", "--time-scale", "0.25"])
+        .args(["--seed", "7"])
+        .output()
+        .expect("run bench-routing");
+    let log = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(run.status.success(), "bench-routing failed:\n{log}");
+    let text = std::fs::read_to_string(out.path().join("summary.json")).expect("summary.json");
+    let summary: Vec<Value> = serde_json::from_str(&text).expect("summary is a JSON list");
+    assert_eq!(summary.len(), 2, "{text}");
+    let count = |v: &Value| -> Vec<u64> {
+        v.as_array()
+            .unwrap_or_else(|| panic!("not a list: {v}"))
+            .iter()
+            .map(|n| n.as_u64().expect("count"))
+            .collect()
+    };
+    // Workload a: 60 requests, the client alternates replicas, every request answered.
+    let a = &summary[0];
+    assert_eq!(a["workload"], "shared_prefix", "{a}");
+    assert_eq!(count(&a["requests_per_replica"]), [30, 30], "{a}");
+    assert_eq!(
+        count(&a["requests_per_worker"]).iter().sum::<u64>(),
+        60,
+        "{a}"
+    );
+    assert_eq!(a["excluded_requests"], 0, "{a}");
+    assert!(a["max_over_mean"].as_f64().is_some_and(|m| m >= 1.0), "{a}");
+    // Workload c: the unfit prompts are left out of the run and the oracle, and said so.
+    let c = &summary[1];
+    assert_eq!(c["workload"], "trace", "{c}");
+    let excluded = c["excluded_requests"].as_u64().expect("excluded_requests");
+    let served: u64 = count(&c["requests_per_worker"]).iter().sum();
+    assert!(excluded > 0 && served > 0, "{c}");
+    assert_eq!(
+        excluded + served,
+        60,
+        "every request either excluded or served: {c}"
+    );
+    assert_eq!(
+        count(&c["requests_per_replica"]).iter().sum::<u64>(),
+        served,
+        "{c}"
+    );
+    let md = std::fs::read_to_string(out.path().join("results.md")).expect("results.md");
+    assert!(
+        md.contains(&format!(
+            "{excluded} excluded from the run and from the oracle"
+        )),
+        "{md}"
+    );
+}

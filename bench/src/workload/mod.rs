@@ -132,6 +132,55 @@ impl Workload {
     pub fn span(&self) -> Duration {
         self.requests.last().map(|r| r.at).unwrap_or_default()
     }
+
+    /// `drop` (by request id; shorter = false for the rest) extended to every request that
+    /// waits for a dropped one through `after`, transitively: one flag per request.
+    pub fn with_followers(&self, drop: &[bool]) -> Vec<bool> {
+        let mut gone = vec![false; self.requests.len()];
+        // `after` always names an earlier request (arrival order), so one pass is transitive.
+        for r in &self.requests {
+            gone[r.id] = drop.get(r.id).copied().unwrap_or(false)
+                || r.after
+                    .is_some_and(|a| gone.get(a).copied().unwrap_or(false));
+        }
+        gone
+    }
+
+    /// This workload without the requests whose `drop[id]` is true, nor any request that
+    /// waits (through `after`, transitively) for a dropped one: a conversation round cannot be
+    /// sent without its predecessor. Ids are renumbered in order. Returns the workload and the
+    /// number of requests removed. `drop` shorter than the workload keeps the rest.
+    pub fn excluding(&self, drop: &[bool]) -> (Workload, usize) {
+        let gone = self.with_followers(drop);
+        let mut new_id = vec![0usize; self.requests.len()];
+        let mut kept: Vec<WorkRequest> = Vec::with_capacity(self.requests.len());
+        for r in self.requests.iter().filter(|r| !gone[r.id]) {
+            new_id[r.id] = kept.len();
+            kept.push(WorkRequest {
+                id: kept.len(),
+                after: r.after.map(|a| new_id[a]),
+                ..r.clone()
+            });
+        }
+        let removed = self.requests.len() - kept.len();
+        let w = Workload {
+            name: self.name.clone(),
+            requests: kept,
+        };
+        (w, removed)
+    }
+}
+
+/// Whether a prompt of `prompt_tokens` plus `max_tokens` output fits an engine whose KV cache
+/// holds `usable_blocks` blocks of `block_size` tokens (vLLM and vllm-sim refuse it otherwise:
+/// `… do not fit the KV cache`). `block_size` 0 is taken as 1.
+pub fn fits_cache(
+    prompt_tokens: usize,
+    max_tokens: u32,
+    block_size: usize,
+    usable_blocks: usize,
+) -> bool {
+    (prompt_tokens + max_tokens as usize).div_ceil(block_size.max(1)) <= usable_blocks
 }
 
 /// Errors from building a workload.

@@ -240,3 +240,72 @@ fn bad_parameters_are_named() {
     assert!(e.to_string().contains("arrival"), "{e}");
     assert!(Arrival::parse("poisson", 0.0).is_err());
 }
+
+fn req(id: usize, after: Option<usize>) -> super::WorkRequest {
+    super::WorkRequest {
+        id,
+        at: std::time::Duration::from_millis(id as u64),
+        payload: Payload::Completion(format!("p{id}")),
+        max_tokens: 4,
+        after,
+        group: 0,
+    }
+}
+
+#[test]
+fn excluding_drops_marked_requests_and_their_followers_and_renumbers() {
+    // 0 ← 2 ← 4 is one conversation; 1 and 3 are independent.
+    let w = super::Workload::new(
+        "t",
+        vec![
+            req(0, None),
+            req(1, None),
+            req(2, Some(0)),
+            req(3, None),
+            req(4, Some(2)),
+        ],
+    );
+    let (kept, removed) = w.excluding(&[false, false, true, false, false]);
+    assert_eq!(removed, 2, "request 2 and request 4, which waits for it");
+    let prompts: Vec<&str> = kept.requests.iter().map(|r| prompt(&r.payload)).collect();
+    assert_eq!(prompts, ["p0", "p1", "p3"]);
+    assert_eq!(
+        kept.requests.iter().map(|r| r.id).collect::<Vec<_>>(),
+        [0, 1, 2]
+    );
+    let (kept, removed) = w.excluding(&[true]);
+    assert_eq!(removed, 3, "0, then 2 and 4 through `after`");
+    let linked: Vec<(usize, Option<usize>)> =
+        kept.requests.iter().map(|r| (r.id, r.after)).collect();
+    assert_eq!(linked, [(0, None), (1, None)]);
+    let (same, removed) = w.excluding(&[]);
+    assert_eq!((removed, same), (0, w.clone()));
+    // A kept follower's `after` is remapped to its predecessor's new id.
+    let (kept, _) = w.excluding(&[false, true]);
+    let linked: Vec<Option<usize>> = kept.requests.iter().map(|r| r.after).collect();
+    assert_eq!(linked, [None, Some(0), None, Some(1)]);
+}
+
+#[test]
+fn fit_check_matches_the_engines_rule() {
+    // 16-token blocks, 10 usable: 160 tokens of prompt + output fit, 161 do not.
+    assert!(super::fits_cache(150, 10, 16, 10));
+    assert!(!super::fits_cache(151, 10, 16, 10));
+    assert!(!super::fits_cache(1, 0, 16, 0));
+}
+
+#[test]
+fn trace_cache_size_fits_the_longest_prompt_with_bos_and_output() {
+    use super::trace::cache_blocks_for;
+    // 12,288-token prompts (the run that failed 439 of 1,200), 256 output tokens, 16-token
+    // blocks: 12,288 + 16 + 256 = 12,560 tokens = 785 blocks, + the null block.
+    assert_eq!(cache_blocks_for(12_288, 256, 16), 786);
+    for (prompt, out, bs) in [(3584, 256, 16), (12_288, 256, 16), (513, 1, 512), (1, 0, 1)] {
+        let blocks = cache_blocks_for(prompt, out, bs);
+        // Usable = blocks − 1 (block 0 is the null block); a BOS token more still fits.
+        assert!(
+            super::fits_cache(prompt + 1, out, bs, blocks - 1),
+            "{prompt} {out} {bs}"
+        );
+    }
+}

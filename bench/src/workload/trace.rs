@@ -46,6 +46,20 @@ pub struct TraceReplay {
     pub seed: u64,
 }
 
+/// KV blocks per worker (vLLM's `num_gpu_blocks`, block 0 included) so that every replayed
+/// prompt fits an engine with `block_size`-token blocks: a prompt of at most
+/// `max_prompt_tokens` tokens, one block of slack for the special tokens the tokenizer adds
+/// (BOS), `max_output_tokens` of output, and vLLM's null block. Trace mode's default cache
+/// size, so that no request fails with `… do not fit the KV cache`.
+pub fn cache_blocks_for(
+    max_prompt_tokens: usize,
+    max_output_tokens: u32,
+    block_size: usize,
+) -> usize {
+    let bs = block_size.max(1);
+    (max_prompt_tokens + bs + max_output_tokens as usize).div_ceil(bs) + 1
+}
+
 /// Reads a JSONL trace. Errors name the line and the field serde rejected.
 pub fn read_trace(path: &Path) -> Result<Vec<TraceRecord>, WorkloadError> {
     let shown = path.display().to_string();

@@ -16,12 +16,22 @@
 //! over `cap_i`, sending the request to an endpoint that must recompute the whole prefix (a cold
 //! prefill, and one more copy of the prefix in the fleet's caches). A request over the cap on its
 //! owner only waits for a batch slot, so loxi relieves only beyond twice the slack, `2ε`; a
-//! holder under `cap_i` still takes the spill first.
+//! holder under `cap_i` still takes the spill first. The `2ε` allowance is one endpoint's, for
+//! the whole prefix: relief starts when the holders of the prefix *together* carry the owner's
+//! relief cap (`Σ_{o_j > 0} L_j + 1 > ceil((1 + 2ε)·(T + 1)·c_owner)`, [`relief_due`]), not only
+//! when the owner alone does. With one holder the two are the same; with several, each held
+//! under `cap_i` but none over the relief cap, LoxiLB's bound `cap_i` would otherwise never
+//! come back: a cold burst of one prefix whose blocks two endpoints hold (a cold seed or a
+//! spill made the second copy) went 32/32/0/0 over 4 endpoints, above `cap_i` = 28 on both
+//! (issue 13); it now spreads within `cap_i` (about 22/21/21/0). Gateway replicas that share
+//! nothing but the engines each apply it to their own in-flight counts; the bound is additive
+//! over replicas (each keeps its share of every endpoint under its own `cap_i`), so no
+//! replica count needs configuring.
 //!
 //! | law | rule |
 //! |-----|------|
 //! | `off` | owner |
-//! | `hard` | bounded load: `cap_i = ceil((1 + ε)·(T + 1)·c_i)`, `ε = (LOXILB_KV_MEAN_LOAD_FACTOR − 100)/100`. Walk endpoints with `o_i > 0` by descending `o_i` (ties by lower `L_i`, then index); the first with `L_i + 1 ≤ cap_i` wins (a spill if it is not the owner). If all are over cap: with spill relief, and the owner also over the relief cap `ceil((1 + 2ε)·(T + 1)·c_i)`, the least-loaded under-cap eligible endpoint wins (any overlap, ties by index; a spill), otherwise the owner. |
+//! | `hard` | bounded load: `cap_i = ceil((1 + ε)·(T + 1)·c_i)`, `ε = (LOXILB_KV_MEAN_LOAD_FACTOR − 100)/100`. Walk endpoints with `o_i > 0` by descending `o_i` (ties by lower `L_i`, then index); the first with `L_i + 1 ≤ cap_i` wins (a spill if it is not the owner). If all are over cap: with spill relief, and the holders together over the owner's relief cap (`Σ_{o_j>0} L_j + 1 > ceil((1 + 2ε)·(T + 1)·c_owner)`), the least-loaded under-cap eligible endpoint wins (any overlap, ties by index; a spill), otherwise the owner. |
 //! | `soft` | `u_i = 1000·o_i/n − λ·L_i/(N·c_i)`, `λ = LOXILB_KV_LOAD_PENALTY`; `argmax u_i` over all eligible (ties by index); a spill when it is not the owner. |
 //! | `adaptive` | `hard` with `ε·f` |
 //! | `adaptive-soft` | `soft` with `λ·f` |
@@ -215,7 +225,7 @@ fn hard(cands: &[Cand], eps: f64, relief: bool) -> Option<EpIdx> {
     }
     // Relief recomputes the whole prefix elsewhere, so it waits for twice the slack.
     let owner = holders().min_by(|a, b| by_overlap(a, b))?;
-    if !relief || owner.load < cap(owner, cands, 2.0 * eps) {
+    if !relief || !relief_due(cands, owner, eps) {
         return None;
     }
     cands
@@ -223,6 +233,15 @@ fn hard(cands: &[Cand], eps: f64, relief: bool) -> Option<EpIdx> {
         .filter(|c| under(c))
         .min_by(|a, b| a.load.cmp(&b.load).then(a.ep.cmp(&b.ep)))
         .map(|c| c.ep)
+}
+
+/// `hard` relief (loxi deviation, see the module doc), when every holder is over `cap_i`: the
+/// holders of the prefix (`o_j > 0`) together carry at least the owner's relief cap,
+/// `Σ_{o_j > 0} L_j ≥ ceil((1 + 2ε)·(T + 1)·c_owner)`, i.e. one more request would put more
+/// than one endpoint's `2ε` allowance on the prefix's copies.
+pub fn relief_due(cands: &[Cand], owner: &Cand, eps: f64) -> bool {
+    let held: u64 = cands.iter().filter(|c| c.overlap > 0).map(|c| c.load).sum();
+    held >= cap(owner, cands, 2.0 * eps)
 }
 
 fn soft(cands: &[Cand], lambda: f64, n: usize) -> EpIdx {

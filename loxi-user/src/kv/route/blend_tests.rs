@@ -114,6 +114,49 @@ fn hard_relief_waits_for_twice_the_slack() {
 }
 
 #[test]
+fn hard_relief_counts_every_holder_of_the_prefix() {
+    // A cold burst of one prefix held by ep0 and ep1 (a cold seed made the second copy),
+    // T = 40 over 4: cap = ceil(1.75 · 41 / 4) = 18, relief cap = ceil(2.5 · 41 / 4) = 26.
+    // Neither holder is over the relief cap alone (20 + 1 ≤ 26), but together they carry 40:
+    // relief to the least loaded under-cap endpoint (ep2), as LoxiLB's bound asks.
+    let cands = [c(0, 4, 20), c(1, 4, 20), c(2, 0, 0), c(3, 0, 0)];
+    assert!(relief_due(&cands, &cands[0], 0.75));
+    assert_eq!(blend(&cands, &params(LbMode::Hard, true)), pick(2, true));
+    // Without spill relief, LoxiLB's law keeps the owner (lower load, then index).
+    assert_eq!(blend(&cands, &params(LbMode::Hard, false)), pick(0, false));
+    // One holder: the sum is the owner's load, the rule of `hard_relief_waits_for_twice_the_slack`.
+    let one = [c(0, 4, 9), c(1, 0, 1), c(2, 0, 0)];
+    assert!(!relief_due(&one, &one[0], 0.75));
+    // Two holders that together stay under one relief cap keep the prefix: T = 10 over 3,
+    // cap = 7, relief cap = 10; holders 4 + 4 = 8 < 10 → the walk's first under-cap holder.
+    let two = [c(0, 4, 4), c(1, 4, 4), c(2, 0, 2)];
+    assert!(!relief_due(&two, &two[0], 0.75));
+    assert_eq!(blend(&two, &params(LbMode::Hard, true)), pick(0, false));
+}
+
+#[test]
+fn hard_cold_burst_of_one_prefix_stays_within_the_cap() {
+    // 64 requests of one prefix, none finishing, over 4 endpoints: the first lands on ep0
+    // (tier miss → rr), the second is a cold seed on ep1; every later one goes where the law
+    // says and its blocks become a holding there (the tier's prediction). No endpoint may end
+    // above LoxiLB's cap for the burst, ceil(1.75 · 64 / 4) = 28.
+    let mut loads = [1u64, 1, 0, 0];
+    let mut held = [true, true, false, false];
+    let p = params(LbMode::Hard, true);
+    for _ in 2..64 {
+        let cands: Vec<Cand> = (0..4)
+            .map(|e| c(e, if held[e] { 4 } else { 0 }, loads[e]))
+            .collect();
+        let ep = blend(&cands, &p).expect("pick").ep;
+        loads[ep] += 1;
+        held[ep] = true;
+    }
+    assert_eq!(loads.iter().sum::<u64>(), 64);
+    assert!(loads.iter().all(|&l| l <= 28), "{loads:?}");
+    assert_eq!(loads, [22, 21, 21, 0]);
+}
+
+#[test]
 fn hard_weight_share_raises_the_cap() {
     let cands = [
         Cand {
