@@ -91,7 +91,7 @@ struct Args {
     #[arg(long, default_value_t = 900)]
     engine_ready_timeout_s: u64,
     /// (real-vllm) `--max-model-len` of the engines (0: what one engine's cache holds,
-    /// `num_gpu_blocks × block_size`, at most 2048; vLLM refuses a longer one).
+    /// `(num_gpu_blocks − 1) × block_size`, at most 2048; vLLM refuses a longer one).
     #[arg(long, default_value_t = 0)]
     max_model_len: usize,
     /// Closed-loop replay: at most this many requests in flight, each sent after its arrival
@@ -193,7 +193,8 @@ impl Args {
                         .with_context(|| model_dir.display().to_string())?,
                     threads: self.engine_threads.max(1),
                     max_model_len: match self.max_model_len {
-                        0 => (self.gpu_blocks() * self.block_size).min(2048),
+                        // Block 0 is vLLM's null block.
+                        0 => (self.gpu_blocks().saturating_sub(1) * self.block_size).min(2048),
                         n => n,
                     },
                     ready_timeout: Duration::from_secs(self.engine_ready_timeout_s),
