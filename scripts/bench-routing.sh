@@ -12,6 +12,12 @@
 # --cpu-hog N keeps N CPUs busy with `stress-ng --cpu N` for the whole run (issue 9 §2: the KV
 # tier's decision budget, LOXI_KV_DECISION_BUDGET_MS, must hold under CPU pressure; compare
 # the kv policy's added p99 with rr's in the same run).
+# --engines real-vllm runs REAL vLLM CPU 0.32 engines instead of vllm-sim (issue 13; opt-in, not
+# in CI): ../shared/scripts/real-vllm-cpu.sh --install-only installs them first (idempotent; ~3 GB
+# and minutes on first use). E.g. the issue's setup, loxi's laws and the peers at concurrency 4:
+#   scripts/bench-routing.sh --engines real-vllm --workers 3 --block-size 32 --num-gpu-blocks 30 \
+#     --workload a --groups 6 --system-tokens 320 --question-tokens 48 --qps 48 --duration 1 \
+#     --arrival fixed --concurrency 4 --policies rr,kv --laws work,off --peers
 # Every other flag goes to target/release/bench-routing (see `--help`): --policies, --laws,
 # --qps, --duration, --time-scale, --workers, --num-gpu-blocks, --trace FILE, --replicas N, ...
 # Builds the release binaries through the idempotent scripts/setup.sh first
@@ -23,13 +29,16 @@ ROOT=$(pwd)
 OUT="$ROOT/target/bench-routing/$(date +%Y%m%d-%H%M%S)"
 ARGS=()
 HOG=0
+ENGINES=sim
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) OUT=$2; shift 2 ;;
     --out=*) OUT=${1#--out=}; shift ;;
     --cpu-hog) HOG=$2; shift 2 ;;
     --cpu-hog=*) HOG=${1#--cpu-hog=}; shift ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    --engines) ENGINES=$2; ARGS+=("$1" "$2"); shift 2 ;;
+    --engines=*) ENGINES=${1#--engines=}; ARGS+=("$1"); shift ;;
     *) ARGS+=("$1"); shift ;;
   esac
 done
@@ -41,6 +50,10 @@ BIN=${LOXI_BIN_DIR:-$ROOT/target/release}   # LOXI_BIN_DIR: other builds (e.g. t
 for b in bench-routing vllm-sim loxilb loxicmd; do
   [ -x "$BIN/$b" ] || { echo "bench-routing.sh: $BIN/$b missing (setup failed?)" >&2; exit 1; }
 done
+if [ "$ENGINES" = real-vllm ]; then
+  SHARED=${LOXI_SHARED:-$ROOT/../shared}
+  bash "$SHARED/scripts/real-vllm-cpu.sh" --install-only
+fi
 if [ "$HOG" != 0 ]; then
   command -v stress-ng >/dev/null || { echo "bench-routing.sh: --cpu-hog needs stress-ng (setup.sh installs it)" >&2; exit 1; }
 fi
@@ -57,6 +70,13 @@ cleanup() {
     kill -TERM -- "-$pid" 2>/dev/null || true
     sleep 1
     kill -KILL -- "-$pid" 2>/dev/null || true
+  fi
+  # Real engines run in their own process groups (bench-routing stops them; this catches a
+  # bench-routing that was killed outright).
+  if [ -f "$OUT/logs/real-vllm-pgids" ]; then
+    while read -r g; do
+      [ -n "$g" ] && kill -KILL -- "-$g" 2>/dev/null || true
+    done < "$OUT/logs/real-vllm-pgids"
   fi
 }
 trap cleanup EXIT

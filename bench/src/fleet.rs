@@ -33,6 +33,9 @@ pub struct FleetSpec {
     pub hash_seed: String,
     /// Hash algorithm (`sha256_cbor`).
     pub hash_algo: String,
+    /// Real vLLM CPU engines instead of `vllm-sim` (`bin` and `time_scale` are then unused;
+    /// `num_gpu_blocks` is `--num-gpu-blocks-override`).
+    pub real_vllm: Option<super::real_vllm::RealVllmSpec>,
 }
 
 /// Running workers.
@@ -48,8 +51,12 @@ pub struct Fleet {
 }
 
 impl Fleet {
-    /// Starts the workers and waits for each `/health`.
+    /// Starts the workers and waits for each `/health` (real vLLM engines with
+    /// [`FleetSpec::real_vllm`], see [`super::real_vllm`]).
     pub async fn start(spec: &FleetSpec, client: &HttpClient, logs: &Path) -> Result<Self, String> {
+        if let Some(real) = &spec.real_vllm {
+            return super::real_vllm::start(spec, real, client, logs).await;
+        }
         let hosts: Vec<String> = (0..spec.workers)
             .map(|i| format!("127.0.0.{}", i + 2))
             .collect();

@@ -4,7 +4,8 @@
 //!
 //! - [`workload`]: the seeded workloads (shared prefix, multi-turn, trace replay).
 //! - [`plan`]: orchestration (fleet, per-policy router, run, counters).
-//! - [`fleet`], [`gateway`], [`peers`], [`procs`]: the processes.
+//! - [`fleet`], [`gateway`], [`peers`], [`procs`]: the processes; [`real_vllm`]: the fleet of
+//!   real vLLM CPU engines (`--engines real-vllm`).
 //! - [`runner`], [`client`]: concurrent replay and per-request timing.
 //! - [`scrape`]: Prometheus text. [`stats`]: percentiles. [`oracle`]: the offline bound.
 //! - [`report`], [`chart`]: Markdown, `summary.json`, verdicts, PNG.
@@ -19,6 +20,7 @@ pub mod oracle;
 pub mod peers;
 pub mod plan;
 pub mod procs;
+pub mod real_vllm;
 pub mod report;
 pub mod runner;
 pub mod scrape;

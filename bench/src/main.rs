@@ -11,6 +11,7 @@ use clap::Parser;
 use loxi_bench::fleet::{FleetSpec, stage_tokenizer};
 use loxi_bench::gateway::GatewaySpec;
 use loxi_bench::plan::{Plan, WorkloadResult, execute};
+use loxi_bench::real_vllm::{self, RealVllmSpec};
 use loxi_bench::shared_dir;
 use loxi_bench::workload::multi_turn::MultiTurn;
 use loxi_bench::workload::shared_prefix::SharedPrefix;
@@ -33,7 +34,11 @@ struct Args {
     #[arg(long, default_value = "bench-out")]
     out: PathBuf,
     /// Workloads: a = shared prefix, b = multi-turn, c = trace replay, burst = `--burst`
-    /// same-prefix requests sent at once to cold caches (comma list).
+    /// same-prefix requests sent at once to cold caches (comma list). Each may
+    /// carry `:key=value` overrides of this run's flags, so one fleet serves several shapes:
+    /// `groups`, `per_group` (a: prompts per group), `users`, `rounds` (b), `c` (closed-loop
+    /// concurrency), `run` (a repeat: only names it); e.g. `a:groups=6:per_group=8:c=4,a:groups=6:per_group=16:c=16`. A workload
+    /// with overrides is reported as `<name>-<overrides>`.
     #[arg(long, default_value = "a", value_delimiter = ',')]
     workload: Vec<String>,
     /// Policies in order (comma list): direct, rr, chwbl, kv, kv-<law>, pd (half the workers
@@ -72,9 +77,31 @@ struct Args {
     /// vLLM --max-num-seqs.
     #[arg(long, default_value_t = 64)]
     max_num_seqs: usize,
-    /// Real seconds per simulated second.
-    #[arg(long, default_value_t = 0.1)]
-    time_scale: f64,
+    /// Real seconds per simulated second (default 0.1 with vllm-sim; real engines run in real
+    /// time, so with `--engines real-vllm` only 1 is accepted).
+    #[arg(long)]
+    time_scale: Option<f64>,
+    /// Engines: `sim` (vllm-sim) or `real-vllm` (real vLLM CPU 0.32 engines from the venv of
+    /// `../shared/scripts/real-vllm-cpu.sh`; block size must be a multiple of 32).
+    #[arg(long, default_value = "sim")]
+    engines: String,
+    /// (real-vllm) The engines' virtualenv (default: $VLLM_CPU_VENV or ~/.cache/real-vllm-cpu/venv).
+    #[arg(long)]
+    vllm_venv: Option<PathBuf>,
+    /// (real-vllm) OpenMP threads per engine.
+    #[arg(long, default_value_t = 1)]
+    engine_threads: usize,
+    /// (real-vllm) Seconds all engines together may take to become ready.
+    #[arg(long, default_value_t = 900)]
+    engine_ready_timeout_s: u64,
+    /// (real-vllm) `--max-model-len` of the engines (0: what one engine's cache holds,
+    /// `(num_gpu_blocks − 1) × block_size`, at most 2048; vLLM refuses a longer one).
+    #[arg(long, default_value_t = 0)]
+    max_model_len: usize,
+    /// Closed-loop replay: at most this many requests in flight, each sent after its arrival
+    /// time (0 = open loop: arrivals only).
+    #[arg(long, default_value_t = 0)]
+    concurrency: usize,
     /// PYTHONHASHSEED of the workers = LLB_KV_NONE_HASH_SEED of loxilb.
     #[arg(long, default_value = "0")]
     hash_seed: String,
@@ -152,6 +179,52 @@ fn default_venv() -> PathBuf {
 }
 
 impl Args {
+    /// The `--engines real-vllm` settings, `None` for vllm-sim; refuses what real engines
+    /// cannot honour.
+    fn real_vllm(&self, model_dir: &Path) -> Result<Option<RealVllmSpec>> {
+        match self.engines.as_str() {
+            "sim" => Ok(None),
+            "real-vllm" => {
+                if self.time_scale.is_some_and(|t| t != 1.0) {
+                    bail!(
+                        "--time-scale: real engines run in real time (only 1 is accepted with --engines real-vllm)"
+                    );
+                }
+                if self.block_size % 32 != 0 {
+                    bail!(
+                        "--block-size {}: vLLM's CPU attention needs a multiple of 32 (--engines real-vllm)",
+                        self.block_size
+                    );
+                }
+                let spec = RealVllmSpec {
+                    venv: self
+                        .vllm_venv
+                        .clone()
+                        .unwrap_or_else(real_vllm::default_venv),
+                    model_dir: std::fs::canonicalize(model_dir)
+                        .with_context(|| model_dir.display().to_string())?,
+                    threads: self.engine_threads.max(1),
+                    max_model_len: match self.max_model_len {
+                        // Block 0 is vLLM's null block.
+                        0 => (self.gpu_blocks().saturating_sub(1) * self.block_size).min(2048),
+                        n => n,
+                    },
+                    ready_timeout: Duration::from_secs(self.engine_ready_timeout_s),
+                };
+                spec.python().map_err(anyhow::Error::msg)?;
+                Ok(Some(spec))
+            }
+            other => bail!("--engines: unknown {other:?} (sim or real-vllm)"),
+        }
+    }
+
+    fn time_scale(&self) -> f64 {
+        match self.engines.as_str() {
+            "real-vllm" => 1.0,
+            _ => self.time_scale.unwrap_or(0.1),
+        }
+    }
+
     fn arrival(&self) -> Result<Arrival> {
         Ok(Arrival::parse(&self.arrival, self.qps)?)
     }
@@ -214,12 +287,34 @@ impl Args {
             .collect()
     }
 
-    fn one_workload(&self, w: &str, vocab: &Vocab) -> Result<Workload> {
+    fn one_workload(&self, spec: &str, vocab: &Vocab) -> Result<Workload> {
+        let (w, o) = parse_workload(spec)?;
+        let mut built = self.build_workload(&w, &o, vocab)?;
+        if !o.is_empty() {
+            built.name = format!("{}-{}", built.name, o.label);
+        }
+        built.concurrency = o.concurrency.unwrap_or(0);
+        Ok(built)
+    }
+
+    fn build_workload(&self, w: &str, o: &Overrides, vocab: &Vocab) -> Result<Workload> {
         match w {
-            "a" | "shared_prefix" => Ok(self.shared_prefix()?.build(vocab)?),
+            "a" | "shared_prefix" => {
+                let mut sp = self.shared_prefix()?;
+                if let Some(g) = o.groups {
+                    sp.groups = g;
+                    sp.prompts_per_group = self.total_requests().div_ceil(g.max(1));
+                }
+                if let Some(n) = o.per_group {
+                    sp.prompts_per_group = n;
+                }
+                Ok(sp.build(vocab)?)
+            }
             "b" | "multi_turn" => Ok(MultiTurn {
-                users: self.total_requests().div_ceil(self.rounds.max(1)),
-                rounds: self.rounds,
+                users: o
+                    .users
+                    .unwrap_or_else(|| self.total_requests().div_ceil(self.rounds.max(1))),
+                rounds: o.rounds.unwrap_or(self.rounds),
                 system_tokens: self.mt_system_tokens,
                 question_tokens: self.mt_question_tokens,
                 answer_tokens: self.mt_answer_tokens,
@@ -228,8 +323,10 @@ impl Args {
                 seed: self.seed,
             }
             .build(vocab)?),
-            "c" | "trace" => self.trace_workload(vocab),
-            "burst" => self.burst_workload(vocab),
+            "c" | "trace" if !o.is_shape() => self.trace_workload(vocab),
+            "c" | "trace" => bail!("--workload {w}: only `c=N` applies to a trace"),
+            "burst" if !o.is_shape() => self.burst_workload(vocab),
+            "burst" => bail!("--workload {w}: only `c=N` applies to a burst"),
             other => bail!("--workload: unknown {other:?} (a, b, c or burst)"),
         }
     }
@@ -295,6 +392,68 @@ impl Args {
     }
 }
 
+/// `:key=value` overrides of one `--workload` entry.
+#[derive(Debug, Default, PartialEq)]
+struct Overrides {
+    groups: Option<usize>,
+    per_group: Option<usize>,
+    users: Option<usize>,
+    rounds: Option<usize>,
+    concurrency: Option<usize>,
+    /// Repeat number (only names the run: `a:c=4:run=2`).
+    run: Option<usize>,
+    /// The overrides as given, `-` between them (`groups6-per_group8-c4`), for the report name.
+    label: String,
+}
+
+impl Overrides {
+    fn is_empty(&self) -> bool {
+        self.label.is_empty()
+    }
+
+    /// Overrides of the workload's shape (all but `c`).
+    fn is_shape(&self) -> bool {
+        self.groups.is_some()
+            || self.per_group.is_some()
+            || self.users.is_some()
+            || self.rounds.is_some()
+    }
+}
+
+/// Splits `a:groups=6:c=4` into the workload letter and its overrides; values must be ≥ 1.
+fn parse_workload(spec: &str) -> Result<(String, Overrides)> {
+    let mut parts = spec.split(':');
+    let w = parts.next().unwrap_or_default().to_string();
+    let mut o = Overrides::default();
+    let mut label = Vec::new();
+    for kv in parts {
+        let (k, v) = kv
+            .split_once('=')
+            .with_context(|| format!("--workload {spec}: {kv:?} is not key=value"))?;
+        let n: usize = v
+            .parse()
+            .ok()
+            .filter(|n| *n >= 1)
+            .with_context(|| format!("--workload {spec}: {k}={v:?} is not an integer ≥ 1"))?;
+        let slot = match k {
+            "groups" => &mut o.groups,
+            "per_group" => &mut o.per_group,
+            "users" => &mut o.users,
+            "rounds" => &mut o.rounds,
+            "c" => &mut o.concurrency,
+            // A repeat of the same workload, reported under its own name.
+            "run" => &mut o.run,
+            _ => bail!(
+                "--workload {spec}: unknown override {k:?} (groups, per_group, users, rounds, c, run)"
+            ),
+        };
+        *slot = Some(n);
+        label.push(format!("{k}{n}"));
+    }
+    o.label = label.join("-");
+    Ok((w, o))
+}
+
 fn bin_dir(args: &Args) -> Result<PathBuf> {
     if let Some(d) = &args.bin_dir {
         return Ok(d.clone());
@@ -306,9 +465,13 @@ fn bin_dir(args: &Args) -> Result<PathBuf> {
         .to_path_buf())
 }
 
-fn plan(args: &Args, tokenizer_root: &Path) -> Result<Plan> {
+fn plan(args: &Args, tokenizer_root: &Path, model_dir: &Path) -> Result<Plan> {
     let bins = bin_dir(args)?;
+    let real_vllm = args.real_vllm(model_dir)?;
     for b in ["vllm-sim", "loxilb", "loxicmd"] {
+        if b == "vllm-sim" && real_vllm.is_some() {
+            continue;
+        }
         if !bins.join(b).exists() {
             bail!(
                 "{} not found (build with scripts/setup.sh or pass --bin-dir)",
@@ -326,9 +489,10 @@ fn plan(args: &Args, tokenizer_root: &Path) -> Result<Plan> {
             block_size: args.block_size,
             num_gpu_blocks: args.gpu_blocks(),
             max_num_seqs: args.max_num_seqs,
-            time_scale: args.time_scale,
+            time_scale: args.time_scale(),
             hash_seed: args.hash_seed.clone(),
             hash_algo: "sha256_cbor".into(),
+            real_vllm,
         },
         gateway: GatewaySpec {
             loxilb: bins.join("loxilb"),
@@ -342,6 +506,7 @@ fn plan(args: &Args, tokenizer_root: &Path) -> Result<Plan> {
         venv: args.venv.clone().unwrap_or_else(default_venv),
         request_timeout: Duration::from_secs(args.request_timeout_s),
         replicas: args.replicas,
+        concurrency: args.concurrency,
     })
 }
 
@@ -437,7 +602,7 @@ async fn main() -> Result<()> {
     let tok_root = args.out.join("tokenizers");
     stage_tokenizer(&model_dir, &tok_root, &args.model).map_err(anyhow::Error::msg)?;
     let tok_root = std::fs::canonicalize(&tok_root)?;
-    let plan = plan(&args, &tok_root)?;
+    let plan = plan(&args, &tok_root, &model_dir)?;
     let workloads = args.workloads(&vocab)?;
     let results = tokio::select! {
         r = execute(&plan, &workloads) => r.map_err(anyhow::Error::msg)?,
@@ -463,4 +628,28 @@ async fn main() -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workload_overrides_parse_and_name_the_run() {
+        let (w, o) = parse_workload("a:groups=6:per_group=16:c=16").unwrap_or_default();
+        assert_eq!(w, "a");
+        assert_eq!(o.groups, Some(6));
+        assert_eq!(o.per_group, Some(16));
+        assert_eq!(o.concurrency, Some(16));
+        assert_eq!(o.label, "groups6-per_group16-c16");
+        assert!(o.is_shape());
+        let (w, o) = parse_workload("b").unwrap_or_default();
+        assert_eq!((w.as_str(), o.is_empty()), ("b", true));
+        let (_, o) = parse_workload("c:c=4").unwrap_or_default();
+        assert!(!o.is_shape());
+        assert_eq!(o.concurrency, Some(4));
+        for bad in ["a:groups=0", "a:c", "a:speed=2", "a:c=x"] {
+            assert!(parse_workload(bad).is_err(), "{bad}");
+        }
+    }
 }

@@ -69,16 +69,12 @@ pub async fn start(
     block_size: usize,
     logs: &Path,
 ) -> Result<Peer, String> {
-    let port = free_port(&["127.0.0.1".to_string()])?;
-    // Both routers serve Prometheus metrics on 29000 by default, which another router on the
-    // machine may hold: give each its own port.
-    let mut metrics = free_port(&["127.0.0.1".to_string()])?;
-    while metrics == port {
-        metrics = free_port(&["127.0.0.1".to_string()])?;
-    }
+    let local = ["127.0.0.1".to_string()];
+    let port = free_port(&local)?;
     let mut cmd = command(name, bin, fleet, model, block_size, port)?;
-    cmd.args(["--prometheus-host", "127.0.0.1", "--prometheus-port"])
-        .arg(metrics.to_string());
+    // Both routers bind a Prometheus exporter on 127.0.0.1:29000 by default and exit when it is
+    // taken (another benchmark on the machine): a free port of its own.
+    cmd.args(["--prometheus-port", &free_port(&local)?.to_string()]);
     let mut proc = Proc::spawn(name, cmd, logs)?;
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
     wait_tcp(addr, Duration::from_secs(60), &mut proc).await?;

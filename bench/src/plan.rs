@@ -30,6 +30,8 @@ pub struct Plan {
     /// loxi gateway replicas per loxi policy (≥ 1): each its own `loxilb` with the same rule
     /// over the same fleet; the client sends request `id` to replica `id mod replicas`.
     pub replicas: usize,
+    /// Closed-loop concurrency of the replay (0 = open loop), see [`RunLimits::concurrency`].
+    pub concurrency: usize,
 }
 
 /// Results of one workload.
@@ -89,8 +91,13 @@ pub async fn execute(plan: &Plan, workloads: &[Workload]) -> Result<Vec<Workload
     std::fs::create_dir_all(&logs).map_err(|e| format!("{}: {e}", logs.display()))?;
     let fleet = Fleet::start(&plan.fleet, &client, &logs).await?;
     eprintln!(
-        "[bench] {} vllm-sim workers on {:?} port {}",
+        "[bench] {} {} workers on {:?} port {}",
         fleet.hosts.len(),
+        if plan.fleet.real_vllm.is_some() {
+            "real vLLM"
+        } else {
+            "vllm-sim"
+        },
         fleet.hosts,
         fleet.port
     );
@@ -253,6 +260,10 @@ async fn measure(
     let limits = RunLimits {
         request_timeout: plan.request_timeout,
         time_scale: plan.fleet.time_scale,
+        concurrency: match w.concurrency {
+            0 => plan.concurrency,
+            c => c,
+        },
     };
     let (outcomes, wall) = run(client, target, w, &plan.fleet.model, limits).await;
     let after = fleet.metrics(client).await?;
@@ -359,7 +370,11 @@ fn gateway_notes(policy: &str, before: &str, after: &str) -> Vec<String> {
     };
     let hits = delta("loxilb_pd_kv_tier15_hits_total");
     let fall = delta("loxilb_pd_kv_tier15_fallthrough_total");
-    let mut notes = vec![format!("tier-1.5 hits Δ{hits:.0}, fallthrough Δ{fall:.0}")];
+    let mut notes = vec![format!(
+        "tier-1.5 hits Δ{hits:.0}, fallthrough Δ{fall:.0}, spills Δ{:.0}, cold seeds Δ{:.0}",
+        delta("loxilb_pd_kv_tier15_spills_total"),
+        delta("loxilb_pd_kv_tier15_cold_seeds_total")
+    )];
     if hits == 0.0 {
         notes.push(
             "WARNING: tier-1.5 hits flat: these numbers measure the fallback selector".into(),

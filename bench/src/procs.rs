@@ -15,6 +15,9 @@ pub struct Proc {
     /// Log file (stdout and stderr).
     pub log: PathBuf,
     child: Child,
+    /// Started as the leader of its own process group ([`Proc::spawn_group`]): stopping it
+    /// stops the whole group (e.g. vLLM's API server and its engine-core child).
+    group: Option<u32>,
 }
 
 impl Proc {
@@ -40,12 +43,38 @@ impl Proc {
             name: name.to_string(),
             log,
             child,
+            group: None,
         })
     }
 
     /// The process id (`None` once it has been reaped).
     pub fn pid(&self) -> Option<u32> {
         self.child.id()
+    }
+
+    /// [`Proc::spawn`] as the leader of a new process group: [`Proc::stop`] sends SIGTERM to the
+    /// group, then SIGKILL after `GROUP_GRACE`; dropping it SIGKILLs the group.
+    pub fn spawn_group(name: &str, mut cmd: Command, log_dir: &Path) -> Result<Self, String> {
+        cmd.process_group(0);
+        let mut p = Self::spawn(name, cmd, log_dir)?;
+        p.group = p.child.id();
+        Ok(p)
+    }
+
+    /// The process-group id of a [`Proc::spawn_group`] child (None otherwise, or once stopped).
+    pub fn group_id(&self) -> Option<u32> {
+        self.group
+    }
+
+    /// Sends `sig` to the process group this child leads (its id was kept at spawn, so the
+    /// group's other members are reached after the leader exited).
+    fn signal_group(&self, sig: &str) {
+        if let Some(pid) = self.group {
+            let _ = std::process::Command::new("kill")
+                .args([sig, "--", &format!("-{pid}")])
+                .stderr(Stdio::null())
+                .status();
+        }
     }
 
     /// `Some(status)` when the process has exited.
@@ -60,9 +89,26 @@ impl Proc {
         lines[lines.len().saturating_sub(n)..].join("\n")
     }
 
-    /// Kills and reaps the process now.
+    /// Kills and reaps the process now (a group: SIGTERM, up to `GROUP_GRACE` to exit, then
+    /// SIGKILL to the whole group).
     pub async fn stop(mut self) {
+        if self.group.is_some() {
+            self.signal_group("-TERM");
+            let _ = tokio::time::timeout(GROUP_GRACE, self.child.wait()).await;
+            self.signal_group("-KILL");
+        }
         let _ = self.child.kill().await;
+        self.group = None;
+    }
+}
+
+/// How long a process group gets between SIGTERM and SIGKILL in [`Proc::stop`].
+const GROUP_GRACE: Duration = Duration::from_secs(10);
+
+impl Drop for Proc {
+    /// A group leader's descendants are not covered by `kill_on_drop`: SIGKILL the group.
+    fn drop(&mut self) {
+        self.signal_group("-KILL");
     }
 }
 

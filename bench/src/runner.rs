@@ -2,14 +2,15 @@
 //!
 //! Every request gets its own task that sleeps until its arrival offset, waits for the request
 //! named in `after` (the previous round of a conversation) and then sends. The whole run is
-//! bounded by a deadline; requests not finished by then are reported as timed out.
+//! bounded by a deadline; requests not finished by then are reported as timed out. With
+//! [`RunLimits::concurrency`] the replay is closed-loop: at most that many requests in flight.
 
 use super::client::{HttpClient, Outcome, send};
 use crate::workload::Workload;
 use bytes::Bytes;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::watch;
+use tokio::sync::{Semaphore, watch};
 use tokio::time::Instant;
 
 /// Where requests go.
@@ -68,6 +69,10 @@ pub struct RunLimits {
     pub request_timeout: Duration,
     /// Real-time multiplier applied to the workload's offsets (the sims' `--time-scale`).
     pub time_scale: f64,
+    /// Closed loop: at most this many requests in flight (0 = open loop, arrivals only). A
+    /// request takes its slot after its arrival time and after the request it follows
+    /// (`after`), in arrival order (the semaphore is FIFO).
+    pub concurrency: usize,
 }
 
 /// Sends every request of `workload` to `target` for `model`; returns outcomes by request id
@@ -86,6 +91,7 @@ pub async fn run(
         .map(|_| watch::channel(false))
         .collect();
     let done = Arc::new(done);
+    let slots = (limits.concurrency > 0).then(|| Arc::new(Semaphore::new(limits.concurrency)));
     let mut tasks = Vec::with_capacity(workload.requests.len());
     for r in &workload.requests {
         let Pick {
@@ -97,12 +103,17 @@ pub async fn run(
         let body = Bytes::from(r.payload.body(model, r.max_tokens).to_string());
         let at = start + r.at.mul_f64(limits.time_scale);
         let (client, done, id, after) = (client.clone(), done.clone(), r.id, r.after);
+        let slots = slots.clone();
         tasks.push(tokio::spawn(async move {
             tokio::time::sleep_until(at).await;
             if let Some(prev) = after {
                 let mut rx = done[prev].1.clone();
                 let _ = rx.wait_for(|d| *d).await;
             }
+            let _slot = match &slots {
+                Some(s) => s.clone().acquire_owned().await.ok(),
+                None => None,
+            };
             let mut out = send(&client, id, &url, body, limits.request_timeout).await;
             out.direct_worker = direct;
             out.replica = replica;

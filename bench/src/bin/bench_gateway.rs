@@ -272,6 +272,7 @@ async fn main() -> Result<()> {
             time_scale: args.time_scale,
             hash_seed: "0".into(),
             hash_algo: "sha256_cbor".into(),
+            real_vllm: None,
         },
         &client,
         &logs,

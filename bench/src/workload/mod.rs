@@ -107,6 +107,8 @@ pub struct Workload {
     pub name: String,
     /// Requests sorted by arrival offset; `requests[i].id == i`.
     pub requests: Vec<WorkRequest>,
+    /// Closed-loop concurrency for this workload (0 = the run's `--concurrency`).
+    pub concurrency: usize,
 }
 
 impl Workload {
@@ -125,6 +127,7 @@ impl Workload {
         Self {
             name: name.to_string(),
             requests,
+            concurrency: 0,
         }
     }
 
@@ -166,6 +169,7 @@ impl Workload {
         let w = Workload {
             name: self.name.clone(),
             requests: kept,
+            concurrency: self.concurrency,
         };
         (w, removed)
     }

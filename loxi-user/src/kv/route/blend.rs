@@ -61,8 +61,8 @@
 //! cap floor the request-count cap lacks: no request count at all, so the first requests of
 //! a burst never spill for being "many"). When every endpoint holds the same prefix (or none),
 //! the law is least work, then least load: never behind round robin on a workload with no
-//! reuse. Under `work`, cold seeding also waits for an idle endpoint (no request in flight,
-//! no queued work).
+//! reuse. Cold seeding (`select.rs`, every law) waits for an idle endpoint (no request in
+//! flight, no queued work).
 //!
 //! Fleet-load factor `f = clamp(ρ, 1/8, 8)` where `ρ = 1000·T / LOXILB_KV_CAP_SUM_MILLI` when that
 //! is set, else `ρ = T / N` (mean load per endpoint): the busier the fleet, the more load an

@@ -31,7 +31,7 @@ use std::time::Instant as StdInstant;
 
 use tokio::time::Instant;
 
-use super::blend::{Cand, LawParams, LbMode, blend};
+use super::blend::{Cand, LawParams, blend};
 pub use super::miss::MissReason;
 use super::workers::TokenizeWorkers;
 use crate::kv::BlockKey;
@@ -498,9 +498,13 @@ impl KvRouter {
     }
 
     /// Every `LOXILB_KV_COLDSTART_SEED_N`-th hit goes to the lowest-index eligible endpoint with
-    /// fewer than `_MIN_BLOCKS` blocks (0 = empty only), if that is not the pick already. Under
-    /// the `work` law the cold endpoint must also be idle (no request in flight or queued, no
-    /// queued prefill work): a seed onto a busy endpoint queues behind its work for nothing.
+    /// fewer than `_MIN_BLOCKS` blocks (0 = empty only), if that is not the pick already. The
+    /// cold endpoint must also be idle (no request in flight or queued, no queued prefill work;
+    /// loxi deviation, every law, issue 13): a seed onto a busy endpoint queues behind its work
+    /// for nothing, and at the start of a burst the busy "cold" endpoint is already prefilling
+    /// groups of its own whose blocks the copy would later evict (measured on real vLLM
+    /// engines and the emulated fleet: each such seed cost about two points of hit rate,
+    /// docs/bench-real-vllm.md).
     fn cold_seed(
         &self,
         svc: &ServiceKv,
@@ -521,7 +525,7 @@ impl KvRouter {
                 b < s.coldstart_min_blocks
             }
         };
-        let idle = |c: &Cand| s.lb_mode != LbMode::Work || (c.load == 0 && c.work == 0);
+        let idle = |c: &Cand| c.load == 0 && c.work == 0;
         cands
             .iter()
             .filter(|c| idle(c))

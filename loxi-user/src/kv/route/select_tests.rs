@@ -477,6 +477,38 @@ fn every_nth_hit_seeds_the_lowest_index_cold_endpoint() {
 }
 
 #[test]
+fn hard_law_cold_seeds_only_an_idle_endpoint() {
+    // The default law (`hard`), a seed on every hit: ep1 is empty but busy (a request in flight,
+    // as at the start of a burst), ep2 is empty and idle.
+    let s = KvSettings {
+        lb_mode: LbMode::Hard,
+        predicted_ttl: Duration::ZERO,
+        coldstart_seed_n: 1,
+        coldstart_min_blocks: 0,
+        ..KvSettings::default()
+    };
+    let f = fx_with(s, 3, serde_json::json!({}));
+    let m = meta(PROMPT);
+    f.hold(0, &m, 3);
+    f.loads[1].in_flight.store(1, Ordering::Relaxed);
+    assert_eq!(f.select(&m), Some(Decision::pick(2, Reason::KvColdSeed)));
+    // ep2 busy too: no idle cold endpoint, the holder keeps the request (LoxiLB would seed ep1).
+    f.loads[2].in_flight.store(1, Ordering::Relaxed);
+    assert_eq!(f.select(&m), Some(Decision::pick(0, Reason::KvOverlap)));
+    // ep1 idle again: it is the lowest-index idle cold endpoint.
+    f.loads[1].in_flight.store(0, Ordering::Relaxed);
+    assert_eq!(f.select(&m), Some(Decision::pick(1, Reason::KvColdSeed)));
+    assert_eq!(
+        f.metric("loxilb_pd_kv_tier15_cold_seeds_total{service=\"1\",ep_idx=\"1\"}"),
+        1.0
+    );
+    assert_eq!(
+        f.metric("loxilb_pd_kv_tier15_cold_seeds_total{service=\"1\",ep_idx=\"2\"}"),
+        1.0
+    );
+}
+
+#[test]
 fn token_id_prompts_are_used_as_given() {
     let f = fx(2);
     let m = meta(PROMPT);
