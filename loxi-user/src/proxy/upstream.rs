@@ -153,11 +153,7 @@ impl Upstreams {
 
     /// Sends `req` (origin-form URI and `Host`, see [`origin_request`]) over cleartext
     /// HTTP/1.1 to `authority` on a connection the response body drives (`upstream_h1.rs`).
-    pub async fn send_h1(
-        &self,
-        req: Request<Full<Bytes>>,
-        authority: &str,
-    ) -> Attempt<DrivenBody> {
+    pub async fn send_h1(&self, req: Request<Full<Bytes>>, authority: &str) -> Attempt<DrivenBody> {
         self.driven.send(req, authority).await
     }
 
@@ -277,6 +273,37 @@ mod tests {
         strip_hop_by_hop(&mut h);
         assert_eq!(h.len(), 1);
         assert!(h.contains_key("x-keep"));
+    }
+
+    #[test]
+    fn origin_request_has_the_origin_form_target_and_a_host() {
+        let (mut parts, ()) = Request::builder()
+            .method("POST")
+            .uri("http://vip:80/v1/completions?x=1")
+            .header(header::CONNECTION, "close")
+            .header("x-keep", "1")
+            .body(())
+            .expect("request")
+            .into_parts();
+        let req = origin_request(&parts, "127.0.0.1:9000", Bytes::from_static(b"{}")).expect("req");
+        assert_eq!(req.uri().to_string(), "/v1/completions?x=1");
+        assert_eq!(req.method(), http::Method::POST);
+        assert_eq!(
+            req.headers()[header::HOST],
+            "127.0.0.1:9000",
+            "no Host: the upstream's"
+        );
+        assert!(!req.headers().contains_key(header::CONNECTION));
+        assert_eq!(req.headers()["x-keep"], "1");
+        parts
+            .headers
+            .insert(header::HOST, "vip".parse().expect("hv"));
+        let req = origin_request(&parts, "127.0.0.1:9000", Bytes::new()).expect("req");
+        assert_eq!(
+            req.headers()[header::HOST],
+            "vip",
+            "the client's Host is kept"
+        );
     }
 
     #[test]

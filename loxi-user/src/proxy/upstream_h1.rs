@@ -142,7 +142,9 @@ impl H1Pool {
                 Err(mut e) => match e.take_message() {
                     // Not sent: the connection closed as it was taken. Once more, new.
                     Some(unsent) if reused => req = unsent,
-                    Some(_) => return Attempt::ConnectFailed(super::upstream::error_chain(e.error())),
+                    Some(_) => {
+                        return Attempt::ConnectFailed(super::upstream::error_chain(e.error()));
+                    }
                     None => return Attempt::Failed(Box::new(e.into_error())),
                 },
             }
@@ -165,18 +167,17 @@ impl H1Pool {
 
     /// A new connection to `authority` (`tcp connect error: ...` when it cannot be opened).
     async fn connect(&self, authority: &str) -> Result<H1Conn, String> {
-        let tcp = match tokio::time::timeout(self.connect_timeout, TcpStream::connect(authority))
-            .await
-        {
-            Ok(Ok(s)) => s,
-            Ok(Err(e)) => return Err(format!("tcp connect error: {e}")),
-            Err(_) => {
-                return Err(format!(
-                    "tcp connect error: no connection within {} ms",
-                    self.connect_timeout.as_millis()
-                ));
-            }
-        };
+        let tcp =
+            match tokio::time::timeout(self.connect_timeout, TcpStream::connect(authority)).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => return Err(format!("tcp connect error: {e}")),
+                Err(_) => {
+                    return Err(format!(
+                        "tcp connect error: no connection within {} ms",
+                        self.connect_timeout.as_millis()
+                    ));
+                }
+            };
         let _ = tcp.set_nodelay(true);
         let (send, conn) = http1::handshake(TokioIo::new(tcp))
             .await
@@ -273,5 +274,112 @@ impl Drop for DrivenBody {
         // early (the client went away) closes it.
         let done = self.body.is_end_stream();
         self.release(done);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use http_body_util::BodyExt;
+    use hyper::service::service_fn;
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    /// A loopback HTTP/1.1 server answering `GET /n` with `n` chunked frames of `x`, counting
+    /// the connections it accepted.
+    async fn server() -> (String, Arc<AtomicUsize>) {
+        let tcp = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = tcp.local_addr().expect("addr").to_string();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((s, _)) = tcp.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let svc = service_fn(|req: Request<Incoming>| async move {
+                        let n: usize = req.uri().path()[1..].parse().unwrap_or(1);
+                        let frames = (0..n).map(|_| {
+                            Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from_static(b"x")))
+                        });
+                        let body = http_body_util::StreamBody::new(futures::stream::iter(frames));
+                        Ok::<_, std::convert::Infallible>(http::Response::new(body))
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(s), svc)
+                        .await;
+                });
+            }
+        });
+        (addr, accepted)
+    }
+
+    fn get(path: &str, authority: &str) -> Request<Full<Bytes>> {
+        Request::builder()
+            .uri(path)
+            .header(http::header::HOST, authority)
+            .body(Full::new(Bytes::new()))
+            .expect("request")
+    }
+
+    async fn body_of(a: Attempt<DrivenBody>) -> Vec<u8> {
+        match a {
+            Attempt::Response(r) => r
+                .into_body()
+                .collect()
+                .await
+                .expect("body")
+                .to_bytes()
+                .to_vec(),
+            other => panic!("no response: {:?}", other.error_type()),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_connection_is_reused_after_a_complete_body_and_closed_after_a_dropped_one() {
+        let (addr, accepted) = server().await;
+        let pool = H1Pool::new(Duration::from_secs(1));
+        assert_eq!(
+            body_of(pool.send(get("/3", &addr), &addr).await).await,
+            b"xxx"
+        );
+        assert_eq!(
+            body_of(pool.send(get("/200", &addr), &addr).await)
+                .await
+                .len(),
+            200
+        );
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            1,
+            "the second request reused the first connection"
+        );
+        // A body dropped before its end takes its connection with it.
+        let Attempt::Response(r) = pool.send(get("/50", &addr), &addr).await else {
+            panic!("no response");
+        };
+        drop(r);
+        assert_eq!(
+            body_of(pool.send(get("/1", &addr), &addr).await).await,
+            b"x"
+        );
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            2,
+            "a new connection after the dropped body"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_refused_connect_is_a_connect_failure_naming_the_reason() {
+        let tcp = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = tcp.local_addr().expect("addr").to_string();
+        drop(tcp);
+        let pool = H1Pool::new(Duration::from_secs(1));
+        match pool.send(get("/1", &addr), &addr).await {
+            Attempt::ConnectFailed(e) => assert!(e.starts_with("tcp connect error: "), "{e}"),
+            other => panic!("expected a connect failure, got {:?}", other.error_type()),
+        }
     }
 }
