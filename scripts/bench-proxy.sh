@@ -1,25 +1,38 @@
 #!/usr/bin/env bash
 # Fullproxy throughput: wrk against loxilb (mode 4, sel 0 round-robin, 2 endpoints) and against
 # nginx configured as the equivalent reverse proxy (round-robin upstream, HTTP/1.1 keep-alive to
-# the backends), over the same two echo-backends, with the same number of worker threads.
-# Prints requests/s and p99 latency for both and the loxi/nginx ratio. A second case does the
-# same with both proxies terminating TLS (loxi `security: 1`, nginx `ssl`): one ECDSA P-256
-# certificate (openssl), TLS 1.3 with TLS_AES_256_GCM_SHA384 and X25519 on both, HTTP/1.1
-# keep-alive clients (wrk), plain HTTP to the backends. TLS=0 skips it.
+# the backends, request bodies buffered in memory, responses not buffered), over the same two
+# echo-backends, with the same number of worker threads. Each case prints requests/s and p99
+# latency for both and the loxi/nginx ratios:
+#   small  POST /v1/completions with a 66-byte JSON body, a ~70-byte JSON answer;
+#   sse    the same with `"stream": true` and `x-sse: 200:0`: a text/event-stream answer of
+#          200 events back to back (~30 bytes each) then `data: [DONE]`, chunked;
+#   large  a 64 KiB prompt (a 65,536-byte JSON body), a ~70-byte JSON answer;
+#   tls    `small` with both proxies terminating TLS (loxi `security: 1`, nginx `ssl`): one
+#          ECDSA P-256 certificate (openssl), TLS 1.3 with TLS_AES_256_GCM_SHA384 and X25519 on
+#          both, HTTP/1.1 keep-alive clients (wrk), plain HTTP to the backends.
+# Within a run, every case measures loxilb then nginx back to back; RUNS repeats the whole set
+# and the summary gives each case's median ratios.
 #
-#   DURATION=10   seconds per run        THREADS=2   wrk threads
-#   CONNS=64      wrk connections        WORKERS=2   loxilb tokio workers = nginx worker_processes
+#   DURATION=10   seconds per measurement   THREADS=2   wrk threads
+#   CONNS=64      wrk connections           WORKERS=2   loxilb tokio workers = nginx worker_processes
+#   CASES="small sse large tls"             RUNS=1      repetitions of the whole set
+#   TLS=0         drops the tls case (kept for older invocations)
 #
-# Loopback only; both runs are bounded by DURATION. Needs wrk and nginx (scripts/setup.sh).
+# Loopback only; every measurement is bounded by DURATION. Needs wrk and nginx (scripts/setup.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${DURATION:-10}
 THREADS=${THREADS:-2}
 CONNS=${CONNS:-64}
 WORKERS=${WORKERS:-2}
+RUNS=${RUNS:-1}
+CASES=${CASES:-small sse large tls}
+[ "${TLS:-1}" = 0 ] && CASES=${CASES//tls/}
 export PATH="$HOME/.cargo/bin:/usr/sbin:$PATH"
 
-TLS=${TLS:-1}
+TLS=0
+case " $CASES " in *" tls "*) TLS=1 ;; esac
 for cmd in wrk nginx curl openssl; do
   command -v "$cmd" >/dev/null || { echo "bench-proxy: $cmd missing (run scripts/setup.sh)" >&2; exit 1; }
 done
@@ -107,6 +120,9 @@ events { worker_connections 4096; }
 http {
   access_log off;
   client_body_temp_path $TMP/nginx-body;
+  # Request bodies up to 128 KiB stay in memory (the default 16 KiB would write the 64 KiB
+  # prompts of the large case to a temp file; loxi holds them in memory).
+  client_body_buffer_size 128k;
   proxy_temp_path $TMP/nginx-proxy;
   upstream backends { server 127.0.0.1:$B1; server 127.0.0.1:$B2; keepalive 128; }
   server {
@@ -124,20 +140,41 @@ NGINX
 nginx -p "$TMP" -c "$TMP/nginx.conf"
 wait_port "$NGX"
 
-cat >"$TMP/post.lua" <<'LUA'
+cat >"$TMP/small.lua" <<'LUA'
 wrk.method = "POST"
 wrk.path = "/v1/completions"
 wrk.headers["Content-Type"] = "application/json"
 wrk.body = '{"model":"m","prompt":"Say hello to the benchmark.","max_tokens":8}'
 LUA
+cat >"$TMP/sse.lua" <<'LUA'
+wrk.method = "POST"
+wrk.path = "/v1/completions"
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["x-sse"] = "200:0"
+wrk.body = '{"model":"m","prompt":"Say hello to the benchmark.","max_tokens":200,"stream":true}'
+LUA
+cat >"$TMP/large.lua" <<'LUA'
+wrk.method = "POST"
+wrk.path = "/v1/completions"
+wrk.headers["Content-Type"] = "application/json"
+local head, tail = '{"model":"m","prompt":"', '","max_tokens":8}'
+local words = string.rep("hello world ", 6000)
+wrk.body = head .. string.sub(words, 1, 65536 - #head - #tail) .. tail
+LUA
+cp "$TMP/small.lua" "$TMP/tls.lua"
 
-# Sanity: both proxies answer through the backends.
-curl -sf -X POST "http://127.0.0.1:$LB/v1/completions" -d '{}' | grep -q backend
-curl -sf -X POST "http://127.0.0.1:$NGX/v1/completions" -d '{}' | grep -q backend
+# Sanity: both proxies answer every case through the backends.
+for port in "$LB" "$NGX"; do
+  curl -sf -X POST "http://127.0.0.1:$port/v1/completions" -d '{}' | grep -q backend
+  curl -sf -X POST "http://127.0.0.1:$port/v1/completions" -H 'x-sse: 200:0' -d '{"stream":true}' \
+    | grep -c '^data: ' | grep -qx 201
+  head -c 65536 /dev/zero | tr '\0' a | curl -sf -X POST "http://127.0.0.1:$port/v1/completions" \
+    --data-binary @- | grep -q '"body_len":65536'
+done
 
-run() { # name port [scheme] -> "rps p99_ms"
+measure() { # name url lua -> "rps p99_ms"
   local out
-  out=$(wrk -t "$THREADS" -c "$CONNS" -d "${DURATION}s" --latency -s "$TMP/post.lua" "${3:-http}://127.0.0.1:$2/" 2>&1)
+  out=$(wrk -t "$THREADS" -c "$CONNS" -d "${DURATION}s" --latency -s "$3" "$2" 2>&1)
   echo "$out" >"$TMP/wrk-$1.txt"
   local rps p99 non2xx
   rps=$(awk '/Requests\/sec:/ {print $2}' <<<"$out")
@@ -147,33 +184,49 @@ run() { # name port [scheme] -> "rps p99_ms"
   echo "$rps $p99"
 }
 
-# Warm both (connection pools, page cache), then measure.
-wrk -t 1 -c 8 -d 1s -s "$TMP/post.lua" "http://127.0.0.1:$LB/" >/dev/null
-wrk -t 1 -c 8 -d 1s -s "$TMP/post.lua" "http://127.0.0.1:$NGX/" >/dev/null
-read -r L_RPS L_P99 <<<"$(run loxilb "$LB")"
-read -r N_RPS N_P99 <<<"$(run nginx "$NGX")"
-
-printf '\nfullproxy benchmark: wrk -t%s -c%s -d%ss, POST /v1/completions, 2 echo-backends, %s workers each\n' \
-  "$THREADS" "$CONNS" "$DURATION" "$WORKERS"
-printf '%-8s %12s %10s\n' proxy 'requests/s' 'p99 ms'
-printf '%-8s %12.0f %10.2f\n' loxilb "$L_RPS" "$L_P99"
-printf '%-8s %12.0f %10.2f\n' nginx "$N_RPS" "$N_P99"
-awk -v a="$L_RPS" -v b="$N_RPS" -v c="$L_P99" -v d="$N_P99" \
-  'BEGIN { printf "ratio    loxi/nginx requests/s = %.3f   p99 loxi/nginx = %.3f\n", a/b, c/d }'
-
 if [ "$TLS" = 1 ]; then
   curl -sfk -X POST "https://127.0.0.1:$LBS/v1/completions" -d '{}' | grep -q backend
   curl -sfk -X POST "https://127.0.0.1:$NGXS/v1/completions" -d '{}' | grep -q backend
   LC=$(echo | openssl s_client -connect "127.0.0.1:$LBS" 2>/dev/null | awk '/^New, /{print $NF}')
   NC=$(echo | openssl s_client -connect "127.0.0.1:$NGXS" 2>/dev/null | awk '/^New, /{print $NF}')
-  wrk -t 1 -c 8 -d 1s -s "$TMP/post.lua" "https://127.0.0.1:$LBS/" >/dev/null
-  wrk -t 1 -c 8 -d 1s -s "$TMP/post.lua" "https://127.0.0.1:$NGXS/" >/dev/null
-  read -r LS_RPS LS_P99 <<<"$(run loxilb-tls "$LBS" https)"
-  read -r NS_RPS NS_P99 <<<"$(run nginx-tls "$NGXS" https)"
-  printf '\nTLS termination (cipher: loxilb %s, nginx %s; keep-alive clients)\n' "$LC" "$NC"
-  printf '%-10s %12s %10s\n' proxy 'requests/s' 'p99 ms'
-  printf '%-10s %12.0f %10.2f\n' loxilb-tls "$LS_RPS" "$LS_P99"
-  printf '%-10s %12.0f %10.2f\n' nginx-tls "$NS_RPS" "$NS_P99"
-  awk -v a="$LS_RPS" -v b="$NS_RPS" -v c="$LS_P99" -v d="$NS_P99" \
-    'BEGIN { printf "ratio      loxi/nginx requests/s = %.3f   p99 loxi/nginx = %.3f\n", a/b, c/d }'
+fi
+
+url() { # proxy case
+  case "$1/$2" in
+    loxilb/tls) echo "https://127.0.0.1:$LBS/" ;;
+    nginx/tls) echo "https://127.0.0.1:$NGXS/" ;;
+    loxilb/*) echo "http://127.0.0.1:$LB/" ;;
+    nginx/*) echo "http://127.0.0.1:$NGX/" ;;
+  esac
+}
+
+# Warm both (connection pools, page cache) in every case, then measure.
+for c in $CASES; do
+  for p in loxilb nginx; do
+    wrk -t 1 -c 8 -d 1s -s "$TMP/$c.lua" "$(url "$p" "$c")" >/dev/null
+  done
+done
+
+printf '\nfullproxy benchmark: wrk -t%s -c%s -d%ss, 2 echo-backends, %s workers each, %s run(s); load before: %s\n' \
+  "$THREADS" "$CONNS" "$DURATION" "$WORKERS" "$RUNS" "$(cut -d' ' -f1-3 /proc/loadavg)"
+[ "$TLS" = 1 ] && printf 'tls cipher: loxilb %s, nginx %s\n' "$LC" "$NC"
+printf '%-4s %-6s %12s %9s %12s %9s %10s %10s\n' run case 'loxi req/s' 'loxi p99' 'nginx req/s' 'nginx p99' 'req/s l/n' 'p99 l/n'
+: >"$TMP/ratios"
+for run in $(seq 1 "$RUNS"); do
+  for c in $CASES; do
+    read -r L_RPS L_P99 <<<"$(measure "loxilb-$c-$run" "$(url loxilb "$c")" "$TMP/$c.lua")"
+    read -r N_RPS N_P99 <<<"$(measure "nginx-$c-$run" "$(url nginx "$c")" "$TMP/$c.lua")"
+    awk -v r="$run" -v c="$c" -v a="$L_RPS" -v b="$L_P99" -v x="$N_RPS" -v y="$N_P99" \
+      'BEGIN { printf "%-4s %-6s %12.0f %9.2f %12.0f %9.2f %10.3f %10.3f\n", r, c, a, b, x, y, a/x, b/y }'
+    awk -v c="$c" -v a="$L_RPS" -v b="$L_P99" -v x="$N_RPS" -v y="$N_P99" \
+      'BEGIN { printf "%s %.3f %.3f\n", c, a/x, b/y }' >>"$TMP/ratios"
+  done
+done
+if [ "$RUNS" -gt 1 ]; then
+  printf '\nmedian over %s runs (load after: %s)\n' "$RUNS" "$(cut -d' ' -f1-3 /proc/loadavg)"
+  for c in $CASES; do
+    rq=$(awk -v c="$c" '$1==c {print $2}' "$TMP/ratios" | sort -n | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}')
+    pq=$(awk -v c="$c" '$1==c {print $3}' "$TMP/ratios" | sort -n | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}')
+    printf '%-6s loxi/nginx requests/s = %.3f   p99 loxi/nginx = %.3f\n' "$c" "$rq" "$pq"
+  done
 fi

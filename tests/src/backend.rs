@@ -7,8 +7,9 @@
 //! Per-request controls (request headers):
 //! - `x-delay-ms: N` — wait N ms before answering (a "long non-streaming request").
 //! - `x-sse: COUNT:INTERVAL_MS` — answer `text/event-stream` with COUNT events
-//!   `data: {"backend":NAME,"i":I}` INTERVAL_MS apart, then `data: [DONE]`. A JSON body with
-//!   `"stream": true` and no `x-sse` header streams 20 events 100 ms apart.
+//!   `data: {"backend":NAME,"i":I}` INTERVAL_MS apart (0: back to back, no timer), then
+//!   `data: [DONE]`. A JSON body with `"stream": true` and no `x-sse` header streams 20 events
+//!   100 ms apart.
 //!
 //! `GET /metrics`: when [`Backend::set_metrics`] gave a text, it is answered as Prometheus text
 //! (not counted nor recorded, so an engine-metrics scraper does not disturb request counts);
@@ -336,7 +337,9 @@ fn sse(state: Arc<State>, probe: Probe, count: usize, interval: Duration) -> Res
                 return; // probe drops undone: cancelled
             }
             probe.state.sse_written.lock().push(Instant::now());
-            tokio::time::sleep(interval).await;
+            if !interval.is_zero() {
+                tokio::time::sleep(interval).await;
+            }
             if tx.is_closed() {
                 return;
             }

@@ -84,9 +84,9 @@ pub enum ProxyError {
     Upstream {
         /// The endpoint that failed.
         ep_idx: usize,
-        /// hyper's error.
+        /// hyper's (or hyper-util's) error.
         #[source]
-        source: hyper_util::client::legacy::Error,
+        source: super::upstream::UpstreamError,
     },
     /// A request could not be built (500).
     #[error("internal error: {0}")]

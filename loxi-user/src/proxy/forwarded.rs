@@ -20,15 +20,22 @@ pub const X_FORWARDED_PROTO: &str = "x-forwarded-proto";
 /// `https`, else `http`).
 pub fn append(headers: &mut HeaderMap, client: Option<SocketAddr>, https: bool) {
     if let Some(client) = client {
-        let mut chain: Vec<String> = headers
-            .get_all(X_FORWARDED_FOR)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .map(|v| v.trim().to_string())
-            .filter(|v| !v.is_empty())
-            .collect();
-        chain.push(client.ip().to_canonical().to_string());
-        if let Ok(v) = HeaderValue::from_str(&chain.join(", ")) {
+        let ip = client.ip().to_canonical().to_string();
+        let value = if headers.contains_key(X_FORWARDED_FOR) {
+            let mut chain: Vec<String> = headers
+                .get_all(X_FORWARDED_FOR)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .map(|v| v.trim().to_string())
+                .filter(|v| !v.is_empty())
+                .collect();
+            chain.push(ip);
+            HeaderValue::from_str(&chain.join(", "))
+        } else {
+            // The usual case, one allocation: the address's text becomes the value's bytes.
+            HeaderValue::from_maybe_shared(bytes::Bytes::from(ip))
+        };
+        if let Ok(v) = value {
             headers.insert(X_FORWARDED_FOR, v);
         }
     }

@@ -23,7 +23,9 @@ use super::budget::{BodyBudget, Reservation};
 use super::error::ProxyError;
 use super::models::{self, ModelList, ModelsCache};
 use super::pool::{Pool, PoolTable};
-use super::upstream::{Attempt, Upstreams, strip_hop_by_hop, upstream_request};
+use super::upstream::{
+    Attempt, UpstreamBody, Upstreams, Via, origin_request, strip_hop_by_hop, upstream_request,
+};
 use crate::health::breaker::{Breaker, Outcome};
 use crate::kv::route::select::KvTicket;
 use crate::kv::wiring::KvTier;
@@ -193,12 +195,27 @@ impl Handler {
                 start,
             )
             .with_slot(slot);
-            let mut req = upstream_request(&parts, &pool.authorities[ep], body.clone())?;
+            // Cleartext HTTP/1.1 goes on a connection this task drives (`upstream_h1.rs`).
+            let driven = matches!(pool.via, Via::H1);
+            let build = if driven {
+                origin_request
+            } else {
+                upstream_request
+            };
+            let authority = &pool.authorities[ep];
+            let mut req = build(&parts, authority, body.clone())?;
             super::forwarded::append(req.headers_mut(), meta.client, meta.https);
-            let attempt = trace_span::attempt(ep, &pool.authorities[ep], attempts);
+            let attempt = trace_span::attempt(ep, authority, attempts);
             trace_span::inject(&attempt, req.headers_mut());
-            let sent = self.upstreams.send(req, &pool.via);
-            let outcome = sent.instrument(attempt.clone()).await;
+            let outcome = if driven {
+                let sent = self.upstreams.send_h1(req, authority);
+                let outcome = sent.instrument(attempt.clone()).await;
+                outcome.map_body(UpstreamBody::Driven)
+            } else {
+                let sent = self.upstreams.send(req, &pool.via);
+                let outcome = sent.instrument(attempt.clone()).await;
+                outcome.map_body(UpstreamBody::Pooled)
+            };
             trace_span::record_attempt(&attempt, outcome.status(), outcome.error_type());
             match outcome {
                 Attempt::Response(resp) => {

@@ -7,7 +7,7 @@
 //! requests finish (bounded by [`ProxyConfig::shutdown_grace`]).
 //!
 //! Files: `handler.rs` (one request), `pool.rs` (pools and model routing), `upstream.rs`
-//! (clients), `body.rs` (streaming with in-flight guards), `error.rs` (every error body),
+//! (clients; `upstream_h1.rs`: cleartext HTTP/1.1 connections driven by the request's task), `body.rs` (streaming with in-flight guards), `error.rs` (every error body),
 //! `metrics.rs` (and `ai_metrics.rs`, LoxiLB's `loxilb_ai_*` families), `listener.rs` (accept
 //! loop, connection cap), `conn.rs` (header-read and idle timeouts), `valve.rs` (the global
 //! in-flight valve `LLB_PD_MAX_TOTAL_INFLIGHT`), `admission.rs` (the per-endpoint admission
@@ -33,6 +33,7 @@ mod pd_legs;
 pub mod pool;
 pub mod tls;
 pub mod upstream;
+pub mod upstream_h1;
 pub mod upstream_tls;
 pub mod valve;
 

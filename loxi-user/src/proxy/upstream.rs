@@ -1,8 +1,11 @@
 //! Upstream HTTP clients: hyper-util's pooled legacy client (one connection pool per endpoint
 //! authority), HTTP/1.1 or HTTP/2 prior knowledge per the rule's `backend_protocol`, with a
 //! connect timeout. Connect failures are reported apart from other failures so the caller can
-//! retry another endpoint safely (nothing was sent).
+//! retry another endpoint safely (nothing was sent). The fullproxy's own cleartext HTTP/1.1
+//! requests take [`Upstreams::send_h1`] instead: connections driven by the request's task
+//! (`upstream_h1.rs`).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -13,19 +16,33 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
-/// The outcome of one upstream attempt.
+use super::upstream_h1::{DrivenBody, H1Pool};
+
+/// A failure after the request may have reached the backend (hyper's or hyper-util's error).
+pub type UpstreamError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The outcome of one upstream attempt; `B` is the response body type.
 #[derive(Debug)]
-pub enum Attempt {
+pub enum Attempt<B = Incoming> {
     /// The backend answered (head received; body streams).
-    Response(Response<Incoming>),
+    Response(Response<B>),
     /// The connection could not be established; the request was not sent. Retry elsewhere.
     /// The text is the whole error chain (a TLS verification failure names its reason).
     ConnectFailed(String),
     /// The request failed after it may have reached the backend. Not retried.
-    Failed(hyper_util::client::legacy::Error),
+    Failed(UpstreamError),
 }
 
-impl Attempt {
+impl<B> Attempt<B> {
+    /// The same outcome with the response body mapped by `f`.
+    pub fn map_body<C>(self, f: impl FnOnce(B) -> C) -> Attempt<C> {
+        match self {
+            Self::Response(r) => Attempt::Response(r.map(f)),
+            Self::ConnectFailed(e) => Attempt::ConnectFailed(e),
+            Self::Failed(e) => Attempt::Failed(e),
+        }
+    }
+
     /// The backend's status, when it answered.
     pub fn status(&self) -> Option<http::StatusCode> {
         match self {
@@ -40,6 +57,44 @@ impl Attempt {
             Self::Response(_) => None,
             Self::ConnectFailed(_) => Some("connect"),
             Self::Failed(_) => Some("request"),
+        }
+    }
+}
+
+/// A response body from either client: hyper-util's pooled one or a driven HTTP/1.1
+/// connection ([`Upstreams::send_h1`]).
+pub enum UpstreamBody {
+    /// From [`Upstreams::send`].
+    Pooled(Incoming),
+    /// From [`Upstreams::send_h1`].
+    Driven(DrivenBody),
+}
+
+impl http_body::Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, hyper::Error>>> {
+        match self.get_mut() {
+            Self::Pooled(b) => std::pin::Pin::new(b).poll_frame(cx),
+            Self::Driven(b) => std::pin::Pin::new(b).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Self::Pooled(b) => b.is_end_stream(),
+            Self::Driven(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        match self {
+            Self::Pooled(b) => b.size_hint(),
+            Self::Driven(b) => b.size_hint(),
         }
     }
 }
@@ -76,6 +131,7 @@ pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
 pub struct Upstreams {
     h1: Client<HttpConnector, Full<Bytes>>,
     h2: Client<HttpConnector, Full<Bytes>>,
+    driven: Arc<H1Pool>,
 }
 
 impl Upstreams {
@@ -88,7 +144,17 @@ impl Upstreams {
         let h2 = Client::builder(TokioExecutor::new())
             .http2_only(true)
             .build(conn);
-        Self { h1, h2 }
+        Self {
+            h1,
+            h2,
+            driven: H1Pool::new(connect_timeout),
+        }
+    }
+
+    /// Sends `req` (origin-form URI and `Host`, see [`origin_request`]) over cleartext
+    /// HTTP/1.1 to `authority` on a connection the response body drives (`upstream_h1.rs`).
+    pub async fn send_h1(&self, req: Request<Full<Bytes>>, authority: &str) -> Attempt<DrivenBody> {
+        self.driven.send(req, authority).await
     }
 
     /// Sends `req` (absolute URI) the way `via` says: HTTP/1.1, HTTP/2 prior knowledge, or
@@ -103,7 +169,7 @@ impl Upstreams {
         match sent {
             Ok(r) => Attempt::Response(r),
             Err(e) if e.is_connect() => Attempt::ConnectFailed(error_chain(&e)),
-            Err(e) => Attempt::Failed(e),
+            Err(e) => Attempt::Failed(Box::new(e)),
         }
     }
 }
@@ -155,6 +221,30 @@ pub fn upstream_request(
     Ok(req)
 }
 
+/// The request for `authority` over HTTP/1.1 on a connection of its own
+/// ([`Upstreams::send_h1`]): as [`upstream_request`], but with the origin-form target (path and
+/// query) hyper's HTTP/1.1 connection writes as is, and `Host: {authority}` when the client sent
+/// no `Host` (an HTTP/2 client), as hyper-util's client sets it.
+pub fn origin_request(
+    parts: &http::request::Parts,
+    authority: &str,
+    body: Bytes,
+) -> Result<Request<Full<Bytes>>, super::error::ProxyError> {
+    let mut req = Request::new(Full::new(body));
+    *req.method_mut() = parts.method.clone();
+    if let Some(pq) = parts.uri.path_and_query() {
+        *req.uri_mut() = Uri::from(pq.clone());
+    }
+    *req.headers_mut() = parts.headers.clone();
+    strip_hop_by_hop(req.headers_mut());
+    if !req.headers().contains_key(header::HOST) {
+        let host = http::HeaderValue::from_str(authority)
+            .map_err(|e| super::error::ProxyError::Internal(e.to_string()))?;
+        req.headers_mut().insert(header::HOST, host);
+    }
+    Ok(req)
+}
+
 /// `http://{authority}{path_and_query}`.
 pub fn upstream_uri(authority: &str, original: &Uri) -> Result<Uri, http::Error> {
     let pq = original.path_and_query().map_or("/", |p| p.as_str());
@@ -183,6 +273,37 @@ mod tests {
         strip_hop_by_hop(&mut h);
         assert_eq!(h.len(), 1);
         assert!(h.contains_key("x-keep"));
+    }
+
+    #[test]
+    fn origin_request_has_the_origin_form_target_and_a_host() {
+        let (mut parts, ()) = Request::builder()
+            .method("POST")
+            .uri("http://vip:80/v1/completions?x=1")
+            .header(header::CONNECTION, "close")
+            .header("x-keep", "1")
+            .body(())
+            .expect("request")
+            .into_parts();
+        let req = origin_request(&parts, "127.0.0.1:9000", Bytes::from_static(b"{}")).expect("req");
+        assert_eq!(req.uri().to_string(), "/v1/completions?x=1");
+        assert_eq!(req.method(), http::Method::POST);
+        assert_eq!(
+            req.headers()[header::HOST],
+            "127.0.0.1:9000",
+            "no Host: the upstream's"
+        );
+        assert!(!req.headers().contains_key(header::CONNECTION));
+        assert_eq!(req.headers()["x-keep"], "1");
+        parts
+            .headers
+            .insert(header::HOST, "vip".parse().expect("hv"));
+        let req = origin_request(&parts, "127.0.0.1:9000", Bytes::new()).expect("req");
+        assert_eq!(
+            req.headers()[header::HOST],
+            "vip",
+            "the client's Host is kept"
+        );
     }
 
     #[test]

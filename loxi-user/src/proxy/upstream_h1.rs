@@ -1,0 +1,385 @@
+//! Cleartext HTTP/1.1 upstream connections driven by the request's own task.
+//!
+//! hyper-util's pooled client runs every upstream connection as a task of its own: each
+//! response head and each body chunk crosses from that task to the request's task through a
+//! channel (two wake-ups per chunk, so an SSE stream of 200 events costs ~400 task switches and
+//! one client `writev` per event), and every HTTP/1.1 request spawns one more task that returns
+//! the connection to the pool. Here the request's task polls the connection itself (hyper's
+//! `client::conn::http1`, no spawned task): while waiting for the response head, and then from
+//! [`DrivenBody::poll_frame`] while the response body streams. Chunks already read in one
+//! socket read are then decoded and handed on in the same poll, so hyper's server writes them
+//! to the client in one `writev`.
+//!
+//! The pool keeps idle connections per endpoint authority (most recently used first, at most
+//! [`MAX_IDLE_PER_HOST`], none idle longer than [`IDLE_TIMEOUT`], as hyper-util's default 90 s).
+//! A connection goes back only when its response body ended cleanly (dropped early or failed:
+//! closed). An idle connection is polled once when taken: one the backend closed meanwhile is
+//! dropped and the next is tried. A request that a reused connection could not send (the backend
+//! closed it as it was taken) is sent again on a new connection, as hyper-util does; a request
+//! that was sent is never resent.
+//!
+//! Connect failures are reported as [`Attempt::ConnectFailed`] (`tcp connect error: ...`), so the
+//! caller may retry another endpoint; anything after the request was handed to the connection is
+//! [`Attempt::Failed`].
+
+use std::collections::{HashMap, VecDeque};
+use std::future::{Future, poll_fn};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::Request;
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::client::conn::http1;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+
+use super::upstream::Attempt;
+
+/// Longest an idle connection is kept (hyper-util's default pool idle timeout).
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// Idle connections kept per endpoint authority; more are closed when they come back.
+pub const MAX_IDLE_PER_HOST: usize = 1024;
+
+type Conn = http1::Connection<TokioIo<TcpStream>, Full<Bytes>>;
+
+/// One upstream connection: its request handle and the connection future this module polls.
+struct H1Conn {
+    /// The endpoint authority (`ip:port`): the pool key.
+    key: Arc<str>,
+    send: http1::SendRequest<Full<Bytes>>,
+    conn: Pin<Box<Conn>>,
+    /// The connection future completed (closed or failed): never polled again nor pooled.
+    done: bool,
+}
+
+impl H1Conn {
+    /// Polls the connection once (reads, writes, hands chunks to the response body); false once
+    /// it has ended.
+    fn drive(&mut self, cx: &mut Context<'_>) -> bool {
+        if !self.done && self.conn.as_mut().poll(cx).is_ready() {
+            self.done = true;
+        }
+        !self.done
+    }
+
+    /// Waits until the connection can take a request; false when it closed instead.
+    async fn ready(&mut self) -> bool {
+        poll_fn(|cx| {
+            if !self.drive(cx) {
+                return Poll::Ready(false);
+            }
+            match self.send.poll_ready(cx) {
+                Poll::Ready(r) => Poll::Ready(r.is_ok()),
+                Poll::Pending => Poll::Pending,
+            }
+        })
+        .await
+    }
+}
+
+struct Idle {
+    conn: H1Conn,
+    since: Instant,
+}
+
+/// The per-authority pool of idle HTTP/1.1 connections and how new ones are opened.
+pub struct H1Pool {
+    idle: parking_lot::Mutex<HashMap<Arc<str>, VecDeque<Idle>>>,
+    connect_timeout: Duration,
+}
+
+impl std::fmt::Debug for H1Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let idle: usize = self.idle.lock().values().map(VecDeque::len).sum();
+        f.debug_struct("H1Pool")
+            .field("idle", &idle)
+            .field("connect_timeout", &self.connect_timeout)
+            .finish()
+    }
+}
+
+impl H1Pool {
+    /// An empty pool whose connects give up after `connect_timeout`.
+    pub fn new(connect_timeout: Duration) -> Arc<Self> {
+        Arc::new(Self {
+            idle: parking_lot::Mutex::new(HashMap::new()),
+            connect_timeout,
+        })
+    }
+
+    /// Sends `req` (origin-form URI, `Host` set) to `authority` (`ip:port`) on an idle
+    /// connection or a new one; the response body drives the connection (see the module doc).
+    pub async fn send(
+        self: &Arc<Self>,
+        mut req: Request<Full<Bytes>>,
+        authority: &str,
+    ) -> Attempt<DrivenBody> {
+        loop {
+            let (mut c, reused) = match self.checkout(authority).await {
+                Some(c) => (c, true),
+                None => match self.connect(authority).await {
+                    Ok(c) => (c, false),
+                    Err(e) => return Attempt::ConnectFailed(e),
+                },
+            };
+            let mut sent = std::pin::pin!(c.send.try_send_request(req));
+            let outcome = poll_fn(|cx| {
+                c.drive(cx);
+                sent.as_mut().poll(cx)
+            })
+            .await;
+            match outcome {
+                Ok(resp) => {
+                    let pool = Some((c, self.clone()));
+                    return Attempt::Response(resp.map(|body| DrivenBody { body, pool }));
+                }
+                Err(mut e) => match e.take_message() {
+                    // Not sent: the connection closed as it was taken. Once more, new.
+                    Some(unsent) if reused => req = unsent,
+                    Some(_) => {
+                        return Attempt::ConnectFailed(super::upstream::error_chain(e.error()));
+                    }
+                    None => return Attempt::Failed(Box::new(e.into_error())),
+                },
+            }
+        }
+    }
+
+    /// The most recently returned live connection to `authority`, if any.
+    async fn checkout(&self, authority: &str) -> Option<H1Conn> {
+        loop {
+            let idle = {
+                let mut map = self.idle.lock();
+                map.get_mut(authority)?.pop_back()?
+            };
+            let mut c = idle.conn;
+            if idle.since.elapsed() <= IDLE_TIMEOUT && !c.send.is_closed() && c.ready().await {
+                return Some(c);
+            }
+        }
+    }
+
+    /// A new connection to `authority` (`tcp connect error: ...` when it cannot be opened).
+    async fn connect(&self, authority: &str) -> Result<H1Conn, String> {
+        let tcp =
+            match tokio::time::timeout(self.connect_timeout, TcpStream::connect(authority)).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => return Err(format!("tcp connect error: {e}")),
+                Err(_) => {
+                    return Err(format!(
+                        "tcp connect error: no connection within {} ms",
+                        self.connect_timeout.as_millis()
+                    ));
+                }
+            };
+        let _ = tcp.set_nodelay(true);
+        let (send, conn) = http1::handshake(TokioIo::new(tcp))
+            .await
+            .map_err(|e| format!("http1 handshake: {e}"))?;
+        let mut c = H1Conn {
+            key: Arc::from(authority),
+            send,
+            conn: Box::pin(conn),
+            done: false,
+        };
+        if !c.ready().await {
+            return Err("connection closed before the first request".into());
+        }
+        Ok(c)
+    }
+
+    /// Returns a connection whose response ended cleanly.
+    fn put(&self, conn: H1Conn) {
+        if conn.done || conn.send.is_closed() {
+            return;
+        }
+        let now = Instant::now();
+        let mut map = self.idle.lock();
+        let q = map.entry(conn.key.clone()).or_default();
+        while q
+            .front()
+            .is_some_and(|i| now.duration_since(i.since) > IDLE_TIMEOUT)
+        {
+            q.pop_front();
+        }
+        if q.len() < MAX_IDLE_PER_HOST {
+            q.push_back(Idle { conn, since: now });
+        }
+    }
+}
+
+/// An upstream response body that polls its connection while it is read, and returns the
+/// connection to the pool when it ends cleanly (see the module doc).
+pub struct DrivenBody {
+    body: Incoming,
+    /// The connection and its pool, until the body ends.
+    pool: Option<(H1Conn, Arc<H1Pool>)>,
+}
+
+impl DrivenBody {
+    fn release(&mut self, reuse: bool) {
+        if let Some((c, pool)) = self.pool.take()
+            && reuse
+        {
+            pool.put(c);
+        }
+    }
+}
+
+impl Body for DrivenBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = &mut *self;
+        let mut polled = Pin::new(&mut this.body).poll_frame(cx);
+        if polled.is_pending()
+            && let Some((c, _)) = this.pool.as_mut()
+        {
+            // The poll above asked for the next chunk; the connection reads and hands it on.
+            c.drive(cx);
+            polled = Pin::new(&mut this.body).poll_frame(cx);
+        }
+        match &polled {
+            Poll::Ready(None) => this.release(true),
+            Poll::Ready(Some(Err(_))) => this.release(false),
+            Poll::Ready(Some(Ok(_))) if this.body.is_end_stream() => this.release(true),
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl Drop for DrivenBody {
+    fn drop(&mut self) {
+        // A body that was complete without being read to its end (hyper does not poll a body
+        // whose `is_end_stream` is already true) leaves its connection reusable; one dropped
+        // early (the client went away) closes it.
+        let done = self.body.is_end_stream();
+        self.release(done);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use http_body_util::BodyExt;
+    use hyper::service::service_fn;
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    /// A loopback HTTP/1.1 server answering `GET /n` with `n` chunked frames of `x`, counting
+    /// the connections it accepted.
+    async fn server() -> (String, Arc<AtomicUsize>) {
+        let tcp = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = tcp.local_addr().expect("addr").to_string();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((s, _)) = tcp.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let svc = service_fn(|req: Request<Incoming>| async move {
+                        let n: usize = req.uri().path()[1..].parse().unwrap_or(1);
+                        let frames = (0..n).map(|_| {
+                            Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from_static(b"x")))
+                        });
+                        let body = http_body_util::StreamBody::new(futures::stream::iter(frames));
+                        Ok::<_, std::convert::Infallible>(http::Response::new(body))
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(s), svc)
+                        .await;
+                });
+            }
+        });
+        (addr, accepted)
+    }
+
+    fn get(path: &str, authority: &str) -> Request<Full<Bytes>> {
+        Request::builder()
+            .uri(path)
+            .header(http::header::HOST, authority)
+            .body(Full::new(Bytes::new()))
+            .expect("request")
+    }
+
+    async fn body_of(a: Attempt<DrivenBody>) -> Vec<u8> {
+        match a {
+            Attempt::Response(r) => r
+                .into_body()
+                .collect()
+                .await
+                .expect("body")
+                .to_bytes()
+                .to_vec(),
+            other => panic!("no response: {:?}", other.error_type()),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_connection_is_reused_after_a_complete_body_and_closed_after_a_dropped_one() {
+        let (addr, accepted) = server().await;
+        let pool = H1Pool::new(Duration::from_secs(1));
+        assert_eq!(
+            body_of(pool.send(get("/3", &addr), &addr).await).await,
+            b"xxx"
+        );
+        assert_eq!(
+            body_of(pool.send(get("/200", &addr), &addr).await)
+                .await
+                .len(),
+            200
+        );
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            1,
+            "the second request reused the first connection"
+        );
+        // A body dropped before its end takes its connection with it.
+        let Attempt::Response(r) = pool.send(get("/50", &addr), &addr).await else {
+            panic!("no response");
+        };
+        drop(r);
+        assert_eq!(
+            body_of(pool.send(get("/1", &addr), &addr).await).await,
+            b"x"
+        );
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            2,
+            "a new connection after the dropped body"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_refused_connect_is_a_connect_failure_naming_the_reason() {
+        let tcp = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = tcp.local_addr().expect("addr").to_string();
+        drop(tcp);
+        let pool = H1Pool::new(Duration::from_secs(1));
+        match pool.send(get("/1", &addr), &addr).await {
+            Attempt::ConnectFailed(e) => assert!(e.starts_with("tcp connect error: "), "{e}"),
+            other => panic!("expected a connect failure, got {:?}", other.error_type()),
+        }
+    }
+}
