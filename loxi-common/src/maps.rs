@@ -9,6 +9,9 @@
 pub const PROG_NAME: &str = "loxi_xdp";
 /// Name of the pass-everything program (for veth peers that must run XDP to receive redirects).
 pub const PASS_PROG_NAME: &str = "loxi_pass";
+/// Name of the program that drops every IPv4/IPv6 frame and passes the rest (the packet sink
+/// of `scripts/bench-l4.sh`).
+pub const DROP_PROG_NAME: &str = "loxi_drop";
 /// Service map: [`ServiceKey`] → [`ServiceValue`] (hash).
 pub const MAP_SERVICES: &str = "LOXI_SERVICES";
 /// Endpoint table: index `slot * MAX_EPS + i` → [`EndpointValue`] (array).
@@ -211,7 +214,8 @@ pub struct CtKey {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CtValue {
-    /// `bpf_ktime_get_ns()` of the last packet of this direction.
+    /// `bpf_ktime_get_coarse_ns()` (`CLOCK_MONOTONIC` at scheduler-tick resolution) of the
+    /// last packet of this direction.
     pub last_ns: u64,
     /// New source address.
     pub nsaddr: [u8; 16],
@@ -237,7 +241,32 @@ pub struct CtValue {
     pub packets: u64,
     /// Bytes (whole frames, Ethernet header included) seen in this direction.
     pub bytes: u64,
+    /// Next-hop cache of this direction: time of the FIB lookup that filled it (same clock as
+    /// `last_ns`; 0 = empty). Packets of an established flow reuse it for [`NH_TTL_NS`] instead
+    /// of looking the route and neighbour up again.
+    pub nh_ns: u64,
+    /// Cached egress interface index.
+    pub nh_ifindex: u32,
+    /// Cached egress interface MAC (the frame's new source MAC).
+    pub nh_smac: [u8; 6],
+    /// Cached next-hop MAC (the frame's new destination MAC).
+    pub nh_dmac: [u8; 6],
+    /// [`nh_flags`] bits of the cached next hop.
+    pub nh_flags: u8,
+    /// Padding.
+    pub _pad: [u8; 7],
 }
+
+/// Bits of [`CtValue::nh_flags`].
+pub mod nh_flags {
+    /// The egress takes XDP frames (`bpf_redirect`/`XDP_TX`); else the TC hand-off.
+    pub const XDP_OK: u8 = 1;
+}
+
+/// How long a flow's cached next hop ([`CtValue::nh_ns`]) is used before the route and the
+/// neighbour are looked up again, ns: a changed route or neighbour MAC reaches an established
+/// flow within this time (new flows always look up).
+pub const NH_TTL_NS: u64 = 1_000_000_000;
 
 /// Direction values of [`CtValue::dir`].
 pub mod dir {
@@ -280,4 +309,4 @@ const _: () = assert!(core::mem::size_of::<ServiceKey>() == 20);
 const _: () = assert!(core::mem::size_of::<ServiceValue>() == 16);
 const _: () = assert!(core::mem::size_of::<EndpointValue>() == 40);
 const _: () = assert!(core::mem::size_of::<CtKey>() == 40);
-const _: () = assert!(core::mem::size_of::<CtValue>() == 72);
+const _: () = assert!(core::mem::size_of::<CtValue>() == 104);

@@ -1,5 +1,5 @@
 //! Conntrack entries: creation for a new flow (both directions), expiry, FIN/RST handling.
-use aya_ebpf::helpers::generated::bpf_ktime_get_ns;
+use aya_ebpf::helpers::generated::bpf_ktime_get_coarse_ns;
 use loxi_common::{
     maps::{
         CtKey, CtValue, DEFAULT_TCP_TIMEOUT_S, DEFAULT_UDP_TIMEOUT_S, FIN_TIMEOUT_S, MAX_EPS,
@@ -23,11 +23,13 @@ const PORT_BASE: u32 = 32768;
 const PORT_SPAN: u32 = 28000;
 const PORT_TRIES: u32 = 4;
 
-/// Current time, ns.
+/// Current time, ns: `CLOCK_MONOTONIC` at scheduler-tick resolution (a plain read of the
+/// timekeeper, no clock-source access: idle timeouts are seconds, and the precise clock cost
+/// every packet a clock-source read).
 #[inline(always)]
 pub fn now() -> u64 {
     // SAFETY: helper without arguments.
-    unsafe { bpf_ktime_get_ns() }
+    unsafe { bpf_ktime_get_coarse_ns() }
 }
 
 /// Conntrack key of a packet.
@@ -130,10 +132,35 @@ pub fn on_packet(k: &CtKey, v: *mut CtValue, pkt: &Pkt, t: u64) -> bool {
     true
 }
 
+/// Zeroes `packets` through the end of the value (counters, next-hop cache, padding) with
+/// word stores: a run of zero stores compiles to a call of the byte-at-a-time `memset` on BPF.
+#[inline(always)]
+fn zero_tail(v: &mut CtValue) {
+    const FROM: usize = core::mem::offset_of!(CtValue, packets);
+    const WORDS: usize = (core::mem::size_of::<CtValue>() - FROM) / 8;
+    const _: () = assert!(
+        FROM.is_multiple_of(8) && (core::mem::size_of::<CtValue>() - FROM).is_multiple_of(8)
+    );
+    let p = v as *mut CtValue as *mut u8;
+    let mut i = 0;
+    while i < WORDS {
+        // SAFETY: 8-byte-aligned words inside the value (asserted above).
+        unsafe { (p.add(FROM) as *mut u64).add(i).write_volatile(0) };
+        i += 1;
+    }
+}
+
 /// Creates both entries of a new flow to endpoint row `ep_idx` and writes the forward value
 /// into `v`. False when full-NAT found no free source port (or an insert failed).
 #[inline(always)]
-pub fn create(k: &CtKey, pkt: &Pkt, svc: &ServiceValue, ep_idx: u32, v: &mut CtValue) -> bool {
+pub fn create(
+    k: &CtKey,
+    pkt: &Pkt,
+    svc: &ServiceValue,
+    ep_idx: u32,
+    t: u64,
+    v: &mut CtValue,
+) -> bool {
     let Some(ep) = ENDPOINTS.get(svc.slot * MAX_EPS + ep_idx) else {
         return false;
     };
@@ -142,24 +169,21 @@ pub fn create(k: &CtKey, pkt: &Pkt, svc: &ServiceValue, ep_idx: u32, v: &mut CtV
         (0, _) => DEFAULT_UDP_TIMEOUT_S,
         (s, _) => s,
     };
-    let t = now();
     let eport = if ep.port == 0 { pkt.dport } else { ep.port };
     // One value, first filled as the reply direction, then turned into the forward one.
-    *v = CtValue {
-        last_ns: t,
-        nsaddr: pkt.daddr,
-        ndaddr: pkt.saddr,
-        nsport: pkt.dport,
-        ndport: pkt.sport,
-        dir: dir::REV,
-        state: 0,
-        ep: ep_idx as u8,
-        mode: svc.mode,
-        slot: svc.slot,
-        timeout_s,
-        packets: 0,
-        bytes: 0,
-    };
+    v.last_ns = t;
+    v.nsaddr = pkt.daddr;
+    v.ndaddr = pkt.saddr;
+    v.nsport = pkt.dport;
+    v.ndport = pkt.sport;
+    v.dir = dir::REV;
+    v.state = 0;
+    v.ep = ep_idx as u8;
+    v.mode = svc.mode;
+    v.slot = svc.slot;
+    v.timeout_s = timeout_s;
+    // Counters 0 and an empty next-hop cache (the first packet of each direction fills it).
+    zero_tail(v);
     let mut rk = *k;
     rk.saddr = ep.addr;
     rk.sport = eport;

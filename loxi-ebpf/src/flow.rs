@@ -1,20 +1,25 @@
-//! Per-packet decision: established flow (conntrack) → rewrite; new flow to a service → select,
-//! create conntrack, rewrite; anything else → pass.
+//! Per-packet decision. Fast path, inline: a conntrack hit on a live entry whose next hop is
+//! cached (younger than `NH_TTL_NS`) and, for TCP, no FIN/RST → counters, rewrite, MAC rewrite,
+//! send: one hash lookup, no FIB lookup, no copy of the entry. Slow path: expired or closing
+//! entries, stale next hops, and new flows to a service (select, create conntrack) → rewrite,
+//! FIB lookup, cache the next hop in the entry; anything else → pass.
 //!
 //! Code that touches packet memory is inlined into the entry function (the verifier tracks
-//! packet pointers only within one frame); the map-heavy decision runs in its own frame
-//! ([`decide`]) so the two stacks stay under the 512-byte limit together.
+//! packet pointers only within one frame); the map-heavy decision of the slow path runs in its
+//! own frame ([`decide`]) so the two stacks stay under the 512-byte limit together.
+use core::ptr::addr_of_mut;
+
 use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
 use loxi_common::{
-    maps::{CtKey, CtValue, ServiceKey, ctr, dir},
+    maps::{CtKey, CtValue, NH_TTL_NS, ServiceKey, ctr, dir, nh_flags, proto},
     mode,
 };
 
 use crate::{
     csum::rewrite,
     ct,
-    fwd::forward,
-    maps::{CT, SERVICES, count, count_ep},
+    fwd::{lookup, send},
+    maps::{CT, SCRATCH_CT, SERVICES, count, count_ep},
     parse::{ParseError, Pkt, parse},
     select::select,
 };
@@ -23,6 +28,8 @@ use crate::{
 const V_PASS: u32 = 0;
 const V_DROP: u32 = 1;
 const V_APPLY: u32 = 2;
+
+const TCP_FIN_RST: u8 = 0x01 | 0x04;
 
 /// The program body; `Err` means "drop" (only for truncated frames).
 #[inline(always)]
@@ -33,15 +40,35 @@ pub fn try_loxi(ctx: &XdpContext) -> Result<u32, u32> {
         Err(ParseError::NotOurs) => return Ok(pass()),
         Err(ParseError::Truncated) => return Err(truncated()),
     };
-    let mut v = CtValue::default();
-    match decide(&pkt, &mut v) {
+    let key = ct::key_of(&pkt);
+    let t = ct::now();
+    let mut hit = false;
+    if let Some(v) = CT.get_ptr_mut(&key) {
+        hit = true;
+        // SAFETY: pointer from the map helper, valid for this program run.
+        let v = unsafe { &mut *v };
+        if fast_ok(v, &pkt, t) {
+            return finish(fast(ctx, &pkt, v, t));
+        }
+    }
+    let Some(out) = SCRATCH_CT.get_ptr_mut(0) else {
+        return Ok(pass());
+    };
+    // SAFETY: per-CPU scratch slot from the map helper.
+    let out = unsafe { &mut *out };
+    match decide(&pkt, &key, hit, t, out) {
         V_PASS => Ok(pass()),
-        V_APPLY => match apply(ctx, &pkt, &v) {
-            Ok(a) => Ok(a),
-            Err(ParseError::NotOurs) => Ok(pass()),
-            Err(ParseError::Truncated) => Err(truncated()),
-        },
+        V_APPLY => finish(apply(ctx, &pkt, &key, out, t)),
         _ => Ok(xdp_action::XDP_DROP),
+    }
+}
+
+#[inline(always)]
+fn finish(r: Result<u32, ParseError>) -> Result<u32, u32> {
+    match r {
+        Ok(a) => Ok(a),
+        Err(ParseError::NotOurs) => Ok(pass()),
+        Err(ParseError::Truncated) => Err(truncated()),
     }
 }
 
@@ -57,29 +84,77 @@ fn truncated() -> u32 {
     xdp_action::XDP_DROP
 }
 
-/// Conntrack hit, or a new flow to a service; fills `out` with the mapping to apply.
+/// True when the packet can take the fast path: live entry, cached next hop still fresh, and
+/// no TCP flag that changes the entry's state.
+#[inline(always)]
+fn fast_ok(v: &CtValue, pkt: &Pkt, t: u64) -> bool {
+    v.nh_ns != 0
+        && t.wrapping_sub(v.nh_ns) < NH_TTL_NS
+        && !ct::expired(v, t)
+        && (pkt.proto != proto::TCP || pkt.tcp_flags & TCP_FIN_RST == 0)
+}
+
+/// Established flow with a cached next hop: update the entry in place, rewrite, send.
+#[inline(always)]
+fn fast(ctx: &XdpContext, pkt: &Pkt, v: &mut CtValue, t: u64) -> Result<u32, ParseError> {
+    v.last_ns = t;
+    v.packets += 1;
+    v.bytes += pkt.len as u64;
+    rewrite_for(ctx, pkt, v)?;
+    send(
+        ctx,
+        v.nh_ifindex,
+        &v.nh_smac,
+        &v.nh_dmac,
+        v.nh_flags & nh_flags::XDP_OK != 0,
+    )
+}
+
+/// Counts the packet for its endpoint and writes the entry's tuple into it (DSR: nothing to
+/// rewrite).
+#[inline(always)]
+fn rewrite_for(ctx: &XdpContext, pkt: &Pkt, v: &CtValue) -> Result<(), ParseError> {
+    count_ep(v.slot, v.ep as u32, pkt.len as u64);
+    if v.mode == mode::DSR {
+        // Forward: the route to the endpoint (`ndaddr`) gives its MAC; the IP header stays
+        // (dst = VIP). Reply: on to the client unchanged.
+        count(ctr::DSR, 1);
+        return Ok(());
+    }
+    rewrite(ctx, pkt, &v.nsaddr, &v.ndaddr, v.nsport, v.ndport)?;
+    count(
+        if v.dir == dir::FWD {
+            ctr::NAT_FWD
+        } else {
+            ctr::NAT_REV
+        },
+        1,
+    );
+    Ok(())
+}
+
+/// Slow path: conntrack entry (expired, closing, or next hop to refresh), or a new flow to a
+/// service; fills `out` with the mapping to apply. `hit`: the fast path found an entry.
 #[inline(never)]
-fn decide(pkt: &Pkt, out: &mut CtValue) -> u32 {
-    let key = ct::key_of(pkt);
-    let t = ct::now();
-    if let Some(v) = CT.get_ptr_mut(&key) {
+fn decide(pkt: &Pkt, key: &CtKey, hit: bool, t: u64, out: &mut CtValue) -> u32 {
+    if hit && let Some(v) = CT.get_ptr_mut(key) {
         // SAFETY: pointer from the map helper; copied out before any delete.
         *out = unsafe { *v };
         if !ct::expired(out, t) {
-            ct::on_packet(&key, v, pkt, t);
+            ct::on_packet(key, v, pkt, t);
             return V_APPLY;
         }
         count(ctr::CT_EXPIRED, 1);
-        ct::close(&key, out);
+        ct::close(key, out);
         if out.dir == dir::REV {
             return V_PASS;
         }
     }
-    new_flow(pkt, &key, out)
+    new_flow(pkt, key, t, out)
 }
 
 #[inline(always)]
-fn new_flow(pkt: &Pkt, key: &CtKey, out: &mut CtValue) -> u32 {
+fn new_flow(pkt: &Pkt, key: &CtKey, t: u64, out: &mut CtValue) -> u32 {
     let sk = ServiceKey {
         addr: pkt.daddr,
         port: pkt.dport,
@@ -98,32 +173,37 @@ fn new_flow(pkt: &Pkt, key: &CtKey, out: &mut CtValue) -> u32 {
         count(ctr::DROP_NO_ENDPOINT, 1);
         return V_DROP;
     };
-    if ct::create(key, pkt, &svc, idx, out) {
+    if ct::create(key, pkt, &svc, idx, t, out) {
         V_APPLY
     } else {
         V_DROP
     }
 }
 
-/// Rewrites the packet per the conntrack value and forwards it.
+/// Slow path's second half: rewrites the packet per `v`, looks the next hop up, caches it in
+/// the flow's entry for the fast path, and sends.
 #[inline(always)]
-fn apply(ctx: &XdpContext, pkt: &Pkt, v: &CtValue) -> Result<u32, ParseError> {
-    let bytes = (ctx.data_end() - ctx.data()) as u64;
-    count_ep(v.slot, v.ep as u32, bytes);
-    if v.mode == mode::DSR {
-        count(ctr::DSR, 1);
-        // Forward: the route to the endpoint (`ndaddr`) gives its MAC; the IP header stays
-        // (dst = VIP). Reply: on to the client unchanged.
-        return forward(ctx, pkt.family, &v.ndaddr);
+fn apply(ctx: &XdpContext, pkt: &Pkt, key: &CtKey, v: &CtValue, t: u64) -> Result<u32, ParseError> {
+    rewrite_for(ctx, pkt, v)?;
+    let Some(nh) = lookup(ctx, pkt.family, &v.ndaddr) else {
+        // No route or neighbour yet: the kernel forwards (and resolves the neighbour).
+        return Ok(xdp_action::XDP_PASS);
+    };
+    if let Some(e) = CT.get_ptr_mut(key) {
+        // SAFETY: pointer from the map helper. Volatile stores keep their order, `nh_ns`
+        // last (x86 keeps store order too): a reader on another CPU sees an empty or stale
+        // time (slow path) until the whole next hop is written.
+        unsafe {
+            addr_of_mut!((*e).nh_ifindex).write_volatile(nh.ifindex);
+            addr_of_mut!((*e).nh_smac).write_volatile(nh.smac);
+            addr_of_mut!((*e).nh_dmac).write_volatile(nh.dmac);
+            addr_of_mut!((*e).nh_flags).write_volatile(if nh.xdp_ok {
+                nh_flags::XDP_OK
+            } else {
+                0
+            });
+            addr_of_mut!((*e).nh_ns).write_volatile(t);
+        }
     }
-    rewrite(ctx, pkt, &v.nsaddr, &v.ndaddr, v.nsport, v.ndport)?;
-    count(
-        if v.dir == dir::FWD {
-            ctr::NAT_FWD
-        } else {
-            ctr::NAT_REV
-        },
-        1,
-    );
-    forward(ctx, pkt.family, &v.ndaddr)
+    send(ctx, nh.ifindex, &nh.smac, &nh.dmac, nh.xdp_ok)
 }

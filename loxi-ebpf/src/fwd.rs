@@ -1,8 +1,13 @@
-//! Sending a rewritten packet on: FIB lookup for the next hop, MAC rewrite, then `XDP_TX` (same
-//! interface) or `bpf_redirect` when the egress takes XDP frames ([`EGRESS_XDP`]), else the TC
-//! hand-off (`loxi_common::maps::egress`: metadata naming the egress, `XDP_PASS`, and the TC
+//! Sending a rewritten packet on: FIB lookup for the next hop (or a flow's cached copy of it),
+//! MAC rewrite, then `XDP_TX` (same interface) or `bpf_redirect` when the egress takes XDP
+//! frames ([`EGRESS_XDP`]), else the TC hand-off (`loxi_common::maps::egress`: metadata naming the egress, `XDP_PASS`, and the TC
 //! program redirects the socket buffer). Without a FIB/neighbour entry the packet goes to the
 //! kernel, which forwards it (and resolves the neighbour for the next packets).
+use core::{
+    mem::MaybeUninit,
+    ptr::{addr_of, addr_of_mut},
+};
+
 use aya_ebpf::{
     bindings::{BPF_FIB_LKUP_RET_SUCCESS, bpf_fib_lookup, xdp_action, xdp_md},
     helpers::generated::{bpf_fib_lookup as fib_lookup, bpf_redirect, bpf_xdp_adjust_meta},
@@ -22,7 +27,8 @@ use crate::{
 const AF_INET: u8 = 2;
 const AF_INET6: u8 = 10;
 
-/// Result of a successful FIB lookup.
+/// Where a rewritten frame goes: a FIB lookup's result, or a flow's cached copy of it
+/// (`CtValue::nh_*`).
 #[repr(C)]
 pub struct NextHop {
     /// Egress interface.
@@ -31,14 +37,28 @@ pub struct NextHop {
     pub smac: [u8; 6],
     /// Next hop's MAC.
     pub dmac: [u8; 6],
+    /// The egress takes XDP frames ([`EGRESS_XDP`]); else the TC hand-off.
+    pub xdp_ok: bool,
 }
+
+const _: () = assert!(core::mem::size_of::<bpf_fib_lookup>() == 64);
 
 /// FIB lookup for `dst` (own stack frame; touches only the context, never packet data).
 /// Returns false when the kernel has no usable route or neighbour.
 #[inline(never)]
-fn fib(ctx: *mut xdp_md, fam: u8, dst: &[u8; 16], out: &mut NextHop) -> bool {
-    // SAFETY: bpf_fib_lookup is plain data; all-zero is a valid starting value.
-    let mut p: bpf_fib_lookup = unsafe { core::mem::zeroed() };
+fn fib(ctx: *mut xdp_md, fam: u8, dst: &[u8; 16], out: *mut NextHop) -> bool {
+    // Zero-filled with eight word stores: a zero-initialised struct compiles to a call of the
+    // byte-at-a-time `memset` subprogram on BPF.
+    let mut raw = MaybeUninit::<bpf_fib_lookup>::uninit();
+    let w = raw.as_mut_ptr() as *mut u64;
+    let mut i = 0;
+    while i < 8 {
+        // SAFETY: 8 words = the struct's 64 bytes (asserted above).
+        unsafe { w.add(i).write_volatile(0) };
+        i += 1;
+    }
+    // SAFETY: every byte written above; bpf_fib_lookup is plain data.
+    let p = unsafe { raw.assume_init_mut() };
     // SAFETY: ctx is the program's context pointer.
     p.ifindex = unsafe { (*ctx).ingress_ifindex };
     if fam == family::V6 {
@@ -58,7 +78,7 @@ fn fib(ctx: *mut xdp_md, fam: u8, dst: &[u8; 16], out: &mut NextHop) -> bool {
     let rc = unsafe {
         fib_lookup(
             ctx as *mut _,
-            &mut p,
+            p,
             core::mem::size_of::<bpf_fib_lookup>() as i32,
             0,
         )
@@ -66,49 +86,67 @@ fn fib(ctx: *mut xdp_md, fam: u8, dst: &[u8; 16], out: &mut NextHop) -> bool {
     if rc != BPF_FIB_LKUP_RET_SUCCESS as i64 {
         return false;
     }
-    out.ifindex = p.ifindex;
-    out.smac = p.smac;
-    out.dmac = p.dmac;
+    // SAFETY: `out` points at the caller's (uninitialised) NextHop; written field by field.
+    unsafe {
+        addr_of_mut!((*out).ifindex).write(p.ifindex);
+        addr_of_mut!((*out).smac).write(p.smac);
+        addr_of_mut!((*out).dmac).write(p.dmac);
+    }
     true
 }
 
-/// Looks up the route to `dst` and forwards; returns the XDP action.
+/// Looks up the next hop towards `dst` (route, neighbour, whether the egress takes XDP
+/// frames); `None` when the kernel has none yet (counted; the caller passes the frame on).
 #[inline(always)]
-pub fn forward(ctx: &XdpContext, fam: u8, dst: &[u8; 16]) -> Result<u32, ParseError> {
-    let mut nh = NextHop {
-        ifindex: 0,
-        smac: [0; 6],
-        dmac: [0; 6],
-    };
-    if !fib(ctx.ctx, fam, dst, &mut nh) {
+pub fn lookup(ctx: &XdpContext, fam: u8, dst: &[u8; 16]) -> Option<NextHop> {
+    // Not zero-filled first: that compiles to a call of the byte-at-a-time `memset` on BPF.
+    let mut nh = MaybeUninit::<NextHop>::uninit();
+    if !fib(ctx.ctx, fam, dst, nh.as_mut_ptr()) {
         count(ctr::FIB_PASS, 1);
-        return Ok(xdp_action::XDP_PASS);
+        return None;
     }
+    let p = nh.as_mut_ptr();
+    // SAFETY: fib wrote every other field; read-only lookup of a plain u32.
+    unsafe {
+        let ok = EGRESS_XDP.get(&*addr_of!((*p).ifindex)).is_some();
+        addr_of_mut!((*p).xdp_ok).write(ok);
+        Some(nh.assume_init())
+    }
+}
+
+/// Sends the frame to egress `ifindex` (MACs `smac` → `dmac`): `XDP_TX` out the ingress,
+/// `bpf_redirect` where the egress takes XDP frames (`xdp_ok`), else the TC hand-off.
+#[inline(always)]
+pub fn send(
+    ctx: &XdpContext,
+    ifindex: u32,
+    smac: &[u8; 6],
+    dmac: &[u8; 6],
+    xdp_ok: bool,
+) -> Result<u32, ParseError> {
     // SAFETY: ctx is the program's context pointer.
     let ingress = unsafe { (*ctx.ctx).ingress_ifindex };
-    // SAFETY: read-only lookup of a plain u32.
-    let xdp_ok = unsafe { EGRESS_XDP.get(&nh.ifindex) }.is_some();
     // Make room for the hand-off metadata before touching the frame (it moves data_meta only).
     // A driver without metadata support refuses: then redirect anyway (counted).
     let to_tc = !xdp_ok && reserve_meta(ctx);
     let eth: *mut [u8; 12] = ptr_at(ctx, 0)?;
     // SAFETY: 12 bytes checked by ptr_at.
     let eth = unsafe { &mut *eth };
-    eth[..6].copy_from_slice(&nh.dmac);
-    eth[6..].copy_from_slice(&nh.smac);
+    eth[..6].copy_from_slice(dmac);
+    eth[6..].copy_from_slice(smac);
     if to_tc {
-        return Ok(hand_to_tc(ctx, nh.ifindex));
+        return Ok(hand_to_tc(ctx, ifindex));
     }
     if !xdp_ok {
         count(ctr::EGRESS_NO_META, 1);
     }
-    if nh.ifindex == ingress {
+    if ifindex == ingress {
         count(ctr::TX, 1);
         return Ok(xdp_action::XDP_TX);
     }
     count(ctr::REDIRECT, 1);
     // SAFETY: helper call; the kernel validates the ifindex.
-    Ok(unsafe { bpf_redirect(nh.ifindex, 0) } as u32)
+    Ok(unsafe { bpf_redirect(ifindex, 0) } as u32)
 }
 
 /// Grows the frame's metadata area by [`META_LEN`]; false when the driver does not support it.

@@ -46,6 +46,22 @@ pub fn loxi_pass(_ctx: XdpContext) -> u32 {
     xdp_action::XDP_PASS
 }
 
+/// Drop-everything-IP program: the packet sink of `scripts/bench-l4.sh` (the sender-only
+/// baseline on the LB's ingress and the backend's end of the forwarded path), so the benchmark
+/// measures the path up to a driver and nothing of what a receiver does with the packet. Frames
+/// that are not IPv4/IPv6 (ARP) pass, so the sender's neighbour entries resolve.
+#[xdp]
+pub fn loxi_drop(ctx: XdpContext) -> u32 {
+    match parse::ptr_at::<[u8; 2]>(&ctx, 12) {
+        // SAFETY: ptr_at checked the bounds.
+        Ok(et) => match unsafe { *et } {
+            [0x08, 0x00] | [0x86, 0xdd] => xdp_action::XDP_DROP,
+            _ => xdp_action::XDP_PASS,
+        },
+        Err(_) => xdp_action::XDP_DROP,
+    }
+}
+
 #[cfg(not(test))]
 #[panic_handler]
 fn panic(_info: &core::panic::PanicInfo) -> ! {

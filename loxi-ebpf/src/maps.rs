@@ -40,6 +40,11 @@ pub static LC: Array<u32> = Array::with_max_entries(MAX_RULES * MAX_EPS, 0);
 #[map(name = "LOXI_SCRATCH")]
 pub static SCRATCH_KEY: PerCpuArray<CtKey> = PerCpuArray::with_max_entries(1, 0);
 
+/// Per-CPU scratch conntrack value: the mapping the slow path decides on (a 104-byte value
+/// stays off the BPF stack, and needs no zero-fill).
+#[map(name = "LOXI_SCRATCH_CT")]
+pub static SCRATCH_CT: PerCpuArray<CtValue> = PerCpuArray::with_max_entries(1, 0);
+
 /// Egress interfaces that take XDP frames (ifindex → 1), written by the loader; any other
 /// egress gets the TC hand-off (`loxi_common::maps::egress`).
 #[map(name = "LOXI_EGRESS_XDP")]

@@ -65,30 +65,55 @@ pub fn parse(ctx: &XdpContext) -> Result<Pkt, ParseError> {
         ethertype = u16::from_be_bytes(unsafe { *inner });
         l3 = ETH_LEN + 4;
     }
+    let ip = match ethertype {
+        ETH_P_IP => parse_v4(ctx, l3)?,
+        ETH_P_IPV6 => parse_v6(ctx, l3)?,
+        _ => return Err(ParseError::NotOurs),
+    };
     let mut pkt = Pkt {
         l3,
-        l4: 0,
-        family: 0,
-        proto: 0,
+        l4: ip.l4,
+        family: ip.family,
+        proto: ip.proto,
         tcp_flags: 0,
-        saddr: [0; 16],
-        daddr: [0; 16],
+        saddr: ip.saddr,
+        daddr: ip.daddr,
         sport: 0,
         dport: 0,
         len: (ctx.data_end() - ctx.data()) as u32,
     };
-    match ethertype {
-        ETH_P_IP => parse_v4(ctx, &mut pkt)?,
-        ETH_P_IPV6 => parse_v6(ctx, &mut pkt)?,
-        _ => return Err(ParseError::NotOurs),
-    }
     parse_ports(ctx, &mut pkt)?;
     Ok(pkt)
 }
 
+/// What the IP header gives.
+struct Ip {
+    family: u8,
+    proto: u8,
+    saddr: [u8; 16],
+    daddr: [u8; 16],
+    l4: usize,
+}
+
+/// The 16 address bytes of an IPv4 address (4 bytes, then 12 zero bytes), built with word
+/// stores: a zero-filled array compiles to a call of the byte-at-a-time `memset` on BPF.
 #[inline(always)]
-fn parse_v4(ctx: &XdpContext, pkt: &mut Pkt) -> Result<(), ParseError> {
-    let h: *const [u8; 20] = ptr_at(ctx, pkt.l3)?;
+fn v4_addr(b: &[u8]) -> [u8; 16] {
+    let mut w = core::mem::MaybeUninit::<[u32; 4]>::uninit();
+    let p = w.as_mut_ptr() as *mut u32;
+    // SAFETY: four words of a local; volatile so the zero words stay word stores.
+    unsafe {
+        p.write_volatile(u32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
+        p.add(1).write_volatile(0);
+        p.add(2).write_volatile(0);
+        p.add(3).write_volatile(0);
+        core::mem::transmute::<[u32; 4], [u8; 16]>(w.assume_init())
+    }
+}
+
+#[inline(always)]
+fn parse_v4(ctx: &XdpContext, l3: usize) -> Result<Ip, ParseError> {
+    let h: *const [u8; 20] = ptr_at(ctx, l3)?;
     // SAFETY: 20 bytes checked by ptr_at.
     let h = unsafe { &*h };
     let ihl = ((h[0] & 0x0f) as usize) * 4;
@@ -99,25 +124,31 @@ fn parse_v4(ctx: &XdpContext, pkt: &mut Pkt) -> Result<(), ParseError> {
     if (h[6] & 0x3f) != 0 || h[7] != 0 {
         return Err(ParseError::NotOurs);
     }
-    pkt.family = family::V4;
-    pkt.proto = h[9];
-    pkt.saddr[..4].copy_from_slice(&h[12..16]);
-    pkt.daddr[..4].copy_from_slice(&h[16..20]);
-    pkt.l4 = pkt.l3 + ihl;
-    Ok(())
+    Ok(Ip {
+        family: family::V4,
+        proto: h[9],
+        saddr: v4_addr(&h[12..16]),
+        daddr: v4_addr(&h[16..20]),
+        l4: l3 + ihl,
+    })
 }
 
 #[inline(always)]
-fn parse_v6(ctx: &XdpContext, pkt: &mut Pkt) -> Result<(), ParseError> {
-    let h: *const [u8; 40] = ptr_at(ctx, pkt.l3)?;
+fn parse_v6(ctx: &XdpContext, l3: usize) -> Result<Ip, ParseError> {
+    let h: *const [u8; 40] = ptr_at(ctx, l3)?;
     // SAFETY: 40 bytes checked by ptr_at.
     let h = unsafe { &*h };
-    pkt.family = family::V6;
-    pkt.proto = h[6];
-    pkt.saddr.copy_from_slice(&h[8..24]);
-    pkt.daddr.copy_from_slice(&h[24..40]);
-    pkt.l4 = pkt.l3 + 40;
-    Ok(())
+    let mut saddr = [0u8; 16];
+    let mut daddr = [0u8; 16];
+    saddr.copy_from_slice(&h[8..24]);
+    daddr.copy_from_slice(&h[24..40]);
+    Ok(Ip {
+        family: family::V6,
+        proto: h[6],
+        saddr,
+        daddr,
+        l4: l3 + 40,
+    })
 }
 
 #[inline(always)]

@@ -190,24 +190,23 @@ impl Topo {
 
     /// Pass-through XDP on the peers of the LB's veths.
     pub fn start_peers(&mut self) -> anyhow::Result<()> {
-        self.start_peers_with(None)
+        self.start_peers_with(false)
     }
 
-    /// Like [`Topo::start_peers`], but backend 1's veth runs the data path with `sink_rules`
-    /// instead (benchmarks drop the flood there, in XDP).
-    pub fn start_peers_with(&mut self, sink_rules: Option<&str>) -> anyhow::Result<()> {
+    /// Like [`Topo::start_peers`], but with `sink` backend 1's veth drops every frame in XDP
+    /// instead (benchmarks end the forwarded path there).
+    pub fn start_peers_with(&mut self, sink: bool) -> anyhow::Result<()> {
         let peers = [
             (self.c.clone(), "c0"),
             (self.b[0].clone(), "b0"),
             (self.b[1].clone(), "b0"),
         ];
         for (ns, ifs) in peers {
-            match sink_rules {
-                Some(r) if ns == self.b[0] => {
-                    self.spawn(&ns, &["l4-serve", "--xdp-iface", ifs, "--rules", r])?
-                }
-                _ => self.spawn(&ns, &["xdp-pass", "--iface", ifs])?,
-            };
+            if sink && ns == self.b[0] {
+                self.spawn(&ns, &["xdp-pass", "--drop", "--iface", ifs])?;
+            } else {
+                self.spawn(&ns, &["xdp-pass", "--iface", ifs])?;
+            }
             wait_xdp(&ns, ifs, true)?;
         }
         Ok(())

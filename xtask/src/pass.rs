@@ -1,11 +1,12 @@
 //! `xtask xdp-pass --iface IF`: attaches the object's pass-everything program (native, else
 //! generic) until SIGTERM/SIGINT. Veth peers need an XDP program to receive redirected frames;
-//! this one costs the least, so benchmarks measure the LB, not the peer.
+//! this one costs the least, so benchmarks measure the LB, not the peer. `--drop` attaches the
+//! program that drops every IP frame instead (the benchmark's packet sink; ARP passes).
 use aya::{
     Ebpf,
     programs::{Xdp, XdpMode},
 };
-use loxi_common::maps::PASS_PROG_NAME;
+use loxi_common::maps::{DROP_PROG_NAME, PASS_PROG_NAME};
 
 /// Flags of `xdp-pass`.
 #[derive(clap::Args)]
@@ -13,6 +14,9 @@ pub struct PassArgs {
     /// Interfaces to attach to.
     #[arg(long = "iface")]
     ifaces: Vec<String>,
+    /// Attach the drop-every-IP-frame program instead of the pass-everything one.
+    #[arg(long)]
+    drop: bool,
 }
 
 /// Attaches and waits for a signal; the links go with the process.
@@ -23,9 +27,14 @@ pub fn run(a: PassArgs) -> anyhow::Result<()> {
         "XDP object is empty (built without the eBPF toolchain)"
     );
     let mut ebpf = Ebpf::load(bytes)?;
+    let name = if a.drop {
+        DROP_PROG_NAME
+    } else {
+        PASS_PROG_NAME
+    };
     let prog: &mut Xdp = ebpf
-        .program_mut(PASS_PROG_NAME)
-        .ok_or_else(|| anyhow::anyhow!("{PASS_PROG_NAME} not in the object"))?
+        .program_mut(name)
+        .ok_or_else(|| anyhow::anyhow!("{name} not in the object"))?
         .try_into()?;
     prog.load()?;
     for i in &a.ifaces {

@@ -96,7 +96,8 @@ pub fn expired(v: &CtValue, now_ns: u64) -> bool {
     now_ns.saturating_sub(v.last_ns) > u64::from(v.timeout_s) * 1_000_000_000
 }
 
-/// `CLOCK_MONOTONIC` in ns: the clock of `bpf_ktime_get_ns()`.
+/// `CLOCK_MONOTONIC` in ns: the clock of `bpf_ktime_get_coarse_ns()` (which lags it by at most
+/// a scheduler tick, nothing next to idle timeouts of seconds).
 #[allow(
     unsafe_code,
     reason = "clock_gettime(2) through libc: the data path's clock has no std equivalent"
