@@ -46,6 +46,10 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// Idle connections kept per endpoint authority; more are closed when they come back.
 pub const MAX_IDLE_PER_HOST: usize = 1024;
 
+/// How often a background task closes idle connections older than [`IDLE_TIMEOUT`], so that
+/// connections to an endpoint no request goes to any more (removed, drained) are not kept open.
+pub const REAP_INTERVAL: Duration = Duration::from_secs(30);
+
 type Conn = http1::Connection<TokioIo<TcpStream>, Full<Bytes>>;
 
 /// One upstream connection: its request handle and the connection future this module polls.
@@ -105,12 +109,42 @@ impl std::fmt::Debug for H1Pool {
 }
 
 impl H1Pool {
-    /// An empty pool whose connects give up after `connect_timeout`.
+    /// An empty pool whose connects give up after `connect_timeout`. Inside a tokio runtime it
+    /// also starts the reaper ([`REAP_INTERVAL`]), which ends when the pool is dropped.
     pub fn new(connect_timeout: Duration) -> Arc<Self> {
-        Arc::new(Self {
+        let pool = Arc::new(Self {
             idle: parking_lot::Mutex::new(HashMap::new()),
             connect_timeout,
-        })
+        });
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let weak = Arc::downgrade(&pool);
+            rt.spawn(async move {
+                let mut tick = tokio::time::interval(REAP_INTERVAL);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                tick.tick().await;
+                loop {
+                    tick.tick().await;
+                    let Some(pool) = weak.upgrade() else { break };
+                    pool.reap(Instant::now());
+                }
+            });
+        }
+        pool
+    }
+
+    /// Closes the idle connections that at `now` have been idle longer than [`IDLE_TIMEOUT`]
+    /// or were closed, and forgets authorities left without any; returns how many it closed.
+    fn reap(&self, now: Instant) -> usize {
+        let mut closed = 0;
+        self.idle.lock().retain(|_, q| {
+            let before = q.len();
+            q.retain(|i| {
+                now.saturating_duration_since(i.since) <= IDLE_TIMEOUT && !i.conn.send.is_closed()
+            });
+            closed += before - q.len();
+            !q.is_empty()
+        });
+        closed
     }
 
     /// Sends `req` (origin-form URI, `Host` set) to `authority` (`ip:port`) on an idle
@@ -368,6 +402,34 @@ mod tests {
             accepted.load(Ordering::SeqCst),
             2,
             "a new connection after the dropped body"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_reaper_closes_connections_idle_past_the_timeout_and_forgets_their_endpoint() {
+        let (addr, accepted) = server().await;
+        let pool = H1Pool::new(Duration::from_secs(1));
+        assert_eq!(
+            body_of(pool.send(get("/2", &addr), &addr).await).await,
+            b"xx"
+        );
+        assert_eq!(
+            pool.reap(Instant::now()),
+            0,
+            "a fresh idle connection stays"
+        );
+        assert_eq!(pool.idle.lock().len(), 1);
+        let later = Instant::now() + IDLE_TIMEOUT + Duration::from_secs(1);
+        assert_eq!(pool.reap(later), 1, "idle past the timeout: closed");
+        assert!(pool.idle.lock().is_empty(), "the endpoint is forgotten");
+        assert_eq!(
+            body_of(pool.send(get("/1", &addr), &addr).await).await,
+            b"x"
+        );
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            2,
+            "a new connection after the reap"
         );
     }
 
