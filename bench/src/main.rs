@@ -190,7 +190,7 @@ impl Args {
                         "--time-scale: real engines run in real time (only 1 is accepted with --engines real-vllm)"
                     );
                 }
-                if self.block_size % 32 != 0 {
+                if !self.block_size.is_multiple_of(32) {
                     bail!(
                         "--block-size {}: vLLM's CPU attention needs a multiple of 32 (--engines real-vllm)",
                         self.block_size
