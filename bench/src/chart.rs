@@ -347,6 +347,44 @@ fn rows_axis(n: usize) -> Axis {
 }
 
 /// Row centre of policy `i` of `n` (first policy on top).
+/// The label of a policy row with no value to draw.
+fn unmeasured(r: &PolicyResult) -> &'static str {
+    if r.error.is_some() {
+        "failed (see results.md)"
+    } else {
+        "not measured"
+    }
+}
+
+/// Draws a panel's grid, its x-axis description and ticks (`fmt_x`) and the policy names on
+/// the rows (`names`, top to bottom).
+fn mesh<DB: DrawingBackend>(
+    chart: &mut ChartContext<'_, DB, Cartesian2d<Axis, Axis>>,
+    desc: &str,
+    fmt_x: &dyn Fn(&f64) -> String,
+    names: &[String],
+    tick: &TextStyle,
+    font: &dyn Fn(i32) -> FontDesc<'static>,
+) -> Res {
+    let n = names.len().max(1);
+    let label = |y: &f64| {
+        let i = n as i64 - 1 - y.round() as i64;
+        names.get(i as usize).cloned().unwrap_or_default()
+    };
+    chart
+        .configure_mesh()
+        .disable_y_mesh()
+        .light_line_style(WHITE)
+        .bold_line_style(GRID)
+        .x_desc(desc)
+        .x_label_formatter(fmt_x)
+        .y_label_formatter(&label)
+        .label_style(tick.clone())
+        .axis_desc_style(font(18))
+        .draw()
+        .map_err(e)
+}
+
 fn row(i: usize, n: usize) -> f64 {
     (n - 1 - i) as f64
 }
@@ -395,22 +433,14 @@ fn hit_panel<DB: DrawingBackend>(
             rows_axis(n),
         )
         .map_err(e)?;
-    let label = |y: &f64| {
-        let i = n as i64 - 1 - y.round() as i64;
-        names.get(i as usize).cloned().unwrap_or_default()
-    };
-    chart
-        .configure_mesh()
-        .disable_y_mesh()
-        .light_line_style(WHITE)
-        .bold_line_style(GRID)
-        .x_desc("hit rate, % of prompt tokens served from cache")
-        .x_label_formatter(&|v| format!("{v:.0}"))
-        .y_label_formatter(&label)
-        .label_style(tick.clone())
-        .axis_desc_style(font(18))
-        .draw()
-        .map_err(e)?;
+    mesh(
+        &mut chart,
+        "hit rate, % of prompt tokens served from cache",
+        &|v| format!("{v:.0}"),
+        &names,
+        &tick,
+        font,
+    )?;
     let inside = font(16)
         .color(&WHITE)
         .pos(Pos::new(HPos::Right, VPos::Center));
@@ -420,11 +450,7 @@ fn hit_panel<DB: DrawingBackend>(
     for (i, r) in results.iter().enumerate() {
         let y = row(i, n);
         let Some(h) = r.prefix_hit_rate.filter(|_| r.error.is_none()) else {
-            let why = if r.error.is_some() {
-                "failed (see results.md)"
-            } else {
-                "not measured"
-            };
+            let why = unmeasured(r);
             chart
                 .draw_series([EmptyElement::at((0.0, y)) + Text::new(why, (8, 0), outside.clone())])
                 .map_err(e)?;
@@ -593,39 +619,20 @@ fn ttft_panel<DB: DrawingBackend>(
             rows_axis(n),
         )
         .map_err(e)?;
-    let label = |y: &f64| {
-        let i = n as i64 - 1 - y.round() as i64;
-        names.get(i as usize).cloned().unwrap_or_default()
-    };
     let fmt_tick = |x: &f64| fmt_ms(scale.ms(*x));
     let desc = if scale.log {
         "TTFT, ms (log scale), including the gateway's added latency"
     } else {
         "TTFT, ms, including the gateway's added latency"
     };
-    chart
-        .configure_mesh()
-        .disable_y_mesh()
-        .light_line_style(WHITE)
-        .bold_line_style(GRID)
-        .x_desc(desc)
-        .x_label_formatter(&fmt_tick)
-        .y_label_formatter(&label)
-        .label_style(tick.clone())
-        .axis_desc_style(font(18))
-        .draw()
-        .map_err(e)?;
+    mesh(&mut chart, desc, &fmt_tick, &names, &tick, font)?;
     let value = font(15)
         .color(&BLACK)
         .pos(Pos::new(HPos::Left, VPos::Center));
     for (i, r) in results.iter().enumerate() {
         let y = row(i, n);
         let Some(q) = r.ttft_ms.filter(|_| r.error.is_none()) else {
-            let why = if r.error.is_some() {
-                "failed (see results.md)"
-            } else {
-                "not measured"
-            };
+            let why = unmeasured(r);
             chart
                 .draw_series([
                     EmptyElement::at((scale.lo, y)) + Text::new(why, (8, 0), value.clone())
