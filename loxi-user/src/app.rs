@@ -153,6 +153,7 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
     tracing::info!(addr = %cfg.flags.api_addr, rules = store.snapshot().rules.len(), "REST API listening");
     let l4_datapath = !cfg.flags.l4.xdp_iface.is_empty();
     report_l4_rules_without_datapath(&store, l4_datapath);
+    let rules = store.subscribe();
     let state = ApiState {
         store,
         registry,
@@ -163,9 +164,12 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
         conntrack,
         certs,
     };
-    let app = api::router(state).merge(kv::api::router(kv.state)).layer(
-        axum::middleware::from_fn_with_state(security, api::security::guard),
-    );
+    let app = api::router(state)
+        .merge(kv::api::router(kv.state, rules))
+        .layer(axum::middleware::from_fn_with_state(
+            security,
+            api::security::guard,
+        ));
     tasks.spawn(serve_api(listener, tls, app, shutdown.clone()));
     shutdown.cancelled().await;
     drain(tasks, cfg.flags.shutdown_grace()).await;

@@ -16,6 +16,12 @@
 //!
 //! Errors are JSON `{"error": "..."}`: 400 naming the bad query field, 404 for an unknown
 //! service (no KV state: unknown id or kvExactMode 0) or endpoint.
+//!
+//! Read-your-writes: a rule acknowledged by `POST /config/loadbalancer` is in the rule store's
+//! snapshot at once, but the subscriber manager applies snapshots asynchronously. Both views
+//! apply the current snapshot's rule to the KV state themselves ([`KvState::sync`], idempotent,
+//! the manager reconciles the same snapshot), so a `loxicmd get kvinventory` right after the
+//! create sees the rule and its endpoints instead of a 404.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -26,10 +32,12 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde::Serialize;
+use tokio::sync::watch;
 
 use super::ingest::parity::EpParity;
 use super::readiness::{Readiness, readiness};
 use super::state::{KvState, ServiceKv};
+use crate::rules::store::RuleSnapshot;
 
 /// Inventory path.
 pub const INVENTORY_PATH: &str = "/netlox/v1/config/ai/kv/inventory";
@@ -37,11 +45,18 @@ pub const INVENTORY_PATH: &str = "/netlox/v1/config/ai/kv/inventory";
 pub const PARITY_PATH: &str = "/netlox/v1/config/ai/kv/parity";
 
 /// The router with both views; state = the shared KV state.
-pub fn router(state: Arc<KvState>) -> axum::Router {
+pub fn router(state: Arc<KvState>, rules: watch::Receiver<Arc<RuleSnapshot>>) -> axum::Router {
     axum::Router::new()
         .route(INVENTORY_PATH, get(inventory))
         .route(PARITY_PATH, get(parity))
-        .with_state(state)
+        .with_state(KvApi { state, rules })
+}
+
+/// The views' state: the KV tier and the rule store's current snapshot.
+#[derive(Clone)]
+struct KvApi {
+    state: Arc<KvState>,
+    rules: watch::Receiver<Arc<RuleSnapshot>>,
 }
 
 /// One rank stream's status.
@@ -178,14 +193,27 @@ fn parse_field<T: std::str::FromStr>(
     }
 }
 
-fn service(state: &KvState, q: &HashMap<String, String>) -> Result<Arc<ServiceKv>, ApiError> {
+fn service(api: &KvApi, q: &HashMap<String, String>) -> Result<Arc<ServiceKv>, ApiError> {
     let id: u32 = parse_field(q, "service_id")?.ok_or_else(|| {
         error(
             StatusCode::BAD_REQUEST,
             "query field `service_id` is required".into(),
         )
     })?;
-    state.get(id).ok_or_else(|| {
+    // The store's current rule first (read-your-writes, see the module doc); a rule no longer
+    // in the snapshot keeps whatever state the manager has not dropped yet.
+    let current = api
+        .rules
+        .borrow()
+        .rules
+        .values()
+        .find(|r| r.id == id)
+        .cloned();
+    let svc = match current {
+        Some(rule) => api.state.sync(&rule),
+        None => api.state.get(id),
+    };
+    svc.ok_or_else(|| {
         error(
             StatusCode::NOT_FOUND,
             format!("service_id {id}: no KV state (unknown rule or kvExactMode 0)"),
@@ -193,18 +221,15 @@ fn service(state: &KvState, q: &HashMap<String, String>) -> Result<Arc<ServiceKv
     })
 }
 
-async fn inventory(
-    State(state): State<Arc<KvState>>,
-    Query(q): Query<HashMap<String, String>>,
-) -> Response {
-    match inventory_view(&state, &q) {
+async fn inventory(State(api): State<KvApi>, Query(q): Query<HashMap<String, String>>) -> Response {
+    match inventory_view(&api, &q) {
         Ok(v) => Json(v).into_response(),
         Err(e) => e.into_response(),
     }
 }
 
-fn inventory_view(state: &KvState, q: &HashMap<String, String>) -> Result<InventoryView, ApiError> {
-    let svc = service(state, q)?;
+fn inventory_view(api: &KvApi, q: &HashMap<String, String>) -> Result<InventoryView, ApiError> {
+    let svc = service(api, q)?;
     let only: Option<usize> = parse_field(q, "ep_idx")?;
     let members = svc.members.read();
     if let Some(ep) = only.filter(|&e| e >= members.len()) {
@@ -263,11 +288,9 @@ fn inventory_view(state: &KvState, q: &HashMap<String, String>) -> Result<Invent
     })
 }
 
-async fn parity(
-    State(state): State<Arc<KvState>>,
-    Query(q): Query<HashMap<String, String>>,
-) -> Response {
-    let svc = match service(&state, &q) {
+async fn parity(State(api): State<KvApi>, Query(q): Query<HashMap<String, String>>) -> Response {
+    let state = &api.state;
+    let svc = match service(&api, &q) {
         Ok(s) => s,
         Err(e) => return e.into_response(),
     };

@@ -5,13 +5,22 @@ use crate::kv::ingest::events::decode_batch;
 use crate::kv::settings::KvSettings;
 use crate::kv::testutil::{rule, state, stored_batch};
 
-/// Serves `router(state)` on an OS-chosen loopback port.
+/// Serves `router(state)` on an OS-chosen loopback port, with an empty rule snapshot.
 async fn serve(state: Arc<KvState>) -> std::net::SocketAddr {
+    serve_with_rules(state, RuleSnapshot::default()).await
+}
+
+/// Serves `router(state)` with `rules` as the rule store's current snapshot.
+async fn serve_with_rules(state: Arc<KvState>, rules: RuleSnapshot) -> std::net::SocketAddr {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let addr = l.local_addr().expect("addr");
-    tokio::spawn(async move { axum::serve(l, router(state)).await });
+    let (tx, rx) = watch::channel(Arc::new(rules));
+    tokio::spawn(async move {
+        let _keep = tx;
+        axum::serve(l, router(state, rx)).await
+    });
     addr
 }
 
@@ -91,6 +100,46 @@ async fn inventory_lists_blocks_connection_and_last_seq_per_endpoint() {
         all.get("blocks").is_none(),
         "LoxiLB's keys only with ep_idx: {all}"
     );
+}
+
+#[tokio::test]
+async fn a_rule_in_the_store_is_visible_before_the_subscriber_manager_applied_it() {
+    // The daemon answered the POST; the manager has not run yet: no KV state at all.
+    let (st, _reg) = state(KvSettings::default());
+    let stored = rule(1, 2, serde_json::json!({}));
+    let off = rule(2, 1, serde_json::json!({"kvExactMode": 0, "port": 8081}));
+    let mut snap = RuleSnapshot::default();
+    snap.rules.insert(stored.rule.key(), Arc::new(stored));
+    snap.rules.insert(off.rule.key(), Arc::new(off));
+    assert!(st.get(1).is_none());
+    let addr = serve_with_rules(st.clone(), snap).await;
+    let (code, v) = get_json(
+        addr,
+        "/netlox/v1/config/ai/kv/inventory?service_id=1&ep_idx=1",
+    )
+    .await;
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(
+        (
+            v["service_id"].clone(),
+            v["ep_idx"].clone(),
+            v["total"].clone()
+        ),
+        (
+            serde_json::json!(1),
+            serde_json::json!(1),
+            serde_json::json!(0)
+        )
+    );
+    assert_eq!(v["hash_algo"], "sha256_cbor");
+    let (code, v) = get_json(addr, "/netlox/v1/config/ai/kv/parity?service_id=1").await;
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v["endpoints"].as_array().map(Vec::len), Some(2), "{v}");
+    assert!(st.get(1).is_some(), "the view applied the stored rule");
+    // A stored rule with tier 1.5 off has no KV view.
+    let (code, _) = get_json(addr, "/netlox/v1/config/ai/kv/inventory?service_id=2").await;
+    assert_eq!(code, 404);
+    assert!(st.get(2).is_none());
 }
 
 #[tokio::test]

@@ -86,7 +86,7 @@ pub enum ProxyError {
         ep_idx: usize,
         /// hyper's (or hyper-util's) error.
         #[source]
-        source: super::upstream::UpstreamError,
+        source: super::attempt::UpstreamError,
     },
     /// A request could not be built (500).
     #[error("internal error: {0}")]

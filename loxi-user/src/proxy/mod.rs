@@ -18,6 +18,7 @@
 
 pub mod admission;
 pub mod ai_metrics;
+pub mod attempt;
 pub mod body;
 pub mod budget;
 pub mod conn;

@@ -9,57 +9,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderMap, Request, Response, Uri, header};
+use http::{HeaderMap, Request, Uri, header};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
+pub use super::attempt::{Attempt, UpstreamError, error_chain};
 use super::upstream_h1::{DrivenBody, H1Pool};
-
-/// A failure after the request may have reached the backend (hyper's or hyper-util's error).
-pub type UpstreamError = Box<dyn std::error::Error + Send + Sync>;
-
-/// The outcome of one upstream attempt; `B` is the response body type.
-#[derive(Debug)]
-pub enum Attempt<B = Incoming> {
-    /// The backend answered (head received; body streams).
-    Response(Response<B>),
-    /// The connection could not be established; the request was not sent. Retry elsewhere.
-    /// The text is the whole error chain (a TLS verification failure names its reason).
-    ConnectFailed(String),
-    /// The request failed after it may have reached the backend. Not retried.
-    Failed(UpstreamError),
-}
-
-impl<B> Attempt<B> {
-    /// The same outcome with the response body mapped by `f`.
-    pub fn map_body<C>(self, f: impl FnOnce(B) -> C) -> Attempt<C> {
-        match self {
-            Self::Response(r) => Attempt::Response(r.map(f)),
-            Self::ConnectFailed(e) => Attempt::ConnectFailed(e),
-            Self::Failed(e) => Attempt::Failed(e),
-        }
-    }
-
-    /// The backend's status, when it answered.
-    pub fn status(&self) -> Option<http::StatusCode> {
-        match self {
-            Self::Response(r) => Some(r.status()),
-            _ => None,
-        }
-    }
-
-    /// `connect` or `request` when the attempt failed (the trace's `error.type`).
-    pub fn error_type(&self) -> Option<&'static str> {
-        match self {
-            Self::Response(_) => None,
-            Self::ConnectFailed(_) => Some("connect"),
-            Self::Failed(_) => Some("request"),
-        }
-    }
-}
 
 /// A response body from either client: hyper-util's pooled one or a driven HTTP/1.1
 /// connection ([`Upstreams::send_h1`]).
@@ -111,19 +69,6 @@ pub enum Via {
     /// A `security: 2` rule whose TLS client could not be built (its CA file became
     /// unreadable after the rule was accepted): every connect fails with this reason.
     Unavailable(std::sync::Arc<str>),
-}
-
-/// The text of `e` and every error under it, joined by `: ` (hyper-util's client errors say
-/// only "client error (Connect)"; the reason, e.g. a certificate for another name, is below).
-pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut cur = e.source();
-    while let Some(s) = cur {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        cur = s.source();
-    }
-    out
 }
 
 /// HTTP/1.1 and HTTP/2 pooled clients.

@@ -38,7 +38,7 @@ use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-use super::upstream::Attempt;
+use super::attempt::{Attempt, error_chain};
 
 /// Longest an idle connection is kept (hyper-util's default pool idle timeout).
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
@@ -177,7 +177,7 @@ impl H1Pool {
                     // Not sent: the connection closed as it was taken. Once more, new.
                     Some(unsent) if reused => req = unsent,
                     Some(_) => {
-                        return Attempt::ConnectFailed(super::upstream::error_chain(e.error()));
+                        return Attempt::ConnectFailed(error_chain(e.error()));
                     }
                     None => return Attempt::Failed(Box::new(e.into_error())),
                 },
