@@ -366,17 +366,36 @@ mod tests {
     }
 
     #[test]
-    fn this_process_cpu_time_grows_with_work() {
-        let pid = std::process::id();
-        let before = cpu_ns(pid).expect("own schedstat");
-        let t = std::time::Instant::now();
-        let mut x = 0u64;
-        while t.elapsed() < std::time::Duration::from_millis(50) {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
-        }
-        std::hint::black_box(x);
-        let spent = cpu_ns(pid).expect("own schedstat") - before;
-        assert!(spent >= 20_000_000, "50 ms busy loop showed {spent} ns");
+    fn a_busy_process_cpu_time_is_read_from_its_tasks() {
+        // A child of its own (the test binary's other threads come and go, and a thread that
+        // exits takes its run time out of the sum): it burns 60 ms of CPU by its own clock,
+        // says so, and waits until stdin closes.
+        use std::io::{BufRead, BufReader};
+        let mut child = std::process::Command::new("python3")
+            .args([
+                "-c",
+                "import sys, time\n\
+                 t = time.process_time()\n\
+                 while time.process_time() - t < 0.06: pass\n\
+                 print('done', flush=True)\n\
+                 sys.stdin.read()",
+            ])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("read");
+        assert_eq!(line.trim(), "done");
+        let spent = cpu_ns(child.id()).expect("child's schedstat");
+        drop(child.stdin.take());
+        let _ = child.wait();
+        assert!(
+            spent >= 60_000_000,
+            "a process that burnt 60 ms of CPU by its own clock showed {spent} ns"
+        );
         assert_eq!(parse_schedstat("123 456 7\n"), Some(123));
         assert!(cpu_ns(u32::MAX).is_err());
     }
