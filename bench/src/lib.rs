@@ -12,6 +12,7 @@
 //! - [`gateway_load`]: the `bench-gateway` binary's pieces (KV-routed requests per loxilb core).
 
 pub mod chart;
+pub mod cli;
 pub mod client;
 pub mod fleet;
 pub mod gateway;

@@ -55,18 +55,8 @@ struct Args {
     /// Virtualenv for the peers (default: $XDG_CACHE_HOME or ~/.cache, /loxi-bench/venv).
     #[arg(long)]
     venv: Option<PathBuf>,
-    /// Directory holding vllm-sim, loxilb and loxicmd (default: this binary's directory).
-    #[arg(long)]
-    bin_dir: Option<PathBuf>,
-    /// Model directory with tokenizer.json + tokenizer_config.json (default: shared tiny model).
-    #[arg(long)]
-    model_dir: Option<PathBuf>,
-    /// Served model name.
-    #[arg(long, default_value = "tiny")]
-    model: String,
-    /// Number of workers.
-    #[arg(long, default_value_t = 4)]
-    workers: usize,
+    #[command(flatten)]
+    fleet: loxi_bench::cli::FleetArgs,
     /// KV block size (vLLM --block-size, kvBlockSize).
     #[arg(long, default_value_t = 16)]
     block_size: usize,
@@ -454,19 +444,8 @@ fn parse_workload(spec: &str) -> Result<(String, Overrides)> {
     Ok((w, o))
 }
 
-fn bin_dir(args: &Args) -> Result<PathBuf> {
-    if let Some(d) = &args.bin_dir {
-        return Ok(d.clone());
-    }
-    let exe = std::env::current_exe().context("current_exe")?;
-    Ok(exe
-        .parent()
-        .context("binary has no directory")?
-        .to_path_buf())
-}
-
 fn plan(args: &Args, tokenizer_root: &Path, model_dir: &Path) -> Result<Plan> {
-    let bins = bin_dir(args)?;
+    let bins = args.fleet.bin_dir()?;
     let real_vllm = args.real_vllm(model_dir)?;
     for b in ["vllm-sim", "loxilb", "loxicmd"] {
         if b == "vllm-sim" && real_vllm.is_some() {
@@ -483,8 +462,8 @@ fn plan(args: &Args, tokenizer_root: &Path, model_dir: &Path) -> Result<Plan> {
         out: args.out.clone(),
         fleet: FleetSpec {
             bin: bins.join("vllm-sim"),
-            workers: args.workers,
-            model: args.model.clone(),
+            workers: args.fleet.workers,
+            model: args.fleet.model.clone(),
             tokenizer_dir: tokenizer_root.to_path_buf(),
             block_size: args.block_size,
             num_gpu_blocks: args.gpu_blocks(),
@@ -595,12 +574,13 @@ async fn main() -> Result<()> {
     chart::locate_font()?;
     std::fs::create_dir_all(&args.out).with_context(|| args.out.display().to_string())?;
     let model_dir = args
+        .fleet
         .model_dir
         .clone()
         .unwrap_or_else(|| shared_dir().join("golden/tiny-model"));
     let vocab = Vocab::from_tokenizer_json(&model_dir.join("tokenizer.json"))?;
     let tok_root = args.out.join("tokenizers");
-    stage_tokenizer(&model_dir, &tok_root, &args.model).map_err(anyhow::Error::msg)?;
+    stage_tokenizer(&model_dir, &tok_root, &args.fleet.model).map_err(anyhow::Error::msg)?;
     let tok_root = std::fs::canonicalize(&tok_root)?;
     let plan = plan(&args, &tok_root, &model_dir)?;
     let workloads = args.workloads(&vocab)?;

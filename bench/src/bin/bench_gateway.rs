@@ -35,18 +35,8 @@ struct Args {
     /// Output directory.
     #[arg(long, default_value = "bench-gateway-out")]
     out: PathBuf,
-    /// Directory holding vllm-sim, loxilb and loxicmd (default: this binary's directory).
-    #[arg(long)]
-    bin_dir: Option<PathBuf>,
-    /// Model directory with tokenizer.json + tokenizer_config.json (default: shared tiny model).
-    #[arg(long)]
-    model_dir: Option<PathBuf>,
-    /// Served model name.
-    #[arg(long, default_value = "tiny")]
-    model: String,
-    /// Number of fake engines.
-    #[arg(long, default_value_t = 4)]
-    workers: usize,
+    #[command(flatten)]
+    fleet: loxi_bench::cli::FleetArgs,
     /// Mixes to run (comma list): chat, distinct.
     #[arg(long, default_value = "chat,distinct", value_delimiter = ',')]
     mix: Vec<String>,
@@ -151,7 +141,7 @@ async fn run_level(
     let mut tasks = Vec::with_capacity(c);
     for _ in 0..c {
         let (client, prompts) = (client.clone(), prompts.clone());
-        let (vip, model, max) = (d.vip.clone(), args.model.clone(), args.output_tokens);
+        let (vip, model, max) = (d.vip.clone(), args.fleet.model.clone(), args.output_tokens);
         tasks.push(tokio::spawn(async move {
             let mut done: Vec<Outcome> = Vec::new();
             while Instant::now() < stop {
@@ -210,17 +200,6 @@ async fn run_level(
     ))
 }
 
-fn bin_dir(args: &Args) -> Result<PathBuf> {
-    if let Some(d) = &args.bin_dir {
-        return Ok(d.clone());
-    }
-    let exe = std::env::current_exe().context("current_exe")?;
-    Ok(exe
-        .parent()
-        .context("binary has no directory")?
-        .to_path_buf())
-}
-
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
@@ -239,7 +218,7 @@ async fn main() -> Result<()> {
     // Without --core: the last CPU this process may use (the script passes --core).
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let core = args.core.unwrap_or(cpus.saturating_sub(1));
-    let bins = bin_dir(&args)?;
+    let bins = args.fleet.bin_dir()?;
     for b in ["vllm-sim", "loxilb", "loxicmd"] {
         if !bins.join(b).exists() {
             bail!(
@@ -252,19 +231,20 @@ async fn main() -> Result<()> {
     let logs = args.out.join("logs");
     std::fs::create_dir_all(&logs)?;
     let model_dir = args
+        .fleet
         .model_dir
         .clone()
         .unwrap_or_else(|| shared_dir().join("golden/tiny-model"));
     let vocab = Vocab::from_tokenizer_json(&model_dir.join("tokenizer.json"))?;
     let tok_root = args.out.join("tokenizers");
-    stage_tokenizer(&model_dir, &tok_root, &args.model).map_err(anyhow::Error::msg)?;
+    stage_tokenizer(&model_dir, &tok_root, &args.fleet.model).map_err(anyhow::Error::msg)?;
     let tok_root = std::fs::canonicalize(&tok_root)?;
     let client = http_client();
     let fleet = Fleet::start(
         &FleetSpec {
             bin: bins.join("vllm-sim"),
-            workers: args.workers,
-            model: args.model.clone(),
+            workers: args.fleet.workers,
+            model: args.fleet.model.clone(),
             tokenizer_dir: tok_root.clone(),
             block_size: 16,
             num_gpu_blocks: 200_000,
@@ -289,7 +269,7 @@ async fn main() -> Result<()> {
     };
     let mut md = format!(
         "## bench-gateway: KV-routed requests per loxilb core\n\nloxilb pinned to CPU {core} (taskset, 1 tokio worker, 1 tokenization thread), rule `kvExactMode 3` over {} vllm-sim engines (time scale {}), {} output tokens streamed, {} s per level after {} s warm-up. CPU = every daemon thread's run time (`/proc/<pid>/task/*/schedstat`); per core-second = 1000 / CPU ms per request; stage times are wall time inside the KV stages (`loxilb_kv_routing_stage_seconds`), `rest` = CPU − stages (HTTP, JSON, proxying, streaming). Anchor: Dynamo's frontend, {} req/s per core.\n",
-        args.workers,
+        args.fleet.workers,
         args.time_scale,
         args.output_tokens,
         args.level_secs,
