@@ -24,6 +24,9 @@ pub struct GatewaySpec {
     pub hash_algo: String,
     /// `kvBlockSize`.
     pub block_size: usize,
+    /// `Some(cpu)`: `loxilb` runs pinned to that CPU (`taskset -c`) with one tokio worker and one
+    /// tokenization thread (`bench-gateway`'s per-core measurement); `None`: unpinned defaults.
+    pub pin_cpu: Option<usize>,
 }
 
 /// How a rule selects endpoints.
@@ -116,7 +119,17 @@ fn log_name(kind: &RuleKind) -> String {
 }
 
 fn daemon(spec: &GatewaySpec, kind: &RuleKind, api_port: u16, state: &Path) -> Command {
-    let mut cmd = Command::new(&spec.loxilb);
+    let mut cmd = match spec.pin_cpu {
+        Some(cpu) => {
+            let mut c = Command::new("taskset");
+            c.args(["-c", &cpu.to_string()])
+                .arg(&spec.loxilb)
+                .env("TOKIO_WORKER_THREADS", "1")
+                .env("LOXI_KV_TOKENIZE_WORKERS", "1");
+            c
+        }
+        None => Command::new(&spec.loxilb),
+    };
     cmd.args(["--api-addr", &format!("127.0.0.1:{api_port}")])
         .arg("--state-dir")
         .arg(state)
@@ -192,7 +205,7 @@ fn pd_args(fleet: &Fleet) -> Vec<String> {
 
 /// Creates the rule of `kind` over `fleet` on the daemon at `127.0.0.1:api_port` with
 /// `loxicmd create lb` (VIP `127.0.0.1:vip_port`). Errors carry loxicmd's output.
-pub async fn create_rule(
+async fn create_rule(
     spec: &GatewaySpec,
     kind: &RuleKind,
     fleet: &Fleet,

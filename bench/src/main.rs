@@ -480,6 +480,7 @@ fn plan(args: &Args, tokenizer_root: &Path, model_dir: &Path) -> Result<Plan> {
             hash_seed: args.hash_seed.clone(),
             hash_algo: "sha256_cbor".into(),
             block_size: args.block_size,
+            pin_cpu: None,
         },
         policies: args.policies(),
         venv: args.venv.clone().unwrap_or_else(default_venv),

@@ -15,15 +15,13 @@ use bytes::Bytes;
 use clap::Parser;
 use loxi_bench::client::{HttpClient, Outcome, http_client, send, unix_ns};
 use loxi_bench::fleet::{Fleet, FleetSpec, stage_tokenizer};
-use loxi_bench::gateway::{GatewaySpec, RuleKind, create_rule};
+use loxi_bench::gateway::{Gateway, GatewaySpec, RuleKind};
 use loxi_bench::gateway_load::{Level, Mix, PromptGen, StageTimes, cpu_ns, markdown, write};
-use loxi_bench::procs::{Proc, free_port, wait_http, wait_tcp};
 use loxi_bench::shared_dir;
 use loxi_bench::workload::Vocab;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::process::Command;
 
 /// Flags.
 #[derive(Debug, Parser)]
@@ -66,72 +64,12 @@ struct Args {
     seed: u64,
 }
 
-/// A `loxilb` pinned to one CPU, with one KV rule.
-struct Daemon {
-    proc: Proc,
-    api: String,
-    vip: String,
-    pid: u32,
-    _state: tempfile::TempDir,
-}
-
-async fn start_daemon(
-    spec: &GatewaySpec,
-    fleet: &Fleet,
-    client: &HttpClient,
-    core: usize,
-    logs: &std::path::Path,
-) -> Result<Daemon> {
-    let state = tempfile::tempdir().context("state dir")?;
-    let local = vec!["127.0.0.1".to_string()];
-    let api_port = free_port(&local).map_err(anyhow::Error::msg)?;
-    let mut cmd = Command::new("taskset");
-    cmd.args(["-c", &core.to_string()])
-        .arg(&spec.loxilb)
-        .args(["--api-addr", &format!("127.0.0.1:{api_port}")])
-        .arg("--state-dir")
-        .arg(state.path())
-        .arg("--tokenizer-dir")
-        .arg(&spec.tokenizer_dir)
-        .args(["--log", "warn"])
-        .env("TOKIO_WORKER_THREADS", "1")
-        .env("LOXI_KV_TOKENIZE_WORKERS", "1")
-        .env("LLB_KV_NONE_HASH_SEED", &spec.hash_seed)
-        .env_remove("LOXILB_KV_LB_MODE");
-    let mut proc = Proc::spawn("loxilb", cmd, logs).map_err(anyhow::Error::msg)?;
-    let api = format!("http://127.0.0.1:{api_port}");
-    wait_http(
-        client,
-        &format!("{api}/netlox/v1/metrics"),
-        Duration::from_secs(30),
-        &mut proc,
-    )
-    .await
-    .map_err(anyhow::Error::msg)?;
-    let vip_port = free_port(&local).map_err(anyhow::Error::msg)?;
-    create_rule(spec, &RuleKind::Kv(None), fleet, api_port, vip_port)
-        .await
-        .map_err(anyhow::Error::msg)?;
-    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], vip_port));
-    wait_tcp(addr, Duration::from_secs(10), &mut proc)
-        .await
-        .map_err(anyhow::Error::msg)?;
-    let pid = proc.pid().context("loxilb exited")?;
-    Ok(Daemon {
-        proc,
-        api,
-        vip: format!("http://127.0.0.1:{vip_port}"),
-        pid,
-        _state: state,
-    })
-}
-
 /// One closed-loop level: `c` tasks send back to back for warm-up + measured time; the
 /// measured window is bracketed by CPU and metrics snapshots.
 async fn run_level(
     args: &Args,
     client: &HttpClient,
-    d: &Daemon,
+    d: &Gateway,
     prompts: &Arc<Mutex<PromptGen>>,
     c: usize,
 ) -> Result<Level> {
@@ -155,14 +93,15 @@ async fn run_level(
     }
     tokio::time::sleep(warm).await;
     let metrics_url = format!("{}/netlox/v1/metrics", d.api);
-    let (t0, cpu0) = (unix_ns(), cpu_ns(d.pid).map_err(anyhow::Error::msg)?);
+    let pid = d.proc.pid().context("loxilb exited")?;
+    let (t0, cpu0) = (unix_ns(), cpu_ns(pid).map_err(anyhow::Error::msg)?);
     let st0 = StageTimes::parse(
         &loxi_bench::scrape::fetch(client, &metrics_url)
             .await
             .map_err(anyhow::Error::msg)?,
     );
     tokio::time::sleep_until(stop.into()).await;
-    let (t1, cpu1) = (unix_ns(), cpu_ns(d.pid).map_err(anyhow::Error::msg)?);
+    let (t1, cpu1) = (unix_ns(), cpu_ns(pid).map_err(anyhow::Error::msg)?);
     let st1 = StageTimes::parse(
         &loxi_bench::scrape::fetch(client, &metrics_url)
             .await
@@ -266,6 +205,7 @@ async fn main() -> Result<()> {
         hash_seed: "0".into(),
         hash_algo: "sha256_cbor".into(),
         block_size: 16,
+        pin_cpu: Some(core),
     };
     let mut md = format!(
         "## bench-gateway: KV-routed requests per loxilb core\n\nloxilb pinned to CPU {core} (taskset, 1 tokio worker, 1 tokenization thread), rule `kvExactMode 3` over {} vllm-sim engines (time scale {}), {} output tokens streamed, {} s per level after {} s warm-up. CPU = every daemon thread's run time (`/proc/<pid>/task/*/schedstat`); per core-second = 1000 / CPU ms per request; stage times are wall time inside the KV stages (`loxilb_kv_routing_stage_seconds`), `rest` = CPU − stages (HTTP, JSON, proxying, streaming). Anchor: Dynamo's frontend, {} req/s per core.\n",
@@ -279,7 +219,9 @@ async fn main() -> Result<()> {
     let mut summary = serde_json::Map::new();
     for mix in mixes {
         // A fresh daemon per mix: the chat mix's warm tokenizer cache must not help `distinct`.
-        let d = start_daemon(&spec, &fleet, &client, core, &logs).await?;
+        let d = Gateway::start(&spec, &RuleKind::Kv(None), &fleet, &client, &logs, None)
+            .await
+            .map_err(anyhow::Error::msg)?;
         let prompts = Arc::new(Mutex::new(PromptGen::new(vocab.clone(), mix, args.seed)));
         let mut levels = Vec::new();
         for &c in &args.concurrency {
