@@ -23,6 +23,9 @@ use loxi_bench::{chart, peers, report};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+/// `--burst` when not given: requests in the cold burst of `--workload burst`.
+const DEFAULT_BURST: usize = 64;
+
 /// Flags. Token lengths are in tokens of the tiny model's tokenizer; times are simulated.
 #[derive(Debug, Parser)]
 #[command(
@@ -146,9 +149,10 @@ struct Args {
     /// (c) prompts are cut to this many tokens.
     #[arg(long, default_value_t = 3584)]
     trace_max_prompt: usize,
-    /// (burst) requests of the burst: one system prompt, distinct questions, all sent at time 0.
-    #[arg(long, default_value_t = 64)]
-    burst: usize,
+    /// (burst) requests of the burst: one system prompt, distinct questions, all sent at time 0
+    /// (default 64; refused without `--workload burst`).
+    #[arg(long)]
+    burst: Option<usize>,
     /// loxi gateway replicas per loxi policy: N `loxilb` daemons with the same rule over the same
     /// fleet (each its own state dir and API port, each subscribed to the workers' KV events);
     /// the client sends request `id` to replica `id mod N`. Peers and `direct` run once.
@@ -259,13 +263,25 @@ impl Args {
         self.output_tokens.max(1) * 8
     }
 
-    /// Flags no run can honour.
+    /// Flags no run can honour, or that would do nothing.
     fn check(&self) -> Result<()> {
         if self.replicas == 0 {
             bail!("--replicas must be ≥ 1 (loxilb daemons per loxi policy)");
         }
-        if self.burst == 0 && self.workload.iter().any(|w| w == "burst") {
-            bail!("--burst must be ≥ 1 with --workload burst");
+        let burst_run = self.workload.iter().any(|w| w == "burst");
+        match self.burst {
+            Some(0) if burst_run => bail!("--burst must be ≥ 1 with --workload burst"),
+            Some(_) if !burst_run => {
+                bail!("--burst sizes the burst workload only: add `burst` to --workload")
+            }
+            _ => {}
+        }
+        let loxi = |p: &String| p != "direct" && !peers::PEERS.contains(&p.as_str());
+        if self.replicas > 1 && !self.policies().iter().any(loxi) {
+            bail!(
+                "--replicas {} applies to loxi policies only, and none is selected",
+                self.replicas
+            );
         }
         Ok(())
     }
@@ -326,7 +342,7 @@ impl Args {
     fn burst_workload(&self, vocab: &Vocab) -> Result<Workload> {
         let w = SharedPrefix {
             groups: 1,
-            prompts_per_group: self.burst,
+            prompts_per_group: self.burst.unwrap_or(DEFAULT_BURST),
             ..self.shared_prefix()?
         }
         .build(vocab)?;
@@ -614,6 +630,26 @@ async fn main() -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn flags_that_would_do_nothing_are_refused() {
+        let check = |argv: &[&str]| {
+            let mut all = vec!["bench-routing"];
+            all.extend_from_slice(argv);
+            Args::try_parse_from(all)
+                .map_err(anyhow::Error::from)?
+                .check()
+        };
+        assert!(check(&["--workload", "burst", "--burst", "32"]).is_ok());
+        assert!(check(&["--workload", "burst"]).is_ok());
+        let e = check(&["--workload", "a", "--burst", "32"]).expect_err("burst without burst");
+        assert!(e.to_string().contains("--burst"), "{e}");
+        assert!(check(&["--workload", "burst", "--burst", "0"]).is_err());
+        assert!(check(&["--policies", "rr,kv", "--replicas", "2"]).is_ok());
+        let e = check(&["--policies", "direct", "--replicas", "2"]).expect_err("no loxi policy");
+        assert!(e.to_string().contains("--replicas 2"), "{e}");
+        assert!(check(&["--replicas", "0"]).is_err());
+    }
 
     #[test]
     fn workload_overrides_parse_and_name_the_run() {
