@@ -259,12 +259,14 @@ impl Level {
 }
 
 /// The highest-throughput level whose added p99 is within `p99_ms`, had no failures and
-/// tokenized every request (so the figure is KV routing, not a fallback).
+/// tokenized every request (so the figure is KV routing, not a fallback). The KV decisions
+/// come from metrics scraped at the window's edges and `ok` from the client, so the two may
+/// differ by the requests in flight at either edge: up to `2 × concurrency`.
 pub fn best_under(levels: &[Level], p99_ms: f64) -> Option<&Level> {
     levels
         .iter()
         .filter(|l| l.failed == 0 && l.ok > 0 && l.added_p99_ms <= p99_ms)
-        .filter(|l| l.kv_decisions >= l.ok as f64 * 0.999)
+        .filter(|l| l.kv_decisions + 2.0 * l.concurrency as f64 >= l.ok as f64)
         .max_by(|a, b| a.req_per_s.total_cmp(&b.req_per_s))
 }
 
