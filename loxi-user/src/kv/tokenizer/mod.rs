@@ -15,6 +15,7 @@
 pub mod cache;
 pub mod compat;
 pub mod encode;
+pub mod fast_bpe;
 pub mod metrics;
 pub mod pool;
 pub mod pyjson;
