@@ -190,7 +190,9 @@ impl FastBpe {
                 vocab.get(b),
                 vocab.get(format!("{a}{b}").as_str()),
             ) else {
-                return not_applicable(format!("merge {rank} ({a:?}, {b:?}) is not in the vocabulary"));
+                return not_applicable(format!(
+                    "merge {rank} ({a:?}, {b:?}) is not in the vocabulary"
+                ));
             };
             let rank = u32::try_from(rank)
                 .ok()
@@ -421,9 +423,7 @@ pub fn pre_steps(pre: &Value) -> Result<Vec<PreStep>, NotApplicable> {
     match pre["type"].as_str() {
         Some("ByteLevel") => byte_level_step(pre).map(|s| s.into_iter().collect()),
         Some("Sequence") => {
-            let Some((last, splits)) = pre["pretokenizers"]
-                .as_array()
-                .and_then(|a| a.split_last())
+            let Some((last, splits)) = pre["pretokenizers"].as_array().and_then(|a| a.split_last())
             else {
                 return not_applicable("empty pre-tokenizer Sequence");
             };
@@ -445,7 +445,10 @@ fn byte_level_step(v: &Value) -> Result<Option<PreStep>, NotApplicable> {
     if v["add_prefix_space"].as_bool() != Some(false) {
         return not_applicable("ByteLevel add_prefix_space is not false");
     }
-    Ok(v["use_regex"].as_bool().unwrap_or(true).then_some(PreStep::Gpt2))
+    Ok(v["use_regex"]
+        .as_bool()
+        .unwrap_or(true)
+        .then_some(PreStep::Gpt2))
 }
 
 /// The step of one `Split`; `None` for a regex that never matches the fast alphabet (CJK).
@@ -788,6 +791,9 @@ mod tests {
             v["pre_tokenizer"] = json!({"type": "Sequence", "pretokenizers": [
                 split(DIGITS3_SPLIT_REGEX), split(CJK_SPLIT_REGEX), split(LLAMA3_SPLIT_REGEX), byte_level(true)]});
         });
+        let (tiny_deepseek, j7) = variant("tiny-model", |v| {
+            v["pre_tokenizer"] = json!({"type": "Sequence", "pretokenizers": [split(DEEPSEEK3_SPLIT_REGEX), byte_level(false)]});
+        });
         let (bos, j5) = variant("bos-model", |_| {});
         let (bos_ignore, j6) = variant("bos-model", |v| {
             v["model"]["ignore_merges"] = json!(true);
@@ -801,6 +807,12 @@ mod tests {
                 tiny_stacked,
                 j4,
                 vec![PreStep::Digits3, llama, PreStep::Gpt2],
+            ),
+            (
+                "tiny/deepseek3-alone",
+                tiny_deepseek,
+                j7,
+                vec![PreStep::DeepSeek3],
             ),
             (
                 "bos/deepseek3",
@@ -833,12 +845,70 @@ mod tests {
     /// punctuation runs followed by newlines, chat markers; then bytes outside the fast
     /// alphabet (other whitespace and control characters, non-ASCII) that must fall back.
     const FRAGMENTS: [&str; 64] = [
-        "a", "Z", "the", "The", "HELLO", "wOrLd", "x", "Q", "1", "42", "1234567", "007", "'s",
-        "'S", "'t", "'T", "'re", "'RE", "'Re", "'ve", "'VE", "'m", "'M", "'ll", "'LL", "'lL", "'d",
-        "'D", "'", "'x", " ", "  ", "    ", "\t", " \t ", "\n", "\r", "\r\n", "\n\n", " \n", "\t\n ",
-        "  \n  ", "!", "?!", "...", ".\n", "!!\r\n", "(", ")", "{}", "\"", "#$%&", "*+,-/", ":;<=>",
-        "@[\\]^_`|~", "<|im_start|>", "<|im_end|>", "<|endoftext|>", "user\n", " 9", ",5", "'99",
-        "a1b2", "_x",
+        "a",
+        "Z",
+        "the",
+        "The",
+        "HELLO",
+        "wOrLd",
+        "x",
+        "Q",
+        "1",
+        "42",
+        "1234567",
+        "007",
+        "'s",
+        "'S",
+        "'t",
+        "'T",
+        "'re",
+        "'RE",
+        "'Re",
+        "'ve",
+        "'VE",
+        "'m",
+        "'M",
+        "'ll",
+        "'LL",
+        "'lL",
+        "'d",
+        "'D",
+        "'",
+        "'x",
+        " ",
+        "  ",
+        "    ",
+        "\t",
+        " \t ",
+        "\n",
+        "\r",
+        "\r\n",
+        "\n\n",
+        " \n",
+        "\t\n ",
+        "  \n  ",
+        "!",
+        "?!",
+        "...",
+        ".\n",
+        "!!\r\n",
+        "(",
+        ")",
+        "{}",
+        "\"",
+        "#$%&",
+        "*+,-/",
+        ":;<=>",
+        "@[\\]^_`|~",
+        "<|im_start|>",
+        "<|im_end|>",
+        "<|endoftext|>",
+        "user\n",
+        " 9",
+        ",5",
+        "'99",
+        "a1b2",
+        "_x",
     ];
 
     const FALLBACK_FRAGMENTS: [&str; 10] = [
@@ -876,11 +946,7 @@ mod tests {
             pre.pre_tokenize(&mut pts).expect("pre-tokenize");
             let splits = pts.get_splits(OffsetReferential::Original, OffsetType::None);
             assert_eq!(splits.len(), 1, "byte {b:#x}");
-            assert_eq!(
-                splits[0].0,
-                byte_level_char(b).to_string(),
-                "byte {b:#x}"
-            );
+            assert_eq!(splits[0].0, byte_level_char(b).to_string(), "byte {b:#x}");
             assert_eq!(ascii_byte_of(byte_level_char(b)), Some(b));
         }
         assert_eq!(byte_level_char(b' '), '\u{120}', "Ġ");
@@ -976,12 +1042,38 @@ mod tests {
             assert!(seg.fast_bpe().is_none(), "{name}");
         }
         let (tok, _) = variant("tiny-model", |v| {
-            v["model"] = json!({"type": "WordLevel", "vocab": {"a": 0, "[UNK]": 1}, "unk_token": "[UNK]"});
+            v["model"] =
+                json!({"type": "WordLevel", "vocab": {"a": 0, "[UNK]": 1}, "unk_token": "[UNK]"});
         });
         assert_eq!(
             FastBpe::new(&tok).expect_err("WordLevel").0,
             "the model is not BPE"
         );
+    }
+
+    /// `ignore_merges` (Llama 3): a whole word in the vocabulary is that one id even where the
+    /// merges would not build it; without the flag the merges decide. Both as HF.
+    #[test]
+    fn ignore_merges_takes_whole_vocabulary_words() {
+        for (ignore, abc, abcab) in [
+            (true, vec![4], vec![3, 2, 3]),
+            (false, vec![3, 2], vec![3, 2, 3]),
+        ] {
+            let mut model = small_bpe("ignore_merges", json!(ignore));
+            model["vocab"] = json!({"a": 0, "b": 1, "c": 2, "ab": 3, "abc": 4});
+            model["merges"] = json!([["a", "b"]]);
+            let (tok, _) = variant("tiny-model", |v| v["model"] = model);
+            let fast = FastBpe::new(&tok).expect("supported");
+            for (text, want) in [("abc", &abc), ("abcab", &abcab)] {
+                let mut ids = Vec::new();
+                assert!(fast.encode_piece(text, &mut ids), "{text}");
+                assert_eq!(&ids, want, "ignore_merges={ignore} {text}");
+                assert_eq!(ids, hf_encode_piece(&tok, text).expect("HF"), "{text}");
+            }
+            // The space's byte-level character `Ġ` is not in this vocabulary: HF drops it
+            // (no unk token), the fast path refuses rather than guess.
+            assert!(!fast.encode_piece("ab c", &mut Vec::new()));
+        }
     }
 
     /// The core differential test: thousands of random pieces through the fast encoder and
@@ -1006,7 +1098,10 @@ mod tests {
                     refused += 1;
                 }
             }
-            assert!(accepted > 3000 && refused > 300, "{name}: {accepted} / {refused}");
+            assert!(
+                accepted > 3000 && refused > 300,
+                "{name}: {accepted} / {refused}"
+            );
         }
     }
 
@@ -1071,7 +1166,11 @@ mod tests {
             .values()
             .filter_map(|c| c["rendered"].as_str().map(str::to_owned))
             .collect();
-        assert!(rendered.len() >= 3, "{} reference renderings", rendered.len());
+        assert!(
+            rendered.len() >= 3,
+            "{} reference renderings",
+            rendered.len()
+        );
         for (dir, model) in [("tiny-model", "tiny"), ("bos-model", "bos-tiny")] {
             let tok = super::super::encode::ModelTokenizer::load(
                 &shared_dir().join("golden").join(dir),
