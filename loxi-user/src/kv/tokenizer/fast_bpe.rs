@@ -44,8 +44,8 @@ use std::collections::{BinaryHeap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde_json::Value;
+use tokenizers::Tokenizer;
 use tokenizers::models::ModelWrapper;
-use tokenizers::{Model, Tokenizer};
 
 /// Llama 3's pre-tokenization regex (digits in runs of up to three).
 pub const LLAMA3_SPLIT_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
@@ -745,7 +745,7 @@ fn word_cache(caches: &mut Vec<(u64, WordCache)>, id: u64) -> &mut WordCache {
 mod tests {
     use serde_json::json;
     use tokenizers::pre_tokenizers::byte_level::ByteLevel;
-    use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer};
+    use tokenizers::{Model, OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer};
 
     use super::*;
     use crate::kv::testutil::{golden_json, shared_dir};
@@ -925,7 +925,7 @@ mod tests {
                 let mut s: String = (0..len)
                     .map(|_| FRAGMENTS[(next() % FRAGMENTS.len() as u64) as usize])
                     .collect();
-                if foreign > 0 && next() % foreign == 0 {
+                if foreign > 0 && next().is_multiple_of(foreign) {
                     let f = FALLBACK_FRAGMENTS[(next() % FALLBACK_FRAGMENTS.len() as u64) as usize];
                     let mut at = (next() % (s.len() as u64 + 1)) as usize;
                     while !s.is_char_boundary(at) {
@@ -979,9 +979,12 @@ mod tests {
         m
     }
 
+    /// A change to a parsed `tokenizer.json`.
+    type Edit = Box<dyn FnOnce(&mut Value)>;
+
     #[test]
     fn unsupported_configurations_keep_hf_s_path() {
-        let cases: [(&str, &str, Box<dyn FnOnce(&mut Value)>); 9] = [
+        let cases: [(&str, &str, Edit); 9] = [
             (
                 "metaspace",
                 "pre-tokenizer Some(\"Metaspace\")",
