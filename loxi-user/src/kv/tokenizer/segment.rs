@@ -7,7 +7,9 @@
 //! tokens. We run that same first step, and for every non-added split look up its ids by
 //! XXH3-128 of the split's full text, else pre-tokenize + model-tokenize that split alone with the
 //! tokenizer's own components. The result is the whole-text encoding by construction; a test
-//! checks it on every captured request and on random texts.
+//! checks it on every captured request and on random texts. For byte-level BPE tokenizers of the
+//! supported shapes, a split of printable ASCII is pre-tokenized and model-tokenized by
+//! [`FastBpe`] instead (the same ids without HF's per-token allocations, see `fast_bpe.rs`).
 //!
 //! Long splits are cut further into chunks of about [`CHUNK_BYTES`] at *word boundaries*: an
 //! ASCII letter, a space, an ASCII letter (`"…d w…"`, cut before the space). For the
