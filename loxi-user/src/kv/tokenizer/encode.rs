@@ -377,6 +377,17 @@ impl ModelTokenizer {
         self.segments.raw_chunked()
     }
 
+    /// The fast byte-level BPE encoder segment encoding uses for the splits it accepts, when
+    /// this tokenizer qualifies (see [`super::fast_bpe::FastBpe::new`]).
+    pub fn fast_bpe(&self) -> Option<&super::fast_bpe::FastBpe> {
+        self.segments.fast_bpe()
+    }
+
+    /// The loaded HF tokenizer (after any class substitution, see [`super::compat`]).
+    pub fn hf(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
     fn template_error(&self, model: &str, message: String) -> TokenizeError {
         if !self.template_warned.swap(true, Ordering::Relaxed) {
             tracing::warn!(model, error = %message, "chat template unusable; KV routing falls back for chat requests of this model");

@@ -11,10 +11,13 @@
 //! - [`cache`]: a bounded cache of recent tokenizations keyed by a hash of the full text.
 //! - [`segment`]: per-segment (between added tokens) cache so a conversation's next turn only
 //!   encodes its new text.
+//! - [`fast_bpe`]: the exact fast byte-level BPE encoder segment encoding uses for ASCII splits
+//!   of the tokenizers it supports (issue 17 §2), HF's pipeline for everything else.
 
 pub mod cache;
 pub mod compat;
 pub mod encode;
+pub mod fast_bpe;
 pub mod metrics;
 pub mod pool;
 pub mod pyjson;

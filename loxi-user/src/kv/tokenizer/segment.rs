@@ -7,7 +7,9 @@
 //! tokens. We run that same first step, and for every non-added split look up its ids by
 //! XXH3-128 of the split's full text, else pre-tokenize + model-tokenize that split alone with the
 //! tokenizer's own components. The result is the whole-text encoding by construction; a test
-//! checks it on every captured request and on random texts.
+//! checks it on every captured request and on random texts. For byte-level BPE tokenizers of the
+//! supported shapes, a split of printable ASCII is pre-tokenized and model-tokenized by
+//! [`FastBpe`] instead (the same ids without HF's per-token allocations, see `fast_bpe.rs`).
 //!
 //! Long splits are cut further into chunks of about [`CHUNK_BYTES`] at *word boundaries*: an
 //! ASCII letter, a space, an ASCII letter (`"…d w…"`, cut before the space). For the
@@ -29,6 +31,10 @@ use tokenizers::{
 };
 
 use super::cache::{TextKey, TokenCache};
+use super::fast_bpe::{
+    CJK_SPLIT_REGEX, DEEPSEEK3_SPLIT_REGEX, DIGITS3_SPLIT_REGEX, FastBpe, LLAMA3_SPLIT_REGEX,
+    QWEN2_SPLIT_REGEX,
+};
 
 /// Default segment cache size (entries) per model.
 pub const DEFAULT_SEGMENT_CAPACITY: usize = 8192;
@@ -42,11 +48,11 @@ pub const CHUNK_BYTES: usize = 512;
 /// `golden/bos-model`). Each alternative that can match an ASCII letter either stops at a
 /// non-letter or matches no letters at all, and no pattern looks behind.
 const WORD_SAFE_SPLIT_REGEXES: [&str; 5] = [
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-    r"\p{N}{1,3}",
-    "[\u{4e00}-\u{9fa5}\u{3040}-\u{309f}\u{30a0}-\u{30ff}]+",
-    r##"[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"##,
+    LLAMA3_SPLIT_REGEX,
+    QWEN2_SPLIT_REGEX,
+    DIGITS3_SPLIT_REGEX,
+    CJK_SPLIT_REGEX,
+    DEEPSEEK3_SPLIT_REGEX,
 ];
 
 /// True when cutting a split at word boundaries cannot change its pre-tokens: a `ByteLevel`
@@ -149,6 +155,7 @@ pub struct SegmentEncoder {
     ascii_unnormalized: bool,
     affixes: Option<(Vec<u32>, Vec<u32>)>,
     cache: TokenCache,
+    fast: Option<FastBpe>,
 }
 
 impl SegmentEncoder {
@@ -168,6 +175,13 @@ impl SegmentEncoder {
         let affixes = if enabled { probe_affixes(tok) } else { None };
         let chunked = enabled && word_boundaries_exact(pre_tokenizer_json);
         let ascii_unnormalized = unicode_forms_only(normalizer_json);
+        let fast = if enabled {
+            FastBpe::new(tok)
+                .inspect_err(|e| tracing::debug!(error = %e, "segment encoding uses HF's pipeline"))
+                .ok()
+        } else {
+            None
+        };
         SegmentEncoder {
             enabled,
             chunked,
@@ -177,6 +191,7 @@ impl SegmentEncoder {
             ascii_unnormalized,
             affixes,
             cache: TokenCache::new(capacity),
+            fast,
         }
     }
 
@@ -280,7 +295,7 @@ impl SegmentEncoder {
                     let mut chunks = word_chunks(piece, CHUNK_BYTES).peekable();
                     while let Some(chunk) = chunks.next() {
                         self.cached(TextKey::new(chunk, false), &mut ids, || {
-                            encode_piece(tok, chunk)
+                            self.encode_piece(tok, chunk)
                         })?;
                         if ids.len() >= max_ids && (chunks.peek().is_some() || i < last) {
                             return Ok((ids, true));
@@ -288,7 +303,7 @@ impl SegmentEncoder {
                     }
                 }
                 None => self.cached(TextKey::new(piece, false), &mut ids, || {
-                    encode_piece(tok, piece)
+                    self.encode_piece(tok, piece)
                 })?,
             }
             if ids.len() >= max_ids && i < last {
@@ -325,6 +340,24 @@ impl SegmentEncoder {
         }
     }
 
+    /// Pre-tokenizes and model-tokenizes one already-normalized split: with the fast
+    /// byte-level encoder when it applies to this tokenizer and accepts the split (see
+    /// [`FastBpe::encode_piece`]), else with HF's components.
+    fn encode_piece(&self, tok: &Tokenizer, piece: &str) -> Result<Vec<u32>, String> {
+        if let Some(fast) = &self.fast {
+            let mut ids = Vec::new();
+            if fast.encode_piece(piece, &mut ids) {
+                return Ok(ids);
+            }
+        }
+        hf_encode_piece(tok, piece)
+    }
+
+    /// The fast byte-level encoder, when this tokenizer qualifies (see [`FastBpe::new`]).
+    pub fn fast_bpe(&self) -> Option<&FastBpe> {
+        self.fast.as_ref()
+    }
+
     /// True when long splits are cut at word boundaries (see [`word_boundaries_exact`]).
     pub fn chunked(&self) -> bool {
         self.chunked
@@ -337,8 +370,9 @@ impl SegmentEncoder {
     }
 }
 
-/// Pre-tokenizes and model-tokenizes one already-normalized split, exactly as the pipeline does.
-fn encode_piece(tok: &Tokenizer, piece: &str) -> Result<Vec<u32>, String> {
+/// Pre-tokenizes and model-tokenizes one already-normalized split with HF's own components,
+/// exactly as the pipeline does.
+pub fn hf_encode_piece(tok: &Tokenizer, piece: &str) -> Result<Vec<u32>, String> {
     let mut pts = PreTokenizedString::from(piece);
     if let Some(pre) = tok.get_pre_tokenizer() {
         pre.pre_tokenize(&mut pts).map_err(|e| e.to_string())?;
