@@ -11,8 +11,16 @@
 #   tls    `small` with both proxies terminating TLS (loxi `security: 1`, nginx `ssl`): one
 #          ECDSA P-256 certificate (openssl), TLS 1.3 with TLS_AES_256_GCM_SHA384 and X25519 on
 #          both, HTTP/1.1 keep-alive clients (wrk), plain HTTP to the backends.
-# Within a run, every case measures loxilb then nginx back to back; RUNS repeats the whole set
-# and the summary gives each case's median ratios.
+# Within a run, every case measures loxilb, the hyper floor (below) and nginx back to back; RUNS
+# repeats the whole set and the summary gives each case's median ratios. Besides requests/s and
+# p99, each proxy's CPU per request (its processes' user + system time over the measurement,
+# from /proc, divided by the requests served) is printed: on a shared machine it moves far less
+# than requests/s.
+# The hyper floor (`hyper-floor`, tests/src/bin) is the same forwarding done with nothing but
+# tokio and hyper's HTTP/1.1 server and client (a client connection per backend per client
+# connection, body read whole, response streamed): what the libraries loxi is built on cost,
+# so loxi's CPU per request over the floor's is what loxi's own per-request work adds. Not
+# measured in the tls case (it has no TLS).
 #
 #   DURATION=10   seconds per measurement   THREADS=2   wrk threads
 #   CONNS=64      wrk connections           WORKERS=2   loxilb tokio workers = nginx worker_processes
@@ -37,7 +45,7 @@ for cmd in wrk nginx curl openssl; do
   command -v "$cmd" >/dev/null || { echo "bench-proxy: $cmd missing (run scripts/setup.sh)" >&2; exit 1; }
 done
 
-cargo build --release -q -p loxi-user --bin loxilb -p loxi-tests --bin echo-backend
+cargo build --release -q -p loxi-user --bin loxilb -p loxi-tests --bin echo-backend --bin hyper-floor
 BIN=target/release
 TMP=$(mktemp -d)
 PIDS=()
@@ -58,7 +66,7 @@ wait_port() {
   echo "bench-proxy: nothing listening on $1" >&2; exit 1
 }
 
-B1=$(free_port); B2=$(free_port); API=$(free_port); LB=$(free_port); NGX=$(free_port)
+B1=$(free_port); B2=$(free_port); API=$(free_port); LB=$(free_port); NGX=$(free_port); FLR=$(free_port)
 LBS=$(free_port); NGXS=$(free_port)
 "$BIN/echo-backend" --port "$B1" --name 0 --threads 1 2>"$TMP/b1.log" & PIDS+=($!)
 "$BIN/echo-backend" --port "$B2" --name 1 --threads 1 2>"$TMP/b2.log" & PIDS+=($!)
@@ -66,6 +74,7 @@ wait_port "$B1"; wait_port "$B2"
 
 TOKIO_WORKER_THREADS=$WORKERS "$BIN/loxilb" --api-addr "127.0.0.1:$API" --state-dir "$TMP/state" \
   --tokenizer-dir "$TMP/tok" --log warn >"$TMP/loxilb.log" 2>&1 & PIDS+=($!)
+LOXI_PID=$!
 wait_port "$API"
 curl -sf -X POST "http://127.0.0.1:$API/netlox/v1/config/loadbalancer" -H 'content-type: application/json' -d "{
   \"serviceArguments\": {\"externalIP\": \"127.0.0.1\", \"port\": $LB, \"protocol\": \"tcp\", \"mode\": 4, \"sel\": 0},
@@ -139,6 +148,11 @@ http {
 NGINX
 nginx -p "$TMP" -c "$TMP/nginx.conf"
 wait_port "$NGX"
+NGX_PIDS=$(pgrep -P "$(cat "$TMP/nginx.pid")" | tr '\n' ' ')
+TOKIO_WORKER_THREADS=$WORKERS "$BIN/hyper-floor" "127.0.0.1:$FLR" "127.0.0.1:$B1" "127.0.0.1:$B2" \
+  2>"$TMP/floor.log" & PIDS+=($!)
+FLR_PID=$!
+wait_port "$FLR"
 
 cat >"$TMP/small.lua" <<'LUA'
 wrk.method = "POST"
@@ -164,7 +178,7 @@ LUA
 cp "$TMP/small.lua" "$TMP/tls.lua"
 
 # Sanity: both proxies answer every case through the backends.
-for port in "$LB" "$NGX"; do
+for port in "$LB" "$NGX" "$FLR"; do
   curl -sf -X POST "http://127.0.0.1:$port/v1/completions" -d '{}' | grep -q backend
   curl -sf -X POST "http://127.0.0.1:$port/v1/completions" -H 'x-sse: 200:0' -d '{"stream":true}' \
     | grep -c '^data: ' | grep -qx 201
@@ -172,16 +186,22 @@ for port in "$LB" "$NGX"; do
     --data-binary @- | grep -q '"body_len":65536'
 done
 
-measure() { # name url lua -> "rps p99_ms"
-  local out
-  out=$(wrk -t "$THREADS" -c "$CONNS" -d "${DURATION}s" --latency -s "$3" "$2" 2>&1)
-  echo "$out" >"$TMP/wrk-$1.txt"
-  local rps p99 non2xx
+# CPU ticks (user + system) of the given pids so far.
+ticks() { local t=0 p; for p in "$@"; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done; echo "$t"; }
+measure() { # name url lua pid... -> "rps p99_ms cpu_us_per_request"
+  local name=$1 u=$2 lua=$3 out t0 t1
+  shift 3
+  t0=$(ticks "$@")
+  out=$(wrk -t "$THREADS" -c "$CONNS" -d "${DURATION}s" --latency -s "$lua" "$u" 2>&1)
+  t1=$(ticks "$@")
+  echo "$out" >"$TMP/wrk-$name.txt"
+  local rps p99 non2xx reqs
   rps=$(awk '/Requests\/sec:/ {print $2}' <<<"$out")
+  reqs=$(awk '/requests in/ {print $1}' <<<"$out")
   p99=$(awk '$1=="99%" {v=$2; if (v ~ /us$/) {sub(/us$/,"",v); v=v/1000} else if (v ~ /ms$/) {sub(/ms$/,"",v)} else if (v ~ /s$/) {sub(/s$/,"",v); v=v*1000}; print v}' <<<"$out")
   non2xx=$(awk '/Non-2xx or 3xx responses:/ {print $5}' <<<"$out")
-  [ -n "$non2xx" ] && echo "bench-proxy: $1 had $non2xx non-2xx responses" >&2
-  echo "$rps $p99"
+  [ -n "$non2xx" ] && echo "bench-proxy: $name had $non2xx non-2xx responses" >&2
+  echo "$rps $p99 $(awk -v t=$((t1 - t0)) -v hz="$(getconf CLK_TCK)" -v n="$reqs" 'BEGIN { printf "%.1f", t * 1e6 / hz / n }')"
 }
 
 if [ "$TLS" = 1 ]; then
@@ -197,12 +217,14 @@ url() { # proxy case
     nginx/tls) echo "https://127.0.0.1:$NGXS/" ;;
     loxilb/*) echo "http://127.0.0.1:$LB/" ;;
     nginx/*) echo "http://127.0.0.1:$NGX/" ;;
+    floor/*) echo "http://127.0.0.1:$FLR/" ;;
   esac
 }
 
 # Warm both (connection pools, page cache) in every case, then measure.
 for c in $CASES; do
-  for p in loxilb nginx; do
+  for p in loxilb nginx floor; do
+    [ "$p/$c" = floor/tls ] && continue
     wrk -t 1 -c 8 -d 1s -s "$TMP/$c.lua" "$(url "$p" "$c")" >/dev/null
   done
 done
@@ -210,23 +232,37 @@ done
 printf '\nfullproxy benchmark: wrk -t%s -c%s -d%ss, 2 echo-backends, %s workers each, %s run(s); load before: %s\n' \
   "$THREADS" "$CONNS" "$DURATION" "$WORKERS" "$RUNS" "$(cut -d' ' -f1-3 /proc/loadavg)"
 [ "$TLS" = 1 ] && printf 'tls cipher: loxilb %s, nginx %s\n' "$LC" "$NC"
-printf '%-4s %-6s %12s %9s %12s %9s %10s %10s\n' run case 'loxi req/s' 'loxi p99' 'nginx req/s' 'nginx p99' 'req/s l/n' 'p99 l/n'
+printf '%-4s %-6s %11s %8s %7s | %11s %8s %7s | %11s %8s %7s | %9s %8s %8s %8s\n' run case \
+  'loxi req/s' 'p99 ms' 'cpu us' 'floor req/s' 'p99 ms' 'cpu us' 'nginx req/s' 'p99 ms' 'cpu us' \
+  'req/s l/n' 'p99 l/n' 'cpu l/n' 'cpu f/n'
 : >"$TMP/ratios"
 for run in $(seq 1 "$RUNS"); do
   for c in $CASES; do
-    read -r L_RPS L_P99 <<<"$(measure "loxilb-$c-$run" "$(url loxilb "$c")" "$TMP/$c.lua")"
-    read -r N_RPS N_P99 <<<"$(measure "nginx-$c-$run" "$(url nginx "$c")" "$TMP/$c.lua")"
-    awk -v r="$run" -v c="$c" -v a="$L_RPS" -v b="$L_P99" -v x="$N_RPS" -v y="$N_P99" \
-      'BEGIN { printf "%-4s %-6s %12.0f %9.2f %12.0f %9.2f %10.3f %10.3f\n", r, c, a, b, x, y, a/x, b/y }'
-    awk -v c="$c" -v a="$L_RPS" -v b="$L_P99" -v x="$N_RPS" -v y="$N_P99" \
-      'BEGIN { printf "%s %.3f %.3f\n", c, a/x, b/y }' >>"$TMP/ratios"
+    read -r L_RPS L_P99 L_CPU <<<"$(measure "loxilb-$c-$run" "$(url loxilb "$c")" "$TMP/$c.lua" "$LOXI_PID")"
+    if [ "$c" = tls ]; then
+      F_RPS=0 F_P99=0 F_CPU=0
+    else
+      read -r F_RPS F_P99 F_CPU <<<"$(measure "floor-$c-$run" "$(url floor "$c")" "$TMP/$c.lua" "$FLR_PID")"
+    fi
+    # shellcheck disable=SC2086
+    read -r N_RPS N_P99 N_CPU <<<"$(measure "nginx-$c-$run" "$(url nginx "$c")" "$TMP/$c.lua" $NGX_PIDS)"
+    awk -v r="$run" -v c="$c" -v a="$L_RPS" -v b="$L_P99" -v l="$L_CPU" -v fa="$F_RPS" -v fb="$F_P99" \
+      -v f="$F_CPU" -v x="$N_RPS" -v y="$N_P99" -v n="$N_CPU" \
+      'BEGIN { printf "%-4s %-6s %11.0f %8.2f %7.1f | %11.0f %8.2f %7.1f | %11.0f %8.2f %7.1f | %9.3f %8.3f %8.3f %8.3f\n",
+               r, c, a, b, l, fa, fb, f, x, y, n, a/x, b/y, l/n, f/n }'
+    awk -v c="$c" -v a="$L_RPS" -v b="$L_P99" -v x="$N_RPS" -v y="$N_P99" -v l="$L_CPU" -v f="$F_CPU" -v n="$N_CPU" \
+      'BEGIN { printf "%s %.3f %.3f %.3f %.3f\n", c, a/x, b/y, l/n, f/n }' >>"$TMP/ratios"
   done
 done
+median() { sort -n | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 if [ "$RUNS" -gt 1 ]; then
   printf '\nmedian over %s runs (load after: %s)\n' "$RUNS" "$(cut -d' ' -f1-3 /proc/loadavg)"
   for c in $CASES; do
-    rq=$(awk -v c="$c" '$1==c {print $2}' "$TMP/ratios" | sort -n | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}')
-    pq=$(awk -v c="$c" '$1==c {print $3}' "$TMP/ratios" | sort -n | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}')
-    printf '%-6s loxi/nginx requests/s = %.3f   p99 loxi/nginx = %.3f\n' "$c" "$rq" "$pq"
+    rq=$(awk -v c="$c" '$1==c {print $2}' "$TMP/ratios" | median)
+    pq=$(awk -v c="$c" '$1==c {print $3}' "$TMP/ratios" | median)
+    lc=$(awk -v c="$c" '$1==c {print $4}' "$TMP/ratios" | median)
+    fc=$(awk -v c="$c" '$1==c {print $5}' "$TMP/ratios" | median)
+    printf '%-6s loxi/nginx requests/s = %.3f   p99 loxi/nginx = %.3f   CPU per request loxi/nginx = %.3f, floor/nginx = %.3f\n' \
+      "$c" "$rq" "$pq" "$lc" "$fc"
   done
 fi

@@ -23,7 +23,6 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
 /// Connection limits of every mode-4 listener (env `LOXI_HEADER_TIMEOUT_MS`,
@@ -82,8 +81,6 @@ pub struct Activity {
     last_ms: AtomicU64,
     /// First byte read while no request was open and no head was pending, or [`NO_HEAD`].
     head_since: AtomicU64,
-    /// Wakes the watchdog on state changes that move its deadline earlier or lift it.
-    changed: Notify,
     /// The listener's client traffic, which [`TrackedIo`] adds this connection's bytes to.
     traffic: Arc<crate::listen::Traffic>,
 }
@@ -103,7 +100,6 @@ impl Activity {
             open: AtomicU32::new(0),
             last_ms: AtomicU64::new(0),
             head_since: AtomicU64::new(NO_HEAD),
-            changed: Notify::new(),
             traffic,
         })
     }
@@ -120,13 +116,12 @@ impl Activity {
     pub fn on_read(&self) {
         let now = self.now_ms();
         self.last_ms.store(now, Ordering::Relaxed);
-        if self.open.load(Ordering::Acquire) == 0
-            && self
-                .head_since
-                .compare_exchange(NO_HEAD, now, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
-        {
-            self.changed.notify_one();
+        if self.open.load(Ordering::Acquire) == 0 {
+            // The first byte of a head starts the header timer (the watchdog finds it at its
+            // next check, which is never later than the timer's end: see `expired`).
+            let _ =
+                self.head_since
+                    .compare_exchange(NO_HEAD, now, Ordering::AcqRel, Ordering::Relaxed);
         }
     }
 
@@ -139,7 +134,6 @@ impl Activity {
     pub fn begin(self: &Arc<Self>) -> RequestGuard {
         self.open.fetch_add(1, Ordering::AcqRel);
         self.head_since.store(NO_HEAD, Ordering::Release);
-        self.changed.notify_one();
         RequestGuard {
             act: Some(self.clone()),
         }
@@ -148,7 +142,6 @@ impl Activity {
     fn end(&self) {
         self.last_ms.store(self.now_ms(), Ordering::Relaxed);
         self.open.fetch_sub(1, Ordering::AcqRel);
-        self.changed.notify_one();
     }
 
     /// What the connection waits for now: `None` while a request is open, else the deadline
@@ -169,23 +162,29 @@ impl Activity {
         }
     }
 
-    /// Completes when the connection has outlived a limit (see the module doc).
+    /// Completes when the connection has outlived a limit (see the module doc), at the
+    /// deadline exactly.
+    ///
+    /// The watchdog checks the state at the deadline it last computed, and at the latest one
+    /// check period (the shorter of the two timeouts) after its previous check; nothing the
+    /// connection does wakes it. That is enough: the only change that moves a deadline
+    /// earlier is the first byte of a head, whose header deadline (that byte's time plus the
+    /// header timeout) is never before the next check. Requests and reads cost the watchdog
+    /// nothing (before, each head, request start and request end woke it, and with it the
+    /// connection's task, to re-arm a timer: three extra polls of the connection per request).
     pub async fn expired(&self) -> Expiry {
+        let period = self.limits.header_timeout.min(self.limits.idle_timeout);
+        let sleep = tokio::time::sleep(period);
+        tokio::pin!(sleep);
         loop {
-            let changed = self.changed.notified();
-            tokio::pin!(changed);
-            // Register before reading the state so no change between the two is missed.
-            changed.as_mut().enable();
-            match self.deadline() {
-                None => changed.await,
-                Some((at, why)) if at <= Instant::now() => return why,
-                Some((at, _)) => {
-                    tokio::select! {
-                        _ = tokio::time::sleep_until(at) => {}
-                        _ = changed => {}
-                    }
-                }
-            }
+            let now = Instant::now();
+            let next = match self.deadline() {
+                Some((at, why)) if at <= now => return why,
+                Some((at, _)) => at.min(now + period),
+                None => now + period,
+            };
+            sleep.as_mut().reset(next);
+            sleep.as_mut().await;
         }
     }
 }

@@ -9,21 +9,25 @@
 
 use std::net::SocketAddr;
 
-use http::{HeaderMap, HeaderValue};
+use http::{HeaderMap, HeaderName, HeaderValue};
 
 /// `x-forwarded-for`.
 pub const X_FORWARDED_FOR: &str = "x-forwarded-for";
 /// `x-forwarded-proto`.
 pub const X_FORWARDED_PROTO: &str = "x-forwarded-proto";
 
+// As `HeaderName` statics built at compile time (a `&str` name is parsed at every use).
+static XFF: HeaderName = HeaderName::from_static(X_FORWARDED_FOR);
+static XFP: HeaderName = HeaderName::from_static(X_FORWARDED_PROTO);
+
 /// Appends `client`'s IP to `X-Forwarded-For` and sets `X-Forwarded-Proto` (`https` when
 /// `https`, else `http`).
 pub fn append(headers: &mut HeaderMap, client: Option<SocketAddr>, https: bool) {
     if let Some(client) = client {
         let ip = client.ip().to_canonical().to_string();
-        let value = if headers.contains_key(X_FORWARDED_FOR) {
+        let value = if headers.contains_key(&XFF) {
             let mut chain: Vec<String> = headers
-                .get_all(X_FORWARDED_FOR)
+                .get_all(&XFF)
                 .iter()
                 .filter_map(|v| v.to_str().ok())
                 .map(|v| v.trim().to_string())
@@ -36,11 +40,11 @@ pub fn append(headers: &mut HeaderMap, client: Option<SocketAddr>, https: bool) 
             HeaderValue::from_maybe_shared(bytes::Bytes::from(ip))
         };
         if let Ok(v) = value {
-            headers.insert(X_FORWARDED_FOR, v);
+            headers.insert(&XFF, v);
         }
     }
     let proto = if https { "https" } else { "http" };
-    headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(proto));
+    headers.insert(&XFP, HeaderValue::from_static(proto));
 }
 
 #[cfg(test)]

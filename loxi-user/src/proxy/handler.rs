@@ -36,6 +36,9 @@ use crate::telemetry::span as trace_span;
 /// Response header naming the endpoint index that served the request.
 pub const ENDPOINT_HEADER: &str = "x-loxilb-endpoint";
 
+/// [`ENDPOINT_HEADER`] as a `HeaderName` built at compile time (not parsed per response).
+static ENDPOINT_NAME: http::HeaderName = http::HeaderName::from_static(ENDPOINT_HEADER);
+
 /// Per-listener request handler.
 pub struct Handler {
     /// The listener's pools (swapped on rule changes).
@@ -352,7 +355,7 @@ where
         tracked.mark_streaming();
     }
     strip_hop_by_hop(&mut parts.headers);
-    parts.headers.insert(ENDPOINT_HEADER, HeaderValue::from(ep));
+    parts.headers.insert(&ENDPOINT_NAME, HeaderValue::from(ep));
     Response::from_parts(parts, GuardedBody::new(body, tracked).boxed())
 }
 

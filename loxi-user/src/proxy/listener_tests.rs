@@ -162,3 +162,38 @@ async fn requests_spaced_under_the_idle_timeout_keep_the_connection() {
     assert!(closed >= Duration::from_secs(260), "{closed:?}");
     assert!(closed < Duration::from_secs(261), "{closed:?}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_head_started_late_in_an_idle_period_is_cut_at_its_own_header_timeout() {
+    // After a request, the connection waits for the 60 s idle deadline; 45 s in, a slow head
+    // starts, whose header deadline (55 s) is earlier than the idle one (105 s after its first
+    // byte): the watchdog must close at 55 s, with nothing waking it when the head started.
+    let (mut client, server) = tokio::io::duplex(4096);
+    let client_side = tokio::spawn(async move {
+        client.write_all(REQUEST).await.expect("write");
+        assert!(read_response(&mut client).await, "first request answered");
+        let answered = Instant::now();
+        sleep(Duration::from_secs(45)).await;
+        for b in b"GET / HTTP/1.1\r\nHost: x\r\nX-Slow: "
+            .iter()
+            .chain(std::iter::repeat(&b'a'))
+            .take(300)
+        {
+            if client.write_all(&[*b]).await.is_err() {
+                break;
+            }
+            sleep(Duration::from_secs(1)).await;
+        }
+        (answered, Instant::now())
+    });
+    let why = serve(server, Duration::ZERO).await;
+    let closed_at = Instant::now();
+    let (answered, _) = client_side.await.expect("client task");
+    assert_eq!(why, Some(Expiry::HeaderTimeout));
+    let after = closed_at - answered;
+    let want = Duration::from_secs(45) + HEADER;
+    assert!(
+        after >= want && after < want + Duration::from_millis(10),
+        "closed {after:?} after the answer, want {want:?} (45 s idle + the 10 s header timeout)"
+    );
+}

@@ -120,7 +120,7 @@ impl Upstreams {
 }
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1) that a proxy must not forward.
-const HOP_BY_HOP: &[header::HeaderName] = &[
+static HOP_BY_HOP: [header::HeaderName; 9] = [
     header::CONNECTION,
     header::TE,
     header::TRAILER,
@@ -128,6 +128,8 @@ const HOP_BY_HOP: &[header::HeaderName] = &[
     header::UPGRADE,
     header::PROXY_AUTHORIZATION,
     header::PROXY_AUTHENTICATE,
+    header::HeaderName::from_static("keep-alive"),
+    header::HeaderName::from_static("proxy-connection"),
 ];
 
 /// Removes hop-by-hop headers, including those named by `Connection`.
@@ -142,11 +144,9 @@ pub fn strip_hop_by_hop(h: &mut HeaderMap) {
     for n in named.iter().filter(|n| !n.is_empty()) {
         h.remove(n.as_str());
     }
-    for n in HOP_BY_HOP {
+    for n in &HOP_BY_HOP {
         h.remove(n);
     }
-    h.remove("keep-alive");
-    h.remove("proxy-connection");
 }
 
 /// The request for `authority`: the client's method, path and query, headers (hop-by-hop ones

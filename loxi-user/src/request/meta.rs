@@ -86,6 +86,12 @@ pub const MODEL_HEADER: &str = "x-model";
 /// Header that carries a session id (the P/D tier-0 key when no conversation id is given).
 pub const SESSION_HEADER: &str = "x-session-id";
 
+// The same names as `HeaderName`s, built at compile time: a lookup by `&str` parses the name
+// on every call (measured on the proxy's per-request path, issue 17 §3).
+static CONVERSATION_NAME: http::HeaderName = http::HeaderName::from_static(CONVERSATION_HEADER);
+static MODEL_NAME: http::HeaderName = http::HeaderName::from_static(MODEL_HEADER);
+static SESSION_NAME: http::HeaderName = http::HeaderName::from_static(SESSION_HEADER);
+
 impl RequestMeta {
     /// Extracts routing metadata from a request's head and (already bounded) body.
     ///
@@ -114,8 +120,8 @@ impl RequestMeta {
             api: api_kind(parts.uri.path()),
             model: request_model(&parts.headers, json),
             session_key: super::session::session_key(parts, &rule.session_header_name),
-            conversation_id: header_str(&parts.headers, CONVERSATION_HEADER),
-            session_id: header_str(&parts.headers, SESSION_HEADER),
+            conversation_id: header_str(&parts.headers, &CONVERSATION_NAME),
+            session_id: header_str(&parts.headers, &SESSION_NAME),
             ..Default::default()
         };
         if let Some(v) = json.filter(|v| v.is_object()) {
@@ -150,7 +156,7 @@ pub fn request_model(
     headers: &http::HeaderMap,
     json: Option<&serde_json::Value>,
 ) -> Option<String> {
-    header_str(headers, MODEL_HEADER).or_else(|| json.and_then(|v| str_field(v, "model")))
+    header_str(headers, &MODEL_NAME).or_else(|| json.and_then(|v| str_field(v, "model")))
 }
 
 /// Which OpenAI API a path targets.
@@ -167,7 +173,7 @@ pub fn api_kind(path: &str) -> ApiKind {
     }
 }
 
-fn header_str(h: &http::HeaderMap, name: &str) -> Option<String> {
+fn header_str(h: &http::HeaderMap, name: &http::HeaderName) -> Option<String> {
     h.get(name)
         .and_then(|v| v.to_str().ok())
         .map(str::trim)
