@@ -937,3 +937,84 @@ fn work_law_cold_seeds_only_an_idle_endpoint() {
         1.0
     );
 }
+
+/// Replica seeding (`blend::replica`) over the default law (`hard`, `R` = 2), cold seeding off.
+fn replica_fx() -> Fx {
+    let s = KvSettings {
+        coldstart_seed_n: 0,
+        predicted_ttl: Duration::ZERO,
+        ..KvSettings::default()
+    };
+    assert_eq!((s.lb_mode, s.replica_load), (LbMode::Hard, 2));
+    fx_with(s, 3, serde_json::json!({}))
+}
+
+const OTHER: &str = "A different system prompt about the weather in the mountains and the sea, \
+    with enough words to fill a block or two of the tiny model's tokens. Question two?";
+
+#[test]
+fn a_new_conversation_goes_to_an_idle_endpoint_with_room_when_the_prompts_owner_is_busy() {
+    let f = replica_fx();
+    let m = meta(PROMPT);
+    // ep0 holds the shared prompt and serves 2 conversations; ep1 and ep2 are empty and idle.
+    f.hold(0, &m, 3);
+    f.loads[0].in_flight.store(2, Ordering::Relaxed);
+    // hard keeps the owner (T = 2: cap 2, relief cap 3); it carries R = 2 requests, more than
+    // its share ceil(3 / 3) = 1, so the request seeds the lowest-index empty idle endpoint.
+    assert_eq!(f.select(&m), Some(Decision::pick(1, Reason::KvColdSeed)));
+    // ep1 now caches something else and its size is unknown: only an empty cache has known
+    // room, so ep2 takes it.
+    f.hold(1, &meta(OTHER), 1);
+    assert_eq!(f.select(&m), Some(Decision::pick(2, Reason::KvColdSeed)));
+    // ep1's engine reports 64 blocks: 1 held + the request's blocks fit in 63, room again.
+    f.loads[1].engine_blocks.store(64, Ordering::Relaxed);
+    assert_eq!(f.select(&m), Some(Decision::pick(1, Reason::KvColdSeed)));
+    // ep1's cache is full (2 blocks: 1 held + the request's > 1) and ep2 caches something
+    // else too: no copy fits without evicting, the owner keeps the request.
+    f.loads[1].engine_blocks.store(2, Ordering::Relaxed);
+    f.hold(2, &meta(OTHER), 1);
+    assert_eq!(f.select(&m), Some(Decision::pick(0, Reason::KvOverlap)));
+    assert_eq!(
+        f.metric("loxilb_pd_kv_tier15_cold_seeds_total{service=\"1\",ep_idx=\"1\"}"),
+        2.0
+    );
+    assert_eq!(
+        f.metric("loxilb_pd_kv_tier15_cold_seeds_total{service=\"1\",ep_idx=\"2\"}"),
+        1.0
+    );
+}
+
+#[test]
+fn a_shared_prefix_group_stays_on_its_holder_without_a_busy_owner_or_free_room() {
+    let f = replica_fx();
+    let m = meta(PROMPT);
+    f.hold(0, &m, 3);
+    // The first repeat of a new group (one request in flight on its holder, < R): it stays,
+    // even with two empty idle endpoints.
+    f.loads[0].in_flight.store(1, Ordering::Relaxed);
+    assert_eq!(f.select(&m), Some(Decision::pick(0, Reason::KvOverlap)));
+    // Every endpoint caches groups of its own (sizes unknown): the busy holder keeps its group.
+    f.hold(1, &meta(OTHER), 2);
+    f.hold(2, &meta(OTHER), 2);
+    f.loads[0].in_flight.store(2, Ordering::Relaxed);
+    assert_eq!(f.select(&m), Some(Decision::pick(0, Reason::KvOverlap)));
+    // The engines report full caches (2 held + the request's blocks > 3 − 1): still the holder.
+    for l in &f.loads {
+        l.engine_blocks.store(3, Ordering::Relaxed);
+    }
+    assert_eq!(f.select(&m), Some(Decision::pick(0, Reason::KvOverlap)));
+    // LOXI_KV_REPLICA_LOAD=0 turns it off: with an empty idle endpoint the owner keeps it.
+    let s = KvSettings {
+        coldstart_seed_n: 0,
+        replica_load: 0,
+        ..KvSettings::default()
+    };
+    let f = fx_with(s, 3, serde_json::json!({}));
+    f.hold(0, &m, 3);
+    f.loads[0].in_flight.store(2, Ordering::Relaxed);
+    assert_eq!(f.select(&m), Some(Decision::pick(0, Reason::KvOverlap)));
+    assert_eq!(
+        f.metric("loxilb_pd_kv_tier15_cold_seeds_total{service=\"1\",ep_idx=\"1\"}"),
+        0.0
+    );
+}
