@@ -1,9 +1,7 @@
 //! Engine-reported load: scrapes each KV-rule endpoint's `GET /metrics` (vLLM's Prometheus
 //! text) every `LOXI_ENGINE_METRICS_INTERVAL_MS` and writes the engine's running+waiting count
 //! into [`EndpointLoad::engine_requests`], which the KV laws blend with the gateway's own
-//! in-flight count (see `EndpointLoad::effective_load`), and the engine's cache size
-//! (`num_gpu_blocks`) into [`EndpointLoad::engine_blocks`], which the KV tier's replica seeding
-//! reads (the free room of the engine's cache). The engines are the shared source of
+//! in-flight count (see `EndpointLoad::effective_load`). The engines are the shared source of
 //! truth, so several gateways in front of one fleet see each other's load without a protocol
 //! of their own.
 //!
@@ -236,8 +234,6 @@ pub async fn run(
                 .and_then(EngineReport::requests)
                 .unwrap_or(0);
             t.load.engine_requests.store(n, Ordering::Relaxed);
-            let blocks = report.as_ref().and_then(|r| r.gpu_blocks).unwrap_or(0);
-            t.load.engine_blocks.store(blocks, Ordering::Relaxed);
             let entry = Entry {
                 authority: t.authority,
                 report,

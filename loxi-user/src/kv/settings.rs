@@ -38,8 +38,7 @@ pub struct KvSettings {
     pub coldstart_min_blocks: u64,
     /// `LOXI_KV_REPLICA_LOAD` (loxi extension, every law): replica seeding, `R` of
     /// `blend::replica`: the law's pick must carry at least `R` requests (and more than its
-    /// request share) before a request is sent to an idle endpoint with free cache room for
-    /// it. 0 = off, 1–1,000,000; default 2.
+    /// request share) before a request is sent to an idle endpoint with an empty cache. 0 = off, 1–1,000,000; default 2.
     pub replica_load: u64,
     /// `LOXILB_KV_MAX_BLOCKS`: per-stream block cap, 1000–100,000,000, default 1,000,000.
     pub max_blocks: u64,

@@ -154,11 +154,6 @@ pub struct EndpointLoad {
     /// that the load of other gateways in front of the same engine counts too. 0 when not
     /// scraped, unreachable, or either family is missing.
     pub engine_requests: AtomicU64,
-    /// KV-cache blocks the engine reports (`vllm:cache_config_info{num_gpu_blocks}`, vLLM's
-    /// count, its null block 0 included), scraped like [`Self::engine_requests`]. 0 when not
-    /// scraped, unreachable, or the family is missing. Read by the KV tier's replica seeding
-    /// (the free room of an engine's cache).
-    pub engine_blocks: AtomicU64,
     /// False while probes or the circuit breaker hold the endpoint down.
     pub healthy: AtomicBool,
 }
@@ -198,11 +193,6 @@ impl EndpointLoad {
     /// Current queued prefill work, tokens (see [`Self::prefill_tokens`]).
     pub fn prefill_work(&self) -> u64 {
         self.prefill_tokens.load(Ordering::Relaxed)
-    }
-    /// The engine's KV-cache size in blocks as it reports it (see [`Self::engine_blocks`]),
-    /// 0 when unknown.
-    pub fn cache_blocks(&self) -> u64 {
-        self.engine_blocks.load(Ordering::Relaxed)
     }
 }
 

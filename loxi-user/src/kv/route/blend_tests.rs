@@ -319,7 +319,7 @@ fn replica_copies_a_busy_owners_prefix_onto_an_idle_endpoint_with_room() {
     let room = |_: &Cand| true;
     // T = 2: L_0 + 1 = 3 > ceil(3 / 3) = 1 and L_0 ≥ R = 2 → the lowest-index idle endpoint.
     assert_eq!(replica(&cands, 0, 2, room), Some(1));
-    // ep1's cache has no room for the request: ep2.
+    // ep1's cache is not empty: ep2.
     assert_eq!(replica(&cands, 0, 2, |c: &Cand| c.ep != 1), Some(2));
     // No room anywhere: no copy.
     assert_eq!(replica(&cands, 0, 2, |_: &Cand| false), None);

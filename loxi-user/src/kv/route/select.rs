@@ -11,8 +11,8 @@
 //! the adapter catalog does not know, checked before tokenizing; or extras SGLang's contract cannot hash) → `short_prompt` (no full block: nothing is cacheable) → `no_worker`
 //! (no endpoint holds the first block) → `excluded` (only excluded / unhealthy / unsubscribed
 //! endpoints hold it). Then [`super::blend::blend`], cold-start seeding and replica seeding
-//! ([`super::blend::replica`], loxi: a copy of the pick's prefix onto an idle endpoint with free
-//! cache room when the pick carries more than its share). Every miss counts
+//! ([`super::blend::replica`], loxi: a copy of the pick's prefix onto an idle endpoint with an
+//! empty cache when the pick carries more than its share). Every miss counts
 //! one `loxilb_pd_kv_tier15_miss_reason_total` and one fallthrough; every hit one
 //! `loxilb_pd_kv_tier15_hits_total{ep_idx}`.
 //!
@@ -486,18 +486,8 @@ impl KvRouter {
             svc.route.cold_seed(cold);
             return Ok((Decision::pick(cold, Reason::KvColdSeed), cached(cold)));
         }
-        // Replica seeding (`blend::replica`): free room is `b_j + (n − o_j) ≤ C_j − 1` with the
-        // engine's reported size, an empty cache when the size is unknown.
-        let has_room = |c: &Cand| {
-            let held = member(c.ep).map_or(0, |m| svc.index.blocks(m));
-            match cands.loads.get(c.ep).map_or(0, |l| l.cache_blocks()) {
-                0 => held == 0,
-                size => {
-                    let need = keys.len().saturating_sub(c.overlap / MILLI) as u64;
-                    held + need < size
-                }
-            }
-        };
+        // Replica seeding (`blend::replica`): free room is an empty cache.
+        let has_room = |c: &Cand| member(c.ep).map_or(0, |m| svc.index.blocks(m)) == 0;
         if let Some(copy) = replica(law_cands, pick.ep, s.replica_load, has_room) {
             svc.route.cold_seed(copy);
             return Ok((Decision::pick(copy, Reason::KvColdSeed), cached(copy)));

@@ -953,7 +953,7 @@ const OTHER: &str = "A different system prompt about the weather in the mountain
     with enough words to fill a block or two of the tiny model's tokens. Question two?";
 
 #[test]
-fn a_new_conversation_goes_to_an_idle_endpoint_with_room_when_the_prompts_owner_is_busy() {
+fn a_new_conversation_goes_to_an_idle_empty_endpoint_when_the_prompts_owner_is_busy() {
     let f = replica_fx();
     let m = meta(PROMPT);
     // ep0 holds the shared prompt and serves 2 conversations; ep1 and ep2 are empty and idle.
@@ -962,21 +962,15 @@ fn a_new_conversation_goes_to_an_idle_endpoint_with_room_when_the_prompts_owner_
     // hard keeps the owner (T = 2: cap 2, relief cap 3); it carries R = 2 requests, more than
     // its share ceil(3 / 3) = 1, so the request seeds the lowest-index empty idle endpoint.
     assert_eq!(f.select(&m), Some(Decision::pick(1, Reason::KvColdSeed)));
-    // ep1 now caches something else and its size is unknown: only an empty cache has known
-    // room, so ep2 takes it.
+    // ep1 now caches something else: not empty, so ep2 takes it.
     f.hold(1, &meta(OTHER), 1);
     assert_eq!(f.select(&m), Some(Decision::pick(2, Reason::KvColdSeed)));
-    // ep1's engine reports 64 blocks: 1 held + the request's blocks fit in 63, room again.
-    f.loads[1].engine_blocks.store(64, Ordering::Relaxed);
-    assert_eq!(f.select(&m), Some(Decision::pick(1, Reason::KvColdSeed)));
-    // ep1's cache is full (2 blocks: 1 held + the request's > 1) and ep2 caches something
-    // else too: no copy fits without evicting, the owner keeps the request.
-    f.loads[1].engine_blocks.store(2, Ordering::Relaxed);
-    f.hold(2, &meta(OTHER), 1);
+    // ep2 is empty but has a request in flight: not idle, the owner keeps the request.
+    f.loads[2].in_flight.store(1, Ordering::Relaxed);
     assert_eq!(f.select(&m), Some(Decision::pick(0, Reason::KvOverlap)));
     assert_eq!(
         f.metric("loxilb_pd_kv_tier15_cold_seeds_total{service=\"1\",ep_idx=\"1\"}"),
-        2.0
+        1.0
     );
     assert_eq!(
         f.metric("loxilb_pd_kv_tier15_cold_seeds_total{service=\"1\",ep_idx=\"2\"}"),
@@ -985,7 +979,7 @@ fn a_new_conversation_goes_to_an_idle_endpoint_with_room_when_the_prompts_owner_
 }
 
 #[test]
-fn a_shared_prefix_group_stays_on_its_holder_without_a_busy_owner_or_free_room() {
+fn a_shared_prefix_group_stays_on_its_holder_unless_its_load_and_an_empty_cache_call_for_a_copy() {
     let f = replica_fx();
     let m = meta(PROMPT);
     f.hold(0, &m, 3);
@@ -993,17 +987,12 @@ fn a_shared_prefix_group_stays_on_its_holder_without_a_busy_owner_or_free_room()
     // even with two empty idle endpoints.
     f.loads[0].in_flight.store(1, Ordering::Relaxed);
     assert_eq!(f.select(&m), Some(Decision::pick(0, Reason::KvOverlap)));
-    // Every endpoint caches groups of its own (sizes unknown): the busy holder keeps its group.
+    // Every endpoint caches groups of its own: the busy holder keeps its group.
     f.hold(1, &meta(OTHER), 2);
     f.hold(2, &meta(OTHER), 2);
     f.loads[0].in_flight.store(2, Ordering::Relaxed);
     assert_eq!(f.select(&m), Some(Decision::pick(0, Reason::KvOverlap)));
-    // The engines report full caches (2 held + the request's blocks > 3 − 1): still the holder.
-    for l in &f.loads {
-        l.engine_blocks.store(3, Ordering::Relaxed);
-    }
-    assert_eq!(f.select(&m), Some(Decision::pick(0, Reason::KvOverlap)));
-    // LOXI_KV_REPLICA_LOAD=0 turns it off: with an empty idle endpoint the owner keeps it.
+    // LOXI_KV_REPLICA_LOAD=0 turns it off: with empty idle endpoints the owner keeps it.
     let s = KvSettings {
         coldstart_seed_n: 0,
         replica_load: 0,
