@@ -80,7 +80,8 @@
 //! them [7, 15, 2] and they evicted each other, 82 % of the oracle hit rate). A copy onto an
 //! idle, empty endpoint costs one prefill of the prefix on an engine with nothing else to do
 //! and evicts nothing; once every endpoint holds the shared prefix, the laws' ties by load
-//! spread the conversations (emulated fleet: [8, 8, 8], 93 %).
+//! spread the conversations ([8, 8, 8] and 93 % of the oracle on the emulated fleet and on 3
+//! real vLLM engines; docs/bench-real-vllm.md, "Replica seeding").
 //!
 //! Free room is an *empty* cache, not `num_gpu_blocks` minus the blocks held: a cache that
 //! holds anything fills with its own traffic (vLLM keeps every computed block until it must
