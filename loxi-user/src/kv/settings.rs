@@ -36,6 +36,10 @@ pub struct KvSettings {
     /// `LOXILB_KV_COLDSTART_MIN_BLOCKS`: below this many blocks an endpoint is cold (0 = only
     /// empty endpoints). Default 16.
     pub coldstart_min_blocks: u64,
+    /// `LOXI_KV_REPLICA_LOAD` (loxi extension, every law): replica seeding, `R` of
+    /// `blend::replica`: the law's pick must carry at least `R` requests (and more than its
+    /// request share) before a request is sent to an idle endpoint with an empty cache. 0 = off, 1–1,000,000; default 2.
+    pub replica_load: u64,
     /// `LOXILB_KV_MAX_BLOCKS`: per-stream block cap, 1000–100,000,000, default 1,000,000.
     pub max_blocks: u64,
     /// `LLB_KV_MIN_MATCH_TOKENS`: prompts with fewer tokens miss as `shallow`; 0–4096, default 16.
@@ -129,6 +133,7 @@ impl Default for KvSettings {
             batch_slots: 0,
             coldstart_seed_n: 16,
             coldstart_min_blocks: 16,
+            replica_load: 2,
             max_blocks: 1_000_000,
             min_match_tokens: 16,
             none_hash_seed: None,

@@ -64,6 +64,36 @@
 //! reuse. Cold seeding (`select.rs`, every law) waits for an idle endpoint (no request in
 //! flight, no queued work).
 //!
+//! Replica seeding (loxi extension, every law, issue 13; `select.rs` applies it after the law
+//! and after cold seeding, [`replica`] decides): with `p` the law's pick, `b_j` the blocks the
+//! index says endpoint `j` holds and `R = LOXI_KV_REPLICA_LOAD` (default 2, 0 = off), the
+//! request goes to the lowest-index eligible `j` with
+//!
+//! `o_p > 0`, `L_p ≥ R`, `L_p + 1 > ceil((T + 1)·c_p)`, `o_j < o_p`, `L_j = 0`, `W_j = 0`, `b_j = 0`
+//!
+//! i.e. when the pick already carries `R` requests and more than its request share, and an
+//! idle endpoint with an empty cache can take a copy of the prefix and the request. Why: an
+//! overlap every endpoint can hold cheaply (a system prompt all conversations share) makes
+//! every new conversation's owner the first endpoint that served one, and the laws price only
+//! this request's prefill, not the conversation's growing history that will share the owner's
+//! cache (3 engines of 29 blocks, 6 conversations growing to 20 blocks each: `hard` placed
+//! them [7, 15, 2] and they evicted each other, 82 % of the oracle hit rate). A copy onto an
+//! idle, empty endpoint costs one prefill of the prefix on an engine with nothing else to do
+//! and evicts nothing; once every endpoint holds the shared prefix, the laws' ties by load
+//! spread the conversations ([8, 8, 8] and 93 % of the oracle on the emulated fleet and on 3
+//! real vLLM engines; docs/bench-real-vllm.md, "Replica seeding").
+//!
+//! Free room is an *empty* cache, not `num_gpu_blocks` minus the blocks held: a cache that
+//! holds anything fills with its own traffic (vLLM keeps every computed block until it must
+//! evict), so a copy into its momentary free room is paid later by the groups that land there.
+//! Measured with the engines' sizes scraped (`LOXI_ENGINE_METRICS_INTERVAL_MS=50`, free room =
+//! size − 1 − held ≥ the request's blocks): shared prefix at concurrency 4 fell to 94 % and
+//! 98 % of the oracle (copies made at the start of the run, before each engine had its own
+//! groups), against 100 % with empty caches only. `R = 2` keeps the first repeat of a new
+//! group on its holder at the start of a run (`R = 1`, like a cold seed on every hit, cost
+//! 1.8 points at concurrency 4). Counted as a cold seed
+//! (`loxilb_pd_kv_tier15_cold_seeds_total`, reason `kv_cold_seed`).
+//!
 //! Fleet-load factor `f = clamp(ρ, 1/8, 8)` where `ρ = 1000·T / LOXILB_KV_CAP_SUM_MILLI` when that
 //! is set, else `ρ = T / N` (mean load per endpoint): the busier the fleet, the more load an
 //! overlap owner may carry (`adaptive`) and the more load costs (`adaptive-soft`).
@@ -294,6 +324,30 @@ fn least_work(cands: &[Cand], p: &LawParams) -> EpIdx {
         }
     }
     best.ep
+}
+
+/// Replica seeding (see the module doc): the endpoint that takes a copy of the pick's prefix,
+/// if any. `pick` is the law's pick, `min_load` is `R` (0 = off), and `has_room(j)` tells
+/// whether `j`'s cache has room for the copy (`b_j = 0`; the caller knows the index).
+pub fn replica(
+    cands: &[Cand],
+    pick: EpIdx,
+    min_load: u64,
+    has_room: impl Fn(&Cand) -> bool,
+) -> Option<EpIdx> {
+    if min_load == 0 {
+        return None;
+    }
+    let p = cands.iter().find(|c| c.ep == pick)?;
+    // L_p + 1 > ceil((T + 1)·c_p): over its request share.
+    let over_share = p.load + 1 > cap(p, cands, 0.0);
+    if p.overlap == 0 || p.load < min_load || !over_share {
+        return None;
+    }
+    cands
+        .iter()
+        .find(|c| c.overlap < p.overlap && c.load == 0 && c.work == 0 && has_room(c))
+        .map(|c| c.ep)
 }
 
 /// `f = clamp(ρ, 1/8, 8)`.

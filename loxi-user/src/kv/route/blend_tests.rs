@@ -310,3 +310,74 @@ fn work_parses_and_prints() {
     assert_eq!(LbMode::parse(" Work "), Some(LbMode::Work));
     assert_eq!(LbMode::Work.as_str(), "work");
 }
+
+#[test]
+fn replica_copies_a_busy_owners_prefix_onto_an_idle_endpoint_with_room() {
+    // A new conversation: ep0 holds the shared system prompt (10 blocks) and serves both
+    // requests in flight; ep1 and ep2 hold nothing and are idle.
+    let cands = [c(0, 10, 2), c(1, 0, 0), c(2, 0, 0)];
+    let room = |_: &Cand| true;
+    // T = 2: L_0 + 1 = 3 > ceil(3 / 3) = 1 and L_0 ≥ R = 2 → the lowest-index idle endpoint.
+    assert_eq!(replica(&cands, 0, 2, room), Some(1));
+    // ep1's cache is not empty: ep2.
+    assert_eq!(replica(&cands, 0, 2, |c: &Cand| c.ep != 1), Some(2));
+    // No room anywhere: no copy.
+    assert_eq!(replica(&cands, 0, 2, |_: &Cand| false), None);
+    // One request on the owner (< R): it keeps the request; R = 0 turns replicas off.
+    assert_eq!(
+        replica(&[c(0, 10, 1), c(1, 0, 0), c(2, 0, 0)], 0, 2, room),
+        None
+    );
+    assert_eq!(replica(&cands, 0, 0, room), None);
+    // R = 1: one request is enough.
+    assert_eq!(
+        replica(&[c(0, 10, 1), c(1, 0, 0), c(2, 0, 0)], 0, 1, room),
+        Some(1)
+    );
+}
+
+#[test]
+fn replica_waits_for_the_pick_to_exceed_its_share_and_for_an_idle_target() {
+    // ep0 holds the prefix with 2 in flight, but the others are as busy:
+    // T = 6, share ceil(7 / 3) = 3, L_0 + 1 = 3 is not over it.
+    let even = [c(0, 10, 2), c(1, 0, 2), c(2, 0, 2)];
+    assert_eq!(replica(&even, 0, 2, |_: &Cand| true), None);
+    // Over its share (T = 5, share 2, L_0 + 1 = 5), but ep1 has a request in flight and ep2
+    // queued prefill work: neither is idle.
+    let busy = [
+        c(0, 10, 4),
+        c(1, 0, 1),
+        Cand {
+            work: 64,
+            ..c(2, 0, 0)
+        },
+    ];
+    assert_eq!(replica(&busy, 0, 2, |_: &Cand| true), None);
+    // A pick without overlap has nothing to copy; an idle endpoint holding as much is no copy.
+    assert_eq!(
+        replica(&[c(0, 0, 4), c(1, 0, 0)], 0, 2, |_: &Cand| true),
+        None
+    );
+    assert_eq!(
+        replica(&[c(0, 10, 4), c(1, 10, 0)], 0, 2, |_: &Cand| true),
+        None
+    );
+    // Capacity shares: ep0 has weight 3 of 4, share ceil(5 · 3/4) = 4, L_0 + 1 = 5 > 4.
+    let weighted = [
+        Cand {
+            weight: 3,
+            ..c(0, 10, 4)
+        },
+        c(1, 0, 0),
+    ];
+    assert_eq!(replica(&weighted, 0, 2, |_: &Cand| true), Some(1));
+    let weighted = [
+        Cand {
+            weight: 4,
+            ..c(0, 10, 3)
+        },
+        c(1, 0, 0),
+    ];
+    // share ceil(4 · 4/5) = 4, L_0 + 1 = 4: not over it.
+    assert_eq!(replica(&weighted, 0, 2, |_: &Cand| true), None);
+}

@@ -10,7 +10,9 @@
 //! `loxilb_pd_kv_tier15_media_prefix_total`) → `shallow` (fewer than `LLB_KV_MIN_MATCH_TOKENS` tokens) → `hashes` (a `lora_name`
 //! the adapter catalog does not know, checked before tokenizing; or extras SGLang's contract cannot hash) → `short_prompt` (no full block: nothing is cacheable) → `no_worker`
 //! (no endpoint holds the first block) → `excluded` (only excluded / unhealthy / unsubscribed
-//! endpoints hold it). Then [`super::blend::blend`] and cold-start seeding. Every miss counts
+//! endpoints hold it). Then [`super::blend::blend`], cold-start seeding and replica seeding
+//! ([`super::blend::replica`], loxi: a copy of the pick's prefix onto an idle endpoint with an
+//! empty cache when the pick carries more than its share). Every miss counts
 //! one `loxilb_pd_kv_tier15_miss_reason_total` and one fallthrough; every hit one
 //! `loxilb_pd_kv_tier15_hits_total{ep_idx}`.
 //!
@@ -31,7 +33,7 @@ use std::time::Instant as StdInstant;
 
 use tokio::time::Instant;
 
-use super::blend::{Cand, LawParams, blend};
+use super::blend::{Cand, LawParams, blend, replica};
 pub use super::miss::MissReason;
 use super::workers::TokenizeWorkers;
 use crate::kv::BlockKey;
@@ -483,6 +485,12 @@ impl KvRouter {
         if let Some(cold) = self.cold_seed(svc, law_cands, &member, pick.ep) {
             svc.route.cold_seed(cold);
             return Ok((Decision::pick(cold, Reason::KvColdSeed), cached(cold)));
+        }
+        // Replica seeding (`blend::replica`): free room is an empty cache.
+        let has_room = |c: &Cand| member(c.ep).map_or(0, |m| svc.index.blocks(m)) == 0;
+        if let Some(copy) = replica(law_cands, pick.ep, s.replica_load, has_room) {
+            svc.route.cold_seed(copy);
+            return Ok((Decision::pick(copy, Reason::KvColdSeed), cached(copy)));
         }
         if pick.spilled {
             svc.route.spill(pick.ep);

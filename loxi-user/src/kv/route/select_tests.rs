@@ -937,3 +937,73 @@ fn work_law_cold_seeds_only_an_idle_endpoint() {
         1.0
     );
 }
+
+/// Replica seeding (`blend::replica`) over the default law (`hard`, `R` = 2), cold seeding off.
+fn replica_fx() -> Fx {
+    let s = KvSettings {
+        coldstart_seed_n: 0,
+        predicted_ttl: Duration::ZERO,
+        ..KvSettings::default()
+    };
+    assert_eq!((s.lb_mode, s.replica_load), (LbMode::Hard, 2));
+    fx_with(s, 3, serde_json::json!({}))
+}
+
+const OTHER: &str = "A different system prompt about the weather in the mountains and the sea, \
+    with enough words to fill a block or two of the tiny model's tokens. Question two?";
+
+#[test]
+fn a_new_conversation_goes_to_an_idle_empty_endpoint_when_the_prompts_owner_is_busy() {
+    let f = replica_fx();
+    let m = meta(PROMPT);
+    // ep0 holds the shared prompt and serves 2 conversations; ep1 and ep2 are empty and idle.
+    f.hold(0, &m, 3);
+    f.loads[0].in_flight.store(2, Ordering::Relaxed);
+    // hard keeps the owner (T = 2: cap 2, relief cap 3); it carries R = 2 requests, more than
+    // its share ceil(3 / 3) = 1, so the request seeds the lowest-index empty idle endpoint.
+    assert_eq!(f.select(&m), Some(Decision::pick(1, Reason::KvColdSeed)));
+    // ep1 now caches something else: not empty, so ep2 takes it.
+    f.hold(1, &meta(OTHER), 1);
+    assert_eq!(f.select(&m), Some(Decision::pick(2, Reason::KvColdSeed)));
+    // ep2 is empty but has a request in flight: not idle, the owner keeps the request.
+    f.loads[2].in_flight.store(1, Ordering::Relaxed);
+    assert_eq!(f.select(&m), Some(Decision::pick(0, Reason::KvOverlap)));
+    assert_eq!(
+        f.metric("loxilb_pd_kv_tier15_cold_seeds_total{service=\"1\",ep_idx=\"1\"}"),
+        1.0
+    );
+    assert_eq!(
+        f.metric("loxilb_pd_kv_tier15_cold_seeds_total{service=\"1\",ep_idx=\"2\"}"),
+        1.0
+    );
+}
+
+#[test]
+fn a_shared_prefix_group_stays_on_its_holder_unless_its_load_and_an_empty_cache_call_for_a_copy() {
+    let f = replica_fx();
+    let m = meta(PROMPT);
+    f.hold(0, &m, 3);
+    // The first repeat of a new group (one request in flight on its holder, < R): it stays,
+    // even with two empty idle endpoints.
+    f.loads[0].in_flight.store(1, Ordering::Relaxed);
+    assert_eq!(f.select(&m), Some(Decision::pick(0, Reason::KvOverlap)));
+    // Every endpoint caches groups of its own: the busy holder keeps its group.
+    f.hold(1, &meta(OTHER), 2);
+    f.hold(2, &meta(OTHER), 2);
+    f.loads[0].in_flight.store(2, Ordering::Relaxed);
+    assert_eq!(f.select(&m), Some(Decision::pick(0, Reason::KvOverlap)));
+    // LOXI_KV_REPLICA_LOAD=0 turns it off: with empty idle endpoints the owner keeps it.
+    let s = KvSettings {
+        coldstart_seed_n: 0,
+        replica_load: 0,
+        ..KvSettings::default()
+    };
+    let f = fx_with(s, 3, serde_json::json!({}));
+    f.hold(0, &m, 3);
+    f.loads[0].in_flight.store(2, Ordering::Relaxed);
+    assert_eq!(f.select(&m), Some(Decision::pick(0, Reason::KvOverlap)));
+    assert_eq!(
+        f.metric("loxilb_pd_kv_tier15_cold_seeds_total{service=\"1\",ep_idx=\"1\"}"),
+        0.0
+    );
+}
