@@ -829,15 +829,11 @@ mod tests {
         ]
     }
 
-    /// A deterministic xorshift64 sequence.
-    fn xorshift(seed: u64) -> impl FnMut() -> u64 {
-        let mut x = seed;
-        move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        }
+    /// A deterministic sequence of random `u64`s from `seed` (`rand`'s seeded `StdRng`).
+    fn seeded(seed: u64) -> impl FnMut() -> u64 {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        move || rng.random()
     }
 
     /// Fragments that stress each regex alternative: both letter cases, digit runs longer than
@@ -918,7 +914,7 @@ mod tests {
     /// `n` random texts; about one in `foreign` also holds a fragment outside the fast
     /// alphabet (0: none).
     fn random_texts(seed: u64, n: usize, max_len: u64, foreign: u64) -> Vec<String> {
-        let mut next = xorshift(seed);
+        let mut next = seeded(seed);
         (0..n)
             .map(|_| {
                 let len = 1 + next() % max_len;
@@ -1114,7 +1110,7 @@ mod tests {
     fn scan_and_heap_merges_equal_hf_s_model() {
         for (name, tok, _, _) in variants() {
             let fast = FastBpe::new(&tok).unwrap_or_else(|e| panic!("{name}: {e}"));
-            let mut next = xorshift(0xb0e5_0002);
+            let mut next = seeded(0xb0e5_0002);
             let alphabets: [&[u8]; 4] = [b" ", b" \t\n", b"etaoin shrdlu", b"=-.!*_#"];
             let mut m = MergeScratch::default();
             for i in 0..1500 {
