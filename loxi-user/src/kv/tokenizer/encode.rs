@@ -383,11 +383,6 @@ impl ModelTokenizer {
         self.segments.fast_bpe()
     }
 
-    /// The loaded HF tokenizer (after any class substitution, see [`super::compat`]).
-    pub fn hf(&self) -> &Tokenizer {
-        &self.tokenizer
-    }
-
     fn template_error(&self, model: &str, message: String) -> TokenizeError {
         if !self.template_warned.swap(true, Ordering::Relaxed) {
             tracing::warn!(model, error = %message, "chat template unusable; KV routing falls back for chat requests of this model");
