@@ -184,6 +184,7 @@ impl Env {
             coldstart_seed_n: r.int("LOXILB_KV_COLDSTART_SEED_N", 16, 0, u32::MAX as u64),
             coldstart_min_blocks: r.int("LOXILB_KV_COLDSTART_MIN_BLOCKS", 16, 0, u32::MAX as u64),
             replica_load: r.int("LOXI_KV_REPLICA_LOAD", 2, 0, 1_000_000),
+            spill_floor: r.int("LOXI_KV_SPILL_FLOOR", 8, 0, 1_000_000),
             max_blocks: r.int("LOXILB_KV_MAX_BLOCKS", 1_000_000, 1000, 100_000_000),
             none_hash_seed: r.seed("LLB_KV_NONE_HASH_SEED"),
             hash_debug: r.switch("LLB_KV_HASH_DEBUG", false),
@@ -914,6 +915,24 @@ mod tests {
             assert_eq!(e.kv.replica_load, 2, "{bad}");
             assert_eq!(e.warnings.len(), 1, "{bad}");
             assert_eq!(e.warnings[0].var, "LOXI_KV_REPLICA_LOAD");
+        }
+    }
+
+    #[test]
+    fn spill_floor_is_read_zero_turns_it_off_and_garbage_is_refused_with_a_warning() {
+        assert_eq!(Env::from_lookup(|_| None).kv.spill_floor, 8);
+        let one = |v: &'static str| {
+            Env::from_lookup(move |k| (k == "LOXI_KV_SPILL_FLOOR").then(|| v.to_string()))
+        };
+        let e = one("0");
+        assert_eq!((e.kv.spill_floor, e.warnings.len()), (0, 0));
+        let e = one("32");
+        assert_eq!((e.kv.spill_floor, e.warnings.len()), (32, 0));
+        for bad in ["-1", "eight", "1000001"] {
+            let e = one(bad);
+            assert_eq!(e.kv.spill_floor, 8, "{bad}");
+            assert_eq!(e.warnings.len(), 1, "{bad}");
+            assert_eq!(e.warnings[0].var, "LOXI_KV_SPILL_FLOOR");
         }
     }
 

@@ -40,6 +40,11 @@ pub struct KvSettings {
     /// `blend::replica`: the law's pick must carry at least `R` requests (and more than its
     /// request share) before a request is sent to an idle endpoint with an empty cache. 0 = off, 1–1,000,000; default 2.
     pub replica_load: u64,
+    /// `LOXI_KV_SPILL_FLOOR` (loxi extension, `hard` and `adaptive`): a spill (a pick with less
+    /// overlap than the owner) needs the owner to carry at least this many requests, or the
+    /// owner's prefill wait in tokens to reach the spill's (`blend::spill_pays`). 0 = LoxiLB's
+    /// laws unchanged, 1–1,000,000; default 8.
+    pub spill_floor: u64,
     /// `LOXILB_KV_MAX_BLOCKS`: per-stream block cap, 1000–100,000,000, default 1,000,000.
     pub max_blocks: u64,
     /// `LLB_KV_MIN_MATCH_TOKENS`: prompts with fewer tokens miss as `shallow`; 0–4096, default 16.
@@ -134,6 +139,7 @@ impl Default for KvSettings {
             coldstart_seed_n: 16,
             coldstart_min_blocks: 16,
             replica_load: 2,
+            spill_floor: 8,
             max_blocks: 1_000_000,
             min_match_tokens: 16,
             none_hash_seed: None,

@@ -187,6 +187,8 @@ pub struct LawParams {
     pub request_tokens: u32,
     /// `LOXILB_KV_BATCH_SLOTS` (S, `work`; 0 = unbounded).
     pub batch_slots: u64,
+    /// `LOXI_KV_SPILL_FLOOR` (F, `hard` and `adaptive`; 0 = LoxiLB's laws), see [`spill_pays`].
+    pub spill_floor: u64,
 }
 
 /// A law's pick.
@@ -206,8 +208,8 @@ pub fn blend(cands: &[Cand], p: &LawParams) -> Option<Pick> {
     let lambda = f64::from(p.load_penalty);
     let ep = match p.mode {
         LbMode::Off => owner,
-        LbMode::Hard => hard(cands, eps, p.spill_relief).unwrap_or(owner),
-        LbMode::Adaptive => hard(cands, eps * f, p.spill_relief).unwrap_or(owner),
+        LbMode::Hard => hard(cands, eps, p).unwrap_or(owner),
+        LbMode::Adaptive => hard(cands, eps * f, p).unwrap_or(owner),
         LbMode::Soft => soft(cands, lambda, p.request_blocks),
         LbMode::AdaptiveSoft => soft(cands, lambda * f, p.request_blocks),
         LbMode::Work => least_work(cands, p),
@@ -242,27 +244,50 @@ pub fn cap(c: &Cand, cands: &[Cand], eps: f64) -> u64 {
     ((1.0 + eps) * (total as f64 + 1.0) * share).ceil() as u64
 }
 
-fn hard(cands: &[Cand], eps: f64, relief: bool) -> Option<EpIdx> {
+fn hard(cands: &[Cand], eps: f64, p: &LawParams) -> Option<EpIdx> {
     // Holders in overlap order, without collecting them (the request path allocates nothing).
     let holders = || cands.iter().filter(|c| c.overlap > 0);
+    let owner = holders().min_by(|a, b| by_overlap(a, b))?;
+    // A pick other than the owner recomputes what the owner holds beyond it: the floor.
+    let keep = |c: &Cand| c.ep == owner.ep || spill_pays(owner, c, p);
     // L_i + 1 ≤ cap_i
     let under = |c: &Cand| c.load < cap(c, cands, eps);
     if let Some(c) = holders()
         .filter(|c| under(c))
         .min_by(|a, b| by_overlap(a, b))
     {
-        return Some(c.ep);
+        return keep(c).then_some(c.ep);
     }
     // Relief recomputes the whole prefix elsewhere, so it waits for twice the slack.
-    let owner = holders().min_by(|a, b| by_overlap(a, b))?;
-    if !relief || !relief_due(cands, owner, eps) {
+    if !p.spill_relief || !relief_due(cands, owner, eps) {
         return None;
     }
     cands
         .iter()
         .filter(|c| under(c))
         .min_by(|a, b| a.load.cmp(&b.load).then(a.ep.cmp(&b.ep)))
+        .filter(|c| keep(c))
         .map(|c| c.ep)
+}
+
+/// The spill floor of `hard` and `adaptive` (loxi extension, issue 13): whether moving a
+/// request from `owner` to `to` (less overlap) may happen at all. With `F = p.spill_floor`,
+/// `B` tokens per overlap unit, `n` request blocks, `W` queued prefill work in tokens:
+///
+/// `F = 0`  or  `L_owner ≥ F`  or  `W_owner + (n − o_owner)·B ≥ W_to + (n − o_to)·B`
+///
+/// i.e. the owner already carries `F` requests, or the request would wait on the owner at
+/// least as long (in prefill tokens) as it takes on `to`, recomputation included. Below
+/// that, a request over the cap on its owner waits for a batch slot and decodes beside the
+/// others, which costs less than a cold prefill and the eviction its copy causes elsewhere.
+pub fn spill_pays(owner: &Cand, to: &Cand, p: &LawParams) -> bool {
+    if p.spill_floor == 0 || owner.load >= p.spill_floor {
+        return true;
+    }
+    let b = p.block_size.max(1) as f64 / p.unit.max(1) as f64;
+    let n = p.request_blocks as f64;
+    let wait = |c: &Cand| c.work as f64 + (n - c.overlap as f64).max(0.0) * b;
+    wait(owner) >= wait(to)
 }
 
 /// `hard` relief (loxi deviation, see the module doc), when every holder is over `cap_i`: the

@@ -23,6 +23,7 @@ fn params(mode: LbMode, relief: bool) -> LawParams {
         copy_percent: 100,
         request_tokens: 32,
         batch_slots: 0,
+        spill_floor: 0,
     }
 }
 
@@ -143,6 +144,85 @@ fn hard_cold_burst_of_one_prefix_stays_within_the_cap() {
     let mut loads = [1u64, 1, 0, 0];
     let mut held = [true, true, false, false];
     let p = params(LbMode::Hard, true);
+    for _ in 2..64 {
+        let cands: Vec<Cand> = (0..4)
+            .map(|e| c(e, if held[e] { 4 } else { 0 }, loads[e]))
+            .collect();
+        let ep = blend(&cands, &p).expect("pick").ep;
+        loads[ep] += 1;
+        held[ep] = true;
+    }
+    assert_eq!(loads.iter().sum::<u64>(), 64);
+    assert!(loads.iter().all(|&l| l <= 28), "{loads:?}");
+    assert_eq!(loads, [22, 21, 21, 0]);
+}
+
+/// `hard` with the spill floor `f` for a request of `n` blocks of 16 tokens.
+fn floor_params(n: usize, f: u64) -> LawParams {
+    LawParams {
+        request_blocks: n,
+        spill_floor: f,
+        ..params(LbMode::Hard, true)
+    }
+}
+
+#[test]
+fn spill_floor_keeps_a_lightly_loaded_owner_whose_queue_is_shorter_than_the_copy() {
+    // The demo's first spill (issue 13): a 200-block request, the owner holds 192 blocks and
+    // carries 2 decoding requests (no queued prefill), every other endpoint idle. T = 2,
+    // cap = ceil(1.75 · 3 / 4) = 2, relief cap = ceil(2.5 · 3 / 4) = 2: LoxiLB's law
+    // recomputes 3,200 tokens on ep1 instead of 128 on the owner.
+    let cands = [c(0, 192, 2), c(1, 0, 0), c(2, 0, 0), c(3, 0, 0)];
+    assert_eq!(blend(&cands, &floor_params(200, 0)), pick(1, true));
+    assert_eq!(blend(&cands, &floor_params(200, 8)), pick(0, false));
+    // A partial holder under the cap (the walk's branch): 41 blocks on ep1 still leave
+    // 159 · 16 = 2,544 tokens to prefill there against 384 of queue + prefill on the owner.
+    let cands = [
+        Cand {
+            work: 256,
+            ..c(0, 192, 4)
+        },
+        c(1, 41, 1),
+        c(2, 0, 1),
+        c(3, 0, 2),
+    ];
+    assert_eq!(blend(&cands, &floor_params(200, 0)), pick(1, true));
+    assert_eq!(blend(&cands, &floor_params(200, 8)), pick(0, false));
+}
+
+#[test]
+fn spill_floor_lets_the_law_spill_at_f_requests_or_when_the_wait_pays_for_the_copy() {
+    // At F requests on the owner, LoxiLB's law applies again (F = 8: 8 ≥ 8).
+    let at_floor = [c(0, 192, 8), c(1, 0, 0), c(2, 0, 0), c(3, 0, 0)];
+    assert_eq!(blend(&at_floor, &floor_params(200, 8)), pick(1, true));
+    assert_eq!(blend(&at_floor, &floor_params(200, 9)), pick(0, false));
+    // Below it, when the owner's queued prefill plus this request's reaches the copy's cost:
+    // owner 3,072 + 8 · 16 = 3,200 ≥ 200 · 16 = 3,200 on ep1 → the law's relief stands.
+    let owner = |work| Cand {
+        work,
+        ..c(0, 192, 3)
+    };
+    let pays = [owner(3_072), c(1, 0, 0), c(2, 0, 0), c(3, 0, 0)];
+    assert!(spill_pays(&pays[0], &pays[1], &floor_params(200, 8)));
+    assert_eq!(blend(&pays, &floor_params(200, 8)), pick(1, true));
+    let short = [owner(3_071), c(1, 0, 0), c(2, 0, 0), c(3, 0, 0)];
+    assert!(!spill_pays(&short[0], &short[1], &floor_params(200, 8)));
+    assert_eq!(blend(&short, &floor_params(200, 8)), pick(0, false));
+    // The target's own queue counts against it.
+    let busy_target = [owner(3_072), Cand { work: 1, ..c(1, 0, 0) }];
+    assert!(!spill_pays(&busy_target[0], &busy_target[1], &floor_params(200, 8)));
+}
+
+#[test]
+fn spill_floor_keeps_a_cold_burst_of_one_prefix_within_the_cap() {
+    // `hard_cold_burst_of_one_prefix_stays_within_the_cap` with the default floor (8): the
+    // bound of LoxiLB's law holds once the owner carries F requests.
+    let mut loads = [1u64, 1, 0, 0];
+    let mut held = [true, true, false, false];
+    let p = LawParams {
+        spill_floor: 8,
+        ..params(LbMode::Hard, true)
+    };
     for _ in 2..64 {
         let cands: Vec<Cand> = (0..4)
             .map(|e| c(e, if held[e] { 4 } else { 0 }, loads[e]))

@@ -474,6 +474,7 @@ impl KvRouter {
             copy_percent: s.work_copy_percent,
             request_tokens: s.work_request_tokens,
             batch_slots: s.batch_slots,
+            spill_floor: s.spill_floor,
         };
         let pick = blend(law_cands, &params).ok_or(MissReason::Excluded)?;
         let cached = |ep: EpIdx| {
@@ -493,6 +494,13 @@ impl KvRouter {
             return Ok((Decision::pick(copy, Reason::KvColdSeed), cached(copy)));
         }
         if pick.spilled {
+            tracing::debug!(
+                service = rule.id,
+                pick = pick.ep,
+                blocks = keys.len(),
+                cands = ?law_cands,
+                "kv spill"
+            );
             svc.route.spill(pick.ep);
             return Ok((Decision::pick(pick.ep, Reason::KvSpill), cached(pick.ep)));
         }
