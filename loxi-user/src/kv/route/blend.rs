@@ -64,6 +64,24 @@
 //! reuse. Cold seeding (`select.rs`, every law) waits for an idle endpoint (no request in
 //! flight, no queued work).
 //!
+//! Spill floor (loxi extension, `hard` and `adaptive`, issue 13; [`spill_pays`]): with
+//! `F = LOXI_KV_SPILL_FLOOR` (default 8, 0 = LoxiLB's laws unchanged), a pick with less overlap
+//! than the owner (the walk's under-cap holder or relief) stands only when
+//!
+//! `L_owner ≥ F`  or  `W_owner + (n − o_owner)·B ≥ W_j + (n − o_j)·B`
+//!
+//! otherwise the owner keeps the request. `cap_i` scales with `T`, so while the fleet is
+//! lightly loaded it is one or two requests and the laws spilled requests that would only have
+//! waited for a batch slot on their owner: on the demo's workload (4 `vllm-sim` workers, 8
+//! groups of 3,072-token system prompts, 30 requests/s) `hard` spilled 5–7 requests, each a
+//! cold prefill of 3,200 tokens recomputed instead of 128 on an owner with 2–6 requests in
+//! flight and 0–256 tokens of queued prefill; its TTFT p99 was a cold prefill (54–75 ms
+//! against sglang-router's 44 and vllm-router `cache_aware`'s 38). With the floor: no spill,
+//! the oracle's hit rate, p99 34 ms, [300, 300, 300, 300]. A cold burst still spreads: the
+//! owner's queue holds the prefix's first prefill, which pays for the copy, and from `F`
+//! requests on the bound of LoxiLB's law applies unchanged (64 requests of one prefix over 4
+//! endpoints: [16, 16, 16, 16] with 1, 2 and 4 gateway replicas).
+//!
 //! Replica seeding (loxi extension, every law, issue 13; `select.rs` applies it after the law
 //! and after cold seeding, [`replica`] decides): with `p` the law's pick, `b_j` the blocks the
 //! index says endpoint `j` holds and `R = LOXI_KV_REPLICA_LOAD` (default 2, 0 = off), the

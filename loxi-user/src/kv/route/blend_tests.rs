@@ -209,8 +209,18 @@ fn spill_floor_lets_the_law_spill_at_f_requests_or_when_the_wait_pays_for_the_co
     assert!(!spill_pays(&short[0], &short[1], &floor_params(200, 8)));
     assert_eq!(blend(&short, &floor_params(200, 8)), pick(0, false));
     // The target's own queue counts against it.
-    let busy_target = [owner(3_072), Cand { work: 1, ..c(1, 0, 0) }];
-    assert!(!spill_pays(&busy_target[0], &busy_target[1], &floor_params(200, 8)));
+    let busy_target = [
+        owner(3_072),
+        Cand {
+            work: 1,
+            ..c(1, 0, 0)
+        },
+    ];
+    assert!(!spill_pays(
+        &busy_target[0],
+        &busy_target[1],
+        &floor_params(200, 8)
+    ));
 }
 
 #[test]

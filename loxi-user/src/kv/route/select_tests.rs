@@ -1007,3 +1007,46 @@ fn a_shared_prefix_group_stays_on_its_holder_unless_its_load_and_an_empty_cache_
         0.0
     );
 }
+
+#[test]
+fn the_spill_floor_keeps_the_owner_until_it_carries_f_requests_or_its_queue_pays_for_the_copy() {
+    // Default law (`hard`) and floor (8), seeding off to isolate the floor. T = L0 = 5 over
+    // 3 endpoints: cap = ceil(1.75 · 6 / 3) = 4, relief cap = ceil(2.5 · 6 / 3) = 5 ≤ 5, so
+    // LoxiLB's law relieves the owner onto a cold endpoint.
+    let settings = |floor| KvSettings {
+        coldstart_seed_n: 0,
+        replica_load: 0,
+        predicted_ttl: Duration::ZERO,
+        spill_floor: floor,
+        ..KvSettings::default()
+    };
+    assert_eq!(KvSettings::default().spill_floor, 8);
+    let m = meta(PROMPT);
+    let lax = fx_with(settings(0), 3, serde_json::json!({}));
+    lax.hold(0, &m, 3);
+    lax.loads[0].in_flight.store(5, Ordering::Relaxed);
+    assert_eq!(lax.select(&m), Some(Decision::pick(1, Reason::KvSpill)));
+    let f = fx_with(settings(8), 3, serde_json::json!({}));
+    let k = f.keys_of(&m).len() as u64;
+    f.hold(0, &m, k as usize);
+    f.loads[0].in_flight.store(5, Ordering::Relaxed);
+    // 5 requests, nothing queued to prefill: the owner keeps it.
+    assert_eq!(f.select(&m), Some(Decision::pick(0, Reason::KvOverlap)));
+    // Its queued prefill reaches the copy's k blocks of 16 tokens: the law's relief stands.
+    f.loads[0]
+        .prefill_tokens
+        .store(16 * k - 1, Ordering::Relaxed);
+    assert_eq!(f.select(&m), Some(Decision::pick(0, Reason::KvOverlap)));
+    f.loads[0].prefill_tokens.store(16 * k, Ordering::Relaxed);
+    assert_eq!(f.select(&m), Some(Decision::pick(1, Reason::KvSpill)));
+    // Or it carries F = 8 requests (T = 8: relief cap ceil(2.5 · 9 / 3) = 8).
+    f.loads[0].prefill_tokens.store(0, Ordering::Relaxed);
+    f.loads[0].in_flight.store(7, Ordering::Relaxed);
+    assert_eq!(f.select(&m), Some(Decision::pick(0, Reason::KvOverlap)));
+    f.loads[0].in_flight.store(8, Ordering::Relaxed);
+    assert_eq!(f.select(&m), Some(Decision::pick(1, Reason::KvSpill)));
+    assert_eq!(
+        f.metric("loxilb_pd_kv_tier15_spills_total{service=\"1\",ep_idx=\"1\"}"),
+        2.0
+    );
+}
