@@ -146,7 +146,11 @@ fn new_flows_share_the_endpoints_next_hop_until_it_ages_out() {
     sh("ip neigh replace 10.0.1.2 lladdr 02:00:00:00:01:03 dev lbv0 nud permanent");
     let (act, out) = lb.run(&Frame::tcp(CLIENT, 40001, VIP, 80));
     assert_eq!(act, XDP_REDIRECT);
-    assert_eq!(dmac(&out), first, "the endpoint's cached lookup, still fresh");
+    assert_eq!(
+        dmac(&out),
+        first,
+        "the endpoint's cached lookup, still fresh"
+    );
     std::thread::sleep(std::time::Duration::from_nanos(
         loxi_common::maps::NH_TTL_NS + 200_000_000,
     ));
