@@ -214,8 +214,8 @@ pub struct CtKey {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CtValue {
-    /// `bpf_ktime_get_coarse_ns()` (`CLOCK_MONOTONIC` at scheduler-tick resolution) of the
-    /// last packet of this direction.
+    /// `bpf_ktime_get_coarse_ns()` (`CLOCK_MONOTONIC` at scheduler-tick resolution; the data
+    /// path reads it once per CPU per tick) of the last packet of this direction.
     pub last_ns: u64,
     /// New source address.
     pub nsaddr: [u8; 16],

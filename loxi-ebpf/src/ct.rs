@@ -1,5 +1,5 @@
 //! Conntrack entries: creation for a new flow (both directions), expiry, FIN/RST handling.
-use aya_ebpf::helpers::generated::bpf_ktime_get_coarse_ns;
+use aya_ebpf::helpers::generated::{bpf_jiffies64, bpf_ktime_get_coarse_ns};
 use loxi_common::{
     maps::{
         CtKey, CtValue, DEFAULT_TCP_TIMEOUT_S, DEFAULT_UDP_TIMEOUT_S, FIN_TIMEOUT_S, MAX_EPS,
@@ -9,7 +9,7 @@ use loxi_common::{
 };
 
 use crate::{
-    maps::{CT, ENDPOINTS, LC, SCRATCH_KEY, count},
+    maps::{CLOCK, CT, ENDPOINTS, LC, SCRATCH_KEY, count},
     parse::Pkt,
     select::hash5,
 };
@@ -23,13 +23,27 @@ const PORT_BASE: u32 = 32768;
 const PORT_SPAN: u32 = 28000;
 const PORT_TRIES: u32 = 4;
 
-/// Current time, ns: `CLOCK_MONOTONIC` at scheduler-tick resolution (a plain read of the
-/// timekeeper, no clock-source access: idle timeouts are seconds, and the precise clock cost
-/// every packet a clock-source read).
+/// Current time, ns: `CLOCK_MONOTONIC` at scheduler-tick resolution (the timekeeper's coarse
+/// time, no clock-source access: idle timeouts are seconds, and the precise clock cost every
+/// packet a clock-source read). Both advance with the tick, so the coarse time is read once per
+/// CPU per tick ([`CLOCK`]): other packets pay one load of `jiffies` (the verifier inlines
+/// `bpf_jiffies64`) instead of the timekeeper's seqlock and timespec conversion.
 #[inline(always)]
 pub fn now() -> u64 {
     // SAFETY: helper without arguments.
-    unsafe { bpf_ktime_get_coarse_ns() }
+    let j = unsafe { bpf_jiffies64() };
+    let Some(c) = CLOCK.get_ptr_mut(0) else {
+        // SAFETY: helper without arguments.
+        return unsafe { bpf_ktime_get_coarse_ns() };
+    };
+    // SAFETY: per-CPU slot from the map helper (no other writer on this CPU).
+    let c = unsafe { &mut *c };
+    if c.jiffies != j {
+        c.jiffies = j;
+        // SAFETY: helper without arguments.
+        c.ns = unsafe { bpf_ktime_get_coarse_ns() };
+    }
+    c.ns
 }
 
 /// Key of the opposite direction of the flow an entry belongs to. NAT entries: the swap of

@@ -56,6 +56,20 @@ pub static EGRESS_XDP: HashMap<u32, u32> = HashMap::with_max_entries(MAX_EGRESS,
 #[map(name = "LOXI_EP_NH")]
 pub static EP_NH: Array<EpNextHop> = Array::with_max_entries(MAX_RULES * MAX_EPS, 0);
 
+/// Per-CPU clock cache of [`crate::ct::now`]: the tick (`jiffies`) of the last coarse-time read
+/// and the time it returned.
+#[map(name = "LOXI_CLOCK")]
+pub static CLOCK: PerCpuArray<TickTime> = PerCpuArray::with_max_entries(1, 0);
+
+/// Value of [`CLOCK`].
+#[repr(C)]
+pub struct TickTime {
+    /// `jiffies` when `ns` was read (0 = never).
+    pub jiffies: u64,
+    /// `bpf_ktime_get_coarse_ns()` read during that tick.
+    pub ns: u64,
+}
+
 /// Per-CPU counters, indices in `loxi_common::maps::ctr`.
 #[map(name = "LOXI_COUNTERS")]
 pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(ctr::LEN, 0);
