@@ -214,8 +214,8 @@ pub struct CtKey {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CtValue {
-    /// `bpf_ktime_get_coarse_ns()` (`CLOCK_MONOTONIC` at scheduler-tick resolution) of the
-    /// last packet of this direction.
+    /// `bpf_ktime_get_coarse_ns()` (`CLOCK_MONOTONIC` at scheduler-tick resolution; the data
+    /// path reads it once per CPU per tick) of the last packet of this direction.
     pub last_ns: u64,
     /// New source address.
     pub nsaddr: [u8; 16],
@@ -265,7 +265,8 @@ pub mod nh_flags {
 
 /// How long a flow's cached next hop ([`CtValue::nh_ns`]) is used before the route and the
 /// neighbour are looked up again, ns: a changed route or neighbour MAC reaches an established
-/// flow within this time (new flows always look up).
+/// flow within this time. New flows to an endpoint reuse the endpoint's last lookup for as long
+/// (the data path's `LOXI_EP_NH`), so the change reaches them within this time too.
 pub const NH_TTL_NS: u64 = 1_000_000_000;
 
 /// Direction values of [`CtValue::dir`].

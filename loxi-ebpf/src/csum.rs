@@ -50,12 +50,12 @@ pub fn rewrite(
     sport: u16,
     dport: u16,
 ) -> Result<(), ParseError> {
-    let v6 = pkt.family == family::V6;
-    let mut acc = diff_addr(0, &pkt.saddr, saddr, v6);
-    acc = diff_addr(acc, &pkt.daddr, daddr, v6);
+    let v6 = pkt.key.family == family::V6;
+    let mut acc = diff_addr(0, &pkt.key.saddr, saddr, v6);
+    acc = diff_addr(acc, &pkt.key.daddr, daddr, v6);
     let l3_acc = acc;
-    acc = diff(acc, pkt.sport, sport);
-    acc = diff(acc, pkt.dport, dport);
+    acc = diff(acc, pkt.key.sport, sport);
+    acc = diff(acc, pkt.key.dport, dport);
     if v6 {
         let a: *mut [u8; 32] = ptr_at(ctx, pkt.l3 + 8)?;
         // SAFETY: 32 bytes checked by ptr_at.
@@ -75,7 +75,7 @@ pub fn rewrite(
     let p: *mut [u16; 2] = ptr_at(ctx, pkt.l4)?;
     // SAFETY: checked by ptr_at.
     unsafe { p.write_unaligned([sport, dport]) };
-    match pkt.proto {
+    match pkt.key.proto {
         proto::TCP => {
             let c: *mut u16 = ptr_at(ctx, pkt.l4 + 16)?;
             // SAFETY: checked by ptr_at.

@@ -1,5 +1,5 @@
 //! Conntrack entries: creation for a new flow (both directions), expiry, FIN/RST handling.
-use aya_ebpf::helpers::generated::bpf_ktime_get_coarse_ns;
+use aya_ebpf::helpers::generated::{bpf_jiffies64, bpf_ktime_get_coarse_ns};
 use loxi_common::{
     maps::{
         CtKey, CtValue, DEFAULT_TCP_TIMEOUT_S, DEFAULT_UDP_TIMEOUT_S, FIN_TIMEOUT_S, MAX_EPS,
@@ -9,7 +9,7 @@ use loxi_common::{
 };
 
 use crate::{
-    maps::{CT, ENDPOINTS, LC, SCRATCH_KEY, count},
+    maps::{CLOCK, CT, ENDPOINTS, LC, SCRATCH_KEY, count},
     parse::Pkt,
     select::hash5,
 };
@@ -23,27 +23,27 @@ const PORT_BASE: u32 = 32768;
 const PORT_SPAN: u32 = 28000;
 const PORT_TRIES: u32 = 4;
 
-/// Current time, ns: `CLOCK_MONOTONIC` at scheduler-tick resolution (a plain read of the
-/// timekeeper, no clock-source access: idle timeouts are seconds, and the precise clock cost
-/// every packet a clock-source read).
+/// Current time, ns: `CLOCK_MONOTONIC` at scheduler-tick resolution (the timekeeper's coarse
+/// time, no clock-source access: idle timeouts are seconds, and the precise clock cost every
+/// packet a clock-source read). Both advance with the tick, so the coarse time is read once per
+/// CPU per tick ([`CLOCK`]): other packets pay one load of `jiffies` (the verifier inlines
+/// `bpf_jiffies64`) instead of the timekeeper's seqlock and timespec conversion.
 #[inline(always)]
 pub fn now() -> u64 {
     // SAFETY: helper without arguments.
-    unsafe { bpf_ktime_get_coarse_ns() }
-}
-
-/// Conntrack key of a packet.
-#[inline(always)]
-pub fn key_of(pkt: &Pkt) -> CtKey {
-    CtKey {
-        saddr: pkt.saddr,
-        daddr: pkt.daddr,
-        sport: pkt.sport,
-        dport: pkt.dport,
-        proto: pkt.proto,
-        family: pkt.family,
-        _pad: [0; 2],
+    let j = unsafe { bpf_jiffies64() };
+    let Some(c) = CLOCK.get_ptr_mut(0) else {
+        // SAFETY: helper without arguments.
+        return unsafe { bpf_ktime_get_coarse_ns() };
+    };
+    // SAFETY: per-CPU slot from the map helper (no other writer on this CPU).
+    let c = unsafe { &mut *c };
+    if c.jiffies != j {
+        c.jiffies = j;
+        // SAFETY: helper without arguments.
+        c.ns = unsafe { bpf_ktime_get_coarse_ns() };
     }
+    c.ns
 }
 
 /// Key of the opposite direction of the flow an entry belongs to. NAT entries: the swap of
@@ -109,7 +109,7 @@ pub fn on_packet(k: &CtKey, v: *mut CtValue, pkt: &Pkt, t: u64) -> bool {
     v.last_ns = t;
     v.packets += 1;
     v.bytes += pkt.len as u64;
-    if pkt.proto != proto::TCP {
+    if pkt.key.proto != proto::TCP {
         return true;
     }
     if pkt.tcp_flags & TCP_RST != 0 {
@@ -150,8 +150,9 @@ fn zero_tail(v: &mut CtValue) {
     }
 }
 
-/// Creates both entries of a new flow to endpoint row `ep_idx` and writes the forward value
-/// into `v`. False when full-NAT found no free source port (or an insert failed).
+/// First half of creating a new flow to endpoint row `ep_idx`: inserts the reply direction's
+/// entry and writes the forward value into `v` (next-hop cache empty); [`commit`] inserts it.
+/// False when full-NAT found no free source port (or the insert failed).
 #[inline(always)]
 pub fn create(
     k: &CtKey,
@@ -164,18 +165,18 @@ pub fn create(
     let Some(ep) = ENDPOINTS.get(svc.slot * MAX_EPS + ep_idx) else {
         return false;
     };
-    let timeout_s = match (svc.idle_timeout_s, pkt.proto) {
+    let timeout_s = match (svc.idle_timeout_s, pkt.key.proto) {
         (0, proto::TCP) => DEFAULT_TCP_TIMEOUT_S,
         (0, _) => DEFAULT_UDP_TIMEOUT_S,
         (s, _) => s,
     };
-    let eport = if ep.port == 0 { pkt.dport } else { ep.port };
+    let eport = if ep.port == 0 { pkt.key.dport } else { ep.port };
     // One value, first filled as the reply direction, then turned into the forward one.
     v.last_ns = t;
-    v.nsaddr = pkt.daddr;
-    v.ndaddr = pkt.saddr;
-    v.nsport = pkt.dport;
-    v.ndport = pkt.sport;
+    v.nsaddr = pkt.key.daddr;
+    v.ndaddr = pkt.key.saddr;
+    v.nsport = pkt.key.dport;
+    v.ndport = pkt.key.sport;
     v.dir = dir::REV;
     v.state = 0;
     v.ep = ep_idx as u8;
@@ -191,17 +192,17 @@ pub fn create(
         mode::DSR => {
             // Replies come from the VIP itself (the endpoint owns it); when they pass through
             // us they are forwarded unchanged.
-            rk.saddr = pkt.daddr;
-            rk.sport = pkt.dport;
-            rk.daddr = pkt.saddr;
-            rk.dport = pkt.sport;
+            rk.saddr = pkt.key.daddr;
+            rk.sport = pkt.key.dport;
+            rk.daddr = pkt.key.saddr;
+            rk.dport = pkt.key.sport;
             if CT.insert(&rk, &*v, BPF_ANY).is_err() {
                 return false;
             }
         }
         mode::DNAT => {
-            rk.daddr = pkt.saddr;
-            rk.dport = pkt.sport;
+            rk.daddr = pkt.key.saddr;
+            rk.dport = pkt.key.sport;
             if CT.insert(&rk, &*v, BPF_ANY).is_err() {
                 return false;
             }
@@ -228,13 +229,13 @@ pub fn create(
         }
     }
     v.dir = dir::FWD;
-    v.nsaddr = pkt.saddr;
-    v.nsport = pkt.sport;
+    v.nsaddr = pkt.key.saddr;
+    v.nsport = pkt.key.sport;
     if svc.mode == mode::DSR {
         // No rewrite: the endpoint owns the VIP. `ndaddr` pins the endpoint the frames go to
         // (by MAC), so the flow survives endpoint-table changes.
         v.ndaddr = ep.addr;
-        v.ndport = pkt.dport;
+        v.ndport = pkt.key.dport;
     } else {
         v.ndaddr = ep.addr;
         v.ndport = eport;
@@ -246,10 +247,18 @@ pub fn create(
     // The forward entry counts the packet that created the flow.
     v.packets = 1;
     v.bytes = pkt.len as u64;
-    if CT.insert(k, &*v, BPF_ANY).is_err() {
+    true
+}
+
+/// Second half of creating a new flow: inserts the forward entry `v` (from [`create`], its
+/// next-hop cache filled by the caller when known) under key `k` and counts the connection for
+/// its endpoint. False when the insert failed.
+#[inline(always)]
+pub fn commit(k: &CtKey, v: &CtValue) -> bool {
+    if CT.insert(k, v, BPF_ANY).is_err() {
         return false;
     }
-    if let Some(p) = LC.get_ptr_mut(svc.slot * MAX_EPS + ep_idx) {
+    if let Some(p) = LC.get_ptr_mut(v.slot * MAX_EPS + v.ep as u32) {
         // SAFETY: valid map pointer; approximate counter.
         unsafe { *p += 1 };
     }

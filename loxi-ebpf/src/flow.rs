@@ -1,8 +1,11 @@
 //! Per-packet decision. Fast path, inline: a conntrack hit on a live entry whose next hop is
 //! cached (younger than `NH_TTL_NS`) and, for TCP, no FIN/RST → counters, rewrite, MAC rewrite,
-//! send: one hash lookup, no FIB lookup, no copy of the entry. Slow path: expired or closing
-//! entries, stale next hops, and new flows to a service (select, create conntrack) → rewrite,
-//! FIB lookup, cache the next hop in the entry; anything else → pass.
+//! send: one hash lookup, no FIB lookup, no copy of the entry. New flows to a service: select,
+//! insert the reply direction's entry, take the next hop towards the endpoint (the endpoint's
+//! cached FIB lookup while fresh), insert the forward entry with that next hop already cached
+//! (the flow's next packets take the fast path; no lookup of the new entry), rewrite, send.
+//! Slow path: expired or closing entries and stale next hops → rewrite, FIB lookup, cache the
+//! next hop in the entry; anything else → pass.
 //!
 //! Code that touches packet memory is inlined into the entry function (the verifier tracks
 //! packet pointers only within one frame); the map-heavy decision of the slow path runs in its
@@ -18,7 +21,7 @@ use loxi_common::{
 use crate::{
     csum::rewrite,
     ct,
-    fwd::{lookup, send},
+    fwd::{endpoint_next_hop, lookup, send},
     maps::{CT, SCRATCH_CT, SERVICES, count, count_ep},
     parse::{ParseError, Pkt, parse},
     select::select,
@@ -28,6 +31,8 @@ use crate::{
 const V_PASS: u32 = 0;
 const V_DROP: u32 = 1;
 const V_APPLY: u32 = 2;
+/// A new flow: reply entry inserted, forward value in `out`, to [`open`].
+const V_NEW: u32 = 3;
 
 const TCP_FIN_RST: u8 = 0x01 | 0x04;
 
@@ -40,10 +45,9 @@ pub fn try_loxi(ctx: &XdpContext) -> Result<u32, u32> {
         Err(ParseError::NotOurs) => return Ok(pass()),
         Err(ParseError::Truncated) => return Err(truncated()),
     };
-    let key = ct::key_of(&pkt);
     let t = ct::now();
     let mut hit = false;
-    if let Some(v) = CT.get_ptr_mut(&key) {
+    if let Some(v) = CT.get_ptr_mut(&pkt.key) {
         hit = true;
         // SAFETY: pointer from the map helper, valid for this program run.
         let v = unsafe { &mut *v };
@@ -56,9 +60,10 @@ pub fn try_loxi(ctx: &XdpContext) -> Result<u32, u32> {
     };
     // SAFETY: per-CPU scratch slot from the map helper.
     let out = unsafe { &mut *out };
-    match decide(&pkt, &key, hit, t, out) {
+    match decide(&pkt, hit, t, out) {
         V_PASS => Ok(pass()),
-        V_APPLY => finish(apply(ctx, &pkt, &key, out, t)),
+        V_APPLY => finish(apply(ctx, &pkt, out, t)),
+        V_NEW => finish(open(ctx, &pkt, out, t)),
         _ => Ok(xdp_action::XDP_DROP),
     }
 }
@@ -91,7 +96,7 @@ fn fast_ok(v: &CtValue, pkt: &Pkt, t: u64) -> bool {
     v.nh_ns != 0
         && t.wrapping_sub(v.nh_ns) < NH_TTL_NS
         && !ct::expired(v, t)
-        && (pkt.proto != proto::TCP || pkt.tcp_flags & TCP_FIN_RST == 0)
+        && (pkt.key.proto != proto::TCP || pkt.tcp_flags & TCP_FIN_RST == 0)
 }
 
 /// Established flow with a cached next hop: update the entry in place, rewrite, send.
@@ -136,7 +141,8 @@ fn rewrite_for(ctx: &XdpContext, pkt: &Pkt, v: &CtValue) -> Result<(), ParseErro
 /// Slow path: conntrack entry (expired, closing, or next hop to refresh), or a new flow to a
 /// service; fills `out` with the mapping to apply. `hit`: the fast path found an entry.
 #[inline(never)]
-fn decide(pkt: &Pkt, key: &CtKey, hit: bool, t: u64, out: &mut CtValue) -> u32 {
+fn decide(pkt: &Pkt, hit: bool, t: u64, out: &mut CtValue) -> u32 {
+    let key = &pkt.key;
     if hit && let Some(v) = CT.get_ptr_mut(key) {
         // SAFETY: pointer from the map helper; copied out before any delete.
         *out = unsafe { *v };
@@ -156,10 +162,10 @@ fn decide(pkt: &Pkt, key: &CtKey, hit: bool, t: u64, out: &mut CtValue) -> u32 {
 #[inline(always)]
 fn new_flow(pkt: &Pkt, key: &CtKey, t: u64, out: &mut CtValue) -> u32 {
     let sk = ServiceKey {
-        addr: pkt.daddr,
-        port: pkt.dport,
-        proto: pkt.proto,
-        family: pkt.family,
+        addr: pkt.key.daddr,
+        port: pkt.key.dport,
+        proto: pkt.key.proto,
+        family: pkt.key.family,
     };
     // SAFETY: read-only copy of the map value.
     let svc = match unsafe { SERVICES.get(&sk) } {
@@ -174,18 +180,42 @@ fn new_flow(pkt: &Pkt, key: &CtKey, t: u64, out: &mut CtValue) -> u32 {
         return V_DROP;
     };
     if ct::create(key, pkt, &svc, idx, t, out) {
-        V_APPLY
+        V_NEW
     } else {
         V_DROP
+    }
+}
+
+/// A new flow's second half: the next hop towards the endpoint goes into the forward value
+/// `v` before the entry is inserted, then rewrite and send (no route or neighbour yet: the
+/// entry goes in with an empty next-hop cache and the kernel forwards the packet).
+#[inline(always)]
+fn open(ctx: &XdpContext, pkt: &Pkt, v: &mut CtValue, t: u64) -> Result<u32, ParseError> {
+    let nh = endpoint_next_hop(ctx, pkt.key.family, v, t);
+    if let Some((nh, ns)) = &nh {
+        v.nh_ifindex = nh.ifindex;
+        v.nh_smac = nh.smac;
+        v.nh_dmac = nh.dmac;
+        v.nh_flags = if nh.xdp_ok { nh_flags::XDP_OK } else { 0 };
+        v.nh_ns = *ns;
+    }
+    if !ct::commit(&pkt.key, v) {
+        return Ok(xdp_action::XDP_DROP);
+    }
+    rewrite_for(ctx, pkt, v)?;
+    match nh {
+        Some((nh, _)) => send(ctx, nh.ifindex, &nh.smac, &nh.dmac, nh.xdp_ok),
+        None => Ok(xdp_action::XDP_PASS),
     }
 }
 
 /// Slow path's second half: rewrites the packet per `v`, looks the next hop up, caches it in
 /// the flow's entry for the fast path, and sends.
 #[inline(always)]
-fn apply(ctx: &XdpContext, pkt: &Pkt, key: &CtKey, v: &CtValue, t: u64) -> Result<u32, ParseError> {
+fn apply(ctx: &XdpContext, pkt: &Pkt, v: &CtValue, t: u64) -> Result<u32, ParseError> {
+    let key = &pkt.key;
     rewrite_for(ctx, pkt, v)?;
-    let Some(nh) = lookup(ctx, pkt.family, &v.ndaddr) else {
+    let Some(nh) = lookup(ctx, pkt.key.family, &v.ndaddr) else {
         // No route or neighbour yet: the kernel forwards (and resolves the neighbour).
         return Ok(xdp_action::XDP_PASS);
     };

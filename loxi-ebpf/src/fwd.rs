@@ -14,22 +14,23 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use loxi_common::maps::{
-    ctr,
+    CtValue, MAX_EPS, NH_TTL_NS, ctr,
     egress::{META_LEN, META_MAGIC, Meta},
     family,
 };
 
 use crate::{
-    maps::{EGRESS_XDP, count},
+    maps::{EGRESS_XDP, EP_NH, count},
     parse::{ParseError, ptr_at},
 };
 
 const AF_INET: u8 = 2;
 const AF_INET6: u8 = 10;
 
-/// Where a rewritten frame goes: a FIB lookup's result, or a flow's cached copy of it
-/// (`CtValue::nh_*`).
+/// Where a rewritten frame goes: a FIB lookup's result, or a cached copy of it (a flow's
+/// `CtValue::nh_*`, an endpoint's [`EpNextHop`]).
 #[repr(C)]
+#[derive(Clone, Copy)]
 pub struct NextHop {
     /// Egress interface.
     pub ifindex: u32,
@@ -39,9 +40,94 @@ pub struct NextHop {
     pub dmac: [u8; 6],
     /// The egress takes XDP frames ([`EGRESS_XDP`]); else the TC hand-off.
     pub xdp_ok: bool,
+    /// Padding, written like the fields (the struct is copied as whole words).
+    pub _pad: [u8; 3],
 }
 
 const _: () = assert!(core::mem::size_of::<bpf_fib_lookup>() == 64);
+
+/// Value of `LOXI_EP_NH`: the next hop towards an endpoint row's address as a FIB lookup found
+/// it, reused by new flows to the endpoint for [`NH_TTL_NS`] (the bound a flow's own cache has).
+/// Writers clear `ns` first and set it last; readers check it before and after copying, so a
+/// copy torn by a concurrent refresh on another CPU is never used.
+#[repr(C)]
+pub struct EpNextHop {
+    /// Time of the lookup (`crate::ct::now`); 0 = empty or being written.
+    pub ns: u64,
+    /// Endpoint address looked up (the row may be reassigned to another address).
+    pub addr: [u64; 2],
+    /// Ingress interface the lookup was made for (the FIB lookup's input).
+    pub ingress: u32,
+    /// The lookup's result.
+    pub nh: NextHop,
+}
+
+/// Copies a [`NextHop`] as five volatile word loads and stores (kept in order with the
+/// volatile accesses of `EpNextHop::ns` around them).
+///
+/// # Safety
+/// `from` and `to` point at valid, 4-aligned `NextHop`s.
+#[inline(always)]
+unsafe fn copy_words(from: *const NextHop, to: *mut NextHop) {
+    const WORDS: usize = core::mem::size_of::<NextHop>() / 4;
+    const _: () = assert!(core::mem::size_of::<NextHop>() == 20);
+    let (f, t) = (from as *const u32, to as *mut u32);
+    let mut i = 0;
+    while i < WORDS {
+        // SAFETY: word `i` of both structs (caller's contract).
+        unsafe { t.add(i).write_volatile(f.add(i).read_volatile()) };
+        i += 1;
+    }
+}
+
+/// `ndaddr` as two words (it sits 8-aligned in the 8-aligned `CtValue`, asserted here).
+#[inline(always)]
+fn ndaddr_words(v: &CtValue) -> [u64; 2] {
+    const _: () = assert!(core::mem::offset_of!(CtValue, ndaddr).is_multiple_of(8));
+    // SAFETY: 16 bytes at an 8-aligned offset of an 8-aligned struct.
+    unsafe { *(addr_of!(v.ndaddr) as *const [u64; 2]) }
+}
+
+/// Next hop for a new flow's forward value `v` (family `fam`) towards its endpoint
+/// (`v.ndaddr`): the endpoint row's cached lookup while fresh, else a FIB lookup (then cached
+/// for the row). Returns the next hop and the time of the lookup that found it; `None` as
+/// [`lookup`].
+#[inline(always)]
+pub fn endpoint_next_hop(ctx: &XdpContext, fam: u8, v: &CtValue, t: u64) -> Option<(NextHop, u64)> {
+    // SAFETY: ctx is the program's context pointer.
+    let ingress = unsafe { (*ctx.ctx).ingress_ifindex };
+    let addr = ndaddr_words(v);
+    let Some(c) = EP_NH.get_ptr_mut(v.slot * MAX_EPS + v.ep as u32) else {
+        return lookup(ctx, fam, &v.ndaddr).map(|nh| (nh, t));
+    };
+    // SAFETY: pointer from the map helper, valid for this program run; `ns` is read volatile
+    // before and after the copy (see EpNextHop).
+    unsafe {
+        let ns = addr_of!((*c).ns).read_volatile();
+        if ns != 0
+            && t.wrapping_sub(ns) < NH_TTL_NS
+            && (*c).ingress == ingress
+            && (*c).addr[0] == addr[0]
+            && (*c).addr[1] == addr[1]
+        {
+            let mut nh = MaybeUninit::<NextHop>::uninit();
+            copy_words(addr_of!((*c).nh), nh.as_mut_ptr());
+            if addr_of!((*c).ns).read_volatile() == ns {
+                return Some((nh.assume_init(), ns));
+            }
+        }
+    }
+    let nh = lookup(ctx, fam, &v.ndaddr)?;
+    // SAFETY: as above; `ns` cleared first and set last.
+    unsafe {
+        addr_of_mut!((*c).ns).write_volatile(0);
+        addr_of_mut!((*c).addr).write_volatile(addr);
+        addr_of_mut!((*c).ingress).write_volatile(ingress);
+        copy_words(&nh, addr_of_mut!((*c).nh));
+        addr_of_mut!((*c).ns).write_volatile(t);
+    }
+    Some((nh, t))
+}
 
 /// FIB lookup for `dst` (own stack frame; touches only the context, never packet data).
 /// Returns false when the kernel has no usable route or neighbour.
@@ -110,6 +196,7 @@ pub fn lookup(ctx: &XdpContext, fam: u8, dst: &[u8; 16]) -> Option<NextHop> {
     unsafe {
         let ok = EGRESS_XDP.get(&*addr_of!((*p).ifindex)).is_some();
         addr_of_mut!((*p).xdp_ok).write(ok);
+        addr_of_mut!((*p)._pad).write([0; 3]);
         Some(nh.assume_init())
     }
 }

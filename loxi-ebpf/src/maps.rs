@@ -1,4 +1,5 @@
 //! Every map of the program, each with its purpose. Names and layouts: `loxi_common::maps`.
+use crate::fwd::EpNextHop;
 use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
@@ -49,6 +50,25 @@ pub static SCRATCH_CT: PerCpuArray<CtValue> = PerCpuArray::with_max_entries(1, 0
 /// egress gets the TC hand-off (`loxi_common::maps::egress`).
 #[map(name = "LOXI_EGRESS_XDP")]
 pub static EGRESS_XDP: HashMap<u32, u32> = HashMap::with_max_entries(MAX_EGRESS, 0);
+
+/// Next hop per endpoint row (`slot * MAX_EPS + i`): the last FIB lookup towards the row's
+/// address, so a new flow to the endpoint needs none while it is fresh ([`crate::fwd::EpNextHop`]).
+#[map(name = "LOXI_EP_NH")]
+pub static EP_NH: Array<EpNextHop> = Array::with_max_entries(MAX_RULES * MAX_EPS, 0);
+
+/// Per-CPU clock cache of [`crate::ct::now`]: the tick (`jiffies`) of the last coarse-time read
+/// and the time it returned.
+#[map(name = "LOXI_CLOCK")]
+pub static CLOCK: PerCpuArray<TickTime> = PerCpuArray::with_max_entries(1, 0);
+
+/// Value of [`CLOCK`].
+#[repr(C)]
+pub struct TickTime {
+    /// `jiffies` when `ns` was read (0 = never).
+    pub jiffies: u64,
+    /// `bpf_ktime_get_coarse_ns()` read during that tick.
+    pub ns: u64,
+}
 
 /// Per-CPU counters, indices in `loxi_common::maps::ctr`.
 #[map(name = "LOXI_COUNTERS")]

@@ -1,6 +1,6 @@
 //! Header parsing through one bounds-checked accessor, [`ptr_at`].
 use aya_ebpf::programs::XdpContext;
-use loxi_common::maps::{family, proto};
+use loxi_common::maps::{CtKey, family, proto};
 
 /// Header cut short or not parseable: the caller drops (truncated) or passes.
 pub enum ParseError {
@@ -28,22 +28,13 @@ pub struct Pkt {
     pub l3: usize,
     /// Offset of the L4 header.
     pub l4: usize,
-    /// `family::V4` or `family::V6`.
-    pub family: u8,
-    /// IP protocol.
-    pub proto: u8,
     /// TCP flags byte (0 for UDP/SCTP).
     pub tcp_flags: u8,
-    /// Source address.
-    pub saddr: [u8; 16],
-    /// Destination address.
-    pub daddr: [u8; 16],
-    /// Source port.
-    pub sport: u16,
-    /// Destination port.
-    pub dport: u16,
     /// Frame length in bytes (Ethernet header included), for the per-flow byte counters.
     pub len: u32,
+    /// The 5-tuple and family, laid out as the packet's conntrack key (parsed straight into
+    /// it: the lookup needs no copy).
+    pub key: CtKey,
 }
 
 const ETH_P_IP: u16 = 0x0800;
@@ -73,14 +64,17 @@ pub fn parse(ctx: &XdpContext) -> Result<Pkt, ParseError> {
     let mut pkt = Pkt {
         l3,
         l4: ip.l4,
-        family: ip.family,
-        proto: ip.proto,
         tcp_flags: 0,
-        saddr: ip.saddr,
-        daddr: ip.daddr,
-        sport: 0,
-        dport: 0,
         len: (ctx.data_end() - ctx.data()) as u32,
+        key: CtKey {
+            saddr: ip.saddr,
+            daddr: ip.daddr,
+            sport: 0,
+            dport: 0,
+            proto: ip.proto,
+            family: ip.family,
+            _pad: [0; 2],
+        },
     };
     parse_ports(ctx, &mut pkt)?;
     Ok(pkt)
@@ -153,7 +147,7 @@ fn parse_v6(ctx: &XdpContext, l3: usize) -> Result<Ip, ParseError> {
 
 #[inline(always)]
 fn parse_ports(ctx: &XdpContext, pkt: &mut Pkt) -> Result<(), ParseError> {
-    match pkt.proto {
+    match pkt.key.proto {
         proto::TCP => {
             let t: *const [u8; 20] = ptr_at(ctx, pkt.l4)?;
             // SAFETY: checked by ptr_at.
@@ -171,7 +165,7 @@ fn parse_ports(ctx: &XdpContext, pkt: &mut Pkt) -> Result<(), ParseError> {
     let p: *const [u16; 2] = ptr_at(ctx, pkt.l4)?;
     // SAFETY: checked by ptr_at.
     let p = unsafe { p.read_unaligned() };
-    pkt.sport = p[0];
-    pkt.dport = p[1];
+    pkt.key.sport = p[0];
+    pkt.key.dport = p[1];
     Ok(())
 }

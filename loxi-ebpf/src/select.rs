@@ -37,10 +37,10 @@ pub fn hash_addr(mut h: u32, a: &[u8; 16]) -> u32 {
 /// Hash of the packet's 5-tuple.
 #[inline(always)]
 pub fn hash5(pkt: &Pkt) -> u32 {
-    let h = hash_addr(0x1234_5678, &pkt.saddr);
-    let h = hash_addr(h, &pkt.daddr);
-    let h = mix(h, ((pkt.sport as u32) << 16) | pkt.dport as u32);
-    let h = mix(h, pkt.proto as u32);
+    let h = hash_addr(0x1234_5678, &pkt.key.saddr);
+    let h = hash_addr(h, &pkt.key.daddr);
+    let h = mix(h, ((pkt.key.sport as u32) << 16) | pkt.key.dport as u32);
+    let h = mix(h, pkt.key.proto as u32);
     h ^ (h >> 16)
 }
 
@@ -76,7 +76,7 @@ pub fn select(svc: &ServiceValue, pkt: &Pkt) -> Option<u32> {
     let at = |i: u32| act[(i & MASK) as usize] as u32;
     let row = match svc.sel {
         sel::HASH => at(hash5(pkt) % n),
-        sel::PERSIST => at(hash_addr(0x0bad_cafe, &pkt.saddr) % n),
+        sel::PERSIST => at(hash_addr(0x0bad_cafe, &pkt.key.saddr) % n),
         sel::WRR if svc.wrr_len != 0 => {
             let w = WRR.get(slot)?;
             w[((cursor(slot) % svc.wrr_len) & MASK) as usize] as u32

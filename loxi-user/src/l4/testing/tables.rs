@@ -111,6 +111,56 @@ fn dsr_redirects_into_an_egress_that_takes_xdp_frames() {
     assert_eq!(lb.ctr(ctr::EGRESS_TC), 0);
 }
 
+/// New flows to an endpoint take its cached next hop (younger than `NH_TTL_NS`) instead of a
+/// FIB lookup each, and the forward entry is inserted with it (its next packets need no
+/// lookup); past the TTL a new flow looks the route up again.
+#[test]
+fn new_flows_share_the_endpoints_next_hop_until_it_ages_out() {
+    let mut lb = Lb::new(&[&rule(VIP, 80, "tcp", 0, 0, &[(EP0, 1)])]);
+    sh(
+        "ip link add lbv0 address 02:00:00:00:01:01 type veth peer name lbv1 \
+        && ip addr add 10.0.1.1/24 dev lbv0 && ip link set lo up && ip link set lbv0 up \
+        && ip link set lbv1 up && ip neigh replace 10.0.1.2 lladdr 02:00:00:00:01:02 dev lbv0 nud permanent \
+        && sysctl -qw net.ipv4.conf.all.forwarding=1",
+    );
+    let lbv0 = ifindex("lbv0");
+    lb.dp
+        .set_xdp_egress(&std::collections::BTreeSet::from([lbv0]))
+        .unwrap();
+    let dmac = |out: &[u8]| <[u8; 6]>::try_from(&out[..6]).unwrap();
+    let (first, second) = ([0x02, 0, 0, 0, 0x01, 0x02], [0x02, 0, 0, 0, 0x01, 0x03]);
+    let (act, out) = lb.run(&Frame::tcp(CLIENT, 40000, VIP, 80));
+    assert_eq!(act, XDP_REDIRECT);
+    assert_eq!(dmac(&out), first);
+    let ct = crate::l4::ConntrackHandle::default();
+    ct.publish(lb.dp.conntrack_map_id().unwrap());
+    let dump = ct.read(16).unwrap().unwrap();
+    let fwd = dump
+        .entries
+        .iter()
+        .find(|(_, v)| v.dir == loxi_common::maps::dir::FWD)
+        .expect("forward entry")
+        .1;
+    assert_ne!(fwd.nh_ns, 0, "forward entry inserted with its next hop");
+    assert_eq!((fwd.nh_ifindex, fwd.nh_dmac), (lbv0, first));
+    sh("ip neigh replace 10.0.1.2 lladdr 02:00:00:00:01:03 dev lbv0 nud permanent");
+    let (act, out) = lb.run(&Frame::tcp(CLIENT, 40001, VIP, 80));
+    assert_eq!(act, XDP_REDIRECT);
+    assert_eq!(
+        dmac(&out),
+        first,
+        "the endpoint's cached lookup, still fresh"
+    );
+    std::thread::sleep(std::time::Duration::from_nanos(
+        loxi_common::maps::NH_TTL_NS + 200_000_000,
+    ));
+    let (act, out) = lb.run(&Frame::tcp(CLIENT, 40002, VIP, 80));
+    assert_eq!(act, XDP_REDIRECT);
+    assert_eq!(dmac(&out), second, "looked up again after NH_TTL_NS");
+    assert_eq!(lb.ctr(ctr::NEW_FLOW), 3);
+    assert_eq!(lb.ctr(ctr::REDIRECT), 3);
+}
+
 #[test]
 fn dsr_into_a_plain_veth_is_handed_to_tc_with_metadata() {
     let (mut lb, lbv0, f, want) = dsr_towards_veth();
