@@ -24,6 +24,7 @@ use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use hashbrown::HashTable;
 use parking_lot::{Mutex, RwLock};
 use tokio::time::Instant;
 
@@ -124,8 +125,8 @@ struct Chain {
 /// Everything keyed by block: one lock for the whole key space.
 #[derive(Default)]
 struct Table {
-    /// Key → its position, `chain << 32 | pos`.
-    map: KeyMap<u64>,
+    /// Key → its position.
+    map: Positions,
     chains: Vec<Chain>,
     free_chains: Vec<u32>,
     sets: Vec<SetRec>,
@@ -141,6 +142,56 @@ struct Table {
 
 fn loc_of(l: u64) -> (usize, usize) {
     ((l >> 32) as usize, l as u32 as usize)
+}
+
+fn key_hash(key: u64) -> u64 {
+    let h = key.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    h ^ (h >> 32)
+}
+
+fn key_at(chains: &[Chain], l: u64) -> u64 {
+    let (c, p) = loc_of(l);
+    chains[c].keys[p]
+}
+
+/// Key → position `chain << 32 | pos`, stored without the key (8 bytes and a control byte
+/// per bucket): a probe compares the key at the candidate position, so a key is stored once,
+/// in its chain. Every method takes the chains the positions point into.
+#[derive(Default)]
+struct Positions(HashTable<u64>);
+
+impl Positions {
+    fn get(&self, chains: &[Chain], key: u64) -> Option<u64> {
+        self.0
+            .find(key_hash(key), |&l| key_at(chains, l) == key)
+            .copied()
+    }
+
+    /// Records `key` (absent) at `l`, where `chains` already hold it.
+    fn insert(&mut self, chains: &[Chain], key: u64, l: u64) {
+        self.0
+            .insert_unique(key_hash(key), l, |&x| key_hash(key_at(chains, x)));
+    }
+
+    /// Forgets `key`, whose position in `chains` still holds it.
+    fn remove(&mut self, chains: &[Chain], key: u64) {
+        if let Ok(e) = self
+            .0
+            .find_entry(key_hash(key), |&l| key_at(chains, l) == key)
+        {
+            e.remove();
+        }
+    }
+
+    /// Moves `key` (present, its old position in `chains` still holding it) to `l`.
+    fn set(&mut self, chains: &[Chain], key: u64, l: u64) {
+        if let Some(x) = self
+            .0
+            .find_mut(key_hash(key), |&x| key_at(chains, x) == key)
+        {
+            *x = l;
+        }
+    }
 }
 
 fn set_hash(slots: &[u32]) -> u64 {
@@ -164,7 +215,7 @@ impl Table {
 
     /// The word of `key` ([`EMPTY`] when nobody holds it).
     fn word(&self, key: u64) -> u32 {
-        self.map.get(&key).map_or(EMPTY, |&l| {
+        self.map.get(&self.chains, key).map_or(EMPTY, |l| {
             let (c, p) = loc_of(l);
             self.chains[c].words[p]
         })
@@ -273,7 +324,7 @@ impl Table {
     /// appended to the chain of `cursor` (the previous key of the same store) when that key
     /// is its chain's last, else starts a chain; `cursor` moves to `key`.
     fn add(&mut self, key: u64, slot: u32, cursor: &mut Option<u64>, room: usize) -> bool {
-        if let Some(&l) = self.map.get(&key) {
+        if let Some(l) = self.map.get(&self.chains, key) {
             *cursor = Some(l);
             let (c, p) = loc_of(l);
             let w = self.chains[c].words[p];
@@ -304,7 +355,7 @@ impl Table {
         ch.words.push(word);
         ch.live += 1;
         let l = ((c as u64) << 32) | (ch.keys.len() - 1) as u64;
-        self.map.insert(key, l);
+        self.map.insert(&self.chains, key, l);
         *cursor = Some(l);
         true
     }
@@ -329,7 +380,7 @@ impl Table {
 
     /// Drops `count` references of `slot` (`u32::MAX` = all); true when the slot lost the key.
     fn sub(&mut self, key: u64, slot: u32, count: u32) -> bool {
-        let Some(&l) = self.map.get(&key) else {
+        let Some(l) = self.map.get(&self.chains, key) else {
             return false;
         };
         let (c, p) = loc_of(l);
@@ -353,7 +404,7 @@ impl Table {
         let new = self.without(w, slot);
         self.chains[c].words[p] = new;
         if new == EMPTY {
-            self.map.remove(&key);
+            self.map.remove(&self.chains, key);
             self.kill(c);
         }
         true
@@ -362,11 +413,17 @@ impl Table {
     /// Accounts for one dead position of chain `c`: frees the chain when none is live, drops
     /// its dead tail, rebuilds it when fewer than half its positions are live.
     fn kill(&mut self, c: usize) {
-        let ch = &mut self.chains[c];
+        let Table {
+            map,
+            chains,
+            free_chains,
+            ..
+        } = self;
+        let ch = &mut chains[c];
         ch.live -= 1;
         if ch.live == 0 {
             *ch = Chain::default();
-            self.free_chains.push(c as u32);
+            free_chains.push(c as u32);
             return;
         }
         while ch.words.last() == Some(&EMPTY) {
@@ -377,17 +434,17 @@ impl Table {
         if len < MIN_COMPACT || ch.live as usize * 2 >= len {
             return;
         }
-        let (mut keys, mut words) = (
-            Vec::with_capacity(ch.live as usize),
-            Vec::with_capacity(ch.live as usize),
-        );
+        let live = ch.live as usize;
+        let (mut keys, mut words) = (Vec::with_capacity(live), Vec::with_capacity(live));
+        let ch = &chains[c];
         for (&k, &w) in ch.keys.iter().zip(&ch.words) {
             if w != EMPTY {
-                self.map.insert(k, ((c as u64) << 32) | keys.len() as u64);
+                map.set(chains, k, ((c as u64) << 32) | keys.len() as u64);
                 keys.push(k);
                 words.push(w);
             }
         }
+        let ch = &mut chains[c];
         ch.keys = keys;
         ch.words = words;
     }
@@ -426,8 +483,8 @@ impl Table {
     }
 }
 
-fn flag_in(map: &KeyMap<u64>, chains: &mut [Chain], key: u64, on: bool) {
-    if let Some(&l) = map.get(&key) {
+fn flag_in(map: &Positions, chains: &mut [Chain], key: u64, on: bool) {
+    if let Some(l) = map.get(chains, key) {
         let (c, p) = loc_of(l);
         let w = &mut chains[c].words[p];
         *w = if on { *w | PRED } else { *w & !PRED };
@@ -493,8 +550,8 @@ impl<'t> Walk<'t> {
             self.pos = next;
             return self.words[next];
         }
-        match self.t.map.get(&key) {
-            Some(&l) => {
+        match self.t.map.get(&self.t.chains, key) {
+            Some(l) => {
                 let (c, p) = loc_of(l);
                 let ch = &self.t.chains[c];
                 (self.keys, self.words, self.pos) = (&ch.keys, &ch.words, p);
