@@ -209,7 +209,7 @@ impl Table {
         } else if w & MULTI != 0 {
             Holders::Many(&self.sets[(w & LOW) as usize].slots)
         } else {
-            Holders::One(w)
+            Holders::One([w])
         }
     }
 
@@ -493,33 +493,30 @@ fn flag_in(map: &Positions, chains: &mut [Chain], key: u64, on: bool) {
 
 enum Holders<'a> {
     None,
-    One(u32),
+    One([u32; 1]),
     Many(&'a [u32]),
 }
 
-impl<'a> Holders<'a> {
-    fn for_each(&self, mut f: impl FnMut(u32)) {
+impl Holders<'_> {
+    /// The holding slots, sorted.
+    fn slots(&self) -> &[u32] {
         match self {
-            Holders::None => {}
-            Holders::One(s) => f(*s),
-            Holders::Many(l) => l.iter().for_each(|&s| f(s)),
+            Holders::None => &[],
+            Holders::One(s) => s,
+            Holders::Many(l) => l,
         }
+    }
+
+    fn for_each(&self, f: impl FnMut(u32)) {
+        self.slots().iter().copied().for_each(f);
     }
 
     fn contains(&self, slot: u32) -> bool {
-        match self {
-            Holders::None => false,
-            Holders::One(s) => *s == slot,
-            Holders::Many(l) => l.binary_search(&slot).is_ok(),
-        }
+        self.slots().binary_search(&slot).is_ok()
     }
 
-    fn any(&self, mut f: impl FnMut(u32) -> bool) -> bool {
-        match self {
-            Holders::None => false,
-            Holders::One(s) => f(*s),
-            Holders::Many(l) => l.iter().any(|&s| f(s)),
-        }
+    fn any(&self, f: impl FnMut(u32) -> bool) -> bool {
+        self.slots().iter().copied().any(f)
     }
 }
 
@@ -926,11 +923,11 @@ impl KvIndex {
                     ep_len,
                     ..
                 } = &mut *scratch;
-                here.for_each(|s| {
-                    if !is_offload(s) {
-                        alive.push(s);
-                    }
-                });
+                let here = here.slots();
+                alive.extend_from_slice(here);
+                if here.iter().any(|&s| is_offload(s)) {
+                    alive.retain(|&s| !is_offload(s));
+                }
                 if !predicted.is_empty() {
                     alive.extend(predicted.iter().map(|&ep| slot(ep, PREDICTED_RANK)));
                     alive.sort_unstable();
@@ -945,15 +942,7 @@ impl KvIndex {
             } else if scratch.predicted.is_empty() && !pred_streams {
                 // No prediction in play: `alive` and the holders are both sorted, so one
                 // merge pass decides every stream.
-                let one;
-                let here: &[u32] = match here {
-                    Holders::None => &[],
-                    Holders::One(s) => {
-                        one = [s];
-                        &one
-                    }
-                    Holders::Many(l) => l,
-                };
+                let here = here.slots();
                 let ScoreScratch { alive, ep_len, .. } = &mut *scratch;
                 let mut j = 0;
                 alive.retain(|&s| {
@@ -1010,13 +999,17 @@ impl KvIndex {
             ..
         } = scratch;
         alive.iter().for_each(|&s| ep_len[slot_ep(s)] = keys.len());
-        for &s in first.iter() {
+        // Branch-free: every stream writes its endpoint's entry, which only advances when
+        // non-zero (an endpoint's later streams find its length taken).
+        best.resize(first.len(), (0, 0));
+        let mut out = 0;
+        for (&s, b) in first.iter().zip(0..) {
             let ep = slot_ep(s);
             let n = std::mem::take(&mut ep_len[ep]);
-            if n > 0 {
-                best.push((ep, n));
-            }
+            best[out.min(b)] = (ep, n);
+            out += usize::from(n > 0);
         }
+        best.truncate(out);
         best
     }
 
