@@ -304,8 +304,11 @@ impl Table {
     fn without(&mut self, word: u32, slot: u32) -> u32 {
         let mut s = std::mem::take(&mut self.scratch);
         s.clear();
-        self.holders(word)
-            .for_each(|x| if x != slot { s.push(x) });
+        self.holders(word).for_each(|x| {
+            if x != slot {
+                s.push(x)
+            }
+        });
         let new = match s.len() {
             0 => EMPTY,
             1 => s[0],

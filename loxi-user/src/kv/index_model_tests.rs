@@ -413,7 +413,11 @@ fn run(seed: u64, eps: usize, cap: u64, steps: usize) {
             }
         }
         assert_eq!(ix.evictions(), m.evictions, "{ctx}: evictions");
-        assert_eq!(ix.predicted_len(), m.predicted.len(), "{ctx}: predicted_len");
+        assert_eq!(
+            ix.predicted_len(),
+            m.predicted.len(),
+            "{ctx}: predicted_len"
+        );
     }
 }
 
