@@ -1,20 +1,34 @@
 //! The per-service KV block index: block key → the (endpoint, DP rank) streams holding it.
 //!
-//! Layout (see `README.md`): `SHARDS` shards, each a `parking_lot::RwLock` over an open-addressing
-//! map `u64 → packed holder word` (16 bytes per entry). A holder word is either one inline
-//! `(slot, refcount)` pair or, with the top bit set, an index into the shard's side table of
-//! holder lists (blocks held by several streams). A *slot* is `ep << 5 | tier << 4 | rank`
-//! (ranks 0..=14; tier 0 = the engine's GPU, 1 = its offload tier: CPU or any non-GPU
-//! `medium`); slot `ep << 5 | 15` holds *predicted* blocks (inserted after routing, with a TTL). `ep` here
-//! is the endpoint's [`Member`] id (stable across rule updates, `kv::members`), not its position
-//! in the rule.
+//! Layout (see `README.md`): one `parking_lot::RwLock` over the key space. Keys live in
+//! *chains*: the keys of one `store` call, in order (a new key continues the chain of the
+//! previous key of the same call when that key is its chain's last, else starts one), each
+//! position a key and a 32-bit *holder word*: one inline slot, or an interned (hash-consed)
+//! sorted set of slots shared by every position with exactly those holders, plus a flag bit
+//! when the key has a prediction entry. A `hashbrown::HashTable` maps a key to its position
+//! (8 bytes per bucket: the key is read from the chain). A *slot* is
+//! `ep << 5 | tier << 4 | rank` (ranks 0..=14; tier 0 = the engine's GPU, 1 = its offload tier:
+//! CPU or any non-GPU `medium`); slot `ep << 5 | 15` stands for *predicted* blocks (inserted
+//! after routing, with a TTL, in a side map `key → [(ep, expiry)]`). `ep` here is the
+//! endpoint's [`Member`] id (stable across rule updates, `kv::members`), not its position in
+//! the rule. Dead positions stay until their chain is freed (no live position), loses its dead
+//! tail, or is rebuilt (fewer than half live).
 //!
 //! Refcounts: vLLM can store the same hash twice (two physical copies); one `BlockRemoved`
-//! decrements, the block leaves the slot at zero. Each slot keeps a FIFO of the keys it gained
-//! (lazily cleaned) for the `LOXILB_KV_MAX_BLOCKS` cap: over the cap the oldest held key is
-//! evicted and counted. Scoring walks the request's keys in order and returns, per endpoint, the
-//! length of the leading run of request blocks one of its slots holds: O(request blocks ×
-//! holders per block), independent of the index size.
+//! decrements, the block leaves the slot at zero. References beyond the first live in a side
+//! map (rare). Each slot keeps a FIFO of the keys it gained (lazily cleaned) for the
+//! `LOXILB_KV_MAX_BLOCKS` cap: over the cap the oldest held key is evicted and counted.
+//!
+//! Scoring returns, per endpoint, the length of the leading run of request blocks one of its
+//! slots holds (predictions included). It walks the request along the chains: a request block
+//! that follows the previous one in its chain costs one key compare (eight at a time while the
+//! holder word stays the same), a map probe only where the request leaves a chain, and the
+//! per-stream pass (a merge of two sorted slot lists) only where the holder word changes. So a
+//! query is O(request blocks / 8 + chain breaks + holder-set changes × holders), whatever the
+//! index size and however many endpoints share the prefix. Nothing about a key is inferred
+//! from its chain: a block removed from the middle of a chain, an orphan, a key stored by
+//! another call elsewhere all score by their own holder words; the chains only decide how
+//! cheaply the next key is found.
 //!
 //! Scope: one index per service (rule). A service fronts one model pool; events carry no model
 //! name, and vLLM mixes the LoRA name into the block hash, so blocks of different adapters never
