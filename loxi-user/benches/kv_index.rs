@@ -6,7 +6,8 @@
 //! Also the full tier-1.5 decision for a 4,249-token chat, cold and warm, with the CPU per stage.
 //!
 //! Run: `cargo bench -p loxi-user --bench kv_index`; `LOXI_BENCH_ONLY=decision` prints the
-//! decision figures only.
+//! decision figures only, `LOXI_BENCH_ONLY=index` the index figures only (memory, scoring,
+//! ingest).
 #![allow(
     unsafe_code,
     reason = "a counting GlobalAlloc wrapper measures index memory"
@@ -525,6 +526,13 @@ fn benches(c: &mut Criterion) {
     // `LOXI_BENCH_ONLY=decision`: the decision figures alone (for profiling them).
     if std::env::var("LOXI_BENCH_ONLY").as_deref() == Ok("decision") {
         decision_report();
+        return;
+    }
+    // `LOXI_BENCH_ONLY=index`: the index figures alone (memory, scoring, ingest).
+    if std::env::var("LOXI_BENCH_ONLY").as_deref() == Ok("index") {
+        memory_report();
+        percentile_report();
+        ingest_report();
         return;
     }
     memory_report();

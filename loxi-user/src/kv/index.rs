@@ -1,20 +1,34 @@
 //! The per-service KV block index: block key → the (endpoint, DP rank) streams holding it.
 //!
-//! Layout (see `README.md`): `SHARDS` shards, each a `parking_lot::RwLock` over an open-addressing
-//! map `u64 → packed holder word` (16 bytes per entry). A holder word is either one inline
-//! `(slot, refcount)` pair or, with the top bit set, an index into the shard's side table of
-//! holder lists (blocks held by several streams). A *slot* is `ep << 5 | tier << 4 | rank`
-//! (ranks 0..=14; tier 0 = the engine's GPU, 1 = its offload tier: CPU or any non-GPU
-//! `medium`); slot `ep << 5 | 15` holds *predicted* blocks (inserted after routing, with a TTL). `ep` here
-//! is the endpoint's [`Member`] id (stable across rule updates, `kv::members`), not its position
-//! in the rule.
+//! Layout (see `README.md`): one `parking_lot::RwLock` over the key space. Keys live in
+//! *chains*: the keys of one `store` call, in order (a new key continues the chain of the
+//! previous key of the same call when that key is its chain's last, else starts one), each
+//! position a key and a 32-bit *holder word*: one inline slot, or an interned (hash-consed)
+//! sorted set of slots shared by every position with exactly those holders, plus a flag bit
+//! when the key has a prediction entry. A `hashbrown::HashTable` maps a key to its position
+//! (8 bytes per bucket: the key is read from the chain). A *slot* is
+//! `ep << 5 | tier << 4 | rank` (ranks 0..=14; tier 0 = the engine's GPU, 1 = its offload tier:
+//! CPU or any non-GPU `medium`); slot `ep << 5 | 15` stands for *predicted* blocks (inserted
+//! after routing, with a TTL, in a side map `key → [(ep, expiry)]`). `ep` here is the
+//! endpoint's [`Member`] id (stable across rule updates, `kv::members`), not its position in
+//! the rule. Dead positions stay until their chain is freed (no live position), loses its dead
+//! tail, or is rebuilt (fewer than half live).
 //!
 //! Refcounts: vLLM can store the same hash twice (two physical copies); one `BlockRemoved`
-//! decrements, the block leaves the slot at zero. Each slot keeps a FIFO of the keys it gained
-//! (lazily cleaned) for the `LOXILB_KV_MAX_BLOCKS` cap: over the cap the oldest held key is
-//! evicted and counted. Scoring walks the request's keys in order and returns, per endpoint, the
-//! length of the leading run of request blocks one of its slots holds: O(request blocks ×
-//! holders per block), independent of the index size.
+//! decrements, the block leaves the slot at zero. References beyond the first live in a side
+//! map (rare). Each slot keeps a FIFO of the keys it gained (lazily cleaned) for the
+//! `LOXILB_KV_MAX_BLOCKS` cap: over the cap the oldest held key is evicted and counted.
+//!
+//! Scoring returns, per endpoint, the length of the leading run of request blocks one of its
+//! slots holds (predictions included). It walks the request along the chains: a request block
+//! that follows the previous one in its chain costs one key compare (eight at a time while the
+//! holder word stays the same), a map probe only where the request leaves a chain, and the
+//! per-stream pass (a merge of two sorted slot lists) only where the holder word changes. So a
+//! query is O(request blocks / 8 + chain breaks + holder-set changes × holders), whatever the
+//! index size and however many endpoints share the prefix. Nothing about a key is inferred
+//! from its chain: a block removed from the middle of a chain, an orphan, a key stored by
+//! another call elsewhere all score by their own holder words; the chains only decide how
+//! cheaply the next key is found.
 //!
 //! Scope: one index per service (rule). A service fronts one model pool; events carry no model
 //! name, and vLLM mixes the LoRA name into the block hash, so blocks of different adapters never
@@ -24,14 +38,13 @@ use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use hashbrown::HashTable;
 use parking_lot::{Mutex, RwLock};
 use tokio::time::Instant;
 
 use super::BlockKey;
 use super::members::Member;
 
-const SHARDS: usize = 16;
-const MULTI: u64 = 1 << 63;
 /// The rank value reserved for predicted blocks.
 pub const PREDICTED_RANK: u32 = 15;
 /// Highest DP rank an event stream may use.
@@ -89,121 +102,519 @@ fn is_offload(slot: u32) -> bool {
     slot & OFFLOAD_BIT != 0
 }
 
-fn pack_one(slot: u32, refs: u32) -> u64 {
-    (u64::from(slot) << 32) | u64::from(refs)
+/// Holder word of a chain position: bit 31 set = an interned holder set (low 30 bits = its
+/// id), clear = one inline slot (low 30 bits); bit 30 = the key has a prediction entry.
+const MULTI: u32 = 1 << 31;
+const PRED: u32 = 1 << 30;
+const LOW: u32 = PRED - 1;
+/// The word of a dead chain position (and of a key nobody holds): its rank bits are
+/// [`PREDICTED_RANK`], which no stored holder has.
+const EMPTY: u32 = LOW;
+const NO_SET: u32 = u32::MAX;
+/// Writers release the table lock every this many blocks, so a query waits for at most this
+/// many block updates.
+const LOCK_BATCH: usize = 16;
+/// A chain is rebuilt without its dead positions once fewer than half of them are live.
+const MIN_COMPACT: usize = 16;
+
+/// One interned holder set: sorted distinct slots, shared by every chain position whose
+/// holders are exactly these.
+struct SetRec {
+    slots: Box<[u32]>,
+    /// Chain positions using it; freed at 0.
+    uses: u32,
+    hash: u64,
+    /// Next set with the same content hash ([`NO_SET`] ends the list).
+    next: u32,
 }
 
+/// Keys stored together, in store order: `keys[i]`'s holders are `words[i]`.
 #[derive(Default)]
-struct Shard {
-    map: KeyMap<u64>,
-    multi: Vec<Vec<(u32, u32)>>,
-    free: Vec<u32>,
+struct Chain {
+    keys: Vec<u64>,
+    words: Vec<u32>,
+    live: u32,
+}
+
+/// Everything keyed by block: one lock for the whole key space.
+#[derive(Default)]
+struct Table {
+    /// Key → its position.
+    map: Positions,
+    chains: Vec<Chain>,
+    free_chains: Vec<u32>,
+    sets: Vec<SetRec>,
+    free_sets: Vec<u32>,
+    /// Content hash → first set with that hash.
+    set_index: KeyMap<u32>,
+    /// References beyond the first of `(key, slot)` (vLLM stored the same hash twice).
+    extra: HashMap<(u64, u32), u32, BuildHasherDefault<KeyHasher>>,
     /// Predicted holders of a key: (endpoint, expiry).
     predicted: KeyMap<Vec<(u32, Instant)>>,
+    scratch: Vec<u32>,
 }
 
-impl Shard {
-    fn holders(&self, key: u64) -> Holders<'_> {
-        match self.map.get(&key) {
-            None => Holders::None,
-            Some(&w) if w & MULTI != 0 => Holders::Many(&self.multi[(w & !MULTI) as usize]),
-            Some(&w) => Holders::One((w >> 32) as u32),
+fn loc_of(l: u64) -> (usize, usize) {
+    ((l >> 32) as usize, l as u32 as usize)
+}
+
+fn key_hash(key: u64) -> u64 {
+    let h = key.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    h ^ (h >> 32)
+}
+
+fn key_at(chains: &[Chain], l: u64) -> u64 {
+    let (c, p) = loc_of(l);
+    chains[c].keys[p]
+}
+
+/// Key → position `chain << 32 | pos`, stored without the key (8 bytes and a control byte
+/// per bucket): a probe compares the key at the candidate position, so a key is stored once,
+/// in its chain. Every method takes the chains the positions point into.
+#[derive(Default)]
+struct Positions(HashTable<u64>);
+
+impl Positions {
+    fn get(&self, chains: &[Chain], key: u64) -> Option<u64> {
+        self.0
+            .find(key_hash(key), |&l| key_at(chains, l) == key)
+            .copied()
+    }
+
+    /// Records `key` (absent) at `l`, where `chains` already hold it.
+    fn insert(&mut self, chains: &[Chain], key: u64, l: u64) {
+        self.0
+            .insert_unique(key_hash(key), l, |&x| key_hash(key_at(chains, x)));
+    }
+
+    /// Forgets `key`, whose position in `chains` still holds it.
+    fn remove(&mut self, chains: &[Chain], key: u64) {
+        if let Ok(e) = self
+            .0
+            .find_entry(key_hash(key), |&l| key_at(chains, l) == key)
+        {
+            e.remove();
         }
     }
 
-    /// Adds one reference of `slot`; true when the slot newly holds the key.
-    fn add(&mut self, key: u64, slot: u32) -> bool {
-        let Some(&w) = self.map.get(&key) else {
-            self.map.insert(key, pack_one(slot, 1));
-            return true;
+    /// Moves `key` (present, its old position in `chains` still holding it) to `l`.
+    fn set(&mut self, chains: &[Chain], key: u64, l: u64) {
+        if let Some(x) = self
+            .0
+            .find_mut(key_hash(key), |&x| key_at(chains, x) == key)
+        {
+            *x = l;
+        }
+    }
+}
+
+fn set_hash(slots: &[u32]) -> u64 {
+    slots.iter().fold(slots.len() as u64, |h, &s| {
+        (h.rotate_left(5) ^ u64::from(s)).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+    })
+}
+
+impl Table {
+    /// The holders of `word` (its [`PRED`] bit ignored).
+    fn holders(&self, word: u32) -> Holders<'_> {
+        let w = word & !PRED;
+        if w == EMPTY {
+            Holders::None
+        } else if w & MULTI != 0 {
+            Holders::Many(&self.sets[(w & LOW) as usize].slots)
+        } else {
+            Holders::One([w])
+        }
+    }
+
+    /// The word of `key` ([`EMPTY`] when nobody holds it).
+    fn word(&self, key: u64) -> u32 {
+        self.map.get(&self.chains, key).map_or(EMPTY, |l| {
+            let (c, p) = loc_of(l);
+            self.chains[c].words[p]
+        })
+    }
+
+    fn holds(&self, key: u64, slot: u32) -> bool {
+        self.holders(self.word(key)).contains(slot)
+    }
+
+    /// The word of the set `slots` (sorted, ≥ 2), one more use of it.
+    fn intern(&mut self, slots: &[u32]) -> u32 {
+        let hash = set_hash(slots);
+        let head = self.set_index.get(&hash).copied().unwrap_or(NO_SET);
+        let mut id = head;
+        while id != NO_SET {
+            let rec = &mut self.sets[id as usize];
+            if *rec.slots == *slots {
+                rec.uses += 1;
+                return MULTI | id;
+            }
+            id = rec.next;
+        }
+        let rec = SetRec {
+            slots: slots.into(),
+            uses: 1,
+            hash,
+            next: head,
         };
-        if w & MULTI != 0 {
-            let list = &mut self.multi[(w & !MULTI) as usize];
-            return match list.iter_mut().find(|(s, _)| *s == slot) {
-                Some(e) => {
-                    e.1 = e.1.saturating_add(1);
-                    false
-                }
-                None => {
-                    list.push((slot, 1));
-                    true
-                }
-            };
-        }
-        let (s, refs) = ((w >> 32) as u32, w as u32);
-        if s == slot {
-            self.map.insert(key, pack_one(slot, refs.saturating_add(1)));
-            return false;
-        }
-        let idx = self.alloc(vec![(s, refs), (slot, 1)]);
-        self.map.insert(key, MULTI | u64::from(idx));
-        true
-    }
-
-    fn alloc(&mut self, list: Vec<(u32, u32)>) -> u32 {
-        match self.free.pop() {
+        let id = match self.free_sets.pop() {
             Some(i) => {
-                self.multi[i as usize] = list;
+                self.sets[i as usize] = rec;
                 i
             }
             None => {
-                self.multi.push(list);
-                (self.multi.len() - 1) as u32
+                self.sets.push(rec);
+                (self.sets.len() - 1) as u32
+            }
+        };
+        self.set_index.insert(hash, id);
+        MULTI | id
+    }
+
+    /// Drops one use of `word`'s set (no-op for an inline word).
+    fn release(&mut self, word: u32) {
+        if word & MULTI == 0 {
+            return;
+        }
+        let id = word & LOW;
+        let rec = &mut self.sets[id as usize];
+        rec.uses -= 1;
+        if rec.uses > 0 {
+            return;
+        }
+        let (hash, next) = (rec.hash, rec.next);
+        rec.slots = Box::default();
+        if self.set_index.get(&hash) == Some(&id) {
+            if next == NO_SET {
+                self.set_index.remove(&hash);
+            } else {
+                self.set_index.insert(hash, next);
+            }
+        } else {
+            let mut at = self.set_index[&hash];
+            while self.sets[at as usize].next != id {
+                at = self.sets[at as usize].next;
+            }
+            self.sets[at as usize].next = next;
+        }
+        self.free_sets.push(id);
+    }
+
+    /// The word for `word`'s holders with `slot` added (`slot` not among them), flag kept.
+    fn with(&mut self, word: u32, slot: u32) -> u32 {
+        let mut s = std::mem::take(&mut self.scratch);
+        s.clear();
+        self.holders(word).for_each(|x| s.push(x));
+        let at = s.partition_point(|&x| x < slot);
+        s.insert(at, slot);
+        let new = if s.len() == 1 { slot } else { self.intern(&s) };
+        self.scratch = s;
+        self.release(word & !PRED);
+        new | (word & PRED)
+    }
+
+    /// The word for `word`'s holders without `slot` (one of them), flag kept.
+    fn without(&mut self, word: u32, slot: u32) -> u32 {
+        let mut s = std::mem::take(&mut self.scratch);
+        s.clear();
+        self.holders(word).for_each(|x| {
+            if x != slot {
+                s.push(x)
+            }
+        });
+        let new = match s.len() {
+            0 => EMPTY,
+            1 => s[0],
+            _ => self.intern(&s),
+        };
+        self.scratch = s;
+        self.release(word & !PRED);
+        if new == EMPTY {
+            EMPTY
+        } else {
+            new | (word & PRED)
+        }
+    }
+
+    /// Adds one reference of `slot` to `key`; true when the slot newly holds it. A new key is
+    /// appended to the chain of `cursor` (the previous key of the same store) when that key
+    /// is its chain's last, else starts a chain; `cursor` moves to `key`.
+    fn add(&mut self, key: u64, slot: u32, cursor: &mut Option<u64>, room: usize) -> bool {
+        if let Some(l) = self.map.get(&self.chains, key) {
+            *cursor = Some(l);
+            let (c, p) = loc_of(l);
+            let w = self.chains[c].words[p];
+            if self.holders(w).contains(slot) {
+                let e = self.extra.entry((key, slot)).or_default();
+                *e = e.saturating_add(1).min(u32::MAX - 1);
+                return false;
+            }
+            let new = self.with(w, slot);
+            self.chains[c].words[p] = new;
+            return true;
+        }
+        let word = if self.predicted.contains_key(&key) {
+            slot | PRED
+        } else {
+            slot
+        };
+        let c = match *cursor {
+            Some(l) => {
+                let (c, p) = loc_of(l);
+                (p + 1 == self.chains[c].keys.len()).then_some(c)
+            }
+            None => None,
+        };
+        let c = c.unwrap_or_else(|| self.new_chain(room));
+        let ch = &mut self.chains[c];
+        ch.keys.push(key);
+        ch.words.push(word);
+        ch.live += 1;
+        let l = ((c as u64) << 32) | (ch.keys.len() - 1) as u64;
+        self.map.insert(&self.chains, key, l);
+        *cursor = Some(l);
+        true
+    }
+
+    fn new_chain(&mut self, room: usize) -> usize {
+        let ch = Chain {
+            keys: Vec::with_capacity(room),
+            words: Vec::with_capacity(room),
+            live: 0,
+        };
+        match self.free_chains.pop() {
+            Some(i) => {
+                self.chains[i as usize] = ch;
+                i as usize
+            }
+            None => {
+                self.chains.push(ch);
+                self.chains.len() - 1
             }
         }
     }
 
     /// Drops `count` references of `slot` (`u32::MAX` = all); true when the slot lost the key.
     fn sub(&mut self, key: u64, slot: u32, count: u32) -> bool {
-        let Some(&w) = self.map.get(&key) else {
+        let Some(l) = self.map.get(&self.chains, key) else {
             return false;
         };
-        if w & MULTI == 0 {
-            let (s, refs) = ((w >> 32) as u32, w as u32);
-            if s != slot {
-                return false;
-            }
-            if refs > count {
-                self.map.insert(key, pack_one(slot, refs - count));
-                return false;
-            }
-            self.map.remove(&key);
-            return true;
-        }
-        let idx = (w & !MULTI) as u32;
-        let list = &mut self.multi[idx as usize];
-        let Some(pos) = list.iter().position(|(s, _)| *s == slot) else {
-            return false;
-        };
-        if list[pos].1 > count {
-            list[pos].1 -= count;
+        let (c, p) = loc_of(l);
+        let w = self.chains[c].words[p];
+        if !self.holders(w).contains(slot) {
             return false;
         }
-        list.swap_remove(pos);
-        if list.len() == 1 {
-            let (s, r) = list[0];
-            self.multi[idx as usize] = Vec::new();
-            self.free.push(idx);
-            self.map.insert(key, pack_one(s, r));
+        if !self.extra.is_empty()
+            && let Some(e) = self.extra.get_mut(&(key, slot))
+        {
+            // References held: 1 + *e.
+            if *e >= count {
+                *e -= count;
+                if *e == 0 {
+                    self.extra.remove(&(key, slot));
+                }
+                return false;
+            }
+            self.extra.remove(&(key, slot));
+        }
+        let new = self.without(w, slot);
+        self.chains[c].words[p] = new;
+        if new == EMPTY {
+            self.map.remove(&self.chains, key);
+            self.kill(c);
         }
         true
+    }
+
+    /// Accounts for one dead position of chain `c`: frees the chain when none is live, drops
+    /// its dead tail, rebuilds it when fewer than half its positions are live.
+    fn kill(&mut self, c: usize) {
+        let Table {
+            map,
+            chains,
+            free_chains,
+            ..
+        } = self;
+        let ch = &mut chains[c];
+        ch.live -= 1;
+        if ch.live == 0 {
+            *ch = Chain::default();
+            free_chains.push(c as u32);
+            return;
+        }
+        while ch.words.last() == Some(&EMPTY) {
+            ch.words.pop();
+            ch.keys.pop();
+        }
+        let len = ch.keys.len();
+        if len < MIN_COMPACT || ch.live as usize * 2 >= len {
+            return;
+        }
+        let live = ch.live as usize;
+        let (mut keys, mut words) = (Vec::with_capacity(live), Vec::with_capacity(live));
+        let ch = &chains[c];
+        for (&k, &w) in ch.keys.iter().zip(&ch.words) {
+            if w != EMPTY {
+                map.set(chains, k, ((c as u64) << 32) | keys.len() as u64);
+                keys.push(k);
+                words.push(w);
+            }
+        }
+        let ch = &mut chains[c];
+        ch.keys = keys;
+        ch.words = words;
+    }
+
+    /// Sets or clears the [`PRED`] flag of `key`'s position, if it has one.
+    fn flag(&mut self, key: u64, on: bool) {
+        flag_in(&self.map, &mut self.chains, key, on);
+    }
+
+    /// Drops `ep`'s prediction of `key`.
+    fn unpredict(&mut self, key: u64, ep: Member) {
+        if let Some(v) = self.predicted.get_mut(&key) {
+            v.retain(|(e, _)| *e != ep as u32);
+            if v.is_empty() {
+                self.predicted.remove(&key);
+                self.flag(key, false);
+            }
+        }
+    }
+
+    /// Drops prediction entries `keep` rejects (and entries left empty), clearing the flags.
+    fn retain_predicted(&mut self, mut keep: impl FnMut(&(u32, Instant)) -> bool) {
+        let Table {
+            map,
+            chains,
+            predicted,
+            ..
+        } = self;
+        predicted.retain(|&k, v| {
+            v.retain(&mut keep);
+            if v.is_empty() {
+                flag_in(map, chains, k, false);
+            }
+            !v.is_empty()
+        });
+    }
+}
+
+fn flag_in(map: &Positions, chains: &mut [Chain], key: u64, on: bool) {
+    if let Some(l) = map.get(chains, key) {
+        let (c, p) = loc_of(l);
+        let w = &mut chains[c].words[p];
+        *w = if on { *w | PRED } else { *w & !PRED };
     }
 }
 
 enum Holders<'a> {
     None,
-    One(u32),
-    Many(&'a [(u32, u32)]),
+    One([u32; 1]),
+    Many(&'a [u32]),
 }
 
 impl Holders<'_> {
-    fn for_each(&self, mut f: impl FnMut(u32)) {
+    /// The holding slots, sorted.
+    fn slots(&self) -> &[u32] {
         match self {
-            Holders::None => {}
-            Holders::One(s) => f(*s),
-            Holders::Many(l) => l.iter().for_each(|(s, _)| f(*s)),
+            Holders::None => &[],
+            Holders::One(s) => s,
+            Holders::Many(l) => l,
         }
     }
+
+    fn for_each(&self, f: impl FnMut(u32)) {
+        self.slots().iter().copied().for_each(f);
+    }
+
+    fn contains(&self, slot: u32) -> bool {
+        self.slots().binary_search(&slot).is_ok()
+    }
+
+    fn any(&self, f: impl FnMut(u32) -> bool) -> bool {
+        self.slots().iter().copied().any(f)
+    }
+}
+
+/// A cursor over the chains: locates each next request key with one compare when it follows
+/// the previous one in its chain, else with a map probe.
+struct Walk<'t> {
+    t: &'t Table,
+    keys: &'t [u64],
+    words: &'t [u32],
+    pos: usize,
+}
+
+impl<'t> Walk<'t> {
+    fn new(t: &'t Table) -> Self {
+        Self {
+            t,
+            keys: &[],
+            words: &[],
+            pos: 0,
+        }
+    }
+
+    /// The word of `key`, with [`PRED`] also set when the key has no position and some
+    /// prediction exists (the caller then looks it up).
+    fn word(&mut self, key: u64) -> u32 {
+        let next = self.pos + 1;
+        if next < self.keys.len() && self.keys[next] == key && self.words[next] != EMPTY {
+            self.pos = next;
+            return self.words[next];
+        }
+        match self.t.map.get(&self.t.chains, key) {
+            Some(l) => {
+                let (c, p) = loc_of(l);
+                let ch = &self.t.chains[c];
+                (self.keys, self.words, self.pos) = (&ch.keys, &ch.words, p);
+                self.words[p]
+            }
+            None => {
+                self.keys = &[];
+                if self.t.predicted.is_empty() {
+                    EMPTY
+                } else {
+                    EMPTY | PRED
+                }
+            }
+        }
+    }
+
+    /// How many of `rest` (the request keys after the current one) follow the current key in
+    /// its chain with holder word exactly `w`; moves past them.
+    fn run(&mut self, rest: &[BlockKey], w: u32) -> usize {
+        let from = self.pos + 1;
+        if w == EMPTY || from >= self.keys.len() {
+            return 0;
+        }
+        let n = same_run(&self.keys[from..], &self.words[from..], rest, w);
+        self.pos += n;
+        n
+    }
+}
+
+/// Length of the common prefix of `keys` and `rest` over which `words` stays `w`: eight
+/// positions per step, branch-free within a step.
+fn same_run(keys: &[u64], words: &[u32], rest: &[BlockKey], w: u32) -> usize {
+    let n = keys.len().min(words.len()).min(rest.len());
+    let (keys, words, rest) = (&keys[..n], &words[..n], &rest[..n]);
+    let mut i = 0;
+    while i + 8 <= n {
+        let mut diff = 0;
+        for j in i..i + 8 {
+            diff |= (keys[j] ^ rest[j].0) | u64::from(words[j] ^ w);
+        }
+        if diff != 0 {
+            break;
+        }
+        i += 8;
+    }
+    while i < n && keys[i] == rest[i].0 && words[i] == w {
+        i += 1;
+    }
+    i
 }
 
 /// Per-slot bookkeeping: how many keys it holds and the order it gained them (for the cap).
@@ -222,9 +633,9 @@ pub struct StoreOutcome {
     pub evicted: u64,
 }
 
-/// The block index of one service. All methods take `&self`; reads take shard read locks only.
+/// The block index of one service. All methods take `&self`; a query takes one read lock.
 pub struct KvIndex {
-    shards: Box<[RwLock<Shard>]>,
+    table: RwLock<Table>,
     slots: Mutex<HashMap<u32, SlotState>>,
     max_blocks: u64,
     evictions: AtomicU64,
@@ -243,12 +654,16 @@ pub const SWEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1
 #[derive(Debug, Default)]
 pub struct ScoreScratch {
     alive: Vec<u32>,
-    here: Vec<u32>,
+    /// The streams alive at the first block, sorted: every endpoint of the result is one of
+    /// theirs, so the result comes out sorted without a sort.
+    first: Vec<u32>,
     predicted: Vec<Member>,
     best: Vec<(Member, usize)>,
+    /// Per endpoint, the longest run recorded so far in this query (reset on output).
+    ep_len: Vec<usize>,
     /// Per slot / per endpoint, the stamp of the last request block that listed it among its
     /// holders: membership tests in O(1), so a block costs O(alive + holders), not their
-    /// product (64 holders per block made a 176-block query 40 µs).
+    /// product.
     slot_seen: Vec<u32>,
     ep_seen: Vec<u32>,
     stamp: u32,
@@ -256,39 +671,39 @@ pub struct ScoreScratch {
 
 impl ScoreScratch {
     /// Stamps `here`'s slots and endpoints as seen at a new stamp, which it returns.
-    fn mark(&mut self) -> u32 {
+    fn mark(&mut self, here: &Holders<'_>) -> u32 {
         self.stamp = self.stamp.wrapping_add(1);
         if self.stamp == 0 {
             self.slot_seen.fill(0);
             self.ep_seen.fill(0);
             self.stamp = 1;
         }
-        for &s in &self.here {
+        let (stamp, slot_seen, ep_seen) = (self.stamp, &mut self.slot_seen, &mut self.ep_seen);
+        here.for_each(|s| {
             let (si, ep) = (s as usize, slot_ep(s));
-            if self.slot_seen.len() <= si {
-                self.slot_seen.resize(si + 1, 0);
+            if slot_seen.len() <= si {
+                slot_seen.resize(si + 1, 0);
             }
-            self.slot_seen[si] = self.stamp;
+            slot_seen[si] = stamp;
             // Offload-tier copies do not continue a GPU run: only GPU holders mark their
             // endpoint (alive streams are GPU slots, so `slot_seen` needs no filter).
             if is_offload(s) {
-                continue;
+                return;
             }
-            if self.ep_seen.len() <= ep {
-                self.ep_seen.resize(ep + 1, 0);
+            if ep_seen.len() <= ep {
+                ep_seen.resize(ep + 1, 0);
             }
-            self.ep_seen[ep] = self.stamp;
-        }
-        self.stamp
+            ep_seen[ep] = stamp;
+        });
+        stamp
     }
 }
 
 impl KvIndex {
     /// An empty index whose streams hold at most `max_blocks` keys each (`LOXILB_KV_MAX_BLOCKS`).
     pub fn new(max_blocks: u64) -> Self {
-        let shards = (0..SHARDS).map(|_| RwLock::new(Shard::default())).collect();
         Self {
-            shards,
+            table: RwLock::new(Table::default()),
             slots: Mutex::new(HashMap::new()),
             max_blocks: max_blocks.max(1),
             evictions: AtomicU64::new(0),
@@ -297,12 +712,9 @@ impl KvIndex {
         }
     }
 
-    fn shard(&self, key: u64) -> &RwLock<Shard> {
-        &self.shards[(key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 60) as usize % SHARDS]
-    }
-
     /// Applies a GPU `BlockStored` from endpoint `ep`, DP rank `rank` (ranks above
-    /// [`MAX_RANK`] are folded onto it). Evicts the slot's oldest keys beyond the cap.
+    /// [`MAX_RANK`] are folded onto it). `keys` are one chain, parent first. Evicts the slot's
+    /// oldest keys beyond the cap.
     pub fn store(&self, ep: Member, rank: u32, keys: &[BlockKey]) -> StoreOutcome {
         self.store_in(ep, rank, Tier::Gpu, keys)
     }
@@ -313,13 +725,17 @@ impl KvIndex {
         let mut slots = self.slots.lock();
         let st = slots.entry(s).or_default();
         let mut out = StoreOutcome::default();
-        for k in keys {
-            let mut sh = self.shard(k.0).write();
-            unpredict(&mut sh, k.0, ep);
-            if sh.add(k.0, s) {
-                st.held += 1;
-                st.fifo.push_back(k.0);
-                out.added += 1;
+        let mut cursor = None;
+        for (n, chunk) in keys.chunks(LOCK_BATCH).enumerate() {
+            let mut t = self.table.write();
+            for (i, k) in chunk.iter().enumerate() {
+                t.unpredict(k.0, ep);
+                let room = keys.len() - n * LOCK_BATCH - i;
+                if t.add(k.0, s, &mut cursor, room) {
+                    st.held += 1;
+                    st.fifo.push_back(k.0);
+                    out.added += 1;
+                }
             }
         }
         out.evicted = self.enforce_cap(s, st);
@@ -334,14 +750,37 @@ impl KvIndex {
     fn enforce_cap(&self, s: u32, st: &mut SlotState) -> u64 {
         let mut evicted = 0;
         while st.held > self.max_blocks {
-            let Some(k) = st.fifo.pop_front() else { break };
-            if self.shard(k).write().sub(k, s, u32::MAX) {
-                st.held -= 1;
-                evicted += 1;
+            let mut t = self.table.write();
+            for _ in 0..LOCK_BATCH {
+                if st.held <= self.max_blocks {
+                    break;
+                }
+                let Some(k) = st.fifo.pop_front() else { break };
+                if t.sub(k, s, u32::MAX) {
+                    st.held -= 1;
+                    evicted += 1;
+                }
+            }
+            if st.fifo.is_empty() {
+                break;
             }
         }
         self.evictions.fetch_add(evicted, Ordering::Relaxed);
         evicted
+    }
+
+    /// Drops `count` references (`u32::MAX` = all) of slot `s` from each key, releasing the
+    /// table lock every [`LOCK_BATCH`] keys; returns how many keys the slot lost.
+    fn sub_each(&self, keys: impl IntoIterator<Item = u64>, s: u32, count: u32) -> u64 {
+        let mut dropped = 0;
+        let mut keys = keys.into_iter().peekable();
+        while keys.peek().is_some() {
+            let mut t = self.table.write();
+            for k in keys.by_ref().take(LOCK_BATCH) {
+                dropped += u64::from(t.sub(k, s, count));
+            }
+        }
+        dropped
     }
 
     /// Applies a GPU `BlockRemoved` (one reference per listed key).
@@ -354,13 +793,8 @@ impl KvIndex {
         let s = slot_in(ep, rank.min(MAX_RANK), tier);
         let mut slots = self.slots.lock();
         let st = slots.entry(s).or_default();
-        let mut dropped = 0;
-        for k in keys {
-            if self.shard(k.0).write().sub(k.0, s, 1) {
-                st.held -= 1;
-                dropped += 1;
-            }
-        }
+        let dropped = self.sub_each(keys.iter().map(|k| k.0), s, 1);
+        st.held -= dropped;
         if st.fifo.len() as u64 > 2 * st.held + 1024 {
             self.compact(s, st);
         }
@@ -376,13 +810,7 @@ impl KvIndex {
         let mut seen = std::collections::HashSet::new();
         let mut kept: Vec<u64> = Vec::with_capacity(st.held as usize);
         for &k in st.fifo.iter().rev() {
-            let held = {
-                let sh = self.shard(k).read();
-                let mut found = false;
-                sh.holders(k).for_each(|x| found |= x == s);
-                found
-            };
-            if held && seen.insert(k) {
+            if self.table.read().holds(k, s) && seen.insert(k) {
                 kept.push(k);
             }
         }
@@ -400,9 +828,7 @@ impl KvIndex {
                 if tier == Tier::Offload {
                     self.offload_held.fetch_sub(st.held, Ordering::Relaxed);
                 }
-                for k in st.fifo {
-                    self.shard(k).write().sub(k, s, u32::MAX);
-                }
+                self.sub_each(st.fifo, s, u32::MAX);
             }
         }
     }
@@ -424,12 +850,9 @@ impl KvIndex {
     /// request, pays it.
     pub fn forget(&self, ep: Member) {
         self.clear_endpoint(ep);
-        for sh in self.shards.iter() {
-            sh.write().predicted.retain(|_, v| {
-                v.retain(|(e, _)| *e != ep as u32);
-                !v.is_empty()
-            });
-        }
+        self.table
+            .write()
+            .retain_predicted(|(e, _)| *e != ep as u32);
         if let Some(n) = self.ep_blocks.read().get(ep) {
             n.store(0, Ordering::Relaxed);
         }
@@ -438,32 +861,28 @@ impl KvIndex {
     /// Marks `keys` as predicted on `ep` until `expires` (after routing a request there).
     /// A later real store of a key by `ep` replaces the prediction.
     pub fn predict(&self, ep: Member, keys: &[BlockKey], expires: Instant) {
-        for k in keys {
-            let mut sh = self.shard(k.0).write();
-            let real = {
-                let mut found = false;
-                sh.holders(k.0)
-                    .for_each(|x| found |= slot_ep(x) == ep && !is_offload(x));
-                found
-            };
-            if !real {
-                let v = sh.predicted.entry(k.0).or_default();
+        for chunk in keys.chunks(LOCK_BATCH) {
+            let mut t = self.table.write();
+            for k in chunk {
+                let real = t
+                    .holders(t.word(k.0))
+                    .any(|x| slot_ep(x) == ep && !is_offload(x));
+                if real {
+                    continue;
+                }
+                let v = t.predicted.entry(k.0).or_default();
                 match v.iter_mut().find(|(e, _)| *e == ep as u32) {
                     Some(e) => e.1 = expires,
                     None => v.push((ep as u32, expires)),
                 }
+                t.flag(k.0, true);
             }
         }
     }
 
     /// Removes predictions that expired at or before `now`.
     pub fn sweep_predicted(&self, now: Instant) {
-        for sh in self.shards.iter() {
-            sh.write().predicted.retain(|_, v| {
-                v.retain(|(_, exp)| *exp > now);
-                !v.is_empty()
-            });
-        }
+        self.table.write().retain_predicted(|(_, exp)| *exp > now);
     }
 
     /// Per endpoint, the number of leading request blocks one of its streams holds (its
@@ -475,7 +894,9 @@ impl KvIndex {
     }
 
     /// [`Self::score`] into `scratch`'s buffers: no allocation once they have grown to the
-    /// request's holder count. Takes one shard read lock per request block.
+    /// request's holder count. Takes one read lock; a request block that follows the previous
+    /// one in its chain costs one key compare, and one whose holder word equals the
+    /// previous block's (same interned set, no prediction) nothing more.
     pub fn score_with<'s>(
         &self,
         keys: &[BlockKey],
@@ -483,32 +904,81 @@ impl KvIndex {
         scratch: &'s mut ScoreScratch,
     ) -> &'s [(Member, usize)] {
         scratch.alive.clear();
+        scratch.first.clear();
         scratch.best.clear();
-        for (i, k) in keys.iter().enumerate() {
-            // A block with exactly the previous block's holders (same order) and no
-            // predictions on either keeps every live stream: skipped without the per-stream
-            // pass (shared prefixes replicated on many endpoints).
-            let unchanged =
-                i > 0 && scratch.predicted.is_empty() && self.same_holders(k.0, &scratch.here);
-            if unchanged {
+        let t = self.table.read();
+        let mut walk = Walk::new(&t);
+        let mut prev = EMPTY;
+        // Whether a predicted stream is alive (only the first block starts them).
+        let mut pred_streams = false;
+        let mut i = 0;
+        while i < keys.len() {
+            let k = keys[i];
+            let w = walk.word(k.0);
+            // The same holders as the previous block and no prediction on either: every
+            // live stream goes on, through this block and the ones after it in its chain
+            // with the same word.
+            if i > 0 && w == prev && w & PRED == 0 {
+                i += 1 + walk.run(&keys[i + 1..], w);
                 continue;
             }
-            self.holders_at(k.0, now, &mut scratch.here, &mut scratch.predicted);
+            prev = w;
+            scratch.predicted.clear();
+            if w & PRED != 0
+                && let Some(p) = t.predicted.get(&k.0)
+            {
+                p.iter()
+                    .filter(|(_, exp)| *exp > now)
+                    .for_each(|(ep, _)| scratch.predicted.push(*ep as Member));
+            }
+            let here = t.holders(w);
             if i == 0 {
                 let ScoreScratch {
                     alive,
-                    here,
+                    first,
                     predicted,
+                    ep_len,
                     ..
                 } = &mut *scratch;
-                alive.extend(here.iter().filter(|&&s| !is_offload(s)));
-                alive.extend(predicted.iter().map(|&ep| slot(ep, PREDICTED_RANK)));
+                let here = here.slots();
+                alive.extend_from_slice(here);
+                if here.iter().any(|&s| is_offload(s)) {
+                    alive.retain(|&s| !is_offload(s));
+                }
+                if !predicted.is_empty() {
+                    alive.extend(predicted.iter().map(|&ep| slot(ep, PREDICTED_RANK)));
+                    alive.sort_unstable();
+                    pred_streams = true;
+                }
+                first.extend_from_slice(alive);
+                if let Some(&last) = alive.last()
+                    && ep_len.len() <= slot_ep(last)
+                {
+                    ep_len.resize(slot_ep(last) + 1, 0);
+                }
+            } else if scratch.predicted.is_empty() && !pred_streams {
+                // No prediction in play: `alive` and the holders are both sorted, so one
+                // merge pass decides every stream.
+                let here = here.slots();
+                let ScoreScratch { alive, ep_len, .. } = &mut *scratch;
+                let mut j = 0;
+                alive.retain(|&s| {
+                    while j < here.len() && here[j] < s {
+                        j += 1;
+                    }
+                    let go_on = j < here.len() && here[j] == s;
+                    if !go_on {
+                        let ep = slot_ep(s);
+                        ep_len[ep] = ep_len[ep].max(i);
+                    }
+                    go_on
+                });
             } else {
-                let stamp = scratch.mark();
+                let stamp = scratch.mark(&here);
                 let ScoreScratch {
                     alive,
                     predicted,
-                    best,
+                    ep_len,
                     slot_seen,
                     ep_seen,
                     ..
@@ -524,7 +994,7 @@ impl KvIndex {
                         slot_seen.get(s as usize) == Some(&stamp) || predicted.contains(&ep)
                     };
                     if !go_on {
-                        record(best, ep, i);
+                        ep_len[ep] = ep_len[ep].max(i);
                     }
                     go_on
                 });
@@ -532,12 +1002,31 @@ impl KvIndex {
             if scratch.alive.is_empty() {
                 break;
             }
+            i += 1;
+            if w & PRED == 0 {
+                i += walk.run(&keys[i..], w);
+            }
         }
-        let ScoreScratch { alive, best, .. } = scratch;
-        alive
-            .iter()
-            .for_each(|&s| record(best, slot_ep(s), keys.len()));
-        best.sort_unstable();
+        drop(t);
+        let ScoreScratch {
+            alive,
+            first,
+            best,
+            ep_len,
+            ..
+        } = scratch;
+        alive.iter().for_each(|&s| ep_len[slot_ep(s)] = keys.len());
+        // Branch-free: every stream writes its endpoint's entry, which only advances when
+        // non-zero (an endpoint's later streams find its length taken).
+        best.resize(first.len(), (0, 0));
+        let mut out = 0;
+        for (&s, b) in first.iter().zip(0..) {
+            let ep = slot_ep(s);
+            let n = std::mem::take(&mut ep_len[ep]);
+            best[out.min(b)] = (ep, n);
+            out += usize::from(n > 0);
+        }
+        best.truncate(out);
         best
     }
 
@@ -553,12 +1042,19 @@ impl KvIndex {
         }
         let mut alive: Vec<Member> = Vec::new();
         let mut here: Vec<Member> = Vec::new();
-        for (i, k) in keys.iter().enumerate() {
+        let t = self.table.read();
+        let mut walk = Walk::new(&t);
+        let mut prev = EMPTY;
+        let mut i = 0;
+        while i < keys.len() {
+            let w = walk.word(keys[i].0) & !PRED;
+            if i > 0 && w == prev {
+                i += 1 + walk.run(&keys[i + 1..], w);
+                continue;
+            }
+            prev = w;
             here.clear();
-            self.shard(k.0)
-                .read()
-                .holders(k.0)
-                .for_each(|s| here.push(slot_ep(s)));
+            t.holders(w).for_each(|s| here.push(slot_ep(s)));
             if i == 0 {
                 alive.extend(here.iter().copied());
                 alive.sort_unstable();
@@ -567,7 +1063,7 @@ impl KvIndex {
                 alive.retain(|ep| {
                     let go_on = here.contains(ep);
                     if !go_on {
-                        record(&mut best, *ep, i);
+                        best.push((*ep, i));
                     }
                     go_on
                 });
@@ -575,45 +1071,18 @@ impl KvIndex {
             if alive.is_empty() {
                 break;
             }
+            i += 1;
+            i += walk.run(&keys[i..], w);
         }
-        alive
-            .iter()
-            .for_each(|&ep| record(&mut best, ep, keys.len()));
+        best.extend(alive.iter().map(|&ep| (ep, keys.len())));
         best.sort_unstable();
         best
-    }
-
-    /// Fills `here` with the streams holding `key` and `predicted` with the endpoints whose
-    /// unexpired prediction covers it.
-    fn holders_at(&self, key: u64, now: Instant, here: &mut Vec<u32>, predicted: &mut Vec<Member>) {
-        here.clear();
-        predicted.clear();
-        let sh = self.shard(key).read();
-        sh.holders(key).for_each(|s| here.push(s));
-        if let Some(p) = sh.predicted.get(&key) {
-            p.iter()
-                .filter(|(_, exp)| *exp > now)
-                .for_each(|(ep, _)| predicted.push(*ep as Member));
-        }
-    }
-
-    /// True when `key`'s holders are exactly `here` (same order) and it has no prediction
-    /// entry (live or expired).
-    fn same_holders(&self, key: u64, here: &[u32]) -> bool {
-        let sh = self.shard(key).read();
-        if sh.predicted.contains_key(&key) {
-            return false;
-        }
-        match sh.holders(key) {
-            Holders::None => here.is_empty(),
-            Holders::One(s) => here == [s],
-            Holders::Many(l) => l.len() == here.len() && l.iter().zip(here).all(|(a, b)| a.0 == *b),
-        }
     }
 
     /// Keys held by `ep` (all ranks, confirmed only), oldest first per rank.
     pub fn keys_of(&self, ep: Member) -> Vec<BlockKey> {
         let slots = self.slots.lock();
+        let t = self.table.read();
         let mut out = Vec::new();
         for s in
             (0..=MAX_RANK).flat_map(|r| [slot_in(ep, r, Tier::Gpu), slot_in(ep, r, Tier::Offload)])
@@ -622,7 +1091,7 @@ impl KvIndex {
                 out.extend(
                     st.fifo
                         .iter()
-                        .filter(|&&k| self.holds(k, s))
+                        .filter(|&&k| t.holds(k, s))
                         .map(|&k| BlockKey(k)),
                 );
             }
@@ -631,23 +1100,11 @@ impl KvIndex {
         out
     }
 
-    fn holds(&self, key: u64, s: u32) -> bool {
-        let mut found = false;
-        self.shard(key)
-            .read()
-            .holders(key)
-            .for_each(|x| found |= x == s);
-        found
-    }
-
     /// Does `ep` hold `key` on any rank (confirmed blocks only)?
     pub fn holds_key(&self, ep: Member, key: BlockKey) -> bool {
-        let mut found = false;
-        self.shard(key.0)
-            .read()
-            .holders(key.0)
-            .for_each(|x| found |= slot_ep(x) == ep && x & 0xF != PREDICTED_RANK);
-        found
+        let t = self.table.read();
+        t.holders(t.word(key.0))
+            .any(|x| slot_ep(x) == ep && x & 0xF != PREDICTED_RANK)
     }
 
     /// Confirmed keys held by `ep`, summed over its ranks and both tiers. Lock-light: one read lock on the
@@ -681,7 +1138,7 @@ impl KvIndex {
 
     /// Number of keys with a live or expired (not yet swept) prediction.
     pub fn predicted_len(&self) -> usize {
-        self.shards.iter().map(|s| s.read().predicted.len()).sum()
+        self.table.read().predicted.len()
     }
 
     /// Keys evicted by the cap since creation (`loxilb_kv_inv_cap_evictions_total`).
@@ -690,25 +1147,10 @@ impl KvIndex {
     }
 }
 
-fn unpredict(sh: &mut Shard, key: u64, ep: Member) {
-    if let Some(v) = sh.predicted.get_mut(&key) {
-        v.retain(|(e, _)| *e != ep as u32);
-        if v.is_empty() {
-            sh.predicted.remove(&key);
-        }
-    }
-}
-
-fn record(best: &mut Vec<(Member, usize)>, ep: Member, len: usize) {
-    if len == 0 {
-        return;
-    }
-    match best.iter_mut().find(|(e, _)| *e == ep) {
-        Some(e) => e.1 = e.1.max(len),
-        None => best.push((ep, len)),
-    }
-}
-
 #[cfg(test)]
 #[path = "index_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "index_model_tests.rs"]
+mod model_tests;

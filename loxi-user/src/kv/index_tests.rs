@@ -130,7 +130,7 @@ async fn predicted_blocks_score_until_their_ttl_expires() {
     tokio::time::advance(Duration::from_millis(2)).await;
     assert_eq!(ix.score(&keys(&[10, 11]), Instant::now()), vec![]);
     ix.sweep_predicted(Instant::now());
-    assert!(ix.shards.iter().all(|s| s.read().predicted.is_empty()));
+    assert_eq!(ix.predicted_len(), 0);
 }
 
 #[tokio::test(start_paused = true)]
@@ -153,12 +153,7 @@ fn empty_request_scores_nothing() {
 #[tokio::test(start_paused = true)]
 async fn sweep_frees_expired_predictions_and_keeps_live_ones() {
     let ix = KvIndex::new(1000);
-    let live = |ix: &KvIndex| {
-        ix.shards
-            .iter()
-            .map(|s| s.read().predicted.len())
-            .sum::<usize>()
-    };
+    let live = |ix: &KvIndex| ix.predicted_len();
     ix.predict(0, &keys(&[1]), Instant::now() + Duration::from_millis(100));
     ix.predict(1, &keys(&[2]), Instant::now() + Duration::from_millis(300));
     tokio::time::advance(Duration::from_millis(200)).await;
