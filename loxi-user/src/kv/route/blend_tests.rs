@@ -135,23 +135,30 @@ fn hard_relief_counts_every_holder_of_the_prefix() {
     assert_eq!(blend(&two, &params(LbMode::Hard, true)), pick(0, false));
 }
 
+/// 64 requests of one prefix, none finishing, over 4 endpoints under `p`: the first on ep0,
+/// the second a cold seed on ep1, every later one where the law says, its blocks becoming a
+/// holding there (the tier's prediction). Requests per endpoint.
+fn cold_burst(p: &LawParams) -> [u64; 4] {
+    let mut loads = [1u64, 1, 0, 0];
+    let mut held = [true, true, false, false];
+    for _ in 2..64 {
+        let cands: Vec<Cand> = (0..4)
+            .map(|e| c(e, if held[e] { 4 } else { 0 }, loads[e]))
+            .collect();
+        let ep = blend(&cands, p).expect("pick").ep;
+        loads[ep] += 1;
+        held[ep] = true;
+    }
+    loads
+}
+
 #[test]
 fn hard_cold_burst_of_one_prefix_stays_within_the_cap() {
     // 64 requests of one prefix, none finishing, over 4 endpoints: the first lands on ep0
     // (tier miss → rr), the second is a cold seed on ep1; every later one goes where the law
     // says and its blocks become a holding there (the tier's prediction). No endpoint may end
     // above LoxiLB's cap for the burst, ceil(1.75 · 64 / 4) = 28.
-    let mut loads = [1u64, 1, 0, 0];
-    let mut held = [true, true, false, false];
-    let p = params(LbMode::Hard, true);
-    for _ in 2..64 {
-        let cands: Vec<Cand> = (0..4)
-            .map(|e| c(e, if held[e] { 4 } else { 0 }, loads[e]))
-            .collect();
-        let ep = blend(&cands, &p).expect("pick").ep;
-        loads[ep] += 1;
-        held[ep] = true;
-    }
+    let loads = cold_burst(&params(LbMode::Hard, true));
     assert_eq!(loads.iter().sum::<u64>(), 64);
     assert!(loads.iter().all(|&l| l <= 28), "{loads:?}");
     assert_eq!(loads, [22, 21, 21, 0]);
@@ -227,20 +234,10 @@ fn spill_floor_lets_the_law_spill_at_f_requests_or_when_the_wait_pays_for_the_co
 fn spill_floor_keeps_a_cold_burst_of_one_prefix_within_the_cap() {
     // `hard_cold_burst_of_one_prefix_stays_within_the_cap` with the default floor (8): the
     // bound of LoxiLB's law holds once the owner carries F requests.
-    let mut loads = [1u64, 1, 0, 0];
-    let mut held = [true, true, false, false];
-    let p = LawParams {
+    let loads = cold_burst(&LawParams {
         spill_floor: 8,
         ..params(LbMode::Hard, true)
-    };
-    for _ in 2..64 {
-        let cands: Vec<Cand> = (0..4)
-            .map(|e| c(e, if held[e] { 4 } else { 0 }, loads[e]))
-            .collect();
-        let ep = blend(&cands, &p).expect("pick").ep;
-        loads[ep] += 1;
-        held[ep] = true;
-    }
+    });
     assert_eq!(loads.iter().sum::<u64>(), 64);
     assert!(loads.iter().all(|&l| l <= 28), "{loads:?}");
     assert_eq!(loads, [22, 21, 21, 0]);
