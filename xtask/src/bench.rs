@@ -3,8 +3,10 @@
 //! DNAT and kernel nftables DNAT, over a sender-only baseline, for two traffic shapes:
 //! - `established`: one long flow (every packet the same 5-tuple: the conntrack fast path);
 //! - `new flows`: every packet a 5-tuple never sent before (endpoint selection and conntrack
-//!   creation per packet; in XDP the conntrack map is at capacity after 32 K flows, so inserts
-//!   also evict).
+//!   creation per packet). Both tables below capacity: every XDP run starts a fresh LB (empty
+//!   conntrack map, 32 K flows) and sends fewer flows than it holds; nftables' table
+//!   (`nf_conntrack_max`, 262 K flows here) holds every run's flows. One more row measures XDP
+//!   native with its map full, where every insert also evicts (LRU).
 //!
 //! The sender is a raw-socket UDP flood from the client namespace pinned to one CPU (veth
 //! receive work runs in the sender's softirq on that CPU, so its CPU time covers the whole
@@ -29,10 +31,11 @@ pub struct BenchArgs {
     /// Packets per measured run of the established-flow shape.
     #[arg(long, default_value_t = 200_000)]
     packets: u64,
-    /// Packets (= new flows) per measured run of the new-flow shape (nftables keeps every flow
-    /// in its conntrack table, whose limit is shared by the runs: keep runs × this well under
-    /// `net.netfilter.nf_conntrack_max`).
-    #[arg(long, default_value_t = 50_000)]
+    /// Packets (= new flows) per measured run of the new-flow shape, at most
+    /// `CT_ENTRIES / 2 − 2,000` (the XDP map's flows less the warm-up; nftables keeps every
+    /// flow in its conntrack table, whose limit is shared by the runs: keep runs × this well
+    /// under `net.netfilter.nf_conntrack_max`).
+    #[arg(long, default_value_t = 25_000)]
     new_packets: u64,
     /// Runs per case (the median is reported).
     #[arg(long, default_value_t = 3)]
@@ -252,14 +255,20 @@ struct Figures {
     prog_ns: Option<f64>,
 }
 
-/// State of a benchmark run: the topology and the next unused new-flow tuple.
+/// State of a benchmark run: the topology, the next unused new-flow tuple and the running LB
+/// (pid, generic), which new-flow runs restart for an empty conntrack map when `fresh_ct`.
 struct Bench {
     t: Topo,
     next_tuple: u64,
     packets: u64,
     new_packets: u64,
     runs: usize,
+    lb: Option<(u32, bool)>,
+    fresh_ct: bool,
 }
+
+/// Warm-up packets before a measured run (neighbours, the LB's next-hop cache).
+const WARMUP: u64 = 2000;
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -325,12 +334,18 @@ impl Bench {
             Shape::Established => self.packets,
             Shape::NewFlows => self.new_packets,
         };
-        self.flood(shape, 2000)?; // warm-up: neighbours, conntrack
-        thread::sleep(Duration::from_millis(300));
+        let fresh = shape == Shape::NewFlows && self.fresh_ct && self.lb.is_some();
+        if !fresh {
+            self.flood(shape, WARMUP)?; // warm-up: neighbours, conntrack
+            thread::sleep(Duration::from_millis(300));
+        }
         let (l, b) = (self.t.l.clone(), self.t.b[0].clone());
         let kf0 = kernel_forwarded(&l)?;
         let (mut cpu, mut wall) = (Vec::new(), Vec::new());
         for _ in 0..self.runs {
+            if fresh {
+                self.fresh_lb()?;
+            }
             let before = rx_packets(&b, "b0")?;
             let (w, c) = self.flood(shape, n)?;
             wall.push(w);
@@ -354,6 +369,9 @@ impl Bench {
         let kernel_share = (kernel_forwarded(&l)? - kf0) as f64 / (n * self.runs as u64) as f64;
         let prog_ns = match xdp_iface {
             Some(i) => {
+                if fresh {
+                    self.fresh_lb()?;
+                }
                 let id = xdp_prog_id(&l, i)?;
                 // Statistics stay on while the fd is open (and cost every program two clock
                 // reads per run, so the timed runs above go without).
@@ -373,6 +391,23 @@ impl Bench {
             kernel_share,
             prog_ns,
         })
+    }
+
+    /// Restarts the running LB (a new conntrack map, empty) and warms it up.
+    fn fresh_lb(&mut self) -> anyhow::Result<()> {
+        let (pid, generic) = self.lb.context("no LB running")?;
+        self.stop_lb(pid)?;
+        self.start_lb(generic)?;
+        self.flood(Shape::NewFlows, WARMUP)?;
+        thread::sleep(Duration::from_millis(300));
+        Ok(())
+    }
+
+    fn stop_lb(&mut self, pid: u32) -> anyhow::Result<()> {
+        self.t.stop(pid)?;
+        wait_xdp(&self.t.l, "l0", false)?;
+        self.lb = None;
+        Ok(())
     }
 
     fn start_lb(&mut self, generic: bool) -> anyhow::Result<u32> {
@@ -395,6 +430,7 @@ impl Bench {
             wait_xdp(&l, &format!("l{i}"), true)?;
         }
         thread::sleep(Duration::from_millis(500));
+        self.lb = Some((pid, generic));
         Ok(pid)
     }
 }
@@ -406,6 +442,13 @@ fn rule() -> String {
 /// Runs the benchmark and prints one table per traffic shape.
 pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     ensure!(a.runs > 0, "--runs must be at least 1");
+    let ct_flows = u64::from(loxi_common::maps::CT_ENTRIES / 2);
+    ensure!(
+        a.new_packets + WARMUP <= ct_flows,
+        "--new-packets {} + {WARMUP} warm-up exceed the XDP conntrack map's {ct_flows} flows: \
+         the fresh-table runs would evict",
+        a.new_packets
+    );
     let mut t = Topo::new("lxb")?;
     t.start_peers_with(true)?;
     let l = t.l.clone();
@@ -417,6 +460,8 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         packets: a.packets,
         new_packets: a.new_packets,
         runs: a.runs,
+        lb: None,
+        fresh_ct: true,
     };
     // Baseline: the LB's ingress drops everything in XDP.
     let drop = b.t.spawn(&l, &["xdp-pass", "--drop", "--iface", "l0"])?;
@@ -429,14 +474,23 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     wait_xdp(&l, "l0", false)?;
     let mut cases: Vec<(&str, Vec<Figures>)> = Vec::new();
     for (name, generic) in [("XDP native DNAT", false), ("XDP generic DNAT", true)] {
-        let lb = b.start_lb(generic)?;
+        b.start_lb(generic)?;
         let mut v = Vec::new();
         for s in SHAPES {
             v.push(b.measure(s, true, Some("l0"))?);
         }
-        b.t.stop(lb)?;
-        wait_xdp(&l, "l0", false)?;
+        if let Some((pid, _)) = b.lb {
+            b.stop_lb(pid)?;
+        }
         cases.push((name, v));
+    }
+    // XDP native with its conntrack map full: fill it, then every new flow also evicts.
+    b.start_lb(false)?;
+    b.fresh_ct = false;
+    b.flood(Shape::NewFlows, ct_flows + WARMUP)?;
+    let full = b.measure(Shape::NewFlows, true, Some("l0"))?;
+    if let Some((pid, _)) = b.lb {
+        b.stop_lb(pid)?;
     }
     cmd(&format!(
         "ip netns exec {l} nft -f - <<'EOF'\ntable ip lxbench {{\n chain pre {{ type nat hook prerouting priority -100; ip daddr 20.0.0.1 udp dport 80 dnat to 10.100.1.2:8080; }}\n}}\nEOF"
@@ -450,8 +504,9 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     }
     cases.push(("nftables DNAT", v));
     println!(
-        "bench-l4: median of {} runs; established flow {} packets/run, new flows {} packets/run; \
-         UDP 18-byte payload from a raw socket, sender pinned to CPU 0",
+        "bench-l4: median of {} runs; established flow {} packets/run, new flows {} packets/run \
+         (XDP: a fresh conntrack map per run, below capacity like nftables'); UDP 18-byte \
+         payload from a raw socket, sender pinned to CPU 0",
         a.runs, a.packets, a.new_packets
     );
     println!(
@@ -482,6 +537,18 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
                 f.prog_ns.map_or("-".to_string(), |p| format!("{p:.0}"))
             );
         }
+        if *s == Shape::NewFlows {
+            println!(
+                "{:<24} {:>9.0} {:>9.0} {:>14.0} {:>14.0} {:>9.0}% {:>9}",
+                "XDP native, CT map full",
+                full.cpu,
+                full.wall,
+                full.cpu - bs.cpu,
+                full.wall - bs.wall,
+                full.kernel_share * 100.0,
+                full.prog_ns.map_or("-".to_string(), |p| format!("{p:.0}"))
+            );
+        }
         let fc = cases[2].1[si].cpu - bs.cpu;
         println!(
             "ratio native/nftables forwarding cost (cpu), {}: {:.2}",
@@ -493,6 +560,13 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             s.name(),
             (cases[1].1[si].cpu - bs.cpu) / fc
         );
+        if *s == Shape::NewFlows {
+            println!(
+                "ratio native (CT map full, evicting)/nftables forwarding cost (cpu), {}: {:.2}",
+                s.name(),
+                (full.cpu - bs.cpu) / fc
+            );
+        }
     }
     Ok(())
 }
