@@ -224,6 +224,7 @@ impl Env {
                 60_000,
             )),
         };
+        r.law_knobs(kv_lb_mode);
         let pd_queue_depth_per_ep = r.clamped(
             "LLB_PD_QUEUE_DEPTH_PER_EP",
             0,
@@ -465,6 +466,48 @@ impl Reader<'_> {
         }
     }
 
+    /// Warns about each blend-law knob that is set while `LOXILB_KV_LB_MODE` selects a law
+    /// that does not read it (formulas in `kv/route/blend.rs`): it would otherwise look as if
+    /// it did something.
+    fn law_knobs(&mut self, mode: KvLbMode) {
+        use KvLbMode::{Adaptive, AdaptiveSoft, Hard, Soft, Work};
+        const KNOBS: [(&str, &[KvLbMode], &str); 8] = [
+            (
+                "LOXILB_KV_MEAN_LOAD_FACTOR",
+                &[Hard, Adaptive],
+                "hard|adaptive",
+            ),
+            ("LOXILB_KV_SPILL_RELIEF", &[Hard, Adaptive], "hard|adaptive"),
+            ("LOXI_KV_SPILL_FLOOR", &[Hard, Adaptive], "hard|adaptive"),
+            (
+                "LOXILB_KV_LOAD_PENALTY",
+                &[Soft, AdaptiveSoft],
+                "soft|adaptive-soft",
+            ),
+            (
+                "LOXILB_KV_CAP_SUM_MILLI",
+                &[Adaptive, AdaptiveSoft],
+                "adaptive|adaptive-soft",
+            ),
+            ("LOXILB_KV_WORK_COPY_PERCENT", &[Work], "work"),
+            ("LOXILB_KV_WORK_REQUEST_TOKENS", &[Work], "work"),
+            ("LOXILB_KV_BATCH_SLOTS", &[Work], "work"),
+        ];
+        for (var, laws, names) in KNOBS {
+            if laws.contains(&mode) {
+                continue;
+            }
+            if let Some(v) = self.get(var) {
+                self.warn(
+                    var,
+                    v,
+                    format!("no effect (LOXILB_KV_LB_MODE is {})", mode.as_str()),
+                    &format!("read only by LOXILB_KV_LB_MODE={names}"),
+                );
+            }
+        }
+    }
+
     fn lb_mode(&mut self, unified: bool) -> KvLbMode {
         let Some(v) = self.get("LOXILB_KV_LB_MODE") else {
             return if unified {
@@ -592,7 +635,19 @@ mod tests {
         assert_eq!(e.max_body_bytes, 1024);
         assert_eq!((e.header_timeout_ms, e.idle_timeout_ms), (250, 3_600_000));
         assert_eq!(e.max_conns_per_listener, 1);
-        assert!(e.warnings.is_empty(), "{:?}", e.warnings);
+        // Set, valid, and not read by `adaptive-soft`: warned, not silently inert.
+        let unread: Vec<&str> = e.warnings.iter().map(|w| w.var).collect();
+        assert_eq!(
+            unread,
+            ["LOXILB_KV_MEAN_LOAD_FACTOR", "LOXILB_KV_SPILL_RELIEF"],
+            "{:?}",
+            e.warnings
+        );
+        assert!(
+            e.warnings[0].used.contains("adaptive-soft"),
+            "{}",
+            e.warnings[0]
+        );
     }
 
     #[test]
@@ -895,7 +950,11 @@ mod tests {
             (250, 0, 64)
         );
         assert!(e.warnings.is_empty());
-        let e = Env::from_lookup(|k| (k == "LOXILB_KV_WORK_COPY_PERCENT").then(|| "1001".into()));
+        let e = Env::from_lookup(|k| match k {
+            "LOXILB_KV_WORK_COPY_PERCENT" => Some("1001".into()),
+            "LOXILB_KV_LB_MODE" => Some("work".into()),
+            _ => None,
+        });
         assert_eq!(e.kv.work_copy_percent, 100);
         assert_eq!(e.warnings.len(), 1);
     }
@@ -915,6 +974,41 @@ mod tests {
             assert_eq!(e.kv.replica_load, 2, "{bad}");
             assert_eq!(e.warnings.len(), 1, "{bad}");
             assert_eq!(e.warnings[0].var, "LOXI_KV_REPLICA_LOAD");
+        }
+    }
+
+    #[test]
+    fn a_law_knob_set_under_a_law_that_does_not_read_it_is_warned() {
+        let with = |law: &'static str, var: &'static str| {
+            Env::from_lookup(move |k| {
+                (k == "LOXILB_KV_LB_MODE")
+                    .then(|| law.to_string())
+                    .or_else(|| (k == var).then(|| "16".to_string()))
+            })
+        };
+        // Read by the law: no warning.
+        for (law, var) in [
+            ("hard", "LOXI_KV_SPILL_FLOOR"),
+            ("adaptive", "LOXI_KV_SPILL_FLOOR"),
+            ("work", "LOXILB_KV_BATCH_SLOTS"),
+            ("soft", "LOXILB_KV_LOAD_PENALTY"),
+            ("adaptive-soft", "LOXILB_KV_CAP_SUM_MILLI"),
+        ] {
+            assert!(with(law, var).warnings.is_empty(), "{law} {var}");
+        }
+        // Not read: one warning naming the variable, the law in force and the laws that read it.
+        for (law, var, readers) in [
+            ("work", "LOXI_KV_SPILL_FLOOR", "hard|adaptive"),
+            ("off", "LOXILB_KV_BATCH_SLOTS", "work"),
+            ("hard", "LOXILB_KV_LOAD_PENALTY", "soft|adaptive-soft"),
+            ("soft", "LOXILB_KV_CAP_SUM_MILLI", "adaptive|adaptive-soft"),
+        ] {
+            let e = with(law, var);
+            assert_eq!(e.warnings.len(), 1, "{law} {var}");
+            let w = &e.warnings[0];
+            assert_eq!((w.var, w.value.as_str()), (var, "16"));
+            assert_eq!(w.used, format!("no effect (LOXILB_KV_LB_MODE is {law})"));
+            assert!(w.accepted.ends_with(readers), "{w}");
         }
     }
 
