@@ -524,8 +524,9 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             "{:<24} {:>9.0} {:>9.0} {:>14} {:>14} {:>10} {:>9}",
             "sender-only (XDP drop)", bs.cpu, bs.wall, "-", "-", "-", "-"
         );
-        for (name, v) in &cases {
-            let f = v[si];
+        let full_row = (*s == Shape::NewFlows).then_some(("XDP native, CT map full", full));
+        let rows = cases.iter().map(|(name, v)| (*name, v[si])).chain(full_row);
+        for (name, f) in rows {
             println!(
                 "{:<24} {:>9.0} {:>9.0} {:>14.0} {:>14.0} {:>9.0}% {:>9}",
                 name,
@@ -535,18 +536,6 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
                 f.wall - bs.wall,
                 f.kernel_share * 100.0,
                 f.prog_ns.map_or("-".to_string(), |p| format!("{p:.0}"))
-            );
-        }
-        if *s == Shape::NewFlows {
-            println!(
-                "{:<24} {:>9.0} {:>9.0} {:>14.0} {:>14.0} {:>9.0}% {:>9}",
-                "XDP native, CT map full",
-                full.cpu,
-                full.wall,
-                full.cpu - bs.cpu,
-                full.wall - bs.wall,
-                full.kernel_share * 100.0,
-                full.prog_ns.map_or("-".to_string(), |p| format!("{p:.0}"))
             );
         }
         let fc = cases[2].1[si].cpu - bs.cpu;
