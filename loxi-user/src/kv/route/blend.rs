@@ -302,10 +302,19 @@ pub fn spill_pays(owner: &Cand, to: &Cand, p: &LawParams) -> bool {
     if p.spill_floor == 0 || owner.load >= p.spill_floor {
         return true;
     }
-    let b = p.block_size.max(1) as f64 / p.unit.max(1) as f64;
-    let n = p.request_blocks as f64;
-    let wait = |c: &Cand| c.work as f64 + (n - c.overlap as f64).max(0.0) * b;
-    wait(owner) >= wait(to)
+    prefill_wait(owner, p) >= prefill_wait(to, p)
+}
+
+/// Tokens per overlap unit (`B` of the module doc, in the units of [`Cand::overlap`]).
+fn tokens_per_unit(p: &LawParams) -> f64 {
+    p.block_size.max(1) as f64 / p.unit.max(1) as f64
+}
+
+/// The request's prefill wait on `c` in tokens: its queued work `W_c` plus this request's
+/// uncached part `(n − o_c)·B`.
+fn prefill_wait(c: &Cand, p: &LawParams) -> f64 {
+    let n = p.request_blocks.max(c.overlap) as f64;
+    c.work as f64 + (n - c.overlap as f64) * tokens_per_unit(p)
 }
 
 /// `hard` relief (loxi deviation, see the module doc), when every holder is over `cap_i`: the
@@ -336,8 +345,7 @@ fn soft(cands: &[Cand], lambda: f64, n: usize) -> EpIdx {
 
 /// `cost_i` of the `work` law, in tokens per capacity share (see the module doc).
 pub fn work_cost(c: &Cand, cands: &[Cand], p: &LawParams) -> f64 {
-    // Tokens per overlap unit.
-    let b = p.block_size.max(1) as f64 / p.unit.max(1) as f64;
+    let b = tokens_per_unit(p);
     let n = p.request_blocks.max(c.overlap) as f64;
     let o = c.overlap as f64;
     let o_max = cands.iter().map(|c| c.overlap).max().unwrap_or(0) as f64;
@@ -347,8 +355,7 @@ pub fn work_cost(c: &Cand, cands: &[Cand], p: &LawParams) -> f64 {
     } else {
         0
     };
-    let tokens = c.work as f64
-        + (n - o) * b
+    let tokens = prefill_wait(c, p)
         + xi * (o_max - o) * b
         + f64::from(p.request_tokens) * c.load as f64
         + queued as f64 * n * b;
