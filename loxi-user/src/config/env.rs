@@ -185,6 +185,8 @@ impl Env {
             coldstart_min_blocks: r.int("LOXILB_KV_COLDSTART_MIN_BLOCKS", 16, 0, u32::MAX as u64),
             replica_load: r.int("LOXI_KV_REPLICA_LOAD", 2, 0, 1_000_000),
             spill_floor: r.int("LOXI_KV_SPILL_FLOOR", 8, 0, 1_000_000),
+            work_guard_percent: r.int("LOXI_KV_WORK_GUARD_PERCENT", 200, 0, 10_000) as u32,
+            cold_least_work: r.cold_placement(),
             max_blocks: r.int("LOXILB_KV_MAX_BLOCKS", 1_000_000, 1000, 100_000_000),
             none_hash_seed: r.seed("LLB_KV_NONE_HASH_SEED"),
             hash_debug: r.switch("LLB_KV_HASH_DEBUG", false),
@@ -471,7 +473,7 @@ impl Reader<'_> {
     /// it did something.
     fn law_knobs(&mut self, mode: KvLbMode) {
         use KvLbMode::{Adaptive, AdaptiveSoft, Hard, Soft, Work};
-        const KNOBS: [(&str, &[KvLbMode], &str); 8] = [
+        const KNOBS: [(&str, &[KvLbMode], &str); 9] = [
             (
                 "LOXILB_KV_MEAN_LOAD_FACTOR",
                 &[Hard, Adaptive],
@@ -479,6 +481,11 @@ impl Reader<'_> {
             ),
             ("LOXILB_KV_SPILL_RELIEF", &[Hard, Adaptive], "hard|adaptive"),
             ("LOXI_KV_SPILL_FLOOR", &[Hard, Adaptive], "hard|adaptive"),
+            (
+                "LOXI_KV_WORK_GUARD_PERCENT",
+                &[Hard, Adaptive],
+                "hard|adaptive",
+            ),
             (
                 "LOXILB_KV_LOAD_PENALTY",
                 &[Soft, AdaptiveSoft],
@@ -504,6 +511,21 @@ impl Reader<'_> {
                     format!("no effect (LOXILB_KV_LB_MODE is {})", mode.as_str()),
                     &format!("read only by LOXILB_KV_LB_MODE={names}"),
                 );
+            }
+        }
+    }
+
+    /// `LOXI_KV_COLD_PLACEMENT`: `least-work` (true, default) or `sel`; garbage → warn + default.
+    fn cold_placement(&mut self) -> bool {
+        let Some(v) = self.get("LOXI_KV_COLD_PLACEMENT") else {
+            return true;
+        };
+        match v.trim().to_ascii_lowercase().as_str() {
+            "least-work" => true,
+            "sel" => false,
+            _ => {
+                self.warn("LOXI_KV_COLD_PLACEMENT", v, "least-work", "least-work|sel");
+                true
             }
         }
     }
@@ -990,6 +1012,8 @@ mod tests {
         for (law, var) in [
             ("hard", "LOXI_KV_SPILL_FLOOR"),
             ("adaptive", "LOXI_KV_SPILL_FLOOR"),
+            ("hard", "LOXI_KV_WORK_GUARD_PERCENT"),
+            ("adaptive", "LOXI_KV_WORK_GUARD_PERCENT"),
             ("work", "LOXILB_KV_BATCH_SLOTS"),
             ("soft", "LOXILB_KV_LOAD_PENALTY"),
             ("adaptive-soft", "LOXILB_KV_CAP_SUM_MILLI"),
@@ -999,6 +1023,7 @@ mod tests {
         // Not read: one warning naming the variable, the law in force and the laws that read it.
         for (law, var, readers) in [
             ("work", "LOXI_KV_SPILL_FLOOR", "hard|adaptive"),
+            ("off", "LOXI_KV_WORK_GUARD_PERCENT", "hard|adaptive"),
             ("off", "LOXILB_KV_BATCH_SLOTS", "work"),
             ("hard", "LOXILB_KV_LOAD_PENALTY", "soft|adaptive-soft"),
             ("soft", "LOXILB_KV_CAP_SUM_MILLI", "adaptive|adaptive-soft"),
@@ -1010,6 +1035,37 @@ mod tests {
             assert_eq!(w.used, format!("no effect (LOXILB_KV_LB_MODE is {law})"));
             assert!(w.accepted.ends_with(readers), "{w}");
         }
+    }
+
+    #[test]
+    fn work_guard_and_cold_placement_are_read_and_garbage_is_refused_with_a_warning() {
+        let d = Env::from_lookup(|_| None).kv;
+        assert_eq!((d.work_guard_percent, d.cold_least_work), (200, true));
+        let one = |var: &'static str, v: &'static str| {
+            Env::from_lookup(move |k| (k == var).then(|| v.to_string()))
+        };
+        let e = one("LOXI_KV_WORK_GUARD_PERCENT", "0");
+        assert_eq!((e.kv.work_guard_percent, e.warnings.len()), (0, 0));
+        let e = one("LOXI_KV_WORK_GUARD_PERCENT", "150");
+        assert_eq!((e.kv.work_guard_percent, e.warnings.len()), (150, 0));
+        for bad in ["-1", "two", "10001"] {
+            let e = one("LOXI_KV_WORK_GUARD_PERCENT", bad);
+            assert_eq!(e.kv.work_guard_percent, 200, "{bad}");
+            assert_eq!(e.warnings[0].var, "LOXI_KV_WORK_GUARD_PERCENT");
+        }
+        let e = one("LOXI_KV_COLD_PLACEMENT", "sel");
+        assert_eq!((e.kv.cold_least_work, e.warnings.len()), (false, 0));
+        let e = one("LOXI_KV_COLD_PLACEMENT", " Least-Work ");
+        assert_eq!((e.kv.cold_least_work, e.warnings.len()), (true, 0));
+        let e = one("LOXI_KV_COLD_PLACEMENT", "random");
+        assert!(e.kv.cold_least_work);
+        assert_eq!(e.warnings.len(), 1);
+        assert_eq!(e.warnings[0].var, "LOXI_KV_COLD_PLACEMENT");
+        assert!(
+            e.warnings[0].accepted.contains("least-work|sel"),
+            "{}",
+            e.warnings[0]
+        );
     }
 
     #[test]

@@ -126,6 +126,10 @@ pub struct KvMetrics {
     /// `loxilb_pd_kv_tier15_cold_seeds_total{service,ep_idx}` (`ep_idx`: the endpoint that
     /// received the seed).
     pub cold_seeds: Family<EpIdxLabels, Counter>,
+    /// `loxilb_pd_kv_tier15_cold_placements_total{service,ep_idx}` (loxi extension): requests
+    /// no endpoint held a first block of, placed by the tier on the endpoint with the least
+    /// prefill wait (`LOXI_KV_COLD_PLACEMENT=least-work`) instead of falling through to `sel`.
+    pub cold_placements: Family<EpIdxLabels, Counter>,
     /// `loxilb_pd_kv_blocks{service,ep_idx}`.
     pub blocks: Family<EpIdxLabels, Gauge>,
     /// `loxilb_kv_subscriber_connected{service,ep}`.
@@ -167,6 +171,7 @@ impl KvMetrics {
             media_prefix: Family::default(),
             spills: Family::default(),
             cold_seeds: Family::default(),
+            cold_placements: Family::default(),
             blocks: Family::default(),
             connected: Family::default(),
             reconnects: Family::default(),
@@ -217,6 +222,11 @@ impl KvMetrics {
             "loxilb_pd_kv_tier15_cold_seeds",
             "Hits diverted to seed a cold endpoint",
             m.cold_seeds.clone(),
+        );
+        r.register(
+            "loxilb_pd_kv_tier15_cold_placements",
+            "Requests no endpoint held a prefix of, placed by least prefill wait",
+            m.cold_placements.clone(),
         );
         r.register(
             "loxilb_pd_kv_blocks",
@@ -310,6 +320,7 @@ impl KvMetrics {
         let l = ep_idx(service, ep);
         let _ = self.spills.get_or_create(&l);
         let _ = self.cold_seeds.get_or_create(&l);
+        let _ = self.cold_placements.get_or_create(&l);
         let _ = self.cap_evictions.get_or_create(&EpLabels {
             service: service.into(),
             ep: ep_label(ep, 0),
@@ -359,6 +370,7 @@ impl KvMetrics {
         self.blocks.remove(&l);
         self.spills.remove(&l);
         self.cold_seeds.remove(&l);
+        self.cold_placements.remove(&l);
         for state in READINESS_STATES {
             self.readiness.remove(&EpStateLabels {
                 service: l.service.clone(),
@@ -505,6 +517,8 @@ pub struct RouteMetrics {
     spills: PosCounters,
     /// `loxilb_pd_kv_tier15_cold_seeds_total{service,ep_idx}`, pre-created at 0.
     cold_seeds: PosCounters,
+    /// `loxilb_pd_kv_tier15_cold_placements_total{service,ep_idx}`, pre-created at 0.
+    cold_placements: PosCounters,
     stages: [OnceLock<Histogram>; 3],
 }
 
@@ -519,6 +533,11 @@ impl RouteMetrics {
         self.cold_seeds.inc_by(ep, 1);
     }
 
+    /// Counts one cold placement on the endpoint at position `ep`.
+    pub fn cold_placement(&self, ep: usize) {
+        self.cold_placements.inc_by(ep, 1);
+    }
+
     /// Counts one hit on the endpoint at position `ep`.
     pub fn hit(&self, ep: usize) {
         self.hits.inc_by(ep, 1);
@@ -530,9 +549,11 @@ impl RouteMetrics {
         self.hits.forget(ep);
         self.spills.forget(ep);
         self.cold_seeds.forget(ep);
+        self.cold_placements.forget(ep);
         if present {
             self.spills.inc_by(ep, 0);
             self.cold_seeds.inc_by(ep, 0);
+            self.cold_placements.inc_by(ep, 0);
         }
     }
 
@@ -595,6 +616,7 @@ impl KvMetrics {
             media_prefix: self.media_prefix.get_or_create(&s).clone(),
             spills: PosCounters::new(&self.spills, service, endpoints),
             cold_seeds: PosCounters::new(&self.cold_seeds, service, endpoints),
+            cold_placements: PosCounters::new(&self.cold_placements, service, endpoints),
             stages: Default::default(),
         }
     }

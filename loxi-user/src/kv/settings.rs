@@ -45,6 +45,17 @@ pub struct KvSettings {
     /// owner's prefill wait in tokens to reach the spill's (`blend::spill_pays`). 0 = LoxiLB's
     /// laws unchanged, 1–1,000,000; default 8.
     pub spill_floor: u64,
+    /// `LOXI_KV_WORK_GUARD_PERCENT` (loxi extension, `hard` and `adaptive`): the pick moves
+    /// to an endpoint within the cap when its prefill wait in tokens exceeds that endpoint's
+    /// by more than this percent of the tokens its cached prefix saves
+    /// (`blend::work_guard`). 0 = off (LoxiLB's laws), 1–10,000; default 200.
+    pub work_guard_percent: u32,
+    /// `LOXI_KV_COLD_PLACEMENT` (loxi extension, every law): `least-work` (true, the default)
+    /// places a request no endpoint holds a first block of on the eligible endpoint with the
+    /// least prefill wait (queued prefill tokens plus the request's), then the least load,
+    /// then the fewest cached blocks; `sel` (false) lets it fall through to the rule's
+    /// selector, as LoxiLB does (miss reason `no_worker`).
+    pub cold_least_work: bool,
     /// `LOXILB_KV_MAX_BLOCKS`: per-stream block cap, 1000–100,000,000, default 1,000,000.
     pub max_blocks: u64,
     /// `LLB_KV_MIN_MATCH_TOKENS`: prompts with fewer tokens miss as `shallow`; 0–4096, default 16.
@@ -140,6 +151,8 @@ impl Default for KvSettings {
             coldstart_min_blocks: 16,
             replica_load: 2,
             spill_floor: 8,
+            work_guard_percent: 200,
+            cold_least_work: true,
             max_blocks: 1_000_000,
             min_match_tokens: 16,
             none_hash_seed: None,

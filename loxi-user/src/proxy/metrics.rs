@@ -360,7 +360,7 @@ fn ep_labels(service: u32, ep: usize) -> EndpointLabels {
 }
 
 /// Selection reasons cached per pool (see [`PoolMetrics`]); others use the family lookup.
-const CACHED_REASONS: [crate::routing::Reason; 14] = crate::routing::Reason::ALL;
+const CACHED_REASONS: [crate::routing::Reason; 15] = crate::routing::Reason::ALL;
 
 /// Metric handles of one endpoint, resolved once.
 #[derive(Debug)]

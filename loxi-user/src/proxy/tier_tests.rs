@@ -199,6 +199,8 @@ impl KvProxy {
         let (st, reg) = state(KvSettings {
             lb_mode: LbMode::Off,
             coldstart_seed_n: 0,
+            // LoxiLB's miss semantics (`no_worker` falls through to `sel`).
+            cold_least_work: false,
             ..settings
         });
         let router = Arc::new(KvRouter::new(st, tokenizer));

@@ -66,13 +66,16 @@ pub enum Reason {
     KvSpill,
     /// KV tier 1.5 diverted a hit to seed a cold endpoint.
     KvColdSeed,
+    /// KV tier 1.5 placed a request no endpoint holds a prefix of on the endpoint with the
+    /// least prefill wait (loxi extension, `LOXI_KV_COLD_PLACEMENT`).
+    KvColdPlace,
     /// No endpoint is eligible (all unhealthy or excluded).
     NoHealthyEndpoint,
 }
 
 impl Reason {
     /// Every reason, in declaration order.
-    pub const ALL: [Reason; 14] = [
+    pub const ALL: [Reason; 15] = [
         Reason::RoundRobin,
         Reason::Hash,
         Reason::WeightedRoundRobin,
@@ -86,6 +89,7 @@ impl Reason {
         Reason::KvOverlap,
         Reason::KvSpill,
         Reason::KvColdSeed,
+        Reason::KvColdPlace,
         Reason::NoHealthyEndpoint,
     ];
 
@@ -105,6 +109,7 @@ impl Reason {
             Reason::KvOverlap => "kv_overlap",
             Reason::KvSpill => "kv_spill",
             Reason::KvColdSeed => "kv_cold_seed",
+            Reason::KvColdPlace => "kv_cold_place",
             Reason::NoHealthyEndpoint => "no_healthy_endpoint",
         }
     }

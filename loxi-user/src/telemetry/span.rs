@@ -91,7 +91,7 @@ pub fn record_rule(service: u32, model: Option<&str>) {
 
 /// Records a decision on the current (request) span: the rule's selector name, the reason
 /// label, the endpoint and the attempt number (the last attempt's values stay). The tier is
-/// `kv` for tier-1.5 reasons (`kv_overlap`, `kv_spill`, `kv_cold_seed`), else `sel`.
+/// `kv` for tier-1.5 reasons (`kv_overlap`, `kv_spill`, `kv_cold_seed`, `kv_cold_place`), else `sel`.
 pub fn record_decision(selector: &str, reason: &str, ep: usize, attempts: usize) {
     let span = Span::current();
     span.record("loxi.selector", selector);

@@ -207,6 +207,8 @@ pub struct LawParams {
     pub batch_slots: u64,
     /// `LOXI_KV_SPILL_FLOOR` (F, `hard` and `adaptive`; 0 = LoxiLB's laws), see [`spill_pays`].
     pub spill_floor: u64,
+    /// `LOXI_KV_WORK_GUARD_PERCENT` (G, `hard` and `adaptive`; 0 = off), see [`work_guard`].
+    pub work_guard_percent: u32,
 }
 
 /// A law's pick.
@@ -226,8 +228,8 @@ pub fn blend(cands: &[Cand], p: &LawParams) -> Option<Pick> {
     let lambda = f64::from(p.load_penalty);
     let ep = match p.mode {
         LbMode::Off => owner,
-        LbMode::Hard => hard(cands, eps, p).unwrap_or(owner),
-        LbMode::Adaptive => hard(cands, eps * f, p).unwrap_or(owner),
+        LbMode::Hard => guarded(cands, hard(cands, eps, p).unwrap_or(owner), eps, p),
+        LbMode::Adaptive => guarded(cands, hard(cands, eps * f, p).unwrap_or(owner), eps * f, p),
         LbMode::Soft => soft(cands, lambda, p.request_blocks),
         LbMode::AdaptiveSoft => soft(cands, lambda * f, p.request_blocks),
         LbMode::Work => least_work(cands, p),
@@ -303,6 +305,57 @@ pub fn spill_pays(owner: &Cand, to: &Cand, p: &LawParams) -> bool {
         return true;
     }
     prefill_wait(owner, p) >= prefill_wait(to, p)
+}
+
+/// `hard`'s pick `pick`, or the endpoint [`work_guard`] moves it to.
+fn guarded(cands: &[Cand], pick: EpIdx, eps: f64, p: &LawParams) -> EpIdx {
+    cands
+        .iter()
+        .find(|c| c.ep == pick)
+        .and_then(|c| work_guard(cands, c, eps, p))
+        .unwrap_or(pick)
+}
+
+/// The work guard of `hard` and `adaptive` (loxi extension, issue 13 goal 4): where a pick
+/// whose prefill queue costs more than its cached prefix saves goes instead, if anywhere.
+/// With `G = p.work_guard_percent / 100`, `B` tokens per overlap unit, and
+/// `wait_i = W_i + (n − o_i)·B` ([`prefill_wait`]), the request moves from `pick` to the
+/// eligible `j` with the least `wait_j + G·(o_pick − o_j)·B` (ties → higher `o_j` → lower
+/// `L_j` → index) when
+///
+/// `wait_pick > wait_j + G·(o_pick − o_j)·B`  and  `L_j + 1 ≤ cap_j`
+///
+/// i.e. the pick's queued prefill outweighs what its cached prefix saves by more than `G`
+/// times (`G = 2`, the default: the saving itself, and as much again for the copy the move
+/// makes, which evicts something elsewhere; the `work` law's `1 + ξ`), and `j` is within
+/// the bounded-load cap. `None` when the guard is off (`G = 0`), when no such `j` exists,
+/// or when it would be `pick` itself.
+///
+/// Why: the request-count cap lets an owner carry up to `(1 + ε)` times its share of requests
+/// whatever they cost. With little reuse (4 `vllm-sim` workers, 150 groups of 3,200-token
+/// prompts, 24 requests/s) an owner's requests are mostly cold prefills: the 9 % of requests
+/// that hit waited behind them, and `hard`'s TTFT p99 was 1.2–1.35× round robin's.
+pub fn work_guard(cands: &[Cand], pick: &Cand, eps: f64, p: &LawParams) -> Option<EpIdx> {
+    if p.work_guard_percent == 0 {
+        return None;
+    }
+    let g = f64::from(p.work_guard_percent) / 100.0;
+    let b = tokens_per_unit(p);
+    let price = |c: &Cand| {
+        let saved = pick.overlap.saturating_sub(c.overlap) as f64 * b;
+        prefill_wait(c, p) + g * saved
+    };
+    let best = cands
+        .iter()
+        .filter(|c| c.ep != pick.ep && c.load < cap(c, cands, eps))
+        .map(|c| (price(c), c))
+        .min_by(|(pa, a), (pb, b)| {
+            pa.total_cmp(pb)
+                .then(b.overlap.cmp(&a.overlap))
+                .then(a.load.cmp(&b.load))
+                .then(a.ep.cmp(&b.ep))
+        })?;
+    (prefill_wait(pick, p) > best.0).then_some(best.1.ep)
 }
 
 /// Tokens per overlap unit (`B` of the module doc, in the units of [`Cand::overlap`]).

@@ -24,6 +24,7 @@ fn params(mode: LbMode, relief: bool) -> LawParams {
         request_tokens: 32,
         batch_slots: 0,
         spill_floor: 0,
+        work_guard_percent: 0,
     }
 }
 
@@ -467,4 +468,90 @@ fn replica_waits_for_the_pick_to_exceed_its_share_and_for_an_idle_target() {
     ];
     // share ceil(4 · 4/5) = 4, L_0 + 1 = 4: not over it.
     assert_eq!(replica(&weighted, 0, 2, |_: &Cand| true), None);
+}
+
+/// `hard` (floor 8) with the work guard `g` percent, for a request of 200 blocks of 16 tokens.
+fn guard_params(mode: LbMode, g: u32) -> LawParams {
+    LawParams {
+        mode,
+        request_blocks: 200,
+        spill_floor: 8,
+        work_guard_percent: g,
+        ..params(mode, true)
+    }
+}
+
+fn worked(ep: EpIdx, overlap: usize, load: u64, work: u64) -> Cand {
+    Cand {
+        work,
+        ..c(ep, overlap, load)
+    }
+}
+
+#[test]
+fn work_guard_moves_a_pick_whose_queue_outweighs_twice_its_saving() {
+    // Low reuse (issue 13 goal 4): the owner holds 192 of 200 blocks behind queued cold
+    // prefills. T = 4 over 4: cap = ceil(1.75 · 5 / 4) = 3, every endpoint under it, so
+    // `hard` keeps the owner. Its wait is W + 8 · 16; ep1's is 200 · 16 = 3,200, plus
+    // G · 192 · 16 = 6,144 for the copy: the owner's queue must pass 9,216 tokens.
+    let at = |w| {
+        [
+            worked(0, 192, 2, w),
+            worked(1, 0, 1, 0),
+            worked(2, 0, 1, 3_200),
+            worked(3, 0, 0, 6_400),
+        ]
+    };
+    let p = guard_params(LbMode::Hard, 200);
+    assert_eq!(blend(&at(9_216), &p), pick(0, false));
+    assert_eq!(blend(&at(9_217), &p), pick(1, true));
+    assert_eq!(work_guard(&at(9_217), &at(9_217)[0], 0.75, &p), Some(1));
+    // Off (G = 0): LoxiLB's `hard` keeps the owner whatever it has queued.
+    assert_eq!(
+        blend(&at(50_000), &guard_params(LbMode::Hard, 0)),
+        pick(0, false)
+    );
+    // `adaptive` applies it too (ε·f).
+    assert_eq!(
+        blend(&at(9_217), &guard_params(LbMode::Adaptive, 200)),
+        pick(1, true)
+    );
+    // G = 100 prices the saving only: 3,200 + 3,072 = 6,272.
+    assert_eq!(
+        blend(&at(6_144), &guard_params(LbMode::Hard, 100)),
+        pick(0, false)
+    );
+    assert_eq!(
+        blend(&at(6_145), &guard_params(LbMode::Hard, 100)),
+        pick(1, true)
+    );
+}
+
+#[test]
+fn work_guard_prefers_a_partial_holder_and_never_breaks_the_cap() {
+    let p = guard_params(LbMode::Hard, 200);
+    // ep3 holds 100 blocks with 1,000 queued: 1,000 + 100 · 16 + 2 · 92 · 16 = 5,544, less
+    // than ep1's 9,344, so the owner (wait 9,345 + 128) goes there.
+    let cands = [
+        worked(0, 192, 2, 9_345),
+        worked(1, 0, 1, 0),
+        worked(2, 0, 1, 3_200),
+        worked(3, 100, 0, 1_000),
+    ];
+    assert_eq!(blend(&cands, &p), pick(3, true));
+    // The target must be under its cap.
+    let cands = [
+        worked(0, 192, 2, 20_000),
+        worked(1, 0, 4, 0),
+        worked(2, 0, 0, 20_000),
+    ];
+    // T = 6 over 3: cap = ceil(1.75 · 7 / 3) = 5; ep1 at 4 is under it → moves there.
+    assert_eq!(blend(&cands, &p), pick(1, true));
+    let full = [
+        worked(0, 192, 2, 20_000),
+        worked(1, 0, 6, 0),
+        worked(2, 0, 0, 20_000),
+    ];
+    // T = 8: cap = ceil(1.75 · 9 / 3) = 6; ep1 at 6 is at it, ep2's queue is no better.
+    assert_eq!(blend(&full, &p), pick(0, false));
 }

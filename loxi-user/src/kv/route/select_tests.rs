@@ -48,6 +48,8 @@ fn fx_tok(
 
 fn fx(n: usize) -> Fx {
     let s = KvSettings {
+        // LoxiLB's miss semantics (`no_worker` falls through to `sel`).
+        cold_least_work: false,
         lb_mode: LbMode::Off,
         coldstart_seed_n: 0,
         ..KvSettings::default()
@@ -524,6 +526,8 @@ fn token_id_prompts_are_used_as_given() {
 #[test]
 fn multi_turn_conversation_stays_on_its_first_worker_under_balanced_load() {
     let s = KvSettings {
+        // LoxiLB's miss semantics (`no_worker` falls through to `sel`).
+        cold_least_work: false,
         coldstart_seed_n: 0,
         ..KvSettings::default()
     };
@@ -681,6 +685,8 @@ fn golden_lora_case() -> (Vec<u32>, String, String, Vec<BlockKey>) {
 fn a_lora_adapter_request_matches_its_own_vllm_blocks_only() {
     let (tokens, name, path, vllm_keys) = golden_lora_case();
     let s = KvSettings {
+        // LoxiLB's miss semantics (`no_worker` falls through to `sel`).
+        cold_least_work: false,
         lb_mode: LbMode::Off,
         coldstart_seed_n: 0,
         lora_paths: [
@@ -757,6 +763,8 @@ fn a_listed_adapter_is_tokenized_by_its_parent_and_hashed_with_its_root() {
 /// `n` endpoints, law `off`, no cold seeding, offload-tier credit `credit`.
 fn fx_credit(n: usize, credit: f64) -> Fx {
     let s = KvSettings {
+        // LoxiLB's miss semantics (`no_worker` falls through to `sel`).
+        cold_least_work: false,
         lb_mode: LbMode::Off,
         coldstart_seed_n: 0,
         cpu_tier_credit: credit,
@@ -1049,4 +1057,67 @@ fn the_spill_floor_keeps_the_owner_until_it_carries_f_requests_or_its_queue_pays
         f.metric("loxilb_pd_kv_tier15_spills_total{service=\"1\",ep_idx=\"1\"}"),
         2.0
     );
+}
+
+#[test]
+fn a_request_no_endpoint_holds_goes_to_the_least_prefill_wait_then_load_then_emptiest_cache() {
+    // Default settings: `LOXI_KV_COLD_PLACEMENT=least-work` (seeding off to isolate it).
+    let s = KvSettings {
+        coldstart_seed_n: 0,
+        replica_load: 0,
+        ..KvSettings::default()
+    };
+    assert!(KvSettings::default().cold_least_work);
+    let f = fx_with(s, 3, serde_json::json!({}));
+    let m = meta(PROMPT);
+    let placed = |ep: usize| {
+        f.metric(&format!(
+            "loxilb_pd_kv_tier15_cold_placements_total{{service=\"1\",ep_idx=\"{ep}\"}}"
+        ))
+    };
+    // Nothing held, all idle: the lowest index.
+    assert_eq!(f.select(&m), Some(Decision::pick(0, Reason::KvColdPlace)));
+    assert_eq!(placed(0), 1.0);
+    // A placement is neither a miss nor a fallthrough nor a hit.
+    assert_eq!(f.misses("no_worker"), 0.0);
+    assert_eq!(
+        f.metric("loxilb_pd_kv_tier15_fallthrough_total{service=\"1\"}"),
+        0.0
+    );
+    assert_eq!(
+        f.metric("loxilb_pd_kv_tier15_hits_total{service=\"1\",ep_idx=\"0\"}"),
+        0.0
+    );
+    // Queued prefill on ep0 (tokens): ep1.
+    f.loads[0].prefill_tokens.store(1_000, Ordering::Relaxed);
+    assert_eq!(f.select(&m), Some(Decision::pick(1, Reason::KvColdPlace)));
+    // ep1 and ep2 tie on work; ep1 carries more requests: ep2.
+    f.loads[1].in_flight.store(2, Ordering::Relaxed);
+    f.loads[2].in_flight.store(1, Ordering::Relaxed);
+    assert_eq!(f.select(&m), Some(Decision::pick(2, Reason::KvColdPlace)));
+    // Work and load tie; ep2's cache holds another prompt's blocks: the emptier ep1.
+    f.loads[2].in_flight.store(2, Ordering::Relaxed);
+    let other = meta(
+        "A different prompt entirely, about sailing boats and the wind on the open sea, long enough.",
+    );
+    f.hold(2, &other, 2);
+    assert_eq!(f.select(&m), Some(Decision::pick(1, Reason::KvColdPlace)));
+    assert_eq!((placed(0), placed(1), placed(2)), (1.0, 2.0, 1.0));
+    // Only an unhealthy endpoint holds the prefix: placed on a healthy one, not `excluded`.
+    f.hold(0, &m, 3);
+    f.loads[0].healthy.store(false, Ordering::Relaxed);
+    assert_eq!(f.select(&m), Some(Decision::pick(1, Reason::KvColdPlace)));
+    assert_eq!(f.misses("excluded"), 0.0);
+    // `sel` (LoxiLB): the same request falls through, counted as a miss.
+    let lax = fx_with(
+        KvSettings {
+            cold_least_work: false,
+            coldstart_seed_n: 0,
+            ..KvSettings::default()
+        },
+        3,
+        serde_json::json!({}),
+    );
+    assert_eq!(lax.select(&m), None);
+    assert_eq!(lax.misses("no_worker"), 1.0);
 }
