@@ -4,7 +4,8 @@
 //! that other gateways put on an engine counts.
 //!
 //! Two real HTTP backends behind a `kvExactMode: 3` rule under the `work` law (tiny model's
-//! tokenizer, block 32, holdings from the tier's predicted blocks, cold seeding off).
+//! tokenizer, block 32, holdings from the tier's predicted blocks, cold seeding off; the
+//! spill scenario places cold requests by the rule's `sel`, `LOXI_KV_COLD_PLACEMENT=sel`).
 //! Endpoint 0 serves vLLM-style `/metrics` with 50 requests waiting (another gateway's queue);
 //! endpoint 1 serves no Prometheus text at all. Prompt `A = S + tail` goes to endpoint 0 (round
 //! robin's first pick, nothing held yet); `B = S + other tail` shares `S` with it. Without
@@ -55,9 +56,10 @@ async fn complete(vip: SocketAddr, text: String) -> usize {
         .expect("x-loxilb-endpoint")
 }
 
-/// Runs `A` then `B` with engine metrics scraped every `interval_ms` (`None`: unset, off):
-/// their endpoints and the daemon's metrics text at the end.
-async fn scenario(interval_ms: Option<&str>) -> ([usize; 2], String) {
+/// Runs `A` then `B` with engine metrics scraped every `interval_ms` (`None`: unset, off) and
+/// `LOXI_KV_COLD_PLACEMENT=cold` (`None`: the default, least work): their endpoints and the
+/// daemon's metrics text at the end.
+async fn scenario(interval_ms: Option<&str>, cold: Option<&str>) -> ([usize; 2], String) {
     let backends = [Backend::start("0").await, Backend::start("1").await];
     backends[0].set_metrics(Some(BUSY_ENGINE));
     let tok = tempfile::tempdir().expect("tmp");
@@ -71,6 +73,9 @@ async fn scenario(interval_ms: Option<&str>) -> ([usize; 2], String) {
     .env("LOXILB_KV_LB_MODE", "work");
     if let Some(ms) = interval_ms {
         opts = opts.env("LOXI_ENGINE_METRICS_INTERVAL_MS", ms);
+    }
+    if let Some(c) = cold {
+        opts = opts.env("LOXI_KV_COLD_PLACEMENT", c);
     }
     let d = Daemon::start(opts).await;
     let vip = d
@@ -92,7 +97,7 @@ async fn scenario(interval_ms: Option<&str>) -> ([usize; 2], String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_engine_reported_queue_sends_the_prefix_sharer_elsewhere() {
-    let ([a, b], m) = scenario(Some("100")).await;
+    let ([a, b], m) = scenario(Some("100"), Some("sel")).await;
     assert_eq!(a, 0, "round robin's first pick");
     assert_eq!(b, 1, "endpoint 0's 50 waiting outweigh the shared prefix");
     let spills = metric(&m, "loxilb_pd_kv_tier15_spills_total", &["ep_idx=\"1\""]);
@@ -141,7 +146,26 @@ async fn an_engine_reported_queue_sends_the_prefix_sharer_elsewhere() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_engine_metrics_the_prefix_sharer_stays_on_its_holder() {
-    let ([a, b], m) = scenario(None).await;
+    let ([a, b], m) = scenario(None, None).await;
     assert_eq!((a, b), (0, 0), "both idle to this gateway: B follows S");
     assert!(!m.contains("loxilb_engine_metrics_up{"), "not scraped: {m}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cold_request_is_placed_away_from_the_engine_reported_queue() {
+    // Default cold placement: nothing is held and nothing is queued through this gateway, so
+    // the effective load decides, and endpoint 0's 54 engine-reported requests send `A` to 1;
+    // `B` then follows its prefix there. Nothing spills.
+    let ([a, b], m) = scenario(Some("100"), None).await;
+    assert_eq!((a, b), (1, 1), "A avoids the busy engine, B follows S: {m}");
+    let placed = |ep: &str| {
+        metric(
+            &m,
+            "loxilb_pd_kv_tier15_cold_placements_total",
+            &[&format!("ep_idx=\"{ep}\"")],
+        )
+    };
+    assert_eq!((placed("0"), placed("1")), (0.0, 1.0), "{m}");
+    let spills = metric(&m, "loxilb_pd_kv_tier15_spills_total", &["ep_idx=\"1\""]);
+    assert_eq!(spills, 0.0, "{m}");
 }

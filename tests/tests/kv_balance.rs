@@ -1,9 +1,12 @@
 //! Scenario 16 of `../shared/cases/routing-scenarios.md`: 512 concurrent unique prompts over 5
 //! workers behind a KV-aware rule (`kvExactMode: 3`, predicted blocks on, the tiny model's real
-//! tokenizer). No prompt shares a block with another, so tier 1.5 must miss every time with
-//! `no_worker` (never herd them onto the worker its own predictions point at), and the fallback
-//! selector must spread them: max/min requests per worker ≤ 1.5 and no worker idle. Each
-//! prompt is tokenized and hashed exactly once (the routing stage histograms count 512).
+//! tokenizer). No prompt shares a block with another, so tier 1.5 never scores a hit (never
+//! herds them onto the worker its own predictions point at) and they must spread: max/min
+//! requests per worker ≤ 1.5 and no worker idle. By default (`LOXI_KV_COLD_PLACEMENT=
+//! least-work`) every one is a cold placement (least queued prefill, then the emptiest cache);
+//! with `sel` (LoxiLB's semantics) every one misses with `no_worker` and the rule's selector
+//! spreads them. Each prompt is tokenized and hashed exactly once (the routing stage
+//! histograms count 512).
 
 use std::path::PathBuf;
 
@@ -38,8 +41,9 @@ fn sample(metrics: &str, name: &str, labels: &[&str]) -> f64 {
         .unwrap_or(0.0)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unique_prompts_spread_evenly_and_every_one_misses_as_no_worker() {
+/// Sends the 512 prompts at once with `LOXI_KV_COLD_PLACEMENT=cold` (`None`: the default),
+/// checks the spread and the delivery, and returns the daemon's metrics text.
+async fn burst_of_unique_prompts(cold: Option<&str>) -> String {
     let mut backends = Vec::new();
     for i in 0..WORKERS {
         backends.push(Backend::start(&i.to_string()).await);
@@ -54,6 +58,10 @@ async fn unique_prompts_spread_evenly_and_every_one_misses_as_no_worker() {
     // All 512 requests arrive at once: the tokenization queue (default 64, `overload` beyond)
     // is not what this test is about, so it holds them all.
     .env("LOXI_KV_TOKENIZE_QUEUE", "1024");
+    let opts = match cold {
+        Some(c) => opts.env("LOXI_KV_COLD_PLACEMENT", c),
+        None => opts,
+    };
     let d = Daemon::start(opts).await;
     let vip = d
         .post_kv_pool_rule(&backends.iter().map(Backend::port).collect::<Vec<_>>())
@@ -109,22 +117,13 @@ async fn unique_prompts_spread_evenly_and_every_one_misses_as_no_worker() {
     }
 
     let m = d.metrics_text().await;
-    let misses = sample(
-        &m,
-        "loxilb_pd_kv_tier15_miss_reason_total",
-        &["reason=\"no_worker\""],
-    );
-    assert_eq!(
-        misses, REQUESTS as f64,
-        "every unique prompt misses as no_worker"
-    );
     let hits: f64 = m
         .lines()
         .filter(|l| l.starts_with("loxilb_pd_kv_tier15_hits_total{"))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
     assert_eq!(hits, 0.0, "no tier-1.5 hit for prompts that share nothing");
-    // Each prompt is tokenized and hashed once: the miss's keys also feed the predicted blocks.
+    // Each prompt is tokenized and hashed once: the keys also feed the predicted blocks.
     let stage = |s: &str| {
         sample(
             &m,
@@ -136,5 +135,49 @@ async fn unique_prompts_spread_evenly_and_every_one_misses_as_no_worker() {
         (stage("Tokenize"), stage("Hash")),
         (REQUESTS as f64, REQUESTS as f64),
         "one tokenization and one hash per request"
+    );
+    m
+}
+
+/// The sum over endpoints of the samples of `name`.
+fn total(m: &str, name: &str) -> f64 {
+    m.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unique_prompts_spread_evenly_as_cold_placements() {
+    let m = burst_of_unique_prompts(None).await;
+    assert_eq!(
+        total(&m, "loxilb_pd_kv_tier15_cold_placements_total"),
+        REQUESTS as f64,
+        "every unique prompt is placed cold"
+    );
+    let misses = sample(
+        &m,
+        "loxilb_pd_kv_tier15_miss_reason_total",
+        &["reason=\"no_worker\""],
+    );
+    assert_eq!(misses, 0.0, "a cold placement is not a miss");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_sel_placement_unique_prompts_spread_evenly_and_every_one_misses_as_no_worker() {
+    let m = burst_of_unique_prompts(Some("sel")).await;
+    let misses = sample(
+        &m,
+        "loxilb_pd_kv_tier15_miss_reason_total",
+        &["reason=\"no_worker\""],
+    );
+    assert_eq!(
+        misses, REQUESTS as f64,
+        "every unique prompt misses as no_worker"
+    );
+    assert_eq!(
+        total(&m, "loxilb_pd_kv_tier15_cold_placements_total"),
+        0.0,
+        "sel places none"
     );
 }

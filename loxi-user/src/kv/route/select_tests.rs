@@ -1060,7 +1060,7 @@ fn the_spill_floor_keeps_the_owner_until_it_carries_f_requests_or_its_queue_pays
 }
 
 #[test]
-fn a_request_no_endpoint_holds_goes_to_the_least_prefill_wait_then_load_then_emptiest_cache() {
+fn a_request_no_endpoint_holds_goes_to_the_least_prefill_wait_then_emptiest_cache_then_load() {
     // Default settings: `LOXI_KV_COLD_PLACEMENT=least-work` (seeding off to isolate it).
     let s = KvSettings {
         coldstart_seed_n: 0,
@@ -1095,14 +1095,22 @@ fn a_request_no_endpoint_holds_goes_to_the_least_prefill_wait_then_load_then_emp
     f.loads[1].in_flight.store(2, Ordering::Relaxed);
     f.loads[2].in_flight.store(1, Ordering::Relaxed);
     assert_eq!(f.select(&m), Some(Decision::pick(2, Reason::KvColdPlace)));
-    // Work and load tie; ep2's cache holds another prompt's blocks: the emptier ep1.
-    f.loads[2].in_flight.store(2, Ordering::Relaxed);
+    // Work ties; ep2's cache holds another prompt's blocks: the emptier ep1, though it
+    // carries more requests (the cache comes before the load).
     let other = meta(
         "A different prompt entirely, about sailing boats and the wind on the open sea, long enough.",
     );
     f.hold(2, &other, 2);
     assert_eq!(f.select(&m), Some(Decision::pick(1, Reason::KvColdPlace)));
     assert_eq!((placed(0), placed(1), placed(2)), (1.0, 2.0, 1.0));
+    // Queues are compared in quanta of the request's own prefill (n·B tokens): less than one
+    // more on ep1 is a tie, and the emptier cache still wins; one whole more is not.
+    let nb = 16 * f.keys_of(&m).len() as u64;
+    f.loads[1].prefill_tokens.store(nb - 1, Ordering::Relaxed);
+    assert_eq!(f.select(&m), Some(Decision::pick(1, Reason::KvColdPlace)));
+    f.loads[1].prefill_tokens.store(nb, Ordering::Relaxed);
+    assert_eq!(f.select(&m), Some(Decision::pick(2, Reason::KvColdPlace)));
+    f.loads[1].prefill_tokens.store(0, Ordering::Relaxed);
     // Only an unhealthy endpoint holds the prefix: placed on a healthy one, not `excluded`.
     f.hold(0, &m, 3);
     f.loads[0].healthy.store(false, Ordering::Relaxed);
