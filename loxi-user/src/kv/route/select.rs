@@ -456,6 +456,14 @@ impl KvRouter {
             if self.state.settings.cold_least_work
                 && let Some(ep) = cold_place(keys.len(), svc, cands, &usable, &member)
             {
+                tracing::debug!(
+                    service = rule.id,
+                    to = ep,
+                    blocks = keys.len(),
+                    work = ?cands.loads.iter().map(|l| l.prefill_work()).collect::<Vec<_>>(),
+                    held = ?(0..cands.len()).map(|e| member(e).map_or(0, |m| svc.index.blocks(m))).collect::<Vec<_>>(),
+                    "kv cold place"
+                );
                 return Ok((Decision::pick(ep, Reason::KvColdPlace), 0));
             }
             return Err(if scores.is_empty() && any_tier.is_empty() {
@@ -496,12 +504,14 @@ impl KvRouter {
                 .map_or(0, |c| c.overlap / MILLI)
         };
         if let Some(cold) = self.cold_seed(svc, law_cands, &member, pick.ep) {
+            tracing::debug!(service = rule.id, pick = pick.ep, to = cold, cands = ?law_cands, "kv cold seed");
             svc.route.cold_seed(cold);
             return Ok((Decision::pick(cold, Reason::KvColdSeed), cached(cold)));
         }
         // Replica seeding (`blend::replica`): free room is an empty cache.
         let has_room = |c: &Cand| member(c.ep).map_or(0, |m| svc.index.blocks(m)) == 0;
         if let Some(copy) = replica(law_cands, pick.ep, s.replica_load, has_room) {
+            tracing::debug!(service = rule.id, pick = pick.ep, to = copy, cands = ?law_cands, "kv replica seed");
             svc.route.cold_seed(copy);
             return Ok((Decision::pick(copy, Reason::KvColdSeed), cached(copy)));
         }
