@@ -822,7 +822,7 @@ impl ScoreScratch {
             return general;
         }
         if changes == 0 {
-            self.fill(set0, keys.len(), None);
+            self.fill(set0, keys.len());
         }
         let Self {
             survivors,
@@ -840,18 +840,23 @@ impl ScoreScratch {
         None
     }
 
-    /// One `best` entry per endpoint among `set0`'s GPU slots, each of length `n`; with
-    /// `tag`, each GPU slot is also tagged `tag` with its entry's position.
-    fn fill(&mut self, set0: &[u32], n: usize, tag: Option<u32>) {
-        if let (Some(_), Some(&last)) = (tag, set0.last())
-            && self.survivors.len() <= last as usize
-        {
-            self.survivors
-                .resize(last as usize + 1, Survivor::default());
+    /// One `best` entry per endpoint among `set0`'s GPU slots, each of length `n`; true when
+    /// that is one entry per slot (no offload slot, no two ranks of one endpoint: then a
+    /// slot's position in `set0` is its entry's).
+    fn fill(&mut self, set0: &[u32], n: usize) -> bool {
+        let best = &mut self.best;
+        // Sorted slots share an endpoint iff they differ in the low 5 bits only.
+        let mut mixed = 0;
+        for (&y, &z) in set0.iter().zip(set0.iter().skip(1)) {
+            mixed |= u32::from((y ^ z) < 32) | (y & OFFLOAD_BIT);
         }
-        let Self {
-            best, survivors, ..
-        } = self;
+        if let Some(&y) = set0.last() {
+            mixed |= y & OFFLOAD_BIT;
+        }
+        if mixed == 0 {
+            best.extend(set0.iter().map(|&y| (slot_ep(y), n)));
+            return true;
+        }
         best.resize(set0.len(), (0, 0));
         // Branch-free: every slot writes the next entry, which only advances for a GPU slot
         // of a new endpoint (`Member::MAX` is no endpoint).
@@ -859,44 +864,72 @@ impl ScoreScratch {
         for (&y, k) in set0.iter().zip(0..) {
             let ep = slot_ep(y);
             best[out.min(k)] = (ep, n);
-            let gpu = !is_offload(y);
-            let new = gpu && ep != last;
+            let new = !is_offload(y) && ep != last;
             out += usize::from(new);
             if new {
                 last = ep;
             }
-            if let Some(tag) = tag
-                && gpu
-            {
-                survivors[y as usize] = Survivor {
-                    tag,
-                    pos: out.saturating_sub(1) as u32,
-                };
-            }
         }
         best.truncate(out);
+        false
     }
 
     /// The first holder-set change, to `here` at request block `i`: [`Self::fill`] with
-    /// length `i` and tag `b` (the first block held), then the holders of `here` among
-    /// them advance to `b + 1` and are listed in `surv`. Returns how many there are.
+    /// length `i`, then the GPU slots of `here` that are in `set0` (a binary search each for
+    /// a few holders, else one merge pass) tagged `b + 1` (one change survived) with their
+    /// entry's position, and listed in `surv`. Returns how many there are.
     fn first_change(&mut self, set0: &[u32], here: &[u32], i: usize, b: u32) -> u32 {
-        self.fill(set0, i, Some(b));
-        let Self {
-            survivors, surv, ..
-        } = self;
-        surv.resize(here.len(), 0);
-        let mut kept = 0;
-        for (&x, k) in here.iter().zip(0..) {
-            if let Some(e) = survivors.get_mut(x as usize) {
-                let hit = e.tag == b;
-                e.tag += u32::from(hit);
-                surv[kept.min(k)] = x;
-                kept += usize::from(hit);
-            }
+        let exact = self.fill(set0, i);
+        if let Some(&last) = here.last()
+            && self.survivors.len() <= last as usize
+        {
+            self.survivors
+                .resize(last as usize + 1, Survivor::default());
         }
-        surv.truncate(kept);
-        kept as u32
+        let Self {
+            survivors,
+            surv,
+            best,
+            ..
+        } = self;
+        let search = here.len() * 8 < set0.len();
+        let mut from = 0;
+        for &x in here {
+            if is_offload(x) {
+                continue;
+            }
+            if search {
+                match set0[from..].binary_search(&x) {
+                    Ok(j) => from += j + 1,
+                    Err(j) => {
+                        from += j;
+                        continue;
+                    }
+                }
+            } else {
+                while from < set0.len() && set0[from] < x {
+                    from += 1;
+                }
+                if from == set0.len() {
+                    break;
+                }
+                if set0[from] != x {
+                    continue;
+                }
+                from += 1;
+            }
+            let pos = if exact {
+                from - 1
+            } else {
+                best.partition_point(|e| e.0 < slot_ep(x))
+            };
+            survivors[x as usize] = Survivor {
+                tag: b + 1,
+                pos: pos as u32,
+            };
+            surv.push(x);
+        }
+        surv.len() as u32
     }
 
     /// A later holder-set change, to `here`: the streams tagged `alive` (every change so far

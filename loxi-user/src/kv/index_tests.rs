@@ -431,3 +431,25 @@ fn survival_tags_restart_when_they_would_wrap() {
         assert_eq!(ix.score_with(&keys(&[1, 2, 3]), now(), &mut scratch), &want);
     }
 }
+
+#[test]
+fn survivors_find_their_endpoint_entry_when_ranks_share_it_and_offload_copies_are_skipped() {
+    let ix = KvIndex::new(1000);
+    ix.store(0, 0, &keys(&[1, 2, 3]));
+    ix.store(0, 1, &keys(&[1, 2]));
+    ix.store_in(1, 0, Tier::Offload, &keys(&[1, 2, 3, 4]));
+    ix.store(1, 0, &keys(&[1]));
+    ix.store(2, 0, &keys(&[1, 2, 3, 4]));
+    ix.store(3, 2, &keys(&[1, 2, 3]));
+    let mut scratch = ScoreScratch::default();
+    for _ in 0..2 {
+        assert_eq!(
+            ix.score_with(&keys(&[1, 2, 3, 4]), now(), &mut scratch),
+            &[(0, 3), (1, 1), (2, 4), (3, 3)]
+        );
+        assert_eq!(
+            ix.score_with(&keys(&[1, 2]), now(), &mut scratch),
+            &[(0, 2), (1, 1), (2, 2), (3, 2)]
+        );
+    }
+}
