@@ -22,10 +22,18 @@
 //! Scoring returns, per endpoint, the length of the leading run of request blocks one of its
 //! slots holds (predictions included). It walks the request along the chains: a request block
 //! that follows the previous one in its chain costs one key compare (eight at a time while the
-//! holder word stays the same), a map probe only where the request leaves a chain, and the
-//! per-stream pass (a merge of two sorted slot lists) only where the holder word changes. So a
-//! query is O(request blocks / 8 + chain breaks + holder-set changes × holders), whatever the
-//! index size and however many endpoints share the prefix. Nothing about a key is inferred
+//! holder word stays the same), a map probe only where the request leaves a chain, and
+//! per-holder work only where the holder word changes: the first change writes the result once
+//! from the first block's holders and gives those that hold the new set a *survival tag*
+//! (changes survived, in an 8-byte per-slot scratch entry with their result position); each
+//! later change advances the tags of the new set's holders that survived every change before
+//! (one compare each); at the end the survivors' entries take their lengths. A block with a
+//! live prediction hands over to a general pass (a merge of the sorted live streams with the
+//! set). So a query is O(request blocks / 8 + chain breaks + first-block holders + holder-set
+//! changes × holders of the new set), whatever the index size and however many endpoints
+//! share the prefix. Writers remember the last holder-set transition (old set + slot → new
+//! set, and the reverse for removes): a run of blocks moving between the same two sets
+//! re-interns once. Nothing about a key is inferred
 //! from its chain: a block removed from the middle of a chain, an orphan, a key stored by
 //! another call elsewhere all score by their own holder words; the chains only decide how
 //! cheaply the next key is found.
