@@ -28,7 +28,8 @@
 //! channel into `SyncIndexer::worker` on one thread, queries by `find_matches` on the caller's
 //! thread. Dynamo's rates include the channel hop (its production path).
 //!
-//! Run: `cd bench-peers && cargo bench` (about 1 min; target dir `../target/peers`).
+//! Run: `cd bench-peers && cargo bench` (about 10 s once built, ~30 s with `KV_PEERS_SCALE=4`;
+//! target dir `../target/peers`).
 //! `KV_PEERS_SCALE=k` replays the trace k times with distinct salts (k× blocks and cap) and
 //! grows the fleet k×.
 #![allow(

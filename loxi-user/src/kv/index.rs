@@ -22,10 +22,18 @@
 //! Scoring returns, per endpoint, the length of the leading run of request blocks one of its
 //! slots holds (predictions included). It walks the request along the chains: a request block
 //! that follows the previous one in its chain costs one key compare (eight at a time while the
-//! holder word stays the same), a map probe only where the request leaves a chain, and the
-//! per-stream pass (a merge of two sorted slot lists) only where the holder word changes. So a
-//! query is O(request blocks / 8 + chain breaks + holder-set changes × holders), whatever the
-//! index size and however many endpoints share the prefix. Nothing about a key is inferred
+//! holder word stays the same), a map probe only where the request leaves a chain, and
+//! per-holder work only where the holder word changes: the first change writes the result once
+//! from the first block's holders and gives those that hold the new set a *survival tag*
+//! (changes survived, in an 8-byte per-slot scratch entry with their result position); each
+//! later change advances the tags of the new set's holders that survived every change before
+//! (one compare each); at the end the survivors' entries take their lengths. A block with a
+//! live prediction hands over to a general pass (a merge of the sorted live streams with the
+//! set). So a query is O(request blocks / 8 + chain breaks + first-block holders + holder-set
+//! changes × holders of the new set), whatever the index size and however many endpoints
+//! share the prefix. Writers remember the last holder-set transition (old set + slot → new
+//! set, and the reverse for removes): a run of blocks moving between the same two sets
+//! re-interns once. Nothing about a key is inferred
 //! from its chain: a block removed from the middle of a chain, an orphan, a key stored by
 //! another call elsewhere all score by their own holder words; the chains only decide how
 //! cheaply the next key is found.
@@ -152,6 +160,13 @@ struct Table {
     /// Predicted holders of a key: (endpoint, expiry).
     predicted: KeyMap<Vec<(u32, Instant)>>,
     scratch: Vec<u32>,
+    /// The last holder-set transitions of [`Self::with`] and [`Self::without`]:
+    /// `(old word, slot, new word)` (flags cleared). A store (remove) of a run of blocks by one
+    /// slot mostly repeats the previous block's transition, which then costs a use count
+    /// instead of a set hash and probe. Cleared when either set is freed (its id may be
+    /// reused for other holders).
+    memo_with: Option<(u32, u32, u32)>,
+    memo_without: Option<(u32, u32, u32)>,
 }
 
 fn loc_of(l: u64) -> (usize, usize) {
@@ -285,6 +300,14 @@ impl Table {
         }
         let (hash, next) = (rec.hash, rec.next);
         rec.slots = Box::default();
+        let freed = MULTI | id;
+        let gone = |m: Option<(u32, u32, u32)>| m.is_some_and(|(o, _, n)| o == freed || n == freed);
+        if gone(self.memo_with) {
+            self.memo_with = None;
+        }
+        if gone(self.memo_without) {
+            self.memo_without = None;
+        }
         if self.set_index.get(&hash) == Some(&id) {
             if next == NO_SET {
                 self.set_index.remove(&hash);
@@ -303,33 +326,62 @@ impl Table {
 
     /// The word for `word`'s holders with `slot` added (`slot` not among them), flag kept.
     fn with(&mut self, word: u32, slot: u32) -> u32 {
-        let mut s = std::mem::take(&mut self.scratch);
-        s.clear();
-        self.holders(word).for_each(|x| s.push(x));
-        let at = s.partition_point(|&x| x < slot);
-        s.insert(at, slot);
-        let new = if s.len() == 1 { slot } else { self.intern(&s) };
-        self.scratch = s;
-        self.release(word & !PRED);
+        let old = word & !PRED;
+        let new = match self.memo_with {
+            Some((o, s, n)) if o == old && s == slot => {
+                self.reuse(n);
+                n
+            }
+            _ => {
+                let mut s = std::mem::take(&mut self.scratch);
+                s.clear();
+                self.holders(word).for_each(|x| s.push(x));
+                let at = s.partition_point(|&x| x < slot);
+                s.insert(at, slot);
+                let new = if s.len() == 1 { slot } else { self.intern(&s) };
+                self.scratch = s;
+                self.memo_with = Some((old, slot, new));
+                new
+            }
+        };
+        self.release(old);
         new | (word & PRED)
+    }
+
+    /// One more use of `word`'s set (no-op for an inline word or [`EMPTY`]).
+    fn reuse(&mut self, word: u32) {
+        if word & MULTI != 0 {
+            self.sets[(word & LOW) as usize].uses += 1;
+        }
     }
 
     /// The word for `word`'s holders without `slot` (one of them), flag kept.
     fn without(&mut self, word: u32, slot: u32) -> u32 {
-        let mut s = std::mem::take(&mut self.scratch);
-        s.clear();
-        self.holders(word).for_each(|x| {
-            if x != slot {
-                s.push(x)
+        let old = word & !PRED;
+        let new = match self.memo_without {
+            Some((o, s, n)) if o == old && s == slot => {
+                self.reuse(n);
+                n
             }
-        });
-        let new = match s.len() {
-            0 => EMPTY,
-            1 => s[0],
-            _ => self.intern(&s),
+            _ => {
+                let mut s = std::mem::take(&mut self.scratch);
+                s.clear();
+                self.holders(word).for_each(|x| {
+                    if x != slot {
+                        s.push(x)
+                    }
+                });
+                let new = match s.len() {
+                    0 => EMPTY,
+                    1 => s[0],
+                    _ => self.intern(&s),
+                };
+                self.scratch = s;
+                self.memo_without = Some((old, slot, new));
+                new
+            }
         };
-        self.scratch = s;
-        self.release(word & !PRED);
+        self.release(old);
         if new == EMPTY {
             EMPTY
         } else {
@@ -650,9 +702,45 @@ pub struct KvIndex {
 /// score, the sweep only frees their memory.
 pub const SWEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// Reusable buffers of [`KvIndex::score_with`].
+/// Collects into `out` the endpoints predicted (and not expired at `now`) to hold `key`,
+/// whose word is `w`; true when there is one.
+fn live_predictions(t: &Table, w: u32, key: u64, now: Instant, out: &mut Vec<Member>) -> bool {
+    out.clear();
+    if w & PRED != 0
+        && let Some(p) = t.predicted.get(&key)
+    {
+        p.iter()
+            .filter(|(_, exp)| *exp > now)
+            .for_each(|(ep, _)| out.push(*ep as Member));
+    }
+    !out.is_empty()
+}
+
+/// Per slot, what the survival pass of [`KvIndex::score_with`] knows of its stream.
+#[derive(Debug, Default, Clone, Copy)]
+struct Survivor {
+    /// `base + m` once the stream held the first request block and every holder set up to
+    /// the `m`-th change (written from the first change on); anything below `base` is stale
+    /// (an earlier query's).
+    tag: u32,
+    /// Its endpoint's entry in the result.
+    pos: u32,
+}
+
+/// Reusable buffers of [`KvIndex::score_with`]: 8 bytes per slot (256 per endpoint index)
+/// plus a few words per holder of the request's first holder-set change and per change.
 #[derive(Debug, Default)]
 pub struct ScoreScratch {
+    /// Indexed by slot.
+    survivors: Vec<Survivor>,
+    /// The slots that held the first block and the first changed holder set.
+    surv: Vec<u32>,
+    /// The tag origin of the next query; advances past every tag a query writes.
+    base: u32,
+    /// `ends[m]`: the request length a stream that survived exactly `m` holder-set changes
+    /// holds (the block index of change `m + 1`, or the request length).
+    ends: Vec<u32>,
+    // The general pass (a live prediction in play):
     alive: Vec<u32>,
     /// The streams alive at the first block, sorted: every endpoint of the result is one of
     /// theirs, so the result comes out sorted without a sort.
@@ -670,6 +758,362 @@ pub struct ScoreScratch {
 }
 
 impl ScoreScratch {
+    /// The pass of [`KvIndex::score_with`] while no request block has a live prediction
+    /// (`keys[0]` has none; its word is `w0`, `walk` is at it). Nothing is done per holder of
+    /// the first block until the holders first change: that change fills `best` from the
+    /// first block's holders (one entry per endpoint, the change's block index) and tags
+    /// those of them that hold the new set; each later change advances the tags of the new
+    /// set's holders that survived every change before, and the walk stops when none did. At
+    /// the end the survivors' entries take their lengths. Returns `None`; or, at the first
+    /// block with a live prediction, its index and word, with `alive`, `first` and `ep_len`
+    /// set up for [`Self::general`] to go on from there.
+    fn survive(
+        &mut self,
+        t: &Table,
+        walk: &mut Walk<'_>,
+        keys: &[BlockKey],
+        w0: u32,
+        now: Instant,
+    ) -> Option<(usize, u32)> {
+        let h0 = t.holders(w0);
+        let set0 = h0.slots();
+        if set0.iter().all(|&x| is_offload(x)) {
+            return None;
+        }
+        // Tag 0 is every fresh entry's: the first query starts at 1.
+        if self.base == 0 || (u32::MAX - self.base) as usize <= keys.len() + 2 {
+            self.survivors.fill(Survivor::default());
+            self.base = 1;
+        }
+        let b = self.base;
+        self.ends.clear();
+        self.surv.clear();
+        let mut changes = 0u32;
+        let mut prev = w0;
+        let mut i = 1;
+        if w0 & PRED == 0 {
+            i += walk.run(&keys[1..], w0);
+        }
+        let mut general = None;
+        while i < keys.len() {
+            let k = keys[i].0;
+            let w = walk.word(k);
+            if w == prev && w & PRED == 0 {
+                i += 1 + walk.run(&keys[i + 1..], w);
+                continue;
+            }
+            if live_predictions(t, w, k, now, &mut self.predicted) {
+                general = Some((i, w));
+                break;
+            }
+            prev = w;
+            let here = t.holders(w);
+            let kept = if changes == 0 {
+                self.first_change(set0, here.slots(), i, b)
+            } else {
+                self.next_change(here.slots(), b + changes)
+            };
+            self.ends.push(i as u32);
+            changes += 1;
+            if kept == 0 {
+                break;
+            }
+            i += 1;
+            if w & PRED == 0 {
+                i += walk.run(&keys[i..], w);
+            }
+        }
+        self.ends.push(keys.len() as u32);
+        self.base = b + changes + 1;
+        if general.is_some() {
+            self.hand_over(set0, b, changes);
+            return general;
+        }
+        if changes == 0 {
+            self.fill(set0, keys.len());
+        }
+        let Self {
+            survivors,
+            surv,
+            ends,
+            best,
+            ..
+        } = self;
+        for &x in surv.iter() {
+            let e = survivors[x as usize];
+            let n = ends[(e.tag - b) as usize] as usize;
+            let at = &mut best[e.pos as usize].1;
+            *at = (*at).max(n);
+        }
+        None
+    }
+
+    /// One `best` entry per endpoint among `set0`'s GPU slots, each of length `n`; true when
+    /// that is one entry per slot (no offload slot, no two ranks of one endpoint: then a
+    /// slot's position in `set0` is its entry's).
+    fn fill(&mut self, set0: &[u32], n: usize) -> bool {
+        let best = &mut self.best;
+        // Sorted slots share an endpoint iff they differ in the low 5 bits only.
+        let mut mixed = 0;
+        for (&y, &z) in set0.iter().zip(set0.iter().skip(1)) {
+            mixed |= u32::from((y ^ z) < 32) | (y & OFFLOAD_BIT);
+        }
+        if let Some(&y) = set0.last() {
+            mixed |= y & OFFLOAD_BIT;
+        }
+        if mixed == 0 {
+            best.extend(set0.iter().map(|&y| (slot_ep(y), n)));
+            return true;
+        }
+        best.resize(set0.len(), (0, 0));
+        // Branch-free: every slot writes the next entry, which only advances for a GPU slot
+        // of a new endpoint (`Member::MAX` is no endpoint).
+        let (mut out, mut last) = (0, Member::MAX);
+        for (&y, k) in set0.iter().zip(0..) {
+            let ep = slot_ep(y);
+            best[out.min(k)] = (ep, n);
+            let new = !is_offload(y) && ep != last;
+            out += usize::from(new);
+            if new {
+                last = ep;
+            }
+        }
+        best.truncate(out);
+        false
+    }
+
+    /// The first holder-set change, to `here` at request block `i`: [`Self::fill`] with
+    /// length `i`, then the GPU slots of `here` that are in `set0` (a binary search each for
+    /// a few holders, else one merge pass) tagged `b + 1` (one change survived) with their
+    /// entry's position, and listed in `surv`. Returns how many there are.
+    fn first_change(&mut self, set0: &[u32], here: &[u32], i: usize, b: u32) -> u32 {
+        let exact = self.fill(set0, i);
+        if let Some(&last) = here.last()
+            && self.survivors.len() <= last as usize
+        {
+            self.survivors
+                .resize(last as usize + 1, Survivor::default());
+        }
+        let Self {
+            survivors,
+            surv,
+            best,
+            ..
+        } = self;
+        let search = here.len() * 8 < set0.len();
+        let mut from = 0;
+        for &x in here {
+            if is_offload(x) {
+                continue;
+            }
+            if search {
+                match set0[from..].binary_search(&x) {
+                    Ok(j) => from += j + 1,
+                    Err(j) => {
+                        from += j;
+                        continue;
+                    }
+                }
+            } else {
+                while from < set0.len() && set0[from] < x {
+                    from += 1;
+                }
+                if from == set0.len() {
+                    break;
+                }
+                if set0[from] != x {
+                    continue;
+                }
+                from += 1;
+            }
+            let pos = if exact {
+                from - 1
+            } else {
+                best.partition_point(|e| e.0 < slot_ep(x))
+            };
+            survivors[x as usize] = Survivor {
+                tag: b + 1,
+                pos: pos as u32,
+            };
+            surv.push(x);
+        }
+        surv.len() as u32
+    }
+
+    /// A later holder-set change, to `here`: the streams tagged `alive` (every change so far
+    /// survived) that hold it advance by one. Returns how many did.
+    fn next_change(&mut self, here: &[u32], alive: u32) -> u32 {
+        let mut kept = 0;
+        for &x in here {
+            if let Some(e) = self.survivors.get_mut(x as usize) {
+                let hit = u32::from(e.tag == alive);
+                e.tag += hit;
+                kept += hit;
+            }
+        }
+        kept
+    }
+
+    /// Hands the survival pass's state after `changes` changes over to [`Self::general`]:
+    /// `first` = `set0`'s GPU slots, `alive` = those that survived every change, the others'
+    /// lengths in `ep_len`.
+    fn hand_over(&mut self, set0: &[u32], b: u32, changes: u32) {
+        self.alive.clear();
+        self.first.clear();
+        self.best.clear();
+        if let Some(&last) = set0.last()
+            && self.ep_len.len() <= slot_ep(last)
+        {
+            self.ep_len.resize(slot_ep(last) + 1, 0);
+        }
+        for &x in set0 {
+            if is_offload(x) {
+                continue;
+            }
+            self.first.push(x);
+            let m = self
+                .survivors
+                .get(x as usize)
+                .map_or(0, |e| e.tag.saturating_sub(b));
+            if m == changes {
+                self.alive.push(x);
+            } else {
+                let (ep, n) = (slot_ep(x), self.ends[m as usize] as usize);
+                self.ep_len[ep] = self.ep_len[ep].max(n);
+            }
+        }
+    }
+
+    /// The general pass of [`KvIndex::score_with`], from request block `from` (word `w`,
+    /// `walk` at it): from block 0, or where [`Self::survive`] met a live prediction. Per
+    /// holder-set change, O(alive streams + holders). Fills `best`.
+    fn general(
+        &mut self,
+        t: &Table,
+        walk: &mut Walk<'_>,
+        keys: &[BlockKey],
+        from: usize,
+        w: u32,
+        now: Instant,
+    ) {
+        if from == 0 {
+            self.alive.clear();
+            self.first.clear();
+        }
+        let mut pending = Some(w);
+        let mut prev = EMPTY;
+        // Whether a predicted stream is alive (only the first block starts them).
+        let mut pred_streams = false;
+        let mut i = from;
+        while i < keys.len() {
+            let k = keys[i];
+            let w = pending.take().unwrap_or_else(|| walk.word(k.0));
+            // The same holders as the previous block and no prediction on either: every
+            // live stream goes on, through this block and the ones after it in its chain
+            // with the same word.
+            if i > from && w == prev && w & PRED == 0 {
+                i += 1 + walk.run(&keys[i + 1..], w);
+                continue;
+            }
+            prev = w;
+            live_predictions(t, w, k.0, now, &mut self.predicted);
+            let here = t.holders(w);
+            if i == 0 {
+                let Self {
+                    alive,
+                    first,
+                    predicted,
+                    ep_len,
+                    ..
+                } = &mut *self;
+                let here = here.slots();
+                alive.extend_from_slice(here);
+                if here.iter().any(|&s| is_offload(s)) {
+                    alive.retain(|&s| !is_offload(s));
+                }
+                if !predicted.is_empty() {
+                    alive.extend(predicted.iter().map(|&ep| slot(ep, PREDICTED_RANK)));
+                    alive.sort_unstable();
+                    pred_streams = true;
+                }
+                first.extend_from_slice(alive);
+                if let Some(&last) = alive.last()
+                    && ep_len.len() <= slot_ep(last)
+                {
+                    ep_len.resize(slot_ep(last) + 1, 0);
+                }
+            } else if self.predicted.is_empty() && !pred_streams {
+                // No prediction in play: `alive` and the holders are both sorted, so one
+                // merge pass decides every stream.
+                let here = here.slots();
+                let Self { alive, ep_len, .. } = &mut *self;
+                let mut j = 0;
+                alive.retain(|&s| {
+                    while j < here.len() && here[j] < s {
+                        j += 1;
+                    }
+                    let go_on = j < here.len() && here[j] == s;
+                    if !go_on {
+                        let ep = slot_ep(s);
+                        ep_len[ep] = ep_len[ep].max(i);
+                    }
+                    go_on
+                });
+            } else {
+                let stamp = self.mark(&here);
+                let Self {
+                    alive,
+                    predicted,
+                    ep_len,
+                    slot_seen,
+                    ep_seen,
+                    ..
+                } = &mut *self;
+                // A stream continues through a block it holds or its endpoint is predicted to
+                // hold (a request just routed there computes it); the predicted stream
+                // continues through a block any stream of its endpoint holds.
+                alive.retain(|&s| {
+                    let ep = slot_ep(s);
+                    let go_on = if s & 0xF == PREDICTED_RANK {
+                        predicted.contains(&ep) || ep_seen.get(ep) == Some(&stamp)
+                    } else {
+                        slot_seen.get(s as usize) == Some(&stamp) || predicted.contains(&ep)
+                    };
+                    if !go_on {
+                        ep_len[ep] = ep_len[ep].max(i);
+                    }
+                    go_on
+                });
+            }
+            if self.alive.is_empty() {
+                break;
+            }
+            i += 1;
+            if w & PRED == 0 {
+                i += walk.run(&keys[i..], w);
+            }
+        }
+        let Self {
+            alive,
+            first,
+            best,
+            ep_len,
+            ..
+        } = self;
+        alive.iter().for_each(|&s| ep_len[slot_ep(s)] = keys.len());
+        // Branch-free: every stream writes its endpoint's entry, which only advances when
+        // non-zero (an endpoint's later streams find its length taken).
+        best.resize(first.len(), (0, 0));
+        let mut out = 0;
+        for (&s, b) in first.iter().zip(0..) {
+            let ep = slot_ep(s);
+            let n = std::mem::take(&mut ep_len[ep]);
+            best[out.min(b)] = (ep, n);
+            out += usize::from(n > 0);
+        }
+        best.truncate(out);
+    }
+
     /// Stamps `here`'s slots and endpoints as seen at a new stamp, which it returns.
     fn mark(&mut self, here: &Holders<'_>) -> u32 {
         self.stamp = self.stamp.wrapping_add(1);
@@ -896,138 +1340,32 @@ impl KvIndex {
     /// [`Self::score`] into `scratch`'s buffers: no allocation once they have grown to the
     /// request's holder count. Takes one read lock; a request block that follows the previous
     /// one in its chain costs one key compare, and one whose holder word equals the
-    /// previous block's (same interned set, no prediction) nothing more.
+    /// previous block's (same interned set, no prediction) nothing more. Where the holder word
+    /// changes, each holder of the new set costs one scratch read (and a write if it is still
+    /// alive); the result is filled once, from the first block's holders, at the end. A block
+    /// with a live prediction switches to a general pass (per live stream and holder).
     pub fn score_with<'s>(
         &self,
         keys: &[BlockKey],
         now: Instant,
         scratch: &'s mut ScoreScratch,
     ) -> &'s [(Member, usize)] {
-        scratch.alive.clear();
-        scratch.first.clear();
         scratch.best.clear();
+        let Some(k0) = keys.first() else {
+            return &scratch.best;
+        };
         let t = self.table.read();
         let mut walk = Walk::new(&t);
-        let mut prev = EMPTY;
-        // Whether a predicted stream is alive (only the first block starts them).
-        let mut pred_streams = false;
-        let mut i = 0;
-        while i < keys.len() {
-            let k = keys[i];
-            let w = walk.word(k.0);
-            // The same holders as the previous block and no prediction on either: every
-            // live stream goes on, through this block and the ones after it in its chain
-            // with the same word.
-            if i > 0 && w == prev && w & PRED == 0 {
-                i += 1 + walk.run(&keys[i + 1..], w);
-                continue;
-            }
-            prev = w;
-            scratch.predicted.clear();
-            if w & PRED != 0
-                && let Some(p) = t.predicted.get(&k.0)
-            {
-                p.iter()
-                    .filter(|(_, exp)| *exp > now)
-                    .for_each(|(ep, _)| scratch.predicted.push(*ep as Member));
-            }
-            let here = t.holders(w);
-            if i == 0 {
-                let ScoreScratch {
-                    alive,
-                    first,
-                    predicted,
-                    ep_len,
-                    ..
-                } = &mut *scratch;
-                let here = here.slots();
-                alive.extend_from_slice(here);
-                if here.iter().any(|&s| is_offload(s)) {
-                    alive.retain(|&s| !is_offload(s));
-                }
-                if !predicted.is_empty() {
-                    alive.extend(predicted.iter().map(|&ep| slot(ep, PREDICTED_RANK)));
-                    alive.sort_unstable();
-                    pred_streams = true;
-                }
-                first.extend_from_slice(alive);
-                if let Some(&last) = alive.last()
-                    && ep_len.len() <= slot_ep(last)
-                {
-                    ep_len.resize(slot_ep(last) + 1, 0);
-                }
-            } else if scratch.predicted.is_empty() && !pred_streams {
-                // No prediction in play: `alive` and the holders are both sorted, so one
-                // merge pass decides every stream.
-                let here = here.slots();
-                let ScoreScratch { alive, ep_len, .. } = &mut *scratch;
-                let mut j = 0;
-                alive.retain(|&s| {
-                    while j < here.len() && here[j] < s {
-                        j += 1;
-                    }
-                    let go_on = j < here.len() && here[j] == s;
-                    if !go_on {
-                        let ep = slot_ep(s);
-                        ep_len[ep] = ep_len[ep].max(i);
-                    }
-                    go_on
-                });
-            } else {
-                let stamp = scratch.mark(&here);
-                let ScoreScratch {
-                    alive,
-                    predicted,
-                    ep_len,
-                    slot_seen,
-                    ep_seen,
-                    ..
-                } = &mut *scratch;
-                // A stream continues through a block it holds or its endpoint is predicted to
-                // hold (a request just routed there computes it); the predicted stream
-                // continues through a block any stream of its endpoint holds.
-                alive.retain(|&s| {
-                    let ep = slot_ep(s);
-                    let go_on = if s & 0xF == PREDICTED_RANK {
-                        predicted.contains(&ep) || ep_seen.get(ep) == Some(&stamp)
-                    } else {
-                        slot_seen.get(s as usize) == Some(&stamp) || predicted.contains(&ep)
-                    };
-                    if !go_on {
-                        ep_len[ep] = ep_len[ep].max(i);
-                    }
-                    go_on
-                });
-            }
-            if scratch.alive.is_empty() {
-                break;
-            }
-            i += 1;
-            if w & PRED == 0 {
-                i += walk.run(&keys[i..], w);
-            }
+        let w0 = walk.word(k0.0);
+        let general = if live_predictions(&t, w0, k0.0, now, &mut scratch.predicted) {
+            Some((0, w0))
+        } else {
+            scratch.survive(&t, &mut walk, keys, w0, now)
+        };
+        if let Some((i, w)) = general {
+            scratch.general(&t, &mut walk, keys, i, w, now);
         }
-        drop(t);
-        let ScoreScratch {
-            alive,
-            first,
-            best,
-            ep_len,
-            ..
-        } = scratch;
-        alive.iter().for_each(|&s| ep_len[slot_ep(s)] = keys.len());
-        // Branch-free: every stream writes its endpoint's entry, which only advances when
-        // non-zero (an endpoint's later streams find its length taken).
-        best.resize(first.len(), (0, 0));
-        let mut out = 0;
-        for (&s, b) in first.iter().zip(0..) {
-            let ep = slot_ep(s);
-            let n = std::mem::take(&mut ep_len[ep]);
-            best[out.min(b)] = (ep, n);
-            out += usize::from(n > 0);
-        }
-        best.truncate(out);
-        best
+        &scratch.best
     }
 
     /// Per endpoint, the number of leading request blocks it holds on either tier (GPU or

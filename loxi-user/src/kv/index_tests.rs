@@ -313,3 +313,143 @@ fn scores_with_a_reused_scratch_equal_a_brute_force_model_under_random_churn() {
         );
     }
 }
+
+/// Checks every position's holders against `want` (key → sorted slots) and every interned
+/// set's use count against the positions using it.
+fn assert_holders(ix: &KvIndex, want: &HashMap<u64, Vec<u32>>, ctx: &str) {
+    let t = ix.table.read();
+    for (&k, slots) in want {
+        assert_eq!(
+            t.holders(t.word(k)).slots(),
+            slots.as_slice(),
+            "{ctx}: key {k}"
+        );
+    }
+    let mut uses: HashMap<u32, u32> = HashMap::new();
+    for ch in &t.chains {
+        for &w in &ch.words {
+            if w != EMPTY && w & MULTI != 0 {
+                *uses.entry(w & LOW).or_default() += 1;
+            }
+        }
+    }
+    for (id, rec) in t.sets.iter().enumerate() {
+        let id = id as u32;
+        if t.free_sets.contains(&id) {
+            assert!(!uses.contains_key(&id), "{ctx}: freed set {id} in use");
+        } else {
+            assert_eq!(
+                rec.uses,
+                uses.get(&id).copied().unwrap_or(0),
+                "{ctx}: uses of set {id}"
+            );
+        }
+    }
+}
+
+#[test]
+fn memoized_set_transitions_stay_exact_with_interleaved_stores_and_removes() {
+    // Runs of blocks stored and removed by interleaved endpoints: consecutive blocks repeat
+    // the previous block's transition (the memo), and removes in between free sets whose ids
+    // the next interned sets reuse.
+    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+    let mut rnd = move |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    let ix = KvIndex::new(1_000_000);
+    let mut want: HashMap<u64, Vec<u32>> = HashMap::new();
+    for step in 0..4000 {
+        let (ep, rank) = (rnd(5) as Member, rnd(2) as u32);
+        let s = slot(ep, rank);
+        let from = rnd(24);
+        let mut run: Vec<u64> = (from..from + 1 + rnd(16)).collect();
+        if rnd(4) == 0 {
+            run.reverse();
+        }
+        if rnd(5) < 3 {
+            ix.store(ep, rank, &keys(&run));
+            for k in &run {
+                let h = want.entry(*k).or_default();
+                if let Err(at) = h.binary_search(&s) {
+                    h.insert(at, s);
+                }
+            }
+        } else {
+            // Every reference: a run stored twice needs two removes, so clear the stream's
+            // keys one by one until the slot lost each.
+            for k in &run {
+                while ix.table.read().holds(*k, s) {
+                    ix.remove(ep, rank, &keys(&[*k]));
+                }
+                if let Some(h) = want.get_mut(k) {
+                    h.retain(|&x| x != s);
+                }
+            }
+        }
+        assert_holders(&ix, &want, &format!("step {step}"));
+    }
+}
+
+#[test]
+fn a_live_prediction_after_holder_set_changes_keeps_the_runs_recorded_before_it() {
+    let ix = KvIndex::new(1000);
+    ix.store(0, 0, &keys(&[1, 2, 3, 4]));
+    ix.store(1, 0, &keys(&[1, 2]));
+    ix.store(1, 1, &keys(&[1]));
+    ix.store(2, 0, &keys(&[1, 2, 3]));
+    ix.store(3, 0, &keys(&[1]));
+    ix.predict(2, &keys(&[4]), now() + Duration::from_secs(60));
+    let mut scratch = ScoreScratch::default();
+    let want = vec![(0, 4), (1, 2), (2, 4), (3, 1)];
+    for _ in 0..3 {
+        assert_eq!(
+            ix.score_with(&keys(&[1, 2, 3, 4, 5]), now(), &mut scratch),
+            want.as_slice()
+        );
+        assert_eq!(
+            ix.score_with(&keys(&[1, 2, 3]), now(), &mut scratch),
+            &[(0, 3), (1, 2), (2, 3), (3, 1)]
+        );
+    }
+}
+
+#[test]
+fn survival_tags_restart_when_they_would_wrap() {
+    let ix = KvIndex::new(1000);
+    ix.store(0, 0, &keys(&[1, 2, 3]));
+    ix.store(1, 0, &keys(&[1, 2]));
+    ix.store(2, 0, &keys(&[1]));
+    let mut scratch = ScoreScratch::default();
+    let want = [(0, 3), (1, 2), (2, 1)];
+    assert_eq!(ix.score_with(&keys(&[1, 2, 3]), now(), &mut scratch), &want);
+    for base in [u32::MAX - 7, u32::MAX - 4, u32::MAX - 3, u32::MAX] {
+        scratch.base = base;
+        assert_eq!(ix.score_with(&keys(&[1, 2, 3]), now(), &mut scratch), &want);
+        assert_eq!(ix.score_with(&keys(&[1, 2, 3]), now(), &mut scratch), &want);
+    }
+}
+
+#[test]
+fn survivors_find_their_endpoint_entry_when_ranks_share_it_and_offload_copies_are_skipped() {
+    let ix = KvIndex::new(1000);
+    ix.store(0, 0, &keys(&[1, 2, 3]));
+    ix.store(0, 1, &keys(&[1, 2]));
+    ix.store_in(1, 0, Tier::Offload, &keys(&[1, 2, 3, 4]));
+    ix.store(1, 0, &keys(&[1]));
+    ix.store(2, 0, &keys(&[1, 2, 3, 4]));
+    ix.store(3, 2, &keys(&[1, 2, 3]));
+    let mut scratch = ScoreScratch::default();
+    for _ in 0..2 {
+        assert_eq!(
+            ix.score_with(&keys(&[1, 2, 3, 4]), now(), &mut scratch),
+            &[(0, 3), (1, 1), (2, 4), (3, 3)]
+        );
+        assert_eq!(
+            ix.score_with(&keys(&[1, 2]), now(), &mut scratch),
+            &[(0, 2), (1, 1), (2, 2), (3, 2)]
+        );
+    }
+}
