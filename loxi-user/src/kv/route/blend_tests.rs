@@ -505,7 +505,7 @@ fn work_guard_moves_a_pick_whose_queue_outweighs_twice_its_saving() {
     let p = guard_params(LbMode::Hard, 200);
     assert_eq!(blend(&at(9_216), &p), pick(0, false));
     assert_eq!(blend(&at(9_217), &p), pick(1, true));
-    assert_eq!(work_guard(&at(9_217), &at(9_217)[0], 0.75, &p), Some(1));
+    assert_eq!(work_guard(&at(9_217), &at(9_217)[0], &p), Some(1));
     // Off (G = 0): LoxiLB's `hard` keeps the owner whatever it has queued.
     assert_eq!(
         blend(&at(50_000), &guard_params(LbMode::Hard, 0)),
@@ -539,19 +539,40 @@ fn work_guard_prefers_a_partial_holder_and_never_breaks_the_cap() {
         worked(3, 100, 0, 1_000),
     ];
     assert_eq!(blend(&cands, &p), pick(3, true));
-    // The target must be under its cap.
+    // The target must be under its request share ceil((T + 1)·c_j), round robin's, not the
+    // law's cap.
     let cands = [
-        worked(0, 192, 2, 20_000),
-        worked(1, 0, 4, 0),
-        worked(2, 0, 0, 20_000),
+        worked(0, 192, 1, 20_000),
+        worked(1, 0, 1, 0),
+        worked(2, 0, 1, 20_000),
     ];
-    // T = 6 over 3: cap = ceil(1.75 · 7 / 3) = 5; ep1 at 4 is under it → moves there.
+    // T = 3 over 3: share = ceil(4 / 3) = 2; ep1 at 1 takes one more within it → moves there.
     assert_eq!(blend(&cands, &p), pick(1, true));
     let full = [
-        worked(0, 192, 2, 20_000),
-        worked(1, 0, 6, 0),
-        worked(2, 0, 0, 20_000),
+        worked(0, 192, 1, 20_000),
+        worked(1, 0, 2, 0),
+        worked(2, 0, 1, 20_000),
     ];
-    // T = 8: cap = ceil(1.75 · 9 / 3) = 6; ep1 at 6 is at it, ep2's queue is no better.
+    // T = 4: share = ceil(5 / 3) = 2; ep1 at 2 would pass it (though under the cap,
+    // ceil(1.75 · 5 / 3) = 3), and ep2's queue is no better.
     assert_eq!(blend(&full, &p), pick(0, false));
+}
+
+#[test]
+fn work_guard_leaves_a_new_conversation_on_a_holder_within_its_share() {
+    // 3 real vLLM engines, 6 users × 4 rounds (issue 13 goal 1): the 5th user's first turn
+    // shares the 10-block system prompt with every endpoint; ep0 carries 2 requests whose
+    // prefill is done, ep1 and ep2 one each, prefilling a fresh copy (384 tokens). `hard`
+    // picks the least-loaded holder, ep1 (wait 384 + 2·32 = 448). ep0 waits only 64, but it
+    // is at its share (ceil(5 / 3) = 2): the guard does not move the conversation there.
+    let cands = [
+        worked(0, 10, 2, 0),
+        worked(1, 10, 1, 384),
+        worked(2, 10, 1, 384),
+    ];
+    let mut p = guard_params(LbMode::Hard, 200);
+    p.block_size = 32;
+    p.request_blocks = 12;
+    assert_eq!(blend(&cands, &p), pick(1, false));
+    assert_eq!(work_guard(&cands, &cands[1], &p), None);
 }
