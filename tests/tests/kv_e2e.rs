@@ -89,12 +89,24 @@ async fn warm_request_goes_to_endpoint_whose_engine_published_the_prefix() {
     assert_eq!(code, 200);
     let cold_ep = cold_ep.expect("x-loxilb-endpoint on the cold response");
     let m = d.metrics_text().await;
+    // Nothing is indexed: a cold placement (the default `LOXI_KV_COLD_PLACEMENT=least-work`),
+    // not a `no_worker` miss.
+    assert_eq!(
+        metric(
+            &m,
+            &format!(
+                "loxilb_pd_kv_tier15_cold_placements_total{{service=\"1\",ep_idx=\"{cold_ep}\"}}"
+            )
+        ),
+        1.0,
+        "{m}"
+    );
     assert_eq!(
         metric(
             &m,
             "loxilb_pd_kv_tier15_miss_reason_total{service=\"1\",reason=\"no_worker\"}"
         ),
-        1.0
+        0.0
     );
 
     // The engine behind the cold request's endpoint stores its blocks (what vLLM published).

@@ -227,7 +227,10 @@ async fn scenario_9_chat_template_that_fails_to_render_is_counted_and_rr_routes_
     let template = "{{ raise_exception('System role not supported') }}";
     let cfg = json!({"eos_token": "<|im_end|>", "chat_template": template});
     std::fs::write(raises.join("tokenizer_config.json"), cfg.to_string()).expect("config");
-    let f = Fleet::start(dir, &[]).await;
+    // LoxiLB's miss semantics (`sel`): the cold requests below are `no_worker` misses that
+    // the rule's round robin routes (the default, least-work cold placement, is tested in
+    // kv_balance.rs and engine_load.rs).
+    let f = Fleet::start(dir, &[("LOXI_KV_COLD_PLACEMENT", "sel")]).await;
     let errors = r#"loxilb_kv_tokenizer_template_errors_total{model="other"}"#;
     let mut eps = Vec::new();
     for i in 0..2 {
@@ -291,7 +294,16 @@ async fn scenario_10_responses_next_turn_and_every_input_shape_route_to_the_firs
     // Predicted blocks live 30 s (default 5 s) so a slow CI machine cannot expire them
     // between a request and its follow-up.
     let dir = tokenizer_dir(&[("bos-tiny", "bos-model")]);
-    let f = Fleet::start(dir, &[("LOXI_KV_PREDICT_TTL_MS", "30000")]).await;
+    // and LoxiLB's miss semantics: a cold first turn is a `no_worker` miss routed by round
+    // robin.
+    let f = Fleet::start(
+        dir,
+        &[
+            ("LOXI_KV_PREDICT_TTL_MS", "30000"),
+            ("LOXI_KV_COLD_PLACEMENT", "sel"),
+        ],
+    )
+    .await;
     let cap: Value = serde_json::from_str(
         &std::fs::read_to_string(shared_dir().join("golden/bos_kv_events_capture.json"))
             .expect("capture"),

@@ -44,9 +44,9 @@ async fn complete(vip: SocketAddr, text: String, delay_ms: u64) -> usize {
         .expect("x-loxilb-endpoint")
 }
 
-/// Runs the scenario under `law` (`None`: unset, i.e. `hard`): the endpoints of `A`, `B`, `C`
-/// and the daemon's metrics text at the end.
-async fn scenario(law: Option<&str>) -> ([usize; 3], String) {
+/// Runs the scenario under `law` (`None`: unset, i.e. `hard`) with the daemon environment
+/// `extra`: the endpoints of `A`, `B`, `C` and the daemon's metrics text at the end.
+async fn scenario(law: Option<&str>, extra: &[(&str, &str)]) -> ([usize; 3], String) {
     let backends = [Backend::start("0").await, Backend::start("1").await];
     let tok = tempfile::tempdir().expect("tmp");
     stage_tiny_tokenizer(tok.path());
@@ -60,12 +60,16 @@ async fn scenario(law: Option<&str>) -> ([usize; 3], String) {
     if let Some(law) = law {
         opts = opts.env("LOXILB_KV_LB_MODE", law);
     }
+    for (k, v) in extra {
+        opts = opts.env(k, v);
+    }
     let d = Daemon::start(opts).await;
     let vip = d
         .post_kv_pool_rule(&backends.iter().map(Backend::port).collect::<Vec<_>>())
         .await;
 
-    // A: nobody holds anything yet (a `no_worker` miss, the rule's round robin decides).
+    // A: nobody holds anything yet (a cold placement: every endpoint idle and empty, the
+    // lowest index).
     let a = tokio::spawn(complete(vip, prompt("a", 300), 1500));
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while backends.iter().map(Backend::request_count).sum::<usize>() == 0 {
@@ -83,8 +87,8 @@ async fn scenario(law: Option<&str>) -> ([usize; 3], String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn work_law_spills_past_queued_prefill_and_releases_it_when_the_response_starts() {
-    let ([a, b, c], m) = scenario(Some("work")).await;
-    assert_eq!(a, 0, "round robin's first pick");
+    let ([a, b, c], m) = scenario(Some("work"), &[]).await;
+    assert_eq!(a, 0, "cold placement's first pick");
     assert_eq!(
         b, 1,
         "B spills: A's queued prefill outweighs the shared prefix"
@@ -99,8 +103,20 @@ async fn work_law_spills_past_queued_prefill_and_releases_it_when_the_response_s
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hard_law_keeps_the_same_request_on_the_busy_holder() {
-    let ([a, b, _], m) = scenario(None).await;
+    // LoxiLB's `hard` (the work guard off): the request count alone decides.
+    let ([a, b, _], m) = scenario(None, &[("LOXI_KV_WORK_GUARD_PERCENT", "0")]).await;
     assert_eq!((a, b), (0, 0), "hard: one in flight is under the cap of 2");
     let spills = metric(&m, "loxilb_pd_kv_tier15_spills_total", &["ep_idx=\"1\""]);
     assert_eq!(spills, 0.0, "{m}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hard_law_with_the_work_guard_moves_b_off_a_queue_that_outweighs_twice_its_saving() {
+    // The default guard (200 %): A's queued prefill (its 300-word prompt) on 0 is more than
+    // B's uncached tail plus twice the shared prefix B would recompute on 1, and 1 is idle
+    // (within its request share): B moves, counted as a spill.
+    let ([a, b, _], m) = scenario(None, &[]).await;
+    assert_eq!((a, b), (0, 1), "the guard moves B off A's queue");
+    let spills = metric(&m, "loxilb_pd_kv_tier15_spills_total", &["ep_idx=\"1\""]);
+    assert_eq!(spills, 1.0, "{m}");
 }

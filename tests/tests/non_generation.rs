@@ -73,7 +73,7 @@ fn total(text: &str, name: &str, needles: &[&str]) -> f64 {
 }
 
 /// The tier-1.5 counters of one service: misses (all reasons), `no_worker` misses,
-/// fallthroughs, hits (all endpoints), bypasses (`non_generation`).
+/// fallthroughs, hits (all endpoints), bypasses (`non_generation`), cold placements.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Tier {
     misses: f64,
@@ -81,6 +81,7 @@ struct Tier {
     fallthrough: f64,
     hits: f64,
     bypass: f64,
+    placed: f64,
 }
 
 async fn tier(d: &Daemon, service: &str) -> Tier {
@@ -107,16 +108,18 @@ async fn tier(d: &Daemon, service: &str) -> Tier {
         fallthrough: total(&m, "loxilb_pd_kv_tier15_fallthrough_total", &[&s]),
         hits: total(&m, "loxilb_pd_kv_tier15_hits_total", &[&s]),
         bypass,
+        placed: total(&m, "loxilb_pd_kv_tier15_cold_placements_total", &[&s]),
     }
 }
 
-fn delta(after: Tier, before: Tier) -> [f64; 5] {
+fn delta(after: Tier, before: Tier) -> [f64; 6] {
     [
         after.misses - before.misses,
         after.no_worker - before.no_worker,
         after.fallthrough - before.fallthrough,
         after.hits - before.hits,
         after.bypass - before.bypass,
+        after.placed - before.placed,
     ]
 }
 
@@ -146,7 +149,8 @@ async fn embeddings_tokenize_and_health_skip_tier_1_5_and_count_as_bypass() {
         .or_else(|| id.as_str().map(String::from))
         .unwrap_or_else(|| panic!("serviceId: {id}"));
 
-    // Control: a generation request enters the tier (nothing is indexed: a `no_worker` miss).
+    // Control: a generation request enters the tier (nothing is indexed: a cold placement,
+    // the default `LOXI_KV_COLD_PLACEMENT=least-work`).
     let before = tier(&d, &service).await;
     let words: Vec<String> = (0..60).map(|i| format!("w{i}")).collect();
     let prompt = json!({"model": "tiny", "prompt": words.join(" "), "max_tokens": 4});
@@ -155,8 +159,8 @@ async fn embeddings_tokenize_and_health_skip_tier_1_5_and_count_as_bypass() {
     let after = tier(&d, &service).await;
     assert_eq!(
         delta(after, before),
-        [1.0, 1.0, 1.0, 0.0, 0.0],
-        "misses, no_worker, fallthrough, hits, bypass"
+        [0.0, 0.0, 0.0, 0.0, 0.0, 1.0],
+        "misses, no_worker, fallthrough, hits, bypass, cold placements"
     );
 
     let requests = [
@@ -185,8 +189,8 @@ async fn embeddings_tokenize_and_health_skip_tier_1_5_and_count_as_bypass() {
         let after = tier(&d, &service).await;
         assert_eq!(
             delta(after, before),
-            [0.0, 0.0, 0.0, 0.0, 1.0],
-            "{method} {path}: misses, no_worker, fallthrough, hits, bypass"
+            [0.0, 0.0, 0.0, 0.0, 1.0, 0.0],
+            "{method} {path}: misses, no_worker, fallthrough, hits, bypass, cold placements"
         );
     }
     assert_eq!(b0.request_count() + b1.request_count(), 4);

@@ -717,8 +717,8 @@ async fn tier_1_5_sends_the_prefill_leg_to_the_prefill_holding_the_prefix() {
             "loxilb_ai_pd_tier_selected_total",
             &["leg=\"prefill\"", "tier=\"1.5\""]
         ),
-        3.0,
-        "{m}"
+        4.0,
+        "the first request (a cold placement: nothing indexed yet) and the three hits: {m}"
     );
     assert_eq!(
         metric(

@@ -386,7 +386,7 @@ pub struct PoolMetrics {
     pub duration: Histogram,
     /// The pool's `loxilb_ai_*` handles.
     pub ai: super::ai_metrics::AiPoolMetrics,
-    selections: [[std::sync::OnceLock<Counter>; 14]; 2],
+    selections: [[std::sync::OnceLock<Counter>; CACHED_REASONS.len()]; 2],
 }
 
 impl PoolMetrics {
@@ -472,6 +472,36 @@ impl PoolMetrics {
                     .inc();
             }
             None => self.family.selection(selector, reason),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_selection_reason_counts_for_both_selectors() {
+        // One cached counter per reason: a reason added to `Reason::ALL` must have its slot
+        // (a missing one was an index panic on the request path).
+        let mut reg = Registry::default();
+        let m = ProxyMetrics::register(&mut reg);
+        let pool = PoolMetrics::new(&m, 7, "rr", "tiny", 2);
+        for reason in crate::routing::Reason::ALL {
+            pool.selection(false, reason);
+            pool.selection(true, reason);
+            pool.selection(true, reason);
+        }
+        for reason in crate::routing::Reason::ALL {
+            let get = |selector: &str| {
+                m.selections
+                    .get_or_create(&SelectionLabels {
+                        selector: selector.into(),
+                        reason: reason.as_str().into(),
+                    })
+                    .get()
+            };
+            assert_eq!((get("rr"), get("kv")), (1, 2), "{}", reason.as_str());
         }
     }
 }
