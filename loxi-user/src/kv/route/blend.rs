@@ -114,7 +114,8 @@
 //!
 //! Work guard (loxi extension, `hard` and `adaptive`, issue 13 goal 4; [`work_guard`]): with
 //! `G = LOXI_KV_WORK_GUARD_PERCENT/100` (default 2, 0 = off), the law's pick moves to the
-//! eligible `j` under `cap_j` with the least `wait_j + G·(o_pick − o_j)·B` when the pick's own
+//! eligible `j` within its request share `ceil((T + 1)·c_j)` with the least
+//! `wait_j + G·(o_pick − o_j)·B` when the pick's own
 //! prefill wait `W_pick + (n − o_pick)·B` exceeds it: affinity holds while the holder's queue
 //! costs less than `G` times what its cached prefix saves.
 //!
@@ -125,7 +126,7 @@
 //! then the least load (`sel` = LoxiLB's miss `no_worker`/`excluded` and the rule's selector).
 //! Counted in `loxilb_pd_kv_tier15_cold_placements_total`, reason `kv_cold_place`. With little
 //! reuse (4 `vllm-sim` workers, 150 groups, 24 requests/s) the two together took the KV
-//! policy's TTFT p99 from 1.2× round robin's to 0.98×.
+//! policy's TTFT p99 from 1.2× round robin's to 0.89×.
 //!
 //! Fleet-load factor `f = clamp(ρ, 1/8, 8)` where `ρ = 1000·T / LOXILB_KV_CAP_SUM_MILLI` when that
 //! is set, else `ρ = T / N` (mean load per endpoint): the busier the fleet, the more load an
