@@ -236,17 +236,21 @@ fn model_score(
     best
 }
 
-#[test]
-fn scores_with_a_reused_scratch_equal_a_brute_force_model_under_random_churn() {
-    // Few keys and endpoints so that consecutive request blocks often have identical holder
-    // lists (the skip path) and often differ in order or membership (the full pass).
-    let mut seed = 0x2545_F491_4F6C_DD1Du64;
-    let mut rnd = move |n: u64| {
+/// A xorshift64 generator from `seed`: each call returns the next value modulo `n`.
+fn xorshift(mut seed: u64) -> impl FnMut(u64) -> u64 {
+    move |n: u64| {
         seed ^= seed << 13;
         seed ^= seed >> 7;
         seed ^= seed << 17;
         seed % n
-    };
+    }
+}
+
+#[test]
+fn scores_with_a_reused_scratch_equal_a_brute_force_model_under_random_churn() {
+    // Few keys and endpoints so that consecutive request blocks often have identical holder
+    // lists (the skip path) and often differ in order or membership (the full pass).
+    let mut rnd = xorshift(0x2545_F491_4F6C_DD1D);
     let ix = KvIndex::new(1_000_000);
     // Per stream, key → references (the index counts a key stored twice as two copies).
     let mut held: HashMap<(Member, u32), HashMap<u64, u32>> = HashMap::new();
@@ -352,13 +356,7 @@ fn memoized_set_transitions_stay_exact_with_interleaved_stores_and_removes() {
     // Runs of blocks stored and removed by interleaved endpoints: consecutive blocks repeat
     // the previous block's transition (the memo), and removes in between free sets whose ids
     // the next interned sets reuse.
-    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
-    let mut rnd = move |n: u64| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed % n
-    };
+    let mut rnd = xorshift(0x9E37_79B9_7F4A_7C15);
     let ix = KvIndex::new(1_000_000);
     let mut want: HashMap<u64, Vec<u32>> = HashMap::new();
     for step in 0..4000 {
