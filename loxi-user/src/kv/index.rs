@@ -160,13 +160,12 @@ struct Table {
     /// Predicted holders of a key: (endpoint, expiry).
     predicted: KeyMap<Vec<(u32, Instant)>>,
     scratch: Vec<u32>,
-    /// The last holder-set transitions of [`Self::with`] and [`Self::without`]:
-    /// `(old word, slot, new word)` (flags cleared). A store (remove) of a run of blocks by one
+    /// The last holder-set transitions of [`Self::transition`], removal at 0 and addition at
+    /// 1: `(old word, slot, new word)` (flags cleared). A store (remove) of a run of blocks by one
     /// slot mostly repeats the previous block's transition, which then costs a use count
     /// instead of a set hash and probe. Cleared when either set is freed (its id may be
     /// reused for other holders).
-    memo_with: Option<(u32, u32, u32)>,
-    memo_without: Option<(u32, u32, u32)>,
+    memo: [Option<(u32, u32, u32)>; 2],
 }
 
 fn loc_of(l: u64) -> (usize, usize) {
@@ -302,11 +301,10 @@ impl Table {
         rec.slots = Box::default();
         let freed = MULTI | id;
         let gone = |m: Option<(u32, u32, u32)>| m.is_some_and(|(o, _, n)| o == freed || n == freed);
-        if gone(self.memo_with) {
-            self.memo_with = None;
-        }
-        if gone(self.memo_without) {
-            self.memo_without = None;
+        for m in &mut self.memo {
+            if gone(*m) {
+                *m = None;
+            }
         }
         if self.set_index.get(&hash) == Some(&id) {
             if next == NO_SET {
@@ -324,41 +322,13 @@ impl Table {
         self.free_sets.push(id);
     }
 
-    /// The word for `word`'s holders with `slot` added (`slot` not among them), flag kept.
-    fn with(&mut self, word: u32, slot: u32) -> u32 {
+    /// The word for `word`'s holders with `slot` added (`add`; `slot` not among them) or
+    /// removed (one of them), flag kept; [`EMPTY`] when none is left. The last transition of
+    /// each kind is memoized (`memo[add]`).
+    fn transition(&mut self, word: u32, slot: u32, add: bool) -> u32 {
         let old = word & !PRED;
-        let new = match self.memo_with {
-            Some((o, s, n)) if o == old && s == slot => {
-                self.reuse(n);
-                n
-            }
-            _ => {
-                let mut s = std::mem::take(&mut self.scratch);
-                s.clear();
-                self.holders(word).for_each(|x| s.push(x));
-                let at = s.partition_point(|&x| x < slot);
-                s.insert(at, slot);
-                let new = if s.len() == 1 { slot } else { self.intern(&s) };
-                self.scratch = s;
-                self.memo_with = Some((old, slot, new));
-                new
-            }
-        };
-        self.release(old);
-        new | (word & PRED)
-    }
-
-    /// One more use of `word`'s set (no-op for an inline word or [`EMPTY`]).
-    fn reuse(&mut self, word: u32) {
-        if word & MULTI != 0 {
-            self.sets[(word & LOW) as usize].uses += 1;
-        }
-    }
-
-    /// The word for `word`'s holders without `slot` (one of them), flag kept.
-    fn without(&mut self, word: u32, slot: u32) -> u32 {
-        let old = word & !PRED;
-        let new = match self.memo_without {
+        let kind = usize::from(add);
+        let new = match self.memo[kind] {
             Some((o, s, n)) if o == old && s == slot => {
                 self.reuse(n);
                 n
@@ -371,13 +341,17 @@ impl Table {
                         s.push(x)
                     }
                 });
+                if add {
+                    let at = s.partition_point(|&x| x < slot);
+                    s.insert(at, slot);
+                }
                 let new = match s.len() {
                     0 => EMPTY,
                     1 => s[0],
                     _ => self.intern(&s),
                 };
                 self.scratch = s;
-                self.memo_without = Some((old, slot, new));
+                self.memo[kind] = Some((old, slot, new));
                 new
             }
         };
@@ -386,6 +360,13 @@ impl Table {
             EMPTY
         } else {
             new | (word & PRED)
+        }
+    }
+
+    /// One more use of `word`'s set (no-op for an inline word or [`EMPTY`]).
+    fn reuse(&mut self, word: u32) {
+        if word & MULTI != 0 {
+            self.sets[(word & LOW) as usize].uses += 1;
         }
     }
 
@@ -402,7 +383,7 @@ impl Table {
                 *e = e.saturating_add(1).min(u32::MAX - 1);
                 return false;
             }
-            let new = self.with(w, slot);
+            let new = self.transition(w, slot, true);
             self.chains[c].words[p] = new;
             return true;
         }
@@ -470,7 +451,7 @@ impl Table {
             }
             self.extra.remove(&(key, slot));
         }
-        let new = self.without(w, slot);
+        let new = self.transition(w, slot, false);
         self.chains[c].words[p] = new;
         if new == EMPTY {
             self.map.remove(&self.chains, key);

@@ -573,12 +573,6 @@ impl KvRouter {
     }
 }
 
-/// The cheap guards, on the request's thread: `text_empty`, `model_empty`, then `oversize`
-/// (see [`PromptBounds`]): a chat cut by the body parse, with more than `max_messages`
-/// messages, more than `max_bytes` of content or a whitespace-free run longer than
-/// `max_run_bytes`; a text whose first `max_bytes` bytes hold such a run. Returns the part of
-/// the request the tokenization job needs (the prompt at most `max_bytes` of text, or
-/// `max_tokens` ids) and whether the text is a cut prefix of the client's.
 /// Cold placement (`LOXI_KV_COLD_PLACEMENT=least-work`, loxi extension): no usable endpoint
 /// holds the request's first block, so no placement saves anything; the request is priced by
 /// what it waits for, and the new prefix goes where the least is cached. With `n` request
@@ -621,6 +615,12 @@ fn cold_place(
     })
 }
 
+/// The cheap guards, on the request's thread: `text_empty`, `model_empty`, then `oversize`
+/// (see [`PromptBounds`]): a chat cut by the body parse, with more than `max_messages`
+/// messages, more than `max_bytes` of content or a whitespace-free run longer than
+/// `max_run_bytes`; a text whose first `max_bytes` bytes hold such a run. Returns the part of
+/// the request the tokenization job needs (the prompt at most `max_bytes` of text, or
+/// `max_tokens` ids) and whether the text is a cut prefix of the client's.
 fn screen(meta: &RequestMeta, b: &PromptBounds) -> Result<(RequestMeta, bool), MissReason> {
     let prompt = meta
         .prompt
