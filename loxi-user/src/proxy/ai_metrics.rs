@@ -22,8 +22,6 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-use super::body::AiEnd;
-
 /// The `model` label of a pool whose rule names no model (the wildcard pool).
 pub const OTHER_MODEL: &str = "other";
 
@@ -114,7 +112,8 @@ pub struct AiPoolMetrics {
     family: Family<AiRequestLabels, Counter>,
     model: String,
     duration: Histogram,
-    streams: Gauge,
+    /// `loxilb_ai_active_streams` of the pool's model.
+    pub streams: Gauge,
     /// `loxilb_ai_requests_total` by status code, resolved on first use (a handful per pool).
     by_status: parking_lot::RwLock<Vec<(u16, Counter)>>,
 }
@@ -167,15 +166,20 @@ impl AiPoolMetrics {
         c
     }
 
-    /// The accounting of one response with `status` (settled when its body ends).
-    pub fn end(&self, status: u16) -> AiEnd {
-        AiEnd {
-            ok: self.status(status),
-            failed: self.status(502),
-            duration: self.duration.clone(),
-            streams: self.streams.clone(),
-            streaming: false,
+    /// Counts one response with `status` that took `elapsed_secs` (the status counter and
+    /// the duration histogram; the cached counter is incremented in place, no handle cloned).
+    pub fn count(&self, status: u16, elapsed_secs: f64) {
+        let cached = self
+            .by_status
+            .read()
+            .iter()
+            .find(|(s, _)| *s == status)
+            .map(|(_, c)| c.inc())
+            .is_some();
+        if !cached {
+            self.status(status).inc();
         }
+        self.duration.observe(elapsed_secs);
     }
 }
 

@@ -19,127 +19,67 @@ use std::time::Instant;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::combinators::BoxBody;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::Histogram;
-
 use std::sync::Arc;
 
-use crate::health::HealthCell;
+use super::metrics::ProxyMetrics;
+use super::pool::Pool;
 use crate::health::breaker::{Breaker, Outcome};
+use crate::routing::InFlightGuard;
 use crate::routing::admission::Slot;
-use crate::routing::{EndpointLoad, InFlightGuard};
 
 /// The body type of every proxy response.
 pub type ProxyBody = BoxBody<Bytes, hyper::Error>;
 
-/// How a response's end is accounted (see the module doc).
+/// How a response's end is accounted (see the module doc): its status, and the breaker that
+/// judges it. Counters, histograms and the endpoint's health inputs are reached through the
+/// [`Tracked`] guard's pool when the body ends, not cloned per request (each clone and drop is
+/// an atomic on a cache line every worker thread shares).
 #[derive(Debug)]
 pub struct EndAccounting {
-    /// Service id and endpoint index (logs).
-    pub service: u32,
-    /// Endpoint index.
-    pub ep: usize,
     /// The response status.
-    pub status: u16,
-    /// Bumped when the body ends cleanly or the client leaves: the status's class.
-    pub ok: Counter,
-    /// Bumped when the upstream body fails: the endpoint's `5xx` class.
-    pub failed: Counter,
-    /// Bumped when the upstream body fails.
-    pub stream_errors: Counter,
-    /// The endpoint's breaker inputs.
-    pub breaker: Breaker,
-    /// The endpoint's health cell.
-    pub cell: Arc<HealthCell>,
-    /// The endpoint's load (the breaker publishes health through it).
-    pub load: Arc<EndpointLoad>,
-    /// LoxiLB's `loxilb_ai_*` accounting of the response.
-    pub ai: AiEnd,
-}
-
-/// One response's `loxilb_ai_*` accounting (see [`super::ai_metrics`]): the status counter
-/// and the duration are settled when the body ends; the stream gauge is held while an SSE
-/// response streams.
-#[derive(Debug)]
-pub struct AiEnd {
-    /// `loxilb_ai_requests_total` of the response's status (bumped when the body ends cleanly
-    /// or the client leaves).
-    pub ok: Counter,
-    /// `loxilb_ai_requests_total` of `502` (bumped when the upstream body fails).
-    pub failed: Counter,
-    /// `loxilb_ai_request_duration_seconds` of the pool's model.
-    pub duration: Histogram,
-    /// `loxilb_ai_active_streams` of the pool's model.
-    pub streams: Gauge,
-    /// True once the response was found to be an SSE stream and `streams` was incremented.
+    pub status: http::StatusCode,
+    /// The listener's passive circuit breaker.
+    pub breaker: Arc<Breaker>,
+    /// True once the response was found to be an SSE stream and the pool's
+    /// `loxilb_ai_active_streams` was incremented (decremented when the body ends).
     pub streaming: bool,
 }
 
-impl AiEnd {
-    fn settle(self, stream_failed: bool, elapsed_secs: f64) {
-        if stream_failed {
-            self.failed.inc();
-        } else {
-            self.ok.inc();
-        }
-        self.duration.observe(elapsed_secs);
-        if self.streaming {
-            self.streams.dec();
-        }
-    }
-}
-
-impl EndAccounting {
-    fn settle(self, stream_failed: bool, elapsed_secs: f64) {
-        self.ai.settle(stream_failed, elapsed_secs);
-        let outcome = if stream_failed {
-            self.failed.inc();
-            self.stream_errors.inc();
-            tracing::warn!(
-                service = self.service,
-                ep = self.ep,
-                "backend failed mid-stream; the client's response is cut short"
-            );
-            Outcome::StreamFailed
-        } else {
-            self.ok.inc();
-            Outcome::Status(self.status)
-        };
-        if self.breaker.observe(&self.cell, &self.load, outcome) {
-            tracing::warn!(
-                service = self.service,
-                ep = self.ep,
-                ?outcome,
-                "circuit breaker opened"
-            );
-        }
-    }
-}
-
 /// One request's accounting: the endpoint's in-flight count (selectors read it), the
-/// per-endpoint active gauge, the duration histogram (observed when the guard drops) and,
+/// per-endpoint active gauge, the duration histograms (observed when the guard drops) and,
 /// when set, the response's [`EndAccounting`] and the endpoint's admission [`Slot`] (released
-/// when the body ends, like the rest).
+/// when the body ends, like the rest). Holds its pool (one reference count) for the metric
+/// handles and health inputs of endpoint `ep`.
 #[derive(Debug)]
 pub struct Tracked {
     load: InFlightGuard,
     _slot: Option<Slot>,
-    active: Gauge,
-    duration: Histogram,
+    pool: Arc<Pool>,
+    ep: usize,
     start: Instant,
     end: Option<EndAccounting>,
 }
 
 impl Tracked {
-    /// Starts accounting; `active` is incremented now and decremented on drop.
-    pub fn new(load: InFlightGuard, active: Gauge, duration: Histogram, start: Instant) -> Self {
-        active.inc();
+    /// Starts accounting a request to endpoint `ep` of `pool` (whose metric handles are
+    /// resolved in `metrics` now if they were not yet); the endpoint's active gauge is
+    /// incremented now and decremented on drop.
+    ///
+    /// # Panics
+    /// When `ep` is not an endpoint index of `pool` (callers pass the ladder's choice).
+    pub fn new(
+        load: InFlightGuard,
+        pool: &Arc<Pool>,
+        ep: usize,
+        metrics: &ProxyMetrics,
+        start: Instant,
+    ) -> Self {
+        pool.metrics(metrics).eps[ep].active.inc();
         Self {
             load,
             _slot: None,
-            active,
-            duration,
+            pool: pool.clone(),
+            ep,
             start,
             end: None,
         }
@@ -160,29 +100,64 @@ impl Tracked {
     /// The response is an SSE stream: `loxilb_ai_active_streams` counts it until its body
     /// ends. No effect without a [`Self::with_end`] accounting, or when already marked.
     pub fn mark_streaming(&mut self) {
-        if let Some(ai) = self.end.as_mut().map(|e| &mut e.ai)
-            && !ai.streaming
+        if let Some(e) = self.end.as_mut()
+            && !e.streaming
+            && let Some(pm) = self.pool.resolved_metrics()
         {
-            ai.streaming = true;
-            ai.streams.inc();
+            e.streaming = true;
+            pm.ai.streams.inc();
         }
     }
 
-    /// The upstream body failed.
-    fn stream_failed(&mut self) {
-        if let Some(e) = self.end.take() {
-            e.settle(true, self.start.elapsed().as_secs_f64());
+    /// The response's end: counts it (status class, `loxilb_ai_*`) and feeds the breaker;
+    /// `stream_failed` when the upstream body failed (counted as a 5xx and a stream error).
+    fn settle(&mut self, stream_failed: bool) {
+        let (Some(e), Some(pm)) = (self.end.take(), self.pool.resolved_metrics()) else {
+            return;
+        };
+        let ep = self.ep;
+        let elapsed = self.start.elapsed().as_secs_f64();
+        let status = if stream_failed {
+            http::StatusCode::BAD_GATEWAY
+        } else {
+            e.status
+        };
+        pm.ai.count(status.as_u16(), elapsed);
+        if e.streaming {
+            pm.ai.streams.dec();
+        }
+        let outcome = if stream_failed {
+            pm.request(ep, http::StatusCode::BAD_GATEWAY);
+            pm.stream_errors(ep).inc();
+            tracing::warn!(
+                service = self.pool.rule.id,
+                ep,
+                "backend failed mid-stream; the client's response is cut short"
+            );
+            Outcome::StreamFailed
+        } else {
+            pm.request(ep, e.status);
+            Outcome::Status(e.status.as_u16())
+        };
+        let (cell, load) = (&self.pool.health[ep], &self.pool.loads[ep]);
+        if e.breaker.observe(cell, load, outcome) {
+            tracing::warn!(
+                service = self.pool.rule.id,
+                ep,
+                ?outcome,
+                "circuit breaker opened"
+            );
         }
     }
 }
 
 impl Drop for Tracked {
     fn drop(&mut self) {
-        if let Some(e) = self.end.take() {
-            e.settle(false, self.start.elapsed().as_secs_f64());
+        self.settle(false);
+        if let Some(pm) = self.pool.resolved_metrics() {
+            pm.eps[self.ep].active.dec();
+            pm.duration.observe(self.start.elapsed().as_secs_f64());
         }
-        self.active.dec();
-        self.duration.observe(self.start.elapsed().as_secs_f64());
     }
 }
 
@@ -218,7 +193,7 @@ where
         match &polled {
             Poll::Ready(Some(Err(_))) => {
                 if let Some(g) = self.guard.as_mut() {
-                    g.stream_failed();
+                    g.settle(true);
                 }
                 self.guard = None;
             }

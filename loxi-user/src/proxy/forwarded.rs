@@ -7,7 +7,7 @@
 //! replacing any value the client sent. Applied after hop-by-hop stripping, so a client cannot drop these headers by
 //! naming them in `Connection`.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 
@@ -24,8 +24,9 @@ static XFP: HeaderName = HeaderName::from_static(X_FORWARDED_PROTO);
 /// `https`, else `http`).
 pub fn append(headers: &mut HeaderMap, client: Option<SocketAddr>, https: bool) {
     if let Some(client) = client {
-        let ip = client.ip().to_canonical().to_string();
+        let ip = client.ip().to_canonical();
         let value = if headers.contains_key(&XFF) {
+            let ip = ip.to_string();
             let mut chain: Vec<String> = headers
                 .get_all(&XFF)
                 .iter()
@@ -36,8 +37,7 @@ pub fn append(headers: &mut HeaderMap, client: Option<SocketAddr>, https: bool) 
             chain.push(ip);
             HeaderValue::from_str(&chain.join(", "))
         } else {
-            // The usual case, one allocation: the address's text becomes the value's bytes.
-            HeaderValue::from_maybe_shared(bytes::Bytes::from(ip))
+            ip_value(ip)
         };
         if let Ok(v) = value {
             headers.insert(&XFF, v);
@@ -45,6 +45,36 @@ pub fn append(headers: &mut HeaderMap, client: Option<SocketAddr>, https: bool) 
     }
     let proto = if https { "https" } else { "http" };
     headers.insert(&XFP, HeaderValue::from_static(proto));
+}
+
+/// `ip`'s text as a header value. The usual case, an IPv4 client, is written digit by digit
+/// into a stack buffer (`to_string` went through the formatting machinery: ~1,400
+/// instructions a request, valgrind); IPv6 takes `Display`.
+fn ip_value(ip: IpAddr) -> Result<HeaderValue, http::header::InvalidHeaderValue> {
+    match ip {
+        IpAddr::V4(v4) => {
+            let mut buf = [0u8; 15];
+            let mut n = 0;
+            for (i, o) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    buf[n] = b'.';
+                    n += 1;
+                }
+                if o >= 100 {
+                    buf[n] = b'0' + o / 100;
+                    n += 1;
+                }
+                if o >= 10 {
+                    buf[n] = b'0' + o / 10 % 10;
+                    n += 1;
+                }
+                buf[n] = b'0' + o % 10;
+                n += 1;
+            }
+            HeaderValue::from_bytes(&buf[..n])
+        }
+        IpAddr::V6(v6) => HeaderValue::from_maybe_shared(bytes::Bytes::from(v6.to_string())),
+    }
 }
 
 #[cfg(test)]
@@ -73,6 +103,23 @@ mod tests {
             h[X_FORWARDED_PROTO], "http",
             "the client cannot claim https"
         );
+    }
+
+    #[test]
+    fn every_address_is_written_as_its_display_text() {
+        for ip in [
+            "0.0.0.0",
+            "9.10.99.100",
+            "255.255.255.255",
+            "192.168.1.7",
+            "100.64.0.10",
+            "::1",
+            "2001:db8::42",
+        ] {
+            let addr: IpAddr = ip.parse().expect("ip");
+            let v = ip_value(addr).expect("value");
+            assert_eq!(v.to_str().expect("ascii"), addr.to_string(), "{ip}");
+        }
     }
 
     #[test]

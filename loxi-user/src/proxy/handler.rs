@@ -45,8 +45,9 @@ pub struct Handler {
     pub table: Arc<ArcSwap<PoolTable>>,
     /// Metrics, tier and limits.
     pub ctx: ProxyContext,
-    /// The passive circuit breaker (timers tracked by the proxy).
-    pub breaker: Breaker,
+    /// The passive circuit breaker (timers tracked by the proxy), shared with every response's
+    /// end accounting.
+    pub breaker: Arc<Breaker>,
     /// Upstream clients.
     pub upstreams: Upstreams,
     /// The listener's aggregated `GET /v1/models` answers.
@@ -62,8 +63,9 @@ impl Handler {
     ) -> Result<Response<ProxyBody>, Infallible> {
         let start = Instant::now();
         let span = trace_span::request(req.method(), req.uri().path(), req.headers());
-        let resp = match self
-            .route(req, client, start)
+        // The routing future (kilobytes) is built in its box once; unboxed it was copied into
+        // the span's wrapper, and that into hyper's dispatcher with this function's future.
+        let resp = match Box::pin(self.route(req, client, start))
             .instrument(span.clone())
             .await
         {
@@ -151,7 +153,7 @@ impl Handler {
 
     pub(super) async fn forward(
         &self,
-        pool: &Pool,
+        pool: &Arc<Pool>,
         parts: Parts,
         body: Bytes,
         meta: &RequestMeta,
@@ -193,8 +195,9 @@ impl Handler {
             // work until its response starts (the `work` law reads it).
             let tracked = Tracked::new(
                 pool.loads[ep].begin().with_work(ticket.prefill_tokens()),
-                pm.eps[ep].active.clone(),
-                pm.duration.clone(),
+                pool,
+                ep,
+                &self.ctx.metrics,
                 start,
             )
             .with_slot(slot);
@@ -224,7 +227,7 @@ impl Handler {
                 Attempt::Response(resp) => {
                     // Counted and judged by the breaker when the body ends (a backend dying
                     // mid-stream is an upstream error, not the 2xx its head said).
-                    let end = self.end_accounting(pool, ep, resp.status());
+                    let end = self.end_accounting(resp.status());
                     return Ok(downstream_response(resp, ep, tracked.with_end(end)));
                 }
                 Attempt::ConnectFailed(e) => {
@@ -259,25 +262,12 @@ impl Handler {
         step.decision
     }
 
-    /// How the response of endpoint `ep` with `status` is counted when its body ends.
-    pub(super) fn end_accounting(
-        &self,
-        pool: &Pool,
-        ep: usize,
-        status: http::StatusCode,
-    ) -> EndAccounting {
-        let pm = pool.metrics(&self.ctx.metrics);
+    /// How a response with `status` is counted when its body ends.
+    pub(super) fn end_accounting(&self, status: http::StatusCode) -> EndAccounting {
         EndAccounting {
-            service: pool.rule.id,
-            ep,
-            status: status.as_u16(),
-            ok: pm.class_counter(ep, status),
-            failed: pm.class_counter(ep, http::StatusCode::BAD_GATEWAY),
-            stream_errors: pm.stream_errors(ep),
+            status,
             breaker: self.breaker.clone(),
-            cell: pool.health[ep].clone(),
-            load: pool.loads[ep].clone(),
-            ai: pm.ai.end(status.as_u16()),
+            streaming: false,
         }
     }
 

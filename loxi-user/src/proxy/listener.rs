@@ -201,13 +201,16 @@ impl Serving {
             let Some(tls) = self.handshake(stream, peer).await else {
                 return;
             };
+            let me = Arc::new(self);
             let svc = service_fn(move |req| {
-                self.clone()
+                me.clone()
                     .request(req, peer, svc_act.begin(), Some(ClientTls))
             });
             drive(builder, tls, &act, svc, &cancel).await
         } else {
-            let svc = service_fn(move |req| self.clone().request(req, peer, svc_act.begin(), None));
+            // One reference count per request, not a copy of the listener's handles (four).
+            let me = Arc::new(self);
+            let svc = service_fn(move |req| me.clone().request(req, peer, svc_act.begin(), None));
             drive(builder, stream, &act, svc, &cancel).await
         };
         if let Some(why) = ended {
@@ -247,7 +250,7 @@ impl Serving {
     /// One request: the valve, then the handler; the response body carries the connection's
     /// request guard and the valve's admission until it ends.
     async fn request(
-        self,
+        self: Arc<Self>,
         mut req: Request<Incoming>,
         peer: SocketAddr,
         guard: RequestGuard,
@@ -264,9 +267,9 @@ impl Serving {
             .into_response();
             return Ok(resp.map(|b| ConnBody::new(b, guard, None)));
         };
-        // Boxed: the handler's future is kilobytes, and hyper moves the future this function
-        // returns into its dispatcher, so unboxed those kilobytes were copied on every request.
-        let resp = Box::pin(self.handler.clone().handle(req, peer)).await?;
+        // The handler boxes its kilobytes of routing state itself (`Handler::handle`), so the
+        // future hyper moves into its dispatcher stays small.
+        let resp = self.handler.clone().handle(req, peer).await?;
         Ok(resp.map(|b| ConnBody::new(b, guard, Some(admitted))))
     }
 }

@@ -421,24 +421,41 @@ impl PoolMetrics {
         }
     }
 
-    /// Counts one response from endpoint `ep`.
+    /// Counts one response from endpoint `ep` (the cached counter incremented in place, no
+    /// handle cloned).
     pub fn request(&self, ep: usize, status: http::StatusCode) {
-        self.class_counter(ep, status).inc();
+        let class = usize::from(status.as_u16() / 100).min(5);
+        match self.eps.get(ep) {
+            Some(e) => {
+                e.by_class[class]
+                    .get_or_init(|| self.class_family_counter(ep, status))
+                    .inc();
+            }
+            None => {
+                self.class_family_counter(ep, status).inc();
+            }
+        }
     }
 
-    /// The `loxilb_proxy_requests_total` counter of endpoint `ep` for `status`'s class.
-    pub fn class_counter(&self, ep: usize, status: http::StatusCode) -> Counter {
-        let labels = || RequestLabels {
+    /// The family's `loxilb_proxy_requests_total` counter of endpoint `ep` for `status`'s
+    /// class (a label lookup: the uncached path).
+    fn class_family_counter(&self, ep: usize, status: http::StatusCode) -> Counter {
+        let labels = RequestLabels {
             service: self.service.to_string(),
             ep_idx: ep.to_string(),
             class: format!("{}xx", status.as_u16() / 100),
         };
+        self.family.requests.get_or_create(&labels).clone()
+    }
+
+    /// The `loxilb_proxy_requests_total` counter of endpoint `ep` for `status`'s class.
+    pub fn class_counter(&self, ep: usize, status: http::StatusCode) -> Counter {
         let class = usize::from(status.as_u16() / 100).min(5);
         match self.eps.get(ep) {
             Some(e) => e.by_class[class]
-                .get_or_init(|| self.family.requests.get_or_create(&labels()).clone())
+                .get_or_init(|| self.class_family_counter(ep, status))
                 .clone(),
-            None => self.family.requests.get_or_create(&labels()).clone(),
+            None => self.class_family_counter(ep, status),
         }
     }
 

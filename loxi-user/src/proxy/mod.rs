@@ -307,10 +307,11 @@ impl Reconciler {
         let table = Arc::new(ArcSwap::from(first));
         let handler = Arc::new(Handler {
             table,
-            breaker: self
-                .ctx
-                .config
-                .breaker(self.tasks.clone(), self.stop.clone()),
+            breaker: Arc::new(
+                self.ctx
+                    .config
+                    .breaker(self.tasks.clone(), self.stop.clone()),
+            ),
             ctx: self.ctx.clone(),
             upstreams: self.upstreams.clone(),
             models: models::ModelsCache::default(),

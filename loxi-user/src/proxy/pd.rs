@@ -31,6 +31,7 @@
 //! decode leg's body is dropped with the response; the in-flight counts are guards, so they
 //! return to 0 either way.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -110,7 +111,7 @@ impl Handler {
     /// Serves one request of a P/D rule (see the module doc).
     pub(super) async fn forward_pd(
         &self,
-        pool: &Pool,
+        pool: &Arc<Pool>,
         parts: Parts,
         body: Bytes,
         meta: &RequestMeta,
@@ -325,7 +326,7 @@ impl Handler {
     )]
     async fn aggregated(
         &self,
-        pool: &Pool,
+        pool: &Arc<Pool>,
         ladder: &PdLadder<'_, KvTier>,
         parts: Parts,
         body: Bytes,
@@ -344,8 +345,9 @@ impl Handler {
         let slot = self.admit(pool, c.ep).await?;
         let tracked = Tracked::new(
             pool.loads[c.ep].begin(),
-            pm.eps[c.ep].active.clone(),
-            pm.duration.clone(),
+            pool,
+            c.ep,
+            &self.ctx.metrics,
             start,
         )
         .with_slot(slot);
@@ -353,7 +355,7 @@ impl Handler {
         super::forwarded::append(req.headers_mut(), meta.client, meta.https);
         match self.upstreams.send(req, &pool.via).await {
             Attempt::Response(resp) => {
-                let end = self.end_accounting(pool, c.ep, resp.status());
+                let end = self.end_accounting(resp.status());
                 Ok(downstream_response(resp, c.ep, tracked.with_end(end)))
             }
             Attempt::ConnectFailed(e) => {

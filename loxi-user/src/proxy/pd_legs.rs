@@ -3,6 +3,7 @@
 //! is handed back once its first body byte arrived (the caller bounds that wait with
 //! `LLB_PD_DECODE_TIMEOUT_SEC`). `pd.rs` and `pd_dialects.rs` order the legs.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -28,7 +29,7 @@ pub const REQUEST_ID_HEADER: &str = "x-request-id";
 /// What every leg of one client request shares.
 pub(super) struct Legs<'a> {
     /// The pool of the request's rule.
-    pub pool: &'a Pool,
+    pub pool: &'a Arc<Pool>,
     /// The client's request head.
     pub parts: &'a Parts,
     /// The request's metadata.
@@ -175,8 +176,9 @@ impl Handler {
         let pm = pool.metrics(&self.ctx.metrics);
         let tracked = Tracked::new(
             pool.loads[ep].begin(),
-            pm.eps[ep].active.clone(),
-            pm.duration.clone(),
+            pool,
+            ep,
+            &self.ctx.metrics,
             legs.start,
         );
         let req = leg_request(legs, &pool.authorities[ep], body).map_err(Some)?;
@@ -218,7 +220,7 @@ impl Handler {
             .decode_ttft
             .get_or_create(&svc(service))
             .observe(legs.start.elapsed().as_secs_f64());
-        let end = self.end_accounting(pool, ep, head.status);
+        let end = self.end_accounting(head.status);
         let resp = Response::from_parts(head, PrimedBody::new(first, body));
         Ok(downstream_response(resp, ep, tracked.with_end(end)))
     }

@@ -164,6 +164,12 @@ impl Pool {
         }
     }
 
+    /// This pool's metric handles if [`Self::metrics`] has resolved them (every request's
+    /// [`super::body::Tracked`] guard has, when it is made).
+    pub fn resolved_metrics(&self) -> Option<&PoolMetrics> {
+        self.metrics.get()
+    }
+
     /// This pool's metric handles (resolved from `m` on first use).
     pub fn metrics(&self, m: &ProxyMetrics) -> &PoolMetrics {
         self.metrics.get_or_init(|| {
