@@ -21,6 +21,8 @@ declare -A APT=(
   [debootstrap]=debootstrap [runc]=runc
   # benchmarks' --cpu-hog mode (scripts/bench-routing.sh, scripts/bench-kv-bounds.sh)
   [stress-ng]=stress-ng
+  # scripts/bench-proxy-instructions.sh: instructions per request under callgrind
+  [valgrind]=valgrind [callgrind_control]=valgrind
 )
 missing=()
 for cmd in "${!APT[@]}"; do
