@@ -18,7 +18,6 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::combinators::BoxBody;
 use std::sync::Arc;
 
 use super::metrics::ProxyMetrics;
@@ -27,8 +26,9 @@ use crate::health::breaker::{Breaker, Outcome};
 use crate::routing::InFlightGuard;
 use crate::routing::admission::Slot;
 
-/// The body type of every proxy response.
-pub type ProxyBody = BoxBody<Bytes, hyper::Error>;
+/// The body type of every proxy response (defined beside the error responses, which the
+/// pool's errors build, so that this module may hold a pool without a cycle).
+pub use super::error::ProxyBody;
 
 /// How a response's end is accounted (see the module doc): its status, and the breaker that
 /// judges it. Counters, histograms and the endpoint's health inputs are reached through the

@@ -8,7 +8,8 @@ use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full};
 
-use super::body::ProxyBody;
+/// The body type of every proxy response (re-exported by `body`).
+pub type ProxyBody = http_body_util::combinators::BoxBody<Bytes, hyper::Error>;
 
 /// Who caused a failure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
