@@ -9,6 +9,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 
+use http::header::Entry;
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 /// `x-forwarded-for`.
@@ -25,22 +26,25 @@ static XFP: HeaderName = HeaderName::from_static(X_FORWARDED_PROTO);
 pub fn append(headers: &mut HeaderMap, client: Option<SocketAddr>, https: bool) {
     if let Some(client) = client {
         let ip = client.ip().to_canonical();
-        let value = if headers.contains_key(&XFF) {
-            let ip = ip.to_string();
-            let mut chain: Vec<String> = headers
-                .get_all(&XFF)
-                .iter()
-                .filter_map(|v| v.to_str().ok())
-                .map(|v| v.trim().to_string())
-                .filter(|v| !v.is_empty())
-                .collect();
-            chain.push(ip);
-            HeaderValue::from_str(&chain.join(", "))
-        } else {
-            ip_value(ip)
-        };
-        if let Ok(v) = value {
-            headers.insert(&XFF, v);
+        // One lookup of the name for both cases (the usual one: no chain yet).
+        match headers.entry(&XFF) {
+            Entry::Occupied(mut e) => {
+                let mut chain: Vec<String> = e
+                    .iter()
+                    .filter_map(|v| v.to_str().ok())
+                    .map(|v| v.trim().to_string())
+                    .filter(|v| !v.is_empty())
+                    .collect();
+                chain.push(ip.to_string());
+                if let Ok(v) = HeaderValue::from_str(&chain.join(", ")) {
+                    e.insert(v);
+                }
+            }
+            Entry::Vacant(e) => {
+                if let Ok(v) = ip_value(ip) {
+                    e.insert(v);
+                }
+            }
         }
     }
     let proto = if https { "https" } else { "http" };

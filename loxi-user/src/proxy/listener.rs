@@ -299,6 +299,8 @@ where
     let mut closing = false;
     loop {
         tokio::select! {
+            // In order, without the per-poll random start (the connection is the hot branch).
+            biased;
             ended = conn.as_mut() => {
                 if let Err(e) = ended {
                     tracing::debug!(error = %e, "connection ended with error");
