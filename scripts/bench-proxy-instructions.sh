@@ -20,22 +20,9 @@ for cmd in valgrind callgrind_control curl python3; do
 done
 cargo build --release -q -p loxi-user --bin loxilb -p loxi-tests --bin echo-backend --bin hyper-floor
 BIN=$PWD/target/release
-TMP=$(mktemp -d)
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$TMP"
-}
-trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_port() {
-  for _ in $(seq 1 600); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-    sleep 0.1
-  done
-  echo "bench-proxy-instructions: nothing listening on $1" >&2; exit 1
-}
+# TMP, PIDS, cleanup on exit, free_port, wait_port.
+# shellcheck source=lib/loopback.sh
+. scripts/lib/loopback.sh
 cat >"$TMP/load.py" <<'PY'
 import http.client, sys, threading
 port, n, conns = int(sys.argv[1]), int(sys.argv[2]), 4
@@ -80,12 +67,12 @@ API=$(free_port); LB=$(free_port)
   --callgrind-out-file="$TMP/loxilb.cg" "$BIN/loxilb" --api-addr "127.0.0.1:$API" \
   --state-dir "$TMP/state" --tokenizer-dir "$TMP/tok" --log warn) >"$TMP/loxilb.log" 2>&1 & PIDS+=($!)
 LOXI_PID=$!
-wait_port "$API"
+wait_port "$API" 60
 curl -sf -X POST "http://127.0.0.1:$API/netlox/v1/config/loadbalancer" -H 'content-type: application/json' -d "{
   \"serviceArguments\": {\"externalIP\": \"127.0.0.1\", \"port\": $LB, \"protocol\": \"tcp\", \"mode\": 4, \"sel\": 0},
   \"endpoints\": [{\"endpointIP\": \"127.0.0.1\", \"targetPort\": $B1, \"weight\": 1},
                   {\"endpointIP\": \"127.0.0.1\", \"targetPort\": $B2, \"weight\": 1}]}" >/dev/null
-wait_port "$LB"
+wait_port "$LB" 60
 L=$(count loxilb "$LB" "$LOXI_PID")
 
 FLR=$(free_port)
@@ -93,7 +80,7 @@ FLR=$(free_port)
   --callgrind-out-file="$TMP/floor.cg" "$BIN/hyper-floor" "127.0.0.1:$FLR" "127.0.0.1:$B1" \
   "127.0.0.1:$B2") >"$TMP/floor.log" 2>&1 & PIDS+=($!)
 FLOOR_PID=$!
-wait_port "$FLR"
+wait_port "$FLR" 60
 F=$(count floor "$FLR" "$FLOOR_PID")
 
 printf 'user-space instructions per request (callgrind, %s requests after %s warm-up, small case)\n' "$N" "$WARM"

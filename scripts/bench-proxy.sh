@@ -47,24 +47,10 @@ done
 
 cargo build --release -q -p loxi-user --bin loxilb -p loxi-tests --bin echo-backend --bin hyper-floor
 BIN=target/release
-TMP=$(mktemp -d)
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  [ -f "$TMP/nginx.pid" ] && kill "$(cat "$TMP/nginx.pid")" 2>/dev/null || true
-  wait 2>/dev/null || true
-  rm -rf "$TMP"
-}
-trap cleanup EXIT
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_port() {
-  for _ in $(seq 1 200); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-    sleep 0.05
-  done
-  echo "bench-proxy: nothing listening on $1" >&2; exit 1
-}
+# TMP, PIDS, cleanup on exit, free_port, wait_port.
+# shellcheck source=lib/loopback.sh
+. scripts/lib/loopback.sh
+cleanup_extra() { [ -f "$TMP/nginx.pid" ] && kill "$(cat "$TMP/nginx.pid")" 2>/dev/null || true; }
 
 B1=$(free_port); B2=$(free_port); API=$(free_port); LB=$(free_port); NGX=$(free_port); FLR=$(free_port)
 LBS=$(free_port); NGXS=$(free_port)
