@@ -112,11 +112,15 @@ impl Tracked {
     /// The response's end: counts it (status class, `loxilb_ai_*`) and feeds the breaker;
     /// `stream_failed` when the upstream body failed (counted as a 5xx and a stream error).
     fn settle(&mut self, stream_failed: bool) {
+        self.settle_at(stream_failed, self.start.elapsed().as_secs_f64());
+    }
+
+    /// [`Self::settle`] with the request's duration so far, `elapsed` seconds.
+    fn settle_at(&mut self, stream_failed: bool, elapsed: f64) {
         let (Some(e), Some(pm)) = (self.end.take(), self.pool.resolved_metrics()) else {
             return;
         };
         let ep = self.ep;
-        let elapsed = self.start.elapsed().as_secs_f64();
         let status = if stream_failed {
             http::StatusCode::BAD_GATEWAY
         } else {
@@ -153,10 +157,11 @@ impl Tracked {
 
 impl Drop for Tracked {
     fn drop(&mut self) {
-        self.settle(false);
+        let elapsed = self.start.elapsed().as_secs_f64();
+        self.settle_at(false, elapsed);
         if let Some(pm) = self.pool.resolved_metrics() {
             pm.eps[self.ep].active.dec();
-            pm.duration.observe(self.start.elapsed().as_secs_f64());
+            pm.duration.observe(elapsed);
         }
     }
 }

@@ -448,17 +448,6 @@ impl PoolMetrics {
         self.family.requests.get_or_create(&labels).clone()
     }
 
-    /// The `loxilb_proxy_requests_total` counter of endpoint `ep` for `status`'s class.
-    pub fn class_counter(&self, ep: usize, status: http::StatusCode) -> Counter {
-        let class = usize::from(status.as_u16() / 100).min(5);
-        match self.eps.get(ep) {
-            Some(e) => e.by_class[class]
-                .get_or_init(|| self.class_family_counter(ep, status))
-                .clone(),
-            None => self.class_family_counter(ep, status),
-        }
-    }
-
     /// The `loxilb_proxy_upstream_stream_errors_total` counter of endpoint `ep`.
     pub fn stream_errors(&self, ep: usize) -> Counter {
         let make = || {

@@ -151,7 +151,7 @@ impl Handler {
                     .get_or_create(&svc(service))
                     .observe(t0.elapsed().as_secs_f64());
                 if !status.is_success() {
-                    pm.class_counter(ep, status).inc();
+                    pm.request(ep, status);
                     tracing::warn!(service, ep, %status, "prefill leg refused; relaying its answer");
                     return Ok(Prefill::Refused(relayed(head, bytes, ep)));
                 }
@@ -183,7 +183,7 @@ impl Handler {
         );
         let req = leg_request(legs, &pool.authorities[ep], body).map_err(Some)?;
         let died = |message: String| {
-            pm.class_counter(ep, StatusCode::BAD_GATEWAY).inc();
+            pm.request(ep, StatusCode::BAD_GATEWAY);
             self.observe(pool, ep, Outcome::StreamFailed);
             self.ctx
                 .metrics

@@ -240,22 +240,26 @@ impl H1Pool {
         }
         let now = Instant::now();
         let mut map = self.idle.lock();
-        // The key's reference count is taken only for an authority seen for the first time.
-        if !map.contains_key(&*conn.key) {
-            map.insert(conn.key.clone(), VecDeque::new());
+        // One lookup for a known authority; the key's reference count is taken only for one
+        // seen for the first time.
+        match map.get_mut(&*conn.key) {
+            Some(q) => keep(q, conn, now),
+            None => keep(map.entry(conn.key.clone()).or_default(), conn, now),
         }
-        let Some(q) = map.get_mut(&*conn.key) else {
-            return;
-        };
-        while q
-            .front()
-            .is_some_and(|i| now.duration_since(i.since) > IDLE_TIMEOUT)
-        {
-            q.pop_front();
-        }
-        if q.len() < MAX_IDLE_PER_HOST {
-            q.push_back(Idle { conn, since: now });
-        }
+    }
+}
+
+/// Queues `conn` as idle since `now` behind the live ones of its authority's queue `q` (the
+/// expired ones are dropped first), unless the queue is full.
+fn keep(q: &mut VecDeque<Idle>, conn: H1Conn, now: Instant) {
+    while q
+        .front()
+        .is_some_and(|i| now.duration_since(i.since) > IDLE_TIMEOUT)
+    {
+        q.pop_front();
+    }
+    if q.len() < MAX_IDLE_PER_HOST {
+        q.push_back(Idle { conn, since: now });
     }
 }
 
