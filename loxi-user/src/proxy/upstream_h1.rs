@@ -98,7 +98,7 @@ struct Idle {
 /// The per-authority pool of idle HTTP/1.1 connections and how new ones are opened.
 pub struct H1Pool {
     /// Keyed by authority with foldhash (the keys are the rules' own endpoint addresses, not
-    /// client input; std's SipHash cost ~150 instructions per checkout and per return).
+    /// client input; std's SipHash is the slower hash, paid on every checkout and return).
     idle: parking_lot::Mutex<IdleMap>,
     connect_timeout: Duration,
 }
