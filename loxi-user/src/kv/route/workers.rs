@@ -157,6 +157,11 @@ mod tests {
         hold_tx.send(()).expect("worker waits");
         assert_eq!(busy.await, Ok(true));
         assert_eq!((a.await, b.await), (Ok(1), Ok(2)));
+        // The worker counts a job just after handing its result over: wait for the count.
+        let until = Instant::now() + Duration::from_secs(5);
+        while pool.stats().ran.load(Ordering::Relaxed) < 4 && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
         assert_eq!(pool.stats().ran.load(Ordering::Relaxed), 4);
     }
 
