@@ -55,6 +55,15 @@ pub enum AppError {
     /// Installing the signal handlers failed.
     #[error("installing signal handlers: {0}")]
     Signals(#[source] std::io::Error),
+    /// The fullproxy's connection workers (`--proxy-workers`) could not be started.
+    #[error("starting {n} fullproxy connection workers (--proxy-workers): {source}")]
+    Workers {
+        /// How many were asked for.
+        n: usize,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// Runs the daemon until SIGTERM/SIGINT, then drains. Returns after shutdown.
@@ -85,6 +94,16 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
     let sockets = ListenSockets::new(ListenMetrics::register(&mut registry));
     let control = ControlMetrics::register(&mut registry);
     let proxy_metrics = ProxyMetrics::register(&mut registry);
+    // The fullproxy's connection workers (`--proxy-workers`; 0: the shared runtime).
+    let workers = match cfg.flags.proxy_workers() {
+        0 => None,
+        n => {
+            let w = proxy::workers::Workers::start(n)
+                .map_err(|source| AppError::Workers { n, source })?;
+            proxy::workers::WorkersCollector::register(&mut registry, w.clone());
+            Some(w)
+        }
+    };
     // Restore before any listener opens.
     let certs =
         Arc::new(crate::certs::CertStore::open(&cfg.flags.state_dir).map_err(AppError::Certs)?);
@@ -136,6 +155,7 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
         shutdown.clone(),
     ));
     let ctx = ProxyContext {
+        workers,
         metrics: proxy_metrics,
         tier: Some(kv.tier.clone()),
         config: proxy_config(&cfg),

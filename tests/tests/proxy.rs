@@ -12,9 +12,9 @@ use http_body_util::{BodyExt, Full, StreamBody, combinators::BoxBody};
 use hyper::body::Frame;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use loxi_tests::backend::{Backend, Mode};
-use loxi_tests::harness::{Daemon, free_port};
+use loxi_tests::harness::{Daemon, DaemonOpts, free_port};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -1024,5 +1024,87 @@ async fn loxilb_ai_families_count_by_the_rules_model() {
         }
         assert!(Instant::now() < deadline, "stream gauge stuck: {t}");
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The names of the daemon's fullproxy connection-worker threads (`loxi-proxy-N`), sorted.
+fn worker_threads(pid: u32) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("task dir")
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .map(|n| n.trim().to_string())
+        .filter(|n| n.starts_with("loxi-proxy-"))
+        .collect();
+    names.sort();
+    names
+}
+
+/// One keep-alive client connection to the VIP that has been answered once (200); it stays
+/// open while the returned handle lives.
+async fn answered_connection(port: u16) -> hyper::client::conn::http1::SendRequest<Body> {
+    let tcp = TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .expect("handshake");
+    tokio::spawn(conn);
+    let req = http::Request::post("/v1/chat/completions")
+        .header("host", "vip")
+        .header("content-type", "application/json")
+        .body(full(
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).to_string(),
+        ))
+        .expect("request");
+    let resp = send.send_request(req).await.expect("response");
+    assert_eq!(resp.status(), 200);
+    resp.into_body().collect().await.expect("body");
+    send
+}
+
+/// `--proxy-workers 3`: three named connection workers; six open client connections are
+/// spread two per worker (the least busy takes the next one), each answered, and the gauge
+/// returns to 0 once they close. `--proxy-workers 0` starts no worker (and exports no gauge)
+/// and serves the same connections on the shared runtime.
+#[tokio::test]
+async fn connection_workers_share_the_open_connections_and_0_keeps_the_shared_runtime() {
+    let bs = backends(2).await;
+    for workers in [3usize, 0] {
+        let port = free_port();
+        let d = Daemon::start(DaemonOpts {
+            args: vec!["--proxy-workers".into(), workers.to_string()],
+            ..Default::default()
+        })
+        .await;
+        post(&d, &rule(port, 0, &eps(&bs), json!({}))).await;
+        wait_open(port).await;
+        let want: Vec<String> = (1..=workers).map(|i| format!("loxi-proxy-{i}")).collect();
+        assert_eq!(worker_threads(d.pid().expect("pid")), want);
+        let mut conns = Vec::new();
+        for _ in 0..6 {
+            conns.push(answered_connection(port).await);
+        }
+        let gauge = "loxilb_proxy_worker_connections";
+        let text = d.metrics_text().await;
+        let per_worker: Vec<Option<f64>> = (1..=workers)
+            .map(|w| metric(&text, gauge, &[&format!("worker=\"{w}\"")]))
+            .collect();
+        assert_eq!(per_worker, vec![Some(2.0); workers], "{text}");
+        if workers == 0 {
+            assert!(!text.contains(gauge), "no workers, no gauge");
+        }
+        drop(conns);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let text = d.metrics_text().await;
+            let open: f64 = (1..=workers)
+                .filter_map(|w| metric(&text, gauge, &[&format!("worker=\"{w}\"")]))
+                .sum();
+            if open == 0.0 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "connections still counted: {text}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 }

@@ -57,6 +57,13 @@ pub struct Flags {
     /// Log line format on stderr: `text` or `json` (one object per line).
     #[arg(long, value_enum, default_value_t = crate::telemetry::LogFormat::Text)]
     pub log_format: crate::telemetry::LogFormat,
+    /// Fullproxy connection workers: threads with a single-threaded runtime each, which serve
+    /// the client connections the listeners accept (see `proxy::workers`). Default: the shared
+    /// runtime's worker count (`TOKIO_WORKER_THREADS`, else one per available CPU). 0 serves
+    /// every connection on the shared work-stealing runtime instead.
+    #[arg(long, env = "LOXI_PROXY_WORKERS", value_name = "N",
+          value_parser = clap::value_parser!(u16).range(0..=1024))]
+    pub proxy_workers: Option<u16>,
     /// Seconds in-flight requests may take to finish after SIGTERM/SIGINT before the process
     /// exits anyway (listeners stop accepting at once).
     #[arg(long, default_value_t = 30)]
@@ -189,6 +196,24 @@ impl Flags {
     pub fn shutdown_grace(&self) -> Duration {
         Duration::from_secs(self.shutdown_grace_secs)
     }
+
+    /// How many fullproxy connection workers to start: `--proxy-workers` /
+    /// `LOXI_PROXY_WORKERS`, else `TOKIO_WORKER_THREADS` (the shared runtime's own count, when
+    /// it is a positive number), else the CPUs available to the process.
+    pub fn proxy_workers(&self) -> usize {
+        proxy_workers_from(self.proxy_workers, std::env::var("TOKIO_WORKER_THREADS").ok())
+    }
+}
+
+/// [`Flags::proxy_workers`] from the flag and `TOKIO_WORKER_THREADS`'s value.
+fn proxy_workers_from(flag: Option<u16>, tokio_workers: Option<String>) -> usize {
+    if let Some(n) = flag {
+        return n.into();
+    }
+    match tokio_workers.and_then(|v| v.trim().parse::<usize>().ok()) {
+        Some(n) if n > 0 => n,
+        _ => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    }
 }
 
 /// LoxiLB's `--loglevel` values → a `tracing` filter level.
@@ -266,6 +291,21 @@ mod tests {
                 .expect("none")
                 .is_empty()
         );
+    }
+
+    #[test]
+    fn proxy_workers_come_from_the_flag_then_tokio_s_count_then_the_cpus() {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert_eq!(proxy_workers_from(Some(3), Some("5".into())), 3);
+        assert_eq!(proxy_workers_from(Some(0), Some("5".into())), 0, "0: shared runtime");
+        assert_eq!(proxy_workers_from(None, Some(" 5 ".into())), 5);
+        assert_eq!(proxy_workers_from(None, Some("0".into())), cpus);
+        assert_eq!(proxy_workers_from(None, Some("two".into())), cpus);
+        assert_eq!(proxy_workers_from(None, None), cpus);
+        let f = Flags::try_parse_from(["loxilb", "--proxy-workers", "2"]).expect("parse");
+        assert_eq!(f.proxy_workers, Some(2));
+        let e = Flags::try_parse_from(["loxilb", "--proxy-workers", "5000"]).expect_err("range");
+        assert!(e.to_string().contains("0..=1024"), "{e}");
     }
 
     #[test]

@@ -5,6 +5,10 @@
 //! [`super::tls::HANDSHAKE_TIMEOUT`]), then takes the same request path as a cleartext one. On close it
 //! stops accepting, asks every connection to finish gracefully and waits up to the grace period.
 //!
+//! The accept loop runs on the runtime that opened the listener; each accepted connection is
+//! then served by the least busy connection worker when the proxy has them
+//! ([`super::workers`]), else where it was accepted.
+//!
 //! Limits (see [`super::conn`] and [`super::valve`]):
 //! - at most [`ConnLimits::max_conns`] open connections: at the cap the listener accepts one
 //!   more connection and holds it until a slot frees (counted in
@@ -150,14 +154,39 @@ impl Serving {
             };
             let (s, b, open, traffic) =
                 (self.clone(), builder.clone(), open.clone(), traffic.clone());
-            conns.spawn(async move {
+            let connection = async move |stream: TcpStream| {
                 open.inc();
                 traffic.accepted();
                 s.serve(&b, stream, peer, &traffic).await;
                 traffic.closed();
                 open.dec();
                 drop(slot);
-            });
+            };
+            let Some(workers) = &self.handler.ctx.workers else {
+                conns.spawn(connection(stream));
+                continue;
+            };
+            // To a worker: the socket leaves this runtime's reactor and joins the worker's.
+            let stream = match stream.into_std() {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(%peer, error = %e, "cannot hand the connection to a worker");
+                    continue;
+                }
+            };
+            let (rt, seat) = workers.pick();
+            conns.spawn_on(
+                async move {
+                    let _seat = seat;
+                    match TcpStream::from_std(stream) {
+                        Ok(stream) => connection(stream).await,
+                        Err(e) => {
+                            tracing::warn!(%peer, error = %e, "a worker cannot take the connection");
+                        }
+                    }
+                },
+                &rt,
+            );
         }
         drop(tcp);
         conns.close();

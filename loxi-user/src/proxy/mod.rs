@@ -37,6 +37,7 @@ pub mod upstream;
 pub mod upstream_h1;
 pub mod upstream_tls;
 pub mod valve;
+pub mod workers;
 
 #[cfg(test)]
 mod tier_tests;
@@ -158,6 +159,9 @@ pub struct ProxyContext {
     pub sockets: Arc<crate::listen::ListenSockets>,
     /// The certificates TLS listeners (`security: 1`) serve, looked up per handshake.
     pub certs: Arc<crate::certs::CertStore>,
+    /// Where accepted client connections are served: the connection workers
+    /// (`--proxy-workers`, see [`workers`]), or `None` for the runtime that runs [`run`].
+    pub workers: Option<Arc<workers::Workers>>,
 }
 
 /// Runs the fullproxy until `shutdown`: reconciles listeners with every rule snapshot, then on
@@ -215,7 +219,8 @@ struct Reconciler {
 
 impl Reconciler {
     fn new(ctx: ProxyContext) -> Self {
-        let upstreams = Upstreams::new(ctx.config.connect_timeout);
+        let shards = ctx.workers.as_ref().map_or(0, |w| w.len());
+        let upstreams = Upstreams::new(ctx.config.connect_timeout, shards);
         let valve = valve::Valve::new(ctx.config.max_total_inflight);
         Self {
             ctx,

@@ -131,6 +131,7 @@ async fn kv_exact_mode_3_asks_the_tier_first_then_sel() {
         health: crate::health::board::HealthBoard::new(),
         sockets: crate::listen::ListenSockets::new(Default::default()),
         certs: std::sync::Arc::new(crate::certs::CertStore::in_memory()),
+        workers: None,
     };
     let stop = CancellationToken::new();
     let task = tokio::spawn(super::run(store.subscribe(), ctx, stop.clone()));
@@ -211,6 +212,7 @@ impl KvProxy {
             health: crate::health::board::HealthBoard::new(),
             sockets: crate::listen::ListenSockets::new(Default::default()),
             certs: std::sync::Arc::new(crate::certs::CertStore::in_memory()),
+            workers: None,
         };
         let stop = CancellationToken::new();
         let task = tokio::spawn(super::run(store.subscribe(), ctx, stop.clone()));
@@ -492,6 +494,7 @@ async fn a_body_that_does_not_arrive_in_time_gets_408() {
         health: crate::health::board::HealthBoard::new(),
         sockets: crate::listen::ListenSockets::new(Default::default()),
         certs: std::sync::Arc::new(crate::certs::CertStore::in_memory()),
+        workers: None,
     };
     let stop = CancellationToken::new();
     let task = tokio::spawn(super::run(store.subscribe(), ctx, stop.clone()));

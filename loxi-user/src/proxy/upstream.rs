@@ -80,8 +80,10 @@ pub struct Upstreams {
 }
 
 impl Upstreams {
-    /// Clients whose connects give up after `connect_timeout`.
-    pub fn new(connect_timeout: Duration) -> Self {
+    /// Clients whose connects give up after `connect_timeout`; the cleartext HTTP/1.1 pool
+    /// keeps idle connections apart for each of `workers` connection workers (0: no workers,
+    /// see [`super::workers`]).
+    pub fn new(connect_timeout: Duration, workers: usize) -> Self {
         let mut conn = HttpConnector::new();
         conn.set_connect_timeout(Some(connect_timeout));
         conn.set_nodelay(true);
@@ -92,7 +94,7 @@ impl Upstreams {
         Self {
             h1,
             h2,
-            driven: H1Pool::new(connect_timeout),
+            driven: H1Pool::new(connect_timeout, workers),
         }
     }
 

@@ -10,6 +10,10 @@
 //! socket read are then decoded and handed on in the same poll, so hyper's server writes them
 //! to the client in one `writev`.
 //!
+//! With connection workers (`super::workers`), each worker has its own idle lists: a connection
+//! is opened on, and only ever reused by, the worker whose runtime polls its socket, so its
+//! readiness never has to cross threads.
+//!
 //! The pool keeps idle connections per endpoint authority (most recently used first, at most
 //! [`MAX_IDLE_PER_HOST`], none idle longer than [`IDLE_TIMEOUT`], as hyper-util's default 90 s).
 //! A connection goes back only when its response body ended cleanly (dropped early or failed:
@@ -59,6 +63,8 @@ type Conn = http1::Connection<TokioIo<TcpStream>, Full<Bytes>>;
 struct H1Conn {
     /// The endpoint authority (`ip:port`): the pool key.
     key: Arc<str>,
+    /// The idle lists it returns to: the worker that opened it (see [`H1Pool::shard`]).
+    shard: usize,
     send: http1::SendRequest<Full<Bytes>>,
     conn: Pin<Box<Conn>>,
     /// The connection future completed (closed or failed): never polled again nor pooled.
@@ -97,15 +103,20 @@ struct Idle {
 
 /// The per-authority pool of idle HTTP/1.1 connections and how new ones are opened.
 pub struct H1Pool {
+    /// One map per connection worker, index = worker number (0: threads that are no worker).
     /// Keyed by authority with foldhash (the keys are the rules' own endpoint addresses, not
     /// client input; std's SipHash is the slower hash, paid on every checkout and return).
-    idle: parking_lot::Mutex<IdleMap>,
+    idle: Box<[parking_lot::Mutex<IdleMap>]>,
     connect_timeout: Duration,
 }
 
 impl std::fmt::Debug for H1Pool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let idle: usize = self.idle.lock().values().map(VecDeque::len).sum();
+        let idle: usize = self
+            .idle
+            .iter()
+            .map(|m| m.lock().values().map(VecDeque::len).sum::<usize>())
+            .sum();
         f.debug_struct("H1Pool")
             .field("idle", &idle)
             .field("connect_timeout", &self.connect_timeout)
@@ -114,11 +125,15 @@ impl std::fmt::Debug for H1Pool {
 }
 
 impl H1Pool {
-    /// An empty pool whose connects give up after `connect_timeout`. Inside a tokio runtime it
-    /// also starts the reaper ([`REAP_INTERVAL`]), which ends when the pool is dropped.
-    pub fn new(connect_timeout: Duration) -> Arc<Self> {
+    /// An empty pool whose connects give up after `connect_timeout`, with idle lists for
+    /// `workers` connection workers besides the one for every other thread. Inside a tokio
+    /// runtime it also starts the reaper ([`REAP_INTERVAL`]), which ends when the pool is
+    /// dropped.
+    pub fn new(connect_timeout: Duration, workers: usize) -> Arc<Self> {
         let pool = Arc::new(Self {
-            idle: parking_lot::Mutex::new(IdleMap::default()),
+            idle: (0..=workers)
+                .map(|_| parking_lot::Mutex::new(IdleMap::default()))
+                .collect(),
             connect_timeout,
         });
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
@@ -141,15 +156,25 @@ impl H1Pool {
     /// or were closed, and forgets authorities left without any; returns how many it closed.
     fn reap(&self, now: Instant) -> usize {
         let mut closed = 0;
-        self.idle.lock().retain(|_, q| {
-            let before = q.len();
-            q.retain(|i| {
-                now.saturating_duration_since(i.since) <= IDLE_TIMEOUT && !i.conn.send.is_closed()
+        for map in &self.idle {
+            map.lock().retain(|_, q| {
+                let before = q.len();
+                q.retain(|i| {
+                    now.saturating_duration_since(i.since) <= IDLE_TIMEOUT
+                        && !i.conn.send.is_closed()
+                });
+                closed += before - q.len();
+                !q.is_empty()
             });
-            closed += before - q.len();
-            !q.is_empty()
-        });
+        }
         closed
+    }
+
+    /// The idle lists of the calling thread: its worker's, or the shared ones (index 0) on a
+    /// thread that is no worker of this pool.
+    fn shard(&self) -> usize {
+        let w = super::workers::current();
+        if w < self.idle.len() { w } else { 0 }
     }
 
     /// Sends `req` (origin-form URI, `Host` set) to `authority` (`ip:port`) on an idle
@@ -194,7 +219,7 @@ impl H1Pool {
     async fn checkout(&self, authority: &str) -> Option<H1Conn> {
         loop {
             let idle = {
-                let mut map = self.idle.lock();
+                let mut map = self.idle[self.shard()].lock();
                 map.get_mut(authority)?.pop_back()?
             };
             let mut c = idle.conn;
@@ -223,6 +248,7 @@ impl H1Pool {
             .map_err(|e| format!("http1 handshake: {e}"))?;
         let mut c = H1Conn {
             key: Arc::from(authority),
+            shard: self.shard(),
             send,
             conn: Box::pin(conn),
             done: false,
@@ -239,7 +265,7 @@ impl H1Pool {
             return;
         }
         let now = Instant::now();
-        let mut map = self.idle.lock();
+        let mut map = self.idle[conn.shard].lock();
         // One lookup for a known authority; the key's reference count is taken only for one
         // seen for the first time.
         match map.get_mut(&*conn.key) {
@@ -388,7 +414,7 @@ mod tests {
     #[tokio::test]
     async fn a_connection_is_reused_after_a_complete_body_and_closed_after_a_dropped_one() {
         let (addr, accepted) = server().await;
-        let pool = H1Pool::new(Duration::from_secs(1));
+        let pool = H1Pool::new(Duration::from_secs(1), 0);
         assert_eq!(
             body_of(pool.send(get("/3", &addr), &addr).await).await,
             b"xxx"
@@ -423,7 +449,7 @@ mod tests {
     #[tokio::test]
     async fn the_reaper_closes_connections_idle_past_the_timeout_and_forgets_their_endpoint() {
         let (addr, accepted) = server().await;
-        let pool = H1Pool::new(Duration::from_secs(1));
+        let pool = H1Pool::new(Duration::from_secs(1), 0);
         assert_eq!(
             body_of(pool.send(get("/2", &addr), &addr).await).await,
             b"xx"
@@ -433,10 +459,10 @@ mod tests {
             0,
             "a fresh idle connection stays"
         );
-        assert_eq!(pool.idle.lock().len(), 1);
+        assert_eq!(pool.idle[0].lock().len(), 1);
         let later = Instant::now() + IDLE_TIMEOUT + Duration::from_secs(1);
         assert_eq!(pool.reap(later), 1, "idle past the timeout: closed");
-        assert!(pool.idle.lock().is_empty(), "the endpoint is forgotten");
+        assert!(pool.idle[0].lock().is_empty(), "the endpoint is forgotten");
         assert_eq!(
             body_of(pool.send(get("/1", &addr), &addr).await).await,
             b"x"
@@ -449,11 +475,40 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn each_worker_reuses_only_the_connections_it_opened() {
+        let (addr, accepted) = server().await;
+        let pool = H1Pool::new(Duration::from_secs(1), 2);
+        let workers = crate::proxy::workers::Workers::start(2).expect("workers");
+        let (w1, _seat1) = workers.pick();
+        let (w2, _seat2) = workers.pick();
+        let on = |rt: &tokio::runtime::Handle, path: &'static str| {
+            let (pool, addr) = (pool.clone(), addr.clone());
+            rt.spawn(async move { body_of(pool.send(get(path, &addr), &addr).await).await })
+        };
+        assert_eq!(on(&w1, "/1").await.expect("task"), b"x");
+        assert_eq!(on(&w2, "/2").await.expect("task"), b"xx");
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            2,
+            "worker 2 did not take worker 1's idle connection"
+        );
+        assert_eq!(on(&w1, "/3").await.expect("task"), b"xxx");
+        assert_eq!(on(&w2, "/1").await.expect("task"), b"x");
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            2,
+            "each worker reused its own"
+        );
+        let idle = |i: usize| pool.idle[i].lock().values().map(VecDeque::len).sum::<usize>();
+        assert_eq!((idle(0), idle(1), idle(2)), (0, 1, 1));
+    }
+
+    #[tokio::test]
     async fn a_refused_connect_is_a_connect_failure_naming_the_reason() {
         let tcp = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = tcp.local_addr().expect("addr").to_string();
         drop(tcp);
-        let pool = H1Pool::new(Duration::from_secs(1));
+        let pool = H1Pool::new(Duration::from_secs(1), 0);
         match pool.send(get("/1", &addr), &addr).await {
             Attempt::ConnectFailed(e) => assert!(e.starts_with("tcp connect error: "), "{e}"),
             other => panic!("expected a connect failure, got {:?}", other.error_type()),
