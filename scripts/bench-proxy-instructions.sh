@@ -3,8 +3,9 @@
 # repeatable on a shared machine, where requests/s and CPU time swing by ±15 % between runs):
 # loxilb (mode 4, sel 0 round-robin, 2 endpoints) and the hyper floor (`hyper-floor`, the same
 # forwarding with nothing but tokio and hyper; see scripts/bench-proxy.sh) in the same run, over
-# the same two echo-backends, each with 2 tokio workers. A Python client sends the `small` case
-# of bench-proxy (a 66-byte JSON POST) on 4 keep-alive connections: WARM requests first
+# the same two echo-backends, each with 2 workers (loxilb's connection workers, the floor's
+# threads). A Python client sends the `small` case of bench-proxy (a 66-byte JSON POST) on 4
+# keep-alive connections: WARM requests first
 # (connections, pools, metric handles), then N with instrumentation on; prints instructions
 # per request for both and the loxi/floor ratio. Kernel work (the syscalls) is not counted:
 # this measures what the proxy's own code costs, not the machine.

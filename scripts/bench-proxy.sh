@@ -18,12 +18,17 @@
 # than requests/s.
 # The hyper floor (`hyper-floor`, tests/src/bin) is the same forwarding done with nothing but
 # tokio and hyper's HTTP/1.1 server and client (a client connection per backend per client
-# connection, body read whole, response streamed): what the libraries loxi is built on cost,
-# so loxi's CPU per request over the floor's is what loxi's own per-request work adds. Not
-# measured in the tls case (it has no TLS).
+# connection, body read whole, response streamed), threaded as loxi's connection workers (one
+# single-threaded runtime per worker): what the libraries loxi is built on cost, so loxi's CPU
+# per request over the floor's is what loxi's own per-request work adds. Not measured in the
+# tls case (it has no TLS).
 #
 #   DURATION=10   seconds per measurement   THREADS=2   wrk threads
-#   CONNS=64      wrk connections           WORKERS=2   loxilb tokio workers = nginx worker_processes
+#   CONNS=64      wrk connections           WORKERS=2   loxilb connection workers (and tokio
+#                                                       workers) = floor workers = nginx
+#                                                       worker_processes
+#   PROXY_WORKERS=$WORKERS   loxilb's --proxy-workers alone (0: connections on the shared
+#                            work-stealing runtime, loxi's model before the workers)
 #   CASES="small sse large tls"             RUNS=1      repetitions of the whole set
 #   TLS=0         drops the tls case (kept for older invocations)
 #
@@ -59,7 +64,8 @@ LBS=$(free_port); NGXS=$(free_port)
 wait_port "$B1"; wait_port "$B2"
 
 TOKIO_WORKER_THREADS=$WORKERS "$BIN/loxilb" --api-addr "127.0.0.1:$API" --state-dir "$TMP/state" \
-  --tokenizer-dir "$TMP/tok" --log warn >"$TMP/loxilb.log" 2>&1 & PIDS+=($!)
+  --tokenizer-dir "$TMP/tok" --proxy-workers "${PROXY_WORKERS:-$WORKERS}" --log warn \
+  >"$TMP/loxilb.log" 2>&1 & PIDS+=($!)
 LOXI_PID=$!
 wait_port "$API"
 curl -sf -X POST "http://127.0.0.1:$API/netlox/v1/config/loadbalancer" -H 'content-type: application/json' -d "{
@@ -215,8 +221,8 @@ for c in $CASES; do
   done
 done
 
-printf '\nfullproxy benchmark: wrk -t%s -c%s -d%ss, 2 echo-backends, %s workers each, %s run(s); load before: %s\n' \
-  "$THREADS" "$CONNS" "$DURATION" "$WORKERS" "$RUNS" "$(cut -d' ' -f1-3 /proc/loadavg)"
+printf '\nfullproxy benchmark: wrk -t%s -c%s -d%ss, 2 echo-backends, %s workers each (loxilb --proxy-workers %s), %s run(s); load before: %s\n' \
+  "$THREADS" "$CONNS" "$DURATION" "$WORKERS" "${PROXY_WORKERS:-$WORKERS}" "$RUNS" "$(cut -d' ' -f1-3 /proc/loadavg)"
 [ "$TLS" = 1 ] && printf 'tls cipher: loxilb %s, nginx %s\n' "$LC" "$NC"
 printf '%-4s %-6s %11s %8s %7s | %11s %8s %7s | %11s %8s %7s | %9s %8s %8s %8s\n' run case \
   'loxi req/s' 'p99 ms' 'cpu us' 'floor req/s' 'p99 ms' 'cpu us' 'nginx req/s' 'p99 ms' 'cpu us' \

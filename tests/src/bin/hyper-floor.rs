@@ -5,8 +5,13 @@
 //! table, no metrics, no limits, no tracing); requests go round robin over the backends; the
 //! request body is read whole (as loxi does) and the response streamed back.
 //!
+//! Threads as loxi's fullproxy with its connection workers (`--proxy-workers`): one thread per
+//! worker, each a single-threaded tokio runtime that serves its connections to their end (here
+//! each worker accepts on its own `SO_REUSEPORT` socket).
+//!
 //! Not a product: it trusts its backends, never times out and panics on a bad flag.
-//! Usage: `hyper-floor LISTEN_ADDR BACKEND_ADDR...` (worker threads from `TOKIO_WORKER_THREADS`).
+//! Usage: `hyper-floor LISTEN_ADDR BACKEND_ADDR...` (workers: `TOKIO_WORKER_THREADS`, else one
+//! per CPU).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -33,28 +38,57 @@ fn main() -> anyhow::Result<()> {
         "usage: hyper-floor LISTEN_ADDR BACKEND_ADDR..."
     );
     let backends = Arc::new(backends);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(async move {
-        let listener = TcpListener::bind(listen).await?;
-        let next = Arc::new(AtomicUsize::new(0));
-        loop {
-            let (stream, _) = listener.accept().await?;
-            stream.set_nodelay(true)?;
-            let (backends, next) = (backends.clone(), next.clone());
-            tokio::spawn(async move {
-                let ups: Upstreams =
-                    Arc::new(Mutex::new((0..backends.len()).map(|_| None).collect()));
-                let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
-                    forward(req, backends.clone(), next.clone(), ups.clone())
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await;
+    let workers = match std::env::var("TOKIO_WORKER_THREADS") {
+        Ok(n) => n.parse()?,
+        Err(_) => std::thread::available_parallelism()?.get(),
+    };
+    let threads: Vec<_> = (0..workers)
+        .map(|_| {
+            let backends = backends.clone();
+            std::thread::spawn(move || -> anyhow::Result<()> {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()?;
+                rt.block_on(async move {
+                    // One socket per worker (SO_REUSEPORT: the kernel spreads connections).
+                    let s = socket2::Socket::new(
+                        socket2::Domain::for_address(listen),
+                        socket2::Type::STREAM,
+                        None,
+                    )?;
+                    s.set_reuse_port(true)?;
+                    s.set_reuse_address(true)?;
+                    s.set_nonblocking(true)?;
+                    s.bind(&listen.into())?;
+                    s.listen(1024)?;
+                    serve(TcpListener::from_std(s.into())?, backends).await
+                })
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("worker thread")?;
+    }
+    Ok(())
+}
+
+/// Accepts and serves connections on the calling worker's runtime, forever.
+async fn serve(listener: TcpListener, backends: Arc<Vec<SocketAddr>>) -> anyhow::Result<()> {
+    let next = Arc::new(AtomicUsize::new(0));
+    loop {
+        let (stream, _) = listener.accept().await?;
+        stream.set_nodelay(true)?;
+        let (backends, next) = (backends.clone(), next.clone());
+        tokio::spawn(async move {
+            let ups: Upstreams = Arc::new(Mutex::new((0..backends.len()).map(|_| None).collect()));
+            let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+                forward(req, backends.clone(), next.clone(), ups.clone())
             });
-        }
-    })
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
+        });
+    }
 }
 
 /// Forwards one request to the next backend (round robin) on this connection's upstream.
