@@ -9,6 +9,7 @@
 //! | `loxilb_proxy_request_duration_seconds` | histogram | `service` (until the response body ends) |
 //! | `loxilb_proxy_upstream_stream_errors_total` | counter | `service`, `ep_idx` (backend body failed mid-stream) |
 //! | `loxilb_proxy_open_connections` | gauge | `listener` (`ip:port`) |
+//! | `loxilb_proxy_worker_connections` | gauge | `worker` (`1`..=`--proxy-workers`; open client connections each connection worker serves, [`super::workers`]) |
 //! | `loxilb_proxy_connections_closed_total` | counter | `listener`, `reason` (`header_timeout`, `idle_timeout`) |
 //! | `loxilb_proxy_connections_queued_total` | counter | `listener` (accepted only after waiting for a slot under `LOXI_MAX_CONNS_PER_LISTENER`) |
 //! | `loxilb_proxy_tls_handshake_failures_total` | counter | `listener` (TLS handshakes that failed or timed out: no certificate for the name, a client that does not speak TLS, ...) |
