@@ -1103,7 +1103,10 @@ async fn connection_workers_share_the_open_connections_and_0_keeps_the_shared_ru
             if open == 0.0 {
                 break;
             }
-            assert!(Instant::now() < deadline, "connections still counted: {text}");
+            assert!(
+                Instant::now() < deadline,
+                "connections still counted: {text}"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }

@@ -201,7 +201,10 @@ impl Flags {
     /// `LOXI_PROXY_WORKERS`, else `TOKIO_WORKER_THREADS` (the shared runtime's own count, when
     /// it is a positive number), else the CPUs available to the process.
     pub fn proxy_workers(&self) -> usize {
-        proxy_workers_from(self.proxy_workers, std::env::var("TOKIO_WORKER_THREADS").ok())
+        proxy_workers_from(
+            self.proxy_workers,
+            std::env::var("TOKIO_WORKER_THREADS").ok(),
+        )
     }
 }
 
@@ -297,7 +300,11 @@ mod tests {
     fn proxy_workers_come_from_the_flag_then_tokio_s_count_then_the_cpus() {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         assert_eq!(proxy_workers_from(Some(3), Some("5".into())), 3);
-        assert_eq!(proxy_workers_from(Some(0), Some("5".into())), 0, "0: shared runtime");
+        assert_eq!(
+            proxy_workers_from(Some(0), Some("5".into())),
+            0,
+            "0: shared runtime"
+        );
         assert_eq!(proxy_workers_from(None, Some(" 5 ".into())), 5);
         assert_eq!(proxy_workers_from(None, Some("0".into())), cpus);
         assert_eq!(proxy_workers_from(None, Some("two".into())), cpus);

@@ -499,7 +499,13 @@ mod tests {
             2,
             "each worker reused its own"
         );
-        let idle = |i: usize| pool.idle[i].lock().values().map(VecDeque::len).sum::<usize>();
+        let idle = |i: usize| {
+            pool.idle[i]
+                .lock()
+                .values()
+                .map(VecDeque::len)
+                .sum::<usize>()
+        };
         assert_eq!((idle(0), idle(1), idle(2)), (0, 1, 1));
     }
 

@@ -50,9 +50,7 @@ pub struct Workers {
 
 impl std::fmt::Debug for Workers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Workers")
-            .field("open", &self.open)
-            .finish()
+        f.debug_struct("Workers").field("open", &self.open).finish()
     }
 }
 
@@ -120,7 +118,10 @@ impl Workers {
 
     /// Open connections per worker, in worker order.
     pub fn open(&self) -> Vec<usize> {
-        self.open.iter().map(|o| o.load(Ordering::Relaxed)).collect()
+        self.open
+            .iter()
+            .map(|o| o.load(Ordering::Relaxed))
+            .collect()
     }
 }
 
