@@ -27,7 +27,7 @@ while [ $# -gt 0 ]; do
     --out=*) OUT=${1#--out=}; shift ;;
     --core) CORE=$2; shift 2 ;;
     --core=*) CORE=${1#--core=}; shift ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 { if (!/^#/) exit; print }' "$0"; exit 0 ;; # the header comment
     *) ARGS+=("$1"); shift ;;
   esac
 done

@@ -33,7 +33,7 @@ while [ $# -gt 0 ]; do
     --seconds) SECONDS_PER_PHASE=$2; shift 2 ;;
     --conc) CONC=$2; shift 2 ;;
     --cpu-hog) HOG=$2; shift 2 ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 { if (!/^#/) exit; print }' "$0"; exit 0 ;; # the header comment
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
 done

@@ -36,7 +36,7 @@ while [ $# -gt 0 ]; do
     --out=*) OUT=${1#--out=}; shift ;;
     --cpu-hog) HOG=$2; shift 2 ;;
     --cpu-hog=*) HOG=${1#--cpu-hog=}; shift ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 { if (!/^#/) exit; print }' "$0"; exit 0 ;; # the header comment
     --engines) ENGINES=$2; ARGS+=("$1" "$2"); shift 2 ;;
     --engines=*) ENGINES=${1#--engines=}; ARGS+=("$1"); shift ;;
     *) ARGS+=("$1"); shift ;;

@@ -27,7 +27,7 @@ while [ $# -gt 0 ]; do
     --out) OUT=$2; shift 2 ;;
     --out=*) OUT=${1#--out=}; shift ;;
     --no-peers) PEERS=0; shift ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 { if (!/^#/) exit; print }' "$0"; exit 0 ;; # the header comment
     *) echo "demo.sh: unknown flag $1 (only --out DIR, --no-peers)" >&2; exit 2 ;;
   esac
 done

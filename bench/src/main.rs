@@ -606,6 +606,7 @@ async fn main() -> Result<()> {
         sig = stop_signal() => bail!("interrupted by {sig}; workers and routers stopped"),
     };
     let md = write_outputs(&args.out, &results)?;
+    // results.md holds the tables and each workload's verdict lines: printed once, here.
     println!("{md}");
     let out = std::fs::canonicalize(&args.out)?;
     println!(
@@ -618,12 +619,6 @@ async fn main() -> Result<()> {
         "metrics: {}/<workload>/metrics/ (workers' /metrics and loxilb's /netlox/v1/metrics after each policy)",
         out.display()
     );
-    for w in &results {
-        println!("verdict ({}):", w.workload);
-        for v in report::verdicts(&w.results, w.oracle_hit_rate) {
-            println!("  {v}");
-        }
-    }
     Ok(())
 }
 

@@ -150,11 +150,11 @@ async fn one_workload(
     }
     let w = &w;
     eprintln!(
-        "[bench] workload {}: {} requests over {:.1}s simulated; oracle {:?}",
+        "[bench] workload {}: {} requests over {:.1}s simulated; oracle hit rate {}",
         w.name,
         w.requests.len(),
         w.span().as_secs_f64(),
-        oracle_hit_rate
+        crate::report::percent(oracle_hit_rate)
     );
     let mut results = Vec::new();
     for policy in &plan.policies {
@@ -166,10 +166,7 @@ async fn one_workload(
         if let Some(p) = &prompts {
             fit.failed_requests(&mut r, p);
         }
-        eprintln!(
-            "[bench] {} / {policy}: hit {:?} ttft {:?} err {:?}",
-            w.name, r.prefix_hit_rate, r.ttft_ms, r.error
-        );
+        eprintln!("[bench] {} / {policy}: {}", w.name, r.progress());
         results.push(r);
     }
     Ok(WorkloadResult {

@@ -76,6 +76,28 @@ impl PolicyResult {
             ..Self::default()
         }
     }
+
+    /// The run's progress line after the policy: `hit 45.3 %, TTFT p50/p90/p99
+    /// 97.5/398.7/740.5 ms`, `n/a` for a figure not measured, `failed: <error>` when it did not
+    /// run.
+    pub fn progress(&self) -> String {
+        if let Some(e) = &self.error {
+            return format!("failed: {e}");
+        }
+        let ttft = self.ttft_ms.as_ref().map_or_else(
+            || "n/a".to_string(),
+            |q| format!("{:.1}/{:.1}/{:.1} ms", q.p50, q.p90, q.p99),
+        );
+        format!(
+            "hit {}, TTFT p50/p90/p99 {ttft}",
+            percent(self.prefix_hit_rate)
+        )
+    }
+}
+
+/// A rate as `45.3 %`, `n/a` when not measured.
+pub fn percent(rate: Option<f64>) -> String {
+    rate.map_or_else(|| "n/a".to_string(), |r| format!("{:.1} %", r * 100.0))
 }
 
 /// One `summary.json` entry.
@@ -270,6 +292,33 @@ pub fn write(dir: &Path, name: &str, text: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn progress_line_is_human_readable() {
+        let r = PolicyResult {
+            policy: "rr".into(),
+            prefix_hit_rate: Some(0.4526),
+            ttft_ms: Some(Quantiles {
+                p50: 97.500176,
+                p90: 398.70339199999995,
+                p99: 740.490256,
+            }),
+            ..PolicyResult::default()
+        };
+        assert_eq!(
+            r.progress(),
+            "hit 45.3 %, TTFT p50/p90/p99 97.5/398.7/740.5 ms"
+        );
+        let unmeasured = PolicyResult {
+            policy: "rr".into(),
+            ..PolicyResult::default()
+        };
+        assert_eq!(unmeasured.progress(), "hit n/a, TTFT p50/p90/p99 n/a");
+        assert_eq!(
+            PolicyResult::failed("kv", "router did not start".into()).progress(),
+            "failed: router did not start"
+        );
+    }
 
     #[test]
     fn summary_has_the_contract_fields_and_nulls_for_failures() {

@@ -141,6 +141,82 @@ async fn loxicmd_prints_the_server_error_as_loxilb_loxicmd_and_exits_by_status()
     ]);
     assert_eq!(out.status.code(), Some(2), "usage error: {}", stderr(&out));
     assert!(stderr(&out).contains("--select"), "{}", stderr(&out));
+
+    // A refusal found after validation (no certificate for a TLS rule) names its field too.
+    let out = d.loxicmd(&[
+        "create",
+        "lb",
+        "127.0.0.1",
+        &tcp,
+        "--endpoints=127.0.0.5:1",
+        "--mode=fullproxy",
+        "--security=https",
+        "--host=other.example.com",
+    ]);
+    assert_eq!(out.status.code(), Some(6), "400 → 6");
+    assert_eq!(
+        stderr(&out),
+        "Error: server returned 400: serviceArguments.security: 1 (TLS) needs a certificate: \
+         no certificate covers host \"other.example.com\" and there is no `default` one; POST \
+         /netlox/v1/config/cert first; nothing was stored\n"
+    );
+    assert_eq!(d.rules().await, json!({"lbAttr": []}));
+}
+
+/// `loxicmd get lb | head -1`: a reader that went away stops loxicmd quietly (no panic, no
+/// message) with 141, the status a shell shows for Go's loxicmd killed by SIGPIPE.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loxicmd_stops_quietly_when_stdout_is_a_closed_pipe() {
+    let d = Daemon::start_default().await;
+    let port = free_port().to_string();
+    let out = d.loxicmd(&[
+        "create",
+        "lb",
+        "127.0.0.1",
+        &format!("--tcp={port}:8000"),
+        "--endpoints=127.0.0.5:1",
+        "--mode=fullproxy",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let api = d.api_addr();
+    for args in [
+        &["get", "lb", "-o", "json"][..],
+        &["get", "lb"],
+        &["get", "ep"],
+    ] {
+        let (reader, writer) = std::io::pipe().expect("pipe");
+        drop(reader);
+        let out = std::process::Command::new(loxi_tests::harness::bin_path("loxicmd"))
+            .args(["--apiserver", &api.ip().to_string()])
+            .args(["--port", &api.port().to_string()])
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .stdout(writer)
+            .output()
+            .expect("run loxicmd");
+        assert_eq!(
+            (out.status.code(), stderr(&out)),
+            (Some(141), String::new()),
+            "{args:?}"
+        );
+    }
+}
+
+/// `--apiserver HOST:PORT` or a URL is refused before any request, naming the flags to use.
+#[test]
+fn loxicmd_refuses_an_apiserver_with_a_port() {
+    let out = std::process::Command::new(loxi_tests::harness::bin_path("loxicmd"))
+        .args(["--apiserver", "127.0.0.1:11111", "get", "lb"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run loxicmd");
+    assert_eq!(out.status.code(), Some(2), "usage error");
+    assert_eq!(
+        stderr(&out),
+        "Error: --apiserver \"127.0.0.1:11111\" carries a port; give the address alone and \
+         the port with --port (--apiserver 127.0.0.1 --port 11111)\n"
+    );
+    assert_eq!(stdout(&out), "");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -305,6 +381,12 @@ async fn loxicmd_get_kvinventory_and_kvparity_show_the_kv_views() {
         Some(4),
         "unknown service is a 404 → 4"
     );
+    assert_eq!(
+        stderr(&missing),
+        "Error: server returned 404: service_id 999: no KV state (unknown rule or kvExactMode \
+         0); a rule's id is its `serviceId` in `loxicmd get lb -o json` (GET \
+         /netlox/v1/config/loadbalancer/all)\n"
+    );
 }
 
 /// Issue 14 §4: `loxicmd save --lb -c DIR` writes LoxiLB's `lbconfig.txt`; `loxicmd apply --lb
@@ -334,6 +416,30 @@ async fn loxicmd_save_then_apply_recreates_the_rule_set() {
     assert_eq!(saved["lbAttr"].as_array().map(Vec::len), Some(2));
     let nothing = d.loxicmd(&["save", "-c", &dir.path().display().to_string()]);
     assert_eq!(nothing.status.code(), Some(2), "save needs --lb or --all");
+    let absent = dir.path().join("absent");
+    let unwritable = d.loxicmd(&["save", "--lb", "-c", &absent.display().to_string()]);
+    assert_eq!(
+        unwritable.status.code(),
+        Some(1),
+        "a local file error exits 1"
+    );
+    assert_eq!(
+        stderr(&unwritable),
+        format!(
+            "Error: cannot write {}: No such file or directory (os error 2) (-c DIR saves to \
+             another directory; the default is /etc/loxilb/)\n",
+            absent.join("lbconfig.txt").display()
+        )
+    );
+    let no_file = d.loxicmd(&["apply", "--lb", &absent.display().to_string()]);
+    assert_eq!(no_file.status.code(), Some(1), "a local file error exits 1");
+    assert_eq!(
+        stderr(&no_file),
+        format!(
+            "Error: {}: No such file or directory (os error 2)\n",
+            absent.display()
+        )
+    );
 
     // The saved rules' listener port must be free for the second daemon.
     let key = |v: &Value| {

@@ -77,6 +77,18 @@ impl ApiError {
         }
     }
 
+    /// A 400 about a rule's field, its message prefixed with the field's path as the
+    /// validator's [`RuleError::Invalid`] is (`serviceArguments.security: 1 (TLS) needs ...`),
+    /// so every refusal of a rule body names its field in `message`, the text loxicmd prints.
+    /// (`bad_field` keeps `message` as given, for messages that quote their key already.)
+    pub fn invalid_field(field: impl Into<String>, message: impl Into<String>) -> Self {
+        RuleError::Invalid {
+            field: field.into(),
+            message: message.into(),
+        }
+        .into()
+    }
+
     /// A 400 about the body as a whole (not JSON, not an object).
     pub fn bad_body(message: impl Into<String>) -> Self {
         Self {
@@ -186,6 +198,17 @@ mod tests {
         }
         .into();
         assert_eq!(c.status, StatusCode::CONFLICT);
+    }
+
+    #[test]
+    fn invalid_field_names_the_field_in_the_message_as_the_validator_does() {
+        let e = ApiError::invalid_field("serviceArguments.security", "1 (TLS) needs a certificate");
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert_eq!(
+            e.message,
+            "serviceArguments.security: 1 (TLS) needs a certificate"
+        );
+        assert_eq!(e.field.as_deref(), Some("serviceArguments.security"));
     }
 
     #[test]

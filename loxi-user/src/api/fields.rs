@@ -46,14 +46,19 @@ pub fn normalize_rule_fields(value: &mut Value) -> Result<(), ApiError> {
         Some(Value::Object(s)) => {
             normalize_keys(s, "serviceArguments.", SERVICE_FIELDS, SERVICE_FOREIGN)?;
         }
-        Some(_) => return Err(ApiError::bad_field("serviceArguments", "must be an object")),
-        None => return Err(ApiError::bad_field("serviceArguments", "is required")),
+        Some(_) => {
+            return Err(ApiError::invalid_field(
+                "serviceArguments",
+                "must be an object",
+            ));
+        }
+        None => return Err(ApiError::invalid_field("serviceArguments", "is required")),
     }
     match obj.get_mut("endpoints") {
         Some(Value::Array(eps)) => {
             for (i, ep) in eps.iter_mut().enumerate() {
                 let ep = ep.as_object_mut().ok_or_else(|| {
-                    ApiError::bad_field(format!("endpoints[{i}]"), "must be an object")
+                    ApiError::invalid_field(format!("endpoints[{i}]"), "must be an object")
                 })?;
                 normalize_keys(
                     ep,
@@ -64,7 +69,7 @@ pub fn normalize_rule_fields(value: &mut Value) -> Result<(), ApiError> {
             }
         }
         Some(Value::Null) | None => {}
-        Some(_) => return Err(ApiError::bad_field("endpoints", "must be an array")),
+        Some(_) => return Err(ApiError::invalid_field("endpoints", "must be an array")),
     }
     Ok(())
 }
@@ -127,7 +132,7 @@ fn normalize_keys(
             Some(Known::Model(canonical)) => renamed.push((key, canonical)),
             Some(Known::Foreign(f)) => {
                 if let Some(v) = obj.get(&key) {
-                    f.check(v).map_err(|m| ApiError::bad_field(field, m))?;
+                    f.check(v).map_err(|m| ApiError::invalid_field(field, m))?;
                 }
                 if f.name != key {
                     log_once(&key, f.name);

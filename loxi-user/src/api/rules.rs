@@ -33,7 +33,7 @@ pub async fn create(
             crate::proxy::upstream_tls::BackendTlsError::Name(_) => "backend_tls_server_name",
             _ => "backend_ca_file",
         };
-        ApiError::bad_field(
+        ApiError::invalid_field(
             format!("serviceArguments.{field}"),
             format!("{e}; nothing was stored"),
         )
@@ -76,7 +76,7 @@ fn check_data_path(rule: &LbRule, l4_datapath: bool) -> Result<(), ApiError> {
     if mode == loxi_common::mode::FULLPROXY || l4_datapath {
         return Ok(());
     }
-    Err(ApiError::bad_field(
+    Err(ApiError::invalid_field(
         "serviceArguments.mode",
         format!(
             "mode {mode} is served by the L4 (XDP) data path, which this daemon runs without \
@@ -99,7 +99,7 @@ fn check_certificate(rule: &LbRule, st: &ApiState) -> Result<(), ApiError> {
             s.host
         )
     };
-    Err(ApiError::bad_field(
+    Err(ApiError::invalid_field(
         "serviceArguments.security",
         format!(
             "1 (TLS) needs a certificate: {what}; POST /netlox/v1/config/cert first; nothing was stored"

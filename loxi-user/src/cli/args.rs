@@ -6,7 +6,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 #[derive(Debug, Parser)]
 #[command(name = "loxicmd", version, about = "CLI for the loxilb REST API")]
 pub struct Cli {
-    /// Address of the loxilb API server.
+    /// Address (IP or host name) of the loxilb API server; its port goes in `--port`.
     #[arg(short = 's', long, global = true, default_value = "127.0.0.1")]
     pub apiserver: String,
     /// Port of the loxilb API server.
@@ -84,7 +84,7 @@ pub struct SaveArgs {
     #[arg(long)]
     pub lb: bool,
     /// Directory of `lbconfig.txt` (an existing one is kept as `lbconfig.txt.bk`).
-    #[arg(short = 'c', long = "config-path", default_value = "/etc/loxilb/")]
+    #[arg(short = 'c', long = "config-path", default_value = super::dump::DEFAULT_DIR)]
     pub config_path: std::path::PathBuf,
 }
 

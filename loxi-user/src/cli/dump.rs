@@ -18,6 +18,9 @@ use serde_json::Value;
 
 use super::Failure;
 
+/// The directory `save` writes to without `-c` (LoxiLB's).
+pub const DEFAULT_DIR: &str = "/etc/loxilb/";
+
 /// The file name LoxiLB's loxicmd saves rules under.
 pub const LB_FILE: &str = "lbconfig.txt";
 
@@ -95,22 +98,21 @@ pub(super) async fn save(api: &super::Api, a: &super::args::SaveArgs) -> Result<
         code: 7,
     })?;
     let path = write_saved(&a.config_path, &rules).map_err(|m| Failure {
-        message: m,
-        code: 1,
+        message: format!("{m} (-c DIR saves to another directory; the default is {DEFAULT_DIR})"),
+        code: super::EXIT_IO,
     })?;
-    println!(
-        "Saved {} rules to {}",
+    super::out(&format!(
+        "Saved {} rules to {}\n",
         rules["lbAttr"].as_array().map_or(0, Vec::len),
         path.display()
-    );
-    Ok(())
+    ))
 }
 
 /// `apply`: creates each saved rule, stopping at the first the daemon refuses.
 pub(super) async fn apply(api: &super::Api, a: &super::args::ApplyArgs) -> Result<(), Failure> {
     let text = std::fs::read_to_string(&a.lb).map_err(|e| Failure {
         message: format!("{}: {e}", a.lb.display()),
-        code: 1,
+        code: super::EXIT_IO,
     })?;
     let rules = rules_to_apply(&text).map_err(|m| Failure {
         message: format!("{}: {m}", a.lb.display()),
@@ -128,8 +130,7 @@ pub(super) async fn apply(api: &super::Api, a: &super::args::ApplyArgs) -> Resul
             code: f.code,
         })?;
     }
-    println!("Configuration applied - {}", a.lb.display());
-    Ok(())
+    super::out(&format!("Configuration applied - {}\n", a.lb.display()))
 }
 
 #[cfg(test)]

@@ -12,8 +12,11 @@
 //! Output and exit codes are LoxiLB's loxicmd's: a create or delete prints the answer's
 //! `result` (`Success`); a server error prints `Error: server returned <status>: <message>` on
 //! stderr and exits 6 (400), 3 (401/403), 4 (404/409), 5 (429/503) or 7 (other); an
-//! unreachable API exits 5, a usage error 2. (LoxiLB's `delete lb` prints its errors on stdout
-//! and exits 0 whatever happened; loxi's exits with the same taxonomy as the other verbs.)
+//! unreachable API exits 5, a usage error 2, a local file that cannot be read or written 1.
+//! (LoxiLB's `delete lb` prints its errors on stdout and exits 0 whatever happened; loxi's exits
+//! with the same taxonomy as the other verbs.) When stdout's reader goes away (`loxicmd get lb |
+//! head -1`), loxicmd stops quietly with exit 141, the status a shell shows for Go's loxicmd or
+//! coreutils killed by `SIGPIPE`.
 pub mod args;
 pub mod build;
 pub mod client;
@@ -30,6 +33,11 @@ use args::{Cli, CreateWhat, DeleteWhat, GetWhat, OutputFormat, Verb};
 pub const EXIT_USAGE: i32 = 2;
 /// Exit code when the API cannot be reached (LoxiLB's "transport" class).
 pub const EXIT_TRANSPORT: i32 = 5;
+/// Exit code of a local I/O error: a file of `save`/`apply` or stdout cannot be written or read.
+pub const EXIT_IO: i32 = 1;
+/// Exit code when stdout's reader went away (`EPIPE`): 128 + `SIGPIPE`, what a shell reports
+/// for Go's loxicmd or coreutils, which `SIGPIPE` kills in that case.
+pub const EXIT_BROKEN_PIPE: i32 = 141;
 
 /// LoxiLB loxicmd's `exitcode.FromHTTPStatus`: 400→6, 401/403→3, 404/409→4, 429/503→5,
 /// other→7.
@@ -46,7 +54,8 @@ pub fn exit_code_of_status(status: u16) -> i32 {
 /// A failed invocation: what to print on stderr and the exit code.
 #[derive(Debug)]
 pub struct Failure {
-    /// The message (without the `Error: ` prefix).
+    /// The message (without the `Error: ` prefix); empty = print nothing (stdout's reader went
+    /// away, see [`EXIT_BROKEN_PIPE`]).
     pub message: String,
     /// The process exit code.
     pub code: i32,
@@ -66,7 +75,9 @@ pub async fn run(cli: Cli) -> i32 {
     match run_inner(cli).await {
         Ok(()) => 0,
         Err(f) => {
-            eprintln!("Error: {}", f.message);
+            if !f.message.is_empty() {
+                eprintln!("Error: {}", f.message);
+            }
             f.code
         }
     }
@@ -85,25 +96,23 @@ async fn run_inner(cli: Cli) -> Result<(), Failure> {
         } => create(&api, &c).await,
         Verb::Get { what: GetWhat::Lb } => {
             let answer = api.get_json("/netlox/v1/config/loadbalancer/all").await?;
-            print!("{}", table::render(&answer, output));
+            let mut text = table::render(&answer, output);
             if output == Some(OutputFormat::Json) {
-                println!();
+                text.push('\n');
             }
-            Ok(())
+            out(&text)
         }
         Verb::Get {
             what: GetWhat::Endpoint,
         } => {
             let answer = api.get_json("/netlox/v1/config/endpoint/all").await?;
-            print_or_json(&answer, output, table::render_endpoints);
-            Ok(())
+            print_or_json(&answer, output, table::render_endpoints)
         }
         Verb::Get {
             what: GetWhat::Conntrack,
         } => {
             let answer = api.get_json("/netlox/v1/config/conntrack/all").await?;
-            print_or_json(&answer, output, table::render_conntrack);
-            Ok(())
+            print_or_json(&answer, output, table::render_conntrack)
         }
         Verb::Get {
             what: GetWhat::Kvinventory { service_id, ep_idx },
@@ -115,11 +124,10 @@ async fn run_inner(cli: Cli) -> Result<(), Failure> {
                 ))
                 .await?;
             if ep_idx.is_some() {
-                print_or_json(&answer, output, table::render_kvinventory);
+                print_or_json(&answer, output, table::render_kvinventory)
             } else {
-                print_pretty(&answer);
+                print_pretty(&answer)
             }
-            Ok(())
         }
         Verb::Get {
             what: GetWhat::Kvparity { service_id },
@@ -129,8 +137,7 @@ async fn run_inner(cli: Cli) -> Result<(), Failure> {
                     "/netlox/v1/config/ai/kv/parity?service_id={service_id}"
                 ))
                 .await?;
-            print_pretty(&answer);
-            Ok(())
+            print_pretty(&answer)
         }
         Verb::Delete {
             what: DeleteWhat::Lb(d),
@@ -140,28 +147,49 @@ async fn run_inner(cli: Cli) -> Result<(), Failure> {
     }
 }
 
-fn print_pretty(v: &serde_json::Value) {
-    println!(
-        "{}",
-        serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string())
-    );
+/// Writes `text` to stdout (every stdout write of loxicmd goes through here). A reader that went
+/// away (`EPIPE`: `loxicmd get lb | head -1`) is a quiet [`EXIT_BROKEN_PIPE`]; another write
+/// error is an [`EXIT_IO`] failure. (`print!` panics on both.)
+pub(crate) fn out(text: &str) -> Result<(), Failure> {
+    write_out(&mut std::io::stdout().lock(), text)
+}
+
+/// [`out`] on any writer.
+fn write_out(w: &mut impl std::io::Write, text: &str) -> Result<(), Failure> {
+    match w.write_all(text.as_bytes()).and_then(|()| w.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(Failure {
+            message: String::new(),
+            code: EXIT_BROKEN_PIPE,
+        }),
+        Err(e) => Err(Failure {
+            message: format!("cannot write to stdout: {e}"),
+            code: EXIT_IO,
+        }),
+    }
+}
+
+fn print_pretty(v: &serde_json::Value) -> Result<(), Failure> {
+    let text = serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string());
+    out(&format!("{text}\n"))
 }
 
 fn print_or_json(
     v: &serde_json::Value,
     output: Option<OutputFormat>,
     table: impl Fn(&serde_json::Value) -> String,
-) {
+) -> Result<(), Failure> {
     if output == Some(OutputFormat::Json) {
-        print_pretty(v);
+        print_pretty(v)
     } else {
-        print!("{}", table(v));
+        out(&table(v))
     }
 }
 
 /// The API target of the global flags: `--apiserver`, `--port`, `--protocol`, `--cacert`,
 /// `--token` / `--token-file`.
 fn target(cli: &Cli) -> Result<client::Target, String> {
+    check_apiserver(&cli.apiserver)?;
     let mut t = client::Target::http(&cli.apiserver, cli.port);
     if cli.protocol == args::Protocol::Https {
         t.tls = Some(client::tls_config(cli.cacert.as_deref()).map_err(|e| e.to_string())?);
@@ -183,6 +211,44 @@ fn target(cli: &Cli) -> Result<client::Target, String> {
         (None, None) => None,
     };
     Ok(t)
+}
+
+/// Refuses an `--apiserver` that is not a bare host: a URL (`http://host:port`) or a
+/// `host:port` / `[v6]:port`. LoxiLB's loxicmd takes the address alone too (it builds
+/// `<protocol>://<apiserver>:<port>`); the port goes in `--port`, the scheme in `--protocol`.
+/// An unbracketed IPv6 literal (`::1`) is a host.
+pub fn check_apiserver(s: &str) -> Result<(), String> {
+    if let Some((scheme, rest)) = s.split_once("://") {
+        let authority = rest.split('/').next().unwrap_or_default();
+        let flags = match split_port(authority) {
+            Some((host, port)) => format!("--apiserver {host} --port {port}"),
+            None => format!("--apiserver {}", authority.trim_matches(['[', ']'])),
+        };
+        return Err(format!(
+            "--apiserver {s:?} is a URL; give the address alone, the port with --port and the \
+             scheme with --protocol ({flags} --protocol {scheme})"
+        ));
+    }
+    match split_port(s) {
+        Some((host, port)) => Err(format!(
+            "--apiserver {s:?} carries a port; give the address alone and the port with --port \
+             (--apiserver {host} --port {port})"
+        )),
+        None => Ok(()),
+    }
+}
+
+/// `host:port` or `[v6]:port` split in two (brackets dropped); `None` without a port. A bare
+/// IPv6 literal (`::1`, `fe80::1%eth0`: more than one colon) has no port.
+fn split_port(s: &str) -> Option<(&str, &str)> {
+    if let Some(rest) = s.strip_prefix('[') {
+        let (host, after) = rest.split_once(']')?;
+        return Some((host, after.strip_prefix(':')?));
+    }
+    if s.matches(':').count() == 1 {
+        return s.split_once(':');
+    }
+    None
 }
 
 /// The API and the per-call time limit.
@@ -244,11 +310,11 @@ impl Api {
 }
 
 /// Prints the `result` of a create/delete answer (`Success`), as LoxiLB's loxicmd.
-fn print_result(text: &str) {
+fn print_result(text: &str) -> Result<(), Failure> {
     let v: serde_json::Value = serde_json::from_str(text).unwrap_or(serde_json::Value::Null);
     match v["result"].as_str() {
-        Some(r) => println!("{r}"),
-        None => println!("{}", text.trim()),
+        Some(r) => out(&format!("{r}\n")),
+        None => out(&format!("{}\n", text.trim())),
     }
 }
 
@@ -262,7 +328,7 @@ async fn create(api: &Api, c: &args::CreateLb) -> Result<(), Failure> {
                 Some(body.to_string()),
             )
             .await?;
-        print_result(&text);
+        print_result(&text)?;
     }
     Ok(())
 }
@@ -270,7 +336,88 @@ async fn create(api: &Api, c: &args::CreateLb) -> Result<(), Failure> {
 async fn delete(api: &Api, d: &args::DeleteLb) -> Result<(), Failure> {
     for path in build::delete_paths(d).map_err(Failure::usage)? {
         let text = api.call(Method::DELETE, &path, None).await?;
-        print_result(&text);
+        print_result(&text)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A writer whose every write fails with `kind`.
+    struct Failing(std::io::ErrorKind);
+
+    impl std::io::Write for Failing {
+        fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+            Err(self.0.into())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn stdout_writes_stop_quietly_on_a_closed_reader_and_report_other_errors() {
+        let mut buf = Vec::new();
+        assert!(write_out(&mut buf, "Success\n").is_ok());
+        assert_eq!(buf, b"Success\n");
+        let f = write_out(&mut Failing(std::io::ErrorKind::BrokenPipe), "x")
+            .expect_err("EPIPE is a failure");
+        assert_eq!((f.message.as_str(), f.code), ("", EXIT_BROKEN_PIPE));
+        let f = write_out(&mut Failing(std::io::ErrorKind::StorageFull), "x")
+            .expect_err("ENOSPC is a failure");
+        assert_eq!(f.code, EXIT_IO);
+        assert!(
+            f.message.starts_with("cannot write to stdout: "),
+            "{}",
+            f.message
+        );
+    }
+
+    #[test]
+    fn apiserver_with_a_port_or_a_scheme_is_refused_naming_the_flags_to_use() {
+        for ok in [
+            "127.0.0.1",
+            "loxilb.example",
+            "::1",
+            "[::1]",
+            "fe80::1%eth0",
+        ] {
+            assert_eq!(check_apiserver(ok), Ok(()), "{ok}");
+        }
+        assert_eq!(
+            check_apiserver("127.0.0.1:11111"),
+            Err(
+                "--apiserver \"127.0.0.1:11111\" carries a port; give the address alone and \
+                 the port with --port (--apiserver 127.0.0.1 --port 11111)"
+                    .into()
+            )
+        );
+        assert_eq!(
+            check_apiserver("[::1]:8091"),
+            Err(
+                "--apiserver \"[::1]:8091\" carries a port; give the address alone and the \
+                 port with --port (--apiserver ::1 --port 8091)"
+                    .into()
+            )
+        );
+        assert_eq!(
+            check_apiserver("https://lb.example:8091/netlox"),
+            Err(
+                "--apiserver \"https://lb.example:8091/netlox\" is a URL; give the address \
+                 alone, the port with --port and the scheme with --protocol (--apiserver \
+                 lb.example --port 8091 --protocol https)"
+                    .into()
+            )
+        );
+        assert_eq!(
+            check_apiserver("http://[::1]"),
+            Err(
+                "--apiserver \"http://[::1]\" is a URL; give the address alone, the port with \
+                 --port and the scheme with --protocol (--apiserver ::1 --protocol http)"
+                    .into()
+            )
+        );
+    }
 }

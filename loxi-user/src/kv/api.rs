@@ -216,7 +216,10 @@ fn service(api: &KvApi, q: &HashMap<String, String>) -> Result<Arc<ServiceKv>, A
     svc.ok_or_else(|| {
         error(
             StatusCode::NOT_FOUND,
-            format!("service_id {id}: no KV state (unknown rule or kvExactMode 0)"),
+            format!(
+                "service_id {id}: no KV state (unknown rule or kvExactMode 0); a rule's id is \
+                 its `serviceId` in `loxicmd get lb -o json` (GET /netlox/v1/config/loadbalancer/all)"
+            ),
         )
     })
 }

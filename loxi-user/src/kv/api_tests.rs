@@ -159,11 +159,12 @@ async fn inventory_errors_name_the_field() {
     .await;
     assert_eq!(code, 400);
     assert!(v["error"].as_str().is_some_and(|e| e.contains("ep_idx")));
+    let (code, v) = get_json(addr, "/netlox/v1/config/ai/kv/inventory?service_id=99").await;
+    assert_eq!(code, 404);
     assert_eq!(
-        get_json(addr, "/netlox/v1/config/ai/kv/inventory?service_id=99")
-            .await
-            .0,
-        404
+        v["error"],
+        "service_id 99: no KV state (unknown rule or kvExactMode 0); a rule's id is its \
+         `serviceId` in `loxicmd get lb -o json` (GET /netlox/v1/config/loadbalancer/all)"
     );
     assert_eq!(
         get_json(

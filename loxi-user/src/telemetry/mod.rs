@@ -88,12 +88,7 @@ pub fn init(
     format: LogFormat,
     lookup: impl Fn(&str) -> Option<String>,
 ) -> Result<Telemetry, TelemetryError> {
-    let env_filter = EnvFilter::try_new(filter)
-        .map_err(|source| TelemetryError::Filter {
-            filter: filter.to_string(),
-            source,
-        })?
-        .add_directive(off_directive());
+    let env_filter = log_filter(filter)?;
     let fmt = tracing_subscriber::fmt::layer()
         .with_ansi(false)
         .with_writer(std::io::stderr);
@@ -130,12 +125,38 @@ pub fn init(
     Ok(Telemetry { provider, warnings })
 }
 
+/// The target of netlink-packet-route's parse warning about kernel attributes newer than the
+/// crate (`Specified IFLA_INET6_CONF NLA attribute holds more(most likely new kernel) data which
+/// is unknown to netlink-packet-route crate, expecting 236, got 240`), logged on every link dump,
+/// so on each daemon start. It is harmless: the extra bytes are attributes loxi does not read.
+pub const NETLINK_PARSE_TARGET: &str = "netlink_packet_route";
+
+/// The log layer's filter: `filter` (the `--log` flag), trace spans off (see [`SPAN_TARGET`])
+/// and [`NETLINK_PARSE_TARGET`]'s warnings off (errors still show), unless `filter` names that
+/// target itself (`--log info,netlink_packet_route=warn` shows them).
+fn log_filter(filter: &str) -> Result<EnvFilter, TelemetryError> {
+    let mut f = EnvFilter::try_new(filter)
+        .map_err(|source| TelemetryError::Filter {
+            filter: filter.to_string(),
+            source,
+        })?
+        .add_directive(off_directive());
+    if !filter.contains(NETLINK_PARSE_TARGET) {
+        f = f.add_directive(directive(&format!("{NETLINK_PARSE_TARGET}=error")));
+    }
+    Ok(f)
+}
+
+/// A constant directive; the parse cannot fail (each use is covered by a unit test), the
+/// fallback is `error`.
+fn directive(text: &str) -> tracing_subscriber::filter::Directive {
+    text.parse()
+        .unwrap_or_else(|_| tracing::Level::ERROR.into())
+}
+
 /// `loxi::trace=off` for the log layer: trace spans are for the exporter only.
 fn off_directive() -> tracing_subscriber::filter::Directive {
-    // A constant directive; the parse cannot fail (covered by a unit test).
-    format!("{SPAN_TARGET}=off")
-        .parse()
-        .unwrap_or_else(|_| tracing::Level::ERROR.into())
+    directive(&format!("{SPAN_TARGET}=off"))
 }
 
 #[cfg(test)]
@@ -149,6 +170,62 @@ mod tests {
             .expect("directive parses");
         assert_eq!(d.to_string(), off_directive().to_string());
         assert_eq!(d.to_string(), "loxi::trace=off");
+    }
+
+    /// The lines the log layer with `--log filter` writes for one warning and one error of
+    /// `target`.
+    fn logged(filter: &str, target: &'static str) -> String {
+        use parking_lot::Mutex;
+        use std::sync::Arc;
+        #[derive(Clone, Default)]
+        struct Buf(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Buf {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buf = Buf::default();
+        let sink = buf.clone();
+        let layer = tracing_subscriber::fmt::layer()
+            .with_ansi(false)
+            .without_time()
+            .with_writer(move || sink.clone())
+            .with_filter(log_filter(filter).expect("filter parses"));
+        let subscriber = tracing_subscriber::registry().with(layer);
+        tracing::subscriber::with_default(subscriber, || {
+            // `tracing`'s macros need a literal target. (The crate logs through `log`, which
+            // the daemon's subscriber forwards with the same target.)
+            if target == NETLINK_PARSE_TARGET {
+                tracing::warn!(target: "netlink_packet_route::link::buffer_tool", "nla parse warning");
+                tracing::error!(target: "netlink_packet_route::link::buffer_tool", "nla parse error");
+            } else {
+                tracing::warn!(target: "loxi_user::netlink", "nla parse warning");
+                tracing::error!(target: "loxi_user::netlink", "nla parse error");
+            }
+        });
+        let text = buf.0.lock().clone();
+        String::from_utf8_lossy(&text).into_owned()
+    }
+
+    #[test]
+    fn netlink_parse_warnings_are_off_unless_the_filter_names_their_target() {
+        let error = "ERROR netlink_packet_route::link::buffer_tool: nla parse error\n";
+        let warn = " WARN netlink_packet_route::link::buffer_tool: nla parse warning\n";
+        assert_eq!(logged("info", NETLINK_PARSE_TARGET), error);
+        assert_eq!(logged("debug", NETLINK_PARSE_TARGET), error);
+        assert_eq!(
+            logged("info,netlink_packet_route=warn", NETLINK_PARSE_TARGET),
+            format!("{warn}{error}")
+        );
+        assert_eq!(
+            logged("info", "loxi_user::netlink"),
+            " WARN loxi_user::netlink: nla parse warning\n\
+             ERROR loxi_user::netlink: nla parse error\n"
+        );
     }
 
     #[test]
