@@ -81,6 +81,10 @@ async fn burst_of_unique_prompts(cold: Option<&str>) -> String {
             let body = json!({"model": "tiny", "prompt": prompt, "max_tokens": 2}).to_string();
             let req = http::Request::post(format!("http://127.0.0.1:{port}/v1/completions"))
                 .header("content-type", "application/json")
+                // A prefill's time, as an engine takes: the queued work then drains at the
+                // backends' pace. Answered at once, the spread measured the order in which the
+                // gateway's connection workers happened to poll the 512 responses instead.
+                .header("x-delay-ms", "20")
                 .body(Full::new(Bytes::from(body)))
                 .expect("request");
             let resp =
