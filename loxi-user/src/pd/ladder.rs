@@ -167,6 +167,16 @@ pub struct PdLadder<'a, T: AffinityTier + ?Sized> {
 }
 
 impl<T: AffinityTier + ?Sized> PdLadder<'_, T> {
+    /// Tier 1.5's per-request work (tokenizing and hashing the prompt, on the tier's own pool
+    /// within its budget: [`AffinityTier::prepare`]) when this rule has `kvExactMode` 1; once
+    /// per request, before [`Self::prefill`]. Without it the tier would do that work inline, on
+    /// the thread that serves the connection, in `prefill` or `routed`.
+    pub async fn prepare(&self, meta: &RequestMeta, ticket: &mut T::Ticket) {
+        if let Some(tier) = self.kv_tier() {
+            tier.prepare(self.rule, meta, ticket).await;
+        }
+    }
+
     /// Tier 1.5 when this rule has `kvExactMode` 1.
     fn kv_tier(&self) -> Option<&T> {
         self.tier

@@ -83,10 +83,20 @@ struct FakeKv {
     answer: Option<EpIdx>,
     saw_eligible: Mutex<Vec<Vec<EpIdx>>>,
     routed: Mutex<Vec<EpIdx>>,
+    prepared: std::sync::atomic::AtomicUsize,
 }
 
 impl AffinityTier for FakeKv {
     type Ticket = ();
+    fn prepare<'a>(
+        &'a self,
+        _rule: &'a StoredRule,
+        _meta: &'a RequestMeta,
+        _ticket: &'a mut (),
+    ) -> futures::future::BoxFuture<'a, ()> {
+        self.prepared.fetch_add(1, Ordering::Relaxed);
+        Box::pin(std::future::ready(()))
+    }
     fn select(
         &self,
         _rule: &StoredRule,
@@ -207,6 +217,18 @@ fn tier_1_5_sees_only_prefill_endpoints_in_mode_1() {
         .expect("tier 2");
     assert_eq!(c.tier, PdTier::MinLoad);
     assert!(kv0.saw_eligible.lock().is_empty());
+}
+
+#[test]
+fn the_tier_prepares_once_per_request_in_mode_1_only() {
+    let fx = Fx::new(&[1, 2], 1);
+    let kv = FakeKv::default();
+    futures::executor::block_on(fx.ladder(Some(&kv)).prepare(&meta(), &mut ()));
+    assert_eq!(kv.prepared.load(Ordering::Relaxed), 1);
+    let fx0 = Fx::new(&[1, 2], 0);
+    let kv0 = FakeKv::default();
+    futures::executor::block_on(fx0.ladder(Some(&kv0)).prepare(&meta(), &mut ()));
+    assert_eq!(kv0.prepared.load(Ordering::Relaxed), 0, "kvExactMode 0 has no tier");
 }
 
 #[test]

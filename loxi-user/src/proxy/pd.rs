@@ -152,6 +152,7 @@ impl Handler {
         let key = meta.pin_key();
         let pin = key.and_then(|k| state.pins.get(k));
         let mut ticket = KvTicket::default();
+        ladder.prepare(meta, &mut ticket).await;
         let excluded = Excluded::default();
         let Some(dec) = ladder.decode(&cands(pool, &excluded), pin) else {
             return self
