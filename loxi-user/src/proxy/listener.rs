@@ -38,7 +38,10 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
+use prometheus_client::metrics::gauge::Gauge;
 use tokio_util::task::TaskTracker;
+
+use crate::listen::Traffic;
 
 use super::body::ProxyBody;
 use super::conn::{Activity, ConnLimits, Expiry, RequestGuard, TrackedIo};
@@ -115,6 +118,29 @@ impl Listener {
     }
 }
 
+/// One open client connection as the gauges count it: counted open from [`Counted::new`]
+/// until dropped, also when the connection's task is dropped before it ends (its runtime shut
+/// down), so the open-connection figures never keep a connection that is gone.
+struct Counted {
+    open: Gauge,
+    traffic: Arc<Traffic>,
+}
+
+impl Counted {
+    fn new(open: Gauge, traffic: Arc<Traffic>) -> Self {
+        open.inc();
+        traffic.accepted();
+        Self { open, traffic }
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.traffic.closed();
+        self.open.dec();
+    }
+}
+
 /// What every connection of one listener shares.
 #[derive(Clone)]
 struct Serving {
@@ -155,11 +181,9 @@ impl Serving {
             let (s, b, open, traffic) =
                 (self.clone(), builder.clone(), open.clone(), traffic.clone());
             let connection = async move |stream: TcpStream| {
-                open.inc();
-                traffic.accepted();
-                s.serve(&b, stream, peer, &traffic).await;
-                traffic.closed();
-                open.dec();
+                let counted = Counted::new(open, traffic);
+                s.serve(&b, stream, peer, &counted.traffic).await;
+                drop(counted);
                 drop(slot);
             };
             let Some(workers) = &self.handler.ctx.workers else {

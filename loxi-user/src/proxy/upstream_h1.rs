@@ -47,7 +47,9 @@ use super::attempt::{Attempt, error_chain};
 /// Longest an idle connection is kept (hyper-util's default pool idle timeout).
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
-/// Idle connections kept per endpoint authority; more are closed when they come back.
+/// Idle connections kept per endpoint authority, over all connection workers (each worker's
+/// idle list holds at most its share, rounded up: [`H1Pool::max_idle`]); more are closed when
+/// they come back.
 pub const MAX_IDLE_PER_HOST: usize = 1024;
 
 /// How often a background task closes idle connections older than [`IDLE_TIMEOUT`], so that
@@ -107,6 +109,9 @@ pub struct H1Pool {
     /// Keyed by authority with foldhash (the keys are the rules' own endpoint addresses, not
     /// client input; std's SipHash is the slower hash, paid on every checkout and return).
     idle: Box<[parking_lot::Mutex<IdleMap>]>,
+    /// Idle connections kept per authority in one worker's list: [`MAX_IDLE_PER_HOST`] over the
+    /// number of workers, rounded up, so the whole pool keeps about [`MAX_IDLE_PER_HOST`].
+    max_idle: usize,
     connect_timeout: Duration,
 }
 
@@ -130,10 +135,20 @@ impl H1Pool {
     /// runtime it also starts the reaper ([`REAP_INTERVAL`]), which ends when the pool is
     /// dropped.
     pub fn new(connect_timeout: Duration, workers: usize) -> Arc<Self> {
+        Self::with_cap(
+            connect_timeout,
+            workers,
+            MAX_IDLE_PER_HOST.div_ceil(workers.max(1)),
+        )
+    }
+
+    /// [`Self::new`] with `max_idle` idle connections per authority in each worker's list.
+    fn with_cap(connect_timeout: Duration, workers: usize, max_idle: usize) -> Arc<Self> {
         let pool = Arc::new(Self {
             idle: (0..=workers)
                 .map(|_| parking_lot::Mutex::new(IdleMap::default()))
                 .collect(),
+            max_idle,
             connect_timeout,
         });
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
@@ -269,22 +284,22 @@ impl H1Pool {
         // One lookup for a known authority; the key's reference count is taken only for one
         // seen for the first time.
         match map.get_mut(&*conn.key) {
-            Some(q) => keep(q, conn, now),
-            None => keep(map.entry(conn.key.clone()).or_default(), conn, now),
+            Some(q) => keep(q, conn, now, self.max_idle),
+            None => keep(map.entry(conn.key.clone()).or_default(), conn, now, self.max_idle),
         }
     }
 }
 
 /// Queues `conn` as idle since `now` behind the live ones of its authority's queue `q` (the
-/// expired ones are dropped first), unless the queue is full.
-fn keep(q: &mut VecDeque<Idle>, conn: H1Conn, now: Instant) {
+/// expired ones are dropped first), unless the queue holds `max` already.
+fn keep(q: &mut VecDeque<Idle>, conn: H1Conn, now: Instant, max: usize) {
     while q
         .front()
         .is_some_and(|i| now.duration_since(i.since) > IDLE_TIMEOUT)
     {
         q.pop_front();
     }
-    if q.len() < MAX_IDLE_PER_HOST {
+    if q.len() < max {
         q.push_back(Idle { conn, since: now });
     }
 }
@@ -507,6 +522,27 @@ mod tests {
                 .sum::<usize>()
         };
         assert_eq!((idle(0), idle(1), idle(2)), (0, 1, 1));
+    }
+
+    #[tokio::test]
+    async fn each_worker_keeps_its_share_of_the_idle_cap() {
+        assert_eq!(H1Pool::new(Duration::from_secs(1), 0).max_idle, MAX_IDLE_PER_HOST);
+        assert_eq!(H1Pool::new(Duration::from_secs(1), 8).max_idle, 128);
+        assert_eq!(H1Pool::new(Duration::from_secs(1), 3).max_idle, 342);
+        // A list at its cap closes what comes back.
+        let (addr, accepted) = server().await;
+        let pool = H1Pool::with_cap(Duration::from_secs(1), 0, 1);
+        let (a, b) = tokio::join!(
+            pool.send(get("/1", &addr), &addr),
+            pool.send(get("/1", &addr), &addr)
+        );
+        let (Attempt::Response(a), Attempt::Response(b)) = (a, b) else {
+            panic!("no responses");
+        };
+        assert_eq!(accepted.load(Ordering::SeqCst), 2, "two concurrent connections");
+        a.into_body().collect().await.expect("body");
+        b.into_body().collect().await.expect("body");
+        assert_eq!(pool.idle[0].lock().values().map(VecDeque::len).sum::<usize>(), 1);
     }
 
     #[tokio::test]

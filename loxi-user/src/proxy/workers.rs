@@ -11,10 +11,20 @@
 //! per request in `scripts/bench-proxy.sh` (see `docs/architecture.md`).
 //!
 //! The price is the one nginx pays: a connection's requests share its worker's thread, so CPU
-//! work done inline in a request (P/D tier selection, `routing::ladder::off_reactor`) delays
-//! the other connections of that worker instead of moving them to another thread. Tokenization
-//! for KV routing is not inline (it runs on its own bounded pool), and `--proxy-workers 0`
-//! keeps connections on the shared runtime.
+//! work done inline in a request delays the other connections of that worker instead of moving
+//! them to another thread. Inline today: parsing the request's JSON body (bounded by the rule's
+//! body limit; a 64 KiB prompt parses in tens of µs) and the selection ladders' own work
+//! (`routing::ladder::off_reactor`, the P/D ladder). Tokenizing and block hashing for KV
+//! routing, single-pool and P/D tier 1.5 alike, are not inline: they run on their own bounded
+//! pool within the tier's time budget.
+//!
+//! Not per worker: the pooled hyper-util clients (HTTP/2 and TLS upstreams, the P/D prefill and
+//! decode legs) are shared by all workers, so a connection one worker opened may carry another
+//! worker's request and its reads are then woken across threads, as on the shared runtime. And
+//! all streams of one HTTP/2 client connection are served by the one worker that holds it: a
+//! client that multiplexes everything over a single connection uses one core. For such clients
+//! `--proxy-workers 0` keeps connections, and their streams, on the shared work-stealing
+//! runtime.
 
 use std::cell::Cell;
 use std::sync::Arc;
