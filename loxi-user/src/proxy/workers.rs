@@ -56,6 +56,9 @@ pub struct Workers {
     handles: Vec<Handle>,
     /// Open client connections per worker (index = worker number − 1).
     open: Vec<AtomicUsize>,
+    /// One per worker: dropped with the set, which ends the worker's runtime (its remaining
+    /// tasks are dropped) and its thread.
+    _stop: Vec<tokio::sync::oneshot::Sender<()>>,
 }
 
 impl std::fmt::Debug for Workers {
@@ -66,14 +69,18 @@ impl std::fmt::Debug for Workers {
 
 impl Workers {
     /// Starts `n` (≥ 1) worker threads named `loxi-proxy-{i}`, each with a current-thread
-    /// runtime (I/O and timers enabled) that runs until the process exits.
+    /// runtime (I/O and timers enabled) that runs until the set is dropped (the last
+    /// `Arc<Workers>`, including every [`Seat`], is gone): then each runtime drops the tasks it
+    /// still holds and its thread ends.
     ///
     /// # Errors
     /// The OS refused a thread or a runtime could not be built (the error names which).
     pub fn start(n: usize) -> std::io::Result<Arc<Self>> {
         let mut handles = Vec::with_capacity(n);
+        let mut stops = Vec::with_capacity(n);
         for i in 1..=n.max(1) {
             let (tx, rx) = std::sync::mpsc::channel();
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
             std::thread::Builder::new()
                 .name(format!("loxi-proxy-{i}"))
                 .spawn(move || {
@@ -84,7 +91,8 @@ impl Workers {
                     match rt {
                         Ok(rt) => {
                             let _ = tx.send(Ok(rt.handle().clone()));
-                            rt.block_on(std::future::pending::<()>());
+                            // Ends when the sender is dropped with the set.
+                            let _ = rt.block_on(stopped);
                         }
                         Err(e) => {
                             let _ = tx.send(Err(e));
@@ -95,9 +103,14 @@ impl Workers {
                 std::io::Error::other(format!("proxy worker {i} exited while starting"))
             })??;
             handles.push(handle);
+            stops.push(stop);
         }
         let open = handles.iter().map(|_| AtomicUsize::new(0)).collect();
-        Ok(Arc::new(Self { handles, open }))
+        Ok(Arc::new(Self {
+            handles,
+            open,
+            _stop: stops,
+        }))
     }
 
     /// How many workers run.
@@ -203,6 +216,39 @@ mod tests {
         assert_eq!(n, 1);
         assert_eq!(current(), 0, "the test thread is no worker");
         drop(seat);
+    }
+
+    #[test]
+    fn dropping_the_set_ends_the_workers_runtimes_and_their_tasks() {
+        /// Sends on drop: tells the test its task was dropped with the runtime.
+        struct Tell(std::sync::mpsc::Sender<()>);
+        impl Drop for Tell {
+            fn drop(&mut self) {
+                let _ = self.0.send(());
+            }
+        }
+        let w = Workers::start(2).expect("start");
+        let (tx, rx) = std::sync::mpsc::channel();
+        for _ in 0..2 {
+            let (h, seat) = w.pick();
+            let tell = Tell(tx.clone());
+            h.spawn(async move {
+                let _tell = tell;
+                std::future::pending::<()>().await;
+            });
+            drop(seat);
+        }
+        drop(tx);
+        assert!(
+            rx.recv_timeout(std::time::Duration::from_millis(200))
+                .is_err(),
+            "the tasks run while the set lives"
+        );
+        drop(w);
+        for _ in 0..2 {
+            rx.recv_timeout(std::time::Duration::from_secs(5))
+                .expect("each runtime dropped its pending task");
+        }
     }
 
     #[test]
