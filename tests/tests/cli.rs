@@ -10,6 +10,13 @@ fn stderr(o: &std::process::Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// `loxicmd create lb 127.0.0.1 <tcp> --endpoints=127.0.0.5:1 <rest…>` against `d`.
+fn create_lb(d: &Daemon, tcp: &str, rest: &[&str]) -> std::process::Output {
+    let mut args = vec!["create", "lb", "127.0.0.1", tcp, "--endpoints=127.0.0.5:1"];
+    args.extend_from_slice(rest);
+    d.loxicmd(&args)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn loxicmd_create_get_delete_round_trip() {
     let d = Daemon::start_default().await;
@@ -115,15 +122,7 @@ async fn loxicmd_create_get_delete_round_trip() {
 async fn loxicmd_prints_the_server_error_as_loxilb_loxicmd_and_exits_by_status() {
     let d = Daemon::start_default().await;
     let tcp = format!("--tcp={}:8000", free_port());
-    let out = d.loxicmd(&[
-        "create",
-        "lb",
-        "127.0.0.1",
-        &tcp,
-        "--endpoints=127.0.0.5:1",
-        "--mode=default",
-        "--select=chwbl",
-    ]);
+    let out = create_lb(&d, &tcp, &["--mode=default", "--select=chwbl"]);
     assert_eq!(out.status.code(), Some(6), "400 → 6");
     assert_eq!(
         stderr(&out),
@@ -131,28 +130,20 @@ async fn loxicmd_prints_the_server_error_as_loxilb_loxicmd_and_exits_by_status()
     );
     assert_eq!(d.rules().await, json!({"lbAttr": []}));
 
-    let out = d.loxicmd(&[
-        "create",
-        "lb",
-        "127.0.0.1",
-        &tcp,
-        "--endpoints=127.0.0.5:1",
-        "--select=fastest",
-    ]);
+    let out = create_lb(&d, &tcp, &["--select=fastest"]);
     assert_eq!(out.status.code(), Some(2), "usage error: {}", stderr(&out));
     assert!(stderr(&out).contains("--select"), "{}", stderr(&out));
 
     // A refusal found after validation (no certificate for a TLS rule) names its field too.
-    let out = d.loxicmd(&[
-        "create",
-        "lb",
-        "127.0.0.1",
+    let out = create_lb(
+        &d,
         &tcp,
-        "--endpoints=127.0.0.5:1",
-        "--mode=fullproxy",
-        "--security=https",
-        "--host=other.example.com",
-    ]);
+        &[
+            "--mode=fullproxy",
+            "--security=https",
+            "--host=other.example.com",
+        ],
+    );
     assert_eq!(out.status.code(), Some(6), "400 → 6");
     assert_eq!(
         stderr(&out),
@@ -169,14 +160,7 @@ async fn loxicmd_prints_the_server_error_as_loxilb_loxicmd_and_exits_by_status()
 async fn loxicmd_stops_quietly_when_stdout_is_a_closed_pipe() {
     let d = Daemon::start_default().await;
     let port = free_port().to_string();
-    let out = d.loxicmd(&[
-        "create",
-        "lb",
-        "127.0.0.1",
-        &format!("--tcp={port}:8000"),
-        "--endpoints=127.0.0.5:1",
-        "--mode=fullproxy",
-    ]);
+    let out = create_lb(&d, &format!("--tcp={port}:8000"), &["--mode=fullproxy"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let api = d.api_addr();
     for args in [

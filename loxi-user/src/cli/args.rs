@@ -2,6 +2,9 @@
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+/// The directory `save` writes to without `-c` (LoxiLB's).
+pub const DEFAULT_DIR: &str = "/etc/loxilb/";
+
 /// `loxicmd [--apiserver IP] [--port N] <create|get|delete> lb ...`
 #[derive(Debug, Parser)]
 #[command(name = "loxicmd", version, about = "CLI for the loxilb REST API")]
@@ -84,7 +87,7 @@ pub struct SaveArgs {
     #[arg(long)]
     pub lb: bool,
     /// Directory of `lbconfig.txt` (an existing one is kept as `lbconfig.txt.bk`).
-    #[arg(short = 'c', long = "config-path", default_value = super::dump::DEFAULT_DIR)]
+    #[arg(short = 'c', long = "config-path", default_value = DEFAULT_DIR)]
     pub config_path: std::path::PathBuf,
 }
 

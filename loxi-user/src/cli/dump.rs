@@ -18,9 +18,6 @@ use serde_json::Value;
 
 use super::Failure;
 
-/// The directory `save` writes to without `-c` (LoxiLB's).
-pub const DEFAULT_DIR: &str = "/etc/loxilb/";
-
 /// The file name LoxiLB's loxicmd saves rules under.
 pub const LB_FILE: &str = "lbconfig.txt";
 
@@ -98,7 +95,10 @@ pub(super) async fn save(api: &super::Api, a: &super::args::SaveArgs) -> Result<
         code: 7,
     })?;
     let path = write_saved(&a.config_path, &rules).map_err(|m| Failure {
-        message: format!("{m} (-c DIR saves to another directory; the default is {DEFAULT_DIR})"),
+        message: format!(
+            "{m} (-c DIR saves to another directory; the default is {})",
+            super::args::DEFAULT_DIR
+        ),
         code: super::EXIT_IO,
     })?;
     super::out(&format!(
