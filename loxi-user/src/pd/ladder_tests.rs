@@ -228,7 +228,11 @@ fn the_tier_prepares_once_per_request_in_mode_1_only() {
     let fx0 = Fx::new(&[1, 2], 0);
     let kv0 = FakeKv::default();
     futures::executor::block_on(fx0.ladder(Some(&kv0)).prepare(&meta(), &mut ()));
-    assert_eq!(kv0.prepared.load(Ordering::Relaxed), 0, "kvExactMode 0 has no tier");
+    assert_eq!(
+        kv0.prepared.load(Ordering::Relaxed),
+        0,
+        "kvExactMode 0 has no tier"
+    );
 }
 
 #[test]

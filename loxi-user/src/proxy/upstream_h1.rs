@@ -285,7 +285,12 @@ impl H1Pool {
         // seen for the first time.
         match map.get_mut(&*conn.key) {
             Some(q) => keep(q, conn, now, self.max_idle),
-            None => keep(map.entry(conn.key.clone()).or_default(), conn, now, self.max_idle),
+            None => keep(
+                map.entry(conn.key.clone()).or_default(),
+                conn,
+                now,
+                self.max_idle,
+            ),
         }
     }
 }
@@ -526,7 +531,10 @@ mod tests {
 
     #[tokio::test]
     async fn each_worker_keeps_its_share_of_the_idle_cap() {
-        assert_eq!(H1Pool::new(Duration::from_secs(1), 0).max_idle, MAX_IDLE_PER_HOST);
+        assert_eq!(
+            H1Pool::new(Duration::from_secs(1), 0).max_idle,
+            MAX_IDLE_PER_HOST
+        );
         assert_eq!(H1Pool::new(Duration::from_secs(1), 8).max_idle, 128);
         assert_eq!(H1Pool::new(Duration::from_secs(1), 3).max_idle, 342);
         // A list at its cap closes what comes back.
@@ -539,10 +547,21 @@ mod tests {
         let (Attempt::Response(a), Attempt::Response(b)) = (a, b) else {
             panic!("no responses");
         };
-        assert_eq!(accepted.load(Ordering::SeqCst), 2, "two concurrent connections");
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            2,
+            "two concurrent connections"
+        );
         a.into_body().collect().await.expect("body");
         b.into_body().collect().await.expect("body");
-        assert_eq!(pool.idle[0].lock().values().map(VecDeque::len).sum::<usize>(), 1);
+        assert_eq!(
+            pool.idle[0]
+                .lock()
+                .values()
+                .map(VecDeque::len)
+                .sum::<usize>(),
+            1
+        );
     }
 
     #[tokio::test]
