@@ -28,9 +28,10 @@ pub const MAP_ACTIVE: &str = "LOXI_ACTIVE";
 pub const MAP_WRR: &str = "LOXI_WRR";
 /// Per-CPU `u64` counters; indices in [`ctr`].
 pub const MAP_COUNTERS: &str = "LOXI_COUNTERS";
-/// Egress interfaces known to take XDP frames: ifindex (`u32`) → 1 (hash, loader-written).
-/// A rewritten packet for any other egress goes out through [`TC_PROG_NAME`] instead of
-/// `bpf_redirect`/`XDP_TX` (see [`egress`]).
+/// Egress interfaces known to take XDP frames: ifindex (`u32`) → that device (a
+/// `BPF_MAP_TYPE_DEVMAP_HASH`, loader-written; the data path redirects through it with
+/// `bpf_redirect_map`). A rewritten packet for any other egress goes out through
+/// [`TC_PROG_NAME`] instead of a redirect or `XDP_TX` (see [`egress`]).
 pub const MAP_EGRESS_XDP: &str = "LOXI_EGRESS_XDP";
 /// Name of the TC ingress program that finishes forwarding for egresses without XDP receive.
 pub const TC_PROG_NAME: &str = "loxi_tc";

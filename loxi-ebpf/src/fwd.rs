@@ -1,6 +1,6 @@
 //! Sending a rewritten packet on: FIB lookup for the next hop (or a flow's cached copy of it),
-//! MAC rewrite, then `XDP_TX` (same interface) or `bpf_redirect` when the egress takes XDP
-//! frames ([`EGRESS_XDP`]), else the TC hand-off (`loxi_common::maps::egress`: metadata naming the egress, `XDP_PASS`, and the TC
+//! MAC rewrite, then `XDP_TX` (same interface) or `bpf_redirect_map` through [`EGRESS_XDP`] when
+//! the egress takes XDP frames, else the TC hand-off (`loxi_common::maps::egress`: metadata naming the egress, `XDP_PASS`, and the TC
 //! program redirects the socket buffer). Without a FIB/neighbour entry the packet goes to the
 //! kernel, which forwards it (and resolves the neighbour for the next packets).
 use core::{
@@ -194,7 +194,7 @@ pub fn lookup(ctx: &XdpContext, fam: u8, dst: &[u8; 16]) -> Option<NextHop> {
     let p = nh.as_mut_ptr();
     // SAFETY: fib wrote every other field; read-only lookup of a plain u32.
     unsafe {
-        let ok = EGRESS_XDP.get(&*addr_of!((*p).ifindex)).is_some();
+        let ok = EGRESS_XDP.get_ifindex(*addr_of!((*p).ifindex)).is_some();
         addr_of_mut!((*p).xdp_ok).write(ok);
         addr_of_mut!((*p)._pad).write([0; 3]);
         Some(nh.assume_init())
@@ -202,7 +202,9 @@ pub fn lookup(ctx: &XdpContext, fam: u8, dst: &[u8; 16]) -> Option<NextHop> {
 }
 
 /// Sends the frame to egress `ifindex` (MACs `smac` → `dmac`): `XDP_TX` out the ingress,
-/// `bpf_redirect` where the egress takes XDP frames (`xdp_ok`), else the TC hand-off.
+/// `bpf_redirect_map` through [`EGRESS_XDP`] where the egress takes XDP frames (`xdp_ok`), else
+/// the TC hand-off. An egress that left the device map since `xdp_ok` was decided (a cached next
+/// hop) is redirected by ifindex (`bpf_redirect`), as before the map.
 #[inline(always)]
 pub fn send(
     ctx: &XdpContext,
@@ -232,8 +234,11 @@ pub fn send(
         return Ok(xdp_action::XDP_TX);
     }
     count(ctr::REDIRECT, 1);
-    // SAFETY: helper call; the kernel validates the ifindex.
-    Ok(unsafe { bpf_redirect(ifindex, 0) } as u32)
+    match EGRESS_XDP.redirect(ifindex, 0) {
+        Ok(a) => Ok(a),
+        // SAFETY: helper call; the kernel validates the ifindex.
+        Err(_) => Ok(unsafe { bpf_redirect(ifindex, 0) } as u32),
+    }
 }
 
 /// Grows the frame's metadata area by [`META_LEN`]; false when the driver does not support it.

@@ -2,7 +2,7 @@
 use crate::fwd::EpNextHop;
 use aya_ebpf::{
     macros::map,
-    maps::{Array, HashMap, LruHashMap, PerCpuArray},
+    maps::{Array, DevMapHash, HashMap, LruHashMap, PerCpuArray},
 };
 use loxi_common::maps::{
     CT_ENTRIES, CtKey, CtValue, EndpointValue, MAX_EGRESS, MAX_EPS, MAX_RULES, ServiceKey,
@@ -46,10 +46,12 @@ pub static SCRATCH_KEY: PerCpuArray<CtKey> = PerCpuArray::with_max_entries(1, 0)
 #[map(name = "LOXI_SCRATCH_CT")]
 pub static SCRATCH_CT: PerCpuArray<CtValue> = PerCpuArray::with_max_entries(1, 0);
 
-/// Egress interfaces that take XDP frames (ifindex → 1), written by the loader; any other
-/// egress gets the TC hand-off (`loxi_common::maps::egress`).
+/// Egress interfaces that take XDP frames (ifindex → that device), written by the loader; any
+/// other egress gets the TC hand-off (`loxi_common::maps::egress`). A device map, so a frame is
+/// redirected with `bpf_redirect_map` (the device pointer comes from the map) instead of
+/// `bpf_redirect`, whose ifindex the kernel resolves again for every frame.
 #[map(name = "LOXI_EGRESS_XDP")]
-pub static EGRESS_XDP: HashMap<u32, u32> = HashMap::with_max_entries(MAX_EGRESS, 0);
+pub static EGRESS_XDP: DevMapHash = DevMapHash::with_max_entries(MAX_EGRESS, 0);
 
 /// Next hop per endpoint row (`slot * MAX_EPS + i`): the last FIB lookup towards the row's
 /// address, so a new flow to the endpoint needs none while it is fresh ([`crate::fwd::EpNextHop`]).

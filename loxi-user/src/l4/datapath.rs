@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use aya::{
     Ebpf,
-    maps::{Array, HashMap, MapData, PerCpuArray},
+    maps::{Array, DevMapHash, HashMap, MapData, PerCpuArray},
     programs::{
         SchedClassifier, TcAttachType, TestRun, TestRunOptions, Xdp, XdpMode,
         tc::SchedClassifierLinkId, xdp::XdpLinkId,
@@ -116,20 +116,21 @@ impl Datapath {
         if *want == self.xdp_egress {
             return Ok(());
         }
-        let mut map: HashMap<&mut MapData, u32, u32> = HashMap::try_from(
+        let mut map: DevMapHash<&mut MapData> = DevMapHash::try_from(
             self.ebpf
                 .map_mut(MAP_EGRESS_XDP)
                 .ok_or(L4Error::MissingMap(MAP_EGRESS_XDP))?,
         )
         .map_err(|e| L4Error::map(MAP_EGRESS_XDP, e))?;
         for gone in self.xdp_egress.difference(want) {
-            match map.remove(gone) {
+            match map.remove(*gone) {
                 Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
                 Err(e) => return Err(L4Error::map(MAP_EGRESS_XDP, e)),
             }
         }
-        for new in want.difference(&self.xdp_egress) {
-            map.insert(new, 1, 0)
+        for &new in want.difference(&self.xdp_egress) {
+            // The key is the device's own ifindex: the data path redirects by ifindex.
+            map.insert(new, new, None, 0)
                 .map_err(|e| L4Error::map(MAP_EGRESS_XDP, e))?;
         }
         tracing::info!(

@@ -26,9 +26,9 @@ pub enum L4Error {
     Map {
         /// Map name (`loxi_common::maps::MAP_*`).
         map: &'static str,
-        /// aya's error.
+        /// aya's error (a device map's insert has its own error type, which wraps the others).
         #[source]
-        source: Box<aya::maps::MapError>,
+        source: Box<aya::maps::xdp::XdpMapError>,
     },
     /// A map named in `loxi_common::maps` is not in the object.
     #[error("map {0} not found in the XDP object")]
@@ -55,10 +55,10 @@ pub enum L4Error {
 }
 
 impl L4Error {
-    pub(crate) fn map(map: &'static str, e: aya::maps::MapError) -> Self {
+    pub(crate) fn map(map: &'static str, e: impl Into<aya::maps::xdp::XdpMapError>) -> Self {
         Self::Map {
             map,
-            source: Box::new(e),
+            source: Box::new(e.into()),
         }
     }
     pub(crate) fn program(action: impl Into<String>, e: aya::programs::ProgramError) -> Self {

@@ -111,6 +111,30 @@ fn dsr_redirects_into_an_egress_that_takes_xdp_frames() {
     assert_eq!(lb.ctr(ctr::EGRESS_TC), 0);
 }
 
+/// Frames to an egress in the device map go out through `bpf_redirect_map`; a flow whose cached
+/// egress has left the map since (its peer lost its XDP program) is still redirected, by
+/// ifindex, until its next hop is looked up again.
+#[test]
+fn a_cached_egress_that_left_the_device_map_is_still_redirected() {
+    let (mut lb, lbv0, f, want) = dsr_towards_veth();
+    lb.dp
+        .set_xdp_egress(&std::collections::BTreeSet::from([lbv0]))
+        .unwrap();
+    let (act, out) = lb.run(&f);
+    assert_eq!((act, out), (XDP_REDIRECT, want.bytes()));
+    lb.dp
+        .set_xdp_egress(&std::collections::BTreeSet::new())
+        .unwrap();
+    let (act, out) = lb.run(&f);
+    assert_eq!(
+        (act, out),
+        (XDP_REDIRECT, want.bytes()),
+        "the flow's cached next hop (xdp_ok) still redirects"
+    );
+    assert_eq!(lb.ctr(ctr::REDIRECT), 2);
+    assert_eq!(lb.ctr(ctr::EGRESS_TC), 0);
+}
+
 /// New flows to an endpoint take its cached next hop (younger than `NH_TTL_NS`) instead of a
 /// FIB lookup each, and the forward entry is inserted with it (its next packets need no
 /// lookup); past the TTL a new flow looks the route up again.
