@@ -16,8 +16,20 @@ pub const DROP_PROG_NAME: &str = "loxi_drop";
 pub const MAP_SERVICES: &str = "LOXI_SERVICES";
 /// Endpoint table: index `slot * MAX_EPS + i` → [`EndpointValue`] (array).
 pub const MAP_ENDPOINTS: &str = "LOXI_ENDPOINTS";
-/// Conntrack: [`CtKey`] → [`CtValue`] (LRU hash), one entry per direction.
+/// Conntrack: [`CtKey`] → [`CtValue`] (LRU hash), one entry per direction. A DNAT flow to an
+/// endpoint listed in [`MAP_REPLY_VIP`] for its VIP gets its reply entry at its first reply
+/// instead of at creation (one insert per flow that never answers).
 pub const MAP_CONNTRACK: &str = "LOXI_CT";
+/// Reply VIPs: a DNAT endpoint as replies leave it ([`ServiceKey`] of the endpoint's address,
+/// its port — the service port when the rule gives none — and protocol) → the one VIP
+/// ([`ServiceKey`]) whose flows to it defer their reply entry (hash, loader-written, at most
+/// [`MAX_REPLY_VIPS`]). A reply that misses conntrack finds its flow's forward entry through
+/// it. The loader keeps an entry while any DNAT rule of that VIP has the endpoint and for the
+/// longest idle timeout after; an endpoint without an entry, or whose entry names another VIP,
+/// gets both entries at creation.
+pub const MAP_REPLY_VIP: &str = "LOXI_REPLY_VIP";
+/// Most entries of [`MAP_REPLY_VIP`].
+pub const MAX_REPLY_VIPS: u32 = MAX_RULES * MAX_EPS;
 /// Per-CPU round-robin cursors, one `u32` per rule slot.
 pub const MAP_RR: &str = "LOXI_RR";
 /// Live connection count per endpoint (index `slot * MAX_EPS + i`), for `sel` 4 (lc).
@@ -128,6 +140,11 @@ pub mod ctr {
     pub const TC_REDIRECT: u32 = 16;
     /// Packets for a no-XDP egress whose driver refused XDP metadata: redirected anyway.
     pub const EGRESS_NO_META: u32 = 17;
+    /// New DNAT flows created with their forward entry only (the reply entry waits for the
+    /// first reply, see [`super::MAP_REPLY_VIP`]).
+    pub const CT_REPLY_DEFERRED: u32 = 18;
+    /// Reply entries inserted at a deferred flow's first reply.
+    pub const CT_REPLY_ADDED: u32 = 19;
     /// Number of global counters; endpoint counters start here.
     pub const GLOBALS: u32 = 24;
     /// Counter index of endpoint `(slot, ep)` packets; `+1` is its bytes.

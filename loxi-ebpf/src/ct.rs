@@ -3,13 +3,13 @@ use aya_ebpf::helpers::generated::{bpf_jiffies64, bpf_ktime_get_coarse_ns};
 use loxi_common::{
     maps::{
         CtKey, CtValue, DEFAULT_TCP_TIMEOUT_S, DEFAULT_UDP_TIMEOUT_S, FIN_TIMEOUT_S, MAX_EPS,
-        ServiceValue, ct_state, ctr, dir, proto,
+        ServiceKey, ServiceValue, ct_state, ctr, dir, proto,
     },
     mode,
 };
 
 use crate::{
-    maps::{CLOCK, CT, ENDPOINTS, LC, SCRATCH_KEY, count},
+    maps::{CLOCK, CT, ENDPOINTS, LC, REPLY_VIP, SCRATCH_KEY, count},
     parse::Pkt,
     select::hash5,
 };
@@ -203,7 +203,27 @@ pub fn create(
         mode::DNAT => {
             rk.daddr = pkt.key.saddr;
             rk.dport = pkt.key.sport;
-            if CT.insert(&rk, &*v, BPF_ANY).is_err() {
+            // The reply entry waits for the first reply when the loader lists this endpoint
+            // for this VIP ([`late_reply`] finds the flow from the reply); otherwise now.
+            let ek = ServiceKey {
+                addr: ep.addr,
+                port: eport,
+                proto: pkt.key.proto,
+                family: pkt.key.family,
+            };
+            // SAFETY: read-only access to the map value.
+            let defer = match unsafe { REPLY_VIP.get(&ek) } {
+                Some(vip) => {
+                    vip.addr == pkt.key.daddr
+                        && vip.port == pkt.key.dport
+                        && vip.proto == pkt.key.proto
+                        && vip.family == pkt.key.family
+                }
+                None => false,
+            };
+            if defer {
+                count(ctr::CT_REPLY_DEFERRED, 1);
+            } else if CT.insert(&rk, &*v, BPF_ANY).is_err() {
                 return false;
             }
         }
@@ -247,6 +267,67 @@ pub fn create(
     // The forward entry counts the packet that created the flow.
     v.packets = 1;
     v.bytes = pkt.len as u64;
+    true
+}
+
+/// A reply of a DNAT flow whose reply entry was deferred (see [`create`]): `pkt` (endpoint →
+/// client) missed conntrack; [`REPLY_VIP`] names the VIP its endpoint serves, which gives the
+/// forward key (client → VIP). When that forward entry is live and maps to this packet's
+/// source, the reply entry is built from it into `out` (this packet counted) and inserted;
+/// true, and the caller applies `out` like a conntrack hit. False (nothing written to the
+/// map) for any other packet.
+#[inline(always)]
+pub fn late_reply(pkt: &Pkt, t: u64, out: &mut CtValue) -> bool {
+    let ek = ServiceKey {
+        addr: pkt.key.saddr,
+        port: pkt.key.sport,
+        proto: pkt.key.proto,
+        family: pkt.key.family,
+    };
+    // SAFETY: read-only copy of the map value.
+    let vip = match unsafe { REPLY_VIP.get(&ek) } {
+        Some(v) => *v,
+        None => return false,
+    };
+    let Some(fk) = SCRATCH_KEY.get_ptr_mut(0) else {
+        return false;
+    };
+    // SAFETY: per-CPU scratch slot from the map helper.
+    let fk = unsafe { &mut *fk };
+    fk.saddr = pkt.key.daddr;
+    fk.sport = pkt.key.dport;
+    fk.daddr = vip.addr;
+    fk.dport = vip.port;
+    fk.proto = pkt.key.proto;
+    fk.family = pkt.key.family;
+    fk._pad = [0; 2];
+    // SAFETY: read-only copy of the map value.
+    match unsafe { CT.get(&*fk) } {
+        Some(f) => *out = *f,
+        None => return false,
+    }
+    if out.dir != dir::FWD
+        || out.mode != mode::DNAT
+        || out.ndaddr != pkt.key.saddr
+        || out.ndport != pkt.key.sport
+        || expired(out, t)
+    {
+        return false;
+    }
+    // The reply value: from the VIP to the client, with the forward entry's flow state.
+    out.nsaddr = vip.addr;
+    out.nsport = vip.port;
+    out.ndaddr = pkt.key.daddr;
+    out.ndport = pkt.key.dport;
+    out.dir = dir::REV;
+    out.last_ns = t;
+    zero_tail(out);
+    out.packets = 1;
+    out.bytes = pkt.len as u64;
+    // Another CPU may have inserted it first from the same flow's other reply: same value.
+    if CT.insert(&pkt.key, &*out, BPF_NOEXIST).is_ok() {
+        count(ctr::CT_REPLY_ADDED, 1);
+    }
     true
 }
 

@@ -170,6 +170,8 @@ fn new_flow(pkt: &Pkt, key: &CtKey, t: u64, out: &mut CtValue) -> u32 {
     // SAFETY: read-only copy of the map value.
     let svc = match unsafe { SERVICES.get(&sk) } {
         Some(s) => *s,
+        // Not to a service: maybe the first reply of a flow that deferred its reply entry.
+        None if ct::late_reply(pkt, t, out) => return V_APPLY,
         None => return V_PASS,
     };
     if svc.mode == mode::FULLPROXY {

@@ -5,8 +5,8 @@ use aya_ebpf::{
     maps::{Array, DevMapHash, HashMap, LruHashMap, PerCpuArray},
 };
 use loxi_common::maps::{
-    CT_ENTRIES, CtKey, CtValue, EndpointValue, MAX_EGRESS, MAX_EPS, MAX_RULES, ServiceKey,
-    ServiceValue, WRR_SLOTS, ctr,
+    CT_ENTRIES, CtKey, CtValue, EndpointValue, MAX_EGRESS, MAX_EPS, MAX_REPLY_VIPS, MAX_RULES,
+    ServiceKey, ServiceValue, WRR_SLOTS, ctr,
 };
 
 /// (VIP, port, proto) → rule, written by the loader.
@@ -20,6 +20,13 @@ pub static ENDPOINTS: Array<EndpointValue> = Array::with_max_entries(MAX_RULES *
 /// Conntrack, both directions of every flow (LRU evicts the oldest when full).
 #[map(name = "LOXI_CT")]
 pub static CT: LruHashMap<CtKey, CtValue> = LruHashMap::with_max_entries(CT_ENTRIES, 0);
+
+/// DNAT endpoint (address, port, protocol as replies leave it) → the VIP whose flows to it
+/// insert their reply entry at the first reply, written by the loader
+/// (`loxi_common::maps::MAP_REPLY_VIP`).
+#[map(name = "LOXI_REPLY_VIP")]
+pub static REPLY_VIP: HashMap<ServiceKey, ServiceKey> =
+    HashMap::with_max_entries(MAX_REPLY_VIPS, 0);
 
 /// Per-CPU round-robin / wrr cursor per rule slot.
 #[map(name = "LOXI_RR")]

@@ -37,9 +37,22 @@ pub struct BenchArgs {
     /// under `net.netfilter.nf_conntrack_max`).
     #[arg(long, default_value_t = 25_000)]
     new_packets: u64,
-    /// Runs per case (the median is reported).
+    /// Rounds: each runs every case once (the medians over rounds are reported).
     #[arg(long, default_value_t = 3)]
     runs: usize,
+    /// How the client sends: `packet` (frames through a qdisc-bypassing packet socket, 64 per
+    /// `sendmmsg`: the sender's own cost is small, so the forwarding cost is a steady share)
+    /// or `raw` (one datagram per `sendto` on a raw IP socket, the method of the figures
+    /// before 2026-12-03 afternoon).
+    #[arg(long, value_enum, default_value_t = Sender::Packet)]
+    sender: Sender,
+}
+
+/// Sending method of `bench-l4` ([`BenchArgs::sender`]).
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Sender {
+    Packet,
+    Raw,
 }
 
 /// Flags of `udp-flood`.
@@ -61,6 +74,151 @@ pub struct FloodArgs {
     /// First tuple index of `--new-flows` (callers advance it so no tuple repeats).
     #[arg(long, default_value_t = 0)]
     first: u64,
+    /// Send Ethernet frames on this interface through a packet socket that bypasses the qdisc
+    /// (`PACKET_QDISC_BYPASS`), `--batch` frames per `sendmmsg`, instead of datagrams through
+    /// a raw IP socket: the sender's own cost per packet falls from ~4 µs (a syscall, a route
+    /// lookup and the IP output path per packet) to the frame copy and the driver's transmit,
+    /// so the forwarding cost measured on top of it is a larger, steadier share.
+    #[arg(long, requires = "dst_mac")]
+    iface: Option<String>,
+    /// Destination MAC of `--iface`'s frames (the LB's ingress veth), `aa:bb:cc:dd:ee:ff`.
+    #[arg(long)]
+    dst_mac: Option<String>,
+    /// Frames per `sendmmsg` with `--iface` (1..=1024).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    batch: u16,
+}
+
+/// Parses `aa:bb:cc:dd:ee:ff`.
+fn parse_mac(s: &str) -> anyhow::Result<[u8; 6]> {
+    let v: Vec<u8> = s
+        .trim()
+        .split(':')
+        .map(|h| u8::from_str_radix(h, 16))
+        .collect::<Result<_, _>>()
+        .with_context(|| format!("MAC address {s:?}"))?;
+    v.try_into()
+        .map_err(|_| anyhow::anyhow!("MAC address {s:?}: six bytes expected"))
+}
+
+/// MAC address of `iface` in network namespace `ns`.
+fn mac_of(ns: &str, iface: &str) -> anyhow::Result<String> {
+    let s = cmd(&format!(
+        "ip netns exec {ns} cat /sys/class/net/{iface}/address"
+    ))?;
+    parse_mac(&s)?;
+    Ok(s.trim().to_string())
+}
+
+/// Length of a flood frame: Ethernet header and [`DGRAM_LEN`] (60 bytes, the Ethernet
+/// minimum without FCS, so no padding).
+const FRAME_LEN: usize = 14 + DGRAM_LEN;
+
+/// Sends `a.count` frames on `iface` through a qdisc-bypassing packet socket, `a.batch` per
+/// `sendmmsg`; returns (wall, cpu) ns per packet.
+#[allow(unsafe_code, reason = "a packet socket and sendmmsg(2) through libc")]
+fn flood_frames(a: &FloodArgs, iface: &str, dst_mac: [u8; 6]) -> anyhow::Result<(f64, f64)> {
+    let src_mac = parse_mac(&std::fs::read_to_string(format!(
+        "/sys/class/net/{iface}/address"
+    ))?)?;
+    let name = std::ffi::CString::new(iface)?;
+    // SAFETY: NUL-terminated name.
+    let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
+    ensure!(ifindex != 0, "no interface {iface}");
+    let proto = (libc::ETH_P_IP as u16).to_be();
+    // SAFETY: plain socket(2) call.
+    let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, i32::from(proto)) };
+    ensure!(
+        fd >= 0,
+        "packet socket: {}",
+        std::io::Error::last_os_error()
+    );
+    let one: libc::c_int = 1;
+    // SAFETY: valid fd and option value of the declared size.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_PACKET,
+            libc::PACKET_QDISC_BYPASS,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    ensure!(
+        rc == 0,
+        "PACKET_QDISC_BYPASS: {}",
+        std::io::Error::last_os_error()
+    );
+    // SAFETY: zeroed sockaddr_ll is valid; the fields are set below.
+    let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+    sll.sll_family = libc::AF_PACKET as u16;
+    sll.sll_protocol = proto;
+    sll.sll_ifindex = ifindex as i32;
+    // SAFETY: valid fd and address of the declared size.
+    let rc = unsafe {
+        libc::bind(
+            fd,
+            (&sll as *const libc::sockaddr_ll).cast(),
+            std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+        )
+    };
+    ensure!(rc == 0, "bind {iface}: {}", std::io::Error::last_os_error());
+    let batch = usize::from(a.batch);
+    let mut frames = vec![[0u8; FRAME_LEN]; batch];
+    for f in &mut frames {
+        f[0..6].copy_from_slice(&dst_mac);
+        f[6..12].copy_from_slice(&src_mac);
+        f[12..14].copy_from_slice(&(libc::ETH_P_IP as u16).to_be_bytes());
+        let d: &mut [u8; DGRAM_LEN] = (&mut f[14..]).try_into().expect("frame length");
+        datagram(d, a.src, a.dst);
+    }
+    let t0 = Instant::now();
+    let c0 = cpu_ns();
+    let mut sent = 0u64;
+    while sent < a.count {
+        let n = (a.count - sent).min(batch as u64) as usize;
+        if a.new_flows {
+            for (j, f) in frames[..n].iter_mut().enumerate() {
+                let d: &mut [u8; DGRAM_LEN] = (&mut f[14..]).try_into().expect("frame length");
+                datagram(d, new_src(a.first + sent + j as u64), a.dst);
+            }
+        }
+        let mut iov: Vec<libc::iovec> = frames[..n]
+            .iter_mut()
+            .map(|f| libc::iovec {
+                iov_base: f.as_mut_ptr().cast(),
+                iov_len: FRAME_LEN,
+            })
+            .collect();
+        // SAFETY: zeroed mmsghdr is valid; each points at one iovec of a live frame.
+        let mut msgs: Vec<libc::mmsghdr> = iov
+            .iter_mut()
+            .map(|v| {
+                let mut m: libc::mmsghdr = unsafe { std::mem::zeroed() };
+                m.msg_hdr.msg_iov = v;
+                m.msg_hdr.msg_iovlen = 1;
+                m
+            })
+            .collect();
+        // SAFETY: `msgs` holds `n` valid headers whose buffers outlive the call.
+        let rc = unsafe { libc::sendmmsg(fd, msgs.as_mut_ptr(), n as libc::c_uint, 0) };
+        if rc < 0 {
+            let e = std::io::Error::last_os_error();
+            ensure!(
+                e.raw_os_error() == Some(libc::ENOBUFS),
+                "sendmmsg after {sent} of {}: {e}",
+                a.count
+            );
+            continue;
+        }
+        sent += rc as u64;
+    }
+    let n = a.count.max(1) as f64;
+    let wall = t0.elapsed().as_nanos() as f64 / n;
+    let cpu = (cpu_ns() - c0) as f64 / n;
+    // SAFETY: our own fd.
+    unsafe { libc::close(fd) };
+    Ok((wall, cpu))
 }
 
 /// CPU time (user + system) of this process, ns. The kernel charges softirq work that runs in
@@ -132,6 +290,11 @@ pub fn flood(a: FloodArgs) -> anyhow::Result<()> {
             (a.first + a.count) / 64_000 <= 254 - 16,
             "--first + --count exceeds the new-flow tuple space"
         );
+    }
+    if let (Some(iface), Some(mac)) = (&a.iface, &a.dst_mac) {
+        let (wall, cpu) = flood_frames(&a, iface, parse_mac(mac)?)?;
+        println!("{wall:.1} {cpu:.1}");
+        return Ok(());
     }
     // SAFETY: plain socket(2) call.
     let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_RAW) };
@@ -262,9 +425,11 @@ struct Bench {
     next_tuple: u64,
     packets: u64,
     new_packets: u64,
-    runs: usize,
     lb: Option<(u32, bool)>,
     fresh_ct: bool,
+    /// With the packet-socket sender: the `udp-flood` flags that select it (interface and the
+    /// LB ingress's MAC).
+    frames: Option<String>,
 }
 
 /// Warm-up packets before a measured run (neighbours, the LB's next-hop cache).
@@ -315,15 +480,17 @@ impl Bench {
             }
         };
         let out = cmd(&format!(
-            "ip netns exec {} taskset -c 0 {exe} udp-flood --dst 20.0.0.1:80 --count {count}{extra}",
-            self.t.c
+            "ip netns exec {} taskset -c 0 {exe} udp-flood --dst 20.0.0.1:80 --count {count}{extra}{}",
+            self.t.c,
+            self.frames.as_deref().unwrap_or("")
         ))?;
         let mut it = out.split_whitespace().map(str::parse::<f64>);
         Ok((it.next().context("wall")??, it.next().context("cpu")??))
     }
 
-    /// Median per-packet cost of `shape` over the runs; with `xdp_iface`, one more run with BPF
-    /// run-time statistics on gives the program's own time per packet.
+    /// One measured run of `shape` (after a warm-up): its per-packet cost, the share of its
+    /// packets the LB kernel forwarded and, with `xdp_iface`, the program's own time per
+    /// packet from one more run with BPF run-time statistics on.
     fn measure(
         &mut self,
         shape: Shape,
@@ -335,38 +502,32 @@ impl Bench {
             Shape::NewFlows => self.new_packets,
         };
         let fresh = shape == Shape::NewFlows && self.fresh_ct && self.lb.is_some();
-        if !fresh {
+        if fresh {
+            self.fresh_lb()?;
+        } else {
             self.flood(shape, WARMUP)?; // warm-up: neighbours, conntrack
             thread::sleep(Duration::from_millis(300));
         }
         let (l, b) = (self.t.l.clone(), self.t.b[0].clone());
         let kf0 = kernel_forwarded(&l)?;
-        let (mut cpu, mut wall) = (Vec::new(), Vec::new());
-        for _ in 0..self.runs {
-            if fresh {
-                self.fresh_lb()?;
-            }
-            let before = rx_packets(&b, "b0")?;
-            let (w, c) = self.flood(shape, n)?;
-            wall.push(w);
-            cpu.push(c);
-            thread::sleep(Duration::from_millis(200));
-            let got = rx_packets(&b, "b0")? - before;
-            if expect_forwarded {
-                ensure!(
-                    got >= n * 9 / 10,
-                    "{}: only {got} of {n} packets reached the backend",
-                    shape.name()
-                );
-            } else {
-                ensure!(
-                    got < n / 100,
-                    "{}: {got} packets reached the backend in the drop baseline",
-                    shape.name()
-                );
-            }
+        let before = rx_packets(&b, "b0")?;
+        let (wall, cpu) = self.flood(shape, n)?;
+        thread::sleep(Duration::from_millis(200));
+        let got = rx_packets(&b, "b0")? - before;
+        if expect_forwarded {
+            ensure!(
+                got >= n * 9 / 10,
+                "{}: only {got} of {n} packets reached the backend",
+                shape.name()
+            );
+        } else {
+            ensure!(
+                got < n / 100,
+                "{}: {got} packets reached the backend in the drop baseline",
+                shape.name()
+            );
         }
-        let kernel_share = (kernel_forwarded(&l)? - kf0) as f64 / (n * self.runs as u64) as f64;
+        let kernel_share = (kernel_forwarded(&l)? - kf0) as f64 / n as f64;
         let prog_ns = match xdp_iface {
             Some(i) => {
                 if fresh {
@@ -374,7 +535,7 @@ impl Bench {
                 }
                 let id = xdp_prog_id(&l, i)?;
                 // Statistics stay on while the fd is open (and cost every program two clock
-                // reads per run, so the timed runs above go without).
+                // reads per run, so the timed run above goes without).
                 let _stats =
                     aya::sys::enable_stats(aya::sys::Stats::RunTime).context("BPF_ENABLE_STATS")?;
                 let (t0, c0) = prog_stats(id)?;
@@ -386,8 +547,8 @@ impl Bench {
             None => None,
         };
         Ok(Figures {
-            cpu: median(cpu),
-            wall: median(wall),
+            cpu,
+            wall,
             kernel_share,
             prog_ns,
         })
@@ -439,6 +600,100 @@ fn rule() -> String {
     r#"{"serviceArguments":{"externalIP":"20.0.0.1","port":80,"protocol":"udp","mode":0,"sel":0},"endpoints":[{"endpointIP":"10.100.1.2","targetPort":8080}]}"#.to_string()
 }
 
+/// The measured cases. Every round runs each once, in an order rotated by the round, so that
+/// the machine's drift (a shared VM's baseline moves by hundreds of ns a packet between
+/// minutes) falls on all cases alike and every ratio compares runs of the same round.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Case {
+    /// The LB's ingress drops everything in XDP: the sender's own cost.
+    Baseline,
+    Native,
+    Generic,
+    /// XDP native with its conntrack map full: every new flow's insert also evicts.
+    NativeFull,
+    Nft,
+}
+
+const CASES: [Case; 5] = [
+    Case::Baseline,
+    Case::Native,
+    Case::Generic,
+    Case::NativeFull,
+    Case::Nft,
+];
+
+impl Case {
+    fn name(self) -> &'static str {
+        match self {
+            Case::Baseline => "sender-only (XDP drop)",
+            Case::Native => "XDP native DNAT",
+            Case::Generic => "XDP generic DNAT",
+            Case::NativeFull => "XDP native, CT map full",
+            Case::Nft => "nftables DNAT",
+        }
+    }
+
+    /// Whether the case measures `shape` (the full map only matters to new flows).
+    fn has(self, shape: Shape) -> bool {
+        self != Case::NativeFull || shape == Shape::NewFlows
+    }
+}
+
+/// `min–max` of `v`, for the per-round spread of a ratio.
+fn spread(v: &[f64]) -> String {
+    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    format!("{lo:.2}–{hi:.2}")
+}
+
+impl Bench {
+    /// Runs `case` once for every shape it has: (shape index, figures).
+    fn round(&mut self, case: Case, ct_flows: u64) -> anyhow::Result<Vec<(usize, Figures)>> {
+        let l = self.t.l.clone();
+        let mut out = Vec::new();
+        match case {
+            Case::Baseline => {
+                let drop = self.t.spawn(&l, &["xdp-pass", "--drop", "--iface", "l0"])?;
+                wait_xdp(&l, "l0", true)?;
+                for (si, s) in SHAPES.into_iter().enumerate() {
+                    out.push((si, self.measure(s, false, None)?));
+                }
+                self.t.stop(drop)?;
+                wait_xdp(&l, "l0", false)?;
+            }
+            Case::Native | Case::Generic => {
+                self.start_lb(case == Case::Generic)?;
+                self.fresh_ct = true;
+                for (si, s) in SHAPES.into_iter().enumerate() {
+                    out.push((si, self.measure(s, true, Some("l0"))?));
+                }
+            }
+            Case::NativeFull => {
+                self.start_lb(false)?;
+                self.fresh_ct = false;
+                self.flood(Shape::NewFlows, ct_flows + WARMUP)?;
+                out.push((1, self.measure(Shape::NewFlows, true, Some("l0"))?));
+            }
+            Case::Nft => {
+                cmd(&format!(
+                    "ip netns exec {l} nft -f - <<'EOF'\ntable ip lxbench {{\n chain pre {{ type nat hook prerouting priority -100; ip daddr 20.0.0.1 udp dport 80 dnat to 10.100.1.2:8080; }}\n}}\nEOF"
+                ))?;
+                wait("nft rule", || {
+                    Ok(cmd(&format!("ip netns exec {l} nft list ruleset"))?.contains("dnat"))
+                })?;
+                for (si, s) in SHAPES.into_iter().enumerate() {
+                    out.push((si, self.measure(s, true, None)?));
+                }
+                cmd(&format!("ip netns exec {l} nft delete table ip lxbench"))?;
+            }
+        }
+        if let Some((pid, _)) = self.lb {
+            self.stop_lb(pid)?;
+        }
+        Ok(out)
+    }
+}
+
 /// Runs the benchmark and prints one table per traffic shape.
 pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     ensure!(a.runs > 0, "--runs must be at least 1");
@@ -459,101 +714,129 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         next_tuple: 0,
         packets: a.packets,
         new_packets: a.new_packets,
-        runs: a.runs,
         lb: None,
         fresh_ct: true,
+        frames: match a.sender {
+            Sender::Packet => Some(format!(" --iface c0 --dst-mac {}", mac_of(&l, "l0")?)),
+            Sender::Raw => None,
+        },
     };
-    // Baseline: the LB's ingress drops everything in XDP.
-    let drop = b.t.spawn(&l, &["xdp-pass", "--drop", "--iface", "l0"])?;
-    wait_xdp(&l, "l0", true)?;
-    let mut base = Vec::new();
-    for s in SHAPES {
-        base.push(b.measure(s, false, None)?);
-    }
-    b.t.stop(drop)?;
-    wait_xdp(&l, "l0", false)?;
-    let mut cases: Vec<(&str, Vec<Figures>)> = Vec::new();
-    for (name, generic) in [("XDP native DNAT", false), ("XDP generic DNAT", true)] {
-        b.start_lb(generic)?;
-        let mut v = Vec::new();
-        for s in SHAPES {
-            v.push(b.measure(s, true, Some("l0"))?);
+    // figs[round][case][shape]
+    let mut figs = vec![[[None::<Figures>; 2]; CASES.len()]; a.runs];
+    for (r, row) in figs.iter_mut().enumerate() {
+        for k in 0..CASES.len() {
+            let ci = (k + r) % CASES.len();
+            for (si, f) in b.round(CASES[ci], ct_flows)? {
+                row[ci][si] = Some(f);
+            }
         }
-        if let Some((pid, _)) = b.lb {
-            b.stop_lb(pid)?;
+        if r == 0 {
+            // nftables keeps every run's flows (UDP entries idle out after 30 s): they must fit.
+            let max: u64 = cmd(&format!(
+                "ip netns exec {l} sysctl -n net.netfilter.nf_conntrack_max"
+            ))?
+            .trim()
+            .parse()?;
+            ensure!(
+                (a.runs as u64) * (a.new_packets + WARMUP) < max,
+                "--runs {} × (--new-packets {} + {WARMUP}) new flows would fill nftables' \
+                 conntrack table ({max} entries)",
+                a.runs,
+                a.new_packets
+            );
         }
-        cases.push((name, v));
     }
-    // XDP native with its conntrack map full: fill it, then every new flow also evicts.
-    b.start_lb(false)?;
-    b.fresh_ct = false;
-    b.flood(Shape::NewFlows, ct_flows + WARMUP)?;
-    let full = b.measure(Shape::NewFlows, true, Some("l0"))?;
-    if let Some((pid, _)) = b.lb {
-        b.stop_lb(pid)?;
-    }
-    cmd(&format!(
-        "ip netns exec {l} nft -f - <<'EOF'\ntable ip lxbench {{\n chain pre {{ type nat hook prerouting priority -100; ip daddr 20.0.0.1 udp dport 80 dnat to 10.100.1.2:8080; }}\n}}\nEOF"
-    ))?;
-    wait("nft rule", || {
-        Ok(cmd(&format!("ip netns exec {l} nft list ruleset"))?.contains("dnat"))
-    })?;
-    let mut v = Vec::new();
-    for s in SHAPES {
-        v.push(b.measure(s, true, None)?);
-    }
-    cases.push(("nftables DNAT", v));
     println!(
-        "bench-l4: median of {} runs; established flow {} packets/run, new flows {} packets/run \
-         (XDP: a fresh conntrack map per run, below capacity like nftables'); UDP 18-byte \
-         payload from a raw socket, sender pinned to CPU 0",
-        a.runs, a.packets, a.new_packets
+        "bench-l4: {} rounds, each case once per round (order rotated), medians over rounds; \
+         established flow {} packets/run, new flows {} packets/run (XDP: a fresh conntrack map \
+         per run, below capacity like nftables'); UDP 18-byte payload {}, sender pinned to CPU 0",
+        a.runs,
+        a.packets,
+        a.new_packets,
+        match a.sender {
+            Sender::Packet => "in frames from a qdisc-bypassing packet socket, 64 per sendmmsg",
+            Sender::Raw => "from a raw IP socket, one per sendto",
+        }
     );
     println!(
         "cpu = sender's CPU time per packet incl. softirq work charged to it; wall = elapsed; \
-         fwd cost = minus the baseline; prog = the LB's XDP program's own run time per packet"
+         fwd cost = minus the same round's baseline; prog = the LB's XDP program's own run time \
+         per packet; ratios are per round (median, and min–max over rounds)"
     );
+    let base = |r: usize, si: usize| figs[r][0][si].map(|f| f.cpu);
     for (si, s) in SHAPES.iter().enumerate() {
-        let bs = base[si];
         println!("\n[{}]", s.name());
         println!(
             "{:<24} {:>9} {:>9} {:>14} {:>14} {:>10} {:>9}",
             "case", "cpu ns", "wall ns", "fwd cost cpu", "fwd cost wall", "kernel-fwd", "prog ns"
         );
-        println!(
-            "{:<24} {:>9.0} {:>9.0} {:>14} {:>14} {:>10} {:>9}",
-            "sender-only (XDP drop)", bs.cpu, bs.wall, "-", "-", "-", "-"
-        );
-        let full_row = (*s == Shape::NewFlows).then_some(("XDP native, CT map full", full));
-        let rows = cases.iter().map(|(name, v)| (*name, v[si])).chain(full_row);
-        for (name, f) in rows {
+        // Per-round forwarding cost (cpu) of each case.
+        let cost = |ci: usize| -> Vec<f64> {
+            (0..a.runs)
+                .filter_map(|r| Some(figs[r][ci][si]?.cpu - base(r, si)?))
+                .collect()
+        };
+        for (ci, c) in CASES.iter().enumerate() {
+            if !c.has(*s) {
+                continue;
+            }
+            let rows: Vec<Figures> = (0..a.runs).filter_map(|r| figs[r][ci][si]).collect();
+            let col = |f: fn(&Figures) -> f64| median(rows.iter().map(f).collect());
+            if *c == Case::Baseline {
+                println!(
+                    "{:<24} {:>9.0} {:>9.0} {:>14} {:>14} {:>10} {:>9}",
+                    c.name(),
+                    col(|f| f.cpu),
+                    col(|f| f.wall),
+                    "-",
+                    "-",
+                    "-",
+                    "-"
+                );
+                continue;
+            }
+            let wall_cost: Vec<f64> = (0..a.runs)
+                .filter_map(|r| Some(figs[r][ci][si]?.wall - figs[r][0][si]?.wall))
+                .collect();
+            let progs: Vec<f64> = rows.iter().filter_map(|f| f.prog_ns).collect();
             println!(
                 "{:<24} {:>9.0} {:>9.0} {:>14.0} {:>14.0} {:>9.0}% {:>9}",
-                name,
-                f.cpu,
-                f.wall,
-                f.cpu - bs.cpu,
-                f.wall - bs.wall,
-                f.kernel_share * 100.0,
-                f.prog_ns.map_or("-".to_string(), |p| format!("{p:.0}"))
+                c.name(),
+                col(|f| f.cpu),
+                col(|f| f.wall),
+                median(cost(ci)),
+                median(wall_cost),
+                col(|f| f.kernel_share) * 100.0,
+                if progs.is_empty() {
+                    "-".to_string()
+                } else {
+                    format!("{:.0}", median(progs))
+                }
             );
         }
-        let fc = cases[2].1[si].cpu - bs.cpu;
-        println!(
-            "ratio native/nftables forwarding cost (cpu), {}: {:.2}",
-            s.name(),
-            (cases[0].1[si].cpu - bs.cpu) / fc
-        );
-        println!(
-            "ratio generic/nftables forwarding cost (cpu), {}: {:.2}",
-            s.name(),
-            (cases[1].1[si].cpu - bs.cpu) / fc
-        );
-        if *s == Shape::NewFlows {
+        // Every round's forwarding cost, so the spread behind the medians is on the page.
+        for (ci, c) in CASES.iter().enumerate().skip(1) {
+            if c.has(*s) {
+                let v: Vec<String> = cost(ci).iter().map(|x| format!("{x:.0}")).collect();
+                println!("  per round, {:<22} {}", c.name(), v.join(" "));
+            }
+        }
+        let nft = cost(4);
+        for (ci, c) in CASES.iter().enumerate().skip(1).take(3) {
+            if !c.has(*s) {
+                continue;
+            }
+            let ratios: Vec<f64> = cost(ci).iter().zip(&nft).map(|(x, n)| x / n).collect();
+            let label = match c {
+                Case::Native => "native",
+                Case::Generic => "generic",
+                _ => "native (CT map full, evicting)",
+            };
             println!(
-                "ratio native (CT map full, evicting)/nftables forwarding cost (cpu), {}: {:.2}",
+                "ratio {label}/nftables forwarding cost (cpu), {}: {:.2} (rounds {})",
                 s.name(),
-                (full.cpu - bs.cpu) / fc
+                median(ratios.clone()),
+                spread(&ratios)
             );
         }
     }

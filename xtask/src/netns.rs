@@ -717,8 +717,16 @@ fn check_paths(peers: Peers, log: &str) -> anyhow::Result<()> {
         event("egress_tc"),
         event("tc_redirect"),
     );
+    let (deferred, added) = (event("ct_reply_deferred"), event("ct_reply_added"));
     println!(
-        "netns-test: {peers:?} peers: XDP redirect {redirect}, XDP_TX {tx}, handed to TC {egress_tc}, TC redirect {tc_redirect}"
+        "netns-test: {peers:?} peers: XDP redirect {redirect}, XDP_TX {tx}, handed to TC {egress_tc}, TC redirect {tc_redirect}; DNAT flows with a deferred reply entry {deferred}, reply entries added at the first reply {added}"
+    );
+    // Mode 0's exchanges (tcp and udp) all answered through the VIP: each deferred its reply
+    // entry and had it inserted by its first reply.
+    let answered = 2 * EXCHANGES as u64;
+    ensure!(
+        deferred >= answered && added >= answered && added <= deferred,
+        "{peers:?} peers: want ≥ {answered} DNAT flows with a deferred reply entry, each added at its reply (deferred {deferred}, added {added})"
     );
     match peers {
         Peers::Xdp => ensure!(

@@ -1,7 +1,10 @@
 //! The loaded XDP object: attachment (native with generic fallback, plus the TC ingress
 //! program that completes forwarding to egresses without XDP receive), map programming from a
 //! [`Plan`], the XDP-capable egress set, counter reads and `BPF_PROG_TEST_RUN`.
-use std::collections::{BTreeMap, BTreeSet};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::Instant,
+};
 
 use aya::{
     Ebpf,
@@ -12,12 +15,15 @@ use aya::{
     },
 };
 use loxi_common::maps::{
-    EndpointValue, MAP_ACTIVE, MAP_CONNTRACK, MAP_COUNTERS, MAP_EGRESS_XDP, MAP_ENDPOINTS,
-    MAP_SERVICES, MAP_WRR, MAX_EPS, PROG_NAME, ServiceKey, ServiceValue, TC_PROG_NAME, WRR_SLOTS,
-    ctr,
+    CtKey, CtValue, EndpointValue, MAP_ACTIVE, MAP_CONNTRACK, MAP_COUNTERS, MAP_EGRESS_XDP,
+    MAP_ENDPOINTS, MAP_REPLY_VIP, MAP_SERVICES, MAP_WRR, MAX_EPS, PROG_NAME, ServiceKey,
+    ServiceValue, TC_PROG_NAME, WRR_SLOTS, ctr,
 };
 
-use super::{L4Error, Plan, object_bytes};
+use super::{
+    L4Error, Plan, object_bytes,
+    reply::{self, ReplyVipTable},
+};
 
 /// How the program ended up attached to an interface.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,6 +53,8 @@ pub struct Datapath {
     xdp_egress: BTreeSet<u32>,
     /// Service keys currently in the map, with their endpoint count.
     installed: BTreeMap<[u8; 20], (ServiceKey, ServiceValue)>,
+    /// What `LOXI_REPLY_VIP` holds ([`super::reply`]).
+    reply_vips: ReplyVipTable,
 }
 
 impl Datapath {
@@ -68,6 +76,7 @@ impl Datapath {
             tc_links: Vec::new(),
             xdp_egress: BTreeSet::new(),
             installed: BTreeMap::new(),
+            reply_vips: ReplyVipTable::default(),
         })
     }
 
@@ -168,7 +177,8 @@ impl Datapath {
     /// the same snapshot is not wiped after its new owner wrote it); then, per service, its
     /// endpoint rows and tables are written before the service entry that makes them live.
     /// Rows are only cleared in slots no planned service uses (or past a shrunk `nep`).
-    /// Conntrack is left alone, so established flows keep their endpoint.
+    /// Conntrack is left alone, so established flows keep their endpoint. Last, the reply-VIP
+    /// table follows the plan ([`Self::sync_reply_vips`]).
     pub fn apply(&mut self, plan: &Plan) -> Result<(), L4Error> {
         let used: BTreeSet<u32> = plan.services.values().map(|s| s.value.slot).collect();
         let gone: Vec<[u8; 20]> = self
@@ -214,7 +224,99 @@ impl Datapath {
                 }
             }
         }
+        self.sync_reply_vips(plan, Instant::now())
+    }
+
+    /// Brings `LOXI_REPLY_VIP` towards `plan` at time `now` ([`ReplyVipTable::step`]): adds
+    /// an entry for each new DNAT endpoint; for each entry unwanted for
+    /// [`reply::RETIRE_AFTER`], inserts the reply entry of every deferred flow of that pair
+    /// still without one (one walk of the conntrack map for all of them), then deletes the
+    /// entry. Also called every stats tick, so retirements happen without rule changes. A full
+    /// map is not an error: that endpoint's flows insert both entries.
+    ///
+    /// Errors: [`L4Error::Map`] when a map cannot be read or written (the table keeps what
+    /// took; the next call retries the rest).
+    pub fn sync_reply_vips(&mut self, plan: &Plan, now: Instant) -> Result<(), L4Error> {
+        let steps = self.reply_vips.step(plan, now);
+        if !steps.retire.is_empty() {
+            let added = self.add_deferred_replies(&steps.retire)?;
+            for (ep, _) in &steps.retire {
+                match self.reply_vip_map()?.remove(ep) {
+                    Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
+                    Err(e) => return Err(L4Error::map(MAP_REPLY_VIP, e)),
+                }
+                self.reply_vips.retired(ep);
+            }
+            tracing::debug!(
+                retired = steps.retire.len(),
+                reply_entries_added = added,
+                "reply-VIP entries retired"
+            );
+        }
+        for (ep, vip) in steps.insert {
+            match self.reply_vip_map()?.insert(ep, vip, 0) {
+                Ok(()) => self.reply_vips.inserted(ep, vip),
+                Err(aya::maps::MapError::SyscallError(e))
+                    if e.io_error.raw_os_error() == Some(libc::E2BIG) =>
+                {
+                    tracing::debug!(
+                        "reply-VIP map full: this endpoint's flows insert both entries"
+                    );
+                    break;
+                }
+                Err(e) => return Err(L4Error::map(MAP_REPLY_VIP, e)),
+            }
+        }
         Ok(())
+    }
+
+    /// The (endpoint, VIP) pairs `LOXI_REPLY_VIP` holds, as the loader wrote them.
+    pub fn reply_vip_pairs(&self) -> Vec<(ServiceKey, ServiceKey)> {
+        self.reply_vips.pairs().collect()
+    }
+
+    /// Inserts the reply entry of every forward entry that `pairs` may have deferred and that
+    /// has none yet. Returns how many it inserted.
+    fn add_deferred_replies(
+        &mut self,
+        pairs: &[(ServiceKey, ServiceKey)],
+    ) -> Result<usize, L4Error> {
+        let m = self
+            .ebpf
+            .map_mut(MAP_CONNTRACK)
+            .ok_or(L4Error::MissingMap(MAP_CONNTRACK))?;
+        let mut ct: HashMap<&mut MapData, CtKey, CtValue> =
+            HashMap::try_from(m).map_err(|e| L4Error::map(MAP_CONNTRACK, e))?;
+        // Collected first: inserting while walking could make the walk restart or skip.
+        let replies: Vec<(CtKey, CtValue)> = ct
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(k, v)| {
+                pairs
+                    .iter()
+                    .any(|(ep, vip)| reply::is_deferrable(k, v, ep, vip))
+            })
+            .map(|(k, v)| reply::reply_entry(&k, &v))
+            .collect();
+        let mut added = 0;
+        for (rk, rv) in replies {
+            // BPF_NOEXIST: a reply entry the data path inserted meanwhile is kept.
+            match ct.insert(rk, rv, 1) {
+                Ok(()) => added += 1,
+                Err(aya::maps::MapError::SyscallError(e))
+                    if e.io_error.raw_os_error() == Some(libc::EEXIST) => {}
+                Err(e) => return Err(L4Error::map(MAP_CONNTRACK, e)),
+            }
+        }
+        Ok(added)
+    }
+
+    fn reply_vip_map(&mut self) -> Result<HashMap<&mut MapData, ServiceKey, ServiceKey>, L4Error> {
+        let m = self
+            .ebpf
+            .map_mut(MAP_REPLY_VIP)
+            .ok_or(L4Error::MissingMap(MAP_REPLY_VIP))?;
+        HashMap::try_from(m).map_err(|e| L4Error::map(MAP_REPLY_VIP, e))
     }
 
     fn clear_rows(&mut self, slot: u32, from: u32, to: u32) -> Result<(), L4Error> {

@@ -35,6 +35,8 @@ pub const EVENTS: &[(&str, u32)] = &[
     ("egress_tc", ctr::EGRESS_TC),
     ("tc_redirect", ctr::TC_REDIRECT),
     ("egress_no_meta", ctr::EGRESS_NO_META),
+    ("ct_reply_deferred", ctr::CT_REPLY_DEFERRED),
+    ("ct_reply_added", ctr::CT_REPLY_ADDED),
 ];
 
 /// Label of `loxilb_l4_events_total`.

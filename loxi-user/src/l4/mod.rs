@@ -33,6 +33,7 @@ mod error;
 pub(crate) mod metrics;
 mod object;
 pub(crate) mod plan;
+mod reply;
 mod run;
 
 #[cfg(test)]

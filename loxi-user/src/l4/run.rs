@@ -1,6 +1,6 @@
-//! The L4 task: load + attach, reconcile maps and VIPs from every rule snapshot, fold counters
-//! and refresh the XDP-capable egress set ([`super::egress`]) every stats tick, detach and
-//! release VIPs on shutdown.
+//! The L4 task: load + attach, reconcile maps and VIPs from every rule snapshot, fold counters,
+//! retire unwanted reply-VIP entries ([`super::reply`]) and refresh the XDP-capable egress set
+//! ([`super::egress`]) every stats tick, detach and release VIPs on shutdown.
 use std::sync::Arc;
 
 use tokio::sync::watch;
@@ -61,6 +61,9 @@ pub async fn run(
                 if let Some(d) = dp.as_mut() {
                     if let Err(e) = fold.fold(d, &current, &metrics) {
                         tracing::warn!(error = %e, "reading XDP counters");
+                    }
+                    if let Err(e) = d.sync_reply_vips(&current, std::time::Instant::now()) {
+                        tracing::warn!(error = %e, "updating the reply-VIP map");
                     }
                     if let Some(h) = links.as_ref() {
                         refresh_egress(d, h).await;

@@ -10,6 +10,7 @@
 
 mod control;
 mod packet;
+mod reply;
 mod selection;
 mod tables;
 
@@ -146,6 +147,16 @@ impl Lb {
     /// Counter value (`loxi_common::maps::ctr`).
     pub fn ctr(&self, idx: u32) -> u64 {
         self.dp.counter(idx).expect("counter")
+    }
+
+    /// The live conntrack entries, as `GET /config/conntrack/all` reads them.
+    pub fn ct(&self) -> Vec<(loxi_common::maps::CtKey, loxi_common::maps::CtValue)> {
+        let h = crate::l4::ConntrackHandle::default();
+        h.publish(self.dp.conntrack_map_id().expect("conntrack map id"));
+        h.read(1024)
+            .expect("read conntrack")
+            .expect("published")
+            .entries
     }
 }
 

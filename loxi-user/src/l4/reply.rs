@@ -1,0 +1,370 @@
+//! Deferred reply entries of DNAT flows: what the loader keeps in `LOXI_REPLY_VIP`
+//! ([`loxi_common::maps::MAP_REPLY_VIP`]).
+//!
+//! A new DNAT flow normally costs two conntrack inserts, one per direction; inserts are most
+//! of a new flow's program time (issue 17 §4's profile). When the flow's endpoint is listed in
+//! `LOXI_REPLY_VIP` with the flow's VIP, the program inserts only the forward entry; the
+//! reply entry is built from it at the flow's first reply (the reply misses conntrack, the map
+//! gives the VIP, which completes the forward key). A flow that never answers (a UDP probe, a
+//! spoofed SYN) then holds one entry instead of two.
+//!
+//! The map must not lose an entry while a deferred flow may still need it: [`ReplyVipTable`]
+//! adds an entry for each DNAT endpoint of the plan (the first VIP that has it; an endpoint
+//! shared by several VIPs defers only that VIP's flows, the others insert both entries), and
+//! retires an entry only after no plan has wanted it for [`RETIRE_AFTER`]: the loader then
+//! inserts the reply entry of every deferred flow of that pair itself
+//! ([`crate::l4::Datapath::sync_reply_vips`]) before it deletes the map entry.
+use std::{
+    collections::BTreeMap,
+    time::{Duration, Instant},
+};
+
+use loxi_common::{
+    maps::{CtKey, CtValue, ServiceKey, dir},
+    mode,
+};
+
+use super::{Plan, plan::key_bytes};
+
+/// How long an entry no plan wants stays before it is retired: longer than any packet that
+/// read the endpoint table before the change takes to finish (microseconds), so no flow is
+/// deferred against an entry after its retirement scan.
+pub const RETIRE_AFTER: Duration = Duration::from_secs(2);
+
+/// The DNAT endpoints of `p` as replies leave them (address, port — the service port when the
+/// rule gives none — protocol and family of the service), each with the VIPs whose DNAT rules
+/// have it, in service-key order.
+pub fn candidates(p: &Plan) -> BTreeMap<[u8; 20], (ServiceKey, Vec<ServiceKey>)> {
+    let mut out: BTreeMap<[u8; 20], (ServiceKey, Vec<ServiceKey>)> = BTreeMap::new();
+    for svc in p.services.values() {
+        if svc.value.mode != mode::DNAT {
+            continue;
+        }
+        for e in &svc.endpoints {
+            let ep = ServiceKey {
+                addr: e.addr,
+                port: if e.port == 0 { svc.key.port } else { e.port },
+                proto: svc.key.proto,
+                family: svc.key.family,
+            };
+            let (_, vips) = out.entry(key_bytes(&ep)).or_insert((ep, Vec::new()));
+            if !vips.contains(&svc.key) {
+                vips.push(svc.key);
+            }
+        }
+    }
+    out
+}
+
+/// One entry of the map as the loader wrote it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Entry {
+    ep: ServiceKey,
+    vip: ServiceKey,
+    /// When the plans stopped wanting this pair (`None` while wanted).
+    unwanted_since: Option<Instant>,
+}
+
+/// Map changes one [`ReplyVipTable::step`] asks for.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ReplyVipSteps {
+    /// (endpoint, VIP) pairs to insert.
+    pub insert: Vec<(ServiceKey, ServiceKey)>,
+    /// (endpoint, VIP) pairs to retire: give their deferred flows reply entries, then delete.
+    pub retire: Vec<(ServiceKey, ServiceKey)>,
+}
+
+/// The loader's copy of `LOXI_REPLY_VIP`, and the rules for changing it (module doc).
+#[derive(Debug, Default)]
+pub struct ReplyVipTable {
+    entries: BTreeMap<[u8; 20], Entry>,
+}
+
+impl ReplyVipTable {
+    /// What to change for plan `p` at time `now`: every candidate endpoint without an entry
+    /// gets one (its first VIP); an entry whose pair `p` does not want is retired once it has
+    /// been unwanted for [`RETIRE_AFTER`]. An entry is never repointed to another VIP while it
+    /// exists. Call [`Self::inserted`] / [`Self::retired`] for the changes that took.
+    pub fn step(&mut self, p: &Plan, now: Instant) -> ReplyVipSteps {
+        let cands = candidates(p);
+        let mut steps = ReplyVipSteps::default();
+        for (kb, e) in &mut self.entries {
+            let wanted = cands.get(kb).is_some_and(|(_, vips)| vips.contains(&e.vip));
+            match (wanted, e.unwanted_since) {
+                (true, _) => e.unwanted_since = None,
+                (false, None) => e.unwanted_since = Some(now),
+                (false, Some(t)) if now.saturating_duration_since(t) >= RETIRE_AFTER => {
+                    steps.retire.push((e.ep, e.vip));
+                }
+                (false, Some(_)) => {}
+            }
+        }
+        for (kb, (ep, vips)) in &cands {
+            if !self.entries.contains_key(kb)
+                && let Some(vip) = vips.first()
+            {
+                steps.insert.push((*ep, *vip));
+            }
+        }
+        steps
+    }
+
+    /// Records that `(ep, vip)` is in the map.
+    pub fn inserted(&mut self, ep: ServiceKey, vip: ServiceKey) {
+        self.entries.insert(
+            key_bytes(&ep),
+            Entry {
+                ep,
+                vip,
+                unwanted_since: None,
+            },
+        );
+    }
+
+    /// Records that `ep`'s entry left the map.
+    pub fn retired(&mut self, ep: &ServiceKey) {
+        self.entries.remove(&key_bytes(ep));
+    }
+
+    /// The (endpoint, VIP) pairs in the map.
+    pub fn pairs(&self) -> impl Iterator<Item = (ServiceKey, ServiceKey)> + '_ {
+        self.entries.values().map(|e| (e.ep, e.vip))
+    }
+}
+
+/// True when `(k, v)` is the forward entry of a DNAT flow from VIP `vip` to endpoint `ep`
+/// (the flows [`ReplyVipTable`] pairs may have deferred).
+pub fn is_deferrable(k: &CtKey, v: &CtValue, ep: &ServiceKey, vip: &ServiceKey) -> bool {
+    v.dir == dir::FWD
+        && v.mode == mode::DNAT
+        && k.proto == ep.proto
+        && k.family == ep.family
+        && v.ndaddr == ep.addr
+        && v.ndport == ep.port
+        && k.daddr == vip.addr
+        && k.dport == vip.port
+}
+
+/// The reply entry of the DNAT flow whose forward entry is `(k, v)`: key endpoint → client,
+/// value rewriting the source back to the VIP, the flow's state, timeout, rule and endpoint,
+/// its idle clock (`last_ns`), no packets and an empty next-hop cache. The same entry the data
+/// path inserts at a deferred flow's first reply (`late_reply` in `loxi-ebpf/src/ct.rs`), less
+/// that packet's count.
+pub fn reply_entry(k: &CtKey, v: &CtValue) -> (CtKey, CtValue) {
+    let rk = CtKey {
+        saddr: v.ndaddr,
+        daddr: v.nsaddr,
+        sport: v.ndport,
+        dport: v.nsport,
+        proto: k.proto,
+        family: k.family,
+        _pad: [0; 2],
+    };
+    let rv = CtValue {
+        last_ns: v.last_ns,
+        nsaddr: k.daddr,
+        ndaddr: k.saddr,
+        nsport: k.dport,
+        ndport: k.sport,
+        dir: dir::REV,
+        state: v.state,
+        ep: v.ep,
+        mode: v.mode,
+        slot: v.slot,
+        timeout_s: v.timeout_s,
+        ..CtValue::default()
+    };
+    (rk, rv)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::{IpAddr, Ipv4Addr};
+
+    use loxi_common::maps::{EndpointValue, ServiceValue, WRR_SLOTS, family, proto};
+
+    use super::*;
+    use crate::l4::{PlannedService, plan::addr_bytes};
+
+    fn key(ip: [u8; 4], port: u16) -> ServiceKey {
+        ServiceKey {
+            addr: addr_bytes(IpAddr::V4(Ipv4Addr::from(ip))),
+            port: port.to_be(),
+            proto: proto::UDP,
+            family: family::V4,
+        }
+    }
+
+    fn ep(ip: [u8; 4], port: u16) -> EndpointValue {
+        EndpointValue {
+            addr: addr_bytes(IpAddr::V4(Ipv4Addr::from(ip))),
+            port: port.to_be(),
+            weight: 1,
+            active: 1,
+            ..EndpointValue::default()
+        }
+    }
+
+    /// A plan of `(vip, mode, endpoints)` services.
+    fn plan_of(svcs: &[(ServiceKey, u8, Vec<EndpointValue>)]) -> Plan {
+        let mut p = Plan::default();
+        for (i, (k, m, eps)) in svcs.iter().enumerate() {
+            p.services.insert(
+                key_bytes(k),
+                PlannedService {
+                    rule_id: i as u32,
+                    key: *k,
+                    value: ServiceValue {
+                        slot: i as u32,
+                        mode: *m,
+                        nep: eps.len() as u8,
+                        ..ServiceValue::default()
+                    },
+                    endpoints: eps.clone(),
+                    wrr: [0; WRR_SLOTS as usize],
+                    active: [0; WRR_SLOTS as usize],
+                },
+            );
+        }
+        p
+    }
+
+    #[test]
+    fn dnat_endpoints_are_candidates_with_every_vip_and_the_service_port_for_port_0() {
+        let (a, b) = (key([20, 0, 0, 1], 53), key([20, 0, 0, 2], 53));
+        let p = plan_of(&[
+            (
+                a,
+                mode::DNAT,
+                vec![ep([10, 0, 1, 2], 8053), ep([10, 0, 1, 3], 0)],
+            ),
+            (b, mode::DNAT, vec![ep([10, 0, 1, 2], 8053)]),
+            // Full NAT and DSR flows always insert both entries: never candidates.
+            (
+                key([20, 0, 0, 3], 53),
+                mode::FULLNAT,
+                vec![ep([10, 0, 1, 9], 53)],
+            ),
+            (
+                key([20, 0, 0, 4], 53),
+                mode::DSR,
+                vec![ep([10, 0, 1, 8], 53)],
+            ),
+        ]);
+        let c = candidates(&p);
+        assert_eq!(c.len(), 2);
+        let shared = &c[&key_bytes(&key([10, 0, 1, 2], 8053))];
+        assert_eq!(shared.1, vec![a, b]);
+        // targetPort 0 keeps the service port, which is what replies leave from.
+        let same_port = &c[&key_bytes(&key([10, 0, 1, 3], 53))];
+        assert_eq!(same_port.1, vec![a]);
+    }
+
+    #[test]
+    fn entries_are_added_kept_while_wanted_and_retired_only_after_the_grace() {
+        let vip = key([20, 0, 0, 1], 53);
+        let e = ep([10, 0, 1, 2], 8053);
+        let epk = key([10, 0, 1, 2], 8053);
+        let with = plan_of(&[(vip, mode::DNAT, vec![e])]);
+        let without = Plan::default();
+        let mut t = ReplyVipTable::default();
+        let t0 = Instant::now();
+        let s = t.step(&with, t0);
+        assert_eq!(s.insert, vec![(epk, vip)]);
+        assert!(s.retire.is_empty());
+        t.inserted(epk, vip);
+        assert_eq!(t.step(&with, t0), ReplyVipSteps::default());
+        // Unwanted: kept through the grace, then retired (and re-added if wanted again).
+        assert_eq!(t.step(&without, t0), ReplyVipSteps::default());
+        let late = t0 + RETIRE_AFTER - Duration::from_millis(1);
+        assert_eq!(t.step(&without, late), ReplyVipSteps::default());
+        assert_eq!(t.step(&with, late), ReplyVipSteps::default());
+        assert_eq!(t.step(&without, late), ReplyVipSteps::default());
+        let s = t.step(&without, late + RETIRE_AFTER);
+        assert_eq!(s.retire, vec![(epk, vip)]);
+        t.retired(&epk);
+        assert_eq!(t.pairs().count(), 0);
+        assert_eq!(t.step(&with, late + RETIRE_AFTER).insert, vec![(epk, vip)]);
+    }
+
+    #[test]
+    fn an_entry_is_never_repointed_while_its_vip_may_have_deferred_flows() {
+        let (a, b) = (key([20, 0, 0, 1], 53), key([20, 0, 0, 2], 53));
+        let e = ep([10, 0, 1, 2], 8053);
+        let epk = key([10, 0, 1, 2], 8053);
+        let mut t = ReplyVipTable::default();
+        let t0 = Instant::now();
+        t.step(&plan_of(&[(a, mode::DNAT, vec![e])]), t0);
+        t.inserted(epk, a);
+        // The endpoint moves from VIP a to VIP b: a's entry stays until retired, b's flows
+        // insert both entries meanwhile (nothing to insert), then b gets the entry.
+        let moved = plan_of(&[(b, mode::DNAT, vec![e])]);
+        assert_eq!(t.step(&moved, t0), ReplyVipSteps::default());
+        let s = t.step(&moved, t0 + RETIRE_AFTER);
+        assert_eq!(s.retire, vec![(epk, a)]);
+        assert!(s.insert.is_empty());
+        t.retired(&epk);
+        assert_eq!(t.step(&moved, t0 + RETIRE_AFTER).insert, vec![(epk, b)]);
+    }
+
+    #[test]
+    fn the_reply_entry_reverses_the_forward_entry_of_a_dnat_flow() {
+        let client = key([192, 168, 0, 1], 40000);
+        let vip = key([20, 0, 0, 1], 53);
+        let epk = key([10, 0, 1, 2], 8053);
+        let fk = CtKey {
+            saddr: client.addr,
+            daddr: vip.addr,
+            sport: client.port,
+            dport: vip.port,
+            proto: proto::UDP,
+            family: family::V4,
+            _pad: [0; 2],
+        };
+        let fv = CtValue {
+            last_ns: 77,
+            nsaddr: client.addr,
+            ndaddr: epk.addr,
+            nsport: client.port,
+            ndport: epk.port,
+            dir: dir::FWD,
+            ep: 3,
+            mode: mode::DNAT,
+            slot: 5,
+            timeout_s: 60,
+            packets: 9,
+            bytes: 900,
+            nh_ns: 5,
+            nh_ifindex: 2,
+            ..CtValue::default()
+        };
+        assert!(is_deferrable(&fk, &fv, &epk, &vip));
+        assert!(!is_deferrable(&fk, &fv, &epk, &key([20, 0, 0, 2], 53)));
+        assert!(!is_deferrable(
+            &fk,
+            &CtValue {
+                dir: dir::REV,
+                ..fv
+            },
+            &epk,
+            &vip
+        ));
+        let (rk, rv) = reply_entry(&fk, &fv);
+        assert_eq!(
+            (rk.saddr, rk.sport, rk.daddr, rk.dport),
+            (epk.addr, epk.port, client.addr, client.port)
+        );
+        assert_eq!(
+            (rv.nsaddr, rv.nsport, rv.ndaddr, rv.ndport),
+            (vip.addr, vip.port, client.addr, client.port)
+        );
+        assert_eq!(
+            (rv.dir, rv.ep, rv.slot, rv.timeout_s, rv.last_ns),
+            (dir::REV, 3, 5, 60, 77)
+        );
+        assert_eq!(
+            (rv.packets, rv.bytes, rv.nh_ns, rv.nh_ifindex),
+            (0, 0, 0, 0)
+        );
+    }
+}
