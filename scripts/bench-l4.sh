@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # L4 forwarding cost: XDP native DNAT vs XDP generic DNAT vs nftables DNAT in the netns topology
-# of the XDP tests (client ns — LB ns — backend ns over veth), bounded raw-socket UDP flood from
-# the client ns pinned to CPU 0, for one long flow (established: the conntrack fast path) and for
-# a new 5-tuple on every packet (new flows). Prints per shape ns/packet per case, forwarding cost
-# over the sender-only baseline (the LB's ingress drops in XDP), the XDP program's own time per
-# packet and the native/nftables ratio. New flows run below both conntrack tables' capacity
-# (each XDP run on a fresh map), plus one row for XDP native with its map full (evicting).
-# Root only.
+# of the XDP tests (client ns — LB ns — backend ns over veth), bounded UDP flood from the client
+# ns pinned to CPU 0 (frames through a qdisc-bypassing packet socket, 64 per sendmmsg), for one
+# long flow (established: the conntrack fast path) and for a new 5-tuple on every packet (new
+# flows). Rounds run every case once (order rotated), so each forwarding cost is taken against
+# its own round's sender-only baseline (the LB's ingress drops in XDP); prints per shape the
+# medians, every round's forwarding cost, the XDP program's own time per packet and the
+# native/nftables ratio (median and spread over rounds). New flows run below both conntrack
+# tables' capacity (each XDP run on a fresh map), plus one case for XDP native with its map
+# full (evicting). Root only.
 #   BENCH_PACKETS (default 200000) packets per established-flow run, BENCH_NEW_PACKETS (default
 #   25000, at most 30768: below the XDP map's 32 K flows) packets per new-flow run, BENCH_RUNS
-#   (default 3) runs per case (median).
+#   (default 7) rounds, BENCH_SENDER (packet or raw: one datagram per sendto on a raw IP
+#   socket, the method of the figures before 2026-12-03 afternoon).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
@@ -17,4 +20,5 @@ export PATH="$HOME/.cargo/bin:$PATH"
 # Release, like the tests: the profile CI and the daemon build, so nothing else is compiled.
 cargo build --release -q -p xtask
 exec target/release/xtask bench-l4 --packets "${BENCH_PACKETS:-200000}" \
-  --new-packets "${BENCH_NEW_PACKETS:-25000}" --runs "${BENCH_RUNS:-3}"
+  --new-packets "${BENCH_NEW_PACKETS:-25000}" --runs "${BENCH_RUNS:-7}" \
+  --sender "${BENCH_SENDER:-packet}"

@@ -81,7 +81,8 @@ pub const MAX_RULES: u32 = 256;
 pub const MAX_EPS: u32 = 16;
 /// Length of a rule's wrr table (power of two).
 pub const WRR_SLOTS: u32 = 64;
-/// Conntrack capacity (entries; two per flow).
+/// Conntrack capacity (entries; two per answered flow, one per DNAT flow that has not answered
+/// yet when its reply entry is deferred, see [`MAP_REPLY_VIP`]).
 pub const CT_ENTRIES: u32 = 65536;
 
 /// Address family flag values of [`CtKey::family`] and [`ServiceKey::family`].

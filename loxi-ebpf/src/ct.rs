@@ -1,4 +1,5 @@
-//! Conntrack entries: creation for a new flow (both directions), expiry, FIN/RST handling.
+//! Conntrack entries: creation for a new flow (both directions, or the forward one only with
+//! the reply entry deferred to the first reply: [`late_reply`]), expiry, FIN/RST handling.
 use aya_ebpf::helpers::generated::{bpf_jiffies64, bpf_ktime_get_coarse_ns};
 use loxi_common::{
     maps::{
@@ -85,7 +86,8 @@ fn lc_dec(v: &CtValue) {
     }
 }
 
-/// Removes both directions of a flow (after RST or idle expiry). Its own frame, with the
+/// Removes both directions of a flow (after RST or idle expiry; a deferred reply entry that
+/// does not exist yet is simply not found). Its own frame, with the
 /// opposite key built in a per-CPU scratch slot to keep the call chain's stack small.
 #[inline(never)]
 pub fn close(k: &CtKey, v: &CtValue) {
@@ -151,7 +153,9 @@ fn zero_tail(v: &mut CtValue) {
 }
 
 /// First half of creating a new flow to endpoint row `ep_idx`: inserts the reply direction's
-/// entry and writes the forward value into `v` (next-hop cache empty); [`commit`] inserts it.
+/// entry (DNAT to an endpoint listed for this VIP in `LOXI_REPLY_VIP`: not now, see
+/// [`late_reply`]) and writes the forward value into `v` (next-hop cache empty); [`commit`]
+/// inserts it.
 /// False when full-NAT found no free source port (or the insert failed).
 #[inline(always)]
 pub fn create(
@@ -273,8 +277,9 @@ pub fn create(
 /// A reply of a DNAT flow whose reply entry was deferred (see [`create`]): `pkt` (endpoint →
 /// client) missed conntrack; [`REPLY_VIP`] names the VIP its endpoint serves, which gives the
 /// forward key (client → VIP). When that forward entry is live and maps to this packet's
-/// source, the reply entry is built from it into `out` (this packet counted) and inserted;
-/// true, and the caller applies `out` like a conntrack hit. False (nothing written to the
+/// source, the reply entry is built from it into `out` and inserted, and the packet updates it
+/// as a conntrack hit would ([`on_packet`]: counters, RST, FIN); true, and the caller applies
+/// `out` like a conntrack hit. False (nothing written to the
 /// map) for any other packet.
 #[inline(always)]
 pub fn late_reply(pkt: &Pkt, t: u64, out: &mut CtValue) -> bool {
@@ -322,11 +327,14 @@ pub fn late_reply(pkt: &Pkt, t: u64, out: &mut CtValue) -> bool {
     out.dir = dir::REV;
     out.last_ns = t;
     zero_tail(out);
-    out.packets = 1;
-    out.bytes = pkt.len as u64;
     // Another CPU may have inserted it first from the same flow's other reply: same value.
     if CT.insert(&pkt.key, &*out, BPF_NOEXIST).is_ok() {
         count(ctr::CT_REPLY_ADDED, 1);
+    }
+    // This packet as a conntrack hit: counted, and a TCP RST closes the flow (both entries),
+    // a FIN shortens both entries' timeouts.
+    if let Some(e) = CT.get_ptr_mut(&pkt.key) {
+        on_packet(&pkt.key, e, pkt, t);
     }
     true
 }

@@ -1,7 +1,9 @@
 //! Per-packet decision. Fast path, inline: a conntrack hit on a live entry whose next hop is
 //! cached (younger than `NH_TTL_NS`) and, for TCP, no FIN/RST → counters, rewrite, MAC rewrite,
 //! send: one hash lookup, no FIB lookup, no copy of the entry. New flows to a service: select,
-//! insert the reply direction's entry, take the next hop towards the endpoint (the endpoint's
+//! insert the reply direction's entry (or defer it to the first reply, DNAT: [`ct::late_reply`],
+//! which a reply that misses conntrack tries before passing), take the next hop towards the
+//! endpoint (the endpoint's
 //! cached FIB lookup while fresh), insert the forward entry with that next hop already cached
 //! (the flow's next packets take the fast path; no lookup of the new entry), rewrite, send.
 //! Slow path: expired or closing entries and stale next hops → rewrite, FIB lookup, cache the
@@ -31,7 +33,7 @@ use crate::{
 const V_PASS: u32 = 0;
 const V_DROP: u32 = 1;
 const V_APPLY: u32 = 2;
-/// A new flow: reply entry inserted, forward value in `out`, to [`open`].
+/// A new flow: reply entry inserted (or deferred), forward value in `out`, to [`open`].
 const V_NEW: u32 = 3;
 
 const TCP_FIN_RST: u8 = 0x01 | 0x04;

@@ -17,7 +17,8 @@ pub static SERVICES: HashMap<ServiceKey, ServiceValue> = HashMap::with_max_entri
 #[map(name = "LOXI_ENDPOINTS")]
 pub static ENDPOINTS: Array<EndpointValue> = Array::with_max_entries(MAX_RULES * MAX_EPS, 0);
 
-/// Conntrack, both directions of every flow (LRU evicts the oldest when full).
+/// Conntrack, one entry per direction of every flow; a deferred DNAT flow has its reply entry
+/// from its first reply on (LRU evicts the oldest when full).
 #[map(name = "LOXI_CT")]
 pub static CT: LruHashMap<CtKey, CtValue> = LruHashMap::with_max_entries(CT_ENTRIES, 0);
 

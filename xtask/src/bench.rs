@@ -3,18 +3,26 @@
 //! DNAT and kernel nftables DNAT, over a sender-only baseline, for two traffic shapes:
 //! - `established`: one long flow (every packet the same 5-tuple: the conntrack fast path);
 //! - `new flows`: every packet a 5-tuple never sent before (endpoint selection and conntrack
-//!   creation per packet). Both tables below capacity: every XDP run starts a fresh LB (empty
-//!   conntrack map, 32 K flows) and sends fewer flows than it holds; nftables' table
-//!   (`nf_conntrack_max`, 262 K flows here) holds every run's flows. One more row measures XDP
-//!   native with its map full, where every insert also evicts (LRU).
+//!   creation per packet; no replies, so a DNAT flow that defers its reply entry inserts one
+//!   entry). Both tables below capacity: every XDP run starts a fresh LB (empty conntrack map,
+//!   32 K flows) and sends fewer flows than it holds; nftables' table (`nf_conntrack_max`)
+//!   holds every run's flows (checked). One more case measures XDP native with its map full,
+//!   where every insert also evicts (LRU).
 //!
-//! The sender is a raw-socket UDP flood from the client namespace pinned to one CPU (veth
-//! receive work runs in the sender's softirq on that CPU, so its CPU time covers the whole
-//! path); the backend's veth drops every frame in XDP (`loxi_drop`), so the path ends at the
-//! backend's driver. The baseline is the same flood dropped by `loxi_drop` on the LB's ingress:
-//! the forwarding cost of a case is its CPU time per packet minus the baseline's, and the
-//! program's own run time per packet (BPF run-time statistics, in a separate run) is printed
-//! for the XDP cases.
+//! The sender is a flood from the client namespace pinned to one CPU (veth receive work runs
+//! in the sender's softirq on that CPU, so its CPU time covers the whole path): by default
+//! Ethernet frames through a qdisc-bypassing packet socket, 64 per `sendmmsg`, so the sender's
+//! own cost (~2.5 µs a packet here) is small next to the raw IP socket's (~4.4 µs, one
+//! `sendto`, route lookup and IP output per packet; `--sender raw`). The backend's veth drops
+//! every frame in XDP (`loxi_drop`), so the path ends at the backend's driver. The baseline is
+//! the same flood dropped by `loxi_drop` on the LB's ingress: a case's forwarding cost is its
+//! CPU time per packet minus the baseline's. The program's own run time per packet (BPF
+//! run-time statistics, in a separate run) is printed for the XDP cases.
+//!
+//! On a shared VM the baseline alone drifts by hundreds of ns a packet between minutes, so
+//! the cases are interleaved: every round runs each case once, in an order rotated by the
+//! round, forwarding costs are taken against the same round's baseline and ratios per round;
+//! the report gives medians, every round's forwarding cost and the ratios' spread.
 use std::{
     net::{Ipv4Addr, SocketAddrV4},
     thread,

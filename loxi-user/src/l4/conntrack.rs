@@ -13,13 +13,14 @@ use parking_lot::Mutex;
 use super::L4Error;
 
 /// Most entries one listing returns (the map holds at most
-/// [`loxi_common::maps::CT_ENTRIES`], two per flow).
+/// [`loxi_common::maps::CT_ENTRIES`], up to two per flow).
 pub const CT_LIST_CAP: usize = 65_536;
 
 /// One listing of the conntrack map.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CtDump {
-    /// Live entries (both directions of every flow), in map order; idle-expired entries the
+    /// Live entries (both directions of every flow; a DNAT flow whose reply entry is deferred
+    /// has its forward entry only until its first reply), in map order; idle-expired entries the
     /// data path has not reclaimed yet are left out.
     pub entries: Vec<(CtKey, CtValue)>,
     /// True when the map held more live entries than the cap: `entries` is a prefix.

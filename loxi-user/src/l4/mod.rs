@@ -16,7 +16,9 @@
 //! - selectors: 0 rr (per-CPU cursor), 1 hash (5-tuple), 2 wrr (weight table), 3 persist
 //!   (client-address hash), 4 lc (of two candidates the one with fewer open connections);
 //! - conntrack: LRU, one entry per direction; RST closes, FIN shortens the idle timeout to
-//!   10 s; idle timeout = `inactiveTimeOut` or 300 s TCP / 60 s UDP;
+//!   10 s; idle timeout = `inactiveTimeOut` or 300 s TCP / 60 s UDP; a DNAT flow inserts only
+//!   its forward entry when its endpoint is listed for its VIP in `LOXI_REPLY_VIP`, and its
+//!   reply entry at its first reply ([`reply`]);
 //! - forwarding: `bpf_fib_lookup` + `bpf_redirect`/`XDP_TX` when the egress takes XDP frames,
 //!   else the TC hand-off (metadata + `XDP_PASS`, then the TC ingress program on the same
 //!   interface redirects the socket buffer): a veth whose peer runs no XDP program drops

@@ -143,3 +143,41 @@ fn retiring_an_endpoint_gives_its_waiting_flows_their_reply_entries_first() {
         "the reply hit the loader's entry"
     );
 }
+
+#[test]
+fn a_first_reply_that_resets_closes_the_flow_like_a_conntrack_hit() {
+    let mut lb = Lb::new(&[&rule(VIP, 80, "tcp", 0, 0, &[(EP0, 1)])]);
+    lb.run(&Frame::tcp(CLIENT, 40000, VIP, 80));
+    assert_eq!(dirs(&lb), (1, 0));
+    let mut rst = Frame::tcp(EP0, 8080, CLIENT, 40000);
+    rst.tcp_flags = RST | ACK;
+    let (act, out) = lb.run(&rst);
+    assert_eq!(act, XDP_PASS);
+    assert_eq!(
+        out,
+        rst.with(VIP, 80, CLIENT, 40000).bytes(),
+        "the RST still reaches the client"
+    );
+    assert_eq!(lb.ctr(ctr::CT_RST), 1);
+    assert_eq!(dirs(&lb), (0, 0), "both entries removed");
+}
+
+#[test]
+fn a_first_reply_with_fin_shortens_both_entries_timeouts() {
+    let mut lb = Lb::new(&[&rule(VIP, 80, "tcp", 0, 0, &[(EP0, 1)])]);
+    lb.run(&Frame::tcp(CLIENT, 40000, VIP, 80));
+    let mut fin = Frame::tcp(EP0, 8080, CLIENT, 40000);
+    fin.tcp_flags = FIN | ACK;
+    lb.run(&fin);
+    let ct = lb.ct();
+    assert_eq!(ct.len(), 2);
+    for (_, v) in &ct {
+        assert_eq!(
+            v.timeout_s,
+            loxi_common::maps::FIN_TIMEOUT_S,
+            "dir {}",
+            v.dir
+        );
+    }
+    assert_eq!(lb.ctr(ctr::CT_FIN), 1);
+}
