@@ -126,9 +126,16 @@ pub fn on_packet(k: &CtKey, v: *mut CtValue, pkt: &Pkt, t: u64) -> bool {
         if v.dir == dir::FWD {
             lc_dec(v);
         }
-        if let Some(o) = CT.get_ptr_mut(other_key(k, v)) {
-            // SAFETY: pointer from the map helper.
-            unsafe { (*o).timeout_s = FIN_TIMEOUT_S };
+        // The opposite key in the per-CPU scratch slot: a 40-byte key on the stack here would
+        // sit in every frame that inlines this function.
+        if let Some(o) = SCRATCH_KEY.get_ptr_mut(0) {
+            // SAFETY: per-CPU scratch slot, then a pointer from the map helper.
+            unsafe {
+                *o = other_key(k, v);
+                if let Some(e) = CT.get_ptr_mut(&*o) {
+                    (*e).timeout_s = FIN_TIMEOUT_S;
+                }
+            }
         }
     }
     true
@@ -226,6 +233,12 @@ pub fn create(
                 None => false,
             };
             if defer {
+                // A leftover entry under the reply key (an earlier flow of the same client
+                // port to this endpoint, closed or through another VIP) would catch this
+                // flow's replies: the newest flow owns the key, as with the insert below.
+                if CT.get_ptr(&rk).is_some() {
+                    let _ = CT.remove(&rk);
+                }
                 count(ctr::CT_REPLY_DEFERRED, 1);
             } else if CT.insert(&rk, &*v, BPF_ANY).is_err() {
                 return false;
@@ -277,10 +290,9 @@ pub fn create(
 /// A reply of a DNAT flow whose reply entry was deferred (see [`create`]): `pkt` (endpoint →
 /// client) missed conntrack; [`REPLY_VIP`] names the VIP its endpoint serves, which gives the
 /// forward key (client → VIP). When that forward entry is live and maps to this packet's
-/// source, the reply entry is built from it into `out` and inserted, and the packet updates it
-/// as a conntrack hit would ([`on_packet`]: counters, RST, FIN); true, and the caller applies
-/// `out` like a conntrack hit. False (nothing written to the
-/// map) for any other packet.
+/// source, the reply entry is built from it (into `out`, as scratch) and inserted: true, and
+/// the caller handles the packet as a conntrack hit on it ([`on_packet`]: counters, RST,
+/// FIN). False (conntrack untouched) for any other packet.
 #[inline(always)]
 pub fn late_reply(pkt: &Pkt, t: u64, out: &mut CtValue) -> bool {
     let ek = ServiceKey {
@@ -289,16 +301,15 @@ pub fn late_reply(pkt: &Pkt, t: u64, out: &mut CtValue) -> bool {
         proto: pkt.key.proto,
         family: pkt.key.family,
     };
-    // SAFETY: read-only copy of the map value.
-    let vip = match unsafe { REPLY_VIP.get(&ek) } {
-        Some(v) => *v,
-        None => return false,
+    let Some(vip) = REPLY_VIP.get_ptr(&ek) else {
+        return false;
     };
     let Some(fk) = SCRATCH_KEY.get_ptr_mut(0) else {
         return false;
     };
-    // SAFETY: per-CPU scratch slot from the map helper.
-    let fk = unsafe { &mut *fk };
+    // SAFETY: per-CPU scratch slot and a map value, both from the map helpers (read in place:
+    // no copy on the stack).
+    let (fk, vip) = unsafe { (&mut *fk, &*vip) };
     fk.saddr = pkt.key.daddr;
     fk.sport = pkt.key.dport;
     fk.daddr = vip.addr;
@@ -319,9 +330,12 @@ pub fn late_reply(pkt: &Pkt, t: u64, out: &mut CtValue) -> bool {
     {
         return false;
     }
-    // The reply value: from the VIP to the client, with the forward entry's flow state.
-    out.nsaddr = vip.addr;
-    out.nsport = vip.port;
+    // The reply value: from the VIP to the client, with the forward entry's rule, endpoint and
+    // timeout (a FIN seen forward has shortened it); its own state starts empty, as an entry
+    // inserted at creation does.
+    out.state = 0;
+    out.nsaddr = fk.daddr;
+    out.nsport = fk.dport;
     out.ndaddr = pkt.key.daddr;
     out.ndport = pkt.key.dport;
     out.dir = dir::REV;
@@ -330,11 +344,6 @@ pub fn late_reply(pkt: &Pkt, t: u64, out: &mut CtValue) -> bool {
     // Another CPU may have inserted it first from the same flow's other reply: same value.
     if CT.insert(&pkt.key, &*out, BPF_NOEXIST).is_ok() {
         count(ctr::CT_REPLY_ADDED, 1);
-    }
-    // This packet as a conntrack hit: counted, and a TCP RST closes the flow (both entries),
-    // a FIN shortens both entries' timeouts.
-    if let Some(e) = CT.get_ptr_mut(&pkt.key) {
-        on_packet(&pkt.key, e, pkt, t);
     }
     true
 }

@@ -145,6 +145,10 @@ fn rewrite_for(ctx: &XdpContext, pkt: &Pkt, v: &CtValue) -> Result<(), ParseErro
 #[inline(never)]
 fn decide(pkt: &Pkt, hit: bool, t: u64, out: &mut CtValue) -> u32 {
     let key = &pkt.key;
+    // Conntrack before services, as when both entries are inserted at creation: a miss may be
+    // the first reply of a flow that deferred its reply entry (also when the client's address
+    // and port are themselves a service); then that entry exists now and the packet is a hit.
+    let hit = hit || ct::late_reply(pkt, t, out);
     if hit && let Some(v) = CT.get_ptr_mut(key) {
         // SAFETY: pointer from the map helper; copied out before any delete.
         *out = unsafe { *v };
@@ -172,8 +176,6 @@ fn new_flow(pkt: &Pkt, key: &CtKey, t: u64, out: &mut CtValue) -> u32 {
     // SAFETY: read-only copy of the map value.
     let svc = match unsafe { SERVICES.get(&sk) } {
         Some(s) => *s,
-        // Not to a service: maybe the first reply of a flow that deferred its reply entry.
-        None if ct::late_reply(pkt, t, out) => return V_APPLY,
         None => return V_PASS,
     };
     if svc.mode == mode::FULLPROXY {

@@ -103,7 +103,7 @@ pub fn expired(v: &CtValue, now_ns: u64) -> bool {
     unsafe_code,
     reason = "clock_gettime(2) through libc: the data path's clock has no std equivalent"
 )]
-fn monotonic_ns() -> u64 {
+pub(super) fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,

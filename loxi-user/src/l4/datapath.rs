@@ -15,9 +15,9 @@ use aya::{
     },
 };
 use loxi_common::maps::{
-    CtKey, CtValue, EndpointValue, MAP_ACTIVE, MAP_CONNTRACK, MAP_COUNTERS, MAP_EGRESS_XDP,
-    MAP_ENDPOINTS, MAP_REPLY_VIP, MAP_SERVICES, MAP_WRR, MAX_EPS, PROG_NAME, ServiceKey,
-    ServiceValue, TC_PROG_NAME, WRR_SLOTS, ctr,
+    CT_ENTRIES, CtKey, CtValue, EndpointValue, MAP_ACTIVE, MAP_CONNTRACK, MAP_COUNTERS,
+    MAP_EGRESS_XDP, MAP_ENDPOINTS, MAP_REPLY_VIP, MAP_SERVICES, MAP_WRR, MAX_EPS, PROG_NAME,
+    ServiceKey, ServiceValue, TC_PROG_NAME, WRR_SLOTS, ctr,
 };
 
 use super::{
@@ -275,8 +275,10 @@ impl Datapath {
         self.reply_vips.pairs().collect()
     }
 
-    /// Inserts the reply entry of every forward entry that `pairs` may have deferred and that
-    /// has none yet. Returns how many it inserted.
+    /// Inserts the reply entry of every live forward entry that `pairs` may have deferred and
+    /// that has none yet; a leftover entry of an earlier flow under the same reply key (closed,
+    /// expired, or another VIP's) is replaced, since the newest flow owns the key. The walk is
+    /// bounded like a listing's (twice the map's entries). Returns how many it inserted.
     fn add_deferred_replies(
         &mut self,
         pairs: &[(ServiceKey, ServiceKey)],
@@ -287,26 +289,34 @@ impl Datapath {
             .ok_or(L4Error::MissingMap(MAP_CONNTRACK))?;
         let mut ct: HashMap<&mut MapData, CtKey, CtValue> =
             HashMap::try_from(m).map_err(|e| L4Error::map(MAP_CONNTRACK, e))?;
+        let now = super::conntrack::monotonic_ns();
         // Collected first: inserting while walking could make the walk restart or skip.
-        let replies: Vec<(CtKey, CtValue)> = ct
+        let replies: Vec<(CtKey, CtKey, CtValue)> = ct
             .iter()
+            .take(2 * CT_ENTRIES as usize)
             .filter_map(Result::ok)
             .filter(|(k, v)| {
-                pairs
-                    .iter()
-                    .any(|(ep, vip)| reply::is_deferrable(k, v, ep, vip))
+                !super::conntrack::expired(v, now)
+                    && pairs
+                        .iter()
+                        .any(|(ep, vip)| reply::is_deferrable(k, v, ep, vip))
             })
-            .map(|(k, v)| reply::reply_entry(&k, &v))
+            .map(|(k, v)| {
+                let (rk, rv) = reply::reply_entry(&k, &v);
+                (k, rk, rv)
+            })
             .collect();
         let mut added = 0;
-        for (rk, rv) in replies {
-            // BPF_NOEXIST: a reply entry the data path inserted meanwhile is kept.
-            match ct.insert(rk, rv, 1) {
-                Ok(()) => added += 1,
-                Err(aya::maps::MapError::SyscallError(e))
-                    if e.io_error.raw_os_error() == Some(libc::EEXIST) => {}
-                Err(e) => return Err(L4Error::map(MAP_CONNTRACK, e)),
+        for (k, rk, rv) in replies {
+            if let Ok(have) = ct.get(&rk, 0)
+                && reply::is_reply_of(&have, &k)
+                && !super::conntrack::expired(&have, now)
+            {
+                continue; // the data path inserted it at the flow's first reply
             }
+            ct.insert(rk, rv, 0)
+                .map_err(|e| L4Error::map(MAP_CONNTRACK, e))?;
+            added += 1;
         }
         Ok(added)
     }

@@ -145,9 +145,20 @@ pub fn is_deferrable(k: &CtKey, v: &CtValue, ep: &ServiceKey, vip: &ServiceKey) 
         && k.dport == vip.port
 }
 
+/// True when `rv`, found under the reply key of forward key `k`, is that flow's reply entry
+/// (and not a leftover of an earlier flow of the same client port through another VIP).
+pub fn is_reply_of(rv: &CtValue, k: &CtKey) -> bool {
+    rv.dir == dir::REV
+        && rv.nsaddr == k.daddr
+        && rv.nsport == k.dport
+        && rv.ndaddr == k.saddr
+        && rv.ndport == k.sport
+}
+
 /// The reply entry of the DNAT flow whose forward entry is `(k, v)`: key endpoint → client,
-/// value rewriting the source back to the VIP, the flow's state, timeout, rule and endpoint,
-/// its idle clock (`last_ns`), no packets and an empty next-hop cache. The same entry the data
+/// value rewriting the source back to the VIP, the flow's timeout, rule and endpoint, its idle
+/// clock (`last_ns`), no state bits (this direction has sent no FIN), no packets and an empty
+/// next-hop cache. The same entry the data
 /// path inserts at a deferred flow's first reply (`late_reply` in `loxi-ebpf/src/ct.rs`), less
 /// that packet's count.
 pub fn reply_entry(k: &CtKey, v: &CtValue) -> (CtKey, CtValue) {
@@ -167,7 +178,7 @@ pub fn reply_entry(k: &CtKey, v: &CtValue) -> (CtKey, CtValue) {
         nsport: k.dport,
         ndport: k.sport,
         dir: dir::REV,
-        state: v.state,
+        state: 0,
         ep: v.ep,
         mode: v.mode,
         slot: v.slot,
@@ -362,6 +373,19 @@ mod tests {
             (rv.dir, rv.ep, rv.slot, rv.timeout_s, rv.last_ns),
             (dir::REV, 3, 5, 60, 77)
         );
+        let fin = CtValue {
+            state: loxi_common::maps::ct_state::FIN,
+            timeout_s: 10,
+            ..fv
+        };
+        let (_, rv_fin) = reply_entry(&fk, &fin);
+        assert_eq!(
+            (rv_fin.state, rv_fin.timeout_s),
+            (0, 10),
+            "timeout kept, FIN bit not"
+        );
+        assert!(is_reply_of(&rv, &fk));
+        assert!(!is_reply_of(&rv, &CtKey { sport: 1, ..fk }));
         assert_eq!(
             (rv.packets, rv.bytes, rv.nh_ns, rv.nh_ifindex),
             (0, 0, 0, 0)

@@ -181,3 +181,60 @@ fn a_first_reply_with_fin_shortens_both_entries_timeouts() {
     }
     assert_eq!(lb.ctr(ctr::CT_FIN), 1);
 }
+
+#[test]
+fn a_deferred_flow_replaces_a_leftover_reply_entry_of_the_same_client_port() {
+    let mut lb = Lb::new(&[
+        &rule(VIP, 53, "udp", 0, 0, &[(EP0, 1)]),
+        &rule(VIP2, 53, "udp", 0, 0, &[(EP0, 1)]),
+    ]);
+    let listed = std::net::Ipv4Addr::from(
+        <[u8; 4]>::try_from(&lb.dp.reply_vip_pairs()[0].1.addr[..4]).unwrap(),
+    )
+    .to_string();
+    let other = if listed == VIP { VIP2 } else { VIP };
+    // The same client port first talks to the VIP that inserts both entries, then to the
+    // deferring one (a resolver with a fixed source port): the newest flow owns the reply key.
+    lb.run(&Frame::udp(CLIENT, 5000, other, 53));
+    assert_eq!(dirs(&lb), (1, 1));
+    lb.run(&Frame::udp(CLIENT, 5000, &listed, 53));
+    assert_eq!(dirs(&lb), (2, 0), "the leftover reply entry was removed");
+    let r = Frame::udp(EP0, 8080, CLIENT, 5000);
+    assert_eq!(lb.run(&r).1, r.with(&listed, 53, CLIENT, 5000).bytes());
+    assert_eq!(lb.ctr(ctr::CT_REPLY_ADDED), 1);
+}
+
+#[test]
+fn an_endpoint_without_a_target_port_defers_under_the_service_port() {
+    let mut lb = Lb::new(&[&format!(
+        r#"{{"serviceArguments":{{"externalIP":"{VIP}","port":53,"protocol":"udp","mode":0,"sel":0}},"endpoints":[{{"endpointIP":"{EP0}","targetPort":0,"weight":1}}]}}"#
+    )]);
+    let f = Frame::udp(CLIENT, 5353, VIP, 53);
+    assert_eq!(lb.run(&f).1, f.with(CLIENT, 5353, EP0, 53).bytes());
+    assert_eq!(lb.ctr(ctr::CT_REPLY_DEFERRED), 1);
+    let r = Frame::udp(EP0, 53, CLIENT, 5353);
+    assert_eq!(lb.run(&r).1, r.with(VIP, 53, CLIENT, 5353).bytes());
+    assert_eq!(lb.ctr(ctr::CT_REPLY_ADDED), 1);
+}
+
+#[test]
+fn a_client_fin_before_the_first_reply_leaves_the_reply_direction_open() {
+    let mut lb = Lb::new(&[&rule(VIP, 80, "tcp", 0, 0, &[(EP0, 1)])]);
+    lb.run(&Frame::tcp(CLIENT, 40000, VIP, 80));
+    let mut fin = Frame::tcp(CLIENT, 40000, VIP, 80);
+    fin.tcp_flags = FIN | ACK;
+    lb.run(&fin);
+    lb.run(&Frame::tcp(EP0, 8080, CLIENT, 40000));
+    let ct = lb.ct();
+    let rev = ct.iter().find(|(_, v)| v.dir == dir::REV).unwrap().1;
+    // The forward FIN shortened the flow's timeout; the reply direction has sent no FIN yet,
+    // so the server's FIN still counts.
+    assert_eq!(
+        (rev.state, rev.timeout_s),
+        (0, loxi_common::maps::FIN_TIMEOUT_S)
+    );
+    let mut sfin = Frame::tcp(EP0, 8080, CLIENT, 40000);
+    sfin.tcp_flags = FIN | ACK;
+    lb.run(&sfin);
+    assert_eq!(lb.ctr(ctr::CT_FIN), 2);
+}

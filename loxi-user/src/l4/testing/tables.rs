@@ -267,6 +267,9 @@ fn ipv6_dnat_rewrites_addresses_and_checksum() {
         lb.run(&r).1,
         r.with("2001:db8::1", 80, "2001:db8::9", 40000).bytes()
     );
+    // The reply entry was deferred to that reply (IPv6 keys in `LOXI_REPLY_VIP`).
+    assert_eq!(lb.ctr(ctr::CT_REPLY_DEFERRED), 1);
+    assert_eq!(lb.ctr(ctr::CT_REPLY_ADDED), 1);
 }
 
 #[test]
