@@ -276,6 +276,21 @@ pub struct CtValue {
     pub _pad: [u8; 7],
 }
 
+/// Key of the opposite direction of a NAT entry `(k, v)` (every mode but DSR): the swap of the
+/// tuple `v` writes. For a DNAT forward entry that is its reply key (endpoint → client).
+#[inline(always)]
+pub fn nat_other_key(k: &CtKey, v: &CtValue) -> CtKey {
+    CtKey {
+        saddr: v.ndaddr,
+        daddr: v.nsaddr,
+        sport: v.ndport,
+        dport: v.nsport,
+        proto: k.proto,
+        family: k.family,
+        _pad: [0; 2],
+    }
+}
+
 /// Bits of [`CtValue::nh_flags`].
 pub mod nh_flags {
     /// The egress takes XDP frames (`bpf_redirect`/`XDP_TX`); else the TC hand-off.

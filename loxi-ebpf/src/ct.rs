@@ -4,7 +4,7 @@ use aya_ebpf::helpers::generated::{bpf_jiffies64, bpf_ktime_get_coarse_ns};
 use loxi_common::{
     maps::{
         CtKey, CtValue, DEFAULT_TCP_TIMEOUT_S, DEFAULT_UDP_TIMEOUT_S, FIN_TIMEOUT_S, MAX_EPS,
-        ServiceKey, ServiceValue, ct_state, ctr, dir, proto,
+        ServiceKey, ServiceValue, ct_state, ctr, dir, nat_other_key, proto,
     },
     mode,
 };
@@ -61,15 +61,7 @@ pub fn other_key(k: &CtKey, v: &CtValue) -> CtKey {
             ..*k
         };
     }
-    CtKey {
-        saddr: v.ndaddr,
-        daddr: v.nsaddr,
-        sport: v.ndport,
-        dport: v.nsport,
-        proto: k.proto,
-        family: k.family,
-        _pad: [0; 2],
-    }
+    nat_other_key(k, v)
 }
 
 /// True when the entry has been idle longer than its timeout.

@@ -20,7 +20,7 @@ use std::{
 };
 
 use loxi_common::{
-    maps::{CtKey, CtValue, ServiceKey, dir},
+    maps::{CtKey, CtValue, ServiceKey, dir, nat_other_key},
     mode,
 };
 
@@ -162,15 +162,7 @@ pub fn is_reply_of(rv: &CtValue, k: &CtKey) -> bool {
 /// path inserts at a deferred flow's first reply (`late_reply` in `loxi-ebpf/src/ct.rs`), less
 /// that packet's count.
 pub fn reply_entry(k: &CtKey, v: &CtValue) -> (CtKey, CtValue) {
-    let rk = CtKey {
-        saddr: v.ndaddr,
-        daddr: v.nsaddr,
-        sport: v.ndport,
-        dport: v.nsport,
-        proto: k.proto,
-        family: k.family,
-        _pad: [0; 2],
-    };
+    let rk = nat_other_key(k, v);
     let rv = CtValue {
         last_ns: v.last_ns,
         nsaddr: k.daddr,

@@ -20,6 +20,18 @@ fn dirs(lb: &Lb) -> (usize, usize) {
     (fwd, ct.len() - fwd)
 }
 
+/// With VIP and VIP2 sharing one endpoint: (the VIP the loader listed for it, the other).
+fn listed_and_other(lb: &Lb) -> (&'static str, &'static str) {
+    let pairs = lb.dp.reply_vip_pairs();
+    assert_eq!(pairs.len(), 1, "one entry per endpoint");
+    let listed = std::net::Ipv4Addr::from(<[u8; 4]>::try_from(&pairs[0].1.addr[..4]).unwrap());
+    if listed.to_string() == VIP {
+        (VIP, VIP2)
+    } else {
+        (VIP2, VIP)
+    }
+}
+
 #[test]
 fn a_dnat_flow_inserts_its_reply_entry_at_its_first_reply() {
     let mut lb = Lb::new(&[&rule(VIP, 53, "udp", 0, 0, &[(EP0, 1)])]);
@@ -59,14 +71,8 @@ fn only_the_listed_vip_defers_when_two_vips_share_an_endpoint() {
         &rule(VIP, 53, "udp", 0, 0, &[(EP0, 1)]),
         &rule(VIP2, 53, "udp", 0, 0, &[(EP0, 1)]),
     ]);
-    let pairs = lb.dp.reply_vip_pairs();
-    assert_eq!(pairs.len(), 1, "one entry per endpoint");
-    let listed = std::net::Ipv4Addr::from(<[u8; 4]>::try_from(&pairs[0].1.addr[..4]).unwrap());
-    let (listed, other) = if listed.to_string() == VIP {
-        (VIP, VIP2)
-    } else {
-        (VIP2, VIP)
-    };
+    let (listed, other) = listed_and_other(&lb);
+
     lb.run(&Frame::udp(CLIENT, 1000, listed, 53));
     assert_eq!(dirs(&lb), (1, 0));
     lb.run(&Frame::udp(CLIENT, 2000, other, 53));
@@ -188,19 +194,15 @@ fn a_deferred_flow_replaces_a_leftover_reply_entry_of_the_same_client_port() {
         &rule(VIP, 53, "udp", 0, 0, &[(EP0, 1)]),
         &rule(VIP2, 53, "udp", 0, 0, &[(EP0, 1)]),
     ]);
-    let listed = std::net::Ipv4Addr::from(
-        <[u8; 4]>::try_from(&lb.dp.reply_vip_pairs()[0].1.addr[..4]).unwrap(),
-    )
-    .to_string();
-    let other = if listed == VIP { VIP2 } else { VIP };
+    let (listed, other) = listed_and_other(&lb);
     // The same client port first talks to the VIP that inserts both entries, then to the
     // deferring one (a resolver with a fixed source port): the newest flow owns the reply key.
     lb.run(&Frame::udp(CLIENT, 5000, other, 53));
     assert_eq!(dirs(&lb), (1, 1));
-    lb.run(&Frame::udp(CLIENT, 5000, &listed, 53));
+    lb.run(&Frame::udp(CLIENT, 5000, listed, 53));
     assert_eq!(dirs(&lb), (2, 0), "the leftover reply entry was removed");
     let r = Frame::udp(EP0, 8080, CLIENT, 5000);
-    assert_eq!(lb.run(&r).1, r.with(&listed, 53, CLIENT, 5000).bytes());
+    assert_eq!(lb.run(&r).1, r.with(listed, 53, CLIENT, 5000).bytes());
     assert_eq!(lb.ctr(ctr::CT_REPLY_ADDED), 1);
 }
 
