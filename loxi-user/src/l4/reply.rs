@@ -14,6 +14,12 @@
 //! retires an entry only after no plan has wanted it for [`RETIRE_AFTER`]: the loader then
 //! inserts the reply entry of every deferred flow of that pair itself
 //! ([`crate::l4::Datapath::sync_reply_vips`]) before it deletes the map entry.
+//!
+//! What deferral gives up: a reply finds its flow only through the forward entry, so a flow
+//! whose forward entry is gone before its first reply (evicted by the LRU under a flood of new
+//! flows) has that reply passed to the kernel un-NATed, where an entry inserted at creation
+//! would still have rewritten it. Under such a flood, deferral also halves the entries each
+//! unanswered flow takes.
 use std::{
     collections::BTreeMap,
     time::{Duration, Instant},
