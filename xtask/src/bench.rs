@@ -90,11 +90,11 @@ pub struct FloodArgs {
     #[arg(long, requires = "dst_mac")]
     iface: Option<String>,
     /// Destination MAC of `--iface`'s frames (the LB's ingress veth), `aa:bb:cc:dd:ee:ff`.
-    #[arg(long)]
+    #[arg(long, requires = "iface")]
     dst_mac: Option<String>,
-    /// Frames per `sendmmsg` with `--iface` (1..=1024).
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..=1024))]
-    batch: u16,
+    /// Frames per `sendmmsg` with `--iface` (1..=1024; refused without `--iface`).
+    #[arg(long, requires = "iface", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    batch: Option<u16>,
 }
 
 /// Parses `aa:bb:cc:dd:ee:ff`.
@@ -171,7 +171,7 @@ fn flood_frames(a: &FloodArgs, iface: &str, dst_mac: [u8; 6]) -> anyhow::Result<
         )
     };
     ensure!(rc == 0, "bind {iface}: {}", std::io::Error::last_os_error());
-    let batch = usize::from(a.batch);
+    let batch = usize::from(a.batch.unwrap_or(64));
     let mut frames = vec![[0u8; FRAME_LEN]; batch];
     for f in &mut frames {
         f[0..6].copy_from_slice(&dst_mac);

@@ -283,12 +283,7 @@ impl Datapath {
         &mut self,
         pairs: &[(ServiceKey, ServiceKey)],
     ) -> Result<usize, L4Error> {
-        let m = self
-            .ebpf
-            .map_mut(MAP_CONNTRACK)
-            .ok_or(L4Error::MissingMap(MAP_CONNTRACK))?;
-        let mut ct: HashMap<&mut MapData, CtKey, CtValue> =
-            HashMap::try_from(m).map_err(|e| L4Error::map(MAP_CONNTRACK, e))?;
+        let mut ct: HashMap<&mut MapData, CtKey, CtValue> = self.hash_map(MAP_CONNTRACK)?;
         let now = super::conntrack::monotonic_ns();
         // Collected first: inserting while walking could make the walk restart or skip.
         let replies: Vec<(CtKey, CtKey, CtValue)> = ct
@@ -319,14 +314,6 @@ impl Datapath {
             added += 1;
         }
         Ok(added)
-    }
-
-    fn reply_vip_map(&mut self) -> Result<HashMap<&mut MapData, ServiceKey, ServiceKey>, L4Error> {
-        let m = self
-            .ebpf
-            .map_mut(MAP_REPLY_VIP)
-            .ok_or(L4Error::MissingMap(MAP_REPLY_VIP))?;
-        HashMap::try_from(m).map_err(|e| L4Error::map(MAP_REPLY_VIP, e))
     }
 
     fn clear_rows(&mut self, slot: u32, from: u32, to: u32) -> Result<(), L4Error> {
@@ -393,11 +380,20 @@ impl Datapath {
     }
 
     fn services(&mut self) -> Result<HashMap<&mut MapData, ServiceKey, ServiceValue>, L4Error> {
-        let m = self
-            .ebpf
-            .map_mut(MAP_SERVICES)
-            .ok_or(L4Error::MissingMap(MAP_SERVICES))?;
-        HashMap::try_from(m).map_err(|e| L4Error::map(MAP_SERVICES, e))
+        self.hash_map(MAP_SERVICES)
+    }
+
+    fn reply_vip_map(&mut self) -> Result<HashMap<&mut MapData, ServiceKey, ServiceKey>, L4Error> {
+        self.hash_map(MAP_REPLY_VIP)
+    }
+
+    /// Hash map `name` of the loaded object, typed `K → V`.
+    fn hash_map<K: aya::Pod, V: aya::Pod>(
+        &mut self,
+        name: &'static str,
+    ) -> Result<HashMap<&mut MapData, K, V>, L4Error> {
+        let m = self.ebpf.map_mut(name).ok_or(L4Error::MissingMap(name))?;
+        HashMap::try_from(m).map_err(|e| L4Error::map(name, e))
     }
 
     fn table(
