@@ -110,7 +110,11 @@ impl Handler {
                 config: self.ctx.config.models,
                 cache: &self.models,
             };
-            return list.answer(&parts, &pools).await.map_err(|e| (0, e));
+            // Boxed, as the P/D path below: rare, and inline it would size every request's
+            // routing future.
+            return Box::pin(list.answer(&parts, &pools))
+                .await
+                .map_err(|e| (0, e));
         }
         // Parse the body only when routing reads it: for the model of a multi-pool listener,
         // or for a prefix-keyed selector / tier 1.5. Plain rr/wrr/lc/hash/persist skip it.
@@ -141,12 +145,13 @@ impl Handler {
         meta.https = parts.extensions.get::<super::tls::ClientTls>().is_some();
         trace_span::record_rule(service, meta.model.as_deref());
         if pool.rule.spec.pd.is_some() {
-            return self
-                .forward_pd(&pool, parts, bytes, &meta, start)
+            // Boxed: its future is kilobytes larger than the plain path's, and inline it would
+            // size (and be copied with) every request's routing future.
+            return Box::pin(self.forward_pd(&pool, parts, bytes, &meta, start))
                 .await
                 .map_err(|e| (service, e));
         }
-        self.forward(&pool, parts, bytes, &meta, start)
+        self.forward(&pool, &parts, bytes, &meta, start)
             .await
             .map_err(|e| (service, e))
     }
@@ -154,7 +159,7 @@ impl Handler {
     pub(super) async fn forward(
         &self,
         pool: &Arc<Pool>,
-        parts: Parts,
+        parts: &Parts,
         body: Bytes,
         meta: &RequestMeta,
         start: Instant,
@@ -209,7 +214,7 @@ impl Handler {
                 upstream_request
             };
             let authority = &pool.authorities[ep];
-            let mut req = build(&parts, authority, body.clone())?;
+            let mut req = build(parts, authority, body.clone())?;
             super::forwarded::append(req.headers_mut(), meta.client, meta.https);
             let attempt = trace_span::attempt(ep, authority, attempts);
             trace_span::inject(&attempt, req.headers_mut());
@@ -218,7 +223,9 @@ impl Handler {
                 let outcome = sent.instrument(attempt.clone()).await;
                 outcome.map_body(UpstreamBody::Driven)
             } else {
-                let sent = self.upstreams.send(req, &pool.via);
+                // Boxed: the pooled client's future is large and only HTTP/2 and TLS
+                // upstreams take this branch.
+                let sent = Box::pin(self.upstreams.send(req, &pool.via));
                 let outcome = sent.instrument(attempt.clone()).await;
                 outcome.map_body(UpstreamBody::Pooled)
             };
@@ -349,11 +356,51 @@ where
     Response::from_parts(parts, GuardedBody::new(body, tracked).boxed())
 }
 
-/// True when `headers` say `Content-Type: text/event-stream` (an SSE response).
+/// True when `headers` say `Content-Type: text/event-stream` (an SSE response; parameters
+/// after `;` and surrounding whitespace ignored, the media type compared case-insensitively).
+/// On the value's bytes: every response passes here.
 fn is_event_stream(headers: &http::HeaderMap) -> bool {
-    headers
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(';').next())
-        .is_some_and(|t| t.trim().eq_ignore_ascii_case("text/event-stream"))
+    headers.get(http::header::CONTENT_TYPE).is_some_and(|v| {
+        let b = v.as_bytes();
+        let media = b.split(|&c| c == b';').next().unwrap_or(b);
+        media
+            .trim_ascii()
+            .eq_ignore_ascii_case(b"text/event-stream")
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_event_stream;
+
+    fn with_type(v: &'static str) -> http::HeaderMap {
+        let mut h = http::HeaderMap::new();
+        h.insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static(v),
+        );
+        h
+    }
+
+    #[test]
+    fn event_stream_is_told_by_its_media_type_only() {
+        for yes in [
+            "text/event-stream",
+            "Text/Event-Stream",
+            " text/event-stream ; charset=utf-8",
+            "text/event-stream;charset=utf-8",
+        ] {
+            assert!(is_event_stream(&with_type(yes)), "{yes:?}");
+        }
+        for no in [
+            "application/json",
+            "text/event-streams",
+            "text/event",
+            "x text/event-stream",
+            "",
+        ] {
+            assert!(!is_event_stream(&with_type(no)), "{no:?}");
+        }
+        assert!(!is_event_stream(&http::HeaderMap::new()));
+    }
 }
