@@ -39,6 +39,83 @@ pub const ENDPOINT_HEADER: &str = "x-loxilb-endpoint";
 /// [`ENDPOINT_HEADER`] as a `HeaderName` built at compile time (not parsed per response).
 static ENDPOINT_NAME: http::HeaderName = http::HeaderName::from_static(ENDPOINT_HEADER);
 
+/// [`ENDPOINT_HEADER`] values of the first endpoint indexes as static values: `From<usize>`
+/// allocates one per response.
+static ENDPOINT_VALUES: [HeaderValue; 64] = [
+    HeaderValue::from_static("0"),
+    HeaderValue::from_static("1"),
+    HeaderValue::from_static("2"),
+    HeaderValue::from_static("3"),
+    HeaderValue::from_static("4"),
+    HeaderValue::from_static("5"),
+    HeaderValue::from_static("6"),
+    HeaderValue::from_static("7"),
+    HeaderValue::from_static("8"),
+    HeaderValue::from_static("9"),
+    HeaderValue::from_static("10"),
+    HeaderValue::from_static("11"),
+    HeaderValue::from_static("12"),
+    HeaderValue::from_static("13"),
+    HeaderValue::from_static("14"),
+    HeaderValue::from_static("15"),
+    HeaderValue::from_static("16"),
+    HeaderValue::from_static("17"),
+    HeaderValue::from_static("18"),
+    HeaderValue::from_static("19"),
+    HeaderValue::from_static("20"),
+    HeaderValue::from_static("21"),
+    HeaderValue::from_static("22"),
+    HeaderValue::from_static("23"),
+    HeaderValue::from_static("24"),
+    HeaderValue::from_static("25"),
+    HeaderValue::from_static("26"),
+    HeaderValue::from_static("27"),
+    HeaderValue::from_static("28"),
+    HeaderValue::from_static("29"),
+    HeaderValue::from_static("30"),
+    HeaderValue::from_static("31"),
+    HeaderValue::from_static("32"),
+    HeaderValue::from_static("33"),
+    HeaderValue::from_static("34"),
+    HeaderValue::from_static("35"),
+    HeaderValue::from_static("36"),
+    HeaderValue::from_static("37"),
+    HeaderValue::from_static("38"),
+    HeaderValue::from_static("39"),
+    HeaderValue::from_static("40"),
+    HeaderValue::from_static("41"),
+    HeaderValue::from_static("42"),
+    HeaderValue::from_static("43"),
+    HeaderValue::from_static("44"),
+    HeaderValue::from_static("45"),
+    HeaderValue::from_static("46"),
+    HeaderValue::from_static("47"),
+    HeaderValue::from_static("48"),
+    HeaderValue::from_static("49"),
+    HeaderValue::from_static("50"),
+    HeaderValue::from_static("51"),
+    HeaderValue::from_static("52"),
+    HeaderValue::from_static("53"),
+    HeaderValue::from_static("54"),
+    HeaderValue::from_static("55"),
+    HeaderValue::from_static("56"),
+    HeaderValue::from_static("57"),
+    HeaderValue::from_static("58"),
+    HeaderValue::from_static("59"),
+    HeaderValue::from_static("60"),
+    HeaderValue::from_static("61"),
+    HeaderValue::from_static("62"),
+    HeaderValue::from_static("63"),
+];
+
+/// The [`ENDPOINT_HEADER`] value of endpoint index `ep` (its decimal text).
+pub(super) fn endpoint_value(ep: usize) -> HeaderValue {
+    ENDPOINT_VALUES
+        .get(ep)
+        .cloned()
+        .unwrap_or_else(|| HeaderValue::from(ep))
+}
+
 /// Per-listener request handler.
 pub struct Handler {
     /// The listener's pools (swapped on rule changes).
@@ -352,7 +429,7 @@ where
         tracked.mark_streaming();
     }
     strip_hop_by_hop(&mut parts.headers);
-    parts.headers.insert(&ENDPOINT_NAME, HeaderValue::from(ep));
+    parts.headers.insert(&ENDPOINT_NAME, endpoint_value(ep));
     Response::from_parts(parts, GuardedBody::new(body, tracked).boxed())
 }
 
@@ -380,6 +457,13 @@ mod tests {
             http::HeaderValue::from_static(v),
         );
         h
+    }
+
+    #[test]
+    fn endpoint_values_are_the_indexes_decimal_text() {
+        for ep in [0, 7, 10, 63, 64, 1000] {
+            assert_eq!(super::endpoint_value(ep).to_str().unwrap(), ep.to_string());
+        }
     }
 
     #[test]

@@ -292,20 +292,7 @@ impl PoolTable {
     /// Every model pool among them (one per `model_name`) is included.
     pub fn for_host(&self, host: Option<&str>) -> Result<Vec<&Arc<Pool>>, ProxyError> {
         let host = host.map(strip_port).unwrap_or("");
-        let by_host: Vec<&Arc<Pool>> = self
-            .pools
-            .iter()
-            .filter(|p| !p.rule.rule.service.host.is_empty())
-            .filter(|p| p.rule.rule.service.host.eq_ignore_ascii_case(host))
-            .collect();
-        let cands: Vec<&Arc<Pool>> = if by_host.is_empty() {
-            self.pools
-                .iter()
-                .filter(|p| p.rule.rule.service.host.is_empty())
-                .collect()
-        } else {
-            by_host
-        };
+        let cands: Vec<&Arc<Pool>> = self.serving(host).collect();
         if cands.is_empty() {
             return Err(ProxyError::NoRoute {
                 host: host.to_string(),
@@ -314,25 +301,46 @@ impl PoolTable {
         Ok(cands)
     }
 
+    /// The pools serving `host` (port already stripped), as [`Self::for_host`] lists them,
+    /// without collecting them (every request chooses a pool).
+    fn serving<'a, 'h>(
+        &'a self,
+        host: &'h str,
+    ) -> impl Iterator<Item = &'a Arc<Pool>> + Clone + use<'a, 'h> {
+        let names = move |p: &Arc<Pool>| {
+            let h = &p.rule.rule.service.host;
+            !h.is_empty() && h.eq_ignore_ascii_case(host)
+        };
+        let by_host = self.pools.iter().any(names);
+        self.pools.iter().filter(move |p| {
+            if by_host {
+                names(p)
+            } else {
+                p.rule.rule.service.host.is_empty()
+            }
+        })
+    }
+
     /// The pool for a request: among the pools for its host ([`Self::for_host`]) the pool whose
     /// `model_name` equals the model (case-sensitive), else the wildcard (`""`) pool, else
-    /// `model_unavailable`.
+    /// `model_unavailable`; `no_route` when no pool serves the host.
     pub fn choose(
         &self,
         host: Option<&str>,
         model: Option<&str>,
     ) -> Result<&Arc<Pool>, ProxyError> {
-        let cands = self.for_host(host)?;
+        let host = host.map(strip_port).unwrap_or("");
         let model = model.unwrap_or("");
+        let mut cands = self.serving(host).peekable();
+        if cands.peek().is_none() {
+            return Err(ProxyError::NoRoute {
+                host: host.to_string(),
+            });
+        }
         cands
-            .iter()
+            .clone()
             .find(|p| !model.is_empty() && p.rule.rule.service.model_name == model)
-            .or_else(|| {
-                cands
-                    .iter()
-                    .find(|p| p.rule.rule.service.model_name.is_empty())
-            })
-            .copied()
+            .or_else(|| cands.find(|p| p.rule.rule.service.model_name.is_empty()))
             .ok_or_else(|| ProxyError::ModelUnavailable {
                 model: model.to_string(),
             })
