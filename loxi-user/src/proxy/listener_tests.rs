@@ -23,6 +23,15 @@ fn limits() -> ConnLimits {
 /// Serves the server half of a pipe like a listener does: every request opens the connection's
 /// guard at its head; the handler waits `delay`, then answers `ok`.
 async fn serve(server: DuplexStream, delay: Duration) -> Option<Expiry> {
+    serve_until(server, delay, CancellationToken::new()).await
+}
+
+/// [`serve`], closed gracefully when `cancel` fires (as a closing listener does).
+async fn serve_until(
+    server: DuplexStream,
+    delay: Duration,
+    cancel: CancellationToken,
+) -> Option<Expiry> {
     let act = Activity::new(limits());
     let svc_act = act.clone();
     let svc = service_fn(move |_req: Request<Incoming>| {
@@ -34,7 +43,7 @@ async fn serve(server: DuplexStream, delay: Duration) -> Option<Expiry> {
         }
     });
     let builder = auto::Builder::new(TokioExecutor::new());
-    drive(&builder, server, &act, svc, &CancellationToken::new()).await
+    drive(&builder, server, &act, svc, &cancel).await
 }
 
 const REQUEST: &[u8] = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n";
@@ -86,6 +95,50 @@ async fn slowloris_head_is_cut_at_the_header_timeout() {
         writer_saw_close <= HEADER + Duration::from_secs(1),
         "the client's next byte after the close failed at {writer_saw_close:?}"
     );
+}
+
+/// A closing listener (the token) lets the open request finish, then ends its connection: at
+/// once after the answer, not at a timeout.
+#[tokio::test(start_paused = true)]
+async fn closing_finishes_the_open_request_then_ends_the_connection() {
+    let (mut client, server) = tokio::io::duplex(4096);
+    let cancel = CancellationToken::new();
+    let t0 = Instant::now();
+    let served = tokio::spawn(serve_until(server, Duration::from_secs(5), cancel.clone()));
+    client.write_all(REQUEST).await.expect("write");
+    sleep(Duration::from_secs(1)).await;
+    cancel.cancel();
+    assert!(
+        read_response(&mut client).await,
+        "the open request answered"
+    );
+    let answered = t0.elapsed();
+    let eof = eof_at(client).await - t0;
+    assert_eq!(
+        served.await.expect("server task"),
+        None,
+        "ended, not expired"
+    );
+    assert!(
+        answered >= Duration::from_secs(5) && eof < Duration::from_secs(6),
+        "answered at {answered:?}, closed at {eof:?}"
+    );
+}
+
+/// Closing with no request open ends an idle keep-alive connection at once.
+#[tokio::test(start_paused = true)]
+async fn closing_ends_an_idle_connection_at_once() {
+    let (mut client, server) = tokio::io::duplex(4096);
+    let cancel = CancellationToken::new();
+    let t0 = Instant::now();
+    let served = tokio::spawn(serve_until(server, Duration::ZERO, cancel.clone()));
+    client.write_all(REQUEST).await.expect("write");
+    assert!(read_response(&mut client).await, "answered");
+    sleep(Duration::from_secs(2)).await;
+    cancel.cancel();
+    let eof = eof_at(client).await - t0;
+    assert_eq!(served.await.expect("server task"), None);
+    assert!(eof < Duration::from_secs(3), "closed at {eof:?}");
 }
 
 #[tokio::test(start_paused = true)]
