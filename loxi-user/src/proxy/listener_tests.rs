@@ -97,15 +97,29 @@ async fn slowloris_head_is_cut_at_the_header_timeout() {
     );
 }
 
+/// A connection served until a token fires (handler delay `delay`), with one request sent:
+/// the client's half, the token, the serving task and the start time.
+async fn closable(
+    delay: Duration,
+) -> (
+    DuplexStream,
+    CancellationToken,
+    tokio::task::JoinHandle<Option<Expiry>>,
+    Instant,
+) {
+    let (mut client, server) = tokio::io::duplex(4096);
+    let cancel = CancellationToken::new();
+    let t0 = Instant::now();
+    let served = tokio::spawn(serve_until(server, delay, cancel.clone()));
+    client.write_all(REQUEST).await.expect("write");
+    (client, cancel, served, t0)
+}
+
 /// A closing listener (the token) lets the open request finish, then ends its connection: at
 /// once after the answer, not at a timeout.
 #[tokio::test(start_paused = true)]
 async fn closing_finishes_the_open_request_then_ends_the_connection() {
-    let (mut client, server) = tokio::io::duplex(4096);
-    let cancel = CancellationToken::new();
-    let t0 = Instant::now();
-    let served = tokio::spawn(serve_until(server, Duration::from_secs(5), cancel.clone()));
-    client.write_all(REQUEST).await.expect("write");
+    let (mut client, cancel, served, t0) = closable(Duration::from_secs(5)).await;
     sleep(Duration::from_secs(1)).await;
     cancel.cancel();
     assert!(
@@ -128,11 +142,7 @@ async fn closing_finishes_the_open_request_then_ends_the_connection() {
 /// Closing with no request open ends an idle keep-alive connection at once.
 #[tokio::test(start_paused = true)]
 async fn closing_ends_an_idle_connection_at_once() {
-    let (mut client, server) = tokio::io::duplex(4096);
-    let cancel = CancellationToken::new();
-    let t0 = Instant::now();
-    let served = tokio::spawn(serve_until(server, Duration::ZERO, cancel.clone()));
-    client.write_all(REQUEST).await.expect("write");
+    let (mut client, cancel, served, t0) = closable(Duration::ZERO).await;
     assert!(read_response(&mut client).await, "answered");
     sleep(Duration::from_secs(2)).await;
     cancel.cancel();
