@@ -39,81 +39,22 @@ pub const ENDPOINT_HEADER: &str = "x-loxilb-endpoint";
 /// [`ENDPOINT_HEADER`] as a `HeaderName` built at compile time (not parsed per response).
 static ENDPOINT_NAME: http::HeaderName = http::HeaderName::from_static(ENDPOINT_HEADER);
 
-/// [`ENDPOINT_HEADER`] values of the first endpoint indexes as static values: `From<usize>`
-/// allocates one per response.
-static ENDPOINT_VALUES: [HeaderValue; 64] = [
-    HeaderValue::from_static("0"),
-    HeaderValue::from_static("1"),
-    HeaderValue::from_static("2"),
-    HeaderValue::from_static("3"),
-    HeaderValue::from_static("4"),
-    HeaderValue::from_static("5"),
-    HeaderValue::from_static("6"),
-    HeaderValue::from_static("7"),
-    HeaderValue::from_static("8"),
-    HeaderValue::from_static("9"),
-    HeaderValue::from_static("10"),
-    HeaderValue::from_static("11"),
-    HeaderValue::from_static("12"),
-    HeaderValue::from_static("13"),
-    HeaderValue::from_static("14"),
-    HeaderValue::from_static("15"),
-    HeaderValue::from_static("16"),
-    HeaderValue::from_static("17"),
-    HeaderValue::from_static("18"),
-    HeaderValue::from_static("19"),
-    HeaderValue::from_static("20"),
-    HeaderValue::from_static("21"),
-    HeaderValue::from_static("22"),
-    HeaderValue::from_static("23"),
-    HeaderValue::from_static("24"),
-    HeaderValue::from_static("25"),
-    HeaderValue::from_static("26"),
-    HeaderValue::from_static("27"),
-    HeaderValue::from_static("28"),
-    HeaderValue::from_static("29"),
-    HeaderValue::from_static("30"),
-    HeaderValue::from_static("31"),
-    HeaderValue::from_static("32"),
-    HeaderValue::from_static("33"),
-    HeaderValue::from_static("34"),
-    HeaderValue::from_static("35"),
-    HeaderValue::from_static("36"),
-    HeaderValue::from_static("37"),
-    HeaderValue::from_static("38"),
-    HeaderValue::from_static("39"),
-    HeaderValue::from_static("40"),
-    HeaderValue::from_static("41"),
-    HeaderValue::from_static("42"),
-    HeaderValue::from_static("43"),
-    HeaderValue::from_static("44"),
-    HeaderValue::from_static("45"),
-    HeaderValue::from_static("46"),
-    HeaderValue::from_static("47"),
-    HeaderValue::from_static("48"),
-    HeaderValue::from_static("49"),
-    HeaderValue::from_static("50"),
-    HeaderValue::from_static("51"),
-    HeaderValue::from_static("52"),
-    HeaderValue::from_static("53"),
-    HeaderValue::from_static("54"),
-    HeaderValue::from_static("55"),
-    HeaderValue::from_static("56"),
-    HeaderValue::from_static("57"),
-    HeaderValue::from_static("58"),
-    HeaderValue::from_static("59"),
-    HeaderValue::from_static("60"),
-    HeaderValue::from_static("61"),
-    HeaderValue::from_static("62"),
-    HeaderValue::from_static("63"),
-];
+/// "00" to "99", two characters each: [`endpoint_value`]'s static texts.
+const TWO_DIGITS: &str = concat!(
+    "00010203040506070809101112131415161718192021222324",
+    "25262728293031323334353637383940414243444546474849",
+    "50515253545556575859606162636465666768697071727374",
+    "75767778798081828384858687888990919293949596979899",
+);
 
-/// The [`ENDPOINT_HEADER`] value of endpoint index `ep` (its decimal text).
+/// The [`ENDPOINT_HEADER`] value of endpoint index `ep` (its decimal text): a static value
+/// below 100 (`From<usize>` allocates one per response).
 pub(super) fn endpoint_value(ep: usize) -> HeaderValue {
-    ENDPOINT_VALUES
-        .get(ep)
-        .cloned()
-        .unwrap_or_else(|| HeaderValue::from(ep))
+    if ep >= 100 {
+        return HeaderValue::from(ep);
+    }
+    let text = &TWO_DIGITS[ep * 2..ep * 2 + 2];
+    HeaderValue::from_static(if ep < 10 { &text[1..] } else { text })
 }
 
 /// Per-listener request handler.
@@ -300,9 +241,7 @@ impl Handler {
                 let outcome = sent.instrument(attempt.clone()).await;
                 outcome.map_body(UpstreamBody::Driven)
             } else {
-                // Boxed: the pooled client's future is large and only HTTP/2 and TLS
-                // upstreams take this branch.
-                let sent = Box::pin(self.upstreams.send(req, &pool.via));
+                let sent = self.upstreams.send(req, &pool.via);
                 let outcome = sent.instrument(attempt.clone()).await;
                 outcome.map_body(UpstreamBody::Pooled)
             };
@@ -461,7 +400,7 @@ mod tests {
 
     #[test]
     fn endpoint_values_are_the_indexes_decimal_text() {
-        for ep in [0, 7, 10, 63, 64, 1000] {
+        for ep in [0, 7, 9, 10, 63, 64, 99, 100, 1000] {
             assert_eq!(
                 super::endpoint_value(ep).to_str().expect("ASCII digits"),
                 ep.to_string()
