@@ -129,7 +129,7 @@ impl Handler {
             pool.pd.as_ref(),
             full.as_ref().and_then(Value::as_object),
         ) else {
-            return self.forward(pool, &parts, body, meta, start).await;
+            return self.forward(pool, parts, body, meta, start).await;
         };
         let service = pool.rule.id;
         let m = &self.ctx.metrics.pd;

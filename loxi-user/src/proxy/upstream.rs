@@ -100,7 +100,12 @@ impl Upstreams {
 
     /// Sends `req` (origin-form URI and `Host`, see [`origin_request`]) over cleartext
     /// HTTP/1.1 to `authority` on a connection the response body drives (`upstream_h1.rs`).
-    pub async fn send_h1(&self, req: Request<Full<Bytes>>, authority: &str) -> Attempt<DrivenBody> {
+    /// A connect failure gives `req` back unsent (`H1Pool::send`).
+    pub async fn send_h1(
+        &self,
+        req: Request<Full<Bytes>>,
+        authority: &str,
+    ) -> (Attempt<DrivenBody>, Option<Request<Full<Bytes>>>) {
         self.driven.send(req, authority).await
     }
 
@@ -195,24 +200,44 @@ pub fn upstream_request(
 /// ([`Upstreams::send_h1`]): as [`upstream_request`], but with the origin-form target (path and
 /// query) hyper's HTTP/1.1 connection writes as is, and `Host: {authority}` when the client sent
 /// no `Host` (an HTTP/2 client), as hyper-util's client sets it.
+///
+/// The client's header map moves into the request (`parts.headers` is left empty): a copy cost
+/// ~1,000 instructions a request, and the copy, sized to its entries, reallocated when
+/// `X-Forwarded-*` were added (callgrind, `scripts/bench-proxy-instructions.sh`). A retry on
+/// another endpoint reuses the request the failed connect gave back ([`readdress`]). Returns
+/// the request and whether `Host` was added.
 pub fn origin_request(
-    parts: &http::request::Parts,
+    parts: &mut http::request::Parts,
     authority: &str,
     body: Bytes,
-) -> Result<Request<Full<Bytes>>, super::error::ProxyError> {
+) -> Result<(Request<Full<Bytes>>, bool), super::error::ProxyError> {
     let mut req = Request::new(Full::new(body));
     *req.method_mut() = parts.method.clone();
     if let Some(pq) = parts.uri.path_and_query() {
         *req.uri_mut() = Uri::from(pq.clone());
     }
-    *req.headers_mut() = parts.headers.clone();
+    *req.headers_mut() = std::mem::take(&mut parts.headers);
     strip_hop_by_hop(req.headers_mut());
-    if !req.headers().contains_key(header::HOST) {
-        let host = http::HeaderValue::from_str(authority)
-            .map_err(|e| super::error::ProxyError::Internal(e.to_string()))?;
-        req.headers_mut().insert(header::HOST, host);
+    let add_host = !req.headers().contains_key(header::HOST);
+    if add_host {
+        readdress(&mut req, authority)?;
     }
-    Ok(req)
+    Ok((req, add_host))
+}
+
+/// Sets `Host: {authority}` on an [`origin_request`] whose `Host` it added, for the endpoint
+/// `authority` (a retry after a connect failure goes to another endpoint).
+///
+/// # Errors
+/// `Internal` when `authority` is no valid header value (endpoint authorities are `ip:port`).
+pub fn readdress(
+    req: &mut Request<Full<Bytes>>,
+    authority: &str,
+) -> Result<(), super::error::ProxyError> {
+    let host = http::HeaderValue::from_str(authority)
+        .map_err(|e| super::error::ProxyError::Internal(e.to_string()))?;
+    req.headers_mut().insert(header::HOST, host);
+    Ok(())
 }
 
 /// `http://{authority}{path_and_query}`.
@@ -273,7 +298,8 @@ mod tests {
             .body(())
             .expect("request")
             .into_parts();
-        let req = origin_request(&parts, "127.0.0.1:9000", Bytes::from_static(b"{}")).expect("req");
+        let (mut req, added) =
+            origin_request(&mut parts, "127.0.0.1:9000", Bytes::from_static(b"{}")).expect("req");
         assert_eq!(req.uri().to_string(), "/v1/completions?x=1");
         assert_eq!(req.method(), http::Method::POST);
         assert_eq!(
@@ -281,17 +307,24 @@ mod tests {
             "127.0.0.1:9000",
             "no Host: the upstream's"
         );
+        assert!(added);
         assert!(!req.headers().contains_key(header::CONNECTION));
         assert_eq!(req.headers()["x-keep"], "1");
+        assert!(parts.headers.is_empty(), "the client's headers moved");
+        // A retry to another endpoint: the added Host follows it.
+        readdress(&mut req, "127.0.0.1:9001").expect("readdress");
+        assert_eq!(req.headers()[header::HOST], "127.0.0.1:9001");
+        assert_eq!(req.headers().get_all(header::HOST).iter().count(), 1);
         parts
             .headers
             .insert(header::HOST, "vip".parse().expect("hv"));
-        let req = origin_request(&parts, "127.0.0.1:9000", Bytes::new()).expect("req");
+        let (req, added) = origin_request(&mut parts, "127.0.0.1:9000", Bytes::new()).expect("req");
         assert_eq!(
             req.headers()[header::HOST],
             "vip",
             "the client's Host is kept"
         );
+        assert!(!added);
     }
 
     #[test]

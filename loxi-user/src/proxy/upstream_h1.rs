@@ -194,17 +194,21 @@ impl H1Pool {
 
     /// Sends `req` (origin-form URI, `Host` set) to `authority` (`ip:port`) on an idle
     /// connection or a new one; the response body drives the connection (see the module doc).
+    /// With [`Attempt::ConnectFailed`], and only then, `req` comes back unsent (its headers and
+    /// body untouched), so the caller can send it to another endpoint without rebuilding it.
     pub async fn send(
         self: &Arc<Self>,
         mut req: Request<Full<Bytes>>,
         authority: &str,
-    ) -> Attempt<DrivenBody> {
+    ) -> (Attempt<DrivenBody>, Option<Request<Full<Bytes>>>) {
         loop {
             let (mut c, reused) = match self.checkout(authority).await {
                 Some(c) => (c, true),
-                None => match self.connect(authority).await {
+                // Boxed: a new connection is the rare case, and its connect and handshake
+                // futures inline would size (and be copied with) every request's future.
+                None => match Box::pin(self.connect(authority)).await {
                     Ok(c) => (c, false),
-                    Err(e) => return Attempt::ConnectFailed(e),
+                    Err(e) => return (Attempt::ConnectFailed(e), Some(req)),
                 },
             };
             let mut sent = std::pin::pin!(c.send.try_send_request(req));
@@ -216,15 +220,16 @@ impl H1Pool {
             match outcome {
                 Ok(resp) => {
                     let pool = Some((c, self.clone()));
-                    return Attempt::Response(resp.map(|body| DrivenBody { body, pool }));
+                    let resp = resp.map(|body| DrivenBody { body, pool });
+                    return (Attempt::Response(resp), None);
                 }
                 Err(mut e) => match e.take_message() {
                     // Not sent: the connection closed as it was taken. Once more, new.
                     Some(unsent) if reused => req = unsent,
-                    Some(_) => {
-                        return Attempt::ConnectFailed(error_chain(e.error()));
+                    Some(unsent) => {
+                        return (Attempt::ConnectFailed(error_chain(e.error())), Some(unsent));
                     }
-                    None => return Attempt::Failed(Box::new(e.into_error())),
+                    None => return (Attempt::Failed(Box::new(e.into_error())), None),
                 },
             }
         }
@@ -436,11 +441,11 @@ mod tests {
         let (addr, accepted) = server().await;
         let pool = H1Pool::new(Duration::from_secs(1), 0);
         assert_eq!(
-            body_of(pool.send(get("/3", &addr), &addr).await).await,
+            body_of(pool.send(get("/3", &addr), &addr).await.0).await,
             b"xxx"
         );
         assert_eq!(
-            body_of(pool.send(get("/200", &addr), &addr).await)
+            body_of(pool.send(get("/200", &addr), &addr).await.0)
                 .await
                 .len(),
             200
@@ -451,12 +456,12 @@ mod tests {
             "the second request reused the first connection"
         );
         // A body dropped before its end takes its connection with it.
-        let Attempt::Response(r) = pool.send(get("/50", &addr), &addr).await else {
+        let Attempt::Response(r) = pool.send(get("/50", &addr), &addr).await.0 else {
             panic!("no response");
         };
         drop(r);
         assert_eq!(
-            body_of(pool.send(get("/1", &addr), &addr).await).await,
+            body_of(pool.send(get("/1", &addr), &addr).await.0).await,
             b"x"
         );
         assert_eq!(
@@ -471,7 +476,7 @@ mod tests {
         let (addr, accepted) = server().await;
         let pool = H1Pool::new(Duration::from_secs(1), 0);
         assert_eq!(
-            body_of(pool.send(get("/2", &addr), &addr).await).await,
+            body_of(pool.send(get("/2", &addr), &addr).await.0).await,
             b"xx"
         );
         assert_eq!(
@@ -484,7 +489,7 @@ mod tests {
         assert_eq!(pool.reap(later), 1, "idle past the timeout: closed");
         assert!(pool.idle[0].lock().is_empty(), "the endpoint is forgotten");
         assert_eq!(
-            body_of(pool.send(get("/1", &addr), &addr).await).await,
+            body_of(pool.send(get("/1", &addr), &addr).await.0).await,
             b"x"
         );
         assert_eq!(
@@ -503,7 +508,7 @@ mod tests {
         let (w2, _seat2) = workers.pick();
         let on = |rt: &tokio::runtime::Handle, path: &'static str| {
             let (pool, addr) = (pool.clone(), addr.clone());
-            rt.spawn(async move { body_of(pool.send(get(path, &addr), &addr).await).await })
+            rt.spawn(async move { body_of(pool.send(get(path, &addr), &addr).await.0).await })
         };
         assert_eq!(on(&w1, "/1").await.expect("task"), b"x");
         assert_eq!(on(&w2, "/2").await.expect("task"), b"xx");
@@ -540,7 +545,7 @@ mod tests {
         // A list at its cap closes what comes back.
         let (addr, accepted) = server().await;
         let pool = H1Pool::with_cap(Duration::from_secs(1), 0, 1);
-        let (a, b) = tokio::join!(
+        let ((a, _), (b, _)) = tokio::join!(
             pool.send(get("/1", &addr), &addr),
             pool.send(get("/1", &addr), &addr)
         );
@@ -571,8 +576,17 @@ mod tests {
         drop(tcp);
         let pool = H1Pool::new(Duration::from_secs(1), 0);
         match pool.send(get("/1", &addr), &addr).await {
-            Attempt::ConnectFailed(e) => assert!(e.starts_with("tcp connect error: "), "{e}"),
-            other => panic!("expected a connect failure, got {:?}", other.error_type()),
+            (Attempt::ConnectFailed(e), Some(unsent)) => {
+                assert!(e.starts_with("tcp connect error: "), "{e}");
+                // The request comes back as it was given, for the next endpoint.
+                assert_eq!(unsent.uri(), "/1");
+                assert_eq!(unsent.headers()[http::header::HOST], addr.as_str());
+            }
+            (other, back) => panic!(
+                "expected a connect failure and the request back, got {:?}, back: {}",
+                other.error_type(),
+                back.is_some()
+            ),
         }
     }
 }
