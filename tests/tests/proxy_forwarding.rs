@@ -1,5 +1,7 @@
 //! Fullproxy hygiene with the real daemon and a recording backend: `X-Forwarded-For` is kept
-//! and extended, `X-Forwarded-Proto` is the listener's, and `CONNECT` is refused with 405.
+//! and extended, `X-Forwarded-Proto` is the listener's, `CONNECT` is refused with 405, an
+//! HTTP/1.1 request without `Host` with 400, and a retry after a connect failure carries the
+//! client's headers unchanged to the next endpoint.
 
 use std::time::Duration;
 
@@ -81,6 +83,87 @@ async fn x_forwarded_for_is_extended_and_proto_is_the_listeners() {
             (s("203.0.113.9, 198.51.100.4, 127.0.0.1"), s("http")),
             (s("127.0.0.1"), s("http")),
         ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http11_request_without_host_is_refused_with_400_and_http10_is_forwarded() {
+    let (_d, b, port) = setup().await;
+    let answer = raw(
+        port,
+        "POST /v1/completions HTTP/1.1\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(answer.contains("missing_host"), "{answer}");
+    assert_eq!(b.request_count(), 0, "nothing was forwarded");
+    // HTTP/1.0 has no Host requirement: forwarded, with the endpoint as Host upstream.
+    let answer = raw(
+        port,
+        "POST /v1/completions HTTP/1.0\r\nContent-Length: 2\r\n\r\n{}",
+    )
+    .await;
+    assert!(
+        answer.starts_with("HTTP/1.0 200") || answer.starts_with("HTTP/1.1 200"),
+        "{answer}"
+    );
+    assert_eq!(b.request_count(), 1);
+    let host = b.requests()[0].header("host").map(String::from);
+    assert!(
+        host.as_deref().is_some_and(|h| h.starts_with("127.0.0.1:")),
+        "{host:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_after_a_connect_failure_carries_the_clients_headers_and_its_own_host() {
+    let d = Daemon::start_default().await;
+    let b = Backend::start("b0").await;
+    b.set_recording(true);
+    let port = free_port();
+    // Endpoint 0 refuses connections (nothing listens there); round robin sends one of the two
+    // requests there first, and that one is retried on endpoint 1.
+    let dead = free_port();
+    let (status, body) = d
+        .post_rule(&json!({
+            "serviceArguments": {"externalIP": "127.0.0.1", "port": port, "protocol": "tcp", "mode": 4},
+            "endpoints": [{"endpointIP": "127.0.0.1", "targetPort": dead},
+                          {"endpointIP": "127.0.0.1", "targetPort": b.port()}]
+        }))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    for _ in 0..2 {
+        // HTTP/1.0 without Host: the proxy adds the endpoint's, which must follow the retry.
+        let answer = raw(
+            port,
+            "POST /v1/completions HTTP/1.0\r\nX-Keep: 1\r\nX-Forwarded-For: 203.0.113.9\r\nContent-Length: 2\r\n\r\n{}",
+        )
+        .await;
+        assert!(answer.contains(" 200 "), "{answer}");
+    }
+    let seen: Vec<(Option<String>, Option<String>, Option<String>)> = b
+        .requests()
+        .iter()
+        .map(|r| {
+            (
+                r.header("host").map(String::from),
+                r.header("x-keep").map(String::from),
+                r.header("x-forwarded-for").map(String::from),
+            )
+        })
+        .collect();
+    let want = (
+        Some(format!("127.0.0.1:{}", b.port())),
+        Some("1".to_string()),
+        Some("203.0.113.9, 127.0.0.1".to_string()),
+    );
+    assert_eq!(seen, [want.clone(), want]);
+    let metrics = d.metrics_text().await;
+    assert!(
+        metrics.lines().any(
+            |l| l.starts_with("loxilb_proxy_upstream_connect_failures_total{") && l.ends_with(" 1")
+        ),
+        "one connect failure, retried"
     );
 }
 

@@ -51,6 +51,11 @@ pub enum ProxyError {
     /// A method the fullproxy does not forward (405): `CONNECT` (no tunnels through loxi).
     #[error("method {0} is not allowed")]
     MethodNotAllowed(http::Method),
+    /// An HTTP/1.1 request without a `Host` header (400): RFC 9112 §3.2 makes a server answer
+    /// it with 400, as nginx does; forwarding it would leave host routing and the upstream's
+    /// `Host` to guesswork.
+    #[error("an HTTP/1.1 request must carry a Host header")]
+    MissingHost,
     /// The client's body could not be read (400).
     #[error("reading the request body failed: {0}")]
     ClientBody(#[source] hyper::Error),
@@ -193,7 +198,7 @@ impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::ClientBody(_) => StatusCode::BAD_REQUEST,
+            Self::ClientBody(_) | Self::MissingHost => StatusCode::BAD_REQUEST,
             Self::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             Self::NoRoute { .. } => StatusCode::NOT_FOUND,
@@ -221,6 +226,7 @@ impl ProxyError {
         match self {
             Self::BodyTooLarge { .. } => "request_too_large",
             Self::ClientBody(_) => "bad_request_body",
+            Self::MissingHost => "missing_host",
             Self::BodyTimeout { .. } => "request_timeout",
             Self::MethodNotAllowed(_) => "method_not_allowed",
             Self::NoRoute { .. } => "no_route",
@@ -246,6 +252,7 @@ impl ProxyError {
         match self {
             Self::BodyTooLarge { .. }
             | Self::ClientBody(_)
+            | Self::MissingHost
             | Self::BodyTimeout { .. }
             | Self::MethodNotAllowed(_)
             | Self::NoRoute { .. } => Party::Client,

@@ -110,6 +110,11 @@ impl Handler {
         if parts.method == http::Method::CONNECT {
             return Err((0, ProxyError::MethodNotAllowed(parts.method)));
         }
+        if parts.version == http::Version::HTTP_11
+            && !parts.headers.contains_key(http::header::HOST)
+        {
+            return Err((0, ProxyError::MissingHost));
+        }
         let cfg = &self.ctx.config;
         let (bytes, _reserved) = tokio::time::timeout(
             cfg.body_timeout,
