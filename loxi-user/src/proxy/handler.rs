@@ -106,7 +106,7 @@ impl Handler {
         client: SocketAddr,
         start: Instant,
     ) -> Result<Response<ProxyBody>, (u32, ProxyError)> {
-        let (parts, body) = req.into_parts();
+        let (mut parts, body) = req.into_parts();
         if parts.method == http::Method::CONNECT {
             return Err((0, ProxyError::MethodNotAllowed(parts.method)));
         }
@@ -175,7 +175,7 @@ impl Handler {
                 .await
                 .map_err(|e| (service, e));
         }
-        self.forward(&pool, parts, bytes, &meta, start)
+        self.forward(&pool, &mut parts, bytes, &meta, start)
             .await
             .map_err(|e| (service, e))
     }
@@ -183,10 +183,12 @@ impl Handler {
     /// Forwards the request to the endpoint the ladder picks, and on a connect failure to the
     /// next one (the failed endpoint excluded). Cleartext HTTP/1.1 takes the client's header
     /// map into the upstream request (`origin_request`; `parts.headers` is empty afterwards).
+    /// `parts` is borrowed, not owned: an owned argument of an async fn is stored twice in its
+    /// future (the argument and the body's local), and every request's future is copied once.
     pub(super) async fn forward(
         &self,
         pool: &Arc<Pool>,
-        mut parts: Parts,
+        parts: &mut Parts,
         body: Bytes,
         meta: &RequestMeta,
         start: Instant,
@@ -205,8 +207,10 @@ impl Handler {
         let mut attempts = 0;
         let mut last = String::new();
         // Cleartext HTTP/1.1 builds the upstream request once; a connect failure gives it back
-        // (with whether its `Host` was added, which then names the next endpoint).
-        let mut unsent: Option<(Request<Full<Bytes>>, bool)> = None;
+        // (boxed: rare, and inline it would size every request's future).
+        let mut unsent: Option<Box<Request<Full<Bytes>>>> = None;
+        // Whether that request's `Host` was added (then it names each attempt's endpoint).
+        let mut host_added = false;
         loop {
             let d = self.decide(pool, &ladder, meta, &excluded, &mut ticket);
             let Some(ep) = d.endpoint else {
@@ -238,47 +242,55 @@ impl Handler {
             .with_slot(slot);
             // Cleartext HTTP/1.1 goes on a connection this task drives (`upstream_h1.rs`).
             let authority = &pool.authorities[ep];
+            let attempt = trace_span::attempt(ep, authority, attempts);
+            // The requests go straight into the send calls, never into a local: a local held
+            // across the await is one more slot of ~250 bytes in the future.
             let outcome = if matches!(pool.via, Via::H1) {
-                let (mut req, host_added) = match unsent.take() {
-                    Some((mut req, host_added)) => {
-                        if host_added {
-                            readdress(&mut req, authority)?;
-                        }
-                        (req, host_added)
-                    }
-                    None => {
-                        let (mut req, host_added) =
-                            origin_request(&mut parts, authority, body.clone())?;
-                        super::forwarded::append(req.headers_mut(), meta.client, meta.https);
-                        (req, host_added)
-                    }
-                };
-                let attempt = trace_span::attempt(ep, authority, attempts);
-                trace_span::inject(&attempt, req.headers_mut());
+                let unsent_req = unsent.take().map(|b| *b);
+                let send = |req| self.upstreams.send_h1(req, authority);
                 // Without traces the send is awaited bare: `instrument` moves the whole send
                 // future into its wrapper (a ~1 KB copy a request, callgrind).
                 let (outcome, back) = if attempt.is_disabled() {
-                    self.upstreams.send_h1(req, authority).await
+                    send(h1_request(
+                        unsent_req,
+                        parts,
+                        &mut host_added,
+                        authority,
+                        &body,
+                        meta,
+                        &attempt,
+                    )?)
+                    .await
                 } else {
-                    let sent = self.upstreams.send_h1(req, authority);
-                    sent.instrument(attempt.clone()).await
+                    send(h1_request(
+                        unsent_req,
+                        parts,
+                        &mut host_added,
+                        authority,
+                        &body,
+                        meta,
+                        &attempt,
+                    )?)
+                    .instrument(attempt.clone())
+                    .await
                 };
-                unsent = back.map(|req| (req, host_added));
-                (outcome.map_body(UpstreamBody::Driven), attempt)
+                unsent = back.map(Box::new);
+                outcome.map_body(UpstreamBody::Driven)
             } else {
-                let mut req = upstream_request(&parts, authority, body.clone())?;
-                super::forwarded::append(req.headers_mut(), meta.client, meta.https);
-                let attempt = trace_span::attempt(ep, authority, attempts);
-                trace_span::inject(&attempt, req.headers_mut());
+                let build = || -> Result<_, ProxyError> {
+                    let mut req = upstream_request(parts, authority, body.clone())?;
+                    super::forwarded::append(req.headers_mut(), meta.client, meta.https);
+                    trace_span::inject(&attempt, req.headers_mut());
+                    Ok(req)
+                };
                 let outcome = if attempt.is_disabled() {
-                    self.upstreams.send(req, &pool.via).await
+                    self.upstreams.send(build()?, &pool.via).await
                 } else {
-                    let sent = self.upstreams.send(req, &pool.via);
+                    let sent = self.upstreams.send(build()?, &pool.via);
                     sent.instrument(attempt.clone()).await
                 };
-                (outcome.map_body(UpstreamBody::Pooled), attempt)
+                outcome.map_body(UpstreamBody::Pooled)
             };
-            let (outcome, attempt) = outcome;
             trace_span::record_attempt(&attempt, outcome.status(), outcome.error_type());
             match outcome {
                 Attempt::Response(resp) => {
@@ -342,6 +354,37 @@ impl Handler {
             );
         }
     }
+}
+
+/// The cleartext HTTP/1.1 request of one attempt to `authority`: the one a connect failure gave
+/// back (`unsent`, its `Host` readdressed when it was added), else built from the client's head
+/// ([`origin_request`] takes `parts.headers`) with `X-Forwarded-*`; with the attempt `span`'s
+/// trace context. `host_added` is set when the first build adds `Host`.
+fn h1_request(
+    unsent: Option<Request<Full<Bytes>>>,
+    parts: &mut Parts,
+    host_added: &mut bool,
+    authority: &str,
+    body: &Bytes,
+    meta: &RequestMeta,
+    span: &tracing::Span,
+) -> Result<Request<Full<Bytes>>, ProxyError> {
+    let mut req = match unsent {
+        Some(mut req) => {
+            if *host_added {
+                readdress(&mut req, authority)?;
+            }
+            req
+        }
+        None => {
+            let (mut req, added) = origin_request(parts, authority, body.clone())?;
+            *host_added = added;
+            super::forwarded::append(req.headers_mut(), meta.client, meta.https);
+            req
+        }
+    };
+    trace_span::inject(span, req.headers_mut());
+    Ok(req)
 }
 
 /// Reads the whole request body (chunked included) up to `limit` bytes into one buffer sized

@@ -112,7 +112,7 @@ impl Handler {
     pub(super) async fn forward_pd(
         &self,
         pool: &Arc<Pool>,
-        parts: Parts,
+        mut parts: Parts,
         body: Bytes,
         meta: &RequestMeta,
         start: Instant,
@@ -129,7 +129,7 @@ impl Handler {
             pool.pd.as_ref(),
             full.as_ref().and_then(Value::as_object),
         ) else {
-            return self.forward(pool, parts, body, meta, start).await;
+            return self.forward(pool, &mut parts, body, meta, start).await;
         };
         let service = pool.rule.id;
         let m = &self.ctx.metrics.pd;

@@ -101,12 +101,13 @@ impl Upstreams {
     /// Sends `req` (origin-form URI and `Host`, see [`origin_request`]) over cleartext
     /// HTTP/1.1 to `authority` on a connection the response body drives (`upstream_h1.rs`).
     /// A connect failure gives `req` back unsent (`H1Pool::send`).
-    pub async fn send_h1(
-        &self,
+    /// Not an `async fn`: a wrapper future would hold a second copy of `req`.
+    pub fn send_h1<'a>(
+        &'a self,
         req: Request<Full<Bytes>>,
-        authority: &str,
-    ) -> (Attempt<DrivenBody>, Option<Request<Full<Bytes>>>) {
-        self.driven.send(req, authority).await
+        authority: &'a str,
+    ) -> impl Future<Output = (Attempt<DrivenBody>, Option<Request<Full<Bytes>>>)> + 'a {
+        self.driven.send(req, authority)
     }
 
     /// Sends `req` (absolute URI) the way `via` says: HTTP/1.1, HTTP/2 prior knowledge, or
