@@ -23,6 +23,8 @@ declare -A APT=(
   [stress-ng]=stress-ng
   # scripts/bench-proxy-instructions.sh: instructions per request under callgrind
   [valgrind]=valgrind [callgrind_control]=valgrind
+  # scripts/bench-xdp-prog.sh: the XDP program's cost by BPF_PROG_TEST_RUN
+  [bpftool]=bpftool
 )
 missing=()
 for cmd in "${!APT[@]}"; do
