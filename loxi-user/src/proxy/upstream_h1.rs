@@ -196,41 +196,47 @@ impl H1Pool {
     /// connection or a new one; the response body drives the connection (see the module doc).
     /// With [`Attempt::ConnectFailed`], and only then, `req` comes back unsent (its headers and
     /// body untouched), so the caller can send it to another endpoint without rebuilding it.
-    pub async fn send(
-        self: &Arc<Self>,
+    ///
+    /// Not an `async fn`: its argument `req` would be stored twice in the future (the argument
+    /// and the body's local); the `async move` block keeps one (the future is part of every
+    /// request's routing future, which is copied once into its box).
+    pub fn send<'a>(
+        self: &'a Arc<Self>,
         mut req: Request<Full<Bytes>>,
-        authority: &str,
-    ) -> (Attempt<DrivenBody>, Option<Request<Full<Bytes>>>) {
-        loop {
-            let (mut c, reused) = match self.checkout(authority).await {
-                Some(c) => (c, true),
-                // Boxed: a new connection is the rare case, and its connect and handshake
-                // futures inline would size (and be copied with) every request's future.
-                None => match Box::pin(self.connect(authority)).await {
-                    Ok(c) => (c, false),
-                    Err(e) => return (Attempt::ConnectFailed(e), Some(req)),
-                },
-            };
-            let mut sent = std::pin::pin!(c.send.try_send_request(req));
-            let outcome = poll_fn(|cx| {
-                c.drive(cx);
-                sent.as_mut().poll(cx)
-            })
-            .await;
-            match outcome {
-                Ok(resp) => {
-                    let pool = Some((c, self.clone()));
-                    let resp = resp.map(|body| DrivenBody { body, pool });
-                    return (Attempt::Response(resp), None);
-                }
-                Err(mut e) => match e.take_message() {
-                    // Not sent: the connection closed as it was taken. Once more, new.
-                    Some(unsent) if reused => req = unsent,
-                    Some(unsent) => {
-                        return (Attempt::ConnectFailed(error_chain(e.error())), Some(unsent));
+        authority: &'a str,
+    ) -> impl Future<Output = (Attempt<DrivenBody>, Option<Request<Full<Bytes>>>)> + Send + 'a {
+        async move {
+            loop {
+                let (mut c, reused) = match self.checkout(authority).await {
+                    Some(c) => (c, true),
+                    // Boxed: a new connection is the rare case, and its connect and handshake
+                    // futures inline would size (and be copied with) every request's future.
+                    None => match Box::pin(self.connect(authority)).await {
+                        Ok(c) => (c, false),
+                        Err(e) => return (Attempt::ConnectFailed(e), Some(req)),
+                    },
+                };
+                let mut sent = std::pin::pin!(c.send.try_send_request(req));
+                let outcome = poll_fn(|cx| {
+                    c.drive(cx);
+                    sent.as_mut().poll(cx)
+                })
+                .await;
+                match outcome {
+                    Ok(resp) => {
+                        let pool = Some((c, self.clone()));
+                        let resp = resp.map(|body| DrivenBody { body, pool });
+                        return (Attempt::Response(resp), None);
                     }
-                    None => return (Attempt::Failed(Box::new(e.into_error())), None),
-                },
+                    Err(mut e) => match e.take_message() {
+                        // Not sent: the connection closed as it was taken. Once more, new.
+                        Some(unsent) if reused => req = unsent,
+                        Some(unsent) => {
+                            return (Attempt::ConnectFailed(error_chain(e.error())), Some(unsent));
+                        }
+                        None => return (Attempt::Failed(Box::new(e.into_error())), None),
+                    },
+                }
             }
         }
     }

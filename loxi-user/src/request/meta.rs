@@ -115,13 +115,17 @@ impl RequestMeta {
         client: Option<SocketAddr>,
         rule: &crate::rules::ServiceArgs,
     ) -> Self {
+        let [model, conversation, session] = scan(
+            &parts.headers,
+            [&MODEL_NAME, &CONVERSATION_NAME, &SESSION_NAME],
+        );
         let mut m = RequestMeta {
             client,
             api: api_kind(parts.uri.path()),
-            model: request_model(&parts.headers, json),
+            model: value_str(model).or_else(|| json.and_then(|v| str_field(v, "model"))),
             session_key: super::session::session_key(parts, &rule.session_header_name),
-            conversation_id: header_str(&parts.headers, &CONVERSATION_NAME),
-            session_id: header_str(&parts.headers, &SESSION_NAME),
+            conversation_id: value_str(conversation),
+            session_id: value_str(session),
             ..Default::default()
         };
         if let Some(v) = json.filter(|v| v.is_object()) {
@@ -156,7 +160,8 @@ pub fn request_model(
     headers: &http::HeaderMap,
     json: Option<&serde_json::Value>,
 ) -> Option<String> {
-    header_str(headers, &MODEL_NAME).or_else(|| json.and_then(|v| str_field(v, "model")))
+    let [model] = scan(headers, [&MODEL_NAME]);
+    value_str(model).or_else(|| json.and_then(|v| str_field(v, "model")))
 }
 
 /// Which OpenAI API a path targets.
@@ -173,9 +178,28 @@ pub fn api_kind(path: &str) -> ApiKind {
     }
 }
 
-fn header_str(h: &http::HeaderMap, name: &http::HeaderName) -> Option<String> {
-    h.get(name)
-        .and_then(|v| v.to_str().ok())
+/// The first value of each of `names` in `h`, as `HeaderMap::get` gives it, found in one pass
+/// over the map. A lookup hashes the name (FNV over its bytes for a custom name): ~150
+/// instructions for each of these names a request, found or not (callgrind, issue 17 §3), where
+/// the pass compares each of a request's few headers by length and bytes.
+fn scan<'h, const N: usize>(
+    h: &'h http::HeaderMap,
+    names: [&http::HeaderName; N],
+) -> [Option<&'h http::HeaderValue>; N] {
+    let mut found = [None; N];
+    for (name, value) in h {
+        for (slot, want) in found.iter_mut().zip(names) {
+            if slot.is_none() && name == want {
+                *slot = Some(value);
+            }
+        }
+    }
+    found
+}
+
+/// A header value as routing reads it: UTF-8, trimmed, non-empty.
+fn value_str(v: Option<&http::HeaderValue>) -> Option<String> {
+    v.and_then(|v| v.to_str().ok())
         .map(str::trim)
         .filter(|s| !s.is_empty())
         .map(String::from)
@@ -266,6 +290,36 @@ mod tests {
             &args(""),
         );
         assert_eq!(m.conversation_id.as_deref(), Some("c-9"), "header wins");
+    }
+
+    #[test]
+    fn routing_headers_are_the_first_values_of_their_names_among_many() {
+        // As `HeaderMap::get`: the first value of a repeated name, any spelling of the name;
+        // a blank value counts as absent.
+        let p = parts(
+            "/v1/completions",
+            &[
+                ("Content-Type", "application/json"),
+                ("X-Stainless-Lang", "python"),
+                ("X-Session-Id", "s-1"),
+                ("x-model", " first "),
+                ("X-MODEL", "second"),
+                ("x-conversation-id", "  "),
+                ("x-conversation-ids", "c-other"),
+                ("user-agent", "openai"),
+            ],
+        );
+        let m = RequestMeta::extract(&p, br#"{"model":"body"}"#, None, &args(""));
+        assert_eq!(m.model.as_deref(), Some("first"));
+        assert_eq!(m.session_id.as_deref(), Some("s-1"));
+        assert_eq!(m.conversation_id, None);
+        assert_eq!(
+            request_model(&p.headers, None).as_deref(),
+            Some("first"),
+            "the routing table's model read agrees"
+        );
+        let p = parts("/v1/completions", &[("x-models", "not-this")]);
+        assert_eq!(request_model(&p.headers, None), None);
     }
 
     #[test]
