@@ -197,7 +197,7 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
         certs,
     };
     let app = api::router(state)
-        .merge(kv::api::router(kv.state, rules))
+        .merge(api::kv::router(kv.state, rules))
         .layer(axum::middleware::from_fn_with_state(
             security,
             api::security::guard,
