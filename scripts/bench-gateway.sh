@@ -16,6 +16,9 @@
 # bounded by --warmup-secs + --level-secs. Builds through scripts/setup.sh first
 # (LOXI_BENCH_SKIP_SETUP=1 skips it). Every process started is stopped on exit.
 set -euo pipefail
+# CARGO_TARGET_DIR, LOXI_BIN_DIR, LOXI_SHARED made absolute; bin_dir, cargo_release_dir, need_value.
+# shellcheck source=lib/paths.sh
+. "$(dirname "$0")/lib/paths.sh"
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 OUT="$ROOT/target/bench-gateway/$(date +%Y%m%d-%H%M%S)"
@@ -23,9 +26,9 @@ ARGS=()
 CORE=""
 while [ $# -gt 0 ]; do
   case "$1" in
-    --out) OUT=$2; shift 2 ;;
+    --out) need_value bench-gateway.sh "$1" $# "${2:-}"; OUT=$2; shift 2 ;;
     --out=*) OUT=${1#--out=}; shift ;;
-    --core) CORE=$2; shift 2 ;;
+    --core) need_value bench-gateway.sh "$1" $# "${2:-}"; CORE=$2; shift 2 ;;
     --core=*) CORE=${1#--core=}; shift ;;
     -h|--help) awk 'NR > 1 { if (!/^#/) exit; print }' "$0"; exit 0 ;; # the header comment
     *) ARGS+=("$1"); shift ;;
@@ -35,7 +38,7 @@ if [ "${LOXI_BENCH_SKIP_SETUP:-0}" != 1 ]; then
   bash scripts/setup.sh
 fi
 command -v taskset >/dev/null || { echo "bench-gateway.sh: taskset missing (util-linux)" >&2; exit 1; }
-BIN=${LOXI_BIN_DIR:-$ROOT/target/release}
+BIN=$(bin_dir)
 for b in bench-gateway vllm-sim loxilb loxicmd; do
   [ -x "$BIN/$b" ] || { echo "bench-gateway.sh: $BIN/$b missing (setup failed?)" >&2; exit 1; }
 done

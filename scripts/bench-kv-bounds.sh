@@ -20,15 +20,19 @@
 # stopped on exit; everything runs on 127.0.0.1 and is bounded in time (~2×S + linear phase).
 # LOXI_BENCH_SKIP_SETUP=1 skips scripts/setup.sh (LOXI_BIN_DIR: other builds).
 set -euo pipefail
+# CARGO_TARGET_DIR, LOXI_BIN_DIR, LOXI_SHARED made absolute; bin_dir, shared_dir, need_value.
+# shellcheck source=lib/paths.sh
+. "$(dirname "$0")/lib/paths.sh"
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
-SHARED=${LOXI_SHARED:-$ROOT/../shared}
+SHARED=$(shared_dir)
 OUT="$ROOT/target/bench-kv-bounds/$(date +%Y%m%d-%H%M%S)"
 SECONDS_PER_PHASE=15
 CONC=8
 HOG=0
 while [ $# -gt 0 ]; do
   case "$1" in
+    --out|--seconds|--conc|--cpu-hog) need_value bench-kv-bounds.sh "$1" $# "${2:-}" ;;&
     --out) OUT=$2; shift 2 ;;
     --seconds) SECONDS_PER_PHASE=$2; shift 2 ;;
     --conc) CONC=$2; shift 2 ;;
@@ -40,7 +44,7 @@ done
 if [ "${LOXI_BENCH_SKIP_SETUP:-0}" != 1 ]; then
   bash scripts/setup.sh
 fi
-BIN=${LOXI_BIN_DIR:-$ROOT/target/release}
+BIN=$(bin_dir)
 command -v nginx >/dev/null || { echo "bench-kv-bounds.sh: needs nginx (setup.sh installs it)" >&2; exit 1; }
 for b in loxilb; do
   [ -x "$BIN/$b" ] || { echo "bench-kv-bounds.sh: $BIN/$b missing (setup.sh builds it)" >&2; exit 1; }

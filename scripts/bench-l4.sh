@@ -14,11 +14,14 @@
 #   (default 7) rounds, BENCH_SENDER (packet or raw: one datagram per sendto on a raw IP
 #   socket, the method of the figures before 2026-12-03 afternoon).
 set -euo pipefail
+# CARGO_TARGET_DIR, LOXI_BIN_DIR, LOXI_SHARED made absolute; cargo_release_dir.
+# shellcheck source=lib/paths.sh
+. "$(dirname "$0")/lib/paths.sh"
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
 [ "$(id -u)" = 0 ] || { echo "bench-l4: needs root (network namespaces, XDP)" >&2; exit 1; }
 # Release, like the tests: the profile CI and the daemon build, so nothing else is compiled.
 cargo build --release -q -p xtask
-exec target/release/xtask bench-l4 --packets "${BENCH_PACKETS:-200000}" \
+exec "$(cargo_release_dir)/xtask" bench-l4 --packets "${BENCH_PACKETS:-200000}" \
   --new-packets "${BENCH_NEW_PACKETS:-25000}" --runs "${BENCH_RUNS:-7}" \
   --sender "${BENCH_SENDER:-packet}"

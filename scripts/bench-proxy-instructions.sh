@@ -12,6 +12,9 @@
 #   N=2000 WARM=200   requests measured / warm-up
 # Loopback only; bounded by N. Needs valgrind (scripts/setup.sh).
 set -euo pipefail
+# CARGO_TARGET_DIR, LOXI_BIN_DIR, LOXI_SHARED made absolute; cargo_release_dir.
+# shellcheck source=lib/paths.sh
+. "$(dirname "$0")/lib/paths.sh"
 cd "$(dirname "$0")/.."
 N=${N:-2000}
 WARM=${WARM:-200}
@@ -20,7 +23,7 @@ for cmd in valgrind callgrind_control curl python3; do
   command -v "$cmd" >/dev/null || { echo "bench-proxy-instructions: $cmd missing (run scripts/setup.sh)" >&2; exit 1; }
 done
 cargo build --release -q -p loxi-user --bin loxilb -p loxi-tests --bin echo-backend --bin hyper-floor
-BIN=$PWD/target/release
+BIN=$(cargo_release_dir)
 # TMP, PIDS, cleanup on exit, free_port, wait_port.
 # shellcheck source=lib/loopback.sh
 . scripts/lib/loopback.sh

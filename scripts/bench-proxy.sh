@@ -34,6 +34,9 @@
 #
 # Loopback only; every measurement is bounded by DURATION. Needs wrk and nginx (scripts/setup.sh).
 set -euo pipefail
+# CARGO_TARGET_DIR, LOXI_BIN_DIR, LOXI_SHARED made absolute; cargo_release_dir.
+# shellcheck source=lib/paths.sh
+. "$(dirname "$0")/lib/paths.sh"
 cd "$(dirname "$0")/.."
 DURATION=${DURATION:-10}
 THREADS=${THREADS:-2}
@@ -51,7 +54,7 @@ for cmd in wrk nginx curl openssl; do
 done
 
 cargo build --release -q -p loxi-user --bin loxilb -p loxi-tests --bin echo-backend --bin hyper-floor
-BIN=target/release
+BIN=$(cargo_release_dir)
 # TMP, PIDS, cleanup on exit, free_port, wait_port.
 # shellcheck source=lib/loopback.sh
 . scripts/lib/loopback.sh

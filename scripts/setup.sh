@@ -2,13 +2,20 @@
 # Idempotent machine setup for loxi: apt and pip packages, the eBPF toolchain, release build.
 # Safe to run repeatedly; each step is skipped when already satisfied.
 #   LOXI_SETUP_BUILD=0   skip the cargo build at the end
-#   LOXI_SHARED=DIR      where shared/ lives (default: ../shared beside the checkout)
+#   LOXI_SHARED=DIR      where shared/ lives (default: ../shared beside the checkout); its eBPF
+#                        toolchain script and golden tokenizer are needed, a missing one stops
+#                        the setup at once
+#   CARGO_TARGET_DIR     honoured by the build (a relative one is taken from the directory this
+#                        script was started in)
 set -euo pipefail
+# CARGO_TARGET_DIR, LOXI_BIN_DIR, LOXI_SHARED made absolute; shared_dir, require_golden_tokenizer.
+# shellcheck source=lib/paths.sh
+. "$(dirname "$0")/lib/paths.sh"
 cd "$(dirname "$0")/.."
-ROOT=$(pwd)
-SHARED=${LOXI_SHARED:-$ROOT/../shared}
+SHARED=$(shared_dir)
 export PATH="$HOME/.cargo/bin:$PATH"
 log() { printf '[setup] %s\n' "$*" >&2; }
+require_golden_tokenizer setup.sh
 
 # --- apt: tools the tests and benchmarks call -------------------------------------------------
 # command -> Debian package

@@ -2,10 +2,15 @@
 # All of loxi's tests: unit, integration (real daemon, real backends, real ZeroMQ publishers,
 # promtool) and, as root, the network-namespace XDP tests. Runs setup first.
 set -euo pipefail
+# CARGO_TARGET_DIR, LOXI_BIN_DIR, LOXI_SHARED made absolute (the test binaries run in their
+# crates' directories); shared_dir.
+# shellcheck source=lib/paths.sh
+. "$(dirname "$0")/lib/paths.sh"
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 export PATH="$HOME/.cargo/bin:$PATH"
-export LOXI_SHARED=${LOXI_SHARED:-$(cd .. && pwd)/shared}
+LOXI_SHARED=$(shared_dir)
+export LOXI_SHARED
 # One release build serves the tests and the binaries the integration tests start.
 cargo test --release --workspace --no-fail-fast -- --test-threads="${LOXI_TEST_THREADS:-2}"
 # The routing benchmark end to end (a vllm-sim fleet and one loxilb per policy, a timed hit-rate

@@ -32,8 +32,14 @@ pub enum AppError {
     #[error("opening the rule store: {0}")]
     Store(#[from] PersistError),
     /// The certificate directory of the state dir cannot be opened.
-    #[error("opening the certificate store: {0}")]
-    Certs(#[source] std::io::Error),
+    #[error("opening the certificate store {}: {source}", path.display())]
+    Certs {
+        /// The directory (`<state-dir>/certs`).
+        path: std::path::PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
     /// The API address cannot be bound.
     #[error("binding the REST API on {addr}: {source}")]
     Bind {
@@ -105,8 +111,12 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
         }
     };
     // Restore before any listener opens.
-    let certs =
-        Arc::new(crate::certs::CertStore::open(&cfg.flags.state_dir).map_err(AppError::Certs)?);
+    let certs = Arc::new(crate::certs::CertStore::open(&cfg.flags.state_dir).map_err(
+        |source| AppError::Certs {
+            path: cfg.flags.state_dir.join("certs"),
+            source,
+        },
+    )?);
     crate::certs::stage::stage_dir(&certs, &cfg.flags.cert_dir);
     crate::certs::ExpiryCollector::register(&mut registry, certs.clone());
     let store = Arc::new(RuleStore::open(&cfg.flags.state_dir)?);
@@ -170,7 +180,9 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
             addr: cfg.flags.api_addr,
             source,
         })?;
-    tracing::info!(addr = %cfg.flags.api_addr, rules = store.snapshot().rules.len(), "REST API listening");
+    // The bound address: `--api-addr 127.0.0.1:0` gets its port from the OS.
+    let bound = listener.local_addr().unwrap_or(cfg.flags.api_addr);
+    tracing::info!(addr = %bound, rules = store.snapshot().rules.len(), "REST API listening");
     let l4_datapath = !cfg.flags.l4.xdp_iface.is_empty();
     report_l4_rules_without_datapath(&store, l4_datapath);
     let rules = store.subscribe();
@@ -185,7 +197,7 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
         certs,
     };
     let app = api::router(state)
-        .merge(kv::api::router(kv.state, rules))
+        .merge(api::kv::router(kv.state, rules))
         .layer(axum::middleware::from_fn_with_state(
             security,
             api::security::guard,
@@ -353,4 +365,63 @@ fn spawn_signal_watch(shutdown: CancellationToken) -> Result<(), AppError> {
         shutdown.cancel();
     });
     Ok(())
+}
+
+/// `e` and its sources as the text of a start-up failure: the message, then a `Caused by:` line
+/// per source whose text the lines before do not already hold (the daemon's error messages
+/// embed their source, and some parsers' errors repeat their own source's text, so printing
+/// every link showed one reason two or three times).
+pub fn report(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut said = text.clone();
+    let mut causes = Vec::new();
+    let mut next = e.source();
+    while let Some(cause) = next {
+        let t = cause.to_string();
+        if !said.contains(&t) {
+            said.push_str(&t);
+            causes.push(t);
+        }
+        next = cause.source();
+    }
+    if !causes.is_empty() {
+        text.push_str("\n\nCaused by:");
+        for c in causes {
+            text.push_str("\n    ");
+            text.push_str(&c);
+        }
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn report_says_a_reason_once_and_names_the_certificate_directory() {
+        let e = AppError::Certs {
+            path: "/proc/nope/certs".into(),
+            source: std::io::Error::from(std::io::ErrorKind::NotFound),
+        };
+        assert_eq!(
+            report(&e),
+            "opening the certificate store /proc/nope/certs: entity not found"
+        );
+        let filter = crate::telemetry::init("a=b=c", crate::telemetry::LogFormat::Text, |_| None)
+            .expect_err("not a filter");
+        let text = report(&filter);
+        assert!(text.starts_with("--log \"a=b=c\": "), "{text}");
+        let reason = text.trim_start_matches("--log \"a=b=c\": ");
+        assert!(!reason.is_empty() && !text.contains("Caused by"), "{text}");
+    }
+
+    #[test]
+    fn report_adds_a_source_the_message_does_not_hold() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("starting")]
+        struct Outer(#[source] std::io::Error);
+        let e = Outer(std::io::Error::other("disk full"));
+        assert_eq!(report(&e), "starting\n\nCaused by:\n    disk full");
+    }
 }

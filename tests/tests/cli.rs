@@ -154,6 +154,95 @@ async fn loxicmd_prints_the_server_error_as_loxilb_loxicmd_and_exits_by_status()
     assert_eq!(d.rules().await, json!({"lbAttr": []}));
 }
 
+/// The rule's tier-1.5 flags set away from their defaults without `--kv-exact-mode` would be
+/// stored and inert: the server refuses them (400 → 6) naming the field, as it refuses an
+/// endpoint's own `--ep-kv-zmq-port` there, and neither message has a run of spaces.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loxicmd_rule_kv_flags_without_kv_exact_mode_are_refused_naming_the_field() {
+    let d = Daemon::start_default().await;
+    let tcp = format!("--tcp={}:18000", free_port());
+    for (flags, field, value) in [
+        (&["--kv-zmq-port=6000"][..], "kvZmqPort", "6000"),
+        (
+            &["--kv-hash-algo=xxhash_cbor"],
+            "kvHashAlgo",
+            "\"xxhash_cbor\"",
+        ),
+        (&["--kv-block-size=7"], "kvBlockSize", "7"),
+    ] {
+        let out = create_lb(&d, &tcp, &[&["--mode=fullproxy"][..], flags].concat());
+        assert_eq!(out.status.code(), Some(6), "{flags:?}: {}", stderr(&out));
+        assert_eq!(
+            stderr(&out),
+            format!(
+                "Error: server returned 400: serviceArguments.{field}: {value} tunes tier 1.5 \
+                 (KV-event routing), which is read only with kvExactMode 1 or 3; this rule's \
+                 kvExactMode is 0 (set kvExactMode, or leave {field} out)\n"
+            )
+        );
+    }
+    let out = create_lb(&d, &tcp, &["--mode=fullproxy", "--ep-kv-zmq-port=6000"]);
+    assert_eq!(out.status.code(), Some(6), "{}", stderr(&out));
+    assert_eq!(
+        stderr(&out),
+        "Error: server returned 400: endpoints[0].kvZmqPort: an endpoint's own KV-event port is \
+         read only when its events are subscribed (kvExactMode 3, or kvExactMode 1 on a prefill \
+         endpoint, ep_role 1); this endpoint's are not (kvExactMode 0, ep_role 0)\n"
+    );
+    assert_eq!(d.rules().await, json!({"lbAttr": []}));
+    // The same flags with kvExactMode are stored.
+    let out = create_lb(
+        &d,
+        &tcp,
+        &[
+            "--mode=fullproxy",
+            "--kv-exact-mode=3",
+            "--kv-zmq-port=6000",
+            "--kv-hash-algo=xxhash_cbor",
+            "--kv-block-size=7",
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let rules = d.rules().await;
+    let s = &rules["lbAttr"][0]["serviceArguments"];
+    assert_eq!(
+        (
+            s["kvZmqPort"].clone(),
+            s["kvHashAlgo"].clone(),
+            s["kvBlockSize"].clone()
+        ),
+        (json!(6000), json!("xxhash_cbor"), json!(7))
+    );
+}
+
+/// `-o table` names the default format; `--timeout 0` is refused before any request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loxicmd_accepts_output_table_and_refuses_a_zero_timeout() {
+    let d = Daemon::start_default().await;
+    let out = create_lb(
+        &d,
+        &format!("--tcp={}:8000", free_port()),
+        &["--mode=fullproxy"],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let default = d.loxicmd(&["get", "lb"]);
+    let table = d.loxicmd(&["-o", "table", "get", "lb"]);
+    assert!(table.status.success(), "{}", stderr(&table));
+    assert!(stdout(&table).contains("EXT IP"), "{}", stdout(&table));
+    assert_eq!(stdout(&table), stdout(&default));
+    let out = d.loxicmd(&["--timeout", "0", "get", "lb"]);
+    assert_eq!(out.status.code(), Some(2), "usage error: {}", stderr(&out));
+    assert!(
+        stderr(&out).contains(
+            "invalid value '0' for '--timeout <TIMEOUT>': must be at least 1 second (0 would \
+             time out every call)"
+        ),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(stdout(&out), "");
+}
+
 /// `loxicmd get lb | head -1`: a reader that went away stops loxicmd quietly (no panic, no
 /// message) with 141, the status a shell shows for Go's loxicmd killed by SIGPIPE.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -258,3 +258,132 @@ fn a_missing_vip_interface_is_a_start_up_error_naming_it() {
         "{err}"
     );
 }
+
+/// `loxilb` with `args` and a fresh state dir under `dir` that exits at start: its exit code and
+/// stderr.
+fn failed_start(dir: &std::path::Path, args: &[&str]) -> (Option<i32>, String) {
+    let out = std::process::Command::new(loxi_tests::harness::bin_path("loxilb"))
+        .args(["--api-addr", &format!("127.0.0.1:{}", free_port())])
+        .arg("--tokenizer-dir")
+        .arg(dir.join("tok"))
+        .args(args)
+        .env("RUST_BACKTRACE", "0")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run loxilb");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn an_unusable_state_dir_is_a_start_up_error_naming_the_path() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, b"").expect("write");
+    let state = file.join("state");
+    let (code, err) = failed_start(dir.path(), &["--state-dir", &state.display().to_string()]);
+    assert_eq!(code, Some(1), "{err}");
+    let want = format!(
+        "Error: opening the certificate store {}: ",
+        state.join("certs").display()
+    );
+    assert!(err.contains(&want), "{err}");
+    assert!(!err.contains("Caused by"), "the reason once: {err}");
+}
+
+#[test]
+fn a_bad_log_filter_is_reported_once() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let state = dir.path().join("state").display().to_string();
+    let (code, err) = failed_start(dir.path(), &["--state-dir", &state, "--log", "a=b=c"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.starts_with("Error: --log \"a=b=c\": "), "{err}");
+    assert_eq!(
+        err.lines().filter(|l| !l.trim().is_empty()).count(),
+        1,
+        "{err}"
+    );
+}
+
+/// GETs `url`; the body, or the client error text.
+async fn get_text(url: &str) -> Result<String, String> {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|e: http::uri::InvalidUri| e.to_string())?;
+    let resp = tokio::time::timeout(Duration::from_secs(5), client.get(uri))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(String::from_utf8_lossy(&body.to_bytes()).into_owned())
+}
+
+/// `--api-addr 127.0.0.1:0`: the OS picks the port and the log names the one bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_address_with_port_0_logs_the_port_bound() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut child = std::process::Command::new(loxi_tests::harness::bin_path("loxilb"))
+        .args(["--api-addr", "127.0.0.1:0", "--log", "info"])
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .arg("--tokenizer-dir")
+        .arg(dir.path().join("tok"))
+        .env("NO_COLOR", "1")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn loxilb");
+    // Read stderr on a thread to its end (the daemon keeps logging), handing over the line.
+    let stderr = child.stderr.take().expect("stderr");
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let mut tx = Some(tx);
+        for l in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if l.contains("REST API listening")
+                && let Some(tx) = tx.take()
+            {
+                let _ = tx.send(l);
+            }
+        }
+    });
+    let line = tokio::time::timeout(Duration::from_secs(30), rx)
+        .await
+        .ok()
+        .and_then(Result::ok);
+    let addr = line.as_deref().and_then(|l| {
+        let rest = &l[l.find("addr=")? + "addr=".len()..];
+        rest.split_whitespace()
+            .next()?
+            .parse::<std::net::SocketAddr>()
+            .ok()
+    });
+    let answer = match addr {
+        Some(a) if a.port() != 0 => {
+            Some(get_text(&format!("http://{a}/netlox/v1/config/loadbalancer/all")).await)
+        }
+        _ => None,
+    };
+    child.kill().expect("kill loxilb");
+    child.wait().expect("reap loxilb");
+    let addr = addr.unwrap_or_else(|| panic!("no bound address in {line:?}"));
+    assert_eq!(addr.ip().to_string(), "127.0.0.1");
+    assert_ne!(addr.port(), 0, "{line:?}");
+    let body = answer.expect("asked").expect("the API answers");
+    assert_eq!(
+        body.trim(),
+        "{\"lbAttr\":[]}",
+        "the API answers on the logged address"
+    );
+}

@@ -17,6 +17,8 @@
 //! | `GET` | `/version` | 200 `{"version","buildInfo","product"}` (no token needed) |
 //! | `GET` | `/config/endpoint/all` | 200 `{"Attr":[...]}` endpoint health |
 //! | `GET` | `/config/conntrack/all` | 200 `{"ctAttr":[...]}`: the live XDP conntrack map in LoxiLB's shape and order (≤ 65,536 entries, `"truncated": true` beyond); `[]` without the L4 data path or before it is loaded |
+//! | `GET` | `/config/ai/kv/inventory?service_id=N[&ep_idx=M]` | 200 the KV tier's block inventory (LoxiLB's shape with `ep_idx`); 400 bad query field; 404 ([`kv`]) |
+//! | `GET` | `/config/ai/kv/parity?service_id=N` | 200 every endpoint's readiness and hash-contract parity; 400; 404 ([`kv`]) |
 //! | `GET` | `/config/metrics` | 200 `{"prometheus":true}` |
 //! | `GET` | `/metrics` | 200 Prometheus text 0.0.4, or OpenMetrics when `Accept` asks |
 //!
@@ -27,6 +29,7 @@
 pub mod certs;
 pub mod error;
 pub mod fields;
+pub mod kv;
 pub mod loxilb;
 pub mod rules;
 pub mod security;

@@ -1,8 +1,20 @@
 //! `loxilb`: the loxi daemon (REST API, rule store, fullproxy). See `loxi_user::app`.
 use loxi_user::config::Config;
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
     large_allocations_mmapped();
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // Each reason once (anyhow's own report repeats sources the messages embed).
+            eprintln!("Error: {}", loxi_user::app::report(e.as_ref()));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// Parses flags and environment, sets up logging, runs the daemon until a signal.
+fn run() -> anyhow::Result<()> {
     let cfg = Config::from_process();
     let mut telemetry = loxi_user::telemetry::init(&cfg.flags.log, cfg.flags.log_format, |k| {
         std::env::var(k).ok()

@@ -29,11 +29,12 @@ pub struct Cli {
     /// File whose first non-empty line is the API's bearer token (wins over `--token`).
     #[arg(long, global = true, value_name = "FILE")]
     pub token_file: Option<std::path::PathBuf>,
-    /// Output format of `get`: table (default), `wide` or `json` (LoxiLB's global `-o`).
-    #[arg(short = 'o', long, global = true)]
-    pub output: Option<OutputFormat>,
-    /// Seconds one API call may take (connect, send, answer); LoxiLB's `-t/--timeout`.
-    #[arg(short = 't', long, global = true, default_value_t = 10)]
+    /// Output format of `get`: `table` (default), `wide` or `json` (LoxiLB's global `-o`).
+    #[arg(short = 'o', long, global = true, value_enum, default_value = "table")]
+    pub output: OutputFormat,
+    /// Seconds one API call may take (connect, send, answer); LoxiLB's `-t/--timeout`. At
+    /// least 1.
+    #[arg(short = 't', long, global = true, default_value_t = 10, value_parser = parse_timeout)]
     pub timeout: u64,
     /// The verb.
     #[command(subcommand)]
@@ -151,6 +152,8 @@ pub enum DeleteWhat {
 /// `get lb -o` formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum OutputFormat {
+    /// LoxiLB's table (the default).
+    Table,
     /// The REST answer, pretty-printed.
     Json,
     /// The table plus endpoint index, role and KV columns.
@@ -337,6 +340,15 @@ pub struct DeleteLb {
     pub name: Option<String>,
 }
 
+/// `--timeout`: whole seconds, at least 1 (0 would fail every call before it is sent).
+fn parse_timeout(s: &str) -> Result<u64, String> {
+    match s.parse::<u64>() {
+        Ok(0) => Err("must be at least 1 second (0 would time out every call)".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("{e} (whole seconds, at least 1)")),
+    }
+}
+
 /// `--security`: LoxiLB's names or the number.
 fn parse_security(s: &str) -> Result<u8, String> {
     match s.to_ascii_lowercase().as_str() {
@@ -344,5 +356,48 @@ fn parse_security(s: &str) -> Result<u8, String> {
         "https" | "1" => Ok(1),
         "e2ehttps" | "2" => Ok(2),
         other => Err(format!("{other:?} is not http, https or e2ehttps")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from([&["loxicmd"], args, &["get", "lb"]].concat())
+    }
+
+    #[test]
+    fn output_defaults_to_table_and_accepts_it_by_name() {
+        assert_eq!(parse(&[]).expect("parse").output, OutputFormat::Table);
+        for (name, want) in [
+            ("table", OutputFormat::Table),
+            ("wide", OutputFormat::Wide),
+            ("json", OutputFormat::Json),
+        ] {
+            assert_eq!(parse(&["-o", name]).expect(name).output, want);
+        }
+        let e = parse(&["-o", "yaml"]).expect_err("yaml is no format");
+        assert!(
+            e.to_string()
+                .contains("[possible values: table, json, wide]"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn timeout_of_zero_is_refused_at_parse_time() {
+        assert_eq!(parse(&[]).expect("parse").timeout, 10);
+        assert_eq!(parse(&["-t", "1"]).expect("parse").timeout, 1);
+        let e = parse(&["--timeout", "0"]).expect_err("0 s cannot answer");
+        assert_eq!(e.kind(), clap::error::ErrorKind::ValueValidation);
+        let text = e.to_string();
+        assert!(
+            text.contains(
+                "invalid value '0' for '--timeout <TIMEOUT>': must be at least 1 second \
+                 (0 would time out every call)"
+            ),
+            "{text}"
+        );
     }
 }

@@ -1,13 +1,13 @@
 //! `loxicmd`: LoxiLB's CLI verbs over loxi's REST API.
 //!
 //! `loxicmd create lb <VIP> --tcp=<port>:<targetPort> --endpoints=<ip:weight,...> --mode=..
-//! --select=.. [...]`, `loxicmd get lb|lbs|loadbalancer [-o json|wide]`, `loxicmd delete lb
+//! --select=.. [...]`, `loxicmd get lb|lbs|loadbalancer [-o table|json|wide]`, `loxicmd delete lb
 //! <VIP> --tcp=<port> [--host ..] [--model-name ..]` or `delete lb --name NAME`, `loxicmd get
 //! ep`, `get conntrack|ct`, `get kvinventory --service-id N [--ep-idx M]`, `get kvparity
 //! --service-id N`; global `-s/--apiserver` (default 127.0.0.1), `-p/--port` (default 11111),
 //! `--protocol http|https`, `--cacert FILE`, `--token TOKEN` (or env `LOXI_API_TOKEN`),
-//! `--token-file FILE`, `-o/--output`, `-t/--timeout SECONDS` (default 10); `save --lb|--all
-//! [-c DIR]` and `apply --lb FILE` (see [`dump`]).
+//! `--token-file FILE`, `-o/--output table|wide|json` (default `table`), `-t/--timeout SECONDS`
+//! (default 10, at least 1); `save --lb|--all [-c DIR]` and `apply --lb FILE` (see [`dump`]).
 //!
 //! Output and exit codes are LoxiLB's loxicmd's: a create or delete prints the answer's
 //! `result` (`Success`); a server error prints `Error: server returned <status>: <message>` on
@@ -87,7 +87,7 @@ async fn run_inner(cli: Cli) -> Result<(), Failure> {
     let base = target(&cli).map_err(Failure::usage)?;
     let api = Api {
         base,
-        timeout: Duration::from_secs(cli.timeout.max(1)),
+        timeout: Duration::from_secs(cli.timeout),
     };
     let output = cli.output;
     match cli.command {
@@ -97,7 +97,7 @@ async fn run_inner(cli: Cli) -> Result<(), Failure> {
         Verb::Get { what: GetWhat::Lb } => {
             let answer = api.get_json("/netlox/v1/config/loadbalancer/all").await?;
             let mut text = table::render(&answer, output);
-            if output == Some(OutputFormat::Json) {
+            if output == OutputFormat::Json {
                 text.push('\n');
             }
             out(&text)
@@ -176,10 +176,10 @@ fn print_pretty(v: &serde_json::Value) -> Result<(), Failure> {
 
 fn print_or_json(
     v: &serde_json::Value,
-    output: Option<OutputFormat>,
+    output: OutputFormat,
     table: impl Fn(&serde_json::Value) -> String,
 ) -> Result<(), Failure> {
-    if output == Some(OutputFormat::Json) {
+    if output == OutputFormat::Json {
         print_pretty(v)
     } else {
         out(&table(v))

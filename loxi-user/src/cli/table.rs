@@ -133,11 +133,11 @@ fn rule_key(r: &Value) -> String {
     )
 }
 
-/// Renders the `GET /config/loadbalancer/all` answer in `format` (None = table): LoxiLB's
-/// one row per rule, `wide` one row per endpoint, `json` the answer itself, pretty-printed.
+/// Renders the `GET /config/loadbalancer/all` answer in `format`: `table`, LoxiLB's
+/// one row per rule; `wide` one row per endpoint, `json` the answer itself, pretty-printed.
 /// An empty rule list prints nothing (as LoxiLB's loxicmd, which sets the header per rule).
-pub fn render(answer: &Value, format: Option<OutputFormat>) -> String {
-    if format == Some(OutputFormat::Json) {
+pub fn render(answer: &Value, format: OutputFormat) -> String {
+    if format == OutputFormat::Json {
         return serde_json::to_string_pretty(answer).unwrap_or_else(|_| answer.to_string());
     }
     let mut rules: Vec<&Value> = answer["lbAttr"]
@@ -149,7 +149,7 @@ pub fn render(answer: &Value, format: Option<OutputFormat>) -> String {
     if rules.is_empty() {
         return String::new();
     }
-    if format == Some(OutputFormat::Wide) {
+    if format == OutputFormat::Wide {
         return render_wide(&rules);
     }
     let header = [
@@ -412,9 +412,9 @@ mod tests {
     #[test]
     fn get_lb_renders_byte_for_byte_as_loxilb_loxicmd() {
         let want = "|    EXT IP    | PORT | PROTO | NAME | MARK |  SEL  |   MODE    | # OF ENDPOINTS | TIMEOUT | MONITOR | CONN LIMIT | QUEUE DEPTH | QUEUE WAIT(MS) |\n|--------------|------|-------|------|------|-------|-----------|----------------|---------|---------|------------|-------------|----------------|\n| 10.10.10.254 | 8080 | tcp   |      |    0 | chwbl | fullproxy |              3 |     240 | Off     |          0 |           0 |              0 |\n";
-        assert_eq!(render(&after_b(), None), want);
+        assert_eq!(render(&after_b(), OutputFormat::Table), want);
         assert_eq!(
-            render(&json!({"lbAttr": []}), None),
+            render(&json!({"lbAttr": []}), OutputFormat::Table),
             "",
             "empty list prints nothing"
         );
@@ -423,7 +423,7 @@ mod tests {
     #[test]
     fn get_lb_wide_renders_byte_for_byte_as_loxilb_loxicmd() {
         let want = "|    EXT IP    | SEC IPS | SOURCES | HOST | PORT | PROTO | NAME | MARK |  SEL  |   MODE    |   ENDPOINT   | EPORT | WEIGHT | STATE | COUNTERS | GATE | MAX OUT | ADAPTIVE | TENANTS | HEADERS |\n|--------------|---------|---------|------|------|-------|------|------|-------|-----------|--------------|-------|--------|-------|----------|------|---------|----------|---------|---------|\n| 10.10.10.254 |         |         |      | 8080 | tcp   |      |    0 | chwbl | fullproxy | 192.0.2.1    |  8080 |      1 | -     | 0:0      | -    | -       | -        | -       | -       |\n|              |         |         |      |      |       |      |      |       |           | 198.51.100.1 |  8080 |      1 | -     | 0:0      |      |         |          |         |         |\n|              |         |         |      |      |       |      |      |       |           | 203.0.113.1  |  8080 |      1 | -     | 0:0      |      |         |          |         |         |\n";
-        assert_eq!(render(&after_b(), Some(OutputFormat::Wide)), want);
+        assert_eq!(render(&after_b(), OutputFormat::Wide), want);
     }
 
     #[test]
@@ -432,7 +432,7 @@ mod tests {
             {"serviceArguments": {"externalIP": "10.0.0.1", "port": 8080, "protocol": "tcp"}, "endpoints": []},
             {"serviceArguments": {"externalIP": "10.0.0.1", "port": 2022, "protocol": "tcp"}, "endpoints": []}
         ]});
-        let t = render(&a, None);
+        let t = render(&a, OutputFormat::Table);
         let lines: Vec<&str> = t.lines().collect();
         assert!(
             lines[2].contains(" 2022 ") && lines[3].contains(" 8080 "),
@@ -456,7 +456,7 @@ mod tests {
 
     #[test]
     fn json_is_the_answer_itself() {
-        let t = render(&after_b(), Some(OutputFormat::Json));
+        let t = render(&after_b(), OutputFormat::Json);
         let back: Value = serde_json::from_str(&t).expect("json");
         assert_eq!(back, after_b());
     }

@@ -192,9 +192,7 @@ impl Env {
             hash_debug: r.switch("LLB_KV_HASH_DEBUG", false),
             min_match_tokens: r.int("LLB_KV_MIN_MATCH_TOKENS", 16, 0, 4096) as usize,
             predicted_ttl: Duration::from_millis(r.int("LOXI_KV_PREDICT_TTL_MS", 5000, 0, 600_000)),
-            lora_paths: lookup("LOXI_KV_LORA_PATHS")
-                .map(|v| crate::kv::settings::parse_lora_paths(&v))
-                .unwrap_or_default(),
+            lora_paths: r.lora_paths(),
             cpu_tier_credit: r.fraction("LOXI_KV_CPU_TIER_CREDIT", 0.5),
             never_matched_after: r.int("LOXI_KV_NEVER_MATCHED_AFTER", 20, 1, 1_000_000),
             models_poll: Duration::from_millis(r.int(
@@ -331,6 +329,30 @@ impl Reader<'_> {
             used,
             accepted,
         });
+    }
+
+    /// `LOXI_KV_LORA_PATHS`: the `name=path` pairs; entries that are not one are dropped with
+    /// one warning naming them.
+    fn lora_paths(&mut self) -> std::collections::HashMap<String, String> {
+        const VAR: &str = "LOXI_KV_LORA_PATHS";
+        let Some(v) = self.get(VAR) else {
+            return Default::default();
+        };
+        let (paths, rejected) = crate::kv::settings::parse_lora_paths(&v);
+        if !rejected.is_empty() {
+            let mut kept: Vec<&str> = paths.keys().map(String::as_str).collect();
+            kept.sort_unstable();
+            let used = match kept.as_slice() {
+                [] => "no LoRA paths".to_string(),
+                names => format!("the paths of {}", names.join(", ")),
+            };
+            let accepted = format!(
+                "comma-separated name=path entries; not one: {}",
+                rejected.join(", ")
+            );
+            self.warn(VAR, v, used, &accepted);
+        }
+        paths
     }
 
     /// A fraction in `[0, 1]` (a value outside it, or not a number, is refused: warning and
@@ -1106,6 +1128,35 @@ mod tests {
         assert_eq!(s.min_match_tokens, 0);
         assert_eq!(s.none_hash_seed.as_deref(), Some("0"));
         assert_eq!(s.lora_paths.get("x").map(String::as_str), Some("/b"));
+    }
+
+    #[test]
+    fn lora_path_entries_that_do_not_parse_are_dropped_with_one_warning() {
+        let with = |v: &'static str| {
+            Env::from_lookup(move |k| (k == "LOXI_KV_LORA_PATHS").then(|| v.to_string()))
+        };
+        let e = with("garbage");
+        assert!(e.kv.lora_paths.is_empty());
+        assert_eq!(e.warnings.len(), 1);
+        assert_eq!(
+            e.warnings[0].to_string(),
+            "LOXI_KV_LORA_PATHS=\"garbage\" is not accepted (comma-separated name=path \
+             entries; not one: garbage); using no LoRA paths"
+        );
+        let e = with("sql=/a/sql,junk,y=");
+        assert_eq!(e.kv.lora_paths.len(), 1);
+        assert_eq!(
+            e.kv.lora_paths.get("sql").map(String::as_str),
+            Some("/a/sql")
+        );
+        assert_eq!(e.warnings.len(), 1);
+        assert_eq!(e.warnings[0].used, "the paths of sql");
+        assert!(
+            e.warnings[0].accepted.ends_with("not one: junk, y="),
+            "{:?}",
+            e.warnings
+        );
+        assert!(with("sql=/a/sql, x=/b,").warnings.is_empty());
     }
 
     #[test]

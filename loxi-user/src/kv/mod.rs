@@ -4,7 +4,6 @@
 //!
 //! See `README.md` in this folder for the data structures, event semantics and complexity.
 
-pub mod api;
 pub mod block_hash;
 pub mod index;
 pub mod ingest;

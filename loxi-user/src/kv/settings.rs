@@ -68,7 +68,7 @@ pub struct KvSettings {
     pub predicted_ttl: Duration,
     /// `LOXI_KV_LORA_PATHS` (loxi extension, `name=path,name=path`): the path vLLM hashes in a
     /// LoRA block's extra key `("lora", name, path)`; wins over the path the engines list
-    /// (`kv::lora`).
+    /// (`kv::lora`). An entry that is not `name=path` is dropped with a warning.
     pub lora_paths: HashMap<String, String>,
     /// `LOXI_KV_MODELS_POLL_MS` (loxi extension): how often the engines of tier-1.5 rules are
     /// asked `GET /v1/models` for their LoRA adapters (`kv::lora`). Default 10 s; 0 = never
@@ -182,12 +182,21 @@ pub fn default_tokenize_workers() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get().min(4))
 }
 
-/// Parses `LOXI_KV_LORA_PATHS` (`name=path,name=path`; entries without `=` are skipped).
-pub fn parse_lora_paths(v: &str) -> HashMap<String, String> {
-    v.split(',')
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, p)| (k.trim().to_owned(), p.trim().to_owned()))
-        .collect()
+/// Parses `LOXI_KV_LORA_PATHS` (`name=path,name=path`): the pairs, and the entries that are
+/// not `name=path` with both sides non-empty (the caller warns about them; empty entries, as
+/// after a trailing comma, are neither).
+pub fn parse_lora_paths(v: &str) -> (HashMap<String, String>, Vec<String>) {
+    let mut paths = HashMap::new();
+    let mut rejected = Vec::new();
+    for entry in v.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        match entry.split_once('=').map(|(k, p)| (k.trim(), p.trim())) {
+            Some((k, p)) if !k.is_empty() && !p.is_empty() => {
+                paths.insert(k.to_owned(), p.to_owned());
+            }
+            _ => rejected.push(entry.to_owned()),
+        }
+    }
+    (paths, rejected)
 }
 
 #[cfg(test)]
@@ -208,11 +217,15 @@ mod tests {
             (LbMode::Hard, 175, 32, 1_000_000, 16)
         );
         assert!(d.spill_relief_for(KvMode::Pool) && !d.spill_relief_for(KvMode::PdPrefill));
+    }
+
+    #[test]
+    fn lora_paths_keep_the_pairs_and_return_what_is_not_one() {
+        let (paths, rejected) = parse_lora_paths("sql=/a/sql, x = /b,junk,=/c,y=,");
         assert_eq!(
-            parse_lora_paths("sql=/a/sql, x=/b,junk")
-                .get("x")
-                .map(String::as_str),
-            Some("/b")
+            paths,
+            HashMap::from([("sql".into(), "/a/sql".into()), ("x".into(), "/b".into())])
         );
+        assert_eq!(rejected, ["junk", "=/c", "y="]);
     }
 }

@@ -282,6 +282,7 @@ fn check_fullproxy_only(s: &mut ServiceArgs) -> Result<(), RuleError> {
                 ));
             }
         }
+        kv_knobs_need_kv_mode(s)?;
         return bootstrap_port(s);
     }
     let need = |field: &str, set: bool| -> Result<(), RuleError> {
@@ -303,6 +304,61 @@ fn check_fullproxy_only(s: &mut ServiceArgs) -> Result<(), RuleError> {
     need("sse_mode", s.sse_mode)?;
     need("backend_protocol", s.backend_protocol != "http1")?;
     need_defaults_outside_fullproxy(s, need)
+}
+
+/// The rule-level tier-1.5 knobs are read only when `kvExactMode` is 1 or 3; set away from
+/// their defaults on a fullproxy rule without it they would be stored and inert, so they are
+/// refused as an endpoint's own `kvZmqPort` is. The defaults stay accepted (LoxiLB's clients
+/// send them): LoxiLB's `kvWarmupSec` 30 besides 0, and `sha256_cbor` besides the engine's own
+/// hash algorithm.
+fn kv_knobs_need_kv_mode(s: &ServiceArgs) -> Result<(), RuleError> {
+    if s.kv_exact_mode != 0 {
+        return Ok(());
+    }
+    let engine_algo =
+        Engine::of_name(&s.kv_engine_type).map_or("sha256_cbor", Engine::default_hash_algo);
+    let knobs: [(&str, String, bool); 6] = [
+        (
+            "kvHashAlgo",
+            format!("{:?}", s.kv_hash_algo),
+            s.kv_hash_algo != "sha256_cbor" && s.kv_hash_algo != engine_algo,
+        ),
+        (
+            "kvBlockSize",
+            s.kv_block_size.to_string(),
+            s.kv_block_size != 16,
+        ),
+        (
+            "kvZmqPort",
+            s.kv_zmq_port.to_string(),
+            s.kv_zmq_port != 5557,
+        ),
+        (
+            "kvWarmupSec",
+            s.kv_warmup_sec.to_string(),
+            !matches!(s.kv_warmup_sec, 0 | 30),
+        ),
+        (
+            "kvDpRankCount",
+            s.kv_dp_rank_count.to_string(),
+            s.kv_dp_rank_count != 1,
+        ),
+        (
+            "kvReplayPort",
+            s.kv_replay_port.to_string(),
+            s.kv_replay_port != 0,
+        ),
+    ];
+    match knobs.into_iter().find(|(_, _, set)| *set) {
+        Some((field, value, _)) => Err(invalid(
+            &format!("serviceArguments.{field}"),
+            format!(
+                "{value} tunes tier 1.5 (KV-event routing), which is read only with kvExactMode 1 \
+                 or 3; this rule's kvExactMode is 0 (set kvExactMode, or leave {field} out)"
+            ),
+        )),
+        None => Ok(()),
+    }
 }
 
 /// `pdBootstrapPort` means something only to SGLang's P/D handoff: a non-zero port elsewhere
@@ -418,7 +474,9 @@ fn validate_endpoint_kv_ports(
             return Err(invalid(
                 &f(name),
                 format!(
-                    "an endpoint's own KV-event port is read only when its events are subscribed                      (kvExactMode 3, or kvExactMode 1 on a prefill endpoint, ep_role 1); this                      endpoint's are not (kvExactMode {}, ep_role {})",
+                    "an endpoint's own KV-event port is read only when its events are subscribed \
+                     (kvExactMode 3, or kvExactMode 1 on a prefill endpoint, ep_role 1); this \
+                     endpoint's are not (kvExactMode {}, ep_role {})",
                     s.kv_exact_mode, ep.ep_role
                 ),
             ));
@@ -610,7 +668,8 @@ mod tests {
             ("chwbl_prefix_hash_level", json!(3)),
         ];
         for (key, value) in edges {
-            validate(rule(json!({ key: value.clone() }))).expect("edge of the range is valid");
+            validate(rule(json!({"kvExactMode": 3, key: value.clone()})))
+                .expect("edge of the range is valid");
         }
     }
 
@@ -626,9 +685,14 @@ mod tests {
 
     #[test]
     fn zmq_port_span_of_all_dp_ranks_must_fit() {
-        let f = field_of(rule(json!({"kvZmqPort": 65535, "kvDpRankCount": 2})));
+        let f = field_of(rule(
+            json!({"kvExactMode": 3, "kvZmqPort": 65535, "kvDpRankCount": 2}),
+        ));
         assert_eq!(f, "serviceArguments.kvZmqPort");
-        validate(rule(json!({"kvZmqPort": 65534, "kvDpRankCount": 2}))).expect("fits");
+        validate(rule(
+            json!({"kvExactMode": 3, "kvZmqPort": 65534, "kvDpRankCount": 2}),
+        ))
+        .expect("fits");
     }
 
     #[test]
@@ -822,6 +886,60 @@ mod tests {
         let mut span = rule(json!({"kvExactMode": 3, "kvDpRankCount": 4}));
         span.endpoints[0].kv_replay_port = 65534;
         assert_eq!(field_of(span), "endpoints[0].kvReplayPort");
+    }
+
+    #[test]
+    fn rule_kv_knobs_away_from_their_defaults_need_kv_exact_mode() {
+        for (key, value) in [
+            ("kvZmqPort", json!(6000)),
+            ("kvHashAlgo", json!("xxhash_cbor")),
+            ("kvBlockSize", json!(7)),
+            ("kvWarmupSec", json!(5)),
+            ("kvDpRankCount", json!(2)),
+            ("kvReplayPort", json!(5700)),
+        ] {
+            match validate(rule(json!({ key: value.clone() }))) {
+                Err(RuleError::Invalid { field, message }) => {
+                    assert_eq!(field, format!("serviceArguments.{key}"), "{key}={value}");
+                    assert!(
+                        message.contains("read only with kvExactMode 1 or 3")
+                            && message.contains(&format!("leave {key} out")),
+                        "{message}"
+                    );
+                }
+                other => panic!("{key}={value}: expected a refusal, got {other:?}"),
+            }
+            let kv = validate(rule(json!({"kvExactMode": 3, key: value.clone()})))
+                .expect("read by tier 1.5");
+            let stored = serde_json::to_value(&kv.service).expect("serialises");
+            assert_eq!(stored[key], value, "{key} kept with kvExactMode 3");
+        }
+        // The defaults, as LoxiLB's clients send them, stay accepted without kvExactMode.
+        validate(rule(json!({
+            "kvZmqPort": 5557, "kvHashAlgo": "sha256_cbor", "kvBlockSize": 16,
+            "kvWarmupSec": 30, "kvDpRankCount": 1, "kvReplayPort": 0
+        })))
+        .expect("defaults");
+        let r = validate(rule(
+            json!({"kvEngineType": "sglang", "kvHashAlgo": "sha256_sglang"}),
+        ))
+        .expect("the engine's own algorithm is its default");
+        assert_eq!(r.service.kv_hash_algo, "sha256_sglang");
+    }
+
+    #[test]
+    fn rule_error_messages_have_no_runs_of_spaces() {
+        let mut ep = rule(json!({}));
+        ep.endpoints[0].kv_zmq_port = 6000;
+        let mut refused = vec![validate(ep).expect_err("endpoint port without kvExactMode")];
+        refused.push(validate(rule(json!({"kvZmqPort": 6000}))).expect_err("rule port"));
+        refused.push(
+            validate(rule(json!({"security": 2, "probetype": "http"}))).expect_err("http probe"),
+        );
+        for e in refused {
+            let text = e.to_string();
+            assert!(!text.contains("  "), "double space in {text:?}");
+        }
     }
 
     #[test]

@@ -14,8 +14,9 @@
 //!   checked, mismatched and unverified, the diagnosis, block-size rejections and whether
 //!   token re-hash is active.
 //!
-//! Errors are JSON `{"error": "..."}`: 400 naming the bad query field, 404 for an unknown
-//! service (no KV state: unknown id or kvExactMode 0) or endpoint.
+//! Errors are the API's own ([`super::error`]: `{"code","fields","message","result","field"}`):
+//! 400 naming the bad query field, 404 for an unknown service (no KV state: unknown id or
+//! kvExactMode 0) or endpoint.
 //!
 //! Read-your-writes: a rule acknowledged by `POST /config/loadbalancer` is in the rule store's
 //! snapshot at once, but the subscriber manager applies snapshots asynchronously. Both views
@@ -26,7 +27,6 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use axum::Json;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -34,9 +34,10 @@ use axum::routing::get;
 use serde::Serialize;
 use tokio::sync::watch;
 
-use super::ingest::parity::EpParity;
-use super::readiness::{Readiness, readiness};
-use super::state::{KvState, ServiceKv};
+use super::error::{ApiError, json_response};
+use crate::kv::ingest::parity::EpParity;
+use crate::kv::readiness::{Readiness, readiness};
+use crate::kv::state::{KvState, ServiceKv};
 use crate::rules::store::RuleSnapshot;
 
 /// Inventory path.
@@ -164,20 +165,6 @@ pub struct ParityView {
     pub endpoints: Vec<EndpointParity>,
 }
 
-/// An error response: status and message, rendered as `{"error": msg}`.
-#[derive(Debug)]
-pub struct ApiError(StatusCode, String);
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        (self.0, Json(serde_json::json!({ "error": self.1 }))).into_response()
-    }
-}
-
-fn error(code: StatusCode, msg: String) -> ApiError {
-    ApiError(code, msg)
-}
-
 fn parse_field<T: std::str::FromStr>(
     q: &HashMap<String, String>,
     field: &str,
@@ -185,8 +172,8 @@ fn parse_field<T: std::str::FromStr>(
     match q.get(field) {
         None => Ok(None),
         Some(v) => v.parse().map(Some).map_err(|_| {
-            error(
-                StatusCode::BAD_REQUEST,
+            ApiError::bad_field(
+                field,
                 format!("query field `{field}`: {v:?} is not a non-negative integer"),
             )
         }),
@@ -194,12 +181,8 @@ fn parse_field<T: std::str::FromStr>(
 }
 
 fn service(api: &KvApi, q: &HashMap<String, String>) -> Result<Arc<ServiceKv>, ApiError> {
-    let id: u32 = parse_field(q, "service_id")?.ok_or_else(|| {
-        error(
-            StatusCode::BAD_REQUEST,
-            "query field `service_id` is required".into(),
-        )
-    })?;
+    let id: u32 = parse_field(q, "service_id")?
+        .ok_or_else(|| ApiError::bad_field("service_id", "query field `service_id` is required"))?;
     // The store's current rule first (read-your-writes, see the module doc); a rule no longer
     // in the snapshot keeps whatever state the manager has not dropped yet.
     let current = api
@@ -214,19 +197,16 @@ fn service(api: &KvApi, q: &HashMap<String, String>) -> Result<Arc<ServiceKv>, A
         None => api.state.get(id),
     };
     svc.ok_or_else(|| {
-        error(
-            StatusCode::NOT_FOUND,
-            format!(
+        ApiError::not_found(format!(
                 "service_id {id}: no KV state (unknown rule or kvExactMode 0); a rule's id is \
                  its `serviceId` in `loxicmd get lb -o json` (GET /netlox/v1/config/loadbalancer/all)"
-            ),
-        )
+        ))
     })
 }
 
 async fn inventory(State(api): State<KvApi>, Query(q): Query<HashMap<String, String>>) -> Response {
     match inventory_view(&api, &q) {
-        Ok(v) => Json(v).into_response(),
+        Ok(v) => json_response(StatusCode::OK, &v),
         Err(e) => e.into_response(),
     }
 }
@@ -236,10 +216,10 @@ fn inventory_view(api: &KvApi, q: &HashMap<String, String>) -> Result<InventoryV
     let only: Option<usize> = parse_field(q, "ep_idx")?;
     let members = svc.members.read();
     if let Some(ep) = only.filter(|&e| e >= members.len()) {
-        return Err(error(
-            StatusCode::NOT_FOUND,
-            format!("ep_idx {ep}: the rule has {} endpoints", members.len()),
-        ));
+        return Err(ApiError::not_found(format!(
+            "ep_idx {ep}: the rule has {} endpoints",
+            members.len()
+        )));
     }
     let streams = svc.streams.lock().clone();
     let endpoints = members
@@ -329,9 +309,9 @@ async fn parity(State(api): State<KvApi>, Query(q): Query<HashMap<String, String
         seed_set: state.settings.none_hash_seed.is_some(),
         endpoints,
     };
-    Json(view).into_response()
+    json_response(StatusCode::OK, &view)
 }
 
 #[cfg(test)]
-#[path = "api_tests.rs"]
+#[path = "kv_tests.rs"]
 mod tests;

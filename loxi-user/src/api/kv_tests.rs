@@ -41,6 +41,17 @@ async fn get_json(addr: std::net::SocketAddr, path: &str) -> (u16, serde_json::V
     )
 }
 
+/// The API's error body (`crate::api::error`) for `code`, `message` and the field at fault.
+fn api_error(code: u16, message: &str, field: Option<&str>) -> serde_json::Value {
+    let mut v = serde_json::json!({
+        "code": code, "fields": field.map(|f| [f]), "message": message, "result": message
+    });
+    if let Some(f) = field {
+        v["field"] = f.into();
+    }
+    v
+}
+
 fn populated() -> Arc<KvState> {
     let (st, _reg) = state(KvSettings::default());
     let svc = st
@@ -147,10 +158,13 @@ async fn inventory_errors_name_the_field() {
     let addr = serve(populated()).await;
     let (code, v) = get_json(addr, "/netlox/v1/config/ai/kv/inventory").await;
     assert_eq!(code, 400);
-    assert!(
-        v["error"]
-            .as_str()
-            .is_some_and(|e| e.contains("service_id"))
+    assert_eq!(
+        v,
+        api_error(
+            400,
+            "query field `service_id` is required",
+            Some("service_id")
+        )
     );
     let (code, v) = get_json(
         addr,
@@ -158,23 +172,68 @@ async fn inventory_errors_name_the_field() {
     )
     .await;
     assert_eq!(code, 400);
-    assert!(v["error"].as_str().is_some_and(|e| e.contains("ep_idx")));
+    assert_eq!(
+        v,
+        api_error(
+            400,
+            "query field `ep_idx`: \"x\" is not a non-negative integer",
+            Some("ep_idx")
+        )
+    );
     let (code, v) = get_json(addr, "/netlox/v1/config/ai/kv/inventory?service_id=99").await;
     assert_eq!(code, 404);
     assert_eq!(
-        v["error"],
-        "service_id 99: no KV state (unknown rule or kvExactMode 0); a rule's id is its \
-         `serviceId` in `loxicmd get lb -o json` (GET /netlox/v1/config/loadbalancer/all)"
-    );
-    assert_eq!(
-        get_json(
-            addr,
-            "/netlox/v1/config/ai/kv/inventory?service_id=4&ep_idx=2"
+        v,
+        api_error(
+            404,
+            "service_id 99: no KV state (unknown rule or kvExactMode 0); a rule's id is its \
+             `serviceId` in `loxicmd get lb -o json` (GET /netlox/v1/config/loadbalancer/all)",
+            None
         )
-        .await
-        .0,
-        404
     );
+    let (code, v) = get_json(
+        addr,
+        "/netlox/v1/config/ai/kv/inventory?service_id=4&ep_idx=2",
+    )
+    .await;
+    assert_eq!(code, 404);
+    assert_eq!(
+        v,
+        api_error(404, "ep_idx 2: the rule has 2 endpoints", None)
+    );
+}
+
+#[tokio::test]
+async fn parity_errors_have_the_api_error_shape() {
+    let addr = serve(populated()).await;
+    let (code, v) = get_json(addr, "/netlox/v1/config/ai/kv/parity?service_id=-1").await;
+    assert_eq!(code, 400);
+    assert_eq!(
+        v,
+        api_error(
+            400,
+            "query field `service_id`: \"-1\" is not a non-negative integer",
+            Some("service_id")
+        )
+    );
+    let (code, v) = get_json(addr, "/netlox/v1/config/ai/kv/parity").await;
+    assert_eq!(code, 400);
+    assert_eq!(
+        v,
+        api_error(
+            400,
+            "query field `service_id` is required",
+            Some("service_id")
+        )
+    );
+    let (code, v) = get_json(addr, "/netlox/v1/config/ai/kv/parity?service_id=99").await;
+    assert_eq!(code, 404);
+    assert_eq!(
+        (v["code"].as_u64(), v.get("error")),
+        (Some(404), None),
+        "{v}"
+    );
+    assert_eq!(v["message"], v["result"]);
 }
 
 #[tokio::test]

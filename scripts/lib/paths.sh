@@ -1,0 +1,52 @@
+# shellcheck shell=bash
+# Paths the scripts share. Source it before the script changes directory, so relative paths a
+# caller sets are taken from where the script was started:
+#   . "$(dirname "$0")/lib/paths.sh"
+#
+# Each of these, when set, is made absolute against that directory and exported, so cargo (which
+# the scripts run from the checkout's root, where it would resolve a relative CARGO_TARGET_DIR),
+# nested scripts and the binaries all see the same directory:
+#   CARGO_TARGET_DIR  cargo's build directory (default: <checkout>/target)
+#   LOXI_BIN_DIR      binaries to use instead of the release build (e.g. target/debug)
+#   LOXI_SHARED       the shared/ directory (default: ../shared beside the checkout)
+LOXI_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+for _var in CARGO_TARGET_DIR LOXI_BIN_DIR LOXI_SHARED; do
+  if [ -n "${!_var:-}" ]; then
+    export "$_var=$(realpath -m -- "${!_var}")"
+  fi
+done
+unset _var
+
+# The directory cargo puts release builds in: CARGO_TARGET_DIR/release, else target/release.
+cargo_release_dir() { printf '%s\n' "${CARGO_TARGET_DIR:-$LOXI_ROOT/target}/release"; }
+
+# The binaries a script runs after setup.sh's build: LOXI_BIN_DIR, else cargo_release_dir.
+bin_dir() { printf '%s\n' "${LOXI_BIN_DIR:-$(cargo_release_dir)}"; }
+
+# The shared/ directory: LOXI_SHARED, else ../shared beside the checkout.
+shared_dir() { realpath -m -- "${LOXI_SHARED:-$LOXI_ROOT/../shared}"; }
+
+# require_golden_tokenizer WHO: exits 1 with one message naming the path tried and LOXI_SHARED
+# when shared/'s golden tokenizer (the demo's and benchmarks' model) is missing.
+require_golden_tokenizer() {
+  local tok where
+  tok="$(shared_dir)/golden/tiny-model/tokenizer.json"
+  [ -f "$tok" ] && return 0
+  if [ -n "${LOXI_SHARED:-}" ]; then
+    where="shared/ is taken from LOXI_SHARED=$LOXI_SHARED"
+  else
+    where="shared/ is ../shared beside the checkout unless LOXI_SHARED=DIR says otherwise"
+  fi
+  echo "$1: $tok not found: loxi's shared directory (golden tokenizer, spec, fixtures," \
+    "eBPF toolchain script) is missing or incomplete ($where)" >&2
+  exit 1
+}
+
+# need_value SCRIPT OPTION ARGC [VALUE]: exits 2 with a usage error when OPTION (which takes a
+# value) is the last argument or is followed by an empty value.
+need_value() {
+  if [ "$3" -lt 2 ] || [ -z "${4:-}" ]; then
+    echo "$1: $2 needs a value (see --help)" >&2
+    exit 2
+  fi
+}
