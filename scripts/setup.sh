@@ -2,9 +2,9 @@
 # Idempotent machine setup for loxi: apt and pip packages, the eBPF toolchain, release build.
 # Safe to run repeatedly; each step is skipped when already satisfied.
 #   LOXI_SETUP_BUILD=0   skip the cargo build at the end
-#   LOXI_SHARED=DIR      where shared/ lives (default: ../shared beside the checkout); its eBPF
-#                        toolchain script and golden tokenizer are needed, a missing one stops
-#                        the setup at once
+#   LOXI_SHARED=DIR      where shared/ lives (default: ../shared beside the checkout): its eBPF
+#                        toolchain script (without it the XDP programs are not built, warned);
+#                        demo.sh and test.sh, which need its golden files, stop without them
 #   CARGO_TARGET_DIR     honoured by the build (a relative one is taken from the directory this
 #                        script was started in)
 set -euo pipefail
@@ -15,7 +15,8 @@ cd "$(dirname "$0")/.."
 SHARED=$(shared_dir)
 export PATH="$HOME/.cargo/bin:$PATH"
 log() { printf '[setup] %s\n' "$*" >&2; }
-require_golden_tokenizer setup.sh
+[ -f "$SHARED/golden/tiny-model/tokenizer.json" ] ||
+  log "WARNING: $SHARED/golden/tiny-model/tokenizer.json not found: demo.sh and test.sh need shared/ (../shared beside the checkout, or LOXI_SHARED=DIR)"
 
 # --- apt: tools the tests and benchmarks call -------------------------------------------------
 # command -> Debian package

@@ -7,6 +7,8 @@ set -euo pipefail
 # shellcheck source=lib/paths.sh
 . "$(dirname "$0")/lib/paths.sh"
 cd "$(dirname "$0")/.."
+# The tests read shared/'s golden files: say so before the setup's build, not at the first test.
+require_golden_tokenizer test.sh
 scripts/setup.sh
 export PATH="$HOME/.cargo/bin:$PATH"
 LOXI_SHARED=$(shared_dir)
