@@ -200,6 +200,10 @@ impl H1Pool {
     /// Not an `async fn`: its argument `req` would be stored twice in the future (the argument
     /// and the body's local); the `async move` block keeps one (the future is part of every
     /// request's routing future, which is copied once into its box).
+    #[allow(
+        clippy::manual_async_fn,
+        reason = "an async fn would store `req` twice in every request's future"
+    )]
     pub fn send<'a>(
         self: &'a Arc<Self>,
         mut req: Request<Full<Bytes>>,
