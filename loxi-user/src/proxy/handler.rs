@@ -246,33 +246,21 @@ impl Handler {
             // The requests go straight into the send calls, never into a local: a local held
             // across the await is one more slot of ~250 bytes in the future.
             let outcome = if matches!(pool.via, Via::H1) {
-                let unsent_req = unsent.take().map(|b| *b);
+                let next = H1Attempt {
+                    unsent: unsent.take().map(|b| *b),
+                    authority,
+                    body: &body,
+                    meta,
+                    span: &attempt,
+                };
                 let send = |req| self.upstreams.send_h1(req, authority);
                 // Without traces the send is awaited bare: `instrument` moves the whole send
                 // future into its wrapper (a ~1 KB copy a request, callgrind).
                 let (outcome, back) = if attempt.is_disabled() {
-                    send(h1_request(
-                        unsent_req,
-                        parts,
-                        &mut host_added,
-                        authority,
-                        &body,
-                        meta,
-                        &attempt,
-                    )?)
-                    .await
+                    send(next.request(parts, &mut host_added)?).await
                 } else {
-                    send(h1_request(
-                        unsent_req,
-                        parts,
-                        &mut host_added,
-                        authority,
-                        &body,
-                        meta,
-                        &attempt,
-                    )?)
-                    .instrument(attempt.clone())
-                    .await
+                    let sent = send(next.request(parts, &mut host_added)?);
+                    sent.instrument(attempt.clone()).await
                 };
                 unsent = back.map(Box::new);
                 outcome.map_body(UpstreamBody::Driven)
@@ -356,35 +344,46 @@ impl Handler {
     }
 }
 
-/// The cleartext HTTP/1.1 request of one attempt to `authority`: the one a connect failure gave
-/// back (`unsent`, its `Host` readdressed when it was added), else built from the client's head
-/// ([`origin_request`] takes `parts.headers`) with `X-Forwarded-*`; with the attempt `span`'s
-/// trace context. `host_added` is set when the first build adds `Host`.
-fn h1_request(
+/// What one cleartext HTTP/1.1 attempt sends (see [`H1Attempt::request`]).
+struct H1Attempt<'a> {
+    /// The request a connect failure gave back, if any.
     unsent: Option<Request<Full<Bytes>>>,
-    parts: &mut Parts,
-    host_added: &mut bool,
-    authority: &str,
-    body: &Bytes,
-    meta: &RequestMeta,
-    span: &tracing::Span,
-) -> Result<Request<Full<Bytes>>, ProxyError> {
-    let mut req = match unsent {
-        Some(mut req) => {
-            if *host_added {
-                readdress(&mut req, authority)?;
+    /// The endpoint's `ip:port`.
+    authority: &'a str,
+    body: &'a Bytes,
+    meta: &'a RequestMeta,
+    /// The attempt's span, whose trace context goes into the request.
+    span: &'a tracing::Span,
+}
+
+impl H1Attempt<'_> {
+    /// The request: the one a connect failure gave back (its `Host` readdressed to this
+    /// endpoint when it was added), else built from the client's head ([`origin_request`] takes
+    /// `parts.headers`) with `X-Forwarded-*`; with the attempt's trace context. `host_added`
+    /// is set when the first build adds `Host`.
+    fn request(
+        self,
+        parts: &mut Parts,
+        host_added: &mut bool,
+    ) -> Result<Request<Full<Bytes>>, ProxyError> {
+        let mut req = match self.unsent {
+            Some(mut req) => {
+                if *host_added {
+                    readdress(&mut req, self.authority)?;
+                }
+                req
             }
-            req
-        }
-        None => {
-            let (mut req, added) = origin_request(parts, authority, body.clone())?;
-            *host_added = added;
-            super::forwarded::append(req.headers_mut(), meta.client, meta.https);
-            req
-        }
-    };
-    trace_span::inject(span, req.headers_mut());
-    Ok(req)
+            None => {
+                let (mut req, added) = origin_request(parts, self.authority, self.body.clone())?;
+                *host_added = added;
+                let meta = self.meta;
+                super::forwarded::append(req.headers_mut(), meta.client, meta.https);
+                req
+            }
+        };
+        trace_span::inject(self.span, req.headers_mut());
+        Ok(req)
+    }
 }
 
 /// Reads the whole request body (chunked included) up to `limit` bytes into one buffer sized
