@@ -153,79 +153,72 @@ async fn a_rule_in_the_store_is_visible_before_the_subscriber_manager_applied_it
     assert!(st.get(2).is_none());
 }
 
+/// Each `(path, status, message, field)` answers `status` with the API's error body.
+async fn assert_api_errors(addr: std::net::SocketAddr, cases: &[(&str, u16, &str, Option<&str>)]) {
+    for &(path, status, message, field) in cases {
+        let (code, v) = get_json(addr, path).await;
+        assert_eq!(code, status, "{path}");
+        assert_eq!(v, api_error(status, message, field), "{path}");
+    }
+}
+
 #[tokio::test]
 async fn inventory_errors_name_the_field() {
     let addr = serve(populated()).await;
-    let (code, v) = get_json(addr, "/netlox/v1/config/ai/kv/inventory").await;
-    assert_eq!(code, 400);
-    assert_eq!(
-        v,
-        api_error(
-            400,
-            "query field `service_id` is required",
-            Some("service_id")
-        )
-    );
-    let (code, v) = get_json(
+    assert_api_errors(
         addr,
-        "/netlox/v1/config/ai/kv/inventory?service_id=4&ep_idx=x",
+        &[
+            (
+                "/netlox/v1/config/ai/kv/inventory",
+                400,
+                "query field `service_id` is required",
+                Some("service_id"),
+            ),
+            (
+                "/netlox/v1/config/ai/kv/inventory?service_id=4&ep_idx=x",
+                400,
+                "query field `ep_idx`: \"x\" is not a non-negative integer",
+                Some("ep_idx"),
+            ),
+            (
+                "/netlox/v1/config/ai/kv/inventory?service_id=99",
+                404,
+                "service_id 99: no KV state (unknown rule or kvExactMode 0); a rule's id is its \
+                 `serviceId` in `loxicmd get lb -o json` (GET /netlox/v1/config/loadbalancer/all)",
+                None,
+            ),
+            (
+                "/netlox/v1/config/ai/kv/inventory?service_id=4&ep_idx=2",
+                404,
+                "ep_idx 2: the rule has 2 endpoints",
+                None,
+            ),
+        ],
     )
     .await;
-    assert_eq!(code, 400);
-    assert_eq!(
-        v,
-        api_error(
-            400,
-            "query field `ep_idx`: \"x\" is not a non-negative integer",
-            Some("ep_idx")
-        )
-    );
-    let (code, v) = get_json(addr, "/netlox/v1/config/ai/kv/inventory?service_id=99").await;
-    assert_eq!(code, 404);
-    assert_eq!(
-        v,
-        api_error(
-            404,
-            "service_id 99: no KV state (unknown rule or kvExactMode 0); a rule's id is its \
-             `serviceId` in `loxicmd get lb -o json` (GET /netlox/v1/config/loadbalancer/all)",
-            None
-        )
-    );
-    let (code, v) = get_json(
-        addr,
-        "/netlox/v1/config/ai/kv/inventory?service_id=4&ep_idx=2",
-    )
-    .await;
-    assert_eq!(code, 404);
-    assert_eq!(
-        v,
-        api_error(404, "ep_idx 2: the rule has 2 endpoints", None)
-    );
 }
 
 #[tokio::test]
 async fn parity_errors_have_the_api_error_shape() {
     let addr = serve(populated()).await;
-    let (code, v) = get_json(addr, "/netlox/v1/config/ai/kv/parity?service_id=-1").await;
-    assert_eq!(code, 400);
-    assert_eq!(
-        v,
-        api_error(
-            400,
-            "query field `service_id`: \"-1\" is not a non-negative integer",
-            Some("service_id")
-        )
-    );
-    let (code, v) = get_json(addr, "/netlox/v1/config/ai/kv/parity").await;
-    assert_eq!(code, 400);
-    assert_eq!(
-        v,
-        api_error(
-            400,
-            "query field `service_id` is required",
-            Some("service_id")
-        )
-    );
+    assert_api_errors(
+        addr,
+        &[
+            (
+                "/netlox/v1/config/ai/kv/parity?service_id=-1",
+                400,
+                "query field `service_id`: \"-1\" is not a non-negative integer",
+                Some("service_id"),
+            ),
+            (
+                "/netlox/v1/config/ai/kv/parity",
+                400,
+                "query field `service_id` is required",
+                Some("service_id"),
+            ),
+        ],
+    )
+    .await;
     let (code, v) = get_json(addr, "/netlox/v1/config/ai/kv/parity?service_id=99").await;
     assert_eq!(code, 404);
     assert_eq!(
