@@ -121,6 +121,15 @@ impl RuleStore {
                 // A state file written before rules had LoxiLB's opaque id.
                 rule.service.id = mint_uuid();
             }
+            let reset = super::validate::reset_inert_kv_knobs(&mut rule.service);
+            if !reset.is_empty() {
+                tracing::warn!(
+                    rule = stored.id,
+                    knobs = ?reset,
+                    "restored rule: tier-1.5 knobs without kvExactMode (never read) reset to their \
+                     defaults; the API now refuses them"
+                );
+            }
             match StoredRule::new(stored.id, rule) {
                 Ok(rule) => {
                     max_id = max_id.max(rule.id);
@@ -514,6 +523,30 @@ mod tests {
         assert!(matches!(e, StoreError::Persist(_)), "{e:?}");
         assert!(e.to_string().contains("rules.json"), "{e}");
         assert!(store.snapshot().rules.is_empty());
+    }
+
+    #[test]
+    fn restored_rules_with_inert_kv_knobs_are_kept_with_the_knobs_reset() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let mut r = serde_json::to_value(rule(80, 0, "")).expect("v");
+        r["serviceArguments"]["kvBlockSize"] = json!(32);
+        r["serviceArguments"]["kvZmqPort"] = json!(6000);
+        let file = json!({"version": 1, "rules": [{"id": 7, "rule": r}]});
+        std::fs::write(dir.path().join("rules.json"), file.to_string()).expect("write");
+        let store = RuleStore::open(dir.path()).expect("open");
+        let snap = store.snapshot();
+        let kept: Vec<(u32, u32, u16)> = snap
+            .rules
+            .values()
+            .map(|r| {
+                (
+                    r.id,
+                    r.rule.service.kv_block_size,
+                    r.rule.service.kv_zmq_port,
+                )
+            })
+            .collect();
+        assert_eq!(kept, vec![(7, 16, 5557)]);
     }
 
     #[test]

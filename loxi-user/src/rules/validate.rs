@@ -312,45 +312,8 @@ fn check_fullproxy_only(s: &mut ServiceArgs) -> Result<(), RuleError> {
 /// send them): LoxiLB's `kvWarmupSec` 30 besides 0, and `sha256_cbor` besides the engine's own
 /// hash algorithm.
 fn kv_knobs_need_kv_mode(s: &ServiceArgs) -> Result<(), RuleError> {
-    if s.kv_exact_mode != 0 {
-        return Ok(());
-    }
-    let engine_algo =
-        Engine::of_name(&s.kv_engine_type).map_or("sha256_cbor", Engine::default_hash_algo);
-    let knobs: [(&str, String, bool); 6] = [
-        (
-            "kvHashAlgo",
-            format!("{:?}", s.kv_hash_algo),
-            s.kv_hash_algo != "sha256_cbor" && s.kv_hash_algo != engine_algo,
-        ),
-        (
-            "kvBlockSize",
-            s.kv_block_size.to_string(),
-            s.kv_block_size != 16,
-        ),
-        (
-            "kvZmqPort",
-            s.kv_zmq_port.to_string(),
-            s.kv_zmq_port != 5557,
-        ),
-        (
-            "kvWarmupSec",
-            s.kv_warmup_sec.to_string(),
-            !matches!(s.kv_warmup_sec, 0 | 30),
-        ),
-        (
-            "kvDpRankCount",
-            s.kv_dp_rank_count.to_string(),
-            s.kv_dp_rank_count != 1,
-        ),
-        (
-            "kvReplayPort",
-            s.kv_replay_port.to_string(),
-            s.kv_replay_port != 0,
-        ),
-    ];
-    match knobs.into_iter().find(|(_, _, set)| *set) {
-        Some((field, value, _)) => Err(invalid(
+    match inert_kv_knobs(s).into_iter().flatten().next() {
+        Some((field, value)) => Err(invalid(
             &format!("serviceArguments.{field}"),
             format!(
                 "{value} tunes tier 1.5 (KV-event routing), which is read only with kvExactMode 1 \
@@ -359,6 +322,74 @@ fn kv_knobs_need_kv_mode(s: &ServiceArgs) -> Result<(), RuleError> {
         )),
         None => Ok(()),
     }
+}
+
+/// The tier-1.5 knobs of `s` that [`kv_knobs_need_kv_mode`] refuses: `(JSON name, value)` of
+/// each one set away from its defaults while `kvExactMode` is 0 (`None` for the others).
+fn inert_kv_knobs(s: &ServiceArgs) -> [Option<(&'static str, String)>; 6] {
+    let off = s.kv_exact_mode == 0;
+    let engine_algo =
+        Engine::of_name(&s.kv_engine_type).map_or("sha256_cbor", Engine::default_hash_algo);
+    let algo = &s.kv_hash_algo;
+    let knob = |name, value: String, set: bool| (off && set).then_some((name, value));
+    [
+        knob(
+            "kvHashAlgo",
+            format!("{algo:?}"),
+            !algo.is_empty() && algo != "sha256_cbor" && algo != engine_algo,
+        ),
+        knob(
+            "kvBlockSize",
+            s.kv_block_size.to_string(),
+            s.kv_block_size != 16,
+        ),
+        knob(
+            "kvZmqPort",
+            s.kv_zmq_port.to_string(),
+            s.kv_zmq_port != 5557,
+        ),
+        knob(
+            "kvWarmupSec",
+            s.kv_warmup_sec.to_string(),
+            !matches!(s.kv_warmup_sec, 0 | 30),
+        ),
+        knob(
+            "kvDpRankCount",
+            s.kv_dp_rank_count.to_string(),
+            s.kv_dp_rank_count != 1,
+        ),
+        knob(
+            "kvReplayPort",
+            s.kv_replay_port.to_string(),
+            s.kv_replay_port != 0,
+        ),
+    ]
+}
+
+/// For a rule restored from the state file (stored before [`kv_knobs_need_kv_mode`] refused
+/// them): resets the fullproxy rule's inert tier-1.5 knobs to their defaults, so the rule is
+/// kept (they were never read, so it behaves as before) instead of dropped for failing
+/// validation. Returns the JSON names of the knobs reset (the caller logs them).
+pub fn reset_inert_kv_knobs(s: &mut ServiceArgs) -> Vec<&'static str> {
+    if s.mode != loxi_common::mode::FULLPROXY {
+        return Vec::new();
+    }
+    let names: Vec<&'static str> = inert_kv_knobs(s)
+        .into_iter()
+        .flatten()
+        .map(|(name, _)| name)
+        .collect();
+    for name in &names {
+        match *name {
+            "kvHashAlgo" => s.kv_hash_algo.clear(),
+            "kvBlockSize" => s.kv_block_size = 16,
+            "kvZmqPort" => s.kv_zmq_port = 5557,
+            "kvWarmupSec" => s.kv_warmup_sec = 0,
+            "kvDpRankCount" => s.kv_dp_rank_count = 1,
+            _ => s.kv_replay_port = 0,
+        }
+    }
+    names
 }
 
 /// `pdBootstrapPort` means something only to SGLang's P/D handoff: a non-zero port elsewhere
