@@ -286,17 +286,17 @@ fn default_pd_balance_abs_threshold() -> i32 {
 fn default_kv_engine_type() -> String {
     "vllm".into()
 }
-fn default_kv_block_size() -> u32 {
+pub(crate) fn default_kv_block_size() -> u32 {
     16
 }
 fn is_zero_u16(n: &u16) -> bool {
     *n == 0
 }
 
-fn default_kv_zmq_port() -> u16 {
+pub(crate) fn default_kv_zmq_port() -> u16 {
     5557
 }
-fn default_kv_dp_rank_count() -> u8 {
+pub(crate) fn default_kv_dp_rank_count() -> u8 {
     1
 }
 fn default_chwbl_prefix_hash_level() -> u8 {

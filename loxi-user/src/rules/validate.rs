@@ -6,7 +6,10 @@
 use std::net::IpAddr;
 
 use super::error::RuleError;
-use super::model::{Endpoint, LbRule, ServiceArgs};
+use super::model::{
+    Endpoint, LbRule, ServiceArgs, default_kv_block_size, default_kv_dp_rank_count,
+    default_kv_zmq_port,
+};
 use super::spec::{Engine, ServiceSpec};
 
 fn invalid(field: &str, message: impl Into<String>) -> RuleError {
@@ -312,8 +315,8 @@ fn check_fullproxy_only(s: &mut ServiceArgs) -> Result<(), RuleError> {
 /// send them): LoxiLB's `kvWarmupSec` 30 besides 0, and `sha256_cbor` besides the engine's own
 /// hash algorithm.
 fn kv_knobs_need_kv_mode(s: &ServiceArgs) -> Result<(), RuleError> {
-    match inert_kv_knobs(s).into_iter().flatten().next() {
-        Some((field, value)) => Err(invalid(
+    match inert_kv_knobs(s).into_iter().next() {
+        Some((field, value, _)) => Err(invalid(
             &format!("serviceArguments.{field}"),
             format!(
                 "{value} tunes tier 1.5 (KV-event routing), which is read only with kvExactMode 1 \
@@ -324,46 +327,61 @@ fn kv_knobs_need_kv_mode(s: &ServiceArgs) -> Result<(), RuleError> {
     }
 }
 
-/// The tier-1.5 knobs of `s` that [`kv_knobs_need_kv_mode`] refuses: `(JSON name, value)` of
-/// each one set away from its defaults while `kvExactMode` is 0 (`None` for the others).
-fn inert_kv_knobs(s: &ServiceArgs) -> [Option<(&'static str, String)>; 6] {
-    let off = s.kv_exact_mode == 0;
+/// A tier-1.5 knob set away from its defaults: its JSON name, its value as an error shows
+/// it, and what sets it back to its default.
+type InertKnob = (&'static str, String, fn(&mut ServiceArgs));
+
+/// The tier-1.5 knobs of `s` that [`kv_knobs_need_kv_mode`] refuses: each one set away from its
+/// defaults while `kvExactMode` is 0 (none otherwise).
+fn inert_kv_knobs(s: &ServiceArgs) -> Vec<InertKnob> {
+    if s.kv_exact_mode != 0 {
+        return Vec::new();
+    }
     let engine_algo =
         Engine::of_name(&s.kv_engine_type).map_or("sha256_cbor", Engine::default_hash_algo);
     let algo = &s.kv_hash_algo;
-    let knob = |name, value: String, set: bool| (off && set).then_some((name, value));
-    [
-        knob(
-            "kvHashAlgo",
-            format!("{algo:?}"),
+    let knobs: [(bool, InertKnob); 6] = [
+        (
             !algo.is_empty() && algo != "sha256_cbor" && algo != engine_algo,
+            ("kvHashAlgo", format!("{algo:?}"), |s| {
+                s.kv_hash_algo.clear()
+            }),
         ),
-        knob(
-            "kvBlockSize",
-            s.kv_block_size.to_string(),
-            s.kv_block_size != 16,
+        (
+            s.kv_block_size != default_kv_block_size(),
+            ("kvBlockSize", s.kv_block_size.to_string(), |s| {
+                s.kv_block_size = default_kv_block_size()
+            }),
         ),
-        knob(
-            "kvZmqPort",
-            s.kv_zmq_port.to_string(),
-            s.kv_zmq_port != 5557,
+        (
+            s.kv_zmq_port != default_kv_zmq_port(),
+            ("kvZmqPort", s.kv_zmq_port.to_string(), |s| {
+                s.kv_zmq_port = default_kv_zmq_port()
+            }),
         ),
-        knob(
-            "kvWarmupSec",
-            s.kv_warmup_sec.to_string(),
+        (
             !matches!(s.kv_warmup_sec, 0 | 30),
+            ("kvWarmupSec", s.kv_warmup_sec.to_string(), |s| {
+                s.kv_warmup_sec = 0
+            }),
         ),
-        knob(
-            "kvDpRankCount",
-            s.kv_dp_rank_count.to_string(),
-            s.kv_dp_rank_count != 1,
+        (
+            s.kv_dp_rank_count != default_kv_dp_rank_count(),
+            ("kvDpRankCount", s.kv_dp_rank_count.to_string(), |s| {
+                s.kv_dp_rank_count = default_kv_dp_rank_count()
+            }),
         ),
-        knob(
-            "kvReplayPort",
-            s.kv_replay_port.to_string(),
+        (
             s.kv_replay_port != 0,
+            ("kvReplayPort", s.kv_replay_port.to_string(), |s| {
+                s.kv_replay_port = 0
+            }),
         ),
-    ]
+    ];
+    knobs
+        .into_iter()
+        .filter_map(|(set, knob)| set.then_some(knob))
+        .collect()
 }
 
 /// For a rule restored from the state file (stored before [`kv_knobs_need_kv_mode`] refused
@@ -374,22 +392,13 @@ pub fn reset_inert_kv_knobs(s: &mut ServiceArgs) -> Vec<&'static str> {
     if s.mode != loxi_common::mode::FULLPROXY {
         return Vec::new();
     }
-    let names: Vec<&'static str> = inert_kv_knobs(s)
+    inert_kv_knobs(s)
         .into_iter()
-        .flatten()
-        .map(|(name, _)| name)
-        .collect();
-    for name in &names {
-        match *name {
-            "kvHashAlgo" => s.kv_hash_algo.clear(),
-            "kvBlockSize" => s.kv_block_size = 16,
-            "kvZmqPort" => s.kv_zmq_port = 5557,
-            "kvWarmupSec" => s.kv_warmup_sec = 0,
-            "kvDpRankCount" => s.kv_dp_rank_count = 1,
-            _ => s.kv_replay_port = 0,
-        }
-    }
-    names
+        .map(|(name, _, reset)| {
+            reset(s);
+            name
+        })
+        .collect()
 }
 
 /// `pdBootstrapPort` means something only to SGLang's P/D handoff: a non-zero port elsewhere
