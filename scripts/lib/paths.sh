@@ -43,9 +43,9 @@ require_golden_tokenizer() {
 }
 
 # need_value SCRIPT OPTION ARGC [VALUE]: exits 2 with a usage error when OPTION (which takes a
-# value) is the last argument or is followed by an empty value.
+# value) is the last argument or is followed by an empty value or by another option (`--...`).
 need_value() {
-  if [ "$3" -lt 2 ] || [ -z "${4:-}" ]; then
+  if [ "$3" -lt 2 ] || [ -z "${4:-}" ] || [ "${4#--}" != "$4" ]; then
     echo "$1: $2 needs a value (see --help)" >&2
     exit 2
   fi
