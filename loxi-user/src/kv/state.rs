@@ -82,6 +82,12 @@ pub struct ServiceKv {
     pub groups: Mutex<HashMap<(Member, u32), bool>>,
     /// Zero-hit watchdog per member (`kv::readiness`).
     pub watch: Mutex<HashMap<Member, ZeroHitWatch>>,
+    /// Requests waiting for their tier-1.5 decision (tokenization queued or running), by the
+    /// fingerprint of their prompt's opening, with counts: replica seeding holds off while any
+    /// of them opens differently from the request being decided (`kv::route::select`). Entries
+    /// are added by `KvRouter::prepare` and removed when the request's first selection runs
+    /// or its ticket is dropped.
+    pub waiting: Mutex<Vec<(u64, u32)>>,
     /// Set when the service was dropped (rule deleted, KV off, contract rebuilt): its streams,
     /// still stopping, record no more series.
     retired: AtomicBool,
@@ -107,6 +113,7 @@ impl ServiceKv {
             lora: Arc::new(LoraCatalog::new(settings.lora_paths.clone())),
             groups: Mutex::new(HashMap::new()),
             watch: Mutex::new(HashMap::new()),
+            waiting: Mutex::new(Vec::new()),
             config: KvSpec {
                 endpoints: Vec::new(),
                 ..config.clone()
@@ -118,6 +125,32 @@ impl ServiceKv {
     pub fn with_lora(mut self, lora: Arc<LoraCatalog>) -> Self {
         self.lora = lora;
         self
+    }
+
+    /// Counts one more request waiting for its decision with prompt opening `fp`.
+    pub fn wait_add(&self, fp: u64) {
+        let mut w = self.waiting.lock();
+        match w.iter_mut().find(|e| e.0 == fp) {
+            Some(e) => e.1 += 1,
+            None => w.push((fp, 1)),
+        }
+    }
+
+    /// Counts one request with opening `fp` as decided (or gone); the entry goes at zero.
+    pub fn wait_remove(&self, fp: u64) {
+        let mut w = self.waiting.lock();
+        if let Some(i) = w.iter().position(|e| e.0 == fp) {
+            w[i].1 -= 1;
+            if w[i].1 == 0 {
+                w.swap_remove(i);
+            }
+        }
+    }
+
+    /// True when a request whose prompt opens differently from `fp` is waiting for its
+    /// decision.
+    pub fn others_waiting(&self, fp: Option<u64>) -> bool {
+        self.waiting.lock().iter().any(|e| Some(e.0) != fp)
     }
 
     /// The current position of `member` in the rule (`None` once it left).

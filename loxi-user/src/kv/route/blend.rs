@@ -109,8 +109,13 @@
 //! 98 % of the oracle (copies made at the start of the run, before each engine had its own
 //! groups), against 100 % with empty caches only. `R = 2` keeps the first repeat of a new
 //! group on its holder at the start of a run (`R = 1`, like a cold seed on every hit, cost
-//! 1.8 points at concurrency 4). Counted as a cold seed
-//! (`loxilb_pd_kv_tier15_cold_seeds_total`, reason `kv_cold_seed`).
+//! 1.8 points at concurrency 4). `select.rs` holds a seed (the pick keeps the request) while a
+//! request whose prompt opens differently waits for its decision (`ServiceKv::waiting`): in a
+//! burst of several prompts at once (6 groups, 16 requests due together) the idle empty
+//! endpoint is about to be the home of one of them, and a copy made at the burst's start cost
+//! 2–3 points of the oracle hit rate on 3 real vLLM engines; a burst of conversations sharing
+//! one system prompt has only requests of that prompt waiting, and seeds as before.
+//! Counted as a cold seed (`loxilb_pd_kv_tier15_cold_seeds_total`, reason `kv_cold_seed`).
 //!
 //! Work guard (loxi extension, `hard` and `adaptive`, issue 13 goal 4; [`work_guard`]): with
 //! `G = LOXI_KV_WORK_GUARD_PERCENT/100` (default 2, 0 = off), the law's pick moves to the

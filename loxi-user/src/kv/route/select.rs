@@ -135,6 +135,17 @@ pub struct KvTicket {
     /// Uncached prompt tokens of the request on the endpoint [`KvRouter::routed`] was last
     /// told about.
     work: u64,
+    /// The fingerprint of the request's prompt opening ([`opening`]), once `prepare` saw it.
+    opening: Option<u64>,
+    /// The request is counted in its service's `waiting` (from `prepare` to its first
+    /// selection, or to the ticket's drop).
+    waiting: bool,
+}
+
+impl Drop for KvTicket {
+    fn drop(&mut self) {
+        self.decided();
+    }
 }
 
 impl KvTicket {
@@ -150,6 +161,15 @@ impl KvTicket {
     /// counts it in the endpoint's `EndpointLoad::prefill_tokens` until the response starts.
     pub fn prefill_tokens(&self) -> u64 {
         self.work
+    }
+
+    /// Takes the request out of its service's `waiting` (once).
+    fn decided(&mut self) {
+        if std::mem::take(&mut self.waiting)
+            && let (Some(svc), Some(fp)) = (&self.svc, self.opening)
+        {
+            svc.wait_remove(fp);
+        }
     }
 
     /// The service's state (resolved on the first call; `None` when the rule has tier 1.5 off).
@@ -212,6 +232,13 @@ impl KvRouter {
             return;
         };
         if ticket.keys.is_none() {
+            if !ticket.waiting
+                && let Some(fp) = opening(meta)
+            {
+                svc.wait_add(fp);
+                ticket.opening = Some(fp);
+                ticket.waiting = true;
+            }
             ticket.keys = Some(self.keys_in_budget(svc, meta).await);
         }
     }
@@ -283,10 +310,14 @@ impl KvRouter {
                 .miss(&rule.id.to_string(), MissReason::ModeOff);
             return None;
         };
+        ticket.decided();
+        // Requests that opened differently and still wait for their decision (a burst of
+        // several prefixes) may need the idle endpoints: no replica seed then.
+        let others = svc.others_waiting(ticket.opening);
         let res = self.guarded_keys(&svc, meta, ticket).and_then(|keys| {
             let t = StdInstant::now();
-            let r =
-                crate::kv_stage_span!("kv.score").in_scope(|| self.decide(&svc, rule, keys, cands));
+            let r = crate::kv_stage_span!("kv.score")
+                .in_scope(|| self.decide(&svc, rule, keys, cands, others));
             svc.route.stage(Stage::Score, t.elapsed().as_secs_f64());
             r
         });
@@ -397,10 +428,18 @@ impl KvRouter {
         rule: &StoredRule,
         keys: &[BlockKey],
         cands: &Candidates<'_>,
+        others_waiting: bool,
     ) -> Result<(Decision, usize), MissReason> {
         SCRATCH.with(|s| match s.try_borrow_mut() {
-            Ok(mut s) => self.decide_in(&mut s, svc, rule, keys, cands),
-            Err(_) => self.decide_in(&mut Scratch::default(), svc, rule, keys, cands),
+            Ok(mut s) => self.decide_in(&mut s, svc, rule, keys, cands, others_waiting),
+            Err(_) => self.decide_in(
+                &mut Scratch::default(),
+                svc,
+                rule,
+                keys,
+                cands,
+                others_waiting,
+            ),
         })
     }
 
@@ -411,6 +450,7 @@ impl KvRouter {
         rule: &StoredRule,
         keys: &[BlockKey],
         cands: &Candidates<'_>,
+        others_waiting: bool,
     ) -> Result<(Decision, usize), MissReason> {
         let Scratch {
             score,
@@ -508,12 +548,21 @@ impl KvRouter {
             svc.route.cold_seed(cold);
             return Ok((Decision::pick(cold, Reason::KvColdSeed), cached(cold)));
         }
-        // Replica seeding (`blend::replica`): free room is an empty cache.
+        // Replica seeding (`blend::replica`): free room is an empty cache; held while
+        // requests of other prompts wait for their decision.
         let has_room = |c: &Cand| member(c.ep).map_or(0, |m| svc.index.blocks(m)) == 0;
         if let Some(copy) = replica(law_cands, pick.ep, s.replica_load, has_room) {
-            tracing::debug!(service = rule.id, pick = pick.ep, to = copy, cands = ?law_cands, "kv replica seed");
-            svc.route.cold_seed(copy);
-            return Ok((Decision::pick(copy, Reason::KvColdSeed), cached(copy)));
+            if !others_waiting {
+                tracing::debug!(service = rule.id, pick = pick.ep, to = copy, cands = ?law_cands, "kv replica seed");
+                svc.route.cold_seed(copy);
+                return Ok((Decision::pick(copy, Reason::KvColdSeed), cached(copy)));
+            }
+            tracing::debug!(
+                service = rule.id,
+                pick = pick.ep,
+                to = copy,
+                "kv replica seed held: requests of other prompts wait for their decision"
+            );
         }
         if pick.spilled {
             tracing::debug!(
@@ -613,6 +662,34 @@ fn cold_place(
         let held = member(ep).map_or(0, |m| svc.index.blocks(m));
         (quanta, held, l.effective_load(), ep)
     })
+}
+
+/// Bytes of a prompt's opening that [`opening`] fingerprints (a system prompt's first
+/// sentences, which tell requests of different prompts apart in a burst).
+const OPENING_BYTES: usize = 256;
+
+/// The fingerprint of a request's prompt opening, for [`ServiceKv::waiting`]: XXH3 of the
+/// first [`OPENING_BYTES`] bytes of a text prompt, of the first chat message's role and
+/// content, or of the first 64 token ids. `None` without a prompt (the request never reaches
+/// a decision that could seed a replica).
+fn opening(meta: &RequestMeta) -> Option<u64> {
+    use xxhash_rust::xxh3::Xxh3;
+    let mut h = Xxh3::new();
+    match meta.prompt.as_ref()? {
+        Prompt::Text(t) => h.update(&t.as_bytes()[..t.len().min(OPENING_BYTES)]),
+        Prompt::TokenIds(ids) => {
+            for id in ids.iter().take(64) {
+                h.update(&id.to_le_bytes());
+            }
+        }
+        Prompt::Messages(msgs) => {
+            let m = msgs.first()?;
+            h.update(m.role.as_bytes());
+            h.update(&[0]);
+            h.update(&m.content.as_bytes()[..m.content.len().min(OPENING_BYTES)]);
+        }
+    }
+    Some(h.digest())
 }
 
 /// The cheap guards, on the request's thread: `text_empty`, `model_empty`, then `oversize`

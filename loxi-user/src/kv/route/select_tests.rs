@@ -986,6 +986,57 @@ fn a_new_conversation_goes_to_an_idle_empty_endpoint_when_the_prompts_owner_is_b
     );
 }
 
+/// A burst of several prompts at once: while a request that opens differently waits for its
+/// decision, the idle empty endpoints may be its home, so no replica is seeded; requests of the
+/// same prompt waiting (a burst of conversations sharing one system prompt) do not hold it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_seed_waits_while_requests_of_other_prompts_wait_for_their_decision() {
+    let f = replica_fx();
+    let m = meta(PROMPT);
+    let other = meta(OTHER);
+    let no = Excluded::default();
+    f.hold(0, &m, 3);
+    f.loads[0].in_flight.store(2, Ordering::Relaxed);
+    // Both requests arrive; each is counted as waiting once its tokenization is queued.
+    let mut waiting = KvTicket::default();
+    f.router.prepare(&f.rule, &other, &mut waiting).await;
+    let mut mine = KvTicket::default();
+    f.router.prepare(&f.rule, &m, &mut mine).await;
+    assert_eq!(f.svc().waiting.lock().len(), 2);
+    // The other prompt still waits: the busy owner keeps this one (the seed of the fixture
+    // above, ep1, is held).
+    assert_eq!(
+        f.attempt(&m, &no, &mut mine),
+        Some(Decision::pick(0, Reason::KvOverlap))
+    );
+    // The other request's first selection takes it out of the waiting set.
+    assert_eq!(
+        f.attempt(&other, &no, &mut waiting),
+        Some(Decision::pick(1, Reason::KvColdPlace))
+    );
+    assert!(f.svc().waiting.lock().is_empty());
+    // Only requests of the same prompt wait: the copy goes to the idle empty endpoint.
+    let mut same = KvTicket::default();
+    f.router.prepare(&f.rule, &m, &mut same).await;
+    let mut next = KvTicket::default();
+    f.router.prepare(&f.rule, &m, &mut next).await;
+    assert_eq!(
+        f.svc().waiting.lock().as_slice(),
+        &[(opening(&m).expect("prompt"), 2)]
+    );
+    assert_eq!(
+        f.attempt(&m, &no, &mut next),
+        Some(Decision::pick(1, Reason::KvColdSeed))
+    );
+    // A request that leaves before its selection (client gone) leaves the set too.
+    drop(same);
+    assert!(f.svc().waiting.lock().is_empty());
+    assert_eq!(
+        f.metric("loxilb_pd_kv_tier15_cold_seeds_total{service=\"1\",ep_idx=\"1\"}"),
+        1.0
+    );
+}
+
 #[test]
 fn a_shared_prefix_group_stays_on_its_holder_unless_its_load_and_an_empty_cache_call_for_a_copy() {
     let f = replica_fx();
