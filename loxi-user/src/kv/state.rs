@@ -87,7 +87,7 @@ pub struct ServiceKv {
     /// of them opens differently from the request being decided (`kv::route::select`). Entries
     /// are added by `KvRouter::prepare` and removed when the request's first selection runs
     /// or its ticket is dropped.
-    pub waiting: Mutex<Vec<(u64, u32)>>,
+    pub waiting: Mutex<HashMap<u64, u32>>,
     /// Set when the service was dropped (rule deleted, KV off, contract rebuilt): its streams,
     /// still stopping, record no more series.
     retired: AtomicBool,
@@ -113,7 +113,7 @@ impl ServiceKv {
             lora: Arc::new(LoraCatalog::new(settings.lora_paths.clone())),
             groups: Mutex::new(HashMap::new()),
             watch: Mutex::new(HashMap::new()),
-            waiting: Mutex::new(Vec::new()),
+            waiting: Mutex::new(HashMap::new()),
             config: KvSpec {
                 endpoints: Vec::new(),
                 ..config.clone()
@@ -129,28 +129,28 @@ impl ServiceKv {
 
     /// Counts one more request waiting for its decision with prompt opening `fp`.
     pub fn wait_add(&self, fp: u64) {
-        let mut w = self.waiting.lock();
-        match w.iter_mut().find(|e| e.0 == fp) {
-            Some(e) => e.1 += 1,
-            None => w.push((fp, 1)),
-        }
+        *self.waiting.lock().entry(fp).or_insert(0) += 1;
     }
 
     /// Counts one request with opening `fp` as decided (or gone); the entry goes at zero.
     pub fn wait_remove(&self, fp: u64) {
         let mut w = self.waiting.lock();
-        if let Some(i) = w.iter().position(|e| e.0 == fp) {
-            w[i].1 -= 1;
-            if w[i].1 == 0 {
-                w.swap_remove(i);
+        if let Some(n) = w.get_mut(&fp) {
+            *n -= 1;
+            if *n == 0 {
+                w.remove(&fp);
             }
         }
     }
 
     /// True when a request whose prompt opens differently from `fp` is waiting for its
-    /// decision.
+    /// decision (constant time: the map holds only openings with a waiting request).
     pub fn others_waiting(&self, fp: Option<u64>) -> bool {
-        self.waiting.lock().iter().any(|e| Some(e.0) != fp)
+        let w = self.waiting.lock();
+        match fp {
+            Some(fp) => w.len() > usize::from(w.contains_key(&fp)),
+            None => !w.is_empty(),
+        }
     }
 
     /// The current position of `member` in the rule (`None` once it left).
