@@ -117,7 +117,7 @@ pub struct Env {
     /// `LOXI_ENGINE_METRICS_INTERVAL_MS`: how often the daemon scrapes each KV-rule endpoint's
     /// `GET /metrics` (vLLM's `vllm:num_requests_running` / `_waiting`, `kv_cache_usage_perc`,
     /// `cache_config_info`) and blends the engine's running+waiting count into the load the KV
-    /// laws see. Default 0 (off), range 0 or 50–60000.
+    /// laws see. Default 0 (off), range 0–60000; 1–49 are raised to 50.
     pub engine_metrics_interval_ms: u64,
     /// `LOXI_HEADER_TIMEOUT_MS`: longest a fullproxy client may take to send a request head,
     /// from its first byte (slowloris bound). Default 10000, range 100–600000.

@@ -132,7 +132,7 @@ async fn track_rule_models(
 }
 
 /// Frees the expired predicted blocks of every service and publishes every endpoint's
-/// readiness (`kv::readiness`) once per [`SWEEP_INTERVAL`] until `shutdown` (off the request path: a sweep takes each shard's write lock in turn; expired
+/// readiness (`kv::readiness`) once per [`SWEEP_INTERVAL`] until `shutdown` (off the request path: a sweep takes each service index's write lock in turn; expired
 /// predictions never score, so the sweep only bounds their memory).
 pub async fn sweep_predictions(state: Arc<KvState>, shutdown: CancellationToken) {
     let mut tick = tokio::time::interval(SWEEP_INTERVAL);

@@ -20,7 +20,7 @@
 //! SUB socket; meanwhile the stream is marked `syncing` (`kv::readiness`). Live batches the SUB
 //! socket queued during the catch-up with a seq the replay already covered are dropped as
 //! duplicates for `replay_timeout` after it (later a lower seq means an engine restart again).
-//! Counted in `loxilb_kv_replays_total{reason="ok"|"failed"}` like gap repairs. The protocol is
+//! Counted in `loxilb_kv_replay_total{service,ep,reason="ok"|"failed"}` like gap repairs. The protocol is
 //! vLLM's (`vllm/distributed/kv_events.py`, `ZmqEventPublisher._service_replay`): the ROUTER
 //! answers every buffered batch with seq >= start, then an end marker of seq -1 (`ff×8`).
 //!
