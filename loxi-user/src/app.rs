@@ -262,23 +262,13 @@ async fn serve_api(
     app: axum::Router,
     shutdown: CancellationToken,
 ) {
-    let result = match tls {
-        None => {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(shutdown.cancelled_owned())
-                .await
-        }
+    let limits = api::serve::ApiLimits::default();
+    match tls {
+        None => api::serve::serve(listener, app, limits, shutdown).await,
         Some(cfg) => match api::tls::TlsListener::new(listener, cfg) {
-            Ok(l) => {
-                axum::serve(l, app)
-                    .with_graceful_shutdown(shutdown.cancelled_owned())
-                    .await
-            }
-            Err(e) => Err(e),
+            Ok(l) => api::serve::serve(l, app, limits, shutdown).await,
+            Err(e) => tracing::error!(error = %e, "REST API server failed"),
         },
-    };
-    if let Err(e) = result {
-        tracing::error!(error = %e, "REST API server failed");
     }
 }
 

@@ -379,6 +379,22 @@ async fn unknown_route_is_a_json_404() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_method_a_route_does_not_serve_is_a_json_405() {
+    let d = Daemon::start_default().await;
+    let (status, text) = d
+        .request("PUT", "/netlox/v1/config/loadbalancer", Some("{}"))
+        .await
+        .expect("put");
+    assert_eq!(status, 405);
+    let body: Value = serde_json::from_str(&text).expect("json body");
+    assert_eq!(body["code"], json!(405));
+    assert_eq!(
+        body["message"],
+        json!("method PUT is not allowed on /netlox/v1/config/loadbalancer")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_format_follows_the_accept_header() {
     let d = Daemon::start_default().await;
     let (status, headers, text) = d

@@ -24,8 +24,9 @@
 //!
 //! Bodies are built in [`error`] (LoxiLB's success and error shapes); LoxiLB's field schema and
 //! strict field checking are in [`fields`]; the Origin, token and content-type guard in
-//! [`security`]; HTTPS in [`tls`]. Request bodies are limited to axum's default 2 MiB (413
-//! beyond).
+//! [`security`]; HTTPS in [`tls`]; connection bounds (header and request timeouts, a connection
+//! cap) in [`serve`]. Request bodies are limited to axum's default 2 MiB (413 beyond). A method a
+//! route does not serve gets 405 in the error shape.
 pub mod certs;
 pub mod error;
 pub mod fields;
@@ -33,6 +34,7 @@ pub mod kv;
 pub mod loxilb;
 pub mod rules;
 pub mod security;
+pub mod serve;
 pub mod status;
 pub mod tls;
 
@@ -132,6 +134,7 @@ pub fn router(state: ApiState) -> Router {
         .route(&format!("{BASE}/config/metrics"), get(loxilb::metrics_config))
         .route(&format!("{BASE}/metrics"), get(serve_metrics))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
         .layer(middleware::from_fn_with_state(metrics, count_requests))
 }
@@ -176,6 +179,19 @@ fn refresh_endpoint_metrics(st: &ApiState) {
             )
         })
     }));
+}
+
+/// 405 in LoxiLB's error shape (axum's own answer has an empty body).
+async fn method_not_allowed(req: Request) -> ApiError {
+    ApiError {
+        status: axum::http::StatusCode::METHOD_NOT_ALLOWED,
+        message: format!(
+            "method {} is not allowed on {}",
+            req.method(),
+            req.uri().path()
+        ),
+        field: None,
+    }
 }
 
 async fn not_found(req: Request) -> ApiError {
