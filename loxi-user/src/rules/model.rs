@@ -299,13 +299,13 @@ pub(crate) fn default_kv_zmq_port() -> u16 {
 pub(crate) fn default_kv_dp_rank_count() -> u8 {
     1
 }
-fn default_chwbl_prefix_hash_level() -> u8 {
+pub(crate) fn default_chwbl_prefix_hash_level() -> u8 {
     1
 }
-fn default_chwbl_mean_load_factor() -> u32 {
+pub(crate) fn default_chwbl_mean_load_factor() -> u32 {
     175
 }
-fn default_chwbl_replication() -> u32 {
+pub(crate) fn default_chwbl_replication() -> u32 {
     256
 }
 fn default_weight() -> u32 {

@@ -130,6 +130,15 @@ impl RuleStore {
                      defaults; the API now refuses them"
                 );
             }
+            let reset = super::validate::reset_inert_selector_knobs(&mut rule.service);
+            if !reset.is_empty() {
+                tracing::warn!(
+                    rule = stored.id,
+                    knobs = ?reset,
+                    "restored rule: selector knobs its selector never reads reset to their \
+                     defaults; the API now refuses them"
+                );
+            }
             match StoredRule::new(stored.id, rule) {
                 Ok(rule) => {
                     max_id = max_id.max(rule.id);
@@ -550,10 +559,45 @@ mod tests {
     }
 
     #[test]
+    fn restored_rules_with_inert_selector_knobs_are_kept_with_the_knobs_reset() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let mut rr = serde_json::to_value(rule(80, 0, "")).expect("v");
+        rr["serviceArguments"]["chwbl_mean_load_factor"] = json!(250);
+        rr["serviceArguments"]["session_header_name"] = json!("X-S");
+        let mut chwbl = serde_json::to_value(rule(81, 8, "")).expect("v");
+        chwbl["serviceArguments"]["chwbl_mean_load_factor"] = json!(250);
+        let file =
+            json!({"version": 1, "rules": [{"id": 7, "rule": rr}, {"id": 8, "rule": chwbl}]});
+        std::fs::write(dir.path().join("rules.json"), file.to_string()).expect("write");
+        let store = RuleStore::open(dir.path()).expect("open");
+        let kept: Vec<(u32, u32, String)> = store
+            .snapshot()
+            .rules
+            .values()
+            .map(|r| {
+                let s = &r.rule.service;
+                (
+                    r.id,
+                    s.chwbl_mean_load_factor,
+                    s.session_header_name.clone(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            kept,
+            vec![(7, 175, String::new()), (8, 250, String::new())],
+            "sel 0's knobs reset, sel 8's kept"
+        );
+    }
+
+    #[test]
     fn restored_rules_that_no_longer_validate_are_dropped() {
         let dir = tempfile::tempdir().expect("tmp");
         let good = json!({"id": 4, "rule": serde_json::to_value(rule(80, 0, "")).expect("v")});
         let mut bad = json!({"id": 5, "rule": serde_json::to_value(rule(81, 0, "")).expect("v")});
+        // Out of range under the one selector that reads it (a knob its selector never reads
+        // would be reset, not dropped: the next test).
+        bad["rule"]["serviceArguments"]["sel"] = json!(8);
         bad["rule"]["serviceArguments"]["chwbl_replication"] = json!(5000);
         let file = json!({"version": 1, "rules": [good, bad]});
         std::fs::write(dir.path().join("rules.json"), file.to_string()).expect("write");

@@ -7,7 +7,8 @@ use std::net::IpAddr;
 
 use super::error::RuleError;
 use super::model::{
-    Endpoint, LbRule, ServiceArgs, default_kv_block_size, default_kv_dp_rank_count,
+    Endpoint, LbRule, ServiceArgs, default_chwbl_mean_load_factor, default_chwbl_prefix_hash_level,
+    default_chwbl_replication, default_kv_block_size, default_kv_dp_rank_count,
     default_kv_zmq_port,
 };
 use super::spec::{Engine, ServiceSpec};
@@ -286,6 +287,7 @@ fn check_fullproxy_only(s: &mut ServiceArgs) -> Result<(), RuleError> {
             }
         }
         kv_knobs_need_kv_mode(s)?;
+        selector_knobs_need_their_selector(s)?;
         return bootstrap_port(s);
     }
     let need = |field: &str, set: bool| -> Result<(), RuleError> {
@@ -325,6 +327,109 @@ fn kv_knobs_need_kv_mode(s: &ServiceArgs) -> Result<(), RuleError> {
         )),
         None => Ok(()),
     }
+}
+
+/// A selector knob set away from its default under a selector that never reads it would be
+/// silently inert (`GET` would show it, nothing would apply it): refused, naming the selectors
+/// that read it.
+fn selector_knobs_need_their_selector(s: &ServiceArgs) -> Result<(), RuleError> {
+    match inert_selector_knobs(s).into_iter().next() {
+        Some((field, value, _)) => Err(invalid(
+            &format!("serviceArguments.{field}"),
+            format!(
+                "{value} is read only by {}; this rule's sel is {} (set one of those selectors, \
+                 or leave {field} out)",
+                selectors_reading(field),
+                s.sel
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// The selectors that read a selector knob (`routing/`: sel 3 persist reads the session key;
+/// the ring selectors 8 CHWBL, 9 GPU-aware and 10 weighted hash build their key from the prefix
+/// and the conversation / session; only 8 walks with the bounded-load factor; 8 and 10 build
+/// rings of `chwbl_replication` points).
+fn selectors_reading(field: &str) -> &'static str {
+    match field {
+        "chwbl_mean_load_factor" => "sel 8 (CHWBL)",
+        "chwbl_replication" => "sel 8 (CHWBL) and sel 10 (weighted hash)",
+        "session_header_name" => "sel 3 (persist) and sels 8, 9, 10 (the conversation key)",
+        _ => "sels 8 (CHWBL), 9 (GPU-aware) and 10 (weighted hash)",
+    }
+}
+
+/// The selector knobs of a fullproxy rule `s` set away from their defaults under a selector
+/// that does not read them (see [`selectors_reading`]).
+fn inert_selector_knobs(s: &ServiceArgs) -> Vec<InertKnob> {
+    let ring = matches!(s.sel, 8..=10);
+    let knobs: [(bool, InertKnob); 6] = [
+        (
+            s.sel != 8 && s.chwbl_mean_load_factor != default_chwbl_mean_load_factor(),
+            (
+                "chwbl_mean_load_factor",
+                s.chwbl_mean_load_factor.to_string(),
+                |s| s.chwbl_mean_load_factor = default_chwbl_mean_load_factor(),
+            ),
+        ),
+        (
+            !matches!(s.sel, 8 | 10) && s.chwbl_replication != default_chwbl_replication(),
+            ("chwbl_replication", s.chwbl_replication.to_string(), |s| {
+                s.chwbl_replication = default_chwbl_replication()
+            }),
+        ),
+        (
+            !ring && s.chwbl_prefix_hash_level != default_chwbl_prefix_hash_level(),
+            (
+                "chwbl_prefix_hash_level",
+                s.chwbl_prefix_hash_level.to_string(),
+                |s| s.chwbl_prefix_hash_level = default_chwbl_prefix_hash_level(),
+            ),
+        ),
+        (
+            !ring && s.chwbl_prefix_hash_flags != 0,
+            (
+                "chwbl_prefix_hash_flags",
+                s.chwbl_prefix_hash_flags.to_string(),
+                |s| s.chwbl_prefix_hash_flags = 0,
+            ),
+        ),
+        (
+            !ring && s.chwbl_enable_cache_salt,
+            ("chwbl_enable_cache_salt", "true".into(), |s| {
+                s.chwbl_enable_cache_salt = false
+            }),
+        ),
+        (
+            !ring && s.sel != 3 && !s.session_header_name.is_empty(),
+            (
+                "session_header_name",
+                format!("{:?}", s.session_header_name),
+                |s| s.session_header_name.clear(),
+            ),
+        ),
+    ];
+    knobs
+        .into_iter()
+        .filter_map(|(set, knob)| set.then_some(knob))
+        .collect()
+}
+
+/// For a rule restored from the state file (stored before [`selector_knobs_need_their_selector`]
+/// refused them): resets the fullproxy rule's inert selector knobs to their defaults, as
+/// [`reset_inert_kv_knobs`] does for tier 1.5. Returns the JSON names of the knobs reset.
+pub fn reset_inert_selector_knobs(s: &mut ServiceArgs) -> Vec<&'static str> {
+    if s.mode != loxi_common::mode::FULLPROXY {
+        return Vec::new();
+    }
+    inert_selector_knobs(s)
+        .into_iter()
+        .map(|(name, _, reset)| {
+            reset(s);
+            name
+        })
+        .collect()
 }
 
 /// A tier-1.5 knob set away from its defaults: its JSON name, its value as an error shows
@@ -708,8 +813,75 @@ mod tests {
             ("chwbl_prefix_hash_level", json!(3)),
         ];
         for (key, value) in edges {
-            validate(rule(json!({"kvExactMode": 3, key: value.clone()})))
-                .expect("edge of the range is valid");
+            validate(rule(
+                json!({"kvExactMode": 3, "sel": 8, key: value.clone()}),
+            ))
+            .expect("edge of the range is valid");
+        }
+    }
+
+    #[test]
+    fn selector_knobs_are_refused_under_a_selector_that_never_reads_them() {
+        let refused = [
+            (
+                json!({"sel": 0, "chwbl_mean_load_factor": 250}),
+                "chwbl_mean_load_factor",
+            ),
+            (
+                json!({"sel": 10, "chwbl_mean_load_factor": 250}),
+                "chwbl_mean_load_factor",
+            ),
+            (
+                json!({"sel": 9, "chwbl_replication": 8}),
+                "chwbl_replication",
+            ),
+            (
+                json!({"sel": 0, "chwbl_prefix_hash_level": 2}),
+                "chwbl_prefix_hash_level",
+            ),
+            (
+                json!({"sel": 3, "chwbl_prefix_hash_flags": 1}),
+                "chwbl_prefix_hash_flags",
+            ),
+            (
+                json!({"sel": 0, "chwbl_enable_cache_salt": true}),
+                "chwbl_enable_cache_salt",
+            ),
+            (
+                json!({"sel": 0, "session_header_name": "X-S"}),
+                "session_header_name",
+            ),
+            (
+                json!({"sel": 5, "kvExactMode": 3, "session_header_name": "X-S"}),
+                "session_header_name",
+            ),
+        ];
+        for (extra, field) in refused {
+            let e = validate(rule(extra.clone())).expect_err("inert knob refused");
+            let RuleError::Invalid { field: f, message } = &e else {
+                panic!("{e:?}")
+            };
+            assert_eq!(f, &format!("serviceArguments.{field}"), "{extra}");
+            assert!(message.contains("is read only by sel"), "{message}");
+            assert!(
+                message.contains(&format!("this rule's sel is {}", extra["sel"])),
+                "{message}"
+            );
+        }
+        let accepted = [
+            json!({"sel": 8, "chwbl_mean_load_factor": 250, "chwbl_replication": 8,
+                   "chwbl_prefix_hash_level": 2, "chwbl_prefix_hash_flags": 1,
+                   "chwbl_enable_cache_salt": true, "session_header_name": "X-S"}),
+            json!({"sel": 10, "chwbl_replication": 8, "chwbl_prefix_hash_level": 3}),
+            json!({"sel": 9, "chwbl_prefix_hash_flags": 32, "session_header_name": "X-S"}),
+            json!({"sel": 3, "session_header_name": "cookie:sid"}),
+            // Defaults are accepted anywhere (saved rules carry them).
+            json!({"sel": 0, "chwbl_mean_load_factor": 175, "chwbl_replication": 256,
+                   "chwbl_prefix_hash_level": 1, "chwbl_prefix_hash_flags": 0,
+                   "chwbl_enable_cache_salt": false, "session_header_name": ""}),
+        ];
+        for extra in accepted {
+            validate(rule(extra.clone())).unwrap_or_else(|e| panic!("{extra}: {e}"));
         }
     }
 
