@@ -496,7 +496,7 @@ async fn model_pools_route_by_model_then_wildcard_then_503() {
         llama.requests().last().expect("req").body.as_ref(),
         b"{\"model\": \"llama\", \"prompt\": \"hi\"}"
     );
-    // Remove the wildcard pool: unknown models now get 503 model_unavailable.
+    // Remove the wildcard pool: unknown models now get 404 model_not_found (not retryable).
     let (status, body) = d
         .delete_rule("127.0.0.1", port, "tcp", Some("model_name="))
         .await;
@@ -504,8 +504,10 @@ async fn model_pools_route_by_model_then_wildcard_then_503() {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let r = chat(&c, port, json!({"model": "qwen"}), &[]).await;
-        if r.status == 503 {
-            assert_eq!(r.body["error"]["type"], "model_unavailable");
+        if r.status == 404 {
+            assert_eq!(r.body["error"]["type"], "model_not_found");
+            assert_eq!(r.body["error"]["party"], "client");
+            assert_eq!(r.body["error"]["retryable"], false);
             break;
         }
         assert!(Instant::now() < deadline, "wildcard pool still serving");

@@ -116,6 +116,34 @@ async fn an_http11_request_without_host_is_refused_with_400_and_http10_is_forwar
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_host_headers_are_refused_and_an_absolute_form_target_names_the_host() {
+    let (_d, b, port) = setup().await;
+    let answer = raw(
+        port,
+        "GET /health HTTP/1.1\r\nHost: a.example\r\nHost: b.example\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(answer.contains("duplicate_host"), "{answer}");
+    assert_eq!(b.request_count(), 0, "nothing was forwarded");
+    // RFC 9112 §3.2.2: the request target's authority wins over Host, for routing and upstream.
+    let answer = raw(
+        port,
+        "GET http://b.example/health HTTP/1.1\r\nHost: a.example\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert_eq!(b.request_count(), 1);
+    let hosts: Vec<String> = b.requests()[0]
+        .headers
+        .iter()
+        .filter(|(k, _)| k == "host")
+        .map(|(_, v)| v.clone())
+        .collect();
+    assert_eq!(hosts, ["b.example"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_after_a_connect_failure_carries_the_clients_headers_and_its_own_host() {
     let d = Daemon::start_default().await;
     let b = Backend::start("b0").await;

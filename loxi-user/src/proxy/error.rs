@@ -1,7 +1,7 @@
 //! Every error response of the fullproxy is built here: a JSON body
 //! `{"error":{"type": TOKEN, "message": TEXT, "code": STATUS, "party": WHO, "retryable": BOOL}}`
 //! where `type` is LoxiLB's reason token (`no_healthy_backend`, `backend_unreachable`,
-//! `model_unavailable`, ...), `party` says who failed (`client`, `upstream`, `internal`) and
+//! `model_not_found`, ...), `party` says who failed (`client`, `upstream`, `internal`) and
 //! `retryable` whether sending the same request again may succeed.
 
 use bytes::Bytes;
@@ -56,6 +56,11 @@ pub enum ProxyError {
     /// `Host` to guesswork.
     #[error("an HTTP/1.1 request must carry a Host header")]
     MissingHost,
+    /// A request with more than one `Host` header line (400): RFC 9112 §3.2 makes a server
+    /// answer it with 400; routing by one and forwarding both would let a backend read another
+    /// host than the one the request was routed by.
+    #[error("a request must carry at most one Host header")]
+    DuplicateHost,
     /// The client's body could not be read (400).
     #[error("reading the request body failed: {0}")]
     ClientBody(#[source] hyper::Error),
@@ -65,7 +70,8 @@ pub enum ProxyError {
         /// The request's host (without port).
         host: String,
     },
-    /// No pool serves the model and there is no wildcard pool (503).
+    /// No pool serves the model and there is no wildcard pool (404 `model_not_found`, as vLLM
+    /// and OpenAI answer an unknown model: the client's mistake, not worth a retry).
     #[error("no pool serves model {model:?}")]
     ModelUnavailable {
         /// The requested model ("" when the request named none).
@@ -198,12 +204,13 @@ impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::ClientBody(_) | Self::MissingHost => StatusCode::BAD_REQUEST,
+            Self::ClientBody(_) | Self::MissingHost | Self::DuplicateHost => {
+                StatusCode::BAD_REQUEST
+            }
             Self::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
-            Self::NoRoute { .. } => StatusCode::NOT_FOUND,
-            Self::ModelUnavailable { .. }
-            | Self::NoHealthyBackend { .. }
+            Self::NoRoute { .. } | Self::ModelUnavailable { .. } => StatusCode::NOT_FOUND,
+            Self::NoHealthyBackend { .. }
             | Self::PdPoolUnavailable { .. }
             | Self::AdmissionClosed { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::BackendUnreachable { .. }
@@ -227,10 +234,11 @@ impl ProxyError {
             Self::BodyTooLarge { .. } => "request_too_large",
             Self::ClientBody(_) => "bad_request_body",
             Self::MissingHost => "missing_host",
+            Self::DuplicateHost => "duplicate_host",
             Self::BodyTimeout { .. } => "request_timeout",
             Self::MethodNotAllowed(_) => "method_not_allowed",
             Self::NoRoute { .. } => "no_route",
-            Self::ModelUnavailable { .. } => "model_unavailable",
+            Self::ModelUnavailable { .. } => "model_not_found",
             Self::NoHealthyBackend { .. } => "no_healthy_backend",
             Self::BackendUnreachable { .. } => "backend_unreachable",
             Self::Upstream { .. } => "upstream_error",
@@ -253,11 +261,12 @@ impl ProxyError {
             Self::BodyTooLarge { .. }
             | Self::ClientBody(_)
             | Self::MissingHost
+            | Self::DuplicateHost
             | Self::BodyTimeout { .. }
             | Self::MethodNotAllowed(_)
-            | Self::NoRoute { .. } => Party::Client,
-            Self::ModelUnavailable { .. }
-            | Self::NoHealthyBackend { .. }
+            | Self::NoRoute { .. }
+            | Self::ModelUnavailable { .. } => Party::Client,
+            Self::NoHealthyBackend { .. }
             | Self::BackendUnreachable { .. }
             | Self::Upstream { .. }
             | Self::PdPoolUnavailable { .. }

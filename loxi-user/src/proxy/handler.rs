@@ -115,6 +115,16 @@ impl Handler {
         {
             return Err((0, ProxyError::MissingHost));
         }
+        if parts
+            .headers
+            .get_all(http::header::HOST)
+            .iter()
+            .nth(1)
+            .is_some()
+        {
+            return Err((0, ProxyError::DuplicateHost));
+        }
+        absolute_form_host(&mut parts);
         let cfg = &self.ctx.config;
         let (bytes, _reserved) = tokio::time::timeout(
             cfg.body_timeout,
@@ -419,6 +429,23 @@ async fn read_body(
         }
     }
     Ok((buf.freeze(), reserved))
+}
+
+/// An HTTP/1.x request in absolute form (`GET http://b.example/p`) names its host in the
+/// request target, and RFC 9112 §3.2.2 makes a server ignore the `Host` header then: the
+/// header is replaced by the target's authority, so host routing and the backend read the same
+/// host. HTTP/2 requests always carry their authority in the URI and are left as they are.
+fn absolute_form_host(parts: &mut Parts) {
+    if parts.version >= http::Version::HTTP_2 {
+        return;
+    }
+    if let Some(v) = parts
+        .uri
+        .authority()
+        .and_then(|a| http::HeaderValue::from_str(a.as_str()).ok())
+    {
+        parts.headers.insert(http::header::HOST, v);
+    }
 }
 
 /// The request's host: the `Host` header, else the URI authority (HTTP/2).

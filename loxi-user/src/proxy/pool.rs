@@ -411,7 +411,7 @@ mod tests {
         assert_eq!(t.choose(None, None).expect("pool").rule.id, 2);
         let t = PoolTable::build(&[rule(1, "", "llama", &[1])], &PoolTable::default());
         let e = t.choose(Some("x:80"), Some("qwen")).expect_err("no pool");
-        assert_eq!(e.token(), "model_unavailable");
+        assert_eq!(e.token(), "model_not_found");
     }
 
     #[test]
