@@ -215,6 +215,30 @@ async fn scenario_11_missing_tokenizer_logs_once_flags_degraded_and_rr_serves_ev
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn made_up_model_names_cannot_flood_the_log() {
+    let f = Fleet::start(tokenizer_dir(&[]), &[]).await;
+    let failures = r#"loxilb_kv_tokenizer_load_failures_total{model="other"}"#;
+    for i in 0..20 {
+        let (_, m) = f
+            .routed("/v1/chat/completions", &chat(&format!("made-up/m{i}")))
+            .await;
+        assert_eq!(m.of(RR), 1.0, "request {i}: routed by the rule's sel");
+    }
+    let errors = f.log_lines("no usable tokenizer");
+    assert_eq!(
+        errors.len(),
+        1,
+        "one error line for 20 made-up models: {errors:#?}"
+    );
+    assert!(errors[0].contains("made-up/m0"), "{}", errors[0]);
+    assert_eq!(
+        sample(&f.d.metrics_text().await, failures),
+        Some(20.0),
+        "every failed load is counted"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scenario_9_chat_template_that_fails_to_render_is_counted_and_rr_routes_the_request() {
     let dir = tokenizer_dir(&[("tiny", "tiny-model")]);
     let raises = dir.path().join("raises");

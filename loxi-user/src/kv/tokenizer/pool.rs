@@ -31,6 +31,10 @@ pub const DEFAULT_RETRY_INTERVAL: Duration = Duration::from_secs(30);
 /// clients naming many unknown models cannot grow memory without bound.
 const MAX_SLOTS: usize = 4096;
 
+/// At most one `error` line per this interval for failed loads of models no rule names (a
+/// client sending many made-up model names cannot flood the log).
+const OTHER_MODEL_WARN_INTERVAL: Duration = Duration::from_secs(60);
+
 #[derive(Debug, Clone)]
 enum Slot {
     Ready(Arc<ModelTokenizer>),
@@ -46,6 +50,9 @@ pub struct TokenizerPool {
     cache_capacity: usize,
     slots: RwLock<HashMap<String, Slot>>,
     load_lock: Mutex<()>,
+    /// When a model no rule names last logged its failed load at `error` (clients choose those
+    /// names, so one such line per [`OTHER_MODEL_WARN_INTERVAL`] at most; the rest at debug).
+    other_warned: Mutex<Option<Instant>>,
 }
 
 impl TokenizerPool {
@@ -58,6 +65,7 @@ impl TokenizerPool {
             cache_capacity: TokenCache::DEFAULT_CAPACITY,
             slots: RwLock::new(HashMap::new()),
             load_lock: Mutex::new(()),
+            other_warned: Mutex::new(None),
         }
     }
 
@@ -181,15 +189,35 @@ impl TokenizerPool {
                 slots.insert(model.to_owned(), Slot::Failed { at: Instant::now() });
                 self.metrics.degraded.get_or_create(&label).set(1);
                 self.metrics.load_failures.get_or_create(&label).inc();
-                if first_failure {
+                let named = self.metrics.rule_models.read().contains(model);
+                if first_failure && named {
                     tracing::error!(model, %error, retry_secs = self.retry_interval.as_secs(),
                         "no usable tokenizer; KV routing for this model falls back to the rule's selector");
+                } else if first_failure && self.other_warn_due() {
+                    tracing::error!(model, %error, retry_secs = self.retry_interval.as_secs(),
+                        quiet_secs = OTHER_MODEL_WARN_INTERVAL.as_secs(),
+                        "no usable tokenizer; KV routing for this model falls back to the rule's \
+                         selector (no rule names this model: further such models are logged at \
+                         debug for quiet_secs, and counted in \
+                         loxilb_kv_tokenizer_load_failures_total{{model=\"other\"}})");
                 } else {
-                    tracing::debug!(model, %error, "tokenizer load retry failed");
+                    tracing::debug!(model, %error, "tokenizer load failed (a retry, or a model no rule names within the quiet interval)");
                 }
                 Err(no_tokenizer(model))
             }
         }
+    }
+}
+
+impl TokenizerPool {
+    /// True at most once per [`OTHER_MODEL_WARN_INTERVAL`].
+    fn other_warn_due(&self) -> bool {
+        let mut last = self.other_warned.lock();
+        if last.is_some_and(|t| t.elapsed() < OTHER_MODEL_WARN_INTERVAL) {
+            return false;
+        }
+        *last = Some(Instant::now());
+        true
     }
 }
 
