@@ -249,15 +249,69 @@ impl Config {
     /// environment. Rejected variables are in `env.warnings`; the binary logs them once
     /// tracing is up.
     pub fn from_process() -> Self {
-        let flags = Flags::parse().resolve_aliases();
+        let flags = match Flags::try_parse() {
+            Ok(f) => f.resolve_aliases(),
+            Err(e) => {
+                let note = env_note(&e.to_string(), |k| std::env::var(k).ok());
+                let code = e.exit_code();
+                let _ = e.print();
+                if let Some(note) = note {
+                    eprintln!("{note}");
+                }
+                std::process::exit(code);
+            }
+        };
         let env = Env::from_lookup(|k| std::env::var(k).ok());
         Self { flags, env }
     }
 }
 
+/// Flags that an environment variable can set (`#[arg(env = ...)]`): the variable and the
+/// flag as clap names it in an error.
+const FLAG_ENVS: [(&str, &str); 2] = [
+    ("LOXI_API_ADDR", "--api-addr"),
+    ("LOXI_PROXY_WORKERS", "--proxy-workers"),
+];
+
+/// When clap refused a flag's value and that flag's environment variable is set, a line naming
+/// the variable and its value (clap's error names only the flag, which the user may never have
+/// typed). Unlike the other variables (warned about, defaults used), these two are validated as
+/// their flags are: a bad value stops the daemon at start.
+fn env_note(clap_error: &str, lookup: impl Fn(&str) -> Option<String>) -> Option<String> {
+    FLAG_ENVS.iter().find_map(|(var, flag)| {
+        let v = lookup(var)?;
+        clap_error.contains(&format!("'{flag}")).then(|| {
+            format!(
+                "note: {flag} takes its value from the environment variable {var}={v:?} when the \
+                 flag is not given"
+            )
+        })
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refused_flag_value_from_the_environment_names_the_variable() {
+        let e = Flags::try_parse_from(["loxilb", "--proxy-workers", "5000"]).expect_err("range");
+        let env = |k: &str| (k == "LOXI_PROXY_WORKERS").then(|| "5000".to_string());
+        assert_eq!(
+            env_note(&e.to_string(), env).as_deref(),
+            Some(
+                "note: --proxy-workers takes its value from the environment variable \
+                 LOXI_PROXY_WORKERS=\"5000\" when the flag is not given"
+            )
+        );
+        assert_eq!(env_note(&e.to_string(), |_| None), None, "variable unset");
+        let addr = Flags::try_parse_from(["loxilb", "--api-addr", "garbage"]).expect_err("addr");
+        assert_eq!(
+            env_note(&addr.to_string(), env),
+            None,
+            "another flag's error"
+        );
+    }
 
     #[test]
     fn flags_default_to_loxilb_paths_and_port() {
