@@ -420,10 +420,18 @@ fn inert_selector_knobs(s: &ServiceArgs) -> Vec<InertKnob> {
 /// refused them): resets the fullproxy rule's inert selector knobs to their defaults, as
 /// [`reset_inert_kv_knobs`] does for tier 1.5. Returns the JSON names of the knobs reset.
 pub fn reset_inert_selector_knobs(s: &mut ServiceArgs) -> Vec<&'static str> {
+    reset_knobs(s, inert_selector_knobs)
+}
+
+/// Resets the knobs `inert` lists on a fullproxy rule; returns their JSON names.
+fn reset_knobs(
+    s: &mut ServiceArgs,
+    inert: fn(&ServiceArgs) -> Vec<InertKnob>,
+) -> Vec<&'static str> {
     if s.mode != loxi_common::mode::FULLPROXY {
         return Vec::new();
     }
-    inert_selector_knobs(s)
+    inert(s)
         .into_iter()
         .map(|(name, _, reset)| {
             reset(s);
@@ -494,16 +502,7 @@ fn inert_kv_knobs(s: &ServiceArgs) -> Vec<InertKnob> {
 /// kept (they were never read, so it behaves as before) instead of dropped for failing
 /// validation. Returns the JSON names of the knobs reset (the caller logs them).
 pub fn reset_inert_kv_knobs(s: &mut ServiceArgs) -> Vec<&'static str> {
-    if s.mode != loxi_common::mode::FULLPROXY {
-        return Vec::new();
-    }
-    inert_kv_knobs(s)
-        .into_iter()
-        .map(|(name, _, reset)| {
-            reset(s);
-            name
-        })
-        .collect()
+    reset_knobs(s, inert_kv_knobs)
 }
 
 /// `pdBootstrapPort` means something only to SGLang's P/D handoff: a non-zero port elsewhere
