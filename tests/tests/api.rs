@@ -263,6 +263,15 @@ async fn delete_by_model_name_removes_only_that_pool_and_unknown_rule_is_404() {
     assert_eq!(body["code"], json!(404));
     let (status, body) = d.delete_rule("127.0.0.1", 0, "tcp", None).await;
     assert_eq!((status, body["field"].clone()), (400, json!("port")));
+    let (status, body) = d.delete_rule("notip", port, "tcp", None).await;
+    assert_eq!(
+        (status, body["field"].clone(), body["message"].clone()),
+        (
+            400,
+            json!("externalipaddress"),
+            json!("\"notip\" is not an IP address")
+        )
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -345,7 +345,15 @@ fn delete_key(
         q.get("host").cloned().unwrap_or_default()
     };
     let model = q.get("model_name").cloned().unwrap_or_default();
-    Ok((key.ip, key.port, key.proto, host, model))
+    // As the GET-by-key routes answer: a malformed address is the client's mistake (400), not
+    // a rule that does not exist (404).
+    let ip = crate::rules::validate::normalize_ip(&key.ip).map_err(|_| {
+        ApiError::bad_field(
+            "externalipaddress",
+            format!("{:?} is not an IP address", key.ip),
+        )
+    })?;
+    Ok((ip, key.port, key.proto, host, model))
 }
 
 async fn delete_rule(
