@@ -130,6 +130,14 @@ impl RuleStore {
                      defaults; the API now refuses them"
                 );
             }
+            let reset = super::validate::reset_inert_probe_fields(&mut rule.service);
+            if !reset.is_empty() {
+                tracing::warn!(
+                    rule = stored.id,
+                    fields = ?reset,
+                    "restored rule: probe fields no probe reads cleared; the API now refuses them"
+                );
+            }
             let reset = super::validate::reset_inert_selector_knobs(&mut rule.service);
             if !reset.is_empty() {
                 tracing::warn!(
@@ -588,6 +596,30 @@ mod tests {
             vec![(7, 175, String::new()), (8, 250, String::new())],
             "sel 0's knobs reset, sel 8's kept"
         );
+    }
+
+    #[test]
+    fn restored_rules_with_inert_probe_fields_are_kept_with_them_cleared() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let mut r = serde_json::to_value(rule(80, 0, "")).expect("v");
+        r["serviceArguments"]["probeport"] = json!(1234);
+        r["serviceArguments"]["probereq"] = json!("/x");
+        let mut http = serde_json::to_value(rule(81, 0, "")).expect("v");
+        http["serviceArguments"]["probetype"] = json!("http");
+        http["serviceArguments"]["probereq"] = json!("/health");
+        let file = json!({"version": 1, "rules": [{"id": 7, "rule": r}, {"id": 8, "rule": http}]});
+        std::fs::write(dir.path().join("rules.json"), file.to_string()).expect("write");
+        let store = RuleStore::open(dir.path()).expect("open");
+        let kept: Vec<(u32, u16, String)> = store
+            .snapshot()
+            .rules
+            .values()
+            .map(|r| {
+                let s = &r.rule.service;
+                (r.id, s.probeport, s.probereq.clone())
+            })
+            .collect();
+        assert_eq!(kept, vec![(7, 0, String::new()), (8, 0, "/health".into())]);
     }
 
     #[test]

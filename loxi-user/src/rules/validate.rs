@@ -230,7 +230,82 @@ fn validate_service(s: &mut ServiceArgs) -> Result<(), RuleError> {
             ));
         }
     }
+    probe_fields_need_a_probe(s)?;
     check_fullproxy_only(s)
+}
+
+/// For a rule restored from the state file (stored before [`probe_fields_need_a_probe`]
+/// refused them): clears the probe fields no probe reads, so the rule is kept and behaves as
+/// before. Returns the JSON names of the fields cleared.
+pub fn reset_inert_probe_fields(s: &mut ServiceArgs) -> Vec<&'static str> {
+    let mut reset = Vec::new();
+    let t = s.probetype.to_ascii_lowercase();
+    let mut probing = t != "none" && (!t.is_empty() || s.monitor);
+    if probing && s.mode != loxi_common::mode::FULLPROXY {
+        s.monitor = false;
+        s.probetype.clear();
+        probing = false;
+        reset.extend(["monitor", "probetype"]);
+    }
+    if s.probeport != 0 && !probing {
+        s.probeport = 0;
+        reset.push("probeport");
+    }
+    let http = probing && s.probetype.eq_ignore_ascii_case("http");
+    if !http && !s.probereq.is_empty() {
+        s.probereq.clear();
+        reset.push("probereq");
+    }
+    if !http && !s.proberesp.is_empty() {
+        s.proberesp.clear();
+        reset.push("proberesp");
+    }
+    reset
+}
+
+/// Probe fields no probe reads would be silently inert: `probeport` without a probe,
+/// `probereq`/`proberesp` without an `http` probe, and any probe on a rule outside mode 4
+/// (active probes run in the fullproxy's pools, `health/probe.rs`; the L4 data path has none).
+/// A probe runs when `probetype` is set (other than `none`) or `monitor` is true, as
+/// `ProbeSpec::from_args` reads them. The zero values LoxiLB's clients send pass.
+fn probe_fields_need_a_probe(s: &ServiceArgs) -> Result<(), RuleError> {
+    let t = s.probetype.to_ascii_lowercase();
+    let probing = t != "none" && (!t.is_empty() || s.monitor);
+    if probing && s.mode != loxi_common::mode::FULLPROXY {
+        let field = if t.is_empty() { "monitor" } else { "probetype" };
+        return Err(invalid(
+            &format!("serviceArguments.{field}"),
+            format!(
+                "active probes run for mode 4 (fullproxy) rules only; mode is {} (the L4 data \
+                 path has no prober)",
+                s.mode
+            ),
+        ));
+    }
+    if s.probeport != 0 && !probing {
+        return Err(invalid(
+            "serviceArguments.probeport",
+            "no probe runs on this rule, so nothing reads probeport (set monitor: true or a \
+             probetype, or leave probeport out)",
+        ));
+    }
+    for (field, value) in [("probereq", &s.probereq), ("proberesp", &s.proberesp)] {
+        if !value.is_empty() && !(probing && t == "http") {
+            return Err(invalid(
+                &format!("serviceArguments.{field}"),
+                format!(
+                    "only an http probe reads {field}; this rule's probe is {} (set probetype: \
+                     \"http\", or leave {field} out)",
+                    if probing {
+                        format!("{t:?}")
+                    } else {
+                        "none".into()
+                    }
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// `sel` 8/9/10 and every AI field need `mode: 4`.
@@ -816,6 +891,34 @@ mod tests {
                 json!({"kvExactMode": 3, "sel": 8, key: value.clone()}),
             ))
             .expect("edge of the range is valid");
+        }
+    }
+
+    #[test]
+    fn probe_fields_no_probe_reads_are_refused() {
+        let refused = [
+            (json!({"probeport": 1234}), "probeport"),
+            (json!({"probetype": "none", "probeport": 1234}), "probeport"),
+            (json!({"probereq": "/x"}), "probereq"),
+            (json!({"probetype": "tcp", "proberesp": "OK"}), "proberesp"),
+            (json!({"monitor": true, "probereq": "/x"}), "probereq"),
+            (json!({"mode": 0, "monitor": true}), "monitor"),
+            (json!({"mode": 0, "probetype": "tcp"}), "probetype"),
+        ];
+        for (extra, field) in refused {
+            assert_eq!(
+                field_of(rule(extra.clone())),
+                format!("serviceArguments.{field}"),
+                "{extra}"
+            );
+        }
+        for extra in [
+            json!({"probetype": "", "probeport": 0, "probereq": "", "proberesp": ""}),
+            json!({"monitor": true, "probeport": 9000}),
+            json!({"probetype": "http", "probereq": "/health", "proberesp": "OK", "probeport": 9}),
+            json!({"mode": 0, "probetype": "none"}),
+        ] {
+            validate(rule(extra.clone())).unwrap_or_else(|e| panic!("{extra}: {e}"));
         }
     }
 
