@@ -289,8 +289,9 @@ fn probe_fields_need_a_probe(s: &ServiceArgs) -> Result<(), RuleError> {
              probetype, or leave probeport out)",
         ));
     }
+    let http = probing && t == "http";
     for (field, value) in [("probereq", &s.probereq), ("proberesp", &s.proberesp)] {
-        if !value.is_empty() && !(probing && t == "http") {
+        if !value.is_empty() && !http {
             return Err(invalid(
                 &format!("serviceArguments.{field}"),
                 format!(
