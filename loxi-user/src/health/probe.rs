@@ -54,10 +54,7 @@ pub struct ProbeSpec {
 impl ProbeSpec {
     /// The probe a rule asks for, or `None`.
     pub fn from_args(a: &ServiceArgs) -> Option<Self> {
-        let t = a.probetype.to_ascii_lowercase();
-        if t == "none" || (t.is_empty() && !a.monitor) {
-            return None;
-        }
+        let t = a.active_probe()?;
         let kind = match t.as_str() {
             "http" => ProbeKind::Http {
                 path: if a.probereq.is_empty() {

@@ -293,6 +293,17 @@ fn is_zero_u16(n: &u16) -> bool {
     *n == 0
 }
 
+impl ServiceArgs {
+    /// The rule's active probe type, lower-cased (`""` = a TCP probe asked for by `monitor`
+    /// alone), or `None` when no probe runs: `probetype` `none`, or unset without `monitor`.
+    /// The one reading of these two fields: the prober (`health::probe::ProbeSpec`) and the
+    /// validation of the fields only a probe reads both use it.
+    pub fn active_probe(&self) -> Option<String> {
+        let t = self.probetype.to_ascii_lowercase();
+        (t != "none" && (!t.is_empty() || self.monitor)).then_some(t)
+    }
+}
+
 pub(crate) fn default_kv_zmq_port() -> u16 {
     5557
 }

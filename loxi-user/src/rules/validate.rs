@@ -239,19 +239,18 @@ fn validate_service(s: &mut ServiceArgs) -> Result<(), RuleError> {
 /// before. Returns the JSON names of the fields cleared.
 pub fn reset_inert_probe_fields(s: &mut ServiceArgs) -> Vec<&'static str> {
     let mut reset = Vec::new();
-    let t = s.probetype.to_ascii_lowercase();
-    let mut probing = t != "none" && (!t.is_empty() || s.monitor);
-    if probing && s.mode != loxi_common::mode::FULLPROXY {
+    let mut probe = s.active_probe();
+    if probe.is_some() && s.mode != loxi_common::mode::FULLPROXY {
         s.monitor = false;
         s.probetype.clear();
-        probing = false;
+        probe = None;
         reset.extend(["monitor", "probetype"]);
     }
-    if s.probeport != 0 && !probing {
+    if s.probeport != 0 && probe.is_none() {
         s.probeport = 0;
         reset.push("probeport");
     }
-    let http = probing && s.probetype.eq_ignore_ascii_case("http");
+    let http = probe.as_deref() == Some("http");
     if !http && !s.probereq.is_empty() {
         s.probereq.clear();
         reset.push("probereq");
@@ -269,9 +268,10 @@ pub fn reset_inert_probe_fields(s: &mut ServiceArgs) -> Vec<&'static str> {
 /// A probe runs when `probetype` is set (other than `none`) or `monitor` is true, as
 /// `ProbeSpec::from_args` reads them. The zero values LoxiLB's clients send pass.
 fn probe_fields_need_a_probe(s: &ServiceArgs) -> Result<(), RuleError> {
-    let t = s.probetype.to_ascii_lowercase();
-    let probing = t != "none" && (!t.is_empty() || s.monitor);
-    if probing && s.mode != loxi_common::mode::FULLPROXY {
+    let probe = s.active_probe();
+    if let Some(t) = &probe
+        && s.mode != loxi_common::mode::FULLPROXY
+    {
         let field = if t.is_empty() { "monitor" } else { "probetype" };
         return Err(invalid(
             &format!("serviceArguments.{field}"),
@@ -282,14 +282,14 @@ fn probe_fields_need_a_probe(s: &ServiceArgs) -> Result<(), RuleError> {
             ),
         ));
     }
-    if s.probeport != 0 && !probing {
+    if s.probeport != 0 && probe.is_none() {
         return Err(invalid(
             "serviceArguments.probeport",
             "no probe runs on this rule, so nothing reads probeport (set monitor: true or a \
              probetype, or leave probeport out)",
         ));
     }
-    let http = probing && t == "http";
+    let http = probe.as_deref() == Some("http");
     for (field, value) in [("probereq", &s.probereq), ("proberesp", &s.proberesp)] {
         if !value.is_empty() && !http {
             return Err(invalid(
@@ -297,11 +297,7 @@ fn probe_fields_need_a_probe(s: &ServiceArgs) -> Result<(), RuleError> {
                 format!(
                     "only an http probe reads {field}; this rule's probe is {} (set probetype: \
                      \"http\", or leave {field} out)",
-                    if probing {
-                        format!("{t:?}")
-                    } else {
-                        "none".into()
-                    }
+                    probe.as_ref().map_or("none".into(), |t| format!("{t:?}"))
                 ),
             ));
         }
