@@ -126,6 +126,7 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
         cfg.flags.tokenizer_dir.clone(),
         &mut registry,
         store.subscribe(),
+        store.follower("kv"),
         shutdown.clone(),
         &mut tasks,
     );
@@ -154,6 +155,7 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
     tasks.spawn(run_l4(
         L4Config::from(&cfg.flags.l4),
         store.subscribe(),
+        store.follower("l4"),
         l4_metrics,
         conntrack.clone(),
         shutdown.clone(),
@@ -173,7 +175,12 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
         sockets: sockets.clone(),
         certs: certs.clone(),
     };
-    tasks.spawn(proxy::run(store.subscribe(), ctx, shutdown.clone()));
+    tasks.spawn(proxy::run(
+        store.subscribe(),
+        store.follower("fullproxy"),
+        ctx,
+        shutdown.clone(),
+    ));
     let listener = TcpListener::bind(cfg.flags.api_addr)
         .await
         .map_err(|source| AppError::Bind {
@@ -196,12 +203,9 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
         conntrack,
         certs,
     };
-    let app = api::router(state)
-        .merge(api::kv::router(kv.state, rules))
-        .layer(axum::middleware::from_fn_with_state(
-            security,
-            api::security::guard,
-        ));
+    let app = api::router(state, api::kv::router(kv.state, rules)).layer(
+        axum::middleware::from_fn_with_state(security, api::security::guard),
+    );
     tasks.spawn(serve_api(listener, tls, app, shutdown.clone()));
     shutdown.cancelled().await;
     drain(tasks, cfg.flags.shutdown_grace()).await;
@@ -216,12 +220,13 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
 async fn run_l4(
     cfg: L4Config,
     rules: tokio::sync::watch::Receiver<Arc<crate::rules::RuleSnapshot>>,
+    applied: crate::rules::store::Applied,
     metrics: L4Metrics,
     conntrack: l4::ConntrackHandle,
     shutdown: CancellationToken,
     failed: Arc<Mutex<Option<L4Error>>>,
 ) {
-    if let Err(e) = l4::run(cfg, rules, metrics, conntrack, shutdown.clone()).await {
+    if let Err(e) = l4::run(cfg, rules, applied, metrics, conntrack, shutdown.clone()).await {
         tracing::error!(error = %e, "L4 data path failed; stopping");
         *failed.lock() = Some(e);
         shutdown.cancel();

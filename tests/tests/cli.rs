@@ -215,6 +215,39 @@ async fn loxicmd_rule_kv_flags_without_kv_exact_mode_are_refused_naming_the_fiel
     );
 }
 
+/// `--tcp` and `--udp` together are two rules, posted one after the other (as LoxiLB's
+/// loxicmd does). When the second is refused (the fullproxy serves tcp only), the error names
+/// the refused rule and the one the command already stored, which stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loxicmd_partial_create_names_what_it_stored() {
+    let d = Daemon::start_default().await;
+    let port = free_port();
+    let tcp = format!("--tcp={port}:8000");
+    let udp = format!("--udp={port}:53");
+    let out = create_lb(&d, &tcp, &["--mode=fullproxy", &udp]);
+    assert_eq!(out.status.code(), Some(6), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "Success\n", "the tcp rule's answer");
+    assert_eq!(
+        stderr(&out),
+        format!(
+            "Error: server returned 400: serviceArguments.protocol: the fullproxy (mode 4) serves \
+             tcp only, not udp (not implemented in loxi yet) (the rule for udp {port}); this \
+             command already stored tcp {port} and kept it\n"
+        )
+    );
+    let rules = d.rules().await;
+    let stored: Vec<(&Value, &Value)> = rules["lbAttr"]
+        .as_array()
+        .expect("lbAttr")
+        .iter()
+        .map(|r| {
+            let s = &r["serviceArguments"];
+            (&s["protocol"], &s["port"])
+        })
+        .collect();
+    assert_eq!(stored, vec![(&json!("tcp"), &json!(port))]);
+}
+
 /// `-o table` names the default format; `--timeout 0` is refused before any request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn loxicmd_accepts_output_table_and_refuses_a_zero_timeout() {

@@ -1113,3 +1113,40 @@ async fn connection_workers_share_the_open_connections_and_0_keeps_the_shared_ru
         }
     }
 }
+
+/// A rule change is in effect when the API acknowledges it: the fullproxy applies each rule
+/// snapshot on its own task, and the `POST` waits for it (and for the KV tier and L4 data
+/// paths), so the first request after a `200` already goes by the new endpoint set. Each
+/// round swaps the rule's only endpoint and sends one request at once. (The window this
+/// closes is short; `api::rules` tests the wait itself with followers that lag.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rule_change_is_in_effect_when_acknowledged() {
+    let bs = backends(2).await;
+    let port = free_port();
+    let d = started(&[rule(port, 0, &eps(&bs[..1]), json!({}))]).await;
+    let c = client();
+    for round in 0..40 {
+        let b = &bs[(round + 1) % 2];
+        post(&d, &rule(port, 0, &[(b.port(), 1)], json!({}))).await;
+        let r = chat(
+            &c,
+            port,
+            json!({"model": "m", "messages": [{"role": "user", "content": "q"}]}),
+            &[],
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(
+            (r.backend.as_deref(), r.endpoint),
+            (Some(b.name()), Some(0)),
+            "round {round}: the request right after the 200 went by the old rule"
+        );
+    }
+    // Every data path (fullproxy, KV tier, L4) marked each change: none was acknowledged on
+    // the settle timeout.
+    assert!(
+        !d.log_text().contains("have not applied it yet"),
+        "{}",
+        d.log_text()
+    );
+}

@@ -52,6 +52,7 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     let mut task = tokio::spawn(loxi_user::l4::run(
         cfg,
         store.subscribe(),
+        store.follower("l4"),
         metrics,
         loxi_user::l4::ConntrackHandle::default(),
         token.clone(),

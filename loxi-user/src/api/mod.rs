@@ -81,8 +81,11 @@ pub struct ApiState {
     pub certs: Arc<crate::certs::CertStore>,
 }
 
-/// The API router with every route and the request-counting middleware.
-pub fn router(state: ApiState) -> Router {
+/// The API router with every route, `views` (routes with their own state, e.g. the KV views of
+/// [`kv::router`]) merged in, the content-type check on the routes
+/// ([`security::require_json`]: a method no route serves is 405 before it), LoxiLB's JSON
+/// 404 and 405, and the request-counting middleware.
+pub fn router(state: ApiState, views: Router) -> Router {
     let metrics = state.metrics.clone();
     Router::new()
         .route(&format!("{BASE}/config/loadbalancer"), post(rules::create))
@@ -133,9 +136,13 @@ pub fn router(state: ApiState) -> Router {
         .route(&format!("{BASE}/config/conntrack/all"), get(loxilb::conntrack))
         .route(&format!("{BASE}/config/metrics"), get(loxilb::metrics_config))
         .route(&format!("{BASE}/metrics"), get(serve_metrics))
+        .with_state(state)
+        .merge(views)
+        // Before the 405 fallback: axum layers a route's default fallback with its routes,
+        // and `method_not_allowed_fallback` replaces only a default one.
+        .route_layer(middleware::from_fn(security::require_json))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .with_state(state)
         .layer(middleware::from_fn_with_state(metrics, count_requests))
 }
 

@@ -51,7 +51,25 @@ pub async fn create(
     if outcome != UpsertOutcome::Unchanged {
         tracing::info!(rule = %key, ?outcome, "rule stored");
     }
+    settle(&st, &key.to_string()).await;
     Ok(error::success())
+}
+
+/// How long a rule change waits for the data paths to put it into effect before it is
+/// acknowledged anyway (with a warning naming the ones behind; they apply it when they get to
+/// it). Applying takes milliseconds: a listener swap, the KV members, the L4 maps.
+pub const SETTLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Waits until every data path (fullproxy, KV tier, L4) has applied the store's newest
+/// snapshot, so that a `200` means the next connection or request follows the change (a
+/// client that updates a rule and sends traffic at once is routed by the new endpoint set,
+/// and `x-loxilb-endpoint` indexes it). Bounded by [`SETTLE_TIMEOUT`].
+async fn settle(st: &ApiState, what: &str) {
+    let version = st.store.snapshot().version;
+    if let Err(behind) = st.store.settled(version, SETTLE_TIMEOUT).await {
+        tracing::warn!(rule = what, version, ?behind, timeout = ?SETTLE_TIMEOUT,
+            "rule change stored, but these data paths have not applied it yet; acknowledged anyway");
+    }
 }
 
 /// An unreadable body is 400; one over the API's body limit is 413.
@@ -367,6 +385,7 @@ async fn delete_rule(
     for r in &gone {
         tracing::info!(rule = %r.rule.key(), id = r.id, "rule deleted");
     }
+    settle(st, &format!("{ip}:{port}/{proto}")).await;
     Ok(error::success())
 }
 
@@ -445,5 +464,10 @@ pub async fn remove_by_name(
     for r in &gone {
         tracing::info!(rule = %r.rule.key(), id = r.id, "rule deleted by name");
     }
+    settle(&st, &format!("name {name:?}")).await;
     Ok(error::success())
 }
+
+#[cfg(test)]
+#[path = "rules_tests.rs"]
+mod tests;

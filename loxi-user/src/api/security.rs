@@ -18,9 +18,10 @@
 //!    a read-only token may only `GET`/`HEAD` (403 otherwise). `GET /netlox/v1/version`, LoxiLB's
 //!    readiness probe, needs no token (as in LoxiLB). Tokens are compared as SHA-256
 //!    digests in constant time (`subtle`), so neither the content nor the length leaks.
-//! 3. **Content type.** A mutating request (`POST`, `PUT`, `PATCH`, and a `DELETE` that says
-//!    what it carries) must be `application/json` (415 otherwise): a browser can send
-//!    `text/plain` cross-origin without a CORS preflight, never `application/json`.
+//! 3. **Content type** ([`require_json`], on the routes only: a method no route serves is 405
+//!    first). A mutating request (`POST`, `PUT`, `PATCH`, and a `DELETE` that says what it
+//!    carries) must be `application/json` (415 otherwise): a browser can send `text/plain`
+//!    cross-origin without a CORS preflight, never `application/json`.
 
 use std::sync::Arc;
 
@@ -216,7 +217,8 @@ fn read_only(method: &Method) -> bool {
 /// The one route answered without a token (LoxiLB's readiness probe).
 pub const VERSION_PATH: &str = "/netlox/v1/version";
 
-/// The middleware (see the module doc): `axum::middleware::from_fn_with_state(policy, guard)`.
+/// Checks 1 and 2 of the module doc, as a layer over every route and the fallbacks:
+/// `axum::middleware::from_fn_with_state(policy, guard)`.
 pub async fn guard(State(policy): State<Arc<ApiSecurity>>, req: Request, next: Next) -> Response {
     let (method, headers) = (req.method(), req.headers());
     if let Err(msg) = policy
@@ -250,6 +252,15 @@ pub async fn guard(State(policy): State<Arc<ApiSecurity>>, req: Request, next: N
         }
         Some(_) => {}
     }
+    next.run(req).await
+}
+
+/// Check 3 of the module doc, as a route layer
+/// (`Router::route_layer(axum::middleware::from_fn(require_json))`): it runs only for a
+/// method a route serves, so a method no route serves is 405 whatever its body says, and an
+/// unknown path 404.
+pub async fn require_json(req: Request, next: Next) -> Response {
+    let (method, headers) = (req.method(), req.headers());
     if needs_json(method, headers) && !is_json(headers) {
         let got = headers
             .get(header::CONTENT_TYPE)

@@ -318,17 +318,42 @@ fn print_result(text: &str) -> Result<(), Failure> {
     }
 }
 
+/// Posts one rule per service port (`--tcp=80 --udp=53` is two rules, as LoxiLB's loxicmd
+/// posts them). The API has no transaction over several rules: when one is refused after
+/// others were stored, the error names the refused port and the ones this command stored,
+/// which stay (a rule posted again unchanged is left as it was, so none is rolled back).
 async fn create(api: &Api, c: &args::CreateLb) -> Result<(), Failure> {
     let bodies = build::create_bodies(c).map_err(Failure::usage)?;
+    let mut stored: Vec<String> = Vec::new();
     for body in bodies {
-        let text = api
+        let svc = &body["serviceArguments"];
+        let port = format!(
+            "{} {}",
+            svc["protocol"].as_str().unwrap_or("?"),
+            svc["port"]
+        );
+        let posted = api
             .call(
                 Method::POST,
                 "/netlox/v1/config/loadbalancer",
                 Some(body.to_string()),
             )
-            .await?;
-        print_result(&text)?;
+            .await;
+        match posted {
+            Ok(text) => {
+                print_result(&text)?;
+                stored.push(port);
+            }
+            Err(mut f) if !stored.is_empty() => {
+                f.message = format!(
+                    "{} (the rule for {port}); this command already stored {} and kept it",
+                    f.message,
+                    stored.join(", ")
+                );
+                return Err(f);
+            }
+            Err(f) => return Err(f),
+        }
     }
     Ok(())
 }

@@ -21,6 +21,7 @@ use super::state::KvState;
 use super::tokenizer::{TokenizerMetrics, TokenizerPool};
 use crate::request::RequestMeta;
 use crate::routing::{AffinityTier, Candidates, Decision, EpIdx};
+use crate::rules::store::Applied;
 use crate::rules::{RuleSnapshot, StoredRule};
 
 impl AffinityTier for KvRouter {
@@ -80,6 +81,7 @@ pub fn start(
     tokenizer_dir: PathBuf,
     registry: &mut Registry,
     rules: watch::Receiver<Arc<RuleSnapshot>>,
+    applied: Applied,
     shutdown: CancellationToken,
     tasks: &mut JoinSet<()>,
 ) -> KvRuntime {
@@ -103,7 +105,7 @@ pub fn start(
     let pool = Arc::new(TokenizerPool::new(tokenizer_dir, tok_metrics));
     let router = Arc::new(KvRouter::new(state.clone(), pool));
     let manager = KvManager::new(state.clone(), StreamTiming::default());
-    tasks.spawn(manager.run(rules, shutdown.clone()));
+    tasks.spawn(manager.run(rules, applied, shutdown.clone()));
     tasks.spawn(sweep_predictions(state.clone(), shutdown));
     KvRuntime {
         tier: router,

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::{netlink::VipManager, rules::store::RuleSnapshot};
+use crate::netlink::VipManager;
+use crate::rules::store::{Applied, RuleSnapshot};
 
 use super::{
     ConntrackHandle, Datapath, L4Config, L4Error, L4Metrics, Plan, SlotTable, metrics::CounterFold,
@@ -20,10 +21,12 @@ use super::{
 /// on the next snapshot; the data path keeps serving what it has.
 ///
 /// Once the program is loaded, its conntrack map is published in `conntrack` (for the API's
-/// `GET /config/conntrack/all`); it is withdrawn when the data path stops.
+/// `GET /config/conntrack/all`); it is withdrawn when the data path stops. Each snapshot the
+/// maps and VIPs have been reconciled with is marked in `applied`.
 pub async fn run(
     cfg: L4Config,
     mut rules: watch::Receiver<Arc<RuleSnapshot>>,
+    applied: Applied,
     metrics: L4Metrics,
     conntrack: ConntrackHandle,
     shutdown: CancellationToken,
@@ -49,6 +52,7 @@ pub async fn run(
         if dirty {
             let snap = rules.borrow_and_update().clone();
             current = reconcile(&snap, &mut slots, dp.as_mut(), vips.as_mut(), current).await;
+            applied.mark(snap.version);
             dirty = false;
         }
         tokio::select! {

@@ -56,6 +56,7 @@ pub use metrics::ProxyMetrics;
 
 use crate::kv::wiring::KvTier;
 use crate::routing::admission::CloseReason;
+use crate::rules::store::Applied;
 use crate::rules::{RuleSnapshot, StoredRule};
 use handler::Handler;
 use listener::Listener;
@@ -164,16 +165,19 @@ pub struct ProxyContext {
     pub workers: Option<Arc<workers::Workers>>,
 }
 
-/// Runs the fullproxy until `shutdown`: reconciles listeners with every rule snapshot, then on
-/// shutdown closes every listener and waits for in-flight requests (up to the grace period).
+/// Runs the fullproxy until `shutdown`: reconciles listeners with every rule snapshot (and
+/// marks each one in `applied` once its pools serve new requests), then on shutdown closes
+/// every listener and waits for in-flight requests (up to the grace period).
 pub async fn run(
     mut rules: watch::Receiver<Arc<RuleSnapshot>>,
+    applied: Applied,
     ctx: ProxyContext,
     shutdown: CancellationToken,
 ) {
     let mut rec = Reconciler::new(ctx);
     let mut snap = rules.borrow_and_update().clone();
     rec.apply(&snap).await;
+    applied.mark(snap.version);
     loop {
         let retry = rec.next_retry();
         tokio::select! {
@@ -182,6 +186,7 @@ pub async fn run(
                 if changed.is_err() { shutdown.cancelled().await; break }
                 snap = rules.borrow_and_update().clone();
                 rec.apply(&snap).await;
+                applied.mark(snap.version);
             }
             _ = sleep_until_opt(retry) => rec.retry_unbound(&snap).await,
         }

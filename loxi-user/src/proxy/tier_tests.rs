@@ -134,7 +134,12 @@ async fn kv_exact_mode_3_asks_the_tier_first_then_sel() {
         workers: None,
     };
     let stop = CancellationToken::new();
-    let task = tokio::spawn(super::run(store.subscribe(), ctx, stop.clone()));
+    let task = tokio::spawn(super::run(
+        store.subscribe(),
+        store.follower("fullproxy"),
+        ctx,
+        stop.clone(),
+    ));
 
     // Hits go to the tier's endpoint every time; misses fall back to round-robin.
     for _ in 0..3 {
@@ -148,6 +153,13 @@ async fn kv_exact_mode_3_asks_the_tier_first_then_sel() {
     // A rule without kvExactMode 3 never consults the tier.
     post(plain_port, "warm prefix").await;
     assert_eq!(*tier.asked.lock(), asked);
+    // A live change is marked applied once the listeners and pools serve it (the API waits
+    // for the mark before it acknowledges a change).
+    store
+        .delete("127.0.0.1", plain_port, "tcp", "", "")
+        .expect("deleted");
+    let version = store.snapshot().version;
+    assert_eq!(store.settled(version, Duration::from_secs(5)).await, Ok(()));
     stop.cancel();
     tokio::time::timeout(Duration::from_secs(5), task)
         .await
@@ -215,7 +227,12 @@ impl KvProxy {
             workers: None,
         };
         let stop = CancellationToken::new();
-        let task = tokio::spawn(super::run(store.subscribe(), ctx, stop.clone()));
+        let task = tokio::spawn(super::run(
+            store.subscribe(),
+            store.follower("fullproxy"),
+            ctx,
+            stop.clone(),
+        ));
         Self {
             port,
             rule,
@@ -497,7 +514,12 @@ async fn a_body_that_does_not_arrive_in_time_gets_408() {
         workers: None,
     };
     let stop = CancellationToken::new();
-    let task = tokio::spawn(super::run(store.subscribe(), ctx, stop.clone()));
+    let task = tokio::spawn(super::run(
+        store.subscribe(),
+        store.follower("fullproxy"),
+        ctx,
+        stop.clone(),
+    ));
     // A whole request first: the listener is up and bodies that arrive are served.
     assert_eq!(
         post_json(port, "/v1/completions", &serde_json::json!({"prompt": "x"}))

@@ -99,6 +99,31 @@ pub struct RuleStore {
     /// Serialises writers so validate → persist → publish is atomic.
     write: Mutex<u32>,
     state_file: Option<PathBuf>,
+    /// The data paths that follow the snapshots ([`RuleStore::follower`]) and the newest
+    /// version each has put into effect.
+    followers: Mutex<Vec<(&'static str, watch::Receiver<u64>)>>,
+}
+
+/// One data path's mark of the newest rule snapshot it has put into effect (the fullproxy's
+/// listeners and pools, the KV tier's members and streams, the L4 maps). Made by
+/// [`RuleStore::follower`]; the REST API waits on the marks ([`RuleStore::settled`]) before
+/// it acknowledges a change, so a `200` means new connections and requests follow the rule.
+/// Dropping it (the data path stopped) releases every waiter.
+#[derive(Debug)]
+pub struct Applied(watch::Sender<u64>);
+
+impl Applied {
+    /// Records that snapshot `version` ([`RuleSnapshot::version`]) and every older one are in
+    /// effect. Versions only grow: an older mark is ignored.
+    pub fn mark(&self, version: u64) {
+        self.0.send_if_modified(|v| {
+            let newer = version > *v;
+            if newer {
+                *v = version;
+            }
+            newer
+        });
+    }
 }
 
 impl RuleStore {
@@ -173,6 +198,40 @@ impl RuleStore {
             tx,
             write: Mutex::new(max_id),
             state_file,
+            followers: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Registers a data path named `name` (for the log) that follows [`Self::subscribe`] and
+    /// marks each snapshot it has applied. Register before the API serves, so no change is
+    /// acknowledged before every data path has it.
+    pub fn follower(&self, name: &'static str) -> Applied {
+        let (tx, rx) = watch::channel(0);
+        self.followers.lock().push((name, rx));
+        Applied(tx)
+    }
+
+    /// Waits until every follower has applied snapshot `version` or a newer one, for at most
+    /// `within`. `Err` names the followers still behind (the change is stored and they apply
+    /// it when they get to it); a follower that stopped is not waited for.
+    pub async fn settled(
+        &self,
+        version: u64,
+        within: std::time::Duration,
+    ) -> Result<(), Vec<&'static str>> {
+        let followers = self.followers.lock().clone();
+        let deadline = tokio::time::Instant::now() + within;
+        let mut behind = Vec::new();
+        for (name, mut rx) in followers {
+            let caught_up = rx.wait_for(|v| *v >= version);
+            if tokio::time::timeout_at(deadline, caught_up).await.is_err() {
+                behind.push(name);
+            }
+        }
+        if behind.is_empty() {
+            Ok(())
+        } else {
+            Err(behind)
         }
     }
 
@@ -636,5 +695,32 @@ mod tests {
         let store = RuleStore::open(dir.path()).expect("open");
         let ids: Vec<u32> = store.snapshot().rules.values().map(|r| r.id).collect();
         assert_eq!(ids, vec![4]);
+    }
+
+    #[tokio::test]
+    async fn settled_waits_for_every_follower_and_names_the_ones_behind() {
+        let store = RuleStore::in_memory();
+        let fast = store.follower("fast");
+        let slow = store.follower("slow");
+        let stopped = store.follower("stopped");
+        store.upsert(rule(80, 0, "")).expect("stored");
+        let v = store.snapshot().version;
+        assert_eq!(v, 2);
+        fast.mark(v);
+        slow.mark(v - 1);
+        drop(stopped);
+        let short = std::time::Duration::from_millis(50);
+        assert_eq!(store.settled(v, short).await, Err(vec!["slow"]));
+        // An older mark never moves a follower back.
+        fast.mark(1);
+        let marker = tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            slow.mark(v + 1);
+            slow
+        });
+        let long = std::time::Duration::from_secs(5);
+        assert_eq!(store.settled(v, long).await, Ok(()));
+        drop(marker.await.expect("marker"));
+        drop(fast);
     }
 }

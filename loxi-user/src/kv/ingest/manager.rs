@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use super::subscriber::{Stream, StreamAddr, StreamTiming};
 use crate::kv::state::{KvState, ServiceKv};
 use crate::rules::model::authority;
-use crate::rules::store::RuleSnapshot;
+use crate::rules::store::{Applied, RuleSnapshot};
 
 /// Identity of a running stream: rule id, the service-state instance it feeds, and its address.
 type StreamKey = (u32, usize, StreamAddr);
@@ -65,11 +65,13 @@ impl KvManager {
     pub async fn run(
         mut self,
         mut rules: watch::Receiver<Arc<RuleSnapshot>>,
+        applied: Applied,
         cancel: CancellationToken,
     ) {
         loop {
             let snap = rules.borrow_and_update().clone();
             self.reconcile(&snap);
+            applied.mark(snap.version);
             tokio::select! {
                 _ = cancel.cancelled() => break,
                 r = rules.changed() => if r.is_err() { break },

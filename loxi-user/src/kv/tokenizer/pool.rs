@@ -33,7 +33,7 @@ const MAX_SLOTS: usize = 4096;
 
 /// At most one `error` line per this interval for failed loads of models no rule names (a
 /// client sending many made-up model names cannot flood the log).
-const OTHER_MODEL_WARN_INTERVAL: Duration = Duration::from_secs(60);
+const OTHER_MODEL_ERROR_INTERVAL: Duration = Duration::from_secs(60);
 
 #[derive(Debug, Clone)]
 enum Slot {
@@ -51,8 +51,8 @@ pub struct TokenizerPool {
     slots: RwLock<HashMap<String, Slot>>,
     load_lock: Mutex<()>,
     /// When a model no rule names last logged its failed load at `error` (clients choose those
-    /// names, so one such line per [`OTHER_MODEL_WARN_INTERVAL`] at most; the rest at debug).
-    other_warned: Mutex<Option<Instant>>,
+    /// names, so one such line per [`OTHER_MODEL_ERROR_INTERVAL`] at most; the rest at debug).
+    other_error_logged: Mutex<Option<Instant>>,
 }
 
 impl TokenizerPool {
@@ -65,7 +65,7 @@ impl TokenizerPool {
             cache_capacity: TokenCache::DEFAULT_CAPACITY,
             slots: RwLock::new(HashMap::new()),
             load_lock: Mutex::new(()),
-            other_warned: Mutex::new(None),
+            other_error_logged: Mutex::new(None),
         }
     }
 
@@ -195,7 +195,7 @@ impl TokenizerPool {
                         "no usable tokenizer; KV routing for this model falls back to the rule's selector");
                 } else if first_failure && self.other_warn_due() {
                     tracing::error!(model, %error, retry_secs = self.retry_interval.as_secs(),
-                        quiet_secs = OTHER_MODEL_WARN_INTERVAL.as_secs(),
+                        quiet_secs = OTHER_MODEL_ERROR_INTERVAL.as_secs(),
                         "no usable tokenizer; KV routing for this model falls back to the rule's \
                          selector (no rule names this model: further such models are logged at \
                          debug for quiet_secs, and counted in \
@@ -210,10 +210,10 @@ impl TokenizerPool {
 }
 
 impl TokenizerPool {
-    /// True at most once per [`OTHER_MODEL_WARN_INTERVAL`].
+    /// True at most once per [`OTHER_MODEL_ERROR_INTERVAL`].
     fn other_warn_due(&self) -> bool {
-        let mut last = self.other_warned.lock();
-        if last.is_some_and(|t| t.elapsed() < OTHER_MODEL_WARN_INTERVAL) {
+        let mut last = self.other_error_logged.lock();
+        if last.is_some_and(|t| t.elapsed() < OTHER_MODEL_ERROR_INTERVAL) {
             return false;
         }
         *last = Some(Instant::now());

@@ -1,0 +1,91 @@
+//! The rule handlers against a real store, with data-path followers driven by the test.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use prometheus_client::registry::Registry;
+use serde_json::json;
+
+use super::*;
+use crate::metrics::ControlMetrics;
+use crate::rules::RuleStore;
+
+fn state(store: Arc<RuleStore>) -> ApiState {
+    let mut registry = Registry::default();
+    let metrics = ControlMetrics::register(&mut registry);
+    let listen = crate::listen::ListenMetrics::register(&mut registry);
+    ApiState {
+        store,
+        registry: Arc::new(registry),
+        metrics,
+        health: crate::health::board::HealthBoard::new(),
+        sockets: crate::listen::ListenSockets::new(listen),
+        l4_datapath: false,
+        conntrack: crate::l4::ConntrackHandle::default(),
+        certs: Arc::new(crate::certs::CertStore::in_memory()),
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// A write is acknowledged only once every data path has marked its snapshot: a `POST` (and a
+/// `DELETE`) waits for the slowest follower, and answers as soon as it marks.
+#[tokio::test]
+async fn a_write_is_acknowledged_once_every_data_path_applied_it() {
+    let store = Arc::new(RuleStore::in_memory());
+    let fast = store.follower("fast");
+    let slow = store.follower("slow");
+    let st = state(store.clone());
+    let port = free_port();
+    let body = json!({
+        "serviceArguments": {"externalIP": "127.0.0.1", "port": port, "protocol": "tcp", "mode": 4},
+        "endpoints": [{"endpointIP": "127.0.0.2", "targetPort": 8000}]
+    });
+    let post = tokio::spawn(create(State(st.clone()), Ok(Bytes::from(body.to_string()))));
+    // Stored and published at once; not acknowledged while `slow` has not applied it.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while store.snapshot().version < 2 {
+        assert!(tokio::time::Instant::now() < deadline, "never stored");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    fast.mark(2);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !post.is_finished(),
+        "acknowledged before every data path applied the rule"
+    );
+    slow.mark(2);
+    let resp = tokio::time::timeout(Duration::from_secs(2), post)
+        .await
+        .expect("acknowledged once marked")
+        .expect("join")
+        .expect("200");
+    assert_eq!(resp.status(), StatusCode::OK);
+
+    let del = tokio::spawn(remove(
+        State(st),
+        Path(("127.0.0.1".into(), port.to_string(), "tcp".into())),
+        Query(HashMap::new()),
+    ));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!del.is_finished(), "a delete waits too");
+    assert!(
+        store.snapshot().rules.is_empty(),
+        "deleted before it is acknowledged"
+    );
+    fast.mark(3);
+    slow.mark(3);
+    let resp = tokio::time::timeout(Duration::from_secs(2), del)
+        .await
+        .expect("acknowledged once marked")
+        .expect("join")
+        .expect("200");
+    assert_eq!(resp.status(), StatusCode::OK);
+}
