@@ -47,28 +47,22 @@ async fn a_text_plain_post_is_415_and_stores_nothing() {
         .expect("POST");
     assert_eq!(status, 415, "no content type at all: {text}");
     assert_eq!(rule_count(&d.rules().await), 0, "nothing was stored");
-    // A method no route serves is 405 (LoxiLB's JSON error), whatever its content type, and
-    // an unknown path 404: the content-type check runs on served routes only.
-    let (status, _, text) = d
-        .request_with("PATCH", RULES, &[], Some(body.as_str()))
-        .await
-        .expect("PATCH");
-    assert_eq!(status, 405, "{text}");
-    let v: Value = serde_json::from_str(&text).expect("JSON error body");
-    assert_eq!(v["code"], json!(405));
-    // The KV views, merged into the same router, answer alike.
-    let (status, _, text) = d
-        .request_with("POST", "/netlox/v1/config/ai/kv/inventory", &[], Some("x"))
-        .await
-        .expect("POST");
-    assert_eq!(status, 405, "{text}");
-    let v: Value = serde_json::from_str(&text).expect("JSON error body");
-    assert_eq!(v["code"], json!(405));
-    let (status, _, text) = d
-        .request_with("POST", "/netlox/v1/config/nothing", &[], Some("x"))
-        .await
-        .expect("POST");
-    assert_eq!(status, 404, "{text}");
+    // A method no route serves is 405 (LoxiLB's JSON error), whatever its content type (the
+    // KV views, merged into the same router, alike), and an unknown path 404: the content-type
+    // check runs on served routes only.
+    for (method, path, code) in [
+        ("PATCH", RULES, 405),
+        ("POST", "/netlox/v1/config/ai/kv/inventory", 405),
+        ("POST", "/netlox/v1/config/nothing", 404),
+    ] {
+        let (status, _, text) = d
+            .request_with(method, path, &[], Some(body.as_str()))
+            .await
+            .expect("answered");
+        assert_eq!(status, code, "{method} {path}: {text}");
+        let v: Value = serde_json::from_str(&text).expect("JSON error body");
+        assert_eq!(v["code"], json!(code), "{method} {path}");
+    }
     let (status, _, text) = d
         .request_with(
             "POST",
