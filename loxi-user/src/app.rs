@@ -248,6 +248,8 @@ fn proxy_config(cfg: &Config) -> ProxyConfig {
         pd_prefill_timeout: Duration::from_secs(cfg.env.pd_prefill_timeout_sec.into()),
         pd_decode_timeout: Duration::from_secs(cfg.env.pd_decode_timeout_sec.into()),
         body_timeout: Duration::from_millis(cfg.env.body_timeout_ms),
+        response_timeout: (cfg.env.upstream_response_timeout_ms > 0)
+            .then(|| Duration::from_millis(cfg.env.upstream_response_timeout_ms)),
         body_budget: proxy::budget::BodyBudget::new(cfg.env.max_body_bytes_in_flight),
         models: proxy::models::ModelsConfig {
             cache: Duration::from_millis(cfg.env.models_cache_ms),

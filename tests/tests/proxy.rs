@@ -428,6 +428,63 @@ async fn dead_endpoint_is_retried_on_another() {
     );
 }
 
+/// A backend that takes the request and never answers (hung, or black-holed after the
+/// connect) costs each request `LOXI_UPSTREAM_RESPONSE_TIMEOUT_MS`, not forever: 504
+/// `upstream_timeout`, the upstream request aborted, and after `LLB_PD_ORIGIN_ERR_THRESHOLD`
+/// (3) timeouts the breaker takes the endpoint out, so the rest go to the live one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_backend_times_out_and_the_breaker_takes_it_out() {
+    let bs = [Backend::start("hung").await, Backend::start("live").await];
+    let hung = &bs[0];
+    hung.set_mode(Mode::Hang);
+    let port = free_port();
+    let opts = DaemonOpts::default().env("LOXI_UPSTREAM_RESPONSE_TIMEOUT_MS", "400");
+    let d = Daemon::start(opts).await;
+    post(&d, &rule(port, 0, &eps(&bs), json!({}))).await;
+    wait_open(port).await;
+    let c = client();
+    let mut seen = Vec::new();
+    for _ in 0..9 {
+        let t = Instant::now();
+        let r = chat(&c, port, json!({"model": "m"}), &[]).await;
+        let took = t.elapsed();
+        match r.status {
+            504 => {
+                assert_eq!(r.body["error"]["type"], "upstream_timeout", "{}", r.body);
+                assert_eq!(r.body["error"]["party"], "upstream");
+                assert!(
+                    took >= Duration::from_millis(350) && took < Duration::from_secs(3),
+                    "answered after {took:?}"
+                );
+            }
+            200 => assert_eq!(r.backend.as_deref(), Some("live")),
+            s => panic!("status {s}: {}", r.body),
+        }
+        seen.push(r.status);
+    }
+    // rr alternates until the third timeout opens the breaker; then only the live endpoint.
+    assert_eq!(seen, [504, 200, 504, 200, 504, 200, 200, 200, 200]);
+    let m = d.metrics_text().await;
+    let timeouts = metric(
+        &m,
+        "loxilb_proxy_upstream_timeouts_total",
+        &["ep_idx=\"0\""],
+    );
+    assert_eq!(timeouts, Some(3.0));
+    let active = metric(&m, "loxilb_proxy_active_connections", &["ep_idx=\"0\""]);
+    assert_eq!(
+        active,
+        Some(0.0),
+        "the timed-out requests are no longer in flight"
+    );
+    // The hung backend saw each request go away (the proxy closed the connection).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while hung.cancelled() < 3 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(hung.cancelled(), 3);
+}
+
 #[tokio::test]
 async fn all_endpoints_dead_is_502_backend_unreachable() {
     let port = free_port();

@@ -102,6 +102,11 @@ pub struct Env {
     /// `LOXI_BODY_TIMEOUT_MS`: longest a fullproxy request body may take to arrive after its
     /// head (a body trickled slowly gets 408). Default 60000, range 100–3600000.
     pub body_timeout_ms: u64,
+    /// `LOXI_UPSTREAM_RESPONSE_TIMEOUT_MS`: longest a fullproxy request waits for its
+    /// backend's response head after dispatch (connect included) before 504
+    /// `upstream_timeout`; 0 = no limit. Default 1800000 (30 min, the request timeout of
+    /// sglang-router and vllm-router), range 0–86400000.
+    pub upstream_response_timeout_ms: u64,
     /// `LOXI_MAX_BODY_BYTES_IN_FLIGHT`: request-body bytes all fullproxy listeners hold at
     /// once; a request beyond waits (within `LOXI_BODY_TIMEOUT_MS`). Default 256 MiB, range
     /// 1 MiB–64 GiB.
@@ -259,6 +264,12 @@ impl Env {
                 as u32,
             max_body_bytes: r.int("LOXI_MAX_BODY_BYTES", 32 << 20, 1 << 10, 1 << 30) as usize,
             body_timeout_ms: r.int("LOXI_BODY_TIMEOUT_MS", 60_000, 100, 3_600_000),
+            upstream_response_timeout_ms: r.int(
+                "LOXI_UPSTREAM_RESPONSE_TIMEOUT_MS",
+                1_800_000,
+                0,
+                86_400_000,
+            ),
             max_body_bytes_in_flight: r.int(
                 "LOXI_MAX_BODY_BYTES_IN_FLIGHT",
                 256 << 20,
@@ -926,6 +937,7 @@ mod tests {
             ("LOXI_KV_TOKENIZE_QUEUE", "7"),
             ("LOXI_KV_DECISION_BUDGET_MS", "25"),
             ("LOXI_BODY_TIMEOUT_MS", "1500"),
+            ("LOXI_UPSTREAM_RESPONSE_TIMEOUT_MS", "0"),
             ("LOXI_MAX_BODY_BYTES_IN_FLIGHT", "2097152"),
             ("LOXI_MODELS_CACHE_MS", "0"),
             ("LOXI_MODELS_TIMEOUT_MS", "250"),
@@ -937,6 +949,7 @@ mod tests {
             (e.body_timeout_ms, e.max_body_bytes_in_flight),
             (1500, 2 << 20)
         );
+        assert_eq!(e.upstream_response_timeout_ms, 0, "0 = no limit");
         assert_eq!((e.models_cache_ms, e.models_timeout_ms), (0, 250));
         let s = e.kv.clone();
         let b = s.bounds;

@@ -23,6 +23,9 @@ pub enum Outcome {
     ConnectFailed,
     /// The response began but the backend's body failed mid-stream (it died or reset).
     StreamFailed,
+    /// No response head within the fullproxy's response timeout
+    /// (`LOXI_UPSTREAM_RESPONSE_TIMEOUT_MS`): a hung or black-holed backend.
+    TimedOut,
 }
 
 /// Breaker settings, and where its half-open timers run.

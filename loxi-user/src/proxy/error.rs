@@ -100,6 +100,18 @@ pub enum ProxyError {
         #[source]
         source: super::attempt::UpstreamError,
     },
+    /// The backend sent no response head within `LOXI_UPSTREAM_RESPONSE_TIMEOUT_MS` of the
+    /// request's dispatch (504 `upstream_timeout`); the upstream request was aborted. Not
+    /// retried on another endpoint (the backend may have run it), but the client may retry.
+    #[error(
+        "backend {ep_idx} sent no response within {ms} ms (LOXI_UPSTREAM_RESPONSE_TIMEOUT_MS); the request was aborted"
+    )]
+    UpstreamTimeout {
+        /// The endpoint that did not answer.
+        ep_idx: usize,
+        /// The timeout in milliseconds.
+        ms: u64,
+    },
     /// A request could not be built (500).
     #[error("internal error: {0}")]
     Internal(String),
@@ -220,6 +232,7 @@ impl ProxyError {
             | Self::ModelsUnavailable { .. } => StatusCode::BAD_GATEWAY,
             Self::PdPrefillTimeout { .. }
             | Self::AdmissionTimeout { .. }
+            | Self::UpstreamTimeout { .. }
             | Self::PdDecodeTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::Overloaded { .. } | Self::EndpointOverloaded { .. } => {
@@ -242,6 +255,7 @@ impl ProxyError {
             Self::NoHealthyBackend { .. } => "no_healthy_backend",
             Self::BackendUnreachable { .. } => "backend_unreachable",
             Self::Upstream { .. } => "upstream_error",
+            Self::UpstreamTimeout { .. } => "upstream_timeout",
             Self::Internal(_) => "internal_error",
             Self::Overloaded { .. } | Self::EndpointOverloaded { .. } => "pd_overloaded",
             Self::AdmissionTimeout { .. } => "pd_admission_timeout",
@@ -269,6 +283,7 @@ impl ProxyError {
             Self::NoHealthyBackend { .. }
             | Self::BackendUnreachable { .. }
             | Self::Upstream { .. }
+            | Self::UpstreamTimeout { .. }
             | Self::PdPoolUnavailable { .. }
             | Self::PdPrefillTimeout { .. }
             | Self::PdPrefillFailed { .. }
@@ -296,6 +311,7 @@ impl ProxyError {
                 | Self::PdPoolUnavailable { .. }
                 | Self::PdPrefillTimeout { .. }
                 | Self::PdDecodeTimeout { .. }
+                | Self::UpstreamTimeout { .. }
                 | Self::ModelsUnavailable { .. }
         )
     }

@@ -7,7 +7,7 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
@@ -264,13 +264,17 @@ impl Handler {
                     span: &attempt,
                 };
                 let send = |req| self.upstreams.send_h1(req, authority);
+                let limit = self.ctx.config.response_timeout;
                 // Without traces the send is awaited bare: `instrument` moves the whole send
                 // future into its wrapper (a ~1 KB copy a request, callgrind).
-                let (outcome, back) = if attempt.is_disabled() {
-                    send(next.request(parts, &mut host_added)?).await
+                let answered = if attempt.is_disabled() {
+                    within(limit, send(next.request(parts, &mut host_added)?)).await
                 } else {
                     let sent = send(next.request(parts, &mut host_added)?);
-                    sent.instrument(attempt.clone()).await
+                    within(limit, sent.instrument(attempt.clone())).await
+                };
+                let Some((outcome, back)) = answered else {
+                    return Err(self.timed_out(pool, ep));
                 };
                 unsent = back.map(Box::new);
                 outcome.map_body(UpstreamBody::Driven)
@@ -281,11 +285,15 @@ impl Handler {
                     trace_span::inject(&attempt, req.headers_mut());
                     Ok(req)
                 };
-                let outcome = if attempt.is_disabled() {
-                    self.upstreams.send(build()?, &pool.via).await
+                let limit = self.ctx.config.response_timeout;
+                let answered = if attempt.is_disabled() {
+                    within(limit, self.upstreams.send(build()?, &pool.via)).await
                 } else {
                     let sent = self.upstreams.send(build()?, &pool.via);
-                    sent.instrument(attempt.clone()).await
+                    within(limit, sent.instrument(attempt.clone())).await
+                };
+                let Some(outcome) = answered else {
+                    return Err(self.timed_out(pool, ep));
                 };
                 outcome.map_body(UpstreamBody::Pooled)
             };
@@ -339,6 +347,24 @@ impl Handler {
     }
 
     /// Feeds the passive circuit breaker.
+    /// Endpoint `ep` sent no response head within the response timeout: counted
+    /// (`loxilb_proxy_upstream_timeouts_total`), fed to the breaker as a failure (a hung or
+    /// black-holed backend is taken out like one that fails), and answered 504. The caller
+    /// drops the send, which closes the upstream connection and so aborts the request there.
+    fn timed_out(&self, pool: &Pool, ep: usize) -> ProxyError {
+        let limit = self.ctx.config.response_timeout.unwrap_or_default();
+        let ms = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX);
+        pool.metrics(&self.ctx.metrics).upstream_timeout(ep);
+        tracing::warn!(
+            service = pool.rule.id,
+            ep,
+            ms,
+            "no response head from the backend in time (LOXI_UPSTREAM_RESPONSE_TIMEOUT_MS); aborted, 504"
+        );
+        self.observe(pool, ep, Outcome::TimedOut);
+        ProxyError::UpstreamTimeout { ep_idx: ep, ms }
+    }
+
     pub(super) fn observe(&self, pool: &Pool, ep: usize, outcome: Outcome) {
         if self
             .breaker
@@ -393,6 +419,15 @@ impl H1Attempt<'_> {
         };
         trace_span::inject(self.span, req.headers_mut());
         Ok(req)
+    }
+}
+
+/// `fut`'s output, or `None` when `limit` passes first (`fut` is then dropped). Without a
+/// limit `fut` is awaited as it is (no timer).
+async fn within<F: std::future::Future>(limit: Option<Duration>, fut: F) -> Option<F::Output> {
+    match limit {
+        None => Some(fut.await),
+        Some(d) => tokio::time::timeout(d, fut).await.ok(),
     }
 }
 

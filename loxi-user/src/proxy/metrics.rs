@@ -8,6 +8,7 @@
 //! | `loxilb_proxy_active_connections` | gauge | `service`, `ep_idx` (requests in flight) |
 //! | `loxilb_proxy_request_duration_seconds` | histogram | `service` (until the response body ends) |
 //! | `loxilb_proxy_upstream_stream_errors_total` | counter | `service`, `ep_idx` (backend body failed mid-stream) |
+//! | `loxilb_proxy_upstream_timeouts_total` | counter | `service`, `ep_idx` (no response head within `LOXI_UPSTREAM_RESPONSE_TIMEOUT_MS`; 504) |
 //! | `loxilb_proxy_open_connections` | gauge | `listener` (`ip:port`) |
 //! | `loxilb_proxy_worker_connections` | gauge | `worker` (`1`..=`--proxy-workers`; open client connections each connection worker serves, [`super::workers`]) |
 //! | `loxilb_proxy_connections_closed_total` | counter | `listener`, `reason` (`header_timeout`, `idle_timeout`) |
@@ -103,6 +104,8 @@ pub struct ProxyMetrics {
     pub duration: HistogramFamily,
     /// Responses whose backend body failed mid-stream, by service and endpoint.
     pub stream_errors: Family<EndpointLabels, Counter>,
+    /// Requests whose backend sent no response head within the response timeout.
+    pub upstream_timeouts: Family<EndpointLabels, Counter>,
     /// Open client connections per listener.
     pub open_connections: Family<ListenerLabels, Gauge>,
     /// Client connections closed by a connection limit, by listener and reason.
@@ -162,6 +165,11 @@ impl ProxyMetrics {
             m.duration.clone(),
         );
         reg.register(
+            "loxilb_proxy_upstream_timeouts",
+            "Requests whose backend sent no response head within LOXI_UPSTREAM_RESPONSE_TIMEOUT_MS (answered 504)",
+            m.upstream_timeouts.clone(),
+        );
+        reg.register(
             "loxilb_proxy_upstream_stream_errors",
             "Responses whose backend body failed mid-stream (counted as 5xx)",
             m.stream_errors.clone(),
@@ -213,6 +221,7 @@ impl ProxyMetrics {
             active: Family::default(),
             duration: Family::new_with_constructor(duration_histogram),
             stream_errors: Family::default(),
+            upstream_timeouts: Family::default(),
             open_connections: Family::default(),
             connections_closed: Family::default(),
             connections_queued: Family::default(),
@@ -322,6 +331,7 @@ impl ProxyMetrics {
         self.connect_failures.remove(&l);
         self.active.remove(&l);
         self.stream_errors.remove(&l);
+        self.upstream_timeouts.remove(&l);
         self.forget_requests(service, &l.ep_idx);
     }
 
@@ -447,6 +457,14 @@ impl PoolMetrics {
             class: format!("{}xx", status.as_u16() / 100),
         };
         self.family.requests.get_or_create(&labels).clone()
+    }
+
+    /// Counts one response timeout of endpoint `ep` (rare: looked up in the family).
+    pub fn upstream_timeout(&self, ep: usize) {
+        self.family
+            .upstream_timeouts
+            .get_or_create(&ep_labels(self.service, ep))
+            .inc();
     }
 
     /// The `loxilb_proxy_upstream_stream_errors_total` counter of endpoint `ep`.

@@ -113,6 +113,10 @@ pub struct ProxyConfig {
     /// Longest a request's body may take to arrive, from its head, waiting for the body
     /// budget included (`LOXI_BODY_TIMEOUT_MS`, default 60 s); past it 408.
     pub body_timeout: Duration,
+    /// Longest a request waits for its backend's response head after dispatch
+    /// (`LOXI_UPSTREAM_RESPONSE_TIMEOUT_MS`, default 30 min; `None` = no limit); past it 504
+    /// `upstream_timeout`, and the breaker counts a failure.
+    pub response_timeout: Option<Duration>,
     /// Request-body bytes held at once across every listener
     /// (`LOXI_MAX_BODY_BYTES_IN_FLIGHT`, default 256 MiB).
     pub body_budget: budget::BodyBudget,
@@ -139,6 +143,7 @@ impl Default for ProxyConfig {
             pd_decode_timeout: Duration::from_secs(60),
             parse: crate::request::ParseLimits::default(),
             body_timeout: Duration::from_secs(60),
+            response_timeout: Some(Duration::from_secs(1800)),
             body_budget: budget::BodyBudget::default(),
             models: models::ModelsConfig::default(),
         }
