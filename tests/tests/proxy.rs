@@ -485,6 +485,53 @@ async fn a_hung_backend_times_out_and_the_breaker_takes_it_out() {
     assert_eq!(hung.cancelled(), 3);
 }
 
+/// A backend that reads the request and closes the connection without an answer (a crashing
+/// server behind a listening socket) is a failure of the endpoint: 502 `upstream_error` (not
+/// retried: it may have run), and after `LLB_PD_ORIGIN_ERR_THRESHOLD` (3) of them the breaker
+/// takes it out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_that_drops_requests_is_taken_out_by_the_breaker() {
+    let dropper = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let drop_port = dropper.local_addr().expect("addr").port();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = dropper.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 << 10];
+                // Read the head (and body), then close without a response.
+                let _ = tokio::time::timeout(Duration::from_millis(200), s.read(&mut buf)).await;
+            });
+        }
+    });
+    let live = Backend::start("live").await;
+    let port = free_port();
+    let d = started(&[rule(
+        port,
+        0,
+        &[(drop_port, 1), (live.port(), 1)],
+        json!({}),
+    )])
+    .await;
+    let c = client();
+    let mut seen = Vec::new();
+    for _ in 0..9 {
+        let r = chat(&c, port, json!({"model": "m"}), &[]).await;
+        if r.status == 502 {
+            assert_eq!(r.body["error"]["type"], "upstream_error", "{}", r.body);
+        } else {
+            assert_eq!((r.status, r.backend.as_deref()), (200, Some("live")));
+        }
+        seen.push(r.status);
+    }
+    assert_eq!(seen, [502, 200, 502, 200, 502, 200, 200, 200, 200]);
+    assert!(
+        d.log_text().contains("circuit breaker opened"),
+        "{}",
+        d.log_text()
+    );
+}
+
 #[tokio::test]
 async fn all_endpoints_dead_is_502_backend_unreachable() {
     let port = free_port();

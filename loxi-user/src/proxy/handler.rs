@@ -312,7 +312,12 @@ impl Handler {
                     excluded.insert(ep);
                     last = e;
                 }
-                Attempt::Failed(source) => return Err(ProxyError::Upstream { ep_idx: ep, source }),
+                Attempt::Failed(source) => {
+                    // Sent, then no head: not retried (it may have run), but a failure of
+                    // the endpoint all the same.
+                    self.observe(pool, ep, Outcome::NoResponse);
+                    return Err(ProxyError::Upstream { ep_idx: ep, source });
+                }
             }
         }
     }
