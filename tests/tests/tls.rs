@@ -391,6 +391,50 @@ async fn the_cert_api_refuses_bad_certificates_and_never_lists_keys() {
         .await
         .expect("delete");
     assert_eq!(s, 409, "{t}");
+    // A rotation that would leave the rule without a certificate is refused too, and the
+    // certificate stays as it was.
+    let before = d.get("/netlox/v1/config/cert/ok").await.expect("get").1;
+    let put = |leaf: &Leaf| cert_body(Some("ok"), leaf);
+    let (s, t) = d
+        .request(
+            "PUT",
+            "/netlox/v1/config/cert/ok",
+            Some(&put(&ca.leaf(&["elsewhere.test"]))),
+        )
+        .await
+        .expect("put");
+    assert_eq!(s, 409, "{t}");
+    let message = parse_json(&t)["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        message.contains("(host \"ok.test\") would have no certificate; nothing was changed"),
+        "{t}"
+    );
+    let after = d.get("/netlox/v1/config/cert/ok").await.expect("get").1;
+    assert_eq!(before, after, "nothing was changed");
+    let (s, t) = d
+        .request(
+            "PUT",
+            "/netlox/v1/config/cert/ok",
+            Some(&put(&ca.leaf(&["ok.test"]))),
+        )
+        .await
+        .expect("put");
+    assert_eq!(s, 200, "a rotation that keeps the host covered: {t}");
+    // A certificate no rule depends on is deleted whatever the others cover.
+    assert_eq!(
+        post_cert(&d, Some("spare"), &ca.leaf(&["spare.test"]))
+            .await
+            .0,
+        201
+    );
+    let (s, t) = d
+        .request("DELETE", "/netlox/v1/config/cert/spare", None)
+        .await
+        .expect("delete");
+    assert_eq!(s, 200, "{t}");
 }
 
 #[tokio::test]

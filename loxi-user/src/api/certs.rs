@@ -113,7 +113,19 @@ pub async fn replace(
             format!("the body's certId differs from the path's {id:?}"),
         ));
     }
-    let c = st.certs.replace(&id, pem(b)).map_err(store_error)?;
+    let rules = st.store.snapshot();
+    let c = st
+        .certs
+        .replace(&id, pem(b), |cur, next| {
+            match uncovered(&rules, cur, next) {
+                None => Ok(()),
+                Some(msg) => Err(format!(
+                    "the new certificate for {id:?} does not cover every rule the old one served: \
+                 {msg}; nothing was changed"
+                )),
+            }
+        })
+        .map_err(store_error)?;
     tracing::info!(cert_id = %c.id, hostnames = ?c.hostnames, "certificate rotated");
     Ok(saved(StatusCode::OK, &c))
 }
@@ -145,7 +157,7 @@ pub async fn remove(
 ) -> Result<Response, ApiError> {
     let rules = st.store.snapshot();
     st.certs
-        .delete(&id, |next| match uncovered(&rules, next) {
+        .delete(&id, |cur, next| match uncovered(&rules, cur, next) {
             None => Ok(()),
             Some(msg) => Err(format!("certificate {id:?} is in use: {msg}")),
         })
@@ -154,12 +166,19 @@ pub async fn remove(
     Ok(error::success())
 }
 
-/// The first TLS rule that `certs` would leave without a certificate, described.
-pub fn uncovered(rules: &RuleSnapshot, certs: &CertSnapshot) -> Option<String> {
+/// The first TLS rule that has a certificate in `before` and none in `after`, described. A
+/// rule already without one (its certificate was staged away, say) is not this change's
+/// doing and does not block it.
+pub fn uncovered(
+    rules: &RuleSnapshot,
+    before: &CertSnapshot,
+    after: &CertSnapshot,
+) -> Option<String> {
     rules.rules.iter().find_map(|(key, r)| {
         let s = &r.rule.service;
-        (s.security != 0 && !has_certificate(certs, &s.host))
-            .then(|| format!("rule {key} (host {:?}) would have no certificate", s.host))
+        let lost =
+            s.security != 0 && has_certificate(before, &s.host) && !has_certificate(after, &s.host);
+        lost.then(|| format!("rule {key} (host {:?}) would have no certificate", s.host))
     })
 }
 

@@ -173,7 +173,9 @@ fn one_rule(
         let model = q.get("model_name").map(String::as_str).unwrap_or_default();
         rules
             .into_iter()
-            .filter(|r| r.rule.service.host == host && r.rule.service.model_name == model)
+            .filter(|r| {
+                r.rule.service.host.eq_ignore_ascii_case(host) && r.rule.service.model_name == model
+            })
             .collect()
     };
     match selected.as_slice() {

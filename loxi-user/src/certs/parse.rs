@@ -86,10 +86,39 @@ pub enum CertError {
         /// The time of the check.
         now: i64,
     },
+    /// The leaf's validity starts more than [`NOT_BEFORE_SKEW_SECS`] from now: every client
+    /// would refuse it until then.
+    #[error(
+        "certPem: the certificate is not valid before {not_before} (Unix seconds; now {now}); \
+         clients would refuse it until then"
+    )]
+    NotYetValid {
+        /// Start of validity.
+        not_before: i64,
+        /// The time of the check.
+        now: i64,
+    },
+    /// A certificate of the chain is not the issuer of the one before it.
+    #[error(
+        "chainPem: certificate {index} of the chain (subject {subject}) did not issue the one \
+         before it (issuer {issuer}); give the leaf's issuer first, then its issuer, and so on"
+    )]
+    BrokenChain {
+        /// Position in the served chain (the leaf is 0).
+        index: usize,
+        /// That certificate's subject.
+        subject: String,
+        /// The issuer named by the certificate before it.
+        issuer: String,
+    },
     /// The leaf names no host (no SAN DNS name, no CN).
     #[error("certPem: the certificate names no host (no SAN DNS name and no subject CN)")]
     NoHostnames,
 }
+
+/// How far in the future a leaf's `notBefore` may be (clock skew between the issuer and this
+/// host) before the certificate is refused as not yet valid.
+pub const NOT_BEFORE_SKEW_SECS: i64 = 300;
 
 /// `Ok` when `id` is a usable certificate id.
 pub fn check_id(id: &str) -> Result<(), CertError> {
@@ -114,9 +143,17 @@ pub fn parse(id: &str, pem: CertPem, now: i64) -> Result<Certificate, CertError>
     if chain.is_empty() {
         return Err(CertError::NoCertificate);
     }
-    if let Some(extra) = &pem.chain_pem {
-        chain.extend(certs("chainPem", extra)?);
+    if let Some(extra) = pem.chain_pem.as_deref().filter(|c| !c.trim().is_empty()) {
+        let more = certs("chainPem", extra)?;
+        if more.is_empty() {
+            return Err(CertError::Pem {
+                field: "chainPem",
+                reason: "no CERTIFICATE block".into(),
+            });
+        }
+        chain.extend(more);
     }
+    check_chain(&chain)?;
     let key = private_key(&pem.key_pem)?;
     let signer = rustls::crypto::ring::sign::any_supported_type(&key)
         .map_err(|e| CertError::UnsupportedKey(e.to_string()))?;
@@ -124,6 +161,12 @@ pub fn parse(id: &str, pem: CertPem, now: i64) -> Result<Certificate, CertError>
     if facts.not_after <= now {
         return Err(CertError::Expired {
             not_after: facts.not_after,
+            now,
+        });
+    }
+    if facts.not_before > now + NOT_BEFORE_SKEW_SECS {
+        return Err(CertError::NotYetValid {
+            not_before: facts.not_before,
             now,
         });
     }
@@ -159,6 +202,38 @@ fn private_key(text: &str) -> Result<PrivateKeyDer<'static>, CertError> {
             reason: e.to_string(),
         }),
     }
+}
+
+/// Each certificate after the leaf must be the issuer of the one before it (its subject is
+/// that one's issuer name), so that clients can build the path from what is served; a
+/// version 1 leaf is refused here with its own message (rustls reads only v3).
+fn check_chain(chain: &[CertificateDer<'_>]) -> Result<(), CertError> {
+    let parsed = chain
+        .iter()
+        .map(|der| {
+            x509_parser::parse_x509_certificate(der.as_ref())
+                .map(|(_, c)| c)
+                .map_err(|e| CertError::X509(e.to_string()))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if let Some(leaf) = parsed.first()
+        && leaf.version() != x509_parser::x509::X509Version::V3
+    {
+        return Err(CertError::X509(format!(
+            "X.509 version {} (TLS needs a version 3 certificate, with extensions)",
+            leaf.version().0 + 1
+        )));
+    }
+    for (index, pair) in parsed.windows(2).enumerate() {
+        if pair[0].issuer() != pair[1].subject() {
+            return Err(CertError::BrokenChain {
+                index: index + 1,
+                subject: pair[1].subject().to_string(),
+                issuer: pair[0].issuer().to_string(),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// What the cert API reads from a leaf.
@@ -284,5 +359,73 @@ mod tests {
         assert!(!name_matches("*.example.com", "a.b.example.com"));
         assert!(!name_matches("*.example.com", "example.com"));
         assert!(name_matches("api.example.com", "api.example.com."));
+    }
+
+    /// A CA named `ca` and a leaf for `a.example` it signed, as PEM (leaf, CA certificate).
+    fn ca_and_leaf(ca: &str) -> (CertPem, String) {
+        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, ca);
+        let ca_key = rcgen::KeyPair::generate().expect("key");
+        let ca_cert = ca_params.self_signed(&ca_key).expect("ca");
+        let leaf_params = rcgen::CertificateParams::new(vec!["a.example".to_string()]).expect("p");
+        let key = rcgen::KeyPair::generate().expect("key");
+        let leaf = leaf_params
+            .signed_by(&key, &ca_cert, &ca_key)
+            .expect("leaf");
+        let pem = CertPem {
+            cert_pem: leaf.pem(),
+            key_pem: key.serialize_pem(),
+            chain_pem: None,
+        };
+        (pem, ca_cert.pem())
+    }
+
+    /// `chainPem` is served after the leaf: garbage, or a certificate that did not issue the
+    /// one before it, is refused naming the field; the leaf's real issuer is accepted.
+    #[test]
+    fn a_chain_must_parse_and_link() {
+        let (mut p, ca) = ca_and_leaf("Test CA");
+        p.chain_pem = Some("garbage".into());
+        let e = parse("a", p.clone(), now()).expect_err("garbage chain");
+        assert!(
+            matches!(
+                e,
+                CertError::Pem {
+                    field: "chainPem",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        p.chain_pem = Some(ca_and_leaf("Other CA").1);
+        let e = parse("a", p.clone(), now()).expect_err("unrelated chain");
+        assert_eq!(
+            e,
+            CertError::BrokenChain {
+                index: 1,
+                subject: "CN=Other CA".into(),
+                issuer: "CN=Test CA".into(),
+            }
+        );
+        p.chain_pem = Some(ca);
+        let c = parse("a", p, now()).expect("the issuer");
+        assert_eq!(c.key.cert.len(), 2, "leaf and its issuer are served");
+    }
+
+    /// A leaf whose validity starts beyond the skew allowance is refused (rcgen's leaves start
+    /// on 1975-01-01, so "now" is put in 1970 for the check).
+    #[test]
+    fn a_not_yet_valid_certificate_is_refused() {
+        let p = pem_for(&["a.example"], in_days(30));
+        let e = parse("a", p.clone(), 0).expect_err("not yet valid");
+        assert!(matches!(e, CertError::NotYetValid { now: 0, .. }), "{e}");
+        let starts = parse("a", p.clone(), now()).expect("valid now").not_before;
+        assert!(
+            parse("a", p, starts - NOT_BEFORE_SKEW_SECS).is_ok(),
+            "within the skew"
+        );
     }
 }

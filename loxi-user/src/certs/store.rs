@@ -155,16 +155,29 @@ impl CertStore {
         if self.current.load().certs.contains_key(&id) {
             return Err(CertStoreError::Exists(id));
         }
-        self.put(cert)
+        self.put(Arc::new(cert))
     }
 
-    /// Replaces certificate `id` (a rotation); an unknown id is [`CertStoreError::NotFound`].
-    pub fn replace(&self, id: &str, pem: CertPem) -> Result<Arc<Certificate>, CertStoreError> {
+    /// Replaces certificate `id` (a rotation) once `allowed` accepts the change from the
+    /// current snapshot to the one with the new certificate (else [`CertStoreError::InUse`]
+    /// with its message: the API refuses a rotation that leaves a TLS rule without a
+    /// certificate); an unknown id is [`CertStoreError::NotFound`].
+    pub fn replace(
+        &self,
+        id: &str,
+        pem: CertPem,
+        allowed: impl FnOnce(&CertSnapshot, &CertSnapshot) -> Result<(), String>,
+    ) -> Result<Arc<Certificate>, CertStoreError> {
         let cert = parse::parse(id, pem, unix_now())?;
         let _w = self.write.lock();
-        if !self.current.load().certs.contains_key(id) {
+        let cur = self.current.load_full();
+        if !cur.certs.contains_key(id) {
             return Err(CertStoreError::NotFound(id.to_string()));
         }
+        let cert = Arc::new(cert);
+        let mut certs = cur.certs.clone();
+        certs.insert(id.to_string(), cert.clone());
+        allowed(&cur, &CertSnapshot { certs }).map_err(CertStoreError::InUse)?;
         self.put(cert)
     }
 
@@ -172,15 +185,15 @@ impl CertStore {
     pub fn upsert(&self, id: &str, pem: CertPem) -> Result<Arc<Certificate>, CertStoreError> {
         let cert = parse::parse(id, pem, unix_now())?;
         let _w = self.write.lock();
-        self.put(cert)
+        self.put(Arc::new(cert))
     }
 
-    /// Deletes certificate `id` once `allowed` accepts the snapshot without it (else
-    /// [`CertStoreError::InUse`] with its message).
+    /// Deletes certificate `id` once `allowed` accepts the change from the current snapshot
+    /// to the one without it (else [`CertStoreError::InUse`] with its message).
     pub fn delete(
         &self,
         id: &str,
-        allowed: impl FnOnce(&CertSnapshot) -> Result<(), String>,
+        allowed: impl FnOnce(&CertSnapshot, &CertSnapshot) -> Result<(), String>,
     ) -> Result<(), CertStoreError> {
         let _w = self.write.lock();
         let cur = self.current.load_full();
@@ -190,7 +203,7 @@ impl CertStore {
         let mut certs = cur.certs.clone();
         certs.remove(id);
         let next = CertSnapshot { certs };
-        allowed(&next).map_err(CertStoreError::InUse)?;
+        allowed(&cur, &next).map_err(CertStoreError::InUse)?;
         if let Some(dir) = &self.dir {
             match fs::remove_file(dir.join(format!("{id}.json"))) {
                 Ok(()) => {}
@@ -208,7 +221,7 @@ impl CertStore {
     }
 
     /// Persists and publishes `cert` (the write lock is held).
-    fn put(&self, cert: Certificate) -> Result<Arc<Certificate>, CertStoreError> {
+    fn put(&self, cert: Arc<Certificate>) -> Result<Arc<Certificate>, CertStoreError> {
         if let Some(dir) = &self.dir {
             save(dir, &cert).map_err(|source| CertStoreError::Persist {
                 id: cert.id.clone(),
@@ -216,7 +229,6 @@ impl CertStore {
             })?;
         }
         warn_if_expiring(&cert);
-        let cert = Arc::new(cert);
         let mut certs = self.current.load().certs.clone();
         certs.insert(cert.id.clone(), cert.clone());
         self.current.store(Arc::new(CertSnapshot { certs }));
@@ -302,11 +314,13 @@ mod tests {
             Err(CertStoreError::Exists(_))
         ));
         assert!(matches!(
-            store.replace("zz", pem(&["a.example"])),
+            store.replace("zz", pem(&["a.example"]), |_, _| Ok(())),
             Err(CertStoreError::NotFound(_))
         ));
         let old = store.snapshot().certs["a"].key.clone();
-        store.replace("a", pem(&["a.example"])).expect("rotate");
+        store
+            .replace("a", pem(&["a.example"]), |_, _| Ok(()))
+            .expect("rotate");
         assert!(!Arc::ptr_eq(&old, &store.snapshot().certs["a"].key));
     }
 
@@ -317,10 +331,10 @@ mod tests {
             .create(Some("a".into()), pem(&["a.example"]))
             .expect("create");
         assert!(matches!(
-            store.delete("a", |_| Err("rule x needs it".into())),
+            store.delete("a", |_, _| Err("rule x needs it".into())),
             Err(CertStoreError::InUse(_))
         ));
-        store.delete("a", |_| Ok(())).expect("delete");
+        store.delete("a", |_, _| Ok(())).expect("delete");
         assert!(store.snapshot().certs.is_empty());
     }
 }

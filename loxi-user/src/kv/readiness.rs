@@ -93,16 +93,20 @@ pub fn readiness(
         return r("mismatch", Some(leg), Some(remedy_of(&diag)));
     }
     if let Some(p) = p.filter(|p| p.block_size_rejects > 0 && p.checked_blocks == 0) {
-        return r(
-            "mismatch",
-            Some("block_size".into()),
-            Some(format!(
-                "the engine publishes {}-token blocks: set kvBlockSize {} (or the engine's --block-size {}) to match the engine",
-                p.engine_block_size.unwrap_or(0),
-                p.engine_block_size.unwrap_or(0),
+        let remedy = match p.engine_block_size.filter(|b| *b > 0) {
+            Some(b) => format!(
+                "the engine publishes {b}-token blocks: set kvBlockSize {b} (or the engine's \
+                 --block-size {}) to match the engine",
                 svc.config.block_size
-            )),
-        );
+            ),
+            // A block size no engine runs with (0): the publisher is broken, not mistuned.
+            None => format!(
+                "the engine publishes events with block_size 0, which no vLLM engine runs with: \
+                 check what publishes on this endpoint's event port (kvBlockSize is {})",
+                svc.config.block_size
+            ),
+        };
+        return r("mismatch", Some("block_size".into()), Some(remedy));
     }
     let w = svc.watch.lock().get(&member).copied().unwrap_or_default();
     if !w.matched && w.routed_holding >= never_matched_after && svc.index.blocks(member) > 0 {

@@ -92,6 +92,21 @@ fn every_endpoint_has_a_state_and_a_remedy() {
             .is_some_and(|r| r.contains("tcp://*:"))
     );
     assert_eq!(got[2].remedy, None);
+    // A publisher claiming 0-token blocks gets no remedy the API would refuse (kvBlockSize 0).
+    svc.apply_batch(
+        0,
+        0,
+        &decode_batch(&stored_batch(&[9], 0)).expect("decode"),
+        &st.metrics,
+    );
+    let p = svc.parity.lock().get(0).cloned();
+    let zero = readiness(&svc, 0, &eps[0], p.as_ref(), 20);
+    assert_eq!(zero.leg.as_deref(), Some("block_size"));
+    let remedy = zero.remedy.unwrap_or_default();
+    assert!(
+        remedy.contains("block_size 0") && !remedy.contains("set kvBlockSize"),
+        "{remedy}"
+    );
 }
 
 #[test]

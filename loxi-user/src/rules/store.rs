@@ -175,7 +175,17 @@ impl RuleStore {
             match StoredRule::new(stored.id, rule) {
                 Ok(rule) => {
                     max_id = max_id.max(rule.id);
-                    rules.insert(rule.rule.key(), Arc::new(rule));
+                    let id = rule.id;
+                    if let Some(old) = rules.insert(rule.rule.key(), Arc::new(rule)) {
+                        tracing::warn!(
+                            rule = id,
+                            dropped = old.id,
+                            key = %old.rule.key(),
+                            "restored rules whose hosts differ only in case have one key (hosts \
+                             match case-insensitively, so only one was ever served); keeping the \
+                             later"
+                        );
+                    }
                 }
                 Err(e) => {
                     tracing::error!(error = %e, "dropping a restored rule that no longer validates")
@@ -314,7 +324,7 @@ impl RuleStore {
             external_ip: ip,
             port,
             protocol: proto,
-            host: host.to_string(),
+            host: host.to_ascii_lowercase(),
             model_name: model_name.to_string(),
         };
         self.delete_where(&key.to_string(), |k, _| *k == key)
@@ -695,6 +705,31 @@ mod tests {
         let store = RuleStore::open(dir.path()).expect("open");
         let ids: Vec<u32> = store.snapshot().rules.values().map(|r| r.id).collect();
         assert_eq!(ids, vec![4]);
+    }
+
+    /// Hosts match case-insensitively, so a host differing only in case is the same rule
+    /// (stored once, lower case), not a second rule that would never see a request.
+    #[test]
+    fn hosts_differing_in_case_are_one_rule() {
+        let store = RuleStore::in_memory();
+        let with_host = |host: &str, ep: &str| -> LbRule {
+            serde_json::from_value(json!({
+                "serviceArguments": {"externalIP": "10.0.0.1", "port": 80, "mode": 4,
+                    "host": host},
+                "endpoints": [{"endpointIP": ep, "targetPort": 8000}]
+            }))
+            .expect("rule")
+        };
+        let first = store.upsert(with_host("X.Example.COM", "10.0.1.1"));
+        assert_eq!(first.expect("stored"), UpsertOutcome::Created);
+        let second = store.upsert(with_host("x.example.com", "10.0.1.2"));
+        assert_eq!(second.expect("stored"), UpsertOutcome::Updated);
+        let snap = store.snapshot();
+        let hosts: Vec<&str> = snap.rules.keys().map(|k| k.host.as_str()).collect();
+        assert_eq!(hosts, ["x.example.com"]);
+        let gone = store.delete("10.0.0.1", 80, "tcp", "X.EXAMPLE.com", "");
+        assert_eq!(gone.expect("deleted").len(), 1);
+        assert!(store.snapshot().rules.is_empty());
     }
 
     #[tokio::test]

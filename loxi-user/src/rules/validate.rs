@@ -142,6 +142,10 @@ fn validate_service(s: &mut ServiceArgs) -> Result<(), RuleError> {
     }
     s.protocol = s.protocol.to_ascii_lowercase();
     one_of("protocol", &s.protocol, &["tcp", "udp", "sctp"])?;
+    // Host names match case-insensitively (RFC 9110 §4.2.3; the fullproxy matches `Host` and
+    // SNI so): two rules whose hosts differ only in case would share every request, and one
+    // of them would be stored and never used. One spelling, lower case, is the key.
+    s.host = s.host.to_ascii_lowercase();
     range("mode", s.mode, 0, 5)?;
     range("sel", s.sel, 0, 10)?;
     if s.sel == 7 {
