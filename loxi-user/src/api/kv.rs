@@ -110,9 +110,10 @@ pub struct LoxilbInventory {
     pub ep_idx: usize,
     /// `kvHashAlgo` in effect.
     pub hash_algo: String,
-    /// The endpoint's held blocks.
+    /// The endpoint's held blocks, the page `[offset, offset + limit)` of them.
     pub blocks: Vec<BlockView>,
-    /// `blocks.len()`.
+    /// Every block the endpoint holds (LoxiLB's `total`; more than `blocks.len()` when the
+    /// list was paged).
     pub total: usize,
 }
 
@@ -127,7 +128,17 @@ pub struct InventoryView {
     pub service_id: u32,
     /// Subscribed endpoints.
     pub endpoints: Vec<EndpointInventory>,
+    /// The page of each endpoint's block list: first index listed (query `offset`, 0)...
+    pub offset: usize,
+    /// ...and most listed (query `limit`, [`INVENTORY_LIMIT`] at most): an endpoint's
+    /// `blockCount` beyond `offset + limit` is counted, not listed.
+    pub limit: usize,
 }
+
+/// Most block hashes one inventory answer lists per endpoint (and the default `limit`): an
+/// engine's cache can hold millions of blocks, and a listing of all of them was hundreds of
+/// megabytes of JSON built in memory for any reader; page with `offset`.
+pub const INVENTORY_LIMIT: usize = 65_536;
 
 /// One endpoint's parity and readiness.
 #[derive(Debug, Serialize)]
@@ -214,6 +225,14 @@ async fn inventory(State(api): State<KvApi>, Query(q): Query<HashMap<String, Str
 fn inventory_view(api: &KvApi, q: &HashMap<String, String>) -> Result<InventoryView, ApiError> {
     let svc = service(api, q)?;
     let only: Option<usize> = parse_field(q, "ep_idx")?;
+    let offset: usize = parse_field(q, "offset")?.unwrap_or(0);
+    let limit: usize = parse_field(q, "limit")?.unwrap_or(INVENTORY_LIMIT);
+    if limit > INVENTORY_LIMIT {
+        return Err(ApiError::bad_field(
+            "limit",
+            format!("query field `limit`: {limit} is over {INVENTORY_LIMIT}; page with `offset`"),
+        ));
+    }
     let members = svc.members.read();
     if let Some(ep) = only.filter(|&e| e >= members.len()) {
         return Err(ApiError::not_found(format!(
@@ -242,7 +261,14 @@ fn inventory_view(api: &KvApi, q: &HashMap<String, String>) -> Result<InventoryV
                 block_count: svc.index.blocks(member),
                 connected: ranks.iter().any(|r| r.connected),
                 ranks,
-                hashes: svc.index.keys_of(member).into_iter().map(|k| k.0).collect(),
+                hashes: svc
+                    .index
+                    .keys_of(member)
+                    .into_iter()
+                    .skip(offset)
+                    .take(limit)
+                    .map(|k| k.0)
+                    .collect(),
             }
         })
         .collect::<Vec<EndpointInventory>>();
@@ -251,16 +277,17 @@ fn inventory_view(api: &KvApi, q: &HashMap<String, String>) -> Result<InventoryV
             .iter()
             .flat_map(|e| e.hashes.iter())
             .enumerate()
-            .map(|(block_idx, &hash_uint64)| BlockView {
-                block_idx,
+            .map(|(i, &hash_uint64)| BlockView {
+                block_idx: offset + i,
                 hash_uint64,
             })
             .collect();
+        let total = endpoints.iter().map(|e| e.block_count as usize).sum();
         LoxilbInventory {
             service_id: svc.id,
             ep_idx,
             hash_algo: svc.config.algo.to_string(),
-            total: blocks.len(),
+            total,
             blocks,
         }
     });
@@ -268,6 +295,8 @@ fn inventory_view(api: &KvApi, q: &HashMap<String, String>) -> Result<InventoryV
         loxilb,
         service_id: svc.id,
         endpoints,
+        offset,
+        limit,
     })
 }
 

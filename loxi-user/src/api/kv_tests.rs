@@ -113,6 +113,43 @@ async fn inventory_lists_blocks_connection_and_last_seq_per_endpoint() {
     );
 }
 
+/// Block lists are paged (`offset`, `limit` ≤ `INVENTORY_LIMIT`): `total` and `blockCount`
+/// still count every block held.
+#[tokio::test]
+async fn inventory_pages_the_block_list() {
+    let (st, _reg) = state(KvSettings::default());
+    let svc = st
+        .service(&rule(4, 1, serde_json::json!({})))
+        .expect("kv rule");
+    let b = decode_batch(&stored_batch(&[21, 22, 23, 24, 25], 16)).expect("decode");
+    svc.apply_batch(0, 0, &b, &st.metrics);
+    let addr = serve(st).await;
+    let path = "/netlox/v1/config/ai/kv/inventory?service_id=4&ep_idx=0";
+    let (code, v) = get_json(addr, &format!("{path}&offset=1&limit=2")).await;
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(
+        v["blocks"],
+        serde_json::json!([{"block_idx": 1, "hash_uint64": 22}, {"block_idx": 2, "hash_uint64": 23}])
+    );
+    assert_eq!(v["endpoints"][0]["hashes"], serde_json::json!([22, 23]));
+    assert_eq!(
+        (
+            v["total"].as_u64(),
+            v["offset"].as_u64(),
+            v["limit"].as_u64()
+        ),
+        (Some(5), Some(1), Some(2))
+    );
+    assert_eq!(v["endpoints"][0]["blockCount"].as_u64(), Some(5));
+    let (_, all) = get_json(addr, path).await;
+    assert_eq!(all["limit"].as_u64(), Some(INVENTORY_LIMIT as u64));
+    assert_eq!(all["blocks"].as_array().map(Vec::len), Some(5));
+    let over = INVENTORY_LIMIT + 1;
+    let (code, e) = get_json(addr, &format!("{path}&limit={over}")).await;
+    assert_eq!(code, 400, "{e}");
+    assert_eq!(e["field"], "limit");
+}
+
 #[tokio::test]
 async fn a_rule_in_the_store_is_visible_before_the_subscriber_manager_applied_it() {
     // The daemon answered the POST; the manager has not run yet: no KV state at all.

@@ -39,7 +39,6 @@ use zeromq::{Socket, SocketEvent, SocketOptions, SocketRecv, SubSocket, ZmqError
 
 use super::events::decode_batch;
 use super::replay::{self, SeqAction, SeqTracker};
-use crate::kv::index::MAX_RANK;
 use crate::kv::members::Member;
 use crate::kv::metrics::{EpLabels, EpReasonLabels};
 use crate::kv::state::{KvState, ServiceKv};
@@ -93,6 +92,8 @@ pub struct Stream {
     /// After a catch-up: the last seq it applied and until when queued live batches at or
     /// below it are duplicates, not a restart.
     replayed_through: Option<(u64, tokio::time::Instant)>,
+    /// Whether a batch naming another DP rank than this stream's was reported (once).
+    foreign_rank_logged: bool,
 }
 
 impl Stream {
@@ -112,6 +113,7 @@ impl Stream {
             seq,
             ever_connected: false,
             replayed_through: None,
+            foreign_rank_logged: false,
         }
     }
 
@@ -358,12 +360,31 @@ impl Stream {
     fn apply(&mut self, seq: u64, payload: &[u8]) {
         match decode_batch(payload) {
             Ok(batch) => {
-                let rank = batch
-                    .dp_rank
-                    .filter(|r| *r <= MAX_RANK)
-                    .unwrap_or(self.addr.rank);
-                self.svc
-                    .apply_batch(self.addr.member, rank, &batch, &self.state.metrics);
+                // Filed under the rank of the socket it came from, whatever the batch names:
+                // each vLLM DP rank publishes on its own port (`kvZmqPort + rank`), and an
+                // engine started as `--data-parallel-rank 3` behind its own endpoint stamps 3
+                // into every batch of its rank-0 stream. Trusting the payload kept its blocks
+                // out of reach of this stream's restart and gap clears, and let a publisher
+                // spread blocks over ranks no stream owns (each with its own block cap).
+                if let Some(named) = batch.dp_rank.filter(|r| *r != self.addr.rank)
+                    && !self.foreign_rank_logged
+                {
+                    self.foreign_rank_logged = true;
+                    tracing::info!(
+                        service = self.svc.id,
+                        member = self.addr.member,
+                        stream_rank = self.addr.rank,
+                        batch_rank = named,
+                        "KV event batches name another DP rank than their socket's; filed under \
+                         the socket's rank (kvZmqPort + rank)"
+                    );
+                }
+                self.svc.apply_batch(
+                    self.addr.member,
+                    self.addr.rank,
+                    &batch,
+                    &self.state.metrics,
+                );
             }
             Err(_) => self.reject("batch"),
         }

@@ -667,8 +667,12 @@ async fn manager_subscribes_only_prefill_endpoints_in_mode_one() {
     assert_eq!(subscribed, vec![false, true, false]);
 }
 
+/// A batch is filed under the DP rank of the socket it came from, whatever rank it names (an
+/// engine started as `--data-parallel-rank 1` behind its own endpoint stamps 1 into the
+/// batches of that endpoint's rank-0 stream): the stream's own clear (a restart, a gap)
+/// must reach its blocks, and a publisher cannot spread blocks over ranks no stream owns.
 #[tokio::test]
-async fn rank_one_events_belong_to_the_rank_one_stream() {
+async fn batches_are_filed_under_their_sockets_rank() {
     let (state, _reg) = state(KvSettings::default());
     let svc = state
         .service(&rule(1, 1, serde_json::json!({})))
@@ -702,9 +706,13 @@ async fn rank_one_events_belong_to_the_rank_one_stream() {
         &msgpack(&V::Array(vec![V::F64(0.0), V::Array(vec![ev])])),
     )
     .await;
-    assert_eq!(svc.index.blocks(0), 2);
+    assert_eq!(
+        svc.index.blocks(0),
+        1,
+        "one block, stored twice under rank 0"
+    );
     svc.index.clear_rank(0, 1);
-    assert_eq!(svc.index.blocks(0), 1);
+    assert_eq!(svc.index.blocks(0), 1, "nothing was filed under rank 1");
     svc.index.clear_rank(0, 0);
     assert_eq!(svc.index.blocks(0), 0);
 }
