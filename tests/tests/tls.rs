@@ -437,6 +437,48 @@ async fn the_cert_api_refuses_bad_certificates_and_never_lists_keys() {
     assert_eq!(s, 200, "{t}");
 }
 
+/// Plain HTTP sent to a TLS port gets a 400 that says so (not a TLS alert a plain client
+/// cannot read), counted as a failed handshake; TLS clients are served as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_http_on_a_tls_port_is_told_to_use_https() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let d = Daemon::start_default().await;
+    let ca = Ca::new();
+    assert_eq!(post_cert(&d, Some("p"), &ca.leaf(&["p.test"])).await.0, 201);
+    let be = Backend::start("A").await;
+    let port = free_port();
+    assert_eq!(
+        d.post_rule(&tls_rule(port, "p.test", &[&be], 0)).await.0,
+        200
+    );
+    let mut plain = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    let req = "POST /v1/completions HTTP/1.1\r\nHost: p.test\r\ncontent-length: 2\r\n\r\n{}";
+    plain.write_all(req.as_bytes()).await.expect("write");
+    let mut answer = String::new();
+    tokio::time::timeout(Duration::from_secs(5), plain.read_to_string(&mut answer))
+        .await
+        .expect("answered and closed within 5 s")
+        .expect("read");
+    assert!(answer.starts_with("HTTP/1.1 400 "), "{answer}");
+    let body = parse_json(answer.split_once("\r\n\r\n").map_or("", |(_, b)| b));
+    assert_eq!(body["error"]["type"], "plain_http_on_tls_port", "{answer}");
+    assert_eq!(be.request_count(), 0, "nothing was forwarded");
+    let m = d.metrics_text().await;
+    assert!(
+        m.lines().any(
+            |l| l.starts_with("loxilb_proxy_tls_handshake_failures_total{") && l.ends_with(" 1")
+        ),
+        "{m}"
+    );
+    let tls = connect(&ca, port, Some("p.test"), &[b"http/1.1"])
+        .await
+        .expect("TLS still served");
+    let (status, _, served_by, _) = send(tls, "p.test", r#"{"prompt":"hi"}"#).await;
+    assert_eq!((status, served_by.as_str()), (200, "A"));
+}
+
 #[tokio::test]
 async fn rotation_keeps_an_open_stream_and_new_handshakes_get_the_new_certificate() {
     let mut d = Daemon::start_default().await;

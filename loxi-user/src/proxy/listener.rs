@@ -282,7 +282,17 @@ impl Serving {
         peer: SocketAddr,
     ) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
         let acceptor = self.tls.as_ref()?;
-        let shake = tokio::time::timeout(super::tls::HANDSHAKE_TIMEOUT, acceptor.accept(stream));
+        let shake = tokio::time::timeout(super::tls::HANDSHAKE_TIMEOUT, async {
+            // A TLS client opens with a handshake record (0x16); an HTTP client with a method
+            // name. The latter gets a 400 that says what is wrong (nginx's "plain HTTP request
+            // was sent to HTTPS port") instead of a TLS alert it cannot read.
+            let mut first = [0u8; 1];
+            if matches!(stream.peek(&mut first).await, Ok(1) if first[0].is_ascii_uppercase()) {
+                super::tls::refuse_plain_http(stream).await;
+                return Err(std::io::Error::other("plain HTTP sent to a TLS listener"));
+            }
+            acceptor.accept(stream).await
+        });
         let outcome = tokio::select! {
             _ = self.cancel.cancelled() => return None,
             r = shake => r,

@@ -68,6 +68,43 @@ impl ResolvesServerCert for SniResolver {
     }
 }
 
+/// Answers a plain-HTTP client on a TLS listener with 400 `plain_http_on_tls_port` (the
+/// fullproxy's JSON error shape, `Connection: close`) and closes; the request is drained, not
+/// read. Runs within the handshake timeout and counts as a failed handshake.
+pub async fn refuse_plain_http(mut stream: tokio::net::TcpStream) {
+    use tokio::io::AsyncWriteExt;
+    let body = serde_json::json!({"error": {
+        "type": "plain_http_on_tls_port",
+        "message": "this port terminates TLS (security 1): use https://",
+        "code": 400,
+        "party": "client",
+        "retryable": false,
+    }})
+    .to_string();
+    let head = format!(
+        "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+         connection: close\r\n\r\n",
+        body.len()
+    );
+    let _ = stream.write_all(head.as_bytes()).await;
+    let _ = stream.write_all(body.as_bytes()).await;
+    let _ = stream.shutdown().await;
+    // A lingering close: closing with the request unread would reset the connection, and the
+    // client could lose the answer. Read (and drop) up to 64 KiB for at most a second.
+    use tokio::io::AsyncReadExt;
+    let mut sink = [0u8; 4096];
+    let mut left = 64 << 10;
+    let drain = async {
+        while left > 0 {
+            match stream.read(&mut sink).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => left -= n.min(left),
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
+}
+
 /// The server configuration of a listener serving `table`, certificates from `certs`.
 pub fn server_config(
     certs: Arc<CertStore>,
