@@ -64,6 +64,18 @@ pub enum ProxyError {
     /// The client's body could not be read (400).
     #[error("reading the request body failed: {0}")]
     ClientBody(#[source] hyper::Error),
+    /// The request's host is another rule's than the one the TLS connection's SNI named, and
+    /// that connection's certificate does not cover it (421 `misdirected_request`): the client
+    /// retries on a connection of its own for that host.
+    #[error(
+        "this TLS connection was made for {sni:?} and its certificate does not cover {host:?}; open a connection for {host:?}"
+    )]
+    Misdirected {
+        /// The connection's SNI name.
+        sni: String,
+        /// The request's host.
+        host: String,
+    },
     /// No pool on this listener serves the request's host (404).
     #[error("no service on this address serves host {host:?}")]
     NoRoute {
@@ -221,6 +233,7 @@ impl ProxyError {
             }
             Self::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            Self::Misdirected { .. } => StatusCode::MISDIRECTED_REQUEST,
             Self::NoRoute { .. } | Self::ModelUnavailable { .. } => StatusCode::NOT_FOUND,
             Self::NoHealthyBackend { .. }
             | Self::PdPoolUnavailable { .. }
@@ -250,6 +263,7 @@ impl ProxyError {
             Self::DuplicateHost => "duplicate_host",
             Self::BodyTimeout { .. } => "request_timeout",
             Self::MethodNotAllowed(_) => "method_not_allowed",
+            Self::Misdirected { .. } => "misdirected_request",
             Self::NoRoute { .. } => "no_route",
             Self::ModelUnavailable { .. } => "model_not_found",
             Self::NoHealthyBackend { .. } => "no_healthy_backend",
@@ -278,6 +292,7 @@ impl ProxyError {
             | Self::DuplicateHost
             | Self::BodyTimeout { .. }
             | Self::MethodNotAllowed(_)
+            | Self::Misdirected { .. }
             | Self::NoRoute { .. }
             | Self::ModelUnavailable { .. } => Party::Client,
             Self::NoHealthyBackend { .. }
@@ -303,6 +318,7 @@ impl ProxyError {
         matches!(
             self,
             Self::NoHealthyBackend { .. }
+                | Self::Misdirected { .. }
                 | Self::BackendUnreachable { .. }
                 | Self::Overloaded { .. }
                 | Self::EndpointOverloaded { .. }

@@ -165,6 +165,14 @@ impl Handler {
             .choose(request_host(&parts), model.as_deref())
             .map_err(|e| (0, e))?
             .clone();
+        if let Some(tls) = parts.extensions.get::<super::tls::ClientTls>() {
+            let host = &pool.rule.rule.service.host;
+            if tls.misdirected(&self.ctx.certs, host) {
+                let sni = tls.sni_host.as_deref().unwrap_or_default().to_string();
+                let host = host.clone();
+                return Err((0, ProxyError::Misdirected { sni, host }));
+            }
+        }
         if json.is_none() && pool.needs_body() {
             json = meta::parse_body_bounded(&bytes, limits);
         }

@@ -256,10 +256,11 @@ impl Serving {
             let Some(tls) = self.handshake(stream, peer).await else {
                 return;
             };
+            let client = ClientTls::of(tls.get_ref().1.server_name(), &self.handler.table.load());
             let me = Arc::new(self);
             let svc = service_fn(move |req| {
                 me.clone()
-                    .request(req, peer, svc_act.begin(), Some(ClientTls))
+                    .request(req, peer, svc_act.begin(), Some(client.clone()))
             });
             drive(builder, tls, &act, svc, &cancel).await
         } else {

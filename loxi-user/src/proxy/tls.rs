@@ -21,9 +21,49 @@ use crate::certs::{CertSnapshot, CertStore};
 /// Longest a client may take to complete the TLS handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Marks a request that arrived over TLS (a request extension; `X-Forwarded-Proto: https`).
-#[derive(Debug, Clone, Copy)]
-pub struct ClientTls;
+/// Marks a request that arrived over TLS (a request extension; `X-Forwarded-Proto: https`),
+/// with the rule host its connection's SNI named, if any (the name whose certificate the
+/// handshake got, see [`SniResolver::pick`]).
+#[derive(Debug, Clone, Default)]
+pub struct ClientTls {
+    /// The SNI name, when it equals the `host` of one of the listener's rules.
+    pub sni_host: Option<Arc<str>>,
+}
+
+impl ClientTls {
+    /// Of a handshake whose SNI was `sni`, on a listener serving `table`.
+    pub fn of(sni: Option<&str>, table: &PoolTable) -> Self {
+        let sni_host = sni
+            .filter(|n| {
+                table
+                    .pools
+                    .iter()
+                    .any(|p| p.rule.rule.service.host.eq_ignore_ascii_case(n))
+            })
+            .map(Arc::from);
+        Self { sni_host }
+    }
+
+    /// Whether a request routed to a rule with `host` came on a connection made for another
+    /// rule's host whose certificate does not cover `host` (RFC 9110 §15.5.20: 421, the
+    /// client retries on a connection of its own). A connection with no rule host in its SNI
+    /// (no SNI, an IP, another name: the `default` certificate) and a host-less rule never
+    /// are; nor is a connection whose certificate also covers `host` (HTTP/2 connection
+    /// reuse, RFC 9113 §9.1.1).
+    pub fn misdirected(&self, certs: &CertStore, host: &str) -> bool {
+        let Some(sni) = self.sni_host.as_deref() else {
+            return false;
+        };
+        if host.is_empty() || host.eq_ignore_ascii_case(sni) {
+            return false;
+        }
+        !certs.snapshot().for_name(sni).is_some_and(|c| {
+            c.hostnames
+                .iter()
+                .any(|n| crate::certs::parse::name_matches(n, host))
+        })
+    }
+}
 
 /// Picks a listener's certificate per handshake.
 pub struct SniResolver {
