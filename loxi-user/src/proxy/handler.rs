@@ -165,7 +165,8 @@ impl Handler {
             .choose(request_host(&parts), model.as_deref())
             .map_err(|e| (0, e))?
             .clone();
-        if let Some(tls) = parts.extensions.get::<super::tls::ClientTls>() {
+        let tls = parts.extensions.get::<super::tls::ClientTls>();
+        if let Some(tls) = tls {
             let host = &pool.rule.rule.service.host;
             if tls.misdirected(&self.ctx.certs, host) {
                 let sni = tls.sni_host.as_deref().unwrap_or_default().to_string();
@@ -184,7 +185,7 @@ impl Handler {
             &pool.rule.rule.service,
         );
         meta.body_cut = json.is_some_and(|p| p.cut);
-        meta.https = parts.extensions.get::<super::tls::ClientTls>().is_some();
+        meta.https = tls.is_some();
         trace_span::record_rule(service, meta.model.as_deref());
         if pool.rule.spec.pd.is_some() {
             // Boxed: its future is kilobytes larger than the plain path's, and inline it would

@@ -15,10 +15,14 @@ use parking_lot::Mutex;
 use tokio::sync::watch;
 
 use super::error::RuleError;
-use super::model::{LbRule, RuleKey};
+use super::model::{LbRule, RuleKey, ServiceArgs};
 use super::persist::{self, PersistError};
 use super::spec::ServiceSpec;
 use super::validate;
+
+/// One of `validate`'s `reset_inert_*`: clears fields of a restored rule that nothing reads and
+/// names them.
+type ResetInert = fn(&mut ServiceArgs) -> Vec<&'static str>;
 
 /// A stored rule with its stable service id (the `service` metric label and the `service_id`
 /// of the KV inventory API). Ids are assigned on creation, never reused while the daemon runs,
@@ -146,31 +150,30 @@ impl RuleStore {
                 // A state file written before rules had LoxiLB's opaque id.
                 rule.service.id = mint_uuid();
             }
-            let reset = super::validate::reset_inert_kv_knobs(&mut rule.service);
-            if !reset.is_empty() {
-                tracing::warn!(
-                    rule = stored.id,
-                    knobs = ?reset,
-                    "restored rule: tier-1.5 knobs without kvExactMode (never read) reset to their \
-                     defaults; the API now refuses them"
-                );
-            }
-            let reset = super::validate::reset_inert_probe_fields(&mut rule.service);
-            if !reset.is_empty() {
-                tracing::warn!(
-                    rule = stored.id,
-                    fields = ?reset,
-                    "restored rule: probe fields no probe reads cleared; the API now refuses them"
-                );
-            }
-            let reset = super::validate::reset_inert_selector_knobs(&mut rule.service);
-            if !reset.is_empty() {
-                tracing::warn!(
-                    rule = stored.id,
-                    knobs = ?reset,
-                    "restored rule: selector knobs its selector never reads reset to their \
-                     defaults; the API now refuses them"
-                );
+            // Fields an older loxi stored that nothing reads: reset, and the API refuses them.
+            let resets: [(ResetInert, &str); 3] = [
+                (
+                    super::validate::reset_inert_kv_knobs,
+                    "tier-1.5 knobs without kvExactMode (never read) reset to their defaults",
+                ),
+                (
+                    super::validate::reset_inert_probe_fields,
+                    "probe fields no probe reads cleared",
+                ),
+                (
+                    super::validate::reset_inert_selector_knobs,
+                    "selector knobs its selector never reads reset to their defaults",
+                ),
+            ];
+            for (reset, what) in resets {
+                let fields = reset(&mut rule.service);
+                if !fields.is_empty() {
+                    tracing::warn!(
+                        rule = stored.id,
+                        ?fields,
+                        "restored rule: {what}; the API now refuses them"
+                    );
+                }
             }
             match StoredRule::new(stored.id, rule) {
                 Ok(rule) => {
@@ -611,55 +614,44 @@ mod tests {
         assert!(store.snapshot().rules.is_empty());
     }
 
-    #[test]
-    fn restored_rules_with_inert_kv_knobs_are_kept_with_the_knobs_reset() {
+    /// The rules a store restores from a state file holding `rules` (`{"id", "rule"}` each):
+    /// each one's id and service arguments, in key order.
+    fn restored(rules: serde_json::Value) -> Vec<(u32, ServiceArgs)> {
         let dir = tempfile::tempdir().expect("tmp");
-        let mut r = serde_json::to_value(rule(80, 0, "")).expect("v");
-        r["serviceArguments"]["kvBlockSize"] = json!(32);
-        r["serviceArguments"]["kvZmqPort"] = json!(6000);
-        let file = json!({"version": 1, "rules": [{"id": 7, "rule": r}]});
+        let file = json!({"version": 1, "rules": rules});
         std::fs::write(dir.path().join("rules.json"), file.to_string()).expect("write");
         let store = RuleStore::open(dir.path()).expect("open");
         let snap = store.snapshot();
-        let kept: Vec<(u32, u32, u16)> = snap
-            .rules
+        snap.rules
             .values()
-            .map(|r| {
-                (
-                    r.id,
-                    r.rule.service.kv_block_size,
-                    r.rule.service.kv_zmq_port,
-                )
-            })
+            .map(|r| (r.id, r.rule.service.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn restored_rules_with_inert_kv_knobs_are_kept_with_the_knobs_reset() {
+        let mut r = serde_json::to_value(rule(80, 0, "")).expect("v");
+        r["serviceArguments"]["kvBlockSize"] = json!(32);
+        r["serviceArguments"]["kvZmqPort"] = json!(6000);
+        let kept: Vec<(u32, u32, u16)> = restored(json!([{"id": 7, "rule": r}]))
+            .into_iter()
+            .map(|(id, s)| (id, s.kv_block_size, s.kv_zmq_port))
             .collect();
         assert_eq!(kept, vec![(7, 16, 5557)]);
     }
 
     #[test]
     fn restored_rules_with_inert_selector_knobs_are_kept_with_the_knobs_reset() {
-        let dir = tempfile::tempdir().expect("tmp");
         let mut rr = serde_json::to_value(rule(80, 0, "")).expect("v");
         rr["serviceArguments"]["chwbl_mean_load_factor"] = json!(250);
         rr["serviceArguments"]["session_header_name"] = json!("X-S");
         let mut chwbl = serde_json::to_value(rule(81, 8, "")).expect("v");
         chwbl["serviceArguments"]["chwbl_mean_load_factor"] = json!(250);
-        let file =
-            json!({"version": 1, "rules": [{"id": 7, "rule": rr}, {"id": 8, "rule": chwbl}]});
-        std::fs::write(dir.path().join("rules.json"), file.to_string()).expect("write");
-        let store = RuleStore::open(dir.path()).expect("open");
-        let kept: Vec<(u32, u32, String)> = store
-            .snapshot()
-            .rules
-            .values()
-            .map(|r| {
-                let s = &r.rule.service;
-                (
-                    r.id,
-                    s.chwbl_mean_load_factor,
-                    s.session_header_name.clone(),
-                )
-            })
-            .collect();
+        let kept: Vec<(u32, u32, String)> =
+            restored(json!([{"id": 7, "rule": rr}, {"id": 8, "rule": chwbl}]))
+                .into_iter()
+                .map(|(id, s)| (id, s.chwbl_mean_load_factor, s.session_header_name))
+                .collect();
         assert_eq!(
             kept,
             vec![(7, 175, String::new()), (8, 250, String::new())],
@@ -669,41 +661,32 @@ mod tests {
 
     #[test]
     fn restored_rules_with_inert_probe_fields_are_kept_with_them_cleared() {
-        let dir = tempfile::tempdir().expect("tmp");
         let mut r = serde_json::to_value(rule(80, 0, "")).expect("v");
         r["serviceArguments"]["probeport"] = json!(1234);
         r["serviceArguments"]["probereq"] = json!("/x");
         let mut http = serde_json::to_value(rule(81, 0, "")).expect("v");
         http["serviceArguments"]["probetype"] = json!("http");
         http["serviceArguments"]["probereq"] = json!("/health");
-        let file = json!({"version": 1, "rules": [{"id": 7, "rule": r}, {"id": 8, "rule": http}]});
-        std::fs::write(dir.path().join("rules.json"), file.to_string()).expect("write");
-        let store = RuleStore::open(dir.path()).expect("open");
-        let kept: Vec<(u32, u16, String)> = store
-            .snapshot()
-            .rules
-            .values()
-            .map(|r| {
-                let s = &r.rule.service;
-                (r.id, s.probeport, s.probereq.clone())
-            })
-            .collect();
+        let kept: Vec<(u32, u16, String)> =
+            restored(json!([{"id": 7, "rule": r}, {"id": 8, "rule": http}]))
+                .into_iter()
+                .map(|(id, s)| (id, s.probeport, s.probereq))
+                .collect();
         assert_eq!(kept, vec![(7, 0, String::new()), (8, 0, "/health".into())]);
     }
 
     #[test]
     fn restored_rules_that_no_longer_validate_are_dropped() {
-        let dir = tempfile::tempdir().expect("tmp");
         let good = json!({"id": 4, "rule": serde_json::to_value(rule(80, 0, "")).expect("v")});
         let mut bad = json!({"id": 5, "rule": serde_json::to_value(rule(81, 0, "")).expect("v")});
         // Out of range under the one selector that reads it (a knob its selector never reads
         // would be reset, not dropped: the next test).
         bad["rule"]["serviceArguments"]["sel"] = json!(8);
         bad["rule"]["serviceArguments"]["chwbl_replication"] = json!(5000);
-        let file = json!({"version": 1, "rules": [good, bad]});
-        std::fs::write(dir.path().join("rules.json"), file.to_string()).expect("write");
-        let store = RuleStore::open(dir.path()).expect("open");
-        let ids: Vec<u32> = store.snapshot().rules.values().map(|r| r.id).collect();
+        let ids: Vec<u32> = restored(json!([good, bad]))
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect();
         assert_eq!(ids, vec![4]);
     }
 
