@@ -350,6 +350,7 @@ async fn loxicmd_kv_flags_reach_the_rule_and_pd_flags_are_refused_as_unimplement
     let pd = [
         &common[..],
         &[
+            "--pd-disagg",
             "--kv-exact-mode=1",
             "--ep-role=prefill,decode",
             "--pd-session-ttl-sec=60",
@@ -599,4 +600,101 @@ async fn loxicmd_save_then_apply_recreates_the_rule_set() {
     ]);
     assert_eq!(bad.status.code(), Some(6), "{}", stderr(&bad));
     assert!(stderr(&bad).contains("lbAttr"), "{}", stderr(&bad));
+}
+
+/// LoxiLB's cert verbs and `get metrics` against the real daemon: a certificate uploaded from
+/// PEM files (the server answers its hostnames), shown as LoxiLB's table, listed, deleted;
+/// refusals with LoxiLB's exit codes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loxicmd_cert_verbs_and_get_metrics() {
+    let d = Daemon::start_default().await;
+    let pki = loxi_tests::tls::TestPki::generate().expect("pki");
+    let (cert, key) = (
+        pki.cert().display().to_string(),
+        pki.key().display().to_string(),
+    );
+    let cert_flag = format!("--cert-file={cert}");
+    let key_flag = format!("--key-file={key}");
+
+    let out = d.loxicmd(&["create", "cert", &cert_flag, &key_flag, "--cert-id=web"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "Certificate 'web' created.\n");
+    let (status, text) = d.get("/netlox/v1/config/cert/web").await.expect("get cert");
+    assert_eq!(status, 200, "{text}");
+    let stored: Value = serde_json::from_str(&text).expect("json");
+    assert_eq!(
+        stored["hostnames"],
+        json!(["localhost"]),
+        "the leaf's SAN DNS names (IP addresses are not host names): {stored}"
+    );
+
+    // The id the server minted is the one printed.
+    let out = d.loxicmd(&["create", "cert", &cert_flag, &key_flag]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let printed = stdout(&out);
+    let minted = printed
+        .strip_prefix("Certificate '")
+        .and_then(|s| s.strip_suffix("' created.\n"))
+        .unwrap_or_else(|| panic!("{printed:?}"))
+        .to_string();
+    assert!(minted.starts_with("cert-"), "{minted}");
+
+    let out = d.loxicmd(&["get", "cert", "web"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out),
+        concat!(
+            "| CERT ID | HOSTNAMES |\n",
+            "|---------|-----------|\n",
+            "| web     | localhost |\n",
+        )
+    );
+    let out = d.loxicmd(&["get", "cert"]);
+    let all = stdout(&out);
+    assert!(
+        all.contains("| web ") && all.contains(&format!("| {minted} ")),
+        "{all}"
+    );
+    let out = d.loxicmd(&["-o", "json", "get", "cert", "web"]);
+    let v: Value = serde_json::from_str(&stdout(&out)).expect("json");
+    assert_eq!(v["certId"], "web");
+    assert!(v.get("keyPem").is_none(), "never the key: {v}");
+
+    // Refusals: the id exists (409 → 4), unknown id (404 → 4), unreadable file (1), usage (2).
+    let out = d.loxicmd(&["create", "cert", &cert_flag, &key_flag, "--cert-id=web"]);
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    let out = d.loxicmd(&["get", "cert", "nope"]);
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    let out = d.loxicmd(&["create", "cert", "--cert-file=/nonexistent.pem", &key_flag]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("reading --cert-file /nonexistent.pem"),
+        "{}",
+        stderr(&out)
+    );
+    let out = d.loxicmd(&["create", "cert", &cert_flag, "--usage=ca"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("not implemented in loxi"),
+        "{}",
+        stderr(&out)
+    );
+
+    for id in ["web", minted.as_str()] {
+        let out = d.loxicmd(&["delete", "cert", id]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert_eq!(stdout(&out), format!("Certificate '{id}' deleted.\n"));
+    }
+    let (_, text) = d.get("/netlox/v1/config/cert/all").await.expect("list");
+    assert_eq!(
+        serde_json::from_str::<Value>(&text).expect("json")["certAttr"],
+        json!([])
+    );
+
+    let out = d.loxicmd(&["get", "metrics"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "prometheus metrics: enabled\n");
+    let out = d.loxicmd(&["-o", "json", "get", "metrics"]);
+    let v: Value = serde_json::from_str(&stdout(&out)).expect("json");
+    assert_eq!(v, json!({"prometheus": true}));
 }

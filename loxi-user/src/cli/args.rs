@@ -107,6 +107,29 @@ pub enum CreateWhat {
     /// A load-balancer rule.
     #[command(visible_aliases = ["lbs", "loadbalancer", "loadbalancers"])]
     Lb(Box<CreateLb>),
+    /// Upload a TLS certificate (`POST /config/cert`): leaf + private key, optional chain.
+    Cert(CreateCert),
+}
+
+/// `loxicmd create cert` flags (LoxiLB's).
+#[derive(Debug, Clone, Args)]
+pub struct CreateCert {
+    /// Certificate id (the server mints one when omitted).
+    #[arg(long)]
+    pub cert_id: Option<String>,
+    /// Leaf certificate PEM file (required).
+    #[arg(long)]
+    pub cert_file: Option<std::path::PathBuf>,
+    /// Private key PEM file (required).
+    #[arg(long)]
+    pub key_file: Option<std::path::PathBuf>,
+    /// Intermediate chain PEM file.
+    #[arg(long)]
+    pub chain_file: Option<std::path::PathBuf>,
+    /// What the entry is for: `server` (the default). LoxiLB's `ca` and `client` (backend
+    /// TLS entries) are refused: loxi verifies backends against a rule's `backend_ca_file`.
+    #[arg(long)]
+    pub usage: Option<String>,
 }
 
 /// `get` resources.
@@ -133,6 +156,14 @@ pub enum GetWhat {
         #[arg(long = "ep-idx")]
         ep_idx: Option<usize>,
     },
+    /// TLS certificates: one by id (LoxiLB's `Cert ID`/`Hostnames` table), or every one
+    /// without an id (a loxi extension).
+    Cert {
+        /// The certificate id.
+        cert_id: Option<String>,
+    },
+    /// Whether Prometheus metrics are enabled (`GET /config/metrics`).
+    Metrics,
     /// A KV-aware service's hash-parity verdict per endpoint (`GET /config/ai/kv/parity`), as JSON.
     Kvparity {
         /// The service id.
@@ -147,6 +178,11 @@ pub enum DeleteWhat {
     /// A load-balancer rule.
     #[command(visible_aliases = ["lbs", "loadbalancer", "loadbalancers"])]
     Lb(DeleteLb),
+    /// A TLS certificate by id (409 while a TLS rule it serves would be left without one).
+    Cert {
+        /// The certificate id.
+        cert_id: String,
+    },
 }
 
 /// `get lb -o` formats.
@@ -156,7 +192,7 @@ pub enum OutputFormat {
     Table,
     /// The REST answer, pretty-printed.
     Json,
-    /// The table plus endpoint index, role and KV columns.
+    /// `get lb`: LoxiLB's wide table, one row per endpoint (IP, port, weight, state).
     Wide,
 }
 
@@ -189,7 +225,7 @@ pub struct CreateLb {
     /// NAT mode: fullproxy, onearm, fullnat, dsr, hostonearm, default.
     #[arg(long)]
     pub mode: Option<String>,
-    /// Selector: rr, hash, wrr, persist, lc, n2, n3, chwbl, gpuaware, wrr-hash.
+    /// Selector: rr, hash, wrr, persist, lc, n2, n3, chwbl, gpuaware, wrr-hash (or chwbl-wrr).
     #[arg(long)]
     pub select: Option<String>,
     /// Rule name.

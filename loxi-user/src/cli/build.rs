@@ -4,9 +4,10 @@ use serde_json::{Map, Value, json};
 
 use super::args::{CreateLb, DeleteLb, Ports};
 
-/// A flag value `loxicmd` cannot use; the message names the flag.
+/// A flag value `loxicmd` cannot use; the message names the flag (`flag: message`, or the
+/// message alone when `flag` is empty: LoxiLB's own sentence, which names it).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{flag}: {message}")]
+#[error("{}{message}", if flag.is_empty() { String::new() } else { format!("{flag}: ") })]
 pub struct UsageError {
     /// The flag, e.g. `--endpoints`.
     pub flag: String,
@@ -93,12 +94,12 @@ pub fn sel_number(name: &str) -> Result<u8, UsageError> {
         "n3" => 6,
         "chwbl" => 8,
         "gpuaware" | "gpu-aware" => 9,
-        "wrr-hash" | "wrrhash" => 10,
+        "wrr-hash" | "wrrhash" | "chwbl-wrr" => 10,
         other => {
             return Err(usage(
                 "--select",
                 format!(
-                    "{other:?} is not one of rr, hash, wrr, persist, lc, n2, n3, chwbl, gpuaware, wrr-hash"
+                    "{other:?} is not one of rr, hash, wrr, persist, lc, n2, n3, chwbl, gpuaware, wrr-hash (chwbl-wrr)"
                 ),
             ));
         }
@@ -146,6 +147,11 @@ pub fn endpoint_list(s: &str) -> Result<Vec<(String, u32)>, UsageError> {
 
 /// The REST bodies of `create lb` (one per service port).
 pub fn create_bodies(c: &CreateLb) -> Result<Vec<Value>, UsageError> {
+    // LoxiLB's loxicmd (`validateKVEngineOptions`, shared/loxilb-clients
+    // `a_create_lb_kv_exact_as_given.json`): the P/D topology is asked for explicitly.
+    if c.kv_exact_mode == Some(1) && c.pd_disagg_mode != Some(true) {
+        return Err(usage("", "--kv-exact-mode=1 requires --pd-disagg"));
+    }
     let eps = endpoint_list(&c.endpoints)?;
     let roles = per_endpoint(&c.ep_role, eps.len(), "--ep-role", role_number)?;
     let ports_of = |list: &Option<String>, flag: &'static str, key: &'static str| {
@@ -341,6 +347,11 @@ fn encode(s: &str) -> String {
     percent_encoding::utf8_percent_encode(s, KEEP).to_string()
 }
 
+/// `s` escaped as one URL path segment (letters, digits, `.`, `-`, `_`, `:` kept).
+pub(crate) fn path_segment(s: &str) -> String {
+    encode(s)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -386,8 +397,8 @@ mod tests {
     }
 
     #[test]
-    fn ep_roles_imply_pd_mode_and_kv_flags_map_to_camel_case() {
-        let c = create(&[
+    fn kv_exact_mode_1_needs_pd_disagg_and_kv_flags_map_to_camel_case() {
+        let args = [
             "10.0.0.1",
             "--tcp=8080:8000",
             "--endpoints=192.0.2.1:1,192.0.2.2:1",
@@ -399,10 +410,23 @@ mod tests {
             "--kv-block-size=16",
             "--kv-warmup=30",
             "--ep-role=prefill,decode",
-        ]);
+        ];
+        // LoxiLB's loxicmd refuses it as given (shared/loxilb-clients
+        // a_create_lb_kv_exact_as_given.json), even though the roles alone imply P/D.
+        let e = create_bodies(&create(&args)).expect_err("refused");
+        assert_eq!(e.to_string(), "--kv-exact-mode=1 requires --pd-disagg");
+        let c = create(&[&args[..], &["--pd-disagg"]].concat());
         let b = &create_bodies(&c).expect("bodies")[0];
         let s = &b["serviceArguments"];
         assert_eq!(s["pd_disagg_mode"], json!(true));
+        let roles_only = create(&[&args[..5], &args[10..]].concat());
+        let b = &create_bodies(&roles_only).expect("bodies")[0];
+        assert_eq!(
+            b["serviceArguments"]["pd_disagg_mode"],
+            json!(true),
+            "prefill/decode roles imply P/D"
+        );
+        let s = &create_bodies(&c).expect("bodies")[0]["serviceArguments"];
         assert_eq!(
             (s["kvExactMode"].clone(), s["kvZmqPort"].clone()),
             (json!(1), json!(5557))

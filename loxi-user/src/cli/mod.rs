@@ -4,7 +4,8 @@
 //! --select=.. [...]`, `loxicmd get lb|lbs|loadbalancer [-o table|json|wide]`, `loxicmd delete lb
 //! <VIP> --tcp=<port> [--host ..] [--model-name ..]` or `delete lb --name NAME`, `loxicmd get
 //! ep`, `get conntrack|ct`, `get kvinventory --service-id N [--ep-idx M]`, `get kvparity
-//! --service-id N`; global `-s/--apiserver` (default 127.0.0.1), `-p/--port` (default 11111),
+//! --service-id N`, `get metrics`, `create cert --cert-file F --key-file K [--chain-file C]
+//! [--cert-id ID]`, `get cert [ID]`, `delete cert ID` (see [`cert`]); global `-s/--apiserver` (default 127.0.0.1), `-p/--port` (default 11111),
 //! `--protocol http|https`, `--cacert FILE`, `--token TOKEN` (or env `LOXI_API_TOKEN`),
 //! `--token-file FILE`, `-o/--output table|wide|json` (default `table`), `-t/--timeout SECONDS`
 //! (default 10, at least 1); `save --lb|--all [-c DIR]` and `apply --lb FILE` (see [`dump`]).
@@ -19,6 +20,7 @@
 //! coreutils killed by `SIGPIPE`.
 pub mod args;
 pub mod build;
+pub mod cert;
 pub mod client;
 pub mod dump;
 pub mod table;
@@ -62,7 +64,7 @@ pub struct Failure {
 }
 
 impl Failure {
-    fn usage(message: impl std::fmt::Display) -> Self {
+    pub(crate) fn usage(message: impl std::fmt::Display) -> Self {
         Self {
             message: message.to_string(),
             code: EXIT_USAGE,
@@ -94,6 +96,18 @@ async fn run_inner(cli: Cli) -> Result<(), Failure> {
         Verb::Create {
             what: CreateWhat::Lb(c),
         } => create(&api, &c).await,
+        Verb::Create {
+            what: CreateWhat::Cert(c),
+        } => cert::create(&api, &c).await,
+        Verb::Get {
+            what: GetWhat::Cert { cert_id },
+        } => cert::get(&api, cert_id.as_deref(), output).await,
+        Verb::Get {
+            what: GetWhat::Metrics,
+        } => cert::metrics(&api, output).await,
+        Verb::Delete {
+            what: DeleteWhat::Cert { cert_id },
+        } => cert::delete(&api, &cert_id).await,
         Verb::Get { what: GetWhat::Lb } => {
             let answer = api.get_json("/netlox/v1/config/loadbalancer/all").await?;
             let mut text = table::render(&answer, output);
@@ -169,7 +183,7 @@ fn write_out(w: &mut impl std::io::Write, text: &str) -> Result<(), Failure> {
     }
 }
 
-fn print_pretty(v: &serde_json::Value) -> Result<(), Failure> {
+pub(crate) fn print_pretty(v: &serde_json::Value) -> Result<(), Failure> {
     let text = serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string());
     out(&format!("{text}\n"))
 }
@@ -252,7 +266,7 @@ fn split_port(s: &str) -> Option<(&str, &str)> {
 }
 
 /// The API and the per-call time limit.
-struct Api {
+pub(crate) struct Api {
     base: client::Target,
     timeout: Duration,
 }
@@ -269,7 +283,7 @@ pub fn error_message(body: &str) -> String {
 
 impl Api {
     /// One call; a non-2xx answer is a [`Failure`] with LoxiLB's message and exit code.
-    async fn call(
+    pub(crate) async fn call(
         &self,
         method: Method,
         path: &str,
@@ -300,7 +314,7 @@ impl Api {
         }
     }
 
-    async fn get_json(&self, path: &str) -> Result<serde_json::Value, Failure> {
+    pub(crate) async fn get_json(&self, path: &str) -> Result<serde_json::Value, Failure> {
         let text = self.call(Method::GET, path, None).await?;
         serde_json::from_str(&text).map_err(|e| Failure {
             message: format!("unexpected answer ({e}): {text}"),
