@@ -16,8 +16,14 @@ stdout: "ready <pub_port> <replay_port>" once bound, "subscribed" when a SUB sub
   {"op": "send", "seq": N, "payload_hex": "...", "topic": "kv"}   publish [topic, seq, payload]
   {"op": "skip", "seq": N, "payload_hex": "..."}                  buffer for replay, do not publish
   {"op": "raw", "frames_hex": ["..", ".."]}                       publish arbitrary frames
-  {"op": "restart", "down_ms": 0}  close both sockets, stay down down_ms, rebind on the same
-                                   ports, empty the buffer
+  {"op": "restart", "down_ms": 0, "skip": [{"seq": N, "payload_hex": ".."}, ..]}
+                                   close both sockets, stay down down_ms, empty the buffer (a new
+                                   engine), buffer the `skip` batches (published while no
+                                   subscriber was connected: replay has them), rebind on the same
+                                   ports
+  {"op": "drop", "down_ms": 0, "skip": [..]}
+                                   the same, keeping the buffer (the same engine; only the
+                                   connections dropped)
   {"op": "exit"}
 """
 import argparse
@@ -121,11 +127,14 @@ def main():
                     state["pub"].send_multipart([topic, seq.to_bytes(8, "big"), payload])
             elif op == "raw":
                 state["pub"].send_multipart([bytes.fromhex(f) for f in cmd["frames_hex"]])
-            elif op == "restart":
+            elif op in ("restart", "drop"):
                 state["pub"].close(0)
                 if state["router"] is not None:
                     state["router"].close(0)
-                state["buffer"] = []
+                if op == "restart":
+                    state["buffer"] = []
+                for b in cmd.get("skip", []):
+                    state["buffer"].append((int(b["seq"]), b"kv", bytes.fromhex(b["payload_hex"])))
                 time.sleep(cmd.get("down_ms", 0) / 1000)
                 open_sockets(pub_port, replay_port)
             elif op == "exit":

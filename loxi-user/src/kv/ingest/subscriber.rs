@@ -20,6 +20,11 @@
 //! SUB socket; meanwhile the stream is marked `syncing` (`kv::readiness`). Live batches the SUB
 //! socket queued during the catch-up with a seq the replay already covered are dropped as
 //! duplicates for `replay_timeout` after it (later a lower seq means an engine restart again).
+//! A reconnect replays from the last applied seq instead, to check that the engine answers the
+//! same batch there; otherwise (or, without a replay port, when the first live batch after a
+//! reconnect is not the next seq) the publisher is taken to have restarted while the stream
+//! was down and the endpoint's blocks are cleared: a restarted engine's new sequence may
+//! already be past the old last seq, which the sequence rules alone would take for a gap.
 //! Counted in `loxilb_kv_replay_total{service,ep,reason="ok"|"failed"}` like gap repairs. The protocol is
 //! vLLM's (`vllm/distributed/kv_events.py`, `ZmqEventPublisher._service_replay`): the ROUTER
 //! answers every buffered batch with seq >= start, then an end marker of seq -1 (`ff×8`).
@@ -94,6 +99,13 @@ pub struct Stream {
     replayed_through: Option<(u64, tokio::time::Instant)>,
     /// Whether a batch naming another DP rank than this stream's was reported (once).
     foreign_rank_logged: bool,
+    /// Set by a reconnect (a `Connected` after the first), until the stream is shown to
+    /// continue: the publisher may have restarted meanwhile, and its new sequence may already
+    /// be past the old last seq (see [`Self::catch_up`] and [`Self::on_batch`]).
+    reconnected: bool,
+    /// XXH3 of the last applied batch's payload: a replay that continues this stream answers
+    /// the same batch at that seq.
+    last_digest: Option<u64>,
 }
 
 impl Stream {
@@ -114,6 +126,8 @@ impl Stream {
             ever_connected: false,
             replayed_through: None,
             foreign_rank_logged: false,
+            reconnected: false,
+            last_digest: None,
         }
     }
 
@@ -189,6 +203,7 @@ impl Stream {
                         match ev {
                             SocketEvent::Connected(..) => {
                                 down_since = None;
+                                self.reconnected |= self.ever_connected;
                                 self.on_event(ev);
                                 self.catch_up().await;
                                 continue;
@@ -264,15 +279,41 @@ impl Stream {
     /// Replays, from the replay socket, what the engine still buffers from the next expected
     /// seq (0 before any batch) and applies it; the stream is `syncing` meanwhile. No-op
     /// without a replay port.
+    ///
+    /// After a reconnect the replay starts at the last applied seq instead: the same engine
+    /// answers the same batch there (compared by XXH3 of the payload), and the stream goes on.
+    /// Anything else (another batch, none) means the publisher restarted while the stream was
+    /// disconnected, whatever its new seq: the endpoint's blocks are cleared and the new
+    /// engine's buffer is replayed from 0.
     async fn catch_up(&mut self) {
         let Some(addr) = self.addr.replay.clone() else {
             return;
         };
         self.svc.set_syncing(self.addr.member, self.addr.rank, true);
-        let from = self.seq.last().map_or(0, |l| l + 1);
-        let got = replay::fetch(&addr, from, self.timing.replay_timeout).await;
+        let check = self.seq.last().filter(|_| self.reconnected);
+        let from = check.or(self.seq.last().map(|l| l + 1)).unwrap_or(0);
+        let mut got = replay::fetch(&addr, from, self.timing.replay_timeout).await;
+        if let (Some(last), Ok(batches)) = (check, &got) {
+            let continues = batches
+                .first()
+                .is_some_and(|b| b.seq == last && Some(digest(&b.payload)) == self.last_digest);
+            if !continues {
+                tracing::info!(
+                    service = self.svc.id,
+                    member = self.addr.member,
+                    last,
+                    "kv publisher restarted while disconnected (its replay does not continue \
+                     this stream); clearing its blocks"
+                );
+                self.restarted();
+                got = replay::fetch(&addr, 0, self.timing.replay_timeout).await;
+            }
+        }
         let ok = match got {
             Ok(batches) => {
+                // Shown to continue, or cleared: live batches follow the sequence rules alone.
+                self.reconnected = false;
+                let from = self.seq.last().map_or(0, |l| l + 1);
                 for b in batches.iter().filter(|b| b.seq >= from) {
                     if self.seq.last().is_some_and(|l| b.seq <= l) {
                         continue;
@@ -305,6 +346,12 @@ impl Stream {
             .set_syncing(self.addr.member, self.addr.rank, false);
     }
 
+    /// The publisher restarted: its blocks are gone, and so is what parity learned of it.
+    fn restarted(&mut self) {
+        self.clear();
+        self.svc.parity.lock().reset(self.addr.member);
+    }
+
     /// Applies one received batch under the sequence rules.
     pub async fn on_batch(&mut self, seq: u64, payload: &[u8]) {
         if let Some((through, until)) = self.replayed_through {
@@ -312,6 +359,27 @@ impl Stream {
                 return;
             }
             self.replayed_through = None;
+        }
+        // The first live batch after a reconnect that no replay checked: anything but the next
+        // seq (or a lower one, a restart below) may be a restarted publisher whose new
+        // sequence already passed the old last seq; the events in between are lost either way,
+        // and the blocks cannot be trusted.
+        if self.reconnected
+            && let Some(last) = self.seq.last()
+            && seq != last
+        {
+            self.reconnected = false;
+            if seq > last + 1 {
+                tracing::info!(
+                    service = self.svc.id,
+                    member = self.addr.member,
+                    seq,
+                    last,
+                    "kv stream resumed after a reconnect with a gap (the publisher may have \
+                     restarted); clearing its blocks"
+                );
+                self.restarted();
+            }
         }
         match self.seq.classify(seq) {
             SeqAction::Duplicate => return,
@@ -323,8 +391,7 @@ impl Stream {
                     seq,
                     "kv publisher restarted; clearing its blocks"
                 );
-                self.clear();
-                self.svc.parity.lock().reset(self.addr.member);
+                self.restarted();
                 if seq > 0 {
                     self.repair(0, seq).await;
                 }
@@ -348,6 +415,7 @@ impl Stream {
     fn clear(&mut self) {
         self.svc.index.clear_rank(self.addr.member, self.addr.rank);
         self.seq.reset();
+        self.last_digest = None;
         if let Some(ep) = self.svc.ep_idx(self.addr.member) {
             self.state.metrics.set_blocks(
                 &self.svc.label(),
@@ -389,6 +457,7 @@ impl Stream {
             Err(_) => self.reject("batch"),
         }
         self.seq.applied(seq);
+        self.last_digest = Some(digest(payload));
         if let Some(s) = self
             .svc
             .streams
@@ -428,6 +497,11 @@ impl Stream {
         }
         ok
     }
+}
+
+/// XXH3 of a batch payload.
+fn digest(payload: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(payload)
 }
 
 /// Sleeps until `at`, or forever when `None`.

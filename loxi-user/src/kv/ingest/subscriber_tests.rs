@@ -322,6 +322,76 @@ async fn publisher_down_for_seconds_is_reconnected_and_resubscribed() {
     assert_eq!(connected(&s.state), 1);
 }
 
+/// `skip` entries of a `restart`/`drop` command: batches the publisher sent while no
+/// subscriber was connected (only its replay buffer has them), one block `key_base + seq` each.
+fn skipped(seqs: std::ops::RangeInclusive<u64>, key_base: u64) -> serde_json::Value {
+    seqs.map(|seq| {
+        serde_json::json!({"seq": seq, "payload_hex": hex::encode(stored_batch(&[key_base + seq], 16))})
+    })
+    .collect()
+}
+
+/// A stream at seq 3 holding blocks 1..=4 (one per batch).
+async fn at_seq_3(p: &mut Pub, s: &Sub) {
+    p.wait_subscribed().await;
+    for seq in 0..=3 {
+        p.send(seq, &stored_batch(&[seq + 1], 16)).await;
+    }
+    s.until("seq 3", |s| s.last_seq() == Some(3)).await;
+}
+
+/// An engine restarted while the stream was down and published 9 batches before the
+/// subscriber was back: its next live batch (seq 9) is past the old last seq (3) by less than
+/// the gap window, so the sequence rules alone would keep the dead engine's blocks. Without a
+/// replay port the endpoint keeps only what arrived after the reconnect; with one, the new
+/// engine's whole buffer (seqs 0..=8) replaces the old blocks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publisher_restarted_while_disconnected_is_cleared_even_when_its_new_seq_is_ahead() {
+    for replay in [false, true] {
+        let mut p = Pub::start(if replay { &["--replay"][..] } else { &[] }).await;
+        let s = Sub::start(&p, serde_json::json!({}), KvSettings::default(), 64);
+        at_seq_3(&mut p, &s).await;
+        p.cmd(serde_json::json!({"op": "restart", "skip": skipped(0..=8, 100)}))
+            .await;
+        p.wait_subscribed().await;
+        p.send(9, &stored_batch(&[777], 16)).await;
+        s.until("the new engine's live batch", |s| s.held().contains(&777))
+            .await;
+        let mut want: HashSet<u64> = HashSet::from([777]);
+        if replay {
+            want.extend(100..=108);
+        }
+        assert_eq!(s.held(), want, "replay port: {replay}");
+        assert_eq!(s.last_seq(), Some(9));
+    }
+}
+
+/// The same engine, only the connection dropped: with a replay port the replay answers the
+/// stream's last batch unchanged, so the blocks stay and the batches sent meanwhile are caught
+/// up; without one the next live batch continuing the sequence keeps them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_connection_to_the_same_publisher_keeps_the_blocks() {
+    let mut p = Pub::start(&["--replay"]).await;
+    let s = Sub::start(&p, serde_json::json!({}), KvSettings::default(), 64);
+    at_seq_3(&mut p, &s).await;
+    p.cmd(serde_json::json!({"op": "drop", "skip": skipped(4..=6, 200)}))
+        .await;
+    p.wait_subscribed().await;
+    p.send(7, &stored_batch(&[207], 16)).await;
+    s.until("seq 7", |s| s.last_seq() == Some(7)).await;
+    assert_eq!(s.held(), HashSet::from([1, 2, 3, 4, 204, 205, 206, 207]));
+
+    let mut p = Pub::start(&[]).await;
+    let s = Sub::start(&p, serde_json::json!({}), KvSettings::default(), 64);
+    at_seq_3(&mut p, &s).await;
+    p.cmd(serde_json::json!({"op": "drop"})).await;
+    p.wait_subscribed().await;
+    p.send(4, &stored_batch(&[204], 16)).await;
+    s.until("seq 4", |s| s.last_seq() == Some(4)).await;
+    assert_eq!(s.held(), HashSet::from([1, 2, 3, 4, 204]));
+    assert_eq!(s.counter(&s.state.metrics.reconnects), 1);
+}
+
 fn connected(state: &KvState) -> i64 {
     state
         .metrics
