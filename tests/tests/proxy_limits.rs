@@ -430,3 +430,131 @@ async fn backend_dying_mid_stream_is_an_upstream_error_that_opens_the_breaker() 
         text.matches("\"i\":").count()
     );
 }
+
+/// A chunked JSON upload of about `size` bytes (a prompt of `x`s) on its own `Connection:
+/// close` connection, sent in 64 KiB chunks with a yield between them (so concurrent uploads
+/// interleave); returns the status and the whole answer (bounded: 15 s).
+async fn chunked_upload(port: u16, size: usize) -> (u16, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    let head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+                Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n";
+    let body = format!(r#"{{"model":"m","prompt":"{}"}}"#, "x".repeat(size));
+    let mut sent = s.write_all(head.as_bytes()).await.is_ok();
+    for chunk in body.as_bytes().chunks(64 << 10) {
+        if !sent {
+            break;
+        }
+        let mut framed = format!("{:x}\r\n", chunk.len()).into_bytes();
+        framed.extend_from_slice(chunk);
+        framed.extend_from_slice(b"\r\n");
+        sent = s.write_all(&framed).await.is_ok();
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    if sent {
+        let _ = s.write_all(b"0\r\n\r\n").await;
+    }
+    let mut got = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(15), s.read_to_end(&mut got)).await;
+    let text = String::from_utf8_lossy(&got).to_string();
+    let status = text.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
+    (status, text)
+}
+
+/// A `Content-Length` a client declares but does not send holds none of the body budget: four
+/// connections each declaring a body as large as the whole budget (1 MiB) and sending one
+/// byte do not delay another client's request (before, the first of them reserved the whole
+/// budget at once and every other body waited up to the body timeout, 60 s).
+#[tokio::test]
+async fn a_declared_content_length_alone_holds_none_of_the_body_budget() {
+    let b = Backend::start("0").await;
+    let port = free_port();
+    let d = daemon(
+        &[
+            ("LOXI_MAX_BODY_BYTES_IN_FLIGHT", "1048576"),
+            ("LOXI_MAX_BODY_BYTES", "1048576"),
+        ],
+        &[port],
+        b.port(),
+    )
+    .await;
+    let mut idle = Vec::new();
+    for _ in 0..4 {
+        let mut s = TcpStream::connect(("127.0.0.1", port))
+            .await
+            .expect("connect");
+        s.write_all(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+              Content-Length: 1048576\r\n\r\n{",
+        )
+        .await
+        .expect("write");
+        idle.push(s);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t = Instant::now();
+    let (status, text) = delayed(port, 0).await;
+    assert_eq!(status, 200, "{text}");
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "answered after {:?}",
+        t.elapsed()
+    );
+    drop(idle);
+    drop(d);
+}
+
+/// Concurrent uploads whose sum exceeds the body budget never wait on each other's parts of it:
+/// each is answered at once, 200 or 503 `body_budget_exhausted` (retryable, `Retry-After`),
+/// none 408 after the body timeout; the same uploads one after another all pass, and one body
+/// larger than the whole budget passes alone.
+#[tokio::test]
+async fn concurrent_uploads_over_the_body_budget_never_deadlock() {
+    let b = Backend::start("0").await;
+    let port = free_port();
+    let d = daemon(
+        &[
+            ("LOXI_MAX_BODY_BYTES_IN_FLIGHT", "1048576"),
+            ("LOXI_MAX_BODY_BYTES", "4194304"),
+            ("LOXI_BODY_TIMEOUT_MS", "10000"),
+        ],
+        &[port],
+        b.port(),
+    )
+    .await;
+    let t = Instant::now();
+    let runs: Vec<_> = (0..3)
+        .map(|_| tokio::spawn(chunked_upload(port, 700 << 10)))
+        .collect();
+    let mut statuses = Vec::new();
+    for r in runs {
+        let (status, text) = r.await.expect("upload task");
+        if status == 503 {
+            let body: Value = serde_json::from_str(text.split("\r\n\r\n").nth(1).unwrap_or(""))
+                .expect("JSON error body");
+            assert_eq!(body["error"]["type"], "body_budget_exhausted", "{text}");
+            assert_eq!(body["error"]["retryable"], true, "{text}");
+            assert!(
+                text.to_ascii_lowercase().contains("\r\nretry-after: 1\r\n"),
+                "{text}"
+            );
+        } else {
+            assert_eq!(status, 200, "{text}");
+        }
+        statuses.push(status);
+    }
+    assert!(
+        t.elapsed() < Duration::from_secs(8),
+        "answered after {:?} (the body timeout is 10 s): {statuses:?}",
+        t.elapsed()
+    );
+    assert!(statuses.contains(&200), "{statuses:?}");
+    for _ in 0..3 {
+        let (status, text) = chunked_upload(port, 700 << 10).await;
+        assert_eq!(status, 200, "one at a time: {text}");
+    }
+    let (status, text) = chunked_upload(port, 2 << 20).await;
+    assert_eq!(status, 200, "a body over the whole budget, alone: {text}");
+    drop(d);
+}

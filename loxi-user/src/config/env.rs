@@ -108,7 +108,8 @@ pub struct Env {
     /// sglang-router and vllm-router), range 0–86400000.
     pub upstream_response_timeout_ms: u64,
     /// `LOXI_MAX_BODY_BYTES_IN_FLIGHT`: request-body bytes all fullproxy listeners hold at
-    /// once; a request beyond waits (within `LOXI_BODY_TIMEOUT_MS`). Default 256 MiB, range
+    /// once, reserved as they arrive (`proxy::budget`: a body's first bytes wait within
+    /// `LOXI_BODY_TIMEOUT_MS`, later ones get 503 when it is spent). Default 256 MiB, range
     /// 1 MiB–64 GiB.
     pub max_body_bytes_in_flight: u64,
     /// `LOXI_MODELS_CACHE_MS`: how long a listener keeps its aggregated `GET /v1/models`

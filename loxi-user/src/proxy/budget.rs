@@ -1,9 +1,12 @@
 //! The request-body bytes every fullproxy listener holds at once (issue 9 §1: the total across
-//! requests is bounded, not only each body). A request reserves its body's size before reading
-//! it (its `Content-Length`, or frame by frame for a body without one) and keeps the
-//! reservation until its upstream answered; a request that finds the budget spent waits, and
-//! that wait counts against the body read timeout (`LOXI_BODY_TIMEOUT_MS`, 408), so nothing
-//! waits for ever.
+//! requests is bounded, not only each body). A request reserves the body bytes it has
+//! received, as they arrive (whole KiB; never by a declared `Content-Length`, which a client
+//! that sends nothing could otherwise use to hold the budget), and keeps the reservation until
+//! its upstream answered. A body's first bytes may wait for budget (holding none meanwhile; the
+//! wait counts against the body read timeout, `LOXI_BODY_TIMEOUT_MS`, 408); later bytes never
+//! wait: a body that holds part of the budget and finds the rest spent is refused (503
+//! `body_budget_exhausted`), so concurrent uploads cannot each hold a part and wait for the
+//! others' for ever. A body larger than the whole budget gets through alone.
 
 use std::sync::Arc;
 
@@ -42,7 +45,8 @@ impl BodyBudget {
     }
 
     /// Waits until `bytes` (rounded up to KiB, at most the whole budget, so one body larger
-    /// than the budget still gets through alone) can be reserved.
+    /// than the budget still gets through alone) can be reserved. Only for a caller that holds
+    /// none of the budget (see [`Self::try_grow`]).
     pub async fn reserve(&self, bytes: usize) -> Reservation {
         let kib = u32::try_from(bytes.div_ceil(1024))
             .unwrap_or(u32::MAX)
@@ -53,6 +57,26 @@ impl BodyBudget {
             self.sem.clone().acquire_many_owned(kib).await.ok()
         };
         Reservation { permit }
+    }
+}
+
+impl BodyBudget {
+    /// Adds `bytes` (rounded up to KiB) to `held` if the budget has them now, without waiting;
+    /// `held` never grows past the whole budget (a body larger than the budget holds all of
+    /// it). False when the budget cannot cover them now (`held` unchanged).
+    pub fn try_grow(&self, held: &mut Reservation, bytes: usize) -> bool {
+        let kib = u32::try_from(bytes.div_ceil(1024)).unwrap_or(u32::MAX);
+        let kib = kib.min(self.total_kib.saturating_sub(held.kib()));
+        if kib == 0 {
+            return true;
+        }
+        match self.sem.clone().try_acquire_many_owned(kib) {
+            Ok(p) => {
+                held.merge(Reservation { permit: Some(p) });
+                true
+            }
+            Err(_) => false,
+        }
     }
 }
 
@@ -69,6 +93,13 @@ pub struct Reservation {
 }
 
 impl Reservation {
+    /// KiB held.
+    pub fn kib(&self) -> u32 {
+        self.permit
+            .as_ref()
+            .map_or(0, |p| u32::try_from(p.num_permits()).unwrap_or(u32::MAX))
+    }
+
     /// Adds `other` to this reservation.
     pub fn merge(&mut self, other: Reservation) {
         match (&mut self.permit, other.permit) {
@@ -103,6 +134,26 @@ mod tests {
         let huge = b.reserve(8 << 20).await;
         assert_eq!(b.available(), 0);
         drop(huge);
+        assert_eq!(b.available(), b.bytes());
+    }
+
+    #[tokio::test]
+    async fn growing_never_waits_and_stops_at_the_whole_budget() {
+        let b = BodyBudget::new(1 << 20);
+        let mut one = b.reserve(512 << 10).await;
+        let mut two = b.reserve(256 << 10).await;
+        assert!(b.try_grow(&mut two, 200 << 10));
+        assert_eq!(two.kib(), 456);
+        // 56 KiB left: 100 more do not fit now, and nothing changes.
+        assert!(!b.try_grow(&mut one, 100 << 10));
+        assert_eq!((one.kib(), b.available()), (512, 56 << 10));
+        drop(two);
+        // Alone, a body grows up to the whole budget and then on without more permits.
+        assert!(b.try_grow(&mut one, 600 << 10));
+        assert_eq!((one.kib(), b.available()), (1024, 0));
+        assert!(b.try_grow(&mut one, 5 << 20));
+        assert_eq!(one.kib(), 1024);
+        drop(one);
         assert_eq!(b.available(), b.bytes());
     }
 }

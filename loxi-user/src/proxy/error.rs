@@ -179,6 +179,18 @@ pub enum ProxyError {
         /// The last failure, e.g. `127.0.0.1:8001: status 401`.
         last: String,
     },
+    /// The request-body budget (`LOXI_MAX_BODY_BYTES_IN_FLIGHT`) could not cover the next bytes
+    /// of a body that already holds part of it (503 `body_budget_exhausted`, `Retry-After: 1`):
+    /// a body never waits for more budget while it holds some, so concurrent uploads cannot
+    /// deadlock on it.
+    #[error(
+        "the gateway holds its whole request-body budget ({budget} bytes, \
+         LOXI_MAX_BODY_BYTES_IN_FLIGHT) in other requests' bodies; retry later"
+    )]
+    BodyBudgetExhausted {
+        /// The budget in bytes.
+        budget: u64,
+    },
     /// The global valve (`LLB_PD_MAX_TOTAL_INFLIGHT`) is full (429, `Retry-After: 1`).
     #[error("the gateway has {limit} requests in flight (LLB_PD_MAX_TOTAL_INFLIGHT); retry later")]
     Overloaded {
@@ -237,7 +249,8 @@ impl ProxyError {
             Self::NoRoute { .. } | Self::ModelUnavailable { .. } => StatusCode::NOT_FOUND,
             Self::NoHealthyBackend { .. }
             | Self::PdPoolUnavailable { .. }
-            | Self::AdmissionClosed { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            | Self::AdmissionClosed { .. }
+            | Self::BodyBudgetExhausted { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::BackendUnreachable { .. }
             | Self::Upstream { .. }
             | Self::PdPrefillFailed { .. }
@@ -262,6 +275,7 @@ impl ProxyError {
             Self::MissingHost => "missing_host",
             Self::DuplicateHost => "duplicate_host",
             Self::BodyTimeout { .. } => "request_timeout",
+            Self::BodyBudgetExhausted { .. } => "body_budget_exhausted",
             Self::MethodNotAllowed(_) => "method_not_allowed",
             Self::Misdirected { .. } => "misdirected_request",
             Self::NoRoute { .. } => "no_route",
@@ -306,6 +320,7 @@ impl ProxyError {
             | Self::PdDecodeTimeout { .. }
             | Self::ModelsUnavailable { .. } => Party::Upstream,
             Self::Internal(_)
+            | Self::BodyBudgetExhausted { .. }
             | Self::Overloaded { .. }
             | Self::EndpointOverloaded { .. }
             | Self::AdmissionTimeout { .. }
@@ -321,6 +336,7 @@ impl ProxyError {
                 | Self::Misdirected { .. }
                 | Self::BackendUnreachable { .. }
                 | Self::Overloaded { .. }
+                | Self::BodyBudgetExhausted { .. }
                 | Self::EndpointOverloaded { .. }
                 | Self::AdmissionTimeout { .. }
                 | Self::AdmissionClosed { .. }
@@ -333,13 +349,15 @@ impl ProxyError {
     }
 
     /// The JSON error response (with `Retry-After: 1` for [`ProxyError::Overloaded`],
-    /// [`ProxyError::EndpointOverloaded`] and [`ProxyError::AdmissionClosed`]).
+    /// [`ProxyError::EndpointOverloaded`], [`ProxyError::AdmissionClosed`] and
+    /// [`ProxyError::BodyBudgetExhausted`]).
     pub fn into_response(self) -> Response<ProxyBody> {
         let overloaded = matches!(
             self,
             Self::Overloaded { .. }
                 | Self::EndpointOverloaded { .. }
                 | Self::AdmissionClosed { .. }
+                | Self::BodyBudgetExhausted { .. }
         );
         let body = serde_json::json!({"error": {
             "type": self.token(),
@@ -476,6 +494,12 @@ mod tests {
                 },
                 503,
                 "pd_admission_closed",
+                true,
+            ),
+            (
+                ProxyError::BodyBudgetExhausted { budget: 1 << 20 },
+                503,
+                "body_budget_exhausted",
                 true,
             ),
         ];

@@ -446,9 +446,11 @@ async fn within<F: std::future::Future>(limit: Option<Duration>, fut: F) -> Opti
 }
 
 /// Reads the whole request body (chunked included) up to `limit` bytes into one buffer sized
-/// by `Content-Length` when given (so a large body is held once, not twice while collected),
-/// reserving its bytes in `budget` first (frame by frame without a `Content-Length`). The
-/// reservation is the caller's until the request no longer holds the body.
+/// by `Content-Length` when given (so a large body is held once, not twice while collected;
+/// pages a client never sends are never touched), reserving in `budget` the bytes received as
+/// they arrive: the first frame may wait for budget, later ones never do (503
+/// `body_budget_exhausted` when it is spent; see [`super::budget`]). The reservation is the
+/// caller's until the request no longer holds the body.
 async fn read_body(
     mut body: Incoming,
     limit: usize,
@@ -458,8 +460,8 @@ async fn read_body(
     // client that is still sending would otherwise see its connection reset, not the answer.
     let hint = http_body::Body::size_hint(&body);
     let lower = usize::try_from(hint.lower()).unwrap_or(limit).min(limit);
-    let mut reserved = budget.reserve(lower).await;
-    let mut covered = lower;
+    let mut reserved = Reservation::default();
+    let mut covered = 0;
     let mut buf = bytes::BytesMut::with_capacity(lower);
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(ProxyError::ClientBody)?;
@@ -471,7 +473,13 @@ async fn read_body(
             if len > covered {
                 // Whole KiB, so small frames do not each round up.
                 let more = (len - covered).next_multiple_of(1024);
-                reserved.merge(budget.reserve(more).await);
+                if reserved.kib() == 0 {
+                    reserved = budget.reserve(more).await;
+                } else if !budget.try_grow(&mut reserved, more) {
+                    return Err(ProxyError::BodyBudgetExhausted {
+                        budget: budget.bytes(),
+                    });
+                }
                 covered += more;
             }
             buf.extend_from_slice(&data);
