@@ -241,6 +241,16 @@ impl ServiceKv {
         }
     }
 
+    /// Whether the engine of `member` is heard: one of its streams is connected now and has
+    /// applied a batch. An endpoint that is not (a publisher never reached, a stream down) has
+    /// an inventory that says nothing of its cache.
+    pub fn heard(&self, member: Member) -> bool {
+        self.streams
+            .lock()
+            .iter()
+            .any(|((m, _), s)| *m == member && s.connected && s.last_seq.is_some())
+    }
+
     /// Marks stream (`member`, `rank`) as catching up from the replay socket (`true`) or done.
     pub fn set_syncing(&self, member: Member, rank: u32, syncing: bool) {
         self.streams

@@ -127,8 +127,9 @@
 //! Cold placement (loxi extension, every law, `select.rs` `cold_place`,
 //! `LOXI_KV_COLD_PLACEMENT=least-work`, the default): when no usable endpoint holds the
 //! request's first block no law runs (nothing to win); the request goes to the least queued
-//! prefill per capacity share, counted in quanta of its own prefill, then the emptiest cache,
-//! then the least load (`sel` = LoxiLB's miss `no_worker`/`excluded` and the rule's selector).
+//! prefill per capacity share, counted in quanta of its own prefill, then the emptiest cache
+//! (an endpoint whose events are not heard counts as holding the heard ones' mean), then the
+//! least load (`sel` = LoxiLB's miss `no_worker`/`excluded` and the rule's selector).
 //! Counted in `loxilb_pd_kv_tier15_cold_placements_total`, reason `kv_cold_place`. With little
 //! reuse (4 `vllm-sim` workers, 150 groups, 24 requests/s) the two together took the KV
 //! policy's TTFT p99 from 1.2× round robin's to 0.89×.

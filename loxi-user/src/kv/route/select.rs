@@ -655,12 +655,24 @@ fn cold_place(
     let (count, wsum) = (0..cands.len())
         .filter(|&ep| usable(ep))
         .fold((0u64, 0u64), |(c, s), ep| (c + 1, s + weight(ep)));
+    // An endpoint whose engine is not heard (`ServiceKv::heard`: its publisher unreachable,
+    // its stream down) holds no blocks in the index whatever its cache holds: counted as
+    // holding the mean of the heard ones, so a dead stream costs hits, never a pull of every
+    // new prefix onto that endpoint as "the emptiest cache".
+    let held: Vec<Option<u64>> = (0..cands.len())
+        .map(|ep| {
+            member(ep)
+                .filter(|&m| usable(ep) && svc.heard(m))
+                .map(|m| svc.index.blocks(m))
+        })
+        .collect();
+    let heard: Vec<u64> = held.iter().flatten().copied().collect();
+    let mean = heard.iter().sum::<u64>() / (heard.len() as u64).max(1);
     (0..cands.len()).filter(|&ep| usable(ep)).min_by_key(|&ep| {
         let l = &cands.loads[ep];
         let wait = u128::from(l.prefill_work() + nb) * u128::from(wsum);
         let quanta = wait / (u128::from(weight(ep)) * u128::from(count) * u128::from(nb));
-        let held = member(ep).map_or(0, |m| svc.index.blocks(m));
-        (quanta, held, l.effective_load(), ep)
+        (quanta, held[ep].unwrap_or(mean), l.effective_load(), ep)
     })
 }
 

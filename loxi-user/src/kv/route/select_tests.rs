@@ -36,14 +36,20 @@ fn fx_tok(
 ) -> Fx {
     let (st, reg) = state(settings);
     let router = KvRouter::new(st, tok.clone());
-    Fx {
+    let f = Fx {
         router,
         tok,
         reg,
         rule: rule(1, n, extra),
         loads: (0..n).map(|_| EndpointLoad::new()).collect(),
         weights: vec![1; n],
+    };
+    if f.router.state().service(&f.rule).is_some() {
+        for ep in 0..n {
+            f.hear(ep, true);
+        }
     }
+    f
 }
 
 fn fx(n: usize) -> Fx {
@@ -89,6 +95,12 @@ impl Fx {
         h.keys(&self.tokens(m), 16, &extras)
     }
     /// `ep` holds the first `blocks` blocks of `m`.
+    /// Marks endpoint `ep`'s event stream connected and applying batches (`heard`), or down.
+    fn hear(&self, ep: EpIdx, up: bool) {
+        let svc = self.svc();
+        svc.set_connected(ep, 0, up);
+        svc.streams.lock().entry((ep, 0)).or_default().last_seq = up.then_some(0);
+    }
     fn hold(&self, ep: EpIdx, m: &RequestMeta, blocks: usize) {
         let keys = self.keys_of(m);
         self.svc()
@@ -1112,6 +1124,37 @@ fn the_spill_floor_keeps_the_owner_until_it_carries_f_requests_or_its_queue_pays
         f.metric("loxilb_pd_kv_tier15_spills_total{service=\"1\",ep_idx=\"1\"}"),
         2.0
     );
+}
+
+/// An endpoint whose engine is not heard (its publisher unreachable: the index holds nothing
+/// of it) is not "the emptiest cache": it counts as holding the mean of the heard ones, so a
+/// dead event stream does not draw every new prefix (before: 22 of 24 sequential distinct
+/// prompts went to such an endpoint).
+#[test]
+fn an_endpoint_whose_events_are_not_heard_is_not_the_emptiest_cache() {
+    let s = KvSettings {
+        coldstart_seed_n: 0,
+        replica_load: 0,
+        ..KvSettings::default()
+    };
+    let f = fx_with(s, 3, serde_json::json!({}));
+    let other = |i: usize| {
+        meta(&format!("{i} another prompt entirely, about sailing boats and the wind. ").repeat(8))
+    };
+    assert!(f.keys_of(&other(0)).len() >= 4, "long enough for 4 blocks");
+    f.hold(0, &other(0), 4);
+    f.hold(1, &other(1), 2);
+    let m = meta(PROMPT);
+    // Heard and empty: truly the emptiest.
+    assert_eq!(f.select(&m), Some(Decision::pick(2, Reason::KvColdPlace)));
+    // Not heard: counted as the mean of ep0 and ep1 (3 blocks), so ep1 (2) is the emptiest.
+    f.hear(2, false);
+    assert_eq!(f.select(&m), Some(Decision::pick(1, Reason::KvColdPlace)));
+    // Queued work still decides first: an unheard endpoint with the least wait is chosen.
+    let nb = 16 * f.keys_of(&m).len() as u64;
+    f.loads[0].prefill_tokens.store(nb, Ordering::Relaxed);
+    f.loads[1].prefill_tokens.store(nb, Ordering::Relaxed);
+    assert_eq!(f.select(&m), Some(Decision::pick(2, Reason::KvColdPlace)));
 }
 
 #[test]
