@@ -96,9 +96,11 @@ fi
 # start_daemon NAME KVMODE [ENV=VALUE...]: sets API, VIP, LPID (a fresh daemon, so its VmHWM is
 # its own run's peak).
 start_daemon() {
-  local name=$1 kvmode=$2 kvargs=""; shift 2
+  local name=$1 kvmode=$2 kvargs="" ep0="" ep1=""; shift 2
   if [ "$kvmode" != 0 ]; then
-    kvargs=", \"kvExactMode\": $kvmode, \"kvBlockSize\": 16, \"kvHashAlgo\": \"sha256_cbor\", \"kvZmqPort\": $(free_port)"
+    kvargs=", \"kvExactMode\": $kvmode, \"kvBlockSize\": 16, \"kvHashAlgo\": \"sha256_cbor\""
+    # Two engines on one host: each its own KV-event port (nothing publishes there).
+    ep0=", \"kvZmqPort\": $(free_port)"; ep1=", \"kvZmqPort\": $(free_port)"
   fi
   API=$(free_port); VIP=$(free_port)
   env "$@" "$BIN/loxilb" --api-addr "127.0.0.1:$API" --state-dir "$WORK/state-$name" \
@@ -112,8 +114,8 @@ start_daemon() {
     -H 'Content-Type: application/json' -d "{
     \"serviceArguments\": {\"externalIP\": \"127.0.0.1\", \"port\": $VIP, \"protocol\": \"tcp\",
       \"mode\": 4, \"sel\": 0 $kvargs},
-    \"endpoints\": [{\"endpointIP\": \"127.0.0.1\", \"targetPort\": $B0},
-                    {\"endpointIP\": \"127.0.0.1\", \"targetPort\": $B1}]}" >/dev/null
+    \"endpoints\": [{\"endpointIP\": \"127.0.0.1\", \"targetPort\": $B0 $ep0},
+                    {\"endpointIP\": \"127.0.0.1\", \"targetPort\": $B1 $ep1}]}" >/dev/null
   for _ in $(seq 200); do
     curl -sf -o /dev/null -X POST "http://127.0.0.1:$VIP/v1/completions" \
       -H 'Content-Type: application/json' -d '{"model":"tiny","prompt":"warm up the tokenizer"}' && return 0

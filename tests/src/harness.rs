@@ -411,13 +411,17 @@ impl Daemon {
 
     /// Posts a mode-4 `sel: 0` rule on a free loopback port in front of `backend_ports`
     /// (127.0.0.1) with the KV tier role-less (`kvExactMode: 3`, 32-token blocks,
-    /// `sha256_cbor`), asserts 200 and waits (10 s at most) until its listener accepts.
-    /// Returns the VIP address.
+    /// `sha256_cbor`; each endpoint its own KV-event port, where nothing publishes: engines on
+    /// one host cannot share one), asserts 200 and waits (10 s at most) until its listener
+    /// accepts. Returns the VIP address.
     pub async fn post_kv_pool_rule(&self, backend_ports: &[u16]) -> SocketAddr {
         let port = free_port();
         let endpoints: Vec<_> = backend_ports
             .iter()
-            .map(|p| serde_json::json!({"endpointIP": "127.0.0.1", "targetPort": p}))
+            .map(|p| {
+                serde_json::json!({"endpointIP": "127.0.0.1", "targetPort": p,
+                    "kvZmqPort": free_port()})
+            })
             .collect();
         let (status, body) = self
             .post_rule(&serde_json::json!({

@@ -82,12 +82,13 @@ impl Fleet {
         let vip = free_port();
         let eps: Vec<Value> = backends
             .iter()
-            .map(|b| json!({"endpointIP": "127.0.0.1", "targetPort": b.port()}))
+            // Two engines on one host: each its own KV-event port (nothing publishes there).
+            .map(|b| json!({"endpointIP": "127.0.0.1", "targetPort": b.port(), "kvZmqPort": free_port()}))
             .collect();
         let rule = json!({
             "serviceArguments": {"externalIP": "127.0.0.1", "port": vip, "protocol": "tcp",
                 "mode": 4, "sel": 0, "kvExactMode": 3, "kvBlockSize": 16,
-                "kvHashAlgo": "sha256_cbor", "kvZmqPort": free_port()},
+                "kvHashAlgo": "sha256_cbor"},
             "endpoints": eps,
         });
         let (code, body) = d.post_rule(&rule).await;

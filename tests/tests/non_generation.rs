@@ -134,10 +134,9 @@ async fn embeddings_tokenize_and_health_skip_tier_1_5_and_count_as_bypass() {
         &d,
         &json!({
             "serviceArguments": {"externalIP": "127.0.0.1", "port": port, "protocol": "tcp",
-                "mode": 4, "sel": 0, "kvExactMode": 3, "kvBlockSize": 16,
-                "kvZmqPort": free_port()},
-            "endpoints": [{"endpointIP": "127.0.0.1", "targetPort": b0.port()},
-                          {"endpointIP": "127.0.0.1", "targetPort": b1.port()}],
+                "mode": 4, "sel": 0, "kvExactMode": 3, "kvBlockSize": 16},
+            "endpoints": [{"endpointIP": "127.0.0.1", "targetPort": b0.port(), "kvZmqPort": free_port()},
+                          {"endpointIP": "127.0.0.1", "targetPort": b1.port(), "kvZmqPort": free_port()}],
         }),
     )
     .await;

@@ -315,9 +315,12 @@ impl KvMetrics {
     }
 
     /// Pre-creates the per-position series of position `ep` that start at 0 (spills, cold
-    /// seeds, cap evictions), so that dashboards see them before the first event.
+    /// seeds, cap evictions, and the indexed blocks), so that dashboards and alerts see them
+    /// before the first event: the spec's "subscriber connected but `loxilb_pd_kv_blocks` = 0
+    /// ⇒ the engine is not publishing" alert needs the 0.
     pub fn init_ep(&self, service: &str, ep: usize) {
         let l = ep_idx(service, ep);
+        let _ = self.blocks.get_or_create(&l);
         let _ = self.spills.get_or_create(&l);
         let _ = self.cold_seeds.get_or_create(&l);
         let _ = self.cold_placements.get_or_create(&l);
@@ -665,6 +668,12 @@ mod tests {
         ));
         assert!(out.contains("loxilb_pd_kv_tier15_fallthrough_total{service=\"7\"} 1"));
         assert!(out.contains("loxilb_pd_kv_tier15_spills_total{service=\"7\",ep_idx=\"1\"} 0"));
+        // Every position's indexed blocks from the start, 0 before any event: the spec's
+        // "connected but not publishing" alert compares it with 0.
+        for ep in 0..2 {
+            let line = format!("loxilb_pd_kv_blocks{{service=\"7\",ep_idx=\"{ep}\"}} 0");
+            assert!(out.contains(&line), "missing {line}");
+        }
         assert!(out.contains("loxilb_pd_kv_tier15_cold_seeds_total{service=\"7\",ep_idx=\"0\"} 0"));
         assert!(out.contains("loxilb_kv_inv_cap_evictions_total{service=\"7\",ep=\"1\"} 0"));
     }

@@ -34,8 +34,8 @@ use super::state::KvState;
 use crate::request::{ApiKind, Prompt};
 use crate::rules::store::StoredRule;
 
-/// A validated rule with `n` endpoints `127.0.0.1:800<i>` and the given `serviceArguments`
-/// overrides.
+/// A validated rule with `n` endpoints `127.0.0.<i+1>:800<i>` (one host each: engines on one
+/// host would need their own KV-event ports) and the given `serviceArguments` overrides.
 pub(crate) fn rule(id: u32, n: usize, extra: serde_json::Value) -> StoredRule {
     let mut svc = serde_json::json!({
         "externalIP": "10.0.0.1", "port": 8080, "mode": 4, "sel": 0,
@@ -52,7 +52,7 @@ pub(crate) fn rule(id: u32, n: usize, extra: serde_json::Value) -> StoredRule {
     let eps: Vec<serde_json::Value> = (0..n)
         .map(|i| {
             let role = roles.get(i).and_then(|r| r.as_u64()).unwrap_or(0);
-            serde_json::json!({"endpointIP": "127.0.0.1", "targetPort": 8000 + i, "ep_role": role})
+            serde_json::json!({"endpointIP": format!("127.0.0.{}", i + 1), "targetPort": 8000 + i, "ep_role": role})
         })
         .collect();
     let rule =

@@ -16,7 +16,7 @@ fn rule_with(roles: &[u8], extra: serde_json::Value) -> StoredRule {
     let eps: Vec<_> = roles
         .iter()
         .enumerate()
-        .map(|(i, r)| serde_json::json!({"endpointIP": "127.0.0.1", "targetPort": 9000 + i, "ep_role": r}))
+        .map(|(i, r)| serde_json::json!({"endpointIP": format!("127.0.0.{}", i + 1), "targetPort": 9000 + i, "ep_role": r}))
         .collect();
     let mut v = serde_json::json!({
         "serviceArguments": {"externalIP": "10.0.0.1", "port": 8080, "mode": 4,

@@ -111,12 +111,15 @@ async fn kv_exact_mode_3_asks_the_tier_first_then_sel() {
     let (b0, b1) = (backend().await, backend().await);
     let (port, plain_port) = (free_port(), free_port());
     let store = RuleStore::in_memory();
+    // Two engines on one host: each its own KV-event port (nothing publishes there).
+    let (z0, z1) = (free_port(), free_port());
     let rule = |port: u16, kv: u8| {
+        let zmq = |z: u16| if kv == 3 { z } else { 0 };
         serde_json::from_value(serde_json::json!({
             "serviceArguments": {"externalIP": "127.0.0.1", "port": port, "mode": 4, "sel": 0, "kvExactMode": kv},
             "endpoints": [
-                {"endpointIP": "127.0.0.1", "targetPort": b0.port()},
-                {"endpointIP": "127.0.0.1", "targetPort": b1.port()}
+                {"endpointIP": "127.0.0.1", "targetPort": b0.port(), "kvZmqPort": zmq(z0)},
+                {"endpointIP": "127.0.0.1", "targetPort": b1.port(), "kvZmqPort": zmq(z1)}
             ]
         }))
         .expect("rule")
@@ -192,7 +195,7 @@ impl KvProxy {
         let port = free_port();
         let eps: Vec<serde_json::Value> = endpoint_ports
             .iter()
-            .map(|p| serde_json::json!({"endpointIP": "127.0.0.1", "targetPort": p}))
+            .map(|p| serde_json::json!({"endpointIP": "127.0.0.1", "targetPort": p, "kvZmqPort": free_port()}))
             .collect();
         let store = RuleStore::in_memory();
         let rule = serde_json::from_value(serde_json::json!({

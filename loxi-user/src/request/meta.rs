@@ -66,6 +66,70 @@ pub struct RequestMeta {
     pub body_cut: bool,
     /// True when the client's connection was TLS (`X-Forwarded-Proto: https` to the backend).
     pub https: bool,
+    /// Digests of the request parts `chwbl_prefix_hash_flags` can mix into the CHWBL key.
+    pub hash_inputs: HashInputs,
+}
+
+/// XXH3 digests of the JSON text of the request parts LoxiLB's `chwbl_prefix_hash_flags`
+/// names (`load-balancing-algorithms.txt`, "chwbl_prefix_hash_flags bits"); each `None` when
+/// the request has no such part. Computed only for parts present (a plain text request pays a
+/// few map lookups).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HashInputs {
+    /// Bit 1: image inputs: chat content parts of type `image_url`, `input_image` or `image`
+    /// (chat `messages` and the Responses API's `input` items), in order.
+    pub images: Option<u64>,
+    /// Bit 2: audio inputs: content parts of type `input_audio`, `audio_url` or `audio`.
+    pub audio: Option<u64>,
+    /// Bit 4: the tool / function definitions (`tools`, else the legacy `functions`).
+    pub tools: Option<u64>,
+    /// Bit 6: the RAG template: the request's own `chat_template`.
+    pub rag_template: Option<u64>,
+    /// Bit 7: the RAG documents (`documents`).
+    pub rag_documents: Option<u64>,
+}
+
+impl HashInputs {
+    /// The digests of `body` (an OpenAI request object).
+    pub fn of(body: &serde_json::Value) -> Self {
+        let digest = |v: &serde_json::Value| {
+            xxhash_rust::xxh3::xxh3_64(serde_json::to_string(v).unwrap_or_default().as_bytes())
+        };
+        let (mut images, mut audio) = (None::<xxhash_rust::xxh3::Xxh3>, None);
+        for list in ["messages", "input"] {
+            let Some(items) = body.get(list).and_then(|l| l.as_array()) else {
+                continue;
+            };
+            for item in items {
+                let Some(parts) = item.get("content").and_then(|c| c.as_array()) else {
+                    continue;
+                };
+                for part in parts {
+                    let into = match part.get("type").and_then(|t| t.as_str()) {
+                        Some("image_url" | "input_image" | "image") => &mut images,
+                        Some("input_audio" | "audio_url" | "audio") => &mut audio,
+                        _ => continue,
+                    };
+                    into.get_or_insert_with(xxhash_rust::xxh3::Xxh3::new)
+                        .update(serde_json::to_string(part).unwrap_or_default().as_bytes());
+                }
+            }
+        }
+        Self {
+            images: images.map(|h| h.digest()),
+            audio: audio.map(|h| h.digest()),
+            tools: body
+                .get("tools")
+                .or_else(|| body.get("functions"))
+                .filter(|v| !v.is_null())
+                .map(digest),
+            rag_template: body
+                .get("chat_template")
+                .filter(|v| !v.is_null())
+                .map(digest),
+            rag_documents: body.get("documents").filter(|v| !v.is_null()).map(digest),
+        }
+    }
 }
 
 impl RequestMeta {
@@ -144,6 +208,7 @@ impl RequestMeta {
         if self.conversation_id.is_none() {
             self.conversation_id = body_conversation(v);
         }
+        self.hash_inputs = HashInputs::of(v);
     }
 }
 

@@ -16,10 +16,20 @@ pub const PROMPT_HEAD_CHARS: usize = 256;
 pub const PROMPT_HEAD_TOKENS: usize = 64;
 /// `chwbl_prefix_hash_flags` bit 0: mix the LoRA adapter name into the prefix key.
 pub const FLAG_LORA: u8 = 1;
+/// `chwbl_prefix_hash_flags` bit 1: mix the request's image inputs into the prefix key.
+pub const FLAG_IMAGE: u8 = 2;
+/// `chwbl_prefix_hash_flags` bit 2: mix the request's audio inputs into the prefix key.
+pub const FLAG_AUDIO: u8 = 4;
 /// `chwbl_prefix_hash_flags` bit 3: mix `cache_salt` into the prefix key.
 pub const FLAG_CACHE_SALT: u8 = 8;
+/// `chwbl_prefix_hash_flags` bit 4: mix the tool / function definitions into the prefix key.
+pub const FLAG_TOOLS: u8 = 16;
 /// `chwbl_prefix_hash_flags` bit 5: mix the session key into the prefix key.
 pub const FLAG_SESSION: u8 = 32;
+/// `chwbl_prefix_hash_flags` bit 6: mix the RAG template (the request's `chat_template`) in.
+pub const FLAG_RAG_TEMPLATE: u8 = 64;
+/// `chwbl_prefix_hash_flags` bit 7: mix the RAG documents (`documents`) into the prefix key.
+pub const FLAG_RAG_DOCUMENTS: u8 = 128;
 
 /// Stable 64-bit hash of a string (xxh3, seed 0).
 pub fn hash_str(s: &str) -> u64 {
@@ -116,6 +126,20 @@ fn mix_flags(buf: &mut String, meta: &RequestMeta, args: &ServiceArgs) {
         buf.push_str("\u{4}session=");
         buf.push_str(s);
     }
+    let h = &meta.hash_inputs;
+    for (flag, name, digest) in [
+        (FLAG_IMAGE, "image", h.images),
+        (FLAG_AUDIO, "audio", h.audio),
+        (FLAG_TOOLS, "tools", h.tools),
+        (FLAG_RAG_TEMPLATE, "rag_template", h.rag_template),
+        (FLAG_RAG_DOCUMENTS, "rag_documents", h.rag_documents),
+    ] {
+        if flags & flag != 0
+            && let Some(d) = digest
+        {
+            buf.push_str(&format!("\u{4}{name}={d:016x}"));
+        }
+    }
 }
 
 /// The affinity key shared by the key-placed selectors (sel 8 CHWBL, 9 GPU-aware, 10
@@ -196,6 +220,106 @@ mod tests {
         let mut g = chat(&[("system", "S")]);
         g.model = Some("other".into());
         assert_ne!(prefix_key(&g, &level(1)), prefix_key(&c, &level(1)));
+    }
+
+    /// Every bit of LoxiLB's `chwbl_prefix_hash_flags` table works: with its bit set, two
+    /// requests that differ only in that part (images, audio, tools, RAG template, RAG
+    /// documents) get different keys; without it (flags 0) the same key. Requests parsed from
+    /// real OpenAI bodies.
+    #[test]
+    fn each_prefix_hash_flag_mixes_its_request_part_into_the_key() {
+        let parts = http::Request::post("/v1/chat/completions")
+            .body(())
+            .expect("request")
+            .into_parts()
+            .0;
+        let base = serde_json::json!({"model": "m", "messages": [
+            {"role": "system", "content": "S"}, {"role": "user", "content": "hi"}]});
+        let with = |path: &[&str], v: serde_json::Value| {
+            let mut b = base.clone();
+            match path {
+                [k] => b[*k] = v,
+                _ => b["messages"][1]["content"] = v,
+            }
+            b
+        };
+        let image = |url: &str| {
+            serde_json::json!([{"type": "text", "text": "hi"},
+                               {"type": "image_url", "image_url": {"url": url}}])
+        };
+        let audio = |data: &str| {
+            serde_json::json!([{"type": "text", "text": "hi"},
+                               {"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}])
+        };
+        let cases = [
+            (
+                FLAG_IMAGE,
+                with(&["messages", "content"], image("a.png")),
+                with(&["messages", "content"], image("b.png")),
+            ),
+            (
+                FLAG_AUDIO,
+                with(&["messages", "content"], audio("AAAA")),
+                with(&["messages", "content"], audio("BBBB")),
+            ),
+            (
+                FLAG_TOOLS,
+                with(
+                    &["tools"],
+                    serde_json::json!([{"type": "function", "function": {"name": "a"}}]),
+                ),
+                with(
+                    &["tools"],
+                    serde_json::json!([{"type": "function", "function": {"name": "b"}}]),
+                ),
+            ),
+            (
+                FLAG_RAG_TEMPLATE,
+                with(&["chat_template"], serde_json::json!("{{ messages }}")),
+                with(&["chat_template"], serde_json::json!("{{ documents }}")),
+            ),
+            (
+                FLAG_RAG_DOCUMENTS,
+                with(
+                    &["documents"],
+                    serde_json::json!([{"title": "a", "text": "x"}]),
+                ),
+                with(
+                    &["documents"],
+                    serde_json::json!([{"title": "b", "text": "y"}]),
+                ),
+            ),
+        ];
+        let args = |flags: u8| -> ServiceArgs {
+            serde_json::from_value(serde_json::json!({
+                "externalIP": "10.0.0.1", "port": 80, "mode": 4, "sel": 8,
+                "chwbl_prefix_hash_flags": flags
+            }))
+            .expect("args")
+        };
+        let rule = args(0);
+        for (flag, a, b) in cases {
+            let meta = |body: &serde_json::Value| {
+                RequestMeta::extract(&parts, body.to_string().as_bytes(), None, &rule)
+            };
+            let (ma, mb) = (meta(&a), meta(&b));
+            assert_ne!(
+                prefix_key(&ma, &args(flag)),
+                prefix_key(&mb, &args(flag)),
+                "bit {flag} set: the part is in the key"
+            );
+            assert_eq!(
+                prefix_key(&ma, &args(0)),
+                prefix_key(&mb, &args(0)),
+                "bit {flag} clear: it is not"
+            );
+            // The other bits do not read this part.
+            assert_eq!(
+                prefix_key(&ma, &args(!flag)),
+                prefix_key(&mb, &args(!flag)),
+                "bits other than {flag}"
+            );
+        }
     }
 
     #[test]

@@ -160,7 +160,7 @@ mod tests {
             "serviceArguments": {"externalIP": "10.0.0.1", "port": 8080, "mode": 4, "sel": 0,
                 "kvExactMode": kv},
             "endpoints": [{"endpointIP": "127.0.0.1", "targetPort": 9000},
-                          {"endpointIP": "127.0.0.1", "targetPort": 9001}],
+                          {"endpointIP": "127.0.0.2", "targetPort": 9001}],
         }))
         .expect("rule");
         StoredRule::new(1, rule).expect("valid rule")

@@ -523,7 +523,8 @@ fn kv_spec(
                 p => p,
             },
         })
-        .collect();
+        .collect::<Vec<KvEndpoint>>();
+    shared_publishers(&endpoints, u32::from(s.kv_dp_rank_count.max(1)))?;
     Ok(Some(KvSpec {
         mode,
         algo,
@@ -536,12 +537,89 @@ fn kv_spec(
     }))
 }
 
+/// Two subscribed endpoints whose KV-event publishers share an address (the same IP and
+/// overlapping port spans `zmq_port .. zmq_port + dp_ranks`) would each be credited with the
+/// other's blocks: several engines on one host need their own ports (`endpoints[i].kvZmqPort`).
+fn shared_publishers(endpoints: &[KvEndpoint], ranks: u32) -> Result<(), SpecError> {
+    let span = |e: &KvEndpoint| u32::from(e.zmq_port)..u32::from(e.zmq_port) + ranks;
+    for (i, a) in endpoints.iter().enumerate().filter(|(_, e)| e.subscribed) {
+        for (j, b) in endpoints
+            .iter()
+            .enumerate()
+            .take(i)
+            .filter(|(_, e)| e.subscribed)
+        {
+            let (sa, sb) = (span(a), span(b));
+            if a.ip == b.ip && sa.start < sb.end && sb.start < sa.end {
+                return Err(SpecError {
+                    field: format!("endpoints[{i}].kvZmqPort"),
+                    message: format!(
+                        "endpoints {j} and {i} ({}:{} and {}:{}) would both read the KV events \
+                         of the publisher at {}:{}, each credited with the other's blocks; give \
+                         each engine on one host its own publisher port (endpoints[i].kvZmqPort)",
+                        b.ip,
+                        b.port,
+                        a.ip,
+                        a.port,
+                        a.ip,
+                        sa.start.max(sb.start)
+                    ),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::rules::RuleError;
     use crate::rules::validate::validate;
     use serde_json::json;
+
+    /// Two engines on one host reading one publisher would each be credited with the other's
+    /// blocks: refused naming the endpoint; their own ports (DP spans apart) or hosts pass.
+    #[test]
+    fn subscribed_endpoints_may_not_share_a_publisher() {
+        let rule = |eps: serde_json::Value, ranks: u8| {
+            validate(
+                serde_json::from_value(json!({
+                    "serviceArguments": {"externalIP": "10.0.0.1", "port": 80, "mode": 4,
+                        "kvExactMode": 3, "kvDpRankCount": ranks},
+                    "endpoints": eps,
+                }))
+                .expect("rule"),
+            )
+        };
+        let shared = rule(
+            json!([{"endpointIP": "10.0.0.2", "targetPort": 8001},
+                   {"endpointIP": "10.0.0.2", "targetPort": 8002}]),
+            1,
+        );
+        match shared {
+            Err(RuleError::Invalid { field, message }) => {
+                assert_eq!(field, "endpoints[1].kvZmqPort");
+                assert!(message.contains("10.0.0.2:5557"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // Rank spans 6000..6002 and 6001..6003 overlap; 6000..6002 and 6002..6004 do not.
+        let ports = |a: u16, b: u16| {
+            json!([{"endpointIP": "10.0.0.2", "targetPort": 8001, "kvZmqPort": a},
+                   {"endpointIP": "10.0.0.2", "targetPort": 8002, "kvZmqPort": b}])
+        };
+        assert!(rule(ports(6000, 6001), 2).is_err());
+        assert!(rule(ports(6000, 6002), 2).is_ok());
+        assert!(
+            rule(
+                json!([{"endpointIP": "10.0.0.2", "targetPort": 8001},
+                       {"endpointIP": "10.0.0.3", "targetPort": 8001}]),
+                1
+            )
+            .is_ok()
+        );
+    }
 
     fn rule(svc: serde_json::Value) -> LbRule {
         let mut s = json!({"externalIP": "10.0.0.1", "port": 8080, "mode": 4});

@@ -146,6 +146,21 @@ fn validate_service(s: &mut ServiceArgs) -> Result<(), RuleError> {
     // SNI so): two rules whose hosts differ only in case would share every request, and one
     // of them would be stored and never used. One spelling, lower case, is the key.
     s.host = s.host.to_ascii_lowercase();
+    check_name("host", &s.host)?;
+    check_name("model_name", &s.model_name)?;
+    if let Some((name, port)) = s.host.rsplit_once(':')
+        && !name.contains(':')
+        && port.bytes().all(|b| b.is_ascii_digit())
+    {
+        return Err(invalid(
+            "serviceArguments.host",
+            format!(
+                "{:?} carries a port; a rule's host is matched against the request's host name \
+                 (its port is the rule's port): use {name:?}",
+                s.host
+            ),
+        ));
+    }
     range("mode", s.mode, 0, 5)?;
     range("sel", s.sel, 0, 10)?;
     if s.sel == 7 {
@@ -623,6 +638,32 @@ fn need_defaults_outside_fullproxy(
     need("chwbl_enable_cache_salt", s.chwbl_enable_cache_salt)
 }
 
+/// A host or model name is matched against what clients send and becomes a metric label and a
+/// log field: control characters (a newline broke every `/metrics` scrape) and, for a host,
+/// whitespace and URL delimiters can never match a request and are refused.
+fn check_name(field: &str, v: &str) -> Result<(), RuleError> {
+    let host = field == "host";
+    if let Some(c) = v.chars().find(|c| {
+        c.is_control() || (host && (c.is_whitespace() || matches!(c, '/' | '?' | '#' | '@')))
+    }) {
+        return Err(invalid(
+            &format!("serviceArguments.{field}"),
+            format!(
+                "{v:?} contains {c:?}; {}",
+                if host {
+                    "a host is a DNS name or an IP address"
+                } else {
+                    "a model name cannot contain control characters"
+                }
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// One endpoint: its IP canonical and a host to send to (not the unspecified address), its
+/// target port defaulted to the service port, never the rule's own listener (a loop), and
+/// its fields in range.
 fn validate_endpoint(i: usize, ep: &mut Endpoint, s: &ServiceArgs) -> Result<(), RuleError> {
     let f = |name: &str| format!("endpoints[{i}].{name}");
     ep.endpoint_ip = ep
@@ -636,8 +677,34 @@ fn validate_endpoint(i: usize, ep: &mut Endpoint, s: &ServiceArgs) -> Result<(),
                 format!("{:?} is not an IP address", ep.endpoint_ip),
             )
         })?;
+    if ep
+        .endpoint_ip
+        .parse::<IpAddr>()
+        .is_ok_and(|a| a.is_unspecified())
+    {
+        return Err(invalid(
+            &f("endpointIP"),
+            format!(
+                "{} is the unspecified address, not a host to send requests to",
+                ep.endpoint_ip
+            ),
+        ));
+    }
     if ep.target_port == 0 {
         ep.target_port = s.port;
+    }
+    if s.mode == loxi_common::mode::FULLPROXY
+        && ep.endpoint_ip == s.external_ip
+        && ep.target_port == s.port
+    {
+        return Err(invalid(
+            &f("endpointIP"),
+            format!(
+                "{}:{} is this rule's own listener: every request would be forwarded to itself \
+                 until the gateway runs out of connections",
+                ep.endpoint_ip, ep.target_port
+            ),
+        ));
     }
     if ep.weight == 0 || ep.weight > 65535 {
         return Err(invalid(
@@ -985,6 +1052,78 @@ mod tests {
         ];
         for extra in accepted {
             validate(rule(extra.clone())).unwrap_or_else(|e| panic!("{extra}: {e}"));
+        }
+    }
+
+    #[test]
+    fn names_loops_and_unspecified_endpoints_are_refused_naming_the_field() {
+        let with = |svc: serde_json::Value, ep: serde_json::Value| {
+            let mut r = json!({
+                "serviceArguments": {"externalIP": "10.0.0.1", "port": 80, "mode": 4},
+                "endpoints": [{"endpointIP": "10.0.0.2", "targetPort": 8000}]
+            });
+            for (k, v) in svc.as_object().expect("object") {
+                r["serviceArguments"][k] = v.clone();
+            }
+            for (k, v) in ep.as_object().expect("object") {
+                r["endpoints"][0][k] = v.clone();
+            }
+            validate(serde_json::from_value(r).expect("rule"))
+        };
+        for (svc, ep, field) in [
+            (
+                json!({"model_name": "\n\u{0}"}),
+                json!({}),
+                "serviceArguments.model_name",
+            ),
+            (
+                json!({"host": "a.com:80"}),
+                json!({}),
+                "serviceArguments.host",
+            ),
+            (json!({"host": "a b"}), json!({}), "serviceArguments.host"),
+            (
+                json!({"host": "a.com/x"}),
+                json!({}),
+                "serviceArguments.host",
+            ),
+            (
+                json!({}),
+                json!({"endpointIP": "0.0.0.0"}),
+                "endpoints[0].endpointIP",
+            ),
+            (
+                json!({}),
+                json!({"endpointIP": "::"}),
+                "endpoints[0].endpointIP",
+            ),
+            (
+                json!({}),
+                json!({"endpointIP": "10.0.0.1", "targetPort": 0}),
+                "endpoints[0].endpointIP",
+            ),
+            (
+                json!({}),
+                json!({"endpointIP": "10.0.0.1", "targetPort": 80}),
+                "endpoints[0].endpointIP",
+            ),
+        ] {
+            match with(svc.clone(), ep.clone()) {
+                Err(RuleError::Invalid { field: f, .. }) => assert_eq!(f, field, "{svc} {ep}"),
+                other => panic!("{svc} {ep}: {other:?}"),
+            }
+        }
+        // Still accepted: a model name with '/', ':' and spaces, an IPv6 host literal, the
+        // rule's own address on another port, and an L4 rule whose endpoint shares the VIP.
+        for (svc, ep) in [
+            (json!({"model_name": "org/Model 7B:q4"}), json!({})),
+            (json!({"host": "::1"}), json!({})),
+            (
+                json!({}),
+                json!({"endpointIP": "10.0.0.1", "targetPort": 81}),
+            ),
+        ] {
+            assert!(with(svc.clone(), ep.clone()).is_ok(), "{svc} {ep}");
         }
     }
 

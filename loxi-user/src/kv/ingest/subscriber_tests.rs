@@ -601,21 +601,23 @@ async fn subscriber_started_before_the_engine_connects_when_it_comes_up() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn manager_follows_rules_and_rule_deletion_stops_streams_and_drops_the_index() {
-    let mut p = Pub::start(&[]).await;
+    // One publisher per endpoint (127.0.0.1 and 127.0.0.2), each on the endpoint's own port.
+    let mut p = Pub::start(&["--host", "127.0.0.1"]).await;
+    let mut q = Pub::start(&["--host", "127.0.0.2"]).await;
     let (state, _reg) = state(KvSettings::default());
-    let r = rule(
-        9,
-        2,
-        serde_json::json!({"kvZmqPort": p.port, "kvExactMode": 3}),
-    );
+    let mut r = rule(9, 2, serde_json::json!({"kvExactMode": 3}));
+    r.rule.endpoints[0].kv_zmq_port = p.port;
+    r.rule.endpoints[1].kv_zmq_port = q.port;
+    r.spec = crate::rules::ServiceSpec::compile(&r.rule).expect("spec");
     let mut snap = RuleSnapshot::default();
     snap.rules.insert(r.rule.key(), Arc::new(r.clone()));
     let mut m = KvManager::new(state.clone(), timing(64));
     m.reconcile(&snap);
     assert_eq!(m.len(), 2);
     p.wait_subscribed().await;
-    p.wait_subscribed().await;
+    q.wait_subscribed().await;
     p.send(0, &stored_batch(&[1, 2], 16)).await;
+    q.send(0, &stored_batch(&[1, 2], 16)).await;
     let svc = state.get(9).expect("service state");
     for _ in 0..500 {
         if svc.index.blocks(0) == 2 && svc.index.blocks(1) == 2 {
@@ -648,13 +650,14 @@ fn an_endpoints_own_event_ports_override_the_rules_on_every_rank() {
             .collect();
     got.sort();
     let at = |p: u32| "127.0.0.1:".to_string() + &p.to_string();
+    let at2 = |p: u32| "127.0.0.2:".to_string() + &p.to_string();
     assert_eq!(
         got,
         vec![
             (0, 0, at(6000), Some(at(6100))),
             (0, 1, at(6001), Some(at(6101))),
-            (1, 0, at(7000), Some(at(7100))),
-            (1, 1, at(7001), Some(at(7101))),
+            (1, 0, at2(7000), Some(at2(7100))),
+            (1, 1, at2(7001), Some(at2(7101))),
         ]
     );
 }
@@ -674,7 +677,7 @@ async fn an_endpoint_change_keeps_the_state_and_the_streams_of_endpoints_that_st
     let mut m = KvManager::new(state.clone(), timing(64));
     m.reconcile(&snap(&three));
     let svc = state.get(4).expect("service");
-    // Members 0, 1, 2 are endpoints 127.0.0.1:8000..8002.
+    // Members 0, 1, 2 are endpoints 127.0.0.1:8000, 127.0.0.2:8001, 127.0.0.3:8002.
     svc.index.store(1, 0, &[BlockKey(11), BlockKey(12)]);
     svc.index.store(2, 0, &[BlockKey(21)]);
     svc.index.store(0, 0, &[BlockKey(1)]);

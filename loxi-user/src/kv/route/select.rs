@@ -711,6 +711,11 @@ fn opening(meta: &RequestMeta) -> Option<u64> {
 /// the request the tokenization job needs (the prompt at most `max_bytes` of text, or
 /// `max_tokens` ids) and whether the text is a cut prefix of the client's.
 fn screen(meta: &RequestMeta, b: &PromptBounds) -> Result<(RequestMeta, bool), MissReason> {
+    // A body that is not OpenAI JSON names no model (LoxiLB's Guard D, `model_empty`, the
+    // spec's "client is not sending OpenAI JSON" signature), whatever else it lacks.
+    if !meta.json_ok && meta.model.as_deref().is_none_or(str::is_empty) {
+        return Err(MissReason::ModelEmpty);
+    }
     let prompt = meta
         .prompt
         .as_ref()

@@ -272,6 +272,25 @@ fn guard_ladder_reasons_for_missing_inputs() {
         .map(|r| f.misses(r))
         .collect();
     assert_eq!(got, vec![1.0, 1.0, 1.0, 1.0]);
+    // A body that is not JSON (`text/plain`: neither model nor prompt read) is LoxiLB's Guard
+    // D, `model_empty`, not `text_empty`; a JSON body without a prompt stays `text_empty`.
+    let plain = RequestMeta {
+        api: ApiKind::Completions,
+        json_ok: false,
+        ..Default::default()
+    };
+    assert_eq!(f.select(&plain), None);
+    let no_prompt = RequestMeta {
+        model: Some("tiny".into()),
+        api: ApiKind::Completions,
+        json_ok: true,
+        ..Default::default()
+    };
+    assert_eq!(f.select(&no_prompt), None);
+    assert_eq!(
+        (f.misses("model_empty"), f.misses("text_empty")),
+        (2.0, 2.0)
+    );
 }
 
 #[test]
