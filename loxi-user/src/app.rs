@@ -101,7 +101,7 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
     let control = ControlMetrics::register(&mut registry);
     let proxy_metrics = ProxyMetrics::register(&mut registry);
     // The fullproxy's connection workers (`--proxy-workers`; 0: the shared runtime).
-    let workers = match cfg.flags.proxy_workers() {
+    let workers = match cfg.proxy_workers() {
         0 => None,
         n => {
             let w = proxy::workers::Workers::start(n)

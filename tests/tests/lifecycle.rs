@@ -262,19 +262,47 @@ fn a_missing_vip_interface_is_a_start_up_error_naming_it() {
 /// `loxilb` with `args` and a fresh state dir under `dir` that exits at start: its exit code and
 /// stderr.
 fn failed_start(dir: &std::path::Path, args: &[&str]) -> (Option<i32>, String) {
-    let out = std::process::Command::new(loxi_tests::harness::bin_path("loxilb"))
+    failed_start_with(dir, args, &[])
+}
+
+/// [`failed_start`] with environment variables `env` set. A daemon that has not exited after
+/// 20 s is killed and the test fails (it was expected to refuse to start).
+fn failed_start_with(
+    dir: &std::path::Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (Option<i32>, String) {
+    let mut child = std::process::Command::new(loxi_tests::harness::bin_path("loxilb"))
         .args(["--api-addr", &format!("127.0.0.1:{}", free_port())])
         .arg("--tokenizer-dir")
         .arg(dir.join("tok"))
         .args(args)
+        .envs(env.iter().copied())
         .env("RUST_BACKTRACE", "0")
         .stdin(std::process::Stdio::null())
-        .output()
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .expect("run loxilb");
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait loxilb") {
+            break Some(s);
+        }
+        if Instant::now() > deadline {
+            child.kill().expect("kill loxilb");
+            child.wait().expect("reap loxilb");
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        use std::io::Read;
+        e.read_to_string(&mut err).expect("stderr");
+    }
+    let status = status.unwrap_or_else(|| panic!("loxilb {args:?} {env:?} did not exit:\n{err}"));
+    (status.code(), err)
 }
 
 #[test]
@@ -385,5 +413,37 @@ async fn an_api_address_with_port_0_logs_the_port_bound() {
         body.trim(),
         "{\"lbAttr\":[]}",
         "the API answers on the logged address"
+    );
+}
+
+/// `TOKIO_WORKER_THREADS` is the default of `--proxy-workers` and sizes the shared runtime: a
+/// value tokio cannot use is a usage error at start naming the variable (tokio itself panics
+/// with a stack trace), and a good one is used.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_tokio_worker_threads_is_a_usage_error_naming_the_variable() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let state = dir.path().join("state").display().to_string();
+    for bad in ["abc", "0"] {
+        let (code, err) = failed_start_with(
+            dir.path(),
+            &["--state-dir", &state],
+            &[("TOKIO_WORKER_THREADS", bad)],
+        );
+        assert_eq!(code, Some(2), "{bad}: {err}");
+        assert!(
+            err.starts_with(&format!(
+                "error: invalid value \"{bad}\" for the environment variable TOKIO_WORKER_THREADS: "
+            )),
+            "{err}"
+        );
+        assert!(err.contains("an integer 1..=1024"), "{err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    let d = Daemon::start(DaemonOpts::default().env("TOKIO_WORKER_THREADS", "2")).await;
+    let m = d.metrics_text().await;
+    assert!(
+        m.contains("loxilb_proxy_worker_connections{worker=\"2\"}")
+            && !m.contains("loxilb_proxy_worker_connections{worker=\"3\"}"),
+        "two proxy workers by default (1 and 2):\n{m}"
     );
 }

@@ -36,7 +36,10 @@ fn run() -> anyhow::Result<()> {
     if telemetry.tracing_enabled() {
         tracing::info!("OpenTelemetry traces on (OTLP http/protobuf)");
     }
+    // The worker count is set here, validated: tokio would read `TOKIO_WORKER_THREADS` itself
+    // and panic on a value it cannot use.
     let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cfg.runtime_workers)
         .enable_all()
         .build()?;
     let res = rt.block_on(loxi_user::app::run(cfg));

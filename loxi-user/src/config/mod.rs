@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 
 pub use env::{Env, EnvWarning, KvLbMode};
 
@@ -196,26 +196,33 @@ impl Flags {
     pub fn shutdown_grace(&self) -> Duration {
         Duration::from_secs(self.shutdown_grace_secs)
     }
-
-    /// How many fullproxy connection workers to start: `--proxy-workers` /
-    /// `LOXI_PROXY_WORKERS`, else `TOKIO_WORKER_THREADS` (the shared runtime's own count, when
-    /// it is a positive number), else the CPUs available to the process.
-    pub fn proxy_workers(&self) -> usize {
-        proxy_workers_from(
-            self.proxy_workers,
-            std::env::var("TOKIO_WORKER_THREADS").ok(),
-        )
-    }
 }
 
-/// [`Flags::proxy_workers`] from the flag and `TOKIO_WORKER_THREADS`'s value.
-fn proxy_workers_from(flag: Option<u16>, tokio_workers: Option<String>) -> usize {
-    if let Some(n) = flag {
-        return n.into();
-    }
-    match tokio_workers.and_then(|v| v.trim().parse::<usize>().ok()) {
-        Some(n) if n > 0 => n,
-        _ => std::thread::available_parallelism().map_or(1, |n| n.get()),
+/// The variable tokio reads for the shared runtime's worker count, and the default of
+/// `--proxy-workers`.
+pub const TOKIO_WORKERS_ENV: &str = "TOKIO_WORKER_THREADS";
+
+/// Largest `TOKIO_WORKER_THREADS` accepted (the `--proxy-workers` range, which it defaults).
+pub const MAX_RUNTIME_WORKERS: usize = 1024;
+
+/// The shared runtime's worker threads from `TOKIO_WORKER_THREADS`'s value: an integer
+/// 1..=[`MAX_RUNTIME_WORKERS`]; unset or empty: the CPUs available to the process.
+///
+/// # Errors
+/// The usage error text (naming the variable, its value and what is accepted) for any other
+/// value: tokio itself would panic on a value it cannot parse or on 0.
+pub fn runtime_workers_from(value: Option<&str>) -> Result<usize, String> {
+    let cpus = || std::thread::available_parallelism().map_or(1, |n| n.get());
+    let Some(v) = value.map(str::trim).filter(|v| !v.is_empty()) else {
+        return Ok(cpus());
+    };
+    match v.parse::<usize>() {
+        Ok(n) if (1..=MAX_RUNTIME_WORKERS).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "invalid value {v:?} for the environment variable {TOKIO_WORKERS_ENV}: the shared \
+             runtime's worker threads (and the default of --proxy-workers) must be an integer \
+             1..={MAX_RUNTIME_WORKERS}; unset it to use one per CPU"
+        )),
     }
 }
 
@@ -242,6 +249,10 @@ pub struct Config {
     pub flags: Flags,
     /// Environment read once at start.
     pub env: Env,
+    /// The shared tokio runtime's worker threads: `TOKIO_WORKER_THREADS` (validated by
+    /// [`runtime_workers_from`]), else one per CPU. The binary passes it to tokio's builder, so
+    /// tokio never parses the variable itself.
+    pub runtime_workers: usize,
 }
 
 impl Config {
@@ -261,8 +272,28 @@ impl Config {
                 std::process::exit(code);
             }
         };
+        let runtime_workers =
+            match runtime_workers_from(std::env::var(TOKIO_WORKERS_ENV).ok().as_deref()) {
+                Ok(n) => n,
+                Err(msg) => Flags::command()
+                    .error(clap::error::ErrorKind::InvalidValue, msg)
+                    .exit(),
+            };
         let env = Env::from_lookup(|k| std::env::var(k).ok());
-        Self { flags, env }
+        Self {
+            flags,
+            env,
+            runtime_workers,
+        }
+    }
+
+    /// How many fullproxy connection workers to start: `--proxy-workers` /
+    /// `LOXI_PROXY_WORKERS`, else the shared runtime's worker count
+    /// ([`Config::runtime_workers`]: `TOKIO_WORKER_THREADS`, else one per CPU).
+    pub fn proxy_workers(&self) -> usize {
+        self.flags
+            .proxy_workers
+            .map_or(self.runtime_workers, usize::from)
     }
 }
 
@@ -351,22 +382,46 @@ mod tests {
     }
 
     #[test]
-    fn proxy_workers_come_from_the_flag_then_tokio_s_count_then_the_cpus() {
-        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-        assert_eq!(proxy_workers_from(Some(3), Some("5".into())), 3);
+    fn proxy_workers_come_from_the_flag_then_the_runtime_s_count() {
+        let cfg = |args: &[&str], runtime_workers| Config {
+            flags: Flags::try_parse_from(args).expect("parse"),
+            env: Env::default(),
+            runtime_workers,
+        };
         assert_eq!(
-            proxy_workers_from(Some(0), Some("5".into())),
+            cfg(&["loxilb", "--proxy-workers", "3"], 5).proxy_workers(),
+            3
+        );
+        assert_eq!(
+            cfg(&["loxilb", "--proxy-workers", "0"], 5).proxy_workers(),
             0,
             "0: shared runtime"
         );
-        assert_eq!(proxy_workers_from(None, Some(" 5 ".into())), 5);
-        assert_eq!(proxy_workers_from(None, Some("0".into())), cpus);
-        assert_eq!(proxy_workers_from(None, Some("two".into())), cpus);
-        assert_eq!(proxy_workers_from(None, None), cpus);
+        assert_eq!(cfg(&["loxilb"], 5).proxy_workers(), 5);
         let f = Flags::try_parse_from(["loxilb", "--proxy-workers", "2"]).expect("parse");
         assert_eq!(f.proxy_workers, Some(2));
         let e = Flags::try_parse_from(["loxilb", "--proxy-workers", "5000"]).expect_err("range");
         assert!(e.to_string().contains("0..=1024"), "{e}");
+    }
+
+    #[test]
+    fn tokio_worker_threads_is_an_integer_1_to_1024_and_anything_else_a_usage_error() {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert_eq!(runtime_workers_from(None), Ok(cpus));
+        assert_eq!(runtime_workers_from(Some("  ")), Ok(cpus), "empty = unset");
+        assert_eq!(runtime_workers_from(Some(" 5 ")), Ok(5));
+        assert_eq!(runtime_workers_from(Some("1024")), Ok(1024));
+        for bad in ["abc", "0", "-1", "1025", "2.5"] {
+            let e = runtime_workers_from(Some(bad)).expect_err(bad);
+            assert_eq!(
+                e,
+                format!(
+                    "invalid value {bad:?} for the environment variable TOKIO_WORKER_THREADS: \
+                     the shared runtime's worker threads (and the default of --proxy-workers) \
+                     must be an integer 1..=1024; unset it to use one per CPU"
+                )
+            );
+        }
     }
 
     #[test]
