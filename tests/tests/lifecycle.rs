@@ -262,47 +262,7 @@ fn a_missing_vip_interface_is_a_start_up_error_naming_it() {
 /// `loxilb` with `args` and a fresh state dir under `dir` that exits at start: its exit code and
 /// stderr.
 fn failed_start(dir: &std::path::Path, args: &[&str]) -> (Option<i32>, String) {
-    failed_start_with(dir, args, &[])
-}
-
-/// [`failed_start`] with environment variables `env` set. A daemon that has not exited after
-/// 20 s is killed and the test fails (it was expected to refuse to start).
-fn failed_start_with(
-    dir: &std::path::Path,
-    args: &[&str],
-    env: &[(&str, &str)],
-) -> (Option<i32>, String) {
-    let mut child = std::process::Command::new(loxi_tests::harness::bin_path("loxilb"))
-        .args(["--api-addr", &format!("127.0.0.1:{}", free_port())])
-        .arg("--tokenizer-dir")
-        .arg(dir.join("tok"))
-        .args(args)
-        .envs(env.iter().copied())
-        .env("RUST_BACKTRACE", "0")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run loxilb");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("wait loxilb") {
-            break Some(s);
-        }
-        if Instant::now() > deadline {
-            child.kill().expect("kill loxilb");
-            child.wait().expect("reap loxilb");
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let mut err = String::new();
-    if let Some(mut e) = child.stderr.take() {
-        use std::io::Read;
-        e.read_to_string(&mut err).expect("stderr");
-    }
-    let status = status.unwrap_or_else(|| panic!("loxilb {args:?} {env:?} did not exit:\n{err}"));
-    (status.code(), err)
+    loxi_tests::harness::failed_start(dir, args, &[])
 }
 
 #[test]
@@ -424,7 +384,7 @@ async fn a_bad_tokio_worker_threads_is_a_usage_error_naming_the_variable() {
     let dir = tempfile::tempdir().expect("tmp");
     let state = dir.path().join("state").display().to_string();
     for bad in ["abc", "0"] {
-        let (code, err) = failed_start_with(
+        let (code, err) = loxi_tests::harness::failed_start(
             dir.path(),
             &["--state-dir", &state],
             &[("TOKIO_WORKER_THREADS", bad)],
@@ -445,5 +405,33 @@ async fn a_bad_tokio_worker_threads_is_a_usage_error_naming_the_variable() {
         m.contains("loxilb_proxy_worker_connections{worker=\"2\"}")
             && !m.contains("loxilb_proxy_worker_connections{worker=\"3\"}"),
         "two proxy workers by default (1 and 2):\n{m}"
+    );
+}
+
+/// `--cert-dir` naming a regular file would stage nothing without a word: refused at start. A
+/// missing directory stays fine (LoxiLB's default path usually does not exist).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cert_dir_that_is_a_file_is_a_start_up_error_and_a_missing_one_is_fine() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let state = dir.path().join("state").display().to_string();
+    let file = dir.path().join("passwd");
+    std::fs::write(&file, "root:x:0:0::/root:/bin/sh\n").expect("write");
+    let file = file.display().to_string();
+    let (code, err) = failed_start(dir.path(), &["--state-dir", &state, "--cert-dir", &file]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.lines()
+            .any(|l| l.starts_with(&format!("Error: --cert-dir {file}: not a directory"))),
+        "{err}"
+    );
+    let missing = dir.path().join("no-such-dir").display().to_string();
+    let d = Daemon::start(DaemonOpts {
+        args: vec!["--cert-dir".into(), missing],
+        ..DaemonOpts::default()
+    })
+    .await;
+    assert_eq!(
+        d.get("/netlox/v1/config/cert/all").await.expect("GET").0,
+        200
     );
 }

@@ -35,7 +35,8 @@ pub struct Flags {
     pub tokenizer_dir: PathBuf,
     /// Staged TLS certificates (LoxiLB's layout): `<dir>/server.crt` + `server.key` is the
     /// `default` certificate, `<dir>/<name>/server.crt` + `server.key` certificate `<name>`;
-    /// loaded at start into the cert store (see `certs::stage`). A missing directory is fine.
+    /// loaded at start into the cert store (see `certs::stage`). A missing directory is fine;
+    /// a path that is not a directory stops the daemon at start.
     #[arg(long, default_value = "/opt/loxilb/cert")]
     pub cert_dir: PathBuf,
     /// LoxiLB's API-server spelling of the API address's IP (`--host`; LoxiLB's default is
@@ -93,14 +94,86 @@ pub struct ApiArgs {
     /// `LOXI_API_READ_TOKEN`).
     #[arg(long, value_name = "FILE")]
     pub api_read_token_file: Option<PathBuf>,
-    /// A browser origin (`https://lb.example.com`) allowed besides the API's own (repeatable).
-    #[arg(long = "api-allowed-origin", value_name = "ORIGIN")]
+    /// A browser origin (`https://lb.example.com`) allowed besides the API's own (repeatable):
+    /// `http` or `https`, `://`, a host and an optional port, as browsers send `Origin`; any
+    /// other value is a usage error.
+    #[arg(long = "api-allowed-origin", value_name = "ORIGIN", value_parser = api_origin)]
     pub api_allowed_origins: Vec<String>,
     /// A DNS name (`lb.example.com`, no port) by which tokenless clients may address the API
     /// (repeatable). Without a token, requests whose `Host` is any other DNS name get 403
-    /// (DNS-rebinding defence); IP addresses and `localhost` always pass.
-    #[arg(long = "api-allowed-host", value_name = "NAME")]
+    /// (DNS-rebinding defence); IP addresses and `localhost` always pass. An empty value, or
+    /// one with a scheme, port or path, is a usage error.
+    #[arg(long = "api-allowed-host", value_name = "NAME", value_parser = api_host_name)]
     pub api_allowed_hosts: Vec<String>,
+}
+
+/// `--api-allowed-origin`: `http(s)://host[:port]` (one trailing `/` tolerated), as a browser
+/// sends `Origin`; the value is kept as given (the API's policy compares it normalised).
+fn api_origin(s: &str) -> Result<String, String> {
+    let refuse = |why: &str| {
+        Err(format!(
+            "{s:?} is not an origin ({why}): give scheme://host[:port] with scheme http or \
+             https, e.g. https://lb.example.com or http://10.0.0.5:8080, as browsers send Origin"
+        ))
+    };
+    let Some((scheme, authority)) = s.split_once("://") else {
+        return refuse("no scheme://");
+    };
+    let authority = authority.strip_suffix('/').unwrap_or(authority);
+    if !scheme.eq_ignore_ascii_case("http") && !scheme.eq_ignore_ascii_case("https") {
+        return refuse("the scheme is not http or https");
+    }
+    let (host_ok, port) = match authority.strip_prefix('[') {
+        Some(v6) => match v6.split_once(']') {
+            Some((ip, rest)) if ip.parse::<std::net::Ipv6Addr>().is_ok() => (true, rest),
+            _ => return refuse("not an IPv6 address in brackets"),
+        },
+        None => match authority.split_once(':') {
+            Some((h, _)) => (is_host_name(h), &authority[h.len()..]),
+            None => (is_host_name(authority), ""),
+        },
+    };
+    if !host_ok {
+        return refuse("no host, or a path, user or character a host cannot have");
+    }
+    let port_ok = match port.strip_prefix(':') {
+        None => port.is_empty(),
+        Some(p) => p.parse::<u16>().is_ok_and(|p| p > 0),
+    };
+    if !port_ok {
+        return refuse("the port is not 1..=65535");
+    }
+    Ok(s.to_string())
+}
+
+/// `--api-allowed-host`: a DNS name alone (letters, digits, `-`, `_`, dot-separated labels).
+fn api_host_name(s: &str) -> Result<String, String> {
+    if s.trim().is_empty() {
+        return Err(
+            "the name is empty: give a DNS name by which clients address the API, e.g. \
+             lb.example.com"
+                .into(),
+        );
+    }
+    if !is_host_name(s) {
+        return Err(format!(
+            "{s:?} is not a DNS name: give the name alone (e.g. lb.example.com), without \
+             scheme, port or path"
+        ));
+    }
+    Ok(s.to_string())
+}
+
+/// True when `s` is dot-separated non-empty labels of ASCII letters, digits, `-` and `_`.
+fn is_host_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.split('.').all(|l| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        })
 }
 
 /// Environment variable holding the admin API token.
@@ -421,6 +494,75 @@ mod tests {
                      must be an integer 1..=1024; unset it to use one per CPU"
                 )
             );
+        }
+    }
+
+    #[test]
+    fn allowed_origins_are_http_or_https_origins_and_anything_else_a_usage_error() {
+        for good in [
+            "https://lb.example.com",
+            "HTTP://LB.example.com:8080",
+            "http://10.0.0.5:11111/",
+            "https://[::1]:8443",
+            "https://[fd00::5]",
+        ] {
+            let f = Flags::try_parse_from(["loxilb", "--api-allowed-origin", good])
+                .unwrap_or_else(|e| panic!("{good}: {e}"));
+            assert_eq!(f.api.api_allowed_origins, [good]);
+        }
+        for (bad, why) in [
+            ("not a url", "no scheme://"),
+            ("lb.example.com", "no scheme://"),
+            ("ftp://lb.example.com", "the scheme is not http or https"),
+            ("https://", "no host"),
+            ("https://lb.example.com/path", "a path"),
+            ("https://user@lb.example.com", "no host"),
+            ("https://lb.example.com:0", "the port is not 1..=65535"),
+            ("https://lb.example.com:http", "the port is not 1..=65535"),
+            ("https://[nope]:80", "not an IPv6 address in brackets"),
+        ] {
+            let e = Flags::try_parse_from(["loxilb", "--api-allowed-origin", bad])
+                .expect_err(bad)
+                .to_string();
+            assert!(e.contains("--api-allowed-origin"), "{bad}: {e}");
+            assert!(
+                e.contains(&format!("{bad:?} is not an origin (")),
+                "{bad}: {e}"
+            );
+            assert!(e.contains(why), "{bad}: {e}");
+            assert!(e.contains("give scheme://host[:port]"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn allowed_hosts_are_dns_names_and_empty_or_decorated_ones_a_usage_error() {
+        let f = Flags::try_parse_from([
+            "loxilb",
+            "--api-allowed-host",
+            "LB.example.com",
+            "--api-allowed-host",
+            "api_1.internal",
+        ])
+        .expect("parse");
+        assert_eq!(
+            f.api.api_allowed_hosts,
+            ["LB.example.com", "api_1.internal"]
+        );
+        let e = Flags::try_parse_from(["loxilb", "--api-allowed-host", ""])
+            .expect_err("empty")
+            .to_string();
+        assert!(e.contains("--api-allowed-host"), "{e}");
+        assert!(e.contains("the name is empty"), "{e}");
+        for bad in [
+            "lb.example.com:8080",
+            "https://lb.example.com",
+            "a..b",
+            "lb example",
+        ] {
+            let e = Flags::try_parse_from(["loxilb", "--api-allowed-host", bad])
+                .expect_err(bad)
+                .to_string();
+            assert!(e.contains(&format!("{bad:?} is not a DNS name")), "{e}");
         }
     }
 
