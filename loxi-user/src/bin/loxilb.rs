@@ -30,6 +30,9 @@ fn run() -> anyhow::Result<()> {
             cfg.env.inert.join(", ")
         );
     }
+    for u in &cfg.unknown_env {
+        tracing::warn!(var = %u.name, "{u}");
+    }
     for w in &telemetry.warnings {
         tracing::warn!(var = w.var, value = %w.value, "{w}");
     }

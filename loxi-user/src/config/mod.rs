@@ -5,6 +5,7 @@
 //! --tokenizer-dir DIR --log info`); the environment follows LoxiLB's `LOXILB_*` / `LLB_*`
 //! variables (`../shared/spec/configuration-and-tuning.txt`) plus loxi's own `LOXI_*`.
 pub mod env;
+pub mod known;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -326,6 +327,9 @@ pub struct Config {
     /// [`runtime_workers_from`]), else one per CPU. The binary passes it to tokio's builder, so
     /// tokio never parses the variable itself.
     pub runtime_workers: usize,
+    /// Set `LOXI_*`, `LOXILB_*` and `LLB_*` variables loxi does not know (misspellings), each
+    /// with the closest known name; the binary warns once for each.
+    pub unknown_env: Vec<known::UnknownVar>,
 }
 
 impl Config {
@@ -353,10 +357,14 @@ impl Config {
                     .exit(),
             };
         let env = Env::from_lookup(|k| std::env::var(k).ok());
+        let set = std::env::vars_os()
+            .filter(|(_, v)| !v.is_empty())
+            .filter_map(|(k, _)| k.into_string().ok());
         Self {
             flags,
             env,
             runtime_workers,
+            unknown_env: known::unknown_vars(set),
         }
     }
 
@@ -460,6 +468,7 @@ mod tests {
             flags: Flags::try_parse_from(args).expect("parse"),
             env: Env::default(),
             runtime_workers,
+            unknown_env: Vec::new(),
         };
         assert_eq!(
             cfg(&["loxilb", "--proxy-workers", "3"], 5).proxy_workers(),
