@@ -40,6 +40,15 @@ pub enum AppError {
         #[source]
         source: std::io::Error,
     },
+    /// `--cert-dir` exists but is not a directory, or cannot be read.
+    #[error("--cert-dir {}: {source}", path.display())]
+    CertDir {
+        /// The path given.
+        path: std::path::PathBuf,
+        /// Why it cannot be used.
+        #[source]
+        source: std::io::Error,
+    },
     /// The API address cannot be bound.
     #[error("binding the REST API on {addr}: {source}")]
     Bind {
@@ -101,7 +110,7 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
     let control = ControlMetrics::register(&mut registry);
     let proxy_metrics = ProxyMetrics::register(&mut registry);
     // The fullproxy's connection workers (`--proxy-workers`; 0: the shared runtime).
-    let workers = match cfg.flags.proxy_workers() {
+    let workers = match cfg.proxy_workers() {
         0 => None,
         n => {
             let w = proxy::workers::Workers::start(n)
@@ -117,7 +126,12 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
             source,
         },
     )?);
-    crate::certs::stage::stage_dir(&certs, &cfg.flags.cert_dir);
+    crate::certs::stage::stage_dir(&certs, &cfg.flags.cert_dir).map_err(|source| {
+        AppError::CertDir {
+            path: cfg.flags.cert_dir.clone(),
+            source,
+        }
+    })?;
     crate::certs::ExpiryCollector::register(&mut registry, certs.clone());
     let store = Arc::new(RuleStore::open(&cfg.flags.state_dir)?);
     let mut tasks = JoinSet::new();

@@ -598,6 +598,43 @@ pub fn loxicmd_at(api: SocketAddr, args: &[&str]) -> Output {
         .expect("run loxicmd")
 }
 
+/// Runs `loxilb` on a free loopback API port with `--tokenizer-dir <dir>/tok`, then `args`, and
+/// the environment variables `env`, expecting it to refuse to start: returns its exit code and
+/// stderr. A daemon still running after 20 s is killed and the calling test fails.
+pub fn failed_start(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String) {
+    let mut child = Command::new(bin_path("loxilb"))
+        .args(["--api-addr", &format!("127.0.0.1:{}", free_port())])
+        .arg("--tokenizer-dir")
+        .arg(dir.join("tok"))
+        .args(args)
+        .envs(env.iter().copied())
+        .env("RUST_BACKTRACE", "0")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run loxilb");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait loxilb") {
+            break Some(s);
+        }
+        if Instant::now() > deadline {
+            child.kill().expect("kill loxilb");
+            child.wait().expect("reap loxilb");
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        use std::io::Read;
+        e.read_to_string(&mut err).expect("stderr");
+    }
+    let status = status.unwrap_or_else(|| panic!("loxilb {args:?} {env:?} did not exit:\n{err}"));
+    (status.code(), err)
+}
+
 /// Parses a response body as JSON; a non-JSON body becomes `{"raw": text}` so assertions show it.
 pub fn parse_json(text: &str) -> serde_json::Value {
     serde_json::from_str(text).unwrap_or_else(|_| serde_json::json!({ "raw": text }))

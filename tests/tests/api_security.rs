@@ -326,3 +326,88 @@ async fn an_api_bound_beyond_loopback_without_a_token_logs_a_security_warning() 
     let loopback = Daemon::start_default().await;
     assert!(!loopback.log_text().contains("SECURITY WARNING"));
 }
+
+/// A self-signed certificate for `localhost` valid from `from` to `until` (year, month, day),
+/// written as `<dir>/api.pem` and `<dir>/api.key`; the daemon's `--api-tls-*` arguments.
+fn api_cert(dir: &std::path::Path, from: (i32, u8, u8), until: (i32, u8, u8)) -> Vec<String> {
+    let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).expect("params");
+    params.not_before = rcgen::date_time_ymd(from.0, from.1, from.2);
+    params.not_after = rcgen::date_time_ymd(until.0, until.1, until.2);
+    let key = rcgen::KeyPair::generate().expect("key");
+    let cert = params.self_signed(&key).expect("cert");
+    let (c, k) = (dir.join("api.pem"), dir.join("api.key"));
+    std::fs::write(&c, cert.pem()).expect("write cert");
+    std::fs::write(&k, key.serialize_pem()).expect("write key");
+    vec![
+        "--api-tls-cert".into(),
+        c.display().to_string(),
+        "--api-tls-key".into(),
+        k.display().to_string(),
+    ]
+}
+
+/// `--api-tls-cert` with a certificate every client would refuse (expired, or not valid yet)
+/// stops the daemon at start with the reason, as the cert API refuses such a certificate.
+#[test]
+fn an_expired_or_not_yet_valid_api_certificate_is_refused_at_start() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let state = dir.path().join("state").display().to_string();
+    for (from, until, why) in [
+        (
+            (2020, 1, 1),
+            (2021, 1, 1),
+            "the certificate expired at 1609459200 ",
+        ),
+        (
+            (2999, 1, 1),
+            (3000, 1, 1),
+            "the certificate is not valid before 32472144000 ",
+        ),
+    ] {
+        let mut args = vec!["--state-dir".to_string(), state.clone()];
+        args.extend(api_cert(dir.path(), from, until));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (code, err) = loxi_tests::harness::failed_start(dir.path(), &args, &[]);
+        assert_eq!(code, Some(1), "{err}");
+        let want = format!(
+            "Error: REST API TLS: certificate {} (--api-tls-cert): {why}",
+            dir.path().join("api.pem").display()
+        );
+        assert!(err.starts_with(&want), "{err}");
+    }
+}
+
+/// `--api-allowed-origin` must be an origin and `--api-allowed-host` a name: anything else
+/// would never match a request (silently inert), so it is a usage error.
+#[test]
+fn an_allowed_origin_or_host_that_cannot_match_is_a_usage_error() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let state = dir.path().join("state").display().to_string();
+    for (flag, value, want) in [
+        (
+            "--api-allowed-origin",
+            "not a url",
+            "\"not a url\" is not an origin (no scheme://): give scheme://host[:port]",
+        ),
+        (
+            "--api-allowed-origin",
+            "https://lb.example.com/ui",
+            "is not an origin (no host, or a path",
+        ),
+        ("--api-allowed-host", "", "the name is empty"),
+        (
+            "--api-allowed-host",
+            "lb.example.com:11111",
+            "\"lb.example.com:11111\" is not a DNS name",
+        ),
+    ] {
+        let (code, err) = loxi_tests::harness::failed_start(
+            dir.path(),
+            &["--state-dir", &state, flag, value],
+            &[],
+        );
+        assert_eq!(code, Some(2), "{flag} {value:?}: {err}");
+        assert!(err.contains(&format!("for '{flag} ")), "{err}");
+        assert!(err.contains(want), "{flag} {value:?}: {err}");
+    }
+}

@@ -262,19 +262,7 @@ fn a_missing_vip_interface_is_a_start_up_error_naming_it() {
 /// `loxilb` with `args` and a fresh state dir under `dir` that exits at start: its exit code and
 /// stderr.
 fn failed_start(dir: &std::path::Path, args: &[&str]) -> (Option<i32>, String) {
-    let out = std::process::Command::new(loxi_tests::harness::bin_path("loxilb"))
-        .args(["--api-addr", &format!("127.0.0.1:{}", free_port())])
-        .arg("--tokenizer-dir")
-        .arg(dir.join("tok"))
-        .args(args)
-        .env("RUST_BACKTRACE", "0")
-        .stdin(std::process::Stdio::null())
-        .output()
-        .expect("run loxilb");
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    loxi_tests::harness::failed_start(dir, args, &[])
 }
 
 #[test]
@@ -385,5 +373,65 @@ async fn an_api_address_with_port_0_logs_the_port_bound() {
         body.trim(),
         "{\"lbAttr\":[]}",
         "the API answers on the logged address"
+    );
+}
+
+/// `TOKIO_WORKER_THREADS` is the default of `--proxy-workers` and sizes the shared runtime: a
+/// value tokio cannot use is a usage error at start naming the variable (tokio itself panics
+/// with a stack trace), and a good one is used.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_tokio_worker_threads_is_a_usage_error_naming_the_variable() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let state = dir.path().join("state").display().to_string();
+    for bad in ["abc", "0"] {
+        let (code, err) = loxi_tests::harness::failed_start(
+            dir.path(),
+            &["--state-dir", &state],
+            &[("TOKIO_WORKER_THREADS", bad)],
+        );
+        assert_eq!(code, Some(2), "{bad}: {err}");
+        assert!(
+            err.starts_with(&format!(
+                "error: invalid value \"{bad}\" for the environment variable TOKIO_WORKER_THREADS: "
+            )),
+            "{err}"
+        );
+        assert!(err.contains("an integer 1..=1024"), "{err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    let d = Daemon::start(DaemonOpts::default().env("TOKIO_WORKER_THREADS", "2")).await;
+    let m = d.metrics_text().await;
+    assert!(
+        m.contains("loxilb_proxy_worker_connections{worker=\"2\"}")
+            && !m.contains("loxilb_proxy_worker_connections{worker=\"3\"}"),
+        "two proxy workers by default (1 and 2):\n{m}"
+    );
+}
+
+/// `--cert-dir` naming a regular file would stage nothing without a word: refused at start. A
+/// missing directory stays fine (LoxiLB's default path usually does not exist).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cert_dir_that_is_a_file_is_a_start_up_error_and_a_missing_one_is_fine() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let state = dir.path().join("state").display().to_string();
+    let file = dir.path().join("passwd");
+    std::fs::write(&file, "root:x:0:0::/root:/bin/sh\n").expect("write");
+    let file = file.display().to_string();
+    let (code, err) = failed_start(dir.path(), &["--state-dir", &state, "--cert-dir", &file]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.lines()
+            .any(|l| l.starts_with(&format!("Error: --cert-dir {file}: not a directory"))),
+        "{err}"
+    );
+    let missing = dir.path().join("no-such-dir").display().to_string();
+    let d = Daemon::start(DaemonOpts {
+        args: vec!["--cert-dir".into(), missing],
+        ..DaemonOpts::default()
+    })
+    .await;
+    assert_eq!(
+        d.get("/netlox/v1/config/cert/all").await.expect("GET").0,
+        200
     );
 }

@@ -213,6 +213,67 @@ async fn inert_environment_variables_are_named_in_a_warning_at_start() {
     assert!(!quiet.log_text().contains("without effect"));
 }
 
+/// A misspelt variable would leave its default in force without a word: every set `LOXI_*`,
+/// `LOXILB_*` or `LLB_*` variable loxi does not read is warned about once at start, with the
+/// closest known name; known ones (and the value the right name sets) are not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_environment_variables_are_warned_with_the_closest_known_name() {
+    let d = Daemon::start(
+        DaemonOpts::default()
+            .env("LOXI_MAX_BODY_BYTE", "1024")
+            .env("LOXI_HEADER_TIMEOUT", "5")
+            .env("LLB_SOMETHING_NEW", "1")
+            .env("LOXI_MAX_BODY_BYTES", "2048"),
+    )
+    .await;
+    let log = d.log_text();
+    let warned: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("loxi reads no such variable"))
+        .collect();
+    assert_eq!(warned.len(), 3, "one warning per unknown variable:\n{log}");
+    for (var, tail) in [
+        (
+            "LLB_SOMETHING_NEW",
+            "LLB_SOMETHING_NEW is set but loxi reads no such variable (ignored)",
+        ),
+        (
+            "LOXI_HEADER_TIMEOUT",
+            "LOXI_HEADER_TIMEOUT is set but loxi reads no such variable; did you mean \
+             LOXI_HEADER_TIMEOUT_MS?",
+        ),
+        (
+            "LOXI_MAX_BODY_BYTE",
+            "LOXI_MAX_BODY_BYTE is set but loxi reads no such variable; did you mean \
+             LOXI_MAX_BODY_BYTES?",
+        ),
+    ] {
+        let line = warned
+            .iter()
+            .find(|l| l.split_whitespace().any(|w| w == format!("var={var}")))
+            .unwrap_or_else(|| panic!("no warning for {var}:\n{log}"));
+        assert!(line.contains("WARN") && line.contains(tail), "{line}");
+    }
+    // The right name works: a 4 KiB body is over its 2 KiB limit.
+    let port = free_port();
+    let b = Backend::start("b").await;
+    let mut r = rule(port, json!({}));
+    r["endpoints"] = json!([{"endpointIP": "127.0.0.1", "targetPort": b.port()}]);
+    let (status, body) = d.post_rule(&r).await;
+    assert_eq!(status, 200, "{body}");
+    let c = loxi_tests::http::client();
+    let req = http::Request::post(format!("http://127.0.0.1:{port}/v1/completions"))
+        .header("content-type", "application/json")
+        .body(loxi_tests::http::full(format!(
+            "{{\"prompt\":\"{}\"}}",
+            "x".repeat(4096)
+        )))
+        .expect("request");
+    assert_eq!(loxi_tests::http::send(&c, req).await.status, 413);
+    let quiet = Daemon::start_default().await;
+    assert!(!quiet.log_text().contains("no such variable"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_over_the_api_limit_is_413() {
     let d = Daemon::start_default().await;

@@ -41,21 +41,42 @@ pub enum TlsError {
     /// The certificate file holds no certificate.
     #[error("certificate {0}: no CERTIFICATE block")]
     NoCertificate(String),
+    /// The leaf certificate does not parse as X.509.
+    #[error("certificate {path}: {source}")]
+    Certificate {
+        /// The file.
+        path: String,
+        /// Why.
+        #[source]
+        source: crate::certs::CertError,
+    },
+    /// The leaf certificate has expired or is not valid yet: every client would refuse it (the
+    /// cert API refuses such a certificate too).
+    #[error("certificate {path} (--api-tls-cert): {source}")]
+    Validity {
+        /// The file.
+        path: String,
+        /// Why.
+        #[source]
+        source: crate::certs::parse::ValidityError,
+    },
     /// rustls refused the certificate/key pair.
     #[error("TLS configuration: {0}")]
     Rustls(#[from] rustls::Error),
 }
 
 /// The server configuration of `cert` (PEM chain) and `key` (PEM private key), ALPN
-/// `http/1.1` (the API speaks HTTP/1.1).
+/// `http/1.1` (the API speaks HTTP/1.1). A leaf certificate that has expired or is not valid
+/// yet is refused, as the cert API refuses it.
 pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>, TlsError> {
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
         .map_err(pem("certificate", cert))?
         .collect::<Result<_, _>>()
         .map_err(pem("certificate", cert))?;
-    if chain.is_empty() {
+    let Some(leaf) = chain.first() else {
         return Err(TlsError::NoCertificate(cert.display().to_string()));
-    }
+    };
+    check_validity(cert, leaf, crate::certs::store::unix_now())?;
     let key = PrivateKeyDer::from_pem_file(key).map_err(pem("private key", key))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
@@ -64,6 +85,22 @@ pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig
         .with_single_cert(chain, key)?;
     cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Arc::new(cfg))
+}
+
+/// `Ok` when the leaf `der` of file `path` is valid at `now` (Unix seconds).
+fn check_validity(path: &Path, der: &CertificateDer<'_>, now: i64) -> Result<(), TlsError> {
+    let path = || path.display().to_string();
+    let (not_before, not_after) =
+        crate::certs::parse::validity(der).map_err(|source| TlsError::Certificate {
+            path: path(),
+            source,
+        })?;
+    crate::certs::parse::check_validity(not_before, not_after, now).map_err(|source| {
+        TlsError::Validity {
+            path: path(),
+            source,
+        }
+    })
 }
 
 fn pem<'a>(

@@ -30,13 +30,19 @@ fn run() -> anyhow::Result<()> {
             cfg.env.inert.join(", ")
         );
     }
+    for u in &cfg.unknown_env {
+        tracing::warn!(var = %u.name, "{u}");
+    }
     for w in &telemetry.warnings {
         tracing::warn!(var = w.var, value = %w.value, "{w}");
     }
     if telemetry.tracing_enabled() {
         tracing::info!("OpenTelemetry traces on (OTLP http/protobuf)");
     }
+    // The worker count is set here, validated: tokio would read `TOKIO_WORKER_THREADS` itself
+    // and panic on a value it cannot use.
     let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cfg.runtime_workers)
         .enable_all()
         .build()?;
     let res = rt.block_on(loxi_user::app::run(cfg));

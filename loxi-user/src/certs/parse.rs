@@ -78,26 +78,9 @@ pub enum CertError {
     /// The leaf certificate does not parse as X.509.
     #[error("certPem: not an X.509 certificate: {0}")]
     X509(String),
-    /// The leaf has expired.
-    #[error("certPem: the certificate expired at {not_after} (Unix seconds; now {now})")]
-    Expired {
-        /// End of validity.
-        not_after: i64,
-        /// The time of the check.
-        now: i64,
-    },
-    /// The leaf's validity starts more than [`NOT_BEFORE_SKEW_SECS`] from now: every client
-    /// would refuse it until then.
-    #[error(
-        "certPem: the certificate is not valid before {not_before} (Unix seconds; now {now}); \
-         clients would refuse it until then"
-    )]
-    NotYetValid {
-        /// Start of validity.
-        not_before: i64,
-        /// The time of the check.
-        now: i64,
-    },
+    /// The leaf has expired or is not valid yet.
+    #[error("certPem: {0}")]
+    Validity(#[from] ValidityError),
     /// A certificate of the chain is not the issuer of the one before it.
     #[error(
         "chainPem: certificate {index} of the chain (subject {subject}) did not issue the one \
@@ -114,6 +97,52 @@ pub enum CertError {
     /// The leaf names no host (no SAN DNS name, no CN).
     #[error("certPem: the certificate names no host (no SAN DNS name and no subject CN)")]
     NoHostnames,
+}
+
+/// A certificate that clients would refuse now: expired, or valid only from a later time.
+/// The cert API and `--api-tls-cert` refuse such a certificate alike.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ValidityError {
+    /// The certificate has expired.
+    #[error("the certificate expired at {not_after} (Unix seconds; now {now})")]
+    Expired {
+        /// End of validity.
+        not_after: i64,
+        /// The time of the check.
+        now: i64,
+    },
+    /// The validity starts more than [`NOT_BEFORE_SKEW_SECS`] from now: every client would
+    /// refuse the certificate until then.
+    #[error(
+        "the certificate is not valid before {not_before} (Unix seconds; now {now}); \
+         clients would refuse it until then"
+    )]
+    NotYetValid {
+        /// Start of validity.
+        not_before: i64,
+        /// The time of the check.
+        now: i64,
+    },
+}
+
+/// `Ok` when a certificate valid from `not_before` to `not_after` (Unix seconds) is usable at
+/// `now`: not expired, and its start no more than [`NOT_BEFORE_SKEW_SECS`] ahead.
+pub fn check_validity(not_before: i64, not_after: i64, now: i64) -> Result<(), ValidityError> {
+    if not_after <= now {
+        return Err(ValidityError::Expired { not_after, now });
+    }
+    if not_before > now + NOT_BEFORE_SKEW_SECS {
+        return Err(ValidityError::NotYetValid { not_before, now });
+    }
+    Ok(())
+}
+
+/// The validity (`notBefore`, `notAfter`, Unix seconds) of the X.509 certificate `der`.
+pub fn validity(der: &CertificateDer<'_>) -> Result<(i64, i64), CertError> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der.as_ref())
+        .map_err(|e| CertError::X509(e.to_string()))?;
+    let v = cert.validity();
+    Ok((v.not_before.timestamp(), v.not_after.timestamp()))
 }
 
 /// How far in the future a leaf's `notBefore` may be (clock skew between the issuer and this
@@ -158,18 +187,7 @@ pub fn parse(id: &str, pem: CertPem, now: i64) -> Result<Certificate, CertError>
     let signer = rustls::crypto::ring::sign::any_supported_type(&key)
         .map_err(|e| CertError::UnsupportedKey(e.to_string()))?;
     let facts = leaf_facts(&chain[0])?;
-    if facts.not_after <= now {
-        return Err(CertError::Expired {
-            not_after: facts.not_after,
-            now,
-        });
-    }
-    if facts.not_before > now + NOT_BEFORE_SKEW_SECS {
-        return Err(CertError::NotYetValid {
-            not_before: facts.not_before,
-            now,
-        });
-    }
+    check_validity(facts.not_before, facts.not_after, now)?;
     let certified = CertifiedKey::new(chain, signer);
     certified
         .keys_match()
@@ -319,7 +337,15 @@ mod tests {
     #[test]
     fn an_expired_certificate_is_refused() {
         let e = parse("a", pem_for(&["a.example"], in_days(-1)), now()).expect_err("expired");
-        assert!(matches!(e, CertError::Expired { .. }), "{e}");
+        assert!(
+            matches!(e, CertError::Validity(ValidityError::Expired { .. })),
+            "{e}"
+        );
+        assert!(
+            e.to_string()
+                .starts_with("certPem: the certificate expired at "),
+            "{e}"
+        );
     }
 
     #[test]
@@ -421,7 +447,13 @@ mod tests {
     fn a_not_yet_valid_certificate_is_refused() {
         let p = pem_for(&["a.example"], in_days(30));
         let e = parse("a", p.clone(), 0).expect_err("not yet valid");
-        assert!(matches!(e, CertError::NotYetValid { now: 0, .. }), "{e}");
+        assert!(
+            matches!(
+                e,
+                CertError::Validity(ValidityError::NotYetValid { now: 0, .. })
+            ),
+            "{e}"
+        );
         let starts = parse("a", p.clone(), now()).expect("valid now").not_before;
         assert!(
             parse("a", p, starts - NOT_BEFORE_SKEW_SECS).is_ok(),

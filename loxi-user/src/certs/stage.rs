@@ -6,20 +6,36 @@
 //! - `<dir>/<name>/server.crt` + `<dir>/<name>/server.key` → certificate `<name>` (its
 //!   hostnames from the certificate, as for the API).
 //!
-//! A missing directory stages nothing; a pair that does not load is logged and skipped.
+//! A missing directory stages nothing; a path that is not a directory, or a directory that
+//! cannot be listed, is an error (the daemon does not start: `--cert-dir` would otherwise be
+//! silently inert); a pair that does not load is logged and skipped.
 
+use std::io::{Error, ErrorKind};
 use std::path::Path;
 
 use super::parse::CertPem;
 use super::store::{CertStore, DEFAULT_ID};
 
-/// Stages every pair found in `dir`; returns the ids loaded.
-pub fn stage_dir(store: &CertStore, dir: &Path) -> Vec<String> {
+/// Stages every pair found in `dir`; returns the ids loaded (none when `dir` does not exist).
+///
+/// # Errors
+/// `dir` exists but is not a directory (`NotADirectory`), or cannot be read.
+pub fn stage_dir(store: &CertStore, dir: &Path) -> Result<Vec<String>, Error> {
+    match std::fs::metadata(dir) {
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+        Ok(m) if !m.is_dir() => {
+            return Err(Error::new(
+                ErrorKind::NotADirectory,
+                "not a directory (staged certificates are <dir>/server.crt + server.key and \
+                 <dir>/<name>/server.crt + server.key)",
+            ));
+        }
+        Ok(_) => {}
+    }
+    let entries = std::fs::read_dir(dir)?;
     let mut loaded = Vec::new();
     stage_pair(store, dir, DEFAULT_ID, &mut loaded);
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return loaded;
-    };
     let mut subdirs: Vec<_> = entries
         .filter_map(Result::ok)
         .map(|e| e.path())
@@ -31,7 +47,7 @@ pub fn stage_dir(store: &CertStore, dir: &Path) -> Vec<String> {
             stage_pair(store, &sub, name, &mut loaded);
         }
     }
-    loaded
+    Ok(loaded)
 }
 
 fn stage_pair(store: &CertStore, dir: &Path, id: &str, loaded: &mut Vec<String>) {
@@ -80,7 +96,10 @@ mod tests {
         write_pair(&dir.path().join("api.example"), "api.example");
         std::fs::create_dir_all(dir.path().join("empty")).expect("dir");
         let store = CertStore::in_memory();
-        assert_eq!(stage_dir(&store, dir.path()), ["default", "api.example"]);
+        assert_eq!(
+            stage_dir(&store, dir.path()).expect("staged"),
+            ["default", "api.example"]
+        );
         let snap = store.snapshot();
         assert_eq!(
             snap.default_cert().map(|c| c.hostnames[0].as_str()),
@@ -90,5 +109,18 @@ mod tests {
             snap.for_name("api.example").map(|c| c.id.as_str()),
             Some("api.example")
         );
+    }
+
+    #[test]
+    fn a_missing_directory_stages_nothing_and_a_file_is_refused() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let store = CertStore::in_memory();
+        let none = stage_dir(&store, &dir.path().join("absent")).expect("missing is fine");
+        assert!(none.is_empty());
+        let file = dir.path().join("a-file");
+        std::fs::write(&file, "x").expect("write");
+        let e = stage_dir(&store, &file).expect_err("a file");
+        assert_eq!(e.kind(), ErrorKind::NotADirectory);
+        assert!(e.to_string().starts_with("not a directory"), "{e}");
     }
 }

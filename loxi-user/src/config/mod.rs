@@ -5,12 +5,13 @@
 //! --tokenizer-dir DIR --log info`); the environment follows LoxiLB's `LOXILB_*` / `LLB_*`
 //! variables (`../shared/spec/configuration-and-tuning.txt`) plus loxi's own `LOXI_*`.
 pub mod env;
+pub mod known;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 
 pub use env::{Env, EnvWarning, KvLbMode};
 
@@ -35,7 +36,8 @@ pub struct Flags {
     pub tokenizer_dir: PathBuf,
     /// Staged TLS certificates (LoxiLB's layout): `<dir>/server.crt` + `server.key` is the
     /// `default` certificate, `<dir>/<name>/server.crt` + `server.key` certificate `<name>`;
-    /// loaded at start into the cert store (see `certs::stage`). A missing directory is fine.
+    /// loaded at start into the cert store (see `certs::stage`). A missing directory is fine;
+    /// a path that is not a directory stops the daemon at start.
     #[arg(long, default_value = "/opt/loxilb/cert")]
     pub cert_dir: PathBuf,
     /// LoxiLB's API-server spelling of the API address's IP (`--host`; LoxiLB's default is
@@ -93,14 +95,86 @@ pub struct ApiArgs {
     /// `LOXI_API_READ_TOKEN`).
     #[arg(long, value_name = "FILE")]
     pub api_read_token_file: Option<PathBuf>,
-    /// A browser origin (`https://lb.example.com`) allowed besides the API's own (repeatable).
-    #[arg(long = "api-allowed-origin", value_name = "ORIGIN")]
+    /// A browser origin (`https://lb.example.com`) allowed besides the API's own (repeatable):
+    /// `http` or `https`, `://`, a host and an optional port, as browsers send `Origin`; any
+    /// other value is a usage error.
+    #[arg(long = "api-allowed-origin", value_name = "ORIGIN", value_parser = api_origin)]
     pub api_allowed_origins: Vec<String>,
     /// A DNS name (`lb.example.com`, no port) by which tokenless clients may address the API
     /// (repeatable). Without a token, requests whose `Host` is any other DNS name get 403
-    /// (DNS-rebinding defence); IP addresses and `localhost` always pass.
-    #[arg(long = "api-allowed-host", value_name = "NAME")]
+    /// (DNS-rebinding defence); IP addresses and `localhost` always pass. An empty value, or
+    /// one with a scheme, port or path, is a usage error.
+    #[arg(long = "api-allowed-host", value_name = "NAME", value_parser = api_host_name)]
     pub api_allowed_hosts: Vec<String>,
+}
+
+/// `--api-allowed-origin`: `http(s)://host[:port]` (one trailing `/` tolerated), as a browser
+/// sends `Origin`; the value is kept as given (the API's policy compares it normalised).
+fn api_origin(s: &str) -> Result<String, String> {
+    let refuse = |why: &str| {
+        Err(format!(
+            "{s:?} is not an origin ({why}): give scheme://host[:port] with scheme http or \
+             https, e.g. https://lb.example.com or http://10.0.0.5:8080, as browsers send Origin"
+        ))
+    };
+    let Some((scheme, authority)) = s.split_once("://") else {
+        return refuse("no scheme://");
+    };
+    let authority = authority.strip_suffix('/').unwrap_or(authority);
+    if !scheme.eq_ignore_ascii_case("http") && !scheme.eq_ignore_ascii_case("https") {
+        return refuse("the scheme is not http or https");
+    }
+    let (host_ok, port) = match authority.strip_prefix('[') {
+        Some(v6) => match v6.split_once(']') {
+            Some((ip, rest)) if ip.parse::<std::net::Ipv6Addr>().is_ok() => (true, rest),
+            _ => return refuse("not an IPv6 address in brackets"),
+        },
+        None => match authority.split_once(':') {
+            Some((h, _)) => (is_host_name(h), &authority[h.len()..]),
+            None => (is_host_name(authority), ""),
+        },
+    };
+    if !host_ok {
+        return refuse("no host, or a path, user or character a host cannot have");
+    }
+    let port_ok = match port.strip_prefix(':') {
+        None => port.is_empty(),
+        Some(p) => p.parse::<u16>().is_ok_and(|p| p > 0),
+    };
+    if !port_ok {
+        return refuse("the port is not 1..=65535");
+    }
+    Ok(s.to_string())
+}
+
+/// `--api-allowed-host`: a DNS name alone (letters, digits, `-`, `_`, dot-separated labels).
+fn api_host_name(s: &str) -> Result<String, String> {
+    if s.trim().is_empty() {
+        return Err(
+            "the name is empty: give a DNS name by which clients address the API, e.g. \
+             lb.example.com"
+                .into(),
+        );
+    }
+    if !is_host_name(s) {
+        return Err(format!(
+            "{s:?} is not a DNS name: give the name alone (e.g. lb.example.com), without \
+             scheme, port or path"
+        ));
+    }
+    Ok(s.to_string())
+}
+
+/// True when `s` is dot-separated non-empty labels of ASCII letters, digits, `-` and `_`.
+fn is_host_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.split('.').all(|l| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        })
 }
 
 /// Environment variable holding the admin API token.
@@ -196,26 +270,33 @@ impl Flags {
     pub fn shutdown_grace(&self) -> Duration {
         Duration::from_secs(self.shutdown_grace_secs)
     }
-
-    /// How many fullproxy connection workers to start: `--proxy-workers` /
-    /// `LOXI_PROXY_WORKERS`, else `TOKIO_WORKER_THREADS` (the shared runtime's own count, when
-    /// it is a positive number), else the CPUs available to the process.
-    pub fn proxy_workers(&self) -> usize {
-        proxy_workers_from(
-            self.proxy_workers,
-            std::env::var("TOKIO_WORKER_THREADS").ok(),
-        )
-    }
 }
 
-/// [`Flags::proxy_workers`] from the flag and `TOKIO_WORKER_THREADS`'s value.
-fn proxy_workers_from(flag: Option<u16>, tokio_workers: Option<String>) -> usize {
-    if let Some(n) = flag {
-        return n.into();
-    }
-    match tokio_workers.and_then(|v| v.trim().parse::<usize>().ok()) {
-        Some(n) if n > 0 => n,
-        _ => std::thread::available_parallelism().map_or(1, |n| n.get()),
+/// The variable tokio reads for the shared runtime's worker count, and the default of
+/// `--proxy-workers`.
+pub const TOKIO_WORKERS_ENV: &str = "TOKIO_WORKER_THREADS";
+
+/// Largest `TOKIO_WORKER_THREADS` accepted (the `--proxy-workers` range, which it defaults).
+pub const MAX_RUNTIME_WORKERS: usize = 1024;
+
+/// The shared runtime's worker threads from `TOKIO_WORKER_THREADS`'s value: an integer
+/// 1..=[`MAX_RUNTIME_WORKERS`]; unset or empty: the CPUs available to the process.
+///
+/// # Errors
+/// The usage error text (naming the variable, its value and what is accepted) for any other
+/// value: tokio itself would panic on a value it cannot parse or on 0.
+pub fn runtime_workers_from(value: Option<&str>) -> Result<usize, String> {
+    let cpus = || std::thread::available_parallelism().map_or(1, |n| n.get());
+    let Some(v) = value.map(str::trim).filter(|v| !v.is_empty()) else {
+        return Ok(cpus());
+    };
+    match v.parse::<usize>() {
+        Ok(n) if (1..=MAX_RUNTIME_WORKERS).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "invalid value {v:?} for the environment variable {TOKIO_WORKERS_ENV}: the shared \
+             runtime's worker threads (and the default of --proxy-workers) must be an integer \
+             1..={MAX_RUNTIME_WORKERS}; unset it to use one per CPU"
+        )),
     }
 }
 
@@ -242,6 +323,13 @@ pub struct Config {
     pub flags: Flags,
     /// Environment read once at start.
     pub env: Env,
+    /// The shared tokio runtime's worker threads: `TOKIO_WORKER_THREADS` (validated by
+    /// [`runtime_workers_from`]), else one per CPU. The binary passes it to tokio's builder, so
+    /// tokio never parses the variable itself.
+    pub runtime_workers: usize,
+    /// Set `LOXI_*`, `LOXILB_*` and `LLB_*` variables loxi does not know (misspellings), each
+    /// with the closest known name; the binary warns once for each.
+    pub unknown_env: Vec<known::UnknownVar>,
 }
 
 impl Config {
@@ -261,8 +349,32 @@ impl Config {
                 std::process::exit(code);
             }
         };
+        let runtime_workers =
+            match runtime_workers_from(std::env::var(TOKIO_WORKERS_ENV).ok().as_deref()) {
+                Ok(n) => n,
+                Err(msg) => Flags::command()
+                    .error(clap::error::ErrorKind::InvalidValue, msg)
+                    .exit(),
+            };
         let env = Env::from_lookup(|k| std::env::var(k).ok());
-        Self { flags, env }
+        let set = std::env::vars_os()
+            .filter(|(_, v)| !v.is_empty())
+            .filter_map(|(k, _)| k.into_string().ok());
+        Self {
+            flags,
+            env,
+            runtime_workers,
+            unknown_env: known::unknown_vars(set),
+        }
+    }
+
+    /// How many fullproxy connection workers to start: `--proxy-workers` /
+    /// `LOXI_PROXY_WORKERS`, else the shared runtime's worker count
+    /// ([`Config::runtime_workers`]: `TOKIO_WORKER_THREADS`, else one per CPU).
+    pub fn proxy_workers(&self) -> usize {
+        self.flags
+            .proxy_workers
+            .map_or(self.runtime_workers, usize::from)
     }
 }
 
@@ -351,22 +463,116 @@ mod tests {
     }
 
     #[test]
-    fn proxy_workers_come_from_the_flag_then_tokio_s_count_then_the_cpus() {
-        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-        assert_eq!(proxy_workers_from(Some(3), Some("5".into())), 3);
+    fn proxy_workers_come_from_the_flag_then_the_runtime_s_count() {
+        let cfg = |args: &[&str], runtime_workers| Config {
+            flags: Flags::try_parse_from(args).expect("parse"),
+            env: Env::default(),
+            runtime_workers,
+            unknown_env: Vec::new(),
+        };
         assert_eq!(
-            proxy_workers_from(Some(0), Some("5".into())),
+            cfg(&["loxilb", "--proxy-workers", "3"], 5).proxy_workers(),
+            3
+        );
+        assert_eq!(
+            cfg(&["loxilb", "--proxy-workers", "0"], 5).proxy_workers(),
             0,
             "0: shared runtime"
         );
-        assert_eq!(proxy_workers_from(None, Some(" 5 ".into())), 5);
-        assert_eq!(proxy_workers_from(None, Some("0".into())), cpus);
-        assert_eq!(proxy_workers_from(None, Some("two".into())), cpus);
-        assert_eq!(proxy_workers_from(None, None), cpus);
+        assert_eq!(cfg(&["loxilb"], 5).proxy_workers(), 5);
         let f = Flags::try_parse_from(["loxilb", "--proxy-workers", "2"]).expect("parse");
         assert_eq!(f.proxy_workers, Some(2));
         let e = Flags::try_parse_from(["loxilb", "--proxy-workers", "5000"]).expect_err("range");
         assert!(e.to_string().contains("0..=1024"), "{e}");
+    }
+
+    #[test]
+    fn tokio_worker_threads_is_an_integer_1_to_1024_and_anything_else_a_usage_error() {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert_eq!(runtime_workers_from(None), Ok(cpus));
+        assert_eq!(runtime_workers_from(Some("  ")), Ok(cpus), "empty = unset");
+        assert_eq!(runtime_workers_from(Some(" 5 ")), Ok(5));
+        assert_eq!(runtime_workers_from(Some("1024")), Ok(1024));
+        for bad in ["abc", "0", "-1", "1025", "2.5"] {
+            let e = runtime_workers_from(Some(bad)).expect_err(bad);
+            assert_eq!(
+                e,
+                format!(
+                    "invalid value {bad:?} for the environment variable TOKIO_WORKER_THREADS: \
+                     the shared runtime's worker threads (and the default of --proxy-workers) \
+                     must be an integer 1..=1024; unset it to use one per CPU"
+                )
+            );
+        }
+    }
+
+    #[test]
+    fn allowed_origins_are_http_or_https_origins_and_anything_else_a_usage_error() {
+        for good in [
+            "https://lb.example.com",
+            "HTTP://LB.example.com:8080",
+            "http://10.0.0.5:11111/",
+            "https://[::1]:8443",
+            "https://[fd00::5]",
+        ] {
+            let f = Flags::try_parse_from(["loxilb", "--api-allowed-origin", good])
+                .unwrap_or_else(|e| panic!("{good}: {e}"));
+            assert_eq!(f.api.api_allowed_origins, [good]);
+        }
+        for (bad, why) in [
+            ("not a url", "no scheme://"),
+            ("lb.example.com", "no scheme://"),
+            ("ftp://lb.example.com", "the scheme is not http or https"),
+            ("https://", "no host"),
+            ("https://lb.example.com/path", "a path"),
+            ("https://user@lb.example.com", "no host"),
+            ("https://lb.example.com:0", "the port is not 1..=65535"),
+            ("https://lb.example.com:http", "the port is not 1..=65535"),
+            ("https://[nope]:80", "not an IPv6 address in brackets"),
+        ] {
+            let e = Flags::try_parse_from(["loxilb", "--api-allowed-origin", bad])
+                .expect_err(bad)
+                .to_string();
+            assert!(e.contains("--api-allowed-origin"), "{bad}: {e}");
+            assert!(
+                e.contains(&format!("{bad:?} is not an origin (")),
+                "{bad}: {e}"
+            );
+            assert!(e.contains(why), "{bad}: {e}");
+            assert!(e.contains("give scheme://host[:port]"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn allowed_hosts_are_dns_names_and_empty_or_decorated_ones_a_usage_error() {
+        let f = Flags::try_parse_from([
+            "loxilb",
+            "--api-allowed-host",
+            "LB.example.com",
+            "--api-allowed-host",
+            "api_1.internal",
+        ])
+        .expect("parse");
+        assert_eq!(
+            f.api.api_allowed_hosts,
+            ["LB.example.com", "api_1.internal"]
+        );
+        let e = Flags::try_parse_from(["loxilb", "--api-allowed-host", ""])
+            .expect_err("empty")
+            .to_string();
+        assert!(e.contains("--api-allowed-host"), "{e}");
+        assert!(e.contains("the name is empty"), "{e}");
+        for bad in [
+            "lb.example.com:8080",
+            "https://lb.example.com",
+            "a..b",
+            "lb example",
+        ] {
+            let e = Flags::try_parse_from(["loxilb", "--api-allowed-host", bad])
+                .expect_err(bad)
+                .to_string();
+            assert!(e.contains(&format!("{bad:?} is not a DNS name")), "{e}");
+        }
     }
 
     #[test]
