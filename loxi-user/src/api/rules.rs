@@ -312,13 +312,26 @@ impl DeleteKey {
         Ok(Self {
             ip,
             port,
-            proto,
+            proto: parse_protocol(&proto)?,
             host,
         })
     }
 }
 
-fn parse_port(port: &str) -> Result<u16, ApiError> {
+/// The `protocol` path segment of the key routes, lower-cased: `tcp`, `udp` or `sctp` (what a
+/// rule can have); anything else is the client's mistake (400), not a rule that does not exist.
+pub(super) fn parse_protocol(proto: &str) -> Result<String, ApiError> {
+    let p = proto.to_ascii_lowercase();
+    match p.as_str() {
+        "tcp" | "udp" | "sctp" => Ok(p),
+        _ => Err(ApiError::bad_field(
+            "protocol",
+            format!("{proto:?} is not a protocol (tcp, udp, sctp)"),
+        )),
+    }
+}
+
+pub(super) fn parse_port(port: &str) -> Result<u16, ApiError> {
     port.parse()
         .ok()
         .filter(|p| *p != 0)
