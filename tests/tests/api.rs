@@ -274,6 +274,64 @@ async fn delete_by_model_name_removes_only_that_pool_and_unknown_rule_is_404() {
     );
 }
 
+/// A protocol that no rule can have is the client's mistake, answered as a bad address or port
+/// is (400 naming the field), on every route that takes one; not 404 "no rule matches". A
+/// known protocol in another case still names the rule.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_protocol_is_400_naming_it_on_every_key_route() {
+    let d = Daemon::start_default().await;
+    let port = free_port();
+    assert_eq!(d.post_rule(&rule(port)).await.0, 200);
+    let key = |proto: &str| {
+        format!(
+            "/netlox/v1/config/loadbalancer/externalipaddress/127.0.0.1/port/{port}/protocol/{proto}"
+        )
+    };
+    let hosturl = |proto: &str| {
+        format!(
+            "/netlox/v1/config/loadbalancer/hosturl/any/externalipaddress/127.0.0.1/port/{port}/protocol/{proto}"
+        )
+    };
+    let portmax = |proto: &str| {
+        format!(
+            "/netlox/v1/config/loadbalancer/externalipaddress/127.0.0.1/port/{port}/portmax/0/protocol/{proto}"
+        )
+    };
+    let hosturl_portmax = |proto: &str| {
+        format!(
+            "/netlox/v1/config/loadbalancer/hosturl/any/externalipaddress/127.0.0.1/port/{port}/portmax/0/protocol/{proto}"
+        )
+    };
+    let routes: [(&str, String); 7] = [
+        ("DELETE", key("xyz")),
+        ("DELETE", hosturl("xyz")),
+        ("DELETE", portmax("xyz")),
+        ("DELETE", hosturl_portmax("xyz")),
+        ("GET", key("xyz")),
+        ("GET", format!("{}/status", key("xyz"))),
+        ("GET", format!("{}/stats", key("xyz"))),
+    ];
+    for (method, path) in &routes {
+        let (status, text) = d.request(method, path, None).await.expect("request");
+        let body = loxi_tests::harness::parse_json(&text);
+        assert_eq!(
+            (status, body["field"].clone(), body["message"].clone()),
+            (
+                400,
+                json!("protocol"),
+                json!("\"xyz\" is not a protocol (tcp, udp, sctp)")
+            ),
+            "{method} {path}"
+        );
+    }
+    assert_eq!(lb_attr(&d.rules().await).len(), 1, "nothing was deleted");
+    let (status, body) = d.get(&key("TCP")).await.expect("GET");
+    assert_eq!(status, 200, "{body}");
+    let (status, _) = d.delete_rule("127.0.0.1", port, "TCP", None).await;
+    assert_eq!(status, 200);
+    assert!(lb_attr(&d.rules().await).is_empty());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rules_are_restored_after_a_restart_with_their_order() {
     let mut d = Daemon::start_default().await;

@@ -435,3 +435,76 @@ async fn a_cert_dir_that_is_a_file_is_a_start_up_error_and_a_missing_one_is_fine
         200
     );
 }
+
+/// A stored rule that no longer validates (here `rules.json` edited by hand) is dropped at start,
+/// but not lost: it is written as stored to `rules.dropped-<secs>.json` (mode 0600) before any
+/// write, and the log names that file; the next change rewrites `rules.json` without it while
+/// the side file keeps it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restored_rule_that_no_longer_validates_is_kept_in_a_side_file() {
+    use std::os::unix::fs::PermissionsExt;
+    let mut d = Daemon::start_default().await;
+    let rule = |port: u16| {
+        json!({
+            "serviceArguments": {"externalIP": "127.0.0.1", "port": port, "mode": 4, "sel": 0},
+            "endpoints": [{"endpointIP": "127.0.0.2", "targetPort": 8001}]
+        })
+    };
+    let (p1, p2) = (free_port(), free_port());
+    assert_eq!(d.post_rule(&rule(p1)).await.0, 200);
+    assert_eq!(d.post_rule(&rule(p2)).await.0, 200);
+    d.stop().await;
+    let state = d.state_dir().join("rules.json");
+    let mut file: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&state).expect("read")).expect("JSON");
+    let entries = file["rules"].as_array_mut().expect("rules");
+    let bad = entries
+        .iter_mut()
+        .find(|r| r["rule"]["serviceArguments"]["port"] == json!(p2))
+        .expect("the second rule");
+    bad["rule"]["serviceArguments"]["externalIP"] = json!("999.1.1.1");
+    let bad = bad.clone();
+    std::fs::write(&state, serde_json::to_vec_pretty(&file).expect("JSON")).expect("write");
+    d.restart().await;
+    let listed = d.rules().await;
+    assert_eq!(
+        listed["lbAttr"].as_array().map(Vec::len),
+        Some(1),
+        "{listed}"
+    );
+    let side: Vec<std::path::PathBuf> = std::fs::read_dir(d.state_dir())
+        .expect("state dir")
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("rules.dropped-"))
+        })
+        .collect();
+    assert_eq!(side.len(), 1, "{side:?}");
+    let kept: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&side[0]).expect("read")).expect("JSON");
+    assert_eq!(kept, json!({"version": 1, "rules": [bad]}));
+    let mode = std::fs::metadata(&side[0])
+        .expect("meta")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let log = d.log_text();
+    let line = log
+        .lines()
+        .find(|l| l.contains("dropping a restored rule that no longer validates"))
+        .unwrap_or_else(|| panic!("no drop logged:\n{log}"));
+    assert!(
+        line.contains(&format!("kept as stored in {}", side[0].display())),
+        "{line}"
+    );
+    assert!(line.contains("999.1.1.1"), "the reason: {line}");
+    // The next change rewrites rules.json without the dropped rule; the side file keeps it.
+    assert_eq!(d.post_rule(&rule(free_port())).await.0, 200);
+    let now = std::fs::read_to_string(&state).expect("read");
+    assert!(!now.contains("999.1.1.1"), "{now}");
+    let still: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&side[0]).expect("read")).expect("JSON");
+    assert_eq!(still, kept);
+}

@@ -532,6 +532,71 @@ async fn a_backend_that_drops_requests_is_taken_out_by_the_breaker() {
     );
 }
 
+/// A backend that answers `101 Switching Protocols` to a request that asked for no upgrade
+/// (loxi forwards none) is a bad answer: the client gets 502 `upstream_error` naming it (never
+/// the 101, after which its connection would die), and after `LLB_PD_ORIGIN_ERR_THRESHOLD` (3)
+/// of them the breaker takes the endpoint out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unsolicited_101_is_502_and_counts_for_the_breaker() {
+    let upgrader = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let up_port = upgrader.local_addr().expect("addr").port();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = upgrader.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 << 10];
+                let _ = tokio::time::timeout(Duration::from_millis(200), s.read(&mut buf)).await;
+                let _ = s
+                    .write_all(
+                        b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\n\
+                          Upgrade: websocket\r\n\r\n",
+                    )
+                    .await;
+                // Hold the "upgraded" connection a moment, as a real server would.
+                let _ = tokio::time::timeout(Duration::from_secs(2), s.read(&mut buf)).await;
+            });
+        }
+    });
+    let live = Backend::start("live").await;
+    let port = free_port();
+    let d = started(&[rule(port, 0, &[(up_port, 1), (live.port(), 1)], json!({}))]).await;
+    let c = client();
+    let mut seen = Vec::new();
+    for _ in 0..9 {
+        let r = chat(&c, port, json!({"model": "m"}), &[]).await;
+        if r.status == 502 {
+            let e = &r.body["error"];
+            assert_eq!(
+                (
+                    e["type"].as_str(),
+                    e["party"].as_str(),
+                    e["retryable"].as_bool()
+                ),
+                (Some("upstream_error"), Some("upstream"), Some(false)),
+                "{}",
+                r.body
+            );
+            assert_eq!(
+                e["message"],
+                "backend 0 failed: answered 101 Switching Protocols to a request that asked for \
+                 no protocol upgrade",
+                "{}",
+                r.body
+            );
+        } else {
+            assert_eq!((r.status, r.backend.as_deref()), (200, Some("live")));
+        }
+        seen.push(r.status);
+    }
+    assert_eq!(seen, [502, 200, 502, 200, 502, 200, 200, 200, 200]);
+    assert!(
+        d.log_text().contains("circuit breaker opened"),
+        "{}",
+        d.log_text()
+    );
+}
+
 #[tokio::test]
 async fn all_endpoints_dead_is_502_backend_unreachable() {
     let port = free_port();

@@ -211,3 +211,53 @@ async fn connect_is_refused_with_405_and_never_reaches_a_backend() {
     assert!(answer.contains("method_not_allowed"), "{answer}");
     assert_eq!(b.request_count(), 0, "nothing was forwarded");
 }
+
+/// A fully qualified name with its trailing dot (`api.example.com.`, RFC 1034 §3.1) names the
+/// same host as `api.example.com`: routed to that host's rule, not `no_route`; the client's
+/// `Host` reaches the backend as sent. One dot only: `api.example.com..` is another name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_with_a_trailing_dot_routes_to_the_rule_of_that_host() {
+    let d = Daemon::start_default().await;
+    let b = Backend::start("api").await;
+    b.set_recording(true);
+    let port = free_port();
+    let (status, body) = d
+        .post_rule(&json!({
+            "serviceArguments": {"externalIP": "127.0.0.1", "port": port, "protocol": "tcp",
+                                 "mode": 4, "host": "api.example.com"},
+            "endpoints": [{"endpointIP": "127.0.0.1", "targetPort": b.port()}]
+        }))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    for host in [
+        "api.example.com.".to_string(),
+        format!("API.Example.com.:{port}"),
+    ] {
+        let answer = raw(
+            port,
+            &format!("GET /health HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"),
+        )
+        .await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{host}: {answer}");
+        assert!(answer.contains("x-backend: api"), "{host}: {answer}");
+    }
+    let hosts: Vec<Option<String>> = b
+        .requests()
+        .iter()
+        .map(|r| r.header("host").map(String::from))
+        .collect();
+    assert_eq!(
+        hosts,
+        [
+            Some("api.example.com.".to_string()),
+            Some(format!("API.Example.com.:{port}"))
+        ]
+    );
+    let answer = raw(
+        port,
+        "GET /health HTTP/1.1\r\nHost: api.example.com..\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 404"), "{answer}");
+    assert!(answer.contains("no_route"), "{answer}");
+}

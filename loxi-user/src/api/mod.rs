@@ -25,8 +25,9 @@
 //! Bodies are built in [`error`] (LoxiLB's success and error shapes); LoxiLB's field schema and
 //! strict field checking are in [`fields`]; the Origin, token and content-type guard in
 //! [`security`]; HTTPS in [`tls`]; connection bounds (header and request timeouts, a connection
-//! cap) in [`serve`]. Request bodies are limited to axum's default 2 MiB (413 beyond). A method a
-//! route does not serve gets 405 in the error shape.
+//! cap) in [`serve`]. Request bodies are limited to axum's default 2 MiB (413 beyond; at once,
+//! before any byte of it is read, when `Content-Length` declares more). A method a route does
+//! not serve gets 405 in the error shape.
 pub mod certs;
 pub mod error;
 pub mod fields;
@@ -140,6 +141,7 @@ pub fn router(state: ApiState, views: Router) -> Router {
         .merge(views)
         // Before the 405 fallback: axum layers a route's default fallback with its routes,
         // and `method_not_allowed_fallback` replaces only a default one.
+        .route_layer(middleware::from_fn(refuse_declared_oversize))
         .route_layer(middleware::from_fn(security::require_json))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -186,6 +188,22 @@ fn refresh_endpoint_metrics(st: &ApiState) {
             )
         })
     }));
+}
+
+/// 413 at once for a request whose `Content-Length` declares more than the API's body limit
+/// ([`rules::API_BODY_LIMIT`]): the body would be refused when read, and waiting for a client
+/// that declares a terabyte and sends nothing would end in the 408 of the request timeout.
+/// The connection is closed after the answer (the body is never read).
+async fn refuse_declared_oversize(req: Request, next: Next) -> Response {
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|n| n > rules::API_BODY_LIMIT as u64) {
+        return rules::body_too_large().into_response();
+    }
+    next.run(req).await
 }
 
 /// 405 in LoxiLB's error shape (axum's own answer has an empty body).

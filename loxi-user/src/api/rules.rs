@@ -73,15 +73,19 @@ async fn settle(st: &ApiState, what: &str) {
 }
 
 /// An unreadable body is 400; one over the API's body limit is 413.
-fn body_error(e: BytesRejection) -> ApiError {
-    let status = e.status();
-    if status == StatusCode::PAYLOAD_TOO_LARGE {
-        return ApiError::with_status(
-            status,
-            format!("request body exceeds the API's {API_BODY_LIMIT}-byte limit"),
-        );
+pub(super) fn body_error(e: BytesRejection) -> ApiError {
+    if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        return body_too_large();
     }
     ApiError::bad_body(format!("cannot read the body: {}", e.body_text()))
+}
+
+/// 413: the request body is (or declares itself) larger than [`API_BODY_LIMIT`].
+pub(super) fn body_too_large() -> ApiError {
+    ApiError::with_status(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!("request body exceeds the API's {API_BODY_LIMIT}-byte limit"),
+    )
 }
 
 /// The REST API's request body limit in bytes (axum's default, 2 MiB): a rule with the
@@ -308,13 +312,26 @@ impl DeleteKey {
         Ok(Self {
             ip,
             port,
-            proto,
+            proto: parse_protocol(&proto)?,
             host,
         })
     }
 }
 
-fn parse_port(port: &str) -> Result<u16, ApiError> {
+/// The `protocol` path segment of the key routes, lower-cased: `tcp`, `udp` or `sctp` (what a
+/// rule can have); anything else is the client's mistake (400), not a rule that does not exist.
+pub(super) fn parse_protocol(proto: &str) -> Result<String, ApiError> {
+    let p = proto.to_ascii_lowercase();
+    match p.as_str() {
+        "tcp" | "udp" | "sctp" => Ok(p),
+        _ => Err(ApiError::bad_field(
+            "protocol",
+            format!("{proto:?} is not a protocol (tcp, udp, sctp)"),
+        )),
+    }
+}
+
+pub(super) fn parse_port(port: &str) -> Result<u16, ApiError> {
     port.parse()
         .ok()
         .filter(|p| *p != 0)

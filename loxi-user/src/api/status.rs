@@ -131,14 +131,12 @@ type OnAddress = (String, u16, String, Vec<std::sync::Arc<StoredRule>>);
 
 /// The rules on `(ip, port, proto)` (`ip` normalised, IPv6 brackets stripped).
 fn rules_on(st: &ApiState, ip: &str, port: &str, proto: &str) -> Result<OnAddress, ApiError> {
-    let port: u16 = port.parse().ok().filter(|p| *p != 0).ok_or_else(|| {
-        ApiError::bad_field("port", format!("{port:?} is not a port (1..=65535)"))
-    })?;
+    let port = super::rules::parse_port(port)?;
     let bare = ip.trim_start_matches('[').trim_end_matches(']');
     let ip = validate::normalize_ip(bare).map_err(|_| {
         ApiError::bad_field("externalipaddress", format!("{ip:?} is not an IP address"))
     })?;
-    let proto = proto.to_ascii_lowercase();
+    let proto = super::rules::parse_protocol(proto)?;
     let snap = st.store.snapshot();
     let rules = snap
         .rules

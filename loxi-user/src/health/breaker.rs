@@ -23,8 +23,9 @@ pub enum Outcome {
     ConnectFailed,
     /// The response began but the backend's body failed mid-stream (it died or reset).
     StreamFailed,
-    /// The request was sent and the connection failed before a response head (the backend
-    /// reset or closed it: a crashing server behind a listening socket).
+    /// The request was sent and no usable response head came: the connection failed first
+    /// (the backend reset or closed it: a crashing server behind a listening socket), or the
+    /// head was one no client may be given (an unsolicited `101 Switching Protocols`).
     NoResponse,
     /// No response head within the fullproxy's response timeout
     /// (`LOXI_UPSTREAM_RESPONSE_TIMEOUT_MS`): a hung or black-holed backend.

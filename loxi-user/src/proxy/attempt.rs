@@ -8,6 +8,14 @@ use hyper::body::Incoming;
 /// A failure after the request may have reached the backend (hyper's or hyper-util's error).
 pub type UpstreamError = Box<dyn std::error::Error + Send + Sync>;
 
+/// A backend answered `101 Switching Protocols` although the request asked for no upgrade
+/// (loxi strips `Upgrade` as hop-by-hop, so none of its upstream requests does): a head the
+/// client cannot be given (its connection would be switched to a protocol nobody speaks), so
+/// the attempt failed ([`Attempt::answered`]).
+#[derive(Debug, thiserror::Error)]
+#[error("answered 101 Switching Protocols to a request that asked for no protocol upgrade")]
+pub struct UnsolicitedUpgrade;
+
 /// The outcome of one upstream attempt; `B` is the response body type.
 #[derive(Debug)]
 pub enum Attempt<B = Incoming> {
@@ -21,6 +29,16 @@ pub enum Attempt<B = Incoming> {
 }
 
 impl<B> Attempt<B> {
+    /// The outcome of a response head: [`Attempt::Response`], or for an unsolicited
+    /// `101 Switching Protocols` [`Attempt::Failed`] with [`UnsolicitedUpgrade`] (a failure of
+    /// the backend after the request reached it: 502, fed to the breaker, not retried).
+    pub fn answered(resp: Response<B>) -> Self {
+        if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS {
+            return Self::Failed(Box::new(UnsolicitedUpgrade));
+        }
+        Self::Response(resp)
+    }
+
     /// The same outcome with the response body mapped by `f`.
     pub fn map_body<C>(self, f: impl FnOnce(B) -> C) -> Attempt<C> {
         match self {
@@ -59,4 +77,30 @@ pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
         cur = s.source();
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(status: u16) -> Response<()> {
+        let mut r = Response::new(());
+        *r.status_mut() = http::StatusCode::from_u16(status).expect("status");
+        r
+    }
+
+    #[test]
+    fn an_unsolicited_101_fails_the_attempt_and_other_heads_are_responses() {
+        let Attempt::Failed(e) = Attempt::answered(head(101)) else {
+            panic!("a 101 is no response to forward");
+        };
+        assert_eq!(
+            e.to_string(),
+            "answered 101 Switching Protocols to a request that asked for no protocol upgrade"
+        );
+        for status in [100, 200, 204, 304, 404, 500] {
+            let a = Attempt::answered(head(status));
+            assert_eq!(a.status().map(|s| s.as_u16()), Some(status), "{status}");
+        }
+    }
 }

@@ -322,8 +322,8 @@ impl Handler {
                     last = e;
                 }
                 Attempt::Failed(source) => {
-                    // Sent, then no head: not retried (it may have run), but a failure of
-                    // the endpoint all the same.
+                    // Sent, then no usable head (none, or an unsolicited 101): not retried (it
+                    // may have run), but a failure of the endpoint all the same.
                     self.observe(pool, ep, Outcome::NoResponse);
                     return Err(ProxyError::Upstream { ep_idx: ep, source });
                 }

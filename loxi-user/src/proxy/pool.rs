@@ -287,9 +287,10 @@ impl PoolTable {
                 .any(|p| !p.rule.rule.service.model_name.is_empty())
     }
 
-    /// The pools serving a request's host: pools whose `host` equals it (case-insensitive,
-    /// port ignored), else host-less pools, in rule-key order; `no_route` when there are none.
-    /// Every model pool among them (one per `model_name`) is included.
+    /// The pools serving a request's host: pools whose `host` names it ([`same_host`]:
+    /// case-insensitive, one trailing dot ignored; port ignored), else host-less pools, in
+    /// rule-key order; `no_route` when there are none. Every model pool among them (one per
+    /// `model_name`) is included.
     pub fn for_host(&self, host: Option<&str>) -> Result<Vec<&Arc<Pool>>, ProxyError> {
         let host = host.map(strip_port).unwrap_or("");
         let cands: Vec<&Arc<Pool>> = self.serving(host).collect();
@@ -307,10 +308,7 @@ impl PoolTable {
         &'a self,
         host: &'h str,
     ) -> impl Iterator<Item = &'a Arc<Pool>> + Clone + use<'a, 'h> {
-        let names = move |p: &Arc<Pool>| {
-            let h = &p.rule.rule.service.host;
-            !h.is_empty() && h.eq_ignore_ascii_case(host)
-        };
+        let names = move |p: &Arc<Pool>| same_host(&p.rule.rule.service.host, host);
         let by_host = self.pools.iter().any(names);
         self.pools.iter().filter(move |p| {
             if by_host {
@@ -319,6 +317,14 @@ impl PoolTable {
                 p.rule.rule.service.host.is_empty()
             }
         })
+    }
+
+    /// True when some pool's rule `host` names `name` ([`same_host`]): the SNI names a TLS
+    /// handshake gets a rule host's certificate for.
+    pub fn has_host(&self, name: &str) -> bool {
+        self.pools
+            .iter()
+            .any(|p| same_host(&p.rule.rule.service.host, name))
     }
 
     /// The pool for a request: among the pools for its host ([`Self::for_host`]) the pool whose
@@ -345,6 +351,19 @@ impl PoolTable {
                 model: model.to_string(),
             })
     }
+}
+
+/// True when the non-empty rule host `rule_host` and the requested `name` (a `Host` without
+/// its port, or an SNI name) are the same host: compared case-insensitively, each with one
+/// trailing dot removed (`api.example.com.` is the fully qualified spelling of
+/// `api.example.com`, RFC 1034 §3.1). An empty rule host names nothing.
+pub fn same_host(rule_host: &str, name: &str) -> bool {
+    !rule_host.is_empty() && dotless(rule_host).eq_ignore_ascii_case(dotless(name))
+}
+
+/// `h` without one trailing dot.
+fn dotless(h: &str) -> &str {
+    h.strip_suffix('.').unwrap_or(h)
 }
 
 fn strip_port(h: &str) -> &str {
@@ -433,6 +452,38 @@ mod tests {
             t.choose(Some("b.example"), None).expect_err("none").token(),
             "no_route"
         );
+    }
+
+    #[test]
+    fn a_trailing_dot_names_the_same_host() {
+        let t = PoolTable::build(
+            &[rule(1, "api.example.com", "", &[1]), rule(2, "", "", &[2])],
+            &PoolTable::default(),
+        );
+        for host in [
+            "api.example.com.",
+            "API.example.com.:8080",
+            "api.example.com:8080",
+        ] {
+            assert_eq!(
+                t.choose(Some(host), None).expect("pool").rule.id,
+                1,
+                "{host}"
+            );
+            assert_eq!(t.for_host(Some(host)).expect("pools").len(), 1, "{host}");
+        }
+        assert_eq!(
+            t.choose(Some("api.example.com.."), None)
+                .expect("pool")
+                .rule
+                .id,
+            2,
+            "one dot only"
+        );
+        assert!(t.has_host("api.example.com.") && t.has_host("API.EXAMPLE.COM"));
+        assert!(!t.has_host("example.com") && !t.has_host(""));
+        assert!(same_host("api.example.com.", "api.example.com"));
+        assert!(!same_host("", "") && !same_host("", "."));
     }
 
     #[test]

@@ -33,14 +33,7 @@ pub struct ClientTls {
 impl ClientTls {
     /// Of a handshake whose SNI was `sni`, on a listener serving `table`.
     pub fn of(sni: Option<&str>, table: &PoolTable) -> Self {
-        let sni_host = sni
-            .filter(|n| {
-                table
-                    .pools
-                    .iter()
-                    .any(|p| p.rule.rule.service.host.eq_ignore_ascii_case(n))
-            })
-            .map(Arc::from);
+        let sni_host = sni.filter(|n| table.has_host(n)).map(Arc::from);
         Self { sni_host }
     }
 
@@ -54,7 +47,7 @@ impl ClientTls {
         let Some(sni) = self.sni_host.as_deref() else {
             return false;
         };
-        if host.is_empty() || host.eq_ignore_ascii_case(sni) {
+        if host.is_empty() || super::pool::same_host(host, sni) {
             return false;
         }
         !certs.snapshot().for_name(sni).is_some_and(|c| {
@@ -84,12 +77,7 @@ impl SniResolver {
         table: &PoolTable,
         name: Option<&str>,
     ) -> Option<Arc<CertifiedKey>> {
-        let by_host = name.filter(|n| {
-            table
-                .pools
-                .iter()
-                .any(|p| p.rule.rule.service.host.eq_ignore_ascii_case(n))
-        });
+        let by_host = name.filter(|n| table.has_host(n));
         by_host
             .and_then(|n| snap.for_name(n))
             .or_else(|| snap.default_cert())

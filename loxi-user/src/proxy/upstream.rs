@@ -120,7 +120,7 @@ impl Upstreams {
             Via::Unavailable(why) => return Attempt::ConnectFailed(why.to_string()),
         };
         match sent {
-            Ok(r) => Attempt::Response(r),
+            Ok(r) => Attempt::answered(r),
             Err(e) if e.is_connect() => Attempt::ConnectFailed(error_chain(&e)),
             Err(e) => Attempt::Failed(Box::new(e)),
         }

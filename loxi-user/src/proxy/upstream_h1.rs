@@ -227,6 +227,12 @@ impl H1Pool {
                 })
                 .await;
                 match outcome {
+                    // An unsolicited 101 fails the attempt (`Attempt::answered`); the
+                    // connection, switched as far as the backend knows, is dropped here.
+                    Ok(resp) if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
+                        let resp = resp.map(|body| DrivenBody { body, pool: None });
+                        return (Attempt::answered(resp), None);
+                    }
                     Ok(resp) => {
                         let pool = Some((c, self.clone()));
                         let resp = resp.map(|body| DrivenBody { body, pool });

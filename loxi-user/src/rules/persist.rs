@@ -62,9 +62,20 @@ struct StateFile<R> {
     rules: Vec<R>,
 }
 
-/// Reads the rules file. A missing file is an empty list; an unreadable or corrupt one is moved
-/// aside to `rules.json.corrupt-<unix secs>` with an error log, and an empty list is returned.
-pub fn load(file: &Path) -> Vec<PersistedRule> {
+/// One rule read from the state file: parsed, and as it was stored (the JSON text's value), so
+/// a rule that is dropped at restore can be kept as it was ([`save_dropped`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoadedRule {
+    /// The rule, parsed.
+    pub parsed: PersistedRule,
+    /// The rule's entry in the file (`{"id", "rule"}`), as stored.
+    pub stored: serde_json::Value,
+}
+
+/// Reads the rules file. A missing file is an empty list; an unreadable or corrupt one (not
+/// JSON, or a rule that does not parse) is moved aside to `rules.json.corrupt-<unix secs>` with
+/// an error log, and an empty list is returned.
+pub fn load(file: &Path) -> Vec<LoadedRule> {
     let bytes = match fs::read(file) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Vec::new(),
@@ -73,20 +84,76 @@ pub fn load(file: &Path) -> Vec<PersistedRule> {
             return Vec::new();
         }
     };
-    match serde_json::from_slice::<StateFile<PersistedRule>>(&bytes) {
-        Ok(state) => state.rules,
+    let parsed = serde_json::from_slice::<StateFile<serde_json::Value>>(&bytes).and_then(|f| {
+        f.rules
+            .into_iter()
+            .map(|stored| {
+                let parsed = serde_json::from_value(stored.clone())?;
+                Ok(LoadedRule { parsed, stored })
+            })
+            .collect::<Result<Vec<_>, serde_json::Error>>()
+    });
+    match parsed {
+        Ok(rules) => rules,
         Err(e) => {
-            let secs = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0);
-            let aside = file.with_extension(format!("json.corrupt-{secs}"));
+            let aside = file.with_extension(format!("json.corrupt-{}", unix_secs()));
             let moved = fs::rename(file, &aside);
             tracing::error!(
                 file = %file.display(), aside = %aside.display(), error = %e, moved = moved.is_ok(),
                 "rules file is corrupt; moved aside, starting with no rules"
             );
             Vec::new()
+        }
+    }
+}
+
+/// Seconds since the Unix epoch (0 if the clock is before it).
+fn unix_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Keeps rules dropped at restore (`stored`, each as [`LoadedRule::stored`]) beside the state
+/// file `file`, before anything overwrites them: `rules.dropped-<unix secs>.json` (`-<secs>-N`
+/// when that name is taken), in the state file's format (fix a rule and post it, or move the
+/// file back to `rules.json`), mode 0600, synced. Returns the file written.
+pub fn save_dropped(file: &Path, stored: &[serde_json::Value]) -> Result<PathBuf, PersistError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = file.parent().unwrap_or(Path::new("."));
+    let body = serde_json::to_vec_pretty(&StateFile {
+        version: 1,
+        rules: stored.to_vec(),
+    })
+    .map_err(|e| PersistError::Write {
+        path: file.to_path_buf(),
+        source: std::io::Error::other(e),
+    })?;
+    let secs = unix_secs();
+    let mut n = 0;
+    loop {
+        let name = match n {
+            0 => format!("rules.dropped-{secs}.json"),
+            n => format!("rules.dropped-{secs}-{n}.json"),
+        };
+        let path = dir.join(name);
+        let err = |source| PersistError::Write {
+            path: path.clone(),
+            source,
+        };
+        let opened = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path);
+        match opened {
+            Ok(mut f) => {
+                f.write_all(&body).map_err(err)?;
+                f.sync_all().map_err(err)?;
+                return Ok(path);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 100 => n += 1,
+            Err(e) => return Err(err(e)),
         }
     }
 }
@@ -164,9 +231,34 @@ mod tests {
         }))
         .expect("rule");
         save(&file, [(7, &rule)]).expect("save");
-        let stored = PersistedRule { id: 7, rule };
-        assert_eq!(load(&file), vec![stored]);
+        let loaded = load(&file);
+        assert_eq!(loaded.len(), 1);
+        assert_eq!(loaded[0].parsed, PersistedRule { id: 7, rule });
+        assert_eq!(loaded[0].stored["id"], serde_json::json!(7));
         let text = std::fs::read_to_string(&file).expect("read");
         assert!(text.contains("\"version\": 1"), "{text}");
+    }
+
+    #[test]
+    fn dropped_rules_are_kept_as_stored_in_a_file_of_their_own_mode_0600() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("tmp");
+        let file = state_file(dir.path()).expect("state file");
+        let stored = vec![
+            serde_json::json!({"id": 5, "rule": {"serviceArguments": {"externalIP": "999.1.1.1"}}}),
+        ];
+        let a = save_dropped(&file, &stored).expect("kept");
+        let b = save_dropped(&file, &stored).expect("kept again");
+        assert_ne!(a, b, "a second drop in the same second gets its own file");
+        let name = a.file_name().expect("name").to_string_lossy().into_owned();
+        assert!(
+            name.starts_with("rules.dropped-") && name.ends_with(".json"),
+            "{name}"
+        );
+        let back: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&a).expect("read")).expect("JSON");
+        assert_eq!(back, serde_json::json!({"version": 1, "rules": stored}));
+        let mode = std::fs::metadata(&a).expect("meta").permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
     }
 }

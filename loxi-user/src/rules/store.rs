@@ -130,6 +130,30 @@ impl Applied {
     }
 }
 
+/// Writes the rules dropped at restore (id, as stored, why: a clause completing "dropping a
+/// restored rule") beside the state `file` and logs each naming the file they are kept in.
+fn keep_dropped(
+    file: &Path,
+    dropped: Vec<(u32, serde_json::Value, String)>,
+) -> Result<(), PersistError> {
+    if dropped.is_empty() {
+        return Ok(());
+    }
+    let stored: Vec<serde_json::Value> = dropped.iter().map(|(_, s, _)| s.clone()).collect();
+    let kept = persist::save_dropped(file, &stored)?;
+    for (id, _, why) in &dropped {
+        tracing::error!(
+            rule = id,
+            error = %why,
+            kept = %kept.display(),
+            "dropping a restored rule {why}; it is kept as stored in {} (rules.json no longer \
+             holds it after the next change)",
+            kept.display()
+        );
+    }
+    Ok(())
+}
+
 impl RuleStore {
     /// A store without persistence (tests and tools).
     pub fn in_memory() -> Self {
@@ -138,13 +162,23 @@ impl RuleStore {
 
     /// Opens the store in `state_dir` (created if missing) and restores `rules.json`.
     /// A corrupt file is moved aside (`rules.json.corrupt-<unix secs>`), logged, and the store
-    /// starts empty: the daemon always starts.
+    /// starts empty. A rule that no longer validates (or whose key a later rule of the file
+    /// takes) is dropped, and kept as stored in `rules.dropped-<unix secs>.json`
+    /// ([`persist::save_dropped`]) before the next write can erase it from `rules.json`; each
+    /// is logged naming that file.
+    ///
+    /// # Errors
+    /// The state directory cannot be created, or dropped rules cannot be kept.
     pub fn open(state_dir: &Path) -> Result<Self, PersistError> {
         let file = persist::state_file(state_dir)?;
-        let restored = persist::load(&file);
         let mut rules = BTreeMap::new();
         let mut max_id = 0;
-        for stored in restored {
+        let mut stored_by_id = std::collections::HashMap::new();
+        // Dropped rules: their id, as stored, and why.
+        let mut dropped: Vec<(u32, serde_json::Value, String)> = Vec::new();
+        for loaded in persist::load(&file) {
+            let stored = loaded.parsed;
+            stored_by_id.insert(stored.id, loaded.stored.clone());
             let mut rule = stored.rule;
             if rule.service.id.is_empty() {
                 // A state file written before rules had LoxiLB's opaque id.
@@ -180,21 +214,22 @@ impl RuleStore {
                     max_id = max_id.max(rule.id);
                     let id = rule.id;
                     if let Some(old) = rules.insert(rule.rule.key(), Arc::new(rule)) {
-                        tracing::warn!(
-                            rule = id,
-                            dropped = old.id,
-                            key = %old.rule.key(),
-                            "restored rules whose hosts differ only in case have one key (hosts \
-                             match case-insensitively, so only one was ever served); keeping the \
-                             later"
+                        let why = format!(
+                            "whose key {} a later rule of the file ({id}) has too (hosts match \
+                             case-insensitively, so only one was ever served)",
+                            old.rule.key()
                         );
+                        let raw = stored_by_id.get(&old.id).cloned().unwrap_or_default();
+                        dropped.push((old.id, raw, why));
                     }
                 }
                 Err(e) => {
-                    tracing::error!(error = %e, "dropping a restored rule that no longer validates")
+                    let why = format!("that no longer validates ({e})");
+                    dropped.push((stored.id, loaded.stored, why));
                 }
             }
         }
+        keep_dropped(&file, dropped)?;
         tracing::info!(rules = rules.len(), file = %file.display(), "rules restored");
         Ok(Self::with(Some(file), rules, max_id))
     }
@@ -688,6 +723,53 @@ mod tests {
             .map(|(id, _)| id)
             .collect();
         assert_eq!(ids, vec![4]);
+    }
+
+    /// The `rules.dropped-*.json` files in `dir`, parsed.
+    fn dropped_files(dir: &Path) -> Vec<serde_json::Value> {
+        let mut files: Vec<_> = std::fs::read_dir(dir)
+            .expect("dir")
+            .filter_map(Result::ok)
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with("rules.dropped-")
+            })
+            .map(|e| e.path())
+            .collect();
+        files.sort();
+        files
+            .iter()
+            .map(|f| serde_json::from_slice(&std::fs::read(f).expect("read")).expect("JSON"))
+            .collect()
+    }
+
+    /// A dropped rule is kept as stored in a side file before any write; the next write then
+    /// leaves it out of `rules.json`, but the side file still holds it.
+    #[test]
+    fn restored_rules_that_are_dropped_are_kept_as_stored_beside_the_state_file() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let good = json!({"id": 4, "rule": serde_json::to_value(rule(80, 0, "")).expect("v")});
+        let mut bad = json!({"id": 5, "rule": serde_json::to_value(rule(81, 0, "")).expect("v")});
+        bad["rule"]["serviceArguments"]["externalIP"] = json!("999.1.1.1");
+        let file = json!({"version": 1, "rules": [good, bad.clone()]});
+        std::fs::write(dir.path().join("rules.json"), file.to_string()).expect("write");
+        let store = RuleStore::open(dir.path()).expect("open");
+        assert_eq!(store.snapshot().rules.len(), 1);
+        let kept = dropped_files(dir.path());
+        assert_eq!(kept, [json!({"version": 1, "rules": [bad.clone()]})]);
+        store.upsert(rule(82, 0, "")).expect("a write");
+        let state = std::fs::read_to_string(dir.path().join("rules.json")).expect("read");
+        assert!(!state.contains("999.1.1.1"), "{state}");
+        assert_eq!(
+            dropped_files(dir.path()),
+            kept,
+            "the side file is untouched"
+        );
+        // Nothing dropped, no side file.
+        let clean = tempfile::tempdir().expect("tmp");
+        RuleStore::open(clean.path()).expect("open");
+        assert!(dropped_files(clean.path()).is_empty());
     }
 
     /// Hosts match case-insensitively, so a host differing only in case is the same rule
