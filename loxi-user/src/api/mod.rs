@@ -193,7 +193,11 @@ fn refresh_endpoint_metrics(st: &ApiState) {
 /// 413 at once for a request whose `Content-Length` declares more than the API's body limit
 /// ([`rules::API_BODY_LIMIT`]): the body would be refused when read, and waiting for a client
 /// that declares a terabyte and sends nothing would end in the 408 of the request timeout.
-/// The connection is closed after the answer (the body is never read).
+/// The connection is closed after the answer. So that a client still writing its body reads
+/// the 413 instead of a reset (closing a socket with unread bytes sends RST), the body is
+/// drained and discarded in the background for at most [`OVERSIZE_DRAIN`] bytes or
+/// [`OVERSIZE_DRAIN_TIME`], whichever comes first; a client that declares a terabyte and sends
+/// nothing holds its connection no longer than that.
 async fn refuse_declared_oversize(req: Request, next: Next) -> Response {
     let declared = req
         .headers()
@@ -201,10 +205,35 @@ async fn refuse_declared_oversize(req: Request, next: Next) -> Response {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
     if declared.is_some_and(|n| n > rules::API_BODY_LIMIT as u64) {
-        return rules::body_too_large().into_response();
+        let mut body = req.into_body().into_data_stream();
+        tokio::spawn(async move {
+            use futures::StreamExt;
+            let drain = async {
+                let mut seen = 0usize;
+                while let Some(Ok(chunk)) = body.next().await {
+                    seen += chunk.len();
+                    if seen > OVERSIZE_DRAIN {
+                        break;
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(OVERSIZE_DRAIN_TIME, drain).await;
+        });
+        let mut resp = rules::body_too_large().into_response();
+        resp.headers_mut().insert(
+            header::CONNECTION,
+            header::HeaderValue::from_static("close"),
+        );
+        return resp;
     }
     next.run(req).await
 }
+
+/// Bytes of an oversized body read and discarded after its 413 (see
+/// [`refuse_declared_oversize`]): 4× the API's body limit.
+const OVERSIZE_DRAIN: usize = 4 * rules::API_BODY_LIMIT;
+/// How long an oversized body is drained after its 413 at most.
+const OVERSIZE_DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// 405 in LoxiLB's error shape (axum's own answer has an empty body).
 async fn method_not_allowed(req: Request) -> ApiError {

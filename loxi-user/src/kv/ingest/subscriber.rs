@@ -290,6 +290,10 @@ impl Stream {
             return;
         };
         self.svc.set_syncing(self.addr.member, self.addr.rank, true);
+        // The duplicate filter of an earlier catch-up covers live batches queued during that
+        // one; left in place it would drop this replay's batches (a restarted engine's seqs 0..
+        // within `replay_timeout` of the last catch-up).
+        self.replayed_through = None;
         let check = self.seq.last().filter(|_| self.reconnected);
         let from = check.or(self.seq.last().map(|l| l + 1)).unwrap_or(0);
         let mut got = replay::fetch(&addr, from, self.timing.replay_timeout).await;
@@ -415,6 +419,8 @@ impl Stream {
     fn clear(&mut self) {
         self.svc.index.clear_rank(self.addr.member, self.addr.rank);
         self.seq.reset();
+        // Seqs the cleared stream replayed say nothing about the next one's.
+        self.replayed_through = None;
         self.last_digest = None;
         if let Some(ep) = self.svc.ep_idx(self.addr.member) {
             self.state.metrics.set_blocks(
