@@ -452,3 +452,76 @@ async fn tokenizer_metrics_are_labelled_by_rule_model_never_by_the_clients_strin
         "{m}"
     );
 }
+
+/// `GET /config/endpoint/all` names the probe loxi really runs: `monitor: true` without a
+/// `probetype` is probed with a TCP connect (listed `tcp`, with the 2 s timeout and 2 retries
+/// applied for 0), `https` is probed with a TCP connect too, and a rule without either is
+/// `none`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endpoint_list_names_the_probe_that_runs() {
+    let d = Daemon::start_default().await;
+    let entry = |v: &Value, host: &str| -> Value {
+        v["Attr"]
+            .as_array()
+            .and_then(|a| a.iter().find(|e| e["hostName"] == json!(host)).cloned())
+            .unwrap_or_else(|| panic!("{host} in {v}"))
+    };
+    let with = |port: u16, extra: Value, ip: &str| {
+        let mut r = rule(port, extra);
+        r["endpoints"] = json!([{"endpointIP": ip, "targetPort": 8001}]);
+        r
+    };
+    for (extra, ip) in [
+        (json!({"monitor": true}), "127.0.0.2"),
+        (
+            json!({"probetype": "https", "probeTimeout": 5}),
+            "127.0.0.3",
+        ),
+        (json!({}), "127.0.0.4"),
+        (
+            json!({"probetype": "http", "probereq": "/health", "probeRetries": 4}),
+            "127.0.0.5",
+        ),
+    ] {
+        let (status, body) = d.post_rule(&with(free_port(), extra, ip)).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let (status, text) = d.get("/netlox/v1/config/endpoint/all").await.expect("GET");
+    assert_eq!(status, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).expect("JSON");
+    let got = |ip: &str| {
+        let e = entry(&v, ip);
+        (
+            e["probeType"].as_str().unwrap_or_default().to_string(),
+            e["probeDuration"].as_u64(),
+            e["inactiveReTries"].as_u64(),
+            e["name"].as_str().unwrap_or_default().to_string(),
+        )
+    };
+    assert_eq!(
+        got("127.0.0.2"),
+        ("tcp".into(), Some(2), Some(2), "127.0.0.2_tcp_8001".into())
+    );
+    assert_eq!(
+        got("127.0.0.3"),
+        ("tcp".into(), Some(5), Some(2), "127.0.0.3_tcp_8001".into())
+    );
+    assert_eq!(
+        got("127.0.0.4"),
+        (
+            "none".into(),
+            Some(0),
+            Some(0),
+            "127.0.0.4_none_8001".into()
+        )
+    );
+    assert_eq!(
+        got("127.0.0.5"),
+        (
+            "http".into(),
+            Some(2),
+            Some(4),
+            "127.0.0.5_http_8001".into()
+        )
+    );
+}

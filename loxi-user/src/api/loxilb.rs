@@ -46,10 +46,13 @@ pub struct EndpointEntry {
     pub host_name: String,
     /// `<ip>_<probe type>_<probe port>` (LoxiLB names host probes the same way).
     pub name: String,
-    /// Probe failures before the endpoint is down (the rule's `probeRetries`; 0 = default).
+    /// Probe failures before the endpoint is down (the rule's `probeRetries`, or the 2 loxi
+    /// applies for 0 when the endpoint is probed).
     #[serde(rename = "inactiveReTries")]
     pub inactive_retries: u32,
-    /// `none` (no active probe; passive health only), `tcp`, `http`, ...
+    /// The probe loxi runs: `none` (no active probe; passive health only), `tcp` (also for
+    /// `monitor: true` without a `probetype`, and for `https`/`udp`/`ping`, which loxi probes
+    /// with a TCP connect) or `http`.
     #[serde(rename = "probeType")]
     pub probe_type: String,
     /// Probe request (HTTP path).
@@ -58,7 +61,8 @@ pub struct EndpointEntry {
     /// Expected probe response.
     #[serde(rename = "probeResp")]
     pub probe_resp: String,
-    /// Probe timeout in seconds (the rule's `probeTimeout`; 0 = default).
+    /// Probe timeout in seconds (the rule's `probeTimeout`, or the 2 loxi applies for 0 when
+    /// the endpoint is probed).
     #[serde(rename = "probeDuration")]
     pub probe_duration: u32,
     /// Probed port.
@@ -79,11 +83,15 @@ pub async fn endpoints(State(st): State<ApiState>) -> Response {
     for r in snap.rules.values() {
         let s = &r.rule.service;
         for (i, ep) in r.rule.endpoints.iter().enumerate() {
-            let probe_type = if s.probetype.is_empty() {
-                "none".to_string()
-            } else {
-                s.probetype.clone()
-            };
+            // What is really probed (`monitor: true` without a `probetype` probes with a TCP
+            // connect; `https`/`udp`/`ping` are probed with one too), not the field as given.
+            let spec = crate::health::probe::ProbeSpec::from_args(s);
+            let probe_type = match spec.as_ref().map(|p| &p.kind) {
+                None => "none",
+                Some(crate::health::probe::ProbeKind::Tcp) => "tcp",
+                Some(crate::health::probe::ProbeKind::Http { .. }) => "http",
+            }
+            .to_string();
             let port = if s.probeport != 0 {
                 s.probeport
             } else {
@@ -96,11 +104,13 @@ pub async fn endpoints(State(st): State<ApiState>) -> Response {
                 .or_insert_with(|| EndpointEntry {
                     host_name: ep.endpoint_ip.clone(),
                     name,
-                    inactive_retries: s.probe_retries,
+                    inactive_retries: spec.as_ref().map_or(s.probe_retries, |p| p.retries),
                     probe_type,
                     probe_req: s.probereq.clone(),
                     probe_resp: s.proberesp.clone(),
-                    probe_duration: s.probe_timeout,
+                    probe_duration: spec
+                        .as_ref()
+                        .map_or(s.probe_timeout, |p| p.timeout.as_secs() as u32),
                     probe_port: port,
                     curr_state: "ok".into(),
                 });

@@ -600,7 +600,12 @@ impl Reader<'_> {
         if v.len() <= 23 {
             return Some(v);
         }
-        self.warn(var, v, "unset (zero seed)", "at most 23 bytes");
+        self.warn(
+            var,
+            v,
+            "unset (as vLLM 0.32 unseeded: `vllm-none-hash` for sha256_cbor, a random per-process seed for xxhash_cbor)",
+            "at most 23 bytes",
+        );
         None
     }
 }
