@@ -198,6 +198,11 @@ fn refresh_endpoint_metrics(st: &ApiState) {
 /// drained and discarded in the background for at most [`OVERSIZE_DRAIN`] bytes or
 /// [`OVERSIZE_DRAIN_TIME`], whichever comes first; a client that declares a terabyte and sends
 /// nothing holds its connection no longer than that.
+#[allow(
+    clippy::disallowed_methods,
+    reason = "the drain is bounded (8 MiB, 2 s) and owns nothing but the body: at shutdown it \
+              ends with its connection"
+)]
 async fn refuse_declared_oversize(req: Request, next: Next) -> Response {
     let declared = req
         .headers()

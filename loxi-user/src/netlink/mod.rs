@@ -70,10 +70,13 @@ impl VipManager {
         &self.added
     }
 
-    /// Adds missing VIPs of `want`, removes VIPs loxi added that are no longer wanted.
+    /// Adds missing VIPs of `want`, removes VIPs loxi added that are no longer wanted. The
+    /// unspecified addresses (`0.0.0.0`, `::`: a rule listening on every address) need no VIP
+    /// and are skipped (the kernel took `0.0.0.0/32` and never listed it, so every sync added
+    /// it again).
     pub async fn sync(&mut self, want: &BTreeSet<IpAddr>) -> Result<(), NetlinkError> {
         let present = self.present().await?;
-        for ip in want {
+        for ip in want.iter().filter(|ip| !ip.is_unspecified()) {
             if !present
                 .iter()
                 .any(|(a, m)| covers(*a, m.header.prefix_len, *ip))

@@ -140,10 +140,18 @@ fn vips_are_added_once_and_only_loxis_own_are_removed() {
         ));
         let mut v = VipManager::new("lo").await.unwrap();
         let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
-        let want: BTreeSet<IpAddr> = [ip("20.0.0.1"), ip("20.0.0.9"), ip("2001:db8::1")].into();
+        let want: BTreeSet<IpAddr> = [
+            ip("20.0.0.1"),
+            ip("20.0.0.9"),
+            ip("2001:db8::1"),
+            ip("0.0.0.0"),
+            ip("::"),
+        ]
+        .into();
         v.sync(&want).await.unwrap();
         v.sync(&want).await.unwrap(); // no duplicate, no EEXIST
         assert!(lo_has("20.0.0.1") && lo_has("2001:db8::1"));
+        assert!(!lo_has("0.0.0.0"), "a wildcard listener needs no VIP");
         assert_eq!(
             v.added(),
             &BTreeSet::from([ip("20.0.0.1"), ip("2001:db8::1")]),
