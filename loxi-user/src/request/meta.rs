@@ -72,8 +72,9 @@ pub struct RequestMeta {
 
 /// XXH3 digests of the JSON text of the request parts LoxiLB's `chwbl_prefix_hash_flags`
 /// names (`load-balancing-algorithms.txt`, "chwbl_prefix_hash_flags bits"); each `None` when
-/// the request has no such part. Computed only for parts present (a plain text request pays a
-/// few map lookups).
+/// the request has no such part or the rule's flags do not ask for it (computed only for the
+/// parts a rule mixes into its key: a rule without those bits pays nothing, not even for a
+/// request carrying large tool definitions).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct HashInputs {
     /// Bit 1: image inputs: chat content parts of type `image_url`, `input_image` or `image`
@@ -90,13 +91,27 @@ pub struct HashInputs {
 }
 
 impl HashInputs {
-    /// The digests of `body` (an OpenAI request object).
-    pub fn of(body: &serde_json::Value) -> Self {
+    /// Bit of `chwbl_prefix_hash_flags` for [`Self::images`] (`routing::key::FLAG_IMAGE`).
+    pub const IMAGES: u8 = 1 << 1;
+    /// Bit for [`Self::audio`].
+    pub const AUDIO: u8 = 1 << 2;
+    /// Bit for [`Self::tools`].
+    pub const TOOLS: u8 = 1 << 4;
+    /// Bit for [`Self::rag_template`].
+    pub const RAG_TEMPLATE: u8 = 1 << 6;
+    /// Bit for [`Self::rag_documents`].
+    pub const RAG_DOCUMENTS: u8 = 1 << 7;
+
+    /// The digests of `body` (an OpenAI request object) for the parts whose bit is set in
+    /// `flags` (a rule's `chwbl_prefix_hash_flags`); the others stay `None`.
+    pub fn of(body: &serde_json::Value, flags: u8) -> Self {
         let digest = |v: &serde_json::Value| {
             xxhash_rust::xxh3::xxh3_64(serde_json::to_string(v).unwrap_or_default().as_bytes())
         };
+        let want = |bit: u8| flags & bit != 0;
         let (mut images, mut audio) = (None::<xxhash_rust::xxh3::Xxh3>, None);
-        for list in ["messages", "input"] {
+        let parts_wanted = want(Self::IMAGES) || want(Self::AUDIO);
+        for list in ["messages", "input"].into_iter().filter(|_| parts_wanted) {
             let Some(items) = body.get(list).and_then(|l| l.as_array()) else {
                 continue;
             };
@@ -106,8 +121,12 @@ impl HashInputs {
                 };
                 for part in parts {
                     let into = match part.get("type").and_then(|t| t.as_str()) {
-                        Some("image_url" | "input_image" | "image") => &mut images,
-                        Some("input_audio" | "audio_url" | "audio") => &mut audio,
+                        Some("image_url" | "input_image" | "image") if want(Self::IMAGES) => {
+                            &mut images
+                        }
+                        Some("input_audio" | "audio_url" | "audio") if want(Self::AUDIO) => {
+                            &mut audio
+                        }
                         _ => continue,
                     };
                     into.get_or_insert_with(xxhash_rust::xxh3::Xxh3::new)
@@ -121,13 +140,16 @@ impl HashInputs {
             tools: body
                 .get("tools")
                 .or_else(|| body.get("functions"))
-                .filter(|v| !v.is_null())
+                .filter(|v| want(Self::TOOLS) && !v.is_null())
                 .map(digest),
             rag_template: body
                 .get("chat_template")
-                .filter(|v| !v.is_null())
+                .filter(|v| want(Self::RAG_TEMPLATE) && !v.is_null())
                 .map(digest),
-            rag_documents: body.get("documents").filter(|v| !v.is_null()).map(digest),
+            rag_documents: body
+                .get("documents")
+                .filter(|v| want(Self::RAG_DOCUMENTS) && !v.is_null())
+                .map(digest),
         }
     }
 }
@@ -193,12 +215,12 @@ impl RequestMeta {
             ..Default::default()
         };
         if let Some(v) = json.filter(|v| v.is_object()) {
-            m.fill_from_body(v);
+            m.fill_from_body(v, rule.chwbl_prefix_hash_flags);
         }
         m
     }
 
-    fn fill_from_body(&mut self, v: &serde_json::Value) {
+    fn fill_from_body(&mut self, v: &serde_json::Value, hash_flags: u8) {
         self.json_ok = true;
         self.prompt = super::prompt::prompt_of(v);
         self.add_special_tokens = v.get("add_special_tokens").and_then(|b| b.as_bool());
@@ -208,7 +230,7 @@ impl RequestMeta {
         if self.conversation_id.is_none() {
             self.conversation_id = body_conversation(v);
         }
-        self.hash_inputs = HashInputs::of(v);
+        self.hash_inputs = HashInputs::of(v, hash_flags);
     }
 }
 

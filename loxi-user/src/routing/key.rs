@@ -17,19 +17,19 @@ pub const PROMPT_HEAD_TOKENS: usize = 64;
 /// `chwbl_prefix_hash_flags` bit 0: mix the LoRA adapter name into the prefix key.
 pub const FLAG_LORA: u8 = 1;
 /// `chwbl_prefix_hash_flags` bit 1: mix the request's image inputs into the prefix key.
-pub const FLAG_IMAGE: u8 = 2;
+pub const FLAG_IMAGE: u8 = crate::request::HashInputs::IMAGES;
 /// `chwbl_prefix_hash_flags` bit 2: mix the request's audio inputs into the prefix key.
-pub const FLAG_AUDIO: u8 = 4;
+pub const FLAG_AUDIO: u8 = crate::request::HashInputs::AUDIO;
 /// `chwbl_prefix_hash_flags` bit 3: mix `cache_salt` into the prefix key.
 pub const FLAG_CACHE_SALT: u8 = 8;
 /// `chwbl_prefix_hash_flags` bit 4: mix the tool / function definitions into the prefix key.
-pub const FLAG_TOOLS: u8 = 16;
+pub const FLAG_TOOLS: u8 = crate::request::HashInputs::TOOLS;
 /// `chwbl_prefix_hash_flags` bit 5: mix the session key into the prefix key.
 pub const FLAG_SESSION: u8 = 32;
 /// `chwbl_prefix_hash_flags` bit 6: mix the RAG template (the request's `chat_template`) in.
-pub const FLAG_RAG_TEMPLATE: u8 = 64;
+pub const FLAG_RAG_TEMPLATE: u8 = crate::request::HashInputs::RAG_TEMPLATE;
 /// `chwbl_prefix_hash_flags` bit 7: mix the RAG documents (`documents`) into the prefix key.
-pub const FLAG_RAG_DOCUMENTS: u8 = 128;
+pub const FLAG_RAG_DOCUMENTS: u8 = crate::request::HashInputs::RAG_DOCUMENTS;
 
 /// Stable 64-bit hash of a string (xxh3, seed 0).
 pub fn hash_str(s: &str) -> u64 {
@@ -297,28 +297,32 @@ mod tests {
             }))
             .expect("args")
         };
-        let rule = args(0);
+        // Each request is parsed for the rule that keys it (the parse digests only the parts
+        // the rule's bits name).
+        let key = |body: &serde_json::Value, flags: u8| {
+            let rule = args(flags);
+            let meta = RequestMeta::extract(&parts, body.to_string().as_bytes(), None, &rule);
+            prefix_key(&meta, &rule)
+        };
         for (flag, a, b) in cases {
-            let meta = |body: &serde_json::Value| {
-                RequestMeta::extract(&parts, body.to_string().as_bytes(), None, &rule)
-            };
-            let (ma, mb) = (meta(&a), meta(&b));
             assert_ne!(
-                prefix_key(&ma, &args(flag)),
-                prefix_key(&mb, &args(flag)),
+                key(&a, flag),
+                key(&b, flag),
                 "bit {flag} set: the part is in the key"
             );
-            assert_eq!(
-                prefix_key(&ma, &args(0)),
-                prefix_key(&mb, &args(0)),
-                "bit {flag} clear: it is not"
-            );
+            assert_eq!(key(&a, 0), key(&b, 0), "bit {flag} clear: it is not");
             // The other bits do not read this part.
-            assert_eq!(
-                prefix_key(&ma, &args(!flag)),
-                prefix_key(&mb, &args(!flag)),
-                "bits other than {flag}"
-            );
+            assert_eq!(key(&a, !flag), key(&b, !flag), "bits other than {flag}");
+            // The parse digests this part only for a rule that asks for it.
+            let digested = |flags: u8| {
+                let h = RequestMeta::extract(&parts, a.to_string().as_bytes(), None, &args(flags))
+                    .hash_inputs;
+                [h.images, h.audio, h.tools, h.rag_template, h.rag_documents]
+                    .iter()
+                    .filter(|d| d.is_some())
+                    .count()
+            };
+            assert_eq!((digested(flag), digested(!flag)), (1, 0), "bit {flag}");
         }
     }
 

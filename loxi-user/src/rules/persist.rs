@@ -158,7 +158,9 @@ pub fn save_dropped(file: &Path, stored: &[serde_json::Value]) -> Result<PathBuf
     }
 }
 
-/// Writes `rules` (service id, rule) atomically to `file`.
+/// Writes `rules` (service id, rule) atomically to `file`, mode 0600 (the rules name the
+/// fleet's addresses, hosts and event ports: readable by the daemon's user alone, as the
+/// dropped-rules file and the certificate keys are).
 pub fn save<'a>(
     file: &Path,
     rules: impl IntoIterator<Item = (u32, &'a LbRule)>,
@@ -177,7 +179,17 @@ pub fn save<'a>(
     .map_err(|e| err(std::io::Error::other(e)))?;
     let tmp = file.with_extension("json.tmp");
     {
-        let mut f = fs::File::create(&tmp).map_err(err)?;
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(err)?;
+        // A temporary file left by an older loxi keeps its mode through `open`.
+        f.set_permissions(fs::Permissions::from_mode(0o600))
+            .map_err(err)?;
         f.write_all(&body).map_err(err)?;
         f.sync_all().map_err(err)?;
     }
@@ -237,6 +249,16 @@ mod tests {
         assert_eq!(loaded[0].stored["id"], serde_json::json!(7));
         let text = std::fs::read_to_string(&file).expect("read");
         assert!(text.contains("\"version\": 1"), "{text}");
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&file).expect("meta").permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "{mode:o}");
+        // Also when an older loxi's world-readable temporary file is still there.
+        let tmp = file.with_extension("json.tmp");
+        std::fs::write(&tmp, b"{}").expect("stale tmp");
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        save(&file, [(7, &loaded[0].parsed.rule)]).expect("save again");
+        let mode = std::fs::metadata(&file).expect("meta").permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "{mode:o}");
     }
 
     #[test]
