@@ -491,34 +491,49 @@ async fn a_hung_backend_times_out_and_the_breaker_takes_it_out() {
 /// takes it out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backend_that_drops_requests_is_taken_out_by_the_breaker() {
-    let dropper = tokio::net::TcpListener::bind("127.0.0.1:0")
+    // Read the head (and body), then close without a response.
+    breaker_takes_out(raw_backend(b"").await, |r| {
+        assert_eq!(r.body["error"]["type"], "upstream_error", "{}", r.body);
+    })
+    .await;
+}
+
+/// A loopback backend that reads each request's head (and body) and then writes `answer` as
+/// is; it closes the connection at once when `answer` is empty, else holds it 2 s (as a real
+/// server would after an upgrade). Returns its port.
+async fn raw_backend(answer: &'static [u8]) -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
-    let drop_port = dropper.local_addr().expect("addr").port();
+    let port = listener.local_addr().expect("addr").port();
     tokio::spawn(async move {
-        while let Ok((mut s, _)) = dropper.accept().await {
+        while let Ok((mut s, _)) = listener.accept().await {
             tokio::spawn(async move {
                 let mut buf = vec![0u8; 64 << 10];
-                // Read the head (and body), then close without a response.
                 let _ = tokio::time::timeout(Duration::from_millis(200), s.read(&mut buf)).await;
+                if !answer.is_empty() {
+                    let _ = s.write_all(answer).await;
+                    let _ = tokio::time::timeout(Duration::from_secs(2), s.read(&mut buf)).await;
+                }
             });
         }
     });
+    port
+}
+
+/// Round robin over the `bad` backend and a live one: the bad one's answers (each checked by
+/// `check_502`) are 502 until `LLB_PD_ORIGIN_ERR_THRESHOLD` (3) of them open its breaker, then
+/// only the live one answers.
+async fn breaker_takes_out(bad: u16, check_502: impl Fn(&Resp)) {
     let live = Backend::start("live").await;
     let port = free_port();
-    let d = started(&[rule(
-        port,
-        0,
-        &[(drop_port, 1), (live.port(), 1)],
-        json!({}),
-    )])
-    .await;
+    let d = started(&[rule(port, 0, &[(bad, 1), (live.port(), 1)], json!({}))]).await;
     let c = client();
     let mut seen = Vec::new();
     for _ in 0..9 {
         let r = chat(&c, port, json!({"model": "m"}), &[]).await;
         if r.status == 502 {
-            assert_eq!(r.body["error"]["type"], "upstream_error", "{}", r.body);
+            check_502(&r);
         } else {
             assert_eq!((r.status, r.backend.as_deref()), (200, Some("live")));
         }
@@ -538,63 +553,31 @@ async fn a_backend_that_drops_requests_is_taken_out_by_the_breaker() {
 /// of them the breaker takes the endpoint out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unsolicited_101_is_502_and_counts_for_the_breaker() {
-    let upgrader = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let up_port = upgrader.local_addr().expect("addr").port();
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = upgrader.accept().await {
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 64 << 10];
-                let _ = tokio::time::timeout(Duration::from_millis(200), s.read(&mut buf)).await;
-                let _ = s
-                    .write_all(
-                        b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\n\
-                          Upgrade: websocket\r\n\r\n",
-                    )
-                    .await;
-                // Hold the "upgraded" connection a moment, as a real server would.
-                let _ = tokio::time::timeout(Duration::from_secs(2), s.read(&mut buf)).await;
-            });
-        }
-    });
-    let live = Backend::start("live").await;
-    let port = free_port();
-    let d = started(&[rule(port, 0, &[(up_port, 1), (live.port(), 1)], json!({}))]).await;
-    let c = client();
-    let mut seen = Vec::new();
-    for _ in 0..9 {
-        let r = chat(&c, port, json!({"model": "m"}), &[]).await;
-        if r.status == 502 {
-            let e = &r.body["error"];
-            assert_eq!(
-                (
-                    e["type"].as_str(),
-                    e["party"].as_str(),
-                    e["retryable"].as_bool()
-                ),
-                (Some("upstream_error"), Some("upstream"), Some(false)),
-                "{}",
-                r.body
-            );
-            assert_eq!(
-                e["message"],
-                "backend 0 failed: answered 101 Switching Protocols to a request that asked for \
-                 no protocol upgrade",
-                "{}",
-                r.body
-            );
-        } else {
-            assert_eq!((r.status, r.backend.as_deref()), (200, Some("live")));
-        }
-        seen.push(r.status);
-    }
-    assert_eq!(seen, [502, 200, 502, 200, 502, 200, 200, 200, 200]);
-    assert!(
-        d.log_text().contains("circuit breaker opened"),
-        "{}",
-        d.log_text()
-    );
+    let upgrader = raw_backend(
+        b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+    )
+    .await;
+    breaker_takes_out(upgrader, |r| {
+        let e = &r.body["error"];
+        assert_eq!(
+            (
+                e["type"].as_str(),
+                e["party"].as_str(),
+                e["retryable"].as_bool()
+            ),
+            (Some("upstream_error"), Some("upstream"), Some(false)),
+            "{}",
+            r.body
+        );
+        assert_eq!(
+            e["message"],
+            "backend 0 failed: answered 101 Switching Protocols to a request that asked for \
+             no protocol upgrade",
+            "{}",
+            r.body
+        );
+    })
+    .await;
 }
 
 #[tokio::test]
