@@ -1302,3 +1302,36 @@ async fn a_rule_change_is_in_effect_when_acknowledged() {
         d.log_text()
     );
 }
+
+/// Two rules that forward to each other (127.0.0.1:A → 127.0.0.1:B → 127.0.0.1:A; each is
+/// valid alone): the request comes back to the gateway carrying its own hop id and is
+/// answered 508 `loop_detected` at once, instead of opening connections until descriptors and
+/// memory run out (8,000–16,000 descriptors and 0.5–2 GB for one request before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forwarding_loop_through_two_rules_is_508_at_once() {
+    let (a, b) = (free_port(), free_port());
+    let d = started(&[
+        rule(a, 0, &[(b, 1)], json!({})),
+        rule(b, 0, &[(a, 1)], json!({})),
+    ])
+    .await;
+    let fds = || {
+        std::fs::read_dir(format!("/proc/{}/fd", d.pid().expect("pid")))
+            .map(|r| r.count())
+            .unwrap_or(0)
+    };
+    let before = fds();
+    let c = client();
+    let started = Instant::now();
+    for _ in 0..3 {
+        let r = chat(&c, a, json!({"model": "m"}), &[]).await;
+        assert_eq!(r.status, 508, "{}", r.body);
+        assert_eq!(r.body["error"]["type"], "loop_detected", "{}", r.body);
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(fds() < before + 64, "descriptors {before} → {}", fds());
+}

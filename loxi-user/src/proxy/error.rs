@@ -76,6 +76,12 @@ pub enum ProxyError {
         /// The request's host.
         host: String,
     },
+    /// The request already passed through this gateway (its hop id in `X-Loxi-Hop`): a rule
+    /// forwards to one of this gateway's own listeners (508 `loop_detected`).
+    #[error(
+        "this request already passed through this gateway: a rule forwards to one of the gateway's own listeners (a loop); fix the endpoints"
+    )]
+    Loop,
     /// No pool on this listener serves the request's host (404).
     #[error("no service on this address serves host {host:?}")]
     NoRoute {
@@ -261,6 +267,7 @@ impl ProxyError {
             | Self::UpstreamTimeout { .. }
             | Self::PdDecodeTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::Loop => StatusCode::LOOP_DETECTED,
             Self::Overloaded { .. } | Self::EndpointOverloaded { .. } => {
                 StatusCode::TOO_MANY_REQUESTS
             }
@@ -285,6 +292,7 @@ impl ProxyError {
             Self::Upstream { .. } => "upstream_error",
             Self::UpstreamTimeout { .. } => "upstream_timeout",
             Self::Internal(_) => "internal_error",
+            Self::Loop => "loop_detected",
             Self::Overloaded { .. } | Self::EndpointOverloaded { .. } => "pd_overloaded",
             Self::AdmissionTimeout { .. } => "pd_admission_timeout",
             Self::AdmissionClosed { .. } => "pd_admission_closed",
@@ -320,6 +328,7 @@ impl ProxyError {
             | Self::PdDecodeTimeout { .. }
             | Self::ModelsUnavailable { .. } => Party::Upstream,
             Self::Internal(_)
+            | Self::Loop
             | Self::BodyBudgetExhausted { .. }
             | Self::Overloaded { .. }
             | Self::EndpointOverloaded { .. }

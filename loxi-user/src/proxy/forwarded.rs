@@ -6,6 +6,13 @@
 //! scheme of the client's connection (`https` when the listener terminated TLS, else `http`),
 //! replacing any value the client sent. Applied after hop-by-hop stripping, so a client cannot drop these headers by
 //! naming them in `Connection`.
+//!
+//! `X-Loxi-Hop`: every forwarded request carries this process's random 64-bit id (16 hex
+//! digits) appended to the ids already there (`a, b`: a chain of loxi gateways). A request that
+//! arrives with this process's own id went round a loop (a rule forwarding to a listener of
+//! this gateway, directly, through a wildcard or another rule) and is answered 508
+//! `loop_detected` at once ([`is_loop`]) instead of being forwarded again until the gateway
+//! runs out of connections and memory.
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -17,9 +24,33 @@ pub const X_FORWARDED_FOR: &str = "x-forwarded-for";
 /// `x-forwarded-proto`.
 pub const X_FORWARDED_PROTO: &str = "x-forwarded-proto";
 
+/// `x-loxi-hop`: the ids of the loxi processes a request passed through.
+pub const X_LOXI_HOP: &str = "x-loxi-hop";
+
 // As `HeaderName` statics built at compile time (a `&str` name is parsed at every use).
 static XFF: HeaderName = HeaderName::from_static(X_FORWARDED_FOR);
 static XFP: HeaderName = HeaderName::from_static(X_FORWARDED_PROTO);
+static HOP: HeaderName = HeaderName::from_static(X_LOXI_HOP);
+
+/// This process's hop id: 16 lowercase hex digits of a random u64, drawn once.
+pub fn hop_id() -> &'static HeaderValue {
+    static ID: std::sync::OnceLock<HeaderValue> = std::sync::OnceLock::new();
+    ID.get_or_init(|| {
+        let id: u64 = rand::random();
+        HeaderValue::from_str(&format!("{id:016x}")).expect("hex is a header value")
+    })
+}
+
+/// True when `headers` show the request already passed through this process (its
+/// [`hop_id`] in an `X-Loxi-Hop` value): a forwarding loop.
+pub fn is_loop(headers: &HeaderMap) -> bool {
+    let own = hop_id().as_bytes();
+    headers.get_all(&HOP).iter().any(|v| {
+        v.as_bytes()
+            .split(|b| *b == b',')
+            .any(|id| id.trim_ascii() == own)
+    })
+}
 
 /// Appends `client`'s IP to `X-Forwarded-For` and sets `X-Forwarded-Proto` (`https` when
 /// `https`, else `http`).
@@ -49,6 +80,7 @@ pub fn append(headers: &mut HeaderMap, client: Option<SocketAddr>, https: bool) 
     }
     let proto = if https { "https" } else { "http" };
     headers.insert(&XFP, HeaderValue::from_static(proto));
+    headers.append(&HOP, hop_id().clone());
 }
 
 /// `ip`'s text as a header value. The usual case, an IPv4 client, is written digit by digit
@@ -84,6 +116,27 @@ fn ip_value(ip: IpAddr) -> Result<HeaderValue, http::header::InvalidHeaderValue>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_request_that_carries_this_process_s_hop_id_is_a_loop() {
+        let mut h = HeaderMap::new();
+        assert!(!is_loop(&h));
+        h.append(X_LOXI_HOP, HeaderValue::from_static("00000000000000aa"));
+        assert!(!is_loop(&h), "another gateway's id");
+        append(&mut h, client(), false);
+        let ids: Vec<_> = h.get_all(X_LOXI_HOP).iter().collect();
+        assert_eq!(
+            ids,
+            [&HeaderValue::from_static("00000000000000aa"), hop_id()]
+        );
+        assert!(is_loop(&h));
+        // Within a joined value too, as a proxy between two hops may fold them.
+        let folded = format!("00000000000000aa, {}", hop_id().to_str().expect("ascii"));
+        let mut h = HeaderMap::new();
+        h.insert(X_LOXI_HOP, HeaderValue::from_str(&folded).expect("value"));
+        assert!(is_loop(&h));
+        assert_eq!(hop_id().len(), 16);
+    }
 
     fn client() -> Option<SocketAddr> {
         Some("10.0.0.7:4242".parse().expect("addr"))

@@ -124,6 +124,9 @@ impl Handler {
         {
             return Err((0, ProxyError::DuplicateHost));
         }
+        if super::forwarded::is_loop(&parts.headers) {
+            return Err((0, ProxyError::Loop));
+        }
         absolute_form_host(&mut parts);
         let cfg = &self.ctx.config;
         let (bytes, _reserved) = tokio::time::timeout(

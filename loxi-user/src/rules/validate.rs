@@ -661,6 +661,20 @@ fn check_name(field: &str, v: &str) -> Result<(), RuleError> {
     Ok(())
 }
 
+/// True when a connection to `ep` (at the listener's port) lands on a listener bound to
+/// `listener`: the same address (an IPv4-mapped IPv6 address is its IPv4 one), or a loopback
+/// address when the listener is a wildcard (`0.0.0.0` takes IPv4 loopback; `::` takes both,
+/// as Linux binds it dual-stack by default). Loops through another address of the host or
+/// through other rules are caught per request instead (`X-Loxi-Hop`, 508 `loop_detected`).
+fn reaches_listener(ep: IpAddr, listener: IpAddr) -> bool {
+    let (e, l) = (ep.to_canonical(), listener.to_canonical());
+    e == l
+        || match l {
+            IpAddr::V4(v4) => v4.is_unspecified() && e.is_ipv4() && e.is_loopback(),
+            IpAddr::V6(v6) => v6.is_unspecified() && e.is_loopback(),
+        }
+}
+
 /// One endpoint: its IP canonical and a host to send to (not the unspecified address), its
 /// target port defaulted to the service port, never the rule's own listener (a loop), and
 /// its fields in range.
@@ -694,15 +708,19 @@ fn validate_endpoint(i: usize, ep: &mut Endpoint, s: &ServiceArgs) -> Result<(),
         ep.target_port = s.port;
     }
     if s.mode == loxi_common::mode::FULLPROXY
-        && ep.endpoint_ip == s.external_ip
         && ep.target_port == s.port
+        && let (Ok(e), Ok(l)) = (
+            ep.endpoint_ip.parse::<IpAddr>(),
+            s.external_ip.trim().parse::<IpAddr>(),
+        )
+        && reaches_listener(e, l)
     {
         return Err(invalid(
             &f("endpointIP"),
             format!(
-                "{}:{} is this rule's own listener: every request would be forwarded to itself \
-                 until the gateway runs out of connections",
-                ep.endpoint_ip, ep.target_port
+                "{}:{} is this rule's own listener ({}:{}): every request would be forwarded to \
+                 itself until the gateway runs out of connections",
+                ep.endpoint_ip, ep.target_port, s.external_ip, s.port
             ),
         ));
     }
@@ -1107,6 +1125,26 @@ mod tests {
                 json!({"endpointIP": "10.0.0.1", "targetPort": 80}),
                 "endpoints[0].endpointIP",
             ),
+            (
+                json!({}),
+                json!({"endpointIP": "::ffff:10.0.0.1", "targetPort": 80}),
+                "endpoints[0].endpointIP",
+            ),
+            (
+                json!({"externalIP": "0.0.0.0"}),
+                json!({"endpointIP": "127.0.0.1", "targetPort": 80}),
+                "endpoints[0].endpointIP",
+            ),
+            (
+                json!({"externalIP": "::"}),
+                json!({"endpointIP": "::1", "targetPort": 80}),
+                "endpoints[0].endpointIP",
+            ),
+            (
+                json!({"externalIP": "::"}),
+                json!({"endpointIP": "127.0.0.1", "targetPort": 80}),
+                "endpoints[0].endpointIP",
+            ),
         ] {
             match with(svc.clone(), ep.clone()) {
                 Err(RuleError::Invalid { field: f, .. }) => assert_eq!(f, field, "{svc} {ep}"),
@@ -1121,6 +1159,14 @@ mod tests {
             (
                 json!({}),
                 json!({"endpointIP": "10.0.0.1", "targetPort": 81}),
+            ),
+            (
+                json!({"externalIP": "0.0.0.0"}),
+                json!({"endpointIP": "10.0.0.2", "targetPort": 80}),
+            ),
+            (
+                json!({"externalIP": "0.0.0.0"}),
+                json!({"endpointIP": "127.0.0.1", "targetPort": 81}),
             ),
         ] {
             assert!(with(svc.clone(), ep.clone()).is_ok(), "{svc} {ep}");
