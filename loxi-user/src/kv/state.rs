@@ -91,6 +91,9 @@ pub struct ServiceKv {
     /// Set when the service was dropped (rule deleted, KV off, contract rebuilt): its streams,
     /// still stopping, record no more series.
     retired: AtomicBool,
+    /// Cold placements so far: rotates the tie-break among endpoints that are equal on every
+    /// criterion of `cold_place` (so equal idle engines take turns, not the lowest index).
+    pub cold_turn: std::sync::atomic::AtomicUsize,
 }
 
 impl ServiceKv {
@@ -110,6 +113,7 @@ impl ServiceKv {
             parity: Mutex::new(ParityBook::default()),
             members: RwLock::new(Members::new(&config.endpoints)),
             retired: AtomicBool::new(false),
+            cold_turn: std::sync::atomic::AtomicUsize::new(0),
             lora: Arc::new(LoraCatalog::new(settings.lora_paths.clone())),
             groups: Mutex::new(HashMap::new()),
             watch: Mutex::new(HashMap::new()),
@@ -241,14 +245,15 @@ impl ServiceKv {
         }
     }
 
-    /// Whether the engine of `member` is heard: one of its streams is connected now and has
-    /// applied a batch. An endpoint that is not (a publisher never reached, a stream down) has
-    /// an inventory that says nothing of its cache.
+    /// Whether the engine of `member` is heard: one of its streams is connected now. An
+    /// endpoint that is not (a publisher never reached, a stream down) has an inventory that
+    /// says nothing of its cache; a connected engine that has published nothing yet holds
+    /// nothing (vLLM publishes every block it stores), so it is heard, and truly empty.
     pub fn heard(&self, member: Member) -> bool {
         self.streams
             .lock()
             .iter()
-            .any(|((m, _), s)| *m == member && s.connected && s.last_seq.is_some())
+            .any(|((m, _), s)| *m == member && s.connected)
     }
 
     /// Marks stream (`member`, `rank`) as catching up from the replay socket (`true`) or done.

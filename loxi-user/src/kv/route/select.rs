@@ -668,11 +668,23 @@ fn cold_place(
         .collect();
     let heard: Vec<u64> = held.iter().flatten().copied().collect();
     let mean = heard.iter().sum::<u64>() / (heard.len() as u64).max(1);
+    // Endpoints equal on every criterion take turns (a fleet whose streams are all down, or
+    // equal idle engines, would otherwise send every new prefix to the lowest index).
+    let n = cands.len().max(1);
+    let turn = svc
+        .cold_turn
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        % n;
     (0..cands.len()).filter(|&ep| usable(ep)).min_by_key(|&ep| {
         let l = &cands.loads[ep];
         let wait = u128::from(l.prefill_work() + nb) * u128::from(wsum);
         let quanta = wait / (u128::from(weight(ep)) * u128::from(count) * u128::from(nb));
-        (quanta, held[ep].unwrap_or(mean), l.effective_load(), ep)
+        (
+            quanta,
+            held[ep].unwrap_or(mean),
+            l.effective_load(),
+            (ep + n - turn) % n,
+        )
     })
 }
 

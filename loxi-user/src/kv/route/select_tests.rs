@@ -1176,6 +1176,46 @@ fn an_endpoint_whose_events_are_not_heard_is_not_the_emptiest_cache() {
     assert_eq!(f.select(&m), Some(Decision::pick(2, Reason::KvColdPlace)));
 }
 
+/// A fresh fleet under sequential distinct prompts: the engine that served the first one has
+/// published its blocks, the others are connected and have published nothing (they hold
+/// nothing). They are the emptiest caches, not "unheard" engines tied with the first at the
+/// mean (which sent all 21 prompts of a review's run to endpoint 0). And when no stream is
+/// connected at all (every engine equal), cold placements take turns instead of all going to
+/// the lowest index.
+#[test]
+fn cold_placement_spreads_over_silent_engines_and_takes_turns_among_equals() {
+    let s = KvSettings {
+        coldstart_seed_n: 0,
+        replica_load: 0,
+        ..KvSettings::default()
+    };
+    let f = fx_with(s, 3, serde_json::json!({}));
+    let prompt =
+        |i: usize| meta(&format!("{i} a prompt of its own about the sea and boats. ").repeat(8));
+    // Connected, nothing published: heard, empty.
+    let svc = f.svc();
+    for ep in 0..3 {
+        svc.set_connected(ep, 0, true);
+        svc.streams.lock().entry((ep, 0)).or_default().last_seq = None;
+    }
+    f.hold(0, &prompt(100), 4);
+    assert!(svc.heard(1) && svc.heard(2));
+    let first = f.select(&prompt(0)).and_then(|d| d.endpoint);
+    assert!(matches!(first, Some(1 | 2)), "{first:?}");
+    // No stream connected: every endpoint counts as the (empty) mean; turns, not index 0.
+    for ep in 0..3 {
+        f.hear(ep, false);
+    }
+    let picks: std::collections::BTreeSet<_> = (1..=3)
+        .map(|i| {
+            f.select(&prompt(i))
+                .and_then(|d| d.endpoint)
+                .expect("placed")
+        })
+        .collect();
+    assert_eq!(picks.len(), 3, "{picks:?}");
+}
+
 #[test]
 fn a_request_no_endpoint_holds_goes_to_the_least_prefill_wait_then_emptiest_cache_then_load() {
     // Default settings: `LOXI_KV_COLD_PLACEMENT=least-work` (seeding off to isolate it).
