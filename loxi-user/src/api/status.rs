@@ -172,7 +172,8 @@ fn one_rule(
         rules
             .into_iter()
             .filter(|r| {
-                r.rule.service.host.eq_ignore_ascii_case(host) && r.rule.service.model_name == model
+                r.rule.service.host == crate::rules::validate::host_key(host)
+                    && r.rule.service.model_name == model
             })
             .collect()
     };

@@ -362,7 +362,7 @@ impl RuleStore {
             external_ip: ip,
             port,
             protocol: proto,
-            host: host.to_ascii_lowercase(),
+            host: validate::host_key(host),
             model_name: model_name.to_string(),
         };
         self.delete_where(&key.to_string(), |k, _| *k == key)
@@ -772,8 +772,9 @@ mod tests {
         assert!(dropped_files(clean.path()).is_empty());
     }
 
-    /// Hosts match case-insensitively, so a host differing only in case is the same rule
-    /// (stored once, lower case), not a second rule that would never see a request.
+    /// Hosts match case-insensitively and with one trailing dot dropped, so a host differing
+    /// only in those is the same rule (stored once, lower case, without the dot), not a second
+    /// rule that would never see a request.
     #[test]
     fn hosts_differing_in_case_are_one_rule() {
         let store = RuleStore::in_memory();
@@ -789,10 +790,13 @@ mod tests {
         assert_eq!(first.expect("stored"), UpsertOutcome::Created);
         let second = store.upsert(with_host("x.example.com", "10.0.1.2"));
         assert_eq!(second.expect("stored"), UpsertOutcome::Updated);
+        // The fully qualified spelling (one trailing dot) is the same host too.
+        let third = store.upsert(with_host("x.example.com.", "10.0.1.3"));
+        assert_eq!(third.expect("stored"), UpsertOutcome::Updated);
         let snap = store.snapshot();
         let hosts: Vec<&str> = snap.rules.keys().map(|k| k.host.as_str()).collect();
         assert_eq!(hosts, ["x.example.com"]);
-        let gone = store.delete("10.0.0.1", 80, "tcp", "X.EXAMPLE.com", "");
+        let gone = store.delete("10.0.0.1", 80, "tcp", "X.EXAMPLE.com.", "");
         assert_eq!(gone.expect("deleted").len(), 1);
         assert!(store.snapshot().rules.is_empty());
     }

@@ -145,7 +145,7 @@ fn validate_service(s: &mut ServiceArgs) -> Result<(), RuleError> {
     // Host names match case-insensitively (RFC 9110 §4.2.3; the fullproxy matches `Host` and
     // SNI so): two rules whose hosts differ only in case would share every request, and one
     // of them would be stored and never used. One spelling, lower case, is the key.
-    s.host = s.host.to_ascii_lowercase();
+    s.host = host_key(&s.host);
     check_name("host", &s.host)?;
     check_name("model_name", &s.model_name)?;
     if let Some((name, port)) = s.host.rsplit_once(':')
@@ -641,8 +641,37 @@ fn need_defaults_outside_fullproxy(
 /// A host or model name is matched against what clients send and becomes a metric label and a
 /// log field: control characters (a newline broke every `/metrics` scrape) and, for a host,
 /// whitespace and URL delimiters can never match a request and are refused.
+/// A rule host as its key: lower case (RFC 9110 §4.2.3) and without one trailing dot (the
+/// fully qualified spelling of the same name, RFC 1034 §3.1), as the fullproxy matches `Host`
+/// and SNI: `A.com.` and `a.com` are one rule's key, not two rules of which one never serves.
+pub fn host_key(host: &str) -> String {
+    let h = host.to_ascii_lowercase();
+    match h.strip_suffix('.') {
+        Some(d) if !d.is_empty() => d.to_string(),
+        _ => h,
+    }
+}
+
 fn check_name(field: &str, v: &str) -> Result<(), RuleError> {
     let host = field == "host";
+    if host {
+        let why = if v.contains('*') {
+            Some(
+                "wildcard hosts are not supported (a host is matched exactly): give each host its own rule",
+            )
+        } else if !v.is_ascii() {
+            Some(
+                "a host is matched against the request's ASCII Host header: give its IDNA (xn--) form",
+            )
+        } else if v.ends_with('.') || v.starts_with('.') || v.contains("..") {
+            Some("that is not a host name")
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            return Err(invalid("serviceArguments.host", format!("{v:?}: {why}")));
+        }
+    }
     if let Some(c) = v.chars().find(|c| {
         c.is_control() || (host && (c.is_whitespace() || matches!(c, '/' | '?' | '#' | '@')))
     }) {
@@ -1100,6 +1129,22 @@ mod tests {
                 "serviceArguments.host",
             ),
             (json!({"host": "a b"}), json!({}), "serviceArguments.host"),
+            (
+                json!({"host": "*.example.com"}),
+                json!({}),
+                "serviceArguments.host",
+            ),
+            (
+                json!({"host": "bücher.example"}),
+                json!({}),
+                "serviceArguments.host",
+            ),
+            (json!({"host": "."}), json!({}), "serviceArguments.host"),
+            (
+                json!({"host": "a.com.."}),
+                json!({}),
+                "serviceArguments.host",
+            ),
             (
                 json!({"host": "a.com/x"}),
                 json!({}),
