@@ -12,9 +12,11 @@
 //!   `algorithm`, `block_size`, `unknown`, and the remedy, e.g. "set
 //!   LLB_KV_NONE_HASH_SEED=0 to match the engine"); token re-hash is active.
 //! - `never_matched`: the zero-hit watchdog: it holds blocks, `LOXI_KV_NEVER_MATCHED_AFTER`
-//!   requests with block keys were routed to it, and none of its confirmed blocks was ever
-//!   the first block of a scored request (its blocks are unreachable: another tokenizer, chat
-//!   template, LoRA path or seed). Counted once per endpoint in
+//!   requests with block keys were routed to it, none of its confirmed blocks was ever the
+//!   first block of a scored request, and the first block of none of the last 4 requests
+//!   routed to it showed up among its blocks afterwards (so a workload without reuse, whose
+//!   requests the engine hashes as loxi does, is not flagged): its blocks are unreachable,
+//!   another tokenizer, chat template, LoRA path or seed. Counted once per endpoint in
 //!   `loxilb_pd_kv_zero_hit_watchdog_total{service}`.
 //! - `ok`: events with token ids were checked and agree (or are still being checked without a
 //!   disagreement).
@@ -108,7 +110,21 @@ pub fn readiness(
         };
         return r("mismatch", Some("block_size".into()), Some(remedy));
     }
-    let w = svc.watch.lock().get(&member).copied().unwrap_or_default();
+    let w = {
+        let mut watch = svc.watch.lock();
+        let w = watch.entry(member).or_default();
+        // A request loxi routed here whose first block the engine then published under
+        // loxi's key: tokenizer, template and hashing agree, whatever the reuse.
+        if !w.matched
+            && w.probes
+                .iter()
+                .flatten()
+                .any(|k| svc.index.holds_key(member, *k))
+        {
+            w.matched = true;
+        }
+        *w
+    };
     if !w.matched && w.routed_holding >= never_matched_after && svc.index.blocks(member) > 0 {
         return r(
             "never_matched",

@@ -41,8 +41,15 @@ pub struct StreamStatus {
 pub struct ZeroHitWatch {
     /// Requests with block keys routed to it while it held confirmed blocks.
     pub routed_holding: u64,
-    /// One of its confirmed blocks was the first block of a scored request.
+    /// One of its confirmed blocks was the first block of a scored request, or the first
+    /// block key of a request routed to it later showed up among its confirmed blocks (the
+    /// engine hashed that request as loxi did: agreement without any reuse).
     pub matched: bool,
+    /// First block keys of the last requests routed to it (a ring), checked against its
+    /// confirmed blocks by the readiness pass until one shows up.
+    pub probes: [Option<super::BlockKey>; 4],
+    /// Next slot of `probes`.
+    pub next_probe: u8,
     /// Already counted in `loxilb_pd_kv_zero_hit_watchdog_total`.
     pub flagged: bool,
     /// The readiness state last published (and logged) for it.

@@ -372,12 +372,19 @@ impl KvRouter {
         let member = eps
             .get(ep)
             .and_then(|e| svc.members.read().member_of(e, ep));
-        if let (Some(Ok(_)), Some(m)) = (&ticket.keys, member)
+        if let (Some(Ok(keys)), Some(m)) = (&ticket.keys, member)
             && svc.index.blocks(m) > 0
         {
             let mut w = svc.watch.lock();
             let e = w.entry(m).or_default();
             e.routed_holding = e.routed_holding.saturating_add(1);
+            if !e.matched
+                && let Some(first) = keys.first()
+            {
+                let slot = usize::from(e.next_probe) % e.probes.len();
+                e.probes[slot] = Some(*first);
+                e.next_probe = e.next_probe.wrapping_add(1);
+            }
         }
         // The request's uncached prefill work on `ep`, in tokens (whole cached blocks only).
         let keys = ticket.keys.get_or_insert_with(|| self.keys(&svc, meta));

@@ -916,6 +916,44 @@ fn zero_hit_watchdog_flags_an_endpoint_whose_blocks_never_match() {
     }
 }
 
+/// A workload without reuse (each request its own prompt) is no misconfiguration: once the
+/// engine publishes the first block of a request loxi routed to it, under loxi's key, its
+/// hashing is shown to agree and the watchdog never flags it, however many requests go by
+/// without a match (a review's run of 21 distinct prompts flagged a correctly configured
+/// engine `never_matched` while the parity check said `ok`).
+#[test]
+fn zero_hit_watchdog_spares_an_engine_that_published_a_routed_request_s_block() {
+    let s = KvSettings {
+        lb_mode: LbMode::Off,
+        coldstart_seed_n: 0,
+        never_matched_after: 3,
+        predicted_ttl: Duration::ZERO,
+        ..KvSettings::default()
+    };
+    let f = fx_with(s, 1, serde_json::json!({}));
+    f.svc().index.store(0, 0, &[BlockKey(1), BlockKey(2)]);
+    f.svc().streams.lock().entry((0, 0)).or_default().last_seq = Some(0);
+    let state = |st: &str| {
+        f.metric(&format!(
+            "loxilb_kv_endpoint_readiness{{service=\"1\",ep_idx=\"0\",state=\"{st}\"}}"
+        ))
+    };
+    for i in 0..6 {
+        let m = meta(&format!("{i} a prompt nobody repeats, about rivers and mills. ").repeat(8));
+        let mut t = KvTicket::default();
+        let _ = f.attempt(&m, &Excluded::default(), &mut t);
+        f.router.routed(&f.rule, &m, 0, &mut t);
+        // The engine served it and published its blocks, as vLLM does.
+        f.hold(0, &m, 2);
+        crate::kv::readiness::publish(f.router.state());
+        assert_eq!(state("never_matched"), 0.0, "after {}", i + 1);
+    }
+    assert_eq!(
+        f.metric("loxilb_pd_kv_zero_hit_watchdog_total{service=\"1\"}"),
+        0.0
+    );
+}
+
 /// Three endpoints under the `work` law, cold seeding every `seed_n`-th hit (blocks < 1), no
 /// predicted blocks (a `routed` call changes no holdings).
 fn work_fx(seed_n: u64) -> Fx {
