@@ -38,7 +38,7 @@ struct CertBody {
 }
 
 fn parse_body(body: Result<Bytes, BytesRejection>) -> Result<CertBody, ApiError> {
-    let body = body.map_err(super::rules::body_error)?;
+    let body = body.map_err(super::error::body_error)?;
     serde_json::from_slice(&body).map_err(|e| {
         ApiError::bad_body(format!(
             "body must be {{\"certId\"?, \"certPem\", \"keyPem\", \"chainPem\"?}}: {e}"

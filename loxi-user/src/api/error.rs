@@ -175,6 +175,26 @@ pub fn success() -> Response {
     json_response(StatusCode::OK, &ResultBody { result: "Success" })
 }
 
+/// An unreadable request body is 400; one over the API's body limit is 413.
+pub(super) fn body_error(e: axum::extract::rejection::BytesRejection) -> ApiError {
+    if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        return body_too_large();
+    }
+    ApiError::bad_body(format!("cannot read the body: {}", e.body_text()))
+}
+
+/// 413: the request body is (or declares itself) larger than [`API_BODY_LIMIT`].
+pub(super) fn body_too_large() -> ApiError {
+    ApiError::with_status(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!("request body exceeds the API's {API_BODY_LIMIT}-byte limit"),
+    )
+}
+
+/// The REST API's request body limit in bytes (axum's default, 2 MiB): a rule with the
+/// maximum [`crate::rules::validate::MAX_ENDPOINTS`] endpoints is about 100 KiB.
+pub const API_BODY_LIMIT: usize = 2 << 20;
+
 #[cfg(test)]
 mod tests {
     use super::*;

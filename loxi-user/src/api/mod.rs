@@ -224,7 +224,7 @@ async fn refuse_declared_oversize(req: Request, next: Next) -> Response {
             };
             let _ = tokio::time::timeout(OVERSIZE_DRAIN_TIME, drain).await;
         });
-        let mut resp = rules::body_too_large().into_response();
+        let mut resp = error::body_too_large().into_response();
         resp.headers_mut().insert(
             header::CONNECTION,
             header::HeaderValue::from_static("close"),

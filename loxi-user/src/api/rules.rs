@@ -72,25 +72,8 @@ async fn settle(st: &ApiState, what: &str) {
     }
 }
 
-/// An unreadable body is 400; one over the API's body limit is 413.
-pub(super) fn body_error(e: BytesRejection) -> ApiError {
-    if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        return body_too_large();
-    }
-    ApiError::bad_body(format!("cannot read the body: {}", e.body_text()))
-}
-
-/// 413: the request body is (or declares itself) larger than [`API_BODY_LIMIT`].
-pub(super) fn body_too_large() -> ApiError {
-    ApiError::with_status(
-        StatusCode::PAYLOAD_TOO_LARGE,
-        format!("request body exceeds the API's {API_BODY_LIMIT}-byte limit"),
-    )
-}
-
-/// The REST API's request body limit in bytes (axum's default, 2 MiB): a rule with the
-/// maximum [`crate::rules::validate::MAX_ENDPOINTS`] endpoints is about 100 KiB.
-pub const API_BODY_LIMIT: usize = 2 << 20;
+pub use super::error::API_BODY_LIMIT;
+use super::error::body_error;
 
 /// A rule with `mode` other than 4 needs the L4 data path, which only `--xdp-iface` starts.
 fn check_data_path(rule: &LbRule, l4_datapath: bool) -> Result<(), ApiError> {
