@@ -257,10 +257,22 @@ impl ServiceKv {
     /// says nothing of its cache; a connected engine that has published nothing yet holds
     /// nothing (vLLM publishes every block it stores), so it is heard, and truly empty.
     pub fn heard(&self, member: Member) -> bool {
-        self.streams
+        self.heard_members().contains(&member)
+    }
+
+    /// The members [`Self::heard`] is true of, in one pass under one lock (ascending, each
+    /// once).
+    pub fn heard_members(&self) -> Vec<Member> {
+        let mut out: Vec<Member> = self
+            .streams
             .lock()
             .iter()
-            .any(|((m, _), s)| *m == member && s.connected)
+            .filter(|(_, s)| s.connected)
+            .map(|((m, _), _)| *m)
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        out
     }
 
     /// Marks stream (`member`, `rank`) as catching up from the replay socket (`true`) or done.

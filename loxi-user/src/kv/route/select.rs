@@ -666,15 +666,19 @@ fn cold_place(
     // its stream down) holds no blocks in the index whatever its cache holds: counted as
     // holding the mean of the heard ones, so a dead stream costs hits, never a pull of every
     // new prefix onto that endpoint as "the emptiest cache".
+    let heard = svc.heard_members();
     let held: Vec<Option<u64>> = (0..cands.len())
         .map(|ep| {
             member(ep)
-                .filter(|&m| usable(ep) && svc.heard(m))
+                .filter(|m| usable(ep) && heard.binary_search(m).is_ok())
                 .map(|m| svc.index.blocks(m))
         })
         .collect();
-    let heard: Vec<u64> = held.iter().flatten().copied().collect();
-    let mean = heard.iter().sum::<u64>() / (heard.len() as u64).max(1);
+    let (sum, n_heard) = held
+        .iter()
+        .flatten()
+        .fold((0u64, 0u64), |(s, c), b| (s + b, c + 1));
+    let mean = sum / n_heard.max(1);
     // Endpoints equal on every criterion take turns (a fleet whose streams are all down, or
     // equal idle engines, would otherwise send every new prefix to the lowest index).
     let n = cands.len().max(1);

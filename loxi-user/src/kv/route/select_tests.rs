@@ -858,21 +858,26 @@ fn cpu_tier_blocks_earn_the_configured_partial_credit() {
     assert_eq!(f.misses("no_worker"), 1.0);
 }
 
+/// `n` endpoints, law `off`, no seeding, the watchdog after 3 routed requests, and no
+/// predictions (routed requests must not make an endpoint a holder).
+fn watchdog_fx(n: usize) -> Fx {
+    let s = KvSettings {
+        lb_mode: LbMode::Off,
+        coldstart_seed_n: 0,
+        never_matched_after: 3,
+        predicted_ttl: Duration::ZERO,
+        ..KvSettings::default()
+    };
+    fx_with(s, n, serde_json::json!({}))
+}
+
 /// The zero-hit watchdog: an endpoint holding blocks that never match, to which 3
 /// (`LOXI_KV_NEVER_MATCHED_AFTER`) requests were routed, becomes `never_matched` and is
 /// counted once in `loxilb_pd_kv_zero_hit_watchdog_total`; the endpoint whose blocks match
 /// does not.
 #[test]
 fn zero_hit_watchdog_flags_an_endpoint_whose_blocks_never_match() {
-    let s = KvSettings {
-        lb_mode: LbMode::Off,
-        coldstart_seed_n: 0,
-        never_matched_after: 3,
-        // No predictions: the routed requests must not make endpoint 1 a holder.
-        predicted_ttl: Duration::ZERO,
-        ..KvSettings::default()
-    };
-    let f = fx_with(s, 2, serde_json::json!({}));
+    let f = watchdog_fx(2);
     let m = meta(PROMPT);
     f.hold(0, &m, 2);
     f.svc()
@@ -923,14 +928,7 @@ fn zero_hit_watchdog_flags_an_endpoint_whose_blocks_never_match() {
 /// engine `never_matched` while the parity check said `ok`).
 #[test]
 fn zero_hit_watchdog_spares_an_engine_that_published_a_routed_request_s_block() {
-    let s = KvSettings {
-        lb_mode: LbMode::Off,
-        coldstart_seed_n: 0,
-        never_matched_after: 3,
-        predicted_ttl: Duration::ZERO,
-        ..KvSettings::default()
-    };
-    let f = fx_with(s, 1, serde_json::json!({}));
+    let f = watchdog_fx(1);
     f.svc().index.store(0, 0, &[BlockKey(1), BlockKey(2)]);
     f.svc().streams.lock().entry((0, 0)).or_default().last_seq = Some(0);
     let state = |st: &str| {
