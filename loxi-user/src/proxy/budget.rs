@@ -3,12 +3,17 @@
 //! received, as they arrive (whole KiB; never by a declared `Content-Length`, which a client
 //! that sends nothing could otherwise use to hold the budget), and keeps the reservation until
 //! its upstream answered. A body's first bytes may wait for budget (holding none meanwhile; the
-//! wait counts against the body read timeout, `LOXI_BODY_TIMEOUT_MS`, 408); later bytes never
-//! wait: a body that holds part of the budget and finds the rest spent is refused (503
-//! `body_budget_exhausted`), so concurrent uploads cannot each hold a part and wait for the
-//! others' for ever. A body larger than the whole budget gets through alone.
+//! wait counts against the body read timeout, `LOXI_BODY_TIMEOUT_MS`, 408). A body that holds
+//! part of the budget and finds the rest spent waits for it only if it is the eldest holder
+//! (the first of the bodies now holding budget to have got it); any other is refused at once
+//! (503 `body_budget_exhausted`). Younger holders never wait, so they release what they hold
+//! and the eldest proceeds: concurrent uploads can neither deadlock (each holding a part and
+//! waiting for the others') nor all be refused together. A body larger than the whole budget
+//! gets through alone.
 
-use std::sync::Arc;
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -20,6 +25,14 @@ pub const DEFAULT_BODY_BYTES_IN_FLIGHT: u64 = 256 << 20;
 pub struct BodyBudget {
     sem: Arc<Semaphore>,
     total_kib: u32,
+    /// Order of first reservation of the bodies now holding budget (see [`Holder`]).
+    holders: Arc<Holders>,
+}
+
+#[derive(Debug, Default)]
+struct Holders {
+    next: AtomicU64,
+    live: Mutex<BTreeSet<u64>>,
 }
 
 impl BodyBudget {
@@ -31,6 +44,7 @@ impl BodyBudget {
         Self {
             sem: Arc::new(Semaphore::new(total_kib as usize)),
             total_kib,
+            holders: Arc::default(),
         }
     }
 
@@ -56,7 +70,38 @@ impl BodyBudget {
         } else {
             self.sem.clone().acquire_many_owned(kib).await.ok()
         };
-        Reservation { permit }
+        let holder = permit.as_ref().map(|_| Holder::new(&self.holders));
+        Reservation { permit, holder }
+    }
+
+    /// Adds `bytes` (rounded up to KiB) to `held`: at once when the budget has them; else, if
+    /// `held` is the eldest holder, waits for them (the caller bounds the wait, e.g. by the body
+    /// read timeout); else false at once, `held` unchanged. A `held` that holds nothing reserves
+    /// as [`Self::reserve`] does. Never grows `held` past the whole budget.
+    pub async fn grow(&self, held: &mut Reservation, bytes: usize) -> bool {
+        if held.kib() == 0 {
+            *held = self.reserve(bytes).await;
+            return true;
+        }
+        if self.try_grow(held, bytes) {
+            return true;
+        }
+        if !held.holder.as_ref().is_some_and(Holder::is_eldest) {
+            return false;
+        }
+        let kib = u32::try_from(bytes.div_ceil(1024))
+            .unwrap_or(u32::MAX)
+            .min(self.total_kib.saturating_sub(held.kib()));
+        match self.sem.clone().acquire_many_owned(kib).await {
+            Ok(p) => {
+                held.merge(Reservation {
+                    permit: Some(p),
+                    holder: None,
+                });
+                true
+            }
+            Err(_) => false,
+        }
     }
 }
 
@@ -72,11 +117,56 @@ impl BodyBudget {
         }
         match self.sem.clone().try_acquire_many_owned(kib) {
             Ok(p) => {
-                held.merge(Reservation { permit: Some(p) });
+                held.merge(Reservation {
+                    permit: Some(p),
+                    holder: None,
+                });
                 true
             }
             Err(_) => false,
         }
+    }
+}
+
+/// A body's place in the order of first reservation while it holds budget; removed on drop.
+#[derive(Debug)]
+struct Holder {
+    ticket: u64,
+    holders: Arc<Holders>,
+}
+
+impl Holder {
+    fn new(holders: &Arc<Holders>) -> Self {
+        let ticket = holders.next.fetch_add(1, Ordering::Relaxed);
+        holders
+            .live
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(ticket);
+        Self {
+            ticket,
+            holders: Arc::clone(holders),
+        }
+    }
+
+    /// True when no body holding budget got it before this one.
+    fn is_eldest(&self) -> bool {
+        self.holders
+            .live
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .first()
+            == Some(&self.ticket)
+    }
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        self.holders
+            .live
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&self.ticket);
     }
 }
 
@@ -90,6 +180,8 @@ impl Default for BodyBudget {
 #[derive(Debug, Default)]
 pub struct Reservation {
     permit: Option<OwnedSemaphorePermit>,
+    /// Set on a reservation made by [`BodyBudget::reserve`] while it holds budget.
+    holder: Option<Holder>,
 }
 
 impl Reservation {
@@ -100,12 +192,18 @@ impl Reservation {
             .map_or(0, |p| u32::try_from(p.num_permits()).unwrap_or(u32::MAX))
     }
 
-    /// Adds `other` to this reservation.
+    /// Adds `other` to this reservation; the elder of the two places in the order of first
+    /// reservation is kept.
     pub fn merge(&mut self, other: Reservation) {
         match (&mut self.permit, other.permit) {
             (Some(p), Some(o)) => p.merge(o),
             (None, o) => self.permit = o,
             (Some(_), None) => {}
+        }
+        match (&self.holder, other.holder) {
+            (None, h) => self.holder = h,
+            (Some(mine), Some(h)) if h.ticket < mine.ticket => self.holder = Some(h),
+            _ => {}
         }
     }
 }
@@ -154,6 +252,42 @@ mod tests {
         assert!(b.try_grow(&mut one, 5 << 20));
         assert_eq!(one.kib(), 1024);
         drop(one);
+        assert_eq!(b.available(), b.bytes());
+    }
+
+    #[tokio::test]
+    async fn when_holders_all_find_the_budget_spent_the_eldest_waits_and_the_others_are_refused() {
+        let b = BodyBudget::new(1 << 20);
+        let mut first = b.reserve(340 << 10).await;
+        let mut second = b.reserve(340 << 10).await;
+        let mut third = b.reserve(340 << 10).await;
+        // 4 KiB left; each wants 100 more.
+        assert!(
+            !b.grow(&mut second, 100 << 10).await,
+            "younger: refused at once"
+        );
+        assert!(
+            !b.grow(&mut third, 100 << 10).await,
+            "younger: refused at once"
+        );
+        let waiting =
+            tokio::time::timeout(Duration::from_millis(50), b.grow(&mut first, 100 << 10));
+        assert!(
+            waiting.await.is_err(),
+            "the eldest waits rather than being refused"
+        );
+        assert_eq!(first.kib(), 340);
+        drop(second);
+        let grew = tokio::time::timeout(Duration::from_secs(5), b.grow(&mut first, 100 << 10))
+            .await
+            .expect("the eldest gets the budget a refused body released");
+        assert!(grew);
+        assert_eq!(first.kib(), 440);
+        drop(first);
+        // The third is now the eldest holder.
+        assert!(b.grow(&mut third, 600 << 10).await);
+        assert_eq!((third.kib(), b.available()), (940, 84 << 10));
+        drop(third);
         assert_eq!(b.available(), b.bytes());
     }
 }

@@ -451,8 +451,8 @@ async fn within<F: std::future::Future>(limit: Option<Duration>, fut: F) -> Opti
 /// Reads the whole request body (chunked included) up to `limit` bytes into one buffer sized
 /// by `Content-Length` when given (so a large body is held once, not twice while collected;
 /// pages a client never sends are never touched), reserving in `budget` the bytes received as
-/// they arrive: the first frame may wait for budget, later ones never do (503
-/// `body_budget_exhausted` when it is spent; see [`super::budget`]). The reservation is the
+/// they arrive: the first frame may wait for budget, later ones only when this body is the
+/// eldest holder (else 503 `body_budget_exhausted` when it is spent; see [`super::budget`]). The reservation is the
 /// caller's until the request no longer holds the body.
 async fn read_body(
     mut body: Incoming,
@@ -476,9 +476,7 @@ async fn read_body(
             if len > covered {
                 // Whole KiB, so small frames do not each round up.
                 let more = (len - covered).next_multiple_of(1024);
-                if reserved.kib() == 0 {
-                    reserved = budget.reserve(more).await;
-                } else if !budget.try_grow(&mut reserved, more) {
+                if !budget.grow(&mut reserved, more).await {
                     return Err(ProxyError::BodyBudgetExhausted {
                         budget: budget.bytes(),
                     });
