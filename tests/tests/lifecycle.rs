@@ -438,8 +438,9 @@ async fn a_cert_dir_that_is_a_file_is_a_start_up_error_and_a_missing_one_is_fine
 
 /// A stored rule that no longer validates (here `rules.json` edited by hand) is dropped at start,
 /// but not lost: it is written as stored to `rules.dropped-<secs>.json` (mode 0600) before any
-/// write, and the log names that file; the next change rewrites `rules.json` without it while
-/// the side file keeps it.
+/// write, and the log names that file (and does not report fields reset in it, as it does for
+/// a rule it restores); the next change rewrites `rules.json` without it while the side file
+/// keeps it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restored_rule_that_no_longer_validates_is_kept_in_a_side_file() {
     use std::os::unix::fs::PermissionsExt;
@@ -463,7 +464,14 @@ async fn a_restored_rule_that_no_longer_validates_is_kept_in_a_side_file() {
         .find(|r| r["rule"]["serviceArguments"]["port"] == json!(p2))
         .expect("the second rule");
     bad["rule"]["serviceArguments"]["externalIP"] = json!("999.1.1.1");
+    // A field an older loxi stored and nothing reads, on both rules: the kept rule's reset is
+    // logged; the dropped rule is logged as dropped only.
+    bad["rule"]["serviceArguments"]["probeport"] = json!(9999);
     let bad = bad.clone();
+    entries
+        .iter_mut()
+        .find(|r| r["rule"]["serviceArguments"]["port"] == json!(p1))
+        .expect("the first rule")["rule"]["serviceArguments"]["probeport"] = json!(9999);
     std::fs::write(&state, serde_json::to_vec_pretty(&file).expect("JSON")).expect("write");
     d.restart().await;
     let listed = d.rules().await;
@@ -500,6 +508,16 @@ async fn a_restored_rule_that_no_longer_validates_is_kept_in_a_side_file() {
         "{line}"
     );
     assert!(line.contains("999.1.1.1"), "the reason: {line}");
+    let resets: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("probe fields no probe reads cleared"))
+        .collect();
+    assert_eq!(
+        resets.len(),
+        1,
+        "only the restored rule's reset: {resets:?}"
+    );
+    assert!(resets[0].contains("probeport"), "{resets:?}");
     // The next change rewrites rules.json without the dropped rule; the side file keeps it.
     assert_eq!(d.post_rule(&rule(free_port())).await.0, 200);
     let now = std::fs::read_to_string(&state).expect("read");

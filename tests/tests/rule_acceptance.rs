@@ -95,6 +95,16 @@ async fn a_restored_rule_whose_port_is_taken_is_reported_and_served_once_it_free
         state.starts_with("unbound: ") && state.contains("in use") && state.contains("retrying"),
         "{state}"
     );
+    // A rule that serves nothing is OFFLINE in its status, whatever its endpoints' health.
+    let status_path = format!(
+        "/netlox/v1/config/loadbalancer/externalipaddress/127.0.0.1/port/{port}/protocol/tcp/status"
+    );
+    let operating = |text: String| -> Value {
+        serde_json::from_str::<Value>(&text).expect("status JSON")["operatingStatus"].clone()
+    };
+    let (code, text) = d.get(&status_path).await.expect("GET status");
+    assert_eq!(code, 200, "{text}");
+    assert_eq!(operating(text), json!("OFFLINE"));
     let m = d.metrics_text().await;
     let up = format!(r#"loxilb_fullproxy_listener_up{{address="127.0.0.1:{port}"}}"#);
     let failures =
@@ -114,6 +124,13 @@ async fn a_restored_rule_whose_port_is_taken_is_reported_and_served_once_it_free
     }
     let m = d.metrics_text().await;
     assert_eq!(sample(&m, &up), Some(1.0), "{m}");
+    let (code, text) = d.get(&status_path).await.expect("GET status");
+    assert_eq!(code, 200, "{text}");
+    assert_eq!(
+        operating(text),
+        json!("ONLINE"),
+        "bound, its one endpoint up"
+    );
     let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
         .expect("connect");

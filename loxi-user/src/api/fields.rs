@@ -26,12 +26,134 @@ use crate::rules::RuleError;
 use crate::rules::model::{ENDPOINT_FIELDS, LbRule, RULE_FIELDS, SERVICE_FIELDS};
 use crate::rules::schema::{self, ENDPOINT_FOREIGN, Foreign, RULE_FOREIGN, SERVICE_FOREIGN};
 
-/// Parses a POSTed rule body: JSON syntax, then every key, then types. Errors name the field.
+/// Parses a POSTed rule body: JSON syntax (an object naming one key twice is refused, see
+/// [`strict_json`]), then every key, then types. Errors name the field.
 pub fn parse_rule(body: &[u8]) -> Result<LbRule, ApiError> {
-    let mut value: Value = serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_body(format!("body is not valid JSON: {e}")))?;
+    let mut value = strict_json(body)?;
     normalize_rule_fields(&mut value)?;
     serde_path_to_error::deserialize(value).map_err(type_error)
+}
+
+/// `body` as a JSON value, refusing an object that names the same key twice: serde_json's
+/// `Value` (and Go's `encoding/json`, so LoxiLB) keep the last silently, so the first value
+/// would be accepted and inert. 400 `body is not valid JSON` for a syntax error; 400 naming
+/// the field (`serviceArguments.port`, `endpoints[1].weight`) for a repeated key. Nesting is
+/// bounded by serde_json's recursion limit (128).
+pub fn strict_json(body: &[u8]) -> Result<Value, ApiError> {
+    let repeated = std::cell::RefCell::new(None);
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let parsed = serde::de::DeserializeSeed::deserialize(
+        strict::Seed {
+            path: String::new(),
+            repeated: &repeated,
+        },
+        &mut de,
+    )
+    .and_then(|v| de.end().map(|()| v));
+    match (parsed, repeated.into_inner()) {
+        (_, Some(field)) => Err(ApiError::invalid_field(
+            field,
+            "appears twice in its object; loxi refuses the body rather than keep one of the \
+             values silently",
+        )),
+        (Ok(v), None) => Ok(v),
+        (Err(e), None) => Err(ApiError::bad_body(format!("body is not valid JSON: {e}"))),
+    }
+}
+
+mod strict {
+    use std::cell::RefCell;
+    use std::fmt;
+
+    use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
+    use serde_json::{Map, Number, Value};
+
+    /// Deserialises one value at `path`; a repeated key's path is put in `repeated`.
+    pub(super) struct Seed<'a> {
+        pub(super) path: String,
+        pub(super) repeated: &'a RefCell<Option<String>>,
+    }
+
+    impl<'de> DeserializeSeed<'de> for Seed<'_> {
+        type Value = Value;
+
+        fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+            d.deserialize_any(self)
+        }
+    }
+
+    impl Seed<'_> {
+        fn child(&self, seg: fmt::Arguments<'_>) -> Self {
+            Self {
+                path: format!("{}{seg}", self.path),
+                repeated: self.repeated,
+            }
+        }
+    }
+
+    impl<'de> Visitor<'de> for Seed<'_> {
+        type Value = Value;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a JSON value")
+        }
+
+        fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+            Ok(Value::Bool(v))
+        }
+
+        fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+            Ok(Value::Number(v.into()))
+        }
+
+        fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+            Ok(Value::Number(v.into()))
+        }
+
+        fn visit_f64<E: de::Error>(self, v: f64) -> Result<Value, E> {
+            Number::from_f64(v)
+                .map(Value::Number)
+                .ok_or_else(|| E::custom("a number JSON cannot hold"))
+        }
+
+        fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+            Ok(Value::String(v.to_owned()))
+        }
+
+        fn visit_string<E>(self, v: String) -> Result<Value, E> {
+            Ok(Value::String(v))
+        }
+
+        fn visit_unit<E>(self) -> Result<Value, E> {
+            Ok(Value::Null)
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+            let mut out = Vec::new();
+            while let Some(v) =
+                seq.next_element_seed(self.child(format_args!("[{}]", out.len())))?
+            {
+                out.push(v);
+            }
+            Ok(Value::Array(out))
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+            let mut out = Map::new();
+            let dot = if self.path.is_empty() { "" } else { "." };
+            while let Some(key) = map.next_key::<String>()? {
+                if out.contains_key(&key) {
+                    let field = format!("{}{dot}{key}", self.path);
+                    let e = de::Error::custom(format_args!("key {field} appears twice"));
+                    *self.repeated.borrow_mut() = Some(field);
+                    return Err(e);
+                }
+                let v = map.next_value_seed(self.child(format_args!("{dot}{key}")))?;
+                out.insert(key, v);
+            }
+            Ok(Value::Object(out))
+        }
+    }
 }
 
 /// Checks every key of a rule object (top level, `serviceArguments`, each endpoint), renames
@@ -241,6 +363,59 @@ mod tests {
 
     fn err_of(v: &Value) -> ApiError {
         parse_rule(v.to_string().as_bytes()).expect_err("must be rejected")
+    }
+
+    #[test]
+    fn a_key_named_twice_is_refused_naming_it_where_serde_json_keeps_the_last() {
+        let cases = [
+            (
+                r#"{"serviceArguments":{"externalIP":"10.0.0.1","port":80,"port":81,"mode":4}}"#,
+                "serviceArguments.port",
+            ),
+            (
+                r#"{"serviceArguments":{"externalIP":"10.0.0.1","port":80,"mode":4},
+                    "endpoints":[{"endpointIP":"127.0.0.1","targetPort":1},
+                                 {"endpointIP":"127.0.0.1","weight":1,"targetPort":2,"weight":9}]}"#,
+                "endpoints[1].weight",
+            ),
+            (
+                r#"{"serviceArguments":{"externalIP":"10.0.0.1","port":80,"mode":4},
+                    "endpoints":[],"endpoints":[]}"#,
+                "endpoints",
+            ),
+        ];
+        for (body, field) in cases {
+            let plain: Value =
+                serde_json::from_slice(body.as_bytes()).expect("serde_json takes it");
+            assert!(plain.is_object(), "{plain}");
+            let e = parse_rule(body.as_bytes()).expect_err(body);
+            assert_eq!(e.status, StatusCode::BAD_REQUEST);
+            assert_eq!(e.field.as_deref(), Some(field), "{}", e.message);
+            assert!(e.message.contains("appears twice"), "{}", e.message);
+        }
+        // A syntax error is still one.
+        let e = parse_rule(b"{\"serviceArguments\": ").expect_err("truncated");
+        assert!(
+            e.message.starts_with("body is not valid JSON"),
+            "{}",
+            e.message
+        );
+        assert_eq!(e.field, None);
+        let e = parse_rule(b"{} x").expect_err("trailing characters");
+        assert!(
+            e.message.starts_with("body is not valid JSON"),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn a_body_without_repeated_keys_parses_as_serde_json_parses_it() {
+        let body = r#"{"a":[1,-2,3.5,18446744073709551615,1e300,null,true,"s\u00e9"],
+                       "b":{"c":{"d":[[],{}]},"C":0},"e":""}"#;
+        let strict = strict_json(body.as_bytes()).expect("valid");
+        let plain: Value = serde_json::from_slice(body.as_bytes()).expect("valid");
+        assert_eq!(strict, plain);
     }
 
     #[test]

@@ -30,7 +30,7 @@ use super::error::{ApiError, json_response};
 use super::loxilb::{ct_service, read_conntrack};
 use super::rules::{entry, listen_addr};
 use super::{ApiState, EndpointHealth};
-use crate::listen::TrafficSnapshot;
+use crate::listen::{ListenerStatus, TrafficSnapshot};
 use crate::rules::{StoredRule, validate};
 
 /// LoxiLB's `operatingStatus` of a rule from its endpoints' health
@@ -218,18 +218,27 @@ pub async fn get_by_key(
 
 /// `GET .../protocol/{proto}/status`: `{"adminStateUp": true, "operatingStatus",
 /// "lastUpdated"}` (see [`operating_status`]; `lastUpdated` is [`StoredRule::updated`]).
-/// loxi has no paused rules, so `adminStateUp` is always true.
+/// loxi has no paused rules, so `adminStateUp` is always true. A mode-4 rule whose listener
+/// could not be bound serves nothing whatever its endpoints' health: `OFFLINE` (its
+/// `listenerState` in `GET .../all` says why).
 pub async fn status(
     State(st): State<ApiState>,
     Path(key): Path<(String, String, String)>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
     let rule = one_rule(&st, key, &q)?;
+    let unbound = listen_addr(&rule.rule)
+        .is_some_and(|a| matches!(st.sockets.status(a), ListenerStatus::Unbound(_)));
+    let operating = if unbound {
+        "OFFLINE"
+    } else {
+        operating_status(&rule, st.health.as_ref())
+    };
     Ok(json_response(
         StatusCode::OK,
         &json!({
             "adminStateUp": true,
-            "operatingStatus": operating_status(&rule, st.health.as_ref()),
+            "operatingStatus": operating,
             "lastUpdated": rfc3339(rule.updated),
         }),
     ))

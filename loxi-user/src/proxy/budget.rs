@@ -12,8 +12,10 @@
 //! gets through alone.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+
+use parking_lot::Mutex;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -138,11 +140,7 @@ struct Holder {
 impl Holder {
     fn new(holders: &Arc<Holders>) -> Self {
         let ticket = holders.next.fetch_add(1, Ordering::Relaxed);
-        holders
-            .live
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(ticket);
+        holders.live.lock().insert(ticket);
         Self {
             ticket,
             holders: Arc::clone(holders),
@@ -151,22 +149,13 @@ impl Holder {
 
     /// True when no body holding budget got it before this one.
     fn is_eldest(&self) -> bool {
-        self.holders
-            .live
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .first()
-            == Some(&self.ticket)
+        self.holders.live.lock().first() == Some(&self.ticket)
     }
 }
 
 impl Drop for Holder {
     fn drop(&mut self) {
-        self.holders
-            .live
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .remove(&self.ticket);
+        self.holders.live.lock().remove(&self.ticket);
     }
 }
 

@@ -81,6 +81,7 @@ impl Handler {
         client: SocketAddr,
     ) -> Result<Response<ProxyBody>, Infallible> {
         let start = Instant::now();
+        let h1 = req.version() <= http::Version::HTTP_11;
         let span = trace_span::request(req.method(), req.uri().path(), req.headers());
         // The routing future (kilobytes) is built in its box once; unboxed it was copied into
         // the span's wrapper, and that into hyper's dispatcher with this function's future.
@@ -91,7 +92,14 @@ impl Handler {
             Ok(resp) => resp,
             Err((service, e)) => {
                 tracing::debug!(error = %e, party = e.party().as_str(), "proxy error");
-                let resp = e.into_response();
+                let too_large = matches!(e, ProxyError::BodyTooLarge { .. });
+                let mut resp = e.into_response();
+                if too_large && h1 {
+                    // The rest of the body is not read (or only drained for a bounded time,
+                    // see `drain_oversize`): the connection cannot carry another request.
+                    resp.headers_mut()
+                        .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+                }
                 self.ctx.metrics.request(service, None, resp.status());
                 resp
             }
@@ -448,8 +456,39 @@ async fn within<F: std::future::Future>(limit: Option<Duration>, fut: F) -> Opti
     }
 }
 
+/// How long a body refused by its declared `Content-Length` is drained after its 413 at most
+/// (see [`drain_oversize`]).
+const OVERSIZE_DRAIN_TIME: Duration = Duration::from_secs(2);
+
+/// Reads and discards `body` in the background for at most `limit` bytes or
+/// [`OVERSIZE_DRAIN_TIME`], whichever comes first, so that a client still writing a body
+/// refused by its declared length reads the 413 sent meanwhile instead of a reset (closing a
+/// socket with unread bytes sends RST), as nginx's lingering close does. Nothing is kept and
+/// no budget is held; a client that declares a terabyte and sends nothing holds its
+/// connection no longer than the bound.
+#[allow(
+    clippy::disallowed_methods,
+    reason = "the drain is bounded (the body limit, 2 s) and owns nothing but the body: at \
+              shutdown it ends with its connection"
+)]
+fn drain_oversize(mut body: Incoming, limit: usize) {
+    tokio::spawn(async move {
+        let drain = async {
+            let mut seen = 0usize;
+            while let Some(Ok(frame)) = body.frame().await {
+                seen += frame.data_ref().map_or(0, Bytes::len);
+                if seen > limit {
+                    break;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(OVERSIZE_DRAIN_TIME, drain).await;
+    });
+}
+
 /// Reads the whole request body (chunked included) up to `limit` bytes into one buffer sized
-/// by `Content-Length` when given (so a large body is held once, not twice while collected;
+/// by `Content-Length` when given (a `Content-Length` over `limit` is 413 at once, the body
+/// drained by [`drain_oversize`]) (so a large body is held once, not twice while collected;
 /// pages a client never sends are never touched), reserving in `budget` the bytes received as
 /// they arrive: the first frame may wait for budget, later ones only when this body is the
 /// eldest holder (else 503 `body_budget_exhausted` when it is spent; see [`super::budget`]). The reservation is the
@@ -459,9 +498,13 @@ async fn read_body(
     limit: usize,
     budget: &BodyBudget,
 ) -> Result<(Bytes, Reservation), ProxyError> {
-    // A `Content-Length` over the limit is still read up to the limit before the 413: a
-    // client that is still sending would otherwise see its connection reset, not the answer.
+    // A `Content-Length` over the limit is refused before any of it is read (a client that
+    // declares a terabyte and sends nothing gets its 413 now, not the body timeout's 408).
     let hint = http_body::Body::size_hint(&body);
+    if hint.lower() > limit as u64 {
+        drain_oversize(body, limit);
+        return Err(ProxyError::BodyTooLarge { limit });
+    }
     let lower = usize::try_from(hint.lower()).unwrap_or(limit).min(limit);
     let mut reserved = Reservation::default();
     let mut covered = 0;

@@ -199,24 +199,28 @@ impl RuleStore {
                     "selector knobs its selector never reads reset to their defaults",
                 ),
             ];
-            for (reset, what) in resets {
-                let fields = reset(&mut rule.service);
-                if !fields.is_empty() {
-                    tracing::warn!(
-                        rule = stored.id,
-                        ?fields,
-                        "restored rule: {what}; the API now refuses them"
-                    );
-                }
-            }
+            // Logged only for a rule that is then restored: a dropped one is logged as such.
+            let reset: Vec<(&str, Vec<&'static str>)> = resets
+                .into_iter()
+                .map(|(reset, what)| (what, reset(&mut rule.service)))
+                .filter(|(_, fields)| !fields.is_empty())
+                .collect();
             match StoredRule::new(stored.id, rule) {
                 Ok(rule) => {
+                    for (what, fields) in reset {
+                        tracing::warn!(
+                            rule = stored.id,
+                            ?fields,
+                            "restored rule: {what}; the API now refuses them"
+                        );
+                    }
                     max_id = max_id.max(rule.id);
                     let id = rule.id;
                     if let Some(old) = rules.insert(rule.rule.key(), Arc::new(rule)) {
                         let why = format!(
-                            "whose key {} a later rule of the file ({id}) has too (hosts match \
-                             case-insensitively, so only one was ever served)",
+                            "whose key {} a later rule of the file ({id}) has too once \
+                             normalised (protocol and host case, a host's trailing dot), so \
+                             only one was ever served",
                             old.rule.key()
                         );
                         let raw = stored_by_id.get(&old.id).cloned().unwrap_or_default();
