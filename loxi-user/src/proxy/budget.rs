@@ -5,11 +5,14 @@
 //! its upstream answered. A body's first bytes may wait for budget (holding none meanwhile; the
 //! wait counts against the body read timeout, `LOXI_BODY_TIMEOUT_MS`, 408). A body that holds
 //! part of the budget and finds the rest spent waits for it only if it is the eldest holder
-//! (the first of the bodies now holding budget to have got it); any other is refused at once
-//! (503 `body_budget_exhausted`). Younger holders never wait, so they release what they hold
-//! and the eldest proceeds: concurrent uploads can neither deadlock (each holding a part and
-//! waiting for the others') nor all be refused together. A body larger than the whole budget
-//! gets through alone.
+//! (the first of the bodies now holding budget to have got it), and for at most
+//! [`ELDEST_WAIT`]; any other is refused at once (503 `body_budget_exhausted`). Younger
+//! holders never wait, so they release what they hold and the eldest proceeds: concurrent
+//! uploads can neither deadlock (each holding a part and waiting for the others') nor all be
+//! refused together. The bound covers budget held by requests whose bodies are read and whose
+//! upstream has not answered yet (a long generation): the eldest is then refused too, instead
+//! of holding its part, and the bodies queued behind it, until the body timeout. A body larger
+//! than the whole budget gets through alone.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -21,6 +24,9 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// Default budget: 256 MiB of request bodies at once.
 pub const DEFAULT_BODY_BYTES_IN_FLIGHT: u64 = 256 << 20;
+
+/// How long the eldest holder waits for more budget before it is refused as the others are.
+pub const ELDEST_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Shared budget of request-body bytes, in KiB permits (clones share it).
 #[derive(Debug, Clone)]
@@ -77,8 +83,8 @@ impl BodyBudget {
     }
 
     /// Adds `bytes` (rounded up to KiB) to `held`: at once when the budget has them; else, if
-    /// `held` is the eldest holder, waits for them (the caller bounds the wait, e.g. by the body
-    /// read timeout); else false at once, `held` unchanged. A `held` that holds nothing reserves
+    /// `held` is the eldest holder, waits for them up to [`ELDEST_WAIT`]; else (or when that
+    /// wait ends) false, `held` unchanged. A `held` that holds nothing reserves
     /// as [`Self::reserve`] does. Never grows `held` past the whole budget.
     pub async fn grow(&self, held: &mut Reservation, bytes: usize) -> bool {
         if held.kib() == 0 {
@@ -94,15 +100,15 @@ impl BodyBudget {
         let kib = u32::try_from(bytes.div_ceil(1024))
             .unwrap_or(u32::MAX)
             .min(self.total_kib.saturating_sub(held.kib()));
-        match self.sem.clone().acquire_many_owned(kib).await {
-            Ok(p) => {
+        match tokio::time::timeout(ELDEST_WAIT, self.sem.clone().acquire_many_owned(kib)).await {
+            Ok(Ok(p)) => {
                 held.merge(Reservation {
                     permit: Some(p),
                     holder: None,
                 });
                 true
             }
-            Err(_) => false,
+            Ok(Err(_)) | Err(_) => false,
         }
     }
 }
@@ -278,5 +284,23 @@ mod tests {
         assert_eq!((third.kib(), b.available()), (940, 84 << 10));
         drop(third);
         assert_eq!(b.available(), b.bytes());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_eldest_waits_at_most_eldest_wait_for_budget_held_elsewhere() {
+        let b = BodyBudget::new(1 << 20);
+        let mut first = b.reserve(512 << 10).await;
+        // Read and waiting for its upstream: holds its part for as long as that takes.
+        let answered_later = b.reserve(512 << 10).await;
+        let t = tokio::time::Instant::now();
+        assert!(
+            !b.grow(&mut first, 100 << 10).await,
+            "refused once the wait ends"
+        );
+        assert!(t.elapsed() >= ELDEST_WAIT, "{:?}", t.elapsed());
+        assert_eq!((first.kib(), b.available()), (512, 0));
+        drop(answered_later);
+        assert!(b.grow(&mut first, 100 << 10).await);
+        assert_eq!(first.kib(), 612);
     }
 }

@@ -186,9 +186,10 @@ pub enum ProxyError {
         last: String,
     },
     /// The request-body budget (`LOXI_MAX_BODY_BYTES_IN_FLIGHT`) could not cover the next bytes
-    /// of a body that already holds part of it and is not the eldest holder (503
-    /// `body_budget_exhausted`, `Retry-After: 1`): only the eldest holder waits for more, so
-    /// concurrent uploads cannot deadlock on it, and one of them always proceeds.
+    /// of a body that already holds part of it and is not the eldest holder, or is and waited
+    /// [`super::budget::ELDEST_WAIT`] in vain (503 `body_budget_exhausted`, `Retry-After: 1`):
+    /// only the eldest holder waits for more, so concurrent uploads cannot deadlock on it, and
+    /// one of them proceeds unless budget is held by bodies already read.
     #[error(
         "the gateway holds its whole request-body budget ({budget} bytes, \
          LOXI_MAX_BODY_BYTES_IN_FLIGHT) in other requests' bodies; retry later"
