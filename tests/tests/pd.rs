@@ -624,6 +624,68 @@ async fn no_reachable_decode_is_503_pd_pool_unavailable() {
     );
 }
 
+/// Every prefill (or every decode) endpoint refusing the connection is no 503 when the rule has
+/// a role-0 endpoint: that one serves the request in one leg, as when none was eligible to
+/// begin with (before, each such request got 503 `pd_pool_unavailable` until the breaker took
+/// the dead endpoint out, and again after each breaker cooldown).
+#[tokio::test]
+async fn a_dead_prefill_or_decode_falls_back_to_the_role_0_endpoint() {
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    for dead_role in [1u8, 2] {
+        let live = Backend::start("live").await;
+        let agg = Backend::start("agg").await;
+        let port = free_port();
+        let rule = pd_rule(
+            port,
+            &[
+                (closed, dead_role, 0),
+                (live.port(), 3 - dead_role, 0),
+                (agg.port(), 0, 0),
+            ],
+            json!({}),
+        );
+        let d = started(DaemonOpts::default(), &rule).await;
+        let c = client();
+        for i in 0..3 {
+            let r = send(
+                &c,
+                completion(port, &[], &json!({"prompt": format!("x{i}")})),
+            )
+            .await;
+            assert_eq!(
+                r.status, 200,
+                "dead role {dead_role}, request {i}: {}",
+                r.text
+            );
+        }
+        assert_eq!(agg.request_count(), 3, "dead role {dead_role}");
+        if dead_role == 1 {
+            assert_eq!(live.request_count(), 0, "no decode leg without a prefill");
+        } else {
+            // The prefill legs that ran before the decode's connect failed (their work lost),
+            // until the breaker took the dead decode out.
+            assert!(
+                (1..=3).contains(&live.request_count()),
+                "{}",
+                live.request_count()
+            );
+        }
+        let m = d.metrics_text().await;
+        assert_eq!(
+            metric(
+                &m,
+                "loxilb_ai_pd_failures_total",
+                &["reason=\"pd_pool_unavailable\""]
+            ),
+            0.0,
+            "dead role {dead_role}"
+        );
+    }
+}
+
 /// `(endpointIP, targetPort, ep_role)` endpoints on several loopback addresses.
 fn pd_rule_hosts(port: u16, eps: &[(&str, u16, u8)], extra: Value) -> Value {
     let mut r = pd_rule(port, &[], extra);

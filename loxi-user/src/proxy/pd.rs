@@ -7,8 +7,9 @@
 //! For a JSON `/v1/completions` or `/v1/chat/completions` request:
 //! 1. the P/D ladder ([`crate::pd::PdLadder`]) picks the prefill endpoint (tier 0 pin, tier 1.5
 //!    in `kvExactMode` 1, tier 2 minimum load) and the decode endpoint (the pin's, else minimum
-//!    load); with no eligible prefill or decode endpoint a role-0 endpoint serves the request in
-//!    one leg, and with none the answer is 503 `pd_pool_unavailable`;
+//!    load); with no eligible prefill or decode endpoint (or when every one refused the
+//!    connection, below) a role-0 endpoint serves the request in one leg, and with none the
+//!    answer is 503 `pd_pool_unavailable`;
 //! 2. one request id in LoxiLB's form goes on both legs as `X-Request-Id`;
 //! 3. vLLM and TensorRT-LLM: the prefill (context) leg first, sent and read whole within
 //!    `LLB_PD_PREFILL_TIMEOUT_SEC` (else 504 `pd_prefill_timeout`); a connect failure moves to
@@ -189,16 +190,28 @@ impl Handler {
         };
         let resp = match spec.dialect {
             Dialect::Sglang { bootstrap_port } => {
-                self.sglang_legs(&legs, &mut pair, bootstrap_port).await?
+                self.sglang_legs(&legs, &mut pair, bootstrap_port).await
             }
             Dialect::Vllm | Dialect::Trtllm => {
-                match self.prefill_first(&legs, &mut pair, spec.dialect).await? {
-                    Sequential::Answer(resp) => return Ok(resp),
-                    Sequential::Decode(body) => self.decode_legs(&legs, &mut pair, body).await?,
+                match self.prefill_first(&legs, &mut pair, spec.dialect).await {
+                    Ok(Sequential::Answer(resp)) => return Ok(resp),
+                    Ok(Sequential::Decode(body)) => self.decode_legs(&legs, &mut pair, body).await,
+                    Err(e) => Err(e),
                 }
             }
         };
-        Ok(self.served(&legs, &pair, state, resp))
+        match resp {
+            Ok(resp) => Ok(self.served(&legs, &pair, state, resp)),
+            // Every prefill (or decode) endpoint refused the connection: the request is served
+            // in one leg by a role-0 endpoint if the rule has one, as when none was eligible
+            // to begin with (a finished prefill's work is lost; the role-0 endpoint recomputes).
+            Err(ProxyError::PdPoolUnavailable { reason }) => {
+                drop(legs);
+                self.aggregated(pool, &pair.ladder, parts, body, meta, start, reason)
+                    .await
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// The prefill (context) leg of the vLLM and TensorRT-LLM dialects, moving to another
@@ -225,7 +238,9 @@ impl Handler {
                 }
                 Prefill::ConnectFailed => {
                     if !pair.next_prefill(pool, legs.meta, pair.pre.ep) {
-                        return Err(self.pool_unavailable(service, "no_prefill"));
+                        return Err(ProxyError::PdPoolUnavailable {
+                            reason: "no_prefill",
+                        });
                     }
                     m.trie_outcome(service, pair.pre.trie);
                 }
@@ -261,7 +276,6 @@ impl Handler {
         pair: &mut Pair<'_>,
         body: Bytes,
     ) -> Result<Response<ProxyBody>, ProxyError> {
-        let service = legs.pool.rule.id;
         let mut attempts = 0;
         loop {
             attempts += 1;
@@ -272,7 +286,9 @@ impl Handler {
                 Ok(resp) => return Ok(resp),
                 Err(None) => {
                     if !pair.next_decode(legs.pool, ep) {
-                        return Err(self.pool_unavailable(service, "no_decode"));
+                        return Err(ProxyError::PdPoolUnavailable {
+                            reason: "no_decode",
+                        });
                     }
                 }
                 Err(Some(e)) => return Err(e),

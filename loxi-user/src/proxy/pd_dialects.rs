@@ -71,7 +71,11 @@ impl super::handler::Handler {
                             Ok(resp) => return Ok(resp),
                             Err(Some(e)) => return Err(e),
                             Err(None) if pair.next_decode(pool, dec) => {}
-                            Err(None) => return Err(self.pool_unavailable(service, "no_decode")),
+                            Err(None) => {
+                                return Err(ProxyError::PdPoolUnavailable {
+                                    reason: "no_decode",
+                                });
+                            }
                         }
                     }
                     Prefill::Refused(resp) => {
@@ -82,7 +86,9 @@ impl super::handler::Handler {
                         m.trie_outcome(service, pair.pre.trie);
                     }
                     Prefill::ConnectFailed => {
-                        return Err(self.pool_unavailable(service, "no_prefill"));
+                        return Err(ProxyError::PdPoolUnavailable {
+                            reason: "no_prefill",
+                        });
                     }
                 },
                 First::Decode(Ok(resp)) if resp.status().is_success() => {
@@ -109,7 +115,9 @@ impl super::handler::Handler {
                 First::Decode(Err(Some(e))) => return Err(e),
                 First::Decode(Err(None)) if pair.next_decode(pool, dec) => {}
                 First::Decode(Err(None)) => {
-                    return Err(self.pool_unavailable(service, "no_decode"));
+                    return Err(ProxyError::PdPoolUnavailable {
+                        reason: "no_decode",
+                    });
                 }
             }
         }
