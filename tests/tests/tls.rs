@@ -141,10 +141,21 @@ async fn send(
     host: &str,
     body: &str,
 ) -> (u16, String, String, String) {
+    send_to(tls, "POST", host, "/v1/completions", body).await
+}
+
+/// [`send`] with any method and path.
+async fn send_to(
+    tls: TlsStream<tokio::net::TcpStream>,
+    method: &str,
+    host: &str,
+    path: &str,
+    body: &str,
+) -> (u16, String, String, String) {
     let h2 = alpn(&tls).as_deref() == Some(b"h2");
     let req = http::Request::builder()
-        .method("POST")
-        .uri(format!("https://{host}/v1/completions"))
+        .method(method)
+        .uri(format!("https://{host}{path}"))
         .header("host", host)
         .header("content-type", "application/json")
         .body(Full::new(Bytes::from(body.to_string())))
@@ -485,7 +496,8 @@ async fn plain_http_on_a_tls_port_is_told_to_use_https() {
 
 /// A request for another rule's host on a connection whose SNI named a rule host, and whose
 /// certificate does not cover the request's host, is 421 `misdirected_request` (RFC 9110
-/// §15.5.20); one whose certificate covers it too (HTTP/2 connection reuse) is served.
+/// §15.5.20), `GET /v1/models` included; one whose certificate covers it too (HTTP/2
+/// connection reuse) is served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_for_a_host_the_connections_certificate_does_not_cover_is_421() {
     let d = Daemon::start_default().await;
@@ -517,6 +529,13 @@ async fn a_request_for_a_host_the_connections_certificate_does_not_cover_is_421(
         assert_eq!(status, 421, "{text}");
         assert_eq!(parse_json(&text)["error"]["type"], "misdirected_request");
         assert_eq!(served, "", "nothing was forwarded");
+        // The aggregated model list of another host is misdirected alike (it was answered).
+        let tls = connect(&ca, port, Some("a.test"), &[alpn])
+            .await
+            .expect("a");
+        let (status, _, _, text) = send_to(tls, "GET", "x.b.test", "/v1/models", "").await;
+        assert_eq!(status, 421, "{text}");
+        assert_eq!(parse_json(&text)["error"]["type"], "misdirected_request");
         let tls = connect(&ca, port, Some("x.b.test"), &[alpn])
             .await
             .expect("x");

@@ -150,6 +150,18 @@ impl Handler {
         if models::is_list_request(&parts) {
             let table = self.table.load_full();
             let pools = table.for_host(request_host(&parts)).map_err(|e| (0, e))?;
+            // The same 421 as for any other request: the listed pools all serve one host.
+            if let (Some(tls), Some(pool)) = (
+                parts.extensions.get::<super::tls::ClientTls>(),
+                pools.first(),
+            ) {
+                let host = &pool.rule.rule.service.host;
+                if tls.misdirected(&self.ctx.certs, host) {
+                    let sni = tls.sni_host.as_deref().unwrap_or_default().to_string();
+                    let host = host.clone();
+                    return Err((0, ProxyError::Misdirected { sni, host }));
+                }
+            }
             let list = ModelList {
                 upstreams: &self.upstreams,
                 config: self.ctx.config.models,
