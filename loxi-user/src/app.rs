@@ -1,5 +1,5 @@
 //! The daemon: builds the registry, restores the rule store, starts the API and the fullproxy,
-//! and drains on SIGTERM/SIGINT.
+//! and drains on SIGTERM/SIGINT (SIGHUP is logged and ignored).
 //!
 //! Order matters: rules are restored from the state dir *before* any listener opens, so the
 //! first request after a restart already sees every rule. On a signal every listener stops
@@ -81,7 +81,8 @@ pub enum AppError {
     },
 }
 
-/// Runs the daemon until SIGTERM/SIGINT, then drains. Returns after shutdown.
+/// Runs the daemon until SIGTERM/SIGINT, then drains (SIGHUP is logged and ignored). Returns
+/// after shutdown.
 pub async fn run(cfg: Config) -> Result<(), AppError> {
     let shutdown = CancellationToken::new();
     spawn_signal_watch(shutdown.clone())?;
@@ -367,10 +368,21 @@ fn spawn_signal_watch(shutdown: CancellationToken) -> Result<(), AppError> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).map_err(AppError::Signals)?;
     let mut int = signal(SignalKind::interrupt()).map_err(AppError::Signals)?;
+    // SIGHUP's default action ends the process at once, without the drain: an operator's
+    // habitual reload (or a closed terminal) would cut every stream. Nothing is read from a
+    // file that a reload could re-read, so it is logged and ignored.
+    let mut hup = signal(SignalKind::hangup()).map_err(AppError::Signals)?;
     tokio::spawn(async move {
-        let which = tokio::select! {
-            _ = term.recv() => "SIGTERM",
-            _ = int.recv() => "SIGINT",
+        let which = loop {
+            tokio::select! {
+                _ = term.recv() => break "SIGTERM",
+                _ = int.recv() => break "SIGINT",
+                _ = hup.recv() => tracing::warn!(
+                    "SIGHUP ignored: loxi has no configuration file to reload (rules and \
+                     certificates change through the REST API, flags and environment at a \
+                     restart); SIGTERM stops it with a drain"
+                ),
+            }
         };
         tracing::info!(signal = which, "shutdown requested");
         shutdown.cancel();

@@ -116,6 +116,48 @@ async fn sigterm_lets_an_in_flight_request_finish_and_stops_accepting() {
     );
 }
 
+/// SIGHUP (a habitual reload, a closed terminal) does not end the daemon (its default action
+/// would, at once and without the drain): it is logged as ignored, and an in-flight request
+/// and the next ones are served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_is_logged_and_ignored() {
+    let backend = Backend::start("b0").await;
+    let (d, vip) = daemon_with_rule(10, &backend).await;
+    let inflight = tokio::spawn(slow_request(vip, 600));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while backend.request_count() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "request never reached the backend"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let pid = d.pid().expect("running").to_string();
+    for _ in 0..2 {
+        std::process::Command::new("kill")
+            .args(["-HUP", &pid])
+            .status()
+            .expect("kill");
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while d.log_text().matches("SIGHUP ignored").count() < 2 {
+        assert!(Instant::now() < deadline, "not logged:\n{}", d.log_text());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (status, _) = inflight
+        .await
+        .expect("join")
+        .expect("in-flight request completes");
+    assert_eq!(status, 200);
+    let (status, _) = slow_request(vip, 0).await.expect("served after SIGHUP");
+    assert_eq!(status, 200);
+    assert!(
+        !d.log_text().contains("shutdown requested"),
+        "{}",
+        d.log_text()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_grace_bounds_the_drain_of_a_hanging_request() {
     let backend = Backend::start("b0").await;
