@@ -134,7 +134,11 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
         }
     })?;
     crate::certs::ExpiryCollector::register(&mut registry, certs.clone());
-    let store = Arc::new(RuleStore::open(&cfg.flags.state_dir)?);
+    // A rule is restored only if the API would accept it now, backend TLS included.
+    let store = Arc::new(RuleStore::open_checked(&cfg.flags.state_dir, &|rule| {
+        proxy::upstream_tls::check(&rule.service)
+            .map_err(|e| format!("no longer configures its backend TLS ({e})"))
+    })?);
     let mut tasks = JoinSet::new();
     let kv = kv::wiring::start(
         cfg.env.kv.clone(),

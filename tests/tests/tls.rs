@@ -737,7 +737,7 @@ async fn tls_backend(ca: &Ca, name: &str) -> (u16, Arc<parking_lot::Mutex<Vec<St
 
 #[tokio::test]
 async fn security_2_verifies_backends_and_speaks_h2_or_h1_by_backend_protocol() {
-    let d = Daemon::start_default().await;
+    let mut d = Daemon::start_default().await;
     let ca = Ca::new();
     let ca_file = d.state_dir().join("backend-ca.pem");
     std::fs::write(&ca_file, ca.cert.pem()).expect("ca file");
@@ -790,6 +790,37 @@ async fn security_2_verifies_backends_and_speaks_h2_or_h1_by_backend_protocol() 
         "{text}"
     );
     assert_eq!(seen.lock().len(), 3, "no request reached the backend");
+
+    // Restored with the CA file gone, the rules are dropped and kept aside, as the API would
+    // refuse them now (they were restored, answered every request 502 and said ONLINE).
+    d.stop().await;
+    std::fs::remove_file(&ca_file).expect("remove the CA file");
+    d.restart().await;
+    let listed = d.rules().await;
+    assert_eq!(
+        listed["lbAttr"].as_array().map_or(0, Vec::len),
+        0,
+        "{listed}"
+    );
+    let log = d.log_text();
+    let dropped = log
+        .lines()
+        .filter(|l| {
+            l.contains("dropping a restored rule that no longer configures its backend TLS")
+                && l.contains("backend-ca.pem")
+        })
+        .count();
+    assert_eq!(dropped, 4, "{log}");
+    let side = std::fs::read_dir(d.state_dir())
+        .expect("state dir")
+        .filter_map(Result::ok)
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("rules.dropped-")
+        })
+        .count();
+    assert_eq!(side, 1, "the four rules are kept in one side file");
 }
 
 /// `x-loxilb-endpoint` of one POST with `curl --http2` and one with `--http1.1` (the protocol

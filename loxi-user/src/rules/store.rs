@@ -170,6 +170,20 @@ impl RuleStore {
     /// # Errors
     /// The state directory cannot be created, or dropped rules cannot be kept.
     pub fn open(state_dir: &Path) -> Result<Self, PersistError> {
+        Self::open_checked(state_dir, &|_| Ok(()))
+    }
+
+    /// [`Self::open`], also dropping (and keeping aside, as above) a valid rule that `check`
+    /// refuses: what the API checks at `POST` outside this layer (the daemon passes the
+    /// fullproxy's backend TLS check: a `security: 2` rule whose `backend_ca_file` is no longer
+    /// readable). `check`'s `Err` completes "dropping a restored rule that …".
+    ///
+    /// # Errors
+    /// As [`Self::open`].
+    pub fn open_checked(
+        state_dir: &Path,
+        check: &dyn Fn(&LbRule) -> Result<(), String>,
+    ) -> Result<Self, PersistError> {
         let file = persist::state_file(state_dir)?;
         let mut rules = BTreeMap::new();
         let mut max_id = 0;
@@ -207,6 +221,10 @@ impl RuleStore {
                 .collect();
             match StoredRule::new(stored.id, rule) {
                 Ok(rule) => {
+                    if let Err(why) = check(&rule.rule) {
+                        dropped.push((rule.id, loaded.stored, format!("that {why}")));
+                        continue;
+                    }
                     for (what, fields) in reset {
                         tracing::warn!(
                             rule = stored.id,
