@@ -532,6 +532,15 @@ async fn a_failing_prefill_opens_the_breaker_and_traffic_moves() {
         ),
         3.0
     );
+    // LoxiLB's family counts the relayed refusals as the client got them.
+    for (status, n) in [("500", 3.0), ("200", 9.0)] {
+        let needle = format!("status=\"{status}\"");
+        assert_eq!(
+            metric(&m, "loxilb_ai_requests_total", &[&needle]),
+            n,
+            "{status}"
+        );
+    }
 }
 
 #[tokio::test]

@@ -387,6 +387,15 @@ async fn sglang_a_failed_leg_aborts_the_other_and_a_prefill_4xx_is_relayed_verba
             "{reason}: {m}"
         );
     }
+    // LoxiLB's family counts what the client got: the relayed 400 and the 502.
+    for status in ["400", "502"] {
+        let needle = format!("status=\"{status}\"");
+        assert_eq!(
+            metric(&m, "loxilb_ai_requests_total", &[&needle]),
+            1.0,
+            "{status}: {m}"
+        );
+    }
     assert_eq!((pre.seen().len(), dec.seen().len()), (2, 2));
     gauges_return_to_zero(&d).await;
 }

@@ -152,6 +152,9 @@ impl Handler {
                     .observe(t0.elapsed().as_secs_f64());
                 if !status.is_success() {
                     pm.request(ep, status);
+                    // The client gets this answer: LoxiLB's family counts it as any other.
+                    pm.ai
+                        .count(status.as_u16(), legs.start.elapsed().as_secs_f64());
                     tracing::warn!(service, ep, %status, "prefill leg refused; relaying its answer");
                     return Ok(Prefill::Refused(relayed(head, bytes, ep)));
                 }
@@ -184,6 +187,10 @@ impl Handler {
         let req = leg_request(legs, &pool.authorities[ep], body).map_err(Some)?;
         let died = |message: String| {
             pm.request(ep, StatusCode::BAD_GATEWAY);
+            pm.ai.count(
+                StatusCode::BAD_GATEWAY.as_u16(),
+                legs.start.elapsed().as_secs_f64(),
+            );
             self.observe(pool, ep, Outcome::StreamFailed);
             self.ctx
                 .metrics
