@@ -215,7 +215,43 @@ fn service(api: &KvApi, q: &HashMap<String, String>) -> Result<Arc<ServiceKv>, A
     })
 }
 
-async fn inventory(State(api): State<KvApi>, Query(q): Query<HashMap<String, String>>) -> Response {
+/// The query as a map, refusing (400 naming it) a key this route does not read or one given
+/// twice: a typo (`ep_id` for `ep_idx`) or a repeated `service_id` would otherwise answer
+/// another view than the one asked for.
+fn known_query(
+    pairs: Vec<(String, String)>,
+    known: &[&str],
+) -> Result<HashMap<String, String>, ApiError> {
+    let mut q = HashMap::with_capacity(pairs.len());
+    for (k, v) in pairs {
+        if !known.contains(&k.as_str()) {
+            return Err(ApiError::bad_field(
+                k.clone(),
+                format!(
+                    "{k:?} is not a query parameter of this route ({})",
+                    known.join(", ")
+                ),
+            ));
+        }
+        if q.contains_key(&k) {
+            return Err(ApiError::bad_field(
+                k.clone(),
+                format!("query field `{k}` is given twice; give it once"),
+            ));
+        }
+        q.insert(k, v);
+    }
+    Ok(q)
+}
+
+async fn inventory(
+    State(api): State<KvApi>,
+    Query(pairs): Query<Vec<(String, String)>>,
+) -> Response {
+    let q = match known_query(pairs, &["service_id", "ep_idx", "offset", "limit"]) {
+        Ok(q) => q,
+        Err(e) => return e.into_response(),
+    };
     match inventory_view(&api, &q) {
         Ok(v) => json_response(StatusCode::OK, &v),
         Err(e) => e.into_response(),
@@ -300,7 +336,11 @@ fn inventory_view(api: &KvApi, q: &HashMap<String, String>) -> Result<InventoryV
     })
 }
 
-async fn parity(State(api): State<KvApi>, Query(q): Query<HashMap<String, String>>) -> Response {
+async fn parity(State(api): State<KvApi>, Query(pairs): Query<Vec<(String, String)>>) -> Response {
+    let q = match known_query(pairs, &["service_id"]) {
+        Ok(q) => q,
+        Err(e) => return e.into_response(),
+    };
     let state = &api.state;
     let svc = match service(&api, &q) {
         Ok(s) => s,

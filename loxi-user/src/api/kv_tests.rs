@@ -230,6 +230,26 @@ async fn inventory_errors_name_the_field() {
                 "ep_idx 2: the rule has 2 endpoints",
                 None,
             ),
+            // A typo and a repeat: they answered the unfiltered view / the last value's.
+            (
+                "/netlox/v1/config/ai/kv/inventory?service_id=4&ep_id=0",
+                400,
+                "\"ep_id\" is not a query parameter of this route (service_id, ep_idx, offset, \
+                 limit)",
+                Some("ep_id"),
+            ),
+            (
+                "/netlox/v1/config/ai/kv/inventory?service_id=99&service_id=4",
+                400,
+                "query field `service_id` is given twice; give it once",
+                Some("service_id"),
+            ),
+            (
+                "/netlox/v1/config/ai/kv/parity?service_id=4&verbose=1",
+                400,
+                "\"verbose\" is not a query parameter of this route (service_id)",
+                Some("verbose"),
+            ),
         ],
     )
     .await;

@@ -2,7 +2,7 @@
 //!
 //! | variable | loxi |
 //! |---|---|
-//! | `OTEL_SDK_DISABLED` | `true` turns traces off whatever else is set |
+//! | `OTEL_SDK_DISABLED` | `true` turns traces off whatever else is set; a value other than `true`/`false` too, with a warning |
 //! | `OTEL_TRACES_EXPORTER` | `otlp` on, `none` off; unset: on when an OTLP endpoint is set. Any other exporter is refused (traces off, warning) |
 //! | `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` | full URL of the traces endpoint (e.g. `http://collector:4318/v1/traces`) |
 //! | `OTEL_EXPORTER_OTLP_ENDPOINT` | base URL; `/v1/traces` is appended (default `http://localhost:4318`) |
@@ -111,8 +111,20 @@ impl OtelSettings {
             value,
             used: format!("{why}; traces stay off"),
         };
-        if get("OTEL_SDK_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true")) {
-            return (None, warnings);
+        match get("OTEL_SDK_DISABLED") {
+            Some(v) if v.eq_ignore_ascii_case("true") => return (None, warnings),
+            Some(v) if v.eq_ignore_ascii_case("false") => {}
+            None => {}
+            // `1`, `yes`, ...: the OTel spec reads them as false (traces on); an operator who
+            // set the switch most likely meant off, so nothing is exported and it is said.
+            Some(v) => {
+                let w = off(
+                    "OTEL_SDK_DISABLED",
+                    v,
+                    "neither `true` nor `false` (the OTel spec's only values)",
+                );
+                return (None, vec![w]);
+            }
         }
         let endpoint_set = ENDPOINT_VARS.iter().any(|v| get(v).is_some());
         match get("OTEL_TRACES_EXPORTER").map(|v| v.to_ascii_lowercase()) {
@@ -272,6 +284,14 @@ mod tests {
             parse(&[ep, ("OTEL_TRACES_EXPORTER", "none")]),
             (None, vec![])
         );
+        assert!(parse(&[ep, ("OTEL_SDK_DISABLED", "False")]).0.is_some());
+        // Not a value of the switch: off, and said (it was read as false, traces on, silently).
+        for v in ["1", "yes", "maybe"] {
+            let (s, w) = parse(&[ep, ("OTEL_SDK_DISABLED", v)]);
+            assert!(s.is_none(), "{v}");
+            assert_eq!((w[0].var, w[0].value.as_str()), ("OTEL_SDK_DISABLED", v));
+            assert!(w[0].to_string().contains("traces stay off"), "{}", w[0]);
+        }
     }
 
     #[test]
