@@ -789,6 +789,10 @@ async fn security_2_verifies_backends_and_speaks_h2_or_h1_by_backend_protocol() 
         text.contains("backend_unreachable") && text.contains("certificate not valid for name"),
         "{text}"
     );
+    assert!(
+        text.contains("backend TLS handshake with other.test:"),
+        "the name as configured, not Rust's debug form: {text}"
+    );
     assert_eq!(seen.lock().len(), 3, "no request reached the backend");
 
     // Restored with the CA file gone, the rules are dropped and kept aside, as the API would

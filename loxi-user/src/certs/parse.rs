@@ -211,7 +211,25 @@ fn certs(field: &'static str, text: &str) -> Result<Vec<CertificateDer<'static>>
         })
 }
 
+/// The one private key of `text`; several are refused (the first would be used and the
+/// others silently ignored).
 fn private_key(text: &str) -> Result<PrivateKeyDer<'static>, CertError> {
+    use rustls::pki_types::pem::{PemObject, SectionKind};
+    let keys = <(SectionKind, Vec<u8>)>::pem_slice_iter(text.as_bytes())
+        .filter_map(Result::ok)
+        .filter(|(kind, _)| {
+            matches!(
+                kind,
+                SectionKind::PrivateKey | SectionKind::RsaPrivateKey | SectionKind::EcPrivateKey
+            )
+        })
+        .count();
+    if keys > 1 {
+        return Err(CertError::Pem {
+            field: "keyPem",
+            reason: format!("{keys} private keys; give the certificate's one key"),
+        });
+    }
     match PrivateKeyDer::from_pem_slice(text.as_bytes()) {
         Ok(k) => Ok(k),
         Err(rustls::pki_types::pem::Error::NoItemsFound) => Err(CertError::NoKey),
@@ -345,6 +363,21 @@ mod tests {
             e.to_string()
                 .starts_with("certPem: the certificate expired at "),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn two_private_keys_are_refused_naming_key_pem() {
+        let mut p = pem_for(&["a.example"], in_days(30));
+        let other = pem_for(&["a.example"], in_days(30)).key_pem;
+        p.key_pem = format!("{}{other}", p.key_pem);
+        let e = parse("a", p, now()).expect_err("two keys");
+        assert_eq!(
+            e,
+            CertError::Pem {
+                field: "keyPem",
+                reason: "2 private keys; give the certificate's one key".into()
+            }
         );
     }
 

@@ -8,7 +8,7 @@
 //!
 //! A missing directory stages nothing; a path that is not a directory, or a directory that
 //! cannot be listed, is an error (the daemon does not start: `--cert-dir` would otherwise be
-//! silently inert); a pair that does not load is logged and skipped.
+//! silently inert); a pair that does not load, or half a pair, is logged and skipped.
 
 use std::io::{Error, ErrorKind};
 use std::path::Path;
@@ -52,8 +52,21 @@ pub fn stage_dir(store: &CertStore, dir: &Path) -> Result<Vec<String>, Error> {
 
 fn stage_pair(store: &CertStore, dir: &Path, id: &str, loaded: &mut Vec<String>) {
     let (crt, key) = (dir.join("server.crt"), dir.join("server.key"));
-    if !crt.is_file() || !key.is_file() {
-        return;
+    match (crt.is_file(), key.is_file()) {
+        (true, true) => {}
+        (false, false) => return,
+        // Half a pair is a staging mistake, not an unrelated directory: said, not skipped
+        // silently.
+        (true, false) | (false, true) => {
+            let (have, missing) = if crt.is_file() {
+                (&crt, &key)
+            } else {
+                (&key, &crt)
+            };
+            tracing::error!(file = %have.display(), missing = %missing.display(),
+                "staged certificate refused: half a pair (server.crt and server.key go together)");
+            return;
+        }
     }
     let read = |p: &Path| std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()));
     let pem = match (read(&crt), read(&key)) {
@@ -109,6 +122,53 @@ mod tests {
             snap.for_name("api.example").map(|c| c.id.as_str()),
             Some("api.example")
         );
+    }
+
+    /// Half a pair (a certificate without its key, a key without its certificate) stages
+    /// nothing and is logged as an error naming the missing file (it was skipped silently).
+    #[test]
+    fn half_a_pair_is_refused_and_logged() {
+        use std::sync::Arc;
+
+        use parking_lot::Mutex;
+        use tracing_subscriber::layer::SubscriberExt as _;
+        #[derive(Clone, Default)]
+        struct Buf(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Buf {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let dir = tempfile::tempdir().expect("tmp");
+        write_pair(&dir.path().join("half"), "half.example");
+        std::fs::remove_file(dir.path().join("half/server.key")).expect("rm key");
+        write_pair(&dir.path().join("keyonly"), "keyonly.example");
+        std::fs::remove_file(dir.path().join("keyonly/server.crt")).expect("rm crt");
+        let store = CertStore::in_memory();
+        let buf = Buf::default();
+        let sink = buf.clone();
+        let layer = tracing_subscriber::fmt::layer()
+            .with_ansi(false)
+            .without_time()
+            .with_writer(move || sink.clone());
+        let staged =
+            tracing::subscriber::with_default(tracing_subscriber::registry().with(layer), || {
+                stage_dir(&store, dir.path()).expect("staged")
+            });
+        assert!(staged.is_empty(), "{staged:?}");
+        let text = String::from_utf8_lossy(&buf.0.lock()).into_owned();
+        for missing in ["half/server.key", "keyonly/server.crt"] {
+            assert!(
+                text.lines().any(|l| l.contains("ERROR")
+                    && l.contains("half a pair")
+                    && l.contains(missing)),
+                "{missing}: {text}"
+            );
+        }
     }
 
     #[test]

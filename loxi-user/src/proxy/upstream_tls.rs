@@ -165,15 +165,15 @@ impl tower_service::Service<Uri> for TlsConnect {
             .or_else(|| uri.host().map(|h| h.trim_matches(['[', ']']).to_string()));
         let (tcp, tls, timeout) = (self.http.call(uri), self.tls.clone(), self.timeout);
         Box::pin(async move {
-            let name = name.ok_or("backend URI without a host")?;
-            let name = ServerName::try_from(name.clone())
-                .map_err(|_| format!("backend TLS name {name:?} is not a DNS name or IP"))?;
+            let shown = name.ok_or("backend URI without a host")?;
+            let name = ServerName::try_from(shown.clone())
+                .map_err(|_| format!("backend TLS name {shown:?} is not a DNS name or IP"))?;
             let stream: TcpStream = tcp.await?.into_inner();
             let shake = tokio::time::timeout(timeout, tls.connect(name.clone(), stream));
             match shake.await {
                 Ok(Ok(s)) => Ok(TlsIo(TokioIo::new(s))),
-                Ok(Err(e)) => Err(format!("backend TLS handshake ({name:?}): {e}").into()),
-                Err(_) => Err(format!("backend TLS handshake ({name:?}) timed out").into()),
+                Ok(Err(e)) => Err(format!("backend TLS handshake with {shown}: {e}").into()),
+                Err(_) => Err(format!("backend TLS handshake with {shown} timed out").into()),
             }
         })
     }
