@@ -335,6 +335,9 @@ async fn the_cert_api_refuses_bad_certificates_and_never_lists_keys() {
         post_cert(&d, Some("a/b"), &ca.leaf(&["x.test"])).await.0,
         400
     );
+    // An empty id is refused as the id it is (an id was minted for it).
+    let (s, body) = post_cert(&d, Some(""), &ca.leaf(&["e.test"])).await;
+    assert_eq!(s, 400, "{body}");
 
     let good = ca.leaf(&["ok.test"]);
     assert_eq!(post_cert(&d, Some("ok"), &good).await.0, 201);

@@ -90,7 +90,8 @@ pub async fn create(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let mut b = parse_body(body)?;
-    let id = b.cert_id.take().filter(|i| !i.is_empty());
+    // An empty id is not "absent": the id rules (1 to 63 characters) refuse it by name.
+    let id = b.cert_id.take();
     let c = st.certs.create(id, pem(b)).map_err(store_error)?;
     tracing::info!(cert_id = %c.id, hostnames = ?c.hostnames, "certificate stored");
     Ok(saved(StatusCode::CREATED, &c))

@@ -83,10 +83,13 @@ pub enum CertError {
     Validity(#[from] ValidityError),
     /// A certificate of the chain is not the issuer of the one before it.
     #[error(
-        "chainPem: certificate {index} of the chain (subject {subject}) did not issue the one \
+        "{field}: certificate {index} of the chain (subject {subject}) did not issue the one \
          before it (issuer {issuer}); give the leaf's issuer first, then its issuer, and so on"
     )]
     BrokenChain {
+        /// The body field that certificate came from: `certPem` (which may hold the leaf and
+        /// its chain) or `chainPem`.
+        field: &'static str,
         /// Position in the served chain (the leaf is 0).
         index: usize,
         /// That certificate's subject.
@@ -172,6 +175,7 @@ pub fn parse(id: &str, pem: CertPem, now: i64) -> Result<Certificate, CertError>
     if chain.is_empty() {
         return Err(CertError::NoCertificate);
     }
+    let in_cert_pem = chain.len();
     if let Some(extra) = pem.chain_pem.as_deref().filter(|c| !c.trim().is_empty()) {
         let more = certs("chainPem", extra)?;
         if more.is_empty() {
@@ -182,7 +186,7 @@ pub fn parse(id: &str, pem: CertPem, now: i64) -> Result<Certificate, CertError>
         }
         chain.extend(more);
     }
-    check_chain(&chain)?;
+    check_chain(&chain, in_cert_pem)?;
     let key = private_key(&pem.key_pem)?;
     let signer = rustls::crypto::ring::sign::any_supported_type(&key)
         .map_err(|e| CertError::UnsupportedKey(e.to_string()))?;
@@ -243,7 +247,7 @@ fn private_key(text: &str) -> Result<PrivateKeyDer<'static>, CertError> {
 /// Each certificate after the leaf must be the issuer of the one before it (its subject is
 /// that one's issuer name), so that clients can build the path from what is served; a
 /// version 1 leaf is refused here with its own message (rustls reads only v3).
-fn check_chain(chain: &[CertificateDer<'_>]) -> Result<(), CertError> {
+fn check_chain(chain: &[CertificateDer<'_>], in_cert_pem: usize) -> Result<(), CertError> {
     let parsed = chain
         .iter()
         .map(|der| {
@@ -263,6 +267,11 @@ fn check_chain(chain: &[CertificateDer<'_>]) -> Result<(), CertError> {
     for (index, pair) in parsed.windows(2).enumerate() {
         if pair[0].issuer() != pair[1].subject() {
             return Err(CertError::BrokenChain {
+                field: if index + 1 < in_cert_pem {
+                    "certPem"
+                } else {
+                    "chainPem"
+                },
                 index: index + 1,
                 subject: pair[1].subject().to_string(),
                 issuer: pair[0].issuer().to_string(),
@@ -464,14 +473,32 @@ mod tests {
         assert_eq!(
             e,
             CertError::BrokenChain {
+                field: "chainPem",
                 index: 1,
                 subject: "CN=Other CA".into(),
                 issuer: "CN=Test CA".into(),
             }
         );
         p.chain_pem = Some(ca);
-        let c = parse("a", p, now()).expect("the issuer");
+        let c = parse("a", p.clone(), now()).expect("the issuer");
         assert_eq!(c.key.cert.len(), 2, "leaf and its issuer are served");
+        // A break inside `certPem` (here the leaf twice, no `chainPem`) names `certPem`.
+        let mut twice = p;
+        twice.cert_pem = format!("{}{}", twice.cert_pem, twice.cert_pem);
+        twice.chain_pem = None;
+        let e = parse("a", twice, now()).expect_err("the leaf twice");
+        assert!(
+            matches!(
+                e,
+                CertError::BrokenChain {
+                    field: "certPem",
+                    index: 1,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().starts_with("certPem: "), "{e}");
     }
 
     /// A leaf whose validity starts beyond the skew allowance is refused (rcgen's leaves start
