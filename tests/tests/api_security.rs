@@ -290,9 +290,14 @@ async fn https_api_serves_loxicmd_with_the_ca_and_refuses_a_client_without_it() 
         "{}",
         stderr(&out)
     );
-    // Plain HTTP to the HTTPS port gets no API answer.
+    // Plain HTTP to the HTTPS port gets no API answer, and the error says what to add.
     let out = d.loxicmd(&["--token-file", &token, "get", "lb"]);
     assert_eq!(out.status.code(), Some(5), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("may be serving HTTPS: add --protocol https"),
+        "{}",
+        stderr(&out)
+    );
     // The right CA without the token: 401 → exit 3, with the server's message.
     let out = d.loxicmd(&["--protocol", "https", "--cacert", &ca, "get", "lb"]);
     assert_eq!(out.status.code(), Some(3));

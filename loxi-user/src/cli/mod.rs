@@ -300,9 +300,19 @@ impl Api {
                 ),
                 code: EXIT_TRANSPORT,
             })?
-            .map_err(|e| Failure {
-                message: e.to_string(),
-                code: EXIT_TRANSPORT,
+            .map_err(|e| {
+                let mut message = e.to_string();
+                // What hyper says when a plain-HTTP request meets a TLS server's answer.
+                if self.base.tls.is_none() && message.contains("invalid HTTP version") {
+                    message.push_str(&format!(
+                        " (the loxilb API at {} may be serving HTTPS: add --protocol https)",
+                        self.base.base_url()
+                    ));
+                }
+                Failure {
+                    message,
+                    code: EXIT_TRANSPORT,
+                }
             })?;
         if (200..300).contains(&status) {
             Ok(text)
