@@ -74,3 +74,35 @@ pub fn metric(text: &str, name: &str, needles: &[&str]) -> f64 {
         .and_then(|v| v.parse().ok())
         .unwrap_or(0.0)
 }
+
+/// Reads one whole HTTP/1.1 answer (its head and `Content-Length` of body) from `s`, for at
+/// most 5 s; what arrived by then, as text (incomplete when the time ran out or the
+/// connection closed first).
+pub async fn read_answer<S: tokio::io::AsyncRead + Unpin>(s: &mut S) -> String {
+    use tokio::io::AsyncReadExt as _;
+    let started = std::time::Instant::now();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !answer_complete(&got) && started.elapsed() < Duration::from_secs(5) {
+        match tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => got.extend_from_slice(&buf[..n]),
+            _ => break,
+        }
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+/// Whether `got` holds an HTTP/1.1 head and as much body as its `Content-Length` says.
+pub fn answer_complete(got: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(got);
+    let Some((head, body)) = text.split_once("\r\n\r\n") else {
+        return false;
+    };
+    head.lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("content-length:")
+                .map(|v| v.trim().parse::<usize>().unwrap_or(0))
+        })
+        .is_some_and(|n| body.len() >= n)
+}

@@ -55,12 +55,8 @@ async fn daemon_with_rule(grace_secs: u64, backend: &Backend) -> (Daemon, u16) {
     (d, vip)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigterm_lets_an_in_flight_request_finish_and_stops_accepting() {
-    let backend = Backend::start("b0").await;
-    let (mut d, vip) = daemon_with_rule(10, &backend).await;
-    let inflight = tokio::spawn(slow_request(vip, 1200));
-    // Let the request reach the backend, then ask the daemon to stop.
+/// Waits (5 s at most) until a request reached `backend`.
+async fn reached(backend: &Backend) {
     let deadline = Instant::now() + Duration::from_secs(5);
     while backend.request_count() == 0 {
         assert!(
@@ -69,6 +65,15 @@ async fn sigterm_lets_an_in_flight_request_finish_and_stops_accepting() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_an_in_flight_request_finish_and_stops_accepting() {
+    let backend = Backend::start("b0").await;
+    let (mut d, vip) = daemon_with_rule(10, &backend).await;
+    let inflight = tokio::spawn(slow_request(vip, 1200));
+    // Let the request reach the backend, then ask the daemon to stop.
+    reached(&backend).await;
     let pid = d.pid().expect("running").to_string();
     let t0 = Instant::now();
     std::process::Command::new("kill")
@@ -124,14 +129,7 @@ async fn sighup_is_logged_and_ignored() {
     let backend = Backend::start("b0").await;
     let (d, vip) = daemon_with_rule(10, &backend).await;
     let inflight = tokio::spawn(slow_request(vip, 600));
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while backend.request_count() == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "request never reached the backend"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    reached(&backend).await;
     let pid = d.pid().expect("running").to_string();
     for _ in 0..2 {
         std::process::Command::new("kill")
@@ -164,14 +162,7 @@ async fn shutdown_grace_bounds_the_drain_of_a_hanging_request() {
     backend.set_mode(Mode::Hang);
     let (mut d, vip) = daemon_with_rule(1, &backend).await;
     let inflight = tokio::spawn(slow_request(vip, 0));
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while backend.request_count() == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "request never reached the backend"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    reached(&backend).await;
     let t0 = Instant::now();
     let exit = d.stop().await;
     let took = t0.elapsed();

@@ -604,10 +604,7 @@ async fn a_slow_prefill_is_504_and_a_client_that_leaves_aborts_it() {
 async fn no_reachable_decode_is_503_pd_pool_unavailable() {
     let pre = Backend::start("pre").await;
     // A decode endpoint nothing listens on: its connect fails, it is excluded, none is left.
-    let closed = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        l.local_addr().expect("addr").port()
-    };
+    let closed = closed_port();
     let port = free_port();
     let rule = pd_rule(port, &[(pre.port(), 1, 0), (closed, 2, 0)], json!({}));
     let d = started(DaemonOpts::default(), &rule).await;
@@ -639,10 +636,7 @@ async fn no_reachable_decode_is_503_pd_pool_unavailable() {
 /// the dead endpoint out, and again after each breaker cooldown).
 #[tokio::test]
 async fn a_dead_prefill_or_decode_falls_back_to_the_role_0_endpoint() {
-    let closed = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        l.local_addr().expect("addr").port()
-    };
+    let closed = closed_port();
     for dead_role in [1u8, 2] {
         let live = Backend::start("live").await;
         let agg = Backend::start("agg").await;
@@ -693,6 +687,12 @@ async fn a_dead_prefill_or_decode_falls_back_to_the_role_0_endpoint() {
             "dead role {dead_role}"
         );
     }
+}
+
+/// A loopback port nothing listens on (bound, then closed): a connect to it is refused.
+fn closed_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port()
 }
 
 /// `(endpointIP, targetPort, ep_role)` endpoints on several loopback addresses.

@@ -38,7 +38,7 @@ async fn daemon(env: &[(&str, &str)], ports: &[u16], backend_port: u16) -> Daemo
     d
 }
 
-use loxi_tests::http::metric;
+use loxi_tests::http::{metric, read_answer};
 
 /// Reads until EOF or error; returns when the connection was seen closed.
 async fn closed_at(mut s: TcpStream) -> Instant {
@@ -460,33 +460,6 @@ async fn chunked_upload(port: u16, size: usize) -> (u16, String) {
     let text = String::from_utf8_lossy(&got).to_string();
     let status = text.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
     (status, text)
-}
-
-/// Reads one whole HTTP/1.1 answer (head and its `Content-Length` of body) from `s`, within 5 s.
-async fn read_answer(s: &mut TcpStream) -> String {
-    let started = Instant::now();
-    let mut got = Vec::new();
-    let mut buf = [0u8; 4096];
-    let complete = |got: &[u8]| {
-        let text = String::from_utf8_lossy(got);
-        let Some((head, body)) = text.split_once("\r\n\r\n") else {
-            return false;
-        };
-        head.lines()
-            .find_map(|l| {
-                l.to_ascii_lowercase()
-                    .strip_prefix("content-length:")
-                    .map(|v| v.trim().parse::<usize>().unwrap_or(0))
-            })
-            .is_some_and(|n| body.len() >= n)
-    };
-    while !complete(&got) && started.elapsed() < Duration::from_secs(5) {
-        match tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await {
-            Ok(Ok(n)) if n > 0 => got.extend_from_slice(&buf[..n]),
-            _ => break,
-        }
-    }
-    String::from_utf8_lossy(&got).into_owned()
 }
 
 /// A request whose `Content-Length` declares more than `LOXI_MAX_BODY_BYTES` is answered 413

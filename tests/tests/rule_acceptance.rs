@@ -327,31 +327,10 @@ async fn a_declared_body_over_the_api_limit_is_413_at_once() {
         s.write_all(head.as_bytes()).await.expect("write head");
         let started = Instant::now();
         // The whole answer (head and its Content-Length of body) arrives at once ...
-        let mut got = Vec::new();
-        let mut buf = [0u8; 4096];
-        let complete = |got: &[u8]| {
-            let text = String::from_utf8_lossy(got);
-            let Some((head, body)) = text.split_once("\r\n\r\n") else {
-                return false;
-            };
-            head.lines()
-                .find_map(|l| {
-                    l.to_ascii_lowercase()
-                        .strip_prefix("content-length:")
-                        .map(|v| v.trim().parse::<usize>().unwrap_or(0))
-                })
-                .is_some_and(|n| body.len() >= n)
-        };
-        while !complete(&got) && started.elapsed() < Duration::from_secs(5) {
-            match tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await {
-                Ok(Ok(n)) if n > 0 => got.extend_from_slice(&buf[..n]),
-                _ => break,
-            }
-        }
+        let text = loxi_tests::http::read_answer(&mut s).await;
         let answered = started.elapsed();
-        let text = String::from_utf8_lossy(&got).into_owned();
         assert!(
-            complete(&got),
+            loxi_tests::http::answer_complete(text.as_bytes()),
             "{method} {path}: no answer within 5 s: {text:?}"
         );
         // ... and the connection is closed once the bounded drain of the body ends (2 s).

@@ -128,28 +128,14 @@ mod tests {
     /// nothing and is logged as an error naming the missing file (it was skipped silently).
     #[test]
     fn half_a_pair_is_refused_and_logged() {
-        use std::sync::Arc;
-
-        use parking_lot::Mutex;
         use tracing_subscriber::layer::SubscriberExt as _;
-        #[derive(Clone, Default)]
-        struct Buf(Arc<Mutex<Vec<u8>>>);
-        impl std::io::Write for Buf {
-            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().extend_from_slice(b);
-                Ok(b.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
         let dir = tempfile::tempdir().expect("tmp");
         write_pair(&dir.path().join("half"), "half.example");
         std::fs::remove_file(dir.path().join("half/server.key")).expect("rm key");
         write_pair(&dir.path().join("keyonly"), "keyonly.example");
         std::fs::remove_file(dir.path().join("keyonly/server.crt")).expect("rm crt");
         let store = CertStore::in_memory();
-        let buf = Buf::default();
+        let buf = crate::telemetry::LogBuf::default();
         let sink = buf.clone();
         let layer = tracing_subscriber::fmt::layer()
             .with_ansi(false)
@@ -160,7 +146,7 @@ mod tests {
                 stage_dir(&store, dir.path()).expect("staged")
             });
         assert!(staged.is_empty(), "{staged:?}");
-        let text = String::from_utf8_lossy(&buf.0.lock()).into_owned();
+        let text = buf.text();
         for missing in ["half/server.key", "keyonly/server.crt"] {
             assert!(
                 text.lines().any(|l| l.contains("ERROR")

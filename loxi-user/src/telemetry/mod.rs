@@ -159,6 +159,31 @@ fn off_directive() -> tracing_subscriber::filter::Directive {
     directive(&format!("{SPAN_TARGET}=off"))
 }
 
+/// A log sink for tests: a `fmt` layer's writer (`with_writer(move || buf.clone())`) whose
+/// lines [`LogBuf::text`] returns.
+#[cfg(test)]
+#[derive(Clone, Default)]
+pub(crate) struct LogBuf(std::sync::Arc<parking_lot::Mutex<Vec<u8>>>);
+
+#[cfg(test)]
+impl LogBuf {
+    /// Everything written so far.
+    pub(crate) fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock()).into_owned()
+    }
+}
+
+#[cfg(test)]
+impl std::io::Write for LogBuf {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -175,20 +200,7 @@ mod tests {
     /// The lines the log layer with `--log filter` writes for one warning and one error of
     /// `target`.
     fn logged(filter: &str, target: &'static str) -> String {
-        use parking_lot::Mutex;
-        use std::sync::Arc;
-        #[derive(Clone, Default)]
-        struct Buf(Arc<Mutex<Vec<u8>>>);
-        impl std::io::Write for Buf {
-            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().extend_from_slice(b);
-                Ok(b.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        let buf = Buf::default();
+        let buf = LogBuf::default();
         let sink = buf.clone();
         let layer = tracing_subscriber::fmt::layer()
             .with_ansi(false)
@@ -207,8 +219,7 @@ mod tests {
                 tracing::error!(target: "loxi_user::netlink", "nla parse error");
             }
         });
-        let text = buf.0.lock().clone();
-        String::from_utf8_lossy(&text).into_owned()
+        buf.text()
     }
 
     #[test]
