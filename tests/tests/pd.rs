@@ -557,6 +557,21 @@ async fn a_slow_prefill_is_504_and_a_client_that_leaves_aborts_it() {
     let r = send(&c, completion(port, &[], &json!({"prompt": "x"}))).await;
     assert_eq!(r.status, 504, "{}", r.text);
     assert_eq!(r.json()["error"]["type"], "pd_prefill_timeout");
+    // The failing pair can be traced: the request id the prefill leg was sent with, and its
+    // endpoint.
+    let rid = r.header("x-request-id").unwrap_or_default().to_string();
+    assert!(rid.starts_with("___prefill_addr_"), "{rid:?}");
+    assert_eq!(r.header("x-loxilb-prefill-endpoint"), Some("0"));
+    let m = d.metrics_text().await;
+    assert_eq!(
+        metric(
+            &m,
+            "loxilb_proxy_requests_total",
+            &["ep_idx=\"none\"", "class=\"5xx\""]
+        ),
+        1.0,
+        "counted as the handler counts an error"
+    );
     assert!(
         t.elapsed() >= Duration::from_millis(1900),
         "{:?}",

@@ -377,6 +377,15 @@ async fn sglang_a_failed_leg_aborts_the_other_and_a_prefill_4xx_is_relayed_verba
     let r = send(&c, "/v1/completions", port, &body).await;
     assert_eq!(r.status, 502, "{}", r.text);
     assert_eq!(r.json()["error"]["type"], "pd_decode_backend_died");
+    assert!(r.header("x-request-id").is_some_and(|id| !id.is_empty()));
+    assert_eq!(
+        (
+            r.header("x-loxilb-prefill-endpoint"),
+            r.header("x-loxilb-endpoint")
+        ),
+        (Some("0"), Some("1")),
+        "the failing pair"
+    );
     assert!(pre.wait_aborted(1).await, "the prefill leg was aborted");
     let m = d.metrics_text().await;
     for (reason, n) in [("pd_prefill_status", 1.0), ("pd_decode_backend_died", 1.0)] {

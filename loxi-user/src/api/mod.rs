@@ -195,13 +195,13 @@ fn refresh_endpoint_metrics(st: &ApiState) {
 /// that declares a terabyte and sends nothing would end in the 408 of the request timeout.
 /// The connection is closed after the answer. So that a client still writing its body reads
 /// the 413 instead of a reset (closing a socket with unread bytes sends RST), the body is
-/// drained and discarded in the background for at most [`OVERSIZE_DRAIN`] bytes or
-/// [`OVERSIZE_DRAIN_TIME`], whichever comes first; a client that declares a terabyte and sends
-/// nothing holds its connection no longer than that.
+/// read and discarded in the background until it ends or [`OVERSIZE_DRAIN_TIME`] passes (a
+/// byte bound would reset a client still sending past it); a client that declares a terabyte
+/// and sends nothing holds its connection no longer than that.
 #[allow(
     clippy::disallowed_methods,
-    reason = "the drain is bounded (8 MiB, 2 s) and owns nothing but the body: at shutdown it \
-              ends with its connection"
+    reason = "the drain is bounded (2 s) and owns nothing but the body: at shutdown it ends \
+              with its connection"
 )]
 async fn refuse_declared_oversize(req: Request, next: Next) -> Response {
     let declared = req
@@ -213,15 +213,7 @@ async fn refuse_declared_oversize(req: Request, next: Next) -> Response {
         let mut body = req.into_body().into_data_stream();
         tokio::spawn(async move {
             use futures::StreamExt;
-            let drain = async {
-                let mut seen = 0usize;
-                while let Some(Ok(chunk)) = body.next().await {
-                    seen += chunk.len();
-                    if seen > OVERSIZE_DRAIN {
-                        break;
-                    }
-                }
-            };
+            let drain = async { while let Some(Ok(_)) = body.next().await {} };
             let _ = tokio::time::timeout(OVERSIZE_DRAIN_TIME, drain).await;
         });
         let mut resp = error::body_too_large().into_response();
@@ -234,9 +226,6 @@ async fn refuse_declared_oversize(req: Request, next: Next) -> Response {
     next.run(req).await
 }
 
-/// Bytes of an oversized body read and discarded after its 413 (see
-/// [`refuse_declared_oversize`]): 4× the API's body limit.
-const OVERSIZE_DRAIN: usize = 4 * rules::API_BODY_LIMIT;
 /// How long an oversized body is drained after its 413 at most.
 const OVERSIZE_DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(2);
 

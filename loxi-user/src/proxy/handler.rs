@@ -472,28 +472,21 @@ async fn within<F: std::future::Future>(limit: Option<Duration>, fut: F) -> Opti
 /// (see [`drain_oversize`]).
 const OVERSIZE_DRAIN_TIME: Duration = Duration::from_secs(2);
 
-/// Reads and discards `body` in the background for at most `limit` bytes or
-/// [`OVERSIZE_DRAIN_TIME`], whichever comes first, so that a client still writing a body
-/// refused by its declared length reads the 413 sent meanwhile instead of a reset (closing a
-/// socket with unread bytes sends RST), as nginx's lingering close does. Nothing is kept and
-/// no budget is held; a client that declares a terabyte and sends nothing holds its
-/// connection no longer than the bound.
+/// Reads and discards `body` in the background until it ends or [`OVERSIZE_DRAIN_TIME`]
+/// passes, so that a client still writing a body refused by its declared length reads the 413
+/// sent meanwhile instead of a reset (closing a socket with unread bytes sends RST, and an
+/// HTTP client whose body write then fails reports that, not the answer), as nginx's
+/// lingering close does. Bounded by time only: the bytes are discarded as they arrive, nothing
+/// is kept and no budget is held, and a client that declares a terabyte and sends nothing
+/// holds its connection no longer than the bound.
 #[allow(
     clippy::disallowed_methods,
-    reason = "the drain is bounded (the body limit, 2 s) and owns nothing but the body: at \
-              shutdown it ends with its connection"
+    reason = "the drain is bounded (2 s) and owns nothing but the body: at shutdown it ends \
+              with its connection"
 )]
-fn drain_oversize(mut body: Incoming, limit: usize) {
+fn drain_oversize(mut body: Incoming) {
     tokio::spawn(async move {
-        let drain = async {
-            let mut seen = 0usize;
-            while let Some(Ok(frame)) = body.frame().await {
-                seen += frame.data_ref().map_or(0, Bytes::len);
-                if seen > limit {
-                    break;
-                }
-            }
-        };
+        let drain = async { while let Some(Ok(_)) = body.frame().await {} };
         let _ = tokio::time::timeout(OVERSIZE_DRAIN_TIME, drain).await;
     });
 }
@@ -514,7 +507,7 @@ async fn read_body(
     // declares a terabyte and sends nothing gets its 413 now, not the body timeout's 408).
     let hint = http_body::Body::size_hint(&body);
     if hint.lower() > limit as u64 {
-        drain_oversize(body, limit);
+        drain_oversize(body);
         return Err(ProxyError::BodyTooLarge { limit });
     }
     let lower = usize::try_from(hint.lower()).unwrap_or(limit).min(limit);
