@@ -193,16 +193,9 @@ fn refresh_endpoint_metrics(st: &ApiState) {
 /// 413 at once for a request whose `Content-Length` declares more than the API's body limit
 /// ([`rules::API_BODY_LIMIT`]): the body would be refused when read, and waiting for a client
 /// that declares a terabyte and sends nothing would end in the 408 of the request timeout.
-/// The connection is closed after the answer. So that a client still writing its body reads
-/// the 413 instead of a reset (closing a socket with unread bytes sends RST), the body is
-/// read and discarded in the background until it ends or [`OVERSIZE_DRAIN_TIME`] passes (a
-/// byte bound would reset a client still sending past it); a client that declares a terabyte
-/// and sends nothing holds its connection no longer than that.
-#[allow(
-    clippy::disallowed_methods,
-    reason = "the drain is bounded (2 s) and owns nothing but the body: at shutdown it ends \
-              with its connection"
-)]
+/// The connection is closed after the answer; until then the body is read and discarded for
+/// at most [`OVERSIZE_DRAIN_TIME`] ([`crate::proxy::body::discard_for`]), so that a client
+/// still writing it reads the 413 instead of a reset.
 async fn refuse_declared_oversize(req: Request, next: Next) -> Response {
     let declared = req
         .headers()
@@ -210,12 +203,7 @@ async fn refuse_declared_oversize(req: Request, next: Next) -> Response {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
     if declared.is_some_and(|n| n > rules::API_BODY_LIMIT as u64) {
-        let mut body = req.into_body().into_data_stream();
-        tokio::spawn(async move {
-            use futures::StreamExt;
-            let drain = async { while let Some(Ok(_)) = body.next().await {} };
-            let _ = tokio::time::timeout(OVERSIZE_DRAIN_TIME, drain).await;
-        });
+        crate::proxy::body::discard_for(req.into_body(), OVERSIZE_DRAIN_TIME);
         let mut resp = error::body_too_large().into_response();
         resp.headers_mut().insert(
             header::CONNECTION,

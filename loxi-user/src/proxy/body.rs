@@ -166,6 +166,32 @@ impl Drop for Tracked {
     }
 }
 
+/// Reads and discards `body` in the background until it ends or `within` passes, so that a
+/// client still writing a body that was refused (413) reads the answer sent meanwhile instead
+/// of a reset: closing a socket with unread bytes sends RST, and an HTTP client whose body
+/// write then fails reports that, not the answer (nginx's lingering close does the same).
+/// Bounded by time only (a byte bound would reset a client still sending past it): the bytes
+/// are dropped as they arrive and nothing is kept, and a client that declares a terabyte and
+/// sends nothing holds its connection no longer than `within`. Used by the fullproxy and the
+/// REST API.
+#[allow(
+    clippy::disallowed_methods,
+    reason = "bounded by `within` and owning nothing but the body: at shutdown it ends with \
+              its connection"
+)]
+pub fn discard_for<B>(body: B, within: std::time::Duration)
+where
+    B: Body + Send + Unpin + 'static,
+    B::Data: Send,
+{
+    use http_body_util::BodyExt as _;
+    let mut body = body;
+    tokio::spawn(async move {
+        let drain = async { while let Some(Ok(_)) = body.frame().await {} };
+        let _ = tokio::time::timeout(within, drain).await;
+    });
+}
+
 /// An upstream body with its guard. The guard is released at end of stream, on the first
 /// error, or when the body is dropped (client disconnect), whichever comes first.
 pub struct GuardedBody<B> {

@@ -91,21 +91,28 @@ impl Handler {
         {
             Ok(resp) => resp,
             Err((service, e)) => {
-                tracing::debug!(error = %e, party = e.party().as_str(), "proxy error");
                 let too_large = matches!(e, ProxyError::BodyTooLarge { .. });
-                let mut resp = e.into_response();
+                let mut resp = self.error_response(service, e);
                 if too_large && h1 {
-                    // The rest of the body is not read (or only drained for a bounded time,
-                    // see `drain_oversize`): the connection cannot carry another request.
+                    // The rest of the body is not read (only discarded for a bounded time,
+                    // see `body::discard_for`): the connection cannot carry another request.
                     resp.headers_mut()
                         .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
                 }
-                self.ctx.metrics.request(service, None, resp.status());
                 resp
             }
         };
         trace_span::record_status(&span, resp.status());
         Ok(resp)
+    }
+
+    /// `e` as its JSON answer, logged at debug and counted for `service` without an
+    /// endpoint (`loxilb_proxy_requests_total{ep_idx="none"}`).
+    pub(super) fn error_response(&self, service: u32, e: ProxyError) -> Response<ProxyBody> {
+        tracing::debug!(error = %e, party = e.party().as_str(), "proxy error");
+        let resp = e.into_response();
+        self.ctx.metrics.request(service, None, resp.status());
+        resp
     }
 
     async fn route(
@@ -155,12 +162,8 @@ impl Handler {
                 parts.extensions.get::<super::tls::ClientTls>(),
                 pools.first(),
             ) {
-                let host = &pool.rule.rule.service.host;
-                if tls.misdirected(&self.ctx.certs, host) {
-                    let sni = tls.sni_host.as_deref().unwrap_or_default().to_string();
-                    let host = host.clone();
-                    return Err((0, ProxyError::Misdirected { sni, host }));
-                }
+                tls.check_host(&self.ctx.certs, &pool.rule.rule.service.host)
+                    .map_err(|e| (0, e))?;
             }
             let list = ModelList {
                 upstreams: &self.upstreams,
@@ -190,12 +193,8 @@ impl Handler {
             .clone();
         let tls = parts.extensions.get::<super::tls::ClientTls>();
         if let Some(tls) = tls {
-            let host = &pool.rule.rule.service.host;
-            if tls.misdirected(&self.ctx.certs, host) {
-                let sni = tls.sni_host.as_deref().unwrap_or_default().to_string();
-                let host = host.clone();
-                return Err((0, ProxyError::Misdirected { sni, host }));
-            }
+            tls.check_host(&self.ctx.certs, &pool.rule.rule.service.host)
+                .map_err(|e| (0, e))?;
         }
         if json.is_none() && pool.needs_body() {
             json = meta::parse_body_bounded(&bytes, limits);
@@ -468,35 +467,17 @@ async fn within<F: std::future::Future>(limit: Option<Duration>, fut: F) -> Opti
     }
 }
 
-/// How long a body refused by its declared `Content-Length` is drained after its 413 at most
-/// (see [`drain_oversize`]).
+/// How long a body refused by its declared `Content-Length` is read and discarded after its
+/// 413 at most (see [`super::body::discard_for`]).
 const OVERSIZE_DRAIN_TIME: Duration = Duration::from_secs(2);
-
-/// Reads and discards `body` in the background until it ends or [`OVERSIZE_DRAIN_TIME`]
-/// passes, so that a client still writing a body refused by its declared length reads the 413
-/// sent meanwhile instead of a reset (closing a socket with unread bytes sends RST, and an
-/// HTTP client whose body write then fails reports that, not the answer), as nginx's
-/// lingering close does. Bounded by time only: the bytes are discarded as they arrive, nothing
-/// is kept and no budget is held, and a client that declares a terabyte and sends nothing
-/// holds its connection no longer than the bound.
-#[allow(
-    clippy::disallowed_methods,
-    reason = "the drain is bounded (2 s) and owns nothing but the body: at shutdown it ends \
-              with its connection"
-)]
-fn drain_oversize(mut body: Incoming) {
-    tokio::spawn(async move {
-        let drain = async { while let Some(Ok(_)) = body.frame().await {} };
-        let _ = tokio::time::timeout(OVERSIZE_DRAIN_TIME, drain).await;
-    });
-}
 
 /// Reads the whole request body (chunked included) up to `limit` bytes into one buffer sized
 /// by `Content-Length` when given (a `Content-Length` over `limit` is 413 at once, the body
-/// drained by [`drain_oversize`]) (so a large body is held once, not twice while collected;
+/// discarded by [`super::body::discard_for`]; so a large body is held once, not twice while collected;
 /// pages a client never sends are never touched), reserving in `budget` the bytes received as
 /// they arrive: the first frame may wait for budget, later ones only when this body is the
-/// eldest holder (else 503 `body_budget_exhausted` when it is spent; see [`super::budget`]). The reservation is the
+/// eldest holder (else 503 `body_budget_exhausted` when it is spent; see [`super::budget`]).
+/// The reservation is the
 /// caller's until the request no longer holds the body.
 async fn read_body(
     mut body: Incoming,
@@ -507,7 +488,7 @@ async fn read_body(
     // declares a terabyte and sends nothing gets its 413 now, not the body timeout's 408).
     let hint = http_body::Body::size_hint(&body);
     if hint.lower() > limit as u64 {
-        drain_oversize(body);
+        super::body::discard_for(body, OVERSIZE_DRAIN_TIME);
         return Err(ProxyError::BodyTooLarge { limit });
     }
     let lower = usize::try_from(hint.lower()).unwrap_or(limit).min(limit);

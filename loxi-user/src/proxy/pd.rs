@@ -219,22 +219,18 @@ impl Handler {
     /// (`x-loxilb-prefill-endpoint`, and `x-loxilb-endpoint` for a decode failure) so that the
     /// failing pair can be found in the engines' logs.
     fn leg_failed(&self, legs: &Legs<'_>, pair: &Pair<'_>, e: ProxyError) -> Response<ProxyBody> {
-        tracing::debug!(error = %e, party = e.party().as_str(), "proxy error");
         let decode = match &e {
             ProxyError::PdDecodeDied { ep_idx, .. }
             | ProxyError::PdDecodeTimeout { ep_idx, .. } => Some(*ep_idx),
             _ => None,
         };
-        let mut resp = e.into_response();
+        let mut resp = self.error_response(legs.pool.rule.id, e);
         let h = resp.headers_mut();
         h.insert(REQUEST_ID_HEADER, legs.rid.clone());
         h.insert(PREFILL_ENDPOINT_HEADER, HeaderValue::from(pair.pre.ep));
         if let Some(ep) = decode {
             h.insert(super::handler::ENDPOINT_HEADER, HeaderValue::from(ep));
         }
-        self.ctx
-            .metrics
-            .request(legs.pool.rule.id, None, resp.status());
         resp
     }
 

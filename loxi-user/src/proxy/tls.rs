@@ -56,6 +56,22 @@ impl ClientTls {
                 .any(|n| crate::certs::parse::name_matches(n, host))
         })
     }
+
+    /// [`Self::misdirected`] as the request's answer: `Err` 421 `misdirected_request` naming
+    /// the connection's SNI and the rule's host.
+    pub fn check_host(
+        &self,
+        certs: &CertStore,
+        host: &str,
+    ) -> Result<(), super::error::ProxyError> {
+        if !self.misdirected(certs, host) {
+            return Ok(());
+        }
+        Err(super::error::ProxyError::Misdirected {
+            sni: self.sni_host.as_deref().unwrap_or_default().to_string(),
+            host: host.to_string(),
+        })
+    }
 }
 
 /// Picks a listener's certificate per handshake.
