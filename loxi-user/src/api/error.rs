@@ -77,6 +77,18 @@ impl ApiError {
         }
     }
 
+    /// A 400 naming query parameter `key`, which the route does not read (`known` are the
+    /// ones it does): a typo would otherwise answer another view than the one asked for.
+    pub fn unknown_query_param(key: &str, known: &[&str]) -> Self {
+        Self::bad_field(
+            key,
+            format!(
+                "{key:?} is not a query parameter of this route ({})",
+                known.join(", ")
+            ),
+        )
+    }
+
     /// A 400 about a rule's field, its message prefixed with the field's path as the
     /// validator's [`RuleError::Invalid`] is (`serviceArguments.security: 1 (TLS) needs ...`),
     /// so every refusal of a rule body names its field in `message`, the text loxicmd prints.

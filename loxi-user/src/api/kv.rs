@@ -225,13 +225,7 @@ fn known_query(
     let mut q = HashMap::with_capacity(pairs.len());
     for (k, v) in pairs {
         if !known.contains(&k.as_str()) {
-            return Err(ApiError::bad_field(
-                k.clone(),
-                format!(
-                    "{k:?} is not a query parameter of this route ({})",
-                    known.join(", ")
-                ),
-            ));
+            return Err(ApiError::unknown_query_param(&k, known));
         }
         if q.contains_key(&k) {
             return Err(ApiError::bad_field(

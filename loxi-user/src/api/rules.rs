@@ -348,11 +348,16 @@ fn delete_key(
                 ));
             }
             _ => {
-                return Err(ApiError::bad_field(
-                    k.clone(),
-                    format!(
-                        "{k:?} is not a query parameter of this route (model_name, host, bgp, block, path_match_mode, path_prefix)"
-                    ),
+                return Err(ApiError::unknown_query_param(
+                    k,
+                    &[
+                        "model_name",
+                        "host",
+                        "bgp",
+                        "block",
+                        "path_match_mode",
+                        "path_prefix",
+                    ],
                 ));
             }
         }

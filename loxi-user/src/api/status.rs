@@ -157,10 +157,7 @@ fn one_rule(
     q: &HashMap<String, String>,
 ) -> Result<std::sync::Arc<StoredRule>, ApiError> {
     if let Some(k) = q.keys().find(|k| *k != "host" && *k != "model_name") {
-        return Err(ApiError::bad_field(
-            k.clone(),
-            format!("{k:?} is not a query parameter of this route (host, model_name)"),
-        ));
+        return Err(ApiError::unknown_query_param(k, &["host", "model_name"]));
     }
     let (ip, port, proto, rules) = rules_on(st, &ip, &port, &proto)?;
     let what = format!("{ip}:{port}/{proto}");
