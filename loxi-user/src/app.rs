@@ -134,10 +134,23 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
         }
     })?;
     crate::certs::ExpiryCollector::register(&mut registry, certs.clone());
-    // A rule is restored only if the API would accept it now, backend TLS included.
+    // A rule is restored only if the API would accept it now: its backend TLS, and for a TLS
+    // rule (`security: 1`) a certificate for its host among those restored (a stored
+    // certificate that no longer loads is skipped above). An L4 rule on a daemon started
+    // without `--xdp-iface` is kept and reported not served (`report_l4_rules_without_datapath`).
+    let restored_certs = certs.snapshot();
     let store = Arc::new(RuleStore::open_checked(&cfg.flags.state_dir, &|rule| {
         proxy::upstream_tls::check(&rule.service)
-            .map_err(|e| format!("no longer configures its backend TLS ({e})"))
+            .map_err(|e| format!("no longer configures its backend TLS ({e})"))?;
+        let s = &rule.service;
+        if s.security == 1 && !api::certs::has_certificate(&restored_certs, &s.host) {
+            return Err(format!(
+                "serves TLS (security 1) but no restored certificate covers host {:?} and there \
+                 is no `default` one",
+                s.host
+            ));
+        }
+        Ok(())
     })?);
     let mut tasks = JoinSet::new();
     let kv = kv::wiring::start(
@@ -328,7 +341,8 @@ fn report_l4_rules_without_datapath(store: &RuleStore, l4_datapath: bool) {
     for r in store.snapshot().rules.values() {
         if r.rule.service.mode != loxi_common::mode::FULLPROXY {
             tracing::error!(rule = %r.rule.key(), mode = r.rule.service.mode,
-                "restored L4 rule is NOT served: this daemon runs without --xdp-iface (no L4 data path)");
+                "restored L4 rule is NOT served: this daemon runs without --xdp-iface (no L4 data \
+                 path); the API reports it OFFLINE until a restart with --xdp-iface");
         }
     }
 }

@@ -559,3 +559,74 @@ async fn a_restored_rule_that_no_longer_validates_is_kept_in_a_side_file() {
         serde_json::from_slice(&std::fs::read(&side[0]).expect("read")).expect("JSON");
     assert_eq!(still, kept);
 }
+
+/// An L4 rule (here mode 0, written into `rules.json` as a daemon with `--xdp-iface` would have
+/// stored it) restored by a daemon started without the L4 data path is kept, since a restart
+/// with `--xdp-iface` serves it again, but never reported as serving: `status` is `OFFLINE`
+/// whatever its endpoints' health, `GET .../all` says why in `listenerState`, and the log says
+/// it at start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restored_l4_rule_without_the_l4_data_path_is_reported_offline() {
+    let mut d = Daemon::start_default().await;
+    let port = free_port();
+    let rule = json!({
+        "serviceArguments": {"externalIP": "127.0.0.1", "port": port, "mode": 4, "sel": 0},
+        "endpoints": [{"endpointIP": "127.0.0.2", "targetPort": 8001}]
+    });
+    assert_eq!(d.post_rule(&rule).await.0, 200);
+    d.stop().await;
+    let state = d.state_dir().join("rules.json");
+    let mut file: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&state).expect("read")).expect("JSON");
+    file["rules"][0]["rule"]["serviceArguments"]["mode"] = json!(0);
+    file["rules"][0]["rule"]["serviceArguments"]["protocol"] = json!("udp");
+    std::fs::write(&state, serde_json::to_vec_pretty(&file).expect("JSON")).expect("write");
+    d.restart().await;
+
+    let listed = d.rules().await;
+    let rules = listed["lbAttr"].as_array().expect("lbAttr");
+    assert_eq!(rules.len(), 1, "kept: {listed}");
+    // Mode 0, omitted as Go's `omitempty` omits a zero.
+    assert_eq!(
+        rules[0]["serviceArguments"]["protocol"],
+        json!("udp"),
+        "{listed}"
+    );
+    assert!(
+        rules[0]["serviceArguments"].get("mode").is_none(),
+        "{listed}"
+    );
+    let state_text = rules[0]["listenerState"].as_str().unwrap_or_default();
+    assert!(
+        state_text.starts_with("not served") && state_text.contains("--xdp-iface"),
+        "{listed}"
+    );
+    let (s, body) = d
+        .get(&format!(
+            "/netlox/v1/config/loadbalancer/externalipaddress/127.0.0.1/port/{port}/protocol/udp/status"
+        ))
+        .await
+        .expect("GET status");
+    assert_eq!(s, 200, "{body}");
+    let status: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(status["operatingStatus"], json!("OFFLINE"), "{body}");
+    let log = d.log_text();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("restored L4 rule is NOT served") && l.contains("OFFLINE")),
+        "{log}"
+    );
+    // A fullproxy rule beside it is not affected.
+    let p2 = free_port();
+    let mut fp = rule.clone();
+    fp["serviceArguments"]["port"] = json!(p2);
+    assert_eq!(d.post_rule(&fp).await.0, 200);
+    let listed = d.rules().await;
+    let fp_state = listed["lbAttr"]
+        .as_array()
+        .expect("lbAttr")
+        .iter()
+        .find(|r| r["serviceArguments"]["port"] == json!(p2))
+        .map(|r| r["listenerState"].clone());
+    assert_eq!(fp_state, Some(json!("listening")), "{listed}");
+}

@@ -634,6 +634,13 @@ async fn no_reachable_decode_is_503_pd_pool_unavailable() {
             .is_some_and(|m| m.contains("no_decode")),
         "{v}"
     );
+    // The prefill ran before the decode's connect failed: the answer names it and the request
+    // id it was sent with, so the pair can be found in the engines' logs.
+    assert_eq!(pre.request_count(), 1);
+    assert_eq!(r.header("x-loxilb-prefill-endpoint"), Some("0"));
+    let rid = r.header("x-request-id").unwrap_or_default();
+    assert!(!rid.is_empty(), "{:?}", r.headers);
+    assert_eq!(pre.requests()[0].header("x-request-id"), Some(rid));
     let m = d.metrics_text().await;
     assert_eq!(
         metric(

@@ -614,6 +614,30 @@ async fn rotation_keeps_an_open_stream_and_new_handshakes_get_the_new_certificat
     assert_eq!(presented(&tls), new.der);
     let (status, _, be_name, _) = send(tls, "r.test", r#"{"prompt":"x"}"#).await;
     assert_eq!((status, be_name.as_str()), (200, "A"));
+
+    // A stored certificate that no longer loads is skipped at start; the TLS rule it covered
+    // is then dropped and kept aside, as the API refuses a `security: 1` rule without one
+    // (it was restored, failed every handshake and said ONLINE).
+    d.stop().await;
+    std::fs::write(&file, "{\"not\": \"a certificate\"}").expect("corrupt the stored cert");
+    d.restart().await;
+    let listed = d.rules().await;
+    assert_eq!(
+        listed["lbAttr"].as_array().map_or(0, Vec::len),
+        0,
+        "{listed}"
+    );
+    let log = d.log_text();
+    assert!(
+        log.lines().any(|l| l.contains("dropping a restored rule")
+            && l.contains("no restored certificate covers host")
+            && l.contains("r.test")),
+        "{log}"
+    );
+    assert!(
+        connect(&ca, port, Some("r.test"), &[]).await.is_err(),
+        "nothing listens for the dropped rule"
+    );
 }
 
 #[tokio::test]

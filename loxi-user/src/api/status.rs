@@ -216,8 +216,9 @@ pub async fn get_by_key(
 /// `GET .../protocol/{proto}/status`: `{"adminStateUp": true, "operatingStatus",
 /// "lastUpdated"}` (see [`operating_status`]; `lastUpdated` is [`StoredRule::updated`]).
 /// loxi has no paused rules, so `adminStateUp` is always true. A mode-4 rule whose listener
-/// could not be bound serves nothing whatever its endpoints' health: `OFFLINE` (its
-/// `listenerState` in `GET .../all` says why).
+/// could not be bound, and an L4 rule on a daemon without the L4 data path, serve nothing
+/// whatever their endpoints' health: `OFFLINE` (their `listenerState` in `GET .../all` says
+/// why).
 pub async fn status(
     State(st): State<ApiState>,
     Path(key): Path<(String, String, String)>,
@@ -225,7 +226,8 @@ pub async fn status(
 ) -> Result<Response, ApiError> {
     let rule = one_rule(&st, key, &q)?;
     let unbound = listen_addr(&rule.rule)
-        .is_some_and(|a| matches!(st.sockets.status(a), ListenerStatus::Unbound(_)));
+        .is_some_and(|a| matches!(st.sockets.status(a), ListenerStatus::Unbound(_)))
+        || !super::rules::served_by_l4(&rule.rule, st.l4_datapath);
     let operating = if unbound {
         "OFFLINE"
     } else {

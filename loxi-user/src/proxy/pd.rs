@@ -205,10 +205,24 @@ impl Handler {
             // Every prefill (or decode) endpoint refused the connection: the request is served
             // in one leg by a role-0 endpoint if the rule has one, as when none was eligible
             // to begin with (a finished prefill's work is lost; the role-0 endpoint recomputes).
+            // Without one, the 503 carries the request id the legs were sent with and the
+            // prefill endpoint last tried, as a failed leg's answer does.
             Err(ProxyError::PdPoolUnavailable { reason }) => {
+                let (rid, pre) = (legs.rid.clone(), pair.pre.ep);
                 drop(legs);
-                self.aggregated(pool, &pair.ladder, parts, body, meta, start, reason)
+                match self
+                    .aggregated(pool, &pair.ladder, parts, body, meta, start, reason)
                     .await
+                {
+                    Err(e @ ProxyError::PdPoolUnavailable { .. }) => {
+                        let mut resp = self.error_response(service, e);
+                        let h = resp.headers_mut();
+                        h.insert(REQUEST_ID_HEADER, rid);
+                        h.insert(PREFILL_ENDPOINT_HEADER, HeaderValue::from(pre));
+                        Ok(resp)
+                    }
+                    other => other,
+                }
             }
             Err(e) => Ok(self.leg_failed(&legs, &pair, e)),
         }
