@@ -620,20 +620,16 @@ async fn rotation_keeps_an_open_stream_and_new_handshakes_get_the_new_certificat
     // (it was restored, failed every handshake and said ONLINE).
     d.stop().await;
     std::fs::write(&file, "{\"not\": \"a certificate\"}").expect("corrupt the stored cert");
-    d.restart().await;
-    let listed = d.rules().await;
-    assert_eq!(
-        listed["lbAttr"].as_array().map_or(0, Vec::len),
-        0,
-        "{listed}"
-    );
-    let log = d.log_text();
-    assert!(
-        log.lines().any(|l| l.contains("dropping a restored rule")
-            && l.contains("no restored certificate covers host")
-            && l.contains("r.test")),
-        "{log}"
-    );
+    let dropped = restart_with_every_rule_dropped(
+        &mut d,
+        &[
+            "dropping a restored rule",
+            "no restored certificate covers host",
+            "r.test",
+        ],
+    )
+    .await;
+    assert_eq!(dropped, 1);
     assert!(
         connect(&ca, port, Some("r.test"), &[]).await.is_err(),
         "nothing listens for the dropped rule"
@@ -826,22 +822,15 @@ async fn security_2_verifies_backends_and_speaks_h2_or_h1_by_backend_protocol() 
     // refuse them now (they were restored, answered every request 502 and said ONLINE).
     d.stop().await;
     std::fs::remove_file(&ca_file).expect("remove the CA file");
-    d.restart().await;
-    let listed = d.rules().await;
-    assert_eq!(
-        listed["lbAttr"].as_array().map_or(0, Vec::len),
-        0,
-        "{listed}"
-    );
-    let log = d.log_text();
-    let dropped = log
-        .lines()
-        .filter(|l| {
-            l.contains("dropping a restored rule that no longer configures its backend TLS")
-                && l.contains("backend-ca.pem")
-        })
-        .count();
-    assert_eq!(dropped, 4, "{log}");
+    let dropped = restart_with_every_rule_dropped(
+        &mut d,
+        &[
+            "dropping a restored rule that no longer configures its backend TLS",
+            "backend-ca.pem",
+        ],
+    )
+    .await;
+    assert_eq!(dropped, 4);
     let side = std::fs::read_dir(d.state_dir())
         .expect("state dir")
         .filter_map(Result::ok)
@@ -852,6 +841,25 @@ async fn security_2_verifies_backends_and_speaks_h2_or_h1_by_backend_protocol() 
         })
         .count();
     assert_eq!(side, 1, "the four rules are kept in one side file");
+}
+
+/// Restarts `d`, checks that no rule was restored, and counts the log lines that contain every
+/// one of `patterns` (one per dropped rule).
+async fn restart_with_every_rule_dropped(d: &mut Daemon, patterns: &[&str]) -> usize {
+    d.restart().await;
+    let listed = d.rules().await;
+    assert_eq!(
+        listed["lbAttr"].as_array().map_or(0, Vec::len),
+        0,
+        "{listed}"
+    );
+    let log = d.log_text();
+    let n = log
+        .lines()
+        .filter(|l| patterns.iter().all(|p| l.contains(p)))
+        .count();
+    assert!(n > 0, "no drop logged: {log}");
+    n
 }
 
 /// `x-loxilb-endpoint` of one POST with `curl --http2` and one with `--http1.1` (the protocol
