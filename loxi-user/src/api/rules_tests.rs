@@ -89,3 +89,53 @@ async fn answer(task: tokio::task::JoinHandle<Result<Response, ApiError>>) -> St
         Err(_) => panic!("not acknowledged within 2 s of the last mark"),
     }
 }
+
+/// The L4 data path's rule slots are checked before a rule is stored: the rule past
+/// `MAX_RULES` is refused with 400 and not stored, an update of a stored L4 rule and a mode-4
+/// rule still pass, and a freed slot takes a new rule again.
+#[tokio::test]
+async fn an_l4_rule_past_the_data_paths_rule_slots_is_refused() {
+    use loxi_common::maps::MAX_RULES;
+    let store = Arc::new(RuleStore::in_memory());
+    let mut st = state(store.clone());
+    st.l4_datapath = true;
+    let l4 = |i: u32, port: u16| {
+        json!({
+            "serviceArguments": {"externalIP": format!("20.1.{}.{}", i / 250, i % 250 + 1),
+                "port": port, "protocol": "tcp", "mode": 0},
+            "endpoints": [{"endpointIP": "10.9.0.2", "targetPort": 8080}]
+        })
+    };
+    let post =
+        |body: serde_json::Value| create(State(st.clone()), Ok(Bytes::from(body.to_string())));
+    for i in 0..MAX_RULES {
+        store
+            .upsert(serde_json::from_value(l4(i, 80)).expect("rule"))
+            .expect("stored");
+    }
+    let refused = post(l4(MAX_RULES, 80)).await.expect_err("past the slots");
+    let text = format!("{refused:?}");
+    assert!(
+        text.contains("at most 256 rules") && text.contains("256 are stored"),
+        "{text}"
+    );
+    assert_eq!(
+        store.snapshot().rules.len(),
+        MAX_RULES as usize,
+        "nothing stored"
+    );
+    // An update of a stored rule keeps its slot; a mode-4 rule takes none.
+    let mut update = l4(0, 80);
+    update["endpoints"][0]["targetPort"] = json!(9090);
+    assert_eq!(answer(tokio::spawn(post(update))).await, StatusCode::OK);
+    let fp = json!({
+        "serviceArguments": {"externalIP": "127.0.0.1", "port": free_port(), "protocol": "tcp", "mode": 4},
+        "endpoints": [{"endpointIP": "127.0.0.2", "targetPort": 8000}]
+    });
+    assert_eq!(answer(tokio::spawn(post(fp))).await, StatusCode::OK);
+    store.delete("20.1.0.1", 80, "tcp", "", "").expect("delete");
+    assert_eq!(
+        answer(tokio::spawn(post(l4(MAX_RULES, 80)))).await,
+        StatusCode::OK
+    );
+}

@@ -39,8 +39,13 @@ pub struct PlannedService {
 pub struct Plan {
     /// Kernel-served services.
     pub services: BTreeMap<[u8; 20], PlannedService>,
-    /// Every VIP of the snapshot (all modes, including 4), for netlink.
+    /// Every VIP of the snapshot (all modes, including 4), for netlink, except those of L4
+    /// rules left out (`skipped`).
     pub vips: BTreeSet<IpAddr>,
+    /// L4 rules left out because the data path cannot hold them (rule id, why): the API
+    /// refuses such rules, so only a state file or a race between two writes gets here. The
+    /// other rules are programmed as usual.
+    pub skipped: Vec<(u32, String)>,
 }
 
 /// Stable rule id → slot assignment.
@@ -116,12 +121,14 @@ fn proto_num(p: &str) -> Option<u8> {
 
 /// Builds the plan for `snap`. `snat_for(endpoint)` gives the LB address used as source in the
 /// full-NAT family of modes (normally [`route_source`]). Rules whose VIP or protocol the data
-/// path cannot carry (e.g. `protocol: "http"`) contribute only their VIP.
+/// path cannot carry (e.g. `protocol: "http"`) contribute only their VIP. A rule over the data
+/// path's capacity (more than `MAX_EPS` endpoints, or no free slot of `MAX_RULES`) is left out
+/// with its VIP and listed in [`Plan::skipped`]; one such rule never holds back the others.
 pub fn plan(
     snap: &RuleSnapshot,
     slots: &mut SlotTable,
     snat_for: &dyn Fn(IpAddr) -> Option<IpAddr>,
-) -> Result<Plan, L4Error> {
+) -> Plan {
     let mut out = Plan::default();
     // Free the slots of deleted rules first, so a snapshot that deletes and creates reuses them.
     let live: BTreeSet<u32> = snap
@@ -138,15 +145,26 @@ pub fn plan(
         let Ok(vip) = svc.external_ip.parse::<IpAddr>() else {
             continue;
         };
-        out.vips.insert(vip);
         let Some(p) = proto_num(&svc.protocol) else {
+            out.vips.insert(vip);
             continue;
         };
         if svc.mode == mode::FULLPROXY {
+            out.vips.insert(vip);
             continue;
         }
-        let slot = slots.slot(stored.id)?;
-        let eps = endpoints(stored.id, &stored.rule.endpoints, vip, snat_for)?;
+        // Endpoints first: a rule over the endpoint limit takes no slot.
+        let eps = match endpoints(stored.id, &stored.rule.endpoints, vip, snat_for)
+            .and_then(|eps| Ok((slots.slot(stored.id)?, eps)))
+        {
+            Ok(v) => v,
+            Err(e) => {
+                out.skipped.push((stored.id, e.to_string()));
+                continue;
+            }
+        };
+        let (slot, eps) = eps;
+        out.vips.insert(vip);
         let key = ServiceKey {
             addr: addr_bytes(vip),
             port: svc.port.to_be(),
@@ -180,7 +198,7 @@ pub fn plan(
             },
         );
     }
-    Ok(out)
+    out
 }
 
 /// The rows that take new flows, in order. Returns (table, count).
@@ -256,4 +274,59 @@ fn endpoints(
         });
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::{LbRule, RuleStore};
+
+    fn rule(vip: &str, mode: u8) -> LbRule {
+        serde_json::from_value(serde_json::json!({
+            "serviceArguments": {"externalIP": vip, "port": 80, "protocol": "tcp", "mode": mode},
+            "endpoints": [{"endpointIP": "10.9.0.2", "targetPort": 8080}]
+        }))
+        .expect("rule")
+    }
+
+    /// A rule over the data path's capacity is left out with its VIP, and every other rule,
+    /// mode 4 included, is still planned (before, the whole snapshot was refused and the data
+    /// path and the VIPs stayed as they were, whatever later changes said).
+    #[test]
+    fn a_rule_over_capacity_is_left_out_and_the_others_are_planned() {
+        let store = RuleStore::in_memory();
+        for i in 0..=MAX_RULES {
+            let vip = format!("20.1.{}.{}", i / 250, i % 250 + 1);
+            store.upsert(rule(&vip, 0)).expect("stored");
+        }
+        store.upsert(rule("20.9.9.9", 4)).expect("stored");
+        let mut slots = SlotTable::default();
+        let p = plan(&store.snapshot(), &mut slots, &|_| None);
+        assert_eq!(p.services.len(), MAX_RULES as usize);
+        assert_eq!(p.skipped.len(), 1, "{:?}", p.skipped);
+        let (skipped, why) = &p.skipped[0];
+        assert_eq!(why, "rules: 257 exceeds the data path limit 256");
+        let vip_of = |id: u32| {
+            let snap = store.snapshot();
+            let r = snap.rules.values().find(|r| r.id == id).expect("rule");
+            r.rule.service.external_ip.parse::<IpAddr>().expect("ip")
+        };
+        assert!(!p.vips.contains(&vip_of(*skipped)), "its VIP is not added");
+        assert!(p.vips.contains(&"20.9.9.9".parse::<IpAddr>().expect("ip")));
+        assert_eq!(p.vips.len(), MAX_RULES as usize + 1);
+        // Deleting a planned rule frees its slot for the one left out.
+        let first = store.snapshot().rules.keys().next().cloned().expect("key");
+        store
+            .delete(
+                &first.external_ip,
+                first.port,
+                &first.protocol,
+                &first.host,
+                &first.model_name,
+            )
+            .expect("delete");
+        let p = plan(&store.snapshot(), &mut slots, &|_| None);
+        assert!(p.skipped.is_empty(), "{:?}", p.skipped);
+        assert_eq!(p.services.len(), MAX_RULES as usize);
+    }
 }

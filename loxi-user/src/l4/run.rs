@@ -51,7 +51,7 @@ pub async fn run(
     loop {
         if dirty {
             let snap = rules.borrow_and_update().clone();
-            current = reconcile(&snap, &mut slots, dp.as_mut(), vips.as_mut(), current).await;
+            current = reconcile(&snap, &mut slots, dp.as_mut(), vips.as_mut()).await;
             applied.mark(snap.version);
             dirty = false;
         }
@@ -127,15 +127,12 @@ async fn reconcile(
     slots: &mut SlotTable,
     dp: Option<&mut Datapath>,
     vips: Option<&mut VipManager>,
-    previous: Plan,
 ) -> Plan {
-    let p = match plan(snap, slots, &route_source) {
-        Ok(p) => p,
-        Err(e) => {
-            tracing::error!(error = %e, version = snap.version, "rule snapshot not applied to the data path");
-            return previous;
-        }
-    };
+    let p = plan(snap, slots, &route_source);
+    for (rule, e) in &p.skipped {
+        tracing::error!(rule, error = %e, version = snap.version,
+            "rule NOT programmed into the L4 data path (over its capacity); the other rules are");
+    }
     if let Some(d) = dp
         && let Err(e) = d.apply(&p)
     {

@@ -3,6 +3,7 @@
 //! Errors name the JSON field as the user wrote it (`serviceArguments.kvBlockSize`,
 //! `endpoints[2].weight`), the value, and what is allowed.
 
+use loxi_common::maps::MAX_EPS;
 use std::net::IpAddr;
 
 use super::error::RuleError;
@@ -59,6 +60,7 @@ pub fn validate(mut rule: LbRule) -> Result<LbRule, RuleError> {
         validate_endpoint(i, ep, &rule.service)?;
     }
     check_duplicate_endpoints(&rule.endpoints)?;
+    check_l4(&rule)?;
     check_pd_roles(&rule)?;
     super::unsupported::check(&rule)?;
     ServiceSpec::compile(&rule)?;
@@ -84,6 +86,78 @@ fn check_duplicate_endpoints(eps: &[Endpoint]) -> Result<(), RuleError> {
                 format!(
                     "{}:{} is already endpoints[{j}]",
                     ep.endpoint_ip, ep.target_port
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// What the L4 (XDP) data path can carry, for a rule it serves (mode other than 4): at most
+/// [`MAX_EPS`] endpoints (the endpoint table's row width, `loxi_common::maps`), a VIP it can
+/// match (its service lookup is exact, so not the unspecified address), endpoints of the VIP's
+/// address family (it translates within one family), no endpoint that is the VIP's own
+/// address and port (a loop), and in DSR (mode 3, only the destination MAC is rewritten) a
+/// `targetPort` equal to `port`. Anything else would be stored and never forward a packet.
+fn check_l4(rule: &LbRule) -> Result<(), RuleError> {
+    let s = &rule.service;
+    if s.mode == loxi_common::mode::FULLPROXY {
+        return Ok(());
+    }
+    let l4 = "the L4 (XDP) data path";
+    if rule.endpoints.len() > MAX_EPS as usize {
+        return Err(invalid(
+            "endpoints",
+            format!(
+                "{} endpoints; {l4} (mode {}) holds at most {MAX_EPS} per rule (a mode-4 rule up \
+                 to {MAX_ENDPOINTS})",
+                rule.endpoints.len(),
+                s.mode
+            ),
+        ));
+    }
+    let Ok(vip) = s.external_ip.parse::<IpAddr>() else {
+        return Ok(());
+    };
+    if vip.is_unspecified() {
+        return Err(invalid(
+            "serviceArguments.externalIP",
+            format!(
+                "{vip} matches no packet in {l4}, which looks a VIP up exactly; name the \
+                 address clients send to (only mode 4 listens on every address)"
+            ),
+        ));
+    }
+    for (i, ep) in rule.endpoints.iter().enumerate() {
+        let Ok(ip) = ep.endpoint_ip.parse::<IpAddr>() else {
+            continue;
+        };
+        if ip.is_ipv4() != vip.is_ipv4() {
+            return Err(invalid(
+                &format!("endpoints[{i}].endpointIP"),
+                format!(
+                    "{ip} is not of the VIP's address family ({vip}): {l4} translates within one \
+                     family (write an IPv4 endpoint in its dotted form, not as ::ffff:a.b.c.d)"
+                ),
+            ));
+        }
+        if ip == vip && ep.target_port == s.port {
+            return Err(invalid(
+                &format!("endpoints[{i}]"),
+                format!(
+                    "{ip}:{} is this rule's own VIP and port: every packet would be sent back to \
+                     the rule",
+                    ep.target_port
+                ),
+            ));
+        }
+        if s.mode == loxi_common::mode::DSR && ep.target_port != s.port {
+            return Err(invalid(
+                &format!("endpoints[{i}].targetPort"),
+                format!(
+                    "{} differs from port {}: DSR (mode 3) rewrites only the destination MAC, so \
+                     packets reach the endpoint on the VIP's port; use {} (or omit it)",
+                    ep.target_port, s.port, s.port
                 ),
             ));
         }
@@ -899,6 +973,68 @@ mod tests {
         assert_eq!(r.service.kv_hash_algo, "sha256_cbor");
         let ips: Vec<_> = r.endpoints.iter().map(|e| e.endpoint_ip.as_str()).collect();
         assert_eq!(ips, ["10.0.1.2", "10.0.1.1"], "ep_idx = user order");
+    }
+
+    /// An L4 rule the XDP data path cannot carry is refused, naming the field; the same shapes
+    /// stay valid in mode 4, where the proxy dials the endpoint itself.
+    #[test]
+    fn what_the_l4_data_path_cannot_carry_is_refused() {
+        let l4 =
+            |svc: serde_json::Value, eps: Vec<serde_json::Value>| -> Result<LbRule, RuleError> {
+                let mut v = json!({
+                    "serviceArguments": {"externalIP": "20.0.0.1", "port": 80, "mode": 0},
+                    "endpoints": eps
+                });
+                for (k, x) in svc.as_object().expect("object") {
+                    v["serviceArguments"][k] = x.clone();
+                }
+                validate(serde_json::from_value(v).expect("rule parses"))
+            };
+        let ep = |ip: &str, port: u16| json!({"endpointIP": ip, "targetPort": port});
+        let field = |r: Result<LbRule, RuleError>| match r.expect_err("must be refused") {
+            RuleError::Invalid { field, message } => (field, message),
+            other => panic!("not Invalid: {other:?}"),
+        };
+        let many: Vec<_> = (0..17).map(|i| ep(&format!("10.1.0.{i}"), 8080)).collect();
+        let (f, m) = field(l4(json!({}), many.clone()));
+        assert_eq!(f, "endpoints");
+        assert!(m.contains("at most 16"), "{m}");
+        assert!(l4(json!({}), many[..16].to_vec()).is_ok());
+        assert!(
+            l4(json!({"mode": 4}), many).is_ok(),
+            "mode 4 takes up to 1024"
+        );
+        for mode in [0, 1, 2, 3, 5] {
+            let (f, _) = field(l4(json!({"mode": mode}), vec![ep("fd00::2", 80)]));
+            assert_eq!(f, "endpoints[0].endpointIP", "mode {mode}");
+        }
+        let (f, m) = field(l4(
+            json!({}),
+            vec![ep("10.1.0.1", 80), ep("::ffff:10.1.0.1", 80)],
+        ));
+        assert_eq!(f, "endpoints[1].endpointIP");
+        assert!(m.contains("dotted form"), "{m}");
+        let (f, _) = field(l4(
+            json!({"externalIP": "0.0.0.0"}),
+            vec![ep("10.1.0.1", 80)],
+        ));
+        assert_eq!(f, "serviceArguments.externalIP");
+        let (f, _) = field(l4(json!({}), vec![ep("20.0.0.1", 80)]));
+        assert_eq!(f, "endpoints[0]");
+        assert!(
+            l4(json!({}), vec![ep("20.0.0.1", 81)]).is_ok(),
+            "another port"
+        );
+        let (f, m) = field(l4(json!({"mode": 3}), vec![ep("10.1.0.1", 8080)]));
+        assert_eq!(f, "endpoints[0].targetPort");
+        assert!(m.contains("DSR"), "{m}");
+        assert!(l4(json!({"mode": 3}), vec![ep("10.1.0.1", 80)]).is_ok());
+        let omitted = json!({"endpointIP": "10.1.0.1"});
+        assert!(
+            l4(json!({"mode": 3}), vec![omitted]).is_ok(),
+            "defaulted to port"
+        );
+        assert!(l4(json!({"mode": 4}), vec![ep("fd00::2", 8080)]).is_ok());
     }
 
     #[test]

@@ -120,7 +120,8 @@ impl Lb {
                 LB_V6.parse().ok()?
             })
         };
-        let p = plan(&self.store.snapshot(), &mut self.slots, &snat).expect("plan");
+        let p = plan(&self.store.snapshot(), &mut self.slots, &snat);
+        assert!(p.skipped.is_empty(), "rules left out: {:?}", p.skipped);
         self.dp.apply(&p).expect("apply plan");
         self.current = p;
     }
