@@ -111,6 +111,46 @@ impl Datapath {
         Ok(mode)
     }
 
+    /// The kernel's id of the loaded XDP program: what a link's `IFLA_XDP_*PROG_ID` attributes
+    /// name when the program is attached to it.
+    pub fn xdp_prog_id(&mut self) -> Result<u32, L4Error> {
+        let info = xdp(&mut self.ebpf)?
+            .info()
+            .map_err(|e| L4Error::program("program info", e))?;
+        Ok(info.id())
+    }
+
+    /// Drops `iface`'s XDP and TC attachments, after its device went away or lost the program:
+    /// detaching is tried and its failure only logged at debug, since the kernel removed the
+    /// attachment with the device. Returns the mode it was attached in, if it was.
+    pub fn forget(&mut self, iface: &str) -> Option<AttachMode> {
+        let mut mode = None;
+        let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.links)
+            .into_iter()
+            .partition(|(i, _, _)| i == iface);
+        self.links = kept;
+        if let Ok(prog) = xdp(&mut self.ebpf) {
+            for (_, id, m) in gone {
+                mode = Some(m);
+                if let Err(e) = prog.detach(id) {
+                    tracing::debug!(iface, error = %e, "detaching a stale XDP attachment");
+                }
+            }
+        }
+        let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.tc_links)
+            .into_iter()
+            .partition(|(i, _)| i == iface);
+        self.tc_links = kept;
+        if let Ok(prog) = tc(&mut self.ebpf) {
+            for (_, id) in gone {
+                if let Err(e) = prog.detach(id) {
+                    tracing::debug!(iface, error = %e, "detaching a stale TC attachment");
+                }
+            }
+        }
+        mode
+    }
+
     /// Interfaces attached in native (driver) mode.
     pub fn native_ifaces(&self) -> BTreeSet<String> {
         self.links
@@ -134,6 +174,11 @@ impl Datapath {
         for gone in self.xdp_egress.difference(want) {
             match map.remove(*gone) {
                 Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
+                // The kernel drops a device's entry when the device is unregistered: already
+                // gone, as wanted (a deleted interface would otherwise keep this update, and so
+                // every new egress, failing forever).
+                Err(aya::maps::MapError::SyscallError(e))
+                    if e.io_error.raw_os_error() == Some(libc::ENOENT) => {}
                 Err(e) => return Err(L4Error::map(MAP_EGRESS_XDP, e)),
             }
         }

@@ -84,6 +84,17 @@ async fn peer_has_native_xdp(handle: &Handle, index: u32, nsid: Option<i32>) -> 
     }
 }
 
+/// Whether program `prog_id` is attached to the link, in any mode.
+pub(crate) fn carries_prog(l: &LinkMessage, prog_id: u32) -> bool {
+    l.attributes.iter().any(|a| match a {
+        LinkAttribute::Xdp(xdp) => xdp.iter().any(|x| {
+            matches!(x, LinkXdp::ProgId(id) | LinkXdp::DrvProgId(id) | LinkXdp::SkbProgId(id)
+                if *id == prog_id)
+        }),
+        _ => false,
+    })
+}
+
 /// A driver-mode program on the link (alone, or among several attachment modes).
 pub(crate) fn has_native_xdp(l: &LinkMessage) -> bool {
     l.attributes.iter().any(|a| match a {

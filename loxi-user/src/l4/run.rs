@@ -48,6 +48,8 @@ pub async fn run(
     let mut current = Plan::default();
     let mut tick = tokio::time::interval(cfg.stats_interval);
     let mut dirty = true;
+    // `--xdp-iface` interfaces currently absent (reported once each, until they come back).
+    let mut missing = std::collections::BTreeSet::new();
     loop {
         if dirty {
             let snap = rules.borrow_and_update().clone();
@@ -70,6 +72,7 @@ pub async fn run(
                         tracing::warn!(error = %e, "updating the reply-VIP map");
                     }
                     if let Some(h) = links.as_ref() {
+                        keep_attached(d, h, &cfg, &metrics, &mut missing).await;
                         refresh_egress(d, h).await;
                     }
                 }
@@ -107,6 +110,81 @@ fn netlink_handle() -> Result<rtnetlink::Handle, L4Error> {
         .map_err(|e| L4Error::Netlink(crate::netlink::NetlinkError::Socket(e)))?;
     tokio::spawn(conn);
     Ok(handle)
+}
+
+/// Keeps every `--xdp-iface` attached. An interface deleted and created again (a veth pair
+/// recreated, a driver reloaded), or whose XDP program was removed from outside, no longer
+/// carries loxi's program: it is attached again here, at the next stats tick, and logged. An
+/// interface that is absent is logged once and reported `loxilb_l4_xdp_attached 0` until it
+/// comes back. Start-up still refuses an absent interface ([`start_datapath`]).
+async fn keep_attached(
+    dp: &mut Datapath,
+    handle: &rtnetlink::Handle,
+    cfg: &L4Config,
+    metrics: &L4Metrics,
+    missing: &mut std::collections::BTreeSet<String>,
+) {
+    use futures::TryStreamExt as _;
+    use rtnetlink::packet_route::link::{LinkAttribute, LinkMessage};
+    let ours = match dp.xdp_prog_id() {
+        Ok(id) => id,
+        Err(e) => {
+            tracing::warn!(error = %e, "reading the XDP program's id");
+            return;
+        }
+    };
+    let links: Vec<LinkMessage> = match handle.link().get().execute().try_collect().await {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!(error = %e, "listing links to check the XDP attachments");
+            return;
+        }
+    };
+    for iface in &cfg.xdp_ifaces {
+        let link = links.iter().find(|l| {
+            l.attributes
+                .iter()
+                .any(|a| matches!(a, LinkAttribute::IfName(n) if n == iface))
+        });
+        let attached = dp.attachments().find(|(i, _)| i == iface).map(|(_, m)| m);
+        let Some(link) = link else {
+            if missing.insert(iface.clone()) {
+                tracing::warn!(
+                    iface,
+                    "XDP interface is gone: the L4 data path serves nothing \
+                    on it until it is back (then loxi attaches again)"
+                );
+                if let Some(m) = attached {
+                    metrics.set_attached(iface, m, false);
+                }
+            }
+            continue;
+        };
+        if attached.is_some() && super::egress::carries_prog(link, ours) {
+            continue;
+        }
+        if let Some(m) = dp.forget(iface) {
+            metrics.set_attached(iface, m, false);
+        }
+        match dp.attach(iface, cfg.force_generic) {
+            Ok(mode) => {
+                tracing::warn!(
+                    iface,
+                    mode = mode.as_str(),
+                    index = link.header.index,
+                    "XDP interface had lost loxi's program (recreated, or detached from outside): attached again"
+                );
+                metrics.set_attached(iface, mode, true);
+                missing.remove(iface);
+            }
+            Err(e) => {
+                if missing.insert(iface.clone()) {
+                    tracing::error!(iface, error = %e,
+                        "XDP interface lost loxi's program and attaching again failed; retrying every tick");
+                }
+            }
+        }
+    }
 }
 
 /// Recomputes which egresses take XDP frames and updates the map (failures are logged; the
