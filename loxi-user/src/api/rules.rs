@@ -101,7 +101,7 @@ fn check_l4_capacity(rule: &LbRule, snap: &RuleSnapshot) -> Result<(), ApiError>
         return Ok(());
     }
     let key = rule.key();
-    if snap.rules.get(&key).is_some() {
+    if snap.rules.contains_key(&key) {
         return Ok(());
     }
     let held = snap
