@@ -698,3 +698,40 @@ async fn loxicmd_cert_verbs_and_get_metrics() {
     let v: Value = serde_json::from_str(&stdout(&out)).expect("json");
     assert_eq!(v, json!({"prometheus": true}));
 }
+
+/// Without `--apiserver`/`--port`, loxicmd finds the API at `LOXI_API_ADDR` (the daemon's own
+/// variable, as `podman exec`/`kubectl exec` beside a daemon that moved its API see it);
+/// flags win over it, and a value that is not `IP:PORT` is a usage error naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loxicmd_reads_loxi_api_addr_when_no_flag_names_the_api() {
+    let d = Daemon::start_default().await;
+    let port = free_port().to_string();
+    let out = create_lb(&d, &format!("--tcp={port}:8000"), &["--mode=fullproxy"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let run = |env: &str, args: &[&str]| {
+        std::process::Command::new(loxi_tests::harness::bin_path("loxicmd"))
+            .env("LOXI_API_ADDR", env)
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("run loxicmd")
+    };
+    let api = d.api_addr().to_string();
+    let out = run(&api, &["get", "lb", "-o", "json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let listed: Value = serde_json::from_str(&stdout(&out)).expect("JSON");
+    assert_eq!(
+        listed["lbAttr"][0]["serviceArguments"]["port"],
+        json!(port.parse::<u16>().expect("port"))
+    );
+    // A flag wins: the port given points nowhere.
+    let out = run(&api, &["get", "lb", "--port", &free_port().to_string()]);
+    assert_eq!(out.status.code(), Some(5), "unreachable: {}", stderr(&out));
+    let out = run("not-an-address", &["get", "lb"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("LOXI_API_ADDR=\"not-an-address\" is not IP:PORT"),
+        "{}",
+        stderr(&out)
+    );
+}

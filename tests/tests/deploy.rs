@@ -147,12 +147,15 @@ fn expand(s: &str, env: &[(String, String)]) -> String {
     })
 }
 
-/// Polls `GET http://addr{path}` until 200 (10 s); returns the body.
-fn http_get_200(addr: &str, path: &str) -> String {
+/// Polls `GET http://addr{path}` (with `Authorization: Bearer <token>` when given) until 200
+/// (10 s); returns the body.
+fn http_get_200(addr: &str, path: &str, token: Option<&str>) -> String {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
+        let auth = token.map(|t| format!("Authorization: Bearer {t}"));
         let out = Command::new("curl")
             .args(["-s", "-m", "2", "-w", "\n%{http_code}"])
+            .args(auth.iter().flat_map(|h| ["-H", h.as_str()]))
             .arg(format!("http://{addr}{path}"))
             .output()
             .expect("curl");
@@ -202,25 +205,17 @@ fn daemonset_container_spec_runs_the_real_daemon_and_its_probes_answer() {
         };
         env.push((name, value));
     }
-    let api_addr = env
-        .iter()
-        .find(|(k, _)| k == "LOXI_API_ADDR")
-        .map(|(_, v)| v.clone())
-        .expect("LOXI_API_ADDR in the DaemonSet");
-    assert_eq!(
-        api_addr,
-        format!("127.0.0.1:{api_port}"),
-        "API on the named port"
-    );
-    // The host's port 11111 may be taken: the same spec on a free port.
-    let api_addr = format!("127.0.0.1:{port}");
     let mut cmd = Command::new(bin_path("loxilb"));
     for (k, v) in cm["data"].as_object().expect("configmap data") {
         cmd.env(k, v.as_str().expect("string value"));
     }
     for (k, v) in &env {
-        cmd.env(k, if k == "LOXI_API_ADDR" { &api_addr } else { v });
+        cmd.env(k, v);
     }
+    // An operator who adds an API token (the API is on the node's address): the probes must
+    // still answer without one.
+    let token = "deploy-test-token";
+    cmd.env("LOXI_API_TOKEN", token);
     // Volume mounts → temp dirs.
     let tmp = tempfile::tempdir().expect("tmp");
     let mut args: Vec<String> = c["args"]
@@ -229,6 +224,17 @@ fn daemonset_container_spec_runs_the_real_daemon_and_its_probes_answer() {
         .iter()
         .map(|a| expand(a.as_str().expect("arg"), &env))
         .collect();
+    // The API on the node's address (bare: IPv6 nodes need no brackets) and the named port.
+    assert!(args.contains(&"--host=127.0.0.1".to_string()), "{args:?}");
+    let port_arg = format!("--port={api_port}");
+    assert!(args.contains(&port_arg), "API on the named port: {args:?}");
+    // The host's port 11111 may be taken: the same spec on a free port.
+    for a in &mut args {
+        if *a == port_arg {
+            *a = format!("--port={port}");
+        }
+    }
+    let api_addr = format!("127.0.0.1:{port}");
     for m in c["volumeMounts"].as_array().expect("mounts") {
         let mount = m["mountPath"].as_str().expect("mountPath");
         let local = tmp.path().join(m["name"].as_str().expect("name"));
@@ -248,18 +254,32 @@ fn daemonset_container_spec_runs_the_real_daemon_and_its_probes_answer() {
     let probe = |p: &str| {
         let probe = &c[p]["httpGet"];
         assert_eq!(probe["port"], "api", "{p} probes the API port");
-        http_get_200(&api_addr, probe["path"].as_str().expect("path"))
+        http_get_200(&api_addr, probe["path"].as_str().expect("path"), None)
     };
-    let ready = probe("readinessProbe");
-    assert!(ready.contains("lbAttr"), "{ready}");
-    let live = probe("livenessProbe");
-    assert!(live.contains("# TYPE loxilb_lb_rules gauge"), "{live}");
+    // Without a token: LoxiLB's version route, which answers once the state is restored.
+    for p in ["readinessProbe", "livenessProbe"] {
+        let body = probe(p);
+        assert!(body.contains("version"), "{p}: {body}");
+    }
     // The metrics Service: its annotations name the API port and the metrics path.
     let ann = &svc["metadata"]["annotations"];
     assert_eq!(ann["prometheus.io/port"], api_port.to_string());
     assert_eq!(svc["spec"]["ports"][0]["targetPort"], "api");
-    let scrape = http_get_200(&api_addr, ann["prometheus.io/path"].as_str().expect("path"));
+    let scrape = http_get_200(
+        &api_addr,
+        ann["prometheus.io/path"].as_str().expect("path"),
+        Some(token),
+    );
     assert!(scrape.contains("loxilb_proxy_requests"), "{scrape}");
+    // The token is enforced (so the probes above answered without one by design).
+    let code = Command::new("curl")
+        .args(["-s", "-o", "/dev/null", "-m", "2", "-w", "%{http_code}"])
+        .arg(format!(
+            "http://{api_addr}/netlox/v1/config/loadbalancer/all"
+        ))
+        .output()
+        .expect("curl");
+    assert_eq!(String::from_utf8_lossy(&code.stdout), "401");
     let _ = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status();

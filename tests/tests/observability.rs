@@ -181,8 +181,8 @@ fn metric_names(expr: &str) -> BTreeSet<String> {
     out
 }
 
-/// Every `expr` of every panel (rows included), with its panel title.
-fn panel_queries(dash: &Value) -> Vec<(String, String)> {
+/// Every `expr` of every panel (rows included), with its panel title and legend format.
+fn panel_queries(dash: &Value) -> Vec<(String, String, String)> {
     let mut out = Vec::new();
     let mut stack: Vec<&Value> = dash["panels"].as_array().expect("panels").iter().collect();
     while let Some(p) = stack.pop() {
@@ -199,6 +199,7 @@ fn panel_queries(dash: &Value) -> Vec<(String, String)> {
             out.push((
                 p["title"].as_str().unwrap_or("?").to_string(),
                 expr.to_string(),
+                t["legendFormat"].as_str().unwrap_or_default().to_string(),
             ));
         }
     }
@@ -223,6 +224,71 @@ fn declared_names(scrape: &str) -> BTreeSet<String> {
         }
     }
     out
+}
+
+/// The labels of every `by (...)` clause of a PromQL expression.
+fn by_labels(expr: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut rest = expr;
+    while let Some(i) = rest.find("by (") {
+        rest = &rest[i + 4..];
+        let end = rest.find(')').unwrap_or(rest.len());
+        out.extend(
+            rest[..end]
+                .split(',')
+                .map(|l| l.trim().to_string())
+                .filter(|l| !l.is_empty()),
+        );
+    }
+    out
+}
+
+/// The `{{label}}` names of a Grafana legend format.
+fn legend_labels(legend: &str) -> BTreeSet<String> {
+    legend
+        .split("{{")
+        .skip(1)
+        .filter_map(|p| p.split_once("}}").map(|(l, _)| l.trim().to_string()))
+        .collect()
+}
+
+/// The label names the samples of metric `name` carry in a Prometheus text scrape (empty
+/// when it has none).
+fn sample_labels(scrape: &str, name: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for l in scrape.lines() {
+        let Some(rest) = l.strip_prefix(name).and_then(|r| r.strip_prefix('{')) else {
+            continue;
+        };
+        let labels = rest.split('}').next().unwrap_or_default();
+        out.extend(labels.split("\",").filter_map(|kv| {
+            kv.split_once('=')
+                .map(|(k, _)| k.trim_start_matches(',').to_string())
+        }));
+    }
+    out
+}
+
+#[test]
+fn label_extraction_reads_promql_legends_and_scrapes() {
+    let e = "sum by (service, ep) (x) / sum by (le, stage) (y)";
+    assert_eq!(
+        by_labels(e).into_iter().collect::<Vec<_>>(),
+        ["ep", "le", "service", "stage"]
+    );
+    assert_eq!(
+        legend_labels("svc {{service}} ep {{ ep_idx }}")
+            .into_iter()
+            .collect::<Vec<_>>(),
+        ["ep_idx", "service"]
+    );
+    let scrape = "loxilb_a{service=\"1\",ep=\"0,1\"} 1\nloxilb_ab{x=\"1\"} 2\n";
+    assert_eq!(
+        sample_labels(scrape, "loxilb_a")
+            .into_iter()
+            .collect::<Vec<_>>(),
+        ["ep", "service"]
+    );
 }
 
 /// Names of the sample lines of a Prometheus text scrape.
@@ -290,12 +356,36 @@ async fn every_dashboard_panel_queries_metrics_a_live_daemon_exports() {
     let sampled = sample_names(&scrape);
     let mut dead_panels = Vec::new();
     let mut queried = BTreeSet::new();
-    for (title, expr) in &queries {
+    let mut bad_labels = Vec::new();
+    for (title, expr, legend) in &queries {
         let names = metric_names(expr);
         assert!(
             !names.is_empty(),
             "panel {title:?} queries no loxilb metric: {expr}"
         );
+        // Grouping and legend labels must be labels the queried series carry (a wrong one
+        // folds every series into one unlabelled line), checked where the traffic gave the
+        // metrics samples.
+        let carried: BTreeSet<String> = names
+            .iter()
+            .flat_map(|n| sample_labels(&scrape, n))
+            .collect();
+        let by = by_labels(expr);
+        if !carried.is_empty() {
+            for l in by.iter().filter(|l| !carried.contains(*l)) {
+                bad_labels.push(format!(
+                    "{title}: by {l} in {expr} (series carry {carried:?})"
+                ));
+            }
+        }
+        for l in legend_labels(legend) {
+            let known = if by.is_empty() { &carried } else { &by };
+            if !known.is_empty() && !known.contains(&l) {
+                bad_labels.push(format!(
+                    "{title}: legend {{{{{l}}}}} in {legend:?} ({expr})"
+                ));
+            }
+        }
         for n in names {
             if !have.contains(&n) {
                 dead_panels.push(format!("{title}: {n}"));
@@ -306,6 +396,10 @@ async fn every_dashboard_panel_queries_metrics_a_live_daemon_exports() {
     assert!(
         dead_panels.is_empty(),
         "panels query metrics the daemon does not export: {dead_panels:#?}\n--- scrape ---\n{scrape}"
+    );
+    assert!(
+        bad_labels.is_empty(),
+        "panels group or label by labels their series do not have: {bad_labels:#?}"
     );
     // The issue's panel list, by family; those this traffic exercises have live samples.
     for must in [

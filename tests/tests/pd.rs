@@ -567,10 +567,20 @@ async fn a_slow_prefill_is_504_and_a_client_that_leaves_aborts_it() {
         metric(
             &m,
             "loxilb_proxy_requests_total",
-            &["ep_idx=\"none\"", "class=\"5xx\""]
+            &["ep_idx=\"0\"", "class=\"5xx\""]
         ),
         1.0,
-        "counted as the handler counts an error"
+        "counted under the prefill endpoint that timed out"
+    );
+    assert_eq!(
+        metric(&m, "loxilb_proxy_requests_total", &["ep_idx=\"none\""]),
+        0.0,
+        "not as a refusal of the gateway's"
+    );
+    assert_eq!(
+        metric(&m, "loxilb_ai_requests_total", &["status=\"504\""]),
+        1.0,
+        "the client's answer, in LoxiLB's family"
     );
     assert!(
         t.elapsed() >= Duration::from_millis(1900),

@@ -471,6 +471,20 @@ async fn a_hung_backend_times_out_and_the_breaker_takes_it_out() {
         &["ep_idx=\"0\""],
     );
     assert_eq!(timeouts, Some(3.0));
+    // The 504s are the hung endpoint's failures, in both request families: under its
+    // `ep_idx` (not the gateway's own refusals, `none`) and in LoxiLB's family by status.
+    let by_ep = |ep: &str| {
+        metric(
+            &m,
+            "loxilb_proxy_requests_total",
+            &[&format!("ep_idx=\"{ep}\""), "class=\"5xx\""],
+        )
+    };
+    assert_eq!((by_ep("0"), by_ep("none")), (Some(3.0), None));
+    assert_eq!(
+        metric(&m, "loxilb_ai_requests_total", &["status=\"504\""]),
+        Some(3.0)
+    );
     let active = metric(&m, "loxilb_proxy_active_connections", &["ep_idx=\"0\""]);
     assert_eq!(
         active,

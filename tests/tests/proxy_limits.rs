@@ -312,6 +312,13 @@ async fn total_inflight_valve_answers_429_on_every_rule() {
         2.0,
     )
     .await;
+    // Also in the request family dashboards read, as the gateway's own refusals.
+    d.wait_metric(
+        "loxilb_proxy_requests_total",
+        &["service=\"0\"", "ep_idx=\"none\"", "class=\"4xx\""],
+        2.0,
+    )
+    .await;
     assert_eq!(a.await.expect("a").0, 200);
     assert_eq!(c.await.expect("c").0, 200);
     // Places free again once the held responses ended.

@@ -1,8 +1,6 @@
 //! `loxicmd`: the CLI of the loxilb REST API. See `loxi_user::cli`.
-use clap::Parser;
-
 fn main() {
-    let cli = loxi_user::cli::args::Cli::parse();
+    let cli = loxi_user::cli::args::Cli::parse_with_env();
     let code = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

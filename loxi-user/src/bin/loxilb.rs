@@ -46,6 +46,11 @@ fn run() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let res = rt.block_on(loxi_user::app::run(cfg));
+    if let Err(e) = &res {
+        // Also as a log record, so a `--log-format json` pipeline keeps why the daemon stopped
+        // (`main` prints the same reason as plain text on stderr).
+        tracing::error!(error = %loxi_user::app::report(e), "loxilb stopped on an error");
+    }
     telemetry.shutdown();
     res?;
     Ok(())

@@ -5,7 +5,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 /// The directory `save` writes to without `-c` (LoxiLB's).
 pub const DEFAULT_DIR: &str = "/etc/loxilb/";
 
-/// `loxicmd [--apiserver IP] [--port N] <create|get|delete> lb ...`
+/// `loxicmd [--apiserver IP] [--port N] <create|get|delete> lb ...`. Build it with
+/// [`Cli::parse_with_env`], which also reads `LOXI_API_ADDR`.
 #[derive(Debug, Parser)]
 #[command(name = "loxicmd", version, about = "CLI for the loxilb REST API")]
 pub struct Cli {
@@ -393,6 +394,59 @@ fn parse_security(s: &str) -> Result<u8, String> {
         "e2ehttps" | "2" => Ok(2),
         other => Err(format!("{other:?} is not http, https or e2ehttps")),
     }
+}
+
+impl Cli {
+    /// Parses the command line (exiting with clap's usage error, code 2, when it is wrong).
+    /// When neither `--apiserver` nor `--port` is given, the API address comes from
+    /// `LOXI_API_ADDR` (`IP:PORT`, `[IPv6]:PORT`; the daemon's own variable, so `loxicmd` run
+    /// beside it, e.g. `podman exec` or `kubectl exec`, finds the API wherever it was moved) if
+    /// set; a value that is not `IP:PORT` is a usage error naming it. Flags win over the
+    /// variable.
+    pub fn parse_with_env() -> Self {
+        use clap::{CommandFactory as _, FromArgMatches as _, parser::ValueSource};
+        let m = Self::command().get_matches();
+        let mut cli = Self::from_arg_matches(&m).unwrap_or_else(|e| e.exit());
+        let given = |id: &str| {
+            let mut sub = Some(&m);
+            while let Some(mm) = sub {
+                if mm
+                    .value_source(id)
+                    .is_some_and(|s| s != ValueSource::DefaultValue)
+                {
+                    return true;
+                }
+                sub = mm.subcommand().map(|(_, s)| s);
+            }
+            false
+        };
+        if given("apiserver") || given("port") {
+            return cli;
+        }
+        if let Some(addr) = std::env::var_os("LOXI_API_ADDR") {
+            match apply_api_addr(&mut cli, &addr.to_string_lossy()) {
+                Ok(()) => {}
+                Err(e) => {
+                    eprintln!("loxicmd: {e}");
+                    std::process::exit(2);
+                }
+            }
+        }
+        cli
+    }
+}
+
+/// Sets `--apiserver` and `--port` from `LOXI_API_ADDR`'s value (`IP:PORT`).
+pub fn apply_api_addr(cli: &mut Cli, value: &str) -> Result<(), String> {
+    let a: std::net::SocketAddr = value.trim().parse().map_err(|_| {
+        format!(
+            "LOXI_API_ADDR={value:?} is not IP:PORT (e.g. 10.0.0.5:11111, [fd00::5]:11111); \
+             unset it or pass --apiserver and --port"
+        )
+    })?;
+    cli.apiserver = a.ip().to_string();
+    cli.port = a.port();
+    Ok(())
 }
 
 #[cfg(test)]

@@ -197,6 +197,12 @@ pub enum TokenError {
     /// The token file or variable holds no token (auth would silently be off).
     #[error("{0} holds no token")]
     Empty(String),
+    /// A read-only token equal to an admin token: it would write (the admin token wins).
+    #[error(
+        "a read-only API token ({API_READ_TOKEN_ENV} / --api-read-token-file) equals an admin \
+         token ({API_TOKEN_ENV} / --api-token-file), so it could write; give them different values"
+    )]
+    ReadEqualsAdmin,
 }
 
 /// The API tokens: admin and read-only, each from its file and its environment variable.
@@ -233,6 +239,9 @@ impl ApiTokens {
             if let Some(v) = lookup(env) {
                 into.push(first_line(&v).ok_or_else(|| TokenError::Empty(env.to_string()))?);
             }
+        }
+        if t.read.iter().any(|r| t.admin.contains(r)) {
+            return Err(TokenError::ReadEqualsAdmin);
         }
         Ok(t)
     }
@@ -455,6 +464,12 @@ mod tests {
         std::fs::write(&file, "  \n").expect("write");
         let e = ApiTokens::load(&args, |_| None).expect_err("empty file");
         assert!(e.to_string().contains("holds no token"), "{e}");
+        // A read-only token that is also an admin token would write: refused.
+        std::fs::write(&file, "same\n").expect("write");
+        let e = ApiTokens::load(&args, |k| (k == API_READ_TOKEN_ENV).then(|| "same".into()))
+            .expect_err("read = admin");
+        assert!(matches!(e, TokenError::ReadEqualsAdmin), "{e}");
+        assert!(e.to_string().contains("could write"), "{e}");
         assert!(
             ApiTokens::load(&ApiArgs::default(), |_| None)
                 .expect("none")

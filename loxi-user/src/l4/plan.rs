@@ -268,7 +268,8 @@ fn endpoints(
             snat_addr: addr_bytes(snat),
             port: e.target_port.to_be(),
             weight: e.weight.clamp(1, u16::MAX as u32) as u16,
-            // Unparseable / wrong-family endpoints and ones marked inactive take no new flows.
+            // Unparseable / wrong-family endpoints (which validation refuses; kept as a guard)
+            // and ones marked inactive take no new flows.
             active: u8::from(ip.is_some() && e.state.as_deref().is_none_or(|s| s != "inactive")),
             _pad: [0; 3],
         });

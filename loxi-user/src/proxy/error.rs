@@ -243,6 +243,22 @@ pub enum ProxyError {
 }
 
 impl ProxyError {
+    /// The endpoint whose failure this answer reports (it was sent the request and failed,
+    /// timed out or died), as opposed to the gateway's own refusals (no route, no healthy
+    /// backend, overload, admission): the `ep_idx` the answer is counted under in
+    /// `loxilb_proxy_requests_total`.
+    pub fn failed_endpoint(&self) -> Option<usize> {
+        match self {
+            Self::Upstream { ep_idx, .. }
+            | Self::UpstreamTimeout { ep_idx, .. }
+            | Self::PdPrefillTimeout { ep_idx, .. }
+            | Self::PdPrefillFailed { ep_idx, .. }
+            | Self::PdDecodeDied { ep_idx, .. }
+            | Self::PdDecodeTimeout { ep_idx, .. } => Some(*ep_idx),
+            _ => None,
+        }
+    }
+
     /// The HTTP status.
     pub fn status(&self) -> StatusCode {
         match self {

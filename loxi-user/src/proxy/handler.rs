@@ -106,13 +106,31 @@ impl Handler {
         Ok(resp)
     }
 
-    /// `e` as its JSON answer, logged at debug and counted for `service` without an
-    /// endpoint (`loxilb_proxy_requests_total{ep_idx="none"}`).
+    /// `e` as its JSON answer, logged at debug and counted for `service` in
+    /// `loxilb_proxy_requests_total`: under the endpoint that failed
+    /// ([`ProxyError::failed_endpoint`]), else without one (`ep_idx="none"`, the gateway's own
+    /// refusals).
     pub(super) fn error_response(&self, service: u32, e: ProxyError) -> Response<ProxyBody> {
         tracing::debug!(error = %e, party = e.party().as_str(), "proxy error");
+        let ep = e.failed_endpoint();
         let resp = e.into_response();
-        self.ctx.metrics.request(service, None, resp.status());
+        self.ctx.metrics.request(service, ep, resp.status());
         resp
+    }
+
+    /// `e`, an endpoint's failure that becomes the client's answer, counted in the pool's
+    /// `loxilb_ai_requests_total` (by its status) and `loxilb_ai_request_duration_seconds`
+    /// (head received at `start` → now), as an answer the backend gave is.
+    pub(super) fn answered_failure(
+        &self,
+        pool: &Pool,
+        start: Instant,
+        e: ProxyError,
+    ) -> ProxyError {
+        pool.metrics(&self.ctx.metrics)
+            .ai
+            .count(e.status().as_u16(), start.elapsed().as_secs_f64());
+        e
     }
 
     async fn route(
@@ -305,7 +323,7 @@ impl Handler {
                     within(limit, sent.instrument(attempt.clone())).await
                 };
                 let Some((outcome, back)) = answered else {
-                    return Err(self.timed_out(pool, ep));
+                    return Err(self.timed_out(pool, ep, start));
                 };
                 unsent = back.map(Box::new);
                 outcome.map_body(UpstreamBody::Driven)
@@ -324,7 +342,7 @@ impl Handler {
                     within(limit, sent.instrument(attempt.clone())).await
                 };
                 let Some(outcome) = answered else {
-                    return Err(self.timed_out(pool, ep));
+                    return Err(self.timed_out(pool, ep, start));
                 };
                 outcome.map_body(UpstreamBody::Pooled)
             };
@@ -347,7 +365,8 @@ impl Handler {
                     // Sent, then no usable head (none, or an unsolicited 101): not retried (it
                     // may have run), but a failure of the endpoint all the same.
                     self.observe(pool, ep, Outcome::NoResponse);
-                    return Err(ProxyError::Upstream { ep_idx: ep, source });
+                    let e = ProxyError::Upstream { ep_idx: ep, source };
+                    return Err(self.answered_failure(pool, start, e));
                 }
             }
         }
@@ -387,7 +406,7 @@ impl Handler {
     /// (`loxilb_proxy_upstream_timeouts_total`), fed to the breaker as a failure (a hung or
     /// black-holed backend is taken out like one that fails), and answered 504. The caller
     /// drops the send, which closes the upstream connection and so aborts the request there.
-    fn timed_out(&self, pool: &Pool, ep: usize) -> ProxyError {
+    fn timed_out(&self, pool: &Pool, ep: usize, start: Instant) -> ProxyError {
         let limit = self.ctx.config.response_timeout.unwrap_or_default();
         let ms = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX);
         pool.metrics(&self.ctx.metrics).upstream_timeout(ep);
@@ -398,7 +417,7 @@ impl Handler {
             "no response head from the backend in time (LOXI_UPSTREAM_RESPONSE_TIMEOUT_MS); aborted, 504"
         );
         self.observe(pool, ep, Outcome::TimedOut);
-        ProxyError::UpstreamTimeout { ep_idx: ep, ms }
+        self.answered_failure(pool, start, ProxyError::UpstreamTimeout { ep_idx: ep, ms })
     }
 
     pub(super) fn observe(&self, pool: &Pool, ep: usize, outcome: Outcome) {

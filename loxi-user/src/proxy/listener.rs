@@ -326,11 +326,15 @@ impl Serving {
             req.extensions_mut().insert(t);
         }
         let Some(admitted) = self.valve.try_admit() else {
+            // Refused before routing: counted as the gateway's own refusal of no rule
+            // (`service="0"`, `ep_idx="none"`), as a request without a `Host` is.
             self.handler.ctx.metrics.shed("total_inflight");
-            let resp = ProxyError::Overloaded {
-                limit: self.valve.limit(),
-            }
-            .into_response();
+            let resp = self.handler.error_response(
+                0,
+                ProxyError::Overloaded {
+                    limit: self.valve.limit(),
+                },
+            );
             return Ok(resp.map(|b| ConnBody::new(b, guard, None)));
         };
         // The handler boxes its kilobytes of routing state itself (`Handler::handle`), so the

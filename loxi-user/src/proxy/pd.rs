@@ -418,10 +418,14 @@ impl Handler {
                     last: e,
                 })
             }
-            Attempt::Failed(source) => Err(ProxyError::Upstream {
-                ep_idx: c.ep,
-                source,
-            }),
+            Attempt::Failed(source) => Err(self.answered_failure(
+                pool,
+                start,
+                ProxyError::Upstream {
+                    ep_idx: c.ep,
+                    source,
+                },
+            )),
         }
     }
 }

@@ -116,19 +116,21 @@ impl Handler {
             Ok(o) => o,
             Err(_) => {
                 self.ctx.metrics.pd.failure(service, "pd_prefill_timeout");
-                return Err(ProxyError::PdPrefillTimeout {
+                let e = ProxyError::PdPrefillTimeout {
                     ep_idx: ep,
                     secs: timeout.as_secs(),
-                });
+                };
+                return Err(self.answered_failure(pool, legs.start, e));
             }
         };
         let failed = |message: String| {
             self.observe(pool, ep, Outcome::StreamFailed);
             self.ctx.metrics.pd.failure(service, "pd_prefill_failed");
-            Err(ProxyError::PdPrefillFailed {
+            let e = ProxyError::PdPrefillFailed {
                 ep_idx: ep,
                 message,
-            })
+            };
+            Err(self.answered_failure(pool, legs.start, e))
         };
         match outcome {
             Err(None) => {
@@ -186,7 +188,7 @@ impl Handler {
         );
         let req = leg_request(legs, &pool.authorities[ep], body).map_err(Some)?;
         let died = |message: String| {
-            pm.request(ep, StatusCode::BAD_GATEWAY);
+            // Counted in `loxilb_proxy_requests_total` under `ep` by the error answer.
             pm.ai.count(
                 StatusCode::BAD_GATEWAY.as_u16(),
                 legs.start.elapsed().as_secs_f64(),
@@ -250,10 +252,11 @@ impl Handler {
                     "decode leg sent nothing within the decode timeout"
                 );
                 self.ctx.metrics.pd.failure(service, "pd_decode_timeout");
-                Err(Some(ProxyError::PdDecodeTimeout {
+                let e = ProxyError::PdDecodeTimeout {
                     ep_idx: ep,
                     secs: timeout.as_secs(),
-                }))
+                };
+                Err(Some(self.answered_failure(legs.pool, legs.start, e)))
             }
         }
     }

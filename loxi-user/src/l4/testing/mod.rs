@@ -161,11 +161,17 @@ impl Lb {
     }
 }
 
-/// A rule JSON with `n` endpoints `10.0.1.{2..}` on port 8080.
+/// A rule JSON with endpoints `eps` (IP, weight) on port 8080 (in DSR, mode 3, on the VIP's
+/// port: the API refuses another).
 pub fn rule(vip: &str, port: u16, proto: &str, mode: u8, sel: u8, eps: &[(&str, u32)]) -> String {
+    let target = if mode == loxi_common::mode::DSR {
+        port
+    } else {
+        8080
+    };
     let eps: Vec<String> = eps
         .iter()
-        .map(|(ip, w)| format!(r#"{{"endpointIP":"{ip}","targetPort":8080,"weight":{w}}}"#))
+        .map(|(ip, w)| format!(r#"{{"endpointIP":"{ip}","targetPort":{target},"weight":{w}}}"#))
         .collect();
     format!(
         r#"{{"serviceArguments":{{"externalIP":"{vip}","port":{port},"protocol":"{proto}","mode":{mode},"sel":{sel}}},"endpoints":[{}]}}"#,

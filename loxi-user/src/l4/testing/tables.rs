@@ -283,14 +283,6 @@ fn vlan_tagged_frames_are_natted_and_keep_their_tag() {
 }
 
 #[test]
-fn service_whose_only_endpoint_is_of_the_other_family_drops_new_flows() {
-    let mut lb = Lb::new(&[&rule(VIP, 80, "tcp", 0, 0, &[("fd00::2", 1)])]);
-    let (act, _) = lb.run(&Frame::tcp(CLIENT, 40000, VIP, 80));
-    assert_eq!(act, XDP_DROP);
-    assert_eq!(lb.ctr(ctr::DROP_NO_ENDPOINT), 1);
-}
-
-#[test]
 fn ipv6_fullnat_rewrites_source_and_maps_replies_back() {
     let mut lb = Lb::new(&[&rule("2001:db8::1", 80, "udp", 2, 0, &[("fd00::2", 1)])]);
     let f = Frame::udp("2001:db8::9", 40000, "2001:db8::1", 80);
