@@ -31,6 +31,15 @@ pub enum AppError {
     /// The state directory cannot be created.
     #[error("opening the rule store: {0}")]
     Store(#[from] PersistError),
+    /// Another process holds the state directory's lock (`<state-dir>/loxilb.lock`), or the
+    /// lock cannot be taken.
+    #[error("state dir {}: {why}", dir.display())]
+    StateLocked {
+        /// The state directory.
+        dir: std::path::PathBuf,
+        /// Who holds it, or the OS error.
+        why: String,
+    },
     /// The certificate directory of the state dir cannot be opened.
     #[error("opening the certificate store {}: {source}", path.display())]
     Certs {
@@ -91,6 +100,8 @@ pub async fn run(cfg: Config) -> Result<(), AppError> {
 
 /// Runs the daemon until `shutdown` is cancelled (tests and embedders cancel it themselves).
 pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), AppError> {
+    // Held until this function returns: one daemon per state dir.
+    let _state_lock = lock_state_dir(&cfg.flags.state_dir)?;
     let tokens = crate::config::ApiTokens::load(&cfg.flags.api, |k| std::env::var(k).ok())?;
     let tls = match (&cfg.flags.api.api_tls_cert, &cfg.flags.api.api_tls_key) {
         (Some(cert), Some(key)) => Some(api::tls::server_config(cert, key)?),
@@ -331,6 +342,55 @@ fn warn_if_exposed(addr: SocketAddr, tokens: &crate::config::ApiTokens, tls: boo
              network in clear text; set --api-tls-cert and --api-tls-key"
         );
     }
+}
+
+/// Takes the exclusive lock of `<dir>/loxilb.lock` (created, mode 0600; the directory too if
+/// missing) and writes this process's id into it. Two daemons on one state dir would each
+/// acknowledge rules and overwrite each other's `rules.json`, losing the other's; the second
+/// one therefore does not start, and its error names the holder's pid. The lock is the
+/// kernel's (`flock`), so it ends with the process, however it ends.
+fn lock_state_dir(dir: &std::path::Path) -> Result<std::fs::File, AppError> {
+    use std::io::{Read as _, Seek as _, Write as _};
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let err = |why: String| AppError::StateLocked {
+        dir: dir.to_path_buf(),
+        why,
+    };
+    std::fs::create_dir_all(dir).map_err(|e| err(format!("creating it: {e}")))?;
+    let path = dir.join("loxilb.lock");
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(&path)
+        .map_err(|e| err(format!("opening {}: {e}", path.display())))?;
+    match f.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let mut holder = String::new();
+            let _ = f.read_to_string(&mut holder);
+            let holder = holder.trim();
+            return Err(err(format!(
+                "another loxilb (pid {}) uses it: two daemons on one state dir overwrite each \
+                 other's rules; stop it or give this one its own --state-dir",
+                if holder.is_empty() { "unknown" } else { holder }
+            )));
+        }
+        Err(std::fs::TryLockError::Error(e)) => {
+            return Err(err(format!("locking {}: {e}", path.display())));
+        }
+    }
+    let pid = std::process::id();
+    let written = f
+        .set_len(0)
+        .and_then(|()| f.rewind())
+        .and_then(|()| writeln!(f, "{pid}"));
+    if let Err(e) = written {
+        tracing::warn!(file = %path.display(), error = %e, "writing the pid into the state dir lock");
+    }
+    Ok(f)
 }
 
 /// A restored L4 rule on a daemon without `--xdp-iface` forwards nothing: say so at start.

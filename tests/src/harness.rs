@@ -558,7 +558,9 @@ impl Daemon {
         }
     }
 
-    fn kill(&mut self) {
+    /// Sends SIGKILL (no cleanup runs in the daemon) and reaps the process; [`Self::restart`]
+    /// starts it again.
+    pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();

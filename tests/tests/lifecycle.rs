@@ -306,12 +306,43 @@ fn an_unusable_state_dir_is_a_start_up_error_naming_the_path() {
     let state = file.join("state");
     let (code, err) = failed_start(dir.path(), &["--state-dir", &state.display().to_string()]);
     assert_eq!(code, Some(1), "{err}");
-    let want = format!(
-        "Error: opening the certificate store {}: ",
-        state.join("certs").display()
-    );
+    let want = format!("Error: state dir {}: creating it: ", state.display());
     assert!(err.contains(&want), "{err}");
     assert!(!err.contains("Caused by"), "the reason once: {err}");
+}
+
+/// Two daemons on one state dir would each acknowledge rules and overwrite each other's
+/// `rules.json`: the second one does not start, and its error names the first one's pid. The
+/// lock ends with the first daemon (here a SIGKILL, which runs no cleanup), so a restart on
+/// the same dir starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_daemon_on_the_same_state_dir_does_not_start() {
+    let mut d = Daemon::start_default().await;
+    let state = d.state_dir().display().to_string();
+    let pid = d.pid().expect("pid");
+    let dir = tempfile::tempdir().expect("tmp");
+    let (code, err) = failed_start(dir.path(), &["--state-dir", &state]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "Error: state dir {state}: another loxilb (pid {pid}) uses it"
+        )),
+        "{err}"
+    );
+    // The first one is untouched and still serves.
+    let port = free_port();
+    let rule = json!({
+        "serviceArguments": {"externalIP": "127.0.0.1", "port": port, "mode": 4, "sel": 0},
+        "endpoints": [{"endpointIP": "127.0.0.2", "targetPort": 8001}]
+    });
+    assert_eq!(d.post_rule(&rule).await.0, 200);
+    d.kill();
+    d.restart().await;
+    assert_eq!(
+        d.rules().await["lbAttr"].as_array().map(Vec::len),
+        Some(1),
+        "restarted on the same dir after the holder died"
+    );
 }
 
 #[test]
