@@ -661,3 +661,21 @@ async fn a_restored_l4_rule_without_the_l4_data_path_is_reported_offline() {
         .map(|r| r["listenerState"].clone());
     assert_eq!(fp_state, Some(json!("listening")), "{listed}");
 }
+
+/// `RUST_LOG` is not the daemon's filter (`--log` is): set, it is named in a warning at start
+/// rather than silently ignored, and the filter in force is the one `--log` gave.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rust_log_is_named_as_not_read() {
+    let d =
+        Daemon::start(loxi_tests::harness::DaemonOpts::default().env("RUST_LOG", "trace")).await;
+    let log = d.log_text();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("RUST_LOG is set but not read") && l.contains("WARN")),
+        "{log}"
+    );
+    assert!(
+        !log.contains("TRACE"),
+        "RUST_LOG=trace did not take effect: {log}"
+    );
+}

@@ -436,10 +436,12 @@ async fn every_dashboard_panel_queries_metrics_a_live_daemon_exports() {
 
 // ---- OpenTelemetry -----------------------------------------------------------------------------
 
-/// An OTLP/HTTP receiver on 127.0.0.1: decodes every `POST /v1/traces` body.
+/// An OTLP/HTTP receiver on 127.0.0.1: decodes every `POST /v1/traces` body (gunzipped when
+/// its `content-encoding` is `gzip`) and keeps each request's content encoding.
 struct Collector {
     addr: SocketAddr,
     requests: Arc<Mutex<Vec<ExportTraceServiceRequest>>>,
+    encodings: Arc<Mutex<Vec<String>>>,
 }
 
 impl Collector {
@@ -449,18 +451,37 @@ impl Collector {
             .expect("bind");
         let addr = l.local_addr().expect("addr");
         let requests = Arc::new(Mutex::new(Vec::new()));
-        let reqs = requests.clone();
+        let encodings = Arc::new(Mutex::new(Vec::new()));
+        let (reqs, encs) = (requests.clone(), encodings.clone());
         tokio::spawn(async move {
             while let Ok((s, _)) = l.accept().await {
-                let reqs = reqs.clone();
+                let (reqs, encs) = (reqs.clone(), encs.clone());
                 tokio::spawn(async move {
                     let svc = service_fn(move |req: http::Request<Incoming>| {
-                        let reqs = reqs.clone();
+                        let (reqs, encs) = (reqs.clone(), encs.clone());
                         async move {
                             let ok = req.uri().path() == "/v1/traces"
                                 && req.headers().get("content-type").map(|v| v.as_bytes())
                                     == Some(b"application/x-protobuf".as_slice());
+                            let encoding = req
+                                .headers()
+                                .get("content-encoding")
+                                .and_then(|v| v.to_str().ok())
+                                .unwrap_or("identity")
+                                .to_string();
                             let body = req.into_body().collect().await.map(|c| c.to_bytes());
+                            let body = body.map(|b| {
+                                if encoding != "gzip" {
+                                    return b;
+                                }
+                                let mut out = Vec::new();
+                                let mut gz = flate2::read::GzDecoder::new(&b[..]);
+                                match std::io::Read::read_to_end(&mut gz, &mut out) {
+                                    Ok(_) => Bytes::from(out),
+                                    Err(_) => Bytes::new(),
+                                }
+                            });
+                            encs.lock().push(encoding);
                             let status = match body.map(ExportTraceServiceRequest::decode) {
                                 Ok(Ok(r)) if ok => {
                                     reqs.lock().push(r);
@@ -482,7 +503,11 @@ impl Collector {
                 });
             }
         });
-        Self { addr, requests }
+        Self {
+            addr,
+            requests,
+            encodings,
+        }
     }
 
     fn spans(&self) -> Vec<Span> {
@@ -595,6 +620,7 @@ async fn otlp_spans_carry_the_decision_and_traceparent_reaches_the_backend() {
     let mut f = KvFleet::start(&[
         ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
         ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip"),
     ])
     .await;
     assert!(
@@ -616,6 +642,12 @@ async fn otlp_spans_carry_the_decision_and_traceparent_reaches_the_backend() {
 
     // Server span, kv.tokenize, kv.hash, kv.score and one attempt.
     let spans = collector.wait_for_trace(&hex(client_trace), 5).await;
+    // OTEL_EXPORTER_OTLP_COMPRESSION=gzip took effect: every export was gzipped.
+    let encodings = collector.encodings.lock().clone();
+    assert!(
+        !encodings.is_empty() && encodings.iter().all(|e| e == "gzip"),
+        "{encodings:?}"
+    );
     assert_eq!(
         collector.service_names(),
         BTreeSet::from(["loxilb".to_string()])

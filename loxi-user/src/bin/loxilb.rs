@@ -30,6 +30,12 @@ fn run() -> anyhow::Result<()> {
             cfg.env.inert.join(", ")
         );
     }
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing::warn!(
+            log = %cfg.flags.log,
+            "RUST_LOG is set but not read: the log filter is --log (or LoxiLB's --loglevel)"
+        );
+    }
     for u in &cfg.unknown_env {
         tracing::warn!(var = %u.name, "{u}");
     }

@@ -7,10 +7,16 @@
 //! | `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` | full URL of the traces endpoint (e.g. `http://collector:4318/v1/traces`) |
 //! | `OTEL_EXPORTER_OTLP_ENDPOINT` | base URL; `/v1/traces` is appended (default `http://localhost:4318`) |
 //! | `OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL` | `http/protobuf` (the default, the only one built in); `grpc` and `http/json` are refused (traces off, warning) |
-//! | `OTEL_EXPORTER_OTLP_[TRACES_]HEADERS`, `_TIMEOUT`, `_COMPRESSION` | read by the exporter (`opentelemetry-otlp`) |
+//! | `OTEL_EXPORTER_OTLP_[TRACES_]HEADERS` | read by the exporter (`opentelemetry-otlp`) |
+//! | `OTEL_EXPORTER_OTLP_[TRACES_]TIMEOUT` | read by the exporter: milliseconds, an integer; anything else is a warning (the exporter's 10 s) |
+//! | `OTEL_EXPORTER_OTLP_[TRACES_]COMPRESSION` | `gzip` or `none` (built in); anything else (`zstd` included): warning, spans sent uncompressed |
 //! | `OTEL_TRACES_SAMPLER`, `OTEL_TRACES_SAMPLER_ARG` | `always_on`, `always_off`, `traceidratio`, `parentbased_always_on` (default), `parentbased_always_off`, `parentbased_traceidratio`; ratio in 0..=1. Anything else: warning, default used |
 //! | `OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES` | the resource (`service.name` defaults to `loxilb`) |
-//! | `OTEL_BSP_*` | the batch span processor (queue size, delay, batch size) |
+//! | `OTEL_BSP_*` | the batch span processor (queue size, delay, batch size, export timeout): integers; anything else is a warning (the SDK's default) |
+//! | `OTEL_PROPAGATORS` | W3C `tracecontext` is what loxi reads and writes; a list without it, or with others (`b3`, `jaeger`, ...), is a warning |
+//! | `OTEL_METRICS_EXPORTER`, `OTEL_LOGS_EXPORTER` | loxi exports neither over OTLP (metrics: `/netlox/v1/metrics`; logs: stderr); a value other than `none` is a warning |
+//!
+//! An endpoint URL that is not `http://` or `https://` turns traces off with a warning.
 
 use std::fmt;
 
@@ -148,7 +154,20 @@ impl OtelSettings {
             let w = off(var, p, "this build exports OTLP over http/protobuf only");
             return (None, vec![w]);
         }
+        if let Some((var, url)) = ENDPOINT_VARS.iter().find_map(|v| get(v).map(|u| (*v, u)))
+            && !["http://", "https://"]
+                .iter()
+                .any(|s| url.to_ascii_lowercase().starts_with(s))
+        {
+            let w = off(
+                var,
+                url,
+                "the OTLP exporter sends to http:// or https:// URLs only",
+            );
+            return (None, vec![w]);
+        }
         let sampler = sampler_from(&get, &mut warnings);
+        exporter_knobs(&get, &mut warnings);
         (Some(Self { sampler }), warnings)
     }
 
@@ -196,6 +215,79 @@ fn resource(lookup: &impl Fn(&str) -> Option<String>) -> Resource {
         b.build()
     } else {
         b.with_service_name("loxilb").build()
+    }
+}
+
+/// The exporter's and batch processor's own variables, checked for values they would ignore
+/// without a word (the exporter logs nothing loxi shows): warnings, the default used.
+fn exporter_knobs(get: &impl Fn(&str) -> Option<String>, warnings: &mut Vec<OtelWarning>) {
+    let mut warn = |var: &'static str, value: String, used: &str| {
+        warnings.push(OtelWarning {
+            var,
+            value,
+            used: used.to_string(),
+        });
+    };
+    for var in [
+        "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION",
+        "OTEL_EXPORTER_OTLP_COMPRESSION",
+    ] {
+        if let Some(v) = get(var)
+            && !["gzip", "none"].contains(&v.to_ascii_lowercase().as_str())
+        {
+            warn(
+                var,
+                v,
+                "gzip and none are built in; spans are sent uncompressed",
+            );
+        }
+    }
+    for var in [
+        "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+        "OTEL_EXPORTER_OTLP_TIMEOUT",
+        "OTEL_BSP_SCHEDULE_DELAY",
+        "OTEL_BSP_EXPORT_TIMEOUT",
+        "OTEL_BSP_MAX_QUEUE_SIZE",
+        "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
+        "OTEL_BSP_MAX_CONCURRENT_EXPORTS",
+    ] {
+        if let Some(v) = get(var)
+            && v.parse::<u64>().is_err()
+        {
+            warn(var, v, "not an integer; the SDK's default is used");
+        }
+    }
+    if let Some(v) = get("OTEL_PROPAGATORS") {
+        let names: Vec<String> = v
+            .split(',')
+            .map(|p| p.trim().to_ascii_lowercase())
+            .collect();
+        if names.iter().any(|p| p != "tracecontext" && p != "none")
+            || !names.iter().any(|p| p == "tracecontext")
+        {
+            warn(
+                "OTEL_PROPAGATORS",
+                v,
+                "loxi reads and writes W3C tracecontext (traceparent, tracestate) only",
+            );
+        }
+    }
+    for (var, what) in [
+        (
+            "OTEL_METRICS_EXPORTER",
+            "metrics are served on /netlox/v1/metrics",
+        ),
+        ("OTEL_LOGS_EXPORTER", "logs go to stderr"),
+    ] {
+        if let Some(v) = get(var)
+            && !v.eq_ignore_ascii_case("none")
+        {
+            warn(
+                var,
+                v,
+                &format!("loxi exports only traces over OTLP; {what}"),
+            );
+        }
     }
 }
 
@@ -262,6 +354,49 @@ mod tests {
             parse(&[("OTEL_TRACES_SAMPLER", "always_on")]),
             (None, vec![])
         );
+    }
+
+    /// The exporter's own variables with values it would ignore silently are warnings naming
+    /// them; accepted values are not; a non-HTTP endpoint turns traces off.
+    #[test]
+    fn exporter_knobs_it_would_ignore_are_warnings() {
+        let on = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318");
+        let (s, w) = parse(&[
+            on,
+            ("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip"),
+            ("OTEL_EXPORTER_OTLP_TIMEOUT", "5000"),
+            ("OTEL_BSP_MAX_QUEUE_SIZE", "4096"),
+            ("OTEL_PROPAGATORS", "tracecontext"),
+            ("OTEL_METRICS_EXPORTER", "none"),
+        ]);
+        assert!(s.is_some() && w.is_empty(), "{w:?}");
+        let (s, w) = parse(&[
+            on,
+            ("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "zstd"),
+            ("OTEL_EXPORTER_OTLP_TIMEOUT", "abc"),
+            ("OTEL_BSP_MAX_QUEUE_SIZE", "-1"),
+            ("OTEL_PROPAGATORS", "b3"),
+            ("OTEL_METRICS_EXPORTER", "otlp"),
+            ("OTEL_LOGS_EXPORTER", "otlp"),
+        ]);
+        assert!(s.is_some(), "traces stay on");
+        let vars: Vec<&str> = w.iter().map(|w| w.var).collect();
+        assert_eq!(
+            vars,
+            [
+                "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION",
+                "OTEL_EXPORTER_OTLP_TIMEOUT",
+                "OTEL_BSP_MAX_QUEUE_SIZE",
+                "OTEL_PROPAGATORS",
+                "OTEL_METRICS_EXPORTER",
+                "OTEL_LOGS_EXPORTER"
+            ]
+        );
+        assert!(w[0].to_string().contains("sent uncompressed"), "{}", w[0]);
+        let (s, w) = parse(&[("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "ftp://x/v1/traces")]);
+        assert!(s.is_none());
+        assert_eq!(w.len(), 1);
+        assert!(w[0].to_string().contains("http:// or https://"), "{}", w[0]);
     }
 
     #[test]
