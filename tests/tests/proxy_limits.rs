@@ -258,6 +258,18 @@ async fn connections_beyond_the_cap_wait_for_a_free_slot() {
         served - freed
     );
     assert_eq!(b.request_count(), 5);
+    // Its last rule deleted, the listener's series go with it (they stayed until a restart).
+    let (status, text) = d
+        .request(
+            "DELETE",
+            &format!("/netlox/v1/config/loadbalancer/externalipaddress/127.0.0.1/port/{port}/protocol/tcp"),
+            None,
+        )
+        .await
+        .expect("DELETE");
+    assert_eq!(status, 200, "{text}");
+    let m = d.metrics_text().await;
+    assert!(!m.contains(&listener), "{m}");
 }
 
 /// Sends a request that the backend holds for `delay_ms`; returns the status and headers.

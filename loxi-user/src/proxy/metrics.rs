@@ -243,6 +243,28 @@ impl ProxyMetrics {
             .clone()
     }
 
+    /// Removes every series of listener `addr` (open connections, connections queued and
+    /// closed at a limit, TLS handshake failures) when its last rule is deleted, so a closed
+    /// listener is not shown with its last values until a restart. The connections it still
+    /// drains keep their own gauge handle, no longer exported.
+    pub fn forget_listener(&self, addr: std::net::SocketAddr) {
+        let l = ListenerLabels {
+            listener: addr.to_string(),
+        };
+        self.open_connections.remove(&l);
+        self.connections_queued.remove(&l);
+        self.tls_handshake_failures.remove(&l);
+        for why in [
+            super::conn::Expiry::HeaderTimeout,
+            super::conn::Expiry::Idle,
+        ] {
+            self.connections_closed.remove(&ConnCloseLabels {
+                listener: l.listener.clone(),
+                reason: why.as_str().to_string(),
+            });
+        }
+    }
+
     /// Counts one connection closed at a limit.
     pub fn connection_closed(&self, addr: std::net::SocketAddr, why: super::conn::Expiry) {
         self.connections_closed

@@ -285,6 +285,7 @@ impl Reconciler {
                 table.forget_replaced(&gone, &self.ctx.metrics);
                 table.close_dropped_gates(&gone, CloseReason::Removed);
                 drop(l.close());
+                self.ctx.metrics.forget_listener(addr);
                 self.ctx.sockets.release(addr);
             }
         }
