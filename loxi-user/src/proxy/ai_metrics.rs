@@ -12,8 +12,10 @@
 //! has no API-key tenants). Differences from LoxiLB, which counts a request only when its SSE
 //! stream completes: loxi counts every response a backend answered, streamed or not, when
 //! its body ends (a backend that fails mid-stream counts as `502`, as in
-//! `loxilb_proxy_requests_total`). The gateway's own refusals (no route, no healthy
-//! backend, overload) are in `loxilb_proxy_requests_total{ep_idx="none"}` only.
+//! `loxilb_proxy_requests_total`), and every answer reporting an endpoint's failure
+//! (`ProxyError::failed_endpoint`: a response timeout, a 502 after sending, a P/D leg's
+//! failure). The gateway's own refusals (no route, no healthy backend, overload, admission)
+//! are in `loxilb_proxy_requests_total{ep_idx="none"}` only.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;

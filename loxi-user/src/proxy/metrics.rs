@@ -2,7 +2,7 @@
 //!
 //! | name | type | labels |
 //! |---|---|---|
-//! | `loxilb_proxy_requests_total` | counter | `service`, `ep_idx` (`none` before selection), `class` (`2xx`…`5xx`) |
+//! | `loxilb_proxy_requests_total` | counter | `service` (`0` before a rule is known), `ep_idx` (the endpoint that answered or failed; `none` for the gateway's own refusals), `class` (`2xx`…`5xx`) |
 //! | `loxilb_proxy_selections_total` | counter | `selector` (`rr`, `chwbl`, `kv`…), `reason` ([`crate::routing::Reason::as_str`]) |
 //! | `loxilb_proxy_upstream_connect_failures_total` | counter | `service`, `ep_idx` |
 //! | `loxilb_proxy_active_connections` | gauge | `service`, `ep_idx` (requests in flight) |
