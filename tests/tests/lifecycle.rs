@@ -307,8 +307,24 @@ fn an_unusable_state_dir_is_a_start_up_error_naming_the_path() {
     let (code, err) = failed_start(dir.path(), &["--state-dir", &state.display().to_string()]);
     assert_eq!(code, Some(1), "{err}");
     let want = format!("Error: state dir {}: creating it: ", state.display());
-    assert!(err.contains(&want), "{err}");
+    assert!(err.starts_with(&want), "{err}");
     assert!(!err.contains("Caused by"), "the reason once: {err}");
+    // With JSON logs the reason is also a JSON record, so a log pipeline keeps it.
+    let state = state.display().to_string();
+    let (code, err) = failed_start(dir.path(), &["--state-dir", &state, "--log-format", "json"]);
+    assert_eq!(code, Some(1), "{err}");
+    let record = err
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["fields"]["message"] == "loxilb stopped on an error")
+        .unwrap_or_else(|| panic!("no JSON record of the fatal error: {err}"));
+    assert_eq!(record["level"], "ERROR", "{record}");
+    assert!(
+        record["fields"]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("creating it")),
+        "{record}"
+    );
 }
 
 /// Two daemons on one state dir would each acknowledge rules and overwrite each other's

@@ -629,7 +629,7 @@ async fn a_slow_prefill_is_504_and_a_client_that_leaves_aborts_it() {
 async fn no_reachable_decode_is_503_pd_pool_unavailable() {
     let pre = Backend::start("pre").await;
     // A decode endpoint nothing listens on: its connect fails, it is excluded, none is left.
-    let closed = closed_port();
+    let (_held, closed) = closed_port();
     let port = free_port();
     let rule = pd_rule(port, &[(pre.port(), 1, 0), (closed, 2, 0)], json!({}));
     let d = started(DaemonOpts::default(), &rule).await;
@@ -668,7 +668,7 @@ async fn no_reachable_decode_is_503_pd_pool_unavailable() {
 /// the dead endpoint out, and again after each breaker cooldown).
 #[tokio::test]
 async fn a_dead_prefill_or_decode_falls_back_to_the_role_0_endpoint() {
-    let closed = closed_port();
+    let (_held, closed) = closed_port();
     for dead_role in [1u8, 2] {
         let live = Backend::start("live").await;
         let agg = Backend::start("agg").await;
@@ -721,10 +721,15 @@ async fn a_dead_prefill_or_decode_falls_back_to_the_role_0_endpoint() {
     }
 }
 
-/// A loopback port nothing listens on (bound, then closed): a connect to it is refused.
-fn closed_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr").port()
+/// A loopback port nothing listens on: a connect to it is refused. The socket stays bound
+/// (never listening) while the returned guard lives, so no backend the test starts later is
+/// given the same port (with a port bound and closed at once, a backend once was: the rule
+/// then named one port twice and was refused).
+fn closed_port() -> (tokio::net::TcpSocket, u16) {
+    let s = tokio::net::TcpSocket::new_v4().expect("socket");
+    s.bind(([127, 0, 0, 1], 0).into()).expect("bind");
+    let port = s.local_addr().expect("addr").port();
+    (s, port)
 }
 
 /// `(endpointIP, targetPort, ep_role)` endpoints on several loopback addresses.

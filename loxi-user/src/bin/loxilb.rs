@@ -51,10 +51,13 @@ fn run() -> anyhow::Result<()> {
         .worker_threads(cfg.runtime_workers)
         .enable_all()
         .build()?;
+    let json = cfg.flags.log_format == loxi_user::telemetry::LogFormat::Json;
     let res = rt.block_on(loxi_user::app::run(cfg));
-    if let Err(e) = &res {
-        // Also as a log record, so a `--log-format json` pipeline keeps why the daemon stopped
-        // (`main` prints the same reason as plain text on stderr).
+    if let Err(e) = &res
+        && json
+    {
+        // Also as a JSON record, so a `--log-format json` pipeline keeps why the daemon
+        // stopped (`main` prints the reason as plain text on stderr, as with `text` logs).
         tracing::error!(error = %loxi_user::app::report(e), "loxilb stopped on an error");
     }
     telemetry.shutdown();
