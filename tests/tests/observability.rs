@@ -812,6 +812,50 @@ async fn traces_are_off_by_default_and_a_grpc_protocol_is_refused_by_name() {
     assert!(!log.contains("OpenTelemetry traces on"), "{log}");
 }
 
+/// A collector that cannot be reached: the spans the batch processor drops are reported in the
+/// log (the OTLP exporter's own errors reach only the SDK's internal logs, which loxi does not
+/// show), once, not once per export.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collector_that_cannot_be_reached_is_reported_in_the_log() {
+    let dead = free_port();
+    let opts = DaemonOpts::default()
+        .env(
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            &format!("http://127.0.0.1:{dead}"),
+        )
+        .env("OTEL_BSP_SCHEDULE_DELAY", "100");
+    let d = Daemon::start(opts).await;
+    let b = Backend::start("b").await;
+    let port = free_port();
+    let rule = json!({
+        "serviceArguments": {"externalIP": "127.0.0.1", "port": port, "protocol": "tcp", "mode": 4, "sel": 0},
+        "endpoints": [{"endpointIP": "127.0.0.1", "targetPort": b.port()}]
+    });
+    assert_eq!(d.post_rule(&rule).await.0, 200);
+    let vip = SocketAddr::from(([127, 0, 0, 1], port));
+    wait_listening(vip).await;
+    for i in 0..3 {
+        assert_eq!(complete(vip, &format!("p{i}"), None).await.0, 200);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let failed = |log: &str| {
+        log.lines()
+            .filter(|l| l.contains("WARN") && l.contains("OTLP span export failed"))
+            .count()
+    };
+    while failed(&d.log_text()) == 0 {
+        assert!(Instant::now() < deadline, "not reported: {}", d.log_text());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        failed(&d.log_text()),
+        1,
+        "once a minute at most: {}",
+        d.log_text()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn log_format_json_writes_one_object_per_line() {
     let opts = DaemonOpts {

@@ -195,10 +195,107 @@ impl OtelSettings {
                 }
             })?;
         Ok(SdkTracerProvider::builder()
-            .with_batch_exporter(exporter)
+            .with_batch_exporter(Reporting::new(exporter))
             .with_sampler(self.sampler.sampler())
             .with_resource(resource(lookup))
             .build())
+    }
+}
+
+/// How often failed exports are reported while they keep failing: the first failure at once,
+/// then one warning per this interval with the number of failures in between.
+pub const EXPORT_FAILURE_REPORT_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// A span exporter that reports its own failures. The OTLP exporter's errors (collector down,
+/// refused, a 4xx/5xx answer, a timeout) otherwise reach only the SDK's internal logs, which
+/// loxi does not show: spans were dropped without a word. The first failure is a warning at
+/// once, later ones one warning per [`EXPORT_FAILURE_REPORT_EVERY`] with their count, and the
+/// first success after failures an info line.
+#[derive(Debug)]
+pub struct Reporting<E> {
+    inner: E,
+    state: parking_lot::Mutex<FailureState>,
+}
+
+#[derive(Debug, Default)]
+struct FailureState {
+    /// Failures since the last report.
+    unreported: u64,
+    /// Failures since the last success.
+    failing: u64,
+    /// When the last warning was logged.
+    reported: Option<std::time::Instant>,
+}
+
+impl<E> Reporting<E> {
+    /// Wraps `inner`.
+    pub fn new(inner: E) -> Self {
+        Self {
+            inner,
+            state: parking_lot::Mutex::new(FailureState::default()),
+        }
+    }
+
+    fn record(&self, result: &opentelemetry_sdk::error::OTelSdkResult, spans: usize) {
+        let now = std::time::Instant::now();
+        let mut st = self.state.lock();
+        match result {
+            Ok(()) => {
+                if st.failing > 0 {
+                    tracing::info!(
+                        failed_exports = st.failing,
+                        "OTLP span export succeeds again"
+                    );
+                }
+                *st = FailureState::default();
+            }
+            Err(e) => {
+                st.failing += 1;
+                st.unreported += 1;
+                let due = st
+                    .reported
+                    .is_none_or(|t| now.duration_since(t) >= EXPORT_FAILURE_REPORT_EVERY);
+                if due {
+                    tracing::warn!(
+                        error = %e,
+                        spans,
+                        failed_exports = st.unreported,
+                        "OTLP span export failed; these spans are dropped (reported at most once a minute while it keeps failing)"
+                    );
+                    st.unreported = 0;
+                    st.reported = Some(now);
+                }
+            }
+        }
+    }
+}
+
+impl<E: opentelemetry_sdk::trace::SpanExporter> opentelemetry_sdk::trace::SpanExporter
+    for Reporting<E>
+{
+    async fn export(
+        &self,
+        batch: Vec<opentelemetry_sdk::trace::SpanData>,
+    ) -> opentelemetry_sdk::error::OTelSdkResult {
+        let spans = batch.len();
+        let result = self.inner.export(batch).await;
+        self.record(&result, spans);
+        result
+    }
+
+    fn shutdown_with_timeout(
+        &self,
+        timeout: std::time::Duration,
+    ) -> opentelemetry_sdk::error::OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn force_flush(&self) -> opentelemetry_sdk::error::OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.inner.set_resource(resource);
     }
 }
 
@@ -353,6 +450,63 @@ mod tests {
         assert_eq!(
             parse(&[("OTEL_TRACES_SAMPLER", "always_on")]),
             (None, vec![])
+        );
+    }
+
+    /// An exporter that fails, then keeps failing, then succeeds: one warning at the first
+    /// failure (the next failures within a minute counted, not logged), one info line at the
+    /// recovery; the results pass through unchanged.
+    #[test]
+    fn failed_exports_are_reported_and_rate_limited() {
+        use opentelemetry_sdk::trace::SpanExporter as _;
+        #[derive(Debug)]
+        struct Flaky(parking_lot::Mutex<Vec<bool>>);
+        impl opentelemetry_sdk::trace::SpanExporter for Flaky {
+            async fn export(
+                &self,
+                _batch: Vec<opentelemetry_sdk::trace::SpanData>,
+            ) -> opentelemetry_sdk::error::OTelSdkResult {
+                if self.0.lock().remove(0) {
+                    Ok(())
+                } else {
+                    Err(opentelemetry_sdk::error::OTelSdkError::InternalFailure(
+                        "connection refused".into(),
+                    ))
+                }
+            }
+        }
+        let buf = crate::telemetry::LogBuf::default();
+        let sink = buf.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .without_time()
+            .with_writer(move || sink.clone())
+            .finish();
+        let exporter = Reporting::new(Flaky(parking_lot::Mutex::new(vec![
+            false, false, false, true, false,
+        ])));
+        let results: Vec<bool> = tracing::subscriber::with_default(subscriber, || {
+            (0..5)
+                .map(|_| futures::executor::block_on(exporter.export(Vec::new())).is_ok())
+                .collect()
+        });
+        assert_eq!(results, [false, false, false, true, false]);
+        let text = buf.text();
+        let warns: Vec<&str> = text.lines().filter(|l| l.contains("WARN")).collect();
+        assert_eq!(
+            warns.len(),
+            2,
+            "first failure, then the first after recovery: {text}"
+        );
+        assert!(
+            warns[0].contains("OTLP span export failed") && warns[0].contains("connection refused"),
+            "{text}"
+        );
+        assert!(
+            text.lines().any(|l| l.contains("INFO")
+                && l.contains("succeeds again")
+                && l.contains("failed_exports=3")),
+            "{text}"
         );
     }
 
