@@ -154,6 +154,14 @@ pub fn create_bodies(c: &CreateLb) -> Result<Vec<Value>, UsageError> {
     }
     let eps = endpoint_list(&c.endpoints)?;
     let roles = per_endpoint(&c.ep_role, eps.len(), "--ep-role", role_number)?;
+    // Roles imply P/D; given with P/D turned off, say it in the CLI's words, not the rule's.
+    if c.pd_disagg_mode == Some(false) && roles.as_ref().is_some_and(|r| r.iter().any(|x| *x != 0))
+    {
+        return Err(usage(
+            "--ep-role",
+            "prefill/decode roles need P/D disaggregation: drop --pd-disagg=false (roles imply --pd-disagg)",
+        ));
+    }
     let ports_of = |list: &Option<String>, flag: &'static str, key: &'static str| {
         let ports = per_endpoint(list, eps.len(), flag, |s| {
             s.trim().parse::<u16>().map_err(|_| {
@@ -419,6 +427,9 @@ mod tests {
         let b = &create_bodies(&c).expect("bodies")[0];
         let s = &b["serviceArguments"];
         assert_eq!(s["pd_disagg_mode"], json!(true));
+        let off = create(&[&args[..5], &args[10..], &["--pd-disagg=false"]].concat());
+        let e = create_bodies(&off).expect_err("roles with P/D off");
+        assert!(e.to_string().contains("drop --pd-disagg=false"), "{e}");
         let roles_only = create(&[&args[..5], &args[10..]].concat());
         let b = &create_bodies(&roles_only).expect("bodies")[0];
         assert_eq!(
