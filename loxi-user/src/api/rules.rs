@@ -16,7 +16,7 @@ use super::fields;
 use super::{ApiState, EndpointHealth};
 use crate::listen::Reservation;
 use crate::rules::schema::is_zero;
-use crate::rules::{LbRule, RuleSnapshot, StoredRule, UpsertOutcome, validate};
+use crate::rules::{LbRule, StoredRule, UpsertOutcome, validate};
 
 /// `POST /config/loadbalancer`: strict parse, validate, check that the rule can be served
 /// (its data path exists, its fullproxy address can be bound), persist, publish.
@@ -27,7 +27,6 @@ pub async fn create(
     let body = body.map_err(body_error)?;
     let rule = validate::validate(fields::parse_rule(&body)?)?;
     check_data_path(&rule, st.l4_datapath)?;
-    check_l4_capacity(&rule, &st.store.snapshot())?;
     check_certificate(&rule, &st)?;
     crate::proxy::upstream_tls::check(&rule.service).map_err(|e| {
         let field = match e {
@@ -87,36 +86,6 @@ fn check_data_path(rule: &LbRule, l4_datapath: bool) -> Result<(), ApiError> {
         format!(
             "mode {mode} is served by the L4 (XDP) data path, which this daemon runs without \
              (start loxilb with --xdp-iface IFACE, or use mode 4); nothing was stored"
-        ),
-    ))
-}
-
-/// A new L4 rule needs a free rule slot of the XDP data path (`loxi_common::maps::MAX_RULES`);
-/// an update of a stored rule (same key) keeps its slot. Without this check the rule would be
-/// stored and never programmed. Two writes racing for the last slot can still both be stored:
-/// the data path then programs one and logs the other as not programmed.
-fn check_l4_capacity(rule: &LbRule, snap: &RuleSnapshot) -> Result<(), ApiError> {
-    use loxi_common::maps::MAX_RULES;
-    if rule.service.mode == loxi_common::mode::FULLPROXY {
-        return Ok(());
-    }
-    let key = rule.key();
-    if snap.rules.contains_key(&key) {
-        return Ok(());
-    }
-    let held = snap
-        .rules
-        .values()
-        .filter(|r| r.rule.service.mode != loxi_common::mode::FULLPROXY)
-        .count();
-    if held < MAX_RULES as usize {
-        return Ok(());
-    }
-    Err(ApiError::invalid_field(
-        "serviceArguments.mode",
-        format!(
-            "the L4 (XDP) data path holds at most {MAX_RULES} rules and {held} are stored; delete \
-             one first, or use mode 4; nothing was stored"
         ),
     ))
 }

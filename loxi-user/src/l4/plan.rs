@@ -280,7 +280,7 @@ fn endpoints(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rules::{LbRule, RuleStore};
+    use crate::rules::{LbRule, RuleSnapshot};
 
     fn rule(vip: &str, mode: u8) -> LbRule {
         serde_json::from_value(serde_json::json!({
@@ -293,22 +293,31 @@ mod tests {
     /// A rule over the data path's capacity is left out with its VIP, and every other rule,
     /// mode 4 included, is still planned (before, the whole snapshot was refused and the data
     /// path and the VIPs stayed as they were, whatever later changes said).
+    /// A snapshot with one L4 rule more than the slots (the store refuses it; a state file
+    /// written by an older loxi could hold it) and a mode-4 rule.
+    fn over_capacity() -> RuleSnapshot {
+        let mut rules = std::collections::BTreeMap::new();
+        let mut add = |id: u32, r: LbRule| {
+            let stored = crate::rules::StoredRule::new(id, r).expect("valid");
+            rules.insert(stored.rule.key(), std::sync::Arc::new(stored));
+        };
+        for i in 0..=MAX_RULES {
+            add(i + 1, rule(&format!("20.1.{}.{}", i / 250, i % 250 + 1), 0));
+        }
+        add(MAX_RULES + 2, rule("20.9.9.9", 4));
+        RuleSnapshot { version: 1, rules }
+    }
+
     #[test]
     fn a_rule_over_capacity_is_left_out_and_the_others_are_planned() {
-        let store = RuleStore::in_memory();
-        for i in 0..=MAX_RULES {
-            let vip = format!("20.1.{}.{}", i / 250, i % 250 + 1);
-            store.upsert(rule(&vip, 0)).expect("stored");
-        }
-        store.upsert(rule("20.9.9.9", 4)).expect("stored");
+        let mut snap = over_capacity();
         let mut slots = SlotTable::default();
-        let p = plan(&store.snapshot(), &mut slots, &|_| None);
+        let p = plan(&snap, &mut slots, &|_| None);
         assert_eq!(p.services.len(), MAX_RULES as usize);
         assert_eq!(p.skipped.len(), 1, "{:?}", p.skipped);
         let (skipped, why) = &p.skipped[0];
         assert_eq!(why, "rules: 257 exceeds the data path limit 256");
         let vip_of = |id: u32| {
-            let snap = store.snapshot();
             let r = snap.rules.values().find(|r| r.id == id).expect("rule");
             r.rule.service.external_ip.parse::<IpAddr>().expect("ip")
         };
@@ -316,17 +325,15 @@ mod tests {
         assert!(p.vips.contains(&"20.9.9.9".parse::<IpAddr>().expect("ip")));
         assert_eq!(p.vips.len(), MAX_RULES as usize + 1);
         // Deleting a planned rule frees its slot for the one left out.
-        let first = store.snapshot().rules.keys().next().cloned().expect("key");
-        store
-            .delete(
-                &first.external_ip,
-                first.port,
-                &first.protocol,
-                &first.host,
-                &first.model_name,
-            )
-            .expect("delete");
-        let p = plan(&store.snapshot(), &mut slots, &|_| None);
+        let first = snap
+            .rules
+            .iter()
+            .find(|(_, r)| r.id != *skipped)
+            .map(|(k, _)| k.clone())
+            .expect("key");
+        snap.rules.remove(&first);
+        snap.version += 1;
+        let p = plan(&snap, &mut slots, &|_| None);
         assert!(p.skipped.is_empty(), "{:?}", p.skipped);
         assert_eq!(p.services.len(), MAX_RULES as usize);
     }

@@ -349,6 +349,7 @@ impl RuleStore {
                 (UpsertOutcome::Updated, old.id)
             }
             None => {
+                check_l4_capacity(&cur, &rule)?;
                 *next_id += 1;
                 (UpsertOutcome::Created, *next_id)
             }
@@ -484,6 +485,29 @@ pub fn mint_uuid() -> String {
         &h[16..20],
         &h[20..32]
     )
+}
+
+/// A new L4 rule (mode other than 4) needs a free rule slot of the XDP data path
+/// (`loxi_common::maps::MAX_RULES`, the size of its maps); an update keeps its slot and a
+/// mode-4 rule takes none. Checked under the store's write lock, so two writes cannot both
+/// take the last slot; without it the rule would be stored and never programmed.
+fn check_l4_capacity(cur: &RuleSnapshot, rule: &LbRule) -> Result<(), RuleError> {
+    use loxi_common::maps::MAX_RULES;
+    let l4 = |r: &LbRule| r.service.mode != loxi_common::mode::FULLPROXY;
+    if !l4(rule) {
+        return Ok(());
+    }
+    let held = cur.rules.values().filter(|r| l4(&r.rule)).count();
+    if held < MAX_RULES as usize {
+        return Ok(());
+    }
+    Err(RuleError::Invalid {
+        field: "serviceArguments.mode".into(),
+        message: format!(
+            "the L4 (XDP) data path holds at most {MAX_RULES} rules and {held} are stored; \
+             delete one first, or use mode 4; nothing was stored"
+        ),
+    })
 }
 
 #[cfg(test)]
