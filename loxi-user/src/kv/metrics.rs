@@ -448,8 +448,9 @@ fn reason(service: &str, reason: &str) -> ReasonLabels {
 
 /// Every `reason` of `loxilb_kv_events_rejected_total` (frame: a multipart message without the
 /// 3 frames; batch: an undecodable payload; malformed: one undecodable event; block_size: a
-/// `BlockStored` with another block size).
-pub const REJECT_REASONS: &[&str] = &["frame", "batch", "malformed", "block_size"];
+/// `BlockStored` with another block size; group_idx: a `BlockStored` naming a KV cache group
+/// past [`crate::kv::ingest::apply::MAX_GROUPS_PER_ENDPOINT`] distinct ones).
+pub const REJECT_REASONS: &[&str] = &["frame", "batch", "malformed", "block_size", "group_idx"];
 
 /// Every `reason` (outcome) of `loxilb_kv_replay_total`.
 pub const REPLAY_OUTCOMES: &[&str] = &["ok", "failed"];

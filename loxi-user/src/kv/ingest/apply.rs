@@ -39,6 +39,11 @@ pub struct Applied {
     pub rejected: u64,
 }
 
+/// Most distinct KV cache groups (`group_idx`) one endpoint's events may name; a `BlockStored`
+/// naming another is rejected (`loxilb_kv_events_rejected_total{reason="group_idx"}`). Real
+/// models have a few (hybrid ones a few dozen).
+pub const MAX_GROUPS_PER_ENDPOINT: usize = 256;
+
 impl ServiceKv {
     /// Applies `batch`, received on stream (`member`, `rank`), to the index and updates metrics
     /// at the member's current position. A batch of a member that left the rule is dropped
@@ -93,7 +98,16 @@ impl ServiceKv {
                     st.kv_cache_spec_sliding_window,
                 );
                 if let Some(g) = st.group_idx {
-                    self.groups.lock().insert((ep, g), prefix);
+                    let mut groups = self.groups.lock();
+                    // A model has a handful of KV cache groups; a publisher naming ever new
+                    // ones would grow this map without bound (nothing else clears it).
+                    if !groups.contains_key(&(ep, g))
+                        && groups.keys().filter(|(m, _)| *m == ep).count()
+                            >= MAX_GROUPS_PER_ENDPOINT
+                    {
+                        return Err("group_idx");
+                    }
+                    groups.insert((ep, g), prefix);
                 }
                 if !prefix {
                     // A sliding-window / state-space group: its blocks are not a reusable
@@ -341,6 +355,42 @@ mod tests {
             &st.metrics,
         );
         assert_eq!(svc.index.blocks(0), 1);
+    }
+
+    /// A publisher naming ever new `group_idx` values is cut at the per-endpoint bound: the
+    /// events past it are rejected (counted by reason), groups already known still apply, and
+    /// another endpoint has its own bound.
+    #[test]
+    fn distinct_groups_per_endpoint_are_bounded() {
+        let (st, reg) = state(KvSettings::default());
+        let svc = st
+            .service(&rule(1, 2, serde_json::json!({})))
+            .expect("kv rule");
+        let n = u32::try_from(MAX_GROUPS_PER_ENDPOINT).expect("fits") + 10;
+        let evs: Vec<V> = (0..n)
+            .map(|g| stored(&[7], "GPU", g, "sliding_window", Some(128)))
+            .collect();
+        let out = svc.apply_batch(0, 0, &batch(evs, V::from(0)), &st.metrics);
+        assert_eq!(
+            (out.applied, out.rejected),
+            (MAX_GROUPS_PER_ENDPOINT as u64, 10)
+        );
+        assert_eq!(svc.groups.lock().len(), MAX_GROUPS_PER_ENDPOINT);
+        let known = batch(
+            vec![stored(&[1], "GPU", 3, "full_attention", None)],
+            V::from(0),
+        );
+        assert_eq!(svc.apply_batch(0, 0, &known, &st.metrics).applied, 1);
+        let other = batch(
+            vec![stored(&[1], "GPU", n + 1, "full_attention", None)],
+            V::from(0),
+        );
+        assert_eq!(svc.apply_batch(1, 0, &other, &st.metrics).applied, 1);
+        let rejected = crate::kv::testutil::metric_value(
+            &reg,
+            "loxilb_kv_events_rejected_total{service=\"1\",ep=\"0\",reason=\"group_idx\"}",
+        );
+        assert_eq!(rejected, 10.0);
     }
 
     /// Blocks are kept per medium: a CPU copy is not a GPU prefix, a CPU removal leaves the GPU

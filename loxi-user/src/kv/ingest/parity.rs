@@ -39,8 +39,12 @@ pub enum Verdict {
     Mismatch,
 }
 
-/// What the parity check learned about one endpoint (the `/kv/parity` report).
-#[derive(Debug, Clone, Default, Serialize)]
+/// What the parity check learned about one endpoint (the `/kv/parity` report). A clone is
+/// the report only: the digest table (one entry per block stored in re-hash mode, millions on
+/// a big cache) is not copied, since the readiness sweep and the parity view clone a report
+/// every second under the parity lock (copying the table there stalled routing for hundreds of
+/// milliseconds each second).
+#[derive(Debug, Default, Serialize)]
 pub struct EpParity {
     /// Verdict.
     pub verdict: Verdict,
@@ -62,6 +66,22 @@ pub struct EpParity {
     /// Engine key → loxi's full digest of that block (kept while checking and in re-hash mode).
     #[serde(skip)]
     digests: HashMap<u64, BlockDigest>,
+}
+
+impl Clone for EpParity {
+    fn clone(&self) -> Self {
+        Self {
+            verdict: self.verdict.clone(),
+            checked_blocks: self.checked_blocks,
+            mismatched_blocks: self.mismatched_blocks,
+            diagnosis: self.diagnosis.clone(),
+            block_size_rejects: self.block_size_rejects,
+            engine_block_size: self.engine_block_size,
+            rehash: self.rehash,
+            unverified_blocks: self.unverified_blocks,
+            digests: HashMap::new(),
+        }
+    }
 }
 
 /// Parity state of every endpoint of a service.

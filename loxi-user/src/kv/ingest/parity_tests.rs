@@ -122,6 +122,30 @@ fn rehash_chains_children_through_engine_parents_and_maps_removals() {
     assert_eq!(removed, own[2..]);
 }
 
+/// A report's clone (what the readiness sweep and the parity view take every second, under
+/// the lock) leaves the digest table behind; the book keeps it, so re-hash mode still maps
+/// the engine's removals.
+#[test]
+fn a_report_clone_leaves_the_digest_table_behind() {
+    let engine = BlockHasher::new(HashAlgo::Sha256Cbor, Some("42"));
+    let toks = tokens(3, 16, 9);
+    let all = engine_event(&engine, &toks, 16);
+    let mut book = ParityBook::default();
+    book.on_stored(0, &all, &rule_hasher(), 16, &LoraCatalog::default());
+    let held = book.get(0).expect("report");
+    assert!(held.rehash);
+    assert_eq!(held.digests.len(), 3);
+    let report = held.clone();
+    assert!(report.digests.is_empty());
+    assert_eq!(
+        (report.rehash, report.verdict.clone(), report.checked_blocks),
+        (held.rehash, held.verdict.clone(), held.checked_blocks)
+    );
+    let own = rule_hasher().keys(&toks, 16, &RequestExtras::default());
+    let removed = book.on_removed(0, &[all.block_hashes[2].key()], HashAlgo::Sha256Cbor);
+    assert_eq!(removed, own[2..]);
+}
+
 #[test]
 fn token_count_not_matching_block_size_is_diagnosed_as_block_size() {
     let ev = BlockStored {

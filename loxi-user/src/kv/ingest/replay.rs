@@ -108,10 +108,27 @@ pub enum ReplayError {
     /// No end marker within the deadline.
     #[error("replay timed out")]
     Timeout,
+    /// The replies went past [`MAX_REPLAY_BATCHES`] or [`MAX_REPLAY_BYTES`] before the end
+    /// marker: a peer streaming without end would otherwise make loxi buffer without bound.
+    #[error(
+        "replay over its bound ({batches} batches, {bytes} payload bytes; at most {MAX_REPLAY_BATCHES} and {MAX_REPLAY_BYTES})"
+    )]
+    TooLarge {
+        /// Batches received so far.
+        batches: usize,
+        /// Payload bytes received so far.
+        bytes: usize,
+    },
     /// A reply had an unexpected shape.
     #[error("replay reply with {0} frames")]
     Shape(usize),
 }
+
+/// Most batches one replay may return (vLLM's publisher buffers 10,000 steps by default).
+pub const MAX_REPLAY_BATCHES: usize = 100_000;
+
+/// Most payload bytes one replay may return.
+pub const MAX_REPLAY_BYTES: usize = 128 << 20;
 
 /// Asks the ROUTER at `addr` for every buffered batch from `start`; returns them in the order
 /// received, ending at the end marker. Deadline `timeout` for the whole exchange.
@@ -132,9 +149,19 @@ async fn fetch_inner(addr: &str, start: u64) -> Result<Vec<Replayed>, ReplayErro
     req.push_back(Bytes::copy_from_slice(&start.to_be_bytes()));
     sock.send(req).await?;
     let mut out = Vec::new();
+    let mut bytes = 0usize;
     loop {
         match parse_reply(&sock.recv().await?.into_vec())? {
-            Some(batch) => out.push(batch),
+            Some(batch) => {
+                bytes = bytes.saturating_add(batch.payload.len());
+                out.push(batch);
+                if out.len() > MAX_REPLAY_BATCHES || bytes > MAX_REPLAY_BYTES {
+                    return Err(ReplayError::TooLarge {
+                        batches: out.len(),
+                        bytes,
+                    });
+                }
+            }
             None => return Ok(out),
         }
     }
@@ -158,6 +185,44 @@ fn parse_reply(parts: &[Bytes]) -> Result<Option<Replayed>, ReplayError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A ROUTER that answers the replay request with 1 MiB batches and never the end marker:
+    /// the fetch stops at its byte bound (128 batches fit, the 129th is over), long before the
+    /// deadline, instead of buffering whatever the peer sends until then.
+    #[tokio::test]
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "the test's ROUTER peer; aborted at the end of the test"
+    )]
+    async fn a_replay_that_never_ends_is_cut_at_its_bound() {
+        use zeromq::{RouterSocket, Socket as _, SocketRecv as _, SocketSend as _};
+        let mut router = RouterSocket::new();
+        let ep = router.bind("tcp://127.0.0.1:0").await.expect("bind");
+        let addr = ep.to_string().trim_start_matches("tcp://").to_string();
+        let server = tokio::spawn(async move {
+            let req = router.recv().await.expect("request");
+            let id = req.get(0).expect("identity").clone();
+            let payload = Bytes::from(vec![0u8; 1 << 20]);
+            for seq in 0u64.. {
+                let mut m = ZmqMessage::from(id.clone());
+                m.push_back(Bytes::new());
+                m.push_back(Bytes::from_static(b"kv"));
+                m.push_back(Bytes::copy_from_slice(&seq.to_be_bytes()));
+                m.push_back(payload.clone());
+                if router.send(m).await.is_err() {
+                    break;
+                }
+            }
+        });
+        let err = fetch(&addr, 0, Duration::from_secs(30))
+            .await
+            .expect_err("cut at the bound");
+        server.abort();
+        assert!(
+            matches!(err, ReplayError::TooLarge { batches: 129, bytes } if bytes > MAX_REPLAY_BYTES),
+            "{err}"
+        );
+    }
 
     fn at(last: u64) -> SeqTracker {
         let mut t = SeqTracker::default();
