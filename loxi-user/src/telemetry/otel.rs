@@ -477,10 +477,16 @@ mod tests {
         }
         let buf = crate::telemetry::LogBuf::default();
         let sink = buf.clone();
+        // Only this module's events: a subscriber enabling every callsite would, while this
+        // test runs, make other tests' spans live in threads without a subscriber (callsite
+        // interest is global), e.g. `span::tests::spans_are_disabled_...`.
         let subscriber = tracing_subscriber::fmt()
             .with_ansi(false)
             .without_time()
             .with_writer(move || sink.clone())
+            .with_env_filter(tracing_subscriber::EnvFilter::new(
+                "loxi_user::telemetry::otel=info",
+            ))
             .finish();
         let exporter = Reporting::new(Flaky(parking_lot::Mutex::new(vec![
             false, false, false, true, false,
