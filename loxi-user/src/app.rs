@@ -395,11 +395,8 @@ fn lock_state_dir(dir: &std::path::Path) -> Result<std::fs::File, AppError> {
 
 /// A restored L4 rule on a daemon without `--xdp-iface` forwards nothing: say so at start.
 fn report_l4_rules_without_datapath(store: &RuleStore, l4_datapath: bool) {
-    if l4_datapath {
-        return;
-    }
     for r in store.snapshot().rules.values() {
-        if r.rule.service.mode != loxi_common::mode::FULLPROXY {
+        if !api::rules::has_data_path(&r.rule, l4_datapath) {
             tracing::error!(rule = %r.rule.key(), mode = r.rule.service.mode,
                 "restored L4 rule is NOT served: this daemon runs without --xdp-iface (no L4 data \
                  path); the API reports it OFFLINE until a restart with --xdp-iface");

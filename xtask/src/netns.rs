@@ -114,32 +114,19 @@ impl Topo {
         ))?;
         cmd(&format!("ip -n {c} route add default via 10.100.0.1"))?;
         for (i, b) in t.b.iter().enumerate() {
-            let n = i + 1;
-            cmd(&format!(
-                "ip link add b0 netns {b} type veth peer name l{n} netns {l}"
-            ))?;
-            cmd(&format!(
-                "ip -n {b} addr add 10.100.{n}.2/24 dev b0 && ip -n {b} link set b0 up"
-            ))?;
-            cmd(&format!(
-                "ip -n {l} addr add 10.100.{n}.1/24 dev l{n} && ip -n {l} link set l{n} up"
-            ))?;
-            cmd(&format!("ip -n {b} route add default via 10.100.{n}.1"))?;
+            backend_link(l, b, i + 1)?;
         }
         cmd(&format!(
             "ip netns exec {l} sysctl -qw net.ipv4.ip_forward=1 net.ipv4.conf.all.rp_filter=0"
         ))?;
-        // Senders compute checksums in software (veth TX offload would leave them partial).
-        for (ns, ifs) in [(c, "c0"), (&t.b[0], "b0"), (&t.b[1], "b0")] {
-            cmd(&format!(
-                "ip netns exec {ns} ethtool -K {ifs} tx off >/dev/null"
-            ))?;
-        }
-        for i in 0..3 {
-            cmd(&format!(
-                "ip netns exec {l} ethtool -K l{i} tx off >/dev/null"
-            ))?;
-        }
+        // Senders compute checksums in software (veth TX offload would leave them partial);
+        // the backends' links are set so by `backend_link`.
+        cmd(&format!(
+            "ip netns exec {c} ethtool -K c0 tx off >/dev/null"
+        ))?;
+        cmd(&format!(
+            "ip netns exec {l} ethtool -K l0 tx off >/dev/null"
+        ))?;
         Ok(t)
     }
 
@@ -253,6 +240,29 @@ impl Topo {
         );
         Ok(pid)
     }
+}
+
+/// The veth pair between LB namespace `l` (`l{n}`, 10.100.{n}.1) and backend namespace `b`
+/// (`b0`, 10.100.{n}.2, default route via the LB), both up, checksums computed in software
+/// (veth TX offload would leave them partial).
+fn backend_link(l: &str, b: &str, n: usize) -> anyhow::Result<()> {
+    cmd(&format!(
+        "ip link add b0 netns {b} type veth peer name l{n} netns {l}"
+    ))?;
+    cmd(&format!(
+        "ip -n {b} addr add 10.100.{n}.2/24 dev b0 && ip -n {b} link set b0 up"
+    ))?;
+    cmd(&format!(
+        "ip -n {l} addr add 10.100.{n}.1/24 dev l{n} && ip -n {l} link set l{n} up"
+    ))?;
+    cmd(&format!("ip -n {b} route add default via 10.100.{n}.1"))?;
+    cmd(&format!(
+        "ip netns exec {b} ethtool -K b0 tx off >/dev/null"
+    ))?;
+    cmd(&format!(
+        "ip netns exec {l} ethtool -K l{n} tx off >/dev/null"
+    ))?;
+    Ok(())
 }
 
 impl Drop for Topo {
@@ -442,22 +452,7 @@ fn check_endpoint_removal(t: &mut Topo) -> anyhow::Result<()> {
 fn check_recreated_iface(t: &mut Topo) -> anyhow::Result<()> {
     let (l, b) = (t.l.clone(), t.b[1].clone());
     cmd(&format!("ip -n {l} link del l2"))?;
-    cmd(&format!(
-        "ip link add b0 netns {b} type veth peer name l2 netns {l}"
-    ))?;
-    cmd(&format!(
-        "ip -n {b} addr add 10.100.2.2/24 dev b0 && ip -n {b} link set b0 up"
-    ))?;
-    cmd(&format!(
-        "ip -n {l} addr add 10.100.2.1/24 dev l2 && ip -n {l} link set l2 up"
-    ))?;
-    cmd(&format!("ip -n {b} route add default via 10.100.2.1"))?;
-    cmd(&format!(
-        "ip netns exec {b} ethtool -K b0 tx off >/dev/null"
-    ))?;
-    cmd(&format!(
-        "ip netns exec {l} ethtool -K l2 tx off >/dev/null"
-    ))?;
+    backend_link(&l, &b, 2)?;
     // The peer's pass-through program, as the topology has it (its old device is gone).
     t.spawn(&b, &["xdp-pass", "--iface", "b0"])?;
     wait_xdp(&b, "b0", true)?;

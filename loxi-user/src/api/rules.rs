@@ -78,7 +78,7 @@ use super::error::body_error;
 /// A rule with `mode` other than 4 needs the L4 data path, which only `--xdp-iface` starts.
 fn check_data_path(rule: &LbRule, l4_datapath: bool) -> Result<(), ApiError> {
     let mode = rule.service.mode;
-    if served_by_l4(rule, l4_datapath) {
+    if has_data_path(rule, l4_datapath) {
         return Ok(());
     }
     Err(ApiError::invalid_field(
@@ -182,19 +182,20 @@ pub async fn get_by_id(
 pub fn entry(st: &ApiState, r: &StoredRule) -> Value {
     let listener = match listen_addr(&r.rule) {
         Some(a) => Some(st.sockets.status(a).describe()),
-        None if !served_by_l4(&r.rule, st.l4_datapath) => Some(L4_NOT_SERVED.to_string()),
+        None if !has_data_path(&r.rule, st.l4_datapath) => Some(L4_NOT_SERVED.to_string()),
         None => None,
     };
     loxilb_entry(r, st.health.as_ref(), listener)
 }
 
-/// `listenerState` of an L4 rule that nothing serves (see [`served_by_l4`]).
+/// `listenerState` of an L4 rule that nothing serves (see [`has_data_path`]).
 pub const L4_NOT_SERVED: &str = "not served: this daemon runs without --xdp-iface (no L4 data path); restart it with --xdp-iface IFACE";
 
-/// False for an L4 rule (mode other than 4) on a daemon without the L4 data path: the API
+/// Whether a data path serves `rule`: always for mode 4 (the fullproxy); for an L4 rule (mode
+/// other than 4) only with the L4 data path. False for an L4 rule on a daemon without it: the API
 /// refuses such a rule, but one restored from the state dir is kept (restarting with
 /// `--xdp-iface` serves it again), reported `OFFLINE` and with [`L4_NOT_SERVED`].
-pub fn served_by_l4(rule: &LbRule, l4_datapath: bool) -> bool {
+pub fn has_data_path(rule: &LbRule, l4_datapath: bool) -> bool {
     rule.service.mode == loxi_common::mode::FULLPROXY || l4_datapath
 }
 

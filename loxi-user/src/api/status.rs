@@ -227,7 +227,7 @@ pub async fn status(
     let rule = one_rule(&st, key, &q)?;
     let unbound = listen_addr(&rule.rule)
         .is_some_and(|a| matches!(st.sockets.status(a), ListenerStatus::Unbound(_)))
-        || !super::rules::served_by_l4(&rule.rule, st.l4_datapath);
+        || !super::rules::has_data_path(&rule.rule, st.l4_datapath);
     let operating = if unbound {
         "OFFLINE"
     } else {

@@ -55,6 +55,8 @@ pub struct Datapath {
     installed: BTreeMap<[u8; 20], (ServiceKey, ServiceValue)>,
     /// What `LOXI_REPLY_VIP` holds ([`super::reply`]).
     reply_vips: ReplyVipTable,
+    /// The kernel's id of the loaded XDP program (fixed once loaded).
+    prog_id: u32,
 }
 
 impl Datapath {
@@ -67,6 +69,10 @@ impl Datapath {
         let mut ebpf = Ebpf::load(bytes).map_err(|e| L4Error::Load(Box::new(e)))?;
         let prog = xdp(&mut ebpf)?;
         prog.load().map_err(|e| L4Error::program("load", e))?;
+        let prog_id = prog
+            .info()
+            .map_err(|e| L4Error::program("program info", e))?
+            .id();
         tc(&mut ebpf)?
             .load()
             .map_err(|e| L4Error::program("load TC", e))?;
@@ -77,6 +83,7 @@ impl Datapath {
             xdp_egress: BTreeSet::new(),
             installed: BTreeMap::new(),
             reply_vips: ReplyVipTable::default(),
+            prog_id,
         })
     }
 
@@ -113,11 +120,8 @@ impl Datapath {
 
     /// The kernel's id of the loaded XDP program: what a link's `IFLA_XDP_*PROG_ID` attributes
     /// name when the program is attached to it.
-    pub fn xdp_prog_id(&mut self) -> Result<u32, L4Error> {
-        let info = xdp(&mut self.ebpf)?
-            .info()
-            .map_err(|e| L4Error::program("program info", e))?;
-        Ok(info.id())
+    pub fn xdp_prog_id(&self) -> u32 {
+        self.prog_id
     }
 
     /// Drops `iface`'s XDP and TC attachments, after its device went away or lost the program:

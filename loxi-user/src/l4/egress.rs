@@ -22,15 +22,21 @@ use rtnetlink::packet_route::link::{
     InfoKind, LinkAttribute, LinkInfo, LinkMessage, LinkXdp, XdpAttached,
 };
 
-/// The ifindexes (in this namespace) whose egress takes XDP frames; `native` names the
-/// interfaces loxi attached its program to in driver mode.
+/// Every link of this namespace (one rtnetlink dump).
+pub async fn links(handle: &Handle) -> Result<Vec<LinkMessage>, rtnetlink::Error> {
+    handle.link().get().execute().try_collect().await
+}
+
+/// The ifindexes among `links` (this namespace's, [`links`]) whose egress takes XDP frames;
+/// `native` names the interfaces loxi attached its program to in driver mode. `handle` asks
+/// for veth peers in other namespaces.
 pub async fn xdp_capable(
     handle: &Handle,
+    links: &[LinkMessage],
     native: &BTreeSet<String>,
-) -> Result<BTreeSet<u32>, rtnetlink::Error> {
-    let links: Vec<LinkMessage> = handle.link().get().execute().try_collect().await?;
+) -> BTreeSet<u32> {
     let mut out = BTreeSet::new();
-    for l in &links {
+    for l in links {
         let index = l.header.index;
         let capable = match veth_peer(l) {
             Some((peer, nsid)) => peer_has_native_xdp(handle, peer, nsid).await,
@@ -43,7 +49,7 @@ pub async fn xdp_capable(
             out.insert(index);
         }
     }
-    Ok(out)
+    out
 }
 
 /// `(peer ifindex, peer namespace id)` of a veth; the id is `None` in the same namespace.

@@ -154,7 +154,7 @@ pub fn plan(
             continue;
         }
         // Endpoints first: a rule over the endpoint limit takes no slot.
-        let eps = match endpoints(stored.id, &stored.rule.endpoints, vip, snat_for)
+        let (slot, eps) = match endpoints(stored.id, &stored.rule.endpoints, vip, snat_for)
             .and_then(|eps| Ok((slots.slot(stored.id)?, eps)))
         {
             Ok(v) => v,
@@ -163,7 +163,6 @@ pub fn plan(
                 continue;
             }
         };
-        let (slot, eps) = eps;
         out.vips.insert(vip);
         let key = ServiceKey {
             addr: addr_bytes(vip),

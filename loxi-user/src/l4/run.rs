@@ -72,8 +72,14 @@ pub async fn run(
                         tracing::warn!(error = %e, "updating the reply-VIP map");
                     }
                     if let Some(h) = links.as_ref() {
-                        keep_attached(d, h, &cfg, &metrics, &mut missing).await;
-                        refresh_egress(d, h).await;
+                        // One link dump a tick, for both checks.
+                        match super::egress::links(h).await {
+                            Ok(all) => {
+                                keep_attached(d, &all, &cfg, &metrics, &mut missing);
+                                refresh_egress(d, h, &all).await;
+                            }
+                            Err(e) => tracing::warn!(error = %e, "listing links for the XDP attachments and egress map"),
+                        }
                     }
                 }
             }
@@ -117,29 +123,15 @@ fn netlink_handle() -> Result<rtnetlink::Handle, L4Error> {
 /// carries loxi's program: it is attached again here, at the next stats tick, and logged. An
 /// interface that is absent is logged once and reported `loxilb_l4_xdp_attached 0` until it
 /// comes back. Start-up still refuses an absent interface ([`start_datapath`]).
-async fn keep_attached(
+fn keep_attached(
     dp: &mut Datapath,
-    handle: &rtnetlink::Handle,
+    links: &[rtnetlink::packet_route::link::LinkMessage],
     cfg: &L4Config,
     metrics: &L4Metrics,
     missing: &mut std::collections::BTreeSet<String>,
 ) {
-    use futures::TryStreamExt as _;
-    use rtnetlink::packet_route::link::{LinkAttribute, LinkMessage};
-    let ours = match dp.xdp_prog_id() {
-        Ok(id) => id,
-        Err(e) => {
-            tracing::warn!(error = %e, "reading the XDP program's id");
-            return;
-        }
-    };
-    let links: Vec<LinkMessage> = match handle.link().get().execute().try_collect().await {
-        Ok(l) => l,
-        Err(e) => {
-            tracing::warn!(error = %e, "listing links to check the XDP attachments");
-            return;
-        }
-    };
+    use rtnetlink::packet_route::link::LinkAttribute;
+    let ours = dp.xdp_prog_id();
     for iface in &cfg.xdp_ifaces {
         let link = links.iter().find(|l| {
             l.attributes
@@ -189,14 +181,14 @@ async fn keep_attached(
 
 /// Recomputes which egresses take XDP frames and updates the map (failures are logged; the
 /// previous set stays, and an egress missing from it still delivers through TC).
-async fn refresh_egress(dp: &mut Datapath, handle: &rtnetlink::Handle) {
-    match super::egress::xdp_capable(handle, &dp.native_ifaces()).await {
-        Ok(set) => {
-            if let Err(e) = dp.set_xdp_egress(&set) {
-                tracing::warn!(error = %e, "updating the XDP egress map");
-            }
-        }
-        Err(e) => tracing::warn!(error = %e, "listing links for the XDP egress map"),
+async fn refresh_egress(
+    dp: &mut Datapath,
+    handle: &rtnetlink::Handle,
+    links: &[rtnetlink::packet_route::link::LinkMessage],
+) {
+    let set = super::egress::xdp_capable(handle, links, &dp.native_ifaces()).await;
+    if let Err(e) = dp.set_xdp_egress(&set) {
+        tracing::warn!(error = %e, "updating the XDP egress map");
     }
 }
 

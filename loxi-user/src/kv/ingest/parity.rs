@@ -40,11 +40,8 @@ pub enum Verdict {
 }
 
 /// What the parity check learned about one endpoint (the `/kv/parity` report). A clone is
-/// the report only: the digest table (one entry per block stored in re-hash mode, millions on
-/// a big cache) is not copied, since the readiness sweep and the parity view clone a report
-/// every second under the parity lock (copying the table there stalled routing for hundreds of
-/// milliseconds each second).
-#[derive(Debug, Default, Serialize)]
+/// the report only: its [`Digests`] table is not copied.
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct EpParity {
     /// Verdict.
     pub verdict: Verdict,
@@ -65,22 +62,32 @@ pub struct EpParity {
     pub unverified_blocks: u64,
     /// Engine key → loxi's full digest of that block (kept while checking and in re-hash mode).
     #[serde(skip)]
-    digests: HashMap<u64, BlockDigest>,
+    digests: Digests,
 }
 
-impl Clone for EpParity {
+/// Engine key → loxi's full digest of that block: one entry per block stored in re-hash mode,
+/// millions on a big cache. Its clone is empty: the readiness sweep and the parity view clone
+/// an endpoint's report every second under the parity lock, and copying this table there
+/// stalled routing for hundreds of milliseconds each second; only the book's own copy is used.
+#[derive(Debug, Default)]
+struct Digests(HashMap<u64, BlockDigest>);
+
+impl Clone for Digests {
     fn clone(&self) -> Self {
-        Self {
-            verdict: self.verdict.clone(),
-            checked_blocks: self.checked_blocks,
-            mismatched_blocks: self.mismatched_blocks,
-            diagnosis: self.diagnosis.clone(),
-            block_size_rejects: self.block_size_rejects,
-            engine_block_size: self.engine_block_size,
-            rehash: self.rehash,
-            unverified_blocks: self.unverified_blocks,
-            digests: HashMap::new(),
-        }
+        Self::default()
+    }
+}
+
+impl std::ops::Deref for Digests {
+    type Target = HashMap<u64, BlockDigest>;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Digests {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
     }
 }
 
