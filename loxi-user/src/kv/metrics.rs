@@ -447,10 +447,18 @@ fn reason(service: &str, reason: &str) -> ReasonLabels {
 }
 
 /// Every `reason` of `loxilb_kv_events_rejected_total` (frame: a multipart message without the
-/// 3 frames; batch: an undecodable payload; malformed: one undecodable event; block_size: a
+/// 3 frames; frame_size: a frame or message over
+/// [`crate::kv::ingest::guard::MAX_MESSAGE_BYTES`], its connection closed; batch: an undecodable payload; malformed: one undecodable event; block_size: a
 /// `BlockStored` with another block size; group_idx: a `BlockStored` naming a KV cache group
 /// past [`crate::kv::ingest::apply::MAX_GROUPS_PER_ENDPOINT`] distinct ones).
-pub const REJECT_REASONS: &[&str] = &["frame", "batch", "malformed", "block_size", "group_idx"];
+pub const REJECT_REASONS: &[&str] = &[
+    "frame",
+    "frame_size",
+    "batch",
+    "malformed",
+    "block_size",
+    "group_idx",
+];
 
 /// Every `reason` (outcome) of `loxilb_kv_replay_total`.
 pub const REPLAY_OUTCOMES: &[&str] = &["ok", "failed"];

@@ -17,6 +17,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, ZmqError, ZmqMessage};
 
+use super::guard::{Cut, Guard, MAX_MESSAGE_BYTES};
+
 /// Missing batches tolerated without repair (LoxiLB's 64-event window).
 pub const KEEP_WINDOW: u64 = 64;
 
@@ -119,6 +121,10 @@ pub enum ReplayError {
         /// Payload bytes received so far.
         bytes: usize,
     },
+    /// A reply frame or message over [`MAX_MESSAGE_BYTES`]; the connection was closed before
+    /// it reached the socket.
+    #[error("replay reply: {0}")]
+    Oversized(Cut),
     /// A reply had an unexpected shape.
     #[error("replay reply with {0} frames")]
     Shape(usize),
@@ -143,15 +149,22 @@ pub async fn fetch(
 }
 
 async fn fetch_inner(addr: &str, start: u64) -> Result<Vec<Replayed>, ReplayError> {
+    let mut guard = Guard::start(addr.to_owned(), MAX_MESSAGE_BYTES)
+        .await
+        .map_err(ZmqError::from)?;
     let mut sock = DealerSocket::new();
-    sock.connect(&format!("tcp://{addr}")).await?;
+    sock.connect(&guard.endpoint()).await?;
     let mut req = ZmqMessage::from(Bytes::new());
     req.push_back(Bytes::copy_from_slice(&start.to_be_bytes()));
     sock.send(req).await?;
     let mut out = Vec::new();
     let mut bytes = 0usize;
     loop {
-        match parse_reply(&sock.recv().await?.into_vec())? {
+        let reply = tokio::select! {
+            r = sock.recv() => r?,
+            cut = guard.next_cut() => return Err(ReplayError::Oversized(cut)),
+        };
+        match parse_reply(&reply.into_vec())? {
             Some(batch) => {
                 bytes = bytes.saturating_add(batch.payload.len());
                 out.push(batch);

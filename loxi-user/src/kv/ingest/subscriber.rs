@@ -29,6 +29,10 @@
 //! vLLM's (`vllm/distributed/kv_events.py`, `ZmqEventPublisher._service_replay`): the ROUTER
 //! answers every buffered batch with seq >= start, then an end marker of seq -1 (`ff×8`).
 //!
+//! The socket connects through a [`super::guard::Guard`], a loopback relay that closes the
+//! connection when the publisher sends a frame or message over 16 MiB (the crate would reserve
+//! whatever a frame header claims), counted `reason="frame_size"`; the crate then reconnects.
+//!
 //! Never dies on input: a message with the wrong frame count or seq width is counted
 //! (`loxilb_kv_events_rejected_total{reason="frame"}`), an undecodable payload likewise
 //! (`reason="batch"`), bad events inside a batch per event. Only cancellation ends the task.
@@ -43,6 +47,7 @@ use tokio_util::sync::CancellationToken;
 use zeromq::{Socket, SocketEvent, SocketOptions, SocketRecv, SubSocket, ZmqError, ZmqMessage};
 
 use super::events::decode_batch;
+use super::guard::{Guard, MAX_MESSAGE_BYTES};
 use super::replay::{self, SeqAction, SeqTracker};
 use crate::kv::members::Member;
 use crate::kv::metrics::{EpLabels, EpReasonLabels};
@@ -159,17 +164,31 @@ impl Stream {
     pub async fn run(mut self, cancel: CancellationToken) {
         self.set_up(false);
         let mut backoff = self.timing.backoff_min;
+        // Binding a loopback port fails only when the process is out of descriptors.
+        let mut guard = loop {
+            match Guard::start(self.addr.publisher.clone(), MAX_MESSAGE_BYTES).await {
+                Ok(g) => break g,
+                Err(e) => {
+                    tracing::warn!(service = self.svc.id, member = self.addr.member, error = %e, "kv subscriber cannot bind its loopback relay; retrying");
+                    tokio::select! {
+                        _ = cancel.cancelled() => return,
+                        _ = tokio::time::sleep(self.timing.backoff_max) => {}
+                    }
+                }
+            }
+        };
+        let endpoint = guard.endpoint();
         loop {
             let opened = tokio::select! {
                 _ = cancel.cancelled() => break,
-                s = open(&self.addr.publisher, self.timing.backoff_max) => s,
+                s = open(&endpoint, self.timing.backoff_max) => s,
             };
             match opened {
                 Ok((sock, events)) => {
                     backoff = self.timing.backoff_min;
                     tokio::select! {
                         _ = cancel.cancelled() => break,
-                        _ = self.serve(sock, events) => {}
+                        _ = self.serve(sock, events, &mut guard) => {}
                     }
                     self.set_up(false);
                 }
@@ -192,7 +211,12 @@ impl Stream {
     /// closed, or no peer left to read from) or stayed disconnected for `backoff_max` (the
     /// crate's own reconnect backs off up to 30 s and cannot be configured), so the caller
     /// rebuilds it and an engine restart costs at most about `backoff_max` of events.
-    async fn serve(&mut self, mut sock: SubSocket, mut events: mpsc::Receiver<SocketEvent>) {
+    async fn serve(
+        &mut self,
+        mut sock: SubSocket,
+        mut events: mpsc::Receiver<SocketEvent>,
+        guard: &mut Guard,
+    ) {
         let mut down_since: Option<tokio::time::Instant> = None;
         loop {
             let rebuild_at = down_since.map(|t| t + self.timing.backoff_max);
@@ -217,6 +241,17 @@ impl Stream {
                     }
                     None => return,
                 },
+                cut = guard.next_cut() => {
+                    tracing::warn!(
+                        service = self.svc.id,
+                        member = self.addr.member,
+                        publisher = %self.addr.publisher,
+                        error = %cut,
+                        "kv publisher sent an oversized ZeroMQ message; connection closed, \
+                         reconnecting (counted as rejected, reason frame_size)"
+                    );
+                    self.reject("frame_size");
+                }
                 _ = sleep_until_some(rebuild_at) => {
                     tracing::info!(
                         service = self.svc.id,
@@ -518,11 +553,11 @@ async fn sleep_until_some(at: Option<tokio::time::Instant>) {
     }
 }
 
-/// A SUB socket subscribed to every topic, connected to `addr` (`host:port`), and its monitor
-/// (opened before connecting, so it sees the first `Connected`). Refused connections are retried
-/// for at most `connect_timeout`.
+/// A SUB socket subscribed to every topic, connected to `endpoint` (the stream's
+/// [`Guard`]), and its monitor (opened before connecting, so it sees the first `Connected`).
+/// The publisher's handshake must complete within `connect_timeout`.
 async fn open(
-    addr: &str,
+    endpoint: &str,
     connect_timeout: Duration,
 ) -> Result<(SubSocket, mpsc::Receiver<SocketEvent>), ZmqError> {
     let mut opts = SocketOptions::default();
@@ -530,7 +565,7 @@ async fn open(
     let mut sock = SubSocket::with_options(opts);
     let events = sock.monitor();
     sock.subscribe("").await?;
-    sock.connect(&format!("tcp://{addr}")).await?;
+    sock.connect(endpoint).await?;
     Ok((sock, events))
 }
 

@@ -1,0 +1,304 @@
+//! A message-size guard in front of the `zeromq` crate's KV-event sockets.
+//!
+//! The crate's ZMTP decoder (`zeromq` 0.7, `ZmqCodec::decode`) reserves the length a frame
+//! header claims before any of its bytes arrive, so a peer claiming 2^60 bytes aborts the whole
+//! process on the failed allocation, and it buffers the frames of a multipart message without
+//! limit. Each KV stream and each replay fetch therefore connects its socket to a [`Guard`]: a
+//! relay on a loopback port that connects to the real publisher, forwards the bytes of both
+//! directions unchanged, and follows the publisher's direction as far as ZMTP 3 framing (RFC
+//! 23/ZMTP: a 64-byte greeting, then frames of a flags byte, a 1- or 8-byte big-endian length
+//! and the body). A frame or a multipart message over the guard's limit
+//! ([`MAX_MESSAGE_BYTES`] for event streams) closes both connections before a byte of that
+//! frame reaches the crate, and is reported as a [`Cut`]. The crate then sees a disconnect and
+//! reconnects, and the stream's sequence rules repair or clear what was lost: a hostile or
+//! broken publisher costs routing quality, never the gateway.
+//!
+//! The relay connects to the publisher only when the crate connects to it, and closes the
+//! crate's connection when the publisher cannot be reached, so the crate's `Connected` event
+//! (sent after the ZMTP handshake) still means the publisher answered.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+
+/// Largest frame, and largest multipart message, a KV event stream or replay accepts: 16 MiB.
+/// A vLLM `KVEventBatch` holds one scheduler step's events (a 128k-token prefill in 16-token
+/// blocks is about 1 MB of msgpack), so this is far above real batches; decoded, one message
+/// costs at most about 9× its size.
+pub const MAX_MESSAGE_BYTES: u64 = 16 << 20;
+
+/// How long the relay waits for the publisher's TCP connect.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A relayed connection closed because the publisher sent more than the limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "a ZMTP frame of {frame} bytes (its message {message} bytes so far) is over the {limit}-byte bound"
+)]
+pub struct Cut {
+    /// The length the offending frame's header claims, in bytes.
+    pub frame: u64,
+    /// The bytes of its multipart message so far, that frame included.
+    pub message: u64,
+    /// The limit it went past, in bytes.
+    pub limit: u64,
+}
+
+/// A running relay: a loopback listener whose every connection is relayed to one publisher.
+/// Dropping it stops the listener and closes every relayed connection.
+pub struct Guard {
+    addr: SocketAddr,
+    cuts: mpsc::Receiver<Cut>,
+    _task: AbortOnDrop,
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl Guard {
+    /// Binds `127.0.0.1:0` and relays each connection accepted there to `publisher` (`host:port`,
+    /// resolved per connection), cutting it at `limit` bytes per frame or multipart message.
+    ///
+    /// Errors: the loopback bind failing.
+    pub async fn start(publisher: String, limit: u64) -> std::io::Result<Self> {
+        let listener = TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0)).await?;
+        let addr = listener.local_addr()?;
+        let (tx, cuts) = mpsc::channel(16);
+        #[allow(
+            clippy::disallowed_methods,
+            reason = "owned by the Guard, aborted when it drops; its relays die with its JoinSet"
+        )]
+        let task = tokio::spawn(accept_loop(listener, publisher, limit, tx));
+        Ok(Self {
+            addr,
+            cuts,
+            _task: AbortOnDrop(task),
+        })
+    }
+
+    /// The loopback address to connect the `zeromq` socket to.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `tcp://` endpoint of [`Self::addr`], for `Socket::connect`.
+    pub fn endpoint(&self) -> String {
+        format!("tcp://{}", self.addr)
+    }
+
+    /// The next connection cut for size (pending forever when there is none).
+    pub async fn next_cut(&mut self) -> Cut {
+        match self.cuts.recv().await {
+            Some(c) => c,
+            None => std::future::pending().await,
+        }
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    publisher: String,
+    limit: u64,
+    cuts: mpsc::Sender<Cut>,
+) {
+    let mut relays = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((down, _)) => {
+                    let publisher = publisher.clone();
+                    let cuts = cuts.clone();
+                    relays.spawn(async move {
+                        match relay(down, &publisher, limit).await {
+                            Err(RelayEnd::Cut(c)) => {
+                                // Full only when the stream stopped reading cuts; it counts
+                                // the ones it reads.
+                                let _ = cuts.try_send(c);
+                            }
+                            Err(RelayEnd::Io(e)) => {
+                                tracing::debug!(%publisher, error = %e, "kv event relay closed");
+                            }
+                            Ok(()) => {}
+                        }
+                    });
+                }
+                Err(e) => {
+                    // EMFILE and the like: back off instead of spinning.
+                    tracing::warn!(%publisher, error = %e, "kv event relay accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            },
+            Some(_) = relays.join_next(), if !relays.is_empty() => {}
+        }
+    }
+}
+
+enum RelayEnd {
+    Cut(Cut),
+    Io(std::io::Error),
+}
+
+impl From<std::io::Error> for RelayEnd {
+    fn from(e: std::io::Error) -> Self {
+        Self::Io(e)
+    }
+}
+
+/// Relays `down` (the crate's connection) to a new connection to `publisher` until either side
+/// closes or the publisher's side goes past `limit`.
+async fn relay(down: TcpStream, publisher: &str, limit: u64) -> Result<(), RelayEnd> {
+    let up = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(publisher))
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"))??;
+    up.set_nodelay(true)?;
+    down.set_nodelay(true)?;
+    let (mut up_r, mut up_w) = up.into_split();
+    let (mut down_r, mut down_w) = down.into_split();
+    let to_publisher = async {
+        tokio::io::copy(&mut down_r, &mut up_w).await?;
+        Ok::<(), RelayEnd>(())
+    };
+    let from_publisher = async {
+        let mut framing = Framing::new(limit);
+        let mut buf = vec![0u8; 64 << 10];
+        loop {
+            let n = up_r.read(&mut buf).await?;
+            if n == 0 {
+                return Ok::<(), RelayEnd>(());
+            }
+            framing.feed(&buf[..n]).map_err(RelayEnd::Cut)?;
+            down_w.write_all(&buf[..n]).await?;
+        }
+    };
+    tokio::select! {
+        r = to_publisher => r,
+        r = from_publisher => r,
+    }
+}
+
+/// Where [`Framing`] is in the byte stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum At {
+    /// Inside the 64-byte greeting.
+    Greeting,
+    /// At a frame's flags byte.
+    Flags,
+    /// Inside a frame's length field.
+    Len,
+    /// Inside a frame's body.
+    Body,
+}
+
+/// ZMTP 3 framing of one direction of a connection, followed byte by byte without buffering.
+#[derive(Debug)]
+pub struct Framing {
+    at: At,
+    /// Bytes left in the current greeting, length field or body.
+    left: u64,
+    long: bool,
+    more: bool,
+    command: bool,
+    len: u64,
+    /// Bytes of the current multipart message so far.
+    message: u64,
+    limit: u64,
+}
+
+impl Framing {
+    /// A connection's start, before the greeting; frames and messages over `limit` bytes are
+    /// refused.
+    pub fn new(limit: u64) -> Self {
+        Self {
+            at: At::Greeting,
+            left: 64,
+            long: false,
+            more: false,
+            command: false,
+            len: 0,
+            message: 0,
+            limit,
+        }
+    }
+
+    /// Follows `bytes`, the next bytes of the stream. Errors: a frame header claiming more than
+    /// the limit, or a multipart message's frames adding up to more (checked at each header,
+    /// before its body).
+    pub fn feed(&mut self, mut bytes: &[u8]) -> Result<(), Cut> {
+        while !bytes.is_empty() {
+            match self.at {
+                At::Greeting | At::Body => {
+                    let take = self.left.min(bytes.len() as u64);
+                    bytes = &bytes[usize::try_from(take).unwrap_or(bytes.len())..];
+                    self.left -= take;
+                    if self.left == 0 {
+                        self.frame_done();
+                    }
+                }
+                At::Flags => {
+                    let flags = bytes[0];
+                    bytes = &bytes[1..];
+                    self.more = flags & 0b001 != 0;
+                    self.long = flags & 0b010 != 0;
+                    self.command = flags & 0b100 != 0;
+                    self.at = At::Len;
+                    self.left = if self.long { 8 } else { 1 };
+                    self.len = 0;
+                }
+                At::Len => {
+                    self.len = (self.len << 8) | u64::from(bytes[0]);
+                    bytes = &bytes[1..];
+                    self.left -= 1;
+                    if self.left == 0 {
+                        self.header_done()?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn header_done(&mut self) -> Result<(), Cut> {
+        let message = if self.command {
+            self.len
+        } else {
+            self.message.saturating_add(self.len)
+        };
+        if message > self.limit {
+            return Err(Cut {
+                frame: self.len,
+                message,
+                limit: self.limit,
+            });
+        }
+        if !self.command {
+            self.message = message;
+        }
+        self.at = At::Body;
+        self.left = self.len;
+        if self.left == 0 {
+            self.frame_done();
+        }
+        Ok(())
+    }
+
+    /// The greeting or a frame's body ended.
+    fn frame_done(&mut self) {
+        if self.at == At::Body && !self.command && !self.more {
+            self.message = 0;
+        }
+        self.at = At::Flags;
+    }
+}
+
+#[cfg(test)]
+#[path = "guard_tests.rs"]
+mod tests;
