@@ -60,6 +60,11 @@ pub struct EpParity {
     /// Blocks with extra keys (LoRA, cache salt) whose digest differed from the engine's, and
     /// the blocks after them in their event: not held against the engine (see `own_chain`).
     pub unverified_blocks: u64,
+    /// Blocks re-hash mode left out of the index because loxi cannot compute their digest (an
+    /// event without token ids, token ids that are not `blocks × kvBlockSize`, a parent it
+    /// never saw, extra keys it cannot reproduce): the endpoint holds them, loxi does not
+    /// know it, so requests reusing them score lower there.
+    pub untranslated_blocks: u64,
     /// Engine key → loxi's full digest of that block (kept while checking and in re-hash mode).
     #[serde(skip)]
     digests: Digests,
@@ -169,7 +174,19 @@ impl ParityBook {
             p.digests.clear();
         }
         let keys = if p.rehash {
-            own.iter().flatten().map(|d| d.key(hasher.algo())).collect()
+            let keys: Vec<BlockKey> = own.iter().flatten().map(|d| d.key(hasher.algo())).collect();
+            let left_out = (engine.len() - keys.len()) as u64;
+            if left_out > 0 && p.untranslated_blocks == 0 {
+                tracing::warn!(
+                    ep,
+                    blocks = left_out,
+                    "KV re-hash: blocks the engine stored cannot be re-hashed (no token ids, an \
+                     unknown parent or extra keys) and are left out of the index; counted in \
+                     the parity report's untranslated_blocks"
+                );
+            }
+            p.untranslated_blocks += left_out;
+            keys
         } else {
             engine
         };

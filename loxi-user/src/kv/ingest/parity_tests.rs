@@ -122,6 +122,46 @@ fn rehash_chains_children_through_engine_parents_and_maps_removals() {
     assert_eq!(removed, own[2..]);
 }
 
+/// In re-hash mode a block loxi cannot digest (here: an event without token ids, and a child of
+/// a parent it never saw) is left out of the index and counted, not dropped silently.
+#[test]
+fn rehash_counts_the_blocks_it_cannot_translate() {
+    let engine = BlockHasher::new(HashAlgo::Sha256Cbor, Some("42"));
+    let toks = tokens(4, 16, 3);
+    let mut book = ParityBook::default();
+    let lora = LoraCatalog::default();
+    let first = engine_event(&engine, &toks[..32], 16);
+    assert_eq!(
+        book.on_stored(0, &first, &rule_hasher(), 16, &lora)
+            .keys
+            .len(),
+        2
+    );
+    assert!(book.get(0).expect("report").rehash);
+    let no_tokens = BlockStored {
+        token_ids: Vec::new(),
+        ..engine_event(&engine, &tokens(3, 16, 8), 16)
+    };
+    assert!(
+        book.on_stored(0, &no_tokens, &rule_hasher(), 16, &lora)
+            .keys
+            .is_empty()
+    );
+    let all = engine_event(&engine, &toks, 16);
+    let orphan = BlockStored {
+        block_hashes: all.block_hashes[3..].to_vec(),
+        parent_block_hash: Some(EngineBlockHash::Int(0xdead)),
+        token_ids: toks[48..].to_vec(),
+        ..all.clone()
+    };
+    assert!(
+        book.on_stored(0, &orphan, &rule_hasher(), 16, &lora)
+            .keys
+            .is_empty()
+    );
+    assert_eq!(book.get(0).expect("report").untranslated_blocks, 3 + 1);
+}
+
 /// A report's clone (what the readiness sweep and the parity view take every second, under
 /// the lock) leaves the digest table behind; the book keeps it, so re-hash mode still maps
 /// the engine's removals.
