@@ -81,7 +81,8 @@ pub struct EndpointInventory {
     /// Endpoint IP.
     #[serde(rename = "endpointIP")]
     pub endpoint_ip: String,
-    /// Blocks held (all ranks).
+    /// Distinct blocks held (all ranks and tiers; a block on the GPU and in the offload tier
+    /// counts once, as it is listed once). `loxilb_pd_kv_blocks` counts each tier's copy.
     #[serde(rename = "blockCount")]
     pub block_count: u64,
     /// Any rank connected.
@@ -285,15 +286,14 @@ fn inventory_view(api: &KvApi, q: &HashMap<String, String>) -> Result<InventoryV
                     }
                 })
                 .collect();
+            let held = svc.index.keys_of(member);
             EndpointInventory {
                 ep_idx: ep,
                 endpoint_ip: e.ip.clone(),
-                block_count: svc.index.blocks(member),
+                block_count: held.len() as u64,
                 connected: ranks.iter().any(|r| r.connected),
                 ranks,
-                hashes: svc
-                    .index
-                    .keys_of(member)
+                hashes: held
                     .into_iter()
                     .skip(offset)
                     .take(limit)

@@ -42,7 +42,7 @@
 //! name, and vLLM mixes the LoRA name into the block hash, so blocks of different adapters never
 //! collide. Two different base models would need two rules (LoxiLB's "one model per rule").
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -1398,10 +1398,13 @@ impl KvIndex {
         best
     }
 
-    /// Keys held by `ep` (all ranks, confirmed only), oldest first per rank.
+    /// Distinct keys held by `ep` (confirmed only), oldest first per rank and tier, each listed
+    /// once: a block held on several ranks, or on the GPU and in the offload tier, appears at
+    /// its first place (rank order, GPU before offload).
     pub fn keys_of(&self, ep: Member) -> Vec<BlockKey> {
         let slots = self.slots.lock();
         let t = self.table.read();
+        let mut seen = HashSet::new();
         let mut out = Vec::new();
         for s in
             (0..=MAX_RANK).flat_map(|r| [slot_in(ep, r, Tier::Gpu), slot_in(ep, r, Tier::Offload)])
@@ -1410,12 +1413,11 @@ impl KvIndex {
                 out.extend(
                     st.fifo
                         .iter()
-                        .filter(|&&k| t.holds(k, s))
+                        .filter(|&&k| t.holds(k, s) && seen.insert(k))
                         .map(|&k| BlockKey(k)),
                 );
             }
         }
-        out.dedup();
         out
     }
 

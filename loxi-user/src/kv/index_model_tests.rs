@@ -211,21 +211,20 @@ impl Model {
             .collect()
     }
 
+    /// Each held key once, at its first place (rank order, GPU before offload, oldest first).
     fn keys_of(&self, ep: Member) -> Vec<BlockKey> {
-        let mut out = Vec::new();
+        let mut out: Vec<BlockKey> = Vec::new();
         for r in 0..=MAX_RANK {
             for offload in [false, true] {
                 if let Some(s) = self.streams.get(&(ep, r, offload)) {
-                    out.extend(
-                        s.fifo
-                            .iter()
-                            .filter(|k| s.refs.contains_key(k))
-                            .map(|&k| BlockKey(k)),
-                    );
+                    for &k in s.fifo.iter().filter(|k| s.refs.contains_key(k)) {
+                        if !out.contains(&BlockKey(k)) {
+                            out.push(BlockKey(k));
+                        }
+                    }
                 }
             }
         }
-        out.dedup();
         out
     }
 

@@ -451,3 +451,15 @@ fn survivors_find_their_endpoint_entry_when_ranks_share_it_and_offload_copies_ar
         );
     }
 }
+
+/// A block on the GPU and in the offload tier, or on two ranks, is listed once (the inventory
+/// lists `keys_of`); each tier's copy still counts in `blocks` (the gauge).
+#[test]
+fn a_block_on_both_tiers_and_two_ranks_is_listed_once() {
+    let ix = KvIndex::new(1000);
+    ix.store(0, 0, &keys(&[1, 2, 3]));
+    ix.store_in(0, 0, Tier::Offload, &keys(&[2, 3, 4]));
+    ix.store(0, 1, &keys(&[3, 5]));
+    assert_eq!(ix.keys_of(0), keys(&[1, 2, 3, 4, 5]));
+    assert_eq!(ix.blocks(0), 8);
+}
