@@ -15,7 +15,9 @@
 //!
 //! The relay connects to the publisher only when the crate connects to it, and closes the
 //! crate's connection when the publisher cannot be reached, so the crate's `Connected` event
-//! (sent after the ZMTP handshake) still means the publisher answered.
+//! (sent after the ZMTP handshake) still means the publisher answered. It relays only this
+//! process's own connections ([`is_own_connection`]): another local process connecting to the
+//! loopback port is closed at once, so it can neither hold descriptors nor read the stream.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -31,20 +33,29 @@ use tokio::task::JoinSet;
 /// costs at most about 9× its size.
 pub const MAX_MESSAGE_BYTES: u64 = 16 << 20;
 
+/// Most frames one multipart message may have: an event is 3 frames (`[topic, seq, payload]`),
+/// a replay reply at most 4 (`[b"", topic, seq, payload]`). Without a bound, frames of 0 or 1
+/// bytes stay under [`MAX_MESSAGE_BYTES`] while the crate keeps a handle (tens of bytes) per
+/// frame: gigabytes within seconds.
+pub const MAX_MESSAGE_FRAMES: u32 = 8;
+
 /// How long the relay waits for the publisher's TCP connect.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A relayed connection closed because the publisher sent more than the limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "a ZMTP frame of {frame} bytes (its message {message} bytes so far) is over the {limit}-byte bound"
+    "a ZMTP frame of {frame} bytes (its message {message} bytes and {frames} frames so far) is \
+     over the bound of {limit} bytes and {MAX_MESSAGE_FRAMES} frames"
 )]
 pub struct Cut {
     /// The length the offending frame's header claims, in bytes.
     pub frame: u64,
     /// The bytes of its multipart message so far, that frame included.
     pub message: u64,
-    /// The limit it went past, in bytes.
+    /// The frames of its multipart message so far, that frame included.
+    pub frames: u32,
+    /// The byte limit, in bytes.
     pub limit: u64,
 }
 
@@ -65,12 +76,16 @@ impl Drop for AbortOnDrop {
 }
 
 impl Guard {
-    /// Binds `127.0.0.1:0` and relays each connection accepted there to `publisher` (`host:port`,
-    /// resolved per connection), cutting it at `limit` bytes per frame or multipart message.
+    /// Binds `127.0.0.1:0` (`[::1]:0` on a host without IPv4 loopback) and relays each
+    /// connection accepted there to `publisher` (`host:port`, resolved per connection), cutting
+    /// it at `limit` bytes per frame or multipart message.
     ///
-    /// Errors: the loopback bind failing.
+    /// Errors: neither loopback bind succeeding (the IPv6 one's error).
     pub async fn start(publisher: String, limit: u64) -> std::io::Result<Self> {
-        let listener = TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0)).await?;
+        let listener = match TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0)).await {
+            Ok(l) => l,
+            Err(_) => TcpListener::bind((std::net::Ipv6Addr::LOCALHOST, 0)).await?,
+        };
         let addr = listener.local_addr()?;
         let (tx, cuts) = mpsc::channel(16);
         #[allow(
@@ -111,10 +126,22 @@ async fn accept_loop(
     cuts: mpsc::Sender<Cut>,
 ) {
     let mut relays = JoinSet::new();
+    let mut foreign_logged = false;
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((down, _)) => {
+                Ok((down, peer)) => {
+                    let own = listener
+                        .local_addr()
+                        .and_then(|at| is_own_connection(peer, at));
+                    if !matches!(own, Ok(true)) {
+                        // Another local process: closed at once, so it can neither hold the
+                        // daemon's descriptors nor read the engine's stream through it.
+                        if !std::mem::replace(&mut foreign_logged, true) {
+                            tracing::warn!(%publisher, %peer, check = ?own, "kv event relay: a connection not from this process refused");
+                        }
+                        continue;
+                    }
                     let publisher = publisher.clone();
                     let cuts = cuts.clone();
                     relays.spawn(async move {
@@ -140,6 +167,51 @@ async fn accept_loop(
             Some(_) = relays.join_next(), if !relays.is_empty() => {}
         }
     }
+}
+
+/// Whether the TCP connection whose client end is `peer`, connected to `listener`, is a socket
+/// of this process: the row of `/proc/self/net/tcp` (or `tcp6`) with that local and remote
+/// address names a socket inode that one of `/proc/self/fd` links to. The client's socket
+/// exists, connected, before the listener accepts it. Errors: `/proc` unreadable.
+fn is_own_connection(peer: SocketAddr, listener: SocketAddr) -> std::io::Result<bool> {
+    let table = if peer.is_ipv4() {
+        "/proc/self/net/tcp"
+    } else {
+        "/proc/self/net/tcp6"
+    };
+    let text = std::fs::read_to_string(table)?;
+    let (local, remote) = (proc_addr(peer), proc_addr(listener));
+    let inode = text.lines().skip(1).find_map(|row| {
+        let f: Vec<&str> = row.split_whitespace().collect();
+        (f.len() > 9 && f[1] == local && f[2] == remote).then(|| f[9].to_owned())
+    });
+    let Some(inode) = inode else {
+        return Ok(false);
+    };
+    let target = format!("socket:[{inode}]");
+    for fd in std::fs::read_dir("/proc/self/fd")? {
+        let Ok(fd) = fd else { continue };
+        if std::fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == target.as_str()) {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// `addr` as `/proc/net/tcp` prints it: each 32-bit word of the address as the host reads it,
+/// `%08X`, then `:%04X` of the port.
+fn proc_addr(addr: SocketAddr) -> String {
+    let octets: Vec<u8> = match addr.ip() {
+        std::net::IpAddr::V4(ip) => ip.octets().to_vec(),
+        std::net::IpAddr::V6(ip) => ip.octets().to_vec(),
+    };
+    let mut out = String::with_capacity(octets.len() * 2 + 5);
+    for w in octets.chunks_exact(4) {
+        let word = u32::from_ne_bytes([w[0], w[1], w[2], w[3]]);
+        out.push_str(&format!("{word:08X}"));
+    }
+    out.push_str(&format!(":{:04X}", addr.port()));
+    out
 }
 
 enum RelayEnd {
@@ -210,6 +282,8 @@ pub struct Framing {
     len: u64,
     /// Bytes of the current multipart message so far.
     message: u64,
+    /// Frames of the current multipart message so far.
+    frames: u32,
     limit: u64,
 }
 
@@ -225,13 +299,14 @@ impl Framing {
             command: false,
             len: 0,
             message: 0,
+            frames: 0,
             limit,
         }
     }
 
     /// Follows `bytes`, the next bytes of the stream. Errors: a frame header claiming more than
-    /// the limit, or a multipart message's frames adding up to more (checked at each header,
-    /// before its body).
+    /// the limit, a multipart message's frames adding up to more, or a message of more than
+    /// [`MAX_MESSAGE_FRAMES`] frames (checked at each header, before its body).
     pub fn feed(&mut self, mut bytes: &[u8]) -> Result<(), Cut> {
         while !bytes.is_empty() {
             match self.at {
@@ -267,20 +342,22 @@ impl Framing {
     }
 
     fn header_done(&mut self) -> Result<(), Cut> {
-        let message = if self.command {
-            self.len
+        let (message, frames) = if self.command {
+            (self.len, 1)
         } else {
-            self.message.saturating_add(self.len)
+            (self.message.saturating_add(self.len), self.frames + 1)
         };
-        if message > self.limit {
+        if message > self.limit || frames > MAX_MESSAGE_FRAMES {
             return Err(Cut {
                 frame: self.len,
                 message,
+                frames,
                 limit: self.limit,
             });
         }
         if !self.command {
             self.message = message;
+            self.frames = frames;
         }
         self.at = At::Body;
         self.left = self.len;
@@ -294,6 +371,7 @@ impl Framing {
     fn frame_done(&mut self) {
         if self.at == At::Body && !self.command && !self.more {
             self.message = 0;
+            self.frames = 0;
         }
         self.at = At::Flags;
     }

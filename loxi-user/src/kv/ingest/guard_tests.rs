@@ -76,6 +76,7 @@ fn framing_follows_greeting_commands_and_messages_split_anywhere() {
         Err(Cut {
             frame: 2048,
             message: 2048,
+            frames: 1,
             limit: 1024
         })
     );
@@ -108,6 +109,7 @@ fn a_multipart_message_is_bounded_as_a_whole_and_a_command_alone() {
         Err(Cut {
             frame: 201,
             message: 1001,
+            frames: 3,
             limit
         })
     );
@@ -127,6 +129,93 @@ fn a_multipart_message_is_bounded_as_a_whole_and_a_command_alone() {
         feed_in_steps(limit, &stream, 1).map_err(|c| c.frame),
         Err(1001)
     );
+}
+
+/// Frames of 0 or 1 bytes add (almost) nothing to a message's size but cost the crate a handle
+/// each: a message is cut at its 9th frame, whatever their size; a command alone is one frame.
+#[test]
+fn a_message_of_many_tiny_frames_is_cut_at_its_frame_bound() {
+    let mut stream = greeting();
+    for _ in 0..MAX_MESSAGE_FRAMES - 1 {
+        stream.extend(frame(&[], true));
+    }
+    stream.extend(frame(b"x", false));
+    for _ in 0..MAX_MESSAGE_FRAMES {
+        stream.extend(frame(b"y", true));
+        stream.extend(ready_pub());
+    }
+    assert_eq!(
+        feed_in_steps(MAX_MESSAGE_BYTES, &stream, 3),
+        Ok(()),
+        "8 frames per message, commands between them not counted"
+    );
+    stream.extend(frame(&[], true));
+    assert_eq!(
+        feed_in_steps(MAX_MESSAGE_BYTES, &stream, 3).map_err(|c| (c.frames, c.message)),
+        Err((MAX_MESSAGE_FRAMES + 1, u64::from(MAX_MESSAGE_FRAMES)))
+    );
+}
+
+/// Another process connecting to the relay's port is closed at once and never relayed: the
+/// publisher sees no connection, while one from this process is relayed.
+#[tokio::test]
+async fn a_connection_from_another_process_is_refused() {
+    use tokio::io::AsyncReadExt as _;
+    let publisher = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let guard = Guard::start(publisher.local_addr().expect("addr").to_string(), 1024)
+        .await
+        .expect("guard");
+    let script = format!(
+        "import socket\ns = socket.create_connection(('127.0.0.1', {}))\ns.settimeout(5)\n\
+         print(len(s.recv(16)))",
+        guard.addr().port()
+    );
+    let out = tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio::process::Command::new("python3")
+            .args(["-c", &script])
+            .output(),
+    )
+    .await
+    .expect("python3 within 10 s")
+    .expect("run python3");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "0",
+        "closed at once (EOF), stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), publisher.accept())
+            .await
+            .is_err(),
+        "the foreign connection was relayed to the publisher"
+    );
+    let mut own = TcpStream::connect(guard.addr()).await.expect("connect");
+    let (mut upstream, _) = tokio::time::timeout(Duration::from_secs(5), publisher.accept())
+        .await
+        .expect("this process's connection is relayed")
+        .expect("accept");
+    use tokio::io::AsyncWriteExt as _;
+    upstream.write_all(b"hello").await.expect("write");
+    let mut got = [0u8; 5];
+    own.read_exact(&mut got).await.expect("read");
+    assert_eq!(&got, b"hello");
+}
+
+#[test]
+fn proc_addr_matches_the_kernels_format() {
+    // /proc/net/tcp prints each address word as the host reads it: 127.0.0.1 on a
+    // little-endian host is 0100007F.
+    let v4: SocketAddr = "127.0.0.1:8080".parse().expect("addr");
+    let want = if cfg!(target_endian = "little") {
+        "0100007F:1F90"
+    } else {
+        "7F000001:1F90"
+    };
+    assert_eq!(proc_addr(v4), want);
+    let v6: SocketAddr = "[::1]:1".parse().expect("addr");
+    assert_eq!(proc_addr(v6).len(), 32 + 5);
 }
 
 /// The relay forwards both directions byte for byte, reports a cut for an oversized frame

@@ -30,8 +30,9 @@
 //! answers every buffered batch with seq >= start, then an end marker of seq -1 (`ff×8`).
 //!
 //! The socket connects through a [`super::guard::Guard`], a loopback relay that closes the
-//! connection when the publisher sends a frame or message over 16 MiB (the crate would reserve
-//! whatever a frame header claims), counted `reason="frame_size"`; the crate then reconnects.
+//! connection when the publisher sends a frame or message over 16 MiB or 8 frames (the crate
+//! would reserve whatever a frame header claims), counted `reason="frame_size"` (a replay reply
+//! cut likewise, and the replay fails); the crate then reconnects.
 //!
 //! Never dies on input: a message with the wrong frame count or seq width is counted
 //! (`loxilb_kv_events_rejected_total{reason="frame"}`), an undecodable payload likewise
@@ -47,8 +48,8 @@ use tokio_util::sync::CancellationToken;
 use zeromq::{Socket, SocketEvent, SocketOptions, SocketRecv, SubSocket, ZmqError, ZmqMessage};
 
 use super::events::decode_batch;
-use super::guard::{Guard, MAX_MESSAGE_BYTES};
-use super::replay::{self, SeqAction, SeqTracker};
+use super::guard::{Cut, Guard, MAX_MESSAGE_BYTES};
+use super::replay::{self, ReplayError, Replayed, SeqAction, SeqTracker};
 use crate::kv::members::Member;
 use crate::kv::metrics::{EpLabels, EpReasonLabels};
 use crate::kv::state::{KvState, ServiceKv};
@@ -111,6 +112,8 @@ pub struct Stream {
     /// XXH3 of the last applied batch's payload: a replay that continues this stream answers
     /// the same batch at that seq.
     last_digest: Option<u64>,
+    /// When an oversized message was last logged as a warning ([`Self::cut`]).
+    cut_warned: Option<tokio::time::Instant>,
 }
 
 impl Stream {
@@ -133,6 +136,7 @@ impl Stream {
             foreign_rank_logged: false,
             reconnected: false,
             last_digest: None,
+            cut_warned: None,
         }
     }
 
@@ -241,17 +245,7 @@ impl Stream {
                     }
                     None => return,
                 },
-                cut = guard.next_cut() => {
-                    tracing::warn!(
-                        service = self.svc.id,
-                        member = self.addr.member,
-                        publisher = %self.addr.publisher,
-                        error = %cut,
-                        "kv publisher sent an oversized ZeroMQ message; connection closed, \
-                         reconnecting (counted as rejected, reason frame_size)"
-                    );
-                    self.reject("frame_size");
-                }
+                cut = guard.next_cut() => self.cut(&cut, "event"),
                 _ = sleep_until_some(rebuild_at) => {
                     tracing::info!(
                         service = self.svc.id,
@@ -311,6 +305,41 @@ impl Stream {
         }
     }
 
+    /// An oversized message on the `socket` (`event` or `replay`) was cut: counted as rejected
+    /// (`frame_size`), logged as a warning at most once a minute (a hostile publisher is cut
+    /// again on every reconnect).
+    fn cut(&mut self, cut: &Cut, socket: &str) {
+        self.reject("frame_size");
+        let now = tokio::time::Instant::now();
+        if self
+            .cut_warned
+            .is_some_and(|t| now.duration_since(t) < Duration::from_secs(60))
+        {
+            tracing::debug!(service = self.svc.id, member = self.addr.member, socket, error = %cut, "kv publisher's oversized message cut again");
+            return;
+        }
+        self.cut_warned = Some(now);
+        tracing::warn!(
+            service = self.svc.id,
+            member = self.addr.member,
+            publisher = %self.addr.publisher,
+            socket,
+            error = %cut,
+            "kv publisher sent an oversized ZeroMQ message; connection closed, reconnecting \
+             (counted as rejected, reason frame_size; repeats within a minute are logged at debug)"
+        );
+    }
+
+    /// [`replay::fetch`] from `addr` with the stream's deadline; a reply cut for its size is
+    /// counted as [`Self::cut`].
+    async fn replay(&mut self, addr: &str, from: u64) -> Result<Vec<Replayed>, ReplayError> {
+        let got = replay::fetch(addr, from, self.timing.replay_timeout).await;
+        if let Err(ReplayError::Oversized(cut)) = &got {
+            self.cut(cut, "replay");
+        }
+        got
+    }
+
     /// Replays, from the replay socket, what the engine still buffers from the next expected
     /// seq (0 before any batch) and applies it; the stream is `syncing` meanwhile. No-op
     /// without a replay port.
@@ -331,7 +360,7 @@ impl Stream {
         self.replayed_through = None;
         let check = self.seq.last().filter(|_| self.reconnected);
         let from = check.or(self.seq.last().map(|l| l + 1)).unwrap_or(0);
-        let mut got = replay::fetch(&addr, from, self.timing.replay_timeout).await;
+        let mut got = self.replay(&addr, from).await;
         if let (Some(last), Ok(batches)) = (check, &got) {
             let continues = batches
                 .first()
@@ -345,7 +374,7 @@ impl Stream {
                      this stream); clearing its blocks"
                 );
                 self.restarted();
-                got = replay::fetch(&addr, 0, self.timing.replay_timeout).await;
+                got = self.replay(&addr, 0).await;
             }
         }
         let ok = match got {
@@ -515,7 +544,7 @@ impl Stream {
         let Some(addr) = self.addr.replay.clone() else {
             return false;
         };
-        let got = replay::fetch(&addr, from, self.timing.replay_timeout).await;
+        let got = self.replay(&addr, from).await;
         let ok = match got {
             Ok(batches) => {
                 let mut want = from;
