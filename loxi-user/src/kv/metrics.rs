@@ -448,7 +448,8 @@ fn reason(service: &str, reason: &str) -> ReasonLabels {
 
 /// Every `reason` of `loxilb_kv_events_rejected_total` (frame: a multipart message without the
 /// 3 frames; frame_size: a frame or message over
-/// [`crate::kv::ingest::guard::MAX_MESSAGE_BYTES`], its connection closed; batch: an undecodable payload; malformed: one undecodable event; block_size: a
+/// [`crate::kv::ingest::guard::MAX_MESSAGE_BYTES`] or
+/// [`crate::kv::ingest::guard::MAX_MESSAGE_FRAMES`], its connection closed; batch: an undecodable payload; malformed: one undecodable event; block_size: a
 /// `BlockStored` with another block size; group_idx: a `BlockStored` naming a KV cache group
 /// past [`crate::kv::ingest::apply::MAX_GROUPS_PER_ENDPOINT`] distinct ones).
 pub const REJECT_REASONS: &[&str] = &[
