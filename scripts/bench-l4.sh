@@ -6,7 +6,9 @@
 # flows). Rounds run every case once (order rotated), so each forwarding cost is taken against
 # its own round's sender-only baseline (the LB's ingress drops in XDP); prints per shape the
 # medians, every round's forwarding cost, the XDP program's own time per packet and the
-# native/nftables ratio (median and spread over rounds). New flows run below both conntrack
+# native/nftables ratio (median and spread over rounds), and the program's time net of the BPF
+# statistics' own floor (the drop program's time) with the ratio the path would have without
+# the program (how much of the cost is loxi's program at all). New flows run below both conntrack
 # tables' capacity (each XDP run on a fresh map), plus one case for XDP native with its map
 # full (evicting). Root only.
 #   BENCH_PACKETS (default 200000) packets per established-flow run, BENCH_NEW_PACKETS (default
