@@ -1104,6 +1104,13 @@ async fn h2c_prior_knowledge_is_served_on_the_same_port() {
         seen.push(r.endpoint.expect("ep"));
     }
     assert_eq!(seen, vec![0, 1, 0, 1]);
+    // The client's `:authority` reaches the backends as `Host` (RFC 9113 §8.3.1), as an
+    // HTTP/1.1 client's `Host` does, not the endpoint's own address.
+    for b in &bs {
+        for r in b.requests() {
+            assert_eq!(r.header("host"), Some(format!("127.0.0.1:{port}").as_str()));
+        }
+    }
 }
 
 #[tokio::test]

@@ -181,7 +181,8 @@ pub fn strip_hop_by_hop(h: &mut HeaderMap) {
 }
 
 /// The request for `authority`: the client's method, path and query, headers (hop-by-hop ones
-/// removed) and `body`; 500 `internal_error` when the URI cannot be built.
+/// removed; an HTTP/2 client's `:authority` as `Host`) and `body`; 500 `internal_error` when
+/// the URI cannot be built.
 pub fn upstream_request(
     parts: &http::request::Parts,
     authority: &str,
@@ -194,13 +195,14 @@ pub fn upstream_request(
     *req.uri_mut() = uri;
     *req.headers_mut() = parts.headers.clone();
     strip_hop_by_hop(req.headers_mut());
+    authority_as_host(req.headers_mut(), &parts.uri);
     Ok(req)
 }
 
 /// The request for `authority` over HTTP/1.1 on a connection of its own
 /// ([`Upstreams::send_h1`]): as [`upstream_request`], but with the origin-form target (path and
-/// query) hyper's HTTP/1.1 connection writes as is, and `Host: {authority}` when the client sent
-/// no `Host` (an HTTP/2 client), as hyper-util's client sets it.
+/// query) hyper's HTTP/1.1 connection writes as is, the client's `Host` (an HTTP/2 client's
+/// `:authority`), and `Host: {authority}` only for a request naming no host at all (HTTP/1.0).
 ///
 /// The client's header map moves into the request (`parts.headers` is left empty): a copy cost
 /// ~1,000 instructions a request, and the copy, sized to its entries, reallocated when
@@ -219,14 +221,35 @@ pub fn origin_request(
     }
     *req.headers_mut() = std::mem::take(&mut parts.headers);
     strip_hop_by_hop(req.headers_mut());
-    let add_host = !req.headers().contains_key(header::HOST);
+    let add_host = !authority_as_host(req.headers_mut(), &parts.uri);
     if add_host {
         readdress(&mut req, authority)?;
     }
     Ok((req, add_host))
 }
 
-/// Sets `Host: {authority}` on an [`origin_request`] whose `Host` it added, for the endpoint
+/// Gives `headers` a `Host` from `uri`'s authority when they have none: an HTTP/2 request names
+/// its host in `:authority`, and forwarded as HTTP/1.1 that becomes `Host` (RFC 9113 §8.3.1),
+/// as an HTTP/1.1 client's `Host` is passed on. False when there is still no `Host` (an
+/// HTTP/1.0 request without one: the endpoint's address is used).
+fn authority_as_host(headers: &mut HeaderMap, uri: &Uri) -> bool {
+    if headers.contains_key(header::HOST) {
+        return true;
+    }
+    match uri
+        .authority()
+        .and_then(|a| http::HeaderValue::from_str(a.as_str()).ok())
+    {
+        Some(a) => {
+            headers.insert(header::HOST, a);
+            true
+        }
+        None => false,
+    }
+}
+
+/// Sets `Host: {authority}` on an [`origin_request`] whose `Host` it added (a request with
+/// neither a `Host` nor an authority: HTTP/1.0), for the endpoint
 /// `authority` (a retry after a connect failure goes to another endpoint).
 ///
 /// # Errors
@@ -293,7 +316,7 @@ mod tests {
     fn origin_request_has_the_origin_form_target_and_a_host() {
         let (mut parts, ()) = Request::builder()
             .method("POST")
-            .uri("http://vip:80/v1/completions?x=1")
+            .uri("/v1/completions?x=1")
             .header(header::CONNECTION, "close")
             .header("x-keep", "1")
             .body(())
@@ -326,6 +349,18 @@ mod tests {
             "the client's Host is kept"
         );
         assert!(!added);
+        // HTTP/2: no Host header, the authority in the URI becomes it.
+        let (mut parts, ()) = Request::builder()
+            .method("POST")
+            .version(http::Version::HTTP_2)
+            .uri("http://api.example.com:8443/v1/completions")
+            .body(())
+            .expect("request")
+            .into_parts();
+        let (req, added) = origin_request(&mut parts, "127.0.0.1:9000", Bytes::new()).expect("req");
+        assert_eq!(req.headers()[header::HOST], "api.example.com:8443");
+        assert_eq!(req.uri().to_string(), "/v1/completions");
+        assert!(!added, "the same Host for every endpoint");
     }
 
     #[test]
