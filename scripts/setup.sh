@@ -38,6 +38,8 @@ missing=()
 for cmd in "${!APT[@]}"; do
   command -v "$cmd" >/dev/null 2>&1 || [ -x "/usr/sbin/$cmd" ] || missing+=("${APT[$cmd]}")
 done
+# The system interpreter itself (a test runs it as `nobody`, who cannot read a user's pyenv).
+[ -x /usr/bin/python3 ] || missing+=(python3)
 # The benchmark chart's font (bench/src/chart.rs): DejaVu Sans, found through fontconfig.
 command -v fc-match >/dev/null 2>&1 || missing+=(fontconfig)
 [ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || missing+=(fonts-dejavu-core)

@@ -131,9 +131,19 @@ pub fn init(
 /// so on each daemon start. It is harmless: the extra bytes are attributes loxi does not read.
 pub const NETLINK_PARSE_TARGET: &str = "netlink_packet_route";
 
+/// The `zeromq` crate's target: it logs every reconnect of a KV-event socket (`Successfully
+/// reconnected`, warnings per failed attempt), several lines a second while a publisher is
+/// down or is cut for oversized messages. loxi's subscriber reports the same itself
+/// (`loxilb_kv_subscriber_connected`, `..._reconnects_total`, its own rate-limited lines).
+pub const ZEROMQ_TARGET: &str = "zeromq";
+
+/// Library targets whose warnings are off (errors still show) unless the filter names them.
+const QUIET_TARGETS: [&str; 2] = [NETLINK_PARSE_TARGET, ZEROMQ_TARGET];
+
 /// The log layer's filter: `filter` (the `--log` flag), trace spans off (see [`SPAN_TARGET`])
-/// and [`NETLINK_PARSE_TARGET`]'s warnings off (errors still show), unless `filter` names that
-/// target itself (`--log info,netlink_packet_route=warn` shows them).
+/// and the warnings of [`NETLINK_PARSE_TARGET`] and [`ZEROMQ_TARGET`] off (errors still show),
+/// unless `filter` names that target itself (`--log info,netlink_packet_route=warn` shows
+/// them).
 fn log_filter(filter: &str) -> Result<EnvFilter, TelemetryError> {
     let mut f = EnvFilter::try_new(filter)
         .map_err(|source| TelemetryError::Filter {
@@ -141,8 +151,10 @@ fn log_filter(filter: &str) -> Result<EnvFilter, TelemetryError> {
             source,
         })?
         .add_directive(off_directive());
-    if !filter.contains(NETLINK_PARSE_TARGET) {
-        f = f.add_directive(directive(&format!("{NETLINK_PARSE_TARGET}=error")));
+    for target in QUIET_TARGETS {
+        if !filter.contains(target) {
+            f = f.add_directive(directive(&format!("{target}=error")));
+        }
     }
     Ok(f)
 }
@@ -214,6 +226,10 @@ mod tests {
             if target == NETLINK_PARSE_TARGET {
                 tracing::warn!(target: "netlink_packet_route::link::buffer_tool", "nla parse warning");
                 tracing::error!(target: "netlink_packet_route::link::buffer_tool", "nla parse error");
+            } else if target == ZEROMQ_TARGET {
+                tracing::info!(target: "zeromq::reconnect", "reconnected");
+                tracing::warn!(target: "zeromq::reconnect", "reconnect failed");
+                tracing::error!(target: "zeromq::reconnect", "broken");
             } else {
                 tracing::warn!(target: "loxi_user::netlink", "nla parse warning");
                 tracing::error!(target: "loxi_user::netlink", "nla parse error");
@@ -236,6 +252,20 @@ mod tests {
             logged("info", "loxi_user::netlink"),
             " WARN loxi_user::netlink: nla parse warning\n\
              ERROR loxi_user::netlink: nla parse error\n"
+        );
+    }
+
+    #[test]
+    fn zeromq_reconnect_lines_are_off_unless_the_filter_names_their_target() {
+        let error = "ERROR zeromq::reconnect: broken\n";
+        assert_eq!(logged("info", ZEROMQ_TARGET), error);
+        assert_eq!(logged("debug", ZEROMQ_TARGET), error);
+        assert_eq!(
+            logged("info,zeromq=info", ZEROMQ_TARGET),
+            format!(
+                " INFO zeromq::reconnect: reconnected\n WARN zeromq::reconnect: reconnect \
+                 failed\n{error}"
+            )
         );
     }
 

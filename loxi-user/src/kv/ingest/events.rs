@@ -35,6 +35,10 @@ pub enum EventError {
     /// An event's type tag is not one we know.
     #[error("unknown event type {0:?}")]
     UnknownType(String),
+    /// The payload holds more msgpack values than [`MAX_BATCH_VALUES`] (counted before it is
+    /// decoded: decoded, each value costs tens of bytes and each event slot more).
+    #[error("batch of more than {MAX_BATCH_VALUES} msgpack values")]
+    TooManyValues,
     /// A field is missing or has the wrong msgpack type.
     #[error("event field `{field}`: {problem}")]
     Field {
@@ -143,6 +147,7 @@ const MAX_DEPTH: usize = 32;
 /// Errors only when the envelope itself is unusable; per-event problems are returned inside
 /// [`EventBatch::events`].
 pub fn decode_batch(payload: &[u8]) -> Result<EventBatch, EventError> {
+    count_values(payload, MAX_BATCH_VALUES)?;
     let mut rd = payload;
     let value = rmpv::decode::read_value_with_max_depth(&mut rd, MAX_DEPTH)
         .map_err(|e| EventError::Msgpack(e.to_string()))?;
@@ -170,6 +175,71 @@ pub fn decode_batch(payload: &[u8]) -> Result<EventBatch, EventError> {
         events,
         dp_rank,
     })
+}
+
+/// Most msgpack values (every scalar, string, array and map counts one) one batch may hold:
+/// 2^21. A vLLM batch is one scheduler step's events, a token id and a block hash one value
+/// each, so even a step of 100k prefill tokens is far below; a 16 MiB payload of 1-byte nils
+/// (16.7 M events) decoded to about 4.9 GB before this bound.
+pub const MAX_BATCH_VALUES: u64 = 1 << 21;
+
+/// Walks the msgpack values at the start of `payload` without decoding them and fails when
+/// there are more than `limit`. Errors: [`EventError::TooManyValues`]; a truncated payload or
+/// a reserved marker is [`EventError::Msgpack`] (as the decoder would report it).
+fn count_values(payload: &[u8], limit: u64) -> Result<(), EventError> {
+    use rmp::Marker as M;
+    let truncated = || EventError::Msgpack("truncated".into());
+    let mut at = 0usize;
+    // Big-endian unsigned of `n` bytes at `at`, advancing past it.
+    let uint = |at: &mut usize, n: usize| -> Result<u64, EventError> {
+        let b = payload.get(*at..*at + n).ok_or_else(truncated)?;
+        *at += n;
+        Ok(b.iter().fold(0u64, |acc, &x| (acc << 8) | u64::from(x)))
+    };
+    let (mut pending, mut seen) = (1u64, 0u64);
+    while pending > 0 {
+        pending -= 1;
+        seen += 1;
+        if seen > limit {
+            return Err(EventError::TooManyValues);
+        }
+        let marker = M::from_u8(*payload.get(at).ok_or_else(truncated)?);
+        at += 1;
+        // (bytes to skip, values it contains)
+        let (skip, items) = match marker {
+            M::FixPos(_) | M::FixNeg(_) | M::Null | M::True | M::False => (0, 0),
+            M::U8 | M::I8 => (1, 0),
+            M::U16 | M::I16 => (2, 0),
+            M::U32 | M::I32 | M::F32 => (4, 0),
+            M::U64 | M::I64 | M::F64 => (8, 0),
+            M::FixExt1 => (2, 0),
+            M::FixExt2 => (3, 0),
+            M::FixExt4 => (5, 0),
+            M::FixExt8 => (9, 0),
+            M::FixExt16 => (17, 0),
+            M::FixStr(n) => (u64::from(n), 0),
+            M::Str8 | M::Bin8 => (uint(&mut at, 1)?, 0),
+            M::Str16 | M::Bin16 => (uint(&mut at, 2)?, 0),
+            M::Str32 | M::Bin32 => (uint(&mut at, 4)?, 0),
+            M::Ext8 => (uint(&mut at, 1)? + 1, 0),
+            M::Ext16 => (uint(&mut at, 2)? + 1, 0),
+            M::Ext32 => (uint(&mut at, 4)? + 1, 0),
+            M::FixArray(n) => (0, u64::from(n)),
+            M::Array16 => (0, uint(&mut at, 2)?),
+            M::Array32 => (0, uint(&mut at, 4)?),
+            M::FixMap(n) => (0, 2 * u64::from(n)),
+            M::Map16 => (0, 2 * uint(&mut at, 2)?),
+            M::Map32 => (0, 2 * uint(&mut at, 4)?),
+            M::Reserved => return Err(EventError::Msgpack("reserved marker 0xc1".into())),
+        };
+        at = usize::try_from(skip)
+            .ok()
+            .and_then(|s| at.checked_add(s))
+            .filter(|&end| end <= payload.len())
+            .ok_or_else(truncated)?;
+        pending += items;
+    }
+    Ok(())
 }
 
 fn number_f64(v: &Value) -> Option<f64> {

@@ -377,3 +377,67 @@ fn hybrid_and_offload_fields_decode_in_both_layouts() {
         })
     );
 }
+
+/// Every msgpack value of a tree, as `count_values` counts them.
+fn nodes(v: &Value) -> u64 {
+    1 + match v {
+        Value::Array(a) => a.iter().map(nodes).sum(),
+        Value::Map(m) => m.iter().map(|(k, v)| nodes(k) + nodes(v)).sum(),
+        _ => 0,
+    }
+}
+
+/// The pre-decode count agrees with the decoder's tree on every golden payload (every encoding
+/// and both engines' captures): it passes with exactly as many values as the tree has and
+/// fails with one fewer.
+#[test]
+fn the_value_count_matches_the_decoded_tree_on_every_golden_payload() {
+    let mut payloads: Vec<Vec<u8>> = golden_json("vllm_kv_events_encoding.json")["batches"]
+        .as_object()
+        .expect("batches")
+        .values()
+        .map(|b| unhex(b["payload_hex"].as_str().expect("hex")))
+        .collect();
+    for file in ["vllm_kv_events_capture.json", "bos_kv_events_capture.json"] {
+        for f in golden_json(file)["frames"].as_array().expect("frames") {
+            payloads.push(unhex(f["parts_hex"][2].as_str().expect("hex")));
+        }
+    }
+    for p in &payloads {
+        let tree = rmpv::decode::read_value(&mut p.as_slice()).expect("msgpack");
+        let n = nodes(&tree);
+        assert!(n > 3);
+        assert!(count_values(p, n).is_ok());
+        assert!(matches!(
+            count_values(p, n - 1),
+            Err(EventError::TooManyValues)
+        ));
+        // Truncated anywhere: an error, never a panic.
+        for cut in [1, p.len() / 2, p.len() - 1] {
+            assert!(count_values(&p[..cut], u64::MAX).is_err(), "cut at {cut}");
+        }
+    }
+}
+
+/// A 16 MiB batch of nils (16.7 M events) decoded to gigabytes: it is refused before decoding.
+#[test]
+fn a_batch_of_millions_of_tiny_values_is_refused_before_decoding() {
+    let n: u32 = (16 << 20) - 64;
+    let mut p = vec![0x92, 0xcb];
+    p.extend(1.0f64.to_be_bytes());
+    p.push(0xdd);
+    p.extend(n.to_be_bytes());
+    p.resize(p.len() + n as usize, 0xc0);
+    assert!(matches!(decode_batch(&p), Err(EventError::TooManyValues)));
+    // Nested arrays each under any per-array bound add up the same way.
+    let mut nested = vec![0x92, 0x00, 0xdc, 0x01, 0x00];
+    for _ in 0..256 {
+        nested.extend([0xdd, 0x00, 0x00, 0x20, 0x00]);
+        nested.resize(nested.len() + 0x2000, 0xc0);
+    }
+    assert_eq!(count_values(&nested, u64::MAX).map(|()| 0), Ok(0));
+    assert!(matches!(
+        count_values(&nested, 256 * 0x2000),
+        Err(EventError::TooManyValues)
+    ));
+}

@@ -16,8 +16,9 @@
 //! The relay connects to the publisher only when the crate connects to it, and closes the
 //! crate's connection when the publisher cannot be reached, so the crate's `Connected` event
 //! (sent after the ZMTP handshake) still means the publisher answered. It relays only this
-//! process's own connections ([`is_own_connection`]): another local process connecting to the
-//! loopback port is closed at once, so it can neither hold descriptors nor read the stream.
+//! process's own connections ([`is_own_connection`], one `inet_diag` query per connection):
+//! another local process connecting to the loopback port is reset at once, so it can neither
+//! hold descriptors nor read the stream.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -140,6 +141,8 @@ async fn accept_loop(
                         if !std::mem::replace(&mut foreign_logged, true) {
                             tracing::warn!(%publisher, %peer, check = ?own, "kv event relay: a connection not from this process refused");
                         }
+                        // Reset, not closed: no TIME_WAIT entry per refused connection.
+                        let _ = down.set_zero_linger();
                         continue;
                     }
                     let publisher = publisher.clone();
@@ -170,24 +173,22 @@ async fn accept_loop(
 }
 
 /// Whether the TCP connection whose client end is `peer`, connected to `listener`, is a socket
-/// of this process: the row of `/proc/self/net/tcp` (or `tcp6`) with that local and remote
-/// address names a socket inode that one of `/proc/self/fd` links to. The client's socket
-/// exists, connected, before the listener accepts it. Errors: `/proc` unreadable.
+/// of this process. One `NETLINK_SOCK_DIAG` query (`linux/inet_diag.h`, `SOCK_DIAG_BY_FAMILY`
+/// for that exact 4-tuple, and one for the accepted end, this process's) gives the client
+/// socket's owner uid and inode: another uid is
+/// refused at that cost alone, whatever the size of the host's socket table (a flood of
+/// foreign connects must not starve the crate's own reconnect); a socket of this uid must
+/// also be one of `/proc/self/fd`. The client's socket exists, connected, before the listener
+/// accepts it. Errors: the netlink query or `/proc` failing.
 fn is_own_connection(peer: SocketAddr, listener: SocketAddr) -> std::io::Result<bool> {
-    let table = if peer.is_ipv4() {
-        "/proc/self/net/tcp"
-    } else {
-        "/proc/self/net/tcp6"
-    };
-    let text = std::fs::read_to_string(table)?;
-    let (local, remote) = (proc_addr(peer), proc_addr(listener));
-    let inode = text.lines().skip(1).find_map(|row| {
-        let f: Vec<&str> = row.split_whitespace().collect();
-        (f.len() > 9 && f[1] == local && f[2] == remote).then(|| f[9].to_owned())
-    });
-    let Some(inode) = inode else {
+    let Some((uid, inode)) = tcp_socket_owner(peer, listener)? else {
         return Ok(false);
     };
+    // This process's uid, as the kernel stamped it on the accepted (server) end.
+    let own_uid = tcp_socket_owner(listener, peer)?.map(|(u, _)| u);
+    if own_uid != Some(uid) {
+        return Ok(false);
+    }
     let target = format!("socket:[{inode}]");
     for fd in std::fs::read_dir("/proc/self/fd")? {
         let Ok(fd) = fd else { continue };
@@ -198,20 +199,78 @@ fn is_own_connection(peer: SocketAddr, listener: SocketAddr) -> std::io::Result<
     Ok(false)
 }
 
-/// `addr` as `/proc/net/tcp` prints it: each 32-bit word of the address as the host reads it,
-/// `%08X`, then `:%04X` of the port.
-fn proc_addr(addr: SocketAddr) -> String {
-    let octets: Vec<u8> = match addr.ip() {
-        std::net::IpAddr::V4(ip) => ip.octets().to_vec(),
-        std::net::IpAddr::V6(ip) => ip.octets().to_vec(),
+/// `SOCK_DIAG_BY_FAMILY` (`linux/sock_diag.h`).
+const SOCK_DIAG_BY_FAMILY: u16 = 20;
+/// Size of `struct nlmsghdr`.
+const NLMSG_HDR: usize = 16;
+/// Size of `struct inet_diag_req_v2`.
+const INET_DIAG_REQ_V2: usize = 56;
+
+/// Owner uid and inode of this network namespace's TCP socket whose local end is `local` and
+/// remote end `remote`, from one `inet_diag` request; `None` when there is no such socket
+/// (the kernel answers `ENOENT`). Both addresses must be of one family.
+fn tcp_socket_owner(local: SocketAddr, remote: SocketAddr) -> std::io::Result<Option<(u32, u64)>> {
+    use netlink_sys::{Socket, SocketAddr as NlAddr, protocols::NETLINK_SOCK_DIAG};
+    let family = if local.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
     };
-    let mut out = String::with_capacity(octets.len() * 2 + 5);
-    for w in octets.chunks_exact(4) {
-        let word = u32::from_ne_bytes([w[0], w[1], w[2], w[3]]);
-        out.push_str(&format!("{word:08X}"));
+    let addr16 = |a: SocketAddr| -> [u8; 16] {
+        match a.ip() {
+            std::net::IpAddr::V4(ip) => {
+                let mut b = [0u8; 16];
+                b[..4].copy_from_slice(&ip.octets());
+                b
+            }
+            std::net::IpAddr::V6(ip) => ip.octets(),
+        }
+    };
+    let mut req = Vec::with_capacity(NLMSG_HDR + INET_DIAG_REQ_V2);
+    // struct nlmsghdr: length, type, flags (NLM_F_REQUEST), sequence, port id.
+    req.extend(((NLMSG_HDR + INET_DIAG_REQ_V2) as u32).to_ne_bytes());
+    req.extend(SOCK_DIAG_BY_FAMILY.to_ne_bytes());
+    req.extend((libc::NLM_F_REQUEST as u16).to_ne_bytes());
+    req.extend(1u32.to_ne_bytes());
+    req.extend(0u32.to_ne_bytes());
+    // struct inet_diag_req_v2: family, protocol, extensions, pad, states (all), then
+    // struct inet_diag_sockid: ports and addresses in network order, interface, cookie (none).
+    req.extend([family as u8, libc::IPPROTO_TCP as u8, 0, 0]);
+    req.extend(u32::MAX.to_ne_bytes());
+    req.extend(local.port().to_be_bytes());
+    req.extend(remote.port().to_be_bytes());
+    req.extend(addr16(local));
+    req.extend(addr16(remote));
+    req.extend(0u32.to_ne_bytes());
+    req.extend([0xff; 8]);
+    let mut sock = Socket::new(NETLINK_SOCK_DIAG)?;
+    sock.bind_auto()?;
+    sock.connect(&NlAddr::new(0, 0))?;
+    sock.send(&req, 0)?;
+    let mut buf = Vec::with_capacity(4096);
+    sock.recv(&mut buf, 0)?;
+    let u32_at = |at: usize| -> std::io::Result<u32> {
+        buf.get(at..at + 4)
+            .map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+            .ok_or_else(|| std::io::Error::other("short inet_diag answer"))
+    };
+    let kind = buf
+        .get(4..6)
+        .map(|b| u16::from_ne_bytes([b[0], b[1]]))
+        .ok_or_else(|| std::io::Error::other("short netlink answer"))?;
+    if kind == libc::NLMSG_ERROR as u16 {
+        // struct nlmsgerr: a negative errno (0 would be an acknowledgement).
+        let errno = -(u32_at(NLMSG_HDR)? as i32);
+        return match errno {
+            libc::ENOENT => Ok(None),
+            e => Err(std::io::Error::from_raw_os_error(e)),
+        };
     }
-    out.push_str(&format!(":{:04X}", addr.port()));
-    out
+    // struct inet_diag_msg: family, state, timer, retrans, the 48-byte sockid, expires,
+    // rqueue, wqueue, uid, inode.
+    let uid = u32_at(NLMSG_HDR + 4 + 48 + 12)?;
+    let inode = u32_at(NLMSG_HDR + 4 + 48 + 16)?;
+    Ok(Some((uid, u64::from(inode))))
 }
 
 enum RelayEnd {
