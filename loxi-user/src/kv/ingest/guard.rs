@@ -30,8 +30,9 @@ use tokio::task::JoinSet;
 
 /// Largest frame, and largest multipart message, a KV event stream or replay accepts: 16 MiB.
 /// A vLLM `KVEventBatch` holds one scheduler step's events (a 128k-token prefill in 16-token
-/// blocks is about 1 MB of msgpack), so this is far above real batches; decoded, one message
-/// costs at most about 9× its size.
+/// blocks is about 1 MB of msgpack), so this is far above real batches. What one message
+/// costs decoded is bounded by its value count ([`super::events::MAX_BATCH_VALUES`]), not by
+/// this: 16 MiB of 1-byte values would decode to gigabytes.
 pub const MAX_MESSAGE_BYTES: u64 = 16 << 20;
 
 /// Most frames one multipart message may have: an event is 3 frames (`[topic, seq, payload]`),
