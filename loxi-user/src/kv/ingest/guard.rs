@@ -128,23 +128,31 @@ async fn accept_loop(
     cuts: mpsc::Sender<Cut>,
 ) {
     let mut relays = JoinSet::new();
-    let mut foreign_logged = false;
+    let (mut foreign_logged, mut unchecked_logged) = (false, false);
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((down, peer)) => {
-                    let own = listener
-                        .local_addr()
-                        .and_then(|at| is_own_connection(peer, at));
-                    if !matches!(own, Ok(true)) {
-                        // Another local process: closed at once, so it can neither hold the
-                        // daemon's descriptors nor read the engine's stream through it.
-                        if !std::mem::replace(&mut foreign_logged, true) {
-                            tracing::warn!(%publisher, %peer, check = ?own, "kv event relay: a connection not from this process refused");
+                    match listener.local_addr().and_then(|at| is_own_connection(peer, at)) {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            // Another local process: reset at once (no TIME_WAIT entry), so
+                            // it can neither hold the daemon's descriptors nor read the
+                            // engine's stream through it.
+                            if !std::mem::replace(&mut foreign_logged, true) {
+                                tracing::warn!(%publisher, %peer, "kv event relay: a connection not from this process refused");
+                            }
+                            let _ = down.set_zero_linger();
+                            continue;
                         }
-                        // Reset, not closed: no TIME_WAIT entry per refused connection.
-                        let _ = down.set_zero_linger();
-                        continue;
+                        // The check itself failed (no inet_diag in this kernel, /proc not
+                        // mounted): relayed, as before the check existed, rather than losing
+                        // the stream; said once.
+                        Err(e) => {
+                            if !std::mem::replace(&mut unchecked_logged, true) {
+                                tracing::warn!(%publisher, %peer, error = %e, "kv event relay: cannot tell whether a connection is this process's own; relaying unchecked");
+                            }
+                        }
                     }
                     let publisher = publisher.clone();
                     let cuts = cuts.clone();
@@ -180,7 +188,8 @@ async fn accept_loop(
 /// refused at that cost alone, whatever the size of the host's socket table (a flood of
 /// foreign connects must not starve the crate's own reconnect); a socket of this uid must
 /// also be one of `/proc/self/fd`. The client's socket exists, connected, before the listener
-/// accepts it. Errors: the netlink query or `/proc` failing.
+/// accepts it. Errors: the netlink query or `/proc` failing (the caller then relays the
+/// connection unchecked, with one warning, rather than losing the stream).
 fn is_own_connection(peer: SocketAddr, listener: SocketAddr) -> std::io::Result<bool> {
     let Some((uid, inode)) = tcp_socket_owner(peer, listener)? else {
         return Ok(false);
