@@ -39,6 +39,10 @@ pub enum EventError {
     /// decoded: decoded, each value costs tens of bytes and each event slot more).
     #[error("batch of more than {MAX_BATCH_VALUES} msgpack values")]
     TooManyValues,
+    /// The events array holds more than [`MAX_BATCH_EVENTS`] entries (each decodes into a
+    /// slot of a few hundred bytes, even a nil).
+    #[error("batch of {0} events (at most {MAX_BATCH_EVENTS})")]
+    TooManyEvents(usize),
     /// A field is missing or has the wrong msgpack type.
     #[error("event field `{field}`: {problem}")]
     Field {
@@ -161,6 +165,9 @@ pub fn decode_batch(payload: &[u8]) -> Result<EventBatch, EventError> {
     let Value::Array(raw_events) = &parts[1] else {
         return Err(EventError::Envelope("events is not an array"));
     };
+    if raw_events.len() > MAX_BATCH_EVENTS {
+        return Err(EventError::TooManyEvents(raw_events.len()));
+    }
     let dp_rank = match parts.get(2) {
         None | Some(Value::Nil) => None,
         Some(v) => Some(
@@ -178,10 +185,15 @@ pub fn decode_batch(payload: &[u8]) -> Result<EventBatch, EventError> {
 }
 
 /// Most msgpack values (every scalar, string, array and map counts one) one batch may hold:
-/// 2^21. A vLLM batch is one scheduler step's events, a token id and a block hash one value
-/// each, so even a step of 100k prefill tokens is far below; a 16 MiB payload of 1-byte nils
-/// (16.7 M events) decoded to about 4.9 GB before this bound.
-pub const MAX_BATCH_VALUES: u64 = 1 << 21;
+/// 2^20, about 40 MB decoded. A vLLM batch is one scheduler step's events, a token id and a
+/// block hash one value each, so even a step of 100k prefill tokens is far below; a 16 MiB
+/// payload of 1-byte nils (16.7 M events) decoded to about 4.9 GB before this bound.
+pub const MAX_BATCH_VALUES: u64 = 1 << 20;
+
+/// Most events one batch may hold: 65,536 (a step has one event per request and kind, a few
+/// hundred at most). With [`MAX_BATCH_VALUES`] a batch decodes to tens of MB at most; 2^21
+/// nil events, under the value bound of the time, took 626 MB.
+pub const MAX_BATCH_EVENTS: usize = 1 << 16;
 
 /// Walks the msgpack values at the start of `payload` without decoding them and fails when
 /// there are more than `limit`. Errors: [`EventError::TooManyValues`]; a truncated payload or

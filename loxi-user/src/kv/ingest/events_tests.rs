@@ -429,15 +429,32 @@ fn a_batch_of_millions_of_tiny_values_is_refused_before_decoding() {
     p.extend(n.to_be_bytes());
     p.resize(p.len() + n as usize, 0xc0);
     assert!(matches!(decode_batch(&p), Err(EventError::TooManyValues)));
+    // Under the value bound, an events array past the event bound is refused before any event
+    // is decoded (each slot costs a few hundred bytes, even a nil's).
+    let n = u32::try_from(MAX_BATCH_EVENTS).expect("fits") + 1;
+    let mut p = vec![0x92, 0xcb];
+    p.extend(1.0f64.to_be_bytes());
+    p.push(0xdd);
+    p.extend(n.to_be_bytes());
+    p.resize(p.len() + n as usize, 0xc0);
+    assert!(matches!(
+        decode_batch(&p),
+        Err(EventError::TooManyEvents(k)) if k == n as usize
+    ));
+    p.truncate(p.len() - 1);
+    p[11..15].copy_from_slice(&(n - 1).to_be_bytes());
+    let ok = decode_batch(&p).expect("at the bound");
+    assert_eq!(ok.events.len(), MAX_BATCH_EVENTS);
     // Nested arrays each under any per-array bound add up the same way.
     let mut nested = vec![0x92, 0x00, 0xdc, 0x01, 0x00];
     for _ in 0..256 {
-        nested.extend([0xdd, 0x00, 0x00, 0x20, 0x00]);
-        nested.resize(nested.len() + 0x2000, 0xc0);
+        nested.extend([0xdd, 0x00, 0x00, 0x10, 0x00]);
+        nested.resize(nested.len() + 0x1000, 0xc0);
     }
     assert_eq!(count_values(&nested, u64::MAX).map(|()| 0), Ok(0));
+    assert_eq!(256 * 0x1000, MAX_BATCH_VALUES);
     assert!(matches!(
-        count_values(&nested, 256 * 0x2000),
+        decode_batch(&nested),
         Err(EventError::TooManyValues)
     ));
 }
