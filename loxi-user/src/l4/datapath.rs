@@ -128,23 +128,16 @@ impl Datapath {
     /// detaching is tried and its failure only logged at debug, since the kernel removed the
     /// attachment with the device. Returns the mode it was attached in, if it was.
     pub fn forget(&mut self, iface: &str) -> Option<AttachMode> {
-        let mut mode = None;
-        let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.links)
-            .into_iter()
-            .partition(|(i, _, _)| i == iface);
-        self.links = kept;
+        let gone = take_where(&mut self.links, |(i, _, _)| i == iface);
+        let mode = gone.last().map(|(_, _, m)| *m);
         if let Ok(prog) = xdp(&mut self.ebpf) {
-            for (_, id, m) in gone {
-                mode = Some(m);
+            for (_, id, _) in gone {
                 if let Err(e) = prog.detach(id) {
                     tracing::debug!(iface, error = %e, "detaching a stale XDP attachment");
                 }
             }
         }
-        let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.tc_links)
-            .into_iter()
-            .partition(|(i, _)| i == iface);
-        self.tc_links = kept;
+        let gone = take_where(&mut self.tc_links, |(i, _)| i == iface);
         if let Ok(prog) = tc(&mut self.ebpf) {
             for (_, id) in gone {
                 if let Err(e) = prog.detach(id) {
@@ -475,6 +468,13 @@ fn tc(ebpf: &mut Ebpf) -> Result<&mut SchedClassifier, L4Error> {
         .program_mut(TC_PROG_NAME)
         .ok_or(L4Error::MissingProgram(TC_PROG_NAME))?;
     p.try_into().map_err(|e| L4Error::program("type check", e))
+}
+
+/// Removes the entries of `v` matching `pred` and returns them (the rest keep their order).
+fn take_where<T>(v: &mut Vec<T>, pred: impl Fn(&T) -> bool) -> Vec<T> {
+    let (gone, kept) = std::mem::take(v).into_iter().partition(|x| pred(x));
+    *v = kept;
+    gone
 }
 
 fn xdp(ebpf: &mut Ebpf) -> Result<&mut Xdp, L4Error> {
