@@ -66,15 +66,8 @@ pub struct Cut {
 pub struct Guard {
     addr: SocketAddr,
     cuts: mpsc::Receiver<Cut>,
-    _task: AbortOnDrop,
-}
-
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
+    /// The accept loop; dropping the set aborts it, and its relays with their own set.
+    _task: JoinSet<()>,
 }
 
 impl Guard {
@@ -90,15 +83,12 @@ impl Guard {
         };
         let addr = listener.local_addr()?;
         let (tx, cuts) = mpsc::channel(16);
-        #[allow(
-            clippy::disallowed_methods,
-            reason = "owned by the Guard, aborted when it drops; its relays die with its JoinSet"
-        )]
-        let task = tokio::spawn(accept_loop(listener, publisher, limit, tx));
+        let mut task = JoinSet::new();
+        task.spawn(accept_loop(listener, addr, publisher, limit, tx));
         Ok(Self {
             addr,
             cuts,
-            _task: AbortOnDrop(task),
+            _task: task,
         })
     }
 
@@ -123,6 +113,7 @@ impl Guard {
 
 async fn accept_loop(
     listener: TcpListener,
+    at: SocketAddr,
     publisher: String,
     limit: u64,
     cuts: mpsc::Sender<Cut>,
@@ -133,7 +124,7 @@ async fn accept_loop(
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((down, peer)) => {
-                    match listener.local_addr().and_then(|at| is_own_connection(peer, at)) {
+                    match is_own_connection(peer, at) {
                         Ok(true) => {}
                         Ok(false) => {
                             // Another local process: reset at once (no TIME_WAIT entry), so
