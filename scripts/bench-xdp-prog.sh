@@ -7,10 +7,11 @@
 # Topology: client ns — LB ns (xtask l4-serve on l0/l1, the real loader and program) — backend
 # ns, each veth peer with the pass program. Cases, each run R times per sample, 5 samples:
 #   established  a DNAT flow on the conntrack fast path (live entry, cached next hop): counters,
-#                rewrite, checksums, redirect through the device map. The rule's endpoint is
-#                the VIP itself (routed via the backend), so the rewritten frame is the same
-#                frame and every repeated run takes the fast path again (test runs reuse one
-#                buffer).
+#                rewrite, checksums, redirect through the device map. Test runs reuse one
+#                buffer, so the rewritten frame is the next run's input: two rules map
+#                20.0.0.1:80 to 20.0.0.2:80 and back (both routed via the backend; a rule
+#                whose endpoint is its own VIP is refused as a loop), and every run after the
+#                first two is a fast-path hit on one of the two flows.
 #   no-service   a UDP frame to an address and port that are no service and no flow: what
 #                every packet the LB does not handle pays before XDP_PASS.
 #   pass         the pass-everything program (the test-run loop's own cost, the baseline).
@@ -47,7 +48,9 @@ ip -n "$B" addr add 10.100.1.2/24 dev b0; ip -n "$B" link set b0 up
 ip netns exec "$L" sysctl -qw net.ipv4.ip_forward=1
 ip netns exec "$L" ping -c1 -W2 10.100.1.2 >/dev/null
 ip -n "$L" route add 20.0.0.1/32 via 10.100.1.2 dev l1
-echo '[{"serviceArguments":{"externalIP":"20.0.0.1","port":80,"protocol":"udp","mode":0,"sel":0},"endpoints":[{"endpointIP":"20.0.0.1","targetPort":80}]}]' >"$D/rules.json"
+ip -n "$L" route add 20.0.0.2/32 via 10.100.1.2 dev l1
+rule() { echo '{"serviceArguments":{"externalIP":"'"$1"'","port":80,"protocol":"udp","mode":0,"sel":0},"endpoints":[{"endpointIP":"'"$2"'","targetPort":80}]}'; }
+echo "[$(rule 20.0.0.1 20.0.0.2),$(rule 20.0.0.2 20.0.0.1)]" >"$D/rules.json"
 ip netns exec "$B" "$X" xdp-pass --iface b0 >"$D/pass-b.log" 2>&1 & PIDS+=($!)
 ip netns exec "$C" "$X" xdp-pass --iface c0 >"$D/pass-c.log" 2>&1 & PIDS+=($!)
 ip netns exec "$L" "$X" l4-serve --xdp-iface l0 --xdp-iface l1 --rules "$D/rules.json" >"$D/lb.log" 2>&1 & PIDS+=($!)
@@ -83,7 +86,7 @@ run() {
   ip netns exec "$1" bpftool prog run id "$2" data_in "$D/$3" ctx_in "$D/ctx.bin" repeat "$4" 2>&1 |
     sed -n 's/.*Return value: \([0-9]*\), duration[^:]*: \([0-9]*\)ns.*/\1 \2/p'
 }
-# The first run creates the flow and caches its next hop.
+# The first run creates flow 1 and caches its next hop; the second sample's second run, flow 2.
 run "$L" "$LB_ID" est.bin 1 >/dev/null
 run "$L" "$LB_ID" est.bin 1000 >/dev/null
 ret=$(run "$L" "$LB_ID" est.bin 1 | cut -d' ' -f1)

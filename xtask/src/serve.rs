@@ -94,10 +94,13 @@ fn sync_rules(store: &RuleStore, path: &PathBuf) -> anyhow::Result<()> {
         }
     }
     for r in rules {
-        if store.upsert(r.clone()).is_err() {
-            // Another shape (e.g. mode) on the same key: replace the rule.
+        if let Err(refused) = store.upsert(r.clone()) {
+            // Another shape (e.g. mode) on the same key: replace the rule. No rule under the
+            // key: the rule itself was refused, and that refusal is the error.
             let k = r.key();
-            store.delete(&k.external_ip, k.port, &k.protocol, &k.host, &k.model_name)?;
+            store
+                .delete(&k.external_ip, k.port, &k.protocol, &k.host, &k.model_name)
+                .map_err(|_| refused)?;
             store.upsert(r)?;
         }
     }
