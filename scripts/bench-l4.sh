@@ -14,7 +14,11 @@
 #   BENCH_PACKETS (default 200000) packets per established-flow run, BENCH_NEW_PACKETS (default
 #   25000, at most 30768: below the XDP map's 32 K flows) packets per new-flow run, BENCH_RUNS
 #   (default 7) rounds, BENCH_SENDER (packet or raw: one datagram per sendto on a raw IP
-#   socket, the method of the figures before 2026-12-03 afternoon).
+#   socket, the method of the figures before 2026-12-03 afternoon), BENCH_NAPI (softirq, the
+#   default: the LB's receive work runs in the sender's softirq, one frame per NAPI poll, and
+#   the sender's CPU time is measured; threaded: the LB ingress's NAPI runs as a thread pinned
+#   to CPU 1, polling batches of up to 64 frames as a NIC's poll does, and that thread's CPU
+#   time is measured, without the sender's).
 set -euo pipefail
 # CARGO_TARGET_DIR, LOXI_BIN_DIR, LOXI_SHARED made absolute; cargo_release_dir.
 # shellcheck source=lib/paths.sh
@@ -26,4 +30,4 @@ export PATH="$HOME/.cargo/bin:$PATH"
 cargo build --release -q -p xtask
 exec "$(cargo_release_dir)/xtask" bench-l4 --packets "${BENCH_PACKETS:-200000}" \
   --new-packets "${BENCH_NEW_PACKETS:-25000}" --runs "${BENCH_RUNS:-7}" \
-  --sender "${BENCH_SENDER:-packet}"
+  --sender "${BENCH_SENDER:-packet}" --napi "${BENCH_NAPI:-softirq}"

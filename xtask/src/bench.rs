@@ -19,6 +19,13 @@
 //! CPU time per packet minus the baseline's. The program's own run time per packet (BPF
 //! run-time statistics, in a separate run) is printed for the XDP cases.
 //!
+//! `--napi threaded` times the forwarding CPU alone: the LB ingress veth's NAPI runs as a kernel
+//! thread pinned to CPU 1 (GRO on, so that nftables' case polls too), the sender on CPU 0 only
+//! queues frames, and a case's cost is the NAPI thread's CPU time per packet (with CPU 1's
+//! softirq thread's). The thread polls what the sender queued in batches of up to 64 frames,
+//! as a NIC's poll does, where the default placement runs one frame per poll in the sender's
+//! own softirq; the sender's cost and its drift are out of the figure.
+//!
 //! On a shared VM the baseline alone drifts by hundreds of ns a packet between minutes, so
 //! the cases are interleaved: every round runs each case once, in an order rotated by the
 //! round, forwarding costs are taken against the same round's baseline and ratios per round;
@@ -54,6 +61,21 @@ pub struct BenchArgs {
     /// before 2026-12-03 afternoon).
     #[arg(long, value_enum, default_value_t = Sender::Packet)]
     sender: Sender,
+    /// Where the LB's receive work runs and what is timed: `softirq` (the LB ingress's veth
+    /// receive runs in the sender's softirq on CPU 0, one frame per NAPI poll, and the
+    /// sender's CPU time is measured) or `threaded` (the ingress veth's NAPI runs as a kernel
+    /// thread pinned to CPU 1, polling the frames the sender queued in batches of up to 64 as
+    /// a NIC's poll does, and that thread's CPU time is measured: the forwarding CPU alone,
+    /// without the sender's own cost and its noise).
+    #[arg(long, value_enum, default_value_t = Napi::Softirq)]
+    napi: Napi,
+}
+
+/// Receive-work placement of `bench-l4` ([`BenchArgs::napi`]).
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Napi {
+    Softirq,
+    Threaded,
 }
 
 /// Sending method of `bench-l4` ([`BenchArgs::sender`]).
@@ -438,6 +460,54 @@ struct Bench {
     /// With the packet-socket sender: the `udp-flood` flags that select it (interface and the
     /// LB ingress's MAC).
     frames: Option<String>,
+    /// `--napi threaded`: measure the ingress NAPI thread's CPU time instead of the sender's.
+    threaded: bool,
+}
+
+/// CPU the ingress NAPI thread is pinned to with `--napi threaded` (the sender has CPU 0).
+const NAPI_CPU: u32 = 1;
+
+/// The kernel thread polling the LB ingress `l0` with threaded NAPI (`napi/l0-<id>`), pinned to
+/// [`NAPI_CPU`]. The thread is created anew whenever the device's NAPI is (an XDP program
+/// attached or detached), so it is looked up for every measurement; a second thread of that
+/// name (another namespace's `l0` with threaded NAPI) would make the figure ambiguous and is
+/// refused.
+fn napi_thread() -> anyhow::Result<u32> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc")? {
+        let e = e?;
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(comm) = std::fs::read_to_string(e.path().join("comm")) else {
+            continue;
+        };
+        if comm.trim_end().starts_with("napi/l0-") {
+            found.push(pid);
+        }
+    }
+    ensure!(
+        found.len() == 1,
+        "expected one napi/l0-* thread (the LB ingress's), found {found:?}: is another threaded \
+         l0 up, or did the device lose its NAPI?"
+    );
+    cmd(&format!("taskset -pc {NAPI_CPU} {}", found[0]))?;
+    Ok(found[0])
+}
+
+/// CPU time in ns a thread has run (`/proc/PID/schedstat`, first field).
+fn run_ns(pid: u32) -> anyhow::Result<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/schedstat"))?;
+    Ok(s.split_whitespace().next().context("schedstat")?.parse()?)
+}
+
+/// CPU ns of the receive work of [`NAPI_CPU`]: the NAPI thread's, plus that CPU's softirq
+/// thread's (softirqs the NAPI thread raises, the backend veth's poll among them, run in it
+/// when they do not run on the thread's own exit from a bottom-half section).
+fn napi_cpu_ns(napi: u32) -> anyhow::Result<u64> {
+    let ksoft = cmd(&format!("pgrep -x ksoftirqd/{NAPI_CPU}"))?;
+    let ksoft: u32 = ksoft.trim().parse().context("ksoftirqd pid")?;
+    Ok(run_ns(napi)? + run_ns(ksoft)?)
 }
 
 /// Warm-up packets before a measured run (neighbours, the LB's next-hop cache).
@@ -519,8 +589,17 @@ impl Bench {
         let (l, b) = (self.t.l.clone(), self.t.b[0].clone());
         let kf0 = kernel_forwarded(&l)?;
         let before = rx_packets(&b, "b0")?;
-        let (wall, cpu) = self.flood(shape, n)?;
+        let napi = if self.threaded {
+            let pid = napi_thread()?;
+            Some((pid, napi_cpu_ns(pid)?))
+        } else {
+            None
+        };
+        let (wall, mut cpu) = self.flood(shape, n)?;
         thread::sleep(Duration::from_millis(200));
+        if let Some((pid, ns0)) = napi {
+            cpu = (napi_cpu_ns(pid)? - ns0) as f64 / n as f64;
+        }
         let got = rx_packets(&b, "b0")? - before;
         if expect_forwarded {
             ensure!(
@@ -719,6 +798,17 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     let l = t.l.clone();
     cmd(&format!("ip -n {l} addr add 20.0.0.1/32 dev lo"))?;
     t.write_rules(&[rule()])?;
+    let threaded = a.napi == Napi::Threaded;
+    if threaded {
+        // A veth polls with NAPI only under XDP or with GRO on (and then only frames that may
+        // be merged: the sender's device must not offer TSO); threaded NAPI needs it in every
+        // case, nftables' included.
+        cmd(&format!("ip netns exec {l} ethtool -K l0 gro on"))?;
+        cmd(&format!("ip netns exec {} ethtool -K c0 tso off", t.c))?;
+        cmd(&format!(
+            "ip netns exec {l} sh -c 'echo 1 > /sys/class/net/l0/threaded'"
+        ))?;
+    }
     let mut b = Bench {
         t,
         next_tuple: 0,
@@ -730,6 +820,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             Sender::Packet => Some(format!(" --iface c0 --dst-mac {}", mac_of(&l, "l0")?)),
             Sender::Raw => None,
         },
+        threaded,
     };
     // figs[round][case][shape]
     let mut figs = vec![[[None::<Figures>; 2]; CASES.len()]; a.runs];
@@ -769,9 +860,16 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         }
     );
     println!(
-        "cpu = sender's CPU time per packet incl. softirq work charged to it; wall = elapsed; \
-         fwd cost = minus the same round's baseline; prog = the LB's XDP program's own run time \
-         per packet; ratios are per round (median, and min–max over rounds)"
+        "cpu = {}; wall = the sender's elapsed time; fwd cost = minus the same round's baseline; \
+         prog = the LB's XDP program's own run time per packet; ratios are per round (median, \
+         and min–max over rounds)",
+        if threaded {
+            "CPU time per packet of the LB ingress's threaded NAPI (pinned to CPU 1, batches of \
+             up to 64 frames a poll) and of CPU 1's softirq thread"
+        } else {
+            "sender's CPU time per packet incl. softirq work charged to it (one frame per NAPI \
+             poll)"
+        }
     );
     let base = |r: usize, si: usize| figs[r][0][si].map(|f| f.cpu);
     for (si, s) in SHAPES.iter().enumerate() {
