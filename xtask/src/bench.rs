@@ -460,8 +460,9 @@ struct Bench {
     /// With the packet-socket sender: the `udp-flood` flags that select it (interface and the
     /// LB ingress's MAC).
     frames: Option<String>,
-    /// `--napi threaded`: measure the ingress NAPI thread's CPU time instead of the sender's.
-    threaded: bool,
+    /// `--napi threaded`: the pid of [`NAPI_CPU`]'s softirq thread; the ingress NAPI thread's
+    /// CPU time (with that thread's) is measured instead of the sender's.
+    threaded: Option<u32>,
 }
 
 /// CPU the ingress NAPI thread is pinned to with `--napi threaded` (the sender has CPU 0).
@@ -502,11 +503,9 @@ fn run_ns(pid: u32) -> anyhow::Result<u64> {
 }
 
 /// CPU ns of the receive work of [`NAPI_CPU`]: the NAPI thread's, plus that CPU's softirq
-/// thread's (softirqs the NAPI thread raises, the backend veth's poll among them, run in it
-/// when they do not run on the thread's own exit from a bottom-half section).
-fn napi_cpu_ns(napi: u32) -> anyhow::Result<u64> {
-    let ksoft = cmd(&format!("pgrep -x ksoftirqd/{NAPI_CPU}"))?;
-    let ksoft: u32 = ksoft.trim().parse().context("ksoftirqd pid")?;
+/// thread's, `ksoft` (softirqs the NAPI thread raises, the backend veth's poll among them, run
+/// in it when they do not run on the thread's own exit from a bottom-half section).
+fn napi_cpu_ns(napi: u32, ksoft: u32) -> anyhow::Result<u64> {
     Ok(run_ns(napi)? + run_ns(ksoft)?)
 }
 
@@ -589,16 +588,17 @@ impl Bench {
         let (l, b) = (self.t.l.clone(), self.t.b[0].clone());
         let kf0 = kernel_forwarded(&l)?;
         let before = rx_packets(&b, "b0")?;
-        let napi = if self.threaded {
-            let pid = napi_thread()?;
-            Some((pid, napi_cpu_ns(pid)?))
-        } else {
-            None
+        let napi = match self.threaded {
+            Some(ksoft) => {
+                let pid = napi_thread()?;
+                Some((pid, ksoft, napi_cpu_ns(pid, ksoft)?))
+            }
+            None => None,
         };
         let (wall, mut cpu) = self.flood(shape, n)?;
         thread::sleep(Duration::from_millis(200));
-        if let Some((pid, ns0)) = napi {
-            cpu = (napi_cpu_ns(pid)? - ns0) as f64 / n as f64;
+        if let Some((pid, ksoft, ns0)) = napi {
+            cpu = (napi_cpu_ns(pid, ksoft)? - ns0) as f64 / n as f64;
         }
         let got = rx_packets(&b, "b0")? - before;
         if expect_forwarded {
@@ -798,8 +798,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     let l = t.l.clone();
     cmd(&format!("ip -n {l} addr add 20.0.0.1/32 dev lo"))?;
     t.write_rules(&[rule()])?;
-    let threaded = a.napi == Napi::Threaded;
-    if threaded {
+    let threaded = if a.napi == Napi::Threaded {
         // A veth polls with NAPI only under XDP or with GRO on (and then only frames that may
         // be merged: the sender's device must not offer TSO); threaded NAPI needs it in every
         // case, nftables' included.
@@ -808,7 +807,11 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         cmd(&format!(
             "ip netns exec {l} sh -c 'echo 1 > /sys/class/net/l0/threaded'"
         ))?;
-    }
+        let ksoft = cmd(&format!("pgrep -x ksoftirqd/{NAPI_CPU}"))?;
+        Some(ksoft.trim().parse().context("ksoftirqd pid")?)
+    } else {
+        None
+    };
     let mut b = Bench {
         t,
         next_tuple: 0,
@@ -863,7 +866,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         "cpu = {}; wall = the sender's elapsed time; fwd cost = minus the same round's baseline; \
          prog = the LB's XDP program's own run time per packet; ratios are per round (median, \
          and min–max over rounds)",
-        if threaded {
+        if threaded.is_some() {
             "CPU time per packet of the LB ingress's threaded NAPI (pinned to CPU 1, batches of \
              up to 64 frames a poll) and of CPU 1's softirq thread"
         } else {

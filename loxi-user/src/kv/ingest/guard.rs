@@ -120,11 +120,12 @@ async fn accept_loop(
 ) {
     let mut relays = JoinSet::new();
     let (mut foreign_logged, mut unchecked_logged) = (false, false);
+    let mut own_uid = None;
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((down, peer)) => {
-                    match is_own_connection(peer, at) {
+                    match is_own_connection(peer, at, &mut own_uid) {
                         Ok(true) => {}
                         Ok(false) => {
                             // Another local process: reset at once (no TIME_WAIT entry), so
@@ -173,21 +174,33 @@ async fn accept_loop(
 }
 
 /// Whether the TCP connection whose client end is `peer`, connected to `listener`, is a socket
-/// of this process. One `NETLINK_SOCK_DIAG` query (`linux/inet_diag.h`, `SOCK_DIAG_BY_FAMILY`
-/// for that exact 4-tuple, and one for the accepted end, this process's) gives the client
-/// socket's owner uid and inode: another uid is
-/// refused at that cost alone, whatever the size of the host's socket table (a flood of
+/// of this process. One `NETLINK_SOCK_DIAG` query ([`tcp_socket_owner`], for that exact
+/// 4-tuple) gives the client socket's owner uid and inode: another uid is refused at that cost
+/// alone, whatever the size of the host's socket table (a flood of
 /// foreign connects must not starve the crate's own reconnect); a socket of this uid must
 /// also be one of `/proc/self/fd`. The client's socket exists, connected, before the listener
 /// accepts it. Errors: the netlink query or `/proc` failing (the caller then relays the
 /// connection unchecked, with one warning, rather than losing the stream).
-fn is_own_connection(peer: SocketAddr, listener: SocketAddr) -> std::io::Result<bool> {
+///
+/// `own_uid` caches this process's socket uid, read once from the first accepted end (the
+/// kernel stamps every socket of the process with the same one).
+fn is_own_connection(
+    peer: SocketAddr,
+    listener: SocketAddr,
+    own_uid: &mut Option<u32>,
+) -> std::io::Result<bool> {
     let Some((uid, inode)) = tcp_socket_owner(peer, listener)? else {
         return Ok(false);
     };
-    // This process's uid, as the kernel stamped it on the accepted (server) end.
-    let own_uid = tcp_socket_owner(listener, peer)?.map(|(u, _)| u);
-    if own_uid != Some(uid) {
+    let own = match *own_uid {
+        Some(u) => u,
+        // This process's uid, as the kernel stamped it on the accepted (server) end.
+        None => match tcp_socket_owner(listener, peer)? {
+            Some((u, _)) => *own_uid.insert(u),
+            None => return Ok(false),
+        },
+    };
+    if own != uid {
         return Ok(false);
     }
     let target = format!("socket:[{inode}]");
@@ -200,78 +213,59 @@ fn is_own_connection(peer: SocketAddr, listener: SocketAddr) -> std::io::Result<
     Ok(false)
 }
 
-/// `SOCK_DIAG_BY_FAMILY` (`linux/sock_diag.h`).
-const SOCK_DIAG_BY_FAMILY: u16 = 20;
-/// Size of `struct nlmsghdr`.
-const NLMSG_HDR: usize = 16;
-/// Size of `struct inet_diag_req_v2`.
-const INET_DIAG_REQ_V2: usize = 56;
-
 /// Owner uid and inode of this network namespace's TCP socket whose local end is `local` and
-/// remote end `remote`, from one `inet_diag` request; `None` when there is no such socket
-/// (the kernel answers `ENOENT`). Both addresses must be of one family.
+/// remote end `remote`, from one `inet_diag` request (`netlink-packet-sock-diag` messages on a
+/// `NETLINK_SOCK_DIAG` socket); `None` when there is no such socket (the kernel answers
+/// `ENOENT`). Both addresses must be of one family.
 fn tcp_socket_owner(local: SocketAddr, remote: SocketAddr) -> std::io::Result<Option<(u32, u64)>> {
+    use netlink_packet_core::{NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload};
+    use netlink_packet_sock_diag::{
+        AF_INET, AF_INET6, IPPROTO_TCP, SockDiagMessage,
+        inet::{ExtensionFlags, InetRequest, SocketId, StateFlags},
+    };
     use netlink_sys::{Socket, SocketAddr as NlAddr, protocols::NETLINK_SOCK_DIAG};
-    let family = if local.is_ipv4() {
-        libc::AF_INET
-    } else {
-        libc::AF_INET6
-    };
-    let addr16 = |a: SocketAddr| -> [u8; 16] {
-        match a.ip() {
-            std::net::IpAddr::V4(ip) => {
-                let mut b = [0u8; 16];
-                b[..4].copy_from_slice(&ip.octets());
-                b
-            }
-            std::net::IpAddr::V6(ip) => ip.octets(),
-        }
-    };
-    let mut req = Vec::with_capacity(NLMSG_HDR + INET_DIAG_REQ_V2);
-    // struct nlmsghdr: length, type, flags (NLM_F_REQUEST), sequence, port id.
-    req.extend(((NLMSG_HDR + INET_DIAG_REQ_V2) as u32).to_ne_bytes());
-    req.extend(SOCK_DIAG_BY_FAMILY.to_ne_bytes());
-    req.extend((libc::NLM_F_REQUEST as u16).to_ne_bytes());
-    req.extend(1u32.to_ne_bytes());
-    req.extend(0u32.to_ne_bytes());
-    // struct inet_diag_req_v2: family, protocol, extensions, pad, states (all), then
-    // struct inet_diag_sockid: ports and addresses in network order, interface, cookie (none).
-    req.extend([family as u8, libc::IPPROTO_TCP as u8, 0, 0]);
-    req.extend(u32::MAX.to_ne_bytes());
-    req.extend(local.port().to_be_bytes());
-    req.extend(remote.port().to_be_bytes());
-    req.extend(addr16(local));
-    req.extend(addr16(remote));
-    req.extend(0u32.to_ne_bytes());
-    req.extend([0xff; 8]);
+    let mut header = NetlinkHeader::default();
+    header.flags = NLM_F_REQUEST;
+    let mut req = NetlinkMessage::new(
+        header,
+        SockDiagMessage::InetRequest(InetRequest {
+            family: if local.is_ipv4() { AF_INET } else { AF_INET6 },
+            protocol: IPPROTO_TCP,
+            extensions: ExtensionFlags::empty(),
+            states: StateFlags::all(),
+            socket_id: SocketId {
+                source_port: local.port(),
+                destination_port: remote.port(),
+                source_address: local.ip(),
+                destination_address: remote.ip(),
+                interface_id: 0,
+                // No cookie: the socket is named by its 4-tuple.
+                cookie: [0xff; 8],
+            },
+        })
+        .into(),
+    );
+    req.finalize();
+    let mut out = vec![0; req.buffer_len()];
+    req.serialize(&mut out);
     let mut sock = Socket::new(NETLINK_SOCK_DIAG)?;
     sock.bind_auto()?;
     sock.connect(&NlAddr::new(0, 0))?;
-    sock.send(&req, 0)?;
+    sock.send(&out, 0)?;
     let mut buf = Vec::with_capacity(4096);
     sock.recv(&mut buf, 0)?;
-    let u32_at = |at: usize| -> std::io::Result<u32> {
-        buf.get(at..at + 4)
-            .map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
-            .ok_or_else(|| std::io::Error::other("short inet_diag answer"))
-    };
-    let kind = buf
-        .get(4..6)
-        .map(|b| u16::from_ne_bytes([b[0], b[1]]))
-        .ok_or_else(|| std::io::Error::other("short netlink answer"))?;
-    if kind == libc::NLMSG_ERROR as u16 {
-        // struct nlmsgerr: a negative errno (0 would be an acknowledgement).
-        let errno = -(u32_at(NLMSG_HDR)? as i32);
-        return match errno {
-            libc::ENOENT => Ok(None),
-            e => Err(std::io::Error::from_raw_os_error(e)),
-        };
+    let answer = NetlinkMessage::<SockDiagMessage>::deserialize(&buf)
+        .map_err(|e| std::io::Error::other(format!("inet_diag answer: {e}")))?;
+    match answer.payload {
+        NetlinkPayload::InnerMessage(SockDiagMessage::InetResponse(r)) => {
+            Ok(Some((r.header.uid, u64::from(r.header.inode))))
+        }
+        NetlinkPayload::Error(e) if e.raw_code() == -libc::ENOENT => Ok(None),
+        NetlinkPayload::Error(e) => Err(e.to_io()),
+        other => Err(std::io::Error::other(format!(
+            "unexpected inet_diag answer {other:?}"
+        ))),
     }
-    // struct inet_diag_msg: family, state, timer, retrans, the 48-byte sockid, expires,
-    // rqueue, wqueue, uid, inode.
-    let uid = u32_at(NLMSG_HDR + 4 + 48 + 12)?;
-    let inode = u32_at(NLMSG_HDR + 4 + 48 + 16)?;
-    Ok(Some((uid, u64::from(inode))))
 }
 
 enum RelayEnd {

@@ -239,10 +239,12 @@ async fn the_socket_owner_query_finds_this_process_s_connection() {
     use std::os::unix::fs::MetadataExt as _;
     assert_eq!(uid, std::fs::metadata("/proc/self").expect("proc").uid());
     assert!(inode > 0);
-    assert!(is_own_connection(peer, at).expect("check"));
+    let mut own_uid = None;
+    assert!(is_own_connection(peer, at, &mut own_uid).expect("check"));
+    assert_eq!(own_uid, Some(uid), "the accepted end's uid, cached");
     let nobody: SocketAddr = "127.0.0.1:1".parse().expect("addr");
     assert_eq!(tcp_socket_owner(nobody, at).expect("query"), None);
-    assert!(!is_own_connection(nobody, at).expect("check"));
+    assert!(!is_own_connection(nobody, at, &mut own_uid).expect("check"));
 }
 
 /// The relay forwards both directions byte for byte, reports a cut for an oversized frame
