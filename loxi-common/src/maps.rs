@@ -24,9 +24,11 @@ pub const MAP_CONNTRACK: &str = "LOXI_CT";
 /// its port — the service port when the rule gives none — and protocol) → the one VIP
 /// ([`ServiceKey`]) whose flows to it defer their reply entry (hash, loader-written, at most
 /// [`MAX_REPLY_VIPS`]). A reply that misses conntrack finds its flow's forward entry through
-/// it. The loader keeps an entry while any DNAT rule of that VIP has the endpoint and for the
-/// longest idle timeout after; an endpoint without an entry, or whose entry names another VIP,
-/// gets both entries at creation.
+/// it. The loader lists an endpoint only while the DNAT rules of exactly one VIP have it and
+/// no live conntrack entry ties it to another VIP, so an entry under a deferred flow's reply
+/// key is of the same VIP and the program does not look for one; it retires an entry 2 s
+/// after the plans stop wanting it. An endpoint without an entry, or whose entry names another
+/// VIP, gets both entries at creation.
 pub const MAP_REPLY_VIP: &str = "LOXI_REPLY_VIP";
 /// Most entries of [`MAP_REPLY_VIP`].
 pub const MAX_REPLY_VIPS: u32 = MAX_RULES * MAX_EPS;

@@ -78,20 +78,68 @@ fn lc_dec(v: &CtValue) {
     }
 }
 
-/// Removes both directions of a flow (after RST or idle expiry; a deferred reply entry that
-/// does not exist yet is simply not found). Its own frame, with the
-/// opposite key built in a per-CPU scratch slot to keep the call chain's stack small.
+/// True when the entry `(pk, pv)` is the opposite direction of the flow whose entry is under
+/// `k` ([`other_key`] of it is `k`): the entry a flow's close or FIN may touch. An entry under
+/// that key can belong to another flow (a newer flow of the same client port that took the
+/// reply key, or a reply entry left behind by a forward entry the LRU evicted).
+#[inline(always)]
+pub fn answers(k: &CtKey, pk: &CtKey, pv: &CtValue) -> bool {
+    if pv.mode == mode::DSR {
+        return pk.saddr == k.daddr
+            && pk.daddr == k.saddr
+            && pk.sport == k.dport
+            && pk.dport == k.sport;
+    }
+    pv.ndaddr == k.saddr && pv.nsaddr == k.daddr && pv.ndport == k.sport && pv.nsport == k.dport
+}
+
+/// Removes a flow's entry `(k, v)` and its opposite direction when that is this flow's
+/// ([`answers`]; after RST or idle expiry; a deferred reply entry that does not exist yet is
+/// simply not found). Its own frame, with the opposite key built in a per-CPU scratch slot to
+/// keep the call chain's stack small.
 #[inline(never)]
 pub fn close(k: &CtKey, v: &CtValue) {
     if let Some(o) = SCRATCH_KEY.get_ptr_mut(0) {
-        // SAFETY: per-CPU scratch slot from the map helper.
+        // SAFETY: per-CPU scratch slot and a map value, both from the map helpers.
         unsafe {
             *o = other_key(k, v);
-            let _ = CT.remove(&*o);
+            if let Some(p) = CT.get(&*o)
+                && answers(k, &*o, p)
+            {
+                let _ = CT.remove(&*o);
+            }
         }
     }
     let _ = CT.remove(k);
     lc_dec(v);
+}
+
+/// A reply entry `(k, *v)` found idle past its timeout: when its flow's forward entry is live
+/// and is this entry's opposite ([`answers`]), the flow is alive (only its reply direction was
+/// quiet, or this entry outlived an evicted forward entry of an earlier flow of the same
+/// tuple): the entry is refreshed in place with the forward entry's rule, endpoint and timeout,
+/// and true is returned. False (entry untouched) otherwise.
+#[inline(always)]
+pub fn revive(k: &CtKey, v: *mut CtValue, t: u64) -> bool {
+    let Some(o) = SCRATCH_KEY.get_ptr_mut(0) else {
+        return false;
+    };
+    // SAFETY: per-CPU scratch slot, the pointer from the map helper the caller holds, and a
+    // map value read in place.
+    unsafe {
+        *o = other_key(k, &*v);
+        let Some(f) = CT.get(&*o) else {
+            return false;
+        };
+        if f.dir != dir::FWD || expired(f, t) || !answers(k, &*o, f) {
+            return false;
+        }
+        (*v).last_ns = t;
+        (*v).timeout_s = f.timeout_s;
+        (*v).slot = f.slot;
+        (*v).ep = f.ep;
+    }
+    true
 }
 
 /// Updates an established entry for this packet's TCP flags. Returns false if the flow was
@@ -124,7 +172,9 @@ pub fn on_packet(k: &CtKey, v: *mut CtValue, pkt: &Pkt, t: u64) -> bool {
             // SAFETY: per-CPU scratch slot, then a pointer from the map helper.
             unsafe {
                 *o = other_key(k, v);
-                if let Some(e) = CT.get_ptr_mut(&*o) {
+                if let Some(e) = CT.get_ptr_mut(&*o)
+                    && answers(k, &*o, &*e)
+                {
                     (*e).timeout_s = FIN_TIMEOUT_S;
                 }
             }
@@ -225,12 +275,11 @@ pub fn create(
                 None => false,
             };
             if defer {
-                // A leftover entry under the reply key (an earlier flow of the same client
-                // port to this endpoint, closed or through another VIP) would catch this
-                // flow's replies: the newest flow owns the key, as with the insert below.
-                if CT.get_ptr(&rk).is_some() {
-                    let _ = CT.remove(&rk);
-                }
+                // No look under the reply key for a leftover of an earlier flow (that look was
+                // a second bucket miss, ~15 % of a new flow): the loader lists only endpoints
+                // that no other VIP's live flow reaches, so a leftover is of this VIP and
+                // rewrites as this flow would; a stale one is replaced at the first reply
+                // (`revive`, or `close` then `late_reply`: flow.rs `decide`).
                 count(ctr::CT_REPLY_DEFERRED, 1);
             } else if CT.insert(&rk, &*v, BPF_ANY).is_err() {
                 return false;

@@ -149,20 +149,36 @@ fn decide(pkt: &Pkt, hit: bool, t: u64, out: &mut CtValue) -> u32 {
     // the first reply of a flow that deferred its reply entry (also when the client's address
     // and port are themselves a service); then that entry exists now and the packet is a hit.
     let hit = hit || ct::late_reply(pkt, t, out);
-    if hit && let Some(v) = CT.get_ptr_mut(key) {
-        // SAFETY: pointer from the map helper; copied out before any delete.
-        *out = unsafe { *v };
-        if !ct::expired(out, t) {
-            ct::on_packet(key, v, pkt, t);
-            return V_APPLY;
-        }
+    let Some(mut v) = hit.then(|| CT.get_ptr_mut(key)).flatten() else {
+        return new_flow(pkt, key, t, out);
+    };
+    // SAFETY: pointer from the map helper; copied out before any delete.
+    *out = unsafe { *v };
+    if ct::expired(out, t) {
         count(ctr::CT_EXPIRED, 1);
-        ct::close(key, out);
-        if out.dir == dir::REV {
-            return V_PASS;
+        if out.dir == dir::FWD {
+            ct::close(key, out);
+            return new_flow(pkt, key, t, out);
+        }
+        // A reply direction lives as long as its flow's forward entry: only quiet, or left
+        // behind by an earlier flow of this tuple whose forward entry the LRU evicted.
+        if ct::revive(key, v, t) {
+            // SAFETY: as above (refreshed in place).
+            *out = unsafe { *v };
+        } else {
+            ct::close(key, out);
+            // The stale entry may have stood in front of a deferred flow's first reply.
+            if !ct::late_reply(pkt, t, out) {
+                return V_PASS;
+            }
+            match CT.get_ptr_mut(key) {
+                Some(p) => v = p,
+                None => return V_PASS,
+            }
         }
     }
-    new_flow(pkt, key, t, out)
+    ct::on_packet(key, v, pkt, t);
+    V_APPLY
 }
 
 #[inline(always)]

@@ -270,7 +270,9 @@ impl Datapath {
     }
 
     /// Brings `LOXI_REPLY_VIP` towards `plan` at time `now` ([`ReplyVipTable::step`]): adds
-    /// an entry for each new DNAT endpoint; for each entry unwanted for
+    /// an entry for each new DNAT endpoint that one VIP reaches, unless conntrack holds a live
+    /// flow between it and another VIP ([`reply::is_foreign`]; retried at the next call, one
+    /// walk of the conntrack map for all of them); for each entry unwanted for
     /// [`reply::RETIRE_AFTER`], inserts the reply entry of every deferred flow of that pair
     /// still without one (one walk of the conntrack map for all of them), then deletes the
     /// entry. Also called every stats tick, so retirements happen without rule changes. A full
@@ -295,7 +297,14 @@ impl Datapath {
                 "reply-VIP entries retired"
             );
         }
-        for (ep, vip) in steps.insert {
+        let blocked = self.foreign_flows(&steps.insert)?;
+        if blocked.iter().any(|b| *b) {
+            tracing::debug!(
+                waiting = blocked.iter().filter(|b| **b).count(),
+                "reply-VIP entries wait for another VIP's flows to the endpoint to end"
+            );
+        }
+        for ((ep, vip), _) in steps.insert.into_iter().zip(blocked).filter(|(_, b)| !b) {
             match self.reply_vip_map()?.insert(ep, vip, 0) {
                 Ok(()) => self.reply_vips.inserted(ep, vip),
                 Err(aya::maps::MapError::SyscallError(e))
@@ -315,6 +324,31 @@ impl Datapath {
     /// The (endpoint, VIP) pairs `LOXI_REPLY_VIP` holds, as the loader wrote them.
     pub fn reply_vip_pairs(&self) -> Vec<(ServiceKey, ServiceKey)> {
         self.reply_vips.pairs().collect()
+    }
+
+    /// For each (endpoint, VIP) pair, whether conntrack holds a live entry of a DNAT flow
+    /// between that endpoint and another VIP ([`reply::is_foreign`]). One bounded walk of the
+    /// map for all pairs; none for no pairs.
+    fn foreign_flows(&mut self, pairs: &[(ServiceKey, ServiceKey)]) -> Result<Vec<bool>, L4Error> {
+        let mut blocked = vec![false; pairs.len()];
+        if pairs.is_empty() {
+            return Ok(blocked);
+        }
+        let ct: HashMap<&mut MapData, CtKey, CtValue> = self.hash_map(MAP_CONNTRACK)?;
+        let now = super::conntrack::monotonic_ns();
+        for (k, v) in ct
+            .iter()
+            .take(2 * CT_ENTRIES as usize)
+            .filter_map(Result::ok)
+        {
+            if super::conntrack::expired(&v, now) {
+                continue;
+            }
+            for (b, (ep, vip)) in blocked.iter_mut().zip(pairs) {
+                *b = *b || reply::is_foreign(&k, &v, ep, vip);
+            }
+        }
+        Ok(blocked)
     }
 
     /// Inserts the reply entry of every live forward entry that `pairs` may have deferred and

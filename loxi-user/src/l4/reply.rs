@@ -9,11 +9,27 @@
 //! spoofed SYN) then holds one entry instead of two.
 //!
 //! The map must not lose an entry while a deferred flow may still need it: [`ReplyVipTable`]
-//! adds an entry for each DNAT endpoint of the plan (the first VIP that has it; an endpoint
-//! shared by several VIPs defers only that VIP's flows, the others insert both entries), and
-//! retires an entry only after no plan has wanted it for [`RETIRE_AFTER`]: the loader then
-//! inserts the reply entry of every deferred flow of that pair itself
+//! adds an entry for each DNAT endpoint of the plan that exactly one VIP reaches (an endpoint
+//! shared by several VIPs defers for none: its flows insert both entries, and an insert
+//! replaces whatever entry of an earlier flow is under the reply key), and retires an entry
+//! only after no plan has wanted it for [`RETIRE_AFTER`]: the loader then inserts the reply
+//! entry of every deferred flow of that pair itself
 //! ([`crate::l4::Datapath::sync_reply_vips`]) before it deletes the map entry.
+//!
+//! A deferred flow does not look for an entry of an earlier flow under its reply key (that
+//! look was a second conntrack bucket miss, ~15 % of a new flow's cost in the threaded-NAPI
+//! flood of `scripts/bench-l4.sh`). That is sound because such an entry can only be this
+//! VIP's: the loader inserts an endpoint's pair only when conntrack holds no live DNAT entry
+//! of a flow between that endpoint and another VIP ([`is_foreign`]; flows of a deleted rule
+//! live on in conntrack, so the insert waits for them), and no other VIP reaches the endpoint
+//! while the pair is listed. An entry of this VIP rewrites replies as the new flow's own would
+//! (same VIP, endpoint and client port); one left idle past its timeout is refreshed from the
+//! new flow's forward entry or replaced at the first reply (`decide` in
+//! `loxi-ebpf/src/flow.rs`). What carries over from such an entry, left behind when the LRU
+//! evicted its flow's forward entry, is its packet counts and FIN bit. The one window: for
+//! [`RETIRE_AFTER`] after an endpoint gains a second VIP, a flow of the listed VIP may still
+//! defer behind the new VIP's entry for the same client port; the retirement then gives it
+//! its own reply entry.
 //!
 //! What deferral gives up: a reply finds its flow only through the forward entry, so a flow
 //! whose forward entry is gone before its first reply (evicted by the LRU under a flood of new
@@ -87,15 +103,16 @@ pub struct ReplyVipTable {
 }
 
 impl ReplyVipTable {
-    /// What to change for plan `p` at time `now`: every candidate endpoint without an entry
-    /// gets one (its first VIP); an entry whose pair `p` does not want is retired once it has
-    /// been unwanted for [`RETIRE_AFTER`]. An entry is never repointed to another VIP while it
+    /// What to change for plan `p` at time `now`: every candidate endpoint that one VIP
+    /// reaches gets an entry if it has none; an entry whose pair `p` does not want (its VIP no
+    /// longer reaches the endpoint, or another VIP does too) is retired once it has been
+    /// unwanted for [`RETIRE_AFTER`]. An entry is never repointed to another VIP while it
     /// exists. Call [`Self::inserted`] / [`Self::retired`] for the changes that took.
     pub fn step(&mut self, p: &Plan, now: Instant) -> ReplyVipSteps {
         let cands = candidates(p);
         let mut steps = ReplyVipSteps::default();
         for (kb, e) in &mut self.entries {
-            let wanted = cands.get(kb).is_some_and(|(_, vips)| vips.contains(&e.vip));
+            let wanted = cands.get(kb).is_some_and(|(_, vips)| vips[..] == [e.vip]);
             match (wanted, e.unwanted_since) {
                 (true, _) => e.unwanted_since = None,
                 (false, None) => e.unwanted_since = Some(now),
@@ -106,10 +123,10 @@ impl ReplyVipTable {
             }
         }
         for (kb, (ep, vips)) in &cands {
-            if !self.entries.contains_key(kb)
-                && let Some(vip) = vips.first()
+            if let [vip] = vips[..]
+                && !self.entries.contains_key(kb)
             {
-                steps.insert.push((*ep, *vip));
+                steps.insert.push((*ep, vip));
             }
         }
         steps
@@ -149,6 +166,22 @@ pub fn is_deferrable(k: &CtKey, v: &CtValue, ep: &ServiceKey, vip: &ServiceKey) 
         && v.ndport == ep.port
         && k.daddr == vip.addr
         && k.dport == vip.port
+}
+
+/// True when `(k, v)` is a conntrack entry of a DNAT flow between endpoint `ep` and a VIP
+/// other than `vip`: its forward entry (to that VIP, rewritten to `ep`) or its reply entry
+/// (from `ep`, rewritten to come from that VIP). While such a flow lives, `(ep, vip)` is not
+/// listed: its reply entry would catch the replies of a deferred flow of `vip` from the same
+/// client port (module doc).
+pub fn is_foreign(k: &CtKey, v: &CtValue, ep: &ServiceKey, vip: &ServiceKey) -> bool {
+    if v.mode != mode::DNAT || k.proto != ep.proto || k.family != ep.family {
+        return false;
+    }
+    if v.dir == dir::FWD {
+        v.ndaddr == ep.addr && v.ndport == ep.port && (k.daddr, k.dport) != (vip.addr, vip.port)
+    } else {
+        k.saddr == ep.addr && k.sport == ep.port && (v.nsaddr, v.nsport) != (vip.addr, vip.port)
+    }
 }
 
 /// True when `rv`, found under the reply key of forward key `k`, is that flow's reply entry
@@ -314,6 +347,69 @@ mod tests {
         assert!(s.insert.is_empty());
         t.retired(&epk);
         assert_eq!(t.step(&moved, t0 + RETIRE_AFTER).insert, vec![(epk, b)]);
+    }
+
+    #[test]
+    fn an_endpoint_a_second_vip_reaches_gets_no_entry_and_loses_the_one_it_had() {
+        let (a, b) = (key([20, 0, 0, 1], 53), key([20, 0, 0, 2], 53));
+        let e = ep([10, 0, 1, 2], 8053);
+        let epk = key([10, 0, 1, 2], 8053);
+        let both = plan_of(&[(a, mode::DNAT, vec![e]), (b, mode::DNAT, vec![e])]);
+        let mut t = ReplyVipTable::default();
+        let t0 = Instant::now();
+        assert_eq!(t.step(&both, t0), ReplyVipSteps::default());
+        t.step(&plan_of(&[(a, mode::DNAT, vec![e])]), t0);
+        t.inserted(epk, a);
+        // b gains the endpoint: a's entry is unwanted, retired after the grace, and none is
+        // added while both VIPs reach it.
+        assert_eq!(t.step(&both, t0), ReplyVipSteps::default());
+        let s = t.step(&both, t0 + RETIRE_AFTER);
+        assert_eq!(s.retire, vec![(epk, a)]);
+        t.retired(&epk);
+        assert_eq!(t.step(&both, t0 + RETIRE_AFTER), ReplyVipSteps::default());
+    }
+
+    #[test]
+    fn foreign_entries_are_another_vip_s_dnat_entries_of_the_endpoint() {
+        let client = key([192, 168, 0, 1], 40000);
+        let (vip, other) = (key([20, 0, 0, 1], 53), key([20, 0, 0, 2], 53));
+        let epk = key([10, 0, 1, 2], 8053);
+        let fwd = |to: ServiceKey| {
+            let k = CtKey {
+                saddr: client.addr,
+                daddr: to.addr,
+                sport: client.port,
+                dport: to.port,
+                proto: proto::UDP,
+                family: family::V4,
+                _pad: [0; 2],
+            };
+            let v = CtValue {
+                nsaddr: client.addr,
+                nsport: client.port,
+                ndaddr: epk.addr,
+                ndport: epk.port,
+                dir: dir::FWD,
+                mode: mode::DNAT,
+                ..CtValue::default()
+            };
+            (k, v)
+        };
+        let (ok, ov) = fwd(other);
+        let (mk, mv) = fwd(vip);
+        assert!(is_foreign(&ok, &ov, &epk, &vip));
+        assert!(!is_foreign(&mk, &mv, &epk, &vip), "the pair's own VIP");
+        let (rk, rv) = reply_entry(&ok, &ov);
+        assert!(is_foreign(&rk, &rv, &epk, &vip));
+        let (mrk, mrv) = reply_entry(&mk, &mv);
+        assert!(!is_foreign(&mrk, &mrv, &epk, &vip));
+        // Another endpoint, or another mode, is not the pair's business.
+        assert!(!is_foreign(&ok, &ov, &key([10, 0, 1, 3], 8053), &vip));
+        let full_nat = CtValue {
+            mode: mode::FULLNAT,
+            ..ov
+        };
+        assert!(!is_foreign(&ok, &full_nat, &epk, &vip));
     }
 
     #[test]

@@ -150,6 +150,40 @@ impl Lb {
         self.dp.counter(idx).expect("counter")
     }
 
+    /// Moves the idle clock of the conntrack entry under `k` back past its timeout, as if no
+    /// packet had refreshed it since (the program then finds it expired).
+    pub fn age_out(&mut self, k: &loxi_common::maps::CtKey) {
+        let mut ct = self.ct_map();
+        let mut v = ct.get(k, 0).expect("entry to age");
+        v.last_ns -= (u64::from(v.timeout_s) + 1) * 1_000_000_000;
+        ct.insert(k, v, 0).expect("aged entry written back");
+    }
+
+    /// Removes the conntrack entry under `k` alone, as the LRU evicts one entry.
+    pub fn evict(&mut self, k: &loxi_common::maps::CtKey) {
+        self.ct_map().remove(k).expect("entry to evict");
+    }
+
+    /// Every entry in the conntrack map, idle-expired ones included.
+    pub fn stored(&mut self) -> usize {
+        self.ct_map().keys().count()
+    }
+
+    fn ct_map(
+        &mut self,
+    ) -> aya::maps::HashMap<
+        &mut aya::maps::MapData,
+        loxi_common::maps::CtKey,
+        loxi_common::maps::CtValue,
+    > {
+        let map = self
+            .dp
+            .ebpf_mut()
+            .map_mut(loxi_common::maps::MAP_CONNTRACK)
+            .expect("conntrack map");
+        aya::maps::HashMap::try_from(map).expect("conntrack map type")
+    }
+
     /// The live conntrack entries, as `GET /config/conntrack/all` reads them.
     pub fn ct(&self) -> Vec<(loxi_common::maps::CtKey, loxi_common::maps::CtValue)> {
         let h = crate::l4::ConntrackHandle::default();

@@ -20,16 +20,14 @@ fn dirs(lb: &Lb) -> (usize, usize) {
     (fwd, ct.len() - fwd)
 }
 
-/// With VIP and VIP2 sharing one endpoint: (the VIP the loader listed for it, the other).
-fn listed_and_other(lb: &Lb) -> (&'static str, &'static str) {
-    let pairs = lb.dp.reply_vip_pairs();
-    assert_eq!(pairs.len(), 1, "one entry per endpoint");
-    let listed = std::net::Ipv4Addr::from(<[u8; 4]>::try_from(&pairs[0].1.addr[..4]).unwrap());
-    if listed.to_string() == VIP {
-        (VIP, VIP2)
-    } else {
-        (VIP2, VIP)
-    }
+/// The conntrack key of the forward direction of `f` (as the program keys it).
+fn key_of(lb: &Lb, saddr: &str, sport: u16) -> loxi_common::maps::CtKey {
+    let ip: std::net::Ipv4Addr = saddr.parse().unwrap();
+    lb.ct()
+        .into_iter()
+        .find(|(k, _)| k.saddr[..4] == ip.octets() && k.sport == sport.to_be())
+        .unwrap_or_else(|| panic!("no entry from {saddr}:{sport}"))
+        .0
 }
 
 #[test]
@@ -66,28 +64,22 @@ fn a_dnat_flow_inserts_its_reply_entry_at_its_first_reply() {
 }
 
 #[test]
-fn only_the_listed_vip_defers_when_two_vips_share_an_endpoint() {
+fn an_endpoint_two_vips_share_defers_for_neither() {
     let mut lb = Lb::new(&[
         &rule(VIP, 53, "udp", 0, 0, &[(EP0, 1)]),
         &rule(VIP2, 53, "udp", 0, 0, &[(EP0, 1)]),
     ]);
-    let (listed, other) = listed_and_other(&lb);
-
-    lb.run(&Frame::udp(CLIENT, 1000, listed, 53));
-    assert_eq!(dirs(&lb), (1, 0));
-    lb.run(&Frame::udp(CLIENT, 2000, other, 53));
-    assert_eq!(
-        dirs(&lb),
-        (2, 1),
-        "the other VIP's flow inserts both entries"
-    );
-    assert_eq!(lb.ctr(ctr::CT_REPLY_DEFERRED), 1);
+    assert!(lb.dp.reply_vip_pairs().is_empty());
+    lb.run(&Frame::udp(CLIENT, 1000, VIP, 53));
+    lb.run(&Frame::udp(CLIENT, 2000, VIP2, 53));
+    assert_eq!(dirs(&lb), (2, 2), "both flows insert both entries");
+    assert_eq!(lb.ctr(ctr::CT_REPLY_DEFERRED), 0);
     // Each reply is un-NATed to its own flow's VIP.
-    for (port, vip) in [(1000, listed), (2000, other)] {
+    for (port, vip) in [(1000, VIP), (2000, VIP2)] {
         let r = Frame::udp(EP0, 8080, CLIENT, port);
         assert_eq!(lb.run(&r).1, r.with(vip, 53, CLIENT, port).bytes());
     }
-    assert_eq!(lb.ctr(ctr::CT_REPLY_ADDED), 1);
+    assert_eq!(lb.ctr(ctr::CT_REPLY_ADDED), 0);
 }
 
 #[test]
@@ -189,21 +181,125 @@ fn a_first_reply_with_fin_shortens_both_entries_timeouts() {
 }
 
 #[test]
-fn a_deferred_flow_replaces_a_leftover_reply_entry_of_the_same_client_port() {
+fn the_newest_flow_of_a_client_port_owns_the_reply_key_of_a_shared_endpoint() {
     let mut lb = Lb::new(&[
         &rule(VIP, 53, "udp", 0, 0, &[(EP0, 1)]),
         &rule(VIP2, 53, "udp", 0, 0, &[(EP0, 1)]),
     ]);
-    let (listed, other) = listed_and_other(&lb);
-    // The same client port first talks to the VIP that inserts both entries, then to the
-    // deferring one (a resolver with a fixed source port): the newest flow owns the reply key.
-    lb.run(&Frame::udp(CLIENT, 5000, other, 53));
-    assert_eq!(dirs(&lb), (1, 1));
-    lb.run(&Frame::udp(CLIENT, 5000, listed, 53));
-    assert_eq!(dirs(&lb), (2, 0), "the leftover reply entry was removed");
+    // The same client port talks to one VIP, then to the other (a resolver with a fixed
+    // source port): the second flow's reply entry replaces the first's.
+    lb.run(&Frame::udp(CLIENT, 5000, VIP2, 53));
+    lb.run(&Frame::udp(CLIENT, 5000, VIP, 53));
+    assert_eq!(dirs(&lb), (2, 1));
     let r = Frame::udp(EP0, 8080, CLIENT, 5000);
-    assert_eq!(lb.run(&r).1, r.with(listed, 53, CLIENT, 5000).bytes());
+    assert_eq!(lb.run(&r).1, r.with(VIP, 53, CLIENT, 5000).bytes());
+}
+
+#[test]
+fn a_reset_of_one_flow_leaves_the_reply_entry_a_newer_flow_took() {
+    let mut lb = Lb::new(&[
+        &rule(VIP, 80, "tcp", 0, 0, &[(EP0, 1)]),
+        &rule(VIP2, 80, "tcp", 0, 0, &[(EP0, 1)]),
+    ]);
+    lb.run(&Frame::tcp(CLIENT, 5000, VIP2, 80));
+    lb.run(&Frame::tcp(CLIENT, 5000, VIP, 80));
+    assert_eq!(dirs(&lb), (2, 1), "the newer flow took the reply key");
+    let mut rst = Frame::tcp(CLIENT, 5000, VIP2, 80);
+    rst.tcp_flags = RST | ACK;
+    lb.run(&rst);
+    assert_eq!(lb.ctr(ctr::CT_RST), 1);
+    assert_eq!(
+        dirs(&lb),
+        (1, 1),
+        "only the reset flow's forward entry went"
+    );
+    let r = Frame::tcp(EP0, 8080, CLIENT, 5000);
+    assert_eq!(lb.run(&r).1, r.with(VIP, 80, CLIENT, 5000).bytes());
+}
+
+#[test]
+fn the_pair_waits_while_a_flow_of_another_vip_to_the_endpoint_lives() {
+    let mut lb = Lb::new(&[
+        &rule(VIP, 53, "udp", 0, 0, &[(EP0, 1)]),
+        &rule(VIP2, 53, "udp", 0, 0, &[(EP0, 1)]),
+    ]);
+    lb.run(&Frame::udp(CLIENT, 5000, VIP2, 53));
+    // VIP2's rule goes; its flow lives on in conntrack (established flows keep their
+    // endpoint), so VIP's flows to the endpoint do not defer yet.
+    lb.set_rules(&[&rule(VIP, 53, "udp", 0, 0, &[(EP0, 1)])]);
+    assert!(lb.dp.reply_vip_pairs().is_empty(), "waits for VIP2's flow");
+    let p = lb.current().clone();
+    lb.dp.sync_reply_vips(&p, Instant::now()).unwrap();
+    assert!(lb.dp.reply_vip_pairs().is_empty(), "still live");
+    // VIP2's flow goes idle past its timeout (both entries stay in the map until a packet or
+    // the LRU finds them): the pair is listed at the next sync.
+    let fk = key_of(&lb, CLIENT, 5000);
+    let rk = key_of(&lb, EP0, 8080);
+    lb.age_out(&fk);
+    lb.age_out(&rk);
+    lb.dp.sync_reply_vips(&p, Instant::now()).unwrap();
+    assert_eq!(lb.dp.reply_vip_pairs().len(), 1);
+    // The same client port now talks to VIP: its flow defers, and its first reply, which
+    // finds VIP2's stale reply entry, is answered from VIP (the stale flow closed, VIP's reply
+    // entry inserted from its forward entry).
+    lb.run(&Frame::udp(CLIENT, 5000, VIP, 53));
+    assert_eq!(lb.ctr(ctr::CT_REPLY_DEFERRED), 1);
+    let r = Frame::udp(EP0, 8080, CLIENT, 5000);
+    assert_eq!(lb.run(&r).1, r.with(VIP, 53, CLIENT, 5000).bytes());
     assert_eq!(lb.ctr(ctr::CT_REPLY_ADDED), 1);
+    assert_eq!(dirs(&lb), (1, 1));
+    let ct = lb.ct();
+    let rev = ct.iter().find(|(_, v)| v.dir == dir::REV).unwrap().1;
+    assert_eq!(rev.packets, 1, "a fresh entry, not VIP2's");
+}
+
+#[test]
+fn a_reply_entry_left_by_an_evicted_forward_entry_serves_the_tuple_s_next_flow() {
+    let mut lb = Lb::new(&[&rule(VIP, 53, "udp", 0, 0, &[(EP0, 1)])]);
+    let f = Frame::udp(CLIENT, 5000, VIP, 53);
+    let r = Frame::udp(EP0, 8080, CLIENT, 5000);
+    lb.run(&f);
+    lb.run(&r);
+    assert_eq!(dirs(&lb), (1, 1));
+    // The LRU evicts the forward entry alone; the same tuple's next packet is a new flow,
+    // which defers without looking under its reply key.
+    let fk = key_of(&lb, CLIENT, 5000);
+    let rk = key_of(&lb, EP0, 8080);
+    lb.evict(&fk);
+    lb.run(&f);
+    assert_eq!(lb.ctr(ctr::NEW_FLOW), 2);
+    assert_eq!(lb.ctr(ctr::CT_REPLY_DEFERRED), 2);
+    // The entry left behind rewrites its replies as the new flow's own would.
+    assert_eq!(lb.run(&r).1, r.with(VIP, 53, CLIENT, 5000).bytes());
+    assert_eq!(lb.ctr(ctr::CT_REPLY_ADDED), 1);
+    // Idle past its timeout while the new flow's forward entry is live, it is refreshed, not
+    // closed with the new flow's forward entry.
+    lb.age_out(&rk);
+    assert_eq!(lb.run(&r).1, r.with(VIP, 53, CLIENT, 5000).bytes());
+    assert_eq!(lb.ctr(ctr::CT_EXPIRED), 1);
+    assert_eq!(dirs(&lb), (1, 1), "both directions live");
+    lb.run(&f);
+    assert_eq!(lb.ctr(ctr::NEW_FLOW), 2, "the forward entry was kept");
+}
+
+#[test]
+fn a_reply_direction_idle_past_its_timeout_is_closed_with_an_idle_forward_entry() {
+    let mut lb = Lb::new(&[&rule(VIP, 53, "udp", 0, 0, &[(EP0, 1)])]);
+    let r = Frame::udp(EP0, 8080, CLIENT, 5000);
+    lb.run(&Frame::udp(CLIENT, 5000, VIP, 53));
+    lb.run(&r);
+    let fk = key_of(&lb, CLIENT, 5000);
+    let rk = key_of(&lb, EP0, 8080);
+    lb.age_out(&fk);
+    lb.age_out(&rk);
+    let (act, out) = lb.run(&r);
+    assert_eq!(
+        (act, out),
+        (XDP_PASS, r.bytes()),
+        "a reply of no live flow passes"
+    );
+    assert_eq!(lb.ctr(ctr::CT_EXPIRED), 1);
+    assert_eq!(lb.stored(), 0, "both entries removed");
 }
 
 #[test]
