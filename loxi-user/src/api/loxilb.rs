@@ -173,11 +173,7 @@ pub struct CtEntry {
 }
 
 fn ct_addr(family: u8, a: &[u8; 16]) -> String {
-    if family == loxi_common::maps::family::V6 {
-        std::net::Ipv6Addr::from(*a).to_string()
-    } else {
-        std::net::Ipv4Addr::new(a[0], a[1], a[2], a[3]).to_string()
-    }
+    crate::l4::plan::addr_ip(family, a).to_string()
 }
 
 /// The service tuple (VIP, port, protocol) a conntrack entry belongs to: the destination of a

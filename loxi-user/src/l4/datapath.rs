@@ -271,8 +271,8 @@ impl Datapath {
 
     /// Brings `LOXI_REPLY_VIP` towards `plan` at time `now` ([`ReplyVipTable::step`]): adds
     /// an entry for each new DNAT endpoint that one VIP reaches, unless conntrack holds a live
-    /// flow between it and another VIP ([`reply::is_foreign`]; retried at the next call, one
-    /// walk of the conntrack map for all of them); for each entry unwanted for
+    /// flow between it and another VIP ([`reply::is_foreign`]; then retried after
+    /// [`reply::RETRY_AFTER`]; one walk of the conntrack map for all of them); for each entry unwanted for
     /// [`reply::RETIRE_AFTER`], inserts the reply entry of every deferred flow of that pair
     /// still without one (one walk of the conntrack map for all of them), then deletes the
     /// entry. Also called every stats tick, so retirements happen without rule changes. A full
@@ -298,11 +298,13 @@ impl Datapath {
             );
         }
         let blocked = self.foreign_flows(&steps.insert)?;
-        if blocked.iter().any(|b| *b) {
+        for ((ep, _), _) in steps.insert.iter().zip(&blocked).filter(|(_, b)| **b) {
             tracing::debug!(
-                waiting = blocked.iter().filter(|b| **b).count(),
-                "reply-VIP entries wait for another VIP's flows to the endpoint to end"
+                endpoint = %super::plan::addr_ip(ep.family, &ep.addr),
+                port = u16::from_be(ep.port),
+                "reply-VIP entry waits for another VIP's flows to the endpoint to end"
             );
+            self.reply_vips.wait(ep, now);
         }
         for ((ep, vip), _) in steps.insert.into_iter().zip(blocked).filter(|(_, b)| !b) {
             match self.reply_vip_map()?.insert(ep, vip, 0) {

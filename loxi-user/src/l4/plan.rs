@@ -87,6 +87,16 @@ pub fn addr_bytes(ip: IpAddr) -> [u8; 16] {
     b
 }
 
+/// The address in 16 raw bytes of `family` (`loxi_common::maps::family`; IPv4 in the first
+/// 4): the inverse of [`addr_bytes`].
+pub fn addr_ip(family: u8, a: &[u8; 16]) -> IpAddr {
+    if family == loxi_common::maps::family::V6 {
+        IpAddr::from(*a)
+    } else {
+        IpAddr::from([a[0], a[1], a[2], a[3]])
+    }
+}
+
 /// Byte view of a service key (map ordering key).
 pub fn key_bytes(k: &ServiceKey) -> [u8; 20] {
     let mut b = [0u8; 20];

@@ -78,6 +78,11 @@ pub fn candidates(p: &Plan) -> BTreeMap<[u8; 20], (ServiceKey, Vec<ServiceKey>)>
     out
 }
 
+/// How long a pair whose endpoint another VIP's live flow still reaches waits before the
+/// loader walks conntrack for it again ([`ReplyVipTable::wait`]): a walk of a full map is
+/// ~130 k syscalls, and such flows (of a deleted rule) can live for the rule's idle timeout.
+pub const RETRY_AFTER: Duration = Duration::from_secs(10);
+
 /// One entry of the map as the loader wrote it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Entry {
@@ -100,6 +105,9 @@ pub struct ReplyVipSteps {
 #[derive(Debug, Default)]
 pub struct ReplyVipTable {
     entries: BTreeMap<[u8; 20], Entry>,
+    /// Endpoints whose pair waits for another VIP's flows to end, with the time of the next
+    /// try ([`Self::wait`]).
+    waiting: BTreeMap<[u8; 20], Instant>,
 }
 
 impl ReplyVipTable {
@@ -122,9 +130,12 @@ impl ReplyVipTable {
                 (false, Some(_)) => {}
             }
         }
+        self.waiting
+            .retain(|kb, _| cands.get(kb).is_some_and(|(_, vips)| vips.len() == 1));
         for (kb, (ep, vips)) in &cands {
             if let [vip] = vips[..]
                 && !self.entries.contains_key(kb)
+                && self.waiting.get(kb).is_none_or(|t| now >= *t)
             {
                 steps.insert.push((*ep, vip));
             }
@@ -132,8 +143,16 @@ impl ReplyVipTable {
         steps
     }
 
+    /// Records that `ep`'s pair was not inserted at `now` because another VIP's live flow
+    /// reaches the endpoint: [`Self::step`] offers it again from `now +` [`RETRY_AFTER`] (or
+    /// at once if the plans change who reaches the endpoint and back).
+    pub fn wait(&mut self, ep: &ServiceKey, now: Instant) {
+        self.waiting.insert(key_bytes(ep), now + RETRY_AFTER);
+    }
+
     /// Records that `(ep, vip)` is in the map.
     pub fn inserted(&mut self, ep: ServiceKey, vip: ServiceKey) {
+        self.waiting.remove(&key_bytes(&ep));
         self.entries.insert(
             key_bytes(&ep),
             Entry {
@@ -367,6 +386,32 @@ mod tests {
         assert_eq!(s.retire, vec![(epk, a)]);
         t.retired(&epk);
         assert_eq!(t.step(&both, t0 + RETIRE_AFTER), ReplyVipSteps::default());
+    }
+
+    #[test]
+    fn a_waiting_pair_is_offered_again_after_the_retry_delay() {
+        let vip = key([20, 0, 0, 1], 53);
+        let e = ep([10, 0, 1, 2], 8053);
+        let epk = key([10, 0, 1, 2], 8053);
+        let with = plan_of(&[(vip, mode::DNAT, vec![e])]);
+        let mut t = ReplyVipTable::default();
+        let t0 = Instant::now();
+        assert_eq!(t.step(&with, t0).insert, vec![(epk, vip)]);
+        t.wait(&epk, t0);
+        assert!(t.step(&with, t0 + RETRY_AFTER / 2).insert.is_empty());
+        assert_eq!(t.step(&with, t0 + RETRY_AFTER).insert, vec![(epk, vip)]);
+        // A plan where another VIP reaches the endpoint too forgets the wait.
+        let other = key([20, 0, 0, 2], 53);
+        t.step(
+            &plan_of(&[(vip, mode::DNAT, vec![e]), (other, mode::DNAT, vec![e])]),
+            t0,
+        );
+        t.wait(&epk, t0);
+        t.step(
+            &plan_of(&[(vip, mode::DNAT, vec![e]), (other, mode::DNAT, vec![e])]),
+            t0,
+        );
+        assert_eq!(t.step(&with, t0).insert, vec![(epk, vip)]);
     }
 
     #[test]

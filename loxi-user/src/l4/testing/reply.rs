@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use loxi_common::maps::{ctr, dir};
 
 use super::*;
-use crate::l4::reply::RETIRE_AFTER;
+use crate::l4::reply::{RETIRE_AFTER, RETRY_AFTER};
 
 const VIP: &str = "20.0.0.1";
 const VIP2: &str = "20.0.0.2";
@@ -229,15 +229,18 @@ fn the_pair_waits_while_a_flow_of_another_vip_to_the_endpoint_lives() {
     lb.set_rules(&[&rule(VIP, 53, "udp", 0, 0, &[(EP0, 1)])]);
     assert!(lb.dp.reply_vip_pairs().is_empty(), "waits for VIP2's flow");
     let p = lb.current().clone();
-    lb.dp.sync_reply_vips(&p, Instant::now()).unwrap();
+    lb.dp
+        .sync_reply_vips(&p, Instant::now() + RETRY_AFTER)
+        .unwrap();
     assert!(lb.dp.reply_vip_pairs().is_empty(), "still live");
     // VIP2's flow goes idle past its timeout (both entries stay in the map until a packet or
-    // the LRU finds them): the pair is listed at the next sync.
+    // the LRU finds them): the pair is listed at the first sync after the retry delay.
     let fk = key_of(&lb, CLIENT, 5000);
     let rk = key_of(&lb, EP0, 8080);
     lb.age_out(&fk);
     lb.age_out(&rk);
-    lb.dp.sync_reply_vips(&p, Instant::now()).unwrap();
+    let later = Instant::now() + 2 * RETRY_AFTER;
+    lb.dp.sync_reply_vips(&p, later).unwrap();
     assert_eq!(lb.dp.reply_vip_pairs().len(), 1);
     // The same client port now talks to VIP: its flow defers, and its first reply, which
     // finds VIP2's stale reply entry, is answered from VIP (the stale flow closed, VIP's reply
