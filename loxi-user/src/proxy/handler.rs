@@ -490,7 +490,8 @@ async fn within<F: std::future::Future>(limit: Option<Duration>, fut: F) -> Opti
 /// 413 at most (see [`super::body::discard_for`]).
 const OVERSIZE_DRAIN_TIME: Duration = Duration::from_secs(2);
 
-/// Reads the whole request body (chunked included) up to `limit` bytes into one buffer sized
+/// Reads the whole request body (chunked included) up to `limit` bytes: a body that arrives in
+/// one data frame is that frame, uncopied; a longer one is collected into one buffer sized
 /// by `Content-Length` when given (a `Content-Length` over `limit` is 413 at once, the body
 /// discarded by [`super::body::discard_for`]; so a large body is held once, not twice while collected;
 /// pages a client never sends are never touched), reserving in `budget` the bytes received as
@@ -513,11 +514,16 @@ async fn read_body(
     let lower = usize::try_from(hint.lower()).unwrap_or(limit).min(limit);
     let mut reserved = Reservation::default();
     let mut covered = 0;
-    let mut buf = bytes::BytesMut::with_capacity(lower);
+    // The first data frame is kept as it came (a slice of hyper's read buffer): a body that
+    // arrives in one frame, as a small one with its head does, is neither copied nor given a
+    // buffer of its own. A second frame starts the buffer.
+    let mut first: Option<Bytes> = None;
+    let mut buf = bytes::BytesMut::new();
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(ProxyError::ClientBody)?;
         if let Ok(data) = frame.into_data() {
-            let len = buf.len() + data.len();
+            let held = first.as_ref().map_or(0, Bytes::len) + buf.len();
+            let len = held + data.len();
             if len > limit {
                 return Err(ProxyError::BodyTooLarge { limit });
             }
@@ -531,10 +537,18 @@ async fn read_body(
                 }
                 covered += more;
             }
+            if held == 0 {
+                first = Some(data);
+                continue;
+            }
+            if let Some(f) = first.take() {
+                buf.reserve(lower.max(len));
+                buf.extend_from_slice(&f);
+            }
             buf.extend_from_slice(&data);
         }
     }
-    Ok((buf.freeze(), reserved))
+    Ok((first.unwrap_or_else(|| buf.freeze()), reserved))
 }
 
 /// An HTTP/1.x request in absolute form (`GET http://b.example/p`) names its host in the
