@@ -26,8 +26,8 @@ pub const MAP_CONNTRACK: &str = "LOXI_CT";
 /// [`MAX_REPLY_VIPS`]). A reply that misses conntrack finds its flow's forward entry through
 /// it. The loader lists an endpoint only while the DNAT rules of exactly one VIP have it and
 /// no live conntrack entry ties it to another VIP, so an entry under a deferred flow's reply
-/// key is of the same VIP and the program does not look for one; it retires an entry 2 s
-/// after the plans stop wanting it. An endpoint without an entry, or whose entry names another
+/// key is of the same VIP and the program does not look for one; it retires an entry at once
+/// when another VIP gains the endpoint, and 2 s after the plans stop giving it to the VIP. An endpoint without an entry, or whose entry names another
 /// VIP, gets both entries at creation.
 pub const MAP_REPLY_VIP: &str = "LOXI_REPLY_VIP";
 /// Most entries of [`MAP_REPLY_VIP`].

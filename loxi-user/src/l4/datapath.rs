@@ -273,9 +273,10 @@ impl Datapath {
     /// an entry for each new DNAT endpoint that one VIP reaches, unless conntrack holds a live
     /// flow between it and another VIP ([`reply::is_foreign`]; then retried after
     /// [`reply::RETRY_AFTER`]; one walk of the conntrack map for all of them); for each entry unwanted for
-    /// [`reply::RETIRE_AFTER`], inserts the reply entry of every deferred flow of that pair
-    /// still without one (one walk of the conntrack map for all of them), then deletes the
-    /// entry. Also called every stats tick, so retirements happen without rule changes. A full
+    /// [`reply::RETIRE_AFTER`] (at once for one another VIP now shares), inserts the reply
+    /// entry of every deferred flow of that pair still without one (one walk of the conntrack
+    /// map for all of them), deletes the entry, and walks again for the flows that deferred
+    /// during the first walk. Also called every stats tick, so retirements happen without rule changes. A full
     /// map is not an error: that endpoint's flows insert both entries.
     ///
     /// Errors: [`L4Error::Map`] when a map cannot be read or written (the table keeps what
@@ -283,7 +284,7 @@ impl Datapath {
     pub fn sync_reply_vips(&mut self, plan: &Plan, now: Instant) -> Result<(), L4Error> {
         let steps = self.reply_vips.step(plan, now);
         if !steps.retire.is_empty() {
-            let added = self.add_deferred_replies(&steps.retire)?;
+            let mut added = self.add_deferred_replies(&steps.retire)?;
             for (ep, _) in &steps.retire {
                 match self.reply_vip_map()?.remove(ep) {
                     Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
@@ -291,6 +292,9 @@ impl Datapath {
                 }
                 self.reply_vips.retired(ep);
             }
+            // A pair retired at once still had its VIP's new flows deferring while the first
+            // walk ran: the second walk, after the delete, gives those their reply entries.
+            added += self.add_deferred_replies(&steps.retire)?;
             tracing::debug!(
                 retired = steps.retire.len(),
                 reply_entries_added = added,
@@ -315,7 +319,8 @@ impl Datapath {
                     tracing::debug!(
                         "reply-VIP map full: this endpoint's flows insert both entries"
                     );
-                    break;
+                    // Offered again after the retry delay, not walked for at every tick.
+                    self.reply_vips.wait(&ep, now);
                 }
                 Err(e) => return Err(L4Error::map(MAP_REPLY_VIP, e)),
             }
@@ -337,18 +342,24 @@ impl Datapath {
             return Ok(blocked);
         }
         let ct: HashMap<&mut MapData, CtKey, CtValue> = self.hash_map(MAP_CONNTRACK)?;
-        let now = super::conntrack::monotonic_ns();
-        for (k, v) in ct
-            .iter()
-            .take(2 * CT_ENTRIES as usize)
-            .filter_map(Result::ok)
-        {
+        // A second early: the program's coarse clock can lag this one by a tick, and an entry
+        // it still finds live must count.
+        let now = super::conntrack::monotonic_ns().saturating_sub(1_000_000_000);
+        let bound = 2 * CT_ENTRIES as usize;
+        let mut walked = 0;
+        for (k, v) in ct.iter().take(bound).filter_map(Result::ok) {
+            walked += 1;
             if super::conntrack::expired(&v, now) {
                 continue;
             }
             for (b, (ep, vip)) in blocked.iter_mut().zip(pairs) {
                 *b = *b || reply::is_foreign(&k, &v, ep, vip);
             }
+        }
+        if walked == bound {
+            // Cut off (deletes under a busy map restart the kernel's walk): not a proof of
+            // absence, so every pair waits.
+            blocked.fill(true);
         }
         Ok(blocked)
     }

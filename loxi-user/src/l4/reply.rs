@@ -19,17 +19,28 @@
 //! A deferred flow does not look for an entry of an earlier flow under its reply key (that
 //! look was a second conntrack bucket miss, ~15 % of a new flow's cost in the threaded-NAPI
 //! flood of `scripts/bench-l4.sh`). That is sound because such an entry can only be this
-//! VIP's: the loader inserts an endpoint's pair only when conntrack holds no live DNAT entry
-//! of a flow between that endpoint and another VIP ([`is_foreign`]; flows of a deleted rule
-//! live on in conntrack, so the insert waits for them), and no other VIP reaches the endpoint
-//! while the pair is listed. An entry of this VIP rewrites replies as the new flow's own would
-//! (same VIP, endpoint and client port); one left idle past its timeout is refreshed from the
-//! new flow's forward entry or replaced at the first reply (`decide` in
-//! `loxi-ebpf/src/flow.rs`). What carries over from such an entry, left behind when the LRU
-//! evicted its flow's forward entry, is its packet counts and FIN bit. The one window: for
-//! [`RETIRE_AFTER`] after an endpoint gains a second VIP, a flow of the listed VIP may still
-//! defer behind the new VIP's entry for the same client port; the retirement then gives it
-//! its own reply entry.
+//! VIP's:
+//! - the loader inserts an endpoint's pair only when a walk of conntrack finds no live DNAT
+//!   entry of a flow between that endpoint and another VIP ([`is_foreign`]; flows of a deleted
+//!   rule live on in conntrack, so the insert waits for them, retried every [`RETRY_AFTER`]; a
+//!   walk cut off by its bound counts as finding one);
+//! - no other VIP reaches the endpoint while the pair is listed: a plan in which another VIP
+//!   gains it retires the pair in the same apply, without the grace (walk, delete, walk again
+//!   for the flows that deferred during the first walk), and an entry once unwanted is retired
+//!   even if a later plan wants it again, so only a fresh insert, with its walk, lists it.
+//!
+//! An entry of this VIP rewrites replies as the new flow's own would (same VIP, endpoint and
+//! client port); one left idle past its timeout is refreshed from the new flow's forward entry
+//! or replaced at the first reply (`decide` in `loxi-ebpf/src/flow.rs`). Such an entry exists
+//! only when the LRU evicted its flow's forward entry alone, and what carries over from it to
+//! the new flow is its packet counts, its FIN bit (an endpoint FIN of the new flow then does
+//! not shorten the timeouts) and, if the rule was re-planned into another slot since, its
+//! endpoint row for the per-endpoint counters until it is refreshed.
+//! The windows left are a packet's run: a flow of the other VIP whose program run read the
+//! endpoint rows just before a plan change and inserts its entries after the walk passed
+//! their bucket, or a flow of the listed VIP that read the map entry just before the delete
+//! and inserts after the second walk passed its bucket (microseconds, against walks of
+//! milliseconds).
 //!
 //! What deferral gives up: a reply finds its flow only through the forward entry, so a flow
 //! whose forward entry is gone before its first reply (evicted by the LRU under a flood of new
@@ -112,22 +123,26 @@ pub struct ReplyVipTable {
 
 impl ReplyVipTable {
     /// What to change for plan `p` at time `now`: every candidate endpoint that one VIP
-    /// reaches gets an entry if it has none; an entry whose pair `p` does not want (its VIP no
-    /// longer reaches the endpoint, or another VIP does too) is retired once it has been
-    /// unwanted for [`RETIRE_AFTER`]. An entry is never repointed to another VIP while it
-    /// exists. Call [`Self::inserted`] / [`Self::retired`] for the changes that took.
+    /// reaches gets an entry if it has none; an entry whose VIP another VIP now shares the
+    /// endpoint with is retired at once (its VIP's flows go on deferring until the map entry
+    /// is deleted, while the other VIP's flows may leave reply entries for the same client
+    /// ports); an entry whose VIP no longer reaches the endpoint is retired once it has been
+    /// unwanted for [`RETIRE_AFTER`]. An unwanted entry is retired even if a later plan wants
+    /// it again: another VIP may have reached the endpoint meanwhile, and only a new insert
+    /// checks for its flows ([`crate::l4::Datapath::sync_reply_vips`]). An entry is never
+    /// repointed to another VIP while it exists. Call [`Self::inserted`] / [`Self::retired`]
+    /// for the changes that took.
     pub fn step(&mut self, p: &Plan, now: Instant) -> ReplyVipSteps {
         let cands = candidates(p);
         let mut steps = ReplyVipSteps::default();
         for (kb, e) in &mut self.entries {
-            let wanted = cands.get(kb).is_some_and(|(_, vips)| vips[..] == [e.vip]);
-            match (wanted, e.unwanted_since) {
-                (true, _) => e.unwanted_since = None,
-                (false, None) => e.unwanted_since = Some(now),
-                (false, Some(t)) if now.saturating_duration_since(t) >= RETIRE_AFTER => {
-                    steps.retire.push((e.ep, e.vip));
-                }
-                (false, Some(_)) => {}
+            let vips = cands.get(kb).map_or(&[][..], |(_, vips)| &vips[..]);
+            if vips == [e.vip] && e.unwanted_since.is_none() {
+                continue;
+            }
+            let since = *e.unwanted_since.get_or_insert(now);
+            if vips.len() > 1 || now.saturating_duration_since(since) >= RETIRE_AFTER {
+                steps.retire.push((e.ep, e.vip));
             }
         }
         self.waiting
@@ -335,17 +350,18 @@ mod tests {
         assert!(s.retire.is_empty());
         t.inserted(epk, vip);
         assert_eq!(t.step(&with, t0), ReplyVipSteps::default());
-        // Unwanted: kept through the grace, then retired (and re-added if wanted again).
+        // Unwanted: kept through the grace, then retired, also when a plan within the grace
+        // wants it again (another VIP may have reached the endpoint meanwhile: only a new
+        // insert checks for its flows); then re-added.
         assert_eq!(t.step(&without, t0), ReplyVipSteps::default());
         let late = t0 + RETIRE_AFTER - Duration::from_millis(1);
         assert_eq!(t.step(&without, late), ReplyVipSteps::default());
         assert_eq!(t.step(&with, late), ReplyVipSteps::default());
-        assert_eq!(t.step(&without, late), ReplyVipSteps::default());
-        let s = t.step(&without, late + RETIRE_AFTER);
+        let s = t.step(&with, t0 + RETIRE_AFTER);
         assert_eq!(s.retire, vec![(epk, vip)]);
         t.retired(&epk);
         assert_eq!(t.pairs().count(), 0);
-        assert_eq!(t.step(&with, late + RETIRE_AFTER).insert, vec![(epk, vip)]);
+        assert_eq!(t.step(&with, t0 + RETIRE_AFTER).insert, vec![(epk, vip)]);
     }
 
     #[test]
@@ -379,13 +395,14 @@ mod tests {
         assert_eq!(t.step(&both, t0), ReplyVipSteps::default());
         t.step(&plan_of(&[(a, mode::DNAT, vec![e])]), t0);
         t.inserted(epk, a);
-        // b gains the endpoint: a's entry is unwanted, retired after the grace, and none is
-        // added while both VIPs reach it.
-        assert_eq!(t.step(&both, t0), ReplyVipSteps::default());
-        let s = t.step(&both, t0 + RETIRE_AFTER);
+        // b gains the endpoint: a's entry is retired at once (no grace: a's flows go on
+        // deferring until it is deleted, and b's may leave reply entries for the same client
+        // ports), and none is added while both VIPs reach it.
+        let s = t.step(&both, t0);
         assert_eq!(s.retire, vec![(epk, a)]);
+        assert!(s.insert.is_empty());
         t.retired(&epk);
-        assert_eq!(t.step(&both, t0 + RETIRE_AFTER), ReplyVipSteps::default());
+        assert_eq!(t.step(&both, t0), ReplyVipSteps::default());
     }
 
     #[test]

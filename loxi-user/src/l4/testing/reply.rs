@@ -181,6 +181,34 @@ fn a_first_reply_with_fin_shortens_both_entries_timeouts() {
 }
 
 #[test]
+fn an_endpoint_a_second_vip_gains_stops_deferring_at_once_and_its_waiting_flows_get_replies() {
+    let mut lb = Lb::new(&[&rule(VIP, 53, "udp", 0, 0, &[(EP0, 1)])]);
+    assert_eq!(lb.dp.reply_vip_pairs().len(), 1);
+    lb.run(&Frame::udp(CLIENT, 1000, VIP, 53));
+    assert_eq!(dirs(&lb), (1, 0));
+    // VIP2 gains the endpoint: the pair is retired in the same apply (no grace), after the
+    // waiting flow got its reply entry from the loader.
+    lb.set_rules(&[
+        &rule(VIP, 53, "udp", 0, 0, &[(EP0, 1)]),
+        &rule(VIP2, 53, "udp", 0, 0, &[(EP0, 1)]),
+    ]);
+    assert!(lb.dp.reply_vip_pairs().is_empty());
+    assert_eq!(dirs(&lb), (1, 1));
+    let r = Frame::udp(EP0, 8080, CLIENT, 1000);
+    assert_eq!(lb.run(&r).1, r.with(VIP, 53, CLIENT, 1000).bytes());
+    assert_eq!(
+        lb.ctr(ctr::CT_REPLY_ADDED),
+        0,
+        "the loader's entry answered"
+    );
+    // A VIP2 flow from another client port; VIP2 then loses the endpoint again: VIP's pair
+    // waits while that flow lives, as for any other VIP's live flow.
+    lb.run(&Frame::udp(CLIENT, 2000, VIP2, 53));
+    lb.set_rules(&[&rule(VIP, 53, "udp", 0, 0, &[(EP0, 1)])]);
+    assert!(lb.dp.reply_vip_pairs().is_empty());
+}
+
+#[test]
 fn the_newest_flow_of_a_client_port_owns_the_reply_key_of_a_shared_endpoint() {
     let mut lb = Lb::new(&[
         &rule(VIP, 53, "udp", 0, 0, &[(EP0, 1)]),
