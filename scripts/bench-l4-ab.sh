@@ -27,6 +27,7 @@ set -euo pipefail
 [ $# = 2 ] || { echo "usage: bench-l4-ab.sh XTASK_A XTASK_B" >&2; exit 2; }
 XA=$(realpath "$1"); XB=$(realpath "$2")
 for x in "$XA" "$XB"; do [ -x "$x" ] || { echo "bench-l4-ab: $x is not an executable" >&2; exit 2; }; done
+cd "$(dirname "$0")/.."
 ROUNDS=${BENCH_AB_ROUNDS:-6}
 FLOWS=${BENCH_AB_FLOWS:-25000}
 case "$FLOWS$ROUNDS" in *[!0-9]*|'') echo "bench-l4-ab: BENCH_AB_FLOWS and BENCH_AB_ROUNDS are positive integers" >&2; exit 2 ;; esac
@@ -39,24 +40,9 @@ C=${TAG}c; L=${TAG}l; B=${TAG}b
 D=$(mktemp -d)
 PIDS=()
 LB=
-cleanup() {
-  [ -n "$LB" ] && kill "$LB" 2>/dev/null || true
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  sleep 0.5
-  for n in "$C" "$L" "$B"; do ip netns del "$n" 2>/dev/null || true; done
-  rm -rf "$D"
-}
-trap cleanup EXIT
-for n in "$C" "$L" "$B"; do ip netns add "$n"; ip -n "$n" link set lo up; done
-ip link add c0 netns "$C" type veth peer name l0 netns "$L"
-ip link add b0 netns "$B" type veth peer name l1 netns "$L"
-ip -n "$C" addr add 10.100.0.2/24 dev c0; ip -n "$C" link set c0 up
-ip -n "$L" addr add 10.100.0.1/24 dev l0; ip -n "$L" link set l0 up
-ip -n "$L" addr add 10.100.1.1/24 dev l1; ip -n "$L" link set l1 up
-ip -n "$B" addr add 10.100.1.2/24 dev b0; ip -n "$B" link set b0 up
-ip netns exec "$L" sysctl -qw net.ipv4.ip_forward=1
-ip netns exec "$L" ping -c1 -W2 10.100.1.2 >/dev/null
-ip netns exec "$C" ping -c1 -W2 10.100.0.1 >/dev/null
+# cleanup (trapped), the client — LB — backend namespaces.
+# shellcheck source=lib/l4ns.sh
+. scripts/lib/l4ns.sh
 echo '[{"serviceArguments":{"externalIP":"20.0.0.1","port":80,"protocol":"udp","mode":0,"sel":0},"endpoints":[{"endpointIP":"10.100.1.2","targetPort":8080}]}]' >"$D/rules.json"
 ip netns exec "$B" "$XA" xdp-pass --drop --iface b0 >"$D/pass-b.log" 2>&1 & PIDS+=($!)
 ip netns exec "$C" "$XA" xdp-pass --iface c0 >"$D/pass-c.log" 2>&1 & PIDS+=($!)

@@ -31,22 +31,9 @@ TAG=bxp$$
 C=${TAG}c; L=${TAG}l; B=${TAG}b
 D=$(mktemp -d)
 PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  sleep 0.5
-  for n in "$C" "$L" "$B"; do ip netns del "$n" 2>/dev/null || true; done
-  rm -rf "$D"
-}
-trap cleanup EXIT
-for n in "$C" "$L" "$B"; do ip netns add "$n"; ip -n "$n" link set lo up; done
-ip link add c0 netns "$C" type veth peer name l0 netns "$L"
-ip link add b0 netns "$B" type veth peer name l1 netns "$L"
-ip -n "$C" addr add 10.100.0.2/24 dev c0; ip -n "$C" link set c0 up
-ip -n "$L" addr add 10.100.0.1/24 dev l0; ip -n "$L" link set l0 up
-ip -n "$L" addr add 10.100.1.1/24 dev l1; ip -n "$L" link set l1 up
-ip -n "$B" addr add 10.100.1.2/24 dev b0; ip -n "$B" link set b0 up
-ip netns exec "$L" sysctl -qw net.ipv4.ip_forward=1
-ip netns exec "$L" ping -c1 -W2 10.100.1.2 >/dev/null
+# cleanup (trapped), the client — LB — backend namespaces.
+# shellcheck source=lib/l4ns.sh
+. scripts/lib/l4ns.sh
 ip -n "$L" route add 20.0.0.1/32 via 10.100.1.2 dev l1
 ip -n "$L" route add 20.0.0.2/32 via 10.100.1.2 dev l1
 rule() { echo '{"serviceArguments":{"externalIP":"'"$1"'","port":80,"protocol":"udp","mode":0,"sel":0},"endpoints":[{"endpointIP":"'"$2"'","targetPort":80}]}'; }
