@@ -281,6 +281,19 @@ mod tests {
         }
     }
 
+    /// The forward conntrack key of a UDP flow from `client` to `to`.
+    fn fwd_key(client: ServiceKey, to: ServiceKey) -> CtKey {
+        CtKey {
+            saddr: client.addr,
+            daddr: to.addr,
+            sport: client.port,
+            dport: to.port,
+            proto: proto::UDP,
+            family: family::V4,
+            _pad: [0; 2],
+        }
+    }
+
     /// A plan of `(vip, mode, endpoints)` services.
     fn plan_of(svcs: &[(ServiceKey, u8, Vec<EndpointValue>)]) -> Plan {
         let mut p = Plan::default();
@@ -437,15 +450,7 @@ mod tests {
         let (vip, other) = (key([20, 0, 0, 1], 53), key([20, 0, 0, 2], 53));
         let epk = key([10, 0, 1, 2], 8053);
         let fwd = |to: ServiceKey| {
-            let k = CtKey {
-                saddr: client.addr,
-                daddr: to.addr,
-                sport: client.port,
-                dport: to.port,
-                proto: proto::UDP,
-                family: family::V4,
-                _pad: [0; 2],
-            };
+            let k = fwd_key(client, to);
             let v = CtValue {
                 nsaddr: client.addr,
                 nsport: client.port,
@@ -479,15 +484,7 @@ mod tests {
         let client = key([192, 168, 0, 1], 40000);
         let vip = key([20, 0, 0, 1], 53);
         let epk = key([10, 0, 1, 2], 8053);
-        let fk = CtKey {
-            saddr: client.addr,
-            daddr: vip.addr,
-            sport: client.port,
-            dport: vip.port,
-            proto: proto::UDP,
-            family: family::V4,
-            _pad: [0; 2],
-        };
+        let fk = fwd_key(client, vip);
         let fv = CtValue {
             last_ns: 77,
             nsaddr: client.addr,
