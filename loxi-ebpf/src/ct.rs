@@ -114,11 +114,13 @@ pub fn close(k: &CtKey, v: &CtValue) {
     lc_dec(v);
 }
 
-/// A reply entry `(k, *v)` found idle past its timeout: when its flow's forward entry is live
-/// and is this entry's opposite ([`answers`]), the flow is alive (only its reply direction was
-/// quiet, or this entry outlived an evicted forward entry of an earlier flow of the same
-/// tuple): the entry is refreshed in place with the forward entry's rule, endpoint and timeout,
-/// and true is returned. False (entry untouched) otherwise.
+/// An entry `(k, *v)` found idle past its timeout: when the opposite direction's entry is
+/// live and is this entry's opposite ([`answers`]), the flow is alive (as in the kernel's
+/// conntrack, a packet in either direction keeps a flow: one direction was only quiet, e.g.
+/// a UDP stream the server pushes, or this reply entry outlived an evicted forward entry of an
+/// earlier flow of the same tuple): the entry is refreshed in place (a reply entry also takes
+/// the forward entry's rule, endpoint and timeout), and true is returned. False (entry
+/// untouched) otherwise.
 #[inline(always)]
 pub fn revive(k: &CtKey, v: *mut CtValue, t: u64) -> bool {
     let Some(o) = SCRATCH_KEY.get_ptr_mut(0) else {
@@ -131,13 +133,15 @@ pub fn revive(k: &CtKey, v: *mut CtValue, t: u64) -> bool {
         let Some(f) = CT.get(&*o) else {
             return false;
         };
-        if f.dir != dir::FWD || expired(f, t) || !answers(k, &*o, f) {
+        if f.dir == (*v).dir || expired(f, t) || !answers(k, &*o, f) {
             return false;
         }
         (*v).last_ns = t;
-        (*v).timeout_s = f.timeout_s;
-        (*v).slot = f.slot;
-        (*v).ep = f.ep;
+        if f.dir == dir::FWD {
+            (*v).timeout_s = f.timeout_s;
+            (*v).slot = f.slot;
+            (*v).ep = f.ep;
+        }
     }
     true
 }

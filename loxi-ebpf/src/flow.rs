@@ -155,18 +155,18 @@ fn decide(pkt: &Pkt, hit: bool, t: u64, out: &mut CtValue) -> u32 {
     // SAFETY: pointer from the map helper; copied out before any delete.
     *out = unsafe { *v };
     if ct::expired(out, t) {
-        count(ctr::CT_EXPIRED, 1);
-        if out.dir == dir::FWD {
-            ct::close(key, out);
-            return new_flow(pkt, key, t, out);
-        }
-        // A reply direction lives as long as its flow's forward entry: only quiet, or left
-        // behind by an earlier flow of this tuple whose forward entry the LRU evicted.
+        // A direction lives as long as its flow's other direction does: only quiet, or (a
+        // reply entry) left behind by an earlier flow of this tuple whose forward entry the
+        // LRU evicted.
         if ct::revive(key, v, t) {
             // SAFETY: as above (refreshed in place).
             *out = unsafe { *v };
         } else {
+            count(ctr::CT_EXPIRED, 1);
             ct::close(key, out);
+            if out.dir == dir::FWD {
+                return new_flow(pkt, key, t, out);
+            }
             // The stale entry may have stood in front of a deferred flow's first reply.
             if !ct::late_reply(pkt, t, out) {
                 return V_PASS;

@@ -307,10 +307,29 @@ fn a_reply_entry_left_by_an_evicted_forward_entry_serves_the_tuple_s_next_flow()
     // closed with the new flow's forward entry.
     lb.age_out(&rk);
     assert_eq!(lb.run(&r).1, r.with(VIP, 53, CLIENT, 5000).bytes());
-    assert_eq!(lb.ctr(ctr::CT_EXPIRED), 1);
+    assert_eq!(lb.ctr(ctr::CT_EXPIRED), 0, "refreshed, not replaced");
     assert_eq!(dirs(&lb), (1, 1), "both directions live");
     lb.run(&f);
     assert_eq!(lb.ctr(ctr::NEW_FLOW), 2, "the forward entry was kept");
+}
+
+#[test]
+fn a_quiet_forward_direction_of_a_flow_whose_replies_go_on_keeps_its_endpoint() {
+    // A stream the endpoint pushes: the client's direction idles past the timeout while
+    // replies keep coming, then the client speaks again. As in the kernel's conntrack, the
+    // flow is alive: its next packet goes to the same endpoint, not to a new selection.
+    let mut lb = Lb::new(&[&rule(VIP, 53, "udp", 0, 0, &[(EP0, 1), ("10.0.1.3", 1)])]);
+    let f = Frame::udp(CLIENT, 5000, VIP, 53);
+    let first = dst_of(&lb.run(&f).1).to_string();
+    let r = Frame::udp(&first, 8080, CLIENT, 5000);
+    lb.run(&r);
+    let fk = key_of(&lb, CLIENT, 5000);
+    lb.age_out(&fk);
+    lb.run(&r);
+    assert_eq!(dst_of(&lb.run(&f).1).to_string(), first);
+    assert_eq!(lb.ctr(ctr::NEW_FLOW), 1);
+    assert_eq!(lb.ctr(ctr::CT_EXPIRED), 0);
+    assert_eq!(dirs(&lb), (1, 1));
 }
 
 #[test]
