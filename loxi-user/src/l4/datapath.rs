@@ -269,14 +269,16 @@ impl Datapath {
         self.sync_reply_vips(plan, Instant::now())
     }
 
-    /// Brings `LOXI_REPLY_VIP` towards `plan` at time `now` ([`ReplyVipTable::step`]): adds
-    /// an entry for each new DNAT endpoint that one VIP reaches, unless conntrack holds a live
-    /// flow between it and another VIP ([`reply::is_foreign`]; then retried after
-    /// [`reply::RETRY_AFTER`]; one walk of the conntrack map for all of them); for each entry unwanted for
-    /// [`reply::RETIRE_AFTER`] (at once for one another VIP now shares), inserts the reply
-    /// entry of every deferred flow of that pair still without one (one walk of the conntrack
-    /// map for all of them), deletes the entry, and walks again for the flows that deferred
-    /// during the first walk. Also called every stats tick, so retirements happen without rule changes. A full
+    /// Brings `LOXI_REPLY_VIP` towards `plan` at time `now` ([`ReplyVipTable::step`]):
+    /// - adds an entry for each new DNAT endpoint that one VIP reaches, unless conntrack holds
+    ///   a live flow between it and another VIP ([`reply::is_foreign`]; then retried after
+    ///   [`reply::RETRY_AFTER`]; one walk of the conntrack map for all of them);
+    /// - for each entry unwanted for [`reply::RETIRE_AFTER`] (at once for one another VIP now
+    ///   shares), inserts the reply entry of every deferred flow of that pair still without one
+    ///   (one walk for all of them), deletes the entry, and walks again for the flows that
+    ///   deferred during the first walk.
+    ///
+    /// Also called every stats tick, so retirements happen without rule changes. A full
     /// map is not an error: that endpoint's flows insert both entries.
     ///
     /// Errors: [`L4Error::Map`] when a map cannot be read or written (the table keeps what
