@@ -190,6 +190,7 @@ impl Env {
             coldstart_seed_n: r.int("LOXILB_KV_COLDSTART_SEED_N", 16, 0, u32::MAX as u64),
             coldstart_min_blocks: r.int("LOXILB_KV_COLDSTART_MIN_BLOCKS", 16, 0, u32::MAX as u64),
             replica_load: r.int("LOXI_KV_REPLICA_LOAD", 2, 0, 1_000_000),
+            replica_hold: Duration::from_millis(r.int("LOXI_KV_REPLICA_HOLD_MS", 1000, 0, 600_000)),
             spill_floor: r.int("LOXI_KV_SPILL_FLOOR", 8, 0, 1_000_000),
             work_guard_percent: r.int("LOXI_KV_WORK_GUARD_PERCENT", 200, 0, 10_000) as u32,
             cold_least_work: r.cold_placement(),
@@ -231,6 +232,16 @@ impl Env {
             )),
         };
         r.law_knobs(kv_lb_mode);
+        if kv.replica_load == 0
+            && let Some(v) = r.get("LOXI_KV_REPLICA_HOLD_MS")
+        {
+            r.warn(
+                "LOXI_KV_REPLICA_HOLD_MS",
+                v,
+                "no effect (replica seeding is off)",
+                "effective only with LOXI_KV_REPLICA_LOAD > 0",
+            );
+        }
         let pd_queue_depth_per_ep = r.clamped(
             "LLB_PD_QUEUE_DEPTH_PER_EP",
             0,
@@ -1038,6 +1049,40 @@ mod tests {
             assert_eq!(e.warnings.len(), 1, "{bad}");
             assert_eq!(e.warnings[0].var, "LOXI_KV_REPLICA_LOAD");
         }
+    }
+
+    #[test]
+    fn replica_hold_is_read_at_least_the_budget_and_warned_without_replica_seeding() {
+        let env = |vars: &'static [(&'static str, &'static str)]| {
+            Env::from_lookup(move |k| {
+                vars.iter()
+                    .find(|(name, _)| *name == k)
+                    .map(|(_, v)| v.to_string())
+            })
+        };
+        let e = env(&[]);
+        assert_eq!(e.kv.replica_hold, Duration::from_secs(1));
+        assert_eq!(e.kv.replica_hold_window(), Duration::from_secs(1));
+        let e = env(&[("LOXI_KV_REPLICA_HOLD_MS", "0")]);
+        assert_eq!((e.kv.replica_hold, e.warnings.len()), (Duration::ZERO, 0));
+        // Never below the decision budget (10 ms by default, 25 here).
+        assert_eq!(e.kv.replica_hold_window(), Duration::from_millis(10));
+        let e = env(&[
+            ("LOXI_KV_REPLICA_HOLD_MS", "5"),
+            ("LOXI_KV_DECISION_BUDGET_MS", "25"),
+        ]);
+        assert_eq!(e.kv.replica_hold_window(), Duration::from_millis(25));
+        let e = env(&[("LOXI_KV_REPLICA_HOLD_MS", "600001")]);
+        assert_eq!(e.kv.replica_hold, Duration::from_secs(1));
+        assert_eq!(e.warnings[0].var, "LOXI_KV_REPLICA_HOLD_MS");
+        // Set while replica seeding is off: warned, not silently inert.
+        let e = env(&[
+            ("LOXI_KV_REPLICA_HOLD_MS", "200"),
+            ("LOXI_KV_REPLICA_LOAD", "0"),
+        ]);
+        assert_eq!(e.warnings.len(), 1);
+        assert_eq!(e.warnings[0].var, "LOXI_KV_REPLICA_HOLD_MS");
+        assert_eq!(e.warnings[0].used, "no effect (replica seeding is off)");
     }
 
     #[test]

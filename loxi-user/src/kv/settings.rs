@@ -40,6 +40,12 @@ pub struct KvSettings {
     /// `blend::replica`: the law's pick must carry at least `R` requests (and more than its
     /// request share) before a request is sent to an idle endpoint with an empty cache. 0 = off, 1–1,000,000; default 2.
     pub replica_load: u64,
+    /// `LOXI_KV_REPLICA_HOLD_MS` (loxi extension, with replica seeding on): a replica seed is
+    /// held (the law's pick keeps the request) while a request whose prompt opens differently
+    /// and holds a full block was placed within this window (and while one still waits for its
+    /// decision); the window is at least [`Self::decision_budget`], see
+    /// [`Self::replica_hold_window`]. Default 1000 ms, range 0–600000 ms.
+    pub replica_hold: Duration,
     /// `LOXI_KV_SPILL_FLOOR` (loxi extension, `hard` and `adaptive`): a spill (a pick with less
     /// overlap than the owner) needs the owner to carry at least this many requests, or the
     /// owner's prefill wait in tokens to reach the spill's (`blend::spill_pays`). 0 = LoxiLB's
@@ -150,6 +156,7 @@ impl Default for KvSettings {
             coldstart_seed_n: 16,
             coldstart_min_blocks: 16,
             replica_load: 2,
+            replica_hold: Duration::from_secs(1),
             spill_floor: 8,
             work_guard_percent: 200,
             cold_least_work: true,
@@ -171,6 +178,12 @@ impl Default for KvSettings {
 }
 
 impl KvSettings {
+    /// How recently a request of another prompt opening must have been placed to hold a
+    /// replica seed: `LOXI_KV_REPLICA_HOLD_MS`, and never less than the decision budget.
+    pub fn replica_hold_window(&self) -> Duration {
+        self.replica_hold.max(self.decision_budget)
+    }
+
     /// Spill relief for a rule of `mode` (auto = on for the role-less pool, kvExactMode 3).
     pub fn spill_relief_for(&self, mode: KvMode) -> bool {
         self.spill_relief.unwrap_or(mode == KvMode::Pool)

@@ -20,6 +20,48 @@ use crate::routing::EpIdx;
 use crate::rules::store::StoredRule;
 use crate::rules::{KvEndpoint, KvSpec};
 
+/// The two latest records of distinct prompt openings of one service: enough to tell in
+/// constant time when a request whose prompt opens differently from a given one was last seen.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Openings {
+    /// The latest record: its opening's fingerprint and when.
+    last: Option<(u64, Instant)>,
+    /// The latest record whose opening differs from `last`'s.
+    other: Option<(u64, Instant)>,
+}
+
+impl Openings {
+    /// Records a request with opening `fp` at `at` (calls in time order).
+    pub fn seen(&mut self, fp: u64, at: Instant) {
+        match self.last {
+            Some((last, _)) if last == fp => {}
+            _ => self.other = self.last,
+        }
+        self.last = Some((fp, at));
+    }
+
+    /// When a request whose opening differs from `fp` was last recorded (`fp` `None`: any
+    /// request); `None` if none was.
+    pub fn other_than(&self, fp: Option<u64>) -> Option<Instant> {
+        match (self.last, fp) {
+            (Some((last, _)), Some(fp)) if last == fp => self.other.map(|(_, at)| at),
+            (last, _) => last.map(|(_, at)| at),
+        }
+    }
+
+    /// The same records `by` earlier (tests: a hold window passing without waiting for it).
+    #[cfg(test)]
+    pub fn aged(&self, by: std::time::Duration) -> Self {
+        let back = |r: Option<(u64, Instant)>| {
+            r.map(|(fp, at)| (fp, at.checked_sub(by).expect("a clock past `by`")))
+        };
+        Self {
+            last: back(self.last),
+            other: back(self.other),
+        }
+    }
+}
+
 /// The KV contract of one rule: its compiled [`KvSpec`] (validation decided every default).
 /// In a [`ServiceKv`] its `endpoints` list is empty: the live list is [`ServiceKv::members`].
 pub type ServiceKvConfig = KvSpec;
@@ -95,6 +137,10 @@ pub struct ServiceKv {
     /// are added by `KvRouter::prepare` and removed when the request's first selection runs
     /// or its ticket is dropped.
     pub waiting: Mutex<HashMap<u64, u32>>,
+    /// The latest decisions of distinct prompt openings that hold at least one full block:
+    /// replica seeding also holds off while one of another opening was decided within the
+    /// hold window ([`KvSettings::replica_hold_window`]; `kv::route::select`).
+    pub openings: Mutex<Openings>,
     /// Set when the service was dropped (rule deleted, KV off, contract rebuilt): its streams,
     /// still stopping, record no more series.
     retired: AtomicBool,
@@ -125,6 +171,7 @@ impl ServiceKv {
             groups: Mutex::new(HashMap::new()),
             watch: Mutex::new(HashMap::new()),
             waiting: Mutex::new(HashMap::new()),
+            openings: Mutex::new(Openings::default()),
             config: KvSpec {
                 endpoints: Vec::new(),
                 ..config.clone()

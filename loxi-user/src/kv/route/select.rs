@@ -140,6 +140,8 @@ pub struct KvTicket {
     /// The request is counted in its service's `waiting` (from `prepare` to its first
     /// selection, or to the ticket's drop).
     waiting: bool,
+    /// The request's decision was recorded in its service's [`ServiceKv::openings`].
+    seen: bool,
 }
 
 impl Drop for KvTicket {
@@ -311,13 +313,19 @@ impl KvRouter {
             return None;
         };
         ticket.decided();
+        if ticket.opening.is_none() {
+            ticket.opening = opening(meta);
+        }
         // Requests that opened differently and still wait for their decision (a burst of
         // several prefixes) may need the idle endpoints: no replica seed then.
-        let others = svc.others_waiting(ticket.opening);
+        let hold = Hold {
+            others_waiting: svc.others_waiting(ticket.opening),
+            opening: ticket.opening,
+        };
         let res = self.guarded_keys(&svc, meta, ticket).and_then(|keys| {
             let t = StdInstant::now();
             let r = crate::kv_stage_span!("kv.score")
-                .in_scope(|| self.decide(&svc, rule, keys, cands, others));
+                .in_scope(|| self.decide(&svc, rule, keys, cands, hold));
             svc.route.stage(Stage::Score, t.elapsed().as_secs_f64());
             r
         });
@@ -325,6 +333,14 @@ impl KvRouter {
         match res {
             Ok((d, cached)) => {
                 ticket.hit = d.endpoint.map(|ep| (ep, cached));
+                // A prompt with blocks to cache was placed: it holds other prompts' replica
+                // seeds for the hold window.
+                if !std::mem::replace(&mut ticket.seen, true)
+                    && let Some(fp) = ticket.opening
+                    && ticket.keys().is_some_and(|k| !k.is_empty())
+                {
+                    svc.openings.lock().seen(fp, Instant::now());
+                }
                 if d.reason == Reason::KvColdPlace {
                     svc.route.cold_placement(d.endpoint.unwrap_or_default());
                 } else {
@@ -435,18 +451,11 @@ impl KvRouter {
         rule: &StoredRule,
         keys: &[BlockKey],
         cands: &Candidates<'_>,
-        others_waiting: bool,
+        hold: Hold,
     ) -> Result<(Decision, usize), MissReason> {
         SCRATCH.with(|s| match s.try_borrow_mut() {
-            Ok(mut s) => self.decide_in(&mut s, svc, rule, keys, cands, others_waiting),
-            Err(_) => self.decide_in(
-                &mut Scratch::default(),
-                svc,
-                rule,
-                keys,
-                cands,
-                others_waiting,
-            ),
+            Ok(mut s) => self.decide_in(&mut s, svc, rule, keys, cands, hold),
+            Err(_) => self.decide_in(&mut Scratch::default(), svc, rule, keys, cands, hold),
         })
     }
 
@@ -457,7 +466,7 @@ impl KvRouter {
         rule: &StoredRule,
         keys: &[BlockKey],
         cands: &Candidates<'_>,
-        others_waiting: bool,
+        hold: Hold,
     ) -> Result<(Decision, usize), MissReason> {
         let Scratch {
             score,
@@ -555,11 +564,16 @@ impl KvRouter {
             svc.route.cold_seed(cold);
             return Ok((Decision::pick(cold, Reason::KvColdSeed), cached(cold)));
         }
-        // Replica seeding (`blend::replica`): free room is an empty cache; held while
-        // requests of other prompts wait for their decision.
+        // Replica seeding (`blend::replica`): free room is an empty cache; held while requests
+        // of other prompts wait for their decision or were placed within the hold window (in
+        // a burst of several prompts the idle empty endpoint is about to be one's home).
         let has_room = |c: &Cand| member(c.ep).map_or(0, |m| svc.index.blocks(m)) == 0;
         if let Some(copy) = replica(law_cands, pick.ep, s.replica_load, has_room) {
-            if !others_waiting {
+            let placed = svc.openings.lock().other_than(hold.opening);
+            let window = s.replica_hold_window();
+            let recent =
+                placed.is_some_and(|at| Instant::now().saturating_duration_since(at) < window);
+            if !hold.others_waiting && !recent {
                 tracing::debug!(service = rule.id, pick = pick.ep, to = copy, cands = ?law_cands, "kv replica seed");
                 svc.route.cold_seed(copy);
                 return Ok((Decision::pick(copy, Reason::KvColdSeed), cached(copy)));
@@ -568,7 +582,7 @@ impl KvRouter {
                 service = rule.id,
                 pick = pick.ep,
                 to = copy,
-                "kv replica seed held: requests of other prompts wait for their decision"
+                "kv replica seed held: a request of another prompt waits for its decision or was placed within the hold window"
             );
         }
         if pick.spilled {
@@ -697,6 +711,15 @@ fn cold_place(
             (ep + n - turn) % n,
         )
     })
+}
+
+/// What holds a replica seed: requests of another prompt opening still waiting for their
+/// decision, or placed within `LOXI_KV_REPLICA_HOLD_MS` ([`ServiceKv::openings`]).
+#[derive(Debug, Clone, Copy)]
+struct Hold {
+    others_waiting: bool,
+    /// The request's own opening ([`opening`]).
+    opening: Option<u64>,
 }
 
 /// Bytes of a prompt's opening that [`opening`] fingerprints (a system prompt's first

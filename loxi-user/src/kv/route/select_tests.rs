@@ -7,6 +7,7 @@ use super::*;
 use crate::kv::block_hash::{BlockHasher, HashAlgo};
 use crate::kv::route::blend::LbMode;
 use crate::kv::settings::KvSettings;
+use crate::kv::state::Openings;
 use crate::kv::testutil::{self, TinyTokenizer, rule, shared_dir, state};
 use crate::kv::tokenizer::TokenizerPool;
 use crate::request::ChatMessage;
@@ -1054,10 +1055,11 @@ fn a_new_conversation_goes_to_an_idle_empty_endpoint_when_the_prompts_owner_is_b
 }
 
 /// A burst of several prompts at once: while a request that opens differently waits for its
-/// decision, the idle empty endpoints may be its home, so no replica is seeded; requests of the
-/// same prompt waiting (a burst of conversations sharing one system prompt) do not hold it.
+/// decision, or was placed within the hold window, the idle empty endpoints may be its home,
+/// so no replica is seeded; requests of the same prompt (a burst of conversations sharing one
+/// system prompt) do not hold it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_replica_seed_waits_while_requests_of_other_prompts_wait_for_their_decision() {
+async fn a_replica_seed_waits_while_requests_of_other_prompts_wait_or_were_just_placed() {
     let f = replica_fx();
     let m = meta(PROMPT);
     let other = meta(OTHER);
@@ -1082,6 +1084,9 @@ async fn a_replica_seed_waits_while_requests_of_other_prompts_wait_for_their_dec
         Some(Decision::pick(1, Reason::KvColdPlace))
     );
     assert!(f.svc().waiting.lock().is_empty());
+    // Placed just now, the other prompt still holds the seed for the hold window (1 s).
+    assert_eq!(f.select(&m), Some(Decision::pick(0, Reason::KvOverlap)));
+    age_openings(&f);
     // Only requests of the same prompt wait: the copy goes to the idle empty endpoint.
     let mut same = KvTicket::default();
     f.router.prepare(&f.rule, &m, &mut same).await;
@@ -1106,6 +1111,74 @@ async fn a_replica_seed_waits_while_requests_of_other_prompts_wait_for_their_dec
         f.metric("loxilb_pd_kv_tier15_cold_seeds_total{service=\"1\",ep_idx=\"1\"}"),
         1.0
     );
+}
+
+/// Moves the fixture's recorded placements one hold window (1 s) into the past.
+fn age_openings(f: &Fx) {
+    let window = f.router.state().settings.replica_hold_window();
+    assert_eq!(window, Duration::from_secs(1));
+    let svc = f.svc();
+    let aged = svc.openings.lock().aged(window);
+    *svc.openings.lock() = aged;
+}
+
+/// A placement of another prompt that has no full block to cache (a short probe) holds no
+/// replica seed: it cannot make the idle endpoint its home.
+#[test]
+fn a_prompt_without_blocks_holds_no_replica_seed() {
+    let f = replica_fx();
+    let m = meta(PROMPT);
+    f.hold(0, &m, 3);
+    f.loads[0].in_flight.store(2, Ordering::Relaxed);
+    // A short probe misses (`shallow`) and is not recorded.
+    assert_eq!(f.select(&meta("hi")), None);
+    assert_eq!(f.svc().openings.lock().other_than(None), None);
+    assert_eq!(f.select(&m), Some(Decision::pick(1, Reason::KvColdSeed)));
+}
+
+/// A burst of conversations that share one system prompt: every arrival opens the same way,
+/// so the busy owner's next conversation seeds the idle empty endpoint at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_one_prompt_seeds_a_replica_at_once() {
+    let f = replica_fx();
+    let m = meta(PROMPT);
+    f.hold(0, &m, 3);
+    f.loads[0].in_flight.store(2, Ordering::Relaxed);
+    let mut tickets: Vec<KvTicket> = (0..3).map(|_| KvTicket::default()).collect();
+    for t in &mut tickets {
+        f.router.prepare(&f.rule, &m, t).await;
+    }
+    assert_eq!(
+        f.attempt(&m, &Excluded::default(), &mut tickets[2]),
+        Some(Decision::pick(1, Reason::KvColdSeed))
+    );
+}
+
+/// [`Openings`] answers when a request of another opening was last seen, whatever the order,
+/// and [`Openings::aged`] moves both records back.
+#[test]
+fn openings_tell_when_another_prompt_was_last_seen() {
+    let t0 = Instant::now();
+    let at = |ms: u64| t0 + Duration::from_millis(ms);
+    let mut o = Openings::default();
+    assert_eq!(o.other_than(Some(1)), None);
+    assert_eq!(o.other_than(None), None);
+    o.seen(1, at(0));
+    assert_eq!(o.other_than(Some(1)), None);
+    assert_eq!(o.other_than(Some(2)), Some(at(0)));
+    o.seen(1, at(5));
+    o.seen(2, at(7));
+    assert_eq!(o.other_than(Some(1)), Some(at(7)));
+    assert_eq!(o.other_than(Some(2)), Some(at(5)));
+    o.seen(2, at(9));
+    assert_eq!(o.other_than(Some(2)), Some(at(5)));
+    o.seen(3, at(11));
+    assert_eq!(o.other_than(Some(3)), Some(at(9)));
+    assert_eq!(o.other_than(Some(1)), Some(at(11)));
+    assert_eq!(o.other_than(None), Some(at(11)));
+    let back = o.aged(Duration::from_millis(4));
+    assert_eq!(back.other_than(Some(3)), Some(at(5)));
+    assert_eq!(back.other_than(Some(1)), Some(at(7)));
 }
 
 #[test]
