@@ -57,7 +57,15 @@ pub struct Datapath {
     reply_vips: ReplyVipTable,
     /// The kernel's id of the loaded XDP program (fixed once loaded).
     prog_id: u32,
+    /// Most entries one loader walk of the conntrack map reads ([`WALK_BOUND`]; tests lower
+    /// it to cut walks off).
+    walk_bound: usize,
 }
+
+/// Most entries a loader walk of the conntrack map reads: twice the map's capacity (deletes
+/// under a busy map restart the kernel's walk). A walk that reaches it is cut off and proves
+/// no absence.
+const WALK_BOUND: usize = 2 * CT_ENTRIES as usize;
 
 impl Datapath {
     /// Loads the embedded object and its program into the kernel (needs CAP_BPF / root).
@@ -84,6 +92,7 @@ impl Datapath {
             installed: BTreeMap::new(),
             reply_vips: ReplyVipTable::default(),
             prog_id,
+            walk_bound: WALK_BOUND,
         })
     }
 
@@ -276,7 +285,9 @@ impl Datapath {
     /// - for each entry unwanted for [`reply::RETIRE_AFTER`] (at once for one another VIP now
     ///   shares), inserts the reply entry of every deferred flow of that pair still without one
     ///   (one walk for all of them), deletes the entry, and walks again for the flows that
-    ///   deferred during the first walk.
+    ///   deferred during the first walk. A first walk cut off by its bound retires nothing
+    ///   (offered again at the next call); a second walk cut off puts the entries back, so the
+    ///   replies of flows it did not reach still find their VIP, and they are offered again.
     ///
     /// Also called every stats tick, so retirements happen without rule changes. A full
     /// map is not an error: that endpoint's flows insert both entries.
@@ -286,22 +297,7 @@ impl Datapath {
     pub fn sync_reply_vips(&mut self, plan: &Plan, now: Instant) -> Result<(), L4Error> {
         let steps = self.reply_vips.step(plan, now);
         if !steps.retire.is_empty() {
-            let mut added = self.add_deferred_replies(&steps.retire)?;
-            for (ep, _) in &steps.retire {
-                match self.reply_vip_map()?.remove(ep) {
-                    Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
-                    Err(e) => return Err(L4Error::map(MAP_REPLY_VIP, e)),
-                }
-                self.reply_vips.retired(ep);
-            }
-            // A pair retired at once still had its VIP's new flows deferring while the first
-            // walk ran: the second walk, after the delete, gives those their reply entries.
-            added += self.add_deferred_replies(&steps.retire)?;
-            tracing::debug!(
-                retired = steps.retire.len(),
-                reply_entries_added = added,
-                "reply-VIP entries retired"
-            );
+            self.retire_reply_vips(&steps.retire)?;
         }
         let blocked = self.foreign_flows(&steps.insert)?;
         for ((ep, _), _) in steps.insert.iter().zip(&blocked).filter(|(_, b)| **b) {
@@ -330,6 +326,47 @@ impl Datapath {
         Ok(())
     }
 
+    /// Retires `pairs` from `LOXI_REPLY_VIP` (see [`Self::sync_reply_vips`]).
+    fn retire_reply_vips(&mut self, pairs: &[(ServiceKey, ServiceKey)]) -> Result<(), L4Error> {
+        let Some(mut added) = self.add_deferred_replies(pairs)? else {
+            tracing::debug!("conntrack walk cut off: reply-VIP entries kept for the next try");
+            return Ok(());
+        };
+        for (ep, _) in pairs {
+            match self.reply_vip_map()?.remove(ep) {
+                Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
+                Err(e) => return Err(L4Error::map(MAP_REPLY_VIP, e)),
+            }
+        }
+        // A pair retired at once still had its VIP's new flows deferring while the first walk
+        // ran: the second walk, after the delete, gives those their reply entries.
+        let Some(more) = self.add_deferred_replies(pairs)? else {
+            for (ep, vip) in pairs {
+                self.reply_vip_map()?
+                    .insert(ep, vip, 0)
+                    .map_err(|e| L4Error::map(MAP_REPLY_VIP, e))?;
+            }
+            tracing::debug!("conntrack walk cut off: reply-VIP entries put back for the next try");
+            return Ok(());
+        };
+        added += more;
+        for (ep, _) in pairs {
+            self.reply_vips.retired(ep);
+        }
+        tracing::debug!(
+            retired = pairs.len(),
+            reply_entries_added = added,
+            "reply-VIP entries retired"
+        );
+        Ok(())
+    }
+
+    /// Sets the bound of the loader's conntrack walks (tests: a cut-off walk).
+    #[cfg(test)]
+    pub fn set_walk_bound(&mut self, bound: usize) {
+        self.walk_bound = bound;
+    }
+
     /// The (endpoint, VIP) pairs `LOXI_REPLY_VIP` holds, as the loader wrote them.
     pub fn reply_vip_pairs(&self) -> Vec<(ServiceKey, ServiceKey)> {
         self.reply_vips.pairs().collect()
@@ -343,14 +380,18 @@ impl Datapath {
         if pairs.is_empty() {
             return Ok(blocked);
         }
+        let bound = self.walk_bound;
         let ct: HashMap<&mut MapData, CtKey, CtValue> = self.hash_map(MAP_CONNTRACK)?;
         // A second early: the program's coarse clock can lag this one by a tick, and an entry
         // it still finds live must count.
         let now = super::conntrack::monotonic_ns().saturating_sub(1_000_000_000);
-        let bound = 2 * CT_ENTRIES as usize;
         let mut walked = 0;
-        for (k, v) in ct.iter().take(bound).filter_map(Result::ok) {
-            walked += 1;
+        for (k, v) in ct
+            .iter()
+            .take(bound)
+            .inspect(|_| walked += 1)
+            .filter_map(Result::ok)
+        {
             if super::conntrack::expired(&v, now) {
                 continue;
             }
@@ -368,18 +409,22 @@ impl Datapath {
 
     /// Inserts the reply entry of every live forward entry that `pairs` may have deferred and
     /// that has none yet; a leftover entry of an earlier flow under the same reply key (closed,
-    /// expired, or another VIP's) is replaced, since the newest flow owns the key. The walk is
-    /// bounded like a listing's (twice the map's entries). Returns how many it inserted.
+    /// expired, or another VIP's) is replaced, since the newest flow owns the key. Returns how
+    /// many it inserted, or `None` when the walk was cut off by its bound ([`WALK_BOUND`]):
+    /// the flows it reached have their entries then, but others may still lack theirs.
     fn add_deferred_replies(
         &mut self,
         pairs: &[(ServiceKey, ServiceKey)],
-    ) -> Result<usize, L4Error> {
+    ) -> Result<Option<usize>, L4Error> {
+        let bound = self.walk_bound;
         let mut ct: HashMap<&mut MapData, CtKey, CtValue> = self.hash_map(MAP_CONNTRACK)?;
         let now = super::conntrack::monotonic_ns();
+        let mut walked = 0;
         // Collected first: inserting while walking could make the walk restart or skip.
         let replies: Vec<(CtKey, CtKey, CtValue)> = ct
             .iter()
-            .take(2 * CT_ENTRIES as usize)
+            .take(bound)
+            .inspect(|_| walked += 1)
             .filter_map(Result::ok)
             .filter(|(k, v)| {
                 !super::conntrack::expired(v, now)
@@ -392,6 +437,7 @@ impl Datapath {
                 (k, rk, rv)
             })
             .collect();
+        let complete = walked < bound;
         let mut added = 0;
         for (k, rk, rv) in replies {
             if let Ok(have) = ct.get(&rk, 0)
@@ -404,7 +450,7 @@ impl Datapath {
                 .map_err(|e| L4Error::map(MAP_CONNTRACK, e))?;
             added += 1;
         }
-        Ok(added)
+        Ok(complete.then_some(added))
     }
 
     fn clear_rows(&mut self, slot: u32, from: u32, to: u32) -> Result<(), L4Error> {

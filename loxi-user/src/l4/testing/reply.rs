@@ -208,6 +208,35 @@ fn an_endpoint_a_second_vip_gains_stops_deferring_at_once_and_its_waiting_flows_
     assert!(lb.dp.reply_vip_pairs().is_empty());
 }
 
+/// A retirement walk cut off by its bound proves no absence: the entry stays (the deferred
+/// flows' replies keep finding their VIP through it) until a whole walk retires it.
+#[test]
+fn a_retirement_whose_walk_is_cut_off_keeps_the_entry_until_a_whole_walk() {
+    let one = rule(VIP, 53, "udp", 0, 0, &[(EP0, 1)]);
+    let two = rule(VIP2, 53, "udp", 0, 0, &[(EP0, 1)]);
+    let mut lb = Lb::new(&[&one]);
+    lb.run(&Frame::udp(CLIENT, 1000, VIP, 53));
+    lb.run(&Frame::udp(CLIENT, 1001, VIP, 53));
+    assert_eq!(dirs(&lb), (2, 0));
+    // VIP2 gains the endpoint while a walk reads one entry of the two.
+    lb.dp.set_walk_bound(1);
+    lb.set_rules(&[&one, &two]);
+    assert_eq!(
+        lb.dp.reply_vip_pairs().len(),
+        1,
+        "kept after a cut-off walk"
+    );
+    let r = Frame::udp(EP0, 8080, CLIENT, 1001);
+    assert_eq!(lb.run(&r).1, r.with(VIP, 53, CLIENT, 1001).bytes());
+    // The next apply walks the whole map: retired, and the other flow got its reply entry.
+    lb.dp.set_walk_bound(usize::MAX);
+    lb.set_rules(&[&one, &two]);
+    assert!(lb.dp.reply_vip_pairs().is_empty());
+    assert_eq!(dirs(&lb), (2, 2));
+    let r = Frame::udp(EP0, 8080, CLIENT, 1000);
+    assert_eq!(lb.run(&r).1, r.with(VIP, 53, CLIENT, 1000).bytes());
+}
+
 #[test]
 fn the_newest_flow_of_a_client_port_owns_the_reply_key_of_a_shared_endpoint() {
     let mut lb = Lb::new(&[
