@@ -582,6 +582,8 @@ impl KvRouter {
                 service = rule.id,
                 pick = pick.ep,
                 to = copy,
+                others_waiting = hold.others_waiting,
+                placed_ms_ago = ?placed.map(|at| Instant::now().saturating_duration_since(at).as_millis()),
                 "kv replica seed held: a request of another prompt waits for its decision or was placed within the hold window"
             );
         }
