@@ -28,6 +28,12 @@
 //!   gains it retires the pair in the same apply, without the grace (walk, delete, walk again
 //!   for the flows that deferred during the first walk), and an entry once unwanted is retired
 //!   even if a later plan wants it again, so only a fresh insert, with its walk, lists it.
+//!   One exception: a retirement walk cut off by its bound (only under churn of twice the
+//!   map's capacity during one walk) keeps the pair until the next stats tick's walk (1 s):
+//!   deleting it would leave the deferred flows the walk did not reach, which have not
+//!   answered yet, with no reply path at all; keeping it lets another VIP's flow from the same
+//!   client port own the reply key of a flow of this VIP meanwhile, which needs one client
+//!   port talking to both VIPs through the endpoint within that second.
 //!
 //! An entry of this VIP rewrites replies as the new flow's own would (same VIP, endpoint and
 //! client port); one left idle past its timeout is refreshed from the new flow's forward entry
