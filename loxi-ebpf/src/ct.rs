@@ -94,9 +94,9 @@ pub fn answers(k: &CtKey, pk: &CtKey, pv: &CtValue) -> bool {
 }
 
 /// Removes a flow's entry `(k, v)` and its opposite direction when that is this flow's
-/// ([`answers`]; after RST or idle expiry; a deferred reply entry that does not exist yet is
-/// simply not found). Its own frame, with the opposite key built in a per-CPU scratch slot to
-/// keep the call chain's stack small.
+/// ([`answers`]; after RST; a deferred reply entry that does not exist yet is simply not
+/// found). Its own frame, with the opposite key built in a per-CPU scratch slot to keep the
+/// call chain's stack small.
 #[inline(never)]
 pub fn close(k: &CtKey, v: &CtValue) {
     if let Some(o) = SCRATCH_KEY.get_ptr_mut(0) {
@@ -114,27 +114,53 @@ pub fn close(k: &CtKey, v: &CtValue) {
     lc_dec(v);
 }
 
+/// [`close`] for an entry [`revive`] could not refresh, which already looked the opposite
+/// direction up: `partner` says whether that entry is this flow's. Saves the second lookup.
+#[inline(never)]
+pub fn close_stale(k: &CtKey, v: &CtValue, partner: bool) {
+    if partner && let Some(o) = SCRATCH_KEY.get_ptr_mut(0) {
+        // SAFETY: per-CPU scratch slot from the map helper.
+        unsafe {
+            *o = other_key(k, v);
+            let _ = CT.remove(&*o);
+        }
+    }
+    let _ = CT.remove(k);
+    lc_dec(v);
+}
+
+/// What [`revive`] did with an entry found idle past its timeout.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Revive {
+    /// Refreshed in place: the flow lives.
+    Refreshed,
+    /// Left untouched, to be closed ([`close_stale`]); `partner`: the opposite direction's
+    /// entry is this flow's ([`answers`]) and goes with it.
+    Stale { partner: bool },
+}
+
 /// An entry `(k, *v)` found idle past its timeout: when the opposite direction's entry is
 /// live and is this entry's opposite ([`answers`]), the flow is alive (as in the kernel's
 /// conntrack, a packet in either direction keeps a flow: one direction was only quiet, e.g.
 /// a UDP stream the server pushes, or this reply entry outlived an evicted forward entry of an
 /// earlier flow of the same tuple): the entry is refreshed in place (a reply entry also takes
-/// the forward entry's rule, endpoint and timeout), and true is returned. False (entry
-/// untouched) otherwise.
+/// the forward entry's rule, endpoint and timeout): [`Revive::Refreshed`]. Otherwise the
+/// entry is untouched and [`Revive::Stale`] says whether the opposite entry is this flow's.
 #[inline(always)]
-pub fn revive(k: &CtKey, v: *mut CtValue, t: u64) -> bool {
+pub fn revive(k: &CtKey, v: *mut CtValue, t: u64) -> Revive {
     let Some(o) = SCRATCH_KEY.get_ptr_mut(0) else {
-        return false;
+        return Revive::Stale { partner: false };
     };
     // SAFETY: per-CPU scratch slot, the pointer from the map helper the caller holds, and a
     // map value read in place.
     unsafe {
         *o = other_key(k, &*v);
         let Some(f) = CT.get(&*o) else {
-            return false;
+            return Revive::Stale { partner: false };
         };
-        if f.dir == (*v).dir || expired(f, t) || !answers(k, &*o, f) {
-            return false;
+        let partner = answers(k, &*o, f);
+        if !partner || f.dir == (*v).dir || expired(f, t) {
+            return Revive::Stale { partner };
         }
         (*v).last_ns = t;
         if f.dir == dir::FWD {
@@ -143,7 +169,7 @@ pub fn revive(k: &CtKey, v: *mut CtValue, t: u64) -> bool {
             (*v).ep = f.ep;
         }
     }
-    true
+    Revive::Refreshed
 }
 
 /// Updates an established entry for this packet's TCP flags. Returns false if the flow was

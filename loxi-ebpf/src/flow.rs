@@ -158,12 +158,9 @@ fn decide(pkt: &Pkt, hit: bool, t: u64, out: &mut CtValue) -> u32 {
         // A direction lives as long as its flow's other direction does: only quiet, or (a
         // reply entry) left behind by an earlier flow of this tuple whose forward entry the
         // LRU evicted.
-        if ct::revive(key, v, t) {
-            // SAFETY: as above (refreshed in place).
-            *out = unsafe { *v };
-        } else {
+        if let ct::Revive::Stale { partner } = ct::revive(key, v, t) {
             count(ctr::CT_EXPIRED, 1);
-            ct::close(key, out);
+            ct::close_stale(key, out, partner);
             if out.dir == dir::FWD {
                 return new_flow(pkt, key, t, out);
             }
@@ -175,6 +172,9 @@ fn decide(pkt: &Pkt, hit: bool, t: u64, out: &mut CtValue) -> u32 {
                 Some(p) => v = p,
                 None => return V_PASS,
             }
+        } else {
+            // SAFETY: as above (refreshed in place).
+            *out = unsafe { *v };
         }
     }
     ct::on_packet(key, v, pkt, t);

@@ -343,6 +343,37 @@ fn a_reply_entry_left_by_an_evicted_forward_entry_serves_the_tuple_s_next_flow()
 }
 
 #[test]
+fn a_stale_reply_entry_is_closed_without_the_forward_entry_of_a_newer_flow_it_does_not_answer() {
+    // A reply entry outlives its flow's evicted forward entry; the tuple's next flow goes to
+    // the other endpoint. When the old entry is found idle past its timeout, it is closed
+    // alone: the forward entry under its opposite key is the newer flow's, not its own.
+    let mut lb = Lb::new(&[&rule(VIP, 53, "udp", 0, 0, &[(EP0, 1), ("10.0.1.3", 1)])]);
+    let f = Frame::udp(CLIENT, 5000, VIP, 53);
+    let first = dst_of(&lb.run(&f).1).to_string();
+    let r = Frame::udp(&first, 8080, CLIENT, 5000);
+    lb.run(&r);
+    assert_eq!(dirs(&lb), (1, 1));
+    lb.evict(&key_of(&lb, CLIENT, 5000));
+    let second = dst_of(&lb.run(&f).1).to_string();
+    assert_ne!(
+        second, first,
+        "round robin: the next flow goes to the other endpoint"
+    );
+    let rk = key_of(&lb, &first, 8080);
+    lb.age_out(&rk);
+    let (act, out) = lb.run(&r);
+    assert_eq!(
+        (act, out),
+        (XDP_PASS, r.bytes()),
+        "the stale entry's reply passes as it is"
+    );
+    assert_eq!(lb.ctr(ctr::CT_EXPIRED), 1);
+    assert_eq!(dirs(&lb), (1, 0), "the newer flow's forward entry stays");
+    assert_eq!(dst_of(&lb.run(&f).1).to_string(), second);
+    assert_eq!(lb.ctr(ctr::NEW_FLOW), 2, "the newer flow kept its entry");
+}
+
+#[test]
 fn a_quiet_forward_direction_of_a_flow_whose_replies_go_on_keeps_its_endpoint() {
     // A stream the endpoint pushes: the client's direction idles past the timeout while
     // replies keep coming, then the client speaks again. As in the kernel's conntrack, the
