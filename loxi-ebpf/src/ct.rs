@@ -309,7 +309,7 @@ pub fn create(
                 // a second bucket miss, ~15 % of a new flow): the loader lists only endpoints
                 // that no other VIP's live flow reaches, so a leftover is of this VIP and
                 // rewrites as this flow would; a stale one is replaced at the first reply
-                // (`revive`, or `close` then `late_reply`: flow.rs `decide`).
+                // (`revive`, or `close_stale` then `late_reply`: flow.rs `decide`).
                 count(ctr::CT_REPLY_DEFERRED, 1);
             } else if CT.insert(&rk, &*v, BPF_ANY).is_err() {
                 return false;
