@@ -27,8 +27,9 @@ pub const MAP_CONNTRACK: &str = "LOXI_CT";
 /// it. The loader lists an endpoint only while the DNAT rules of exactly one VIP have it and
 /// no live conntrack entry ties it to another VIP, so an entry under a deferred flow's reply
 /// key is of the same VIP and the program does not look for one; it retires an entry at once
-/// when another VIP gains the endpoint, and 2 s after the plans stop giving it to the VIP. An endpoint without an entry, or whose entry names another
-/// VIP, gets both entries at creation.
+/// when another VIP gains the endpoint, and 2 s after the plans stop giving it to the VIP
+/// (both later when a conntrack walk is cut off: `loxi-user/src/l4/reply.rs`). An endpoint
+/// without an entry, or whose entry names another VIP, gets both entries at creation.
 pub const MAP_REPLY_VIP: &str = "LOXI_REPLY_VIP";
 /// Most entries of [`MAP_REPLY_VIP`].
 pub const MAX_REPLY_VIPS: u32 = MAX_RULES * MAX_EPS;

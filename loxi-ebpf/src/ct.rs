@@ -94,35 +94,22 @@ pub fn answers(k: &CtKey, pk: &CtKey, pv: &CtValue) -> bool {
 }
 
 /// Removes a flow's entry `(k, v)` and its opposite direction when that is this flow's
-/// ([`answers`]; after RST; a deferred reply entry that does not exist yet is simply not
-/// found). Its own frame, with the opposite key built in a per-CPU scratch slot to keep the
-/// call chain's stack small.
+/// ([`answers`]; a deferred reply entry that does not exist yet is simply not found).
+/// `partner`: `None` looks the opposite entry up (after RST); `Some(answers)` is what
+/// [`revive`] found for an idle entry it could not refresh, so it is not looked up twice. Its
+/// own frame, with the opposite key built in a per-CPU scratch slot to keep the call chain's
+/// stack small.
 #[inline(never)]
-pub fn close(k: &CtKey, v: &CtValue) {
-    if let Some(o) = SCRATCH_KEY.get_ptr_mut(0) {
+pub fn close(k: &CtKey, v: &CtValue, partner: Option<bool>) {
+    if partner != Some(false)
+        && let Some(o) = SCRATCH_KEY.get_ptr_mut(0)
+    {
         // SAFETY: per-CPU scratch slot and a map value, both from the map helpers.
         unsafe {
             *o = other_key(k, v);
-            if let Some(p) = CT.get(&*o)
-                && answers(k, &*o, p)
-            {
+            if partner == Some(true) || CT.get(&*o).is_some_and(|p| answers(k, &*o, p)) {
                 let _ = CT.remove(&*o);
             }
-        }
-    }
-    let _ = CT.remove(k);
-    lc_dec(v);
-}
-
-/// [`close`] for an entry [`revive`] could not refresh, which already looked the opposite
-/// direction up: `partner` says whether that entry is this flow's. Saves the second lookup.
-#[inline(never)]
-pub fn close_stale(k: &CtKey, v: &CtValue, partner: bool) {
-    if partner && let Some(o) = SCRATCH_KEY.get_ptr_mut(0) {
-        // SAFETY: per-CPU scratch slot from the map helper.
-        unsafe {
-            *o = other_key(k, v);
-            let _ = CT.remove(&*o);
         }
     }
     let _ = CT.remove(k);
@@ -134,7 +121,7 @@ pub fn close_stale(k: &CtKey, v: &CtValue, partner: bool) {
 pub enum Revive {
     /// Refreshed in place: the flow lives.
     Refreshed,
-    /// Left untouched, to be closed ([`close_stale`]); `partner`: the opposite direction's
+    /// Left untouched, to be closed ([`close`]); `partner`: the opposite direction's
     /// entry is this flow's ([`answers`]) and goes with it.
     Stale { partner: bool },
 }
@@ -186,7 +173,7 @@ pub fn on_packet(k: &CtKey, v: *mut CtValue, pkt: &Pkt, t: u64) -> bool {
     }
     if pkt.tcp_flags & TCP_RST != 0 {
         count(ctr::CT_RST, 1);
-        close(k, v);
+        close(k, v, None);
         return false;
     }
     if pkt.tcp_flags & TCP_FIN != 0 && v.state & ct_state::FIN == 0 {
@@ -309,7 +296,7 @@ pub fn create(
                 // a second bucket miss, ~15 % of a new flow): the loader lists only endpoints
                 // that no other VIP's live flow reaches, so a leftover is of this VIP and
                 // rewrites as this flow would; a stale one is replaced at the first reply
-                // (`revive`, or `close_stale` then `late_reply`: flow.rs `decide`).
+                // (`revive`, or `close` then `late_reply`: flow.rs `decide`).
                 count(ctr::CT_REPLY_DEFERRED, 1);
             } else if CT.insert(&rk, &*v, BPF_ANY).is_err() {
                 return false;

@@ -160,7 +160,7 @@ fn decide(pkt: &Pkt, hit: bool, t: u64, out: &mut CtValue) -> u32 {
         // LRU evicted.
         if let ct::Revive::Stale { partner } = ct::revive(key, v, t) {
             count(ctr::CT_EXPIRED, 1);
-            ct::close_stale(key, out, partner);
+            ct::close(key, out, Some(partner));
             if out.dir == dir::FWD {
                 return new_flow(pkt, key, t, out);
             }

@@ -380,11 +380,31 @@ impl Datapath {
         if pairs.is_empty() {
             return Ok(blocked);
         }
-        let bound = self.walk_bound;
-        let ct: HashMap<&mut MapData, CtKey, CtValue> = self.hash_map(MAP_CONNTRACK)?;
         // A second early: the program's coarse clock can lag this one by a tick, and an entry
         // it still finds live must count.
         let now = super::conntrack::monotonic_ns().saturating_sub(1_000_000_000);
+        let complete = self.walk_live(now, |k, v| {
+            for (b, (ep, vip)) in blocked.iter_mut().zip(pairs) {
+                *b = *b || reply::is_foreign(k, v, ep, vip);
+            }
+        })?;
+        if !complete {
+            // Not a proof of absence: every pair waits.
+            blocked.fill(true);
+        }
+        Ok(blocked)
+    }
+
+    /// Calls `f` with every conntrack entry live at `now` (ns, [`super::conntrack::monotonic_ns`]),
+    /// reading at most the walk bound ([`WALK_BOUND`]) of entries; false when the walk was cut
+    /// off by it (deletes under a busy map restart the kernel's walk), so it proves no absence.
+    fn walk_live(
+        &mut self,
+        now: u64,
+        mut f: impl FnMut(&CtKey, &CtValue),
+    ) -> Result<bool, L4Error> {
+        let bound = self.walk_bound;
+        let ct: HashMap<&mut MapData, CtKey, CtValue> = self.hash_map(MAP_CONNTRACK)?;
         let mut walked = 0;
         for (k, v) in ct
             .iter()
@@ -392,19 +412,11 @@ impl Datapath {
             .inspect(|_| walked += 1)
             .filter_map(Result::ok)
         {
-            if super::conntrack::expired(&v, now) {
-                continue;
-            }
-            for (b, (ep, vip)) in blocked.iter_mut().zip(pairs) {
-                *b = *b || reply::is_foreign(&k, &v, ep, vip);
+            if !super::conntrack::expired(&v, now) {
+                f(&k, &v);
             }
         }
-        if walked == bound {
-            // Cut off (deletes under a busy map restart the kernel's walk): not a proof of
-            // absence, so every pair waits.
-            blocked.fill(true);
-        }
-        Ok(blocked)
+        Ok(walked < bound)
     }
 
     /// Inserts the reply entry of every live forward entry that `pairs` may have deferred and
@@ -416,28 +428,19 @@ impl Datapath {
         &mut self,
         pairs: &[(ServiceKey, ServiceKey)],
     ) -> Result<Option<usize>, L4Error> {
-        let bound = self.walk_bound;
-        let mut ct: HashMap<&mut MapData, CtKey, CtValue> = self.hash_map(MAP_CONNTRACK)?;
         let now = super::conntrack::monotonic_ns();
-        let mut walked = 0;
         // Collected first: inserting while walking could make the walk restart or skip.
-        let replies: Vec<(CtKey, CtKey, CtValue)> = ct
-            .iter()
-            .take(bound)
-            .inspect(|_| walked += 1)
-            .filter_map(Result::ok)
-            .filter(|(k, v)| {
-                !super::conntrack::expired(v, now)
-                    && pairs
-                        .iter()
-                        .any(|(ep, vip)| reply::is_deferrable(k, v, ep, vip))
-            })
-            .map(|(k, v)| {
-                let (rk, rv) = reply::reply_entry(&k, &v);
-                (k, rk, rv)
-            })
-            .collect();
-        let complete = walked < bound;
+        let mut replies: Vec<(CtKey, CtKey, CtValue)> = Vec::new();
+        let complete = self.walk_live(now, |k, v| {
+            if pairs
+                .iter()
+                .any(|(ep, vip)| reply::is_deferrable(k, v, ep, vip))
+            {
+                let (rk, rv) = reply::reply_entry(k, v);
+                replies.push((*k, rk, rv));
+            }
+        })?;
+        let mut ct: HashMap<&mut MapData, CtKey, CtValue> = self.hash_map(MAP_CONNTRACK)?;
         let mut added = 0;
         for (k, rk, rv) in replies {
             if let Ok(have) = ct.get(&rk, 0)

@@ -12,6 +12,7 @@ const VIP: &str = "20.0.0.1";
 const VIP2: &str = "20.0.0.2";
 const CLIENT: &str = "192.168.0.1";
 const EP0: &str = "10.0.1.2";
+const EP1: &str = "10.0.1.3";
 
 /// (forward, reply) entries in conntrack.
 fn dirs(lb: &Lb) -> (usize, usize) {
@@ -28,6 +29,17 @@ fn key_of(lb: &Lb, saddr: &str, sport: u16) -> loxi_common::maps::CtKey {
         .find(|(k, _)| k.saddr[..4] == ip.octets() && k.sport == sport.to_be())
         .unwrap_or_else(|| panic!("no entry from {saddr}:{sport}"))
         .0
+}
+
+/// A round-robin UDP service of two endpoints and one flow from `CLIENT`:5000 that its
+/// endpoint has answered: the data path, the flow's forward frame, its endpoint and the reply.
+fn answered_flow_of_two_endpoints() -> (Lb, Frame, String, Frame) {
+    let mut lb = Lb::new(&[&rule(VIP, 53, "udp", 0, 0, &[(EP0, 1), (EP1, 1)])]);
+    let f = Frame::udp(CLIENT, 5000, VIP, 53);
+    let first = dst_of(&lb.run(&f).1).to_string();
+    let r = Frame::udp(&first, 8080, CLIENT, 5000);
+    lb.run(&r);
+    (lb, f, first, r)
 }
 
 #[test]
@@ -108,13 +120,13 @@ fn full_nat_and_dsr_flows_insert_both_entries_at_creation() {
 
 #[test]
 fn retiring_an_endpoint_gives_its_waiting_flows_their_reply_entries_first() {
-    let mut lb = Lb::new(&[&rule(VIP, 53, "udp", 0, 0, &[(EP0, 1), ("10.0.1.3", 1)])]);
+    let mut lb = Lb::new(&[&rule(VIP, 53, "udp", 0, 0, &[(EP0, 1), (EP1, 1)])]);
     let f = Frame::udp(CLIENT, 5353, VIP, 53);
     let out = lb.run(&f).1;
     let chosen = dst_of(&out).to_string();
     assert_eq!(dirs(&lb), (1, 0));
     // The flow's endpoint leaves the rule; the flow keeps it (conntrack).
-    let rest = if chosen == EP0 { "10.0.1.3" } else { EP0 };
+    let rest = if chosen == EP0 { EP1 } else { EP0 };
     lb.set_rules(&[&rule(VIP, 53, "udp", 0, 0, &[(rest, 1)])]);
     let now = Instant::now();
     let p = lb.current().clone();
@@ -347,11 +359,7 @@ fn a_stale_reply_entry_is_closed_without_the_forward_entry_of_a_newer_flow_it_do
     // A reply entry outlives its flow's evicted forward entry; the tuple's next flow goes to
     // the other endpoint. When the old entry is found idle past its timeout, it is closed
     // alone: the forward entry under its opposite key is the newer flow's, not its own.
-    let mut lb = Lb::new(&[&rule(VIP, 53, "udp", 0, 0, &[(EP0, 1), ("10.0.1.3", 1)])]);
-    let f = Frame::udp(CLIENT, 5000, VIP, 53);
-    let first = dst_of(&lb.run(&f).1).to_string();
-    let r = Frame::udp(&first, 8080, CLIENT, 5000);
-    lb.run(&r);
+    let (mut lb, f, first, r) = answered_flow_of_two_endpoints();
     assert_eq!(dirs(&lb), (1, 1));
     lb.evict(&key_of(&lb, CLIENT, 5000));
     let second = dst_of(&lb.run(&f).1).to_string();
@@ -378,11 +386,7 @@ fn a_quiet_forward_direction_of_a_flow_whose_replies_go_on_keeps_its_endpoint() 
     // A stream the endpoint pushes: the client's direction idles past the timeout while
     // replies keep coming, then the client speaks again. As in the kernel's conntrack, the
     // flow is alive: its next packet goes to the same endpoint, not to a new selection.
-    let mut lb = Lb::new(&[&rule(VIP, 53, "udp", 0, 0, &[(EP0, 1), ("10.0.1.3", 1)])]);
-    let f = Frame::udp(CLIENT, 5000, VIP, 53);
-    let first = dst_of(&lb.run(&f).1).to_string();
-    let r = Frame::udp(&first, 8080, CLIENT, 5000);
-    lb.run(&r);
+    let (mut lb, f, first, r) = answered_flow_of_two_endpoints();
     let fk = key_of(&lb, CLIENT, 5000);
     lb.age_out(&fk);
     lb.run(&r);
