@@ -503,7 +503,7 @@ async fn read_body(
     mut body: Incoming,
     limit: usize,
     budget: &BodyBudget,
-) -> Result<(Bytes, Reservation), ProxyError> {
+) -> Result<(Bytes, Reservation<'_>), ProxyError> {
     // A `Content-Length` over the limit is refused before any of it is read (a client that
     // declares a terabyte and sends nothing gets its 413 now, not the body timeout's 408).
     let hint = http_body::Body::size_hint(&body);

@@ -51,6 +51,12 @@ pub fn current() -> usize {
     WORKER.with(Cell::get)
 }
 
+/// Makes the calling thread count as worker `i` (tests of per-worker state).
+#[cfg(test)]
+pub(crate) fn pretend(i: usize) {
+    WORKER.with(|w| w.set(i));
+}
+
 /// A started set of connection workers.
 pub struct Workers {
     handles: Vec<Handle>,
