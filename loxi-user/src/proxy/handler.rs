@@ -7,6 +7,7 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
@@ -143,18 +144,13 @@ impl Handler {
         if parts.method == http::Method::CONNECT {
             return Err((0, ProxyError::MethodNotAllowed(parts.method)));
         }
-        if parts.version == http::Version::HTTP_11
-            && !parts.headers.contains_key(http::header::HOST)
-        {
+        // One lookup for both checks of `Host`.
+        let mut hosts = parts.headers.get_all(http::header::HOST).iter();
+        let (first_host, second_host) = (hosts.next().is_some(), hosts.next().is_some());
+        if parts.version == http::Version::HTTP_11 && !first_host {
             return Err((0, ProxyError::MissingHost));
         }
-        if parts
-            .headers
-            .get_all(http::header::HOST)
-            .iter()
-            .nth(1)
-            .is_some()
-        {
+        if second_host {
             return Err((0, ProxyError::DuplicateHost));
         }
         if super::forwarded::is_loop(&parts.headers) {
@@ -162,12 +158,12 @@ impl Handler {
         }
         absolute_form_host(&mut parts);
         let cfg = &self.ctx.config;
-        let (bytes, _reserved) = tokio::time::timeout(
+        let (bytes, _reserved) = timed_if_pending(
             cfg.body_timeout,
             read_body(body, cfg.max_body_bytes, &cfg.body_budget),
         )
         .await
-        .map_err(|_| {
+        .ok_or_else(|| {
             let ms = u64::try_from(cfg.body_timeout.as_millis()).unwrap_or(u64::MAX);
             (0, ProxyError::BodyTimeout { ms })
         })?
@@ -483,6 +479,18 @@ async fn within<F: std::future::Future>(limit: Option<Duration>, fut: F) -> Opti
     match limit {
         None => Some(fut.await),
         Some(d) => tokio::time::timeout(d, fut).await.ok(),
+    }
+}
+
+/// `fut`'s output, or `None` when `limit` passes first (`fut` is then dropped); the timer
+/// starts only if `fut` is not ready at its first poll, so a request body that came whole with
+/// its head (most prompts) costs no clock read and no timer. The limit then runs from that
+/// first poll, microseconds after the call.
+async fn timed_if_pending<F: std::future::Future>(limit: Duration, fut: F) -> Option<F::Output> {
+    let mut fut = std::pin::pin!(fut);
+    match std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx))).await {
+        Poll::Ready(out) => Some(out),
+        Poll::Pending => tokio::time::timeout(limit, fut).await.ok(),
     }
 }
 
