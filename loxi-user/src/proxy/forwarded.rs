@@ -32,12 +32,15 @@ static XFF: HeaderName = HeaderName::from_static(X_FORWARDED_FOR);
 static XFP: HeaderName = HeaderName::from_static(X_FORWARDED_PROTO);
 static HOP: HeaderName = HeaderName::from_static(X_LOXI_HOP);
 
-/// This process's hop id: 16 lowercase hex digits of a random u64, drawn once.
+/// This process's hop id: 16 lowercase hex digits of a random u64, drawn once. Its text is
+/// leaked once so the value is a static one: every request appends a clone, and a clone of a
+/// heap-backed value is a reference count that every connection worker's core writes.
 pub fn hop_id() -> &'static HeaderValue {
     static ID: std::sync::OnceLock<HeaderValue> = std::sync::OnceLock::new();
     ID.get_or_init(|| {
         let id: u64 = rand::random();
-        HeaderValue::from_str(&format!("{id:016x}")).expect("hex is a header value")
+        let text: &'static str = Box::leak(format!("{id:016x}").into_boxed_str());
+        HeaderValue::from_static(text)
     })
 }
 
