@@ -249,6 +249,43 @@ fn a_retirement_whose_walk_is_cut_off_keeps_the_entry_until_a_whole_walk() {
     assert_eq!(lb.run(&r).1, r.with(VIP, 53, CLIENT, 1000).bytes());
 }
 
+/// The second walk of a retirement (after the delete) cut off: the entry is put back in the
+/// kernel map (new flows of the VIP keep deferring their reply entries) until a whole walk.
+/// The first walk itself adds reply entries, so a bound just above the map's size before it
+/// cuts the second one off.
+#[test]
+fn a_retirement_whose_second_walk_is_cut_off_puts_the_entry_back() {
+    let one = rule(VIP, 53, "udp", 0, 0, &[(EP0, 1)]);
+    let two = rule(VIP2, 53, "udp", 0, 0, &[(EP0, 1)]);
+    let mut lb = Lb::new(&[&one]);
+    lb.run(&Frame::udp(CLIENT, 1000, VIP, 53));
+    lb.run(&Frame::udp(CLIENT, 1001, VIP, 53));
+    assert_eq!(dirs(&lb), (2, 0));
+    // The first walk reads both entries (whole) and adds their two reply entries; the second
+    // reads three of the four.
+    lb.dp.set_walk_bound(3);
+    lb.set_rules(&[&one, &two]);
+    assert_eq!(dirs(&lb), (2, 2), "the first walk's reply entries stay");
+    assert_eq!(lb.dp.reply_vip_pairs().len(), 1, "kept for the next try");
+    // Back in the kernel map: a new flow of the VIP still defers its reply entry.
+    lb.run(&Frame::udp(CLIENT, 1002, VIP, 53));
+    assert_eq!(dirs(&lb), (3, 2), "the new flow's reply entry is deferred");
+    // Its reply finds the VIP through the entry, and the flow's reply entry is added then.
+    let r = Frame::udp(EP0, 8080, CLIENT, 1002);
+    assert_eq!(lb.run(&r).1, r.with(VIP, 53, CLIENT, 1002).bytes());
+    assert_eq!(dirs(&lb), (3, 3));
+    // A whole walk retires it.
+    lb.dp.set_walk_bound(usize::MAX);
+    lb.set_rules(&[&one, &two]);
+    assert!(lb.dp.reply_vip_pairs().is_empty());
+    lb.run(&Frame::udp(CLIENT, 1003, VIP, 53));
+    assert_eq!(
+        dirs(&lb),
+        (4, 4),
+        "no longer deferred: both entries at creation"
+    );
+}
+
 #[test]
 fn the_newest_flow_of_a_client_port_owns_the_reply_key_of_a_shared_endpoint() {
     let mut lb = Lb::new(&[
