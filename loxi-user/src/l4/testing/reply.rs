@@ -220,16 +220,23 @@ fn an_endpoint_a_second_vip_gains_stops_deferring_at_once_and_its_waiting_flows_
     assert!(lb.dp.reply_vip_pairs().is_empty());
 }
 
-/// A retirement walk cut off by its bound proves no absence: the entry stays (the deferred
-/// flows' replies keep finding their VIP through it) until a whole walk retires it.
-#[test]
-fn a_retirement_whose_walk_is_cut_off_keeps_the_entry_until_a_whole_walk() {
+/// VIP's rule alone, with two UDP flows to EP0 whose reply entries are deferred; and the rules
+/// of VIP and of VIP2 (which shares EP0, so applying both retires EP0's reply-VIP entry).
+fn two_deferred_flows_before_vip2_shares_the_endpoint() -> (Lb, String, String) {
     let one = rule(VIP, 53, "udp", 0, 0, &[(EP0, 1)]);
     let two = rule(VIP2, 53, "udp", 0, 0, &[(EP0, 1)]);
     let mut lb = Lb::new(&[&one]);
     lb.run(&Frame::udp(CLIENT, 1000, VIP, 53));
     lb.run(&Frame::udp(CLIENT, 1001, VIP, 53));
     assert_eq!(dirs(&lb), (2, 0));
+    (lb, one, two)
+}
+
+/// A retirement walk cut off by its bound proves no absence: the entry stays (the deferred
+/// flows' replies keep finding their VIP through it) until a whole walk retires it.
+#[test]
+fn a_retirement_whose_walk_is_cut_off_keeps_the_entry_until_a_whole_walk() {
+    let (mut lb, one, two) = two_deferred_flows_before_vip2_shares_the_endpoint();
     // VIP2 gains the endpoint while a walk reads one entry of the two.
     lb.dp.set_walk_bound(1);
     lb.set_rules(&[&one, &two]);
@@ -255,12 +262,7 @@ fn a_retirement_whose_walk_is_cut_off_keeps_the_entry_until_a_whole_walk() {
 /// cuts the second one off.
 #[test]
 fn a_retirement_whose_second_walk_is_cut_off_puts_the_entry_back() {
-    let one = rule(VIP, 53, "udp", 0, 0, &[(EP0, 1)]);
-    let two = rule(VIP2, 53, "udp", 0, 0, &[(EP0, 1)]);
-    let mut lb = Lb::new(&[&one]);
-    lb.run(&Frame::udp(CLIENT, 1000, VIP, 53));
-    lb.run(&Frame::udp(CLIENT, 1001, VIP, 53));
-    assert_eq!(dirs(&lb), (2, 0));
+    let (mut lb, one, two) = two_deferred_flows_before_vip2_shares_the_endpoint();
     // The first walk reads both entries (whole) and adds their two reply entries; the second
     // reads three of the four.
     lb.dp.set_walk_bound(3);
