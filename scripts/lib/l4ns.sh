@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# The three-namespace topology of the L4 benchmarks (bench-xdp-prog.sh, bench-l4-ab.sh):
+# The three-namespace topology of the L4 benchmarks (bench-xdp-prog.sh):
 #   client ns $C (c0 10.100.0.2/24) — LB ns $L (l0 10.100.0.1/24, l1 10.100.1.1/24, IPv4
 #   forwarding on) — backend ns $B (b0 10.100.1.2/24).
 # Sourced after C, L, B, D (a temporary dir) and PIDS are set. Defines `cleanup` (kills PIDS

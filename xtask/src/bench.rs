@@ -132,7 +132,7 @@ fn parse_mac(s: &str) -> anyhow::Result<[u8; 6]> {
 }
 
 /// MAC address of `iface` in network namespace `ns`.
-fn mac_of(ns: &str, iface: &str) -> anyhow::Result<String> {
+pub(crate) fn mac_of(ns: &str, iface: &str) -> anyhow::Result<String> {
     let s = cmd(&format!(
         "ip netns exec {ns} cat /sys/class/net/{iface}/address"
     ))?;
@@ -390,7 +390,7 @@ pub fn flood(a: FloodArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn rx_packets(ns: &str, iface: &str) -> anyhow::Result<u64> {
+pub(crate) fn rx_packets(ns: &str, iface: &str) -> anyhow::Result<u64> {
     let s = cmd(&format!("ip netns exec {ns} cat /proc/net/dev"))?;
     let line = s
         .lines()
@@ -473,7 +473,7 @@ const NAPI_CPU: u32 = 1;
 /// attached or detached), so it is looked up for every measurement; a second thread of that
 /// name (another namespace's `l0` with threaded NAPI) would make the figure ambiguous and is
 /// refused.
-fn napi_thread() -> anyhow::Result<u32> {
+pub(crate) fn napi_thread() -> anyhow::Result<u32> {
     let mut found = Vec::new();
     for e in std::fs::read_dir("/proc")? {
         let e = e?;
@@ -505,14 +505,40 @@ fn run_ns(pid: u32) -> anyhow::Result<u64> {
 /// CPU ns of the receive work of [`NAPI_CPU`]: the NAPI thread's, plus that CPU's softirq
 /// thread's, `ksoft` (softirqs the NAPI thread raises, the backend veth's poll among them, run
 /// in it when they do not run on the thread's own exit from a bottom-half section).
-fn napi_cpu_ns(napi: u32, ksoft: u32) -> anyhow::Result<u64> {
+pub(crate) fn napi_cpu_ns(napi: u32, ksoft: u32) -> anyhow::Result<u64> {
     Ok(run_ns(napi)? + run_ns(ksoft)?)
 }
 
-/// Warm-up packets before a measured run (neighbours, the LB's next-hop cache).
-const WARMUP: u64 = 2000;
+/// Runs this binary's `udp-flood --dst 20.0.0.1:80 <args>` in the client namespace `c_ns`,
+/// pinned to CPU 0: (wall, cpu) ns per packet.
+pub(crate) fn udp_flood(c_ns: &str, args: &str) -> anyhow::Result<(f64, f64)> {
+    let exe = std::env::current_exe()?.display().to_string();
+    let out = cmd(&format!(
+        "ip netns exec {c_ns} taskset -c 0 {exe} udp-flood --dst 20.0.0.1:80 {args}"
+    ))?;
+    let mut it = out.split_whitespace().map(str::parse::<f64>);
+    Ok((it.next().context("wall")??, it.next().context("cpu")??))
+}
 
-fn median(mut v: Vec<f64>) -> f64 {
+/// Threaded NAPI on the LB ingress `l0` of `t` (see the module doc): GRO on `l0` (a veth polls
+/// with NAPI only under XDP or with GRO on, and then only frames that may be merged, so the
+/// client's `c0` offers no TSO), `l0`'s NAPI made a thread; returns the pid of [`NAPI_CPU`]'s
+/// softirq thread, measured with it.
+pub(crate) fn threaded_napi(t: &Topo) -> anyhow::Result<u32> {
+    let l = &t.l;
+    cmd(&format!("ip netns exec {l} ethtool -K l0 gro on"))?;
+    cmd(&format!("ip netns exec {} ethtool -K c0 tso off", t.c))?;
+    cmd(&format!(
+        "ip netns exec {l} sh -c 'echo 1 > /sys/class/net/l0/threaded'"
+    ))?;
+    let ksoft = cmd(&format!("pgrep -x ksoftirqd/{NAPI_CPU}"))?;
+    ksoft.trim().parse().context("ksoftirqd pid")
+}
+
+/// Warm-up packets before a measured run (neighbours, the LB's next-hop cache).
+pub(crate) const WARMUP: u64 = 2000;
+
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     let n = v.len();
     if n % 2 == 1 {
@@ -547,7 +573,6 @@ impl Bench {
     /// One flood of `count` packets of `shape` from the client namespace: (wall, cpu) ns per
     /// packet.
     fn flood(&mut self, shape: Shape, count: u64) -> anyhow::Result<(f64, f64)> {
-        let exe = std::env::current_exe()?.display().to_string();
         let extra = match shape {
             Shape::Established => String::new(),
             Shape::NewFlows => {
@@ -556,13 +581,13 @@ impl Bench {
                 s
             }
         };
-        let out = cmd(&format!(
-            "ip netns exec {} taskset -c 0 {exe} udp-flood --dst 20.0.0.1:80 --count {count}{extra}{}",
-            self.t.c,
-            self.frames.as_deref().unwrap_or("")
-        ))?;
-        let mut it = out.split_whitespace().map(str::parse::<f64>);
-        Ok((it.next().context("wall")??, it.next().context("cpu")??))
+        udp_flood(
+            &self.t.c,
+            &format!(
+                "--count {count}{extra}{}",
+                self.frames.as_deref().unwrap_or("")
+            ),
+        )
     }
 
     /// One measured run of `shape` (after a warm-up): its per-packet cost, the share of its
@@ -661,15 +686,7 @@ impl Bench {
     fn start_lb(&mut self, generic: bool) -> anyhow::Result<u32> {
         let rules = self.t.dir.join("rules.json").display().to_string();
         let l = self.t.l.clone();
-        let mut args = vec![
-            "l4-serve",
-            "--xdp-iface",
-            "l0",
-            "--xdp-iface",
-            "l1",
-            "--rules",
-            &rules,
-        ];
+        let mut args = l4_serve_args(&rules).to_vec();
         if generic {
             args.push("--xdp-generic");
         }
@@ -683,7 +700,20 @@ impl Bench {
     }
 }
 
-fn rule() -> String {
+/// The LB's command line: `l4-serve` on both LB veths with the rules file `rules`.
+pub(crate) fn l4_serve_args(rules: &str) -> [&str; 7] {
+    [
+        "l4-serve",
+        "--xdp-iface",
+        "l0",
+        "--xdp-iface",
+        "l1",
+        "--rules",
+        rules,
+    ]
+}
+
+pub(crate) fn rule() -> String {
     r#"{"serviceArguments":{"externalIP":"20.0.0.1","port":80,"protocol":"udp","mode":0,"sel":0},"endpoints":[{"endpointIP":"10.100.1.2","targetPort":8080}]}"#.to_string()
 }
 
@@ -799,16 +829,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     cmd(&format!("ip -n {l} addr add 20.0.0.1/32 dev lo"))?;
     t.write_rules(&[rule()])?;
     let threaded = if a.napi == Napi::Threaded {
-        // A veth polls with NAPI only under XDP or with GRO on (and then only frames that may
-        // be merged: the sender's device must not offer TSO); threaded NAPI needs it in every
-        // case, nftables' included.
-        cmd(&format!("ip netns exec {l} ethtool -K l0 gro on"))?;
-        cmd(&format!("ip netns exec {} ethtool -K c0 tso off", t.c))?;
-        cmd(&format!(
-            "ip netns exec {l} sh -c 'echo 1 > /sys/class/net/l0/threaded'"
-        ))?;
-        let ksoft = cmd(&format!("pgrep -x ksoftirqd/{NAPI_CPU}"))?;
-        Some(ksoft.trim().parse().context("ksoftirqd pid")?)
+        Some(threaded_napi(&t)?)
     } else {
         None
     };

@@ -3,10 +3,12 @@
 //! - `cargo xtask netns-test`: real-traffic tests of the XDP data path in network namespaces
 //!   (root; fails when not root and `CI` is set, skips with a warning otherwise).
 //! - `cargo xtask lint-ebpf`: clippy on `loxi-ebpf` with the pinned nightly for bpfel-unknown-none.
+//! - `bench-l4`, `bench-l4-ab`: the L4 benchmarks (`scripts/bench-l4.sh`, `scripts/bench-l4-ab.sh`).
 //! - `l4-serve`, `backend`: helpers the netns test and `scripts/bench-l4.sh` start inside
 //!   namespaces (the L4 data path fed from a rules file; a TCP/UDP backend naming itself).
 mod backend;
 mod bench;
+mod bench_ab;
 mod netns;
 mod pass;
 mod serve;
@@ -32,6 +34,8 @@ enum Cmd {
     Backend(backend::BackendArgs),
     /// XDP native / generic / nftables DNAT forwarding cost (root).
     BenchL4(bench::BenchArgs),
+    /// New-flow forwarding cost of two builds' XDP programs, interleaved (root).
+    BenchL4Ab(bench_ab::AbArgs),
     /// Attach the pass-everything XDP program (veth peers).
     XdpPass(pass::PassArgs),
     /// Bounded UDP flood (used by bench-l4 inside the client namespace).
@@ -51,6 +55,7 @@ fn main() -> anyhow::Result<()> {
         Cmd::L4Serve(a) => serve::run(a),
         Cmd::Backend(a) => backend::run(a),
         Cmd::BenchL4(a) => bench::run(a),
+        Cmd::BenchL4Ab(a) => bench_ab::run(a),
         Cmd::UdpFlood(a) => bench::flood(a),
         Cmd::XdpPass(a) => pass::run(a),
     }
