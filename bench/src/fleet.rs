@@ -50,6 +50,10 @@ pub struct Fleet {
     pub zmq_port: u16,
 }
 
+/// Fleet starts tried when workers lose their probed ports to another process
+/// ([`Fleet::start`]).
+const PORT_ATTEMPTS: u32 = 3;
+
 impl Fleet {
     /// Starts the workers and waits for each `/health` (real vLLM engines with
     /// [`FleetSpec::real_vllm`], see [`super::real_vllm`]).
@@ -60,27 +64,61 @@ impl Fleet {
         let hosts: Vec<String> = (0..spec.workers)
             .map(|i| format!("127.0.0.{}", i + 2))
             .collect();
-        let port = free_port(&hosts)?;
-        let zmq_port = free_port(&hosts)?;
-        let mut procs = Vec::new();
-        for (i, host) in hosts.iter().enumerate() {
-            procs.push(Proc::spawn(
-                &format!("vllm-sim-{i}"),
-                command(spec, host, port, zmq_port),
-                logs,
-            )?);
+        let mut attempt = 1;
+        loop {
+            // Free when probed, but another process (a concurrent benchmark or test using the
+            // same worker addresses) may bind them before the workers do: a worker that exits
+            // with "already in use" makes the whole fleet start again on other ports.
+            let port = free_port(&hosts)?;
+            let zmq_port = free_port(&hosts)?;
+            let mut procs = Vec::new();
+            for (i, host) in hosts.iter().enumerate() {
+                procs.push(Proc::spawn(
+                    &format!("vllm-sim-{i}"),
+                    command(spec, host, port, zmq_port),
+                    logs,
+                )?);
+            }
+            let mut fleet = Fleet {
+                procs,
+                hosts: hosts.clone(),
+                port,
+                zmq_port,
+            };
+            match fleet.wait_healthy(client).await {
+                Ok(()) => return Ok(fleet),
+                Err(e) if attempt < PORT_ATTEMPTS && fleet.lost_a_port() => {
+                    eprintln!(
+                        "[bench] worker ports {port}/{zmq_port} taken meanwhile; starting the \
+                         fleet again on others (attempt {attempt} of {PORT_ATTEMPTS}): {}",
+                        e.lines().next().unwrap_or_default()
+                    );
+                    for p in &fleet.procs {
+                        let _ = std::fs::remove_file(&p.log);
+                    }
+                    attempt += 1;
+                }
+                Err(e) => return Err(e),
+            }
         }
-        let mut fleet = Fleet {
-            procs,
-            hosts,
-            port,
-            zmq_port,
-        };
-        for i in 0..fleet.hosts.len() {
-            let url = format!("{}/health", fleet.url(i));
-            wait_http(client, &url, Duration::from_secs(30), &mut fleet.procs[i]).await?;
+    }
+
+    /// Waits for every worker's `/health` (30 s each).
+    async fn wait_healthy(&mut self, client: &HttpClient) -> Result<(), String> {
+        for i in 0..self.hosts.len() {
+            let url = format!("{}/health", self.url(i));
+            wait_http(client, &url, Duration::from_secs(30), &mut self.procs[i]).await?;
         }
-        Ok(fleet)
+        Ok(())
+    }
+
+    /// Whether a worker exited because its address was taken (its log says "already in
+    /// use").
+    fn lost_a_port(&mut self) -> bool {
+        self.procs.iter_mut().any(|p| {
+            p.exited().is_some()
+                && std::fs::read_to_string(&p.log).is_ok_and(|t| t.contains("already in use"))
+        })
     }
 
     /// Base URL of worker `i`.
@@ -174,4 +212,51 @@ pub fn stage_tokenizer(model_dir: &Path, root: &Path, model: &str) -> Result<Pat
             .map_err(|e| format!("{}: {e}", model_dir.join(f).display()))?;
     }
     Ok(root.to_path_buf())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Waits (up to 10 s) until `p` has exited.
+    async fn exited(p: &mut Proc) {
+        for _ in 0..200 {
+            if p.exited().is_some() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("{} did not exit", p.name);
+    }
+
+    #[tokio::test]
+    async fn a_worker_that_lost_its_port_is_told_from_one_that_failed_otherwise() {
+        // A port on a worker address held by someone else, and a process that then binds it:
+        // the kernel's own "Address already in use", as a worker losing the race gets.
+        let held = std::net::TcpListener::bind("127.0.0.2:0").expect("bind");
+        let port = held.local_addr().expect("addr").port();
+        let logs = tempfile::tempdir().expect("tmp");
+        let mut cmd = Command::new("python3");
+        cmd.args([
+            "-c",
+            &format!("import socket; socket.socket().bind(('127.0.0.2', {port}))"),
+        ]);
+        let mut lost = Proc::spawn("vllm-sim-0", cmd, logs.path()).expect("spawn");
+        let mut cmd = Command::new("python3");
+        cmd.args(["-c", "raise SystemExit('unknown flag --x')"]);
+        let mut failed = Proc::spawn("vllm-sim-1", cmd, logs.path()).expect("spawn");
+        exited(&mut lost).await;
+        exited(&mut failed).await;
+        let mut fleet = Fleet {
+            procs: vec![failed],
+            hosts: vec!["127.0.0.3".into()],
+            port,
+            zmq_port: 0,
+        };
+        assert!(!fleet.lost_a_port(), "failed for another reason: no retry");
+        fleet.procs.push(lost);
+        fleet.hosts.push("127.0.0.2".into());
+        assert!(fleet.lost_a_port(), "{}", fleet.procs[1].tail(5));
+        drop(held);
+    }
 }
