@@ -132,7 +132,7 @@ fn parse_mac(s: &str) -> anyhow::Result<[u8; 6]> {
 }
 
 /// MAC address of `iface` in network namespace `ns`.
-pub(crate) fn mac_of(ns: &str, iface: &str) -> anyhow::Result<String> {
+fn mac_of(ns: &str, iface: &str) -> anyhow::Result<String> {
     let s = cmd(&format!(
         "ip netns exec {ns} cat /sys/class/net/{iface}/address"
     ))?;
@@ -677,43 +677,68 @@ impl Bench {
     }
 
     fn stop_lb(&mut self, pid: u32) -> anyhow::Result<()> {
-        self.t.stop(pid)?;
-        wait_xdp(&self.t.l, "l0", false)?;
+        stop_lb(&mut self.t, pid)?;
         self.lb = None;
         Ok(())
     }
 
     fn start_lb(&mut self, generic: bool) -> anyhow::Result<u32> {
-        let rules = self.t.dir.join("rules.json").display().to_string();
-        let l = self.t.l.clone();
-        let mut args = l4_serve_args(&rules).to_vec();
-        if generic {
-            args.push("--xdp-generic");
-        }
-        let pid = self.t.spawn(&l, &args)?;
-        for i in 0..2 {
-            wait_xdp(&l, &format!("l{i}"), true)?;
-        }
-        thread::sleep(Duration::from_millis(500));
+        let pid = start_lb(&mut self.t, &std::env::current_exe()?, generic)?;
         self.lb = Some((pid, generic));
         Ok(pid)
     }
 }
 
-/// The LB's command line: `l4-serve` on both LB veths with the rules file `rules`.
-pub(crate) fn l4_serve_args(rules: &str) -> [&str; 7] {
-    [
+/// The benchmarks' topology (`tag` names its namespaces): client — LB — backends, the peers'
+/// XDP in place (the first backend's veth dropping every frame), the VIP 20.0.0.1 on the LB
+/// namespace's loopback and the one DNAT rule ([`rule`]) written for `l4-serve`.
+pub(crate) fn lb_topology(tag: &str) -> anyhow::Result<Topo> {
+    let mut t = Topo::new(tag)?;
+    t.start_peers_with(true)?;
+    cmd(&format!("ip -n {} addr add 20.0.0.1/32 dev lo", t.l))?;
+    t.write_rules(&[rule()])?;
+    Ok(t)
+}
+
+/// The `udp-flood` flags of the packet-socket sender: frames on `c0` to the LB ingress's MAC
+/// (with a leading space).
+pub(crate) fn packet_sender(t: &Topo) -> anyhow::Result<String> {
+    Ok(format!(" --iface c0 --dst-mac {}", mac_of(&t.l, "l0")?))
+}
+
+/// Starts `exe`'s `l4-serve` (an `xtask` binary: its build's program and loader) as the LB of
+/// `t` on both LB veths, XDP generic with `generic`, and waits until both have the program
+/// and the loader has written the rule; its pid.
+pub(crate) fn start_lb(t: &mut Topo, exe: &std::path::Path, generic: bool) -> anyhow::Result<u32> {
+    let rules = t.dir.join("rules.json").display().to_string();
+    let l = t.l.clone();
+    let mut args = vec![
         "l4-serve",
         "--xdp-iface",
         "l0",
         "--xdp-iface",
         "l1",
         "--rules",
-        rules,
-    ]
+        &rules,
+    ];
+    if generic {
+        args.push("--xdp-generic");
+    }
+    let pid = t.spawn_exe(&l, exe, &args)?;
+    for i in 0..2 {
+        wait_xdp(&l, &format!("l{i}"), true)?;
+    }
+    thread::sleep(Duration::from_millis(500));
+    Ok(pid)
 }
 
-pub(crate) fn rule() -> String {
+/// Stops the LB `pid` started by [`start_lb`] and waits until its program left `l0`.
+pub(crate) fn stop_lb(t: &mut Topo, pid: u32) -> anyhow::Result<()> {
+    t.stop(pid)?;
+    wait_xdp(&t.l, "l0", false)
+}
+
+fn rule() -> String {
     r#"{"serviceArguments":{"externalIP":"20.0.0.1","port":80,"protocol":"udp","mode":0,"sel":0},"endpoints":[{"endpointIP":"10.100.1.2","targetPort":8080}]}"#.to_string()
 }
 
@@ -823,15 +848,16 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
          the fresh-table runs would evict",
         a.new_packets
     );
-    let mut t = Topo::new("lxb")?;
-    t.start_peers_with(true)?;
+    let t = lb_topology("lxb")?;
     let l = t.l.clone();
-    cmd(&format!("ip -n {l} addr add 20.0.0.1/32 dev lo"))?;
-    t.write_rules(&[rule()])?;
     let threaded = if a.napi == Napi::Threaded {
         Some(threaded_napi(&t)?)
     } else {
         None
+    };
+    let frames = match a.sender {
+        Sender::Packet => Some(packet_sender(&t)?),
+        Sender::Raw => None,
     };
     let mut b = Bench {
         t,
@@ -840,10 +866,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         new_packets: a.new_packets,
         lb: None,
         fresh_ct: true,
-        frames: match a.sender {
-            Sender::Packet => Some(format!(" --iface c0 --dst-mac {}", mac_of(&l, "l0")?)),
-            Sender::Raw => None,
-        },
+        frames,
         threaded,
     };
     // figs[round][case][shape]

@@ -22,10 +22,9 @@ use std::time::Duration;
 use anyhow::ensure;
 
 use crate::bench::{
-    WARMUP, l4_serve_args, mac_of, median, napi_cpu_ns, napi_thread, rule, rx_packets,
-    threaded_napi, udp_flood,
+    WARMUP, lb_topology, median, napi_cpu_ns, napi_thread, packet_sender, rx_packets, start_lb,
+    stop_lb, threaded_napi, udp_flood,
 };
-use crate::netns::{Topo, cmd, wait_xdp};
 
 /// Most flows a flood may send: a build that defers the reply entry holds one conntrack entry
 /// per unanswered flow, so its two floods and the warm-up stay below the map's 64 K entries
@@ -53,14 +52,10 @@ pub fn run(a: AbArgs) -> anyhow::Result<()> {
     for x in [&a.a, &a.b] {
         ensure!(x.is_file(), "{} is not a file", x.display());
     }
-    let mut t = Topo::new("lxab")?;
-    t.start_peers_with(true)?;
-    let (l, c, b0) = (t.l.clone(), t.c.clone(), t.b[0].clone());
-    cmd(&format!("ip -n {l} addr add 20.0.0.1/32 dev lo"))?;
-    t.write_rules(&[rule()])?;
-    let rules = t.dir.join("rules.json").display().to_string();
+    let mut t = lb_topology("lxab")?;
+    let (c, b0) = (t.c.clone(), t.b[0].clone());
     let ksoft = threaded_napi(&t)?;
-    let frames = format!("--iface c0 --dst-mac {}", mac_of(&l, "l0")?);
+    let frames = packet_sender(&t)?;
     let builds = [("A", &a.a), ("B", &a.b)];
     // cpu[build][flood]: ns per packet, one per round.
     let mut cpu = [[Vec::new(), Vec::new()], [Vec::new(), Vec::new()]];
@@ -69,14 +64,11 @@ pub fn run(a: AbArgs) -> anyhow::Result<()> {
         let order = if r % 2 == 0 { [0, 1] } else { [1, 0] };
         for i in order {
             let (name, exe) = builds[i];
-            let lb = t.spawn_exe(&l, exe, &l4_serve_args(&rules))?;
-            wait_xdp(&l, "l0", true)?;
-            wait_xdp(&l, "l1", true)?;
-            thread::sleep(Duration::from_secs(1)); // the loader writes the rule after attaching
+            let lb = start_lb(&mut t, exe, false)?;
             // Looked up after each start: attaching XDP recreates the thread.
             let napi = napi_thread()?;
             let rx0 = rx_packets(&b0, "b0")?;
-            udp_flood(&c, &format!("--count {WARMUP} {frames}"))?;
+            udp_flood(&c, &format!("--count {WARMUP}{frames}"))?;
             thread::sleep(Duration::from_millis(200));
             let got = rx_packets(&b0, "b0")? - rx0;
             ensure!(
@@ -87,15 +79,14 @@ pub fn run(a: AbArgs) -> anyhow::Result<()> {
                 let n0 = napi_cpu_ns(napi, ksoft)?;
                 udp_flood(
                     &c,
-                    &format!("--count {} --new-flows --first {first} {frames}", a.flows),
+                    &format!("--count {} --new-flows --first {first}{frames}", a.flows),
                 )?;
                 first += a.flows;
                 thread::sleep(Duration::from_millis(200));
                 let n1 = napi_cpu_ns(napi, ksoft)?;
                 flood.push((n1 - n0) as f64 / a.flows as f64);
             }
-            t.stop(lb)?;
-            wait_xdp(&l, "l0", false)?;
+            stop_lb(&mut t, lb)?;
             thread::sleep(Duration::from_millis(500));
         }
     }
