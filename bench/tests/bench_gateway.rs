@@ -47,10 +47,13 @@ fn bench_gateway_measures_cpu_per_kv_routed_request_for_both_mixes() {
         assert_eq!(level["concurrency"], 2);
         let cpu = level["cpu_ms_per_req"].as_f64().expect("cpu");
         assert!(cpu > 0.0 && cpu < 100.0, "{mix}: {cpu} CPU ms per request");
-        // Every completed request went through the KV tier (window edges allow one either way).
+        // Every completed request went through the KV tier. The decisions come from metrics
+        // scraped at the window's edges and `ok` from the client, so they may differ by the
+        // requests in flight at either edge: up to 2 × concurrency, the bound the bench itself
+        // applies (`best_under`; 2 allowed 3 requests' skew at concurrency 2 to fail CI).
         let decisions = level["kv_decisions"].as_f64().expect("decisions");
         assert!(
-            (decisions - ok as f64).abs() <= 2.0,
+            (decisions - ok as f64).abs() <= 4.0,
             "{mix}: {decisions} KV decisions for {ok} requests:\n{log}"
         );
         let tokenize = level["stage_ms"]["Tokenize"]
