@@ -10,20 +10,22 @@
 # per request for both and the loxi/floor ratio. Kernel work (the syscalls) is not counted:
 # this measures what the proxy's own code costs, not the machine.
 #   N=2000 WARM=200   requests measured / warm-up
+#   BUILD_PROFILE=dist   cargo profile of the binaries (dist: what ships, as bench-proxy.sh)
 # Loopback only; bounded by N. Needs valgrind (scripts/setup.sh).
 set -euo pipefail
-# CARGO_TARGET_DIR, LOXI_BIN_DIR, LOXI_SHARED made absolute; cargo_release_dir.
+# CARGO_TARGET_DIR, LOXI_BIN_DIR, LOXI_SHARED made absolute; cargo_profile_dir.
 # shellcheck source=lib/paths.sh
 . "$(dirname "$0")/lib/paths.sh"
 cd "$(dirname "$0")/.."
 N=${N:-2000}
 WARM=${WARM:-200}
+BUILD_PROFILE=${BUILD_PROFILE:-dist}
 export PATH="$HOME/.cargo/bin:$PATH"
 for cmd in valgrind callgrind_control curl python3; do
   command -v "$cmd" >/dev/null || { echo "bench-proxy-instructions: $cmd missing (run scripts/setup.sh)" >&2; exit 1; }
 done
-cargo build --release -q -p loxi-user --bin loxilb -p loxi-tests --bin echo-backend --bin hyper-floor
-BIN=$(cargo_release_dir)
+cargo build --profile "$BUILD_PROFILE" -q -p loxi-user --bin loxilb -p loxi-tests --bin echo-backend --bin hyper-floor
+BIN=$(cargo_profile_dir "$BUILD_PROFILE")
 # TMP, PIDS, cleanup on exit, free_port, wait_port.
 # shellcheck source=lib/loopback.sh
 . scripts/lib/loopback.sh

@@ -31,10 +31,13 @@
 #                            work-stealing runtime, loxi's model before the workers)
 #   CASES="small sse large tls"             RUNS=1      repetitions of the whole set
 #   TLS=0         drops the tls case (kept for older invocations)
+#   BUILD_PROFILE=dist   the cargo profile loxilb, the floor and the echo-backends are built
+#                 and run from: dist (what ships: fat LTO, see Cargo.toml; ~6.5 min to build
+#                 the first time), or release (setup.sh's build) to compare
 #
 # Loopback only; every measurement is bounded by DURATION. Needs wrk and nginx (scripts/setup.sh).
 set -euo pipefail
-# CARGO_TARGET_DIR, LOXI_BIN_DIR, LOXI_SHARED made absolute; cargo_release_dir.
+# CARGO_TARGET_DIR, LOXI_BIN_DIR, LOXI_SHARED made absolute; cargo_profile_dir.
 # shellcheck source=lib/paths.sh
 . "$(dirname "$0")/lib/paths.sh"
 cd "$(dirname "$0")/.."
@@ -43,6 +46,7 @@ THREADS=${THREADS:-2}
 CONNS=${CONNS:-64}
 WORKERS=${WORKERS:-2}
 RUNS=${RUNS:-1}
+BUILD_PROFILE=${BUILD_PROFILE:-dist}
 CASES=${CASES:-small sse large tls}
 [ "${TLS:-1}" = 0 ] && CASES=${CASES//tls/}
 export PATH="$HOME/.cargo/bin:/usr/sbin:$PATH"
@@ -53,8 +57,8 @@ for cmd in wrk nginx curl openssl; do
   command -v "$cmd" >/dev/null || { echo "bench-proxy: $cmd missing (run scripts/setup.sh)" >&2; exit 1; }
 done
 
-cargo build --release -q -p loxi-user --bin loxilb -p loxi-tests --bin echo-backend --bin hyper-floor
-BIN=$(cargo_release_dir)
+cargo build --profile "$BUILD_PROFILE" -q -p loxi-user --bin loxilb -p loxi-tests --bin echo-backend --bin hyper-floor
+BIN=$(cargo_profile_dir "$BUILD_PROFILE")
 # TMP, PIDS, cleanup on exit, free_port, wait_port.
 # shellcheck source=lib/loopback.sh
 . scripts/lib/loopback.sh

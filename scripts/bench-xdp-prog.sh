@@ -18,6 +18,9 @@
 # Prints each case's median ns per run and the program's own cost (case − pass).
 #   BENCH_REPEAT (default 2000000) runs per sample.
 set -euo pipefail
+# CARGO_TARGET_DIR, LOXI_BIN_DIR, LOXI_SHARED made absolute; cargo_release_dir.
+# shellcheck source=lib/paths.sh
+. "$(dirname "$0")/lib/paths.sh"
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
 [ "$(id -u)" = 0 ] || { echo "bench-xdp-prog: needs root (network namespaces, XDP)" >&2; exit 1; }
@@ -26,7 +29,7 @@ command -v bpftool >/dev/null || [ -x /usr/sbin/bpftool ] ||
 export PATH="$PATH:/usr/sbin"
 R=${BENCH_REPEAT:-2000000}
 cargo build --release -q -p xtask
-X=$PWD/target/release/xtask
+X=$(cargo_release_dir)/xtask
 TAG=bxp$$
 C=${TAG}c; L=${TAG}l; B=${TAG}b
 D=$(mktemp -d)

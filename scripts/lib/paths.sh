@@ -20,6 +20,14 @@ unset _var
 # The directory cargo puts release builds in: CARGO_TARGET_DIR/release, else target/release.
 cargo_release_dir() { printf '%s\n' "${CARGO_TARGET_DIR:-$LOXI_ROOT/target}/release"; }
 
+# The directory cargo puts a PROFILE's builds in (`cargo build --profile PROFILE`): dev's is
+# debug, any other profile's is its name (dist: the shipped build, see Cargo.toml).
+cargo_profile_dir() {
+  local dir=$1
+  [ "$dir" = dev ] && dir=debug
+  printf '%s\n' "${CARGO_TARGET_DIR:-$LOXI_ROOT/target}/$dir"
+}
+
 # The binaries a script runs after setup.sh's build: LOXI_BIN_DIR, else cargo_release_dir.
 bin_dir() { printf '%s\n' "${LOXI_BIN_DIR:-$(cargo_release_dir)}"; }
 

@@ -11,8 +11,8 @@
 //! Everything else (veths with plain peers, as containers and pods have; devices loxi did not
 //! attach to) gets the TC hand-off, which delivers on any device at socket-buffer cost. A peer
 //! with GRO switched on would also take XDP frames, but GRO is not visible over rtnetlink, so
-//! such a peer is treated as plain: correct, only slower. The set is recomputed every few
-//! seconds ([`super::run`]), so a peer that gains or loses its program moves between the paths.
+//! such a peer is treated as plain: correct, only slower. The set is recomputed at every stats
+//! tick (1 s, [`super::run`]), so a peer that gains or loses its program moves between the paths.
 
 use std::collections::BTreeSet;
 
