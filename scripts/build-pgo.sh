@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Profile-guided build of loxilb and loxicmd: the `dist` profile (fat LTO, see Cargo.toml) plus
+# LLVM profile-guided optimization trained on the fullproxy's own request path.
+#   1. an instrumented `dist` build of loxilb (CARGO_TARGET_DIR/pgo-gen);
+#   2. training: the instrumented loxilb (2 connection workers, mode 4, sel 0) proxies wrk's
+#      small, streaming (200 SSE events) and 64 KiB requests to two echo-backends on loopback,
+#      PGO_SECONDS each; its SIGTERM exit writes the profile;
+#   3. `llvm-profdata merge` (rustup's llvm-tools component, added when missing: the profile
+#      format is that of rustc's own LLVM);
+#   4. the `dist` build of loxilb and loxicmd with the profile (CARGO_TARGET_DIR/pgo).
+# The last line printed is the directory of the two optimized binaries. Loopback only; the
+# training is bounded by 3 × PGO_SECONDS. Needs wrk and curl (scripts/setup.sh); ~12 minutes of
+# compiling on 2 cores the first time (two builds of the workspace's dependencies).
+#   PGO_SECONDS=6   seconds of load per request shape
+set -euo pipefail
+# CARGO_TARGET_DIR, LOXI_BIN_DIR, LOXI_SHARED made absolute; cargo_release_dir.
+# shellcheck source=lib/paths.sh
+. "$(dirname "$0")/lib/paths.sh"
+cd "$(dirname "$0")/.."
+export PATH="$HOME/.cargo/bin:$PATH"
+SECS=${PGO_SECONDS:-6}
+[[ "$SECS" =~ ^[1-9][0-9]*$ ]] || { echo "build-pgo: PGO_SECONDS must be a positive integer" >&2; exit 2; }
+for cmd in wrk curl python3 rustup; do
+  command -v "$cmd" >/dev/null || { echo "build-pgo: $cmd missing (run scripts/setup.sh)" >&2; exit 1; }
+done
+HOST=$(rustc -vV | sed -n 's/^host: //p')
+PROFDATA="$(rustc --print sysroot)/lib/rustlib/$HOST/bin/llvm-profdata"
+if [ ! -x "$PROFDATA" ]; then
+  echo "build-pgo: rustup component add llvm-tools" >&2
+  rustup component add llvm-tools >&2
+fi
+TARGET=${CARGO_TARGET_DIR:-$LOXI_ROOT/target}
+DATA="$TARGET/pgo-data"
+rm -rf "$DATA"
+mkdir -p "$DATA"
+
+# --target: RUSTFLAGS then reach the target's crates only, not build scripts and proc macros
+# (nor loxi-user/build.rs's nested eBPF build).
+echo "build-pgo: instrumented build" >&2
+CARGO_TARGET_DIR="$TARGET/pgo-gen" RUSTFLAGS="-Cprofile-generate=$DATA" \
+  cargo build --profile dist --target "$HOST" --locked -q -p loxi-user --bin loxilb
+cargo build --release -q -p loxi-tests --bin echo-backend
+
+# TMP, PIDS, cleanup on exit, free_port, wait_port.
+# shellcheck source=lib/loopback.sh
+. scripts/lib/loopback.sh
+BIN=$(cargo_release_dir)
+B1=$(free_port); B2=$(free_port); API=$(free_port); LB=$(free_port)
+"$BIN/echo-backend" --port "$B1" --name 0 --threads 1 2>"$TMP/b1.log" & PIDS+=($!)
+"$BIN/echo-backend" --port "$B2" --name 1 --threads 1 2>"$TMP/b2.log" & PIDS+=($!)
+wait_port "$B1"; wait_port "$B2"
+TOKIO_WORKER_THREADS=2 "$TARGET/pgo-gen/$HOST/dist/loxilb" --api-addr "127.0.0.1:$API" \
+  --state-dir "$TMP/state" --tokenizer-dir "$TMP/tok" --proxy-workers 2 --log warn \
+  >"$TMP/loxilb.log" 2>&1 & PIDS+=($!)
+LOXI_PID=$!
+wait_port "$API" 30
+curl -sf -X POST "http://127.0.0.1:$API/netlox/v1/config/loadbalancer" -H 'content-type: application/json' -d "{
+  \"serviceArguments\": {\"externalIP\": \"127.0.0.1\", \"port\": $LB, \"protocol\": \"tcp\", \"mode\": 4, \"sel\": 0},
+  \"endpoints\": [{\"endpointIP\": \"127.0.0.1\", \"targetPort\": $B1, \"weight\": 1},
+                  {\"endpointIP\": \"127.0.0.1\", \"targetPort\": $B2, \"weight\": 1}]}" >/dev/null
+wait_port "$LB"
+cat >"$TMP/small.lua" <<'LUA'
+wrk.method = "POST"
+wrk.path = "/v1/completions"
+wrk.headers["Content-Type"] = "application/json"
+wrk.body = '{"model":"m","prompt":"Say hello to the benchmark.","max_tokens":8}'
+LUA
+cat >"$TMP/sse.lua" <<'LUA'
+wrk.method = "POST"
+wrk.path = "/v1/completions"
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["x-sse"] = "200:0"
+wrk.body = '{"model":"m","prompt":"Say hello to the benchmark.","max_tokens":200,"stream":true}'
+LUA
+cat >"$TMP/large.lua" <<'LUA'
+wrk.method = "POST"
+wrk.path = "/v1/completions"
+wrk.headers["Content-Type"] = "application/json"
+local head, tail = '{"model":"m","prompt":"', '","max_tokens":8}'
+local words = string.rep("hello world ", 6000)
+wrk.body = head .. string.sub(words, 1, 65536 - #head - #tail) .. tail
+LUA
+for shape in small sse large; do
+  out=$(wrk -t2 -c64 -d"${SECS}s" -s "$TMP/$shape.lua" "http://127.0.0.1:$LB/")
+  echo "build-pgo: trained on $shape: $(awk '/requests in/ {print $1}' <<<"$out") requests" >&2
+  if grep -q "Non-2xx" <<<"$out"; then
+    echo "build-pgo: the $shape training load got errors: $out" >&2
+    exit 1
+  fi
+done
+kill -TERM "$LOXI_PID"
+wait "$LOXI_PID" || { echo "build-pgo: the instrumented loxilb did not exit cleanly ($TMP/loxilb.log)" >&2; exit 1; }
+compgen -G "$DATA/*.profraw" >/dev/null || { echo "build-pgo: no profile written to $DATA" >&2; exit 1; }
+"$PROFDATA" merge -o "$DATA/merged.profdata" "$DATA"/*.profraw
+
+echo "build-pgo: optimized build" >&2
+CARGO_TARGET_DIR="$TARGET/pgo" RUSTFLAGS="-Cprofile-use=$DATA/merged.profdata" \
+  cargo build --profile dist --target "$HOST" --locked -q -p loxi-user --bin loxilb --bin loxicmd
+echo "$TARGET/pgo/$HOST/dist"
