@@ -34,8 +34,8 @@
 #   BUILD_PROFILE=dist   the cargo profile loxilb, the floor and the echo-backends are built
 #                 and run from: dist (what ships: fat LTO, see Cargo.toml; ~6.5 min to build
 #                 the first time), release (setup.sh's build) to compare, or pgo: loxilb
-#                 from scripts/build-pgo.sh (dist plus profile-guided optimization; ~12 min
-#                 the first time), the floor and the echo-backends from dist
+#                 from scripts/build-pgo.sh (dist plus profile-guided optimization; ~18 min
+#                 the first time, ~10 later), the floor and the echo-backends from dist
 #
 # Loopback only; every measurement is bounded by DURATION. Needs wrk and nginx (scripts/setup.sh).
 set -euo pipefail

@@ -9,8 +9,9 @@
 #      format is that of rustc's own LLVM);
 #   4. the `dist` build of loxilb and loxicmd with the profile (CARGO_TARGET_DIR/pgo).
 # The last line printed is the directory of the two optimized binaries. Loopback only; the
-# training is bounded by 3 × PGO_SECONDS. Needs wrk and curl (scripts/setup.sh); ~12 minutes of
-# compiling on 2 cores the first time (two builds of the workspace's dependencies).
+# training is bounded by 3 × PGO_SECONDS. Needs wrk and curl (scripts/setup.sh); ~18 minutes on
+# 2 cores the first time (two builds of the dependencies), ~10 a later run (the optimized build
+# is redone for the new profile).
 #   PGO_SECONDS=6   seconds of load per request shape
 set -euo pipefail
 # CARGO_TARGET_DIR, LOXI_BIN_DIR, LOXI_SHARED made absolute; cargo_release_dir.
