@@ -74,10 +74,7 @@ API=$(free_port); LB=$(free_port)
   --state-dir "$TMP/state" --tokenizer-dir "$TMP/tok" --log warn) >"$TMP/loxilb.log" 2>&1 & PIDS+=($!)
 LOXI_PID=$!
 wait_port "$API" 60
-curl -sf -X POST "http://127.0.0.1:$API/netlox/v1/config/loadbalancer" -H 'content-type: application/json' -d "{
-  \"serviceArguments\": {\"externalIP\": \"127.0.0.1\", \"port\": $LB, \"protocol\": \"tcp\", \"mode\": 4, \"sel\": 0},
-  \"endpoints\": [{\"endpointIP\": \"127.0.0.1\", \"targetPort\": $B1, \"weight\": 1},
-                  {\"endpointIP\": \"127.0.0.1\", \"targetPort\": $B2, \"weight\": 1}]}" >/dev/null
+sel0_rule "$API" "$LB" "$B1" "$B2"
 wait_port "$LB" 60
 L=$(count loxilb "$LB" "$LOXI_PID")
 

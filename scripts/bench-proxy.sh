@@ -84,10 +84,7 @@ TOKIO_WORKER_THREADS=$WORKERS "$LOXI_DIR/loxilb" --api-addr "127.0.0.1:$API" --s
   >"$TMP/loxilb.log" 2>&1 & PIDS+=($!)
 LOXI_PID=$!
 wait_port "$API"
-curl -sf -X POST "http://127.0.0.1:$API/netlox/v1/config/loadbalancer" -H 'content-type: application/json' -d "{
-  \"serviceArguments\": {\"externalIP\": \"127.0.0.1\", \"port\": $LB, \"protocol\": \"tcp\", \"mode\": 4, \"sel\": 0},
-  \"endpoints\": [{\"endpointIP\": \"127.0.0.1\", \"targetPort\": $B1, \"weight\": 1},
-                  {\"endpointIP\": \"127.0.0.1\", \"targetPort\": $B2, \"weight\": 1}]}" >/dev/null
+sel0_rule "$API" "$LB" "$B1" "$B2"
 wait_port "$LB"
 
 if [ "$TLS" = 1 ]; then
@@ -162,27 +159,7 @@ TOKIO_WORKER_THREADS=$WORKERS "$BIN/hyper-floor" "127.0.0.1:$FLR" "127.0.0.1:$B1
 FLR_PID=$!
 wait_port "$FLR"
 
-cat >"$TMP/small.lua" <<'LUA'
-wrk.method = "POST"
-wrk.path = "/v1/completions"
-wrk.headers["Content-Type"] = "application/json"
-wrk.body = '{"model":"m","prompt":"Say hello to the benchmark.","max_tokens":8}'
-LUA
-cat >"$TMP/sse.lua" <<'LUA'
-wrk.method = "POST"
-wrk.path = "/v1/completions"
-wrk.headers["Content-Type"] = "application/json"
-wrk.headers["x-sse"] = "200:0"
-wrk.body = '{"model":"m","prompt":"Say hello to the benchmark.","max_tokens":200,"stream":true}'
-LUA
-cat >"$TMP/large.lua" <<'LUA'
-wrk.method = "POST"
-wrk.path = "/v1/completions"
-wrk.headers["Content-Type"] = "application/json"
-local head, tail = '{"model":"m","prompt":"', '","max_tokens":8}'
-local words = string.rep("hello world ", 6000)
-wrk.body = head .. string.sub(words, 1, 65536 - #head - #tail) .. tail
-LUA
+write_wrk_loads
 cp "$TMP/small.lua" "$TMP/tls.lua"
 
 # Sanity: both proxies answer every case through the backends.

@@ -1,7 +1,7 @@
-# Helpers of the loopback benchmarks (scripts/bench-proxy*.sh), sourced after their build step:
-# a scratch directory TMP and a list PIDS of processes the script starts, both cleaned up on
-# exit (plus `cleanup_extra`, when the script defines one), free loopback ports, and waiting for
-# a listener.
+# Helpers of the loopback benchmarks (scripts/bench-proxy*.sh, scripts/build-pgo.sh), sourced
+# after their build step: a scratch directory TMP and a list PIDS of processes the script starts,
+# both cleaned up on exit (plus `cleanup_extra`, when the script defines one), free loopback
+# ports, waiting for a listener, the sel-0 fullproxy rule and the wrk request shapes.
 PIDS=()
 TMP=$(mktemp -d)
 cleanup() {
@@ -25,4 +25,40 @@ wait_port() {
   done
   echo "$(basename "$0"): nothing listening on $1" >&2
   exit 1
+}
+
+# sel0_rule API LB B1 B2: creates on the loxilb whose API is 127.0.0.1:API a fullproxy rule
+# (mode 4, sel 0 round robin) 127.0.0.1:LB → the two backends 127.0.0.1:B1 and :B2.
+sel0_rule() {
+  curl -sf -X POST "http://127.0.0.1:$1/netlox/v1/config/loadbalancer" -H 'content-type: application/json' -d "{
+  \"serviceArguments\": {\"externalIP\": \"127.0.0.1\", \"port\": $2, \"protocol\": \"tcp\", \"mode\": 4, \"sel\": 0},
+  \"endpoints\": [{\"endpointIP\": \"127.0.0.1\", \"targetPort\": $3, \"weight\": 1},
+                  {\"endpointIP\": \"127.0.0.1\", \"targetPort\": $4, \"weight\": 1}]}" >/dev/null
+}
+
+# write_wrk_loads: the request shapes as wrk scripts in TMP: small.lua (a 66-byte JSON
+# completion), sse.lua (the same streamed: the echo-backend's `x-sse: 200:0` answers 200 events)
+# and large.lua (a 65,536-byte JSON body).
+write_wrk_loads() {
+  cat >"$TMP/small.lua" <<'LUA'
+wrk.method = "POST"
+wrk.path = "/v1/completions"
+wrk.headers["Content-Type"] = "application/json"
+wrk.body = '{"model":"m","prompt":"Say hello to the benchmark.","max_tokens":8}'
+LUA
+  cat >"$TMP/sse.lua" <<'LUA'
+wrk.method = "POST"
+wrk.path = "/v1/completions"
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["x-sse"] = "200:0"
+wrk.body = '{"model":"m","prompt":"Say hello to the benchmark.","max_tokens":200,"stream":true}'
+LUA
+  cat >"$TMP/large.lua" <<'LUA'
+wrk.method = "POST"
+wrk.path = "/v1/completions"
+wrk.headers["Content-Type"] = "application/json"
+local head, tail = '{"model":"m","prompt":"', '","max_tokens":8}'
+local words = string.rep("hello world ", 6000)
+wrk.body = head .. string.sub(words, 1, 65536 - #head - #tail) .. tail
+LUA
 }
