@@ -59,15 +59,16 @@ for cmd in wrk nginx curl openssl; do
   command -v "$cmd" >/dev/null || { echo "bench-proxy: $cmd missing (run scripts/setup.sh)" >&2; exit 1; }
 done
 
+LB_BIN_DIR=
 if [ "$BUILD_PROFILE" = pgo ]; then
   # loxilb from scripts/build-pgo.sh (its last line: the binaries' directory); the floor and
   # the echo-backends from dist.
-  LOXI_DIR=$(scripts/build-pgo.sh | tail -1)
+  LB_BIN_DIR=$(scripts/build-pgo.sh | tail -1)
   BUILD_PROFILE=dist
 fi
 cargo build --profile "$BUILD_PROFILE" -q -p loxi-user --bin loxilb -p loxi-tests --bin echo-backend --bin hyper-floor
 BIN=$(cargo_profile_dir "$BUILD_PROFILE")
-LOXI_DIR=${LOXI_DIR:-$BIN}
+[ -n "$LB_BIN_DIR" ] || LB_BIN_DIR=$BIN
 # TMP, PIDS, cleanup on exit, free_port, wait_port.
 # shellcheck source=lib/loopback.sh
 . scripts/lib/loopback.sh
@@ -79,7 +80,7 @@ LBS=$(free_port); NGXS=$(free_port)
 "$BIN/echo-backend" --port "$B2" --name 1 --threads 1 2>"$TMP/b2.log" & PIDS+=($!)
 wait_port "$B1"; wait_port "$B2"
 
-TOKIO_WORKER_THREADS=$WORKERS "$LOXI_DIR/loxilb" --api-addr "127.0.0.1:$API" --state-dir "$TMP/state" \
+TOKIO_WORKER_THREADS=$WORKERS "$LB_BIN_DIR/loxilb" --api-addr "127.0.0.1:$API" --state-dir "$TMP/state" \
   --tokenizer-dir "$TMP/tok" --proxy-workers "${PROXY_WORKERS:-$WORKERS}" --log warn \
   >"$TMP/loxilb.log" 2>&1 & PIDS+=($!)
 LOXI_PID=$!
@@ -216,7 +217,7 @@ done
 
 printf '\nfullproxy benchmark: wrk -t%s -c%s -d%ss, 2 echo-backends, %s workers each (loxilb --proxy-workers %s), %s run(s); load before: %s\n' \
   "$THREADS" "$CONNS" "$DURATION" "$WORKERS" "${PROXY_WORKERS:-$WORKERS}" "$RUNS" "$(cut -d' ' -f1-3 /proc/loadavg)"
-printf 'binaries: loxilb %s, floor and echo-backends %s\n' "$LOXI_DIR" "$BIN"
+printf 'binaries: loxilb %s, floor and echo-backends %s\n' "$LB_BIN_DIR" "$BIN"
 [ "$TLS" = 1 ] && printf 'tls cipher: loxilb %s, nginx %s\n' "$LC" "$NC"
 printf '%-4s %-6s %11s %8s %7s | %11s %8s %7s | %11s %8s %7s | %9s %8s %8s %8s\n' run case \
   'loxi req/s' 'p99 ms' 'cpu us' 'floor req/s' 'p99 ms' 'cpu us' 'nginx req/s' 'p99 ms' 'cpu us' \
