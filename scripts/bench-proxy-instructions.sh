@@ -49,10 +49,7 @@ if errors:
     sys.exit(f"{len(errors)} non-200 answers, first {errors[0]}")
 PY
 
-B1=$(free_port); B2=$(free_port)
-"$BIN/echo-backend" --port "$B1" --name 0 --threads 1 2>"$TMP/b1.log" & PIDS+=($!)
-"$BIN/echo-backend" --port "$B2" --name 1 --threads 1 2>"$TMP/b2.log" & PIDS+=($!)
-wait_port "$B1"; wait_port "$B2"
+echo_backends "$BIN"
 
 # count NAME PORT PID: warm up, count N requests, print instructions per request.
 count() {

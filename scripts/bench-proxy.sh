@@ -74,11 +74,9 @@ BIN=$(cargo_profile_dir "$BUILD_PROFILE")
 . scripts/lib/loopback.sh
 cleanup_extra() { [ -f "$TMP/nginx.pid" ] && kill "$(cat "$TMP/nginx.pid")" 2>/dev/null || true; }
 
-B1=$(free_port); B2=$(free_port); API=$(free_port); LB=$(free_port); NGX=$(free_port); FLR=$(free_port)
+API=$(free_port); LB=$(free_port); NGX=$(free_port); FLR=$(free_port)
 LBS=$(free_port); NGXS=$(free_port)
-"$BIN/echo-backend" --port "$B1" --name 0 --threads 1 2>"$TMP/b1.log" & PIDS+=($!)
-"$BIN/echo-backend" --port "$B2" --name 1 --threads 1 2>"$TMP/b2.log" & PIDS+=($!)
-wait_port "$B1"; wait_port "$B2"
+echo_backends "$BIN"
 
 TOKIO_WORKER_THREADS=$WORKERS "$LB_BIN_DIR/loxilb" --api-addr "127.0.0.1:$API" --state-dir "$TMP/state" \
   --tokenizer-dir "$TMP/tok" --proxy-workers "${PROXY_WORKERS:-$WORKERS}" --log warn \

@@ -46,10 +46,8 @@ cargo build --release -q -p loxi-tests --bin echo-backend
 # shellcheck source=lib/loopback.sh
 . scripts/lib/loopback.sh
 BIN=$(cargo_release_dir)
-B1=$(free_port); B2=$(free_port); API=$(free_port); LB=$(free_port)
-"$BIN/echo-backend" --port "$B1" --name 0 --threads 1 2>"$TMP/b1.log" & PIDS+=($!)
-"$BIN/echo-backend" --port "$B2" --name 1 --threads 1 2>"$TMP/b2.log" & PIDS+=($!)
-wait_port "$B1"; wait_port "$B2"
+echo_backends "$BIN"
+API=$(free_port); LB=$(free_port)
 TOKIO_WORKER_THREADS=2 "$TARGET/pgo-gen/$HOST/dist/loxilb" --api-addr "127.0.0.1:$API" \
   --state-dir "$TMP/state" --tokenizer-dir "$TMP/tok" --proxy-workers 2 --log warn \
   >"$TMP/loxilb.log" 2>&1 & PIDS+=($!)

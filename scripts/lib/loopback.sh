@@ -36,27 +36,37 @@ sel0_rule() {
                   {\"endpointIP\": \"127.0.0.1\", \"targetPort\": $4, \"weight\": 1}]}" >/dev/null
 }
 
+# echo_backends DIR: starts DIR/echo-backend twice (names 0 and 1, one thread each) on free
+# ports B1 and B2 (set here) and waits for both.
+echo_backends() {
+  B1=$(free_port); B2=$(free_port)
+  "$1/echo-backend" --port "$B1" --name 0 --threads 1 2>"$TMP/b1.log" & PIDS+=($!)
+  "$1/echo-backend" --port "$B2" --name 1 --threads 1 2>"$TMP/b2.log" & PIDS+=($!)
+  wait_port "$B1"; wait_port "$B2"
+}
+
+# wrk_post NAME: the wrk script TMP/NAME.lua, a POST of /v1/completions with a JSON body, its
+# further lines (the body, extra headers) read from stdin.
+wrk_post() {
+  {
+    printf '%s\n' 'wrk.method = "POST"' 'wrk.path = "/v1/completions"' \
+      'wrk.headers["Content-Type"] = "application/json"'
+    cat
+  } >"$TMP/$1.lua"
+}
+
 # write_wrk_loads: the request shapes as wrk scripts in TMP: small.lua (a 66-byte JSON
 # completion), sse.lua (the same streamed: the echo-backend's `x-sse: 200:0` answers 200 events)
 # and large.lua (a 65,536-byte JSON body).
 write_wrk_loads() {
-  cat >"$TMP/small.lua" <<'LUA'
-wrk.method = "POST"
-wrk.path = "/v1/completions"
-wrk.headers["Content-Type"] = "application/json"
+  wrk_post small <<'LUA'
 wrk.body = '{"model":"m","prompt":"Say hello to the benchmark.","max_tokens":8}'
 LUA
-  cat >"$TMP/sse.lua" <<'LUA'
-wrk.method = "POST"
-wrk.path = "/v1/completions"
-wrk.headers["Content-Type"] = "application/json"
+  wrk_post sse <<'LUA'
 wrk.headers["x-sse"] = "200:0"
 wrk.body = '{"model":"m","prompt":"Say hello to the benchmark.","max_tokens":200,"stream":true}'
 LUA
-  cat >"$TMP/large.lua" <<'LUA'
-wrk.method = "POST"
-wrk.path = "/v1/completions"
-wrk.headers["Content-Type"] = "application/json"
+  wrk_post large <<'LUA'
 local head, tail = '{"model":"m","prompt":"', '","max_tokens":8}'
 local words = string.rep("hello world ", 6000)
 wrk.body = head .. string.sub(words, 1, 65536 - #head - #tail) .. tail

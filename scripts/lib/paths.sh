@@ -18,7 +18,7 @@ done
 unset _var
 
 # The directory cargo puts release builds in: CARGO_TARGET_DIR/release, else target/release.
-cargo_release_dir() { printf '%s\n' "${CARGO_TARGET_DIR:-$LOXI_ROOT/target}/release"; }
+cargo_release_dir() { cargo_profile_dir release; }
 
 # The directory cargo puts a PROFILE's builds in (`cargo build --profile PROFILE`): dev's is
 # debug, any other profile's is its name (dist: the shipped build, see Cargo.toml).
