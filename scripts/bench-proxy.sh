@@ -31,11 +31,12 @@
 #                            work-stealing runtime, loxi's model before the workers)
 #   CASES="small sse large tls"             RUNS=1      repetitions of the whole set
 #   TLS=0         drops the tls case (kept for older invocations)
-#   BUILD_PROFILE=dist   the cargo profile loxilb, the floor and the echo-backends are built
-#                 and run from: dist (what ships: fat LTO, see Cargo.toml; ~6.5 min to build
-#                 the first time), release (setup.sh's build) to compare, or pgo: loxilb
-#                 from scripts/build-pgo.sh (dist plus profile-guided optimization; ~18 min
-#                 the first time, ~10 later), the floor and the echo-backends from dist
+#   BUILD_PROFILE=pgo    what loxilb, the floor and the echo-backends are built and run
+#                 from: pgo (what the container image ships): loxilb from scripts/build-pgo.sh
+#                 (the dist profile plus profile-guided optimization; ~18 min the first time,
+#                 ~10 after a source change, reused while the sources are unchanged), the
+#                 floor and the echo-backends from dist; dist (fat LTO, see Cargo.toml; ~6.5
+#                 min to build the first time) for all three; or release (setup.sh's build)
 #
 # Loopback only; every measurement is bounded by DURATION. Needs wrk and nginx (scripts/setup.sh).
 set -euo pipefail
@@ -48,7 +49,7 @@ THREADS=${THREADS:-2}
 CONNS=${CONNS:-64}
 WORKERS=${WORKERS:-2}
 RUNS=${RUNS:-1}
-BUILD_PROFILE=${BUILD_PROFILE:-dist}
+BUILD_PROFILE=${BUILD_PROFILE:-pgo}
 CASES=${CASES:-small sse large tls}
 [ "${TLS:-1}" = 0 ] && CASES=${CASES//tls/}
 export PATH="$HOME/.cargo/bin:/usr/sbin:$PATH"

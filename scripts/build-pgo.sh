@@ -9,10 +9,14 @@
 #      format is that of rustc's own LLVM);
 #   4. the `dist` build of loxilb and loxicmd with the profile (CARGO_TARGET_DIR/pgo).
 # The last line printed is the directory of the two optimized binaries. Loopback only; the
-# training is bounded by 3 × PGO_SECONDS. Needs wrk and curl (scripts/setup.sh); ~18 minutes on
-# 2 cores the first time (two builds of the dependencies), ~10 a later run (the optimized build
-# is redone for the new profile).
+# training is bounded by 3 × PGO_SECONDS. Needs wrk, curl and python3 (scripts/setup.sh); ~18
+# minutes on 2 cores the first time (two builds of the dependencies), ~10 when the sources
+# changed (the optimized build is redone for the new profile).
+# Reuse: the build is keyed by a hash of its inputs (the workspace's sources, manifests and
+# lock file, this script and its helpers, PGO_SECONDS, rustc's version); when the key of the
+# last build matches and its binaries are there, they are reused without training again.
 #   PGO_SECONDS=6   seconds of load per request shape
+#   PGO_FRESH=1     train and build again even when the key matches
 set -euo pipefail
 # CARGO_TARGET_DIR, LOXI_BIN_DIR, LOXI_SHARED made absolute; cargo_release_dir.
 # shellcheck source=lib/paths.sh
@@ -30,8 +34,26 @@ if [ ! -x "$PROFDATA" ]; then
   echo "build-pgo: rustup component add llvm-tools" >&2
   rustup component add llvm-tools >&2
 fi
+[[ "${PGO_FRESH:-0}" =~ ^[01]$ ]] || { echo "build-pgo: PGO_FRESH must be 0 or 1" >&2; exit 2; }
 TARGET=${CARGO_TARGET_DIR:-$LOXI_ROOT/target}
 DATA="$TARGET/pgo-data"
+OUT="$TARGET/pgo/$HOST/dist"
+# The inputs' key: every file of the workspace's crates (loxi-ebpf's too: build.rs embeds it),
+# the manifests and lock file, this script, its helpers, PGO_SECONDS and the compiler.
+key=$( {
+  find loxi-common loxi-user loxi-ebpf tests -type f -not -path '*/target/*' -print0 \
+    | sort -z | xargs -0 sha256sum
+  sha256sum Cargo.toml Cargo.lock scripts/build-pgo.sh scripts/lib/loopback.sh scripts/lib/paths.sh
+  echo "seconds=$SECS"
+  rustc -vV
+} | sha256sum | cut -c1-16)
+if [ "${PGO_FRESH:-0}" = 0 ] && [ "$(cat "$OUT/pgo.key" 2>/dev/null)" = "$key" ] \
+  && [ -x "$OUT/loxilb" ] && [ -x "$OUT/loxicmd" ]; then
+  echo "build-pgo: up to date (inputs' key $key): reusing the last build" >&2
+  echo "$OUT"
+  exit 0
+fi
+rm -f "$OUT/pgo.key"
 rm -rf "$DATA"
 mkdir -p "$DATA"
 
@@ -72,4 +94,5 @@ compgen -G "$DATA/*.profraw" >/dev/null || { echo "build-pgo: no profile written
 echo "build-pgo: optimized build" >&2
 CARGO_TARGET_DIR="$TARGET/pgo" RUSTFLAGS="-Cprofile-use=$DATA/merged.profdata" \
   cargo build --profile dist --target "$HOST" --locked -q -p loxi-user --bin loxilb --bin loxicmd
-echo "$TARGET/pgo/$HOST/dist"
+echo "$key" >"$OUT/pgo.key"
+echo "$OUT"

@@ -58,6 +58,12 @@ EBPF_DIR=${EBPF_TOOLS_DIR:-$HOME/.local/share/ebpf-toolchain}
 for d in "$RUSTUP_HOME_DIR" "$CARGO_BIN_DIR" "$EBPF_DIR"; do
   [ -d "$d" ] || { log "$d missing: run scripts/setup.sh first (it installs the toolchains)"; exit 1; }
 done
+# The image's profile-guided build (scripts/build-pgo.sh) merges its profile with the stable
+# toolchain's llvm-profdata; the build stage sees the toolchains read-only, so add it here.
+if ! "$CARGO_BIN_DIR/rustup" component list --installed 2>/dev/null | grep -q '^llvm-tools'; then
+  log "rustup component add llvm-tools (llvm-profdata for the profile-guided build)"
+  "$CARGO_BIN_DIR/rustup" component add llvm-tools >&2
+fi
 # The build downloads crates: trust the same CAs as this machine (a TLS-inspecting proxy's CA
 # lives in the host bundle, not in the fresh Debian one).
 CA=${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}
