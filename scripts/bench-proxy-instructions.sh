@@ -10,7 +10,9 @@
 # per request for both and the loxi/floor ratio. Kernel work (the syscalls) is not counted:
 # this measures what the proxy's own code costs, not the machine.
 #   N=2000 WARM=200   requests measured / warm-up
-#   BUILD_PROFILE=dist   cargo profile of the binaries (dist: what ships, as bench-proxy.sh)
+#   BUILD_PROFILE=pgo    the binaries, as bench-proxy.sh: pgo (what the container image ships):
+#                 loxilb from scripts/build-pgo.sh, the floor and the echo-backends from dist;
+#                 or a cargo profile for all three (dist, release)
 # Loopback only; bounded by N. Needs valgrind (scripts/setup.sh).
 set -euo pipefail
 # CARGO_TARGET_DIR, LOXI_BIN_DIR, LOXI_SHARED made absolute; cargo_profile_dir.
@@ -19,13 +21,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${N:-2000}
 WARM=${WARM:-200}
-BUILD_PROFILE=${BUILD_PROFILE:-dist}
+BUILD_PROFILE=${BUILD_PROFILE:-pgo}
 export PATH="$HOME/.cargo/bin:$PATH"
 for cmd in valgrind callgrind_control curl python3; do
   command -v "$cmd" >/dev/null || { echo "bench-proxy-instructions: $cmd missing (run scripts/setup.sh)" >&2; exit 1; }
 done
-cargo build --profile "$BUILD_PROFILE" -q -p loxi-user --bin loxilb -p loxi-tests --bin echo-backend --bin hyper-floor
-BIN=$(cargo_profile_dir "$BUILD_PROFILE")
+proxy_bench_binaries "$BUILD_PROFILE"
 # TMP, PIDS, cleanup on exit, free_port, wait_port.
 # shellcheck source=lib/loopback.sh
 . scripts/lib/loopback.sh
@@ -67,7 +68,7 @@ count() {
 
 API=$(free_port); LB=$(free_port)
 (cd "$TMP" && TOKIO_WORKER_THREADS=2 exec valgrind --tool=callgrind --instr-atstart=no \
-  --callgrind-out-file="$TMP/loxilb.cg" "$BIN/loxilb" --api-addr "127.0.0.1:$API" \
+  --callgrind-out-file="$TMP/loxilb.cg" "$LB_BIN_DIR/loxilb" --api-addr "127.0.0.1:$API" \
   --state-dir "$TMP/state" --tokenizer-dir "$TMP/tok" --log warn) >"$TMP/loxilb.log" 2>&1 & PIDS+=($!)
 LOXI_PID=$!
 wait_port "$API" 60
@@ -84,4 +85,5 @@ wait_port "$FLR" 60
 F=$(count floor "$FLR" "$FLOOR_PID")
 
 printf 'user-space instructions per request (callgrind, %s requests after %s warm-up, small case)\n' "$N" "$WARM"
+printf 'binaries: loxilb %s, floor and echo-backends %s\n' "$LB_BIN_DIR" "$BIN"
 printf 'loxilb %s   hyper-floor %s   loxi/floor %s\n' "$L" "$F" "$(awk -v a="$L" -v b="$F" 'BEGIN {printf "%.2f", a/b}')"

@@ -60,16 +60,7 @@ for cmd in wrk nginx curl openssl; do
   command -v "$cmd" >/dev/null || { echo "bench-proxy: $cmd missing (run scripts/setup.sh)" >&2; exit 1; }
 done
 
-LB_BIN_DIR=
-if [ "$BUILD_PROFILE" = pgo ]; then
-  # loxilb from scripts/build-pgo.sh (its last line: the binaries' directory); the floor and
-  # the echo-backends from dist.
-  LB_BIN_DIR=$(scripts/build-pgo.sh | tail -1)
-  BUILD_PROFILE=dist
-fi
-cargo build --profile "$BUILD_PROFILE" -q -p loxi-user --bin loxilb -p loxi-tests --bin echo-backend --bin hyper-floor
-BIN=$(cargo_profile_dir "$BUILD_PROFILE")
-[ -n "$LB_BIN_DIR" ] || LB_BIN_DIR=$BIN
+proxy_bench_binaries "$BUILD_PROFILE"
 # TMP, PIDS, cleanup on exit, free_port, wait_port.
 # shellcheck source=lib/loopback.sh
 . scripts/lib/loopback.sh

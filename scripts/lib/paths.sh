@@ -28,6 +28,23 @@ cargo_profile_dir() {
   printf '%s\n' "${CARGO_TARGET_DIR:-$LOXI_ROOT/target}/$dir"
 }
 
+# proxy_bench_binaries PROFILE: builds what the proxy benches run (loxilb, echo-backend,
+# hyper-floor) and sets LB_BIN_DIR (loxilb's directory) and BIN (the other two's). PROFILE pgo
+# (what the container image ships): loxilb from scripts/build-pgo.sh, the others from dist; any
+# other PROFILE is the cargo profile of all three (cargo refuses one it does not define). Run
+# from the checkout's root.
+proxy_bench_binaries() {
+  local profile=$1
+  LB_BIN_DIR=
+  if [ "$profile" = pgo ]; then
+    LB_BIN_DIR=$(scripts/build-pgo.sh | tail -1)
+    profile=dist
+  fi
+  cargo build --profile "$profile" -q -p loxi-user --bin loxilb -p loxi-tests --bin echo-backend --bin hyper-floor
+  BIN=$(cargo_profile_dir "$profile")
+  [ -n "$LB_BIN_DIR" ] || LB_BIN_DIR=$BIN
+}
+
 # The binaries a script runs after setup.sh's build: LOXI_BIN_DIR, else cargo_release_dir.
 bin_dir() { printf '%s\n' "${LOXI_BIN_DIR:-$(cargo_release_dir)}"; }
 
