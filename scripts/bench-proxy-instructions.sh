@@ -26,7 +26,7 @@ export PATH="$HOME/.cargo/bin:$PATH"
 for cmd in valgrind callgrind_control curl python3; do
   command -v "$cmd" >/dev/null || { echo "bench-proxy-instructions: $cmd missing (run scripts/setup.sh)" >&2; exit 1; }
 done
-proxy_bench_binaries "$BUILD_PROFILE"
+proxy_bench_binaries bench-proxy-instructions "$BUILD_PROFILE"
 # TMP, PIDS, cleanup on exit, free_port, wait_port.
 # shellcheck source=lib/loopback.sh
 . scripts/lib/loopback.sh

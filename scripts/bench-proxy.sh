@@ -60,7 +60,7 @@ for cmd in wrk nginx curl openssl; do
   command -v "$cmd" >/dev/null || { echo "bench-proxy: $cmd missing (run scripts/setup.sh)" >&2; exit 1; }
 done
 
-proxy_bench_binaries "$BUILD_PROFILE"
+proxy_bench_binaries bench-proxy "$BUILD_PROFILE"
 # TMP, PIDS, cleanup on exit, free_port, wait_port.
 # shellcheck source=lib/loopback.sh
 . scripts/lib/loopback.sh

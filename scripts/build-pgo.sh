@@ -10,11 +10,16 @@
 #   4. the `dist` build of loxilb and loxicmd with the profile (CARGO_TARGET_DIR/pgo).
 # The last line printed is the directory of the two optimized binaries. Loopback only; the
 # training is bounded by 3 × PGO_SECONDS. Needs wrk, curl and python3 (scripts/setup.sh); ~18
-# minutes on 2 cores the first time (two builds of the dependencies), ~10 when the sources
-# changed (the optimized build is redone for the new profile).
-# Reuse: the build is keyed by a hash of its inputs (the workspace's sources, manifests and
-# lock file, this script and its helpers, PGO_SECONDS, rustc's version); when the key of the
-# last build matches and its binaries are there, they are reused without training again.
+# minutes on 2 cores the first time (three builds of the dependencies: instrumented, the
+# echo-backends' release build, optimized; two when setup.sh's release build is there), ~10
+# when the sources changed (the optimized build is redone for the new profile).
+# Reuse: the build is keyed by a hash of its inputs (the sources, manifests and lock files of
+# the crates loxilb and the training's echo-backend are built from, the cargo configuration
+# and CARGO_PROFILE_* / CARGO_BUILD_* variables, this script and the training's helper,
+# PGO_SECONDS, rustc's and bpf-linker's versions); when the key of the last build matches and
+# its binaries are there, they are reused without training again. One build at a time (a lock
+# in the target directory); the key is written only when the inputs did not change during the
+# build.
 #   PGO_SECONDS=6   seconds of load per request shape
 #   PGO_FRESH=1     train and build again even when the key matches
 set -euo pipefail
@@ -25,6 +30,9 @@ cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
 SECS=${PGO_SECONDS:-6}
 [[ "$SECS" =~ ^[1-9][0-9]*$ ]] || { echo "build-pgo: PGO_SECONDS must be a positive integer" >&2; exit 2; }
+[[ "${PGO_FRESH:-0}" =~ ^[01]$ ]] || { echo "build-pgo: PGO_FRESH must be 0 or 1" >&2; exit 2; }
+# The profile flags below go through RUSTFLAGS, which this variable would override.
+unset CARGO_ENCODED_RUSTFLAGS
 for cmd in wrk curl python3 rustup; do
   command -v "$cmd" >/dev/null || { echo "build-pgo: $cmd missing (run scripts/setup.sh)" >&2; exit 1; }
 done
@@ -34,19 +42,27 @@ if [ ! -x "$PROFDATA" ]; then
   echo "build-pgo: rustup component add llvm-tools" >&2
   rustup component add llvm-tools >&2
 fi
-[[ "${PGO_FRESH:-0}" =~ ^[01]$ ]] || { echo "build-pgo: PGO_FRESH must be 0 or 1" >&2; exit 2; }
 TARGET=${CARGO_TARGET_DIR:-$LOXI_ROOT/target}
 DATA="$TARGET/pgo-data"
 OUT="$TARGET/pgo/$HOST/dist"
-# The inputs' key: every file of the workspace's crates (loxi-ebpf's too: build.rs embeds it),
-# the manifests and lock file, this script, its helpers, PGO_SECONDS and the compiler.
-key=$( {
-  find loxi-common loxi-user loxi-ebpf tests -type f -not -path '*/target/*' -print0 \
-    | sort -z | xargs -0 sha256sum
-  sha256sum Cargo.toml Cargo.lock scripts/build-pgo.sh scripts/lib/loopback.sh scripts/lib/paths.sh
-  echo "seconds=$SECS"
-  rustc -vV
-} | sha256sum | cut -c1-16)
+mkdir -p "$TARGET"
+exec 9>"$TARGET/pgo.lock"
+flock 9
+# The inputs' key (see the header): loxi-ebpf is built and embedded by loxi-user's build.rs;
+# tests/ holds the training's echo-backend.
+inputs_key() {
+  {
+    find loxi-common/src loxi-user/src loxi-ebpf/src tests/src -type f -print0 | sort -z | xargs -0 sha256sum
+    sha256sum Cargo.toml Cargo.lock loxi-common/Cargo.toml loxi-user/Cargo.toml loxi-user/build.rs \
+      loxi-ebpf/Cargo.toml loxi-ebpf/Cargo.lock tests/Cargo.toml scripts/build-pgo.sh scripts/lib/loopback.sh
+    cat .cargo/config.toml "${CARGO_HOME:-$HOME/.cargo}/config.toml" 2>/dev/null || true
+    env | grep -E '^CARGO_(PROFILE|BUILD)_' | sort || true
+    echo "seconds=$SECS"
+    rustc -vV
+    bpf-linker --version 2>/dev/null || echo "no bpf-linker"
+  } | sha256sum | cut -c1-16
+}
+key=$(inputs_key)
 if [ "${PGO_FRESH:-0}" = 0 ] && [ "$(cat "$OUT/pgo.key" 2>/dev/null)" = "$key" ] \
   && [ -x "$OUT/loxilb" ] && [ -x "$OUT/loxicmd" ]; then
   echo "build-pgo: up to date (inputs' key $key): reusing the last build" >&2
@@ -94,5 +110,9 @@ compgen -G "$DATA/*.profraw" >/dev/null || { echo "build-pgo: no profile written
 echo "build-pgo: optimized build" >&2
 CARGO_TARGET_DIR="$TARGET/pgo" RUSTFLAGS="-Cprofile-use=$DATA/merged.profdata" \
   cargo build --profile dist --target "$HOST" --locked -q -p loxi-user --bin loxilb --bin loxicmd
-echo "$key" >"$OUT/pgo.key"
+if [ "$(inputs_key)" = "$key" ]; then
+  echo "$key" >"$OUT/pgo.key"
+else
+  echo "build-pgo: the inputs changed during the build: not recorded for reuse" >&2
+fi
 echo "$OUT"

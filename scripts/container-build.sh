@@ -10,6 +10,7 @@
 # Usage: scripts/container-build.sh [TAG]      (TAG default localhost/loxi:dev)
 #   LOXI_CACHE=DIR   where the rootfs tarball is kept
 #   LOXI_DEBIAN_MIRROR=URL   (default http://deb.debian.org/debian)
+#   PGO_SECONDS=6    training seconds per request shape of the image's profile-guided build
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TAG=${1:-localhost/loxi:dev}
@@ -17,6 +18,9 @@ CACHE=${LOXI_CACHE:-$HOME/.cache/loxi}
 MIRROR=${LOXI_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 SUITE=bookworm
 log() { printf '[container-build] %s\n' "$*" >&2; }
+# The profile-guided build's training seconds per request shape (scripts/build-pgo.sh).
+PGO_SECS=${PGO_SECONDS:-6}
+[[ "$PGO_SECS" =~ ^[1-9][0-9]*$ ]] || { log "PGO_SECONDS must be a positive integer"; exit 2; }
 # shellcheck source=scripts/container-env.sh
 . "$(dirname "$0")/container-env.sh"
 for t in podman debootstrap; do
@@ -60,9 +64,11 @@ for d in "$RUSTUP_HOME_DIR" "$CARGO_BIN_DIR" "$EBPF_DIR"; do
 done
 # The image's profile-guided build (scripts/build-pgo.sh) merges its profile with the stable
 # toolchain's llvm-profdata; the build stage sees the toolchains read-only, so add it here.
-if ! "$CARGO_BIN_DIR/rustup" component list --installed 2>/dev/null | grep -q '^llvm-tools'; then
-  log "rustup component add llvm-tools (llvm-profdata for the profile-guided build)"
-  "$CARGO_BIN_DIR/rustup" component add llvm-tools >&2
+# The build stage's cargo runs rustup's default toolchain (no override there), so add it to that.
+toolchain=$(env -u RUSTUP_TOOLCHAIN "$CARGO_BIN_DIR/rustup" default | awk '{print $1}')
+if ! "$CARGO_BIN_DIR/rustup" component list --installed --toolchain "$toolchain" 2>/dev/null | grep -q '^llvm-tools'; then
+  log "rustup component add llvm-tools --toolchain $toolchain (llvm-profdata for the profile-guided build)"
+  "$CARGO_BIN_DIR/rustup" component add llvm-tools --toolchain "$toolchain" >&2
 fi
 # The build downloads crates: trust the same CAs as this machine (a TLS-inspecting proxy's CA
 # lives in the host bundle, not in the fresh Debian one).
@@ -74,6 +80,7 @@ t0=$(date +%s)
 "${PODMAN[@]}" build --format docker --network host "${ULIMITS[@]}" \
   --build-arg BASE_IMAGE="$base" \
   --build-arg RUSTUP_HOME="$RUSTUP_HOME_DIR" --build-arg RUST_BIN="$CARGO_BIN_DIR" \
+  --build-arg PGO_SECONDS="$PGO_SECS" \
   -v "$RUSTUP_HOME_DIR:$RUSTUP_HOME_DIR:ro" -v "$CARGO_BIN_DIR:$CARGO_BIN_DIR:ro" \
   -v "$EBPF_DIR:$EBPF_DIR:ro" "${ca_args[@]}" \
   -f Containerfile -t "$TAG" .

@@ -28,21 +28,30 @@ cargo_profile_dir() {
   printf '%s\n' "${CARGO_TARGET_DIR:-$LOXI_ROOT/target}/$dir"
 }
 
-# proxy_bench_binaries PROFILE: builds what the proxy benches run (loxilb, echo-backend,
+# proxy_bench_binaries SCRIPT PROFILE: builds what the proxy benches run (loxilb, echo-backend,
 # hyper-floor) and sets LB_BIN_DIR (loxilb's directory) and BIN (the other two's). PROFILE pgo
-# (what the container image ships): loxilb from scripts/build-pgo.sh, the others from dist; any
-# other PROFILE is the cargo profile of all three (cargo refuses one it does not define). Run
+# (what the container image ships): loxilb from scripts/build-pgo.sh, the others from dist;
+# dist or release: the cargo profile of all three; anything else exits 2 naming SCRIPT. Run
 # from the checkout's root.
 proxy_bench_binaries() {
-  local profile=$1
+  local profile=$2
   LB_BIN_DIR=
-  if [ "$profile" = pgo ]; then
-    LB_BIN_DIR=$(scripts/build-pgo.sh | tail -1)
-    profile=dist
-  fi
-  cargo build --profile "$profile" -q -p loxi-user --bin loxilb -p loxi-tests --bin echo-backend --bin hyper-floor
-  BIN=$(cargo_profile_dir "$profile")
-  [ -n "$LB_BIN_DIR" ] || LB_BIN_DIR=$BIN
+  case "$profile" in
+    pgo)
+      LB_BIN_DIR=$(scripts/build-pgo.sh | tail -1)
+      cargo build --profile dist -q -p loxi-tests --bin echo-backend --bin hyper-floor
+      BIN=$(cargo_profile_dir dist)
+      ;;
+    dist | release)
+      cargo build --profile "$profile" -q -p loxi-user --bin loxilb -p loxi-tests --bin echo-backend --bin hyper-floor
+      BIN=$(cargo_profile_dir "$profile")
+      LB_BIN_DIR=$BIN
+      ;;
+    *)
+      echo "$1: BUILD_PROFILE must be pgo, dist or release (got '$profile')" >&2
+      exit 2
+      ;;
+  esac
 }
 
 # The binaries a script runs after setup.sh's build: LOXI_BIN_DIR, else cargo_release_dir.
