@@ -33,7 +33,7 @@ SECS=${PGO_SECONDS:-6}
 [[ "${PGO_FRESH:-0}" =~ ^[01]$ ]] || { echo "build-pgo: PGO_FRESH must be 0 or 1" >&2; exit 2; }
 # The profile flags below go through RUSTFLAGS, which this variable would override.
 unset CARGO_ENCODED_RUSTFLAGS
-for cmd in wrk curl python3 rustup; do
+for cmd in wrk curl python3 rustup flock; do
   command -v "$cmd" >/dev/null || { echo "build-pgo: $cmd missing (run scripts/setup.sh)" >&2; exit 1; }
 done
 HOST=$(rustc -vV | sed -n 's/^host: //p')
