@@ -62,9 +62,9 @@ EBPF_DIR=${EBPF_TOOLS_DIR:-$HOME/.local/share/ebpf-toolchain}
 for d in "$RUSTUP_HOME_DIR" "$CARGO_BIN_DIR" "$EBPF_DIR"; do
   [ -d "$d" ] || { log "$d missing: run scripts/setup.sh first (it installs the toolchains)"; exit 1; }
 done
-# The image's profile-guided build (scripts/build-pgo.sh) merges its profile with the stable
-# toolchain's llvm-profdata; the build stage sees the toolchains read-only, so add it here.
-# The build stage's cargo runs rustup's default toolchain (no override there), so add it to that.
+# The image's profile-guided build (scripts/build-pgo.sh) merges its profile with llvm-profdata
+# from the toolchain the build stage runs (rustup's default: no override there), which it sees
+# read-only: add the llvm-tools component to that toolchain here.
 toolchain=$(env -u RUSTUP_TOOLCHAIN "$CARGO_BIN_DIR/rustup" default | awk '{print $1}')
 if ! "$CARGO_BIN_DIR/rustup" component list --installed --toolchain "$toolchain" 2>/dev/null | grep -q '^llvm-tools'; then
   log "rustup component add llvm-tools --toolchain $toolchain (llvm-profdata for the profile-guided build)"
