@@ -219,11 +219,19 @@ impl ListenSockets {
     }
 
     /// API side: makes sure `addr` can be listened on before a rule for it is stored. Binds and
-    /// stages a socket unless the proxy already serves `addr` (or one is staged). Dropping the
-    /// returned [`Reservation`] without [`Reservation::commit`] closes a socket it staged.
+    /// stages a socket unless the proxy already serves `addr`, retries binding it, or one is
+    /// staged. Dropping the returned [`Reservation`] without [`Reservation::commit`] closes a
+    /// socket it staged.
     pub fn reserve(self: &Arc<Self>, addr: SocketAddr) -> std::io::Result<Reservation> {
         let mut g = self.inner.lock();
-        let staged = if g.held.contains(&addr) || g.staged.contains_key(&addr) {
+        // Served, staged, or wanted by the proxy and retrying its bind (a restored rule whose
+        // port another process holds): the address is the proxy's already, and a rule for it
+        // (an update of the restored one, another model pool) is stored and served once the
+        // retry binds. Binding here would only fail the same way.
+        let staged = if g.held.contains(&addr)
+            || g.staged.contains_key(&addr)
+            || g.failed.contains_key(&addr)
+        {
             false
         } else {
             g.staged.insert(addr, bind_listener(addr)?);
@@ -425,6 +433,9 @@ mod tests {
             "{:?}",
             t.status(addr)
         );
+        // While the proxy retries, the address is its own: a rule for it (an update of the
+        // restored rule) is reserved without a bind, so it can be stored.
+        t.reserve(addr).expect("retrying: reserved").commit();
         drop(taken);
         t.acquire(addr).expect("free now");
         assert_eq!(t.status(addr), ListenerStatus::Listening);

@@ -9,7 +9,7 @@ fn rule(port: u16) -> Value {
         "serviceArguments": {"externalIP": "127.0.0.1", "port": port, "protocol": "tcp", "mode": 4, "sel": 0},
         "endpoints": [
             {"endpointIP": "127.0.0.3", "targetPort": 8001, "weight": 1},
-            {"endpointIP": "127.0.0.2", "targetPort": 8002, "weight": 2}
+            {"endpointIP": "127.0.0.2", "targetPort": 8002, "weight": 1}
         ]
     })
 }
@@ -90,12 +90,39 @@ async fn reposting_the_same_key_with_another_selector_is_409_and_keeps_the_rule(
     assert_eq!(rules[0]["serviceArguments"].get("sel"), None);
     // Same shape, new endpoint weights: an in-place update.
     let mut updated = rule(port);
+    updated["endpoints"][0]["weight"] = json!(7);
     updated["endpoints"][1]["weight"] = json!(7);
     assert_eq!(d.post_rule(&updated).await.0, 200);
     assert_eq!(
         lb_attr(&d.rules().await)[0]["endpoints"][1]["weight"],
         json!(7)
     );
+    // Unequal weights under sel 0, which gives every endpoint an equal share: refused, not
+    // stored as if they split the traffic; the rule keeps its weights.
+    updated["endpoints"][1]["weight"] = json!(2);
+    let (status, body) = d.post_rule(&updated).await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["field"], json!("endpoints[1].weight"));
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("sel 2 (wrr)"),
+        "{body}"
+    );
+    assert_eq!(
+        lb_attr(&d.rules().await)[0]["endpoints"][1]["weight"],
+        json!(7)
+    );
+    // The same weights under sel 2 (wrr), which reads them, on another port: accepted.
+    let (status, body) = d
+        .post_rule(&with_service(
+            with_service(updated, "port", json!(free_port())),
+            "sel",
+            json!(2),
+        ))
+        .await;
+    assert_eq!(status, 200, "{body}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -208,6 +208,33 @@ async fn with_tokens_configured_every_request_needs_one_and_read_tokens_cannot_w
     let (status, v) = d.post_rule(&body).await;
     assert_eq!(status, 200, "{v}");
     assert_eq!(rule_count(&d.rules().await), 1);
+    // kube-loxilb sends the bare token, no `Bearer ` (fixture i1), as LoxiLB accepts.
+    d.set_api_token(None);
+    let kube = rule(free_port()).to_string();
+    let bare = [
+        ("authorization", "admin-4c8e0a6f5d"),
+        ("content-type", "application/json"),
+    ];
+    let (status, _, text) = d
+        .request_with("POST", "/netlox/v1/config/loadbalancer", &bare, Some(&kube))
+        .await
+        .expect("POST");
+    assert_eq!(status, 200, "{text}");
+    let (status, _, text) = d
+        .request_with(
+            "POST",
+            "/netlox/v1/config/loadbalancer",
+            &[
+                ("authorization", "reader-9f3b1c7d2e"),
+                ("content-type", "application/json"),
+            ],
+            Some(&rule(free_port()).to_string()),
+        )
+        .await
+        .expect("POST");
+    assert_eq!(status, 403, "a bare read token is still read-only: {text}");
+    d.set_api_token(Some("admin-4c8e0a6f5d"));
+    assert_eq!(rule_count(&d.rules().await), 2);
     // With a token the browser cannot authenticate: any Host name is answered.
     let (status, _, text) = d
         .request_with(

@@ -27,7 +27,7 @@ async fn loxicmd_create_get_delete_round_trip() {
         "lb",
         "127.0.0.1",
         &tcp,
-        "--endpoints=127.0.0.5:1,127.0.0.4:3",
+        "--endpoints=127.0.0.5:3,127.0.0.4:3",
         "--mode=fullproxy",
         "--select=chwbl",
         "--chwbl-load-factor=150",
@@ -734,4 +734,98 @@ async fn loxicmd_reads_loxi_api_addr_when_no_flag_names_the_api() {
         "{}",
         stderr(&out)
     );
+}
+
+/// Scripts written for LoxiLB's loxicmd pass its flags for features loxi lacks at their
+/// defaults: accepted, and the rule is the same; any other value is a usage error (exit 2)
+/// naming the flag, and nothing is sent. `get lb --servName` filters by rule name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loxicmd_takes_loxilbs_flags_at_their_defaults_and_refuses_the_rest() {
+    let d = Daemon::start_default().await;
+    let port = free_port().to_string();
+    let tcp = format!("--tcp={port}:8000");
+    let out = create_lb(
+        &d,
+        &tcp,
+        &[
+            "--mode=fullproxy",
+            "--name=with-defaults",
+            "--mark=0",
+            "--ppv2en=false",
+            "--egress=false",
+            "--path-match-mode=disabled",
+            "--connection-limit=0",
+            "--max-stream-duration=0",
+            "--api-key-auth=disabled",
+            "--fc-max-queue-depth=0",
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    for (flag, why) in [
+        ("--mark=10", "firewall marks"),
+        ("--cb-enable", "circuit-breaker"),
+        ("--mtls-client-cert-mode=required", "mTLS"),
+        ("--attachEP", "attaching endpoints"),
+    ] {
+        let other = free_port().to_string();
+        let out = create_lb(
+            &d,
+            &format!("--tcp={other}:8000"),
+            &["--mode=fullproxy", flag],
+        );
+        assert_eq!(out.status.code(), Some(2), "{flag}: {}", stderr(&out));
+        let err = stderr(&out);
+        let name = flag.split('=').next().unwrap_or(flag);
+        assert!(
+            err.contains(name) && err.contains(why) && err.contains("not implemented in loxi"),
+            "{flag}: {err}"
+        );
+    }
+    let rules = d.rules().await;
+    assert_eq!(rules["lbAttr"].as_array().map(Vec::len), Some(1), "{rules}");
+
+    let other = free_port().to_string();
+    let out = create_lb(
+        &d,
+        &format!("--tcp={other}:8000"),
+        &["--mode=fullproxy", "--name=other"],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = d.loxicmd(&["get", "lb", "--servName=with-defaults", "-o", "json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let listed: Value = serde_json::from_str(&stdout(&out)).expect("json");
+    let names: Vec<&str> = listed["lbAttr"]
+        .as_array()
+        .expect("lbAttr")
+        .iter()
+        .filter_map(|r| r["serviceArguments"]["name"].as_str())
+        .collect();
+    assert_eq!(names, ["with-defaults"]);
+
+    let out = d.loxicmd(&[
+        "delete",
+        "lb",
+        "127.0.0.1",
+        &format!("--tcp={port}"),
+        "--mark=7",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let out = d.loxicmd(&[
+        "delete",
+        "lb",
+        "127.0.0.1",
+        &format!("--tcp={port}"),
+        "--mark=0",
+        "--bgp",
+        "--path-match-mode=disabled",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let rules = d.rules().await;
+    let left: Vec<Value> = rules["lbAttr"]
+        .as_array()
+        .expect("lbAttr")
+        .iter()
+        .map(|r| r["serviceArguments"]["name"].clone())
+        .collect();
+    assert_eq!(left, [json!("other")]);
 }

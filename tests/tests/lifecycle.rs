@@ -551,7 +551,13 @@ async fn a_restored_rule_that_no_longer_validates_is_kept_in_a_side_file() {
     entries
         .iter_mut()
         .find(|r| r["rule"]["serviceArguments"]["port"] == json!(p1))
-        .expect("the first rule")["rule"]["serviceArguments"]["probeport"] = json!(9999);
+        .expect("the first rule")["rule"]["serviceArguments"]
+        .as_object_mut()
+        .expect("serviceArguments")
+        .extend([
+            ("probeport".to_string(), json!(9999)),
+            ("probeTimeout".to_string(), json!(7)),
+        ]);
     std::fs::write(&state, serde_json::to_vec_pretty(&file).expect("JSON")).expect("write");
     d.restart().await;
     let listed = d.rules().await;
@@ -597,7 +603,10 @@ async fn a_restored_rule_that_no_longer_validates_is_kept_in_a_side_file() {
         1,
         "only the restored rule's reset: {resets:?}"
     );
-    assert!(resets[0].contains("probeport"), "{resets:?}");
+    assert!(
+        resets[0].contains("probeport") && resets[0].contains("probeTimeout"),
+        "{resets:?}"
+    );
     // The next change rewrites rules.json without the dropped rule; the side file keeps it.
     assert_eq!(d.post_rule(&rule(free_port())).await.0, 200);
     let now = std::fs::read_to_string(&state).expect("read");

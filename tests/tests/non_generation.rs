@@ -340,3 +340,66 @@ async fn v1_models_is_the_union_of_the_model_pools_cached_then_refreshed() {
     let msg = err["error"]["message"].as_str().unwrap_or_default();
     assert!(msg.contains("5 asked"), "{msg}");
 }
+
+/// One client's slow `GET /v1/models` fetch (an engine that takes 1.5 s to answer it) does not
+/// hold up another client's (other credentials, so another cache entry), nor a cached answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn v1_models_fetches_of_different_clients_run_in_parallel() {
+    let (sim, slow) = (Sim::start("a").await, Backend::start("slow").await);
+    let opts = DaemonOpts::default().env("LOXI_MODELS_CACHE_MS", "60000");
+    let d = Daemon::start(opts).await;
+    let port = free_port();
+    post_rule(
+        &d,
+        &json!({"serviceArguments": {"externalIP": "127.0.0.1", "port": port,
+            "protocol": "tcp", "mode": 4, "sel": 0},
+            "endpoints": [{"endpointIP": "127.0.0.1", "targetPort": sim.port()},
+                          {"endpointIP": "127.0.0.1", "targetPort": slow.port()}]}),
+    )
+    .await;
+    wait_open(port).await;
+    // Cached for the client without credentials.
+    let (status, _, v) = send(port, "GET", "/v1/models", &[], None).await;
+    assert_eq!((status, ids(&v)), (200, vec!["a"]), "{v}");
+    // A client whose fetch waits 1.5 s on the slow endpoint (the echo backend honours
+    // `x-delay-ms`, which the fetch forwards with the client's other headers).
+    let held = tokio::spawn(async move {
+        let started = Instant::now();
+        let (status, _, v) = send(
+            port,
+            "GET",
+            "/v1/models",
+            &[("authorization", "Bearer slow"), ("x-delay-ms", "1500")],
+            None,
+        )
+        .await;
+        assert_eq!((status, ids(&v)), (200, vec!["a"]), "{v}");
+        started.elapsed()
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let started = Instant::now();
+    let (status, _, v) = send(
+        port,
+        "GET",
+        "/v1/models",
+        &[("authorization", "Bearer fast")],
+        None,
+    )
+    .await;
+    let fast = started.elapsed();
+    assert_eq!((status, ids(&v)), (200, vec!["a"]), "{v}");
+    let started = Instant::now();
+    let (status, _, _) = send(port, "GET", "/v1/models", &[], None).await;
+    let cached = started.elapsed();
+    assert_eq!(status, 200);
+    let slow_took = held.await.expect("slow client");
+    assert!(
+        slow_took >= Duration::from_millis(1400),
+        "the slow fetch waited: {slow_took:?}"
+    );
+    assert!(
+        fast < Duration::from_millis(1000) && cached < Duration::from_millis(1000),
+        "another client's fetch took {fast:?} and a cached answer {cached:?} while one fetch \
+         took {slow_took:?}"
+    );
+}

@@ -155,6 +155,67 @@ async fn slowloris_connections_are_closed_at_the_header_timeout() {
     );
 }
 
+/// kube-loxilb sends `inactiveTimeOut` (1800 s by default) with every rule: on a fullproxy
+/// rule it is the listener's client idle timeout, in place of `LOXI_IDLE_TIMEOUT_MS` (60 s
+/// here), and `GET` reports it.
+#[tokio::test]
+async fn a_rules_inactive_timeout_is_its_listeners_idle_timeout() {
+    let b = Backend::start("0").await;
+    let (port, other) = (free_port(), free_port());
+    let d = daemon(&[("LOXI_HEADER_TIMEOUT_MS", "60000")], &[other], b.port()).await;
+    let mut r = rule(port, b.port());
+    r["serviceArguments"]["inactiveTimeOut"] = json!(1);
+    let (status, body) = d.post_rule(&r).await;
+    assert_eq!(status, 200, "{body}");
+    let listed = d.rules().await;
+    let timeouts: Vec<(Value, Option<Value>)> = listed["lbAttr"]
+        .as_array()
+        .expect("lbAttr")
+        .iter()
+        .map(|r| {
+            let s = &r["serviceArguments"];
+            (s["port"].clone(), s.get("inactiveTimeOut").cloned())
+        })
+        .collect();
+    assert!(
+        timeouts.contains(&(json!(port), Some(json!(1)))),
+        "{timeouts:?}"
+    );
+    assert!(timeouts.contains(&(json!(other), None)), "{timeouts:?}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while TcpStream::connect(("127.0.0.1", port)).await.is_err() {
+        assert!(Instant::now() < deadline, "listener on {port} did not open");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut s = TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    let mut kept = TcpStream::connect(("127.0.0.1", other))
+        .await
+        .expect("connect");
+    assert!(
+        get_ok(&mut s).await && get_ok(&mut kept).await,
+        "first requests served"
+    );
+    let idle_from = Instant::now();
+    let idle = tokio::time::timeout(Duration::from_secs(15), closed_at(s))
+        .await
+        .expect("the 1 s rule's idle connection held for 15 s")
+        - idle_from;
+    assert!(idle >= Duration::from_millis(900), "{idle:?}");
+    // The other listener keeps LOXI_IDLE_TIMEOUT_MS (60 s): still open, and still serving.
+    assert!(
+        get_ok(&mut kept).await,
+        "the 60 s listener's connection was closed"
+    );
+    d.wait_metric(
+        "loxilb_proxy_connections_closed_total",
+        &[&format!(":{port}\""), "reason=\"idle_timeout\""],
+        1.0,
+    )
+    .await;
+}
+
 #[tokio::test]
 async fn idle_connections_are_closed_at_the_idle_timeout() {
     let b = Backend::start("0").await;
@@ -661,4 +722,94 @@ async fn concurrent_uploads_over_the_body_budget_never_deadlock() {
     let (status, text) = chunked_upload(port, 2 << 20).await;
     assert_eq!(status, 200, "a body over the whole budget, alone: {text}");
     drop(d);
+}
+
+/// A request head over 64 KiB is refused with 431 (hyper's default let ~400 KB through, and
+/// 2,000 connections holding such heads kept ~900 MB); one under it is served.
+#[tokio::test]
+async fn a_request_head_over_64_kib_is_431_and_one_under_it_is_served() {
+    let b = Backend::start("0").await;
+    let port = free_port();
+    let _d = daemon(&[], &[port], b.port()).await;
+    for (bytes, want) in [(48 << 10, "HTTP/1.1 200"), (80 << 10, "HTTP/1.1 431")] {
+        let mut s = TcpStream::connect(("127.0.0.1", port))
+            .await
+            .expect("connect");
+        let head = format!(
+            "GET /health HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
+            "a".repeat(bytes)
+        );
+        // The server may answer 431 and close before it has read the whole head.
+        let _ = s.write_all(head.as_bytes()).await;
+        let answer = read_answer(&mut s).await;
+        assert!(answer.starts_with(want), "{bytes} B header: {answer:.200}");
+    }
+}
+
+/// `Transfer-Encoding: gzip, chunked`: hyper decodes the chunked framing only, so the body
+/// would reach the backend compressed with nothing saying so; refused with 501 instead
+/// (RFC 9112 §6.1), and nothing is sent upstream.
+#[tokio::test]
+async fn a_transfer_coding_other_than_chunked_is_501_and_not_forwarded() {
+    let b = Backend::start("0").await;
+    let port = free_port();
+    let _d = daemon(&[], &[port], b.port()).await;
+    let mut s = TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    s.write_all(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+          Transfer-Encoding: gzip, chunked\r\n\r\n5\r\nGZIPD\r\n0\r\n\r\n",
+    )
+    .await
+    .expect("write");
+    let answer = read_answer(&mut s).await;
+    assert!(answer.starts_with("HTTP/1.1 501"), "{answer}");
+    assert!(
+        answer.contains("unsupported_transfer_coding") && answer.contains("gzip"),
+        "{answer}"
+    );
+    assert_eq!(b.request_count(), 0, "nothing reached the backend");
+    // Plain chunked still works on a new connection.
+    let mut s = TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    s.write_all(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+          Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+    )
+    .await
+    .expect("write");
+    let answer = read_answer(&mut s).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert_eq!(b.request_count(), 1);
+}
+
+/// A `Host` that is not `host[:port]` (a space and path, userinfo), or an absolute-form
+/// target with userinfo, is 400 `invalid_host` and not forwarded (RFC 9112 §3.2).
+#[tokio::test]
+async fn an_invalid_host_is_400_and_not_forwarded() {
+    let b = Backend::start("0").await;
+    let port = free_port();
+    let _d = daemon(&[], &[port], b.port()).await;
+    for head in [
+        "GET /health HTTP/1.1\r\nHost: a b/c\r\n\r\n",
+        "GET /health HTTP/1.1\r\nHost: evil@127.0.0.1:1\r\n\r\n",
+        "GET http://u:p@b.example:99/health HTTP/1.1\r\nHost: b.example\r\n\r\n",
+    ] {
+        let mut s = TcpStream::connect(("127.0.0.1", port))
+            .await
+            .expect("connect");
+        s.write_all(head.as_bytes()).await.expect("write");
+        let answer = read_answer(&mut s).await;
+        assert!(
+            answer.starts_with("HTTP/1.1 400") && answer.contains("invalid_host"),
+            "{head:?}: {answer}"
+        );
+    }
+    assert_eq!(b.request_count(), 0, "nothing reached the backend");
+    let mut s = TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    assert!(get_ok(&mut s).await, "a valid Host is served");
 }

@@ -223,20 +223,10 @@ fn known_query(
     pairs: Vec<(String, String)>,
     known: &[&str],
 ) -> Result<HashMap<String, String>, ApiError> {
-    let mut q = HashMap::with_capacity(pairs.len());
-    for (k, v) in pairs {
-        if !known.contains(&k.as_str()) {
-            return Err(ApiError::unknown_query_param(&k, known));
-        }
-        if q.contains_key(&k) {
-            return Err(ApiError::bad_field(
-                k.clone(),
-                format!("query field `{k}` is given twice; give it once"),
-            ));
-        }
-        q.insert(k, v);
+    if let Some((k, _)) = pairs.iter().find(|(k, _)| !known.contains(&k.as_str())) {
+        return Err(ApiError::unknown_query_param(k, known));
     }
-    Ok(q)
+    super::query::once(pairs)
 }
 
 async fn inventory(

@@ -33,6 +33,7 @@ pub mod error;
 pub mod fields;
 pub mod kv;
 pub mod loxilb;
+pub mod query;
 pub mod rules;
 pub mod security;
 pub mod serve;

@@ -6,13 +6,14 @@ use std::net::{IpAddr, SocketAddr};
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 use serde_json::{Map, Value, json};
 
 use super::error::{self, ApiError, json_response};
 use super::fields;
+use super::query::OnceQuery;
 use super::{ApiState, EndpointHealth};
 use crate::listen::Reservation;
 use crate::rules::schema::is_zero;
@@ -250,7 +251,10 @@ pub fn loxilb_entry(
     svc.insert("alpn_protocols".into(), Value::Null);
     svc.insert("tls_versions".into(), Value::Null);
     if fullproxy {
-        svc.remove("inactiveTimeOut");
+        // The rule's own client idle timeout when it set one (`PoolTable::idle_timeout`).
+        if s.inactive_timeout == 0 {
+            svc.remove("inactiveTimeOut");
+        }
     } else {
         svc.remove("backend_protocol");
         let t = match (s.inactive_timeout, s.protocol.as_str()) {
@@ -439,7 +443,7 @@ fn check_portmax(port: u16, portmax: &str) -> Result<(), ApiError> {
 pub async fn remove(
     State(st): State<ApiState>,
     Path((ip, port, proto)): Path<(String, String, String)>,
-    Query(q): Query<HashMap<String, String>>,
+    OnceQuery(q): OnceQuery,
 ) -> Result<Response, ApiError> {
     let key = DeleteKey::of(String::new(), ip, &port, None, proto)?;
     delete_rule(&st, key, &q, false).await
@@ -450,7 +454,7 @@ pub async fn remove(
 pub async fn remove_hosturl_portmax(
     State(st): State<ApiState>,
     Path((hosturl, ip, port, portmax, proto)): Path<(String, String, String, String, String)>,
-    Query(q): Query<HashMap<String, String>>,
+    OnceQuery(q): OnceQuery,
 ) -> Result<Response, ApiError> {
     let key = DeleteKey::of(host_of(&hosturl), ip, &port, Some(&portmax), proto)?;
     delete_rule(&st, key, &q, true).await
@@ -460,7 +464,7 @@ pub async fn remove_hosturl_portmax(
 pub async fn remove_hosturl(
     State(st): State<ApiState>,
     Path((hosturl, ip, port, proto)): Path<(String, String, String, String)>,
-    Query(q): Query<HashMap<String, String>>,
+    OnceQuery(q): OnceQuery,
 ) -> Result<Response, ApiError> {
     let key = DeleteKey::of(host_of(&hosturl), ip, &port, None, proto)?;
     delete_rule(&st, key, &q, true).await
@@ -470,7 +474,7 @@ pub async fn remove_hosturl(
 pub async fn remove_portmax(
     State(st): State<ApiState>,
     Path((ip, port, portmax, proto)): Path<(String, String, String, String)>,
-    Query(q): Query<HashMap<String, String>>,
+    OnceQuery(q): OnceQuery,
 ) -> Result<Response, ApiError> {
     let key = DeleteKey::of(String::new(), ip, &port, Some(&portmax), proto)?;
     delete_rule(&st, key, &q, false).await

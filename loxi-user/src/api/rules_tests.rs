@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use prometheus_client::registry::Registry;
 use serde_json::json;
 
@@ -67,7 +67,7 @@ async fn a_write_is_acknowledged_once_every_data_path_applied_it() {
     let del = tokio::spawn(remove(
         State(st),
         Path(("127.0.0.1".into(), port.to_string(), "tcp".into())),
-        Query(HashMap::new()),
+        OnceQuery(HashMap::new()),
     ));
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(!del.is_finished(), "a delete waits too");

@@ -14,7 +14,8 @@
 //!    defence and DNS names pass.
 //! 2. **Bearer token**, when one is configured (`--api-token-file` / `LOXI_API_TOKEN` for
 //!    admin, `--api-read-token-file` / `LOXI_API_READ_TOKEN` for read-only): every request
-//!    needs `Authorization: Bearer <token>` (401 with `WWW-Authenticate: Bearer` otherwise);
+//!    needs `Authorization: Bearer <token>`, or the bare token as kube-loxilb sends it and
+//!    LoxiLB accepts (401 with `WWW-Authenticate: Bearer` otherwise);
 //!    a read-only token may only `GET`/`HEAD` (403 otherwise). `GET /netlox/v1/version`, LoxiLB's
 //!    readiness probe, needs no token (as in LoxiLB). Tokens are compared as SHA-256
 //!    digests in constant time (`subtle`), so neither the content nor the length leaks.
@@ -132,11 +133,13 @@ impl ApiSecurity {
             return Some(Access::Admin);
         }
         let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?.trim();
-        let (scheme, presented) = value.split_once(' ')?;
-        if !scheme.eq_ignore_ascii_case("bearer") {
-            return None;
-        }
-        let d = digest(presented.trim());
+        // `Bearer <token>`, or the bare token: kube-loxilb sends it without a scheme
+        // (`pkg/api/request.go`), and LoxiLB strips an optional `Bearer ` before comparing.
+        let presented = match value.split_once(' ') {
+            Some((scheme, rest)) if scheme.eq_ignore_ascii_case("bearer") => rest.trim(),
+            _ => value,
+        };
+        let d = digest(presented);
         // Walk every digest so the time does not depend on which one matches.
         let hit = |list: &[[u8; 32]]| {
             list.iter()
@@ -305,6 +308,12 @@ mod tests {
             None
         );
         assert_eq!(p.access(&HeaderMap::new()), None);
+        // kube-loxilb's form: the bare token, no scheme (fixture i1's `http.authorization`).
+        let bare = |t: &str| headers(&[("authorization", t)]);
+        assert_eq!(p.access(&bare("admin-secret")), Some(Access::Admin));
+        assert_eq!(p.access(&bare("read-secret")), Some(Access::ReadOnly));
+        assert_eq!(p.access(&bare("admin-secre")), None);
+        assert_eq!(p.access(&bare("Bearer")), None);
         let open = ApiSecurity::default();
         assert_eq!(open.access(&HeaderMap::new()), Some(Access::Admin));
     }

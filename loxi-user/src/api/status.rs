@@ -19,7 +19,7 @@
 use std::collections::HashMap;
 use std::time::SystemTime;
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 use loxi_common::maps::{CtKey, CtValue, ct_state, dir, proto};
@@ -28,6 +28,7 @@ use serde_json::json;
 
 use super::error::{ApiError, json_response};
 use super::loxilb::{ct_service, read_conntrack};
+use super::query::OnceQuery;
 use super::rules::{entry, listen_addr};
 use super::{ApiState, EndpointHealth};
 use crate::listen::{ListenerStatus, TrafficSnapshot};
@@ -207,7 +208,7 @@ fn one_rule(
 pub async fn get_by_key(
     State(st): State<ApiState>,
     Path(key): Path<(String, String, String)>,
-    Query(q): Query<HashMap<String, String>>,
+    OnceQuery(q): OnceQuery,
 ) -> Result<Response, ApiError> {
     let rule = one_rule(&st, key, &q)?;
     Ok(json_response(StatusCode::OK, &entry(&st, &rule)))
@@ -222,7 +223,7 @@ pub async fn get_by_key(
 pub async fn status(
     State(st): State<ApiState>,
     Path(key): Path<(String, String, String)>,
-    Query(q): Query<HashMap<String, String>>,
+    OnceQuery(q): OnceQuery,
 ) -> Result<Response, ApiError> {
     let rule = one_rule(&st, key, &q)?;
     let unbound = listen_addr(&rule.rule)

@@ -138,7 +138,11 @@ pub struct CreateCert {
 pub enum GetWhat {
     /// Load-balancer rules (LoxiLB's table; `-o wide` one row per endpoint; `-o json`).
     #[command(visible_aliases = ["lbs", "loadbalancer", "loadbalancers"])]
-    Lb,
+    Lb {
+        /// Only the rules with this `name` (LoxiLB's `--servName`).
+        #[arg(long = "servName")]
+        serv_name: Option<String>,
+    },
     /// Endpoint health (`GET /config/endpoint/all`).
     #[command(visible_aliases = ["ep", "endpoints"])]
     Endpoint,
@@ -354,6 +358,9 @@ pub struct CreateLb {
     /// KV-event replay port (0 = none).
     #[arg(long)]
     pub kv_replay_port: Option<u16>,
+    /// LoxiLB's flags for features loxi does not implement: accepted at their defaults only.
+    #[command(flatten)]
+    pub foreign: super::foreign::Foreign<super::foreign::CreateTable>,
 }
 
 /// `loxicmd delete lb <VIP> --tcp=<port> [--host ..] [--model-name ..]`, or
@@ -375,6 +382,13 @@ pub struct DeleteLb {
     /// Delete the rules with this name instead (`DELETE /config/loadbalancer/name/{name}`).
     #[arg(long, conflicts_with_all = ["host", "model_name"])]
     pub name: Option<String>,
+    /// LoxiLB's `--bgp`: loxi has no BGP route to withdraw, so any value deletes the rule (as
+    /// the API's `bgp` query parameter does).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub bgp: Option<bool>,
+    /// LoxiLB's flags for features loxi does not implement: accepted at their defaults only.
+    #[command(flatten)]
+    pub foreign: super::foreign::Foreign<super::foreign::DeleteTable>,
 }
 
 /// `--timeout`: whole seconds, at least 1 (0 would fail every call before it is sent).

@@ -147,6 +147,7 @@ pub fn endpoint_list(s: &str) -> Result<Vec<(String, u32)>, UsageError> {
 
 /// The REST bodies of `create lb` (one per service port).
 pub fn create_bodies(c: &CreateLb) -> Result<Vec<Value>, UsageError> {
+    c.foreign.check().map_err(|(flag, m)| usage(&flag, m))?;
     // LoxiLB's loxicmd (`validateKVEngineOptions`, shared/loxilb-clients
     // `a_create_lb_kv_exact_as_given.json`): the P/D topology is asked for explicitly.
     if c.kv_exact_mode == Some(1) && c.pd_disagg_mode != Some(true) {
@@ -316,6 +317,7 @@ fn service_args(c: &CreateLb) -> Result<Map<String, Value>, UsageError> {
 
 /// The REST delete paths of `delete lb` (one per service port), with the query string.
 pub fn delete_paths(d: &DeleteLb) -> Result<Vec<String>, UsageError> {
+    d.foreign.check().map_err(|(flag, m)| usage(&flag, m))?;
     if let Some(name) = &d.name {
         return Ok(vec![format!(
             "/netlox/v1/config/loadbalancer/name/{}",

@@ -23,6 +23,7 @@ pub mod build;
 pub mod cert;
 pub mod client;
 pub mod dump;
+pub mod foreign;
 pub mod table;
 
 use std::time::Duration;
@@ -108,8 +109,15 @@ async fn run_inner(cli: Cli) -> Result<(), Failure> {
         Verb::Delete {
             what: DeleteWhat::Cert { cert_id },
         } => cert::delete(&api, &cert_id).await,
-        Verb::Get { what: GetWhat::Lb } => {
-            let answer = api.get_json("/netlox/v1/config/loadbalancer/all").await?;
+        Verb::Get {
+            what: GetWhat::Lb { serv_name },
+        } => {
+            let mut answer = api.get_json("/netlox/v1/config/loadbalancer/all").await?;
+            if let Some(name) = serv_name
+                && let Some(rules) = answer.get_mut("lbAttr").and_then(|v| v.as_array_mut())
+            {
+                rules.retain(|r| r["serviceArguments"]["name"].as_str() == Some(name.as_str()));
+            }
             let mut text = table::render(&answer, output);
             if output == OutputFormat::Json {
                 text.push('\n');

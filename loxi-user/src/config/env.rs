@@ -232,6 +232,27 @@ impl Env {
             )),
         };
         r.law_knobs(kv_lb_mode);
+        // Each read only in a case the settings above rule out: warned, not silently inert.
+        if r.get("LOXILB_KV_LB_MODE").is_some()
+            && let Some(v) = r.get("LOXILB_KV_UNIFIED_MODE")
+        {
+            r.warn(
+                "LOXILB_KV_UNIFIED_MODE",
+                v,
+                "no effect (LOXILB_KV_LB_MODE is set)",
+                "read only when LOXILB_KV_LB_MODE is unset",
+            );
+        }
+        if kv.coldstart_seed_n == 0
+            && let Some(v) = r.get("LOXILB_KV_COLDSTART_MIN_BLOCKS")
+        {
+            r.warn(
+                "LOXILB_KV_COLDSTART_MIN_BLOCKS",
+                v,
+                "no effect (cold-start seeding is off)",
+                "effective only with LOXILB_KV_COLDSTART_SEED_N > 0",
+            );
+        }
         if kv.replica_load == 0
             && let Some(v) = r.get("LOXI_KV_REPLICA_HOLD_MS")
         {
@@ -1083,6 +1104,53 @@ mod tests {
         assert_eq!(e.warnings.len(), 1);
         assert_eq!(e.warnings[0].var, "LOXI_KV_REPLICA_HOLD_MS");
         assert_eq!(e.warnings[0].used, "no effect (replica seeding is off)");
+    }
+
+    #[test]
+    fn a_kv_variable_another_setting_rules_out_is_warned() {
+        let e = env(&[
+            ("LOXILB_KV_LB_MODE", "soft"),
+            ("LOXILB_KV_UNIFIED_MODE", "off"),
+        ]);
+        assert_eq!(e.kv.lb_mode, KvLbMode::Soft);
+        let w: Vec<_> = e
+            .warnings
+            .iter()
+            .map(|w| (w.var, w.used.as_str()))
+            .collect();
+        assert_eq!(
+            w,
+            [(
+                "LOXILB_KV_UNIFIED_MODE",
+                "no effect (LOXILB_KV_LB_MODE is set)"
+            )]
+        );
+        let e = env(&[
+            ("LOXILB_KV_COLDSTART_SEED_N", "0"),
+            ("LOXILB_KV_COLDSTART_MIN_BLOCKS", "100"),
+        ]);
+        let w: Vec<_> = e
+            .warnings
+            .iter()
+            .map(|w| (w.var, w.used.as_str()))
+            .collect();
+        assert_eq!(
+            w,
+            [(
+                "LOXILB_KV_COLDSTART_MIN_BLOCKS",
+                "no effect (cold-start seeding is off)"
+            )]
+        );
+        // Each alone, or with the setting that reads it: no warning.
+        for pairs in [
+            &[("LOXILB_KV_UNIFIED_MODE", "off")][..],
+            &[
+                ("LOXILB_KV_COLDSTART_SEED_N", "4"),
+                ("LOXILB_KV_COLDSTART_MIN_BLOCKS", "100"),
+            ],
+        ] {
+            assert!(env(pairs).warnings.is_empty(), "{pairs:?}");
+        }
     }
 
     #[test]

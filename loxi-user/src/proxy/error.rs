@@ -51,11 +51,25 @@ pub enum ProxyError {
     /// A method the fullproxy does not forward (405): `CONNECT` (no tunnels through loxi).
     #[error("method {0} is not allowed")]
     MethodNotAllowed(http::Method),
+    /// A request `Transfer-Encoding` other than `chunked` (501): hyper decodes the chunked
+    /// framing only, so a `gzip, chunked` body would reach the backend still compressed and
+    /// with no header saying so. RFC 9112 §6.1: a server answers a transfer coding it does not
+    /// understand with 501.
+    #[error(
+        "transfer coding {0:?} is not implemented (only chunked is); send the body with \
+         Content-Encoding instead"
+    )]
+    UnsupportedTransferCoding(String),
     /// An HTTP/1.1 request without a `Host` header (400): RFC 9112 §3.2 makes a server answer
     /// it with 400, as nginx does; forwarding it would leave host routing and the upstream's
     /// `Host` to guesswork.
     #[error("an HTTP/1.1 request must carry a Host header")]
     MissingHost,
+    /// A `Host` (or absolute-form authority) that is not `host[:port]` as RFC 3986 spells it
+    /// (400, RFC 9112 §3.2): spaces, `/`, or userinfo (`user:pass@`) would be forwarded to
+    /// the backend as they came.
+    #[error("Host {0:?} is not host[:port] (RFC 3986: no spaces, path or user:password@)")]
+    InvalidHost(String),
     /// A request with more than one `Host` header line (400): RFC 9112 §3.2 makes a server
     /// answer it with 400; routing by one and forwarding both would let a backend read another
     /// host than the one the request was routed by.
@@ -263,11 +277,13 @@ impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::ClientBody(_) | Self::MissingHost | Self::DuplicateHost => {
-                StatusCode::BAD_REQUEST
-            }
+            Self::ClientBody(_)
+            | Self::MissingHost
+            | Self::DuplicateHost
+            | Self::InvalidHost(_) => StatusCode::BAD_REQUEST,
             Self::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            Self::UnsupportedTransferCoding(_) => StatusCode::NOT_IMPLEMENTED,
             Self::Misdirected { .. } => StatusCode::MISDIRECTED_REQUEST,
             Self::NoRoute { .. } | Self::ModelUnavailable { .. } => StatusCode::NOT_FOUND,
             Self::NoHealthyBackend { .. }
@@ -298,9 +314,11 @@ impl ProxyError {
             Self::ClientBody(_) => "bad_request_body",
             Self::MissingHost => "missing_host",
             Self::DuplicateHost => "duplicate_host",
+            Self::InvalidHost(_) => "invalid_host",
             Self::BodyTimeout { .. } => "request_timeout",
             Self::BodyBudgetExhausted { .. } => "body_budget_exhausted",
             Self::MethodNotAllowed(_) => "method_not_allowed",
+            Self::UnsupportedTransferCoding(_) => "unsupported_transfer_coding",
             Self::Misdirected { .. } => "misdirected_request",
             Self::NoRoute { .. } => "no_route",
             Self::ModelUnavailable { .. } => "model_not_found",
@@ -329,8 +347,10 @@ impl ProxyError {
             | Self::ClientBody(_)
             | Self::MissingHost
             | Self::DuplicateHost
+            | Self::InvalidHost(_)
             | Self::BodyTimeout { .. }
             | Self::MethodNotAllowed(_)
+            | Self::UnsupportedTransferCoding(_)
             | Self::Misdirected { .. }
             | Self::NoRoute { .. }
             | Self::ModelUnavailable { .. } => Party::Client,

@@ -144,6 +144,9 @@ impl Handler {
         if parts.method == http::Method::CONNECT {
             return Err((0, ProxyError::MethodNotAllowed(parts.method)));
         }
+        if let Some(coding) = unsupported_transfer_coding(&parts.headers) {
+            return Err((0, ProxyError::UnsupportedTransferCoding(coding)));
+        }
         // One lookup for both checks of `Host`.
         let mut hosts = parts.headers.get_all(http::header::HOST).iter();
         let (first_host, second_host) = (hosts.next().is_some(), hosts.next().is_some());
@@ -157,6 +160,12 @@ impl Handler {
             return Err((0, ProxyError::Loop));
         }
         absolute_form_host(&mut parts);
+        if let Some(h) = parts.headers.get(http::header::HOST)
+            && !valid_host(h.as_bytes())
+        {
+            let shown = String::from_utf8_lossy(h.as_bytes()).into_owned();
+            return Err((0, ProxyError::InvalidHost(shown)));
+        }
         let cfg = &self.ctx.config;
         let (bytes, _reserved) = timed_if_pending(
             cfg.body_timeout,
@@ -550,7 +559,7 @@ async fn read_body(
                 continue;
             }
             if let Some(f) = first.take() {
-                buf.reserve(lower.max(len));
+                buf.reserve(reserve_ahead(lower, len));
                 buf.extend_from_slice(&f);
             }
             buf.extend_from_slice(&data);
@@ -558,6 +567,84 @@ async fn read_body(
     }
     Ok((first.unwrap_or_else(|| buf.freeze()), reserved))
 }
+
+/// `host[:port]` per RFC 3986 (§3.2.2, §3.2.3): an IP literal in brackets, or a reg-name /
+/// IPv4 address of unreserved, sub-delims and `%` characters; then optionally `:` and digits.
+/// Empty is valid (RFC 9112 §3.2: a target without an authority). No userinfo (`@`), no `/`,
+/// no spaces.
+fn valid_host(v: &[u8]) -> bool {
+    let (host, port) = if v.first() == Some(&b'[') {
+        let Some(end) = v.iter().position(|&b| b == b']') else {
+            return false;
+        };
+        let literal = &v[1..end];
+        let literal_byte = |b: &u8| {
+            b.is_ascii_alphanumeric() || matches!(b, b':' | b'.' | b'%' | b'-' | b'_' | b'~')
+        };
+        if literal.is_empty() || !literal.iter().all(literal_byte) {
+            return false;
+        }
+        match &v[end + 1..] {
+            [] => return true,
+            [b':', port @ ..] => (&[][..], port),
+            _ => return false,
+        }
+    } else {
+        match v.iter().rposition(|&b| b == b':') {
+            Some(i) => (&v[..i], &v[i + 1..]),
+            None => (v, &[][..]),
+        }
+    };
+    let reg_name = |b: &u8| {
+        b.is_ascii_alphanumeric()
+            || matches!(
+                b,
+                b'-' | b'.'
+                    | b'_'
+                    | b'~'
+                    | b'%'
+                    | b'!'
+                    | b'$'
+                    | b'&'
+                    | b'\''
+                    | b'('
+                    | b')'
+                    | b'*'
+                    | b'+'
+                    | b','
+                    | b';'
+                    | b'='
+            )
+    };
+    host.iter().all(reg_name) && port.iter().all(u8::is_ascii_digit)
+}
+
+/// The first transfer coding of the request's `Transfer-Encoding` other than `chunked`
+/// (case-insensitive, parameters ignored), if any. Looked up once per request: absent on
+/// nearly every one.
+fn unsupported_transfer_coding(headers: &http::HeaderMap) -> Option<String> {
+    headers
+        .get_all(http::header::TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|v| v.to_str().unwrap_or("\u{fffd}").split(','))
+        .map(|c| c.split(';').next().unwrap_or("").trim())
+        .find(|c| !c.is_empty() && !c.eq_ignore_ascii_case("chunked"))
+        .map(str::to_string)
+}
+
+/// How much of a body's buffer to allocate once its second frame arrives, `len` bytes held
+/// and `declared` the `Content-Length` (0 when chunked): the declared length, but never more
+/// than [`RESERVE_AHEAD`] beyond what arrived; a larger body grows the buffer as it comes.
+/// Reserving the whole declared length let a client that declares a megabyte, sends a few
+/// kilobytes and leaves make the gateway allocate (and glibc keep) the megabyte, beyond the
+/// body budget, which counts bytes received.
+fn reserve_ahead(declared: usize, len: usize) -> usize {
+    declared.min(len.saturating_add(RESERVE_AHEAD)).max(len)
+}
+
+/// See [`reserve_ahead`]: one allocation for bodies up to 64 KiB past their first frame (a
+/// 64 KiB prompt takes one), doubling growth beyond.
+const RESERVE_AHEAD: usize = 64 << 10;
 
 /// An HTTP/1.x request in absolute form (`GET http://b.example/p`) names its host in the
 /// request target, and RFC 9112 §3.2.2 makes a server ignore the `Host` header then: the
@@ -627,6 +714,68 @@ mod tests {
             http::HeaderValue::from_static(v),
         );
         h
+    }
+
+    #[test]
+    fn hosts_are_host_and_port_as_rfc_3986_spells_them() {
+        for ok in [
+            "",
+            "x",
+            "b.example",
+            "b.example:8080",
+            "127.0.0.1:19001",
+            "[::1]",
+            "[::1]:80",
+            "[fe80::1%25eth0]:80",
+            "a_b.example:",
+        ] {
+            assert!(super::valid_host(ok.as_bytes()), "{ok}");
+        }
+        for bad in [
+            "a b/c",
+            "evil@127.0.0.1:19001",
+            "u:p@b.example:99",
+            "b.example/p",
+            "b.example:80x",
+            "[::1",
+            "[::1]x",
+            "[]",
+            "b.example\t",
+        ] {
+            assert!(!super::valid_host(bad.as_bytes()), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_transfer_coding_other_than_chunked_is_named() {
+        let te = |vals: &[&'static str]| {
+            let mut h = http::HeaderMap::new();
+            for v in vals {
+                h.append(
+                    http::header::TRANSFER_ENCODING,
+                    http::HeaderValue::from_static(v),
+                );
+            }
+            super::unsupported_transfer_coding(&h)
+        };
+        assert_eq!(te(&[]), None);
+        assert_eq!(te(&["chunked"]), None);
+        assert_eq!(te(&["Chunked"]), None);
+        assert_eq!(te(&["gzip, chunked"]).as_deref(), Some("gzip"));
+        assert_eq!(te(&["gzip", "chunked"]).as_deref(), Some("gzip"));
+        assert_eq!(te(&["x-custom;q=1, chunked"]).as_deref(), Some("x-custom"));
+    }
+
+    #[test]
+    fn a_bodys_buffer_is_reserved_at_most_64_kib_past_what_arrived() {
+        use super::{RESERVE_AHEAD, reserve_ahead};
+        // A 64 KiB prompt whose first frame held 16 KiB: one allocation of the whole body.
+        assert_eq!(reserve_ahead(65_536, 16_384), 65_536);
+        // Declared a megabyte, sent 60 KB: 60 KB + 64 KiB, not the megabyte.
+        assert_eq!(reserve_ahead(1_000_000, 60_000), 60_000 + RESERVE_AHEAD);
+        // Chunked (nothing declared), or declared less than arrived: what arrived.
+        assert_eq!(reserve_ahead(0, 20_000), 20_000);
+        assert_eq!(reserve_ahead(10, 20_000), 20_000);
     }
 
     #[test]

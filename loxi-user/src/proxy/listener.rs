@@ -143,6 +143,27 @@ impl Drop for Counted {
     }
 }
 
+/// The most bytes of a request head (request line and headers; HTTP/2: the decoded header
+/// list): a larger one is answered 431 and the connection closed. hyper's own default, about
+/// 400 KB a connection, let 2,000 connections each holding an unfinished head keep ~900 MB.
+/// 64 KiB is Envoy's default and over nginx's 32 KiB.
+pub const MAX_HEAD_BYTES: usize = 64 << 10;
+
+/// The most concurrent streams (requests) of one HTTP/2 client connection (nginx's default is
+/// 128; hyper's 200). Each is a backend request and, for HTTP/1.1 backends, a connection.
+pub const MAX_H2_STREAMS: u32 = 128;
+
+/// The connection builder every listener serves with: HTTP/1.1 and HTTP/2 (prior knowledge
+/// or ALPN), heads of at most [`MAX_HEAD_BYTES`], at most [`MAX_H2_STREAMS`] streams.
+fn server_builder() -> auto::Builder<TokioExecutor> {
+    let mut b = auto::Builder::new(TokioExecutor::new());
+    b.http1().max_buf_size(MAX_HEAD_BYTES);
+    b.http2()
+        .max_header_list_size(MAX_HEAD_BYTES as u32)
+        .max_concurrent_streams(MAX_H2_STREAMS);
+    b
+}
+
 /// What every connection of one listener shares.
 #[derive(Clone)]
 struct Serving {
@@ -155,8 +176,15 @@ struct Serving {
 }
 
 impl Serving {
+    /// The limits of a connection accepted now: the daemon's, with the idle timeout the
+    /// listener's rules set (`inactiveTimeOut`, [`super::pool::PoolTable::idle_timeout`]) in
+    /// place of `LOXI_IDLE_TIMEOUT_MS`'s. A rule change applies to connections accepted after it.
     fn limits(&self) -> ConnLimits {
-        self.handler.ctx.config.conn
+        let mut limits = self.handler.ctx.config.conn;
+        if let Some(idle) = self.handler.table.load().idle_timeout() {
+            limits.idle_timeout = idle;
+        }
+        limits
     }
 
     async fn accept_loop(self, tcp: TcpListener) {
@@ -164,7 +192,7 @@ impl Serving {
         let slots = Arc::new(Semaphore::new(self.limits().max_conns.max(1)));
         let open = self.handler.ctx.metrics.open_connections(self.addr);
         let traffic = self.handler.ctx.sockets.traffic(self.addr);
-        let builder = auto::Builder::new(TokioExecutor::new());
+        let builder = server_builder();
         loop {
             let (stream, peer) = tokio::select! {
                 _ = self.cancel.cancelled() => break,

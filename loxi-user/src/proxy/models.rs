@@ -69,13 +69,64 @@ pub fn is_list_request(parts: &Parts) -> bool {
     parts.method == http::Method::GET && parts.uri.path().trim_end_matches('/') == "/v1/models"
 }
 
-/// A listener's cached answers.
+/// A listener's cached answers. A fresh entry is served without waiting on anything; a miss
+/// fetches once per key (concurrent misses of the same key wait for that fetch and then read
+/// its entry), and misses of different keys (another client's credentials) fetch in
+/// parallel: one client's slow fetch never holds up another's, nor a cached answer.
 #[derive(Debug, Default)]
 pub struct ModelsCache {
-    entries: tokio::sync::Mutex<HashMap<Key, Entry>>,
+    entries: parking_lot::Mutex<HashMap<Key, Entry>>,
+    /// The fetch in progress per key (its turn lock), dropped with its last waiter.
+    fetching: parking_lot::Mutex<HashMap<Key, Weak<tokio::sync::Mutex<()>>>>,
 }
 
-#[derive(Debug, Hash, PartialEq, Eq)]
+impl ModelsCache {
+    /// The body of `key`'s entry when it is fresh for `pools`.
+    fn fresh(&self, key: &Key, pools: &[&Arc<Pool>], ttl: Duration) -> Option<Bytes> {
+        self.entries
+            .lock()
+            .get(key)
+            .filter(|e| e.fresh(pools, ttl, Instant::now()))
+            .map(|e| e.body.clone())
+    }
+
+    /// `key`'s fetch turn: the one in progress, or a new one.
+    fn turn(&self, key: &Key) -> Arc<tokio::sync::Mutex<()>> {
+        let mut fetching = self.fetching.lock();
+        if let Some(t) = fetching.get(key).and_then(Weak::upgrade) {
+            return t;
+        }
+        if fetching.len() >= MAX_ENTRIES {
+            fetching.retain(|_, t| t.strong_count() > 0);
+        }
+        let t = Arc::new(tokio::sync::Mutex::new(()));
+        fetching.insert(key.clone(), Arc::downgrade(&t));
+        t
+    }
+
+    /// Keeps `body`, fetched from `pools` now, as `key`'s entry.
+    fn store(&self, key: Key, pools: &[&Arc<Pool>], body: Bytes, ttl: Duration) {
+        let now = Instant::now();
+        let mut entries = self.entries.lock();
+        if entries.len() >= MAX_ENTRIES {
+            entries.retain(|_, e| now.duration_since(e.at) < ttl);
+        }
+        if entries.len() >= MAX_ENTRIES {
+            entries.clear();
+        }
+        let pools = pools.iter().map(|p| Arc::downgrade(*p)).collect();
+        entries.insert(
+            key,
+            Entry {
+                pools,
+                at: now,
+                body,
+            },
+        );
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq)]
 struct Key {
     rules: Vec<u32>,
     auth: u64,
@@ -126,30 +177,20 @@ impl ModelList<'_> {
             rules: pools.iter().map(|p| p.rule.id).collect(),
             auth: auth_hash(&parts.headers),
         };
-        let mut entries = self.cache.entries.lock().await;
-        if let Some(e) = entries
-            .get(&key)
-            .filter(|e| e.fresh(pools, ttl, Instant::now()))
-        {
-            return Ok(list_response(e.body.clone()));
+        if ttl.is_zero() {
+            return Ok(list_response(self.aggregate(parts, pools).await?));
+        }
+        if let Some(body) = self.cache.fresh(&key, pools, ttl) {
+            return Ok(list_response(body));
+        }
+        let turn = self.cache.turn(&key);
+        let _turn = turn.lock().await;
+        // The fetch this one waited for may have filled the entry.
+        if let Some(body) = self.cache.fresh(&key, pools, ttl) {
+            return Ok(list_response(body));
         }
         let body = self.aggregate(parts, pools).await?;
-        if !ttl.is_zero() {
-            let now = Instant::now();
-            if entries.len() >= MAX_ENTRIES {
-                entries.retain(|_, e| now.duration_since(e.at) < ttl);
-            }
-            if entries.len() >= MAX_ENTRIES {
-                entries.clear();
-            }
-            let pools = pools.iter().map(|p| Arc::downgrade(*p)).collect();
-            let entry = Entry {
-                pools,
-                at: now,
-                body: body.clone(),
-            };
-            entries.insert(key, entry);
-        }
+        self.cache.store(key, pools, body.clone(), ttl);
         Ok(list_response(body))
     }
 

@@ -277,6 +277,18 @@ impl PoolTable {
         }
     }
 
+    /// The client-connection idle timeout the listener's rules ask for: the largest non-zero
+    /// `inactiveTimeOut` (seconds) among them, so no rule's clients are cut sooner than its
+    /// rule says; `None` when none sets one (then `LOXI_IDLE_TIMEOUT_MS` applies).
+    pub fn idle_timeout(&self) -> Option<std::time::Duration> {
+        self.pools
+            .iter()
+            .map(|p| p.rule.rule.service.inactive_timeout)
+            .filter(|s| *s != 0)
+            .max()
+            .map(|s| std::time::Duration::from_secs(u64::from(s)))
+    }
+
     /// True when the pool choice depends on the request's model (several pools, or a named
     /// model pool).
     pub fn routes_by_model(&self) -> bool {

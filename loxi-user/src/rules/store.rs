@@ -15,14 +15,14 @@ use parking_lot::Mutex;
 use tokio::sync::watch;
 
 use super::error::RuleError;
-use super::model::{LbRule, RuleKey, ServiceArgs};
+use super::model::{LbRule, RuleKey};
 use super::persist::{self, PersistError};
 use super::spec::ServiceSpec;
 use super::validate;
 
 /// One of `validate`'s `reset_inert_*`: clears fields of a restored rule that nothing reads and
 /// names them.
-type ResetInert = fn(&mut ServiceArgs) -> Vec<&'static str>;
+type ResetInert = fn(&mut LbRule) -> Vec<&'static str>;
 
 /// A stored rule with its stable service id (the `service` metric label and the `service_id`
 /// of the KV inventory API). Ids are assigned on creation, never reused while the daemon runs,
@@ -199,24 +199,28 @@ impl RuleStore {
                 rule.service.id = mint_uuid();
             }
             // Fields an older loxi stored that nothing reads: reset, and the API refuses them.
-            let resets: [(ResetInert, &str); 3] = [
+            let resets: [(ResetInert, &str); 4] = [
                 (
-                    super::validate::reset_inert_kv_knobs,
+                    |r| super::validate::reset_inert_kv_knobs(&mut r.service),
                     "tier-1.5 knobs without kvExactMode (never read) reset to their defaults",
                 ),
                 (
-                    super::validate::reset_inert_probe_fields,
+                    |r| super::validate::reset_inert_probe_fields(&mut r.service),
                     "probe fields no probe reads cleared",
                 ),
                 (
-                    super::validate::reset_inert_selector_knobs,
+                    |r| super::validate::reset_inert_selector_knobs(&mut r.service),
                     "selector knobs its selector never reads reset to their defaults",
+                ),
+                (
+                    super::validate::reset_inert_weights,
+                    "unequal endpoint weights its selector never reads set to 1",
                 ),
             ];
             // Logged only for a rule that is then restored: a dropped one is logged as such.
             let reset: Vec<(&str, Vec<&'static str>)> = resets
                 .into_iter()
-                .map(|(reset, what)| (what, reset(&mut rule.service)))
+                .map(|(reset, what)| (what, reset(&mut rule)))
                 .filter(|(_, fields)| !fields.is_empty())
                 .collect();
             match StoredRule::new(stored.id, rule) {
@@ -513,6 +517,7 @@ fn check_l4_capacity(cur: &RuleSnapshot, rule: &LbRule) -> Result<(), RuleError>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rules::model::ServiceArgs;
     use serde_json::json;
 
     fn rule(port: u16, sel: u8, model: &str) -> LbRule {

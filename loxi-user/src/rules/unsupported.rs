@@ -58,12 +58,6 @@ pub fn check(rule: &LbRule) -> Result<(), RuleError> {
     if s.bgp {
         return Err(not_implemented(&svc("bgp"), "loxi has no BGP speaker"));
     }
-    if fullproxy && s.inactive_timeout != 0 {
-        return Err(not_implemented(
-            &svc("inactiveTimeOut"),
-            "the fullproxy has no per-rule idle timeout; it applies to L4 rules (modes 0-3, 5)",
-        ));
-    }
     if !fullproxy && !s.host.is_empty() {
         return Err(not_implemented(
             &svc("host"),
@@ -188,10 +182,6 @@ mod tests {
             (
                 json!({"mode": 0, "sel": 6, "protocol": "udp"}),
                 "serviceArguments.sel",
-            ),
-            (
-                json!({"inactiveTimeOut": 30}),
-                "serviceArguments.inactiveTimeOut",
             ),
             (
                 json!({"mode": 2, "host": "a.example"}),

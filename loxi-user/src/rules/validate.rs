@@ -60,6 +60,7 @@ pub fn validate(mut rule: LbRule) -> Result<LbRule, RuleError> {
         validate_endpoint(i, ep, &rule.service)?;
     }
     check_duplicate_endpoints(&rule.endpoints)?;
+    weights_need_a_reader(&rule)?;
     check_l4(&rule)?;
     check_pd_roles(&rule)?;
     super::unsupported::check(&rule)?;
@@ -72,6 +73,55 @@ pub fn compile(rule: LbRule) -> Result<(LbRule, ServiceSpec), RuleError> {
     let rule = validate(rule)?;
     let spec = ServiceSpec::compile(&rule)?;
     Ok((rule, spec))
+}
+
+/// Whether anything reads rule `r`'s endpoint weights: the L4 data path (every mode but 4,
+/// `l4/plan.rs`), the fullproxy's sel 2 (wrr) and 10 (weighted hash), the KV tier
+/// (`kvExactMode` 3, its blend laws weigh capacity) and the P/D ladder. Elsewhere (sel 0, 1,
+/// 3, 4, 8, 9 of a plain fullproxy rule) each endpoint gets an equal share whatever its weight.
+fn weights_are_read(s: &ServiceArgs) -> bool {
+    s.mode != loxi_common::mode::FULLPROXY
+        || matches!(s.sel, 2 | 10)
+        || s.kv_exact_mode == 3
+        || s.pd_disagg_mode
+}
+
+/// Unequal weights nothing reads (see [`weights_are_read`]) would be silently inert: a user
+/// asking for a 1:4 split would get 1:1. Equal weights (LoxiLB's clients send 1) pass.
+fn weights_need_a_reader(r: &LbRule) -> Result<(), RuleError> {
+    let Some(first) = r.endpoints.first().map(|e| e.weight) else {
+        return Ok(());
+    };
+    if weights_are_read(&r.service) {
+        return Ok(());
+    }
+    match r.endpoints.iter().position(|e| e.weight != first) {
+        Some(i) => Err(invalid(
+            &format!("endpoints[{i}].weight"),
+            format!(
+                "{} differs from endpoints[0]'s {first}, but sel {} gives every endpoint an \
+                 equal share: only sel 2 (wrr), sel 10 (weighted hash) and the KV tier \
+                 (kvExactMode 3) read weights (set one of those, or give every endpoint the \
+                 same weight)",
+                r.endpoints[i].weight, r.service.sel
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// For a rule restored from the state file (stored before [`weights_need_a_reader`] refused
+/// them): sets unequal weights nothing reads to 1, so the rule is kept and behaves as before.
+/// Returns `["weight"]` when it changed any.
+pub fn reset_inert_weights(r: &mut LbRule) -> Vec<&'static str> {
+    let first = r.endpoints.first().map(|e| e.weight);
+    if weights_are_read(&r.service) || r.endpoints.iter().all(|e| Some(e.weight) == first) {
+        return Vec::new();
+    }
+    for e in &mut r.endpoints {
+        e.weight = 1;
+    }
+    vec!["weight"]
 }
 
 /// The same `endpointIP:targetPort` twice would make two `ep_idx` for one backend.
@@ -343,6 +393,14 @@ pub fn reset_inert_probe_fields(s: &mut ServiceArgs) -> Vec<&'static str> {
         s.probeport = 0;
         reset.push("probeport");
     }
+    if s.probe_timeout != 0 && probe.is_none() {
+        s.probe_timeout = 0;
+        reset.push("probeTimeout");
+    }
+    if s.probe_retries != 0 && probe.is_none() {
+        s.probe_retries = 0;
+        reset.push("probeRetries");
+    }
     let http = probe.as_deref() == Some("http");
     if !http && !s.probereq.is_empty() {
         s.probereq.clear();
@@ -355,7 +413,8 @@ pub fn reset_inert_probe_fields(s: &mut ServiceArgs) -> Vec<&'static str> {
     reset
 }
 
-/// Probe fields no probe reads would be silently inert: `probeport` without a probe,
+/// Probe fields no probe reads would be silently inert: `probeport`, `probeTimeout` and
+/// `probeRetries` without a probe,
 /// `probereq`/`proberesp` without an `http` probe, and any probe on a rule outside mode 4
 /// (active probes run in the fullproxy's pools, `health/probe.rs`; the L4 data path has none).
 /// A probe runs when `probetype` is set (other than `none`) or `monitor` is true, as
@@ -375,12 +434,22 @@ fn probe_fields_need_a_probe(s: &ServiceArgs) -> Result<(), RuleError> {
             ),
         ));
     }
-    if s.probeport != 0 && probe.is_none() {
-        return Err(invalid(
-            "serviceArguments.probeport",
-            "no probe runs on this rule, so nothing reads probeport (set monitor: true or a \
-             probetype, or leave probeport out)",
-        ));
+    if probe.is_none() {
+        for (field, set) in [
+            ("probeport", s.probeport != 0),
+            ("probeTimeout", s.probe_timeout != 0),
+            ("probeRetries", s.probe_retries != 0),
+        ] {
+            if set {
+                return Err(invalid(
+                    &format!("serviceArguments.{field}"),
+                    format!(
+                        "no probe runs on this rule, so nothing reads {field} (set monitor: \
+                         true or a probetype, or leave {field} out)"
+                    ),
+                ));
+            }
+        }
     }
     let http = probe.as_deref() == Some("http");
     for (field, value) in [("probereq", &s.probereq), ("proberesp", &s.proberesp)] {
@@ -399,8 +468,23 @@ fn probe_fields_need_a_probe(s: &ServiceArgs) -> Result<(), RuleError> {
 }
 
 /// `sel` 8/9/10 and every AI field need `mode: 4`.
+/// The largest `inactiveTimeOut` of a fullproxy rule, in seconds.
+pub const MAX_FULLPROXY_IDLE_SECS: u32 = 86_400;
+
 fn check_fullproxy_only(s: &mut ServiceArgs) -> Result<(), RuleError> {
     if s.mode == loxi_common::mode::FULLPROXY {
+        // The listener's client-connection idle timeout (`PoolTable::idle_timeout`).
+        if s.inactive_timeout > MAX_FULLPROXY_IDLE_SECS {
+            return Err(invalid(
+                "serviceArguments.inactiveTimeOut",
+                format!(
+                    "{} s: a fullproxy rule's inactiveTimeOut is how long an idle client \
+                     connection is kept, at most {MAX_FULLPROXY_IDLE_SECS} s (a day); 0 keeps \
+                     LOXI_IDLE_TIMEOUT_MS",
+                    s.inactive_timeout
+                ),
+            ));
+        }
         if s.kv_exact_mode != 0 && s.kv_engine_type == "llamacpp" {
             return Err(invalid(
                 "serviceArguments.kvExactMode",
@@ -1155,6 +1239,11 @@ mod tests {
             (json!({"monitor": true, "probereq": "/x"}), "probereq"),
             (json!({"mode": 0, "monitor": true}), "monitor"),
             (json!({"mode": 0, "probetype": "tcp"}), "probetype"),
+            (json!({"probeTimeout": 5}), "probeTimeout"),
+            (
+                json!({"probetype": "none", "probeRetries": 3}),
+                "probeRetries",
+            ),
         ];
         for (extra, field) in refused {
             assert_eq!(
@@ -1166,11 +1255,59 @@ mod tests {
         for extra in [
             json!({"probetype": "", "probeport": 0, "probereq": "", "proberesp": ""}),
             json!({"monitor": true, "probeport": 9000}),
+            json!({"probeTimeout": 0, "probeRetries": 0}),
+            json!({"probetype": "tcp", "probeTimeout": 5, "probeRetries": 3}),
             json!({"probetype": "http", "probereq": "/health", "proberesp": "OK", "probeport": 9}),
             json!({"mode": 0, "probetype": "none"}),
         ] {
             validate(rule(extra.clone())).unwrap_or_else(|e| panic!("{extra}: {e}"));
         }
+    }
+
+    #[test]
+    fn a_fullproxy_inactive_timeout_is_a_day_at_most() {
+        for secs in [0, 1, 1800, 86_400] {
+            let v = validate(rule(json!({"inactiveTimeOut": secs}))).expect("in range");
+            assert_eq!(v.service.inactive_timeout, secs);
+        }
+        assert_eq!(
+            field_of(rule(json!({"inactiveTimeOut": 86_401}))),
+            "serviceArguments.inactiveTimeOut"
+        );
+    }
+
+    #[test]
+    fn unequal_weights_are_refused_where_nothing_reads_them_and_reset_on_restore() {
+        let weighted = |extra: serde_json::Value, w: [u32; 2]| {
+            let mut r = rule(extra);
+            r.endpoints[0].weight = w[0];
+            r.endpoints[1].weight = w[1];
+            r
+        };
+        // Plain fullproxy selectors give each endpoint an equal share.
+        for sel in [0, 1, 3, 4, 8, 9] {
+            let r = weighted(json!({"sel": sel}), [1, 4]);
+            assert_eq!(field_of(r), "endpoints[1].weight", "sel {sel}");
+            validate(weighted(json!({"sel": sel}), [3, 3]))
+                .unwrap_or_else(|e| panic!("equal weights under sel {sel}: {e}"));
+        }
+        // Read: wrr, weighted hash, the KV tier's blend.
+        for extra in [
+            json!({"sel": 2}),
+            json!({"sel": 10}),
+            json!({"sel": 0, "kvExactMode": 3}),
+        ] {
+            validate(weighted(extra.clone(), [1, 4])).unwrap_or_else(|e| panic!("{extra}: {e}"));
+        }
+        // A rule stored before the refusal is kept with weights 1 (as it behaved) and the
+        // reset named; one whose weights are read is left alone.
+        let mut old = weighted(json!({"sel": 0}), [1, 4]);
+        assert_eq!(reset_inert_weights(&mut old), ["weight"]);
+        assert_eq!((old.endpoints[0].weight, old.endpoints[1].weight), (1, 1));
+        validate(old).expect("valid after the reset");
+        let mut wrr = weighted(json!({"sel": 2}), [1, 4]);
+        assert!(reset_inert_weights(&mut wrr).is_empty());
+        assert_eq!(wrr.endpoints[1].weight, 4);
     }
 
     #[test]
