@@ -243,7 +243,7 @@ pub struct CreateLb {
     #[arg(long)]
     pub model_name: Option<String>,
     /// `http`/0 plaintext, `https`/1 TLS termination, `e2ehttps`/2 TLS termination +
-    /// re-encryption (LoxiLB's names; the server refuses 1 and 2 as not implemented).
+    /// re-encryption to the backends (LoxiLB's names; 1 needs a certificate uploaded first).
     #[arg(long, value_parser = parse_security)]
     pub security: Option<u8>,
     /// Backend protocol: http1, http2, both.
@@ -255,7 +255,8 @@ pub struct CreateLb {
     /// Session key source for persist: header name, `cookie:NAME`, `query:NAME`, `basic-auth`.
     #[arg(long)]
     pub session_header_name: Option<String>,
-    /// Advertise the VIP over BGP (stored only).
+    /// Advertise the VIP over BGP: loxi has no BGP speaker, so `true` is refused by the
+    /// server (not implemented); `false` is accepted.
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub bgp: Option<bool>,
     /// Conntrack inactivity timeout in seconds.
