@@ -233,36 +233,25 @@ impl Env {
         };
         r.law_knobs(kv_lb_mode);
         // Each read only in a case the settings above rule out: warned, not silently inert.
-        if r.get("LOXILB_KV_LB_MODE").is_some()
-            && let Some(v) = r.get("LOXILB_KV_UNIFIED_MODE")
-        {
-            r.warn(
-                "LOXILB_KV_UNIFIED_MODE",
-                v,
-                "no effect (LOXILB_KV_LB_MODE is set)",
-                "read only when LOXILB_KV_LB_MODE is unset",
-            );
-        }
-        if kv.coldstart_seed_n == 0
-            && let Some(v) = r.get("LOXILB_KV_COLDSTART_MIN_BLOCKS")
-        {
-            r.warn(
-                "LOXILB_KV_COLDSTART_MIN_BLOCKS",
-                v,
-                "no effect (cold-start seeding is off)",
-                "effective only with LOXILB_KV_COLDSTART_SEED_N > 0",
-            );
-        }
-        if kv.replica_load == 0
-            && let Some(v) = r.get("LOXI_KV_REPLICA_HOLD_MS")
-        {
-            r.warn(
-                "LOXI_KV_REPLICA_HOLD_MS",
-                v,
-                "no effect (replica seeding is off)",
-                "effective only with LOXI_KV_REPLICA_LOAD > 0",
-            );
-        }
+        let lb_mode_set = r.get("LOXILB_KV_LB_MODE").is_some();
+        r.unread(
+            lb_mode_set,
+            "LOXILB_KV_UNIFIED_MODE",
+            "no effect (LOXILB_KV_LB_MODE is set)",
+            "read only when LOXILB_KV_LB_MODE is unset",
+        );
+        r.unread(
+            kv.coldstart_seed_n == 0,
+            "LOXILB_KV_COLDSTART_MIN_BLOCKS",
+            "no effect (cold-start seeding is off)",
+            "effective only with LOXILB_KV_COLDSTART_SEED_N > 0",
+        );
+        r.unread(
+            kv.replica_load == 0,
+            "LOXI_KV_REPLICA_HOLD_MS",
+            "no effect (replica seeding is off)",
+            "effective only with LOXI_KV_REPLICA_LOAD > 0",
+        );
         let pd_queue_depth_per_ep = r.clamped(
             "LLB_PD_QUEUE_DEPTH_PER_EP",
             0,
@@ -531,6 +520,14 @@ impl Reader<'_> {
                     "effective only with LLB_PD_MAX_INFLIGHT_PER_EP > 0",
                 );
             }
+        }
+    }
+
+    /// Warns about `var` when it is set while `unread` (another setting rules out reading it),
+    /// saying `used` and what would make it `accepted`.
+    fn unread(&mut self, unread: bool, var: &'static str, used: &str, accepted: &str) {
+        if unread && let Some(v) = self.get(var) {
+            self.warn(var, v, used, accepted);
         }
     }
 
