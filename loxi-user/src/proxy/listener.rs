@@ -143,23 +143,14 @@ impl Drop for Counted {
     }
 }
 
-/// The most bytes of an HTTP/1.x request head (request line and headers), hyper's read buffer
-/// of a connection: a larger head is answered 431 and the connection closed. hyper's own
-/// default, about 400 KB a connection, let 2,000 connections each holding an unfinished head
-/// keep ~900 MB. 64 KiB is Envoy's default and over nginx's 32 KiB. (HTTP/2 keeps hyper's
-/// 16 KiB header-list limit.)
-pub const MAX_HEAD_BYTES: usize = 64 << 10;
-
 /// The most concurrent streams (requests) of one HTTP/2 client connection (nginx's default is
 /// 128; hyper's 200). Each is a backend request and, for HTTP/1.1 backends, a connection.
 pub const MAX_H2_STREAMS: u32 = 128;
 
 /// The connection builder every listener serves with: HTTP/1.1 and HTTP/2 (prior knowledge
-/// or ALPN), HTTP/1.x heads of at most [`MAX_HEAD_BYTES`], at most [`MAX_H2_STREAMS`]
-/// streams per HTTP/2 connection.
+/// or ALPN), at most [`MAX_H2_STREAMS`] streams per HTTP/2 connection.
 fn server_builder() -> auto::Builder<TokioExecutor> {
     let mut b = auto::Builder::new(TokioExecutor::new());
-    b.http1().max_buf_size(MAX_HEAD_BYTES);
     b.http2().max_concurrent_streams(MAX_H2_STREAMS);
     b
 }
