@@ -284,6 +284,7 @@ fn proxy_config(cfg: &Config) -> ProxyConfig {
         conn: proxy::conn::ConnLimits {
             header_timeout: Duration::from_millis(cfg.env.header_timeout_ms),
             idle_timeout: Duration::from_millis(cfg.env.idle_timeout_ms),
+            send_timeout: Duration::from_millis(cfg.env.send_timeout_ms),
             max_conns: cfg.env.max_conns_per_listener,
         },
         max_total_inflight: cfg.env.pd_max_total_inflight,

@@ -216,6 +216,79 @@ async fn a_rules_inactive_timeout_is_its_listeners_idle_timeout() {
     .await;
 }
 
+/// A client that asks for a long stream and never reads it: once loxi's writes to it have
+/// been blocked for `LOXI_SEND_TIMEOUT_MS`, the connection is closed, the backend's request
+/// cancelled and the close counted. A client reading the same stream is not cut.
+#[tokio::test]
+async fn a_client_that_stops_reading_is_cut_at_the_send_timeout() {
+    let b = Backend::start("0").await;
+    let port = free_port();
+    let env = [
+        ("LOXI_SEND_TIMEOUT_MS", "500"),
+        ("LOXI_HEADER_TIMEOUT_MS", "60000"),
+    ];
+    let d = daemon(&env, &[port], b.port()).await;
+    // ~60 MB of events back to back: more than every socket buffer on the way can hold.
+    let ask = post("x-sse: 2000000:0\r\n");
+    let mut s = TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    s.write_all(ask.as_bytes()).await.expect("send request");
+    assert!(
+        b.wait_cancelled(1, Duration::from_secs(20)).await,
+        "the backend's stream to a client that reads nothing was not cancelled"
+    );
+    d.wait_metric(
+        "loxilb_proxy_connections_closed_total",
+        &[&format!(":{port}\""), "reason=\"send_timeout\""],
+        1.0,
+    )
+    .await;
+    // What the kernel buffered is readable, then the connection is closed.
+    let read = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut total = 0usize;
+        let mut buf = vec![0u8; 1 << 16];
+        while let Ok(n @ 1..) = s.read(&mut buf).await {
+            total += n;
+        }
+        total
+    })
+    .await
+    .expect("connection closed");
+    assert!(
+        read > 0 && read < 60_000_000,
+        "{read} bytes before the close"
+    );
+    // A client that reads a 2,000-event stream slowly, 10 ms between reads of 4 KiB: never
+    // blocked for 500 ms, so never cut.
+    let mut r = TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    r.write_all(post("x-sse: 2000:0\r\n").as_bytes())
+        .await
+        .expect("send request");
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    // Chunked: the stream ends with the last chunk (`0`).
+    while !got.ends_with(b"\r\n0\r\n\r\n") {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        match tokio::time::timeout(Duration::from_secs(10), r.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => got.extend_from_slice(&buf[..n]),
+            other => panic!("stream ended early after {} bytes: {other:?}", got.len()),
+        }
+    }
+    assert!(
+        String::from_utf8_lossy(&got).contains("data: [DONE]"),
+        "the whole stream arrived"
+    );
+    let closed = metric(
+        &d.metrics_text().await,
+        "loxilb_proxy_connections_closed_total",
+        &["reason=\"send_timeout\""],
+    );
+    assert_eq!(closed, 1.0, "only the reader-less connection was cut");
+}
+
 #[tokio::test]
 async fn idle_connections_are_closed_at_the_idle_timeout() {
     let b = Backend::start("0").await;

@@ -131,6 +131,10 @@ pub struct Env {
     /// `LOXI_IDLE_TIMEOUT_MS`: a fullproxy connection with no open request and no traffic for
     /// this long is closed (keep-alive idle bound). Default 60000, range 100–3600000.
     pub idle_timeout_ms: u64,
+    /// `LOXI_SEND_TIMEOUT_MS`: a fullproxy connection whose write to the client has made no
+    /// progress for this long (the client stopped reading; nginx's `send_timeout`) is closed,
+    /// open request or not. Default 60000, range 100–3600000.
+    pub send_timeout_ms: u64,
     /// `LOXI_MAX_CONNS_PER_LISTENER`: open client connections per fullproxy listener; beyond
     /// it new connections wait for a slot. Default 4096, range 1–1000000.
     pub max_conns_per_listener: usize,
@@ -307,6 +311,7 @@ impl Env {
             },
             header_timeout_ms: r.int("LOXI_HEADER_TIMEOUT_MS", 10_000, 100, 600_000),
             idle_timeout_ms: r.int("LOXI_IDLE_TIMEOUT_MS", 60_000, 100, 3_600_000),
+            send_timeout_ms: r.int("LOXI_SEND_TIMEOUT_MS", 60_000, 100, 3_600_000),
             max_conns_per_listener: r.int("LOXI_MAX_CONNS_PER_LISTENER", 4096, 1, 1_000_000)
                 as usize,
             warnings: r.warnings,
@@ -680,6 +685,7 @@ mod tests {
         assert_eq!(e.kv.predicted_ttl, Duration::from_millis(5000));
         assert_eq!(e.max_body_bytes, 32 * 1024 * 1024);
         assert_eq!((e.header_timeout_ms, e.idle_timeout_ms), (10_000, 60_000));
+        assert_eq!(e.send_timeout_ms, 60_000);
         assert_eq!(e.max_conns_per_listener, 4096);
         assert!(e.warnings.is_empty());
     }
@@ -705,6 +711,7 @@ mod tests {
             ("LOXI_MAX_BODY_BYTES", "1024"),
             ("LOXI_HEADER_TIMEOUT_MS", "250"),
             ("LOXI_IDLE_TIMEOUT_MS", "3600000"),
+            ("LOXI_SEND_TIMEOUT_MS", "150"),
             ("LOXI_MAX_CONNS_PER_LISTENER", "1"),
         ]);
         assert_eq!(e.kv.lb_mode, KvLbMode::AdaptiveSoft);
@@ -724,6 +731,7 @@ mod tests {
         assert_eq!(e.kv.predicted_ttl, Duration::from_millis(250));
         assert_eq!(e.max_body_bytes, 1024);
         assert_eq!((e.header_timeout_ms, e.idle_timeout_ms), (250, 3_600_000));
+        assert_eq!(e.send_timeout_ms, 150);
         assert_eq!(e.max_conns_per_listener, 1);
         // Set, valid, and not read by `adaptive-soft`: warned, not silently inert.
         let unread: Vec<&str> = e.warnings.iter().map(|w| w.var).collect();

@@ -1,5 +1,5 @@
 //! Per-connection limits of the fullproxy listeners: a header-read timeout, an idle keep-alive
-//! timeout, and the activity tracking both are measured on.
+//! timeout, a send-progress timeout, and the activity tracking they are measured on.
 //!
 //! Every accepted connection gets one [`Activity`], shared by its socket ([`TrackedIo`]
 //! timestamps every read and write), its service (a [`RequestGuard`] per request, held until
@@ -10,11 +10,16 @@
 //!   trickling headers are cut at that bound however slowly they send;
 //! - [`Expiry::Idle`] when no request is open, nothing is pending and nothing was read or
 //!   written for [`ConnLimits::idle_timeout`] (keep-alive connections, and connections that
-//!   never sent a byte).
+//!   never sent a byte);
+//! - [`Expiry::SendTimeout`] when a write to the client has been pending (the socket's send
+//!   buffer full: the client stopped reading) for [`ConnLimits::send_timeout`] with no byte
+//!   written meanwhile, request open or not (nginx's `send_timeout`): a client that never reads
+//!   its response cannot hold the connection, and with it the backend's, forever.
 //!
-//! A connection with a request open (head parsed, response body not finished) never expires:
-//! long generations are bounded by the client and the backend, not by these timers. The clock
-//! is tokio's, so tests drive it with paused time.
+//! Otherwise a connection with a request open (head parsed, response body not finished) never
+//! expires: long generations are bounded by the client and the backend, not by these timers,
+//! as long as the client keeps reading. The clock is tokio's, so tests drive it with paused
+//! time.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -26,13 +31,15 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 
 /// Connection limits of every mode-4 listener (env `LOXI_HEADER_TIMEOUT_MS`,
-/// `LOXI_IDLE_TIMEOUT_MS`, `LOXI_MAX_CONNS_PER_LISTENER`).
+/// `LOXI_IDLE_TIMEOUT_MS`, `LOXI_SEND_TIMEOUT_MS`, `LOXI_MAX_CONNS_PER_LISTENER`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConnLimits {
     /// Longest time from the first byte of a request head to its end. Default 10 s.
     pub header_timeout: Duration,
     /// Longest time a connection with no open request stays silent. Default 60 s.
     pub idle_timeout: Duration,
+    /// Longest a write to the client may stay pending with no byte written. Default 60 s.
+    pub send_timeout: Duration,
     /// Open connections per listener; the listener stops accepting at this count and resumes
     /// when one closes (further clients wait in the kernel's accept backlog). Default 4096.
     pub max_conns: usize,
@@ -43,6 +50,7 @@ impl Default for ConnLimits {
         Self {
             header_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
+            send_timeout: Duration::from_secs(60),
             max_conns: 4096,
         }
     }
@@ -55,20 +63,26 @@ pub enum Expiry {
     HeaderTimeout,
     /// No request and no traffic for the idle timeout.
     Idle,
+    /// A write to the client made no progress for the send timeout.
+    SendTimeout,
 }
 
 impl Expiry {
-    /// Metric label: `header_timeout` or `idle_timeout`.
+    /// Metric label: `header_timeout`, `idle_timeout` or `send_timeout`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::HeaderTimeout => "header_timeout",
             Self::Idle => "idle_timeout",
+            Self::SendTimeout => "send_timeout",
         }
     }
 }
 
 /// No head pending (value of `Activity::head_since`).
 const NO_HEAD: u64 = u64::MAX;
+
+/// No write pending (value of `Activity::blocked_since`).
+const NOT_BLOCKED: u64 = u64::MAX;
 
 /// One connection's activity: open requests and timestamps (milliseconds since `base`).
 #[derive(Debug)]
@@ -81,6 +95,9 @@ pub struct Activity {
     last_ms: AtomicU64,
     /// First byte read while no request was open and no head was pending, or [`NO_HEAD`].
     head_since: AtomicU64,
+    /// Since when a write to the client has been pending with nothing written, or
+    /// [`NOT_BLOCKED`].
+    blocked_since: AtomicU64,
     /// The listener's client traffic, which [`TrackedIo`] adds this connection's bytes to.
     traffic: Arc<crate::listen::Traffic>,
 }
@@ -100,6 +117,7 @@ impl Activity {
             open: AtomicU32::new(0),
             last_ms: AtomicU64::new(0),
             head_since: AtomicU64::new(NO_HEAD),
+            blocked_since: AtomicU64::new(NOT_BLOCKED),
             traffic,
         })
     }
@@ -128,6 +146,17 @@ impl Activity {
     /// Bytes were written to the client.
     pub fn on_write(&self) {
         self.last_ms.store(self.now_ms(), Ordering::Relaxed);
+        if self.blocked_since.load(Ordering::Relaxed) != NOT_BLOCKED {
+            self.blocked_since.store(NOT_BLOCKED, Ordering::Relaxed);
+        }
+    }
+
+    /// A write to the client is pending (its send buffer is full): starts the send timer,
+    /// unless it already runs since an earlier pending write with no byte written since.
+    pub fn on_write_blocked(&self) {
+        if self.blocked_since.load(Ordering::Relaxed) == NOT_BLOCKED {
+            self.blocked_since.store(self.now_ms(), Ordering::Relaxed);
+        }
     }
 
     /// A request head was parsed: the connection is busy until the guard drops.
@@ -144,9 +173,25 @@ impl Activity {
         self.open.fetch_sub(1, Ordering::AcqRel);
     }
 
-    /// What the connection waits for now: `None` while a request is open, else the deadline
-    /// and what passing it means.
+    /// What the connection waits for now: the earliest deadline and what passing it means;
+    /// `None` while a request is open and no write is pending.
     fn deadline(&self) -> Option<(Instant, Expiry)> {
+        let send = match self.blocked_since.load(Ordering::Relaxed) {
+            NOT_BLOCKED => None,
+            since => Some((
+                self.at(since) + self.limits.send_timeout,
+                Expiry::SendTimeout,
+            )),
+        };
+        let rest = self.unbusy_deadline();
+        match (send, rest) {
+            (Some(s), Some(r)) => Some(if s.0 <= r.0 { s } else { r }),
+            (s, r) => s.or(r),
+        }
+    }
+
+    /// The header or idle deadline; `None` while a request is open.
+    fn unbusy_deadline(&self) -> Option<(Instant, Expiry)> {
         if self.open.load(Ordering::Acquire) > 0 {
             return None;
         }
@@ -166,14 +211,18 @@ impl Activity {
     /// deadline exactly.
     ///
     /// The watchdog checks the state at the deadline it last computed, and at the latest one
-    /// check period (the shorter of the two timeouts) after its previous check; nothing the
-    /// connection does wakes it. That is enough: the only change that moves a deadline
-    /// earlier is the first byte of a head, whose header deadline (that byte's time plus the
-    /// header timeout) is never before the next check. Requests and reads cost the watchdog
+    /// check period (the shortest of the three timeouts) after its previous check; nothing the
+    /// connection does wakes it. That is enough: the only changes that move a deadline
+    /// earlier are the first byte of a head and the start of a pending write, whose deadlines
+    /// (that moment plus the header or send timeout) are never before the next check. Requests and reads cost the watchdog
     /// nothing (before, each head, request start and request end woke it, and with it the
     /// connection's task, to re-arm a timer: three extra polls of the connection per request).
     pub async fn expired(&self) -> Expiry {
-        let period = self.limits.header_timeout.min(self.limits.idle_timeout);
+        let period = self
+            .limits
+            .header_timeout
+            .min(self.limits.idle_timeout)
+            .min(self.limits.send_timeout);
         let sleep = tokio::time::sleep(period);
         tokio::pin!(sleep);
         loop {
@@ -216,10 +265,15 @@ impl<T> TrackedIo<T> {
         Self { inner, act }
     }
 
-    fn wrote(&self, n: usize) {
-        if n > 0 {
-            self.act.on_write();
-            self.act.traffic.written(n);
+    /// Reports a write's outcome: bytes written, or pending (the send buffer is full).
+    fn wrote(&self, polled: &Poll<std::io::Result<usize>>) {
+        match polled {
+            Poll::Ready(Ok(n)) if *n > 0 => {
+                self.act.on_write();
+                self.act.traffic.written(*n);
+            }
+            Poll::Pending => self.act.on_write_blocked(),
+            Poll::Ready(_) => {}
         }
     }
 }
@@ -248,9 +302,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for TrackedIo<T> {
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
         let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
-        if let Poll::Ready(Ok(n)) = polled {
-            self.wrote(n);
-        }
+        self.wrote(&polled);
         polled
     }
 
@@ -260,9 +312,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for TrackedIo<T> {
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
         let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
-        if let Poll::Ready(Ok(n)) = polled {
-            self.wrote(n);
-        }
+        self.wrote(&polled);
         polled
     }
 
@@ -271,7 +321,12 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for TrackedIo<T> {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
+        // A TLS stream's flush writes what it buffered: pending is a blocked write too.
+        let polled = Pin::new(&mut self.inner).poll_flush(cx);
+        if polled.is_pending() {
+            self.act.on_write_blocked();
+        }
+        polled
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {

@@ -364,8 +364,8 @@ impl Serving {
 }
 
 /// Serves `io` with `svc` until the connection ends (`None`) or `act`'s watchdog closes it
-/// (`Some(why)`, dropped at once: no request is open then, and a slowloris head would never
-/// finish gracefully). `cancel` starts a graceful shutdown (open requests finish).
+/// (`Some(why)`, dropped at once: no request is open then, or the client stopped reading its
+/// response, and neither a slowloris head nor a response nobody reads would finish gracefully). `cancel` starts a graceful shutdown (open requests finish).
 ///
 /// The connection is polled on every wake-up of this task (three or more a request); the
 /// watchdog and the cancellation only when they woke it ([`Alarm`]): polled on every wake-up

@@ -11,11 +11,13 @@ use crate::proxy::error::full;
 
 const HEADER: Duration = Duration::from_secs(10);
 const IDLE: Duration = Duration::from_secs(60);
+const SEND: Duration = Duration::from_secs(60);
 
 fn limits() -> ConnLimits {
     ConnLimits {
         header_timeout: HEADER,
         idle_timeout: IDLE,
+        send_timeout: SEND,
         max_conns: 1,
     }
 }
@@ -32,13 +34,24 @@ async fn serve_until(
     delay: Duration,
     cancel: CancellationToken,
 ) -> Option<Expiry> {
+    serve_body(server, delay, cancel, Bytes::from_static(b"ok")).await
+}
+
+/// [`serve_until`], answering every request with `answer`.
+async fn serve_body(
+    server: DuplexStream,
+    delay: Duration,
+    cancel: CancellationToken,
+    answer: Bytes,
+) -> Option<Expiry> {
     let act = Activity::new(limits());
     let svc_act = act.clone();
     let svc = service_fn(move |_req: Request<Incoming>| {
         let guard = svc_act.begin();
+        let answer = answer.clone();
         async move {
             sleep(delay).await;
-            let body = ConnBody::new(full(Bytes::from_static(b"ok")), guard, None);
+            let body = ConnBody::new(full(answer), guard, None);
             Ok::<_, Infallible>(Response::new(body))
         }
     });
@@ -259,4 +272,96 @@ async fn a_head_started_late_in_an_idle_period_is_cut_at_its_own_header_timeout(
         after >= want && after < want + Duration::from_millis(10),
         "closed {after:?} after the answer, want {want:?} (45 s idle + the 10 s header timeout)"
     );
+}
+
+/// 64 KiB answers through a 4 KiB pipe: the server's writes block until the client reads.
+const BIG: usize = 64 * 1024;
+
+#[tokio::test(start_paused = true)]
+async fn a_client_that_never_reads_its_response_is_cut_at_the_send_timeout() {
+    let (mut client, server) = tokio::io::duplex(4096);
+    client.write_all(REQUEST).await.expect("write");
+    let t0 = Instant::now();
+    let answer = Bytes::from(vec![b'x'; BIG]);
+    let served = serve_body(server, Duration::ZERO, CancellationToken::new(), answer);
+    let why = tokio::time::timeout(SEND * 10, served).await;
+    let closed = t0.elapsed();
+    assert_eq!(why, Ok(Some(Expiry::SendTimeout)), "after {closed:?}");
+    assert!(
+        closed >= SEND && closed < SEND + Duration::from_secs(1),
+        "closed after {closed:?}, want the 60 s send timeout from the first blocked write"
+    );
+    // The client still gets what was written before the close, then EOF.
+    let mut got = Vec::new();
+    client.read_to_end(&mut got).await.expect("read");
+    assert!(
+        got.starts_with(b"HTTP/1.1 200"),
+        "{:?}",
+        &got[..16.min(got.len())]
+    );
+    assert!(
+        got.len() < BIG,
+        "only part of the answer was written: {}",
+        got.len()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slow_reader_that_keeps_reading_is_not_cut() {
+    let (mut client, server) = tokio::io::duplex(4096);
+    let client_side = tokio::spawn(async move {
+        client.write_all(REQUEST).await.expect("write");
+        // 4 KiB every 50 s: each read unblocks the server's write within the 60 s send
+        // timeout, though the whole answer takes ~13 minutes.
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        while got.len() < BIG {
+            sleep(Duration::from_secs(50)).await;
+            match client.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+        got.len()
+    });
+    let t0 = Instant::now();
+    let answer = Bytes::from(vec![b'x'; BIG]);
+    let why = serve_body(server, Duration::ZERO, CancellationToken::new(), answer).await;
+    let read = client_side.await.expect("client task");
+    assert_eq!(
+        why, None,
+        "ended because the client closed it, not at a limit"
+    );
+    assert!(read >= BIG, "the answer arrived: {read} bytes");
+    assert!(
+        t0.elapsed() > Duration::from_secs(600),
+        "{:?}",
+        t0.elapsed()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_blocked_write_after_a_long_request_is_timed_from_its_own_start() {
+    // The handler takes 300 s (a long generation, never cut), then answers 64 KiB to a client
+    // that no longer reads: the send timeout runs from the blocked write, at 300 s, not from
+    // the request.
+    let (mut client, server) = tokio::io::duplex(4096);
+    client.write_all(REQUEST).await.expect("write");
+    let t0 = Instant::now();
+    let answer = Bytes::from(vec![b'x'; BIG]);
+    let served = serve_body(
+        server,
+        Duration::from_secs(300),
+        CancellationToken::new(),
+        answer,
+    );
+    let why = tokio::time::timeout(SEND * 10, served).await;
+    let closed = t0.elapsed();
+    assert_eq!(why, Ok(Some(Expiry::SendTimeout)), "after {closed:?}");
+    let want = Duration::from_secs(300) + SEND;
+    assert!(
+        closed >= want && closed < want + Duration::from_secs(1),
+        "closed after {closed:?}, want {want:?}"
+    );
+    drop(client);
 }

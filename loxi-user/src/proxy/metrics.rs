@@ -11,7 +11,7 @@
 //! | `loxilb_proxy_upstream_timeouts_total` | counter | `service`, `ep_idx` (no response head within `LOXI_UPSTREAM_RESPONSE_TIMEOUT_MS`; 504) |
 //! | `loxilb_proxy_open_connections` | gauge | `listener` (`ip:port`) |
 //! | `loxilb_proxy_worker_connections` | gauge | `worker` (`1`..=`--proxy-workers`; open client connections each connection worker serves, [`super::workers`]) |
-//! | `loxilb_proxy_connections_closed_total` | counter | `listener`, `reason` (`header_timeout`, `idle_timeout`) |
+//! | `loxilb_proxy_connections_closed_total` | counter | `listener`, `reason` (`header_timeout`, `idle_timeout`, `send_timeout`) |
 //! | `loxilb_proxy_connections_queued_total` | counter | `listener` (accepted only after waiting for a slot under `LOXI_MAX_CONNS_PER_LISTENER`) |
 //! | `loxilb_proxy_tls_handshake_failures_total` | counter | `listener` (TLS handshakes that failed or timed out: no certificate for the name, a client that does not speak TLS, ...) |
 //! | `loxilb_pd_admission_shed_total` | counter | `reason`: `total_inflight` (429, `LLB_PD_MAX_TOTAL_INFLIGHT`), `ep_queue_full` (429, the endpoint's gate and park queue full), `park_timeout` (504, parked past `LLB_PD_MAX_PARK_SEC`), `closed` (503, the gate closed while parked) |
@@ -181,7 +181,7 @@ impl ProxyMetrics {
         );
         reg.register(
             "loxilb_proxy_connections_closed",
-            "Client connections closed by the header-read or idle timeout",
+            "Client connections closed by the header-read, idle or send timeout",
             m.connections_closed.clone(),
         );
         reg.register(
