@@ -51,6 +51,9 @@ pub struct DaemonOpts {
     /// IP the API binds (`--api-addr`); default 127.0.0.1. The harness always connects to
     /// 127.0.0.1 (so `0.0.0.0` works too).
     pub api_bind_ip: Option<std::net::IpAddr>,
+    /// The daemon's open-file limit `(soft, hard)` (`RLIMIT_NOFILE`, set with util-linux's
+    /// `prlimit`, which then runs the daemon in its own process); default: the harness's own.
+    pub nofile: Option<(u64, u64)>,
 }
 
 impl DaemonOpts {
@@ -224,7 +227,16 @@ impl Daemon {
             .tokenizer_dir
             .clone()
             .unwrap_or_else(|| self.tmp.path().join("tokenizers"));
-        let mut cmd = Command::new(bin_path("loxilb"));
+        let mut cmd = match self.opts.nofile {
+            None => Command::new(bin_path("loxilb")),
+            Some((soft, hard)) => {
+                let mut c = Command::new("prlimit");
+                c.arg(format!("--nofile={soft}:{hard}"))
+                    .arg("--")
+                    .arg(bin_path("loxilb"));
+                c
+            }
+        };
         let bind = SocketAddr::new(
             self.opts.api_bind_ip.unwrap_or(self.api.ip()),
             self.api.port(),

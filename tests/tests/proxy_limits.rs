@@ -864,3 +864,145 @@ async fn an_invalid_host_is_400_and_not_forwarded() {
         .expect("connect");
     assert!(get_ok(&mut s).await, "a valid Host is served");
 }
+
+/// One HTTP/2 (prior knowledge) connection to the proxy on `port`.
+async fn h2_client(
+    port: u16,
+) -> hyper::client::conn::http2::SendRequest<http_body_util::Full<bytes::Bytes>> {
+    let tcp = TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    let (send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .expect("h2 handshake");
+    tokio::spawn(conn);
+    send
+}
+
+/// A POST of [`BODY`] on an HTTP/2 connection, the backend asked to wait `delay_ms`: the
+/// status, `Retry-After`, and the body.
+async fn h2_post(
+    mut send: hyper::client::conn::http2::SendRequest<http_body_util::Full<bytes::Bytes>>,
+    delay_ms: u64,
+) -> (u16, Option<String>, String) {
+    use http_body_util::BodyExt;
+    let req = hyper::Request::post("http://x/v1/completions")
+        .header("content-type", "application/json")
+        .header("x-delay-ms", delay_ms.to_string())
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(
+            BODY.as_bytes(),
+        )))
+        .expect("request");
+    send.ready().await.expect("h2 connection ready");
+    let resp = send.send_request(req).await.expect("response");
+    let status = resp.status().as_u16();
+    let retry = resp
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap_or("").to_string());
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    (status, retry, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// When the gateway runs out of its own file descriptors, its upstream connects fail with
+/// `EMFILE`: that is answered 503 `gateway_resources_exhausted` with `Retry-After`, counted by
+/// errno, and not blamed on the backend (before, the breaker ejected the healthy backend and
+/// every request got 503 `no_healthy_backend` for its cool-down).
+#[tokio::test]
+async fn running_out_of_descriptors_is_the_gateways_503_not_the_backends_fault() {
+    let b = Backend::start("0").await;
+    let port = free_port();
+    // soft = hard: the daemon cannot raise it. Room for its own descriptors and a few dozen
+    // upstream connections, fewer than the 100 requests below need.
+    let opts = DaemonOpts {
+        nofile: Some((96, 96)),
+        ..DaemonOpts::default()
+    }
+    .env("LOXI_HEADER_TIMEOUT_MS", "60000");
+    let d = Daemon::start(opts).await;
+    let (status, body) = d.post_rule(&rule(port, b.port())).await;
+    assert_eq!(status, 200, "{body}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let send = loop {
+        if TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
+            break h2_client(port).await;
+        }
+        assert!(Instant::now() < deadline, "listener on {port} did not open");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    // 100 concurrent streams on one client connection, each holding an upstream connection
+    // for 1.5 s.
+    let burst: Vec<_> = (0..100)
+        .map(|_| tokio::spawn(h2_post(send.clone(), 1500)))
+        .collect();
+    let mut by_status = std::collections::BTreeMap::<u16, usize>::new();
+    for t in burst {
+        let (status, retry, body) = t.await.expect("request task");
+        *by_status.entry(status).or_default() += 1;
+        if status == 503 {
+            assert!(body.contains("gateway_resources_exhausted"), "{body}");
+            assert!(body.contains("EMFILE"), "{body}");
+            assert_eq!(retry.as_deref(), Some("1"), "{body}");
+        }
+    }
+    let ok = by_status.get(&200).copied().unwrap_or(0);
+    let short = by_status.get(&503).copied().unwrap_or(0);
+    assert!(
+        ok > 0 && short > 0 && ok + short == 100,
+        "want some 200s and the rest 503s, got {by_status:?}"
+    );
+    // The backend was not ejected: the next request is served.
+    let (status, _, body) = h2_post(send.clone(), 0).await;
+    assert_eq!(status, 200, "after the shortage: {body}");
+    let log = d.log_text();
+    assert!(
+        log.contains("the gateway is out of its own resources") && log.contains("EMFILE"),
+        "{log}"
+    );
+    assert!(!log.contains("circuit breaker opened"), "{log}");
+    assert!(!log.contains("upstream connect failed"), "{log}");
+    // The client connection's descriptor lets the API accept the metrics scrape.
+    drop(send);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let text = d.metrics_text().await;
+    let counted = metric(
+        &text,
+        "loxilb_proxy_local_resource_errors_total",
+        &["errno=\"EMFILE\""],
+    );
+    assert_eq!(counted, short as f64, "{text}");
+    assert_eq!(
+        metric(&text, "loxilb_proxy_upstream_connect_failures_total", &[]),
+        0.0
+    );
+}
+
+/// One HTTP/2 client connection has at most 128 requests in flight (nginx's default; hyper's
+/// is 200): its fan-out to HTTP/1.1 backends, one upstream connection per stream, is bounded.
+#[tokio::test]
+async fn an_http2_connection_has_at_most_128_requests_in_flight() {
+    let b = Backend::start("0").await;
+    let port = free_port();
+    let d = daemon(&[("LOXI_HEADER_TIMEOUT_MS", "60000")], &[port], b.port()).await;
+    let send = h2_client(port).await;
+    let all: Vec<_> = (0..140)
+        .map(|_| tokio::spawn(h2_post(send.clone(), 2000)))
+        .collect();
+    // The backend holds each request 2 s: wait until the in-flight count stops growing.
+    let deadline = Instant::now() + Duration::from_millis(1500);
+    let mut seen = 0;
+    while Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        seen = b.request_count();
+    }
+    assert_eq!(seen, 128, "requests the backend held at once");
+    for t in all {
+        let (status, _, body) = t.await.expect("request task");
+        assert_eq!(status, 200, "{body}");
+    }
+    assert_eq!(b.request_count(), 140);
+    drop(d);
+}

@@ -3,7 +3,8 @@ use loxi_user::config::Config;
 
 fn main() -> std::process::ExitCode {
     large_allocations_mmapped();
-    match run() {
+    let fds = raise_fd_limit();
+    match run(fds) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             // Each reason once (anyhow's own report repeats sources the messages embed).
@@ -13,8 +14,9 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-/// Parses flags and environment, sets up logging, runs the daemon until a signal.
-fn run() -> anyhow::Result<()> {
+/// Parses flags and environment, sets up logging, runs the daemon until a signal. `fds` is
+/// what [`raise_fd_limit`] did, logged here once logging exists.
+fn run(fds: std::io::Result<(u64, u64)>) -> anyhow::Result<()> {
     let cfg = Config::from_process();
     let mut telemetry = loxi_user::telemetry::init(&cfg.flags.log, cfg.flags.log_format, |k| {
         std::env::var(k).ok()
@@ -36,6 +38,7 @@ fn run() -> anyhow::Result<()> {
             "RUST_LOG is set but not read: the log filter is --log (or LoxiLB's --loglevel)"
         );
     }
+    log_fd_limit(fds, cfg.env.max_conns_per_listener);
     for u in &cfg.unknown_env {
         tracing::warn!(var = %u.name, "{u}");
     }
@@ -82,5 +85,69 @@ fn large_allocations_mmapped() {
         unsafe {
             libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
         }
+    }
+}
+
+/// Raises the soft limit of open file descriptors to the hard limit, as nginx's
+/// `worker_rlimit_nofile` and Go's runtime do: every fullproxy client connection may hold an
+/// upstream connection too, and the usual soft default (1,024) runs out long before
+/// `LOXI_MAX_CONNS_PER_LISTENER` (4,096). Returns the soft limit before and after.
+///
+/// Errors: `getrlimit`/`setrlimit`'s (e.g. a hard limit above `fs.nr_open`); the limit is then
+/// left as it was.
+fn raise_fd_limit() -> std::io::Result<(u64, u64)> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    #[allow(
+        unsafe_code,
+        reason = "getrlimit/setrlimit are the only way to read and raise RLIMIT_NOFILE"
+    )]
+    // SAFETY: both calls only read or write the `rlimit` they are given.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut lim) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let before = lim.rlim_cur;
+        if lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raw const lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        Ok((before, lim.rlim_cur))
+    }
+}
+
+/// Logs the file-descriptor limit [`raise_fd_limit`] left, and warns when it is below what one
+/// listener at `max_conns` client connections can need (two descriptors each: the client's
+/// and its upstream's).
+fn log_fd_limit(fds: std::io::Result<(u64, u64)>, max_conns: usize) {
+    let limit = match fds {
+        Ok((before, after)) => {
+            if after > before {
+                tracing::info!(
+                    before,
+                    after,
+                    "raised the open-file limit (RLIMIT_NOFILE) to its hard limit"
+                );
+            }
+            after
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read or raise the open-file limit (RLIMIT_NOFILE)");
+            return;
+        }
+    };
+    let want = 2 * max_conns as u64 + 64;
+    if limit < want {
+        tracing::warn!(
+            limit,
+            max_conns,
+            "the open-file limit is below what LOXI_MAX_CONNS_PER_LISTENER can need ({want}: a client and an upstream \
+             connection each); beyond it upstream connects fail with EMFILE (503 gateway_resources_exhausted). \
+             Raise the hard limit (ulimit -Hn, podman/docker --ulimit nofile=N:N) or lower LOXI_MAX_CONNS_PER_LISTENER"
+        );
     }
 }

@@ -26,6 +26,57 @@ pub enum Attempt<B = Incoming> {
     ConnectFailed(String),
     /// The request failed after it may have reached the backend. Not retried.
     Failed(UpstreamError),
+    /// The gateway could not open the connection for lack of its own resources; the request
+    /// was not sent. Not the endpoint's failure: not fed to the breaker, not retried on
+    /// another endpoint (that would need the same resource).
+    NoLocalResources(LocalShortage),
+}
+
+/// A connection the gateway could not open because it ran out of one of its own resources:
+/// file descriptors (`EMFILE` for the process, `ENFILE` for the system), local ports or
+/// addresses (`EADDRNOTAVAIL`), kernel memory (`ENOBUFS`, `ENOMEM`). Answered 503
+/// `gateway_resources_exhausted` (`Retry-After: 1`) and counted in
+/// `loxilb_proxy_local_resource_errors_total{errno}`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{errno} ({message})")]
+pub struct LocalShortage {
+    /// The error's name: `EMFILE`, `ENFILE`, `EADDRNOTAVAIL`, `ENOBUFS` or `ENOMEM`.
+    pub errno: &'static str,
+    /// The whole error as the OS and the client library reported it.
+    pub message: String,
+}
+
+impl LocalShortage {
+    /// `Some` when `e`, or an error under it, is an OS error of the gateway's own resources
+    /// (see the type's doc); `None` for anything else (a refused or timed-out connection is
+    /// the endpoint's).
+    pub fn of(e: &(dyn std::error::Error + 'static)) -> Option<Self> {
+        let mut cur = Some(e);
+        while let Some(err) = cur {
+            if let Some(io) = err.downcast_ref::<std::io::Error>()
+                && let Some(errno) = io.raw_os_error().and_then(local_errno)
+            {
+                return Some(Self {
+                    errno,
+                    message: error_chain(e),
+                });
+            }
+            cur = err.source();
+        }
+        None
+    }
+}
+
+/// The name of an errno that means the gateway, not the peer, lacks a resource.
+fn local_errno(code: i32) -> Option<&'static str> {
+    Some(match code {
+        libc::EMFILE => "EMFILE",
+        libc::ENFILE => "ENFILE",
+        libc::EADDRNOTAVAIL => "EADDRNOTAVAIL",
+        libc::ENOBUFS => "ENOBUFS",
+        libc::ENOMEM => "ENOMEM",
+        _ => return None,
+    })
 }
 
 impl<B> Attempt<B> {
@@ -45,6 +96,7 @@ impl<B> Attempt<B> {
             Self::Response(r) => Attempt::Response(r.map(f)),
             Self::ConnectFailed(e) => Attempt::ConnectFailed(e),
             Self::Failed(e) => Attempt::Failed(e),
+            Self::NoLocalResources(s) => Attempt::NoLocalResources(s),
         }
     }
 
@@ -56,12 +108,14 @@ impl<B> Attempt<B> {
         }
     }
 
-    /// `connect` or `request` when the attempt failed (the trace's `error.type`).
+    /// `connect`, `request` or `local_resources` when the attempt failed (the trace's
+    /// `error.type`).
     pub fn error_type(&self) -> Option<&'static str> {
         match self {
             Self::Response(_) => None,
             Self::ConnectFailed(_) => Some("connect"),
             Self::Failed(_) => Some("request"),
+            Self::NoLocalResources(_) => Some("local_resources"),
         }
     }
 }
@@ -102,5 +156,40 @@ mod tests {
             let a = Attempt::answered(head(status));
             assert_eq!(a.status().map(|s| s.as_u16()), Some(status), "{status}");
         }
+    }
+
+    /// An error with `inner` as its source, as client libraries wrap an OS error.
+    #[derive(Debug, thiserror::Error)]
+    #[error("client error (Connect)")]
+    struct Wrapped(#[source] std::io::Error);
+
+    #[test]
+    fn the_gateways_own_shortages_are_told_from_the_backends_failures() {
+        for (code, name) in [
+            (libc::EMFILE, "EMFILE"),
+            (libc::ENFILE, "ENFILE"),
+            (libc::EADDRNOTAVAIL, "EADDRNOTAVAIL"),
+            (libc::ENOBUFS, "ENOBUFS"),
+            (libc::ENOMEM, "ENOMEM"),
+        ] {
+            let e = Wrapped(std::io::Error::from_raw_os_error(code));
+            let s = LocalShortage::of(&e).expect(name);
+            assert_eq!(s.errno, name);
+            assert!(s.message.starts_with("client error (Connect): "), "{s}");
+        }
+        for code in [
+            libc::ECONNREFUSED,
+            libc::ETIMEDOUT,
+            libc::EHOSTUNREACH,
+            libc::ENETUNREACH,
+            libc::ECONNRESET,
+        ] {
+            let e = Wrapped(std::io::Error::from_raw_os_error(code));
+            assert_eq!(LocalShortage::of(&e), None, "{code}");
+        }
+        assert_eq!(
+            LocalShortage::of(&std::io::Error::other("tls: certificate for another name")),
+            None
+        );
     }
 }

@@ -212,6 +212,15 @@ pub enum ProxyError {
         /// The budget in bytes.
         budget: u64,
     },
+    /// The gateway ran out of its own file descriptors, local ports or kernel buffers
+    /// opening a connection to a backend (503 `gateway_resources_exhausted`,
+    /// `Retry-After: 1`): its own shortage, so not fed to the breaker and not retried on
+    /// another endpoint.
+    #[error(
+        "the gateway cannot open a connection to a backend: it is out of its own resources, \
+         {0}; retry later"
+    )]
+    LocalResources(super::attempt::LocalShortage),
     /// The global valve (`LLB_PD_MAX_TOTAL_INFLIGHT`) is full (429, `Retry-After: 1`).
     #[error("the gateway has {limit} requests in flight (LLB_PD_MAX_TOTAL_INFLIGHT); retry later")]
     Overloaded {
@@ -289,6 +298,7 @@ impl ProxyError {
             Self::NoHealthyBackend { .. }
             | Self::PdPoolUnavailable { .. }
             | Self::AdmissionClosed { .. }
+            | Self::LocalResources(_)
             | Self::BodyBudgetExhausted { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::BackendUnreachable { .. }
             | Self::Upstream { .. }
@@ -317,6 +327,7 @@ impl ProxyError {
             Self::InvalidHost(_) => "invalid_host",
             Self::BodyTimeout { .. } => "request_timeout",
             Self::BodyBudgetExhausted { .. } => "body_budget_exhausted",
+            Self::LocalResources(_) => "gateway_resources_exhausted",
             Self::MethodNotAllowed(_) => "method_not_allowed",
             Self::UnsupportedTransferCoding(_) => "unsupported_transfer_coding",
             Self::Misdirected { .. } => "misdirected_request",
@@ -367,6 +378,7 @@ impl ProxyError {
             Self::Internal(_)
             | Self::Loop
             | Self::BodyBudgetExhausted { .. }
+            | Self::LocalResources(_)
             | Self::Overloaded { .. }
             | Self::EndpointOverloaded { .. }
             | Self::AdmissionTimeout { .. }
@@ -383,6 +395,7 @@ impl ProxyError {
                 | Self::BackendUnreachable { .. }
                 | Self::Overloaded { .. }
                 | Self::BodyBudgetExhausted { .. }
+                | Self::LocalResources(_)
                 | Self::EndpointOverloaded { .. }
                 | Self::AdmissionTimeout { .. }
                 | Self::AdmissionClosed { .. }
@@ -395,8 +408,10 @@ impl ProxyError {
     }
 
     /// The JSON error response (with `Retry-After: 1` for [`ProxyError::Overloaded`],
-    /// [`ProxyError::EndpointOverloaded`], [`ProxyError::AdmissionClosed`] and
-    /// [`ProxyError::BodyBudgetExhausted`]).
+    /// [`ProxyError::EndpointOverloaded`], [`ProxyError::AdmissionClosed`],
+    /// [`ProxyError::BodyBudgetExhausted`], [`ProxyError::LocalResources`] and
+    /// [`ProxyError::NoHealthyBackend`]: each a state that passes, where a client should
+    /// come back rather than give up).
     pub fn into_response(self) -> Response<ProxyBody> {
         let overloaded = matches!(
             self,
@@ -404,6 +419,8 @@ impl ProxyError {
                 | Self::EndpointOverloaded { .. }
                 | Self::AdmissionClosed { .. }
                 | Self::BodyBudgetExhausted { .. }
+                | Self::LocalResources(_)
+                | Self::NoHealthyBackend { .. }
         );
         let body = serde_json::json!({"error": {
             "type": self.token(),
@@ -546,6 +563,21 @@ mod tests {
                 ProxyError::BodyBudgetExhausted { budget: 1 << 20 },
                 503,
                 "body_budget_exhausted",
+                true,
+            ),
+            (
+                ProxyError::LocalResources(super::super::attempt::LocalShortage {
+                    errno: "EMFILE",
+                    message: "Too many open files (os error 24)".into(),
+                }),
+                503,
+                "gateway_resources_exhausted",
+                true,
+            ),
+            (
+                ProxyError::NoHealthyBackend { service: 1 },
+                503,
+                "no_healthy_backend",
                 true,
             ),
         ];

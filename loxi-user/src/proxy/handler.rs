@@ -366,6 +366,10 @@ impl Handler {
                     excluded.insert(ep);
                     last = e;
                 }
+                Attempt::NoLocalResources(s) => {
+                    self.ctx.metrics.local_shortage(service, &s);
+                    return Err(ProxyError::LocalResources(s));
+                }
                 Attempt::Failed(source) => {
                     // Sent, then no usable head (none, or an unsolicited 101): not retried (it
                     // may have run), but a failure of the endpoint all the same.

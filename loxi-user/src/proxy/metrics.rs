@@ -13,6 +13,7 @@
 //! | `loxilb_proxy_worker_connections` | gauge | `worker` (`1`..=`--proxy-workers`; open client connections each connection worker serves, [`super::workers`]) |
 //! | `loxilb_proxy_connections_closed_total` | counter | `listener`, `reason` (`header_timeout`, `idle_timeout`, `send_timeout`) |
 //! | `loxilb_proxy_connections_queued_total` | counter | `listener` (accepted only after waiting for a slot under `LOXI_MAX_CONNS_PER_LISTENER`) |
+//! | `loxilb_proxy_local_resource_errors_total` | counter | `errno` (`EMFILE`, `ENFILE`, `EADDRNOTAVAIL`, `ENOBUFS`, `ENOMEM`: upstream connections the gateway could not open for lack of its own descriptors, ports or buffers; 503 `gateway_resources_exhausted`, no endpoint blamed) |
 //! | `loxilb_proxy_tls_handshake_failures_total` | counter | `listener` (TLS handshakes that failed or timed out: no certificate for the name, a client that does not speak TLS, ...) |
 //! | `loxilb_pd_admission_shed_total` | counter | `reason`: `total_inflight` (429, `LLB_PD_MAX_TOTAL_INFLIGHT`), `ep_queue_full` (429, the endpoint's gate and park queue full), `park_timeout` (504, parked past `LLB_PD_MAX_PARK_SEC`), `closed` (503, the gate closed while parked) |
 //! | `loxilb_pd_admission_queued_total` | counter | `service` (requests parked at an endpoint's admission gate) |
@@ -79,6 +80,13 @@ pub struct ConnCloseLabels {
     pub reason: String,
 }
 
+/// `errno`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrnoLabels {
+    /// The OS error's name, e.g. `EMFILE` ([`super::attempt::LocalShortage::errno`]).
+    pub errno: String,
+}
+
 /// `reason`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ShedLabels {
@@ -114,6 +122,8 @@ pub struct ProxyMetrics {
     pub connections_queued: Family<ListenerLabels, Counter>,
     /// TLS handshakes that failed or timed out, by listener.
     pub tls_handshake_failures: Family<ListenerLabels, Counter>,
+    /// Upstream connections the gateway could not open for lack of its own resources.
+    pub local_resource_errors: Family<ErrnoLabels, Counter>,
     /// Requests refused by an admission limit, by reason.
     pub shed: Family<ShedLabels, Counter>,
     /// Requests parked at an endpoint's admission gate, by service.
@@ -195,6 +205,12 @@ impl ProxyMetrics {
             m.tls_handshake_failures.clone(),
         );
         reg.register(
+            "loxilb_proxy_local_resource_errors",
+            "Upstream connections the gateway could not open for lack of its own file \
+             descriptors, local ports or kernel buffers (503 gateway_resources_exhausted), by errno",
+            m.local_resource_errors.clone(),
+        );
+        reg.register(
             "loxilb_pd_admission_shed",
             "Requests refused by an admission limit (429 pd_overloaded), by reason",
             m.shed.clone(),
@@ -226,6 +242,7 @@ impl ProxyMetrics {
             connections_closed: Family::default(),
             connections_queued: Family::default(),
             tls_handshake_failures: Family::default(),
+            local_resource_errors: Family::default(),
             shed: Family::default(),
             admission_queued: Family::default(),
             admission_parked: Family::default(),
@@ -289,6 +306,22 @@ impl ProxyMetrics {
         self.connections_queued
             .get_or_create(&ListenerLabels {
                 listener: addr.to_string(),
+            })
+            .inc();
+    }
+
+    /// Counts one upstream connection the gateway could not open for lack of `errno`'s
+    /// resource, and logs it.
+    pub fn local_shortage(&self, service: u32, s: &super::attempt::LocalShortage) {
+        tracing::warn!(
+            service,
+            errno = s.errno,
+            error = %s.message,
+            "cannot open an upstream connection: the gateway is out of its own resources; 503, no endpoint blamed"
+        );
+        self.local_resource_errors
+            .get_or_create(&ErrnoLabels {
+                errno: s.errno.into(),
             })
             .inc();
     }

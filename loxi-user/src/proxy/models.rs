@@ -227,6 +227,7 @@ impl ModelList<'_> {
             let resp = match self.upstreams.send(req, via).await {
                 Attempt::Response(r) => r,
                 Attempt::ConnectFailed(e) => return Err(e),
+                Attempt::NoLocalResources(s) => return Err(s.to_string()),
                 Attempt::Failed(e) => return Err(e.to_string()),
             };
             if !resp.status().is_success() {

@@ -418,6 +418,10 @@ impl Handler {
                     last: e,
                 })
             }
+            Attempt::NoLocalResources(s) => {
+                self.ctx.metrics.local_shortage(service, &s);
+                Err(ProxyError::LocalResources(s))
+            }
             Attempt::Failed(source) => Err(self.answered_failure(
                 pool,
                 start,

@@ -67,6 +67,16 @@ impl Drop for ActiveGuard {
     }
 }
 
+/// Why a prefill leg's request got no response.
+enum LegFailure {
+    /// The connection could not be made (the endpoint's failure: try another).
+    Connect,
+    /// The gateway is out of its own resources (503, no endpoint blamed).
+    Local(super::attempt::LocalShortage),
+    /// Sent, then failed.
+    Sent(super::attempt::UpstreamError),
+}
+
 /// What the prefill leg ended with.
 pub(super) enum Prefill {
     /// 2xx: the whole response body.
@@ -107,9 +117,10 @@ impl Handler {
                 }
                 Attempt::ConnectFailed(e) => {
                     tracing::warn!(service, ep, error = %e, "prefill connect failed; trying another prefill endpoint");
-                    Err(None)
+                    Err(LegFailure::Connect)
                 }
-                Attempt::Failed(source) => Err(Some(source)),
+                Attempt::NoLocalResources(s) => Err(LegFailure::Local(s)),
+                Attempt::Failed(source) => Err(LegFailure::Sent(source)),
             }
         };
         let outcome = match tokio::time::timeout(timeout, leg).await {
@@ -133,12 +144,16 @@ impl Handler {
             Err(self.answered_failure(pool, legs.start, e))
         };
         match outcome {
-            Err(None) => {
+            Err(LegFailure::Connect) => {
                 pm.eps[ep].connect_failures.inc();
                 self.observe(pool, ep, Outcome::ConnectFailed);
                 Ok(Prefill::ConnectFailed)
             }
-            Err(Some(source)) => failed(source.to_string()),
+            Err(LegFailure::Local(s)) => {
+                self.ctx.metrics.local_shortage(service, &s);
+                Err(ProxyError::LocalResources(s))
+            }
+            Err(LegFailure::Sent(source)) => failed(source.to_string()),
             Ok(Err(message)) => {
                 pm.stream_errors(ep).inc();
                 failed(message)
@@ -168,8 +183,9 @@ impl Handler {
     /// The decode leg on `ep`: `Ok` with the response once its first body byte arrived (a
     /// non-2xx answer at once), `Err(None)` on a connect failure (try another decode
     /// endpoint), `Err(Some(_))` when the request was sent and the decode failed or closed
-    /// before its first byte (502 `pd_decode_backend_died`). Unbounded: the caller applies
-    /// the decode timeout.
+    /// before its first byte (502 `pd_decode_backend_died`), or when the gateway is out of
+    /// its own resources to connect (503 `gateway_resources_exhausted`). Unbounded: the
+    /// caller applies the decode timeout.
     pub(super) async fn decode_leg(
         &self,
         legs: &Legs<'_>,
@@ -210,6 +226,10 @@ impl Handler {
                 pm.eps[ep].connect_failures.inc();
                 self.observe(pool, ep, Outcome::ConnectFailed);
                 return Err(None);
+            }
+            Attempt::NoLocalResources(s) => {
+                self.ctx.metrics.local_shortage(service, &s);
+                return Err(Some(ProxyError::LocalResources(s)));
             }
             Attempt::Failed(source) => return died(source.to_string()),
         };

@@ -16,7 +16,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
-pub use super::attempt::{Attempt, UpstreamError, error_chain};
+pub use super::attempt::{Attempt, LocalShortage, UpstreamError, error_chain};
 use super::upstream_h1::{DrivenBody, H1Pool};
 
 /// A response body from either client: hyper-util's pooled one or a driven HTTP/1.1
@@ -121,7 +121,10 @@ impl Upstreams {
         };
         match sent {
             Ok(r) => Attempt::answered(r),
-            Err(e) if e.is_connect() => Attempt::ConnectFailed(error_chain(&e)),
+            Err(e) if e.is_connect() => match LocalShortage::of(&e) {
+                Some(s) => Attempt::NoLocalResources(s),
+                None => Attempt::ConnectFailed(error_chain(&e)),
+            },
             Err(e) => Attempt::Failed(Box::new(e)),
         }
     }

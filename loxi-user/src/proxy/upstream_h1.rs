@@ -42,7 +42,7 @@ use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-use super::attempt::{Attempt, error_chain};
+use super::attempt::{Attempt, LocalShortage, error_chain};
 
 /// Longest an idle connection is kept (hyper-util's default pool idle timeout).
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
@@ -217,7 +217,7 @@ impl H1Pool {
                     // futures inline would size (and be copied with) every request's future.
                     None => match Box::pin(self.connect(authority)).await {
                         Ok(c) => (c, false),
-                        Err(e) => return (Attempt::ConnectFailed(e), Some(req)),
+                        Err(failed) => return (failed, Some(req)),
                     },
                 };
                 let mut sent = std::pin::pin!(c.send.try_send_request(req));
@@ -265,23 +265,31 @@ impl H1Pool {
         }
     }
 
-    /// A new connection to `authority` (`tcp connect error: ...` when it cannot be opened).
-    async fn connect(&self, authority: &str) -> Result<H1Conn, String> {
+    /// A new connection to `authority`; when it cannot be opened, the failed attempt:
+    /// [`Attempt::ConnectFailed`] (`tcp connect error: ...`), or
+    /// [`Attempt::NoLocalResources`] when the gateway ran out of its own descriptors, ports or
+    /// buffers.
+    async fn connect(&self, authority: &str) -> Result<H1Conn, Attempt<DrivenBody>> {
         let tcp =
             match tokio::time::timeout(self.connect_timeout, TcpStream::connect(authority)).await {
                 Ok(Ok(s)) => s,
-                Ok(Err(e)) => return Err(format!("tcp connect error: {e}")),
+                Ok(Err(e)) => {
+                    return Err(match LocalShortage::of(&e) {
+                        Some(s) => Attempt::NoLocalResources(s),
+                        None => Attempt::ConnectFailed(format!("tcp connect error: {e}")),
+                    });
+                }
                 Err(_) => {
-                    return Err(format!(
+                    return Err(Attempt::ConnectFailed(format!(
                         "tcp connect error: no connection within {} ms",
                         self.connect_timeout.as_millis()
-                    ));
+                    )));
                 }
             };
         let _ = tcp.set_nodelay(true);
         let (send, conn) = http1::handshake(TokioIo::new(tcp))
             .await
-            .map_err(|e| format!("http1 handshake: {e}"))?;
+            .map_err(|e| Attempt::ConnectFailed(format!("http1 handshake: {e}")))?;
         let mut c = H1Conn {
             key: Arc::from(authority),
             shard: self.shard(),
@@ -290,7 +298,9 @@ impl H1Pool {
             done: false,
         };
         if !c.ready().await {
-            return Err("connection closed before the first request".into());
+            return Err(Attempt::ConnectFailed(
+                "connection closed before the first request".into(),
+            ));
         }
         Ok(c)
     }
