@@ -1006,3 +1006,44 @@ async fn an_http2_connection_has_at_most_128_requests_in_flight() {
     assert_eq!(b.request_count(), 140);
     drop(d);
 }
+
+/// The daemon raises its soft open-file limit to the hard one at start, and warns when even
+/// that is below what `LOXI_MAX_CONNS_PER_LISTENER` can need.
+#[tokio::test]
+async fn the_daemon_raises_its_open_file_limit_and_warns_when_it_is_low() {
+    let soft_of = |pid: u32| -> String {
+        let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).expect("limits");
+        let line = limits
+            .lines()
+            .find(|l| l.starts_with("Max open files"))
+            .expect("Max open files")
+            .to_string();
+        line.split_whitespace().nth(3).expect("soft").to_string()
+    };
+    let raised = Daemon::start(DaemonOpts {
+        nofile: Some((256, 4096)),
+        ..DaemonOpts::default()
+    })
+    .await;
+    assert_eq!(soft_of(raised.pid().expect("pid")), "4096");
+    let log = raised.log_text();
+    assert!(log.contains("raised the open-file limit"), "{log}");
+    // 4096 is below 2 × 4096 + 64: warned, naming the variable.
+    assert!(
+        log.contains("LOXI_MAX_CONNS_PER_LISTENER can need (8256"),
+        "{log}"
+    );
+    let enough = Daemon::start(
+        DaemonOpts {
+            nofile: Some((256, 4096)),
+            ..DaemonOpts::default()
+        }
+        .env("LOXI_MAX_CONNS_PER_LISTENER", "1000"),
+    )
+    .await;
+    assert!(
+        !enough.log_text().contains("can need"),
+        "{}",
+        enough.log_text()
+    );
+}
