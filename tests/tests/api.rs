@@ -84,6 +84,21 @@ async fn reposting_the_same_key_with_another_selector_is_409_and_keeps_the_rule(
     assert_eq!(status, 409, "{body}");
     assert_eq!(body["code"], json!(409));
     assert_eq!(body["field"], json!("serviceArguments.sel"));
+    // loxicmd prints `message`: it says the rule exists. kube-loxilb reads `result` and takes
+    // an error containing "exist" for its rule installed, so `result` keeps the word out.
+    assert_eq!(
+        body["message"],
+        json!(
+            "serviceArguments.sel: a rule with this key already exists with another shape \
+             (serviceArguments.sel = 0); delete it first (loxi does not change a rule's shape in \
+             place)"
+        )
+    );
+    let result = body["result"].as_str().unwrap_or_default();
+    assert!(
+        result.contains("serviceArguments.sel") && !result.contains("exist"),
+        "{body}"
+    );
     let rules = lb_attr(&d.rules().await);
     assert_eq!(rules.len(), 1);
     // sel 0 is omitted as LoxiLB's omitempty does; it is still not the 2 posted above.

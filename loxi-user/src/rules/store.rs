@@ -329,7 +329,7 @@ impl RuleStore {
     ///
     /// The rule's opaque `id` (LoxiLB's) is kept from the stored rule on an update (as LoxiLB
     /// keeps it), taken as posted on a create, or minted (UUIDv4) when absent; an `id` another
-    /// rule already has is [`RuleError::Conflict`].
+    /// rule already has is [`RuleError::IdTaken`] (HTTP 409).
     pub fn upsert(&self, rule: LbRule) -> Result<UpsertOutcome, StoreError> {
         let (mut rule, spec) = validate::compile(rule)?;
         let mut next_id = self.write.lock();
@@ -339,14 +339,14 @@ impl RuleStore {
             rule.service.id.clone_from(&old.rule.service.id);
         } else if rule.service.id.is_empty() {
             rule.service.id = mint_uuid();
-        } else if cur
+        } else if let Some(other) = cur
             .rules
             .values()
-            .any(|r| r.rule.service.id == rule.service.id)
+            .find(|r| r.rule.service.id == rule.service.id)
         {
-            return Err(RuleError::Conflict {
-                field: "serviceArguments.id".into(),
-                existing: format!("{:?} (on another rule)", rule.service.id),
+            return Err(RuleError::IdTaken {
+                id: rule.service.id,
+                rule: other.rule.key().to_string(),
             }
             .into());
         }
@@ -648,7 +648,8 @@ mod tests {
         other.service.id.clone_from(&id);
         let e = store.upsert(other).expect_err("id taken");
         assert!(
-            matches!(e, StoreError::Invalid(RuleError::Conflict { .. })),
+            matches!(&e, StoreError::Invalid(RuleError::IdTaken { rule, .. })
+                if rule == "10.0.0.1:80/tcp"),
             "{e:?}"
         );
         assert!(matches!(
