@@ -1729,6 +1729,24 @@ mod tests {
         );
     }
 
+    /// A decode endpoint's `nixl_port` is not inert by LoxiLB's contract: the spec gives every
+    /// endpoint one, LoxiLB's docs' loxicmd example sets one per endpoint (`--ep-role=prefill,
+    /// decode --nixl-port=9001,9002`, fixture f1) and LoxiLB's CI expects it in the request
+    /// id's decode address. It is accepted and kept, for both roles.
+    #[test]
+    fn a_decode_endpoints_nixl_port_is_accepted_and_kept() {
+        let mut r = rule(json!({"pd_disagg_mode": true}));
+        r.endpoints[0].ep_role = 1;
+        r.endpoints[0].nixl_port = 9001;
+        r.endpoints[1].ep_role = 2;
+        r.endpoints[1].nixl_port = 9002;
+        let v = validate(r).expect("LoxiLB's own example");
+        let ports: Vec<u16> = v.endpoints.iter().map(|e| e.nixl_port).collect();
+        assert_eq!(ports, [9001, 9002]);
+        let spec = ServiceSpec::compile(&v).expect("spec");
+        assert_eq!(spec.pd.expect("pd").nixl_ports, [9001, 9002]);
+    }
+
     #[test]
     fn endpoint_checks_name_the_index() {
         let mut r = rule(json!({}));
