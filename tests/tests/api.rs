@@ -84,6 +84,21 @@ async fn reposting_the_same_key_with_another_selector_is_409_and_keeps_the_rule(
     assert_eq!(status, 409, "{body}");
     assert_eq!(body["code"], json!(409));
     assert_eq!(body["field"], json!("serviceArguments.sel"));
+    // loxicmd prints `message`: it says the rule exists. kube-loxilb reads `result` and takes
+    // an error containing "exist" for its rule installed, so `result` keeps the word out.
+    assert_eq!(
+        body["message"],
+        json!(
+            "serviceArguments.sel: a rule with this key already exists with another shape \
+             (serviceArguments.sel = 0); delete it first (loxi does not change a rule's shape in \
+             place)"
+        )
+    );
+    let result = body["result"].as_str().unwrap_or_default();
+    assert!(
+        result.contains("serviceArguments.sel") && !result.contains("exist"),
+        "{body}"
+    );
     let rules = lb_attr(&d.rules().await);
     assert_eq!(rules.len(), 1);
     // sel 0 is omitted as LoxiLB's omitempty does; it is still not the 2 posted above.
@@ -258,6 +273,102 @@ async fn out_of_range_values_are_400_naming_the_field() {
         "{body}"
     );
     assert!(lb_attr(&d.rules().await).is_empty());
+}
+
+/// A rule's free text (name, id, model_name, ...) is printable and 253 bytes at most, and its
+/// VIP and endpoints each name one host: otherwise 400 naming the field, and nothing stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_characters_long_names_and_group_addresses_are_400_naming_the_field() {
+    let d = Daemon::start_default().await;
+    let cases = [
+        (json!({"name": "web\nprod"}), "serviceArguments.name"),
+        (json!({"name": "a\tb"}), "serviceArguments.name"),
+        (json!({"name": "nul\u{0}"}), "serviceArguments.name"),
+        (
+            json!({"name": "x".repeat(1 << 20)}),
+            "serviceArguments.name",
+        ),
+        (json!({"id": "id\r\n"}), "serviceArguments.id"),
+        (
+            json!({"model_name": "m".repeat(254)}),
+            "serviceArguments.model_name",
+        ),
+        (
+            json!({"sel": 3, "session_header_name": "X-Session\n"}),
+            "serviceArguments.session_header_name",
+        ),
+        (
+            json!({"probetype": "http", "probereq": "/health\r\nX: y"}),
+            "serviceArguments.probereq",
+        ),
+        (
+            json!({"externalIP": "224.0.0.1"}),
+            "serviceArguments.externalIP",
+        ),
+        (
+            json!({"externalIP": "255.255.255.255"}),
+            "serviceArguments.externalIP",
+        ),
+        (
+            json!({"externalIP": "ff02::1"}),
+            "serviceArguments.externalIP",
+        ),
+    ];
+    for (extra, field) in cases {
+        let mut r = rule(free_port());
+        for (k, v) in extra.as_object().expect("object") {
+            r = with_service(r, k, v.clone());
+        }
+        let (status, body) = d.post_rule(&r).await;
+        assert_eq!((status, &body["field"]), (400, &json!(field)), "{body}");
+        let message = body["message"].as_str().unwrap_or_default();
+        assert!(message.starts_with(&format!("{field}: ")), "{message}");
+        assert!(
+            message.len() < 400,
+            "the value is not echoed: {} bytes",
+            message.len()
+        );
+    }
+    let (_, body) = d
+        .post_rule(&with_service(rule(free_port()), "name", json!("web\nprod")))
+        .await;
+    assert_eq!(
+        body["message"],
+        json!(
+            "serviceArguments.name: \"web\\nprod\" contains the control character '\\n'; a \
+             rule name is a column of loxicmd's tables, so it is printable text of at most 253 \
+             bytes"
+        )
+    );
+    let mut r = rule(free_port());
+    r["endpoints"]
+        .as_array_mut()
+        .expect("endpoints")
+        .push(json!({"endpointIP": "255.255.255.255", "targetPort": 8003}));
+    let (status, body) = d.post_rule(&r).await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["field"], json!("endpoints[2].endpointIP"));
+    assert_eq!(
+        body["message"],
+        json!(
+            "endpoints[2].endpointIP: 255.255.255.255 is the broadcast address, not a host to send \
+             requests to"
+        )
+    );
+    assert!(lb_attr(&d.rules().await).is_empty(), "nothing stored");
+    // kube-loxilb's name is stored and listed as posted.
+    let (status, body) = d
+        .post_rule(&with_service(
+            rule(free_port()),
+            "name",
+            json!("default_tcp-lb-default:llb-inst0"),
+        ))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        lb_attr(&d.rules().await)[0]["serviceArguments"]["name"],
+        json!("default_tcp-lb-default:llb-inst0")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,7 +7,10 @@
 //! "message":"\"kv_exact_mode\" is not a field; did you mean \"kvExactMode\"?","result":"...",
 //! "field":"serviceArguments.kv_exact_mode"}`. LoxiLB puts a generic class text in `message`
 //! and its internal error in `result`; loxi puts its specific reason in both (loxicmd prints
-//! `message`, kube-loxilb reads `result`). Every body ends with `\n`, as go-openapi's encoder
+//! `message`, kube-loxilb reads `result`), worded for each in one case: the 409 of a rule
+//! posted again with another shape says in `message` that the rule already exists, and avoids
+//! the word in `result`, since kube-loxilb takes an error containing "exist" for its rule
+//! installed ([`RuleError::message`]). Every body ends with `\n`, as go-openapi's encoder
 //! writes it. Client mistakes are 400 (validation), 404 (nothing to delete) or 409 (same key,
 //! other shape); only a failed state-file write is a 500.
 
@@ -27,6 +30,9 @@ pub struct ApiError {
     pub message: String,
     /// JSON path of the offending field (`serviceArguments.kvBlockSize`, `endpoints[1].weight`).
     pub field: Option<String>,
+    /// The body's `result` (what kube-loxilb reads) when it must differ from `message`; `None`
+    /// = `message`.
+    pub result: Option<String>,
 }
 
 /// LoxiLB's error body (`models.Error`, keys in its order) plus loxi's `field`.
@@ -74,6 +80,7 @@ impl ApiError {
             status: StatusCode::BAD_REQUEST,
             message: message.into(),
             field: Some(field.into()),
+            result: None,
         }
     }
 
@@ -107,6 +114,7 @@ impl ApiError {
             status: StatusCode::BAD_REQUEST,
             message: message.into(),
             field: None,
+            result: None,
         }
     }
 
@@ -116,6 +124,7 @@ impl ApiError {
             status,
             message: message.into(),
             field: None,
+            result: None,
         }
     }
 
@@ -125,6 +134,7 @@ impl ApiError {
             status: StatusCode::NOT_FOUND,
             message: message.into(),
             field: None,
+            result: None,
         }
     }
 
@@ -134,24 +144,27 @@ impl ApiError {
             status: StatusCode::INTERNAL_SERVER_ERROR,
             message: message.into(),
             field: None,
+            result: None,
         }
     }
 }
 
 impl From<RuleError> for ApiError {
     fn from(e: RuleError) -> Self {
-        let message = e.to_string();
-        match e {
-            RuleError::Invalid { field, .. } | RuleError::UnknownField { field, .. } => Self {
-                status: StatusCode::BAD_REQUEST,
-                message,
-                field: Some(field),
-            },
-            RuleError::Conflict { field, .. } => Self {
-                status: StatusCode::CONFLICT,
-                message,
-                field: Some(field),
-            },
+        let (message, result) = (e.message(), e.to_string());
+        let result = (result != message).then_some(result);
+        let (status, field) = match e {
+            RuleError::Invalid { field, .. } | RuleError::UnknownField { field, .. } => {
+                (StatusCode::BAD_REQUEST, field)
+            }
+            RuleError::Conflict { field, .. } => (StatusCode::CONFLICT, field),
+            RuleError::IdTaken { .. } => (StatusCode::CONFLICT, "serviceArguments.id".into()),
+        };
+        Self {
+            status,
+            message,
+            field: Some(field),
+            result,
         }
     }
 }
@@ -175,7 +188,7 @@ impl IntoResponse for ApiError {
             code: self.status.as_u16(),
             fields: self.field.as_deref().map(|f| [f]),
             message: &self.message,
-            result: &self.message,
+            result: self.result.as_deref().unwrap_or(&self.message),
             field: self.field.as_deref(),
         };
         json_response(self.status, &body)
@@ -230,6 +243,52 @@ mod tests {
         }
         .into();
         assert_eq!(c.status, StatusCode::CONFLICT);
+        assert_eq!(c.field.as_deref(), Some("serviceArguments.sel"));
+    }
+
+    /// The 409 of a rule posted again with another shape tells a person that the rule exists
+    /// (`message`, printed by loxicmd), and keeps the word "exist" out of `result`: kube-loxilb
+    /// reads `result` and takes an error containing "exist" for its rule installed.
+    #[test]
+    fn a_reshape_409_says_exists_in_message_and_not_in_result() {
+        let c: ApiError = RuleError::Conflict {
+            field: "serviceArguments.sel".into(),
+            existing: "0".into(),
+        }
+        .into();
+        let body: serde_json::Value = serde_json::from_slice(&body_bytes(c)).expect("JSON");
+        assert_eq!(body["code"], 409);
+        assert_eq!(
+            body["message"],
+            "serviceArguments.sel: a rule with this key already exists with another shape \
+             (serviceArguments.sel = 0); delete it first (loxi does not change a rule's shape in \
+             place)"
+        );
+        assert_eq!(
+            body["result"],
+            "serviceArguments.sel: the rule with this key has serviceArguments.sel = 0; delete \
+             it first"
+        );
+        assert!(!body["result"].as_str().unwrap_or("exist").contains("exist"));
+        assert_eq!(body["field"], "serviceArguments.sel");
+        // Any other error carries one text in both.
+        let id: ApiError = RuleError::IdTaken {
+            id: "a".into(),
+            rule: "10.0.0.1:80/tcp".into(),
+        }
+        .into();
+        assert_eq!(id.status, StatusCode::CONFLICT);
+        let body: serde_json::Value = serde_json::from_slice(&body_bytes(id)).expect("JSON");
+        assert_eq!(body["message"], body["result"]);
+        assert!(!body["result"].as_str().unwrap_or("exist").contains("exist"));
+    }
+
+    /// The body `e` answers with.
+    fn body_bytes(e: ApiError) -> Vec<u8> {
+        let resp = e.into_response();
+        let body = resp.into_body();
+        let bytes = futures::executor::block_on(axum::body::to_bytes(body, 1 << 16));
+        bytes.expect("body").to_vec()
     }
 
     #[test]

@@ -220,15 +220,14 @@ const OVERSIZE_DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(
 
 /// 405 in LoxiLB's error shape (axum's own answer has an empty body).
 async fn method_not_allowed(req: Request) -> ApiError {
-    ApiError {
-        status: axum::http::StatusCode::METHOD_NOT_ALLOWED,
-        message: format!(
+    ApiError::with_status(
+        axum::http::StatusCode::METHOD_NOT_ALLOWED,
+        format!(
             "method {} is not allowed on {}",
             req.method(),
             req.uri().path()
         ),
-        field: None,
-    }
+    )
 }
 
 async fn not_found(req: Request) -> ApiError {

@@ -151,6 +151,7 @@ fn bind_error(addr: SocketAddr, e: &std::io::Error) -> ApiError {
         status,
         message: format!("cannot listen on {addr}: {e}; nothing was stored"),
         field: Some("serviceArguments.port".into()),
+        result: None,
     }
 }
 

@@ -94,14 +94,10 @@ where
                 Ok::<_, Infallible>(match answer {
                     Ok(Ok(resp)) => resp,
                     Ok(Err(never)) => match never {},
-                    Err(_) => ApiError {
-                        status: StatusCode::REQUEST_TIMEOUT,
-                        message: format!(
-                            "request not completed within {} s",
-                            timeout.as_secs_f64()
-                        ),
-                        field: None,
-                    }
+                    Err(_) => ApiError::with_status(
+                        StatusCode::REQUEST_TIMEOUT,
+                        format!("request not completed within {} s", timeout.as_secs_f64()),
+                    )
                     .into_response(),
                 })
             }

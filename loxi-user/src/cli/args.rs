@@ -259,7 +259,10 @@ pub struct CreateLb {
     /// server (not implemented); `false` is accepted.
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub bgp: Option<bool>,
-    /// Conntrack inactivity timeout in seconds.
+    /// Inactivity timeout in seconds (`inactiveTimeOut`). L4 modes: the conntrack idle
+    /// timeout (0: 300 s tcp, 60 s udp/sctp). Mode 4 (fullproxy): the listener's client idle
+    /// timeout, how long an idle client connection is kept, at most 86400 (0:
+    /// LOXI_IDLE_TIMEOUT_MS; rules sharing a listener: the largest).
     #[arg(long)]
     pub inatimeout: Option<u32>,
     /// Enable endpoint health monitoring.
@@ -487,6 +490,31 @@ mod tests {
             e.to_string()
                 .contains("[possible values: table, json, wide]"),
             "{e}"
+        );
+    }
+
+    /// `--inatimeout` is `inactiveTimeOut`, which a fullproxy rule reads as its listener's
+    /// client idle timeout: the help says so, not only "conntrack".
+    #[test]
+    fn inatimeout_help_names_the_fullproxy_client_idle_timeout() {
+        use clap::CommandFactory;
+        let mut cli = Cli::command();
+        let lb = cli
+            .find_subcommand_mut("create")
+            .and_then(|c| c.find_subcommand_mut("lb"))
+            .expect("create lb");
+        let help = lb
+            .get_arguments()
+            .find(|a| a.get_id() == "inatimeout")
+            .and_then(|a| a.get_help())
+            .map(|h| h.to_string())
+            .expect("--inatimeout has help");
+        assert_eq!(
+            help,
+            "Inactivity timeout in seconds (`inactiveTimeOut`). L4 modes: the conntrack idle \
+             timeout (0: 300 s tcp, 60 s udp/sctp). Mode 4 (fullproxy): the listener's client \
+             idle timeout, how long an idle client connection is kept, at most 86400 (0: \
+             LOXI_IDLE_TIMEOUT_MS; rules sharing a listener: the largest)"
         );
     }
 

@@ -1,5 +1,5 @@
 //! The error every rule check returns: which field, what is wrong, and the HTTP status class
-//! (`api::error` maps `Invalid`/`UnknownField` to 400 and `Conflict` to 409).
+//! (`api::error` maps `Invalid`/`UnknownField` to 400 and `Conflict`/`IdTaken` to 409).
 
 use super::spec::SpecError;
 
@@ -23,8 +23,10 @@ pub enum RuleError {
         /// The right field name, when one is close.
         suggestion: Option<String>,
     },
-    /// A rule with the same key has another shape (HTTP 409). The message avoids the word
-    /// "exists": kube-loxilb treats an error whose text contains "exist" as success.
+    /// A rule with the same key has another shape (HTTP 409). This text (the body's `result`,
+    /// which kube-loxilb reads) avoids the word "exist": kube-loxilb's `installLB` treats an
+    /// error containing "exist" as its rule already installed, and would record a rule that is
+    /// not. People read [`RuleError::message`] (the body's `message`, which loxicmd prints).
     #[error("{field}: the rule with this key has {field} = {existing}; delete it first")]
     Conflict {
         /// The field whose value differs.
@@ -32,6 +34,34 @@ pub enum RuleError {
         /// The existing value.
         existing: String,
     },
+    /// Another rule (another key) already has the posted `serviceArguments.id` (HTTP 409): an
+    /// id names one rule.
+    #[error(
+        "serviceArguments.id: {id:?} is the id of rule {rule}; ids are unique (leave id out to \
+         have one minted)"
+    )]
+    IdTaken {
+        /// The posted id.
+        id: String,
+        /// The key of the rule that has it.
+        rule: String,
+    },
+}
+
+impl RuleError {
+    /// The error as a person reads it (the API body's `message`, which loxicmd prints). The
+    /// same as [`std::fmt::Display`] but for a [`RuleError::Conflict`], which says in words
+    /// that the rule already exists, where `Display` (the body's `result`, read by kube-loxilb)
+    /// must not.
+    pub fn message(&self) -> String {
+        match self {
+            RuleError::Conflict { field, existing } => format!(
+                "{field}: a rule with this key already exists with another shape ({field} = \
+                 {existing}); delete it first (loxi does not change a rule's shape in place)"
+            ),
+            other => other.to_string(),
+        }
+    }
 }
 
 /// The last segment of a JSON path (`serviceArguments.kv_exact_mode` → `kv_exact_mode`).

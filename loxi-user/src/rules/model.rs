@@ -103,7 +103,9 @@ pub struct ServiceArgs {
     /// BGP advertisement (stored; loxi has no BGP speaker).
     #[serde(default)]
     pub bgp: bool,
-    /// L4 conntrack inactivity timeout in seconds (0 = data-path default).
+    /// Inactivity timeout in seconds. L4 rules: the conntrack idle timeout (0 = the data
+    /// path's default). Mode 4: the listener's client idle timeout, at most
+    /// [`super::validate::MAX_FULLPROXY_IDLE_SECS`] (0 = `LOXI_IDLE_TIMEOUT_MS`).
     #[serde(rename = "inactiveTimeOut", default)]
     pub inactive_timeout: u32,
     /// Endpoint health monitoring enabled.

@@ -20,8 +20,8 @@ use super::persist::{self, PersistError};
 use super::spec::ServiceSpec;
 use super::validate;
 
-/// One of `validate`'s `reset_inert_*`: clears fields of a restored rule that nothing reads and
-/// names them.
+/// One of `validate`'s `reset_inert_*` (or `text::reset_informational`): clears fields of a
+/// restored rule that the API now refuses but that change nothing it serves, and names them.
 type ResetInert = fn(&mut LbRule) -> Vec<&'static str>;
 
 /// A stored rule with its stable service id (the `service` metric label and the `service_id`
@@ -194,12 +194,8 @@ impl RuleStore {
             let stored = loaded.parsed;
             stored_by_id.insert(stored.id, loaded.stored.clone());
             let mut rule = stored.rule;
-            if rule.service.id.is_empty() {
-                // A state file written before rules had LoxiLB's opaque id.
-                rule.service.id = mint_uuid();
-            }
             // Fields an older loxi stored that nothing reads: reset, and the API refuses them.
-            let resets: [(ResetInert, &str); 4] = [
+            let resets: [(ResetInert, &str); 5] = [
                 (
                     |r| super::validate::reset_inert_kv_knobs(&mut r.service),
                     "tier-1.5 knobs without kvExactMode (never read) reset to their defaults",
@@ -216,6 +212,11 @@ impl RuleStore {
                     super::validate::reset_inert_weights,
                     "unequal endpoint weights its selector never reads set to 1",
                 ),
+                (
+                    super::text::reset_informational,
+                    "a name or id with control characters or over 253 bytes cleared (an id is \
+                     minted again)",
+                ),
             ];
             // Logged only for a rule that is then restored: a dropped one is logged as such.
             let reset: Vec<(&str, Vec<&'static str>)> = resets
@@ -223,6 +224,10 @@ impl RuleStore {
                 .map(|(reset, what)| (what, reset(&mut rule)))
                 .filter(|(_, fields)| !fields.is_empty())
                 .collect();
+            if rule.service.id.is_empty() {
+                // A state file written before rules had LoxiLB's opaque id, or one just cleared.
+                rule.service.id = mint_uuid();
+            }
             match StoredRule::new(stored.id, rule) {
                 Ok(rule) => {
                     if let Err(why) = check(&rule.rule) {
@@ -324,7 +329,7 @@ impl RuleStore {
     ///
     /// The rule's opaque `id` (LoxiLB's) is kept from the stored rule on an update (as LoxiLB
     /// keeps it), taken as posted on a create, or minted (UUIDv4) when absent; an `id` another
-    /// rule already has is [`RuleError::Conflict`].
+    /// rule already has is [`RuleError::IdTaken`] (HTTP 409).
     pub fn upsert(&self, rule: LbRule) -> Result<UpsertOutcome, StoreError> {
         let (mut rule, spec) = validate::compile(rule)?;
         let mut next_id = self.write.lock();
@@ -334,14 +339,14 @@ impl RuleStore {
             rule.service.id.clone_from(&old.rule.service.id);
         } else if rule.service.id.is_empty() {
             rule.service.id = mint_uuid();
-        } else if cur
+        } else if let Some(other) = cur
             .rules
             .values()
-            .any(|r| r.rule.service.id == rule.service.id)
+            .find(|r| r.rule.service.id == rule.service.id)
         {
-            return Err(RuleError::Conflict {
-                field: "serviceArguments.id".into(),
-                existing: format!("{:?} (on another rule)", rule.service.id),
+            return Err(RuleError::IdTaken {
+                id: rule.service.id,
+                rule: other.rule.key().to_string(),
             }
             .into());
         }
@@ -643,7 +648,8 @@ mod tests {
         other.service.id.clone_from(&id);
         let e = store.upsert(other).expect_err("id taken");
         assert!(
-            matches!(e, StoreError::Invalid(RuleError::Conflict { .. })),
+            matches!(&e, StoreError::Invalid(RuleError::IdTaken { rule, .. })
+                if rule == "10.0.0.1:80/tcp"),
             "{e:?}"
         );
         assert!(matches!(
@@ -759,6 +765,30 @@ mod tests {
                 .map(|(id, s)| (id, s.probeport, s.probereq))
                 .collect();
         assert_eq!(kept, vec![(7, 0, String::new()), (8, 0, "/health".into())]);
+    }
+
+    /// A name or id the API now refuses (control characters, over 253 bytes) selects no
+    /// traffic: the restored rule is kept serving, the name cleared and the id minted again.
+    #[test]
+    fn restored_rules_with_a_bad_name_or_id_are_kept_with_them_cleared() {
+        let mut nl = serde_json::to_value(rule(80, 0, "")).expect("v");
+        nl["serviceArguments"]["name"] = json!("web\nprod");
+        nl["serviceArguments"]["id"] = json!("fixed-id");
+        let mut long = serde_json::to_value(rule(81, 0, "")).expect("v");
+        long["serviceArguments"]["name"] = json!("kept-name");
+        long["serviceArguments"]["id"] = json!("i".repeat(1 << 20));
+        let kept = restored(json!([{"id": 7, "rule": nl}, {"id": 8, "rule": long}]));
+        let got: Vec<(u32, &str, usize)> = kept
+            .iter()
+            .map(|(id, s)| (*id, s.name.as_str(), s.id.len()))
+            .collect();
+        assert_eq!(got, vec![(7, "", 8), (8, "kept-name", 36)]);
+        assert_eq!(kept[0].1.id, "fixed-id", "a valid id is kept");
+        assert_eq!(
+            &kept[1].1.id[14..15],
+            "4",
+            "a UUIDv4 minted for the cleared one"
+        );
     }
 
     #[test]

@@ -169,7 +169,7 @@ fn check_l4(rule: &LbRule) -> Result<(), RuleError> {
     let Ok(vip) = s.external_ip.parse::<IpAddr>() else {
         return Ok(());
     };
-    if vip.is_unspecified() {
+    if super::addr::is_unspecified(vip) {
         return Err(invalid(
             "serviceArguments.externalIP",
             format!(
@@ -256,8 +256,28 @@ fn one_of(field: &str, v: &str, allowed: &[&str]) -> Result<(), RuleError> {
     ))
 }
 
+/// A VIP names one host: not a multicast or the broadcast address ([`super::addr`]).
+fn check_vip(vip: &str) -> Result<(), RuleError> {
+    let what = vip
+        .parse::<IpAddr>()
+        .ok()
+        .and_then(super::addr::not_one_host);
+    match what {
+        Some(what) => Err(invalid(
+            "serviceArguments.externalIP",
+            format!(
+                "{vip} is {what}; a VIP is the one unicast address clients connect to (mode 4 \
+                 also takes 0.0.0.0 or :: to listen on every address)"
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
 fn validate_service(s: &mut ServiceArgs) -> Result<(), RuleError> {
     s.external_ip = normalize_ip(&s.external_ip)?;
+    check_vip(&s.external_ip)?;
+    super::text::check(s)?;
     if s.port == 0 {
         return Err(invalid(
             "serviceArguments.port",
@@ -270,8 +290,7 @@ fn validate_service(s: &mut ServiceArgs) -> Result<(), RuleError> {
     // SNI so): two rules whose hosts differ only in case would share every request, and one
     // of them would be stored and never used. One spelling, lower case, is the key.
     s.host = host_key(&s.host);
-    check_name("host", &s.host)?;
-    check_name("model_name", &s.model_name)?;
+    check_host(&s.host)?;
     if let Some((name, port)) = s.host.rsplit_once(':')
         && !name.contains(':')
         && port.bytes().all(|b| b.is_ascii_digit())
@@ -796,9 +815,6 @@ fn need_defaults_outside_fullproxy(
     need("chwbl_enable_cache_salt", s.chwbl_enable_cache_salt)
 }
 
-/// A host or model name is matched against what clients send and becomes a metric label and a
-/// log field: control characters (a newline broke every `/metrics` scrape) and, for a host,
-/// whitespace and URL delimiters can never match a request and are refused.
 /// A rule host as its key: lower case (RFC 9110 §4.2.3) and without one trailing dot (the
 /// fully qualified spelling of the same name, RFC 1034 §3.1), as the fullproxy matches `Host`
 /// and SNI: `A.com.` and `a.com` are one rule's key, not two rules of which one never serves.
@@ -810,39 +826,31 @@ pub fn host_key(host: &str) -> String {
     }
 }
 
-fn check_name(field: &str, v: &str) -> Result<(), RuleError> {
-    let host = field == "host";
-    if host {
-        let why = if v.contains('*') {
-            Some(
-                "wildcard hosts are not supported (a host is matched exactly): give each host its own rule",
-            )
-        } else if !v.is_ascii() {
-            Some(
-                "a host is matched against the request's ASCII Host header: give its IDNA (xn--) form",
-            )
-        } else if v.ends_with('.') || v.starts_with('.') || v.contains("..") {
-            Some("that is not a host name")
-        } else {
-            None
-        };
-        if let Some(why) = why {
-            return Err(invalid("serviceArguments.host", format!("{v:?}: {why}")));
-        }
+/// A host is matched exactly against the ASCII `Host` header and SNI a request sends: a
+/// wildcard, a non-ASCII name, empty labels, whitespace and URL delimiters could never match
+/// one and are refused. (Control characters and the length are [`super::text`]'s checks.)
+fn check_host(v: &str) -> Result<(), RuleError> {
+    let why = if v.contains('*') {
+        Some(
+            "wildcard hosts are not supported (a host is matched exactly): give each host its own rule",
+        )
+    } else if !v.is_ascii() {
+        Some("a host is matched against the request's ASCII Host header: give its IDNA (xn--) form")
+    } else if v.ends_with('.') || v.starts_with('.') || v.contains("..") {
+        Some("that is not a host name")
+    } else {
+        None
+    };
+    if let Some(why) = why {
+        return Err(invalid("serviceArguments.host", format!("{v:?}: {why}")));
     }
-    if let Some(c) = v.chars().find(|c| {
-        c.is_control() || (host && (c.is_whitespace() || matches!(c, '/' | '?' | '#' | '@')))
-    }) {
+    if let Some(c) = v
+        .chars()
+        .find(|c| c.is_whitespace() || matches!(c, '/' | '?' | '#' | '@'))
+    {
         return Err(invalid(
-            &format!("serviceArguments.{field}"),
-            format!(
-                "{v:?} contains {c:?}; {}",
-                if host {
-                    "a host is a DNS name or an IP address"
-                } else {
-                    "a model name cannot contain control characters"
-                }
-            ),
+            "serviceArguments.host",
+            format!("{v:?} contains {c:?}; a host is a DNS name or an IP address"),
         ));
     }
     Ok(())
@@ -862,9 +870,9 @@ fn reaches_listener(ep: IpAddr, listener: IpAddr) -> bool {
         }
 }
 
-/// One endpoint: its IP canonical and a host to send to (not the unspecified address), its
-/// target port defaulted to the service port, never the rule's own listener (a loop), and
-/// its fields in range.
+/// One endpoint: its IP canonical and one host to send to (not the unspecified, a multicast or
+/// the broadcast address, [`super::addr`]), its target port defaulted to the service port,
+/// never the rule's own listener (a loop), and its fields in range.
 fn validate_endpoint(i: usize, ep: &mut Endpoint, s: &ServiceArgs) -> Result<(), RuleError> {
     let f = |name: &str| format!("endpoints[{i}].{name}");
     ep.endpoint_ip = ep
@@ -878,15 +886,16 @@ fn validate_endpoint(i: usize, ep: &mut Endpoint, s: &ServiceArgs) -> Result<(),
                 format!("{:?} is not an IP address", ep.endpoint_ip),
             )
         })?;
-    if ep
+    if let Some(what) = ep
         .endpoint_ip
         .parse::<IpAddr>()
-        .is_ok_and(|a| a.is_unspecified())
+        .ok()
+        .and_then(super::addr::endpoint_fault)
     {
         return Err(invalid(
             &f("endpointIP"),
             format!(
-                "{} is the unspecified address, not a host to send requests to",
+                "{} is {what}, not a host to send requests to",
                 ep.endpoint_ip
             ),
         ));
@@ -1491,6 +1500,82 @@ mod tests {
         }
     }
 
+    /// A VIP or an endpoint that names no single host is refused naming the field, in every
+    /// mode and in its IPv4-mapped spelling; a mode-4 VIP may still be 0.0.0.0 or ::.
+    #[test]
+    fn multicast_broadcast_and_unspecified_addresses_are_refused_naming_the_field() {
+        let refusal = |r: LbRule| match validate(r) {
+            Err(RuleError::Invalid { field, message }) => (field, message),
+            other => panic!("expected a refusal, got {other:?}"),
+        };
+        for (vip, what) in [
+            ("224.0.0.1", "a multicast address"),
+            ("ff02::1", "a multicast address"),
+            ("::ffff:239.1.2.3", "a multicast address"),
+            ("255.255.255.255", "the broadcast address"),
+        ] {
+            for mode in [0, 4] {
+                let (field, message) = refusal(rule(json!({"externalIP": vip, "mode": mode})));
+                assert_eq!(field, "serviceArguments.externalIP", "{vip} mode {mode}");
+                assert!(
+                    message.contains(&format!("is {what}; a VIP is the one unicast address")),
+                    "{message}"
+                );
+            }
+        }
+        let three = |bad: &str| {
+            let mut r = rule(json!({}));
+            let mut ep = r.endpoints[0].clone();
+            ep.endpoint_ip = bad.into();
+            r.endpoints.push(ep);
+            r
+        };
+        for (ip, what) in [
+            ("224.0.0.251", "a multicast address"),
+            ("ff05::1:3", "a multicast address"),
+            ("255.255.255.255", "the broadcast address"),
+            ("::ffff:255.255.255.255", "the broadcast address"),
+            ("0.0.0.0", "the unspecified address"),
+            ("::ffff:0.0.0.0", "the unspecified address"),
+        ] {
+            let (field, message) = refusal(three(ip));
+            assert_eq!(field, "endpoints[2].endpointIP", "{ip}");
+            assert!(
+                message.ends_with(&format!("is {what}, not a host to send requests to")),
+                "{message}"
+            );
+        }
+        // "Listen on every address" stays a mode-4 VIP; the L4 data path refuses it, also
+        // spelled as an IPv4-mapped address.
+        validate(rule(json!({"externalIP": "0.0.0.0"}))).expect("mode 4 on every address");
+        validate(rule(json!({"externalIP": "::"}))).expect("mode 4 on every address");
+        let (field, _) = refusal(rule(json!({"externalIP": "::ffff:0.0.0.0", "mode": 0})));
+        assert_eq!(field, "serviceArguments.externalIP");
+    }
+
+    #[test]
+    fn a_rules_name_is_printable_and_253_bytes_at_most() {
+        for name in [
+            "web\nprod".to_string(),
+            "a\tb".to_string(),
+            "nul\u{0}".to_string(),
+            "x".repeat(1 << 20),
+            "x".repeat(254),
+        ] {
+            let shown: String = name.chars().take(20).collect();
+            assert_eq!(
+                field_of(rule(json!({ "name": name }))),
+                "serviceArguments.name",
+                "{shown:?}"
+            );
+        }
+        let kept = validate(rule(json!({"name": "default_tcp-lb-default:llb-inst0"})))
+            .expect("kube-loxilb's name");
+        assert_eq!(kept.service.name, "default_tcp-lb-default:llb-inst0");
+        validate(rule(json!({"name": "x".repeat(253)}))).expect("at the bound");
+        validate(rule(json!({"name": "Modèle français 7B"}))).expect("printable non-ASCII");
+    }
+
     #[test]
     fn n3_selector_only_for_udp() {
         assert_eq!(field_of(rule(json!({"sel": 6}))), "serviceArguments.sel");
@@ -1642,6 +1727,24 @@ mod tests {
             field_of(rule(json!({"pd_session_ttl_sec": 60}))),
             "serviceArguments.pd_session_ttl_sec"
         );
+    }
+
+    /// A decode endpoint's `nixl_port` is not inert by LoxiLB's contract: the spec gives every
+    /// endpoint one, LoxiLB's docs' loxicmd example sets one per endpoint (`--ep-role=prefill,
+    /// decode --nixl-port=9001,9002`, fixture f1) and LoxiLB's CI expects it in the request
+    /// id's decode address. It is accepted and kept, for both roles.
+    #[test]
+    fn a_decode_endpoints_nixl_port_is_accepted_and_kept() {
+        let mut r = rule(json!({"pd_disagg_mode": true}));
+        r.endpoints[0].ep_role = 1;
+        r.endpoints[0].nixl_port = 9001;
+        r.endpoints[1].ep_role = 2;
+        r.endpoints[1].nixl_port = 9002;
+        let v = validate(r).expect("LoxiLB's own example");
+        let ports: Vec<u16> = v.endpoints.iter().map(|e| e.nixl_port).collect();
+        assert_eq!(ports, [9001, 9002]);
+        let spec = ServiceSpec::compile(&v).expect("spec");
+        assert_eq!(spec.pd.expect("pd").nixl_ports, [9001, 9002]);
     }
 
     #[test]
