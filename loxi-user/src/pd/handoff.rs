@@ -19,9 +19,12 @@
 //! remote_request_id, remote_host, remote_port, tp_size` (fields vary with the connector and
 //! version, so loxi passes the object through verbatim, unknown fields included).
 //!
-//! The request id has LoxiLB's form `___prefill_addr_<ip:nixl_port>___decode_addr_<ip:port>_<uuid>`
-//! (the form of vLLM's P2P NCCL proxy example, which LoxiLB adopted), generated once per
-//! request and never regenerated between the legs or on a retry.
+//! The request id has LoxiLB's form
+//! `___prefill_addr_<ip:nixl_port>___decode_addr_<ip:nixl_port>_<uuid>` (the form of vLLM's
+//! P2P NCCL proxy example, which LoxiLB adopted; both addresses are the engines' KV side
+//! channels, `targetPort` when `nixl_port` is 0, as loxilb-inference-gateway's
+//! `cicd/vllm-pd-disagg/validation.sh` checks), generated once per request and never
+//! regenerated between the legs or on a retry.
 
 use serde_json::{Map, Value, json};
 
@@ -74,8 +77,8 @@ pub fn transfer_params(prefill_response: &[u8]) -> Option<Value> {
 }
 
 /// LoxiLB's request id: `___prefill_addr_{prefill}___decode_addr_{decode}_{uuid}`, where
-/// `prefill` is the prefill endpoint's `ip:nixl_port` and `decode` the decode endpoint's
-/// `ip:port` (IPv6 bracketed), and `uuid` a random v4 UUID.
+/// `prefill` and `decode` are the endpoints' `ip:nixl_port` (`targetPort` when 0; IPv6
+/// bracketed), and `uuid` a random v4 UUID.
 pub fn request_id(prefill: &str, decode: &str) -> String {
     format!(
         "___prefill_addr_{prefill}___decode_addr_{decode}_{}",

@@ -170,7 +170,7 @@ impl Handler {
         let endpoints = &pool.rule.rule.endpoints;
         let rid = handoff::request_id(
             &authority(&endpoints[pre.ep].endpoint_ip, spec.nixl_ports[pre.ep]),
-            &pool.authorities[dec.ep],
+            &authority(&endpoints[dec.ep].endpoint_ip, spec.nixl_ports[dec.ep]),
         );
         let legs = Legs {
             pool,
