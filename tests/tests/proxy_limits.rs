@@ -1047,3 +1047,148 @@ async fn the_daemon_raises_its_open_file_limit_and_warns_when_it_is_low() {
         enough.log_text()
     );
 }
+
+/// Request heads are bounded at 64 KiB (a connection sending more is closed unanswered and
+/// counted); a head under it is served; a malformed head gets hyper's 400 and is counted; a
+/// client that leaves before its answer is counted as a 4xx of its rule (nginx's 499).
+#[tokio::test]
+async fn oversized_and_malformed_heads_and_abandoned_requests_are_counted() {
+    let b = Backend::start("0").await;
+    let port = free_port();
+    let d = daemon(&[("LOXI_HEADER_TIMEOUT_MS", "60000")], &[port], b.port()).await;
+    let head = |len: usize| {
+        format!(
+            "GET /health HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
+            "a".repeat(len)
+        )
+    };
+    let mut s = TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    s.write_all(head(60 * 1024).as_bytes())
+        .await
+        .expect("write");
+    let answer = read_answer(&mut s).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert_eq!(b.request_count(), 1);
+
+    let mut s = TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    // 1 MiB of head: the write may fail once loxi closed; what it answered is nothing.
+    let _ = s.write_all(head(1 << 20).as_bytes()).await;
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut got)).await;
+    assert!(read.is_ok(), "the connection was held");
+    assert!(got.is_empty(), "{}", String::from_utf8_lossy(&got));
+    d.wait_metric(
+        "loxilb_proxy_connections_closed_total",
+        &["reason=\"head_too_large\""],
+        1.0,
+    )
+    .await;
+
+    let mut s = TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nBad Header: y\r\n\r\n")
+        .await
+        .expect("write");
+    let mut got = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut got)).await;
+    assert!(
+        String::from_utf8_lossy(&got).starts_with("HTTP/1.1 400"),
+        "{}",
+        String::from_utf8_lossy(&got)
+    );
+    d.wait_metric(
+        "loxilb_proxy_connections_closed_total",
+        &["reason=\"malformed_request\""],
+        1.0,
+    )
+    .await;
+    assert_eq!(b.request_count(), 1, "neither reached the backend");
+
+    // A client that sends a request the backend holds 3 s, and leaves after 300 ms.
+    let mut s = TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    s.write_all(post("x-delay-ms: 3000\r\n").as_bytes())
+        .await
+        .expect("write");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    drop(s);
+    assert!(
+        b.wait_cancelled(1, Duration::from_secs(10)).await,
+        "the backend's request was not cancelled"
+    );
+    d.wait_metric(
+        "loxilb_proxy_requests_total",
+        &["service=\"1\"", "ep_idx=\"none\"", "class=\"4xx\""],
+        1.0,
+    )
+    .await;
+}
+
+/// `TRACE` is 405, an `Expect` other than `100-continue` 417, and an HTTP/2 `Host` that
+/// names another authority than `:authority` 400; none reaches the backend. `Expect:
+/// 100-continue` and an HTTP/2 `Host` equal to `:authority` are served.
+#[tokio::test]
+async fn trace_unknown_expectations_and_a_host_other_than_the_authority_are_refused() {
+    use http_body_util::BodyExt;
+    let b = Backend::start("0").await;
+    let port = free_port();
+    let _d = daemon(&[], &[port], b.port()).await;
+    for (head, want) in [
+        ("TRACE /health HTTP/1.1\r\nHost: x\r\n\r\n", "HTTP/1.1 405"),
+        (
+            "GET /health HTTP/1.1\r\nHost: x\r\nExpect: 200-bogus\r\n\r\n",
+            "HTTP/1.1 417",
+        ),
+    ] {
+        let mut s = TcpStream::connect(("127.0.0.1", port))
+            .await
+            .expect("connect");
+        s.write_all(head.as_bytes()).await.expect("write");
+        let answer = read_answer(&mut s).await;
+        assert!(answer.starts_with(want), "{head:?}: {answer}");
+    }
+    let mut s = TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    s.write_all(post("Expect: 100-continue\r\n").as_bytes())
+        .await
+        .expect("write");
+    // hyper may send `100 Continue` first: read until the final answer's head.
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&got).contains("HTTP/1.1 200") {
+        match tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => got.extend_from_slice(&buf[..n]),
+            other => panic!("{other:?}: {}", String::from_utf8_lossy(&got)),
+        }
+    }
+    assert_eq!(
+        b.request_count(),
+        1,
+        "only the 100-continue request reached the backend"
+    );
+
+    let mut send = h2_client(port).await;
+    for (host, want) in [("other.example", 400), ("X", 200)] {
+        let req = hyper::Request::get("http://x/health")
+            .header("host", host)
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .expect("request");
+        send.ready().await.expect("ready");
+        let resp = send.send_request(req).await.expect("response");
+        let status = resp.status().as_u16();
+        let body = resp.into_body().collect().await.expect("body").to_bytes();
+        let body = String::from_utf8_lossy(&body);
+        assert_eq!(status, want, "Host {host}: {body}");
+        if want == 400 {
+            assert!(body.contains("authority_mismatch"), "{body}");
+        }
+    }
+    assert_eq!(b.request_count(), 2);
+}

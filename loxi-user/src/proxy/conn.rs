@@ -16,6 +16,14 @@
 //!   written meanwhile, request open or not (nginx's `send_timeout`): a client that never reads
 //!   its response cannot hold the connection, and with it the backend's, forever.
 //!
+//! [`TrackedIo`] also bounds a request head's size: once more than [`MAX_HEAD_BYTES`] were read
+//! while a head is pending (bytes arrived, no request open) and the head has still not been
+//! parsed, the next read fails, and the connection is closed ([`Expiry::HeadTooLarge`]). A
+//! head-only bound: hyper's own (`max_buf_size`, ~400 KB) also sizes its read and write
+//! buffers, which bodies and responses need large. Body bytes are read while their request is
+//! open, so they never count, but for a body a refused request leaves to be drained
+//! ([`Activity::linger`]).
+//!
 //! Otherwise a connection with a request open (head parsed, response body not finished) never
 //! expires: long generations are bounded by the client and the backend, not by these timers,
 //! as long as the client keeps reading. The clock is tokio's, so tests drive it with paused
@@ -23,7 +31,7 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -65,18 +73,31 @@ pub enum Expiry {
     Idle,
     /// A write to the client made no progress for the send timeout.
     SendTimeout,
+    /// A request head grew past [`MAX_HEAD_BYTES`] (the connection is closed unanswered).
+    HeadTooLarge,
+    /// hyper refused a malformed HTTP/1 head (it answered 400, 414 or 431 itself, then
+    /// closed).
+    Malformed,
 }
 
 impl Expiry {
-    /// Metric label: `header_timeout`, `idle_timeout` or `send_timeout`.
+    /// Metric label: `header_timeout`, `idle_timeout`, `send_timeout`, `head_too_large` or
+    /// `malformed_request`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::HeaderTimeout => "header_timeout",
             Self::Idle => "idle_timeout",
             Self::SendTimeout => "send_timeout",
+            Self::HeadTooLarge => "head_too_large",
+            Self::Malformed => "malformed_request",
         }
     }
 }
+
+/// The most bytes a request head may take: more read while one is pending closes the
+/// connection ([`Expiry::HeadTooLarge`]). nginx's default bound is 4 × 8 KiB
+/// (`large_client_header_buffers`); this leaves room for long cookies and tokens.
+pub const MAX_HEAD_BYTES: u64 = 64 * 1024;
 
 /// No head pending (value of `Activity::head_since`).
 const NO_HEAD: u64 = u64::MAX;
@@ -98,6 +119,12 @@ pub struct Activity {
     /// Since when a write to the client has been pending with nothing written, or
     /// [`NOT_BLOCKED`].
     blocked_since: AtomicU64,
+    /// Bytes read since `head_since` (only the connection's task reads and writes it).
+    head_bytes: AtomicU64,
+    /// A refused request's body is being drained: no further head will be read.
+    lingering: AtomicBool,
+    /// The head bound closed the connection.
+    head_too_large: AtomicBool,
     /// The listener's client traffic, which [`TrackedIo`] adds this connection's bytes to.
     traffic: Arc<crate::listen::Traffic>,
 }
@@ -118,6 +145,9 @@ impl Activity {
             last_ms: AtomicU64::new(0),
             head_since: AtomicU64::new(NO_HEAD),
             blocked_since: AtomicU64::new(NOT_BLOCKED),
+            head_bytes: AtomicU64::new(0),
+            lingering: AtomicBool::new(false),
+            head_too_large: AtomicBool::new(false),
             traffic,
         })
     }
@@ -130,17 +160,42 @@ impl Activity {
         self.base + Duration::from_millis(ms)
     }
 
-    /// Bytes were read from the client.
-    pub fn on_read(&self) {
+    /// `n` bytes were read from the client.
+    pub fn on_read(&self, n: usize) {
         let now = self.now_ms();
         self.last_ms.store(now, Ordering::Relaxed);
         if self.open.load(Ordering::Acquire) == 0 {
             // The first byte of a head starts the header timer (the watchdog finds it at its
-            // next check, which is never later than the timer's end: see `expired`).
-            let _ =
-                self.head_since
-                    .compare_exchange(NO_HEAD, now, Ordering::AcqRel, Ordering::Relaxed);
+            // next check, which is never later than the timer's end: see `expired`) and the
+            // head's byte count; later ones add to the count (a load and a store: only this
+            // connection's task reads).
+            let n = n as u64;
+            match self.head_since.compare_exchange(
+                NO_HEAD,
+                now,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => self.head_bytes.store(n, Ordering::Relaxed),
+                Err(_) => {
+                    let so_far = self.head_bytes.load(Ordering::Relaxed);
+                    self.head_bytes.store(so_far + n, Ordering::Relaxed);
+                }
+            }
         }
+    }
+
+    /// More than [`MAX_HEAD_BYTES`] were read and the pending head is still not parsed.
+    fn head_overflow(&self) -> bool {
+        self.head_bytes.load(Ordering::Relaxed) > MAX_HEAD_BYTES
+            && self.open.load(Ordering::Acquire) == 0
+            && self.head_since.load(Ordering::Acquire) != NO_HEAD
+            && !self.lingering.load(Ordering::Relaxed)
+    }
+
+    /// Whether the head bound closed the connection.
+    pub fn head_was_too_large(&self) -> bool {
+        self.head_too_large.load(Ordering::Relaxed)
     }
 
     /// Bytes were written to the client.
@@ -166,6 +221,13 @@ impl Activity {
         RequestGuard {
             act: Some(self.clone()),
         }
+    }
+
+    /// The open request was refused with its body left to drain (413): the connection reads
+    /// that body after the answer, then closes, and reads no further head, so the head bound
+    /// no longer applies.
+    pub fn linger(&self) {
+        self.lingering.store(true, Ordering::Relaxed);
     }
 
     fn end(&self) {
@@ -244,6 +306,15 @@ pub struct RequestGuard {
     act: Option<Arc<Activity>>,
 }
 
+impl RequestGuard {
+    /// See [`Activity::linger`].
+    pub fn linger(&self) {
+        if let Some(a) = &self.act {
+            a.linger();
+        }
+    }
+}
+
 impl Drop for RequestGuard {
     fn drop(&mut self) {
         if let Some(a) = self.act.take() {
@@ -284,11 +355,18 @@ impl<T: AsyncRead + Unpin> AsyncRead for TrackedIo<T> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
+        if self.act.head_overflow() {
+            self.act.head_too_large.store(true, Ordering::Relaxed);
+            return Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("request head over {MAX_HEAD_BYTES} bytes"),
+            )));
+        }
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
         let read = buf.filled().len().saturating_sub(before);
         if matches!(polled, Poll::Ready(Ok(()))) && read > 0 {
-            self.act.on_read();
+            self.act.on_read(read);
             self.act.traffic.read(read);
         }
         polled

@@ -48,7 +48,8 @@ pub enum ProxyError {
         /// The configured timeout in milliseconds.
         ms: u64,
     },
-    /// A method the fullproxy does not forward (405): `CONNECT` (no tunnels through loxi).
+    /// A method the fullproxy does not forward (405): `CONNECT` (no tunnels through loxi) and
+    /// `TRACE` (it would echo the request, credentials included, back to whoever sent it).
     #[error("method {0} is not allowed")]
     MethodNotAllowed(http::Method),
     /// A request `Transfer-Encoding` other than `chunked` (501): hyper decodes the chunked
@@ -75,6 +76,20 @@ pub enum ProxyError {
     /// host than the one the request was routed by.
     #[error("a request must carry at most one Host header")]
     DuplicateHost,
+    /// An HTTP/2 request whose `Host` header names another authority than its `:authority`
+    /// (400): RFC 9113 §8.3.1 makes it malformed; routing by one while the backend reads the
+    /// other would let a client reach a host it was not routed for.
+    #[error("the Host header {host:?} differs from the request's :authority {authority:?}")]
+    AuthorityMismatch {
+        /// The `:authority` pseudo-header.
+        authority: String,
+        /// The `Host` header.
+        host: String,
+    },
+    /// An `Expect` other than `100-continue` (417, RFC 9110 §10.1.1): loxi cannot meet an
+    /// expectation it does not know, and forwarding it would leave the backend to guess.
+    #[error("Expect {0:?} is not supported (only 100-continue)")]
+    ExpectationFailed(String),
     /// The client's body could not be read (400).
     #[error("reading the request body failed: {0}")]
     ClientBody(#[source] hyper::Error),
@@ -289,7 +304,9 @@ impl ProxyError {
             Self::ClientBody(_)
             | Self::MissingHost
             | Self::DuplicateHost
-            | Self::InvalidHost(_) => StatusCode::BAD_REQUEST,
+            | Self::InvalidHost(_)
+            | Self::AuthorityMismatch { .. } => StatusCode::BAD_REQUEST,
+            Self::ExpectationFailed(_) => StatusCode::EXPECTATION_FAILED,
             Self::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             Self::UnsupportedTransferCoding(_) => StatusCode::NOT_IMPLEMENTED,
@@ -325,6 +342,8 @@ impl ProxyError {
             Self::MissingHost => "missing_host",
             Self::DuplicateHost => "duplicate_host",
             Self::InvalidHost(_) => "invalid_host",
+            Self::AuthorityMismatch { .. } => "authority_mismatch",
+            Self::ExpectationFailed(_) => "expectation_failed",
             Self::BodyTimeout { .. } => "request_timeout",
             Self::BodyBudgetExhausted { .. } => "body_budget_exhausted",
             Self::LocalResources(_) => "gateway_resources_exhausted",
@@ -359,6 +378,8 @@ impl ProxyError {
             | Self::MissingHost
             | Self::DuplicateHost
             | Self::InvalidHost(_)
+            | Self::AuthorityMismatch { .. }
+            | Self::ExpectationFailed(_)
             | Self::BodyTimeout { .. }
             | Self::MethodNotAllowed(_)
             | Self::UnsupportedTransferCoding(_)

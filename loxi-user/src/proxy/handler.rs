@@ -7,6 +7,7 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
@@ -59,6 +60,48 @@ pub(super) fn endpoint_value(ep: usize) -> HeaderValue {
     HeaderValue::from_static(if ep < 10 { &text[1..] } else { text })
 }
 
+/// A request whose client went away before its answer's head (hyper dropped the handler's
+/// future): counted on drop in `loxilb_proxy_requests_total` as nginx's 499 "client closed
+/// request" (`class="4xx"`, `ep_idx="none"`, under its rule once routing knew it, else
+/// `service="0"`), so that every request is counted once (before, only the duration histogram
+/// saw it). A request answered, whatever the answer, is counted where it is answered.
+struct Unanswered<'a> {
+    metrics: &'a super::metrics::ProxyMetrics,
+    /// The rule's id once routing chose it (0 before).
+    service: AtomicU32,
+    armed: bool,
+}
+
+impl<'a> Unanswered<'a> {
+    fn new(metrics: &'a super::metrics::ProxyMetrics) -> Self {
+        Self {
+            metrics,
+            service: AtomicU32::new(0),
+            armed: true,
+        }
+    }
+
+    /// The request was answered: nothing to count on drop.
+    fn answered(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let service = self.service.load(Ordering::Relaxed);
+            tracing::debug!(service, "client went away before its answer");
+            self.metrics.request(service, None, client_closed());
+        }
+    }
+}
+
+/// nginx's 499 "client closed request" (no HTTP status; only counted, as a 4xx).
+fn client_closed() -> http::StatusCode {
+    http::StatusCode::from_u16(499).unwrap_or(http::StatusCode::BAD_REQUEST)
+}
+
 /// Per-listener request handler.
 pub struct Handler {
     /// The listener's pools (swapped on rule changes).
@@ -84,19 +127,27 @@ impl Handler {
         let start = Instant::now();
         let h1 = req.version() <= http::Version::HTTP_11;
         let span = trace_span::request(req.method(), req.uri().path(), req.headers());
+        let pending = Unanswered::new(&self.ctx.metrics);
         // The routing future (kilobytes) is built in its box once; unboxed it was copied into
         // the span's wrapper, and that into hyper's dispatcher with this function's future.
-        let resp = match Box::pin(self.route(req, client, start))
+        let routed = Box::pin(self.route(req, client, start, &pending.service))
             .instrument(span.clone())
-            .await
-        {
+            .await;
+        pending.answered();
+        let resp = match routed {
             Ok(resp) => resp,
             Err((service, e)) => {
-                let too_large = matches!(e, ProxyError::BodyTooLarge { .. });
+                // The rest of the body is not read (413: only discarded for a bounded time,
+                // see `body::discard_for`; 408: it came too slowly; 400: reading it failed):
+                // the connection cannot carry another request, and says so.
+                let closes = matches!(
+                    e,
+                    ProxyError::BodyTooLarge { .. }
+                        | ProxyError::BodyTimeout { .. }
+                        | ProxyError::ClientBody(_)
+                );
                 let mut resp = self.error_response(service, e);
-                if too_large && h1 {
-                    // The rest of the body is not read (only discarded for a bounded time,
-                    // see `body::discard_for`): the connection cannot carry another request.
+                if closes && h1 {
                     resp.headers_mut()
                         .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
                 }
@@ -134,15 +185,26 @@ impl Handler {
         e
     }
 
+    /// Routes and forwards one request; `seen` gets its rule's id once known (for
+    /// [`Unanswered`]).
     async fn route(
         &self,
         req: Request<Incoming>,
         client: SocketAddr,
         start: Instant,
+        seen: &AtomicU32,
     ) -> Result<Response<ProxyBody>, (u32, ProxyError)> {
         let (mut parts, body) = req.into_parts();
-        if parts.method == http::Method::CONNECT {
+        // CONNECT would tunnel anywhere; TRACE would echo the request, credentials included
+        // (nginx answers both 405).
+        if parts.method == http::Method::CONNECT || parts.method == http::Method::TRACE {
             return Err((0, ProxyError::MethodNotAllowed(parts.method)));
+        }
+        if let Some(e) = parts.headers.get(http::header::EXPECT)
+            && !e.as_bytes().eq_ignore_ascii_case(b"100-continue")
+        {
+            let shown = String::from_utf8_lossy(e.as_bytes()).into_owned();
+            return Err((0, ProxyError::ExpectationFailed(shown)));
         }
         if let Some(coding) = unsupported_transfer_coding(&parts.headers) {
             return Err((0, ProxyError::UnsupportedTransferCoding(coding)));
@@ -160,6 +222,9 @@ impl Handler {
             return Err((0, ProxyError::Loop));
         }
         absolute_form_host(&mut parts);
+        if let Some(e) = authority_mismatch(&parts) {
+            return Err((0, e));
+        }
         if let Some(h) = parts.headers.get(http::header::HOST)
             && !valid_host(h.as_bytes())
         {
@@ -223,6 +288,7 @@ impl Handler {
             json = meta::parse_body_bounded(&bytes, limits);
         }
         let service = pool.rule.id;
+        seen.store(service, Ordering::Relaxed);
         let mut meta = RequestMeta::from_json(
             &parts,
             json.as_ref().map(|p| &p.value),
@@ -665,6 +731,20 @@ fn absolute_form_host(parts: &mut Parts) {
     {
         parts.headers.insert(http::header::HOST, v);
     }
+}
+
+/// An HTTP/2 request's `Host` that names another authority than its `:authority` (RFC 9113
+/// §8.3.1; compared without case), as the error to answer.
+fn authority_mismatch(parts: &Parts) -> Option<ProxyError> {
+    if parts.version < http::Version::HTTP_2 {
+        return None;
+    }
+    let authority = parts.uri.authority()?.as_str();
+    let host = parts.headers.get(http::header::HOST)?.as_bytes();
+    (!host.eq_ignore_ascii_case(authority.as_bytes())).then(|| ProxyError::AuthorityMismatch {
+        authority: authority.to_string(),
+        host: String::from_utf8_lossy(host).into_owned(),
+    })
 }
 
 /// The request's host: the `Host` header, else the URI authority (HTTP/2).

@@ -356,9 +356,15 @@ impl Serving {
             );
             return Ok(resp.map(|b| ConnBody::new(b, guard, None)));
         };
+        let h1 = req.version() <= http::Version::HTTP_11;
         // The handler boxes its kilobytes of routing state itself (`Handler::handle`), so the
         // future hyper moves into its dispatcher stays small.
         let resp = self.handler.clone().handle(req, peer).await?;
+        if h1 && resp.status() == http::StatusCode::PAYLOAD_TOO_LARGE {
+            // Its body is drained after the answer (`body::discard_for`), then the
+            // connection closes: those bytes are no next request's head.
+            guard.linger();
+        }
         Ok(resp.map(|b| ConnBody::new(b, guard, Some(admitted))))
     }
 }
@@ -400,9 +406,22 @@ where
         loop {
             // In order: the connection (the hot branch), the watchdog, the cancellation.
             if let Poll::Ready(ended) = conn.as_mut().poll(cx) {
-                if let Err(e) = ended {
-                    tracing::debug!(error = %e, "connection ended with error");
+                let Err(e) = ended else {
+                    return Poll::Ready(None);
+                };
+                let e: Box<dyn std::error::Error + Send + Sync> = e.into();
+                if act.head_was_too_large() {
+                    tracing::debug!(
+                        limit = super::conn::MAX_HEAD_BYTES,
+                        "request head too large; connection closed"
+                    );
+                    return Poll::Ready(Some(Expiry::HeadTooLarge));
                 }
+                if refused_by_hyper(&*e) {
+                    tracing::debug!(error = %e, "malformed request head; hyper answered it and closed");
+                    return Poll::Ready(Some(Expiry::Malformed));
+                }
+                tracing::debug!(error = %e, "connection ended with error");
                 return Poll::Ready(None);
             }
             if !alarm.due.swap(false, Ordering::AcqRel) {
@@ -420,6 +439,21 @@ where
         }
     })
     .await
+}
+
+/// Whether hyper's HTTP/1 server refused a malformed head itself (it answers 400, 414 or 431
+/// and closes, without calling the service): a parse error anywhere in `e`'s chain.
+fn refused_by_hyper(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if let Some(h) = err.downcast_ref::<hyper::Error>()
+            && (h.is_parse() || h.is_parse_too_large())
+        {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
 }
 
 /// Wakes a connection's task for its watchdog and cancellation futures, which are polled with

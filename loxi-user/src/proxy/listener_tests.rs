@@ -365,3 +365,66 @@ async fn a_blocked_write_after_a_long_request_is_timed_from_its_own_start() {
     );
     drop(client);
 }
+
+/// A request whose `X-Big` header is `len` bytes of `a`.
+fn with_header(len: usize) -> Vec<u8> {
+    let mut r = b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: ".to_vec();
+    r.extend(std::iter::repeat_n(b'a', len));
+    r.extend_from_slice(b"\r\n\r\n");
+    r
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_head_over_64_kib_closes_the_connection_and_one_under_is_served() {
+    // Under the bound (60 KiB of header): served, and the connection stays usable.
+    let (mut client, server) = tokio::io::duplex(4096);
+    let served = tokio::spawn(serve(server, Duration::ZERO));
+    client
+        .write_all(&with_header(60 * 1024))
+        .await
+        .expect("write");
+    assert!(read_response(&mut client).await, "a 60 KiB head answered");
+    client.write_all(REQUEST).await.expect("write");
+    assert!(read_response(&mut client).await, "and the next request");
+    drop(client);
+    assert_eq!(served.await.expect("server task"), None);
+
+    // Over it (200 KiB of header, which hyper's own ~400 KB buffer would take): closed once
+    // 64 KiB were read, unanswered; the client's write fails before it sent the whole head.
+    let (mut client, server) = tokio::io::duplex(4096);
+    let served = tokio::spawn(serve(server, Duration::ZERO));
+    let head = with_header(200 * 1024);
+    let mut sent = 0;
+    for chunk in head.chunks(1024) {
+        if client.write_all(chunk).await.is_err() {
+            break;
+        }
+        sent += chunk.len();
+    }
+    assert_eq!(
+        served.await.expect("server task"),
+        Some(Expiry::HeadTooLarge)
+    );
+    assert!(
+        sent < 64 * 1024 + 2 * 4096 + 1024,
+        "{sent} bytes of head taken before the close"
+    );
+    let mut got = Vec::new();
+    let _ = client.read_to_end(&mut got).await;
+    assert!(got.is_empty(), "{}", String::from_utf8_lossy(&got));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_malformed_head_is_answered_400_by_hyper_and_reported() {
+    let (mut client, server) = tokio::io::duplex(4096);
+    let served = tokio::spawn(serve(server, Duration::ZERO));
+    client
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\nBad Header: y\r\n\r\n")
+        .await
+        .expect("write");
+    let mut got = Vec::new();
+    let _ = client.read_to_end(&mut got).await;
+    let got = String::from_utf8_lossy(&got);
+    assert!(got.starts_with("HTTP/1.1 400"), "{got}");
+    assert_eq!(served.await.expect("server task"), Some(Expiry::Malformed));
+}

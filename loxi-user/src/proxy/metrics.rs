@@ -2,7 +2,7 @@
 //!
 //! | name | type | labels |
 //! |---|---|---|
-//! | `loxilb_proxy_requests_total` | counter | `service` (`0` before a rule is known), `ep_idx` (the endpoint that answered or failed; `none` for the gateway's own refusals), `class` (`2xx`…`5xx`) |
+//! | `loxilb_proxy_requests_total` | counter | `service` (`0` before a rule is known), `ep_idx` (the endpoint that answered or failed; `none` for the gateway's own refusals and for requests whose client left before the answer's head, counted as `4xx`, nginx's 499), `class` (`2xx`…`5xx`) |
 //! | `loxilb_proxy_selections_total` | counter | `selector` (`rr`, `chwbl`, `kv`…), `reason` ([`crate::routing::Reason::as_str`]) |
 //! | `loxilb_proxy_upstream_connect_failures_total` | counter | `service`, `ep_idx` |
 //! | `loxilb_proxy_active_connections` | gauge | `service`, `ep_idx` (requests in flight) |
@@ -11,7 +11,7 @@
 //! | `loxilb_proxy_upstream_timeouts_total` | counter | `service`, `ep_idx` (no response head within `LOXI_UPSTREAM_RESPONSE_TIMEOUT_MS`; 504) |
 //! | `loxilb_proxy_open_connections` | gauge | `listener` (`ip:port`) |
 //! | `loxilb_proxy_worker_connections` | gauge | `worker` (`1`..=`--proxy-workers`; open client connections each connection worker serves, [`super::workers`]) |
-//! | `loxilb_proxy_connections_closed_total` | counter | `listener`, `reason` (`header_timeout`, `idle_timeout`, `send_timeout`) |
+//! | `loxilb_proxy_connections_closed_total` | counter | `listener`, `reason` (`header_timeout`, `idle_timeout`, `send_timeout`, `head_too_large`: a request head over 64 KiB, closed unanswered; `malformed_request`: hyper answered a malformed HTTP/1 head 400/414/431 and closed) |
 //! | `loxilb_proxy_connections_queued_total` | counter | `listener` (accepted only after waiting for a slot under `LOXI_MAX_CONNS_PER_LISTENER`) |
 //! | `loxilb_proxy_local_resource_errors_total` | counter | `errno` (`EMFILE`, `ENFILE`, `EADDRNOTAVAIL`, `ENOBUFS`, `ENOMEM`: upstream connections the gateway could not open for lack of its own descriptors, ports or buffers; 503 `gateway_resources_exhausted`, no endpoint blamed) |
 //! | `loxilb_proxy_tls_handshake_failures_total` | counter | `listener` (TLS handshakes that failed or timed out: no certificate for the name, a client that does not speak TLS, ...) |
@@ -191,7 +191,7 @@ impl ProxyMetrics {
         );
         reg.register(
             "loxilb_proxy_connections_closed",
-            "Client connections closed by the header-read, idle or send timeout",
+            "Client connections closed by the header-read, idle or send timeout, an oversized or a malformed request head",
             m.connections_closed.clone(),
         );
         reg.register(

@@ -545,6 +545,13 @@ async fn a_body_that_does_not_arrive_in_time_gets_408() {
     assert!(read.is_ok(), "the connection was held");
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
     assert!(answer.contains("request_timeout"), "{answer}");
+    // The unread rest of the body ends the connection, and the answer says so.
+    assert!(
+        answer
+            .to_ascii_lowercase()
+            .contains("\r\nconnection: close\r\n"),
+        "{answer}"
+    );
     assert!(start.elapsed() >= Duration::from_millis(300));
     stop.cancel();
     tokio::time::timeout(Duration::from_secs(5), task)
