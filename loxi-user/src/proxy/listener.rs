@@ -409,7 +409,6 @@ where
                 let Err(e) = ended else {
                     return Poll::Ready(None);
                 };
-                let e: Box<dyn std::error::Error + Send + Sync> = e.into();
                 if act.head_was_too_large() {
                     tracing::debug!(
                         limit = super::conn::MAX_HEAD_BYTES,
