@@ -145,24 +145,21 @@ impl FlagTable for DeleteTable {
 #[derive(Debug, Clone)]
 pub struct Foreign<T> {
     /// `(flag, value)` in table order.
-    pub given: Vec<(&'static str, String)>,
+    pub given: Vec<(&'static ForeignFlag, String)>,
     table: PhantomData<T>,
 }
 
 impl<T: FlagTable> Foreign<T> {
     /// `Err((flag, message))` for the first flag given a value other than its zero.
     pub fn check(&self) -> Result<(), (String, String)> {
-        for (flag, value) in &self.given {
-            let Some(f) = T::FLAGS.iter().find(|f| f.flag == *flag) else {
-                continue;
-            };
+        for (f, value) in &self.given {
             if !f.zero.iter().any(|z| z.eq_ignore_ascii_case(value.trim())) {
                 let zero = match f.zero[0] {
                     "" => "empty".to_string(),
                     z => z.to_string(),
                 };
                 return Err((
-                    format!("--{flag}"),
+                    format!("--{}", f.flag),
                     format!(
                         "{value:?}: {} is not implemented in loxi (LoxiLB's flag is accepted \
                          only at its default, {zero})",
@@ -179,7 +176,7 @@ impl<T: FlagTable> FromArgMatches for Foreign<T> {
     fn from_arg_matches(m: &ArgMatches) -> Result<Self, clap::Error> {
         let given = T::FLAGS
             .iter()
-            .filter_map(|f| m.get_one::<String>(f.flag).map(|v| (f.flag, v.clone())))
+            .filter_map(|f| m.get_one::<String>(f.flag).map(|v| (f, v.clone())))
             .collect();
         Ok(Self {
             given,
