@@ -276,9 +276,10 @@ impl Activity {
     /// check period (the shortest of the three timeouts) after its previous check; nothing the
     /// connection does wakes it. That is enough: the only changes that move a deadline
     /// earlier are the first byte of a head and the start of a pending write, whose deadlines
-    /// (that moment plus the header or send timeout) are never before the next check. Requests and reads cost the watchdog
-    /// nothing (before, each head, request start and request end woke it, and with it the
-    /// connection's task, to re-arm a timer: three extra polls of the connection per request).
+    /// (that moment plus the header or send timeout) are never before the next check.
+    /// Requests and reads cost the watchdog nothing (before, each head, request start and
+    /// request end woke it, and with it the connection's task, to re-arm a timer: three extra
+    /// polls of the connection per request).
     pub async fn expired(&self) -> Expiry {
         let period = self
             .limits
