@@ -51,19 +51,14 @@ impl LocalShortage {
     /// (see the type's doc); `None` for anything else (a refused or timed-out connection is
     /// the endpoint's).
     pub fn of(e: &(dyn std::error::Error + 'static)) -> Option<Self> {
-        let mut cur = Some(e);
-        while let Some(err) = cur {
-            if let Some(io) = err.downcast_ref::<std::io::Error>()
-                && let Some(errno) = io.raw_os_error().and_then(local_errno)
-            {
-                return Some(Self {
-                    errno,
-                    message: error_chain(e),
-                });
-            }
-            cur = err.source();
-        }
-        None
+        let errno = sources(e).find_map(|err| {
+            let io = err.downcast_ref::<std::io::Error>()?;
+            local_errno(io.raw_os_error()?)
+        })?;
+        Some(Self {
+            errno,
+            message: error_chain(e),
+        })
     }
 }
 
@@ -123,14 +118,15 @@ impl<B> Attempt<B> {
 /// The text of `e` and every error under it, joined by `: ` (hyper-util's client errors say
 /// only "client error (Connect)"; the reason, e.g. a certificate for another name, is below).
 pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut cur = e.source();
-    while let Some(s) = cur {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        cur = s.source();
-    }
-    out
+    let texts: Vec<String> = sources(e).map(ToString::to_string).collect();
+    texts.join(": ")
+}
+
+/// `e` and every error under it, outermost first.
+pub fn sources<'a>(
+    e: &'a (dyn std::error::Error + 'static),
+) -> impl Iterator<Item = &'a (dyn std::error::Error + 'static)> {
+    std::iter::successors(Some(e), |err| err.source())
 }
 
 #[cfg(test)]

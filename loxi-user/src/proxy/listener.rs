@@ -371,7 +371,8 @@ impl Serving {
 
 /// Serves `io` with `svc` until the connection ends (`None`) or `act`'s watchdog closes it
 /// (`Some(why)`, dropped at once: no request is open then, or the client stopped reading its
-/// response, and neither a slowloris head nor a response nobody reads would finish gracefully). `cancel` starts a graceful shutdown (open requests finish).
+/// response, and neither a slowloris head nor a response nobody reads would finish
+/// gracefully). `cancel` starts a graceful shutdown (open requests finish).
 ///
 /// The connection is polled on every wake-up of this task (three or more a request); the
 /// watchdog and the cancellation only when they woke it ([`Alarm`]): polled on every wake-up
@@ -443,16 +444,9 @@ where
 /// Whether hyper's HTTP/1 server refused a malformed head itself (it answers 400, 414 or 431
 /// and closes, without calling the service): a parse error anywhere in `e`'s chain.
 fn refused_by_hyper(e: &(dyn std::error::Error + 'static)) -> bool {
-    let mut cur = Some(e);
-    while let Some(err) = cur {
-        if let Some(h) = err.downcast_ref::<hyper::Error>()
-            && (h.is_parse() || h.is_parse_too_large())
-        {
-            return true;
-        }
-        cur = err.source();
-    }
-    false
+    super::attempt::sources(e)
+        .filter_map(|err| err.downcast_ref::<hyper::Error>())
+        .any(|h| h.is_parse() || h.is_parse_too_large())
 }
 
 /// Wakes a connection's task for its watchdog and cancellation futures, which are polled with
