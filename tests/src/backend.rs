@@ -10,6 +10,7 @@
 //!   `data: {"backend":NAME,"i":I}` INTERVAL_MS apart (0: back to back, no timer), then
 //!   `data: [DONE]`. A JSON body with `"stream": true` and no `x-sse` header streams 20 events
 //!   100 ms apart.
+//! - `x-sse-pad: N` — each of those events also carries `"pad"`, N bytes of `x` (large events).
 //!
 //! `GET /metrics`: when [`Backend::set_metrics`] gave a text, it is answered as Prometheus text
 //! (not counted nor recorded, so an engine-metrics scraper does not disturb request counts);
@@ -299,7 +300,17 @@ async fn handle(
         tokio::time::sleep(Duration::from_millis(ms)).await;
     }
     if let Some((count, interval)) = sse_plan(&rec) {
-        return Ok(sse(state, probe, count, Duration::from_millis(interval)));
+        let pad = rec
+            .header("x-sse-pad")
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(0);
+        return Ok(sse(
+            state,
+            probe,
+            count,
+            Duration::from_millis(interval),
+            "x".repeat(pad),
+        ));
     }
     probe.done();
     Ok(json(
@@ -327,12 +338,25 @@ fn json(state: &State, status: u16, v: serde_json::Value) -> Response<TestBody> 
         .expect("static response parts")
 }
 
-fn sse(state: Arc<State>, probe: Probe, count: usize, interval: Duration) -> Response<TestBody> {
+fn sse(
+    state: Arc<State>,
+    probe: Probe,
+    count: usize,
+    interval: Duration,
+    pad: String,
+) -> Response<TestBody> {
     let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, Infallible>>(1);
     state.sse_written.lock().clear();
     tokio::spawn(async move {
         for i in 0..count {
-            let ev = format!("data: {{\"backend\":{:?},\"i\":{i}}}\n\n", probe.state.name);
+            let ev = if pad.is_empty() {
+                format!("data: {{\"backend\":{:?},\"i\":{i}}}\n\n", probe.state.name)
+            } else {
+                format!(
+                    "data: {{\"backend\":{:?},\"i\":{i},\"pad\":\"{pad}\"}}\n\n",
+                    probe.state.name
+                )
+            };
             if tx.send(Ok(Frame::data(Bytes::from(ev)))).await.is_err() {
                 return; // probe drops undone: cancelled
             }

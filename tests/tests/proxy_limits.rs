@@ -289,6 +289,92 @@ async fn a_client_that_stops_reading_is_cut_at_the_send_timeout() {
     assert_eq!(closed, 1.0, "only the reader-less connection was cut");
 }
 
+/// An HTTP/2 POST of [`BODY`] asking the backend for an SSE stream of `events` events of
+/// about 4 KiB each; the response, its body unread.
+async fn h2_sse(
+    send: &mut hyper::client::conn::http2::SendRequest<http_body_util::Full<bytes::Bytes>>,
+    events: u32,
+) -> hyper::Response<hyper::body::Incoming> {
+    let req = hyper::Request::post("http://x/v1/completions")
+        .header("content-type", "application/json")
+        .header("x-sse", format!("{events}:0"))
+        .header("x-sse-pad", "4000")
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(
+            BODY.as_bytes(),
+        )))
+        .expect("request");
+    send.ready().await.expect("h2 connection ready");
+    let resp = send.send_request(req).await.expect("response");
+    assert_eq!(resp.status(), 200);
+    resp
+}
+
+/// An HTTP/2 client that keeps reading its socket (hyper's connection task does) but never
+/// reads one stream's body closes that stream's flow-control window, which blocks no write
+/// (events of ~4 KiB: an h2 client refuses to hold many small frames unread, with a GOAWAY of
+/// its own):
+/// once the stream has waited `LOXI_SEND_TIMEOUT_MS` for the client to take its next piece,
+/// the connection is closed, the backend's request cancelled and the close counted as
+/// `send_timeout`. A client reading its stream over HTTP/2 is not cut.
+#[tokio::test]
+async fn an_http2_stream_the_client_does_not_read_is_cut_at_the_send_timeout() {
+    use http_body_util::BodyExt;
+    let b = Backend::start("0").await;
+    let port = free_port();
+    let env = [
+        ("LOXI_SEND_TIMEOUT_MS", "500"),
+        ("LOXI_HEADER_TIMEOUT_MS", "60000"),
+    ];
+    let d = daemon(&env, &[port], b.port()).await;
+    let mut send = h2_client(port).await;
+    // ~400 MB of events: far beyond the client's 2 MB stream window (hyper's default).
+    let unread = h2_sse(&mut send, 100_000).await;
+    assert!(
+        b.wait_cancelled(1, Duration::from_secs(20)).await,
+        "the backend's stream to an HTTP/2 client that reads nothing was not cancelled"
+    );
+    d.wait_metric(
+        "loxilb_proxy_connections_closed_total",
+        &[&format!(":{port}\""), "reason=\"send_timeout\""],
+        1.0,
+    )
+    .await;
+    let gone = tokio::time::timeout(Duration::from_secs(10), async {
+        while send.ready().await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(gone.is_ok(), "the client's connection was closed");
+    drop(unread);
+    // A client reading a 2,000-event stream over HTTP/2, 2 ms between frames: never cut.
+    let mut send = h2_client(port).await;
+    let mut body = h2_sse(&mut send, 2000).await.into_body();
+    let mut got = Vec::new();
+    while let Some(frame) = tokio::time::timeout(Duration::from_secs(10), body.frame())
+        .await
+        .expect("the stream went on")
+    {
+        if let Ok(data) = frame.expect("frame").into_data() {
+            got.extend_from_slice(&data);
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert!(
+        String::from_utf8_lossy(&got).contains("data: [DONE]"),
+        "the whole stream arrived"
+    );
+    let closed = metric(
+        &d.metrics_text().await,
+        "loxilb_proxy_connections_closed_total",
+        &["reason=\"send_timeout\""],
+    );
+    assert_eq!(
+        closed, 1.0,
+        "only the connection of the unread stream was cut"
+    );
+}
+
 #[tokio::test]
 async fn idle_connections_are_closed_at_the_idle_timeout() {
     let b = Backend::start("0").await;

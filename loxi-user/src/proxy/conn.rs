@@ -14,7 +14,12 @@
 //! - [`Expiry::SendTimeout`] when a write to the client has been pending (the socket's send
 //!   buffer full: the client stopped reading) for [`ConnLimits::send_timeout`] with no byte
 //!   written meanwhile, request open or not (nginx's `send_timeout`): a client that never reads
-//!   its response cannot hold the connection, and with it the backend's, forever.
+//!   its response cannot hold the connection, and with it the backend's, forever. Also when an
+//!   HTTP/2 response has waited that long for the client to take its next piece (at most
+//!   [`H2_PIECE`] bytes) and no response stream of the connection took one meanwhile: an
+//!   HTTP/2 client keeps its socket flowing (it answers PINGs, reads other streams) while a
+//!   stream's or the connection's flow-control window stays closed, which blocks no write
+//!   ([`Activity::piece_waiting`], [`Activity::piece_taken`]).
 //!
 //! [`TrackedIo`] also bounds a request head's size: once more than [`MAX_HEAD_BYTES`] were read
 //! while a head is pending (bytes arrived, no request open) and the head has still not been
@@ -38,6 +43,8 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 
+use super::h2scan::{self, Fed, Scan};
+
 /// Connection limits of every mode-4 listener (env `LOXI_HEADER_TIMEOUT_MS`,
 /// `LOXI_IDLE_TIMEOUT_MS`, `LOXI_SEND_TIMEOUT_MS`, `LOXI_MAX_CONNS_PER_LISTENER`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,7 +53,9 @@ pub struct ConnLimits {
     pub header_timeout: Duration,
     /// Longest time a connection with no open request stays silent. Default 60 s.
     pub idle_timeout: Duration,
-    /// Longest a write to the client may stay pending with no byte written. Default 60 s.
+    /// Longest a write to the client may stay pending with no byte written, and an HTTP/2
+    /// response may wait for the client's flow-control window with no stream of the
+    /// connection taking a piece. Default 60 s.
     pub send_timeout: Duration,
     /// Open connections per listener; the listener stops accepting at this count and resumes
     /// when one closes (further clients wait in the kernel's accept backlog). Default 4096.
@@ -105,6 +114,11 @@ const NO_HEAD: u64 = u64::MAX;
 /// No write pending (value of `Activity::blocked_since`).
 const NOT_BLOCKED: u64 = u64::MAX;
 
+/// The largest piece of an HTTP/2 response body handed to hyper at once (larger frames of the
+/// backend's body are split): h2's default frame size, so that a stream taking at least this
+/// much of its response per send timeout is never cut by the stall rule (see the module doc).
+pub const H2_PIECE: usize = 16 * 1024;
+
 /// One connection's activity: open requests and timestamps (milliseconds since `base`).
 #[derive(Debug)]
 pub struct Activity {
@@ -119,6 +133,13 @@ pub struct Activity {
     /// Since when a write to the client has been pending with nothing written, or
     /// [`NOT_BLOCKED`].
     blocked_since: AtomicU64,
+    /// HTTP/2 response streams whose last piece waits for the client to take it (hyper polls
+    /// a body again only once the client's flow-control window has room).
+    waiting: AtomicU32,
+    /// While `waiting` > 0: when the stall began, or the last time a response stream took a
+    /// piece since (whichever is later): progress on any stream of the connection counts, as
+    /// any byte written does for a blocked socket.
+    stall_mark: AtomicU64,
     /// Bytes read since `head_since` (only the connection's task reads and writes it).
     head_bytes: AtomicU64,
     /// A refused request's body is being drained: no further head will be read.
@@ -145,6 +166,8 @@ impl Activity {
             last_ms: AtomicU64::new(0),
             head_since: AtomicU64::new(NO_HEAD),
             blocked_since: AtomicU64::new(NOT_BLOCKED),
+            waiting: AtomicU32::new(0),
+            stall_mark: AtomicU64::new(0),
             head_bytes: AtomicU64::new(0),
             lingering: AtomicBool::new(false),
             head_too_large: AtomicBool::new(false),
@@ -185,6 +208,42 @@ impl Activity {
         }
     }
 
+    /// `n` bytes of an HTTP/2 connection were read (after its preface), holding what `fed`
+    /// says of header blocks: only those start the header timer and count towards the head
+    /// bound; the end of a block stops the timer (hyper then opens its request, or refuses
+    /// it). The other frames are traffic (the idle timer).
+    pub fn on_frames(&self, fed: Fed) {
+        let now = self.now_ms();
+        self.last_ms.store(now, Ordering::Relaxed);
+        if fed.head_bytes > 0 {
+            match self.head_since.compare_exchange(
+                NO_HEAD,
+                now,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => self.head_bytes.store(fed.head_bytes, Ordering::Relaxed),
+                Err(_) => {
+                    let so_far = self.head_bytes.load(Ordering::Relaxed);
+                    self.head_bytes
+                        .store(so_far + fed.head_bytes, Ordering::Relaxed);
+                }
+            }
+        }
+        if !fed.head_open {
+            self.clear_head();
+        }
+    }
+
+    /// No head is pending (the bytes read so far were the HTTP/2 preface, or a header block
+    /// ended).
+    fn clear_head(&self) {
+        if self.head_since.load(Ordering::Relaxed) != NO_HEAD {
+            self.head_since.store(NO_HEAD, Ordering::Release);
+            self.head_bytes.store(0, Ordering::Relaxed);
+        }
+    }
+
     /// More than [`MAX_HEAD_BYTES`] were read and the pending head is still not parsed.
     fn head_overflow(&self) -> bool {
         self.head_bytes.load(Ordering::Relaxed) > MAX_HEAD_BYTES
@@ -214,12 +273,37 @@ impl Activity {
         }
     }
 
-    /// A request head was parsed: the connection is busy until the guard drops.
-    pub fn begin(self: &Arc<Self>) -> RequestGuard {
+    /// An HTTP/2 response body handed hyper a piece and waits to be polled again (the client
+    /// has to take it first). Starts the stall timer when no other stream of the connection
+    /// waits (the mark is stored before the count is raised, so the watchdog never pairs a
+    /// raised count with an older episode's mark).
+    pub fn piece_waiting(&self) {
+        if self.waiting.load(Ordering::Acquire) == 0 {
+            self.stall_mark.store(self.now_ms(), Ordering::Relaxed);
+        }
+        self.waiting.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A waiting HTTP/2 response body was polled again (the client took its piece) or dropped
+    /// (the stream ended). Taking a piece while other streams still wait is the connection's
+    /// progress and moves their stall timer's start to now.
+    pub fn piece_taken(&self, progressed: bool) {
+        if progressed && self.waiting.load(Ordering::Acquire) > 1 {
+            self.stall_mark.store(self.now_ms(), Ordering::Relaxed);
+        }
+        self.waiting.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// A request head of HTTP `version` was parsed: the connection is busy until the guard
+    /// drops. An HTTP/2 request's response is watched for stalls ([`RequestGuard::handed`]);
+    /// an HTTP/1 one needs no watch: a client that does not take it blocks the socket's writes.
+    pub fn begin(self: &Arc<Self>, version: http::Version) -> RequestGuard {
         self.open.fetch_add(1, Ordering::AcqRel);
         self.head_since.store(NO_HEAD, Ordering::Release);
         RequestGuard {
             act: Some(self.clone()),
+            watched: version >= http::Version::HTTP_2,
+            waiting: false,
         }
     }
 
@@ -236,15 +320,25 @@ impl Activity {
     }
 
     /// What the connection waits for now: the earliest deadline and what passing it means;
-    /// `None` while a request is open and no write is pending.
+    /// `None` while a request is open, no write is pending and no HTTP/2 response waits for
+    /// the client.
     fn deadline(&self) -> Option<(Instant, Expiry)> {
-        let send = match self.blocked_since.load(Ordering::Relaxed) {
+        let blocked = match self.blocked_since.load(Ordering::Relaxed) {
             NOT_BLOCKED => None,
-            since => Some((
+            since => Some(since),
+        };
+        let stalled = (self.waiting.load(Ordering::Acquire) > 0)
+            .then(|| self.stall_mark.load(Ordering::Relaxed));
+        let send = match (blocked, stalled) {
+            (Some(b), Some(s)) => Some(b.min(s)),
+            (b, s) => b.or(s),
+        }
+        .map(|since| {
+            (
                 self.at(since) + self.limits.send_timeout,
                 Expiry::SendTimeout,
-            )),
-        };
+            )
+        });
         let rest = self.unbusy_deadline();
         match (send, rest) {
             (Some(s), Some(r)) => Some(if s.0 <= r.0 { s } else { r }),
@@ -275,8 +369,9 @@ impl Activity {
     /// The watchdog checks the state at the deadline it last computed, and at the latest one
     /// check period (the shortest of the three timeouts) after its previous check; nothing the
     /// connection does wakes it. That is enough: the only changes that move a deadline
-    /// earlier are the first byte of a head and the start of a pending write, whose deadlines
-    /// (that moment plus the header or send timeout) are never before the next check.
+    /// earlier are the first byte of a head, the start of a pending write and the start of an
+    /// HTTP/2 stall, whose deadlines (that moment plus the header or send timeout) are never
+    /// before the next check.
     /// Requests and reads cost the watchdog nothing (before, each head, request start and
     /// request end woke it, and with it the connection's task, to re-arm a timer: three extra
     /// polls of the connection per request).
@@ -305,6 +400,10 @@ impl Activity {
 #[derive(Debug)]
 pub struct RequestGuard {
     act: Option<Arc<Activity>>,
+    /// The response is an HTTP/2 stream whose waits for the client are watched.
+    watched: bool,
+    /// The response body's last piece waits for the client ([`Activity::piece_waiting`]).
+    waiting: bool,
 }
 
 impl RequestGuard {
@@ -314,14 +413,57 @@ impl RequestGuard {
             a.linger();
         }
     }
+
+    /// Whether the response goes out on an HTTP/2 stream, whose waits for the client's
+    /// flow-control window count towards the send timeout ([`RequestGuard::handed`],
+    /// [`RequestGuard::polled`]).
+    pub fn watched(&self) -> bool {
+        self.watched
+    }
+
+    /// The response body was polled: a piece it handed before was taken.
+    pub fn polled(&mut self) {
+        if self.waiting {
+            self.waiting = false;
+            if let Some(a) = &self.act {
+                a.piece_taken(true);
+            }
+        }
+    }
+
+    /// The response body handed a piece (not its last) to a watched stream: it waits until
+    /// polled again.
+    pub fn handed(&mut self) {
+        if self.watched
+            && !self.waiting
+            && let Some(a) = &self.act
+        {
+            self.waiting = true;
+            a.piece_waiting();
+        }
+    }
 }
 
 impl Drop for RequestGuard {
     fn drop(&mut self) {
         if let Some(a) = self.act.take() {
+            if self.waiting {
+                a.piece_taken(false);
+            }
             a.end();
         }
     }
+}
+
+/// What a client connection's first bytes said it speaks.
+#[derive(Debug)]
+enum Proto {
+    /// This many bytes of the HTTP/2 preface matched so far (none yet: nothing read).
+    Unknown(usize),
+    /// HTTP/1: every byte read while no request is open belongs to a head.
+    Http1,
+    /// HTTP/2: only header blocks are heads ([`h2scan`]).
+    Http2(Scan),
 }
 
 /// A client socket that reports its reads and writes to an [`Activity`].
@@ -329,12 +471,43 @@ impl Drop for RequestGuard {
 pub struct TrackedIo<T> {
     inner: T,
     act: Arc<Activity>,
+    proto: Proto,
 }
 
 impl<T> TrackedIo<T> {
     /// Wraps `inner`.
     pub fn new(inner: T, act: Arc<Activity>) -> Self {
-        Self { inner, act }
+        Self {
+            inner,
+            act,
+            proto: Proto::Unknown(0),
+        }
+    }
+
+    /// Reports the bytes `new` just read, by what the connection speaks. Until the first bytes
+    /// tell (the HTTP/2 preface, or anything else), HTTP/1's rule applies, so a trickled
+    /// preface is timed as a head too; the preface itself is no head once complete.
+    fn read(&mut self, new: &[u8]) {
+        match &mut self.proto {
+            Proto::Http1 => self.act.on_read(new.len()),
+            Proto::Http2(scan) => self.act.on_frames(scan.feed(new)),
+            Proto::Unknown(seen) => {
+                let want = &h2scan::PREFACE[*seen..];
+                let m = new.len().min(want.len());
+                if new[..m] != want[..m] {
+                    self.proto = Proto::Http1;
+                    self.act.on_read(new.len());
+                } else if m < want.len() {
+                    *seen += m;
+                    self.act.on_read(new.len());
+                } else {
+                    let mut scan = Scan::default();
+                    self.act.clear_head();
+                    self.act.on_frames(scan.feed(&new[m..]));
+                    self.proto = Proto::Http2(scan);
+                }
+            }
+        }
     }
 
     /// Reports a write's outcome: bytes written, or pending (the send buffer is full).
@@ -367,7 +540,7 @@ impl<T: AsyncRead + Unpin> AsyncRead for TrackedIo<T> {
         let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
         let read = buf.filled().len().saturating_sub(before);
         if matches!(polled, Poll::Ready(Ok(()))) && read > 0 {
-            self.act.on_read(read);
+            self.read(&buf.filled()[before..]);
             self.act.traffic.read(read);
         }
         polled

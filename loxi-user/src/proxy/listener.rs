@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, Wake, Waker};
 
 use arc_swap::ArcSwap;
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures::task::AtomicWaker;
 use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
@@ -46,7 +46,7 @@ use tokio_util::task::TaskTracker;
 use crate::listen::Traffic;
 
 use super::body::ProxyBody;
-use super::conn::{Activity, ConnLimits, Expiry, RequestGuard, TrackedIo};
+use super::conn::{Activity, ConnLimits, Expiry, H2_PIECE, RequestGuard, TrackedIo};
 use super::error::ProxyError;
 use super::handler::Handler;
 use super::pool::PoolTable;
@@ -278,14 +278,17 @@ impl Serving {
             let client = ClientTls::of(tls.get_ref().1.server_name(), &self.handler.table.load());
             let me = Arc::new(self);
             let svc = service_fn(move |req| {
-                me.clone()
-                    .request(req, peer, svc_act.begin(), Some(client.clone()))
+                let guard = svc_act.begin(req.version());
+                me.clone().request(req, peer, guard, Some(client.clone()))
             });
             drive(builder, tls, &act, svc, &cancel).await
         } else {
             // One reference count per request, not a copy of the listener's handles (four).
             let me = Arc::new(self);
-            let svc = service_fn(move |req| me.clone().request(req, peer, svc_act.begin(), None));
+            let svc = service_fn(move |req| {
+                let guard = svc_act.begin(req.version());
+                me.clone().request(req, peer, guard, None)
+            });
             drive(builder, stream, &act, svc, &cancel).await
         };
         if let Some(why) = ended {
@@ -479,17 +482,126 @@ impl Wake for Alarm {
 
 /// A response body holding its connection's [`RequestGuard`] and its valve admission until the
 /// body ends, fails or is dropped.
+///
+/// On an HTTP/2 stream ([`RequestGuard::watched`]) it hands hyper the backend's data in pieces
+/// of at most [`H2_PIECE`] bytes: a larger chunk is split, and chunks the backend already sent
+/// (an SSE stream running ahead of its client) are joined into one piece, up to 64 of them,
+/// instead of one tiny DATA frame each. HTTP/2 clients bound the tiny frames they hold unread
+/// (h2 ≥ 0.4.20, behind hyper and reqwest, answers GOAWAY `ENHANCE_YOUR_CALM` past its budget),
+/// and every frame costs 9 bytes and a write. Each piece that waits for the client is reported
+/// (the send timeout's stall rule, see `conn.rs`).
 pub struct ConnBody {
     inner: ProxyBody,
     held: Option<(RequestGuard, Option<Admitted>)>,
+    /// The rest of a data chunk split into pieces, handed before anything else.
+    rest: Bytes,
+    /// What the backend's body gave after the chunks joined into the last piece (its end, an
+    /// error or trailers), handed at the next poll.
+    next: Option<Option<Result<Frame<Bytes>, hyper::Error>>>,
 }
+
+/// The most backend chunks joined into one HTTP/2 piece.
+const JOIN_CHUNKS: usize = 64;
 
 impl ConnBody {
     fn new(inner: ProxyBody, guard: RequestGuard, admitted: Option<Admitted>) -> Self {
         Self {
             inner,
             held: Some((guard, admitted)),
+            rest: Bytes::new(),
+            next: None,
         }
+    }
+
+    /// `data` up to [`H2_PIECE`] bytes; beyond that, its first piece, the rest kept for the
+    /// next polls.
+    fn piece(&mut self, mut data: Bytes) -> Bytes {
+        if data.len() > H2_PIECE {
+            self.rest = data.split_off(H2_PIECE);
+        }
+        data
+    }
+
+    /// [`Body::poll_frame`] of a watched (HTTP/2) stream: the piece was taken when hyper polls
+    /// again; a piece that is not the last waits for that.
+    fn poll_watched(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        if let Some((g, _)) = self.held.as_mut() {
+            g.polled();
+        }
+        let out = self.next_piece(cx);
+        match &out {
+            Poll::Ready(None) | Poll::Ready(Some(Err(_))) => self.held = None,
+            Poll::Ready(Some(Ok(_))) if self.is_end_stream() => self.held = None,
+            Poll::Ready(Some(Ok(_))) => {
+                if let Some((g, _)) = self.held.as_mut() {
+                    g.handed();
+                }
+            }
+            Poll::Pending => {}
+        }
+        out
+    }
+
+    /// The next frame of a watched stream (see the type's doc).
+    fn next_piece(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        if !self.rest.is_empty() {
+            let rest = std::mem::take(&mut self.rest);
+            return Poll::Ready(Some(Ok(Frame::data(self.piece(rest)))));
+        }
+        if let Some(item) = self.next.take() {
+            return Poll::Ready(item);
+        }
+        let first = match Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(f))) => f,
+            other => return other,
+        };
+        let data = match first.into_data() {
+            Ok(d) => d,
+            Err(trailers) => return Poll::Ready(Some(Ok(trailers))),
+        };
+        if data.len() >= H2_PIECE || self.inner.is_end_stream() {
+            return Poll::Ready(Some(Ok(Frame::data(self.piece(data)))));
+        }
+        let mut joined: Option<BytesMut> = None;
+        for _ in 1..JOIN_CHUNKS {
+            if self.inner.is_end_stream() {
+                break;
+            }
+            let more = match Pin::new(&mut self.inner).poll_frame(cx) {
+                Poll::Pending => break,
+                Poll::Ready(Some(Ok(f))) => f,
+                Poll::Ready(other) => {
+                    self.next = Some(other);
+                    break;
+                }
+            };
+            let more = match more.into_data() {
+                Ok(d) => d,
+                Err(trailers) => {
+                    self.next = Some(Some(Ok(trailers)));
+                    break;
+                }
+            };
+            let buf = joined.get_or_insert_with(|| {
+                let mut b = BytesMut::with_capacity(H2_PIECE);
+                b.extend_from_slice(&data);
+                b
+            });
+            let room = H2_PIECE - buf.len();
+            if more.len() >= room {
+                buf.extend_from_slice(&more[..room]);
+                self.rest = more.slice(room..);
+                break;
+            }
+            buf.extend_from_slice(&more);
+        }
+        Poll::Ready(Some(Ok(Frame::data(joined.map_or(data, BytesMut::freeze)))))
     }
 }
 
@@ -501,21 +613,40 @@ impl Body for ConnBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        let me = &mut *self;
+        if me.held.as_ref().is_some_and(|(g, _)| g.watched())
+            || !me.rest.is_empty()
+            || me.next.is_some()
+        {
+            return me.poll_watched(cx);
+        }
+        let polled = Pin::new(&mut me.inner).poll_frame(cx);
         match &polled {
-            Poll::Ready(None) | Poll::Ready(Some(Err(_))) => self.held = None,
-            Poll::Ready(Some(Ok(_))) if self.inner.is_end_stream() => self.held = None,
+            Poll::Ready(None) | Poll::Ready(Some(Err(_))) => me.held = None,
+            Poll::Ready(Some(Ok(_))) if me.inner.is_end_stream() => me.held = None,
             _ => {}
         }
         polled
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.rest.is_empty()
+            && match &self.next {
+                Some(None) => true,
+                Some(Some(_)) => false,
+                None => self.inner.is_end_stream(),
+            }
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        let rest = self.rest.len() as u64;
+        let inner = self.inner.size_hint();
+        let mut hint = SizeHint::new();
+        hint.set_lower(inner.lower().saturating_add(rest));
+        if let Some(upper) = inner.upper() {
+            hint.set_upper(upper.saturating_add(rest));
+        }
+        hint
     }
 }
 

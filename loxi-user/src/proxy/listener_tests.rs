@@ -44,14 +44,24 @@ async fn serve_body(
     cancel: CancellationToken,
     answer: Bytes,
 ) -> Option<Expiry> {
+    serve_with(server, delay, cancel, move || full(answer.clone())).await
+}
+
+/// [`serve_until`], answering every request with a body from `answer`.
+async fn serve_with(
+    server: DuplexStream,
+    delay: Duration,
+    cancel: CancellationToken,
+    answer: impl Fn() -> ProxyBody + Clone + Send + Sync + 'static,
+) -> Option<Expiry> {
     let act = Activity::new(limits());
     let svc_act = act.clone();
-    let svc = service_fn(move |_req: Request<Incoming>| {
-        let guard = svc_act.begin();
+    let svc = service_fn(move |req: Request<Incoming>| {
+        let guard = svc_act.begin(req.version());
         let answer = answer.clone();
         async move {
             sleep(delay).await;
-            let body = ConnBody::new(full(answer), guard, None);
+            let body = ConnBody::new(answer(), guard, None);
             Ok::<_, Infallible>(Response::new(body))
         }
     });
@@ -364,6 +374,224 @@ async fn a_blocked_write_after_a_long_request_is_timed_from_its_own_start() {
         "closed after {closed:?}, want {want:?}"
     );
     drop(client);
+}
+
+/// An HTTP/2 client over `client` (prior knowledge) whose streams open a 65,535-byte window
+/// (h2's default; the connection's is hyper's 5 MB): a stream whose body the client does not
+/// read closes its window after 64 KiB.
+async fn h2_client(
+    client: DuplexStream,
+) -> hyper::client::conn::http2::SendRequest<http_body_util::Empty<Bytes>> {
+    let (send, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .initial_stream_window_size(65_535)
+        .handshake(TokioIo::new(client))
+        .await
+        .expect("h2 handshake");
+    tokio::spawn(conn);
+    send
+}
+
+/// A GET on an HTTP/2 connection; the response, its body unread.
+async fn h2_get(
+    mut send: hyper::client::conn::http2::SendRequest<http_body_util::Empty<Bytes>>,
+) -> Response<Incoming> {
+    send.ready().await.expect("h2 connection ready");
+    let req = Request::get("http://x/")
+        .body(http_body_util::Empty::new())
+        .expect("request");
+    let resp = send.send_request(req).await.expect("response");
+    assert_eq!(resp.status(), 200);
+    resp
+}
+
+/// 1 MiB answers for the HTTP/2 tests: a backend's body that gives it as one frame and then
+/// a last byte (a stream: not ended by the large frame). The listener's body splits the frame
+/// into 16 KiB pieces.
+const H2_ANSWER: usize = (1 << 20) + 1;
+
+fn h2_answer() -> ProxyBody {
+    use http_body_util::BodyExt;
+    let frames: Vec<Result<Frame<Bytes>, hyper::Error>> = vec![
+        Ok(Frame::data(Bytes::from(vec![b'x'; 1 << 20]))),
+        Ok(Frame::data(Bytes::from_static(b"\n"))),
+    ];
+    http_body_util::StreamBody::new(futures::stream::iter(frames)).boxed()
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_http2_stream_whose_window_stays_closed_is_cut_at_the_send_timeout() {
+    // A pipe larger than the answer: the socket never blocks, only h2's flow control does.
+    let (client, server) = tokio::io::duplex(4 << 20);
+    let served = tokio::spawn(serve_with(
+        server,
+        Duration::ZERO,
+        CancellationToken::new(),
+        h2_answer,
+    ));
+    let t0 = Instant::now();
+    // The client keeps the response but reads none of its body (its connection task still
+    // reads the socket and would answer PINGs).
+    let resp = h2_get(h2_client(client).await).await;
+    let why = tokio::time::timeout(SEND * 10, served)
+        .await
+        .expect("the connection was cut")
+        .expect("server task");
+    let closed = t0.elapsed();
+    assert_eq!(why, Some(Expiry::SendTimeout), "after {closed:?}");
+    assert!(
+        closed >= SEND && closed < SEND + Duration::from_secs(1),
+        "closed after {closed:?}, want the 60 s send timeout from the window's closing"
+    );
+    drop(resp);
+}
+
+#[tokio::test(start_paused = true)]
+async fn http2_streams_that_keep_taking_their_answers_are_not_cut() {
+    let (client, server) = tokio::io::duplex(4 << 20);
+    // The handler first takes 120 s (a long generation: waiting for the backend is no stall).
+    let served = tokio::spawn(serve_with(
+        server,
+        Duration::from_secs(120),
+        CancellationToken::new(),
+        h2_answer,
+    ));
+    let t0 = Instant::now();
+    let send = h2_client(client).await;
+    // Three streams on the connection, each read at 1.6 KB/s (16 KiB per 10 s, over 10 minutes
+    // for the answer): every stream waits for its window most of the time, but each gets a
+    // window update every ~20 s (the client sends one per 32 KiB read) and takes its next
+    // pieces. (A client reading less than half its window per send timeout would be cut, as a
+    // socket's writer waits for half the buffer to drain.)
+    let readers: Vec<_> = (0..3)
+        .map(|_| {
+            let send = send.clone();
+            tokio::spawn(async move {
+                let mut body = h2_get(send).await.into_body();
+                let mut got = 0usize;
+                while let Some(frame) = http_body_util::BodyExt::frame(&mut body).await {
+                    let frame = frame.unwrap_or_else(|e| {
+                        panic!("frame after {got} bytes at {:?}: {e}", t0.elapsed())
+                    });
+                    if let Ok(data) = frame.into_data() {
+                        got += data.len();
+                        sleep(Duration::from_secs(10) * data.len() as u32 / 16_384).await;
+                    }
+                }
+                got
+            })
+        })
+        .collect();
+    for r in readers {
+        assert_eq!(
+            r.await.expect("reader"),
+            H2_ANSWER,
+            "a whole answer arrived"
+        );
+    }
+    assert!(
+        t0.elapsed() > Duration::from_secs(600),
+        "{:?}",
+        t0.elapsed()
+    );
+    assert!(
+        !served.is_finished(),
+        "the connection is still open: {:?}",
+        served.await
+    );
+    drop(send);
+}
+
+#[tokio::test(start_paused = true)]
+async fn http2_answers_join_the_chunks_the_backend_already_sent() {
+    use http_body_util::BodyExt;
+    // 300 SSE-sized chunks, all ready at once (a stream running ahead of its client).
+    fn events() -> ProxyBody {
+        let frames: Vec<Result<Frame<Bytes>, hyper::Error>> = (0..300)
+            .map(|i| {
+                Ok(Frame::data(Bytes::from(format!(
+                    "data: {{\"i\":{i:04}}}\n\n"
+                ))))
+            })
+            .collect();
+        http_body_util::StreamBody::new(futures::stream::iter(frames)).boxed()
+    }
+    let (client, server) = tokio::io::duplex(1 << 20);
+    let served = tokio::spawn(serve_with(
+        server,
+        Duration::ZERO,
+        CancellationToken::new(),
+        events,
+    ));
+    let mut body = h2_get(h2_client(client).await).await.into_body();
+    let (mut frames, mut got) = (0, Vec::new());
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame.expect("frame").into_data() {
+            frames += 1;
+            got.extend_from_slice(&data);
+        }
+    }
+    let want: String = (0..300)
+        .map(|i| format!("data: {{\"i\":{i:04}}}\n\n"))
+        .collect();
+    assert_eq!(String::from_utf8_lossy(&got), want, "every event, in order");
+    // 64 chunks a piece at most: 5 DATA frames (one frame per chunk before: 300).
+    assert_eq!(frames, 5, "DATA frames for 300 ready chunks");
+    served.abort();
+}
+
+#[tokio::test(start_paused = true)]
+async fn over_http2_only_a_header_block_is_timed_as_a_head() {
+    let (mut client, server) = tokio::io::duplex(1 << 16);
+    let served = tokio::spawn(serve(server, Duration::ZERO));
+    client
+        .write_all(crate::proxy::h2scan::PREFACE)
+        .await
+        .expect("preface");
+    // An empty SETTINGS frame, then a PING every 5 s for 50 s: traffic on an idle connection,
+    // not the start of a request head (before, the first one started the 10 s header timer).
+    client
+        .write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0])
+        .await
+        .expect("settings");
+    for _ in 0..10 {
+        sleep(Duration::from_secs(5)).await;
+        client
+            .write_all(&[0, 0, 8, 6, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8])
+            .await
+            .expect("ping");
+    }
+    assert!(
+        !served.is_finished(),
+        "cut while only PINGs arrived: {:?}",
+        served.await
+    );
+    // A HEADERS frame (END_HEADERS) announcing 40 bytes, its payload trickled a byte per 2 s:
+    // cut at the header timeout from the frame's arrival.
+    client
+        .write_all(&[0, 0, 40, 1, 4, 0, 0, 0, 1])
+        .await
+        .expect("headers");
+    let t0 = Instant::now();
+    let trickle = async {
+        for _ in 0..40 {
+            sleep(Duration::from_secs(2)).await;
+            if client.write_all(&[0x82]).await.is_err() {
+                break;
+            }
+        }
+        sleep(IDLE).await;
+    };
+    tokio::select! {
+        why = served => {
+            let after = t0.elapsed();
+            assert_eq!(why.expect("server task"), Some(Expiry::HeaderTimeout), "after {after:?}");
+            assert!(
+                after >= HEADER && after < HEADER + Duration::from_secs(1),
+                "cut after {after:?}, want the 10 s header timeout"
+            );
+        }
+        _ = trickle => panic!("a trickled HTTP/2 header block was not cut"),
+    }
 }
 
 /// A request whose `X-Big` header is `len` bytes of `a`.

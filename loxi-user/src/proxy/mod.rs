@@ -9,7 +9,7 @@
 //! Files: `handler.rs` (one request), `pool.rs` (pools and model routing), `upstream.rs`
 //! (clients; `upstream_h1.rs`: cleartext HTTP/1.1 connections driven by the request's task), `body.rs` (streaming with in-flight guards), `error.rs` (every error body),
 //! `metrics.rs` (and `ai_metrics.rs`, LoxiLB's `loxilb_ai_*` families), `listener.rs` (accept
-//! loop, connection cap), `conn.rs` (header-read and idle timeouts), `valve.rs` (the global
+//! loop, connection cap), `conn.rs` (header-read, idle and send timeouts; `h2scan.rs`: where HTTP/2 heads begin and end), `valve.rs` (the global
 //! in-flight valve `LLB_PD_MAX_TOTAL_INFLIGHT`), `admission.rs` (the per-endpoint admission
 //! gate `LLB_PD_MAX_INFLIGHT_PER_EP` on the request path), `models.rs` (`GET /v1/models`: the union of
 //! the pools' model lists), `pd.rs` (the
@@ -24,6 +24,7 @@ pub mod budget;
 pub mod conn;
 pub mod error;
 pub mod forwarded;
+pub mod h2scan;
 pub mod handler;
 pub mod listener;
 pub mod metrics;
