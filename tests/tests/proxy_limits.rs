@@ -216,6 +216,21 @@ async fn a_rules_inactive_timeout_is_its_listeners_idle_timeout() {
     .await;
 }
 
+/// Waits until the backend's stream to `who` was cancelled and the listener on `port` counted
+/// one connection closed at the send timeout.
+async fn cut_at_send_timeout(b: &Backend, d: &Daemon, port: u16, who: &str) {
+    assert!(
+        b.wait_cancelled(1, Duration::from_secs(20)).await,
+        "the backend's stream to {who} was not cancelled"
+    );
+    d.wait_metric(
+        "loxilb_proxy_connections_closed_total",
+        &[&format!(":{port}\""), "reason=\"send_timeout\""],
+        1.0,
+    )
+    .await;
+}
+
 /// A client that asks for a long stream and never reads it: once loxi's writes to it have
 /// been blocked for `LOXI_SEND_TIMEOUT_MS`, the connection is closed, the backend's request
 /// cancelled and the close counted. A client reading the same stream is not cut.
@@ -234,16 +249,7 @@ async fn a_client_that_stops_reading_is_cut_at_the_send_timeout() {
         .await
         .expect("connect");
     s.write_all(ask.as_bytes()).await.expect("send request");
-    assert!(
-        b.wait_cancelled(1, Duration::from_secs(20)).await,
-        "the backend's stream to a client that reads nothing was not cancelled"
-    );
-    d.wait_metric(
-        "loxilb_proxy_connections_closed_total",
-        &[&format!(":{port}\""), "reason=\"send_timeout\""],
-        1.0,
-    )
-    .await;
+    cut_at_send_timeout(&b, &d, port, "a client that reads nothing").await;
     // What the kernel buffered is readable, then the connection is closed.
     let read = tokio::time::timeout(Duration::from_secs(10), async {
         let mut total = 0usize;
@@ -329,16 +335,7 @@ async fn an_http2_stream_the_client_does_not_read_is_cut_at_the_send_timeout() {
     let mut send = h2_client(port).await;
     // ~400 MB of events: far beyond the client's 2 MB stream window (hyper's default).
     let unread = h2_sse(&mut send, 100_000).await;
-    assert!(
-        b.wait_cancelled(1, Duration::from_secs(20)).await,
-        "the backend's stream to an HTTP/2 client that reads nothing was not cancelled"
-    );
-    d.wait_metric(
-        "loxilb_proxy_connections_closed_total",
-        &[&format!(":{port}\""), "reason=\"send_timeout\""],
-        1.0,
-    )
-    .await;
+    cut_at_send_timeout(&b, &d, port, "an HTTP/2 client that reads nothing").await;
     let gone = tokio::time::timeout(Duration::from_secs(10), async {
         while send.ready().await.is_ok() {
             tokio::time::sleep(Duration::from_millis(20)).await;
