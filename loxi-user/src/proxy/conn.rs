@@ -208,10 +208,10 @@ impl Activity {
         }
     }
 
-    /// `n` bytes of an HTTP/2 connection were read (after its preface), holding what `fed`
-    /// says of header blocks: only those start the header timer and count towards the head
-    /// bound; the end of a block stops the timer (hyper then opens its request, or refuses
-    /// it). The other frames are traffic (the idle timer).
+    /// Bytes of an HTTP/2 connection were read (after its preface), holding what `fed` says
+    /// of header blocks: only those start the header timer and count towards the head bound;
+    /// the end of a block stops the timer (hyper then opens its request, or refuses it). The
+    /// other frames are traffic (the idle timer).
     pub fn on_frames(&self, fed: Fed) {
         let now = self.now_ms();
         self.last_ms.store(now, Ordering::Relaxed);
