@@ -462,8 +462,9 @@ enum Proto {
     Unknown(usize),
     /// HTTP/1: every byte read while no request is open belongs to a head.
     Http1,
-    /// HTTP/2: only header blocks are heads ([`h2scan`]).
-    Http2(Scan),
+    /// HTTP/2: only header blocks are heads ([`h2scan`]); boxed, so an HTTP/1 connection's
+    /// socket wrapper stays small.
+    Http2(Box<Scan>),
 }
 
 /// A client socket that reports its reads and writes to an [`Activity`].
@@ -501,7 +502,7 @@ impl<T> TrackedIo<T> {
                     *seen += m;
                     self.act.on_read(new.len());
                 } else {
-                    let mut scan = Scan::default();
+                    let mut scan = Box::<Scan>::default();
                     self.act.clear_head();
                     self.act.on_frames(scan.feed(&new[m..]));
                     self.proto = Proto::Http2(scan);

@@ -493,6 +493,13 @@ impl Wake for Alarm {
 pub struct ConnBody {
     inner: ProxyBody,
     held: Option<(RequestGuard, Option<Admitted>)>,
+    /// A watched stream's pieces in the making (boxed: an HTTP/1 answer carries one word).
+    h2: Option<Box<Pieces>>,
+}
+
+/// What a watched (HTTP/2) stream's body keeps between polls.
+#[derive(Default)]
+struct Pieces {
     /// The rest of a data chunk split into pieces, handed before anything else.
     rest: Bytes,
     /// What the backend's body gave after the chunks joined into the last piece (its end, an
@@ -507,23 +514,23 @@ impl ConnBody {
     fn new(inner: ProxyBody, guard: RequestGuard, admitted: Option<Admitted>) -> Self {
         Self {
             inner,
+            h2: guard.watched().then(Box::default),
             held: Some((guard, admitted)),
-            rest: Bytes::new(),
-            next: None,
         }
     }
 
     /// `data` up to [`H2_PIECE`] bytes; beyond that, its first piece, the rest kept for the
     /// next polls.
-    fn piece(&mut self, mut data: Bytes) -> Bytes {
+    fn piece(p: &mut Pieces, mut data: Bytes) -> Bytes {
         if data.len() > H2_PIECE {
-            self.rest = data.split_off(H2_PIECE);
+            p.rest = data.split_off(H2_PIECE);
         }
         data
     }
 
     /// [`Body::poll_frame`] of a watched (HTTP/2) stream: the piece was taken when hyper polls
     /// again; a piece that is not the last waits for that.
+    #[inline(never)]
     fn poll_watched(
         &mut self,
         cx: &mut Context<'_>,
@@ -531,7 +538,10 @@ impl ConnBody {
         if let Some((g, _)) = self.held.as_mut() {
             g.polled();
         }
-        let out = self.next_piece(cx);
+        let Some(p) = self.h2.as_deref_mut() else {
+            return Poll::Ready(None);
+        };
+        let out = Self::next_piece(&mut self.inner, p, cx);
         match &out {
             Poll::Ready(None) | Poll::Ready(Some(Err(_))) => self.held = None,
             Poll::Ready(Some(Ok(_))) if self.is_end_stream() => self.held = None,
@@ -547,17 +557,18 @@ impl ConnBody {
 
     /// The next frame of a watched stream (see the type's doc).
     fn next_piece(
-        &mut self,
+        inner: &mut ProxyBody,
+        p: &mut Pieces,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        if !self.rest.is_empty() {
-            let rest = std::mem::take(&mut self.rest);
-            return Poll::Ready(Some(Ok(Frame::data(self.piece(rest)))));
+        if !p.rest.is_empty() {
+            let rest = std::mem::take(&mut p.rest);
+            return Poll::Ready(Some(Ok(Frame::data(Self::piece(p, rest)))));
         }
-        if let Some(item) = self.next.take() {
+        if let Some(item) = p.next.take() {
             return Poll::Ready(item);
         }
-        let first = match Pin::new(&mut self.inner).poll_frame(cx) {
+        let first = match Pin::new(&mut *inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(f))) => f,
             other => return other,
         };
@@ -565,26 +576,26 @@ impl ConnBody {
             Ok(d) => d,
             Err(trailers) => return Poll::Ready(Some(Ok(trailers))),
         };
-        if data.len() >= H2_PIECE || self.inner.is_end_stream() {
-            return Poll::Ready(Some(Ok(Frame::data(self.piece(data)))));
+        if data.len() >= H2_PIECE || inner.is_end_stream() {
+            return Poll::Ready(Some(Ok(Frame::data(Self::piece(p, data)))));
         }
         let mut joined: Option<BytesMut> = None;
         for _ in 1..JOIN_CHUNKS {
-            if self.inner.is_end_stream() {
+            if inner.is_end_stream() {
                 break;
             }
-            let more = match Pin::new(&mut self.inner).poll_frame(cx) {
+            let more = match Pin::new(&mut *inner).poll_frame(cx) {
                 Poll::Pending => break,
                 Poll::Ready(Some(Ok(f))) => f,
                 Poll::Ready(other) => {
-                    self.next = Some(other);
+                    p.next = Some(other);
                     break;
                 }
             };
             let more = match more.into_data() {
                 Ok(d) => d,
                 Err(trailers) => {
-                    self.next = Some(Some(Ok(trailers)));
+                    p.next = Some(Some(Ok(trailers)));
                     break;
                 }
             };
@@ -596,7 +607,7 @@ impl ConnBody {
             let room = H2_PIECE - buf.len();
             if more.len() >= room {
                 buf.extend_from_slice(&more[..room]);
-                self.rest = more.slice(room..);
+                p.rest = more.slice(room..);
                 break;
             }
             buf.extend_from_slice(&more);
@@ -614,10 +625,7 @@ impl Body for ConnBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let me = &mut *self;
-        if me.held.as_ref().is_some_and(|(g, _)| g.watched())
-            || !me.rest.is_empty()
-            || me.next.is_some()
-        {
+        if me.h2.is_some() {
             return me.poll_watched(cx);
         }
         let polled = Pin::new(&mut me.inner).poll_frame(cx);
@@ -630,16 +638,24 @@ impl Body for ConnBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.rest.is_empty()
-            && match &self.next {
-                Some(None) => true,
-                Some(Some(_)) => false,
-                None => self.inner.is_end_stream(),
+        match self.h2.as_deref() {
+            None => self.inner.is_end_stream(),
+            Some(p) => {
+                p.rest.is_empty()
+                    && match &p.next {
+                        Some(None) => true,
+                        Some(Some(_)) => false,
+                        None => self.inner.is_end_stream(),
+                    }
             }
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
-        let rest = self.rest.len() as u64;
+        let Some(p) = self.h2.as_deref() else {
+            return self.inner.size_hint();
+        };
+        let rest = p.rest.len() as u64;
         let inner = self.inner.size_hint();
         let mut hint = SizeHint::new();
         hint.set_lower(inner.lower().saturating_add(rest));
