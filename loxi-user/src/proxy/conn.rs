@@ -192,18 +192,22 @@ impl Activity {
             // next check, which is never later than the timer's end: see `expired`) and the
             // head's byte count; later ones add to the count (a load and a store: only this
             // connection's task reads).
-            let n = n as u64;
-            match self.head_since.compare_exchange(
-                NO_HEAD,
-                now,
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => self.head_bytes.store(n, Ordering::Relaxed),
-                Err(_) => {
-                    let so_far = self.head_bytes.load(Ordering::Relaxed);
-                    self.head_bytes.store(so_far + n, Ordering::Relaxed);
-                }
+            self.head_read(now, n as u64);
+        }
+    }
+
+    /// `n` bytes of a pending head were read at `now`: the first starts the header timer and
+    /// the head's byte count, later ones add to the count (a load and a store: only this
+    /// connection's task reads).
+    fn head_read(&self, now: u64, n: u64) {
+        match self
+            .head_since
+            .compare_exchange(NO_HEAD, now, Ordering::AcqRel, Ordering::Relaxed)
+        {
+            Ok(_) => self.head_bytes.store(n, Ordering::Relaxed),
+            Err(_) => {
+                let so_far = self.head_bytes.load(Ordering::Relaxed);
+                self.head_bytes.store(so_far + n, Ordering::Relaxed);
             }
         }
     }
@@ -216,19 +220,7 @@ impl Activity {
         let now = self.now_ms();
         self.last_ms.store(now, Ordering::Relaxed);
         if fed.head_bytes > 0 {
-            match self.head_since.compare_exchange(
-                NO_HEAD,
-                now,
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => self.head_bytes.store(fed.head_bytes, Ordering::Relaxed),
-                Err(_) => {
-                    let so_far = self.head_bytes.load(Ordering::Relaxed);
-                    self.head_bytes
-                        .store(so_far + fed.head_bytes, Ordering::Relaxed);
-                }
-            }
+            self.head_read(now, fed.head_bytes);
         }
         if !fed.head_open {
             self.clear_head();
