@@ -10,6 +10,8 @@
 # per request for both and the loxi/floor ratio. Kernel work (the syscalls) is not counted:
 # this measures what the proxy's own code costs, not the machine.
 #   N=2000 WARM=200   requests measured / warm-up
+#   KEEP=DIR      also copy both callgrind profiles there (loxilb.cg, floor.cg), for
+#                 `callgrind_annotate --inclusive=yes DIR/loxilb.cg`
 #   BUILD_PROFILE=pgo    the binaries, as bench-proxy.sh: pgo (what the container image ships):
 #                 loxilb from scripts/build-pgo.sh, the floor and the echo-backends from dist;
 #                 or a cargo profile for all three (dist, release)
@@ -62,6 +64,7 @@ count() {
   sleep 1
   f=$(ls -t "$TMP/$name".cg* | head -1)
   ir=$(awk '/^(summary|totals):/ {print $2; exit}' "$f")
+  if [ -n "${KEEP:-}" ]; then mkdir -p "$KEEP" && cp "$f" "$KEEP/$name.cg"; fi
   [ -n "$ir" ] || { echo "bench-proxy-instructions: no totals in $f" >&2; exit 1; }
   echo $((ir / N))
 }

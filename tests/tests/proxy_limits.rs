@@ -301,9 +301,18 @@ async fn h2_sse(
     send: &mut hyper::client::conn::http2::SendRequest<http_body_util::Full<bytes::Bytes>>,
     events: u32,
 ) -> hyper::Response<hyper::body::Incoming> {
+    h2_sse_every(send, events, 0).await
+}
+
+/// [`h2_sse`], the events `interval_ms` apart.
+async fn h2_sse_every(
+    send: &mut hyper::client::conn::http2::SendRequest<http_body_util::Full<bytes::Bytes>>,
+    events: u32,
+    interval_ms: u64,
+) -> hyper::Response<hyper::body::Incoming> {
     let req = hyper::Request::post("http://x/v1/completions")
         .header("content-type", "application/json")
-        .header("x-sse", format!("{events}:0"))
+        .header("x-sse", format!("{events}:{interval_ms}"))
         .header("x-sse-pad", "4000")
         .body(http_body_util::Full::new(bytes::Bytes::from_static(
             BODY.as_bytes(),
@@ -313,6 +322,75 @@ async fn h2_sse(
     let resp = send.send_request(req).await.expect("response");
     assert_eq!(resp.status(), 200);
     resp
+}
+
+/// An HTTP/2 client that leaves one stream unread while it reads another: the live stream
+/// keeps the connection progressing, so the stall rule alone would never cut it. Once the
+/// unread stream has waited `LOXI_SEND_TIMEOUT_MS`, the connection is drained (counted as
+/// `stream_stall`): no new stream is accepted, the live one finishes, and then the connection
+/// is cut at the send timeout with the unread stream's backend request.
+#[tokio::test]
+async fn an_http2_stream_left_unread_beside_a_live_one_drains_its_connection() {
+    use http_body_util::BodyExt;
+    let b = Backend::start("0").await;
+    let port = free_port();
+    let env = [
+        ("LOXI_SEND_TIMEOUT_MS", "500"),
+        ("LOXI_HEADER_TIMEOUT_MS", "60000"),
+    ];
+    let d = daemon(&env, &[port], b.port()).await;
+    let mut send = h2_client(port).await;
+    let unread = h2_sse(&mut send, 100_000).await;
+    // 600 events 5 ms apart: a live stream of ~3 s, read as it comes.
+    let mut live = h2_sse_every(&mut send, 600, 5).await.into_body();
+    let started = Instant::now();
+    let mut got = Vec::new();
+    let mut drained_at = None;
+    while let Some(frame) = tokio::time::timeout(Duration::from_secs(10), live.frame())
+        .await
+        .expect("the live stream went on")
+    {
+        if let Ok(data) = frame.expect("frame").into_data() {
+            got.extend_from_slice(&data);
+        }
+        if drained_at.is_none()
+            && metric(
+                &d.metrics_text().await,
+                "loxilb_proxy_connections_drained_total",
+                &[&format!(":{port}\""), "reason=\"stream_stall\""],
+            ) == 1.0
+        {
+            drained_at = Some(started.elapsed());
+        }
+    }
+    assert!(
+        String::from_utf8_lossy(&got).contains("data: [DONE]"),
+        "the live stream's whole answer arrived"
+    );
+    let drained_at = drained_at.expect("the connection was drained while the live stream ran");
+    assert!(
+        drained_at < Duration::from_millis(2500),
+        "drained {drained_at:?} into the live stream"
+    );
+    // Drained: the client may open no new stream on the connection.
+    let refused = match send.ready().await {
+        Err(_) => true,
+        Ok(()) => send
+            .send_request(
+                hyper::Request::get("http://x/v1/models")
+                    .body(http_body_util::Full::new(bytes::Bytes::new()))
+                    .expect("request"),
+            )
+            .await
+            .is_err(),
+    };
+    assert!(
+        refused,
+        "a new stream was accepted on the drained connection"
+    );
+    // Nothing progresses any more: cut, and the unread stream's backend request cancelled.
+    cut_at_send_timeout(&b, &d, port, "the unread stream").await;
+    drop(unread);
 }
 
 /// An HTTP/2 client that keeps reading its socket (hyper's connection task does) but never

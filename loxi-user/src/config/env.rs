@@ -135,7 +135,9 @@ pub struct Env {
     /// progress for this long (the client stopped reading; nginx's `send_timeout`) is closed,
     /// open request or not; so is an HTTP/2 connection where a response stream has waited
     /// this long for the client's flow-control window with no stream taking a piece of its
-    /// response meanwhile (see `proxy/conn.rs`). Default 60000, range 100–3600000.
+    /// response meanwhile (see `proxy/conn.rs`); an HTTP/2 stream that waited this long
+    /// while others progressed drains its connection (GOAWAY). Default 60000, range
+    /// 100–3600000.
     pub send_timeout_ms: u64,
     /// `LOXI_MAX_CONNS_PER_LISTENER`: open client connections per fullproxy listener; beyond
     /// it new connections wait for a slot. Default 4096, range 1–1000000.

@@ -21,6 +21,13 @@
 //!   stream's or the connection's flow-control window stays closed, which blocks no write
 //!   ([`Activity::piece_waiting`], [`Activity::piece_taken`]).
 //!
+//! One more HTTP/2 rule is not a close: when one stream's piece has waited
+//! [`ConnLimits::send_timeout`] while other streams kept taking theirs (so the stall rule above
+//! does not fire), the watchdog answers [`Expiry::StreamStall`] and the connection is drained
+//! (GOAWAY: the client opens no new stream on it, the open ones finish). Once the others have
+//! ended, nothing progresses and the stall rule cuts the connection, so a multiplexing client
+//! cannot hold a stream it does not read by keeping new streams coming.
+//!
 //! [`TrackedIo`] also bounds a request head's size: once more than [`MAX_HEAD_BYTES`] were read
 //! while a head is pending (bytes arrived, no request open) and the head has still not been
 //! parsed, the next read fails, and the connection is closed ([`Expiry::HeadTooLarge`]). A
@@ -84,14 +91,27 @@ pub enum Expiry {
     SendTimeout,
     /// A request head grew past [`MAX_HEAD_BYTES`] (the connection is closed unanswered).
     HeadTooLarge,
+    /// An HTTP/2 stream's piece waited the send timeout while other streams progressed: not a
+    /// close, the connection is drained (see the module doc).
+    StreamStall,
     /// hyper refused a malformed HTTP/1 head (it answered 400, 414 or 431 itself, then
     /// closed).
     Malformed,
 }
 
 impl Expiry {
-    /// Metric label: `header_timeout`, `idle_timeout`, `send_timeout`, `head_too_large` or
-    /// `malformed_request`.
+    /// Every reason, for the metric series of a listener that is removed.
+    pub const ALL: [Self; 6] = [
+        Self::HeaderTimeout,
+        Self::Idle,
+        Self::SendTimeout,
+        Self::HeadTooLarge,
+        Self::Malformed,
+        Self::StreamStall,
+    ];
+
+    /// Metric label: `header_timeout`, `idle_timeout`, `send_timeout`, `head_too_large`,
+    /// `malformed_request` or `stream_stall`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::HeaderTimeout => "header_timeout",
@@ -99,6 +119,7 @@ impl Expiry {
             Self::SendTimeout => "send_timeout",
             Self::HeadTooLarge => "head_too_large",
             Self::Malformed => "malformed_request",
+            Self::StreamStall => "stream_stall",
         }
     }
 }
@@ -113,6 +134,9 @@ const NO_HEAD: u64 = u64::MAX;
 
 /// No write pending (value of `Activity::blocked_since`).
 const NOT_BLOCKED: u64 = u64::MAX;
+
+/// A free slot of `Activity::waits`, and a [`RequestGuard`] whose piece does not wait.
+const NOT_WAITING: u64 = u64::MAX;
 
 /// The largest piece of an HTTP/2 response body handed to hyper at once (larger frames of the
 /// backend's body are split): h2's default frame size, so that a stream taking at least this
@@ -140,6 +164,12 @@ pub struct Activity {
     /// piece since (whichever is later): progress on any stream of the connection counts, as
     /// any byte written does for a blocked socket.
     stall_mark: AtomicU64,
+    /// When each waiting HTTP/2 stream's piece was handed (a slot per stream, [`NOT_WAITING`]
+    /// when free; at most the connection's concurrent streams): the oldest is what the drain
+    /// rule ([`Expiry::StreamStall`]) measures. Empty, and never locked, on HTTP/1.
+    waits: parking_lot::Mutex<Vec<u64>>,
+    /// The drain rule fired: the connection was asked to finish gracefully.
+    draining: AtomicBool,
     /// Bytes read since `head_since` (only the connection's task reads and writes it).
     head_bytes: AtomicU64,
     /// A refused request's body is being drained: no further head will be read.
@@ -168,6 +198,8 @@ impl Activity {
             blocked_since: AtomicU64::new(NOT_BLOCKED),
             waiting: AtomicU32::new(0),
             stall_mark: AtomicU64::new(0),
+            waits: parking_lot::Mutex::new(Vec::new()),
+            draining: AtomicBool::new(false),
             head_bytes: AtomicU64::new(0),
             lingering: AtomicBool::new(false),
             head_too_large: AtomicBool::new(false),
@@ -268,22 +300,53 @@ impl Activity {
     /// An HTTP/2 response body handed hyper a piece and waits to be polled again (the client
     /// has to take it first). Starts the stall timer when no other stream of the connection
     /// waits (the mark is stored before the count is raised, so the watchdog never pairs a
-    /// raised count with an older episode's mark).
-    pub fn piece_waiting(&self) {
+    /// raised count with an older episode's mark). Returns the stream's slot in `waits`, to
+    /// give back to [`Activity::piece_taken`].
+    pub fn piece_waiting(&self) -> u32 {
+        let now = self.now_ms();
         if self.waiting.load(Ordering::Acquire) == 0 {
-            self.stall_mark.store(self.now_ms(), Ordering::Relaxed);
+            self.stall_mark.store(now, Ordering::Relaxed);
         }
+        let slot = {
+            let mut waits = self.waits.lock();
+            match waits.iter().position(|&t| t == NOT_WAITING) {
+                Some(i) => {
+                    waits[i] = now;
+                    i
+                }
+                None => {
+                    waits.push(now);
+                    waits.len() - 1
+                }
+            }
+        };
         self.waiting.fetch_add(1, Ordering::AcqRel);
+        // Below the connection's concurrent streams (128): never truncated.
+        slot as u32
     }
 
-    /// A waiting HTTP/2 response body was polled again (the client took its piece) or dropped
-    /// (the stream ended). Taking a piece while other streams still wait is the connection's
-    /// progress and moves their stall timer's start to now.
-    pub fn piece_taken(&self, progressed: bool) {
+    /// A waiting HTTP/2 response body (in `slot`) was polled again (the client took its piece)
+    /// or dropped (the stream ended). Taking a piece while other streams still wait is the
+    /// connection's progress and moves their stall timer's start to now.
+    pub fn piece_taken(&self, progressed: bool, slot: u32) {
         if progressed && self.waiting.load(Ordering::Acquire) > 1 {
             self.stall_mark.store(self.now_ms(), Ordering::Relaxed);
         }
+        {
+            let mut waits = self.waits.lock();
+            if let Some(t) = waits.get_mut(slot as usize) {
+                *t = NOT_WAITING;
+            }
+            while waits.last() == Some(&NOT_WAITING) {
+                waits.pop();
+            }
+        }
         self.waiting.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// The drain rule fired ([`Expiry::StreamStall`]): it does not fire again.
+    pub fn drain(&self) {
+        self.draining.store(true, Ordering::Relaxed);
     }
 
     /// A request head of HTTP `version` was parsed: the connection is busy until the guard
@@ -295,7 +358,7 @@ impl Activity {
         RequestGuard {
             act: Some(self.clone()),
             watched: version >= http::Version::HTTP_2,
-            waiting: false,
+            slot: NO_SLOT,
         }
     }
 
@@ -331,11 +394,19 @@ impl Activity {
                 Expiry::SendTimeout,
             )
         });
+        // The drain: the oldest waiting piece's age (a stream the client does not read while
+        // it reads others). Never before the stall's cut, which wins a tie (a lone stuck
+        // stream is cut, as before).
+        let drain = (stalled.is_some() && !self.draining.load(Ordering::Relaxed))
+            .then(|| self.waits.lock().iter().copied().min())
+            .flatten()
+            .filter(|&t| t != NOT_WAITING)
+            .map(|t| (self.at(t) + self.limits.send_timeout, Expiry::StreamStall));
         let rest = self.unbusy_deadline();
-        match (send, rest) {
-            (Some(s), Some(r)) => Some(if s.0 <= r.0 { s } else { r }),
-            (s, r) => s.or(r),
-        }
+        [send, drain, rest]
+            .into_iter()
+            .flatten()
+            .min_by_key(|&(at, _)| at)
     }
 
     /// The header or idle deadline; `None` while a request is open.
@@ -394,9 +465,15 @@ pub struct RequestGuard {
     act: Option<Arc<Activity>>,
     /// The response is an HTTP/2 stream whose waits for the client are watched.
     watched: bool,
-    /// The response body's last piece waits for the client ([`Activity::piece_waiting`]).
-    waiting: bool,
+    /// While the response body's last piece waits for the client: its slot in the
+    /// connection's waits ([`Activity::piece_waiting`]); else [`NO_SLOT`] (a sentinel, not an
+    /// `Option`: the guard stays 16 bytes in every HTTP/1 response body).
+    slot: u32,
 }
+
+/// [`RequestGuard::slot`] when no piece waits (slots are below the connection's concurrent
+/// streams).
+const NO_SLOT: u32 = u32::MAX;
 
 impl RequestGuard {
     /// See [`Activity::linger`].
@@ -415,11 +492,11 @@ impl RequestGuard {
 
     /// The response body was polled: a piece it handed before was taken.
     pub fn polled(&mut self) {
-        if self.waiting {
-            self.waiting = false;
-            if let Some(a) = &self.act {
-                a.piece_taken(true);
-            }
+        let slot = std::mem::replace(&mut self.slot, NO_SLOT);
+        if slot != NO_SLOT
+            && let Some(a) = &self.act
+        {
+            a.piece_taken(true, slot);
         }
     }
 
@@ -427,11 +504,10 @@ impl RequestGuard {
     /// polled again.
     pub fn handed(&mut self) {
         if self.watched
-            && !self.waiting
+            && self.slot == NO_SLOT
             && let Some(a) = &self.act
         {
-            self.waiting = true;
-            a.piece_waiting();
+            self.slot = a.piece_waiting();
         }
     }
 }
@@ -439,8 +515,8 @@ impl RequestGuard {
 impl Drop for RequestGuard {
     fn drop(&mut self) {
         if let Some(a) = self.act.take() {
-            if self.waiting {
-                a.piece_taken(false);
+            if self.slot != NO_SLOT {
+                a.piece_taken(false, self.slot);
             }
             a.end();
         }

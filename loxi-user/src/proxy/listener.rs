@@ -270,6 +270,7 @@ impl Serving {
         let act = Activity::counting(self.limits(), traffic.clone());
         let (cancel, addr) = (self.cancel.clone(), self.addr);
         let metrics = self.handler.ctx.metrics.clone();
+        let on_drain = || metrics.connection_drained(addr, Expiry::StreamStall);
         let svc_act = act.clone();
         let ended = if self.handler.table.load().tls() {
             let Some(tls) = self.handshake(stream, peer).await else {
@@ -281,7 +282,7 @@ impl Serving {
                 let guard = svc_act.begin(req.version());
                 me.clone().request(req, peer, guard, Some(client.clone()))
             });
-            drive(builder, tls, &act, svc, &cancel).await
+            drive(builder, tls, &act, svc, &cancel, &on_drain).await
         } else {
             // One reference count per request, not a copy of the listener's handles (four).
             let me = Arc::new(self);
@@ -289,7 +290,7 @@ impl Serving {
                 let guard = svc_act.begin(req.version());
                 me.clone().request(req, peer, guard, None)
             });
-            drive(builder, stream, &act, svc, &cancel).await
+            drive(builder, stream, &act, svc, &cancel, &on_drain).await
         };
         if let Some(why) = ended {
             tracing::debug!(%peer, reason = why.as_str(), "client connection closed at a limit");
@@ -375,7 +376,8 @@ impl Serving {
 /// Serves `io` with `svc` until the connection ends (`None`) or `act`'s watchdog closes it
 /// (`Some(why)`, dropped at once: no request is open then, or the client stopped reading its
 /// response, and neither a slowloris head nor a response nobody reads would finish
-/// gracefully). `cancel` starts a graceful shutdown (open requests finish).
+/// gracefully). `cancel` starts a graceful shutdown (open requests finish), and so does the
+/// HTTP/2 drain rule ([`Expiry::StreamStall`], which calls `on_drain` once; never returned).
 ///
 /// The connection is polled on every wake-up of this task (three or more a request); the
 /// watchdog and the cancellation only when they woke it ([`Alarm`]): polled on every wake-up
@@ -386,6 +388,7 @@ pub async fn drive<I, S, B>(
     act: &Arc<Activity>,
     svc: S,
     cancel: &CancellationToken,
+    on_drain: &(dyn Fn() + Sync),
 ) -> Option<Expiry>
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -431,8 +434,26 @@ where
                 return Poll::Pending;
             }
             let mut acx = Context::from_waker(&alarm_waker);
-            if let Poll::Ready(why) = expired.as_mut().poll(&mut acx) {
-                return Poll::Ready(Some(why));
+            match expired.as_mut().poll(&mut acx) {
+                Poll::Ready(Expiry::StreamStall) => {
+                    // Not a close: no new streams, the open ones finish (the stuck one is cut
+                    // by the stall rule once the others have ended). The watchdog goes on.
+                    tracing::debug!(
+                        "an HTTP/2 stream waited the send timeout for its client while others \
+                         progressed; draining the connection"
+                    );
+                    act.drain();
+                    on_drain();
+                    if !closing {
+                        conn.as_mut().graceful_shutdown();
+                        closing = true;
+                    }
+                    expired.set(act.expired());
+                    alarm.due.store(true, Ordering::Release);
+                    continue;
+                }
+                Poll::Ready(why) => return Poll::Ready(Some(why)),
+                Poll::Pending => {}
             }
             if closing || cancelled.as_mut().poll(&mut acx).is_pending() {
                 return Poll::Pending;

@@ -66,7 +66,7 @@ async fn serve_with(
         }
     });
     let builder = auto::Builder::new(TokioExecutor::new());
-    drive(&builder, server, &act, svc, &cancel).await
+    drive(&builder, server, &act, svc, &cancel, &|| {}).await
 }
 
 const REQUEST: &[u8] = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n";
@@ -499,6 +499,92 @@ async fn http2_streams_that_keep_taking_their_answers_are_not_cut() {
         served.await
     );
     drop(send);
+}
+
+/// Reads an HTTP/2 answer at 1.6 KB/s (16 KiB per 10 s: a slow client that keeps taking its
+/// pieces); returns the bytes read and when the answer ended.
+async fn read_slowly(body: Incoming) -> (usize, Instant) {
+    let mut body = body;
+    let mut got = 0usize;
+    while let Some(frame) = http_body_util::BodyExt::frame(&mut body).await {
+        let frame = frame.unwrap_or_else(|e| panic!("frame after {got} bytes: {e}"));
+        if let Ok(data) = frame.into_data() {
+            got += data.len();
+            sleep(Duration::from_secs(10) * data.len() as u32 / 16_384).await;
+        }
+    }
+    (got, Instant::now())
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_http2_stream_left_unread_beside_a_live_one_drains_the_connection() {
+    let (client, server) = tokio::io::duplex(4 << 20);
+    let served = tokio::spawn(serve_with(
+        server,
+        Duration::ZERO,
+        CancellationToken::new(),
+        h2_answer,
+    ));
+    let t0 = Instant::now();
+    let send = h2_client(client).await;
+    // One stream the client never reads (its window closes at once), one it reads slowly for
+    // over 10 minutes: the live one keeps the connection progressing, so the stall rule alone
+    // would never cut it, and the client could keep opening streams.
+    let unread = h2_get(send.clone()).await;
+    let live = tokio::spawn(read_slowly(h2_get(send.clone()).await.into_body()));
+    sleep(Duration::from_secs(30)).await;
+    drop(h2_get(send.clone()).await); // new streams are served before the drain
+    sleep(Duration::from_secs(35)).await;
+    // 65 s: the unread stream has waited the 60 s send timeout: GOAWAY, no new stream.
+    let mut late = send.clone();
+    let refused = match late.ready().await {
+        Err(_) => true,
+        Ok(()) => late
+            .send_request(
+                Request::get("http://x/")
+                    .body(http_body_util::Empty::new())
+                    .expect("request"),
+            )
+            .await
+            .is_err(),
+    };
+    assert!(
+        refused,
+        "a new stream was accepted after the drain ({:?})",
+        t0.elapsed()
+    );
+    assert!(
+        !served.is_finished(),
+        "the connection was cut, not drained: {:?}",
+        served.await
+    );
+    // The live stream finishes; then nothing progresses, and the stall rule cuts the
+    // connection (the unread stream's request with it) one send timeout later.
+    let (got, done) = live.await.expect("live reader");
+    assert_eq!(got, H2_ANSWER, "the live stream's whole answer arrived");
+    assert!(done - t0 > Duration::from_secs(600), "{:?}", done - t0);
+    assert!(
+        !served.is_finished(),
+        "cut before the live stream ended: {:?}",
+        served.await
+    );
+    let why = tokio::time::timeout(SEND * 2, served)
+        .await
+        .expect("the connection was cut")
+        .expect("server task");
+    // The client reads its last 64 KiB window (40 s at its pace) after the server's last
+    // progress, which the send timeout counts from.
+    let after = done.elapsed();
+    assert_eq!(
+        why,
+        Some(Expiry::SendTimeout),
+        "{after:?} after the live stream"
+    );
+    assert!(
+        after <= SEND + Duration::from_secs(1),
+        "cut {after:?} after the live stream ended, want at most the send timeout"
+    );
+    drop(unread);
 }
 
 #[tokio::test(start_paused = true)]

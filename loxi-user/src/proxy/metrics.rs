@@ -12,6 +12,7 @@
 //! | `loxilb_proxy_open_connections` | gauge | `listener` (`ip:port`) |
 //! | `loxilb_proxy_worker_connections` | gauge | `worker` (`1`..=`--proxy-workers`; open client connections each connection worker serves, [`super::workers`]) |
 //! | `loxilb_proxy_connections_closed_total` | counter | `listener`, `reason` (`header_timeout`, `idle_timeout`, `send_timeout`, `head_too_large`: a request head over 64 KiB, closed unanswered; `malformed_request`: hyper answered a malformed HTTP/1 head 400/414/431 and closed) |
+//! | `loxilb_proxy_connections_drained_total` | counter | `listener`, `reason` (`stream_stall`: an HTTP/2 stream waited `LOXI_SEND_TIMEOUT_MS` for its client while other streams progressed; the connection got a GOAWAY, its open streams finish) |
 //! | `loxilb_proxy_connections_queued_total` | counter | `listener` (accepted only after waiting for a slot under `LOXI_MAX_CONNS_PER_LISTENER`) |
 //! | `loxilb_proxy_local_resource_errors_total` | counter | `errno` (`EMFILE`, `ENFILE`, `EADDRNOTAVAIL`, `ENOBUFS`, `ENOMEM`: upstream connections the gateway could not open for lack of its own descriptors, ports or buffers; 503 `gateway_resources_exhausted`, no endpoint blamed) |
 //! | `loxilb_proxy_tls_handshake_failures_total` | counter | `listener` (TLS handshakes that failed or timed out: no certificate for the name, a client that does not speak TLS, ...) |
@@ -120,6 +121,8 @@ pub struct ProxyMetrics {
     pub connections_closed: Family<ConnCloseLabels, Counter>,
     /// Client connections that waited for a slot under the per-listener cap.
     pub connections_queued: Family<ListenerLabels, Counter>,
+    /// HTTP/2 connections drained by the stream-stall rule, by listener and reason.
+    pub connections_drained: Family<ConnCloseLabels, Counter>,
     /// TLS handshakes that failed or timed out, by listener.
     pub tls_handshake_failures: Family<ListenerLabels, Counter>,
     /// Upstream connections the gateway could not open for lack of its own resources.
@@ -195,6 +198,12 @@ impl ProxyMetrics {
             m.connections_closed.clone(),
         );
         reg.register(
+            "loxilb_proxy_connections_drained",
+            "Client HTTP/2 connections drained (GOAWAY) because a stream waited the send timeout \
+             for its client while other streams progressed",
+            m.connections_drained.clone(),
+        );
+        reg.register(
             "loxilb_proxy_connections_queued",
             "Client connections that waited for a slot under the per-listener connection cap",
             m.connections_queued.clone(),
@@ -241,6 +250,7 @@ impl ProxyMetrics {
             open_connections: Family::default(),
             connections_closed: Family::default(),
             connections_queued: Family::default(),
+            connections_drained: Family::default(),
             tls_handshake_failures: Family::default(),
             local_resource_errors: Family::default(),
             shed: Family::default(),
@@ -260,8 +270,8 @@ impl ProxyMetrics {
             .clone()
     }
 
-    /// Removes every series of listener `addr` (open connections, connections queued and
-    /// closed at a limit, TLS handshake failures) when its last rule is deleted, so a closed
+    /// Removes every series of listener `addr` (open connections, connections queued, closed
+    /// and drained at a limit, TLS handshake failures) when its last rule is deleted, so a closed
     /// listener is not shown with its last values until a restart. The connections it still
     /// drains keep their own gauge handle, no longer exported.
     pub fn forget_listener(&self, addr: std::net::SocketAddr) {
@@ -271,20 +281,29 @@ impl ProxyMetrics {
         self.open_connections.remove(&l);
         self.connections_queued.remove(&l);
         self.tls_handshake_failures.remove(&l);
-        for why in [
-            super::conn::Expiry::HeaderTimeout,
-            super::conn::Expiry::Idle,
-        ] {
-            self.connections_closed.remove(&ConnCloseLabels {
+        for why in super::conn::Expiry::ALL {
+            let labels = ConnCloseLabels {
                 listener: l.listener.clone(),
                 reason: why.as_str().to_string(),
-            });
+            };
+            self.connections_closed.remove(&labels);
+            self.connections_drained.remove(&labels);
         }
     }
 
     /// Counts one connection closed at a limit.
     pub fn connection_closed(&self, addr: std::net::SocketAddr, why: super::conn::Expiry) {
         self.connections_closed
+            .get_or_create(&ConnCloseLabels {
+                listener: addr.to_string(),
+                reason: why.as_str().into(),
+            })
+            .inc();
+    }
+
+    /// Counts one connection drained by a limit (not closed: see [`super::conn::Expiry::StreamStall`]).
+    pub fn connection_drained(&self, addr: std::net::SocketAddr, why: super::conn::Expiry) {
+        self.connections_drained
             .get_or_create(&ConnCloseLabels {
                 listener: addr.to_string(),
                 reason: why.as_str().into(),
@@ -583,5 +602,35 @@ mod tests {
             };
             assert_eq!((get("rr"), get("kv")), (1, 2), "{}", reason.as_str());
         }
+    }
+
+    #[test]
+    fn a_removed_listener_loses_every_close_and_drain_series() {
+        let mut reg = Registry::default();
+        let m = ProxyMetrics::register(&mut reg);
+        let (gone, kept): (std::net::SocketAddr, std::net::SocketAddr) = (
+            "127.0.0.1:8080".parse().expect("addr"),
+            "127.0.0.1:8081".parse().expect("addr"),
+        );
+        for why in super::super::conn::Expiry::ALL {
+            m.connection_closed(gone, why);
+            m.connection_closed(kept, why);
+        }
+        m.connection_drained(gone, super::super::conn::Expiry::StreamStall);
+        m.connection_drained(kept, super::super::conn::Expiry::StreamStall);
+        m.forget_listener(gone);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &reg).expect("encode");
+        let series = |name: &str, addr: &str| {
+            text.lines()
+                .filter(|l| l.starts_with(name) && l.contains(&format!("listener=\"{addr}\"")))
+                .count()
+        };
+        let closed = "loxilb_proxy_connections_closed_total";
+        let drained = "loxilb_proxy_connections_drained_total";
+        assert_eq!(series(closed, "127.0.0.1:8080"), 0, "{text}");
+        assert_eq!(series(drained, "127.0.0.1:8080"), 0, "{text}");
+        assert_eq!(series(closed, "127.0.0.1:8081"), 6, "{text}");
+        assert_eq!(series(drained, "127.0.0.1:8081"), 1, "{text}");
     }
 }
