@@ -1209,8 +1209,8 @@ async fn the_daemon_raises_its_open_file_limit_and_warns_when_it_is_low() {
     );
 }
 
-/// Request heads are bounded at 64 KiB (a connection sending more is closed unanswered and
-/// counted); a head under it is served; a malformed head gets hyper's 400 and is counted; a
+/// Request heads are bounded at 64 KiB (a connection sending more is answered 431 and closed,
+/// and counted); a head under it is served; a malformed head gets hyper's 400 and is counted; a
 /// client that leaves before its answer is counted as a 4xx of its rule (nginx's 499).
 #[tokio::test]
 async fn oversized_and_malformed_heads_and_abandoned_requests_are_counted() {
@@ -1236,12 +1236,22 @@ async fn oversized_and_malformed_heads_and_abandoned_requests_are_counted() {
     let mut s = TcpStream::connect(("127.0.0.1", port))
         .await
         .expect("connect");
-    // 1 MiB of head: the write may fail once loxi closed; what it answered is nothing.
-    let _ = s.write_all(head(1 << 20).as_bytes()).await;
+    // 1 MiB of head: answered 431 with the JSON error once 64 KiB were read; the rest is taken
+    // and dropped, so the client's write succeeds and it reads the answer, not a reset.
+    s.write_all(head(1 << 20).as_bytes())
+        .await
+        .expect("the whole head is taken");
     let mut got = Vec::new();
     let read = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut got)).await;
     assert!(read.is_ok(), "the connection was held");
-    assert!(got.is_empty(), "{}", String::from_utf8_lossy(&got));
+    let got = String::from_utf8_lossy(&got);
+    assert!(got.starts_with("HTTP/1.1 431 "), "{got}");
+    assert!(
+        got.contains("\"type\":\"request_header_too_large\""),
+        "{got}"
+    );
+    // The connection ends when the client closes (or at its head's header timeout).
+    drop(s);
     d.wait_metric(
         "loxilb_proxy_connections_closed_total",
         &["reason=\"head_too_large\""],

@@ -30,7 +30,9 @@
 //!
 //! [`TrackedIo`] also bounds a request head's size: once more than [`MAX_HEAD_BYTES`] were read
 //! while a head is pending (bytes arrived, no request open) and the head has still not been
-//! parsed, the next read fails, and the connection is closed ([`Expiry::HeadTooLarge`]). A
+//! parsed, an HTTP/1 client is answered 431 and its further bytes are dropped until it closes
+//! (or the header timeout ends the connection); an HTTP/2 one's next read fails and the
+//! connection is closed ([`Expiry::HeadTooLarge`], [`TrackedIo::refuse_head`]). A
 //! head-only bound: hyper's own (`max_buf_size`, ~400 KB) also sizes its read and write
 //! buffers, which bodies and responses need large. Body bytes are read while their request is
 //! open, so they never count, but for a body a refused request leaves to be drained
@@ -89,7 +91,8 @@ pub enum Expiry {
     Idle,
     /// A write to the client made no progress for the send timeout.
     SendTimeout,
-    /// A request head grew past [`MAX_HEAD_BYTES`] (the connection is closed unanswered).
+    /// A request head grew past [`MAX_HEAD_BYTES`] (an HTTP/1 client is answered 431, an
+    /// HTTP/2 one's connection is closed).
     HeadTooLarge,
     /// An HTTP/2 stream's piece waited the send timeout while other streams progressed: not a
     /// close, the connection is drained (see the module doc).
@@ -579,6 +582,50 @@ impl<T> TrackedIo<T> {
         }
     }
 
+    /// The pending head passed [`MAX_HEAD_BYTES`] (every read from then on comes here).
+    ///
+    /// Over HTTP/2 the read fails and the connection is closed: no HTTP/1 answer fits in h2's
+    /// framing. Over HTTP/1, the first time, the 431 answer
+    /// ([`super::error::head_too_large_answer`]) is written and the write side shut: best
+    /// effort, one non-blocking write into a socket that has nothing else to send. From then on
+    /// what the client still sends is read and dropped, hyper seeing none of it, until the
+    /// client closes (hyper then ends the connection) or the header timeout, which still runs
+    /// for this head, does: closing with the client's bytes unread would make the kernel reset
+    /// the connection, and the client could lose the answer (nginx's lingering close).
+    #[cold]
+    #[inline(never)]
+    fn refuse_head(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>>
+    where
+        T: AsyncRead + AsyncWrite + Unpin,
+    {
+        let first = !self.act.head_too_large.swap(true, Ordering::Relaxed);
+        if matches!(self.proto, Proto::Http2(_)) {
+            return Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("request head over {MAX_HEAD_BYTES} bytes"),
+            )));
+        }
+        if first {
+            let answer = super::error::head_too_large_answer(MAX_HEAD_BYTES);
+            let wrote = Pin::new(&mut self.inner).poll_write(cx, &answer);
+            self.wrote(&wrote);
+            let _ = Pin::new(&mut self.inner).poll_flush(cx);
+            let _ = Pin::new(&mut self.inner).poll_shutdown(cx);
+        }
+        let mut scratch = [0u8; 4096];
+        // Bounded, so a client sending as fast as it can does not hold the thread.
+        for _ in 0..64 {
+            let mut dropped = ReadBuf::new(&mut scratch);
+            match Pin::new(&mut self.inner).poll_read(cx, &mut dropped) {
+                Poll::Ready(Ok(())) if dropped.filled().is_empty() => return Poll::Ready(Ok(())),
+                Poll::Ready(Ok(())) => self.act.traffic.read(dropped.filled().len()),
+                other => return other,
+            }
+        }
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+
     /// Reports a write's outcome: bytes written, or pending (the send buffer is full).
     fn wrote(&self, polled: &Poll<std::io::Result<usize>>) {
         match polled {
@@ -592,18 +639,14 @@ impl<T> TrackedIo<T> {
     }
 }
 
-impl<T: AsyncRead + Unpin> AsyncRead for TrackedIo<T> {
+impl<T: AsyncRead + AsyncWrite + Unpin> AsyncRead for TrackedIo<T> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
         if self.act.head_overflow() {
-            self.act.head_too_large.store(true, Ordering::Relaxed);
-            return Poll::Ready(Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                format!("request head over {MAX_HEAD_BYTES} bytes"),
-            )));
+            return self.refuse_head(cx);
         }
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.inner).poll_read(cx, buf);

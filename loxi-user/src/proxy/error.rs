@@ -42,6 +42,13 @@ pub enum ProxyError {
         /// The configured limit in bytes.
         limit: usize,
     },
+    /// An HTTP/1 request head is larger than `limit` bytes (431; answered by the socket wrapper,
+    /// `conn.rs`, since hyper never parsed it: [`head_too_large_answer`]).
+    #[error("request head exceeds the {limit}-byte limit (request line and headers)")]
+    HeadTooLarge {
+        /// The bound in bytes (`conn::MAX_HEAD_BYTES`).
+        limit: u64,
+    },
     /// The request body did not arrive within `LOXI_BODY_TIMEOUT_MS` of its head (408).
     #[error("the request body did not arrive within {ms} ms")]
     BodyTimeout {
@@ -301,6 +308,7 @@ impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::HeadTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             Self::ClientBody(_)
             | Self::MissingHost
             | Self::DuplicateHost
@@ -338,6 +346,7 @@ impl ProxyError {
     pub fn token(&self) -> &'static str {
         match self {
             Self::BodyTooLarge { .. } => "request_too_large",
+            Self::HeadTooLarge { .. } => "request_header_too_large",
             Self::ClientBody(_) => "bad_request_body",
             Self::MissingHost => "missing_host",
             Self::DuplicateHost => "duplicate_host",
@@ -374,6 +383,7 @@ impl ProxyError {
     pub fn party(&self) -> Party {
         match self {
             Self::BodyTooLarge { .. }
+            | Self::HeadTooLarge { .. }
             | Self::ClientBody(_)
             | Self::MissingHost
             | Self::DuplicateHost
@@ -428,6 +438,18 @@ impl ProxyError {
         )
     }
 
+    /// The JSON error body (the module doc's shape).
+    fn json(&self) -> String {
+        serde_json::json!({"error": {
+            "type": self.token(),
+            "message": self.to_string(),
+            "code": self.status().as_u16(),
+            "party": self.party().as_str(),
+            "retryable": self.retryable(),
+        }})
+        .to_string()
+    }
+
     /// The JSON error response (with `Retry-After: 1` for [`ProxyError::Overloaded`],
     /// [`ProxyError::EndpointOverloaded`], [`ProxyError::AdmissionClosed`],
     /// [`ProxyError::BodyBudgetExhausted`], [`ProxyError::LocalResources`] and
@@ -443,14 +465,7 @@ impl ProxyError {
                 | Self::LocalResources(_)
                 | Self::NoHealthyBackend { .. }
         );
-        let body = serde_json::json!({"error": {
-            "type": self.token(),
-            "message": self.to_string(),
-            "code": self.status().as_u16(),
-            "party": self.party().as_str(),
-            "retryable": self.retryable(),
-        }});
-        let mut resp = Response::new(full(Bytes::from(body.to_string())));
+        let mut resp = Response::new(full(Bytes::from(self.json())));
         *resp.status_mut() = self.status();
         if resp.status() == StatusCode::METHOD_NOT_ALLOWED {
             resp.headers_mut().insert(
@@ -468,6 +483,21 @@ impl ProxyError {
         }
         resp
     }
+}
+
+/// The raw HTTP/1.1 answer to a request head over `limit` bytes: `431 Request Header Fields
+/// Too Large`, the JSON error body ([`ProxyError::HeadTooLarge`]) and `Connection: close`.
+/// Written by the socket wrapper itself (`conn::TrackedIo`), because hyper never parsed the
+/// head; nginx answers the same case 400 "Request Header Or Cookie Too Large".
+pub fn head_too_large_answer(limit: u64) -> Vec<u8> {
+    let e = ProxyError::HeadTooLarge { limit };
+    let body = e.json();
+    format!(
+        "HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
 }
 
 /// A complete body as a [`ProxyBody`].

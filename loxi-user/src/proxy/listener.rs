@@ -413,16 +413,16 @@ where
         loop {
             // In order: the connection (the hot branch), the watchdog, the cancellation.
             if let Poll::Ready(ended) = conn.as_mut().poll(cx) {
-                let Err(e) = ended else {
-                    return Poll::Ready(None);
-                };
                 if act.head_was_too_large() {
                     tracing::debug!(
                         limit = super::conn::MAX_HEAD_BYTES,
-                        "request head too large; connection closed"
+                        "request head too large; answered 431 (HTTP/1) and closed"
                     );
                     return Poll::Ready(Some(Expiry::HeadTooLarge));
                 }
+                let Err(e) = ended else {
+                    return Poll::Ready(None);
+                };
                 if refused_by_hyper(&*e) {
                     tracing::debug!(error = %e, "malformed request head; hyper answered it and closed");
                     return Poll::Ready(Some(Expiry::Malformed));
@@ -451,6 +451,11 @@ where
                     expired.set(act.expired());
                     alarm.due.store(true, Ordering::Release);
                     continue;
+                }
+                // A refused head's connection lingers until the client closes or its header
+                // timeout ends it: reported as what it is.
+                Poll::Ready(_) if act.head_was_too_large() => {
+                    return Poll::Ready(Some(Expiry::HeadTooLarge));
                 }
                 Poll::Ready(why) => return Poll::Ready(Some(why)),
                 Poll::Pending => {}

@@ -689,7 +689,7 @@ fn with_header(len: usize) -> Vec<u8> {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_head_over_64_kib_closes_the_connection_and_one_under_is_served() {
+async fn a_head_over_64_kib_is_answered_431_and_one_under_is_served() {
     // Under the bound (60 KiB of header): served, and the connection stays usable.
     let (mut client, server) = tokio::io::duplex(4096);
     let served = tokio::spawn(serve(server, Duration::ZERO));
@@ -703,29 +703,57 @@ async fn a_head_over_64_kib_closes_the_connection_and_one_under_is_served() {
     drop(client);
     assert_eq!(served.await.expect("server task"), None);
 
-    // Over it (200 KiB of header, which hyper's own ~400 KB buffer would take): closed once
-    // 64 KiB were read, unanswered; the client's write fails before it sent the whole head.
+    // Over it (200 KiB of header, which hyper's own ~400 KB buffer would take): answered 431
+    // once 64 KiB were read; the rest of the head is taken and dropped (the client's writes
+    // succeed, so it reads the answer rather than a reset), and the connection ends when the
+    // client closes.
     let (mut client, server) = tokio::io::duplex(4096);
     let served = tokio::spawn(serve(server, Duration::ZERO));
+    let t0 = Instant::now();
     let head = with_header(200 * 1024);
-    let mut sent = 0;
     for chunk in head.chunks(1024) {
-        if client.write_all(chunk).await.is_err() {
-            break;
-        }
-        sent += chunk.len();
+        client
+            .write_all(chunk)
+            .await
+            .expect("the whole head is taken");
     }
+    let mut got = Vec::new();
+    client.read_to_end(&mut got).await.expect("read the answer");
+    let got = String::from_utf8_lossy(&got);
+    assert!(
+        got.starts_with("HTTP/1.1 431 Request Header Fields Too Large\r\n"),
+        "{got}"
+    );
+    assert!(got.contains("\r\nconnection: close\r\n"), "{got}");
+    let body: serde_json::Value =
+        serde_json::from_str(got.split("\r\n\r\n").nth(1).expect("a body")).expect("JSON");
+    assert_eq!(body["error"]["type"], "request_header_too_large", "{got}");
+    assert_eq!(body["error"]["code"], 431);
+    assert_eq!(body["error"]["party"], "client");
+    drop(client);
     assert_eq!(
         served.await.expect("server task"),
         Some(Expiry::HeadTooLarge)
     );
+    assert!(t0.elapsed() < HEADER, "ended by the client's close");
+
+    // A client that keeps its connection open after the answer: ended at the header timeout
+    // of its head, still reported as an oversized head.
+    let (mut client, server) = tokio::io::duplex(4096);
+    let served = tokio::spawn(serve(server, Duration::ZERO));
+    let t0 = Instant::now();
+    client
+        .write_all(&with_header(100 * 1024))
+        .await
+        .expect("the whole head is taken");
+    let why = served.await.expect("server task");
+    assert_eq!(why, Some(Expiry::HeadTooLarge));
+    let held = t0.elapsed();
     assert!(
-        sent < 64 * 1024 + 2 * 4096 + 1024,
-        "{sent} bytes of head taken before the close"
+        held >= HEADER && held < HEADER + Duration::from_secs(1),
+        "{held:?}"
     );
-    let mut got = Vec::new();
-    let _ = client.read_to_end(&mut got).await;
-    assert!(got.is_empty(), "{}", String::from_utf8_lossy(&got));
+    drop(client);
 }
 
 #[tokio::test(start_paused = true)]

@@ -11,7 +11,7 @@
 //! | `loxilb_proxy_upstream_timeouts_total` | counter | `service`, `ep_idx` (no response head within `LOXI_UPSTREAM_RESPONSE_TIMEOUT_MS`; 504) |
 //! | `loxilb_proxy_open_connections` | gauge | `listener` (`ip:port`) |
 //! | `loxilb_proxy_worker_connections` | gauge | `worker` (`1`..=`--proxy-workers`; open client connections each connection worker serves, [`super::workers`]) |
-//! | `loxilb_proxy_connections_closed_total` | counter | `listener`, `reason` (`header_timeout`, `idle_timeout`, `send_timeout`, `head_too_large`: a request head over 64 KiB, closed unanswered; `malformed_request`: hyper answered a malformed HTTP/1 head 400/414/431 and closed) |
+//! | `loxilb_proxy_connections_closed_total` | counter | `listener`, `reason` (`header_timeout`, `idle_timeout`, `send_timeout`, `head_too_large`: a request head over 64 KiB, answered 431 (HTTP/1) and closed; `malformed_request`: hyper answered a malformed HTTP/1 head 400/414/431 and closed) |
 //! | `loxilb_proxy_connections_drained_total` | counter | `listener`, `reason` (`stream_stall`: an HTTP/2 stream waited `LOXI_SEND_TIMEOUT_MS` for its client while other streams progressed; the connection got a GOAWAY, its open streams finish) |
 //! | `loxilb_proxy_connections_queued_total` | counter | `listener` (accepted only after waiting for a slot under `LOXI_MAX_CONNS_PER_LISTENER`) |
 //! | `loxilb_proxy_local_resource_errors_total` | counter | `errno` (`EMFILE`, `ENFILE`, `EADDRNOTAVAIL`, `ENOBUFS`, `ENOMEM`: upstream connections the gateway could not open for lack of its own descriptors, ports or buffers; 503 `gateway_resources_exhausted`, no endpoint blamed) |
