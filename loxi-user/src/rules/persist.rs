@@ -72,10 +72,24 @@ pub struct LoadedRule {
     pub stored: serde_json::Value,
 }
 
-/// Reads the rules file. A missing file is an empty list; an unreadable or corrupt one (not
-/// JSON, or a rule that does not parse) is moved aside to `rules.json.corrupt-<unix secs>` with
-/// an error log, and an empty list is returned.
-pub fn load(file: &Path) -> Vec<LoadedRule> {
+/// A rule entry of the state file that does not parse as one (a hand edit: an unknown or
+/// misspelt field, a wrong type): dropped at restore and kept as stored, as a rule that no
+/// longer validates is, while the file's other rules are restored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UnparsedRule {
+    /// The entry's `id`, when it has a numeric one (0 otherwise).
+    pub id: u32,
+    /// The entry, as stored.
+    pub stored: serde_json::Value,
+    /// Why it does not parse (serde's message, naming the field).
+    pub error: String,
+}
+
+/// Reads the rules file: one result per rule entry, an entry that does not parse as a rule
+/// being an [`UnparsedRule`]. A missing file is an empty list; an unreadable or corrupt one
+/// (not JSON, or not the state file's shape: no `rules` list) is moved aside to
+/// `rules.json.corrupt-<unix secs>` with an error log, and an empty list is returned.
+pub fn load(file: &Path) -> Vec<Result<LoadedRule, UnparsedRule>> {
     let bytes = match fs::read(file) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Vec::new(),
@@ -84,17 +98,23 @@ pub fn load(file: &Path) -> Vec<LoadedRule> {
             return Vec::new();
         }
     };
-    let parsed = serde_json::from_slice::<StateFile<serde_json::Value>>(&bytes).and_then(|f| {
-        f.rules
+    match serde_json::from_slice::<StateFile<serde_json::Value>>(&bytes) {
+        Ok(f) => f
+            .rules
             .into_iter()
-            .map(|stored| {
-                let parsed = serde_json::from_value(stored.clone())?;
-                Ok(LoadedRule { parsed, stored })
+            .map(|stored| match serde_json::from_value(stored.clone()) {
+                Ok(parsed) => Ok(LoadedRule { parsed, stored }),
+                Err(e) => Err(UnparsedRule {
+                    id: stored
+                        .get("id")
+                        .and_then(serde_json::Value::as_u64)
+                        .and_then(|id| u32::try_from(id).ok())
+                        .unwrap_or(0),
+                    stored,
+                    error: e.to_string(),
+                }),
             })
-            .collect::<Result<Vec<_>, serde_json::Error>>()
-    });
-    match parsed {
-        Ok(rules) => rules,
+            .collect(),
         Err(e) => {
             let aside = file.with_extension(format!("json.corrupt-{}", unix_secs()));
             let moved = fs::rename(file, &aside);
@@ -234,6 +254,28 @@ mod tests {
     }
 
     #[test]
+    fn a_rule_entry_that_does_not_parse_is_reported_beside_the_others() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let file = state_file(dir.path()).expect("state file");
+        let good = serde_json::json!({"id": 3, "rule": {
+            "serviceArguments": {"externalIP": "10.0.0.1", "port": 80},
+            "endpoints": [{"endpointIP": "10.0.1.1"}]
+        }});
+        let mut bad = good.clone();
+        bad["id"] = serde_json::json!(4);
+        bad["rule"]["serviceArguments"]["bogusField"] = serde_json::json!(1);
+        let text = serde_json::json!({"version": 1, "rules": [good, bad]}).to_string();
+        std::fs::write(&file, &text).expect("write");
+        let loaded = load(&file);
+        assert_eq!(loaded.len(), 2);
+        assert_eq!(loaded[0].as_ref().map(|l| l.parsed.id), Ok(3));
+        let unparsed = loaded[1].as_ref().expect_err("unknown field");
+        assert_eq!((unparsed.id, &unparsed.stored), (4, &bad));
+        assert!(unparsed.error.contains("bogusField"), "{}", unparsed.error);
+        assert!(file.exists(), "the file is not moved aside");
+    }
+
+    #[test]
     fn save_then_load_round_trips_and_creates_the_state_dir() {
         let dir = tempfile::tempdir().expect("tmp");
         let file = state_file(&dir.path().join("a/b")).expect("nested dir created");
@@ -243,7 +285,10 @@ mod tests {
         }))
         .expect("rule");
         save(&file, [(7, &rule)]).expect("save");
-        let loaded = load(&file);
+        let loaded: Vec<LoadedRule> = load(&file)
+            .into_iter()
+            .collect::<Result<_, _>>()
+            .expect("parses");
         assert_eq!(loaded.len(), 1);
         assert_eq!(loaded[0].parsed, PersistedRule { id: 7, rule });
         assert_eq!(loaded[0].stored["id"], serde_json::json!(7));

@@ -161,9 +161,10 @@ impl RuleStore {
     }
 
     /// Opens the store in `state_dir` (created if missing) and restores `rules.json`.
-    /// A corrupt file is moved aside (`rules.json.corrupt-<unix secs>`), logged, and the store
-    /// starts empty. A rule that no longer validates (or whose key a later rule of the file
-    /// takes) is dropped, and kept as stored in `rules.dropped-<unix secs>.json`
+    /// A corrupt file (not JSON, or no `rules` list) is moved aside
+    /// (`rules.json.corrupt-<unix secs>`), logged, and the store starts empty. A rule that does
+    /// not parse (an unknown field, a wrong type), no longer validates (or whose key a later
+    /// rule of the file takes) is dropped, and kept as stored in `rules.dropped-<unix secs>.json`
     /// ([`persist::save_dropped`]) before the next write can erase it from `rules.json`; each
     /// is logged naming that file.
     ///
@@ -191,6 +192,14 @@ impl RuleStore {
         // Dropped rules: their id, as stored, and why.
         let mut dropped: Vec<(u32, serde_json::Value, String)> = Vec::new();
         for loaded in persist::load(&file) {
+            let loaded = match loaded {
+                Ok(l) => l,
+                Err(u) => {
+                    let why = format!("that does not parse as a rule ({})", u.error);
+                    dropped.push((u.id, u.stored, why));
+                    continue;
+                }
+            };
             let stored = loaded.parsed;
             stored_by_id.insert(stored.id, loaded.stored.clone());
             let mut rule = stored.rule;
@@ -804,6 +813,26 @@ mod tests {
             .map(|(id, _)| id)
             .collect();
         assert_eq!(ids, vec![4]);
+    }
+
+    /// A hand edit that leaves one rule unparsable (an unknown field) drops that rule alone,
+    /// kept as stored beside the state file; the file's other rules are restored.
+    #[test]
+    fn a_restored_rule_that_does_not_parse_is_dropped_alone() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let good = json!({"id": 4, "rule": serde_json::to_value(rule(80, 0, "")).expect("v")});
+        let mut bad = json!({"id": 5, "rule": serde_json::to_value(rule(81, 0, "")).expect("v")});
+        bad["rule"]["serviceArguments"]["bogusField"] = json!(1);
+        let other = json!({"id": 6, "rule": serde_json::to_value(rule(82, 0, "")).expect("v")});
+        let file = json!({"version": 1, "rules": [good, bad.clone(), other]});
+        std::fs::write(dir.path().join("rules.json"), file.to_string()).expect("write");
+        let store = RuleStore::open(dir.path()).expect("open");
+        let ids: Vec<u32> = store.snapshot().rules.values().map(|r| r.id).collect();
+        assert_eq!(ids, vec![4, 6]);
+        assert_eq!(
+            dropped_files(dir.path()),
+            [json!({"version": 1, "rules": [bad]})]
+        );
     }
 
     /// The `rules.dropped-*.json` files in `dir`, parsed.
