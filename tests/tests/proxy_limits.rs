@@ -1252,10 +1252,24 @@ async fn oversized_and_malformed_heads_and_abandoned_requests_are_counted() {
     );
     // The connection ends when the client closes (or at its head's header timeout).
     drop(s);
+    // Just over the bound, sent at once (the daemon takes it in a few reads, the last one
+    // finishing the head): refused too, not forwarded.
+    let mut s = TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    s.write_all(head(70_000).as_bytes())
+        .await
+        .expect("the whole head is taken");
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut got)).await;
+    assert!(read.is_ok(), "the connection was held");
+    let got = String::from_utf8_lossy(&got);
+    assert!(got.starts_with("HTTP/1.1 431 "), "{got}");
+    drop(s);
     d.wait_metric(
         "loxilb_proxy_connections_closed_total",
         &["reason=\"head_too_large\""],
-        1.0,
+        2.0,
     )
     .await;
 

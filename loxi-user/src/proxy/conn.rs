@@ -279,6 +279,16 @@ impl Activity {
             && !self.lingering.load(Ordering::Relaxed)
     }
 
+    /// How many of the `read` bytes just counted were within [`MAX_HEAD_BYTES`] of the pending
+    /// head's start.
+    fn head_room(&self, read: usize) -> usize {
+        let before = self
+            .head_bytes
+            .load(Ordering::Relaxed)
+            .saturating_sub(read as u64);
+        usize::try_from(MAX_HEAD_BYTES.saturating_sub(before)).unwrap_or(usize::MAX)
+    }
+
     /// Whether the head bound closed the connection.
     pub fn head_was_too_large(&self) -> bool {
         self.head_too_large.load(Ordering::Relaxed)
@@ -544,6 +554,8 @@ pub struct TrackedIo<T> {
     inner: T,
     act: Arc<Activity>,
     proto: Proto,
+    /// The last two bytes read (HTTP/1): a head's blank line may straddle two reads.
+    tail: [u8; 2],
 }
 
 impl<T> TrackedIo<T> {
@@ -553,6 +565,7 @@ impl<T> TrackedIo<T> {
             inner,
             act,
             proto: Proto::Unknown(0),
+            tail: [0; 2],
         }
     }
 
@@ -654,9 +667,42 @@ impl<T: AsyncRead + AsyncWrite + Unpin> AsyncRead for TrackedIo<T> {
         if matches!(polled, Poll::Ready(Ok(()))) && read > 0 {
             self.read(&buf.filled()[before..]);
             self.act.traffic.read(read);
+            // The read that takes a pending head past the bound: refused unless the head ends
+            // within it (else a head that arrives whole, in one read, would pass).
+            if !matches!(self.proto, Proto::Http2(_)) {
+                let data = &buf.filled()[before..];
+                let tail = self.tail;
+                self.tail = match data {
+                    [.., a, b] => [*a, *b],
+                    [b] => [tail[1], *b],
+                    [] => tail,
+                };
+                if self.act.head_overflow()
+                    && !head_ends_within(tail, data, self.act.head_room(read))
+                {
+                    buf.set_filled(before);
+                    return self.refuse_head(cx);
+                }
+            }
         }
         polled
     }
+}
+
+/// Whether the first request head in `data` (a read of a pending HTTP/1 head, after `tail`,
+/// the last two bytes read before it) ends, with its blank line (`\r\n\r\n`, or bare `\n\n`,
+/// which httparse also takes), within the first `room` bytes of `data`.
+fn head_ends_within(tail: [u8; 2], data: &[u8], room: usize) -> bool {
+    let window = &data[..room.min(data.len())];
+    let at = |i: usize, back: usize| -> u8 {
+        match i.checked_sub(back) {
+            Some(j) => window[j],
+            None => tail[2 + i - back],
+        }
+    };
+    window.iter().enumerate().any(|(i, &b)| {
+        b == b'\n' && (at(i, 1) == b'\n' || (at(i, 1) == b'\r' && at(i, 2) == b'\n'))
+    })
 }
 
 impl<T: AsyncWrite + Unpin> AsyncWrite for TrackedIo<T> {
