@@ -42,6 +42,9 @@ fn run(fds: std::io::Result<(u64, u64)>) -> anyhow::Result<()> {
     for u in &cfg.unknown_env {
         tracing::warn!(var = %u.name, "{u}");
     }
+    for var in &cfg.empty_env {
+        tracing::warn!(%var, "{var} is set but empty: read as unset, its default is used");
+    }
     for w in &telemetry.warnings {
         tracing::warn!(var = w.var, value = %w.value, "{w}");
     }

@@ -29,7 +29,17 @@ pub struct EnvWarning {
 }
 
 impl fmt::Display for EnvWarning {
+    /// `VAR="value" is not accepted (what is); using X`, or for a valid value another setting
+    /// keeps from being read (`used` is then "no effect (why)"):
+    /// `VAR="value" is set but has no effect (why): what would make it read`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.used.starts_with("no effect") {
+            return write!(
+                f,
+                "{}={:?} is set but has {}: {}",
+                self.var, self.value, self.used, self.accepted
+            );
+        }
         write!(
             f,
             "{}={:?} is not accepted ({}); using {}",
@@ -260,6 +270,18 @@ impl Env {
             "no effect (replica seeding is off)",
             "effective only with LOXI_KV_REPLICA_LOAD > 0",
         );
+        if kv.replica_load > 0
+            && kv.replica_hold < kv.decision_budget
+            && let Some(v) = r.get("LOXI_KV_REPLICA_HOLD_MS")
+        {
+            let budget = kv.decision_budget.as_millis();
+            r.warn(
+                "LOXI_KV_REPLICA_HOLD_MS",
+                v,
+                budget,
+                &format!("at least LOXI_KV_DECISION_BUDGET_MS, {budget}"),
+            );
+        }
         let pd_queue_depth_per_ep = r.clamped(
             "LLB_PD_QUEUE_DEPTH_PER_EP",
             0,
@@ -1094,14 +1116,29 @@ mod tests {
         assert_eq!(e.kv.replica_hold, Duration::from_secs(1));
         assert_eq!(e.kv.replica_hold_window(), Duration::from_secs(1));
         let e = env(&[("LOXI_KV_REPLICA_HOLD_MS", "0")]);
-        assert_eq!((e.kv.replica_hold, e.warnings.len()), (Duration::ZERO, 0));
-        // Never below the decision budget (10 ms by default, 25 here).
+        assert_eq!(e.kv.replica_hold, Duration::ZERO);
+        // Never below the decision budget (10 ms by default, 25 here), and said so: 0 is not
+        // "off".
         assert_eq!(e.kv.replica_hold_window(), Duration::from_millis(10));
+        assert_eq!(
+            e.warnings
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>(),
+            ["LOXI_KV_REPLICA_HOLD_MS=\"0\" is not accepted (at least \
+              LOXI_KV_DECISION_BUDGET_MS, 10); using 10"]
+        );
         let e = env(&[
             ("LOXI_KV_REPLICA_HOLD_MS", "5"),
             ("LOXI_KV_DECISION_BUDGET_MS", "25"),
         ]);
         assert_eq!(e.kv.replica_hold_window(), Duration::from_millis(25));
+        assert_eq!(e.warnings[0].used, "25");
+        let e = env(&[
+            ("LOXI_KV_REPLICA_HOLD_MS", "25"),
+            ("LOXI_KV_DECISION_BUDGET_MS", "25"),
+        ]);
+        assert!(e.warnings.is_empty(), "{:?}", e.warnings);
         let e = env(&[("LOXI_KV_REPLICA_HOLD_MS", "600001")]);
         assert_eq!(e.kv.replica_hold, Duration::from_secs(1));
         assert_eq!(e.warnings[0].var, "LOXI_KV_REPLICA_HOLD_MS");
@@ -1113,6 +1150,11 @@ mod tests {
         assert_eq!(e.warnings.len(), 1);
         assert_eq!(e.warnings[0].var, "LOXI_KV_REPLICA_HOLD_MS");
         assert_eq!(e.warnings[0].used, "no effect (replica seeding is off)");
+        assert_eq!(
+            e.warnings[0].to_string(),
+            "LOXI_KV_REPLICA_HOLD_MS=\"200\" is set but has no effect (replica seeding is \
+             off): effective only with LOXI_KV_REPLICA_LOAD > 0"
+        );
     }
 
     #[test]

@@ -92,6 +92,20 @@ pub fn unknown_vars(set: impl IntoIterator<Item = String>) -> Vec<UnknownVar> {
     out
 }
 
+/// The daemon's variables among `set_empty` (names of variables set to an empty or
+/// whitespace-only value), sorted: each reads as unset, so its default runs, and the binary
+/// says so once (an `ENV=` line in an environment file that was meant to hold a value).
+pub fn empty_vars(set_empty: impl IntoIterator<Item = String>) -> Vec<String> {
+    let known = daemon_vars();
+    let mut out: Vec<String> = set_empty
+        .into_iter()
+        .filter(|n| known.contains(n))
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
 fn is_tooling(name: &str) -> bool {
     TOOLING_VARS.contains(&name) || TOOLING_PREFIXES.iter().any(|p| name.starts_with(p))
 }

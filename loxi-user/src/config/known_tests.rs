@@ -223,3 +223,17 @@ fn collect_files(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
         }
     }
 }
+
+#[test]
+fn daemon_variables_set_empty_are_reported_and_others_not() {
+    assert_eq!(
+        empty_vars(names(&[
+            "LOXI_MAX_BODY_BYTES",
+            "LOXI_SEND_TIMEOUT_MS",
+            "LOXI_NO_SUCH_THING",
+            "HOME",
+            "LOXI_SHARED",
+        ])),
+        ["LOXI_MAX_BODY_BYTES", "LOXI_SEND_TIMEOUT_MS"]
+    );
+}

@@ -339,6 +339,9 @@ pub struct Config {
     /// Set `LOXI_*`, `LOXILB_*` and `LLB_*` variables loxi does not know (misspellings), each
     /// with the closest known name; the binary warns once for each.
     pub unknown_env: Vec<known::UnknownVar>,
+    /// The daemon's variables set to an empty value (read as unset: the default runs); the
+    /// binary warns once for each.
+    pub empty_env: Vec<String>,
 }
 
 impl Config {
@@ -369,11 +372,15 @@ impl Config {
         let set = std::env::vars_os()
             .filter(|(_, v)| !v.is_empty())
             .filter_map(|(k, _)| k.into_string().ok());
+        let set_empty = std::env::vars_os()
+            .filter(|(_, v)| v.to_str().is_some_and(|v| v.trim().is_empty()))
+            .filter_map(|(k, _)| k.into_string().ok());
         Self {
             flags,
             env,
             runtime_workers,
             unknown_env: known::unknown_vars(set),
+            empty_env: known::empty_vars(set_empty),
         }
     }
 
@@ -484,6 +491,7 @@ mod tests {
             env: Env::default(),
             runtime_workers,
             unknown_env: Vec::new(),
+            empty_env: Vec::new(),
         };
         assert_eq!(
             cfg(&["loxilb", "--proxy-workers", "3"], 5).proxy_workers(),
