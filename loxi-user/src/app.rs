@@ -117,6 +117,7 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
         .with_allowed_hosts(&cfg.flags.api.api_allowed_hosts),
     );
     warn_if_exposed(cfg.flags.api_addr, &tokens, tls.is_some());
+    warn_token_setup(&tokens, &cfg.flags.api.api_allowed_hosts);
     let mut registry = metrics::new_registry();
     let sockets = ListenSockets::new(ListenMetrics::register(&mut registry));
     let control = ControlMetrics::register(&mut registry);
@@ -341,6 +342,29 @@ fn warn_if_exposed(addr: SocketAddr, tokens: &crate::config::ApiTokens, tls: boo
             %addr,
             "the REST API listens on a non-loopback address without TLS: tokens cross the \
              network in clear text; set --api-tls-cert and --api-tls-key"
+        );
+    }
+}
+
+/// Logs the token setups that leave something the operator configured without effect: a
+/// `--api-allowed-host` beside a token (with a token every request needs it whatever its
+/// `Host`: the host check is for tokenless APIs only, `api::security`), and a read-only token
+/// with no admin token (no request can write, and nothing else says so until a write fails).
+fn warn_token_setup(tokens: &crate::config::ApiTokens, allowed_hosts: &[String]) {
+    if !allowed_hosts.is_empty() && !tokens.is_empty() {
+        tracing::warn!(
+            hosts = ?allowed_hosts,
+            "--api-allowed-host has no effect: an API token is configured, and with a token \
+             every request needs the token whatever its Host (the token is the DNS-rebinding \
+             defence; the Host check guards only a tokenless API), so any Host is answered; \
+             drop --api-allowed-host"
+        );
+    }
+    if tokens.admin.is_empty() && !tokens.read.is_empty() {
+        tracing::warn!(
+            "only a read-only API token is configured: every write (POST, PUT, DELETE) is \
+             refused, 401 without a token and 403 with the read-only one; set \
+             --api-token-file (or LOXI_API_TOKEN) for an admin token"
         );
     }
 }

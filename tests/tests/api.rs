@@ -371,6 +371,35 @@ async fn control_characters_long_names_and_group_addresses_are_400_naming_the_fi
     );
 }
 
+/// An http probe sends `GET <probereq>`, so a `probereq` that is a request line or a URL made
+/// a probe that failed forever and held every endpoint down: 400 naming it. A path passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_probereq_that_is_not_a_path_is_400_naming_it() {
+    let d = Daemon::start_default().await;
+    let probe = |req: &str| {
+        let r = with_service(rule(free_port()), "monitor", json!(true));
+        let r = with_service(r, "probetype", json!("http"));
+        with_service(r, "probereq", json!(req))
+    };
+    let (status, body) = d.post_rule(&probe("GET /health")).await;
+    assert_eq!(
+        (status, body["field"].clone(), body["message"].clone()),
+        (
+            400,
+            json!("serviceArguments.probereq"),
+            json!(
+                "serviceArguments.probereq: probereq \"GET /health\" must be a path such as \
+                 \"/health\" (the probe sends GET <path>; no method, scheme, host, space or \
+                 fragment)"
+            )
+        ),
+        "{body}"
+    );
+    assert!(lb_attr(&d.rules().await).is_empty(), "nothing stored");
+    let (status, body) = d.post_rule(&probe("/health")).await;
+    assert_eq!(status, 200, "{body}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delete_by_model_name_removes_only_that_pool_and_unknown_rule_is_404() {
     let d = Daemon::start_default().await;
@@ -468,6 +497,137 @@ async fn a_bad_protocol_is_400_naming_it_on_every_key_route() {
     let (status, _) = d.delete_rule("127.0.0.1", port, "TCP", None).await;
     assert_eq!(status, 200);
     assert!(lb_attr(&d.rules().await).is_empty());
+}
+
+/// A query parameter a route does not read is refused (400 naming it, with the ones the route
+/// reads), on every route: `?foo=1` on `GET .../all`, `/metrics` or `/version` answered 200 and
+/// ignored it, while the key routes refused it. Nothing is acted on: the posted rule is not
+/// stored and nothing is deleted. LoxiLB's clients send no parameter these routes do not read
+/// (`shared/loxilb-clients/`, replayed by `tests/tests/loxilb_clients.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_route_refuses_a_query_parameter_it_does_not_read() {
+    let d = Daemon::start_default().await;
+    let port = free_port();
+    assert_eq!(d.post_rule(&rule(port)).await.0, 200);
+    let id = lb_attr(&d.rules().await)[0]["serviceArguments"]["id"]
+        .as_str()
+        .expect("the rule's id")
+        .to_string();
+    let key = format!(
+        "/netlox/v1/config/loadbalancer/externalipaddress/127.0.0.1/port/{port}/protocol/tcp"
+    );
+    let hosturl = format!(
+        "/netlox/v1/config/loadbalancer/hosturl/any/externalipaddress/127.0.0.1/port/{port}/protocol/tcp"
+    );
+    let portmax = format!(
+        "/netlox/v1/config/loadbalancer/externalipaddress/127.0.0.1/port/{port}/portmax/0/protocol/tcp"
+    );
+    let hosturl_portmax = format!(
+        "/netlox/v1/config/loadbalancer/hosturl/any/externalipaddress/127.0.0.1/port/{port}/portmax/0/protocol/tcp"
+    );
+    let none = "it reads none";
+    let by_key = "host, model_name";
+    let delete = "model_name, host, bgp, block, path_match_mode, path_prefix";
+    let other_rule = rule(free_port()).to_string();
+    let routes: Vec<(&str, String, Option<&str>, &str)> = vec![
+        (
+            "GET",
+            "/netlox/v1/config/loadbalancer/all".into(),
+            None,
+            none,
+        ),
+        (
+            "GET",
+            format!("/netlox/v1/config/loadbalancer/id/{id}"),
+            None,
+            none,
+        ),
+        ("GET", key.clone(), None, by_key),
+        ("GET", format!("{key}/status"), None, by_key),
+        ("GET", format!("{key}/stats"), None, none),
+        ("GET", "/netlox/v1/config/cert".into(), None, none),
+        ("GET", "/netlox/v1/config/cert/all".into(), None, none),
+        ("GET", "/netlox/v1/config/cert/default".into(), None, none),
+        ("GET", "/netlox/v1/version".into(), None, none),
+        ("GET", "/netlox/v1/config/endpoint/all".into(), None, none),
+        ("GET", "/netlox/v1/config/conntrack/all".into(), None, none),
+        ("GET", "/netlox/v1/config/metrics".into(), None, none),
+        ("GET", "/netlox/v1/metrics".into(), None, none),
+        (
+            "GET",
+            "/netlox/v1/config/ai/kv/inventory".into(),
+            None,
+            "service_id, ep_idx, offset, limit",
+        ),
+        (
+            "GET",
+            "/netlox/v1/config/ai/kv/parity".into(),
+            None,
+            "service_id",
+        ),
+        (
+            "POST",
+            "/netlox/v1/config/loadbalancer".into(),
+            Some(other_rule.as_str()),
+            none,
+        ),
+        ("POST", "/netlox/v1/config/cert".into(), Some("{}"), none),
+        (
+            "PUT",
+            "/netlox/v1/config/cert/default".into(),
+            Some("{}"),
+            none,
+        ),
+        (
+            "DELETE",
+            "/netlox/v1/config/cert/default".into(),
+            None,
+            none,
+        ),
+        (
+            "DELETE",
+            "/netlox/v1/config/loadbalancer/name/x".into(),
+            None,
+            none,
+        ),
+        ("DELETE", key.clone(), None, delete),
+        ("DELETE", hosturl, None, delete),
+        ("DELETE", portmax, None, delete),
+        ("DELETE", hosturl_portmax, None, delete),
+    ];
+    for (method, path, body, reads) in &routes {
+        let path = format!("{path}?x=1");
+        let (status, text) = d.request(method, &path, *body).await.expect("request");
+        let v = loxi_tests::harness::parse_json(&text);
+        assert_eq!(
+            (status, v["field"].clone(), v["message"].clone()),
+            (
+                400,
+                json!("x"),
+                json!(format!(
+                    "\"x\" is not a query parameter of this route ({reads})"
+                ))
+            ),
+            "{method} {path}"
+        );
+    }
+    let rules = lb_attr(&d.rules().await);
+    assert_eq!(rules.len(), 1, "nothing was stored or deleted");
+    assert_eq!(rules[0]["serviceArguments"]["port"], json!(port));
+    // Without the parameter the same routes answer.
+    for path in [
+        "/netlox/v1/config/loadbalancer/all".to_string(),
+        format!("{key}/stats"),
+        "/netlox/v1/version".into(),
+        "/netlox/v1/metrics".into(),
+        "/netlox/v1/config/metrics".into(),
+        "/netlox/v1/config/endpoint/all".into(),
+        "/netlox/v1/config/conntrack/all".into(),
+        "/netlox/v1/config/cert/all".into(),
+    ] {
+        let (status, text) = d.get(&path).await.expect("GET");
+        assert_eq!(status, 200, "{path}: {text}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -160,6 +160,98 @@ async fn a_tokenless_api_refuses_dns_names_it_was_not_given() {
         .await
         .expect("GET");
     assert_eq!(status, 200, "localhost: {text}");
+    assert!(
+        !d.log_text().contains("--api-allowed-host has no effect"),
+        "without a token the flag works: no warning"
+    );
+}
+
+const ALLOWED_HOST_INERT: &str = "--api-allowed-host has no effect: an API token is configured";
+const READ_ONLY_ALONE: &str = "only a read-only API token is configured: every write (POST, PUT, \
+                               DELETE) is refused, 401 without a token and 403 with the read-only \
+                               one; set --api-token-file (or LOXI_API_TOKEN) for an admin token";
+
+/// Token setups that leave part of the configuration without effect are warned about at start:
+/// `--api-allowed-host` beside a token (any `Host` is answered once a token is the defence),
+/// and a read-only token alone (nothing can write). Neither warning for the setups where
+/// every flag works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_setups_that_leave_a_flag_inert_are_warned_at_start() {
+    // An admin token (from the environment) and --api-allowed-host.
+    let d = Daemon::start(DaemonOpts {
+        env: vec![("LOXI_API_TOKEN".into(), "admin-7e2d4b9a1c".into())],
+        args: vec!["--api-allowed-host".into(), "lb.internal.test".into()],
+        api_token: Some("admin-7e2d4b9a1c".into()),
+        ..DaemonOpts::default()
+    })
+    .await;
+    let log = d.log_text();
+    let line = log
+        .lines()
+        .find(|l| l.contains(ALLOWED_HOST_INERT))
+        .unwrap_or_else(|| panic!("no --api-allowed-host warning:\n{log}"));
+    assert!(
+        line.contains("WARN")
+            && line.contains("lb.internal.test")
+            && line.contains("drop --api-allowed-host"),
+        "{line}"
+    );
+    assert!(!log.contains(READ_ONLY_ALONE), "{log}");
+    // What the warning says: a DNS name not listed is answered, with the token.
+    let (status, _, text) = d
+        .request_with(
+            "GET",
+            "/netlox/v1/config/loadbalancer/all",
+            &[("host", "other.example.test")],
+            None,
+        )
+        .await
+        .expect("GET");
+    assert_eq!(status, 200, "{text}");
+    drop(d);
+
+    // A read-only token alone (from its file): every write is refused, and the log says so.
+    let dir = tempfile::tempdir().expect("tmp");
+    let read_file = dir.path().join("read-token");
+    std::fs::write(&read_file, "reader-1a2b3c4d5e\n").expect("write");
+    let mut d = Daemon::start(DaemonOpts {
+        args: vec![
+            "--api-read-token-file".into(),
+            read_file.display().to_string(),
+        ],
+        api_token: Some("reader-1a2b3c4d5e".into()),
+        ..DaemonOpts::default()
+    })
+    .await;
+    let log = d.log_text();
+    let line = log
+        .lines()
+        .find(|l| l.contains(READ_ONLY_ALONE))
+        .unwrap_or_else(|| panic!("no read-only warning:\n{log}"));
+    assert!(line.contains("WARN"), "{line}");
+    assert!(!log.contains(ALLOWED_HOST_INERT), "{log}");
+    let (status, v) = d.post_rule(&rule(free_port())).await;
+    assert_eq!(status, 403, "{v}");
+    d.set_api_token(None);
+    let (status, v) = d.post_rule(&rule(free_port())).await;
+    assert_eq!(status, 401, "{v}");
+    drop(d);
+
+    // Admin and read-only tokens, no --api-allowed-host: nothing to warn about.
+    let d = Daemon::start(DaemonOpts {
+        env: vec![
+            ("LOXI_API_TOKEN".into(), "admin-7e2d4b9a1c".into()),
+            ("LOXI_API_READ_TOKEN".into(), "reader-1a2b3c4d5e".into()),
+        ],
+        api_token: Some("admin-7e2d4b9a1c".into()),
+        ..DaemonOpts::default()
+    })
+    .await;
+    let log = d.log_text();
+    assert!(
+        !log.contains(ALLOWED_HOST_INERT) && !log.contains(READ_ONLY_ALONE),
+        "{log}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

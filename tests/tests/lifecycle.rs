@@ -361,6 +361,27 @@ async fn a_second_daemon_on_the_same_state_dir_does_not_start() {
     );
 }
 
+/// `--xdp-generic` only says how the `--xdp-iface` interfaces are attached: alone it would
+/// change nothing (the daemon started without a word), so it is a usage error naming both.
+#[test]
+fn xdp_generic_without_xdp_iface_is_a_usage_error_naming_both_flags() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let state = dir.path().join("state").display().to_string();
+    let (code, err) = failed_start(dir.path(), &["--state-dir", &state, "--xdp-generic"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.starts_with(
+            "error: the following required arguments were not provided:\n  --xdp-iface <IFACE>"
+        ),
+        "{err}"
+    );
+    let usage = err
+        .lines()
+        .find(|l| l.starts_with("Usage: loxilb "))
+        .unwrap_or_else(|| panic!("no usage line: {err}"));
+    assert!(usage.contains("--xdp-generic"), "{err}");
+}
+
 #[test]
 fn a_bad_log_filter_is_reported_once() {
     let dir = tempfile::tempdir().expect("tmp");

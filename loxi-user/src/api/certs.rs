@@ -20,6 +20,7 @@ use serde_json::{Value, json};
 
 use super::ApiState;
 use super::error::{self, ApiError, json_response};
+use super::query::NoQuery;
 use crate::certs::parse::EXPIRY_WARNING_SECS;
 use crate::certs::store::unix_now;
 use crate::certs::{CertPem, CertSnapshot, CertStoreError, Certificate};
@@ -87,6 +88,7 @@ fn saved(status: StatusCode, c: &Certificate) -> Response {
 /// `POST /config/cert`.
 pub async fn create(
     State(st): State<ApiState>,
+    _: NoQuery,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let mut b = parse_body(body)?;
@@ -101,6 +103,7 @@ pub async fn create(
 pub async fn replace(
     State(st): State<ApiState>,
     Path(id): Path<String>,
+    _: NoQuery,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let b = parse_body(body)?;
@@ -131,7 +134,7 @@ pub async fn replace(
 }
 
 /// `GET /config/cert` and `/config/cert/all`.
-pub async fn list(State(st): State<ApiState>) -> Response {
+pub async fn list(State(st): State<ApiState>, _: NoQuery) -> Response {
     let snap = st.certs.snapshot();
     let all: Vec<Value> = snap.certs.values().map(|c| entry(c)).collect();
     json_response(StatusCode::OK, &json!({ "certAttr": all }))
@@ -141,6 +144,7 @@ pub async fn list(State(st): State<ApiState>) -> Response {
 pub async fn get_one(
     State(st): State<ApiState>,
     Path(id): Path<String>,
+    _: NoQuery,
 ) -> Result<Response, ApiError> {
     let snap = st.certs.snapshot();
     let c = snap
@@ -154,6 +158,7 @@ pub async fn get_one(
 pub async fn remove(
     State(st): State<ApiState>,
     Path(id): Path<String>,
+    _: NoQuery,
 ) -> Result<Response, ApiError> {
     let rules = st.store.snapshot();
     st.certs

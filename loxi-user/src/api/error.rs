@@ -85,14 +85,17 @@ impl ApiError {
     }
 
     /// A 400 naming query parameter `key`, which the route does not read (`known` are the
-    /// ones it does): a typo would otherwise answer another view than the one asked for.
+    /// ones it does, none for a route that reads none): a typo would otherwise answer another
+    /// view than the one asked for, and a parameter nothing reads would be silently inert.
     pub fn unknown_query_param(key: &str, known: &[&str]) -> Self {
+        let reads = if known.is_empty() {
+            "it reads none".to_string()
+        } else {
+            known.join(", ")
+        };
         Self::bad_field(
             key,
-            format!(
-                "{key:?} is not a query parameter of this route ({})",
-                known.join(", ")
-            ),
+            format!("{key:?} is not a query parameter of this route ({reads})"),
         )
     }
 

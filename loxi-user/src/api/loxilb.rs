@@ -14,12 +14,13 @@ use loxi_common::mode;
 
 use super::ApiState;
 use super::error::{ApiError, json_response};
+use super::query::NoQuery;
 use crate::l4::CT_LIST_CAP;
 
 /// `GET /version` (LoxiLB's readiness probe; answered without a token, as LoxiLB's
 /// `security: []`): `{"version", "buildInfo", "product"}` (`VersionGetEntry`). `product` is
 /// LoxiLB's API-flavour marker: `loxilb-inference-gateway`, the API loxi implements.
-pub async fn version() -> Response {
+pub async fn version(_: NoQuery) -> Response {
     let v = env!("CARGO_PKG_VERSION");
     json_response(
         StatusCode::OK,
@@ -33,7 +34,7 @@ pub async fn version() -> Response {
 
 /// `GET /config/metrics`: `{"prometheus": true}` (`MetricsConfig`; loxi always exports its
 /// metrics at `/netlox/v1/metrics`).
-pub async fn metrics_config() -> Response {
+pub async fn metrics_config(_: NoQuery) -> Response {
     json_response(StatusCode::OK, &json!({ "prometheus": true }))
 }
 
@@ -77,7 +78,7 @@ pub struct EndpointEntry {
 /// (endpoints shared by several rules are listed once), from the live health board. LoxiLB
 /// also reports probe delays (`minDelay`/`avgDelay`/`maxDelay`); loxi does not measure them and
 /// leaves the keys out.
-pub async fn endpoints(State(st): State<ApiState>) -> Response {
+pub async fn endpoints(State(st): State<ApiState>, _: NoQuery) -> Response {
     let snap = st.store.snapshot();
     let mut by_name: BTreeMap<String, EndpointEntry> = BTreeMap::new();
     for r in snap.rules.values() {
@@ -264,7 +265,7 @@ pub async fn read_conntrack(st: &ApiState) -> Result<Option<crate::l4::CtDump>, 
 /// Before the L4 task has loaded the program there are no flows: `{"ctAttr":[]}`.
 ///
 /// Errors: 500 when the map cannot be read.
-pub async fn conntrack(State(st): State<ApiState>) -> Result<Response, ApiError> {
+pub async fn conntrack(State(st): State<ApiState>, _: NoQuery) -> Result<Response, ApiError> {
     if !st.l4_datapath {
         return Ok(json_response(StatusCode::OK, &json!({ "ctAttr": [] })));
     }

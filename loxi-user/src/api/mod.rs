@@ -27,7 +27,8 @@
 //! [`security`]; HTTPS in [`tls`]; connection bounds (header and request timeouts, a connection
 //! cap) in [`serve`]. Request bodies are limited to axum's default 2 MiB (413 beyond; at once,
 //! before any byte of it is read, when `Content-Length` declares more). A method a route does
-//! not serve gets 405 in the error shape.
+//! not serve gets 405 in the error shape. A query parameter a route does not read is 400 naming
+//! it on every route ([`query::NoQuery`] for the routes that read none).
 pub mod certs;
 pub mod error;
 pub mod fields;
@@ -150,7 +151,11 @@ pub fn router(state: ApiState, views: Router) -> Router {
 }
 
 /// `GET /metrics`: OpenMetrics when the client's `Accept` asks for it, else text 0.0.4.
-async fn serve_metrics(State(st): State<ApiState>, headers: HeaderMap) -> Response {
+async fn serve_metrics(
+    State(st): State<ApiState>,
+    _: query::NoQuery,
+    headers: HeaderMap,
+) -> Response {
     refresh_endpoint_metrics(&st);
     let wants_om = headers
         .get(header::ACCEPT)

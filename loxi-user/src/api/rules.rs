@@ -13,7 +13,7 @@ use serde_json::{Map, Value, json};
 
 use super::error::{self, ApiError, json_response};
 use super::fields;
-use super::query::OnceQuery;
+use super::query::{NoQuery, OnceQuery};
 use super::{ApiState, EndpointHealth};
 use crate::listen::Reservation;
 use crate::rules::schema::is_zero;
@@ -23,6 +23,7 @@ use crate::rules::{LbRule, StoredRule, UpsertOutcome, validate};
 /// (its data path exists, its fullproxy address can be bound), persist, publish.
 pub async fn create(
     State(st): State<ApiState>,
+    _: NoQuery,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let body = body.map_err(body_error)?;
@@ -157,7 +158,7 @@ fn bind_error(addr: SocketAddr, e: &std::io::Error) -> ApiError {
 
 /// `GET /config/loadbalancer/all`: LoxiLB's `{"lbAttr":[LoadbalanceEntry...]}` (see
 /// [`loxilb_entry`]), rules in key order.
-pub async fn list(State(st): State<ApiState>) -> Response {
+pub async fn list(State(st): State<ApiState>, _: NoQuery) -> Response {
     let snap = st.store.snapshot();
     let lb_attr: Vec<Value> = snap.rules.values().map(|r| entry(&st, r)).collect();
     json_response(StatusCode::OK, &json!({ "lbAttr": lb_attr }))
@@ -168,6 +169,7 @@ pub async fn list(State(st): State<ApiState>) -> Response {
 pub async fn get_by_id(
     State(st): State<ApiState>,
     Path(id): Path<String>,
+    _: NoQuery,
 ) -> Result<Response, ApiError> {
     let snap = st.store.snapshot();
     let rule = snap
@@ -485,6 +487,7 @@ pub async fn remove_portmax(
 pub async fn remove_by_name(
     State(st): State<ApiState>,
     Path(name): Path<String>,
+    _: NoQuery,
 ) -> Result<Response, ApiError> {
     let gone = st.store.delete_by_name(&name)?;
     for r in &gone {

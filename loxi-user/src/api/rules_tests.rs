@@ -48,7 +48,11 @@ async fn a_write_is_acknowledged_once_every_data_path_applied_it() {
         "serviceArguments": {"externalIP": "127.0.0.1", "port": port, "protocol": "tcp", "mode": 4},
         "endpoints": [{"endpointIP": "127.0.0.2", "targetPort": 8000}]
     });
-    let post = tokio::spawn(create(State(st.clone()), Ok(Bytes::from(body.to_string()))));
+    let post = tokio::spawn(create(
+        State(st.clone()),
+        NoQuery,
+        Ok(Bytes::from(body.to_string())),
+    ));
     // Stored and published at once; not acknowledged while `slow` has not applied it.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while store.snapshot().version < 2 {
@@ -106,8 +110,13 @@ async fn an_l4_rule_past_the_data_paths_rule_slots_is_refused() {
             "endpoints": [{"endpointIP": "10.9.0.2", "targetPort": 8080}]
         })
     };
-    let post =
-        |body: serde_json::Value| create(State(st.clone()), Ok(Bytes::from(body.to_string())));
+    let post = |body: serde_json::Value| {
+        create(
+            State(st.clone()),
+            NoQuery,
+            Ok(Bytes::from(body.to_string())),
+        )
+    };
     for i in 0..MAX_RULES {
         store
             .upsert(serde_json::from_value(l4(i, 80)).expect("rule"))

@@ -28,7 +28,7 @@ use serde_json::json;
 
 use super::error::{ApiError, json_response};
 use super::loxilb::{ct_service, read_conntrack};
-use super::query::OnceQuery;
+use super::query::{NoQuery, OnceQuery};
 use super::rules::{entry, listen_addr};
 use super::{ApiState, EndpointHealth};
 use crate::listen::{ListenerStatus, TrafficSnapshot};
@@ -252,6 +252,7 @@ pub async fn status(
 pub async fn stats(
     State(st): State<ApiState>,
     Path((ip, port, proto)): Path<(String, String, String)>,
+    _: NoQuery,
 ) -> Result<Response, ApiError> {
     let (ip, port, proto, rules) = rules_on(&st, &ip, &port, &proto)?;
     let Some(rule) = rules.first() else {

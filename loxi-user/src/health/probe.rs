@@ -1,7 +1,10 @@
 //! Active probes from a rule's `monitor` / `probetype` fields.
 //!
 //! Probes run when `monitor` is true or `probetype` names a probe: `tcp` (connect), `http`
-//! (`GET probereq` (default `/`), 2xx and, when `proberesp` is set, a body containing it).
+//! (`GET <probereq>`, 2xx and, when `proberesp` is set, a body containing it). `probereq` is
+//! the request path, as LoxiLB's prober reads it (`http://<ep>:<port>/<probereq>`): empty is
+//! `/`, and a path without its leading `/` (`health`) gets one ([`probe_path`]); the API
+//! refuses anything else (`rules::validate`).
 //! `https`, `udp` and `ping` are accepted by the API but need TLS or raw sockets; loxi probes
 //! them with a TCP connect and logs that once. `none` disables probing. `probeport` (0 = the
 //! endpoint's port), `probeTimeout` (seconds, 0 → 2) and `probeRetries` (consecutive failures
@@ -57,11 +60,7 @@ impl ProbeSpec {
         let t = a.active_probe()?;
         let kind = match t.as_str() {
             "http" => ProbeKind::Http {
-                path: if a.probereq.is_empty() {
-                    "/".into()
-                } else {
-                    a.probereq.clone()
-                },
+                path: probe_path(&a.probereq),
                 expect: a.proberesp.clone(),
             },
             "" | "tcp" => ProbeKind::Tcp,
@@ -99,37 +98,75 @@ impl ProbeSpec {
     }
 }
 
-/// One probe of `authority`; true when it passed.
-pub async fn probe_once(spec: &ProbeSpec, authority: &str) -> bool {
+/// The request path of an http probe from `probereq`: `/` when empty, else `probereq` with a
+/// leading `/` added when it has none (LoxiLB sends `http://<ep>:<port>/<probereq>`).
+pub fn probe_path(probereq: &str) -> String {
+    if probereq.starts_with('/') {
+        probereq.to_string()
+    } else {
+        format!("/{probereq}")
+    }
+}
+
+/// One probe of `authority`: `Ok` when it passed, else why it failed (the connect error, the
+/// status code, the missing `proberesp`, the timeout), for the log line of a state change.
+pub async fn probe_once(spec: &ProbeSpec, authority: &str) -> Result<(), String> {
     let target = spec.target(authority);
     let fut = async {
         match &spec.kind {
-            ProbeKind::Tcp => tokio::net::TcpStream::connect(&target).await.is_ok(),
+            ProbeKind::Tcp => tokio::net::TcpStream::connect(&target)
+                .await
+                .map(drop)
+                .map_err(|e| format!("TCP connect to {target}: {e}")),
             ProbeKind::Http { path, expect } => http_probe(&target, path, expect).await,
         }
     };
     tokio::time::timeout(spec.timeout, fut)
         .await
-        .unwrap_or(false)
+        .unwrap_or_else(|_| {
+            Err(format!(
+                "no answer from {target} within the probe timeout ({} s)",
+                spec.timeout.as_secs()
+            ))
+        })
 }
 
-async fn http_probe(target: &str, path: &str, expect: &str) -> bool {
+async fn http_probe(target: &str, path: &str, expect: &str) -> Result<(), String> {
     let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
-    let Ok(uri) = format!("http://{target}{path}").parse::<http::Uri>() else {
-        return false;
-    };
-    let Ok(resp) = client.get(uri).await else {
-        return false;
-    };
-    if !resp.status().is_success() {
-        return false;
+    let uri = format!("http://{target}{path}")
+        .parse::<http::Uri>()
+        .map_err(|e| format!("http://{target}{path} is not a URI: {e}"))?;
+    let resp = client.get(uri).await.map_err(|e| {
+        // hyper-util's error says only "client error (Connect)"; the reason is in its sources.
+        let mut why = e.to_string();
+        let mut cause = std::error::Error::source(&e);
+        while let Some(c) = cause {
+            why.push_str(&format!(": {c}"));
+            cause = c.source();
+        }
+        format!("GET http://{target}{path}: {why}")
+    })?;
+    let status = resp.status();
+    if !status.is_success() {
+        return Err(format!(
+            "GET http://{target}{path} answered {status}, not 2xx"
+        ));
     }
     if expect.is_empty() {
-        return true;
+        return Ok(());
     }
-    match resp.into_body().collect().await {
-        Ok(b) => String::from_utf8_lossy(&b.to_bytes()).contains(expect),
-        Err(_) => false,
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| format!("GET http://{target}{path}: reading the body: {e}"))?
+        .to_bytes();
+    if String::from_utf8_lossy(&body).contains(expect) {
+        Ok(())
+    } else {
+        Err(format!(
+            "GET http://{target}{path} answered {status} without {expect:?} (proberesp) in the body"
+        ))
     }
 }
 
@@ -152,8 +189,8 @@ pub async fn run(spec: ProbeSpec, targets: Vec<Target>, cancel: CancellationToke
             _ = cancel.cancelled() => return,
             r = round => r,
         };
-        for (t, ok) in targets.iter().zip(results) {
-            apply(&spec, t, ok);
+        for (t, result) in targets.iter().zip(results) {
+            apply(&spec, t, &result);
         }
         tokio::select! {
             _ = cancel.cancelled() => return,
@@ -162,18 +199,27 @@ pub async fn run(spec: ProbeSpec, targets: Vec<Target>, cancel: CancellationToke
     }
 }
 
-/// Records one probe result: `retries` consecutive failures → down; a success → up.
-pub fn apply(spec: &ProbeSpec, t: &Target, ok: bool) {
+/// Records one probe result: `retries` consecutive failures → down (logged with the last
+/// failure's reason); a success → up.
+pub fn apply(spec: &ProbeSpec, t: &Target, result: &Result<(), String>) {
     let was_down = t.cell.probe_down.load(Ordering::Relaxed);
-    if ok {
+    if result.is_ok() {
         t.cell.probe_failures.store(0, Ordering::Relaxed);
         t.cell.probe_down.store(false, Ordering::Relaxed);
     } else if t.cell.probe_failures.fetch_add(1, Ordering::Relaxed) + 1 >= spec.retries {
         t.cell.probe_down.store(true, Ordering::Relaxed);
     }
     let down = t.cell.probe_down.load(Ordering::Relaxed);
-    if down != was_down {
-        tracing::info!(endpoint = %t.authority, up = !down, "probe changed endpoint state");
+    match result {
+        Err(why) if down && !was_down => tracing::warn!(
+            endpoint = %t.authority,
+            failures = spec.retries,
+            reason = %why,
+            "probe marked endpoint down"
+        ),
+        Err(why) => tracing::debug!(endpoint = %t.authority, reason = %why, "probe failed"),
+        Ok(()) if was_down => tracing::info!(endpoint = %t.authority, "probe marked endpoint up"),
+        Ok(()) => {}
     }
     t.cell.publish(&t.load);
 }
@@ -235,8 +281,12 @@ mod tests {
             timeout: Duration::from_secs(1),
             retries: 2,
         };
-        assert!(probe_once(&spec, &live).await);
-        assert!(!probe_once(&spec, &dead).await);
+        assert_eq!(probe_once(&spec, &live).await, Ok(()));
+        let why = probe_once(&spec, &dead).await.expect_err("dead port");
+        assert!(
+            why.starts_with(&format!("TCP connect to {dead}: ")) && why.contains("refused"),
+            "{why}"
+        );
     }
 
     #[test]
@@ -252,11 +302,73 @@ mod tests {
             cell: HealthCell::new(),
             load: EndpointLoad::new(),
         };
-        apply(&spec, &t, false);
+        let failed = Err("refused".to_string());
+        apply(&spec, &t, &failed);
         assert!(t.load.is_healthy(), "one failure is not enough");
-        apply(&spec, &t, false);
+        apply(&spec, &t, &failed);
         assert!(!t.load.is_healthy());
-        apply(&spec, &t, true);
+        apply(&spec, &t, &Ok(()));
         assert!(t.load.is_healthy());
+    }
+
+    /// A one-connection-at-a-time HTTP/1.1 server on loopback: 200 `OK` for `GET /health`,
+    /// 404 for any other request line.
+    async fn health_server() -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = l.local_addr().expect("addr").to_string();
+        tokio::spawn(async move {
+            while let Ok((mut c, _)) = l.accept().await {
+                let mut buf = vec![0u8; 4096];
+                let n = c.read(&mut buf).await.unwrap_or(0);
+                let head = String::from_utf8_lossy(&buf[..n]).to_string();
+                let answer = if head.starts_with("GET /health HTTP/1.1\r\n") {
+                    "HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nOK"
+                } else {
+                    "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                };
+                let _ = c.write_all(answer.as_bytes()).await;
+            }
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn http_probe_sends_get_probereq_and_says_why_it_failed() {
+        let addr = health_server().await;
+        let http = |probereq: &str, proberesp: &str| {
+            ProbeSpec::from_args(&args(serde_json::json!({
+                "probetype": "http", "probereq": probereq, "proberesp": proberesp
+            })))
+            .expect("http probe")
+        };
+        // `/health` as given, and LoxiLB's spelling without the leading slash.
+        assert_eq!(probe_once(&http("/health", "OK"), &addr).await, Ok(()));
+        assert_eq!(probe_once(&http("health", ""), &addr).await, Ok(()));
+        assert_eq!(
+            probe_once(&http("/nope", ""), &addr).await,
+            Err(format!(
+                "GET http://{addr}/nope answered 404 Not Found, not 2xx"
+            ))
+        );
+        assert_eq!(
+            probe_once(&http("/health", "READY"), &addr).await,
+            Err(format!(
+                "GET http://{addr}/health answered 200 OK without \"READY\" (proberesp) in the body"
+            ))
+        );
+        let dead = {
+            let d = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            d.local_addr().expect("addr").to_string()
+        };
+        let why = probe_once(&http("/health", ""), &dead)
+            .await
+            .expect_err("dead port");
+        assert!(
+            why.starts_with(&format!("GET http://{dead}/health: ")) && why.contains("refused"),
+            "{why}"
+        );
     }
 }

@@ -12,7 +12,8 @@ pub struct L4Args {
     #[arg(long = "vip-iface", value_name = "IFACE", default_value = "lo")]
     pub vip_iface: String,
     /// Attach in generic (skb) mode even where native XDP is available (benchmarks, odd drivers).
-    #[arg(long = "xdp-generic")]
+    /// It applies to the `--xdp-iface` interfaces, so without one it is a usage error.
+    #[arg(long = "xdp-generic", requires = "xdp_iface")]
     pub xdp_generic: bool,
 }
 

@@ -483,7 +483,38 @@ fn probe_fields_need_a_probe(s: &ServiceArgs) -> Result<(), RuleError> {
             ));
         }
     }
+    if http && !is_probe_path(&s.probereq) {
+        return Err(invalid(
+            "serviceArguments.probereq",
+            format!(
+                "probereq {:?} must be a path such as \"/health\" (the probe sends GET <path>; \
+                 no method, scheme, host, space or fragment)",
+                s.probereq
+            ),
+        ));
+    }
     Ok(())
+}
+
+/// True when `probereq` can be an http probe's request path: empty (`/`), or an origin-form
+/// path with an optional query (`/health`, `/health?full=1`; LoxiLB's `health`, which its
+/// prober appends to `http://<ep>:<port>/`, is taken as `/health`), with no whitespace,
+/// control character, fragment or `://`. Anything else (`GET /health`, a URL) made a request
+/// that failed on every probe and held the endpoints down.
+fn is_probe_path(probereq: &str) -> bool {
+    if probereq.is_empty() {
+        return true;
+    }
+    let path = if probereq.starts_with('/') {
+        probereq.to_string()
+    } else {
+        format!("/{probereq}")
+    };
+    !probereq
+        .chars()
+        .any(|c| c.is_whitespace() || c.is_control() || c == '#')
+        && !probereq.contains("://")
+        && path.parse::<http::uri::PathAndQuery>().is_ok()
 }
 
 /// `sel` 8/9/10 and every AI field need `mode: 4`.
@@ -1270,6 +1301,33 @@ mod tests {
             json!({"mode": 0, "probetype": "none"}),
         ] {
             validate(rule(extra.clone())).unwrap_or_else(|e| panic!("{extra}: {e}"));
+        }
+    }
+
+    #[test]
+    fn an_http_probereq_is_a_path_not_a_request_line_or_url() {
+        for bad in [
+            "GET /health",
+            "/health check",
+            "http://10.0.0.1/health",
+            "/health#top",
+        ] {
+            let e = validate(rule(json!({"probetype": "http", "probereq": bad}))).expect_err(bad);
+            assert_eq!(
+                e.to_string(),
+                format!(
+                    "serviceArguments.probereq: probereq {bad:?} must be a path such as \
+                     \"/health\" (the probe sends GET <path>; no method, scheme, host, space or \
+                     fragment)"
+                ),
+                "{bad}"
+            );
+        }
+        for good in ["", "/", "/health", "/health?full=1", "health", "v1/models"] {
+            validate(rule(
+                json!({"monitor": true, "probetype": "http", "probereq": good}),
+            ))
+            .unwrap_or_else(|e| panic!("{good:?}: {e}"));
         }
     }
 
