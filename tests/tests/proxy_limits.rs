@@ -216,6 +216,19 @@ async fn a_rules_inactive_timeout_is_its_listeners_idle_timeout() {
     .await;
 }
 
+/// A backend and a daemon whose listener (on the port returned) cuts a client after 500 ms
+/// without send progress (`LOXI_SEND_TIMEOUT_MS`), its header timeout out of the way.
+async fn send_timeout_daemon() -> (Backend, Daemon, u16) {
+    let b = Backend::start("0").await;
+    let port = free_port();
+    let env = [
+        ("LOXI_SEND_TIMEOUT_MS", "500"),
+        ("LOXI_HEADER_TIMEOUT_MS", "60000"),
+    ];
+    let d = daemon(&env, &[port], b.port()).await;
+    (b, d, port)
+}
+
 /// Waits until the backend's stream to `who` was cancelled and the listener on `port` counted
 /// one connection closed at the send timeout.
 async fn cut_at_send_timeout(b: &Backend, d: &Daemon, port: u16, who: &str) {
@@ -236,13 +249,7 @@ async fn cut_at_send_timeout(b: &Backend, d: &Daemon, port: u16, who: &str) {
 /// cancelled and the close counted. A client reading the same stream is not cut.
 #[tokio::test]
 async fn a_client_that_stops_reading_is_cut_at_the_send_timeout() {
-    let b = Backend::start("0").await;
-    let port = free_port();
-    let env = [
-        ("LOXI_SEND_TIMEOUT_MS", "500"),
-        ("LOXI_HEADER_TIMEOUT_MS", "60000"),
-    ];
-    let d = daemon(&env, &[port], b.port()).await;
+    let (b, d, port) = send_timeout_daemon().await;
     // ~60 MB of events back to back: more than every socket buffer on the way can hold.
     let ask = post("x-sse: 2000000:0\r\n");
     let mut s = TcpStream::connect(("127.0.0.1", port))
@@ -332,13 +339,7 @@ async fn h2_sse_every(
 #[tokio::test]
 async fn an_http2_stream_left_unread_beside_a_live_one_drains_its_connection() {
     use http_body_util::BodyExt;
-    let b = Backend::start("0").await;
-    let port = free_port();
-    let env = [
-        ("LOXI_SEND_TIMEOUT_MS", "500"),
-        ("LOXI_HEADER_TIMEOUT_MS", "60000"),
-    ];
-    let d = daemon(&env, &[port], b.port()).await;
+    let (b, d, port) = send_timeout_daemon().await;
     let mut send = h2_client(port).await;
     let unread = h2_sse(&mut send, 100_000).await;
     // 600 events 5 ms apart: a live stream of ~3 s, read as it comes.
@@ -403,13 +404,7 @@ async fn an_http2_stream_left_unread_beside_a_live_one_drains_its_connection() {
 #[tokio::test]
 async fn an_http2_stream_the_client_does_not_read_is_cut_at_the_send_timeout() {
     use http_body_util::BodyExt;
-    let b = Backend::start("0").await;
-    let port = free_port();
-    let env = [
-        ("LOXI_SEND_TIMEOUT_MS", "500"),
-        ("LOXI_HEADER_TIMEOUT_MS", "60000"),
-    ];
-    let d = daemon(&env, &[port], b.port()).await;
+    let (b, d, port) = send_timeout_daemon().await;
     let mut send = h2_client(port).await;
     // ~400 MB of events: far beyond the client's 2 MB stream window (hyper's default).
     let unread = h2_sse(&mut send, 100_000).await;

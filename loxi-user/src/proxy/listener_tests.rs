@@ -465,20 +465,7 @@ async fn http2_streams_that_keep_taking_their_answers_are_not_cut() {
     let readers: Vec<_> = (0..3)
         .map(|_| {
             let send = send.clone();
-            tokio::spawn(async move {
-                let mut body = h2_get(send).await.into_body();
-                let mut got = 0usize;
-                while let Some(frame) = http_body_util::BodyExt::frame(&mut body).await {
-                    let frame = frame.unwrap_or_else(|e| {
-                        panic!("frame after {got} bytes at {:?}: {e}", t0.elapsed())
-                    });
-                    if let Ok(data) = frame.into_data() {
-                        got += data.len();
-                        sleep(Duration::from_secs(10) * data.len() as u32 / 16_384).await;
-                    }
-                }
-                got
-            })
+            tokio::spawn(async move { read_slowly(h2_get(send).await.into_body()).await.0 })
         })
         .collect();
     for r in readers {
