@@ -1228,39 +1228,33 @@ async fn oversized_and_malformed_heads_and_abandoned_requests_are_counted() {
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     assert_eq!(b.request_count(), 1);
 
-    let mut s = TcpStream::connect(("127.0.0.1", port))
-        .await
-        .expect("connect");
+    // Sends `head` on a connection of its own, whole (the write must succeed: what the daemon
+    // does not read it drops), and returns all it answered before closing its side; the client
+    // then closes, which ends the connection (else its head's header timeout would).
+    let answer_to = |head: String| async move {
+        let mut s = TcpStream::connect(("127.0.0.1", port))
+            .await
+            .expect("connect");
+        s.write_all(head.as_bytes())
+            .await
+            .expect("the whole head is taken");
+        let mut got = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut got)).await;
+        assert!(read.is_ok(), "the connection was held");
+        String::from_utf8_lossy(&got).into_owned()
+    };
     // 1 MiB of head: answered 431 with the JSON error once 64 KiB were read; the rest is taken
     // and dropped, so the client's write succeeds and it reads the answer, not a reset.
-    s.write_all(head(1 << 20).as_bytes())
-        .await
-        .expect("the whole head is taken");
-    let mut got = Vec::new();
-    let read = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut got)).await;
-    assert!(read.is_ok(), "the connection was held");
-    let got = String::from_utf8_lossy(&got);
+    let got = answer_to(head(1 << 20)).await;
     assert!(got.starts_with("HTTP/1.1 431 "), "{got}");
     assert!(
         got.contains("\"type\":\"request_header_too_large\""),
         "{got}"
     );
-    // The connection ends when the client closes (or at its head's header timeout).
-    drop(s);
     // Just over the bound, sent at once (the daemon takes it in a few reads, the last one
     // finishing the head): refused too, not forwarded.
-    let mut s = TcpStream::connect(("127.0.0.1", port))
-        .await
-        .expect("connect");
-    s.write_all(head(70_000).as_bytes())
-        .await
-        .expect("the whole head is taken");
-    let mut got = Vec::new();
-    let read = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut got)).await;
-    assert!(read.is_ok(), "the connection was held");
-    let got = String::from_utf8_lossy(&got);
+    let got = answer_to(head(70_000)).await;
     assert!(got.starts_with("HTTP/1.1 431 "), "{got}");
-    drop(s);
     d.wait_metric(
         "loxilb_proxy_connections_closed_total",
         &["reason=\"head_too_large\""],

@@ -418,9 +418,10 @@ fn h2_answer() -> ProxyBody {
     http_body_util::StreamBody::new(futures::stream::iter(frames)).boxed()
 }
 
-#[tokio::test(start_paused = true)]
-async fn an_http2_stream_whose_window_stays_closed_is_cut_at_the_send_timeout() {
-    // A pipe larger than the answer: the socket never blocks, only h2's flow control does.
+/// A connection served as a listener serves it, every request answered [`h2_answer`] at once,
+/// over a pipe larger than the answer (the socket never blocks, only h2's flow control does):
+/// the client's end, and the serving task.
+fn serve_h2_answers() -> (DuplexStream, tokio::task::JoinHandle<Option<Expiry>>) {
     let (client, server) = tokio::io::duplex(4 << 20);
     let served = tokio::spawn(serve_with(
         server,
@@ -428,6 +429,12 @@ async fn an_http2_stream_whose_window_stays_closed_is_cut_at_the_send_timeout() 
         CancellationToken::new(),
         h2_answer,
     ));
+    (client, served)
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_http2_stream_whose_window_stays_closed_is_cut_at_the_send_timeout() {
+    let (client, served) = serve_h2_answers();
     let t0 = Instant::now();
     // The client keeps the response but reads none of its body (its connection task still
     // reads the socket and would answer PINGs).
@@ -505,13 +512,7 @@ async fn read_slowly(body: Incoming) -> (usize, Instant) {
 
 #[tokio::test(start_paused = true)]
 async fn an_http2_stream_left_unread_beside_a_live_one_drains_the_connection() {
-    let (client, server) = tokio::io::duplex(4 << 20);
-    let served = tokio::spawn(serve_with(
-        server,
-        Duration::ZERO,
-        CancellationToken::new(),
-        h2_answer,
-    ));
+    let (client, served) = serve_h2_answers();
     let t0 = Instant::now();
     let send = h2_client(client).await;
     // One stream the client never reads (its window closes at once), one it reads slowly for
