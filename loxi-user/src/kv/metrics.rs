@@ -40,6 +40,7 @@ pub struct EpLabels {
 pub const READINESS_STATES: &[&str] = &[
     "syncing",
     "no_events",
+    "no_blocks",
     "events_no_tokens",
     "ok",
     "mismatch",
@@ -275,7 +276,7 @@ impl KvMetrics {
         );
         r.register(
             "loxilb_kv_endpoint_readiness",
-            "Endpoint readiness state (1 = current): syncing, no_events, events_no_tokens, ok, mismatch, never_matched, not_subscribed",
+            "Endpoint readiness state (1 = current): syncing, no_events, no_blocks, events_no_tokens, ok, mismatch, never_matched, not_subscribed",
             m.readiness.clone(),
         );
         r.register(

@@ -20,7 +20,11 @@
 //!   `loxilb_pd_kv_zero_hit_watchdog_total{service}`.
 //! - `ok`: events with token ids were checked and agree (or are still being checked without a
 //!   disagreement).
-//! - `events_no_tokens`: events arrive but none carried token ids, so parity is unchecked.
+//! - `no_blocks`: events arrive (or the replay answered), but loxi's index holds no block of
+//!   it (an idle engine, or one that just restarted) and none was checked: parity is checked
+//!   at its first stored blocks.
+//! - `events_no_tokens`: blocks were stored but no event carried token ids, so parity is
+//!   unchecked.
 //!
 
 use serde::Serialize;
@@ -138,6 +142,13 @@ pub fn readiness(
     }
     if p.is_some_and(|p| p.checked_blocks > 0 || p.unverified_blocks > 0) {
         return r("ok", None, None);
+    }
+    if svc.index.blocks(member) == 0 {
+        return r(
+            "no_blocks",
+            None,
+            Some("the engine holds no block (idle, or just restarted): parity is checked at its first stored blocks (send it a request)".into()),
+        );
     }
     r(
         "events_no_tokens",

@@ -122,3 +122,44 @@ fn remedies_name_the_setting_to_change() {
         "unset LLB_KV_NONE_HASH_SEED to match the engine"
     );
 }
+
+/// An engine that restarts (its parity report reset) or has stored nothing yet reads
+/// `no_blocks`, not `events_no_tokens`: it is idle, its events do carry token ids. Its first
+/// stored blocks with token ids make it `ok` again; blocks without them, `events_no_tokens`.
+#[test]
+fn an_idle_or_restarted_engine_reads_no_blocks_until_it_stores_one() {
+    let (st, _reg) = state(KvSettings::default());
+    let r = rule(1, 2, serde_json::json!({}));
+    let svc = st.service(&r).expect("kv rule");
+    let eps = r.spec.kv.as_ref().expect("kv").endpoints.clone();
+    let now = |m: usize| {
+        let p = svc.parity.lock().get(m).cloned();
+        readiness(&svc, m, &eps[m], p.as_ref(), 20)
+    };
+    svc.apply_batch(0, 0, &engine_event(None), &st.metrics);
+    assert_eq!(now(0).state, "ok");
+    // The subscriber's restart handling: blocks cleared, parity forgotten; the stream is live.
+    svc.index.forget(0);
+    svc.parity.lock().reset(0);
+    svc.streams.lock().entry((0, 0)).or_default().last_seq = Some(0);
+    let idle = now(0);
+    assert_eq!(idle.state, "no_blocks");
+    assert!(
+        idle.remedy
+            .as_deref()
+            .is_some_and(|r| r.contains("holds no block (idle, or just restarted)")),
+        "{idle:?}"
+    );
+    svc.apply_batch(0, 0, &engine_event(None), &st.metrics);
+    assert_eq!(now(0).state, "ok");
+    // Endpoint 1: live but idle, then blocks without token ids.
+    svc.streams.lock().entry((1, 0)).or_default().last_seq = Some(0);
+    assert_eq!(now(1).state, "no_blocks");
+    svc.apply_batch(
+        1,
+        0,
+        &decode_batch(&stored_batch(&[5, 6], 16)).expect("decode"),
+        &st.metrics,
+    );
+    assert_eq!(now(1).state, "events_no_tokens");
+}

@@ -44,12 +44,11 @@ pub const MAX_MESSAGE_FRAMES: u32 = 8;
 /// How long the relay waits for the publisher's TCP connect.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// A relayed connection closed because the publisher sent more than the limit.
+/// A relayed connection closed because the publisher sent more than the limit. Its text names
+/// the bound that was crossed: the message's bytes (`limit`) or its frames
+/// ([`MAX_MESSAGE_FRAMES`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "a ZMTP frame of {frame} bytes (its message {message} bytes and {frames} frames so far) is \
-     over the bound of {limit} bytes and {MAX_MESSAGE_FRAMES} frames"
-)]
+#[error("{}", self.describe())]
 pub struct Cut {
     /// The length the offending frame's header claims, in bytes.
     pub frame: u64,
@@ -59,6 +58,30 @@ pub struct Cut {
     pub frames: u32,
     /// The byte limit, in bytes.
     pub limit: u64,
+}
+
+impl Cut {
+    /// The text of the cut: which bound, and the sizes that crossed it.
+    fn describe(&self) -> String {
+        if self.frames > MAX_MESSAGE_FRAMES {
+            format!(
+                "a ZMTP message of {} frames so far is over the bound of {MAX_MESSAGE_FRAMES} \
+                 frames a message (its frame {} has {} bytes)",
+                self.frames, self.frames, self.frame
+            )
+        } else if self.frame > self.limit {
+            format!(
+                "a ZMTP frame of {} bytes is over the bound of {} bytes",
+                self.frame, self.limit
+            )
+        } else {
+            format!(
+                "a ZMTP frame of {} bytes takes its message to {} bytes, over the bound of {} \
+                 bytes a message",
+                self.frame, self.message, self.limit
+            )
+        }
+    }
 }
 
 /// A running relay: a loopback listener whose every connection is relayed to one publisher.

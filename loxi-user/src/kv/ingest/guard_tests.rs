@@ -387,3 +387,32 @@ async fn a_publisher_claiming_a_huge_frame_is_cut_and_its_stream_goes_on() {
     assert_eq!(rejected(), 1);
     cancel.cancel();
 }
+
+/// A cut's text names the bound that was crossed: the frame alone, the message's bytes, or its
+/// frame count (a 1-byte frame in a 9-frame message is cut for frames, not bytes).
+#[test]
+fn a_cut_says_which_bound_was_crossed() {
+    let text = |frame, message, frames| {
+        Cut {
+            frame,
+            message,
+            frames,
+            limit: 1000,
+        }
+        .to_string()
+    };
+    assert_eq!(
+        text(1, 10, 9),
+        "a ZMTP message of 9 frames so far is over the bound of 8 frames a message (its frame 9 \
+         has 1 bytes)"
+    );
+    assert_eq!(
+        text(2048, 2048, 1),
+        "a ZMTP frame of 2048 bytes is over the bound of 1000 bytes"
+    );
+    assert_eq!(
+        text(201, 1001, 3),
+        "a ZMTP frame of 201 bytes takes its message to 1001 bytes, over the bound of 1000 bytes \
+         a message"
+    );
+}
