@@ -285,7 +285,7 @@ fn default_pd_cache_threshold() -> i32 {
 fn default_pd_balance_abs_threshold() -> i32 {
     3
 }
-fn default_kv_engine_type() -> String {
+pub(crate) fn default_kv_engine_type() -> String {
     "vllm".into()
 }
 pub(crate) fn default_kv_block_size() -> u32 {

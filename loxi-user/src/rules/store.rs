@@ -739,6 +739,16 @@ mod tests {
             .map(|(id, s)| (id, s.kv_block_size, s.kv_zmq_port))
             .collect();
         assert_eq!(kept, vec![(7, 16, 5557)]);
+        // A plain pool stored with an engine name (and the algorithm derived from it): both
+        // back to their defaults, the rule kept.
+        let mut r = serde_json::to_value(rule(80, 0, "")).expect("v");
+        r["serviceArguments"]["kvEngineType"] = json!("sglang");
+        r["serviceArguments"]["kvHashAlgo"] = json!("sha256_sglang");
+        let kept: Vec<(u32, String, String)> = restored(json!([{"id": 8, "rule": r}]))
+            .into_iter()
+            .map(|(id, s)| (id, s.kv_engine_type, s.kv_hash_algo))
+            .collect();
+        assert_eq!(kept, vec![(8, "vllm".to_owned(), "sha256_cbor".to_owned())]);
     }
 
     #[test]

@@ -94,8 +94,9 @@ pub fn check(rule: &LbRule) -> Result<(), RuleError> {
 }
 
 /// Engine contracts loxi does not speak: TensorRT-LLM's KV-event routing (tier 1.5 over its
-/// block hash). TensorRT-LLM as a P/D handoff dialect (`disaggregated_params`) is implemented,
-/// and so is a plain pool of TensorRT-LLM endpoints (the engine name changes nothing there).
+/// block hash). TensorRT-LLM as a P/D handoff dialect (`disaggregated_params`) is implemented;
+/// a plain pool of TensorRT-LLM endpoints is served with `kvEngineType` left at `vllm` (the
+/// engine name would change nothing there, so `validate` refuses it).
 fn check_engine(rule: &LbRule) -> Result<(), RuleError> {
     let s = &rule.service;
     if s.kv_engine_type == "trtllm" && s.kv_exact_mode != 0 {

@@ -10,7 +10,7 @@ use super::error::RuleError;
 use super::model::{
     Endpoint, LbRule, ServiceArgs, default_chwbl_mean_load_factor, default_chwbl_prefix_hash_level,
     default_chwbl_replication, default_kv_block_size, default_kv_dp_rank_count,
-    default_kv_zmq_port,
+    default_kv_engine_type, default_kv_zmq_port,
 };
 use super::spec::{Engine, ServiceSpec};
 
@@ -614,9 +614,18 @@ fn check_fullproxy_only(s: &mut ServiceArgs) -> Result<(), RuleError> {
 /// their defaults on a fullproxy rule without it they would be stored and inert, so they are
 /// refused as an endpoint's own `kvZmqPort` is. The defaults stay accepted (LoxiLB's clients
 /// send them): LoxiLB's `kvWarmupSec` 30 besides 0, and `sha256_cbor` besides the engine's own
-/// hash algorithm.
+/// hash algorithm. `kvEngineType` is also read by the P/D handoff: refused only on a rule with
+/// neither.
 fn kv_knobs_need_kv_mode(s: &ServiceArgs) -> Result<(), RuleError> {
     match inert_kv_knobs(s).into_iter().next() {
+        Some(("kvEngineType", value, _)) => Err(invalid(
+            "serviceArguments.kvEngineType",
+            format!(
+                "{value} names the engine for tier 1.5 (kvExactMode 1 or 3) and for the P/D \
+                 handoff (pd_disagg_mode: true); this rule has neither, so it would change \
+                 nothing (set one of them, or leave kvEngineType out)"
+            ),
+        )),
         Some((field, value, _)) => Err(invalid(
             &format!("serviceArguments.{field}"),
             format!(
@@ -744,7 +753,8 @@ fn reset_knobs(
 type InertKnob = (&'static str, String, fn(&mut ServiceArgs));
 
 /// The tier-1.5 knobs of `s` that [`kv_knobs_need_kv_mode`] refuses: each one set away from its
-/// defaults while `kvExactMode` is 0 (none otherwise).
+/// defaults while `kvExactMode` is 0 (none otherwise), `kvEngineType` only without
+/// `pd_disagg_mode` too.
 fn inert_kv_knobs(s: &ServiceArgs) -> Vec<InertKnob> {
     if s.kv_exact_mode != 0 {
         return Vec::new();
@@ -752,7 +762,20 @@ fn inert_kv_knobs(s: &ServiceArgs) -> Vec<InertKnob> {
     let engine_algo =
         Engine::of_name(&s.kv_engine_type).map_or("sha256_cbor", Engine::default_hash_algo);
     let algo = &s.kv_hash_algo;
-    let knobs: [(bool, InertKnob); 6] = [
+    let knobs: [(bool, InertKnob); 7] = [
+        (
+            // Read by tier 1.5 (the hash algorithm it derives) and by the P/D handoff (its
+            // dialect); a plain pool's engine name changes nothing.
+            !s.pd_disagg_mode && s.kv_engine_type != default_kv_engine_type(),
+            ("kvEngineType", format!("{:?}", s.kv_engine_type), |s| {
+                let derived = Engine::of_name(&s.kv_engine_type).map(Engine::default_hash_algo);
+                if derived == Some(s.kv_hash_algo.as_str()) {
+                    // Derived from the engine, not chosen: derived again for vllm.
+                    s.kv_hash_algo.clear();
+                }
+                s.kv_engine_type = default_kv_engine_type();
+            }),
+        ),
         (
             !algo.is_empty() && algo != "sha256_cbor" && algo != engine_algo,
             ("kvHashAlgo", format!("{algo:?}"), |s| {
@@ -1163,8 +1186,24 @@ mod tests {
 
     #[test]
     fn hash_algo_is_derived_from_the_engine() {
-        let r = validate(rule(json!({"kvEngineType": "sglang"}))).expect("valid");
+        let r = validate(rule(json!({"kvEngineType": "sglang", "kvExactMode": 3}))).expect("valid");
         assert_eq!(r.service.kv_hash_algo, "sha256_sglang");
+        let r = pd(json!({"kvEngineType": "sglang"})).expect("valid");
+        assert_eq!(r.service.kv_hash_algo, "sha256_sglang");
+        // A plain pool's engine name would change nothing: refused, saying what reads it.
+        match validate(rule(json!({"kvEngineType": "sglang"}))) {
+            Err(RuleError::Invalid { field, message }) => {
+                assert_eq!(field, "serviceArguments.kvEngineType");
+                assert_eq!(
+                    message,
+                    "\"sglang\" names the engine for tier 1.5 (kvExactMode 1 or 3) and for the \
+                     P/D handoff (pd_disagg_mode: true); this rule has neither, so it would change \
+                     nothing (set one of them, or leave kvEngineType out)"
+                );
+            }
+            other => panic!("expected a refusal: {other:?}"),
+        }
+        validate(rule(json!({"kvEngineType": "vllm"}))).expect("the default stays accepted");
         // TensorRT-LLM's KV-event contract is not implemented: refused rather than stored inert.
         assert_eq!(
             field_of(rule(json!({"kvEngineType": "trtllm", "kvExactMode": 3}))),
@@ -1199,7 +1238,7 @@ mod tests {
             pd(json!({"pdBootstrapPort": 9998})),
             pd(json!({"kvEngineType": "trtllm", "pdBootstrapPort": 9998})),
             validate(rule(
-                json!({"kvEngineType": "sglang", "pdBootstrapPort": 9998}),
+                json!({"kvEngineType": "sglang", "kvExactMode": 3, "pdBootstrapPort": 9998}),
             )),
             validate(rule(json!({"mode": 2, "pdBootstrapPort": 9998}))),
         ] {
@@ -1900,7 +1939,7 @@ mod tests {
         })))
         .expect("defaults");
         let r = validate(rule(
-            json!({"kvEngineType": "sglang", "kvHashAlgo": "sha256_sglang"}),
+            json!({"kvEngineType": "sglang", "kvHashAlgo": "sha256_sglang", "kvExactMode": 3}),
         ))
         .expect("the engine's own algorithm is its default");
         assert_eq!(r.service.kv_hash_algo, "sha256_sglang");
