@@ -1265,12 +1265,12 @@ async fn an_expired_certificate_is_warned_and_still_served_after_a_restart() {
     assert!(line.contains(" WARN "), "{line}");
     let log = d.log_text();
     assert!(!log.contains("dropping a restored rule"), "{log}");
-    assert!(
-        !log.contains("skipping a stored certificate"),
-        "{log}"
-    );
+    assert!(!log.contains("skipping a stored certificate"), "{log}");
     let rules = d.rules().await;
-    assert_eq!(rules["lbAttr"][0]["serviceArguments"]["host"], "s2.test", "{rules}");
+    assert_eq!(
+        rules["lbAttr"][0]["serviceArguments"]["host"], "s2.test",
+        "{rules}"
+    );
     let tls = connect_any(port, "s2.test").await;
     assert_eq!(
         presented(&tls),
@@ -1310,7 +1310,9 @@ async fn a_hosts_only_matching_certificate_is_kept_although_a_default_exists() {
     );
     let (s, r) = d.post_rule(&tls_rule(port, "api.test", &[&be], 0)).await;
     assert_eq!(s, 200, "{r}");
-    let rule = format!("rule 127.0.0.1:{port}/tcp host=api.test (host \"api.test\") would have no certificate whose names match its host (the `default` certificate's names [\"default.local\"] do not match it, and clients that verify the certificate would refuse it)");
+    let rule = format!(
+        "rule 127.0.0.1:{port}/tcp host=api.test (host \"api.test\") would have no certificate whose names match its host (the `default` certificate's names [\"default.local\"] do not match it, and clients that verify the certificate would refuse it)"
+    );
     let before = d.get("/netlox/v1/config/cert/api").await.expect("get").1;
 
     let (s, t) = d
@@ -1338,7 +1340,10 @@ async fn a_hosts_only_matching_certificate_is_kept_although_a_default_exists() {
              {rule}; nothing was changed"
         ))
     );
-    assert_eq!(d.get("/netlox/v1/config/cert/api").await.expect("get").1, before);
+    assert_eq!(
+        d.get("/netlox/v1/config/cert/api").await.expect("get").1,
+        before
+    );
     let tls = connect(&ca, port, Some("api.test"), &[])
         .await
         .expect("api.test still verifies");
@@ -1378,13 +1383,25 @@ async fn cert_api_refusals_name_the_field_and_a_ca_certificate_is_refused() {
     let mut number = body(&good);
     number["keyPem"] = json!(7);
     let cases: Vec<(Value, &str, &str)> = vec![
-        (body(&mismatched), "keyPem", "keyPem does not match the certificate in certPem"),
+        (
+            body(&mismatched),
+            "keyPem",
+            "keyPem does not match the certificate in certPem",
+        ),
         (body(&garbage), "certPem", "certPem: malformed PEM"),
-        (body(&expired), "certPem", "certPem: the certificate expired at "),
+        (
+            body(&expired),
+            "certPem",
+            "certPem: the certificate expired at ",
+        ),
         (chain, "chainPem", "chainPem: malformed PEM"),
         (bad_id, "certId", "certId \"a/b\": 1 to 63 characters"),
         (unknown, "cert", "\"cert\" is not a field of a certificate"),
-        (json!({"certPem": good.cert_pem}), "keyPem", "keyPem: missing"),
+        (
+            json!({"certPem": good.cert_pem}),
+            "keyPem",
+            "keyPem: missing",
+        ),
         (number, "keyPem", "keyPem: 7 is not a string"),
         (
             body(&ca_leaf),
@@ -1430,7 +1447,10 @@ async fn plain_h2_on_a_tls_port_gets_a_goaway_saying_so() {
     assert_eq!(post_cert(&d, Some("p"), &ca.leaf(&["p.test"])).await.0, 201);
     let be = Backend::start("A").await;
     let port = free_port();
-    assert_eq!(d.post_rule(&tls_rule(port, "p.test", &[&be], 0)).await.0, 200);
+    assert_eq!(
+        d.post_rule(&tls_rule(port, "p.test", &[&be], 0)).await.0,
+        200
+    );
     let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
         .expect("connect");
@@ -1456,10 +1476,18 @@ async fn plain_h2_on_a_tls_port_gets_a_goaway_saying_so() {
     }
     assert!(rest.is_empty(), "{got:?}");
     assert_eq!(frames.len(), 2, "{frames:?}");
-    assert_eq!(frames[0], (0x4, vec![]), "SETTINGS first (the server preface)");
+    assert_eq!(
+        frames[0],
+        (0x4, vec![]),
+        "SETTINGS first (the server preface)"
+    );
     let (kind, payload) = &frames[1];
     assert_eq!(*kind, 0x7, "GOAWAY");
-    assert_eq!(&payload[..8], &[0, 0, 0, 0, 0, 0, 0, 1], "last stream 0, PROTOCOL_ERROR");
+    assert_eq!(
+        &payload[..8],
+        &[0, 0, 0, 0, 0, 0, 0, 1],
+        "last stream 0, PROTOCOL_ERROR"
+    );
     assert_eq!(
         String::from_utf8_lossy(&payload[8..]),
         "plain_http_on_tls_port: plain HTTP/2 (h2c) was sent to a port that terminates TLS \

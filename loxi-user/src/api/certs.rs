@@ -53,7 +53,9 @@ fn parse_body(body: Result<Bytes, BytesRejection>) -> Result<CertBody, ApiError>
     let v: Value = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_body(format!("not JSON ({e}); {BODY_SHAPE}")))?;
     let Value::Object(map) = &v else {
-        return Err(ApiError::bad_body(format!("not a JSON object; {BODY_SHAPE}")));
+        return Err(ApiError::bad_body(format!(
+            "not a JSON object; {BODY_SHAPE}"
+        )));
     };
     if let Some(k) = map.keys().find(|k| !BODY_FIELDS.contains(&k.as_str())) {
         return Err(ApiError::bad_field(
@@ -67,7 +69,10 @@ fn parse_body(body: Result<Bytes, BytesRejection>) -> Result<CertBody, ApiError>
             Some(Value::String(_)) => {}
             None | Some(Value::Null) if !required => {}
             None => {
-                return Err(ApiError::bad_field(f, format!("{f}: missing; {BODY_SHAPE}")));
+                return Err(ApiError::bad_field(
+                    f,
+                    format!("{f}: missing; {BODY_SHAPE}"),
+                ));
             }
             Some(other) => {
                 return Err(ApiError::bad_field(

@@ -586,8 +586,8 @@ mod tests {
     #[test]
     fn a_ca_certificate_as_the_leaf_is_refused() {
         let (leaf, ca_pem) = ca_and_leaf("Test CA");
-        let mut ca_params = rcgen::CertificateParams::new(vec!["ca.example".to_string()])
-            .expect("params");
+        let mut ca_params =
+            rcgen::CertificateParams::new(vec!["ca.example".to_string()]).expect("params");
         ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
         let key = rcgen::KeyPair::generate().expect("key");
         let ca = ca_params.self_signed(&key).expect("ca");
@@ -608,22 +608,40 @@ mod tests {
         );
         let mut chained = leaf;
         chained.chain_pem = Some(ca_pem);
-        assert!(parse("a", chained, now()).is_ok(), "a CA in the chain is fine");
+        assert!(
+            parse("a", chained, now()).is_ok(),
+            "a CA in the chain is fine"
+        );
     }
 
     /// Each refusal names the body field at fault.
     #[test]
     fn errors_name_their_field() {
         let mut p = pem_for(&["a.example"], in_days(30));
-        assert_eq!(parse("a/b", p.clone(), now()).expect_err("id").field(), "certId");
+        assert_eq!(
+            parse("a/b", p.clone(), now()).expect_err("id").field(),
+            "certId"
+        );
         p.key_pem = pem_for(&["a.example"], in_days(30)).key_pem;
-        assert_eq!(parse("a", p.clone(), now()).expect_err("key").field(), "keyPem");
+        assert_eq!(
+            parse("a", p.clone(), now()).expect_err("key").field(),
+            "keyPem"
+        );
         p.key_pem = String::new();
-        assert_eq!(parse("a", p.clone(), now()).expect_err("no key").field(), "keyPem");
+        assert_eq!(
+            parse("a", p.clone(), now()).expect_err("no key").field(),
+            "keyPem"
+        );
         let old = pem_for(&["a.example"], in_days(-1));
-        assert_eq!(parse("a", old, now()).expect_err("expired").field(), "certPem");
+        assert_eq!(
+            parse("a", old, now()).expect_err("expired").field(),
+            "certPem"
+        );
         p.cert_pem = "hello".into();
-        assert_eq!(parse("a", p, now()).expect_err("no cert").field(), "certPem");
+        assert_eq!(
+            parse("a", p, now()).expect_err("no cert").field(),
+            "certPem"
+        );
     }
 
     /// A stored certificate is loaded whatever its validity, the validity error beside it;

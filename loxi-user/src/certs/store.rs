@@ -301,7 +301,10 @@ pub const EXPIRY_WATCH_MAX_SLEEP: std::time::Duration = std::time::Duration::fro
 fn rfc3339(secs: i64) -> String {
     time::OffsetDateTime::from_unix_timestamp(secs)
         .ok()
-        .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
         .unwrap_or_else(|| secs.to_string())
 }
 
@@ -439,8 +442,7 @@ mod tests {
             .with_ansi(false)
             .without_time()
             .with_writer(move || sink.clone());
-        let out =
-            tracing::subscriber::with_default(tracing_subscriber::registry().with(layer), f);
+        let out = tracing::subscriber::with_default(tracing_subscriber::registry().with(layer), f);
         (out, buf.text())
     }
 
@@ -459,8 +461,11 @@ mod tests {
             serde_json::to_vec(&old).expect("json"),
         )
         .expect("write");
-        fs::write(certs.join("bad.json"), b"{\"certPem\": \"x\", \"keyPem\": \"y\"}")
-            .expect("write");
+        fs::write(
+            certs.join("bad.json"),
+            b"{\"certPem\": \"x\", \"keyPem\": \"y\"}",
+        )
+        .expect("write");
         let (store, log) = logged(|| CertStore::open(dir.path()).expect("open"));
         let snap = store.snapshot();
         let c = snap.for_name("s2.example.com").expect("restored");
@@ -475,7 +480,8 @@ mod tests {
             past.unix_timestamp()
         );
         assert!(
-            log.lines().any(|l| l.contains(" WARN ") && l.contains(&want)),
+            log.lines()
+                .any(|l| l.contains(" WARN ") && l.contains(&want)),
             "{log}"
         );
         assert!(
@@ -497,8 +503,11 @@ mod tests {
         fs::create_dir_all(&certs).expect("dir");
         let past = time::OffsetDateTime::now_utc() - time::Duration::hours(1);
         let old = crate::certs::testutil::self_signed(&["old.example"], Some(past));
-        fs::write(certs.join("old.json"), serde_json::to_vec(&old).expect("json"))
-            .expect("write");
+        fs::write(
+            certs.join("old.json"),
+            serde_json::to_vec(&old).expect("json"),
+        )
+        .expect("write");
         let store = Arc::new(CertStore::open(dir.path()).expect("open"));
         let buf = crate::telemetry::LogBuf::default();
         let sink = buf.clone();
@@ -541,6 +550,9 @@ mod tests {
         let ((), ()) = tokio::join!(watcher, check);
         let text = buf.text();
         assert_eq!(text.matches("TLS certificate expired").count(), 1, "{text}");
-        assert!(!text.contains("cert_id=old"), "warned at restore only: {text}");
+        assert!(
+            !text.contains("cert_id=old"),
+            "warned at restore only: {text}"
+        );
     }
 }

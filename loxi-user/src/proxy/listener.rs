@@ -721,4 +721,3 @@ async fn peek_plain_http(stream: &TcpStream) -> Option<super::tls::PlainHttp> {
 #[cfg(test)]
 #[path = "listener_tests.rs"]
 mod tests;
-

@@ -116,8 +116,7 @@ impl ResolvesServerCert for SniResolver {
 pub const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// The debug data of the GOAWAY answering an HTTP/2 prior-knowledge client on a TLS port.
-pub const H2_ON_TLS_DEBUG: &str =
-    "plain_http_on_tls_port: plain HTTP/2 (h2c) was sent to a port that terminates TLS \
+pub const H2_ON_TLS_DEBUG: &str = "plain_http_on_tls_port: plain HTTP/2 (h2c) was sent to a port that terminates TLS \
      (security 1): use https://";
 
 /// What the first bytes of a connection on a TLS listener are: `None` for a TLS client (or
