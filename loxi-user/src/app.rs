@@ -147,24 +147,34 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
     })?;
     crate::certs::ExpiryCollector::register(&mut registry, certs.clone());
     // A rule is restored only if the API would accept it now: its backend TLS, and for a TLS
-    // rule (`security: 1`) a certificate for its host among those restored (a stored
-    // certificate that no longer loads is skipped above). An L4 rule on a daemon started
+    // rule (`security: 1`) a certificate for its host among those restored, or the `default`
+    // one (a stored certificate that no longer loads is skipped above; an expired one is
+    // restored). An L4 rule on a daemon started
     // without `--xdp-iface` is kept and reported not served (`report_l4_rules_without_datapath`).
     let restored_certs = certs.snapshot();
     let store = Arc::new(RuleStore::open_checked(&cfg.flags.state_dir, &|rule| {
         proxy::upstream_tls::check(&rule.service)
             .map_err(|e| format!("no longer configures its backend TLS ({e})"))?;
         let s = &rule.service;
-        if s.security == 1 && !api::certs::has_certificate(&restored_certs, &s.host) {
+        if s.security != 0 && !api::certs::servable(&restored_certs, &s.host) {
             return Err(format!(
                 "serves TLS (security 1) but no restored certificate covers host {:?} and there \
                  is no `default` one",
                 s.host
             ));
         }
+        // Kept (it was served so before the restart), said: the API now refuses such a rule.
+        if s.security != 0 && !api::certs::has_certificate(&restored_certs, &s.host) {
+            tracing::warn!(host = %s.host, rule = %rule.key(),
+                "restored TLS rule whose host no certificate's names match: its handshakes get \
+                 the `default` certificate, which clients that verify the certificate refuse; \
+                 POST a certificate for the host");
+        }
         Ok(())
     })?);
     let mut tasks = JoinSet::new();
+    // A warning the moment a served certificate expires (`certs::store`).
+    tasks.spawn(certs.clone().watch_expiry(shutdown.clone()));
     let kv = kv::wiring::start(
         cfg.env.kv.clone(),
         cfg.flags.tokenizer_dir.clone(),

@@ -62,6 +62,25 @@ impl Ca {
         }
     }
 
+    /// A leaf valid from a day ago until `secs` seconds from now.
+    fn leaf_expiring_in(&self, names: &[&str], secs: u64) -> Leaf {
+        let key = KeyPair::generate().expect("key");
+        let mut p = CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+            .expect("params");
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock");
+        let epoch = rcgen::date_time_ymd(1970, 1, 1);
+        p.not_before = epoch + (now - Duration::from_secs(86_400));
+        p.not_after = epoch + (now + Duration::from_secs(secs));
+        let cert = p.signed_by(&key, &self.cert, &self.key).expect("leaf");
+        Leaf {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+            der: cert.der().to_vec(),
+        }
+    }
+
     fn client_config(&self, alpn: &[&[u8]]) -> Arc<rustls::ClientConfig> {
         let mut roots = rustls::RootCertStore::empty();
         roots.add(self.cert.der().clone()).expect("root");
@@ -430,7 +449,10 @@ async fn the_cert_api_refuses_bad_certificates_and_never_lists_keys() {
         .unwrap_or_default()
         .to_owned();
     assert!(
-        message.contains("(host \"ok.test\") would have no certificate; nothing was changed"),
+        message.contains(
+            "(host \"ok.test\") would have no certificate whose names match its host; nothing \
+             was changed"
+        ),
         "{t}"
     );
     let after = d.get("/netlox/v1/config/cert/ok").await.expect("get").1;
@@ -1109,4 +1131,375 @@ async fn p_d_over_a_tls_h2_frontend_runs_the_prefill_then_the_decode() {
         2.0,
         "{m}"
     );
+}
+
+/// A server-certificate verifier that accepts any certificate (handshake signatures are still
+/// checked): to look at what the server presents when it is expired.
+#[derive(Debug)]
+struct AcceptAny(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for AcceptAny {
+    fn verify_server_cert(
+        &self,
+        _: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// A TLS connection to `port` with SNI `sni` that accepts whatever certificate is presented.
+async fn connect_any(port: u16, sni: &str) -> TlsStream<tokio::net::TcpStream> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let cfg = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AcceptAny(provider)))
+        .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    tokio_rustls::TlsConnector::from(Arc::new(cfg))
+        .connect(ServerName::try_from(sni.to_string()).expect("name"), tcp)
+        .await
+        .expect("handshake")
+}
+
+/// Waits (up to 15 s) for a daemon log line containing every one of `patterns`; that line.
+async fn wait_log_line(d: &Daemon, patterns: &[&str]) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let log = d.log_text();
+        if let Some(l) = log.lines().find(|l| patterns.iter().all(|p| l.contains(p))) {
+            return l.to_string();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no line with {patterns:?}: {log}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A certificate that expires while the daemon runs is warned about at that moment, keeps
+/// being served, and after a restart is restored and served as before (with a warning naming
+/// it, its hosts and its notAfter): its TLS rule is not dropped, and its host does not fall
+/// back to the `default` certificate (both happened: the restore skipped the expired
+/// certificate).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_certificate_is_warned_and_still_served_after_a_restart() {
+    let mut d = Daemon::start_default().await;
+    let ca = Ca::new();
+    let def = ca.leaf(&["default.test"]);
+    assert_eq!(post_cert(&d, Some("default"), &def).await.0, 201);
+    let s2 = ca.leaf_expiring_in(&["s2.test"], 4);
+    let (s, body) = post_cert(&d, Some("s2"), &s2).await;
+    assert_eq!(s, 201, "{body}");
+    assert_eq!(body["warning"], "the certificate expires within 14 days");
+    let not_after = body["notAfter"].as_i64().expect("notAfter");
+    let be = Backend::start("A").await;
+    let port = free_port();
+    let (s, r) = d.post_rule(&tls_rule(port, "s2.test", &[&be], 0)).await;
+    assert_eq!(s, 200, "{r}");
+    let fields = format!("cert_id=s2 hostnames=[\"s2.test\"] not_after={not_after}");
+    let line = wait_log_line(&d, &["TLS certificate expired", &fields]).await;
+    assert!(line.contains(" WARN "), "{line}");
+    // Clients that verify it now refuse it (webpki: expired strictly after notAfter) ...
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let refused = connect(&ca, port, Some("s2.test"), &[])
+        .await
+        .expect_err("expired");
+    assert!(
+        refused.to_string().to_lowercase().contains("expired"),
+        "{refused}"
+    );
+    // ... and it is what the server presents.
+    assert_eq!(presented(&connect_any(port, "s2.test").await), s2.der);
+
+    d.restart().await;
+    let line = wait_log_line(
+        &d,
+        &[
+            "restored a stored TLS certificate that has expired; it is served as before the \
+             restart",
+            &fields,
+        ],
+    )
+    .await;
+    assert!(line.contains(" WARN "), "{line}");
+    let log = d.log_text();
+    assert!(!log.contains("dropping a restored rule"), "{log}");
+    assert!(!log.contains("skipping a stored certificate"), "{log}");
+    let rules = d.rules().await;
+    assert_eq!(
+        rules["lbAttr"][0]["serviceArguments"]["host"], "s2.test",
+        "{rules}"
+    );
+    let tls = connect_any(port, "s2.test").await;
+    assert_eq!(
+        presented(&tls),
+        s2.der,
+        "the host's own (expired) certificate, not the default one"
+    );
+    let (status, _, served, _) = send(tls, "s2.test", r#"{"prompt":"hi"}"#).await;
+    assert_eq!((status, served.as_str()), (200, "A"));
+    let (s, t) = d.get("/netlox/v1/config/cert/s2").await.expect("get");
+    assert_eq!(s, 200, "{t}");
+    assert_eq!(parse_json(&t)["notAfter"], json!(not_after));
+}
+
+/// A TLS rule's host counts as covered only by a certificate whose names match it: with a
+/// `default` certificate for another name, deleting the host's only matching certificate or
+/// rotating it to another name is refused (409 naming the rule and host) and the host keeps
+/// being served its certificate; creating a rule for a host only that `default` would serve
+/// is refused (400).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hosts_only_matching_certificate_is_kept_although_a_default_exists() {
+    let d = Daemon::start_default().await;
+    let ca = Ca::new();
+    let (api, def) = (ca.leaf(&["api.test"]), ca.leaf(&["default.local"]));
+    assert_eq!(post_cert(&d, Some("api"), &api).await.0, 201);
+    assert_eq!(post_cert(&d, Some("default"), &def).await.0, 201);
+    let be = Backend::start("A").await;
+    let port = free_port();
+    let (s, r) = d.post_rule(&tls_rule(port, "other.test", &[&be], 0)).await;
+    assert_eq!(s, 400, "{r}");
+    assert_eq!(r["field"], "serviceArguments.security", "{r}");
+    assert_eq!(
+        r["message"],
+        "serviceArguments.security: 1 (TLS) needs a certificate: no certificate covers host \
+         \"other.test\" (the `default` certificate's names [\"default.local\"] do not match it, \
+         and clients that verify the certificate would refuse it); POST /netlox/v1/config/cert \
+         first; nothing was stored"
+    );
+    let (s, r) = d.post_rule(&tls_rule(port, "api.test", &[&be], 0)).await;
+    assert_eq!(s, 200, "{r}");
+    let rule = format!(
+        "rule 127.0.0.1:{port}/tcp host=api.test (host \"api.test\") would have no certificate whose names match its host (the `default` certificate's names [\"default.local\"] do not match it, and clients that verify the certificate would refuse it)"
+    );
+    let before = d.get("/netlox/v1/config/cert/api").await.expect("get").1;
+
+    let (s, t) = d
+        .request("DELETE", "/netlox/v1/config/cert/api", None)
+        .await
+        .expect("delete");
+    assert_eq!(s, 409, "{t}");
+    assert_eq!(
+        parse_json(&t)["message"],
+        json!(format!("certificate \"api\" is in use: {rule}"))
+    );
+    let (s, t) = d
+        .request(
+            "PUT",
+            "/netlox/v1/config/cert/api",
+            Some(&cert_body(None, &ca.leaf(&["elsewhere.test"]))),
+        )
+        .await
+        .expect("put");
+    assert_eq!(s, 409, "{t}");
+    assert_eq!(
+        parse_json(&t)["message"],
+        json!(format!(
+            "the new certificate for \"api\" does not cover every rule the old one served: \
+             {rule}; nothing was changed"
+        ))
+    );
+    assert_eq!(
+        d.get("/netlox/v1/config/cert/api").await.expect("get").1,
+        before
+    );
+    let tls = connect(&ca, port, Some("api.test"), &[])
+        .await
+        .expect("api.test still verifies");
+    assert_eq!(presented(&tls), api.der);
+    // The default certificate serves no rule's host here: deleting it is fine.
+    let (s, t) = d
+        .request("DELETE", "/netlox/v1/config/cert/default", None)
+        .await
+        .expect("delete");
+    assert_eq!(s, 200, "{t}");
+}
+
+/// Every refusal of the cert API names the body field at fault in `field` and `fields` (as
+/// the rule API's 400s do), and a CA certificate is refused as a server certificate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cert_api_refusals_name_the_field_and_a_ca_certificate_is_refused() {
+    let d = Daemon::start_default().await;
+    let ca = Ca::new();
+    let mut mismatched = ca.leaf(&["m.test"]);
+    mismatched.key_pem = ca.leaf(&["m.test"]).key_pem;
+    let mut garbage = ca.leaf(&["g.test"]);
+    garbage.cert_pem = "-----BEGIN CERTIFICATE-----\n!!!\n-----END CERTIFICATE-----\n".into();
+    let expired = ca.leaf_until(&["old.test"], Some((2021, 1, 1)));
+    let good = ca.leaf(&["ok.test"]);
+    let ca_leaf = Leaf {
+        cert_pem: ca.cert.pem(),
+        key_pem: ca.key.serialize_pem(),
+        der: ca.cert.der().to_vec(),
+    };
+    let body = |leaf: &Leaf| json!({"certPem": leaf.cert_pem, "keyPem": leaf.key_pem});
+    let mut chain = body(&good);
+    chain["chainPem"] = json!("garbage");
+    let mut unknown = body(&good);
+    unknown["cert"] = json!("x");
+    let mut bad_id = body(&good);
+    bad_id["certId"] = json!("a/b");
+    let mut number = body(&good);
+    number["keyPem"] = json!(7);
+    let cases: Vec<(Value, &str, &str)> = vec![
+        (
+            body(&mismatched),
+            "keyPem",
+            "keyPem does not match the certificate in certPem",
+        ),
+        (body(&garbage), "certPem", "certPem: malformed PEM"),
+        (
+            body(&expired),
+            "certPem",
+            "certPem: the certificate expired at ",
+        ),
+        (chain, "chainPem", "chainPem: malformed PEM"),
+        (bad_id, "certId", "certId \"a/b\": 1 to 63 characters"),
+        (unknown, "cert", "\"cert\" is not a field of a certificate"),
+        (
+            json!({"certPem": good.cert_pem}),
+            "keyPem",
+            "keyPem: missing",
+        ),
+        (number, "keyPem", "keyPem: 7 is not a string"),
+        (
+            body(&ca_leaf),
+            "certPem",
+            "certPem: the certificate is a CA certificate (basicConstraints CA:TRUE); TLS \
+             clients refuse a CA certificate as a server's certificate",
+        ),
+    ];
+    for (b, field, starts) in cases {
+        let (s, t) = d
+            .request("POST", "/netlox/v1/config/cert", Some(&b.to_string()))
+            .await
+            .expect("POST");
+        let v = parse_json(&t);
+        assert_eq!(s, 400, "{t}");
+        assert_eq!(v["field"], field, "{t}");
+        assert_eq!(v["fields"], json!([field]), "{t}");
+        assert!(
+            v["message"].as_str().is_some_and(|m| m.starts_with(starts)),
+            "{starts}: {t}"
+        );
+    }
+    assert_eq!(post_cert(&d, Some("ok"), &good).await.0, 201);
+    let (s, v) = post_cert(&d, Some("ok"), &good).await;
+    assert_eq!((s, v["field"].clone()), (409, json!("certId")), "{v}");
+    let (s, t) = d.get("/netlox/v1/config/cert/all").await.expect("list");
+    assert_eq!(s, 200);
+    let ids: Vec<Value> = parse_json(&t)["certAttr"]
+        .as_array()
+        .map(|a| a.iter().map(|c| c["certId"].clone()).collect())
+        .unwrap_or_default();
+    assert_eq!(ids, [json!("ok")], "nothing refused was stored: {t}");
+}
+
+/// An HTTP/2 prior-knowledge (h2c) client on a TLS port gets the server's SETTINGS and a
+/// GOAWAY whose debug data says plain HTTP/2 was sent to a TLS port (it got an empty reply),
+/// counted as a failed handshake.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_h2_on_a_tls_port_gets_a_goaway_saying_so() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let d = Daemon::start_default().await;
+    let ca = Ca::new();
+    assert_eq!(post_cert(&d, Some("p"), &ca.leaf(&["p.test"])).await.0, 201);
+    let be = Backend::start("A").await;
+    let port = free_port();
+    assert_eq!(
+        d.post_rule(&tls_rule(port, "p.test", &[&be], 0)).await.0,
+        200
+    );
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    // The preface in two writes (the server waits for "PRI"), then an empty SETTINGS frame.
+    s.write_all(b"P").await.expect("write");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    s.write_all(b"RI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .await
+        .expect("write");
+    let mut got = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut got))
+        .await
+        .expect("answered and closed within 5 s")
+        .expect("read");
+    // Frames: 3-byte length, type, flags, 4-byte stream id, payload.
+    let mut frames = Vec::new();
+    let mut rest = &got[..];
+    while rest.len() >= 9 {
+        let len = usize::from(rest[0]) << 16 | usize::from(rest[1]) << 8 | usize::from(rest[2]);
+        assert!(rest.len() >= 9 + len, "a truncated frame: {got:?}");
+        frames.push((rest[3], rest[9..9 + len].to_vec()));
+        rest = &rest[9 + len..];
+    }
+    assert!(rest.is_empty(), "{got:?}");
+    assert_eq!(frames.len(), 2, "{frames:?}");
+    assert_eq!(
+        frames[0],
+        (0x4, vec![]),
+        "SETTINGS first (the server preface)"
+    );
+    let (kind, payload) = &frames[1];
+    assert_eq!(*kind, 0x7, "GOAWAY");
+    assert_eq!(
+        &payload[..8],
+        &[0, 0, 0, 0, 0, 0, 0, 1],
+        "last stream 0, PROTOCOL_ERROR"
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&payload[8..]),
+        "plain_http_on_tls_port: plain HTTP/2 (h2c) was sent to a port that terminates TLS \
+         (security 1): use https://"
+    );
+    drop(s);
+    d.wait_metric("loxilb_proxy_tls_handshake_failures_total", &[], 1.0)
+        .await;
+    assert_eq!(be.request_count(), 0, "nothing was forwarded");
+    let tls = connect(&ca, port, Some("p.test"), &[b"h2"])
+        .await
+        .expect("TLS still served");
+    let (status, _, served, _) = send(tls, "p.test", r#"{"prompt":"hi"}"#).await;
+    assert_eq!((status, served.as_str()), (200, "A"));
 }

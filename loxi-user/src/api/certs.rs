@@ -3,10 +3,10 @@
 //! | Method | Path | Answer |
 //! |---|---|---|
 //! | `POST` | `/config/cert` | 201 `{"result":"Success","certId","hostnames","notAfter"}` for `{"certId"?, "certPem", "keyPem", "chainPem"?}` (id minted when absent); 400 malformed PEM, no key, key not the certificate's, expired, bad id; 409 the id exists |
-//! | `PUT` | `/config/cert/{certId}` | 200 the same body: the certificate rotated (new handshakes get it, open connections keep theirs); 404 unknown id |
+//! | `PUT` | `/config/cert/{certId}` | 200 the same body: the certificate rotated (new handshakes get it, open connections keep theirs); 404 unknown id; 409 when a `security: 1` rule's host would be left with no certificate whose names match it |
 //! | `GET` | `/config/cert`, `/config/cert/all` | 200 `{"certAttr":[{"certId","hostnames","notBefore","notAfter","expiresSoon"}]}` (never the key) |
 //! | `GET` | `/config/cert/{certId}` | 200 one entry; 404 |
-//! | `DELETE` | `/config/cert/{certId}` | 200; 404; 409 while a `security: 1` rule's host has no other certificate |
+//! | `DELETE` | `/config/cert/{certId}` | 200; 404; 409 while a `security: 1` rule's host has no other certificate whose names match it (a `default` one whose names do not match does not count) |
 //!
 //! Times are Unix seconds. A certificate expiring within 14 days is accepted with a warning
 //! (log, and `"warning"` in the answer).
@@ -38,13 +38,51 @@ struct CertBody {
     chain_pem: Option<String>,
 }
 
+/// The body's keys.
+const BODY_FIELDS: [&str; 4] = ["certId", "certPem", "keyPem", "chainPem"];
+
+/// The shape of the body, said in body errors.
+const BODY_SHAPE: &str = "the body is {\"certId\"?, \"certPem\", \"keyPem\", \"chainPem\"?} \
+                          (PEM text in JSON strings)";
+
+/// The body of `POST` and `PUT`; a 400 naming the key at fault (`field`) for an unknown key,
+/// a missing `certPem`/`keyPem`, or a value that is not a string (`null` is absent for the
+/// optional `certId` and `chainPem`); a body that is not a JSON object names none.
 fn parse_body(body: Result<Bytes, BytesRejection>) -> Result<CertBody, ApiError> {
     let body = body.map_err(super::error::body_error)?;
-    serde_json::from_slice(&body).map_err(|e| {
-        ApiError::bad_body(format!(
-            "body must be {{\"certId\"?, \"certPem\", \"keyPem\", \"chainPem\"?}}: {e}"
-        ))
-    })
+    let v: Value = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_body(format!("not JSON ({e}); {BODY_SHAPE}")))?;
+    let Value::Object(map) = &v else {
+        return Err(ApiError::bad_body(format!(
+            "not a JSON object; {BODY_SHAPE}"
+        )));
+    };
+    if let Some(k) = map.keys().find(|k| !BODY_FIELDS.contains(&k.as_str())) {
+        return Err(ApiError::bad_field(
+            k.as_str(),
+            format!("{k:?} is not a field of a certificate; {BODY_SHAPE}"),
+        ));
+    }
+    for f in BODY_FIELDS {
+        let required = matches!(f, "certPem" | "keyPem");
+        match map.get(f) {
+            Some(Value::String(_)) => {}
+            None | Some(Value::Null) if !required => {}
+            None => {
+                return Err(ApiError::bad_field(
+                    f,
+                    format!("{f}: missing; {BODY_SHAPE}"),
+                ));
+            }
+            Some(other) => {
+                return Err(ApiError::bad_field(
+                    f,
+                    format!("{f}: {other} is not a string; {BODY_SHAPE}"),
+                ));
+            }
+        }
+    }
+    serde_json::from_value(v).map_err(|e| ApiError::bad_body(format!("{e}; {BODY_SHAPE}")))
 }
 
 fn pem(b: CertBody) -> CertPem {
@@ -55,14 +93,21 @@ fn pem(b: CertBody) -> CertPem {
     }
 }
 
+/// The API error of a refused store change: 400 naming the body field at fault (`certPem`,
+/// `keyPem`, `chainPem` or `certId`, as [`crate::certs::CertError::field`] says), 409 naming
+/// `certId` for an existing id, 409 (a rule needs the certificate), 404, 500.
 fn store_error(e: CertStoreError) -> ApiError {
-    let status = match &e {
-        CertStoreError::Invalid(_) => StatusCode::BAD_REQUEST,
-        CertStoreError::Exists(_) | CertStoreError::InUse(_) => StatusCode::CONFLICT,
-        CertStoreError::NotFound(_) => StatusCode::NOT_FOUND,
-        CertStoreError::Persist { .. } => StatusCode::INTERNAL_SERVER_ERROR,
-    };
-    ApiError::with_status(status, e.to_string())
+    let message = e.to_string();
+    match e {
+        CertStoreError::Invalid(c) => ApiError::bad_field(c.field(), message),
+        CertStoreError::Exists(_) => ApiError {
+            field: Some("certId".into()),
+            ..ApiError::with_status(StatusCode::CONFLICT, message)
+        },
+        CertStoreError::InUse(_) => ApiError::with_status(StatusCode::CONFLICT, message),
+        CertStoreError::NotFound(_) => ApiError::not_found(message),
+        CertStoreError::Persist { .. } => ApiError::internal(message),
+    }
 }
 
 /// One certificate as the API lists it (no key).
@@ -171,9 +216,11 @@ pub async fn remove(
     Ok(error::success())
 }
 
-/// The first TLS rule that has a certificate in `before` and none in `after`, described. A
-/// rule already without one (its certificate was staged away, say) is not this change's
-/// doing and does not block it.
+/// The first TLS rule that has a certificate in `before` and none in `after` (in the sense of
+/// [`has_certificate`]: for a rule with a `host`, a certificate whose names match it; the
+/// `default` one counts only when its names do), described with its key and host. A rule
+/// already without one (its certificate was staged away, say) is not this change's doing and
+/// does not block it.
 pub fn uncovered(
     rules: &RuleSnapshot,
     before: &CertSnapshot,
@@ -183,12 +230,48 @@ pub fn uncovered(
         let s = &r.rule.service;
         let lost =
             s.security != 0 && has_certificate(before, &s.host) && !has_certificate(after, &s.host);
-        lost.then(|| format!("rule {key} (host {:?}) would have no certificate", s.host))
+        if !lost {
+            return None;
+        }
+        if s.host.is_empty() {
+            return Some(format!(
+                "rule {key} (no host) would have no certificate: a rule without host serves the \
+                 `default` one"
+            ));
+        }
+        let default = match after.default_cert() {
+            Some(d) => format!(
+                " (the `default` certificate's names {:?} do not match it, and clients that \
+                 verify the certificate would refuse it)",
+                d.hostnames
+            ),
+            None => String::new(),
+        };
+        Some(format!(
+            "rule {key} (host {:?}) would have no certificate whose names match its host{default}",
+            s.host
+        ))
     })
 }
 
-/// True when a TLS rule with `host` has a certificate to serve: one covering the host, or the
-/// `default` one (a host-less rule needs it).
+/// True when a TLS rule with `host` has a certificate clients can verify for it: for a rule
+/// with a `host`, one whose names match the host exactly or by wildcard, as the SNI selection
+/// matches ([`CertSnapshot::for_name`]; the `default` certificate counts only when its names
+/// match); for a host-less rule, the `default` certificate (it serves every handshake of
+/// such a rule).
 pub fn has_certificate(certs: &CertSnapshot, host: &str) -> bool {
-    (!host.is_empty() && certs.for_name(host).is_some()) || certs.default_cert().is_some()
+    if host.is_empty() {
+        certs.default_cert().is_some()
+    } else {
+        certs.for_name(host).is_some()
+    }
+}
+
+/// True when a TLS rule with `host` gets some certificate in its handshakes: one that
+/// [`has_certificate`], or else the `default` one whatever its names (clients that verify
+/// the certificate refuse that one). Restore keeps a stored rule that is servable (a rule
+/// stored before the API asked for a matching certificate would otherwise be dropped at
+/// upgrade), warning when it is served only by a non-matching `default`.
+pub fn servable(certs: &CertSnapshot, host: &str) -> bool {
+    has_certificate(certs, host) || certs.default_cert().is_some()
 }

@@ -92,14 +92,24 @@ fn check_data_path(rule: &LbRule, l4_datapath: bool) -> Result<(), ApiError> {
     ))
 }
 
-/// A TLS rule (`security: 1`) needs a certificate for its `host` (or the `default` one).
+/// A TLS rule (`security: 1`) needs a certificate whose names match its `host` (exact or
+/// wildcard, as the SNI selection matches; the `default` certificate counts only when its
+/// names match), or for a host-less rule the `default` one: the rule the cert API's `DELETE`
+/// and `PUT` keep covered ([`super::certs::has_certificate`]).
 fn check_certificate(rule: &LbRule, st: &ApiState) -> Result<(), ApiError> {
     let s = &rule.service;
-    if s.security == 0 || super::certs::has_certificate(&st.certs.snapshot(), &s.host) {
+    let certs = st.certs.snapshot();
+    if s.security == 0 || super::certs::has_certificate(&certs, &s.host) {
         return Ok(());
     }
     let what = if s.host.is_empty() {
         "a rule without host serves the `default` certificate".to_string()
+    } else if let Some(d) = certs.default_cert() {
+        format!(
+            "no certificate covers host {:?} (the `default` certificate's names {:?} do not \
+             match it, and clients that verify the certificate would refuse it)",
+            s.host, d.hostnames
+        )
     } else {
         format!(
             "no certificate covers host {:?} and there is no `default` one",

@@ -100,6 +100,32 @@ pub enum CertError {
     /// The leaf names no host (no SAN DNS name, no CN).
     #[error("certPem: the certificate names no host (no SAN DNS name and no subject CN)")]
     NoHostnames,
+    /// The leaf is a CA certificate (`basicConstraints` `CA:TRUE`): rustls/webpki clients (and
+    /// browsers) refuse a CA certificate presented as the server's own, so every handshake
+    /// would fail.
+    #[error(
+        "certPem: the certificate is a CA certificate (basicConstraints CA:TRUE); TLS clients \
+         refuse a CA certificate as a server's certificate: give the server's own (end-entity) \
+         certificate signed by that CA (the CA may follow it in chainPem)"
+    )]
+    CaCertificate,
+}
+
+impl CertError {
+    /// The body field at fault (the API's `field`): `certId`, `certPem`, `keyPem` or
+    /// `chainPem`.
+    pub fn field(&self) -> &'static str {
+        match self {
+            Self::BadId(_) => "certId",
+            Self::Pem { field, .. } | Self::BrokenChain { field, .. } => field,
+            Self::NoKey | Self::UnsupportedKey(_) | Self::KeyMismatch(_) => "keyPem",
+            Self::NoCertificate
+            | Self::X509(_)
+            | Self::Validity(_)
+            | Self::NoHostnames
+            | Self::CaCertificate => "certPem",
+        }
+    }
 }
 
 /// A certificate that clients would refuse now: expired, or valid only from a later time.
@@ -168,8 +194,33 @@ pub fn check_id(id: &str) -> Result<(), CertError> {
     }
 }
 
-/// Checks `pem` and builds the certificate `id` at Unix time `now`.
+/// Checks `pem` and builds the certificate `id` at Unix time `now` (what an upload takes: a
+/// certificate that has expired or is not valid yet is refused, [`CertError::Validity`]).
 pub fn parse(id: &str, pem: CertPem, now: i64) -> Result<Certificate, CertError> {
+    let (cert, validity) = parse_any_validity(id, pem, now)?;
+    match validity {
+        Some(e) => Err(e.into()),
+        None => Ok(cert),
+    }
+}
+
+/// [`parse`] for a certificate stored in the state dir at restore: every check but the
+/// validity one, which is returned beside the certificate instead (`Some` when it has expired
+/// or is not valid yet at `now`). A stored certificate keeps being served across a restart as
+/// it was before it (see [`super::store::CertStore::open`]).
+pub fn parse_stored(
+    id: &str,
+    pem: CertPem,
+    now: i64,
+) -> Result<(Certificate, Option<ValidityError>), CertError> {
+    parse_any_validity(id, pem, now)
+}
+
+fn parse_any_validity(
+    id: &str,
+    pem: CertPem,
+    now: i64,
+) -> Result<(Certificate, Option<ValidityError>), CertError> {
     check_id(id)?;
     let mut chain = certs("certPem", &pem.cert_pem)?;
     if chain.is_empty() {
@@ -191,19 +242,20 @@ pub fn parse(id: &str, pem: CertPem, now: i64) -> Result<Certificate, CertError>
     let signer = rustls::crypto::ring::sign::any_supported_type(&key)
         .map_err(|e| CertError::UnsupportedKey(e.to_string()))?;
     let facts = leaf_facts(&chain[0])?;
-    check_validity(facts.not_before, facts.not_after, now)?;
+    let validity = check_validity(facts.not_before, facts.not_after, now).err();
     let certified = CertifiedKey::new(chain, signer);
     certified
         .keys_match()
         .map_err(|e| CertError::KeyMismatch(e.to_string()))?;
-    Ok(Certificate {
+    let cert = Certificate {
         id: id.to_string(),
         hostnames: facts.hostnames,
         not_before: facts.not_before,
         not_after: facts.not_after,
         key: Arc::new(certified),
         pem,
-    })
+    };
+    Ok((cert, validity))
 }
 
 fn certs(field: &'static str, text: &str) -> Result<Vec<CertificateDer<'static>>, CertError> {
@@ -246,7 +298,8 @@ fn private_key(text: &str) -> Result<PrivateKeyDer<'static>, CertError> {
 
 /// Each certificate after the leaf must be the issuer of the one before it (its subject is
 /// that one's issuer name), so that clients can build the path from what is served; a
-/// version 1 leaf is refused here with its own message (rustls reads only v3).
+/// version 1 leaf is refused here with its own message (rustls reads only v3), and so is a CA
+/// leaf ([`CertError::CaCertificate`]).
 fn check_chain(chain: &[CertificateDer<'_>], in_cert_pem: usize) -> Result<(), CertError> {
     let parsed = chain
         .iter()
@@ -263,6 +316,12 @@ fn check_chain(chain: &[CertificateDer<'_>], in_cert_pem: usize) -> Result<(), C
             "X.509 version {} (TLS needs a version 3 certificate, with extensions)",
             leaf.version().0 + 1
         )));
+    }
+    if let Some(leaf) = parsed.first()
+        && let Ok(Some(bc)) = leaf.basic_constraints()
+        && bc.value.ca
+    {
+        return Err(CertError::CaCertificate);
     }
     for (index, pair) in parsed.windows(2).enumerate() {
         if pair[0].issuer() != pair[1].subject() {
@@ -519,5 +578,90 @@ mod tests {
             parse("a", p, starts - NOT_BEFORE_SKEW_SECS).is_ok(),
             "within the skew"
         );
+    }
+
+    /// A CA certificate (`basicConstraints CA:TRUE`) as the leaf is refused naming `certPem`
+    /// and saying why (clients refuse it as a server certificate); the same CA after a leaf it
+    /// signed (a chain) is accepted.
+    #[test]
+    fn a_ca_certificate_as_the_leaf_is_refused() {
+        let (leaf, ca_pem) = ca_and_leaf("Test CA");
+        let mut ca_params =
+            rcgen::CertificateParams::new(vec!["ca.example".to_string()]).expect("params");
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let key = rcgen::KeyPair::generate().expect("key");
+        let ca = ca_params.self_signed(&key).expect("ca");
+        let p = CertPem {
+            cert_pem: ca.pem(),
+            key_pem: key.serialize_pem(),
+            chain_pem: None,
+        };
+        let e = parse("ca", p, now()).expect_err("a CA certificate");
+        assert_eq!(e, CertError::CaCertificate);
+        assert_eq!(e.field(), "certPem");
+        assert!(
+            e.to_string().starts_with(
+                "certPem: the certificate is a CA certificate (basicConstraints CA:TRUE); TLS \
+                 clients refuse a CA certificate as a server's certificate"
+            ),
+            "{e}"
+        );
+        let mut chained = leaf;
+        chained.chain_pem = Some(ca_pem);
+        assert!(
+            parse("a", chained, now()).is_ok(),
+            "a CA in the chain is fine"
+        );
+    }
+
+    /// Each refusal names the body field at fault.
+    #[test]
+    fn errors_name_their_field() {
+        let mut p = pem_for(&["a.example"], in_days(30));
+        assert_eq!(
+            parse("a/b", p.clone(), now()).expect_err("id").field(),
+            "certId"
+        );
+        p.key_pem = pem_for(&["a.example"], in_days(30)).key_pem;
+        assert_eq!(
+            parse("a", p.clone(), now()).expect_err("key").field(),
+            "keyPem"
+        );
+        p.key_pem = String::new();
+        assert_eq!(
+            parse("a", p.clone(), now()).expect_err("no key").field(),
+            "keyPem"
+        );
+        let old = pem_for(&["a.example"], in_days(-1));
+        assert_eq!(
+            parse("a", old, now()).expect_err("expired").field(),
+            "certPem"
+        );
+        p.cert_pem = "hello".into();
+        assert_eq!(
+            parse("a", p, now()).expect_err("no cert").field(),
+            "certPem"
+        );
+    }
+
+    /// A stored certificate is loaded whatever its validity, the validity error beside it;
+    /// every other check still refuses.
+    #[test]
+    fn parse_stored_loads_an_expired_certificate_and_reports_it() {
+        let old = pem_for(&["a.example"], in_days(-1));
+        let (c, validity) = parse_stored("a", old.clone(), now()).expect("loaded");
+        assert_eq!(c.hostnames, ["a.example"]);
+        assert!(
+            matches!(validity, Some(ValidityError::Expired { not_after, .. }) if not_after == c.not_after),
+            "{validity:?}"
+        );
+        let (_, fine) = parse_stored("a", pem_for(&["a.example"], in_days(3)), now()).expect("ok");
+        assert_eq!(fine, None);
+        let mut mismatched = old;
+        mismatched.key_pem = pem_for(&["a.example"], in_days(30)).key_pem;
+        assert!(matches!(
+            parse_stored("a", mismatched, now()),
+            Err(CertError::KeyMismatch(_))
+        ));
     }
 }

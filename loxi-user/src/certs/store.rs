@@ -16,7 +16,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 
-use super::parse::{self, CertError, CertPem, Certificate, name_matches};
+use super::parse::{self, CertError, CertPem, Certificate, ValidityError, name_matches};
 
 /// The id of the certificate served when the client's SNI is absent or names no rule's host.
 pub const DEFAULT_ID: &str = "default";
@@ -80,6 +80,9 @@ pub struct CertStore {
     current: ArcSwap<CertSnapshot>,
     write: Mutex<()>,
     dir: Option<PathBuf>,
+    /// Wakes [`CertStore::watch_expiry`] after every change (a stored permit: a change while it
+    /// is not waiting is seen at its next wait).
+    changed: tokio::sync::Notify,
 }
 
 impl std::fmt::Debug for CertStore {
@@ -100,8 +103,12 @@ impl CertStore {
     }
 
     /// Opens `<state_dir>/certs` (created mode 0700 if missing) and restores every
-    /// `<id>.json` in it. A file that no longer parses or whose certificate expired is logged
-    /// and skipped (left on disk); the daemon always starts.
+    /// `<id>.json` in it. A certificate that has expired or is not valid yet is restored all
+    /// the same, and served as it was before the restart, with a warning naming it, its
+    /// hostnames and its `notAfter` (a restart must not turn an expiry into an outage: the TLS
+    /// rules it covers would otherwise be dropped, or fall back to the `default` certificate).
+    /// A file that no longer loads otherwise (not JSON, corrupt PEM, a key that is not the
+    /// certificate's) is logged and skipped (left on disk); the daemon always starts.
     pub fn open(state_dir: &Path) -> std::io::Result<Self> {
         let dir = state_dir.join("certs");
         fs::create_dir_all(&dir)?;
@@ -117,8 +124,12 @@ impl CertStore {
                 continue;
             };
             match restore(id, &path) {
-                Ok(c) => {
+                Ok((c, None)) => {
                     warn_if_expiring(&c);
+                    certs.insert(c.id.clone(), Arc::new(c));
+                }
+                Ok((c, Some(why))) => {
+                    warn_restored_out_of_validity(&c, &why);
                     certs.insert(c.id.clone(), Arc::new(c));
                 }
                 Err(e) => tracing::error!(file = %path.display(), error = %e,
@@ -134,6 +145,7 @@ impl CertStore {
             current: ArcSwap::from_pointee(CertSnapshot { certs }),
             write: Mutex::new(()),
             dir,
+            changed: tokio::sync::Notify::new(),
         }
     }
 
@@ -217,6 +229,7 @@ impl CertStore {
             }
         }
         self.current.store(Arc::new(next));
+        self.changed.notify_one();
         Ok(())
     }
 
@@ -232,8 +245,89 @@ impl CertStore {
         let mut certs = self.current.load().certs.clone();
         certs.insert(cert.id.clone(), cert.clone());
         self.current.store(Arc::new(CertSnapshot { certs }));
+        self.changed.notify_one();
         Ok(cert)
     }
+
+    /// Logs a warning the moment each certificate of the store expires while the daemon runs
+    /// ([`warn_expired`]: its id, hostnames and `notAfter`), once per certificate and end of
+    /// validity (a rotated certificate is watched anew), until `shutdown`. Certificates
+    /// already expired when it starts were warned about at restore and are not warned again.
+    /// Cost: one pass over the snapshot per expiry, per change of the store, and at most
+    /// every [`EXPIRY_WATCH_MAX_SLEEP`] otherwise; it sleeps until the next `notAfter`.
+    pub async fn watch_expiry(self: Arc<Self>, shutdown: tokio_util::sync::CancellationToken) {
+        let now = unix_now();
+        let mut warned: std::collections::HashSet<(String, i64)> = self
+            .snapshot()
+            .certs
+            .values()
+            .filter(|c| c.not_after <= now)
+            .map(|c| (c.id.clone(), c.not_after))
+            .collect();
+        loop {
+            let now = unix_now();
+            let snap = self.snapshot();
+            warned.retain(|(id, at)| snap.certs.get(id).is_some_and(|c| c.not_after == *at));
+            let mut next: Option<i64> = None;
+            for c in snap.certs.values() {
+                if c.not_after <= now {
+                    if warned.insert((c.id.clone(), c.not_after)) {
+                        warn_expired(c);
+                    }
+                } else {
+                    next = Some(next.map_or(c.not_after, |n| n.min(c.not_after)));
+                }
+            }
+            // `now` is whole seconds, truncated: waking `next - now` seconds later is at or
+            // after `notAfter`, when the certificate counts as expired (`notAfter <= now`).
+            let wait = next.map_or(EXPIRY_WATCH_MAX_SLEEP, |at| {
+                std::time::Duration::from_secs(u64::try_from(at - now).unwrap_or(1).max(1))
+                    .min(EXPIRY_WATCH_MAX_SLEEP)
+            });
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(wait) => {}
+                () = self.changed.notified() => {}
+            }
+        }
+    }
+}
+
+/// Longest [`CertStore::watch_expiry`] sleeps between two looks at the store (the wall clock
+/// may jump while it sleeps on the monotonic one).
+pub const EXPIRY_WATCH_MAX_SLEEP: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// RFC 3339 text of Unix time `secs` (the number itself when out of range).
+fn rfc3339(secs: i64) -> String {
+    time::OffsetDateTime::from_unix_timestamp(secs)
+        .ok()
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_else(|| secs.to_string())
+}
+
+/// The warning of a served certificate that has just expired.
+pub fn warn_expired(cert: &Certificate) {
+    tracing::warn!(cert_id = %cert.id, hostnames = ?cert.hostnames, not_after = cert.not_after,
+        not_after_utc = %rfc3339(cert.not_after),
+        "TLS certificate expired; it is still served, and clients that verify it refuse the \
+         handshake: rotate it (PUT /netlox/v1/config/cert/{{certId}})");
+}
+
+/// The warning of a stored certificate restored outside its validity (served as before the
+/// restart).
+fn warn_restored_out_of_validity(cert: &Certificate, why: &ValidityError) {
+    let what = match why {
+        ValidityError::Expired { .. } => "has expired",
+        ValidityError::NotYetValid { .. } => "is not valid yet",
+    };
+    tracing::warn!(cert_id = %cert.id, hostnames = ?cert.hostnames, not_after = cert.not_after,
+        not_after_utc = %rfc3339(cert.not_after), not_before = cert.not_before,
+        "restored a stored TLS certificate that {what}; it is served as before the restart, and \
+         clients that verify it refuse the handshake: rotate it (PUT \
+         /netlox/v1/config/cert/{{certId}})");
 }
 
 /// Logs a warning when `cert` expires within [`parse::EXPIRY_WARNING_SECS`].
@@ -245,10 +339,11 @@ pub fn warn_if_expiring(cert: &Certificate) {
     }
 }
 
-fn restore(id: &str, path: &Path) -> Result<Certificate, String> {
+/// A stored certificate, loaded whatever its validity (returned beside it).
+fn restore(id: &str, path: &Path) -> Result<(Certificate, Option<ValidityError>), String> {
     let bytes = fs::read(path).map_err(|e| e.to_string())?;
     let pem: CertPem = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
-    parse::parse(id, pem, unix_now()).map_err(|e| e.to_string())
+    parse::parse_stored(id, pem, unix_now()).map_err(|e| e.to_string())
 }
 
 /// Writes `<dir>/<id>.json` atomically, mode 0600 (temp file, fsync, rename, fsync dir).
@@ -336,5 +431,128 @@ mod tests {
         ));
         store.delete("a", |_, _| Ok(())).expect("delete");
         assert!(store.snapshot().certs.is_empty());
+    }
+
+    /// Log lines (no ANSI, no time) written while `f` runs.
+    fn logged<T>(f: impl FnOnce() -> T) -> (T, String) {
+        use tracing_subscriber::layer::SubscriberExt as _;
+        let buf = crate::telemetry::LogBuf::default();
+        let sink = buf.clone();
+        let layer = tracing_subscriber::fmt::layer()
+            .with_ansi(false)
+            .without_time()
+            .with_writer(move || sink.clone());
+        let out = tracing::subscriber::with_default(tracing_subscriber::registry().with(layer), f);
+        (out, buf.text())
+    }
+
+    /// A stored certificate that has expired is restored (it was skipped, and the TLS rules it
+    /// covered were dropped at restart) with a warning naming its id, hostnames and notAfter;
+    /// a corrupt one is still skipped.
+    #[test]
+    fn an_expired_stored_certificate_is_restored_with_a_warning() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let certs = dir.path().join("certs");
+        fs::create_dir_all(&certs).expect("dir");
+        let past = time::OffsetDateTime::now_utc() - time::Duration::hours(1);
+        let old = crate::certs::testutil::self_signed(&["s2.example.com"], Some(past));
+        fs::write(
+            certs.join("s2.json"),
+            serde_json::to_vec(&old).expect("json"),
+        )
+        .expect("write");
+        fs::write(
+            certs.join("bad.json"),
+            b"{\"certPem\": \"x\", \"keyPem\": \"y\"}",
+        )
+        .expect("write");
+        let (store, log) = logged(|| CertStore::open(dir.path()).expect("open"));
+        let snap = store.snapshot();
+        let c = snap.for_name("s2.example.com").expect("restored");
+        assert_eq!(c.id, "s2");
+        assert_eq!(c.not_after, past.unix_timestamp());
+        assert_eq!(snap.certs.len(), 1, "the corrupt one is skipped");
+        let want = format!(
+            "restored a stored TLS certificate that has expired; it is served as before the \
+             restart, and clients that verify it refuse the handshake: rotate it (PUT \
+             /netlox/v1/config/cert/{{certId}}) cert_id=s2 hostnames=[\"s2.example.com\"] \
+             not_after={}",
+            past.unix_timestamp()
+        );
+        assert!(
+            log.lines()
+                .any(|l| l.contains(" WARN ") && l.contains(&want)),
+            "{log}"
+        );
+        assert!(
+            log.lines().any(|l| l.contains("ERROR")
+                && l.contains("skipping a stored certificate that no longer loads")
+                && l.contains("bad.json")),
+            "{log}"
+        );
+    }
+
+    /// The watcher warns when a served certificate expires while the daemon runs, once, naming
+    /// it; one expired before it started is not warned again.
+    #[tokio::test]
+    async fn the_expiry_watcher_warns_when_a_certificate_expires() {
+        use tracing::instrument::WithSubscriber as _;
+        use tracing_subscriber::layer::SubscriberExt as _;
+        let dir = tempfile::tempdir().expect("tmp");
+        let certs = dir.path().join("certs");
+        fs::create_dir_all(&certs).expect("dir");
+        let past = time::OffsetDateTime::now_utc() - time::Duration::hours(1);
+        let old = crate::certs::testutil::self_signed(&["old.example"], Some(past));
+        fs::write(
+            certs.join("old.json"),
+            serde_json::to_vec(&old).expect("json"),
+        )
+        .expect("write");
+        let store = Arc::new(CertStore::open(dir.path()).expect("open"));
+        let buf = crate::telemetry::LogBuf::default();
+        let sink = buf.clone();
+        let layer = tracing_subscriber::fmt::layer()
+            .with_ansi(false)
+            .without_time()
+            .with_writer(move || sink.clone());
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let watcher = store
+            .clone()
+            .watch_expiry(shutdown.clone())
+            .with_subscriber(tracing_subscriber::registry().with(layer));
+        let check = async {
+            // Created after the watcher's first look (it then had nothing to wait for and
+            // slept its longest): the change wakes it to watch this one.
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            let soon = time::OffsetDateTime::now_utc() + time::Duration::seconds(2);
+            let c = store
+                .create(
+                    Some("soon".into()),
+                    crate::certs::testutil::self_signed(&["soon.example"], Some(soon)),
+                )
+                .expect("create");
+            let want = format!(
+                "TLS certificate expired; it is still served, and clients that verify it \
+                 refuse the handshake: rotate it (PUT /netlox/v1/config/cert/{{certId}}) \
+                 cert_id=soon hostnames=[\"soon.example\"] not_after={}",
+                c.not_after
+            );
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while !buf.text().contains(&want) {
+                assert!(std::time::Instant::now() < deadline, "{}", buf.text());
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            assert!(unix_now() >= c.not_after, "warned at expiry, not before");
+            // Once: the next looks do not warn again.
+            tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
+            shutdown.cancel();
+        };
+        let ((), ()) = tokio::join!(watcher, check);
+        let text = buf.text();
+        assert_eq!(text.matches("TLS certificate expired").count(), 1, "{text}");
+        assert!(
+            !text.contains("cert_id=old"),
+            "warned at restore only: {text}"
+        );
     }
 }

@@ -310,10 +310,18 @@ impl Serving {
             // A TLS client opens with a handshake record (0x16); an HTTP client with a method
             // name. The latter gets a 400 that says what is wrong (nginx's "plain HTTP request
             // was sent to HTTPS port") instead of a TLS alert it cannot read.
-            let mut first = [0u8; 1];
-            if matches!(stream.peek(&mut first).await, Ok(1) if first[0].is_ascii_uppercase()) {
-                super::tls::refuse_plain_http(stream).await;
-                return Err(std::io::Error::other("plain HTTP sent to a TLS listener"));
+            // An HTTP/2 prior-knowledge client opens with `PRI * HTTP/2.0...` and gets a
+            // GOAWAY saying so (it cannot read an HTTP/1 answer).
+            match peek_plain_http(&stream).await {
+                Some(super::tls::PlainHttp::H1) => {
+                    super::tls::refuse_plain_http(stream).await;
+                    return Err(std::io::Error::other("plain HTTP sent to a TLS listener"));
+                }
+                Some(super::tls::PlainHttp::H2) => {
+                    super::tls::refuse_plain_h2(stream).await;
+                    return Err(std::io::Error::other("plain HTTP/2 sent to a TLS listener"));
+                }
+                None => {}
             }
             acceptor.accept(stream).await
         });
@@ -689,6 +697,24 @@ impl Body for ConnBody {
             hint.set_upper(upper.saturating_add(rest));
         }
         hint
+    }
+}
+
+/// Which plain-HTTP client `stream` is, from its first bytes (peeked, not consumed): `None`
+/// for a TLS client. A first byte that is an upper-case letter is plain HTTP; the next two
+/// (waited for, a millisecond at a time, within the caller's handshake timeout) tell the
+/// HTTP/2 preface's `PRI` from an HTTP/1 method.
+async fn peek_plain_http(stream: &TcpStream) -> Option<super::tls::PlainHttp> {
+    let mut first = [0u8; 3];
+    loop {
+        let n = stream.peek(&mut first).await.ok()?;
+        let seen = &first[..n];
+        let kind = super::tls::plain_http_kind(seen)?;
+        // Complete, or no longer a prefix of `PRI`: decided.
+        if n == first.len() || !super::tls::H2_PREFACE.starts_with(seen) {
+            return Some(kind);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
     }
 }
 
