@@ -302,7 +302,7 @@ impl Serving {
     /// or the listener closes meanwhile.
     async fn handshake(
         &self,
-        stream: TcpStream,
+        mut stream: TcpStream,
         peer: SocketAddr,
     ) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
         let acceptor = self.tls.as_ref()?;
@@ -312,7 +312,7 @@ impl Serving {
             // was sent to HTTPS port") instead of a TLS alert it cannot read.
             // An HTTP/2 prior-knowledge client opens with `PRI * HTTP/2.0...` and gets a
             // GOAWAY saying so (it cannot read an HTTP/1 answer).
-            match peek_plain_http(&stream).await {
+            match plain_http(&mut stream).await {
                 Some(super::tls::PlainHttp::H1) => {
                     super::tls::refuse_plain_http(stream).await;
                     return Err(std::io::Error::other("plain HTTP sent to a TLS listener"));
@@ -700,22 +700,26 @@ impl Body for ConnBody {
     }
 }
 
-/// Which plain-HTTP client `stream` is, from its first bytes (peeked, not consumed): `None`
-/// for a TLS client. A first byte that is an upper-case letter is plain HTTP; the next two
-/// (waited for, a millisecond at a time, within the caller's handshake timeout) tell the
-/// HTTP/2 preface's `PRI` from an HTTP/1 method.
-async fn peek_plain_http(stream: &TcpStream) -> Option<super::tls::PlainHttp> {
-    let mut first = [0u8; 3];
-    loop {
-        let n = stream.peek(&mut first).await.ok()?;
-        let seen = &first[..n];
-        let kind = super::tls::plain_http_kind(seen)?;
-        // Complete, or no longer a prefix of `PRI`: decided.
-        if n == first.len() || !super::tls::H2_PREFACE.starts_with(seen) {
-            return Some(kind);
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+/// Which plain-HTTP client `stream` is: `None` for a TLS client (its first byte, peeked, not
+/// consumed, is not an upper-case letter). A plain-HTTP client is refused either way, so the
+/// bytes that tell the HTTP/2 preface's `PRI` from an HTTP/1 method are then read (consumed;
+/// each read waits for data, within the caller's handshake timeout, so a client that sends
+/// `P` and stops costs one waiting read, not a polling loop).
+async fn plain_http(stream: &mut TcpStream) -> Option<super::tls::PlainHttp> {
+    use tokio::io::AsyncReadExt;
+    let mut first = [0u8; 1];
+    if !matches!(stream.peek(&mut first).await, Ok(1) if first[0].is_ascii_uppercase()) {
+        return None;
     }
+    let mut head = [0u8; 3];
+    let mut n = 0;
+    while n < head.len() && super::tls::H2_PREFACE.starts_with(&head[..n]) {
+        match stream.read(&mut head[n..]).await {
+            Ok(0) | Err(_) => break,
+            Ok(k) => n += k,
+        }
+    }
+    Some(super::tls::plain_http_kind(&head[..n]).unwrap_or(super::tls::PlainHttp::H1))
 }
 
 #[cfg(test)]
