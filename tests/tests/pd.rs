@@ -501,8 +501,11 @@ async fn a_failing_prefill_opens_the_breaker_and_traffic_moves() {
         .await;
         if r.status == 500 {
             assert_eq!(
-                r.header("x-loxilb-endpoint"),
-                Some("0"),
+                (
+                    r.header("x-loxilb-prefill-endpoint"),
+                    r.header("x-loxilb-endpoint")
+                ),
+                (Some("0"), None),
                 "the prefill's 500 is relayed"
             );
         }
@@ -1015,4 +1018,104 @@ async fn tier_1_sends_a_shared_prefix_to_one_prefill_and_is_bypassed_past_the_im
         "only the bypassed request: {olog}"
     );
     let _ = &dec;
+}
+
+#[tokio::test]
+async fn a_relayed_prefill_error_carries_the_request_id_and_names_only_the_prefill() {
+    let dec = Backend::start("dec").await;
+    let bad = Backend::start("bad").await;
+    bad.set_mode(Mode::Fail);
+    let port = free_port();
+    // The prefill is endpoint 1, so its index cannot pass for the decode's.
+    let rule = pd_rule(port, &[(dec.port(), 2, 0), (bad.port(), 1, 0)], json!({}));
+    let _d = started(DaemonOpts::default(), &rule).await;
+    let c = client();
+    let r = send(
+        &c,
+        completion(port, &[], &json!({"model": "m", "prompt": "q"})),
+    )
+    .await;
+    assert_eq!(r.status, 500, "{}", r.text);
+    assert_eq!(
+        r.json(),
+        json!({"error": "told to fail", "backend": "bad"}),
+        "verbatim"
+    );
+    let got = bad.requests();
+    assert_eq!(got.len(), 1);
+    let rid = got[0]
+        .header("x-request-id")
+        .expect("the prefill leg's request id");
+    assert!(
+        rid.starts_with(&format!(
+            "___prefill_addr_127.0.0.1:{}___decode_addr_127.0.0.1:{}_",
+            bad.port(),
+            dec.port()
+        )),
+        "{rid}"
+    );
+    assert_eq!(
+        (
+            r.header("x-request-id"),
+            r.header("x-loxilb-prefill-endpoint"),
+            r.header("x-loxilb-endpoint")
+        ),
+        (Some(rid), Some("1"), None),
+        "traceable to the prefill; no decode answered"
+    );
+    assert_eq!(dec.request_count(), 0);
+}
+
+#[tokio::test]
+async fn prefill_and_decode_weights_split_sequential_requests() {
+    let (p5, p1) = (Backend::start("p5").await, Backend::start("p1").await);
+    let (d1, d3) = (Backend::start("d1").await, Backend::start("d3").await);
+    let port = free_port();
+    let mut rule = pd_rule(
+        port,
+        &[
+            (p5.port(), 1, 0),
+            (p1.port(), 1, 0),
+            (d1.port(), 2, 0),
+            (d3.port(), 2, 0),
+        ],
+        json!({}),
+    );
+    for (i, w) in [5, 1, 1, 3].into_iter().enumerate() {
+        rule["endpoints"][i]["weight"] = json!(w);
+    }
+    let d = started(DaemonOpts::default(), &rule).await;
+    let c = client();
+    for i in 0..24 {
+        let r = send(
+            &c,
+            completion(port, &[], &json!({"model": "m", "prompt": format!("q{i}")})),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.text);
+        // Sequential: nothing in flight when the next request is routed.
+        for ep in ["2", "3"] {
+            wait_active(&d, ep, 0.0).await;
+        }
+    }
+    assert_eq!(
+        (
+            p5.request_count(),
+            p1.request_count(),
+            d1.request_count(),
+            d3.request_count()
+        ),
+        (20, 4, 6, 18),
+        "prefill 5:1, decode 1:3"
+    );
+    let m = d.metrics_text().await;
+    assert_eq!(
+        metric(
+            &m,
+            "loxilb_ai_pd_tier_selected_total",
+            &["leg=\"prefill\"", "tier=\"2\""]
+        ),
+        24.0,
+        "{m}"
+    );
 }

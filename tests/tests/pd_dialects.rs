@@ -368,6 +368,17 @@ async fn sglang_a_failed_leg_aborts_the_other_and_a_prefill_4xx_is_relayed_verba
     assert_eq!(r.status, 400);
     assert_eq!(r.text, refusal.to_string(), "verbatim");
     assert_eq!(r.header("x-engine"), Some("fake"));
+    let rid = pre.seen().last().and_then(|s| s.rid.clone());
+    assert!(rid.is_some());
+    assert_eq!(
+        (
+            r.header("x-request-id"),
+            r.header("x-loxilb-prefill-endpoint"),
+            r.header("x-loxilb-endpoint")
+        ),
+        (rid.as_deref(), Some("0"), None),
+        "a relayed prefill answer names the prefill and the request id, no decode"
+    );
     assert!(dec.wait_aborted(1).await, "the decode leg was aborted");
 
     // A decode that closes without an answer (once the prefill leg is in): 502, and the
@@ -512,6 +523,15 @@ async fn trtllm_generation_carries_exactly_the_context_params_and_a_finished_con
         .remove("disaggregated_params");
     assert_eq!(r.json(), want);
     assert_eq!(dec.seen().len(), 1, "no generation leg");
+    // Traceable as the context leg's answer: its request id and endpoint, and no decode's.
+    assert_eq!(
+        (
+            r.header("x-request-id"),
+            r.header("x-loxilb-prefill-endpoint"),
+            r.header("x-loxilb-endpoint")
+        ),
+        (pre.seen()[1].rid.as_deref(), Some("0"), None)
+    );
     let r = send(&c, "/v1/completions", port, &body).await;
     assert_eq!(r.status, 200);
     assert!(
@@ -596,4 +616,121 @@ async fn every_dialects_decode_is_502_when_it_closes_and_504_when_it_is_silent()
         "{m}"
     );
     gauges_return_to_zero(&d).await;
+}
+
+#[tokio::test]
+async fn a_client_handoff_field_is_400_on_a_p_d_rule_and_passes_a_plain_rule() {
+    let pre_answer = json!({"id": "p", "choices": [{"index": 0, "text": "A",
+        "finish_reason": "length"}]});
+    let pre = Fake::start(json_after(200, &pre_answer, Duration::ZERO)).await;
+    let dec_answer = json!({"id": "d", "choices": [{"index": 0, "text": "B"}]});
+    let dec = Fake::start(json_after(200, &dec_answer, Duration::ZERO)).await;
+    let d = Daemon::start_default().await;
+    let c = client();
+    let vllm = free_port();
+    post(&d, &rule(vllm, pre.port(), dec.port(), json!({}))).await;
+    let trtllm = free_port();
+    post(
+        &d,
+        &rule(
+            trtllm,
+            pre.port(),
+            dec.port(),
+            json!({"kvEngineType": "trtllm"}),
+        ),
+    )
+    .await;
+    let sglang = free_port();
+    post(
+        &d,
+        &rule(
+            sglang,
+            pre.port(),
+            dec.port(),
+            json!({"kvEngineType": "sglang"}),
+        ),
+    )
+    .await;
+    let cases = [
+        (
+            vllm,
+            "kv_transfer_params",
+            json!({"do_remote_prefill": true, "remote_host": "6.6.6.6", "remote_port": 1,
+                "remote_block_ids": [1]}),
+        ),
+        (vllm, "kv_transfer_params", Value::Null),
+        (
+            trtllm,
+            "disaggregated_params",
+            json!({"request_type": "generation_only", "ctx_request_id": 666,
+                "opaque_state": "evil"}),
+        ),
+        (sglang, "bootstrap_host", json!("6.6.6.6")),
+        (sglang, "bootstrap_port", json!(1)),
+        (sglang, "bootstrap_room", json!(7)),
+    ];
+    for (port, field, value) in cases {
+        let mut body = json!({"model": "m", "prompt": "x", "max_tokens": 5});
+        body[field] = value;
+        let r = send(&c, "/v1/completions", port, &body).await;
+        assert_eq!(r.status, 400, "{field}: {}", r.text);
+        assert_eq!(r.header("content-type"), Some("application/json"));
+        let e = &r.json()["error"];
+        assert_eq!(
+            (
+                e["type"].as_str(),
+                e["code"].as_u64(),
+                e["party"].as_str(),
+                e["retryable"].as_bool()
+            ),
+            (
+                Some("pd_handoff_field"),
+                Some(400),
+                Some("client"),
+                Some(false)
+            ),
+            "{field}"
+        );
+        let msg = e["message"].as_str().expect("message");
+        assert!(
+            msg.contains(&format!("\"{field}\"")) && msg.contains("P/D rule"),
+            "{msg}"
+        );
+    }
+    assert_eq!(
+        (pre.seen().len(), dec.seen().len()),
+        (0, 0),
+        "a refused request reaches no engine"
+    );
+
+    // Another dialect's field is not the gateway's on this rule: it passes to both legs.
+    let body = json!({"model": "m", "prompt": "x", "max_tokens": 5, "bootstrap_host": "h"});
+    let r = send(&c, "/v1/completions", vllm, &body).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let mut want = body.clone();
+    assert_eq!(
+        dec.seen()[0].body,
+        want,
+        "the decode leg: the client's body"
+    );
+    want["kv_transfer_params"] = json!({"do_remote_decode": true, "do_remote_prefill": false,
+        "remote_engine_id": null, "remote_block_ids": null, "remote_host": null,
+        "remote_port": null});
+    want["max_tokens"] = json!(1);
+    want["stream"] = json!(false);
+    assert_eq!(pre.seen()[0].body, want, "the prefill leg");
+
+    // A plain rule passes the fields through unchanged.
+    let plain = free_port();
+    let plain_rule = json!({"serviceArguments": {"externalIP": "127.0.0.1", "port": plain,
+        "protocol": "tcp", "mode": 4, "sel": 0},
+        "endpoints": [{"endpointIP": "127.0.0.1", "targetPort": dec.port()}]});
+    post(&d, &plain_rule).await;
+    let body = json!({"model": "m", "prompt": "x", "kv_transfer_params": {"remote_host": "h"},
+        "disaggregated_params": {"request_type": "generation_only"}, "bootstrap_room": 7});
+    let r = send(&c, "/v1/completions", plain, &body).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let seen = dec.seen();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[1].body, body, "verbatim on a plain rule");
 }

@@ -56,12 +56,15 @@ pub fn prefill_body(client: &Map<String, Value>) -> Map<String, Value> {
 }
 
 /// The decode leg's body: the client's own, with `params` (the prefill's transfer parameters,
-/// verbatim) as its `kv_transfer_params` when the prefill returned some.
+/// verbatim) as its `kv_transfer_params` when the prefill returned some, and without any
+/// `kv_transfer_params` when it returned none: the decode engine never gets a client's value
+/// (the proxy refuses such a request before, this is the second guard).
 pub fn decode_body(client: &Map<String, Value>, params: Option<&Value>) -> Map<String, Value> {
     let mut b = client.clone();
-    if let Some(p) = params {
-        b.insert("kv_transfer_params".into(), p.clone());
-    }
+    match params {
+        Some(p) => b.insert("kv_transfer_params".into(), p.clone()),
+        None => b.remove("kv_transfer_params"),
+    };
     b
 }
 
@@ -154,7 +157,22 @@ mod tests {
         );
         assert_eq!(
             Value::Object(decode_body(&client, None)),
-            Value::Object(client)
+            Value::Object(client.clone())
+        );
+        // A client's own parameters never reach the decode engine.
+        let mut evil = client.clone();
+        evil.insert(
+            "kv_transfer_params".into(),
+            json!({"do_remote_prefill": true, "remote_host": "6.6.6.6", "remote_port": 1,
+                "remote_block_ids": [1]}),
+        );
+        assert_eq!(
+            Value::Object(decode_body(&evil, None)),
+            Value::Object(client.clone())
+        );
+        assert_eq!(
+            decode_body(&evil, Some(&params))["kv_transfer_params"],
+            params
         );
     }
 

@@ -7,20 +7,27 @@
 //!   when the most and least loaded eligible prefill endpoints differ by more than
 //!   `pd_balance_abs_threshold` (in flight + queued); otherwise, when the eligible prefill
 //!   endpoint(s) holding the longest prefix of the request's key hold at least
-//!   `pd_cache_threshold` % of it, the least loaded of them (ties: the lowest index), else a
-//!   miss. Every routed prefill leg is learned ([`PdLadder::routed`]), whichever tier chose it;
+//!   `pd_cache_threshold` % of it, the one of them with the least load per unit of weight
+//!   (ties: the lowest index), else a miss (the bypass compares absolute loads). Every routed prefill leg is learned ([`PdLadder::routed`]), whichever tier chose it;
 //! - tier 1.5, KV overlap over the prefill endpoints when `kvExactMode` is 1: the KV tier
 //!   (`kv::route`, through the [`AffinityTier`] seam) sees a candidate set in which every
 //!   endpoint that is not a prefill endpoint is excluded (the KV manager subscribes only the
 //!   prefill endpoints in mode 1 anyway); its misses are counted by the KV tier;
-//! - tier 2, minimum load among eligible prefill endpoints: in flight + queued, ties rotate.
+//! - tier 2, weighted least load among eligible prefill endpoints, as nginx's `least_conn`
+//!   with weights: the least (in flight + queued) / weight, ties broken by smooth weighted
+//!   round robin over the tied endpoints (so idle endpoints of weights 5 and 1 take 5 and 1 of
+//!   every 6 sequential requests).
 //!
-//! Decode leg: the pin's decode endpoint if eligible, else minimum load among decode endpoints.
+//! Weights steer new work only: a pin (tier 0) holds whatever the weights, and a tier-1 hit
+//! goes to a holder of the prefix whatever the weights (weights only rank the holders).
+//!
+//! Decode leg: the pin's decode endpoint if eligible, else weighted least load among decode
+//! endpoints (as tier 2). The role-0 fallback picks the same way among role-0 endpoints.
 //! When no prefill or no decode endpoint is eligible, [`PdLadder::aggregated`] names a role-0
 //! endpoint (minimum load) to serve the request in one leg; with none, the proxy answers 503
 //! `pd_pool_unavailable`.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 
 use parking_lot::Mutex;
 
@@ -41,7 +48,7 @@ pub enum PdTier {
     Trie,
     /// Tier 1.5: KV overlap over the prefill endpoints.
     KvOverlap,
-    /// Tier 2 (prefill) or the decode leg's fallback: minimum load.
+    /// Tier 2 (prefill) or the decode leg's fallback: weighted least load.
     MinLoad,
     /// No prefill or no decode endpoint was eligible: a role-0 endpoint served in one leg.
     Aggregated,
@@ -106,7 +113,8 @@ impl Choice {
     }
 }
 
-/// The P/D state of one rule's pool: its pins, its tier-1 trie and the tie-rotation cursor.
+/// The P/D state of one rule's pool: its pins, its tier-1 trie and the smooth-WRR current
+/// weights that break weighted-least-load ties.
 /// Built with the pool (a changed rule starts with no pins; the trie is carried over, see
 /// [`PdState::successor`]).
 #[derive(Debug)]
@@ -116,8 +124,9 @@ pub struct PdState {
     /// Tier 1's prefix trie, when the rule has `pd_cache_aware_mode` (one lock per rule: a
     /// decision and a learn each walk at most [`super::trie::KEY_MAX`] symbols under it).
     pub trie: Option<Mutex<PrefixTrie>>,
-    /// Tie-rotation cursor per role (normal, prefill, decode).
-    cursors: [AtomicUsize; 3],
+    /// Smooth-WRR current weights by endpoint (each endpoint has one role, so one vector
+    /// serves the three choices); resized to the rule's endpoint count on first use.
+    swrr: Mutex<Vec<i64>>,
 }
 
 impl PdState {
@@ -129,7 +138,7 @@ impl PdState {
             trie: spec
                 .trie
                 .map(|_| Mutex::new(PrefixTrie::new(TRIE_CAPACITY))),
-            cursors: Default::default(),
+            swrr: Mutex::new(Vec::new()),
         }
     }
 
@@ -157,7 +166,7 @@ pub struct PdLadder<'a, T: AffinityTier + ?Sized> {
     pub rule: &'a StoredRule,
     /// Its P/D spec.
     pub pd: &'a PdSpec,
-    /// Its pins and cursor.
+    /// Its pins, trie and tie-breaking state.
     pub state: &'a PdState,
     /// The KV tier (tier 1.5), when the daemon runs one.
     pub tier: Option<&'a T>,
@@ -238,7 +247,11 @@ impl<T: AffinityTier + ?Sized> PdLadder<'_, T> {
         if matched == 0 || matched * 100 < u64::from(spec.threshold_pct) * total {
             return (None, TrieOutcome::Miss);
         }
-        let ep = m.holders.iter().copied().min_by_key(|&ep| load(cands, ep));
+        let ep = m
+            .holders
+            .iter()
+            .copied()
+            .reduce(|best, ep| if lighter(cands, ep, best) { ep } else { best });
         (ep, ep.map_or(TrieOutcome::Miss, |_| TrieOutcome::Hit))
     }
 
@@ -274,7 +287,8 @@ impl<T: AffinityTier + ?Sized> PdLadder<'_, T> {
             .map(|ep| Choice::new(ep, PdTier::MinLoad))
     }
 
-    /// The decode endpoint: the pin's if eligible, else minimum load among decode endpoints.
+    /// The decode endpoint: the pin's if eligible, else weighted least load among decode
+    /// endpoints.
     pub fn decode(&self, cands: &Candidates<'_>, pin: Option<Pin>) -> Option<Choice> {
         if let Some(p) = pin.filter(|p| self.usable(cands, p.decode, Role::Decode)) {
             return Some(Choice::new(p.decode, PdTier::Session));
@@ -283,7 +297,7 @@ impl<T: AffinityTier + ?Sized> PdLadder<'_, T> {
             .map(|ep| Choice::new(ep, PdTier::MinLoad))
     }
 
-    /// A role-0 endpoint (minimum load) for a request the P/D pools cannot serve.
+    /// A role-0 endpoint (weighted least load) for a request the P/D pools cannot serve.
     pub fn aggregated(&self, cands: &Candidates<'_>) -> Option<Choice> {
         self.min_load(cands, Role::Normal)
             .map(|ep| Choice::new(ep, PdTier::Aggregated))
@@ -304,33 +318,62 @@ impl<T: AffinityTier + ?Sized> PdLadder<'_, T> {
         self.pd.role(ep) == role && cands.eligible(ep)
     }
 
-    /// The eligible endpoint of `role` with the least in-flight + queued requests; among equals
-    /// the role's cursor picks the next one in turn, so ties rotate over exactly the tied
-    /// endpoints (two passes, no allocation).
+    /// The eligible endpoint of `role` with the least load (in flight + queued) per unit of
+    /// weight, nginx's weighted `least_conn`: among equals, smooth weighted round robin over
+    /// exactly the tied endpoints (each adds its weight to its current weight, the largest
+    /// wins, ties to the lower index, and the winner gives back the tied endpoints' total),
+    /// so idle endpoints split sequential requests by weight. Two passes, no allocation.
     fn min_load(&self, cands: &Candidates<'_>, role: Role) -> Option<EpIdx> {
-        let load = |ep: EpIdx| load(cands, ep);
-        let mut min: Option<(u64, usize)> = None;
+        let mut best: Option<EpIdx> = None;
         for ep in (0..cands.len()).filter(|&ep| self.usable(cands, ep, role)) {
-            let l = load(ep);
-            min = match min {
-                Some((m, n)) if l == m => Some((m, n + 1)),
-                Some((m, n)) if l > m => Some((m, n)),
-                _ => Some((l, 1)),
-            };
+            if best.is_none_or(|b| lighter(cands, ep, b)) {
+                best = Some(ep);
+            }
         }
-        let (m, ties) = min?;
-        let cursor = &self.state.cursors[match role {
-            Role::Normal => 0,
-            Role::Prefill => 1,
-            Role::Decode => 2,
-        }];
-        let k = cursor.fetch_add(1, Ordering::Relaxed) % ties;
-        (0..cands.len())
-            .filter(|&ep| self.usable(cands, ep, role) && load(ep) == m)
-            .nth(k)
-            // A load changed between the passes: any eligible endpoint of the role will do.
-            .or_else(|| (0..cands.len()).find(|&ep| self.usable(cands, ep, role)))
+        let first = best?;
+        let (bl, bw) = (
+            u128::from(load(cands, first)),
+            u128::from(weight(cands, first)),
+        );
+        let mut cur = self.state.swrr.lock();
+        if cur.len() != cands.len() {
+            *cur = vec![0; cands.len()];
+        }
+        let mut total = 0i64;
+        let mut pick: Option<EpIdx> = None;
+        for ep in (0..cands.len()).filter(|&ep| self.usable(cands, ep, role)) {
+            let w = weight(cands, ep);
+            if u128::from(load(cands, ep)) * bw != bl * u128::from(w) {
+                continue;
+            }
+            let w = i64::from(w);
+            cur[ep] += w;
+            total += w;
+            if pick.is_none_or(|p| cur[ep] > cur[p]) {
+                pick = Some(ep);
+            }
+        }
+        match pick {
+            Some(p) => {
+                cur[p] -= total;
+                Some(p)
+            }
+            // A load changed between the passes: the first pass's choice.
+            None => Some(first),
+        }
     }
+}
+
+/// Whether `a` carries less load per unit of weight than `b` (`load_a / w_a < load_b / w_b`,
+/// compared as `load_a * w_b < load_b * w_a`).
+fn lighter(cands: &Candidates<'_>, a: EpIdx, b: EpIdx) -> bool {
+    u128::from(load(cands, a)) * u128::from(weight(cands, b))
+        < u128::from(load(cands, b)) * u128::from(weight(cands, a))
+}
+
+/// The weight of `ep` (validation keeps weights in 1..=65535; a missing or 0 weight counts 1).
+fn weight(cands: &Candidates<'_>, ep: EpIdx) -> u32 {
+    cands.weights.get(ep).copied().unwrap_or(1).max(1)
 }
 
 /// In flight + queued requests of `ep` (the load every tier compares).

@@ -430,3 +430,112 @@ fn tier_1_is_off_without_cache_aware_mode() {
         .expect("prefill");
     assert_eq!((c.tier, c.trie), (PdTier::MinLoad, TrieOutcome::NotAsked));
 }
+
+#[test]
+fn tier_2_splits_idle_endpoints_by_weight_for_prefill_and_decode() {
+    // Prefill 0 (weight 5), decode 1 (weight 1), prefill 2 (weight 1), decode 3 (weight 3).
+    let mut fx = Fx::new(&[1, 2, 1, 2], 0);
+    fx.weights = vec![5, 1, 1, 3];
+    let l = fx.ladder(None);
+    let pre: Vec<EpIdx> = (0..24)
+        .map(|_| {
+            let c = l
+                .prefill(&meta(), &fx.cands(), None, &mut ())
+                .expect("prefill");
+            assert_eq!(c.tier, PdTier::MinLoad);
+            c.ep
+        })
+        .collect();
+    let count = |v: &[EpIdx], ep| v.iter().filter(|&&p| p == ep).count();
+    assert_eq!((count(&pre, 0), count(&pre, 2)), (20, 4), "{pre:?}");
+    // Smooth: every cycle of 6 holds exactly 5 and 1.
+    for cycle in pre.chunks(6) {
+        assert_eq!((count(cycle, 0), count(cycle, 2)), (5, 1), "{pre:?}");
+    }
+    let dec: Vec<EpIdx> = (0..8)
+        .map(|_| l.decode(&fx.cands(), None).expect("decode").ep)
+        .collect();
+    assert_eq!((count(&dec, 1), count(&dec, 3)), (2, 6), "{dec:?}");
+}
+
+#[test]
+fn tier_2_compares_load_per_unit_of_weight() {
+    let mut fx = Fx::new(&[1, 2, 1, 2], 0);
+    fx.weights = vec![5, 1, 1, 1];
+    let l = fx.ladder(None);
+    let pick = |fx: &Fx| {
+        l.prefill(&meta(), &fx.cands(), None, &mut ())
+            .expect("prefill")
+            .ep
+    };
+    // 4/5 < 1/1: the heavier-loaded but heavier-weighted endpoint.
+    fx.load(0, 4);
+    fx.load(2, 1);
+    assert_eq!(pick(&fx), 0);
+    // 6/5 > 1/1.
+    fx.load(0, 6);
+    assert_eq!(pick(&fx), 2);
+    // 5/5 == 1/1: a tie, broken by weight (5:1 over six picks).
+    fx.load(0, 5);
+    let picks: Vec<EpIdx> = (0..6).map(|_| pick(&fx)).collect();
+    assert_eq!(picks.iter().filter(|&&p| p == 0).count(), 5, "{picks:?}");
+    // Queued requests count as load too.
+    fx.load(0, 0);
+    fx.loads[0].queued.store(6, Ordering::Relaxed);
+    assert_eq!(pick(&fx), 2);
+}
+
+#[test]
+fn concurrent_load_on_weighted_prefills_follows_the_weights() {
+    // Requests that stay in flight: each pick adds one to its endpoint's load, as the proxy's
+    // load guard does, so the choice is by load per unit of weight.
+    let mut fx = Fx::new(&[1, 2, 1, 2], 0);
+    fx.weights = vec![5, 1, 1, 1];
+    let l = fx.ladder(None);
+    let guards: Vec<_> = (0..24)
+        .map(|_| {
+            let ep = l
+                .prefill(&meta(), &fx.cands(), None, &mut ())
+                .expect("prefill")
+                .ep;
+            fx.loads[ep].begin()
+        })
+        .collect();
+    assert_eq!((fx.loads[0].in_flight(), fx.loads[2].in_flight()), (20, 4));
+    drop(guards);
+}
+
+#[test]
+fn weights_neither_move_a_pin_nor_override_a_prefix_hit() {
+    let mut fx = Fx::new(&[1, 2, 1, 2], 0);
+    fx.weights = vec![1, 1, 100, 100];
+    let pin = Pin {
+        prefill: 0,
+        decode: 1,
+    };
+    let l = fx.ladder(None);
+    let c = l
+        .prefill(&meta(), &fx.cands(), Some(pin), &mut ())
+        .expect("prefill");
+    assert_eq!((c.ep, c.tier), (0, PdTier::Session));
+    let d = l.decode(&fx.cands(), Some(pin)).expect("decode");
+    assert_eq!((d.ep, d.tier), (1, PdTier::Session));
+
+    // Tier 1: prefill 0 learned the prefix; prefill 2 weighs 100 but holds none of it.
+    let mut fx = trie_fx(serde_json::json!({}));
+    fx.weights = vec![1, 1, 100, 1];
+    let key = text_key(&format!("{PREAMBLE}one"));
+    let l = PdLadder {
+        key: Some(&key),
+        ..fx.ladder(None)
+    };
+    l.routed(&meta(), 0, &mut ());
+    let c = decide(&fx, &text_key(&format!("{PREAMBLE}two")));
+    assert_eq!((c.ep, c.tier), (0, PdTier::Trie));
+    // Two holders: the one with less load per unit of weight (3/100 < 1/1).
+    l.routed(&meta(), 2, &mut ());
+    fx.load(0, 1);
+    fx.load(2, 3);
+    let c = decide(&fx, &text_key(&format!("{PREAMBLE}zebra")));
+    assert_eq!((c.ep, c.tier), (2, PdTier::Trie));
+}

@@ -176,6 +176,19 @@ pub enum ProxyError {
         /// `no_prefill` or `no_decode`.
         reason: &'static str,
     },
+    /// A request on a P/D rule carries a body field the gateway itself sets for the handoff of
+    /// the rule's `kvEngineType` (`pd::dialect::gateway_fields`): vLLM `kv_transfer_params`,
+    /// SGLang `bootstrap_host` / `bootstrap_port` / `bootstrap_room`, TensorRT-LLM
+    /// `disaggregated_params` (400 `pd_handoff_field`); forwarded, it would tell an engine
+    /// where to pull (or push) KV from.
+    #[error(
+        "the request carries {field:?}, which the gateway sets itself for the prefill/decode \
+         handoff on this P/D rule; send the request without it"
+    )]
+    PdHandoffField {
+        /// The field (the first one found, in the dialect's order).
+        field: &'static str,
+    },
     /// The P/D prefill leg took longer than `LLB_PD_PREFILL_TIMEOUT_SEC` (504).
     #[error(
         "the prefill leg on endpoint {ep_idx} did not finish within {secs} s (LLB_PD_PREFILL_TIMEOUT_SEC)"
@@ -313,7 +326,8 @@ impl ProxyError {
             | Self::MissingHost
             | Self::DuplicateHost
             | Self::InvalidHost(_)
-            | Self::AuthorityMismatch { .. } => StatusCode::BAD_REQUEST,
+            | Self::AuthorityMismatch { .. }
+            | Self::PdHandoffField { .. } => StatusCode::BAD_REQUEST,
             Self::ExpectationFailed(_) => StatusCode::EXPECTATION_FAILED,
             Self::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
@@ -371,6 +385,7 @@ impl ProxyError {
             Self::AdmissionTimeout { .. } => "pd_admission_timeout",
             Self::AdmissionClosed { .. } => "pd_admission_closed",
             Self::PdPoolUnavailable { .. } => "pd_pool_unavailable",
+            Self::PdHandoffField { .. } => "pd_handoff_field",
             Self::PdPrefillTimeout { .. } => "pd_prefill_timeout",
             Self::PdPrefillFailed { .. } => "pd_prefill_failed",
             Self::PdDecodeDied { .. } => "pd_decode_backend_died",
@@ -395,7 +410,8 @@ impl ProxyError {
             | Self::UnsupportedTransferCoding(_)
             | Self::Misdirected { .. }
             | Self::NoRoute { .. }
-            | Self::ModelUnavailable { .. } => Party::Client,
+            | Self::ModelUnavailable { .. }
+            | Self::PdHandoffField { .. } => Party::Client,
             Self::NoHealthyBackend { .. }
             | Self::BackendUnreachable { .. }
             | Self::Upstream { .. }
@@ -579,6 +595,35 @@ mod tests {
         assert_eq!(
             body_json(r).await["error"]["type"],
             "pd_decode_backend_died"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_client_handoff_field_is_400_client_naming_it() {
+        let r = ProxyError::PdHandoffField {
+            field: "kv_transfer_params",
+        }
+        .into_response();
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+        let v = body_json(r).await;
+        assert_eq!(
+            (
+                v["error"]["type"].as_str(),
+                v["error"]["code"].as_u64(),
+                v["error"]["party"].as_str(),
+                v["error"]["retryable"].as_bool()
+            ),
+            (
+                Some("pd_handoff_field"),
+                Some(400),
+                Some("client"),
+                Some(false)
+            )
+        );
+        assert_eq!(
+            v["error"]["message"],
+            "the request carries \"kv_transfer_params\", which the gateway sets itself for the \
+             prefill/decode handoff on this P/D rule; send the request without it"
         );
     }
 

@@ -5,9 +5,11 @@
 //! early answer.
 //!
 //! For a JSON `/v1/completions` or `/v1/chat/completions` request:
-//! 1. the P/D ladder ([`crate::pd::PdLadder`]) picks the prefill endpoint (tier 0 pin, tier 1.5
-//!    in `kvExactMode` 1, tier 2 minimum load) and the decode endpoint (the pin's, else minimum
-//!    load); with no eligible prefill or decode endpoint (or when every one refused the
+//! 0. a body carrying a field the gateway sets for the rule's dialect
+//!    ([`crate::pd::dialect::gateway_fields`]) is refused, 400 `pd_handoff_field`;
+//! 1. the P/D ladder ([`crate::pd::PdLadder`]) picks the prefill endpoint (tier 0 pin, tier 1
+//!    trie, tier 1.5 in `kvExactMode` 1, tier 2 weighted least load) and the decode endpoint
+//!    (the pin's, else weighted least load); with no eligible prefill or decode endpoint (or when every one refused the
 //!    connection, below) a role-0 endpoint serves the request in one leg, and with none the
 //!    answer is 503 `pd_pool_unavailable`;
 //! 2. one request id in LoxiLB's form goes on both legs as `X-Request-Id`;
@@ -50,7 +52,7 @@ use super::upstream::{Attempt, upstream_request};
 use crate::health::breaker::Outcome;
 use crate::kv::route::select::KvTicket;
 use crate::kv::wiring::KvTier;
-use crate::pd::dialect::trtllm;
+use crate::pd::dialect::{self, trtllm};
 use crate::pd::metrics::svc;
 use crate::pd::{Choice, PdLadder, PdState, PdTier, Pin, handoff, trie};
 use crate::request::{ApiKind, RequestMeta};
@@ -133,6 +135,17 @@ impl Handler {
             return self.forward(pool, &mut parts, body, meta, start).await;
         };
         let service = pool.rule.id;
+        // A field the gateway sets for the handoff is the gateway's alone: a client's value
+        // would tell the decode engine where to pull KV from (a role-0 fallback refuses it
+        // too, so the answer does not depend on which endpoints are up).
+        if let Some(field) = dialect::client_handoff_field(spec.dialect, obj) {
+            tracing::debug!(
+                service,
+                field,
+                "P/D request carries a handoff field; refused"
+            );
+            return Err(ProxyError::PdHandoffField { field });
+        }
         let m = &self.ctx.metrics.pd;
         // Tier 1's key: token ids when a tokenizer is staged for the model, else the text.
         let trie_key = match (spec.trie, self.ctx.tier.as_deref()) {

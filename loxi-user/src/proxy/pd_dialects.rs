@@ -25,9 +25,8 @@ use http::{HeaderValue, Response, header};
 
 use super::body::ProxyBody;
 use super::error::{ProxyError, full};
-use super::handler::ENDPOINT_HEADER;
 use super::pd::{PREFILL_ENDPOINT_HEADER, Pair};
-use super::pd_legs::{Legs, Prefill};
+use super::pd_legs::{Legs, Prefill, REQUEST_ID_HEADER};
 use crate::pd::dialect::{sglang, trtllm};
 use crate::request::ApiKind;
 use crate::telemetry::span as trace_span;
@@ -125,7 +124,9 @@ impl super::handler::Handler {
 
     /// A TensorRT-LLM context leg that already finished the request: its answer (without
     /// `disaggregated_params`) is the client's, as one SSE chunk and `[DONE]` when the client
-    /// asked for a stream.
+    /// asked for a stream, with the request id the context leg carried and the prefill
+    /// (context) endpoint in `x-loxilb-prefill-endpoint`; no decode ran, so it has no
+    /// `x-loxilb-endpoint` (which names the decode on a P/D answer).
     pub(super) fn context_finished(
         &self,
         legs: &Legs<'_>,
@@ -142,7 +143,7 @@ impl super::handler::Handler {
         let mut resp = Response::new(full(bytes::Bytes::from(bytes)));
         let h = resp.headers_mut();
         h.insert(header::CONTENT_TYPE, HeaderValue::from_static(ctype));
-        h.insert(ENDPOINT_HEADER, HeaderValue::from(pair.pre.ep));
+        h.insert(REQUEST_ID_HEADER, legs.rid.clone());
         h.insert(PREFILL_ENDPOINT_HEADER, HeaderValue::from(pair.pre.ep));
         tracing::debug!(
             service = legs.pool.rule.id,

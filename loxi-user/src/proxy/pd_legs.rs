@@ -16,6 +16,7 @@ use serde_json::{Map, Value};
 use super::body::{PrimedBody, ProxyBody, Tracked};
 use super::error::{ProxyError, full};
 use super::handler::{ENDPOINT_HEADER, Handler, downstream_response};
+use super::pd::PREFILL_ENDPOINT_HEADER;
 use super::pool::Pool;
 use super::upstream::{Attempt, strip_hop_by_hop, upstream_request};
 use crate::health::breaker::Outcome;
@@ -173,7 +174,7 @@ impl Handler {
                     pm.ai
                         .count(status.as_u16(), legs.start.elapsed().as_secs_f64());
                     tracing::warn!(service, ep, %status, "prefill leg refused; relaying its answer");
-                    return Ok(Prefill::Refused(relayed(head, bytes, ep)));
+                    return Ok(Prefill::Refused(relayed(head, bytes, ep, &legs.rid)));
                 }
                 Ok(Prefill::Done(bytes))
             }
@@ -303,10 +304,22 @@ fn leg_request(
     Ok(req)
 }
 
-/// A refused prefill answer as the client's response (status, headers and body as they came).
-fn relayed(mut head: http::response::Parts, bytes: Bytes, ep: usize) -> Response<ProxyBody> {
+/// A refused prefill answer as the client's response (status, headers and body as they came),
+/// traceable as a failed leg's answer is: the request id both legs were sent with
+/// (`x-request-id`, replacing any the engine sent) and the prefill endpoint `ep` in
+/// `x-loxilb-prefill-endpoint`. It has no `x-loxilb-endpoint`: on a P/D answer that header
+/// names the decode endpoint, and no decode answered (an engine's own is removed too).
+fn relayed(
+    mut head: http::response::Parts,
+    bytes: Bytes,
+    ep: usize,
+    rid: &HeaderValue,
+) -> Response<ProxyBody> {
     strip_hop_by_hop(&mut head.headers);
-    head.headers.remove(header::CONTENT_LENGTH);
-    head.headers.insert(ENDPOINT_HEADER, HeaderValue::from(ep));
+    let h = &mut head.headers;
+    h.remove(header::CONTENT_LENGTH);
+    h.remove(ENDPOINT_HEADER);
+    h.insert(REQUEST_ID_HEADER, rid.clone());
+    h.insert(PREFILL_ENDPOINT_HEADER, HeaderValue::from(ep));
     Response::from_parts(head, full(bytes))
 }

@@ -74,13 +74,20 @@ pub fn next(context_response: &[u8]) -> Next {
 }
 
 /// The generation leg's body: the client's, with `params` (request type set to
-/// `generation_only`) as its `disaggregated_params`, or the client's own when there are none.
+/// `generation_only`) as its `disaggregated_params`, or the client's own without any
+/// `disaggregated_params` when there are none (a client's value never reaches the generation
+/// engine; the proxy refuses such a request before, this is the second guard).
 pub fn generation_body(client: &Map<String, Value>, params: Option<&Value>) -> Map<String, Value> {
     let mut b = client.clone();
-    if let Some(Value::Object(p)) = params {
-        let mut p = p.clone();
-        p.insert("request_type".into(), json!("generation_only"));
-        b.insert("disaggregated_params".into(), Value::Object(p));
+    match params {
+        Some(Value::Object(p)) => {
+            let mut p = p.clone();
+            p.insert("request_type".into(), json!("generation_only"));
+            b.insert("disaggregated_params".into(), Value::Object(p));
+        }
+        _ => {
+            b.remove("disaggregated_params");
+        }
     }
     b
 }
@@ -146,7 +153,21 @@ mod tests {
         assert_eq!((&g["stream"], &g["max_tokens"]), (&json!(true), &json!(9)));
         assert_eq!(
             Value::Object(generation_body(&client, None)),
-            Value::Object(client)
+            Value::Object(client.clone())
+        );
+        let mut evil = client.clone();
+        evil.insert(
+            "disaggregated_params".into(),
+            json!({"request_type": "generation_only", "ctx_request_id": 666,
+                "opaque_state": "evil"}),
+        );
+        assert_eq!(
+            Value::Object(generation_body(&evil, None)),
+            Value::Object(client.clone())
+        );
+        assert_eq!(
+            generation_body(&evil, Some(&p))["disaggregated_params"],
+            want
         );
         let length = json!({"choices": [{"finish_reason": "length"}]});
         assert_eq!(next(length.to_string().as_bytes()), Next::Generate(None));
