@@ -380,6 +380,14 @@ async fn sglang_a_failed_leg_aborts_the_other_and_a_prefill_4xx_is_relayed_verba
         "a relayed prefill answer names the prefill and the request id, no decode"
     );
     assert!(dec.wait_aborted(1).await, "the decode leg was aborted");
+    // No pair served it: no decode choice is counted and nothing is pinned (the next request
+    // is routed afresh, not by tier 0).
+    let m = d.metrics_text().await;
+    assert_eq!(
+        metric(&m, "loxilb_ai_pd_tier_selected_total", &["leg=\"decode\""]),
+        0.0,
+        "{m}"
+    );
 
     // A decode that closes without an answer (once the prefill leg is in): 502, and the
     // hanging prefill is aborted.
@@ -417,6 +425,15 @@ async fn sglang_a_failed_leg_aborts_the_other_and_a_prefill_4xx_is_relayed_verba
         );
     }
     assert_eq!((pre.seen().len(), dec.seen().len()), (2, 2));
+    assert_eq!(
+        metric(
+            &m,
+            "loxilb_ai_pd_tier_selected_total",
+            &["leg=\"prefill\"", "tier=\"0\""]
+        ),
+        0.0,
+        "the refused pair was not pinned: {m}"
+    );
     gauges_return_to_zero(&d).await;
 }
 

@@ -203,7 +203,11 @@ impl Handler {
         };
         let resp = match spec.dialect {
             Dialect::Sglang { bootstrap_port } => {
-                self.sglang_legs(&legs, &mut pair, bootstrap_port).await
+                match self.sglang_legs(&legs, &mut pair, bootstrap_port).await {
+                    Ok(super::pd_dialects::SglangEnd::Relayed(resp)) => return Ok(resp),
+                    Ok(super::pd_dialects::SglangEnd::Served(resp)) => Ok(resp),
+                    Err(e) => Err(e),
+                }
             }
             Dialect::Vllm | Dialect::Trtllm => {
                 match self.prefill_first(&legs, &mut pair, spec.dialect).await {

@@ -31,6 +31,15 @@ use crate::pd::dialect::{sglang, trtllm};
 use crate::request::ApiKind;
 use crate::telemetry::span as trace_span;
 
+/// How the SGLang pair ended.
+pub(super) enum SglangEnd {
+    /// The decode's answer: the pair served the request (pinned, its decode choice counted).
+    Served(Response<ProxyBody>),
+    /// The prefill's refusal, relayed (`pd_prefill_status`): no pair served it, so nothing is
+    /// pinned or counted as a decode choice, as for the sequential dialects.
+    Relayed(Response<ProxyBody>),
+}
+
 /// Which leg of the SGLang pair ended first.
 enum First<P, D> {
     Prefill(P),
@@ -44,7 +53,7 @@ impl super::handler::Handler {
         legs: &Legs<'_>,
         pair: &mut Pair<'_>,
         bootstrap_port: u16,
-    ) -> Result<Response<ProxyBody>, ProxyError> {
+    ) -> Result<SglangEnd, ProxyError> {
         let (pool, service) = (legs.pool, legs.pool.rule.id);
         let m = &self.ctx.metrics.pd;
         let mut attempts = 0;
@@ -67,7 +76,7 @@ impl super::handler::Handler {
                     Prefill::Done(_) => {
                         self.prefill_served(legs, pair);
                         match self.decode_within(legs, dec, d).await {
-                            Ok(resp) => return Ok(resp),
+                            Ok(resp) => return Ok(SglangEnd::Served(resp)),
                             Err(Some(e)) => return Err(e),
                             Err(None) if pair.next_decode(pool, dec) => {}
                             Err(None) => {
@@ -79,7 +88,7 @@ impl super::handler::Handler {
                     }
                     Prefill::Refused(resp) => {
                         m.failure(service, "pd_prefill_status");
-                        return Ok(resp);
+                        return Ok(SglangEnd::Relayed(resp));
                     }
                     Prefill::ConnectFailed if pair.next_prefill(pool, legs.meta, pre) => {
                         m.trie_outcome(service, pair.pre.trie);
@@ -96,11 +105,11 @@ impl super::handler::Handler {
                     match p.await? {
                         Prefill::Done(_) => {
                             self.prefill_served(legs, pair);
-                            return Ok(resp);
+                            return Ok(SglangEnd::Served(resp));
                         }
                         Prefill::Refused(refused) => {
                             m.failure(service, "pd_prefill_status");
-                            return Ok(refused);
+                            return Ok(SglangEnd::Relayed(refused));
                         }
                         Prefill::ConnectFailed => {
                             return Err(ProxyError::BackendUnreachable {
@@ -110,7 +119,7 @@ impl super::handler::Handler {
                         }
                     }
                 }
-                First::Decode(Ok(refused)) => return Ok(refused),
+                First::Decode(Ok(refused)) => return Ok(SglangEnd::Served(refused)),
                 First::Decode(Err(Some(e))) => return Err(e),
                 First::Decode(Err(None)) if pair.next_decode(pool, dec) => {}
                 First::Decode(Err(None)) => {
