@@ -480,11 +480,9 @@ async fn the_cert_api_refuses_bad_certificates_and_never_lists_keys() {
     assert_eq!(s, 200, "{t}");
 }
 
-/// Plain HTTP sent to a TLS port gets a 400 that says so (not a TLS alert a plain client
-/// cannot read), counted as a failed handshake; TLS clients are served as before.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn plain_http_on_a_tls_port_is_told_to_use_https() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+/// A daemon with a TLS listener (`security: 1`) for host `p.test` (certificate `p`, from the
+/// returned CA) in front of backend `A`: the daemon, the CA, the backend and the port.
+async fn p_test_listener() -> (Daemon, Ca, Backend, u16) {
     let d = Daemon::start_default().await;
     let ca = Ca::new();
     assert_eq!(post_cert(&d, Some("p"), &ca.leaf(&["p.test"])).await.0, 201);
@@ -494,6 +492,15 @@ async fn plain_http_on_a_tls_port_is_told_to_use_https() {
         d.post_rule(&tls_rule(port, "p.test", &[&be], 0)).await.0,
         200
     );
+    (d, ca, be, port)
+}
+
+/// Plain HTTP sent to a TLS port gets a 400 that says so (not a TLS alert a plain client
+/// cannot read), counted as a failed handshake; TLS clients are served as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_http_on_a_tls_port_is_told_to_use_https() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (d, ca, be, port) = p_test_listener().await;
     let mut plain = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
         .expect("connect");
@@ -1133,56 +1140,6 @@ async fn p_d_over_a_tls_h2_frontend_runs_the_prefill_then_the_decode() {
     );
 }
 
-/// A server-certificate verifier that accepts any certificate (handshake signatures are still
-/// checked): to look at what the server presents when it is expired.
-#[derive(Debug)]
-struct AcceptAny(Arc<rustls::crypto::CryptoProvider>);
-
-impl rustls::client::danger::ServerCertVerifier for AcceptAny {
-    fn verify_server_cert(
-        &self,
-        _: &CertificateDer<'_>,
-        _: &[CertificateDer<'_>],
-        _: &ServerName<'_>,
-        _: &[u8],
-        _: rustls::pki_types::UnixTime,
-    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        Ok(rustls::client::danger::ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
-}
-
 /// A TLS connection to `port` with SNI `sni` that accepts whatever certificate is presented.
 async fn connect_any(port: u16, sni: &str) -> TlsStream<tokio::net::TcpStream> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -1190,7 +1147,9 @@ async fn connect_any(port: u16, sni: &str) -> TlsStream<tokio::net::TcpStream> {
         .with_safe_default_protocol_versions()
         .expect("versions")
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(AcceptAny(provider)))
+        .with_custom_certificate_verifier(Arc::new(loxi_user::proxy::upstream_tls::NoVerify(
+            provider,
+        )))
         .with_no_client_auth();
     let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
@@ -1442,15 +1401,7 @@ async fn cert_api_refusals_name_the_field_and_a_ca_certificate_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plain_h2_on_a_tls_port_gets_a_goaway_saying_so() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let d = Daemon::start_default().await;
-    let ca = Ca::new();
-    assert_eq!(post_cert(&d, Some("p"), &ca.leaf(&["p.test"])).await.0, 201);
-    let be = Backend::start("A").await;
-    let port = free_port();
-    assert_eq!(
-        d.post_rule(&tls_rule(port, "p.test", &[&be], 0)).await.0,
-        200
-    );
+    let (d, ca, be, port) = p_test_listener().await;
     let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
         .expect("connect");

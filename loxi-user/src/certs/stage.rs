@@ -128,25 +128,15 @@ mod tests {
     /// nothing and is logged as an error naming the missing file (it was skipped silently).
     #[test]
     fn half_a_pair_is_refused_and_logged() {
-        use tracing_subscriber::layer::SubscriberExt as _;
         let dir = tempfile::tempdir().expect("tmp");
         write_pair(&dir.path().join("half"), "half.example");
         std::fs::remove_file(dir.path().join("half/server.key")).expect("rm key");
         write_pair(&dir.path().join("keyonly"), "keyonly.example");
         std::fs::remove_file(dir.path().join("keyonly/server.crt")).expect("rm crt");
         let store = CertStore::in_memory();
-        let buf = crate::telemetry::LogBuf::default();
-        let sink = buf.clone();
-        let layer = tracing_subscriber::fmt::layer()
-            .with_ansi(false)
-            .without_time()
-            .with_writer(move || sink.clone());
-        let staged =
-            tracing::subscriber::with_default(tracing_subscriber::registry().with(layer), || {
-                stage_dir(&store, dir.path()).expect("staged")
-            });
+        let (staged, text) =
+            crate::telemetry::LogBuf::capture(|| stage_dir(&store, dir.path()).expect("staged"));
         assert!(staged.is_empty(), "{staged:?}");
-        let text = buf.text();
         for missing in ["half/server.key", "keyonly/server.crt"] {
             assert!(
                 text.lines().any(|l| l.contains("ERROR")

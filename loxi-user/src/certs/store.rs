@@ -433,17 +433,23 @@ mod tests {
         assert!(store.snapshot().certs.is_empty());
     }
 
-    /// Log lines (no ANSI, no time) written while `f` runs.
-    fn logged<T>(f: impl FnOnce() -> T) -> (T, String) {
-        use tracing_subscriber::layer::SubscriberExt as _;
-        let buf = crate::telemetry::LogBuf::default();
-        let sink = buf.clone();
-        let layer = tracing_subscriber::fmt::layer()
-            .with_ansi(false)
-            .without_time()
-            .with_writer(move || sink.clone());
-        let out = tracing::subscriber::with_default(tracing_subscriber::registry().with(layer), f);
-        (out, buf.text())
+    /// Writes the stored file of certificate `id` for `host`, expired at `not_after`, under
+    /// `state`'s `certs/` (created); returns that directory.
+    fn stored_expired(
+        state: &std::path::Path,
+        id: &str,
+        host: &str,
+        not_after: time::OffsetDateTime,
+    ) -> std::path::PathBuf {
+        let certs = state.join("certs");
+        fs::create_dir_all(&certs).expect("dir");
+        let old = crate::certs::testutil::self_signed(&[host], Some(not_after));
+        fs::write(
+            certs.join(format!("{id}.json")),
+            serde_json::to_vec(&old).expect("json"),
+        )
+        .expect("write");
+        certs
     }
 
     /// A stored certificate that has expired is restored (it was skipped, and the TLS rules it
@@ -452,21 +458,15 @@ mod tests {
     #[test]
     fn an_expired_stored_certificate_is_restored_with_a_warning() {
         let dir = tempfile::tempdir().expect("tmp");
-        let certs = dir.path().join("certs");
-        fs::create_dir_all(&certs).expect("dir");
         let past = time::OffsetDateTime::now_utc() - time::Duration::hours(1);
-        let old = crate::certs::testutil::self_signed(&["s2.example.com"], Some(past));
-        fs::write(
-            certs.join("s2.json"),
-            serde_json::to_vec(&old).expect("json"),
-        )
-        .expect("write");
+        let certs = stored_expired(dir.path(), "s2", "s2.example.com", past);
         fs::write(
             certs.join("bad.json"),
             b"{\"certPem\": \"x\", \"keyPem\": \"y\"}",
         )
         .expect("write");
-        let (store, log) = logged(|| CertStore::open(dir.path()).expect("open"));
+        let (store, log) =
+            crate::telemetry::LogBuf::capture(|| CertStore::open(dir.path()).expect("open"));
         let snap = store.snapshot();
         let c = snap.for_name("s2.example.com").expect("restored");
         assert_eq!(c.id, "s2");
@@ -499,22 +499,11 @@ mod tests {
         use tracing::instrument::WithSubscriber as _;
         use tracing_subscriber::layer::SubscriberExt as _;
         let dir = tempfile::tempdir().expect("tmp");
-        let certs = dir.path().join("certs");
-        fs::create_dir_all(&certs).expect("dir");
         let past = time::OffsetDateTime::now_utc() - time::Duration::hours(1);
-        let old = crate::certs::testutil::self_signed(&["old.example"], Some(past));
-        fs::write(
-            certs.join("old.json"),
-            serde_json::to_vec(&old).expect("json"),
-        )
-        .expect("write");
+        stored_expired(dir.path(), "old", "old.example", past);
         let store = Arc::new(CertStore::open(dir.path()).expect("open"));
         let buf = crate::telemetry::LogBuf::default();
-        let sink = buf.clone();
-        let layer = tracing_subscriber::fmt::layer()
-            .with_ansi(false)
-            .without_time()
-            .with_writer(move || sink.clone());
+        let layer = buf.layer();
         let shutdown = tokio_util::sync::CancellationToken::new();
         let watcher = store
             .clone()

@@ -183,6 +183,32 @@ impl LogBuf {
     pub(crate) fn text(&self) -> String {
         String::from_utf8_lossy(&self.0.lock()).into_owned()
     }
+
+    /// A log layer writing into this buffer: no colours, no time, so that tests compare
+    /// whole lines. Events only: a layer enabling span callsites would, while its test runs,
+    /// enable them for every thread (callsite interest is global) and make spans live in other
+    /// tests' threads without a subscriber (`span::tests::spans_are_disabled_...`).
+    pub(crate) fn layer<S>(&self) -> impl tracing_subscriber::Layer<S> + Send + Sync + 'static
+    where
+        S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    {
+        use tracing_subscriber::Layer as _;
+        let sink = self.clone();
+        tracing_subscriber::fmt::layer()
+            .with_ansi(false)
+            .without_time()
+            .with_writer(move || sink.clone())
+            .with_filter(tracing_subscriber::filter::filter_fn(|m| m.is_event()))
+    }
+
+    /// Runs `f` with a subscriber logging into a new buffer; its result and the lines logged.
+    pub(crate) fn capture<T>(f: impl FnOnce() -> T) -> (T, String) {
+        use tracing_subscriber::layer::SubscriberExt as _;
+        let buf = Self::default();
+        let out =
+            tracing::subscriber::with_default(tracing_subscriber::registry().with(buf.layer()), f);
+        (out, buf.text())
+    }
 }
 
 #[cfg(test)]
@@ -213,11 +239,8 @@ mod tests {
     /// `target`.
     fn logged(filter: &str, target: &'static str) -> String {
         let buf = LogBuf::default();
-        let sink = buf.clone();
-        let layer = tracing_subscriber::fmt::layer()
-            .with_ansi(false)
-            .without_time()
-            .with_writer(move || sink.clone())
+        let layer = buf
+            .layer()
             .with_filter(log_filter(filter).expect("filter parses"));
         let subscriber = tracing_subscriber::registry().with(layer);
         tracing::subscriber::with_default(subscriber, || {
