@@ -45,8 +45,8 @@ use serde_json::Value;
 use super::body::{ProxyBody, Tracked};
 use super::error::ProxyError;
 use super::handler::{Handler, downstream_response};
-pub use super::pd_legs::REQUEST_ID_HEADER;
 use super::pd_legs::{Legs, Prefill};
+pub use super::pd_legs::{PREFILL_ENDPOINT_HEADER, REQUEST_ID_HEADER};
 use super::pool::Pool;
 use super::upstream::{Attempt, upstream_request};
 use crate::health::breaker::Outcome;
@@ -60,10 +60,6 @@ use crate::routing::{Candidates, Excluded};
 use crate::rules::model::authority;
 use crate::rules::spec::Dialect;
 use crate::telemetry::span as trace_span;
-
-/// Response header naming the prefill endpoint of a two-leg P/D request (the decode endpoint is
-/// in `x-loxilb-endpoint`).
-pub const PREFILL_ENDPOINT_HEADER: &str = "x-loxilb-prefill-endpoint";
 
 /// The endpoints a P/D request is on and how it got there.
 pub(super) struct Pair<'a> {
@@ -204,8 +200,8 @@ impl Handler {
         let resp = match spec.dialect {
             Dialect::Sglang { bootstrap_port } => {
                 match self.sglang_legs(&legs, &mut pair, bootstrap_port).await {
-                    Ok(super::pd_dialects::SglangEnd::Relayed(resp)) => return Ok(resp),
-                    Ok(super::pd_dialects::SglangEnd::Served(resp)) => Ok(resp),
+                    Ok(SglangEnd::Relayed(resp)) => return Ok(resp),
+                    Ok(SglangEnd::Served(resp)) => Ok(resp),
                     Err(e) => Err(e),
                 }
             }
@@ -449,6 +445,15 @@ impl Handler {
             )),
         }
     }
+}
+
+/// How the SGLang pair ended (`pd_dialects.rs`).
+pub(super) enum SglangEnd {
+    /// The decode's answer: the pair served the request (pinned, its decode choice counted).
+    Served(Response<ProxyBody>),
+    /// The prefill's refusal, relayed (`pd_prefill_status`): no pair served it, so nothing is
+    /// pinned or counted as a decode choice, as for the sequential dialects.
+    Relayed(Response<ProxyBody>),
 }
 
 /// Where the prefill leg of a sequential dialect led.

@@ -25,20 +25,11 @@ use http::{HeaderValue, Response, header};
 
 use super::body::ProxyBody;
 use super::error::{ProxyError, full};
-use super::pd::{PREFILL_ENDPOINT_HEADER, Pair};
+use super::pd::{PREFILL_ENDPOINT_HEADER, Pair, SglangEnd};
 use super::pd_legs::{Legs, Prefill, REQUEST_ID_HEADER};
 use crate::pd::dialect::{sglang, trtllm};
 use crate::request::ApiKind;
 use crate::telemetry::span as trace_span;
-
-/// How the SGLang pair ended.
-pub(super) enum SglangEnd {
-    /// The decode's answer: the pair served the request (pinned, its decode choice counted).
-    Served(Response<ProxyBody>),
-    /// The prefill's refusal, relayed (`pd_prefill_status`): no pair served it, so nothing is
-    /// pinned or counted as a decode choice, as for the sequential dialects.
-    Relayed(Response<ProxyBody>),
-}
 
 /// Which leg of the SGLang pair ended first.
 enum First<P, D> {

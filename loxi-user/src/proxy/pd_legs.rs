@@ -16,7 +16,6 @@ use serde_json::{Map, Value};
 use super::body::{PrimedBody, ProxyBody, Tracked};
 use super::error::{ProxyError, full};
 use super::handler::{ENDPOINT_HEADER, Handler, downstream_response};
-use super::pd::PREFILL_ENDPOINT_HEADER;
 use super::pool::Pool;
 use super::upstream::{Attempt, strip_hop_by_hop, upstream_request};
 use crate::health::breaker::Outcome;
@@ -26,6 +25,10 @@ use crate::telemetry::span as trace_span;
 
 /// Header carrying the request id on both legs.
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
+
+/// Response header naming the prefill endpoint of a two-leg P/D request (the decode endpoint is
+/// in `x-loxilb-endpoint`).
+pub const PREFILL_ENDPOINT_HEADER: &str = "x-loxilb-prefill-endpoint";
 
 /// What every leg of one client request shares.
 pub(super) struct Legs<'a> {
