@@ -335,32 +335,13 @@ impl<T: AffinityTier + ?Sized> PdLadder<'_, T> {
             u128::from(load(cands, first)),
             u128::from(weight(cands, first)),
         );
-        let mut cur = self.state.swrr.lock();
-        if cur.len() != cands.len() {
-            *cur = vec![0; cands.len()];
-        }
-        let mut total = 0i64;
-        let mut pick: Option<EpIdx> = None;
-        for ep in (0..cands.len()).filter(|&ep| self.usable(cands, ep, role)) {
-            let w = weight(cands, ep);
-            if u128::from(load(cands, ep)) * bw != bl * u128::from(w) {
-                continue;
-            }
-            let w = i64::from(w);
-            cur[ep] += w;
-            total += w;
-            if pick.is_none_or(|p| cur[ep] > cur[p]) {
-                pick = Some(ep);
-            }
-        }
-        match pick {
-            Some(p) => {
-                cur[p] -= total;
-                Some(p)
-            }
+        let tied = (0..cands.len())
+            .filter(|&ep| self.usable(cands, ep, role))
+            .map(|ep| (ep, weight(cands, ep)))
+            .filter(|&(ep, w)| u128::from(load(cands, ep)) * bw == bl * u128::from(w));
+        crate::routing::wrr::smooth_pick(&mut self.state.swrr.lock(), cands.len(), tied)
             // A load changed between the passes: the first pass's choice.
-            None => Some(first),
-        }
+            .or(Some(first))
     }
 }
 

@@ -3,31 +3,50 @@
 //! the total. Over one cycle of `Σw` picks each endpoint gets exactly its weight, interleaved.
 
 use super::state::SelectorState;
-use super::{Candidates, Decision, Reason};
+use super::{Candidates, Decision, EpIdx, Reason};
 
 /// The next endpoint by smooth WRR.
 pub fn select(cands: &Candidates<'_>, state: &SelectorState) -> Decision {
-    let mut cur = state.wrr.lock();
-    if cur.len() != cands.len() {
-        *cur = vec![0; cands.len()];
+    let picked = smooth_pick(
+        &mut state.wrr.lock(),
+        cands.len(),
+        cands
+            .eligible_iter()
+            .map(|ep| (ep, cands.weights.get(ep).copied().unwrap_or(1))),
+    );
+    match picked {
+        Some(b) => Decision::pick(b, Reason::WeightedRoundRobin),
+        None => Decision::none(),
+    }
+}
+
+/// One smooth-WRR pick among `eps` (endpoint, weight; a weight of 0 counts 1) over the
+/// current weights `cur`, one per endpoint of a pool of `len` (reset to zeros when its length
+/// differs, e.g. after a rule change): each listed endpoint adds its weight to its current
+/// weight, the largest wins (ties: the first listed) and gives back the listed endpoints'
+/// total. `None` when `eps` is empty. Shared by sel 2 and the P/D ladder's weighted least
+/// load, which lists only its tied endpoints.
+pub fn smooth_pick(
+    cur: &mut Vec<i64>,
+    len: usize,
+    eps: impl Iterator<Item = (EpIdx, u32)>,
+) -> Option<EpIdx> {
+    if cur.len() != len {
+        *cur = vec![0; len];
     }
     let mut total = 0i64;
-    let mut best: Option<usize> = None;
-    for ep in cands.eligible_iter() {
-        let w = i64::from(cands.weights.get(ep).copied().unwrap_or(1).max(1));
+    let mut best: Option<EpIdx> = None;
+    for (ep, w) in eps {
+        let w = i64::from(w.max(1));
         cur[ep] += w;
         total += w;
         if best.is_none_or(|b| cur[ep] > cur[b]) {
             best = Some(ep);
         }
     }
-    match best {
-        Some(b) => {
-            cur[b] -= total;
-            Decision::pick(b, Reason::WeightedRoundRobin)
-        }
-        None => Decision::none(),
-    }
+    let b = best?;
+    cur[b] -= total;
+    Some(b)
 }
 
 #[cfg(test)]
