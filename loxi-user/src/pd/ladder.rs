@@ -8,7 +8,8 @@
 //!   `pd_balance_abs_threshold` (in flight + queued); otherwise, when the eligible prefill
 //!   endpoint(s) holding the longest prefix of the request's key hold at least
 //!   `pd_cache_threshold` % of it, the one of them with the least load per unit of weight
-//!   (ties: the lowest index), else a miss (the bypass compares absolute loads). Every routed prefill leg is learned ([`PdLadder::routed`]), whichever tier chose it;
+//!   (ties: the lowest index), else a miss (the bypass compares absolute loads). Every routed
+//!   prefill leg is learned ([`PdLadder::routed`]), whichever tier chose it;
 //! - tier 1.5, KV overlap over the prefill endpoints when `kvExactMode` is 1: the KV tier
 //!   (`kv::route`, through the [`AffinityTier`] seam) sees a candidate set in which every
 //!   endpoint that is not a prefill endpoint is excluded (the KV manager subscribes only the

@@ -9,7 +9,8 @@
 //!    ([`crate::pd::dialect::gateway_fields`]) is refused, 400 `pd_handoff_field`;
 //! 1. the P/D ladder ([`crate::pd::PdLadder`]) picks the prefill endpoint (tier 0 pin, tier 1
 //!    trie, tier 1.5 in `kvExactMode` 1, tier 2 weighted least load) and the decode endpoint
-//!    (the pin's, else weighted least load); with no eligible prefill or decode endpoint (or when every one refused the
+//!    (the pin's, else weighted least load); with no eligible prefill or decode endpoint (or
+//!    when every one refused the
 //!    connection, below) a role-0 endpoint serves the request in one leg, and with none the
 //!    answer is 503 `pd_pool_unavailable`;
 //! 2. one request id in LoxiLB's form goes on both legs as `X-Request-Id`;
