@@ -183,9 +183,9 @@ impl Stream {
         };
         let endpoint = guard.endpoint();
         loop {
-            let opened = tokio::select! {
-                _ = cancel.cancelled() => break,
-                s = open(&endpoint, self.timing.backoff_max) => s,
+            let opened = open(&endpoint, self.timing.backoff_max);
+            let Some(opened) = self.counting_cuts(&mut guard, &cancel, opened).await else {
+                break;
             };
             match opened {
                 Ok((sock, events)) => {
@@ -198,9 +198,13 @@ impl Stream {
                 }
                 Err(e) => {
                     tracing::debug!(service = self.svc.id, member = self.addr.member, error = %e, "kv subscriber connect failed");
-                    tokio::select! {
-                        _ = cancel.cancelled() => break,
-                        _ = tokio::time::sleep(backoff) => {}
+                    let pause = tokio::time::sleep(backoff);
+                    if self
+                        .counting_cuts(&mut guard, &cancel, pause)
+                        .await
+                        .is_none()
+                    {
+                        break;
                     }
                     backoff = (backoff * 2).min(self.timing.backoff_max);
                 }
@@ -209,6 +213,27 @@ impl Stream {
         self.svc
             .set_syncing(self.addr.member, self.addr.rank, false);
         self.set_up(false);
+    }
+
+    /// Runs `fut` to its end while counting the cuts `guard` reports (a publisher whose
+    /// oversized frame follows its greeting is cut before the crate's connect completes, and
+    /// again on every retry: each cut is counted and logged as in [`Self::serve`]); `None` if
+    /// `cancel` fired first.
+    async fn counting_cuts<F: Future>(
+        &mut self,
+        guard: &mut Guard,
+        cancel: &CancellationToken,
+        fut: F,
+    ) -> Option<F::Output> {
+        tokio::pin!(fut);
+        loop {
+            tokio::select! {
+                biased;
+                _ = cancel.cancelled() => return None,
+                out = &mut fut => return Some(out),
+                cut = guard.next_cut() => self.cut(&cut, "event"),
+            }
+        }
     }
 
     /// Reads `sock` and its monitor `events`; returns if the socket became unusable (monitor
