@@ -3,9 +3,12 @@
 use super::state::SelectorState;
 use super::{Candidates, Decision, Reason};
 
-/// The next endpoint in rotation: ticket `t` starts at `t % n` and walks forward to the first
-/// eligible endpoint. A retry (something excluded) reuses the latest ticket instead of taking a
-/// new one, so a dead endpoint does not shift the rotation of later requests onto itself.
+/// The next endpoint in rotation: ticket `t` picks the `(t % m)`-th of the `m` eligible
+/// endpoints (in rule order), so the rotation is even over the healthy ones, as LoxiLB's sel 0
+/// ("rotates evenly across all healthy endpoints", shared/spec/load-balancing-algorithms.txt).
+/// Walking on from `t % n` instead gave an ineligible endpoint's turns to its successor: with
+/// one of four down, 15/30/15. A retry (something excluded) reuses the latest ticket instead
+/// of taking a new one, so a dead endpoint does not shift the rotation of later requests.
 pub fn select(cands: &Candidates<'_>, state: &SelectorState) -> Decision {
     let n = cands.len();
     if n == 0 {
@@ -19,11 +22,19 @@ pub fn select(cands: &Candidates<'_>, state: &SelectorState) -> Decision {
             .load(std::sync::atomic::Ordering::Relaxed)
             .wrapping_sub(1)
     };
-    let start = ticket % n;
-    (0..n)
-        .map(|i| (start + i) % n)
-        .find(|&ep| cands.eligible(ep))
-        .map_or_else(Decision::none, |ep| Decision::pick(ep, Reason::RoundRobin))
+    let m = cands.eligible_iter().count();
+    if m == 0 {
+        return Decision::none();
+    }
+    let ep = if m == n {
+        ticket % n
+    } else {
+        match cands.eligible_iter().nth(ticket % m) {
+            Some(ep) => ep,
+            None => return Decision::none(),
+        }
+    };
+    Decision::pick(ep, Reason::RoundRobin)
 }
 
 #[cfg(test)]
@@ -57,6 +68,25 @@ mod tests {
             "next request keeps its turn"
         );
         assert_eq!(select(&f.cands(), &f.state).endpoint, Some(2));
+    }
+
+    /// One endpoint of four down: the other three split evenly, in rule order (before, the
+    /// dead one's turns went to its successor: 15/30/15 of 60).
+    #[test]
+    fn an_unhealthy_endpoints_turns_are_spread_over_the_others() {
+        let f = Fixture::new(&[1, 1, 1, 1]);
+        f.set_healthy(1, false);
+        let picks: Vec<_> = (0..60)
+            .map(|_| select(&f.cands(), &f.state).endpoint)
+            .collect();
+        assert_eq!(picks[..6], [0, 2, 3, 0, 2, 3].map(Some));
+        let count = |ep| picks.iter().filter(|&&p| p == Some(ep)).count();
+        assert_eq!([count(0), count(1), count(2), count(3)], [20, 0, 20, 20]);
+        f.set_healthy(1, true);
+        let next: Vec<_> = (0..4)
+            .map(|_| select(&f.cands(), &f.state).endpoint)
+            .collect();
+        assert_eq!(next, [0, 1, 2, 3].map(Some), "back in the rotation");
     }
 
     #[test]
