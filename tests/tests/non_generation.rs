@@ -315,6 +315,16 @@ async fn v1_models_is_the_union_of_the_model_pools_cached_then_refreshed() {
         Some("Bearer other"),
         "the client's credentials go upstream"
     );
+    // Forwarded like any request: the client's address, the scheme and this gateway's hop id
+    // (without it a rule leading back here was asked until the timeout, not refused 508).
+    let last = odd.requests().last().cloned().expect("a request");
+    assert_eq!(last.header("x-forwarded-for"), Some("127.0.0.1"));
+    assert_eq!(last.header("x-forwarded-proto"), Some("http"));
+    let hop = last.header("x-loxi-hop").unwrap_or_default();
+    assert!(
+        hop.len() == 16 && hop.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{hop:?}"
+    );
     b0.kill().await;
     let (_, _, cached) = send(port, "GET", "/v1/models", &[], None).await;
     assert!(

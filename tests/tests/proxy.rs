@@ -1348,6 +1348,30 @@ async fn a_forwarding_loop_through_two_rules_is_508_at_once() {
     };
     let before = fds();
     let c = client();
+    // `GET /v1/models` fans out with the hop id too: b's listener refuses a's fan-out 508 at
+    // once, and the client's 502 names the loop (before, the fan-out carried no hop id and
+    // went round until `LOXI_MODELS_TIMEOUT_MS`, 2 s, ended it as "no answer"). Asked first:
+    // the 508s below count against the endpoint's breaker, and the fan-out skips it then.
+    let started = Instant::now();
+    let req = http::Request::get(format!("http://127.0.0.1:{a}/v1/models"))
+        .body(full(Bytes::new()))
+        .expect("request");
+    let resp = tokio::time::timeout(Duration::from_secs(20), c.request(req))
+        .await
+        .expect("answer within 20 s")
+        .expect("answer");
+    let status = resp.status().as_u16();
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    let v: Value = serde_json::from_slice(&body).expect("json");
+    assert_eq!(status, 502, "{v}");
+    assert_eq!(v["error"]["type"], "models_unavailable", "{v}");
+    let msg = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(msg.contains("status 508: a forwarding loop"), "{msg}");
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        started.elapsed()
+    );
     let started = Instant::now();
     for _ in 0..3 {
         let r = chat(&c, a, json!({"model": "m"}), &[]).await;

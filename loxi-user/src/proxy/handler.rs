@@ -253,6 +253,11 @@ impl Handler {
                 tls.check_host(&self.ctx.certs, &pool.rule.rule.service.host)
                     .map_err(|e| (0, e))?;
             }
+            // The fan-out is forwarded like any request: `X-Forwarded-*`, and this process's
+            // hop id, so a rule leading back to this gateway is refused 508 by its listener
+            // at once instead of being asked until the timeout.
+            let https = parts.extensions.get::<super::tls::ClientTls>().is_some();
+            super::forwarded::append(&mut parts.headers, Some(client), https);
             let list = ModelList {
                 upstreams: &self.upstreams,
                 config: self.ctx.config.models,

@@ -4,7 +4,8 @@
 //!
 //! - Each healthy endpoint (distinct `ip:port`) is asked `GET /v1/models` with the client's
 //!   headers (so an engine's API key still applies; `Accept-Encoding` is dropped so the answer
-//!   is plain JSON), at most [`CONCURRENCY`] at once, each within `LOXI_MODELS_TIMEOUT_MS`
+//!   is plain JSON) plus `X-Forwarded-For`, `X-Forwarded-Proto` and `X-Loxi-Hop` as on every
+//!   forwarded request (an endpoint that leads back here answers 508, named in the failure), at most [`CONCURRENCY`] at once, each within `LOXI_MODELS_TIMEOUT_MS`
 //!   (connect, head and body) and [`MAX_LIST_BYTES`].
 //! - An endpoint that fails (no connection, timeout, non-2xx, not an OpenAI list
 //!   `{"object":"list","data":[{"id":..},..]}`, too large) is left out. With none answering the
@@ -230,6 +231,13 @@ impl ModelList<'_> {
                 Attempt::NoLocalResources(s) => return Err(s.to_string()),
                 Attempt::Failed(e) => return Err(e.to_string()),
             };
+            if resp.status() == http::StatusCode::LOOP_DETECTED {
+                return Err(
+                    "status 508: a forwarding loop (the endpoint leads back to a \
+                            gateway this request already passed)"
+                        .into(),
+                );
+            }
             if !resp.status().is_success() {
                 return Err(format!("status {}", resp.status().as_u16()));
             }
