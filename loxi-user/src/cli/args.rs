@@ -150,8 +150,8 @@ pub enum GetWhat {
     #[command(visible_aliases = ["ct", "conntracks", "cts"])]
     Conntrack,
     /// A KV-aware service's block inventory (`GET /config/ai/kv/inventory`): with `--ep-idx`
-    /// LoxiLB's `service_id=.. total=..` line and block table (`-o json`: the answer); without
-    /// it (LoxiLB requires it) loxi's per-endpoint view as JSON.
+    /// LoxiLB's `service_id=.. total=..` line and block table; without it (LoxiLB requires
+    /// it) a table of the subscribed endpoints (blocks held, streams up). `-o json`: the answer.
     #[command(visible_alias = "kv-inventory")]
     Kvinventory {
         /// The service id (the rule's id; the `service` metric label).

@@ -148,7 +148,7 @@ async fn run_inner(cli: Cli) -> Result<(), Failure> {
             if ep_idx.is_some() {
                 print_or_json(&answer, output, table::render_kvinventory)
             } else {
-                print_pretty(&answer)
+                print_or_json(&answer, output, table::render_kvinventory_endpoints)
             }
         }
         Verb::Get {

@@ -391,10 +391,70 @@ pub fn render_kvinventory(answer: &Value) -> String {
     out
 }
 
+/// `get kvinventory` without `--ep-idx` (a loxi extension; LoxiLB's loxicmd requires the flag):
+/// `service_id=..` then one row per subscribed endpoint: its index, address, distinct blocks
+/// held, whether any rank's stream is up, and each rank as `rank:up|down:last seq` (`-` before
+/// the first batch).
+pub fn render_kvinventory_endpoints(answer: &Value) -> String {
+    let mut out = format!("service_id={}\n", num(&answer["serviceId"]));
+    let rows: Vec<Vec<String>> = answer["endpoints"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| {
+            let ranks: Vec<String> = e["ranks"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|r| {
+                    let up = if r["connected"].as_bool() == Some(true) {
+                        "up"
+                    } else {
+                        "down"
+                    };
+                    let seq = r["lastSeq"].as_u64().map_or("-".into(), |s| s.to_string());
+                    format!("{}:{up}:{seq}", num(&r["rank"]))
+                })
+                .collect();
+            vec![
+                num(&e["epIdx"]),
+                cell(&e["endpointIP"]),
+                num(&e["blockCount"]),
+                if e["connected"].as_bool() == Some(true) {
+                    "yes".into()
+                } else {
+                    "no".into()
+                },
+                ranks.join(" "),
+            ]
+        })
+        .collect();
+    out.push_str(&layout(
+        &["Ep Idx", "Endpoint", "Blocks", "Connected", "Ranks"],
+        &rows,
+    ));
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// Without `--ep-idx`: one row per endpoint, ranks as `rank:up|down:last seq`.
+    #[test]
+    fn kvinventory_without_an_endpoint_is_a_table_of_endpoints() {
+        let a = json!({"serviceId": 3, "offset": 0, "limit": 1000, "endpoints": [
+            {"epIdx": 0, "endpointIP": "10.0.0.1", "blockCount": 12, "connected": true,
+             "ranks": [{"rank": 0, "connected": true, "lastSeq": 41},
+                       {"rank": 1, "connected": false, "lastSeq": null}], "hashes": [1, 2]},
+            {"epIdx": 1, "endpointIP": "10.0.0.2", "blockCount": 0, "connected": false,
+             "ranks": [], "hashes": []}]});
+        assert_eq!(
+            render_kvinventory_endpoints(&a),
+            "service_id=3\n| EP IDX | ENDPOINT | BLOCKS | CONNECTED |      RANKS       |\n|--------|----------|--------|-----------|------------------|\n|      0 | 10.0.0.1 |     12 | yes       | 0:up:41 1:down:- |\n|      1 | 10.0.0.2 |      0 | no        |                  |\n"
+        );
+    }
 
     /// The fixture's LoxiLB answer for rule (b) and loxicmd's rendering of it
     /// (`shared/loxilb-clients/h1_get_lb.json`, `h2_get_lb_wide.json`).
