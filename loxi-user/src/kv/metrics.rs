@@ -221,7 +221,7 @@ impl KvMetrics {
         );
         r.register(
             "loxilb_pd_kv_tier15_cold_seeds",
-            "Hits diverted to seed a cold endpoint",
+            "Requests sent to a cold endpoint to seed it with a held prefix (cold-start and replica seeding)",
             m.cold_seeds.clone(),
         );
         r.register(

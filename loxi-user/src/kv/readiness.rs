@@ -7,7 +7,9 @@
 //! - `not_subscribed`: tier 1.5 does not follow its events (a decode endpoint of a P/D rule).
 //! - `syncing`: one of its ranks connected and is replaying, from the engine's replay socket
 //!   (rule or endpoint `kvReplayPort`), what the engine still holds; until that catch-up ends.
-//! - `no_events`: no event batch applied from any of its ranks yet.
+//! - `no_events`: no event batch applied from any of its ranks yet and none connected (the
+//!   publisher is not reached: the remedy names the port). Connected with no batch yet is
+//!   `no_blocks` (below), ahead of the other states.
 //! - `mismatch`: the parity check found the engine's hashes differ (with the `leg`: `seed`,
 //!   `algorithm`, `block_size`, `unknown`, and the remedy, e.g. "set
 //!   LLB_KV_NONE_HASH_SEED=0 to match the engine"); token re-hash is active.
@@ -20,9 +22,9 @@
 //!   `loxilb_pd_kv_zero_hit_watchdog_total{service}`.
 //! - `ok`: events with token ids were checked and agree (or are still being checked without a
 //!   disagreement).
-//! - `no_blocks`: events arrive (or the replay answered), but loxi's index holds no block of
-//!   it (an idle engine, or one that just restarted) and none was checked: parity is checked
-//!   at its first stored blocks.
+//! - `no_blocks`: connected, or events arrive, but loxi's index holds no block of it (an idle
+//!   engine, or one that just restarted) and none was checked: parity is checked at its first
+//!   stored blocks.
 //! - `events_no_tokens`: blocks were stored but no event carried token ids, so parity is
 //!   unchecked.
 //!
@@ -57,6 +59,13 @@ pub fn readiness(
     never_matched_after: u64,
 ) -> Readiness {
     let r = |state, leg, remedy: Option<String>| Readiness { state, leg, remedy };
+    let no_blocks = || {
+        r(
+            "no_blocks",
+            None,
+            Some("the engine holds no block (idle, or just restarted): parity is checked at its first stored blocks (send it a request)".into()),
+        )
+    };
     if !ep.subscribed {
         return r("not_subscribed", None, None);
     }
@@ -78,6 +87,11 @@ pub fn readiness(
             .lock()
             .iter()
             .any(|((m, _), st)| *m == member && st.last_seq.is_some());
+    // Connected to a publisher that has sent nothing yet (an idle engine; its replay, if any,
+    // answered with no batch): the engine holds no block, as after a restart.
+    if !seen && svc.heard(member) {
+        return no_blocks();
+    }
     if !seen {
         return r(
             "no_events",
@@ -144,11 +158,7 @@ pub fn readiness(
         return r("ok", None, None);
     }
     if svc.index.blocks(member) == 0 {
-        return r(
-            "no_blocks",
-            None,
-            Some("the engine holds no block (idle, or just restarted): parity is checked at its first stored blocks (send it a request)".into()),
-        );
+        return no_blocks();
     }
     r(
         "events_no_tokens",

@@ -123,6 +123,33 @@ fn remedies_name_the_setting_to_change() {
     );
 }
 
+/// Connected to its publisher with no batch yet (a new rule over idle engines: the replay
+/// answered nothing) is `no_blocks`; `no_events` and its "start the engine with a publisher"
+/// remedy are for an endpoint whose publisher is not reached (before, both read `no_events`
+/// with that remedy, so a wrong `kvZmqPort` looked like every idle engine).
+#[test]
+fn connected_with_no_batch_is_no_blocks_and_unreached_is_no_events() {
+    let (st, _reg) = state(KvSettings::default());
+    let r = rule(1, 2, serde_json::json!({}));
+    let svc = st.service(&r).expect("kv rule");
+    let eps = r.spec.kv.as_ref().expect("kv").endpoints.clone();
+    let now = |m: usize| readiness(&svc, m, &eps[m], None, 20);
+    svc.set_connected(0, 0, true);
+    let idle = now(0);
+    assert_eq!(idle.state, "no_blocks", "{idle:?}");
+    let unreached = now(1);
+    assert_eq!(unreached.state, "no_events", "{unreached:?}");
+    assert!(
+        unreached
+            .remedy
+            .as_deref()
+            .is_some_and(|r| r.contains("start the engine with a ZMQ publisher")),
+        "{unreached:?}"
+    );
+    svc.set_connected(0, 0, false);
+    assert_eq!(now(0).state, "no_events", "down again, nothing heard");
+}
+
 /// An engine that restarts (its parity report reset) or has stored nothing yet reads
 /// `no_blocks`, not `events_no_tokens`: it is idle, its events do carry token ids. Its first
 /// stored blocks with token ids make it `ok` again; blocks without them, `events_no_tokens`.

@@ -299,16 +299,18 @@ impl ServiceKv {
         }
     }
 
-    /// Whether the engine of `member` is heard: one of its streams is connected now. An
-    /// endpoint that is not (a publisher never reached, a stream down) has an inventory that
-    /// says nothing of its cache; a connected engine that has published nothing yet holds
-    /// nothing (vLLM publishes every block it stores), so it is heard, and truly empty.
+    /// Whether the engine of `member` is heard: one of its streams is connected now and its
+    /// stored events are not all refused for their block size. An endpoint that is not heard
+    /// (a publisher never reached, a stream down, an engine running another block size:
+    /// readiness `mismatch`, leg `block_size`) has an inventory that says nothing of its
+    /// cache; a connected engine that has published nothing yet holds nothing (vLLM publishes
+    /// every block it stores), so it is heard, and truly empty.
     pub fn heard(&self, member: Member) -> bool {
         self.heard_members().contains(&member)
     }
 
-    /// The members [`Self::heard`] is true of, in one pass under one lock (ascending, each
-    /// once).
+    /// The members [`Self::heard`] is true of (ascending, each once); the stream and parity
+    /// locks are taken one after the other, never together.
     pub fn heard_members(&self) -> Vec<Member> {
         let mut out: Vec<Member> = self
             .streams
@@ -319,6 +321,12 @@ impl ServiceKv {
             .collect();
         out.sort_unstable();
         out.dedup();
+        let parity = self.parity.lock();
+        out.retain(|m| {
+            parity
+                .get(*m)
+                .is_none_or(|p| p.block_size_rejects == 0 || p.checked_blocks > 0)
+        });
         out
     }
 

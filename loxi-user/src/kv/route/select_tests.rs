@@ -1285,6 +1285,36 @@ fn an_endpoint_whose_events_are_not_heard_is_not_the_emptiest_cache() {
     assert_eq!(f.select(&m), Some(Decision::pick(2, Reason::KvColdPlace)));
 }
 
+/// An endpoint whose engine runs another block size (every stored event refused, so the
+/// index holds none of its blocks while its stream is connected) is not "the emptiest cache"
+/// either (before: 16 of 16 sequential distinct prompts went to it).
+#[test]
+fn an_endpoint_whose_events_are_all_refused_for_block_size_is_not_the_emptiest_cache() {
+    let s = KvSettings {
+        coldstart_seed_n: 0,
+        replica_load: 0,
+        ..KvSettings::default()
+    };
+    let f = fx_with(s, 3, serde_json::json!({}));
+    let other = |i: usize| {
+        meta(&format!("{i} another prompt entirely, about sailing boats and the wind. ").repeat(8))
+    };
+    for ep in 0..3 {
+        f.hear(ep, true);
+    }
+    f.hold(0, &other(0), 4);
+    f.hold(1, &other(1), 2);
+    let m = meta(PROMPT);
+    assert_eq!(f.select(&m), Some(Decision::pick(2, Reason::KvColdPlace)));
+    let svc = f.svc();
+    svc.parity.lock().reject_block_size(2, 32);
+    assert!(
+        !svc.heard(2),
+        "connected, but nothing it publishes is filed"
+    );
+    assert_eq!(f.select(&m), Some(Decision::pick(1, Reason::KvColdPlace)));
+}
+
 /// A fresh fleet under sequential distinct prompts: the engine that served the first one has
 /// published its blocks, the others are connected and have published nothing (they hold
 /// nothing). They are the emptiest caches, not "unheard" engines tied with the first at the
