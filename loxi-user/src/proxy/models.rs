@@ -5,8 +5,9 @@
 //! - Each healthy endpoint (distinct `ip:port`) is asked `GET /v1/models` with the client's
 //!   headers (so an engine's API key still applies; `Accept-Encoding` is dropped so the answer
 //!   is plain JSON) plus `X-Forwarded-For`, `X-Forwarded-Proto` and `X-Loxi-Hop` as on every
-//!   forwarded request (an endpoint that leads back here answers 508, named in the failure), at most [`CONCURRENCY`] at once, each within `LOXI_MODELS_TIMEOUT_MS`
-//!   (connect, head and body) and [`MAX_LIST_BYTES`].
+//!   forwarded request (an endpoint that leads back here answers 508, named in the failure),
+//!   at most [`CONCURRENCY`] at once, each within `LOXI_MODELS_TIMEOUT_MS` (connect, head and
+//!   body) and [`MAX_LIST_BYTES`].
 //! - An endpoint that fails (no connection, timeout, non-2xx, not an OpenAI list
 //!   `{"object":"list","data":[{"id":..},..]}`, too large) is left out. With none answering the
 //!   client gets 502 `models_unavailable` naming the last failure.
