@@ -1254,12 +1254,9 @@ fn the_spill_floor_keeps_the_owner_until_it_carries_f_requests_or_its_queue_pays
     );
 }
 
-/// An endpoint whose engine is not heard (its publisher unreachable: the index holds nothing
-/// of it) is not "the emptiest cache": it counts as holding the mean of the heard ones, so a
-/// dead event stream does not draw every new prefix (before: 22 of 24 sequential distinct
-/// prompts went to such an endpoint).
-#[test]
-fn an_endpoint_whose_events_are_not_heard_is_not_the_emptiest_cache() {
+/// Three endpoints, no cold-start or replica seeding: endpoint 0 holds 4 blocks of another
+/// prompt, endpoint 1 holds 2, endpoint 2 none; every stream heard.
+fn held_4_2_0() -> Fx {
     let s = KvSettings {
         coldstart_seed_n: 0,
         replica_load: 0,
@@ -1270,8 +1267,21 @@ fn an_endpoint_whose_events_are_not_heard_is_not_the_emptiest_cache() {
         meta(&format!("{i} another prompt entirely, about sailing boats and the wind. ").repeat(8))
     };
     assert!(f.keys_of(&other(0)).len() >= 4, "long enough for 4 blocks");
+    for ep in 0..3 {
+        f.hear(ep, true);
+    }
     f.hold(0, &other(0), 4);
     f.hold(1, &other(1), 2);
+    f
+}
+
+/// An endpoint whose engine is not heard (its publisher unreachable: the index holds nothing
+/// of it) is not "the emptiest cache": it counts as holding the mean of the heard ones, so a
+/// dead event stream does not draw every new prefix (before: 22 of 24 sequential distinct
+/// prompts went to such an endpoint).
+#[test]
+fn an_endpoint_whose_events_are_not_heard_is_not_the_emptiest_cache() {
+    let f = held_4_2_0();
     let m = meta(PROMPT);
     // Heard and empty: truly the emptiest.
     assert_eq!(f.select(&m), Some(Decision::pick(2, Reason::KvColdPlace)));
@@ -1290,20 +1300,7 @@ fn an_endpoint_whose_events_are_not_heard_is_not_the_emptiest_cache() {
 /// either (before: 16 of 16 sequential distinct prompts went to it).
 #[test]
 fn an_endpoint_whose_events_are_all_refused_for_block_size_is_not_the_emptiest_cache() {
-    let s = KvSettings {
-        coldstart_seed_n: 0,
-        replica_load: 0,
-        ..KvSettings::default()
-    };
-    let f = fx_with(s, 3, serde_json::json!({}));
-    let other = |i: usize| {
-        meta(&format!("{i} another prompt entirely, about sailing boats and the wind. ").repeat(8))
-    };
-    for ep in 0..3 {
-        f.hear(ep, true);
-    }
-    f.hold(0, &other(0), 4);
-    f.hold(1, &other(1), 2);
+    let f = held_4_2_0();
     let m = meta(PROMPT);
     assert_eq!(f.select(&m), Some(Decision::pick(2, Reason::KvColdPlace)));
     let svc = f.svc();
