@@ -40,7 +40,7 @@ async fn every_fixture_replayed_byte_for_byte_against_a_daemon_without_xdp() {
     let (fixtures, responses) = loxilb_clients::load(&loxilb_clients::fixture_dir());
     let mut results = Vec::new();
     for fx in fixtures {
-        let d = Daemon::start_default().await;
+        let mut d = Daemon::start_default().await;
         let wire = Direct(d.api_addr());
         let resp = responses.clone();
         let id = fx.id.clone();
@@ -52,6 +52,9 @@ async fn every_fixture_replayed_byte_for_byte_against_a_daemon_without_xdp() {
         if r.is_err() {
             d.dump_log();
         }
+        // A graceful stop: the daemon takes the fixtures' VIPs (10.10.10.254, 192.0.2.13) off
+        // this namespace's `lo`, where a SIGKILL left them on the host.
+        d.stop().await;
         results.push((id, r));
     }
     report(results);
