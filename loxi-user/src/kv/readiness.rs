@@ -112,7 +112,7 @@ pub fn readiness(
         let leg = diag.split(':').next().unwrap_or("unknown").to_owned();
         return r("mismatch", Some(leg), Some(remedy_of(&diag)));
     }
-    if let Some(p) = p.filter(|p| p.block_size_rejects > 0 && p.checked_blocks == 0) {
+    if let Some(p) = p.filter(|p| p.only_block_size_rejects()) {
         let remedy = match p.engine_block_size.filter(|b| *b > 0) {
             Some(b) => format!(
                 "the engine publishes {b}-token blocks: set kvBlockSize {b} (or the engine's \

@@ -306,7 +306,22 @@ impl ServiceKv {
     /// cache; a connected engine that has published nothing yet holds nothing (vLLM publishes
     /// every block it stores), so it is heard, and truly empty.
     pub fn heard(&self, member: Member) -> bool {
-        self.heard_members().contains(&member)
+        let connected = self
+            .streams
+            .lock()
+            .iter()
+            .any(|((m, _), s)| *m == member && s.connected);
+        connected && self.parity_heard(member)
+    }
+
+    /// The parity half of [`Self::heard`]: not an engine whose events are all refused for
+    /// their block size
+    /// ([`super::ingest::parity::EpParity::only_block_size_rejects`]).
+    fn parity_heard(&self, member: Member) -> bool {
+        self.parity
+            .lock()
+            .get(member)
+            .is_none_or(|p| !p.only_block_size_rejects())
     }
 
     /// The members [`Self::heard`] is true of (ascending, each once); the stream and parity
@@ -322,11 +337,7 @@ impl ServiceKv {
         out.sort_unstable();
         out.dedup();
         let parity = self.parity.lock();
-        out.retain(|m| {
-            parity
-                .get(*m)
-                .is_none_or(|p| p.block_size_rejects == 0 || p.checked_blocks > 0)
-        });
+        out.retain(|m| parity.get(*m).is_none_or(|p| !p.only_block_size_rejects()));
         out
     }
 

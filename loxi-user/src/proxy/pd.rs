@@ -10,9 +10,8 @@
 //! 1. the P/D ladder ([`crate::pd::PdLadder`]) picks the prefill endpoint (tier 0 pin, tier 1
 //!    trie, tier 1.5 in `kvExactMode` 1, tier 2 weighted least load) and the decode endpoint
 //!    (the pin's, else weighted least load); with no eligible prefill or decode endpoint (or
-//!    when every one refused the
-//!    connection, below) a role-0 endpoint serves the request in one leg, and with none the
-//!    answer is 503 `pd_pool_unavailable`;
+//!    when every one refused the connection, below) a role-0 endpoint serves the request in
+//!    one leg, and with none the answer is 503 `pd_pool_unavailable`;
 //! 2. one request id in LoxiLB's form goes on both legs as `X-Request-Id`;
 //! 3. vLLM and TensorRT-LLM: the prefill (context) leg first, sent and read whole within
 //!    `LLB_PD_PREFILL_TIMEOUT_SEC` (else 504 `pd_prefill_timeout`); a connect failure moves to

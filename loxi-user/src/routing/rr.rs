@@ -29,6 +29,7 @@ pub fn select(cands: &Candidates<'_>, state: &SelectorState) -> Decision {
     let ep = if m == n {
         ticket % n
     } else {
+        // `None` only when a health flag flipped between the two passes.
         match cands.eligible_iter().nth(ticket % m) {
             Some(ep) => ep,
             None => return Decision::none(),

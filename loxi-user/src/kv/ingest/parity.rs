@@ -70,6 +70,15 @@ pub struct EpParity {
     digests: Digests,
 }
 
+impl EpParity {
+    /// True when the engine runs another block size: its stored events were refused for their
+    /// `block_size` and none was ever checked, so the index holds nothing of its cache
+    /// (readiness `mismatch`, leg `block_size`; not "heard" for cold placement).
+    pub fn only_block_size_rejects(&self) -> bool {
+        self.block_size_rejects > 0 && self.checked_blocks == 0
+    }
+}
+
 /// Engine key → loxi's full digest of that block: one entry per block stored in re-hash mode,
 /// millions on a big cache. Its clone is empty: the readiness sweep and the parity view clone
 /// an endpoint's report every second under the parity lock, and copying this table there
