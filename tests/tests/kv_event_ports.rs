@@ -141,3 +141,204 @@ async fn engines_on_one_address_publish_on_their_own_ports() {
     wait_blocks(&d, 1, 0, 4).await;
     wait_blocks(&d, 1, 1, 4).await;
 }
+
+/// The parity report's `(state, remedy)` of every endpoint of rule 1.
+async fn readiness(d: &loxi_tests::harness::Daemon) -> Vec<(String, String)> {
+    let (code, body) = d
+        .get("/netlox/v1/config/ai/kv/parity?service_id=1")
+        .await
+        .expect("parity");
+    assert_eq!(code, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).expect("parity json");
+    v["endpoints"]
+        .as_array()
+        .expect("endpoints")
+        .iter()
+        .map(|e| {
+            (
+                e["state"].as_str().unwrap_or("").to_owned(),
+                e["remedy"].as_str().unwrap_or("").to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// Waits (15 s at most) until rule 1's two event subscribers are connected.
+async fn both_connected(d: &loxi_tests::harness::Daemon) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let m = d.metrics_text().await;
+        let up: f64 = (0..2)
+            .map(|i| {
+                series(
+                    &m,
+                    &format!("loxilb_kv_subscriber_connected{{service=\"1\",ep=\"{i}\"}}"),
+                )
+                .unwrap_or(0.0)
+            })
+            .sum();
+        if up == 2.0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "subscribers not connected: {m}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // ZeroMQ's subscription reaches a publisher a moment after the connection.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+}
+
+/// Sends `n` new prompts (4 full blocks of distinct token ids each, from `from` on) through the
+/// VIP; returns how many went to each of the two endpoints.
+async fn new_prompts(vip: std::net::SocketAddr, from: u32, n: u32) -> [u32; 2] {
+    let mut per = [0; 2];
+    for i in 0..n {
+        let start = from + i * 1000;
+        let mut ids: Vec<u32> = (start..start + 4 * BS as u32).collect();
+        ids.push(7);
+        let (code, ep) = completion(
+            vip,
+            &json!({"model": "tiny", "prompt": ids, "max_tokens": 1}),
+        )
+        .await;
+        assert_eq!(code, 200);
+        per[ep.expect("x-loxilb-endpoint")] += 1;
+        // Each placement's blocks are published before the next prompt is placed.
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    per
+}
+
+/// Two engines whose `kvZmqPort`s are swapped in the rule: every hash is right (parity `ok`),
+/// but each engine's blocks are filed under the other endpoint. The crossed-stream check finds
+/// it from the new prompts placed on them: readiness `crossed`, with a remedy naming the other
+/// endpoint's port. Posting the rule with the right ports starts both inventories afresh, and
+/// new prompts then land where they were placed: `ok`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn swapped_event_ports_read_crossed_until_fixed() {
+    let tok = tempfile::tempdir().expect("tmp");
+    stage_tiny_tokenizer(tok.path());
+    let zmq: Vec<u16> = (0..2).map(|_| free_port()).collect();
+    let mut engines = Vec::new();
+    for z in &zmq {
+        engines.push(engine(tok.path(), *z).await);
+    }
+    let d = kv_daemon(tok.path()).await;
+    let vip_port = free_port();
+    let rule_with = |ports: [u16; 2]| {
+        json!({
+            "serviceArguments": {"externalIP": "127.0.0.1", "port": vip_port, "protocol": "tcp",
+                "mode": 4, "sel": 0, "kvExactMode": 3, "kvBlockSize": BS,
+                "kvHashAlgo": "sha256_cbor"},
+            "endpoints": [
+                {"endpointIP": "127.0.0.1", "targetPort": engines[0].port(), "kvZmqPort": ports[0]},
+                {"endpointIP": "127.0.0.1", "targetPort": engines[1].port(), "kvZmqPort": ports[1]},
+            ],
+        })
+    };
+    let (code, body) = d.post_rule(&rule_with([zmq[1], zmq[0]])).await;
+    assert_eq!(code, 200, "{body}");
+    both_connected(&d).await;
+    let vip = std::net::SocketAddr::from(([127, 0, 0, 1], vip_port));
+
+    // With every placement's blocks filed under the other endpoint, endpoint 0 looks the
+    // emptiest cache and cold placement sends it every new prompt.
+    let per = new_prompts(vip, 10_000, 8).await;
+    let (hot, cold) = if per[0] >= per[1] { (0, 1) } else { (1, 0) };
+    assert!(per[hot] >= 3, "placements {per:?}");
+    // Once 3 of its placements were resolved (the pass runs every second), the endpoint they
+    // were placed on reads `crossed`, naming the stream they arrived on, and that endpoint
+    // reads `crossed` too, naming the one whose blocks it carries.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let states = loop {
+        let states = readiness(&d).await;
+        if states.iter().all(|s| s.0 == "crossed") || Instant::now() > deadline {
+            break states;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(states[hot].0, "crossed", "placements {per:?}: {states:?}");
+    assert!(
+        states[hot].1.contains(&format!(
+            "published on the event stream of endpoint {cold} (127.0.0.1, kvZmqPort {})",
+            zmq[hot]
+        )) && states[hot]
+            .1
+            .contains(&format!("none on its own (kvZmqPort {})", zmq[cold])),
+        "{states:?}"
+    );
+    assert_eq!(states[cold].0, "crossed", "{states:?}");
+    assert!(
+        states[cold].1.contains(&format!(
+            "its event stream (kvZmqPort {}) carries the first blocks of",
+            zmq[hot]
+        )) && states[cold]
+            .1
+            .contains(&format!("placed on endpoint {hot} (127.0.0.1")),
+        "{states:?}"
+    );
+    let m = d.metrics_text().await;
+    for i in 0..2 {
+        assert_eq!(
+            series(
+                &m,
+                &format!(
+                    "loxilb_kv_endpoint_readiness{{service=\"1\",ep_idx=\"{i}\",state=\"crossed\"}}"
+                )
+            ),
+            Some(1.0),
+            "{m}"
+        );
+    }
+    assert!(
+        d.log_text().contains("state=\"crossed\""),
+        "the change is logged"
+    );
+
+    // Neither inventory is used any more: repeats of the first prompts (filed under the wrong
+    // endpoint) count no tier-1.5 hit, and new prompts are spread over both engines.
+    let hits = |m: &str| -> f64 {
+        (0..2)
+            .map(|i| {
+                series(
+                    m,
+                    &format!("loxilb_pd_kv_tier15_hits_total{{service=\"1\",ep_idx=\"{i}\"}}"),
+                )
+                .unwrap_or(0.0)
+            })
+            .sum()
+    };
+    let before = hits(&m);
+    new_prompts(vip, 10_000, 4).await;
+    let spread = new_prompts(vip, 30_000, 4).await;
+    assert_eq!(
+        hits(&d.metrics_text().await),
+        before,
+        "no hit counted on a crossed stream"
+    );
+    assert!(
+        spread.iter().all(|n| *n > 0),
+        "new prompts spread: {spread:?}"
+    );
+
+    // Fixed: each endpoint on its own engine's port.
+    let (code, body) = d.post_rule(&rule_with([zmq[0], zmq[1]])).await;
+    assert_eq!(code, 200, "{body}");
+    both_connected(&d).await;
+    let per = new_prompts(vip, 50_000, 6).await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let states = readiness(&d).await;
+        let ok = (0..2).all(|i| {
+            if per[i] > 0 {
+                states[i].0 == "ok"
+            } else {
+                states[i].0 != "crossed"
+            }
+        });
+        if ok {
+            break;
+        }
+        assert!(Instant::now() < deadline, "placements {per:?}: {states:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

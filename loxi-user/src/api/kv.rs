@@ -9,8 +9,8 @@
 //!   the held block hashes (u64, oldest first per rank).
 //! - `GET /netlox/v1/config/ai/kv/parity?service_id=N` — the rule's hash contract and, for
 //!   EVERY endpoint of the rule (rule order): its readiness `state` (`syncing`, `no_events`,
-//!   `no_blocks`, `events_no_tokens`, `ok`, `mismatch` with its `leg`, `never_matched`,
-//!   `not_subscribed`; `kv::readiness`) and `remedy`, the parity verdict
+//!   `no_blocks`, `events_no_tokens`, `ok`, `mismatch` with its `leg`, `crossed`,
+//!   `never_matched`, `not_subscribed`; `kv::readiness`) and `remedy`, the parity verdict
 //!   (`unknown`/`ok`/`mismatch`), blocks checked, mismatched and unverified, the diagnosis,
 //!   block-size rejections and whether token re-hash is active.
 //!
@@ -339,6 +339,7 @@ async fn parity(State(api): State<KvApi>, Query(pairs): Query<Vec<(String, Strin
                 let report = svc.parity.lock().get(member).cloned();
                 let readiness = readiness(
                     &svc,
+                    &members,
                     member,
                     ep,
                     report.as_ref(),

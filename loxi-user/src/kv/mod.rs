@@ -5,6 +5,7 @@
 //! See `README.md` in this folder for the data structures, event semantics and complexity.
 
 pub mod block_hash;
+pub mod cross;
 pub mod index;
 pub mod ingest;
 pub mod lora;

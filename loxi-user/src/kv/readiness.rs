@@ -7,6 +7,13 @@
 //! - `not_subscribed`: tier 1.5 does not follow its events (a decode endpoint of a P/D rule).
 //! - `syncing`: one of its ranks connected and is replaying, from the engine's replay socket
 //!   (rule or endpoint `kvReplayPort`), what the engine still holds; until that catch-up ends.
+//! - `crossed`: the crossed-stream check (`kv::cross`): the first blocks of its last new
+//!   prompts (at least 3, none landing) were published on one other endpoint's event stream
+//!   and not on its own: its engine publishes on that endpoint's `kvZmqPort` (swapped ports);
+//!   the remedy names both ports. The endpoint named reads `crossed` too (its stream carries
+//!   the other engine's blocks). Neither one's blocks are used for routing until it clears.
+//!   Ahead of the states below: its own stream may carry nothing (`no_blocks`) or another
+//!   engine's events (`ok`).
 //! - `no_events`: no event batch applied from any of its ranks yet and none connected (the
 //!   publisher is not reached: the remedy names the port). Connected with no batch yet is
 //!   `no_blocks` (below), ahead of the other states.
@@ -30,9 +37,10 @@
 //!
 
 use serde::Serialize;
+use tokio::time::Instant;
 
 use super::ingest::parity::{EpParity, Verdict};
-use super::members::Member;
+use super::members::{Member, Members};
 use super::metrics::{EpStateLabels, READINESS_STATES, ServiceLabels};
 use super::state::{KvState, ServiceKv};
 use crate::rules::KvEndpoint;
@@ -53,6 +61,7 @@ pub struct Readiness {
 /// The readiness of `member` (endpoint `ep` of the rule) with its parity report `p`.
 pub fn readiness(
     svc: &ServiceKv,
+    members: &Members,
     member: Member,
     ep: &KvEndpoint,
     p: Option<&EpParity>,
@@ -79,6 +88,39 @@ pub fn readiness(
             "syncing",
             None,
             Some("replaying the engine's held blocks from its replay socket; wait".into()),
+        );
+    }
+    let (crossed, carries) = {
+        let c = svc.cross.lock();
+        (c.crossed(member), c.carries(member))
+    };
+    let name = |x: Member| {
+        members
+            .iter()
+            .find(|(_, _, m)| *m == x)
+            .map(|(i, e, _)| format!("endpoint {i} ({}, kvZmqPort {})", e.ip, e.zmq_port))
+            .unwrap_or_else(|| "an endpoint that left the rule".into())
+    };
+    if let Some((x, n)) = crossed {
+        return r(
+            "crossed",
+            None,
+            Some(format!(
+                "the first blocks of its last {n} new prompts were published on the event stream of {}, none on its own (kvZmqPort {}): the two endpoints' kvZmqPorts look swapped, or its engine publishes on the other's port; set each endpoint's kvZmqPort to its own engine's (until then neither one's blocks are used for routing)",
+                name(x),
+                ep.zmq_port
+            )),
+        );
+    }
+    if let Some((y, n)) = carries {
+        return r(
+            "crossed",
+            None,
+            Some(format!(
+                "its event stream (kvZmqPort {}) carries the first blocks of {n} new prompts placed on {}: that endpoint's engine publishes on this endpoint's port; set each endpoint's kvZmqPort to its own engine's (until then neither one's blocks are used for routing)",
+                ep.zmq_port,
+                name(y)
+            )),
         );
     }
     let seen = p.is_some()
@@ -212,9 +254,18 @@ pub fn publish(state: &KvState) {
             continue;
         }
         let members = svc.members.read();
+        let ids: Vec<Member> = members.iter().map(|(_, _, m)| m).collect();
+        let suspects = {
+            let mut c = svc.cross.lock();
+            c.resolve(&svc.index, &ids, Instant::now());
+            c.suspects()
+        };
+        if *svc.crossed.read() != suspects {
+            *svc.crossed.write() = suspects;
+        }
         for (pos, ep, member) in members.iter() {
             let p = svc.parity.lock().get(member).cloned();
-            let now = readiness(&svc, member, ep, p.as_ref(), after);
+            let now = readiness(&svc, &members, member, ep, p.as_ref(), after);
             for s in READINESS_STATES {
                 state
                     .metrics
@@ -242,7 +293,7 @@ pub fn publish(state: &KvState) {
                 e.reported = Some(now.state);
                 let remedy = now.remedy.as_deref().unwrap_or("");
                 match now.state {
-                    "mismatch" | "never_matched" => {
+                    "mismatch" | "never_matched" | "crossed" => {
                         tracing::warn!(service = svc.id, ep_idx = pos, endpoint = %ep.ip, state = now.state, leg = now.leg.as_deref().unwrap_or(""), remedy, "kv endpoint readiness")
                     }
                     _ => {

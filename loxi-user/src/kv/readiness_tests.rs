@@ -4,7 +4,7 @@ use super::*;
 use crate::kv::block_hash::{BlockHasher, HashAlgo};
 use crate::kv::ingest::events::decode_batch;
 use crate::kv::settings::KvSettings;
-use crate::kv::testutil::{msgpack, rule, state, stored_batch, vllm_stored_event};
+use crate::kv::testutil::{metric_value, msgpack, rule, state, stored_batch, vllm_stored_event};
 
 fn batch(ev: V) -> crate::kv::ingest::events::EventBatch {
     decode_batch(&msgpack(&V::Array(vec![
@@ -59,7 +59,7 @@ fn every_endpoint_has_a_state_and_a_remedy() {
     let got: Vec<Readiness> = (0..5)
         .map(|m| {
             let p = svc.parity.lock().get(m).cloned();
-            readiness(&svc, m, &eps[m], p.as_ref(), 20)
+            readiness(&svc, &svc.members.read(), m, &eps[m], p.as_ref(), 20)
         })
         .collect();
     let states: Vec<&str> = got.iter().map(|r| r.state).collect();
@@ -100,7 +100,7 @@ fn every_endpoint_has_a_state_and_a_remedy() {
         &st.metrics,
     );
     let p = svc.parity.lock().get(0).cloned();
-    let zero = readiness(&svc, 0, &eps[0], p.as_ref(), 20);
+    let zero = readiness(&svc, &svc.members.read(), 0, &eps[0], p.as_ref(), 20);
     assert_eq!(zero.leg.as_deref(), Some("block_size"));
     let remedy = zero.remedy.unwrap_or_default();
     assert!(
@@ -133,7 +133,7 @@ fn connected_with_no_batch_is_no_blocks_and_unreached_is_no_events() {
     let r = rule(1, 2, serde_json::json!({}));
     let svc = st.service(&r).expect("kv rule");
     let eps = r.spec.kv.as_ref().expect("kv").endpoints.clone();
-    let now = |m: usize| readiness(&svc, m, &eps[m], None, 20);
+    let now = |m: usize| readiness(&svc, &svc.members.read(), m, &eps[m], None, 20);
     svc.set_connected(0, 0, true);
     let idle = now(0);
     assert_eq!(idle.state, "no_blocks", "{idle:?}");
@@ -161,7 +161,7 @@ fn an_idle_or_restarted_engine_reads_no_blocks_until_it_stores_one() {
     let eps = r.spec.kv.as_ref().expect("kv").endpoints.clone();
     let now = |m: usize| {
         let p = svc.parity.lock().get(m).cloned();
-        readiness(&svc, m, &eps[m], p.as_ref(), 20)
+        readiness(&svc, &svc.members.read(), m, &eps[m], p.as_ref(), 20)
     };
     svc.apply_batch(0, 0, &engine_event(None), &st.metrics);
     assert_eq!(now(0).state, "ok");
@@ -189,4 +189,103 @@ fn an_idle_or_restarted_engine_reads_no_blocks_until_it_stores_one() {
         &st.metrics,
     );
     assert_eq!(now(1).state, "events_no_tokens");
+}
+
+/// A vLLM `BlockStored` of the 32 tokens `from..from + 32` (two 16-token blocks, default seed)
+/// and its first block key.
+fn prompt_event(from: u32) -> (crate::kv::ingest::events::EventBatch, crate::kv::BlockKey) {
+    let toks: Vec<u32> = (from..from + 32).collect();
+    let keys = BlockHasher::new(HashAlgo::Sha256Cbor, None).keys(&toks, 16, &Default::default());
+    let raw: Vec<u64> = keys.iter().map(|k| k.0).collect();
+    (
+        batch(vllm_stored_event(
+            &raw,
+            &toks,
+            16,
+            None,
+            vec![V::Nil, V::Nil],
+        )),
+        keys[0],
+    )
+}
+
+/// Swapped event streams: new prompts placed on endpoint 0 are published on endpoint 1's
+/// stream and those placed on 1 on 0's. Parity reads `ok` for both (every hash is right); from
+/// the third stray the readiness pass says `crossed` for both, the gauge follows and the remedy
+/// names the other endpoint's port. Endpoint 2, whose placements land on its own stream,
+/// stays `ok`.
+#[test]
+fn swapped_streams_read_crossed_with_both_ports_named() {
+    let (st, reg) = state(KvSettings::default());
+    let r = rule(1, 3, serde_json::json!({}));
+    let svc = st.service(&r).expect("kv rule");
+    let eps = r.spec.kv.as_ref().expect("kv").endpoints.clone();
+    for m in 0..3 {
+        svc.set_connected(m, 0, true);
+    }
+    let now = |m: usize| {
+        let p = svc.parity.lock().get(m).cloned();
+        readiness(&svc, &svc.members.read(), m, &eps[m], p.as_ref(), 20)
+    };
+    let gauge = |ep: usize, state: &str| {
+        metric_value(
+            &reg,
+            &format!(
+                "loxilb_kv_endpoint_readiness{{service=\"1\",ep_idx=\"{ep}\",state=\"{state}\"}}"
+            ),
+        )
+    };
+    let mut from = 1000;
+    let mut place = |on: usize, published_by: usize| {
+        let (ev, first) = prompt_event(from);
+        from += 100;
+        svc.cross
+            .lock()
+            .placed(on, first, tokio::time::Instant::now());
+        svc.apply_batch(published_by, 0, &ev, &st.metrics);
+    };
+    for _ in 0..2 {
+        place(0, 1);
+        place(1, 0);
+        place(2, 2);
+    }
+    publish(&st);
+    assert_eq!(
+        (now(0).state, now(1).state, now(2).state),
+        ("ok", "ok", "ok")
+    );
+    place(0, 1);
+    place(1, 0);
+    place(2, 2);
+    publish(&st);
+    let zero = now(0);
+    assert_eq!(zero.state, "crossed", "{zero:?}");
+    assert_eq!(
+        zero.remedy.as_deref(),
+        Some(
+            "the first blocks of its last 3 new prompts were published on the event stream of \
+             endpoint 1 (127.0.0.2, kvZmqPort 5557), none on its own (kvZmqPort 5557): the two \
+             endpoints' kvZmqPorts look swapped, or its engine publishes on the other's port; \
+             set each endpoint's kvZmqPort to its own engine's (until then neither one's \
+             blocks are used for routing)"
+        )
+    );
+    let one = now(1);
+    assert_eq!(one.state, "crossed");
+    assert!(
+        one.remedy
+            .as_deref()
+            .is_some_and(|r| r.contains("endpoint 0 (127.0.0.1, kvZmqPort 5557)")),
+        "{one:?}"
+    );
+    assert_eq!(now(2).state, "ok");
+    assert_eq!(
+        (
+            gauge(0, "crossed"),
+            gauge(1, "crossed"),
+            gauge(2, "crossed"),
+            gauge(2, "ok")
+        ),
+        (1.0, 1.0, 0.0, 1.0)
+    );
 }

@@ -10,6 +10,7 @@ use parking_lot::{Mutex, RwLock};
 use tokio::time::Instant;
 
 use super::block_hash::BlockHasher;
+use super::cross::CrossWatch;
 use super::index::KvIndex;
 use super::ingest::parity::ParityBook;
 use super::lora::LoraCatalog;
@@ -131,6 +132,12 @@ pub struct ServiceKv {
     pub groups: Mutex<HashMap<(Member, u32), bool>>,
     /// Zero-hit watchdog per member (`kv::readiness`).
     pub watch: Mutex<HashMap<Member, ZeroHitWatch>>,
+    /// The crossed-stream check: where the first blocks of cold placements were published
+    /// ([`super::cross`]).
+    pub cross: Mutex<CrossWatch>,
+    /// [`CrossWatch::suspects`] as of the last readiness pass (ascending): their blocks give
+    /// no overlap and they are not [`Self::heard`]. Read on every decision.
+    pub crossed: RwLock<Vec<Member>>,
     /// Requests waiting for their tier-1.5 decision (tokenization queued or running), by the
     /// fingerprint of their prompt's opening, with counts: replica seeding holds off while any
     /// of them opens differently from the request being decided (`kv::route::select`). Entries
@@ -170,6 +177,8 @@ impl ServiceKv {
             lora: Arc::new(LoraCatalog::new(settings.lora_paths.clone())),
             groups: Mutex::new(HashMap::new()),
             watch: Mutex::new(HashMap::new()),
+            cross: Mutex::new(CrossWatch::default()),
+            crossed: RwLock::new(Vec::new()),
             waiting: Mutex::new(HashMap::new()),
             openings: Mutex::new(Openings::default()),
             config: KvSpec {
@@ -249,6 +258,7 @@ impl ServiceKv {
             self.streams.lock().retain(|(sm, _), _| *sm != m);
             self.groups.lock().retain(|(gm, _), _| *gm != m);
             self.watch.lock().remove(&m);
+            self.cross.lock().forget(m);
         }
         let len = self.members.read().len();
         for &pos in &change.moved {
@@ -299,11 +309,12 @@ impl ServiceKv {
         }
     }
 
-    /// Whether the engine of `member` is heard: one of its streams is connected now and its
-    /// stored events are not all refused for their block size. An endpoint that is not heard
-    /// (a publisher never reached, a stream down, an engine running another block size:
-    /// readiness `mismatch`, leg `block_size`) has an inventory that says nothing of its
-    /// cache; a connected engine that has published nothing yet holds nothing (vLLM publishes
+    /// Whether the engine of `member` is heard: one of its streams is connected now, its
+    /// stored events are not all refused for their block size and its stream is not crossed
+    /// with another endpoint's ([`Self::crossed`]). An endpoint that is not heard (a publisher
+    /// never reached, a stream down, an engine running another block size: readiness
+    /// `mismatch`, leg `block_size`; readiness `crossed`) has an inventory that says nothing of
+    /// its cache; a connected engine that has published nothing yet holds nothing (vLLM publishes
     /// every block it stores), so it is heard, and truly empty.
     pub fn heard(&self, member: Member) -> bool {
         let connected = self
@@ -311,7 +322,9 @@ impl ServiceKv {
             .lock()
             .iter()
             .any(|((m, _), s)| *m == member && s.connected);
-        connected && self.parity_heard(member)
+        connected
+            && self.parity_heard(member)
+            && self.crossed.read().binary_search(&member).is_err()
     }
 
     /// The parity half of [`Self::heard`]: not an engine whose events are all refused for
@@ -336,8 +349,12 @@ impl ServiceKv {
             .collect();
         out.sort_unstable();
         out.dedup();
-        let parity = self.parity.lock();
-        out.retain(|m| parity.get(*m).is_none_or(|p| !p.only_block_size_rejects()));
+        {
+            let parity = self.parity.lock();
+            out.retain(|m| parity.get(*m).is_none_or(|p| !p.only_block_size_rejects()));
+        }
+        let crossed = self.crossed.read();
+        out.retain(|m| crossed.binary_search(m).is_err());
         out
     }
 

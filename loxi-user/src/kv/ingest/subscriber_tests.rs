@@ -890,7 +890,7 @@ async fn subscriber_started_after_the_engine_published_replays_what_it_holds() {
         let members = s.svc.members.read();
         let (_, ep, m) = members.iter().next().expect("one endpoint");
         let par = s.svc.parity.lock().get(m).cloned();
-        crate::kv::readiness::readiness(&s.svc, m, ep, par.as_ref(), 20).state
+        crate::kv::readiness::readiness(&s.svc, &members, m, ep, par.as_ref(), 20).state
     };
     assert_eq!(state_now(&s), "no_events");
     s.until("syncing", |s| state_now(s) == "syncing").await;

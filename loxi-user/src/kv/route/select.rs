@@ -191,6 +191,9 @@ struct Scratch {
     cands: Vec<Cand>,
     /// The member id of each of the request's endpoints (`kv::members`).
     members: Vec<Option<Member>>,
+    /// The service's crossed members ([`ServiceKv::crossed`]), copied so no lock is held
+    /// through the decision.
+    crossed: Vec<Member>,
 }
 
 thread_local! {
@@ -408,6 +411,18 @@ impl KvRouter {
             let cached = ticket.hit.filter(|h| h.0 == ep).map_or(0, |h| h.1);
             ticket.work = (k.len().saturating_sub(cached) * svc.config.block_size as usize) as u64;
         }
+        // A cold placement on a subscribed endpoint (no endpoint holds or is predicted to hold
+        // its first block): its first key is a probe of the crossed-stream check.
+        if let (Ok(k), Some(m)) = (&*keys, member)
+            && ticket.hit.is_none_or(|h| h.1 == 0)
+            && let Some(first) = k.first()
+            && eps.get(ep).is_some_and(|e| e.subscribed)
+        {
+            let now = Instant::now();
+            if svc.index.score(std::slice::from_ref(first), now).is_empty() {
+                svc.cross.lock().placed(m, *first, now);
+            }
+        }
         if self.state.settings.predicted_ttl.is_zero() {
             return;
         }
@@ -472,6 +487,7 @@ impl KvRouter {
             score,
             cands: law_cands,
             members,
+            crossed,
         } = scratch;
         // The index is keyed by member id; the request's positions come from its own snapshot
         // of the rule (which may differ from the service's while an update is applied).
@@ -488,8 +504,16 @@ impl KvRouter {
             Vec::new()
         };
         let member = |ep: EpIdx| members.get(ep).copied().flatten();
+        // Endpoints whose event streams are crossed (`kv::cross`): their inventories are not
+        // their engines' caches, so their blocks win nothing.
+        crossed.clear();
+        crossed.extend_from_slice(&svc.crossed.read());
+        let crossed = &*crossed;
         let overlap = |ep: EpIdx| {
             let Some(m) = member(ep) else { return 0 };
+            if !crossed.is_empty() && crossed.binary_search(&m).is_ok() {
+                return 0;
+            }
             let gpu = scores.iter().find(|(x, _)| *x == m).map_or(0, |s| s.1);
             let both = any_tier.iter().find(|(x, _)| *x == m).map_or(0, |s| s.1);
             gpu * MILLI + both.saturating_sub(gpu) * credit
