@@ -211,8 +211,9 @@ async fn new_prompts(vip: std::net::SocketAddr, from: u32, n: u32) -> [u32; 2] {
 /// Two engines whose `kvZmqPort`s are swapped in the rule: every hash is right (parity `ok`),
 /// but each engine's blocks are filed under the other endpoint. The crossed-stream check finds
 /// it from the new prompts placed on them: readiness `crossed`, with a remedy naming the other
-/// endpoint's port. Posting the rule with the right ports starts both inventories afresh, and
-/// new prompts then land where they were placed: `ok`.
+/// endpoint's port, and neither inventory is used (no hit counted, new prompts spread).
+/// Posting the rule with the right ports starts both inventories afresh, and new prompts then
+/// land where they were placed: `ok`. An engine then stopped reads `disconnected`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn swapped_event_ports_read_crossed_until_fixed() {
     let tok = tempfile::tempdir().expect("tmp");
@@ -339,6 +340,27 @@ async fn swapped_event_ports_read_crossed_until_fixed() {
             break;
         }
         assert!(Instant::now() < deadline, "placements {per:?}: {states:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // An engine that stops after publishing: its endpoint reads `disconnected`, naming its
+    // event socket (readiness said `ok` while its stream was down).
+    let gone = if per[1] > 0 { 1 } else { 0 };
+    engines.remove(gone).kill().await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let states = readiness(&d).await;
+        if states[gone].0 == "disconnected" {
+            assert!(
+                states[gone].1.starts_with(&format!(
+                    "its event stream tcp://127.0.0.1:{} is down",
+                    zmq[gone]
+                )),
+                "{states:?}"
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "{states:?}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }

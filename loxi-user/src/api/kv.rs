@@ -9,10 +9,10 @@
 //!   the held block hashes (u64, oldest first per rank).
 //! - `GET /netlox/v1/config/ai/kv/parity?service_id=N` — the rule's hash contract and, for
 //!   EVERY endpoint of the rule (rule order): its readiness `state` (`syncing`, `no_events`,
-//!   `no_blocks`, `events_no_tokens`, `ok`, `mismatch` with its `leg`, `crossed`,
-//!   `never_matched`, `not_subscribed`; `kv::readiness`) and `remedy`, the parity verdict
-//!   (`unknown`/`ok`/`mismatch`), blocks checked, mismatched and unverified, the diagnosis,
-//!   block-size rejections and whether token re-hash is active.
+//!   `no_blocks`, `events_no_tokens`, `ok`, `mismatch` with its `leg`, `disconnected`,
+//!   `crossed`, `never_matched`, `not_subscribed`; `kv::readiness`) and `remedy`, the parity
+//!   verdict (`unknown`/`ok`/`mismatch`), blocks checked, mismatched and unverified, the
+//!   diagnosis, block-size rejections and whether token re-hash is active.
 //!
 //! Errors are the API's own ([`super::error`]: `{"code","fields","message","result","field"}`):
 //! 400 naming the bad query field, 404 for an unknown service (no KV state: unknown id or

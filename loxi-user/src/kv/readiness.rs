@@ -20,6 +20,10 @@
 //! - `mismatch`: the parity check found the engine's hashes differ (with the `leg`: `seed`,
 //!   `algorithm`, `block_size`, `unknown`, and the remedy, e.g. "set
 //!   LLB_KV_NONE_HASH_SEED=0 to match the engine"); token re-hash is active.
+//! - `disconnected`: heard from before (a batch applied), and one of its streams is down now
+//!   (the engine or its publisher stopped): its blocks are as last published, new ones are not
+//!   seen; the remedy names the sockets. A restarted engine's blocks are cleared when it
+//!   reconnects.
 //! - `never_matched`: the zero-hit watchdog: it holds blocks, `LOXI_KV_NEVER_MATCHED_AFTER`
 //!   requests with block keys were routed to it, none of its confirmed blocks was ever the
 //!   first block of a scored request, and the first block of none of the last 4 requests
@@ -169,6 +173,31 @@ pub fn readiness(
             ),
         };
         return r("mismatch", Some("block_size".into()), Some(remedy));
+    }
+    // Heard from before, and a stream of it is down now (a stopped engine or publisher): its
+    // blocks are as last published.
+    let mut down: Vec<u32> = svc
+        .streams
+        .lock()
+        .iter()
+        .filter(|((m, _), st)| *m == member && !st.connected)
+        .map(|((_, rank), _)| *rank)
+        .collect();
+    if !down.is_empty() {
+        down.sort_unstable();
+        let socks: Vec<String> = down
+            .iter()
+            .map(|rank| format!("tcp://{}:{}", ep.ip, u32::from(ep.zmq_port) + rank))
+            .collect();
+        return r(
+            "disconnected",
+            None,
+            Some(format!(
+                "its event stream {} is down (engine or publisher stopped?): its {} blocks are as last published and new ones are not seen until it reconnects (a restarted engine's are then cleared)",
+                socks.join(", "),
+                svc.index.blocks(member)
+            )),
+        );
     }
     let w = {
         let mut watch = svc.watch.lock();

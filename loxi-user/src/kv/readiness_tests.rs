@@ -40,6 +40,9 @@ fn every_endpoint_has_a_state_and_a_remedy() {
     let (st, _reg) = state(KvSettings::default());
     let r = rule(1, 5, serde_json::json!({}));
     let svc = st.service(&r).expect("kv rule");
+    for m in 1..5 {
+        svc.set_connected(m, 0, true);
+    }
     svc.apply_batch(
         1,
         0,
@@ -163,6 +166,8 @@ fn an_idle_or_restarted_engine_reads_no_blocks_until_it_stores_one() {
         let p = svc.parity.lock().get(m).cloned();
         readiness(&svc, &svc.members.read(), m, &eps[m], p.as_ref(), 20)
     };
+    svc.set_connected(0, 0, true);
+    svc.set_connected(1, 0, true);
     svc.apply_batch(0, 0, &engine_event(None), &st.metrics);
     assert_eq!(now(0).state, "ok");
     // The subscriber's restart handling: blocks cleared, parity forgotten; the stream is live.
@@ -288,4 +293,49 @@ fn swapped_streams_read_crossed_with_both_ports_named() {
         ),
         (1.0, 1.0, 0.0, 1.0)
     );
+}
+
+/// An engine heard from whose event stream goes down (stopped engine or publisher) reads
+/// `disconnected`, naming the socket and the blocks kept; it is `ok` again on reconnect. With
+/// two DP ranks, the rank that is down is named by its port (`kvZmqPort` + rank).
+#[test]
+fn a_stream_down_after_events_reads_disconnected_with_its_socket() {
+    let (st, _reg) = state(KvSettings::default());
+    let r = rule(1, 2, serde_json::json!({"kvDpRankCount": 2}));
+    let svc = st.service(&r).expect("kv rule");
+    let eps = r.spec.kv.as_ref().expect("kv").endpoints.clone();
+    let now = |m: usize| {
+        let p = svc.parity.lock().get(m).cloned();
+        readiness(&svc, &svc.members.read(), m, &eps[m], p.as_ref(), 20)
+    };
+    for rank in 0..2 {
+        svc.set_connected(0, rank, true);
+    }
+    svc.apply_batch(0, 0, &engine_event(None), &st.metrics);
+    assert_eq!(now(0).state, "ok");
+    svc.set_connected(0, 1, false);
+    let down = now(0);
+    assert_eq!(down.state, "disconnected", "{down:?}");
+    assert_eq!(
+        down.remedy.as_deref(),
+        Some(
+            "its event stream tcp://127.0.0.1:5558 is down (engine or publisher stopped?): its 2 \
+             blocks are as last published and new ones are not seen until it reconnects (a \
+             restarted engine's are then cleared)"
+        )
+    );
+    svc.set_connected(0, 0, false);
+    let both = now(0);
+    assert!(
+        both.remedy.as_deref().is_some_and(|r| r
+            .starts_with("its event stream tcp://127.0.0.1:5557, tcp://127.0.0.1:5558 is down")),
+        "{both:?}"
+    );
+    for rank in 0..2 {
+        svc.set_connected(0, rank, true);
+    }
+    assert_eq!(now(0).state, "ok");
+    // Never heard from: down is `no_events`, not `disconnected`.
+    svc.set_connected(1, 0, false);
+    assert_eq!(now(1).state, "no_events");
 }
