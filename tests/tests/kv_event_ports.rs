@@ -28,16 +28,23 @@ async fn engine(tok: &std::path::Path, zmq: u16) -> loxi_tests::sim::Sim {
     loxi_tests::sim::Sim::spawn(cmd).await
 }
 
-/// A completion of token ids `from..from+4·BS` plus one, straight to an engine (not through
-/// loxi): the engine caches and publishes exactly 4 full blocks.
-async fn warm(engine: &loxi_tests::sim::Sim, from: u32) -> Vec<u32> {
+/// A completion of the token ids `from..from+4·BS` plus one (exactly 4 full blocks to cache)
+/// sent to `to`: its status, the endpoint that served it and the prompt.
+async fn four_blocks(to: std::net::SocketAddr, from: u32) -> (u16, Option<usize>, Vec<u32>) {
     let mut ids: Vec<u32> = (from..from + 4 * BS as u32).collect();
     ids.push(7);
-    let (code, _) = completion(
-        engine.addr,
+    let (code, ep) = completion(
+        to,
         &json!({"model": "tiny", "prompt": ids, "max_tokens": 1}),
     )
     .await;
+    (code, ep, ids)
+}
+
+/// [`four_blocks`] straight to an engine (not through loxi): the engine caches and publishes
+/// exactly 4 full blocks.
+async fn warm(engine: &loxi_tests::sim::Sim, from: u32) -> Vec<u32> {
+    let (code, _, ids) = four_blocks(engine.addr, from).await;
     assert_eq!(code, 200);
     ids
 }
@@ -78,26 +85,7 @@ async fn engines_on_one_address_publish_on_their_own_ports() {
     assert_eq!(back, zmq.iter().map(|z| json!(z)).collect::<Vec<_>>());
 
     // All three subscribers connect (each to its own engine's port).
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let m = d.metrics_text().await;
-        let up: f64 = (0..3)
-            .map(|i| {
-                series(
-                    &m,
-                    &format!("loxilb_kv_subscriber_connected{{service=\"1\",ep=\"{i}\"}}"),
-                )
-                .unwrap_or(0.0)
-            })
-            .sum();
-        if up == 3.0 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "subscribers not connected: {m}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    // ZeroMQ's subscription reaches a publisher a moment after the connection.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    all_connected(&d, 3).await;
 
     // Engine i caches its own prefix; its 4 blocks land on endpoint i only.
     let mut prompts = Vec::new();
@@ -163,21 +151,21 @@ async fn readiness(d: &loxi_tests::harness::Daemon) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Waits (15 s at most) until rule 1's two event subscribers are connected.
-async fn both_connected(d: &loxi_tests::harness::Daemon) {
+/// Waits (15 s at most) until rule 1's first `n` event subscribers are connected, then for
+/// the subscriptions to reach the publishers.
+async fn all_connected(d: &loxi_tests::harness::Daemon, n: usize) {
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let m = d.metrics_text().await;
-        let up: f64 = (0..2)
-            .map(|i| {
+        let up = (0..n)
+            .filter(|i| {
                 series(
                     &m,
                     &format!("loxilb_kv_subscriber_connected{{service=\"1\",ep=\"{i}\"}}"),
-                )
-                .unwrap_or(0.0)
+                ) == Some(1.0)
             })
-            .sum();
-        if up == 2.0 {
+            .count();
+        if up == n {
             break;
         }
         assert!(Instant::now() < deadline, "subscribers not connected: {m}");
@@ -192,14 +180,7 @@ async fn both_connected(d: &loxi_tests::harness::Daemon) {
 async fn new_prompts(vip: std::net::SocketAddr, from: u32, n: u32) -> [u32; 2] {
     let mut per = [0; 2];
     for i in 0..n {
-        let start = from + i * 1000;
-        let mut ids: Vec<u32> = (start..start + 4 * BS as u32).collect();
-        ids.push(7);
-        let (code, ep) = completion(
-            vip,
-            &json!({"model": "tiny", "prompt": ids, "max_tokens": 1}),
-        )
-        .await;
+        let (code, ep, _) = four_blocks(vip, from + i * 1000).await;
         assert_eq!(code, 200);
         per[ep.expect("x-loxilb-endpoint")] += 1;
         // Each placement's blocks are published before the next prompt is placed.
@@ -238,7 +219,7 @@ async fn swapped_event_ports_read_crossed_until_fixed() {
     };
     let (code, body) = d.post_rule(&rule_with([zmq[1], zmq[0]])).await;
     assert_eq!(code, 200, "{body}");
-    both_connected(&d).await;
+    all_connected(&d, 2).await;
     let vip = std::net::SocketAddr::from(([127, 0, 0, 1], vip_port));
 
     // With every placement's blocks filed under the other endpoint, endpoint 0 looks the
@@ -324,7 +305,7 @@ async fn swapped_event_ports_read_crossed_until_fixed() {
     // Fixed: each endpoint on its own engine's port.
     let (code, body) = d.post_rule(&rule_with([zmq[0], zmq[1]])).await;
     assert_eq!(code, 200, "{body}");
-    both_connected(&d).await;
+    all_connected(&d, 2).await;
     let per = new_prompts(vip, 50_000, 6).await;
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {

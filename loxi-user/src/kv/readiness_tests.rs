@@ -6,6 +6,12 @@ use crate::kv::ingest::events::decode_batch;
 use crate::kv::settings::KvSettings;
 use crate::kv::testutil::{metric_value, msgpack, rule, state, stored_batch, vllm_stored_event};
 
+/// Endpoint `m`'s readiness now, with its parity report (as the readiness pass reads it).
+fn current(svc: &ServiceKv, eps: &[crate::rules::KvEndpoint], m: usize) -> Readiness {
+    let p = svc.parity.lock().get(m).cloned();
+    readiness(svc, &svc.members.read(), m, &eps[m], p.as_ref(), 20)
+}
+
 fn batch(ev: V) -> crate::kv::ingest::events::EventBatch {
     decode_batch(&msgpack(&V::Array(vec![
         V::F64(0.0),
@@ -162,10 +168,7 @@ fn an_idle_or_restarted_engine_reads_no_blocks_until_it_stores_one() {
     let r = rule(1, 2, serde_json::json!({}));
     let svc = st.service(&r).expect("kv rule");
     let eps = r.spec.kv.as_ref().expect("kv").endpoints.clone();
-    let now = |m: usize| {
-        let p = svc.parity.lock().get(m).cloned();
-        readiness(&svc, &svc.members.read(), m, &eps[m], p.as_ref(), 20)
-    };
+    let now = |m: usize| current(&svc, &eps, m);
     svc.set_connected(0, 0, true);
     svc.set_connected(1, 0, true);
     svc.apply_batch(0, 0, &engine_event(None), &st.metrics);
@@ -228,10 +231,7 @@ fn swapped_streams_read_crossed_with_both_ports_named() {
     for m in 0..3 {
         svc.set_connected(m, 0, true);
     }
-    let now = |m: usize| {
-        let p = svc.parity.lock().get(m).cloned();
-        readiness(&svc, &svc.members.read(), m, &eps[m], p.as_ref(), 20)
-    };
+    let now = |m: usize| current(&svc, &eps, m);
     let gauge = |ep: usize, state: &str| {
         metric_value(
             &reg,
@@ -304,10 +304,7 @@ fn a_stream_down_after_events_reads_disconnected_with_its_socket() {
     let r = rule(1, 2, serde_json::json!({"kvDpRankCount": 2}));
     let svc = st.service(&r).expect("kv rule");
     let eps = r.spec.kv.as_ref().expect("kv").endpoints.clone();
-    let now = |m: usize| {
-        let p = svc.parity.lock().get(m).cloned();
-        readiness(&svc, &svc.members.read(), m, &eps[m], p.as_ref(), 20)
-    };
+    let now = |m: usize| current(&svc, &eps, m);
     for rank in 0..2 {
         svc.set_connected(0, rank, true);
     }
