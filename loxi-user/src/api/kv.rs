@@ -81,6 +81,12 @@ pub struct EndpointInventory {
     /// Endpoint IP.
     #[serde(rename = "endpointIP")]
     pub endpoint_ip: String,
+    /// Endpoint port (engines sharing an IP are told apart by it).
+    #[serde(rename = "targetPort")]
+    pub target_port: u16,
+    /// The KV-event publisher port its stream reads (DP rank r on this + r).
+    #[serde(rename = "kvZmqPort")]
+    pub kv_zmq_port: u16,
     /// Distinct blocks held (all ranks and tiers; a block on the GPU and in the offload tier
     /// counts once, as it is listed once). `loxilb_pd_kv_blocks` counts each tier's copy.
     #[serde(rename = "blockCount")]
@@ -150,6 +156,12 @@ pub struct EndpointParity {
     /// Endpoint IP.
     #[serde(rename = "endpointIP")]
     pub endpoint_ip: String,
+    /// Endpoint port (engines sharing an IP are told apart by it).
+    #[serde(rename = "targetPort")]
+    pub target_port: u16,
+    /// The KV-event publisher port its stream reads (DP rank r on this + r).
+    #[serde(rename = "kvZmqPort")]
+    pub kv_zmq_port: u16,
     /// Readiness state, leg and remedy (`kv::readiness`).
     #[serde(flatten)]
     pub readiness: Readiness,
@@ -280,6 +292,8 @@ fn inventory_view(api: &KvApi, q: &HashMap<String, String>) -> Result<InventoryV
             EndpointInventory {
                 ep_idx: ep,
                 endpoint_ip: e.ip.clone(),
+                target_port: e.port,
+                kv_zmq_port: e.zmq_port,
                 block_count: held.len() as u64,
                 connected: ranks.iter().any(|r| r.connected),
                 ranks,
@@ -349,6 +363,8 @@ async fn parity(State(api): State<KvApi>, Query(pairs): Query<Vec<(String, Strin
                 EndpointParity {
                     ep_idx,
                     endpoint_ip: ep.ip.clone(),
+                    target_port: ep.port,
+                    kv_zmq_port: ep.zmq_port,
                     readiness,
                     parity,
                 }

@@ -418,7 +418,8 @@ pub fn render_kvinventory_endpoints(answer: &Value) -> String {
                 .collect();
             vec![
                 num(&e["epIdx"]),
-                cell(&e["endpointIP"]),
+                format!("{}:{}", cell(&e["endpointIP"]), num(&e["targetPort"])),
+                num(&e["kvZmqPort"]),
                 num(&e["blockCount"]),
                 if e["connected"].as_bool() == Some(true) {
                     "yes".into()
@@ -430,7 +431,14 @@ pub fn render_kvinventory_endpoints(answer: &Value) -> String {
         })
         .collect();
     out.push_str(&layout(
-        &["Ep Idx", "Endpoint", "Blocks", "Connected", "Ranks"],
+        &[
+            "Ep Idx",
+            "Endpoint",
+            "KV Port",
+            "Blocks",
+            "Connected",
+            "Ranks",
+        ],
         &rows,
     ));
     out
@@ -445,14 +453,16 @@ mod tests {
     #[test]
     fn kvinventory_without_an_endpoint_is_a_table_of_endpoints() {
         let a = json!({"serviceId": 3, "offset": 0, "limit": 1000, "endpoints": [
-            {"epIdx": 0, "endpointIP": "10.0.0.1", "blockCount": 12, "connected": true,
+            {"epIdx": 0, "endpointIP": "10.0.0.1", "targetPort": 8000, "kvZmqPort": 5557,
+             "blockCount": 12, "connected": true,
              "ranks": [{"rank": 0, "connected": true, "lastSeq": 41},
                        {"rank": 1, "connected": false, "lastSeq": null}], "hashes": [1, 2]},
-            {"epIdx": 1, "endpointIP": "10.0.0.2", "blockCount": 0, "connected": false,
+            {"epIdx": 1, "endpointIP": "10.0.0.2", "targetPort": 8001, "kvZmqPort": 5558,
+             "blockCount": 0, "connected": false,
              "ranks": [], "hashes": []}]});
         assert_eq!(
             render_kvinventory_endpoints(&a),
-            "service_id=3\n| EP IDX | ENDPOINT | BLOCKS | CONNECTED |      RANKS       |\n|--------|----------|--------|-----------|------------------|\n|      0 | 10.0.0.1 |     12 | yes       | 0:up:41 1:down:- |\n|      1 | 10.0.0.2 |      0 | no        |                  |\n"
+            "service_id=3\n| EP IDX |   ENDPOINT    | KV PORT | BLOCKS | CONNECTED |      RANKS       |\n|--------|---------------|---------|--------|-----------|------------------|\n|      0 | 10.0.0.1:8000 |    5557 |     12 | yes       | 0:up:41 1:down:- |\n|      1 | 10.0.0.2:8001 |    5558 |      0 | no        |                  |\n"
         );
     }
 

@@ -5,28 +5,40 @@
 //! endpoint, so repeats of a prompt go to the engine that does not hold it while
 //! `loxilb_pd_kv_tier15_hits_total` counts hits.
 //!
-//! The check: when a request is placed cold on endpoint `Y` (no endpoint holds or is predicted
-//! to hold its first block), the first block key is a probe: the engine that prefills it
-//! publishes that key within seconds. The readiness pass (once a second,
-//! [`CrossWatch::resolve`]) looks for each pending probe among the endpoints' confirmed blocks:
-//! - on `Y`'s stream: the placement *landed*;
-//! - only on other endpoints' streams (the first of them, `X`): it *strayed* to `X`;
-//! - nowhere yet: it stays pending until [`PROBE_WINDOW`] after the placement, then is dropped
-//!   (an engine that evicts at once, or a request that failed, is no evidence).
+//! The check uses what loxi knows of ownership: where it sent each new prompt. When a request
+//! is placed cold on endpoint `Y` (no endpoint holds or is predicted to hold its first block),
+//! that first block key becomes a probe ([`CrossWatch::placed`]); every later request with the
+//! same first block adds its endpoint to the probe's *routed* set while the probe is pending
+//! ([`CrossWatch::routed`]). Every stored block an endpoint's stream delivers is matched
+//! against the pending probes ([`CrossWatch::observed`]): the probe's *seen* set. Only a probe
+//! routed to `Y` alone is evidence (a prompt loxi also sent elsewhere, a replica seed or a
+//! concurrent copy, could be published by either engine):
+//! - seen on `Y`'s stream only: the placement *landed*;
+//! - seen on the stream of an endpoint `X` it was never routed to (none on `Y`'s): it
+//!   *strayed* to `X`. This is decided as soon as it is seen, whatever `Y`'s speed: a slow
+//!   engine is not outrun by a copy, since a copy would be routed;
+//! - seen nowhere within [`PROBE_WINDOW`]: *unseen* (the engine's publisher is not on its
+//!   endpoint's stream at all).
 //!
 //! Each endpoint keeps the outcomes of its last [`OUTCOMES`] resolved probes.
-//! [`CrossWatch::crossed`] names `X` when none of them landed and at least [`MIN_STRAYS`]
-//! strayed to `X`: readiness `crossed` for `Y` and for `X` (whose stream carries `Y`'s
-//! engine's blocks, [`CrossWatch::carries`]), each remedy naming both ports. Both are
-//! [`CrossWatch::suspects`]: their inventories are not their engines' caches, so routing
-//! gives their blocks no overlap and cold placement counts them as not heard (loads still
-//! spread over them; only prefix reuse is lost for them). A later landing (a wrong verdict)
-//! clears it as soon as it is among the last outcomes; moving an endpoint to another
-//! `kvZmqPort` (the fix) makes it a new member with no outcomes.
+//! [`CrossWatch::verdict`] says:
+//! - `Strays(X)` when none of them landed and at least [`MIN_EVIDENCE`] strayed to `X`:
+//!   readiness `crossed` for `Y` and for `X` (whose stream carries `Y`'s engine's blocks,
+//!   [`CrossWatch::carries`]);
+//! - `Unseen` when none landed, none strayed and at least [`MIN_EVIDENCE`] were unseen, and
+//!   the readiness pass checks that `Y`'s stream did deliver blocks (someone's): readiness
+//!   `crossed` (its stream is another engine's, one outside the rule).
 //!
-//! Cost: one [`KvIndex::score`] of one key per routed request with keys (to tell a cold
-//! placement), a lock push for cold ones; the pass costs at most [`MAX_PENDING`] × endpoints
-//! key lookups a second.
+//! The endpoints with a verdict, and those their strays went to, are
+//! [`CrossWatch::suspects`]: their inventories are not their engines' caches, so routing gives
+//! their blocks no overlap and cold placement counts them as not heard (loads still spread
+//! over them; only prefix reuse is lost for them). A landing clears a verdict while it is among
+//! the last outcomes; moving an endpoint to another `kvZmqPort` (the fix) makes it a new member
+//! with no outcomes.
+//!
+//! Cost: per routed request with keys, one lock and one lookup of its first key among at most
+//! [`MAX_PENDING`] probes, plus a one-key score when it had no hit; per stored event, one lock
+//! and a lookup per block while probes are pending.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
@@ -34,25 +46,60 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::BlockKey;
-use super::index::KvIndex;
 use super::members::Member;
 
-/// How long a probe waits for its key to be published (after that it is dropped, unresolved).
+/// How long a probe waits for its key to be published (after that it resolves as unseen when
+/// it was routed to one endpoint and seen nowhere, and is dropped otherwise).
 pub const PROBE_WINDOW: Duration = Duration::from_secs(30);
 /// Pending probes kept per service (the oldest is dropped for a new one beyond this).
 pub const MAX_PENDING: usize = 64;
 /// Resolved outcomes kept per endpoint.
 pub const OUTCOMES: usize = 8;
-/// Strays to one other endpoint, with no landing among the kept outcomes, that make the
-/// verdict `crossed`.
-pub const MIN_STRAYS: usize = 3;
+/// Strays to one other endpoint (or unseen placements), with no landing among the kept
+/// outcomes, that make a verdict.
+pub const MIN_EVIDENCE: usize = 3;
 
-/// One probe: the first block key of a cold placement on `member`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// One probe: the first block key of a cold placement.
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Probe {
     key: BlockKey,
-    member: Member,
     placed: Instant,
+    /// Endpoints loxi sent a request with this first block to (the cold placement first).
+    routed: Vec<Member>,
+    /// Endpoints whose streams published the key.
+    seen: Vec<Member>,
+}
+
+/// What became of one probe routed to a single endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Published on its own endpoint's stream only.
+    Landed,
+    /// Published on this endpoint's stream (one it was never routed to), not on its own.
+    Strayed(Member),
+    /// Published on no endpoint's stream within [`PROBE_WINDOW`].
+    Unseen,
+}
+
+/// An endpoint's verdict ([`CrossWatch::verdict`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// `n` of its last `of` placements were published only on member `to`'s stream.
+    Strays {
+        /// The member whose stream carries its engine's blocks.
+        to: Member,
+        /// Placements that strayed there.
+        n: usize,
+        /// Outcomes kept.
+        of: usize,
+    },
+    /// `n` of its last `of` placements were published on no stream of the rule.
+    Unseen {
+        /// Placements seen nowhere.
+        n: usize,
+        /// Outcomes kept.
+        of: usize,
+    },
 }
 
 /// Per-service state of the crossed-stream check (see the module doc).
@@ -60,98 +107,154 @@ struct Probe {
 pub struct CrossWatch {
     /// Unresolved probes, oldest first (at most [`MAX_PENDING`]).
     pending: VecDeque<Probe>,
-    /// Per member placed on: its last resolved outcomes, newest last (at most [`OUTCOMES`]):
-    /// `None` landed on its own stream, `Some(x)` arrived only on member `x`'s stream.
-    outcomes: HashMap<Member, VecDeque<Option<Member>>>,
+    /// Per member placed on: its last resolved outcomes, newest last (at most [`OUTCOMES`]).
+    outcomes: HashMap<Member, VecDeque<Outcome>>,
 }
 
 impl CrossWatch {
-    /// Records a cold placement on `member` of a request whose first block key is `key`, at
-    /// `now`. The caller has checked that no endpoint holds or is predicted to hold `key`.
+    /// A request whose first block key is `key` was sent to `member` at `now`: adds `member`
+    /// to the routed set of a pending probe of `key`; otherwise, when `cold` (no endpoint
+    /// holds or is predicted to hold `key`), starts a probe. Returns whether a probe of `key`
+    /// is pending afterwards.
+    pub fn routed(&mut self, member: Member, key: BlockKey, cold: bool, now: Instant) -> bool {
+        if let Some(p) = self.pending.iter_mut().find(|p| p.key == key) {
+            if !p.routed.contains(&member) {
+                p.routed.push(member);
+            }
+            return true;
+        }
+        if cold {
+            self.placed(member, key, now);
+        }
+        cold
+    }
+
+    /// Starts a probe: a cold placement on `member` of a request whose first block key is
+    /// `key`, at `now` (the oldest probe is dropped beyond [`MAX_PENDING`]).
     pub fn placed(&mut self, member: Member, key: BlockKey, now: Instant) {
         if self.pending.len() >= MAX_PENDING {
             self.pending.pop_front();
         }
         self.pending.push_back(Probe {
             key,
-            member,
             placed: now,
+            routed: vec![member],
+            seen: Vec::new(),
         });
     }
 
-    /// Resolves the pending probes against `index`'s confirmed blocks of `members` (the
-    /// service's current members) at `now`; probes of members that left are dropped, and
-    /// probes older than [`PROBE_WINDOW`] with no holder are dropped unresolved.
-    pub fn resolve(&mut self, index: &KvIndex, members: &[Member], now: Instant) {
-        let mut keep = VecDeque::with_capacity(self.pending.len());
-        while let Some(p) = self.pending.pop_front() {
-            if !members.contains(&p.member) {
-                continue;
-            }
-            let outcome = if index.holds_key(p.member, p.key) {
-                Some(None)
-            } else {
-                members
-                    .iter()
-                    .find(|&&x| x != p.member && index.holds_key(x, p.key))
-                    .map(|&x| Some(x))
-            };
-            match outcome {
-                Some(o) => {
-                    let ring = self.outcomes.entry(p.member).or_default();
-                    if ring.len() >= OUTCOMES {
-                        ring.pop_front();
-                    }
-                    ring.push_back(o);
-                }
-                None if now.duration_since(p.placed) < PROBE_WINDOW => keep.push_back(p),
-                None => {}
+    /// `member`'s stream published `keys` (stored blocks, index keys): marks the pending
+    /// probes of those keys as seen there and resolves those that are decided.
+    pub fn observed(&mut self, member: Member, keys: &[BlockKey]) {
+        if self.pending.is_empty() {
+            return;
+        }
+        let mut touched = false;
+        for p in self.pending.iter_mut() {
+            if !p.seen.contains(&member) && keys.contains(&p.key) {
+                p.seen.push(member);
+                touched = true;
             }
         }
-        self.pending = keep;
+        if touched {
+            self.settle(None);
+        }
+    }
+
+    /// Resolves what is decided among the pending probes; with `expire` (the readiness pass,
+    /// with the service's current `members` and the time), also drops probes of members that
+    /// left and ends those older than [`PROBE_WINDOW`], and forgets the outcomes of members
+    /// that left.
+    pub fn resolve(&mut self, members: &[Member], now: Instant) {
+        self.settle(Some((members, now)));
         self.outcomes.retain(|m, _| members.contains(m));
     }
 
-    /// The member whose stream carries `member`'s blocks, with how many of `member`'s last
-    /// outcomes strayed there: `Some` when none of its kept outcomes landed and at least
-    /// [`MIN_STRAYS`] strayed to that one member (the most frequent; the lowest id on a tie).
-    pub fn crossed(&self, member: Member) -> Option<(Member, usize)> {
-        let ring = self.outcomes.get(&member)?;
-        if ring.iter().any(Option::is_none) {
-            return None;
-        }
-        let mut counts: Vec<(Member, usize)> = Vec::new();
-        for x in ring.iter().flatten() {
-            match counts.iter_mut().find(|(m, _)| m == x) {
-                Some(c) => c.1 += 1,
-                None => counts.push((*x, 1)),
+    fn settle(&mut self, expire: Option<(&[Member], Instant)>) {
+        let mut keep = VecDeque::with_capacity(self.pending.len());
+        while let Some(p) = self.pending.pop_front() {
+            if let Some((members, _)) = expire
+                && !members.contains(&p.routed[0])
+            {
+                continue;
+            }
+            let expired =
+                expire.is_some_and(|(_, now)| now.duration_since(p.placed) >= PROBE_WINDOW);
+            match (decide(&p), expired) {
+                (Some(o), _) => self.record(p.routed[0], o),
+                (None, false) => keep.push_back(p),
+                (None, true) => {
+                    if p.routed.len() == 1 && p.seen.is_empty() {
+                        self.record(p.routed[0], Outcome::Unseen);
+                    }
+                }
             }
         }
-        counts
-            .into_iter()
-            .filter(|(_, n)| *n >= MIN_STRAYS)
+        self.pending = keep;
+    }
+
+    fn record(&mut self, member: Member, o: Outcome) {
+        let ring = self.outcomes.entry(member).or_default();
+        if ring.len() >= OUTCOMES {
+            ring.pop_front();
+        }
+        ring.push_back(o);
+    }
+
+    /// `member`'s verdict from its kept outcomes (see the module doc); `None` while one of
+    /// them landed or the evidence is short. Strays to several endpoints name the most
+    /// frequent (the lowest id on a tie).
+    pub fn verdict(&self, member: Member) -> Option<Verdict> {
+        let ring = self.outcomes.get(&member)?;
+        if ring.contains(&Outcome::Landed) {
+            return None;
+        }
+        let of = ring.len();
+        let mut counts: Vec<(Member, usize)> = Vec::new();
+        for o in ring {
+            if let Outcome::Strayed(x) = o {
+                match counts.iter_mut().find(|(m, _)| m == x) {
+                    Some(c) => c.1 += 1,
+                    None => counts.push((*x, 1)),
+                }
+            }
+        }
+        if let Some((to, n)) = counts
+            .iter()
+            .copied()
+            .filter(|(_, n)| *n >= MIN_EVIDENCE)
             .max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)))
+        {
+            return Some(Verdict::Strays { to, n, of });
+        }
+        let n = ring.iter().filter(|o| **o == Outcome::Unseen).count();
+        (counts.is_empty() && n >= MIN_EVIDENCE).then_some(Verdict::Unseen { n, of })
     }
 
     /// The member whose placements' blocks `member`'s stream carries: the lowest member `y`
-    /// whose [`Self::crossed`] names `member`, with its count.
-    pub fn carries(&self, member: Member) -> Option<(Member, usize)> {
+    /// whose verdict strays to `member`, with that verdict.
+    pub fn carries(&self, member: Member) -> Option<(Member, Verdict)> {
         let mut ys: Vec<Member> = self.outcomes.keys().copied().collect();
         ys.sort_unstable();
-        ys.into_iter().find_map(|y| match self.crossed(y) {
-            Some((x, n)) if x == member => Some((y, n)),
+        ys.into_iter().find_map(|y| match self.verdict(y) {
+            Some(v @ Verdict::Strays { to, .. }) if to == member => Some((y, v)),
             _ => None,
         })
     }
 
-    /// Every member whose inventory is not its own engine's cache: each crossed member and
-    /// each member named by one (ascending, each once).
-    pub fn suspects(&self) -> Vec<Member> {
+    /// Every member with a verdict and every member a verdict strays to (ascending, each
+    /// once): their inventories are not their engines' caches. `has_blocks` says whether a
+    /// member's stream delivered any block (an `Unseen` verdict counts only then).
+    pub fn suspects(&self, has_blocks: impl Fn(Member) -> bool) -> Vec<Member> {
         let mut out = Vec::new();
         for &y in self.outcomes.keys() {
-            if let Some((x, _)) = self.crossed(y) {
-                out.push(y);
-                out.push(x);
+            match self.verdict(y) {
+                Some(Verdict::Strays { to, .. }) => {
+                    out.push(y);
+                    out.push(to);
+                }
+                Some(Verdict::Unseen { .. }) if has_blocks(y) => out.push(y),
+                _ => {}
             }
         }
         out.sort_unstable();
@@ -161,14 +264,31 @@ impl CrossWatch {
 
     /// Drops everything known of `member` (it left the rule).
     pub fn forget(&mut self, member: Member) {
-        self.pending.retain(|p| p.member != member);
+        self.pending.retain(|p| p.routed[0] != member);
+        for p in self.pending.iter_mut() {
+            p.routed.retain(|m| *m != member);
+            p.seen.retain(|m| *m != member);
+        }
         self.outcomes.remove(&member);
     }
 
-    /// Unresolved probes (for tests and the report).
+    /// Unresolved probes.
     pub fn pending_len(&self) -> usize {
         self.pending.len()
     }
+}
+
+/// The outcome of probe `p` if it is decided: only a probe routed to one endpoint is
+/// evidence (landed: seen there and nowhere else; strayed: seen where it was not routed and
+/// not on its endpoint's stream).
+fn decide(p: &Probe) -> Option<Outcome> {
+    let [y] = p.routed[..] else {
+        return None;
+    };
+    if p.seen.contains(&y) {
+        return (p.seen.len() == 1).then_some(Outcome::Landed);
+    }
+    p.seen.first().map(|&x| Outcome::Strayed(x))
 }
 
 #[cfg(test)]

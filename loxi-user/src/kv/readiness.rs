@@ -7,11 +7,13 @@
 //! - `not_subscribed`: tier 1.5 does not follow its events (a decode endpoint of a P/D rule).
 //! - `syncing`: one of its ranks connected and is replaying, from the engine's replay socket
 //!   (rule or endpoint `kvReplayPort`), what the engine still holds; until that catch-up ends.
-//! - `crossed`: the crossed-stream check (`kv::cross`): the first blocks of its last new
-//!   prompts (at least 3, none landing) were published on one other endpoint's event stream
-//!   and not on its own: its engine publishes on that endpoint's `kvZmqPort` (swapped ports);
-//!   the remedy names both ports. The endpoint named reads `crossed` too (its stream carries
-//!   the other engine's blocks). Neither one's blocks are used for routing until it clears.
+//! - `crossed`: the crossed-stream check (`kv::cross`): of the new prompts sent to it alone
+//!   (its last 8 outcomes, none landing), at least 3 were published on one other endpoint's
+//!   event stream and not on its own (its engine publishes on that endpoint's `kvZmqPort`:
+//!   swapped ports, or a rotation; the endpoint named reads `crossed` too, its stream carrying
+//!   the other engine's blocks), or at least 3 on no stream of the rule while its own stream
+//!   carries blocks (its port is an engine's outside the rule). The remedy names the ports.
+//!   These endpoints' blocks are not used for routing until it clears.
 //!   Ahead of the states below: its own stream may carry nothing (`no_blocks`) or another
 //!   engine's events (`ok`).
 //! - `no_events`: no event batch applied from any of its ranks yet and none connected (the
@@ -23,7 +25,8 @@
 //! - `disconnected`: heard from before (a batch applied), and one of its streams is down now
 //!   (the engine or its publisher stopped): its blocks are as last published, new ones are not
 //!   seen; the remedy names the sockets. A restarted engine's blocks are cleared when it
-//!   reconnects.
+//!   reconnects if it has a replay socket (`kvReplayPort`), else at its first event (until
+//!   then it reads `ok` with the blocks it held before).
 //! - `never_matched`: the zero-hit watchdog: it holds blocks, `LOXI_KV_NEVER_MATCHED_AFTER`
 //!   requests with block keys were routed to it, none of its confirmed blocks was ever the
 //!   first block of a scored request, and the first block of none of the last 4 requests
@@ -43,6 +46,7 @@
 use serde::Serialize;
 use tokio::time::Instant;
 
+use super::cross::{PROBE_WINDOW, Verdict as Cross};
 use super::ingest::parity::{EpParity, Verdict};
 use super::members::{Member, Members};
 use super::metrics::{EpStateLabels, READINESS_STATES, ServiceLabels};
@@ -94,34 +98,54 @@ pub fn readiness(
             Some("replaying the engine's held blocks from its replay socket; wait".into()),
         );
     }
-    let (crossed, carries) = {
+    let (verdict, carries) = {
         let c = svc.cross.lock();
-        (c.crossed(member), c.carries(member))
+        (c.verdict(member), c.carries(member))
     };
     let name = |x: Member| {
         members
             .iter()
             .find(|(_, _, m)| *m == x)
-            .map(|(i, e, _)| format!("endpoint {i} ({}, kvZmqPort {})", e.ip, e.zmq_port))
+            .map(|(i, e, _)| {
+                format!(
+                    "endpoint {i} ({}:{}, kvZmqPort {})",
+                    e.ip, e.port, e.zmq_port
+                )
+            })
             .unwrap_or_else(|| "an endpoint that left the rule".into())
     };
-    if let Some((x, n)) = crossed {
-        return r(
-            "crossed",
-            None,
-            Some(format!(
-                "the first blocks of its last {n} new prompts were published on the event stream of {}, none on its own (kvZmqPort {}): the two endpoints' kvZmqPorts look swapped, or its engine publishes on the other's port; set each endpoint's kvZmqPort to its own engine's (until then neither one's blocks are used for routing)",
-                name(x),
-                ep.zmq_port
-            )),
-        );
+    const FIX: &str = "check every endpoint's kvZmqPort against the port its own engine publishes on (two swapped, or a rotation); until then these blocks are not used for routing";
+    match verdict {
+        Some(Cross::Strays { to, n, of }) => {
+            return r(
+                "crossed",
+                None,
+                Some(format!(
+                    "the first blocks of {n} of its last {of} new prompts (sent to it alone) were published on the event stream of {}, none on its own (kvZmqPort {}): its engine publishes on that endpoint's port; {FIX}",
+                    name(to),
+                    ep.zmq_port
+                )),
+            );
+        }
+        Some(Cross::Unseen { n, of }) if svc.index.blocks(member) > 0 => {
+            return r(
+                "crossed",
+                None,
+                Some(format!(
+                    "the first blocks of {n} of its last {of} new prompts (sent to it alone) were published on no event stream of the rule within {} s, while its stream (kvZmqPort {}) carries blocks: that port is another engine's, one outside the rule; {FIX}",
+                    PROBE_WINDOW.as_secs(),
+                    ep.zmq_port
+                )),
+            );
+        }
+        _ => {}
     }
-    if let Some((y, n)) = carries {
+    if let Some((y, Cross::Strays { n, .. })) = carries {
         return r(
             "crossed",
             None,
             Some(format!(
-                "its event stream (kvZmqPort {}) carries the first blocks of {n} new prompts placed on {}: that endpoint's engine publishes on this endpoint's port; set each endpoint's kvZmqPort to its own engine's (until then neither one's blocks are used for routing)",
+                "its event stream (kvZmqPort {}) carries the first blocks of {n} new prompts sent to {} alone: that endpoint's engine publishes on this endpoint's port; {FIX}",
                 ep.zmq_port,
                 name(y)
             )),
@@ -193,7 +217,7 @@ pub fn readiness(
             "disconnected",
             None,
             Some(format!(
-                "its event stream {} is down (engine or publisher stopped?): its {} blocks are as last published and new ones are not seen until it reconnects (a restarted engine's are then cleared)",
+                "its event stream {} is down (engine or publisher stopped?): its {} blocks are as last published and new ones are not seen until it reconnects (a restarted engine's are cleared at once on reconnect with a kvReplayPort, else at its first event)",
                 socks.join(", "),
                 svc.index.blocks(member)
             )),
@@ -286,8 +310,8 @@ pub fn publish(state: &KvState) {
         let ids: Vec<Member> = members.iter().map(|(_, _, m)| m).collect();
         let suspects = {
             let mut c = svc.cross.lock();
-            c.resolve(&svc.index, &ids, Instant::now());
-            c.suspects()
+            c.resolve(&ids, Instant::now());
+            c.suspects(|m| svc.index.blocks(m) > 0)
         };
         if *svc.crossed.read() != suspects {
             *svc.crossed.write() = suspects;
@@ -323,10 +347,10 @@ pub fn publish(state: &KvState) {
                 let remedy = now.remedy.as_deref().unwrap_or("");
                 match now.state {
                     "mismatch" | "never_matched" | "crossed" => {
-                        tracing::warn!(service = svc.id, ep_idx = pos, endpoint = %ep.ip, state = now.state, leg = now.leg.as_deref().unwrap_or(""), remedy, "kv endpoint readiness")
+                        tracing::warn!(service = svc.id, ep_idx = pos, endpoint = %ep.ip, port = ep.port, kv_zmq_port = ep.zmq_port, state = now.state, leg = now.leg.as_deref().unwrap_or(""), remedy, "kv endpoint readiness")
                     }
                     _ => {
-                        tracing::info!(service = svc.id, ep_idx = pos, endpoint = %ep.ip, state = now.state, remedy, "kv endpoint readiness")
+                        tracing::info!(service = svc.id, ep_idx = pos, endpoint = %ep.ip, port = ep.port, kv_zmq_port = ep.zmq_port, state = now.state, remedy, "kv endpoint readiness")
                     }
                 }
             }

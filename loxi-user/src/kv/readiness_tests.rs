@@ -246,7 +246,7 @@ fn swapped_streams_read_crossed_with_both_ports_named() {
         from += 100;
         svc.cross
             .lock()
-            .placed(on, first, tokio::time::Instant::now());
+            .routed(on, first, true, tokio::time::Instant::now());
         svc.apply_batch(published_by, 0, &ev, &st.metrics);
     };
     for _ in 0..2 {
@@ -268,11 +268,11 @@ fn swapped_streams_read_crossed_with_both_ports_named() {
     assert_eq!(
         zero.remedy.as_deref(),
         Some(
-            "the first blocks of its last 3 new prompts were published on the event stream of \
-             endpoint 1 (127.0.0.2, kvZmqPort 5557), none on its own (kvZmqPort 5557): the two \
-             endpoints' kvZmqPorts look swapped, or its engine publishes on the other's port; \
-             set each endpoint's kvZmqPort to its own engine's (until then neither one's \
-             blocks are used for routing)"
+            "the first blocks of 3 of its last 3 new prompts (sent to it alone) were published \
+             on the event stream of endpoint 1 (127.0.0.2:8001, kvZmqPort 5557), none on its \
+             own (kvZmqPort 5557): its engine publishes on that endpoint's port; check every \
+             endpoint's kvZmqPort against the port its own engine publishes on (two swapped, \
+             or a rotation); until then these blocks are not used for routing"
         )
     );
     let one = now(1);
@@ -280,7 +280,7 @@ fn swapped_streams_read_crossed_with_both_ports_named() {
     assert!(
         one.remedy
             .as_deref()
-            .is_some_and(|r| r.contains("endpoint 0 (127.0.0.1, kvZmqPort 5557)")),
+            .is_some_and(|r| r.contains("endpoint 0 (127.0.0.1:8000, kvZmqPort 5557)")),
         "{one:?}"
     );
     assert_eq!(now(2).state, "ok");
@@ -318,7 +318,8 @@ fn a_stream_down_after_events_reads_disconnected_with_its_socket() {
         Some(
             "its event stream tcp://127.0.0.1:5558 is down (engine or publisher stopped?): its 2 \
              blocks are as last published and new ones are not seen until it reconnects (a \
-             restarted engine's are then cleared)"
+             restarted engine's are cleared at once on reconnect with a kvReplayPort, else at \
+             its first event)"
         )
     );
     svc.set_connected(0, 0, false);
@@ -335,4 +336,49 @@ fn a_stream_down_after_events_reads_disconnected_with_its_socket() {
     // Never heard from: down is `no_events`, not `disconnected`.
     svc.set_connected(1, 0, false);
     assert_eq!(now(1).state, "no_events");
+}
+
+/// An endpoint whose kvZmqPort is an engine's outside the rule: its stream carries blocks, but
+/// the first blocks of the new prompts sent to it alone are published on no stream of the
+/// rule within the window. From the third it reads `crossed`, and its blocks are suspect; an
+/// endpoint whose stream carries nothing is not (its engine may publish nothing at all).
+#[test]
+fn placements_published_nowhere_read_crossed_when_the_stream_carries_blocks() {
+    let (st, _reg) = state(KvSettings::default());
+    let r = rule(1, 2, serde_json::json!({}));
+    let svc = st.service(&r).expect("kv rule");
+    let eps = r.spec.kv.as_ref().expect("kv").endpoints.clone();
+    for m in 0..2 {
+        svc.set_connected(m, 0, true);
+    }
+    // The outside engine's blocks on endpoint 0's stream.
+    svc.apply_batch(0, 0, &prompt_event(5000).0, &st.metrics);
+    let t0 = tokio::time::Instant::now();
+    for from in [1000, 1100, 1200] {
+        for m in 0..2 {
+            svc.cross
+                .lock()
+                .routed(m, prompt_event(from + m as u32 * 1000).1, true, t0);
+        }
+    }
+    svc.cross
+        .lock()
+        .resolve(&[0, 1], t0 + crate::kv::cross::PROBE_WINDOW);
+    let zero = current(&svc, &eps, 0);
+    assert_eq!(zero.state, "crossed", "{zero:?}");
+    assert_eq!(
+        zero.remedy.as_deref(),
+        Some(
+            "the first blocks of 3 of its last 3 new prompts (sent to it alone) were published \
+             on no event stream of the rule within 30 s, while its stream (kvZmqPort 5557) \
+             carries blocks: that port is another engine's, one outside the rule; check every \
+             endpoint's kvZmqPort against the port its own engine publishes on (two swapped, \
+             or a rotation); until then these blocks are not used for routing"
+        )
+    );
+    assert_eq!(current(&svc, &eps, 1).state, "no_blocks");
+    assert_eq!(
+        svc.cross.lock().suspects(|m| svc.index.blocks(m) > 0),
+        vec![0]
+    );
 }

@@ -132,6 +132,7 @@ impl ServiceKv {
                     t.keys
                 };
                 let out = self.index.store_in(ep, rank, tier_of(&st.medium), &keys);
+                self.cross.lock().observed(ep, &keys);
                 if out.evicted > 0 {
                     m.cap_evictions
                         .get_or_create(&EpLabels {

@@ -411,17 +411,17 @@ impl KvRouter {
             let cached = ticket.hit.filter(|h| h.0 == ep).map_or(0, |h| h.1);
             ticket.work = (k.len().saturating_sub(cached) * svc.config.block_size as usize) as u64;
         }
-        // A cold placement on a subscribed endpoint (no endpoint holds or is predicted to hold
-        // its first block): its first key is a probe of the crossed-stream check.
+        // The crossed-stream check (`kv::cross`): a cold placement on a subscribed endpoint (no
+        // endpoint holds or is predicted to hold its first block) starts a probe of its first
+        // key; any request with a pending probe's first key adds its endpoint to that probe.
         if let (Ok(k), Some(m)) = (&*keys, member)
-            && ticket.hit.is_none_or(|h| h.1 == 0)
             && let Some(first) = k.first()
             && eps.get(ep).is_some_and(|e| e.subscribed)
         {
             let now = Instant::now();
-            if svc.index.score(std::slice::from_ref(first), now).is_empty() {
-                svc.cross.lock().placed(m, *first, now);
-            }
+            let cold = ticket.hit.is_none_or(|h| h.1 == 0)
+                && svc.index.score(std::slice::from_ref(first), now).is_empty();
+            svc.cross.lock().routed(m, *first, cold, now);
         }
         if self.state.settings.predicted_ttl.is_zero() {
             return;
