@@ -17,8 +17,10 @@
 //! - seen on the stream of an endpoint `X` it was never routed to (none on `Y`'s): it
 //!   *strayed* to `X`. This is decided as soon as it is seen, whatever `Y`'s speed: a slow
 //!   engine is not outrun by a copy, since a copy would be routed;
-//! - seen nowhere within [`PROBE_WINDOW`]: *unseen* (the engine's publisher is not on its
-//!   endpoint's stream at all).
+//! - seen nowhere within [`PROBE_WINDOW`] while `Y`'s stream did deliver stored blocks after
+//!   the placement: *unseen* (the engine's publisher is not on its endpoint's stream at all;
+//!   an engine that failed the request, or publishes nothing, has a quiet stream and gives no
+//!   outcome).
 //!
 //! Each endpoint keeps the outcomes of its last [`OUTCOMES`] resolved probes.
 //! [`CrossWatch::verdict`] says:
@@ -109,6 +111,8 @@ pub struct CrossWatch {
     pending: VecDeque<Probe>,
     /// Per member placed on: its last resolved outcomes, newest last (at most [`OUTCOMES`]).
     outcomes: HashMap<Member, VecDeque<Outcome>>,
+    /// Per member: when its stream last delivered stored blocks (while probes were pending).
+    active: HashMap<Member, Instant>,
 }
 
 impl CrossWatch {
@@ -146,8 +150,16 @@ impl CrossWatch {
     /// `member`'s stream published `keys` (stored blocks, index keys): marks the pending
     /// probes of those keys as seen there and resolves those that are decided.
     pub fn observed(&mut self, member: Member, keys: &[BlockKey]) {
+        self.observed_at(member, keys, Instant::now());
+    }
+
+    /// [`Self::observed`] at `now`.
+    pub fn observed_at(&mut self, member: Member, keys: &[BlockKey], now: Instant) {
         if self.pending.is_empty() {
             return;
+        }
+        if !keys.is_empty() {
+            self.active.insert(member, now);
         }
         let mut touched = false;
         for p in self.pending.iter_mut() {
@@ -168,6 +180,7 @@ impl CrossWatch {
     pub fn resolve(&mut self, members: &[Member], now: Instant) {
         self.settle(Some((members, now)));
         self.outcomes.retain(|m, _| members.contains(m));
+        self.active.retain(|m, _| members.contains(m));
     }
 
     fn settle(&mut self, expire: Option<(&[Member], Instant)>) {
@@ -184,8 +197,12 @@ impl CrossWatch {
                 (Some(o), _) => self.record(p.routed[0], o),
                 (None, false) => keep.push_back(p),
                 (None, true) => {
-                    if p.routed.len() == 1 && p.seen.is_empty() {
-                        self.record(p.routed[0], Outcome::Unseen);
+                    // Unseen counts only if its stream delivered blocks meanwhile (someone's):
+                    // an engine that failed the request, or publishes nothing, is quiet.
+                    let y = p.routed[0];
+                    let busy = self.active.get(&y).is_some_and(|t| *t >= p.placed);
+                    if p.routed.len() == 1 && p.seen.is_empty() && busy {
+                        self.record(y, Outcome::Unseen);
                     }
                 }
             }
@@ -270,6 +287,7 @@ impl CrossWatch {
             p.seen.retain(|m| *m != member);
         }
         self.outcomes.remove(&member);
+        self.active.remove(&member);
     }
 
     /// Unresolved probes.

@@ -105,8 +105,9 @@ fn a_landing_clears_the_verdict_until_strays_push_it_out() {
 }
 
 /// Placements sent to endpoint 0 alone and published on no stream of the rule within the
-/// window: from the third, `Unseen`; a suspect only when its stream carries blocks (an engine
-/// outside the rule), not when it published nothing at all.
+/// window while its stream delivered other blocks: from the third, `Unseen`; a suspect only
+/// when its stream carries blocks (an engine outside the rule). While its stream is quiet (an
+/// engine failing the requests, or publishing nothing) they give no outcome.
 #[test]
 fn placements_published_nowhere_are_unseen_from_the_third() {
     let mut w = CrossWatch::default();
@@ -114,6 +115,13 @@ fn placements_published_nowhere_are_unseen_from_the_third() {
     for k in 0..3 {
         w.routed(0, K(k), true, now);
     }
+    w.resolve(&[0, 1], now + PROBE_WINDOW);
+    assert_eq!((w.verdict(0), w.pending_len()), (None, 0), "quiet stream");
+    for k in 0..3 {
+        w.routed(0, K(k), true, now);
+    }
+    // The outside engine's own traffic on endpoint 0's stream.
+    w.observed_at(0, &[K(7777)], now + Duration::from_secs(1));
     w.resolve(&[0, 1], now + PROBE_WINDOW - Duration::from_millis(1));
     assert_eq!((w.verdict(0), w.pending_len()), (None, 3));
     w.resolve(&[0, 1], now + PROBE_WINDOW);

@@ -351,8 +351,6 @@ fn placements_published_nowhere_read_crossed_when_the_stream_carries_blocks() {
     for m in 0..2 {
         svc.set_connected(m, 0, true);
     }
-    // The outside engine's blocks on endpoint 0's stream.
-    svc.apply_batch(0, 0, &prompt_event(5000).0, &st.metrics);
     let t0 = tokio::time::Instant::now();
     for from in [1000, 1100, 1200] {
         for m in 0..2 {
@@ -361,6 +359,8 @@ fn placements_published_nowhere_read_crossed_when_the_stream_carries_blocks() {
                 .routed(m, prompt_event(from + m as u32 * 1000).1, true, t0);
         }
     }
+    // The outside engine's blocks on endpoint 0's stream, meanwhile.
+    svc.apply_batch(0, 0, &prompt_event(5000).0, &st.metrics);
     svc.cross
         .lock()
         .resolve(&[0, 1], t0 + crate::kv::cross::PROBE_WINDOW);
