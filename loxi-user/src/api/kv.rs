@@ -10,7 +10,7 @@
 //! - `GET /netlox/v1/config/ai/kv/parity?service_id=N` — the rule's hash contract and, for
 //!   EVERY endpoint of the rule (rule order): its readiness `state` (`syncing`, `no_events`,
 //!   `no_blocks`, `events_no_tokens`, `ok`, `mismatch` with its `leg`, `disconnected`,
-//!   `crossed`, `never_matched`, `not_subscribed`; `kv::readiness`) and `remedy`, the parity
+//!   `crossed`, `unseen`, `never_matched`, `not_subscribed`; `kv::readiness`) and `remedy`, the parity
 //!   verdict (`unknown`/`ok`/`mismatch`), blocks checked, mismatched and unverified, the
 //!   diagnosis, block-size rejections and whether token re-hash is active.
 //!

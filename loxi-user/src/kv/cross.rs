@@ -29,7 +29,9 @@
 //!   [`CrossWatch::carries`]);
 //! - `Unseen` when none landed, none strayed and at least [`MIN_EVIDENCE`] were unseen, and
 //!   the readiness pass checks that `Y`'s stream did deliver blocks (someone's): readiness
-//!   `crossed` (its stream is another engine's, one outside the rule).
+//!   `unseen` (its stream is another engine's, one outside the rule, or its engine already
+//!   held those prompts: engines publish a block once, so a warm engine loxi did not see fill
+//!   looks the same).
 //!
 //! The endpoints with a verdict, and those their strays went to, are
 //! [`CrossWatch::suspects`]: their inventories are not their engines' caches, so routing gives

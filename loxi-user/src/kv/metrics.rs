@@ -47,6 +47,7 @@ pub const READINESS_STATES: &[&str] = &[
     "disconnected",
     "never_matched",
     "crossed",
+    "unseen",
     "not_subscribed",
 ];
 
@@ -278,7 +279,7 @@ impl KvMetrics {
         );
         r.register(
             "loxilb_kv_endpoint_readiness",
-            "Endpoint readiness state (1 = current): syncing, no_events, no_blocks, events_no_tokens, ok, mismatch, disconnected, never_matched, crossed, not_subscribed",
+            "Endpoint readiness state (1 = current): syncing, no_events, no_blocks, events_no_tokens, ok, mismatch, disconnected, never_matched, crossed, unseen, not_subscribed",
             m.readiness.clone(),
         );
         r.register(

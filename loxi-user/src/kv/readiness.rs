@@ -11,9 +11,14 @@
 //!   (its last 8 outcomes, none landing), at least 3 were published on one other endpoint's
 //!   event stream and not on its own (its engine publishes on that endpoint's `kvZmqPort`:
 //!   swapped ports, or a rotation; the endpoint named reads `crossed` too, its stream carrying
-//!   the other engine's blocks), or at least 3 on no stream of the rule while its own stream
-//!   carries blocks (its port is an engine's outside the rule). The remedy names the ports.
-//!   These endpoints' blocks are not used for routing until it clears.
+//!   the other engine's blocks). The remedy names the ports. These endpoints' blocks are not
+//!   used for routing until it clears.
+//! - `unseen`: the same check: at least 3 of them (none landing, none straying) were published
+//!   on no stream of the rule within 30 s while its own stream carried other blocks: its port
+//!   is an engine's outside the rule, or its engine already held those prompts before loxi
+//!   saw them (an engine publishes a block once: after a loxilb restart without a replay
+//!   port); the first new prompt it stores clears it. Its blocks are not used for routing
+//!   meanwhile.
 //!   Ahead of the states below: its own stream may carry nothing (`no_blocks`) or another
 //!   engine's events (`ok`).
 //! - `no_events`: no event batch applied from any of its ranks yet and none connected (the
@@ -129,10 +134,10 @@ pub fn readiness(
         }
         Some(Cross::Unseen { n, of }) if svc.index.blocks(member) > 0 => {
             return r(
-                "crossed",
+                "unseen",
                 None,
                 Some(format!(
-                    "the first blocks of {n} of its last {of} new prompts (sent to it alone) were published on no event stream of the rule within {} s, while its stream (kvZmqPort {}) carries blocks: that port is another engine's, one outside the rule; {FIX}",
+                    "the first blocks of {n} of its last {of} new prompts (sent to it alone) were published on no event stream of the rule within {} s, while its stream (kvZmqPort {}) carries other blocks: either that port is another engine's, one outside the rule (check it against the port its own engine publishes on), or its engine already held those prompts before loxi saw them (engines publish a block once; e.g. after a loxilb restart without kvReplayPort), which the first new prompt it stores clears; until then its blocks are not used for routing",
                     PROBE_WINDOW.as_secs(),
                     ep.zmq_port
                 )),
@@ -346,7 +351,7 @@ pub fn publish(state: &KvState) {
                 e.reported = Some(now.state);
                 let remedy = now.remedy.as_deref().unwrap_or("");
                 match now.state {
-                    "mismatch" | "never_matched" | "crossed" => {
+                    "mismatch" | "never_matched" | "crossed" | "unseen" => {
                         tracing::warn!(service = svc.id, ep_idx = pos, endpoint = %ep.ip, port = ep.port, kv_zmq_port = ep.zmq_port, state = now.state, leg = now.leg.as_deref().unwrap_or(""), remedy, "kv endpoint readiness")
                     }
                     _ => {

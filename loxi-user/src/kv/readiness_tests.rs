@@ -340,10 +340,10 @@ fn a_stream_down_after_events_reads_disconnected_with_its_socket() {
 
 /// An endpoint whose kvZmqPort is an engine's outside the rule: its stream carries blocks, but
 /// the first blocks of the new prompts sent to it alone are published on no stream of the
-/// rule within the window. From the third it reads `crossed`, and its blocks are suspect; an
+/// rule within the window. From the third it reads `unseen`, and its blocks are suspect; an
 /// endpoint whose stream carries nothing is not (its engine may publish nothing at all).
 #[test]
-fn placements_published_nowhere_read_crossed_when_the_stream_carries_blocks() {
+fn placements_published_nowhere_read_unseen_when_the_stream_carries_blocks() {
     let (st, _reg) = state(KvSettings::default());
     let r = rule(1, 2, serde_json::json!({}));
     let svc = st.service(&r).expect("kv rule");
@@ -365,15 +365,17 @@ fn placements_published_nowhere_read_crossed_when_the_stream_carries_blocks() {
         .lock()
         .resolve(&[0, 1], t0 + crate::kv::cross::PROBE_WINDOW);
     let zero = current(&svc, &eps, 0);
-    assert_eq!(zero.state, "crossed", "{zero:?}");
+    assert_eq!(zero.state, "unseen", "{zero:?}");
     assert_eq!(
         zero.remedy.as_deref(),
         Some(
             "the first blocks of 3 of its last 3 new prompts (sent to it alone) were published \
              on no event stream of the rule within 30 s, while its stream (kvZmqPort 5557) \
-             carries blocks: that port is another engine's, one outside the rule; check every \
-             endpoint's kvZmqPort against the port its own engine publishes on (two swapped, \
-             or a rotation); until then these blocks are not used for routing"
+             carries other blocks: either that port is another engine's, one outside the rule \
+             (check it against the port its own engine publishes on), or its engine already \
+             held those prompts before loxi saw them (engines publish a block once; e.g. after \
+             a loxilb restart without kvReplayPort), which the first new prompt it stores \
+             clears; until then its blocks are not used for routing"
         )
     );
     assert_eq!(current(&svc, &eps, 1).state, "no_blocks");
