@@ -137,7 +137,7 @@ impl CrossWatch {
 
     /// Starts a probe: a cold placement on `member` of a request whose first block key is
     /// `key`, at `now` (the oldest probe is dropped beyond [`MAX_PENDING`]).
-    pub fn placed(&mut self, member: Member, key: BlockKey, now: Instant) {
+    fn placed(&mut self, member: Member, key: BlockKey, now: Instant) {
         if self.pending.len() >= MAX_PENDING {
             self.pending.pop_front();
         }

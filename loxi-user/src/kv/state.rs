@@ -310,10 +310,10 @@ impl ServiceKv {
     }
 
     /// Whether the engine of `member` is heard: one of its streams is connected now, its
-    /// stored events are not all refused for their block size and its stream is not crossed
-    /// with another endpoint's ([`Self::crossed`]). An endpoint that is not heard (a publisher
-    /// never reached, a stream down, an engine running another block size: readiness
-    /// `mismatch`, leg `block_size`; readiness `crossed`) has an inventory that says nothing of
+    /// stored events are not all refused for their block size and the crossed-stream check
+    /// does not suspect its inventory ([`Self::crossed`]). An endpoint that is not heard (a
+    /// publisher never reached, a stream down, an engine running another block size:
+    /// readiness `mismatch`, leg `block_size`; readiness `crossed` or `unseen`) has an inventory that says nothing of
     /// its cache; a connected engine that has published nothing yet holds nothing (vLLM publishes
     /// every block it stores), so it is heard, and truly empty.
     pub fn heard(&self, member: Member) -> bool {
