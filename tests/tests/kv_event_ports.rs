@@ -268,6 +268,26 @@ async fn swapped_event_ports_read_crossed_until_fixed() {
             "{m}"
         );
     }
+    // The probes behind the verdict are counted: strays only, no landing.
+    let probes = |outcome: &str| -> f64 {
+        (0..2)
+            .map(|i| {
+                series(
+                    &m,
+                    &format!(
+                        "loxilb_kv_cross_probes_total{{service=\"1\",ep_idx=\"{i}\",outcome=\"{outcome}\"}}"
+                    ),
+                )
+                .unwrap_or(0.0)
+            })
+            .sum()
+    };
+    assert!(
+        probes("strayed") >= 3.0 && probes("landed") == 0.0,
+        "strayed {}, landed {}: {m}",
+        probes("strayed"),
+        probes("landed")
+    );
     assert!(
         d.log_text().contains("state=\"crossed\""),
         "the change is logged"

@@ -41,8 +41,9 @@
 //! with no outcomes.
 //!
 //! Cost: per routed request with keys, one lock and one lookup of its first key among at most
-//! [`MAX_PENDING`] probes, plus a one-key score when it had no hit; per stored event, one lock
-//! and a lookup per block while probes are pending.
+//! [`MAX_PENDING`] probes, plus, when it had no hit, one index lookup of that key
+//! ([`super::index::KvIndex::held_or_predicted`], no allocation); per stored event, one lock
+//! and, while probes are pending, a binary search per block among the probes' sorted keys.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
@@ -85,6 +86,21 @@ pub enum Outcome {
     Unseen,
 }
 
+/// The label values of [`Outcome`]s in `loxilb_kv_cross_probes_total{outcome}`, by
+/// [`Outcome::index`].
+pub const OUTCOME_LABELS: [&str; 3] = ["landed", "strayed", "unseen"];
+
+impl Outcome {
+    /// Its position in [`OUTCOME_LABELS`].
+    pub fn index(self) -> usize {
+        match self {
+            Outcome::Landed => 0,
+            Outcome::Strayed(_) => 1,
+            Outcome::Unseen => 2,
+        }
+    }
+}
+
 /// An endpoint's verdict ([`CrossWatch::verdict`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
@@ -115,6 +131,12 @@ pub struct CrossWatch {
     outcomes: HashMap<Member, VecDeque<Outcome>>,
     /// Per member: when its stream last delivered stored blocks (while probes were pending).
     active: HashMap<Member, Instant>,
+    /// Per member placed on: outcomes resolved since the last [`Self::take_tally`], by
+    /// [`Outcome::label`] position (landed, strayed, unseen).
+    tally: HashMap<Member, [u64; 3]>,
+    /// The keys of `pending`, sorted (rebuilt whenever `pending` changes): a stored event's
+    /// keys are matched by binary search, not against every probe.
+    keys: Vec<BlockKey>,
 }
 
 impl CrossWatch {
@@ -147,6 +169,14 @@ impl CrossWatch {
             routed: vec![member],
             seen: Vec::new(),
         });
+        self.reindex();
+    }
+
+    /// Rebuilds [`Self::keys`] from the pending probes.
+    fn reindex(&mut self) {
+        self.keys.clear();
+        self.keys.extend(self.pending.iter().map(|p| p.key));
+        self.keys.sort_unstable();
     }
 
     /// `member`'s stream published `keys` (stored blocks, index keys): marks the pending
@@ -164,10 +194,15 @@ impl CrossWatch {
             self.active.insert(member, now);
         }
         let mut touched = false;
-        for p in self.pending.iter_mut() {
-            if !p.seen.contains(&member) && keys.contains(&p.key) {
-                p.seen.push(member);
-                touched = true;
+        for k in keys {
+            if self.keys.binary_search(k).is_err() {
+                continue;
+            }
+            for p in self.pending.iter_mut().filter(|p| p.key == *k) {
+                if !p.seen.contains(&member) {
+                    p.seen.push(member);
+                    touched = true;
+                }
             }
         }
         if touched {
@@ -183,6 +218,7 @@ impl CrossWatch {
         self.settle(Some((members, now)));
         self.outcomes.retain(|m, _| members.contains(m));
         self.active.retain(|m, _| members.contains(m));
+        self.tally.retain(|m, _| members.contains(m));
     }
 
     fn settle(&mut self, expire: Option<(&[Member], Instant)>) {
@@ -210,9 +246,11 @@ impl CrossWatch {
             }
         }
         self.pending = keep;
+        self.reindex();
     }
 
     fn record(&mut self, member: Member, o: Outcome) {
+        self.tally.entry(member).or_default()[o.index()] += 1;
         let ring = self.outcomes.entry(member).or_default();
         if ring.len() >= OUTCOMES {
             ring.pop_front();
@@ -221,9 +259,19 @@ impl CrossWatch {
     }
 
     /// `member`'s verdict from its kept outcomes (see the module doc); `None` while one of
-    /// them landed or the evidence is short. Strays to several endpoints name the most
-    /// frequent (the lowest id on a tie).
-    pub fn verdict(&self, member: Member) -> Option<Verdict> {
+    /// them landed or the evidence is short, and an `Unseen` verdict only when `holds_blocks`
+    /// (the index holds blocks of `member`: its stream carries someone's engine; without any,
+    /// placements published nowhere say nothing of whose). Strays to several endpoints name
+    /// the most frequent (the lowest id on a tie).
+    pub fn verdict(&self, member: Member, holds_blocks: bool) -> Option<Verdict> {
+        match self.evidence(member)? {
+            Verdict::Unseen { .. } if !holds_blocks => None,
+            v => Some(v),
+        }
+    }
+
+    /// [`Self::verdict`] before the `holds_blocks` gate.
+    fn evidence(&self, member: Member) -> Option<Verdict> {
         let ring = self.outcomes.get(&member)?;
         if ring.contains(&Outcome::Landed) {
             return None;
@@ -255,25 +303,25 @@ impl CrossWatch {
     pub fn carries(&self, member: Member) -> Option<(Member, Verdict)> {
         let mut ys: Vec<Member> = self.outcomes.keys().copied().collect();
         ys.sort_unstable();
-        ys.into_iter().find_map(|y| match self.verdict(y) {
+        ys.into_iter().find_map(|y| match self.evidence(y) {
             Some(v @ Verdict::Strays { to, .. }) if to == member => Some((y, v)),
             _ => None,
         })
     }
 
     /// Every member with a verdict and every member a verdict strays to (ascending, each
-    /// once): their inventories are not their engines' caches. `has_blocks` says whether a
-    /// member's stream delivered any block (an `Unseen` verdict counts only then).
-    pub fn suspects(&self, has_blocks: impl Fn(Member) -> bool) -> Vec<Member> {
+    /// once): their inventories are not their engines' caches. `holds_blocks` says whether
+    /// the index holds blocks of a member (its [`Self::verdict`] gate).
+    pub fn suspects(&self, holds_blocks: impl Fn(Member) -> bool) -> Vec<Member> {
         let mut out = Vec::new();
         for &y in self.outcomes.keys() {
-            match self.verdict(y) {
+            match self.verdict(y, holds_blocks(y)) {
                 Some(Verdict::Strays { to, .. }) => {
                     out.push(y);
                     out.push(to);
                 }
-                Some(Verdict::Unseen { .. }) if has_blocks(y) => out.push(y),
-                _ => {}
+                Some(Verdict::Unseen { .. }) => out.push(y),
+                None => {}
             }
         }
         out.sort_unstable();
@@ -288,8 +336,17 @@ impl CrossWatch {
             p.routed.retain(|m| *m != member);
             p.seen.retain(|m| *m != member);
         }
+        self.reindex();
         self.outcomes.remove(&member);
         self.active.remove(&member);
+        self.tally.remove(&member);
+    }
+
+    /// The outcomes resolved per member since the last call (counts by [`OUTCOME_LABELS`]
+    /// position), for `loxilb_kv_cross_probes_total`; members that left are dropped by
+    /// [`Self::resolve`] and [`Self::forget`] before they are taken.
+    pub fn take_tally(&mut self) -> HashMap<Member, [u64; 3]> {
+        std::mem::take(&mut self.tally)
     }
 
     /// Unresolved probes.

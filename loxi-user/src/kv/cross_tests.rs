@@ -21,11 +21,14 @@ fn placements_published_only_on_another_stream_are_crossed_from_the_third() {
     let mut w = CrossWatch::default();
     place_and_publish(&mut w, 0, 1, 100, 2);
     place_and_publish(&mut w, 1, 1, 200, 2);
-    assert_eq!(w.verdict(0), None);
+    assert_eq!(w.verdict(0, true), None);
     assert_eq!(w.pending_len(), 0);
     place_and_publish(&mut w, 0, 1, 102, 1);
-    assert_eq!(w.verdict(0), Some(Verdict::Strays { to: 1, n: 3, of: 3 }));
-    assert_eq!((w.verdict(1), w.verdict(2)), (None, None));
+    assert_eq!(
+        w.verdict(0, true),
+        Some(Verdict::Strays { to: 1, n: 3, of: 3 })
+    );
+    assert_eq!((w.verdict(1, true), w.verdict(2, true)), (None, None));
     assert_eq!(
         w.carries(1),
         Some((0, Verdict::Strays { to: 1, n: 3, of: 3 }))
@@ -48,9 +51,9 @@ fn a_prompt_also_sent_elsewhere_is_no_evidence_and_a_slow_owner_still_lands() {
         assert!(w.routed(1, K(k), false, now));
         w.observed(1, &[K(k)]);
     }
-    assert_eq!((w.verdict(0), w.pending_len()), (None, 4));
+    assert_eq!((w.verdict(0, true), w.pending_len()), (None, 4));
     w.resolve(&[0, 1], now + PROBE_WINDOW);
-    assert_eq!((w.verdict(0), w.pending_len()), (None, 0));
+    assert_eq!((w.verdict(0, true), w.pending_len()), (None, 0));
     // Alone: published 29 s later by its own engine, it landed.
     w.routed(0, K(500), true, now);
     w.resolve(&[0, 1], now + PROBE_WINDOW - Duration::from_secs(1));
@@ -70,7 +73,7 @@ fn a_replica_on_the_swapped_partner_does_not_clear_the_verdict() {
     let mut w = CrossWatch::default();
     let now = Instant::now();
     place_and_publish(&mut w, 0, 1, 100, 3);
-    assert!(w.verdict(0).is_some());
+    assert!(w.verdict(0, true).is_some());
     for k in 200..206 {
         w.routed(0, K(k), true, now);
         w.routed(1, K(k), false, now);
@@ -79,7 +82,10 @@ fn a_replica_on_the_swapped_partner_does_not_clear_the_verdict() {
         w.observed(0, &[K(k)]);
     }
     w.resolve(&[0, 1], now + PROBE_WINDOW);
-    assert_eq!(w.verdict(0), Some(Verdict::Strays { to: 1, n: 3, of: 3 }));
+    assert_eq!(
+        w.verdict(0, true),
+        Some(Verdict::Strays { to: 1, n: 3, of: 3 })
+    );
 }
 
 /// One placement landing clears the verdict while it is among the last [`OUTCOMES`]; once
@@ -88,14 +94,14 @@ fn a_replica_on_the_swapped_partner_does_not_clear_the_verdict() {
 fn a_landing_clears_the_verdict_until_strays_push_it_out() {
     let mut w = CrossWatch::default();
     place_and_publish(&mut w, 0, 1, 100, 4);
-    assert!(w.verdict(0).is_some());
+    assert!(w.verdict(0, true).is_some());
     place_and_publish(&mut w, 0, 0, 300, 1);
-    assert_eq!(w.verdict(0), None);
+    assert_eq!(w.verdict(0, true), None);
     place_and_publish(&mut w, 0, 1, 400, 7);
-    assert_eq!(w.verdict(0), None);
+    assert_eq!(w.verdict(0, true), None);
     place_and_publish(&mut w, 0, 1, 500, 1);
     assert_eq!(
-        w.verdict(0),
+        w.verdict(0, true),
         Some(Verdict::Strays {
             to: 1,
             n: OUTCOMES,
@@ -116,20 +122,25 @@ fn placements_published_nowhere_are_unseen_from_the_third() {
         w.routed(0, K(k), true, now);
     }
     w.resolve(&[0, 1], now + PROBE_WINDOW);
-    assert_eq!((w.verdict(0), w.pending_len()), (None, 0), "quiet stream");
+    assert_eq!(
+        (w.verdict(0, true), w.pending_len()),
+        (None, 0),
+        "quiet stream"
+    );
     for k in 0..3 {
         w.routed(0, K(k), true, now);
     }
     // The outside engine's own traffic on endpoint 0's stream.
     w.observed_at(0, &[K(7777)], now + Duration::from_secs(1));
     w.resolve(&[0, 1], now + PROBE_WINDOW - Duration::from_millis(1));
-    assert_eq!((w.verdict(0), w.pending_len()), (None, 3));
+    assert_eq!((w.verdict(0, true), w.pending_len()), (None, 3));
     w.resolve(&[0, 1], now + PROBE_WINDOW);
-    assert_eq!(w.verdict(0), Some(Verdict::Unseen { n: 3, of: 3 }));
+    assert_eq!(w.verdict(0, true), Some(Verdict::Unseen { n: 3, of: 3 }));
+    assert_eq!(w.verdict(0, false), None, "an endpoint holding no block");
     assert_eq!(w.suspects(|_| false), Vec::<Member>::new());
     assert_eq!(w.suspects(|m| m == 0), vec![0]);
     place_and_publish(&mut w, 0, 0, 100, 1);
-    assert_eq!(w.verdict(0), None);
+    assert_eq!(w.verdict(0, true), None);
 }
 
 /// Strays split over two other endpoints need [`MIN_EVIDENCE`] to one of them; a member that
@@ -140,12 +151,15 @@ fn strays_count_per_endpoint_and_leavers_and_overflow_are_dropped() {
     let now = Instant::now();
     place_and_publish(&mut w, 0, 1, 100, 2);
     place_and_publish(&mut w, 0, 2, 200, 2);
-    assert_eq!(w.verdict(0), None);
+    assert_eq!(w.verdict(0, true), None);
     place_and_publish(&mut w, 0, 2, 300, 1);
-    assert_eq!(w.verdict(0), Some(Verdict::Strays { to: 2, n: 3, of: 5 }));
+    assert_eq!(
+        w.verdict(0, true),
+        Some(Verdict::Strays { to: 2, n: 3, of: 5 })
+    );
     w.routed(0, K(999), true, now);
     w.resolve(&[1, 2], now);
-    assert_eq!((w.verdict(0), w.pending_len()), (None, 0));
+    assert_eq!((w.verdict(0, true), w.pending_len()), (None, 0));
     for k in 0..(MAX_PENDING as u64 + 5) {
         w.routed(1, K(10_000 + k), true, now);
     }

@@ -1421,6 +1421,22 @@ impl KvIndex {
         out
     }
 
+    /// Whether any endpoint holds `key` on the GPU tier (any rank) or is predicted to hold it
+    /// with a prediction alive at `now`: exactly when [`Self::score`] of `[key]` is non-empty,
+    /// without its allocations (one read lock, one map lookup). The crossed-stream check's
+    /// "cold placement" test (`kv::cross`), run for every routed request without a hit.
+    pub fn held_or_predicted(&self, key: BlockKey, now: Instant) -> bool {
+        let t = self.table.read();
+        let w = t.word(key.0);
+        // A key with no position (no holder) may still carry a prediction: only a positioned
+        // key's word carries the `PRED` flag.
+        let predicted = (w == EMPTY || w & PRED != 0)
+            && t.predicted
+                .get(&key.0)
+                .is_some_and(|p| p.iter().any(|(_, exp)| *exp > now));
+        predicted || t.holders(w).slots().iter().any(|&x| !is_offload(x))
+    }
+
     /// Does `ep` hold `key` on any rank (confirmed blocks only)?
     pub fn holds_key(&self, ep: Member, key: BlockKey) -> bool {
         let t = self.table.read();

@@ -315,7 +315,40 @@ fn scores_with_a_reused_scratch_equal_a_brute_force_model_under_random_churn() {
             want.as_slice(),
             "step {step}, request {request:?}"
         );
+        assert_eq!(
+            ix.held_or_predicted(BlockKey(request[0]), now()),
+            !want.is_empty(),
+            "step {step}, first block {}",
+            request[0]
+        );
     }
+}
+
+#[test]
+fn held_or_predicted_counts_gpu_holders_and_live_predictions_not_offload_copies() {
+    let ix = KvIndex::new(1000);
+    let t0 = now();
+    assert!(!ix.held_or_predicted(BlockKey(1), t0), "empty index");
+    ix.store_in(3, 0, Tier::Offload, &keys(&[1]));
+    assert!(
+        !ix.held_or_predicted(BlockKey(1), t0),
+        "an offload copy alone scores nothing"
+    );
+    assert!(ix.score(&keys(&[1]), t0).is_empty());
+    ix.predict(2, &keys(&[1]), t0 + Duration::from_secs(5));
+    assert!(ix.held_or_predicted(BlockKey(1), t0), "a live prediction");
+    assert!(
+        !ix.held_or_predicted(BlockKey(1), t0 + Duration::from_secs(5)),
+        "a prediction expired at now"
+    );
+    ix.store(4, 1, &keys(&[1]));
+    assert!(ix.held_or_predicted(BlockKey(1), t0 + Duration::from_secs(9)));
+    assert!(!ix.held_or_predicted(BlockKey(2), t0), "another key");
+    ix.predict(5, &keys(&[2]), t0 + Duration::from_secs(5));
+    assert!(
+        ix.held_or_predicted(BlockKey(2), t0),
+        "a prediction of a key no stream holds"
+    );
 }
 
 /// Checks every position's holders against `want` (key → sorted slots) and every interned

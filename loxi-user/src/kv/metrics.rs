@@ -15,6 +15,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use super::cross::OUTCOME_LABELS;
 use super::route::miss::MissReason;
 
 /// `{service, ep_idx}`.
@@ -76,6 +77,17 @@ pub struct ReasonLabels {
 pub struct ServiceLabels {
     /// Rule id.
     pub service: String,
+}
+
+/// `{service, ep_idx, outcome}` for `loxilb_kv_cross_probes_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EpOutcomeLabels {
+    /// Rule id.
+    pub service: String,
+    /// Endpoint index.
+    pub ep_idx: String,
+    /// `landed`, `strayed` or `unseen`.
+    pub outcome: String,
 }
 
 /// `{service, ep, reason}` for rejected events and replay outcomes.
@@ -158,6 +170,10 @@ pub struct KvMetrics {
     /// `loxilb_kv_endpoint_readiness{service,ep_idx,state}` (loxi extension): 1 for the
     /// endpoint's current readiness state, 0 for the others (`kv::readiness`).
     pub readiness: Family<EpStateLabels, Gauge>,
+    /// `loxilb_kv_cross_probes_total{service,ep_idx,outcome}` (loxi extension): probes of the
+    /// crossed-stream check (`kv::cross`) resolved for new prompts placed on the endpoint
+    /// alone, by outcome (`landed`, `strayed`, `unseen`; `kv::cross::OUTCOME_LABELS`).
+    pub cross_probes: Family<EpOutcomeLabels, Counter>,
     /// `loxilb_pd_kv_zero_hit_watchdog_total{service}`: endpoints the zero-hit watchdog
     /// flagged (`never_matched`: blocks held, `LOXI_KV_NEVER_MATCHED_AFTER` requests routed to
     /// it, none of its blocks ever matched a request).
@@ -187,6 +203,7 @@ impl KvMetrics {
             parity_ok: Family::default(),
             readiness: Family::default(),
             zero_hit_watchdog: Family::default(),
+            cross_probes: Family::default(),
             stage_seconds: Family::new_with_constructor(|| {
                 Histogram::new(exponential_buckets(1e-6, 2.0, 22))
             }),
@@ -288,6 +305,11 @@ impl KvMetrics {
             m.zero_hit_watchdog.clone(),
         );
         r.register(
+            "loxilb_kv_cross_probes",
+            "Crossed-stream check: new prompts placed on this endpoint alone whose first block was published on its own stream (landed), on another endpoint's only (strayed) or on none within 30 s (unseen)",
+            m.cross_probes.clone(),
+        );
+        r.register(
             "loxilb_kv_routing_stage_seconds",
             "Tier 1.5 latency by stage",
             m.stage_seconds.clone(),
@@ -328,6 +350,9 @@ impl KvMetrics {
         let _ = self.spills.get_or_create(&l);
         let _ = self.cold_seeds.get_or_create(&l);
         let _ = self.cold_placements.get_or_create(&l);
+        for o in OUTCOME_LABELS {
+            let _ = self.cross_probes.get_or_create(&cross_labels(&l, o));
+        }
         let _ = self.cap_evictions.get_or_create(&EpLabels {
             service: service.into(),
             ep: ep_label(ep, 0),
@@ -368,6 +393,19 @@ impl KvMetrics {
         g.set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
+    /// Adds `counts` (by [`OUTCOME_LABELS`] position) to position `ep`'s
+    /// `loxilb_kv_cross_probes_total`.
+    pub fn cross_probes(&self, service: &str, ep: usize, counts: [u64; 3]) {
+        let l = ep_idx(service, ep);
+        for (o, n) in OUTCOME_LABELS.iter().zip(counts) {
+            if n > 0 {
+                self.cross_probes
+                    .get_or_create(&cross_labels(&l, o))
+                    .inc_by(n);
+            }
+        }
+    }
+
     /// Removes every series of position `ep` of `service` (its endpoint left, or another one
     /// sits there now): hits, blocks, spills, cold seeds, and every subscriber series of its
     /// `ranks` ranks.
@@ -378,6 +416,9 @@ impl KvMetrics {
         self.spills.remove(&l);
         self.cold_seeds.remove(&l);
         self.cold_placements.remove(&l);
+        for o in OUTCOME_LABELS {
+            self.cross_probes.remove(&cross_labels(&l, o));
+        }
         for state in READINESS_STATES {
             self.readiness.remove(&EpStateLabels {
                 service: l.service.clone(),
@@ -643,6 +684,14 @@ fn ep_idx(service: &str, ep: usize) -> EpIdxLabels {
     EpIdxLabels {
         service: service.into(),
         ep_idx: ep.to_string(),
+    }
+}
+
+fn cross_labels(l: &EpIdxLabels, outcome: &str) -> EpOutcomeLabels {
+    EpOutcomeLabels {
+        service: l.service.clone(),
+        ep_idx: l.ep_idx.clone(),
+        outcome: outcome.into(),
     }
 }
 

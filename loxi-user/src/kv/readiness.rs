@@ -105,7 +105,10 @@ pub fn readiness(
     }
     let (verdict, carries) = {
         let c = svc.cross.lock();
-        (c.verdict(member), c.carries(member))
+        (
+            c.verdict(member, svc.index.blocks(member) > 0),
+            c.carries(member),
+        )
     };
     let name = |x: Member| {
         members
@@ -132,7 +135,7 @@ pub fn readiness(
                 )),
             );
         }
-        Some(Cross::Unseen { n, of }) if svc.index.blocks(member) > 0 => {
+        Some(Cross::Unseen { n, of }) => {
             return r(
                 "unseen",
                 None,
@@ -143,7 +146,7 @@ pub fn readiness(
                 )),
             );
         }
-        _ => {}
+        None => {}
     }
     if let Some((y, Cross::Strays { n, .. })) = carries {
         return r(
@@ -313,11 +316,16 @@ pub fn publish(state: &KvState) {
         }
         let members = svc.members.read();
         let ids: Vec<Member> = members.iter().map(|(_, _, m)| m).collect();
-        let suspects = {
+        let (suspects, tally) = {
             let mut c = svc.cross.lock();
             c.resolve(&ids, Instant::now());
-            c.suspects(|m| svc.index.blocks(m) > 0)
+            (c.suspects(|m| svc.index.blocks(m) > 0), c.take_tally())
         };
+        for (pos, _, member) in members.iter() {
+            if let Some(counts) = tally.get(&member) {
+                state.metrics.cross_probes(&svc.label, pos, *counts);
+            }
+        }
         if *svc.crossed.read() != suspects {
             *svc.crossed.write() = suspects;
         }

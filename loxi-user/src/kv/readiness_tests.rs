@@ -293,6 +293,25 @@ fn swapped_streams_read_crossed_with_both_ports_named() {
         ),
         (1.0, 1.0, 0.0, 1.0)
     );
+    // Every resolved probe is counted once, under the endpoint it was placed on.
+    let probes = |ep: usize, outcome: &str| {
+        metric_value(
+            &reg,
+            &format!(
+                "loxilb_kv_cross_probes_total{{service=\"1\",ep_idx=\"{ep}\",outcome=\"{outcome}\"}}"
+            ),
+        )
+    };
+    assert_eq!(
+        [0, 1, 2].map(|ep| [
+            probes(ep, "landed"),
+            probes(ep, "strayed"),
+            probes(ep, "unseen")
+        ]),
+        [[0.0, 3.0, 0.0], [0.0, 3.0, 0.0], [3.0, 0.0, 0.0]]
+    );
+    publish(&st);
+    assert_eq!((probes(0, "strayed"), probes(2, "landed")), (3.0, 3.0));
 }
 
 /// An engine heard from whose event stream goes down (stopped engine or publisher) reads

@@ -317,24 +317,7 @@ impl ServiceKv {
     /// its cache; a connected engine that has published nothing yet holds nothing (vLLM publishes
     /// every block it stores), so it is heard, and truly empty.
     pub fn heard(&self, member: Member) -> bool {
-        let connected = self
-            .streams
-            .lock()
-            .iter()
-            .any(|((m, _), s)| *m == member && s.connected);
-        connected
-            && self.parity_heard(member)
-            && self.crossed.read().binary_search(&member).is_err()
-    }
-
-    /// The parity half of [`Self::heard`]: not an engine whose events are all refused for
-    /// their block size
-    /// ([`super::ingest::parity::EpParity::only_block_size_rejects`]).
-    fn parity_heard(&self, member: Member) -> bool {
-        self.parity
-            .lock()
-            .get(member)
-            .is_none_or(|p| !p.only_block_size_rejects())
+        self.heard_members().binary_search(&member).is_ok()
     }
 
     /// The members [`Self::heard`] is true of (ascending, each once); the stream and parity

@@ -419,8 +419,8 @@ impl KvRouter {
             && eps.get(ep).is_some_and(|e| e.subscribed)
         {
             let now = Instant::now();
-            let cold = ticket.hit.is_none_or(|h| h.1 == 0)
-                && svc.index.score(std::slice::from_ref(first), now).is_empty();
+            let cold =
+                ticket.hit.is_none_or(|h| h.1 == 0) && !svc.index.held_or_predicted(*first, now);
             svc.cross.lock().routed(m, *first, cold, now);
         }
         if self.state.settings.predicted_ttl.is_zero() {
