@@ -157,6 +157,18 @@ impl Fleet {
         }
     }
 
+    /// The `tokenizer` section of the rule's parity report (`loxicmd get kvparity`).
+    async fn tokenizer_report(&self) -> Value {
+        let (code, body) = self
+            .d
+            .get("/netlox/v1/config/ai/kv/parity?service_id=1")
+            .await
+            .expect("parity");
+        assert_eq!(code, 200, "{body}");
+        let v: Value = serde_json::from_str(&body).expect("parity json");
+        v["tokenizer"].clone()
+    }
+
     /// Log lines of the daemon that contain `needle`.
     fn log_lines(&self, needle: &str) -> Vec<String> {
         let log = self.d.log_text();
@@ -210,6 +222,20 @@ async fn scenario_11_missing_tokenizer_logs_once_flags_degraded_and_rr_serves_ev
     assert_eq!(eps, [0, 1, 0, 1, 0, 1], "round-robin serves every request");
     let counts = f.backends.each_ref().map(Backend::request_count);
     assert_eq!(counts, [3, 3]);
+    // The rule's parity report says its prompts do not tokenize, naming the model, the
+    // failures and where its tokenizer belongs.
+    let t = f.tokenizer_report().await;
+    assert_eq!(
+        (&t["state"], &t["failing"][0]["model"], &t["failing"][0]["failures"]),
+        (&json!("failing"), &json!("acme/ghost"), &json!(6)),
+        "{t}"
+    );
+    let remedy = t["failing"][0]["remedy"].as_str().unwrap_or_default();
+    let staged = f._tokenizers.path().join("acme__ghost");
+    assert!(
+        remedy.contains(&format!("in {}/ (--tokenizer-dir)", staged.display())),
+        "{remedy}"
+    );
     let lines = f.log_lines("acme/ghost");
     assert_eq!(lines.len(), 1, "one log line for six requests: {lines:#?}");
     assert!(lines[0].contains("ERROR"), "{}", lines[0]);
@@ -272,12 +298,27 @@ async fn scenario_9_chat_template_that_fails_to_render_is_counted_and_rr_routes_
         eps.push(ep);
     }
     assert_eq!(eps, [0, 1]);
+    let t = f.tokenizer_report().await;
+    assert_eq!(
+        (&t["state"], &t["failing"]),
+        (
+            &json!("failing"),
+            &json!([{"model": "raises", "failures": 2, "remedy": t["failing"][0]["remedy"]}])
+        ),
+        "{t}"
+    );
     // The same model's completions need no template: tokenized, an ordinary cold miss.
     let prompt = chat("raises")["messages"][0]["content"].clone();
     let body = json!({"model": "raises", "prompt": prompt, "max_tokens": 2});
     let (_, m) = f.routed("/v1/completions", &body).await;
     assert_eq!((m.of(errors), m.of(&miss("tokenize"))), (0.0, 0.0));
     assert_eq!(m.of(&miss("no_worker")), 1.0);
+    let t = f.tokenizer_report().await;
+    assert_eq!(
+        t,
+        json!({"state": "ok"}),
+        "a tokenized prompt of the model clears it"
+    );
     // Another model's template renders: its chat is tokenized, and nothing is counted for it.
     let (_, m) = f.routed("/v1/chat/completions", &chat("tiny")).await;
     assert_eq!((m.of(errors), m.of(&miss("tokenize"))), (0.0, 0.0));

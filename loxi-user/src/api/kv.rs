@@ -12,7 +12,10 @@
 //!   `no_blocks`, `events_no_tokens`, `ok`, `mismatch` with its `leg`, `disconnected`,
 //!   `crossed`, `unseen`, `never_matched`, `not_subscribed`; `kv::readiness`) and `remedy`, the parity
 //!   verdict (`unknown`/`ok`/`mismatch`), blocks checked, mismatched and unverified, the
-//!   diagnosis, block-size rejections and whether token re-hash is active.
+//!   diagnosis, block-size rejections and whether token re-hash is active; and a `tokenizer`
+//!   section: `ok`, or `failing` with each model whose prompts got no token ids since its last
+//!   success (`kv::state::TokenizeWatch`), its failures and a remedy naming its tokenizer's
+//!   directory.
 //!
 //! Errors are the API's own ([`super::error`]: `{"code","fields","message","result","field"}`):
 //! 400 naming the bad query field, 404 for an unknown service (no KV state: unknown id or
@@ -185,8 +188,69 @@ pub struct ParityView {
     /// Whether `LLB_KV_NONE_HASH_SEED` is set.
     #[serde(rename = "seedSet")]
     pub seed_set: bool,
+    /// Whether the rule's prompts tokenize (`kv::state::TokenizeWatch`): without token ids
+    /// nothing is scored, whatever the endpoints' readiness says.
+    pub tokenizer: TokenizerView,
     /// Every endpoint of the rule, in rule order.
     pub endpoints: Vec<EndpointParity>,
+}
+
+/// The `tokenizer` section of the parity report.
+#[derive(Debug, Serialize)]
+pub struct TokenizerView {
+    /// `ok` (no model's prompts are failing), or `failing`.
+    pub state: &'static str,
+    /// The failing models (name order; at most `TokenizeWatch::MAX_MODELS`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub failing: Vec<FailingModel>,
+    /// Failures of further models.
+    #[serde(rename = "otherFailures", skip_serializing_if = "is_zero")]
+    pub other_failures: u64,
+}
+
+/// One model whose prompts do not tokenize.
+#[derive(Debug, Serialize)]
+pub struct FailingModel {
+    /// The model the tokenizer is looked up by (a LoRA adapter's base model).
+    pub model: String,
+    /// Requests that failed since its last success.
+    pub failures: u64,
+    /// What to do about it.
+    pub remedy: String,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// The `tokenizer` section of `svc`'s parity report; remedies name `dir` (`--tokenizer-dir`).
+fn tokenizer_view(svc: &ServiceKv, dir: &std::path::Path) -> TokenizerView {
+    let f = svc.tokenize.failures();
+    let failing: Vec<FailingModel> = f
+        .models
+        .into_iter()
+        .map(|(model, failures)| FailingModel {
+            remedy: format!(
+                "its prompts get no token ids, so they are routed by the rule's selector (miss \
+                 reason tokenize): stage its tokenizer.json (with tokenizer_config.json, whose \
+                 chat_template chat requests need) in {}/ (--tokenizer-dir), or fix what the \
+                 daemon's log names for it (a chat template that fails, text the tokenizer \
+                 refuses); a staged tokenizer is picked up within 30 s",
+                dir.join(crate::kv::tokenizer::model_slug(&model)).display()
+            ),
+            model,
+            failures,
+        })
+        .collect();
+    TokenizerView {
+        state: if failing.is_empty() && f.other_failures == 0 {
+            "ok"
+        } else {
+            "failing"
+        },
+        failing,
+        other_failures: f.other_failures,
+    }
 }
 
 fn parse_field<T: std::str::FromStr>(
@@ -377,6 +441,7 @@ async fn parity(State(api): State<KvApi>, Query(pairs): Query<Vec<(String, Strin
         hash_algo,
         block_size: svc.config.block_size,
         seed_set: state.settings.none_hash_seed.is_some(),
+        tokenizer: tokenizer_view(&svc, &state.settings.tokenizer_dir),
         endpoints,
     };
     json_response(StatusCode::OK, &view)

@@ -226,6 +226,8 @@ impl Env {
                 0,
                 3_600_000,
             )),
+            // The flag's value is set by the KV wiring (`kv::wiring::start`).
+            tokenizer_dir: crate::kv::settings::KvSettings::default().tokenizer_dir,
             bounds: PromptBounds {
                 max_bytes: r.int("LOXI_KV_MAX_PROMPT_BYTES", 1 << 20, 4 << 10, 64 << 20) as usize,
                 max_tokens: match r.int("LOXI_KV_MAX_PROMPT_TOKENS", 0, 16, 16 << 20) {

@@ -80,6 +80,9 @@ pub struct KvSettings {
     /// asked `GET /v1/models` for their LoRA adapters (`kv::lora`). Default 10 s; 0 = never
     /// (only `LOXI_KV_LORA_PATHS`); range 0–3,600,000 ms.
     pub models_poll: Duration,
+    /// `--tokenizer-dir` (the daemon flag; default `/etc/loxilb/tokenizers`): where the
+    /// tokenizer pool reads `<model with / as __>/tokenizer.json`, named by remedies.
+    pub tokenizer_dir: std::path::PathBuf,
     /// `LOXI_KV_CPU_TIER_CREDIT` (loxi extension): what one prefix block held only on an
     /// engine's offload tier (`medium` CPU or other non-GPU) is worth in scoring, relative to
     /// a GPU block: loading it back is cheaper than recomputing it and dearer than a GPU hit.
@@ -167,6 +170,7 @@ impl Default for KvSettings {
             predicted_ttl: Duration::from_secs(5),
             lora_paths: HashMap::new(),
             models_poll: Duration::from_secs(10),
+            tokenizer_dir: std::path::PathBuf::from("/etc/loxilb/tokenizers"),
             cpu_tier_credit: 0.5,
             never_matched_after: 20,
             bounds: PromptBounds::default(),

@@ -138,6 +138,9 @@ pub struct ServiceKv {
     /// [`CrossWatch::suspects`] as of the last readiness pass (ascending): their blocks give
     /// no overlap and they are not [`Self::heard`]. Read on every decision.
     pub crossed: RwLock<Vec<Member>>,
+    /// Models whose prompts this rule could not tokenize since their last success (the
+    /// parity report's `tokenizer` section).
+    pub tokenize: TokenizeWatch,
     /// Requests waiting for their tier-1.5 decision (tokenization queued or running), by the
     /// fingerprint of their prompt's opening, with counts: replica seeding holds off while any
     /// of them opens differently from the request being decided (`kv::route::select`). Entries
@@ -179,6 +182,7 @@ impl ServiceKv {
             watch: Mutex::new(HashMap::new()),
             cross: Mutex::new(CrossWatch::default()),
             crossed: RwLock::new(Vec::new()),
+            tokenize: TokenizeWatch::default(),
             waiting: Mutex::new(HashMap::new()),
             openings: Mutex::new(Openings::default()),
             config: KvSpec {
@@ -447,3 +451,65 @@ impl KvState {
         v
     }
 }
+
+/// Models whose text or chat prompts a rule could not tokenize (miss reason `tokenize`: no
+/// usable tokenizer staged, a chat template that failed, the tokenizer refusing the text),
+/// with the failures counted since the model's last success; a success clears the model. At
+/// most [`TokenizeWatch::MAX_MODELS`] models are named (clients choose the model names a
+/// wildcard pool sees); failures of further models are counted under `other_failures`
+/// (cleared with the last named model).
+/// The success path costs one relaxed load while no model is failing.
+#[derive(Debug, Default)]
+pub struct TokenizeWatch {
+    any: AtomicBool,
+    failing: Mutex<TokenizeFailures>,
+}
+
+/// What [`TokenizeWatch`] holds.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct TokenizeFailures {
+    /// Model → failures since its last success (model name order).
+    pub models: std::collections::BTreeMap<String, u64>,
+    /// Failures of models beyond [`TokenizeWatch::MAX_MODELS`].
+    pub other_failures: u64,
+}
+
+impl TokenizeWatch {
+    /// Models named at most.
+    pub const MAX_MODELS: usize = 8;
+
+    /// A prompt of `model` failed to tokenize.
+    pub fn failed(&self, model: &str) {
+        let mut f = self.failing.lock();
+        let full = f.models.len() >= Self::MAX_MODELS;
+        match f.models.get_mut(model) {
+            Some(n) => *n += 1,
+            None if !full => {
+                f.models.insert(model.to_owned(), 1);
+            }
+            None => f.other_failures += 1,
+        }
+        self.any.store(true, Ordering::Relaxed);
+    }
+
+    /// A prompt of `model` was tokenized: `model` is no longer failing.
+    pub fn succeeded(&self, model: &str) {
+        if !self.any.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut f = self.failing.lock();
+        if f.models.remove(model).is_some() && f.models.is_empty() {
+            f.other_failures = 0;
+            self.any.store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// The failing models now.
+    pub fn failures(&self) -> TokenizeFailures {
+        self.failing.lock().clone()
+    }
+}
+
+#[cfg(test)]
+#[path = "state_tests.rs"]
+mod tests;

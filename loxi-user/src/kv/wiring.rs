@@ -93,6 +93,10 @@ pub fn start(
         shutdown.clone(),
     ));
     let poll = settings.models_poll;
+    let settings = KvSettings {
+        tokenizer_dir: tokenizer_dir.clone(),
+        ..settings
+    };
     let state = KvState::new(settings, metrics);
     if !poll.is_zero() {
         tasks.spawn(super::lora::poll_models(

@@ -894,9 +894,15 @@ fn keys_of(
     let tokens: &[u32] = match prompt {
         Prompt::TokenIds(ids) => ids,
         p => {
-            encoded = span.in_scope(|| {
+            let r = span.in_scope(|| {
                 tokenizer.encode_bounded(&tok_model, meta.api, p, meta.add_special_tokens, bounds)
-            })?;
+            });
+            match r {
+                Ok(_) => svc.tokenize.succeeded(&tok_model),
+                Err(MissReason::Tokenize) => svc.tokenize.failed(&tok_model),
+                Err(_) => {}
+            }
+            encoded = r?;
             &encoded
         }
     };
