@@ -525,6 +525,7 @@ fn kv_spec(
         })
         .collect::<Vec<KvEndpoint>>();
     shared_publishers(&endpoints, u32::from(s.kv_dp_rank_count.max(1)))?;
+    publisher_on_http_port(&endpoints, u32::from(s.kv_dp_rank_count.max(1)))?;
     Ok(Some(KvSpec {
         mode,
         algo,
@@ -566,6 +567,42 @@ fn shared_publishers(endpoints: &[KvEndpoint], ranks: u32) -> Result<(), SpecErr
                     ),
                 });
             }
+        }
+    }
+    Ok(())
+}
+
+/// A subscribed endpoint whose KV-event publisher port (`zmq_port + r` for each DP rank `r`)
+/// is an engine's HTTP port on the same IP (`targetPort`, its own or another endpoint's) names
+/// a socket that cannot be a ZeroMQ publisher: one address serves one listener, so the stream
+/// would never connect (readiness `no_events` with a remedy naming the HTTP port).
+fn publisher_on_http_port(endpoints: &[KvEndpoint], ranks: u32) -> Result<(), SpecError> {
+    for (i, a) in endpoints.iter().enumerate().filter(|(_, e)| e.subscribed) {
+        let span = u32::from(a.zmq_port)..u32::from(a.zmq_port) + ranks;
+        if let Some((j, b)) = endpoints
+            .iter()
+            .enumerate()
+            .find(|(_, b)| b.ip == a.ip && span.contains(&u32::from(b.port)))
+        {
+            let whose = if i == j {
+                "its own".to_owned()
+            } else {
+                format!("endpoint {j}'s")
+            };
+            return Err(SpecError {
+                field: format!("endpoints[{i}].kvZmqPort"),
+                message: format!(
+                    "endpoint {i}'s KV-event publisher would be {}:{} (kvZmqPort {}{}), which is \
+                     {whose} HTTP port (targetPort {}): an engine's ZeroMQ publisher listens on a \
+                     port of its own (vLLM's --kv-events-config endpoint, default tcp://*:5557); \
+                     set kvZmqPort to that port",
+                    a.ip,
+                    b.port,
+                    a.zmq_port,
+                    if ranks > 1 { " + DP rank" } else { "" },
+                    b.port
+                ),
+            });
         }
     }
     Ok(())
@@ -618,6 +655,68 @@ mod tests {
                 1
             )
             .is_ok()
+        );
+    }
+
+    /// A publisher port that is an engine's HTTP port on the same IP (its own, another
+    /// endpoint's, or reached by a DP rank) is refused naming the endpoint; another IP passes.
+    #[test]
+    fn a_publisher_port_may_not_be_an_http_port_of_its_host() {
+        let rule = |eps: serde_json::Value, ranks: u8| {
+            validate(
+                serde_json::from_value(json!({
+                    "serviceArguments": {"externalIP": "10.0.0.1", "port": 80, "mode": 4,
+                        "kvExactMode": 3, "kvDpRankCount": ranks},
+                    "endpoints": eps,
+                }))
+                .expect("rule"),
+            )
+        };
+        match rule(
+            json!([{"endpointIP": "10.0.0.2", "targetPort": 8001, "kvZmqPort": 8001}]),
+            1,
+        ) {
+            Err(RuleError::Invalid { field, message }) => {
+                assert_eq!(field, "endpoints[0].kvZmqPort");
+                assert!(
+                    message.contains("10.0.0.2:8001 (kvZmqPort 8001), which is its own HTTP port"),
+                    "{message}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        let two = |zmq: u16, ranks: u8| {
+            rule(
+                json!([{"endpointIP": "10.0.0.2", "targetPort": 8001, "kvZmqPort": zmq},
+                       {"endpointIP": "10.0.0.2", "targetPort": 8002, "kvZmqPort": 9000}]),
+                ranks,
+            )
+        };
+        match two(8000, 3) {
+            Err(RuleError::Invalid { field, message }) => {
+                assert_eq!(field, "endpoints[0].kvZmqPort");
+                assert!(
+                    message.contains("(kvZmqPort 8000 + DP rank), which is its own HTTP port"),
+                    "{message}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        match two(8002, 1) {
+            Err(RuleError::Invalid { message, .. }) => {
+                assert!(message.contains("endpoint 1's HTTP port (targetPort 8002)"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(two(7000, 1).is_ok());
+        assert!(
+            rule(
+                json!([{"endpointIP": "10.0.0.2", "targetPort": 8001, "kvZmqPort": 5557},
+                       {"endpointIP": "10.0.0.3", "targetPort": 5557, "kvZmqPort": 5558}]),
+                1
+            )
+            .is_ok(),
+            "another host's HTTP port"
         );
     }
 
