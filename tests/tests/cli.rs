@@ -477,10 +477,22 @@ async fn loxicmd_get_kvinventory_and_kvparity_show_the_kv_views() {
     );
     assert_eq!(eps[0]["blockCount"], json!(0));
 
-    let par = d.loxicmd(&["get", "kvparity", "--service-id", &id]);
+    let par = d.loxicmd(&["get", "kvparity", "--service-id", &id, "-o", "json"]);
     assert!(par.status.success(), "{}", stderr(&par));
     let p: Value = serde_json::from_str(&stdout(&par)).expect("parity is JSON");
     assert_eq!(p["serviceId"].to_string(), id);
+    let table = d.loxicmd(&["get", "kvparity", "--service-id", &id]);
+    assert!(table.status.success(), "{}", stderr(&table));
+    let text = stdout(&table);
+    assert!(
+        text.starts_with(&format!("service_id={id} kvHashAlgo=sha256_cbor kvBlockSize=32 seedSet=false tokenizer=ok\n| EP IDX |")),
+        "{text}"
+    );
+    assert_eq!(
+        text.lines().filter(|l| l.contains("127.0.0.")).count(),
+        2,
+        "one row per endpoint: {text}"
+    );
 
     let missing = d.loxicmd(&["get", "kvinventory", "--service-id", "999"]);
     assert_eq!(

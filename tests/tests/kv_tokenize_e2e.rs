@@ -226,7 +226,11 @@ async fn scenario_11_missing_tokenizer_logs_once_flags_degraded_and_rr_serves_ev
     // failures and where its tokenizer belongs.
     let t = f.tokenizer_report().await;
     assert_eq!(
-        (&t["state"], &t["failing"][0]["model"], &t["failing"][0]["failures"]),
+        (
+            &t["state"],
+            &t["failing"][0]["model"],
+            &t["failing"][0]["failures"]
+        ),
         (&json!("failing"), &json!("acme/ghost"), &json!(6)),
         "{t}"
     );

@@ -169,7 +169,9 @@ pub enum GetWhat {
     },
     /// Whether Prometheus metrics are enabled (`GET /config/metrics`).
     Metrics,
-    /// A KV-aware service's hash-parity verdict per endpoint (`GET /config/ai/kv/parity`), as JSON.
+    /// A KV-aware service's readiness, hash-parity verdict and remedy per endpoint and its
+    /// tokenizer state (`GET /config/ai/kv/parity`): a table (`-o wide` the same); `-o json`
+    /// the answer.
     Kvparity {
         /// The service id.
         #[arg(long = "service-id")]

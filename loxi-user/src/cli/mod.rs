@@ -159,7 +159,7 @@ async fn run_inner(cli: Cli) -> Result<(), Failure> {
                     "/netlox/v1/config/ai/kv/parity?service_id={service_id}"
                 ))
                 .await?;
-            print_pretty(&answer)
+            print_or_json(&answer, output, table::render_kvparity)
         }
         Verb::Delete {
             what: DeleteWhat::Lb(d),

@@ -444,10 +444,100 @@ pub fn render_kvinventory_endpoints(answer: &Value) -> String {
     out
 }
 
+/// `get kvparity` (table and wide): a line with the rule's hash contract and tokenizer state,
+/// one row per endpoint (readiness state, leg, parity verdict, blocks checked and
+/// mismatched), then each endpoint's remedy and each failing model's (`-o json`: the answer).
+pub fn render_kvparity(answer: &Value) -> String {
+    let t = &answer["tokenizer"];
+    let mut out = format!(
+        "service_id={} kvHashAlgo={} kvBlockSize={} seedSet={} tokenizer={}\n",
+        num(&answer["serviceId"]),
+        cell(&answer["kvHashAlgo"]),
+        num(&answer["kvBlockSize"]),
+        answer["seedSet"].as_bool().unwrap_or(false),
+        cell(&t["state"]),
+    );
+    let eps: Vec<&Value> = answer["endpoints"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .collect();
+    let rows: Vec<Vec<String>> = eps
+        .iter()
+        .map(|e| {
+            vec![
+                num(&e["epIdx"]),
+                format!("{}:{}", cell(&e["endpointIP"]), num(&e["targetPort"])),
+                num(&e["kvZmqPort"]),
+                cell(&e["state"]),
+                cell(&e["leg"]),
+                cell(&e["verdict"]),
+                num(&e["checked_blocks"]),
+                num(&e["mismatched_blocks"]),
+            ]
+        })
+        .collect();
+    out.push_str(&layout(
+        &[
+            "Ep Idx",
+            "Endpoint",
+            "KV Port",
+            "State",
+            "Leg",
+            "Verdict",
+            "Checked",
+            "Mismatched",
+        ],
+        &rows,
+    ));
+    for e in &eps {
+        if let Some(r) = e["remedy"].as_str() {
+            out.push_str(&format!("ep {}: {r}\n", num(&e["epIdx"])));
+        }
+    }
+    for m in t["failing"].as_array().into_iter().flatten() {
+        out.push_str(&format!(
+            "tokenizer of model {:?} failing ({} requests): {}\n",
+            cell(&m["model"]),
+            num(&m["failures"]),
+            cell(&m["remedy"])
+        ));
+    }
+    if let Some(n) = t["otherFailures"].as_u64() {
+        out.push_str(&format!("tokenizer: {n} failures of further models\n"));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// The contract line, one row per endpoint, then the remedies and the failing models.
+    #[test]
+    fn kvparity_is_a_table_with_the_remedies_below() {
+        let a = json!({"serviceId": 2, "kvHashAlgo": "sha256_cbor", "kvBlockSize": 16,
+            "seedSet": false,
+            "tokenizer": {"state": "failing", "failing": [
+                {"model": "acme/ghost", "failures": 6, "remedy": "stage it"}]},
+            "endpoints": [
+                {"epIdx": 0, "endpointIP": "10.0.0.1", "targetPort": 8000, "kvZmqPort": 5557,
+                 "state": "ok", "verdict": "ok", "checked_blocks": 64, "mismatched_blocks": 0},
+                {"epIdx": 1, "endpointIP": "10.0.0.2", "targetPort": 8000, "kvZmqPort": 5557,
+                 "state": "mismatch", "leg": "seed", "remedy": "set LLB_KV_NONE_HASH_SEED=0",
+                 "verdict": "mismatch", "checked_blocks": 3, "mismatched_blocks": 3}]});
+        assert_eq!(
+            render_kvparity(&a),
+            "service_id=2 kvHashAlgo=sha256_cbor kvBlockSize=16 seedSet=false tokenizer=failing\n\
+             | EP IDX |   ENDPOINT    | KV PORT |  STATE   | LEG  | VERDICT  | CHECKED | MISMATCHED |\n\
+             |--------|---------------|---------|----------|------|----------|---------|------------|\n\
+             |      0 | 10.0.0.1:8000 |    5557 | ok       |      | ok       |      64 |          0 |\n\
+             |      1 | 10.0.0.2:8000 |    5557 | mismatch | seed | mismatch |       3 |          3 |\n\
+             ep 1: set LLB_KV_NONE_HASH_SEED=0\n\
+             tokenizer of model \"acme/ghost\" failing (6 requests): stage it\n"
+        );
+    }
 
     /// Without `--ep-idx`: one row per endpoint, ranks as `rank:up|down:last seq`.
     #[test]

@@ -13,7 +13,10 @@ fn tokenize_failures_count_per_model_until_its_next_success() {
     w.succeeded("c");
     let f = w.failures();
     assert_eq!(
-        f.models.iter().map(|(m, n)| (m.as_str(), *n)).collect::<Vec<_>>(),
+        f.models
+            .iter()
+            .map(|(m, n)| (m.as_str(), *n))
+            .collect::<Vec<_>>(),
         [("a", 2), ("b", 1)]
     );
     w.succeeded("a");

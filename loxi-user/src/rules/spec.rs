@@ -704,7 +704,10 @@ mod tests {
         }
         match two(8002, 1) {
             Err(RuleError::Invalid { message, .. }) => {
-                assert!(message.contains("endpoint 1's HTTP port (targetPort 8002)"), "{message}");
+                assert!(
+                    message.contains("endpoint 1's HTTP port (targetPort 8002)"),
+                    "{message}"
+                );
             }
             other => panic!("{other:?}"),
         }
