@@ -226,7 +226,8 @@ pub struct CreateLb {
     /// Service ports.
     #[command(flatten)]
     pub ports: Ports,
-    /// Endpoints `ip:weight,...` (weight optional, default 1), in the order that sets `ep_idx`.
+    /// Endpoints `ip:weight,...` (weight optional, default 1; IPv6 as `[addr]:weight`), in the
+    /// order that sets `ep_idx`.
     #[arg(long)]
     pub endpoints: String,
     /// NAT mode: fullproxy, onearm, fullnat, dsr, hostonearm, default.

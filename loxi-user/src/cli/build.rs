@@ -120,17 +120,41 @@ fn role_number(s: &str) -> Result<u8, UsageError> {
     })
 }
 
-/// `--endpoints=ip:weight,...` → `[(ip, weight)]` (IPv6 as `[addr]:weight`).
+/// `--endpoints=ip:weight,...` → `[(ip, weight)]` (IPv6 as `[addr]` or `[addr]:weight`; a bare
+/// IPv6 address is a usage error: `::1:1` reads as the address `::1:1` or as `::1` with weight
+/// 1).
 pub fn endpoint_list(s: &str) -> Result<Vec<(String, u32)>, UsageError> {
     let mut out = Vec::new();
     for item in s.split(',').map(str::trim).filter(|x| !x.is_empty()) {
-        let (ip, w) = match item.rsplit_once(':') {
-            Some((ip, w)) if !ip.is_empty() && (ip.starts_with('[') || !ip.contains(':')) => {
-                (ip, w)
+        if !item.starts_with('[') && item.matches(':').count() > 1 {
+            return Err(usage(
+                "--endpoints",
+                format!(
+                    "{item:?}: write an IPv6 endpoint in brackets, [addr] or [addr]:weight (a \
+                     bare address is ambiguous: \"::1:1\" is both the address ::1:1 and ::1 \
+                     with weight 1)"
+                ),
+            ));
+        }
+        let (ip, w) = if let Some(rest) = item.strip_prefix('[') {
+            let bad = || {
+                usage(
+                    "--endpoints",
+                    format!("{item:?}: expected [addr] or [addr]:weight"),
+                )
+            };
+            let (ip, after) = rest.split_once(']').ok_or_else(bad)?;
+            match after {
+                "" => (ip, "1"),
+                a => (ip, a.strip_prefix(':').ok_or_else(bad)?),
             }
-            _ => (item, "1"),
+        } else {
+            match item.rsplit_once(':') {
+                Some((ip, w)) if !ip.is_empty() => (ip, w),
+                _ => (item, "1"),
+            }
         };
-        let ip = ip.trim_start_matches('[').trim_end_matches(']').to_string();
+        let ip = ip.to_string();
         let weight = w.parse::<u32>().map_err(|_| {
             usage(
                 "--endpoints",
@@ -590,6 +614,17 @@ mod tests {
         assert_eq!(
             endpoint_list("[::1]:3,127.0.0.1").expect("ok"),
             vec![("::1".to_string(), 3), ("127.0.0.1".to_string(), 1)]
+        );
+        assert_eq!(
+            endpoint_list("[::1]").expect("ok"),
+            vec![("::1".to_string(), 1)]
+        );
+        let e = endpoint_list("127.0.0.1:2,::1:1").expect_err("bare IPv6");
+        assert_eq!(
+            e.to_string(),
+            "--endpoints: \"::1:1\": write an IPv6 endpoint in brackets, [addr] or \
+             [addr]:weight (a bare address is ambiguous: \"::1:1\" is both the address ::1:1 \
+             and ::1 with weight 1)"
         );
     }
 
