@@ -97,9 +97,12 @@ pub fn unknown_vars(set: impl IntoIterator<Item = String>) -> Vec<UnknownVar> {
 /// says so once (an `ENV=` line in an environment file that was meant to hold a value).
 pub fn empty_vars(set_empty: impl IntoIterator<Item = String>) -> Vec<String> {
     let known = daemon_vars();
+    // An empty API token variable is not read as unset: the daemon refuses it (auth would
+    // silently be off), so "its default is used" would contradict that error.
+    let refused = [super::API_TOKEN_ENV, super::API_READ_TOKEN_ENV];
     let mut out: Vec<String> = set_empty
         .into_iter()
-        .filter(|n| known.contains(n))
+        .filter(|n| known.contains(n) && !refused.contains(&n.as_str()))
         .collect();
     out.sort();
     out.dedup();

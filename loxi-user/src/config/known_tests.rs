@@ -233,6 +233,9 @@ fn daemon_variables_set_empty_are_reported_and_others_not() {
             "LOXI_NO_SUCH_THING",
             "HOME",
             "LOXI_SHARED",
+            // Refused when empty (`TokenError::Empty`), not read as unset.
+            "LOXI_API_TOKEN",
+            "LOXI_API_READ_TOKEN",
         ])),
         ["LOXI_MAX_BODY_BYTES", "LOXI_SEND_TIMEOUT_MS"]
     );
