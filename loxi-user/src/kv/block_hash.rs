@@ -158,6 +158,7 @@ impl RequestExtras {
 pub struct BlockHasher {
     algo: HashAlgo,
     none_hash: BlockDigest,
+    seed_set: bool,
 }
 
 impl BlockHasher {
@@ -172,7 +173,16 @@ impl BlockHasher {
                 None => none_hash_of(algo, &random_seed()),
             },
         };
-        BlockHasher { algo, none_hash }
+        BlockHasher {
+            algo,
+            none_hash,
+            seed_set: seed.is_some(),
+        }
+    }
+
+    /// Whether `LLB_KV_NONE_HASH_SEED` was given (remedies say "unset" only then).
+    pub fn seed_set(&self) -> bool {
+        self.seed_set
     }
 
     /// The contract this hasher implements.

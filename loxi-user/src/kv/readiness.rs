@@ -188,7 +188,11 @@ pub fn readiness(
     if let Some(p) = p.filter(|p| p.verdict == Verdict::Mismatch) {
         let diag = p.diagnosis.clone().unwrap_or_default();
         let leg = diag.split(':').next().unwrap_or("unknown").to_owned();
-        return r("mismatch", Some(leg), Some(remedy_of(&diag)));
+        return r(
+            "mismatch",
+            Some(leg),
+            Some(remedy_of(&diag, svc.hasher.seed_set())),
+        );
     }
     if let Some(p) = p.filter(|p| p.only_block_size_rejects()) {
         let remedy = match p.engine_block_size.filter(|b| *b > 0) {
@@ -271,14 +275,18 @@ pub fn readiness(
 }
 
 /// The remedy for a parity diagnosis (`parity::diagnose`'s text).
-pub fn remedy_of(diagnosis: &str) -> String {
+pub fn remedy_of(diagnosis: &str, seed_set: bool) -> String {
     let seed = diagnosis
         .split_once("with seed \"")
         .and_then(|(_, rest)| rest.split_once('"'))
         .map(|(s, _)| s);
     let seed_fix = |s: &str| {
         if s == super::block_hash::VLLM_UNSET_SEED {
-            "unset LLB_KV_NONE_HASH_SEED".to_owned()
+            if seed_set {
+                "unset LLB_KV_NONE_HASH_SEED".to_owned()
+            } else {
+                "keep LLB_KV_NONE_HASH_SEED unset".to_owned()
+            }
         } else {
             format!("set LLB_KV_NONE_HASH_SEED={s}")
         }

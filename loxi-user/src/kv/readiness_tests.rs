@@ -121,14 +121,26 @@ fn every_endpoint_has_a_state_and_a_remedy() {
 #[test]
 fn remedies_name_the_setting_to_change() {
     assert_eq!(
-        remedy_of("algorithm: engine matches xxhash_cbor with seed \"42\"; rule uses sha256_cbor"),
+        remedy_of(
+            "algorithm: engine matches xxhash_cbor with seed \"42\"; rule uses sha256_cbor",
+            false
+        ),
         "set kvHashAlgo xxhash_cbor and LLB_KV_NONE_HASH_SEED=42 to match the engine"
     );
     assert_eq!(
         remedy_of(
-            "seed: engine matches sha256_cbor with seed \"vllm-none-hash\"; rule uses sha256_cbor"
+            "seed: engine matches sha256_cbor with seed \"vllm-none-hash\"; rule uses sha256_cbor",
+            true
         ),
         "unset LLB_KV_NONE_HASH_SEED to match the engine"
+    );
+    // Never "unset" a variable that is not set.
+    assert_eq!(
+        remedy_of(
+            "algorithm: engine matches sha256_cbor with seed \"vllm-none-hash\"; rule uses xxhash_cbor with loxi's LLB_KV_NONE_HASH_SEED",
+            false
+        ),
+        "set kvHashAlgo sha256_cbor and keep LLB_KV_NONE_HASH_SEED unset to match the engine"
     );
 }
 
