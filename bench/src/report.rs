@@ -200,7 +200,11 @@ pub fn markdown(workload: &str, results: &[PolicyResult], oracle: Option<f64>) -
     for v in verdicts(results, oracle) {
         let _ = writeln!(s, "- {v}");
     }
-    s.push_str("\nTTFT: per request, the engine's simulated TTFT (queueing + prefill) plus the real ms the path added outside the engine, i.e. what a client of real-speed engines would see (time scaling does not magnify the gateway's real cost). engine TTFT: the workers' simulated TTFT alone, ms. client TTFT, E2E and ITL (mean inter-token latency per request: first to last token over the gaps): measured by the client, real ms ÷ time scale (so the client's and gateway's real time is magnified by 1/scale). added: real ms between the client and the engine outside the engine (`x-sim-*` headers); `direct` is the no-gateway baseline.\n");
+    s.push_str("\nTTFT: per request, the engine's simulated TTFT (queueing + prefill) plus the real ms the path added outside the engine, i.e. what a client of real-speed engines would see (time scaling does not magnify the gateway's real cost). engine TTFT: the workers' simulated TTFT alone, ms. client TTFT, E2E and ITL (mean inter-token latency per request: first to last token over the gaps): measured by the client, real ms ÷ time scale (so the client's and gateway's real time is magnified by 1/scale). added: real ms between the client and the engine outside the engine (`x-sim-*` headers)");
+    if results.iter().any(|r| r.policy == "direct") {
+        s.push_str("; `direct` is the no-gateway baseline");
+    }
+    s.push_str(".\n");
     for r in results.iter().filter(|r| !r.notes.is_empty()) {
         let _ = writeln!(s, "- `{}`: {}", r.policy, r.notes.join("; "));
     }
