@@ -7,7 +7,7 @@
 //!
 //! The check uses what loxi knows of ownership: where it sent each new prompt. When a request
 //! is placed cold on endpoint `Y` (no endpoint holds or is predicted to hold its first block),
-//! that first block key becomes a probe ([`CrossWatch::placed`]); every later request with the
+//! that first block key becomes a probe ([`CrossWatch::routed`] with `cold`); every later request with the
 //! same first block adds its endpoint to the probe's *routed* set while the probe is pending
 //! ([`CrossWatch::routed`]). Every stored block an endpoint's stream delivers is matched
 //! against the pending probes ([`CrossWatch::observed`]): the probe's *seen* set. Only a probe
@@ -132,7 +132,7 @@ pub struct CrossWatch {
     /// Per member: when its stream last delivered stored blocks (while probes were pending).
     active: HashMap<Member, Instant>,
     /// Per member placed on: outcomes resolved since the last [`Self::take_tally`], by
-    /// [`Outcome::label`] position (landed, strayed, unseen).
+    /// [`OUTCOME_LABELS`] position (landed, strayed, unseen).
     tally: HashMap<Member, [u64; 3]>,
     /// The keys of `pending`, sorted (rebuilt whenever `pending` changes): a stored event's
     /// keys are matched by binary search, not against every probe.
