@@ -615,20 +615,23 @@ mod tests {
     use crate::rules::validate::validate;
     use serde_json::json;
 
+    /// A kvExactMode-3 rule over `eps` with `ranks` DP ranks, validated.
+    fn kv_rule(eps: serde_json::Value, ranks: u8) -> Result<LbRule, RuleError> {
+        validate(
+            serde_json::from_value(json!({
+                "serviceArguments": {"externalIP": "10.0.0.1", "port": 80, "mode": 4,
+                    "kvExactMode": 3, "kvDpRankCount": ranks},
+                "endpoints": eps,
+            }))
+            .expect("rule"),
+        )
+    }
+
     /// Two engines on one host reading one publisher would each be credited with the other's
     /// blocks: refused naming the endpoint; their own ports (DP spans apart) or hosts pass.
     #[test]
     fn subscribed_endpoints_may_not_share_a_publisher() {
-        let rule = |eps: serde_json::Value, ranks: u8| {
-            validate(
-                serde_json::from_value(json!({
-                    "serviceArguments": {"externalIP": "10.0.0.1", "port": 80, "mode": 4,
-                        "kvExactMode": 3, "kvDpRankCount": ranks},
-                    "endpoints": eps,
-                }))
-                .expect("rule"),
-            )
-        };
+        let rule = kv_rule;
         let shared = rule(
             json!([{"endpointIP": "10.0.0.2", "targetPort": 8001},
                    {"endpointIP": "10.0.0.2", "targetPort": 8002}]),
@@ -662,16 +665,7 @@ mod tests {
     /// endpoint's, or reached by a DP rank) is refused naming the endpoint; another IP passes.
     #[test]
     fn a_publisher_port_may_not_be_an_http_port_of_its_host() {
-        let rule = |eps: serde_json::Value, ranks: u8| {
-            validate(
-                serde_json::from_value(json!({
-                    "serviceArguments": {"externalIP": "10.0.0.1", "port": 80, "mode": 4,
-                        "kvExactMode": 3, "kvDpRankCount": ranks},
-                    "endpoints": eps,
-                }))
-                .expect("rule"),
-            )
-        };
+        let rule = kv_rule;
         match rule(
             json!([{"endpointIP": "10.0.0.2", "targetPort": 8001, "kvZmqPort": 8001}]),
             1,
