@@ -229,15 +229,24 @@ async fn scenario_11_missing_tokenizer_logs_once_flags_degraded_and_rr_serves_ev
         (
             &t["state"],
             &t["failing"][0]["model"],
+            &t["failing"][0]["prompts"],
             &t["failing"][0]["failures"]
         ),
-        (&json!("failing"), &json!("acme/ghost"), &json!(6)),
+        (
+            &json!("failing"),
+            &json!("acme/ghost"),
+            &json!("chat"),
+            &json!(6)
+        ),
         "{t}"
     );
     let remedy = t["failing"][0]["remedy"].as_str().unwrap_or_default();
     let staged = f._tokenizers.path().join("acme__ghost");
     assert!(
-        remedy.contains(&format!("in {}/ (--tokenizer-dir)", staged.display())),
+        remedy.contains(&format!(
+            "in the directory {:?} (--tokenizer-dir)",
+            staged.display().to_string()
+        )),
         "{remedy}"
     );
     let lines = f.log_lines("acme/ghost");
@@ -307,7 +316,8 @@ async fn scenario_9_chat_template_that_fails_to_render_is_counted_and_rr_routes_
         (&t["state"], &t["failing"]),
         (
             &json!("failing"),
-            &json!([{"model": "raises", "failures": 2, "remedy": t["failing"][0]["remedy"]}])
+            &json!([{"model": "raises", "prompts": "chat", "failures": 2,
+                     "remedy": t["failing"][0]["remedy"]}])
         ),
         "{t}"
     );
@@ -319,9 +329,9 @@ async fn scenario_9_chat_template_that_fails_to_render_is_counted_and_rr_routes_
     assert_eq!(m.of(&miss("no_worker")), 1.0);
     let t = f.tokenizer_report().await;
     assert_eq!(
-        t,
-        json!({"state": "ok"}),
-        "a tokenized prompt of the model clears it"
+        (&t["failing"][0]["prompts"], &t["failing"][0]["failures"]),
+        (&json!("chat"), &json!(2)),
+        "a completion does not clear the model's failing chat template: {t}"
     );
     // Another model's template renders: its chat is tokenized, and nothing is counted for it.
     let (_, m) = f.routed("/v1/chat/completions", &chat("tiny")).await;

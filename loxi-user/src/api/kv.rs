@@ -13,9 +13,9 @@
 //!   `crossed`, `unseen`, `never_matched`, `not_subscribed`; `kv::readiness`) and `remedy`, the parity
 //!   verdict (`unknown`/`ok`/`mismatch`), blocks checked, mismatched and unverified, the
 //!   diagnosis, block-size rejections and whether token re-hash is active; and a `tokenizer`
-//!   section: `ok`, or `failing` with each model whose prompts got no token ids since its last
-//!   success (`kv::state::TokenizeWatch`), its failures and a remedy naming its tokenizer's
-//!   directory.
+//!   section: `ok`, or `failing` with each model and prompt kind (chat or text) whose prompts
+//!   got no token ids since its last success (`kv::state::TokenizeWatch`), its failures and a
+//!   remedy naming its tokenizer's directory.
 //!
 //! Errors are the API's own ([`super::error`]: `{"code","fields","message","result","field"}`):
 //! 400 naming the bad query field, 404 for an unknown service (no KV state: unknown id or
@@ -200,56 +200,79 @@ pub struct ParityView {
 pub struct TokenizerView {
     /// `ok` (no model's prompts are failing), or `failing`.
     pub state: &'static str,
-    /// The failing models (name order; at most `TokenizeWatch::MAX_MODELS`).
+    /// The failing models and prompt kinds, the most recent failure first (at most
+    /// [`LISTED_MODELS`]).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub failing: Vec<FailingModel>,
-    /// Failures of further models.
-    #[serde(rename = "otherFailures", skip_serializing_if = "is_zero")]
-    pub other_failures: u64,
+    /// Further failing models and kinds, not listed.
+    #[serde(rename = "moreFailing", skip_serializing_if = "is_zero")]
+    pub more_failing: usize,
 }
 
-/// One model whose prompts do not tokenize.
+/// Failing models listed in the parity report at most.
+pub const LISTED_MODELS: usize = 8;
+
+/// One model whose prompts of one kind do not tokenize.
 #[derive(Debug, Serialize)]
 pub struct FailingModel {
     /// The model the tokenizer is looked up by (a LoRA adapter's base model).
     pub model: String,
-    /// Requests that failed since its last success.
+    /// `chat` (chat messages: the chat template is rendered first) or `text`.
+    pub prompts: &'static str,
+    /// Requests that failed since the last success of this model and kind.
     pub failures: u64,
     /// What to do about it.
     pub remedy: String,
 }
 
-fn is_zero(n: &u64) -> bool {
+fn is_zero(n: &usize) -> bool {
     *n == 0
 }
 
 /// The `tokenizer` section of `svc`'s parity report; remedies name `dir` (`--tokenizer-dir`).
 fn tokenizer_view(svc: &ServiceKv, dir: &std::path::Path) -> TokenizerView {
-    let f = svc.tokenize.failures();
-    let failing: Vec<FailingModel> = f
-        .models
+    let all = svc.tokenize.failures();
+    let more_failing = all.len().saturating_sub(LISTED_MODELS);
+    let failing: Vec<FailingModel> = all
         .into_iter()
-        .map(|(model, failures)| FailingModel {
-            remedy: format!(
+        .take(LISTED_MODELS)
+        .map(|f| {
+            let slug = crate::kv::tokenizer::model_slug(&f.model);
+            let named =
+                !(slug.is_empty() || slug == "." || slug == ".." || slug.contains(['\\', '\0']));
+            let what = if f.chat {
+                "stage its tokenizer.json and a tokenizer_config.json whose chat_template renders \
+                 these messages"
+            } else {
+                "stage its tokenizer.json"
+            };
+            let remedy = if named {
+                format!(
+                    "its {} prompts get no token ids, so they are routed by the rule's selector \
+                     (miss reason tokenize): {what} in the directory {:?} (--tokenizer-dir), or \
+                     fix what the daemon's log names for it; a staged tokenizer is picked up \
+                     within 30 s",
+                    if f.chat { "chat" } else { "text" },
+                    dir.join(&slug).display().to_string()
+                )
+            } else {
                 "its prompts get no token ids, so they are routed by the rule's selector (miss \
-                 reason tokenize): stage its tokenizer.json (with tokenizer_config.json, whose \
-                 chat_template chat requests need) in {}/ (--tokenizer-dir), or fix what the \
-                 daemon's log names for it (a chat template that fails, text the tokenizer \
-                 refuses); a staged tokenizer is picked up within 30 s",
-                dir.join(crate::kv::tokenizer::model_slug(&model)).display()
-            ),
-            model,
-            failures,
+                 reason tokenize): this model name cannot name a tokenizer directory under \
+                 --tokenizer-dir; serve the model under another name"
+                    .to_owned()
+            };
+            FailingModel {
+                model: f.model,
+                prompts: if f.chat { "chat" } else { "text" },
+                failures: f.failures,
+                remedy,
+            }
         })
         .collect();
     TokenizerView {
-        state: if failing.is_empty() && f.other_failures == 0 {
-            "ok"
-        } else {
-            "failing"
-        },
+        state: if failing.is_empty() { "ok" } else { "failing" },
         failing,
-        other_failures: f.other_failures,
+        more_failing,
     }
 }
 

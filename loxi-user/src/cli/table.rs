@@ -447,15 +447,17 @@ pub fn render_kvinventory_endpoints(answer: &Value) -> String {
 /// `get kvparity` (table and wide): a line with the rule's hash contract and tokenizer state,
 /// one row per endpoint (readiness state, leg, parity verdict, blocks checked and
 /// mismatched), then each endpoint's remedy and each failing model's (`-o json`: the answer).
+/// Control characters in the answer's strings (a client chooses the model names a wildcard
+/// pool reports) are printed escaped, never raw.
 pub fn render_kvparity(answer: &Value) -> String {
     let t = &answer["tokenizer"];
     let mut out = format!(
         "service_id={} kvHashAlgo={} kvBlockSize={} seedSet={} tokenizer={}\n",
         num(&answer["serviceId"]),
-        cell(&answer["kvHashAlgo"]),
+        clean(&cell(&answer["kvHashAlgo"])),
         num(&answer["kvBlockSize"]),
         answer["seedSet"].as_bool().unwrap_or(false),
-        cell(&t["state"]),
+        clean(&cell(&t["state"])),
     );
     let eps: Vec<&Value> = answer["endpoints"]
         .as_array()
@@ -467,11 +469,11 @@ pub fn render_kvparity(answer: &Value) -> String {
         .map(|e| {
             vec![
                 num(&e["epIdx"]),
-                format!("{}:{}", cell(&e["endpointIP"]), num(&e["targetPort"])),
+                host_port(&clean(&cell(&e["endpointIP"])), &num(&e["targetPort"])),
                 num(&e["kvZmqPort"]),
-                cell(&e["state"]),
-                cell(&e["leg"]),
-                cell(&e["verdict"]),
+                clean(&cell(&e["state"])),
+                clean(&cell(&e["leg"])),
+                clean(&cell(&e["verdict"])),
                 num(&e["checked_blocks"]),
                 num(&e["mismatched_blocks"]),
             ]
@@ -492,21 +494,51 @@ pub fn render_kvparity(answer: &Value) -> String {
     ));
     for e in &eps {
         if let Some(r) = e["remedy"].as_str() {
-            out.push_str(&format!("ep {}: {r}\n", num(&e["epIdx"])));
+            out.push_str(&format!("ep {}: {}\n", num(&e["epIdx"]), clean(r)));
         }
     }
     for m in t["failing"].as_array().into_iter().flatten() {
+        let n = m["failures"].as_u64().unwrap_or(0);
         out.push_str(&format!(
-            "tokenizer of model {:?} failing ({} requests): {}\n",
+            "tokenizer: model {:?}, {} prompts, {n} failed request{}: {}\n",
             cell(&m["model"]),
-            num(&m["failures"]),
-            cell(&m["remedy"])
+            clean(&cell(&m["prompts"])),
+            if n == 1 { "" } else { "s" },
+            clean(&cell(&m["remedy"]))
         ));
     }
-    if let Some(n) = t["otherFailures"].as_u64() {
-        out.push_str(&format!("tokenizer: {n} failures of further models\n"));
+    if let Some(n) = t["moreFailing"].as_u64().filter(|n| *n > 0) {
+        out.push_str(&format!(
+            "tokenizer: {n} more failing (-o json lists the first 8 too)\n"
+        ));
     }
     out
+}
+
+/// `s` with control characters escaped (`\n`, `\u{1b}`), so no answer string can start a
+/// line or drive the terminal.
+fn clean(s: &str) -> String {
+    if !s.chars().any(char::is_control) {
+        return s.to_owned();
+    }
+    s.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
+/// `ip:port`, an IPv6 address in brackets.
+fn host_port(ip: &str, port: &str) -> String {
+    if ip.contains(':') {
+        format!("[{ip}]:{port}")
+    } else {
+        format!("{ip}:{port}")
+    }
 }
 
 #[cfg(test)]
@@ -519,23 +551,31 @@ mod tests {
     fn kvparity_is_a_table_with_the_remedies_below() {
         let a = json!({"serviceId": 2, "kvHashAlgo": "sha256_cbor", "kvBlockSize": 16,
             "seedSet": false,
-            "tokenizer": {"state": "failing", "failing": [
-                {"model": "acme/ghost", "failures": 6, "remedy": "stage it"}]},
+            "tokenizer": {"state": "failing", "moreFailing": 2, "failing": [
+                {"model": "acme/ghost", "prompts": "chat", "failures": 6, "remedy": "stage it"},
+                {"model": "evil\nservice_id=9 tokenizer=ok\u{1b}[31m", "prompts": "text",
+                 "failures": 1, "remedy": "in \"/t/evil\nservice_id=9\u{1b}[31m\""}]},
             "endpoints": [
                 {"epIdx": 0, "endpointIP": "10.0.0.1", "targetPort": 8000, "kvZmqPort": 5557,
                  "state": "ok", "verdict": "ok", "checked_blocks": 64, "mismatched_blocks": 0},
-                {"epIdx": 1, "endpointIP": "10.0.0.2", "targetPort": 8000, "kvZmqPort": 5557,
+                {"epIdx": 1, "endpointIP": "fd00::2", "targetPort": 8000, "kvZmqPort": 5557,
                  "state": "mismatch", "leg": "seed", "remedy": "set LLB_KV_NONE_HASH_SEED=0",
                  "verdict": "mismatch", "checked_blocks": 3, "mismatched_blocks": 3}]});
         assert_eq!(
             render_kvparity(&a),
             "service_id=2 kvHashAlgo=sha256_cbor kvBlockSize=16 seedSet=false tokenizer=failing\n\
-             | EP IDX |   ENDPOINT    | KV PORT |  STATE   | LEG  | VERDICT  | CHECKED | MISMATCHED |\n\
-             |--------|---------------|---------|----------|------|----------|---------|------------|\n\
-             |      0 | 10.0.0.1:8000 |    5557 | ok       |      | ok       |      64 |          0 |\n\
-             |      1 | 10.0.0.2:8000 |    5557 | mismatch | seed | mismatch |       3 |          3 |\n\
+             | EP IDX |    ENDPOINT    | KV PORT |  STATE   | LEG  | VERDICT  | CHECKED | MISMATCHED |\n\
+             |--------|----------------|---------|----------|------|----------|---------|------------|\n\
+             |      0 | 10.0.0.1:8000  |    5557 | ok       |      | ok       |      64 |          0 |\n\
+             |      1 | [fd00::2]:8000 |    5557 | mismatch | seed | mismatch |       3 |          3 |\n\
              ep 1: set LLB_KV_NONE_HASH_SEED=0\n\
-             tokenizer of model \"acme/ghost\" failing (6 requests): stage it\n"
+             tokenizer: model \"acme/ghost\", chat prompts, 6 failed requests: stage it\n\
+             tokenizer: model \"evil\\nservice_id=9 tokenizer=ok\\u{1b}[31m\", text prompts, 1 failed request: in \"/t/evil\\nservice_id=9\\u{1b}[31m\"\n\
+             tokenizer: 2 more failing (-o json lists the first 8 too)\n"
+        );
+        assert!(
+            !render_kvparity(&a).contains('\u{1b}'),
+            "no control character reaches the terminal"
         );
     }
 

@@ -454,59 +454,92 @@ impl KvState {
 
 /// Models whose text or chat prompts a rule could not tokenize (miss reason `tokenize`: no
 /// usable tokenizer staged, a chat template that failed, the tokenizer refusing the text),
-/// with the failures counted since the model's last success; a success clears the model. At
-/// most [`TokenizeWatch::MAX_MODELS`] models are named (clients choose the model names a
-/// wildcard pool sees); failures of further models are counted under `other_failures`
-/// (cleared with the last named model).
-/// The success path costs one relaxed load while no model is failing.
+/// per model and prompt kind (chat or text: a chat template can fail while completions of the
+/// same model tokenize), with the failures counted since that kind's last success; a success
+/// of the same model and kind clears it. At most [`TokenizeWatch::MAX_TRACKED`] are kept
+/// (clients choose the model names a wildcard pool sees): beyond, the one whose last failure
+/// is oldest is forgotten (it is tracked again at its next failure). The success path costs
+/// one relaxed load while nothing fails.
 #[derive(Debug, Default)]
 pub struct TokenizeWatch {
     any: AtomicBool,
-    failing: Mutex<TokenizeFailures>,
+    failing: Mutex<Failing>,
 }
 
-/// What [`TokenizeWatch`] holds.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct TokenizeFailures {
-    /// Model → failures since its last success (model name order).
-    pub models: std::collections::BTreeMap<String, u64>,
-    /// Failures of models beyond [`TokenizeWatch::MAX_MODELS`].
-    pub other_failures: u64,
+#[derive(Debug, Default)]
+struct Failing {
+    /// (model, chat) → (failures, sequence number of the last one).
+    entries: HashMap<(String, bool), (u64, u64)>,
+    seq: u64,
+}
+
+/// One model and prompt kind whose prompts do not tokenize ([`TokenizeWatch::failures`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenizeFailure {
+    /// The model the tokenizer is looked up by.
+    pub model: String,
+    /// Chat prompts (`true`) or text and token-less prompts (`false`).
+    pub chat: bool,
+    /// Failures since its last success.
+    pub failures: u64,
 }
 
 impl TokenizeWatch {
-    /// Models named at most.
-    pub const MAX_MODELS: usize = 8;
+    /// Models and kinds tracked at most.
+    pub const MAX_TRACKED: usize = 64;
 
-    /// A prompt of `model` failed to tokenize.
-    pub fn failed(&self, model: &str) {
+    /// A prompt of `model` (a chat one when `chat`) failed to tokenize.
+    pub fn failed(&self, model: &str, chat: bool) {
         let mut f = self.failing.lock();
-        let full = f.models.len() >= Self::MAX_MODELS;
-        match f.models.get_mut(model) {
-            Some(n) => *n += 1,
-            None if !full => {
-                f.models.insert(model.to_owned(), 1);
+        f.seq += 1;
+        let seq = f.seq;
+        if let Some(e) = f.entries.get_mut(&(model.to_owned(), chat)) {
+            *e = (e.0 + 1, seq);
+        } else {
+            if f.entries.len() >= Self::MAX_TRACKED
+                && let Some(oldest) = f
+                    .entries
+                    .iter()
+                    .min_by_key(|(_, (_, at))| *at)
+                    .map(|(k, _)| k.clone())
+            {
+                f.entries.remove(&oldest);
             }
-            None => f.other_failures += 1,
+            f.entries.insert((model.to_owned(), chat), (1, seq));
         }
         self.any.store(true, Ordering::Relaxed);
     }
 
-    /// A prompt of `model` was tokenized: `model` is no longer failing.
-    pub fn succeeded(&self, model: &str) {
+    /// A prompt of `model` (a chat one when `chat`) was tokenized: that model and kind are no
+    /// longer failing.
+    pub fn succeeded(&self, model: &str, chat: bool) {
         if !self.any.load(Ordering::Relaxed) {
             return;
         }
         let mut f = self.failing.lock();
-        if f.models.remove(model).is_some() && f.models.is_empty() {
-            f.other_failures = 0;
+        f.entries.remove(&(model.to_owned(), chat));
+        if f.entries.is_empty() {
             self.any.store(false, Ordering::Relaxed);
         }
     }
 
-    /// The failing models now.
-    pub fn failures(&self) -> TokenizeFailures {
-        self.failing.lock().clone()
+    /// Every model and kind failing now, the most recent failure first.
+    pub fn failures(&self) -> Vec<TokenizeFailure> {
+        let f = self.failing.lock();
+        let mut v: Vec<(u64, TokenizeFailure)> = f
+            .entries
+            .iter()
+            .map(|((model, chat), (failures, at))| {
+                let failure = TokenizeFailure {
+                    model: model.clone(),
+                    chat: *chat,
+                    failures: *failures,
+                };
+                (*at, failure)
+            })
+            .collect();
+        v.sort_by_key(|(at, _)| std::cmp::Reverse(*at));
+        v.into_iter().map(|(_, f)| f).collect()
     }
 }
 

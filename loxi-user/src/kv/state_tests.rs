@@ -1,38 +1,65 @@
 use super::*;
 
-/// Failures count per model until that model's next success; beyond `MAX_MODELS` models they
-/// are counted together, and cleared with the last named model.
+fn listed(w: &TokenizeWatch) -> Vec<(String, bool, u64)> {
+    w.failures()
+        .into_iter()
+        .map(|f| (f.model, f.chat, f.failures))
+        .collect()
+}
+
+/// Failures count per model and prompt kind until a success of that model and kind (a chat
+/// template failing is not cleared by a completion), most recent first.
 #[test]
-fn tokenize_failures_count_per_model_until_its_next_success() {
+fn tokenize_failures_count_per_model_and_kind_until_their_next_success() {
     let w = TokenizeWatch::default();
-    w.succeeded("a");
-    assert_eq!(w.failures(), TokenizeFailures::default());
-    w.failed("a");
-    w.failed("a");
-    w.failed("b");
-    w.succeeded("c");
-    let f = w.failures();
+    w.succeeded("a", false);
+    assert!(w.failures().is_empty());
+    w.failed("a", false);
+    w.failed("a", false);
+    w.failed("b", true);
+    w.succeeded("c", false);
+    w.succeeded("b", false);
     assert_eq!(
-        f.models
-            .iter()
-            .map(|(m, n)| (m.as_str(), *n))
-            .collect::<Vec<_>>(),
-        [("a", 2), ("b", 1)]
+        listed(&w),
+        [("b".into(), true, 1), ("a".into(), false, 2)],
+        "a completion of b does not clear its chat failures"
     );
-    w.succeeded("a");
-    assert_eq!(w.failures().models.keys().collect::<Vec<_>>(), ["b"]);
-    for i in 0..TokenizeWatch::MAX_MODELS + 2 {
-        w.failed(&format!("m{i}"));
+    w.succeeded("a", false);
+    assert_eq!(listed(&w), [("b".into(), true, 1)]);
+    w.succeeded("b", true);
+    assert!(w.failures().is_empty());
+}
+
+/// Beyond `MAX_TRACKED`, the entry whose last failure is oldest is forgotten; nothing still
+/// tracked is cleared by another model's success, so the list is empty only when every
+/// tracked model succeeded.
+#[test]
+fn tracked_failures_are_bounded_and_never_cleared_by_another_model() {
+    let w = TokenizeWatch::default();
+    for i in 0..TokenizeWatch::MAX_TRACKED + 3 {
+        w.failed(&format!("m{i}"), false);
     }
-    let f = w.failures();
+    w.failed("m3", false);
+    let l = listed(&w);
+    assert_eq!(l.len(), TokenizeWatch::MAX_TRACKED);
     assert_eq!(
-        (f.models.len(), f.other_failures),
-        (TokenizeWatch::MAX_MODELS, 3),
-        "b and 7 more named, 3 beyond"
+        l[0],
+        ("m3".into(), false, 2),
+        "m3 failed again: the most recent"
     );
-    w.succeeded("b");
-    for i in 0..TokenizeWatch::MAX_MODELS {
-        w.succeeded(&format!("m{i}"));
+    assert!(
+        !l.iter()
+            .any(|(m, _, _)| m == "m0" || m == "m1" || m == "m2"),
+        "the three oldest forgotten"
+    );
+    for i in 4..TokenizeWatch::MAX_TRACKED + 3 {
+        w.succeeded(&format!("m{i}"), false);
     }
-    assert_eq!(w.failures(), TokenizeFailures::default());
+    assert_eq!(listed(&w), [("m3".into(), false, 2)], "m3 still failing");
+    w.failed("m0", false);
+    assert_eq!(
+        listed(&w)[0],
+        ("m0".into(), false, 1),
+        "a forgotten model is tracked again at its next failure"
+    );
 }

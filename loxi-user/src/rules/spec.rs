@@ -592,12 +592,15 @@ fn publisher_on_http_port(endpoints: &[KvEndpoint], ranks: u32) -> Result<(), Sp
             return Err(SpecError {
                 field: format!("endpoints[{i}].kvZmqPort"),
                 message: format!(
-                    "endpoint {i}'s KV-event publisher would be {}:{} (kvZmqPort {}{}), which is \
+                    "endpoint {i}'s KV-event publisher would be {} (kvZmqPort {}{}), which is \
                      {whose} HTTP port (targetPort {}): an engine's ZeroMQ publisher listens on a \
                      port of its own (vLLM's --kv-events-config endpoint, default tcp://*:5557); \
                      set kvZmqPort to that port",
-                    a.ip,
-                    b.port,
+                    if a.ip.contains(':') {
+                        format!("[{}]:{}", a.ip, b.port)
+                    } else {
+                        format!("{}:{}", a.ip, b.port)
+                    },
                     a.zmq_port,
                     if ranks > 1 { " + DP rank" } else { "" },
                     b.port

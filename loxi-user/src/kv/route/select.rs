@@ -897,9 +897,10 @@ fn keys_of(
             let r = span.in_scope(|| {
                 tokenizer.encode_bounded(&tok_model, meta.api, p, meta.add_special_tokens, bounds)
             });
+            let chat = matches!(p, Prompt::Messages(_));
             match r {
-                Ok(_) => svc.tokenize.succeeded(&tok_model),
-                Err(MissReason::Tokenize) => svc.tokenize.failed(&tok_model),
+                Ok(_) => svc.tokenize.succeeded(&tok_model, chat),
+                Err(MissReason::Tokenize) => svc.tokenize.failed(&tok_model, chat),
                 Err(_) => {}
             }
             encoded = r?;
