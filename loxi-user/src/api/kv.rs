@@ -238,8 +238,7 @@ fn tokenizer_view(svc: &ServiceKv, dir: &std::path::Path) -> TokenizerView {
         .take(LISTED_MODELS)
         .map(|f| {
             let slug = crate::kv::tokenizer::model_slug(&f.model);
-            let named =
-                !(slug.is_empty() || slug == "." || slug == ".." || slug.contains(['\\', '\0']));
+            let named = crate::kv::tokenizer::pool::valid_model_name(&f.model).is_ok();
             let what = if f.chat {
                 "stage its tokenizer.json and a tokenizer_config.json whose chat_template renders \
                  these messages"

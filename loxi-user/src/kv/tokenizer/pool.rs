@@ -227,8 +227,8 @@ fn no_tokenizer(model: &str) -> TokenizeError {
     }
 }
 
-/// A model id usable as a directory name once `/` became `__`.
-fn valid_model_name(model: &str) -> Result<(), String> {
+/// A model id usable as a directory name once `/` became `__`; the error says why not.
+pub fn valid_model_name(model: &str) -> Result<(), String> {
     if model.is_empty() || model == "." || model == ".." || model.contains(['\\', '\0']) {
         return Err(format!(
             "model {model:?} is not a valid tokenizer directory name"
