@@ -328,7 +328,8 @@ fn loxicmd_refuses_an_apiserver_with_a_port() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn loxicmd_kv_flags_reach_the_rule_and_pd_flags_are_refused_as_unimplemented() {
     let d = Daemon::start_default().await;
-    let tcp = format!("--tcp={}:8000", free_port());
+    let port = free_port();
+    let tcp = format!("--tcp={port}:8000");
     let common: [&str; 13] = [
         "create",
         "lb",
@@ -390,6 +391,17 @@ async fn loxicmd_kv_flags_reach_the_rule_and_pd_flags_are_refused_as_unimplement
         ),
         (json!(true), json!("sglang"), json!(9998))
     );
+    // The model is part of the key: a delete without it names the rule that is there.
+    let out = d.loxicmd(&["delete", "lb", "127.0.0.1", &tcp]);
+    assert!(!out.status.success(), "deleted a rule it did not name");
+    assert!(
+        stderr(&out).contains(&format!(
+            "this rule is \"127.0.0.1:{port}/tcp model=Qwen/Qwen2.5-7B-Instruct\" on this address"
+        )),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(d.rules().await["lbAttr"].as_array().map(Vec::len), Some(1));
     let out = d.loxicmd(&[
         "delete",
         "lb",

@@ -9,6 +9,7 @@
 use serde_json::Value;
 
 use super::args::OutputFormat;
+use crate::rules::addr::host_port;
 
 /// LoxiLB's `NumToSelect` (unknown numbers print `rr`).
 fn sel_name(v: &Value) -> &'static str {
@@ -530,15 +531,6 @@ fn clean(s: &str) -> String {
             }
         })
         .collect()
-}
-
-/// `ip:port`, an IPv6 address in brackets.
-fn host_port(ip: &str, port: &str) -> String {
-    if ip.contains(':') {
-        format!("[{ip}]:{port}")
-    } else {
-        format!("{ip}:{port}")
-    }
 }
 
 #[cfg(test)]

@@ -6,7 +6,28 @@
 //! only, where it means "listen on every address" (`validate::check_l4` refuses it elsewhere).
 //! An IPv4-mapped IPv6 spelling (`::ffff:224.0.0.1`) is judged as its IPv4 address.
 
+use std::fmt::Display;
 use std::net::IpAddr;
+
+/// `ip:port` as a socket address is written: an IPv6 address in brackets (`[::1]:8000`), as
+/// URLs and `SocketAddr` write it, so the port cannot be read as part of the address.
+pub fn host_port(ip: &str, port: impl Display) -> String {
+    if ip.contains(':') {
+        format!("[{ip}]:{port}")
+    } else {
+        format!("{ip}:{port}")
+    }
+}
+
+/// Whether two IP literals name the same host: an IPv4-mapped IPv6 spelling
+/// (`::ffff:127.0.0.1`) is its IPv4 address, as a dual-stack socket connects to it. Literals
+/// that do not parse are compared as text.
+pub fn same_host(a: &str, b: &str) -> bool {
+    match (a.parse::<IpAddr>(), b.parse::<IpAddr>()) {
+        (Ok(x), Ok(y)) => x.to_canonical() == y.to_canonical(),
+        _ => a == b,
+    }
+}
 
 /// What `ip` is when it names no single host (multicast or broadcast), else `None`.
 pub fn not_one_host(ip: IpAddr) -> Option<&'static str> {
@@ -66,5 +87,16 @@ mod tests {
             None,
             "a mode-4 VIP may be 0.0.0.0"
         );
+    }
+
+    #[test]
+    fn socket_addresses_bracket_ipv6_and_mapped_addresses_are_their_ipv4_host() {
+        assert_eq!(host_port("10.0.0.2", 8000), "10.0.0.2:8000");
+        assert_eq!(host_port("fd00::2", "5557"), "[fd00::2]:5557");
+        assert!(same_host("::ffff:127.0.0.1", "127.0.0.1"));
+        assert!(same_host("127.0.0.1", "::ffff:127.0.0.1"));
+        assert!(same_host("fd00::2", "fd00::2"));
+        assert!(!same_host("::1", "127.0.0.1"));
+        assert!(!same_host("10.0.0.2", "10.0.0.3"));
     }
 }

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use loxi_common::sel;
 
+use super::addr;
 use super::model::LbRule;
 
 /// A rule that passed the range checks but cannot be compiled into a spec (validation turns it
@@ -524,8 +525,7 @@ fn kv_spec(
             },
         })
         .collect::<Vec<KvEndpoint>>();
-    shared_publishers(&endpoints, u32::from(s.kv_dp_rank_count.max(1)))?;
-    publisher_on_http_port(&endpoints, u32::from(s.kv_dp_rank_count.max(1)))?;
+    host_sockets(rule, &endpoints, u32::from(s.kv_dp_rank_count.max(1)))?;
     Ok(Some(KvSpec {
         mode,
         algo,
@@ -538,74 +538,163 @@ fn kv_spec(
     }))
 }
 
-/// Two subscribed endpoints whose KV-event publishers share an address (the same IP and
-/// overlapping port spans `zmq_port .. zmq_port + dp_ranks`) would each be credited with the
-/// other's blocks: several engines on one host need their own ports (`endpoints[i].kvZmqPort`).
-fn shared_publishers(endpoints: &[KvEndpoint], ranks: u32) -> Result<(), SpecError> {
-    let span = |e: &KvEndpoint| u32::from(e.zmq_port)..u32::from(e.zmq_port) + ranks;
-    for (i, a) in endpoints.iter().enumerate().filter(|(_, e)| e.subscribed) {
-        for (j, b) in endpoints
-            .iter()
-            .enumerate()
-            .take(i)
-            .filter(|(_, e)| e.subscribed)
-        {
-            let (sa, sb) = (span(a), span(b));
-            if a.ip == b.ip && sa.start < sb.end && sb.start < sa.end {
+/// One of an engine's KV sockets: the publisher (`kvZmqPort`, DP rank r on `port + r`) or the
+/// replay socket (`kvReplayPort`, likewise per rank).
+#[derive(Clone, Copy, PartialEq)]
+enum KvSocket {
+    Publisher,
+    Replay,
+}
+
+impl KvSocket {
+    /// The rule field that sets it.
+    fn field(self) -> &'static str {
+        match self {
+            Self::Publisher => "kvZmqPort",
+            Self::Replay => "kvReplayPort",
+        }
+    }
+
+    /// What it is, for messages.
+    fn what(self) -> &'static str {
+        match self {
+            Self::Publisher => "KV-event publisher",
+            Self::Replay => "KV-event replay socket",
+        }
+    }
+
+    /// Where an engine configures it (vLLM's `--kv-events-config`).
+    fn engine_knob(self) -> &'static str {
+        match self {
+            Self::Publisher => "vLLM's --kv-events-config endpoint, default tcp://*:5557",
+            Self::Replay => "vLLM's --kv-events-config replay_endpoint",
+        }
+    }
+
+    /// The base port of endpoint `e`'s socket (0: it has none).
+    fn port(self, e: &KvEndpoint) -> u16 {
+        match self {
+            Self::Publisher => e.zmq_port,
+            Self::Replay => e.replay_port,
+        }
+    }
+
+    /// The field that gave endpoint `i` its port: the endpoint's own when it set one, else the
+    /// rule's, so the error names the value to change.
+    fn source(self, rule: &LbRule, i: usize) -> String {
+        let own = rule.endpoints.get(i).map_or(0, |e| match self {
+            Self::Publisher => e.kv_zmq_port,
+            Self::Replay => e.kv_replay_port,
+        });
+        if own != 0 {
+            format!("endpoints[{i}].{}", self.field())
+        } else {
+            format!("serviceArguments.{}", self.field())
+        }
+    }
+}
+
+/// The ports `base .. base + ranks` (empty when `base` is 0: no such socket).
+fn span(base: u16, ranks: u32) -> std::ops::Range<u32> {
+    match base {
+        0 => 0..0,
+        b => u32::from(b)..u32::from(b) + ranks,
+    }
+}
+
+/// The sockets a rule's subscribed endpoints name on one host must be distinct listeners. An
+/// IPv4-mapped IPv6 endpoint (`::ffff:10.0.0.2`) is its IPv4 host ([`addr::same_host`]).
+/// Refused, naming the field that set the port (the endpoint's own, else the rule's):
+/// - two subscribed endpoints whose publishers overlap (`kvZmqPort .. + kvDpRankCount`): each
+///   would be credited with the other's blocks;
+/// - a publisher or replay port that is an engine's HTTP port (`targetPort`, its own or
+///   another endpoint's): one address serves one listener, so the stream would never connect
+///   (readiness `no_events`) or replay would never answer;
+/// - a replay port on a publisher's port, or two engines' replay ports overlapping.
+fn host_sockets(rule: &LbRule, endpoints: &[KvEndpoint], ranks: u32) -> Result<(), SpecError> {
+    use KvSocket::{Publisher, Replay};
+    let subscribed = || endpoints.iter().enumerate().filter(|(_, e)| e.subscribed);
+    for (i, a) in subscribed() {
+        for (j, b) in subscribed().take_while(|(j, _)| *j < i) {
+            if !addr::same_host(&a.ip, &b.ip) {
+                continue;
+            }
+            let (pa, pb) = (span(a.zmq_port, ranks), span(b.zmq_port, ranks));
+            if pa.start < pb.end && pb.start < pa.end {
                 return Err(SpecError {
                     field: format!("endpoints[{i}].kvZmqPort"),
                     message: format!(
-                        "endpoints {j} and {i} ({}:{} and {}:{}) would both read the KV events \
-                         of the publisher at {}:{}, each credited with the other's blocks; give \
-                         each engine on one host its own publisher port (endpoints[i].kvZmqPort)",
-                        b.ip,
-                        b.port,
-                        a.ip,
-                        a.port,
-                        a.ip,
-                        sa.start.max(sb.start)
+                        "endpoints {j} and {i} ({} and {}) would both read the KV events of the \
+                         publisher at {}, each credited with the other's blocks; give each engine \
+                         on one host its own publisher port (endpoints[i].kvZmqPort)",
+                        addr::host_port(&b.ip, b.port),
+                        addr::host_port(&a.ip, a.port),
+                        addr::host_port(&a.ip, pa.start.max(pb.start))
                     ),
                 });
             }
         }
-    }
-    Ok(())
-}
-
-/// A subscribed endpoint whose KV-event publisher port (`zmq_port + r` for each DP rank `r`)
-/// is an engine's HTTP port on the same IP (`targetPort`, its own or another endpoint's) names
-/// a socket that cannot be a ZeroMQ publisher: one address serves one listener, so the stream
-/// would never connect (readiness `no_events` with a remedy naming the HTTP port).
-fn publisher_on_http_port(endpoints: &[KvEndpoint], ranks: u32) -> Result<(), SpecError> {
-    for (i, a) in endpoints.iter().enumerate().filter(|(_, e)| e.subscribed) {
-        let span = u32::from(a.zmq_port)..u32::from(a.zmq_port) + ranks;
-        if let Some((j, b)) = endpoints
-            .iter()
-            .enumerate()
-            .find(|(_, b)| b.ip == a.ip && span.contains(&u32::from(b.port)))
-        {
-            let whose = if i == j {
-                "its own".to_owned()
-            } else {
-                format!("endpoint {j}'s")
-            };
-            return Err(SpecError {
-                field: format!("endpoints[{i}].kvZmqPort"),
+        for sock in [Publisher, Replay] {
+            let own = span(sock.port(a), ranks);
+            if own.is_empty() {
+                continue;
+            }
+            let clash = |what: String, port: u32| SpecError {
+                field: sock.source(rule, i),
                 message: format!(
-                    "endpoint {i}'s KV-event publisher would be {} (kvZmqPort {}{}), which is \
-                     {whose} HTTP port (targetPort {}): an engine's ZeroMQ publisher listens on a \
-                     port of its own (vLLM's --kv-events-config endpoint, default tcp://*:5557); \
-                     set kvZmqPort to that port",
-                    if a.ip.contains(':') {
-                        format!("[{}]:{}", a.ip, b.port)
-                    } else {
-                        format!("{}:{}", a.ip, b.port)
-                    },
-                    a.zmq_port,
+                    "endpoint {i}'s {} would be {} ({} {}{}), which is {what}: an engine's {} \
+                     listens on a port of its own ({}); set {} to that port",
+                    sock.what(),
+                    addr::host_port(&a.ip, port),
+                    sock.field(),
+                    sock.port(a),
                     if ranks > 1 { " + DP rank" } else { "" },
-                    b.port
+                    sock.what(),
+                    sock.engine_knob(),
+                    sock.field()
                 ),
-            });
+            };
+            let whose = |j: usize| {
+                if i == j {
+                    "its own".to_owned()
+                } else {
+                    format!("endpoint {j}'s")
+                }
+            };
+            if let Some((j, b)) = endpoints
+                .iter()
+                .enumerate()
+                .find(|(_, b)| addr::same_host(&a.ip, &b.ip) && own.contains(&u32::from(b.port)))
+            {
+                return Err(clash(
+                    format!("{} HTTP port (targetPort {})", whose(j), b.port),
+                    u32::from(b.port),
+                ));
+            }
+            if sock == Replay {
+                for (j, b) in subscribed().filter(|(_, b)| addr::same_host(&a.ip, &b.ip)) {
+                    let pub_b = span(b.zmq_port, ranks);
+                    if own.start < pub_b.end && pub_b.start < own.end {
+                        let at = own.start.max(pub_b.start);
+                        return Err(clash(
+                            format!("{} KV-event publisher (kvZmqPort {})", whose(j), b.zmq_port),
+                            at,
+                        ));
+                    }
+                    let rep_b = span(b.replay_port, ranks);
+                    if j < i && own.start < rep_b.end && rep_b.start < own.end {
+                        let at = own.start.max(rep_b.start);
+                        return Err(clash(
+                            format!(
+                                "{} replay socket (kvReplayPort {})",
+                                whose(j),
+                                b.replay_port
+                            ),
+                            at,
+                        ));
+                    }
+                }
+            }
         }
     }
     Ok(())
@@ -620,14 +709,27 @@ mod tests {
 
     /// A kvExactMode-3 rule over `eps` with `ranks` DP ranks, validated.
     fn kv_rule(eps: serde_json::Value, ranks: u8) -> Result<LbRule, RuleError> {
+        kv_rule_with(json!({ "kvDpRankCount": ranks }), eps)
+    }
+
+    /// A kvExactMode-3 rule over `eps` with `extra` service arguments, validated.
+    fn kv_rule_with(extra: serde_json::Value, eps: serde_json::Value) -> Result<LbRule, RuleError> {
+        let mut svc = json!({"externalIP": "10.0.0.1", "port": 80, "mode": 4, "kvExactMode": 3});
+        if let (Some(o), Some(x)) = (svc.as_object_mut(), extra.as_object()) {
+            o.extend(x.clone());
+        }
         validate(
-            serde_json::from_value(json!({
-                "serviceArguments": {"externalIP": "10.0.0.1", "port": 80, "mode": 4,
-                    "kvExactMode": 3, "kvDpRankCount": ranks},
-                "endpoints": eps,
-            }))
-            .expect("rule"),
+            serde_json::from_value(json!({"serviceArguments": svc, "endpoints": eps}))
+                .expect("rule"),
         )
+    }
+
+    /// The field and message of a refused rule.
+    fn refusal(r: Result<LbRule, RuleError>) -> (String, String) {
+        match r {
+            Err(RuleError::Invalid { field, message }) => (field, message),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
     }
 
     /// Two engines on one host reading one publisher would each be credited with the other's
@@ -718,6 +820,90 @@ mod tests {
             .is_ok(),
             "another host's HTTP port"
         );
+    }
+
+    /// The rule's kvZmqPort on an HTTP port names the rule's field; an IPv4-mapped IPv6
+    /// endpoint is its IPv4 host; IPv6 sockets are bracketed.
+    #[test]
+    fn publisher_clashes_name_the_field_that_set_the_port_and_compare_hosts() {
+        let (field, message) = refusal(kv_rule_with(
+            json!({"kvZmqPort": 8001}),
+            json!([{"endpointIP": "10.0.0.2", "targetPort": 8001}]),
+        ));
+        assert_eq!(field, "serviceArguments.kvZmqPort");
+        assert!(
+            message.contains("10.0.0.2:8001 (kvZmqPort 8001), which is its own HTTP port"),
+            "{message}"
+        );
+        let (field, message) = refusal(kv_rule(
+            json!([{"endpointIP": "10.0.0.2", "targetPort": 8001, "kvZmqPort": 5557},
+                   {"endpointIP": "::ffff:10.0.0.2", "targetPort": 8002, "kvZmqPort": 8001}]),
+            1,
+        ));
+        assert_eq!(field, "endpoints[1].kvZmqPort");
+        assert!(
+            message.contains("endpoint 0's HTTP port (targetPort 8001)"),
+            "{message}"
+        );
+        let (_, message) = refusal(kv_rule(
+            json!([{"endpointIP": "fd00::2", "targetPort": 8001, "kvZmqPort": 5557},
+                   {"endpointIP": "fd00::2", "targetPort": 8002, "kvZmqPort": 5557}]),
+            1,
+        ));
+        assert!(
+            message.contains("([fd00::2]:8001 and [fd00::2]:8002) would both read the KV events of the publisher at [fd00::2]:5557"),
+            "{message}"
+        );
+    }
+
+    /// A replay port may be neither an HTTP port, nor a publisher's port, nor another engine's
+    /// replay port on the same host; apart, or on other hosts, they pass.
+    #[test]
+    fn a_replay_port_is_a_listener_of_its_own() {
+        let (field, message) = refusal(kv_rule(
+            json!([{"endpointIP": "10.0.0.2", "targetPort": 8001, "kvZmqPort": 5557, "kvReplayPort": 8001}]),
+            1,
+        ));
+        assert_eq!(field, "endpoints[0].kvReplayPort");
+        assert!(
+            message.contains("KV-event replay socket would be 10.0.0.2:8001 (kvReplayPort 8001), which is its own HTTP port"),
+            "{message}"
+        );
+        let (field, message) = refusal(kv_rule_with(
+            json!({"kvReplayPort": 5557}),
+            json!([{"endpointIP": "10.0.0.2", "targetPort": 8001}]),
+        ));
+        assert_eq!(field, "serviceArguments.kvReplayPort");
+        assert!(
+            message.contains("which is its own KV-event publisher (kvZmqPort 5557)"),
+            "{message}"
+        );
+        let (field, message) = refusal(kv_rule(
+            json!([{"endpointIP": "10.0.0.2", "targetPort": 8001, "kvZmqPort": 5557, "kvReplayPort": 5600},
+                   {"endpointIP": "10.0.0.2", "targetPort": 8002, "kvZmqPort": 5560, "kvReplayPort": 5601}]),
+            2,
+        ));
+        assert_eq!(field, "endpoints[1].kvReplayPort");
+        assert!(
+            message.contains("10.0.0.2:5601 (kvReplayPort 5601 + DP rank), which is endpoint 0's replay socket (kvReplayPort 5600)"),
+            "{message}"
+        );
+        let (_, message) = refusal(kv_rule(
+            json!([{"endpointIP": "10.0.0.2", "targetPort": 8001, "kvZmqPort": 5557, "kvReplayPort": 5700},
+                   {"endpointIP": "10.0.0.2", "targetPort": 8002, "kvZmqPort": 5700}]),
+            1,
+        ));
+        assert!(
+            message.contains("endpoint 1's KV-event publisher (kvZmqPort 5700)"),
+            "{message}"
+        );
+        assert!(kv_rule(
+            json!([{"endpointIP": "10.0.0.2", "targetPort": 8001, "kvZmqPort": 5557, "kvReplayPort": 5600},
+                   {"endpointIP": "10.0.0.2", "targetPort": 8002, "kvZmqPort": 5560, "kvReplayPort": 5602},
+                   {"endpointIP": "10.0.0.3", "targetPort": 5600, "kvZmqPort": 5557, "kvReplayPort": 5601}]),
+            2,
+        )
+        .is_ok());
     }
 
     fn rule(svc: serde_json::Value) -> LbRule {

@@ -407,6 +407,48 @@ impl RuleStore {
             model_name: model_name.to_string(),
         };
         self.delete_where(&key.to_string(), |k, _| *k == key)
+            .map_err(|e| match e {
+                StoreError::NotFound(what) => StoreError::NotFound(self.near_keys(&key, what)),
+                e => e,
+            })
+    }
+
+    /// `what`, and when rules share `key`'s address, port and protocol under another host or
+    /// model (the key of a delete must match exactly), the first few of them and how to name
+    /// one: a delete without `--host` never reaches a host rule.
+    fn near_keys(&self, key: &RuleKey, what: String) -> String {
+        const SHOWN: usize = 4;
+        let cur = self.current.load();
+        let near: Vec<&RuleKey> = cur
+            .rules
+            .keys()
+            .filter(|k| {
+                k.external_ip == key.external_ip && k.port == key.port && k.protocol == key.protocol
+            })
+            .collect();
+        if near.is_empty() {
+            return what;
+        }
+        let listed: Vec<String> = near
+            .iter()
+            .take(SHOWN)
+            .map(|k| format!("{:?}", k.to_string()))
+            .collect();
+        format!(
+            "{what}; the host and model are part of a rule's key, and {} {} on this address and \
+             port{}: name it with loxicmd's --host/--model-name (REST: ?host=, ?model_name=)",
+            if near.len() == 1 {
+                "this rule is"
+            } else {
+                "these rules are"
+            },
+            listed.join(", "),
+            if near.len() > SHOWN {
+                format!(" (and {} more)", near.len() - SHOWN)
+            } else {
+                String::new()
+            }
+        )
     }
 
     /// Deletes every rule named `name` (`serviceArguments.name`, LoxiLB's
@@ -609,7 +651,13 @@ mod tests {
         let e = store
             .delete("10.0.0.1", 80, "tcp", "", "")
             .expect_err("no model-less rule on :80");
-        assert!(matches!(e, StoreError::NotFound(_)), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            "no rule matches 10.0.0.1:80/tcp; the host and model are part of a rule's key, and \
+             these rules are \"10.0.0.1:80/tcp model=a\", \"10.0.0.1:80/tcp model=b\" on this \
+             address and port: name it with loxicmd's --host/--model-name (REST: ?host=, \
+             ?model_name=)"
+        );
         assert_eq!(store.snapshot().rules.len(), 3, "the model pools stay");
         let gone = store
             .delete("10.0.0.1", 80, "TCP", "", "b")
@@ -628,6 +676,14 @@ mod tests {
             1
         );
         assert_eq!(store.snapshot().rules.len(), 1);
+        let e = store
+            .delete("10.0.0.1", 81, "tcp", "", "")
+            .expect_err("gone");
+        assert_eq!(
+            e.to_string(),
+            "no rule matches 10.0.0.1:81/tcp",
+            "nothing near: no hint"
+        );
     }
 
     #[test]
