@@ -135,11 +135,12 @@ fn daemon(spec: &GatewaySpec, kind: &RuleKind, api_port: u16, state: &Path) -> C
         .arg(state)
         .arg("--tokenizer-dir")
         .arg(&spec.tokenizer_dir)
-        // LOXI_BENCH_GATEWAY_LOG: the daemon's `--log` filter (default `warn`), e.g.
+        // LOXI_BENCH_GATEWAY_LOG: the daemon's `--log` filter (default `info`: the rule, its
+        // listener, tokenizers and each endpoint's KV readiness, nothing per request), e.g.
         // `warn,loxi_user::kv=debug` to see each tier-1.5 miss in logs/loxilb-*.log.
         .args([
             "--log",
-            &std::env::var("LOXI_BENCH_GATEWAY_LOG").unwrap_or_else(|_| "warn".into()),
+            &std::env::var("LOXI_BENCH_GATEWAY_LOG").unwrap_or_else(|_| "info".into()),
         ])
         .env("LLB_KV_NONE_HASH_SEED", &spec.hash_seed)
         .env_remove("LOXILB_KV_LB_MODE");

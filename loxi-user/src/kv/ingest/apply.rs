@@ -129,6 +129,17 @@ impl ServiceKv {
                     if t.verdict_changed {
                         self.publish_parity(at, m);
                     }
+                    if t.first_untranslated > 0 {
+                        tracing::warn!(
+                            service = self.id,
+                            ep_idx = at.pos,
+                            rank,
+                            blocks = t.first_untranslated,
+                            "KV re-hash: blocks the engine stored cannot be re-hashed (no token \
+                             ids, an unknown parent or extra keys) and are left out of the \
+                             index; counted in the parity report's untranslated_blocks"
+                        );
+                    }
                     t.keys
                 };
                 let out = self.index.store_in(ep, rank, tier_of(&st.medium), &keys);
@@ -192,13 +203,30 @@ impl ServiceKv {
         self.parity.lock().clear(ep);
     }
 
+    /// Sets the endpoint's `loxilb_kv_parity_ok` gauge after its verdict changed, and logs the
+    /// diagnosis when the change was to a mismatch.
     fn publish_parity(&self, at: Position, m: &KvMetrics) {
-        let ok = self
-            .parity
-            .lock()
-            .get(at.member)
-            .map(|p| p.verdict == super::parity::Verdict::Ok)
-            .unwrap_or(false);
+        let (ok, mismatch) = {
+            let book = self.parity.lock();
+            let p = book.get(at.member);
+            let mismatch = p
+                .filter(|p| p.verdict == super::parity::Verdict::Mismatch)
+                .and_then(|p| p.diagnosis.clone());
+            (
+                p.is_some_and(|p| p.verdict == super::parity::Verdict::Ok),
+                mismatch,
+            )
+        };
+        if let Some(diagnosis) = mismatch {
+            tracing::warn!(
+                service = self.id,
+                ep_idx = at.pos,
+                rank = at.rank,
+                %diagnosis,
+                "KV parity mismatch: engine block hashes differ from loxi's; switching this \
+                 endpoint to token re-hash (loxicmd get kvparity)"
+            );
+        }
         m.parity_ok
             .get_or_create(&EpLabels {
                 service: self.label(),

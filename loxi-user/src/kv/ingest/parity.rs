@@ -116,8 +116,13 @@ pub struct ParityBook {
 pub struct Translated {
     /// Keys to store for the endpoint.
     pub keys: Vec<BlockKey>,
-    /// True when this event changed the verdict (the caller updates the gauge).
+    /// True when this event changed the verdict (the caller updates the gauge, and logs the
+    /// diagnosis when it became a mismatch).
     pub verdict_changed: bool,
+    /// Blocks of this event left out of the index because they cannot be re-hashed (no token
+    /// ids, an unknown parent or extra keys), when they are the endpoint's first such blocks
+    /// (the caller warns once); 0 otherwise.
+    pub first_untranslated: u64,
 }
 
 impl ParityBook {
@@ -182,17 +187,12 @@ impl ParityBook {
         if p.verdict == Verdict::Ok {
             p.digests.clear();
         }
+        let mut first_untranslated = 0;
         let keys = if p.rehash {
             let keys: Vec<BlockKey> = own.iter().flatten().map(|d| d.key(hasher.algo())).collect();
             let left_out = (engine.len() - keys.len()) as u64;
-            if left_out > 0 && p.untranslated_blocks == 0 {
-                tracing::warn!(
-                    ep,
-                    blocks = left_out,
-                    "KV re-hash: blocks the engine stored cannot be re-hashed (no token ids, an \
-                     unknown parent or extra keys) and are left out of the index; counted in \
-                     the parity report's untranslated_blocks"
-                );
+            if p.untranslated_blocks == 0 {
+                first_untranslated = left_out;
             }
             p.untranslated_blocks += left_out;
             keys
@@ -202,6 +202,7 @@ impl ParityBook {
         Translated {
             keys,
             verdict_changed: before != p.verdict,
+            first_untranslated,
         }
     }
 
@@ -341,9 +342,7 @@ fn check(
         p.mismatched_blocks += 1;
         p.verdict = Verdict::Mismatch;
         p.rehash = true;
-        let diag = diagnose(ev, j, *k, hasher, bs);
-        tracing::warn!(ep, diagnosis = %diag, "KV parity mismatch: engine block hashes differ from loxi's; switching this endpoint to token re-hash");
-        p.diagnosis = Some(diag);
+        p.diagnosis = Some(diagnose(ev, j, *k, hasher, bs));
         return;
     }
     if p.checked_blocks >= ESTABLISH_BLOCKS && p.verdict == Verdict::Unknown {
