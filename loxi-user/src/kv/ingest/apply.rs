@@ -489,8 +489,15 @@ mod tests {
             .collect();
         let with_tokens =
             crate::kv::testutil::vllm_stored_event(&keys, &toks, 16, None, vec![V::Nil, V::Nil]);
-        svc.apply_batch(0, 0, &batch(vec![with_tokens], V::from(0)), &st.metrics);
+        let (_, logged) = crate::telemetry::LogBuf::capture(|| {
+            svc.apply_batch(0, 0, &batch(vec![with_tokens], V::from(0)), &st.metrics)
+        });
         assert!(svc.parity.lock().get(0).expect("report").rehash);
+        assert!(
+            logged.contains("KV parity mismatch")
+                && logged.contains("service=1 ep_idx=0 rank=0 diagnosis="),
+            "the WARN names the service and endpoint: {logged}"
+        );
         let bare = decode_batch(&stored_batch(&[77, 78], 16)).expect("decode");
         svc.apply_batch(0, 0, &bare, &st.metrics);
         assert_eq!(svc.index.blocks(0), 4);

@@ -142,10 +142,11 @@ fn rehash_counts_the_blocks_it_cannot_translate() {
         token_ids: Vec::new(),
         ..engine_event(&engine, &tokens(3, 16, 8), 16)
     };
-    assert!(
-        book.on_stored(0, &no_tokens, &rule_hasher(), 16, &lora)
-            .keys
-            .is_empty()
+    let t = book.on_stored(0, &no_tokens, &rule_hasher(), 16, &lora);
+    assert!(t.keys.is_empty());
+    assert_eq!(
+        t.first_untranslated, 3,
+        "the endpoint's first untranslated blocks: warned"
     );
     let all = engine_event(&engine, &toks, 16);
     let orphan = BlockStored {
@@ -154,11 +155,9 @@ fn rehash_counts_the_blocks_it_cannot_translate() {
         token_ids: toks[48..].to_vec(),
         ..all.clone()
     };
-    assert!(
-        book.on_stored(0, &orphan, &rule_hasher(), 16, &lora)
-            .keys
-            .is_empty()
-    );
+    let t = book.on_stored(0, &orphan, &rule_hasher(), 16, &lora);
+    assert!(t.keys.is_empty());
+    assert_eq!(t.first_untranslated, 0, "counted, not warned again");
     assert_eq!(book.get(0).expect("report").untranslated_blocks, 3 + 1);
 }
 
