@@ -660,6 +660,80 @@ async fn no_reachable_decode_is_503_pd_pool_unavailable() {
         ),
         1.0
     );
+    // No prefill took the connection: no leg was sent, so no request id or endpoint is named.
+    let dec = Backend::start("dec").await;
+    let port = free_port();
+    let rule = pd_rule(port, &[(closed, 1, 0), (dec.port(), 2, 0)], json!({}));
+    let _d = started(DaemonOpts::default(), &rule).await;
+    let r = send(&c, completion(port, &[], &json!({"prompt": "x"}))).await;
+    assert_eq!(r.status, 503, "{}", r.text);
+    assert_eq!(r.json()["error"]["type"], "pd_pool_unavailable");
+    assert_eq!(r.header("x-request-id"), None, "{:?}", r.headers);
+    assert_eq!(r.header("x-loxilb-prefill-endpoint"), None);
+    assert_eq!(dec.request_count(), 0);
+}
+
+/// A connect failure that moves a leg renews the request id, so both legs and the client carry
+/// one id naming the engines that served (vLLM's P2P connector sends the KV to its decode
+/// address); a decode that refused after the prefill ran gets the prefill run again for the
+/// next decode, under the new id.
+#[tokio::test]
+async fn a_connect_failover_renews_the_request_id_for_the_pair_that_serves() {
+    let (_held_pre, dead_pre) = closed_port();
+    let (_held_dec, dead_dec) = closed_port();
+    let pre = Backend::start("pre").await;
+    let dec = Backend::start("dec").await;
+    let port = free_port();
+    let rule = pd_rule(
+        port,
+        &[
+            (dead_pre, 1, 0),
+            (pre.port(), 1, 0),
+            (dead_dec, 2, 0),
+            (dec.port(), 2, 0),
+        ],
+        json!({}),
+    );
+    let d = started(DaemonOpts::default(), &rule).await;
+    let c = client();
+    let want = format!(
+        "___prefill_addr_127.0.0.1:{}___decode_addr_127.0.0.1:{}_",
+        pre.port(),
+        dec.port()
+    );
+    for i in 0..4 {
+        let r = send(
+            &c,
+            completion(port, &[], &json!({"prompt": format!("failover {i}")})),
+        )
+        .await;
+        assert_eq!(r.status, 200, "request {i}: {}", r.text);
+        let rid = r.header("x-request-id").unwrap_or_default().to_owned();
+        assert!(rid.starts_with(&want), "request {i}: {rid}");
+        let last = |b: &Backend| {
+            b.requests()
+                .last()
+                .and_then(|q| q.header("x-request-id").map(str::to_owned))
+        };
+        assert_eq!(last(&pre).as_deref(), Some(rid.as_str()), "request {i}");
+        assert_eq!(last(&dec).as_deref(), Some(rid.as_str()), "request {i}");
+    }
+    let m = d.metrics_text().await;
+    let failures = |ep: &str| {
+        metric(
+            &m,
+            "loxilb_proxy_upstream_connect_failures_total",
+            &[&format!("ep_idx=\"{ep}\"")],
+        )
+    };
+    assert!(failures("0") >= 1.0, "the dead prefill was tried: {m}");
+    assert!(failures("2") >= 1.0, "the dead decode was tried: {m}");
+    assert_eq!(dec.request_count(), 4);
+    assert_eq!(
+        pre.request_count() as f64,
+        4.0 + failures("2"),
+        "one more prefill leg for each decode that refused after its prefill"
+    );
 }
 
 /// Every prefill (or every decode) endpoint refusing the connection is no 503 when the rule has

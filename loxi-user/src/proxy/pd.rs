@@ -35,11 +35,13 @@
 //! return to 0 either way.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderValue, Response};
+use parking_lot::Mutex;
 use serde_json::Value;
 
 use super::body::{ProxyBody, Tracked};
@@ -57,7 +59,6 @@ use crate::pd::metrics::svc;
 use crate::pd::{Choice, PdLadder, PdState, PdTier, Pin, handoff, trie};
 use crate::request::{ApiKind, RequestMeta};
 use crate::routing::{Candidates, Excluded};
-use crate::rules::model::authority;
 use crate::rules::spec::Dialect;
 use crate::telemetry::span as trace_span;
 
@@ -75,6 +76,8 @@ pub(super) struct Pair<'a> {
     pub dec: Choice,
     /// The request's pin key, if any.
     pub key: Option<&'a str>,
+    /// Decode legs tried so far (the trace's attempt number).
+    pub dec_attempts: usize,
 }
 
 impl Pair<'_> {
@@ -176,17 +179,13 @@ impl Handler {
         };
         m.trie_outcome(service, pre.trie);
         m.requests.get_or_create(&svc(service)).inc();
-        let endpoints = &pool.rule.rule.endpoints;
-        let rid = handoff::request_id(
-            &authority(&endpoints[pre.ep].endpoint_ip, spec.nixl_ports[pre.ep]),
-            &authority(&endpoints[dec.ep].endpoint_ip, spec.nixl_ports[dec.ep]),
-        );
         let legs = Legs {
             pool,
             parts: &parts,
             meta,
             obj,
-            rid: HeaderValue::from_str(&rid).map_err(|e| ProxyError::Internal(e.to_string()))?,
+            rid: Mutex::new(Legs::request_id(pool, pre.ep, dec.ep)?),
+            sent: AtomicBool::new(false),
             start,
         };
         let mut pair = Pair {
@@ -196,6 +195,7 @@ impl Handler {
             pre,
             dec,
             key,
+            dec_attempts: 0,
         };
         let resp = match spec.dialect {
             Dialect::Sglang { bootstrap_port } => {
@@ -205,13 +205,23 @@ impl Handler {
                     Err(e) => Err(e),
                 }
             }
-            Dialect::Vllm | Dialect::Trtllm => {
+            // A decode endpoint that refused the connection after the prefill ran: the pair
+            // is renewed (request id naming the next decode) and the prefill leg runs again
+            // for it, as SGLang's pair does: vLLM's P2P connector pushed the first prefill's
+            // KV to the refused decode's address.
+            Dialect::Vllm | Dialect::Trtllm => loop {
                 match self.prefill_first(&legs, &mut pair, spec.dialect).await {
                     Ok(Sequential::Answer(resp)) => return Ok(resp),
-                    Ok(Sequential::Decode(body)) => self.decode_legs(&legs, &mut pair, body).await,
-                    Err(e) => Err(e),
+                    Ok(Sequential::Decode(body)) => {
+                        match self.decode_legs(&legs, &mut pair, body).await {
+                            Ok(Some(resp)) => break Ok(resp),
+                            Ok(None) => {}
+                            Err(e) => break Err(e),
+                        }
+                    }
+                    Err(e) => break Err(e),
                 }
-            }
+            },
         };
         match resp {
             Ok(resp) => Ok(self.served(&legs, &pair, state, resp)),
@@ -221,7 +231,8 @@ impl Handler {
             // Without one, the 503 carries the request id the legs were sent with and the
             // prefill endpoint last tried, as a failed leg's answer does.
             Err(ProxyError::PdPoolUnavailable { reason }) => {
-                let (rid, pre) = (legs.rid.clone(), pair.pre.ep);
+                let sent = legs.sent.load(Ordering::Relaxed);
+                let (rid, pre) = (legs.rid(), pair.pre.ep);
                 drop(legs);
                 match self
                     .aggregated(pool, &pair.ladder, parts, body, meta, start, reason)
@@ -229,9 +240,11 @@ impl Handler {
                 {
                     Err(e @ ProxyError::PdPoolUnavailable { .. }) => {
                         let mut resp = self.error_response(service, e);
-                        let h = resp.headers_mut();
-                        h.insert(REQUEST_ID_HEADER, rid);
-                        h.insert(PREFILL_ENDPOINT_HEADER, HeaderValue::from(pre));
+                        if sent {
+                            let h = resp.headers_mut();
+                            h.insert(REQUEST_ID_HEADER, rid);
+                            h.insert(PREFILL_ENDPOINT_HEADER, HeaderValue::from(pre));
+                        }
                         Ok(resp)
                     }
                     other => other,
@@ -253,7 +266,7 @@ impl Handler {
         };
         let mut resp = self.error_response(legs.pool.rule.id, e);
         let h = resp.headers_mut();
-        h.insert(REQUEST_ID_HEADER, legs.rid.clone());
+        h.insert(REQUEST_ID_HEADER, legs.rid());
         h.insert(PREFILL_ENDPOINT_HEADER, HeaderValue::from(pair.pre.ep));
         if let Some(ep) = decode {
             h.insert(super::handler::ENDPOINT_HEADER, HeaderValue::from(ep));
@@ -289,6 +302,7 @@ impl Handler {
                             reason: "no_prefill",
                         });
                     }
+                    legs.renew_rid(pair.pre.ep, pair.dec.ep)?;
                     m.trie_outcome(service, pair.pre.trie);
                 }
             }
@@ -305,7 +319,7 @@ impl Handler {
         };
         if params.is_none() {
             m.params_missing.get_or_create(&svc(service)).inc();
-            tracing::warn!(service, ep = pair.pre.ep, request_id = ?legs.rid,
+            tracing::warn!(service, ep = pair.pre.ep, request_id = ?legs.rid(),
                 "prefill answered without transfer parameters; the decode leg recomputes the prompt");
         }
         let p = params.as_ref();
@@ -315,31 +329,32 @@ impl Handler {
         })?))
     }
 
-    /// The decode leg after the prefill, moving to another decode endpoint on a connect
-    /// failure.
+    /// The decode leg after the prefill: `Ok(Some)` its answer; `Ok(None)` when the decode
+    /// endpoint refused the connection and the pair moved to the next decode endpoint (with a
+    /// new request id: the caller runs the prefill again for it); 503 `no_decode` when none
+    /// is left.
     async fn decode_legs(
         &self,
         legs: &Legs<'_>,
         pair: &mut Pair<'_>,
         body: Bytes,
-    ) -> Result<Response<ProxyBody>, ProxyError> {
-        let mut attempts = 0;
-        loop {
-            attempts += 1;
-            let ep = pair.dec.ep;
-            trace_span::record_decision("pd", pair.dec.tier.as_str(), ep, attempts);
-            let leg = self.decode_leg(legs, body.clone(), ep);
-            match self.decode_within(legs, ep, leg).await {
-                Ok(resp) => return Ok(resp),
-                Err(None) => {
-                    if !pair.next_decode(legs.pool, ep) {
-                        return Err(ProxyError::PdPoolUnavailable {
-                            reason: "no_decode",
-                        });
-                    }
+    ) -> Result<Option<Response<ProxyBody>>, ProxyError> {
+        let ep = pair.dec.ep;
+        pair.dec_attempts += 1;
+        trace_span::record_decision("pd", pair.dec.tier.as_str(), ep, pair.dec_attempts);
+        let leg = self.decode_leg(legs, body, ep);
+        match self.decode_within(legs, ep, leg).await {
+            Ok(resp) => Ok(Some(resp)),
+            Err(None) => {
+                if !pair.next_decode(legs.pool, ep) {
+                    return Err(ProxyError::PdPoolUnavailable {
+                        reason: "no_decode",
+                    });
                 }
-                Err(Some(e)) => return Err(e),
+                legs.renew_rid(pair.pre.ep, pair.dec.ep)?;
+                Ok(None)
             }
+            Err(Some(e)) => Err(e),
         }
     }
 
@@ -353,7 +368,7 @@ impl Handler {
     }
 
     /// Counts the decode choice of a served two-leg request, pins its pair, names the prefill
-    /// endpoint.
+    /// endpoint and the request id both legs carried.
     fn served(
         &self,
         legs: &Legs<'_>,
@@ -372,8 +387,9 @@ impl Handler {
                 },
             );
         }
-        resp.headers_mut()
-            .insert(PREFILL_ENDPOINT_HEADER, HeaderValue::from(pair.pre.ep));
+        let h = resp.headers_mut();
+        h.insert(PREFILL_ENDPOINT_HEADER, HeaderValue::from(pair.pre.ep));
+        h.insert(REQUEST_ID_HEADER, legs.rid());
         resp
     }
 

@@ -51,6 +51,10 @@ impl super::handler::Handler {
         loop {
             attempts += 1;
             let (pre, dec) = (pair.pre.ep, pair.dec.ep);
+            if attempts > 1 {
+                // A connect failure moved a leg: the pair's request id names the new pair.
+                legs.renew_rid(pre, dec)?;
+            }
             let ip = &pool.rule.rule.endpoints[pre].endpoint_ip;
             let boot = sglang::Bootstrap::new(ip, bootstrap_port);
             let body = Legs::encode(sglang::leg_body(legs.obj, &boot))?;
@@ -143,7 +147,7 @@ impl super::handler::Handler {
         let mut resp = Response::new(full(bytes::Bytes::from(bytes)));
         let h = resp.headers_mut();
         h.insert(header::CONTENT_TYPE, HeaderValue::from_static(ctype));
-        h.insert(REQUEST_ID_HEADER, legs.rid.clone());
+        h.insert(REQUEST_ID_HEADER, legs.rid());
         h.insert(PREFILL_ENDPOINT_HEADER, HeaderValue::from(pair.pre.ep));
         tracing::debug!(
             service = legs.pool.rule.id,

@@ -4,12 +4,14 @@
 //! `LLB_PD_DECODE_TIMEOUT_SEC`). `pd.rs` and `pd_dialects.rs` order the legs.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full, Limited};
+use parking_lot::Mutex;
 use prometheus_client::metrics::gauge::Gauge;
 use serde_json::{Map, Value};
 
@@ -19,8 +21,10 @@ use super::handler::{ENDPOINT_HEADER, Handler, downstream_response};
 use super::pool::Pool;
 use super::upstream::{Attempt, strip_hop_by_hop, upstream_request};
 use crate::health::breaker::Outcome;
+use crate::pd::handoff;
 use crate::pd::metrics::svc;
 use crate::request::RequestMeta;
+use crate::rules::model::authority;
 use crate::telemetry::span as trace_span;
 
 /// Header carrying the request id on both legs.
@@ -40,13 +44,49 @@ pub(super) struct Legs<'a> {
     pub meta: &'a RequestMeta,
     /// The client's JSON body, parsed whole.
     pub obj: &'a Map<String, Value>,
-    /// The request id both legs carry.
-    pub rid: HeaderValue,
+    /// The request id the legs carry: LoxiLB's form naming the current pair's KV addresses,
+    /// renewed when a connect failure moves a leg to another endpoint ([`Legs::renew_rid`]).
+    pub rid: Mutex<HeaderValue>,
+    /// A leg was handed to an engine (its connection was made): the request id then names
+    /// work an engine saw.
+    pub sent: AtomicBool,
     /// When the client's request arrived.
     pub start: Instant,
 }
 
 impl Legs<'_> {
+    /// LoxiLB's request id for the pair (prefill `pre`, decode `dec`): each endpoint's IP and
+    /// KV side-channel port (`nixl_port`, 0 = `targetPort`), and a fresh UUID.
+    pub fn request_id(pool: &Pool, pre: usize, dec: usize) -> Result<HeaderValue, ProxyError> {
+        let endpoints = &pool.rule.rule.endpoints;
+        let nixl = |ep: usize| {
+            pool.rule
+                .spec
+                .pd
+                .as_ref()
+                .and_then(|pd| pd.nixl_ports.get(ep).copied())
+                .unwrap_or(endpoints[ep].target_port)
+        };
+        let rid = handoff::request_id(
+            &authority(&endpoints[pre].endpoint_ip, nixl(pre)),
+            &authority(&endpoints[dec].endpoint_ip, nixl(dec)),
+        );
+        HeaderValue::from_str(&rid).map_err(|e| ProxyError::Internal(e.to_string()))
+    }
+
+    /// The request id the legs carry now.
+    pub fn rid(&self) -> HeaderValue {
+        self.rid.lock().clone()
+    }
+
+    /// A new request id for the pair (`pre`, `dec`), after a connect failure moved a leg: the
+    /// next legs name the endpoints that serve them (vLLM's P2P connector sends the KV to the
+    /// id's decode address).
+    pub fn renew_rid(&self, pre: usize, dec: usize) -> Result<(), ProxyError> {
+        *self.rid.lock() = Self::request_id(self.pool, pre, dec)?;
+        Ok(())
+    }
+
     /// `body` as JSON bytes.
     pub fn encode(body: Map<String, Value>) -> Result<Bytes, ProxyError> {
         serde_json::to_vec(&Value::Object(body))
@@ -113,6 +153,7 @@ impl Handler {
         let leg = async {
             match self.upstreams.send(req, &pool.via).await {
                 Attempt::Response(resp) => {
+                    legs.sent.store(true, Ordering::Relaxed);
                     let (head, body) = resp.into_parts();
                     match Limited::new(body, limit).collect().await {
                         Ok(c) => Ok(Ok((head, c.to_bytes()))),
@@ -124,12 +165,23 @@ impl Handler {
                     Err(LegFailure::Connect)
                 }
                 Attempt::NoLocalResources(s) => Err(LegFailure::Local(s)),
-                Attempt::Failed(source) => Err(LegFailure::Sent(source)),
+                Attempt::Failed(source) => {
+                    legs.sent.store(true, Ordering::Relaxed);
+                    Err(LegFailure::Sent(source))
+                }
             }
         };
         let outcome = match tokio::time::timeout(timeout, leg).await {
             Ok(o) => o,
             Err(_) => {
+                legs.sent.store(true, Ordering::Relaxed);
+                tracing::warn!(
+                    service,
+                    ep,
+                    request_id = ?legs.rid(),
+                    secs = timeout.as_secs(),
+                    "prefill leg did not answer within the prefill timeout (LLB_PD_PREFILL_TIMEOUT_SEC)"
+                );
                 self.ctx.metrics.pd.failure(service, "pd_prefill_timeout");
                 let e = ProxyError::PdPrefillTimeout {
                     ep_idx: ep,
@@ -139,6 +191,7 @@ impl Handler {
             }
         };
         let failed = |message: String| {
+            tracing::warn!(service, ep, request_id = ?legs.rid(), error = %message, "prefill leg failed after it was sent");
             self.observe(pool, ep, Outcome::StreamFailed);
             self.ctx.metrics.pd.failure(service, "pd_prefill_failed");
             let e = ProxyError::PdPrefillFailed {
@@ -177,7 +230,7 @@ impl Handler {
                     pm.ai
                         .count(status.as_u16(), legs.start.elapsed().as_secs_f64());
                     tracing::warn!(service, ep, %status, "prefill leg refused; relaying its answer");
-                    return Ok(Prefill::Refused(relayed(head, bytes, ep, &legs.rid)));
+                    return Ok(Prefill::Refused(relayed(head, bytes, ep, &legs.rid())));
                 }
                 Ok(Prefill::Done(bytes))
             }
@@ -208,6 +261,7 @@ impl Handler {
         );
         let req = leg_request(legs, &pool.authorities[ep], body).map_err(Some)?;
         let died = |message: String| {
+            tracing::warn!(service, ep, request_id = ?legs.rid(), error = %message, "decode leg took the request and failed before its first byte");
             // Counted in `loxilb_proxy_requests_total` under `ep` by the error answer.
             pm.ai.count(
                 StatusCode::BAD_GATEWAY.as_u16(),
@@ -224,7 +278,10 @@ impl Handler {
             }))
         };
         let resp = match self.upstreams.send(req, &pool.via).await {
-            Attempt::Response(resp) => resp,
+            Attempt::Response(resp) => {
+                legs.sent.store(true, Ordering::Relaxed);
+                resp
+            }
             Attempt::ConnectFailed(e) => {
                 tracing::warn!(service, ep, error = %e, "decode connect failed; trying another decode endpoint");
                 pm.eps[ep].connect_failures.inc();
@@ -235,7 +292,10 @@ impl Handler {
                 self.ctx.metrics.local_shortage(service, &s);
                 return Err(Some(ProxyError::LocalResources(s)));
             }
-            Attempt::Failed(source) => return died(source.to_string()),
+            Attempt::Failed(source) => {
+                legs.sent.store(true, Ordering::Relaxed);
+                return died(source.to_string());
+            }
         };
         let (head, mut body) = resp.into_parts();
         let first = if head.status.is_success() {
@@ -297,7 +357,7 @@ fn leg_request(
     let h = req.headers_mut();
     h.remove(header::CONTENT_LENGTH);
     h.remove(header::ACCEPT_ENCODING);
-    h.insert(REQUEST_ID_HEADER, legs.rid.clone());
+    h.insert(REQUEST_ID_HEADER, legs.rid());
     h.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),

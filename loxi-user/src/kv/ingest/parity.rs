@@ -177,7 +177,7 @@ impl ParityBook {
         };
         let before = p.verdict.clone();
         if p.verdict != Verdict::Mismatch {
-            check(p, ep, ev, &engine, &own, hasher, block_size);
+            check(p, ev, &engine, &own, hasher, block_size);
         }
         for (k, d) in engine.iter().zip(&own) {
             if let Some(d) = d {
@@ -326,7 +326,6 @@ fn own_chain(
 
 fn check(
     p: &mut EpParity,
-    ep: Member,
     ev: &BlockStored,
     engine: &[BlockKey],
     own: &[Option<BlockDigest>],
