@@ -470,7 +470,7 @@ pub fn render_kvparity(answer: &Value) -> String {
         .map(|e| {
             vec![
                 num(&e["epIdx"]),
-                host_port(&clean(&cell(&e["endpointIP"])), &num(&e["targetPort"])),
+                host_port(&clean(&cell(&e["endpointIP"])), num(&e["targetPort"])),
                 num(&e["kvZmqPort"]),
                 clean(&cell(&e["state"])),
                 clean(&cell(&e["leg"])),
