@@ -244,7 +244,10 @@ fn render_wide(rules: &[&Value]) -> String {
     let mut rows = Vec::new();
     for r in rules {
         let s = &r["serviceArguments"];
-        let monitor = s["monitor"] == Value::Bool(true);
+        // LoxiLB's loxicmd prints an endpoint's state only under `monitor: true`; loxi's
+        // fullproxy (mode 4) tracks every endpoint's health (its circuit breaker) without a
+        // probe, so a mode-4 rule's state is printed too: `-` would hide an open breaker.
+        let monitor = s["monitor"] == Value::Bool(true) || s["mode"].as_u64() == Some(4);
         let eps = r["endpoints"].as_array().cloned().unwrap_or_default();
         for (i, ep) in eps.iter().enumerate() {
             let first = i == 0;
@@ -612,10 +615,21 @@ mod tests {
         );
     }
 
+    /// LoxiLB's rendering, but for the STATE cell of a mode-4 rule: loxi's fullproxy tracks
+    /// every endpoint's health (its breaker) without `monitor`, so the state is printed (an
+    /// L4 rule without `monitor` keeps LoxiLB's `-`).
     #[test]
-    fn get_lb_wide_renders_byte_for_byte_as_loxilb_loxicmd() {
-        let want = "|    EXT IP    | SEC IPS | SOURCES | HOST | PORT | PROTO | NAME | MARK |  SEL  |   MODE    |   ENDPOINT   | EPORT | WEIGHT | STATE | COUNTERS | GATE | MAX OUT | ADAPTIVE | TENANTS | HEADERS |\n|--------------|---------|---------|------|------|-------|------|------|-------|-----------|--------------|-------|--------|-------|----------|------|---------|----------|---------|---------|\n| 10.10.10.254 |         |         |      | 8080 | tcp   |      |    0 | chwbl | fullproxy | 192.0.2.1    |  8080 |      1 | -     | 0:0      | -    | -       | -        | -       | -       |\n|              |         |         |      |      |       |      |      |       |           | 198.51.100.1 |  8080 |      1 | -     | 0:0      |      |         |          |         |         |\n|              |         |         |      |      |       |      |      |       |           | 203.0.113.1  |  8080 |      1 | -     | 0:0      |      |         |          |         |         |\n";
-        assert_eq!(render(&after_b(), OutputFormat::Wide), want);
+    fn get_lb_wide_renders_byte_for_byte_as_loxilb_loxicmd_but_a_mode_4_state() {
+        let mut rules = after_b();
+        rules["lbAttr"][0]["endpoints"][1]["state"] = json!("inactive");
+        let want = "|    EXT IP    | SEC IPS | SOURCES | HOST | PORT | PROTO | NAME | MARK |  SEL  |   MODE    |   ENDPOINT   | EPORT | WEIGHT |  STATE   | COUNTERS | GATE | MAX OUT | ADAPTIVE | TENANTS | HEADERS |\n|--------------|---------|---------|------|------|-------|------|------|-------|-----------|--------------|-------|--------|----------|----------|------|---------|----------|---------|---------|\n| 10.10.10.254 |         |         |      | 8080 | tcp   |      |    0 | chwbl | fullproxy | 192.0.2.1    |  8080 |      1 | active   | 0:0      | -    | -       | -        | -       | -       |\n|              |         |         |      |      |       |      |      |       |           | 198.51.100.1 |  8080 |      1 | inactive | 0:0      |      |         |          |         |         |\n|              |         |         |      |      |       |      |      |       |           | 203.0.113.1  |  8080 |      1 | active   | 0:0      |      |         |          |         |         |\n";
+        assert_eq!(render(&rules, OutputFormat::Wide), want);
+        rules["lbAttr"][0]["serviceArguments"]["mode"] = json!(0);
+        let l4 = render(&rules, OutputFormat::Wide);
+        assert!(
+            l4.contains("| 198.51.100.1 |  8080 |      1 | -     | 0:0 "),
+            "an L4 rule without monitor: LoxiLB's '-'\n{l4}"
+        );
     }
 
     #[test]
