@@ -249,6 +249,18 @@ pub struct CreateLb {
     /// re-encryption to the backends (LoxiLB's names; 1 needs a certificate uploaded first).
     #[arg(long, value_parser = parse_security)]
     pub security: Option<u8>,
+    /// `--security=e2ehttps`: PEM bundle (on the daemon's host) of the CAs that sign the
+    /// endpoints' certificates (`backend_ca_file`; default the webpki/Mozilla roots).
+    #[arg(long)]
+    pub backend_ca_file: Option<String>,
+    /// `--security=e2ehttps`: the name endpoints' certificates are verified against and sent
+    /// as SNI (`backend_tls_server_name`; default the endpoint's IP).
+    #[arg(long)]
+    pub backend_tls_server_name: Option<String>,
+    /// `--security=e2ehttps`: do not verify endpoints' certificates (`backend_tls_insecure`;
+    /// warned in the daemon's log).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub backend_tls_insecure: Option<bool>,
     /// Backend protocol: http1, http2, both.
     #[arg(long)]
     pub backend_protocol: Option<String>,

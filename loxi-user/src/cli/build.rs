@@ -282,6 +282,18 @@ fn service_args(c: &CreateLb) -> Result<Map<String, Value>, UsageError> {
     put("model_name", c.model_name.clone().map(Value::from));
     put("security", c.security.map(Value::from));
     put(
+        "backend_ca_file",
+        c.backend_ca_file.clone().map(Value::from),
+    );
+    put(
+        "backend_tls_server_name",
+        c.backend_tls_server_name.clone().map(Value::from),
+    );
+    put(
+        "backend_tls_insecure",
+        c.backend_tls_insecure.map(Value::from),
+    );
+    put(
         "backend_protocol",
         c.backend_protocol.clone().map(Value::from),
     );
@@ -427,6 +439,49 @@ mod tests {
                     {"endpointIP": "198.51.100.1", "targetPort": 8000, "weight": 2}
                 ]
             })]
+        );
+    }
+
+    /// Backend TLS (`--security=e2ehttps`) is configurable from the CLI, as over REST.
+    #[test]
+    fn backend_tls_flags_reach_the_rule() {
+        let c = create(&[
+            "10.0.0.1",
+            "--tcp=443:8443",
+            "--endpoints=10.0.1.2:1",
+            "--mode=fullproxy",
+            "--host=api.example.com",
+            "--security=e2ehttps",
+            "--backend-ca-file=/etc/loxi/backend-ca.pem",
+            "--backend-tls-server-name=engine.internal",
+        ]);
+        let body = &create_bodies(&c).expect("bodies")[0];
+        let s = &body["serviceArguments"];
+        assert_eq!(
+            (
+                s["security"].clone(),
+                s["backend_ca_file"].clone(),
+                s["backend_tls_server_name"].clone(),
+                s.get("backend_tls_insecure").cloned(),
+            ),
+            (
+                json!(2),
+                json!("/etc/loxi/backend-ca.pem"),
+                json!("engine.internal"),
+                None
+            )
+        );
+        let c = create(&[
+            "10.0.0.1",
+            "--tcp=443:8443",
+            "--endpoints=10.0.1.2:1",
+            "--security=e2ehttps",
+            "--backend-tls-insecure",
+        ]);
+        let body = &create_bodies(&c).expect("bodies")[0];
+        assert_eq!(
+            body["serviceArguments"]["backend_tls_insecure"],
+            json!(true)
         );
     }
 

@@ -120,8 +120,15 @@ impl FlagTable for CreateTable {
         switch("mtls-require-client-cn", MTLS),
         text("mtls-client-cn-pattern", &[""], MTLS),
         text("mtls-client-crl-path", &[""], MTLS),
-        switch("mtls-backend-verify-server", MTLS),
-        text("mtls-backend-ca-path", &[""], MTLS),
+        switch(
+            "mtls-backend-verify-server",
+            "mTLS (loxi verifies a --security=e2ehttps backend by default: --backend-ca-file, --backend-tls-server-name)",
+        ),
+        text(
+            "mtls-backend-ca-path",
+            &[""],
+            "mTLS (a --security=e2ehttps backend's CA bundle is --backend-ca-file)",
+        ),
         text("mtls-backend-cert-path", &[""], MTLS),
         text("mtls-backend-key-path", &[""], MTLS),
     ];

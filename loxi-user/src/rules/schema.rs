@@ -59,7 +59,7 @@ const fn out(name: &'static str) -> Foreign {
     }
 }
 
-const TLS: &str = "TLS options beyond `security: 1` (loxi terminates TLS with rustls' defaults, TLS 1.2/1.3, certificates from the cert API; no mTLS, no backend TLS)";
+const TLS: &str = "TLS options beyond what loxi builds (it terminates TLS with rustls' defaults, TLS 1.2/1.3, ALPN h2 and http/1.1, certificates from the cert API, and re-encrypts to endpoints with `security: 2`, verified against the system roots or `backend_ca_file`; no client certificates either way, no cipher, version or HSTS settings, no certificates by id)";
 const AUTH: &str = "per-rule client authentication (loxi has the API token only)";
 const FC: &str = "the capacity admission gate (fc_*)";
 const OCTAVIA: &str = "Octavia metadata round-trip";

@@ -82,6 +82,15 @@ pub fn check(rule: &LbRule) -> Result<(), RuleError> {
             ),
         });
     }
+    if s.backend_tls_insecure && !s.backend_ca_file.is_empty() {
+        // The server name stays read with verification off: it is the SNI sent.
+        return Err(RuleError::Invalid {
+            field: svc("backend_ca_file"),
+            message: "would never be read: backend_tls_insecure: true turns certificate \
+                      verification off; drop one of the two"
+                .into(),
+        });
+    }
     if s.backend_protocol == "both" && s.security != 2 {
         return Err(not_implemented(
             &svc("backend_protocol"),
@@ -200,6 +209,29 @@ mod tests {
         for (service, want) in cases {
             assert_eq!(field_of(service.clone(), json!({})), want, "{service}");
         }
+    }
+
+    /// A CA bundle under `backend_tls_insecure: true` would be inert (verification is off);
+    /// the server name is not (it is the SNI sent), so it passes.
+    #[test]
+    fn a_ca_file_without_verification_is_refused() {
+        let rule = |extra: serde_json::Value| {
+            let mut v = json!({"serviceArguments": {"externalIP": "10.0.0.1", "port": 80,
+                "mode": 4, "security": 2, "backend_tls_insecure": true},
+                "endpoints": [{"endpointIP": "10.0.1.2", "targetPort": 8000}]});
+            for (k, x) in extra.as_object().expect("object") {
+                v["serviceArguments"][k] = x.clone();
+            }
+            check(&serde_json::from_value(v).expect("rule"))
+        };
+        match rule(json!({"backend_ca_file": "/etc/ssl/ca.pem"})) {
+            Err(RuleError::Invalid { field, message }) => {
+                assert_eq!(field, "serviceArguments.backend_ca_file");
+                assert!(message.contains("verification off"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(rule(json!({"backend_tls_server_name": "api.internal"})).is_ok());
     }
 
     #[test]

@@ -1001,6 +1001,14 @@ fn validate_endpoint(i: usize, ep: &mut Endpoint, s: &ServiceArgs) -> Result<(),
             "the NIXL side channel is part of the P/D handoff; it needs pd_disagg_mode: true",
         ));
     }
+    if ep.nixl_port != 0 && ep.ep_role == 0 {
+        return Err(invalid(
+            &f("nixl_port"),
+            "a role-0 endpoint serves a request in one leg, with no KV handoff, so its nixl_port \
+             would never be read; set it only on prefill (ep_role 1) and decode (ep_role 2) \
+             endpoints, or 0",
+        ));
+    }
     validate_endpoint_kv_ports(&f, ep, s)?;
     // Output-only fields are ignored on input.
     ep.state = None;
@@ -1842,6 +1850,15 @@ mod tests {
         assert_eq!(ports, [9001, 9002]);
         let spec = ServiceSpec::compile(&v).expect("spec");
         assert_eq!(spec.pd.expect("pd").nixl_ports, [9001, 9002]);
+        // A role-0 endpoint's would never be read (one leg, no handoff): refused.
+        let mut r = rule(json!({"pd_disagg_mode": true}));
+        r.endpoints[0].ep_role = 1;
+        r.endpoints[1].ep_role = 2;
+        r.endpoints.push(r.endpoints[1].clone());
+        r.endpoints[2].ep_role = 0;
+        r.endpoints[2].endpoint_ip = "10.0.0.9".into();
+        r.endpoints[2].nixl_port = 9003;
+        assert_eq!(field_of(r), "endpoints[2].nixl_port");
     }
 
     #[test]
