@@ -163,7 +163,28 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
                 s.host
             ));
         }
-        // Kept (it was served so before the restart), said: the API now refuses such a rule.
+        // Only the `default` certificate would answer its handshakes. When a stored
+        // certificate failed to load, it may have been the host's: dropped, as POST would
+        // refuse it now (else clients that verify get the wrong certificate). Otherwise it was
+        // served so before the restart: kept, and said.
+        if s.security != 0
+            && !api::certs::has_certificate(&restored_certs, &s.host)
+            && !certs.unloaded().is_empty()
+        {
+            return Err(format!(
+                "serves TLS (security 1) for host {:?}, which no restored certificate's names \
+                 match, and stored certificates failed to load ({}): only the `default` \
+                 certificate would answer its handshakes; POST a certificate for the host, \
+                 then the rule",
+                s.host,
+                certs
+                    .unloaded()
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
         if s.security != 0 && !api::certs::has_certificate(&restored_certs, &s.host) {
             tracing::warn!(host = %s.host, rule = %rule.key(),
                 "restored TLS rule whose host no certificate's names match: its handshakes get \

@@ -665,6 +665,51 @@ async fn rotation_keeps_an_open_stream_and_new_handshakes_get_the_new_certificat
     );
 }
 
+/// A stored certificate that no longer loads, with a `default` certificate beside it: the TLS
+/// rule it covered is dropped at restart (before, it was kept and its handshakes got the
+/// `default` certificate, which clients that verify refuse), as POST would refuse it now; the
+/// `default` host's own rule stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rule_whose_certificate_no_longer_loads_is_dropped_despite_a_default_certificate() {
+    let mut d = Daemon::start_default().await;
+    let ca = Ca::new();
+    assert_eq!(
+        post_cert(&d, Some("default"), &ca.leaf(&["default.test"]))
+            .await
+            .0,
+        201
+    );
+    assert_eq!(post_cert(&d, Some("w"), &ca.leaf(&["w.test"])).await.0, 201);
+    let be = Backend::start("A").await;
+    let port = free_port();
+    for host in ["w.test", "default.test"] {
+        let (s, r) = d.post_rule(&tls_rule(port, host, &[&be], 0)).await;
+        assert_eq!(s, 200, "{r}");
+    }
+    d.stop().await;
+    let file = d.state_dir().join("certs/w.json");
+    std::fs::write(&file, "{\"not\": \"a certificate\"}").expect("corrupt the stored cert");
+    d.restart().await;
+    let listed = d.rules().await;
+    let hosts: Vec<&str> = listed["lbAttr"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|r| r["serviceArguments"]["host"].as_str())
+                .collect()
+        })
+        .unwrap_or_default();
+    assert_eq!(hosts, ["default.test"], "{listed}");
+    let log = d.log_text();
+    assert!(
+        log.lines().any(|l| l.contains("dropping a restored rule")
+            && l.contains("w.test")
+            && l.contains("stored certificates failed to load")
+            && l.contains("w.json")),
+        "{log}"
+    );
+}
+
 #[tokio::test]
 async fn an_h2_stream_reset_over_tls_cancels_the_upstream_request() {
     let d = Daemon::start_default().await;

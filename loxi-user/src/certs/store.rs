@@ -83,6 +83,9 @@ pub struct CertStore {
     /// Wakes [`CertStore::watch_expiry`] after every change (a stored permit: a change while it
     /// is not waiting is seen at its next wait).
     changed: tokio::sync::Notify,
+    /// Files of `<state_dir>/certs` that [`CertStore::open`] skipped because they no longer
+    /// load (sorted).
+    unloaded: Vec<PathBuf>,
 }
 
 impl std::fmt::Debug for CertStore {
@@ -114,6 +117,7 @@ impl CertStore {
         fs::create_dir_all(&dir)?;
         fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))?;
         let mut certs = BTreeMap::new();
+        let mut unloaded = Vec::new();
         for entry in fs::read_dir(&dir)? {
             let path = entry?.path();
             let Some(id) = path
@@ -132,12 +136,25 @@ impl CertStore {
                     warn_restored_out_of_validity(&c, &why);
                     certs.insert(c.id.clone(), Arc::new(c));
                 }
-                Err(e) => tracing::error!(file = %path.display(), error = %e,
-                    "skipping a stored certificate that no longer loads"),
+                Err(e) => {
+                    tracing::error!(file = %path.display(), error = %e,
+                        "skipping a stored certificate that no longer loads");
+                    unloaded.push(path);
+                }
             }
         }
         tracing::info!(certs = certs.len(), dir = %dir.display(), "certificates restored");
-        Ok(Self::with(Some(dir), certs))
+        unloaded.sort();
+        Ok(Self {
+            unloaded,
+            ..Self::with(Some(dir), certs)
+        })
+    }
+
+    /// The stored certificate files [`CertStore::open`] skipped because they no longer load
+    /// (empty for a store opened without one, or in memory).
+    pub fn unloaded(&self) -> &[PathBuf] {
+        &self.unloaded
     }
 
     fn with(dir: Option<PathBuf>, certs: BTreeMap<String, Arc<Certificate>>) -> Self {
@@ -146,6 +163,7 @@ impl CertStore {
             write: Mutex::new(()),
             dir,
             changed: tokio::sync::Notify::new(),
+            unloaded: Vec::new(),
         }
     }
 
