@@ -263,8 +263,25 @@ fn certs(field: &'static str, text: &str) -> Result<Vec<CertificateDer<'static>>
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| CertError::Pem {
             field,
-            reason: e.to_string(),
+            reason: pem_reason(&e),
         })
+}
+
+/// A PEM parse error as text: the marker or line it names quoted as text (rustls-pki-types
+/// prints them as byte arrays).
+fn pem_reason(e: &rustls::pki_types::pem::Error) -> String {
+    use rustls::pki_types::pem::Error;
+    match e {
+        Error::MissingSectionEnd { end_marker } => format!(
+            "missing section end marker {:?}",
+            String::from_utf8_lossy(end_marker)
+        ),
+        Error::IllegalSectionStart { line } => format!(
+            "illegal section start {:?}",
+            String::from_utf8_lossy(line)
+        ),
+        e => e.to_string(),
+    }
 }
 
 /// The one private key of `text`; several are refused (the first would be used and the
@@ -291,7 +308,7 @@ fn private_key(text: &str) -> Result<PrivateKeyDer<'static>, CertError> {
         Err(rustls::pki_types::pem::Error::NoItemsFound) => Err(CertError::NoKey),
         Err(e) => Err(CertError::Pem {
             field: "keyPem",
-            reason: e.to_string(),
+            reason: pem_reason(&e),
         }),
     }
 }
@@ -446,6 +463,18 @@ mod tests {
                 field: "keyPem",
                 reason: "2 private keys; give the certificate's one key".into()
             }
+        );
+    }
+
+    /// A PEM block without its end marker names the marker as text, not as bytes.
+    #[test]
+    fn a_truncated_pem_names_its_missing_end_marker() {
+        let mut p = pem_for(&["a.example"], in_days(30));
+        p.key_pem = p.key_pem.replace("-----END PRIVATE KEY-----", "");
+        let e = parse("a", p, now()).expect_err("truncated key");
+        assert_eq!(
+            e.to_string(),
+            "keyPem: malformed PEM: missing section end marker \"PRIVATE KEY\""
         );
     }
 

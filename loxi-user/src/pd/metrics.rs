@@ -139,7 +139,7 @@ impl PdMetrics {
         );
         reg.register(
             "loxilb_ai_pd_kv_params_missing",
-            "Prefill responses without kv_transfer_params (the decode leg ran without them)",
+            "Prefill (context) responses without transfer parameters (vLLM kv_transfer_params, TensorRT-LLM disaggregated_params; the decode leg ran without them)",
             m.params_missing.clone(),
         );
         reg.register(
