@@ -792,6 +792,55 @@ async fn otlp_spans_carry_the_decision_and_traceparent_reaches_the_backend() {
         .expect("second attempt");
     assert_eq!(attrs(second).get("loxi.attempt").cloned(), i(2));
     assert_eq!(second.parent_span_id, server2.span_id);
+
+    // A P/D request: one client span per leg, `prefill 0` and `decode 1`, each leg carrying
+    // its own span's context, and the prefill endpoint recorded on the server span.
+    for b in &f.b {
+        b.set_recording(true);
+    }
+    let vip3 = free_port();
+    let rule3 = json!({
+        "serviceArguments": {"externalIP": "127.0.0.1", "port": vip3, "protocol": "tcp",
+            "mode": 4, "sel": 0, "pd_disagg_mode": true},
+        "endpoints": [
+            {"endpointIP": f.b[0].addr.ip().to_string(), "targetPort": f.b[0].port(), "ep_role": 1},
+            {"endpointIP": f.b[1].addr.ip().to_string(), "targetPort": f.b[1].port(), "ep_role": 2}]
+    });
+    assert_eq!(f.d.post_rule(&rule3).await.0, 200);
+    wait_listening(SocketAddr::from(([127, 0, 0, 1], vip3))).await;
+    let tid3 = "33333333333333333333333333333333";
+    let tp3 = format!("00-{tid3}-4444444444444444-01");
+    let (code, served) = complete(SocketAddr::from(([127, 0, 0, 1], vip3)), "pd", Some(&tp3)).await;
+    assert_eq!((code, served), (200, Some(1)));
+    let spans = collector.wait_for_trace(&hex(tid3), 3).await;
+    let pd: Vec<&Span> = spans.iter().collect();
+    assert_eq!(pd.len(), 3, "{pd:#?}");
+    let server3 = pd.iter().find(|s| s.kind == 2).expect("server span");
+    assert_eq!(attrs(server3).get("loxi.prefill_endpoint").cloned(), i(0));
+    assert_eq!(attrs(server3).get("loxi.endpoint").cloned(), i(1));
+    for (name, leg, ep) in [("prefill 0", "prefill", 0usize), ("decode 1", "decode", 1)] {
+        let span = pd
+            .iter()
+            .find(|s| s.name == name)
+            .unwrap_or_else(|| panic!("no {name} span: {pd:#?}"));
+        assert_eq!(
+            (span.kind, span.parent_span_id.clone()),
+            (3, server3.span_id.clone())
+        );
+        let a = attrs(span);
+        assert_eq!(a.get("loxi.leg").cloned(), s(leg));
+        assert_eq!(a.get("loxi.endpoint").cloned(), i(ep as i64));
+        assert_eq!(a.get("http.response.status_code").cloned(), i(200));
+        let got = f.b[ep]
+            .requests()
+            .last()
+            .and_then(|r| r.header("traceparent").map(str::to_owned));
+        assert_eq!(
+            got,
+            Some(format!("00-{tid3}-{}-01", to_hex(&span.span_id))),
+            "the {leg} leg carries its own span's context"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -276,10 +276,9 @@ fn pem_reason(e: &rustls::pki_types::pem::Error) -> String {
             "missing section end marker {:?}",
             String::from_utf8_lossy(end_marker)
         ),
-        Error::IllegalSectionStart { line } => format!(
-            "illegal section start {:?}",
-            String::from_utf8_lossy(line)
-        ),
+        Error::IllegalSectionStart { line } => {
+            format!("illegal section start {:?}", String::from_utf8_lossy(line))
+        }
         e => e.to_string(),
     }
 }

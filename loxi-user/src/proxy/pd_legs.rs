@@ -14,6 +14,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use parking_lot::Mutex;
 use prometheus_client::metrics::gauge::Gauge;
 use serde_json::{Map, Value};
+use tracing::Instrument;
 
 use super::body::{PrimedBody, ProxyBody, Tracked};
 use super::error::{ProxyError, full};
@@ -146,14 +147,21 @@ impl Handler {
         let _slot = self.admit(pool, ep).await?;
         let _load = pool.loads[ep].begin();
         let _active = ActiveGuard::new(pm.eps[ep].active.clone());
-        let req = leg_request(legs, &pool.authorities[ep], body)?;
+        let span = trace_span::leg("prefill", ep, &pool.authorities[ep]);
+        let req = leg_request(legs, &pool.authorities[ep], body, &span)?;
         let timeout = self.ctx.config.pd_prefill_timeout;
         let limit = self.ctx.config.max_body_bytes;
         let t0 = Instant::now();
         let leg = async {
-            match self.upstreams.send(req, &pool.via).await {
+            match self
+                .upstreams
+                .send(req, &pool.via)
+                .instrument(span.clone())
+                .await
+            {
                 Attempt::Response(resp) => {
                     legs.sent.store(true, Ordering::Relaxed);
+                    trace_span::record_attempt(&span, Some(resp.status()), None);
                     let (head, body) = resp.into_parts();
                     match Limited::new(body, limit).collect().await {
                         Ok(c) => Ok(Ok((head, c.to_bytes()))),
@@ -162,11 +170,16 @@ impl Handler {
                 }
                 Attempt::ConnectFailed(e) => {
                     tracing::warn!(service, ep, error = %e, "prefill connect failed; trying another prefill endpoint");
+                    trace_span::record_attempt(&span, None, Some("connect"));
                     Err(LegFailure::Connect)
                 }
-                Attempt::NoLocalResources(s) => Err(LegFailure::Local(s)),
+                Attempt::NoLocalResources(s) => {
+                    trace_span::record_attempt(&span, None, Some("local_resources"));
+                    Err(LegFailure::Local(s))
+                }
                 Attempt::Failed(source) => {
                     legs.sent.store(true, Ordering::Relaxed);
+                    trace_span::record_attempt(&span, None, Some("request"));
                     Err(LegFailure::Sent(source))
                 }
             }
@@ -175,6 +188,7 @@ impl Handler {
             Ok(o) => o,
             Err(_) => {
                 legs.sent.store(true, Ordering::Relaxed);
+                trace_span::record_attempt(&span, None, Some("timeout"));
                 tracing::warn!(
                     service,
                     ep,
@@ -259,7 +273,8 @@ impl Handler {
             &self.ctx.metrics,
             legs.start,
         );
-        let req = leg_request(legs, &pool.authorities[ep], body).map_err(Some)?;
+        let span = trace_span::leg("decode", ep, &pool.authorities[ep]);
+        let req = leg_request(legs, &pool.authorities[ep], body, &span).map_err(Some)?;
         let died = |message: String| {
             tracing::warn!(service, ep, request_id = ?legs.rid(), error = %message, "decode leg took the request and failed before its first byte");
             // Counted in `loxilb_proxy_requests_total` under `ep` by the error answer.
@@ -277,12 +292,19 @@ impl Handler {
                 message,
             }))
         };
-        let resp = match self.upstreams.send(req, &pool.via).await {
+        let sent = self
+            .upstreams
+            .send(req, &pool.via)
+            .instrument(span.clone())
+            .await;
+        let resp = match sent {
             Attempt::Response(resp) => {
                 legs.sent.store(true, Ordering::Relaxed);
+                trace_span::record_attempt(&span, Some(resp.status()), None);
                 resp
             }
             Attempt::ConnectFailed(e) => {
+                trace_span::record_attempt(&span, None, Some("connect"));
                 tracing::warn!(service, ep, error = %e, "decode connect failed; trying another decode endpoint");
                 pm.eps[ep].connect_failures.inc();
                 self.observe(pool, ep, Outcome::ConnectFailed);
@@ -294,6 +316,7 @@ impl Handler {
             }
             Attempt::Failed(source) => {
                 legs.sent.store(true, Ordering::Relaxed);
+                trace_span::record_attempt(&span, None, Some("request"));
                 return died(source.to_string());
             }
         };
@@ -352,6 +375,7 @@ fn leg_request(
     legs: &Legs<'_>,
     authority: &str,
     body: Bytes,
+    span: &tracing::Span,
 ) -> Result<Request<Full<Bytes>>, ProxyError> {
     let mut req = upstream_request(legs.parts, authority, body)?;
     let h = req.headers_mut();
@@ -363,7 +387,7 @@ fn leg_request(
         HeaderValue::from_static("application/json"),
     );
     super::forwarded::append(h, legs.meta.client, legs.meta.https);
-    trace_span::inject(&tracing::Span::current(), h);
+    trace_span::inject(span, h);
     Ok(req)
 }
 

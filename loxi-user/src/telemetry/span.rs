@@ -41,6 +41,7 @@ pub fn request(method: &http::Method, path: &str, headers: &HeaderMap) -> Span {
         loxi.kv.blocks = Empty,
         loxi.kv.cached_blocks = Empty,
         loxi.kv.miss_reason = Empty,
+        loxi.prefill_endpoint = Empty,
     );
     if !span.is_disabled() {
         let parent = opentelemetry::global::get_text_map_propagator(|p| {
@@ -141,6 +142,27 @@ pub fn attempt(ep: usize, authority: &str, attempt: usize) -> Span {
         loxi.endpoint = int(ep),
         server.address = authority,
         loxi.attempt = int(attempt),
+        http.response.status_code = Empty,
+        error.type = Empty,
+    )
+}
+
+/// The client span of one P/D leg (`leg`: `prefill` or `decode`) sent to endpoint `ep`, named
+/// `{leg} {ep}`; its context goes into the leg's `traceparent`. Records the prefill endpoint
+/// on the current (request) span for a prefill leg.
+pub fn leg(leg: &'static str, ep: usize, authority: &str) -> Span {
+    if leg == "prefill" {
+        Span::current().record("loxi.prefill_endpoint", int(ep));
+    }
+    tracing::info_span!(
+        target: SPAN_TARGET,
+        "upstream.leg",
+        otel.name = %format_args!("{leg} {ep}"),
+        otel.kind = "client",
+        otel.status_code = Empty,
+        loxi.leg = leg,
+        loxi.endpoint = int(ep),
+        server.address = authority,
         http.response.status_code = Empty,
         error.type = Empty,
     )
