@@ -765,6 +765,15 @@ async fn an_h2_stream_reset_over_tls_cancels_the_upstream_request() {
 /// A TLS backend (certificate for `name`, signed by the test CA) speaking HTTP/1.1 and HTTP/2
 /// (ALPN); answers `{"backend","version"}`, or 5 SSE events for `"stream": true`.
 async fn tls_backend(ca: &Ca, name: &str) -> (u16, Arc<parking_lot::Mutex<Vec<String>>>) {
+    tls_backend_alpn(ca, name, &[b"h2", b"http/1.1"]).await
+}
+
+/// [`tls_backend`] offering the ALPN protocols `alpn`.
+async fn tls_backend_alpn(
+    ca: &Ca,
+    name: &str,
+    alpn: &[&[u8]],
+) -> (u16, Arc<parking_lot::Mutex<Vec<String>>>) {
     let leaf = ca.leaf(&[name]);
     let key = rustls::pki_types::PrivateKeyDer::try_from(
         rustls::pki_types::pem::PemObject::from_pem_slice(leaf.key_pem.as_bytes())
@@ -779,7 +788,7 @@ async fn tls_backend(ca: &Ca, name: &str) -> (u16, Arc<parking_lot::Mutex<Vec<St
         .with_no_client_auth()
         .with_single_cert(vec![CertificateDer::from(leaf.der.clone())], key)
         .expect("server config");
-    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    cfg.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
     let tcp = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -892,6 +901,24 @@ async fn security_2_verifies_backends_and_speaks_h2_or_h1_by_backend_protocol() 
     );
     assert_eq!(seen.lock().len(), 3, "no request reached the backend");
 
+    // backend_protocol http2 to a backend without ALPN (an HTTP/1.1 server): the 502 says ALPN
+    // did not agree on h2 (it was a bare `client error (SendRequest)`).
+    let (h1port, h1seen) = tls_backend_alpn(&ca, "backend.test", &[]).await;
+    let port = free_port();
+    let mut h1rule = rule(port, "backend.test", "http2");
+    h1rule["endpoints"][0]["targetPort"] = json!(h1port);
+    assert_eq!(d.post_rule(&h1rule).await.0, 200);
+    let tls = connect(&ca, port, Some("front.test"), &[])
+        .await
+        .expect("tls");
+    let (status, _, _, text) = send(tls, "front.test", r#"{"prompt":"p"}"#).await;
+    assert_eq!(status, 502, "{text}");
+    assert!(
+        text.contains("did not agree on HTTP/2 over ALPN (it chose none)"),
+        "{text}"
+    );
+    assert!(h1seen.lock().is_empty(), "no request reached the backend");
+
     // Restored with the CA file gone, the rules are dropped and kept aside, as the API would
     // refuse them now (they were restored, answered every request 502 and said ONLINE).
     d.stop().await;
@@ -904,7 +931,7 @@ async fn security_2_verifies_backends_and_speaks_h2_or_h1_by_backend_protocol() 
         ],
     )
     .await;
-    assert_eq!(dropped, 4);
+    assert_eq!(dropped, 5);
     let side = std::fs::read_dir(d.state_dir())
         .expect("state dir")
         .filter_map(Result::ok)
@@ -914,7 +941,7 @@ async fn security_2_verifies_backends_and_speaks_h2_or_h1_by_backend_protocol() 
                 .starts_with("rules.dropped-")
         })
         .count();
-    assert_eq!(side, 1, "the four rules are kept in one side file");
+    assert_eq!(side, 1, "the five rules are kept in one side file");
 }
 
 /// Restarts `d`, checks that no rule was restored, and counts the log lines that contain every

@@ -121,6 +121,7 @@ impl BackendTls {
             tls: tokio_rustls::TlsConnector::from(self.client_config()?),
             server_name: self.server_name.clone(),
             timeout: connect_timeout,
+            h2_only: self.protocol == BackendProtocol::Http2,
         };
         let mut b = Client::builder(TokioExecutor::new());
         if self.protocol == BackendProtocol::Http2 {
@@ -137,6 +138,10 @@ pub struct TlsConnect {
     tls: tokio_rustls::TlsConnector,
     server_name: Option<String>,
     timeout: Duration,
+    /// `backend_protocol: http2`: a backend that does not choose `h2` over ALPN fails the
+    /// connect with a message that says so (hyper's HTTP/2 client would fail the request with
+    /// a bare `SendRequest` error).
+    h2_only: bool,
 }
 
 impl std::fmt::Debug for TlsConnect {
@@ -164,6 +169,7 @@ impl tower_service::Service<Uri> for TlsConnect {
             .clone()
             .or_else(|| uri.host().map(|h| h.trim_matches(['[', ']']).to_string()));
         let (tcp, tls, timeout) = (self.http.call(uri), self.tls.clone(), self.timeout);
+        let h2_only = self.h2_only;
         Box::pin(async move {
             let shown = name.ok_or("backend URI without a host")?;
             let name = ServerName::try_from(shown.clone())
@@ -171,7 +177,21 @@ impl tower_service::Service<Uri> for TlsConnect {
             let stream: TcpStream = tcp.await?.into_inner();
             let shake = tokio::time::timeout(timeout, tls.connect(name.clone(), stream));
             match shake.await {
-                Ok(Ok(s)) => Ok(TlsIo(TokioIo::new(s))),
+                Ok(Ok(s)) => {
+                    let alpn = s.get_ref().1.alpn_protocol();
+                    if h2_only && alpn != Some(b"h2") {
+                        return Err(format!(
+                            "backend {shown} did not agree on HTTP/2 over ALPN (it chose {}); \
+                             backend_protocol http2 needs an h2 backend: use http1, or both to \
+                             follow the backend's choice",
+                            alpn.map_or("none".to_owned(), |p| {
+                                format!("{:?}", String::from_utf8_lossy(p))
+                            })
+                        )
+                        .into());
+                    }
+                    Ok(TlsIo(TokioIo::new(s)))
+                }
                 Ok(Err(e)) => Err(format!("backend TLS handshake with {shown}: {e}").into()),
                 Err(_) => Err(format!("backend TLS handshake with {shown} timed out").into()),
             }
