@@ -883,13 +883,19 @@ async fn security_2_verifies_backends_and_speaks_h2_or_h1_by_backend_protocol() 
     }
     assert_eq!(*seen.lock(), expect, "the backend saw each rule's protocol");
 
+    // One request through a new rule's `port`: its status and body.
+    let answer = async |port: u16, r: &Value| {
+        assert_eq!(d.post_rule(r).await.0, 200);
+        let tls = connect(&ca, port, Some("front.test"), &[])
+            .await
+            .expect("tls");
+        let (status, _, _, text) = send(tls, "front.test", r#"{"prompt":"p"}"#).await;
+        (status, text)
+    };
+
     // A backend whose certificate names another host is refused under verification.
     let port = free_port();
-    assert_eq!(d.post_rule(&rule(port, "other.test", "http1")).await.0, 200);
-    let tls = connect(&ca, port, Some("front.test"), &[])
-        .await
-        .expect("tls");
-    let (status, _, _, text) = send(tls, "front.test", r#"{"prompt":"p"}"#).await;
+    let (status, text) = answer(port, &rule(port, "other.test", "http1")).await;
     assert_eq!(status, 502, "{text}");
     assert!(
         text.contains("backend_unreachable") && text.contains("certificate not valid for name"),
@@ -907,11 +913,7 @@ async fn security_2_verifies_backends_and_speaks_h2_or_h1_by_backend_protocol() 
     let port = free_port();
     let mut h1rule = rule(port, "backend.test", "http2");
     h1rule["endpoints"][0]["targetPort"] = json!(h1port);
-    assert_eq!(d.post_rule(&h1rule).await.0, 200);
-    let tls = connect(&ca, port, Some("front.test"), &[])
-        .await
-        .expect("tls");
-    let (status, _, _, text) = send(tls, "front.test", r#"{"prompt":"p"}"#).await;
+    let (status, text) = answer(port, &h1rule).await;
     assert_eq!(status, 502, "{text}");
     assert!(
         text.contains("did not agree on HTTP/2 over ALPN (it chose none)"),
