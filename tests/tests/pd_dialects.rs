@@ -437,6 +437,53 @@ async fn sglang_a_failed_leg_aborts_the_other_and_a_prefill_4xx_is_relayed_verba
     gauges_return_to_zero(&d).await;
 }
 
+/// A prefill that refuses the connection sends SGLang's pair again to the next prefill under a
+/// new request id naming it: the answer and the legs that served carry that one id.
+#[tokio::test]
+async fn an_sglang_prefill_that_refuses_is_replaced_under_a_new_request_id() {
+    let held = tokio::net::TcpSocket::new_v4().expect("socket");
+    held.bind(([127, 0, 0, 1], 0).into()).expect("bind");
+    let dead = held.local_addr().expect("addr").port();
+    let pre = Fake::start(json_after(200, &json!({"id": "p"}), Duration::ZERO)).await;
+    let dec = Fake::start(json_after(200, &chat_answer("decoded"), Duration::ZERO)).await;
+    let port = free_port();
+    let d = Daemon::start_default().await;
+    let mut r = rule(port, dead, dec.port(), json!({"kvEngineType": "sglang"}));
+    r["endpoints"] = json!([
+        {"endpointIP": "127.0.0.1", "targetPort": dead, "ep_role": 1},
+        {"endpointIP": "127.0.0.1", "targetPort": pre.port(), "ep_role": 1},
+        {"endpointIP": "127.0.0.1", "targetPort": dec.port(), "ep_role": 2}]);
+    post(&d, &r).await;
+    let c = client();
+    let want = format!(
+        "___prefill_addr_127.0.0.1:{}___decode_addr_127.0.0.1:{}_",
+        pre.port(),
+        dec.port()
+    );
+    for i in 0..4 {
+        let body = json!({"model": "m", "prompt": format!("p{i}"), "max_tokens": 2});
+        let resp = send(&c, "/v1/completions", port, &body).await;
+        assert_eq!(resp.status, 200, "{}", resp.text);
+        let rid = resp.header("x-request-id").unwrap_or_default().to_owned();
+        assert!(rid.starts_with(&want), "request {i}: {rid}");
+        let last = |f: &Fake| f.seen().last().and_then(|s| s.rid.clone());
+        assert_eq!(last(&pre).as_deref(), Some(rid.as_str()), "request {i}");
+        assert_eq!(last(&dec).as_deref(), Some(rid.as_str()), "request {i}");
+        assert_eq!(
+            dec.seen().last().map(|s| s.body["bootstrap_port"].clone()),
+            Some(json!(8998))
+        );
+    }
+    let m = d.metrics_text().await;
+    let refused = metric(
+        &m,
+        "loxilb_proxy_upstream_connect_failures_total",
+        &["ep_idx=\"0\""],
+    );
+    assert!(refused >= 1.0, "the dead prefill was tried: {m}");
+    assert_eq!(pre.seen().len(), 4);
+}
+
 #[tokio::test]
 async fn a_client_that_leaves_cancels_both_sglang_legs() {
     let pre = Fake::start(Act::Hang).await;
