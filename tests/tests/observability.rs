@@ -347,6 +347,19 @@ async fn every_dashboard_panel_queries_metrics_a_live_daemon_exports() {
         assert_eq!(code, 200);
     }
     assert_eq!(f.d.post_rule_raw("{\"nope\":1}").await.0, 400);
+    // A P/D request (prefill on backend 0, decode on backend 1).
+    let vip3 = free_port();
+    let rule3 = json!({
+        "serviceArguments": {"externalIP": "127.0.0.1", "port": vip3, "protocol": "tcp",
+            "mode": 4, "sel": 0, "pd_disagg_mode": true},
+        "endpoints": [
+            {"endpointIP": f.b[0].addr.ip().to_string(), "targetPort": f.b[0].port(), "ep_role": 1},
+            {"endpointIP": f.b[1].addr.ip().to_string(), "targetPort": f.b[1].port(), "ep_role": 2}]
+    });
+    assert_eq!(f.d.post_rule(&rule3).await.0, 200);
+    wait_listening(SocketAddr::from(([127, 0, 0, 1], vip3))).await;
+    let (code, _) = complete(SocketAddr::from(([127, 0, 0, 1], vip3)), "pd", None).await;
+    assert_eq!(code, 200);
 
     let scrape = f.d.metrics_text().await;
     // Every name a panel queries is a family the daemon declares (a misspelled or removed
@@ -407,6 +420,8 @@ async fn every_dashboard_panel_queries_metrics_a_live_daemon_exports() {
         "loxilb_l4_events_total",
         "loxilb_kv_parity_ok",
         "loxilb_pd_admission_shed_total",
+        "loxilb_tls_cert_expiry_timestamp_seconds",
+        "loxilb_proxy_tls_handshake_failures_total",
     ] {
         assert!(queried.contains(must), "no panel shows {must}");
     }
@@ -425,6 +440,10 @@ async fn every_dashboard_panel_queries_metrics_a_live_daemon_exports() {
         "loxilb_proxy_selections_total",
         "loxilb_kv_events_applied_total",
         "loxilb_api_requests_total",
+        "loxilb_ai_pd_requests_total",
+        "loxilb_ai_pd_prefill_duration_seconds_bucket",
+        "loxilb_ai_pd_decode_ttft_seconds_bucket",
+        "loxilb_ai_pd_tier_selected_total",
     ] {
         assert!(queried.contains(must), "no panel shows {must}");
         assert!(
