@@ -158,9 +158,9 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
         let s = &rule.service;
         if s.security != 0 && !api::certs::servable(&restored_certs, &s.host) {
             return Err(format!(
-                "serves TLS (security 1) but no restored certificate covers host {:?} and there \
-                 is no `default` one",
-                s.host
+                "serves TLS (security {}) but no restored certificate covers host {:?} and \
+                 there is no `default` one",
+                s.security, s.host
             ));
         }
         // Only the `default` certificate would answer its handshakes. When a stored
@@ -172,10 +172,11 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
             && !certs.unloaded().is_empty()
         {
             return Err(format!(
-                "serves TLS (security 1) for host {:?}, which no restored certificate's names \
-                 match, and stored certificates failed to load ({}): only the `default` \
+                "serves TLS (security {}) for host {:?}, which no restored certificate's \
+                 names match, and stored certificates failed to load ({}): only the `default` \
                  certificate would answer its handshakes; POST a certificate for the host, \
                  then the rule",
+                s.security,
                 s.host,
                 certs
                     .unloaded()

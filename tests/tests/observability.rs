@@ -791,6 +791,16 @@ async fn otlp_spans_carry_the_decision_and_traceparent_reaches_the_backend() {
         .find(|s| s.kind == 2)
         .expect("server span of the retried request");
     let a2 = attrs(server2);
+    let keys: Vec<&str> = server2
+        .attributes
+        .iter()
+        .map(|kv| kv.key.as_str())
+        .collect();
+    assert_eq!(
+        keys.iter().collect::<BTreeSet<_>>().len(),
+        keys.len(),
+        "each attribute key once, the retry's decision replacing the first: {keys:?}"
+    );
     assert_eq!(a2.get("loxi.attempts").cloned(), i(2));
     assert_eq!(a2.get("loxi.endpoint").cloned(), i(1));
     assert_eq!(a2.get("loxi.tier").cloned(), s("sel"));

@@ -482,6 +482,36 @@ async fn an_sglang_prefill_that_refuses_is_replaced_under_a_new_request_id() {
     );
     assert!(refused >= 1.0, "the dead prefill was tried: {m}");
     assert_eq!(pre.seen().len(), 4);
+
+    // Only the dead prefill: its decode leg was in flight when the prefill refused, so the
+    // 503 names the id that leg carried (the engine may have it), not nothing.
+    let slow = Fake::start(json_after(
+        200,
+        &chat_answer("late"),
+        Duration::from_secs(5),
+    ))
+    .await;
+    let port = free_port();
+    post(
+        &d,
+        &rule(port, dead, slow.port(), json!({"kvEngineType": "sglang"})),
+    )
+    .await;
+    let body = json!({"model": "m", "prompt": "alone", "max_tokens": 2});
+    let resp = send(&c, "/v1/completions", port, &body).await;
+    assert_eq!(resp.status, 503, "{}", resp.text);
+    let rid = resp.header("x-request-id").unwrap_or_default().to_owned();
+    assert!(
+        rid.starts_with(&format!(
+            "___prefill_addr_127.0.0.1:{dead}___decode_addr_127.0.0.1:{}_",
+            slow.port()
+        )),
+        "{:?}",
+        resp.headers
+    );
+    if let Some(seen) = slow.seen().last() {
+        assert_eq!(seen.rid.as_deref(), Some(rid.as_str()));
+    }
 }
 
 #[tokio::test]

@@ -418,6 +418,17 @@ async fn the_cert_api_refuses_bad_certificates_and_never_lists_keys() {
     let (s, r) = d.post_rule(&e2e).await;
     assert_eq!(s, 400, "{r}");
     assert_eq!(r["field"], "serviceArguments.backend_ca_file", "{r}");
+    // A relative path would be read from the daemon's working directory, which a restart may
+    // change (the rule was accepted, then dropped at the next start): refused.
+    e2e["serviceArguments"]["backend_ca_file"] = json!("pki/ca.pem");
+    let (s, r) = d.post_rule(&e2e).await;
+    assert_eq!(s, 400, "{r}");
+    assert!(
+        r["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("pki/ca.pem: not an absolute path")),
+        "{r}"
+    );
     let mut named = tls_rule(free_port(), "ok.test", &[&be], 0);
     named["serviceArguments"]["backend_tls_server_name"] = json!("be.test");
     let (s, r) = d.post_rule(&named).await;

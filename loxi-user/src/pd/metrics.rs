@@ -7,7 +7,7 @@
 //! | `loxilb_ai_pd_session_hits_total` | counter | `service` (tier 0 chose the prefill endpoint) |
 //! | `loxilb_ai_pd_prefill_duration_seconds` | histogram | `service` (prefill leg: sent → body read) |
 //! | `loxilb_ai_pd_decode_ttft_seconds` | histogram | `service` (client request → the decode's first body byte) |
-//! | `loxilb_ai_pd_tier_selected_total` | counter | `service`, `leg` (`prefill`, `decode`), `tier` ([`PdTier::as_str`]) |
+//! | `loxilb_ai_pd_tier_selected_total` | counter | `service`, `leg` (`prefill`, `decode`), `tier` ([`PdTier::as_str`]); each leg that answered (a prefill run again after a decode refused counts again; a failed leg does not) |
 //! | `loxilb_ai_pd_kv_params_missing_total` | counter | `service` (prefill answered 2xx without `kv_transfer_params`, or a TensorRT-LLM context without `disaggregated_params`) |
 //! | `loxilb_ai_pd_tier1_hits_total` | counter | `service` (tier 1, the prefix trie, chose the prefill endpoint) |
 //! | `loxilb_ai_pd_tier1_misses_total` | counter | `service` (tier 1 asked; no eligible prefill endpoint held `pd_cache_threshold` % of the prompt) |
@@ -134,7 +134,7 @@ impl PdMetrics {
         );
         reg.register(
             "loxilb_ai_pd_tier_selected",
-            "P/D endpoint choices by leg and tier (0 pin, 1 prefix trie, 1.5 KV overlap, 2 min load, aggregated)",
+            "P/D endpoint choices by leg and tier (0 pin, 1 prefix trie, 1.5 KV overlap, 2 min load, aggregated), counted for each leg that answered: a prefill run again after a decode refused the connection counts again, a leg that failed does not count",
             m.tier_selected.clone(),
         );
         reg.register(

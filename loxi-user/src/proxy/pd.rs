@@ -35,7 +35,6 @@
 //! return to 0 either way.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -43,6 +42,7 @@ use http::request::Parts;
 use http::{HeaderValue, Response};
 use parking_lot::Mutex;
 use serde_json::Value;
+use tracing::Instrument;
 
 use super::body::{ProxyBody, Tracked};
 use super::error::ProxyError;
@@ -185,7 +185,7 @@ impl Handler {
             meta,
             obj,
             rid: Mutex::new(Legs::request_id(pool, pre.ep, dec.ep)?),
-            sent: AtomicBool::new(false),
+            reached: Mutex::new(None),
             start,
         };
         let mut pair = Pair {
@@ -231,8 +231,7 @@ impl Handler {
             // Without one, the 503 carries the request id the legs were sent with and the
             // prefill endpoint last tried, as a failed leg's answer does.
             Err(ProxyError::PdPoolUnavailable { reason }) => {
-                let sent = legs.sent.load(Ordering::Relaxed);
-                let (rid, pre) = (legs.rid(), pair.pre.ep);
+                let (reached, pre) = (legs.reached(), pair.pre.ep);
                 drop(legs);
                 match self
                     .aggregated(pool, &pair.ladder, parts, body, meta, start, reason)
@@ -240,7 +239,7 @@ impl Handler {
                 {
                     Err(e @ ProxyError::PdPoolUnavailable { .. }) => {
                         let mut resp = self.error_response(service, e);
-                        if sent {
+                        if let Some(rid) = reached {
                             let h = resp.headers_mut();
                             h.insert(REQUEST_ID_HEADER, rid);
                             h.insert(PREFILL_ENDPOINT_HEADER, HeaderValue::from(pre));
@@ -265,8 +264,14 @@ impl Handler {
             _ => None,
         };
         let mut resp = self.error_response(legs.pool.rule.id, e);
+        // The id of the last leg that may have reached an engine (none: nothing was sent,
+        // e.g. the gate refused the first prefill leg, and no endpoint is named).
+        let Some(rid) = legs.reached() else {
+            return resp;
+        };
+        trace_span::record_prefill(pair.pre.ep);
         let h = resp.headers_mut();
-        h.insert(REQUEST_ID_HEADER, legs.rid());
+        h.insert(REQUEST_ID_HEADER, rid);
         h.insert(PREFILL_ENDPOINT_HEADER, HeaderValue::from(pair.pre.ep));
         if let Some(ep) = decode {
             h.insert(super::handler::ENDPOINT_HEADER, HeaderValue::from(ep));
@@ -387,6 +392,7 @@ impl Handler {
                 },
             );
         }
+        trace_span::record_prefill(pair.pre.ep);
         let h = resp.headers_mut();
         h.insert(PREFILL_ENDPOINT_HEADER, HeaderValue::from(pair.pre.ep));
         h.insert(REQUEST_ID_HEADER, legs.rid());
@@ -433,12 +439,22 @@ impl Handler {
         .with_slot(slot);
         let mut req = upstream_request(&parts, &pool.authorities[c.ep], body)?;
         super::forwarded::append(req.headers_mut(), meta.client, meta.https);
-        match self.upstreams.send(req, &pool.via).await {
+        // One attempt span, as a plain rule's: its context replaces the client's traceparent.
+        let span = trace_span::attempt(c.ep, &pool.authorities[c.ep], 1);
+        trace_span::inject(&span, req.headers_mut());
+        let sent = self
+            .upstreams
+            .send(req, &pool.via)
+            .instrument(span.clone())
+            .await;
+        match sent {
             Attempt::Response(resp) => {
+                trace_span::record_attempt(&span, Some(resp.status()), None);
                 let end = self.end_accounting(resp.status());
                 Ok(downstream_response(resp, c.ep, tracked.with_end(end)))
             }
             Attempt::ConnectFailed(e) => {
+                trace_span::record_attempt(&span, None, Some("connect"));
                 tracing::warn!(service, ep = c.ep, error = %e, "upstream connect failed");
                 pm.eps[c.ep].connect_failures.inc();
                 self.observe(pool, c.ep, Outcome::ConnectFailed);
@@ -451,14 +467,17 @@ impl Handler {
                 self.ctx.metrics.local_shortage(service, &s);
                 Err(ProxyError::LocalResources(s))
             }
-            Attempt::Failed(source) => Err(self.answered_failure(
-                pool,
-                start,
-                ProxyError::Upstream {
-                    ep_idx: c.ep,
-                    source,
-                },
-            )),
+            Attempt::Failed(source) => {
+                trace_span::record_attempt(&span, None, Some("request"));
+                Err(self.answered_failure(
+                    pool,
+                    start,
+                    ProxyError::Upstream {
+                        ep_idx: c.ep,
+                        source,
+                    },
+                ))
+            }
         }
     }
 }

@@ -4,7 +4,6 @@
 //! `LLB_PD_DECODE_TIMEOUT_SEC`). `pd.rs` and `pd_dialects.rs` order the legs.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -48,9 +47,10 @@ pub(super) struct Legs<'a> {
     /// The request id the legs carry: LoxiLB's form naming the current pair's KV addresses,
     /// renewed when a connect failure moves a leg to another endpoint ([`Legs::renew_rid`]).
     pub rid: Mutex<HeaderValue>,
-    /// A leg was handed to an engine (its connection was made): the request id then names
-    /// work an engine saw.
-    pub sent: AtomicBool,
+    /// The request id of the last leg that may have reached an engine (its connection was
+    /// made, or it was dropped in flight), `None` while none has: what an error answer names,
+    /// so the client can find the failing work in the engines' logs ([`Reach`]).
+    pub reached: Mutex<Option<HeaderValue>>,
     /// When the client's request arrived.
     pub start: Instant,
 }
@@ -80,6 +80,11 @@ impl Legs<'_> {
         self.rid.lock().clone()
     }
 
+    /// The request id of the last leg that may have reached an engine.
+    pub fn reached(&self) -> Option<HeaderValue> {
+        self.reached.lock().clone()
+    }
+
     /// A new request id for the pair (`pre`, `dec`), after a connect failure moved a leg: the
     /// next legs name the endpoints that serve them (vLLM's P2P connector sends the KV to the
     /// id's decode address).
@@ -93,6 +98,36 @@ impl Legs<'_> {
         serde_json::to_vec(&Value::Object(body))
             .map(Bytes::from)
             .map_err(|e| ProxyError::Internal(e.to_string()))
+    }
+}
+
+/// Records a leg's request id in [`Legs::reached`] when dropped, unless [`Reach::refused`]
+/// said its connection was never made: a leg that was answered, failed after it was sent, or
+/// was dropped in flight (SGLang's other leg, a timeout) may have reached its engine.
+struct Reach<'a> {
+    reached: &'a Mutex<Option<HeaderValue>>,
+    rid: Option<HeaderValue>,
+}
+
+impl<'a> Reach<'a> {
+    fn new(legs: &'a Legs<'_>, rid: &HeaderValue) -> Self {
+        Self {
+            reached: &legs.reached,
+            rid: Some(rid.clone()),
+        }
+    }
+
+    /// The connection was never made (refused, or no local resources to make it).
+    fn refused(&mut self) {
+        self.rid = None;
+    }
+}
+
+impl Drop for Reach<'_> {
+    fn drop(&mut self) {
+        if let Some(rid) = self.rid.take() {
+            *self.reached.lock() = Some(rid);
+        }
     }
 }
 
@@ -148,11 +183,13 @@ impl Handler {
         let _load = pool.loads[ep].begin();
         let _active = ActiveGuard::new(pm.eps[ep].active.clone());
         let span = trace_span::leg("prefill", ep, &pool.authorities[ep]);
-        let req = leg_request(legs, &pool.authorities[ep], body, &span)?;
+        let rid = legs.rid();
+        let req = leg_request(legs, &pool.authorities[ep], body, &span, &rid)?;
         let timeout = self.ctx.config.pd_prefill_timeout;
         let limit = self.ctx.config.max_body_bytes;
         let t0 = Instant::now();
         let leg = async {
+            let mut reach = Reach::new(legs, &rid);
             match self
                 .upstreams
                 .send(req, &pool.via)
@@ -160,7 +197,6 @@ impl Handler {
                 .await
             {
                 Attempt::Response(resp) => {
-                    legs.sent.store(true, Ordering::Relaxed);
                     trace_span::record_attempt(&span, Some(resp.status()), None);
                     let (head, body) = resp.into_parts();
                     match Limited::new(body, limit).collect().await {
@@ -169,16 +205,17 @@ impl Handler {
                     }
                 }
                 Attempt::ConnectFailed(e) => {
-                    tracing::warn!(service, ep, error = %e, "prefill connect failed; trying another prefill endpoint");
+                    reach.refused();
+                    tracing::warn!(service, ep, request_id = ?rid, error = %e, "prefill connect failed");
                     trace_span::record_attempt(&span, None, Some("connect"));
                     Err(LegFailure::Connect)
                 }
                 Attempt::NoLocalResources(s) => {
+                    reach.refused();
                     trace_span::record_attempt(&span, None, Some("local_resources"));
                     Err(LegFailure::Local(s))
                 }
                 Attempt::Failed(source) => {
-                    legs.sent.store(true, Ordering::Relaxed);
                     trace_span::record_attempt(&span, None, Some("request"));
                     Err(LegFailure::Sent(source))
                 }
@@ -187,12 +224,11 @@ impl Handler {
         let outcome = match tokio::time::timeout(timeout, leg).await {
             Ok(o) => o,
             Err(_) => {
-                legs.sent.store(true, Ordering::Relaxed);
                 trace_span::record_attempt(&span, None, Some("timeout"));
                 tracing::warn!(
                     service,
                     ep,
-                    request_id = ?legs.rid(),
+                    request_id = ?rid,
                     secs = timeout.as_secs(),
                     "prefill leg did not answer within the prefill timeout (LLB_PD_PREFILL_TIMEOUT_SEC)"
                 );
@@ -205,7 +241,7 @@ impl Handler {
             }
         };
         let failed = |message: String| {
-            tracing::warn!(service, ep, request_id = ?legs.rid(), error = %message, "prefill leg failed after it was sent");
+            tracing::warn!(service, ep, request_id = ?rid, error = %message, "prefill leg failed after it was sent");
             self.observe(pool, ep, Outcome::StreamFailed);
             self.ctx.metrics.pd.failure(service, "pd_prefill_failed");
             let e = ProxyError::PdPrefillFailed {
@@ -244,7 +280,7 @@ impl Handler {
                     pm.ai
                         .count(status.as_u16(), legs.start.elapsed().as_secs_f64());
                     tracing::warn!(service, ep, %status, "prefill leg refused; relaying its answer");
-                    return Ok(Prefill::Refused(relayed(head, bytes, ep, &legs.rid())));
+                    return Ok(Prefill::Refused(relayed(head, bytes, ep, &rid)));
                 }
                 Ok(Prefill::Done(bytes))
             }
@@ -274,9 +310,11 @@ impl Handler {
             legs.start,
         );
         let span = trace_span::leg("decode", ep, &pool.authorities[ep]);
-        let req = leg_request(legs, &pool.authorities[ep], body, &span).map_err(Some)?;
+        let rid = legs.rid();
+        let req = leg_request(legs, &pool.authorities[ep], body, &span, &rid).map_err(Some)?;
+        let mut reach = Reach::new(legs, &rid);
         let died = |message: String| {
-            tracing::warn!(service, ep, request_id = ?legs.rid(), error = %message, "decode leg took the request and failed before its first byte");
+            tracing::warn!(service, ep, request_id = ?rid, error = %message, "decode leg took the request and failed before its first byte");
             // Counted in `loxilb_proxy_requests_total` under `ep` by the error answer.
             pm.ai.count(
                 StatusCode::BAD_GATEWAY.as_u16(),
@@ -299,23 +337,23 @@ impl Handler {
             .await;
         let resp = match sent {
             Attempt::Response(resp) => {
-                legs.sent.store(true, Ordering::Relaxed);
                 trace_span::record_attempt(&span, Some(resp.status()), None);
                 resp
             }
             Attempt::ConnectFailed(e) => {
+                reach.refused();
                 trace_span::record_attempt(&span, None, Some("connect"));
-                tracing::warn!(service, ep, error = %e, "decode connect failed; trying another decode endpoint");
+                tracing::warn!(service, ep, request_id = ?rid, error = %e, "decode connect failed");
                 pm.eps[ep].connect_failures.inc();
                 self.observe(pool, ep, Outcome::ConnectFailed);
                 return Err(None);
             }
             Attempt::NoLocalResources(s) => {
+                reach.refused();
                 self.ctx.metrics.local_shortage(service, &s);
                 return Err(Some(ProxyError::LocalResources(s)));
             }
             Attempt::Failed(source) => {
-                legs.sent.store(true, Ordering::Relaxed);
                 trace_span::record_attempt(&span, None, Some("request"));
                 return died(source.to_string());
             }
@@ -356,6 +394,7 @@ impl Handler {
                 tracing::warn!(
                     service,
                     ep,
+                    request_id = ?legs.reached(),
                     "decode leg sent nothing within the decode timeout"
                 );
                 self.ctx.metrics.pd.failure(service, "pd_decode_timeout");
@@ -376,12 +415,13 @@ fn leg_request(
     authority: &str,
     body: Bytes,
     span: &tracing::Span,
+    rid: &HeaderValue,
 ) -> Result<Request<Full<Bytes>>, ProxyError> {
     let mut req = upstream_request(legs.parts, authority, body)?;
     let h = req.headers_mut();
     h.remove(header::CONTENT_LENGTH);
     h.remove(header::ACCEPT_ENCODING);
-    h.insert(REQUEST_ID_HEADER, legs.rid());
+    h.insert(REQUEST_ID_HEADER, rid.clone());
     h.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),

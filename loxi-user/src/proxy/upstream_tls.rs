@@ -100,6 +100,15 @@ impl BackendTls {
             path: path.clone(),
             reason,
         };
+        if !std::path::Path::new(path).is_absolute() {
+            // Read from the daemon's working directory, which a restart under another service
+            // manager or shell changes: accepted today, the rule would be dropped at restart.
+            return Err(ca(
+                "not an absolute path (the daemon reads it from its own working directory, which \
+                 a restart may change); give the full path on the daemon's host"
+                    .into(),
+            ));
+        }
         let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
             .map_err(|e| ca(e.to_string()))?
             .collect::<Result<_, _>>()

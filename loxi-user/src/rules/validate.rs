@@ -59,9 +59,10 @@ pub fn validate(mut rule: LbRule) -> Result<LbRule, RuleError> {
     for (i, ep) in rule.endpoints.iter_mut().enumerate() {
         validate_endpoint(i, ep, &rule.service)?;
     }
-    check_duplicate_endpoints(&rule.endpoints)?;
+    // After the L4 check: it names an IPv4-mapped endpoint's own fault (the dotted form).
     weights_need_a_reader(&rule)?;
     check_l4(&rule)?;
+    check_duplicate_endpoints(&rule.endpoints)?;
     check_pd_roles(&rule)?;
     super::unsupported::check(&rule)?;
     ServiceSpec::compile(&rule)?;
@@ -124,18 +125,25 @@ pub fn reset_inert_weights(r: &mut LbRule) -> Vec<&'static str> {
     vec!["weight"]
 }
 
-/// The same `endpointIP:targetPort` twice would make two `ep_idx` for one backend.
+/// The same `endpointIP:targetPort` twice would make two `ep_idx` for one backend; an
+/// IPv4-mapped IPv6 address (`::ffff:10.0.0.2`) is its IPv4 host ([`super::addr::same_host`]).
 fn check_duplicate_endpoints(eps: &[Endpoint]) -> Result<(), RuleError> {
     for (i, ep) in eps.iter().enumerate() {
-        let first = eps
-            .iter()
-            .position(|e| e.endpoint_ip == ep.endpoint_ip && e.target_port == ep.target_port);
+        let first = eps.iter().position(|e| {
+            e.target_port == ep.target_port
+                && super::addr::same_host(&e.endpoint_ip, &ep.endpoint_ip)
+        });
         if let Some(j) = first.filter(|j| *j < i) {
             return Err(invalid(
                 &format!("endpoints[{i}]"),
                 format!(
-                    "{}:{} is already endpoints[{j}]",
-                    ep.endpoint_ip, ep.target_port
+                    "{} is already endpoints[{j}]{}",
+                    super::addr::host_port(&ep.endpoint_ip, ep.target_port),
+                    if eps[j].endpoint_ip == ep.endpoint_ip {
+                        String::new()
+                    } else {
+                        format!(" ({}, the same host)", eps[j].endpoint_ip)
+                    }
                 ),
             ));
         }
@@ -1872,6 +1880,20 @@ mod tests {
         let mut r = rule(json!({}));
         r.endpoints[1].endpoint_ip = "10.0.1.2".into();
         assert_eq!(field_of(r), "endpoints[1]", "duplicate endpoint");
+        // An IPv4-mapped spelling of the same host is the same endpoint.
+        let mut r = rule(json!({}));
+        r.endpoints[1].endpoint_ip = "::ffff:10.0.1.2".into();
+        r.endpoints[1].target_port = r.endpoints[0].target_port;
+        match validate(r) {
+            Err(RuleError::Invalid { field, message }) => {
+                assert_eq!(field, "endpoints[1]");
+                assert!(
+                    message.contains("is already endpoints[0] (10.0.1.2, the same host)"),
+                    "{message}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
         let mut r = rule(json!({}));
         r.endpoints.clear();
         assert_eq!(field_of(r), "endpoints");

@@ -206,7 +206,25 @@ impl OtelSettings {
 /// then one warning per this interval with the number of failures in between.
 pub const EXPORT_FAILURE_REPORT_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// A span exporter that reports its own failures. The OTLP exporter's errors (collector down,
+/// Keeps the last value of each attribute key, in the order of those last values: a field
+/// recorded again on a span (the decision of each retry on the request span) is appended by
+/// `tracing-opentelemetry`, and OTLP wants each key once.
+pub fn last_value_per_key(attrs: &mut Vec<opentelemetry::KeyValue>) {
+    if attrs.len() < 2 {
+        return;
+    }
+    let mut seen = std::collections::HashSet::with_capacity(attrs.len());
+    let mut kept: Vec<opentelemetry::KeyValue> = attrs
+        .drain(..)
+        .rev()
+        .filter(|kv| seen.insert(kv.key.clone()))
+        .collect();
+    kept.reverse();
+    *attrs = kept;
+}
+
+/// A span exporter that reports its own failures (and writes each attribute key once,
+/// [`last_value_per_key`]). The OTLP exporter's errors (collector down,
 /// refused, a 4xx/5xx answer, a timeout) otherwise reach only the SDK's internal logs, which
 /// loxi does not show: spans were dropped without a word. The first failure is a warning at
 /// once, later ones one warning per [`EXPORT_FAILURE_REPORT_EVERY`] with their count, and the
@@ -275,9 +293,12 @@ impl<E: opentelemetry_sdk::trace::SpanExporter> opentelemetry_sdk::trace::SpanEx
 {
     async fn export(
         &self,
-        batch: Vec<opentelemetry_sdk::trace::SpanData>,
+        mut batch: Vec<opentelemetry_sdk::trace::SpanData>,
     ) -> opentelemetry_sdk::error::OTelSdkResult {
         let spans = batch.len();
+        for span in &mut batch {
+            last_value_per_key(&mut span.attributes);
+        }
         let result = self.inner.export(batch).await;
         self.record(&result, spans);
         result
@@ -442,6 +463,26 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         OtelSettings::from_lookup(&|k| m.get(k).cloned())
+    }
+
+    #[test]
+    fn a_key_recorded_twice_keeps_its_last_value() {
+        use opentelemetry::KeyValue;
+        let mut attrs = vec![
+            KeyValue::new("loxi.endpoint", 0),
+            KeyValue::new("loxi.rule", 1),
+            KeyValue::new("loxi.endpoint", 1),
+            KeyValue::new("loxi.attempts", 2),
+        ];
+        last_value_per_key(&mut attrs);
+        assert_eq!(
+            attrs,
+            vec![
+                KeyValue::new("loxi.rule", 1),
+                KeyValue::new("loxi.endpoint", 1),
+                KeyValue::new("loxi.attempts", 2),
+            ]
+        );
     }
 
     #[test]

@@ -147,13 +147,15 @@ pub fn attempt(ep: usize, authority: &str, attempt: usize) -> Span {
     )
 }
 
+/// Records the prefill endpoint of the pair that served (or failed) a P/D request on the
+/// current (request) span.
+pub fn record_prefill(ep: usize) {
+    Span::current().record("loxi.prefill_endpoint", int(ep));
+}
+
 /// The client span of one P/D leg (`leg`: `prefill` or `decode`) sent to endpoint `ep`, named
-/// `{leg} {ep}`; its context goes into the leg's `traceparent`. Records the prefill endpoint
-/// on the current (request) span for a prefill leg.
+/// `{leg} {ep}`; its context goes into the leg's `traceparent`.
 pub fn leg(leg: &'static str, ep: usize, authority: &str) -> Span {
-    if leg == "prefill" {
-        Span::current().record("loxi.prefill_endpoint", int(ep));
-    }
     tracing::info_span!(
         target: SPAN_TARGET,
         "upstream.leg",
