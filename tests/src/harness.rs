@@ -687,3 +687,9 @@ pub fn promtool_check(text: &str) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The prefix of LoxiLB's P/D request id (`___prefill_addr_<ip:port>___decode_addr_<ip:port>_`,
+/// then a UUID) for a prefill and a decode on 127.0.0.1 whose KV side channels are these ports.
+pub fn loopback_pd_rid_prefix(prefill: u16, decode: u16) -> String {
+    format!("___prefill_addr_127.0.0.1:{prefill}___decode_addr_127.0.0.1:{decode}_")
+}

@@ -56,6 +56,19 @@ struct KvFleet {
 }
 
 impl KvFleet {
+    /// A P/D rule on `port`: backend 0 the prefill, backend 1 the decode.
+    fn pd_rule(&self, port: u16) -> Value {
+        let ep = |i: usize, role: u8| {
+            json!({"endpointIP": self.b[i].addr.ip().to_string(),
+                "targetPort": self.b[i].port(), "ep_role": role})
+        };
+        json!({
+            "serviceArguments": {"externalIP": "127.0.0.1", "port": port, "protocol": "tcp",
+                "mode": 4, "sel": 0, "pd_disagg_mode": true},
+            "endpoints": [ep(0, 1), ep(1, 2)]
+        })
+    }
+
     async fn start(env: &[(&str, &str)]) -> Self {
         let tok = tempfile::tempdir().expect("tmp");
         stage_tokenizer(tok.path());
@@ -349,13 +362,7 @@ async fn every_dashboard_panel_queries_metrics_a_live_daemon_exports() {
     assert_eq!(f.d.post_rule_raw("{\"nope\":1}").await.0, 400);
     // A P/D request (prefill on backend 0, decode on backend 1).
     let vip3 = free_port();
-    let rule3 = json!({
-        "serviceArguments": {"externalIP": "127.0.0.1", "port": vip3, "protocol": "tcp",
-            "mode": 4, "sel": 0, "pd_disagg_mode": true},
-        "endpoints": [
-            {"endpointIP": f.b[0].addr.ip().to_string(), "targetPort": f.b[0].port(), "ep_role": 1},
-            {"endpointIP": f.b[1].addr.ip().to_string(), "targetPort": f.b[1].port(), "ep_role": 2}]
-    });
+    let rule3 = f.pd_rule(vip3);
     assert_eq!(f.d.post_rule(&rule3).await.0, 200);
     wait_listening(SocketAddr::from(([127, 0, 0, 1], vip3))).await;
     let (code, _) = complete(SocketAddr::from(([127, 0, 0, 1], vip3)), "pd", None).await;
@@ -828,13 +835,7 @@ async fn otlp_spans_carry_the_decision_and_traceparent_reaches_the_backend() {
         b.set_recording(true);
     }
     let vip3 = free_port();
-    let rule3 = json!({
-        "serviceArguments": {"externalIP": "127.0.0.1", "port": vip3, "protocol": "tcp",
-            "mode": 4, "sel": 0, "pd_disagg_mode": true},
-        "endpoints": [
-            {"endpointIP": f.b[0].addr.ip().to_string(), "targetPort": f.b[0].port(), "ep_role": 1},
-            {"endpointIP": f.b[1].addr.ip().to_string(), "targetPort": f.b[1].port(), "ep_role": 2}]
-    });
+    let rule3 = f.pd_rule(vip3);
     assert_eq!(f.d.post_rule(&rule3).await.0, 200);
     wait_listening(SocketAddr::from(([127, 0, 0, 1], vip3))).await;
     let tid3 = "33333333333333333333333333333333";

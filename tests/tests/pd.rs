@@ -19,7 +19,7 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use loxi_tests::backend::{Backend, Mode};
-use loxi_tests::harness::{Daemon, DaemonOpts, free_port};
+use loxi_tests::harness::{Daemon, DaemonOpts, free_port, loopback_pd_rid_prefix};
 use loxi_tests::shared_dir;
 use parking_lot::Mutex;
 use serde_json::{Value, json};
@@ -696,11 +696,7 @@ async fn a_connect_failover_renews_the_request_id_for_the_pair_that_serves() {
     );
     let d = started(DaemonOpts::default(), &rule).await;
     let c = client();
-    let want = format!(
-        "___prefill_addr_127.0.0.1:{}___decode_addr_127.0.0.1:{}_",
-        pre.port(),
-        dec.port()
-    );
+    let want = loopback_pd_rid_prefix(pre.port(), dec.port());
     for i in 0..4 {
         let r = send(
             &c,

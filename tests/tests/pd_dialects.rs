@@ -14,7 +14,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use loxi_tests::harness::{Daemon, DaemonOpts, free_port};
+use loxi_tests::harness::{Daemon, DaemonOpts, free_port, loopback_pd_rid_prefix};
 use parking_lot::Mutex;
 use serde_json::{Value, json};
 use tokio::net::{TcpListener, TcpStream};
@@ -455,11 +455,7 @@ async fn an_sglang_prefill_that_refuses_is_replaced_under_a_new_request_id() {
         {"endpointIP": "127.0.0.1", "targetPort": dec.port(), "ep_role": 2}]);
     post(&d, &r).await;
     let c = client();
-    let want = format!(
-        "___prefill_addr_127.0.0.1:{}___decode_addr_127.0.0.1:{}_",
-        pre.port(),
-        dec.port()
-    );
+    let want = loopback_pd_rid_prefix(pre.port(), dec.port());
     for i in 0..4 {
         let body = json!({"model": "m", "prompt": format!("p{i}"), "max_tokens": 2});
         let resp = send(&c, "/v1/completions", port, &body).await;
@@ -502,10 +498,7 @@ async fn an_sglang_prefill_that_refuses_is_replaced_under_a_new_request_id() {
     assert_eq!(resp.status, 503, "{}", resp.text);
     let rid = resp.header("x-request-id").unwrap_or_default().to_owned();
     assert!(
-        rid.starts_with(&format!(
-            "___prefill_addr_127.0.0.1:{dead}___decode_addr_127.0.0.1:{}_",
-            slow.port()
-        )),
+        rid.starts_with(&loopback_pd_rid_prefix(dead, slow.port())),
         "{:?}",
         resp.headers
     );
