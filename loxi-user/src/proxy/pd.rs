@@ -228,8 +228,9 @@ impl Handler {
             // Every prefill (or decode) endpoint refused the connection: the request is served
             // in one leg by a role-0 endpoint if the rule has one, as when none was eligible
             // to begin with (a finished prefill's work is lost; the role-0 endpoint recomputes).
-            // Without one, the 503 carries the request id the legs were sent with and the
-            // prefill endpoint last tried, as a failed leg's answer does.
+            // Without one, the 503 carries the request id of the last leg that may have
+            // reached an engine and the prefill endpoint last tried, as a failed leg's answer
+            // does (neither when no leg did).
             Err(ProxyError::PdPoolUnavailable { reason }) => {
                 let (reached, pre) = (legs.reached(), pair.pre.ep);
                 drop(legs);
