@@ -602,6 +602,11 @@ fn span(base: u16, ranks: u32) -> std::ops::Range<u32> {
     }
 }
 
+/// Whether two port spans share a port.
+fn overlap(a: &std::ops::Range<u32>, b: &std::ops::Range<u32>) -> bool {
+    a.start < b.end && b.start < a.end
+}
+
 /// The sockets a rule's subscribed endpoints name on one host must be distinct listeners. An
 /// IPv4-mapped IPv6 endpoint (`::ffff:10.0.0.2`) is its IPv4 host ([`addr::same_host`]).
 /// Refused, naming the field that set the port (the endpoint's own, else the rule's):
@@ -620,7 +625,7 @@ fn host_sockets(rule: &LbRule, endpoints: &[KvEndpoint], ranks: u32) -> Result<(
                 continue;
             }
             let (pa, pb) = (span(a.zmq_port, ranks), span(b.zmq_port, ranks));
-            if pa.start < pb.end && pb.start < pa.end {
+            if overlap(&pa, &pb) {
                 return Err(SpecError {
                     field: format!("endpoints[{i}].kvZmqPort"),
                     message: format!(
@@ -674,7 +679,7 @@ fn host_sockets(rule: &LbRule, endpoints: &[KvEndpoint], ranks: u32) -> Result<(
             if sock == Replay {
                 for (j, b) in subscribed().filter(|(_, b)| addr::same_host(&a.ip, &b.ip)) {
                     let pub_b = span(b.zmq_port, ranks);
-                    if own.start < pub_b.end && pub_b.start < own.end {
+                    if overlap(&own, &pub_b) {
                         let at = own.start.max(pub_b.start);
                         return Err(clash(
                             format!("{} KV-event publisher (kvZmqPort {})", whose(j), b.zmq_port),
@@ -682,7 +687,7 @@ fn host_sockets(rule: &LbRule, endpoints: &[KvEndpoint], ranks: u32) -> Result<(
                         ));
                     }
                     let rep_b = span(b.replay_port, ranks);
-                    if j < i && own.start < rep_b.end && rep_b.start < own.end {
+                    if j < i && overlap(&own, &rep_b) {
                         let at = own.start.max(rep_b.start);
                         return Err(clash(
                             format!(
