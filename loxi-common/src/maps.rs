@@ -76,6 +76,14 @@ pub mod egress {
     }
     /// Size of [`Meta`] in bytes (a multiple of 4, as `bpf_xdp_adjust_meta` requires).
     pub const META_LEN: usize = core::mem::size_of::<Meta>();
+    /// The program's read-only global (a `u8`) the loader sets to 1 when the kernel lets XDP
+    /// programs call `bpf_xdp_adjust_meta` (Linux 6.18 as this project's VMs run it refuses:
+    /// "program of this type cannot use helper bpf_xdp_adjust_meta#54"). At 0 the verifier
+    /// prunes the call, and the hand-off goes without [`Meta`]: the XDP program passes the
+    /// rewritten frame up as is, and the TC program knows it by the frame's MACs, which are
+    /// exactly what the same FIB lookup gives (from the egress to the next hop, so the stack
+    /// saw a frame for another host), and redirects it to that lookup's egress.
+    pub const GLOBAL_META_OK: &str = "LOXI_META_OK";
 }
 
 /// Most rules the data path holds at once (rule slots `0..MAX_RULES`).

@@ -4,12 +4,13 @@
 //! program redirects the socket buffer). Without a FIB/neighbour entry the packet goes to the
 //! kernel, which forwards it (and resolves the neighbour for the next packets).
 use core::{
+    ffi::c_void,
     mem::MaybeUninit,
     ptr::{addr_of, addr_of_mut},
 };
 
 use aya_ebpf::{
-    bindings::{BPF_FIB_LKUP_RET_SUCCESS, bpf_fib_lookup, xdp_action, xdp_md},
+    bindings::{BPF_FIB_LKUP_RET_SUCCESS, bpf_fib_lookup, xdp_action},
     helpers::generated::{bpf_fib_lookup as fib_lookup, bpf_redirect, bpf_xdp_adjust_meta},
     programs::XdpContext,
 };
@@ -129,10 +130,25 @@ pub fn endpoint_next_hop(ctx: &XdpContext, fam: u8, v: &CtValue, t: u64) -> Opti
     Some((nh, t))
 }
 
-/// FIB lookup for `dst` (own stack frame; touches only the context, never packet data).
-/// Returns false when the kernel has no usable route or neighbour.
+/// 1 when the loader found that this kernel lets XDP programs call `bpf_xdp_adjust_meta`
+/// (`loxi_common::maps::egress::GLOBAL_META_OK`); read-only, so at 0 the verifier never sees
+/// the call.
+#[unsafe(no_mangle)]
+static LOXI_META_OK: u8 = 0;
+
+/// Whether the TC hand-off carries [`Meta`] (see [`LOXI_META_OK`]).
+#[inline(always)]
+pub fn meta_ok() -> bool {
+    // SAFETY: a plain read of a static; volatile so the compiler keeps the load the loader's
+    // value decides (it would fold the default in).
+    unsafe { core::ptr::read_volatile(&LOXI_META_OK) != 0 }
+}
+
+/// FIB lookup for `dst` arriving on `ingress` (own stack frame; touches only the context,
+/// never packet data). `ctx` is the XDP or TC program's context. Returns false when the
+/// kernel has no usable route or neighbour.
 #[inline(never)]
-fn fib(ctx: *mut xdp_md, fam: u8, dst: &[u8; 16], out: *mut NextHop) -> bool {
+pub fn fib(ctx: *mut c_void, ingress: u32, fam: u8, dst: &[u8; 16], out: *mut NextHop) -> bool {
     // Zero-filled with eight word stores: a zero-initialised struct compiles to a call of the
     // byte-at-a-time `memset` subprogram on BPF.
     let mut raw = MaybeUninit::<bpf_fib_lookup>::uninit();
@@ -145,8 +161,7 @@ fn fib(ctx: *mut xdp_md, fam: u8, dst: &[u8; 16], out: *mut NextHop) -> bool {
     }
     // SAFETY: every byte written above; bpf_fib_lookup is plain data.
     let p = unsafe { raw.assume_init_mut() };
-    // SAFETY: ctx is the program's context pointer.
-    p.ifindex = unsafe { (*ctx).ingress_ifindex };
+    p.ifindex = ingress;
     if fam == family::V6 {
         p.family = AF_INET6;
         let mut d = [0u32; 4];
@@ -163,7 +178,7 @@ fn fib(ctx: *mut xdp_md, fam: u8, dst: &[u8; 16], out: *mut NextHop) -> bool {
     // SAFETY: helper call with the context and a stack buffer of the declared size.
     let rc = unsafe {
         fib_lookup(
-            ctx as *mut _,
+            ctx,
             p,
             core::mem::size_of::<bpf_fib_lookup>() as i32,
             0,
@@ -187,7 +202,9 @@ fn fib(ctx: *mut xdp_md, fam: u8, dst: &[u8; 16], out: *mut NextHop) -> bool {
 pub fn lookup(ctx: &XdpContext, fam: u8, dst: &[u8; 16]) -> Option<NextHop> {
     // Not zero-filled first: that compiles to a call of the byte-at-a-time `memset` on BPF.
     let mut nh = MaybeUninit::<NextHop>::uninit();
-    if !fib(ctx.ctx, fam, dst, nh.as_mut_ptr()) {
+    // SAFETY: ctx is the program's context pointer.
+    let ingress = unsafe { (*ctx.ctx).ingress_ifindex };
+    if !fib(ctx.ctx as *mut c_void, ingress, fam, dst, nh.as_mut_ptr()) {
         count(ctr::FIB_PASS, 1);
         return None;
     }
@@ -216,14 +233,20 @@ pub fn send(
     // SAFETY: ctx is the program's context pointer.
     let ingress = unsafe { (*ctx.ctx).ingress_ifindex };
     // Make room for the hand-off metadata before touching the frame (it moves data_meta only).
-    // A driver without metadata support refuses: then redirect anyway (counted).
-    let to_tc = !xdp_ok && reserve_meta(ctx);
+    // A driver without metadata support refuses: then redirect anyway (counted). A kernel
+    // that refuses the helper to XDP programs hands off without it (see `meta_ok`).
+    let with_meta = meta_ok();
+    let to_tc = !xdp_ok && (!with_meta || reserve_meta(ctx));
     let eth: *mut [u8; 12] = ptr_at(ctx, 0)?;
     // SAFETY: 12 bytes checked by ptr_at.
     let eth = unsafe { &mut *eth };
     eth[..6].copy_from_slice(dmac);
     eth[6..].copy_from_slice(smac);
     if to_tc {
+        if !with_meta {
+            count(ctr::EGRESS_TC, 1);
+            return Ok(xdp_action::XDP_PASS);
+        }
         return Ok(hand_to_tc(ctx, ifindex));
     }
     if !xdp_ok {

@@ -52,7 +52,7 @@ pub fn loxi_pass(_ctx: XdpContext) -> u32 {
 /// that are not IPv4/IPv6 (ARP) pass, so the sender's neighbour entries resolve.
 #[xdp]
 pub fn loxi_drop(ctx: XdpContext) -> u32 {
-    match parse::ptr_at::<[u8; 2]>(&ctx, 12) {
+    match parse::ptr_at::<[u8; 2], _>(&ctx, 12) {
         // SAFETY: ptr_at checked the bounds.
         Ok(et) => match unsafe { *et } {
             [0x08, 0x00] | [0x86, 0xdd] => xdp_action::XDP_DROP,

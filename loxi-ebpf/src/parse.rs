@@ -1,6 +1,37 @@
-//! Header parsing through one bounds-checked accessor, [`ptr_at`].
-use aya_ebpf::programs::XdpContext;
+//! Header parsing through one bounds-checked accessor, [`ptr_at`], over the frame of either
+//! program ([`Frame`]: the XDP program's, or the TC program's socket buffer).
+use aya_ebpf::programs::{TcContext, XdpContext};
 use loxi_common::maps::{CtKey, family, proto};
+
+/// A program context whose packet bytes lie between `data` and `data_end`.
+pub trait Frame {
+    /// Address of the first byte.
+    fn data(&self) -> usize;
+    /// Address one past the last byte.
+    fn data_end(&self) -> usize;
+}
+
+impl Frame for XdpContext {
+    #[inline(always)]
+    fn data(&self) -> usize {
+        XdpContext::data(self)
+    }
+    #[inline(always)]
+    fn data_end(&self) -> usize {
+        XdpContext::data_end(self)
+    }
+}
+
+impl Frame for TcContext {
+    #[inline(always)]
+    fn data(&self) -> usize {
+        TcContext::data(self)
+    }
+    #[inline(always)]
+    fn data_end(&self) -> usize {
+        TcContext::data_end(self)
+    }
+}
 
 /// Header cut short or not parseable: the caller drops (truncated) or passes.
 pub enum ParseError {
@@ -12,7 +43,7 @@ pub enum ParseError {
 
 /// A pointer to a `T` at byte `off` of the frame, or `Truncated` if it would cross `data_end`.
 #[inline(always)]
-pub fn ptr_at<T>(ctx: &XdpContext, off: usize) -> Result<*mut T, ParseError> {
+pub fn ptr_at<T, C: Frame>(ctx: &C, off: usize) -> Result<*mut T, ParseError> {
     let start = ctx.data();
     let end = ctx.data_end();
     if start + off + core::mem::size_of::<T>() > end {
@@ -46,7 +77,7 @@ pub const ETH_LEN: usize = 14;
 
 /// Parses Ethernet (+ one VLAN tag), IPv4/IPv6 and the TCP/UDP/SCTP ports.
 #[inline(always)]
-pub fn parse(ctx: &XdpContext) -> Result<Pkt, ParseError> {
+pub fn parse<C: Frame>(ctx: &C) -> Result<Pkt, ParseError> {
     let et: *const [u8; 2] = ptr_at(ctx, 12)?;
     // SAFETY: ptr_at checked the bounds.
     let mut ethertype = u16::from_be_bytes(unsafe { *et });
@@ -106,7 +137,7 @@ fn v4_addr(b: &[u8]) -> [u8; 16] {
 }
 
 #[inline(always)]
-fn parse_v4(ctx: &XdpContext, l3: usize) -> Result<Ip, ParseError> {
+fn parse_v4<C: Frame>(ctx: &C, l3: usize) -> Result<Ip, ParseError> {
     let h: *const [u8; 20] = ptr_at(ctx, l3)?;
     // SAFETY: 20 bytes checked by ptr_at.
     let h = unsafe { &*h };
@@ -128,7 +159,7 @@ fn parse_v4(ctx: &XdpContext, l3: usize) -> Result<Ip, ParseError> {
 }
 
 #[inline(always)]
-fn parse_v6(ctx: &XdpContext, l3: usize) -> Result<Ip, ParseError> {
+fn parse_v6<C: Frame>(ctx: &C, l3: usize) -> Result<Ip, ParseError> {
     let h: *const [u8; 40] = ptr_at(ctx, l3)?;
     // SAFETY: 40 bytes checked by ptr_at.
     let h = unsafe { &*h };
@@ -146,7 +177,7 @@ fn parse_v6(ctx: &XdpContext, l3: usize) -> Result<Ip, ParseError> {
 }
 
 #[inline(always)]
-fn parse_ports(ctx: &XdpContext, pkt: &mut Pkt) -> Result<(), ParseError> {
+fn parse_ports<C: Frame>(ctx: &C, pkt: &mut Pkt) -> Result<(), ParseError> {
     match pkt.key.proto {
         proto::TCP => {
             let t: *const [u8; 20] = ptr_at(ctx, pkt.l4)?;

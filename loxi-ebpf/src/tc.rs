@@ -1,18 +1,38 @@
 //! The TC ingress half of the hand-off to egresses without XDP receive
-//! (`loxi_common::maps::egress`): a frame that carries loxi's metadata was already rewritten by
-//! the XDP program; redirect its socket buffer to the egress the metadata names. Anything else
-//! continues up the stack untouched.
+//! (`loxi_common::maps::egress`): a frame the XDP program already rewrote is redirected to its
+//! egress. With XDP metadata (`fwd::meta_ok`) the metadata names the egress; without it (a
+//! kernel that refuses `bpf_xdp_adjust_meta` to XDP programs) the frame is known by its MACs:
+//! it arrived addressed to another host (`PACKET_OTHERHOST`) and its source and destination
+//! MACs are exactly those of the next hop the XDP program sent it to, so the XDP program wrote
+//! them. That next hop is the conntrack entry's cached one for a DSR frame (its tuple is the
+//! flow's, the destination still the VIP), else the FIB lookup for the frame's (rewritten)
+//! destination; the frame goes to its egress. Anything else continues up the stack untouched.
+use core::{ffi::c_void, mem::MaybeUninit, ptr::addr_of};
+
 use aya_ebpf::{bindings::TC_ACT_OK, helpers::generated::bpf_redirect, programs::TcContext};
-use loxi_common::maps::{
-    ctr,
-    egress::{META_LEN, META_MAGIC, Meta},
+use loxi_common::{
+    maps::{
+        ctr,
+        egress::{META_LEN, META_MAGIC, Meta},
+    },
+    mode,
 };
 
-use crate::maps::count;
+use crate::{
+    fwd::{NextHop, fib, meta_ok},
+    maps::{CT, count},
+    parse::{parse, ptr_at},
+};
+
+/// `skb->pkt_type` of a frame whose destination MAC is not the receiving device's.
+const PACKET_OTHERHOST: u32 = 3;
 
 /// The program body: `TC_ACT_REDIRECT` for handed-off frames, else `TC_ACT_OK`.
 #[inline(always)]
 pub fn try_tc(ctx: &TcContext) -> i32 {
+    if !meta_ok() {
+        return by_next_hop(ctx);
+    }
     // SAFETY: the context pointer is valid for the program's run; data_meta and data are
     // plain fields the verifier lets cls_bpf programs read.
     let (meta, data) = unsafe {
@@ -29,7 +49,72 @@ pub fn try_tc(ctx: &TcContext) -> i32 {
     if m.magic != META_MAGIC {
         return TC_ACT_OK;
     }
+    redirect(m.ifindex)
+}
+
+/// The hand-off without metadata (see the module doc).
+#[inline(always)]
+fn by_next_hop(ctx: &TcContext) -> i32 {
+    let skb = ctx.skb.skb;
+    // SAFETY: the context pointer is valid for the program's run; plain readable fields.
+    let (pkt_type, ingress) = unsafe { ((*skb).pkt_type, (*skb).ingress_ifindex) };
+    if pkt_type != PACKET_OTHERHOST {
+        return TC_ACT_OK;
+    }
+    let Ok(pkt) = parse(ctx) else {
+        return TC_ACT_OK;
+    };
+    let Ok(eth) = ptr_at::<[u8; 12], _>(ctx, 0) else {
+        return TC_ACT_OK;
+    };
+    // SAFETY: 12 bytes checked by ptr_at.
+    let eth = unsafe { *eth };
+    // A DSR flow's frame: its conntrack entry holds the next hop it was sent to.
+    if let Some(v) = CT.get_ptr(&pkt.key) {
+        // SAFETY: pointer from the map helper, valid for this program run.
+        let (dsr, ifindex, smac, dmac) =
+            unsafe { ((*v).mode == mode::DSR, (*v).nh_ifindex, (*v).nh_smac, (*v).nh_dmac) };
+        if dsr && macs_are(&eth, &smac, &dmac) {
+            return redirect(ifindex);
+        }
+    }
+    let mut nh = MaybeUninit::<NextHop>::uninit();
+    if !fib(skb as *mut c_void, ingress, pkt.key.family, &pkt.key.daddr, nh.as_mut_ptr()) {
+        return TC_ACT_OK;
+    }
+    let p = nh.as_ptr();
+    // SAFETY: fib wrote ifindex, smac and dmac, the only fields read here.
+    let (ifindex, smac, dmac) = unsafe {
+        (
+            *addr_of!((*p).ifindex),
+            *addr_of!((*p).smac),
+            *addr_of!((*p).dmac),
+        )
+    };
+    if !macs_are(&eth, &smac, &dmac) {
+        return TC_ACT_OK;
+    }
+    redirect(ifindex)
+}
+
+/// Whether the frame's Ethernet addresses (`eth`: destination, then source) are `dmac`, `smac`.
+/// Byte by byte: a slice comparison compiles to a `memcmp` call BPF does not have.
+#[inline(always)]
+fn macs_are(eth: &[u8; 12], smac: &[u8; 6], dmac: &[u8; 6]) -> bool {
+    let mut i = 0;
+    while i < 6 {
+        if eth[i] != dmac[i] || eth[6 + i] != smac[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+/// Redirects the socket buffer to `ifindex` (counted).
+#[inline(always)]
+fn redirect(ifindex: u32) -> i32 {
     count(ctr::TC_REDIRECT, 1);
     // SAFETY: helper call; the kernel validates the ifindex.
-    unsafe { bpf_redirect(m.ifindex, 0) as i32 }
+    unsafe { bpf_redirect(ifindex, 0) as i32 }
 }

@@ -7,17 +7,18 @@ use std::{
 };
 
 use aya::{
-    Ebpf,
+    Ebpf, EbpfLoader,
     maps::{Array, DevMapHash, HashMap, MapData, PerCpuArray},
     programs::{
-        SchedClassifier, TcAttachType, TestRun, TestRunOptions, Xdp, XdpMode,
+        ProgramType, SchedClassifier, TcAttachType, TestRun, TestRunOptions, Xdp, XdpMode,
         tc::SchedClassifierLinkId, xdp::XdpLinkId,
     },
+    sys::{BpfHelper, is_helper_supported},
 };
 use loxi_common::maps::{
     CT_ENTRIES, CtKey, CtValue, EndpointValue, MAP_ACTIVE, MAP_CONNTRACK, MAP_COUNTERS,
     MAP_EGRESS_XDP, MAP_ENDPOINTS, MAP_REPLY_VIP, MAP_SERVICES, MAP_WRR, MAX_EPS, PROG_NAME,
-    ServiceKey, ServiceValue, TC_PROG_NAME, WRR_SLOTS, ctr,
+    ServiceKey, ServiceValue, TC_PROG_NAME, WRR_SLOTS, ctr, egress::GLOBAL_META_OK,
 };
 
 use super::{
@@ -47,6 +48,8 @@ impl AttachMode {
 /// A loaded data path. Dropping it detaches every attachment (links are fd-based).
 pub struct Datapath {
     ebpf: Ebpf,
+    /// Whether the hand-off to TC carries XDP metadata ([`xdp_metadata_allowed`]).
+    meta_ok: bool,
     links: Vec<(String, XdpLinkId, AttachMode)>,
     tc_links: Vec<(String, SchedClassifierLinkId)>,
     /// Ifindexes currently in `LOXI_EGRESS_XDP`.
@@ -62,6 +65,19 @@ pub struct Datapath {
     walk_bound: usize,
 }
 
+/// Whether this kernel lets XDP programs call `bpf_xdp_adjust_meta` (aya's probe, libbpf's
+/// method: a two-instruction program calling it). Linux 6.18 as this project's VMs run it
+/// does not ("program of this type cannot use helper"); a failed probe counts as no.
+fn xdp_metadata_allowed() -> bool {
+    match is_helper_supported(ProgramType::Xdp, BpfHelper::BPF_FUNC_xdp_adjust_meta) {
+        Ok(ok) => ok,
+        Err(e) => {
+            tracing::warn!(error = %e, "probing bpf_xdp_adjust_meta failed; handing off without metadata");
+            false
+        }
+    }
+}
+
 /// Most entries a loader walk of the conntrack map reads: twice the map's capacity (deletes
 /// under a busy map restart the kernel's walk). A walk that reaches it is cut off and proves
 /// no absence.
@@ -74,7 +90,18 @@ impl Datapath {
         if bytes.is_empty() {
             return Err(L4Error::NoObject);
         }
-        let mut ebpf = Ebpf::load(bytes).map_err(|e| L4Error::Load(Box::new(e)))?;
+        let meta_ok = xdp_metadata_allowed();
+        if !meta_ok {
+            tracing::warn!(
+                "this kernel refuses bpf_xdp_adjust_meta to XDP programs: frames for egresses \
+                 without XDP receive are handed to the TC program without metadata and \
+                 recognised by their next-hop MACs (a FIB lookup per such frame in TC)"
+            );
+        }
+        let mut ebpf = EbpfLoader::new()
+            .override_global(GLOBAL_META_OK, &u8::from(meta_ok), true)
+            .load(bytes)
+            .map_err(|e| L4Error::Load(Box::new(e)))?;
         let prog = xdp(&mut ebpf)?;
         prog.load().map_err(|e| L4Error::program("load", e))?;
         let prog_id = prog
@@ -86,6 +113,7 @@ impl Datapath {
             .map_err(|e| L4Error::program("load TC", e))?;
         Ok(Self {
             ebpf,
+            meta_ok,
             links: Vec::new(),
             tc_links: Vec::new(),
             xdp_egress: BTreeSet::new(),
@@ -125,6 +153,13 @@ impl Datapath {
             .map_err(|e| L4Error::program(format!("attach TC ingress to {iface}"), e))?;
         self.tc_links.push((iface.to_string(), tc_id));
         Ok(mode)
+    }
+
+    /// Whether frames for egresses without XDP receive reach the TC program with loxi's
+    /// metadata in front (`loxi_common::maps::egress::Meta`), or without it, known by their
+    /// MACs (a kernel that refuses `bpf_xdp_adjust_meta` to XDP programs).
+    pub fn hands_off_with_metadata(&self) -> bool {
+        self.meta_ok
     }
 
     /// The kernel's id of the loaded XDP program: what a link's `IFLA_XDP_*PROG_ID` attributes
