@@ -204,10 +204,15 @@ impl RuleStore {
             stored_by_id.insert(stored.id, loaded.stored.clone());
             let mut rule = stored.rule;
             // Fields an older loxi stored that nothing reads: reset, and the API refuses them.
-            let resets: [(ResetInert, &str); 5] = [
+            let resets: [(ResetInert, &str); 6] = [
                 (
                     |r| super::validate::reset_inert_kv_knobs(&mut r.service),
                     "tier-1.5 knobs without kvExactMode (never read) reset to their defaults",
+                ),
+                (
+                    |r| super::validate::reset_incoherent_hash(&mut r.service),
+                    "a kvHashAlgo its kvEngineType never publishes (no block could match) set \
+                     to the engine's own",
                 ),
                 (
                     |r| super::validate::reset_inert_probe_fields(&mut r.service),
@@ -805,6 +810,16 @@ mod tests {
             .map(|(id, s)| (id, s.kv_engine_type, s.kv_hash_algo))
             .collect();
         assert_eq!(kept, vec![(8, "vllm".to_owned(), "sha256_cbor".to_owned())]);
+        // An SGLang pool stored with vLLM's hash: kept, with SGLang's own.
+        let mut r = serde_json::to_value(rule(80, 0, "")).expect("v");
+        r["serviceArguments"]["kvEngineType"] = json!("sglang");
+        r["serviceArguments"]["kvExactMode"] = json!(3);
+        r["serviceArguments"]["kvHashAlgo"] = json!("xxhash_cbor");
+        let kept: Vec<(u32, String)> = restored(json!([{"id": 9, "rule": r}]))
+            .into_iter()
+            .map(|(id, s)| (id, s.kv_hash_algo))
+            .collect();
+        assert_eq!(kept, vec![(9, "sha256_sglang".to_owned())]);
     }
 
     #[test]

@@ -549,6 +549,7 @@ fn check_fullproxy_only(s: &mut ServiceArgs) -> Result<(), RuleError> {
                 "llamacpp has no KV event plane; use 0",
             ));
         }
+        engine_hash_coherent(s)?;
         if s.kv_exact_mode == 3 && s.pd_disagg_mode {
             return Err(invalid(
                 "serviceArguments.kvExactMode",
@@ -616,6 +617,35 @@ fn check_fullproxy_only(s: &mut ServiceArgs) -> Result<(), RuleError> {
     need("sse_mode", s.sse_mode)?;
     need("backend_protocol", s.backend_protocol != "http1")?;
     need_defaults_outside_fullproxy(s, need)
+}
+
+/// Tier 1.5 compares the block hashes loxi computes with the ones the engines publish, so with
+/// `kvExactMode` 1 or 3 an explicit `kvHashAlgo` must be one the rule's `kvEngineType` publishes
+/// (vLLM: `sha256_cbor`, `xxhash_cbor`; SGLang: `sha256_sglang`): any other pair would be
+/// stored and never match a block (LoxiLB's spec: "engine-compatible value"). TensorRT-LLM and
+/// llama.cpp are refused with tier 1.5 elsewhere. Errors: `serviceArguments.kvHashAlgo`.
+fn engine_hash_coherent(s: &ServiceArgs) -> Result<(), RuleError> {
+    let published: &[&str] = match s.kv_engine_type.as_str() {
+        "vllm" => &["sha256_cbor", "xxhash_cbor"],
+        "sglang" => &["sha256_sglang"],
+        _ => return Ok(()),
+    };
+    if s.kv_exact_mode == 0
+        || s.kv_hash_algo.is_empty()
+        || published.contains(&s.kv_hash_algo.as_str())
+    {
+        return Ok(());
+    }
+    Err(invalid(
+        "serviceArguments.kvHashAlgo",
+        format!(
+            "{:?} is not a hash kvEngineType {} publishes ({}), so no block would ever match; \
+             leave kvHashAlgo out (the engine's own is used) or set one of those",
+            s.kv_hash_algo,
+            s.kv_engine_type,
+            published.join(", ")
+        ),
+    ))
 }
 
 /// The rule-level tier-1.5 knobs are read only when `kvExactMode` is 1 or 3; set away from
@@ -833,6 +863,20 @@ fn inert_kv_knobs(s: &ServiceArgs) -> Vec<InertKnob> {
 /// validation. Returns the JSON names of the knobs reset (the caller logs them).
 pub fn reset_inert_kv_knobs(s: &mut ServiceArgs) -> Vec<&'static str> {
     reset_knobs(s, inert_kv_knobs)
+}
+
+/// For a rule restored from the state file (stored before [`engine_hash_coherent`] refused
+/// it): a tier-1.5 `kvHashAlgo` its `kvEngineType` does not publish, under which no block ever
+/// matched, is set to the engine's own, so the rule is kept instead of dropped. Returns
+/// `["kvHashAlgo"]` when it was reset (the caller logs it), else nothing.
+pub fn reset_incoherent_hash(s: &mut ServiceArgs) -> Vec<&'static str> {
+    if engine_hash_coherent(s).is_ok() {
+        return Vec::new();
+    }
+    s.kv_hash_algo = Engine::of_name(&s.kv_engine_type)
+        .map_or("sha256_cbor", Engine::default_hash_algo)
+        .into();
+    vec!["kvHashAlgo"]
 }
 
 /// `pdBootstrapPort` means something only to SGLang's P/D handoff: a non-zero port elsewhere
@@ -1943,6 +1987,42 @@ mod tests {
         let mut span = rule(json!({"kvExactMode": 3, "kvDpRankCount": 4}));
         span.endpoints[0].kv_replay_port = 65534;
         assert_eq!(field_of(span), "endpoints[0].kvReplayPort");
+    }
+
+    #[test]
+    fn an_explicit_hash_the_engine_does_not_publish_is_refused_with_tier_1_5() {
+        for (engine, algo, ok) in [
+            ("sglang", "sha256_cbor", false),
+            ("sglang", "xxhash_cbor", false),
+            ("vllm", "sha256_sglang", false),
+            ("sglang", "sha256_sglang", true),
+            ("vllm", "xxhash_cbor", true),
+            ("vllm", "sha256_cbor", true),
+        ] {
+            let got = validate(rule(
+                json!({"kvEngineType": engine, "kvHashAlgo": algo, "kvExactMode": 3}),
+            ));
+            match (ok, got) {
+                (true, Ok(r)) => assert_eq!(r.service.kv_hash_algo, algo),
+                (false, Err(RuleError::Invalid { field, message })) => {
+                    assert_eq!(field, "serviceArguments.kvHashAlgo", "{engine}/{algo}");
+                    assert!(
+                        message.contains(&format!(
+                            "{algo:?} is not a hash kvEngineType {engine} publishes"
+                        )) && message.contains("leave kvHashAlgo out"),
+                        "{message}"
+                    );
+                }
+                (_, other) => panic!("{engine}/{algo}: {other:?}"),
+            }
+        }
+        // The P/D ladder's tier 1.5 (kvExactMode 1) reads the same events.
+        match pd(json!({"kvEngineType": "sglang", "kvHashAlgo": "sha256_cbor", "kvExactMode": 1})) {
+            Err(RuleError::Invalid { field, .. }) => {
+                assert_eq!(field, "serviceArguments.kvHashAlgo")
+            }
+            other => panic!("P/D sglang with sha256_cbor: {other:?}"),
+        }
     }
 
     #[test]
