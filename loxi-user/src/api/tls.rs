@@ -28,7 +28,7 @@ pub const MAX_HANDSHAKES: usize = 256;
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
     /// A PEM file could not be read or holds nothing usable.
-    #[error("{what} {path}: {source}")]
+    #[error("{what} {path}: {}", crate::certs::parse::pem_reason(source))]
     Pem {
         /// `certificate` or `private key`.
         what: &'static str,

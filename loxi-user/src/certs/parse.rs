@@ -267,11 +267,13 @@ fn certs(field: &'static str, text: &str) -> Result<Vec<CertificateDer<'static>>
         })
 }
 
-/// A PEM parse error as text: the marker or line it names quoted as text (rustls-pki-types
-/// prints them as byte arrays).
-fn pem_reason(e: &rustls::pki_types::pem::Error) -> String {
+/// A PEM parse error as text: the marker or line it names quoted as text, and a base64 error
+/// named in words (rustls-pki-types 1.x prints them as byte arrays and Rust debug forms such as
+/// `InvalidCharacter(33)`).
+pub fn pem_reason(e: &rustls::pki_types::pem::Error) -> String {
     use rustls::pki_types::pem::Error;
     match e {
+        Error::Base64Decode(debug) => base64_reason(debug),
         Error::MissingSectionEnd { end_marker } => format!(
             "missing section end marker {:?}",
             String::from_utf8_lossy(end_marker)
@@ -281,6 +283,26 @@ fn pem_reason(e: &rustls::pki_types::pem::Error) -> String {
         }
         e => e.to_string(),
     }
+}
+
+/// rustls-pki-types' base64 error (its `Debug` form) in words.
+fn base64_reason(debug: &str) -> String {
+    let what = match debug {
+        "PrematurePadding" => "a padding '=' before the last block".to_owned(),
+        "InvalidTrailingPadding" => "invalid padding at the end".to_owned(),
+        d => match d
+            .strip_prefix("InvalidCharacter(")
+            .and_then(|n| n.strip_suffix(')'))
+            .and_then(|n| n.parse::<u8>().ok())
+        {
+            Some(b) if b.is_ascii_graphic() || b == b' ' => {
+                format!("character {:?} (byte {b}) is not base64", char::from(b))
+            }
+            Some(b) => format!("byte {b} is not base64"),
+            None => d.to_owned(),
+        },
+    };
+    format!("the base64 body does not decode: {what}")
 }
 
 /// The one private key of `text`; several are refused (the first would be used and the
@@ -474,6 +496,28 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "keyPem: malformed PEM: missing section end marker \"PRIVATE KEY\""
+        );
+    }
+
+    /// A body with a character outside base64 names it, not rustls-pki-types' debug form.
+    #[test]
+    fn a_pem_body_that_is_not_base64_names_the_character() {
+        let mut p = pem_for(&["a.example"], in_days(30));
+        let body = p.key_pem.find('\n').expect("a line after the BEGIN marker") + 1;
+        p.key_pem.replace_range(body..body + 1, "!");
+        let e = parse("a", p, now()).expect_err("bad base64");
+        assert_eq!(
+            e.to_string(),
+            "keyPem: malformed PEM: the base64 body does not decode: character '!' (byte 33) is \
+             not base64"
+        );
+        assert_eq!(
+            base64_reason("PrematurePadding"),
+            "the base64 body does not decode: a padding '=' before the last block"
+        );
+        assert_eq!(
+            base64_reason("InvalidCharacter(10)"),
+            "the base64 body does not decode: byte 10 is not base64"
         );
     }
 

@@ -168,8 +168,9 @@ pub fn tls_config(cacert: Option<&Path>) -> Result<Arc<rustls::ClientConfig>, Cl
     let path = cacert.unwrap_or(Path::new(SYSTEM_CA_BUNDLE));
     let setup = |e: String| ClientError::TlsSetup(format!("CA file {}: {e}", path.display()));
     let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_file_iter(path).map_err(|e| setup(e.to_string()))? {
-        let cert = cert.map_err(|e| setup(e.to_string()))?;
+    let pem = |e| setup(crate::certs::parse::pem_reason(&e));
+    for cert in CertificateDer::pem_file_iter(path).map_err(pem)? {
+        let cert = cert.map_err(pem)?;
         roots.add(cert).map_err(|e| setup(e.to_string()))?;
     }
     if roots.is_empty() {
