@@ -76,7 +76,7 @@ pub(super) struct Pair<'a> {
     pub dec: Choice,
     /// The request's pin key, if any.
     pub key: Option<&'a str>,
-    /// Decode legs tried so far (the trace's attempt number).
+    /// Decode legs tried so far, every dialect (the trace's attempt number).
     pub dec_attempts: usize,
 }
 

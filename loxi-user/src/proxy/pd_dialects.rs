@@ -47,9 +47,10 @@ impl super::handler::Handler {
     ) -> Result<SglangEnd, ProxyError> {
         let (pool, service) = (legs.pool, legs.pool.rule.id);
         let m = &self.ctx.metrics.pd;
-        let mut attempts = 0;
         loop {
-            attempts += 1;
+            // One decode leg a round, counted where the sequential dialects count theirs.
+            pair.dec_attempts += 1;
+            let attempts = pair.dec_attempts;
             let (pre, dec) = (pair.pre.ep, pair.dec.ep);
             if attempts > 1 {
                 // A connect failure moved a leg: the pair's request id names the new pair.

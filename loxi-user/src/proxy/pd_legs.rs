@@ -57,20 +57,16 @@ pub(super) struct Legs<'a> {
 
 impl Legs<'_> {
     /// LoxiLB's request id for the pair (prefill `pre`, decode `dec`): each endpoint's IP and
-    /// KV side-channel port (`nixl_port`, 0 = `targetPort`), and a fresh UUID.
+    /// KV side-channel port ([`crate::rules::spec::PdSpec::nixl_ports`]), and a fresh UUID. Errors:
+    /// `Internal` for a rule without a P/D spec (legs are built only for P/D rules).
     pub fn request_id(pool: &Pool, pre: usize, dec: usize) -> Result<HeaderValue, ProxyError> {
         let endpoints = &pool.rule.rule.endpoints;
-        let nixl = |ep: usize| {
-            pool.rule
-                .spec
-                .pd
-                .as_ref()
-                .and_then(|pd| pd.nixl_ports.get(ep).copied())
-                .unwrap_or(endpoints[ep].target_port)
-        };
+        let pd = pool.rule.spec.pd.as_ref().ok_or_else(|| {
+            ProxyError::Internal("a P/D request id for a rule without pd_disagg_mode".into())
+        })?;
         let rid = handoff::request_id(
-            &authority(&endpoints[pre].endpoint_ip, nixl(pre)),
-            &authority(&endpoints[dec].endpoint_ip, nixl(dec)),
+            &authority(&endpoints[pre].endpoint_ip, pd.nixl_ports[pre]),
+            &authority(&endpoints[dec].endpoint_ip, pd.nixl_ports[dec]),
         );
         HeaderValue::from_str(&rid).map_err(|e| ProxyError::Internal(e.to_string()))
     }
