@@ -261,3 +261,78 @@ async fn a_host_with_a_trailing_dot_routes_to_the_rule_of_that_host() {
     assert!(answer.starts_with("HTTP/1.1 404"), "{answer}");
     assert!(answer.contains("no_route"), "{answer}");
 }
+
+/// A cleartext HTTP/2 (h2c, prior knowledge) backend on loopback: answers `{"version": ..}`
+/// and records each request's HTTP version.
+async fn h2c_backend() -> (u16, std::sync::Arc<parking_lot::Mutex<Vec<String>>>) {
+    let tcp = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = tcp.local_addr().expect("addr").port();
+    let seen = std::sync::Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let seen2 = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = tcp.accept().await {
+            let seen = seen2.clone();
+            let svc =
+                hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                    let version = format!("{:?}", req.version());
+                    seen.lock().push(version.clone());
+                    async move {
+                        Ok::<_, std::convert::Infallible>(http::Response::new(
+                            http_body_util::Full::new(bytes::Bytes::from(
+                                json!({"version": version}).to_string(),
+                            )),
+                        ))
+                    }
+                });
+            tokio::spawn(
+                hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), svc),
+            );
+        }
+    });
+    (port, seen)
+}
+
+/// `backend_protocol: http2` without TLS speaks HTTP/2 with prior knowledge to the backend; an
+/// HTTP/1.1-only backend behind it answers 502 with a message that names the setting (it was
+/// a bare `client error (SendRequest)`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backend_protocol_http2_is_h2c_and_an_http1_backend_is_named() {
+    let d = Daemon::start_default().await;
+    let (h2port, h2seen) = h2c_backend().await;
+    let h1 = Backend::start("h1").await;
+    h1.set_recording(true);
+    let rule = |port: u16, backend: u16| {
+        json!({
+            "serviceArguments": {"externalIP": "127.0.0.1", "port": port, "protocol": "tcp",
+                "mode": 4, "backend_protocol": "http2"},
+            "endpoints": [{"endpointIP": "127.0.0.1", "targetPort": backend}]
+        })
+    };
+    let post = |port: u16| {
+        format!(
+            "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: \
+             application/json\r\nContent-Length: 14\r\nConnection: close\r\n\r\n{{\"prompt\":\"p\"}}"
+        )
+    };
+    let port = free_port();
+    let (status, body) = d.post_rule(&rule(port, h2port)).await;
+    assert_eq!(status, 200, "{body}");
+    let answer = raw(port, &post(port)).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains(r#"{"version":"HTTP/2.0"}"#), "{answer}");
+    assert_eq!(*h2seen.lock(), vec!["HTTP/2.0".to_owned()]);
+
+    let port = free_port();
+    let (status, body) = d.post_rule(&rule(port, h1.port())).await;
+    assert_eq!(status, 200, "{body}");
+    let answer = raw(port, &post(port)).await;
+    assert!(answer.starts_with("HTTP/1.1 502"), "{answer}");
+    assert!(
+        answer.contains("backend_protocol http2") && answer.contains("use http1"),
+        "{answer}"
+    );
+    assert!(h1.requests().is_empty(), "no HTTP/1.1 request reached it");
+}

@@ -16,6 +16,17 @@ pub type UpstreamError = Box<dyn std::error::Error + Send + Sync>;
 #[error("answered 101 Switching Protocols to a request that asked for no protocol upgrade")]
 pub struct UnsolicitedUpgrade;
 
+/// A request over cleartext HTTP/2 with prior knowledge (`backend_protocol: http2`) that failed
+/// before its answer: the text says what an HTTP/1.1-only backend behind that setting looks
+/// like, since hyper-util's own error names neither (`client error (SendRequest)`, then the
+/// h2 frame error the backend's HTTP/1.1 answer read as). The cause is its source.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "HTTP/2 with prior knowledge failed (backend_protocol http2; a backend that speaks only \
+     HTTP/1.1 fails this way: use http1 for it)"
+)]
+pub struct H2cFailed(#[source] pub hyper_util::client::legacy::Error);
+
 /// The outcome of one upstream attempt; `B` is the response body type.
 #[derive(Debug)]
 pub enum Attempt<B = Incoming> {

@@ -146,7 +146,9 @@ pub enum ProxyError {
         last: String,
     },
     /// The backend failed after the request was sent (502); not retried (it may have run).
-    #[error("backend {ep_idx} failed: {source}")]
+    /// The text is the whole error chain (hyper-util's own says only `client error
+    /// (SendRequest)`; the reason is below it).
+    #[error("backend {ep_idx} failed: {}", super::attempt::error_chain(&**source))]
     Upstream {
         /// The endpoint that failed.
         ep_idx: usize,

@@ -16,7 +16,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
-pub use super::attempt::{Attempt, LocalShortage, UpstreamError, error_chain};
+pub use super::attempt::{Attempt, H2cFailed, LocalShortage, UpstreamError, error_chain};
 use super::upstream_h1::{DrivenBody, H1Pool};
 
 /// A response body from either client: hyper-util's pooled one or a driven HTTP/1.1
@@ -125,6 +125,7 @@ impl Upstreams {
                 Some(s) => Attempt::NoLocalResources(s),
                 None => Attempt::ConnectFailed(error_chain(&e)),
             },
+            Err(e) if matches!(via, Via::H2) => Attempt::Failed(Box::new(H2cFailed(e))),
             Err(e) => Attempt::Failed(Box::new(e)),
         }
     }

@@ -109,10 +109,11 @@ impl BackendTls {
                     .into(),
             ));
         }
+        let pem = |e| ca(crate::certs::parse::pem_reason(&e));
         let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
-            .map_err(|e| ca(e.to_string()))?
+            .map_err(pem)?
             .collect::<Result<_, _>>()
-            .map_err(|e| ca(e.to_string()))?;
+            .map_err(pem)?;
         let (added, _) = roots.add_parsable_certificates(certs);
         if added == 0 {
             return Err(ca("no usable CA certificate".into()));
