@@ -1,8 +1,9 @@
 //! Sending a rewritten packet on: FIB lookup for the next hop (or a flow's cached copy of it),
 //! MAC rewrite, then `XDP_TX` (same interface) or `bpf_redirect_map` through [`EGRESS_XDP`] when
-//! the egress takes XDP frames, else the TC hand-off (`loxi_common::maps::egress`: metadata naming the egress, `XDP_PASS`, and the TC
-//! program redirects the socket buffer). Without a FIB/neighbour entry the packet goes to the
-//! kernel, which forwards it (and resolves the neighbour for the next packets).
+//! the egress takes XDP frames, else the TC hand-off (`loxi_common::maps::egress`: `XDP_PASS`
+//! with metadata naming the egress where the kernel allows it ([`meta_ok`]), and the TC program
+//! redirects the socket buffer). Without a FIB/neighbour entry the packet goes to the kernel,
+//! which forwards it (and resolves the neighbour for the next packets).
 use core::{
     ffi::c_void,
     mem::MaybeUninit,
