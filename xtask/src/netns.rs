@@ -7,7 +7,9 @@
 //!   rewritten packet to its TC program (its counters show no XDP redirect).
 //!
 //! In both, 12 real TCP connections and 12 UDP datagrams to the VIP must reach both backends
-//! and come back from the VIP in modes 0, 1, 2, 3 and 5; in the `xdp` topology a removed
+//! and come back from the VIP in modes 2, 0, 1, 5 and 3 (full NAT first, before any traffic
+//! taught the LB the backends' MACs: the loader's managed neighbour entries must); in the `xdp`
+//! topology a removed
 //! endpoint must get no new flows while its open connection keeps working; on exit the loader
 //! must leave no program attached and no VIP behind. In the `xdp` topology the real daemon
 //! (`loxilb --xdp-iface …`) then lists a live flow over `GET /config/conntrack/all` and
@@ -717,7 +719,26 @@ fn run_topology(peers: Peers) -> anyhow::Result<()> {
         "attach mode not logged for l0 l1 l2:\n{log}"
     );
     println!("netns-test: {peers:?} peers: data path attached to l0 l1 l2 in native mode");
-    for mode in [0u8, 2, 1, 5, 3] {
+    // Full NAT first, before any traffic crossed the LB: the kernel cannot forward its frames
+    // (their source is the LB's own address), so nothing would teach the LB the backends'
+    // MACs but the managed neighbour entries the loader adds for its endpoints (`l4/neigh.rs`).
+    t.write_rules(&[rule("tcp", 2, &[1, 2]), rule("udp", 2, &[1, 2])])?;
+    let l = t.l.clone();
+    wait(
+        "managed, resolved neighbour entries for both backends",
+        || {
+            let n = cmd(&format!("ip -n {l} neigh show"))?;
+            Ok((1..=2).all(|i| {
+                n.lines().any(|x| {
+                    x.starts_with(&format!("10.100.{i}.2 "))
+                        && x.contains("managed")
+                        && x.contains("lladdr")
+                })
+            }))
+        },
+    )?;
+    println!("netns-test: {peers:?} peers: managed neighbour entries for both backends");
+    for mode in [2u8, 0, 1, 5, 3] {
         check_mode(&mut t, peers, mode)?;
     }
     if peers == Peers::Xdp {

@@ -33,6 +33,7 @@ mod datapath;
 pub mod egress;
 mod error;
 pub(crate) mod metrics;
+mod neigh;
 mod object;
 pub(crate) mod plan;
 mod reply;

@@ -72,6 +72,15 @@ pub async fn run(
                         tracing::warn!(error = %e, "updating the reply-VIP map");
                     }
                     if let Some(h) = links.as_ref() {
+                        match super::neigh::keep_resolved(h, &super::neigh::endpoint_addrs(&current)).await {
+                            Ok(added) => {
+                                for (ifindex, ep) in added {
+                                    tracing::info!(endpoint = %ep, ifindex,
+                                        "managed neighbour entry added for an L4 endpoint (the kernel resolves it and keeps it resolved)");
+                                }
+                            }
+                            Err(e) => tracing::warn!(error = %e, "listing addresses and neighbours for the L4 endpoints"),
+                        }
                         // One link dump a tick, for both checks.
                         match super::egress::links(h).await {
                             Ok(all) => {

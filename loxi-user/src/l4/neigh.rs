@@ -1,0 +1,209 @@
+//! Neighbour entries for the L4 endpoints. The XDP program forwards with `bpf_fib_lookup`, which
+//! needs the endpoint's (or next hop's) MAC in the kernel's neighbour table; without one it
+//! passes the frame to the kernel (`fib_pass`). For DNAT the kernel then forwards it and learns
+//! the neighbour, but a full-NAT or one-arm frame carries one of this host's own addresses as
+//! its source (the kernel drops it as a martian) and a DSR frame is still addressed to the VIP
+//! (the kernel delivers it locally): no neighbour is ever learned, and every connection to such
+//! an endpoint times out until something else on the host talks to it.
+//!
+//! So, at every stats tick ([`super::run`]), each endpoint on a connected subnet of this
+//! namespace that has no usable entry gets a *managed* one (`NTF_EXT_MANAGED`, Linux 5.16+, as
+//! `ip neigh add ADDR dev DEV managed`): the kernel resolves it at once and keeps it resolved.
+//! Endpoints behind a gateway are reached through the gateway's entry, which the host's own
+//! traffic keeps. Entries loxi added stay after it stops (the kernel's, like any other).
+
+use std::{
+    collections::BTreeSet,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+};
+
+use futures::TryStreamExt as _;
+use rtnetlink::Handle;
+use rtnetlink::packet_route::{
+    address::AddressAttribute,
+    neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourState},
+};
+use rtnetlink::packet_utils::nla::DefaultNla;
+
+use super::Plan;
+
+/// `NDA_FLAGS_EXT`, the attribute of a neighbour's extended flags.
+const NDA_FLAGS_EXT: u16 = 15;
+/// `NTF_EXT_MANAGED`: the kernel keeps the entry resolved.
+const NTF_EXT_MANAGED: u32 = 1;
+
+/// The endpoint addresses of `plan`'s services.
+pub fn endpoint_addrs(plan: &Plan) -> BTreeSet<IpAddr> {
+    plan.services
+        .values()
+        .flat_map(|s| {
+            let v4 = s.key.family == loxi_common::maps::family::V4;
+            s.endpoints.iter().map(move |e| ip_of(&e.addr, v4))
+        })
+        .collect()
+}
+
+fn ip_of(b: &[u8; 16], v4: bool) -> IpAddr {
+    if v4 {
+        IpAddr::V4(Ipv4Addr::new(b[0], b[1], b[2], b[3]))
+    } else {
+        IpAddr::V6(Ipv6Addr::from(*b))
+    }
+}
+
+/// Adds a managed neighbour entry for every address of `endpoints` that lies on a connected
+/// subnet of this namespace (an interface address's prefix) and has no usable entry there
+/// (none, or one that is incomplete or failed and not managed). Returns the `(ifindex,
+/// address)` pairs it added. Errors: the address or neighbour dump failing (nothing added);
+/// one add failing is logged and the others go on.
+pub async fn keep_resolved(
+    handle: &Handle,
+    endpoints: &BTreeSet<IpAddr>,
+) -> Result<Vec<(u32, IpAddr)>, rtnetlink::Error> {
+    if endpoints.is_empty() {
+        return Ok(Vec::new());
+    }
+    let prefixes: Vec<(u32, IpAddr, u8)> = handle
+        .address()
+        .get()
+        .execute()
+        .try_collect::<Vec<_>>()
+        .await?
+        .into_iter()
+        .filter_map(|m| {
+            let addr = m.attributes.iter().find_map(|a| match a {
+                AddressAttribute::Address(ip) => Some(*ip),
+                _ => None,
+            })?;
+            Some((m.header.index, addr, m.header.prefix_len))
+        })
+        .collect();
+    let usable: BTreeSet<(u32, IpAddr)> = handle
+        .neighbours()
+        .get()
+        .execute()
+        .try_collect::<Vec<_>>()
+        .await?
+        .into_iter()
+        .filter_map(|m| {
+            let dst = m.attributes.iter().find_map(|a| match a {
+                NeighbourAttribute::Destination(NeighbourAddress::Inet(v4)) => {
+                    Some(IpAddr::V4(*v4))
+                }
+                NeighbourAttribute::Destination(NeighbourAddress::Inet6(v6)) => {
+                    Some(IpAddr::V6(*v6))
+                }
+                _ => None,
+            })?;
+            let managed = m.attributes.iter().any(|a| match a {
+                NeighbourAttribute::Other(nla) => is_managed(nla),
+                _ => false,
+            });
+            let resolving_or_failed = matches!(
+                m.header.state,
+                NeighbourState::Incomplete | NeighbourState::Failed | NeighbourState::None
+            );
+            (managed || !resolving_or_failed).then_some((m.header.ifindex, dst))
+        })
+        .collect();
+    let mut added = Vec::new();
+    for &ep in endpoints {
+        let Some(ifindex) = connected_on(&prefixes, ep) else {
+            continue;
+        };
+        if usable.contains(&(ifindex, ep)) {
+            continue;
+        }
+        let mut req = handle
+            .neighbours()
+            .add(ifindex, ep)
+            .state(NeighbourState::None)
+            .replace();
+        req.message_mut()
+            .attributes
+            .push(NeighbourAttribute::Other(DefaultNla::new(
+                NDA_FLAGS_EXT,
+                NTF_EXT_MANAGED.to_ne_bytes().to_vec(),
+            )));
+        match req.execute().await {
+            Ok(()) => added.push((ifindex, ep)),
+            Err(e) => tracing::warn!(endpoint = %ep, ifindex, error = %e,
+                "adding a managed neighbour entry for an L4 endpoint failed; flows to it that the kernel cannot forward wait for the host to learn its address"),
+        }
+    }
+    Ok(added)
+}
+
+/// Whether `nla` is `NDA_FLAGS_EXT` with `NTF_EXT_MANAGED` set.
+fn is_managed(nla: &DefaultNla) -> bool {
+    use rtnetlink::packet_utils::nla::Nla as _;
+    if nla.kind() != NDA_FLAGS_EXT || nla.value_len() != 4 {
+        return false;
+    }
+    let mut v = [0u8; 4];
+    nla.emit_value(&mut v);
+    u32::from_ne_bytes(v) & NTF_EXT_MANAGED != 0
+}
+
+/// The interface whose address prefix holds `ip` (the longest such prefix), if any; a host
+/// address of this namespace (the prefix is the address itself) is not a neighbour.
+fn connected_on(prefixes: &[(u32, IpAddr, u8)], ip: IpAddr) -> Option<u32> {
+    prefixes
+        .iter()
+        .filter(|(_, a, len)| *a != ip && same_prefix(*a, ip, *len))
+        .max_by_key(|(_, _, len)| *len)
+        .map(|(i, _, _)| *i)
+}
+
+/// Whether `a` and `b` share their first `len` bits (false across families).
+fn same_prefix(a: IpAddr, b: IpAddr, len: u8) -> bool {
+    let (a, b, bits): (u128, u128, u32) = match (a, b) {
+        (IpAddr::V4(a), IpAddr::V4(b)) => (u32::from(a).into(), u32::from(b).into(), 32),
+        (IpAddr::V6(a), IpAddr::V6(b)) => (u128::from(a), u128::from(b), 128),
+        _ => return false,
+    };
+    let len = u32::from(len).min(bits);
+    if len == 0 {
+        return true;
+    }
+    let shift = bits - len;
+    (a >> shift) == (b >> shift)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_longest_connected_prefix_names_the_interface_and_own_addresses_are_not_neighbours() {
+        let p: Vec<(u32, IpAddr, u8)> = vec![
+            (2, "10.0.0.1".parse().expect("ip"), 8),
+            (3, "10.1.2.1".parse().expect("ip"), 24),
+            (4, "fd00::1".parse().expect("ip"), 64),
+            (1, "127.0.0.1".parse().expect("ip"), 8),
+        ];
+        let on = |s: &str| connected_on(&p, s.parse().expect("ip"));
+        assert_eq!(on("10.1.2.7"), Some(3));
+        assert_eq!(on("10.9.9.9"), Some(2));
+        assert_eq!(on("fd00::42"), Some(4));
+        assert_eq!(on("192.0.2.1"), None, "behind a gateway");
+        assert_eq!(on("10.1.2.1"), None, "this host's own address");
+        assert_eq!(on("fd01::1"), None);
+    }
+
+    #[test]
+    fn managed_is_read_from_the_extended_flags() {
+        assert!(is_managed(&DefaultNla::new(
+            NDA_FLAGS_EXT,
+            1u32.to_ne_bytes().to_vec()
+        )));
+        assert!(!is_managed(&DefaultNla::new(
+            NDA_FLAGS_EXT,
+            0u32.to_ne_bytes().to_vec()
+        )));
+        assert!(!is_managed(&DefaultNla::new(
+            14,
+            1u32.to_ne_bytes().to_vec()
+        )));
+    }
+}
