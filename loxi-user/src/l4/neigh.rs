@@ -145,12 +145,15 @@ fn is_managed(nla: &DefaultNla) -> bool {
     u32::from_ne_bytes(v) & NTF_EXT_MANAGED != 0
 }
 
-/// The interface whose address prefix holds `ip` (the longest such prefix), if any; a host
-/// address of this namespace (the prefix is the address itself) is not a neighbour.
+/// The interface whose address prefix holds `ip` (the longest such prefix), if any; an
+/// address of this namespace's own is not a neighbour.
 fn connected_on(prefixes: &[(u32, IpAddr, u8)], ip: IpAddr) -> Option<u32> {
+    if prefixes.iter().any(|(_, a, _)| *a == ip) {
+        return None;
+    }
     prefixes
         .iter()
-        .filter(|(_, a, len)| *a != ip && same_prefix(*a, ip, *len))
+        .filter(|(_, a, len)| same_prefix(*a, ip, *len))
         .max_by_key(|(_, _, len)| *len)
         .map(|(i, _, _)| *i)
 }
