@@ -317,7 +317,8 @@ pub struct CreateLb {
     #[arg(long, visible_alias = "chwbl-cache-salt", num_args = 0..=1, default_missing_value = "true")]
     pub chwbl_enable_cache_salt: Option<bool>,
     /// Endpoint roles in endpoint order: normal|prefill|decode (or 0|1|2). Prefill/decode
-    /// roles imply `--pd-disagg-mode` unless it is given as false.
+    /// roles imply `--pd-disagg-mode` unless it is given as false; `--kv-exact-mode=1` still
+    /// needs `--pd-disagg` given (as LoxiLB's loxicmd).
     #[arg(long)]
     pub ep_role: Option<String>,
     /// NIXL side-channel ports in endpoint order.

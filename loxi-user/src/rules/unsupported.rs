@@ -92,11 +92,13 @@ pub fn check(rule: &LbRule) -> Result<(), RuleError> {
         });
     }
     if s.backend_protocol == "both" && s.security != 2 {
-        return Err(not_implemented(
-            &svc("backend_protocol"),
-            "\"both\" (ALPN negotiation with the backend) needs backend TLS (security 2); use \
-             http1 or http2",
-        ));
+        // Not a missing feature: without TLS there is no ALPN to negotiate with.
+        return Err(RuleError::Invalid {
+            field: svc("backend_protocol"),
+            message: "\"both\" (ALPN negotiation with the backend) needs backend TLS \
+                      (security 2); use http1 or http2"
+                .into(),
+        });
     }
     check_engine(rule)?;
     check_pd(rule)
@@ -113,7 +115,8 @@ fn check_engine(rule: &LbRule) -> Result<(), RuleError> {
             "serviceArguments.kvExactMode",
             format!(
                 "{} with kvEngineType trtllm asks for KV-event routing over TensorRT-LLM's \
-                 block hash; use kvExactMode 0 (P/D with trtllm works without it)",
+                 block hash; use kvExactMode 0 with pd_disagg_mode: true (P/D with trtllm works \
+                 without it), or leave kvEngineType out for a plain pool of TensorRT-LLM servers",
                 s.kv_exact_mode
             ),
         ));
@@ -201,13 +204,32 @@ mod tests {
                 json!({"mode": 2, "protocol": "sctp"}),
                 "serviceArguments.protocol",
             ),
-            (
-                json!({"backend_protocol": "both"}),
-                "serviceArguments.backend_protocol",
-            ),
         ];
         for (service, want) in cases {
             assert_eq!(field_of(service.clone(), json!({})), want, "{service}");
+        }
+    }
+
+    /// `both` without backend TLS is not a missing feature (there is no ALPN to negotiate):
+    /// refused as invalid, without the "not implemented" tail.
+    #[test]
+    fn backend_protocol_both_without_backend_tls_is_invalid_not_unimplemented() {
+        let rule: LbRule = serde_json::from_value(json!({
+            "serviceArguments": {"externalIP": "10.0.0.1", "port": 80, "mode": 4,
+                "backend_protocol": "both"},
+            "endpoints": [{"endpointIP": "10.0.1.2", "targetPort": 8000}]
+        }))
+        .expect("rule parses");
+        match check(&rule) {
+            Err(RuleError::Invalid { field, message }) => {
+                assert_eq!(field, "serviceArguments.backend_protocol");
+                assert!(
+                    message.contains("needs backend TLS (security 2)"),
+                    "{message}"
+                );
+                assert!(!message.contains("not implemented"), "{message}");
+            }
+            other => panic!("expected a refusal: {other:?}"),
         }
     }
 

@@ -546,7 +546,8 @@ fn check_fullproxy_only(s: &mut ServiceArgs) -> Result<(), RuleError> {
         if s.kv_exact_mode != 0 && s.kv_engine_type == "llamacpp" {
             return Err(invalid(
                 "serviceArguments.kvExactMode",
-                "llamacpp has no KV event plane; use 0",
+                "llamacpp has no KV event plane, so tier 1.5 cannot run over it; a pool of \
+                 llama.cpp servers is served with kvExactMode 0 and kvEngineType left out",
             ));
         }
         engine_hash_coherent(s)?;
@@ -661,7 +662,13 @@ fn kv_knobs_need_kv_mode(s: &ServiceArgs) -> Result<(), RuleError> {
             format!(
                 "{value} names the engine for tier 1.5 (kvExactMode 1 or 3) and for the P/D \
                  handoff (pd_disagg_mode: true); this rule has neither, so it would change \
-                 nothing (set one of them, or leave kvEngineType out)"
+                 nothing ({})",
+                match s.kv_engine_type.as_str() {
+                    // Neither reads llama.cpp (no KV events, no handoff dialect).
+                    "llamacpp" => "leave kvEngineType out: a llama.cpp pool needs no engine name",
+                    "trtllm" => "set pd_disagg_mode: true, or leave kvEngineType out",
+                    _ => "set one of them, or leave kvEngineType out",
+                }
             ),
         )),
         Some((field, value, _)) => Err(invalid(
