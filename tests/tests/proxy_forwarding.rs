@@ -295,6 +295,79 @@ async fn h2c_backend() -> (u16, std::sync::Arc<parking_lot::Mutex<Vec<String>>>)
     (port, seen)
 }
 
+/// An h2c backend that answers every stream with `RST_STREAM(REFUSED_STREAM)` (an overloaded
+/// HTTP/2 server: RFC 9113 §8.7, the request was not processed); counts the streams.
+async fn h2c_refusing_backend() -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    let tcp = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = tcp.local_addr().expect("addr").port();
+    let streams = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = streams.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = tcp.accept().await {
+            let counted = counted.clone();
+            tokio::spawn(async move {
+                let Ok(mut conn) = h2::server::handshake(stream).await else {
+                    return;
+                };
+                while let Some(Ok((_req, mut respond))) = conn.accept().await {
+                    counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    respond.send_reset(h2::Reason::REFUSED_STREAM);
+                }
+            });
+        }
+    });
+    (port, streams)
+}
+
+/// A stream an HTTP/2 backend refuses (REFUSED_STREAM: not processed) is retried on the next
+/// endpoint, and its error carries no hint about HTTP/1.1 backends (the peer spoke HTTP/2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_http2_stream_is_retried_on_the_next_endpoint() {
+    let d = Daemon::start_default().await;
+    let (refuser, refused) = h2c_refusing_backend().await;
+    let (good, seen) = h2c_backend().await;
+    let port = free_port();
+    let (status, body) = d
+        .post_rule(&json!({
+            "serviceArguments": {"externalIP": "127.0.0.1", "port": port, "protocol": "tcp",
+                "mode": 4, "backend_protocol": "http2"},
+            "endpoints": [{"endpointIP": "127.0.0.1", "targetPort": refuser},
+                {"endpointIP": "127.0.0.1", "targetPort": good}]
+        }))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    for _ in 0..4 {
+        let answer = raw(port, &get(port, "")).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(answer.contains(r#"{"version":"HTTP/2.0"}"#), "{answer}");
+    }
+    assert_eq!(
+        seen.lock().len(),
+        4,
+        "every request served by the HTTP/2 backend"
+    );
+    assert!(
+        refused.load(std::sync::atomic::Ordering::SeqCst) >= 1,
+        "round robin sent some to the refusing backend first"
+    );
+    // With the refusing backend alone, the 502 names the refusal, without the HTTP/1.1 hint.
+    let port = free_port();
+    let (status, body) = d
+        .post_rule(&json!({
+            "serviceArguments": {"externalIP": "127.0.0.1", "port": port, "protocol": "tcp",
+                "mode": 4, "backend_protocol": "http2"},
+            "endpoints": [{"endpointIP": "127.0.0.1", "targetPort": refuser}]
+        }))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let answer = raw(port, &get(port, "")).await;
+    assert!(answer.starts_with("HTTP/1.1 502"), "{answer}");
+    assert!(answer.contains("REFUSED_STREAM"), "{answer}");
+    assert!(!answer.contains("use http1"), "{answer}");
+}
+
 /// `backend_protocol: http2` without TLS speaks HTTP/2 with prior knowledge to the backend; an
 /// HTTP/1.1-only backend behind it answers 502 with a message that names the setting (it was
 /// a bare `client error (SendRequest)`).

@@ -17,9 +17,10 @@ pub type UpstreamError = Box<dyn std::error::Error + Send + Sync>;
 pub struct UnsolicitedUpgrade;
 
 /// A request over cleartext HTTP/2 with prior knowledge (`backend_protocol: http2`) that failed
-/// before its answer: the text says what an HTTP/1.1-only backend behind that setting looks
-/// like, since hyper-util's own error names neither (`client error (SendRequest)`, then the
-/// h2 frame error the backend's HTTP/1.1 answer read as). The cause is its source.
+/// before its answer, not by the peer's own HTTP/2 GOAWAY or stream reset: the text says what
+/// an HTTP/1.1-only backend behind that setting looks like, since hyper-util's own error names
+/// neither (`client error (SendRequest)`, then the h2 frame error the backend's HTTP/1.1 answer
+/// read as, or the broken pipe of its close). The cause is its source.
 #[derive(Debug, thiserror::Error)]
 #[error(
     "HTTP/2 with prior knowledge failed (backend_protocol http2; a backend that speaks only \

@@ -125,10 +125,27 @@ impl Upstreams {
                 Some(s) => Attempt::NoLocalResources(s),
                 None => Attempt::ConnectFailed(error_chain(&e)),
             },
-            Err(e) if matches!(via, Via::H2) => Attempt::Failed(Box::new(H2cFailed(e))),
-            Err(e) => Attempt::Failed(Box::new(e)),
+            Err(e) => match h2_error(&e) {
+                // RFC 9113 §8.7: a refused stream was not processed; another endpoint may run it.
+                Some(h) if h.is_remote() && h.reason() == Some(h2::Reason::REFUSED_STREAM) => {
+                    Attempt::ConnectFailed(format!(
+                        "the backend refused the HTTP/2 stream before processing it \
+                         (REFUSED_STREAM): {}",
+                        error_chain(&e)
+                    ))
+                }
+                // An HTTP/2 peer's own GOAWAY or reset: no hint about HTTP/1.1.
+                Some(h) if h.is_remote() => Attempt::Failed(Box::new(e)),
+                _ if matches!(via, Via::H2) => Attempt::Failed(Box::new(H2cFailed(e))),
+                _ => Attempt::Failed(Box::new(e)),
+            },
         }
     }
+}
+
+/// The HTTP/2 error under `e`, if the failure was one.
+fn h2_error<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a h2::Error> {
+    super::attempt::sources(e).find_map(|s| s.downcast_ref::<h2::Error>())
 }
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1) that a proxy must not forward.
