@@ -251,6 +251,7 @@ impl RuleStore {
                     for (what, fields) in reset {
                         tracing::warn!(
                             rule = stored.id,
+                            key = %rule.rule.key(),
                             ?fields,
                             "restored rule: {what}; the API now refuses them"
                         );
