@@ -1,7 +1,8 @@
 //! Fullproxy hygiene with the real daemon and a recording backend: `X-Forwarded-For` is kept
 //! and extended, `X-Forwarded-Proto` is the listener's, `CONNECT` is refused with 405, an
 //! HTTP/1.1 request without `Host` with 400, and a retry after a connect failure carries the
-//! client's headers unchanged to the next endpoint.
+//! client's headers unchanged to the next endpoint, as does a GET an endpoint dropped without an
+//! answer (a dropped POST is 502).
 
 use std::time::Duration;
 
@@ -408,4 +409,115 @@ async fn backend_protocol_http2_is_h2c_and_an_http1_backend_is_named() {
         "{answer}"
     );
     assert!(h1.requests().is_empty(), "no HTTP/1.1 request reached it");
+}
+
+/// An HTTP/1.1 backend that reads each request's head and then resets the connection (RST,
+/// zero linger) without answering; returns its port and how many requests it dropped.
+async fn dropping_backend() -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    let tcp = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = tcp.local_addr().expect("addr").port();
+    let dropped = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = dropped.clone();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = tcp.accept().await {
+            let counted = counted.clone();
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let _ = stream.set_zero_linger();
+            });
+        }
+    });
+    (port, dropped)
+}
+
+/// An idempotent request (GET) an HTTP/1.1 endpoint drops after it was sent, without a
+/// response head, is sent again to the next endpoint with the client's headers, and counted in
+/// `loxilb_proxy_upstream_retries_total`; a POST dropped the same way is not (it may have run):
+/// 502.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idempotent_request_a_backend_drops_is_retried_and_a_post_is_not() {
+    let d = Daemon::start_default().await;
+    let (dropper, dropped) = dropping_backend().await;
+    let b = Backend::start("b1").await;
+    b.set_recording(true);
+    let port = free_port();
+    let (status, body) = d
+        .post_rule(&json!({
+            "serviceArguments": {"externalIP": "127.0.0.1", "port": port, "protocol": "tcp", "mode": 4},
+            "endpoints": [{"endpointIP": "127.0.0.1", "targetPort": dropper},
+                          {"endpointIP": "127.0.0.1", "targetPort": b.port()}]
+        }))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    for _ in 0..2 {
+        let answer = raw(port, &get(port, "X-Keep: 1\r\n")).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    }
+    let drops = dropped.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(
+        drops, 1,
+        "round robin sent one of the two GETs to the dropping endpoint"
+    );
+    let seen: Vec<(Option<String>, Option<String>)> = b
+        .requests()
+        .iter()
+        .map(|r| {
+            (
+                r.header("host").map(String::from),
+                r.header("x-keep").map(String::from),
+            )
+        })
+        .collect();
+    let want = (Some(format!("127.0.0.1:{port}")), Some("1".to_string()));
+    assert_eq!(
+        seen,
+        [want.clone(), want],
+        "both GETs reached endpoint 1 whole"
+    );
+    let metrics = d.metrics_text().await;
+    let retries: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("loxilb_proxy_upstream_retries_total{"))
+        .collect();
+    assert_eq!(retries.len(), 1, "{retries:?}");
+    assert!(
+        retries[0].contains(r#"ep_idx="0""#) && retries[0].ends_with(" 1"),
+        "{retries:?}"
+    );
+    // A POST to an endpoint that drops it: 502, sent once, not retried.
+    let port = free_port();
+    let (status, body) = d
+        .post_rule(&json!({
+            "serviceArguments": {"externalIP": "127.0.0.1", "port": port, "protocol": "tcp", "mode": 4},
+            "endpoints": [{"endpointIP": "127.0.0.1", "targetPort": dropper},
+                          {"endpointIP": "127.0.0.1", "targetPort": b.port()}]
+        }))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let before = b.requests().len();
+    let post = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{{}}"
+    );
+    let answers = [raw(port, &post).await, raw(port, &post).await];
+    let bad: Vec<&String> = answers
+        .iter()
+        .filter(|a| a.starts_with("HTTP/1.1 502"))
+        .collect();
+    assert_eq!(bad.len(), 1, "{answers:?}");
+    assert_eq!(dropped.load(std::sync::atomic::Ordering::SeqCst), drops + 1);
+    assert_eq!(
+        b.requests().len(),
+        before + 1,
+        "the dropped POST was not sent again"
+    );
 }

@@ -316,7 +316,9 @@ impl Handler {
     }
 
     /// Forwards the request to the endpoint the ladder picks, and on a connect failure to the
-    /// next one (the failed endpoint excluded). Cleartext HTTP/1.1 takes the client's header
+    /// next one (the failed endpoint excluded); an idempotent request (GET, HEAD, OPTIONS, PUT,
+    /// DELETE) also when the endpoint dropped it without a response head (counted in
+    /// `loxilb_proxy_upstream_retries_total`). A response timeout is not retried. Cleartext HTTP/1.1 takes the client's header
     /// map into the upstream request (`origin_request`; `parts.headers` is empty afterwards).
     /// `parts` is borrowed, not owned: an owned argument of an async fn is stored twice in its
     /// future (the argument and the body's local), and every request's future is copied once.
@@ -346,6 +348,13 @@ impl Handler {
         let mut unsent: Option<Box<Request<Full<Bytes>>>> = None;
         // Whether that request's `Host` was added (then it names each attempt's endpoint).
         let mut host_added = false;
+        // An idempotent request (RFC 9110 §9.2.2) an endpoint drops without an answer is sent
+        // again to another one, as nginx's `proxy_next_upstream error`: running it twice is
+        // harmless. A POST (every inference request) is not: it may have run.
+        let idempotent = is_idempotent(&parts.method);
+        // Cleartext HTTP/1.1 moves the header map into the request it sends, so an idempotent
+        // one keeps a copy for that retry (boxed, rare).
+        let mut spare: Option<Box<Request<Full<Bytes>>>> = None;
         loop {
             let d = self.decide(pool, &ladder, meta, &excluded, &mut ticket);
             let Some(ep) = d.endpoint else {
@@ -392,10 +401,14 @@ impl Handler {
                 let limit = self.ctx.config.response_timeout;
                 // Without traces the send is awaited bare: `instrument` moves the whole send
                 // future into its wrapper (a ~1 KB copy a request, callgrind).
+                let request = || -> Result<_, ProxyError> {
+                    let req = next.request(parts, &mut host_added)?;
+                    Ok(keep_spare(req, idempotent, &mut spare))
+                };
                 let answered = if attempt.is_disabled() {
-                    within(limit, send(next.request(parts, &mut host_added)?)).await
+                    within(limit, send(request()?)).await
                 } else {
-                    let sent = send(next.request(parts, &mut host_added)?);
+                    let sent = send(request()?);
                     within(limit, sent.instrument(attempt.clone())).await
                 };
                 let Some((outcome, back)) = answered else {
@@ -442,9 +455,24 @@ impl Handler {
                     return Err(ProxyError::LocalResources(s));
                 }
                 Attempt::Failed(source) => {
-                    // Sent, then no usable head (none, or an unsolicited 101): not retried (it
-                    // may have run), but a failure of the endpoint all the same.
+                    // Sent, then no usable head (none, or an unsolicited 101): a failure of
+                    // the endpoint; retried elsewhere only when idempotent and no head came.
                     self.observe(pool, ep, Outcome::NoResponse);
+                    if idempotent && !source.is::<super::attempt::UnsolicitedUpgrade>() {
+                        let error = super::attempt::error_chain(&*source);
+                        tracing::warn!(
+                            service,
+                            ep,
+                            method = %parts.method,
+                            error = %error,
+                            "the backend dropped an idempotent request without answering; sending it to another endpoint"
+                        );
+                        pm.upstream_retry(ep);
+                        excluded.insert(ep);
+                        last = error;
+                        unsent = spare.take();
+                        continue;
+                    }
                     let e = ProxyError::Upstream { ep_idx: ep, source };
                     return Err(self.answered_failure(pool, start, e));
                 }
@@ -555,6 +583,35 @@ impl H1Attempt<'_> {
         trace_span::inject(self.span, req.headers_mut());
         Ok(req)
     }
+}
+
+/// True for the methods RFC 9110 §9.2.2 calls idempotent (TRACE is refused before routing).
+fn is_idempotent(m: &http::Method) -> bool {
+    use http::Method;
+    matches!(
+        *m,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE
+    )
+}
+
+/// `req`, after keeping a copy of it in `spare` when `keep` (an idempotent request, which is
+/// sent again elsewhere if its endpoint drops it; see [`Handler::forward`]). The copy has
+/// `req`'s method, target, version, headers and body; not its extensions (none are set on an
+/// upstream request).
+fn keep_spare(
+    req: Request<Full<Bytes>>,
+    keep: bool,
+    spare: &mut Option<Box<Request<Full<Bytes>>>>,
+) -> Request<Full<Bytes>> {
+    if keep {
+        let mut copy = Request::new(req.body().clone());
+        *copy.method_mut() = req.method().clone();
+        *copy.uri_mut() = req.uri().clone();
+        *copy.version_mut() = req.version();
+        *copy.headers_mut() = req.headers().clone();
+        *spare = Some(Box::new(copy));
+    }
+    req
 }
 
 /// `fut`'s output, or `None` when `limit` passes first (`fut` is then dropped). Without a

@@ -9,6 +9,7 @@
 //! | `loxilb_proxy_request_duration_seconds` | histogram | `service` (until the response body ends) |
 //! | `loxilb_proxy_upstream_stream_errors_total` | counter | `service`, `ep_idx` (backend body failed mid-stream) |
 //! | `loxilb_proxy_upstream_timeouts_total` | counter | `service`, `ep_idx` (no response head within `LOXI_UPSTREAM_RESPONSE_TIMEOUT_MS`; 504) |
+//! | `loxilb_proxy_upstream_retries_total` | counter | `service`, `ep_idx` (an idempotent request, e.g. `GET /v1/models`, the endpoint dropped after it was sent, without a response head; sent again to another endpoint, as nginx's `proxy_next_upstream error`) |
 //! | `loxilb_proxy_open_connections` | gauge | `listener` (`ip:port`) |
 //! | `loxilb_proxy_worker_connections` | gauge | `worker` (`1`..=`--proxy-workers`; open client connections each connection worker serves, [`super::workers`]) |
 //! | `loxilb_proxy_connections_closed_total` | counter | `listener`, `reason` (`header_timeout`, `idle_timeout`, `send_timeout`, `head_too_large`: a request head over 64 KiB, answered 431 (HTTP/1) and closed; `malformed_request`: hyper answered a malformed HTTP/1 head 400/414/431 and closed) |
@@ -115,6 +116,8 @@ pub struct ProxyMetrics {
     pub stream_errors: Family<EndpointLabels, Counter>,
     /// Requests whose backend sent no response head within the response timeout.
     pub upstream_timeouts: Family<EndpointLabels, Counter>,
+    /// Idempotent requests an endpoint dropped without a response head, sent again elsewhere.
+    pub upstream_retries: Family<EndpointLabels, Counter>,
     /// Open client connections per listener.
     pub open_connections: Family<ListenerLabels, Gauge>,
     /// Client connections closed by a connection limit, by listener and reason.
@@ -183,6 +186,11 @@ impl ProxyMetrics {
             m.upstream_timeouts.clone(),
         );
         reg.register(
+            "loxilb_proxy_upstream_retries",
+            "Idempotent requests an endpoint dropped after they were sent, without a response head, sent again to another endpoint",
+            m.upstream_retries.clone(),
+        );
+        reg.register(
             "loxilb_proxy_upstream_stream_errors",
             "Responses whose backend body failed mid-stream (counted as 5xx)",
             m.stream_errors.clone(),
@@ -247,6 +255,7 @@ impl ProxyMetrics {
             duration: Family::new_with_constructor(duration_histogram),
             stream_errors: Family::default(),
             upstream_timeouts: Family::default(),
+            upstream_retries: Family::default(),
             open_connections: Family::default(),
             connections_closed: Family::default(),
             connections_queued: Family::default(),
@@ -406,6 +415,7 @@ impl ProxyMetrics {
         self.active.remove(&l);
         self.stream_errors.remove(&l);
         self.upstream_timeouts.remove(&l);
+        self.upstream_retries.remove(&l);
         self.forget_requests(service, &l.ep_idx);
     }
 
@@ -537,6 +547,15 @@ impl PoolMetrics {
     pub fn upstream_timeout(&self, ep: usize) {
         self.family
             .upstream_timeouts
+            .get_or_create(&ep_labels(self.service, ep))
+            .inc();
+    }
+
+    /// Counts one idempotent request endpoint `ep` dropped without an answer, sent again to
+    /// another endpoint (rare: looked up in the family).
+    pub fn upstream_retry(&self, ep: usize) {
+        self.family
+            .upstream_retries
             .get_or_create(&ep_labels(self.service, ep))
             .inc();
     }
