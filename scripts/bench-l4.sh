@@ -18,7 +18,10 @@
 #   default: the LB's receive work runs in the sender's softirq, one frame per NAPI poll, and
 #   the sender's CPU time is measured; threaded: the LB ingress's NAPI runs as a thread pinned
 #   to CPU 1, polling batches of up to 64 frames as a NIC's poll does, and that thread's CPU
-#   time is measured, without the sender's).
+#   time is measured, without the sender's), BENCH_PEERS (xdp, the default: the peers of the LB's
+#   veths run pass-through XDP, so XDP forwards with bpf_redirect; plain: no XDP and GRO off on
+#   the peers, as containers' veths, so XDP takes the TC hand-off: XDP_PASS, then the TC
+#   program's redirect).
 set -euo pipefail
 # CARGO_TARGET_DIR, LOXI_BIN_DIR, LOXI_SHARED made absolute; cargo_release_dir.
 # shellcheck source=lib/paths.sh
@@ -30,4 +33,4 @@ export PATH="$HOME/.cargo/bin:$PATH"
 cargo build --release -q -p xtask
 exec "$(cargo_release_dir)/xtask" bench-l4 --packets "${BENCH_PACKETS:-200000}" \
   --new-packets "${BENCH_NEW_PACKETS:-25000}" --runs "${BENCH_RUNS:-7}" \
-  --sender "${BENCH_SENDER:-packet}" --napi "${BENCH_NAPI:-softirq}"
+  --sender "${BENCH_SENDER:-packet}" --napi "${BENCH_NAPI:-softirq}" --peers "${BENCH_PEERS:-xdp}"

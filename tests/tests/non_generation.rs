@@ -2,7 +2,8 @@
 //! `/v1/embeddings`, `/tokenize` and `/health` through a `kvExactMode: 3` rule are routed by
 //! the rule's `sel` without entering tier 1.5 (no miss counted, `bypass` counted instead), a
 //! P/D rule forwards them in one leg, and `GET /v1/models` answers the union of every model
-//! pool's endpoints' lists (real `vllm-sim` engines), cached for `LOXI_MODELS_CACHE_MS`.
+//! pool's endpoints' lists (real `vllm-sim` engines), cached for `LOXI_MODELS_CACHE_MS`. A
+//! generation whose body is declared as `text/plain` is not read (a `model_empty` miss).
 
 use std::time::{Duration, Instant};
 
@@ -32,7 +33,7 @@ async fn send(
     for (k, v) in headers {
         req = req.header(*k, *v);
     }
-    if body.is_some() {
+    if body.is_some() && !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("content-type")) {
         req = req.header("content-type", "application/json");
     }
     let text = body.map(|b| b.to_string()).unwrap_or_default();
@@ -193,6 +194,37 @@ async fn embeddings_tokenize_and_health_skip_tier_1_5_and_count_as_bypass() {
         );
     }
     assert_eq!(b0.request_count() + b1.request_count(), 4);
+
+    // The same generation declared as another media type is not read (vLLM refuses it with
+    // 415): a `model_empty` miss that falls through to `sel`, nothing placed or predicted.
+    let model_empty = |m: &str| {
+        total(
+            m,
+            "loxilb_pd_kv_tier15_miss_reason_total",
+            &[&format!("service=\"{service}\""), "reason=\"model_empty\""],
+        )
+    };
+    for ct in ["text/plain", "application/x-www-form-urlencoded"] {
+        let before = tier(&d, &service).await;
+        let empty0 = model_empty(&d.metrics_text().await);
+        let prompt = json!({"model": "tiny", "prompt": words.join(" "), "max_tokens": 4});
+        let (status, _, _) = send(
+            port,
+            "POST",
+            "/v1/completions",
+            &[("content-type", ct)],
+            Some(prompt),
+        )
+        .await;
+        assert_eq!(status, 200, "{ct}");
+        let after = tier(&d, &service).await;
+        assert_eq!(
+            delta(after, before),
+            [1.0, 0.0, 1.0, 0.0, 0.0, 0.0],
+            "{ct}: misses, no_worker, fallthrough, hits, bypass, cold placements"
+        );
+        assert_eq!(model_empty(&d.metrics_text().await) - empty0, 1.0, "{ct}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -69,6 +69,22 @@ pub struct BenchArgs {
     /// without the sender's own cost and its noise).
     #[arg(long, value_enum, default_value_t = Napi::Softirq)]
     napi: Napi,
+    /// What the peers of the LB's veths run: `xdp` (a pass-through XDP program, the backend's
+    /// dropping every frame: the XDP cases forward with `bpf_redirect` into the peer's NAPI) or
+    /// `plain` (no XDP program and GRO off, as containers' and pods' veths: the XDP cases take
+    /// the TC hand-off, `XDP_PASS` then the TC program's redirect; the backend's veth drops
+    /// every frame in a TC ingress filter instead). On a kernel whose XDP programs may not
+    /// call `bpf_xdp_adjust_meta` (Linux 6.18) the hand-off carries no metadata and the TC
+    /// program finds the next hop again (conntrack or FIB).
+    #[arg(long, value_enum, default_value_t = BenchPeers::Xdp)]
+    peers: BenchPeers,
+}
+
+/// The LB's veth peers in `bench-l4` ([`BenchArgs::peers`]).
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum BenchPeers {
+    Xdp,
+    Plain,
 }
 
 /// Receive-work placement of `bench-l4` ([`BenchArgs::napi`]).
@@ -693,8 +709,25 @@ impl Bench {
 /// XDP in place (the first backend's veth dropping every frame), the VIP 20.0.0.1 on the LB
 /// namespace's loopback and the one DNAT rule ([`rule`]) written for `l4-serve`.
 pub(crate) fn lb_topology(tag: &str) -> anyhow::Result<Topo> {
+    lb_topology_with(tag, BenchPeers::Xdp)
+}
+
+/// [`lb_topology`] with the peers `peers` says: with [`BenchPeers::Plain`] no XDP program and
+/// GRO off on every peer, and the first backend's veth dropping every frame in a TC ingress
+/// filter (the path still ends at the backend's device, counted in its receive statistics).
+fn lb_topology_with(tag: &str, peers: BenchPeers) -> anyhow::Result<Topo> {
     let mut t = Topo::new(tag)?;
-    t.start_peers_with(true)?;
+    match peers {
+        BenchPeers::Xdp => t.start_peers_with(true)?,
+        BenchPeers::Plain => {
+            t.plain_peers()?;
+            let b = t.b[0].clone();
+            cmd(&format!("ip netns exec {b} tc qdisc add dev b0 clsact"))?;
+            cmd(&format!(
+                "ip netns exec {b} tc filter add dev b0 ingress matchall action drop"
+            ))?;
+        }
+    }
     cmd(&format!("ip -n {} addr add 20.0.0.1/32 dev lo", t.l))?;
     t.write_rules(&[rule()])?;
     Ok(t)
@@ -848,7 +881,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
          the fresh-table runs would evict",
         a.new_packets
     );
-    let t = lb_topology("lxb")?;
+    let t = lb_topology_with("lxb", a.peers)?;
     let l = t.l.clone();
     let threaded = if a.napi == Napi::Threaded {
         Some(threaded_napi(&t)?)
@@ -904,6 +937,19 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         match a.sender {
             Sender::Packet => "in frames from a qdisc-bypassing packet socket, 64 per sendmmsg",
             Sender::Raw => "from a raw IP socket, one per sendto",
+        }
+    );
+    println!(
+        "peers: {}",
+        match a.peers {
+            BenchPeers::Xdp => {
+                "XDP (pass-through programs; the backend's veth drops in XDP): XDP cases redirect"
+            }
+            BenchPeers::Plain => {
+                "plain (no XDP, GRO off; the backend's veth drops in a TC ingress filter): XDP \
+                 cases take the TC hand-off (every packet reaching the backend with kernel-fwd 0% \
+                 went XDP_PASS, then the TC program's redirect)"
+            }
         }
     );
     println!(

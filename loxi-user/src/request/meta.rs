@@ -181,7 +181,8 @@ static SESSION_NAME: http::HeaderName = http::HeaderName::from_static(SESSION_HE
 impl RequestMeta {
     /// Extracts routing metadata from a request's head and (already bounded) body.
     ///
-    /// The body is parsed as JSON when it is non-empty; a non-JSON or unparsable body leaves
+    /// The body is parsed as JSON when it is non-empty and [`declares_json`]; a body declared
+    /// as another media type, or one that does not parse, leaves
     /// `json_ok = false` and every body field empty (the request is still forwarded unchanged
     /// and routed by the plain selector). Never fails.
     pub fn extract(
@@ -190,7 +191,9 @@ impl RequestMeta {
         client: Option<SocketAddr>,
         rule: &crate::rules::ServiceArgs,
     ) -> Self {
-        let json = parse_body(body);
+        let json = declares_json(&parts.headers)
+            .then(|| parse_body(body))
+            .flatten();
         Self::from_json(parts, json.as_ref(), client, rule)
     }
 
@@ -232,6 +235,23 @@ impl RequestMeta {
         }
         self.hash_inputs = HashInputs::of(v, hash_flags);
     }
+}
+
+/// Whether the request's body may be read as OpenAI JSON: it has no `Content-Type`, or its
+/// media type is `application/json` or a `+json` one (RFC 6839), whatever its parameters. A
+/// body declared as anything else (`text/plain`, `application/x-www-form-urlencoded`, curl's
+/// default for `-d`) is not read, even when its bytes happen to be JSON: its model is empty
+/// and it takes the plain selector (LoxiLB's kv-cache-aware-routing §4: "a text/plain body
+/// leaves the model empty and takes the topology-specific fallback"), as vLLM's OpenAI
+/// server refuses such a request (415) and nothing should be predicted from it.
+pub fn declares_json(headers: &http::HeaderMap) -> bool {
+    let Some(ct) = headers.get(http::header::CONTENT_TYPE) else {
+        return true;
+    };
+    let b = ct.as_bytes();
+    let media = b.split(|&c| c == b';').next().unwrap_or(b).trim_ascii();
+    media.eq_ignore_ascii_case(b"application/json")
+        || (media.len() > 5 && media[media.len() - 5..].eq_ignore_ascii_case(b"+json"))
 }
 
 /// Parses a request body as JSON; `None` for an empty or non-JSON body.
@@ -327,6 +347,28 @@ mod tests {
             b = b.header(*k, *v);
         }
         b.body(()).expect("request").into_parts().0
+    }
+
+    #[test]
+    fn only_a_body_declared_as_json_or_undeclared_is_read() {
+        let body = br#"{"model":"llama","prompt":"hi"}"#;
+        let cases = [
+            (None, true),
+            (Some("application/json"), true),
+            (Some("Application/JSON; charset=utf-8"), true),
+            (Some("application/vnd.api+json"), true),
+            (Some("text/plain"), false),
+            (Some("application/x-www-form-urlencoded"), false),
+            (Some("application/jsonx"), false),
+            (Some("+json"), false),
+        ];
+        for (ct, read) in cases {
+            let headers: Vec<(&str, &str)> = ct.map(|c| ("content-type", c)).into_iter().collect();
+            let m = RequestMeta::extract(&parts("/v1/completions", &headers), body, None, &args(""));
+            assert_eq!(m.json_ok, read, "{ct:?}");
+            let model = if read { Some("llama") } else { None };
+            assert_eq!(m.model.as_deref(), model, "{ct:?}");
+        }
     }
 
     #[test]
