@@ -132,6 +132,48 @@ async fn warm_request_goes_to_endpoint_whose_engine_published_the_prefix() {
         1 - cold_ep
     );
     assert_eq!(metric(&d.metrics_text().await, &other), 0.0);
+
+    // A rule update that changes only `kvWarmupSec` applies to the running window and keeps
+    // the inventory: 30 s (started at the first subscriber's connect, a second ago) keeps
+    // tier 1.5 out (miss `warmup`); back to 0, the warm request hits its holder again, from
+    // the blocks published before both updates (engines publish a block once: a rebuilt
+    // inventory would stay empty).
+    let warmup_miss = "loxilb_pd_kv_tier15_miss_reason_total{service=\"1\",reason=\"warmup\"}";
+    for (warmup, want_miss, want_hit) in [(30, 1.0, 0.0), (0, 0.0, 1.0)] {
+        let mut updated = rule.clone();
+        updated["serviceArguments"]["kvWarmupSec"] = json!(warmup);
+        let (code, body) = d.post_rule(&updated).await;
+        assert!(code == 200 || code == 201, "update refused: {code} {body}");
+        let m0 = d.metrics_text().await;
+        let (code, ep) = complete(vip, warm_prompt).await;
+        assert_eq!(code, 200);
+        let m1 = d.metrics_text().await;
+        let d_miss = metric(&m1, warmup_miss) - metric(&m0, warmup_miss);
+        let d_hit = metric(&m1, &hits) - metric(&m0, &hits);
+        assert_eq!(
+            (d_miss, d_hit),
+            (want_miss, want_hit),
+            "kvWarmupSec {warmup}"
+        );
+        if want_hit > 0.0 {
+            assert_eq!(ep, Some(cold_ep), "the holder, from the kept inventory");
+        }
+        // The parity report shows the window.
+        let (code, text) = d
+            .get("/netlox/v1/config/ai/kv/parity?service_id=1")
+            .await
+            .expect("parity");
+        assert_eq!(code, 200, "{text}");
+        let w: Value = serde_json::from_str::<Value>(&text).expect("json")["warmup"].clone();
+        assert_eq!(w["sec"], json!(f64::from(warmup)), "{w}");
+        if warmup == 0 {
+            assert_eq!(w["state"], "off", "{w}");
+        } else {
+            assert_eq!(w["state"], "running", "{w}");
+            let left = w["leftSec"].as_f64().expect("leftSec");
+            assert!(left > 20.0 && left <= 30.0, "{w}");
+        }
+    }
     drop((b0, b1));
 }
 

@@ -33,7 +33,11 @@ async fn send(
     for (k, v) in headers {
         req = req.header(*k, *v);
     }
-    if body.is_some() && !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("content-type")) {
+    if body.is_some()
+        && !headers
+            .iter()
+            .any(|(k, _)| k.eq_ignore_ascii_case("content-type"))
+    {
         req = req.header("content-type", "application/json");
     }
     let text = body.map(|b| b.to_string()).unwrap_or_default();

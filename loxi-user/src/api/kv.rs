@@ -15,7 +15,8 @@
 //!   diagnosis, block-size rejections and whether token re-hash is active; and a `tokenizer`
 //!   section: `ok`, or `failing` with each model and prompt kind (chat or text) whose prompts
 //!   got no token ids since its last success (`kv::state::TokenizeWatch`), its failures and a
-//!   remedy naming its tokenizer's directory.
+//!   remedy naming its tokenizer's directory; and a `warmup` section: `kvWarmupSec`, the
+//!   window's `state` (`off`, `waiting`, `running`, `over`) and `leftSec` while it runs.
 //!
 //! Errors are the API's own ([`super::error`]: `{"code","fields","message","result","field"}`):
 //! 400 naming the bad query field, 404 for an unknown service (no KV state: unknown id or
@@ -191,6 +192,9 @@ pub struct ParityView {
     /// Whether the rule's prompts tokenize (`kv::state::TokenizeWatch`): without token ids
     /// nothing is scored, whatever the endpoints' readiness says.
     pub tokenizer: TokenizerView,
+    /// The `kvWarmupSec` window: while it runs tier 1.5 is off for the whole rule (misses
+    /// `warmup`), whatever the endpoints' readiness says.
+    pub warmup: WarmupView,
     /// Every endpoint of the rule, in rule order.
     pub endpoints: Vec<EndpointParity>,
 }
@@ -207,6 +211,40 @@ pub struct TokenizerView {
     /// Further failing models and kinds, not listed.
     #[serde(rename = "moreFailing", skip_serializing_if = "is_zero")]
     pub more_failing: usize,
+}
+
+/// The `warmup` section of the parity report (`kv::state::ServiceKv::warmup_left`).
+#[derive(Debug, Serialize)]
+pub struct WarmupView {
+    /// `kvWarmupSec` in seconds.
+    pub sec: f64,
+    /// `off` (`kvWarmupSec` 0), `waiting` (no KV subscriber of the rule has connected yet:
+    /// the window starts at the first connect), `running` (tier 1.5 off until it ends) or
+    /// `over`. The window starts once per rule's KV state: at loxilb's start and when the
+    /// rule's hash contract changes, not when an engine reconnects.
+    pub state: &'static str,
+    /// Seconds left of a `running` window.
+    #[serde(rename = "leftSec", skip_serializing_if = "Option::is_none")]
+    pub left_sec: Option<f64>,
+}
+
+/// The warmup section of `svc` now.
+fn warmup_view(svc: &ServiceKv) -> WarmupView {
+    let sec = svc.warmup().as_secs_f64();
+    let (state, left_sec) = if sec == 0.0 {
+        ("off", None)
+    } else {
+        match svc.warmup_left(tokio::time::Instant::now()) {
+            None => ("over", None),
+            Some(None) => ("waiting", None),
+            Some(Some(left)) => ("running", Some((left.as_secs_f64() * 10.0).ceil() / 10.0)),
+        }
+    };
+    WarmupView {
+        sec,
+        state,
+        left_sec,
+    }
 }
 
 /// Failing models listed in the parity report at most.
@@ -464,6 +502,7 @@ async fn parity(State(api): State<KvApi>, Query(pairs): Query<Vec<(String, Strin
         block_size: svc.config.block_size,
         seed_set: state.settings.none_hash_seed.is_some(),
         tokenizer: tokenizer_view(&svc, &state.settings.tokenizer_dir),
+        warmup: warmup_view(&svc),
         endpoints,
     };
     json_response(StatusCode::OK, &view)

@@ -448,20 +448,22 @@ pub fn render_kvinventory_endpoints(answer: &Value) -> String {
     out
 }
 
-/// `get kvparity` (table and wide): a line with the rule's hash contract and tokenizer state,
-/// one row per endpoint (readiness state, leg, parity verdict, blocks checked and
-/// mismatched), then each endpoint's remedy and each failing model's (`-o json`: the answer).
+/// `get kvparity` (table and wide): a line with the rule's hash contract, tokenizer and warmup
+/// state, one row per endpoint (readiness state, leg, parity verdict, blocks checked and
+/// mismatched), then each endpoint's remedy, each failing model's, why a verdict is still
+/// `unknown`, and a running warmup window (`-o json`: the answer).
 /// Control characters in the answer's strings (a client chooses the model names a wildcard
 /// pool reports) are printed escaped, never raw.
 pub fn render_kvparity(answer: &Value) -> String {
     let t = &answer["tokenizer"];
     let mut out = format!(
-        "service_id={} kvHashAlgo={} kvBlockSize={} seedSet={} tokenizer={}\n",
+        "service_id={} kvHashAlgo={} kvBlockSize={} seedSet={} tokenizer={} warmup={}\n",
         num(&answer["serviceId"]),
         clean(&cell(&answer["kvHashAlgo"])),
         num(&answer["kvBlockSize"]),
         answer["seedSet"].as_bool().unwrap_or(false),
         clean(&cell(&t["state"])),
+        clean(&cell(&answer["warmup"]["state"])),
     );
     let eps: Vec<&Value> = answer["endpoints"]
         .as_array()
@@ -516,8 +518,34 @@ pub fn render_kvparity(answer: &Value) -> String {
             "tokenizer: {n} more failing (-o json lists the first 8 too)\n"
         ));
     }
+    for e in &eps {
+        let checked = e["checked_blocks"].as_u64().unwrap_or(0);
+        if e["verdict"].as_str() == Some("unknown") && checked > 0 {
+            out.push_str(&format!(
+                "ep {}: verdict unknown until {ESTABLISH_BLOCKS} blocks with token ids are checked ({checked} so far)\n",
+                num(&e["epIdx"])
+            ));
+        }
+    }
+    let w = &answer["warmup"];
+    match w["state"].as_str() {
+        Some("running") => out.push_str(&format!(
+            "warmup: {} s left of kvWarmupSec {}: tier 1.5 is off for this rule until then (misses counted as warmup)\n",
+            w["leftSec"].as_f64().unwrap_or(0.0),
+            w["sec"].as_f64().unwrap_or(0.0)
+        )),
+        Some("waiting") => out.push_str(&format!(
+            "warmup: kvWarmupSec {} starts at the rule's first KV subscriber connect: tier 1.5 is off until it has run\n",
+            w["sec"].as_f64().unwrap_or(0.0)
+        )),
+        _ => {}
+    }
     out
 }
+
+/// Blocks the parity check compares before its verdict leaves `unknown` (the daemon's
+/// `kv::ingest::parity::ESTABLISH_BLOCKS`).
+const ESTABLISH_BLOCKS: u64 = crate::kv::ingest::parity::ESTABLISH_BLOCKS;
 
 /// `s` with control characters escaped (`\n`, `\u{1b}`), so no answer string can start a
 /// line or drive the terminal.
@@ -555,18 +583,21 @@ mod tests {
                  "state": "ok", "verdict": "ok", "checked_blocks": 64, "mismatched_blocks": 0},
                 {"epIdx": 1, "endpointIP": "fd00::2", "targetPort": 8000, "kvZmqPort": 5557,
                  "state": "mismatch", "leg": "seed", "remedy": "set LLB_KV_NONE_HASH_SEED=0",
-                 "verdict": "mismatch", "checked_blocks": 3, "mismatched_blocks": 3}]});
+                 "verdict": "unknown", "checked_blocks": 3, "mismatched_blocks": 3}],
+            "warmup": {"sec": 30.0, "state": "running", "leftSec": 12.5}});
         assert_eq!(
             render_kvparity(&a),
-            "service_id=2 kvHashAlgo=sha256_cbor kvBlockSize=16 seedSet=false tokenizer=failing\n\
-             | EP IDX |    ENDPOINT    | KV PORT |  STATE   | LEG  | VERDICT  | CHECKED | MISMATCHED |\n\
-             |--------|----------------|---------|----------|------|----------|---------|------------|\n\
-             |      0 | 10.0.0.1:8000  |    5557 | ok       |      | ok       |      64 |          0 |\n\
-             |      1 | [fd00::2]:8000 |    5557 | mismatch | seed | mismatch |       3 |          3 |\n\
+            "service_id=2 kvHashAlgo=sha256_cbor kvBlockSize=16 seedSet=false tokenizer=failing warmup=running\n\
+             | EP IDX |    ENDPOINT    | KV PORT |  STATE   | LEG  | VERDICT | CHECKED | MISMATCHED |\n\
+             |--------|----------------|---------|----------|------|---------|---------|------------|\n\
+             |      0 | 10.0.0.1:8000  |    5557 | ok       |      | ok      |      64 |          0 |\n\
+             |      1 | [fd00::2]:8000 |    5557 | mismatch | seed | unknown |       3 |          3 |\n\
              ep 1: set LLB_KV_NONE_HASH_SEED=0\n\
              tokenizer: model \"acme/ghost\", chat prompts, 6 failed requests: stage it\n\
              tokenizer: model \"evil\\nservice_id=9 tokenizer=ok\\u{1b}[31m\", text prompts, 1 failed request: in \"/t/evil\\nservice_id=9\\u{1b}[31m\"\n\
-             tokenizer: 2 more failing (-o json lists the first 8 too)\n"
+             tokenizer: 2 more failing (-o json lists the first 8 too)\n\
+             ep 1: verdict unknown until 8 blocks with token ids are checked (3 so far)\n\
+             warmup: 12.5 s left of kvWarmupSec 30: tier 1.5 is off for this rule until then (misses counted as warmup)\n"
         );
         assert!(
             !render_kvparity(&a).contains('\u{1b}'),

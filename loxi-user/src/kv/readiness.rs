@@ -85,7 +85,7 @@ pub fn readiness(
         r(
             "no_blocks",
             None,
-            Some("the engine holds no block (idle, or just restarted): parity is checked at its first stored blocks (send it a request)".into()),
+            Some("loxi's index holds no block of this engine: it is idle or just restarted, or it cached its blocks before loxi subscribed (an engine publishes a block once; a rule with kvReplayPort catches up from the engine's replay socket). Parity is checked at its next stored blocks (send it a new prompt)".into()),
         )
     };
     if !ep.subscribed {

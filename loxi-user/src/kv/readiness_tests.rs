@@ -194,7 +194,7 @@ fn an_idle_or_restarted_engine_reads_no_blocks_until_it_stores_one() {
     assert!(
         idle.remedy
             .as_deref()
-            .is_some_and(|r| r.contains("holds no block (idle, or just restarted)")),
+            .is_some_and(|r| r.contains("holds no block of this engine: it is idle or just restarted, or it cached its blocks before loxi subscribed")),
         "{idle:?}"
     );
     svc.apply_batch(0, 0, &engine_event(None), &st.metrics);

@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
 use tokio::time::Instant;
@@ -119,6 +120,9 @@ pub struct ServiceKv {
     /// When the first subscriber of this service connected (warmup start); set once, read
     /// without a lock on every request.
     pub warm_start: OnceLock<Instant>,
+    /// `kvWarmupSec` in milliseconds: the rule's, changed in place by a rule update
+    /// ([`Self::set_warmup`]; `config.warmup` keeps the value the state was built with).
+    warmup_ms: AtomicU64,
     /// Tier 1.5 hits so far (drives cold-start seeding).
     pub hits: AtomicU64,
     /// Status per (member, rank).
@@ -171,6 +175,7 @@ impl ServiceKv {
             index: KvIndex::new(settings.max_blocks),
             hasher: BlockHasher::new(config.algo, settings.none_hash_seed.as_deref()),
             warm_start: OnceLock::new(),
+            warmup_ms: AtomicU64::new(duration_ms(config.warmup)),
             hits: AtomicU64::new(0),
             streams: Mutex::new(HashMap::new()),
             parity: Mutex::new(ParityBook::default()),
@@ -357,14 +362,54 @@ impl ServiceKv {
     /// True while `kvWarmupSec` has not elapsed since the first subscriber connected (or none
     /// has connected yet). Always false when `kvWarmupSec` is 0.
     pub fn warming(&self, now: Instant) -> bool {
-        if self.config.warmup.is_zero() {
-            return false;
+        self.warmup_left(now).is_some()
+    }
+
+    /// What is left of the warmup window at `now`: `None` when it is over or `kvWarmupSec` is
+    /// 0; `Some(None)` while no subscriber has connected yet (the window has not started);
+    /// `Some(Some(d))` with `d` left of a running window.
+    pub fn warmup_left(&self, now: Instant) -> Option<Option<Duration>> {
+        let warmup = Duration::from_millis(self.warmup_ms.load(Ordering::Relaxed));
+        if warmup.is_zero() {
+            return None;
         }
         match self.warm_start.get() {
-            None => true,
-            Some(start) => now < *start + self.config.warmup,
+            None => Some(None),
+            Some(start) => (*start + warmup)
+                .checked_duration_since(now)
+                .filter(|d| !d.is_zero())
+                .map(Some),
         }
     }
+
+    /// The rule's `kvWarmupSec`, as last applied.
+    pub fn warmup(&self) -> Duration {
+        Duration::from_millis(self.warmup_ms.load(Ordering::Relaxed))
+    }
+
+    /// [`Self::set_warmup`], logged when it changed the value.
+    fn apply_warmup(&self, warmup: Duration) {
+        if self.warmup_ms.load(Ordering::Relaxed) != duration_ms(warmup) && self.set_warmup(warmup)
+        {
+            tracing::info!(
+                service = self.id,
+                warmup_sec = warmup.as_secs_f64(),
+                "kvWarmupSec changed; applied to the running warmup window, the KV inventory is kept"
+            );
+        }
+    }
+
+    /// Applies a rule update's `kvWarmupSec` to the running window (its start stays the first
+    /// subscriber's connect): a longer window may reopen, a shorter one may end at once. The
+    /// blocks indexed so far are kept. Returns whether the value changed.
+    pub fn set_warmup(&self, warmup: Duration) -> bool {
+        self.warmup_ms.swap(duration_ms(warmup), Ordering::Relaxed) != duration_ms(warmup)
+    }
+}
+
+/// `d` in whole milliseconds, saturating.
+fn duration_ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// Everything the KV tier shares across tasks.
@@ -399,11 +444,15 @@ impl KvState {
         if let Some(s) = self.services.read().get(&rule.id)
             && s.config.same_contract(cfg)
         {
+            s.apply_warmup(cfg.warmup);
             return Some(s.clone());
         }
         let mut map = self.services.write();
         Some(match map.get(&rule.id) {
-            Some(s) if s.config.same_contract(cfg) => s.clone(),
+            Some(s) if s.config.same_contract(cfg) => {
+                s.apply_warmup(cfg.warmup);
+                s.clone()
+            }
             _ => {
                 let s = Arc::new(
                     ServiceKv::new(rule.id, cfg, &self.settings, &self.metrics)

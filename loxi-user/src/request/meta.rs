@@ -364,7 +364,8 @@ mod tests {
         ];
         for (ct, read) in cases {
             let headers: Vec<(&str, &str)> = ct.map(|c| ("content-type", c)).into_iter().collect();
-            let m = RequestMeta::extract(&parts("/v1/completions", &headers), body, None, &args(""));
+            let m =
+                RequestMeta::extract(&parts("/v1/completions", &headers), body, None, &args(""));
             assert_eq!(m.json_ok, read, "{ct:?}");
             let model = if read { Some("llama") } else { None };
             assert_eq!(m.model.as_deref(), model, "{ct:?}");

@@ -17,7 +17,7 @@ pub mod session;
 
 pub use bounded::{ParseLimits, ParsedBody, parse_body_bounded};
 pub use meta::{
-    ApiKind, CONVERSATION_HEADER, HashInputs, MODEL_HEADER, RequestMeta, api_kind,
-    declares_json, parse_body, request_model,
+    ApiKind, CONVERSATION_HEADER, HashInputs, MODEL_HEADER, RequestMeta, api_kind, declares_json,
+    parse_body, request_model,
 };
 pub use prompt::{ChatMessage, MEDIA_MARKER, Prompt, prompt_of};

@@ -274,12 +274,15 @@ pub struct KvSpec {
 }
 
 impl KvSpec {
-    /// Same contract (everything but the endpoint list)? A change of contract rebuilds a
-    /// service's KV state; a change of endpoints alone only moves, adds or drops endpoints
-    /// (`kv::members`).
+    /// Same contract (everything but the endpoint list and `kvWarmupSec`)? A change of
+    /// contract rebuilds a service's KV state; a change of endpoints alone only moves, adds or
+    /// drops endpoints (`kv::members`), and a change of `kvWarmupSec` alone is applied to the
+    /// running window (`kv::state::ServiceKv::set_warmup`): neither says anything about the
+    /// blocks the engines hold.
     pub fn same_contract(&self, other: &KvSpec) -> bool {
         let strip = |k: &KvSpec| KvSpec {
             endpoints: Vec::new(),
+            warmup: Duration::ZERO,
             ..k.clone()
         };
         strip(self) == strip(other)
