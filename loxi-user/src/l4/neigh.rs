@@ -23,8 +23,8 @@ use std::{
 use futures::TryStreamExt as _;
 use rtnetlink::Handle;
 use rtnetlink::packet_route::{
-    address::AddressAttribute,
-    neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourState},
+    address::{AddressAttribute, AddressMessage},
+    neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourMessage, NeighbourState},
 };
 use rtnetlink::packet_utils::nla::DefaultNla;
 
@@ -123,49 +123,9 @@ pub async fn keep_resolved(
     if endpoints.is_empty() {
         return Ok(Vec::new());
     }
-    let prefixes: Vec<(u32, IpAddr, u8)> = handle
-        .address()
-        .get()
-        .execute()
-        .try_collect::<Vec<_>>()
-        .await?
-        .into_iter()
-        .filter_map(|m| {
-            let addr = m.attributes.iter().find_map(|a| match a {
-                AddressAttribute::Address(ip) => Some(*ip),
-                _ => None,
-            })?;
-            Some((m.header.index, addr, m.header.prefix_len))
-        })
-        .collect();
-    let usable: BTreeSet<(u32, IpAddr)> = handle
-        .neighbours()
-        .get()
-        .execute()
-        .try_collect::<Vec<_>>()
-        .await?
-        .into_iter()
-        .filter_map(|m| {
-            let dst = m.attributes.iter().find_map(|a| match a {
-                NeighbourAttribute::Destination(NeighbourAddress::Inet(v4)) => {
-                    Some(IpAddr::V4(*v4))
-                }
-                NeighbourAttribute::Destination(NeighbourAddress::Inet6(v6)) => {
-                    Some(IpAddr::V6(*v6))
-                }
-                _ => None,
-            })?;
-            let managed = m.attributes.iter().any(|a| match a {
-                NeighbourAttribute::Other(nla) => is_managed(nla),
-                _ => false,
-            });
-            let resolving_or_failed = matches!(
-                m.header.state,
-                NeighbourState::Incomplete | NeighbourState::Failed | NeighbourState::None
-            );
-            (managed || !resolving_or_failed).then_some((m.header.ifindex, dst))
-        })
-        .collect();
+    let prefixes: Vec<(u32, IpAddr, u8)> = dump(handle.address().get().execute(), prefix).await?;
+    let usable: BTreeSet<(u32, IpAddr)> =
+        dump(handle.neighbours().get().execute(), usable_entry).await?;
     let mut added = Vec::new();
     for &ep in endpoints {
         let Some(ifindex) = connected_on(&prefixes, ep) else {
@@ -192,6 +152,45 @@ pub async fn keep_resolved(
         }
     }
     Ok(added)
+}
+
+/// The values `keep` picks out of the messages of an rtnetlink dump.
+async fn dump<M, T, C: Default + Extend<T>>(
+    messages: impl futures::TryStream<Ok = M, Error = rtnetlink::Error>,
+    keep: impl Fn(M) -> Option<T>,
+) -> Result<C, rtnetlink::Error> {
+    messages
+        .try_filter_map(|m| std::future::ready(Ok(keep(m))))
+        .try_collect()
+        .await
+}
+
+/// An interface address as `(ifindex, address, prefix length)`.
+fn prefix(m: AddressMessage) -> Option<(u32, IpAddr, u8)> {
+    let addr = m.attributes.iter().find_map(|a| match a {
+        AddressAttribute::Address(ip) => Some(*ip),
+        _ => None,
+    })?;
+    Some((m.header.index, addr, m.header.prefix_len))
+}
+
+/// A neighbour entry as `(ifindex, address)` if it is usable: managed, or neither resolving
+/// nor failed.
+fn usable_entry(m: NeighbourMessage) -> Option<(u32, IpAddr)> {
+    let dst = m.attributes.iter().find_map(|a| match a {
+        NeighbourAttribute::Destination(NeighbourAddress::Inet(v4)) => Some(IpAddr::V4(*v4)),
+        NeighbourAttribute::Destination(NeighbourAddress::Inet6(v6)) => Some(IpAddr::V6(*v6)),
+        _ => None,
+    })?;
+    let managed = m.attributes.iter().any(|a| match a {
+        NeighbourAttribute::Other(nla) => is_managed(nla),
+        _ => false,
+    });
+    let resolving_or_failed = matches!(
+        m.header.state,
+        NeighbourState::Incomplete | NeighbourState::Failed | NeighbourState::None
+    );
+    (managed || !resolving_or_failed).then_some((m.header.ifindex, dst))
 }
 
 /// Whether `nla` is `NDA_FLAGS_EXT` with `NTF_EXT_MANAGED` set.
@@ -316,6 +315,50 @@ mod tests {
         assert_eq!(on("192.0.2.1"), None, "behind a gateway");
         assert_eq!(on("10.1.2.1"), None, "this host's own address");
         assert_eq!(on("fd01::1"), None);
+    }
+
+    #[test]
+    fn a_neighbour_entry_is_usable_when_managed_or_neither_resolving_nor_failed() {
+        let entry = |state: NeighbourState, managed: bool, dst: Option<&str>| {
+            let mut m = NeighbourMessage::default();
+            m.header.ifindex = 3;
+            m.header.state = state;
+            if let Some(d) = dst {
+                let ip: Ipv4Addr = d.parse().expect("ip");
+                m.attributes
+                    .push(NeighbourAttribute::Destination(NeighbourAddress::Inet(ip)));
+            }
+            if managed {
+                m.attributes.push(NeighbourAttribute::Other(DefaultNla::new(
+                    NDA_FLAGS_EXT,
+                    NTF_EXT_MANAGED.to_ne_bytes().to_vec(),
+                )));
+            }
+            usable_entry(m)
+        };
+        let ip: IpAddr = "10.100.1.2".parse().expect("ip");
+        assert_eq!(
+            entry(NeighbourState::Reachable, false, Some("10.100.1.2")),
+            Some((3, ip))
+        );
+        assert_eq!(
+            entry(NeighbourState::Stale, false, Some("10.100.1.2")),
+            Some((3, ip))
+        );
+        assert_eq!(
+            entry(NeighbourState::Incomplete, false, Some("10.100.1.2")),
+            None
+        );
+        assert_eq!(
+            entry(NeighbourState::Failed, false, Some("10.100.1.2")),
+            None
+        );
+        assert_eq!(
+            entry(NeighbourState::Failed, true, Some("10.100.1.2")),
+            Some((3, ip)),
+            "managed: the kernel keeps resolving it"
+        );
+        assert_eq!(entry(NeighbourState::Reachable, false, None), None);
     }
 
     #[test]
