@@ -13,7 +13,7 @@ use core::{
 use aya_ebpf::{
     bindings::{BPF_FIB_LKUP_RET_SUCCESS, bpf_fib_lookup, xdp_action},
     helpers::generated::{bpf_fib_lookup as fib_lookup, bpf_redirect, bpf_xdp_adjust_meta},
-    programs::XdpContext,
+    programs::{TcContext, XdpContext},
 };
 use loxi_common::maps::{
     CtValue, MAX_EPS, NH_TTL_NS, ctr,
@@ -96,8 +96,7 @@ fn ndaddr_words(v: &CtValue) -> [u64; 2] {
 /// [`lookup`].
 #[inline(always)]
 pub fn endpoint_next_hop(ctx: &XdpContext, fam: u8, v: &CtValue, t: u64) -> Option<(NextHop, u64)> {
-    // SAFETY: ctx is the program's context pointer.
-    let ingress = unsafe { (*ctx.ctx).ingress_ifindex };
+    let ingress = ctx.ingress();
     let addr = ndaddr_words(v);
     let Some(c) = EP_NH.get_ptr_mut(v.slot * MAX_EPS + v.ep as u32) else {
         return lookup(ctx, fam, &v.ndaddr).map(|nh| (nh, t));
@@ -149,7 +148,7 @@ pub fn meta_ok() -> bool {
 /// never packet data). `ctx` is the XDP or TC program's context. Returns false when the
 /// kernel has no usable route or neighbour.
 #[inline(never)]
-pub fn fib(ctx: *mut c_void, ingress: u32, fam: u8, dst: &[u8; 16], out: *mut NextHop) -> bool {
+fn fib(ctx: *mut c_void, ingress: u32, fam: u8, dst: &[u8; 16], out: *mut NextHop) -> bool {
     // Zero-filled with eight word stores: a zero-initialised struct compiles to a call of the
     // byte-at-a-time `memset` subprogram on BPF.
     let mut raw = MaybeUninit::<bpf_fib_lookup>::uninit();
@@ -197,22 +196,62 @@ pub fn fib(ctx: *mut c_void, ingress: u32, fam: u8, dst: &[u8; 16], out: *mut Ne
     true
 }
 
-/// Looks up the next hop towards `dst` (route, neighbour, whether the egress takes XDP
-/// frames); `None` when the kernel has none yet (counted; the caller passes the frame on).
+/// A program context [`lookup`] runs in: the XDP program's or the TC program's.
+pub trait FibCtx {
+    /// Whether this is the XDP program, which sends through [`EGRESS_XDP`] (its lookups
+    /// decide [`NextHop::xdp_ok`]) and passes a frame it has no next hop for to the kernel
+    /// (counted as `fib_pass`). Known at compile time: the TC program's lookups touch neither
+    /// the map nor the counter.
+    const XDP: bool;
+    /// The context pointer the FIB helper takes.
+    fn raw(&self) -> *mut c_void;
+    /// The interface the frame arrived on (the FIB lookup's input).
+    fn ingress(&self) -> u32;
+}
+
+impl FibCtx for XdpContext {
+    const XDP: bool = true;
+    #[inline(always)]
+    fn raw(&self) -> *mut c_void {
+        self.ctx as *mut c_void
+    }
+    #[inline(always)]
+    fn ingress(&self) -> u32 {
+        // SAFETY: the context pointer is valid for the program's run.
+        unsafe { (*self.ctx).ingress_ifindex }
+    }
+}
+
+impl FibCtx for TcContext {
+    const XDP: bool = false;
+    #[inline(always)]
+    fn raw(&self) -> *mut c_void {
+        self.skb.skb as *mut c_void
+    }
+    #[inline(always)]
+    fn ingress(&self) -> u32 {
+        // SAFETY: the context pointer is valid for the program's run; a plain readable field.
+        unsafe { (*self.skb.skb).ingress_ifindex }
+    }
+}
+
+/// Looks up the next hop towards `dst` for the frame of `ctx` (route, neighbour and, in the
+/// XDP program, whether the egress takes XDP frames; else `xdp_ok` is false); `None` when the
+/// kernel has none yet (counted in the XDP program, whose caller passes the frame on).
 #[inline(always)]
-pub fn lookup(ctx: &XdpContext, fam: u8, dst: &[u8; 16]) -> Option<NextHop> {
+pub fn lookup<C: FibCtx>(ctx: &C, fam: u8, dst: &[u8; 16]) -> Option<NextHop> {
     // Not zero-filled first: that compiles to a call of the byte-at-a-time `memset` on BPF.
     let mut nh = MaybeUninit::<NextHop>::uninit();
-    // SAFETY: ctx is the program's context pointer.
-    let ingress = unsafe { (*ctx.ctx).ingress_ifindex };
-    if !fib(ctx.ctx as *mut c_void, ingress, fam, dst, nh.as_mut_ptr()) {
-        count(ctr::FIB_PASS, 1);
+    if !fib(ctx.raw(), ctx.ingress(), fam, dst, nh.as_mut_ptr()) {
+        if C::XDP {
+            count(ctr::FIB_PASS, 1);
+        }
         return None;
     }
     let p = nh.as_mut_ptr();
     // SAFETY: fib wrote every other field; read-only lookup of a plain u32.
     unsafe {
-        let ok = EGRESS_XDP.get_ifindex(*addr_of!((*p).ifindex)).is_some();
+        let ok = C::XDP && EGRESS_XDP.get_ifindex(*addr_of!((*p).ifindex)).is_some();
         addr_of_mut!((*p).xdp_ok).write(ok);
         addr_of_mut!((*p)._pad).write([0; 3]);
         Some(nh.assume_init())
@@ -231,8 +270,7 @@ pub fn send(
     dmac: &[u8; 6],
     xdp_ok: bool,
 ) -> Result<u32, ParseError> {
-    // SAFETY: ctx is the program's context pointer.
-    let ingress = unsafe { (*ctx.ctx).ingress_ifindex };
+    let ingress = ctx.ingress();
     // Make room for the hand-off metadata before touching the frame (it moves data_meta only).
     // A driver without metadata support refuses: then redirect anyway (counted). A kernel
     // that refuses the helper to XDP programs hands off without it (see `meta_ok`).

@@ -7,8 +7,6 @@
 //! them. That next hop is the conntrack entry's cached one for a DSR frame (its tuple is the
 //! flow's, the destination still the VIP), else the FIB lookup for the frame's (rewritten)
 //! destination; the frame goes to its egress. Anything else continues up the stack untouched.
-use core::{ffi::c_void, mem::MaybeUninit, ptr::addr_of};
-
 use aya_ebpf::{bindings::TC_ACT_OK, helpers::generated::bpf_redirect, programs::TcContext};
 use loxi_common::{
     maps::{
@@ -19,7 +17,7 @@ use loxi_common::{
 };
 
 use crate::{
-    fwd::{NextHop, fib, meta_ok},
+    fwd::{lookup, meta_ok},
     maps::{CT, count},
     parse::{parse, ptr_at},
 };
@@ -55,9 +53,8 @@ pub fn try_tc(ctx: &TcContext) -> i32 {
 /// The hand-off without metadata (see the module doc).
 #[inline(always)]
 fn by_next_hop(ctx: &TcContext) -> i32 {
-    let skb = ctx.skb.skb;
-    // SAFETY: the context pointer is valid for the program's run; plain readable fields.
-    let (pkt_type, ingress) = unsafe { ((*skb).pkt_type, (*skb).ingress_ifindex) };
+    // SAFETY: the context pointer is valid for the program's run; a plain readable field.
+    let pkt_type = unsafe { (*ctx.skb.skb).pkt_type };
     if pkt_type != PACKET_OTHERHOST {
         return TC_ACT_OK;
     }
@@ -78,23 +75,13 @@ fn by_next_hop(ctx: &TcContext) -> i32 {
             return redirect(ifindex);
         }
     }
-    let mut nh = MaybeUninit::<NextHop>::uninit();
-    if !fib(skb as *mut c_void, ingress, pkt.key.family, &pkt.key.daddr, nh.as_mut_ptr()) {
+    let Some(nh) = lookup(ctx, pkt.key.family, &pkt.key.daddr) else {
         return TC_ACT_OK;
-    }
-    let p = nh.as_ptr();
-    // SAFETY: fib wrote ifindex, smac and dmac, the only fields read here.
-    let (ifindex, smac, dmac) = unsafe {
-        (
-            *addr_of!((*p).ifindex),
-            *addr_of!((*p).smac),
-            *addr_of!((*p).dmac),
-        )
     };
-    if !macs_are(&eth, &smac, &dmac) {
+    if !macs_are(&eth, &nh.smac, &nh.dmac) {
         return TC_ACT_OK;
     }
-    redirect(ifindex)
+    redirect(nh.ifindex)
 }
 
 /// Whether the frame's Ethernet addresses (`eth`: destination, then source) are `dmac`, `smac`.

@@ -148,6 +148,11 @@ impl CounterFold {
         Ok(())
     }
 
+    /// The value counter `idx` had at the last [`Self::fold`] (0 before the first).
+    pub fn last(&self, idx: u32) -> u64 {
+        self.last.get(&idx).copied().unwrap_or(0)
+    }
+
     fn delta(&mut self, idx: u32, now: u64) -> u64 {
         let prev = self.last.insert(idx, now).unwrap_or(0);
         now.saturating_sub(prev)

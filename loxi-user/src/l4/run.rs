@@ -1,8 +1,10 @@
 //! The L4 task: load + attach, reconcile maps and VIPs from every rule snapshot, fold counters,
 //! retire unwanted reply-VIP entries ([`super::reply`]) and refresh the XDP-capable egress set
-//! ([`super::egress`]) every stats tick, detach and release VIPs on shutdown.
+//! ([`super::egress`]) every stats tick, check the endpoints' managed neighbour entries
+//! ([`super::neigh`]) at the ticks that call for it, detach and release VIPs on shutdown.
 use std::sync::Arc;
 
+use loxi_common::maps::ctr;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -48,12 +50,20 @@ pub async fn run(
     let mut current = Plan::default();
     let mut tick = tokio::time::interval(cfg.stats_interval);
     let mut dirty = true;
+    // Bumped whenever the plan changes; with `neigh`, when the managed neighbour entries are
+    // checked (`neigh::due`).
+    let mut plan_gen: u64 = 0;
+    let mut neigh = super::neigh::Schedule::default();
     // `--xdp-iface` interfaces currently absent (reported once each, until they come back).
     let mut missing = std::collections::BTreeSet::new();
     loop {
         if dirty {
             let snap = rules.borrow_and_update().clone();
-            current = reconcile(&snap, &mut slots, dp.as_mut(), vips.as_mut()).await;
+            let next = reconcile(&snap, &mut slots, dp.as_mut(), vips.as_mut()).await;
+            if next != current {
+                plan_gen += 1;
+            }
+            current = next;
             applied.mark(snap.version);
             dirty = false;
         }
@@ -65,29 +75,30 @@ pub async fn run(
             },
             _ = tick.tick() => {
                 if let Some(d) = dp.as_mut() {
+                    let fib_pass_before = fold.last(ctr::FIB_PASS);
                     if let Err(e) = fold.fold(d, &current, &metrics) {
                         tracing::warn!(error = %e, "reading XDP counters");
                     }
+                    let fib_pass_delta = fold.last(ctr::FIB_PASS).saturating_sub(fib_pass_before);
                     if let Err(e) = d.sync_reply_vips(&current, std::time::Instant::now()) {
                         tracing::warn!(error = %e, "updating the reply-VIP map");
                     }
                     if let Some(h) = links.as_ref() {
-                        match super::neigh::keep_resolved(h, &super::neigh::endpoint_addrs(&current)).await {
-                            Ok(added) => {
-                                for (ifindex, ep) in added {
-                                    tracing::info!(endpoint = %ep, ifindex,
-                                        "managed neighbour entry added for an L4 endpoint (the kernel resolves it and keeps it resolved)");
-                                }
-                            }
-                            Err(e) => tracing::warn!(error = %e, "listing addresses and neighbours for the L4 endpoints"),
-                        }
                         // One link dump a tick, for both checks.
+                        let mut link_up = false;
                         match super::egress::links(h).await {
                             Ok(all) => {
-                                keep_attached(d, &all, &cfg, &metrics, &mut missing);
+                                link_up = keep_attached(d, &all, &cfg, &metrics, &mut missing);
                                 refresh_egress(d, h, &all).await;
                             }
                             Err(e) => tracing::warn!(error = %e, "listing links for the XDP attachments and egress map"),
+                        }
+                        let now = std::time::Instant::now();
+                        if neigh.due(plan_gen, fib_pass_delta, link_up, now) {
+                            tracing::debug!(plan_gen, fib_pass_delta, link_up,
+                                "checking the L4 endpoints' neighbour entries");
+                            let ok = keep_resolved(h, &current).await;
+                            neigh.ran(plan_gen, ok, now);
                         }
                     }
                 }
@@ -102,6 +113,24 @@ pub async fn run(
     }
     conntrack.withdraw();
     stop(dp, vips, &metrics).await
+}
+
+/// Gives the endpoints of `plan` their managed neighbour entries ([`super::neigh`]), logging
+/// each one added; false when the address or neighbour dump failed.
+async fn keep_resolved(h: &rtnetlink::Handle, plan: &Plan) -> bool {
+    match super::neigh::keep_resolved(h, &super::neigh::endpoint_addrs(plan)).await {
+        Ok(added) => {
+            for (ifindex, ep) in added {
+                tracing::info!(endpoint = %ep, ifindex,
+                    "managed neighbour entry added for an L4 endpoint (the kernel resolves it and keeps it resolved)");
+            }
+            true
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "listing addresses and neighbours for the L4 endpoints");
+            false
+        }
+    }
 }
 
 fn start_datapath(cfg: &L4Config, metrics: &L4Metrics) -> Result<Option<Datapath>, L4Error> {
@@ -131,14 +160,16 @@ fn netlink_handle() -> Result<rtnetlink::Handle, L4Error> {
 /// recreated, a driver reloaded), or whose XDP program was removed from outside, no longer
 /// carries loxi's program: it is attached again here, at the next stats tick, and logged. An
 /// interface that is absent is logged once and reported `loxilb_l4_xdp_attached 0` until it
-/// comes back. Start-up still refuses an absent interface ([`start_datapath`]).
+/// comes back. Start-up still refuses an absent interface ([`start_datapath`]). Returns
+/// whether it attached an interface again (a link came back).
 fn keep_attached(
     dp: &mut Datapath,
     links: &[rtnetlink::packet_route::link::LinkMessage],
     cfg: &L4Config,
     metrics: &L4Metrics,
     missing: &mut std::collections::BTreeSet<String>,
-) {
+) -> bool {
+    let mut came_back = false;
     use rtnetlink::packet_route::link::LinkAttribute;
     let ours = dp.xdp_prog_id();
     for iface in &cfg.xdp_ifaces {
@@ -177,6 +208,7 @@ fn keep_attached(
                 );
                 metrics.set_attached(iface, mode, true);
                 missing.remove(iface);
+                came_back = true;
             }
             Err(e) => {
                 if missing.insert(iface.clone()) {
@@ -186,6 +218,7 @@ fn keep_attached(
             }
         }
     }
+    came_back
 }
 
 /// Recomputes which egresses take XDP frames and updates the map (failures are logged; the
