@@ -501,6 +501,46 @@ fn an_expired_or_not_yet_valid_api_certificate_is_refused_at_start() {
     }
 }
 
+/// `--api-tls-key` holding two private keys, or an encrypted key, stops the daemon at start
+/// saying so (rustls would take the first of two; an encrypted key read as "no private key"),
+/// as the cert API refuses such a `keyPem`.
+#[test]
+fn an_api_key_file_with_two_keys_or_an_encrypted_key_is_refused_at_start() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let state = dir.path().join("state").display().to_string();
+    let key_file = dir.path().join("api.key");
+    let encrypted = "-----BEGIN ENCRYPTED PRIVATE KEY-----\nAAECAwQFBgcI\n-----END ENCRYPTED \
+                     PRIVATE KEY-----\n";
+    for (second, why) in [
+        (
+            Some(rcgen::KeyPair::generate().expect("key").serialize_pem()),
+            "the PEM holds 2 private keys; one is expected (the certificate's)",
+        ),
+        (
+            None,
+            "the key is encrypted (ENCRYPTED PRIVATE KEY); loxi needs an unencrypted key: \
+             `openssl pkey -in KEY -out KEY.plain` writes one (it asks for the passphrase)",
+        ),
+    ] {
+        let mut args = vec!["--state-dir".to_string(), state.clone()];
+        args.extend(api_cert(dir.path(), (2020, 1, 1), (2999, 1, 1)));
+        let own = std::fs::read_to_string(&key_file).expect("the key");
+        let text = match second {
+            Some(other) => format!("{own}{other}"),
+            None => encrypted.to_string(),
+        };
+        std::fs::write(&key_file, text).expect("write key");
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (code, err) = loxi_tests::harness::failed_start(dir.path(), &args, &[]);
+        assert_eq!(code, Some(1), "{err}");
+        let want = format!(
+            "Error: REST API TLS: private key {} (--api-tls-key): {why}",
+            key_file.display()
+        );
+        assert!(err.starts_with(&want), "{err}");
+    }
+}
+
 /// `--api-allowed-origin` must be an origin and `--api-allowed-host` a name: anything else
 /// would never match a request (silently inert), so it is a usage error.
 #[test]

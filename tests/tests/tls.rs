@@ -1426,6 +1426,17 @@ async fn cert_api_refusals_name_the_field_and_a_ca_certificate_is_refused() {
     bad_id["certId"] = json!("a/b");
     let mut number = body(&good);
     number["keyPem"] = json!(7);
+    let mut encrypted = body(&good);
+    encrypted["keyPem"] = json!(
+        "-----BEGIN ENCRYPTED PRIVATE KEY-----\nAAECAwQFBgcI\n-----END ENCRYPTED PRIVATE KEY-----\n"
+    );
+    let mut one_line = body(&good);
+    one_line["certPem"] = json!(
+        good.cert_pem
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
     let cases: Vec<(Value, &str, &str)> = vec![
         (
             body(&mismatched),
@@ -1447,6 +1458,16 @@ async fn cert_api_refusals_name_the_field_and_a_ca_certificate_is_refused() {
             "keyPem: missing",
         ),
         (number, "keyPem", "keyPem: 7 is not a string"),
+        (
+            encrypted,
+            "keyPem",
+            "keyPem: the key is encrypted (ENCRYPTED PRIVATE KEY); loxi needs an unencrypted key",
+        ),
+        (
+            one_line,
+            "certPem",
+            "certPem: malformed PEM: the PEM's line breaks are missing",
+        ),
         (
             body(&ca_leaf),
             "certPem",

@@ -50,6 +50,7 @@ const BODY_SHAPE: &str = "the body is {\"certId\"?, \"certPem\", \"keyPem\", \"c
 /// optional `certId` and `chainPem`); a body that is not a JSON object names none.
 fn parse_body(body: Result<Bytes, BytesRejection>) -> Result<CertBody, ApiError> {
     let body = body.map_err(super::error::body_error)?;
+    super::error::utf8_body(&body)?;
     let v: Value = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_body(format!("not JSON ({e}); {BODY_SHAPE}")))?;
     let Value::Object(map) = &v else {

@@ -211,6 +211,20 @@ pub(super) fn body_error(e: axum::extract::rejection::BytesRejection) -> ApiErro
     ApiError::bad_body(format!("cannot read the body: {}", e.body_text()))
 }
 
+/// 400 when the request body is not UTF-8 (JSON is UTF-8 text, RFC 8259 §8.1), naming the
+/// first byte that is not: serde_json would report it as an invalid code point at a line and
+/// column, or as an unexpected character. Like every error about the body as a whole, it
+/// names no field (`fields` is `null`, as in LoxiLB's errors without one).
+pub(super) fn utf8_body(body: &[u8]) -> Result<(), ApiError> {
+    std::str::from_utf8(body).map(|_| ()).map_err(|e| {
+        ApiError::bad_body(format!(
+            "request body is not UTF-8 at byte {} (of {}); JSON is UTF-8 text",
+            e.valid_up_to(),
+            body.len()
+        ))
+    })
+}
+
 /// 413: the request body is (or declares itself) larger than [`API_BODY_LIMIT`].
 pub(super) fn body_too_large() -> ApiError {
     ApiError::with_status(
@@ -284,6 +298,27 @@ mod tests {
         let body: serde_json::Value = serde_json::from_slice(&body_bytes(id)).expect("JSON");
         assert_eq!(body["message"], body["result"]);
         assert!(!body["result"].as_str().unwrap_or("exist").contains("exist"));
+    }
+
+    /// A body that is not UTF-8 is refused naming the byte, in the shape of every error about
+    /// the body as a whole (`fields` null, no `field`).
+    #[test]
+    fn a_body_that_is_not_utf8_names_the_byte() {
+        assert_eq!(utf8_body("{\"a\": \"é\"}".as_bytes()), Ok(()));
+        let e = utf8_body(b"{\"a\": \"\xff\"}").expect_err("not UTF-8");
+        let body: serde_json::Value = serde_json::from_slice(&body_bytes(e)).expect("JSON");
+        assert_eq!(
+            body,
+            serde_json::json!({
+                "code": 400,
+                "fields": null,
+                "message": "request body is not UTF-8 at byte 7 (of 10); JSON is UTF-8 text",
+                "result": "request body is not UTF-8 at byte 7 (of 10); JSON is UTF-8 text"
+            })
+        );
+        let not_json: serde_json::Value =
+            serde_json::from_slice(&body_bytes(ApiError::bad_body("x"))).expect("JSON");
+        assert_eq!(not_json["fields"], body["fields"], "the same shape");
     }
 
     /// The body `e` answers with.

@@ -37,9 +37,11 @@ pub fn parse_rule(body: &[u8]) -> Result<LbRule, ApiError> {
 /// `body` as a JSON value, refusing an object that names the same key twice: serde_json's
 /// `Value` (and Go's `encoding/json`, so LoxiLB) keep the last silently, so the first value
 /// would be accepted and inert. 400 `body is not valid JSON` for a syntax error; 400 naming
-/// the field (`serviceArguments.port`, `endpoints[1].weight`) for a repeated key. Nesting is
+/// the field (`serviceArguments.port`, `endpoints[1].weight`) for a repeated key; 400
+/// `request body is not UTF-8 at byte N` for bytes that are not UTF-8. Nesting is
 /// bounded by serde_json's recursion limit (128).
 pub fn strict_json(body: &[u8]) -> Result<Value, ApiError> {
+    super::error::utf8_body(body)?;
     let repeated = std::cell::RefCell::new(None);
     let mut de = serde_json::Deserializer::from_slice(body);
     let parsed = serde::de::DeserializeSeed::deserialize(
@@ -399,6 +401,13 @@ mod tests {
             e.message.starts_with("body is not valid JSON"),
             "{}",
             e.message
+        );
+        assert_eq!(e.field, None);
+        // Bytes that are not UTF-8 (inside a string or not) name the byte, not a code point.
+        let e = parse_rule(b"{\"serviceArguments\": {\"name\": \"a\xe9\"}}").expect_err("latin-1");
+        assert_eq!(
+            e.message,
+            "request body is not UTF-8 at byte 32 (of 36); JSON is UTF-8 text"
         );
         assert_eq!(e.field, None);
         let e = parse_rule(b"{} x").expect_err("trailing characters");

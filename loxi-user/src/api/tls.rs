@@ -10,8 +10,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinHandle;
@@ -30,13 +30,42 @@ pub enum TlsError {
     /// A PEM file could not be read or holds nothing usable.
     #[error("{what} {path}: {}", crate::certs::parse::pem_reason(source))]
     Pem {
-        /// `certificate` or `private key`.
+        /// `certificate`.
         what: &'static str,
         /// The file.
         path: String,
         /// Why.
         #[source]
         source: rustls::pki_types::pem::Error,
+    },
+    /// The private key file could not be read.
+    #[error("private key {path} (--api-tls-key): {source}")]
+    ReadKey {
+        /// The file.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The private key file holds no usable key: none, an encrypted one, several, or
+    /// malformed PEM (the cert API's words, [`crate::certs::parse::private_key`]).
+    #[error("private key {path} (--api-tls-key): {source}")]
+    Key {
+        /// The file.
+        path: String,
+        /// Why.
+        #[source]
+        source: crate::certs::parse::KeyPemError,
+    },
+    /// The key is not the certificate's (or rustls refused the pair otherwise).
+    #[error("certificate {cert} and private key {key} (--api-tls-cert, --api-tls-key): {reason}")]
+    Pair {
+        /// The certificate file.
+        cert: String,
+        /// The key file.
+        key: String,
+        /// Why, in words ([`crate::certs::parse::rustls_reason`]).
+        reason: String,
     },
     /// The certificate file holds no certificate.
     #[error("certificate {0}: no CERTIFICATE block")]
@@ -77,12 +106,25 @@ pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig
         return Err(TlsError::NoCertificate(cert.display().to_string()));
     };
     check_validity(cert, leaf, crate::certs::store::unix_now())?;
-    let key = PrivateKeyDer::from_pem_file(key).map_err(pem("private key", key))?;
+    let key_path = || key.display().to_string();
+    let text = std::fs::read(key).map_err(|source| TlsError::ReadKey {
+        path: key_path(),
+        source,
+    })?;
+    let private_key = crate::certs::parse::private_key(&text).map_err(|source| TlsError::Key {
+        path: key_path(),
+        source,
+    })?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()?
         .with_no_client_auth()
-        .with_single_cert(chain, key)?;
+        .with_single_cert(chain, private_key)
+        .map_err(|e| TlsError::Pair {
+            cert: cert.display().to_string(),
+            key: key_path(),
+            reason: crate::certs::parse::rustls_reason(&e),
+        })?;
     cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Arc::new(cfg))
 }
@@ -195,5 +237,83 @@ impl axum::serve::Listener for TlsListener {
 
     fn local_addr(&self) -> std::io::Result<Self::Addr> {
         Ok(self.local)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A certificate and key file pair in `dir` (`cert.pem`, `key.pem`), the key's text being
+    /// `key` applied to the certificate's own key.
+    fn files(dir: &Path, key: impl Fn(&str) -> String) -> (std::path::PathBuf, std::path::PathBuf) {
+        let pem = crate::certs::testutil::self_signed(&["api.example"], None);
+        let (c, k) = (dir.join("cert.pem"), dir.join("key.pem"));
+        std::fs::write(&c, &pem.cert_pem).expect("cert");
+        std::fs::write(&k, key(&pem.key_pem)).expect("key");
+        (c, k)
+    }
+
+    fn refusal(cert: &Path, key: &Path) -> String {
+        match server_config(cert, key) {
+            Ok(_) => "accepted".into(),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    /// A key file holding two private keys is refused at start, as the cert API refuses it
+    /// (rustls would take the first).
+    #[test]
+    fn a_key_file_with_two_keys_is_refused() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let other = crate::certs::testutil::self_signed(&["x.example"], None).key_pem;
+        let (c, k) = files(dir.path(), |own| format!("{own}{other}"));
+        assert_eq!(
+            refusal(&c, &k),
+            format!(
+                "private key {} (--api-tls-key): the PEM holds 2 private keys; one is expected \
+                 (the certificate's)",
+                k.display()
+            )
+        );
+        let (c, k) = files(dir.path(), str::to_owned);
+        assert_eq!(refusal(&c, &k), "accepted");
+    }
+
+    /// An encrypted key is named as such, not "no private key".
+    #[test]
+    fn an_encrypted_key_file_is_named() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let (c, k) = files(dir.path(), |_| {
+            "-----BEGIN ENCRYPTED PRIVATE KEY-----\nAAECAwQFBgcI\n-----END ENCRYPTED PRIVATE \
+             KEY-----\n"
+                .into()
+        });
+        assert_eq!(
+            refusal(&c, &k),
+            format!(
+                "private key {} (--api-tls-key): the key is encrypted (ENCRYPTED PRIVATE KEY); \
+                 loxi needs an unencrypted key: `openssl pkey -in KEY -out KEY.plain` writes one \
+                 (it asks for the passphrase)",
+                k.display()
+            )
+        );
+    }
+
+    /// Another certificate's key is said in words (rustls: `KeyMismatch`).
+    #[test]
+    fn a_key_of_another_certificate_is_said_in_words() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let other = crate::certs::testutil::self_signed(&["x.example"], None).key_pem;
+        let (c, k) = files(dir.path(), |_| other.clone());
+        assert_eq!(
+            refusal(&c, &k),
+            format!(
+                "certificate {} and private key {} (--api-tls-cert, --api-tls-key): the private \
+                 key does not match the certificate's public key",
+                c.display(),
+                k.display()
+            )
+        );
     }
 }

@@ -66,14 +66,15 @@ pub enum CertError {
     /// `certPem` holds no CERTIFICATE block.
     #[error("certPem: no CERTIFICATE block")]
     NoCertificate,
-    /// `keyPem` is empty or holds no private key.
-    #[error("keyPem: no private key (PKCS#8, PKCS#1 or SEC1 PEM block)")]
-    NoKey,
+    /// `keyPem` holds no usable private key: none, an encrypted one, several, or malformed
+    /// PEM.
+    #[error("keyPem: {0}")]
+    Key(#[from] KeyPemError),
     /// The key's type cannot sign (rustls/ring).
     #[error("keyPem: unsupported private key: {0}")]
     UnsupportedKey(String),
-    /// The key is not the leaf certificate's.
-    #[error("keyPem does not match the certificate in certPem ({0})")]
+    /// The key is not the leaf certificate's (the reason in words, [`rustls_reason`]).
+    #[error("keyPem does not match the certificate in certPem: {0}")]
     KeyMismatch(String),
     /// The leaf certificate does not parse as X.509.
     #[error("certPem: not an X.509 certificate: {0}")]
@@ -118,12 +119,205 @@ impl CertError {
         match self {
             Self::BadId(_) => "certId",
             Self::Pem { field, .. } | Self::BrokenChain { field, .. } => field,
-            Self::NoKey | Self::UnsupportedKey(_) | Self::KeyMismatch(_) => "keyPem",
+            Self::Key(_) | Self::UnsupportedKey(_) | Self::KeyMismatch(_) => "keyPem",
             Self::NoCertificate
             | Self::X509(_)
             | Self::Validity(_)
             | Self::NoHostnames
             | Self::CaCertificate => "certPem",
+        }
+    }
+}
+
+/// Why a private key's PEM text gives no usable key. One reader for every key loxi loads
+/// ([`private_key`]): the cert API's `keyPem`, `--cert-dir`'s `server.key` and
+/// `--api-tls-key`.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum KeyPemError {
+    /// No private key block at all.
+    #[error("no private key (PKCS#8, PKCS#1 or SEC1 PEM block)")]
+    NoKey,
+    /// The key is encrypted (`ENCRYPTED PRIVATE KEY`, PKCS#8; or OpenSSL's legacy
+    /// `Proc-Type: 4,ENCRYPTED` header): loxi has no passphrase to decrypt it with.
+    #[error(
+        "the key is encrypted ({0}); loxi needs an unencrypted key: `openssl pkey -in KEY -out \
+         KEY.plain` writes one (it asks for the passphrase)"
+    )]
+    Encrypted(&'static str),
+    /// Several private keys: which one is the certificate's would be a guess.
+    #[error("the PEM holds {0} private keys; one is expected (the certificate's)")]
+    Several(usize),
+    /// The PEM text does not parse ([`pem_reason`]).
+    #[error("malformed PEM: {0}")]
+    Pem(String),
+}
+
+/// The one private key of the PEM text `text` (PKCS#8, PKCS#1 or SEC1). An encrypted key, and
+/// several keys, are refused saying so (rustls would skip an encrypted key as an unknown block
+/// and report no key, and take the first of several).
+pub fn private_key(text: &[u8]) -> Result<PrivateKeyDer<'static>, KeyPemError> {
+    use rustls::pki_types::pem::{Error, SectionKind};
+    const LEGACY_ENCRYPTED: &[u8] = b"Proc-Type: 4,ENCRYPTED";
+    let encrypted = pem_labels(text)
+        .iter()
+        .filter(|l| l.as_str() == "ENCRYPTED PRIVATE KEY")
+        .count();
+    let plain = <(SectionKind, Vec<u8>)>::pem_slice_iter(text)
+        .filter_map(Result::ok)
+        .filter(|(kind, _)| {
+            matches!(
+                kind,
+                SectionKind::PrivateKey | SectionKind::RsaPrivateKey | SectionKind::EcPrivateKey
+            )
+        })
+        .count();
+    if plain + encrypted > 1 {
+        return Err(KeyPemError::Several(plain + encrypted));
+    }
+    if text
+        .windows(LEGACY_ENCRYPTED.len())
+        .any(|w| w == LEGACY_ENCRYPTED)
+    {
+        return Err(KeyPemError::Encrypted(
+            "a Proc-Type: 4,ENCRYPTED header, OpenSSL's legacy encrypted PEM",
+        ));
+    }
+    match PrivateKeyDer::from_pem_slice(text) {
+        Ok(k) => Ok(k),
+        Err(Error::NoItemsFound) if encrypted > 0 => {
+            Err(KeyPemError::Encrypted("ENCRYPTED PRIVATE KEY"))
+        }
+        Err(Error::NoItemsFound) => Err(KeyPemError::NoKey),
+        Err(e) => Err(KeyPemError::Pem(pem_reason(&e))),
+    }
+}
+
+/// The labels of the PEM BEGIN lines of `text` (`CERTIFICATE`, `ENCRYPTED PRIVATE KEY`), in
+/// order, whether rustls reads that kind or not.
+pub fn pem_labels(text: &[u8]) -> Vec<String> {
+    String::from_utf8_lossy(text)
+        .lines()
+        .filter_map(|l| {
+            l.trim_end()
+                .strip_prefix("-----BEGIN ")
+                .and_then(|r| r.split_once("-----"))
+                .map(|(label, _)| label.to_owned())
+        })
+        .collect()
+}
+
+/// A rustls error in words: the key/certificate mismatch and an undecodable certificate are
+/// said as such (rustls prints Rust names, `keys may not be consistent: KeyMismatch`, and
+/// calls any certificate a "peer certificate").
+pub fn rustls_reason(e: &rustls::Error) -> String {
+    use rustls::{CertificateError, Error, InconsistentKeys};
+    match e {
+        Error::InconsistentKeys(InconsistentKeys::KeyMismatch) => {
+            "the private key does not match the certificate's public key".into()
+        }
+        Error::InconsistentKeys(_) => "rustls cannot tell whether the private key matches the \
+                                       certificate's public key"
+            .into(),
+        Error::InvalidCertificate(CertificateError::BadEncoding) => TRUNCATED_OR_NOT_DER.into(),
+        Error::InvalidCertificate(CertificateError::Other(o)) => {
+            format!("the certificate is refused: {o}")
+        }
+        Error::InvalidCertificate(c) => format!("the certificate is refused: {c}"),
+        e => e.to_string(),
+    }
+}
+
+/// What a certificate whose DER does not parse is called.
+const TRUNCATED_OR_NOT_DER: &str = "the certificate is truncated or not DER";
+
+/// An x509-parser error in words: a DER that ends early or is not DER at all (its
+/// `NomError(Eof)`, `Der(...)` and `Incomplete` forms) is [`TRUNCATED_OR_NOT_DER`]; its other
+/// errors are words already (`invalid X.509 name`).
+pub fn x509_reason(e: &x509_parser::nom::Err<x509_parser::error::X509Error>) -> String {
+    use x509_parser::error::X509Error;
+    use x509_parser::nom::Err;
+    match e {
+        Err::Incomplete(_) => TRUNCATED_OR_NOT_DER.into(),
+        Err::Error(e) | Err::Failure(e) => match e {
+            X509Error::NomError(_) => TRUNCATED_OR_NOT_DER.into(),
+            X509Error::Der(d) => format!("{TRUNCATED_OR_NOT_DER} (DER: {d})"),
+            e => e.to_string(),
+        },
+    }
+}
+
+/// A CA file's certificates as rustls trust anchors, and why each other PEM item is not one.
+#[derive(Debug)]
+pub struct CaBundle {
+    /// The certificates rustls/webpki take as trust anchors.
+    pub roots: rustls::RootCertStore,
+    /// Each PEM item that is not a usable CA certificate, in file order.
+    pub refused: Vec<RefusedItem>,
+}
+
+/// A PEM item of a CA file that is not a usable CA certificate. Shown as `PEM item 2
+/// (CERTIFICATE): the certificate is truncated or not DER` or `PEM item 1 is a PRIVATE KEY,
+/// not a CERTIFICATE`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefusedItem {
+    /// Its position among the file's PEM items (1 is the first).
+    pub item: usize,
+    /// Its PEM label (`CERTIFICATE`, `PRIVATE KEY`).
+    pub label: String,
+    /// Why rustls/webpki refused a certificate; `None`: the item is not a certificate.
+    pub reason: Option<String>,
+}
+
+impl std::fmt::Display for RefusedItem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.reason {
+            Some(why) => write!(f, "PEM item {} ({}): {why}", self.item, self.label),
+            None => write!(
+                f,
+                "PEM item {} is a {}, not a CERTIFICATE",
+                self.item, self.label
+            ),
+        }
+    }
+}
+
+impl CaBundle {
+    /// The CA certificates of the PEM text `text` (a CA file's content). `Err` is the PEM
+    /// parse error in words ([`pem_reason`]).
+    pub fn from_pem(text: &[u8]) -> Result<Self, String> {
+        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(text)
+            .collect::<Result<_, _>>()
+            .map_err(|e| pem_reason(&e))?;
+        let mut certs = certs.into_iter();
+        let mut roots = rustls::RootCertStore::empty();
+        let mut refused = Vec::new();
+        for (i, label) in pem_labels(text).iter().enumerate() {
+            let item = i + 1;
+            let refuse = |reason| RefusedItem {
+                item,
+                label: label.clone(),
+                reason,
+            };
+            if label != "CERTIFICATE" {
+                refused.push(refuse(None));
+                continue;
+            }
+            let Some(der) = certs.next() else { break };
+            if let Err(e) = roots.add(der) {
+                refused.push(refuse(Some(rustls_reason(&e))));
+            }
+        }
+        Ok(Self { roots, refused })
+    }
+
+    /// Why no certificate is usable (when [`Self::roots`] is empty): `no CERTIFICATE block`,
+    /// or `no usable CA certificate: ` and each refusal.
+    pub fn none_usable(&self) -> String {
+        if self.refused.is_empty() {
+            "no CERTIFICATE block".into()
+        } else {
+            let each: Vec<String> = self.refused.iter().map(ToString::to_string).collect();
+            format!("no usable CA certificate: {}", each.join("; "))
         }
     }
 }
@@ -169,7 +363,7 @@ pub fn check_validity(not_before: i64, not_after: i64, now: i64) -> Result<(), V
 /// The validity (`notBefore`, `notAfter`, Unix seconds) of the X.509 certificate `der`.
 pub fn validity(der: &CertificateDer<'_>) -> Result<(i64, i64), CertError> {
     let (_, cert) = x509_parser::parse_x509_certificate(der.as_ref())
-        .map_err(|e| CertError::X509(e.to_string()))?;
+        .map_err(|e| CertError::X509(x509_reason(&e)))?;
     let v = cert.validity();
     Ok((v.not_before.timestamp(), v.not_after.timestamp()))
 }
@@ -238,7 +432,7 @@ fn parse_any_validity(
         chain.extend(more);
     }
     check_chain(&chain, in_cert_pem)?;
-    let key = private_key(&pem.key_pem)?;
+    let key = private_key(pem.key_pem.as_bytes())?;
     let signer = rustls::crypto::ring::sign::any_supported_type(&key)
         .map_err(|e| CertError::UnsupportedKey(e.to_string()))?;
     let facts = leaf_facts(&chain[0])?;
@@ -246,7 +440,7 @@ fn parse_any_validity(
     let certified = CertifiedKey::new(chain, signer);
     certified
         .keys_match()
-        .map_err(|e| CertError::KeyMismatch(e.to_string()))?;
+        .map_err(|e| CertError::KeyMismatch(rustls_reason(&e)))?;
     let cert = Certificate {
         id: id.to_string(),
         hostnames: facts.hostnames,
@@ -274,6 +468,11 @@ pub fn pem_reason(e: &rustls::pki_types::pem::Error) -> String {
     use rustls::pki_types::pem::Error;
     match e {
         Error::Base64Decode(debug) => base64_reason(debug),
+        Error::MissingSectionEnd { end_marker: line } | Error::IllegalSectionStart { line }
+            if line.windows(8).any(|w| w == b"-----END") =>
+        {
+            ONE_LINE.into()
+        }
         Error::MissingSectionEnd { end_marker } => format!(
             "missing section end marker {:?}",
             String::from_utf8_lossy(end_marker)
@@ -284,6 +483,14 @@ pub fn pem_reason(e: &rustls::pki_types::pem::Error) -> String {
         e => e.to_string(),
     }
 }
+
+/// A PEM whose BEGIN marker, body and END marker are on one line (its line breaks lost, as
+/// an unquoted `echo $PEM` writes it): rustls-pki-types reads the whole line as the BEGIN
+/// marker and reports the END marker missing.
+const ONE_LINE: &str = "the PEM's line breaks are missing: its BEGIN marker, base64 body and \
+                        END marker are on one line; the BEGIN and END markers must be on lines of \
+                        their own (write the PEM with its line breaks, e.g. echo \"$PEM\" with \
+                        the quotes)";
 
 /// rustls-pki-types' base64 error (its `Debug` form) in words.
 fn base64_reason(debug: &str) -> String {
@@ -305,35 +512,6 @@ fn base64_reason(debug: &str) -> String {
     format!("the base64 body does not decode: {what}")
 }
 
-/// The one private key of `text`; several are refused (the first would be used and the
-/// others silently ignored).
-fn private_key(text: &str) -> Result<PrivateKeyDer<'static>, CertError> {
-    use rustls::pki_types::pem::{PemObject, SectionKind};
-    let keys = <(SectionKind, Vec<u8>)>::pem_slice_iter(text.as_bytes())
-        .filter_map(Result::ok)
-        .filter(|(kind, _)| {
-            matches!(
-                kind,
-                SectionKind::PrivateKey | SectionKind::RsaPrivateKey | SectionKind::EcPrivateKey
-            )
-        })
-        .count();
-    if keys > 1 {
-        return Err(CertError::Pem {
-            field: "keyPem",
-            reason: format!("{keys} private keys; give the certificate's one key"),
-        });
-    }
-    match PrivateKeyDer::from_pem_slice(text.as_bytes()) {
-        Ok(k) => Ok(k),
-        Err(rustls::pki_types::pem::Error::NoItemsFound) => Err(CertError::NoKey),
-        Err(e) => Err(CertError::Pem {
-            field: "keyPem",
-            reason: pem_reason(&e),
-        }),
-    }
-}
-
 /// Each certificate after the leaf must be the issuer of the one before it (its subject is
 /// that one's issuer name), so that clients can build the path from what is served; a
 /// version 1 leaf is refused here with its own message (rustls reads only v3), and so is a CA
@@ -344,7 +522,7 @@ fn check_chain(chain: &[CertificateDer<'_>], in_cert_pem: usize) -> Result<(), C
         .map(|der| {
             x509_parser::parse_x509_certificate(der.as_ref())
                 .map(|(_, c)| c)
-                .map_err(|e| CertError::X509(e.to_string()))
+                .map_err(|e| CertError::X509(x509_reason(&e)))
         })
         .collect::<Result<Vec<_>, _>>()?;
     if let Some(leaf) = parsed.first()
@@ -387,7 +565,7 @@ struct LeafFacts {
 
 fn leaf_facts(der: &CertificateDer<'_>) -> Result<LeafFacts, CertError> {
     let (_, cert) = x509_parser::parse_x509_certificate(der.as_ref())
-        .map_err(|e| CertError::X509(e.to_string()))?;
+        .map_err(|e| CertError::X509(x509_reason(&e)))?;
     let mut hostnames: Vec<String> = Vec::new();
     if let Ok(Some(san)) = cert.subject_alternative_name() {
         for name in &san.value.general_names {
@@ -478,13 +656,140 @@ mod tests {
         let other = pem_for(&["a.example"], in_days(30)).key_pem;
         p.key_pem = format!("{}{other}", p.key_pem);
         let e = parse("a", p, now()).expect_err("two keys");
+        assert_eq!(e, CertError::Key(KeyPemError::Several(2)));
         assert_eq!(
-            e,
-            CertError::Pem {
-                field: "keyPem",
-                reason: "2 private keys; give the certificate's one key".into()
-            }
+            e.to_string(),
+            "keyPem: the PEM holds 2 private keys; one is expected (the certificate's)"
         );
+    }
+
+    /// A fake PEM block labelled `label` (the body is base64 of a few bytes).
+    fn block(label: &str) -> String {
+        format!("-----BEGIN {label}-----\nAAECAwQFBgcI\n-----END {label}-----\n")
+    }
+
+    /// An encrypted key (PKCS#8's ENCRYPTED PRIVATE KEY, OpenSSL's legacy Proc-Type header)
+    /// is named as such with the command that decrypts it, not reported as no key; with a
+    /// plain key beside it, the file holds two keys.
+    #[test]
+    fn an_encrypted_key_is_named_with_how_to_decrypt_it() {
+        let e = private_key(block("ENCRYPTED PRIVATE KEY").as_bytes()).expect_err("encrypted");
+        assert_eq!(e, KeyPemError::Encrypted("ENCRYPTED PRIVATE KEY"));
+        assert_eq!(
+            e.to_string(),
+            "the key is encrypted (ENCRYPTED PRIVATE KEY); loxi needs an unencrypted key: \
+             `openssl pkey -in KEY -out KEY.plain` writes one (it asks for the passphrase)"
+        );
+        let legacy = "-----BEGIN RSA PRIVATE KEY-----\nProc-Type: 4,ENCRYPTED\nDEK-Info: \
+                      AES-128-CBC,00\n\nAAECAwQFBgcI\n-----END RSA PRIVATE KEY-----\n";
+        let e = private_key(legacy.as_bytes()).expect_err("legacy encrypted");
+        assert!(
+            e.to_string().starts_with(
+                "the key is encrypted (a Proc-Type: 4,ENCRYPTED header, OpenSSL's legacy \
+                 encrypted PEM); loxi needs an unencrypted key"
+            ),
+            "{e}"
+        );
+        let mut p = pem_for(&["a.example"], in_days(30));
+        let plain = p.key_pem.clone();
+        p.key_pem = block("ENCRYPTED PRIVATE KEY");
+        assert_eq!(
+            parse("a", p.clone(), now())
+                .expect_err("encrypted")
+                .to_string(),
+            "keyPem: the key is encrypted (ENCRYPTED PRIVATE KEY); loxi needs an unencrypted \
+             key: `openssl pkey -in KEY -out KEY.plain` writes one (it asks for the passphrase)"
+        );
+        p.key_pem = format!("{plain}{}", block("ENCRYPTED PRIVATE KEY"));
+        assert_eq!(
+            parse("a", p, now()).expect_err("two keys"),
+            CertError::Key(KeyPemError::Several(2))
+        );
+    }
+
+    /// A PEM written on one line (its line breaks lost) says so, instead of quoting the whole
+    /// line as a missing end marker; for the certificate and for the key alike.
+    #[test]
+    fn a_pem_on_one_line_says_its_line_breaks_are_missing() {
+        let good = pem_for(&["a.example"], in_days(30));
+        let one_line = |t: &str| t.split_whitespace().collect::<Vec<_>>().join(" ");
+        let mut p = good.clone();
+        p.cert_pem = one_line(&good.cert_pem);
+        let e = parse("a", p, now()).expect_err("one-line cert");
+        assert_eq!(e.to_string(), format!("certPem: malformed PEM: {ONE_LINE}"));
+        assert!(
+            ONE_LINE.starts_with(
+                "the PEM's line breaks are missing: its BEGIN marker, base64 body and END \
+                 marker are on one line; the BEGIN and END markers must be on lines of their own"
+            ),
+            "{ONE_LINE}"
+        );
+        let mut p = good.clone();
+        p.key_pem = one_line(&good.key_pem);
+        let e = parse("a", p, now()).expect_err("one-line key");
+        assert_eq!(e, CertError::Key(KeyPemError::Pem(ONE_LINE.into())));
+        // Something after the END marker on that line: rustls calls the line an illegal
+        // start; the same words.
+        let mut p = good;
+        p.cert_pem = format!("{} x", one_line(&p.cert_pem));
+        let e = parse("a", p, now()).expect_err("one-line cert and more");
+        assert_eq!(e.to_string(), format!("certPem: malformed PEM: {ONE_LINE}"));
+    }
+
+    /// A certificate whose DER was cut short is said to be truncated, not x509-parser's
+    /// `NomError(Eof)`.
+    #[test]
+    fn a_truncated_certificate_is_said_in_words() {
+        use base64::Engine as _;
+        let mut p = pem_for(&["a.example"], in_days(30));
+        let der = CertificateDer::from_pem_slice(p.cert_pem.as_bytes()).expect("der");
+        let cut = base64::engine::general_purpose::STANDARD.encode(&der.as_ref()[..100]);
+        p.cert_pem = format!("-----BEGIN CERTIFICATE-----\n{cut}\n-----END CERTIFICATE-----\n");
+        let e = parse("a", p, now()).expect_err("truncated");
+        assert_eq!(
+            e.to_string(),
+            "certPem: not an X.509 certificate: the certificate is truncated or not DER"
+        );
+    }
+
+    /// rustls' errors in words: the mismatch and an undecodable certificate.
+    #[test]
+    fn rustls_errors_are_said_in_words() {
+        use rustls::{CertificateError, Error, InconsistentKeys};
+        assert_eq!(
+            rustls_reason(&Error::InconsistentKeys(InconsistentKeys::KeyMismatch)),
+            "the private key does not match the certificate's public key"
+        );
+        assert_eq!(
+            rustls_reason(&Error::InvalidCertificate(CertificateError::BadEncoding)),
+            "the certificate is truncated or not DER"
+        );
+    }
+
+    /// A CA file's items that are not usable CA certificates are each named with why.
+    #[test]
+    fn a_ca_bundle_names_each_refused_item() {
+        let ca = ca_and_leaf("Test CA").1;
+        let key = pem_for(&["a.example"], in_days(30)).key_pem;
+        let text = format!("{key}{}{ca}", block("CERTIFICATE"));
+        let b = CaBundle::from_pem(text.as_bytes()).expect("parses");
+        assert_eq!(b.roots.len(), 1, "the CA is taken");
+        let refused: Vec<String> = b.refused.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            refused,
+            [
+                "PEM item 1 is a PRIVATE KEY, not a CERTIFICATE",
+                "PEM item 2 (CERTIFICATE): the certificate is truncated or not DER"
+            ]
+        );
+        let none = CaBundle::from_pem(key.as_bytes()).expect("parses");
+        assert!(none.roots.is_empty());
+        assert_eq!(
+            none.none_usable(),
+            "no usable CA certificate: PEM item 1 is a PRIVATE KEY, not a CERTIFICATE"
+        );
+        let empty = CaBundle::from_pem(b"hello").expect("parses");
+        assert_eq!(empty.none_usable(), "no CERTIFICATE block");
     }
 
     /// A PEM block without its end marker names the marker as text, not as bytes.
@@ -526,16 +831,22 @@ mod tests {
         let mut p = pem_for(&["a.example"], in_days(30));
         p.key_pem = pem_for(&["a.example"], in_days(30)).key_pem;
         let e = parse("a", p, now()).expect_err("mismatch");
-        assert!(matches!(e, CertError::KeyMismatch(_)), "{e}");
+        assert_eq!(
+            e.to_string(),
+            "keyPem does not match the certificate in certPem: the private key does not match \
+             the certificate's public key"
+        );
     }
 
     #[test]
     fn missing_key_and_garbage_are_refused_with_the_field() {
         let mut p = pem_for(&["a.example"], in_days(30));
         p.key_pem = String::new();
+        let e = parse("a", p.clone(), now()).expect_err("no key");
+        assert_eq!(e, CertError::Key(KeyPemError::NoKey));
         assert_eq!(
-            parse("a", p.clone(), now()).expect_err("no key"),
-            CertError::NoKey
+            e.to_string(),
+            "keyPem: no private key (PKCS#8, PKCS#1 or SEC1 PEM block)"
         );
         p.cert_pem = "hello".into();
         assert_eq!(

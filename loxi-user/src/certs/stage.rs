@@ -86,8 +86,15 @@ fn stage_pair(store: &CertStore, dir: &Path, id: &str, loaded: &mut Vec<String>)
                 "staged certificate loaded");
             loaded.push(c.id.clone());
         }
-        Err(e) => tracing::error!(file = %crt.display(), error = %e,
-            "staged certificate refused"),
+        Err(e) => {
+            // The file at fault: the key's refusals (none, encrypted, several, not the
+            // certificate's) name server.key, the others server.crt.
+            let file = match &e {
+                super::CertStoreError::Invalid(c) if c.field() == "keyPem" => &key,
+                _ => &crt,
+            };
+            tracing::error!(file = %file.display(), error = %e, "staged certificate refused");
+        }
     }
 }
 
@@ -145,6 +152,35 @@ mod tests {
                 "{missing}: {text}"
             );
         }
+    }
+
+    /// A pair refused for its key names server.key as the file at fault, one refused for its
+    /// certificate names server.crt.
+    #[test]
+    fn a_refused_pair_names_the_file_at_fault() {
+        let dir = tempfile::tempdir().expect("tmp");
+        write_pair(&dir.path().join("badkey"), "badkey.example");
+        std::fs::write(dir.path().join("badkey/server.key"), "no key here\n").expect("key");
+        write_pair(&dir.path().join("badcrt"), "badcrt.example");
+        std::fs::write(dir.path().join("badcrt/server.crt"), "no cert here\n").expect("crt");
+        let store = CertStore::in_memory();
+        let (staged, text) =
+            crate::telemetry::LogBuf::capture(|| stage_dir(&store, dir.path()).expect("staged"));
+        assert!(staged.is_empty(), "{staged:?}");
+        let line = |file: &str| {
+            text.lines()
+                .find(|l| l.contains("staged certificate refused") && l.contains(file))
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let key_line = line("badkey/server.key");
+        assert!(
+            key_line.contains("keyPem: no private key (PKCS#8, PKCS#1 or SEC1 PEM block)"),
+            "{text}"
+        );
+        assert!(!text.contains("badkey/server.crt"), "{text}");
+        let crt_line = line("badcrt/server.crt");
+        assert!(crt_line.contains("certPem: no CERTIFICATE block"), "{text}");
     }
 
     #[test]

@@ -10,8 +10,7 @@ use http::{HeaderValue, Request, Response, header};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
@@ -163,19 +162,21 @@ where
 }
 
 /// TLS client settings trusting the PEM certificates in `cacert` (default
-/// [`SYSTEM_CA_BUNDLE`]).
+/// [`SYSTEM_CA_BUNDLE`]). A certificate of the file that rustls cannot take as a CA is an
+/// error naming its PEM item and why (other PEM items, such as a key, are skipped while a
+/// certificate is usable).
 pub fn tls_config(cacert: Option<&Path>) -> Result<Arc<rustls::ClientConfig>, ClientError> {
     let path = cacert.unwrap_or(Path::new(SYSTEM_CA_BUNDLE));
     let setup = |e: String| ClientError::TlsSetup(format!("CA file {}: {e}", path.display()));
-    let mut roots = rustls::RootCertStore::empty();
-    let pem = |e| setup(crate::certs::parse::pem_reason(&e));
-    for cert in CertificateDer::pem_file_iter(path).map_err(pem)? {
-        let cert = cert.map_err(pem)?;
-        roots.add(cert).map_err(|e| setup(e.to_string()))?;
+    let text = std::fs::read(path).map_err(|e| setup(e.to_string()))?;
+    let bundle = crate::certs::parse::CaBundle::from_pem(&text).map_err(setup)?;
+    if bundle.roots.is_empty() {
+        return Err(setup(bundle.none_usable()));
     }
-    if roots.is_empty() {
-        return Err(setup("no CERTIFICATE block".into()));
+    if let Some(bad) = bundle.refused.iter().find(|r| r.reason.is_some()) {
+        return Err(setup(bad.to_string()));
     }
+    let roots = bundle.roots;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -215,4 +216,50 @@ pub async fn call(
         })?
         .to_bytes();
     Ok((status, String::from_utf8_lossy(&bytes).into_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A CA file whose certificate does not decode names the file, the PEM item and why, not
+    /// a "peer certificate"; one without a certificate says so.
+    #[test]
+    fn a_bad_ca_file_is_named_as_the_ca_file() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let ca = dir.path().join("ca.pem");
+        let bad = "-----BEGIN CERTIFICATE-----\nAAECAwQFBgcI\n-----END CERTIFICATE-----\n";
+        std::fs::write(&ca, bad).expect("write");
+        let e = tls_config(Some(&ca)).expect_err("not a certificate");
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "TLS setup: CA file {}: no usable CA certificate: PEM item 1 (CERTIFICATE): the \
+                 certificate is truncated or not DER",
+                ca.display()
+            )
+        );
+        // A bad certificate after a good one is refused too (the file is the user's choice).
+        let good = crate::certs::testutil::self_signed(&["ca.example"], None).cert_pem;
+        std::fs::write(&ca, format!("{good}{bad}")).expect("write");
+        let e = tls_config(Some(&ca)).expect_err("a bad second certificate");
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "TLS setup: CA file {}: PEM item 2 (CERTIFICATE): the certificate is truncated \
+                 or not DER",
+                ca.display()
+            )
+        );
+        assert!(!e.to_string().contains("peer"), "{e}");
+        let key = crate::certs::testutil::self_signed(&["a.example"], None).key_pem;
+        std::fs::write(&ca, key).expect("write");
+        let e = tls_config(Some(&ca)).expect_err("a key");
+        assert!(
+            e.to_string().ends_with(
+                "no usable CA certificate: PEM item 1 is a PRIVATE KEY, not a CERTIFICATE"
+            ),
+            "{e}"
+        );
+    }
 }

@@ -21,7 +21,6 @@ use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
@@ -91,8 +90,8 @@ impl BackendTls {
     }
 
     fn roots(&self) -> Result<rustls::RootCertStore, BackendTlsError> {
-        let mut roots = rustls::RootCertStore::empty();
         let Some(path) = &self.ca_file else {
+            let mut roots = rustls::RootCertStore::empty();
             roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
             return Ok(roots);
         };
@@ -109,16 +108,14 @@ impl BackendTls {
                     .into(),
             ));
         }
-        let pem = |e| ca(crate::certs::parse::pem_reason(&e));
-        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
-            .map_err(pem)?
-            .collect::<Result<_, _>>()
-            .map_err(pem)?;
-        let (added, _) = roots.add_parsable_certificates(certs);
-        if added == 0 {
-            return Err(ca("no usable CA certificate".into()));
+        let text = std::fs::read(path).map_err(|e| ca(e.to_string()))?;
+        // Items that are not CA certificates are skipped while one is usable; with none, each
+        // is named with why.
+        let bundle = crate::certs::parse::CaBundle::from_pem(&text).map_err(ca)?;
+        if bundle.roots.is_empty() {
+            return Err(ca(bundle.none_usable()));
         }
-        Ok(roots)
+        Ok(bundle.roots)
     }
 
     /// The pooled client of a rule: TCP within `connect_timeout`, then the handshake.
@@ -326,4 +323,48 @@ pub fn backend_tls(rule: &crate::rules::StoredRule) -> Option<BackendTls> {
         insecure: s.backend_tls_insecure,
         protocol: rule.spec.backend,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refusal(ca_file: &std::path::Path) -> String {
+        let tls = BackendTls {
+            server_name: None,
+            ca_file: Some(ca_file.display().to_string()),
+            insecure: false,
+            protocol: BackendProtocol::Http1,
+        };
+        match tls.client_config() {
+            Ok(_) => "accepted".into(),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    /// A CA file with no usable certificate says which PEM item was refused and why.
+    #[test]
+    fn a_ca_file_without_a_usable_certificate_says_why() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let ca = dir.path().join("ca.pem");
+        let key = crate::certs::testutil::self_signed(&["a.example"], None).key_pem;
+        let bad = "-----BEGIN CERTIFICATE-----\nAAECAwQFBgcI\n-----END CERTIFICATE-----\n";
+        std::fs::write(&ca, format!("{key}{bad}")).expect("write");
+        assert_eq!(
+            refusal(&ca),
+            format!(
+                "backend_ca_file {}: no usable CA certificate: PEM item 1 is a PRIVATE KEY, not \
+                 a CERTIFICATE; PEM item 2 (CERTIFICATE): the certificate is truncated or not DER",
+                ca.display()
+            )
+        );
+        std::fs::write(&ca, "hello\n").expect("write");
+        assert_eq!(
+            refusal(&ca),
+            format!("backend_ca_file {}: no CERTIFICATE block", ca.display())
+        );
+        let good = crate::certs::testutil::self_signed(&["ca.example"], None).cert_pem;
+        std::fs::write(&ca, format!("{key}{good}")).expect("write");
+        assert_eq!(refusal(&ca), "accepted", "a usable CA beside a key");
+    }
 }

@@ -154,6 +154,57 @@ fn keep_dropped(
     Ok(())
 }
 
+/// Longest JSON text of a value [`changed_values`] shows; a longer one is cut and its length
+/// said (a stored id or name can be megabytes long).
+const SHOWN_VALUE_LEN: usize = 60;
+
+/// A value as [`changed_values`] shows it: its JSON text, cut after [`SHOWN_VALUE_LEN`]
+/// characters.
+fn shown_value(v: &serde_json::Value) -> String {
+    let text = v.to_string();
+    if text.chars().count() <= SHOWN_VALUE_LEN {
+        return text;
+    }
+    let cut: String = text.chars().take(SHOWN_VALUE_LEN).collect();
+    format!("{cut}... ({} bytes)", text.len())
+}
+
+/// Appends to `out` each value of `before` that `after` holds otherwise, as
+/// `path old -> new` (`serviceArguments.kvHashAlgo "xxhash_cbor" -> "sha256_sglang"`,
+/// `endpoints[1].weight 3 -> 1`); `path` is where `before` and `after` sit (empty: the rule).
+fn changed_values(
+    path: &str,
+    before: &serde_json::Value,
+    after: &serde_json::Value,
+    out: &mut Vec<String>,
+) {
+    use serde_json::Value;
+    match (before, after) {
+        (Value::Object(b), Value::Object(a)) => {
+            let keys: std::collections::BTreeSet<&String> = b.keys().chain(a.keys()).collect();
+            for k in keys {
+                let sub = if path.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{path}.{k}")
+                };
+                let (b, a) = (
+                    b.get(k.as_str()).unwrap_or(&Value::Null),
+                    a.get(k.as_str()).unwrap_or(&Value::Null),
+                );
+                changed_values(&sub, b, a, out);
+            }
+        }
+        (Value::Array(b), Value::Array(a)) if b.len() == a.len() => {
+            for (i, (b, a)) in b.iter().zip(a).enumerate() {
+                changed_values(&format!("{path}[{i}]"), b, a, out);
+            }
+        }
+        (b, a) if b != a => out.push(format!("{path} {} -> {}", shown_value(b), shown_value(a))),
+        _ => {}
+    }
+}
+
 impl RuleStore {
     /// A store without persistence (tests and tools).
     pub fn in_memory() -> Self {
@@ -166,7 +217,9 @@ impl RuleStore {
     /// not parse (an unknown field, a wrong type), no longer validates (or whose key a later
     /// rule of the file takes) is dropped, and kept as stored in `rules.dropped-<unix secs>.json`
     /// ([`persist::save_dropped`]) before the next write can erase it from `rules.json`; each
-    /// is logged naming that file.
+    /// is logged naming that file. A rule restored with fields the API now refuses reset (each
+    /// logged once with its old and new value) or with an id minted is written back to
+    /// `rules.json` (the store's atomic write), so the next start restores it as it is now.
     ///
     /// # Errors
     /// The state directory cannot be created, or dropped rules cannot be kept.
@@ -191,6 +244,8 @@ impl RuleStore {
         let mut stored_by_id = std::collections::HashMap::new();
         // Dropped rules: their id, as stored, and why.
         let mut dropped: Vec<(u32, serde_json::Value, String)> = Vec::new();
+        // A restored rule was changed (fields reset, an id minted): rules.json is rewritten.
+        let mut rewrite = false;
         for loaded in persist::load(&file) {
             let loaded = match loaded {
                 Ok(l) => l,
@@ -233,14 +288,26 @@ impl RuleStore {
                 ),
             ];
             // Logged only for a rule that is then restored: a dropped one is logged as such.
-            let reset: Vec<(&str, Vec<&'static str>)> = resets
-                .into_iter()
-                .map(|(reset, what)| (what, reset(&mut rule)))
-                .filter(|(_, fields)| !fields.is_empty())
-                .collect();
+            // Each reset with the values it changed (`path old -> new`).
+            let mut reset: Vec<(&str, Vec<String>)> = Vec::new();
+            for (reset_fn, what) in resets {
+                let before = serde_json::to_value(&rule).unwrap_or_default();
+                if reset_fn(&mut rule).is_empty() {
+                    continue;
+                }
+                let after = serde_json::to_value(&rule).unwrap_or_default();
+                let mut changes = Vec::new();
+                changed_values("", &before, &after, &mut changes);
+                reset.push((what, changes));
+            }
+            // A rule changed at restore is written back below, so the next start restores it
+            // as it is now (silently) instead of resetting and logging it again.
+            let mut changed = !reset.is_empty();
             if rule.service.id.is_empty() {
-                // A state file written before rules had LoxiLB's opaque id, or one just cleared.
+                // A state file written before rules had LoxiLB's opaque id, or one just cleared:
+                // the minted id is written back too, so it stays the rule's across restarts.
                 rule.service.id = mint_uuid();
+                changed = true;
             }
             match StoredRule::new(stored.id, rule) {
                 Ok(rule) => {
@@ -248,14 +315,16 @@ impl RuleStore {
                         dropped.push((rule.id, loaded.stored, format!("that {why}")));
                         continue;
                     }
-                    for (what, fields) in reset {
+                    for (what, changes) in reset {
                         tracing::warn!(
                             rule = stored.id,
                             key = %rule.rule.key(),
-                            ?fields,
-                            "restored rule: {what}; the API now refuses them"
+                            "restored rule: {what} ({}); the API now refuses them; rules.json \
+                             is rewritten with the new values",
+                            changes.join(", ")
                         );
                     }
+                    rewrite |= changed;
                     max_id = max_id.max(rule.id);
                     let id = rule.id;
                     if let Some(old) = rules.insert(rule.rule.key(), Arc::new(rule)) {
@@ -276,6 +345,16 @@ impl RuleStore {
             }
         }
         keep_dropped(&file, dropped)?;
+        if rewrite {
+            // The store's own atomic write, after the dropped rules are kept aside. A failure
+            // leaves the file as it was (the same resets are made at the next start); the
+            // daemon serves the corrected rules either way.
+            if let Err(e) = persist::save(&file, rules.values().map(|r| (r.id, &r.rule))) {
+                tracing::error!(file = %file.display(), error = %e,
+                    "cannot write the rules changed at restore back; the next start changes \
+                     them again");
+            }
+        }
         tracing::info!(rules = rules.len(), file = %file.display(), "rules restored");
         Ok(Self::with(Some(file), rules, max_id))
     }
@@ -821,6 +900,80 @@ mod tests {
             .map(|(id, s)| (id, s.kv_hash_algo))
             .collect();
         assert_eq!(kept, vec![(9, "sha256_sglang".to_owned())]);
+    }
+
+    /// A rule restored with a field reset is logged once with the field's old and new value,
+    /// and written back (as is a rule whose id was minted): the next start restores both as
+    /// they are, logging nothing and leaving the file as it is.
+    #[test]
+    fn a_rule_changed_at_restore_is_logged_with_its_values_and_written_back() {
+        use crate::telemetry::LogBuf;
+        let dir = tempfile::tempdir().expect("tmp");
+        let mut r = serde_json::to_value(rule(80, 0, "")).expect("v");
+        r["serviceArguments"]["kvEngineType"] = json!("sglang");
+        r["serviceArguments"]["kvExactMode"] = json!(3);
+        r["serviceArguments"]["kvHashAlgo"] = json!("xxhash_cbor");
+        let mut no_id = serde_json::to_value(rule(81, 0, "")).expect("v");
+        no_id["serviceArguments"]["id"] = json!("");
+        let path = dir.path().join("rules.json");
+        let file =
+            json!({"version": 1, "rules": [{"id": 9, "rule": r}, {"id": 10, "rule": no_id}]});
+        std::fs::write(&path, file.to_string()).expect("write");
+        let (_, text) = LogBuf::capture(|| RuleStore::open(dir.path()).expect("open"));
+        let warns: Vec<&str> = text.lines().filter(|l| l.contains("WARN")).collect();
+        assert_eq!(warns.len(), 1, "{text}");
+        assert!(
+            warns[0].contains(
+                "restored rule: a kvHashAlgo its kvEngineType never publishes (no block could \
+                 match) set to the engine's own (serviceArguments.kvHashAlgo \"xxhash_cbor\" -> \
+                 \"sha256_sglang\")"
+            ) && warns[0].contains("10.0.0.1:80/tcp"),
+            "{text}"
+        );
+        let written = std::fs::read(&path).expect("read");
+        let on_disk: serde_json::Value = serde_json::from_slice(&written).expect("JSON");
+        let svc = |i: usize| &on_disk["rules"][i]["rule"]["serviceArguments"];
+        assert_eq!(svc(0)["kvHashAlgo"], "sha256_sglang");
+        assert_eq!(on_disk["rules"][0]["id"], 9);
+        let minted = svc(1)["id"].as_str().unwrap_or_default().to_owned();
+        assert_eq!(minted.len(), 36, "the minted id is written back: {on_disk}");
+        // The next start: nothing to reset, nothing logged, nothing written.
+        let (again, text) = LogBuf::capture(|| RuleStore::open(dir.path()).expect("reopen"));
+        assert!(!text.contains("WARN"), "{text}");
+        assert_eq!(std::fs::read(&path).expect("read"), written);
+        let got: Vec<(u32, String, String)> = again
+            .snapshot()
+            .rules
+            .values()
+            .map(|r| {
+                (
+                    r.id,
+                    r.rule.service.kv_hash_algo.clone(),
+                    r.rule.service.id.clone(),
+                )
+            })
+            .collect();
+        assert_eq!(got[0].1, "sha256_sglang");
+        assert_eq!((got[1].0, got[1].2.as_str()), (10, minted.as_str()));
+    }
+
+    /// A value too long to log is cut and its length said.
+    #[test]
+    fn changed_values_name_each_path_and_cut_long_values() {
+        let mut out = Vec::new();
+        changed_values(
+            "",
+            &json!({"a": {"b": 1, "c": "x"}, "e": [{"w": 3}, {"w": 1}]}),
+            &json!({"a": {"b": 1, "c": "y"}, "e": [{"w": 1}, {"w": 1}]}),
+            &mut out,
+        );
+        assert_eq!(out, ["a.c \"x\" -> \"y\"", "e[0].w 3 -> 1"]);
+        out.clear();
+        changed_values("id", &json!("i".repeat(100)), &json!(""), &mut out);
+        assert_eq!(
+            out,
+            [format!("id \"{}... (102 bytes) -> \"\"", "i".repeat(59))]
+        );
     }
 
     #[test]
