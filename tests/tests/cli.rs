@@ -497,7 +497,7 @@ async fn loxicmd_get_kvinventory_and_kvparity_show_the_kv_views() {
     assert!(table.status.success(), "{}", stderr(&table));
     let text = stdout(&table);
     assert!(
-        text.starts_with(&format!("service_id={id} kvHashAlgo=sha256_cbor kvBlockSize=32 seedSet=false tokenizer=ok\n| EP IDX |")),
+        text.starts_with(&format!("service_id={id} kvHashAlgo=sha256_cbor kvBlockSize=32 seedSet=false tokenizer=ok warmup=off\n| EP IDX |")),
         "{text}"
     );
     assert_eq!(
@@ -801,7 +801,7 @@ async fn loxicmd_takes_loxilbs_flags_at_their_defaults_and_refuses_the_rest() {
         let err = stderr(&out);
         let name = flag.split('=').next().unwrap_or(flag);
         assert!(
-            err.contains(name) && err.contains(why) && err.contains("not implemented in loxi"),
+            err.contains(name) && err.contains(why) && err.contains("loxi does not implement"),
             "{flag}: {err}"
         );
     }

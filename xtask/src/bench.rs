@@ -73,7 +73,7 @@ pub struct BenchArgs {
     /// dropping every frame: the XDP cases forward with `bpf_redirect` into the peer's NAPI) or
     /// `plain` (no XDP program and GRO off, as containers' and pods' veths: the XDP cases take
     /// the TC hand-off, `XDP_PASS` then the TC program's redirect; the backend's veth drops
-    /// every frame in a TC ingress filter instead). On a kernel whose XDP programs may not
+    /// every frame in an nftables netdev ingress chain instead). On a kernel whose XDP programs may not
     /// call `bpf_xdp_adjust_meta` (Linux 6.18) the hand-off carries no metadata and the TC
     /// program finds the next hop again (conntrack or FIB).
     #[arg(long, value_enum, default_value_t = BenchPeers::Xdp)]
@@ -713,18 +713,21 @@ pub(crate) fn lb_topology(tag: &str) -> anyhow::Result<Topo> {
 }
 
 /// [`lb_topology`] with the peers `peers` says: with [`BenchPeers::Plain`] no XDP program and
-/// GRO off on every peer, and the first backend's veth dropping every frame in a TC ingress
-/// filter (the path still ends at the backend's device, counted in its receive statistics).
+/// GRO off on every peer, and the first backend's veth dropping every frame in an nftables
+/// netdev ingress chain (the path still ends at the backend's device, counted in its receive
+/// statistics).
 fn lb_topology_with(tag: &str, peers: BenchPeers) -> anyhow::Result<Topo> {
     let mut t = Topo::new(tag)?;
     match peers {
         BenchPeers::Xdp => t.start_peers_with(true)?,
         BenchPeers::Plain => {
             t.plain_peers()?;
+            // nftables' netdev ingress hook: before the IP stack, as the XDP sink is (the TC
+            // drop action and classifiers are modules this machine kind may lack). IPv4 only:
+            // ARP passes, so the LB resolves the backend's MAC as in the XDP case.
             let b = t.b[0].clone();
-            cmd(&format!("ip netns exec {b} tc qdisc add dev b0 clsact"))?;
             cmd(&format!(
-                "ip netns exec {b} tc filter add dev b0 ingress matchall action drop"
+                "ip netns exec {b} nft -f - <<'EOF'\ntable netdev lxsink {{\n chain in {{ type filter hook ingress device \"b0\" priority 0; ether type ip drop; }}\n}}\nEOF"
             ))?;
         }
     }
@@ -946,7 +949,8 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
                 "XDP (pass-through programs; the backend's veth drops in XDP): XDP cases redirect"
             }
             BenchPeers::Plain => {
-                "plain (no XDP, GRO off; the backend's veth drops in a TC ingress filter): XDP \
+                "plain (no XDP, GRO off; the backend's veth drops in an nftables netdev ingress \
+                 chain): XDP \
                  cases take the TC hand-off (every packet reaching the backend with kernel-fwd 0% \
                  went XDP_PASS, then the TC program's redirect)"
             }

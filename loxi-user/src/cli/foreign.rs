@@ -2,7 +2,7 @@
 //! HSTS, PROXY protocol, firewall marks, ...), so that scripts written for LoxiLB's loxicmd
 //! parse: each flag is accepted at its zero value (what LoxiLB's loxicmd sends when the flag is
 //! left out, so the rule is the same) and refused otherwise, as a usage error (exit 2) naming
-//! the flag and saying "not implemented in loxi" — never accepted and dropped.
+//! the flag and saying "loxi does not implement" it — never accepted and dropped.
 //!
 //! Source of the flag names and zero values: `loxilb-io/loxicmd-inference-gateway`
 //! `cmd/create/create_loadbalancer.go` and `cmd/delete/delete_loadbalancer.go` (042ef9a /
@@ -168,7 +168,7 @@ impl<T: FlagTable> Foreign<T> {
                 return Err((
                     format!("--{}", f.flag),
                     format!(
-                        "{value:?}: {} is not implemented in loxi (LoxiLB's flag is accepted \
+                        "{value:?}: loxi does not implement {} (LoxiLB's flag is accepted \
                          only at its default, {zero})",
                         f.what
                     ),
@@ -202,7 +202,7 @@ impl<T: FlagTable> Args for Foreign<T> {
         T::FLAGS.iter().fold(cmd, |cmd, f| {
             let arg = Arg::new(f.flag)
                 .long(f.flag)
-                .help(format!("LoxiLB's; {} is not implemented in loxi", f.what))
+                .help(format!("LoxiLB's; loxi does not implement {}", f.what))
                 .help_heading("LoxiLB flags accepted only at their default");
             cmd.arg(if f.switch {
                 arg.num_args(0..=1).default_missing_value("true")
@@ -255,7 +255,7 @@ mod tests {
         let (flag, msg) = parse(&["--mark=10"]).expect_err("a mark");
         assert_eq!(flag, "--mark");
         assert!(
-            msg.contains("firewall marks is not implemented in loxi"),
+            msg.contains("loxi does not implement firewall marks"),
             "{msg}"
         );
         // A bare switch means true.

@@ -32,6 +32,16 @@ pub enum Policy {
         /// The other accepted value, as compact JSON.
         also: &'static str,
     },
+    /// Accepted only as `null` or `also` (a JSON literal), not at its zero value: for a field
+    /// whose zero value asks for a behaviour loxi does not have and LoxiLB's clients never
+    /// send it (`adminStateUp` is `omitempty` in them, so `false` is only ever typed by hand:
+    /// a paused rule). Any other value is a 400 naming `what` and the remedy.
+    NullOr {
+        /// What the refused values ask for, and what to do instead.
+        what: &'static str,
+        /// The accepted value, as compact JSON.
+        also: &'static str,
+    },
     /// Output only (reported by `GET`): any value is accepted and dropped.
     OutputOnly,
 }
@@ -88,9 +98,11 @@ pub const SERVICE_FOREIGN: &[Foreign] = &[
     zero("connectionLimit", "per-rule connection limits"),
     Foreign {
         name: "adminStateUp",
-        policy: Policy::ZeroOr {
-            // Go decodes `false` like an absent key: LoxiLB then creates the rule enabled.
-            what: "adminStateUp",
+        policy: Policy::NullOr {
+            // LoxiLB's server decodes `false` like an absent key and creates the rule enabled:
+            // a rule the user asked to pause would serve. Its clients never send `false`.
+            what: "a paused rule (adminStateUp false): loxi serves every rule it stores; leave \
+                   adminStateUp out or true, and delete the rule to stop serving it",
             also: "true",
         },
     },
@@ -190,6 +202,12 @@ impl Foreign {
             {
                 what
             }
+            Policy::NullOr { what, also }
+                if !value.is_null()
+                    && serde_json::from_str::<Value>(also).ok().as_ref() != Some(value) =>
+            {
+                return Err(format!("{value} asks for {what} (not implemented in loxi)"));
+            }
             _ => return Ok(()),
         };
         Err(format!(
@@ -218,7 +236,14 @@ mod tests {
             "{e}"
         );
         let up = find(SERVICE_FOREIGN, "adminStateUp").expect("adminStateUp");
-        assert!(up.check(&json!(true)).is_ok() && up.check(&json!(false)).is_ok());
+        assert!(up.check(&json!(true)).is_ok() && up.check(&json!(null)).is_ok());
+        let e = up.check(&json!(false)).expect_err("a paused rule");
+        assert_eq!(
+            e,
+            "false asks for a paused rule (adminStateUp false): loxi serves every rule it \
+             stores; leave adminStateUp out or true, and delete the rule to stop serving it \
+             (not implemented in loxi)"
+        );
         let pmm = find(SERVICE_FOREIGN, "path_match_mode").expect("pmm");
         assert!(pmm.check(&json!("disabled")).is_ok());
         assert!(pmm.check(&json!("prefix")).is_err());
