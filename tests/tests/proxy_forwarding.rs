@@ -27,6 +27,21 @@ async fn setup() -> (Daemon, Backend, u16) {
     (d, b, port)
 }
 
+/// Posts a mode-4 round-robin rule on a free port of 127.0.0.1 with endpoints
+/// `127.0.0.1:first` and `127.0.0.1:second`, in that order; its port.
+async fn round_robin_pair(d: &Daemon, first: u16, second: u16) -> u16 {
+    let port = free_port();
+    let (status, body) = d
+        .post_rule(&json!({
+            "serviceArguments": {"externalIP": "127.0.0.1", "port": port, "protocol": "tcp", "mode": 4},
+            "endpoints": [{"endpointIP": "127.0.0.1", "targetPort": first},
+                          {"endpointIP": "127.0.0.1", "targetPort": second}]
+        }))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    port
+}
+
 /// Sends raw HTTP/1.1 bytes and returns everything the proxy answered (connection closed).
 async fn raw(port: u16, request: &str) -> String {
     let mut s = TcpStream::connect(("127.0.0.1", port))
@@ -149,18 +164,9 @@ async fn a_retry_after_a_connect_failure_carries_the_clients_headers_and_its_own
     let d = Daemon::start_default().await;
     let b = Backend::start("b0").await;
     b.set_recording(true);
-    let port = free_port();
     // Endpoint 0 refuses connections (nothing listens there); round robin sends one of the two
     // requests there first, and that one is retried on endpoint 1.
-    let dead = free_port();
-    let (status, body) = d
-        .post_rule(&json!({
-            "serviceArguments": {"externalIP": "127.0.0.1", "port": port, "protocol": "tcp", "mode": 4},
-            "endpoints": [{"endpointIP": "127.0.0.1", "targetPort": dead},
-                          {"endpointIP": "127.0.0.1", "targetPort": b.port()}]
-        }))
-        .await;
-    assert_eq!(status, 200, "{body}");
+    let port = round_robin_pair(&d, free_port(), b.port()).await;
     for _ in 0..2 {
         // HTTP/1.0 without Host: the proxy adds the endpoint's, which must follow the retry.
         let answer = raw(
@@ -450,15 +456,7 @@ async fn an_idempotent_request_a_backend_drops_is_retried_and_a_post_is_not() {
     let (dropper, dropped) = dropping_backend().await;
     let b = Backend::start("b1").await;
     b.set_recording(true);
-    let port = free_port();
-    let (status, body) = d
-        .post_rule(&json!({
-            "serviceArguments": {"externalIP": "127.0.0.1", "port": port, "protocol": "tcp", "mode": 4},
-            "endpoints": [{"endpointIP": "127.0.0.1", "targetPort": dropper},
-                          {"endpointIP": "127.0.0.1", "targetPort": b.port()}]
-        }))
-        .await;
-    assert_eq!(status, 200, "{body}");
+    let port = round_robin_pair(&d, dropper, b.port()).await;
     for _ in 0..2 {
         let answer = raw(port, &get(port, "X-Keep: 1\r\n")).await;
         assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
@@ -495,15 +493,7 @@ async fn an_idempotent_request_a_backend_drops_is_retried_and_a_post_is_not() {
         "{retries:?}"
     );
     // A POST to an endpoint that drops it: 502, sent once, not retried.
-    let port = free_port();
-    let (status, body) = d
-        .post_rule(&json!({
-            "serviceArguments": {"externalIP": "127.0.0.1", "port": port, "protocol": "tcp", "mode": 4},
-            "endpoints": [{"endpointIP": "127.0.0.1", "targetPort": dropper},
-                          {"endpointIP": "127.0.0.1", "targetPort": b.port()}]
-        }))
-        .await;
-    assert_eq!(status, 200, "{body}");
+    let port = round_robin_pair(&d, dropper, b.port()).await;
     let before = b.requests().len();
     let post = format!(
         "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{{}}"
