@@ -510,4 +510,33 @@ async fn an_idempotent_request_a_backend_drops_is_retried_and_a_post_is_not() {
         before + 1,
         "the dropped POST was not sent again"
     );
+    // Both endpoints drop: the GET is sent once to each, counted as one retry (the second
+    // drop leaves nothing to send it to), and answered 502 `backend_unreachable`.
+    let (dropper2, dropped2) = dropping_backend().await;
+    let port = round_robin_pair(&d, dropper, dropper2).await;
+    let retried = |m: &str| -> f64 {
+        m.lines()
+            .filter(|l| l.starts_with("loxilb_proxy_upstream_retries_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let (r0, d0) = (
+        retried(&d.metrics_text().await),
+        dropped.load(std::sync::atomic::Ordering::SeqCst),
+    );
+    let answer = raw(port, &get(port, "")).await;
+    assert!(answer.starts_with("HTTP/1.1 502"), "{answer}");
+    assert!(
+        answer.contains("backend_unreachable") && answer.contains("dropped an idempotent request"),
+        "{answer}"
+    );
+    assert_eq!(
+        (
+            dropped.load(std::sync::atomic::Ordering::SeqCst) - d0,
+            dropped2.load(std::sync::atomic::Ordering::SeqCst)
+        ),
+        (1, 1),
+        "sent once to each endpoint"
+    );
+    assert_eq!(retried(&d.metrics_text().await) - r0, 1.0);
 }

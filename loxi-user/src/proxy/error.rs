@@ -137,8 +137,12 @@ pub enum ProxyError {
         /// The service id.
         service: u32,
     },
-    /// Every eligible endpoint refused or timed out the connection (502).
-    #[error("no backend accepted a connection after {attempts} attempt(s); last: {last}")]
+    /// Every eligible endpoint refused or timed out the connection, or (an idempotent
+    /// request) dropped the request without answering (502).
+    #[error(
+        "no backend took the request after {attempts} attempt(s) (each refused the connection, \
+         or dropped an idempotent request unanswered); last: {last}"
+    )]
     BackendUnreachable {
         /// Connection attempts made.
         attempts: usize,

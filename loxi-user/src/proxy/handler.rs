@@ -356,8 +356,14 @@ impl Handler {
         // Cleartext HTTP/1.1 moves the header map into the request it sends, so an idempotent
         // one keeps a copy for that retry (boxed, rare).
         let mut spare: Option<Box<Request<Full<Bytes>>>> = None;
+        // The endpoint that dropped the idempotent request being sent again: counted in
+        // `loxilb_proxy_upstream_retries_total` when another endpoint takes it.
+        let mut dropped_by: Option<usize> = None;
         loop {
             let d = self.decide(pool, &ladder, meta, &excluded, &mut ticket);
+            if let (Some(_), Some(prev)) = (d.endpoint, dropped_by.take()) {
+                pm.upstream_retry(prev);
+            }
             let Some(ep) = d.endpoint else {
                 return Err(if attempts == 0 {
                     ProxyError::NoHealthyBackend { service }
@@ -466,9 +472,9 @@ impl Handler {
                             ep,
                             method = %parts.method,
                             error = %error,
-                            "the backend dropped an idempotent request without answering; sending it to another endpoint"
+                            "the backend dropped an idempotent request without answering; sending it to another endpoint, if one is left"
                         );
-                        pm.upstream_retry(ep);
+                        dropped_by = Some(ep);
                         excluded.insert(ep);
                         last = error;
                         unsent = spare.take();
