@@ -141,9 +141,10 @@ fn keep_dropped(
     }
     let stored: Vec<serde_json::Value> = dropped.iter().map(|(_, s, _)| s.clone()).collect();
     let kept = persist::save_dropped(file, &stored)?;
-    for (id, _, why) in &dropped {
+    for (id, stored, why) in &dropped {
         tracing::error!(
             rule = id,
+            key = %stored_key(stored),
             error = %why,
             kept = %kept.display(),
             "dropping a restored rule {why}; it is kept as stored in {} (rules.json no longer \
@@ -154,6 +155,35 @@ fn keep_dropped(
     Ok(())
 }
 
+/// The `externalIP:port/protocol` a stored rule's JSON names, as far as it names them (`?` for
+/// a part that is missing or not of its type): the drop log says which rule it was even when
+/// the rule does not parse.
+fn stored_key(stored: &serde_json::Value) -> String {
+    // A stored entry is `{"id", "rule"}`; the rule's own shape is read as well.
+    let svc = &stored.get("rule").unwrap_or(stored)["serviceArguments"];
+    let part = |v: &serde_json::Value| match v {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Number(n) => n.to_string(),
+        _ => "?".to_string(),
+    };
+    let text = format!(
+        "{}:{}/{}",
+        part(&svc["externalIP"]),
+        part(&svc["port"]),
+        part(&svc["protocol"])
+    );
+    shown_text(&text)
+}
+
+/// `text` cut after [`SHOWN_VALUE_LEN`] characters, with its length said when cut.
+fn shown_text(text: &str) -> String {
+    if text.chars().count() <= SHOWN_VALUE_LEN {
+        return text.to_string();
+    }
+    let cut: String = text.chars().take(SHOWN_VALUE_LEN).collect();
+    format!("{cut}... ({} bytes)", text.len())
+}
+
 /// Longest JSON text of a value [`changed_values`] shows; a longer one is cut and its length
 /// said (a stored id or name can be megabytes long).
 const SHOWN_VALUE_LEN: usize = 60;
@@ -161,12 +191,7 @@ const SHOWN_VALUE_LEN: usize = 60;
 /// A value as [`changed_values`] shows it: its JSON text, cut after [`SHOWN_VALUE_LEN`]
 /// characters.
 fn shown_value(v: &serde_json::Value) -> String {
-    let text = v.to_string();
-    if text.chars().count() <= SHOWN_VALUE_LEN {
-        return text;
-    }
-    let cut: String = text.chars().take(SHOWN_VALUE_LEN).collect();
-    format!("{cut}... ({} bytes)", text.len())
+    shown_text(&v.to_string())
 }
 
 /// Appends to `out` each value of `before` that `after` holds otherwise, as
@@ -239,7 +264,7 @@ impl RuleStore {
         check: &dyn Fn(&LbRule) -> Result<(), String>,
     ) -> Result<Self, PersistError> {
         let file = persist::state_file(state_dir)?;
-        let mut rules = BTreeMap::new();
+        let mut rules: BTreeMap<RuleKey, Arc<StoredRule>> = BTreeMap::new();
         let mut max_id = 0;
         let mut stored_by_id = std::collections::HashMap::new();
         // Dropped rules: their id, as stored, and why.
@@ -313,6 +338,30 @@ impl RuleStore {
                 Ok(rule) => {
                     if let Err(why) = check(&rule.rule) {
                         dropped.push((rule.id, loaded.stored, format!("that {why}")));
+                        continue;
+                    }
+                    // Ids are unique (the API answers 409 to a second rule with an id in use):
+                    // a later rule of the file with an earlier one's serviceId or id under
+                    // another key (a copied entry, edited by hand) is dropped, not served
+                    // beside it with the same metric series and KV state.
+                    let key = rule.rule.key();
+                    if let Some(first) = rules.values().find(|r| {
+                        r.rule.key() != key
+                            && (r.id == rule.id
+                                || (!r.rule.service.id.is_empty()
+                                    && r.rule.service.id == rule.rule.service.id))
+                    }) {
+                        let which = if first.id == rule.id {
+                            "serviceId"
+                        } else {
+                            "id"
+                        };
+                        let why = format!(
+                            "whose {which} an earlier rule of the file ({}) has too; ids are \
+                             unique, so only the first is restored",
+                            first.rule.key()
+                        );
+                        dropped.push((rule.id, loaded.stored, why));
                         continue;
                     }
                     for (what, changes) in reset {
@@ -1067,6 +1116,41 @@ mod tests {
         assert_eq!(
             dropped_files(dir.path()),
             [json!({"version": 1, "rules": [bad]})]
+        );
+    }
+
+    /// A copied entry of the file that keeps another rule's serviceId, or its id, under
+    /// another key is dropped (kept aside), not restored beside the first; the drop names the
+    /// stored rule's key even when it does not parse.
+    #[test]
+    fn a_restored_rule_with_an_earlier_rules_service_id_or_id_is_dropped() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let mut first = rule(80, 0, "");
+        first.service.id = "uuid-a".into();
+        let first = json!({"id": 2, "rule": serde_json::to_value(first).expect("v")});
+        let same_sid = json!({"id": 2, "rule": serde_json::to_value(rule(81, 0, "")).expect("v")});
+        let mut r = rule(82, 0, "");
+        r.service.id = "uuid-a".into();
+        let same_uuid = json!({"id": 3, "rule": serde_json::to_value(r).expect("v")});
+        let ok = json!({"id": 4, "rule": serde_json::to_value(rule(83, 0, "")).expect("v")});
+        let file = json!({"version": 1, "rules": [first, same_sid.clone(), same_uuid.clone(), ok]});
+        std::fs::write(dir.path().join("rules.json"), file.to_string()).expect("write");
+        let store = RuleStore::open(dir.path()).expect("open");
+        let kept: Vec<(u32, u16)> = store
+            .snapshot()
+            .rules
+            .values()
+            .map(|r| (r.id, r.rule.service.port))
+            .collect();
+        assert_eq!(kept, vec![(2, 80), (4, 83)]);
+        assert_eq!(
+            dropped_files(dir.path()),
+            [json!({"version": 1, "rules": [same_sid.clone(), same_uuid]})]
+        );
+        assert_eq!(stored_key(&same_sid), "10.0.0.1:81/tcp");
+        assert_eq!(
+            stored_key(&json!({"rule": {"serviceArguments": {"port": "x"}}})),
+            "?:x/?"
         );
     }
 
