@@ -27,15 +27,18 @@ pub const MAX_HANDSHAKES: usize = 256;
 /// Why the TLS configuration could not be loaded (the daemon does not start).
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
-    /// A PEM file could not be read or holds nothing usable.
-    #[error("{what} {path}: {}", crate::certs::parse::pem_reason(source))]
+    /// A PEM file could not be read or holds nothing usable (the reason in words: not a
+    /// source, whose own text is rustls-pki-types' byte arrays and debug names).
+    #[error(
+        "{what} {path} (--api-tls-cert): {}",
+        crate::certs::parse::pem_reason(source)
+    )]
     Pem {
         /// `certificate`.
         what: &'static str,
         /// The file.
         path: String,
         /// Why.
-        #[source]
         source: rustls::pki_types::pem::Error,
     },
     /// The private key file could not be read.
@@ -68,10 +71,21 @@ pub enum TlsError {
         reason: String,
     },
     /// The certificate file holds no certificate.
-    #[error("certificate {0}: no CERTIFICATE block")]
+    #[error(
+        "certificate {0} (--api-tls-cert): no CERTIFICATE block (a DER file? `openssl x509 \
+         -inform DER -in FILE -out FILE.pem` writes it as PEM)"
+    )]
     NoCertificate(String),
+    /// The leaf is a CA certificate (`basicConstraints CA:TRUE`): clients refuse it as a
+    /// server's certificate (the cert API refuses it too).
+    #[error(
+        "certificate {0} (--api-tls-cert): the certificate is a CA certificate (basicConstraints \
+         CA:TRUE); TLS clients refuse a CA certificate as the server's own: give the server \
+         certificate the CA signed, and the CA to the clients (loxicmd --cacert)"
+    )]
+    CaCertificate(String),
     /// The leaf certificate does not parse as X.509.
-    #[error("certificate {path}: {source}")]
+    #[error("certificate {path} (--api-tls-cert): {source}")]
     Certificate {
         /// The file.
         path: String,
@@ -106,6 +120,9 @@ pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig
         return Err(TlsError::NoCertificate(cert.display().to_string()));
     };
     check_validity(cert, leaf, crate::certs::store::unix_now())?;
+    if crate::certs::parse::is_ca(leaf) {
+        return Err(TlsError::CaCertificate(cert.display().to_string()));
+    }
     let key_path = || key.display().to_string();
     let text = std::fs::read(key).map_err(|source| TlsError::ReadKey {
         path: key_path(),
@@ -297,6 +314,45 @@ mod tests {
                  (it asks for the passphrase)",
                 k.display()
             )
+        );
+    }
+
+    /// A CA certificate as the API's own is refused at start (clients refuse it: rustls'
+    /// `CaUsedAsEndEntity`), and PEM faults in the certificate file are said in words with the
+    /// flag, never as byte arrays or debug names.
+    #[test]
+    fn a_ca_certificate_or_a_broken_pem_is_refused_in_words() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let mut params = rcgen::CertificateParams::new(vec!["api.example".to_string()]).expect("p");
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let key = rcgen::KeyPair::generate().expect("key");
+        let ca = params.self_signed(&key).expect("ca");
+        let (c, k) = (dir.path().join("ca.pem"), dir.path().join("ca.key"));
+        std::fs::write(&c, ca.pem()).expect("cert");
+        std::fs::write(&k, key.serialize_pem()).expect("key");
+        let e = refusal(&c, &k);
+        assert!(
+            e.starts_with(&format!(
+                "certificate {} (--api-tls-cert): the certificate is a CA certificate",
+                c.display()
+            )),
+            "{e}"
+        );
+        let (c, k) = files(dir.path(), str::to_owned);
+        let pem = std::fs::read_to_string(&c).expect("read");
+        std::fs::write(&c, &pem[..pem.len() / 2]).expect("truncate");
+        assert_eq!(
+            refusal(&c, &k),
+            format!(
+                "certificate {} (--api-tls-cert): missing section end marker \"CERTIFICATE\"",
+                c.display()
+            )
+        );
+        std::fs::write(&c, pem.replacen('M', "#", 1)).expect("bad base64");
+        let e = refusal(&c, &k);
+        assert!(
+            e.contains("(--api-tls-cert): the base64 body does not decode: character '#'"),
+            "{e}"
         );
     }
 

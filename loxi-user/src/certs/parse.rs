@@ -512,6 +512,15 @@ fn base64_reason(debug: &str) -> String {
     format!("the base64 body does not decode: {what}")
 }
 
+/// Whether `der` is a CA certificate (`basicConstraints` `CA:TRUE`); false for one that does
+/// not parse (its parse error is reported where it is parsed).
+pub fn is_ca(der: &CertificateDer<'_>) -> bool {
+    x509_parser::parse_x509_certificate(der.as_ref())
+        .ok()
+        .and_then(|(_, c)| c.basic_constraints().ok().flatten().map(|bc| bc.value.ca))
+        .unwrap_or(false)
+}
+
 /// Each certificate after the leaf must be the issuer of the one before it (its subject is
 /// that one's issuer name), so that clients can build the path from what is served; a
 /// version 1 leaf is refused here with its own message (rustls reads only v3), and so is a CA

@@ -206,6 +206,12 @@ impl Foreign {
                 if !value.is_null()
                     && serde_json::from_str::<Value>(also).ok().as_ref() != Some(value) =>
             {
+                let expected = serde_json::from_str::<Value>(also).unwrap_or(Value::Null);
+                if std::mem::discriminant(value) != std::mem::discriminant(&expected) {
+                    return Err(format!(
+                        "{value} is not of the field's type (expected {also}, or leave it out)"
+                    ));
+                }
                 return Err(format!("{value} asks for {what} (not implemented in loxi)"));
             }
             _ => return Ok(()),
@@ -237,6 +243,12 @@ mod tests {
         );
         let up = find(SERVICE_FOREIGN, "adminStateUp").expect("adminStateUp");
         assert!(up.check(&json!(true)).is_ok() && up.check(&json!(null)).is_ok());
+        for wrong in [json!("true"), json!(0)] {
+            assert_eq!(
+                up.check(&wrong).expect_err("not a boolean"),
+                format!("{wrong} is not of the field's type (expected true, or leave it out)")
+            );
+        }
         let e = up.check(&json!(false)).expect_err("a paused rule");
         assert_eq!(
             e,
