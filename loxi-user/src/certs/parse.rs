@@ -310,6 +310,23 @@ impl CaBundle {
         Ok(Self { roots, refused })
     }
 
+    /// `Err` naming the first private key of the file (a CA file holds certificates; a key in
+    /// a trust bundle, such as a CA's own, is one copy too many of a secret), else `Ok`.
+    pub fn no_private_key(&self) -> Result<(), String> {
+        match self
+            .refused
+            .iter()
+            .find(|r| r.label.ends_with("PRIVATE KEY"))
+        {
+            Some(k) => Err(format!(
+                "PEM item {} is a {}: a CA file holds certificates only; keep private keys out \
+                 of trust bundles (remove it from the file)",
+                k.item, k.label
+            )),
+            None => Ok(()),
+        }
+    }
+
     /// Why no certificate is usable (when [`Self::roots`] is empty): `no CERTIFICATE block`,
     /// or `no usable CA certificate: ` and each refusal.
     pub fn none_usable(&self) -> String {
@@ -791,6 +808,16 @@ mod tests {
                 "PEM item 2 (CERTIFICATE): the certificate is truncated or not DER"
             ]
         );
+        assert_eq!(
+            b.no_private_key(),
+            Err(
+                "PEM item 1 is a PRIVATE KEY: a CA file holds certificates only; keep private \
+                 keys out of trust bundles (remove it from the file)"
+                    .to_string()
+            )
+        );
+        let ca_only = CaBundle::from_pem(ca.as_bytes()).expect("parses");
+        assert_eq!(ca_only.no_private_key(), Ok(()));
         let none = CaBundle::from_pem(key.as_bytes()).expect("parses");
         assert!(none.roots.is_empty());
         assert_eq!(

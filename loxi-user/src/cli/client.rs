@@ -163,8 +163,8 @@ where
 
 /// TLS client settings trusting the PEM certificates in `cacert` (default
 /// [`SYSTEM_CA_BUNDLE`]). A certificate of the file that rustls cannot take as a CA is an
-/// error naming its PEM item and why (other PEM items, such as a key, are skipped while a
-/// certificate is usable).
+/// error naming its PEM item and why, and so is a private key in it (other PEM items are
+/// skipped while a certificate is usable).
 pub fn tls_config(cacert: Option<&Path>) -> Result<Arc<rustls::ClientConfig>, ClientError> {
     let path = cacert.unwrap_or(Path::new(SYSTEM_CA_BUNDLE));
     let setup = |e: String| ClientError::TlsSetup(format!("CA file {}: {e}", path.display()));
@@ -176,6 +176,7 @@ pub fn tls_config(cacert: Option<&Path>) -> Result<Arc<rustls::ClientConfig>, Cl
     if let Some(bad) = bundle.refused.iter().find(|r| r.reason.is_some()) {
         return Err(setup(bad.to_string()));
     }
+    bundle.no_private_key().map_err(setup)?;
     let roots = bundle.roots;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut cfg = rustls::ClientConfig::builder_with_provider(provider)

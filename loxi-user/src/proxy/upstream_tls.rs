@@ -109,12 +109,13 @@ impl BackendTls {
             ));
         }
         let text = std::fs::read(path).map_err(|e| ca(e.to_string()))?;
-        // Items that are not CA certificates are skipped while one is usable; with none, each
-        // is named with why.
+        // Items that are not CA certificates are skipped while one is usable (a private key is
+        // refused); with none, each is named with why.
         let bundle = crate::certs::parse::CaBundle::from_pem(&text).map_err(ca)?;
         if bundle.roots.is_empty() {
             return Err(ca(bundle.none_usable()));
         }
+        bundle.no_private_key().map_err(ca)?;
         Ok(bundle.roots)
     }
 
@@ -342,7 +343,8 @@ mod tests {
         }
     }
 
-    /// A CA file with no usable certificate says which PEM item was refused and why.
+    /// A CA file with no usable certificate says which PEM item was refused and why; a private
+    /// key beside a usable CA is refused too.
     #[test]
     fn a_ca_file_without_a_usable_certificate_says_why() {
         let dir = tempfile::tempdir().expect("tmp");
@@ -364,7 +366,17 @@ mod tests {
             format!("backend_ca_file {}: no CERTIFICATE block", ca.display())
         );
         let good = crate::certs::testutil::self_signed(&["ca.example"], None).cert_pem;
-        std::fs::write(&ca, format!("{key}{good}")).expect("write");
-        assert_eq!(refusal(&ca), "accepted", "a usable CA beside a key");
+        std::fs::write(&ca, format!("{good}{key}")).expect("write");
+        assert_eq!(
+            refusal(&ca),
+            format!(
+                "backend_ca_file {}: PEM item 2 is a PRIVATE KEY: a CA file holds certificates \
+                 only; keep private keys out of trust bundles (remove it from the file)",
+                ca.display()
+            ),
+            "a usable CA beside a key"
+        );
+        std::fs::write(&ca, &good).expect("write");
+        assert_eq!(refusal(&ca), "accepted");
     }
 }
