@@ -405,7 +405,9 @@ async fn https_api_serves_loxicmd_with_the_ca_and_refuses_a_client_without_it() 
     ]);
     assert_eq!(out.status.code(), Some(5), "transport failure → 5");
     assert!(
-        stderr(&out).to_lowercase().contains("certificate"),
+        stderr(&out).contains("TLS handshake: the peer's certificate ")
+            && stderr(&out).contains("loxicmd --cacert")
+            && !stderr(&out).contains("BadSignature"),
         "{}",
         stderr(&out)
     );

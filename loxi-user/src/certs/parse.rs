@@ -219,12 +219,59 @@ pub fn rustls_reason(e: &rustls::Error) -> String {
                                        certificate's public key"
             .into(),
         Error::InvalidCertificate(CertificateError::BadEncoding) => TRUNCATED_OR_NOT_DER.into(),
+        Error::InvalidCertificate(CertificateError::UnknownIssuer) => {
+            "the peer's certificate is not signed by a CA this side trusts (unknown issuer): give \
+             the CA that signed it (a rule's backend_ca_file, loxicmd --cacert)"
+                .into()
+        }
+        Error::InvalidCertificate(CertificateError::BadSignature) => {
+            "the peer's certificate does not verify with the trusted CA of its issuer's name \
+             (another CA of the same name signed it?): give the CA that signed it (a rule's \
+             backend_ca_file, loxicmd --cacert)"
+                .into()
+        }
+        Error::InvalidCertificate(CertificateError::NotValidForNameContext {
+            expected,
+            presented,
+        }) => {
+            let names: Vec<String> = presented.iter().map(|p| presented_name(p)).collect();
+            format!(
+                "the peer's certificate is not valid for the name {}; it names {}",
+                server_name_text(expected),
+                if names.is_empty() {
+                    "none".to_string()
+                } else {
+                    names.join(", ")
+                }
+            )
+        }
         Error::InvalidCertificate(CertificateError::Other(o)) => {
             format!("the certificate is refused: {o}")
         }
         Error::InvalidCertificate(c) => format!("the certificate is refused: {c}"),
         e => e.to_string(),
     }
+}
+
+/// A server name as text (`api.example`, `10.0.0.1`), not its Rust form.
+fn server_name_text(n: &rustls::pki_types::ServerName<'_>) -> String {
+    use rustls::pki_types::ServerName;
+    match n {
+        ServerName::DnsName(d) => d.as_ref().to_string(),
+        ServerName::IpAddress(ip) => std::net::IpAddr::from(*ip).to_string(),
+        other => format!("{other:?}"),
+    }
+}
+
+/// A name rustls lists from a certificate (`DnsName("localhost")`, `IpAddress(127.0.0.1)`, its
+/// Debug forms) as the name alone.
+fn presented_name(p: &str) -> String {
+    for prefix in ["DnsName(", "IpAddress("] {
+        if let Some(inner) = p.strip_prefix(prefix).and_then(|r| r.strip_suffix(')')) {
+            return inner.trim_matches('"').to_string();
+        }
+    }
+    p.to_string()
 }
 
 /// What a certificate whose DER does not parse is called.
@@ -789,6 +836,24 @@ mod tests {
         assert_eq!(
             rustls_reason(&Error::InvalidCertificate(CertificateError::BadEncoding)),
             "the certificate is truncated or not DER"
+        );
+        assert!(
+            rustls_reason(&Error::InvalidCertificate(CertificateError::UnknownIssuer))
+                .starts_with("the peer's certificate is not signed by a CA this side trusts"),
+        );
+        let expected = rustls::pki_types::ServerName::try_from("wrong.example").expect("name");
+        assert_eq!(
+            rustls_reason(&Error::InvalidCertificate(
+                CertificateError::NotValidForNameContext {
+                    expected,
+                    presented: vec![
+                        "DnsName(\"localhost\")".into(),
+                        "IpAddress(127.0.0.1)".into()
+                    ],
+                }
+            )),
+            "the peer's certificate is not valid for the name wrong.example; it names \
+             localhost, 127.0.0.1"
         );
     }
 

@@ -131,7 +131,7 @@ impl Target {
         let tls = tokio_rustls::TlsConnector::from(cfg.clone())
             .connect(name, tcp)
             .await
-            .map_err(connect)?;
+            .map_err(|e| connect(tls_in_words(e)))?;
         exchange(tls, req, &url).await
     }
 }
@@ -159,6 +159,20 @@ where
         let _ = conn.await;
     });
     sender.send_request(req).await.map_err(http)
+}
+
+/// A TLS handshake error with rustls' reason in words (`UnknownIssuer`: the server's
+/// certificate is not signed by a CA this side trusts, naming `--cacert`;
+/// [`crate::certs::parse::rustls_reason`]); other I/O errors as they are.
+fn tls_in_words(e: std::io::Error) -> std::io::Error {
+    let reason = e
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        .map(crate::certs::parse::rustls_reason);
+    match reason {
+        Some(r) => std::io::Error::new(e.kind(), format!("TLS handshake: {r}")),
+        None => e,
+    }
 }
 
 /// TLS client settings trusting the PEM certificates in `cacert` (default

@@ -130,8 +130,23 @@ impl<B> Attempt<B> {
 /// The text of `e` and every error under it, joined by `: ` (hyper-util's client errors say
 /// only "client error (Connect)"; the reason, e.g. a certificate for another name, is below).
 pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let texts: Vec<String> = sources(e).map(ToString::to_string).collect();
+    let texts: Vec<String> = sources(e).map(in_words).collect();
     texts.join(": ")
+}
+
+/// One error of a chain as text: a TLS verification failure (rustls' error, or the I/O error
+/// tokio-rustls wraps it in) in words ([`crate::certs::parse::rustls_reason`]: an unknown issuer
+/// names the CA setting, a wrong name lists the certificate's names), anything else as itself.
+fn in_words(e: &(dyn std::error::Error + 'static)) -> String {
+    let tls = e.downcast_ref::<rustls::Error>().or_else(|| {
+        e.downcast_ref::<std::io::Error>()?
+            .get_ref()?
+            .downcast_ref::<rustls::Error>()
+    });
+    match tls {
+        Some(t) => crate::certs::parse::rustls_reason(t),
+        None => e.to_string(),
+    }
 }
 
 /// `e` and every error under it, outermost first.

@@ -200,7 +200,11 @@ impl tower_service::Service<Uri> for TlsConnect {
                     }
                     Ok(TlsIo(TokioIo::new(s)))
                 }
-                Ok(Err(e)) => Err(format!("backend TLS handshake with {shown}: {e}").into()),
+                Ok(Err(e)) => Err(format!(
+                    "backend TLS handshake with {shown}: {}",
+                    super::attempt::error_chain(&e)
+                )
+                .into()),
                 Err(_) => Err(format!("backend TLS handshake with {shown} timed out").into()),
             }
         })
