@@ -275,9 +275,9 @@ impl Handler {
         // small, and it is dropped once the metadata is read.
         let table = self.table.load_full();
         let limits = self.ctx.config.parse;
-        // A body declared as something other than JSON is not read (`meta::declares_json`).
-        let readable = meta::declares_json(&parts.headers);
-        let mut json = (readable && table.routes_by_model())
+        // A body declared as something other than JSON is not read (`meta::declares_json`),
+        // checked only when the body would be parsed (plain selectors never look).
+        let mut json = (table.routes_by_model() && meta::declares_json(&parts.headers))
             .then(|| meta::parse_body_bounded(&bytes, limits))
             .flatten();
         let model = meta::request_model(&parts.headers, json.as_ref().map(|p| &p.value));
@@ -290,7 +290,7 @@ impl Handler {
             tls.check_host(&self.ctx.certs, &pool.rule.rule.service.host)
                 .map_err(|e| (0, e))?;
         }
-        if json.is_none() && readable && pool.needs_body() {
+        if json.is_none() && pool.needs_body() && meta::declares_json(&parts.headers) {
             json = meta::parse_body_bounded(&bytes, limits);
         }
         let service = pool.rule.id;
