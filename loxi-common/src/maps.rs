@@ -50,6 +50,10 @@ pub const MAP_COUNTERS: &str = "LOXI_COUNTERS";
 pub const MAP_EGRESS_XDP: &str = "LOXI_EGRESS_XDP";
 /// Name of the TC ingress program that finishes forwarding for egresses without XDP receive.
 pub const TC_PROG_NAME: &str = "loxi_tc";
+/// Name of the TC ingress program that runs the whole data path on the socket buffer (the XDP
+/// program's service lookup, conntrack, NAT and forwarding, sent with `bpf_redirect`), for
+/// interfaces attached with `--tc-iface` instead of XDP.
+pub const TC_FULL_PROG_NAME: &str = "loxi_tc_full";
 /// Most entries of [`MAP_EGRESS_XDP`].
 pub const MAX_EGRESS: u32 = 4096;
 

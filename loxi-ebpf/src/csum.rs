@@ -2,10 +2,12 @@
 //!
 //! All words are loaded in native order straight from memory; one's-complement sums are
 //! byte-order independent as long as the checksum field is treated the same way.
-use aya_ebpf::programs::XdpContext;
 use loxi_common::maps::{family, proto};
 
-use crate::parse::{ParseError, Pkt, ptr_at};
+use crate::{
+    hook::{Hook, fold_into},
+    parse::{ParseError, Pkt, ptr_at},
+};
 
 /// Accumulates `~old + new` for one 16-bit word.
 #[inline(always)]
@@ -29,21 +31,12 @@ fn diff_addr(mut acc: u32, old: &[u8; 16], new: &[u8; 16], v6: bool) -> u32 {
     acc
 }
 
-/// Applies an accumulated difference to checksum field value `csum`.
+/// Writes the new tuple into the packet and fixes the IPv4 header and TCP/UDP checksums (the
+/// L4 one as the hook does it, [`Hook::l4_csum`]). SCTP's CRC32c is not touched (SCTP is only
+/// supported in DSR mode).
 #[inline(always)]
-fn apply(csum: u16, acc: u32) -> u16 {
-    let mut s = (!csum) as u32 + acc;
-    s = (s & 0xffff) + (s >> 16);
-    s = (s & 0xffff) + (s >> 16);
-    s = (s & 0xffff) + (s >> 16);
-    !(s as u16)
-}
-
-/// Writes the new tuple into the packet and fixes the IPv4 header and TCP/UDP checksums.
-/// SCTP's CRC32c is not touched (SCTP is only supported in DSR mode).
-#[inline(always)]
-pub fn rewrite(
-    ctx: &XdpContext,
+pub fn rewrite<C: Hook>(
+    ctx: &C,
     pkt: &Pkt,
     saddr: &[u8; 16],
     daddr: &[u8; 16],
@@ -53,9 +46,7 @@ pub fn rewrite(
     let v6 = pkt.key.family == family::V6;
     let mut acc = diff_addr(0, &pkt.key.saddr, saddr, v6);
     acc = diff_addr(acc, &pkt.key.daddr, daddr, v6);
-    let l3_acc = acc;
-    acc = diff(acc, pkt.key.sport, sport);
-    acc = diff(acc, pkt.key.dport, dport);
+    let ports = diff(diff(0, pkt.key.sport, sport), pkt.key.dport, dport);
     if v6 {
         let a: *mut [u8; 32] = ptr_at(ctx, pkt.l3 + 8)?;
         // SAFETY: 32 bytes checked by ptr_at.
@@ -70,31 +61,16 @@ pub fn rewrite(
         a[4..].copy_from_slice(&daddr[..4]);
         let c: *mut u16 = ptr_at(ctx, pkt.l3 + 10)?;
         // SAFETY: checked by ptr_at.
-        unsafe { c.write_unaligned(apply(c.read_unaligned(), l3_acc)) };
+        unsafe { c.write_unaligned(fold_into(c.read_unaligned(), acc)) };
     }
     let p: *mut [u16; 2] = ptr_at(ctx, pkt.l4)?;
     // SAFETY: checked by ptr_at.
     unsafe { p.write_unaligned([sport, dport]) };
     match pkt.key.proto {
-        proto::TCP => {
-            let c: *mut u16 = ptr_at(ctx, pkt.l4 + 16)?;
-            // SAFETY: checked by ptr_at.
-            unsafe { c.write_unaligned(apply(c.read_unaligned(), acc)) };
-        }
-        proto::UDP => {
-            let c: *mut u16 = ptr_at(ctx, pkt.l4 + 6)?;
-            // SAFETY: checked by ptr_at.
-            let old = unsafe { c.read_unaligned() };
-            // IPv4 UDP may carry no checksum (0); keep it that way.
-            if old != 0 || v6 {
-                let mut n = apply(old, acc);
-                if n == 0 {
-                    n = 0xffff;
-                }
-                // SAFETY: checked by ptr_at.
-                unsafe { c.write_unaligned(n) };
-            }
-        }
+        proto::TCP => ctx.l4_csum(pkt.l4 + 16, acc, ports, false)?,
+        // UDP may carry no checksum (0, IPv4 only; an IPv6 receiver drops it anyway): it
+        // keeps none.
+        proto::UDP => ctx.l4_csum(pkt.l4 + 6, acc, ports, true)?,
         _ => {}
     }
     Ok(())

@@ -14,7 +14,6 @@
 //! own frame ([`decide`]) so the two stacks stay under the 512-byte limit together.
 use core::ptr::addr_of_mut;
 
-use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
 use loxi_common::{
     maps::{CtKey, CtValue, NH_TTL_NS, ServiceKey, ctr, dir, nh_flags, proto},
     mode,
@@ -23,7 +22,8 @@ use loxi_common::{
 use crate::{
     csum::rewrite,
     ct,
-    fwd::{endpoint_next_hop, lookup, send},
+    fwd::{endpoint_next_hop, lookup},
+    hook::Hook,
     maps::{CT, SCRATCH_CT, SERVICES, count, count_ep},
     parse::{ParseError, Pkt, parse},
     select::select,
@@ -40,12 +40,12 @@ const TCP_FIN_RST: u8 = 0x01 | 0x04;
 
 /// The program body; `Err` means "drop" (only for truncated frames).
 #[inline(always)]
-pub fn try_loxi(ctx: &XdpContext) -> Result<u32, u32> {
+pub fn try_loxi<C: Hook>(ctx: &C) -> Result<u32, u32> {
     count(ctr::RX, 1);
     let pkt = match parse(ctx) {
         Ok(p) => p,
-        Err(ParseError::NotOurs) => return Ok(pass()),
-        Err(ParseError::Truncated) => return Err(truncated()),
+        Err(ParseError::NotOurs) => return Ok(pass::<C>()),
+        Err(ParseError::Truncated) => return Err(truncated::<C>()),
     };
     let t = ct::now();
     let mut hit = false;
@@ -54,41 +54,41 @@ pub fn try_loxi(ctx: &XdpContext) -> Result<u32, u32> {
         // SAFETY: pointer from the map helper, valid for this program run.
         let v = unsafe { &mut *v };
         if fast_ok(v, &pkt, t) {
-            return finish(fast(ctx, &pkt, v, t));
+            return finish::<C>(fast(ctx, &pkt, v, t));
         }
     }
     let Some(out) = SCRATCH_CT.get_ptr_mut(0) else {
-        return Ok(pass());
+        return Ok(pass::<C>());
     };
     // SAFETY: per-CPU scratch slot from the map helper.
     let out = unsafe { &mut *out };
     match decide(&pkt, hit, t, out) {
-        V_PASS => Ok(pass()),
-        V_APPLY => finish(apply(ctx, &pkt, out, t)),
-        V_NEW => finish(open(ctx, &pkt, out, t)),
-        _ => Ok(xdp_action::XDP_DROP),
+        V_PASS => Ok(pass::<C>()),
+        V_APPLY => finish::<C>(apply(ctx, &pkt, out, t)),
+        V_NEW => finish::<C>(open(ctx, &pkt, out, t)),
+        _ => Ok(C::DROP),
     }
 }
 
 #[inline(always)]
-fn finish(r: Result<u32, ParseError>) -> Result<u32, u32> {
+fn finish<C: Hook>(r: Result<u32, ParseError>) -> Result<u32, u32> {
     match r {
         Ok(a) => Ok(a),
-        Err(ParseError::NotOurs) => Ok(pass()),
-        Err(ParseError::Truncated) => Err(truncated()),
+        Err(ParseError::NotOurs) => Ok(pass::<C>()),
+        Err(ParseError::Truncated) => Err(truncated::<C>()),
     }
 }
 
 #[inline(always)]
-fn pass() -> u32 {
+fn pass<C: Hook>() -> u32 {
     count(ctr::PASS, 1);
-    xdp_action::XDP_PASS
+    C::PASS
 }
 
 #[inline(always)]
-fn truncated() -> u32 {
+fn truncated<C: Hook>() -> u32 {
     count(ctr::DROP_TRUNCATED, 1);
-    xdp_action::XDP_DROP
+    C::DROP
 }
 
 /// True when the packet can take the fast path: live entry, cached next hop still fresh, and
@@ -103,13 +103,12 @@ fn fast_ok(v: &CtValue, pkt: &Pkt, t: u64) -> bool {
 
 /// Established flow with a cached next hop: update the entry in place, rewrite, send.
 #[inline(always)]
-fn fast(ctx: &XdpContext, pkt: &Pkt, v: &mut CtValue, t: u64) -> Result<u32, ParseError> {
+fn fast<C: Hook>(ctx: &C, pkt: &Pkt, v: &mut CtValue, t: u64) -> Result<u32, ParseError> {
     v.last_ns = t;
     v.packets += 1;
     v.bytes += pkt.len as u64;
     rewrite_for(ctx, pkt, v)?;
-    send(
-        ctx,
+    ctx.send(
         v.nh_ifindex,
         &v.nh_smac,
         &v.nh_dmac,
@@ -120,7 +119,7 @@ fn fast(ctx: &XdpContext, pkt: &Pkt, v: &mut CtValue, t: u64) -> Result<u32, Par
 /// Counts the packet for its endpoint and writes the entry's tuple into it (DSR: nothing to
 /// rewrite).
 #[inline(always)]
-fn rewrite_for(ctx: &XdpContext, pkt: &Pkt, v: &CtValue) -> Result<(), ParseError> {
+fn rewrite_for<C: Hook>(ctx: &C, pkt: &Pkt, v: &CtValue) -> Result<(), ParseError> {
     count_ep(v.slot, v.ep as u32, pkt.len as u64);
     if v.mode == mode::DSR {
         // Forward: the route to the endpoint (`ndaddr`) gives its MAC; the IP header stays
@@ -212,7 +211,7 @@ fn new_flow(pkt: &Pkt, key: &CtKey, t: u64, out: &mut CtValue) -> u32 {
 /// `v` before the entry is inserted, then rewrite and send (no route or neighbour yet: the
 /// entry goes in with an empty next-hop cache and the kernel forwards the packet).
 #[inline(always)]
-fn open(ctx: &XdpContext, pkt: &Pkt, v: &mut CtValue, t: u64) -> Result<u32, ParseError> {
+fn open<C: Hook>(ctx: &C, pkt: &Pkt, v: &mut CtValue, t: u64) -> Result<u32, ParseError> {
     let nh = endpoint_next_hop(ctx, pkt.key.family, v, t);
     if let Some((nh, ns)) = &nh {
         v.nh_ifindex = nh.ifindex;
@@ -222,24 +221,24 @@ fn open(ctx: &XdpContext, pkt: &Pkt, v: &mut CtValue, t: u64) -> Result<u32, Par
         v.nh_ns = *ns;
     }
     if !ct::commit(&pkt.key, v) {
-        return Ok(xdp_action::XDP_DROP);
+        return Ok(C::DROP);
     }
     rewrite_for(ctx, pkt, v)?;
     match nh {
-        Some((nh, _)) => send(ctx, nh.ifindex, &nh.smac, &nh.dmac, nh.xdp_ok),
-        None => Ok(xdp_action::XDP_PASS),
+        Some((nh, _)) => ctx.send(nh.ifindex, &nh.smac, &nh.dmac, nh.xdp_ok),
+        None => Ok(C::PASS),
     }
 }
 
 /// Slow path's second half: rewrites the packet per `v`, looks the next hop up, caches it in
 /// the flow's entry for the fast path, and sends.
 #[inline(always)]
-fn apply(ctx: &XdpContext, pkt: &Pkt, v: &CtValue, t: u64) -> Result<u32, ParseError> {
+fn apply<C: Hook>(ctx: &C, pkt: &Pkt, v: &CtValue, t: u64) -> Result<u32, ParseError> {
     let key = &pkt.key;
     rewrite_for(ctx, pkt, v)?;
     let Some(nh) = lookup(ctx, pkt.key.family, &v.ndaddr) else {
         // No route or neighbour yet: the kernel forwards (and resolves the neighbour).
-        return Ok(xdp_action::XDP_PASS);
+        return Ok(C::PASS);
     };
     if let Some(e) = CT.get_ptr_mut(key) {
         // SAFETY: pointer from the map helper. Volatile stores keep their order, `nh_ns`
@@ -257,5 +256,5 @@ fn apply(ctx: &XdpContext, pkt: &Pkt, v: &CtValue, t: u64) -> Result<u32, ParseE
             addr_of_mut!((*e).nh_ns).write_volatile(t);
         }
     }
-    send(ctx, nh.ifindex, &nh.smac, &nh.dmac, nh.xdp_ok)
+    ctx.send(nh.ifindex, &nh.smac, &nh.dmac, nh.xdp_ok)
 }

@@ -95,7 +95,12 @@ fn ndaddr_words(v: &CtValue) -> [u64; 2] {
 /// for the row). Returns the next hop and the time of the lookup that found it; `None` as
 /// [`lookup`].
 #[inline(always)]
-pub fn endpoint_next_hop(ctx: &XdpContext, fam: u8, v: &CtValue, t: u64) -> Option<(NextHop, u64)> {
+pub fn endpoint_next_hop<C: FibCtx>(
+    ctx: &C,
+    fam: u8,
+    v: &CtValue,
+    t: u64,
+) -> Option<(NextHop, u64)> {
     let ingress = ctx.ingress();
     let addr = ndaddr_words(v);
     let Some(c) = EP_NH.get_ptr_mut(v.slot * MAX_EPS + v.ep as u32) else {
@@ -196,13 +201,16 @@ fn fib(ctx: *mut c_void, ingress: u32, fam: u8, dst: &[u8; 16], out: *mut NextHo
     true
 }
 
-/// A program context [`lookup`] runs in: the XDP program's or the TC program's.
+/// A program context [`lookup`] runs in: the XDP program's or a TC program's.
 pub trait FibCtx {
     /// Whether this is the XDP program, which sends through [`EGRESS_XDP`] (its lookups
-    /// decide [`NextHop::xdp_ok`]) and passes a frame it has no next hop for to the kernel
-    /// (counted as `fib_pass`). Known at compile time: the TC program's lookups touch neither
-    /// the map nor the counter.
+    /// decide [`NextHop::xdp_ok`]). Known at compile time: the TC programs' lookups do not
+    /// touch the map.
     const XDP: bool;
+    /// Whether a failed lookup counts `fib_pass` (the caller passes the frame to the kernel):
+    /// the XDP program's and the full TC program's (`crate::hook::TcFull`), not the hand-off
+    /// TC program's, which looks up frames that may not be loxi's.
+    const COUNTS_FIB_PASS: bool;
     /// The context pointer the FIB helper takes.
     fn raw(&self) -> *mut c_void;
     /// The interface the frame arrived on (the FIB lookup's input).
@@ -211,6 +219,7 @@ pub trait FibCtx {
 
 impl FibCtx for XdpContext {
     const XDP: bool = true;
+    const COUNTS_FIB_PASS: bool = true;
     #[inline(always)]
     fn raw(&self) -> *mut c_void {
         self.ctx as *mut c_void
@@ -224,6 +233,7 @@ impl FibCtx for XdpContext {
 
 impl FibCtx for TcContext {
     const XDP: bool = false;
+    const COUNTS_FIB_PASS: bool = false;
     #[inline(always)]
     fn raw(&self) -> *mut c_void {
         self.skb.skb as *mut c_void
@@ -237,13 +247,13 @@ impl FibCtx for TcContext {
 
 /// Looks up the next hop towards `dst` for the frame of `ctx` (route, neighbour and, in the
 /// XDP program, whether the egress takes XDP frames; else `xdp_ok` is false); `None` when the
-/// kernel has none yet (counted in the XDP program, whose caller passes the frame on).
+/// kernel has none yet (counted where [`FibCtx::COUNTS_FIB_PASS`]: the caller passes the frame on).
 #[inline(always)]
 pub fn lookup<C: FibCtx>(ctx: &C, fam: u8, dst: &[u8; 16]) -> Option<NextHop> {
     // Not zero-filled first: that compiles to a call of the byte-at-a-time `memset` on BPF.
     let mut nh = MaybeUninit::<NextHop>::uninit();
     if !fib(ctx.raw(), ctx.ingress(), fam, dst, nh.as_mut_ptr()) {
-        if C::XDP {
+        if C::COUNTS_FIB_PASS {
             count(ctr::FIB_PASS, 1);
         }
         return None;

@@ -1,7 +1,8 @@
 //! loxi's XDP L4 data path: service lookup, in-kernel endpoint selection, conntrack and NAT
 //! (modes 0 DNAT, 1 one-arm, 2 full-NAT, 3 DSR, 5 host one-arm). Mode 4 and all traffic that
 //! matches no service is passed to the kernel untouched. A TC ingress program finishes
-//! forwarding to egresses that take no XDP frames (veths with plain peers).
+//! forwarding to egresses that take no XDP frames (veths with plain peers). The same data path
+//! also runs whole in TC ingress (`loxi_tc_full`, [`hook`]) on interfaces named for it.
 #![no_std]
 #![no_main]
 // Map keys/values are passed by reference on purpose: by-value would copy 40–56-byte structs
@@ -15,6 +16,7 @@ mod csum;
 mod ct;
 mod flow;
 mod fwd;
+mod hook;
 mod maps;
 mod parse;
 mod select;
@@ -37,6 +39,18 @@ pub fn loxi_xdp(ctx: XdpContext) -> u32 {
 #[classifier]
 pub fn loxi_tc(ctx: TcContext) -> i32 {
     tc::try_tc(&ctx)
+}
+
+/// TC ingress entry point of the whole data path (shim; all logic in [`flow::try_loxi`], on
+/// the socket buffer: [`hook::TcFull`]), for interfaces where the frame would reach TC anyway
+/// (`--tc-iface`: egresses without XDP receive, where XDP would only hand off).
+#[classifier]
+pub fn loxi_tc_full(ctx: TcContext) -> i32 {
+    let ctx = hook::TcFull(ctx);
+    ctx.pull_headers();
+    match flow::try_loxi(&ctx) {
+        Ok(a) | Err(a) => a as i32,
+    }
 }
 
 /// Pass-everything program for the peers of veths that receive redirected frames (a veth

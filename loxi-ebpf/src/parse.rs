@@ -9,6 +9,12 @@ pub trait Frame {
     fn data(&self) -> usize;
     /// Address one past the last byte.
     fn data_end(&self) -> usize;
+    /// The frame's length in bytes (Ethernet header included), for the byte counters: the
+    /// bytes between `data` and `data_end` unless the frame has more (a socket buffer's pages).
+    #[inline(always)]
+    fn frame_len(&self) -> u32 {
+        (self.data_end() - self.data()) as u32
+    }
 }
 
 impl Frame for XdpContext {
@@ -96,7 +102,7 @@ pub fn parse<C: Frame>(ctx: &C) -> Result<Pkt, ParseError> {
         l3,
         l4: ip.l4,
         tcp_flags: 0,
-        len: (ctx.data_end() - ctx.data()) as u32,
+        len: ctx.frame_len(),
         key: CtKey {
             saddr: ip.saddr,
             daddr: ip.daddr,

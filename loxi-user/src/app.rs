@@ -266,7 +266,7 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
     // The bound address: `--api-addr 127.0.0.1:0` gets its port from the OS.
     let bound = listener.local_addr().unwrap_or(cfg.flags.api_addr);
     tracing::info!(addr = %bound, rules = store.snapshot().rules.len(), "REST API listening");
-    let l4_datapath = !cfg.flags.l4.xdp_iface.is_empty();
+    let l4_datapath = cfg.flags.l4.datapath_on();
     report_l4_rules_without_datapath(&store, l4_datapath);
     let rules = store.subscribe();
     let state = ApiState {
@@ -291,7 +291,7 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
     }
 }
 
-/// Runs the L4 data path (XDP on `--xdp-iface`, VIPs on `--vip-iface`); a failure is logged,
+/// Runs the L4 data path (XDP on `--xdp-iface`, TC on `--tc-iface`, VIPs on `--vip-iface`); a failure is logged,
 /// recorded in `failed` and stops the daemon, so a missing interface is a start-up error.
 async fn run_l4(
     cfg: L4Config,
@@ -450,13 +450,14 @@ fn lock_state_dir(dir: &std::path::Path) -> Result<std::fs::File, AppError> {
     Ok(f)
 }
 
-/// A restored L4 rule on a daemon without `--xdp-iface` forwards nothing: say so at start.
+/// A restored L4 rule on a daemon without `--xdp-iface` or `--tc-iface` forwards nothing: say
+/// so at start.
 fn report_l4_rules_without_datapath(store: &RuleStore, l4_datapath: bool) {
     for r in store.snapshot().rules.values() {
         if !api::rules::has_data_path(&r.rule, l4_datapath) {
             tracing::error!(rule = %r.rule.key(), mode = r.rule.service.mode,
-                "restored L4 rule is NOT served: this daemon runs without --xdp-iface (no L4 data \
-                 path); the API reports it OFFLINE until a restart with --xdp-iface");
+                "restored L4 rule is NOT served: this daemon runs without --xdp-iface or --tc-iface \
+                 (no L4 data path); the API reports it OFFLINE until a restart with one of them");
         }
     }
 }

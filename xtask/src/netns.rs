@@ -4,7 +4,12 @@
 //!   the data path must use `bpf_redirect` (its counters show no TC hand-off);
 //! - `plain` peers: no XDP program and GRO off on every peer, like container and Kubernetes
 //!   backends; a veth drops redirected XDP frames there, so the data path must hand every
-//!   rewritten packet to its TC program (its counters show no XDP redirect).
+//!   rewritten packet to its TC program (its counters show no XDP redirect);
+//! - `tc`: plain peers with TX checksum offload on (a container's TCP and UDP leave with
+//!   partial checksums, as they do in production; the LB's veths complete them in software, so
+//!   the receivers verify them) and the whole data path in TC ingress
+//!   (`--tc-iface`): every rewritten packet is a socket buffer redirected by the TC program, with
+//!   no XDP program on any LB veth and no hand-off.
 //!
 //! In both, 12 real TCP connections and 12 UDP datagrams to the VIP must reach both backends
 //! and come back from the VIP in modes 2, 0, 1, 5 and 3 (full NAT first, before any traffic
@@ -59,7 +64,22 @@ pub enum Peers {
     Xdp,
     /// No XDP program and GRO off on every peer (containers, pods).
     Plain,
+    /// Plain peers with TX checksum offload on, and the data path in TC (`--tc-iface`).
+    Tc,
 }
+
+/// The LB's data-path flags for the `tc` topology: the whole data path in TC ingress on its
+/// three veths.
+const LB_TC_ARGS: [&str; 8] = [
+    "--tc-iface",
+    "l0",
+    "--tc-iface",
+    "l1",
+    "--tc-iface",
+    "l2",
+    "--vip-iface",
+    "lo",
+];
 
 /// The namespaces, helper processes and files of one run; torn down on drop.
 pub struct Topo {
@@ -227,20 +247,63 @@ impl Topo {
 
     /// Starts the data path in the LB ns on l0, l1, l2 with VIPs on its `lo`.
     pub fn start_lb(&mut self) -> anyhow::Result<u32> {
+        self.start_lb_with(&LB_IFACE_ARGS)
+    }
+
+    /// Starts `xtask l4-serve` in the LB ns with `iface_args` (XDP or TC on l0, l1, l2) and
+    /// waits until its three attachments are made: XDP programs on the links, or three
+    /// "attached in TC ingress" lines in its log.
+    pub fn start_lb_with(&mut self, iface_args: &[&str]) -> anyhow::Result<u32> {
         let rules = self.dir.join("rules.json").display().to_string();
         let l = self.l.clone();
         let pid = self.spawn(
             &l,
-            &[&["l4-serve"][..], &LB_IFACE_ARGS, &["--rules", &rules]].concat(),
+            &[&["l4-serve"][..], iface_args, &["--rules", &rules]].concat(),
         )?;
-        for i in 0..3 {
-            wait_xdp(&l, &format!("l{i}"), true)?;
+        let log = self
+            .dir
+            .join(format!("{l}-{}.log", self.children.len() - 1));
+        if iface_args.contains(&"--tc-iface") {
+            wait("the TC data path attached to l0 l1 l2", || {
+                let text = fs::read_to_string(&log).unwrap_or_default();
+                Ok(text
+                    .lines()
+                    .filter(|x| x.contains("L4 data path attached in TC ingress"))
+                    .count()
+                    == 3)
+            })?;
+        } else {
+            for i in 0..3 {
+                wait_xdp(&l, &format!("l{i}"), true)?;
+            }
         }
-        self.lb_log = Some(
-            self.dir
-                .join(format!("{l}-{}.log", self.children.len() - 1)),
-        );
+        self.lb_log = Some(log);
         Ok(pid)
+    }
+
+    /// TX checksum offload back on for the client's and the backends' veths (a veth's default,
+    /// which [`Topo::new`] switched off): their TCP and UDP leave the sockets with partial
+    /// checksums (the field holds the pseudo-header's sum), as a container's do. The LB's veths
+    /// keep theirs off, so the kernel completes each checksum in software as the rewritten frame
+    /// leaves the LB and the receiver verifies it: a partial checksum whose pseudo-header part
+    /// was not moved to the new addresses fails there (a veth receiver would trust it as
+    /// partial; a NIC would put it on the wire wrong).
+    pub fn partial_checksums(&mut self) -> anyhow::Result<()> {
+        let mut ifs = vec![(self.c.clone(), "c0".to_string())];
+        for b in &self.b {
+            ifs.push((b.clone(), "b0".to_string()));
+        }
+        for (ns, i) in ifs {
+            cmd(&format!(
+                "ip netns exec {ns} ethtool -K {i} tx on >/dev/null"
+            ))?;
+            let k = cmd(&format!("ip netns exec {ns} ethtool -k {i}"))?;
+            ensure!(
+                k.contains("tx-checksumming: on"),
+                "TX checksum offload still off for {ns}/{i}: {k}"
+            );
+        }
+        Ok(())
     }
 }
 
@@ -671,6 +734,7 @@ pub fn run() -> anyhow::Result<()> {
     }
     run_topology(Peers::Xdp)?;
     run_topology(Peers::Plain)?;
+    run_topology(Peers::Tc)?;
     println!("netns-test: PASS");
     Ok(())
 }
@@ -681,10 +745,15 @@ fn run_topology(peers: Peers) -> anyhow::Result<()> {
     let mut t = Topo::new(match peers {
         Peers::Xdp => "lxt",
         Peers::Plain => "lxp",
+        Peers::Tc => "lxc",
     })?;
     match peers {
         Peers::Xdp => t.start_peers()?,
         Peers::Plain => t.plain_peers()?,
+        Peers::Tc => {
+            t.plain_peers()?;
+            t.partial_checksums()?;
+        }
     }
     let (b1, b2) = (t.b[0].clone(), t.b[1].clone());
     let dsr_udp = format!("{VIP}:{PORT}");
@@ -707,23 +776,37 @@ fn run_topology(peers: Peers) -> anyhow::Result<()> {
         )?;
     }
     t.write_rules(&[])?;
-    let lb = t.start_lb()?;
+    let lb = if peers == Peers::Tc {
+        t.start_lb_with(&LB_TC_ARGS)?
+    } else {
+        t.start_lb()?
+    };
     let log_path = t.lb_log.clone().context("LB log")?;
     let log = fs::read_to_string(&log_path)?;
-    let attached = log
-        .lines()
-        .filter(|l| l.contains("XDP data path attached"))
-        .count();
-    ensure!(
-        attached == 3 && log.contains("native"),
-        "attach mode not logged for l0 l1 l2:\n{log}"
-    );
-    println!("netns-test: {peers:?} peers: data path attached to l0 l1 l2 in native mode");
+    let l = t.l.clone();
+    if peers == Peers::Tc {
+        for i in 0..3 {
+            ensure!(
+                !cmd(&format!("ip -n {l} link show dev l{i}"))?.contains("prog/xdp"),
+                "tc topology: an XDP program on l{i}"
+            );
+        }
+        println!("netns-test: {peers:?} peers: data path attached to l0 l1 l2 in TC ingress");
+    } else {
+        let attached = log
+            .lines()
+            .filter(|l| l.contains("XDP data path attached"))
+            .count();
+        ensure!(
+            attached == 3 && log.contains("native"),
+            "attach mode not logged for l0 l1 l2:\n{log}"
+        );
+        println!("netns-test: {peers:?} peers: data path attached to l0 l1 l2 in native mode");
+    }
     // Full NAT first, before any traffic crossed the LB: the kernel cannot forward its frames
     // (their source is the LB's own address), so nothing would teach the LB the backends'
     // MACs but the managed neighbour entries the loader adds for its endpoints (`l4/neigh.rs`).
     t.write_rules(&[rule("tcp", 2, &[1, 2]), rule("udp", 2, &[1, 2])])?;
-    let l = t.l.clone();
     wait(
         "managed, resolved neighbour entries for both backends",
         || {
@@ -745,13 +828,22 @@ fn run_topology(peers: Peers) -> anyhow::Result<()> {
         check_endpoint_removal(&mut t)?;
         check_recreated_iface(&mut t)?;
     }
-    let l = t.l.clone();
     t.stop(lb)?;
     for i in 0..3 {
         wait_xdp(&l, &format!("l{i}"), false)?;
     }
     // Read before the daemon below starts: its log may reuse the file name.
     let lb_log = fs::read_to_string(&log_path)?;
+    if peers == Peers::Tc {
+        let detached = lb_log
+            .lines()
+            .filter(|x| x.contains("TC data path detached"))
+            .count();
+        ensure!(
+            detached == 3,
+            "TC data path detached from {detached} of 3 veths on exit:\n{lb_log}"
+        );
+    }
     ensure!(
         !cmd(&format!("ip -n {l} addr show dev lo"))?.contains(VIP),
         "VIP left on lo after exit"
@@ -800,6 +892,11 @@ fn check_paths(peers: Peers, log: &str) -> anyhow::Result<()> {
         Peers::Plain => ensure!(
             redirect + tx == 0 && egress_tc > 0 && tc_redirect == egress_tc,
             "plain peers: want the TC hand-off only (redirect {redirect}, tx {tx}, egress_tc {egress_tc}, tc_redirect {tc_redirect})"
+        ),
+        // The TC data path redirects socket buffers itself (counted as `redirect`): no hand-off.
+        Peers::Tc => ensure!(
+            redirect > 0 && egress_tc == 0 && tc_redirect == 0,
+            "tc: want the TC data path's own redirects only (redirect {redirect}, egress_tc {egress_tc}, tc_redirect {tc_redirect})"
         ),
     }
     Ok(())

@@ -15,9 +15,12 @@ use tokio_util::sync::CancellationToken;
 /// Flags of `l4-serve`.
 #[derive(clap::Args)]
 pub struct ServeArgs {
-    /// Interfaces to attach to.
+    /// Interfaces to attach XDP to.
     #[arg(long = "xdp-iface")]
     xdp_iface: Vec<String>,
+    /// Interfaces to run the whole data path on in TC ingress.
+    #[arg(long = "tc-iface")]
+    tc_iface: Vec<String>,
     /// Interface for VIPs (none: VIPs are not managed).
     #[arg(long = "vip-iface")]
     vip_iface: Option<String>,
@@ -44,6 +47,7 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     let metrics = L4Metrics::register(&mut registry);
     let cfg = L4Config {
         xdp_ifaces: a.xdp_iface,
+        tc_ifaces: a.tc_iface,
         vip_iface: a.vip_iface,
         stats_interval: Duration::from_secs(1),
         force_generic: a.xdp_generic,

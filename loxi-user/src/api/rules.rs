@@ -77,7 +77,8 @@ async fn settle(st: &ApiState, what: &str) {
 pub use super::error::API_BODY_LIMIT;
 use super::error::body_error;
 
-/// A rule with `mode` other than 4 needs the L4 data path, which only `--xdp-iface` starts.
+/// A rule with `mode` other than 4 needs the L4 data path, which only `--xdp-iface` or
+/// `--tc-iface` starts.
 fn check_data_path(rule: &LbRule, l4_datapath: bool) -> Result<(), ApiError> {
     let mode = rule.service.mode;
     if has_data_path(rule, l4_datapath) {
@@ -86,8 +87,9 @@ fn check_data_path(rule: &LbRule, l4_datapath: bool) -> Result<(), ApiError> {
     Err(ApiError::invalid_field(
         "serviceArguments.mode",
         format!(
-            "mode {mode} is served by the L4 (XDP) data path, which this daemon runs without \
-             (start loxilb with --xdp-iface IFACE, or use mode 4); nothing was stored"
+            "mode {mode} is served by the L4 (XDP/TC) data path, which this daemon runs without \
+             (start loxilb with --xdp-iface IFACE or --tc-iface IFACE, or use mode 4); nothing \
+             was stored"
         ),
     ))
 }
@@ -192,7 +194,7 @@ pub async fn get_by_id(
 
 /// `r` as a `LoadbalanceEntry` ([`loxilb_entry`]) with its live endpoint states and, for
 /// mode 4, its `listenerState`; an L4 rule on a daemon without the L4 data path (restored from
-/// the state dir after a start without `--xdp-iface`) carries [`L4_NOT_SERVED`] there instead.
+/// the state dir after a start without `--xdp-iface` or `--tc-iface`) carries [`L4_NOT_SERVED`] there instead.
 pub fn entry(st: &ApiState, r: &StoredRule) -> Value {
     let listener = match listen_addr(&r.rule) {
         Some(a) => Some(st.sockets.status(a).describe()),
@@ -203,7 +205,7 @@ pub fn entry(st: &ApiState, r: &StoredRule) -> Value {
 }
 
 /// `listenerState` of an L4 rule that nothing serves (see [`has_data_path`]).
-pub const L4_NOT_SERVED: &str = "not served: this daemon runs without --xdp-iface (no L4 data path); restart it with --xdp-iface IFACE";
+pub const L4_NOT_SERVED: &str = "not served: this daemon runs without --xdp-iface or --tc-iface (no L4 data path); restart it with --xdp-iface IFACE or --tc-iface IFACE";
 
 /// Whether a data path serves `rule`: always for mode 4 (the fullproxy); for an L4 rule (mode
 /// other than 4) only with the L4 data path. False for an L4 rule on a daemon without it: the API

@@ -368,6 +368,11 @@ impl Config {
                     .error(clap::error::ErrorKind::InvalidValue, msg)
                     .exit(),
             };
+        if let Err(msg) = flags.l4.check() {
+            Flags::command()
+                .error(clap::error::ErrorKind::ArgumentConflict, msg)
+                .exit()
+        }
         let env = Env::from_lookup(|k| std::env::var(k).ok());
         let set = std::env::vars_os()
             .filter(|(_, v)| !v.is_empty())

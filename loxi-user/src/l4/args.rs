@@ -1,13 +1,20 @@
 //! Command-line flags of the L4 data path (flattened into the daemon's flags).
 use std::time::Duration;
 
-/// `--xdp-iface` / `--vip-iface`, as LoxiLB's daemon takes them.
+/// `--xdp-iface` / `--vip-iface`, as LoxiLB's daemon takes them, and `--tc-iface`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct L4Args {
-    /// Interface to attach the XDP data path to (repeatable). None: the L4 data path is off and
-    /// modes other than 4 are not served.
+    /// Interface to attach the XDP data path to (repeatable). None here and in `--tc-iface`:
+    /// the L4 data path is off and modes other than 4 are not served.
     #[arg(long = "xdp-iface", value_name = "IFACE")]
     pub xdp_iface: Vec<String>,
+    /// Interface to run the whole L4 data path on in TC ingress instead of XDP (repeatable): the
+    /// same services, conntrack and NAT on the socket buffer, sent with `bpf_redirect`. For
+    /// interfaces whose traffic would reach TC anyway: a veth of a container or pod, where XDP
+    /// costs a NAPI poll and a copy, and egresses without XDP receive where XDP only hands off.
+    /// An interface is named in `--xdp-iface` or here, not both.
+    #[arg(long = "tc-iface", value_name = "IFACE")]
+    pub tc_iface: Vec<String>,
     /// Interface that gets each rule's VIP as a /32 (/128) address.
     #[arg(long = "vip-iface", value_name = "IFACE", default_value = "lo")]
     pub vip_iface: String,
@@ -20,8 +27,11 @@ pub struct L4Args {
 /// Runtime configuration of [`crate::l4::run`].
 #[derive(Debug, Clone)]
 pub struct L4Config {
-    /// Interfaces to attach to (may be empty: then only VIPs are managed).
+    /// Interfaces to attach XDP to (may be empty, with `tc_ifaces`: then only VIPs are
+    /// managed).
     pub xdp_ifaces: Vec<String>,
+    /// Interfaces that run the whole data path in TC ingress ([`L4Args::tc_iface`]).
+    pub tc_ifaces: Vec<String>,
     /// Interface for VIP addresses; `None` disables VIP management.
     pub vip_iface: Option<String>,
     /// How often per-CPU counters are folded into the metrics.
@@ -30,10 +40,30 @@ pub struct L4Config {
     pub force_generic: bool,
 }
 
+impl L4Args {
+    /// Whether any interface carries the data path (`--xdp-iface` or `--tc-iface`).
+    pub fn datapath_on(&self) -> bool {
+        !self.xdp_iface.is_empty() || !self.tc_iface.is_empty()
+    }
+
+    /// The usage error for an interface named in both `--xdp-iface` and `--tc-iface` (its
+    /// frames would run the data path twice: XDP first, then TC on the rewritten frame).
+    pub fn check(&self) -> Result<(), String> {
+        match self.tc_iface.iter().find(|i| self.xdp_iface.contains(i)) {
+            Some(i) => Err(format!(
+                "interface {i} is named in both --xdp-iface and --tc-iface; \
+                 the data path runs on one hook per interface: keep one of the two"
+            )),
+            None => Ok(()),
+        }
+    }
+}
+
 impl From<&L4Args> for L4Config {
     fn from(a: &L4Args) -> Self {
         Self {
             xdp_ifaces: a.xdp_iface.clone(),
+            tc_ifaces: a.tc_iface.clone(),
             vip_iface: Some(a.vip_iface.clone()),
             stats_interval: Duration::from_secs(1),
             force_generic: a.xdp_generic,

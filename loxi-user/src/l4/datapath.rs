@@ -1,5 +1,6 @@
 //! The loaded XDP object: attachment (native with generic fallback, plus the TC ingress
-//! program that completes forwarding to egresses without XDP receive), map programming from a
+//! program that completes forwarding to egresses without XDP receive; or, for `--tc-iface`,
+//! the whole data path in TC ingress), map programming from a
 //! [`Plan`], the XDP-capable egress set, counter reads and `BPF_PROG_TEST_RUN`.
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -18,7 +19,8 @@ use aya::{
 use loxi_common::maps::{
     CT_ENTRIES, CtKey, CtValue, EndpointValue, MAP_ACTIVE, MAP_CONNTRACK, MAP_COUNTERS,
     MAP_EGRESS_XDP, MAP_ENDPOINTS, MAP_REPLY_VIP, MAP_SERVICES, MAP_WRR, MAX_EPS, PROG_NAME,
-    ServiceKey, ServiceValue, TC_PROG_NAME, WRR_SLOTS, ctr, egress::GLOBAL_META_OK,
+    ServiceKey, ServiceValue, TC_FULL_PROG_NAME, TC_PROG_NAME, WRR_SLOTS, ctr,
+    egress::GLOBAL_META_OK,
 };
 
 use super::{
@@ -33,14 +35,17 @@ pub enum AttachMode {
     Native,
     /// Generic (skb) XDP, after native was refused.
     Generic,
+    /// The whole data path in TC ingress (`--tc-iface`, [`TC_FULL_PROG_NAME`]).
+    Tc,
 }
 
 impl AttachMode {
-    /// Metric / log label: `native` or `generic`.
+    /// Metric / log label: `native`, `generic` or `tc`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Native => "native",
             Self::Generic => "generic",
+            Self::Tc => "tc",
         }
     }
 }
@@ -52,6 +57,8 @@ pub struct Datapath {
     meta_ok: bool,
     links: Vec<(String, XdpLinkId, AttachMode)>,
     tc_links: Vec<(String, SchedClassifierLinkId)>,
+    /// `--tc-iface` attachments of [`TC_FULL_PROG_NAME`], with the interface's index then.
+    full_links: Vec<(String, SchedClassifierLinkId, u32)>,
     /// Ifindexes currently in `LOXI_EGRESS_XDP`.
     xdp_egress: BTreeSet<u32>,
     /// Service keys currently in the map, with their endpoint count.
@@ -60,6 +67,8 @@ pub struct Datapath {
     reply_vips: ReplyVipTable,
     /// The kernel's id of the loaded XDP program (fixed once loaded).
     prog_id: u32,
+    /// The kernel's id of the loaded [`TC_FULL_PROG_NAME`] program.
+    full_prog_id: u32,
     /// Most entries one loader walk of the conntrack map reads ([`WALK_BOUND`]; tests lower
     /// it to cut walks off).
     walk_bound: usize,
@@ -111,15 +120,24 @@ impl Datapath {
         tc(&mut ebpf)?
             .load()
             .map_err(|e| L4Error::program("load TC", e))?;
+        let full = tc_full(&mut ebpf)?;
+        full.load()
+            .map_err(|e| L4Error::program("load the TC data path", e))?;
+        let full_prog_id = full
+            .info()
+            .map_err(|e| L4Error::program("TC data path info", e))?
+            .id();
         Ok(Self {
             ebpf,
             meta_ok,
             links: Vec::new(),
             tc_links: Vec::new(),
+            full_links: Vec::new(),
             xdp_egress: BTreeSet::new(),
             installed: BTreeMap::new(),
             reply_vips: ReplyVipTable::default(),
             prog_id,
+            full_prog_id,
             walk_bound: WALK_BOUND,
         })
     }
@@ -155,6 +173,46 @@ impl Datapath {
         Ok(mode)
     }
 
+    /// Attaches the whole data path to `iface`'s TC ingress ([`TC_FULL_PROG_NAME`], TCX on
+    /// Linux ≥ 6.6, else a `clsact` filter); `ifindex` is the interface's index now, kept to
+    /// notice a recreated interface ([`Self::tc_attached`]).
+    pub fn attach_tc(&mut self, iface: &str, ifindex: u32) -> Result<AttachMode, L4Error> {
+        let id = match tc_full(&mut self.ebpf)?.attach(iface, TcAttachType::Ingress) {
+            Ok(id) => id,
+            Err(aya::programs::ProgramError::UnknownInterface { name }) => {
+                return Err(L4Error::NoInterface(name));
+            }
+            Err(e) => {
+                return Err(L4Error::program(
+                    format!("attach the TC data path to {iface}"),
+                    e,
+                ));
+            }
+        };
+        tracing::info!(iface, mode = "tc", "L4 data path attached in TC ingress");
+        self.full_links.push((iface.to_string(), id, ifindex));
+        Ok(AttachMode::Tc)
+    }
+
+    /// Whether `iface` (index `ifindex` now) still carries the TC data path: attached by this
+    /// loader to the interface of that index and, where the kernel lists TCX programs, still
+    /// among them (a program detached from outside is not).
+    pub fn tc_attached(&self, iface: &str, ifindex: u32) -> bool {
+        let ours = self
+            .full_links
+            .iter()
+            .any(|(i, _, idx)| i == iface && *idx == ifindex);
+        if !ours {
+            return false;
+        }
+        match SchedClassifier::query_tcx(iface, TcAttachType::Ingress) {
+            Ok((_, progs)) => progs.iter().any(|p| p.id() == self.full_prog_id),
+            // Before TCX (Linux < 6.6) the filter is a netlink object: its index check above
+            // is what is known.
+            Err(_) => true,
+        }
+    }
+
     /// Whether frames for egresses without XDP receive reach the TC program with loxi's
     /// metadata in front (`loxi_common::maps::egress::Meta`), or without it, known by their
     /// MACs (a kernel that refuses `bpf_xdp_adjust_meta` to XDP programs).
@@ -186,6 +244,15 @@ impl Datapath {
             for (_, id) in gone {
                 if let Err(e) = prog.detach(id) {
                     tracing::debug!(iface, error = %e, "detaching a stale TC attachment");
+                }
+            }
+        }
+        let gone = take_where(&mut self.full_links, |(i, _, _)| i == iface);
+        let mode = mode.or(gone.last().map(|_| AttachMode::Tc));
+        if let Ok(prog) = tc_full(&mut self.ebpf) {
+            for (_, id, _) in gone {
+                if let Err(e) = prog.detach(id) {
+                    tracing::debug!(iface, error = %e, "detaching a stale TC data path attachment");
                 }
             }
         }
@@ -236,13 +303,25 @@ impl Datapath {
         Ok(())
     }
 
-    /// Interfaces attached so far with their modes.
+    /// Interfaces attached so far with their modes (XDP, then TC).
     pub fn attachments(&self) -> impl Iterator<Item = (&str, AttachMode)> {
-        self.links.iter().map(|(i, _, m)| (i.as_str(), *m))
+        self.links.iter().map(|(i, _, m)| (i.as_str(), *m)).chain(
+            self.full_links
+                .iter()
+                .map(|(i, _, _)| (i.as_str(), AttachMode::Tc)),
+        )
     }
 
     /// Detaches every attachment.
     pub fn detach_all(&mut self) -> Result<(), L4Error> {
+        let full_links = std::mem::take(&mut self.full_links);
+        let prog = tc_full(&mut self.ebpf)?;
+        for (iface, id, _) in full_links {
+            prog.detach(id).map_err(|e| {
+                L4Error::program(format!("detach the TC data path from {iface}"), e)
+            })?;
+            tracing::info!(iface = %iface, "TC data path detached");
+        }
         let tc_links = std::mem::take(&mut self.tc_links);
         let prog = tc(&mut self.ebpf)?;
         for (iface, id) in tc_links {
@@ -600,6 +679,13 @@ fn tc(ebpf: &mut Ebpf) -> Result<&mut SchedClassifier, L4Error> {
     let p = ebpf
         .program_mut(TC_PROG_NAME)
         .ok_or(L4Error::MissingProgram(TC_PROG_NAME))?;
+    p.try_into().map_err(|e| L4Error::program("type check", e))
+}
+
+fn tc_full(ebpf: &mut Ebpf) -> Result<&mut SchedClassifier, L4Error> {
+    let p = ebpf
+        .program_mut(TC_FULL_PROG_NAME)
+        .ok_or(L4Error::MissingProgram(TC_FULL_PROG_NAME))?;
     p.try_into().map_err(|e| L4Error::program("type check", e))
 }
 

@@ -37,14 +37,18 @@ pub async fn run(
         Some(i) => Some(VipManager::new(i).await?),
         None => None,
     };
-    let mut dp = start_datapath(&cfg, &metrics)?;
+    let links = if cfg.xdp_ifaces.is_empty() && cfg.tc_ifaces.is_empty() {
+        None
+    } else {
+        Some(netlink_handle()?)
+    };
+    let mut dp = match links.as_ref() {
+        Some(h) => Some(start_datapath(&cfg, &metrics, h).await?),
+        None => None,
+    };
     if let Some(d) = dp.as_ref() {
         conntrack.publish(d.conntrack_map_id()?);
     }
-    let links = match dp {
-        Some(_) => Some(netlink_handle()?),
-        None => None,
-    };
     let mut slots = SlotTable::default();
     let mut fold = CounterFold::default();
     let mut current = Plan::default();
@@ -54,7 +58,8 @@ pub async fn run(
     // checked (`neigh::due`).
     let mut plan_gen: u64 = 0;
     let mut neigh = super::neigh::Schedule::default();
-    // `--xdp-iface` interfaces currently absent (reported once each, until they come back).
+    // `--xdp-iface` and `--tc-iface` interfaces currently absent (reported once each, until
+    // they come back).
     let mut missing = std::collections::BTreeSet::new();
     loop {
         if dirty {
@@ -133,16 +138,42 @@ async fn keep_resolved(h: &rtnetlink::Handle, plan: &Plan) -> bool {
     }
 }
 
-fn start_datapath(cfg: &L4Config, metrics: &L4Metrics) -> Result<Option<Datapath>, L4Error> {
-    if cfg.xdp_ifaces.is_empty() {
-        return Ok(None);
-    }
+/// Loads the data path and attaches it to every `--xdp-iface` and `--tc-iface` interface
+/// (`h` finds the TC interfaces' indexes). An absent interface is an error.
+async fn start_datapath(
+    cfg: &L4Config,
+    metrics: &L4Metrics,
+    h: &rtnetlink::Handle,
+) -> Result<Datapath, L4Error> {
     let mut dp = Datapath::load()?;
     for iface in &cfg.xdp_ifaces {
         let mode = dp.attach(iface, cfg.force_generic)?;
         metrics.set_attached(iface, mode, true);
     }
-    Ok(Some(dp))
+    if cfg.tc_ifaces.is_empty() {
+        return Ok(dp);
+    }
+    let all = super::egress::links(h).await.map_err(|source| {
+        L4Error::Netlink(crate::netlink::NetlinkError::Request {
+            action: "list links".into(),
+            iface: cfg.tc_ifaces.join(","),
+            source,
+        })
+    })?;
+    for iface in &cfg.tc_ifaces {
+        let index = all
+            .iter()
+            .find(|l| {
+                l.attributes.iter().any(|a| {
+                    matches!(a, rtnetlink::packet_route::link::LinkAttribute::IfName(n) if n == iface)
+                })
+            })
+            .map(|l| l.header.index)
+            .ok_or_else(|| L4Error::NoInterface(iface.clone()))?;
+        let mode = dp.attach_tc(iface, index)?;
+        metrics.set_attached(iface, mode, true);
+    }
+    Ok(dp)
 }
 
 #[allow(
@@ -156,12 +187,12 @@ fn netlink_handle() -> Result<rtnetlink::Handle, L4Error> {
     Ok(handle)
 }
 
-/// Keeps every `--xdp-iface` attached. An interface deleted and created again (a veth pair
-/// recreated, a driver reloaded), or whose XDP program was removed from outside, no longer
-/// carries loxi's program: it is attached again here, at the next stats tick, and logged. An
-/// interface that is absent is logged once and reported `loxilb_l4_xdp_attached 0` until it
-/// comes back. Start-up still refuses an absent interface ([`start_datapath`]). Returns
-/// whether it attached an interface again (a link came back).
+/// Keeps every `--xdp-iface` and `--tc-iface` attached. An interface deleted and created again
+/// (a veth pair recreated, a driver reloaded), or whose program was removed from outside, no
+/// longer carries loxi's program: it is attached again here, at the next stats tick, and
+/// logged. An interface that is absent is logged once and reported `loxilb_l4_xdp_attached 0`
+/// until it comes back. Start-up still refuses an absent interface ([`start_datapath`]).
+/// Returns whether it attached an interface again (a link came back).
 fn keep_attached(
     dp: &mut Datapath,
     links: &[rtnetlink::packet_route::link::LinkMessage],
@@ -172,7 +203,13 @@ fn keep_attached(
     let mut came_back = false;
     use rtnetlink::packet_route::link::LinkAttribute;
     let ours = dp.xdp_prog_id();
-    for iface in &cfg.xdp_ifaces {
+    let wanted = cfg
+        .xdp_ifaces
+        .iter()
+        .map(|i| (i, false))
+        .chain(cfg.tc_ifaces.iter().map(|i| (i, true)));
+    for (iface, in_tc) in wanted {
+        let hook = if in_tc { "TC" } else { "XDP" };
         let link = links.iter().find(|l| {
             l.attributes
                 .iter()
@@ -183,7 +220,8 @@ fn keep_attached(
             if missing.insert(iface.clone()) {
                 tracing::warn!(
                     iface,
-                    "XDP interface is gone: the L4 data path serves nothing \
+                    hook,
+                    "L4 interface is gone: the L4 data path serves nothing \
                     on it until it is back (then loxi attaches again)"
                 );
                 if let Some(m) = attached {
@@ -192,19 +230,30 @@ fn keep_attached(
             }
             continue;
         };
-        if attached.is_some() && super::egress::carries_prog(link, ours) {
+        let index = link.header.index;
+        let carried = if in_tc {
+            dp.tc_attached(iface, index)
+        } else {
+            attached.is_some() && super::egress::carries_prog(link, ours)
+        };
+        if carried {
             continue;
         }
         if let Some(m) = dp.forget(iface) {
             metrics.set_attached(iface, m, false);
         }
-        match dp.attach(iface, cfg.force_generic) {
+        let again = if in_tc {
+            dp.attach_tc(iface, index)
+        } else {
+            dp.attach(iface, cfg.force_generic)
+        };
+        match again {
             Ok(mode) => {
                 tracing::warn!(
                     iface,
                     mode = mode.as_str(),
-                    index = link.header.index,
-                    "XDP interface had lost loxi's program (recreated, or detached from outside): attached again"
+                    index,
+                    "L4 interface had lost loxi's program (recreated, or detached from outside): attached again"
                 );
                 metrics.set_attached(iface, mode, true);
                 missing.remove(iface);
@@ -212,8 +261,8 @@ fn keep_attached(
             }
             Err(e) => {
                 if missing.insert(iface.clone()) {
-                    tracing::error!(iface, error = %e,
-                        "XDP interface lost loxi's program and attaching again failed; retrying every tick");
+                    tracing::error!(iface, hook, error = %e,
+                        "L4 interface lost loxi's program and attaching again failed; retrying every tick");
                 }
             }
         }
