@@ -388,6 +388,47 @@ fn xdp_generic_without_xdp_iface_is_a_usage_error_naming_both_flags() {
     assert!(usage.contains("--xdp-generic"), "{err}");
 }
 
+/// An interface in both `--xdp-iface` and `--tc-iface` would run the data path twice (XDP,
+/// then TC on the frame XDP rewrote): a usage error naming the interface and both flags, before
+/// anything is loaded. `--xdp-generic` with only `--tc-iface` stays the usage error above.
+#[test]
+fn one_interface_on_both_hooks_is_a_usage_error() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let state = dir.path().join("state").display().to_string();
+    let (code, err) = failed_start(
+        dir.path(),
+        &[
+            "--state-dir",
+            &state,
+            "--xdp-iface",
+            "eth7",
+            "--tc-iface",
+            "eth9",
+            "--tc-iface",
+            "eth7",
+        ],
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.starts_with(
+            "error: interface eth7 is named in both --xdp-iface and --tc-iface; the data path \
+             runs on one hook per interface: keep one of the two"
+        ),
+        "{err}"
+    );
+    let (code, err) = failed_start(
+        dir.path(),
+        &["--state-dir", &state, "--tc-iface", "eth9", "--xdp-generic"],
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.starts_with(
+            "error: the following required arguments were not provided:\n  --xdp-iface <IFACE>"
+        ),
+        "{err}"
+    );
+}
+
 #[test]
 fn a_bad_log_filter_is_reported_once() {
     let dir = tempfile::tempdir().expect("tmp");

@@ -471,7 +471,7 @@ struct Bench {
     next_tuple: u64,
     packets: u64,
     new_packets: u64,
-    lb: Option<(u32, bool)>,
+    lb: Option<(u32, LbHook)>,
     fresh_ct: bool,
     /// With the packet-socket sender: the `udp-flood` flags that select it (interface and the
     /// LB ingress's MAC).
@@ -684,9 +684,9 @@ impl Bench {
 
     /// Restarts the running LB (a new conntrack map, empty) and warms it up.
     fn fresh_lb(&mut self) -> anyhow::Result<()> {
-        let (pid, generic) = self.lb.context("no LB running")?;
+        let (pid, hook) = self.lb.context("no LB running")?;
         self.stop_lb(pid)?;
-        self.start_lb(generic)?;
+        self.start_lb(hook)?;
         self.flood(Shape::NewFlows, WARMUP)?;
         thread::sleep(Duration::from_millis(300));
         Ok(())
@@ -698,9 +698,9 @@ impl Bench {
         Ok(())
     }
 
-    fn start_lb(&mut self, generic: bool) -> anyhow::Result<u32> {
-        let pid = start_lb(&mut self.t, &std::env::current_exe()?, generic)?;
-        self.lb = Some((pid, generic));
+    fn start_lb(&mut self, hook: LbHook) -> anyhow::Result<u32> {
+        let pid = start_lb(&mut self.t, &std::env::current_exe()?, hook)?;
+        self.lb = Some((pid, hook));
         Ok(pid)
     }
 }
@@ -742,33 +742,55 @@ pub(crate) fn packet_sender(t: &Topo) -> anyhow::Result<String> {
     Ok(format!(" --iface c0 --dst-mac {}", mac_of(&t.l, "l0")?))
 }
 
+/// Where the LB's data path runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LbHook {
+    /// XDP in driver mode (`--xdp-iface`).
+    Native,
+    /// XDP in generic mode (`--xdp-iface --xdp-generic`).
+    Generic,
+    /// The whole data path in TC ingress (`--tc-iface`).
+    Tc,
+}
+
 /// Starts `exe`'s `l4-serve` (an `xtask` binary: its build's program and loader) as the LB of
-/// `t` on both LB veths, XDP generic with `generic`, and waits until both have the program
-/// and the loader has written the rule; its pid.
-pub(crate) fn start_lb(t: &mut Topo, exe: &std::path::Path, generic: bool) -> anyhow::Result<u32> {
+/// `t` on both LB veths, on `hook`, and waits until both have the program (XDP on the links,
+/// or the loader's two "attached in TC ingress" log lines) and the loader has written the
+/// rule; its pid.
+pub(crate) fn start_lb(t: &mut Topo, exe: &std::path::Path, hook: LbHook) -> anyhow::Result<u32> {
     let rules = t.dir.join("rules.json").display().to_string();
     let l = t.l.clone();
-    let mut args = vec![
-        "l4-serve",
-        "--xdp-iface",
-        "l0",
-        "--xdp-iface",
-        "l1",
-        "--rules",
-        &rules,
-    ];
-    if generic {
+    let flag = if hook == LbHook::Tc {
+        "--tc-iface"
+    } else {
+        "--xdp-iface"
+    };
+    let mut args = vec!["l4-serve", flag, "l0", flag, "l1", "--rules", &rules];
+    if hook == LbHook::Generic {
         args.push("--xdp-generic");
     }
     let pid = t.spawn_exe(&l, exe, &args)?;
-    for i in 0..2 {
-        wait_xdp(&l, &format!("l{i}"), true)?;
+    if hook == LbHook::Tc {
+        let log = t.dir.join(format!("{l}-{}.log", t.children_started() - 1));
+        wait("the TC data path on l0 and l1", || {
+            Ok(std::fs::read_to_string(&log)
+                .unwrap_or_default()
+                .lines()
+                .filter(|x| x.contains("L4 data path attached in TC ingress"))
+                .count()
+                == 2)
+        })?;
+    } else {
+        for i in 0..2 {
+            wait_xdp(&l, &format!("l{i}"), true)?;
+        }
     }
     thread::sleep(Duration::from_millis(500));
     Ok(pid)
 }
 
-/// Stops the LB `pid` started by [`start_lb`] and waits until its program left `l0`.
+/// Stops the LB `pid` started by [`start_lb`] (it detaches before it exits) and waits until
+/// its XDP program, if any, left `l0`.
 pub(crate) fn stop_lb(t: &mut Topo, pid: u32) -> anyhow::Result<()> {
     t.stop(pid)?;
     wait_xdp(&t.l, "l0", false)
@@ -790,14 +812,17 @@ enum Case {
     /// XDP native with its conntrack map full: every new flow's insert also evicts.
     NativeFull,
     Nft,
+    /// The whole data path in TC ingress (`--tc-iface`).
+    Tc,
 }
 
-const CASES: [Case; 5] = [
+const CASES: [Case; 6] = [
     Case::Baseline,
     Case::Native,
     Case::Generic,
     Case::NativeFull,
     Case::Nft,
+    Case::Tc,
 ];
 
 impl Case {
@@ -808,6 +833,7 @@ impl Case {
             Case::Generic => "XDP generic DNAT",
             Case::NativeFull => "XDP native, CT map full",
             Case::Nft => "nftables DNAT",
+            Case::Tc => "TC DNAT (--tc-iface)",
         }
     }
 
@@ -842,14 +868,25 @@ impl Bench {
                 wait_xdp(&l, "l0", false)?;
             }
             Case::Native | Case::Generic => {
-                self.start_lb(case == Case::Generic)?;
+                self.start_lb(if case == Case::Generic {
+                    LbHook::Generic
+                } else {
+                    LbHook::Native
+                })?;
                 self.fresh_ct = true;
                 for (si, s) in SHAPES.into_iter().enumerate() {
                     out.push((si, self.measure(s, true, Some("l0"))?));
                 }
             }
+            Case::Tc => {
+                self.start_lb(LbHook::Tc)?;
+                self.fresh_ct = true;
+                for (si, s) in SHAPES.into_iter().enumerate() {
+                    out.push((si, self.measure(s, true, None)?));
+                }
+            }
             Case::NativeFull => {
-                self.start_lb(false)?;
+                self.start_lb(LbHook::Native)?;
                 self.fresh_ct = false;
                 self.flood(Shape::NewFlows, ct_flows + WARMUP)?;
                 out.push((1, self.measure(Shape::NewFlows, true, Some("l0"))?));
@@ -1051,6 +1088,13 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
                 spread(&ratios)
             );
         }
+        let tc: Vec<f64> = cost(5).iter().zip(&nft).map(|(x, n)| x / n).collect();
+        println!(
+            "ratio tc/nftables forwarding cost (cpu), {}: {:.2} (rounds {})",
+            s.name(),
+            median(tc.clone()),
+            spread(&tc)
+        );
         // How much of XDP native's cost is loxi's program: its run time less the statistics'
         // floor (the drop program's), and the ratio the rest of the path (redirect, the
         // egress veth's delivery) would have alone.

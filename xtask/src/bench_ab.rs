@@ -22,8 +22,8 @@ use std::time::Duration;
 use anyhow::ensure;
 
 use crate::bench::{
-    WARMUP, lb_topology, median, napi_cpu_ns, napi_thread, packet_sender, rx_packets, start_lb,
-    stop_lb, threaded_napi, udp_flood,
+    LbHook, WARMUP, lb_topology, median, napi_cpu_ns, napi_thread, packet_sender, rx_packets,
+    start_lb, stop_lb, threaded_napi, udp_flood,
 };
 
 /// Most flows a flood may send: a build that defers the reply entry holds one conntrack entry
@@ -64,7 +64,7 @@ pub fn run(a: AbArgs) -> anyhow::Result<()> {
         let order = if r % 2 == 0 { [0, 1] } else { [1, 0] };
         for i in order {
             let (name, exe) = builds[i];
-            let lb = start_lb(&mut t, exe, false)?;
+            let lb = start_lb(&mut t, exe, LbHook::Native)?;
             // Looked up after each start: attaching XDP recreates the thread.
             let napi = napi_thread()?;
             let rx0 = rx_packets(&b0, "b0")?;

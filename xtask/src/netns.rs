@@ -178,6 +178,11 @@ impl Topo {
         Ok(pid)
     }
 
+    /// How many helpers were started so far (the `<n>` of the next one's log is this).
+    pub fn children_started(&self) -> usize {
+        self.children.len()
+    }
+
     /// Stops the child started with pid `pid` (SIGTERM, bounded wait).
     pub fn stop(&mut self, pid: u32) -> anyhow::Result<()> {
         let Some(pos) = self.children.iter().position(|c| c.id() == pid) else {

@@ -3,7 +3,8 @@
 //! Families (prometheus-client appends `_total` to counters):
 //! - `loxilb_l4_events_total{event}`: global data-path counters (`rx`, `pass`, `nat_fwd`, …),
 //! - `loxilb_l4_endpoint_packets_total{service,endpoint}` / `..._bytes_total`: per endpoint,
-//! - `loxilb_l4_xdp_attached{iface,mode}`: 1 while attached in that mode (`native`/`generic`).
+//! - `loxilb_l4_xdp_attached{iface,mode}`: 1 while attached in that mode (`native`/`generic`
+//!   XDP, or `tc`: the whole data path in TC ingress, `--tc-iface`).
 use std::collections::BTreeMap;
 
 use loxi_common::maps::ctr;
@@ -99,7 +100,7 @@ impl L4Metrics {
         );
         registry.register(
             "loxilb_l4_xdp_attached",
-            "1 while the XDP program is attached to the interface in this mode",
+            "1 while the L4 data path is attached to the interface in this mode (native, generic: XDP; tc: TC ingress)",
             m.attached.clone(),
         );
         m
