@@ -298,6 +298,36 @@ fn a_missing_vip_interface_is_a_start_up_error_naming_it() {
     );
 }
 
+/// A `--tc-iface` that does not exist stops the daemon at start with an error naming it, as a
+/// missing `--xdp-iface` does (root: the data path is loaded before the interfaces are
+/// looked up; under `CI` a missing root is a failure).
+#[test]
+fn a_missing_tc_interface_is_a_start_up_error_naming_it() {
+    let root = std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.starts_with(b"0\n"));
+    if !root {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "root is required under CI"
+        );
+        eprintln!("SKIPPING: not root (the eBPF data path)");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tmp");
+    let state = dir.path().join("state").display().to_string();
+    let (code, err) = failed_start(
+        dir.path(),
+        &["--state-dir", &state, "--tc-iface", "nosuch0"],
+    );
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("interface \"nosuch0\" does not exist (--xdp-iface / --tc-iface)"),
+        "{err}"
+    );
+}
+
 /// `loxilb` with `args` and a fresh state dir under `dir` that exits at start: its exit code and
 /// stderr.
 fn failed_start(dir: &std::path::Path, args: &[&str]) -> (Option<i32>, String) {

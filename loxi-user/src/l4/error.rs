@@ -36,8 +36,8 @@ pub enum L4Error {
     /// The program is not in the object.
     #[error("program {0} not found in the XDP object")]
     MissingProgram(&'static str),
-    /// An interface named by `--xdp-iface` or `--vip-iface` does not exist.
-    #[error("interface {0:?} does not exist")]
+    /// An interface named by `--xdp-iface` or `--tc-iface` does not exist.
+    #[error("interface {0:?} does not exist (--xdp-iface / --tc-iface)")]
     NoInterface(String),
     /// VIP management over netlink failed.
     #[error(transparent)]
