@@ -612,20 +612,22 @@ impl Datapath {
         Ok((self.counter(i)?, self.counter(i + 1)?))
     }
 
-    /// Runs the program once on `frame` with `BPF_PROG_TEST_RUN`; returns (action, output).
+    /// Runs the XDP program once on `frame` with `BPF_PROG_TEST_RUN`; returns (action, output).
     pub fn test_run(&mut self, frame: &[u8]) -> Result<(u32, Vec<u8>), L4Error> {
-        let prog = xdp(&mut self.ebpf)?;
-        let mut out = vec![0u8; frame.len() + 256];
-        let opts = TestRunOptions {
-            data_in: Some(frame),
-            data_out: Some(&mut out),
-            ..Default::default()
-        };
-        let r = prog
-            .test_run(opts)
-            .map_err(|e| L4Error::program("test run", e))?;
-        out.truncate(r.data_size_out as usize);
-        Ok((r.return_value, out))
+        test_run(xdp(&mut self.ebpf)?, frame, None)
+    }
+
+    /// Runs the TC data path ([`TC_FULL_PROG_NAME`]) once on `frame` as a socket buffer that
+    /// arrived on interface `ingress` (`BPF_PROG_TEST_RUN` with a `__sk_buff` context naming it
+    /// as `ifindex` and `ingress_ifindex`; the checksum state is `CHECKSUM_NONE`); returns (TC
+    /// action, output).
+    pub fn test_run_tc(&mut self, frame: &[u8], ingress: u32) -> Result<(u32, Vec<u8>), L4Error> {
+        // `struct __sk_buff` up to `tc_index`: `ingress_ifindex` at byte 36, `ifindex` at 40
+        // (include/uapi/linux/bpf.h); the kernel takes a context shorter than the struct.
+        let mut ctx = [0u8; 44];
+        ctx[36..40].copy_from_slice(&ingress.to_ne_bytes());
+        ctx[40..44].copy_from_slice(&ingress.to_ne_bytes());
+        test_run(tc_full(&mut self.ebpf)?, frame, Some(&ctx))
     }
 
     /// The underlying aya object (tests and diagnostics).
@@ -701,4 +703,24 @@ fn xdp(ebpf: &mut Ebpf) -> Result<&mut Xdp, L4Error> {
         .program_mut(PROG_NAME)
         .ok_or(L4Error::MissingProgram(PROG_NAME))?;
     p.try_into().map_err(|e| L4Error::program("type check", e))
+}
+
+/// One `BPF_PROG_TEST_RUN` of `prog` on `frame` (with context `ctx`): (return value, output
+/// frame).
+fn test_run<P>(prog: &P, frame: &[u8], ctx: Option<&[u8]>) -> Result<(u32, Vec<u8>), L4Error>
+where
+    P: for<'a> TestRun<Opts<'a> = TestRunOptions<'a>, Result = aya::programs::TestRunResult>,
+{
+    let mut out = vec![0u8; frame.len() + 256];
+    let opts = TestRunOptions {
+        data_in: Some(frame),
+        data_out: Some(&mut out),
+        ctx_in: ctx,
+        ..Default::default()
+    };
+    let r = prog
+        .test_run(opts)
+        .map_err(|e| L4Error::program("test run", e))?;
+    out.truncate(r.data_size_out as usize);
+    Ok((r.return_value, out))
 }

@@ -13,6 +13,7 @@ mod packet;
 mod reply;
 mod selection;
 mod tables;
+mod tc;
 
 use std::{net::IpAddr, process::Command};
 
@@ -143,6 +144,18 @@ impl Lb {
     /// Runs one frame through the program.
     pub fn run(&mut self, f: &Frame) -> (u32, Vec<u8>) {
         self.dp.test_run(&f.bytes()).expect("BPF_PROG_TEST_RUN")
+    }
+
+    /// Runs one frame through the TC data path (`--tc-iface`'s program) as a socket buffer.
+    pub fn run_tc(&mut self, f: &Frame) -> (u32, Vec<u8>) {
+        self.run_tc_bytes(&f.bytes())
+    }
+
+    /// [`Lb::run_tc`] on raw bytes (a cut frame), arriving on `lo` (the FIB lookup's input).
+    pub fn run_tc_bytes(&mut self, bytes: &[u8]) -> (u32, Vec<u8>) {
+        self.dp
+            .test_run_tc(bytes, ifindex("lo"))
+            .expect("BPF_PROG_TEST_RUN (TC)")
     }
 
     /// Counter value (`loxi_common::maps::ctr`).

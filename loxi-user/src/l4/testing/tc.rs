@@ -1,0 +1,143 @@
+//! The data path in TC ingress (`loxi_tc_full`, `--tc-iface`) on the packet tables: the same
+//! rewrites with exact bytes as XDP (checksums recomputed from scratch by the test frame
+//! builder must match the program's incremental ones), TC verdicts, one conntrack shared with
+//! the XDP program, and `bpf_redirect` towards a routed endpoint.
+use loxi_common::maps::ctr;
+
+use super::*;
+
+/// `TC_ACT_OK`: the kernel takes the frame.
+const TC_ACT_OK: u32 = 0;
+/// `TC_ACT_SHOT`: dropped.
+const TC_ACT_SHOT: u32 = 2;
+/// `TC_ACT_REDIRECT`: `bpf_redirect` took it.
+const TC_ACT_REDIRECT: u32 = 7;
+
+const VIP: &str = "20.0.0.1";
+const VIP6: &str = "2001:db8::1";
+const CLIENT: &str = "192.168.0.1";
+const CLIENT6: &str = "2001:db8:1::9";
+const EP0: &str = "10.0.1.2";
+const EP6: &str = "fd00:1::2";
+
+#[test]
+fn tc_dnat_rewrites_both_directions_with_exact_bytes_v4_and_v6_tcp_and_udp() {
+    for (vip, client, ep) in [(VIP, CLIENT, EP0), (VIP6, CLIENT6, EP6)] {
+        for proto in ["tcp", "udp"] {
+            let mut lb = Lb::new(&[&rule(vip, 80, proto, 0, 0, &[(ep, 1)])]);
+            let (f, mut r) = if proto == "tcp" {
+                (
+                    Frame::tcp(client, 40000, vip, 80),
+                    Frame::tcp(ep, 8080, client, 40000),
+                )
+            } else {
+                (
+                    Frame::udp(client, 40000, vip, 80),
+                    Frame::udp(ep, 8080, client, 40000),
+                )
+            };
+            let (act, out) = lb.run_tc(&f);
+            // No route in the test namespace: the rewritten frame goes to the kernel.
+            assert_eq!(act, TC_ACT_OK, "{vip} {proto}");
+            assert_eq!(
+                out,
+                f.with(client, 40000, ep, 8080).bytes(),
+                "{vip} {proto}"
+            );
+            if proto == "tcp" {
+                r.tcp_flags = SYN | ACK;
+            }
+            let (act, out) = lb.run_tc(&r);
+            assert_eq!(act, TC_ACT_OK, "{vip} {proto} reply");
+            assert_eq!(
+                out,
+                r.with(vip, 80, client, 40000).bytes(),
+                "{vip} {proto} reply"
+            );
+            assert_eq!(lb.ctr(ctr::NEW_FLOW), 1, "{vip} {proto}");
+            assert_eq!(lb.ctr(ctr::NAT_FWD), 1, "{vip} {proto}");
+            assert_eq!(lb.ctr(ctr::NAT_REV), 1, "{vip} {proto}");
+        }
+    }
+}
+
+#[test]
+fn tc_fullnat_rewrites_source_and_maps_replies_back() {
+    for mode in [1u8, 2, 5] {
+        let mut lb = Lb::new(&[&rule(VIP, 80, "tcp", mode, 0, &[(EP0, 1)])]);
+        let f = Frame::tcp(CLIENT, 40000, VIP, 80);
+        let (act, out) = lb.run_tc(&f);
+        assert_eq!(act, TC_ACT_OK, "mode {mode}");
+        let nport = sport_v4(&out);
+        assert_eq!(out, f.with(LB_V4, nport, EP0, 8080).bytes(), "mode {mode}");
+        let mut reply = Frame::tcp(EP0, 8080, LB_V4, nport);
+        reply.tcp_flags = SYN | ACK;
+        assert_eq!(
+            lb.run_tc(&reply).1,
+            reply.with(VIP, 80, CLIENT, 40000).bytes(),
+            "mode {mode}"
+        );
+    }
+}
+
+/// Both hooks share every map: a flow the XDP program opened (on an `--xdp-iface`) is
+/// un-NATed by the TC program when its reply arrives on a `--tc-iface`, and the other way
+/// round.
+#[test]
+fn tc_and_xdp_share_conntrack() {
+    let mut lb = Lb::new(&[&rule(VIP, 80, "udp", 0, 0, &[(EP0, 1)])]);
+    let f = Frame::udp(CLIENT, 40000, VIP, 80);
+    assert_eq!(lb.run(&f).1, f.with(CLIENT, 40000, EP0, 8080).bytes());
+    let r = Frame::udp(EP0, 8080, CLIENT, 40000);
+    assert_eq!(
+        lb.run_tc(&r),
+        (TC_ACT_OK, r.with(VIP, 80, CLIENT, 40000).bytes())
+    );
+    let g = Frame::udp(CLIENT, 40001, VIP, 80);
+    assert_eq!(lb.run_tc(&g).1, g.with(CLIENT, 40001, EP0, 8080).bytes());
+    let s = Frame::udp(EP0, 8080, CLIENT, 40001);
+    assert_eq!(
+        lb.run(&s),
+        (XDP_PASS, s.with(VIP, 80, CLIENT, 40001).bytes())
+    );
+    assert_eq!(lb.ctr(ctr::NEW_FLOW), 2);
+}
+
+/// Traffic to no service goes to the kernel untouched; a frame cut inside its TCP header is
+/// dropped, as in XDP.
+#[test]
+fn tc_passes_other_traffic_and_drops_truncated_frames() {
+    let mut lb = Lb::new(&[&rule(VIP, 80, "tcp", 0, 0, &[(EP0, 1)])]);
+    let other = Frame::tcp(CLIENT, 40000, "20.0.0.9", 80);
+    assert_eq!(lb.run_tc(&other), (TC_ACT_OK, other.bytes()));
+    assert_eq!(lb.ctr(ctr::PASS), 1);
+    let mut cut = Frame::tcp(CLIENT, 40000, VIP, 80).bytes();
+    cut.truncate(14 + 20 + 10);
+    assert_eq!(lb.run_tc_bytes(&cut).0, TC_ACT_SHOT);
+    assert_eq!(lb.ctr(ctr::DROP_TRUNCATED), 1);
+}
+
+/// With a route and a neighbour for the endpoint, the rewritten socket buffer gets the route's
+/// MACs and is redirected (`bpf_redirect` to the egress, counted as a redirect); the flow's
+/// next packet takes the cached next hop.
+#[test]
+fn tc_redirects_a_routed_flow_with_the_next_hops_macs() {
+    let mut lb = Lb::new(&[&rule(VIP, 80, "tcp", 0, 0, &[(EP0, 1)])]);
+    sh(
+        "ip link add lbv0 address 02:00:00:00:01:01 type veth peer name lbv1 \
+        && ip addr add 10.0.1.1/24 dev lbv0 && ip link set lo up && ip link set lbv0 up \
+        && ip link set lbv1 up && ip neigh replace 10.0.1.2 lladdr 02:00:00:00:01:02 dev lbv0 nud permanent \
+        && sysctl -qw net.ipv4.conf.all.forwarding=1",
+    );
+    let f = Frame::tcp(CLIENT, 40000, VIP, 80);
+    let mut want = f.with(CLIENT, 40000, EP0, 8080);
+    want.dmac = [0x02, 0, 0, 0, 0x01, 0x02];
+    want.smac = [0x02, 0, 0, 0, 0x01, 0x01];
+    for n in 1..=2 {
+        let (act, out) = lb.run_tc(&f);
+        assert_eq!((act, out), (TC_ACT_REDIRECT, want.bytes()), "packet {n}");
+        assert_eq!(lb.ctr(ctr::REDIRECT), n);
+    }
+    assert_eq!(lb.ctr(ctr::FIB_PASS), 0);
+    assert_eq!(lb.ctr(ctr::EGRESS_TC), 0);
+}
