@@ -48,6 +48,13 @@ pub const MAP_COUNTERS: &str = "LOXI_COUNTERS";
 /// `bpf_redirect_map`). A rewritten packet for any other egress goes out through
 /// [`TC_PROG_NAME`] instead of a redirect or `XDP_TX` (see [`egress`]).
 pub const MAP_EGRESS_XDP: &str = "LOXI_EGRESS_XDP";
+/// Egress veths whose peer is in another network namespace: ifindex (`u32`) → 1 (`u8`), a
+/// hash written by the loader from its link dump at every stats tick. The TC data path
+/// (`--tc-iface`) sends a rewritten socket buffer for such an egress with `bpf_redirect_peer`:
+/// straight into the peer's ingress in its namespace, without the egress veth's transmit and
+/// the CPU's backlog queue (what Cilium does for pods). The LB namespace's egress hooks on that
+/// veth (its qdisc, TC egress, netfilter) are not run for those frames.
+pub const MAP_EGRESS_PEER: &str = "LOXI_EGRESS_PEER";
 /// Name of the TC ingress program that finishes forwarding for egresses without XDP receive.
 pub const TC_PROG_NAME: &str = "loxi_tc";
 /// Name of the TC ingress program that runs the whole data path on the socket buffer (the XDP
@@ -161,6 +168,9 @@ pub mod ctr {
     pub const CT_REPLY_DEFERRED: u32 = 18;
     /// Reply entries inserted at a deferred flow's first reply.
     pub const CT_REPLY_ADDED: u32 = 19;
+    /// Socket buffers the TC data path sent into a veth peer's namespace with
+    /// `bpf_redirect_peer` (also counted in [`REDIRECT`] or [`TX`]).
+    pub const REDIRECT_PEER: u32 = 20;
     /// Number of global counters; endpoint counters start here.
     pub const GLOBALS: u32 = 24;
     /// Counter index of endpoint `(slot, ep)` packets; `+1` is its bytes.
@@ -310,6 +320,9 @@ pub fn nat_other_key(k: &CtKey, v: &CtValue) -> CtKey {
 pub mod nh_flags {
     /// The egress takes XDP frames (`bpf_redirect`/`XDP_TX`); else the TC hand-off.
     pub const XDP_OK: u8 = 1;
+    /// The egress is a veth whose peer is in another network namespace
+    /// ([`super::MAP_EGRESS_PEER`]): the TC data path sends with `bpf_redirect_peer`.
+    pub const PEER: u8 = 2;
 }
 
 /// How long a flow's cached next hop ([`CtValue::nh_ns`]) is used before the route and the

@@ -15,7 +15,7 @@
 use core::ptr::addr_of_mut;
 
 use loxi_common::{
-    maps::{CtKey, CtValue, NH_TTL_NS, ServiceKey, ctr, dir, nh_flags, proto},
+    maps::{CtKey, CtValue, NH_TTL_NS, ServiceKey, ctr, dir, proto},
     mode,
 };
 
@@ -108,12 +108,7 @@ fn fast<C: Hook>(ctx: &C, pkt: &Pkt, v: &mut CtValue, t: u64) -> Result<u32, Par
     v.packets += 1;
     v.bytes += pkt.len as u64;
     rewrite_for(ctx, pkt, v)?;
-    ctx.send(
-        v.nh_ifindex,
-        &v.nh_smac,
-        &v.nh_dmac,
-        v.nh_flags & nh_flags::XDP_OK != 0,
-    )
+    ctx.send(v.nh_ifindex, &v.nh_smac, &v.nh_dmac, v.nh_flags)
 }
 
 /// Counts the packet for its endpoint and writes the entry's tuple into it (DSR: nothing to
@@ -217,7 +212,7 @@ fn open<C: Hook>(ctx: &C, pkt: &Pkt, v: &mut CtValue, t: u64) -> Result<u32, Par
         v.nh_ifindex = nh.ifindex;
         v.nh_smac = nh.smac;
         v.nh_dmac = nh.dmac;
-        v.nh_flags = if nh.xdp_ok { nh_flags::XDP_OK } else { 0 };
+        v.nh_flags = nh.flags;
         v.nh_ns = *ns;
     }
     if !ct::commit(&pkt.key, v) {
@@ -225,7 +220,7 @@ fn open<C: Hook>(ctx: &C, pkt: &Pkt, v: &mut CtValue, t: u64) -> Result<u32, Par
     }
     rewrite_for(ctx, pkt, v)?;
     match nh {
-        Some((nh, _)) => ctx.send(nh.ifindex, &nh.smac, &nh.dmac, nh.xdp_ok),
+        Some((nh, _)) => ctx.send(nh.ifindex, &nh.smac, &nh.dmac, nh.flags),
         None => Ok(C::PASS),
     }
 }
@@ -248,13 +243,9 @@ fn apply<C: Hook>(ctx: &C, pkt: &Pkt, v: &CtValue, t: u64) -> Result<u32, ParseE
             addr_of_mut!((*e).nh_ifindex).write_volatile(nh.ifindex);
             addr_of_mut!((*e).nh_smac).write_volatile(nh.smac);
             addr_of_mut!((*e).nh_dmac).write_volatile(nh.dmac);
-            addr_of_mut!((*e).nh_flags).write_volatile(if nh.xdp_ok {
-                nh_flags::XDP_OK
-            } else {
-                0
-            });
+            addr_of_mut!((*e).nh_flags).write_volatile(nh.flags);
             addr_of_mut!((*e).nh_ns).write_volatile(t);
         }
     }
-    ctx.send(nh.ifindex, &nh.smac, &nh.dmac, nh.xdp_ok)
+    ctx.send(nh.ifindex, &nh.smac, &nh.dmac, nh.flags)
 }

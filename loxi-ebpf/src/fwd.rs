@@ -16,13 +16,13 @@ use aya_ebpf::{
     programs::{TcContext, XdpContext},
 };
 use loxi_common::maps::{
-    CtValue, MAX_EPS, NH_TTL_NS, ctr,
+    CtValue, MAX_EPS, NH_TTL_NS, ctr, nh_flags,
     egress::{META_LEN, META_MAGIC, Meta},
     family,
 };
 
 use crate::{
-    maps::{EGRESS_XDP, EP_NH, count},
+    maps::{EGRESS_PEER, EGRESS_XDP, EP_NH, count},
     parse::{ParseError, ptr_at},
 };
 
@@ -40,8 +40,10 @@ pub struct NextHop {
     pub smac: [u8; 6],
     /// Next hop's MAC.
     pub dmac: [u8; 6],
-    /// The egress takes XDP frames ([`EGRESS_XDP`]); else the TC hand-off.
-    pub xdp_ok: bool,
+    /// `loxi_common::maps::nh_flags`: `XDP_OK`, the egress takes XDP frames ([`EGRESS_XDP`];
+    /// else the TC hand-off), decided in the XDP program's lookups; `PEER`, the egress is a veth
+    /// whose peer is in another namespace ([`EGRESS_PEER`]), decided in the TC data path's.
+    pub flags: u8,
     /// Padding, written like the fields (the struct is copied as whole words).
     pub _pad: [u8; 3],
 }
@@ -204,9 +206,11 @@ fn fib(ctx: *mut c_void, ingress: u32, fam: u8, dst: &[u8; 16], out: *mut NextHo
 /// A program context [`lookup`] runs in: the XDP program's or a TC program's.
 pub trait FibCtx {
     /// Whether this is the XDP program, which sends through [`EGRESS_XDP`] (its lookups
-    /// decide [`NextHop::xdp_ok`]). Known at compile time: the TC programs' lookups do not
+    /// decide `NextHop`'s `XDP_OK`). Known at compile time: the TC programs' lookups do not
     /// touch the map.
     const XDP: bool;
+    /// Whether lookups decide `NextHop`'s `PEER` from [`EGRESS_PEER`] (the TC data path's).
+    const PEER: bool;
     /// Whether a failed lookup counts `fib_pass` (the caller passes the frame to the kernel):
     /// the XDP program's and the full TC program's (`crate::hook::TcFull`), not the hand-off
     /// TC program's, which looks up frames that may not be loxi's.
@@ -219,6 +223,7 @@ pub trait FibCtx {
 
 impl FibCtx for XdpContext {
     const XDP: bool = true;
+    const PEER: bool = false;
     const COUNTS_FIB_PASS: bool = true;
     #[inline(always)]
     fn raw(&self) -> *mut c_void {
@@ -233,6 +238,7 @@ impl FibCtx for XdpContext {
 
 impl FibCtx for TcContext {
     const XDP: bool = false;
+    const PEER: bool = false;
     const COUNTS_FIB_PASS: bool = false;
     #[inline(always)]
     fn raw(&self) -> *mut c_void {
@@ -246,7 +252,8 @@ impl FibCtx for TcContext {
 }
 
 /// Looks up the next hop towards `dst` for the frame of `ctx` (route, neighbour and, in the
-/// XDP program, whether the egress takes XDP frames; else `xdp_ok` is false); `None` when the
+/// XDP program, whether the egress takes XDP frames; in the TC data path, whether it is a veth
+/// with its peer elsewhere: [`NextHop::flags`]); `None` when the
 /// kernel has none yet (counted where [`FibCtx::COUNTS_FIB_PASS`]: the caller passes the frame on).
 #[inline(always)]
 pub fn lookup<C: FibCtx>(ctx: &C, fam: u8, dst: &[u8; 16]) -> Option<NextHop> {
@@ -259,10 +266,17 @@ pub fn lookup<C: FibCtx>(ctx: &C, fam: u8, dst: &[u8; 16]) -> Option<NextHop> {
         return None;
     }
     let p = nh.as_mut_ptr();
-    // SAFETY: fib wrote every other field; read-only lookup of a plain u32.
+    // SAFETY: fib wrote every other field; read-only lookups of a plain u32.
     unsafe {
-        let ok = C::XDP && EGRESS_XDP.get_ifindex(*addr_of!((*p).ifindex)).is_some();
-        addr_of_mut!((*p).xdp_ok).write(ok);
+        let ifindex = *addr_of!((*p).ifindex);
+        let flags = if C::XDP && EGRESS_XDP.get_ifindex(ifindex).is_some() {
+            nh_flags::XDP_OK
+        } else if C::PEER && EGRESS_PEER.get(&ifindex).is_some() {
+            nh_flags::PEER
+        } else {
+            0
+        };
+        addr_of_mut!((*p).flags).write(flags);
         addr_of_mut!((*p)._pad).write([0; 3]);
         Some(nh.assume_init())
     }

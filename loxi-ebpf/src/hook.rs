@@ -9,13 +9,14 @@
 //!   holds the pseudo-header's sum, which only the addresses change; a `CHECKSUM_COMPLETE`
 //!   frame's `skb->csum` is kept right for IPv4), and sends with `bpf_redirect` of the socket
 //!   buffer, which any egress takes (a veth with a plain peer included): no XDP frame, no
-//!   hand-off, no second lookup.
+//!   hand-off, no second lookup. An egress veth whose peer is in another namespace (a container,
+//!   a pod) gets it with `bpf_redirect_peer`, into the peer's ingress directly.
 use aya_ebpf::{
     bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, TC_ACT_OK, TC_ACT_SHOT, xdp_action},
-    helpers::generated::bpf_redirect,
+    helpers::generated::{bpf_redirect, bpf_redirect_peer},
     programs::{TcContext, XdpContext},
 };
-use loxi_common::maps::ctr;
+use loxi_common::maps::{ctr, nh_flags};
 
 use crate::{
     fwd::{FibCtx, send},
@@ -34,14 +35,14 @@ pub trait Hook: Frame + FibCtx {
     /// a zero checksum (a UDP datagram without one) stays zero, a result of zero becomes
     /// `0xffff`.
     fn l4_csum(&self, off: usize, addrs: u32, ports: u32, udp: bool) -> Result<(), ParseError>;
-    /// Writes the MACs (`smac` → `dmac`) and sends the rewritten frame out `ifindex`. `xdp_ok`:
-    /// the egress takes XDP frames (only XDP uses it).
+    /// Writes the MACs (`smac` → `dmac`) and sends the rewritten frame out `ifindex`. `flags`:
+    /// the next hop's `nh_flags` (`XDP_OK` for XDP, `PEER` for TC).
     fn send(
         &self,
         ifindex: u32,
         smac: &[u8; 6],
         dmac: &[u8; 6],
-        xdp_ok: bool,
+        flags: u8,
     ) -> Result<u32, ParseError>;
 }
 
@@ -82,9 +83,9 @@ impl Hook for XdpContext {
         ifindex: u32,
         smac: &[u8; 6],
         dmac: &[u8; 6],
-        xdp_ok: bool,
+        flags: u8,
     ) -> Result<u32, ParseError> {
-        send(self, ifindex, smac, dmac, xdp_ok)
+        send(self, ifindex, smac, dmac, flags & nh_flags::XDP_OK != 0)
     }
 }
 
@@ -129,6 +130,7 @@ impl Frame for TcFull {
 
 impl FibCtx for TcFull {
     const XDP: bool = false;
+    const PEER: bool = true;
     const COUNTS_FIB_PASS: bool = true;
     #[inline(always)]
     fn raw(&self) -> *mut core::ffi::c_void {
@@ -164,7 +166,7 @@ impl Hook for TcFull {
         ifindex: u32,
         smac: &[u8; 6],
         dmac: &[u8; 6],
-        _xdp_ok: bool,
+        flags: u8,
     ) -> Result<u32, ParseError> {
         let eth: *mut [u8; 12] = ptr_at(self, 0)?;
         // SAFETY: 12 bytes checked by ptr_at.
@@ -179,6 +181,12 @@ impl Hook for TcFull {
             },
             1,
         );
+        if flags & nh_flags::PEER != 0 {
+            count(ctr::REDIRECT_PEER, 1);
+            // SAFETY: helper call; the kernel validates the ifindex (a veth whose peer is in
+            // another namespace: the loader lists only such).
+            return Ok(unsafe { bpf_redirect_peer(ifindex, 0) } as u32);
+        }
         // SAFETY: helper call; the kernel validates the ifindex (out its egress, the ingress
         // interface's included).
         Ok(unsafe { bpf_redirect(ifindex, 0) } as u32)

@@ -61,6 +61,11 @@ pub static SCRATCH_CT: PerCpuArray<CtValue> = PerCpuArray::with_max_entries(1, 0
 #[map(name = "LOXI_EGRESS_XDP")]
 pub static EGRESS_XDP: DevMapHash = DevMapHash::with_max_entries(MAX_EGRESS, 0);
 
+/// Egress veths whose peer is in another namespace (ifindex → 1), written by the loader: the TC
+/// data path sends to them with `bpf_redirect_peer` (`loxi_common::maps::MAP_EGRESS_PEER`).
+#[map(name = "LOXI_EGRESS_PEER")]
+pub static EGRESS_PEER: HashMap<u32, u8> = HashMap::with_max_entries(MAX_EGRESS, 0);
+
 /// Next hop per endpoint row (`slot * MAX_EPS + i`): the last FIB lookup towards the row's
 /// address, so a new flow to the endpoint needs none while it is fresh ([`crate::fwd::EpNextHop`]).
 #[map(name = "LOXI_EP_NH")]

@@ -916,11 +916,21 @@ fn check_paths(peers: Peers, log: &str) -> anyhow::Result<()> {
             redirect + tx == 0 && egress_tc > 0 && tc_redirect == egress_tc,
             "plain peers: want the TC hand-off only (redirect {redirect}, tx {tx}, egress_tc {egress_tc}, tc_redirect {tc_redirect})"
         ),
-        // The TC data path redirects socket buffers itself (counted as `redirect`): no hand-off.
-        Peers::Tc => ensure!(
-            redirect > 0 && egress_tc == 0 && tc_redirect == 0,
-            "tc: want the TC data path's own redirects only (redirect {redirect}, egress_tc {egress_tc}, tc_redirect {tc_redirect})"
-        ),
+        // The TC data path redirects socket buffers itself (counted as `redirect`), no hand-off;
+        // every LB veth's peer is in another namespace, so once the loader's first stats tick
+        // listed them the redirects go into the peers with `bpf_redirect_peer`.
+        Peers::Tc => {
+            let peer = event("redirect_peer");
+            println!("netns-test: Tc peers: of the redirects, {peer} with bpf_redirect_peer");
+            ensure!(
+                redirect > 0
+                    && egress_tc == 0
+                    && tc_redirect == 0
+                    && peer > 0
+                    && peer <= redirect + tx,
+                "tc: want the TC data path's own redirects only, into the peers (redirect {redirect}, tx {tx}, redirect_peer {peer}, egress_tc {egress_tc}, tc_redirect {tc_redirect})"
+            )
+        }
     }
     Ok(())
 }

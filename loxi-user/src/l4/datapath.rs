@@ -18,8 +18,8 @@ use aya::{
 };
 use loxi_common::maps::{
     CT_ENTRIES, CtKey, CtValue, EndpointValue, MAP_ACTIVE, MAP_CONNTRACK, MAP_COUNTERS,
-    MAP_EGRESS_XDP, MAP_ENDPOINTS, MAP_REPLY_VIP, MAP_SERVICES, MAP_WRR, MAX_EPS, PROG_NAME,
-    ServiceKey, ServiceValue, TC_FULL_PROG_NAME, TC_PROG_NAME, WRR_SLOTS, ctr,
+    MAP_EGRESS_PEER, MAP_EGRESS_XDP, MAP_ENDPOINTS, MAP_REPLY_VIP, MAP_SERVICES, MAP_WRR, MAX_EPS,
+    PROG_NAME, ServiceKey, ServiceValue, TC_FULL_PROG_NAME, TC_PROG_NAME, WRR_SLOTS, ctr,
     egress::GLOBAL_META_OK,
 };
 
@@ -61,6 +61,8 @@ pub struct Datapath {
     full_links: Vec<(String, SchedClassifierLinkId, u32)>,
     /// Ifindexes currently in `LOXI_EGRESS_XDP`.
     xdp_egress: BTreeSet<u32>,
+    /// Ifindexes currently in `LOXI_EGRESS_PEER`.
+    peer_egress: BTreeSet<u32>,
     /// Service keys currently in the map, with their endpoint count.
     installed: BTreeMap<[u8; 20], (ServiceKey, ServiceValue)>,
     /// What `LOXI_REPLY_VIP` holds ([`super::reply`]).
@@ -134,6 +136,7 @@ impl Datapath {
             tc_links: Vec::new(),
             full_links: Vec::new(),
             xdp_egress: BTreeSet::new(),
+            peer_egress: BTreeSet::new(),
             installed: BTreeMap::new(),
             reply_vips: ReplyVipTable::default(),
             prog_id,
@@ -300,6 +303,49 @@ impl Datapath {
             "egress interfaces taking XDP frames (others get the TC hand-off)"
         );
         self.xdp_egress = want.clone();
+        Ok(())
+    }
+
+    /// Makes `LOXI_EGRESS_PEER` hold exactly `want` (veths whose peer is in another namespace,
+    /// [`super::egress::peer_elsewhere`]); logs each change.
+    pub fn set_peer_egress(&mut self, want: &BTreeSet<u32>) -> Result<(), L4Error> {
+        if *want == self.peer_egress {
+            return Ok(());
+        }
+        let had = std::mem::take(&mut self.peer_egress);
+        let r = self.write_peer_egress(&had, want);
+        // After a failure the map may hold any of both sets: the next call removes what
+        // is not wanted then.
+        self.peer_egress = match r {
+            Ok(()) => want.clone(),
+            Err(_) => had.union(want).copied().collect(),
+        };
+        r?;
+        tracing::info!(
+            ifindexes = ?want,
+            "egress veths with their peer in another namespace (the TC data path sends with bpf_redirect_peer)"
+        );
+        Ok(())
+    }
+
+    fn write_peer_egress(
+        &mut self,
+        had: &BTreeSet<u32>,
+        want: &BTreeSet<u32>,
+    ) -> Result<(), L4Error> {
+        let mut map: HashMap<&mut MapData, u32, u8> = self.hash_map(MAP_EGRESS_PEER)?;
+        for gone in had.difference(want) {
+            match map.remove(gone) {
+                Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
+                Err(aya::maps::MapError::SyscallError(e))
+                    if e.io_error.raw_os_error() == Some(libc::ENOENT) => {}
+                Err(e) => return Err(L4Error::map(MAP_EGRESS_PEER, e)),
+            }
+        }
+        for new in want.difference(had) {
+            map.insert(new, 1, 0)
+                .map_err(|e| L4Error::map(MAP_EGRESS_PEER, e))?;
+        }
         Ok(())
     }
 

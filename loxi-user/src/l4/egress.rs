@@ -52,6 +52,17 @@ pub async fn xdp_capable(
     out
 }
 
+/// The ifindexes among `links` (this namespace's, [`links`]) that are veths whose peer is in
+/// another network namespace (rtnetlink reports the peer's namespace id): the set the loader
+/// writes into `LOXI_EGRESS_PEER`, for the TC data path's `bpf_redirect_peer`.
+pub fn peer_elsewhere(links: &[LinkMessage]) -> BTreeSet<u32> {
+    links
+        .iter()
+        .filter(|l| matches!(veth_peer(l), Some((_, Some(_)))))
+        .map(|l| l.header.index)
+        .collect()
+}
+
 /// `(peer ifindex, peer namespace id)` of a veth; the id is `None` in the same namespace.
 fn veth_peer(l: &LinkMessage) -> Option<(u32, Option<i32>)> {
     let is_veth = l.attributes.iter().any(|a| match a {

@@ -38,6 +38,7 @@ pub const EVENTS: &[(&str, u32)] = &[
     ("egress_no_meta", ctr::EGRESS_NO_META),
     ("ct_reply_deferred", ctr::CT_REPLY_DEFERRED),
     ("ct_reply_added", ctr::CT_REPLY_ADDED),
+    ("redirect_peer", ctr::REDIRECT_PEER),
 ];
 
 /// Label of `loxilb_l4_events_total`.

@@ -281,6 +281,9 @@ async fn refresh_egress(
     if let Err(e) = dp.set_xdp_egress(&set) {
         tracing::warn!(error = %e, "updating the XDP egress map");
     }
+    if let Err(e) = dp.set_peer_egress(&super::egress::peer_elsewhere(links)) {
+        tracing::warn!(error = %e, "updating the peer egress map");
+    }
 }
 
 async fn reconcile(

@@ -140,4 +140,50 @@ fn tc_redirects_a_routed_flow_with_the_next_hops_macs() {
     }
     assert_eq!(lb.ctr(ctr::FIB_PASS), 0);
     assert_eq!(lb.ctr(ctr::EGRESS_TC), 0);
+    assert_eq!(
+        lb.ctr(ctr::REDIRECT_PEER),
+        0,
+        "the peer is in this namespace"
+    );
+}
+
+/// An egress veth whose peer is in another namespace (a container's), listed by the loader,
+/// gets the socket buffer with `bpf_redirect_peer`: counted, still `TC_ACT_REDIRECT` with the
+/// route's MACs. Unlisted again, the next lookup (a new flow) uses `bpf_redirect`.
+#[test]
+fn tc_redirects_into_a_peer_in_another_namespace() {
+    let mut lb = Lb::new(&[&rule(VIP, 80, "tcp", 0, 0, &[(EP0, 1)])]);
+    let ns = format!("lxtcpeer{}", std::process::id());
+    sh(&format!(
+        "ip netns add {ns} && ip link add lbv0 address 02:00:00:00:01:01 type veth peer name lbv1 netns {ns} \
+        && ip addr add 10.0.1.1/24 dev lbv0 && ip link set lo up && ip link set lbv0 up \
+        && ip neigh replace 10.0.1.2 lladdr 02:00:00:00:01:02 dev lbv0 nud permanent \
+        && sysctl -qw net.ipv4.conf.all.forwarding=1"
+    ));
+    let lbv0 = ifindex("lbv0");
+    lb.dp
+        .set_peer_egress(&std::collections::BTreeSet::from([lbv0]))
+        .unwrap();
+    let f = Frame::tcp(CLIENT, 40000, VIP, 80);
+    let mut want = f.with(CLIENT, 40000, EP0, 8080);
+    want.dmac = [0x02, 0, 0, 0, 0x01, 0x02];
+    want.smac = [0x02, 0, 0, 0, 0x01, 0x01];
+    let got = lb.run_tc(&f);
+    lb.dp
+        .set_peer_egress(&std::collections::BTreeSet::new())
+        .unwrap();
+    let g = Frame::tcp(CLIENT, 40001, VIP, 80);
+    let mut want_g = g.with(CLIENT, 40001, EP0, 8080);
+    want_g.dmac = want.dmac;
+    want_g.smac = want.smac;
+    // Past the endpoint row's cached lookup (`NH_TTL_NS`), the new flow looks the route up.
+    std::thread::sleep(std::time::Duration::from_nanos(
+        loxi_common::maps::NH_TTL_NS + 200_000_000,
+    ));
+    let got_g = lb.run_tc(&g);
+    sh(&format!("ip netns del {ns}"));
+    assert_eq!(got, (TC_ACT_REDIRECT, want.bytes()));
+    assert_eq!(got_g, (TC_ACT_REDIRECT, want_g.bytes()));
+    assert_eq!(lb.ctr(ctr::REDIRECT_PEER), 1);
+    assert_eq!(lb.ctr(ctr::REDIRECT), 2);
 }
