@@ -71,11 +71,21 @@ pub enum TlsError {
         reason: String,
     },
     /// The certificate file holds no certificate.
-    #[error(
-        "certificate {0} (--api-tls-cert): no CERTIFICATE block (a DER file? `openssl x509 \
-         -inform DER -in FILE -out FILE.pem` writes it as PEM)"
-    )]
+    #[error("certificate {0} (--api-tls-cert): no CERTIFICATE block")]
     NoCertificate(String),
+    /// A file is DER, not PEM ([`crate::certs::parse::der_file_reason`], with the openssl
+    /// command that converts it).
+    #[error("{what} {path} ({flag}): {reason}")]
+    Der {
+        /// `certificate` or `private key`.
+        what: &'static str,
+        /// `--api-tls-cert` or `--api-tls-key`.
+        flag: &'static str,
+        /// The file.
+        path: String,
+        /// Why, with the command.
+        reason: String,
+    },
     /// The leaf is a CA certificate (`basicConstraints CA:TRUE`): clients refuse it as a
     /// server's certificate (the cert API refuses it too).
     #[error(
@@ -112,8 +122,21 @@ pub enum TlsError {
 /// `http/1.1` (the API speaks HTTP/1.1). A leaf certificate that has expired or is not valid
 /// yet is refused, as the cert API refuses it.
 pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>, TlsError> {
-    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
-        .map_err(pem("certificate", cert))?
+    use crate::certs::parse::{PemFile, der_file_reason};
+    let cert_text = std::fs::read(cert).map_err(|e| TlsError::Pem {
+        what: "certificate",
+        path: cert.display().to_string(),
+        source: rustls::pki_types::pem::Error::Io(e),
+    })?;
+    if let Some(reason) = der_file_reason(&cert_text, PemFile::Certificate) {
+        return Err(TlsError::Der {
+            what: "certificate",
+            flag: "--api-tls-cert",
+            path: cert.display().to_string(),
+            reason,
+        });
+    }
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&cert_text)
         .collect::<Result<_, _>>()
         .map_err(pem("certificate", cert))?;
     let Some(leaf) = chain.first() else {
@@ -128,6 +151,14 @@ pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig
         path: key_path(),
         source,
     })?;
+    if let Some(reason) = der_file_reason(&text, PemFile::PrivateKey) {
+        return Err(TlsError::Der {
+            what: "private key",
+            flag: "--api-tls-key",
+            path: key_path(),
+            reason,
+        });
+    }
     let private_key = crate::certs::parse::private_key(&text).map_err(|source| TlsError::Key {
         path: key_path(),
         source,
@@ -353,6 +384,49 @@ mod tests {
         assert!(
             e.contains("(--api-tls-cert): the base64 body does not decode: character '#'"),
             "{e}"
+        );
+    }
+
+    /// A DER certificate or key file is refused at start naming the flag, the file and the
+    /// openssl command that writes it as PEM (the same words as loxicmd's, one helper).
+    #[test]
+    fn a_der_certificate_or_key_file_is_refused_with_the_openssl_command() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let (c, k) = files(dir.path(), str::to_owned);
+        let pem = crate::certs::parse::CertPem {
+            cert_pem: std::fs::read_to_string(&c).expect("cert"),
+            key_pem: std::fs::read_to_string(&k).expect("key"),
+            chain_pem: None,
+        };
+        let (cert_der, key_der) = crate::certs::testutil::der_files(&pem);
+        let (cd, kd) = (dir.path().join("cert.der"), dir.path().join("key.der"));
+        std::fs::write(&cd, cert_der).expect("write");
+        std::fs::write(&kd, key_der).expect("write");
+        assert_eq!(
+            refusal(&cd, &k),
+            format!(
+                "certificate {} (--api-tls-cert): the file looks DER-encoded (binary), not PEM: \
+                 `openssl x509 -inform DER -in FILE -out FILE.pem` writes it as PEM; give that \
+                 file instead",
+                cd.display()
+            )
+        );
+        assert_eq!(
+            refusal(&c, &kd),
+            format!(
+                "private key {} (--api-tls-key): the file looks DER-encoded (binary), not PEM: \
+                 `openssl pkey -inform DER -in FILE -out FILE.pem` writes it as PEM; give that \
+                 file instead",
+                kd.display()
+            )
+        );
+        std::fs::write(&cd, "").expect("write");
+        assert_eq!(
+            refusal(&cd, &k),
+            format!(
+                "certificate {} (--api-tls-cert): no CERTIFICATE block",
+                cd.display()
+            )
         );
     }
 

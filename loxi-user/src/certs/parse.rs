@@ -357,6 +357,36 @@ pub fn private_key(text: &[u8]) -> Result<PrivateKeyDer<'static>, KeyPemError> {
     }
 }
 
+/// What a file given where PEM is expected should hold: [`der_file_reason`] names the openssl
+/// command that converts its DER form.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PemFile {
+    /// Certificates (a server's chain, a CA bundle).
+    Certificate,
+    /// A private key.
+    PrivateKey,
+}
+
+/// `Some(reason)` when `bytes`, the content of a file that should be PEM, look DER-encoded
+/// (binary ASN.1: a SEQUENCE's `0x30` first, and no PEM BEGIN marker anywhere): the reason says
+/// so and gives the openssl command that writes the file as PEM. Every PEM file option uses it
+/// (`--api-tls-cert`, `--api-tls-key`, loxicmd's `--cacert`, `--cert-file`, `--key-file`,
+/// `--chain-file`), prefixing the option and the file.
+pub fn der_file_reason(bytes: &[u8], kind: PemFile) -> Option<String> {
+    const BEGIN: &[u8] = b"-----BEGIN ";
+    if bytes.first() != Some(&0x30) || bytes.windows(BEGIN.len()).any(|w| w == BEGIN) {
+        return None;
+    }
+    let command = match kind {
+        PemFile::Certificate => "openssl x509 -inform DER -in FILE -out FILE.pem",
+        PemFile::PrivateKey => "openssl pkey -inform DER -in FILE -out FILE.pem",
+    };
+    Some(format!(
+        "the file looks DER-encoded (binary), not PEM: `{command}` writes it as PEM; give that \
+         file instead"
+    ))
+}
+
 /// The labels of the PEM BEGIN lines of `text` (`CERTIFICATE`, `ENCRYPTED PRIVATE KEY`), in
 /// order, whether rustls reads that kind or not.
 pub fn pem_labels(text: &[u8]) -> Vec<String> {
