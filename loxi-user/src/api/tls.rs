@@ -260,7 +260,7 @@ async fn accept_loop(
         )]
         tokio::spawn(async move {
             let _permit = permit;
-            match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+            match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(&acceptor, stream)).await {
                 Ok(Ok(tls)) => {
                     let _ = tx.send((tls, peer)).await;
                 }
@@ -269,6 +269,43 @@ async fn accept_loop(
             }
         });
     }
+}
+
+/// The TLS handshake of `stream`, unless its first bytes (peeked: one byte, then at most
+/// three read, each waiting within the caller's [`HANDSHAKE_TIMEOUT`]) are a plain-HTTP
+/// request: that client gets `400 Bad Request` saying this port speaks HTTPS, with the URL to
+/// use ([`plain_http_answer`]), and the connection is closed, as nginx answers (its 497)
+/// rather than a TLS alert the client shows as garbage.
+async fn handshake(
+    acceptor: &TlsAcceptor,
+    mut stream: TcpStream,
+) -> std::io::Result<TlsStream<TcpStream>> {
+    if crate::proxy::listener::plain_http(&mut stream)
+        .await
+        .is_some()
+    {
+        let body = plain_http_answer(stream.local_addr().ok());
+        crate::proxy::tls::answer_400_and_close(stream, "text/plain; charset=utf-8", &body).await;
+        return Err(std::io::Error::other(
+            "plain HTTP sent to the HTTPS API port; answered 400",
+        ));
+    }
+    acceptor.accept(stream).await
+}
+
+/// How [`plain_http_answer`] starts (loxicmd recognises it and says to add `--protocol https`).
+pub const PLAIN_HTTP_ANSWER_START: &str = "this port speaks HTTPS only";
+
+/// The body answering a plain-HTTP client on the HTTPS API port reached at `local`.
+pub fn plain_http_answer(local: Option<SocketAddr>) -> String {
+    let url = match local {
+        Some(a) => format!("https://{a}"),
+        None => "https://HOST:PORT".to_string(),
+    };
+    format!(
+        "{PLAIN_HTTP_ANSWER_START} (the API was started with --api-tls-cert); the plain HTTP \
+         request was not served: use {url}\n"
+    )
 }
 
 impl axum::serve::Listener for TlsListener {
