@@ -411,13 +411,17 @@ async fn https_api_serves_loxicmd_with_the_ca_and_refuses_a_client_without_it() 
         "{}",
         stderr(&out)
     );
-    // Plain HTTP to the HTTPS port gets no API answer, and the error says what to add.
+    // Plain HTTP to the HTTPS port gets the 400 saying so (400 → 6), and what to add.
     let out = d.loxicmd(&["--token-file", &token, "get", "lb"]);
-    assert_eq!(out.status.code(), Some(5), "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains("may be serving HTTPS: add --protocol https"),
-        "{}",
-        stderr(&out)
+    assert_eq!(out.status.code(), Some(6), "{}", stderr(&out));
+    assert_eq!(
+        stderr(&out),
+        format!(
+            "Error: server returned 400: this port speaks HTTPS only (the API was started with \
+             --api-tls-cert); the plain HTTP request was not served: use https://{} (add \
+             --protocol https)\n",
+            d.api_addr()
+        )
     );
     // The right CA without the token: 401 → exit 3, with the server's message.
     let out = d.loxicmd(&["--protocol", "https", "--cacert", &ca, "get", "lb"]);
@@ -427,6 +431,67 @@ async fn https_api_serves_loxicmd_with_the_ca_and_refuses_a_client_without_it() 
         "{}",
         stderr(&out)
     );
+}
+
+/// A plain-HTTP client on the HTTPS API port gets, as nginx answers (its 497), a plain
+/// `400 Bad Request` with `Connection: close` saying the port speaks HTTPS and the URL to use,
+/// then the close; not a TLS alert it would show as garbage. TLS clients are served as before,
+/// and a client whose first byte is neither TLS nor a letter still meets the TLS handshake.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_http_on_the_https_api_port_gets_a_400_naming_https() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let pki = TestPki::generate().expect("certificates");
+    let d = Daemon::start(DaemonOpts {
+        args: pki.daemon_args(),
+        tls_ca: Some(pki.ca()),
+        ..DaemonOpts::default()
+    })
+    .await;
+    let addr = d.api_addr();
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    tcp.write_all(format!("GET {RULES}/all HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await
+        .expect("send");
+    let mut answer = Vec::new();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        tcp.read_to_end(&mut answer),
+    )
+    .await
+    .expect("closed within 5 s")
+    .expect("read");
+    let answer = String::from_utf8(answer).expect("text");
+    let body = format!(
+        "this port speaks HTTPS only (the API was started with --api-tls-cert); the plain HTTP \
+         request was not served: use https://{addr}\n"
+    );
+    assert_eq!(
+        answer,
+        format!(
+            "HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain; charset=utf-8\r\n\
+             content-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        )
+    );
+    // An HTTP client library (hyper) reads the same 400.
+    let req = http::Request::get(format!("http://{addr}{RULES}/all"))
+        .body(loxi_tests::http::full(""))
+        .expect("request");
+    let resp = loxi_tests::http::send(&loxi_tests::http::client(), req).await;
+    assert_eq!((resp.status, resp.text.as_str()), (400, body.as_str()));
+    assert_eq!(resp.header("connection"), Some("close"));
+    // TLS clients are served as before.
+    assert_eq!(rule_count(&d.rules().await), 0, "HTTPS GET with the CA");
+    // Not a letter and not TLS: the TLS handshake answers (an alert), no HTTP text.
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    tcp.write_all(&[0x01, 0x02, 0x03, 0x04, 0x05])
+        .await
+        .expect("send");
+    let mut got = Vec::new();
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), tcp.read_to_end(&mut got))
+        .await
+        .expect("closed within 5 s");
+    assert!(!got.starts_with(b"HTTP/"), "{got:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

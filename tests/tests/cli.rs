@@ -147,9 +147,11 @@ async fn loxicmd_prints_the_server_error_as_loxilb_loxicmd_and_exits_by_status()
     assert_eq!(out.status.code(), Some(6), "400 → 6");
     assert_eq!(
         stderr(&out),
-        "Error: server returned 400: serviceArguments.security: 1 (TLS) needs a certificate: \
-         no certificate covers host \"other.example.com\" and there is no `default` one; POST \
-         /netlox/v1/config/cert first; nothing was stored\n"
+        "Error: server returned 400: serviceArguments.security: 1 (TLS terminated here) needs a \
+         certificate: no certificate covers host \"other.example.com\" and there is no \
+         `default` one; POST /netlox/v1/config/cert first; nothing was stored (loxi serves \
+         security 0 (plain), 1 (TLS terminated here) and 2 (TLS terminated here, re-encrypted \
+         to the endpoints); 1 and 2 need a certificate)\n"
     );
     assert_eq!(d.rules().await, json!({"lbAttr": []}));
 }

@@ -1350,10 +1350,12 @@ async fn a_hosts_only_matching_certificate_is_kept_although_a_default_exists() {
     assert_eq!(r["field"], "serviceArguments.security", "{r}");
     assert_eq!(
         r["message"],
-        "serviceArguments.security: 1 (TLS) needs a certificate: no certificate covers host \
-         \"other.test\" (the `default` certificate's names [\"default.local\"] do not match it, \
-         and clients that verify the certificate would refuse it); POST /netlox/v1/config/cert \
-         first; nothing was stored"
+        "serviceArguments.security: 1 (TLS terminated here) needs a certificate: no certificate \
+         covers host \"other.test\" (the `default` certificate's names [\"default.local\"] do \
+         not match it, and clients that verify the certificate would refuse it); POST \
+         /netlox/v1/config/cert first; nothing was stored (loxi serves security 0 (plain), 1 \
+         (TLS terminated here) and 2 (TLS terminated here, re-encrypted to the endpoints); 1 \
+         and 2 need a certificate)"
     );
     let (s, r) = d.post_rule(&tls_rule(port, "api.test", &[&be], 0)).await;
     assert_eq!(s, 200, "{r}");

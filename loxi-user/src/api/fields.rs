@@ -29,7 +29,14 @@ use crate::rules::schema::{self, ENDPOINT_FOREIGN, Foreign, RULE_FOREIGN, SERVIC
 /// Parses a POSTed rule body: JSON syntax (an object naming one key twice is refused, see
 /// [`strict_json`]), then every key, then types. Errors name the field.
 pub fn parse_rule(body: &[u8]) -> Result<LbRule, ApiError> {
-    let mut value = strict_json(body)?;
+    rule_from_value(strict_json(body)?)
+}
+
+/// [`parse_rule`] for a rule already read as JSON (a rule of the state file at restore): the
+/// same key checks (a case variant of a field renamed to it, LoxiLB's zero-valued fields
+/// dropped, any other key refused naming it) and the same typed deserialisation, errors naming
+/// the field.
+pub fn rule_from_value(mut value: Value) -> Result<LbRule, ApiError> {
     normalize_rule_fields(&mut value)?;
     serde_path_to_error::deserialize(value).map_err(type_error)
 }

@@ -94,7 +94,7 @@ fn check_data_path(rule: &LbRule, l4_datapath: bool) -> Result<(), ApiError> {
     ))
 }
 
-/// A TLS rule (`security: 1`) needs a certificate whose names match its `host` (exact or
+/// A TLS rule (`security` 1 or 2) needs a certificate whose names match its `host` (exact or
 /// wildcard, as the SNI selection matches; the `default` certificate counts only when its
 /// names match), or for a host-less rule the `default` one: the rule the cert API's `DELETE`
 /// and `PUT` keep covered ([`super::certs::has_certificate`]).
@@ -121,7 +121,11 @@ fn check_certificate(rule: &LbRule, st: &ApiState) -> Result<(), ApiError> {
     Err(ApiError::invalid_field(
         "serviceArguments.security",
         format!(
-            "1 (TLS) needs a certificate: {what}; POST /netlox/v1/config/cert first; nothing was stored"
+            "{security} ({}) needs a certificate: {what}; POST /netlox/v1/config/cert first; \
+             nothing was stored ({SECURITY_VALUES}; 1 and 2 need a certificate)",
+            crate::rules::model::security_name(s.security).unwrap_or("TLS"),
+            security = s.security,
+            SECURITY_VALUES = crate::rules::model::SECURITY_VALUES,
         ),
     ))
 }

@@ -148,3 +148,47 @@ async fn an_l4_rule_past_the_data_paths_rule_slots_is_refused() {
         StatusCode::OK
     );
 }
+
+/// A TLS rule posted without a certificate is refused quoting the `security` it was posted
+/// with (2 was once answered as "1 (TLS) needs a certificate"), saying which values loxi
+/// serves; nothing is stored.
+#[tokio::test]
+async fn a_tls_rule_without_a_certificate_is_refused_quoting_its_own_security() {
+    let store = Arc::new(RuleStore::in_memory());
+    let st = state(store.clone());
+    for (security, says) in [
+        (1, "security: 1 (TLS terminated here) needs a certificate"),
+        (
+            2,
+            "security: 2 (TLS terminated here, re-encrypted to the endpoints) needs a certificate",
+        ),
+    ] {
+        let body = json!({
+            "serviceArguments": {"externalIP": "127.0.0.1", "port": free_port(),
+                "protocol": "tcp", "mode": 4, "security": security},
+            "endpoints": [{"endpointIP": "127.0.0.2", "targetPort": 8443}]
+        });
+        let e = create(
+            State(st.clone()),
+            NoQuery,
+            Ok(Bytes::from(body.to_string())),
+        )
+        .await
+        .expect_err("no certificate");
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert_eq!(e.field.as_deref(), Some("serviceArguments.security"));
+        assert!(e.message.contains(says), "{}", e.message);
+        assert!(
+            e.message.contains(
+                "loxi serves security 0 (plain), 1 (TLS terminated here) and 2 (TLS \
+                 terminated here, re-encrypted to the endpoints)"
+            ),
+            "{}",
+            e.message
+        );
+        if security == 2 {
+            assert!(!e.message.contains("security: 1"), "{}", e.message);
+        }
+        assert!(store.snapshot().rules.is_empty(), "nothing stored");
+    }
+}

@@ -71,11 +71,21 @@ pub enum TlsError {
         reason: String,
     },
     /// The certificate file holds no certificate.
-    #[error(
-        "certificate {0} (--api-tls-cert): no CERTIFICATE block (a DER file? `openssl x509 \
-         -inform DER -in FILE -out FILE.pem` writes it as PEM)"
-    )]
+    #[error("certificate {0} (--api-tls-cert): no CERTIFICATE block")]
     NoCertificate(String),
+    /// A file is DER, not PEM ([`crate::certs::parse::der_file_reason`], with the openssl
+    /// command that converts it).
+    #[error("{what} {path} ({flag}): {reason}")]
+    Der {
+        /// `certificate` or `private key`.
+        what: &'static str,
+        /// `--api-tls-cert` or `--api-tls-key`.
+        flag: &'static str,
+        /// The file.
+        path: String,
+        /// Why, with the command.
+        reason: String,
+    },
     /// The leaf is a CA certificate (`basicConstraints CA:TRUE`): clients refuse it as a
     /// server's certificate (the cert API refuses it too).
     #[error(
@@ -112,8 +122,21 @@ pub enum TlsError {
 /// `http/1.1` (the API speaks HTTP/1.1). A leaf certificate that has expired or is not valid
 /// yet is refused, as the cert API refuses it.
 pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>, TlsError> {
-    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
-        .map_err(pem("certificate", cert))?
+    use crate::certs::parse::{PemFile, der_file_reason};
+    let cert_text = std::fs::read(cert).map_err(|e| TlsError::Pem {
+        what: "certificate",
+        path: cert.display().to_string(),
+        source: rustls::pki_types::pem::Error::Io(e),
+    })?;
+    if let Some(reason) = der_file_reason(&cert_text, PemFile::Certificate) {
+        return Err(TlsError::Der {
+            what: "certificate",
+            flag: "--api-tls-cert",
+            path: cert.display().to_string(),
+            reason,
+        });
+    }
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&cert_text)
         .collect::<Result<_, _>>()
         .map_err(pem("certificate", cert))?;
     let Some(leaf) = chain.first() else {
@@ -128,6 +151,14 @@ pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig
         path: key_path(),
         source,
     })?;
+    if let Some(reason) = der_file_reason(&text, PemFile::PrivateKey) {
+        return Err(TlsError::Der {
+            what: "private key",
+            flag: "--api-tls-key",
+            path: key_path(),
+            reason,
+        });
+    }
     let private_key = crate::certs::parse::private_key(&text).map_err(|source| TlsError::Key {
         path: key_path(),
         source,
@@ -229,7 +260,7 @@ async fn accept_loop(
         )]
         tokio::spawn(async move {
             let _permit = permit;
-            match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+            match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(&acceptor, stream)).await {
                 Ok(Ok(tls)) => {
                     let _ = tx.send((tls, peer)).await;
                 }
@@ -238,6 +269,43 @@ async fn accept_loop(
             }
         });
     }
+}
+
+/// The TLS handshake of `stream`, unless its first bytes (peeked: one byte, then at most
+/// three read, each waiting within the caller's [`HANDSHAKE_TIMEOUT`]) are a plain-HTTP
+/// request: that client gets `400 Bad Request` saying this port speaks HTTPS, with the URL to
+/// use ([`plain_http_answer`]), and the connection is closed, as nginx answers (its 497)
+/// rather than a TLS alert the client shows as garbage.
+async fn handshake(
+    acceptor: &TlsAcceptor,
+    mut stream: TcpStream,
+) -> std::io::Result<TlsStream<TcpStream>> {
+    if crate::proxy::listener::plain_http(&mut stream)
+        .await
+        .is_some()
+    {
+        let body = plain_http_answer(stream.local_addr().ok());
+        crate::proxy::tls::answer_400_and_close(stream, "text/plain; charset=utf-8", &body).await;
+        return Err(std::io::Error::other(
+            "plain HTTP sent to the HTTPS API port; answered 400",
+        ));
+    }
+    acceptor.accept(stream).await
+}
+
+/// How [`plain_http_answer`] starts (loxicmd recognises it and says to add `--protocol https`).
+pub const PLAIN_HTTP_ANSWER_START: &str = "this port speaks HTTPS only";
+
+/// The body answering a plain-HTTP client on the HTTPS API port reached at `local`.
+pub fn plain_http_answer(local: Option<SocketAddr>) -> String {
+    let url = match local {
+        Some(a) => format!("https://{a}"),
+        None => "https://HOST:PORT".to_string(),
+    };
+    format!(
+        "{PLAIN_HTTP_ANSWER_START} (the API was started with --api-tls-cert); the plain HTTP \
+         request was not served: use {url}\n"
+    )
 }
 
 impl axum::serve::Listener for TlsListener {
@@ -353,6 +421,49 @@ mod tests {
         assert!(
             e.contains("(--api-tls-cert): the base64 body does not decode: character '#'"),
             "{e}"
+        );
+    }
+
+    /// A DER certificate or key file is refused at start naming the flag, the file and the
+    /// openssl command that writes it as PEM (the same words as loxicmd's, one helper).
+    #[test]
+    fn a_der_certificate_or_key_file_is_refused_with_the_openssl_command() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let (c, k) = files(dir.path(), str::to_owned);
+        let pem = crate::certs::parse::CertPem {
+            cert_pem: std::fs::read_to_string(&c).expect("cert"),
+            key_pem: std::fs::read_to_string(&k).expect("key"),
+            chain_pem: None,
+        };
+        let (cert_der, key_der) = crate::certs::testutil::der_files(&pem);
+        let (cd, kd) = (dir.path().join("cert.der"), dir.path().join("key.der"));
+        std::fs::write(&cd, cert_der).expect("write");
+        std::fs::write(&kd, key_der).expect("write");
+        assert_eq!(
+            refusal(&cd, &k),
+            format!(
+                "certificate {} (--api-tls-cert): the file looks DER-encoded (binary), not PEM: \
+                 `openssl x509 -inform DER -in FILE -out FILE.pem` writes it as PEM; give that \
+                 file instead",
+                cd.display()
+            )
+        );
+        assert_eq!(
+            refusal(&c, &kd),
+            format!(
+                "private key {} (--api-tls-key): the file looks DER-encoded (binary), not PEM: \
+                 `openssl pkey -inform DER -in FILE -out FILE.pem` writes it as PEM; give that \
+                 file instead",
+                kd.display()
+            )
+        );
+        std::fs::write(&cd, "").expect("write");
+        assert_eq!(
+            refusal(&cd, &k),
+            format!(
+                "certificate {} (--api-tls-cert): no CERTIFICATE block",
+                cd.display()
+            )
         );
     }
 

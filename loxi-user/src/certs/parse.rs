@@ -66,13 +66,10 @@ pub enum CertError {
     /// `certPem` holds no CERTIFICATE block.
     #[error("certPem: no CERTIFICATE block")]
     NoCertificate,
-    /// `keyPem` holds no usable private key: none, an encrypted one, several, or malformed
-    /// PEM.
+    /// `keyPem` holds no usable private key: none, an encrypted one, several, malformed PEM,
+    /// contents that do not decode, or a type loxi does not sign with.
     #[error("keyPem: {0}")]
     Key(#[from] KeyPemError),
-    /// The key's type cannot sign (rustls/ring).
-    #[error("keyPem: unsupported private key: {0}")]
-    UnsupportedKey(String),
     /// The key is not the leaf certificate's (the reason in words, [`rustls_reason`]).
     #[error("keyPem does not match the certificate in certPem: {0}")]
     KeyMismatch(String),
@@ -119,7 +116,7 @@ impl CertError {
         match self {
             Self::BadId(_) => "certId",
             Self::Pem { field, .. } | Self::BrokenChain { field, .. } => field,
-            Self::Key(_) | Self::UnsupportedKey(_) | Self::KeyMismatch(_) => "keyPem",
+            Self::Key(_) | Self::KeyMismatch(_) => "keyPem",
             Self::NoCertificate
             | Self::X509(_)
             | Self::Validity(_)
@@ -150,11 +147,179 @@ pub enum KeyPemError {
     /// The PEM text does not parse ([`pem_reason`]).
     #[error("malformed PEM: {0}")]
     Pem(String),
+    /// The PEM markers are fine but the key data between them does not decode: corrupt or
+    /// truncated DER, or values that do not check ([`KeyForm`] says which form was read).
+    #[error(
+        "the private key's contents could not be decoded: the {form} key data between the PEM \
+         markers is corrupt or truncated{detail}; copy the key again from where it was made"
+    )]
+    Corrupt {
+        /// The key's form: `PKCS#8`, `PKCS#1 RSA`, `SEC1 EC`.
+        form: &'static str,
+        /// More, when the structure decodes but its values do not check (`: an RSA key of
+        /// 2048 bits whose values ring refuses`); empty otherwise.
+        detail: String,
+    },
+    /// A well-formed key of a type rustls' `ring` provider does not sign with (`Ed448`,
+    /// `ECDSA on curve P-521`, `RSA of 1024 bits`).
+    #[error(
+        "unsupported private key type: {0}; loxi signs with RSA keys of 2048 to 8192 bits, ECDSA \
+         keys on P-256 or P-384, and Ed25519 keys"
+    )]
+    Unsupported(String),
 }
 
-/// The one private key of the PEM text `text` (PKCS#8, PKCS#1 or SEC1). An encrypted key, and
-/// several keys, are refused saying so (rustls would skip an encrypted key as an unknown block
-/// and report no key, and take the first of several).
+/// The signing key of `key` (rustls' `ring` provider), or why there is none in words: its
+/// contents do not decode ([`KeyPemError::Corrupt`]), or it is a well-formed key of a type
+/// loxi does not sign with ([`KeyPemError::Unsupported`]).
+pub fn signing_key(
+    key: &PrivateKeyDer<'_>,
+) -> Result<Arc<dyn rustls::sign::SigningKey>, KeyPemError> {
+    rustls::crypto::ring::sign::any_supported_type(key).map_err(|e| {
+        let form = match key {
+            PrivateKeyDer::Pkcs8(_) => "PKCS#8",
+            PrivateKeyDer::Pkcs1(_) => "PKCS#1 RSA",
+            _ => "SEC1 EC",
+        };
+        match key_type(key) {
+            None => KeyPemError::Corrupt {
+                form,
+                detail: String::new(),
+            },
+            Some(KeyType::Unsupported(t)) => KeyPemError::Unsupported(t),
+            Some(KeyType::Supported(t)) => KeyPemError::Corrupt {
+                form,
+                detail: format!(": a well-formed {t} key whose values do not check ({e})"),
+            },
+        }
+    })
+}
+
+/// A well-formed key's type, in words, and whether ring signs with that type.
+enum KeyType {
+    /// RSA of 2048 to 8192 bits, ECDSA P-256/P-384 (or no named curve), Ed25519.
+    Supported(String),
+    /// Any other.
+    Unsupported(String),
+}
+
+/// The type of the key `key`; `None` when its DER is not a well-formed key of its form.
+fn key_type(key: &PrivateKeyDer<'_>) -> Option<KeyType> {
+    match key {
+        PrivateKeyDer::Pkcs1(k) => rsa_type(k.secret_pkcs1_der()),
+        PrivateKeyDer::Sec1(k) => {
+            let (curve, _) = sec1_parts(k.secret_sec1_der())?;
+            Some(ec_type(curve.as_deref()))
+        }
+        PrivateKeyDer::Pkcs8(k) => pkcs8_type(k.secret_pkcs8_der()),
+        _ => None,
+    }
+}
+
+/// `der` as one complete DER object, nothing after it; `None` when it does not parse.
+fn whole_der(der: &[u8]) -> Option<x509_parser::der_parser::ber::BerObject<'_>> {
+    match x509_parser::der_parser::parse_der(der) {
+        Ok(([], obj)) => Some(obj),
+        _ => None,
+    }
+}
+
+/// A PKCS#1 `RSAPrivateKey` (nine INTEGERs): its size decides.
+fn rsa_type(der: &[u8]) -> Option<KeyType> {
+    let obj = whole_der(der)?;
+    let seq = obj.as_sequence().ok()?;
+    if seq.len() < 9 || seq.iter().any(|i| i.as_slice().is_err()) {
+        return None;
+    }
+    let modulus = seq[1].as_slice().ok()?;
+    let digits: Vec<u8> = modulus.iter().copied().skip_while(|b| *b == 0).collect();
+    let bits = digits
+        .first()
+        .map_or(0, |b| digits.len() * 8 - b.leading_zeros() as usize);
+    let text = format!("RSA of {bits} bits");
+    Some(if (2048..=8192).contains(&bits) {
+        KeyType::Supported(text)
+    } else {
+        KeyType::Unsupported(text)
+    })
+}
+
+/// An ECDSA key on the curve of OID `curve` (dotted; `None`: not named in the key).
+fn ec_type(curve: Option<&str>) -> KeyType {
+    match curve {
+        None => KeyType::Supported("ECDSA".into()),
+        Some("1.2.840.10045.3.1.7") => KeyType::Supported("ECDSA P-256".into()),
+        Some("1.3.132.0.34") => KeyType::Supported("ECDSA P-384".into()),
+        Some(oid) => KeyType::Unsupported(format!(
+            "ECDSA on curve {}",
+            match oid {
+                "1.3.132.0.35" => "P-521".to_string(),
+                "1.3.132.0.10" => "secp256k1".to_string(),
+                o => format!("OID {o}"),
+            }
+        )),
+    }
+}
+
+/// A SEC1 `ECPrivateKey`: its curve (the `[0]` parameters' OID, when present) and private key.
+fn sec1_parts(der: &[u8]) -> Option<(Option<String>, &[u8])> {
+    use x509_parser::der_parser::ber::BerObjectContent;
+    let obj = whole_der(der)?;
+    let seq = obj.as_sequence().ok()?;
+    let (version, private) = (seq.first()?, seq.get(1)?);
+    version.as_slice().ok()?;
+    let private = private.as_slice().ok()?;
+    let mut curve = None;
+    for item in &seq[2..] {
+        if item.header.tag().0 == 0 {
+            let inner = match &item.content {
+                BerObjectContent::Unknown(any) => whole_der(any.data)?,
+                BerObjectContent::Tagged(_, _, inner) => (**inner).clone(),
+                _ => return None,
+            };
+            curve = Some(inner.as_oid().ok()?.to_id_string());
+        }
+    }
+    Some((curve, private))
+}
+
+/// A PKCS#8 `PrivateKeyInfo`: its algorithm OID names the type; the key inside must be
+/// well-formed DER too.
+fn pkcs8_type(der: &[u8]) -> Option<KeyType> {
+    let obj = whole_der(der)?;
+    let seq = obj.as_sequence().ok()?;
+    let (version, algorithm, private) = (seq.first()?, seq.get(1)?, seq.get(2)?);
+    version.as_slice().ok()?;
+    let algorithm = algorithm.as_sequence().ok()?;
+    let oid = algorithm.first()?.as_oid().ok()?.to_id_string();
+    let private = private.as_slice().ok()?;
+    whole_der(private)?;
+    let unsupported = |name: &str| Some(KeyType::Unsupported(name.to_string()));
+    match oid.as_str() {
+        "1.2.840.113549.1.1.1" => rsa_type(private),
+        "1.2.840.10045.2.1" => {
+            let named = algorithm
+                .get(1)
+                .and_then(|p| p.as_oid().ok())
+                .map(|o| o.to_id_string());
+            let (own, _) = sec1_parts(private)?;
+            Some(ec_type(named.or(own).as_deref()))
+        }
+        "1.3.101.112" => Some(KeyType::Supported("Ed25519".into())),
+        "1.3.101.113" => unsupported("Ed448"),
+        "1.3.101.110" => unsupported("X25519 (a key-agreement key, which cannot sign)"),
+        "1.3.101.111" => unsupported("X448 (a key-agreement key, which cannot sign)"),
+        "1.2.840.10040.4.1" => unsupported("DSA"),
+        "1.2.840.113549.1.1.10" => unsupported("RSASSA-PSS (an RSA key restricted to PSS)"),
+        o => Some(KeyType::Unsupported(format!("algorithm OID {o}"))),
+    }
+}
+
+/// The one private key of the PEM text `text` (PKCS#8, PKCS#1 or SEC1), one loxi can sign with
+/// ([`signing_key`]). An encrypted key, and several keys, are refused saying so (rustls would
+/// skip an encrypted key as an unknown block and report no key, and take the first of
+/// several); so are a key whose contents do not decode and one of a type loxi does not sign
+/// with, in words that tell the two apart.
 pub fn private_key(text: &[u8]) -> Result<PrivateKeyDer<'static>, KeyPemError> {
     use rustls::pki_types::pem::{Error, SectionKind};
     const LEGACY_ENCRYPTED: &[u8] = b"Proc-Type: 4,ENCRYPTED";
@@ -183,13 +348,43 @@ pub fn private_key(text: &[u8]) -> Result<PrivateKeyDer<'static>, KeyPemError> {
         ));
     }
     match PrivateKeyDer::from_pem_slice(text) {
-        Ok(k) => Ok(k),
+        Ok(k) => signing_key(&k).map(|_| k),
         Err(Error::NoItemsFound) if encrypted > 0 => {
             Err(KeyPemError::Encrypted("ENCRYPTED PRIVATE KEY"))
         }
         Err(Error::NoItemsFound) => Err(KeyPemError::NoKey),
         Err(e) => Err(KeyPemError::Pem(pem_reason(&e))),
     }
+}
+
+/// What a file given where PEM is expected should hold: [`der_file_reason`] names the openssl
+/// command that converts its DER form.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PemFile {
+    /// Certificates (a server's chain, a CA bundle).
+    Certificate,
+    /// A private key.
+    PrivateKey,
+}
+
+/// `Some(reason)` when `bytes`, the content of a file that should be PEM, look DER-encoded
+/// (binary ASN.1: a SEQUENCE's `0x30` first, and no PEM BEGIN marker anywhere): the reason says
+/// so and gives the openssl command that writes the file as PEM. Every PEM file option uses it
+/// (`--api-tls-cert`, `--api-tls-key`, loxicmd's `--cacert`, `--cert-file`, `--key-file`,
+/// `--chain-file`), prefixing the option and the file.
+pub fn der_file_reason(bytes: &[u8], kind: PemFile) -> Option<String> {
+    const BEGIN: &[u8] = b"-----BEGIN ";
+    if bytes.first() != Some(&0x30) || bytes.windows(BEGIN.len()).any(|w| w == BEGIN) {
+        return None;
+    }
+    let command = match kind {
+        PemFile::Certificate => "openssl x509 -inform DER -in FILE -out FILE.pem",
+        PemFile::PrivateKey => "openssl pkey -inform DER -in FILE -out FILE.pem",
+    };
+    Some(format!(
+        "the file looks DER-encoded (binary), not PEM: `{command}` writes it as PEM; give that \
+         file instead"
+    ))
 }
 
 /// The labels of the PEM BEGIN lines of `text` (`CERTIFICATE`, `ENCRYPTED PRIVATE KEY`), in
@@ -497,8 +692,7 @@ fn parse_any_validity(
     }
     check_chain(&chain, in_cert_pem)?;
     let key = private_key(pem.key_pem.as_bytes())?;
-    let signer = rustls::crypto::ring::sign::any_supported_type(&key)
-        .map_err(|e| CertError::UnsupportedKey(e.to_string()))?;
+    let signer = signing_key(&key)?;
     let facts = leaf_facts(&chain[0])?;
     let validity = check_validity(facts.not_before, facts.not_after, now).err();
     let certified = CertifiedKey::new(chain, signer);
@@ -954,6 +1148,96 @@ mod tests {
             parse("a", p, now()).expect_err("no cert"),
             CertError::NoCertificate
         );
+    }
+
+    /// Throwaway keys openssl wrote (`genpkey -algorithm ed448`, `ecparam -name secp521r1
+    /// -genkey -noout`, `genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:1024`): well-formed
+    /// keys of types ring does not sign with.
+    const ED448_KEY: &str = "-----BEGIN PRIVATE KEY-----\n\
+MEcCAQAwBQYDK2VxBDsEOc6dFk4GdgktMM+lRBBetqre5GYsH1hOpEP/UBda7LjB\n\
+zw+poNwC0sX0nyxz5tjAwM+whYGsagu9ow==\n\
+-----END PRIVATE KEY-----\n";
+    const P521_SEC1_KEY: &str = "-----BEGIN EC PRIVATE KEY-----\n\
+MIHcAgEBBEIBxYsgW/ZBZ9gunQTRy38m8TPKgBwH7Cms/u76MKMUtIVnE95Hiid5\n\
+qPKuo+m4ux9dnjn5d2iOS7EFC4hMjncz4qWgBwYFK4EEACOhgYkDgYYABADedhYL\n\
+Wrs2cZi9wUz1qM1/2c5JPVCpOSGRSSuNmGAOrMrVC9e9il36pIq7mMGIfIF1YKYM\n\
+GQHVP4msKNUUfNEeCwF84B0/5OexoE4CzVajqYpeVep6QITUHCQL17VRWYjM7tQs\n\
+KNu64/Rau3P135v2wYOnmlEznUYymRorrgkPnjCQGA==\n\
+-----END EC PRIVATE KEY-----\n";
+    const RSA1024_KEY: &str = "-----BEGIN PRIVATE KEY-----\n\
+MIICdwIBADANBgkqhkiG9w0BAQEFAASCAmEwggJdAgEAAoGBALWssOEWducp4aC0\n\
+pUqwwjy1blXmaqt5BsC6gHLAS0vTBAslpt+dEwEND3JdSugZVOjsVSLAn0cYbWH3\n\
+U+Y44m/C2DYI2tE9Wn2C0nWpiqnrHQqz0LuJcUKY+U09odgBlXK2dhHzYFWTMGCQ\n\
+GM2pyAysqmugVUqOLJWtaHlzu01NAgMBAAECgYAYlTmJ+6QzO3OQb2E+bhSaamJ3\n\
+tSoR8dp8EcB3xpVpuS/+4iVmdLaxmbbRXtZX+bWHnxMWFMJ4uFF0xCbSLDhXdMS4\n\
+O5ZgVt1wPmZnOf7mREAdxWljl4Ax9+9jgc9EeNQmbi2VfL776csxXm8f9PhlN205\n\
+3oAKBOPtPSpukibb8QJBANjsPQFWK7JUtwgTlN35oSyecY94NcPz5v/pgu1ULyuI\n\
+erpA6k1c9jh0w1l1itH007WlH8PrkrBnSFzC5ZIQpH8CQQDWZuu9xai9jDWu3Lz8\n\
+z7o/hdCGLJ1NSkbsvT6PCiiLcC4S9IAl04xdpTyh5Xj/Ez75fZSAGKRwtabjpr1v\n\
+MXgzAkEAnAsUt2ltdZNLNxwe8q8oKhiwSCyJQLSrb1xjOqZcaEx9PI6F/bDpziLw\n\
+g+HyQqaDxR9LgnxrwUoK2++3hSNDsQJBAJxaaBZ3u8unIUsI/OVc05UZj+0ZQgmo\n\
+Xjqs8586qECvqVn3ZjCvqpBsPOBPyUIzFdy54P7deaYcQr2HzmP1bpMCQANL5s4X\n\
++Qgz5MlEY9pAWR64zh4Trn19gZjC4oHKvZbEUiaIrFjpwUntOkVQ69q0bYdscM4c\n\
+n4nDGOMISzkcZLY=\n\
+-----END PRIVATE KEY-----\n";
+
+    /// A key whose PEM markers are fine but whose data is garbage or cut short is said to be
+    /// corrupt (its contents could not be decoded), not "unsupported"; a well-formed key of a
+    /// type ring does not sign with is named as unsupported, with the types loxi signs with.
+    #[test]
+    fn a_corrupt_key_and_an_unsupported_key_type_are_told_apart() {
+        let mut p = pem_for(&["a.example"], in_days(30));
+        let corrupt = |form: &str| {
+            format!(
+                "keyPem: the private key's contents could not be decoded: the {form} key data \
+                 between the PEM markers is corrupt or truncated; copy the key again from where \
+                 it was made"
+            )
+        };
+        p.key_pem = "-----BEGIN PRIVATE KEY-----\nAAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8g\n\
+                     -----END PRIVATE KEY-----\n"
+            .into();
+        let e = parse("a", p.clone(), now()).expect_err("garbage");
+        assert_eq!(e.to_string(), corrupt("PKCS#8"));
+        assert_eq!(e.field(), "keyPem");
+        // The certificate's own key, its base64 body cut after its first line.
+        let own = pem_for(&["a.example"], in_days(30)).key_pem;
+        let lines: Vec<&str> = own.lines().collect();
+        p.key_pem = format!("{}\n{}\n{}\n", lines[0], lines[1], lines[lines.len() - 1]);
+        assert_eq!(
+            parse("a", p.clone(), now())
+                .expect_err("truncated")
+                .to_string(),
+            corrupt("PKCS#8")
+        );
+        p.key_pem =
+            "-----BEGIN EC PRIVATE KEY-----\nAAECAwQFBgcI\n-----END EC PRIVATE KEY-----\n".into();
+        assert_eq!(
+            parse("a", p.clone(), now())
+                .expect_err("garbage")
+                .to_string(),
+            corrupt("SEC1 EC")
+        );
+        let unsupported = |what: &str| {
+            format!(
+                "unsupported private key type: {what}; loxi signs with RSA keys of 2048 to 8192 \
+                 bits, ECDSA keys on P-256 or P-384, and Ed25519 keys"
+            )
+        };
+        for (key, what) in [
+            (ED448_KEY, "Ed448"),
+            (P521_SEC1_KEY, "ECDSA on curve P-521"),
+            (RSA1024_KEY, "RSA of 1024 bits"),
+        ] {
+            let e = private_key(key.as_bytes()).expect_err(what);
+            assert_eq!(e.to_string(), unsupported(what));
+            p.key_pem = key.into();
+            assert_eq!(
+                parse("a", p.clone(), now()).expect_err(what).to_string(),
+                format!("keyPem: {}", unsupported(what))
+            );
+        }
+        assert!(!corrupt("PKCS#8").contains("unsupported"));
     }
 
     #[test]

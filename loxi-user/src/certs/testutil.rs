@@ -19,3 +19,12 @@ pub fn self_signed(names: &[&str], not_after: Option<time::OffsetDateTime>) -> C
         chain_pem: None,
     }
 }
+
+/// The DER forms of `pem`'s certificate and key (what `openssl ... -outform DER` writes).
+pub fn der_files(pem: &CertPem) -> (Vec<u8>, Vec<u8>) {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let cert = CertificateDer::from_pem_slice(pem.cert_pem.as_bytes()).expect("cert");
+    let key = PrivateKeyDer::from_pem_slice(pem.key_pem.as_bytes()).expect("key");
+    (cert.to_vec(), key.secret_der().to_vec())
+}

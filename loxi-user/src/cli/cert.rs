@@ -60,12 +60,33 @@ pub fn create_body(
     Ok(body)
 }
 
-/// Reads a PEM file named by `flag`; a failure is an [`EXIT_IO`] error naming the flag.
+/// Reads a PEM file named by `flag`; a failure is an [`EXIT_IO`] error naming the flag, and so
+/// is a DER file (with the openssl command that writes it as PEM,
+/// [`crate::certs::parse::der_file_reason`]) or one that is not text.
 fn read_pem(flag: &'static str) -> impl Fn(&Path) -> Result<String, Failure> {
+    use crate::certs::parse::{PemFile, der_file_reason};
     move |p: &Path| {
-        std::fs::read_to_string(p).map_err(|e| Failure {
+        let fail = |why: String| Failure {
+            message: format!("{flag} {}: {why}", p.display()),
+            code: EXIT_IO,
+        };
+        let bytes = std::fs::read(p).map_err(|e| Failure {
             message: format!("reading {flag} {}: {e}", p.display()),
             code: EXIT_IO,
+        })?;
+        let kind = if flag == "--key-file" {
+            PemFile::PrivateKey
+        } else {
+            PemFile::Certificate
+        };
+        if let Some(reason) = der_file_reason(&bytes, kind) {
+            return Err(fail(reason));
+        }
+        String::from_utf8(bytes).map_err(|e| {
+            fail(format!(
+                "not PEM text (byte {} is not UTF-8); give the PEM file (-----BEGIN ...)",
+                e.utf8_error().valid_up_to()
+            ))
         })
     }
 }
@@ -182,6 +203,47 @@ mod tests {
             } => c,
             other => panic!("not create cert: {other:?}"),
         }
+    }
+
+    /// A DER certificate or key given to `create cert` is refused naming the flag, the file,
+    /// and the openssl command that writes it as PEM (it was read as text and failed as
+    /// "stream did not contain valid UTF-8"); the PEM files are read as they are.
+    #[test]
+    fn a_der_file_is_refused_naming_the_flag_and_the_openssl_command() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let pem = crate::certs::testutil::self_signed(&["a.example"], None);
+        let (cert_der, key_der) = crate::certs::testutil::der_files(&pem);
+        let (c, k) = (dir.path().join("c.der"), dir.path().join("k.der"));
+        std::fs::write(&c, cert_der).expect("write");
+        std::fs::write(&k, key_der).expect("write");
+        for (flag, file, command) in [
+            ("--cert-file", &c, "openssl x509 -inform DER"),
+            ("--chain-file", &c, "openssl x509 -inform DER"),
+            ("--key-file", &k, "openssl pkey -inform DER"),
+        ] {
+            let e = read_pem(flag)(file).expect_err("DER");
+            assert_eq!(e.code, EXIT_IO);
+            assert_eq!(
+                e.message,
+                format!(
+                    "{flag} {}: the file looks DER-encoded (binary), not PEM: `{command} -in FILE \
+                     -out FILE.pem` writes it as PEM; give that file instead",
+                    file.display()
+                )
+            );
+        }
+        let p = dir.path().join("c.pem");
+        std::fs::write(&p, &pem.cert_pem).expect("write");
+        assert_eq!(read_pem("--cert-file")(&p).expect("PEM"), pem.cert_pem);
+        std::fs::write(&p, [0xffu8, 0xfe, b'a']).expect("write");
+        assert_eq!(
+            read_pem("--cert-file")(&p).expect_err("binary").message,
+            format!(
+                "--cert-file {}: not PEM text (byte 0 is not UTF-8); give the PEM file \
+                 (-----BEGIN ...)",
+                p.display()
+            )
+        );
     }
 
     fn fake(p: &Path) -> Result<String, Failure> {

@@ -183,6 +183,14 @@ pub fn tls_config(cacert: Option<&Path>) -> Result<Arc<rustls::ClientConfig>, Cl
     let path = cacert.unwrap_or(Path::new(SYSTEM_CA_BUNDLE));
     let setup = |e: String| ClientError::TlsSetup(format!("CA file {}: {e}", path.display()));
     let text = std::fs::read(path).map_err(|e| setup(e.to_string()))?;
+    if let Some(reason) =
+        crate::certs::parse::der_file_reason(&text, crate::certs::parse::PemFile::Certificate)
+    {
+        return Err(ClientError::TlsSetup(match cacert {
+            Some(p) => format!("--cacert {}: {reason}", p.display()),
+            None => format!("CA file {}: {reason}", path.display()),
+        }));
+    }
     let bundle = crate::certs::parse::CaBundle::from_pem(&text).map_err(setup)?;
     if bundle.roots.is_empty() {
         return Err(setup(bundle.none_usable()));
@@ -236,6 +244,28 @@ pub async fn call(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A DER CA file given as `--cacert` is refused naming the option, the file and the
+    /// openssl command that writes it as PEM (it was "no CERTIFICATE block").
+    #[test]
+    fn a_der_cacert_is_refused_with_the_openssl_command() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let ca = dir.path().join("ca.der");
+        let pem = crate::certs::testutil::self_signed(&["ca.example"], None);
+        std::fs::write(&ca, crate::certs::testutil::der_files(&pem).0).expect("write");
+        let e = tls_config(Some(&ca)).expect_err("DER");
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "TLS setup: --cacert {}: the file looks DER-encoded (binary), not PEM: `openssl \
+                 x509 -inform DER -in FILE -out FILE.pem` writes it as PEM; give that file \
+                 instead",
+                ca.display()
+            )
+        );
+        std::fs::write(&ca, &pem.cert_pem).expect("write");
+        tls_config(Some(&ca)).expect("the PEM form is taken");
+    }
 
     /// A CA file whose certificate does not decode names the file, the PEM item and why, not
     /// a "peer certificate"; one without a certificate says so.

@@ -325,8 +325,14 @@ impl Api {
         if (200..300).contains(&status) {
             Ok(text)
         } else {
+            let mut message = format!("server returned {status}: {}", error_message(&text));
+            // The HTTPS API's answer to a plain-HTTP request (`api::tls::plain_http_answer`).
+            if self.base.tls.is_none() && text.starts_with(crate::api::tls::PLAIN_HTTP_ANSWER_START)
+            {
+                message.push_str(" (add --protocol https)");
+            }
             Err(Failure {
-                message: format!("server returned {status}: {}", error_message(&text)),
+                message,
                 code: exit_code_of_status(status),
             })
         }

@@ -121,7 +121,7 @@ pub struct ServiceKv {
     /// without a lock on every request.
     pub warm_start: OnceLock<Instant>,
     /// `kvWarmupSec` in milliseconds: the rule's, changed in place by a rule update
-    /// ([`Self::set_warmup`]; `config.warmup` keeps the value the state was built with).
+    /// ([`Self::apply_warmup`]; `config.warmup` keeps the value the state was built with).
     warmup_ms: AtomicU64,
     /// Tier 1.5 hits so far (drives cold-start seeding).
     pub hits: AtomicU64,
@@ -369,7 +369,7 @@ impl ServiceKv {
     /// 0; `Some(None)` while no subscriber has connected yet (the window has not started);
     /// `Some(Some(d))` with `d` left of a running window.
     pub fn warmup_left(&self, now: Instant) -> Option<Option<Duration>> {
-        let warmup = Duration::from_millis(self.warmup_ms.load(Ordering::Relaxed));
+        let warmup = self.warmup();
         if warmup.is_zero() {
             return None;
         }
@@ -387,23 +387,22 @@ impl ServiceKv {
         Duration::from_millis(self.warmup_ms.load(Ordering::Relaxed))
     }
 
-    /// [`Self::set_warmup`], logged when it changed the value.
-    fn apply_warmup(&self, warmup: Duration) {
-        if self.warmup_ms.load(Ordering::Relaxed) != duration_ms(warmup) && self.set_warmup(warmup)
-        {
-            tracing::info!(
-                service = self.id,
-                warmup_sec = warmup.as_secs_f64(),
-                "kvWarmupSec changed; applied to the running warmup window, the KV inventory is kept"
-            );
-        }
-    }
-
     /// Applies a rule update's `kvWarmupSec` to the running window (its start stays the first
     /// subscriber's connect): a longer window may reopen, a shorter one may end at once. The
-    /// blocks indexed so far are kept. Returns whether the value changed.
-    pub fn set_warmup(&self, warmup: Duration) -> bool {
-        self.warmup_ms.swap(duration_ms(warmup), Ordering::Relaxed) != duration_ms(warmup)
+    /// blocks indexed so far are kept. Logged when it changed the value. The request path calls
+    /// it on every lookup: an unchanged value is only read, never written.
+    fn apply_warmup(&self, warmup: Duration) {
+        let ms = duration_ms(warmup);
+        if self.warmup_ms.load(Ordering::Relaxed) == ms
+            || self.warmup_ms.swap(ms, Ordering::Relaxed) == ms
+        {
+            return;
+        }
+        tracing::info!(
+            service = self.id,
+            warmup_sec = warmup.as_secs_f64(),
+            "kvWarmupSec changed; applied to the running warmup window, the KV inventory is kept"
+        );
     }
 }
 

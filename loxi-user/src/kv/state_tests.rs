@@ -63,3 +63,32 @@ fn tracked_failures_are_bounded_and_never_cleared_by_another_model() {
         "a forgotten model is tracked again at its next failure"
     );
 }
+
+/// A rule update changing only `kvWarmupSec` is applied in place: the same service state
+/// (its KV inventory kept) reports the new value, in `warmup()` and in the window left;
+/// an unchanged value leaves it as it is.
+#[test]
+fn a_warmup_update_applies_to_the_running_state() {
+    use crate::kv::testutil::{rule, state};
+    let (st, _reg) = state(KvSettings::default());
+    let first = st
+        .service(&rule(1, 2, serde_json::json!({"kvWarmupSec": 30})))
+        .expect("kv on");
+    assert_eq!(first.warmup(), Duration::from_secs(30));
+    let now = Instant::now();
+    first.warm_start.set(now).expect("first connect");
+    let updated = st
+        .service(&rule(1, 2, serde_json::json!({"kvWarmupSec": 5})))
+        .expect("kv on");
+    assert!(Arc::ptr_eq(&first, &updated), "the state is kept");
+    assert_eq!(updated.warmup(), Duration::from_secs(5));
+    assert_eq!(updated.warmup_left(now), Some(Some(Duration::from_secs(5))));
+    let again = st
+        .service(&rule(1, 2, serde_json::json!({"kvWarmupSec": 5})))
+        .expect("kv on");
+    assert_eq!(again.warmup(), Duration::from_secs(5));
+    let off = st
+        .service(&rule(1, 2, serde_json::json!({"kvWarmupSec": 0})))
+        .expect("kv on");
+    assert_eq!(off.warmup_left(now), None);
+}

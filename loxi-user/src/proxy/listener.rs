@@ -700,12 +700,13 @@ impl Body for ConnBody {
     }
 }
 
-/// Which plain-HTTP client `stream` is: `None` for a TLS client (its first byte, peeked, not
+/// Which plain-HTTP client `stream` is (the fullproxy's TLS listeners and the HTTPS API ask):
+/// `None` for a TLS client (its first byte, peeked, not
 /// consumed, is not an upper-case letter). A plain-HTTP client is refused either way, so the
 /// bytes that tell the HTTP/2 preface's `PRI` from an HTTP/1 method are then read (consumed;
 /// each read waits for data, within the caller's handshake timeout, so a client that sends
 /// `P` and stops costs one waiting read, not a polling loop).
-async fn plain_http(stream: &mut TcpStream) -> Option<super::tls::PlainHttp> {
+pub async fn plain_http(stream: &mut TcpStream) -> Option<super::tls::PlainHttp> {
     use tokio::io::AsyncReadExt;
     let mut first = [0u8; 1];
     if !matches!(stream.peek(&mut first).await, Ok(1) if first[0].is_ascii_uppercase()) {

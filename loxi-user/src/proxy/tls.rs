@@ -191,8 +191,7 @@ async fn linger(mut stream: tokio::net::TcpStream) {
 /// Answers a plain-HTTP client on a TLS listener with 400 `plain_http_on_tls_port` (the
 /// fullproxy's JSON error shape, `Connection: close`) and closes; the request is drained, not
 /// read. Runs within the handshake timeout and counts as a failed handshake.
-pub async fn refuse_plain_http(mut stream: tokio::net::TcpStream) {
-    use tokio::io::AsyncWriteExt;
+pub async fn refuse_plain_http(stream: tokio::net::TcpStream) {
     let body = serde_json::json!({"error": {
         "type": "plain_http_on_tls_port",
         "message": "this port terminates TLS (security 1): use https://",
@@ -201,8 +200,20 @@ pub async fn refuse_plain_http(mut stream: tokio::net::TcpStream) {
         "retryable": false,
     }})
     .to_string();
+    answer_400_and_close(stream, "application/json", &body).await;
+}
+
+/// Answers a plain-HTTP client on a TLS port with `400 Bad Request`, `content_type` and
+/// `body`, `Connection: close`, then closes lingering (the request is drained, not read, so
+/// that the close does not reset the connection before the client reads the answer).
+pub async fn answer_400_and_close(
+    mut stream: tokio::net::TcpStream,
+    content_type: &str,
+    body: &str,
+) {
+    use tokio::io::AsyncWriteExt;
     let head = format!(
-        "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+        "HTTP/1.1 400 Bad Request\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\n\
          connection: close\r\n\r\n",
         body.len()
     );

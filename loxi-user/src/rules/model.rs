@@ -56,7 +56,7 @@ pub struct ServiceArgs {
     /// Selector 0–10 (see `loxi_common::sel`); 7 is reserved and rejected.
     #[serde(default)]
     pub sel: u8,
-    /// 0 plaintext, 1 TLS termination, 2 TLS termination + re-encryption.
+    /// 0 plaintext, 1 TLS termination, 2 TLS termination + re-encryption ([`security_name`]).
     #[serde(default)]
     pub security: u8,
     /// Host key for L7 rules; part of the rule key.
@@ -389,3 +389,18 @@ pub const ENDPOINT_FIELDS: &[&str] = &[
 
 /// Top-level JSON field names of a rule.
 pub const RULE_FIELDS: &[&str] = &["serviceArguments", "endpoints", "serviceId"];
+
+/// What a `security` value asks for, in words: `plain`, `TLS terminated here`, `TLS
+/// terminated here, re-encrypted to the endpoints`; `None` for a value loxi does not serve.
+pub fn security_name(security: u8) -> Option<&'static str> {
+    match security {
+        0 => Some("plain"),
+        1 => Some("TLS terminated here"),
+        2 => Some("TLS terminated here, re-encrypted to the endpoints"),
+        _ => None,
+    }
+}
+
+/// The `security` values loxi serves, in words (for error messages).
+pub const SECURITY_VALUES: &str = "loxi serves security 0 (plain), 1 (TLS terminated here) and 2 \
+                                   (TLS terminated here, re-encrypted to the endpoints)";

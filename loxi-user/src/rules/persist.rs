@@ -102,16 +102,16 @@ pub fn load(file: &Path) -> Vec<Result<LoadedRule, UnparsedRule>> {
         Ok(f) => f
             .rules
             .into_iter()
-            .map(|stored| match serde_json::from_value(stored.clone()) {
+            .map(|stored| match parse_entry(&stored) {
                 Ok(parsed) => Ok(LoadedRule { parsed, stored }),
-                Err(e) => Err(UnparsedRule {
+                Err(error) => Err(UnparsedRule {
                     id: stored
                         .get("id")
                         .and_then(serde_json::Value::as_u64)
                         .and_then(|id| u32::try_from(id).ok())
                         .unwrap_or(0),
                     stored,
-                    error: e.to_string(),
+                    error,
                 }),
             })
             .collect(),
@@ -125,6 +125,25 @@ pub fn load(file: &Path) -> Vec<Result<LoadedRule, UnparsedRule>> {
             Vec::new()
         }
     }
+}
+
+/// One entry of the state file (`{"id", "rule"}`) as a rule. The rule goes through the API's
+/// own field checks ([`crate::api::fields::rule_from_value`]): a key that differs from a field
+/// only in case is renamed to it, as a `POST` of it is, and a key that is no field is named
+/// (`serviceArguments.bogusField: "bogusField" is not a field`), not listed against every
+/// field serde knows.
+fn parse_entry(stored: &serde_json::Value) -> Result<PersistedRule, String> {
+    #[derive(serde::Deserialize)]
+    struct Entry {
+        id: u32,
+        rule: serde_json::Value,
+    }
+    let entry: Entry = serde_json::from_value(stored.clone()).map_err(|e| e.to_string())?;
+    let rule = crate::api::fields::rule_from_value(entry.rule).map_err(|e| match e.field {
+        Some(field) if !e.message.starts_with(&field) => format!("{field}: {}", e.message),
+        _ => e.message,
+    })?;
+    Ok(PersistedRule { id: entry.id, rule })
 }
 
 /// Seconds since the Unix epoch (0 if the clock is before it).
@@ -271,7 +290,15 @@ mod tests {
         assert_eq!(loaded[0].as_ref().map(|l| l.parsed.id), Ok(3));
         let unparsed = loaded[1].as_ref().expect_err("unknown field");
         assert_eq!((unparsed.id, &unparsed.stored), (4, &bad));
-        assert!(unparsed.error.contains("bogusField"), "{}", unparsed.error);
+        assert_eq!(
+            unparsed.error,
+            "serviceArguments.bogusField: \"bogusField\" is not a field"
+        );
+        assert!(
+            !unparsed.error.contains("expected one of"),
+            "{}",
+            unparsed.error
+        );
         assert!(file.exists(), "the file is not moved aside");
     }
 

@@ -277,7 +277,7 @@ impl KvSpec {
     /// Same contract (everything but the endpoint list and `kvWarmupSec`)? A change of
     /// contract rebuilds a service's KV state; a change of endpoints alone only moves, adds or
     /// drops endpoints (`kv::members`), and a change of `kvWarmupSec` alone is applied to the
-    /// running window (`kv::state::ServiceKv::set_warmup`): neither says anything about the
+    /// running window (`kv::state::ServiceKv`'s `apply_warmup`): neither says anything about the
     /// blocks the engines hold.
     pub fn same_contract(&self, other: &KvSpec) -> bool {
         let strip = |k: &KvSpec| KvSpec {

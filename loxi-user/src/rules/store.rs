@@ -160,17 +160,25 @@ fn keep_dropped(
 /// the rule does not parse.
 fn stored_key(stored: &serde_json::Value) -> String {
     // A stored entry is `{"id", "rule"}`; the rule's own shape is read as well.
-    let svc = &stored.get("rule").unwrap_or(stored)["serviceArguments"];
-    let part = |v: &serde_json::Value| match v {
-        serde_json::Value::String(s) => s.clone(),
+    // Keys are matched ignoring case, as the API (and restore) match them.
+    let get = |v: &'_ serde_json::Value, key: &str| {
+        v.as_object()
+            .and_then(|o| o.iter().find(|(k, _)| k.eq_ignore_ascii_case(key)))
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    };
+    let rule = stored.get("rule").unwrap_or(stored);
+    let svc = get(rule, "serviceArguments");
+    let part = |key: &str| match get(&svc, key) {
+        serde_json::Value::String(s) => s,
         serde_json::Value::Number(n) => n.to_string(),
         _ => "?".to_string(),
     };
     let text = format!(
         "{}:{}/{}",
-        part(&svc["externalIP"]),
-        part(&svc["port"]),
-        part(&svc["protocol"])
+        part("externalIP"),
+        part("port"),
+        part("protocol")
     );
     shown_text(&text)
 }
@@ -1110,13 +1118,72 @@ mod tests {
         let other = json!({"id": 6, "rule": serde_json::to_value(rule(82, 0, "")).expect("v")});
         let file = json!({"version": 1, "rules": [good, bad.clone(), other]});
         std::fs::write(dir.path().join("rules.json"), file.to_string()).expect("write");
-        let store = RuleStore::open(dir.path()).expect("open");
+        let (store, log) =
+            crate::telemetry::LogBuf::capture(|| RuleStore::open(dir.path()).expect("open"));
         let ids: Vec<u32> = store.snapshot().rules.values().map(|r| r.id).collect();
         assert_eq!(ids, vec![4, 6]);
         assert_eq!(
             dropped_files(dir.path()),
             [json!({"version": 1, "rules": [bad]})]
         );
+        // The log names the field and the rule, not serde's list of every field.
+        let line = log
+            .lines()
+            .find(|l| l.contains("dropping a restored rule"))
+            .unwrap_or_else(|| panic!("no drop log in {log}"));
+        assert!(
+            line.contains(
+                "that does not parse as a rule (serviceArguments.bogusField: \"bogusField\" \
+                 is not a field)"
+            ),
+            "{line}"
+        );
+        assert!(line.contains("10.0.0.1:81/tcp"), "{line}");
+        assert!(!line.contains("expected one of"), "{line}");
+    }
+
+    /// A stored rule whose keys differ from loxi's spelling only in case (a hand edit, as the
+    /// API takes them: Go's key matching) is restored as the API would have stored it, not
+    /// dropped; the drop log of another rule names its key in any case of its fields.
+    #[test]
+    fn a_restored_rule_with_keys_in_another_case_is_restored() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let mut r = serde_json::to_value(rule(80, 0, "")).expect("v");
+        let svc = r["serviceArguments"].as_object_mut().expect("object");
+        let ip = svc.remove("externalIP").expect("externalIP");
+        svc.insert("ExternalIP".into(), ip);
+        for (canonical, variant, value) in [
+            ("kvBlockSize", "KVBLOCKSIZE", json!(32)),
+            ("kvExactMode", "kvexactmode", json!(3)),
+        ] {
+            svc.remove(canonical);
+            svc.insert(variant.into(), value);
+        }
+        let ep = r["endpoints"][0].as_object_mut().expect("endpoint");
+        let port = ep.remove("targetPort").expect("targetPort");
+        ep.insert("TargetPort".into(), port);
+        let file = json!({"version": 1, "rules": [{"id": 9, "rule": r.clone()}]});
+        std::fs::write(dir.path().join("rules.json"), file.to_string()).expect("write");
+        let store = RuleStore::open(dir.path()).expect("open");
+        let snap = store.snapshot();
+        let kept: Vec<(u32, String, u16, u32, u8, u16)> = snap
+            .rules
+            .values()
+            .map(|s| {
+                let v = &s.rule.service;
+                (
+                    s.id,
+                    v.external_ip.clone(),
+                    v.port,
+                    v.kv_block_size,
+                    v.kv_exact_mode,
+                    s.rule.endpoints[0].target_port,
+                )
+            })
+            .collect();
+        assert_eq!(kept, vec![(9, "10.0.0.1".to_owned(), 80, 32, 3, 8000)]);
+        assert!(dropped_files(dir.path()).is_empty());
+        assert_eq!(stored_key(&json!({"rule": r})), "10.0.0.1:80/tcp");
     }
 
     /// A copied entry of the file that keeps another rule's serviceId, or its id, under

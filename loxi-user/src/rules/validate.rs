@@ -323,7 +323,16 @@ fn validate_service(s: &mut ServiceArgs) -> Result<(), RuleError> {
             "6 (N3) is accepted only for udp services",
         ));
     }
-    range("security", s.security, 0, 2)?;
+    if super::model::security_name(s.security).is_none() {
+        return Err(invalid(
+            "serviceArguments.security",
+            format!(
+                "{} is not a security value; {}",
+                s.security,
+                super::model::SECURITY_VALUES
+            ),
+        ));
+    }
     one_of(
         "backend_protocol",
         &s.backend_protocol,
@@ -1324,6 +1333,22 @@ mod tests {
         assert_eq!(f, "serviceArguments.probetype");
         validate(rule(json!({"security": 2, "probetype": "tcp"}))).expect("tcp probes TLS ports");
         validate(rule(json!({"security": 0, "probetype": "http"}))).expect("cleartext backends");
+    }
+
+    /// A `security` loxi does not serve is quoted as posted, with the values it serves.
+    #[test]
+    fn an_unknown_security_names_the_values_loxi_serves() {
+        match validate(rule(json!({"security": 3}))).expect_err("3") {
+            RuleError::Invalid { field, message } => {
+                assert_eq!(field, "serviceArguments.security");
+                assert_eq!(
+                    message,
+                    "3 is not a security value; loxi serves security 0 (plain), 1 (TLS \
+                     terminated here) and 2 (TLS terminated here, re-encrypted to the endpoints)"
+                );
+            }
+            other => panic!("not Invalid: {other:?}"),
+        }
     }
 
     #[test]

@@ -205,8 +205,16 @@ impl LogBuf {
     pub(crate) fn capture<T>(f: impl FnOnce() -> T) -> (T, String) {
         use tracing_subscriber::layer::SubscriberExt as _;
         let buf = Self::default();
-        let out =
-            tracing::subscriber::with_default(tracing_subscriber::registry().with(buf.layer()), f);
+        let out = tracing::subscriber::with_default(
+            tracing_subscriber::registry().with(buf.layer()),
+            || {
+                // Callsite interest is global: one first hit on another test's thread while
+                // this subscriber was being registered can be cached as "never"; recomputed
+                // now that it is, so every event of `f` reaches the buffer.
+                tracing::callsite::rebuild_interest_cache();
+                f()
+            },
+        );
         (out, buf.text())
     }
 }
