@@ -848,6 +848,9 @@ fn run_topology(peers: Peers) -> anyhow::Result<()> {
     if peers == Peers::Xdp {
         check_endpoint_removal(&mut t)?;
     }
+    if peers == Peers::Tc {
+        check_partial_checksums(&mut t)?;
+    }
     if peers != Peers::Plain {
         check_recreated_iface(&mut t, peers)?;
     }
@@ -877,6 +880,149 @@ fn run_topology(peers: Peers) -> anyhow::Result<()> {
     check_paths(peers, &lb_log)?;
     if peers == Peers::Xdp {
         check_conntrack_api(&mut t)?;
+    }
+    Ok(())
+}
+
+/// One's-complement sum of `data` as big-endian 16-bit words, added to `acc`.
+fn sum_be(data: &[u8], mut acc: u32) -> u32 {
+    for w in data.chunks(2) {
+        acc += u32::from(u16::from_be_bytes([w[0], *w.get(1).unwrap_or(&0)]));
+    }
+    acc
+}
+
+/// `acc` folded to 16 bits (end-around carry).
+fn fold(mut acc: u32) -> u16 {
+    while acc > 0xffff {
+        acc = (acc & 0xffff) + (acc >> 16);
+    }
+    acc as u16
+}
+
+/// What an IPv4 TCP/UDP packet's checksum field holds: `Some(true)` a complete, valid
+/// checksum; `Some(false)` a valid partial one (the field holds the folded sum of the
+/// pseudo-header of the packet's own addresses, which the device or the kernel completes over
+/// the segment); `None` neither (wrong).
+fn l4_checksum_state(ip: &[u8]) -> Option<bool> {
+    let ihl = usize::from(ip[0] & 0x0f) * 4;
+    let total = usize::from(u16::from_be_bytes([ip[2], ip[3]])).min(ip.len());
+    let (proto, l4) = (ip[9], &ip[ihl..total]);
+    let at = if proto == 6 { 16 } else { 6 };
+    let mut pseudo = sum_be(&ip[12..20], 0);
+    pseudo += u32::from(proto) + l4.len() as u32;
+    if fold(sum_be(l4, pseudo)) == 0xffff {
+        return Some(true);
+    }
+    (u16::from_be_bytes([l4[at], l4[at + 1]]) == fold(pseudo)).then_some(false)
+}
+
+/// IPv4 TCP/UDP packets namespace `ns` sees for `secs` seconds (an `AF_PACKET` socket, any
+/// interface, both directions) whose (address, port) is `src` or `dst` as given.
+fn capture(
+    ns: &str,
+    src: Option<(std::net::Ipv4Addr, u16)>,
+    dst: Option<(std::net::Ipv4Addr, u16)>,
+    secs: u64,
+) -> thread::JoinHandle<anyhow::Result<Vec<Vec<u8>>>> {
+    let ns = ns.to_string();
+    thread::spawn(move || {
+        in_ns(&ns, move || {
+            // SAFETY: plain socket(2); the fd is closed below.
+            let fd = unsafe {
+                libc::socket(
+                    libc::AF_PACKET,
+                    libc::SOCK_DGRAM,
+                    i32::from((libc::ETH_P_IP as u16).to_be()),
+                )
+            };
+            ensure!(
+                fd >= 0,
+                "AF_PACKET socket: {}",
+                std::io::Error::last_os_error()
+            );
+            let tv = libc::timeval {
+                tv_sec: 0,
+                tv_usec: 100_000,
+            };
+            // SAFETY: a valid fd and a timeval of the declared size.
+            unsafe {
+                libc::setsockopt(
+                    fd,
+                    libc::SOL_SOCKET,
+                    libc::SO_RCVTIMEO,
+                    (&raw const tv).cast(),
+                    std::mem::size_of::<libc::timeval>() as u32,
+                )
+            };
+            let mut out = Vec::new();
+            let mut buf = vec![0u8; 65536];
+            let t0 = Instant::now();
+            while t0.elapsed() < Duration::from_secs(secs) {
+                // SAFETY: recv into a buffer of the given length.
+                let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0) };
+                if n < 28 {
+                    continue;
+                }
+                let p = &buf[..n as usize];
+                let ihl = usize::from(p[0] & 0x0f) * 4;
+                if p[0] >> 4 != 4 || !(p[9] == 6 || p[9] == 17) || p.len() < ihl + 20 {
+                    continue;
+                }
+                let a = |o: usize| std::net::Ipv4Addr::new(p[o], p[o + 1], p[o + 2], p[o + 3]);
+                let port = |o: usize| u16::from_be_bytes([p[ihl + o], p[ihl + o + 1]]);
+                let ok_src = src.is_none_or(|s| s == (a(12), port(0)));
+                let ok_dst = dst.is_none_or(|d| d == (a(16), port(2)));
+                if ok_src && ok_dst {
+                    out.push(p.to_vec());
+                }
+            }
+            // SAFETY: the fd opened above.
+            unsafe { libc::close(fd) };
+            Ok(out)
+        })
+    })
+}
+
+/// Partial checksums through the TC data path. The client's and the backends' veths leave
+/// TCP and UDP checksums partial, and the LB's redirects go into the peers
+/// (`bpf_redirect_peer`), so no device completes them and the receiving sockets trust them
+/// unverified: the check is on the packets as they arrive. In mode 0 (DNAT), every packet the
+/// backend gets to its address and port, and every reply the client gets from the VIP, must
+/// carry a complete valid checksum or a partial one seeded with the pseudo-header of its
+/// rewritten addresses (a seed left at the VIP's pseudo-header would become a wrong checksum on
+/// a real NIC); at least one of each direction must be partial, so the case is exercised.
+fn check_partial_checksums(t: &mut Topo) -> anyhow::Result<()> {
+    t.write_rules(&[rule("tcp", 0, &[1]), rule("udp", 0, &[1])])?;
+    thread::sleep(Duration::from_millis(300));
+    let ep: std::net::Ipv4Addr = "10.100.1.2".parse()?;
+    let vip: std::net::Ipv4Addr = VIP.parse()?;
+    let to_ep = capture(&t.b[0], None, Some((ep, 8080)), 3);
+    let from_vip = capture(&t.c, Some((vip, PORT)), None, 3);
+    thread::sleep(Duration::from_millis(300));
+    let (tcp, tcp_failed) = names(&t.c, 4, tcp_once)?;
+    let (udp, udp_failed) = names(&t.c, 4, udp_once)?;
+    ensure!(
+        tcp_failed.is_empty() && udp_failed.is_empty() && tcp.len() == 4 && udp.len() == 4,
+        "partial-checksum round: tcp {tcp:?} {tcp_failed:?}, udp {udp:?} {udp_failed:?}"
+    );
+    for (what, h) in [("to the endpoint", to_ep), ("from the VIP", from_vip)] {
+        let pkts = h
+            .join()
+            .map_err(|_| anyhow::anyhow!("capture thread panicked"))??;
+        let states: Vec<Option<bool>> = pkts.iter().map(|p| l4_checksum_state(p)).collect();
+        let bad = states.iter().filter(|s| s.is_none()).count();
+        let partial = states.iter().filter(|s| **s == Some(false)).count();
+        println!(
+            "netns-test: Tc peers: {} packets {what}: {partial} with a partial checksum, {} complete, {bad} wrong",
+            pkts.len(),
+            pkts.len() - partial - bad
+        );
+        ensure!(
+            bad == 0 && partial > 0 && pkts.len() >= 8,
+            "{what}: {bad} of {} packets with a wrong checksum (partial {partial})",
+            pkts.len()
+        );
     }
     Ok(())
 }
