@@ -50,7 +50,8 @@ pub const MAP_COUNTERS: &str = "LOXI_COUNTERS";
 pub const MAP_EGRESS_XDP: &str = "LOXI_EGRESS_XDP";
 /// Egress veths whose peer is in another network namespace: ifindex (`u32`) → 1 (`u8`), a
 /// hash written by the loader from its link dump at every stats tick. The TC data path
-/// (`--tc-iface`) sends a rewritten socket buffer for such an egress with `bpf_redirect_peer`:
+/// (`--tc-iface`) and the hand-off program send a rewritten socket buffer for such an egress
+/// with `bpf_redirect_peer`:
 /// straight into the peer's ingress in its namespace, without the egress veth's transmit and
 /// the CPU's backlog queue (what Cilium does for pods). The LB namespace's egress hooks on that
 /// veth (its qdisc, TC egress, netfilter) are not run for those frames.
@@ -168,8 +169,9 @@ pub mod ctr {
     pub const CT_REPLY_DEFERRED: u32 = 18;
     /// Reply entries inserted at a deferred flow's first reply.
     pub const CT_REPLY_ADDED: u32 = 19;
-    /// Socket buffers the TC data path sent into a veth peer's namespace with
-    /// `bpf_redirect_peer` (also counted in [`REDIRECT`] or [`TX`]).
+    /// Socket buffers a TC program sent into a veth peer's namespace with `bpf_redirect_peer`
+    /// (also counted in [`REDIRECT`] or [`TX`] by the TC data path, in [`TC_REDIRECT`] by the
+    /// hand-off program).
     pub const REDIRECT_PEER: u32 = 20;
     /// Number of global counters; endpoint counters start here.
     pub const GLOBALS: u32 = 24;

@@ -6,8 +6,14 @@
 //! MACs are exactly those of the next hop the XDP program sent it to, so the XDP program wrote
 //! them. That next hop is the conntrack entry's cached one for a DSR frame (its tuple is the
 //! flow's, the destination still the VIP), else the FIB lookup for the frame's (rewritten)
-//! destination; the frame goes to its egress. Anything else continues up the stack untouched.
-use aya_ebpf::{bindings::TC_ACT_OK, helpers::generated::bpf_redirect, programs::TcContext};
+//! destination; the frame goes to its egress (into the peer's ingress with `bpf_redirect_peer`
+//! for a veth whose peer is in another namespace). Anything else continues up the stack
+//! untouched.
+use aya_ebpf::{
+    bindings::TC_ACT_OK,
+    helpers::generated::{bpf_redirect, bpf_redirect_peer},
+    programs::TcContext,
+};
 use loxi_common::{
     maps::{
         ctr,
@@ -18,7 +24,7 @@ use loxi_common::{
 
 use crate::{
     fwd::{lookup, meta_ok},
-    maps::{CT, count},
+    maps::{CT, EGRESS_PEER, count},
     parse::{parse, ptr_at},
 };
 
@@ -98,10 +104,18 @@ fn macs_are(eth: &[u8; 12], smac: &[u8; 6], dmac: &[u8; 6]) -> bool {
     true
 }
 
-/// Redirects the socket buffer to `ifindex` (counted).
+/// Redirects the socket buffer to `ifindex` (counted): into the peer's ingress
+/// (`bpf_redirect_peer`) when it is a veth whose peer is in another namespace ([`EGRESS_PEER`]),
+/// else out its egress.
 #[inline(always)]
 fn redirect(ifindex: u32) -> i32 {
     count(ctr::TC_REDIRECT, 1);
+    // SAFETY: read-only lookup of a plain u8.
+    if unsafe { EGRESS_PEER.get(&ifindex) }.is_some() {
+        count(ctr::REDIRECT_PEER, 1);
+        // SAFETY: helper call; the loader lists only veths whose peer is in another namespace.
+        return unsafe { bpf_redirect_peer(ifindex, 0) as i32 };
+    }
     // SAFETY: helper call; the kernel validates the ifindex.
     unsafe { bpf_redirect(ifindex, 0) as i32 }
 }

@@ -1058,10 +1058,20 @@ fn check_paths(peers: Peers, log: &str) -> anyhow::Result<()> {
             redirect > 0 && egress_tc == 0,
             "XDP peers: want XDP redirects only (redirect {redirect}, egress_tc {egress_tc})"
         ),
-        Peers::Plain => ensure!(
-            redirect + tx == 0 && egress_tc > 0 && tc_redirect == egress_tc,
-            "plain peers: want the TC hand-off only (redirect {redirect}, tx {tx}, egress_tc {egress_tc}, tc_redirect {tc_redirect})"
-        ),
+        // Every LB veth's peer is in another namespace: once the loader's first stats tick
+        // listed them, the hand-off's redirects go into the peers with `bpf_redirect_peer`.
+        Peers::Plain => {
+            let peer = event("redirect_peer");
+            println!("netns-test: Plain peers: of the TC redirects, {peer} with bpf_redirect_peer");
+            ensure!(
+                redirect + tx == 0
+                    && egress_tc > 0
+                    && tc_redirect == egress_tc
+                    && peer > 0
+                    && peer <= tc_redirect,
+                "plain peers: want the TC hand-off only, into the peers (redirect {redirect}, tx {tx}, egress_tc {egress_tc}, tc_redirect {tc_redirect}, redirect_peer {peer})"
+            )
+        }
         // The TC data path redirects socket buffers itself (counted as `redirect`), no hand-off;
         // every LB veth's peer is in another namespace, so once the loader's first stats tick
         // listed them the redirects go into the peers with `bpf_redirect_peer`.
