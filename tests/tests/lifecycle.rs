@@ -448,6 +448,22 @@ fn one_interface_on_both_hooks_is_a_usage_error() {
     );
     let (code, err) = failed_start(
         dir.path(),
+        &[
+            "--state-dir",
+            &state,
+            "--tc-iface",
+            "eth9",
+            "--tc-iface",
+            "eth9",
+        ],
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.starts_with("error: interface eth9 is named twice in --tc-iface; name it once"),
+        "{err}"
+    );
+    let (code, err) = failed_start(
+        dir.path(),
         &["--state-dir", &state, "--tc-iface", "eth9", "--xdp-generic"],
     );
     assert_eq!(code, Some(2), "{err}");

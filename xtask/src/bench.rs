@@ -278,15 +278,35 @@ fn cpu_ns() -> u128 {
     tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
+/// Sets socket timeout `opt` (`SO_SNDTIMEO`, `SO_RCVTIMEO`) of `fd` to `d`.
+#[allow(unsafe_code, reason = "setsockopt(2) through libc")]
+pub(crate) fn sock_timeout(fd: i32, opt: i32, d: Duration) {
+    let tv = libc::timeval {
+        tv_sec: d.as_secs() as libc::time_t,
+        tv_usec: libc::suseconds_t::from(d.subsec_micros()),
+    };
+    // SAFETY: valid fd and option value of the declared size.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            opt,
+            (&tv as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
+}
+
 /// One's-complement sum of big-endian 16-bit words.
-fn csum_add(mut acc: u32, b: &[u8]) -> u32 {
+pub(crate) fn csum_add(mut acc: u32, b: &[u8]) -> u32 {
     for w in b.chunks(2) {
         acc += u32::from(u16::from_be_bytes([w[0], *w.get(1).unwrap_or(&0)]));
     }
     acc
 }
 
-fn csum_fold(mut acc: u32) -> u16 {
+/// `acc` folded to 16 bits and complemented: the checksum field value.
+pub(crate) fn csum_fold(mut acc: u32) -> u16 {
     while acc >> 16 != 0 {
         acc = (acc & 0xffff) + (acc >> 16);
     }
@@ -354,20 +374,7 @@ pub fn flood(a: FloodArgs) -> anyhow::Result<()> {
         sin_zero: [0; 8],
     };
     // A send blocked for 2 s (socket buffer never drained) fails the flood instead of hanging.
-    let tv = libc::timeval {
-        tv_sec: 2,
-        tv_usec: 0,
-    };
-    // SAFETY: valid fd and option value of the declared size.
-    unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_SNDTIMEO,
-            (&tv as *const libc::timeval).cast(),
-            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-        )
-    };
+    sock_timeout(fd, libc::SO_SNDTIMEO, Duration::from_secs(2));
     let mut p = [0u8; DGRAM_LEN];
     datagram(&mut p, a.src, a.dst);
     let t0 = Instant::now();

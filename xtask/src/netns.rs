@@ -39,6 +39,8 @@ use std::{
 
 use anyhow::{Context as _, bail, ensure};
 
+use crate::bench::{csum_add, csum_fold, sock_timeout};
+
 /// The load balancer's data-path flags in the LB namespace: XDP on its three veths, VIPs on
 /// `lo` (shared by the loader-only run and the `loxilb` daemon run).
 const LB_IFACE_ARGS: [&str; 8] = [
@@ -884,22 +886,6 @@ fn run_topology(peers: Peers) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One's-complement sum of `data` as big-endian 16-bit words, added to `acc`.
-fn sum_be(data: &[u8], mut acc: u32) -> u32 {
-    for w in data.chunks(2) {
-        acc += u32::from(u16::from_be_bytes([w[0], *w.get(1).unwrap_or(&0)]));
-    }
-    acc
-}
-
-/// `acc` folded to 16 bits (end-around carry).
-fn fold(mut acc: u32) -> u16 {
-    while acc > 0xffff {
-        acc = (acc & 0xffff) + (acc >> 16);
-    }
-    acc as u16
-}
-
 /// What an IPv4 TCP/UDP packet's checksum field holds: `Some(true)` a complete, valid
 /// checksum; `Some(false)` a valid partial one (the field holds the folded sum of the
 /// pseudo-header of the packet's own addresses, which the device or the kernel completes over
@@ -909,12 +895,12 @@ fn l4_checksum_state(ip: &[u8]) -> Option<bool> {
     let total = usize::from(u16::from_be_bytes([ip[2], ip[3]])).min(ip.len());
     let (proto, l4) = (ip[9], &ip[ihl..total]);
     let at = if proto == 6 { 16 } else { 6 };
-    let mut pseudo = sum_be(&ip[12..20], 0);
+    let mut pseudo = csum_add(0, &ip[12..20]);
     pseudo += u32::from(proto) + l4.len() as u32;
-    if fold(sum_be(l4, pseudo)) == 0xffff {
+    if csum_fold(csum_add(pseudo, l4)) == 0 {
         return Some(true);
     }
-    (u16::from_be_bytes([l4[at], l4[at + 1]]) == fold(pseudo)).then_some(false)
+    (u16::from_be_bytes([l4[at], l4[at + 1]]) == !csum_fold(pseudo)).then_some(false)
 }
 
 /// IPv4 TCP/UDP packets namespace `ns` sees for `secs` seconds (an `AF_PACKET` socket, any
@@ -941,20 +927,7 @@ fn capture(
                 "AF_PACKET socket: {}",
                 std::io::Error::last_os_error()
             );
-            let tv = libc::timeval {
-                tv_sec: 0,
-                tv_usec: 100_000,
-            };
-            // SAFETY: a valid fd and a timeval of the declared size.
-            unsafe {
-                libc::setsockopt(
-                    fd,
-                    libc::SOL_SOCKET,
-                    libc::SO_RCVTIMEO,
-                    (&raw const tv).cast(),
-                    std::mem::size_of::<libc::timeval>() as u32,
-                )
-            };
+            sock_timeout(fd, libc::SO_RCVTIMEO, Duration::from_millis(100));
             let mut out = Vec::new();
             let mut buf = vec![0u8; 65536];
             let t0 = Instant::now();

@@ -48,7 +48,23 @@ impl L4Args {
 
     /// The usage error for an interface named in both `--xdp-iface` and `--tc-iface` (its
     /// frames would run the data path twice: XDP first, then TC on the rewritten frame).
+    /// An interface named twice in one of the lists is one too (the second attach would fail
+    /// with the kernel's "File exists").
     pub fn check(&self) -> Result<(), String> {
+        for (flag, list) in [
+            ("--xdp-iface", &self.xdp_iface),
+            ("--tc-iface", &self.tc_iface),
+        ] {
+            if let Some((_, i)) = list
+                .iter()
+                .enumerate()
+                .find(|(n, i)| list[..*n].contains(i))
+            {
+                return Err(format!(
+                    "interface {i} is named twice in {flag}; name it once"
+                ));
+            }
+        }
         match self.tc_iface.iter().find(|i| self.xdp_iface.contains(i)) {
             Some(i) => Err(format!(
                 "interface {i} is named in both --xdp-iface and --tc-iface; \

@@ -102,13 +102,6 @@ impl Datapath {
             return Err(L4Error::NoObject);
         }
         let meta_ok = xdp_metadata_allowed();
-        if !meta_ok {
-            tracing::warn!(
-                "this kernel refuses bpf_xdp_adjust_meta to XDP programs: frames for egresses \
-                 without XDP receive are handed to the TC program without metadata and \
-                 recognised by their next-hop MACs (a FIB lookup per such frame in TC)"
-            );
-        }
         let mut ebpf = EbpfLoader::new()
             .override_global(GLOBAL_META_OK, &u8::from(meta_ok), true)
             .load(bytes)
@@ -146,7 +139,16 @@ impl Datapath {
     }
 
     /// Attaches to `iface`: native first, generic if the driver refuses (or if `force_generic`).
+    /// The first XDP attachment on a kernel that refuses XDP metadata says how the hand-off
+    /// works instead (a daemon with only `--tc-iface` has none, and no warning).
     pub fn attach(&mut self, iface: &str, force_generic: bool) -> Result<AttachMode, L4Error> {
+        if !self.meta_ok && self.links.is_empty() {
+            tracing::warn!(
+                "this kernel refuses bpf_xdp_adjust_meta to XDP programs: frames for egresses \
+                 without XDP receive are handed to the TC program without metadata and \
+                 recognised by their next-hop MACs (a FIB lookup per such frame in TC)"
+            );
+        }
         let prog = xdp(&mut self.ebpf)?;
         let first = if force_generic {
             XdpMode::Skb
@@ -179,7 +181,21 @@ impl Datapath {
     /// Attaches the whole data path to `iface`'s TC ingress ([`TC_FULL_PROG_NAME`], TCX on
     /// Linux ≥ 6.6, else a `clsact` filter); `ifindex` is the interface's index now, kept to
     /// notice a recreated interface ([`Self::tc_attached`]).
+    ///
+    /// Errors: [`L4Error::TcTaken`] when the interface already carries a `loxi_tc_full` program
+    /// this loader did not attach (another loxilb on it: TCX would run both, and only the first
+    /// one's rules would serve).
     pub fn attach_tc(&mut self, iface: &str, ifindex: u32) -> Result<AttachMode, L4Error> {
+        if let Ok((_, progs)) = SchedClassifier::query_tcx(iface, TcAttachType::Ingress)
+            && let Some(other) = progs
+                .iter()
+                .find(|p| p.id() != self.full_prog_id && p.name_as_str() == Some(TC_FULL_PROG_NAME))
+        {
+            return Err(L4Error::TcTaken {
+                iface: iface.to_string(),
+                prog_id: other.id(),
+            });
+        }
         let id = match tc_full(&mut self.ebpf)?.attach(iface, TcAttachType::Ingress) {
             Ok(id) => id,
             Err(aya::programs::ProgramError::UnknownInterface { name }) => {

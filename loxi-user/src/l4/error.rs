@@ -39,6 +39,19 @@ pub enum L4Error {
     /// An interface named by `--xdp-iface` or `--tc-iface` does not exist.
     #[error("interface {0:?} does not exist (--xdp-iface / --tc-iface)")]
     NoInterface(String),
+    /// `--tc-iface` names an interface that already carries loxi's TC data path from another
+    /// process (another loxilb).
+    #[error(
+        "interface {iface:?} already carries loxi's TC data path (program id {prog_id}): another \
+         loxilb serves it; stop that one first (two would both run, and the first one's rules \
+         would win)"
+    )]
+    TcTaken {
+        /// The interface.
+        iface: String,
+        /// The kernel's id of the program already attached.
+        prog_id: u32,
+    },
     /// VIP management over netlink failed.
     #[error(transparent)]
     Netlink(#[from] crate::netlink::NetlinkError),

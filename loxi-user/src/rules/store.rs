@@ -148,7 +148,8 @@ fn keep_dropped(
             error = %why,
             kept = %kept.display(),
             "dropping a restored rule {why}; it is kept as stored in {} (rules.json no longer \
-             holds it after the next change)",
+             holds it once it is next written: at this start when restore changed another rule, \
+             else at the next change)",
             kept.display()
         );
     }

@@ -21,13 +21,15 @@ pub fn check(rule: &LbRule) -> Result<(), RuleError> {
     let svc = |f: &str| format!("serviceArguments.{f}");
     let fullproxy = s.mode == loxi_common::mode::FULLPROXY;
     if s.security != 0 && !fullproxy {
-        return Err(not_implemented(
-            &svc("security"),
-            format!(
-                "{} asks for TLS, which only the fullproxy (mode 4) terminates; mode is {}",
+        return Err(RuleError::Invalid {
+            field: svc("security"),
+            message: format!(
+                "{} asks for TLS, which only the fullproxy (mode 4) terminates; this rule's mode \
+                 {} is an L4 mode, which forwards packets and cannot terminate TLS (use mode 4, \
+                 or security 0 to forward the TLS stream untouched)",
                 s.security, s.mode
             ),
-        ));
+        });
     }
     if fullproxy && s.protocol != "tcp" {
         return Err(not_implemented(
@@ -207,6 +209,30 @@ mod tests {
         ];
         for (service, want) in cases {
             assert_eq!(field_of(service.clone(), json!({})), want, "{service}");
+        }
+    }
+
+    /// TLS on an L4 mode is refused saying why (L4 forwards packets) and what to do, quoting
+    /// the posted `security` and `mode`, without "not implemented" (a fresh-user trial read that
+    /// as mode 0 itself being unimplemented).
+    #[test]
+    fn tls_on_an_l4_mode_is_refused_saying_why_and_what_to_do() {
+        let rule: LbRule = serde_json::from_value(json!({
+            "serviceArguments": {"externalIP": "10.0.0.1", "port": 80, "mode": 0, "security": 2},
+            "endpoints": [{"endpointIP": "10.0.1.2", "targetPort": 8000}]
+        }))
+        .expect("rule parses");
+        match check(&rule) {
+            Err(RuleError::Invalid { field, message }) => {
+                assert_eq!(field, "serviceArguments.security");
+                assert_eq!(
+                    message,
+                    "2 asks for TLS, which only the fullproxy (mode 4) terminates; this rule's \
+                     mode 0 is an L4 mode, which forwards packets and cannot terminate TLS (use \
+                     mode 4, or security 0 to forward the TLS stream untouched)"
+                );
+            }
+            other => panic!("expected a refusal: {other:?}"),
         }
     }
 

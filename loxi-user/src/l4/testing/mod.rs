@@ -73,6 +73,23 @@ pub fn ifindex(dev: &str) -> u32 {
         .unwrap_or_else(|| panic!("no ifindex for {dev} in {text:?}"))
 }
 
+/// A veth `lbv0` (MAC 02:00:00:00:01:01, 10.0.1.1/24) holding the route to the endpoint
+/// 10.0.1.2, whose MAC is a permanent neighbour entry (02:00:00:00:01:02), forwarding on. Its
+/// peer `lbv1` is in this namespace (up, no XDP), or moved to the named namespace `peer_ns`
+/// (created here; the caller deletes it). Returns lbv0's ifindex.
+pub fn route_via_veth(peer_ns: Option<&str>) -> u32 {
+    let peer = match peer_ns {
+        Some(ns) => format!("ip netns add {ns} && ip link add lbv0 address 02:00:00:00:01:01 type veth peer name lbv1 netns {ns}"),
+        None => "ip link add lbv0 address 02:00:00:00:01:01 type veth peer name lbv1 && ip link set lbv1 up".to_string(),
+    };
+    sh(&format!(
+        "{peer} && ip addr add 10.0.1.1/24 dev lbv0 && ip link set lo up && ip link set lbv0 up \
+        && ip neigh replace 10.0.1.2 lladdr 02:00:00:00:01:02 dev lbv0 nud permanent \
+        && sysctl -qw net.ipv4.conf.all.forwarding=1"
+    ));
+    ifindex("lbv0")
+}
+
 /// A loaded data path with a rule store feeding it.
 pub struct Lb {
     pub dp: Datapath,

@@ -46,11 +46,18 @@ fn dnat_udp_both_directions_keep_valid_checksums() {
 
 #[test]
 fn fullnat_rewrites_source_and_maps_replies_back() {
+    fullnat_round_trips(Lb::run, XDP_PASS);
+}
+
+/// In modes 1, 2 and 5 a client's TCP segment leaves from the LB's address and a NAT port, and
+/// the endpoint's reply is mapped back to the VIP, with exact bytes, through `run` (one of the
+/// hooks: [`Lb::run`], [`Lb::run_tc`]), whose verdict for a frame without a route is `pass`.
+pub(super) fn fullnat_round_trips(run: fn(&mut Lb, &Frame) -> (u32, Vec<u8>), pass: u32) {
     for mode in [1u8, 2, 5] {
         let mut lb = Lb::new(&[&rule(VIP, 80, "tcp", mode, 0, &[(EP0, 1)])]);
         let f = Frame::tcp(CLIENT, 40000, VIP, 80);
-        let (act, out) = lb.run(&f);
-        assert_eq!(act, XDP_PASS, "mode {mode}");
+        let (act, out) = run(&mut lb, &f);
+        assert_eq!(act, pass, "mode {mode}");
         let nport = sport_v4(&out);
         assert!(
             (32768..60768).contains(&nport),
@@ -60,7 +67,7 @@ fn fullnat_rewrites_source_and_maps_replies_back() {
         let mut reply = Frame::tcp(EP0, 8080, LB_V4, nport);
         reply.tcp_flags = SYN | ACK;
         assert_eq!(
-            lb.run(&reply).1,
+            run(&mut lb, &reply).1,
             reply.with(VIP, 80, CLIENT, 40000).bytes(),
             "mode {mode}"
         );
@@ -80,17 +87,12 @@ fn fullnat_gives_clashing_client_ports_distinct_nat_ports() {
 /// untouched).
 fn dsr_towards_veth() -> (Lb, u32, Frame, Frame) {
     let lb = Lb::new(&[&rule(VIP, 80, "tcp", 3, 0, &[(EP0, 1)])]);
-    sh(
-        "ip link add lbv0 address 02:00:00:00:01:01 type veth peer name lbv1 \
-        && ip addr add 10.0.1.1/24 dev lbv0 && ip link set lo up && ip link set lbv0 up \
-        && ip link set lbv1 up && ip neigh replace 10.0.1.2 lladdr 02:00:00:00:01:02 dev lbv0 nud permanent \
-        && sysctl -qw net.ipv4.conf.all.forwarding=1",
-    );
+    let lbv0 = route_via_veth(None);
     let f = Frame::tcp(CLIENT, 40000, VIP, 80);
     let mut want = f.clone();
     want.dmac = [0x02, 0, 0, 0, 0x01, 0x02];
     want.smac = [0x02, 0, 0, 0, 0x01, 0x01];
-    (lb, ifindex("lbv0"), f, want)
+    (lb, lbv0, f, want)
 }
 
 #[test]
@@ -141,13 +143,7 @@ fn a_cached_egress_that_left_the_device_map_is_still_redirected() {
 #[test]
 fn new_flows_share_the_endpoints_next_hop_until_it_ages_out() {
     let mut lb = Lb::new(&[&rule(VIP, 80, "tcp", 0, 0, &[(EP0, 1)])]);
-    sh(
-        "ip link add lbv0 address 02:00:00:00:01:01 type veth peer name lbv1 \
-        && ip addr add 10.0.1.1/24 dev lbv0 && ip link set lo up && ip link set lbv0 up \
-        && ip link set lbv1 up && ip neigh replace 10.0.1.2 lladdr 02:00:00:00:01:02 dev lbv0 nud permanent \
-        && sysctl -qw net.ipv4.conf.all.forwarding=1",
-    );
-    let lbv0 = ifindex("lbv0");
+    let lbv0 = route_via_veth(None);
     lb.dp
         .set_xdp_egress(&std::collections::BTreeSet::from([lbv0]))
         .unwrap();

@@ -63,21 +63,7 @@ fn tc_dnat_rewrites_both_directions_with_exact_bytes_v4_and_v6_tcp_and_udp() {
 
 #[test]
 fn tc_fullnat_rewrites_source_and_maps_replies_back() {
-    for mode in [1u8, 2, 5] {
-        let mut lb = Lb::new(&[&rule(VIP, 80, "tcp", mode, 0, &[(EP0, 1)])]);
-        let f = Frame::tcp(CLIENT, 40000, VIP, 80);
-        let (act, out) = lb.run_tc(&f);
-        assert_eq!(act, TC_ACT_OK, "mode {mode}");
-        let nport = sport_v4(&out);
-        assert_eq!(out, f.with(LB_V4, nport, EP0, 8080).bytes(), "mode {mode}");
-        let mut reply = Frame::tcp(EP0, 8080, LB_V4, nport);
-        reply.tcp_flags = SYN | ACK;
-        assert_eq!(
-            lb.run_tc(&reply).1,
-            reply.with(VIP, 80, CLIENT, 40000).bytes(),
-            "mode {mode}"
-        );
-    }
+    super::tables::fullnat_round_trips(Lb::run_tc, TC_ACT_OK);
 }
 
 /// Both hooks share every map: a flow the XDP program opened (on an `--xdp-iface`) is
@@ -103,6 +89,30 @@ fn tc_and_xdp_share_conntrack() {
     assert_eq!(lb.ctr(ctr::NEW_FLOW), 2);
 }
 
+/// A second loader (another loxilb) cannot put its TC data path on an interface that already
+/// carries one: TCX would run both and only the first one's rules would serve. Its error names
+/// the interface and the program already there; the first one's detach frees the interface.
+#[test]
+fn a_second_loader_is_refused_an_interface_that_carries_the_tc_data_path() {
+    let mut lb = Lb::new(&[]);
+    let lbv0 = route_via_veth(None);
+    lb.dp.attach_tc("lbv0", lbv0).expect("first attach");
+    let mut other = crate::l4::Datapath::load().expect("second load");
+    let e = other.attach_tc("lbv0", lbv0).expect_err("second attach");
+    assert!(
+        e.to_string()
+            .starts_with("interface \"lbv0\" already carries loxi's TC data path (program id "),
+        "{e}"
+    );
+    lb.dp.detach_all().expect("detach");
+    assert_eq!(
+        other
+            .attach_tc("lbv0", lbv0)
+            .expect("attach after the first detached"),
+        crate::l4::AttachMode::Tc
+    );
+}
+
 /// Traffic to no service goes to the kernel untouched; a frame cut inside its TCP header is
 /// dropped, as in XDP.
 #[test]
@@ -123,12 +133,7 @@ fn tc_passes_other_traffic_and_drops_truncated_frames() {
 #[test]
 fn tc_redirects_a_routed_flow_with_the_next_hops_macs() {
     let mut lb = Lb::new(&[&rule(VIP, 80, "tcp", 0, 0, &[(EP0, 1)])]);
-    sh(
-        "ip link add lbv0 address 02:00:00:00:01:01 type veth peer name lbv1 \
-        && ip addr add 10.0.1.1/24 dev lbv0 && ip link set lo up && ip link set lbv0 up \
-        && ip link set lbv1 up && ip neigh replace 10.0.1.2 lladdr 02:00:00:00:01:02 dev lbv0 nud permanent \
-        && sysctl -qw net.ipv4.conf.all.forwarding=1",
-    );
+    route_via_veth(None);
     let f = Frame::tcp(CLIENT, 40000, VIP, 80);
     let mut want = f.with(CLIENT, 40000, EP0, 8080);
     want.dmac = [0x02, 0, 0, 0, 0x01, 0x02];
@@ -154,13 +159,7 @@ fn tc_redirects_a_routed_flow_with_the_next_hops_macs() {
 fn tc_redirects_into_a_peer_in_another_namespace() {
     let mut lb = Lb::new(&[&rule(VIP, 80, "tcp", 0, 0, &[(EP0, 1)])]);
     let ns = format!("lxtcpeer{}", std::process::id());
-    sh(&format!(
-        "ip netns add {ns} && ip link add lbv0 address 02:00:00:00:01:01 type veth peer name lbv1 netns {ns} \
-        && ip addr add 10.0.1.1/24 dev lbv0 && ip link set lo up && ip link set lbv0 up \
-        && ip neigh replace 10.0.1.2 lladdr 02:00:00:00:01:02 dev lbv0 nud permanent \
-        && sysctl -qw net.ipv4.conf.all.forwarding=1"
-    ));
-    let lbv0 = ifindex("lbv0");
+    let lbv0 = route_via_veth(Some(&ns));
     lb.dp
         .set_peer_egress(&std::collections::BTreeSet::from([lbv0]))
         .unwrap();
