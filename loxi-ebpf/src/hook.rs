@@ -7,7 +7,11 @@
 //! - TC fixes it with `bpf_l4_csum_replace`, which follows the socket buffer's checksum state
 //!   (a frame from a local socket through a veth carries `CHECKSUM_PARTIAL`: its checksum field
 //!   holds the pseudo-header's sum, which only the addresses change; a `CHECKSUM_COMPLETE`
-//!   frame's `skb->csum` is kept right for IPv4), and sends with `bpf_redirect` of the socket
+//!   frame's `skb->csum` is kept right for IPv4; for IPv6 the helper moves it by the address
+//!   difference that the header itself already carries, which only Linux 6.16's `BPF_F_IPV6`
+//!   flag avoids and which this program does not pass yet (older kernels refuse the flag): such
+//!   a frame is verified again in software where it is received, with the kernel's
+//!   "hw csum failure" warning, not dropped), and sends with `bpf_redirect` of the socket
 //!   buffer, which any egress takes (a veth with a plain peer included): no XDP frame, no
 //!   hand-off, no second lookup. An egress veth whose peer is in another namespace (a container,
 //!   a pod) gets it with `bpf_redirect_peer`, into the peer's ingress directly.
