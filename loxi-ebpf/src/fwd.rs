@@ -23,7 +23,7 @@ use loxi_common::maps::{
 
 use crate::{
     maps::{EGRESS_PEER, EGRESS_XDP, EP_NH, count},
-    parse::{ParseError, ptr_at},
+    parse::{Frame, ParseError, ptr_at},
 };
 
 const AF_INET: u8 = 2;
@@ -282,6 +282,17 @@ pub fn lookup<C: FibCtx>(ctx: &C, fam: u8, dst: &[u8; 16]) -> Option<NextHop> {
     }
 }
 
+/// Writes the frame's Ethernet addresses: destination `dmac`, source `smac` (either hook).
+#[inline(always)]
+pub fn write_macs<C: Frame>(ctx: &C, smac: &[u8; 6], dmac: &[u8; 6]) -> Result<(), ParseError> {
+    let eth: *mut [u8; 12] = ptr_at(ctx, 0)?;
+    // SAFETY: 12 bytes checked by ptr_at.
+    let eth = unsafe { &mut *eth };
+    eth[..6].copy_from_slice(dmac);
+    eth[6..].copy_from_slice(smac);
+    Ok(())
+}
+
 /// Sends the frame to egress `ifindex` (MACs `smac` → `dmac`): `XDP_TX` out the ingress,
 /// `bpf_redirect_map` through [`EGRESS_XDP`] where the egress takes XDP frames (`xdp_ok`), else
 /// the TC hand-off. An egress that left the device map since `xdp_ok` was decided (a cached next
@@ -300,11 +311,7 @@ pub fn send(
     // that refuses the helper to XDP programs hands off without it (see `meta_ok`).
     let with_meta = meta_ok();
     let to_tc = !xdp_ok && (!with_meta || reserve_meta(ctx));
-    let eth: *mut [u8; 12] = ptr_at(ctx, 0)?;
-    // SAFETY: 12 bytes checked by ptr_at.
-    let eth = unsafe { &mut *eth };
-    eth[..6].copy_from_slice(dmac);
-    eth[6..].copy_from_slice(smac);
+    write_macs(ctx, smac, dmac)?;
     if to_tc {
         if !with_meta {
             count(ctr::EGRESS_TC, 1);

@@ -17,14 +17,14 @@
 //!   a pod) gets it with `bpf_redirect_peer`, into the peer's ingress directly.
 use aya_ebpf::{
     bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, TC_ACT_OK, TC_ACT_SHOT, xdp_action},
-    helpers::generated::{bpf_redirect, bpf_redirect_peer},
     programs::{TcContext, XdpContext},
 };
 use loxi_common::maps::{ctr, nh_flags};
 
 use crate::{
-    fwd::{FibCtx, send},
+    fwd::{FibCtx, send, write_macs},
     maps::count,
+    tc::redirect_skb,
     parse::{Frame, ParseError, ptr_at},
 };
 
@@ -172,11 +172,7 @@ impl Hook for TcFull {
         dmac: &[u8; 6],
         flags: u8,
     ) -> Result<u32, ParseError> {
-        let eth: *mut [u8; 12] = ptr_at(self, 0)?;
-        // SAFETY: 12 bytes checked by ptr_at.
-        let eth = unsafe { &mut *eth };
-        eth[..6].copy_from_slice(dmac);
-        eth[6..].copy_from_slice(smac);
+        write_macs(self, smac, dmac)?;
         count(
             if ifindex == self.ingress() {
                 ctr::TX
@@ -185,14 +181,6 @@ impl Hook for TcFull {
             },
             1,
         );
-        if flags & nh_flags::PEER != 0 {
-            count(ctr::REDIRECT_PEER, 1);
-            // SAFETY: helper call; the kernel validates the ifindex (a veth whose peer is in
-            // another namespace: the loader lists only such).
-            return Ok(unsafe { bpf_redirect_peer(ifindex, 0) } as u32);
-        }
-        // SAFETY: helper call; the kernel validates the ifindex (out its egress, the ingress
-        // interface's included).
-        Ok(unsafe { bpf_redirect(ifindex, 0) } as u32)
+        Ok(redirect_skb(ifindex, flags & nh_flags::PEER != 0))
     }
 }

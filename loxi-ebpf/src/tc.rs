@@ -104,18 +104,28 @@ fn macs_are(eth: &[u8; 12], smac: &[u8; 6], dmac: &[u8; 6]) -> bool {
     true
 }
 
-/// Redirects the socket buffer to `ifindex` (counted): into the peer's ingress
-/// (`bpf_redirect_peer`) when it is a veth whose peer is in another namespace ([`EGRESS_PEER`]),
-/// else out its egress.
+/// Redirects the handed-off socket buffer to `ifindex` (counted), into the peer when it is a
+/// veth whose peer is in another namespace ([`EGRESS_PEER`]).
 #[inline(always)]
 fn redirect(ifindex: u32) -> i32 {
     count(ctr::TC_REDIRECT, 1);
     // SAFETY: read-only lookup of a plain u8.
-    if unsafe { EGRESS_PEER.get(&ifindex) }.is_some() {
+    let peer = unsafe { EGRESS_PEER.get(&ifindex) }.is_some();
+    redirect_skb(ifindex, peer) as i32
+}
+
+/// Redirects a socket buffer (both TC programs): into the peer's ingress with
+/// `bpf_redirect_peer` when `peer` (a veth whose peer is in another namespace: the loader lists
+/// only such, `LOXI_EGRESS_PEER`; counted), else out `ifindex`'s egress with `bpf_redirect`.
+/// Returns the helper's verdict (`TC_ACT_REDIRECT`).
+#[inline(always)]
+pub fn redirect_skb(ifindex: u32, peer: bool) -> u32 {
+    if peer {
         count(ctr::REDIRECT_PEER, 1);
-        // SAFETY: helper call; the loader lists only veths whose peer is in another namespace.
-        return unsafe { bpf_redirect_peer(ifindex, 0) as i32 };
+        // SAFETY: helper call on a listed veth.
+        return unsafe { bpf_redirect_peer(ifindex, 0) } as u32;
     }
-    // SAFETY: helper call; the kernel validates the ifindex.
-    unsafe { bpf_redirect(ifindex, 0) as i32 }
+    // SAFETY: helper call; the kernel validates the ifindex (out its egress, the ingress
+    // interface's included).
+    unsafe { bpf_redirect(ifindex, 0) as u32 }
 }
