@@ -67,10 +67,10 @@ pub fn rewrite<C: Hook>(
     // SAFETY: checked by ptr_at.
     unsafe { p.write_unaligned([sport, dport]) };
     match pkt.key.proto {
-        proto::TCP => ctx.l4_csum(pkt.l4 + 16, acc, ports, false)?,
+        proto::TCP => ctx.l4_csum(pkt.l4 + 16, acc, ports, false, v6)?,
         // UDP may carry no checksum (0, IPv4 only; an IPv6 receiver drops it anyway): it
         // keeps none.
-        proto::UDP => ctx.l4_csum(pkt.l4 + 6, acc, ports, true)?,
+        proto::UDP => ctx.l4_csum(pkt.l4 + 6, acc, ports, true, v6)?,
         _ => {}
     }
     Ok(())

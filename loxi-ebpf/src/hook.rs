@@ -7,16 +7,16 @@
 //! - TC fixes it with `bpf_l4_csum_replace`, which follows the socket buffer's checksum state
 //!   (a frame from a local socket through a veth carries `CHECKSUM_PARTIAL`: its checksum field
 //!   holds the pseudo-header's sum, which only the addresses change; a `CHECKSUM_COMPLETE`
-//!   frame's `skb->csum` is kept right for IPv4; for IPv6 the helper moves it by the address
-//!   difference that the header itself already carries, which only Linux 6.16's `BPF_F_IPV6`
-//!   flag avoids and which this program does not pass yet (older kernels refuse the flag): such
-//!   a frame is verified again in software where it is received, with the kernel's
-//!   "hw csum failure" warning, not dropped), and sends with `bpf_redirect` of the socket
+//!   frame's `skb->csum`, a NIC's sum of the whole packet, is kept right: the helper does it for
+//!   IPv4, and for IPv6, where the helper moves it by the address difference that the header
+//!   itself already carries, `bpf_csum_update` moves it back; see [`TcFull`]'s `l4_csum`), and
+//!   sends with `bpf_redirect` of the socket
 //!   buffer, which any egress takes (a veth with a plain peer included): no XDP frame, no
 //!   hand-off, no second lookup. An egress veth whose peer is in another namespace (a container,
 //!   a pod) gets it with `bpf_redirect_peer`, into the peer's ingress directly.
 use aya_ebpf::{
     bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, TC_ACT_OK, TC_ACT_SHOT, xdp_action},
+    helpers::generated::bpf_csum_update,
     programs::{TcContext, XdpContext},
 };
 use loxi_common::maps::{ctr, nh_flags};
@@ -37,8 +37,15 @@ pub trait Hook: Frame + FibCtx {
     /// Fixes the TCP/UDP checksum at byte `off` after the addresses changed by `addrs` and the
     /// ports by `ports` (one's-complement differences as `csum::diff` accumulates them). `udp`:
     /// a zero checksum (a UDP datagram without one) stays zero, a result of zero becomes
-    /// `0xffff`.
-    fn l4_csum(&self, off: usize, addrs: u32, ports: u32, udp: bool) -> Result<(), ParseError>;
+    /// `0xffff`. `v6`: the addresses are IPv6 ones (no header checksum carries their change).
+    fn l4_csum(
+        &self,
+        off: usize,
+        addrs: u32,
+        ports: u32,
+        udp: bool,
+        v6: bool,
+    ) -> Result<(), ParseError>;
     /// Writes the MACs (`smac` → `dmac`) and sends the rewritten frame out `ifindex`. `flags`:
     /// the next hop's `nh_flags` (`XDP_OK` for XDP, `PEER` for TC).
     fn send(
@@ -65,7 +72,14 @@ impl Hook for XdpContext {
     const DROP: u32 = xdp_action::XDP_DROP;
 
     #[inline(always)]
-    fn l4_csum(&self, off: usize, addrs: u32, ports: u32, udp: bool) -> Result<(), ParseError> {
+    fn l4_csum(
+        &self,
+        off: usize,
+        addrs: u32,
+        ports: u32,
+        udp: bool,
+        _v6: bool,
+    ) -> Result<(), ParseError> {
         let c: *mut u16 = ptr_at(self, off)?;
         // SAFETY: checked by ptr_at.
         let old = unsafe { c.read_unaligned() };
@@ -150,15 +164,42 @@ impl Hook for TcFull {
     const PASS: u32 = TC_ACT_OK as u32;
     const DROP: u32 = TC_ACT_SHOT as u32;
 
+    /// With `CHECKSUM_COMPLETE` (a NIC's sum of the whole packet in `skb->csum`), the
+    /// pseudo-header replace moves `skb->csum` by minus the address difference. Right for IPv4,
+    /// whose header checksum cancels the addresses' change in the packet's sum, so the packet's
+    /// sum moves by the L4 field's change alone; wrong for IPv6, which has no header checksum:
+    /// the packet's sum does not move at all. Linux 6.16's `BPF_F_IPV6` flag (backported to
+    /// some stable kernels) skips that move, but older kernels refuse the flag, so for IPv6
+    /// `bpf_csum_update` adds the difference back, which any kernel does (and which is a no-op
+    /// error in every other checksum state). Checked by the kernel itself in
+    /// `l4::testing::tc` (`BPF_F_TEST_SKB_CHECKSUM_COMPLETE`).
     #[inline(always)]
-    fn l4_csum(&self, off: usize, addrs: u32, ports: u32, udp: bool) -> Result<(), ParseError> {
+    fn l4_csum(
+        &self,
+        off: usize,
+        addrs: u32,
+        ports: u32,
+        udp: bool,
+        v6: bool,
+    ) -> Result<(), ParseError> {
         let zero = if udp { BPF_F_MARK_MANGLED_0 as u64 } else { 0 };
+        // A UDP datagram without a checksum is left alone by the helper, `skb->csum` included.
+        let untouched = udp && {
+            let c: *const u16 = ptr_at(self, off)?;
+            // SAFETY: checked by ptr_at.
+            unsafe { c.read_unaligned() == 0 }
+        };
         // A `from` of 0 with no size in the flags: `to` is a precomputed difference. The
         // addresses are in the pseudo-header (a partial checksum follows them); the ports are
         // not (a partial checksum is summed over them later, by the device or the kernel).
         self.0
             .l4_csum_replace(off, 0, addrs as u64, BPF_F_PSEUDO_HDR as u64 | zero)
             .map_err(|_| ParseError::Truncated)?;
+        if v6 && !untouched {
+            // SAFETY: a helper call on this program's own socket buffer; its error (not
+            // `CHECKSUM_COMPLETE`: nothing to move back) is the expected outcome then.
+            let _ = unsafe { bpf_csum_update(self.0.skb.skb, addrs) };
+        }
         self.0
             .l4_csum_replace(off, 0, ports as u64, zero)
             .map_err(|_| ParseError::Truncated)

@@ -175,6 +175,72 @@ impl Lb {
             .expect("BPF_PROG_TEST_RUN (TC)")
     }
 
+    /// Runs one frame through the TC data path as a socket buffer whose checksum state is
+    /// `CHECKSUM_COMPLETE` (a NIC's receive checksum over the whole packet, as mlx5 and most
+    /// server NICs deliver): `BPF_PROG_TEST_RUN` with `BPF_F_TEST_SKB_CHECKSUM_COMPLETE`
+    /// (Linux 6.11+), where the kernel sums the frame into `skb->csum` before the program and
+    /// fails the run with `EBADMSG` if `skb->csum` no longer sums the frame after it. aya 0.14
+    /// passes no test-run flags but XDP's, hence the raw `bpf(2)` call. Arrives on `lo`;
+    /// returns (TC action, output frame).
+    pub fn run_tc_checksum_complete(&mut self, f: &Frame) -> std::io::Result<(u32, Vec<u8>)> {
+        use std::os::fd::{AsFd, AsRawFd};
+        /// `BPF_PROG_TEST_RUN` (include/uapi/linux/bpf.h `enum bpf_cmd`).
+        const BPF_PROG_TEST_RUN: libc::c_long = 10;
+        /// `BPF_F_TEST_SKB_CHECKSUM_COMPLETE` (include/uapi/linux/bpf.h).
+        const CHECKSUM_COMPLETE: u32 = 1 << 2;
+        let frame = f.bytes();
+        let mut out = vec![0u8; frame.len() + 256];
+        // `struct __sk_buff` up to `ifindex`, as `Datapath::test_run_tc` gives it.
+        let mut ctx = [0u8; 44];
+        let lo = ifindex("lo");
+        ctx[36..40].copy_from_slice(&lo.to_ne_bytes());
+        ctx[40..44].copy_from_slice(&lo.to_ne_bytes());
+        let prog: &mut aya::programs::SchedClassifier = self
+            .dp
+            .ebpf_mut()
+            .program_mut(loxi_common::maps::TC_FULL_PROG_NAME)
+            .expect("the TC data path program")
+            .try_into()
+            .expect("a classifier");
+        let fd = prog.fd().expect("loaded").as_fd().as_raw_fd();
+        // `union bpf_attr`'s `test` member: prog_fd, retval, data_size_in, data_size_out at 0,
+        // 4, 8, 12; data_in, data_out at 16, 24; repeat, duration at 32, 36; ctx_size_in,
+        // ctx_size_out at 40, 44; ctx_in, ctx_out at 48, 56; flags, cpu, batch_size at 64, 68,
+        // 72 (80 bytes with padding).
+        let mut attr = [0u8; 80];
+        let put32 =
+            |a: &mut [u8; 80], at: usize, v: u32| a[at..at + 4].copy_from_slice(&v.to_ne_bytes());
+        let put64 =
+            |a: &mut [u8; 80], at: usize, v: u64| a[at..at + 8].copy_from_slice(&v.to_ne_bytes());
+        put32(&mut attr, 0, fd as u32);
+        put32(&mut attr, 8, frame.len() as u32);
+        put32(&mut attr, 12, out.len() as u32);
+        put64(&mut attr, 16, frame.as_ptr() as u64);
+        put64(&mut attr, 24, out.as_mut_ptr() as u64);
+        put32(&mut attr, 32, 1);
+        put32(&mut attr, 40, ctx.len() as u32);
+        put64(&mut attr, 48, ctx.as_ptr() as u64);
+        put32(&mut attr, 64, CHECKSUM_COMPLETE);
+        // SAFETY: `attr` is a valid `bpf_attr` prefix of its stated size; the buffers it points
+        // to (`frame`, `out`, `ctx`) outlive the call and have the sizes given.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_PROG_TEST_RUN,
+                attr.as_mut_ptr(),
+                attr.len() as libc::c_uint,
+            )
+        };
+        if r < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        out.truncate(u32::from_ne_bytes([attr[12], attr[13], attr[14], attr[15]]) as usize);
+        Ok((
+            u32::from_ne_bytes([attr[4], attr[5], attr[6], attr[7]]),
+            out,
+        ))
+    }
+
     /// Counter value (`loxi_common::maps::ctr`).
     pub fn ctr(&self, idx: u32) -> u64 {
         self.dp.counter(idx).expect("counter")

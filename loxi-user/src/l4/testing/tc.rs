@@ -61,6 +61,60 @@ fn tc_dnat_rewrites_both_directions_with_exact_bytes_v4_and_v6_tcp_and_udp() {
     }
 }
 
+/// A socket buffer a NIC delivered with `CHECKSUM_COMPLETE` (its receive checksum over the
+/// whole packet in `skb->csum`) leaves every rewrite with `skb->csum` still summing the frame,
+/// for IPv4 and IPv6, TCP and UDP, DNAT (mode 0) and full NAT (mode 2), both directions. The
+/// kernel checks it (`BPF_F_TEST_SKB_CHECKSUM_COMPLETE` fails the run with `EBADMSG` when it
+/// does not); a wrong one would make the receiving stack verify the packet again in software
+/// with a "hw csum failure" warning. IPv6 is the case `bpf_l4_csum_replace` gets wrong unless
+/// told (its `BPF_F_IPV6`, Linux 6.16+): the address change it follows in `skb->csum` is
+/// already in the header, which IPv6 does not checksum.
+#[test]
+fn tc_rewrites_keep_a_complete_receive_checksum_right() {
+    /// The TCP/UDP source port of an Ethernet frame.
+    fn sport(frame: &[u8], v6: bool) -> u16 {
+        let at = 14 + if v6 { 40 } else { 20 };
+        u16::from_be_bytes([frame[at], frame[at + 1]])
+    }
+    for (vip, client, ep, lb_addr) in [(VIP, CLIENT, EP0, LB_V4), (VIP6, CLIENT6, EP6, LB_V6)] {
+        let v6 = vip.contains(':');
+        for proto in ["tcp", "udp"] {
+            for mode in [0u8, 2] {
+                let case = format!("{vip} {proto} mode {mode}");
+                let mut lb = Lb::new(&[&rule(vip, 80, proto, mode, 0, &[(ep, 1)])]);
+                let f = if proto == "tcp" {
+                    Frame::tcp(client, 40000, vip, 80)
+                } else {
+                    Frame::udp(client, 40000, vip, 80)
+                };
+                let (act, out) = lb
+                    .run_tc_checksum_complete(&f)
+                    .unwrap_or_else(|e| panic!("{case}: forward: {e}"));
+                assert_eq!(act, TC_ACT_OK, "{case}");
+                let (src, nport) = if mode == 0 {
+                    (client, 40000)
+                } else {
+                    (lb_addr, sport(&out, v6))
+                };
+                assert_eq!(out, f.with(src, nport, ep, 8080).bytes(), "{case}");
+                let mut r = if proto == "tcp" {
+                    Frame::tcp(ep, 8080, src, nport)
+                } else {
+                    Frame::udp(ep, 8080, src, nport)
+                };
+                if proto == "tcp" {
+                    r.tcp_flags = SYN | ACK;
+                }
+                let (act, out) = lb
+                    .run_tc_checksum_complete(&r)
+                    .unwrap_or_else(|e| panic!("{case}: reply: {e}"));
+                assert_eq!(act, TC_ACT_OK, "{case} reply");
+                assert_eq!(out, r.with(vip, 80, client, 40000).bytes(), "{case} reply");
+            }
+        }
+    }
+}
+
 #[test]
 fn tc_fullnat_rewrites_source_and_maps_replies_back() {
     super::tables::fullnat_round_trips(Lb::run_tc, TC_ACT_OK);
