@@ -21,8 +21,19 @@ pub struct TestPki {
 
 impl TestPki {
     /// Generates a fresh CA (`ca.pem`) and a loopback server certificate (`server.pem`,
-    /// `server.key`) signed by it.
+    /// `server.key`) signed by it, valid until rcgen's default end (year 4096).
     pub fn generate() -> anyhow::Result<Self> {
+        Self::generate_until(None)
+    }
+
+    /// [`TestPki::generate`] with a server certificate that expires `days` days from now.
+    pub fn generate_expiring_in(days: i64) -> anyhow::Result<Self> {
+        Self::generate_until(Some(
+            time::OffsetDateTime::now_utc() + time::Duration::days(days),
+        ))
+    }
+
+    fn generate_until(not_after: Option<time::OffsetDateTime>) -> anyhow::Result<Self> {
         let dir = tempfile::tempdir()?;
         let ca_key = KeyPair::generate()?;
         let mut ca = CertificateParams::new(Vec::<String>::new())?;
@@ -42,6 +53,9 @@ impl TestPki {
             SanType::IpAddress(IpAddr::V6(Ipv6Addr::LOCALHOST)),
             SanType::DnsName("localhost".try_into()?),
         ];
+        if let Some(t) = not_after {
+            server.not_after = t;
+        }
         let cert = server.signed_by(&key, &ca_cert, &ca_key)?;
         std::fs::write(dir.path().join("ca.pem"), ca_cert.pem())?;
         std::fs::write(dir.path().join("server.pem"), cert.pem())?;

@@ -406,7 +406,8 @@ async fn https_api_serves_loxicmd_with_the_ca_and_refuses_a_client_without_it() 
     assert_eq!(out.status.code(), Some(5), "transport failure → 5");
     assert!(
         stderr(&out).contains("TLS handshake: the peer's certificate ")
-            && stderr(&out).contains("loxicmd --cacert")
+            && stderr(&out).contains("(loxicmd --cacert FILE)")
+            && !stderr(&out).contains("backend_ca_file")
             && !stderr(&out).contains("BadSignature"),
         "{}",
         stderr(&out)
@@ -537,6 +538,41 @@ fn api_cert(dir: &std::path::Path, from: (i32, u8, u8), until: (i32, u8, u8)) ->
     ]
 }
 
+/// `--api-tls-cert` with a certificate that expires within 14 days: served, with a warning at
+/// start that names the file, the end date and what to do (the cert API warns alike); a
+/// certificate valid for long gets none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_certificate_expiring_within_14_days_is_served_with_a_warning() {
+    const WARNING: &str = "the REST API's TLS certificate (--api-tls-cert) expires within 14 days";
+    for (days, warned) in [(3, true), (400, false)] {
+        let pki = TestPki::generate_expiring_in(days).expect("certificates");
+        let d = Daemon::start(DaemonOpts {
+            args: pki.daemon_args(),
+            tls_ca: Some(pki.ca()),
+            ..DaemonOpts::default()
+        })
+        .await;
+        assert_eq!(rule_count(&d.rules().await), 0, "served over HTTPS");
+        let log = d.log_text();
+        let line = log.lines().find(|l| l.contains(WARNING));
+        if !warned {
+            assert!(line.is_none(), "{days} days: {log}");
+            continue;
+        }
+        let line = line.unwrap_or_else(|| panic!("no expiry warning:\n{log}"));
+        let end = (time::OffsetDateTime::now_utc() + time::Duration::days(days)).date();
+        assert!(
+            line.contains("WARN")
+                && line.contains(&pki.cert().display().to_string())
+                && line.contains(&format!("not_after_utc={end}T"))
+                // Whole days left: 3 within the certificate's second, 2 after.
+                && (line.contains("days_left=2") || line.contains("days_left=3"))
+                && line.contains("replace the file and restart loxilb"),
+            "{line}"
+        );
+    }
+}
+
 /// `--api-tls-cert` with a certificate every client would refuse (expired, or not valid yet)
 /// stops the daemon at start with the reason, as the cert API refuses such a certificate.
 #[test]
@@ -547,12 +583,12 @@ fn an_expired_or_not_yet_valid_api_certificate_is_refused_at_start() {
         (
             (2020, 1, 1),
             (2021, 1, 1),
-            "the certificate expired at 1609459200 ",
+            "the certificate expired at 2021-01-01T00:00:00Z (now ",
         ),
         (
             (2999, 1, 1),
             (3000, 1, 1),
-            "the certificate is not valid before 32472144000 ",
+            "the certificate is not valid before 2999-01-01T00:00:00Z (now ",
         ),
     ] {
         let mut args = vec!["--state-dir".to_string(), state.clone()];

@@ -171,13 +171,16 @@ pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig
         .map_err(|e| TlsError::Pair {
             cert: cert.display().to_string(),
             key: key_path(),
-            reason: crate::certs::parse::rustls_reason(&e),
+            reason: crate::certs::parse::rustls_reason(&e, ""),
         })?;
     cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Arc::new(cfg))
 }
 
-/// `Ok` when the leaf `der` of file `path` is valid at `now` (Unix seconds).
+/// `Ok` when the leaf `der` of file `path` is valid at `now` (Unix seconds). One expiring
+/// within [`crate::certs::parse::EXPIRY_WARNING_SECS`] (14 days) is taken with a warning, as
+/// the cert API takes such a certificate; the file is read once, at start, so the warning says
+/// to replace it and restart.
 fn check_validity(path: &Path, der: &CertificateDer<'_>, now: i64) -> Result<(), TlsError> {
     let path = || path.display().to_string();
     let (not_before, not_after) =
@@ -190,7 +193,15 @@ fn check_validity(path: &Path, der: &CertificateDer<'_>, now: i64) -> Result<(),
             path: path(),
             source,
         }
-    })
+    })?;
+    let left = not_after - now;
+    if left < crate::certs::parse::EXPIRY_WARNING_SECS {
+        tracing::warn!(cert = %path(), not_after = not_after,
+            not_after_utc = %crate::certs::parse::rfc3339(not_after), days_left = left / 86_400,
+            "the REST API's TLS certificate (--api-tls-cert) expires within 14 days; clients \
+             that verify it will refuse the handshake then: replace the file and restart loxilb");
+    }
+    Ok(())
 }
 
 fn pem<'a>(

@@ -160,6 +160,20 @@ pub enum KeyPemError {
         /// 2048 bits whose values ring refuses`); empty otherwise.
         detail: String,
     },
+    /// A well-formed key of another form than its PEM label says (a PKCS#8 key between
+    /// `RSA PRIVATE KEY` markers, say, as a hand-edited file has): the label to use instead.
+    #[error(
+        "the private key is labelled {label} but holds a {holds} key; change its PEM markers to \
+         `-----BEGIN {right}-----` and `-----END {right}-----`"
+    )]
+    Mislabelled {
+        /// The PEM label it came under (`RSA PRIVATE KEY`).
+        label: &'static str,
+        /// The form its data is (`PKCS#8`).
+        holds: &'static str,
+        /// That form's label (`PRIVATE KEY`).
+        right: &'static str,
+    },
     /// A well-formed key of a type rustls' `ring` provider does not sign with (`Ed448`,
     /// `ECDSA on curve P-521`, `RSA of 1024 bits`).
     #[error(
@@ -170,21 +184,29 @@ pub enum KeyPemError {
 }
 
 /// The signing key of `key` (rustls' `ring` provider), or why there is none in words: its
-/// contents do not decode ([`KeyPemError::Corrupt`]), or it is a well-formed key of a type
-/// loxi does not sign with ([`KeyPemError::Unsupported`]).
+/// contents do not decode ([`KeyPemError::Corrupt`]), decode as another form than its label
+/// ([`KeyPemError::Mislabelled`]), or it is a well-formed key of a type loxi does not sign
+/// with ([`KeyPemError::Unsupported`]).
 pub fn signing_key(
     key: &PrivateKeyDer<'_>,
 ) -> Result<Arc<dyn rustls::sign::SigningKey>, KeyPemError> {
     rustls::crypto::ring::sign::any_supported_type(key).map_err(|e| {
-        let form = match key {
-            PrivateKeyDer::Pkcs8(_) => "PKCS#8",
-            PrivateKeyDer::Pkcs1(_) => "PKCS#1 RSA",
-            _ => "SEC1 EC",
+        let (form, label) = match key {
+            PrivateKeyDer::Pkcs8(_) => ("PKCS#8", "PRIVATE KEY"),
+            PrivateKeyDer::Pkcs1(_) => ("PKCS#1 RSA", "RSA PRIVATE KEY"),
+            _ => ("SEC1 EC", "EC PRIVATE KEY"),
         };
         match key_type(key) {
-            None => KeyPemError::Corrupt {
-                form,
-                detail: String::new(),
+            None => match other_form(key) {
+                Some((holds, right)) => KeyPemError::Mislabelled {
+                    label,
+                    holds,
+                    right,
+                },
+                None => KeyPemError::Corrupt {
+                    form,
+                    detail: String::new(),
+                },
             },
             Some(KeyType::Unsupported(t)) => KeyPemError::Unsupported(t),
             Some(KeyType::Supported(t)) => KeyPemError::Corrupt {
@@ -214,6 +236,24 @@ fn key_type(key: &PrivateKeyDer<'_>) -> Option<KeyType> {
         PrivateKeyDer::Pkcs8(k) => pkcs8_type(k.secret_pkcs8_der()),
         _ => None,
     }
+}
+
+/// The form (and its PEM label) that `key`'s data decodes as when it is not its own form's
+/// well-formed key; `None` when it is no key of any form.
+fn other_form(key: &PrivateKeyDer<'_>) -> Option<(&'static str, &'static str)> {
+    let der = key.secret_der();
+    let is = |k: &PrivateKeyDer<'_>| std::mem::discriminant(k) == std::mem::discriminant(key);
+    let pkcs8 = PrivateKeyDer::Pkcs8(der.to_vec().into());
+    let pkcs1 = PrivateKeyDer::Pkcs1(der.to_vec().into());
+    let sec1 = PrivateKeyDer::Sec1(der.to_vec().into());
+    [
+        (pkcs8, "PKCS#8", "PRIVATE KEY"),
+        (pkcs1, "PKCS#1 RSA", "RSA PRIVATE KEY"),
+        (sec1, "SEC1 EC", "EC PRIVATE KEY"),
+    ]
+    .into_iter()
+    .find(|(k, _, _)| !is(k) && key_type(k).is_some())
+    .map(|(_, holds, right)| (holds, right))
 }
 
 /// `der` as one complete DER object, nothing after it; `None` when it does not parse.
@@ -403,8 +443,15 @@ pub fn pem_labels(text: &[u8]) -> Vec<String> {
 
 /// A rustls error in words: the key/certificate mismatch and an undecodable certificate are
 /// said as such (rustls prints Rust names, `keys may not be consistent: KeyMismatch`, and
-/// calls any certificate a "peer certificate").
-pub fn rustls_reason(e: &rustls::Error) -> String {
+/// calls any certificate a "peer certificate"). `ca` names where the side that verified sets
+/// the CAs it trusts (a rule's `backend_ca_file` for the fullproxy, `--cacert` for loxicmd),
+/// said in the unknown-issuer and bad-signature reasons; empty where no peer is verified.
+pub fn rustls_reason(e: &rustls::Error, ca: &str) -> String {
+    let give_ca = if ca.is_empty() {
+        String::new()
+    } else {
+        format!(" ({ca})")
+    };
     use rustls::{CertificateError, Error, InconsistentKeys};
     match e {
         Error::InconsistentKeys(InconsistentKeys::KeyMismatch) => {
@@ -414,17 +461,14 @@ pub fn rustls_reason(e: &rustls::Error) -> String {
                                        certificate's public key"
             .into(),
         Error::InvalidCertificate(CertificateError::BadEncoding) => TRUNCATED_OR_NOT_DER.into(),
-        Error::InvalidCertificate(CertificateError::UnknownIssuer) => {
+        Error::InvalidCertificate(CertificateError::UnknownIssuer) => format!(
             "the peer's certificate is not signed by a CA this side trusts (unknown issuer): give \
-             the CA that signed it (a rule's backend_ca_file, loxicmd --cacert)"
-                .into()
-        }
-        Error::InvalidCertificate(CertificateError::BadSignature) => {
+             the CA that signed it{give_ca}"
+        ),
+        Error::InvalidCertificate(CertificateError::BadSignature) => format!(
             "the peer's certificate does not verify with the trusted CA of its issuer's name \
-             (another CA of the same name signed it?): give the CA that signed it (a rule's \
-             backend_ca_file, loxicmd --cacert)"
-                .into()
-        }
+             (another CA of the same name signed it?): give the CA that signed it{give_ca}"
+        ),
         Error::InvalidCertificate(CertificateError::NotValidForNameContext {
             expected,
             presented,
@@ -546,7 +590,7 @@ impl CaBundle {
             }
             let Some(der) = certs.next() else { break };
             if let Err(e) = roots.add(der) {
-                refused.push(refuse(Some(rustls_reason(&e))));
+                refused.push(refuse(Some(rustls_reason(&e, ""))));
             }
         }
         Ok(Self { roots, refused })
@@ -586,7 +630,7 @@ impl CaBundle {
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ValidityError {
     /// The certificate has expired.
-    #[error("the certificate expired at {not_after} (Unix seconds; now {now})")]
+    #[error("the certificate expired at {} (now {})", rfc3339(*not_after), rfc3339(*now))]
     Expired {
         /// End of validity.
         not_after: i64,
@@ -596,8 +640,9 @@ pub enum ValidityError {
     /// The validity starts more than [`NOT_BEFORE_SKEW_SECS`] from now: every client would
     /// refuse the certificate until then.
     #[error(
-        "the certificate is not valid before {not_before} (Unix seconds; now {now}); \
-         clients would refuse it until then"
+        "the certificate is not valid before {} (now {}); clients would refuse it until then",
+        rfc3339(*not_before),
+        rfc3339(*now)
     )]
     NotYetValid {
         /// Start of validity.
@@ -605,6 +650,18 @@ pub enum ValidityError {
         /// The time of the check.
         now: i64,
     },
+}
+
+/// RFC 3339 text (UTC) of Unix time `secs` (`2021-01-01T00:00:00Z`; the number itself when out
+/// of the representable range): how certificate times are said in errors and warnings.
+pub fn rfc3339(secs: i64) -> String {
+    time::OffsetDateTime::from_unix_timestamp(secs)
+        .ok()
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_else(|| secs.to_string())
 }
 
 /// `Ok` when a certificate valid from `not_before` to `not_after` (Unix seconds) is usable at
@@ -698,7 +755,7 @@ fn parse_any_validity(
     let certified = CertifiedKey::new(chain, signer);
     certified
         .keys_match()
-        .map_err(|e| CertError::KeyMismatch(rustls_reason(&e)))?;
+        .map_err(|e| CertError::KeyMismatch(rustls_reason(&e, "")))?;
     let cert = Certificate {
         id: id.to_string(),
         hostnames: facts.hostnames,
@@ -915,6 +972,24 @@ mod tests {
                 .starts_with("certPem: the certificate expired at "),
             "{e}"
         );
+        // Times are said as dates, not Unix seconds.
+        assert_eq!(
+            ValidityError::Expired {
+                not_after: 1_609_459_200,
+                now: 1_609_459_260
+            }
+            .to_string(),
+            "the certificate expired at 2021-01-01T00:00:00Z (now 2021-01-01T00:01:00Z)"
+        );
+        assert_eq!(
+            ValidityError::NotYetValid {
+                not_before: 32_472_144_000,
+                now: 1_609_459_200
+            }
+            .to_string(),
+            "the certificate is not valid before 3000-01-01T00:00:00Z (now \
+             2021-01-01T00:00:00Z); clients would refuse it until then"
+        );
     }
 
     #[test]
@@ -1024,28 +1099,46 @@ mod tests {
     fn rustls_errors_are_said_in_words() {
         use rustls::{CertificateError, Error, InconsistentKeys};
         assert_eq!(
-            rustls_reason(&Error::InconsistentKeys(InconsistentKeys::KeyMismatch)),
+            rustls_reason(&Error::InconsistentKeys(InconsistentKeys::KeyMismatch), ""),
             "the private key does not match the certificate's public key"
         );
         assert_eq!(
-            rustls_reason(&Error::InvalidCertificate(CertificateError::BadEncoding)),
+            rustls_reason(
+                &Error::InvalidCertificate(CertificateError::BadEncoding),
+                ""
+            ),
             "the certificate is truncated or not DER"
         );
-        assert!(
-            rustls_reason(&Error::InvalidCertificate(CertificateError::UnknownIssuer))
-                .starts_with("the peer's certificate is not signed by a CA this side trusts"),
+        // Each side names its own CA setting, and only that one.
+        assert_eq!(
+            rustls_reason(
+                &Error::InvalidCertificate(CertificateError::UnknownIssuer),
+                "loxicmd --cacert FILE"
+            ),
+            "the peer's certificate is not signed by a CA this side trusts (unknown issuer): \
+             give the CA that signed it (loxicmd --cacert FILE)"
+        );
+        assert_eq!(
+            rustls_reason(
+                &Error::InvalidCertificate(CertificateError::BadSignature),
+                "the rule's backend_ca_file"
+            ),
+            "the peer's certificate does not verify with the trusted CA of its issuer's name \
+             (another CA of the same name signed it?): give the CA that signed it (the rule's \
+             backend_ca_file)"
         );
         let expected = rustls::pki_types::ServerName::try_from("wrong.example").expect("name");
         assert_eq!(
-            rustls_reason(&Error::InvalidCertificate(
-                CertificateError::NotValidForNameContext {
+            rustls_reason(
+                &Error::InvalidCertificate(CertificateError::NotValidForNameContext {
                     expected,
                     presented: vec![
                         "DnsName(\"localhost\")".into(),
                         "IpAddress(127.0.0.1)".into()
                     ],
-                }
-            )),
+                }),
+                ""
+            ),
             "the peer's certificate is not valid for the name wrong.example; it names \
              localhost, 127.0.0.1"
         );
@@ -1238,6 +1331,29 @@ n4nDGOMISzkcZLY=\n\
             );
         }
         assert!(!corrupt("PKCS#8").contains("unsupported"));
+        // A well-formed key under another form's label is said to be mislabelled, with the
+        // label its data needs: the certificate's own PKCS#8 key between RSA markers, an EC
+        // (SEC1) key between PKCS#8 ones.
+        let relabel = |pem: &str, from: &str, to: &str| {
+            pem.replace(&format!("BEGIN {from}-"), &format!("BEGIN {to}-"))
+                .replace(&format!("END {from}-"), &format!("END {to}-"))
+        };
+        p.key_pem = relabel(&own, "PRIVATE KEY", "RSA PRIVATE KEY");
+        assert_eq!(
+            parse("a", p.clone(), now())
+                .expect_err("mislabelled")
+                .to_string(),
+            "keyPem: the private key is labelled RSA PRIVATE KEY but holds a PKCS#8 key; change \
+             its PEM markers to `-----BEGIN PRIVATE KEY-----` and `-----END PRIVATE KEY-----`"
+        );
+        let sec1 = relabel(P521_SEC1_KEY, "EC PRIVATE KEY", "PRIVATE KEY");
+        assert_eq!(
+            private_key(sec1.as_bytes())
+                .expect_err("mislabelled")
+                .to_string(),
+            "the private key is labelled PRIVATE KEY but holds a SEC1 EC key; change its PEM \
+             markers to `-----BEGIN EC PRIVATE KEY-----` and `-----END EC PRIVATE KEY-----`"
+        );
     }
 
     #[test]

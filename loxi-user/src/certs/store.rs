@@ -315,21 +315,10 @@ impl CertStore {
 /// may jump while it sleeps on the monotonic one).
 pub const EXPIRY_WATCH_MAX_SLEEP: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// RFC 3339 text of Unix time `secs` (the number itself when out of range).
-fn rfc3339(secs: i64) -> String {
-    time::OffsetDateTime::from_unix_timestamp(secs)
-        .ok()
-        .and_then(|t| {
-            t.format(&time::format_description::well_known::Rfc3339)
-                .ok()
-        })
-        .unwrap_or_else(|| secs.to_string())
-}
-
 /// The warning of a served certificate that has just expired.
 pub fn warn_expired(cert: &Certificate) {
     tracing::warn!(cert_id = %cert.id, hostnames = ?cert.hostnames, not_after = cert.not_after,
-        not_after_utc = %rfc3339(cert.not_after),
+        not_after_utc = %parse::rfc3339(cert.not_after),
         "TLS certificate expired; it is still served, and clients that verify it refuse the \
          handshake: rotate it (PUT /netlox/v1/config/cert/{{certId}})");
 }
@@ -342,7 +331,7 @@ fn warn_restored_out_of_validity(cert: &Certificate, why: &ValidityError) {
         ValidityError::NotYetValid { .. } => "is not valid yet",
     };
     tracing::warn!(cert_id = %cert.id, hostnames = ?cert.hostnames, not_after = cert.not_after,
-        not_after_utc = %rfc3339(cert.not_after), not_before = cert.not_before,
+        not_after_utc = %parse::rfc3339(cert.not_after), not_before = cert.not_before,
         "restored a stored TLS certificate that {what}; it is served as before the restart, and \
          clients that verify it refuse the handshake: rotate it (PUT \
          /netlox/v1/config/cert/{{certId}})");
@@ -352,7 +341,8 @@ fn warn_restored_out_of_validity(cert: &Certificate, why: &ValidityError) {
 pub fn warn_if_expiring(cert: &Certificate) {
     let left = cert.not_after - unix_now();
     if left < parse::EXPIRY_WARNING_SECS {
-        tracing::warn!(cert_id = %cert.id, not_after = cert.not_after, days_left = left / 86_400,
+        tracing::warn!(cert_id = %cert.id, not_after = cert.not_after,
+            not_after_utc = %parse::rfc3339(cert.not_after), days_left = left / 86_400,
             "TLS certificate expires within 14 days; rotate it (PUT /netlox/v1/config/cert/{{certId}})");
     }
 }

@@ -168,7 +168,7 @@ fn tls_in_words(e: std::io::Error) -> std::io::Error {
     let reason = e
         .get_ref()
         .and_then(|inner| inner.downcast_ref::<rustls::Error>())
-        .map(crate::certs::parse::rustls_reason);
+        .map(|r| crate::certs::parse::rustls_reason(r, "loxicmd --cacert FILE"));
     match reason {
         Some(r) => std::io::Error::new(e.kind(), format!("TLS handshake: {r}")),
         None => e,

@@ -144,7 +144,7 @@ fn in_words(e: &(dyn std::error::Error + 'static)) -> String {
             .downcast_ref::<rustls::Error>()
     });
     match tls {
-        Some(t) => crate::certs::parse::rustls_reason(t),
+        Some(t) => crate::certs::parse::rustls_reason(t, "the rule's backend_ca_file"),
         None => e.to_string(),
     }
 }
