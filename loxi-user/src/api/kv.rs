@@ -276,7 +276,9 @@ fn tokenizer_view(svc: &ServiceKv, dir: &std::path::Path) -> TokenizerView {
         .take(LISTED_MODELS)
         .map(|f| {
             let slug = crate::kv::tokenizer::model_slug(&f.model);
-            let named = crate::kv::tokenizer::pool::valid_model_name(&f.model).is_ok();
+            // A name kept shortened (`… (N bytes)`) was too long for a directory.
+            let named = crate::kv::tokenizer::pool::valid_model_name(&f.model).is_ok()
+                && !crate::kv::tokenizer::pool::is_shortened(&f.model);
             let what = if f.chat {
                 "stage its tokenizer.json and a tokenizer_config.json whose chat_template renders \
                  these messages"

@@ -536,8 +536,12 @@ impl TokenizeWatch {
     /// Models and kinds tracked at most.
     pub const MAX_TRACKED: usize = 64;
 
-    /// A prompt of `model` (a chat one when `chat`) failed to tokenize.
+    /// A prompt of `model` (a chat one when `chat`) failed to tokenize. A model name longer
+    /// than a tokenizer directory's is kept shortened
+    /// ([`crate::kv::tokenizer::pool::bounded_name`]).
     pub fn failed(&self, model: &str, chat: bool) {
+        let model = crate::kv::tokenizer::pool::bounded_name(model);
+        let model: &str = &model;
         let mut f = self.failing.lock();
         f.seq += 1;
         let seq = f.seq;
@@ -565,7 +569,8 @@ impl TokenizeWatch {
             return;
         }
         let mut f = self.failing.lock();
-        f.entries.remove(&(model.to_owned(), chat));
+        let model = crate::kv::tokenizer::pool::bounded_name(model);
+        f.entries.remove(&(model.into_owned(), chat));
         if f.entries.is_empty() {
             self.any.store(false, Ordering::Relaxed);
         }

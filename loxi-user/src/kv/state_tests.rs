@@ -92,3 +92,18 @@ fn a_warmup_update_applies_to_the_running_state() {
         .expect("kv on");
     assert_eq!(off.warmup_left(now), None);
 }
+
+/// A client-chosen model name of a megabyte is kept shortened (its first 64 bytes and its
+/// length), so 64 tracked names cannot hold 64 MiB nor flood `loxicmd get kvparity`.
+#[test]
+fn an_overlong_model_name_is_kept_shortened() {
+    let w = TokenizeWatch::default();
+    let long = format!("é{}", "m".repeat(1 << 20));
+    w.failed(&long, false);
+    w.failed(&long, false);
+    let l = listed(&w);
+    assert_eq!(
+        l,
+        [(format!("é{}… (1048578 bytes)", "m".repeat(62)), false, 2)]
+    );
+}

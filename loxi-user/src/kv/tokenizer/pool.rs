@@ -172,6 +172,17 @@ impl TokenizerPool {
             Err(e) => Err(e),
             Ok(()) => ModelTokenizer::load(&self.dir.join(model_slug(model)), self.cache_capacity),
         };
+        if result.is_err() && model.len() > MAX_MODEL_DIR_BYTES {
+            // A name no directory can have is not remembered: clients choose model names, and
+            // 4,096 slots of names up to the routing parse's string bound (1 MiB) would hold
+            // gigabytes. Refusing it again costs its length check alone.
+            self.metrics.load_failures.get_or_create(&label).inc();
+            tracing::debug!(
+                model_bytes = model.len(),
+                "tokenizer lookup refused: the model name is too long for a directory"
+            );
+            return Err(no_tokenizer(&bounded_name(model)));
+        }
         let mut slots = self.slots.write();
         let first_failure = !slots.contains_key(model);
         if slots.len() >= MAX_SLOTS {
@@ -221,18 +232,100 @@ impl TokenizerPool {
     }
 }
 
+/// `model` as kept in reports and errors: itself up to [`MAX_MODEL_DIR_BYTES`] bytes; a longer
+/// (client-chosen) name is cut to its first 64 bytes (at a character boundary) with its
+/// length, so neither memory nor an operator's screen holds it whole.
+pub fn bounded_name(model: &str) -> std::borrow::Cow<'_, str> {
+    if model.len() <= MAX_MODEL_DIR_BYTES {
+        return model.into();
+    }
+    let mut end = 64;
+    while !model.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes)", &model[..end], model.len()).into()
+}
+
+/// True for a name [`bounded_name`] shortened (it ends `… (N bytes)`).
+pub fn is_shortened(name: &str) -> bool {
+    name.rsplit_once("… (").is_some_and(|(_, tail)| {
+        tail.strip_suffix(" bytes)")
+            .is_some_and(|n| n.parse::<usize>().is_ok_and(|n| n > MAX_MODEL_DIR_BYTES))
+    })
+}
+
 fn no_tokenizer(model: &str) -> TokenizeError {
     TokenizeError::NoTokenizer {
         model: model.to_owned(),
     }
 }
 
-/// A model id usable as a directory name once `/` became `__`; the error says why not.
+/// Longest directory name a model's tokenizer can be staged under, in bytes (Linux's
+/// `NAME_MAX`), once `/` became `__` ([`model_slug`]).
+pub const MAX_MODEL_DIR_BYTES: usize = 255;
+
+/// A model id usable as a directory name once `/` became `__`; the error says why not (a
+/// longer model name than [`MAX_MODEL_DIR_BYTES`] allows is said by its length, not quoted).
 pub fn valid_model_name(model: &str) -> Result<(), String> {
+    let dir_bytes = model.len() + model.matches('/').count();
+    if dir_bytes > MAX_MODEL_DIR_BYTES {
+        return Err(format!(
+            "a model name of {} bytes cannot name a tokenizer directory (at most \
+             {MAX_MODEL_DIR_BYTES} bytes once / became __)",
+            model.len()
+        ));
+    }
     if model.is_empty() || model == "." || model == ".." || model.contains(['\\', '\0']) {
         return Err(format!(
             "model {model:?} is not a valid tokenizer directory name"
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A model name longer than any directory's is refused without a slot (clients choose
+    /// model names: 4,096 slots of megabyte names would hold gigabytes) and named shortened
+    /// in the error; an ordinary unknown name is remembered in the negative cache.
+    #[test]
+    fn an_overlong_model_name_takes_no_slot_and_is_named_shortened() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let metrics = TokenizerMetrics::default();
+        let pool = TokenizerPool::new(dir.path().to_path_buf(), metrics.clone());
+        let long = "x".repeat(1 << 20);
+        for _ in 0..3 {
+            let Err(TokenizeError::NoTokenizer { model }) = pool.get(&long) else {
+                panic!("no tokenizer for an over-long name");
+            };
+            assert_eq!(model, format!("{}… (1048576 bytes)", "x".repeat(64)));
+            assert!(is_shortened(&model));
+        }
+        assert_eq!(pool.slots.read().len(), 0, "no slot for it");
+        let failures = metrics
+            .load_failures
+            .get_or_create(&metrics.label(&long))
+            .get();
+        assert_eq!(failures, 3, "each refusal counted");
+        assert!(matches!(
+            pool.get("unknown/model"),
+            Err(TokenizeError::NoTokenizer { .. })
+        ));
+        assert_eq!(
+            pool.slots.read().len(),
+            1,
+            "an ordinary name is negative-cached"
+        );
+        assert_eq!(
+            valid_model_name(&"a/".repeat(100)),
+            Err(
+                "a model name of 200 bytes cannot name a tokenizer directory (at most 255 bytes \
+                 once / became __)"
+                    .to_string()
+            ),
+            "its directory name would be 300 bytes"
+        );
+    }
 }
