@@ -229,7 +229,10 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
     let l4_failed = Arc::new(Mutex::new(None));
     let conntrack = l4::ConntrackHandle::default();
     tasks.spawn(run_l4(
-        L4Config::from(&cfg.flags.l4),
+        L4Config {
+            vip_state_dir: Some(cfg.flags.state_dir.clone()),
+            ..L4Config::from(&cfg.flags.l4)
+        },
         store.subscribe(),
         store.follower("l4"),
         l4_metrics,

@@ -34,6 +34,10 @@ pub struct L4Config {
     pub tc_ifaces: Vec<String>,
     /// Interface for VIP addresses; `None` disables VIP management.
     pub vip_iface: Option<String>,
+    /// The state dir, where the VIPs loxi adds are recorded so a restart after a crash adopts
+    /// them (`crate::netlink::VipManager::record_file`); `None`: not recorded, and VIPs left
+    /// by a killed daemon stay on the interface.
+    pub vip_state_dir: Option<std::path::PathBuf>,
     /// How often per-CPU counters are folded into the metrics.
     pub stats_interval: Duration,
     /// Skip native mode and attach generic XDP.
@@ -81,6 +85,7 @@ impl From<&L4Args> for L4Config {
             xdp_ifaces: a.xdp_iface.clone(),
             tc_ifaces: a.tc_iface.clone(),
             vip_iface: Some(a.vip_iface.clone()),
+            vip_state_dir: None,
             stats_interval: Duration::from_secs(1),
             force_generic: a.xdp_generic,
         }

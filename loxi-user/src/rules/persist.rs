@@ -216,28 +216,36 @@ pub fn save<'a>(
             .collect(),
     })
     .map_err(|e| err(std::io::Error::other(e)))?;
-    let tmp = file.with_extension("json.tmp");
+    write_atomic(file, &body).map_err(err)
+}
+
+/// Replaces `file` with `body` atomically, mode 0600: a temporary file beside it (`<file>.tmp`
+/// with the extension replaced, e.g. `rules.json.tmp`), fsync, rename over `file`, fsync of the
+/// directory. A reader (or a restart after a crash) sees the old contents or the new, never a
+/// part.
+pub fn write_atomic(file: &Path, body: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let ext = match file.extension() {
+        Some(e) => format!("{}.tmp", e.to_string_lossy()),
+        None => "tmp".to_string(),
+    };
+    let tmp = file.with_extension(ext);
     {
-        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
         let mut f = fs::OpenOptions::new()
             .write(true)
             .create(true)
             .truncate(true)
             .mode(0o600)
-            .open(&tmp)
-            .map_err(err)?;
+            .open(&tmp)?;
         // A temporary file left by an older loxi keeps its mode through `open`.
-        f.set_permissions(fs::Permissions::from_mode(0o600))
-            .map_err(err)?;
-        f.write_all(&body).map_err(err)?;
-        f.sync_all().map_err(err)?;
+        f.set_permissions(fs::Permissions::from_mode(0o600))?;
+        f.write_all(body)?;
+        f.sync_all()?;
     }
-    fs::rename(&tmp, file).map_err(err)?;
-    if let Some(dir) = file.parent() {
+    fs::rename(&tmp, file)?;
+    if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty()) {
         // Make the rename itself durable.
-        fs::File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(err)?;
+        fs::File::open(dir).and_then(|d| d.sync_all())?;
     }
     Ok(())
 }
