@@ -89,7 +89,13 @@ pub struct UnparsedRule {
 /// being an [`UnparsedRule`]. A missing file is an empty list; an unreadable or corrupt one
 /// (not JSON, or not the state file's shape: no `rules` list) is moved aside to
 /// `rules.json.corrupt-<unix secs>` with an error log, and an empty list is returned.
-pub fn load(file: &Path) -> Vec<Result<LoadedRule, UnparsedRule>> {
+///
+/// Each rule is read by `parse` (the daemon's reads its keys as a `POST`'s are,
+/// `crate::api::fields::restored_rule`). An entry that names a key twice anywhere (`"port"`
+/// twice in one object), as a `POST` naming one twice is refused, is an [`UnparsedRule`]
+/// naming it; the file as read is then first copied to `rules.json.as-read-<unix secs>` (the
+/// dropped-rules file can hold only one of the values), so nothing of it is lost.
+pub fn load(file: &Path, parse: RuleParser<'_>) -> Vec<Result<LoadedRule, UnparsedRule>> {
     let bytes = match fs::read(file) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Vec::new(),
@@ -98,11 +104,35 @@ pub fn load(file: &Path) -> Vec<Result<LoadedRule, UnparsedRule>> {
             return Vec::new();
         }
     };
-    match serde_json::from_slice::<StateFile<serde_json::Value>>(&bytes) {
-        Ok(f) => f
-            .rules
-            .into_iter()
-            .map(|stored| match parse_entry(&stored) {
+    let StateRead { entries, repeated } = match read_state(&bytes) {
+        Ok(r) => r,
+        Err(e) => {
+            let aside = file.with_extension(format!("json.corrupt-{}", unix_secs()));
+            let moved = fs::rename(file, &aside);
+            tracing::error!(
+                file = %file.display(), aside = %aside.display(), error = %e, moved = moved.is_ok(),
+                "rules file is corrupt; moved aside, starting with no rules"
+            );
+            return Vec::new();
+        }
+    };
+    if !repeated.is_empty() {
+        keep_as_read(file);
+    }
+    entries
+        .into_iter()
+        .enumerate()
+        .map(|(n, stored)| {
+            let prefix = format!("rules[{n}].");
+            let twice = repeated.iter().find_map(|p| p.strip_prefix(&prefix));
+            let parsed = match twice {
+                Some(field) => Err(format!(
+                    "{field} appears twice in its object; loxi drops the rule rather than keep \
+                     one of the values silently, as a POST naming a key twice is refused"
+                )),
+                None => parse_entry(&stored, parse),
+            };
+            match parsed {
                 Ok(parsed) => Ok(LoadedRule { parsed, stored }),
                 Err(error) => Err(UnparsedRule {
                     id: stored
@@ -113,36 +143,64 @@ pub fn load(file: &Path) -> Vec<Result<LoadedRule, UnparsedRule>> {
                     stored,
                     error,
                 }),
-            })
-            .collect(),
-        Err(e) => {
-            let aside = file.with_extension(format!("json.corrupt-{}", unix_secs()));
-            let moved = fs::rename(file, &aside);
-            tracing::error!(
-                file = %file.display(), aside = %aside.display(), error = %e, moved = moved.is_ok(),
-                "rules file is corrupt; moved aside, starting with no rules"
-            );
-            Vec::new()
-        }
+            }
+        })
+        .collect()
+}
+
+/// What [`read_state`] finds in the state file.
+struct StateRead {
+    /// The rule entries, as stored.
+    entries: Vec<serde_json::Value>,
+    /// The path of every key named twice (`rules[0].rule.serviceArguments.port`).
+    repeated: Vec<String>,
+}
+
+/// The rule entries of the state file `bytes` and the path of every key named twice
+/// (`rules[0].rule.serviceArguments.port`). Errors (the file is corrupt): not JSON, not the
+/// state file's shape (no `rules` list), or `version` or `rules` named twice.
+fn read_state(bytes: &[u8]) -> Result<StateRead, String> {
+    let (value, repeated) = super::json::with_repeats(bytes).map_err(|e| e.to_string())?;
+    if let Some(p) = repeated.iter().find(|p| !p.starts_with("rules[")) {
+        return Err(format!("key {p} appears twice"));
+    }
+    let f: StateFile<serde_json::Value> =
+        serde_json::from_value(value).map_err(|e| e.to_string())?;
+    Ok(StateRead {
+        entries: f.rules,
+        repeated,
+    })
+}
+
+/// Copies the rules file as read beside it (`rules.json.as-read-<unix secs>`, mode 0600) and
+/// logs it.
+fn keep_as_read(file: &Path) {
+    let copy = file.with_extension(format!("json.as-read-{}", unix_secs()));
+    match fs::read(file).and_then(|b| write_atomic(&copy, &b)) {
+        Ok(()) => tracing::warn!(file = %file.display(), copy = %copy.display(),
+            "rules.json holds what its next rewrite will not keep; the file as read is kept in the copy"),
+        Err(e) => tracing::error!(file = %file.display(), copy = %copy.display(), error = %e,
+            "copying rules.json as read failed"),
     }
 }
 
-/// One entry of the state file (`{"id", "rule"}`) as a rule. The rule goes through the API's
-/// own field checks ([`crate::api::fields::rule_from_value`]): a key that differs from a field
-/// only in case is renamed to it, as a `POST` of it is, and a key that is no field is named
-/// (`serviceArguments.bogusField: "bogusField" is not a field`), not listed against every
-/// field serde knows.
-fn parse_entry(stored: &serde_json::Value) -> Result<PersistedRule, String> {
+/// Reads one rule of the state file (its `rule` value): the rule, or why it is not one, naming
+/// the field. The daemon passes the API's own field checks, so a rule is restored only as a
+/// `POST` of it would be read.
+pub type RuleParser<'a> = &'a dyn Fn(serde_json::Value) -> Result<LbRule, String>;
+
+/// One entry of the state file (`{"id", "rule"}`) as a rule, the rule read by `parse`.
+fn parse_entry(
+    stored: &serde_json::Value,
+    parse: RuleParser<'_>,
+) -> Result<PersistedRule, String> {
     #[derive(serde::Deserialize)]
     struct Entry {
         id: u32,
         rule: serde_json::Value,
     }
     let entry: Entry = serde_json::from_value(stored.clone()).map_err(|e| e.to_string())?;
-    let rule = crate::api::fields::rule_from_value(entry.rule).map_err(|e| match e.field {
-        Some(field) if !e.message.starts_with(&field) => format!("{field}: {}", e.message),
-        _ => e.message,
-    })?;
+    let rule = parse(entry.rule)?;
     Ok(PersistedRule { id: entry.id, rule })
 }
 
@@ -257,7 +315,13 @@ mod tests {
     #[test]
     fn missing_file_is_an_empty_list() {
         let dir = tempfile::tempdir().expect("tmp");
-        assert!(load(&dir.path().join("rules.json")).is_empty());
+        assert!(
+            load(
+                &dir.path().join("rules.json"),
+                &crate::api::fields::restored_rule
+            )
+            .is_empty()
+        );
     }
 
     #[test]
@@ -265,7 +329,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tmp");
         let file = state_file(dir.path()).expect("state file");
         std::fs::write(&file, b"{not json").expect("write");
-        assert!(load(&file).is_empty());
+        assert!(load(&file, &crate::api::fields::restored_rule).is_empty());
         assert!(!file.exists(), "the corrupt file is no longer in the way");
         let aside: Vec<_> = std::fs::read_dir(dir.path())
             .expect("dir")
@@ -293,7 +357,7 @@ mod tests {
         bad["rule"]["serviceArguments"]["bogusField"] = serde_json::json!(1);
         let text = serde_json::json!({"version": 1, "rules": [good, bad]}).to_string();
         std::fs::write(&file, &text).expect("write");
-        let loaded = load(&file);
+        let loaded = load(&file, &crate::api::fields::restored_rule);
         assert_eq!(loaded.len(), 2);
         assert_eq!(loaded[0].as_ref().map(|l| l.parsed.id), Ok(3));
         let unparsed = loaded[1].as_ref().expect_err("unknown field");
@@ -310,6 +374,52 @@ mod tests {
         assert!(file.exists(), "the file is not moved aside");
     }
 
+    /// The files beside `file` whose names start with `rules.json.as-read-`, their contents.
+    fn as_read_copies(file: &Path) -> Vec<String> {
+        let dir = file.parent().expect("dir");
+        std::fs::read_dir(dir)
+            .expect("dir")
+            .filter_map(Result::ok)
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with("rules.json.as-read-")
+            })
+            .map(|e| std::fs::read_to_string(e.path()).expect("read"))
+            .collect()
+    }
+
+    const GOOD_RULE: &str = r#"{"serviceArguments": {"externalIP": "10.0.0.1", "port": 80},
+        "endpoints": [{"endpointIP": "10.0.1.1"}]}"#;
+
+    #[test]
+    fn a_key_named_twice_drops_its_entry_naming_the_key_and_keeps_the_file_as_read() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let file = state_file(dir.path()).expect("state file");
+        let twice = r#"{"serviceArguments": {"externalIP": "10.0.0.1", "port": 81, "port": 82},
+            "endpoints": [{"endpointIP": "10.0.1.1"}]}"#;
+        let text = format!(
+            r#"{{"version": 1, "rules": [{{"id": 3, "rule": {GOOD_RULE}}},
+                {{"id": 4, "rule": {twice}}}, {{"id": 5, "id": 6, "rule": {GOOD_RULE}}}]}}"#
+        );
+        std::fs::write(&file, &text).expect("write");
+        let loaded = load(&file, &crate::api::fields::restored_rule);
+        assert_eq!(loaded.len(), 3);
+        assert_eq!(loaded[0].as_ref().map(|l| l.parsed.id), Ok(3));
+        let bad = loaded[1].as_ref().expect_err("port twice");
+        assert_eq!(bad.id, 4);
+        assert!(
+            bad.error.starts_with(
+                "rule.serviceArguments.port appears twice in its object; loxi drops the rule"
+            ),
+            "{}",
+            bad.error
+        );
+        let bad = loaded[2].as_ref().expect_err("id twice");
+        assert!(bad.error.starts_with("id appears twice"), "{}", bad.error);
+        assert_eq!(as_read_copies(&file), [text]);
+    }
+
     #[test]
     fn save_then_load_round_trips_and_creates_the_state_dir() {
         let dir = tempfile::tempdir().expect("tmp");
@@ -320,7 +430,7 @@ mod tests {
         }))
         .expect("rule");
         save(&file, [(7, &rule)]).expect("save");
-        let loaded: Vec<LoadedRule> = load(&file)
+        let loaded: Vec<LoadedRule> = load(&file, &crate::api::fields::restored_rule)
             .into_iter()
             .collect::<Result<_, _>>()
             .expect("parses");
