@@ -152,48 +152,52 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
     // restored). An L4 rule on a daemon started
     // without `--xdp-iface` is kept and reported not served (`report_l4_rules_without_datapath`).
     let restored_certs = certs.snapshot();
-    let store = Arc::new(RuleStore::open_checked(&cfg.flags.state_dir, &|rule| {
-        proxy::upstream_tls::check(&rule.service)
-            .map_err(|e| format!("no longer configures its backend TLS ({e})"))?;
-        let s = &rule.service;
-        if s.security != 0 && !api::certs::servable(&restored_certs, &s.host) {
-            return Err(format!(
-                "serves TLS (security {}) but no restored certificate covers host {:?} and \
+    let store = Arc::new(RuleStore::open_checked(
+        &cfg.flags.state_dir,
+        &api::fields::restored_rule,
+        &|rule| {
+            proxy::upstream_tls::check(&rule.service)
+                .map_err(|e| format!("no longer configures its backend TLS ({e})"))?;
+            let s = &rule.service;
+            if s.security != 0 && !api::certs::servable(&restored_certs, &s.host) {
+                return Err(format!(
+                    "serves TLS (security {}) but no restored certificate covers host {:?} and \
                  there is no `default` one",
-                s.security, s.host
-            ));
-        }
-        // Only the `default` certificate would answer its handshakes. When a stored
-        // certificate failed to load, it may have been the host's: dropped, as POST would
-        // refuse it now (else clients that verify get the wrong certificate). Otherwise it was
-        // served so before the restart: kept, and said.
-        if s.security != 0
-            && !api::certs::has_certificate(&restored_certs, &s.host)
-            && !certs.unloaded().is_empty()
-        {
-            return Err(format!(
-                "serves TLS (security {}) for host {:?}, which no restored certificate's \
+                    s.security, s.host
+                ));
+            }
+            // Only the `default` certificate would answer its handshakes. When a stored
+            // certificate failed to load, it may have been the host's: dropped, as POST would
+            // refuse it now (else clients that verify get the wrong certificate). Otherwise it was
+            // served so before the restart: kept, and said.
+            if s.security != 0
+                && !api::certs::has_certificate(&restored_certs, &s.host)
+                && !certs.unloaded().is_empty()
+            {
+                return Err(format!(
+                    "serves TLS (security {}) for host {:?}, which no restored certificate's \
                  names match, and stored certificates failed to load ({}): only the `default` \
                  certificate would answer its handshakes; POST a certificate for the host, \
                  then the rule",
-                s.security,
-                s.host,
-                certs
-                    .unloaded()
-                    .iter()
-                    .map(|p| p.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ));
-        }
-        if s.security != 0 && !api::certs::has_certificate(&restored_certs, &s.host) {
-            tracing::warn!(host = %s.host, rule = %rule.key(),
+                    s.security,
+                    s.host,
+                    certs
+                        .unloaded()
+                        .iter()
+                        .map(|p| p.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+            }
+            if s.security != 0 && !api::certs::has_certificate(&restored_certs, &s.host) {
+                tracing::warn!(host = %s.host, rule = %rule.key(),
                 "restored TLS rule whose host no certificate's names match: its handshakes get \
                  the `default` certificate, which clients that verify the certificate refuse; \
                  POST a certificate for the host");
-        }
-        Ok(())
-    })?);
+            }
+            Ok(())
+        },
+    )?);
     let mut tasks = JoinSet::new();
     // A warning the moment a served certificate expires (`certs::store`).
     tasks.spawn(certs.clone().watch_expiry(shutdown.clone()));
@@ -229,7 +233,10 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
     let l4_failed = Arc::new(Mutex::new(None));
     let conntrack = l4::ConntrackHandle::default();
     tasks.spawn(run_l4(
-        L4Config::from(&cfg.flags.l4),
+        L4Config {
+            vip_state_dir: Some(cfg.flags.state_dir.clone()),
+            ..L4Config::from(&cfg.flags.l4)
+        },
         store.subscribe(),
         store.follower("l4"),
         l4_metrics,

@@ -38,6 +38,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+pub mod plain;
+
 /// Backlog of every fullproxy listening socket.
 pub const LISTEN_BACKLOG: i32 = 1024;
 

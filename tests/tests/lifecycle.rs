@@ -475,6 +475,32 @@ fn one_interface_on_both_hooks_is_a_usage_error() {
     );
 }
 
+/// `lo` attaches on either hook, but a client on the host then hangs on a VIP whose endpoints
+/// are elsewhere: refused at start, saying why and what to use.
+#[test]
+fn the_loopback_interface_as_a_data_path_interface_is_a_usage_error() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let state = dir.path().join("state").display().to_string();
+    for flag in ["--tc-iface", "--xdp-iface"] {
+        let (code, err) = failed_start(dir.path(), &["--state-dir", &state, flag, "lo"]);
+        assert_eq!(code, Some(2), "{flag}: {err}");
+        assert!(
+            err.starts_with(&format!(
+                "error: {flag} lo: the loopback interface cannot carry the L4 data path: a \
+                 client on this host reaches a VIP over lo"
+            )),
+            "{err}"
+        );
+        assert!(
+            err.contains(
+                "Name the interfaces remote clients and endpoints arrive on, and serve clients \
+                 on this host with a mode-4 (fullproxy) rule"
+            ),
+            "{err}"
+        );
+    }
+}
+
 #[test]
 fn a_bad_log_filter_is_reported_once() {
     let dir = tempfile::tempdir().expect("tmp");

@@ -49,6 +49,7 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
         xdp_ifaces: a.xdp_iface,
         tc_ifaces: a.tc_iface,
         vip_iface: a.vip_iface,
+        vip_state_dir: None,
         stats_interval: Duration::from_secs(1),
         force_generic: a.xdp_generic,
     };

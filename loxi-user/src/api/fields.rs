@@ -41,6 +41,17 @@ pub fn rule_from_value(mut value: Value) -> Result<LbRule, ApiError> {
     serde_path_to_error::deserialize(value).map_err(type_error)
 }
 
+/// [`rule_from_value`] for a rule of the state file at restore (`crate::rules::persist::load`'s
+/// parser): the error as one line naming the field
+/// (`serviceArguments.bogusField: "bogusField" is not a field`), not a list of every field
+/// serde knows.
+pub fn restored_rule(value: Value) -> Result<LbRule, String> {
+    rule_from_value(value).map_err(|e| match e.field {
+        Some(field) if !e.message.starts_with(&field) => format!("{field}: {}", e.message),
+        _ => e.message,
+    })
+}
+
 /// `body` as a JSON value, refusing an object that names the same key twice: serde_json's
 /// `Value` (and Go's `encoding/json`, so LoxiLB) keep the last silently, so the first value
 /// would be accepted and inert. 400 `body is not valid JSON` for a syntax error; 400 naming
@@ -49,17 +60,7 @@ pub fn rule_from_value(mut value: Value) -> Result<LbRule, ApiError> {
 /// bounded by serde_json's recursion limit (128).
 pub fn strict_json(body: &[u8]) -> Result<Value, ApiError> {
     super::error::utf8_body(body)?;
-    let repeated = std::cell::RefCell::new(None);
-    let mut de = serde_json::Deserializer::from_slice(body);
-    let parsed = serde::de::DeserializeSeed::deserialize(
-        strict::Seed {
-            path: String::new(),
-            repeated: &repeated,
-        },
-        &mut de,
-    )
-    .and_then(|v| de.end().map(|()| v));
-    match (parsed, repeated.into_inner()) {
+    match crate::rules::json::first_repeat(body) {
         (_, Some(field)) => Err(ApiError::invalid_field(
             field,
             "appears twice in its object; loxi refuses the body rather than keep one of the \
@@ -67,101 +68,6 @@ pub fn strict_json(body: &[u8]) -> Result<Value, ApiError> {
         )),
         (Ok(v), None) => Ok(v),
         (Err(e), None) => Err(ApiError::bad_body(format!("body is not valid JSON: {e}"))),
-    }
-}
-
-mod strict {
-    use std::cell::RefCell;
-    use std::fmt;
-
-    use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
-    use serde_json::{Map, Number, Value};
-
-    /// Deserialises one value at `path`; a repeated key's path is put in `repeated`.
-    pub(super) struct Seed<'a> {
-        pub(super) path: String,
-        pub(super) repeated: &'a RefCell<Option<String>>,
-    }
-
-    impl<'de> DeserializeSeed<'de> for Seed<'_> {
-        type Value = Value;
-
-        fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
-            d.deserialize_any(self)
-        }
-    }
-
-    impl Seed<'_> {
-        fn child(&self, seg: fmt::Arguments<'_>) -> Self {
-            Self {
-                path: format!("{}{seg}", self.path),
-                repeated: self.repeated,
-            }
-        }
-    }
-
-    impl<'de> Visitor<'de> for Seed<'_> {
-        type Value = Value;
-
-        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str("a JSON value")
-        }
-
-        fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
-            Ok(Value::Bool(v))
-        }
-
-        fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
-            Ok(Value::Number(v.into()))
-        }
-
-        fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
-            Ok(Value::Number(v.into()))
-        }
-
-        fn visit_f64<E: de::Error>(self, v: f64) -> Result<Value, E> {
-            Number::from_f64(v)
-                .map(Value::Number)
-                .ok_or_else(|| E::custom("a number JSON cannot hold"))
-        }
-
-        fn visit_str<E>(self, v: &str) -> Result<Value, E> {
-            Ok(Value::String(v.to_owned()))
-        }
-
-        fn visit_string<E>(self, v: String) -> Result<Value, E> {
-            Ok(Value::String(v))
-        }
-
-        fn visit_unit<E>(self) -> Result<Value, E> {
-            Ok(Value::Null)
-        }
-
-        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
-            let mut out = Vec::new();
-            while let Some(v) =
-                seq.next_element_seed(self.child(format_args!("[{}]", out.len())))?
-            {
-                out.push(v);
-            }
-            Ok(Value::Array(out))
-        }
-
-        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
-            let mut out = Map::new();
-            let dot = if self.path.is_empty() { "" } else { "." };
-            while let Some(key) = map.next_key::<String>()? {
-                if out.contains_key(&key) {
-                    let field = format!("{}{dot}{key}", self.path);
-                    let e = de::Error::custom(format_args!("key {field} appears twice"));
-                    *self.repeated.borrow_mut() = Some(field);
-                    return Err(e);
-                }
-                let v = map.next_value_seed(self.child(format_args!("{dot}{key}")))?;
-                out.insert(key, v);
-            }
-            Ok(Value::Object(out))
-        }
     }
 }
 

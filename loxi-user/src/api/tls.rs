@@ -291,12 +291,13 @@ async fn handshake(
     acceptor: &TlsAcceptor,
     mut stream: TcpStream,
 ) -> std::io::Result<TlsStream<TcpStream>> {
-    if crate::proxy::listener::plain_http(&mut stream)
+    if crate::listen::plain::plain_http(&mut stream)
         .await
         .is_some()
     {
         let body = plain_http_answer(stream.local_addr().ok());
-        crate::proxy::tls::answer_400_and_close(stream, "text/plain; charset=utf-8", &body).await;
+        crate::listen::plain::answer_400_and_close(stream, "text/plain; charset=utf-8", &body)
+            .await;
         return Err(std::io::Error::other(
             "plain HTTP sent to the HTTPS API port; answered 400",
         ));

@@ -24,6 +24,16 @@ pub struct L4Args {
     pub xdp_generic: bool,
 }
 
+/// Why `lo` is refused as an `--xdp-iface` or `--tc-iface`, and what to use instead. Either
+/// hook attaches to it, but a client on the LB host then hangs on a VIP whose endpoints are
+/// elsewhere: its packets come in on `lo` (from the VIP's own address), and the one the data
+/// path rewrites for the endpoint is not forwarded from there (the FIB lookup passes it to the
+/// kernel, which drops it).
+pub const LOOPBACK_REFUSED: &str = "the loopback interface cannot carry the L4 data path: a \
+    client on this host reaches a VIP over lo, and a packet rewritten there for an endpoint \
+    elsewhere is not forwarded, so the connection hangs. Name the interfaces remote clients and \
+    endpoints arrive on, and serve clients on this host with a mode-4 (fullproxy) rule";
+
 /// Runtime configuration of [`crate::l4::run`].
 #[derive(Debug, Clone)]
 pub struct L4Config {
@@ -34,6 +44,10 @@ pub struct L4Config {
     pub tc_ifaces: Vec<String>,
     /// Interface for VIP addresses; `None` disables VIP management.
     pub vip_iface: Option<String>,
+    /// The state dir, where the VIPs loxi adds are recorded so a restart after a crash adopts
+    /// them (`crate::netlink::VipManager::record_file`); `None`: not recorded, and VIPs left
+    /// by a killed daemon stay on the interface.
+    pub vip_state_dir: Option<std::path::PathBuf>,
     /// How often per-CPU counters are folded into the metrics.
     pub stats_interval: Duration,
     /// Skip native mode and attach generic XDP.
@@ -49,12 +63,16 @@ impl L4Args {
     /// The usage error for an interface named in both `--xdp-iface` and `--tc-iface` (its
     /// frames would run the data path twice: XDP first, then TC on the rewritten frame).
     /// An interface named twice in one of the lists is one too (the second attach would fail
-    /// with the kernel's "File exists").
+    /// with the kernel's "File exists"), and so is the loopback interface `lo` in either list
+    /// ([`LOOPBACK_REFUSED`]).
     pub fn check(&self) -> Result<(), String> {
         for (flag, list) in [
             ("--xdp-iface", &self.xdp_iface),
             ("--tc-iface", &self.tc_iface),
         ] {
+            if list.iter().any(|i| i == "lo") {
+                return Err(format!("{flag} lo: {LOOPBACK_REFUSED}"));
+            }
             if let Some((_, i)) = list
                 .iter()
                 .enumerate()
@@ -81,6 +99,7 @@ impl From<&L4Args> for L4Config {
             xdp_ifaces: a.xdp_iface.clone(),
             tc_ifaces: a.tc_iface.clone(),
             vip_iface: Some(a.vip_iface.clone()),
+            vip_state_dir: None,
             stats_interval: Duration::from_secs(1),
             force_generic: a.xdp_generic,
         }

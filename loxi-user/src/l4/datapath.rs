@@ -59,10 +59,10 @@ pub struct Datapath {
     tc_links: Vec<(String, SchedClassifierLinkId)>,
     /// `--tc-iface` attachments of [`TC_FULL_PROG_NAME`], with the interface's index then.
     full_links: Vec<(String, SchedClassifierLinkId, u32)>,
-    /// Ifindexes currently in `LOXI_EGRESS_XDP`.
-    xdp_egress: BTreeSet<u32>,
-    /// Ifindexes currently in `LOXI_EGRESS_PEER`.
-    peer_egress: BTreeSet<u32>,
+    /// Ifindexes in `LOXI_EGRESS_XDP`.
+    xdp_egress: MapKeys,
+    /// Ifindexes in `LOXI_EGRESS_PEER`.
+    peer_egress: MapKeys,
     /// Service keys currently in the map, with their endpoint count.
     installed: BTreeMap<[u8; 20], (ServiceKey, ServiceValue)>,
     /// What `LOXI_REPLY_VIP` holds ([`super::reply`]).
@@ -128,8 +128,8 @@ impl Datapath {
             links: Vec::new(),
             tc_links: Vec::new(),
             full_links: Vec::new(),
-            xdp_egress: BTreeSet::new(),
-            peer_egress: BTreeSet::new(),
+            xdp_egress: MapKeys::default(),
+            peer_egress: MapKeys::default(),
             installed: BTreeMap::new(),
             reply_vips: ReplyVipTable::default(),
             prog_id,
@@ -289,7 +289,7 @@ impl Datapath {
 
     /// Makes `LOXI_EGRESS_XDP` hold exactly `want` (see [`super::egress`]); logs each change.
     pub fn set_xdp_egress(&mut self, want: &BTreeSet<u32>) -> Result<(), L4Error> {
-        if *want == self.xdp_egress {
+        if self.xdp_egress.is(want) {
             return Ok(());
         }
         let mut map: DevMapHash<&mut MapData> = DevMapHash::try_from(
@@ -298,70 +298,31 @@ impl Datapath {
                 .ok_or(L4Error::MissingMap(MAP_EGRESS_XDP))?,
         )
         .map_err(|e| L4Error::map(MAP_EGRESS_XDP, e))?;
-        for gone in self.xdp_egress.difference(want) {
-            match map.remove(*gone) {
-                Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
-                // The kernel drops a device's entry when the device is unregistered: already
-                // gone, as wanted (a deleted interface would otherwise keep this update, and so
-                // every new egress, failing forever).
-                Err(aya::maps::MapError::SyscallError(e))
-                    if e.io_error.raw_os_error() == Some(libc::ENOENT) => {}
-                Err(e) => return Err(L4Error::map(MAP_EGRESS_XDP, e)),
-            }
-        }
-        for &new in want.difference(&self.xdp_egress) {
-            // The key is the device's own ifindex: the data path redirects by ifindex.
-            map.insert(new, new, None, 0)
-                .map_err(|e| L4Error::map(MAP_EGRESS_XDP, e))?;
-        }
+        set_keys(&mut map, MAP_EGRESS_XDP, &mut self.xdp_egress, want)?;
         tracing::info!(
             ifindexes = ?want,
             "egress interfaces taking XDP frames (others get the TC hand-off)"
         );
-        self.xdp_egress = want.clone();
         Ok(())
     }
 
     /// Makes `LOXI_EGRESS_PEER` hold exactly `want` (veths whose peer is in another namespace,
     /// [`super::egress::peer_elsewhere`]); logs each change.
     pub fn set_peer_egress(&mut self, want: &BTreeSet<u32>) -> Result<(), L4Error> {
-        if *want == self.peer_egress {
+        if self.peer_egress.is(want) {
             return Ok(());
         }
-        let had = std::mem::take(&mut self.peer_egress);
-        let r = self.write_peer_egress(&had, want);
-        // After a failure the map may hold any of both sets: the next call removes what
-        // is not wanted then.
-        self.peer_egress = match r {
-            Ok(()) => want.clone(),
-            Err(_) => had.union(want).copied().collect(),
-        };
-        r?;
+        let m = self
+            .ebpf
+            .map_mut(MAP_EGRESS_PEER)
+            .ok_or(L4Error::MissingMap(MAP_EGRESS_PEER))?;
+        let mut map: HashMap<&mut MapData, u32, u8> =
+            HashMap::try_from(m).map_err(|e| L4Error::map(MAP_EGRESS_PEER, e))?;
+        set_keys(&mut map, MAP_EGRESS_PEER, &mut self.peer_egress, want)?;
         tracing::info!(
             ifindexes = ?want,
             "egress veths with their peer in another namespace (the TC data path sends with bpf_redirect_peer)"
         );
-        Ok(())
-    }
-
-    fn write_peer_egress(
-        &mut self,
-        had: &BTreeSet<u32>,
-        want: &BTreeSet<u32>,
-    ) -> Result<(), L4Error> {
-        let mut map: HashMap<&mut MapData, u32, u8> = self.hash_map(MAP_EGRESS_PEER)?;
-        for gone in had.difference(want) {
-            match map.remove(gone) {
-                Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
-                Err(aya::maps::MapError::SyscallError(e))
-                    if e.io_error.raw_os_error() == Some(libc::ENOENT) => {}
-                Err(e) => return Err(L4Error::map(MAP_EGRESS_PEER, e)),
-            }
-        }
-        for new in want.difference(had) {
-            map.insert(new, 1, 0)
-                .map_err(|e| L4Error::map(MAP_EGRESS_PEER, e))?;
-        }
         Ok(())
     }
 
@@ -785,4 +746,196 @@ where
         .map_err(|e| L4Error::program("test run", e))?;
     out.truncate(r.data_size_out as usize);
     Ok((r.return_value, out))
+}
+
+/// A BPF map used as a set of ifindexes (its keys; each key's value is fixed by the map).
+trait KeySet {
+    /// Adds `key`.
+    fn add_key(&mut self, key: u32) -> Result<(), aya::maps::xdp::XdpMapError>;
+    /// Removes `key`.
+    fn remove_key(&mut self, key: u32) -> Result<(), aya::maps::MapError>;
+}
+
+impl KeySet for DevMapHash<&mut MapData> {
+    fn add_key(&mut self, key: u32) -> Result<(), aya::maps::xdp::XdpMapError> {
+        // The key is the device's own ifindex: the data path redirects by ifindex.
+        self.insert(key, key, None, 0)
+    }
+
+    fn remove_key(&mut self, key: u32) -> Result<(), aya::maps::MapError> {
+        self.remove(key)
+    }
+}
+
+impl KeySet for HashMap<&mut MapData, u32, u8> {
+    fn add_key(&mut self, key: u32) -> Result<(), aya::maps::xdp::XdpMapError> {
+        Ok(self.insert(key, 1, 0)?)
+    }
+
+    fn remove_key(&mut self, key: u32) -> Result<(), aya::maps::MapError> {
+        self.remove(&key)
+    }
+}
+
+/// What a BPF map used as a key set ([`KeySet`]) holds, as far as loxi knows.
+#[derive(Debug, Default)]
+struct MapKeys {
+    /// Every key the map may hold.
+    held: BTreeSet<u32>,
+    /// Whether the map holds exactly [`Self::held`] (false after a failed update, when it may
+    /// hold any part of it).
+    exact: bool,
+}
+
+impl MapKeys {
+    /// Whether the map is known to hold exactly `want` (nothing to do). An empty map at start
+    /// is exact.
+    fn is(&self, want: &BTreeSet<u32>) -> bool {
+        (self.exact || self.held.is_empty()) && self.held == *want
+    }
+}
+
+/// Makes the keys of `map` (named `name`) equal `want`. A key already gone counts as removed:
+/// the kernel drops a device's entry of a device map when the device is unregistered (a
+/// deleted interface would otherwise fail every later update). After a failure, `keys` holds
+/// the union of what the map held and `want` (it may now hold any of them), so the next call
+/// removes whatever is not wanted by then, and adds every wanted key again (an add that failed
+/// is retried; a repeated add overwrites).
+fn set_keys(
+    map: &mut impl KeySet,
+    name: &'static str,
+    keys: &mut MapKeys,
+    want: &BTreeSet<u32>,
+) -> Result<(), L4Error> {
+    let mut write = || {
+        for &gone in keys.held.difference(want) {
+            match map.remove_key(gone) {
+                Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
+                Err(aya::maps::MapError::SyscallError(e))
+                    if e.io_error.raw_os_error() == Some(libc::ENOENT) => {}
+                Err(e) => return Err(L4Error::map(name, e)),
+            }
+        }
+        for &new in want {
+            if keys.exact && keys.held.contains(&new) {
+                continue;
+            }
+            map.add_key(new).map_err(|e| L4Error::map(name, e))?;
+        }
+        Ok(())
+    };
+    let r = write();
+    *keys = match r {
+        Ok(()) => MapKeys {
+            held: want.clone(),
+            exact: true,
+        },
+        Err(_) => MapKeys {
+            held: keys.held.union(want).copied().collect(),
+            exact: false,
+        },
+    };
+    r
+}
+
+#[cfg(test)]
+mod set_keys_tests {
+    use std::collections::BTreeSet;
+
+    use aya::maps::MapError;
+    use aya::maps::xdp::XdpMapError;
+
+    use super::{KeySet, MapKeys, set_keys};
+
+    /// A key set in memory whose `add_key` of `fail_on` fails.
+    struct Fake {
+        keys: BTreeSet<u32>,
+        fail_on: Option<u32>,
+    }
+
+    impl KeySet for Fake {
+        fn add_key(&mut self, key: u32) -> Result<(), XdpMapError> {
+            if Some(key) == self.fail_on {
+                return Err(MapError::OutOfBounds {
+                    index: key,
+                    max_entries: 0,
+                }
+                .into());
+            }
+            self.keys.insert(key);
+            Ok(())
+        }
+
+        fn remove_key(&mut self, key: u32) -> Result<(), MapError> {
+            // A key the map no longer holds (a device unregistered) is KeyNotFound: removed.
+            if self.keys.remove(&key) {
+                Ok(())
+            } else {
+                Err(MapError::KeyNotFound)
+            }
+        }
+    }
+
+    fn keys(held: &[u32], exact: bool) -> MapKeys {
+        MapKeys {
+            held: held.iter().copied().collect(),
+            exact,
+        }
+    }
+
+    #[test]
+    fn the_keys_become_the_wanted_set_and_a_failure_leaves_the_union_to_clean_up_next() {
+        let mut map = Fake {
+            keys: BTreeSet::from([1, 2]),
+            fail_on: None,
+        };
+        let mut had = keys(&[1, 2, 7], true); // 7: already gone from the map
+        set_keys(&mut map, "T", &mut had, &BTreeSet::from([2, 3])).expect("set");
+        assert_eq!(map.keys, BTreeSet::from([2, 3]));
+        assert!(had.is(&BTreeSet::from([2, 3])));
+
+        map.fail_on = Some(5);
+        let want = BTreeSet::from([4, 5, 6]);
+        let err = set_keys(&mut map, "T", &mut had, &want).expect_err("adding 5 fails");
+        assert!(err.to_string().starts_with("map T: "), "{err}");
+        assert_eq!(
+            map.keys,
+            BTreeSet::from([4]),
+            "2 and 3 removed, 4 added, then 5 failed"
+        );
+        assert_eq!(
+            had.held,
+            BTreeSet::from([2, 3, 4, 5, 6]),
+            "what the map may hold"
+        );
+        assert!(!had.is(&want));
+
+        // The same set again: 5 and 6, never added, are added now.
+        map.fail_on = None;
+        set_keys(&mut map, "T", &mut had, &want).expect("set");
+        assert_eq!(map.keys, want);
+        assert!(had.is(&want));
+        set_keys(&mut map, "T", &mut had, &BTreeSet::from([6])).expect("set");
+        assert_eq!(map.keys, BTreeSet::from([6]));
+    }
+
+    #[test]
+    fn a_failed_first_add_is_retried_though_the_union_equals_the_wanted_set() {
+        let mut map = Fake {
+            keys: BTreeSet::new(),
+            fail_on: Some(9),
+        };
+        let mut had = MapKeys::default();
+        let want = BTreeSet::from([9]);
+        assert!(!had.is(&BTreeSet::from([1])) && had.is(&BTreeSet::new()));
+        set_keys(&mut map, "T", &mut had, &want).expect_err("adding 9 fails");
+        assert_eq!(had.held, want);
+        assert!(
+            !had.is(&want),
+            "not known to hold it: the next call retries"
+        );
+        map.fail_on = None;
+        set_keys(&mut map, "T", &mut had, &want).expect("set");
+        assert_eq!(map.keys, want);
+    }
 }

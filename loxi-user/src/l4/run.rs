@@ -34,7 +34,13 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), L4Error> {
     let mut vips = match &cfg.vip_iface {
-        Some(i) => Some(VipManager::new(i).await?),
+        Some(i) => {
+            let record = cfg
+                .vip_state_dir
+                .as_deref()
+                .map(|d| VipManager::record_file(d, i));
+            Some(VipManager::new(i, record).await?)
+        }
         None => None,
     };
     let links = if cfg.xdp_ifaces.is_empty() && cfg.tc_ifaces.is_empty() {

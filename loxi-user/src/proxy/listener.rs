@@ -44,6 +44,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::listen::Traffic;
+use crate::listen::plain::{PlainHttp, plain_http};
 
 use super::body::ProxyBody;
 use super::conn::{Activity, ConnLimits, Expiry, H2_PIECE, RequestGuard, TrackedIo};
@@ -313,11 +314,11 @@ impl Serving {
             // An HTTP/2 prior-knowledge client opens with `PRI * HTTP/2.0...` and gets a
             // GOAWAY saying so (it cannot read an HTTP/1 answer).
             match plain_http(&mut stream).await {
-                Some(super::tls::PlainHttp::H1) => {
+                Some(PlainHttp::H1) => {
                     super::tls::refuse_plain_http(stream).await;
                     return Err(std::io::Error::other("plain HTTP sent to a TLS listener"));
                 }
-                Some(super::tls::PlainHttp::H2) => {
+                Some(PlainHttp::H2) => {
                     super::tls::refuse_plain_h2(stream).await;
                     return Err(std::io::Error::other("plain HTTP/2 sent to a TLS listener"));
                 }
@@ -698,29 +699,6 @@ impl Body for ConnBody {
         }
         hint
     }
-}
-
-/// Which plain-HTTP client `stream` is (the fullproxy's TLS listeners and the HTTPS API ask):
-/// `None` for a TLS client (its first byte, peeked, not
-/// consumed, is not an upper-case letter). A plain-HTTP client is refused either way, so the
-/// bytes that tell the HTTP/2 preface's `PRI` from an HTTP/1 method are then read (consumed;
-/// each read waits for data, within the caller's handshake timeout, so a client that sends
-/// `P` and stops costs one waiting read, not a polling loop).
-pub async fn plain_http(stream: &mut TcpStream) -> Option<super::tls::PlainHttp> {
-    use tokio::io::AsyncReadExt;
-    let mut first = [0u8; 1];
-    if !matches!(stream.peek(&mut first).await, Ok(1) if first[0].is_ascii_uppercase()) {
-        return None;
-    }
-    let mut head = [0u8; 3];
-    let mut n = 0;
-    while n < head.len() && super::tls::H2_PREFACE.starts_with(&head[..n]) {
-        match stream.read(&mut head[n..]).await {
-            Ok(0) | Err(_) => break,
-            Ok(k) => n += k,
-        }
-    }
-    Some(super::tls::plain_http_kind(&head[..n]).unwrap_or(super::tls::PlainHttp::H1))
 }
 
 #[cfg(test)]

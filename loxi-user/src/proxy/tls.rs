@@ -112,37 +112,9 @@ impl ResolvesServerCert for SniResolver {
     }
 }
 
-/// The HTTP/2 connection preface (RFC 9113 §3.4) a prior-knowledge (h2c) client opens with.
-pub const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-
 /// The debug data of the GOAWAY answering an HTTP/2 prior-knowledge client on a TLS port.
 pub const H2_ON_TLS_DEBUG: &str = "plain_http_on_tls_port: plain HTTP/2 (h2c) was sent to a port that terminates TLS \
      (security 1): use https://";
-
-/// What the first bytes of a connection on a TLS listener are: `None` for a TLS client (or
-/// one too short to tell yet), else the plain-HTTP client it is. `PRI` (the start of the
-/// HTTP/2 preface, not an HTTP/1 method) is HTTP/2; any other upper-case start an HTTP/1 method.
-pub fn plain_http_kind(first: &[u8]) -> Option<PlainHttp> {
-    match first.first() {
-        Some(b) if b.is_ascii_uppercase() => {}
-        _ => return None,
-    }
-    let n = first.len().min(H2_PREFACE.len());
-    if n >= 3 && first[..n] == H2_PREFACE[..n] {
-        Some(PlainHttp::H2)
-    } else {
-        Some(PlainHttp::H1)
-    }
-}
-
-/// A plain-HTTP client on a TLS listener.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PlainHttp {
-    /// An HTTP/1 request line.
-    H1,
-    /// The HTTP/2 prior-knowledge preface.
-    H2,
-}
 
 /// The bytes answering an HTTP/2 prior-knowledge client on a TLS listener: the server's
 /// connection preface (an empty SETTINGS frame) and a GOAWAY (last stream 0, error
@@ -168,24 +140,7 @@ pub async fn refuse_plain_h2(mut stream: tokio::net::TcpStream) {
     use tokio::io::AsyncWriteExt;
     let _ = stream.write_all(&h2_refusal()).await;
     let _ = stream.shutdown().await;
-    linger(stream).await;
-}
-
-/// Reads (and drops) up to 64 KiB for at most a second before closing: closing with the
-/// request unread would reset the connection, and the client could lose the answer.
-async fn linger(mut stream: tokio::net::TcpStream) {
-    use tokio::io::AsyncReadExt;
-    let mut sink = [0u8; 4096];
-    let mut left = 64 << 10;
-    let drain = async {
-        while left > 0 {
-            match stream.read(&mut sink).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => left -= n.min(left),
-            }
-        }
-    };
-    let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
+    crate::listen::plain::linger(stream).await;
 }
 
 /// Answers a plain-HTTP client on a TLS listener with 400 `plain_http_on_tls_port` (the
@@ -200,27 +155,7 @@ pub async fn refuse_plain_http(stream: tokio::net::TcpStream) {
         "retryable": false,
     }})
     .to_string();
-    answer_400_and_close(stream, "application/json", &body).await;
-}
-
-/// Answers a plain-HTTP client on a TLS port with `400 Bad Request`, `content_type` and
-/// `body`, `Connection: close`, then closes lingering (the request is drained, not read, so
-/// that the close does not reset the connection before the client reads the answer).
-pub async fn answer_400_and_close(
-    mut stream: tokio::net::TcpStream,
-    content_type: &str,
-    body: &str,
-) {
-    use tokio::io::AsyncWriteExt;
-    let head = format!(
-        "HTTP/1.1 400 Bad Request\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\n\
-         connection: close\r\n\r\n",
-        body.len()
-    );
-    let _ = stream.write_all(head.as_bytes()).await;
-    let _ = stream.write_all(body.as_bytes()).await;
-    let _ = stream.shutdown().await;
-    linger(stream).await;
+    crate::listen::plain::answer_400_and_close(stream, "application/json", &body).await;
 }
 
 /// The server configuration of a listener serving `table`, certificates from `certs`.

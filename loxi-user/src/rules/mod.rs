@@ -2,6 +2,7 @@
 //! snapshot store and its state file.
 pub mod addr;
 pub mod error;
+pub mod json;
 pub mod model;
 pub mod persist;
 pub mod schema;

@@ -89,7 +89,16 @@ pub struct UnparsedRule {
 /// being an [`UnparsedRule`]. A missing file is an empty list; an unreadable or corrupt one
 /// (not JSON, or not the state file's shape: no `rules` list) is moved aside to
 /// `rules.json.corrupt-<unix secs>` with an error log, and an empty list is returned.
-pub fn load(file: &Path) -> Vec<Result<LoadedRule, UnparsedRule>> {
+///
+/// The file's keys are read as a rule's are: `version`, `rules` and each entry's `id` and
+/// `rule` in any ASCII case (`Rules`); each rule is read by `parse` (the daemon's reads its
+/// keys as a `POST`'s are, `crate::api::fields::restored_rule`). An entry that names a key
+/// twice anywhere (`"port"` twice in one object), as a `POST` naming one twice is refused, or
+/// that has a key other than `id` and `rule`, is an [`UnparsedRule`] naming it. A key of the file other than `version` and `rules` is logged as
+/// an error naming it (the next rewrite of `rules.json` does not keep it). Whenever the file
+/// holds something a rewrite would not keep (such a key, a repeated key), it is first copied
+/// as read to `rules.json.as-read-<unix secs>`, so nothing of it is lost.
+pub fn load(file: &Path, parse: RuleParser<'_>) -> Vec<Result<LoadedRule, UnparsedRule>> {
     let bytes = match fs::read(file) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Vec::new(),
@@ -98,23 +107,12 @@ pub fn load(file: &Path) -> Vec<Result<LoadedRule, UnparsedRule>> {
             return Vec::new();
         }
     };
-    match serde_json::from_slice::<StateFile<serde_json::Value>>(&bytes) {
-        Ok(f) => f
-            .rules
-            .into_iter()
-            .map(|stored| match parse_entry(&stored) {
-                Ok(parsed) => Ok(LoadedRule { parsed, stored }),
-                Err(error) => Err(UnparsedRule {
-                    id: stored
-                        .get("id")
-                        .and_then(serde_json::Value::as_u64)
-                        .and_then(|id| u32::try_from(id).ok())
-                        .unwrap_or(0),
-                    stored,
-                    error,
-                }),
-            })
-            .collect(),
+    let StateRead {
+        entries,
+        unknown,
+        repeated,
+    } = match read_state(&bytes) {
+        Ok(r) => r,
         Err(e) => {
             let aside = file.with_extension(format!("json.corrupt-{}", unix_secs()));
             let moved = fs::rename(file, &aside);
@@ -122,28 +120,152 @@ pub fn load(file: &Path) -> Vec<Result<LoadedRule, UnparsedRule>> {
                 file = %file.display(), aside = %aside.display(), error = %e, moved = moved.is_ok(),
                 "rules file is corrupt; moved aside, starting with no rules"
             );
-            Vec::new()
+            return Vec::new();
         }
+    };
+    if !unknown.is_empty() || !repeated.is_empty() {
+        keep_as_read(file, &unknown);
+    }
+    entries
+        .into_iter()
+        .enumerate()
+        .map(|(n, stored)| {
+            let prefix = format!("rules[{n}].");
+            let twice = repeated.iter().find_map(|p| p.strip_prefix(&prefix));
+            let parsed = match twice {
+                Some(field) => Err(format!(
+                    "{field} appears twice in its object; loxi drops the rule rather than keep \
+                     one of the values silently, as a POST naming a key twice is refused"
+                )),
+                None => parse_entry(&stored, parse),
+            };
+            match parsed {
+                Ok(parsed) => Ok(LoadedRule { parsed, stored }),
+                Err(error) => Err(UnparsedRule {
+                    id: key_ci(&stored, "id")
+                        .and_then(serde_json::Value::as_u64)
+                        .and_then(|id| u32::try_from(id).ok())
+                        .unwrap_or(0),
+                    stored,
+                    error,
+                }),
+            }
+        })
+        .collect()
+}
+
+/// What [`read_state`] finds in the state file.
+struct StateRead {
+    /// The rule entries, as stored.
+    entries: Vec<serde_json::Value>,
+    /// The file's keys other than `version` and `rules`.
+    unknown: Vec<String>,
+    /// The path of every key named twice (`rules[0].rule.serviceArguments.port`).
+    repeated: Vec<String>,
+}
+
+/// The rule entries of the state file `bytes`, the file's keys other than `version` and
+/// `rules`, and the path of every key named twice (`rules[0].rule.serviceArguments.port`).
+/// Errors (the file is corrupt): not JSON, not an object, no `rules` list, `version` not a
+/// number, or one of them named twice (`rules` and `Rules`).
+fn read_state(bytes: &[u8]) -> Result<StateRead, String> {
+    let (value, repeated) = super::json::with_repeats(bytes).map_err(|e| e.to_string())?;
+    let serde_json::Value::Object(top) = value else {
+        return Err("not a JSON object {version, rules}".into());
+    };
+    if let Some(p) = repeated.iter().find(|p| !p.starts_with("rules[")) {
+        return Err(format!("key {p} appears twice"));
+    }
+    let mut rules = None;
+    let mut unknown = Vec::new();
+    for (k, v) in top {
+        let slot = if k.eq_ignore_ascii_case("rules") {
+            Some(&mut rules)
+        } else if k.eq_ignore_ascii_case("version") {
+            if !v.is_u64() {
+                return Err(format!("{k:?} is not a version number"));
+            }
+            None
+        } else {
+            unknown.push(k);
+            continue;
+        };
+        if let Some(slot) = slot {
+            if slot.is_some() {
+                return Err(format!("two keys name the rules list (one is {k:?})"));
+            }
+            *slot = Some(v);
+        }
+    }
+    match rules {
+        Some(serde_json::Value::Array(entries)) => Ok(StateRead {
+            entries,
+            unknown,
+            repeated,
+        }),
+        Some(_) => Err("\"rules\" is not a list".into()),
+        None => Err("no \"rules\" list".into()),
     }
 }
 
-/// One entry of the state file (`{"id", "rule"}`) as a rule. The rule goes through the API's
-/// own field checks ([`crate::api::fields::rule_from_value`]): a key that differs from a field
-/// only in case is renamed to it, as a `POST` of it is, and a key that is no field is named
-/// (`serviceArguments.bogusField: "bogusField" is not a field`), not listed against every
-/// field serde knows.
-fn parse_entry(stored: &serde_json::Value) -> Result<PersistedRule, String> {
-    #[derive(serde::Deserialize)]
-    struct Entry {
-        id: u32,
-        rule: serde_json::Value,
+/// Copies the rules file as read beside it (`rules.json.as-read-<unix secs>`, mode 0600) and
+/// logs it, naming the file's keys other than `version` and `rules` (`unknown`).
+fn keep_as_read(file: &Path, unknown: &[String]) {
+    let copy = file.with_extension(format!("json.as-read-{}", unix_secs()));
+    let copied = fs::read(file).and_then(|b| write_atomic(&copy, &b));
+    if !unknown.is_empty() {
+        tracing::error!(file = %file.display(), keys = ?unknown,
+            "rules.json has keys other than \"version\" and \"rules\"; loxi does not read them \
+             and the next rewrite of rules.json does not keep them");
     }
-    let entry: Entry = serde_json::from_value(stored.clone()).map_err(|e| e.to_string())?;
-    let rule = crate::api::fields::rule_from_value(entry.rule).map_err(|e| match e.field {
-        Some(field) if !e.message.starts_with(&field) => format!("{field}: {}", e.message),
-        _ => e.message,
-    })?;
-    Ok(PersistedRule { id: entry.id, rule })
+    match copied {
+        Ok(()) => tracing::warn!(file = %file.display(), copy = %copy.display(),
+            "rules.json holds what its next rewrite will not keep; the file as read is kept in the copy"),
+        Err(e) => tracing::error!(file = %file.display(), copy = %copy.display(), error = %e,
+            "copying rules.json as read failed"),
+    }
+}
+
+/// The value of `obj`'s key `name`, matched ignoring ASCII case (the first such key).
+fn key_ci<'a>(obj: &'a serde_json::Value, name: &str) -> Option<&'a serde_json::Value> {
+    obj.as_object()?
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case(name))
+        .map(|(_, v)| v)
+}
+
+/// Reads one rule of the state file (its `rule` value): the rule, or why it is not one, naming
+/// the field. The daemon passes the API's own field checks, so a rule is restored only as a
+/// `POST` of it would be read.
+pub type RuleParser<'a> = &'a dyn Fn(serde_json::Value) -> Result<LbRule, String>;
+
+/// One entry of the state file (`{"id", "rule"}`, keys in any ASCII case) as a rule, the rule
+/// read by `parse`. Another key of the entry, or `id`/`rule` named twice in different cases, is
+/// an error naming it.
+fn parse_entry(stored: &serde_json::Value, parse: RuleParser<'_>) -> Result<PersistedRule, String> {
+    let obj = stored
+        .as_object()
+        .ok_or("the entry is not a JSON object {id, rule}")?;
+    let (mut id, mut rule) = (None, None);
+    for (k, v) in obj {
+        let slot = if k.eq_ignore_ascii_case("id") {
+            &mut id
+        } else if k.eq_ignore_ascii_case("rule") {
+            &mut rule
+        } else {
+            return Err(format!(
+                "{k:?} is not a key of a rules.json entry (id, rule)"
+            ));
+        };
+        if slot.is_some() {
+            return Err(format!("{k:?} names a key of the entry a second time"));
+        }
+        *slot = Some(v);
+    }
+    let id = id.ok_or("missing field `id`")?;
+    let id: u32 = serde_json::from_value(id.clone()).map_err(|e| format!("id: {e}"))?;
+    let rule = parse(rule.ok_or("missing field `rule`")?.clone())?;
+    Ok(PersistedRule { id, rule })
 }
 
 /// Seconds since the Unix epoch (0 if the clock is before it).
@@ -216,28 +338,36 @@ pub fn save<'a>(
             .collect(),
     })
     .map_err(|e| err(std::io::Error::other(e)))?;
-    let tmp = file.with_extension("json.tmp");
+    write_atomic(file, &body).map_err(err)
+}
+
+/// Replaces `file` with `body` atomically, mode 0600: a temporary file beside it (`<file>.tmp`
+/// with the extension replaced, e.g. `rules.json.tmp`), fsync, rename over `file`, fsync of the
+/// directory. A reader (or a restart after a crash) sees the old contents or the new, never a
+/// part.
+pub fn write_atomic(file: &Path, body: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let ext = match file.extension() {
+        Some(e) => format!("{}.tmp", e.to_string_lossy()),
+        None => "tmp".to_string(),
+    };
+    let tmp = file.with_extension(ext);
     {
-        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
         let mut f = fs::OpenOptions::new()
             .write(true)
             .create(true)
             .truncate(true)
             .mode(0o600)
-            .open(&tmp)
-            .map_err(err)?;
+            .open(&tmp)?;
         // A temporary file left by an older loxi keeps its mode through `open`.
-        f.set_permissions(fs::Permissions::from_mode(0o600))
-            .map_err(err)?;
-        f.write_all(&body).map_err(err)?;
-        f.sync_all().map_err(err)?;
+        f.set_permissions(fs::Permissions::from_mode(0o600))?;
+        f.write_all(body)?;
+        f.sync_all()?;
     }
-    fs::rename(&tmp, file).map_err(err)?;
-    if let Some(dir) = file.parent() {
+    fs::rename(&tmp, file)?;
+    if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty()) {
         // Make the rename itself durable.
-        fs::File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(err)?;
+        fs::File::open(dir).and_then(|d| d.sync_all())?;
     }
     Ok(())
 }
@@ -249,7 +379,13 @@ mod tests {
     #[test]
     fn missing_file_is_an_empty_list() {
         let dir = tempfile::tempdir().expect("tmp");
-        assert!(load(&dir.path().join("rules.json")).is_empty());
+        assert!(
+            load(
+                &dir.path().join("rules.json"),
+                &crate::api::fields::restored_rule
+            )
+            .is_empty()
+        );
     }
 
     #[test]
@@ -257,7 +393,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tmp");
         let file = state_file(dir.path()).expect("state file");
         std::fs::write(&file, b"{not json").expect("write");
-        assert!(load(&file).is_empty());
+        assert!(load(&file, &crate::api::fields::restored_rule).is_empty());
         assert!(!file.exists(), "the corrupt file is no longer in the way");
         let aside: Vec<_> = std::fs::read_dir(dir.path())
             .expect("dir")
@@ -285,7 +421,7 @@ mod tests {
         bad["rule"]["serviceArguments"]["bogusField"] = serde_json::json!(1);
         let text = serde_json::json!({"version": 1, "rules": [good, bad]}).to_string();
         std::fs::write(&file, &text).expect("write");
-        let loaded = load(&file);
+        let loaded = load(&file, &crate::api::fields::restored_rule);
         assert_eq!(loaded.len(), 2);
         assert_eq!(loaded[0].as_ref().map(|l| l.parsed.id), Ok(3));
         let unparsed = loaded[1].as_ref().expect_err("unknown field");
@@ -302,6 +438,105 @@ mod tests {
         assert!(file.exists(), "the file is not moved aside");
     }
 
+    /// The files beside `file` whose names start with `rules.json.as-read-`, their contents.
+    fn as_read_copies(file: &Path) -> Vec<String> {
+        let dir = file.parent().expect("dir");
+        std::fs::read_dir(dir)
+            .expect("dir")
+            .filter_map(Result::ok)
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with("rules.json.as-read-")
+            })
+            .map(|e| std::fs::read_to_string(e.path()).expect("read"))
+            .collect()
+    }
+
+    const GOOD_RULE: &str = r#"{"serviceArguments": {"externalIP": "10.0.0.1", "port": 80},
+        "endpoints": [{"endpointIP": "10.0.1.1"}]}"#;
+
+    #[test]
+    fn the_files_keys_are_read_in_any_case_like_a_rules_keys() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let file = state_file(dir.path()).expect("state file");
+        let text = format!(r#"{{"Version": 1, "RULES": [{{"ID": 3, "Rule": {GOOD_RULE}}}]}}"#);
+        std::fs::write(&file, &text).expect("write");
+        let loaded = load(&file, &crate::api::fields::restored_rule);
+        assert_eq!(loaded.len(), 1);
+        let rule = loaded[0].as_ref().expect("restored");
+        assert_eq!(rule.parsed.id, 3);
+        assert_eq!(rule.parsed.rule.service.port, 80);
+        assert!(as_read_copies(&file).is_empty(), "nothing to keep aside");
+        assert!(file.exists());
+    }
+
+    #[test]
+    fn a_key_named_twice_drops_its_entry_naming_the_key_and_keeps_the_file_as_read() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let file = state_file(dir.path()).expect("state file");
+        let twice = r#"{"serviceArguments": {"externalIP": "10.0.0.1", "port": 81, "port": 82},
+            "endpoints": [{"endpointIP": "10.0.1.1"}]}"#;
+        let text = format!(
+            r#"{{"version": 1, "rules": [{{"id": 3, "rule": {GOOD_RULE}}},
+                {{"id": 4, "rule": {twice}}}, {{"id": 5, "id": 6, "rule": {GOOD_RULE}}}]}}"#
+        );
+        std::fs::write(&file, &text).expect("write");
+        let loaded = load(&file, &crate::api::fields::restored_rule);
+        assert_eq!(loaded.len(), 3);
+        assert_eq!(loaded[0].as_ref().map(|l| l.parsed.id), Ok(3));
+        let bad = loaded[1].as_ref().expect_err("port twice");
+        assert_eq!(bad.id, 4);
+        assert!(
+            bad.error.starts_with(
+                "rule.serviceArguments.port appears twice in its object; loxi drops the rule"
+            ),
+            "{}",
+            bad.error
+        );
+        let bad = loaded[2].as_ref().expect_err("id twice");
+        assert!(bad.error.starts_with("id appears twice"), "{}", bad.error);
+        assert_eq!(as_read_copies(&file), [text]);
+    }
+
+    #[test]
+    fn keys_that_are_not_the_files_are_refused_or_kept_as_read_never_dropped_silently() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let file = state_file(dir.path()).expect("state file");
+        let text = format!(
+            r#"{{"version": 1, "comment": "by hand", "rules": [{{"id": 3, "rule": {GOOD_RULE}}},
+                {{"id": 4, "note": "x", "rule": {GOOD_RULE}}}]}}"#
+        );
+        std::fs::write(&file, &text).expect("write");
+        let (loaded, log) =
+            crate::telemetry::LogBuf::capture(|| load(&file, &crate::api::fields::restored_rule));
+        assert_eq!(loaded.len(), 2);
+        assert_eq!(loaded[0].as_ref().map(|l| l.parsed.id), Ok(3));
+        let bad = loaded[1].as_ref().expect_err("unknown entry key");
+        assert_eq!(bad.id, 4);
+        assert_eq!(
+            bad.error,
+            "\"note\" is not a key of a rules.json entry (id, rule)"
+        );
+        assert!(
+            log.contains("rules.json has keys other than") && log.contains("comment"),
+            "{log}"
+        );
+        assert_eq!(as_read_copies(&file), [text]);
+    }
+
+    #[test]
+    fn the_rules_list_named_twice_in_two_cases_is_a_corrupt_file() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let file = state_file(dir.path()).expect("state file");
+        std::fs::write(&file, r#"{"version": 1, "rules": [], "Rules": []}"#).expect("write");
+        let (loaded, log) =
+            crate::telemetry::LogBuf::capture(|| load(&file, &crate::api::fields::restored_rule));
+        assert!(loaded.is_empty());
+        assert!(!file.exists(), "moved aside");
+        assert!(log.contains("two keys name the rules list"), "{log}");
+    }
+
     #[test]
     fn save_then_load_round_trips_and_creates_the_state_dir() {
         let dir = tempfile::tempdir().expect("tmp");
@@ -312,7 +547,7 @@ mod tests {
         }))
         .expect("rule");
         save(&file, [(7, &rule)]).expect("save");
-        let loaded: Vec<LoadedRule> = load(&file)
+        let loaded: Vec<LoadedRule> = load(&file, &crate::api::fields::restored_rule)
             .into_iter()
             .collect::<Result<_, _>>()
             .expect("parses");

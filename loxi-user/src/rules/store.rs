@@ -168,7 +168,12 @@ fn stored_key(stored: &serde_json::Value) -> String {
             .map(|(_, v)| v.clone())
             .unwrap_or_default()
     };
-    let rule = stored.get("rule").unwrap_or(stored);
+    let entry_rule = get(stored, "rule");
+    let rule = if entry_rule.is_null() {
+        stored
+    } else {
+        &entry_rule
+    };
     let svc = get(rule, "serviceArguments");
     let part = |key: &str| match get(&svc, key) {
         serde_json::Value::String(s) => s,
@@ -245,31 +250,29 @@ impl RuleStore {
         Self::with(None, BTreeMap::new(), 0)
     }
 
-    /// Opens the store in `state_dir` (created if missing) and restores `rules.json`.
+    /// Opens the store in `state_dir` (created if missing) and restores `rules.json`, each rule
+    /// read by `parse` (the daemon passes the API's field checks, which live above this layer:
+    /// `crate::api::fields::restored_rule`).
     /// A corrupt file (not JSON, or no `rules` list) is moved aside
     /// (`rules.json.corrupt-<unix secs>`), logged, and the store starts empty. A rule that does
-    /// not parse (an unknown field, a wrong type), no longer validates (or whose key a later
-    /// rule of the file takes) is dropped, and kept as stored in `rules.dropped-<unix secs>.json`
-    /// ([`persist::save_dropped`]) before the next write can erase it from `rules.json`; each
-    /// is logged naming that file. A rule restored with fields the API now refuses reset (each
-    /// logged once with its old and new value) or with an id minted is written back to
-    /// `rules.json` (the store's atomic write), so the next start restores it as it is now.
+    /// not parse (an unknown field, a wrong type, a key named twice), no longer validates (or
+    /// whose key a later rule of the file takes) is dropped, and kept as stored in
+    /// `rules.dropped-<unix secs>.json` ([`persist::save_dropped`]) before the next write can
+    /// erase it from `rules.json`; each is logged naming that file. A rule restored with fields
+    /// the API now refuses reset (each logged once with its old and new value) or with an id
+    /// minted is written back to `rules.json` (the store's atomic write), so the next start
+    /// restores it as it is now.
+    ///
+    /// A valid rule that `check` refuses is dropped (and kept aside) too: what the API checks at
+    /// `POST` outside this layer (the daemon passes the fullproxy's backend TLS check: a
+    /// `security: 2` rule whose `backend_ca_file` is no longer readable). `check`'s `Err`
+    /// completes "dropping a restored rule that …".
     ///
     /// # Errors
     /// The state directory cannot be created, or dropped rules cannot be kept.
-    pub fn open(state_dir: &Path) -> Result<Self, PersistError> {
-        Self::open_checked(state_dir, &|_| Ok(()))
-    }
-
-    /// [`Self::open`], also dropping (and keeping aside, as above) a valid rule that `check`
-    /// refuses: what the API checks at `POST` outside this layer (the daemon passes the
-    /// fullproxy's backend TLS check: a `security: 2` rule whose `backend_ca_file` is no longer
-    /// readable). `check`'s `Err` completes "dropping a restored rule that …".
-    ///
-    /// # Errors
-    /// As [`Self::open`].
     pub fn open_checked(
         state_dir: &Path,
+        parse: persist::RuleParser<'_>,
         check: &dyn Fn(&LbRule) -> Result<(), String>,
     ) -> Result<Self, PersistError> {
         let file = persist::state_file(state_dir)?;
@@ -280,7 +283,7 @@ impl RuleStore {
         let mut dropped: Vec<(u32, serde_json::Value, String)> = Vec::new();
         // A restored rule was changed (fields reset, an id minted): rules.json is rewritten.
         let mut rewrite = false;
-        for loaded in persist::load(&file) {
+        for loaded in persist::load(&file, parse) {
             let loaded = match loaded {
                 Ok(l) => l,
                 Err(u) => {
@@ -716,6 +719,12 @@ fn check_l4_capacity(cur: &RuleSnapshot, rule: &LbRule) -> Result<(), RuleError>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// [`RuleStore::open_checked`] with the API's rule parser (as the daemon's) and no further
+    /// check.
+    fn open(state_dir: &Path) -> Result<RuleStore, PersistError> {
+        RuleStore::open_checked(state_dir, &crate::api::fields::restored_rule, &|_| Ok(()))
+    }
     use crate::rules::model::ServiceArgs;
     use serde_json::json;
 
@@ -872,7 +881,7 @@ mod tests {
     fn reopening_the_state_dir_restores_rules_and_ids_and_never_reuses_an_id() {
         let dir = tempfile::tempdir().expect("tmp");
         {
-            let store = RuleStore::open(dir.path()).expect("open");
+            let store = open(dir.path()).expect("open");
             store.upsert(rule(80, 0, "")).expect("ok");
             store.upsert(rule(81, 2, "")).expect("ok");
             store.upsert(rule(82, 0, "")).expect("ok");
@@ -880,7 +889,7 @@ mod tests {
                 .delete("10.0.0.1", 82, "tcp", "", "")
                 .expect("deleted");
         }
-        let store = RuleStore::open(dir.path()).expect("reopen");
+        let store = open(dir.path()).expect("reopen");
         let snap = store.snapshot();
         let got: Vec<(u16, u8, u32)> = snap
             .rules
@@ -906,7 +915,7 @@ mod tests {
     fn a_failed_write_rejects_the_change_and_keeps_the_snapshot() {
         let dir = tempfile::tempdir().expect("tmp");
         let state = dir.path().join("state");
-        let store = RuleStore::open(&state).expect("open");
+        let store = open(&state).expect("open");
         std::fs::remove_dir_all(&state).expect("pull the state dir away");
         let e = store.upsert(rule(80, 0, "")).expect_err("cannot persist");
         assert!(matches!(e, StoreError::Persist(_)), "{e:?}");
@@ -920,7 +929,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tmp");
         let file = json!({"version": 1, "rules": rules});
         std::fs::write(dir.path().join("rules.json"), file.to_string()).expect("write");
-        let store = RuleStore::open(dir.path()).expect("open");
+        let store = open(dir.path()).expect("open");
         let snap = store.snapshot();
         snap.rules
             .values()
@@ -977,7 +986,7 @@ mod tests {
         let file =
             json!({"version": 1, "rules": [{"id": 9, "rule": r}, {"id": 10, "rule": no_id}]});
         std::fs::write(&path, file.to_string()).expect("write");
-        let (_, text) = LogBuf::capture(|| RuleStore::open(dir.path()).expect("open"));
+        let (_, text) = LogBuf::capture(|| open(dir.path()).expect("open"));
         let warns: Vec<&str> = text.lines().filter(|l| l.contains("WARN")).collect();
         assert_eq!(warns.len(), 1, "{text}");
         assert!(
@@ -996,7 +1005,7 @@ mod tests {
         let minted = svc(1)["id"].as_str().unwrap_or_default().to_owned();
         assert_eq!(minted.len(), 36, "the minted id is written back: {on_disk}");
         // The next start: nothing to reset, nothing logged, nothing written.
-        let (again, text) = LogBuf::capture(|| RuleStore::open(dir.path()).expect("reopen"));
+        let (again, text) = LogBuf::capture(|| open(dir.path()).expect("reopen"));
         assert!(!text.contains("WARN"), "{text}");
         assert_eq!(std::fs::read(&path).expect("read"), written);
         let got: Vec<(u32, String, String)> = again
@@ -1119,8 +1128,7 @@ mod tests {
         let other = json!({"id": 6, "rule": serde_json::to_value(rule(82, 0, "")).expect("v")});
         let file = json!({"version": 1, "rules": [good, bad.clone(), other]});
         std::fs::write(dir.path().join("rules.json"), file.to_string()).expect("write");
-        let (store, log) =
-            crate::telemetry::LogBuf::capture(|| RuleStore::open(dir.path()).expect("open"));
+        let (store, log) = crate::telemetry::LogBuf::capture(|| open(dir.path()).expect("open"));
         let ids: Vec<u32> = store.snapshot().rules.values().map(|r| r.id).collect();
         assert_eq!(ids, vec![4, 6]);
         assert_eq!(
@@ -1141,6 +1149,49 @@ mod tests {
         );
         assert!(line.contains("10.0.0.1:81/tcp"), "{line}");
         assert!(!line.contains("expected one of"), "{line}");
+    }
+
+    /// A stored rule naming a key twice (`"port"` twice: a hand edit) is dropped with its
+    /// reason, as a `POST` naming a key twice is refused, not restored with the last value;
+    /// the file's other rules are restored and the file as read is kept (the dropped-rules
+    /// file can hold only one of the values).
+    #[test]
+    fn a_restored_rule_naming_a_key_twice_is_dropped_alone() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let text = r#"{"version": 1, "rules": [
+            {"id": 4, "rule": {"serviceArguments": {"externalIP": "10.0.0.1", "port": 80,
+                "mode": 4}, "endpoints": [{"endpointIP": "10.0.1.1", "targetPort": 8000}]}},
+            {"id": 5, "rule": {"serviceArguments": {"externalIP": "10.0.0.1", "port": 81,
+                "port": 82, "mode": 4}, "endpoints": [{"endpointIP": "10.0.1.1",
+                "targetPort": 8000}]}}
+        ]}"#;
+        std::fs::write(dir.path().join("rules.json"), text).expect("write");
+        let (store, log) = crate::telemetry::LogBuf::capture(|| open(dir.path()).expect("open"));
+        let ids: Vec<u32> = store.snapshot().rules.values().map(|r| r.id).collect();
+        assert_eq!(ids, vec![4]);
+        let line = log
+            .lines()
+            .find(|l| l.contains("dropping a restored rule"))
+            .unwrap_or_else(|| panic!("no drop log in {log}"));
+        assert!(
+            line.contains(
+                "that does not parse as a rule (rule.serviceArguments.port appears twice in its \
+                 object; loxi drops the rule rather than keep one of the values silently"
+            ),
+            "{line}"
+        );
+        assert_eq!(dropped_files(dir.path()).len(), 1);
+        let as_read: Vec<_> = std::fs::read_dir(dir.path())
+            .expect("dir")
+            .filter_map(Result::ok)
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with("rules.json.as-read-")
+            })
+            .map(|e| std::fs::read_to_string(e.path()).expect("read"))
+            .collect();
+        assert_eq!(as_read, [text]);
     }
 
     /// A stored rule whose keys differ from loxi's spelling only in case (a hand edit, as the
@@ -1165,7 +1216,7 @@ mod tests {
         ep.insert("TargetPort".into(), port);
         let file = json!({"version": 1, "rules": [{"id": 9, "rule": r.clone()}]});
         std::fs::write(dir.path().join("rules.json"), file.to_string()).expect("write");
-        let store = RuleStore::open(dir.path()).expect("open");
+        let store = open(dir.path()).expect("open");
         let snap = store.snapshot();
         let kept: Vec<(u32, String, u16, u32, u8, u16)> = snap
             .rules
@@ -1203,7 +1254,7 @@ mod tests {
         let ok = json!({"id": 4, "rule": serde_json::to_value(rule(83, 0, "")).expect("v")});
         let file = json!({"version": 1, "rules": [first, same_sid.clone(), same_uuid.clone(), ok]});
         std::fs::write(dir.path().join("rules.json"), file.to_string()).expect("write");
-        let store = RuleStore::open(dir.path()).expect("open");
+        let store = open(dir.path()).expect("open");
         let kept: Vec<(u32, u16)> = store
             .snapshot()
             .rules
@@ -1251,7 +1302,7 @@ mod tests {
         bad["rule"]["serviceArguments"]["externalIP"] = json!("999.1.1.1");
         let file = json!({"version": 1, "rules": [good, bad.clone()]});
         std::fs::write(dir.path().join("rules.json"), file.to_string()).expect("write");
-        let store = RuleStore::open(dir.path()).expect("open");
+        let store = open(dir.path()).expect("open");
         assert_eq!(store.snapshot().rules.len(), 1);
         let kept = dropped_files(dir.path());
         assert_eq!(kept, [json!({"version": 1, "rules": [bad.clone()]})]);
@@ -1265,7 +1316,7 @@ mod tests {
         );
         // Nothing dropped, no side file.
         let clean = tempfile::tempdir().expect("tmp");
-        RuleStore::open(clean.path()).expect("open");
+        open(clean.path()).expect("open");
         assert!(dropped_files(clean.path()).is_empty());
     }
 

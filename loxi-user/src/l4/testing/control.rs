@@ -135,10 +135,10 @@ fn vips_are_added_once_and_only_loxis_own_are_removed() {
         .unwrap();
     rt.block_on(async {
         assert!(matches!(
-            VipManager::new("nope0").await,
+            VipManager::new("nope0", None).await,
             Err(NetlinkError::NoInterface(_))
         ));
-        let mut v = VipManager::new("lo").await.unwrap();
+        let mut v = VipManager::new("lo", None).await.unwrap();
         let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
         let want: BTreeSet<IpAddr> = [
             ip("20.0.0.1"),
