@@ -987,7 +987,7 @@ mod tests {
                 now: 1_609_459_200
             }
             .to_string(),
-            "the certificate is not valid before 3000-01-01T00:00:00Z (now \
+            "the certificate is not valid before 2999-01-01T00:00:00Z (now \
              2021-01-01T00:00:00Z); clients would refuse it until then"
         );
     }
