@@ -18,6 +18,7 @@ use hyper_util::rt::TokioExecutor;
 use loxi_tests::backend::Backend;
 use loxi_tests::harness::{Daemon, DaemonOpts, free_port};
 use loxi_tests::shared_dir;
+use loxi_tests::sim::Sim;
 use serde_json::{Value, json};
 
 const RR: &str = r#"loxilb_proxy_selections_total{selector="rr",reason="rr"}"#;
@@ -58,10 +59,11 @@ struct Answer {
     backend: Option<String>,
 }
 
-/// A daemon with one kvExactMode-3 round-robin rule over two backends named "0" and "1".
+/// A daemon with one kvExactMode-3 round-robin rule over two backends named "0" and "1" (none
+/// when the engines are `vllm-sim`s the test keeps).
 struct Fleet {
     d: Daemon,
-    backends: [Backend; 2],
+    backends: Vec<Backend>,
     vip: u16,
     client: Client<HttpConnector, Full<Bytes>>,
     _tokenizers: tempfile::TempDir,
@@ -70,33 +72,12 @@ struct Fleet {
 impl Fleet {
     /// `tokenizers` is staged as the daemon's `--tokenizer-dir`; `env` goes to the daemon.
     async fn start(tokenizers: tempfile::TempDir, env: &[(&str, &str)]) -> Fleet {
-        let mut opts = DaemonOpts {
-            tokenizer_dir: Some(tokenizers.path().to_path_buf()),
-            ..Default::default()
-        };
-        for (k, v) in env {
-            opts = opts.env(k, v);
-        }
-        let d = Daemon::start(opts).await;
         let backends = [Backend::start("0").await, Backend::start("1").await];
-        let vip = free_port();
-        let eps: Vec<Value> = backends
-            .iter()
-            // Two engines on one host: each its own KV-event port (nothing publishes there).
-            .map(|b| json!({"endpointIP": "127.0.0.1", "targetPort": b.port(), "kvZmqPort": free_port()}))
-            .collect();
-        let rule = json!({
-            "serviceArguments": {"externalIP": "127.0.0.1", "port": vip, "protocol": "tcp",
-                "mode": 4, "sel": 0, "kvExactMode": 3, "kvBlockSize": 16,
-                "kvHashAlgo": "sha256_cbor"},
-            "endpoints": eps,
-        });
-        let (code, body) = d.post_rule(&rule).await;
-        assert!(code == 200 || code == 201, "rule rejected: {code} {body}");
+        let (d, vip) = kv_daemon(&tokenizers, env, &backends.each_ref().map(Backend::port)).await;
         let client = Client::builder(TokioExecutor::new()).build_http();
         let f = Fleet {
             d,
-            backends,
+            backends: backends.into(),
             vip,
             client,
             _tokenizers: tokenizers,
@@ -179,6 +160,39 @@ impl Fleet {
     }
 }
 
+/// A daemon (`--tokenizer-dir` = `tokenizers`, environment `env`) with one kvExactMode-3
+/// round-robin rule (service 1) on a free VIP port over the engines on loopback `ports`;
+/// returns it and the VIP port, once the rule is in.
+async fn kv_daemon(
+    tokenizers: &tempfile::TempDir,
+    env: &[(&str, &str)],
+    ports: &[u16],
+) -> (Daemon, u16) {
+    let mut opts = DaemonOpts {
+        tokenizer_dir: Some(tokenizers.path().to_path_buf()),
+        ..Default::default()
+    };
+    for (k, v) in env {
+        opts = opts.env(k, v);
+    }
+    let d = Daemon::start(opts).await;
+    let vip = free_port();
+    let eps: Vec<Value> = ports
+        .iter()
+        // Engines on one host: each its own KV-event port (nothing publishes there).
+        .map(|p| json!({"endpointIP": "127.0.0.1", "targetPort": p, "kvZmqPort": free_port()}))
+        .collect();
+    let rule = json!({
+        "serviceArguments": {"externalIP": "127.0.0.1", "port": vip, "protocol": "tcp",
+            "mode": 4, "sel": 0, "kvExactMode": 3, "kvBlockSize": 16,
+            "kvHashAlgo": "sha256_cbor"},
+        "endpoints": eps,
+    });
+    let (code, body) = d.post_rule(&rule).await;
+    assert!(code == 200 || code == 201, "rule rejected: {code} {body}");
+    (d, vip)
+}
+
 /// A tokenizer dir with `(served name, golden model dir)` staged as symlinks.
 fn tokenizer_dir(models: &[(&str, &str)]) -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -220,7 +234,7 @@ async fn scenario_11_missing_tokenizer_logs_once_flags_degraded_and_rr_serves_ev
         eps.push(ep);
     }
     assert_eq!(eps, [0, 1, 0, 1, 0, 1], "round-robin serves every request");
-    let counts = f.backends.each_ref().map(Backend::request_count);
+    let counts: Vec<usize> = f.backends.iter().map(Backend::request_count).collect();
     assert_eq!(counts, [3, 3]);
     // The rule's parity report says its prompts do not tokenize, naming the model, the
     // failures and where its tokenizer belongs.
@@ -252,6 +266,68 @@ async fn scenario_11_missing_tokenizer_logs_once_flags_degraded_and_rr_serves_ev
     let lines = f.log_lines("acme/ghost");
     assert_eq!(lines.len(), 1, "one log line for six requests: {lines:#?}");
     assert!(lines[0].contains("ERROR"), "{}", lines[0]);
+}
+
+/// A client's misspelt model on engines that list theirs (`/v1/models`, real `vllm-sim`s):
+/// once the daemon's poll of the engines answered, the request misses with `model_unknown`
+/// without a tokenizer lookup and the engine answers it 404; nothing reads as a tokenizer
+/// failure (no degraded series, the parity report's tokenizer state `ok`, no error line),
+/// while the served model is tokenized and routed by the tier.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_misspelt_model_is_model_unknown_once_the_engines_listed_theirs() {
+    let sims = [Sim::start("tiny").await, Sim::start("tiny").await];
+    let tokenizers = tokenizer_dir(&[("tiny", "tiny-model")]);
+    let env = [("LOXI_KV_MODELS_POLL_MS", "100")];
+    let (d, vip) = kv_daemon(&tokenizers, &env, &sims.each_ref().map(Sim::port)).await;
+    let f = Fleet {
+        d,
+        backends: Vec::new(),
+        vip,
+        client: Client::builder(TokioExecutor::new()).build_http(),
+        _tokenizers: tokenizers,
+    };
+    f.wait_listening().await;
+    // Ten poll intervals: the first round that sees the rule has answered by then.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let typo = chat("tiny-modle");
+    for i in 0..3 {
+        let before = f.d.metrics_text().await;
+        let a = f.post("/v1/chat/completions", &typo).await;
+        assert_eq!(
+            a.status, 404,
+            "request {i}: the engine answers an unknown model"
+        );
+        let m = Delta {
+            before,
+            after: f.d.metrics_text().await,
+        };
+        assert_eq!(
+            (m.of(&miss("model_unknown")), m.of(&miss("tokenize"))),
+            (1.0, 0.0),
+            "request {i}"
+        );
+    }
+    let text = f.d.metrics_text().await;
+    assert_eq!(
+        sample(&text, r#"loxilb_kv_tokenizer_degraded{model="other"}"#),
+        None,
+        "no tokenizer was looked up"
+    );
+    let t = f.tokenizer_report().await;
+    assert_eq!(t["state"], json!("ok"), "{t}");
+    assert!(f.log_lines("no usable tokenizer").is_empty());
+    // The served model is tokenized: its miss is no guard's, and it is answered.
+    let before = f.d.metrics_text().await;
+    let a = f.post("/v1/chat/completions", &chat("tiny")).await;
+    assert_eq!(a.status, 200);
+    let m = Delta {
+        before,
+        after: f.d.metrics_text().await,
+    };
+    assert_eq!(
+        (m.of(&miss("model_unknown")), m.of(&miss("tokenize"))),
+        (0.0, 0.0)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -123,15 +123,50 @@ pub fn layout(header: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
-/// LoxiLB's sort key of a rule: `externalIP|%05d port|protocol`.
+/// LoxiLB's sort key of a rule: `externalIP|%05d port|protocol`, then (loxi) its `model_name`,
+/// so the pools of one listener print in a stable order.
 fn rule_key(r: &Value) -> String {
     let s = &r["serviceArguments"];
     format!(
-        "{}|{:05}|{}",
+        "{}|{:05}|{}|{}",
         cell(&s["externalIP"]),
         s["port"].as_u64().unwrap_or(0),
-        cell(&s["protocol"])
+        cell(&s["protocol"]),
+        cell(&s["model_name"])
     )
+}
+
+/// Where the `Model` column goes (after `Proto`) in `header`, when any of `rules` is a model
+/// pool (a non-empty `model_name`): loxi's addition to LoxiLB's tables, whose rows for two pools
+/// of one listener would otherwise read the same. Without model pools the tables are LoxiLB's.
+fn model_column(header: &[&str], rules: &[&Value]) -> Option<usize> {
+    let pools = rules
+        .iter()
+        .any(|r| !cell(&r["serviceArguments"]["model_name"]).is_empty());
+    pools.then(|| {
+        header
+            .iter()
+            .position(|h| *h == "Proto")
+            .map_or(0, |i| i + 1)
+    })
+}
+
+/// `header` and `rows` with the `Model` column inserted at `at` (cells from `models`, one per
+/// row); unchanged with `at` `None`.
+fn with_model_column<'a>(
+    header: &[&'a str],
+    mut rows: Vec<Vec<String>>,
+    models: Vec<String>,
+    at: Option<usize>,
+) -> (Vec<&'a str>, Vec<Vec<String>>) {
+    let mut header = header.to_vec();
+    if let Some(at) = at {
+        header.insert(at, "Model");
+        for (row, m) in rows.iter_mut().zip(models) {
+            row.insert(at, m);
+        }
+    }
+    (header, rows)
 }
 
 /// Renders the `GET /config/loadbalancer/all` answer in `format`: `table`, LoxiLB's
@@ -194,6 +229,12 @@ pub fn render(answer: &Value, format: OutputFormat) -> String {
             ]
         })
         .collect();
+    let models = rules
+        .iter()
+        .map(|r| cell(&r["serviceArguments"]["model_name"]))
+        .collect();
+    let at = model_column(&header, &rules);
+    let (header, rows) = with_model_column(&header, rows, models, at);
     layout(&header, &rows)
 }
 
@@ -242,6 +283,7 @@ fn render_wide(rules: &[&Value]) -> String {
             .unwrap_or_default()
     };
     let mut rows = Vec::new();
+    let mut models = Vec::new();
     for r in rules {
         let s = &r["serviceArguments"];
         // LoxiLB's loxicmd prints an endpoint's state only under `monitor: true`; loxi's
@@ -253,6 +295,7 @@ fn render_wide(rules: &[&Value]) -> String {
             let first = i == 0;
             let rule_cell = |v: String| if first { v } else { String::new() };
             let fc = if first { "-" } else { "" };
+            models.push(rule_cell(cell(&s["model_name"])));
             rows.push(vec![
                 rule_cell(cell(&s["externalIP"])),
                 rule_cell(join(&r["secondaryIPs"], "secondaryIP")),
@@ -281,6 +324,8 @@ fn render_wide(rules: &[&Value]) -> String {
             ]);
         }
     }
+    let at = model_column(&header, rules);
+    let (header, rows) = with_model_column(&header, rows, models, at);
     layout(&header, &rows)
 }
 
@@ -661,6 +706,39 @@ mod tests {
             l4.contains("| 198.51.100.1 |  8080 |      1 | -     | 0:0 "),
             "an L4 rule without monitor: LoxiLB's '-'\n{l4}"
         );
+    }
+
+    /// Two model pools of one listener: a `Model` column after `Proto` tells their rows
+    /// apart, in the table and in wide, in model order; the tables above (no pool) have none.
+    #[test]
+    fn model_pools_of_one_listener_get_a_model_column() {
+        let pool = |model: &str| {
+            json!({"serviceArguments": {"externalIP": "127.0.0.1", "port": 8080,
+                "protocol": "tcp", "mode": 4, "sel": 0, "model_name": model},
+                "endpoints": [{"endpointIP": "127.0.0.2", "targetPort": 8000, "weight": 1,
+                    "state": "active", "counter": "0:0"}]})
+        };
+        let a = json!({"lbAttr": [pool("tiny"), pool("big")]});
+        let t = render(&a, OutputFormat::Table);
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(
+            lines[0].starts_with("|  EXT IP   | PORT | PROTO | MODEL | NAME |"),
+            "{t}"
+        );
+        assert!(
+            lines[2].starts_with("| 127.0.0.1 | 8080 | tcp   | big   |      |"),
+            "{t}"
+        );
+        assert!(
+            lines[3].starts_with("| 127.0.0.1 | 8080 | tcp   | tiny  |      |"),
+            "{t}"
+        );
+        let w = render(&a, OutputFormat::Wide);
+        let lines: Vec<&str> = w.lines().collect();
+        assert!(lines[0].contains("| PROTO | MODEL | NAME |"), "{w}");
+        assert!(lines[2].contains("| tcp   | big   |      |"), "{w}");
+        assert!(lines[3].contains("| tcp   | tiny  |      |"), "{w}");
+        assert!(!render(&after_b(), OutputFormat::Table).contains("MODEL"));
     }
 
     #[test]

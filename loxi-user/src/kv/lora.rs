@@ -17,7 +17,7 @@
 //! (or link) the base model's tokenizer directory under the adapter's name, or the request
 //! misses with `tokenizer`.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -44,11 +44,15 @@ pub struct Adapter {
     pub parent: Option<String>,
 }
 
-/// The adapters known now: configured paths plus what the engines list.
+/// The adapters known now: configured paths plus what the engines list; and every model id the
+/// engines list (base models, their served aliases and adapters), which tells a model no
+/// engine serves ([`LoraCatalog::lists`]).
 #[derive(Debug, Default)]
 pub struct LoraCatalog {
     configured: HashMap<String, String>,
     learned: RwLock<HashMap<String, Adapter>>,
+    /// The ids of the last polling round any engine answered; `None` before one did.
+    listed: RwLock<Option<HashSet<String>>>,
 }
 
 impl LoraCatalog {
@@ -57,6 +61,7 @@ impl LoraCatalog {
         Self {
             configured,
             learned: RwLock::new(HashMap::new()),
+            listed: RwLock::new(None),
         }
     }
 
@@ -76,6 +81,17 @@ impl LoraCatalog {
     /// Replaces the learned adapters with `adapters` (one polling round's union).
     pub fn set_learned(&self, adapters: HashMap<String, Adapter>) {
         *self.learned.write() = adapters;
+    }
+
+    /// Replaces the listed model ids with `ids` (one polling round's union).
+    pub fn set_listed(&self, ids: HashSet<String>) {
+        *self.listed.write() = Some(ids);
+    }
+
+    /// Whether an engine lists `model` in its `/v1/models`: `None` while nothing can be said
+    /// (no polling round answered yet, or `LOXI_KV_MODELS_POLL_MS=0`).
+    pub fn lists(&self, model: &str) -> Option<bool> {
+        self.listed.read().as_ref().map(|ids| ids.contains(model))
     }
 
     /// Names of the learned adapters, sorted (for tests and logs).
@@ -112,6 +128,21 @@ pub fn adapters_of(body: &[u8]) -> Option<HashMap<String, Adapter>> {
     )
 }
 
+/// Every string `id` of one OpenAI model list (`{"data": [{"id"}, ..]}`); `None` when `body`
+/// is not such a list.
+pub fn model_ids_of(body: &[u8]) -> Option<HashSet<String>> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let data = v.get("data")?.as_array()?;
+    Some(
+        data.iter()
+            .filter_map(|m| Some(m.get("id")?.as_str()?.to_owned()))
+            .collect(),
+    )
+}
+
+/// One engine's model list: its adapters and every id it lists.
+type Listing = (HashMap<String, Adapter>, HashSet<String>);
+
 /// `ip:port` of every endpoint of every rule with tier 1.5 on, once each, sorted.
 fn targets(snap: &RuleSnapshot) -> BTreeSet<String> {
     snap.rules
@@ -122,8 +153,9 @@ fn targets(snap: &RuleSnapshot) -> BTreeSet<String> {
         .collect()
 }
 
-/// One engine's adapters (`GET http://target/v1/models` within `timeout`), or why not.
-async fn fetch(target: &str, timeout: Duration) -> Result<HashMap<String, Adapter>, String> {
+/// One engine's adapters and model ids (`GET http://target/v1/models` within `timeout`), or
+/// why not.
+async fn fetch(target: &str, timeout: Duration) -> Result<Listing, String> {
     let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
     let uri: http::Uri = format!("http://{target}/v1/models")
         .parse()
@@ -138,7 +170,9 @@ async fn fetch(target: &str, timeout: Duration) -> Result<HashMap<String, Adapte
             .await
             .map_err(|e| e.to_string())?
             .to_bytes();
-        adapters_of(&body).ok_or_else(|| "not an OpenAI model list".to_owned())
+        adapters_of(&body)
+            .zip(model_ids_of(&body))
+            .ok_or_else(|| "not an OpenAI model list".to_owned())
     };
     tokio::time::timeout(timeout, fut)
         .await
@@ -146,8 +180,9 @@ async fn fetch(target: &str, timeout: Duration) -> Result<HashMap<String, Adapte
 }
 
 /// Polls `/v1/models` of every KV rule's endpoints every `interval` (each within
-/// `min(interval, 2 s)`) until `shutdown`, and replaces the catalog's learned adapters with the
-/// union of each round's answers (kept as they were when no endpoint answered).
+/// `min(interval, 2 s)`) until `shutdown`, and replaces the catalog's learned adapters and
+/// listed model ids with the union of each round's answers (kept as they were when no
+/// endpoint answered).
 pub async fn poll_models(
     catalog: Arc<LoraCatalog>,
     rules: watch::Receiver<Arc<RuleSnapshot>>,
@@ -164,18 +199,21 @@ pub async fn poll_models(
         }
         let snap = rules.borrow().clone();
         let mut union = HashMap::new();
+        let mut ids = HashSet::new();
         let mut answered = 0usize;
         for target in targets(&snap) {
             match fetch(&target, timeout).await {
-                Ok(a) => {
+                Ok((a, i)) => {
                     answered += 1;
                     union.extend(a);
+                    ids.extend(i);
                 }
                 Err(e) => tracing::debug!(%target, error = %e, "kv: /v1/models poll failed"),
             }
         }
         if answered > 0 {
             catalog.set_learned(union);
+            catalog.set_listed(ids);
         }
     }
 }

@@ -18,6 +18,17 @@ fn adapters_are_the_entries_with_a_parent_and_configured_paths_win() {
     let mut names: Vec<&str> = a.keys().map(String::as_str).collect();
     names.sort_unstable();
     assert_eq!(names, vec!["chat-adapter", "sql-adapter"]);
+    let mut ids: Vec<String> = model_ids_of(VLLM_MODELS.as_bytes())
+        .expect("a model list")
+        .into_iter()
+        .collect();
+    ids.sort_unstable();
+    assert_eq!(
+        ids,
+        ["chat-adapter", "sql-adapter", "tiny-model"],
+        "every id"
+    );
+    assert_eq!(model_ids_of(b"{\"object\":\"error\"}"), None);
     assert_eq!(adapters_of(b"[1,2]"), None);
     let cat = LoraCatalog::new([("sql-adapter".to_owned(), "/etc/sql".to_owned())].into());
     assert_eq!(
@@ -67,6 +78,7 @@ async fn the_poller_learns_the_engines_adapters_and_forgets_unloaded_ones() {
         fake_engine(r#"{"object":"list","data":[{"id":"tiny-model","root":"/m","parent":null}]}"#)
             .await;
     let (st, _reg) = state(KvSettings::default());
+    assert_eq!(st.lora.lists("tiny-model"), None, "nothing polled yet");
     let snap_with = |port: u16| {
         let mut r = rule(1, 2, serde_json::json!({}));
         r.rule.endpoints[0].target_port = port;
@@ -94,6 +106,11 @@ async fn the_poller_learns_the_engines_adapters_and_forgets_unloaded_ones() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(names, vec!["chat-adapter", "sql-adapter"]);
+    // Every listed id, base model and adapters alike; not a model no engine lists.
+    assert_eq!(
+        ["tiny-model", "sql-adapter", "typo-model"].map(|m| st.lora.lists(m)),
+        [Some(true), Some(true), Some(false)]
+    );
     assert_eq!(
         st.lora.resolve("sql-adapter"),
         Some(Adapter {
@@ -112,6 +129,11 @@ async fn the_poller_learns_the_engines_adapters_and_forgets_unloaded_ones() {
     assert!(
         names.is_empty(),
         "adapters no engine lists any more: {names:?}"
+    );
+    assert_eq!(
+        ["tiny-model", "sql-adapter"].map(|m| st.lora.lists(m)),
+        [Some(true), Some(false)],
+        "an unloaded adapter is no longer listed"
     );
     stop.cancel();
     task.await.expect("poller ends on shutdown");

@@ -14,6 +14,10 @@ pub enum MissReason {
     TextEmpty,
     /// No model.
     ModelEmpty,
+    /// A model no engine lists in its `/v1/models` (loxi extension; only once a poll of the
+    /// engines answered, `LOXI_KV_MODELS_POLL_MS`): not tokenized, so a client's unknown or
+    /// misspelt model never reads as a tokenizer failure; the engine answers it (404).
+    ModelUnknown,
     /// Tokenizer missing or failed.
     Tokenize,
     /// Block hashes could not be computed.
@@ -43,11 +47,12 @@ pub enum MissReason {
 
 impl MissReason {
     /// Every reason, for pre-creating series.
-    pub const ALL: [MissReason; 14] = [
+    pub const ALL: [MissReason; 15] = [
         Self::ModeOff,
         Self::Warmup,
         Self::TextEmpty,
         Self::ModelEmpty,
+        Self::ModelUnknown,
         Self::Tokenize,
         Self::Hashes,
         Self::Shallow,
@@ -67,6 +72,7 @@ impl MissReason {
             Self::Warmup => "warmup",
             Self::TextEmpty => "text_empty",
             Self::ModelEmpty => "model_empty",
+            Self::ModelUnknown => "model_unknown",
             Self::Tokenize => "tokenize",
             Self::Hashes => "hashes",
             Self::Shallow => "shallow",

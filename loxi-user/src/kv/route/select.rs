@@ -870,8 +870,9 @@ fn longest_run(text: &str, stop: usize) -> usize {
 /// offload-tier block `LOXI_KV_CPU_TIER_CREDIT × MILLI` (at most `MILLI − 1`).
 const MILLI: usize = 1000;
 
-/// Tokenization and hashing of a screened request: `tokenize` → `shallow` → `hashes` →
-/// `short_prompt`, the stages timed into the service's histograms.
+/// Tokenization and hashing of a screened request: `hashes` (an unknown `lora_name`) →
+/// `model_unknown` → `tokenize` → `shallow` → `short_prompt`, the stages timed into the
+/// service's histograms.
 fn keys_of(
     state: &KvState,
     tokenizer: &dyn PromptTokenizer,
@@ -890,6 +891,11 @@ fn keys_of(
         prefix,
     };
     let (lora, tok_model) = lora_of(state, meta, model)?;
+    // A model no engine lists (once a poll answered) and no adapter names: nothing to look up
+    // a tokenizer for, and nothing any engine caches; not a tokenizer failure.
+    if lora.is_none() && state.lora.lists(model) == Some(false) {
+        return Err(MissReason::ModelUnknown);
+    }
     let encoded;
     let tokens: &[u32] = match prompt {
         Prompt::TokenIds(ids) => ids,

@@ -294,6 +294,48 @@ fn guard_ladder_reasons_for_missing_inputs() {
     );
 }
 
+/// Once the engines' `/v1/models` answered, a model none of them lists misses with
+/// `model_unknown` before any tokenizer is looked up: a client's misspelt model is no
+/// tokenizer failure (none listed for the parity report, no load attempted). Before any
+/// answer, and for a listed model, the request is tokenized as before.
+#[test]
+fn a_model_no_engine_lists_is_model_unknown_not_a_tokenizer_failure() {
+    let f = fx(2);
+    let cat = &f.router.state().lora;
+    let mut m = meta(PROMPT);
+    m.model = Some("typo-model".into());
+    assert_eq!(f.select(&m), None);
+    assert_eq!(
+        (f.misses("tokenize"), f.misses("model_unknown")),
+        (1.0, 0.0),
+        "nothing polled yet: looked up and failed as before"
+    );
+    cat.set_listed(["tiny".to_string()].into());
+    assert_eq!(f.select(&m), None);
+    assert_eq!(
+        (f.misses("tokenize"), f.misses("model_unknown")),
+        (1.0, 1.0)
+    );
+    let failing: Vec<(String, u64)> = f
+        .svc()
+        .tokenize
+        .failures()
+        .into_iter()
+        .map(|x| (x.model, x.failures))
+        .collect();
+    assert_eq!(
+        failing,
+        [("typo-model".to_string(), 1)],
+        "the second request added no failure"
+    );
+    f.hold(0, &meta(PROMPT), 4);
+    assert_eq!(
+        f.select(&meta(PROMPT)),
+        Some(Decision::pick(0, Reason::KvOverlap)),
+        "a listed model is tokenized and scored"
+    );
+}
+
 #[test]
 fn kv_exact_mode_zero_is_mode_off() {
     let s = KvSettings::default();
