@@ -373,7 +373,7 @@ pub fn write_atomic(file: &Path, body: &[u8]) -> std::io::Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -438,8 +438,9 @@ mod tests {
         assert!(file.exists(), "the file is not moved aside");
     }
 
-    /// The files beside `file` whose names start with `rules.json.as-read-`, their contents.
-    fn as_read_copies(file: &Path) -> Vec<String> {
+    /// The files beside `file` whose names start with `rules.json.as-read-`, their contents
+    /// (also the store's restore tests').
+    pub(crate) fn as_read_copies(file: &Path) -> Vec<String> {
         let dir = file.parent().expect("dir");
         std::fs::read_dir(dir)
             .expect("dir")

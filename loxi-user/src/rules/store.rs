@@ -1181,17 +1181,10 @@ mod tests {
             "{line}"
         );
         assert_eq!(dropped_files(dir.path()).len(), 1);
-        let as_read: Vec<_> = std::fs::read_dir(dir.path())
-            .expect("dir")
-            .filter_map(Result::ok)
-            .filter(|e| {
-                e.file_name()
-                    .to_string_lossy()
-                    .starts_with("rules.json.as-read-")
-            })
-            .map(|e| std::fs::read_to_string(e.path()).expect("read"))
-            .collect();
-        assert_eq!(as_read, [text]);
+        assert_eq!(
+            crate::rules::persist::tests::as_read_copies(&dir.path().join("rules.json")),
+            [text]
+        );
     }
 
     /// A stored rule whose keys differ from loxi's spelling only in case (a hand edit, as the
