@@ -272,7 +272,10 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
         })?;
     // The bound address: `--api-addr 127.0.0.1:0` gets its port from the OS.
     let bound = listener.local_addr().unwrap_or(cfg.flags.api_addr);
-    tracing::info!(addr = %bound, rules = store.snapshot().rules.len(), "REST API listening");
+    // `url`: what a client types (`https://` under --api-tls-cert, where plain HTTP gets 400).
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    tracing::info!(addr = %bound, url = %format!("{scheme}://{bound}"),
+        rules = store.snapshot().rules.len(), "REST API listening");
     let l4_datapath = cfg.flags.l4.datapath_on();
     report_l4_rules_without_datapath(&store, l4_datapath);
     let rules = store.subscribe();

@@ -554,6 +554,10 @@ async fn an_api_certificate_expiring_within_14_days_is_served_with_a_warning() {
         .await;
         assert_eq!(rule_count(&d.rules().await), 0, "served over HTTPS");
         let log = d.log_text();
+        assert!(
+            log.contains(&format!("url=https://{}", d.api_addr())),
+            "the listening line names https: {log}"
+        );
         let line = log.lines().find(|l| l.contains(WARNING));
         if !warned {
             assert!(line.is_none(), "{days} days: {log}");

@@ -954,6 +954,11 @@ async fn log_format_json_writes_one_object_per_line() {
         .unwrap_or_else(|| panic!("no listening line: {log}"));
     assert_eq!(listening["level"], "INFO");
     assert_eq!(listening["fields"]["addr"], d.api_addr().to_string());
+    assert_eq!(
+        listening["fields"]["url"],
+        format!("http://{}", d.api_addr()),
+        "the scheme a client uses"
+    );
     let warn = lines
         .iter()
         .find(|v| v["fields"]["var"] == "LOXILB_KV_LB_MODE")

@@ -210,9 +210,17 @@ fn read_state(bytes: &[u8]) -> Result<StateRead, String> {
 
 /// Copies the rules file as read beside it (`rules.json.as-read-<unix secs>`, mode 0600) and
 /// logs it, naming the file's keys other than `version` and `rules` (`unknown`).
+/// A copy holding the same bytes already (an earlier start read the same file: nothing has
+/// rewritten it since) is kept instead of adding one more per restart.
 fn keep_as_read(file: &Path, unknown: &[String]) {
-    let copy = file.with_extension(format!("json.as-read-{}", unix_secs()));
-    let copied = fs::read(file).and_then(|b| write_atomic(&copy, &b));
+    let mut copy = file.with_extension(format!("json.as-read-{}", unix_secs()));
+    let copied = fs::read(file).and_then(|b| match same_copy(file, &b) {
+        Some(earlier) => {
+            copy = earlier;
+            Ok(())
+        }
+        None => write_atomic(&copy, &b),
+    });
     if !unknown.is_empty() {
         tracing::error!(file = %file.display(), keys = ?unknown,
             "rules.json has keys other than \"version\" and \"rules\"; loxi does not read them \
@@ -224,6 +232,18 @@ fn keep_as_read(file: &Path, unknown: &[String]) {
         Err(e) => tracing::error!(file = %file.display(), copy = %copy.display(), error = %e,
             "copying rules.json as read failed"),
     }
+}
+
+/// An `as-read` copy beside `file` whose contents are `bytes`, if there is one.
+fn same_copy(file: &Path, bytes: &[u8]) -> Option<std::path::PathBuf> {
+    let dir = file.parent()?;
+    let prefix = format!("{}.as-read-", file.file_name()?.to_string_lossy());
+    fs::read_dir(dir)
+        .ok()?
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|e| e.path())
+        .find(|p| fs::read(p).is_ok_and(|b| b == bytes))
 }
 
 /// The value of `obj`'s key `name`, matched ignoring ASCII case (the first such key).
@@ -523,7 +543,26 @@ pub(crate) mod tests {
             log.contains("rules.json has keys other than") && log.contains("comment"),
             "{log}"
         );
-        assert_eq!(as_read_copies(&file), [text]);
+        assert_eq!(as_read_copies(&file), std::slice::from_ref(&text));
+        // The next start reads the same file (no rule changed, nothing rewrote it): the copy
+        // it already has is kept, not a second one added; a changed file gets its own. (Copies
+        // are named by the second: each load here starts in a later one.)
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        load(&file, &crate::api::fields::restored_rule);
+        assert_eq!(
+            as_read_copies(&file),
+            std::slice::from_ref(&text),
+            "one copy per contents"
+        );
+        let edited = text.replace("by hand", "edited");
+        std::fs::write(&file, &edited).expect("write");
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        load(&file, &crate::api::fields::restored_rule);
+        let mut copies = as_read_copies(&file);
+        copies.sort();
+        let mut want = vec![text, edited];
+        want.sort();
+        assert_eq!(copies, want);
     }
 
     #[test]
