@@ -106,7 +106,11 @@ impl LoraCatalog {
 /// entry with a string `parent` other than its `id` and a string `root`. `None` when `body` is
 /// not such a list.
 pub fn adapters_of(body: &[u8]) -> Option<HashMap<String, Adapter>> {
-    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    adapters_in(&serde_json::from_slice(body).ok()?)
+}
+
+/// [`adapters_of`] on the parsed list `v`.
+fn adapters_in(v: &serde_json::Value) -> Option<HashMap<String, Adapter>> {
     let data = v.get("data")?.as_array()?;
     Some(
         data.iter()
@@ -131,7 +135,11 @@ pub fn adapters_of(body: &[u8]) -> Option<HashMap<String, Adapter>> {
 /// Every string `id` of one OpenAI model list (`{"data": [{"id"}, ..]}`); `None` when `body`
 /// is not such a list.
 pub fn model_ids_of(body: &[u8]) -> Option<HashSet<String>> {
-    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    model_ids_in(&serde_json::from_slice(body).ok()?)
+}
+
+/// [`model_ids_of`] on the parsed list `v`.
+fn model_ids_in(v: &serde_json::Value) -> Option<HashSet<String>> {
     let data = v.get("data")?.as_array()?;
     Some(
         data.iter()
@@ -170,8 +178,10 @@ async fn fetch(target: &str, timeout: Duration) -> Result<Listing, String> {
             .await
             .map_err(|e| e.to_string())?
             .to_bytes();
-        adapters_of(&body)
-            .zip(model_ids_of(&body))
+        // One parse for both readings of the list.
+        serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| adapters_in(&v).zip(model_ids_in(&v)))
             .ok_or_else(|| "not an OpenAI model list".to_owned())
     };
     tokio::time::timeout(timeout, fut)
