@@ -45,7 +45,7 @@ def test_only_children(text):
 
 
 def strip_tests(text):
-    m = re.search(r"#\[cfg\(test\)\]\s*mod\s+\w+\s*\{", text)
+    m = re.search(r"#\[cfg\(test\)\]\s*(?:pub(?:\([a-z]+\))?\s+)?mod\s+\w+\s*\{", text)
     text = text[: m.start()] if m else text
     # drop comments (doc links mention paths that are not imports)
     return re.sub(r"//[^\n]*", "", text)
