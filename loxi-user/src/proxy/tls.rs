@@ -50,11 +50,10 @@ impl ClientTls {
         if host.is_empty() || super::pool::same_host(host, sni) {
             return false;
         }
-        !certs.snapshot().for_name(sni).is_some_and(|c| {
-            c.hostnames
-                .iter()
-                .any(|n| crate::certs::parse::name_matches(n, host))
-        })
+        !certs
+            .snapshot()
+            .for_name(sni)
+            .is_some_and(|c| c.covers(host))
     }
 
     /// [`Self::misdirected`] as the request's answer: `Err` 421 `misdirected_request` naming
