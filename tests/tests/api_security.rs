@@ -682,3 +682,175 @@ fn an_allowed_origin_or_host_that_cannot_match_is_a_usage_error() {
         assert!(err.contains(want), "{flag} {value:?}: {err}");
     }
 }
+
+/// `curl -sS --max-time 10 ARGS -w '\n%{http_version} %{http_code}'`: exit code, stdout,
+/// stderr.
+fn curl(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = std::process::Command::new("curl")
+        .args(["-sS", "--max-time", "10"])
+        .args(args)
+        .args(["-w", "\n%{http_version} %{http_code}"])
+        .output()
+        .expect("curl runs");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr(&out),
+    )
+}
+
+/// An HTTPS request to `addr` over TLS with no ALPN at all, spoken as HTTP/2 (a
+/// prior-knowledge client: TLS, then the HTTP/2 preface); the answer's status and body.
+async fn h2_over_tls_without_alpn(
+    addr: std::net::SocketAddr,
+    ca: &std::path::Path,
+    path: &str,
+) -> Result<(u16, String), String> {
+    use http_body_util::BodyExt;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls::pki_types::CertificateDer::pem_file_iter(ca).expect("CA file") {
+        roots.add(c.expect("CA")).expect("root");
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| e.to_string())?;
+    let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(cfg))
+        .connect(
+            rustls::pki_types::ServerName::IpAddress(addr.ip().into()),
+            tcp,
+        )
+        .await
+        .map_err(|e| format!("TLS: {e}"))?;
+    let (mut send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tls),
+    )
+    .await
+    .map_err(|e| format!("h2 handshake: {e}"))?;
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "the client connection's driver; ends with the connection"
+    )]
+    tokio::spawn(conn);
+    let req = http::Request::get(format!("https://{addr}{path}"))
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .expect("request");
+    let resp = tokio::time::timeout(std::time::Duration::from_secs(10), send.send_request(req))
+        .await
+        .map_err(|_| "no answer within 10 s".to_string())?
+        .map_err(|e| format!("h2 request: {e}"))?;
+    let status = resp.status().as_u16();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    Ok((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
+/// HTTP/2 clients of the REST API, with curl and a real TLS handshake: prior knowledge (h2c) on
+/// the plain API, ALPN `h2`, `--http2-prior-knowledge` and an HTTP/2 client that offers no ALPN
+/// on the HTTPS API are answered as HTTP/1.1 clients are (the API spoke HTTP/1.1 only: h2c got
+/// its connection closed, h2 over TLS without ALPN an empty reply). An HTTP/2 request's
+/// `:authority` is its Host for the DNS-rebinding check. h2c sent to the HTTPS port gets a
+/// GOAWAY saying to use https (it got an empty reply).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_clients_are_answered_on_the_plain_and_the_https_api() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let plain = Daemon::start_default().await;
+    let port = plain.api_port();
+    let url = format!("http://127.0.0.1:{port}{RULES}/all");
+    let (code, out, err) = curl(&["--http2-prior-knowledge", &url]);
+    assert_eq!(
+        (code, out.as_str()),
+        (Some(0), "{\"lbAttr\":[]}\n\n2 200"),
+        "{err}"
+    );
+    // A write over h2c: stored, then listed.
+    let body = rule(free_port()).to_string();
+    let create = format!("http://127.0.0.1:{port}{RULES}");
+    let (code, out, err) = curl(&[
+        "--http2-prior-knowledge",
+        "-H",
+        "content-type: application/json",
+        "-d",
+        &body,
+        &create,
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("Success") && out.ends_with("\n2 200"), "{out}");
+    assert_eq!(rule_count(&plain.rules().await), 1);
+    // A rebound DNS name as the :authority is refused as it is as the Host.
+    let rebound = format!("rebound.attacker.example:{port}:127.0.0.1");
+    let evil = format!("http://rebound.attacker.example:{port}{RULES}/all");
+    let (code, out, err) = curl(&["--http2-prior-knowledge", "--resolve", &rebound, &evil]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains("--api-allowed-host") && out.ends_with("\n2 403"),
+        "{out}"
+    );
+
+    let pki = TestPki::generate().expect("certificates");
+    let https = Daemon::start(DaemonOpts {
+        args: pki.daemon_args(),
+        tls_ca: Some(pki.ca()),
+        ..DaemonOpts::default()
+    })
+    .await;
+    let addr = https.api_addr();
+    let ca = pki.ca().display().to_string();
+    let url = format!("https://{addr}{RULES}/all");
+    for flag in ["--http2", "--http2-prior-knowledge", "--http1.1"] {
+        let (code, out, err) = curl(&[flag, "--cacert", &ca, &url]);
+        let version = if flag == "--http1.1" { "1.1" } else { "2" };
+        assert_eq!(
+            (code, out.as_str()),
+            (
+                Some(0),
+                format!("{{\"lbAttr\":[]}}\n\n{version} 200").as_str()
+            ),
+            "{flag}: {err}"
+        );
+    }
+    assert_eq!(
+        h2_over_tls_without_alpn(addr, &pki.ca(), &format!("{RULES}/all")).await,
+        Ok((200, "{\"lbAttr\":[]}\n".to_string()))
+    );
+    // h2c to the HTTPS port: curl fails, but not with an empty reply...
+    let (code, _, err) = curl(&[
+        "--http2-prior-knowledge",
+        &format!("http://{addr}{RULES}/all"),
+    ]);
+    assert_ne!(code, Some(0));
+    assert!(!err.contains("Empty reply"), "{err}");
+    // ... it got the server's SETTINGS and a GOAWAY whose debug data says what to do.
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .await
+        .expect("write");
+    let mut got = Vec::new();
+    tokio::time::timeout(std::time::Duration::from_secs(5), s.read_to_end(&mut got))
+        .await
+        .expect("answered and closed within 5 s")
+        .expect("read");
+    let goaway = got
+        .get(9..)
+        .filter(|_| got.starts_with(&[0, 0, 0, 0x4, 0, 0, 0, 0, 0]))
+        .unwrap_or_else(|| panic!("no SETTINGS first: {got:?}"));
+    assert_eq!(goaway.get(3), Some(&0x7), "GOAWAY: {got:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&goaway[9 + 8..]),
+        format!(
+            "this port speaks HTTPS only (the API was started with --api-tls-cert); the plain \
+             HTTP/2 (h2c) request was not served: use https://{addr}"
+        )
+    );
+}

@@ -149,9 +149,11 @@ async fn loxicmd_prints_the_server_error_as_loxilb_loxicmd_and_exits_by_status()
         stderr(&out),
         "Error: server returned 400: serviceArguments.security: 1 (TLS terminated here) needs a \
          certificate: no certificate covers host \"other.example.com\" and there is no \
-         `default` one; POST /netlox/v1/config/cert first; nothing was stored (loxi serves \
-         security 0 (plain), 1 (TLS terminated here) and 2 (TLS terminated here, re-encrypted \
-         to the endpoints); 1 and 2 need a certificate)\n"
+         `default` one; upload one whose subjectAltName has DNS:other.example.com (or \
+         DNS:*.example.com): `loxicmd create cert --cert-file CERT.pem --key-file KEY.pem \
+         [--chain-file CHAIN.pem] [--cert-id ID]` (or POST /netlox/v1/config/cert); nothing was \
+         stored (loxi serves security 0 (plain), 1 (TLS terminated here) and 2 (TLS terminated \
+         here, re-encrypted to the endpoints); 1 and 2 need a certificate)\n"
     );
     assert_eq!(d.rules().await, json!({"lbAttr": []}));
 }
@@ -629,8 +631,9 @@ async fn loxicmd_save_then_apply_recreates_the_rule_set() {
 }
 
 /// LoxiLB's cert verbs and `get metrics` against the real daemon: a certificate uploaded from
-/// PEM files (the server answers its hostnames), shown as LoxiLB's table, listed, deleted;
-/// refusals with LoxiLB's exit codes.
+/// PEM files (the server answers its hostnames and its IP addresses), shown as LoxiLB's table
+/// (the IP addresses after the DNS names as `IP:<address>`; they were dropped), listed,
+/// deleted; refusals with LoxiLB's exit codes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn loxicmd_cert_verbs_and_get_metrics() {
     let d = Daemon::start_default().await;
@@ -653,6 +656,11 @@ async fn loxicmd_cert_verbs_and_get_metrics() {
         json!(["localhost"]),
         "the leaf's SAN DNS names (IP addresses are not host names): {stored}"
     );
+    assert_eq!(
+        stored["ipAddresses"],
+        json!(["127.0.0.1", "::1"]),
+        "the leaf's SAN IP addresses, beside: {stored}"
+    );
 
     // The id the server minted is the one printed.
     let out = d.loxicmd(&["create", "cert", &cert_flag, &key_flag]);
@@ -670,9 +678,9 @@ async fn loxicmd_cert_verbs_and_get_metrics() {
     assert_eq!(
         stdout(&out),
         concat!(
-            "| CERT ID | HOSTNAMES |\n",
-            "|---------|-----------|\n",
-            "| web     | localhost |\n",
+            "| CERT ID |           HOSTNAMES           |\n",
+            "|---------|-------------------------------|\n",
+            "| web     | localhost,IP:127.0.0.1,IP:::1 |\n",
         )
     );
     let out = d.loxicmd(&["get", "cert"]);
@@ -684,6 +692,7 @@ async fn loxicmd_cert_verbs_and_get_metrics() {
     let out = d.loxicmd(&["-o", "json", "get", "cert", "web"]);
     let v: Value = serde_json::from_str(&stdout(&out)).expect("json");
     assert_eq!(v["certId"], "web");
+    assert_eq!(v["ipAddresses"], json!(["127.0.0.1", "::1"]), "{v}");
     assert!(v.get("keyPem").is_none(), "never the key: {v}");
 
     // Refusals: the id exists (409 → 4), unknown id (404 → 4), unreadable file (1), usage (2).

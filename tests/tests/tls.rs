@@ -62,6 +62,20 @@ impl Ca {
         }
     }
 
+    /// A leaf whose subjectAltName is `sans` as given (a DNS name spelled like an IP address
+    /// stays a DNS name).
+    fn leaf_sans(&self, sans: Vec<rcgen::SanType>) -> Leaf {
+        let key = KeyPair::generate().expect("key");
+        let mut p = CertificateParams::default();
+        p.subject_alt_names = sans;
+        let cert = p.signed_by(&key, &self.cert, &self.key).expect("leaf");
+        Leaf {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+            der: cert.der().to_vec(),
+        }
+    }
+
     /// A leaf valid from a day ago until `secs` seconds from now.
     fn leaf_expiring_in(&self, names: &[&str], secs: u64) -> Leaf {
         let key = KeyPair::generate().expect("key");
@@ -1352,10 +1366,12 @@ async fn a_hosts_only_matching_certificate_is_kept_although_a_default_exists() {
         r["message"],
         "serviceArguments.security: 1 (TLS terminated here) needs a certificate: no certificate \
          covers host \"other.test\" (the `default` certificate's names [\"default.local\"] do \
-         not match it, and clients that verify the certificate would refuse it); POST \
-         /netlox/v1/config/cert first; nothing was stored (loxi serves security 0 (plain), 1 \
-         (TLS terminated here) and 2 (TLS terminated here, re-encrypted to the endpoints); 1 \
-         and 2 need a certificate)"
+         not match it, and clients that verify the certificate would refuse it); upload one \
+         whose subjectAltName has DNS:other.test: `loxicmd create cert --cert-file CERT.pem \
+         --key-file KEY.pem [--chain-file CHAIN.pem] [--cert-id ID]` (or POST \
+         /netlox/v1/config/cert); nothing was stored (loxi serves security 0 (plain), 1 (TLS \
+         terminated here) and 2 (TLS terminated here, re-encrypted to the endpoints); 1 and 2 \
+         need a certificate)"
     );
     let (s, r) = d.post_rule(&tls_rule(port, "api.test", &[&be], 0)).await;
     assert_eq!(s, 200, "{r}");
@@ -1564,4 +1580,75 @@ async fn plain_h2_on_a_tls_port_gets_a_goaway_saying_so() {
         .expect("TLS still served");
     let (status, _, served, _) = send(tls, "p.test", r#"{"prompt":"hi"}"#).await;
     assert_eq!((status, served.as_str()), (200, "A"));
+}
+
+/// A TLS rule whose host is an IP address: its clients send no SNI (RFC 6066 §3), so they get
+/// the `default` certificate, and they verify the address against its SAN IP addresses only.
+/// A `default` certificate naming the address as a DNS name does not serve it (the rule was
+/// accepted and every verifying client refused the handshake): the rule is refused saying
+/// so, with the call that fixes it; rotated to one with the address as an IP SAN, the rule is
+/// accepted and a client connecting by the address verifies it and is answered. The cert API
+/// and loxicmd list the IP address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ip_host_is_served_by_the_default_certificate_with_that_ip_address() {
+    let d = Daemon::start_default().await;
+    let ca = Ca::new();
+    let spelled = ca.leaf_sans(vec![rcgen::SanType::DnsName(
+        "127.0.0.1".try_into().expect("IA5"),
+    )]);
+    assert_eq!(post_cert(&d, Some("default"), &spelled).await.0, 201);
+    let be = Backend::start("A").await;
+    let port = free_port();
+    let rule = tls_rule(port, "127.0.0.1", &[&be], 0);
+    let (s, r) = d.post_rule(&rule).await;
+    assert_eq!(s, 400, "{r}");
+    let m = r["message"].as_str().unwrap_or_default();
+    assert!(
+        m.contains(
+            "host \"127.0.0.1\" is an IP address: clients connecting to an IP address send no \
+             SNI and get the `default` certificate, whose names [\"127.0.0.1\"] include no IP \
+             address"
+        ) && m.contains("PUT /netlox/v1/config/cert/default"),
+        "{m}"
+    );
+    let by_ip = ca.leaf(&["lb.test", "127.0.0.1"]);
+    let (s, t) = d
+        .request(
+            "PUT",
+            "/netlox/v1/config/cert/default",
+            Some(&cert_body(None, &by_ip)),
+        )
+        .await
+        .expect("rotate");
+    assert_eq!(s, 200, "{t}");
+    let answer = parse_json(&t);
+    assert_eq!(
+        (&answer["hostnames"], &answer["ipAddresses"]),
+        (&json!(["lb.test"]), &json!(["127.0.0.1"])),
+        "{answer}"
+    );
+    let (s, r) = d.post_rule(&rule).await;
+    assert_eq!(s, 200, "{r}");
+    for alpn in [&b"h2"[..], b"http/1.1"] {
+        let tls = connect(&ca, port, None, &[alpn])
+            .await
+            .expect("the address verifies against the IP SAN");
+        assert_eq!(presented(&tls), by_ip.der);
+        let (status, _, served, _) = send(tls, "127.0.0.1", r#"{"prompt":"hi"}"#).await;
+        assert_eq!((status, served.as_str()), (200, "A"));
+    }
+    let out = d.loxicmd(&["get", "cert", "default"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        concat!(
+            "| CERT ID |      HOSTNAMES       |\n",
+            "|---------|----------------------|\n",
+            "| default | lb.test,IP:127.0.0.1 |\n",
+        )
+    );
 }

@@ -4,7 +4,7 @@
 //! |---|---|---|
 //! | `POST` | `/config/cert` | 201 `{"result":"Success","certId","hostnames","notAfter"}` for `{"certId"?, "certPem", "keyPem", "chainPem"?}` (id minted when absent); 400 malformed PEM, no key, key not the certificate's, expired, bad id; 409 the id exists |
 //! | `PUT` | `/config/cert/{certId}` | 200 the same body: the certificate rotated (new handshakes get it, open connections keep theirs); 404 unknown id; 409 when a `security: 1` rule's host would be left with no certificate whose names match it |
-//! | `GET` | `/config/cert`, `/config/cert/all` | 200 `{"certAttr":[{"certId","hostnames","notBefore","notAfter","expiresSoon"}]}` (never the key) |
+//! | `GET` | `/config/cert`, `/config/cert/all` | 200 `{"certAttr":[{"certId","hostnames","ipAddresses"?,"notBefore","notAfter","expiresSoon"}]}` (never the key; `ipAddresses`, the SAN IP addresses, only when there is one) |
 //! | `GET` | `/config/cert/{certId}` | 200 one entry; 404 |
 //! | `DELETE` | `/config/cert/{certId}` | 200; 404; 409 while a `security: 1` rule's host has no other certificate whose names match it (a `default` one whose names do not match does not count) |
 //!
@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 use super::ApiState;
 use super::error::{self, ApiError, json_response};
 use super::query::NoQuery;
-use crate::certs::parse::EXPIRY_WARNING_SECS;
+use crate::certs::parse::{EXPIRY_WARNING_SECS, ip_host};
 use crate::certs::store::unix_now;
 use crate::certs::{CertPem, CertSnapshot, CertStoreError, Certificate};
 use crate::rules::RuleSnapshot;
@@ -111,15 +111,21 @@ fn store_error(e: CertStoreError) -> ApiError {
     }
 }
 
-/// One certificate as the API lists it (no key).
+/// One certificate as the API lists it (no key). `hostnames` is LoxiLB's (SAN DNS names, else
+/// the CN); `ipAddresses`, a loxi extension, lists the SAN IP addresses and is present only
+/// when there is one (a certificate without IP addresses is answered as LoxiLB answers it).
 fn entry(c: &Certificate) -> Value {
-    json!({
+    let mut e = json!({
         "certId": c.id,
         "hostnames": c.hostnames,
         "notBefore": c.not_before,
         "notAfter": c.not_after,
         "expiresSoon": c.not_after - unix_now() < EXPIRY_WARNING_SECS,
-    })
+    });
+    if !c.ip_addresses.is_empty() {
+        e["ipAddresses"] = json!(c.ip_addresses);
+    }
+    e
 }
 
 fn saved(status: StatusCode, c: &Certificate) -> Response {
@@ -141,7 +147,7 @@ pub async fn create(
     // An empty id is not "absent": the id rules (1 to 63 characters) refuse it by name.
     let id = b.cert_id.take();
     let c = st.certs.create(id, pem(b)).map_err(store_error)?;
-    tracing::info!(cert_id = %c.id, hostnames = ?c.hostnames, "certificate stored");
+    tracing::info!(cert_id = %c.id, hostnames = ?c.names(), "certificate stored");
     Ok(saved(StatusCode::CREATED, &c))
 }
 
@@ -175,7 +181,7 @@ pub async fn replace(
             }
         })
         .map_err(store_error)?;
-    tracing::info!(cert_id = %c.id, hostnames = ?c.hostnames, "certificate rotated");
+    tracing::info!(cert_id = %c.id, hostnames = ?c.names(), "certificate rotated");
     Ok(saved(StatusCode::OK, &c))
 }
 
@@ -240,6 +246,14 @@ pub fn uncovered(
                  `default` one"
             ));
         }
+        if ip_host(&s.host).is_some() {
+            return Some(format!(
+                "rule {key} (host {:?}) would have no certificate whose names match its host \
+                 ({})",
+                s.host,
+                ip_host_default(after, &s.host)
+            ));
+        }
         let default = match after.default_cert() {
             Some(d) => format!(
                 " (the `default` certificate's names {:?} do not match it, and clients that \
@@ -256,16 +270,109 @@ pub fn uncovered(
 }
 
 /// True when a TLS rule with `host` has a certificate clients can verify for it: for a rule
-/// with a `host`, one whose names match the host exactly or by wildcard, as the SNI selection
-/// matches ([`CertSnapshot::for_name`]; the `default` certificate counts only when its names
-/// match); for a host-less rule, the `default` certificate (it serves every handshake of
-/// such a rule).
+/// with a DNS name as `host`, one whose names match the host exactly or by wildcard, as the
+/// SNI selection matches ([`CertSnapshot::for_name`]; the `default` certificate counts only
+/// when its names match); for a rule whose `host` is an IP address, the `default` certificate
+/// with that SAN IP address (clients send no SNI for an IP address, RFC 6066 §3, so the
+/// `default` certificate is the one they get; a DNS name spelled like the address does not
+/// count, [`crate::certs::Certificate::covers`]); for a host-less rule, the `default`
+/// certificate (it serves every handshake of such a rule).
 pub fn has_certificate(certs: &CertSnapshot, host: &str) -> bool {
     if host.is_empty() {
         certs.default_cert().is_some()
+    } else if ip_host(host).is_some() {
+        certs.default_cert().is_some_and(|d| d.covers(host))
     } else {
         certs.for_name(host).is_some()
     }
+}
+
+/// Why the `default` certificate does not serve IP host `host` (see [`has_certificate`]): the
+/// clause said in refusals, naming what it has instead and any other certificate with the
+/// address (which clients never get: without SNI only `default` is served).
+fn ip_host_default(certs: &CertSnapshot, host: &str) -> String {
+    let why = "clients connecting to an IP address send no SNI and get the `default` certificate";
+    let default = match certs.default_cert() {
+        None => "and there is no `default` one".to_string(),
+        Some(d) if d.ip_addresses.is_empty() => format!(
+            "whose names {:?} include no IP address (a DNS name spelled like an address does not \
+             count: clients check an IP host against the IP addresses only)",
+            d.hostnames
+        ),
+        Some(d) => format!(
+            "whose IP addresses {:?} do not include it",
+            d.ip_addresses
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+        ),
+    };
+    let elsewhere = certs
+        .certs
+        .values()
+        .find(|c| c.id != crate::certs::store::DEFAULT_ID && c.covers(host))
+        .map(|c| {
+            format!(
+                "; certificate {:?} has IP:{} but is not `default`, so no client gets it",
+                c.id,
+                ip_host(host).map_or_else(|| host.to_string(), |ip| ip.to_string())
+            )
+        })
+        .unwrap_or_default();
+    format!("{why}, {default}{elsewhere}")
+}
+
+/// What a TLS rule with `host` lacks when it has no certificate ([`has_certificate`] is
+/// false), and the exact command that uploads one: `(what, fix)`. Said by the rule API's
+/// refusal of such a rule.
+pub fn missing_certificate(certs: &CertSnapshot, host: &str) -> (String, String) {
+    const FILES: &str = "--cert-file CERT.pem --key-file KEY.pem [--chain-file CHAIN.pem]";
+    if host.is_empty() {
+        return (
+            "a rule without host serves the `default` certificate, and there is none".into(),
+            format!(
+                "upload one with the id `default`: `loxicmd create cert {FILES} --cert-id \
+                 default` (or POST /netlox/v1/config/cert with \"certId\":\"default\")"
+            ),
+        );
+    }
+    if let Some(ip) = ip_host(host) {
+        let what = format!(
+            "host {host:?} is an IP address: {}",
+            ip_host_default(certs, host)
+        );
+        let fix = if certs.default_cert().is_some() {
+            format!(
+                "rotate `default` to a certificate whose subjectAltName also has IP:{ip}: PUT \
+                 /netlox/v1/config/cert/default with {{\"certPem\", \"keyPem\", \
+                 \"chainPem\"?}} (`loxicmd create cert` refuses an id in use)"
+            )
+        } else {
+            format!(
+                "upload one whose subjectAltName has IP:{ip} with the id `default`: `loxicmd \
+                 create cert {FILES} --cert-id default` (or POST /netlox/v1/config/cert with \
+                 \"certId\":\"default\")"
+            )
+        };
+        return (what, fix);
+    }
+    let what = match certs.default_cert() {
+        Some(d) => format!(
+            "no certificate covers host {host:?} (the `default` certificate's names {:?} do not \
+             match it, and clients that verify the certificate would refuse it)",
+            d.hostnames
+        ),
+        None => format!("no certificate covers host {host:?} and there is no `default` one"),
+    };
+    let wildcard = match host.split_once('.') {
+        Some((_, parent)) if parent.contains('.') => format!(" (or DNS:*.{parent})"),
+        _ => String::new(),
+    };
+    let fix = format!(
+        "upload one whose subjectAltName has DNS:{host}{wildcard}: `loxicmd create cert {FILES} \
+         [--cert-id ID]` (or POST /netlox/v1/config/cert)"
+    );
+    (what, fix)
 }
 
 /// True when a TLS rule with `host` gets some certificate in its handshakes: one that
@@ -276,3 +383,7 @@ pub fn has_certificate(certs: &CertSnapshot, host: &str) -> bool {
 pub fn servable(certs: &CertSnapshot, host: &str) -> bool {
     has_certificate(certs, host) || certs.default_cert().is_some()
 }
+
+#[cfg(test)]
+#[path = "certs_tests.rs"]
+mod tests;

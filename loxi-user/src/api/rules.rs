@@ -96,33 +96,23 @@ fn check_data_path(rule: &LbRule, l4_datapath: bool) -> Result<(), ApiError> {
 
 /// A TLS rule (`security` 1 or 2) needs a certificate whose names match its `host` (exact or
 /// wildcard, as the SNI selection matches; the `default` certificate counts only when its
-/// names match), or for a host-less rule the `default` one: the rule the cert API's `DELETE`
-/// and `PUT` keep covered ([`super::certs::has_certificate`]).
+/// names match; an IP host needs the `default` certificate with that SAN IP address, since
+/// clients send no SNI for an address), or for a host-less rule the `default` one: the rule
+/// the cert API's `DELETE` and `PUT` keep covered ([`super::certs::has_certificate`]). The
+/// refusal says what is missing and the `loxicmd create cert` command (or the cert API call)
+/// that provides it ([`super::certs::missing_certificate`]).
 fn check_certificate(rule: &LbRule, st: &ApiState) -> Result<(), ApiError> {
     let s = &rule.service;
     let certs = st.certs.snapshot();
     if s.security == 0 || super::certs::has_certificate(&certs, &s.host) {
         return Ok(());
     }
-    let what = if s.host.is_empty() {
-        "a rule without host serves the `default` certificate".to_string()
-    } else if let Some(d) = certs.default_cert() {
-        format!(
-            "no certificate covers host {:?} (the `default` certificate's names {:?} do not \
-             match it, and clients that verify the certificate would refuse it)",
-            s.host, d.hostnames
-        )
-    } else {
-        format!(
-            "no certificate covers host {:?} and there is no `default` one",
-            s.host
-        )
-    };
+    let (what, fix) = super::certs::missing_certificate(&certs, &s.host);
     Err(ApiError::invalid_field(
         "serviceArguments.security",
         format!(
-            "{security} ({}) needs a certificate: {what}; POST /netlox/v1/config/cert first; \
-             nothing was stored ({SECURITY_VALUES}; 1 and 2 need a certificate)",
+            "{security} ({}) needs a certificate: {what}; {fix}; nothing was stored \
+             ({SECURITY_VALUES}; 1 and 2 need a certificate)",
             crate::rules::model::security_name(s.security).unwrap_or("TLS"),
             security = s.security,
             SECURITY_VALUES = crate::rules::model::SECURITY_VALUES,

@@ -192,3 +192,149 @@ async fn a_tls_rule_without_a_certificate_is_refused_quoting_its_own_security() 
         assert!(store.snapshot().rules.is_empty(), "nothing stored");
     }
 }
+
+/// A TLS rule `security` (1 or 2) on a free loopback port with `host` (none when empty).
+fn tls_rule(security: u8, host: &str) -> serde_json::Value {
+    let mut s = json!({"externalIP": "127.0.0.1", "port": free_port(), "protocol": "tcp",
+        "mode": 4, "security": security});
+    if !host.is_empty() {
+        s["host"] = json!(host);
+    }
+    json!({"serviceArguments": s, "endpoints": [{"endpointIP": "127.0.0.2", "targetPort": 8443}]})
+}
+
+/// The refusal of a TLS rule `body` (400 naming `serviceArguments.security`): its message.
+async fn refusal(st: &ApiState, body: &serde_json::Value) -> String {
+    let e = create(
+        State(st.clone()),
+        NoQuery,
+        Ok(Bytes::from(body.to_string())),
+    )
+    .await
+    .expect_err("refused");
+    assert_eq!(e.status, StatusCode::BAD_REQUEST, "{}", e.message);
+    assert_eq!(e.field.as_deref(), Some("serviceArguments.security"));
+    e.message
+}
+
+/// The loxicmd upload of a certificate file pair, as the refusals spell it.
+const CREATE_CERT: &str =
+    "loxicmd create cert --cert-file CERT.pem --key-file KEY.pem [--chain-file CHAIN.pem]";
+
+/// A refused TLS rule says the loxicmd command that uploads the certificate it needs: for a
+/// host-less rule (security 2 too) the `default` one, `--cert-id default`; for a host, one whose
+/// subjectAltName names it, any id. Doing what it says makes the same rule accepted.
+#[tokio::test]
+async fn a_refused_tls_rule_says_the_loxicmd_command_that_uploads_its_certificate() {
+    use crate::certs::testutil::{dns, with_sans};
+    let store = Arc::new(RuleStore::in_memory());
+    let st = state(store.clone());
+    let hostless = tls_rule(2, "");
+    let m = refusal(&st, &hostless).await;
+    assert!(
+        m.contains(&format!(
+            "needs a certificate: a rule without host serves the `default` certificate, and \
+             there is none; upload one with the id `default`: `{CREATE_CERT} --cert-id default` \
+             (or POST /netlox/v1/config/cert with \"certId\":\"default\"); nothing was stored"
+        )),
+        "{m}"
+    );
+    let named = tls_rule(1, "api.example.com");
+    let m = refusal(&st, &named).await;
+    assert!(
+        m.contains(&format!(
+            "needs a certificate: no certificate covers host \"api.example.com\" and there is no \
+             `default` one; upload one whose subjectAltName has DNS:api.example.com (or \
+             DNS:*.example.com): `{CREATE_CERT} [--cert-id ID]` (or POST \
+             /netlox/v1/config/cert); nothing was stored"
+        )),
+        "{m}"
+    );
+    // As told: a certificate for another name with the id `default` serves the host-less rule
+    // but not the named one; one naming the host (any id) serves it.
+    st.certs
+        .create(
+            Some("default".into()),
+            with_sans(vec![dns("lb.example")], None),
+        )
+        .expect("default");
+    for ok in [&hostless] {
+        let post = create(State(st.clone()), NoQuery, Ok(Bytes::from(ok.to_string())));
+        assert_eq!(answer(tokio::spawn(post)).await, StatusCode::OK);
+    }
+    assert!(refusal(&st, &named).await.contains("DNS:api.example.com"));
+    st.certs
+        .create(None, with_sans(vec![dns("api.example.com")], None))
+        .expect("named");
+    let post = create(State(st), NoQuery, Ok(Bytes::from(named.to_string())));
+    assert_eq!(answer(tokio::spawn(post)).await, StatusCode::OK);
+}
+
+/// A TLS rule whose host is an IP address is covered only by the `default` certificate having
+/// that address as a SAN IP address: clients send no SNI for an address, so `default` is what
+/// they get, and they check the address against IP SANs only. A DNS SAN spelled like the
+/// address (accepted before), or the address on another certificate, is refused saying so,
+/// with the command (or call) that fixes it.
+#[tokio::test]
+async fn an_ip_host_needs_the_default_certificate_with_that_ip_address() {
+    use crate::certs::testutil::{dns, ip, with_sans};
+    let store = Arc::new(RuleStore::in_memory());
+    let st = state(store.clone());
+    let rule = tls_rule(1, "10.0.0.5");
+    st.certs
+        .create(
+            Some("spelled".into()),
+            with_sans(vec![dns("10.0.0.5")], None),
+        )
+        .expect("a DNS name spelled like the address");
+    let m = refusal(&st, &rule).await;
+    assert!(
+        m.contains(&format!(
+            "needs a certificate: host \"10.0.0.5\" is an IP address: clients connecting to an IP \
+             address send no SNI and get the `default` certificate, and there is no `default` \
+             one; upload one whose subjectAltName has IP:10.0.0.5 with the id `default`: \
+             `{CREATE_CERT} --cert-id default` (or POST /netlox/v1/config/cert with \
+             \"certId\":\"default\"); nothing was stored"
+        )),
+        "{m}"
+    );
+    st.certs
+        .create(Some("vip".into()), with_sans(vec![ip("10.0.0.5")], None))
+        .expect("the address, not default");
+    let m = refusal(&st, &rule).await;
+    assert!(
+        m.contains(
+            "; certificate \"vip\" has IP:10.0.0.5 but is not `default`, so no client gets it; "
+        ),
+        "{m}"
+    );
+    st.certs
+        .create(
+            Some("default".into()),
+            with_sans(vec![dns("10.0.0.5")], Some("10.0.0.5")),
+        )
+        .expect("default, the address as a DNS name");
+    let m = refusal(&st, &rule).await;
+    assert!(
+        m.contains(
+            "get the `default` certificate, whose names [\"10.0.0.5\"] include no IP address (a \
+             DNS name spelled like an address does not count: clients check an IP host against \
+             the IP addresses only)"
+        ) && m.contains(
+            "rotate `default` to a certificate whose subjectAltName also has IP:10.0.0.5: PUT \
+             /netlox/v1/config/cert/default with {\"certPem\", \"keyPem\", \"chainPem\"?} \
+             (`loxicmd create cert` refuses an id in use)"
+        ),
+        "{m}"
+    );
+    assert!(store.snapshot().rules.is_empty(), "nothing stored");
+    st.certs
+        .replace(
+            "default",
+            with_sans(vec![dns("lb.example"), ip("10.0.0.5")], None),
+            |_, _| Ok(()),
+        )
+        .expect("rotated");
+    let post = create(State(st), NoQuery, Ok(Bytes::from(rule.to_string())));
+    assert_eq!(answer(tokio::spawn(post)).await, StatusCode::OK);
+}

@@ -10,8 +10,8 @@
 //!    with 403 unless that name is listed with `--api-allowed-host`: a page that rebinds its
 //!    own name to us sends same-origin `GET`s without an `Origin` header, and only its `Host`
 //!    gives it away. IP literals and `localhost` always pass, and so does a request without a
-//!    `Host` (HTTP/1.0). With a token the browser cannot authenticate, so the token is the
-//!    defence and DNS names pass.
+//!    `Host` (HTTP/1.0). An HTTP/2 request's `:authority` is its `Host` for both checks. With a
+//!    token the browser cannot authenticate, so the token is the defence and DNS names pass.
 //! 2. **Bearer token**, when one is configured (`--api-token-file` / `LOXI_API_TOKEN` for
 //!    admin, `--api-read-token-file` / `LOXI_API_READ_TOKEN` for read-only): every request
 //!    needs `Authorization: Bearer <token>`, or the bare token as kube-loxilb sends it and
@@ -217,12 +217,35 @@ fn read_only(method: &Method) -> bool {
     matches!(*method, Method::GET | Method::HEAD)
 }
 
+/// Gives an HTTP/2 request, which names its host in the `:authority` pseudo-header (the URI's
+/// authority) and has no `Host` header, that authority as its `Host` (RFC 9113 §8.3.1), so the
+/// `Host` and `Origin` checks read the host an HTTP/2 client addressed as they read an HTTP/1
+/// client's: without it they passed every HTTP/2 request. A `Host` present is left as it is.
+fn authority_as_host(req: &mut Request) {
+    if req.headers().contains_key(header::HOST) {
+        return;
+    }
+    let Some(value) = req
+        .uri()
+        .authority()
+        .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+    else {
+        return;
+    };
+    req.headers_mut().insert(header::HOST, value);
+}
+
 /// The one route answered without a token (LoxiLB's readiness probe).
 pub const VERSION_PATH: &str = "/netlox/v1/version";
 
 /// Checks 1 and 2 of the module doc, as a layer over every route and the fallbacks:
 /// `axum::middleware::from_fn_with_state(policy, guard)`.
-pub async fn guard(State(policy): State<Arc<ApiSecurity>>, req: Request, next: Next) -> Response {
+pub async fn guard(
+    State(policy): State<Arc<ApiSecurity>>,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    authority_as_host(&mut req);
     let (method, headers) = (req.method(), req.headers());
     if let Err(msg) = policy
         .check_origin(headers)

@@ -176,3 +176,71 @@ async fn the_connection_cap_holds_a_further_client_until_a_slot_frees() {
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     stop.cancel();
 }
+
+/// An HTTP/2 prior-knowledge (h2c) client is served as an HTTP/1.1 one is (it got a closed
+/// connection: the API spoke HTTP/1.1 only), several requests on one connection; and the
+/// connection bounds hold for HTTP/2 too: a client that sends the preface and then nothing,
+/// or goes idle after its requests, is closed at the header timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2_prior_knowledge_client_is_served_and_closed_when_idle() {
+    use http_body_util::{BodyExt, Full};
+    let (addr, stop) = start(limits(400, 5_000, 16)).await;
+    let tcp = TcpStream::connect(addr).await.expect("connect");
+    let (mut send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .expect("HTTP/2 handshake");
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "the client connection's driver; ends with the connection"
+    )]
+    let driver = tokio::spawn(conn);
+    for (path, body) in [("/ok", ""), ("/echo", "hello")] {
+        let method = if body.is_empty() { "GET" } else { "POST" };
+        let req = http::Request::builder()
+            .method(method)
+            .uri(format!("http://{addr}{path}"))
+            .body(Full::new(bytes::Bytes::from(body)))
+            .expect("request");
+        let resp = timeout(Duration::from_secs(5), send.send_request(req))
+            .await
+            .expect("answered within 5 s")
+            .expect("an HTTP/2 answer");
+        assert_eq!(
+            (resp.status(), resp.version()),
+            (StatusCode::OK, http::Version::HTTP_2)
+        );
+        let got = resp.into_body().collect().await.expect("body").to_bytes();
+        assert_eq!(got, if body.is_empty() { "ok" } else { body });
+    }
+    // Idle after its requests: closed (a GOAWAY, then the end) at the header timeout.
+    let t0 = Instant::now();
+    timeout(Duration::from_secs(4), driver)
+        .await
+        .expect("the idle HTTP/2 connection is closed within 4 s")
+        .expect("driver task")
+        .expect("closed cleanly, with a GOAWAY");
+    assert!(
+        t0.elapsed() >= Duration::from_millis(300),
+        "{:?}",
+        t0.elapsed()
+    );
+    // The preface and an empty SETTINGS frame, then silence: closed at the header timeout.
+    let mut silent = TcpStream::connect(addr).await.expect("connect");
+    let t0 = Instant::now();
+    silent
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .await
+        .expect("write");
+    let (_, at) = read_to_close(&mut silent, Duration::from_secs(5))
+        .await
+        .expect("the silent HTTP/2 connection is closed within 5 s");
+    let after = at - t0;
+    assert!(
+        after >= Duration::from_millis(350) && after < Duration::from_secs(4),
+        "closed after {after:?}, header timeout 400 ms"
+    );
+    stop.cancel();
+}

@@ -118,9 +118,9 @@ pub enum TlsError {
     Rustls(#[from] rustls::Error),
 }
 
-/// The server configuration of `cert` (PEM chain) and `key` (PEM private key), ALPN
-/// `http/1.1` (the API speaks HTTP/1.1). A leaf certificate that has expired or is not valid
-/// yet is refused, as the cert API refuses it.
+/// The server configuration of `cert` (PEM chain) and `key` (PEM private key), ALPN `h2` and
+/// `http/1.1` (the API speaks both, [`super::serve`]). A leaf certificate that has expired or
+/// is not valid yet is refused, as the cert API refuses it.
 pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>, TlsError> {
     use crate::certs::parse::{PemFile, der_file_reason};
     let cert_text = std::fs::read(cert).map_err(|e| TlsError::Pem {
@@ -173,7 +173,7 @@ pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig
             key: key_path(),
             reason: crate::certs::parse::rustls_reason(&e, ""),
         })?;
-    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Arc::new(cfg))
 }
 
@@ -283,26 +283,44 @@ async fn accept_loop(
 }
 
 /// The TLS handshake of `stream`, unless its first bytes (peeked: one byte, then at most
-/// three read, each waiting within the caller's [`HANDSHAKE_TIMEOUT`]) are a plain-HTTP
-/// request: that client gets `400 Bad Request` saying this port speaks HTTPS, with the URL to
-/// use ([`plain_http_answer`]), and the connection is closed, as nginx answers (its 497)
-/// rather than a TLS alert the client shows as garbage.
+/// three read, each waiting within the caller's [`HANDSHAKE_TIMEOUT`]) are plain HTTP: an
+/// HTTP/1 client gets `400 Bad Request` saying this port speaks HTTPS, with the URL to use
+/// ([`plain_http_answer`]), as nginx answers (its 497) rather than a TLS alert the client
+/// shows as garbage; an HTTP/2 prior-knowledge (h2c) client gets a GOAWAY whose debug data
+/// says the same ([`h2c_answer`]), where it got an empty reply. Either way the connection is
+/// closed.
 async fn handshake(
     acceptor: &TlsAcceptor,
     mut stream: TcpStream,
 ) -> std::io::Result<TlsStream<TcpStream>> {
-    if crate::listen::plain::plain_http(&mut stream)
-        .await
-        .is_some()
-    {
-        let body = plain_http_answer(stream.local_addr().ok());
-        crate::listen::plain::answer_400_and_close(stream, "text/plain; charset=utf-8", &body)
-            .await;
-        return Err(std::io::Error::other(
-            "plain HTTP sent to the HTTPS API port; answered 400",
-        ));
+    use crate::listen::plain::{self, PlainHttp};
+    match plain::plain_http(&mut stream).await {
+        None => acceptor.accept(stream).await,
+        Some(PlainHttp::H1) => {
+            let body = plain_http_answer(stream.local_addr().ok());
+            plain::answer_400_and_close(stream, "text/plain; charset=utf-8", &body).await;
+            Err(std::io::Error::other(
+                "plain HTTP sent to the HTTPS API port; answered 400",
+            ))
+        }
+        Some(PlainHttp::H2) => {
+            let debug = h2c_answer(stream.local_addr().ok());
+            plain::answer_goaway_and_close(stream, &debug).await;
+            Err(std::io::Error::other(
+                "plain HTTP/2 (h2c) sent to the HTTPS API port; answered GOAWAY",
+            ))
+        }
     }
-    acceptor.accept(stream).await
+}
+
+/// The GOAWAY debug data answering an HTTP/2 prior-knowledge (h2c) client on the HTTPS API
+/// port reached at `local`: [`plain_http_answer`]'s words, on one line.
+pub fn h2c_answer(local: Option<SocketAddr>) -> String {
+    plain_http_answer(local).trim_end().replacen(
+        "the plain HTTP request",
+        "the plain HTTP/2 (h2c) request",
+        1,
+    )
 }
 
 /// How [`plain_http_answer`] starts (loxicmd recognises it and says to add `--protocol https`).

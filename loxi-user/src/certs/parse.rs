@@ -3,8 +3,12 @@
 //! The leaf comes first (`certPem`, optionally followed by its chain), then `chainPem` (the
 //! intermediates, optional). The key (`keyPem`) is PKCS#8, PKCS#1 or SEC1, of a type rustls'
 //! `ring` provider signs with (RSA, ECDSA P-256/P-384, Ed25519). Hostnames are the leaf's SAN
-//! DNS names, else its subject CN, lower-cased; `*.example.com` covers one label.
+//! DNS names, else its subject CN, lower-cased; `*.example.com` covers one label. IP addresses
+//! are the leaf's SAN IP addresses (`IP:10.0.0.5`), kept apart: an IP host is covered by an IP
+//! address only, never by a DNS name spelled like one ([`Certificate::covers`]), as TLS
+//! clients verify an IP (RFC 6125 §6.2, webpki, OpenSSL).
 
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use rustls::pki_types::pem::PemObject;
@@ -35,8 +39,11 @@ pub struct CertPem {
 pub struct Certificate {
     /// The certificate's id (`certId`).
     pub id: String,
-    /// Names it serves (SAN DNS names, else the CN), lower-case; may start with `*.`.
+    /// Names it serves (SAN DNS names, else the CN), lower-case; may start with `*.`. Empty
+    /// when the leaf names IP addresses only.
     pub hostnames: Vec<String>,
+    /// The SAN IP addresses (`IP:10.0.0.5`), in certificate order.
+    pub ip_addresses: Vec<IpAddr>,
     /// Start of validity (Unix seconds).
     pub not_before: i64,
     /// End of validity (Unix seconds).
@@ -95,8 +102,10 @@ pub enum CertError {
         /// The issuer named by the certificate before it.
         issuer: String,
     },
-    /// The leaf names no host (no SAN DNS name, no CN).
-    #[error("certPem: the certificate names no host (no SAN DNS name and no subject CN)")]
+    /// The leaf names no host (no SAN DNS name or IP address, no CN).
+    #[error(
+        "certPem: the certificate names no host (no SAN DNS name or IP address and no subject CN)"
+    )]
     NoHostnames,
     /// The leaf is a CA certificate (`basicConstraints` `CA:TRUE`): rustls/webpki clients (and
     /// browsers) refuse a CA certificate presented as the server's own, so every handshake
@@ -759,6 +768,7 @@ fn parse_any_validity(
     let cert = Certificate {
         id: id.to_string(),
         hostnames: facts.hostnames,
+        ip_addresses: facts.ip_addresses,
         not_before: facts.not_before,
         not_after: facts.not_after,
         key: Arc::new(certified),
@@ -883,18 +893,29 @@ fn check_chain(chain: &[CertificateDer<'_>], in_cert_pem: usize) -> Result<(), C
 /// What the cert API reads from a leaf.
 struct LeafFacts {
     hostnames: Vec<String>,
+    ip_addresses: Vec<IpAddr>,
     not_before: i64,
     not_after: i64,
 }
 
 fn leaf_facts(der: &CertificateDer<'_>) -> Result<LeafFacts, CertError> {
+    use x509_parser::extensions::GeneralName;
     let (_, cert) = x509_parser::parse_x509_certificate(der.as_ref())
         .map_err(|e| CertError::X509(x509_reason(&e)))?;
     let mut hostnames: Vec<String> = Vec::new();
+    let mut ip_addresses: Vec<IpAddr> = Vec::new();
     if let Ok(Some(san)) = cert.subject_alternative_name() {
         for name in &san.value.general_names {
-            if let x509_parser::extensions::GeneralName::DNSName(n) = name {
-                hostnames.push(n.to_ascii_lowercase());
+            match name {
+                GeneralName::DNSName(n) => hostnames.push(n.to_ascii_lowercase()),
+                GeneralName::IPAddress(bytes) => {
+                    if let Some(ip) = san_ip(bytes)
+                        && !ip_addresses.contains(&ip)
+                    {
+                        ip_addresses.push(ip);
+                    }
+                }
+                _ => {}
             }
         }
     }
@@ -908,15 +929,62 @@ fn leaf_facts(der: &CertificateDer<'_>) -> Result<LeafFacts, CertError> {
     }
     hostnames.retain(|h| !h.is_empty());
     hostnames.dedup();
-    if hostnames.is_empty() {
+    if hostnames.is_empty() && ip_addresses.is_empty() {
         return Err(CertError::NoHostnames);
     }
     let v = cert.validity();
     Ok(LeafFacts {
         hostnames,
+        ip_addresses,
         not_before: v.not_before.timestamp(),
         not_after: v.not_after.timestamp(),
     })
+}
+
+/// A SAN `iPAddress` (4 bytes IPv4, 16 bytes IPv6, RFC 5280 §4.2.1.6); `None` for another
+/// length (a name constraint's address and mask has 8 or 32, never in a leaf's SAN).
+fn san_ip(bytes: &[u8]) -> Option<IpAddr> {
+    if let Ok(v4) = <[u8; 4]>::try_from(bytes) {
+        return Some(IpAddr::from(v4));
+    }
+    <[u8; 16]>::try_from(bytes).ok().map(IpAddr::from)
+}
+
+/// The IP address host `name` is, if it is one: `10.0.0.5`, `::1` or `[::1]` (a host is
+/// either an IP address or a DNS name, never both).
+pub fn ip_host(name: &str) -> Option<IpAddr> {
+    let bare = name
+        .strip_prefix('[')
+        .and_then(|n| n.strip_suffix(']'))
+        .unwrap_or(name);
+    bare.parse::<IpAddr>().ok()
+}
+
+impl Certificate {
+    /// True when this certificate is valid for host `name` as TLS clients check it: an IP
+    /// address ([`ip_host`]) against the SAN IP addresses only (a DNS name or CN spelled like
+    /// that address does not count); a DNS name against the hostnames ([`name_matches`]:
+    /// exact, or a `*.` wildcard covering one label).
+    pub fn covers(&self, name: &str) -> bool {
+        match ip_host(name) {
+            Some(ip) => self
+                .ip_addresses
+                .iter()
+                .any(|a| a.to_canonical() == ip.to_canonical()),
+            None => self.hostnames.iter().any(|h| name_matches(h, name)),
+        }
+    }
+
+    /// Every name the certificate is valid for, as the API lists it: the hostnames, then each
+    /// IP address as `IP:<address>` (openssl's `subjectAltName` notation, which tells an IP
+    /// address from a DNS name spelled like one).
+    pub fn names(&self) -> Vec<String> {
+        self.hostnames
+            .iter()
+            .cloned()
+            .chain(self.ip_addresses.iter().map(|ip| format!("IP:{ip}")))
+            .collect()
+    }
 }
 
 /// True when certificate name `pattern` (maybe `*.example.com`) covers host `name`
@@ -958,6 +1026,69 @@ mod tests {
         .expect("valid");
         assert_eq!(c.hostnames, ["a.example", "*.b.example"]);
         assert!(c.not_after > now() + 29 * 86_400);
+    }
+
+    /// SAN IP addresses are read apart from the DNS names (they were dropped, and a
+    /// certificate naming only addresses was refused as naming no host); an IP host is covered
+    /// by an IP address only, never by a DNS name or CN spelled like it; a DNS host never by an
+    /// IP address.
+    #[test]
+    fn ip_addresses_come_from_the_san_ip_addresses_and_cover_ip_hosts_only() {
+        use crate::certs::testutil::{dns, ip, with_sans};
+        let c = parse(
+            "a",
+            with_sans(vec![dns("A.example"), ip("10.0.0.5"), ip("fd00::5")], None),
+            now(),
+        )
+        .expect("valid");
+        assert_eq!(c.hostnames, ["a.example"]);
+        assert_eq!(
+            c.ip_addresses,
+            [
+                "10.0.0.5".parse::<IpAddr>().expect("ip"),
+                "fd00::5".parse().expect("ip")
+            ]
+        );
+        assert_eq!(c.names(), ["a.example", "IP:10.0.0.5", "IP:fd00::5"]);
+        assert!(c.covers("10.0.0.5") && c.covers("fd00::5") && c.covers("[fd00::5]"));
+        assert!(c.covers("a.example") && !c.covers("10.0.0.6"));
+        let only_ips = parse("b", with_sans(vec![ip("10.0.0.5")], None), now()).expect("valid");
+        assert!(only_ips.hostnames.is_empty());
+        assert!(only_ips.covers("10.0.0.5"));
+        let spelled = parse(
+            "c",
+            with_sans(vec![dns("10.0.0.5")], Some("10.0.0.6")),
+            now(),
+        )
+        .expect("valid");
+        assert_eq!(spelled.hostnames, ["10.0.0.5"]);
+        assert!(spelled.ip_addresses.is_empty());
+        assert!(
+            !spelled.covers("10.0.0.5"),
+            "a DNS name spelled like the address"
+        );
+        let cn = parse(
+            "d",
+            with_sans(vec![ip("10.0.0.9")], Some("10.0.0.6")),
+            now(),
+        )
+        .expect("valid");
+        assert_eq!(
+            cn.hostnames,
+            ["10.0.0.6"],
+            "the CN when there is no DNS name"
+        );
+        assert!(!cn.covers("10.0.0.6"), "a CN spelled like an address");
+        assert_eq!(
+            parse("e", with_sans(vec![], None), now()).expect_err("no name"),
+            CertError::NoHostnames
+        );
+        let mut snap = crate::certs::CertSnapshot::default();
+        for c in [c, spelled] {
+            snap.certs.insert(c.id.clone(), Arc::new(c));
+        }
+        assert_eq!(snap.for_name("10.0.0.5").map(|c| c.id.as_str()), Some("a"));
+        assert_eq!(snap.for_name("10.0.0.7").map(|c| c.id.as_str()), None);
     }
 
     #[test]

@@ -82,7 +82,7 @@ fn stage_pair(store: &CertStore, dir: &Path, id: &str, loaded: &mut Vec<String>)
     };
     match store.upsert(id, pem) {
         Ok(c) => {
-            tracing::info!(cert_id = %c.id, hostnames = ?c.hostnames, file = %crt.display(),
+            tracing::info!(cert_id = %c.id, hostnames = ?c.names(), file = %crt.display(),
                 "staged certificate loaded");
             loaded.push(c.id.clone());
         }

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 
-use super::parse::{self, CertError, CertPem, Certificate, ValidityError, name_matches};
+use super::parse::{self, CertError, CertPem, Certificate, ValidityError, ip_host};
 
 /// The id of the certificate served when the client's SNI is absent or names no rule's host.
 pub const DEFAULT_ID: &str = "default";
@@ -30,17 +30,17 @@ pub struct CertSnapshot {
 
 impl CertSnapshot {
     /// The certificate serving host `name`: one naming it exactly, else one whose wildcard
-    /// covers it (lowest id first in each case).
+    /// covers it (lowest id first in each case). An IP address is served only by a certificate
+    /// with that SAN IP address ([`Certificate::covers`]), never by a DNS name spelled like it.
     pub fn for_name(&self, name: &str) -> Option<&Arc<Certificate>> {
+        if ip_host(name).is_some() {
+            return self.certs.values().find(|c| c.covers(name));
+        }
         let exact = self
             .certs
             .values()
             .find(|c| c.hostnames.iter().any(|h| h.eq_ignore_ascii_case(name)));
-        exact.or_else(|| {
-            self.certs
-                .values()
-                .find(|c| c.hostnames.iter().any(|h| name_matches(h, name)))
-        })
+        exact.or_else(|| self.certs.values().find(|c| c.covers(name)))
     }
 
     /// The default certificate (id [`DEFAULT_ID`]).
@@ -317,7 +317,7 @@ pub const EXPIRY_WATCH_MAX_SLEEP: std::time::Duration = std::time::Duration::fro
 
 /// The warning of a served certificate that has just expired.
 pub fn warn_expired(cert: &Certificate) {
-    tracing::warn!(cert_id = %cert.id, hostnames = ?cert.hostnames, not_after = cert.not_after,
+    tracing::warn!(cert_id = %cert.id, hostnames = ?cert.names(), not_after = cert.not_after,
         not_after_utc = %parse::rfc3339(cert.not_after),
         "TLS certificate expired; it is still served, and clients that verify it refuse the \
          handshake: rotate it (PUT /netlox/v1/config/cert/{{certId}})");
@@ -330,7 +330,7 @@ fn warn_restored_out_of_validity(cert: &Certificate, why: &ValidityError) {
         ValidityError::Expired { .. } => "has expired",
         ValidityError::NotYetValid { .. } => "is not valid yet",
     };
-    tracing::warn!(cert_id = %cert.id, hostnames = ?cert.hostnames, not_after = cert.not_after,
+    tracing::warn!(cert_id = %cert.id, hostnames = ?cert.names(), not_after = cert.not_after,
         not_after_utc = %parse::rfc3339(cert.not_after), not_before = cert.not_before,
         "restored a stored TLS certificate that {what}; it is served as before the restart, and \
          clients that verify it refuse the handshake: rotate it (PUT \

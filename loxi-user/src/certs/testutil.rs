@@ -28,3 +28,34 @@ pub fn der_files(pem: &CertPem) -> (Vec<u8>, Vec<u8>) {
     let key = PrivateKeyDer::from_pem_slice(pem.key_pem.as_bytes()).expect("key");
     (cert.to_vec(), key.secret_der().to_vec())
 }
+
+/// A fresh self-signed certificate whose subjectAltName is `sans` as given (`DNS:` names that
+/// rcgen would otherwise read as IP addresses stay DNS names) and whose subject is CN `cn`, or
+/// empty when `None`.
+pub fn with_sans(sans: Vec<rcgen::SanType>, cn: Option<&str>) -> CertPem {
+    let mut params = rcgen::CertificateParams::default();
+    params.subject_alt_names = sans;
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    if let Some(cn) = cn {
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, cn);
+    }
+    let key = rcgen::KeyPair::generate().expect("key");
+    let cert = params.self_signed(&key).expect("cert");
+    CertPem {
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+        chain_pem: None,
+    }
+}
+
+/// `DNS:<name>` as rcgen's SAN entry.
+pub fn dns(name: &str) -> rcgen::SanType {
+    rcgen::SanType::DnsName(name.try_into().expect("IA5 name"))
+}
+
+/// `IP:<ip>` as rcgen's SAN entry.
+pub fn ip(ip: &str) -> rcgen::SanType {
+    rcgen::SanType::IpAddress(ip.parse().expect("IP address"))
+}

@@ -6,7 +6,8 @@
 //! `create cert --cert-file F --key-file K [--chain-file C] [--cert-id ID] [--usage server]`
 //! uploads the PEM files (`201`: prints `Certificate '<id>' created.` with the id the server
 //! answered, minted when `--cert-id` is absent); `get cert <ID>` prints LoxiLB's two-column
-//! table (`Cert ID`, `Hostnames`; `-o json`: the answer); `get cert` without an id lists every
+//! table (`Cert ID`, `Hostnames`, the SAN IP addresses listed after the DNS names as
+//! `IP:<address>`; `-o json`: the answer); `get cert` without an id lists every
 //! certificate (a loxi extension: LoxiLB's CLI requires the id, its API has no list);
 //! `delete cert <ID>` prints `Certificate '<id>' deleted.`; `get metrics` prints
 //! `prometheus metrics: enabled|disabled` (`-o json`: the answer). `--usage ca|client` (a CA
@@ -153,13 +154,23 @@ pub(crate) async fn get(api: &Api, id: Option<&str>, output: OutputFormat) -> Re
     out(&table::layout(&CERT_TITLE, &rows))
 }
 
-/// One table row: the id and the hostnames joined by `,` (LoxiLB's `strings.Join`).
+/// One table row: the id and the hostnames joined by `,` (LoxiLB's `strings.Join`), then the
+/// SAN IP addresses (`ipAddresses`, a loxi extension) as `IP:<address>`, openssl's notation,
+/// which tells them from a DNS name spelled like an address. A certificate without IP
+/// addresses gets LoxiLB's row.
 fn row(c: &Value) -> Vec<String> {
-    let hosts: Vec<&str> = c["hostnames"]
-        .as_array()
+    let strings = |key: &str| -> Vec<String> {
+        c[key]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .map(str::to_string)
+            .collect()
+    };
+    let hosts: Vec<String> = strings("hostnames")
         .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
+        .chain(strings("ipAddresses").iter().map(|ip| format!("IP:{ip}")))
         .collect();
     vec![
         c["certId"].as_str().unwrap_or_default().to_string(),
@@ -313,6 +324,26 @@ mod tests {
         assert_eq!(
             table::layout(&CERT_TITLE, &rows),
             "| CERT ID |      HOSTNAMES      |\n|---------|---------------------|\n| web     | a.example,b.example |\n"
+        );
+    }
+
+    /// A certificate's SAN IP addresses (the answer's `ipAddresses`) are listed after its DNS
+    /// names as `IP:<address>` (they were dropped); one without keeps LoxiLB's row.
+    #[test]
+    fn the_cert_table_lists_ip_addresses_after_the_dns_names() {
+        let rows = vec![
+            row(&json!({"certId": "vip", "hostnames": ["lb.example"],
+                        "ipAddresses": ["10.0.0.5", "fd00::5"]})),
+            row(&json!({"certId": "bare", "ipAddresses": ["10.0.0.6"]})),
+            row(&json!({"certId": "web", "hostnames": ["10.0.0.7"]})),
+        ];
+        assert_eq!(
+            rows,
+            [
+                ["vip", "lb.example,IP:10.0.0.5,IP:fd00::5"],
+                ["bare", "IP:10.0.0.6"],
+                ["web", "10.0.0.7"],
+            ]
         );
     }
 }

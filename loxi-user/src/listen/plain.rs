@@ -1,5 +1,7 @@
 //! Plain HTTP on a TLS port: telling a plain-HTTP client from a TLS one by its first bytes
-//! ([`plain_http`]) and answering it `400` before closing ([`answer_400_and_close`]). Used by
+//! ([`plain_http`]) and answering it `400` before closing ([`answer_400_and_close`]), or, for
+//! an HTTP/2 prior-knowledge (h2c) client, a GOAWAY saying why ([`answer_goaway_and_close`]).
+//! Used by
 //! the fullproxy's TLS listeners (`crate::proxy::listener`, `crate::proxy::tls`) and the HTTPS
 //! REST API (`crate::api::tls`), so it lives below both.
 
@@ -87,6 +89,33 @@ pub async fn answer_400_and_close(mut stream: TcpStream, content_type: &str, bod
     );
     let _ = stream.write_all(head.as_bytes()).await;
     let _ = stream.write_all(body.as_bytes()).await;
+    let _ = stream.shutdown().await;
+    linger(stream).await;
+}
+
+/// The bytes answering an HTTP/2 prior-knowledge (h2c) client on a TLS port: the server's
+/// connection preface (an empty SETTINGS frame) and a GOAWAY (last stream 0, error
+/// `PROTOCOL_ERROR`) whose debug data is `debug` (RFC 9113 §6.5, §6.8), which clients such as
+/// curl and nghttp show.
+pub fn h2_goaway(debug: &str) -> Vec<u8> {
+    let debug = debug.as_bytes();
+    let mut out = Vec::with_capacity(9 + 9 + 8 + debug.len());
+    // SETTINGS: length 0, type 0x4, flags 0, stream 0.
+    out.extend_from_slice(&[0, 0, 0, 0x4, 0, 0, 0, 0, 0]);
+    let len = 8 + debug.len();
+    out.extend_from_slice(&[(len >> 16) as u8, (len >> 8) as u8, len as u8]);
+    // GOAWAY: type 0x7, flags 0, stream 0; last stream id 0; PROTOCOL_ERROR (0x1).
+    out.extend_from_slice(&[0x7, 0, 0, 0, 0, 0]);
+    out.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0x1]);
+    out.extend_from_slice(debug);
+    out
+}
+
+/// Answers an HTTP/2 prior-knowledge (h2c) client on a TLS port with [`h2_goaway`] of `debug`
+/// and closes, lingering as [`answer_400_and_close`] does.
+pub async fn answer_goaway_and_close(mut stream: TcpStream, debug: &str) {
+    use tokio::io::AsyncWriteExt;
+    let _ = stream.write_all(&h2_goaway(debug)).await;
     let _ = stream.shutdown().await;
     linger(stream).await;
 }

@@ -50,11 +50,10 @@ impl ClientTls {
         if host.is_empty() || super::pool::same_host(host, sni) {
             return false;
         }
-        !certs.snapshot().for_name(sni).is_some_and(|c| {
-            c.hostnames
-                .iter()
-                .any(|n| crate::certs::parse::name_matches(n, host))
-        })
+        !certs
+            .snapshot()
+            .for_name(sni)
+            .is_some_and(|c| c.covers(host))
     }
 
     /// [`Self::misdirected`] as the request's answer: `Err` 421 `misdirected_request` naming
@@ -116,31 +115,12 @@ impl ResolvesServerCert for SniResolver {
 pub const H2_ON_TLS_DEBUG: &str = "plain_http_on_tls_port: plain HTTP/2 (h2c) was sent to a port that terminates TLS \
      (security 1): use https://";
 
-/// The bytes answering an HTTP/2 prior-knowledge client on a TLS listener: the server's
-/// connection preface (an empty SETTINGS frame) and a GOAWAY (last stream 0, error
-/// `PROTOCOL_ERROR`) whose debug data is [`H2_ON_TLS_DEBUG`] (RFC 9113 §6.5, §6.8).
-pub fn h2_refusal() -> Vec<u8> {
-    let debug = H2_ON_TLS_DEBUG.as_bytes();
-    let mut out = Vec::with_capacity(9 + 9 + 8 + debug.len());
-    // SETTINGS: length 0, type 0x4, flags 0, stream 0.
-    out.extend_from_slice(&[0, 0, 0, 0x4, 0, 0, 0, 0, 0]);
-    let len = 8 + debug.len();
-    out.extend_from_slice(&[(len >> 16) as u8, (len >> 8) as u8, len as u8]);
-    // GOAWAY: type 0x7, flags 0, stream 0; last stream id 0; PROTOCOL_ERROR (0x1).
-    out.extend_from_slice(&[0x7, 0, 0, 0, 0, 0]);
-    out.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0x1]);
-    out.extend_from_slice(debug);
-    out
-}
-
-/// Answers an HTTP/2 prior-knowledge (h2c) client on a TLS listener with [`h2_refusal`] and
-/// closes (a lingering close, as [`refuse_plain_http`]). Runs within the handshake timeout and
-/// counts as a failed handshake.
-pub async fn refuse_plain_h2(mut stream: tokio::net::TcpStream) {
-    use tokio::io::AsyncWriteExt;
-    let _ = stream.write_all(&h2_refusal()).await;
-    let _ = stream.shutdown().await;
-    crate::listen::plain::linger(stream).await;
+/// Answers an HTTP/2 prior-knowledge (h2c) client on a TLS listener with the server's
+/// connection preface and a GOAWAY (`PROTOCOL_ERROR`) whose debug data is [`H2_ON_TLS_DEBUG`]
+/// ([`crate::listen::plain::h2_goaway`]) and closes (a lingering close, as
+/// [`refuse_plain_http`]). Runs within the handshake timeout and counts as a failed handshake.
+pub async fn refuse_plain_h2(stream: tokio::net::TcpStream) {
+    crate::listen::plain::answer_goaway_and_close(stream, H2_ON_TLS_DEBUG).await;
 }
 
 /// Answers a plain-HTTP client on a TLS listener with 400 `plain_http_on_tls_port` (the

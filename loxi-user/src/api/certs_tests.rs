@@ -1,0 +1,113 @@
+//! The cert API's answers, against an in-memory store.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use prometheus_client::registry::Registry;
+use serde_json::{Value, json};
+
+use super::*;
+use crate::certs::testutil::{dns, ip, with_sans};
+use crate::metrics::ControlMetrics;
+use crate::rules::RuleStore;
+
+fn state() -> ApiState {
+    let mut registry = Registry::default();
+    let metrics = ControlMetrics::register(&mut registry);
+    let listen = crate::listen::ListenMetrics::register(&mut registry);
+    ApiState {
+        store: Arc::new(RuleStore::in_memory()),
+        registry: Arc::new(registry),
+        metrics,
+        health: crate::health::board::HealthBoard::new(),
+        sockets: crate::listen::ListenSockets::new(listen),
+        l4_datapath: false,
+        conntrack: crate::l4::ConntrackHandle::default(),
+        certs: Arc::new(crate::certs::CertStore::in_memory()),
+    }
+}
+
+async fn body(resp: Response) -> Value {
+    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
+        .await
+        .expect("body");
+    serde_json::from_slice(&bytes).expect("JSON")
+}
+
+/// The upload body of `pem` under `id`.
+fn upload(id: &str, pem: &CertPem) -> Result<Bytes, BytesRejection> {
+    Ok(Bytes::from(
+        json!({"certId": id, "certPem": pem.cert_pem, "keyPem": pem.key_pem}).to_string(),
+    ))
+}
+
+/// A certificate's SAN IP addresses are answered (`ipAddresses`, after LoxiLB's `hostnames`)
+/// by create, get and list (they were dropped); a certificate with none is answered with
+/// LoxiLB's keys only, and one naming only addresses is taken (it was refused as naming no
+/// host).
+#[tokio::test]
+async fn ip_addresses_are_answered_beside_the_hostnames() {
+    let st = state();
+    let vip = with_sans(vec![dns("lb.example"), ip("10.0.0.5"), ip("fd00::5")], None);
+    let created = body(
+        create(State(st.clone()), NoQuery, upload("vip", &vip))
+            .await
+            .expect("created"),
+    )
+    .await;
+    assert_eq!(created["hostnames"], json!(["lb.example"]));
+    assert_eq!(created["ipAddresses"], json!(["10.0.0.5", "fd00::5"]));
+    let only = with_sans(vec![ip("10.0.0.6")], None);
+    let created = body(
+        create(State(st.clone()), NoQuery, upload("only", &only))
+            .await
+            .expect("a certificate naming only an address"),
+    )
+    .await;
+    assert_eq!(
+        (&created["hostnames"], &created["ipAddresses"]),
+        (&json!([]), &json!(["10.0.0.6"]))
+    );
+    let web = with_sans(vec![dns("web.example")], None);
+    create(State(st.clone()), NoQuery, upload("web", &web))
+        .await
+        .expect("created");
+    let one = body(
+        get_one(State(st.clone()), Path("vip".into()), NoQuery)
+            .await
+            .expect("get"),
+    )
+    .await;
+    assert_eq!(one["ipAddresses"], json!(["10.0.0.5", "fd00::5"]));
+    let all = body(list(State(st), NoQuery).await).await;
+    let by_id = |id: &str| {
+        all["certAttr"]
+            .as_array()
+            .expect("list")
+            .iter()
+            .find(|c| c["certId"] == id)
+            .cloned()
+            .expect("listed")
+    };
+    assert_eq!(by_id("vip")["ipAddresses"], json!(["10.0.0.5", "fd00::5"]));
+    let web = by_id("web");
+    let mut keys: Vec<&str> = web
+        .as_object()
+        .expect("object")
+        .keys()
+        .map(String::as_str)
+        .collect();
+    keys.sort_unstable();
+    assert_eq!(
+        keys,
+        [
+            "certId",
+            "expiresSoon",
+            "hostnames",
+            "notAfter",
+            "notBefore"
+        ],
+        "no ipAddresses key without an IP address"
+    );
+}
