@@ -196,3 +196,72 @@ fn an_address_added_by_hand_where_a_killed_daemon_had_its_vip_is_not_adopted() {
         assert!(ns.lo_addrs().contains("20.0.8.1/32"), "{}", ns.lo_addrs());
     });
 }
+
+/// An IPv6 VIP on an interface that runs duplicate address detection (a veth with its peer up,
+/// unlike `lo`) is usable as soon as the API has answered: added without DAD, it is never
+/// `tentative`, and a client connects to the rule's listener at once (with DAD it was refused
+/// for a second or more after the 200).
+#[test]
+fn an_ipv6_vip_on_a_veth_takes_connections_as_soon_as_the_rule_is_answered() {
+    assert!(
+        is_root(),
+        "this test needs root (a network namespace and VIP addresses)"
+    );
+    let ns = Netns::new_named("lf-vip6");
+    sh(&format!(
+        "ip -n {0} link add v0 type veth peer name v1 && ip -n {0} link set v0 up \
+         && ip -n {0} link set v1 up",
+        ns.0
+    ));
+    ns.enter();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let mut d = Daemon::start(DaemonOpts {
+            args: vec!["--vip-iface".into(), "v0".into()],
+            ..Default::default()
+        })
+        .await;
+        let port = free_port();
+        let (status, body) = d
+            .post_rule(&json!({
+                "serviceArguments": {"externalIP": "fd00:99::2", "port": port, "mode": 4, "sel": 0},
+                "endpoints": [{"endpointIP": "127.0.0.1", "targetPort": 9}]
+            }))
+            .await;
+        assert_eq!(status, 200, "{body}");
+        let v0 = || {
+            let out = Command::new("ip")
+                .args(["-n", &ns.0, "-6", "addr", "show", "dev", "v0"])
+                .output()
+                .expect("ip addr");
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !v0().contains("fd00:99::2/128") {
+            assert!(Instant::now() < deadline, "VIP never added: {}", v0());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let shown = v0();
+        let line = shown
+            .lines()
+            .find(|l| l.contains("fd00:99::2/128"))
+            .expect("the VIP's line");
+        assert!(!line.contains("tentative"), "{shown}");
+        // Connect right away: the listener accepts on the VIP (its endpoint need not answer).
+        let addr: std::net::SocketAddr = format!("[fd00:99::2]:{port}").parse().unwrap();
+        let conn = tokio::time::timeout(
+            Duration::from_millis(500),
+            tokio::net::TcpStream::connect(addr),
+        )
+        .await;
+        assert!(
+            matches!(conn, Ok(Ok(_))),
+            "connect to {addr} right after the VIP appeared: {conn:?}; {}",
+            v0()
+        );
+        d.stop().await;
+    });
+}

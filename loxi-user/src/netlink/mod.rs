@@ -21,7 +21,7 @@ use std::{
 use futures::TryStreamExt as _;
 use rtnetlink::{
     Handle,
-    packet_route::address::{AddressAttribute, AddressMessage},
+    packet_route::address::{AddressAttribute, AddressFlags, AddressHeaderFlags, AddressMessage},
     packet_utils::nla::{DefaultNla, Nla as _},
 };
 use thiserror::Error;
@@ -217,12 +217,20 @@ impl VipManager {
         self.added.insert(ip);
         self.write_record();
         let mut req = self.handle.address().add(self.index, ip, plen);
-        req.message_mut()
-            .attributes
-            .push(AddressAttribute::Other(DefaultNla::new(
-                IFA_PROTO,
-                vec![ADDR_PROTO],
-            )));
+        let msg = req.message_mut();
+        msg.attributes.push(AddressAttribute::Other(DefaultNla::new(
+            IFA_PROTO,
+            vec![ADDR_PROTO],
+        )));
+        if ip.is_ipv6() {
+            // No duplicate address detection: a VIP is ours by configuration, and with DAD an
+            // IPv6 address stays `tentative` (unusable: connects to it fail) for a second or more
+            // after the add, on any interface but `lo`, while the API has already answered that
+            // the rule is live. `ip addr add ... nodad`.
+            msg.header.flags |= AddressHeaderFlags::Nodad;
+            msg.attributes
+                .push(AddressAttribute::Flags(AddressFlags::Nodad));
+        }
         if let Err(e) = req.execute().await {
             self.added.remove(&ip);
             self.write_record();
