@@ -166,6 +166,48 @@ async fn a_tokenless_api_refuses_dns_names_it_was_not_given() {
     );
 }
 
+/// The Host check reads the host a request addressed: an HTTP/1 absolute-form target's
+/// authority, not a `Host` header that names us beside it (it was answered 200), and a request
+/// with two `Host` headers is refused 400 (the first one was read). Raw HTTP/1.1 on the socket,
+/// as no client library sends either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_host_check_reads_an_absolute_targets_authority_and_refuses_two_host_headers() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let d = Daemon::start_default().await;
+    let port = d.api_port();
+    let raw = |head: String| async move {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .expect("connect");
+        s.write_all(head.as_bytes()).await.expect("write");
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.expect("read");
+        out
+    };
+    let all = "/netlox/v1/config/loadbalancer/all";
+    let ours = format!("127.0.0.1:{port}");
+    let answer = raw(format!(
+        "GET http://rebound.attacker.example:{port}{all} HTTP/1.1\r\nHost: {ours}\r\n\
+         Connection: close\r\n\r\n"
+    ))
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
+    assert!(answer.contains("rebound.attacker.example"), "{answer}");
+    // The same absolute form naming us is answered.
+    let answer = raw(format!(
+        "GET http://{ours}{all} HTTP/1.1\r\nHost: {ours}\r\nConnection: close\r\n\r\n"
+    ))
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let answer = raw(format!(
+        "GET {all} HTTP/1.1\r\nHost: {ours}\r\nHost: rebound.attacker.example\r\n\
+         Connection: close\r\n\r\n"
+    ))
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(answer.contains("one Host header"), "{answer}");
+}
+
 const ALLOWED_HOST_INERT: &str = "--api-allowed-host has no effect: an API token is configured";
 const READ_ONLY_ALONE: &str = "only a read-only API token is configured: every write (POST, PUT, \
                                DELETE) is refused, 401 without a token and 403 with the read-only \

@@ -10,8 +10,10 @@
 //!    with 403 unless that name is listed with `--api-allowed-host`: a page that rebinds its
 //!    own name to us sends same-origin `GET`s without an `Origin` header, and only its `Host`
 //!    gives it away. IP literals and `localhost` always pass, and so does a request without a
-//!    `Host` (HTTP/1.0). An HTTP/2 request's `:authority` is its `Host` for both checks. With a
-//!    token the browser cannot authenticate, so the token is the defence and DNS names pass.
+//!    `Host` (HTTP/1.0). A request target's authority (an HTTP/2 request's `:authority`, an
+//!    HTTP/1 absolute-form target) is its `Host` for both checks, whatever `Host` says; two
+//!    `Host` headers are refused (400). With a token the browser cannot authenticate, so the
+//!    token is the defence and DNS names pass.
 //! 2. **Bearer token**, when one is configured (`--api-token-file` / `LOXI_API_TOKEN` for
 //!    admin, `--api-read-token-file` / `LOXI_API_READ_TOKEN` for read-only): every request
 //!    needs `Authorization: Bearer <token>`, or the bare token as kube-loxilb sends it and
@@ -217,22 +219,29 @@ fn read_only(method: &Method) -> bool {
     matches!(*method, Method::GET | Method::HEAD)
 }
 
-/// Gives an HTTP/2 request, which names its host in the `:authority` pseudo-header (the URI's
-/// authority) and has no `Host` header, that authority as its `Host` (RFC 9113 §8.3.1), so the
-/// `Host` and `Origin` checks read the host an HTTP/2 client addressed as they read an HTTP/1
-/// client's: without it they passed every HTTP/2 request. A `Host` present is left as it is.
-fn authority_as_host(req: &mut Request) {
-    if req.headers().contains_key(header::HOST) {
-        return;
+/// Makes the request's `Host` the host it addressed, for the `Host` and `Origin` checks:
+/// when the request target carries an authority (an HTTP/2 request's `:authority`, RFC 9113
+/// §8.3.1, or an HTTP/1 absolute-form target such as `GET http://name/path`, RFC 9112 §3.2.2,
+/// where the target's host is the one to use and a `Host` header is ignored), that authority
+/// replaces any `Host`. Without it the checks read a `Host` header the request does not go by:
+/// HTTP/2 requests without one passed every check, and one whose `Host` named us while its
+/// authority named another host passed too.
+///
+/// # Errors
+/// A request with more than one `Host` header (RFC 9112 §3.2: answered 400).
+fn authority_as_host(req: &mut Request) -> Result<(), &'static str> {
+    if req.headers().get_all(header::HOST).iter().nth(1).is_some() {
+        return Err("a request may carry one Host header; this one has several");
     }
     let Some(value) = req
         .uri()
         .authority()
         .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
     else {
-        return;
+        return Ok(());
     };
     req.headers_mut().insert(header::HOST, value);
+    Ok(())
 }
 
 /// The one route answered without a token (LoxiLB's readiness probe).
@@ -245,7 +254,9 @@ pub async fn guard(
     mut req: Request,
     next: Next,
 ) -> Response {
-    authority_as_host(&mut req);
+    if let Err(msg) = authority_as_host(&mut req) {
+        return ApiError::with_status(StatusCode::BAD_REQUEST, msg).into_response();
+    }
     let (method, headers) = (req.method(), req.headers());
     if let Err(msg) = policy
         .check_origin(headers)
