@@ -205,6 +205,42 @@ pub enum TokenError {
     ReadEqualsAdmin,
 }
 
+/// The usage error text when a token is given twice, by its file flag and by its variable
+/// (`--api-token-file` and `LOXI_API_TOKEN`, or `--api-read-token-file` and
+/// `LOXI_API_READ_TOKEN`): both would be accepted, so an old token left in the environment
+/// would survive a rotation of the file. `lookup` reads the environment; an empty variable
+/// counts as unset. `None` when each token has one source at most.
+pub fn token_source_conflict(
+    args: &ApiArgs,
+    lookup: impl Fn(&str) -> Option<String>,
+) -> Option<String> {
+    [
+        (
+            &args.api_token_file,
+            "--api-token-file",
+            API_TOKEN_ENV,
+            "admin",
+        ),
+        (
+            &args.api_read_token_file,
+            "--api-read-token-file",
+            API_READ_TOKEN_ENV,
+            "read-only",
+        ),
+    ]
+    .into_iter()
+    .find_map(|(file, flag, env, kind)| {
+        let file = file.as_ref()?;
+        lookup(env).filter(|v| !v.trim().is_empty())?;
+        Some(format!(
+            "the {kind} API token is given twice, by {flag} {} and by the environment variable \
+             {env}: both would be accepted, so an old token would outlive a rotation of the \
+             file; keep one source (unset {env}, or drop {flag})",
+            file.display()
+        ))
+    })
+}
+
 /// The API tokens: admin and read-only, each from its file and its environment variable.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ApiTokens {
@@ -368,6 +404,11 @@ impl Config {
                     .error(clap::error::ErrorKind::InvalidValue, msg)
                     .exit(),
             };
+        if let Some(msg) = token_source_conflict(&flags.api, |k| std::env::var(k).ok()) {
+            Flags::command()
+                .error(clap::error::ErrorKind::ArgumentConflict, msg)
+                .exit()
+        }
         if let Err(msg) = flags.l4.check() {
             Flags::command()
                 .error(clap::error::ErrorKind::ArgumentConflict, msg)
