@@ -883,3 +883,25 @@ fn a_token_given_by_file_and_by_environment_is_a_usage_error() {
         );
     }
 }
+
+/// `--api-allowed-host` with an IP address (or `localhost`) would have no effect (they always
+/// pass the Host check): a usage error saying so, exit 2.
+#[test]
+fn an_allowed_host_that_is_an_ip_address_is_a_usage_error() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let state = dir.path().join("state").display().to_string();
+    for value in ["10.0.0.1", "::1", "[fd00::1]", "localhost"] {
+        let (code, err) = loxi_tests::harness::failed_start(
+            dir.path(),
+            &["--state-dir", &state, "--api-allowed-host", value],
+            &[],
+        );
+        assert_eq!(code, Some(2), "{value}: {err}");
+        assert!(
+            err.contains(&format!(
+                "{value:?} is an IP address or localhost, which always pass the API's Host check"
+            )) && err.contains("--api-allowed-host is for DNS names"),
+            "{value}: {err}"
+        );
+    }
+}

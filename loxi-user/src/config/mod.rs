@@ -102,8 +102,8 @@ pub struct ApiArgs {
     pub api_allowed_origins: Vec<String>,
     /// A DNS name (`lb.example.com`, no port) by which tokenless clients may address the API
     /// (repeatable). Without a token, requests whose `Host` is any other DNS name get 403
-    /// (DNS-rebinding defence); IP addresses and `localhost` always pass. An empty value, or
-    /// one with a scheme, port or path, is a usage error.
+    /// (DNS-rebinding defence); IP addresses and `localhost` always pass, so giving one is a
+    /// usage error, as is an empty value or one with a scheme, port or path.
     #[arg(long = "api-allowed-host", value_name = "NAME", value_parser = api_host_name)]
     pub api_allowed_hosts: Vec<String>,
 }
@@ -155,6 +155,17 @@ fn api_host_name(s: &str) -> Result<String, String> {
              lb.example.com"
                 .into(),
         );
+    }
+    let bare = s
+        .strip_prefix('[')
+        .and_then(|v| v.strip_suffix(']'))
+        .unwrap_or(s);
+    if bare.parse::<std::net::IpAddr>().is_ok() || s.eq_ignore_ascii_case("localhost") {
+        return Err(format!(
+            "{s:?} is an IP address or localhost, which always pass the API's Host check, so \
+             listing it would have no effect: --api-allowed-host is for DNS names (e.g. \
+             lb.example.com); drop it"
+        ));
     }
     if !is_host_name(s) {
         return Err(format!(
