@@ -368,4 +368,65 @@ mod tests {
         assert_eq!(e.kind(), ErrorKind::NotADirectory);
         assert!(e.to_string().starts_with("not a directory"), "{e}");
     }
+
+    fn set_mtime(dir: &Path, t: SystemTime) {
+        for f in ["server.crt", "server.key"] {
+            std::fs::File::options()
+                .write(true)
+                .open(dir.join(f))
+                .and_then(|f| f.set_modified(t))
+                .expect("mtime");
+        }
+    }
+
+    /// A staged pair differing from the stored certificate: kept out when the stored one was
+    /// written after the files' mtime, planned as a replacement when the files are newer, and
+    /// a replacement the caller refuses leaves the stored certificate, warned naming the file
+    /// and the reason; the stored certificate itself is `Unchanged`.
+    #[test]
+    fn the_newer_of_a_staged_pair_and_the_stored_certificate_wins() {
+        let state = tempfile::tempdir().expect("tmp");
+        let dir = tempfile::tempdir().expect("tmp");
+        let store = CertStore::open(state.path()).expect("open");
+        store
+            .upsert(
+                DEFAULT_ID,
+                crate::certs::testutil::self_signed(&["stored.example"], None),
+            )
+            .expect("stored");
+        write_pair(dir.path(), "staged.example");
+        let hour = std::time::Duration::from_secs(3600);
+        set_mtime(dir.path(), SystemTime::now() - hour);
+        let staged = read_dir(dir.path()).expect("read");
+        assert!(matches!(plan(&store, &staged[0]), Plan::StoredNewer { .. }));
+        let (added, replacements) = apply_new(&store, staged);
+        assert!(added.is_empty() && replacements.is_empty());
+        set_mtime(dir.path(), SystemTime::now() + hour);
+        let staged = read_dir(dir.path()).expect("read");
+        assert_eq!(plan(&store, &staged[0]), Plan::Newer);
+        let (_, replacements) = apply_new(&store, staged);
+        let (replaced, text) = crate::telemetry::LogBuf::capture(|| {
+            apply_replacements(&store, replacements, |_, _| Err("rule r needs it".into()))
+        });
+        assert!(replaced.is_empty());
+        let served = store.snapshot();
+        assert_eq!(
+            served.default_cert().map(|c| c.hostnames.clone()),
+            Some(vec!["stored.example".to_string()])
+        );
+        let crt = dir.path().join("server.crt").display().to_string();
+        assert!(
+            text.lines().any(|l| l.contains("WARN")
+                && l.contains("NOT applied, although newer than the stored one: rule r needs it")
+                && l.contains(&crt)),
+            "{text}"
+        );
+        let (_, replacements) = apply_new(&store, read_dir(dir.path()).expect("read"));
+        assert_eq!(
+            apply_replacements(&store, replacements, |_, _| Ok(())),
+            ["default"]
+        );
+        let staged = read_dir(dir.path()).expect("read");
+        assert_eq!(plan(&store, &staged[0]), Plan::Unchanged);
+    }
 }
