@@ -139,12 +139,16 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
             source,
         },
     )?);
-    crate::certs::stage::stage_dir(&certs, &cfg.flags.cert_dir).map_err(|source| {
-        AppError::CertDir {
+    // Staged certificates (`--cert-dir`): the ones the store lacks are added now; one that
+    // would replace a stored certificate is applied only when its files are newer than the
+    // stored one (a rotation through the API is never undone by a stale file), and only once
+    // the rules are restored, if it leaves none of them without a certificate (`certs::stage`).
+    let staged =
+        crate::certs::stage::read_dir(&cfg.flags.cert_dir).map_err(|source| AppError::CertDir {
             path: cfg.flags.cert_dir.clone(),
             source,
-        }
-    })?;
+        })?;
+    let (_, replacements) = crate::certs::stage::apply_new(&certs, staged);
     crate::certs::ExpiryCollector::register(&mut registry, certs.clone());
     // A rule is restored only if the API would accept it now: its backend TLS, and for a TLS
     // rule (`security: 1`) a certificate for its host among those restored, or the `default`
@@ -169,16 +173,15 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
             // Only the `default` certificate would answer its handshakes. When a stored
             // certificate failed to load, it may have been the host's: dropped, as POST would
             // refuse it now (else clients that verify get the wrong certificate). Otherwise it was
-            // served so before the restart: kept, and said.
+            // served so before the restart: kept, and said (below, once staging is done).
             if s.security != 0
                 && !api::certs::has_certificate(&restored_certs, &s.host)
                 && !certs.unloaded().is_empty()
             {
+                let (what, fix) = api::certs::missing_certificate(&restored_certs, &s.host);
                 return Err(format!(
-                    "serves TLS (security {}) for host {:?}, which no restored certificate's \
-                 names match, and stored certificates failed to load ({}): only the `default` \
-                 certificate would answer its handshakes; POST a certificate for the host, \
-                 then the rule",
+                    "serves TLS (security {}) for host {:?}, and stored certificates failed to \
+                 load ({}): {what}; {fix}, then the rule",
                     s.security,
                     s.host,
                     certs
@@ -189,15 +192,14 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
                         .join(", ")
                 ));
             }
-            if s.security != 0 && !api::certs::has_certificate(&restored_certs, &s.host) {
-                tracing::warn!(host = %s.host, rule = %rule.key(),
-                "restored TLS rule whose host no certificate's names match: its handshakes get \
-                 the `default` certificate, which clients that verify the certificate refuse; \
-                 POST a certificate for the host");
-            }
             Ok(())
         },
     )?);
+    let rules = store.snapshot();
+    crate::certs::stage::apply_replacements(&certs, replacements, |cur, next| {
+        api::certs::uncovered(&rules, cur, next).map_or(Ok(()), Err)
+    });
+    warn_rules_without_certificate(&rules, &certs.snapshot());
     let mut tasks = JoinSet::new();
     // A warning the moment a served certificate expires (`certs::store`).
     tasks.spawn(certs.clone().watch_expiry(shutdown.clone()));
@@ -408,6 +410,26 @@ fn warn_token_setup(tokens: &crate::config::ApiTokens, allowed_hosts: &[String])
              refused, 401 without a token and 403 with the read-only one; set \
              --api-token-file (or LOXI_API_TOKEN) for an admin token"
         );
+    }
+}
+
+/// Warns for each restored TLS rule whose host no certificate's names match (kept: it was
+/// served so before the restart): its handshakes get the `default` certificate, which clients
+/// that verify refuse. The warning says what the host lacks and the fix for its kind (an IP
+/// host needs `default` with that IP address, `api::certs::missing_certificate`).
+fn warn_rules_without_certificate(
+    rules: &crate::rules::store::RuleSnapshot,
+    certs: &crate::certs::CertSnapshot,
+) {
+    for (key, r) in &rules.rules {
+        let s = &r.rule.service;
+        if s.security != 0 && !api::certs::has_certificate(certs, &s.host) {
+            let (what, fix) = api::certs::missing_certificate(certs, &s.host);
+            tracing::warn!(host = %s.host, rule = %key,
+                "restored TLS rule whose host no certificate's names match: its handshakes get \
+                 the `default` certificate, which clients that verify the certificate refuse \
+                 ({what}); {fix}");
+        }
     }
 }
 

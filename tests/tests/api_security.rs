@@ -896,3 +896,54 @@ async fn http2_clients_are_answered_on_the_plain_and_the_https_api() {
         )
     );
 }
+
+/// A token given both by its file flag and by its variable would have both accepted (an old
+/// token in the environment would outlive a rotation of the file): a usage error naming both
+/// sources, exit 2, for the admin and the read-only token.
+#[test]
+fn a_token_given_by_file_and_by_environment_is_a_usage_error() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let state = dir.path().join("state").display().to_string();
+    let file = dir.path().join("token");
+    std::fs::write(&file, "from-the-file\n").expect("write");
+    let file = file.display().to_string();
+    for (flag, env) in [
+        ("--api-token-file", "LOXI_API_TOKEN"),
+        ("--api-read-token-file", "LOXI_API_READ_TOKEN"),
+    ] {
+        let (code, err) = loxi_tests::harness::failed_start(
+            dir.path(),
+            &["--state-dir", &state, flag, &file],
+            &[(env, "from-the-environment")],
+        );
+        assert_eq!(code, Some(2), "{flag} + {env}: {err}");
+        assert!(
+            err.contains(&format!(
+                "given twice, by {flag} {file} and by the environment variable {env}"
+            )) && err.contains(&format!("unset {env}, or drop {flag}")),
+            "{flag} + {env}: {err}"
+        );
+    }
+}
+
+/// `--api-allowed-host` with an IP address (or `localhost`) would have no effect (they always
+/// pass the Host check): a usage error saying so, exit 2.
+#[test]
+fn an_allowed_host_that_is_an_ip_address_is_a_usage_error() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let state = dir.path().join("state").display().to_string();
+    for value in ["10.0.0.1", "::1", "[fd00::1]", "localhost"] {
+        let (code, err) = loxi_tests::harness::failed_start(
+            dir.path(),
+            &["--state-dir", &state, "--api-allowed-host", value],
+            &[],
+        );
+        assert_eq!(code, Some(2), "{value}: {err}");
+        assert!(
+            err.contains(&format!(
+                "{value:?} is an IP address or localhost, which always pass the API's Host check"
+            )) && err.contains("--api-allowed-host is for DNS names"),
+            "{value}: {err}"
+        );
+    }
+}

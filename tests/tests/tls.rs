@@ -1652,3 +1652,162 @@ async fn an_ip_host_is_served_by_the_default_certificate_with_that_ip_address() 
         )
     );
 }
+
+/// Writes `leaf` as the staged `default` pair of `dir` (`server.crt` + `server.key`), both
+/// files modified at `mtime`.
+fn stage_default(dir: &std::path::Path, leaf: &Leaf, mtime: std::time::SystemTime) {
+    for (name, text) in [
+        ("server.crt", &leaf.cert_pem),
+        ("server.key", &leaf.key_pem),
+    ] {
+        let p = dir.join(name);
+        std::fs::write(&p, text).expect("write staged file");
+        std::fs::File::options()
+            .write(true)
+            .open(&p)
+            .and_then(|f| f.set_modified(mtime))
+            .expect("set mtime");
+    }
+}
+
+/// The served `default` certificate's DER, through a handshake verifying 127.0.0.1 (the IP
+/// host's clients send no SNI), and the answer of a request over it.
+async fn ip_handshake(ca: &Ca, port: u16) -> (Vec<u8>, u16, String) {
+    let tls = connect(ca, port, None, &[b"http/1.1"])
+        .await
+        .expect("the address verifies against the default certificate's IP SAN");
+    let der = presented(&tls);
+    let (status, _, served, _) = send(tls, "127.0.0.1", r#"{"prompt":"hi"}"#).await;
+    (der, status, served)
+}
+
+/// `--cert-dir` at restart never undoes a rotation through the API: a staged `default` pair
+/// older than the stored certificate (rotated by `PUT` since) is not applied, with a warning
+/// naming the file; a staged pair newer than it that would leave a restored TLS rule without a
+/// certificate is not applied either (the `PUT` making that change is refused 409), with a
+/// warning naming the file, the rule and the fix; a newer pair that covers every rule replaces
+/// the stored one. Each time a client verifying the IP host completes a handshake.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_staged_default_certificate_does_not_undo_a_rotation_through_the_api() {
+    let staged = tempfile::tempdir().expect("tmp");
+    let ca = Ca::new();
+    let other = ca.leaf(&["other.example"]);
+    let start = std::time::SystemTime::now() - Duration::from_secs(3600);
+    stage_default(staged.path(), &other, start);
+    let mut d = Daemon::start(loxi_tests::harness::DaemonOpts {
+        args: vec!["--cert-dir".into(), staged.path().display().to_string()],
+        ..Default::default()
+    })
+    .await;
+    let (s, t) = d
+        .get("/netlox/v1/config/cert/default")
+        .await
+        .expect("GET cert");
+    assert_eq!(
+        (s, parse_json(&t)["hostnames"].clone()),
+        (200, json!(["other.example"]))
+    );
+    let by_ip = ca.leaf(&["lb.test", "127.0.0.1"]);
+    let (s, t) = d
+        .request(
+            "PUT",
+            "/netlox/v1/config/cert/default",
+            Some(&cert_body(None, &by_ip)),
+        )
+        .await
+        .expect("rotate");
+    assert_eq!(s, 200, "{t}");
+    let be = Backend::start("A").await;
+    let port = free_port();
+    let (s, r) = d.post_rule(&tls_rule(port, "127.0.0.1", &[&be], 0)).await;
+    assert_eq!(s, 200, "{r}");
+    // The PUT back to the staged certificate is refused: it would uncover the rule.
+    let (s, t) = d
+        .request(
+            "PUT",
+            "/netlox/v1/config/cert/default",
+            Some(&cert_body(None, &other)),
+        )
+        .await
+        .expect("rotate back");
+    assert_eq!(s, 409, "{t}");
+
+    // 1. The staged pair is older than the rotation: the rotation stays.
+    d.restart().await;
+    let (s, t) = d
+        .get("/netlox/v1/config/cert/default")
+        .await
+        .expect("GET cert");
+    assert_eq!(
+        (s, parse_json(&t)["ipAddresses"].clone()),
+        (200, json!(["127.0.0.1"])),
+        "{t}"
+    );
+    assert_eq!(
+        ip_handshake(&ca, port).await,
+        (by_ip.der.clone(), 200, "A".into())
+    );
+    let crt = staged.path().join("server.crt").display().to_string();
+    let log = d.log_text();
+    assert!(
+        log.lines().any(|l| l.contains("WARN")
+            && l.contains("staged certificate NOT applied: the stored certificate \"default\"")
+            && l.contains("rotated through the API")
+            && l.contains(&crt)),
+        "{log}"
+    );
+
+    // 2. The staged pair is newer but leaves the IP host uncovered: not applied, said.
+    stage_default(
+        staged.path(),
+        &other,
+        std::time::SystemTime::now() + Duration::from_secs(5),
+    );
+    d.restart().await;
+    let (_, t) = d
+        .get("/netlox/v1/config/cert/default")
+        .await
+        .expect("GET cert");
+    assert_eq!(parse_json(&t)["ipAddresses"], json!(["127.0.0.1"]), "{t}");
+    assert_eq!(
+        ip_handshake(&ca, port).await,
+        (by_ip.der.clone(), 200, "A".into())
+    );
+    let log = d.log_text();
+    let line = log
+        .lines()
+        .find(|l| l.contains("staged certificate NOT applied, although newer"))
+        .unwrap_or_else(|| panic!("no refusal: {log}"));
+    assert!(
+        line.contains("WARN")
+            && line.contains(&crt)
+            && line.contains(&format!("127.0.0.1:{port}"))
+            && line.contains("host \"127.0.0.1\"")
+            && line.contains("PUT /netlox/v1/config/cert/default"),
+        "{line}"
+    );
+
+    // 3. A newer staged pair covering the IP host replaces the stored one.
+    let staged_ip = ca.leaf(&["lb2.test", "127.0.0.1"]);
+    stage_default(
+        staged.path(),
+        &staged_ip,
+        std::time::SystemTime::now() + Duration::from_secs(10),
+    );
+    d.restart().await;
+    let (_, t) = d
+        .get("/netlox/v1/config/cert/default")
+        .await
+        .expect("GET cert");
+    assert_eq!(parse_json(&t)["hostnames"], json!(["lb2.test"]), "{t}");
+    assert_eq!(
+        ip_handshake(&ca, port).await,
+        (staged_ip.der.clone(), 200, "A".into())
+    );
+    assert!(
+        d.log_text()
+            .contains("staged certificate loaded: it replaces the stored certificate"),
+        "{}",
+        d.log_text()
+    );
+}

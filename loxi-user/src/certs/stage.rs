@@ -9,18 +9,61 @@
 //! A missing directory stages nothing; a path that is not a directory, or a directory that
 //! cannot be listed, is an error (the daemon does not start: `--cert-dir` would otherwise be
 //! silently inert); a pair that does not load, or half a pair, is logged and skipped.
+//!
+//! A staged pair whose id is already in the store (restored from the state dir) is compared
+//! with it ([`plan`]): the same certificate is left as stored; a stored certificate written
+//! after the staged files were last modified (rotated through the API since) is kept, with a
+//! warning naming the file, so a restart never undoes a rotation; staged files modified
+//! after the stored certificate was written replace it, once the caller's check accepts the
+//! change ([`apply_replacements`]: the daemon refuses one that would leave a restored TLS rule
+//! without a certificate, as the API refuses such a `PUT`).
 
 use std::io::{Error, ErrorKind};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
 
-use super::parse::CertPem;
-use super::store::{CertStore, DEFAULT_ID};
+use super::parse::{self, CertPem, Certificate};
+use super::store::{CertSnapshot, CertStore, CertStoreError, DEFAULT_ID, unix_now};
 
-/// Stages every pair found in `dir`; returns the ids loaded (none when `dir` does not exist).
+/// A pair read from the cert dir that loads (checked as the API checks a posted certificate).
+#[derive(Debug)]
+pub struct Staged {
+    /// The certificate's id (`default`, or the subdirectory's name).
+    pub id: String,
+    /// The `server.crt` file.
+    pub crt: PathBuf,
+    /// The pair as read.
+    pub pem: CertPem,
+    /// The certificate, checked.
+    pub cert: Certificate,
+    /// The later of the two files' modification times (`None` when the file system has none).
+    pub modified: Option<SystemTime>,
+}
+
+/// What start does with a [`Staged`] pair, given the store ([`plan`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Plan {
+    /// No stored certificate has its id: added.
+    New,
+    /// The stored certificate is the staged one: nothing to do.
+    Unchanged,
+    /// The stored certificate differs and was written after the staged files were last
+    /// modified (a rotation through the API since they were staged): kept.
+    StoredNewer {
+        /// When the stored certificate was written.
+        stored_at: SystemTime,
+    },
+    /// The stored certificate differs and is older than the staged files (or its age is
+    /// unknown): replaced, if the caller's check accepts it.
+    Newer,
+}
+
+/// Reads every pair found in `dir` (the top pair first, then subdirectories by name); a pair
+/// that does not load, or half a pair, is logged and skipped. None when `dir` does not exist.
 ///
 /// # Errors
 /// `dir` exists but is not a directory (`NotADirectory`), or cannot be read.
-pub fn stage_dir(store: &CertStore, dir: &Path) -> Result<Vec<String>, Error> {
+pub fn read_dir(dir: &Path) -> Result<Vec<Staged>, Error> {
     match std::fs::metadata(dir) {
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(e),
@@ -34,8 +77,8 @@ pub fn stage_dir(store: &CertStore, dir: &Path) -> Result<Vec<String>, Error> {
         Ok(_) => {}
     }
     let entries = std::fs::read_dir(dir)?;
-    let mut loaded = Vec::new();
-    stage_pair(store, dir, DEFAULT_ID, &mut loaded);
+    let mut staged = Vec::new();
+    staged.extend(read_pair(dir, DEFAULT_ID));
     let mut subdirs: Vec<_> = entries
         .filter_map(Result::ok)
         .map(|e| e.path())
@@ -44,17 +87,143 @@ pub fn stage_dir(store: &CertStore, dir: &Path) -> Result<Vec<String>, Error> {
     subdirs.sort();
     for sub in subdirs {
         if let Some(name) = sub.file_name().and_then(|n| n.to_str()) {
-            stage_pair(store, &sub, name, &mut loaded);
+            staged.extend(read_pair(&sub, name));
         }
     }
+    Ok(staged)
+}
+
+/// What to do with `s` given `store` (see [`Plan`]).
+pub fn plan(store: &CertStore, s: &Staged) -> Plan {
+    let snap = store.snapshot();
+    let Some(stored) = snap.certs.get(&s.id) else {
+        return Plan::New;
+    };
+    if stored.key.cert.first() == s.cert.key.cert.first() {
+        return Plan::Unchanged;
+    }
+    match (store.stored_at(&s.id), s.modified) {
+        (Some(stored_at), Some(modified)) if stored_at > modified => {
+            Plan::StoredNewer { stored_at }
+        }
+        _ => Plan::Newer,
+    }
+}
+
+/// Adds the staged pairs whose id the store lacks ([`Plan::New`]), logs those left as they are
+/// ([`Plan::Unchanged`], and [`Plan::StoredNewer`] with a warning naming the file and what to
+/// do), and returns the ones that would replace a stored certificate ([`Plan::Newer`]), for
+/// [`apply_replacements`] once the caller can check them. Returns the ids added too.
+pub fn apply_new(store: &CertStore, staged: Vec<Staged>) -> (Vec<String>, Vec<Staged>) {
+    let mut added = Vec::new();
+    let mut replacements = Vec::new();
+    for s in staged {
+        match plan(store, &s) {
+            Plan::New => {
+                if let Some(id) = upsert(store, &s) {
+                    added.push(id);
+                }
+            }
+            Plan::Unchanged => {
+                tracing::info!(cert_id = %s.id, file = %s.crt.display(),
+                    "staged certificate is the stored one; nothing to do");
+            }
+            Plan::StoredNewer { stored_at } => {
+                tracing::warn!(cert_id = %s.id, file = %s.crt.display(),
+                    staged_hostnames = ?s.cert.names(),
+                    staged_modified_utc = %s.modified.map_or_else(String::new, utc),
+                    stored_at_utc = %utc(stored_at),
+                    "staged certificate NOT applied: the stored certificate {id:?} (served \
+                     before the restart) was written after this file was last modified, so it \
+                     was rotated through the API since; it is kept and served. To serve the \
+                     staged file instead, rotate with PUT /netlox/v1/config/cert/{id} (or \
+                     replace the file, or `touch` it, and restart); to silence this, put the \
+                     served certificate in the file or remove the file",
+                    id = s.id);
+            }
+            Plan::Newer => replacements.push(s),
+        }
+    }
+    (added, replacements)
+}
+
+/// Replaces each stored certificate by its staged pair once `allowed` accepts the change from
+/// the current snapshot to the one with the staged certificate (as [`CertStore::replace`]);
+/// a refused one is not applied (the stored certificate stays, and is served) and is warned
+/// about naming the file, the reason `allowed` gave and what to do. Returns the ids replaced.
+pub fn apply_replacements(
+    store: &CertStore,
+    replacements: Vec<Staged>,
+    allowed: impl Fn(&CertSnapshot, &CertSnapshot) -> Result<(), String>,
+) -> Vec<String> {
+    let mut replaced = Vec::new();
+    for s in replacements {
+        match store.replace(&s.id, s.pem.clone(), &allowed) {
+            Ok(c) => {
+                tracing::info!(cert_id = %c.id, hostnames = ?c.names(), file = %s.crt.display(),
+                    staged_modified_utc = %s.modified.map_or_else(String::new, utc),
+                    "staged certificate loaded: it replaces the stored certificate, which was \
+                     written before this file was last modified");
+                replaced.push(c.id.clone());
+            }
+            Err(CertStoreError::InUse(why)) => {
+                tracing::warn!(cert_id = %s.id, file = %s.crt.display(),
+                    staged_hostnames = ?s.cert.names(),
+                    "staged certificate NOT applied, although newer than the stored one: \
+                     {why}. The stored certificate {id:?} is kept and served. Stage a \
+                     certificate that also covers that rule's host (then restart), or delete \
+                     the rule and restart, or rotate with PUT /netlox/v1/config/cert/{id}, which \
+                     checks every rule",
+                    id = s.id);
+            }
+            Err(e) => {
+                tracing::error!(cert_id = %s.id, file = %s.crt.display(), error = %e,
+                    "staged certificate refused; the stored one is kept");
+            }
+        }
+    }
+    replaced
+}
+
+/// Stages every pair found in `dir` with no rule to check ([`read_dir`], [`apply_new`], then
+/// [`apply_replacements`] accepting every change); returns the ids loaded (none when `dir`
+/// does not exist). The daemon runs the steps itself, restoring its rules in between.
+///
+/// # Errors
+/// `dir` exists but is not a directory (`NotADirectory`), or cannot be read.
+pub fn stage_dir(store: &CertStore, dir: &Path) -> Result<Vec<String>, Error> {
+    let (mut loaded, replacements) = apply_new(store, read_dir(dir)?);
+    loaded.extend(apply_replacements(store, replacements, |_, _| Ok(())));
     Ok(loaded)
 }
 
-fn stage_pair(store: &CertStore, dir: &Path, id: &str, loaded: &mut Vec<String>) {
+/// `t` as RFC 3339 UTC (whole seconds).
+fn utc(t: SystemTime) -> String {
+    let secs = t
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+    parse::rfc3339(secs)
+}
+
+fn upsert(store: &CertStore, s: &Staged) -> Option<String> {
+    match store.upsert(&s.id, s.pem.clone()) {
+        Ok(c) => {
+            tracing::info!(cert_id = %c.id, hostnames = ?c.names(), file = %s.crt.display(),
+                "staged certificate loaded");
+            Some(c.id.clone())
+        }
+        Err(e) => {
+            tracing::error!(file = %s.crt.display(), error = %e, "staged certificate refused");
+            None
+        }
+    }
+}
+
+fn read_pair(dir: &Path, id: &str) -> Option<Staged> {
     let (crt, key) = (dir.join("server.crt"), dir.join("server.key"));
     match (crt.is_file(), key.is_file()) {
         (true, true) => {}
-        (false, false) => return,
+        (false, false) => return None,
         // Half a pair is a staging mistake, not an unrelated directory: said, not skipped
         // silently.
         (true, false) | (false, true) => {
@@ -65,7 +234,7 @@ fn stage_pair(store: &CertStore, dir: &Path, id: &str, loaded: &mut Vec<String>)
             };
             tracing::error!(file = %have.display(), missing = %missing.display(),
                 "staged certificate refused: half a pair (server.crt and server.key go together)");
-            return;
+            return None;
         }
     }
     let read = |p: &Path| std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()));
@@ -77,23 +246,27 @@ fn stage_pair(store: &CertStore, dir: &Path, id: &str, loaded: &mut Vec<String>)
         },
         (Err(e), _) | (_, Err(e)) => {
             tracing::error!(error = %e, "cannot read a staged certificate");
-            return;
+            return None;
         }
     };
-    match store.upsert(id, pem) {
-        Ok(c) => {
-            tracing::info!(cert_id = %c.id, hostnames = ?c.names(), file = %crt.display(),
-                "staged certificate loaded");
-            loaded.push(c.id.clone());
-        }
+    let modified = [&crt, &key]
+        .iter()
+        .filter_map(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
+        .max();
+    match parse::parse(id, pem.clone(), unix_now()) {
+        Ok(cert) => Some(Staged {
+            id: id.to_string(),
+            crt,
+            pem,
+            cert,
+            modified,
+        }),
         Err(e) => {
             // The file at fault: the key's refusals (none, encrypted, several, not the
             // certificate's) name server.key, the others server.crt.
-            let file = match &e {
-                super::CertStoreError::Invalid(c) if c.field() == "keyPem" => &key,
-                _ => &crt,
-            };
+            let file = if e.field() == "keyPem" { &key } else { &crt };
             tracing::error!(file = %file.display(), error = %e, "staged certificate refused");
+            None
         }
     }
 }
@@ -194,5 +367,66 @@ mod tests {
         let e = stage_dir(&store, &file).expect_err("a file");
         assert_eq!(e.kind(), ErrorKind::NotADirectory);
         assert!(e.to_string().starts_with("not a directory"), "{e}");
+    }
+
+    fn set_mtime(dir: &Path, t: SystemTime) {
+        for f in ["server.crt", "server.key"] {
+            std::fs::File::options()
+                .write(true)
+                .open(dir.join(f))
+                .and_then(|f| f.set_modified(t))
+                .expect("mtime");
+        }
+    }
+
+    /// A staged pair differing from the stored certificate: kept out when the stored one was
+    /// written after the files' mtime, planned as a replacement when the files are newer, and
+    /// a replacement the caller refuses leaves the stored certificate, warned naming the file
+    /// and the reason; the stored certificate itself is `Unchanged`.
+    #[test]
+    fn the_newer_of_a_staged_pair_and_the_stored_certificate_wins() {
+        let state = tempfile::tempdir().expect("tmp");
+        let dir = tempfile::tempdir().expect("tmp");
+        let store = CertStore::open(state.path()).expect("open");
+        store
+            .upsert(
+                DEFAULT_ID,
+                crate::certs::testutil::self_signed(&["stored.example"], None),
+            )
+            .expect("stored");
+        write_pair(dir.path(), "staged.example");
+        let hour = std::time::Duration::from_secs(3600);
+        set_mtime(dir.path(), SystemTime::now() - hour);
+        let staged = read_dir(dir.path()).expect("read");
+        assert!(matches!(plan(&store, &staged[0]), Plan::StoredNewer { .. }));
+        let (added, replacements) = apply_new(&store, staged);
+        assert!(added.is_empty() && replacements.is_empty());
+        set_mtime(dir.path(), SystemTime::now() + hour);
+        let staged = read_dir(dir.path()).expect("read");
+        assert_eq!(plan(&store, &staged[0]), Plan::Newer);
+        let (_, replacements) = apply_new(&store, staged);
+        let (replaced, text) = crate::telemetry::LogBuf::capture(|| {
+            apply_replacements(&store, replacements, |_, _| Err("rule r needs it".into()))
+        });
+        assert!(replaced.is_empty());
+        let served = store.snapshot();
+        assert_eq!(
+            served.default_cert().map(|c| c.hostnames.clone()),
+            Some(vec!["stored.example".to_string()])
+        );
+        let crt = dir.path().join("server.crt").display().to_string();
+        assert!(
+            text.lines().any(|l| l.contains("WARN")
+                && l.contains("NOT applied, although newer than the stored one: rule r needs it")
+                && l.contains(&crt)),
+            "{text}"
+        );
+        let (_, replacements) = apply_new(&store, read_dir(dir.path()).expect("read"));
+        assert_eq!(
+            apply_replacements(&store, replacements, |_, _| Ok(())),
+            ["default"]
+        );
+        let staged = read_dir(dir.path()).expect("read");
+        assert_eq!(plan(&store, &staged[0]), Plan::Unchanged);
     }
 }

@@ -151,6 +151,17 @@ impl CertStore {
         })
     }
 
+    /// When certificate `id` was last written to the state dir: the modification time of
+    /// `<state-dir>/certs/<id>.json` (every write, by the API or by staging, writes a fresh
+    /// file and renames it into place, so its mtime is the time of that write). `None` for a
+    /// store in memory, an unknown id, or a file system without modification times.
+    pub fn stored_at(&self, id: &str) -> Option<std::time::SystemTime> {
+        let dir = self.dir.as_ref()?;
+        fs::metadata(dir.join(format!("{id}.json")))
+            .and_then(|m| m.modified())
+            .ok()
+    }
+
     /// The stored certificate files [`CertStore::open`] skipped because they no longer load
     /// (empty for a store opened without one, or in memory).
     pub fn unloaded(&self) -> &[PathBuf] {

@@ -102,8 +102,8 @@ pub struct ApiArgs {
     pub api_allowed_origins: Vec<String>,
     /// A DNS name (`lb.example.com`, no port) by which tokenless clients may address the API
     /// (repeatable). Without a token, requests whose `Host` is any other DNS name get 403
-    /// (DNS-rebinding defence); IP addresses and `localhost` always pass. An empty value, or
-    /// one with a scheme, port or path, is a usage error.
+    /// (DNS-rebinding defence); IP addresses and `localhost` always pass, so giving one is a
+    /// usage error, as is an empty value or one with a scheme, port or path.
     #[arg(long = "api-allowed-host", value_name = "NAME", value_parser = api_host_name)]
     pub api_allowed_hosts: Vec<String>,
 }
@@ -156,6 +156,17 @@ fn api_host_name(s: &str) -> Result<String, String> {
                 .into(),
         );
     }
+    let bare = s
+        .strip_prefix('[')
+        .and_then(|v| v.strip_suffix(']'))
+        .unwrap_or(s);
+    if bare.parse::<std::net::IpAddr>().is_ok() || s.eq_ignore_ascii_case("localhost") {
+        return Err(format!(
+            "{s:?} is an IP address or localhost, which always pass the API's Host check, so \
+             listing it would have no effect: --api-allowed-host is for DNS names (e.g. \
+             lb.example.com); drop it"
+        ));
+    }
     if !is_host_name(s) {
         return Err(format!(
             "{s:?} is not a DNS name: give the name alone (e.g. lb.example.com), without \
@@ -203,6 +214,42 @@ pub enum TokenError {
          token ({API_TOKEN_ENV} / --api-token-file), so it could write; give them different values"
     )]
     ReadEqualsAdmin,
+}
+
+/// The usage error text when a token is given twice, by its file flag and by its variable
+/// (`--api-token-file` and `LOXI_API_TOKEN`, or `--api-read-token-file` and
+/// `LOXI_API_READ_TOKEN`): both would be accepted, so an old token left in the environment
+/// would survive a rotation of the file. `lookup` reads the environment; an empty variable
+/// counts as unset. `None` when each token has one source at most.
+pub fn token_source_conflict(
+    args: &ApiArgs,
+    lookup: impl Fn(&str) -> Option<String>,
+) -> Option<String> {
+    [
+        (
+            &args.api_token_file,
+            "--api-token-file",
+            API_TOKEN_ENV,
+            "admin",
+        ),
+        (
+            &args.api_read_token_file,
+            "--api-read-token-file",
+            API_READ_TOKEN_ENV,
+            "read-only",
+        ),
+    ]
+    .into_iter()
+    .find_map(|(file, flag, env, kind)| {
+        let file = file.as_ref()?;
+        lookup(env).filter(|v| !v.trim().is_empty())?;
+        Some(format!(
+            "the {kind} API token is given twice, by {flag} {} and by the environment variable \
+             {env}: both would be accepted, so an old token would outlive a rotation of the \
+             file; keep one source (unset {env}, or drop {flag})",
+            file.display()
+        ))
+    })
 }
 
 /// The API tokens: admin and read-only, each from its file and its environment variable.
@@ -368,6 +415,11 @@ impl Config {
                     .error(clap::error::ErrorKind::InvalidValue, msg)
                     .exit(),
             };
+        if let Some(msg) = token_source_conflict(&flags.api, |k| std::env::var(k).ok()) {
+            Flags::command()
+                .error(clap::error::ErrorKind::ArgumentConflict, msg)
+                .exit()
+        }
         if let Err(msg) = flags.l4.check() {
             Flags::command()
                 .error(clap::error::ErrorKind::ArgumentConflict, msg)
