@@ -1810,4 +1810,33 @@ async fn a_stale_staged_default_certificate_does_not_undo_a_rotation_through_the
         "{}",
         d.log_text()
     );
+/// A certificate whose subjectAltName lists IP addresses only names no host by its CN (RFC
+/// 6125 §6.4.4: clients never match the CN of a certificate with a SAN): it is listed without
+/// hostnames, and a TLS rule for the CN's name is refused as having no certificate (the CN was
+/// taken as a hostname, and clients refused the certificate served for it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cn_of_a_certificate_with_a_san_names_no_host() {
+    let d = Daemon::start_default().await;
+    let ca = Ca::new();
+    let key = KeyPair::generate().expect("key");
+    let mut p = CertificateParams::default();
+    p.subject_alt_names = vec![rcgen::SanType::IpAddress("10.0.0.9".parse().expect("ip"))];
+    p.distinguished_name.push(DnType::CommonName, "cn.test");
+    let cert = p.signed_by(&key, &ca.cert, &ca.key).expect("leaf");
+    let leaf = Leaf {
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+        der: cert.der().to_vec(),
+    };
+    let (s, answer) = post_cert(&d, Some("ipcn"), &leaf).await;
+    assert_eq!(s, 201, "{answer}");
+    assert_eq!(
+        (&answer["hostnames"], &answer["ipAddresses"]),
+        (&json!([]), &json!(["10.0.0.9"])),
+        "{answer}"
+    );
+    let be = Backend::start("A").await;
+    let port = free_port();
+    let (s, r) = d.post_rule(&tls_rule(port, "cn.test", &[&be], 0)).await;
+    assert_eq!(s, 400, "no certificate names cn.test: {r}");
 }

@@ -112,7 +112,7 @@ fn store_error(e: CertStoreError) -> ApiError {
 }
 
 /// One certificate as the API lists it (no key). `hostnames` is LoxiLB's (SAN DNS names, else
-/// the CN); `ipAddresses`, a loxi extension, lists the SAN IP addresses and is present only
+/// the CN when there is no subjectAltName extension); `ipAddresses`, a loxi extension, lists the SAN IP addresses and is present only
 /// when there is one (a certificate without IP addresses is answered as LoxiLB answers it).
 fn entry(c: &Certificate) -> Value {
     let mut e = json!({

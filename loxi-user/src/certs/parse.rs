@@ -3,7 +3,8 @@
 //! The leaf comes first (`certPem`, optionally followed by its chain), then `chainPem` (the
 //! intermediates, optional). The key (`keyPem`) is PKCS#8, PKCS#1 or SEC1, of a type rustls'
 //! `ring` provider signs with (RSA, ECDSA P-256/P-384, Ed25519). Hostnames are the leaf's SAN
-//! DNS names, else its subject CN, lower-cased; `*.example.com` covers one label. IP addresses
+//! DNS names, else (no subjectAltName extension at all: RFC 6125 §6.4.4) its subject CN,
+//! lower-cased; `*.example.com` covers one label. IP addresses
 //! are the leaf's SAN IP addresses (`IP:10.0.0.5`), kept apart: an IP host is covered by an IP
 //! address only, never by a DNS name spelled like one ([`Certificate::covers`]), as TLS
 //! clients verify an IP (RFC 6125 §6.2, webpki, OpenSSL).
@@ -39,8 +40,8 @@ pub struct CertPem {
 pub struct Certificate {
     /// The certificate's id (`certId`).
     pub id: String,
-    /// Names it serves (SAN DNS names, else the CN), lower-case; may start with `*.`. Empty
-    /// when the leaf names IP addresses only.
+    /// Names it serves (SAN DNS names; the CN only when there is no subjectAltName extension),
+    /// lower-case; may start with `*.`. Empty when the leaf's SAN names IP addresses only.
     pub hostnames: Vec<String>,
     /// The SAN IP addresses (`IP:10.0.0.5`), in certificate order.
     pub ip_addresses: Vec<IpAddr>,
@@ -102,9 +103,11 @@ pub enum CertError {
         /// The issuer named by the certificate before it.
         issuer: String,
     },
-    /// The leaf names no host (no SAN DNS name or IP address, no CN).
+    /// The leaf names no host (no SAN DNS name or IP address, no CN without a SAN).
     #[error(
-        "certPem: the certificate names no host (no SAN DNS name or IP address and no subject CN)"
+        "certPem: the certificate names no host (no SAN DNS name or IP address, and no subject CN \
+         on a certificate without a subjectAltName extension); issue it with a DNS or IP \
+         subjectAltName for the host it serves"
     )]
     NoHostnames,
     /// The leaf is a CA certificate (`basicConstraints` `CA:TRUE`): rustls/webpki clients (and
@@ -904,7 +907,11 @@ fn leaf_facts(der: &CertificateDer<'_>) -> Result<LeafFacts, CertError> {
         .map_err(|e| CertError::X509(x509_reason(&e)))?;
     let mut hostnames: Vec<String> = Vec::new();
     let mut ip_addresses: Vec<IpAddr> = Vec::new();
-    if let Ok(Some(san)) = cert.subject_alternative_name() {
+    let san = cert.subject_alternative_name();
+    // RFC 6125 §6.4.4 (and webpki, OpenSSL, browsers): a certificate with a subjectAltName
+    // extension is never matched by its CN, whatever the SAN lists (IP addresses only, say).
+    let has_san = !matches!(san, Ok(None));
+    if let Ok(Some(san)) = san {
         for name in &san.value.general_names {
             match name {
                 GeneralName::DNSName(n) => hostnames.push(n.to_ascii_lowercase()),
@@ -919,7 +926,7 @@ fn leaf_facts(der: &CertificateDer<'_>) -> Result<LeafFacts, CertError> {
             }
         }
     }
-    if hostnames.is_empty() {
+    if !has_san {
         hostnames.extend(
             cert.subject()
                 .iter_common_name()
@@ -1067,17 +1074,8 @@ mod tests {
             !spelled.covers("10.0.0.5"),
             "a DNS name spelled like the address"
         );
-        let cn = parse(
-            "d",
-            with_sans(vec![ip("10.0.0.9")], Some("10.0.0.6")),
-            now(),
-        )
-        .expect("valid");
-        assert_eq!(
-            cn.hostnames,
-            ["10.0.0.6"],
-            "the CN when there is no DNS name"
-        );
+        let cn = parse("d", with_sans(vec![], Some("10.0.0.6")), now()).expect("valid");
+        assert_eq!(cn.hostnames, ["10.0.0.6"], "the CN when there is no SAN");
         assert!(!cn.covers("10.0.0.6"), "a CN spelled like an address");
         assert_eq!(
             parse("e", with_sans(vec![], None), now()).expect_err("no name"),
@@ -1089,6 +1087,30 @@ mod tests {
         }
         assert_eq!(snap.for_name("10.0.0.5").map(|c| c.id.as_str()), Some("a"));
         assert_eq!(snap.for_name("10.0.0.7").map(|c| c.id.as_str()), None);
+    }
+
+    /// RFC 6125 §6.4.4: once a certificate has a subjectAltName extension its CN names no
+    /// host, also when the SAN lists IP addresses only (the CN was taken as a hostname then,
+    /// so the certificate was listed for, and served, a name no client accepts it for).
+    #[test]
+    fn the_cn_is_no_hostname_when_a_san_extension_is_present() {
+        use crate::certs::testutil::{ip, with_sans};
+        let c = parse(
+            "a",
+            with_sans(vec![ip("10.0.0.9")], Some("lb.example")),
+            now(),
+        )
+        .expect("valid");
+        assert!(c.hostnames.is_empty(), "{:?}", c.hostnames);
+        assert_eq!(c.names(), ["IP:10.0.0.9"]);
+        assert!(!c.covers("lb.example") && c.covers("10.0.0.9"));
+        let no_san = parse("b", with_sans(vec![], Some("LB.example")), now()).expect("valid");
+        assert_eq!(
+            no_san.hostnames,
+            ["lb.example"],
+            "the CN without a SAN extension"
+        );
+        assert!(no_san.covers("lb.example"));
     }
 
     #[test]
