@@ -1840,3 +1840,35 @@ async fn the_cn_of_a_certificate_with_a_san_names_no_host() {
     let (s, r) = d.post_rule(&tls_rule(port, "cn.test", &[&be], 0)).await;
     assert_eq!(s, 400, "no certificate names cn.test: {r}");
 }
+
+/// A self-signed certificate as `openssl req -x509` makes it (CA:TRUE) is refused with the
+/// openssl option that makes it an end-entity one, as the README gives it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_self_signed_ca_certificate_is_refused_naming_the_openssl_fix() {
+    let d = Daemon::start_default().await;
+    let key = KeyPair::generate().expect("key");
+    let mut p = CertificateParams::new(vec!["lb.example".to_string()]).expect("params");
+    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let cert = p.self_signed(&key).expect("cert");
+    let leaf = Leaf {
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+        der: cert.der().to_vec(),
+    };
+    let (s, answer) = post_cert(&d, Some("selfca"), &leaf).await;
+    assert_eq!(s, 400, "{answer}");
+    let m = answer["message"].as_str().unwrap_or_default();
+    assert!(
+        m.contains("basicConstraints CA:TRUE")
+            && m.contains("openssl req -x509 ... -addext basicConstraints=critical,CA:FALSE"),
+        "{answer}"
+    );
+    let readme = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"),
+    )
+    .expect("README");
+    assert!(
+        readme.contains("openssl req -x509 ... -addext basicConstraints=critical,CA:FALSE"),
+        "the README gives the same option"
+    );
+}

@@ -91,7 +91,9 @@ pub enum TlsError {
     #[error(
         "certificate {0} (--api-tls-cert): the certificate is a CA certificate (basicConstraints \
          CA:TRUE); TLS clients refuse a CA certificate as the server's own: give the server \
-         certificate the CA signed, and the CA to the clients (loxicmd --cacert)"
+         certificate the CA signed, and the CA to the clients (loxicmd --cacert); for a \
+         self-signed test certificate, mark it an end-entity one: openssl req -x509 ... -addext \
+         basicConstraints=critical,CA:FALSE"
     )]
     CaCertificate(String),
     /// The leaf certificate does not parse as X.509.

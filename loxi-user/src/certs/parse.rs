@@ -116,7 +116,9 @@ pub enum CertError {
     #[error(
         "certPem: the certificate is a CA certificate (basicConstraints CA:TRUE); TLS clients \
          refuse a CA certificate as a server's certificate: give the server's own (end-entity) \
-         certificate signed by that CA (the CA may follow it in chainPem)"
+         certificate signed by that CA (the CA may follow it in chainPem); for a self-signed \
+         test certificate, mark it an end-entity one: openssl req -x509 ... -addext \
+         basicConstraints=critical,CA:FALSE"
     )]
     CaCertificate,
 }
@@ -1641,6 +1643,13 @@ n4nDGOMISzkcZLY=\n\
                 "certPem: the certificate is a CA certificate (basicConstraints CA:TRUE); TLS \
                  clients refuse a CA certificate as a server's certificate"
             ),
+            "{e}"
+        );
+        // A self-signed test certificate (openssl req -x509 marks it CA:TRUE): the message
+        // gives the openssl option the README gives.
+        assert!(
+            e.to_string()
+                .contains("openssl req -x509 ... -addext basicConstraints=critical,CA:FALSE"),
             "{e}"
         );
         let mut chained = leaf;
