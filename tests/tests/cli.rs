@@ -864,3 +864,21 @@ async fn loxicmd_takes_loxilbs_flags_at_their_defaults_and_refuses_the_rest() {
         .collect();
     assert_eq!(left, [json!("other")]);
 }
+
+/// `--protocol https` against the plain-HTTP API: the TLS handshake meets an HTTP answer, and
+/// the error says what to drop (it printed rustls' `received corrupt message of type
+/// InvalidContentType` alone), as the reverse case says what to add.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_to_the_plain_http_api_says_to_drop_protocol_https() {
+    let d = Daemon::start_default().await;
+    let out = d.loxicmd(&["--protocol", "https", "get", "lb"]);
+    assert_eq!(out.status.code(), Some(5), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains(&format!(
+            "the loxilb API at {} seems to speak plain HTTP: drop --protocol https",
+            d.api_addr()
+        )),
+        "{err}"
+    );
+}

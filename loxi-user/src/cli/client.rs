@@ -94,7 +94,8 @@ impl Target {
         format!("{scheme}://{}", self.authority())
     }
 
-    fn authority(&self) -> String {
+    /// `host:port` (`[host]:port` for an IPv6 literal).
+    pub fn authority(&self) -> String {
         if self.host.contains(':') {
             format!("[{}]:{}", self.host, self.port)
         } else {

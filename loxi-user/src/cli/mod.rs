@@ -317,6 +317,14 @@ impl Api {
                         self.base.base_url()
                     ));
                 }
+                // What rustls says when a TLS handshake meets a plain-HTTP answer (its first
+                // byte, `H`, is no TLS record type).
+                if self.base.tls.is_some() && message.contains("InvalidContentType") {
+                    message.push_str(&format!(
+                        " (the loxilb API at {} seems to speak plain HTTP: drop --protocol https)",
+                        self.base.authority()
+                    ));
+                }
                 Failure {
                     message,
                     code: EXIT_TRANSPORT,
