@@ -1872,3 +1872,39 @@ async fn a_self_signed_ca_certificate_is_refused_naming_the_openssl_fix() {
         "the README gives the same option"
     );
 }
+
+/// A backend whose certificate names an IPv6 address, refused for another name: the 502 names
+/// the address as std writes it (`::1`; webpki's text, `0::1`, was shown).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_certificate_naming_an_ipv6_address_is_named_as_std_writes_it() {
+    let d = Daemon::start_default().await;
+    let ca = Ca::new();
+    let ca_file = d.state_dir().join("backend-ca.pem");
+    std::fs::write(&ca_file, ca.cert.pem()).expect("ca file");
+    assert_eq!(
+        post_cert(&d, Some("f"), &ca.leaf(&["front.test"])).await.0,
+        201
+    );
+    let (bport, seen) = tls_backend(&ca, "::1").await;
+    let port = free_port();
+    let (s, r) = d
+        .post_rule(&json!({
+            "serviceArguments": {"externalIP": "127.0.0.1", "port": port, "protocol": "tcp",
+                "mode": 4, "sel": 0, "security": 2, "host": "front.test",
+                "backend_protocol": "http1", "backend_tls_server_name": "other.test",
+                "backend_ca_file": ca_file.display().to_string()},
+            "endpoints": [{"endpointIP": "127.0.0.1", "targetPort": bport, "weight": 1}]
+        }))
+        .await;
+    assert_eq!(s, 200, "{r}");
+    let tls = connect(&ca, port, Some("front.test"), &[])
+        .await
+        .expect("tls");
+    let (status, _, _, text) = send(tls, "front.test", r#"{"prompt":"p"}"#).await;
+    assert_eq!(status, 502, "{text}");
+    assert!(
+        text.contains("not valid for the name other.test; it names ::1") && !text.contains("0::1"),
+        "{text}"
+    );
+    assert!(seen.lock().is_empty(), "no request reached the backend");
+}

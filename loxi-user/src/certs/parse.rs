@@ -517,11 +517,15 @@ fn server_name_text(n: &rustls::pki_types::ServerName<'_>) -> String {
 }
 
 /// A name rustls lists from a certificate (`DnsName("localhost")`, `IpAddress(127.0.0.1)`, its
-/// Debug forms) as the name alone.
+/// Debug forms) as the name alone; an address as std writes it (webpki writes `::1` as `0::1`).
 fn presented_name(p: &str) -> String {
     for prefix in ["DnsName(", "IpAddress("] {
         if let Some(inner) = p.strip_prefix(prefix).and_then(|r| r.strip_suffix(')')) {
-            return inner.trim_matches('"').to_string();
+            let inner = inner.trim_matches('"');
+            return match inner.parse::<IpAddr>() {
+                Ok(ip) if prefix == "IpAddress(" => ip.to_string(),
+                _ => inner.to_string(),
+            };
         }
     }
     p.to_string()
@@ -1296,6 +1300,19 @@ mod tests {
             ),
             "the peer's certificate is not valid for the name wrong.example; it names \
              localhost, 127.0.0.1"
+        );
+        // webpki writes IPv6 its own way (`0::1` for ::1): named as std writes an address.
+        let expected = rustls::pki_types::ServerName::try_from("wrong.example").expect("name");
+        assert_eq!(
+            rustls_reason(
+                &Error::InvalidCertificate(CertificateError::NotValidForNameContext {
+                    expected,
+                    presented: vec!["IpAddress(0::1)".into(), "IpAddress(fd00::5)".into()],
+                }),
+                ""
+            ),
+            "the peer's certificate is not valid for the name wrong.example; it names ::1, \
+             fd00::5"
         );
     }
 
