@@ -1810,6 +1810,8 @@ async fn a_stale_staged_default_certificate_does_not_undo_a_rotation_through_the
         "{}",
         d.log_text()
     );
+}
+
 /// A certificate whose subjectAltName lists IP addresses only names no host by its CN (RFC
 /// 6125 §6.4.4: clients never match the CN of a certificate with a SAN): it is listed without
 /// hostnames, and a TLS rule for the CN's name is refused as having no certificate (the CN was
