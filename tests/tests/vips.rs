@@ -251,7 +251,10 @@ fn an_ipv6_vip_on_a_veth_takes_connections_as_soon_as_the_rule_is_answered() {
             .expect("the VIP's line");
         assert!(!line.contains("tentative"), "{shown}");
         // Connect right away: the listener accepts on the VIP (its endpoint need not answer).
-        let addr: std::net::SocketAddr = format!("[fd00:99::2]:{port}").parse().unwrap();
+        let addr = std::net::SocketAddr::from((
+            std::net::Ipv6Addr::new(0xfd00, 0x99, 0, 0, 0, 0, 0, 2),
+            port,
+        ));
         let conn = tokio::time::timeout(
             Duration::from_millis(500),
             tokio::net::TcpStream::connect(addr),
