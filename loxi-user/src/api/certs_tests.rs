@@ -4,28 +4,14 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::{Path, State};
-use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
 
 use super::*;
 use crate::certs::testutil::{dns, ip, with_sans};
-use crate::metrics::ControlMetrics;
 use crate::rules::RuleStore;
 
 fn state() -> ApiState {
-    let mut registry = Registry::default();
-    let metrics = ControlMetrics::register(&mut registry);
-    let listen = crate::listen::ListenMetrics::register(&mut registry);
-    ApiState {
-        store: Arc::new(RuleStore::in_memory()),
-        registry: Arc::new(registry),
-        metrics,
-        health: crate::health::board::HealthBoard::new(),
-        sockets: crate::listen::ListenSockets::new(listen),
-        l4_datapath: false,
-        conntrack: crate::l4::ConntrackHandle::default(),
-        certs: Arc::new(crate::certs::CertStore::in_memory()),
-    }
+    super::super::rules::tests::state(Arc::new(RuleStore::in_memory()))
 }
 
 async fn body(resp: Response) -> Value {

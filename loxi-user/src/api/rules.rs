@@ -505,4 +505,4 @@ pub async fn remove_by_name(
 
 #[cfg(test)]
 #[path = "rules_tests.rs"]
-mod tests;
+pub(crate) mod tests;

@@ -12,7 +12,9 @@ use super::*;
 use crate::metrics::ControlMetrics;
 use crate::rules::RuleStore;
 
-fn state(store: Arc<RuleStore>) -> ApiState {
+/// An API state over `store`, with fresh metrics, an in-memory certificate store and no L4
+/// data path (also the cert API tests').
+pub(crate) fn state(store: Arc<RuleStore>) -> ApiState {
     let mut registry = Registry::default();
     let metrics = ControlMetrics::register(&mut registry);
     let listen = crate::listen::ListenMetrics::register(&mut registry);

@@ -11,13 +11,7 @@ pub fn self_signed(names: &[&str], not_after: Option<time::OffsetDateTime>) -> C
     if let Some(t) = not_after {
         params.not_after = t;
     }
-    let key = rcgen::KeyPair::generate().expect("key");
-    let cert = params.self_signed(&key).expect("cert");
-    CertPem {
-        cert_pem: cert.pem(),
-        key_pem: key.serialize_pem(),
-        chain_pem: None,
-    }
+    signed(params)
 }
 
 /// The DER forms of `pem`'s certificate and key (what `openssl ... -outform DER` writes).
@@ -41,13 +35,7 @@ pub fn with_sans(sans: Vec<rcgen::SanType>, cn: Option<&str>) -> CertPem {
             .distinguished_name
             .push(rcgen::DnType::CommonName, cn);
     }
-    let key = rcgen::KeyPair::generate().expect("key");
-    let cert = params.self_signed(&key).expect("cert");
-    CertPem {
-        cert_pem: cert.pem(),
-        key_pem: key.serialize_pem(),
-        chain_pem: None,
-    }
+    signed(params)
 }
 
 /// `DNS:<name>` as rcgen's SAN entry.
@@ -58,4 +46,15 @@ pub fn dns(name: &str) -> rcgen::SanType {
 /// `IP:<ip>` as rcgen's SAN entry.
 pub fn ip(ip: &str) -> rcgen::SanType {
     rcgen::SanType::IpAddress(ip.parse().expect("IP address"))
+}
+
+/// `params` self-signed with a fresh key, as PEM (no chain).
+fn signed(params: rcgen::CertificateParams) -> CertPem {
+    let key = rcgen::KeyPair::generate().expect("key");
+    let cert = params.self_signed(&key).expect("cert");
+    CertPem {
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+        chain_pem: None,
+    }
 }
