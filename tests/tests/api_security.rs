@@ -924,6 +924,19 @@ fn a_token_given_by_file_and_by_environment_is_a_usage_error() {
             "{flag} + {env}: {err}"
         );
     }
+    // The same token both ways (the image's health check reads the variable) is one token:
+    // the daemon starts.
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let mut d = Daemon::start(DaemonOpts {
+            args: vec!["--api-token-file".into(), file.clone()],
+            env: vec![("LOXI_API_TOKEN".into(), "from-the-file".into())],
+            api_token: Some("from-the-file".into()),
+            ..DaemonOpts::default()
+        })
+        .await;
+        d.stop().await;
+    });
 }
 
 /// `--api-allowed-host` with an IP address (or `localhost`) would have no effect (they always

@@ -220,7 +220,8 @@ pub enum TokenError {
 /// (`--api-token-file` and `LOXI_API_TOKEN`, or `--api-read-token-file` and
 /// `LOXI_API_READ_TOKEN`): both would be accepted, so an old token left in the environment
 /// would survive a rotation of the file. `lookup` reads the environment; an empty variable
-/// counts as unset. `None` when each token has one source at most.
+/// counts as unset, and a variable holding the file's token (its first non-empty line; both
+/// trimmed) is no second token. `None` when each token has one source at most.
 pub fn token_source_conflict(
     args: &ApiArgs,
     lookup: impl Fn(&str) -> Option<String>,
@@ -242,7 +243,14 @@ pub fn token_source_conflict(
     .into_iter()
     .find_map(|(file, flag, env, kind)| {
         let file = file.as_ref()?;
-        lookup(env).filter(|v| !v.trim().is_empty())?;
+        let value = lookup(env).filter(|v| !v.trim().is_empty())?;
+        // The same token both ways is one token: the container image's health check (loxicmd)
+        // reads the variable while the daemon is given the file.
+        if std::fs::read_to_string(file)
+            .is_ok_and(|t| t.lines().map(str::trim).find(|l| !l.is_empty()) == Some(value.trim()))
+        {
+            return None;
+        }
         Some(format!(
             "the {kind} API token is given twice, by {flag} {} and by the environment variable \
              {env}: both would be accepted, so an old token would outlive a rotation of the \
