@@ -118,8 +118,11 @@ impl<C: tower_service::Service<Uri>> tower_service::Service<Uri> for ToEndpoint<
 pub struct PerEndpoint<C> {
     connector: C,
     builder: hyper_util::client::legacy::Builder,
-    clients: parking_lot::Mutex<HashMap<Authority, Client<ToEndpoint<C>, Full<Bytes>>>>,
+    clients: parking_lot::Mutex<HashMap<Authority, EndpointClient<C>>>,
 }
+
+/// The pooled client of one endpoint in a [`PerEndpoint`].
+type EndpointClient<C> = Client<ToEndpoint<C>, Full<Bytes>>;
 
 impl<C> std::fmt::Debug for PerEndpoint<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
