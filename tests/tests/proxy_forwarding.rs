@@ -541,15 +541,29 @@ async fn an_idempotent_request_a_backend_drops_is_retried_and_a_post_is_not() {
     assert_eq!(retried(&d.metrics_text().await) - r0, 1.0);
 }
 
+/// Connections an h2c test backend accepted in all, and holds open now.
+#[derive(Default)]
+struct Conns {
+    accepted: std::sync::atomic::AtomicUsize,
+    open: std::sync::atomic::AtomicUsize,
+}
+
 /// An h2c backend that answers each request with the `:authority` (the URI's authority) and the
-/// `Host` headers it received: `{"authority": .., "host": [..]}`.
-async fn h2c_host_reporting_backend() -> u16 {
+/// `Host` headers it received: `{"authority": .., "host": [..]}`; with its port, it gives its
+/// connection counts.
+async fn h2c_host_reporting_backend() -> (u16, std::sync::Arc<Conns>) {
+    use std::sync::atomic::Ordering::SeqCst;
     let tcp = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let port = tcp.local_addr().expect("addr").port();
+    let conns = std::sync::Arc::new(Conns::default());
+    let counts = conns.clone();
     tokio::spawn(async move {
         while let Ok((stream, _)) = tcp.accept().await {
+            counts.accepted.fetch_add(1, SeqCst);
+            counts.open.fetch_add(1, SeqCst);
+            let counts = counts.clone();
             let svc =
                 hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
                     let authority = req.uri().authority().map(|a| a.to_string());
@@ -567,13 +581,16 @@ async fn h2c_host_reporting_backend() -> u16 {
                         ))
                     }
                 });
-            tokio::spawn(
-                hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), svc),
-            );
+            tokio::spawn(async move {
+                let _ =
+                    hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                        .await;
+                counts.open.fetch_sub(1, SeqCst);
+            });
         }
     });
-    port
+    (port, conns)
 }
 
 /// Over HTTP/2 to a backend, the host the HTTP/1.1 path would send as `Host` (the client's) is
@@ -584,7 +601,7 @@ async fn h2c_host_reporting_backend() -> u16 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http2_to_a_backend_carries_the_clients_host_as_authority_and_no_host_header() {
     let d = Daemon::start_default().await;
-    let backend = h2c_host_reporting_backend().await;
+    let (backend, _) = h2c_host_reporting_backend().await;
     let port = free_port();
     let (status, body) = d
         .post_rule(&json!({
@@ -650,5 +667,60 @@ async fn http2_to_a_backend_carries_the_clients_host_as_authority_and_no_host_he
         seen[0].header("host"),
         Some(format!("127.0.0.1:{outer}").as_str()),
         "the inner loxi passes on the client's host"
+    );
+}
+
+/// HTTP/2 connections to a backend are pooled per (endpoint, client host), since the host is
+/// the request's `:authority`: a client cycling `Host` values must not open backend
+/// connections without bound. 40 distinct hosts leave at most `HOSTS_PER_ENDPOINT` (16)
+/// connections open (each evicted host's idle connection closes), and a recent host's requests
+/// reuse its connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_connections_per_client_host_are_bounded() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let d = Daemon::start_default().await;
+    let (backend, conns) = h2c_host_reporting_backend().await;
+    let port = free_port();
+    let (status, body) = d
+        .post_rule(&json!({
+            "serviceArguments": {"externalIP": "127.0.0.1", "port": port, "protocol": "tcp",
+                "mode": 4, "backend_protocol": "http2"},
+            "endpoints": [{"endpointIP": "127.0.0.1", "targetPort": backend}]
+        }))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let ask = |host: String| async move {
+        let answer = raw(
+            port,
+            &format!("GET /h HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"),
+        )
+        .await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(
+            answer.contains(&format!(r#"{{"authority":"{host}","host":[]}}"#)),
+            "{answer}"
+        );
+    };
+    for i in 0..40 {
+        ask(format!("h{i}.example")).await;
+    }
+    assert_eq!(conns.accepted.load(SeqCst), 40, "one connection per host");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while conns.open.load(SeqCst) > 16 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        conns.open.load(SeqCst),
+        16,
+        "the evicted hosts' connections are closed, the 16 most recent kept"
+    );
+    for _ in 0..3 {
+        ask("h39.example".into()).await;
+        ask("h24.example".into()).await;
+    }
+    assert_eq!(
+        conns.accepted.load(SeqCst),
+        40,
+        "a pooled host's connection is reused"
     );
 }

@@ -112,22 +112,54 @@ impl<C: tower_service::Service<Uri>> tower_service::Service<Uri> for ToEndpoint<
     }
 }
 
-/// Pooled clients, one per endpoint, each connecting with `C` to its endpoint alone: a
-/// request's URI names the client's host (its HTTP/2 `:authority`), so the URI cannot choose
-/// the connection. An endpoint's client is built at its first request and kept.
+/// Pooled clients per endpoint, each connecting with `C` to its endpoint alone: a request's
+/// URI names the client's host (its HTTP/2 `:authority`), so the URI cannot choose the
+/// connection, and hyper-util's pool keeps connections apart per URI authority. So each
+/// (endpoint, host) pair gets its own client, built at its first request, and the pairs are
+/// bounded: at most [`HOSTS_PER_ENDPOINT`] hosts an endpoint and [`MAX_ENDPOINTS`] endpoints,
+/// the least recently used dropped beyond either (its idle connections close with it; requests
+/// in flight on it finish). A client cycling `Host` values costs connection setups, never
+/// connections without bound.
 pub struct PerEndpoint<C> {
     connector: C,
     builder: hyper_util::client::legacy::Builder,
-    clients: parking_lot::Mutex<HashMap<Authority, EndpointClient<C>>>,
+    clients: parking_lot::Mutex<Pairs<C>>,
 }
 
-/// The pooled client of one endpoint in a [`PerEndpoint`].
+/// Distinct hosts kept pooled for one endpoint of a [`PerEndpoint`].
+pub const HOSTS_PER_ENDPOINT: usize = 16;
+
+/// Endpoints kept pooled by one [`PerEndpoint`].
+pub const MAX_ENDPOINTS: usize = 4096;
+
+/// The pooled client of one (endpoint, host) pair in a [`PerEndpoint`].
 type EndpointClient<C> = Client<ToEndpoint<C>, Full<Bytes>>;
+
+/// The (endpoint, host) clients of a [`PerEndpoint`] and their last use (a counter).
+struct Pairs<C> {
+    endpoints: HashMap<Authority, EndpointHosts<C>>,
+    clock: u64,
+}
+
+/// One endpoint's clients, per host, with the last use of each and of the endpoint.
+struct EndpointHosts<C> {
+    hosts: Vec<(Authority, EndpointClient<C>, u64)>,
+    last: u64,
+}
 
 impl<C> std::fmt::Debug for PerEndpoint<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let pairs = self.clients.lock();
         f.debug_struct("PerEndpoint")
-            .field("endpoints", &self.clients.lock().len())
+            .field("endpoints", &pairs.endpoints.len())
+            .field(
+                "pairs",
+                &pairs
+                    .endpoints
+                    .values()
+                    .map(|e| e.hosts.len())
+                    .sum::<usize>(),
+            )
             .finish()
     }
 }
@@ -149,7 +181,10 @@ where
         Self {
             connector,
             builder,
-            clients: parking_lot::Mutex::new(HashMap::new()),
+            clients: parking_lot::Mutex::new(Pairs {
+                endpoints: HashMap::new(),
+                clock: 0,
+            }),
         }
     }
 
@@ -159,23 +194,9 @@ where
         &self,
         mut req: Request<Full<Bytes>>,
     ) -> Result<http::Response<Incoming>, hyper_util::client::legacy::Error> {
-        let client = host_as_authority(&mut req).map(|endpoint| {
-            let mut clients = self.clients.lock();
-            clients
-                .entry(endpoint.clone())
-                .or_insert_with(|| {
-                    let endpoint = Uri::builder()
-                        .scheme("http")
-                        .authority(endpoint)
-                        .path_and_query("/")
-                        .build()
-                        .unwrap_or_default();
-                    self.builder.build(ToEndpoint {
-                        inner: self.connector.clone(),
-                        endpoint,
-                    })
-                })
-                .clone()
+        let client = host_as_authority(&mut req).and_then(|endpoint| {
+            let host = req.uri().authority()?.clone();
+            Some(self.client(endpoint, host))
         });
         match client {
             Some(c) => c.request(req).await,
@@ -187,6 +208,60 @@ where
                     .await
             }
         }
+    }
+
+    /// The (endpoint, host) pairs pooled now: their number, and the most hosts of any endpoint.
+    pub fn pooled(&self) -> (usize, usize) {
+        let pairs = self.clients.lock();
+        let hosts = pairs.endpoints.values().map(|e| e.hosts.len());
+        (hosts.clone().sum(), hosts.max().unwrap_or(0))
+    }
+
+    /// The client of `host` on `endpoint`, built (evicting the least recently used beyond the
+    /// bounds) when not pooled.
+    fn client(&self, endpoint: Authority, host: Authority) -> EndpointClient<C> {
+        let mut pairs = self.clients.lock();
+        pairs.clock += 1;
+        let now = pairs.clock;
+        if !pairs.endpoints.contains_key(&endpoint) && pairs.endpoints.len() >= MAX_ENDPOINTS {
+            let oldest = pairs
+                .endpoints
+                .iter()
+                .min_by_key(|(_, e)| e.last)
+                .map(|(a, _)| a.clone());
+            if let Some(a) = oldest {
+                pairs.endpoints.remove(&a);
+            }
+        }
+        let entry = pairs
+            .endpoints
+            .entry(endpoint.clone())
+            .or_insert_with(|| EndpointHosts {
+                hosts: Vec::new(),
+                last: now,
+            });
+        entry.last = now;
+        if let Some((_, c, last)) = entry.hosts.iter_mut().find(|(h, _, _)| *h == host) {
+            *last = now;
+            return c.clone();
+        }
+        if entry.hosts.len() >= HOSTS_PER_ENDPOINT
+            && let Some(i) = (0..entry.hosts.len()).min_by_key(|&i| entry.hosts[i].2)
+        {
+            entry.hosts.swap_remove(i);
+        }
+        let uri = Uri::builder()
+            .scheme("http")
+            .authority(endpoint)
+            .path_and_query("/")
+            .build()
+            .unwrap_or_default();
+        let c = self.builder.build(ToEndpoint {
+            inner: self.connector.clone(),
+            endpoint: uri,
+        });
+        entry.hosts.push((host, c.clone(), now));
+        c
     }
 }
 
