@@ -540,3 +540,187 @@ async fn an_idempotent_request_a_backend_drops_is_retried_and_a_post_is_not() {
     );
     assert_eq!(retried(&d.metrics_text().await) - r0, 1.0);
 }
+
+/// Connections an h2c test backend accepted in all, and holds open now.
+#[derive(Default)]
+struct Conns {
+    accepted: std::sync::atomic::AtomicUsize,
+    open: std::sync::atomic::AtomicUsize,
+}
+
+/// An h2c backend that answers each request with the `:authority` (the URI's authority) and the
+/// `Host` headers it received: `{"authority": .., "host": [..]}`; with its port, it gives its
+/// connection counts.
+async fn h2c_host_reporting_backend() -> (u16, std::sync::Arc<Conns>) {
+    use std::sync::atomic::Ordering::SeqCst;
+    let tcp = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = tcp.local_addr().expect("addr").port();
+    let conns = std::sync::Arc::new(Conns::default());
+    let counts = conns.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = tcp.accept().await {
+            counts.accepted.fetch_add(1, SeqCst);
+            counts.open.fetch_add(1, SeqCst);
+            let counts = counts.clone();
+            let svc =
+                hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                    let authority = req.uri().authority().map(|a| a.to_string());
+                    let host: Vec<String> = req
+                        .headers()
+                        .get_all(http::header::HOST)
+                        .iter()
+                        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+                        .collect();
+                    async move {
+                        Ok::<_, std::convert::Infallible>(http::Response::new(
+                            http_body_util::Full::new(bytes::Bytes::from(
+                                json!({"authority": authority, "host": host}).to_string(),
+                            )),
+                        ))
+                    }
+                });
+            tokio::spawn(async move {
+                let _ =
+                    hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                        .await;
+                counts.open.fetch_sub(1, SeqCst);
+            });
+        }
+    });
+    (port, conns)
+}
+
+/// Over HTTP/2 to a backend, the host the HTTP/1.1 path would send as `Host` (the client's) is
+/// the request's `:authority`, with no `Host` header that could differ from it (RFC 9113
+/// §8.3.1; it was the endpoint's address as `:authority` with the client's `Host` kept, which
+/// loxi itself, as the backend, refused with 400 `authority_mismatch`). An HTTP/1.0 request
+/// naming no host gets the endpoint's address, as over HTTP/1.1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_to_a_backend_carries_the_clients_host_as_authority_and_no_host_header() {
+    let d = Daemon::start_default().await;
+    let (backend, _) = h2c_host_reporting_backend().await;
+    let port = free_port();
+    let (status, body) = d
+        .post_rule(&json!({
+            "serviceArguments": {"externalIP": "127.0.0.1", "port": port, "protocol": "tcp",
+                "mode": 4, "backend_protocol": "http2"},
+            "endpoints": [{"endpointIP": "127.0.0.1", "targetPort": backend}]
+        }))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let answer = raw(
+        port,
+        &format!("GET /h HTTP/1.1\r\nHost: api.example:{port}\r\nConnection: close\r\n\r\n"),
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(
+        answer.contains(&format!(
+            r#"{{"authority":"api.example:{port}","host":[]}}"#
+        )),
+        "{answer}"
+    );
+    let answer = raw(port, "GET /h HTTP/1.0\r\n\r\n").await;
+    assert!(
+        answer.starts_with("HTTP/1.1 200") || answer.starts_with("HTTP/1.0 200"),
+        "{answer}"
+    );
+    assert!(
+        answer.contains(&format!(
+            r#"{{"authority":"127.0.0.1:{backend}","host":[]}}"#
+        )),
+        "{answer}"
+    );
+
+    // loxi behind loxi (another daemon: one daemon answers a request that passed through it
+    // 508): the outer rule speaks HTTP/2 to the inner rule's listener, which checks that Host
+    // and :authority agree, and forwards to an HTTP/1.1 backend.
+    let inner_d = Daemon::start_default().await;
+    let echo = Backend::start("inner").await;
+    echo.set_recording(true);
+    let inner = free_port();
+    let (status, body) = inner_d
+        .post_rule(&json!({
+            "serviceArguments": {"externalIP": "127.0.0.1", "port": inner, "protocol": "tcp",
+                "mode": 4},
+            "endpoints": [{"endpointIP": "127.0.0.1", "targetPort": echo.port()}]
+        }))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let outer = free_port();
+    let (status, body) = d
+        .post_rule(&json!({
+            "serviceArguments": {"externalIP": "127.0.0.1", "port": outer, "protocol": "tcp",
+                "mode": 4, "backend_protocol": "http2"},
+            "endpoints": [{"endpointIP": "127.0.0.1", "targetPort": inner}]
+        }))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let answer = raw(outer, &get(outer, "")).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let seen = echo.requests();
+    assert_eq!(seen.len(), 1, "{answer}");
+    assert_eq!(
+        seen[0].header("host"),
+        Some(format!("127.0.0.1:{outer}").as_str()),
+        "the inner loxi passes on the client's host"
+    );
+}
+
+/// HTTP/2 connections to a backend are pooled per (endpoint, client host), since the host is
+/// the request's `:authority`: a client cycling `Host` values must not open backend
+/// connections without bound. 40 distinct hosts leave at most `HOSTS_PER_ENDPOINT` (16)
+/// connections open (each evicted host's idle connection closes), and a recent host's requests
+/// reuse its connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_connections_per_client_host_are_bounded() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let d = Daemon::start_default().await;
+    let (backend, conns) = h2c_host_reporting_backend().await;
+    let port = free_port();
+    let (status, body) = d
+        .post_rule(&json!({
+            "serviceArguments": {"externalIP": "127.0.0.1", "port": port, "protocol": "tcp",
+                "mode": 4, "backend_protocol": "http2"},
+            "endpoints": [{"endpointIP": "127.0.0.1", "targetPort": backend}]
+        }))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let ask = |host: String| async move {
+        let answer = raw(
+            port,
+            &format!("GET /h HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"),
+        )
+        .await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(
+            answer.contains(&format!(r#"{{"authority":"{host}","host":[]}}"#)),
+            "{answer}"
+        );
+    };
+    for i in 0..40 {
+        ask(format!("h{i}.example")).await;
+    }
+    assert_eq!(conns.accepted.load(SeqCst), 40, "one connection per host");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while conns.open.load(SeqCst) > 16 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        conns.open.load(SeqCst),
+        16,
+        "the evicted hosts' connections are closed, the 16 most recent kept"
+    );
+    for _ in 0..3 {
+        ask("h39.example".into()).await;
+        ask("h24.example".into()).await;
+    }
+    assert_eq!(
+        conns.accepted.load(SeqCst),
+        40,
+        "a pooled host's connection is reused"
+    );
+}

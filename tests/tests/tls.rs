@@ -788,7 +788,8 @@ async fn an_h2_stream_reset_over_tls_cancels_the_upstream_request() {
 }
 
 /// A TLS backend (certificate for `name`, signed by the test CA) speaking HTTP/1.1 and HTTP/2
-/// (ALPN); answers `{"backend","version"}`, or 5 SSE events for `"stream": true`.
+/// (ALPN); answers `{"backend","version"}`, or 5 SSE events for `"stream": true`; records
+/// each request as `{version} {:authority or -} {Host or -}`.
 async fn tls_backend(ca: &Ca, name: &str) -> (u16, Arc<parking_lot::Mutex<Vec<String>>>) {
     tls_backend_alpn(ca, name, &[b"h2", b"http/1.1"]).await
 }
@@ -836,7 +837,23 @@ async fn tls_backend_alpn(
                         let seen = seen.clone();
                         async move {
                             let version = format!("{:?}", req.version());
-                            seen.lock().push(version.clone());
+                            // The version, `:authority` (the URI's) and `Host` headers, `-`
+                            // for none.
+                            let host: Vec<&str> = req
+                                .headers()
+                                .get_all(http::header::HOST)
+                                .iter()
+                                .filter_map(|v| v.to_str().ok())
+                                .collect();
+                            seen.lock().push(format!(
+                                "{version} {} {}",
+                                req.uri().authority().map_or("-", |a| a.as_str()),
+                                if host.is_empty() {
+                                    "-".to_owned()
+                                } else {
+                                    host.join(",")
+                                }
+                            ));
                             let body = req
                                 .into_body()
                                 .collect()
@@ -887,10 +904,13 @@ async fn security_2_verifies_backends_and_speaks_h2_or_h1_by_backend_protocol() 
         })
     };
     let mut expect = Vec::new();
+    // Over HTTP/2 the client's host is the backend's `:authority`, with no `Host` beside it
+    // (it was the endpoint's address with the client's `Host` kept: a malformed request, RFC
+    // 9113 §8.3.1); over HTTP/1.1 it is the `Host`.
     for (proto, version) in [
-        ("http2", "HTTP/2.0"),
-        ("both", "HTTP/2.0"),
-        ("http1", "HTTP/1.1"),
+        ("http2", "HTTP/2.0 front.test -"),
+        ("both", "HTTP/2.0 front.test -"),
+        ("http1", "HTTP/1.1 - front.test"),
     ] {
         let port = free_port();
         let (s, r) = d.post_rule(&rule(port, "backend.test", proto)).await;

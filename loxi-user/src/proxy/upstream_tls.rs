@@ -15,9 +15,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::Uri;
-use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -27,8 +25,9 @@ use tokio_rustls::client::TlsStream;
 
 use crate::rules::spec::BackendProtocol;
 
-/// A pooled client of one `security: 2` rule.
-pub type TlsClient = Client<TlsConnect, Full<Bytes>>;
+/// The pooled clients of one `security: 2` rule, one per endpoint (the request's URI names the
+/// client's host, see `upstream::host_as_authority`).
+pub type TlsClient = Arc<super::upstream::PerEndpoint<TlsConnect>>;
 
 /// What a rule asks of its backends' TLS.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -135,7 +134,7 @@ impl BackendTls {
         if self.protocol == BackendProtocol::Http2 {
             b.http2_only(true);
         }
-        Ok(b.build(connect))
+        Ok(Arc::new(super::upstream::PerEndpoint::new(connect, b)))
     }
 }
 
