@@ -38,6 +38,11 @@
 #                 floor and the echo-backends from dist; dist (fat LTO, see Cargo.toml; ~6.5
 #                 min to build the first time) for all three; or release (setup.sh's build)
 #
+#   NGINX_FORWARDED=1    nginx sets X-Forwarded-For ($proxy_add_x_forwarded_for) and
+#                 X-Forwarded-Proto ($scheme) as loxi does on every request (README): the
+#                 same work; 0 gives nginx's bare proxy_pass, without them (what
+#                 this bench measured before 2026-12-07). The floor adds neither in both.
+#
 # Loopback only; every measurement is bounded by DURATION. Needs wrk and nginx (scripts/setup.sh).
 set -euo pipefail
 # CARGO_TARGET_DIR, LOXI_BIN_DIR, LOXI_SHARED made absolute; cargo_profile_dir.
@@ -53,6 +58,13 @@ BUILD_PROFILE=${BUILD_PROFILE:-pgo}
 CASES=${CASES:-small sse large tls}
 [ "${TLS:-1}" = 0 ] && CASES=${CASES//tls/}
 export PATH="$HOME/.cargo/bin:/usr/sbin:$PATH"
+NGINX_FORWARDED=${NGINX_FORWARDED:-1}
+case "$NGINX_FORWARDED" in
+  1) NGX_FWD='proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+      proxy_set_header X-Forwarded-Proto $scheme;' ;;
+  0) NGX_FWD='' ;;
+  *) echo "bench-proxy: NGINX_FORWARDED must be 1 or 0, not '$NGINX_FORWARDED'" >&2; exit 2 ;;
+esac
 
 TLS=0
 case " $CASES " in *" tls "*) TLS=1 ;; esac
@@ -109,6 +121,7 @@ PY
       proxy_pass http://backends;
       proxy_http_version 1.1;
       proxy_set_header Connection \"\";
+      $NGX_FWD
       proxy_buffering off;
     }
   }"
@@ -136,6 +149,7 @@ http {
       proxy_pass http://backends;
       proxy_http_version 1.1;
       proxy_set_header Connection "";
+      $NGX_FWD
       proxy_buffering off;
     }
   }
@@ -208,6 +222,8 @@ done
 printf '\nfullproxy benchmark: wrk -t%s -c%s -d%ss, 2 echo-backends, %s workers each (loxilb --proxy-workers %s), %s run(s); load before: %s\n' \
   "$THREADS" "$CONNS" "$DURATION" "$WORKERS" "${PROXY_WORKERS:-$WORKERS}" "$RUNS" "$(cut -d' ' -f1-3 /proc/loadavg)"
 printf 'binaries: loxilb %s, floor and echo-backends %s\n' "$LB_BIN_DIR" "$BIN"
+printf 'nginx forwarding headers (X-Forwarded-For/-Proto, as loxi): %s\n' \
+  "$([ "$NGINX_FORWARDED" = 1 ] && echo on || echo 'off (NGINX_FORWARDED=0)')"
 [ "$TLS" = 1 ] && printf 'tls cipher: loxilb %s, nginx %s\n' "$LC" "$NC"
 printf '%-4s %-6s %11s %8s %7s | %11s %8s %7s | %11s %8s %7s | %9s %8s %8s %8s\n' run case \
   'loxi req/s' 'p99 ms' 'cpu us' 'floor req/s' 'p99 ms' 'cpu us' 'nginx req/s' 'p99 ms' 'cpu us' \
