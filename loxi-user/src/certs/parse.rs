@@ -1016,6 +1016,7 @@ pub fn name_matches(pattern: &str, name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::certs::testutil::ca_and_leaf;
 
     fn now() -> i64 {
         time::OffsetDateTime::now_utc().unix_timestamp()
@@ -1542,28 +1543,6 @@ n4nDGOMISzkcZLY=\n\
         assert!(!name_matches("*.example.com", "a.b.example.com"));
         assert!(!name_matches("*.example.com", "example.com"));
         assert!(name_matches("api.example.com", "api.example.com."));
-    }
-
-    /// A CA named `ca` and a leaf for `a.example` it signed, as PEM (leaf, CA certificate).
-    fn ca_and_leaf(ca: &str) -> (CertPem, String) {
-        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
-        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        ca_params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, ca);
-        let ca_key = rcgen::KeyPair::generate().expect("key");
-        let ca_cert = ca_params.self_signed(&ca_key).expect("ca");
-        let leaf_params = rcgen::CertificateParams::new(vec!["a.example".to_string()]).expect("p");
-        let key = rcgen::KeyPair::generate().expect("key");
-        let leaf = leaf_params
-            .signed_by(&key, &ca_cert, &ca_key)
-            .expect("leaf");
-        let pem = CertPem {
-            cert_pem: leaf.pem(),
-            key_pem: key.serialize_pem(),
-            chain_pem: None,
-        };
-        (pem, ca_cert.pem())
     }
 
     /// `chainPem` is served after the leaf: garbage, or a certificate that did not issue the
