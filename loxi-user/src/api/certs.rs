@@ -258,7 +258,7 @@ pub fn uncovered(
             Some(d) => format!(
                 " (the `default` certificate's names {:?} do not match it, and clients that \
                  verify the certificate would refuse it)",
-                d.hostnames
+                d.names()
             ),
             None => String::new(),
         };
@@ -360,7 +360,7 @@ pub fn missing_certificate(certs: &CertSnapshot, host: &str) -> (String, String)
         Some(d) => format!(
             "no certificate covers host {host:?} (the `default` certificate's names {:?} do not \
              match it, and clients that verify the certificate would refuse it)",
-            d.hostnames
+            d.names()
         ),
         None => format!("no certificate covers host {host:?} and there is no `default` one"),
     };
