@@ -2,7 +2,7 @@
 //!
 //! | Method | Path | Answer |
 //! |---|---|---|
-//! | `POST` | `/config/cert` | 201 `{"result":"Success","certId","hostnames","notAfter"}` for `{"certId"?, "certPem", "keyPem", "chainPem"?}` (id minted when absent); 400 malformed PEM, no key, key not the certificate's, expired, bad id; 409 the id exists |
+//! | `POST` | `/config/cert` | 201 `{"result":"Success"}` with the `GET` entry's keys (`"warning"` too when it expires within 14 days) for `{"certId"?, "certPem", "keyPem", "chainPem"?}` (id minted when absent); 400 malformed PEM, no key, key not the certificate's, expired, bad id; 409 the id exists |
 //! | `PUT` | `/config/cert/{certId}` | 200 the same body: the certificate rotated (new handshakes get it, open connections keep theirs); 404 unknown id; 409 when a `security: 1` rule's host would be left with no certificate whose names match it |
 //! | `GET` | `/config/cert`, `/config/cert/all` | 200 `{"certAttr":[{"certId","hostnames","ipAddresses"?,"notBefore","notAfter","expiresSoon"}]}` (never the key; `ipAddresses`, the SAN IP addresses, only when there is one) |
 //! | `GET` | `/config/cert/{certId}` | 200 one entry; 404 |
@@ -258,7 +258,7 @@ pub fn uncovered(
             Some(d) => format!(
                 " (the `default` certificate's names {:?} do not match it, and clients that \
                  verify the certificate would refuse it)",
-                d.hostnames
+                d.names()
             ),
             None => String::new(),
         };
@@ -360,7 +360,7 @@ pub fn missing_certificate(certs: &CertSnapshot, host: &str) -> (String, String)
         Some(d) => format!(
             "no certificate covers host {host:?} (the `default` certificate's names {:?} do not \
              match it, and clients that verify the certificate would refuse it)",
-            d.hostnames
+            d.names()
         ),
         None => format!("no certificate covers host {host:?} and there is no `default` one"),
     };

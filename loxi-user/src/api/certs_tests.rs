@@ -97,3 +97,49 @@ async fn ip_addresses_are_answered_beside_the_hostnames() {
         "no ipAddresses key without an IP address"
     );
 }
+
+/// A DNS host that the `default` certificate does not cover is refused naming what `default`
+/// names, its IP addresses included (`names ["IP:10.0.0.5"]`; the message said `names []` of a
+/// `default` certificate naming only an address), by the rule check and by a rotation.
+#[test]
+fn a_default_naming_only_addresses_is_named_with_them() {
+    let certs = crate::certs::CertStore::in_memory();
+    certs
+        .create(
+            Some("default".into()),
+            with_sans(vec![ip("10.0.0.5")], None),
+        )
+        .expect("default");
+    let (what, _) = missing_certificate(&certs.snapshot(), "api.example.com");
+    assert_eq!(
+        what,
+        "no certificate covers host \"api.example.com\" (the `default` certificate's names \
+         [\"IP:10.0.0.5\"] do not match it, and clients that verify the certificate would \
+         refuse it)"
+    );
+    let rules = crate::rules::RuleStore::in_memory();
+    let rule: crate::rules::LbRule = serde_json::from_value(json!({
+        "serviceArguments": {"externalIP": "127.0.0.1", "port": 49150, "protocol": "tcp",
+            "mode": 4, "security": 1, "host": "api.example.com"},
+        "endpoints": [{"endpointIP": "127.0.0.2", "targetPort": 8443}]
+    }))
+    .expect("rule");
+    rules.upsert(rule).expect("stored");
+    let before = crate::certs::CertStore::in_memory();
+    before
+        .create(
+            Some("default".into()),
+            with_sans(vec![dns("api.example.com")], None),
+        )
+        .expect("default");
+    let msg =
+        uncovered(&rules.snapshot(), &before.snapshot(), &certs.snapshot()).expect("uncovered");
+    assert!(
+        msg.ends_with(
+            "(host \"api.example.com\") would have no certificate whose names match its host \
+             (the `default` certificate's names [\"IP:10.0.0.5\"] do not match it, and clients \
+             that verify the certificate would refuse it)"
+        ),
+        "{msg}"
+    );
+}

@@ -975,15 +975,15 @@ pub fn ip_host(name: &str) -> Option<IpAddr> {
 
 impl Certificate {
     /// True when this certificate is valid for host `name` as TLS clients check it: an IP
-    /// address ([`ip_host`]) against the SAN IP addresses only (a DNS name or CN spelled like
-    /// that address does not count); a DNS name against the hostnames ([`name_matches`]:
+    /// address ([`ip_host`]) against the SAN IP addresses only, the same address family
+    /// (`::ffff:10.0.0.5` is not `10.0.0.5`; a DNS name or CN spelled like that address does
+    /// not count); a DNS name against the hostnames ([`name_matches`]:
     /// exact, or a `*.` wildcard covering one label).
     pub fn covers(&self, name: &str) -> bool {
         match ip_host(name) {
-            Some(ip) => self
-                .ip_addresses
-                .iter()
-                .any(|a| a.to_canonical() == ip.to_canonical()),
+            // Byte for byte, as webpki and OpenSSL compare: an IPv4-mapped IPv6 address is
+            // not its IPv4 address to a TLS client.
+            Some(ip) => self.ip_addresses.contains(&ip),
             None => self.hostnames.iter().any(|h| name_matches(h, name)),
         }
     }
@@ -1016,6 +1016,7 @@ pub fn name_matches(pattern: &str, name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::certs::testutil::ca_and_leaf;
 
     fn now() -> i64 {
         time::OffsetDateTime::now_utc().unix_timestamp()
@@ -1093,6 +1094,22 @@ mod tests {
         }
         assert_eq!(snap.for_name("10.0.0.5").map(|c| c.id.as_str()), Some("a"));
         assert_eq!(snap.for_name("10.0.0.7").map(|c| c.id.as_str()), None);
+    }
+
+    /// An IPv4 address and its IPv4-mapped IPv6 spelling are different IP hosts to a TLS
+    /// client (webpki and OpenSSL compare the SAN's 4 or 16 bytes with the address's): a SAN
+    /// `IP:10.0.0.5` does not cover `::ffff:10.0.0.5`, nor `IP:::ffff:10.0.0.5` the IPv4 host
+    /// (both were taken as covered, so a TLS rule for the other spelling was accepted and every
+    /// verifying client refused its handshake).
+    #[test]
+    fn an_ipv4_mapped_address_is_not_its_ipv4_address_to_a_tls_client() {
+        use crate::certs::testutil::{ip, with_sans};
+        let v4 = parse("a", with_sans(vec![ip("10.0.0.5")], None), now()).expect("valid");
+        assert!(v4.covers("10.0.0.5"));
+        assert!(!v4.covers("::ffff:10.0.0.5") && !v4.covers("[::ffff:10.0.0.5]"));
+        let mapped = parse("b", with_sans(vec![ip("::ffff:10.0.0.5")], None), now()).expect("ok");
+        assert_eq!(mapped.names(), ["IP:::ffff:10.0.0.5"]);
+        assert!(mapped.covers("::ffff:10.0.0.5") && !mapped.covers("10.0.0.5"));
     }
 
     /// RFC 6125 §6.4.4: once a certificate has a subjectAltName extension its CN names no
@@ -1542,28 +1559,6 @@ n4nDGOMISzkcZLY=\n\
         assert!(!name_matches("*.example.com", "a.b.example.com"));
         assert!(!name_matches("*.example.com", "example.com"));
         assert!(name_matches("api.example.com", "api.example.com."));
-    }
-
-    /// A CA named `ca` and a leaf for `a.example` it signed, as PEM (leaf, CA certificate).
-    fn ca_and_leaf(ca: &str) -> (CertPem, String) {
-        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
-        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        ca_params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, ca);
-        let ca_key = rcgen::KeyPair::generate().expect("key");
-        let ca_cert = ca_params.self_signed(&ca_key).expect("ca");
-        let leaf_params = rcgen::CertificateParams::new(vec!["a.example".to_string()]).expect("p");
-        let key = rcgen::KeyPair::generate().expect("key");
-        let leaf = leaf_params
-            .signed_by(&key, &ca_cert, &ca_key)
-            .expect("leaf");
-        let pem = CertPem {
-            cert_pem: leaf.pem(),
-            key_pem: key.serialize_pem(),
-            chain_pem: None,
-        };
-        (pem, ca_cert.pem())
     }
 
     /// `chainPem` is served after the leaf: garbage, or a certificate that did not issue the

@@ -11,12 +11,12 @@
 //! silently inert); a pair that does not load, or half a pair, is logged and skipped.
 //!
 //! A staged pair whose id is already in the store (restored from the state dir) is compared
-//! with it ([`plan`]): the same certificate is left as stored; a stored certificate written
-//! after the staged files were last modified (rotated through the API since) is kept, with a
-//! warning naming the file, so a restart never undoes a rotation; staged files modified
-//! after the stored certificate was written replace it, once the caller's check accepts the
-//! change ([`apply_replacements`]: the daemon refuses one that would leave a restored TLS rule
-//! without a certificate, as the API refuses such a `PUT`).
+//! with it ([`plan`]): the same certificate (leaf and chain) is left as stored; a stored
+//! certificate written after the staged files were last modified (rotated through the API
+//! since) is kept, with a warning naming the file, so a restart never undoes a rotation;
+//! staged files modified after the stored certificate was written replace it, once the
+//! caller's check accepts the change ([`apply_replacements`]: the daemon refuses one that
+//! would leave a restored TLS rule without a certificate, as the API refuses such a `PUT`).
 
 use std::io::{Error, ErrorKind};
 use std::path::{Path, PathBuf};
@@ -45,7 +45,7 @@ pub struct Staged {
 pub enum Plan {
     /// No stored certificate has its id: added.
     New,
-    /// The stored certificate is the staged one: nothing to do.
+    /// The stored certificate is the staged one (the same leaf and chain): nothing to do.
     Unchanged,
     /// The stored certificate differs and was written after the staged files were last
     /// modified (a rotation through the API since they were staged): kept.
@@ -99,7 +99,9 @@ pub fn plan(store: &CertStore, s: &Staged) -> Plan {
     let Some(stored) = snap.certs.get(&s.id) else {
         return Plan::New;
     };
-    if stored.key.cert.first() == s.cert.key.cert.first() {
+    // The whole served chain: the same leaf with another chain (an intermediate appended to
+    // server.crt) is a change to apply, not the stored certificate.
+    if stored.key.cert == s.cert.key.cert {
         return Plan::Unchanged;
     }
     match (store.stored_at(&s.id), s.modified) {
@@ -426,6 +428,32 @@ mod tests {
             apply_replacements(&store, replacements, |_, _| Ok(())),
             ["default"]
         );
+        let staged = read_dir(dir.path()).expect("read");
+        assert_eq!(plan(&store, &staged[0]), Plan::Unchanged);
+    }
+
+    /// A staged pair with the stored leaf but another chain (the intermediate appended to
+    /// `server.crt`) is not the stored certificate: newer, it replaces the stored one, and the
+    /// chain is served (the leaf alone was compared, so the chain was never updated and the
+    /// log said the staged certificate was the stored one).
+    #[test]
+    fn a_staged_chain_differing_from_the_stored_one_is_a_change() {
+        let state = tempfile::tempdir().expect("tmp");
+        let dir = tempfile::tempdir().expect("tmp");
+        let store = CertStore::open(state.path()).expect("open");
+        let (leaf, ca) = crate::certs::testutil::ca_and_leaf("Staged CA");
+        store.upsert(DEFAULT_ID, leaf.clone()).expect("stored");
+        std::fs::write(dir.path().join("server.crt"), leaf.cert_pem + &ca).expect("crt");
+        std::fs::write(dir.path().join("server.key"), leaf.key_pem).expect("key");
+        set_mtime(
+            dir.path(),
+            SystemTime::now() + std::time::Duration::from_secs(3600),
+        );
+        let staged = read_dir(dir.path()).expect("read");
+        assert_eq!(plan(&store, &staged[0]), Plan::Newer);
+        assert_eq!(stage_dir(&store, dir.path()).expect("staged"), ["default"]);
+        let served = store.snapshot();
+        assert_eq!(served.default_cert().map(|c| c.key.cert.len()), Some(2));
         let staged = read_dir(dir.path()).expect("read");
         assert_eq!(plan(&store, &staged[0]), Plan::Unchanged);
     }

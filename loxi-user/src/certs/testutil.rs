@@ -38,6 +38,28 @@ pub fn with_sans(sans: Vec<rcgen::SanType>, cn: Option<&str>) -> CertPem {
     signed(params)
 }
 
+/// A CA named `ca` and a leaf for `a.example` it signed, as PEM (leaf, CA certificate).
+pub fn ca_and_leaf(ca: &str) -> (CertPem, String) {
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, ca);
+    let ca_key = rcgen::KeyPair::generate().expect("key");
+    let ca_cert = ca_params.self_signed(&ca_key).expect("ca");
+    let leaf_params = rcgen::CertificateParams::new(vec!["a.example".to_string()]).expect("p");
+    let key = rcgen::KeyPair::generate().expect("key");
+    let leaf = leaf_params
+        .signed_by(&key, &ca_cert, &ca_key)
+        .expect("leaf");
+    let pem = CertPem {
+        cert_pem: leaf.pem(),
+        key_pem: key.serialize_pem(),
+        chain_pem: None,
+    };
+    (pem, ca_cert.pem())
+}
+
 /// `DNS:<name>` as rcgen's SAN entry.
 pub fn dns(name: &str) -> rcgen::SanType {
     rcgen::SanType::DnsName(name.try_into().expect("IA5 name"))
