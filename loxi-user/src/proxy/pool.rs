@@ -368,9 +368,18 @@ impl PoolTable {
 /// True when the non-empty rule host `rule_host` and the requested `name` (a `Host` without
 /// its port, or an SNI name) are the same host: compared case-insensitively, each with one
 /// trailing dot removed (`api.example.com.` is the fully qualified spelling of
-/// `api.example.com`, RFC 1034 §3.1). An empty rule host names nothing.
+/// `api.example.com`, RFC 1034 §3.1). An empty rule host names nothing. IPv6 addresses (the
+/// rule's stored canonical, `rules::validate::host_key`) compare as addresses, so any spelling
+/// of one in a request (`[fd00:0::1]:8080`, bracket-stripped) is that host.
 pub fn same_host(rule_host: &str, name: &str) -> bool {
-    !rule_host.is_empty() && dotless(rule_host).eq_ignore_ascii_case(dotless(name))
+    !rule_host.is_empty()
+        && (dotless(rule_host).eq_ignore_ascii_case(dotless(name))
+            || (rule_host.contains(':')
+                && name.contains(':')
+                && matches!(
+                    (rule_host.parse::<std::net::Ipv6Addr>(), name.parse::<std::net::Ipv6Addr>()),
+                    (Ok(a), Ok(b)) if a == b
+                )))
 }
 
 /// `h` without one trailing dot.
@@ -463,6 +472,27 @@ mod tests {
         assert_eq!(
             t.choose(Some("b.example"), None).expect_err("none").token(),
             "no_route"
+        );
+    }
+
+    /// An IPv6 rule host (stored canonical, without brackets) serves a request naming it in
+    /// brackets with or without a port, in any case or spelling.
+    #[test]
+    fn an_ipv6_host_matches_its_bracketed_spellings() {
+        let t = PoolTable::build(
+            &[rule(1, "fd00::1", "", &[1]), rule(2, "", "", &[2])],
+            &PoolTable::default(),
+        );
+        for host in ["[fd00::1]:8080", "[FD00::1]", "[fd00:0:0::1]:80"] {
+            assert_eq!(
+                t.choose(Some(host), None).expect("pool").rule.id,
+                1,
+                "{host}"
+            );
+        }
+        assert_eq!(
+            t.choose(Some("[fd00::2]:80"), None).expect("pool").rule.id,
+            2
         );
     }
 

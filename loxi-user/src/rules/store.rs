@@ -1342,6 +1342,31 @@ mod tests {
         assert!(store.snapshot().rules.is_empty());
     }
 
+    /// An IPv6 host is one rule whether bracketed or not, in any spelling of the address: the
+    /// key is the canonical address without brackets, which is what the fullproxy matches a
+    /// `Host: [::1]:8080` against (a bracketed key never matched a request).
+    #[test]
+    fn an_ipv6_host_bracketed_or_not_is_one_rule() {
+        let store = RuleStore::in_memory();
+        let with_host = |host: &str, ep: &str| -> LbRule {
+            serde_json::from_value(json!({
+                "serviceArguments": {"externalIP": "10.0.0.1", "port": 80, "mode": 4,
+                    "host": host},
+                "endpoints": [{"endpointIP": ep, "targetPort": 8000}]
+            }))
+            .expect("rule")
+        };
+        let first = store.upsert(with_host("[FD00::1]", "10.0.1.1"));
+        assert_eq!(first.expect("stored"), UpsertOutcome::Created);
+        let second = store.upsert(with_host("fd00:0::1", "10.0.1.2"));
+        assert_eq!(second.expect("stored"), UpsertOutcome::Updated);
+        let snap = store.snapshot();
+        let hosts: Vec<&str> = snap.rules.keys().map(|k| k.host.as_str()).collect();
+        assert_eq!(hosts, ["fd00::1"]);
+        let gone = store.delete("10.0.0.1", 80, "tcp", "[fd00::1]", "");
+        assert_eq!(gone.expect("deleted").len(), 1);
+    }
+
     #[tokio::test]
     async fn settled_waits_for_every_follower_and_names_the_ones_behind() {
         let store = RuleStore::in_memory();

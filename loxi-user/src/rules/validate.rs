@@ -940,7 +940,17 @@ fn need_defaults_outside_fullproxy(
 /// A rule host as its key: lower case (RFC 9110 §4.2.3) and without one trailing dot (the
 /// fully qualified spelling of the same name, RFC 1034 §3.1), as the fullproxy matches `Host`
 /// and SNI: `A.com.` and `a.com` are one rule's key, not two rules of which one never serves.
+/// An IP address, bracketed or not, is its canonical text without brackets (`[::1]`,
+/// `0:0::1` → `::1`): the fullproxy matches a `Host` of `[::1]:8080` as `::1`, so a bracketed
+/// rule host never served.
 pub fn host_key(host: &str) -> String {
+    let bare = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    if let Ok(ip) = bare.parse::<IpAddr>() {
+        return ip.to_string();
+    }
     let h = host.to_ascii_lowercase();
     match h.strip_suffix('.') {
         Some(d) if !d.is_empty() => d.to_string(),
