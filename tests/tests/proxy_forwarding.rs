@@ -360,15 +360,7 @@ async fn a_refused_http2_stream_is_retried_on_the_next_endpoint() {
         "round robin sent some to the refusing backend first"
     );
     // With the refusing backend alone, the 502 names the refusal, without the HTTP/1.1 hint.
-    let port = free_port();
-    let (status, body) = d
-        .post_rule(&json!({
-            "serviceArguments": {"externalIP": "127.0.0.1", "port": port, "protocol": "tcp",
-                "mode": 4, "backend_protocol": "http2"},
-            "endpoints": [{"endpointIP": "127.0.0.1", "targetPort": refuser}]
-        }))
-        .await;
-    assert_eq!(status, 200, "{body}");
+    let port = h2c_rule(&d, refuser).await;
     let answer = raw(port, &get(port, "")).await;
     assert!(answer.starts_with("HTTP/1.1 502"), "{answer}");
     assert!(answer.contains("REFUSED_STREAM"), "{answer}");
@@ -593,15 +585,9 @@ async fn h2c_host_reporting_backend() -> (u16, std::sync::Arc<Conns>) {
     (port, conns)
 }
 
-/// Over HTTP/2 to a backend, the host the HTTP/1.1 path would send as `Host` (the client's) is
-/// the request's `:authority`, with no `Host` header that could differ from it (RFC 9113
-/// §8.3.1; it was the endpoint's address as `:authority` with the client's `Host` kept, which
-/// loxi itself, as the backend, refused with 400 `authority_mismatch`). An HTTP/1.0 request
-/// naming no host gets the endpoint's address, as over HTTP/1.1.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn http2_to_a_backend_carries_the_clients_host_as_authority_and_no_host_header() {
-    let d = Daemon::start_default().await;
-    let (backend, _) = h2c_host_reporting_backend().await;
+/// Posts a mode-4 rule on a free loopback port speaking cleartext HTTP/2 (`backend_protocol:
+/// http2`) to the one endpoint `127.0.0.1:backend`; gives the rule's port.
+async fn h2c_rule(d: &Daemon, backend: u16) -> u16 {
     let port = free_port();
     let (status, body) = d
         .post_rule(&json!({
@@ -611,6 +597,19 @@ async fn http2_to_a_backend_carries_the_clients_host_as_authority_and_no_host_he
         }))
         .await;
     assert_eq!(status, 200, "{body}");
+    port
+}
+
+/// Over HTTP/2 to a backend, the host the HTTP/1.1 path would send as `Host` (the client's) is
+/// the request's `:authority`, with no `Host` header that could differ from it (RFC 9113
+/// §8.3.1; it was the endpoint's address as `:authority` with the client's `Host` kept, which
+/// loxi itself, as the backend, refused with 400 `authority_mismatch`). An HTTP/1.0 request
+/// naming no host gets the endpoint's address, as over HTTP/1.1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_to_a_backend_carries_the_clients_host_as_authority_and_no_host_header() {
+    let d = Daemon::start_default().await;
+    let (backend, _) = h2c_host_reporting_backend().await;
+    let port = h2c_rule(&d, backend).await;
     let answer = raw(
         port,
         &format!("GET /h HTTP/1.1\r\nHost: api.example:{port}\r\nConnection: close\r\n\r\n"),
@@ -650,15 +649,7 @@ async fn http2_to_a_backend_carries_the_clients_host_as_authority_and_no_host_he
         }))
         .await;
     assert_eq!(status, 200, "{body}");
-    let outer = free_port();
-    let (status, body) = d
-        .post_rule(&json!({
-            "serviceArguments": {"externalIP": "127.0.0.1", "port": outer, "protocol": "tcp",
-                "mode": 4, "backend_protocol": "http2"},
-            "endpoints": [{"endpointIP": "127.0.0.1", "targetPort": inner}]
-        }))
-        .await;
-    assert_eq!(status, 200, "{body}");
+    let outer = h2c_rule(&d, inner).await;
     let answer = raw(outer, &get(outer, "")).await;
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     let seen = echo.requests();
@@ -680,15 +671,7 @@ async fn http2_connections_per_client_host_are_bounded() {
     use std::sync::atomic::Ordering::SeqCst;
     let d = Daemon::start_default().await;
     let (backend, conns) = h2c_host_reporting_backend().await;
-    let port = free_port();
-    let (status, body) = d
-        .post_rule(&json!({
-            "serviceArguments": {"externalIP": "127.0.0.1", "port": port, "protocol": "tcp",
-                "mode": 4, "backend_protocol": "http2"},
-            "endpoints": [{"endpointIP": "127.0.0.1", "targetPort": backend}]
-        }))
-        .await;
-    assert_eq!(status, 200, "{body}");
+    let port = h2c_rule(&d, backend).await;
     let ask = |host: String| async move {
         let answer = raw(
             port,

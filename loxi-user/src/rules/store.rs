@@ -1313,20 +1313,22 @@ mod tests {
         assert!(dropped_files(clean.path()).is_empty());
     }
 
+    /// A mode-4 rule on 10.0.0.1:80 for `host`, with the one endpoint `ep`:8000.
+    fn with_host(host: &str, ep: &str) -> LbRule {
+        serde_json::from_value(json!({
+            "serviceArguments": {"externalIP": "10.0.0.1", "port": 80, "mode": 4,
+                "host": host},
+            "endpoints": [{"endpointIP": ep, "targetPort": 8000}]
+        }))
+        .expect("rule")
+    }
+
     /// Hosts match case-insensitively and with one trailing dot dropped, so a host differing
     /// only in those is the same rule (stored once, lower case, without the dot), not a second
     /// rule that would never see a request.
     #[test]
     fn hosts_differing_in_case_are_one_rule() {
         let store = RuleStore::in_memory();
-        let with_host = |host: &str, ep: &str| -> LbRule {
-            serde_json::from_value(json!({
-                "serviceArguments": {"externalIP": "10.0.0.1", "port": 80, "mode": 4,
-                    "host": host},
-                "endpoints": [{"endpointIP": ep, "targetPort": 8000}]
-            }))
-            .expect("rule")
-        };
         let first = store.upsert(with_host("X.Example.COM", "10.0.1.1"));
         assert_eq!(first.expect("stored"), UpsertOutcome::Created);
         let second = store.upsert(with_host("x.example.com", "10.0.1.2"));
@@ -1348,14 +1350,6 @@ mod tests {
     #[test]
     fn an_ipv6_host_bracketed_or_not_is_one_rule() {
         let store = RuleStore::in_memory();
-        let with_host = |host: &str, ep: &str| -> LbRule {
-            serde_json::from_value(json!({
-                "serviceArguments": {"externalIP": "10.0.0.1", "port": 80, "mode": 4,
-                    "host": host},
-                "endpoints": [{"endpointIP": ep, "targetPort": 8000}]
-            }))
-            .expect("rule")
-        };
         let first = store.upsert(with_host("[FD00::1]", "10.0.1.1"));
         assert_eq!(first.expect("stored"), UpsertOutcome::Created);
         let second = store.upsert(with_host("fd00:0::1", "10.0.1.2"));
