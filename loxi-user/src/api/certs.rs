@@ -159,10 +159,8 @@ pub async fn replace(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let b = parse_body(body)?;
-    if b.cert_id
-        .as_deref()
-        .is_some_and(|i| !i.is_empty() && i != id)
-    {
+    // A body's certId, when given, names the path's (an empty one too: POST refuses it).
+    if b.cert_id.as_deref().is_some_and(|i| i != id) {
         return Err(ApiError::bad_field(
             "certId",
             format!("the body's certId differs from the path's {id:?}"),

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::{Path, State};
+use axum::http::StatusCode;
 use serde_json::{Value, json};
 
 use super::*;
@@ -141,5 +142,61 @@ fn a_default_naming_only_addresses_is_named_with_them() {
              that verify the certificate would refuse it)"
         ),
         "{msg}"
+    );
+}
+
+/// A rotation's body may name its certificate (`certId`) only as the path does: another id,
+/// or an empty one (which POST refuses as an id), is 400 naming `certId`, and the stored
+/// certificate stays; the path's own id, or none, rotates.
+#[tokio::test]
+async fn a_rotation_body_naming_another_id_is_refused() {
+    let st = state();
+    let first = with_sans(vec![dns("lb.example")], None);
+    create(State(st.clone()), NoQuery, upload("vip", &first))
+        .await
+        .expect("created");
+    let next = with_sans(vec![dns("lb.example"), dns("www.example")], None);
+    for other in ["", "web"] {
+        let e = replace(
+            State(st.clone()),
+            Path("vip".into()),
+            NoQuery,
+            upload(other, &next),
+        )
+        .await
+        .expect_err("another id");
+        assert_eq!(
+            e.status,
+            StatusCode::BAD_REQUEST,
+            "{other:?}: {}",
+            e.message
+        );
+        assert_eq!(e.field.as_deref(), Some("certId"));
+        assert!(
+            e.message.contains("differs from the path's \"vip\""),
+            "{}",
+            e.message
+        );
+    }
+    assert_eq!(
+        st.certs.snapshot().certs.get("vip").expect("kept").names(),
+        ["lb.example"]
+    );
+    replace(
+        State(st.clone()),
+        Path("vip".into()),
+        NoQuery,
+        upload("vip", &next),
+    )
+    .await
+    .expect("rotated");
+    assert_eq!(
+        st.certs
+            .snapshot()
+            .certs
+            .get("vip")
+            .expect("rotated")
+            .names(),
+        ["lb.example", "www.example"]
     );
 }
