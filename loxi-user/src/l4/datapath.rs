@@ -94,6 +94,27 @@ fn xdp_metadata_allowed() -> bool {
 /// no absence.
 const WALK_BOUND: usize = 2 * CT_ENTRIES as usize;
 
+/// Runs a program load again, up to 5 times in all, while the kernel answers EAGAIN: its
+/// verifier gives up with EAGAIN when a signal is pending for the loading thread (a child
+/// process's SIGCHLD, say), and the same load then passes. libbpf retries its loads the same
+/// way (`sys_bpf_prog_load`, 5 attempts); aya 0.14 retries only for a larger verifier log.
+fn retry_interrupted(
+    mut load: impl FnMut() -> Result<(), aya::programs::ProgramError>,
+) -> Result<(), aya::programs::ProgramError> {
+    let mut attempt = 1;
+    loop {
+        match load() {
+            Err(aya::programs::ProgramError::LoadError { io_error, .. })
+                if io_error.kind() == std::io::ErrorKind::WouldBlock && attempt < 5 =>
+            {
+                tracing::debug!(attempt, "BPF_PROG_LOAD interrupted (EAGAIN): loading again");
+                attempt += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
 impl Datapath {
     /// Loads the embedded object and its program into the kernel (needs CAP_BPF / root).
     pub fn load() -> Result<Self, L4Error> {
@@ -107,16 +128,15 @@ impl Datapath {
             .load(bytes)
             .map_err(|e| L4Error::Load(Box::new(e)))?;
         let prog = xdp(&mut ebpf)?;
-        prog.load().map_err(|e| L4Error::program("load", e))?;
+        retry_interrupted(|| prog.load()).map_err(|e| L4Error::program("load", e))?;
         let prog_id = prog
             .info()
             .map_err(|e| L4Error::program("program info", e))?
             .id();
-        tc(&mut ebpf)?
-            .load()
-            .map_err(|e| L4Error::program("load TC", e))?;
+        let hand_off = tc(&mut ebpf)?;
+        retry_interrupted(|| hand_off.load()).map_err(|e| L4Error::program("load TC", e))?;
         let full = tc_full(&mut ebpf)?;
-        full.load()
+        retry_interrupted(|| full.load())
             .map_err(|e| L4Error::program("load the TC data path", e))?;
         let full_prog_id = full
             .info()
@@ -937,5 +957,49 @@ mod set_keys_tests {
         map.fail_on = None;
         set_keys(&mut map, "T", &mut had, &want).expect("set");
         assert_eq!(map.keys, want);
+    }
+}
+
+#[cfg(test)]
+mod retry_tests {
+    use aya::programs::ProgramError;
+
+    use super::retry_interrupted;
+
+    /// A `BPF_PROG_LOAD` failure with `errno`.
+    fn failed(errno: i32) -> ProgramError {
+        ProgramError::LoadError {
+            io_error: std::io::Error::from_raw_os_error(errno),
+            verifier_log: aya_obj::VerifierLog::new(String::new()),
+        }
+    }
+
+    /// EAGAIN (the verifier interrupted by a signal) loads again, at most 5 times in all; any
+    /// other failure is answered at once.
+    #[test]
+    fn an_interrupted_load_is_tried_again_up_to_five_times() {
+        let mut calls = 0;
+        let r = retry_interrupted(|| {
+            calls += 1;
+            if calls < 3 { Err(failed(11)) } else { Ok(()) }
+        });
+        assert!(r.is_ok());
+        assert_eq!(calls, 3);
+        let mut calls = 0;
+        let r = retry_interrupted(|| {
+            calls += 1;
+            Err(failed(11))
+        });
+        assert!(
+            matches!(r, Err(ProgramError::LoadError { io_error, .. }) if io_error.raw_os_error() == Some(11))
+        );
+        assert_eq!(calls, 5);
+        let mut calls = 0;
+        let r = retry_interrupted(|| {
+            calls += 1;
+            Err(failed(13))
+        });
+        assert!(r.is_err());
+        assert_eq!(calls, 1, "EACCES (the verifier's refusal) is not retried");
     }
 }
