@@ -32,6 +32,7 @@ pub mod models;
 pub mod pd;
 mod pd_dialects;
 mod pd_legs;
+pub mod per_endpoint;
 pub mod pool;
 pub mod tls;
 pub mod upstream;

@@ -26,8 +26,8 @@ use tokio_rustls::client::TlsStream;
 use crate::rules::spec::BackendProtocol;
 
 /// The pooled clients of one `security: 2` rule, one per endpoint (the request's URI names the
-/// client's host, see `upstream::host_as_authority`).
-pub type TlsClient = Arc<super::upstream::PerEndpoint<TlsConnect>>;
+/// client's host, see `per_endpoint::host_as_authority`).
+pub type TlsClient = Arc<super::per_endpoint::PerEndpoint<TlsConnect>>;
 
 /// What a rule asks of its backends' TLS.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -134,7 +134,7 @@ impl BackendTls {
         if self.protocol == BackendProtocol::Http2 {
             b.http2_only(true);
         }
-        Ok(Arc::new(super::upstream::PerEndpoint::new(connect, b)))
+        Ok(Arc::new(super::per_endpoint::PerEndpoint::new(connect, b)))
     }
 }
 
