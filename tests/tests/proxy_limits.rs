@@ -992,8 +992,9 @@ async fn a_transfer_coding_other_than_chunked_is_501_and_not_forwarded() {
     assert_eq!(b.request_count(), 1);
 }
 
-/// A `Host` that is not `host[:port]` (a space and path, userinfo), or an absolute-form
-/// target with userinfo, is 400 `invalid_host` and not forwarded (RFC 9112 §3.2).
+/// A `Host` that is not `host[:port]` (a space and path, userinfo), an absolute-form target
+/// with userinfo, or an HTTP/2 `:authority` with userinfo, is 400 `invalid_host` and not
+/// forwarded (RFC 9112 §3.2, RFC 9113 §8.3.1).
 #[tokio::test]
 async fn an_invalid_host_is_400_and_not_forwarded() {
     let b = Backend::start("0").await;
@@ -1013,6 +1014,22 @@ async fn an_invalid_host_is_400_and_not_forwarded() {
             answer.starts_with("HTTP/1.1 400") && answer.contains("invalid_host"),
             "{head:?}: {answer}"
         );
+    }
+    // Over HTTP/2 the authority is `:authority` (no Host header): userinfo there is refused
+    // too (RFC 9113 §8.3.1); it was routed and forwarded, credentials included.
+    use http_body_util::BodyExt;
+    let mut send = h2_client(port).await;
+    for uri in ["http://u:p@b.example/health", "http://@b.example/health"] {
+        let req = hyper::Request::get(uri)
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .expect("request");
+        send.ready().await.expect("ready");
+        let resp = send.send_request(req).await.expect("response");
+        let status = resp.status().as_u16();
+        let body = resp.into_body().collect().await.expect("body").to_bytes();
+        let body = String::from_utf8_lossy(&body);
+        assert_eq!(status, 400, "{uri}: {body}");
+        assert!(body.contains("invalid_host"), "{uri}: {body}");
     }
     assert_eq!(b.request_count(), 0, "nothing reached the backend");
     let mut s = TcpStream::connect(("127.0.0.1", port))

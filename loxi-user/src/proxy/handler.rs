@@ -225,10 +225,16 @@ impl Handler {
         if let Some(e) = authority_mismatch(&parts) {
             return Err((0, e));
         }
-        if let Some(h) = parts.headers.get(http::header::HOST)
-            && !valid_host(h.as_bytes())
+        // The host routing reads: `Host`, else (HTTP/2 without one) `:authority`, which may
+        // carry userinfo no `Host` may (RFC 9113 §8.3.1).
+        if let Some(h) = parts
+            .headers
+            .get(http::header::HOST)
+            .map(|h| h.as_bytes())
+            .or_else(|| parts.uri.authority().map(|a| a.as_str().as_bytes()))
+            && !valid_host(h)
         {
-            let shown = String::from_utf8_lossy(h.as_bytes()).into_owned();
+            let shown = String::from_utf8_lossy(h).into_owned();
             return Err((0, ProxyError::InvalidHost(shown)));
         }
         let cfg = &self.ctx.config;

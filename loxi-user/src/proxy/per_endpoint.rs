@@ -136,13 +136,6 @@ where
         }
     }
 
-    /// The (endpoint, host) pairs pooled now: their number, and the most hosts of any endpoint.
-    pub fn pooled(&self) -> (usize, usize) {
-        let pairs = self.clients.lock();
-        let hosts = pairs.endpoints.values().map(|e| e.hosts.len());
-        (hosts.clone().sum(), hosts.max().unwrap_or(0))
-    }
-
     /// The client of `host` on `endpoint`, built (evicting the least recently used beyond the
     /// bounds) when not pooled.
     fn client(&self, endpoint: Authority, host: Authority) -> EndpointClient<C> {
@@ -192,11 +185,11 @@ where
 }
 
 /// Moves `req`'s `Host` into its URI: the URI's authority (the endpoint, as
-/// [`super::upstream::upstream_request`] built it) becomes the `Host` value, so HTTP/2 sends it as `:authority`
-/// with no `Host` header, and HTTP/1.1 sends it as `Host` (hyper-util's client sets it from the
-/// URI). A request without `Host` (HTTP/1.0 without one), or whose `Host` is no URI authority,
-/// keeps the endpoint's address, as over HTTP/1.1 ([`super::upstream::origin_request`]). Returns the endpoint;
-/// `None` when the URI names none.
+/// [`super::upstream::upstream_request`] built it) becomes the `Host` value, so HTTP/2 sends it
+/// as `:authority` with no `Host` header, and HTTP/1.1 sends it as `Host` (hyper-util's client
+/// sets it from the URI). A request without `Host` (HTTP/1.0 without one), or whose `Host` is
+/// no URI authority, keeps the endpoint's address, as over HTTP/1.1
+/// ([`super::upstream::origin_request`]). Returns the endpoint; `None` when the URI names none.
 pub fn host_as_authority(req: &mut Request<Full<Bytes>>) -> Option<Authority> {
     let endpoint = req.uri().authority()?.clone();
     let host = req

@@ -312,6 +312,21 @@ fn validate_service(s: &mut ServiceArgs) -> Result<(), RuleError> {
             ),
         ));
     }
+    // An IP address is canonical by now (`host_key`); what still has IPv6 punctuation is none
+    // (`[::1`, `[::1]:80`, a zone `fe80::1%eth0`, brackets around IPv4), and no request's
+    // host would ever be matched against it.
+    if s.host.contains(['[', ']', '%'])
+        || (s.host.contains(':') && s.host.parse::<std::net::Ipv6Addr>().is_err())
+    {
+        return Err(invalid(
+            "serviceArguments.host",
+            format!(
+                "{:?} is neither a host name nor an IP address: give an IPv6 address with or \
+                 without brackets, with no port and no zone (%)",
+                s.host
+            ),
+        ));
+    }
     range("mode", s.mode, 0, 5)?;
     range("sel", s.sel, 0, 10)?;
     if s.sel == 7 {
@@ -940,15 +955,18 @@ fn need_defaults_outside_fullproxy(
 /// A rule host as its key: lower case (RFC 9110 §4.2.3) and without one trailing dot (the
 /// fully qualified spelling of the same name, RFC 1034 §3.1), as the fullproxy matches `Host`
 /// and SNI: `A.com.` and `a.com` are one rule's key, not two rules of which one never serves.
-/// An IP address, bracketed or not, is its canonical text without brackets (`[::1]`,
-/// `0:0::1` → `::1`): the fullproxy matches a `Host` of `[::1]:8080` as `::1`, so a bracketed
+/// An IP address is its canonical text, an IPv6 one without brackets (`[::1]`, `0:0::1` →
+/// `::1`): the fullproxy matches a `Host` of `[::1]:8080` as `::1`, so a bracketed
 /// rule host never served.
 pub fn host_key(host: &str) -> String {
-    let bare = host
+    if let Some(v6) = host
         .strip_prefix('[')
         .and_then(|h| h.strip_suffix(']'))
-        .unwrap_or(host);
-    if let Ok(ip) = bare.parse::<IpAddr>() {
+        .and_then(|h| h.parse::<std::net::Ipv6Addr>().ok())
+    {
+        return v6.to_string();
+    }
+    if let Ok(ip) = host.parse::<IpAddr>() {
         return ip.to_string();
     }
     let h = host.to_ascii_lowercase();
@@ -1610,6 +1628,45 @@ mod tests {
                 "serviceArguments.host",
             ),
             (json!({"host": "a b"}), json!({}), "serviceArguments.host"),
+            // IPv6 punctuation around no IPv6 address: no request's host is matched so.
+            (
+                json!({"host": "[::1]:80"}),
+                json!({}),
+                "serviceArguments.host",
+            ),
+            (json!({"host": "[::1"}), json!({}), "serviceArguments.host"),
+            (json!({"host": "::1]"}), json!({}), "serviceArguments.host"),
+            (
+                json!({"host": "[[::1]]"}),
+                json!({}),
+                "serviceArguments.host",
+            ),
+            (json!({"host": "[]"}), json!({}), "serviceArguments.host"),
+            (
+                json!({"host": "[v1.fe]"}),
+                json!({}),
+                "serviceArguments.host",
+            ),
+            (
+                json!({"host": "fd00::1%eth0"}),
+                json!({}),
+                "serviceArguments.host",
+            ),
+            (
+                json!({"host": "[fe80::1%eth0]"}),
+                json!({}),
+                "serviceArguments.host",
+            ),
+            (
+                json!({"host": "[127.0.0.1]"}),
+                json!({}),
+                "serviceArguments.host",
+            ),
+            (
+                json!({"host": "a::b.example"}),
+                json!({}),
+                "serviceArguments.host",
+            ),
             (
                 json!({"host": "*.example.com"}),
                 json!({}),
@@ -1682,6 +1739,8 @@ mod tests {
         for (svc, ep) in [
             (json!({"model_name": "org/Model 7B:q4"}), json!({})),
             (json!({"host": "::1"}), json!({})),
+            (json!({"host": "[FD00:0::1]"}), json!({})),
+            (json!({"host": "127.0.0.1"}), json!({})),
             (
                 json!({}),
                 json!({"endpointIP": "10.0.0.1", "targetPort": 81}),
