@@ -707,3 +707,71 @@ async fn http2_connections_per_client_host_are_bounded() {
         "a pooled host's connection is reused"
     );
 }
+
+/// An h2c backend whose first connection answers the client's preface with its SETTINGS and a
+/// GOAWAY (NO_ERROR, last stream id 0: nothing processed) written by hand, then reads and
+/// discards until the client closes (so no reset loses the GOAWAY); every later connection is
+/// served by the h2 crate's server (200, `served`). Gives its port and connection count.
+async fn h2c_backend_draining_its_first_connection() -> (u16, std::sync::Arc<Conns>) {
+    use std::sync::atomic::Ordering::SeqCst;
+    let tcp = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = tcp.local_addr().expect("addr").port();
+    let conns = std::sync::Arc::new(Conns::default());
+    let counts = conns.clone();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = tcp.accept().await {
+            let first = counts.accepted.fetch_add(1, SeqCst) == 0;
+            tokio::spawn(async move {
+                if first {
+                    // SETTINGS (empty), then GOAWAY: length 8, type 7, stream 0, last stream
+                    // id 0, error code NO_ERROR.
+                    let mut frames = vec![0, 0, 0, 4, 0, 0, 0, 0, 0];
+                    frames.extend_from_slice(&[0, 0, 8, 7, 0, 0, 0, 0, 0]);
+                    frames.extend_from_slice(&[0; 8]);
+                    let _ = stream.write_all(&frames).await;
+                    let mut sink = [0u8; 4096];
+                    while matches!(stream.read(&mut sink).await, Ok(n) if n > 0) {}
+                    return;
+                }
+                let Ok(mut conn) = h2::server::handshake(stream).await else {
+                    return;
+                };
+                while let Some(Ok((_, mut respond))) = conn.accept().await {
+                    if let Ok(mut body) = respond.send_response(http::Response::new(()), false) {
+                        let _ = body.send_data(bytes::Bytes::from_static(b"served"), true);
+                    }
+                }
+            });
+        }
+    });
+    (port, conns)
+}
+
+/// A request an HTTP/2 backend's GOAWAY left unprocessed (RFC 9113 §6.8: safe to retry) is
+/// sent again on a new connection to the same endpoint and answered 200, a POST too; it was
+/// answered 502 (`connection error received: not a result of an error`), which also counted
+/// against the endpoint's circuit breaker (trial finding).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_a_backend_goaway_left_unprocessed_is_sent_again() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let d = Daemon::start_default().await;
+    let (backend, conns) = h2c_backend_draining_its_first_connection().await;
+    let port = h2c_rule(&d, backend).await;
+    let answer = raw(
+        port,
+        &format!(
+            "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: \
+             application/json\r\nContent-Length: 14\r\nConnection: close\r\n\r\n{{\"prompt\":\"p\"}}"
+        ),
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("\r\nserved\r\n"), "{answer}");
+    assert_eq!(
+        conns.accepted.load(SeqCst),
+        2,
+        "the drained connection, then a new one"
+    );
+}

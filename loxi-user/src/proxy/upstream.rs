@@ -120,11 +120,18 @@ impl Upstreams {
     /// Sends `req` (absolute URI naming the endpoint, see [`upstream_request`]) the way `via`
     /// says: HTTP/1.1, HTTP/2 prior knowledge, or the rule's own TLS clients; the latter two
     /// with the host as the URI's authority ([`super::per_endpoint::host_as_authority`]).
+    ///
+    /// Over HTTP/2 (cleartext or TLS), a request the backend's GOAWAY left unprocessed (its
+    /// stream above the GOAWAY's last stream id, or opened after it: RFC 9113 §6.8, "can be
+    /// safely retried"; or canceled unwritten as that connection closed,
+    /// [`unprocessed_by_goaway`]) is sent again on a new connection to the same endpoint, up to
+    /// [`GOAWAY_RESENDS`] times: a backend draining its connection (a graceful restart, a
+    /// per-connection request limit) is no failure of the request or of the backend.
     pub async fn send(&self, req: Request<Full<Bytes>>, via: &Via) -> Attempt {
         let sent = match via {
             Via::H1 => self.h1.request(req).await,
-            Via::H2 => self.h2.request(req).await,
-            Via::Tls(c) => c.request(req).await,
+            Via::H2 => resend_after_goaway(req, |r| self.h2.request(r)).await,
+            Via::Tls(c) => resend_after_goaway(req, |r| c.request(r)).await,
             Via::Unavailable(why) => return Attempt::ConnectFailed(why.to_string()),
         };
         match sent {
@@ -149,6 +156,59 @@ impl Upstreams {
             },
         }
     }
+}
+
+/// Times an HTTP/2 request left unprocessed by a backend's GOAWAY is sent again.
+pub const GOAWAY_RESENDS: usize = 3;
+
+/// Sends `req` with `send`, again (a copy: method, URI, version, headers, body) while the
+/// failure is the backend's GOAWAY for it ([`unprocessed_by_goaway`]), at most
+/// [`GOAWAY_RESENDS`] more times.
+async fn resend_after_goaway<F, Fut>(
+    mut req: Request<Full<Bytes>>,
+    send: F,
+) -> Result<http::Response<Incoming>, hyper_util::client::legacy::Error>
+where
+    F: Fn(Request<Full<Bytes>>) -> Fut,
+    Fut: Future<Output = Result<http::Response<Incoming>, hyper_util::client::legacy::Error>>,
+{
+    let mut resends = 0;
+    loop {
+        let spare = (resends < GOAWAY_RESENDS).then(|| {
+            let mut c = Request::new(req.body().clone());
+            *c.method_mut() = req.method().clone();
+            *c.uri_mut() = req.uri().clone();
+            *c.version_mut() = req.version();
+            *c.headers_mut() = req.headers().clone();
+            c
+        });
+        match (send(req).await, spare) {
+            (Err(e), Some(next)) if unprocessed_by_goaway(&e) => {
+                resends += 1;
+                tracing::debug!(
+                    resends,
+                    error = %error_chain(&e),
+                    "a backend GOAWAY left the request unprocessed: sending it again"
+                );
+                req = next;
+            }
+            (r, _) => return r,
+        }
+    }
+}
+
+/// True when `e` says the backend never got the request because its connection was going
+/// away: the backend's GOAWAY failing this request's stream (h2 fails with the peer's GOAWAY
+/// only the streams above its last stream id, `recv_go_away`, and the streams opened after
+/// it, none of which the backend processed: RFC 9113 §6.8), or hyper canceling the request
+/// before writing it because that connection closed (`client error (Canceled)`; hyper-util
+/// resends those itself only on a reused connection). Streams at or below the last id that
+/// break later fail otherwise (a broken pipe, a reset) and are not resent.
+fn unprocessed_by_goaway(e: &hyper_util::client::legacy::Error) -> bool {
+    h2_error(e).is_some_and(|h| h.is_go_away() && h.is_remote())
+        || super::attempt::sources(e)
+            .find_map(|s| s.downcast_ref::<hyper::Error>())
+            .is_some_and(hyper::Error::is_canceled)
 }
 
 /// The HTTP/2 error under `e`, if the failure was one.
