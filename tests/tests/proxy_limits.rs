@@ -1017,17 +1017,12 @@ async fn an_invalid_host_is_400_and_not_forwarded() {
     }
     // Over HTTP/2 the authority is `:authority` (no Host header): userinfo there is refused
     // too (RFC 9113 §8.3.1); it was routed and forwarded, credentials included.
-    use http_body_util::BodyExt;
     let mut send = h2_client(port).await;
     for uri in ["http://u:p@b.example/health", "http://@b.example/health"] {
         let req = hyper::Request::get(uri)
             .body(http_body_util::Full::new(bytes::Bytes::new()))
             .expect("request");
-        send.ready().await.expect("ready");
-        let resp = send.send_request(req).await.expect("response");
-        let status = resp.status().as_u16();
-        let body = resp.into_body().collect().await.expect("body").to_bytes();
-        let body = String::from_utf8_lossy(&body);
+        let (status, body) = h2_answer(&mut send, req).await;
         assert_eq!(status, 400, "{uri}: {body}");
         assert!(body.contains("invalid_host"), "{uri}: {body}");
     }
@@ -1036,6 +1031,19 @@ async fn an_invalid_host_is_400_and_not_forwarded() {
         .await
         .expect("connect");
     assert!(get_ok(&mut s).await, "a valid Host is served");
+}
+
+/// `req` sent on `send` once it is ready: the answer's status and body (as text).
+async fn h2_answer(
+    send: &mut hyper::client::conn::http2::SendRequest<http_body_util::Full<bytes::Bytes>>,
+    req: hyper::Request<http_body_util::Full<bytes::Bytes>>,
+) -> (u16, String) {
+    use http_body_util::BodyExt;
+    send.ready().await.expect("ready");
+    let resp = send.send_request(req).await.expect("response");
+    let status = resp.status().as_u16();
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
 }
 
 /// One HTTP/2 (prior knowledge) connection to the proxy on `port`.
@@ -1326,7 +1334,6 @@ async fn oversized_and_malformed_heads_and_abandoned_requests_are_counted() {
 /// 100-continue` and an HTTP/2 `Host` equal to `:authority` are served.
 #[tokio::test]
 async fn trace_unknown_expectations_and_a_host_other_than_the_authority_are_refused() {
-    use http_body_util::BodyExt;
     let b = Backend::start("0").await;
     let port = free_port();
     let _d = daemon(&[], &[port], b.port()).await;
@@ -1371,11 +1378,7 @@ async fn trace_unknown_expectations_and_a_host_other_than_the_authority_are_refu
             .header("host", host)
             .body(http_body_util::Full::new(bytes::Bytes::new()))
             .expect("request");
-        send.ready().await.expect("ready");
-        let resp = send.send_request(req).await.expect("response");
-        let status = resp.status().as_u16();
-        let body = resp.into_body().collect().await.expect("body").to_bytes();
-        let body = String::from_utf8_lossy(&body);
+        let (status, body) = h2_answer(&mut send, req).await;
         assert_eq!(status, want, "Host {host}: {body}");
         if want == 400 {
             assert!(body.contains("authority_mismatch"), "{body}");
