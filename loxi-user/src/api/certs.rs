@@ -46,23 +46,53 @@ const BODY_SHAPE: &str = "the body is {\"certId\"?, \"certPem\", \"keyPem\", \"c
                           (PEM text in JSON strings)";
 
 /// The body of `POST` and `PUT`; a 400 naming the key at fault (`field`) for an unknown key,
-/// a missing `certPem`/`keyPem`, or a value that is not a string (`null` is absent for the
-/// optional `certId` and `chainPem`); a body that is not a JSON object names none.
+/// a key given twice (also as two spellings of one field), a missing `certPem`/`keyPem`, or a
+/// value that is not a string (`null` is absent for the optional `certId` and `chainPem`); a
+/// body that is not a JSON object names none. Keys match ignoring ASCII case (`CertPem`), as
+/// Go's `encoding/json` and the rule API ([`super::fields`]) match them.
 fn parse_body(body: Result<Bytes, BytesRejection>) -> Result<CertBody, ApiError> {
     let body = body.map_err(super::error::body_error)?;
     super::error::utf8_body(&body)?;
-    let v: Value = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::bad_body(format!("not JSON ({e}); {BODY_SHAPE}")))?;
-    let Value::Object(map) = &v else {
+    let mut v = match crate::rules::json::first_repeat(&body) {
+        (_, Some(field)) => {
+            return Err(ApiError::bad_field(
+                field.clone(),
+                format!(
+                    "{field}: appears twice; loxi refuses the body rather than keep one of the \
+                     values silently; {BODY_SHAPE}"
+                ),
+            ));
+        }
+        (Ok(v), None) => v,
+        (Err(e), None) => {
+            return Err(ApiError::bad_body(format!("not JSON ({e}); {BODY_SHAPE}")));
+        }
+    };
+    let Value::Object(map) = &mut v else {
         return Err(ApiError::bad_body(format!(
             "not a JSON object; {BODY_SHAPE}"
         )));
     };
-    if let Some(k) = map.keys().find(|k| !BODY_FIELDS.contains(&k.as_str())) {
-        return Err(ApiError::bad_field(
-            k.as_str(),
-            format!("{k:?} is not a field of a certificate; {BODY_SHAPE}"),
-        ));
+    let keys: Vec<String> = map.keys().cloned().collect();
+    for k in keys {
+        let Some(canonical) = BODY_FIELDS.iter().find(|f| f.eq_ignore_ascii_case(&k)) else {
+            return Err(ApiError::bad_field(
+                k.as_str(),
+                format!("{k:?} is not a field of a certificate; {BODY_SHAPE}"),
+            ));
+        };
+        if *canonical == k {
+            continue;
+        }
+        if map.contains_key(*canonical) {
+            return Err(ApiError::bad_field(
+                k.as_str(),
+                format!("\"{k}\" and \"{canonical}\" are the same field; give it once"),
+            ));
+        }
+        if let Some(value) = map.remove(&k) {
+            map.insert((*canonical).to_string(), value);
+        }
     }
     for f in BODY_FIELDS {
         let required = matches!(f, "certPem" | "keyPem");

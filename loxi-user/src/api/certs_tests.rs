@@ -200,3 +200,50 @@ async fn a_rotation_body_naming_another_id_is_refused() {
         ["lb.example", "www.example"]
     );
 }
+
+/// A key given twice is refused naming it (serde_json kept the last value silently, so a body
+/// with two `keyPem`s stored one of them unsaid), as are two spellings of one field; a key
+/// matching a field ignoring ASCII case (`CertPem`, `KEYPEM`) is that field, as Go's decoder
+/// and the rule API match it (it was refused as unknown).
+#[tokio::test]
+async fn keys_match_as_the_rule_api_matches_them() {
+    let st = state();
+    let pem = with_sans(vec![dns("lb.example")], None);
+    let quoted = |s: &str| serde_json::to_string(s).expect("string");
+    let twice = format!(
+        r#"{{"certId":"vip","certPem":{},"keyPem":{},"keyPem":{}}}"#,
+        quoted(&pem.cert_pem),
+        quoted(&pem.key_pem),
+        quoted(&pem.key_pem)
+    );
+    let e = create(State(st.clone()), NoQuery, Ok(Bytes::from(twice)))
+        .await
+        .expect_err("a key twice");
+    assert_eq!(
+        (e.status, e.field.as_deref()),
+        (StatusCode::BAD_REQUEST, Some("keyPem")),
+        "{}",
+        e.message
+    );
+    assert!(e.message.contains("appears twice"), "{}", e.message);
+    let both = json!({"certId": "vip", "certPem": pem.cert_pem, "keyPem": pem.key_pem,
+                      "KeyPem": pem.key_pem});
+    let e = create(State(st.clone()), NoQuery, Ok(Bytes::from(both.to_string())))
+        .await
+        .expect_err("two spellings");
+    assert_eq!(e.field.as_deref(), Some("KeyPem"), "{}", e.message);
+    assert!(e.message.contains("are the same field"), "{}", e.message);
+    assert!(st.certs.snapshot().certs.is_empty(), "nothing stored");
+    let cased = json!({"CERTID": "vip", "CertPem": pem.cert_pem, "keypem": pem.key_pem});
+    let created = body(
+        create(State(st.clone()), NoQuery, Ok(Bytes::from(cased.to_string())))
+            .await
+            .expect("keys in another case"),
+    )
+    .await;
+    assert_eq!(created["certId"], json!("vip"));
+    assert_eq!(
+        st.certs.snapshot().certs.get("vip").expect("stored").names(),
+        ["lb.example"]
+    );
+}
