@@ -123,15 +123,16 @@ pub fn layout(header: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
-/// LoxiLB's sort key of a rule: `externalIP|%05d port|protocol`, then (loxi) its `model_name`,
-/// so the pools of one listener print in a stable order.
+/// LoxiLB's sort key of a rule: `externalIP|%05d port|protocol`, then (loxi) its `host` and
+/// `model_name`, so the host rules and pools of one listener print in a stable order.
 fn rule_key(r: &Value) -> String {
     let s = &r["serviceArguments"];
     format!(
-        "{}|{:05}|{}|{}",
+        "{}|{:05}|{}|{}|{}",
         cell(&s["externalIP"]),
         s["port"].as_u64().unwrap_or(0),
         cell(&s["protocol"]),
+        cell(&s["host"]),
         cell(&s["model_name"])
     )
 }
@@ -235,7 +236,31 @@ pub fn render(answer: &Value, format: OutputFormat) -> String {
         .collect();
     let at = model_column(&header, &rules);
     let (header, rows) = with_model_column(&header, rows, models, at);
+    let (header, rows) = with_host_column(header, rows, &rules);
     layout(&header, &rows)
+}
+
+/// `header` and `rows` (one per rule of `rules`) with a `Host` column after `Ext IP` when any
+/// rule is host-routed (a non-empty `serviceArguments.host`): loxi's addition to LoxiLB's
+/// table, whose rows for two hosts of one listener would otherwise read the same (`-o wide`
+/// always has the column). Without host-routed rules the table is LoxiLB's.
+fn with_host_column<'a>(
+    mut header: Vec<&'a str>,
+    mut rows: Vec<Vec<String>>,
+    rules: &[&Value],
+) -> (Vec<&'a str>, Vec<Vec<String>>) {
+    let hosts: Vec<String> = rules
+        .iter()
+        .map(|r| cell(&r["serviceArguments"]["host"]))
+        .collect();
+    if hosts.iter().all(String::is_empty) {
+        return (header, rows);
+    }
+    header.insert(1, "Host");
+    for (row, h) in rows.iter_mut().zip(hosts) {
+        row.insert(1, h);
+    }
+    (header, rows)
 }
 
 fn port_cell(s: &Value) -> String {
@@ -739,6 +764,39 @@ mod tests {
         assert!(lines[2].contains("| tcp   | big   |      |"), "{w}");
         assert!(lines[3].contains("| tcp   | tiny  |      |"), "{w}");
         assert!(!render(&after_b(), OutputFormat::Table).contains("MODEL"));
+    }
+
+    /// Two host rules of one listener: a `Host` column after `Ext IP` tells their rows apart
+    /// in the default table (they read the same), in host order, the listener's catch-all (no
+    /// host) after them; rules without a host (the
+    /// tables above) have none, as LoxiLB's loxicmd prints them.
+    #[test]
+    fn host_rules_of_one_listener_get_a_host_column() {
+        let rule = |host: &str| {
+            json!({"serviceArguments": {"externalIP": "127.0.0.1", "port": 8080,
+                "protocol": "tcp", "mode": 4, "sel": 0, "host": host},
+                "endpoints": [{"endpointIP": "127.0.0.2", "targetPort": 8000, "weight": 1}]})
+        };
+        let a = json!({"lbAttr": [rule("b.example"), rule(""), rule("a.example")]});
+        let t = render(&a, OutputFormat::Table);
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(
+            lines[0].starts_with("|  EXT IP   |   HOST    | PORT | PROTO |"),
+            "{t}"
+        );
+        assert!(
+            lines[2].starts_with("| 127.0.0.1 | a.example | 8080 | tcp   |"),
+            "{t}"
+        );
+        assert!(
+            lines[3].starts_with("| 127.0.0.1 | b.example | 8080 | tcp   |"),
+            "{t}"
+        );
+        assert!(
+            lines[4].starts_with("| 127.0.0.1 |           | 8080 | tcp   |"),
+            "{t}"
+        );
+        assert!(!render(&after_b(), OutputFormat::Table).contains("HOST"));
     }
 
     #[test]
