@@ -714,7 +714,8 @@ async fn read_body(
 }
 
 /// `host[:port]` per RFC 3986 (§3.2.2, §3.2.3): an IP literal in brackets, or a reg-name /
-/// IPv4 address of unreserved, sub-delims and `%` characters; then optionally `:` and digits.
+/// IPv4 address of unreserved, sub-delims and `%` characters; then optionally `:` and a port
+/// ([`valid_port`]).
 /// Empty is valid (RFC 9112 §3.2: a target without an authority). No userinfo (`@`), no `/`,
 /// no spaces.
 fn valid_host(v: &[u8]) -> bool {
@@ -761,7 +762,18 @@ fn valid_host(v: &[u8]) -> bool {
                     | b'='
             )
     };
-    host.iter().all(reg_name) && port.iter().all(u8::is_ascii_digit)
+    host.iter().all(reg_name) && valid_port(port)
+}
+
+/// A `Host` port: empty (RFC 3986 allows `host:`), or decimal digits naming 0–65535 (a TCP
+/// port; `b.example:99999` names no port a client could have connected to).
+fn valid_port(port: &[u8]) -> bool {
+    port.is_empty()
+        || (port.iter().all(u8::is_ascii_digit)
+            && std::str::from_utf8(port)
+                .ok()
+                .and_then(|p| p.parse::<u16>().ok())
+                .is_some())
 }
 
 /// The first transfer coding of the request's `Transfer-Encoding` other than `chunked`
@@ -887,6 +899,8 @@ mod tests {
             "[::1]:80",
             "[fe80::1%25eth0]:80",
             "a_b.example:",
+            "b.example:65535",
+            "[::1]:0",
         ] {
             assert!(super::valid_host(ok.as_bytes()), "{ok}");
         }
@@ -900,6 +914,9 @@ mod tests {
             "[::1]x",
             "[]",
             "b.example\t",
+            "b.example:65536",
+            "b.example:99999",
+            "[::1]:123456789012345678901",
         ] {
             assert!(!super::valid_host(bad.as_bytes()), "{bad}");
         }
