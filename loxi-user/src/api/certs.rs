@@ -251,50 +251,81 @@ pub async fn remove(
     Ok(error::success())
 }
 
-/// The first TLS rule that has a certificate in `before` and none in `after` (in the sense of
+/// The TLS rules that have a certificate in `before` and none in `after` (in the sense of
 /// [`has_certificate`]: for a rule with a `host`, a certificate whose names match it; the
-/// `default` one counts only when its names do), described with its key and host. A rule
-/// already without one (its certificate was staged away, say) is not this change's doing and
-/// does not block it.
+/// `default` one counts only when its names do), each described with its key and host, joined
+/// by `; ` (the first [`UNCOVERED_NAMED`], then how many more); `None` when there is none. A
+/// rule already without one (its certificate was staged away, say) is not this change's doing
+/// and does not block it.
 pub fn uncovered(
     rules: &RuleSnapshot,
     before: &CertSnapshot,
     after: &CertSnapshot,
 ) -> Option<String> {
-    rules.rules.iter().find_map(|(key, r)| {
-        let s = &r.rule.service;
-        let lost =
-            s.security != 0 && has_certificate(before, &s.host) && !has_certificate(after, &s.host);
-        if !lost {
-            return None;
-        }
-        if s.host.is_empty() {
-            return Some(format!(
-                "rule {key} (no host) would have no certificate: a rule without host serves the \
-                 `default` one"
-            ));
-        }
-        if ip_host(&s.host).is_some() {
-            return Some(format!(
-                "rule {key} (host {:?}) would have no certificate whose names match its host \
-                 ({})",
-                s.host,
-                ip_host_default(after, &s.host)
-            ));
-        }
-        let default = match after.default_cert() {
-            Some(d) => format!(
-                " (the `default` certificate's names {:?} do not match it, and clients that \
-                 verify the certificate would refuse it)",
-                d.names()
-            ),
-            None => String::new(),
-        };
-        Some(format!(
-            "rule {key} (host {:?}) would have no certificate whose names match its host{default}",
-            s.host
-        ))
-    })
+    let lost: Vec<String> = rules
+        .rules
+        .iter()
+        .filter_map(|(key, r)| uncovered_rule(key, &r.rule.service, before, after))
+        .collect();
+    if lost.is_empty() {
+        return None;
+    }
+    let mut msg = lost
+        .iter()
+        .take(UNCOVERED_NAMED)
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .join("; ");
+    if lost.len() > UNCOVERED_NAMED {
+        msg.push_str(&format!(
+            "; and {} more rules",
+            lost.len() - UNCOVERED_NAMED
+        ));
+    }
+    Some(msg)
+}
+
+/// How many rules a refusal of [`uncovered`] describes; it counts the rest.
+pub const UNCOVERED_NAMED: usize = 8;
+
+/// [`uncovered`] for one rule (`key`, its service arguments `s`).
+fn uncovered_rule(
+    key: &impl std::fmt::Display,
+    s: &crate::rules::model::ServiceArgs,
+    before: &CertSnapshot,
+    after: &CertSnapshot,
+) -> Option<String> {
+    let lost =
+        s.security != 0 && has_certificate(before, &s.host) && !has_certificate(after, &s.host);
+    if !lost {
+        return None;
+    }
+    if s.host.is_empty() {
+        return Some(format!(
+            "rule {key} (no host) would have no certificate: a rule without host serves the \
+             `default` one"
+        ));
+    }
+    if ip_host(&s.host).is_some() {
+        return Some(format!(
+            "rule {key} (host {:?}) would have no certificate whose names match its host \
+             ({})",
+            s.host,
+            ip_host_default(after, &s.host)
+        ));
+    }
+    let default = match after.default_cert() {
+        Some(d) => format!(
+            " (the `default` certificate's names {:?} do not match it, and clients that \
+             verify the certificate would refuse it)",
+            d.names()
+        ),
+        None => String::new(),
+    };
+    Some(format!(
+        "rule {key} (host {:?}) would have no certificate whose names match its host{default}",
+        s.host
+    ))
 }
 
 /// True when a TLS rule with `host` has a certificate clients can verify for it: for a rule

@@ -228,22 +228,67 @@ async fn keys_match_as_the_rule_api_matches_them() {
     assert!(e.message.contains("appears twice"), "{}", e.message);
     let both = json!({"certId": "vip", "certPem": pem.cert_pem, "keyPem": pem.key_pem,
                       "KeyPem": pem.key_pem});
-    let e = create(State(st.clone()), NoQuery, Ok(Bytes::from(both.to_string())))
-        .await
-        .expect_err("two spellings");
+    let e = create(
+        State(st.clone()),
+        NoQuery,
+        Ok(Bytes::from(both.to_string())),
+    )
+    .await
+    .expect_err("two spellings");
     assert_eq!(e.field.as_deref(), Some("KeyPem"), "{}", e.message);
     assert!(e.message.contains("are the same field"), "{}", e.message);
     assert!(st.certs.snapshot().certs.is_empty(), "nothing stored");
     let cased = json!({"CERTID": "vip", "CertPem": pem.cert_pem, "keypem": pem.key_pem});
     let created = body(
-        create(State(st.clone()), NoQuery, Ok(Bytes::from(cased.to_string())))
-            .await
-            .expect("keys in another case"),
+        create(
+            State(st.clone()),
+            NoQuery,
+            Ok(Bytes::from(cased.to_string())),
+        )
+        .await
+        .expect("keys in another case"),
     )
     .await;
     assert_eq!(created["certId"], json!("vip"));
     assert_eq!(
-        st.certs.snapshot().certs.get("vip").expect("stored").names(),
+        st.certs
+            .snapshot()
+            .certs
+            .get("vip")
+            .expect("stored")
+            .names(),
         ["lb.example"]
     );
+}
+
+/// A change that leaves several TLS rules without a certificate is refused naming each (the
+/// message named the first only, so fixing it met the next 409), up to
+/// [`UNCOVERED_NAMED`], then counting the rest; the certificate stays.
+#[tokio::test]
+async fn a_refusal_names_every_rule_left_without_a_certificate() {
+    let rules = Arc::new(RuleStore::in_memory());
+    for i in 0..10u16 {
+        let rule: crate::rules::LbRule = serde_json::from_value(json!({
+            "serviceArguments": {"externalIP": "127.0.0.1", "port": 49100 + i,
+                "protocol": "tcp", "mode": 4, "security": 1, "host": format!("h{i}.example")},
+            "endpoints": [{"endpointIP": "127.0.0.2", "targetPort": 8443}]
+        }))
+        .expect("rule");
+        rules.upsert(rule).expect("stored");
+    }
+    let st = super::super::rules::tests::state(rules);
+    let wild = with_sans(vec![dns("*.example")], None);
+    create(State(st.clone()), NoQuery, upload("wild", &wild))
+        .await
+        .expect("created");
+    let e = remove(State(st.clone()), Path("wild".into()), NoQuery)
+        .await
+        .expect_err("in use");
+    assert_eq!(e.status, StatusCode::CONFLICT, "{}", e.message);
+    let named = (0..10)
+        .filter(|i| e.message.contains(&format!("(host \"h{i}.example\")")))
+        .count();
+    assert_eq!(named, UNCOVERED_NAMED, "{}", e.message);
+    assert!(e.message.ends_with("; and 2 more rules"), "{}", e.message);
+    assert!(st.certs.snapshot().certs.contains_key("wild"), "kept");
 }
