@@ -156,6 +156,9 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
     // restored). An L4 rule on a daemon started
     // without `--xdp-iface` is kept and reported not served (`report_l4_rules_without_datapath`).
     let restored_certs = certs.snapshot();
+    // A rule the newer staged certificates cover is kept too (they are applied below, each
+    // only if it leaves no restored rule without a certificate).
+    let staged_certs = crate::certs::stage::with_replacements(&restored_certs, &replacements);
     let store = Arc::new(RuleStore::open_checked(
         &cfg.flags.state_dir,
         &api::fields::restored_rule,
@@ -163,7 +166,10 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
             proxy::upstream_tls::check(&rule.service)
                 .map_err(|e| format!("no longer configures its backend TLS ({e})"))?;
             let s = &rule.service;
-            if s.security != 0 && !api::certs::servable(&restored_certs, &s.host) {
+            if s.security != 0
+                && !api::certs::servable(&restored_certs, &s.host)
+                && !api::certs::servable(&staged_certs, &s.host)
+            {
                 return Err(format!(
                     "serves TLS (security {}) but no restored certificate covers host {:?} and \
                  there is no `default` one",
@@ -176,6 +182,7 @@ pub async fn run_until(cfg: Config, shutdown: CancellationToken) -> Result<(), A
             // served so before the restart: kept, and said (below, once staging is done).
             if s.security != 0
                 && !api::certs::has_certificate(&restored_certs, &s.host)
+                && !api::certs::has_certificate(&staged_certs, &s.host)
                 && !certs.unloaded().is_empty()
             {
                 let (what, fix) = api::certs::missing_certificate(&restored_certs, &s.host);

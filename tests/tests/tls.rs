@@ -735,6 +735,63 @@ async fn a_rule_whose_certificate_no_longer_loads_is_dropped_despite_a_default_c
     );
 }
 
+/// As above, but a newer staged `default` certificate (`--cert-dir`) covers the rule's host:
+/// the rule is kept, and its handshakes get the staged certificate (it was dropped: the check
+/// at restore saw the stored certificates only, and the staged one is applied after it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rule_a_newer_staged_default_covers_is_kept_when_its_certificate_no_longer_loads() {
+    let staged = tempfile::tempdir().expect("tmp");
+    let mut d = Daemon::start(loxi_tests::harness::DaemonOpts {
+        args: vec!["--cert-dir".into(), staged.path().display().to_string()],
+        ..Default::default()
+    })
+    .await;
+    let ca = Ca::new();
+    assert_eq!(
+        post_cert(&d, Some("default"), &ca.leaf(&["default.test"]))
+            .await
+            .0,
+        201
+    );
+    assert_eq!(post_cert(&d, Some("w"), &ca.leaf(&["w.test"])).await.0, 201);
+    let be = Backend::start("A").await;
+    let port = free_port();
+    for host in ["w.test", "default.test"] {
+        let (s, r) = d.post_rule(&tls_rule(port, host, &[&be], 0)).await;
+        assert_eq!(s, 200, "{r}");
+    }
+    d.stop().await;
+    std::fs::write(
+        d.state_dir().join("certs/w.json"),
+        "{\"not\": \"a certificate\"}",
+    )
+    .expect("corrupt the stored cert");
+    let both = ca.leaf(&["default.test", "w.test"]);
+    stage_default(
+        staged.path(),
+        &both,
+        std::time::SystemTime::now() + Duration::from_secs(5),
+    );
+    d.restart().await;
+    let listed = d.rules().await;
+    let mut hosts: Vec<&str> = listed["lbAttr"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|r| r["serviceArguments"]["host"].as_str())
+                .collect()
+        })
+        .unwrap_or_default();
+    hosts.sort_unstable();
+    assert_eq!(hosts, ["default.test", "w.test"], "{}", d.log_text());
+    let tls = connect(&ca, port, Some("w.test"), &[])
+        .await
+        .expect("w.test verifies against the staged default");
+    assert_eq!(presented(&tls), both.der);
+    let (status, _, be_name, _) = send(tls, "w.test", r#"{"prompt":"x"}"#).await;
+    assert_eq!((status, be_name.as_str()), (200, "A"));
+}
+
 #[tokio::test]
 async fn an_h2_stream_reset_over_tls_cancels_the_upstream_request() {
     let d = Daemon::start_default().await;

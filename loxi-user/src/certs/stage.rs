@@ -20,6 +20,7 @@
 
 use std::io::{Error, ErrorKind};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use super::parse::{self, CertPem, Certificate};
@@ -35,7 +36,7 @@ pub struct Staged {
     /// The pair as read.
     pub pem: CertPem,
     /// The certificate, checked.
-    pub cert: Certificate,
+    pub cert: Arc<Certificate>,
     /// The later of the two files' modification times (`None` when the file system has none).
     pub modified: Option<SystemTime>,
 }
@@ -187,6 +188,17 @@ pub fn apply_replacements(
     replaced
 }
 
+/// `snapshot` with every one of `replacements` in place of the certificate of its id: what the
+/// store will serve if [`apply_replacements`] applies them all. The daemon restores a rule
+/// that one of them covers (whether each applies is decided once the rules are restored).
+pub fn with_replacements(snapshot: &CertSnapshot, replacements: &[Staged]) -> CertSnapshot {
+    let mut certs = snapshot.certs.clone();
+    for s in replacements {
+        certs.insert(s.id.clone(), s.cert.clone());
+    }
+    CertSnapshot { certs }
+}
+
 /// Stages every pair found in `dir` with no rule to check ([`read_dir`], [`apply_new`], then
 /// [`apply_replacements`] accepting every change); returns the ids loaded (none when `dir`
 /// does not exist). The daemon runs the steps itself, restoring its rules in between.
@@ -260,7 +272,7 @@ fn read_pair(dir: &Path, id: &str) -> Option<Staged> {
             id: id.to_string(),
             crt,
             pem,
-            cert,
+            cert: Arc::new(cert),
             modified,
         }),
         Err(e) => {
