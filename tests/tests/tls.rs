@@ -697,34 +697,10 @@ async fn rotation_keeps_an_open_stream_and_new_handshakes_get_the_new_certificat
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rule_whose_certificate_no_longer_loads_is_dropped_despite_a_default_certificate() {
     let mut d = Daemon::start_default().await;
-    let ca = Ca::new();
-    assert_eq!(
-        post_cert(&d, Some("default"), &ca.leaf(&["default.test"]))
-            .await
-            .0,
-        201
-    );
-    assert_eq!(post_cert(&d, Some("w"), &ca.leaf(&["w.test"])).await.0, 201);
-    let be = Backend::start("A").await;
-    let port = free_port();
-    for host in ["w.test", "default.test"] {
-        let (s, r) = d.post_rule(&tls_rule(port, host, &[&be], 0)).await;
-        assert_eq!(s, 200, "{r}");
-    }
-    d.stop().await;
-    let file = d.state_dir().join("certs/w.json");
-    std::fs::write(&file, "{\"not\": \"a certificate\"}").expect("corrupt the stored cert");
+    let (_ca, _be, _port) = serve_then_corrupt_w(&mut d).await;
     d.restart().await;
     let listed = d.rules().await;
-    let hosts: Vec<&str> = listed["lbAttr"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|r| r["serviceArguments"]["host"].as_str())
-                .collect()
-        })
-        .unwrap_or_default();
-    assert_eq!(hosts, ["default.test"], "{listed}");
+    assert_eq!(rule_hosts(&listed), ["default.test"], "{listed}");
     let log = d.log_text();
     assert!(
         log.lines().any(|l| l.contains("dropping a restored rule")
@@ -746,14 +722,41 @@ async fn a_rule_a_newer_staged_default_covers_is_kept_when_its_certificate_no_lo
         ..Default::default()
     })
     .await;
+    let (ca, _be, port) = serve_then_corrupt_w(&mut d).await;
+    let both = ca.leaf(&["default.test", "w.test"]);
+    stage_default(
+        staged.path(),
+        &both,
+        std::time::SystemTime::now() + Duration::from_secs(5),
+    );
+    d.restart().await;
+    let listed = d.rules().await;
+    assert_eq!(
+        rule_hosts(&listed),
+        ["default.test", "w.test"],
+        "{}",
+        d.log_text()
+    );
+    let tls = connect(&ca, port, Some("w.test"), &[])
+        .await
+        .expect("w.test verifies against the staged default");
+    assert_eq!(presented(&tls), both.der);
+    let (status, _, be_name, _) = send(tls, "w.test", r#"{"prompt":"x"}"#).await;
+    assert_eq!((status, be_name.as_str()), (200, "A"));
+}
+
+/// On `d`: certificates `default` (`default.test`) and `w` (`w.test`), a TLS rule for each
+/// host on one port to backend `A`; then `d` stopped and `w`'s stored file corrupted. Returns
+/// the CA, the backend (keep it alive) and the port.
+async fn serve_then_corrupt_w(d: &mut Daemon) -> (Ca, Backend, u16) {
     let ca = Ca::new();
     assert_eq!(
-        post_cert(&d, Some("default"), &ca.leaf(&["default.test"]))
+        post_cert(d, Some("default"), &ca.leaf(&["default.test"]))
             .await
             .0,
         201
     );
-    assert_eq!(post_cert(&d, Some("w"), &ca.leaf(&["w.test"])).await.0, 201);
+    assert_eq!(post_cert(d, Some("w"), &ca.leaf(&["w.test"])).await.0, 201);
     let be = Backend::start("A").await;
     let port = free_port();
     for host in ["w.test", "default.test"] {
@@ -766,14 +769,11 @@ async fn a_rule_a_newer_staged_default_covers_is_kept_when_its_certificate_no_lo
         "{\"not\": \"a certificate\"}",
     )
     .expect("corrupt the stored cert");
-    let both = ca.leaf(&["default.test", "w.test"]);
-    stage_default(
-        staged.path(),
-        &both,
-        std::time::SystemTime::now() + Duration::from_secs(5),
-    );
-    d.restart().await;
-    let listed = d.rules().await;
+    (ca, be, port)
+}
+
+/// The `serviceArguments.host` of every rule of a `GET .../all` answer, sorted.
+fn rule_hosts(listed: &Value) -> Vec<&str> {
     let mut hosts: Vec<&str> = listed["lbAttr"]
         .as_array()
         .map(|a| {
@@ -783,13 +783,7 @@ async fn a_rule_a_newer_staged_default_covers_is_kept_when_its_certificate_no_lo
         })
         .unwrap_or_default();
     hosts.sort_unstable();
-    assert_eq!(hosts, ["default.test", "w.test"], "{}", d.log_text());
-    let tls = connect(&ca, port, Some("w.test"), &[])
-        .await
-        .expect("w.test verifies against the staged default");
-    assert_eq!(presented(&tls), both.der);
-    let (status, _, be_name, _) = send(tls, "w.test", r#"{"prompt":"x"}"#).await;
-    assert_eq!((status, be_name.as_str()), (200, "A"));
+    hosts
 }
 
 #[tokio::test]
