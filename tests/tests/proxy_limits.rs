@@ -1331,7 +1331,8 @@ async fn oversized_and_malformed_heads_and_abandoned_requests_are_counted() {
 
 /// `TRACE` is 405, an `Expect` other than `100-continue` 417, and an HTTP/2 `Host` that
 /// names another authority than `:authority` 400; none reaches the backend. `Expect:
-/// 100-continue` and an HTTP/2 `Host` equal to `:authority` are served.
+/// 100-continue` and an HTTP/2 `Host` equal to `:authority` ignoring case are served, the
+/// backend getting the `:authority`'s spelling.
 #[tokio::test]
 async fn trace_unknown_expectations_and_a_host_other_than_the_authority_are_refused() {
     let b = Backend::start("0").await;
@@ -1385,4 +1386,9 @@ async fn trace_unknown_expectations_and_a_host_other_than_the_authority_are_refu
         }
     }
     assert_eq!(b.request_count(), 2);
+    // The backend gets the `:authority` as the client spelled it (RFC 9113 §8.3.1: the
+    // forwarded host comes from the request's control data), not the `Host` header's case.
+    let seen = b.requests();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[1].header("host"), Some("x"));
 }

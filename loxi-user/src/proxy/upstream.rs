@@ -317,14 +317,14 @@ pub fn origin_request(
     Ok((req, add_host))
 }
 
-/// Gives `headers` a `Host` from `uri`'s authority when they have none: an HTTP/2 request names
-/// its host in `:authority`, and forwarded as HTTP/1.1 that becomes `Host` (RFC 9113 §8.3.1),
-/// as an HTTP/1.1 client's `Host` is passed on. False when there is still no `Host` (an
-/// HTTP/1.0 request without one: the endpoint's address is used).
+/// Gives `headers` the `Host` of `uri`'s authority when it has one: an HTTP/2 request names its
+/// host in `:authority`, and an intermediary forwards that value (RFC 9113 §8.3.1: as
+/// `:authority` over HTTP/2, as `Host` over HTTP/1.1), in its spelling even when the client's
+/// `Host` spells it in another case (the handler refuses any other difference,
+/// `authority_mismatch`). An HTTP/1.1 request's URI has an authority only in absolute form,
+/// whose `Host` the handler already made it; in origin form its `Host` is passed on. False when
+/// there is no `Host` at all (an HTTP/1.0 request without one: the endpoint's address is used).
 fn authority_as_host(headers: &mut HeaderMap, uri: &Uri) -> bool {
-    if headers.contains_key(header::HOST) {
-        return true;
-    }
     match uri
         .authority()
         .and_then(|a| http::HeaderValue::from_str(a.as_str()).ok())
@@ -333,7 +333,7 @@ fn authority_as_host(headers: &mut HeaderMap, uri: &Uri) -> bool {
             headers.insert(header::HOST, a);
             true
         }
-        None => false,
+        None => headers.contains_key(header::HOST),
     }
 }
 
