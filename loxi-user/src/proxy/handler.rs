@@ -713,21 +713,16 @@ async fn read_body(
     Ok((first.unwrap_or_else(|| buf.freeze()), reserved))
 }
 
-/// `host[:port]` per RFC 3986 (§3.2.2, §3.2.3): an IP literal in brackets, or a reg-name /
-/// IPv4 address of unreserved, sub-delims and `%` characters; then optionally `:` and a port
-/// ([`valid_port`]).
-/// Empty is valid (RFC 9112 §3.2: a target without an authority). No userinfo (`@`), no `/`,
+/// `host[:port]` per RFC 3986 (§3.2.2, §3.2.3): an IPv6 literal in brackets
+/// ([`ipv6_literal`]), or a reg-name / IPv4 address of unreserved, sub-delims and `%`
+/// characters; then optionally `:` and a port ([`valid_port`]). Empty is valid (RFC 9112 §3.2: a target without an authority). No userinfo (`@`), no `/`,
 /// no spaces.
 fn valid_host(v: &[u8]) -> bool {
     let (host, port) = if v.first() == Some(&b'[') {
         let Some(end) = v.iter().position(|&b| b == b']') else {
             return false;
         };
-        let literal = &v[1..end];
-        let literal_byte = |b: &u8| {
-            b.is_ascii_alphanumeric() || matches!(b, b':' | b'.' | b'%' | b'-' | b'_' | b'~')
-        };
-        if literal.is_empty() || !literal.iter().all(literal_byte) {
+        if !ipv6_literal(&v[1..end]) {
             return false;
         }
         match &v[end + 1..] {
@@ -763,6 +758,27 @@ fn valid_host(v: &[u8]) -> bool {
             )
     };
     host.iter().all(reg_name) && valid_port(port)
+}
+
+/// The inside of a `Host`'s brackets: an IPv6 address, optionally with an RFC 6874 zone
+/// (`fe80::1%25eth0`). Brackets around anything else (`[x.test]`, `[127.0.0.1]`) are no URI
+/// host (RFC 3986 §3.2.2; IPvFuture literals are not taken), and host routing would read the
+/// name inside them.
+fn ipv6_literal(literal: &[u8]) -> bool {
+    let (addr, zone) = match literal.windows(3).position(|w| w == b"%25") {
+        Some(i) => (&literal[..i], Some(&literal[i + 3..])),
+        None => (literal, None),
+    };
+    let zone_ok = zone.is_none_or(|z| {
+        !z.is_empty()
+            && z.iter()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~'))
+    });
+    zone_ok
+        && std::str::from_utf8(addr)
+            .ok()
+            .and_then(|a| a.parse::<std::net::Ipv6Addr>().ok())
+            .is_some()
 }
 
 /// A `Host` port: empty (RFC 3986 allows `host:`), or decimal digits naming 0–65535 (a TCP
@@ -916,6 +932,12 @@ mod tests {
             "b.example\t",
             "b.example:65536",
             "b.example:99999",
+            "[x.test]",
+            "[x.test]:80",
+            "[127.0.0.1]",
+            "[fe80::1%eth0]",
+            "[fe80::1%25]",
+            "[v1.x]",
             "[::1]:123456789012345678901",
         ] {
             assert!(!super::valid_host(bad.as_bytes()), "{bad}");
