@@ -74,6 +74,29 @@ pub enum CertError {
     /// `certPem` holds no CERTIFICATE block.
     #[error("certPem: no CERTIFICATE block")]
     NoCertificate,
+    /// `certId` is `all`, which names the list in `/config/cert/all` (so that certificate could
+    /// never be read, rotated or deleted through the API).
+    #[error(
+        "certId \"all\" is reserved: GET /netlox/v1/config/cert/all lists every certificate, \
+         so one with that id could not be read, rotated or deleted; choose another id"
+    )]
+    ReservedId,
+    /// `certPem` or `chainPem` holds a PEM item other than a certificate (a private key, which
+    /// would be stored and kept with the certificates, or anything rustls would skip unsaid).
+    #[error(
+        "{field}: PEM item {index} is a {label}, not a CERTIFICATE; {field} holds certificates \
+         only{hint}"
+    )]
+    NotACertificate {
+        /// `certPem` or `chainPem`.
+        field: &'static str,
+        /// The item's position in the field (1 for the first).
+        index: usize,
+        /// Its PEM label (`PRIVATE KEY`).
+        label: String,
+        /// What to do instead, when it is a key.
+        hint: &'static str,
+    },
     /// `keyPem` holds no usable private key: none, an encrypted one, several, malformed PEM,
     /// contents that do not decode, or a type loxi does not sign with.
     #[error("keyPem: {0}")]
@@ -128,8 +151,10 @@ impl CertError {
     /// `chainPem`.
     pub fn field(&self) -> &'static str {
         match self {
-            Self::BadId(_) => "certId",
-            Self::Pem { field, .. } | Self::BrokenChain { field, .. } => field,
+            Self::BadId(_) | Self::ReservedId => "certId",
+            Self::Pem { field, .. }
+            | Self::BrokenChain { field, .. }
+            | Self::NotACertificate { field, .. } => field,
             Self::Key(_) | Self::KeyMismatch(_) => "keyPem",
             Self::NoCertificate
             | Self::X509(_)
@@ -724,7 +749,18 @@ pub fn check_id(id: &str) -> Result<(), CertError> {
 
 /// Checks `pem` and builds the certificate `id` at Unix time `now` (what an upload takes: a
 /// certificate that has expired or is not valid yet is refused, [`CertError::Validity`]).
+///
+/// Beyond what a stored certificate is checked for ([`parse_stored`]): the id `all` is
+/// reserved ([`CertError::ReservedId`]), and `certPem` and `chainPem` hold certificates only
+/// ([`CertError::NotACertificate`]; a private key there would be stored in the state dir).
 pub fn parse(id: &str, pem: CertPem, now: i64) -> Result<Certificate, CertError> {
+    if id == "all" {
+        return Err(CertError::ReservedId);
+    }
+    only_certificates("certPem", &pem.cert_pem)?;
+    if let Some(chain) = &pem.chain_pem {
+        only_certificates("chainPem", chain)?;
+    }
     let (cert, validity) = parse_any_validity(id, pem, now)?;
     match validity {
         Some(e) => Err(e.into()),
@@ -784,6 +820,27 @@ fn parse_any_validity(
         pem,
     };
     Ok((cert, validity))
+}
+
+/// `Ok` when every PEM item of `text` is a `CERTIFICATE`; else the first other one, named.
+fn only_certificates(field: &'static str, text: &str) -> Result<(), CertError> {
+    match pem_labels(text.as_bytes())
+        .into_iter()
+        .enumerate()
+        .find(|(_, l)| l != "CERTIFICATE")
+    {
+        None => Ok(()),
+        Some((i, label)) => Err(CertError::NotACertificate {
+            field,
+            index: i + 1,
+            hint: if label.ends_with("PRIVATE KEY") {
+                " (the certificate's own key goes in keyPem; no other key belongs in the body)"
+            } else {
+                ""
+            },
+            label,
+        }),
+    }
 }
 
 fn certs(field: &'static str, text: &str) -> Result<Vec<CertificateDer<'static>>, CertError> {
@@ -1028,6 +1085,47 @@ mod tests {
 
     fn in_days(d: i64) -> time::OffsetDateTime {
         time::OffsetDateTime::now_utc() + time::Duration::days(d)
+    }
+
+    /// A private key (or any item but a certificate) in `certPem` or `chainPem` is refused
+    /// naming the field and the item: it was accepted and stored in the state dir beside the
+    /// certificate (a CA's key appended to the chain, say); an upload or a staged pair with
+    /// the id `all` is refused, since `/config/cert/all` is the list. A stored certificate is
+    /// not held to either (restore keeps what an older daemon stored). A `chainPem` of a key
+    /// alone was refused as `no CERTIFICATE block`; it now says what it holds.
+    #[test]
+    fn keys_outside_key_pem_and_the_id_all_are_refused() {
+        let good = pem_for(&["a.example"], in_days(30));
+        let other_key = pem_for(&["b.example"], in_days(30)).key_pem;
+        let with_key_in = |cert_pem: String, chain_pem: Option<String>| CertPem {
+            cert_pem,
+            key_pem: good.key_pem.clone(),
+            chain_pem,
+        };
+        for (pem, field) in [
+            (
+                with_key_in(format!("{}{other_key}", good.cert_pem), None),
+                "certPem",
+            ),
+            (
+                with_key_in(good.cert_pem.clone(), Some(other_key.clone())),
+                "chainPem",
+            ),
+        ] {
+            let e = parse("a", pem.clone(), now()).expect_err("a key outside keyPem");
+            assert_eq!(e.field(), field, "{e}");
+            assert!(
+                e.to_string().contains("PRIVATE KEY, not a CERTIFICATE"),
+                "{e}"
+            );
+            if field == "certPem" {
+                parse_stored("a", pem, now()).expect("a stored one still loads");
+            }
+        }
+        let e = parse("all", good.clone(), now()).expect_err("reserved");
+        assert_eq!(e.field(), "certId", "{e}");
+        assert!(e.to_string().contains("is reserved"), "{e}");
+        parse("all2", good, now()).expect("another id");
     }
 
     #[test]
