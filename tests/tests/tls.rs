@@ -888,8 +888,8 @@ async fn tls_backend_alpn(
                         let seen = seen.clone();
                         async move {
                             let version = format!("{:?}", req.version());
-                            // The version, `:authority` (the URI's) and `Host` headers, `-`
-                            // for none.
+                            // The version, `:scheme` and `:authority` (the URI's) and `Host`
+                            // headers, `-` for none.
                             let host: Vec<&str> = req
                                 .headers()
                                 .get_all(http::header::HOST)
@@ -897,7 +897,8 @@ async fn tls_backend_alpn(
                                 .filter_map(|v| v.to_str().ok())
                                 .collect();
                             seen.lock().push(format!(
-                                "{version} {} {}",
+                                "{version} {} {} {}",
+                                req.uri().scheme_str().unwrap_or("-"),
                                 req.uri().authority().map_or("-", |a| a.as_str()),
                                 if host.is_empty() {
                                     "-".to_owned()
@@ -957,11 +958,12 @@ async fn security_2_verifies_backends_and_speaks_h2_or_h1_by_backend_protocol() 
     let mut expect = Vec::new();
     // Over HTTP/2 the client's host is the backend's `:authority`, with no `Host` beside it
     // (it was the endpoint's address with the client's `Host` kept: a malformed request, RFC
-    // 9113 §8.3.1); over HTTP/1.1 it is the `Host`.
+    // 9113 §8.3.1); over HTTP/1.1 it is the `Host`. The HTTP/2 `:scheme` is `https` (it was
+    // `http` on the TLS connection).
     for (proto, version) in [
-        ("http2", "HTTP/2.0 front.test -"),
-        ("both", "HTTP/2.0 front.test -"),
-        ("http1", "HTTP/1.1 - front.test"),
+        ("http2", "HTTP/2.0 https front.test -"),
+        ("both", "HTTP/2.0 https front.test -"),
+        ("http1", "HTTP/1.1 - - front.test"),
     ] {
         let port = free_port();
         let (s, r) = d.post_rule(&rule(port, "backend.test", proto)).await;

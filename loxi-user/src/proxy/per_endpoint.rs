@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 
 use bytes::Bytes;
-use http::uri::Authority;
+use http::uri::{Authority, Scheme};
 use http::{Request, Uri, header};
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -49,6 +49,7 @@ impl<C: tower_service::Service<Uri>> tower_service::Service<Uri> for ToEndpoint<
 pub struct PerEndpoint<C> {
     connector: C,
     builder: hyper_util::client::legacy::Builder,
+    scheme: Scheme,
     clients: parking_lot::Mutex<Pairs<C>>,
 }
 
@@ -102,11 +103,13 @@ where
     C::Future: Unpin + Send + 'static,
     C::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    /// Clients built by `builder` on `connector`.
-    pub fn new(connector: C, builder: hyper_util::client::legacy::Builder) -> Self {
+    /// Clients built by `builder` on `connector`, whose connections are cleartext (`scheme`
+    /// `http`) or TLS (`https`): the scheme requests are sent with.
+    pub fn new(connector: C, builder: hyper_util::client::legacy::Builder, scheme: Scheme) -> Self {
         Self {
             connector,
             builder,
+            scheme,
             clients: parking_lot::Mutex::new(Pairs {
                 endpoints: HashMap::new(),
                 clock: 0,
@@ -120,7 +123,7 @@ where
         &self,
         mut req: Request<Full<Bytes>>,
     ) -> Result<http::Response<Incoming>, hyper_util::client::legacy::Error> {
-        let client = host_as_authority(&mut req).and_then(|endpoint| {
+        let client = host_as_authority(&mut req, &self.scheme).and_then(|endpoint| {
             let host = req.uri().authority()?.clone();
             Some(self.client(endpoint, host))
         });
@@ -189,16 +192,21 @@ where
 /// as `:authority` with no `Host` header, and HTTP/1.1 sends it as `Host` (hyper-util's client
 /// sets it from the URI). A request without `Host` (HTTP/1.0 without one), or whose `Host` is
 /// no URI authority, keeps the endpoint's address, as over HTTP/1.1
-/// ([`super::upstream::origin_request`]). Returns the endpoint; `None` when the URI names none.
-pub fn host_as_authority(req: &mut Request<Full<Bytes>>) -> Option<Authority> {
+/// ([`super::upstream::origin_request`]). The URI's scheme becomes `scheme` (`https` on a TLS
+/// connection: HTTP/2's `:scheme`, RFC 9113 §8.3.1). Returns the endpoint; `None` when the URI
+/// names none.
+pub fn host_as_authority(req: &mut Request<Full<Bytes>>, scheme: &Scheme) -> Option<Authority> {
     let endpoint = req.uri().authority()?.clone();
     let host = req
         .headers_mut()
         .remove(header::HOST)
         .and_then(|h| Authority::try_from(h.as_bytes()).ok());
-    if let Some(host) = host {
+    if host.is_some() || req.uri().scheme() != Some(scheme) {
         let mut parts = req.uri().clone().into_parts();
-        parts.authority = Some(host);
+        if let Some(host) = host {
+            parts.authority = Some(host);
+        }
+        parts.scheme = Some(scheme.clone());
         if let Ok(uri) = Uri::from_parts(parts) {
             *req.uri_mut() = uri;
         }

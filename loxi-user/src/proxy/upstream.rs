@@ -100,7 +100,7 @@ impl Upstreams {
         h2.http2_only(true);
         Self {
             h1,
-            h2: Arc::new(PerEndpoint::new(conn, h2)),
+            h2: Arc::new(PerEndpoint::new(conn, h2, http::uri::Scheme::HTTP)),
             driven: H1Pool::new(connect_timeout, workers),
         }
     }

@@ -134,7 +134,11 @@ impl BackendTls {
         if self.protocol == BackendProtocol::Http2 {
             b.http2_only(true);
         }
-        Ok(Arc::new(super::per_endpoint::PerEndpoint::new(connect, b)))
+        Ok(Arc::new(super::per_endpoint::PerEndpoint::new(
+            connect,
+            b,
+            http::uri::Scheme::HTTPS,
+        )))
     }
 }
 
