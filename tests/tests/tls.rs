@@ -554,7 +554,7 @@ async fn plain_http_on_a_tls_port_is_told_to_use_https() {
 /// A request for another rule's host on a connection whose SNI named a rule host, and whose
 /// certificate does not cover the request's host, is 421 `misdirected_request` (RFC 9110
 /// §15.5.20), `GET /v1/models` included; one whose certificate covers it too (HTTP/2
-/// connection reuse) is served.
+/// connection reuse) is served, by the certificate that connection got.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_for_a_host_the_connections_certificate_does_not_cover_is_421() {
     let d = Daemon::start_default().await;
@@ -609,6 +609,43 @@ async fn a_request_for_a_host_the_connections_certificate_does_not_cover_is_421(
         assert_eq!((status, served.as_str()), (200, "A"));
     }
     assert_eq!(bs[1].request_count(), 0);
+
+    // The check reads the certificate the connection got, not the store's current one: an
+    // HTTP/2 connection for x.b.test (the wildcard, which covers z.b.test) stays allowed to
+    // send z.b.test after a certificate naming x.b.test alone is added (which new handshakes
+    // for x.b.test get); it was 421 from then on.
+    let tls = connect(&ca, port, Some("x.b.test"), &[b"h2"])
+        .await
+        .expect("x");
+    let (mut h2, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
+            .await
+            .expect("h2 handshake");
+    tokio::spawn(conn);
+    let z = || {
+        http::Request::post("https://z.b.test/v1/completions")
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .expect("request")
+    };
+    let before = h2.send_request(z()).await.expect("response").status();
+    let only_x = ca.leaf(&["x.b.test"]);
+    assert_eq!(post_cert(&d, Some("0-x"), &only_x).await.0, 201);
+    let fresh = connect(&ca, port, Some("x.b.test"), &[b"h2"])
+        .await
+        .expect("x again");
+    assert_eq!(
+        presented(&fresh),
+        only_x.der,
+        "new handshakes get the exact name"
+    );
+    let after = h2.send_request(z()).await.expect("response").status();
+    assert_eq!((before.as_u16(), after.as_u16()), (200, 200));
+    let (status, _, _, text) = send(fresh, "z.b.test", body).await;
+    assert_eq!(
+        status, 421,
+        "the new connection's certificate does not cover it: {text}"
+    );
 }
 
 #[tokio::test]

@@ -253,7 +253,9 @@ pub async fn remove(
 
 /// The TLS rules that have a certificate in `before` and none in `after` (in the sense of
 /// [`has_certificate`]: for a rule with a `host`, a certificate whose names match it; the
-/// `default` one counts only when its names do), each described with its key and host, joined
+/// `default` one counts only when its names do; only certificates valid now count, so
+/// deleting a valid certificate beside an expired one for the same host is refused, and
+/// removing an expired one is not this check's business), each described with its key and host, joined
 /// by `; ` (the first [`UNCOVERED_NAMED`], then how many more); `None` when there is none. A
 /// rule already without one (its certificate was staged away, say) is not this change's doing
 /// and does not block it.
@@ -262,6 +264,8 @@ pub fn uncovered(
     before: &CertSnapshot,
     after: &CertSnapshot,
 ) -> Option<String> {
+    let now = unix_now();
+    let (before, after) = (&before.valid_at(now), &after.valid_at(now));
     let lost: Vec<String> = rules
         .rules
         .iter()
@@ -432,6 +436,28 @@ pub fn missing_certificate(certs: &CertSnapshot, host: &str) -> (String, String)
          [--cert-id ID]` (or POST /netlox/v1/config/cert)"
     );
     (what, fix)
+}
+
+/// When every certificate matching `host` in `all` (for a host-less rule: the `default` one)
+/// has expired or is not valid yet, the clause saying so, to append to
+/// [`missing_certificate`]'s text (`; certificate "old" matches it but is not valid now
+/// (notBefore …, notAfter …, Unix seconds), and only a valid certificate covers a new rule`);
+/// else empty.
+pub fn expired_note(all: &CertSnapshot, host: &str) -> String {
+    let now = unix_now();
+    let matching = if host.is_empty() {
+        all.default_cert()
+    } else {
+        all.for_name(host)
+    };
+    match matching.filter(|c| !c.valid_at(now)) {
+        Some(c) => format!(
+            "; certificate {:?} matches it but is not valid now (notBefore {}, notAfter {}, \
+             Unix seconds), and only a valid certificate covers a new rule",
+            c.id, c.not_before, c.not_after
+        ),
+        _ => String::new(),
+    }
 }
 
 /// True when a TLS rule with `host` gets some certificate in its handshakes: one that

@@ -292,3 +292,44 @@ async fn a_refusal_names_every_rule_left_without_a_certificate() {
     assert!(e.message.ends_with("; and 2 more rules"), "{}", e.message);
     assert!(st.certs.snapshot().certs.contains_key("wild"), "kept");
 }
+
+/// Only certificates valid now keep a rule covered: deleting (or rotating away) the valid
+/// certificate of a host whose other certificate has expired is refused (it was allowed,
+/// leaving the rule the expired one), removing the expired one is not; a new rule's refusal
+/// says the matching certificate is not valid now.
+#[test]
+fn an_expired_certificate_keeps_no_rule_covered() {
+    use crate::certs::testutil::expired;
+    let rules = RuleStore::in_memory();
+    let rule: crate::rules::LbRule = serde_json::from_value(json!({
+        "serviceArguments": {"externalIP": "127.0.0.1", "port": 49150, "protocol": "tcp",
+            "mode": 4, "security": 1, "host": "s.example"},
+        "endpoints": [{"endpointIP": "127.0.0.2", "targetPort": 8443}]
+    }))
+    .expect("rule");
+    rules.upsert(rule).expect("stored");
+    let now = crate::certs::store::unix_now();
+    let valid = Arc::new(
+        crate::certs::parse::parse("z", with_sans(vec![dns("s.example")], None), now)
+            .expect("valid"),
+    );
+    let snap = |certs: Vec<Arc<crate::certs::Certificate>>| CertSnapshot {
+        certs: certs.into_iter().map(|c| (c.id.clone(), c)).collect(),
+    };
+    let old = expired("a", &["s.example"]);
+    let both = snap(vec![old.clone(), valid.clone()]);
+    let msg = uncovered(&rules.snapshot(), &both, &snap(vec![old.clone()]))
+        .expect("deleting the valid one leaves the rule uncovered");
+    assert!(msg.contains("(host \"s.example\")"), "{msg}");
+    assert_eq!(
+        uncovered(&rules.snapshot(), &both, &snap(vec![valid])),
+        None,
+        "removing the expired one"
+    );
+    let note = expired_note(&snap(vec![old]), "s.example");
+    assert!(
+        note.starts_with("; certificate \"a\" matches it but is not valid now"),
+        "{note}"
+    );
+    assert_eq!(expired_note(&both, "s.example"), "");
+}

@@ -98,16 +98,22 @@ fn check_data_path(rule: &LbRule, l4_datapath: bool) -> Result<(), ApiError> {
 /// wildcard, as the SNI selection matches; the `default` certificate counts only when its
 /// names match; an IP host needs the `default` certificate with that SAN IP address, since
 /// clients send no SNI for an address), or for a host-less rule the `default` one: the rule
-/// the cert API's `DELETE` and `PUT` keep covered ([`super::certs::has_certificate`]). The
+/// the cert API's `DELETE` and `PUT` keep covered ([`super::certs::has_certificate`]); only
+/// certificates valid now count (an expired one still serves, but covers no new rule). The
 /// refusal says what is missing and the `loxicmd create cert` command (or the cert API call)
 /// that provides it ([`super::certs::missing_certificate`]).
 fn check_certificate(rule: &LbRule, st: &ApiState) -> Result<(), ApiError> {
     let s = &rule.service;
-    let certs = st.certs.snapshot();
-    if s.security == 0 || super::certs::has_certificate(&certs, &s.host) {
+    if s.security == 0 {
+        return Ok(());
+    }
+    let all = st.certs.snapshot();
+    let certs = all.valid_at(crate::certs::store::unix_now());
+    if super::certs::has_certificate(&certs, &s.host) {
         return Ok(());
     }
     let (what, fix) = super::certs::missing_certificate(&certs, &s.host);
+    let what = format!("{what}{}", super::certs::expired_note(&all, &s.host));
     Err(ApiError::invalid_field(
         "serviceArguments.security",
         format!(

@@ -1031,6 +1031,12 @@ pub fn ip_host(name: &str) -> Option<IpAddr> {
 }
 
 impl Certificate {
+    /// True when this certificate is valid at Unix time `now`, as an upload is checked
+    /// ([`check_validity`]: not expired, `notBefore` at most [`NOT_BEFORE_SKEW_SECS`] ahead).
+    pub fn valid_at(&self, now: i64) -> bool {
+        check_validity(self.not_before, self.not_after, now).is_ok()
+    }
+
     /// True when this certificate is valid for host `name` as TLS clients check it: an IP
     /// address ([`ip_host`]) against the SAN IP addresses only, the same address family
     /// (`::ffff:10.0.0.5` is not `10.0.0.5`; a DNS name or CN spelled like that address does

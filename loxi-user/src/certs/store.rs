@@ -29,18 +29,44 @@ pub struct CertSnapshot {
 }
 
 impl CertSnapshot {
-    /// The certificate serving host `name`: one naming it exactly, else one whose wildcard
-    /// covers it (lowest id first in each case). An IP address is served only by a certificate
-    /// with that SAN IP address ([`Certificate::covers`]), never by a DNS name spelled like it.
+    /// The certificate serving host `name`: among the certificates valid now, one naming it
+    /// exactly, else one whose wildcard covers it; else, among the expired (or not yet valid)
+    /// ones, in the same order (lowest id first in each case). So a renewal uploaded under a
+    /// new id, or as a wildcard, serves as soon as it is stored, and an expired certificate is
+    /// served only while nothing valid covers the name. An IP address is served only by a
+    /// certificate with that SAN IP address ([`Certificate::covers`]), never by a DNS name
+    /// spelled like it.
     pub fn for_name(&self, name: &str) -> Option<&Arc<Certificate>> {
+        let now = unix_now();
+        let live = |c: &&Arc<Certificate>| c.valid_at(now);
         if ip_host(name).is_some() {
-            return self.certs.values().find(|c| c.covers(name));
+            let mut covering = self.certs.values().filter(|c| c.covers(name));
+            return covering.clone().find(live).or_else(|| covering.next());
         }
-        let exact = self
-            .certs
-            .values()
-            .find(|c| c.hostnames.iter().any(|h| h.eq_ignore_ascii_case(name)));
-        exact.or_else(|| self.certs.values().find(|c| c.covers(name)))
+        let exact =
+            |c: &&Arc<Certificate>| c.hostnames.iter().any(|h| h.eq_ignore_ascii_case(name));
+        let covers = |c: &&Arc<Certificate>| c.covers(name);
+        let all = || self.certs.values();
+        all()
+            .filter(exact)
+            .find(live)
+            .or_else(|| all().filter(covers).find(live))
+            .or_else(|| all().find(exact))
+            .or_else(|| all().find(covers))
+    }
+
+    /// The certificates valid at Unix time `now` (not expired, not before their `notBefore`):
+    /// what the API's coverage checks count (an expired certificate still serves, but it keeps
+    /// no rule covered).
+    pub fn valid_at(&self, now: i64) -> CertSnapshot {
+        CertSnapshot {
+            certs: self
+                .certs
+                .iter()
+                .filter(|(_, c)| c.valid_at(now))
+                .map(|(id, c)| (id.clone(), c.clone()))
+                .collect(),
+        }
     }
 
     /// The default certificate (id [`DEFAULT_ID`]).
@@ -330,8 +356,9 @@ pub const EXPIRY_WATCH_MAX_SLEEP: std::time::Duration = std::time::Duration::fro
 pub fn warn_expired(cert: &Certificate) {
     tracing::warn!(cert_id = %cert.id, hostnames = ?cert.names(), not_after = cert.not_after,
         not_after_utc = %parse::rfc3339(cert.not_after),
-        "TLS certificate expired; it is still served, and clients that verify it refuse the \
-         handshake: rotate it (PUT /netlox/v1/config/cert/{{certId}})");
+        "TLS certificate expired; it is still served for the names no valid certificate covers, \
+         and clients that verify it refuse the handshake: rotate it (PUT \
+         /netlox/v1/config/cert/{{certId}})");
 }
 
 /// The warning of a stored certificate restored outside its validity (served as before the
@@ -415,6 +442,37 @@ mod tests {
             Some(minted.id.as_str())
         );
         assert!(snap.for_name("c.example").is_none());
+    }
+
+    /// A certificate valid now is served before an expired one for the same name, whatever
+    /// their ids and whether the valid one matches exactly or by wildcard (an expired `a`
+    /// sorting first was served while a renewal `z` was stored); an expired one is served
+    /// only when nothing valid covers the name; [`CertSnapshot::valid_at`] leaves it out.
+    #[test]
+    fn a_valid_certificate_is_served_before_an_expired_one() {
+        use crate::certs::testutil::{expired, ip, with_sans};
+        let now = unix_now();
+        let valid = |id: &str, pem: CertPem| Arc::new(parse::parse(id, pem, now).expect("valid"));
+        let mut snap = CertSnapshot::default();
+        for c in [
+            expired("a", &["s.example"]),
+            valid("z", pem(&["*.example"])),
+            expired("b", &["only.other"]),
+            expired("c", &["10.0.0.5"]),
+            valid("y", with_sans(vec![ip("10.0.0.5")], None)),
+        ] {
+            snap.certs.insert(c.id.clone(), c);
+        }
+        let id = |name: &str| snap.for_name(name).map(|c| c.id.clone());
+        assert_eq!(id("s.example").as_deref(), Some("z"), "the valid wildcard");
+        assert_eq!(
+            id("only.other").as_deref(),
+            Some("b"),
+            "nothing valid: the expired"
+        );
+        assert_eq!(id("10.0.0.5").as_deref(), Some("y"));
+        let live = snap.valid_at(now);
+        assert_eq!(live.certs.keys().collect::<Vec<_>>(), ["y", "z"]);
     }
 
     #[test]
@@ -540,8 +598,9 @@ mod tests {
                 )
                 .expect("create");
             let want = format!(
-                "TLS certificate expired; it is still served, and clients that verify it \
-                 refuse the handshake: rotate it (PUT /netlox/v1/config/cert/{{certId}}) \
+                "TLS certificate expired; it is still served for the names no valid certificate \
+                 covers, and clients that verify it refuse the handshake: rotate it (PUT \
+                 /netlox/v1/config/cert/{{certId}}) \
                  cert_id=soon hostnames=[\"soon.example\"] not_after={}",
                 c.not_after
             );

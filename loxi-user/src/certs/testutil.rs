@@ -14,6 +14,17 @@ pub fn self_signed(names: &[&str], not_after: Option<time::OffsetDateTime>) -> C
     signed(params)
 }
 
+/// Certificate `id` for the DNS `names`, expired a day ago, as a stored one is restored
+/// (uploads refuse it).
+pub fn expired(id: &str, names: &[&str]) -> std::sync::Arc<super::Certificate> {
+    let past = time::OffsetDateTime::now_utc() - time::Duration::days(1);
+    let (c, validity) =
+        super::parse::parse_stored(id, self_signed(names, Some(past)), super::store::unix_now())
+            .expect("stored");
+    assert!(validity.is_some(), "expired");
+    std::sync::Arc::new(c)
+}
+
 /// The DER forms of `pem`'s certificate and key (what `openssl ... -outform DER` writes).
 pub fn der_files(pem: &CertPem) -> (Vec<u8>, Vec<u8>) {
     use rustls::pki_types::pem::PemObject;

@@ -256,7 +256,7 @@ impl Handler {
                 parts.extensions.get::<super::tls::ClientTls>(),
                 pools.first(),
             ) {
-                tls.check_host(&self.ctx.certs, &pool.rule.rule.service.host)
+                tls.check_host(&pool.rule.rule.service.host)
                     .map_err(|e| (0, e))?;
             }
             // The fan-out is forwarded like any request: `X-Forwarded-*`, and this process's
@@ -293,7 +293,7 @@ impl Handler {
             .clone();
         let tls = parts.extensions.get::<super::tls::ClientTls>();
         if let Some(tls) = tls {
-            tls.check_host(&self.ctx.certs, &pool.rule.rule.service.host)
+            tls.check_host(&pool.rule.rule.service.host)
                 .map_err(|e| (0, e))?;
         }
         if json.is_none() && pool.needs_body() && meta::declares_json(&parts.headers) {

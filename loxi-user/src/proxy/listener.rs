@@ -277,7 +277,11 @@ impl Serving {
             let Some(tls) = self.handshake(stream, peer).await else {
                 return;
             };
-            let client = ClientTls::of(tls.get_ref().1.server_name(), &self.handler.table.load());
+            let client = ClientTls::of(
+                tls.get_ref().1.server_name(),
+                &self.handler.table.load(),
+                &self.handler.ctx.certs.snapshot(),
+            );
             let me = Arc::new(self);
             let svc = service_fn(move |req| {
                 let guard = svc_act.begin(req.version());

@@ -16,54 +16,58 @@ use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 
 use super::pool::PoolTable;
-use crate::certs::{CertSnapshot, CertStore};
+use crate::certs::{CertSnapshot, CertStore, Certificate};
 
 /// Longest a client may take to complete the TLS handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Marks a request that arrived over TLS (a request extension; `X-Forwarded-Proto: https`),
 /// with the rule host its connection's SNI named, if any (the name whose certificate the
-/// handshake got, see [`SniResolver::pick`]).
+/// handshake got, see [`SniResolver::pick`]), and that certificate.
 #[derive(Debug, Clone, Default)]
 pub struct ClientTls {
     /// The SNI name, when it equals the `host` of one of the listener's rules.
     pub sni_host: Option<Arc<str>>,
+    /// The certificate the connection was given, when `sni_host` is set: what the 421 check
+    /// reads ([`Self::misdirected`]), so a rotation or a new certificate in the store changes
+    /// nothing for a connection already open (it keeps the certificate its client verified).
+    pub cert: Option<Arc<Certificate>>,
 }
 
 impl ClientTls {
-    /// Of a handshake whose SNI was `sni`, on a listener serving `table`.
-    pub fn of(sni: Option<&str>, table: &PoolTable) -> Self {
-        let sni_host = sni.filter(|n| table.has_host(n)).map(Arc::from);
-        Self { sni_host }
+    /// Of a handshake whose SNI was `sni`, on a listener serving `table`, with the
+    /// certificates `certs` (the store's snapshot right after the handshake; the certificate
+    /// is picked as [`SniResolver::pick`] picked it during the handshake, which differs only
+    /// when a certificate change lands during its last round trip).
+    pub fn of(sni: Option<&str>, table: &PoolTable, certs: &CertSnapshot) -> Self {
+        let sni_host: Option<Arc<str>> = sni.filter(|n| table.has_host(n)).map(Arc::from);
+        let cert = sni_host
+            .as_deref()
+            .and_then(|n| certs.for_name(n).or_else(|| certs.default_cert()))
+            .cloned();
+        Self { sni_host, cert }
     }
 
     /// Whether a request routed to a rule with `host` came on a connection made for another
-    /// rule's host whose certificate does not cover `host` (RFC 9110 §15.5.20: 421, the
-    /// client retries on a connection of its own). A connection with no rule host in its SNI
-    /// (no SNI, an IP, another name: the `default` certificate) and a host-less rule never
-    /// are; nor is a connection whose certificate also covers `host` (HTTP/2 connection
-    /// reuse, RFC 9113 §9.1.1).
-    pub fn misdirected(&self, certs: &CertStore, host: &str) -> bool {
+    /// rule's host whose certificate (the one this connection got, [`Self::cert`]) does not
+    /// cover `host` (RFC 9110 §15.5.20: 421, the client retries on a connection of its own).
+    /// A connection with no rule host in its SNI (no SNI, an IP, another name: the `default`
+    /// certificate) and a host-less rule never are; nor is a connection whose certificate
+    /// also covers `host` (HTTP/2 connection reuse, RFC 9113 §9.1.1).
+    pub fn misdirected(&self, host: &str) -> bool {
         let Some(sni) = self.sni_host.as_deref() else {
             return false;
         };
         if host.is_empty() || super::pool::same_host(host, sni) {
             return false;
         }
-        !certs
-            .snapshot()
-            .for_name(sni)
-            .is_some_and(|c| c.covers(host))
+        !self.cert.as_ref().is_some_and(|c| c.covers(host))
     }
 
     /// [`Self::misdirected`] as the request's answer: `Err` 421 `misdirected_request` naming
     /// the connection's SNI and the rule's host.
-    pub fn check_host(
-        &self,
-        certs: &CertStore,
-        host: &str,
-    ) -> Result<(), super::error::ProxyError> {
-        if !self.misdirected(certs, host) {
+    pub fn check_host(&self, host: &str) -> Result<(), super::error::ProxyError> {
+        if !self.misdirected(host) {
             return Ok(());
         }
         Err(super::error::ProxyError::Misdirected {
