@@ -196,6 +196,7 @@ pub async fn replace(
             format!("the body's certId differs from the path's {id:?}"),
         ));
     }
+    let _coverage = st.certs.coverage_lock().await;
     let rules = st.store.snapshot();
     let c = st
         .certs
@@ -240,6 +241,7 @@ pub async fn remove(
     Path(id): Path<String>,
     _: NoQuery,
 ) -> Result<Response, ApiError> {
+    let _coverage = st.certs.coverage_lock().await;
     let rules = st.store.snapshot();
     st.certs
         .delete(&id, |cur, next| match uncovered(&rules, cur, next) {

@@ -29,6 +29,11 @@ pub async fn create(
     let body = body.map_err(body_error)?;
     let rule = validate::validate(fields::parse_rule(&body)?)?;
     check_data_path(&rule, st.l4_datapath)?;
+    // A TLS rule's certificate check and its commit are one step against certificate changes.
+    let coverage = match rule.service.security {
+        0 => None,
+        _ => Some(st.certs.coverage_lock().await),
+    };
     check_certificate(&rule, &st)?;
     crate::proxy::upstream_tls::check(&rule.service).map_err(|e| {
         let field = match e {
@@ -47,6 +52,7 @@ pub async fn create(
     };
     let key = rule.key();
     let outcome = st.store.upsert(rule)?;
+    drop(coverage);
     if let Some(r) = reservation {
         r.commit();
     }

@@ -340,3 +340,35 @@ async fn an_ip_host_needs_the_default_certificate_with_that_ip_address() {
     let post = create(State(st), NoQuery, Ok(Bytes::from(rule.to_string())));
     assert_eq!(answer(tokio::spawn(post)).await, StatusCode::OK);
 }
+
+/// A TLS rule's `POST` racing the `DELETE` of the only certificate for its host: never both
+/// succeed (both did, leaving the rule stored with no certificate: the delete's check read the
+/// rules before the rule was stored, the rule's check read the certificate before it was
+/// deleted). Each round runs the two concurrently on a multi-threaded runtime.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_rule_and_the_delete_of_its_certificate_are_never_both_accepted() {
+    let st = state(Arc::new(RuleStore::in_memory()));
+    for round in 0..400 {
+        let (id, host) = (format!("c{round}"), format!("h{round}.example"));
+        st.certs
+            .create(
+                Some(id.clone()),
+                crate::certs::testutil::self_signed(&[&host], None),
+            )
+            .expect("certificate");
+        let body = Bytes::from(tls_rule(1, &host).to_string());
+        let post = tokio::spawn(create(State(st.clone()), NoQuery, Ok(body)));
+        let delete = tokio::spawn(super::super::certs::remove(
+            State(st.clone()),
+            axum::extract::Path(id.clone()),
+            NoQuery,
+        ));
+        let posted = post.await.expect("join").is_ok();
+        let deleted = delete.await.expect("join").is_ok();
+        assert!(
+            !(posted && deleted),
+            "round {round}: the rule for {host} was stored and its only certificate deleted"
+        );
+        assert!(posted || deleted, "round {round}: one of them succeeds");
+    }
+}

@@ -112,6 +112,8 @@ pub struct CertStore {
     /// Files of `<state_dir>/certs` that [`CertStore::open`] skipped because they no longer
     /// load (sorted).
     unloaded: Vec<PathBuf>,
+    /// Serializes the changes whose check reads both stores ([`CertStore::coverage_lock`]).
+    coverage: tokio::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for CertStore {
@@ -201,7 +203,18 @@ impl CertStore {
             dir,
             changed: tokio::sync::Notify::new(),
             unloaded: Vec::new(),
+            coverage: tokio::sync::Mutex::new(()),
         }
+    }
+
+    /// Held across a change whose check reads the rules and the certificates together, from
+    /// the check to the commit: storing a TLS rule (its host needs a certificate) and deleting
+    /// or rotating a certificate (no TLS rule may be left without one). Without it, a rule
+    /// checked against a certificate that a concurrent `DELETE` (checked against the rules
+    /// before that rule was stored) then removed was stored with no certificate, both
+    /// answered 200. Waiters are served in order (tokio's fair mutex).
+    pub async fn coverage_lock(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.coverage.lock().await
     }
 
     /// The newest snapshot.
