@@ -60,7 +60,9 @@ pub enum Plan {
 }
 
 /// Reads every pair found in `dir` (the top pair first, then subdirectories by name); a pair
-/// that does not load, or half a pair, is logged and skipped. None when `dir` does not exist.
+/// that does not load, or half a pair, is logged and skipped, and so is a `default/`
+/// subdirectory beside a top pair (both would be certificate `default`; an error names both).
+/// None when `dir` does not exist.
 ///
 /// # Errors
 /// `dir` exists but is not a directory (`NotADirectory`), or cannot be read.
@@ -86,10 +88,24 @@ pub fn read_dir(dir: &Path) -> Result<Vec<Staged>, Error> {
         .filter(|p| p.is_dir())
         .collect();
     subdirs.sort();
+    let top = ["server.crt", "server.key"].map(|f| dir.join(f));
     for sub in subdirs {
-        if let Some(name) = sub.file_name().and_then(|n| n.to_str()) {
-            staged.extend(read_pair(&sub, name));
+        let Some(name) = sub.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        if name == DEFAULT_ID && top.iter().any(|f| f.exists()) {
+            // Both name certificate `default`: one would replace the other at every start,
+            // and the next start would call the survivor a rotation through the API.
+            tracing::error!(
+                top = %top[0].display(),
+                subdirectory = %sub.display(),
+                "two staged pairs for certificate \"default\": <dir>/server.crt + server.key \
+                 and <dir>/default/; the subdirectory is skipped (LoxiLB's place for the \
+                 default certificate is the top pair): remove one of them"
+            );
+            continue;
         }
+        staged.extend(read_pair(&sub, name));
     }
     Ok(staged)
 }
@@ -315,6 +331,37 @@ mod tests {
         assert_eq!(
             snap.for_name("api.example").map(|c| c.id.as_str()),
             Some("api.example")
+        );
+    }
+
+    /// A `default/` subdirectory beside the top pair is skipped with an error naming both
+    /// (both were staged as `default`, the last silently winning, and the next start warned of
+    /// a rotation through the API that never happened); alone, it is the `default`.
+    #[test]
+    fn a_default_subdirectory_beside_the_top_pair_is_refused() {
+        let dir = tempfile::tempdir().expect("tmp");
+        write_pair(dir.path(), "top.example");
+        write_pair(&dir.path().join("default"), "sub.example");
+        let store = CertStore::in_memory();
+        let (staged, text) =
+            crate::telemetry::LogBuf::capture(|| stage_dir(&store, dir.path()).expect("staged"));
+        assert_eq!(staged, ["default"]);
+        assert_eq!(
+            store.snapshot().default_cert().map(|c| c.hostnames.clone()),
+            Some(vec!["top.example".to_string()])
+        );
+        assert!(
+            text.lines().any(|l| l.contains("ERROR")
+                && l.contains("two staged pairs for certificate \"default\"")
+                && l.contains(&dir.path().join("default").display().to_string())),
+            "{text}"
+        );
+        let alone = tempfile::tempdir().expect("tmp");
+        write_pair(&alone.path().join("default"), "sub.example");
+        let store = CertStore::in_memory();
+        assert_eq!(
+            stage_dir(&store, alone.path()).expect("staged"),
+            ["default"]
         );
     }
 
