@@ -708,11 +708,12 @@ async fn http2_connections_per_client_host_are_bounded() {
     );
 }
 
-/// An h2c backend whose first connection answers the client's preface with its SETTINGS and a
-/// GOAWAY (NO_ERROR, last stream id 0: nothing processed) written by hand, then reads and
-/// discards until the client closes (so no reset loses the GOAWAY); every later connection is
-/// served by the h2 crate's server (200, `served`). Gives its port and connection count.
-async fn h2c_backend_draining_its_first_connection() -> (u16, std::sync::Arc<Conns>) {
+/// An h2c backend whose first `draining` connections answer the client's preface with its
+/// SETTINGS and a GOAWAY (NO_ERROR, last stream id 0: nothing processed) written by hand, then
+/// read and discard until the client closes (so no reset loses the GOAWAY); every later
+/// connection is served by the h2 crate's server (200, `served`). Gives its port and
+/// connection count.
+async fn h2c_backend_draining(draining: usize) -> (u16, std::sync::Arc<Conns>) {
     use std::sync::atomic::Ordering::SeqCst;
     let tcp = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -722,7 +723,7 @@ async fn h2c_backend_draining_its_first_connection() -> (u16, std::sync::Arc<Con
     let counts = conns.clone();
     tokio::spawn(async move {
         while let Ok((mut stream, _)) = tcp.accept().await {
-            let first = counts.accepted.fetch_add(1, SeqCst) == 0;
+            let first = counts.accepted.fetch_add(1, SeqCst) < draining;
             tokio::spawn(async move {
                 if first {
                     // SETTINGS (empty), then GOAWAY: length 8, type 7, stream 0, last stream
@@ -749,6 +750,15 @@ async fn h2c_backend_draining_its_first_connection() -> (u16, std::sync::Arc<Con
     (port, conns)
 }
 
+/// A POST of a completion (not idempotent: a failed attempt is not retried elsewhere unless
+/// the backend cannot have processed it) to the proxy on `port`, `Connection: close`.
+fn completion(port: u16) -> String {
+    format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: \
+         application/json\r\nContent-Length: 14\r\nConnection: close\r\n\r\n{{\"prompt\":\"p\"}}"
+    )
+}
+
 /// A request an HTTP/2 backend's GOAWAY left unprocessed (RFC 9113 §6.8: safe to retry) is
 /// sent again on a new connection to the same endpoint and answered 200, a POST too; it was
 /// answered 502 (`connection error received: not a result of an error`), which also counted
@@ -757,21 +767,38 @@ async fn h2c_backend_draining_its_first_connection() -> (u16, std::sync::Arc<Con
 async fn a_request_a_backend_goaway_left_unprocessed_is_sent_again() {
     use std::sync::atomic::Ordering::SeqCst;
     let d = Daemon::start_default().await;
-    let (backend, conns) = h2c_backend_draining_its_first_connection().await;
+    let (backend, conns) = h2c_backend_draining(1).await;
     let port = h2c_rule(&d, backend).await;
-    let answer = raw(
-        port,
-        &format!(
-            "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: \
-             application/json\r\nContent-Length: 14\r\nConnection: close\r\n\r\n{{\"prompt\":\"p\"}}"
-        ),
-    )
-    .await;
+    let answer = raw(port, &completion(port)).await;
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     assert!(answer.contains("\r\nserved\r\n"), "{answer}");
     assert_eq!(
         conns.accepted.load(SeqCst),
         2,
         "the drained connection, then a new one"
+    );
+
+    // An endpoint whose every connection goes away unprocessed takes no request: after its
+    // resends the POST goes to another endpoint (it was 502, not retryable).
+    let (gone, gone_conns) = h2c_backend_draining(usize::MAX).await;
+    let (ok, _) = h2c_backend_draining(0).await;
+    let port = free_port();
+    let (status, body) = d
+        .post_rule(&json!({
+            "serviceArguments": {"externalIP": "127.0.0.1", "port": port, "protocol": "tcp",
+                "mode": 4, "backend_protocol": "http2"},
+            "endpoints": [{"endpointIP": "127.0.0.1", "targetPort": gone},
+                          {"endpointIP": "127.0.0.1", "targetPort": ok}]
+        }))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    for _ in 0..2 {
+        let answer = raw(port, &completion(port)).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(answer.contains("\r\nserved\r\n"), "{answer}");
+    }
+    assert!(
+        gone_conns.accepted.load(SeqCst) >= 4,
+        "the going-away endpoint was tried with its resends"
     );
 }

@@ -126,7 +126,9 @@ impl Upstreams {
     /// safely retried"; or canceled unwritten as that connection closed,
     /// [`unprocessed_by_goaway`]) is sent again on a new connection to the same endpoint, up to
     /// [`GOAWAY_RESENDS`] times: a backend draining its connection (a graceful restart, a
-    /// per-connection request limit) is no failure of the request or of the backend.
+    /// per-connection request limit) is no failure of the request or of the backend. When the
+    /// last resend meets a GOAWAY too, the endpoint takes no requests: the attempt is
+    /// [`Attempt::ConnectFailed`] (another endpoint is tried; the breaker counts it).
     pub async fn send(&self, req: Request<Full<Bytes>>, via: &Via) -> Attempt {
         let sent = match via {
             Via::H1 => self.h1.request(req).await,
@@ -136,6 +138,14 @@ impl Upstreams {
         };
         match sent {
             Ok(r) => Attempt::answered(r),
+            // Every resend met a GOAWAY too: the endpoint takes no request (RFC 9113 §8.7:
+            // none was processed), so another endpoint may run it, as after a refused connect.
+            Err(e) if unprocessed_by_goaway(&e) => Attempt::ConnectFailed(format!(
+                "the backend's HTTP/2 connections went away before processing the request \
+                 ({} attempts, each answered by a GOAWAY or closed unwritten): {}",
+                GOAWAY_RESENDS + 1,
+                error_chain(&e)
+            )),
             Err(e) if e.is_connect() => match LocalShortage::of(&e) {
                 Some(s) => Attempt::NoLocalResources(s),
                 None => Attempt::ConnectFailed(error_chain(&e)),
