@@ -22,6 +22,18 @@ async fn body(resp: Response) -> Value {
     serde_json::from_slice(&bytes).expect("JSON")
 }
 
+/// Stores in `rules` a TLS rule (`security: 1`) on 127.0.0.1:`port` for `host`, unchecked
+/// (the store's own upsert: no certificate check).
+fn store_tls_rule(rules: &RuleStore, port: u16, host: &str) {
+    let rule: crate::rules::LbRule = serde_json::from_value(json!({
+        "serviceArguments": {"externalIP": "127.0.0.1", "port": port, "protocol": "tcp",
+            "mode": 4, "security": 1, "host": host},
+        "endpoints": [{"endpointIP": "127.0.0.2", "targetPort": 8443}]
+    }))
+    .expect("rule");
+    rules.upsert(rule).expect("stored");
+}
+
 /// The upload body of `pem` under `id`.
 fn upload(id: &str, pem: &CertPem) -> Result<Bytes, BytesRejection> {
     Ok(Bytes::from(
@@ -119,13 +131,7 @@ fn a_default_naming_only_addresses_is_named_with_them() {
          refuse it)"
     );
     let rules = crate::rules::RuleStore::in_memory();
-    let rule: crate::rules::LbRule = serde_json::from_value(json!({
-        "serviceArguments": {"externalIP": "127.0.0.1", "port": 49150, "protocol": "tcp",
-            "mode": 4, "security": 1, "host": "api.example.com"},
-        "endpoints": [{"endpointIP": "127.0.0.2", "targetPort": 8443}]
-    }))
-    .expect("rule");
-    rules.upsert(rule).expect("stored");
+    store_tls_rule(&rules, 49150, "api.example.com");
     let before = crate::certs::CertStore::in_memory();
     before
         .create(
@@ -268,13 +274,7 @@ async fn keys_match_as_the_rule_api_matches_them() {
 async fn a_refusal_names_every_rule_left_without_a_certificate() {
     let rules = Arc::new(RuleStore::in_memory());
     for i in 0..10u16 {
-        let rule: crate::rules::LbRule = serde_json::from_value(json!({
-            "serviceArguments": {"externalIP": "127.0.0.1", "port": 49100 + i,
-                "protocol": "tcp", "mode": 4, "security": 1, "host": format!("h{i}.example")},
-            "endpoints": [{"endpointIP": "127.0.0.2", "targetPort": 8443}]
-        }))
-        .expect("rule");
-        rules.upsert(rule).expect("stored");
+        store_tls_rule(&rules, 49100 + i, &format!("h{i}.example"));
     }
     let st = super::super::rules::tests::state(rules);
     let wild = with_sans(vec![dns("*.example")], None);
@@ -301,13 +301,7 @@ async fn a_refusal_names_every_rule_left_without_a_certificate() {
 fn an_expired_certificate_keeps_no_rule_covered() {
     use crate::certs::testutil::expired;
     let rules = RuleStore::in_memory();
-    let rule: crate::rules::LbRule = serde_json::from_value(json!({
-        "serviceArguments": {"externalIP": "127.0.0.1", "port": 49150, "protocol": "tcp",
-            "mode": 4, "security": 1, "host": "s.example"},
-        "endpoints": [{"endpointIP": "127.0.0.2", "targetPort": 8443}]
-    }))
-    .expect("rule");
-    rules.upsert(rule).expect("stored");
+    store_tls_rule(&rules, 49150, "s.example");
     let now = crate::certs::store::unix_now();
     let valid = Arc::new(
         crate::certs::parse::parse("z", with_sans(vec![dns("s.example")], None), now)
