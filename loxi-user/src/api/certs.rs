@@ -116,12 +116,16 @@ fn parse_body(body: Result<Bytes, BytesRejection>) -> Result<CertBody, ApiError>
     serde_json::from_value(v).map_err(|e| ApiError::bad_body(format!("{e}; {BODY_SHAPE}")))
 }
 
-fn pem(b: CertBody) -> CertPem {
-    CertPem {
+/// The PEM of an upload, its `certPem` and `chainPem` holding certificates only (400 naming
+/// the field and the first other item, [`crate::certs::parse::check_items`]).
+fn pem(b: CertBody) -> Result<CertPem, ApiError> {
+    let pem = CertPem {
         cert_pem: b.cert_pem,
         key_pem: b.key_pem,
         chain_pem: b.chain_pem.filter(|c| !c.trim().is_empty()),
-    }
+    };
+    crate::certs::parse::check_items(&pem).map_err(|e| store_error(CertStoreError::Invalid(e)))?;
+    Ok(pem)
 }
 
 /// The API error of a refused store change: 400 naming the body field at fault (`certPem`,
@@ -176,7 +180,7 @@ pub async fn create(
     let mut b = parse_body(body)?;
     // An empty id is not "absent": the id rules (1 to 63 characters) refuse it by name.
     let id = b.cert_id.take();
-    let c = st.certs.create(id, pem(b)).map_err(store_error)?;
+    let c = st.certs.create(id, pem(b)?).map_err(store_error)?;
     tracing::info!(cert_id = %c.id, hostnames = ?c.names(), "certificate stored");
     Ok(saved(StatusCode::CREATED, &c))
 }
@@ -200,7 +204,7 @@ pub async fn replace(
     let rules = st.store.snapshot();
     let c = st
         .certs
-        .replace(&id, pem(b), |cur, next| {
+        .replace(&id, pem(b)?, |cur, next| {
             match uncovered(&rules, cur, next) {
                 None => Ok(()),
                 Some(msg) => Err(format!(
@@ -440,26 +444,39 @@ pub fn missing_certificate(certs: &CertSnapshot, host: &str) -> (String, String)
     (what, fix)
 }
 
-/// When every certificate matching `host` in `all` (for a host-less rule: the `default` one)
-/// has expired or is not valid yet, the clause saying so, to append to
-/// [`missing_certificate`]'s text (`; certificate "old" matches it but is not valid now
-/// (notBefore …, notAfter …, Unix seconds), and only a valid certificate covers a new rule`);
-/// else empty.
-pub fn expired_note(all: &CertSnapshot, host: &str) -> String {
+/// When the certificate that would serve a TLS rule with `host` in `all` (for a host-less
+/// rule or an IP host: the `default` one, if its names cover the host) is not valid now
+/// (expired, or not valid yet), what [`missing_certificate`] says instead, as `(what, fix)`:
+/// that certificate named with its validity, and its rotation (`PUT`, since `POST` refuses an
+/// id in use). `None` otherwise.
+pub fn expired_match(all: &CertSnapshot, host: &str) -> Option<(String, String)> {
     let now = unix_now();
     let matching = if host.is_empty() {
         all.default_cert()
+    } else if ip_host(host).is_some() {
+        all.default_cert().filter(|d| d.covers(host))
     } else {
         all.for_name(host)
     };
-    match matching.filter(|c| !c.valid_at(now)) {
-        Some(c) => format!(
-            "; certificate {:?} matches it but is not valid now (notBefore {}, notAfter {}, \
-             Unix seconds), and only a valid certificate covers a new rule",
-            c.id, c.not_before, c.not_after
-        ),
-        _ => String::new(),
-    }
+    let c = matching.filter(|c| !c.valid_at(now))?;
+    let what = format!(
+        "certificate {:?}, the one {} serves, is not valid now (notBefore {}, notAfter {}, Unix \
+         seconds), and only a valid certificate covers a new rule",
+        c.id,
+        if host.is_empty() {
+            "a rule without host".to_string()
+        } else {
+            format!("host {host:?}")
+        },
+        c.not_before,
+        c.not_after
+    );
+    let fix = format!(
+        "rotate it: PUT /netlox/v1/config/cert/{} with {{\"certPem\", \"keyPem\", \
+         \"chainPem\"?}} of a valid certificate (`loxicmd create cert` refuses an id in use)",
+        c.id
+    );
+    Some((what, fix))
 }
 
 /// True when a TLS rule with `host` gets some certificate in its handshakes: one that

@@ -320,10 +320,14 @@ fn an_expired_certificate_keeps_no_rule_covered() {
         None,
         "removing the expired one"
     );
-    let note = expired_note(&snap(vec![old]), "s.example");
+    let (what, fix) = expired_match(&snap(vec![old]), "s.example").expect("expired");
     assert!(
-        note.starts_with("; certificate \"a\" matches it but is not valid now"),
-        "{note}"
+        what.starts_with("certificate \"a\", the one host \"s.example\" serves, is not valid now"),
+        "{what}"
     );
-    assert_eq!(expired_note(&both, "s.example"), "");
+    assert!(
+        fix.starts_with("rotate it: PUT /netlox/v1/config/cert/a "),
+        "{fix}"
+    );
+    assert_eq!(expired_match(&both, "s.example"), None);
 }

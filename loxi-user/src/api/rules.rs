@@ -118,8 +118,8 @@ fn check_certificate(rule: &LbRule, st: &ApiState) -> Result<(), ApiError> {
     if super::certs::has_certificate(&certs, &s.host) {
         return Ok(());
     }
-    let (what, fix) = super::certs::missing_certificate(&certs, &s.host);
-    let what = format!("{what}{}", super::certs::expired_note(&all, &s.host));
+    let (what, fix) = super::certs::expired_match(&all, &s.host)
+        .unwrap_or_else(|| super::certs::missing_certificate(&certs, &s.host));
     Err(ApiError::invalid_field(
         "serviceArguments.security",
         format!(

@@ -751,15 +751,12 @@ pub fn check_id(id: &str) -> Result<(), CertError> {
 /// certificate that has expired or is not valid yet is refused, [`CertError::Validity`]).
 ///
 /// Beyond what a stored certificate is checked for ([`parse_stored`]): the id `all` is
-/// reserved ([`CertError::ReservedId`]), and `certPem` and `chainPem` hold certificates only
-/// ([`CertError::NotACertificate`]; a private key there would be stored in the state dir).
+/// reserved ([`CertError::ReservedId`]). The API also holds an upload's `certPem` and
+/// `chainPem` to certificates only ([`check_items`]); staged files are not (LoxiLB, like Go's
+/// `tls.X509KeyPair`, reads a `server.crt` holding the certificate and then its key).
 pub fn parse(id: &str, pem: CertPem, now: i64) -> Result<Certificate, CertError> {
     if id == "all" {
         return Err(CertError::ReservedId);
-    }
-    only_certificates("certPem", &pem.cert_pem)?;
-    if let Some(chain) = &pem.chain_pem {
-        only_certificates("chainPem", chain)?;
     }
     let (cert, validity) = parse_any_validity(id, pem, now)?;
     match validity {
@@ -822,13 +819,27 @@ fn parse_any_validity(
     Ok((cert, validity))
 }
 
+/// `Ok` when `pem`'s `certPem` and `chainPem` hold certificates only
+/// ([`CertError::NotACertificate`] naming the first other item: a private key there would be
+/// stored in the state dir beside the certificate). What the cert API checks an upload for.
+pub fn check_items(pem: &CertPem) -> Result<(), CertError> {
+    only_certificates("certPem", &pem.cert_pem)?;
+    match &pem.chain_pem {
+        Some(chain) => only_certificates("chainPem", chain),
+        None => Ok(()),
+    }
+}
+
 /// `Ok` when every PEM item of `text` is a `CERTIFICATE`; else the first other one, named.
+/// Every `-----BEGIN ` marker counts, wherever it stands (indented, or glued to the END
+/// marker before it), not only those at the start of a line.
 fn only_certificates(field: &'static str, text: &str) -> Result<(), CertError> {
-    match pem_labels(text.as_bytes())
-        .into_iter()
-        .enumerate()
-        .find(|(_, l)| l != "CERTIFICATE")
-    {
+    let labels = text.match_indices("-----BEGIN ").filter_map(|(i, m)| {
+        text[i + m.len()..]
+            .split_once("-----")
+            .map(|(label, _)| label.trim().to_owned())
+    });
+    match labels.enumerate().find(|(_, l)| l != "CERTIFICATE") {
         None => Ok(()),
         Some((i, label)) => Err(CertError::NotACertificate {
             field,
@@ -1031,10 +1042,12 @@ pub fn ip_host(name: &str) -> Option<IpAddr> {
 }
 
 impl Certificate {
-    /// True when this certificate is valid at Unix time `now`, as an upload is checked
-    /// ([`check_validity`]: not expired, `notBefore` at most [`NOT_BEFORE_SKEW_SECS`] ahead).
+    /// True when this certificate is valid at Unix time `now` as clients check it:
+    /// `notBefore` ≤ `now` < `notAfter`. (An upload allows a `notBefore` up to
+    /// [`NOT_BEFORE_SKEW_SECS`] ahead, [`check_validity`]; such a certificate is stored, but
+    /// served for a name only when nothing valid covers it, and covers no rule, until then.)
     pub fn valid_at(&self, now: i64) -> bool {
-        check_validity(self.not_before, self.not_after, now).is_ok()
+        self.not_before <= now && now < self.not_after
     }
 
     /// True when this certificate is valid for host `name` as TLS clients check it: an IP
@@ -1093,12 +1106,14 @@ mod tests {
         time::OffsetDateTime::now_utc() + time::Duration::days(d)
     }
 
-    /// A private key (or any item but a certificate) in `certPem` or `chainPem` is refused
-    /// naming the field and the item: it was accepted and stored in the state dir beside the
-    /// certificate (a CA's key appended to the chain, say); an upload or a staged pair with
-    /// the id `all` is refused, since `/config/cert/all` is the list. A stored certificate is
-    /// not held to either (restore keeps what an older daemon stored). A `chainPem` of a key
-    /// alone was refused as `no CERTIFICATE block`; it now says what it holds.
+    /// A private key (or any item but a certificate) in an upload's `certPem` or `chainPem`
+    /// is refused naming the field and the item, indented or glued to the END marker before
+    /// it too: it was accepted and stored in the state dir beside the certificate (a CA's key
+    /// appended to the chain, say); an upload or a staged pair with the id `all` is refused,
+    /// since `/config/cert/all` is the list. A stored certificate is not held to either
+    /// (restore keeps what an older daemon stored), nor a staged `server.crt` holding its
+    /// key (LoxiLB's layout). A `chainPem` of a key alone was refused as `no CERTIFICATE
+    /// block`; it now says what it holds.
     #[test]
     fn keys_outside_key_pem_and_the_id_all_are_refused() {
         let good = pem_for(&["a.example"], in_days(30));
@@ -1108,24 +1123,32 @@ mod tests {
             key_pem: good.key_pem.clone(),
             chain_pem,
         };
+        let indented: String = other_key.lines().map(|l| format!("  {l}\n")).collect();
+        let glued = format!("{}{other_key}", good.cert_pem.trim_end());
         for (pem, field) in [
             (
                 with_key_in(format!("{}{other_key}", good.cert_pem), None),
                 "certPem",
             ),
             (
+                with_key_in(format!("{}{indented}", good.cert_pem), None),
+                "certPem",
+            ),
+            (with_key_in(glued, None), "certPem"),
+            (
                 with_key_in(good.cert_pem.clone(), Some(other_key.clone())),
                 "chainPem",
             ),
         ] {
-            let e = parse("a", pem.clone(), now()).expect_err("a key outside keyPem");
+            let e = check_items(&pem).expect_err("a key outside keyPem");
             assert_eq!(e.field(), field, "{e}");
             assert!(
                 e.to_string().contains("PRIVATE KEY, not a CERTIFICATE"),
                 "{e}"
             );
             if field == "certPem" {
-                parse_stored("a", pem, now()).expect("a stored one still loads");
+                parse_stored("a", pem.clone(), now()).expect("a stored one still loads");
+                parse("a", pem, now()).expect("a staged server.crt may hold its key");
             }
         }
         let e = parse("all", good.clone(), now()).expect_err("reserved");

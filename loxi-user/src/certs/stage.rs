@@ -61,7 +61,8 @@ pub enum Plan {
 
 /// Reads every pair found in `dir` (the top pair first, then subdirectories by name); a pair
 /// that does not load, or half a pair, is logged and skipped, and so is a `default/`
-/// subdirectory beside a top pair (both would be certificate `default`; an error names both).
+/// subdirectory beside a top pair that loads (both would be certificate `default`; an error
+/// names both).
 /// None when `dir` does not exist.
 ///
 /// # Errors
@@ -82,22 +83,23 @@ pub fn read_dir(dir: &Path) -> Result<Vec<Staged>, Error> {
     let entries = std::fs::read_dir(dir)?;
     let mut staged = Vec::new();
     staged.extend(read_pair(dir, DEFAULT_ID));
+    let top_staged = !staged.is_empty();
     let mut subdirs: Vec<_> = entries
         .filter_map(Result::ok)
         .map(|e| e.path())
         .filter(|p| p.is_dir())
         .collect();
     subdirs.sort();
-    let top = ["server.crt", "server.key"].map(|f| dir.join(f));
+    let top = dir.join("server.crt");
     for sub in subdirs {
         let Some(name) = sub.file_name().and_then(|n| n.to_str()) else {
             continue;
         };
-        if name == DEFAULT_ID && top.iter().any(|f| f.exists()) {
+        if name == DEFAULT_ID && top_staged {
             // Both name certificate `default`: one would replace the other at every start,
             // and the next start would call the survivor a rotation through the API.
             tracing::error!(
-                top = %top[0].display(),
+                top = %top.display(),
                 subdirectory = %sub.display(),
                 "two staged pairs for certificate \"default\": <dir>/server.crt + server.key \
                  and <dir>/default/; the subdirectory is skipped (LoxiLB's place for the \

@@ -277,10 +277,12 @@ impl Serving {
             let Some(tls) = self.handshake(stream, peer).await else {
                 return;
             };
+            let conn = tls.get_ref().1;
             let client = ClientTls::of(
-                tls.get_ref().1.server_name(),
+                conn.server_name(),
                 &self.handler.table.load(),
                 &self.handler.ctx.certs.snapshot(),
+                conn.handshake_kind() == Some(rustls::HandshakeKind::Resumed),
             );
             let me = Arc::new(self);
             let svc = service_fn(move |req| {

@@ -28,9 +28,10 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct ClientTls {
     /// The SNI name, when it equals the `host` of one of the listener's rules.
     pub sni_host: Option<Arc<str>>,
-    /// The certificate the connection was given, when `sni_host` is set: what the 421 check
-    /// reads ([`Self::misdirected`]), so a rotation or a new certificate in the store changes
-    /// nothing for a connection already open (it keeps the certificate its client verified).
+    /// The certificate the connection was given, when `sni_host` is set and the handshake was
+    /// a full one: what the 421 check reads ([`Self::misdirected`]), so a rotation or a new
+    /// certificate in the store changes nothing for a connection already open (it keeps the
+    /// certificate its client verified).
     pub cert: Option<Arc<Certificate>>,
 }
 
@@ -38,11 +39,15 @@ impl ClientTls {
     /// Of a handshake whose SNI was `sni`, on a listener serving `table`, with the
     /// certificates `certs` (the store's snapshot right after the handshake; the certificate
     /// is picked as [`SniResolver::pick`] picked it during the handshake, which differs only
-    /// when a certificate change lands during its last round trip).
-    pub fn of(sni: Option<&str>, table: &PoolTable, certs: &CertSnapshot) -> Self {
+    /// when a certificate change lands during its last round trip). A `resumed` handshake
+    /// (TLS session resumption) sent no certificate: the one its client verified, at the
+    /// session's first handshake, may no longer be the store's, so none is known and every
+    /// request for another host on it is 421 (the client retries on a connection of its own).
+    pub fn of(sni: Option<&str>, table: &PoolTable, certs: &CertSnapshot, resumed: bool) -> Self {
         let sni_host: Option<Arc<str>> = sni.filter(|n| table.has_host(n)).map(Arc::from);
         let cert = sni_host
             .as_deref()
+            .filter(|_| !resumed)
             .and_then(|n| certs.for_name(n).or_else(|| certs.default_cert()))
             .cloned();
         Self { sni_host, cert }
