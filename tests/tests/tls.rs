@@ -646,6 +646,34 @@ async fn a_request_for_a_host_the_connections_certificate_does_not_cover_is_421(
         status, 421,
         "the new connection's certificate does not cover it: {text}"
     );
+
+    // A resumed TLS session sent no certificate: the one its client verified is unknown (the
+    // store's current one was used, so a resumed x.b.test session was allowed z.b.test by
+    // whatever certificate covered x.b.test now), so another host on it is 421.
+    let cfg = ca.client_config(&[b"http/1.1"]);
+    let open = async || {
+        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .expect("connect");
+        tokio_rustls::TlsConnector::from(cfg.clone())
+            .connect(ServerName::try_from("x.b.test").expect("name"), tcp)
+            .await
+            .expect("tls")
+    };
+    let first = open().await;
+    let (status, _, served, _) = send(first, "x.b.test", body).await;
+    assert_eq!(
+        (status, served.as_str()),
+        (200, "X"),
+        "a ticket was received"
+    );
+    let resumed = open().await;
+    assert_eq!(
+        resumed.get_ref().1.handshake_kind(),
+        Some(rustls::HandshakeKind::Resumed)
+    );
+    let (status, _, _, text) = send(resumed, "z.b.test", body).await;
+    assert_eq!(status, 421, "{text}");
 }
 
 #[tokio::test]

@@ -257,6 +257,13 @@ pub async fn remove(
     Ok(error::success())
 }
 
+/// `DELETE /config/cert/all`: deletes the certificate with id `all`, which versions before
+/// the id was reserved accepted and restore still loads (`GET` of this path is the list, so
+/// without this route it could never be removed); as [`remove`] otherwise.
+pub async fn remove_all_id(State(st): State<ApiState>, q: NoQuery) -> Result<Response, ApiError> {
+    remove(State(st), Path("all".into()), q).await
+}
+
 /// The TLS rules that have a certificate in `before` and none in `after` (in the sense of
 /// [`has_certificate`]: for a rule with a `host`, a certificate whose names match it; the
 /// `default` one counts only when its names do; only certificates valid now count, so

@@ -331,3 +331,26 @@ fn an_expired_certificate_keeps_no_rule_covered() {
     );
     assert_eq!(expired_match(&both, "s.example"), None);
 }
+
+/// A certificate with the id `all`, which older versions accepted and restore still loads,
+/// can be deleted (`GET /config/cert/all` is the list, so `DELETE /config/cert/{certId}` never
+/// reached it: 405).
+#[tokio::test]
+async fn a_stored_certificate_with_the_id_all_can_be_deleted() {
+    let dir = tempfile::tempdir().expect("tmp");
+    std::fs::create_dir_all(dir.path().join("certs")).expect("dir");
+    let pem = with_sans(vec![dns("all.example")], None);
+    std::fs::write(
+        dir.path().join("certs/all.json"),
+        serde_json::to_vec(&pem).expect("json"),
+    )
+    .expect("write");
+    let mut st = state();
+    st.certs = Arc::new(crate::certs::CertStore::open(dir.path()).expect("open"));
+    assert!(st.certs.snapshot().certs.contains_key("all"), "restored");
+    remove_all_id(State(st.clone()), NoQuery)
+        .await
+        .expect("deleted");
+    assert!(st.certs.snapshot().certs.is_empty());
+    assert!(!dir.path().join("certs/all.json").exists());
+}

@@ -14,6 +14,7 @@
 //! | `DELETE` | `/config/loadbalancer/name/{name}` | 200; 404 no rule with this name |
 //! | `POST`, `GET` | `/config/cert[/all]` | LoxiLB's cert API, see [`certs`] |
 //! | `GET`, `PUT`, `DELETE` | `/config/cert/{certId}` | one certificate: read, rotate, delete ([`certs`]) |
+//! | `DELETE` | `/config/cert/all` | the certificate with id `all` an older version accepted (the id is reserved now) |
 //! | `GET` | `/version` | 200 `{"version","buildInfo","product"}` (no token needed) |
 //! | `GET` | `/config/endpoint/all` | 200 `{"Attr":[...]}` endpoint health |
 //! | `GET` | `/config/conntrack/all` | 200 `{"ctAttr":[...]}`: the live XDP conntrack map in LoxiLB's shape and order (≤ 65,536 entries, `"truncated": true` beyond); `[]` without the L4 data path or before it is loaded |
@@ -129,7 +130,10 @@ pub fn router(state: ApiState, views: Router) -> Router {
             &format!("{BASE}/config/cert"),
             post(certs::create).get(certs::list),
         )
-        .route(&format!("{BASE}/config/cert/all"), get(certs::list))
+        .route(
+            &format!("{BASE}/config/cert/all"),
+            get(certs::list).delete(certs::remove_all_id),
+        )
         .route(
             &format!("{BASE}/config/cert/{{id}}"),
             get(certs::get_one).put(certs::replace).delete(certs::remove),

@@ -338,7 +338,8 @@ mod tests {
 
     /// A `default/` subdirectory beside the top pair is skipped with an error naming both
     /// (both were staged as `default`, the last silently winning, and the next start warned of
-    /// a rotation through the API that never happened); alone, it is the `default`.
+    /// a rotation through the API that never happened); alone, or beside half a top pair, it
+    /// is the `default`.
     #[test]
     fn a_default_subdirectory_beside_the_top_pair_is_refused() {
         let dir = tempfile::tempdir().expect("tmp");
@@ -364,6 +365,17 @@ mod tests {
         assert_eq!(
             stage_dir(&store, alone.path()).expect("staged"),
             ["default"]
+        );
+        // Beside half a top pair (refused on its own), `default/` is the `default`.
+        let half = tempfile::tempdir().expect("tmp");
+        write_pair(half.path(), "top.example");
+        std::fs::remove_file(half.path().join("server.key")).expect("rm key");
+        write_pair(&half.path().join("default"), "sub.example");
+        let store = CertStore::in_memory();
+        assert_eq!(stage_dir(&store, half.path()).expect("staged"), ["default"]);
+        assert_eq!(
+            store.snapshot().default_cert().map(|c| c.hostnames.clone()),
+            Some(vec!["sub.example".to_string()])
         );
     }
 

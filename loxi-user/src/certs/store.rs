@@ -460,7 +460,9 @@ mod tests {
     /// A certificate valid now is served before an expired one for the same name, whatever
     /// their ids and whether the valid one matches exactly or by wildcard (an expired `a`
     /// sorting first was served while a renewal `z` was stored); an expired one is served
-    /// only when nothing valid covers the name; [`CertSnapshot::valid_at`] leaves it out.
+    /// only when nothing valid covers the name; [`CertSnapshot::valid_at`] leaves it out. A
+    /// certificate whose `notBefore` is still ahead is not valid either (the upload's 5
+    /// minutes of skew made it so, and it was served, failing verifying clients).
     #[test]
     fn a_valid_certificate_is_served_before_an_expired_one() {
         use crate::certs::testutil::{expired, ip, with_sans};
@@ -476,8 +478,16 @@ mod tests {
         ] {
             snap.certs.insert(c.id.clone(), c);
         }
+        // Valid in two minutes (an upload allows 5 minutes of clock skew): not valid now.
+        let mut early = parse::parse("x", pem(&["s.example"]), now).expect("valid");
+        early.not_before = now + 120;
+        snap.certs.insert("x".into(), Arc::new(early));
         let id = |name: &str| snap.for_name(name).map(|c| c.id.clone());
-        assert_eq!(id("s.example").as_deref(), Some("z"), "the valid wildcard");
+        assert_eq!(
+            id("s.example").as_deref(),
+            Some("z"),
+            "the valid wildcard, not the expired or the early exact names"
+        );
         assert_eq!(
             id("only.other").as_deref(),
             Some("b"),
