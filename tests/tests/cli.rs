@@ -689,6 +689,9 @@ async fn loxicmd_cert_verbs_and_get_metrics() {
         all.contains("| web ") && all.contains(&format!("| {minted} ")),
         "{all}"
     );
+    // `get cert all` is the list too (it printed one blank row: the list read as one entry).
+    let out = d.loxicmd(&["get", "cert", "all"]);
+    assert_eq!(stdout(&out), all);
     let out = d.loxicmd(&["-o", "json", "get", "cert", "web"]);
     let v: Value = serde_json::from_str(&stdout(&out)).expect("json");
     assert_eq!(v["certId"], "web");
@@ -836,6 +839,14 @@ async fn loxicmd_takes_loxilbs_flags_at_their_defaults_and_refuses_the_rest() {
         .filter_map(|r| r["serviceArguments"]["name"].as_str())
         .collect();
     assert_eq!(names, ["with-defaults"]);
+    // An empty `--servName=` filters nothing (it listed no rule), as LoxiLB's loxicmd.
+    let out = d.loxicmd(&["get", "lb", "--servName=", "-o", "json"]);
+    let listed: Value = serde_json::from_str(&stdout(&out)).expect("json");
+    assert_eq!(
+        listed["lbAttr"].as_array().map(Vec::len),
+        Some(2),
+        "{listed}"
+    );
 
     let out = d.loxicmd(&[
         "delete",

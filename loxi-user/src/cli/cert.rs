@@ -128,9 +128,10 @@ pub(crate) async fn create(api: &Api, c: &CreateCert) -> Result<(), Failure> {
     }
 }
 
-/// `get cert [ID]`: one certificate (LoxiLB's table), or every one without an id.
+/// `get cert [ID]`: one certificate (LoxiLB's table), or every one without an id or with the id
+/// `all` (the API's list path; no certificate can have that id).
 pub(crate) async fn get(api: &Api, id: Option<&str>, output: OutputFormat) -> Result<(), Failure> {
-    let (answer, rows) = match id {
+    let (answer, rows) = match id.filter(|i| *i != "all") {
         Some(id) => {
             let path = format!("/netlox/v1/config/cert/{}", super::build::path_segment(id));
             let answer = api.get_json(&path).await?;

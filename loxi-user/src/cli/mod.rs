@@ -113,7 +113,9 @@ async fn run_inner(cli: Cli) -> Result<(), Failure> {
             what: GetWhat::Lb { serv_name },
         } => {
             let mut answer = api.get_json("/netlox/v1/config/loadbalancer/all").await?;
-            if let Some(name) = serv_name
+            // An empty `--servName=` filters nothing, as LoxiLB's loxicmd (which compares only
+            // a non-empty name).
+            if let Some(name) = serv_name.filter(|n| !n.is_empty())
                 && let Some(rules) = answer.get_mut("lbAttr").and_then(|v| v.as_array_mut())
             {
                 rules.retain(|r| r["serviceArguments"]["name"].as_str() == Some(name.as_str()));
