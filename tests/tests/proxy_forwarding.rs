@@ -335,16 +335,7 @@ async fn a_refused_http2_stream_is_retried_on_the_next_endpoint() {
     let d = Daemon::start_default().await;
     let (refuser, refused) = h2c_refusing_backend().await;
     let (good, seen) = h2c_backend().await;
-    let port = free_port();
-    let (status, body) = d
-        .post_rule(&json!({
-            "serviceArguments": {"externalIP": "127.0.0.1", "port": port, "protocol": "tcp",
-                "mode": 4, "backend_protocol": "http2"},
-            "endpoints": [{"endpointIP": "127.0.0.1", "targetPort": refuser},
-                {"endpointIP": "127.0.0.1", "targetPort": good}]
-        }))
-        .await;
-    assert_eq!(status, 200, "{body}");
+    let port = h2c_rule(&d, &[refuser, good]).await;
     for _ in 0..4 {
         let answer = raw(port, &get(port, "")).await;
         assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
@@ -360,7 +351,7 @@ async fn a_refused_http2_stream_is_retried_on_the_next_endpoint() {
         "round robin sent some to the refusing backend first"
     );
     // With the refusing backend alone, the 502 names the refusal, without the HTTP/1.1 hint.
-    let port = h2c_rule(&d, refuser).await;
+    let port = h2c_rule(&d, &[refuser]).await;
     let answer = raw(port, &get(port, "")).await;
     assert!(answer.starts_with("HTTP/1.1 502"), "{answer}");
     assert!(answer.contains("REFUSED_STREAM"), "{answer}");
@@ -586,14 +577,18 @@ async fn h2c_host_reporting_backend() -> (u16, std::sync::Arc<Conns>) {
 }
 
 /// Posts a mode-4 rule on a free loopback port speaking cleartext HTTP/2 (`backend_protocol:
-/// http2`) to the one endpoint `127.0.0.1:backend`; gives the rule's port.
-async fn h2c_rule(d: &Daemon, backend: u16) -> u16 {
+/// http2`) to the endpoints `127.0.0.1:{backends}` (round robin); gives the rule's port.
+async fn h2c_rule(d: &Daemon, backends: &[u16]) -> u16 {
     let port = free_port();
+    let endpoints: Vec<serde_json::Value> = backends
+        .iter()
+        .map(|b| json!({"endpointIP": "127.0.0.1", "targetPort": b}))
+        .collect();
     let (status, body) = d
         .post_rule(&json!({
             "serviceArguments": {"externalIP": "127.0.0.1", "port": port, "protocol": "tcp",
                 "mode": 4, "backend_protocol": "http2"},
-            "endpoints": [{"endpointIP": "127.0.0.1", "targetPort": backend}]
+            "endpoints": endpoints
         }))
         .await;
     assert_eq!(status, 200, "{body}");
@@ -609,7 +604,7 @@ async fn h2c_rule(d: &Daemon, backend: u16) -> u16 {
 async fn http2_to_a_backend_carries_the_clients_host_as_authority_and_no_host_header() {
     let d = Daemon::start_default().await;
     let (backend, _) = h2c_host_reporting_backend().await;
-    let port = h2c_rule(&d, backend).await;
+    let port = h2c_rule(&d, &[backend]).await;
     let answer = raw(
         port,
         &format!("GET /h HTTP/1.1\r\nHost: api.example:{port}\r\nConnection: close\r\n\r\n"),
@@ -649,7 +644,7 @@ async fn http2_to_a_backend_carries_the_clients_host_as_authority_and_no_host_he
         }))
         .await;
     assert_eq!(status, 200, "{body}");
-    let outer = h2c_rule(&d, inner).await;
+    let outer = h2c_rule(&d, &[inner]).await;
     let answer = raw(outer, &get(outer, "")).await;
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     let seen = echo.requests();
@@ -671,7 +666,7 @@ async fn http2_connections_per_client_host_are_bounded() {
     use std::sync::atomic::Ordering::SeqCst;
     let d = Daemon::start_default().await;
     let (backend, conns) = h2c_host_reporting_backend().await;
-    let port = h2c_rule(&d, backend).await;
+    let port = h2c_rule(&d, &[backend]).await;
     let ask = |host: String| async move {
         let answer = raw(
             port,
@@ -768,7 +763,7 @@ async fn a_request_a_backend_goaway_left_unprocessed_is_sent_again() {
     use std::sync::atomic::Ordering::SeqCst;
     let d = Daemon::start_default().await;
     let (backend, conns) = h2c_backend_draining(1).await;
-    let port = h2c_rule(&d, backend).await;
+    let port = h2c_rule(&d, &[backend]).await;
     let answer = raw(port, &completion(port)).await;
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     assert!(answer.contains("\r\nserved\r\n"), "{answer}");
@@ -782,16 +777,7 @@ async fn a_request_a_backend_goaway_left_unprocessed_is_sent_again() {
     // resends the POST goes to another endpoint (it was 502, not retryable).
     let (gone, gone_conns) = h2c_backend_draining(usize::MAX).await;
     let (ok, _) = h2c_backend_draining(0).await;
-    let port = free_port();
-    let (status, body) = d
-        .post_rule(&json!({
-            "serviceArguments": {"externalIP": "127.0.0.1", "port": port, "protocol": "tcp",
-                "mode": 4, "backend_protocol": "http2"},
-            "endpoints": [{"endpointIP": "127.0.0.1", "targetPort": gone},
-                          {"endpointIP": "127.0.0.1", "targetPort": ok}]
-        }))
-        .await;
-    assert_eq!(status, 200, "{body}");
+    let port = h2c_rule(&d, &[gone, ok]).await;
     for _ in 0..2 {
         let answer = raw(port, &completion(port)).await;
         assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
